@@ -4,6 +4,7 @@
 #include <climits>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -88,7 +89,10 @@ class Fields {
     const json* v = get(key);
     if (!v) return;
     if (!v->is_number()) wrong_type(key, "a number", *v);
-    *out = static_cast<Float>(v->get<double>());
+    const double value = v->get<double>();
+    if (std::fabs(value) > static_cast<double>(std::numeric_limits<Float>::max()))
+      fail_field(key, "= " + v->dump() + " is out of range");
+    *out = static_cast<Float>(value);
   }
   void read(const std::string& key, std::string* out, bool allow_null = false) const {
     const json* v = get(key);

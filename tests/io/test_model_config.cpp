@@ -249,6 +249,7 @@ TEST(ModelConfig, WrongTypesNameFieldTypeAndFile) {
       {"tie_word_embeddings", json::array({1}), {"'tie_word_embeddings' must be a boolean", "array"}},
       {"norm_topk_prob", 1, {"'norm_topk_prob' must be a boolean", "integer 1"}},
       {"rms_norm_eps", "1e-5", {"'rms_norm_eps' must be a number"}},
+      {"rms_norm_eps", 1e300, {"'rms_norm_eps' = 1e+300 is out of range"}},
       {"hidden_act", 3, {"'hidden_act' must be a string"}},
       {"hidden_act", "gelu", {"'hidden_act'", "'gelu' is not supported"}},
       {"kv_lora_rank", nullptr, {"'kv_lora_rank' must be an integer", "null"}},
@@ -283,6 +284,17 @@ TEST(ModelConfig, DeepseekV32IsAccepted) {
   json j = glm5_config();
   j["model_type"] = "deepseek_v32";
   EXPECT_EQ(parse(j).model_type, "deepseek_v32");
+}
+
+TEST(ModelConfig, FuzzSeedCorpusParses) {
+  const auto corpus = std::filesystem::path(GLMS_SOURCE_DIR) / "fuzz/corpus/model_config";
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(corpus)) {
+    SCOPED_TRACE(entry.path().string());
+    EXPECT_NO_THROW(load_model_config(entry.path()));
+    ++count;
+  }
+  EXPECT_GE(count, 3);
 }
 
 TEST(ModelConfig, LoadFromFolderOrFile) {
