@@ -1,0 +1,157 @@
+#include "model/weights.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace glms::model {
+
+namespace {
+
+class WeightLoader {
+ public:
+  WeightLoader(const io::Checkpoint& checkpoint, int64_t* parameter_count)
+      : checkpoint_(checkpoint), parameter_count_(parameter_count) {}
+
+  bool has(const std::string& name) const { return checkpoint_.contains(name); }
+
+  const io::TensorInfo& tensor(const std::string& name, std::initializer_list<int64_t> shape) const {
+    const io::TensorInfo& info = checkpoint_.get(name);
+    const std::vector<int64_t> expected(shape);
+    if (info.shape != expected) {
+      std::string want = "[";
+      for (size_t i = 0; i < expected.size(); ++i) want += (i ? ", " : "") + std::to_string(expected[i]);
+      want += "]";
+      fail(fmt::format("tensor '{}' in {} has shape {}, but config.json implies {}", name,
+                       checkpoint_.path().string(), info.shape_string(), want));
+    }
+    *parameter_count_ += info.numel();
+    return info;
+  }
+
+  WeightView matrix(const std::string& name, int64_t rows, int64_t cols) const {
+    const io::TensorInfo& info = tensor(name, {rows, cols});
+    switch (info.dtype) {
+      case DType::BF16: case DType::F16: case DType::F32: case DType::F8_E4M3: break;
+      default:
+        fail(fmt::format("tensor '{}' in {} has dtype {}, which glmserve cannot use as a weight matrix", name,
+                         checkpoint_.path().string(), dtype_name(info.dtype)));
+    }
+    if (info.dtype == DType::F8_E4M3 && has(name + "_scale_inv"))
+      fail(fmt::format("tensor '{}' is block-scaled FP8; quantised checkpoints are not supported yet", name));
+    return WeightView{info.dtype, info.data, rows, cols, cols};
+  }
+
+  std::vector<float> vector(const std::string& name, int64_t size) const {
+    return io::read_f32(tensor(name, {size}));
+  }
+
+ private:
+  const io::Checkpoint& checkpoint_;
+  int64_t* parameter_count_;
+};
+
+MlpWeights load_mlp(const WeightLoader& loader, const std::string& prefix, int64_t hidden, int64_t inter) {
+  MlpWeights mlp;
+  mlp.gate_proj = loader.matrix(prefix + "gate_proj.weight", inter, hidden);
+  mlp.up_proj = loader.matrix(prefix + "up_proj.weight", inter, hidden);
+  mlp.down_proj = loader.matrix(prefix + "down_proj.weight", hidden, inter);
+  return mlp;
+}
+
+DecoderLayerWeights load_decoder_layer(const WeightLoader& loader, const io::ModelConfig& c, int index,
+                                       bool indexer_full, bool is_moe) {
+  const std::string p = fmt::format("model.layers.{}.", index);
+  const int64_t hidden = c.hidden_size, heads = c.num_attention_heads;
+  DecoderLayerWeights layer;
+  layer.input_norm = loader.vector(p + "input_layernorm.weight", hidden);
+  layer.post_attention_norm = loader.vector(p + "post_attention_layernorm.weight", hidden);
+
+  AttentionWeights& a = layer.attention;
+  const std::string ap = p + "self_attn.";
+  if (c.q_lora_rank <= 0)
+    fail("config.json has q_lora_rank null: glm_moe_dsa needs the q_a/q_b projections (the indexer reads q_a)");
+  a.q_a_proj = loader.matrix(ap + "q_a_proj.weight", c.q_lora_rank, hidden);
+  a.q_a_norm = loader.vector(ap + "q_a_layernorm.weight", c.q_lora_rank);
+  a.q_b_proj = loader.matrix(ap + "q_b_proj.weight", heads * c.qk_head_dim(), c.q_lora_rank);
+  a.kv_a_proj = loader.matrix(ap + "kv_a_proj_with_mqa.weight", c.kv_lora_rank + c.qk_rope_head_dim, hidden);
+  a.kv_a_norm = loader.vector(ap + "kv_a_layernorm.weight", c.kv_lora_rank);
+  a.kv_b_proj = loader.matrix(ap + "kv_b_proj.weight", heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
+  a.o_proj = loader.matrix(ap + "o_proj.weight", hidden, heads * c.v_head_dim);
+  if (c.attention_bias) fail("attention_bias = true is not supported (no GLM-5 checkpoint uses it)");
+  a.has_indexer = indexer_full;
+  if (indexer_full) {
+    const std::string ip = ap + "indexer.";
+    a.indexer.wq_b = loader.matrix(ip + "wq_b.weight", int64_t{c.index_n_heads} * c.index_head_dim, c.q_lora_rank);
+    a.indexer.wk = loader.matrix(ip + "wk.weight", c.index_head_dim, hidden);
+    a.indexer.weights_proj = loader.matrix(ip + "weights_proj.weight", c.index_n_heads, hidden);
+    a.indexer.k_norm_weight = loader.vector(ip + "k_norm.weight", c.index_head_dim);
+    a.indexer.k_norm_bias = loader.vector(ip + "k_norm.bias", c.index_head_dim);
+  }
+
+  layer.is_moe = is_moe;
+  const std::string mp = p + "mlp.";
+  if (!is_moe) {
+    layer.mlp = load_mlp(loader, mp, hidden, c.intermediate_size);
+    return layer;
+  }
+  MoeWeights& moe = layer.moe;
+  moe.router = loader.matrix(mp + "gate.weight", c.n_routed_experts, hidden);
+  moe.correction_bias = loader.vector(mp + "gate.e_score_correction_bias", c.n_routed_experts);
+  moe.experts.reserve(c.n_routed_experts);
+  for (int e = 0; e < c.n_routed_experts; ++e)
+    moe.experts.push_back(load_mlp(loader, fmt::format("{}experts.{}.", mp, e), hidden, c.moe_intermediate_size));
+  moe.shared_expert = load_mlp(loader, mp + "shared_experts.", hidden,
+                               int64_t{c.moe_intermediate_size} * c.n_shared_experts);
+  return layer;
+}
+
+}  // namespace
+
+ModelWeights load_weights(const std::string& dir, const LoadOptions& options) {
+  ModelWeights weights;
+  weights.config = io::load_model_config(dir);
+  io::ModelConfig& c = weights.config;
+  weights.checkpoint = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
+  int64_t parameters = 0;
+  WeightLoader loader(*weights.checkpoint, &parameters);
+
+  const int stored_layers = c.num_hidden_layers;
+  if (options.num_layers > 0 && options.num_layers < c.num_hidden_layers) {
+    c.num_hidden_layers = options.num_layers;
+    c.indexer_full.resize(options.num_layers);
+    c.layer_is_moe.resize(options.num_layers);
+  }
+  weights.embed_tokens = loader.matrix("model.embed_tokens.weight", c.vocab_size, c.hidden_size);
+  for (int i = 0; i < c.num_hidden_layers; ++i)
+    weights.layers.push_back(load_decoder_layer(loader, c, i, c.indexer_full[i], c.layer_is_moe[i]));
+  weights.final_norm = loader.vector("model.norm.weight", c.hidden_size);
+  if (c.tie_word_embeddings && !loader.has("lm_head.weight"))
+    weights.lm_head = weights.embed_tokens;
+  else
+    weights.lm_head = loader.matrix("lm_head.weight", c.vocab_size, c.hidden_size);
+
+  for (int m = 0; options.load_mtp && m < c.num_nextn_predict_layers; ++m) {
+    const int index = stored_layers + m;
+    const std::string p = fmt::format("model.layers.{}.", index);
+    if (!loader.has(p + "eh_proj.weight")) break;  // checkpoints may ship without the MTP layer
+    MtpWeights mtp;
+    mtp.enorm = loader.vector(p + "enorm.weight", c.hidden_size);
+    mtp.hnorm = loader.vector(p + "hnorm.weight", c.hidden_size);
+    mtp.eh_proj = loader.matrix(p + "eh_proj.weight", c.hidden_size, int64_t{2} * c.hidden_size);
+    // The MTP block runs its own indexer and MoE, as the layer before it would.
+    mtp.block = load_decoder_layer(loader, c, index, loader.has(p + "self_attn.indexer.wk.weight"), true);
+    mtp.shared_head_norm = loader.vector(p + "shared_head.norm.weight", c.hidden_size);
+    mtp.shared_head = loader.has(p + "shared_head.head.weight")
+                          ? loader.matrix(p + "shared_head.head.weight", c.vocab_size, c.hidden_size)
+                          : weights.lm_head;
+    mtp.embed_tokens = loader.has(p + "embed_tokens.weight")
+                           ? loader.matrix(p + "embed_tokens.weight", c.vocab_size, c.hidden_size)
+                           : weights.embed_tokens;
+    weights.mtp.push_back(std::move(mtp));
+  }
+  weights.parameters = parameters;
+  return weights;
+}
+
+}  // namespace glms::model

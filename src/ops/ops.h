@@ -1,0 +1,68 @@
+// The op API the model is written over. Activations are fp32 row-major buffers with explicit
+// sizes; weights are `WeightView`s over checkpoint storage in their stored dtype (bf16, f32,
+// f16, fp8 e4m3), converted in registers. The CPU implementation lives in ops/cpu; a device
+// backend implements the same functions over device buffers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace glms::ops {
+
+// A row-major matrix [rows, cols] in checkpoint storage; `row_stride` elements between rows.
+struct WeightView {
+  DType dtype = DType::F32;
+  const void* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t row_stride = 0;
+
+  bool empty() const { return data == nullptr; }
+  // Rows [first, first + count) as a view.
+  WeightView slice_rows(int64_t first, int64_t count) const;
+  // Row `row` converted to fp32 into `out` (cols values).
+  void row_to_f32(int64_t row, float* out) const;
+};
+
+// y[n, w.rows] = x[n, w.cols] · w^T. `x_stride`/`y_stride` are the row strides in floats
+// (0 means dense). Threads over output columns and tokens.
+void linear(const float* x, int64_t n, const WeightView& w, float* y, int64_t x_stride = 0,
+            int64_t y_stride = 0);
+
+// y[n, w.cols] = x[n, w.rows] · w (the weight used transposed, e.g. absorbing kv_b's k part
+// into the query). Single-threaded per call: callers parallelise over heads/tokens.
+void linear_transposed(const float* x, int64_t n, const WeightView& w, float* y, int64_t x_stride = 0,
+                       int64_t y_stride = 0);
+
+// RMSNorm over rows: y = x * rsqrt(mean(x^2) + eps) * weight. In-place allowed.
+void rms_norm(const float* x, int64_t n, int64_t dim, const float* weight, float eps, float* y,
+              int64_t x_stride = 0, int64_t y_stride = 0);
+// LayerNorm over rows with weight and bias. In-place allowed.
+void layer_norm(const float* x, int64_t n, int64_t dim, const float* weight, const float* bias,
+                float eps, float* y);
+
+// Rotary tables for interleaved-pair RoPE: cos/sin [num_positions, rope_dim / 2], computed in
+// fp32 as transformers does (inv_freq = 1 / theta^(2i/d), angle = inv_freq * position).
+struct RopeTable {
+  int rope_dim = 0;
+  std::vector<float> inv_freq;  // [rope_dim / 2]
+  void angles(int32_t position, float* cos_out, float* sin_out) const;
+};
+// Rotates interleaved pairs (x[2i], x[2i+1]) of `x` [rope_dim] by the position's angles.
+void rope_interleaved(float* x, int rope_dim, const float* cos, const float* sin);
+
+// out[i] = silu(gate[i]) * up[i] for `count` values.
+void silu_mul(const float* gate, const float* up, float* out, int64_t count);
+
+// Top-k of `scores` [count] by value (descending; ties broken by lower index first).
+// Writes min(k, count) indices.
+void top_k(const float* scores, int64_t count, int64_t k, std::vector<int32_t>& indices);
+
+// Number of OpenMP threads the CPU ops use.
+int num_threads();
+
+}  // namespace glms::ops
