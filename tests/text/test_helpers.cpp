@@ -51,6 +51,20 @@ json chain_bpe_model(const std::vector<std::string>& words, const std::vector<st
   return {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}, {"unk_token", nullptr}};
 }
 
+json pieces_model(const std::vector<std::string>& pieces, bool byte_level_alphabet) {
+  json vocab = json::object();
+  if (byte_level_alphabet) {
+    for (int b = 0; b < 256; ++b) vocab[std::string(ByteLevelAlphabet::get().encode(static_cast<uint8_t>(b)))] = b;
+  }
+  for (const std::string& piece : pieces) {
+    for (const std::string& ch : utf8_chars(piece)) {
+      if (!vocab.contains(ch)) vocab[ch] = vocab.size();
+    }
+    if (!vocab.contains(piece)) vocab[piece] = vocab.size();
+  }
+  return {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}, {"ignore_merges", true}};
+}
+
 std::string byte_level(std::string_view raw) {
   std::string out;
   for (char c : raw) out.append(ByteLevelAlphabet::get().encode(static_cast<uint8_t>(c)));

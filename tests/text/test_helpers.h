@@ -20,6 +20,11 @@ using nlohmann::json;
 // character used plus `extra_tokens`.
 json chain_bpe_model(const std::vector<std::string>& words, const std::vector<std::string>& extra_tokens = {});
 
+// A model that turns each pre-tokenized piece listed in `pieces` into exactly one token
+// (ignore_merges with the whole piece in the vocabulary); other text is spelled character by
+// character. Lets tests observe pre-tokenization and normalization through encode().
+json pieces_model(const std::vector<std::string>& pieces, bool byte_level_alphabet = false);
+
 // GPT-2 byte-level spelling of raw bytes ("a b" -> "aĠb").
 std::string byte_level(std::string_view raw);
 
