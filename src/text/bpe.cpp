@@ -83,7 +83,11 @@ class WordCache {
     std::mutex mutex;
     std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> map;
   };
-  Shard& shard_for(std::string_view word) { return shards_[StringHash{}(word) % shards_.size()]; }
+  // A cheap spread over shards; the map hashes the whole word once inside its shard.
+  Shard& shard_for(std::string_view word) {
+    const size_t mix = word.size() * 131 + static_cast<unsigned char>(word.front()) * 7 + static_cast<unsigned char>(word.back());
+    return shards_[mix % shards_.size()];
+  }
   std::array<Shard, 16> shards_;
 };
 

@@ -138,13 +138,19 @@ void ByteLevelPreTokenizer::pre_tokenize(PreTokens& tokens, bool at_text_start) 
   if (regex_split_) regex_split_->pre_tokenize(tokens, at_text_start);
 
   const ByteLevelAlphabet& alphabet = ByteLevelAlphabet::get();
-  std::string mapped;
-  mapped.reserve(tokens.text.size() * 2);
+  std::string mapped(tokens.text.size() * 2, '\0');
+  char* out = mapped.data();
   for (ByteRange& r : tokens.pieces) {
-    const size_t begin = mapped.size();
-    for (size_t k = r.begin; k < r.end; ++k) mapped.append(alphabet.encode(static_cast<uint8_t>(tokens.text[k])));
-    r = {begin, mapped.size()};
+    char* const begin = out;
+    for (size_t k = r.begin; k < r.end; ++k) {
+      const std::string_view encoded = alphabet.encode(static_cast<uint8_t>(tokens.text[k]));
+      out[0] = encoded[0];
+      out[1] = encoded.size() > 1 ? encoded[1] : '\0';
+      out += encoded.size();
+    }
+    r = {static_cast<size_t>(begin - mapped.data()), static_cast<size_t>(out - mapped.data())};
   }
+  mapped.resize(static_cast<size_t>(out - mapped.data()));
   tokens.text = std::move(mapped);
 }
 

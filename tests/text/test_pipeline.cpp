@@ -4,9 +4,16 @@
 
 #include <cstdio>
 #include <fstream>
+#include <random>
+
+#include <utf8proc.h>
+
+#include <cstdlib>
 
 #include "core/error.h"
 #include "test_helpers.h"
+#include "text/normalizer.h"
+#include "text/utf8.h"
 
 namespace glms::text {
 namespace {
@@ -150,6 +157,64 @@ TEST(Normalizers, UnicodeForms) {
   EXPECT_EQ(normalized("nfd", {{"type", "NFD"}}, "\xC3\xA9", {"e\xCC\x81"}), (Strings{"e\xCC\x81"}));
   EXPECT_EQ(normalized("nfkc", {{"type", "NFKC"}}, "\xEF\xAC\x81\xE2\x91\xA0", {"fi1"}), (Strings{"fi1"}));
   EXPECT_EQ(normalized("nfkd", {{"type", "NFKD"}}, "\xEF\xAC\x81", {"fi"}), (Strings{"fi"}));
+}
+
+// The normalizer skips utf8proc for text made of characters it judges inert; check that
+// judgement against utf8proc itself for every code point, alone and after likely partners.
+TEST(Normalizers, FastPathAgreesWithUtf8procForEveryCodePoint) {
+  const char* partners[] = {"a", "e", "A", "\u1100", "\uAC00", "\u0BC6", "\u0B47", "\u09C7", "\u0DD9", "\u1B05", "\u0CC6",
+                            "\u0D46", "\u1025", "\u3046", "\u304B"};
+  for (const UnicodeForm form : {UnicodeForm::NFC, UnicodeForm::NFKC, UnicodeForm::NFD}) {
+    const UnicodeNormalizer normalizer(form);
+    for (char32_t cp = 0x80; cp < 0xE01F0; ++cp) {
+      if ((cp >= 0xD800 && cp <= 0xDFFF) || (cp >= 0x32000 && cp < 0xE0000)) continue;  // surrogates, unassigned
+      std::string alone;
+      utf8::append(alone, cp);
+      for (const char* partner : partners) {
+        const std::string text = std::string(partner) + alone;
+        std::string fast = text;
+        normalizer.normalize(fast);
+        utf8proc_uint8_t* full = nullptr;
+        int options = UTF8PROC_STABLE | (form == UnicodeForm::NFD ? UTF8PROC_DECOMPOSE : UTF8PROC_COMPOSE);
+        if (form == UnicodeForm::NFKC) options |= UTF8PROC_COMPAT;
+        const auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()), static_cast<utf8proc_ssize_t>(text.size()),
+                                    &full, static_cast<utf8proc_option_t>(options));
+        ASSERT_GE(n, 0);
+        const std::string expected(reinterpret_cast<const char*>(full), static_cast<size_t>(n));
+        std::free(full);
+        ASSERT_EQ(fast, expected) << "U+" << std::hex << static_cast<uint32_t>(cp) << " after " << partner;
+      }
+    }
+  }
+}
+
+// Random mixes of starters, combining marks, jamo and compatibility characters: normalizing
+// piecewise must give what utf8proc gives for the whole string.
+TEST(Normalizers, PiecewiseNormalizationMatchesWholeString) {
+  const std::vector<char32_t> pool = {'a', 'e', 'o', 'A', ' ', 0xE9, 0x301, 0x323, 0x302, 0x308, 0x1100, 0x1161, 0x11A8, 0xAC00,
+                                      0xAC01, 0x4E2D, 0x3046, 0x3099, 0xFB01, 0x2460, 0x212B, 0x0BC6, 0x0BBE, 0x1F600, 0x0915, 0x093C};
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<size_t> pick(0, pool.size() - 1);
+  for (const UnicodeForm form : {UnicodeForm::NFC, UnicodeForm::NFKC, UnicodeForm::NFD, UnicodeForm::NFKD}) {
+    const UnicodeNormalizer normalizer(form);
+    for (int round = 0; round < 2000; ++round) {
+      std::string text;
+      for (int i = 0; i < 1 + round % 12; ++i) utf8::append(text, pool[pick(rng)]);
+      std::string ours = text;
+      normalizer.normalize(ours);
+      int options = UTF8PROC_STABLE;
+      if (form == UnicodeForm::NFC || form == UnicodeForm::NFKC) options |= UTF8PROC_COMPOSE;
+      if (form == UnicodeForm::NFD || form == UnicodeForm::NFKD) options |= UTF8PROC_DECOMPOSE;
+      if (form == UnicodeForm::NFKC || form == UnicodeForm::NFKD) options |= UTF8PROC_COMPAT;
+      utf8proc_uint8_t* full = nullptr;
+      const auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()), static_cast<utf8proc_ssize_t>(text.size()),
+                                  &full, static_cast<utf8proc_option_t>(options));
+      ASSERT_GE(n, 0);
+      const std::string expected(reinterpret_cast<const char*>(full), static_cast<size_t>(n));
+      std::free(full);
+      ASSERT_EQ(ours, expected) << json(text).dump();
+    }
+  }
 }
 
 TEST(Normalizers, ReplacePrependLowercaseStripSequence) {
