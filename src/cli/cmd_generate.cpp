@@ -1,0 +1,142 @@
+// glmserve generate: one prompt through the engine on this machine, printed as it is produced
+// or as one JSON object with ids, text and timings.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "engine/generator.h"
+#include "text/detokenizer.h"
+#include "text/tokenizer.h"
+
+namespace glms::cli {
+
+namespace {
+
+struct GenerateArgs {
+  std::string model_dir;
+  std::string prompt;
+  std::string input_ids;
+  int max_tokens = 64;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int top_k = 0;
+  float min_p = 0.0f;
+  uint64_t seed = 0;
+  bool json = false;
+  bool ignore_eos = false;
+  int num_layers = -1;
+};
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    const auto first = item.find_first_not_of(" \t");
+    if (first == std::string::npos) continue;
+    size_t used = 0;
+    long long value = 0;
+    try {
+      value = std::stoll(item.substr(first), &used);
+    } catch (const std::exception&) {
+      fail("--input-ids: '" + item + "' is not an integer (expected e.g. --input-ids 1,2,3)");
+    }
+    if (item.find_first_not_of(" \t", first + used) != std::string::npos || value < 0 || value > INT32_MAX)
+      fail("--input-ids: '" + item + "' is not a non-negative token id");
+    ids.push_back(static_cast<int32_t>(value));
+  }
+  if (ids.empty()) fail("--input-ids is empty");
+  return ids;
+}
+
+void run_generate(const GenerateArgs& args) {
+  std::optional<text::Tokenizer> tokenizer;
+  if (std::filesystem::exists(std::filesystem::path(args.model_dir) / "tokenizer.json"))
+    tokenizer = text::Tokenizer::load(args.model_dir);
+
+  std::vector<int32_t> prompt_ids;
+  if (!args.input_ids.empty()) {
+    prompt_ids = parse_ids(args.input_ids);
+  } else {
+    if (!tokenizer) fail("--prompt needs a tokenizer.json in " + args.model_dir + "; or pass --input-ids");
+    prompt_ids = tokenizer->encode(args.prompt, false);
+  }
+
+  model::LoadOptions load_options;
+  load_options.num_layers = args.num_layers;
+  model::Glm5Model model(model::load_weights(args.model_dir, load_options));
+  for (int32_t id : prompt_ids)
+    if (id >= model.config().vocab_size)
+      fail("--input-ids: token id " + std::to_string(id) + " is outside the vocabulary (size " +
+           std::to_string(model.config().vocab_size) + ")");
+
+  engine::GenerateOptions options;
+  options.max_tokens = args.max_tokens;
+  options.sampling = {args.temperature, args.top_p, args.top_k, args.min_p, args.seed};
+  options.ignore_eos = args.ignore_eos;
+  std::optional<text::IncrementalDetokenizer> stream;
+  if (!args.json && tokenizer) {
+    stream.emplace(*tokenizer, text::IncrementalDetokenizer::Options{true});
+    std::fputs(args.prompt.c_str(), stdout);
+    options.on_token = [&stream](int32_t id) {
+      std::fputs(stream->feed(id).c_str(), stdout);
+      std::fflush(stdout);
+    };
+  }
+  const engine::GenerateResult result = engine::generate(model, prompt_ids, options);
+
+  const double prefill_tps = result.prefill_seconds > 0 ? prompt_ids.size() / result.prefill_seconds : 0.0;
+  const double decode_tps = result.decode_seconds > 0 ? result.decode_steps / result.decode_seconds : 0.0;
+  if (args.json) {
+    nlohmann::json out;
+    out["input_ids"] = prompt_ids;
+    out["output_ids"] = result.output_ids;
+    out["text"] = tokenizer ? tokenizer->decode(result.output_ids, true) : "";
+    out["finish_reason"] = result.finish_reason;
+    out["timings"] = {{"prefill_seconds", result.prefill_seconds},
+                      {"decode_seconds", result.decode_seconds},
+                      {"prefill_tokens_per_s", prefill_tps},
+                      {"decode_tokens_per_s", decode_tps}};
+    std::cout << out.dump() << std::endl;
+    return;
+  }
+  if (stream) std::fputs(stream->flush().c_str(), stdout);
+  else for (int32_t id : result.output_ids) std::printf("%d ", id);
+  std::printf("\n");
+  std::fprintf(stderr, "[%zu prompt tokens, %.1f tok/s prefill; %zu generated, %.1f tok/s decode; finish: %s]\n",
+               prompt_ids.size(), prefill_tps, result.output_ids.size(), decode_tps, result.finish_reason.c_str());
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app) {
+  auto args = std::make_shared<GenerateArgs>();
+  CLI::App* cmd = app.add_subcommand("generate", "Generate a completion for one prompt on the CPU");
+  cmd->add_option("--model", args->model_dir, "Model folder (config.json, *.safetensors, tokenizer.json)")
+      ->required()->check(CLI::ExistingDirectory);
+  auto* prompt = cmd->add_option("--prompt", args->prompt, "Prompt text (encoded without special tokens)");
+  auto* ids = cmd->add_option("--input-ids", args->input_ids, "Prompt token ids, comma-separated");
+  prompt->excludes(ids);
+  cmd->add_option("--max-tokens", args->max_tokens, "Tokens to generate")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--temperature", args->temperature, "Sampling temperature; 0 = greedy")->check(CLI::Range(0.0, 100.0));
+  cmd->add_option("--top-p", args->top_p, "Nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--top-k", args->top_k, "Keep the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--min-p", args->min_p, "Drop tokens under min_p x the top probability")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--seed", args->seed, "Random seed for sampling");
+  cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence tokens");
+  cmd->add_option("--num-layers", args->num_layers, "Run only the first N decoder layers");
+  cmd->add_flag("--json", args->json, "Print one JSON object: input_ids, output_ids, text, timings");
+  cmd->callback([args, cmd]() {
+    if (cmd->count("--prompt") == 0 && cmd->count("--input-ids") == 0)
+      fail("generate needs --prompt TEXT or --input-ids 1,2,3");
+    run_generate(*args);
+  });
+}
+
+}  // namespace glms::cli

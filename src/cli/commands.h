@@ -1,0 +1,13 @@
+// Each glmserve subcommand lives in its own file and registers itself on the CLI11 app.
+// A command's callback throws glms::Error for user errors; main() prints them and exits 1.
+#pragma once
+
+namespace CLI { class App; }
+
+namespace glms::cli {
+
+void add_generate_command(CLI::App& app);
+void add_tokenize_command(CLI::App& app);
+void add_inspect_command(CLI::App& app);
+
+}  // namespace glms::cli

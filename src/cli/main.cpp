@@ -1,0 +1,27 @@
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"glmserve: an inference server for the GLM-5 family (glm_moe_dsa)"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "glmserve 0.1.0");
+  glms::cli::add_generate_command(app);
+  glms::cli::add_tokenize_command(app);
+  glms::cli::add_inspect_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const glms::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "internal error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
