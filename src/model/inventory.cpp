@@ -56,7 +56,10 @@ int64_t Inventory::weight_bytes(const std::string& format) const {
   double bytes = 0.0;
   for (const auto& g : groups) {
     const double n = static_cast<double>(g.parameters);
-    const bool keep_bf16 = !g.is_matrix || g.in_mtp || g.name == "embed_tokens" || g.name == "lm_head";
+    // Norms, router, embeddings and lm_head stay bf16 in every published format; the MX
+    // checkpoints (AMD Quark) also exclude the MTP layer, the FP8 ones quantise it.
+    const bool mx = format == "mxfp4" || format == "mxfp6";
+    const bool keep_bf16 = !g.is_matrix || (g.in_mtp && mx) || g.name == "embed_tokens" || g.name == "lm_head";
     if (format == "bf16" || keep_bf16) bytes += 2.0 * n;
     else if (format == "fp8") bytes += n * (1.0 + 4.0 / (128.0 * 128.0));
     else if (format == "mxfp6") bytes += g.quantizable_fp4 ? n * 6.25 / 8.0 : 2.0 * n;

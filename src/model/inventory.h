@@ -22,9 +22,9 @@ struct Inventory {
   std::vector<ParameterGroup> groups;
   int64_t total() const;
   int64_t active_per_token(const io::ModelConfig& config) const;  // routed experts counted top-k / E
-  // Weight bytes when stored as `format`: "bf16", "fp8" (E4M3 + fp32 128x128 block scales),
-  // "mxfp6" (6.25 bits), "mxfp4" (4.25 bits on MLP/expert weights, fp8 elsewhere is not
-  // assumed: other matrices stay bf16).
+  // Weight bytes when stored as `format`: "bf16"; "fp8" (E4M3 + fp32 128x128 block scales on
+  // every matrix but embeddings and lm_head); "mxfp6" / "mxfp4" (6.25 / 4.25 bits per value on
+  // MLP and expert weights, other matrices and the MTP layer bf16). Norms and router: bf16.
   int64_t weight_bytes(const std::string& format) const;
 };
 
