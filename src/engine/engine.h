@@ -1,0 +1,73 @@
+// The serving engine: one thread runs the model step after step over a continuously changing
+// batch (decodes first, then prefill chunks under a token budget), with a paged latent cache
+// shared through a radix prefix cache. Requests come and go from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/request.h"
+#include "model/glm5.h"
+
+namespace glms::engine {
+
+struct EngineConfig {
+  int max_num_seqs = 64;            // sequences in one step at most
+  int max_batch_tokens = 2048;      // tokens in one step at most (prefill chunks fill the rest)
+  int64_t kv_cache_bytes = 0;       // memory for the latent cache; 0 = enough for max_num_seqs x max_model_len
+  int max_model_len = 0;            // prompt + generated tokens per request; 0 = the model's limit
+  int block_size = 16;              // tokens per cache block
+  int max_waiting = 1024;           // queued requests beyond which submit() is refused
+  bool enable_prefix_cache = true;
+};
+
+// Counters and gauges for /metrics and the bench; a consistent snapshot.
+struct EngineStats {
+  int num_running = 0;
+  int num_waiting = 0;
+  int num_blocks = 0;
+  int num_free_blocks = 0;          // free or holding only evictable cached prefixes
+  int num_cached_blocks = 0;        // blocks held by the prefix cache with no running user
+  double kv_cache_usage = 0.0;      // fraction of blocks in use by running requests
+  int64_t prefix_cache_queries = 0; // prompt tokens looked up
+  int64_t prefix_cache_hits = 0;    // prompt tokens found
+  int64_t prompt_tokens_total = 0;
+  int64_t generation_tokens_total = 0;
+  int64_t num_preemptions = 0;
+  int64_t steps = 0;
+};
+
+// Thrown by submit() when the waiting queue is full (the server answers 429).
+struct QueueFull {};
+
+class Engine {
+ public:
+  Engine(const model::Glm5Model& model, EngineConfig config);
+  ~Engine();  // stops the loop; unfinished requests get "abort"
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const EngineConfig& config() const;
+  const model::Glm5Model& model() const;
+
+  // Queues a request; outputs arrive through `on_output` until one has finished = true.
+  // Throws glms::Error for an invalid request (empty prompt, id outside the vocabulary, prompt +
+  // max_tokens over max_model_len) and QueueFull when the waiting queue is full.
+  uint64_t submit(RequestParams params, OutputCallback on_output);
+
+  // Ends a request now (its blocks go back at once); it reports finish_reason "abort" unless it
+  // already finished. Unknown ids are ignored.
+  void cancel(uint64_t request_id);
+
+  EngineStats stats() const;
+
+  // Stops taking requests; returns when every queued and running request has finished.
+  void drain();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace glms::engine

@@ -1,0 +1,55 @@
+// What a client asks of the engine, and what the engine reports back as a request runs.
+// The server turns OpenAI JSON into a RequestParams; the engine never sees text.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+
+namespace glms::engine {
+
+struct RequestParams {
+  std::vector<int32_t> prompt_ids;     // must be non-empty and within the vocabulary
+  int max_tokens = 16;                 // tokens to generate at most (>= 1)
+  SamplingParams sampling;             // temperature 0 = greedy
+  bool ignore_eos = false;             // keep going past the model's EOS ids
+  std::vector<int32_t> stop_token_ids; // extra ids that end the request (finish_reason "stop")
+  float presence_penalty = 0.0f;       // OpenAI semantics, applied to generated tokens
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;     // vLLM/HF semantics, over prompt + generated tokens
+  int top_logprobs = -1;               // -1: no logprobs; 0: the chosen token's; k: plus top k
+  double timeout_seconds = 0.0;        // 0 = none; past it the request ends with "timeout"
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
+struct GeneratedToken {
+  int32_t token = 0;
+  float logprob = 0.0f;                    // set when top_logprobs >= 0
+  std::vector<TokenLogprob> top_logprobs;  // k most likely, when top_logprobs > 0
+};
+
+// One report about a request: new tokens since the last report, and whether it is done.
+// finish_reason: "stop" (EOS or stop id), "length" (max_tokens or model length), "abort"
+// (cancelled), "timeout", or "error" (then `error` says why).
+struct RequestOutput {
+  uint64_t request_id = 0;
+  std::vector<GeneratedToken> new_tokens;
+  bool finished = false;
+  std::string finish_reason;
+  std::string error;
+  int prompt_tokens = 0;
+  int cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
+  int completion_tokens = 0;     // generated so far
+};
+
+// Called on the engine's thread; must not block for long (hand the output to the connection).
+using OutputCallback = std::function<void(const RequestOutput&)>;
+
+}  // namespace glms::engine
