@@ -1,7 +1,8 @@
 // CPU matrix products over checkpoint weights. Weights stay in their stored dtype (zero-copy
 // from the mmap'd checkpoint); a block of rows is widened to fp32 in a thread-local buffer and
 // reused across every token of the batch, so prefill reads each weight once per call while
-// decode (n small) streams the weights once, which is what bounds it.
+// decode (n small) streams the weights once, which is what bounds it. Every output element is
+// the same fp32 dot product whatever n is, so a token's result never depends on its batch.
 #include <omp.h>
 
 #include <algorithm>
@@ -20,13 +21,6 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t k = 0; k < n; ++k) sum += a[k] * b[k];
-  return sum;
-}
-
-inline float dot_bf16(const uint16_t* w, const float* x, int64_t n) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t k = 0; k < n; ++k) sum += std::bit_cast<float>(static_cast<uint32_t>(w[k]) << 16) * x[k];
   return sum;
 }
 
@@ -60,22 +54,6 @@ void linear(const float* x, int64_t n, const WeightView& w, float* y, int64_t x_
   if (x_stride == 0) x_stride = w.cols;
   if (y_stride == 0) y_stride = w.rows;
   const int64_t num_blocks = (w.rows + kRowBlock - 1) / kRowBlock;
-  const size_t elem = dtype_size(w.dtype);
-
-  // Decode-sized batches read bf16/f32 weights directly: the product is bound by weight bytes.
-  if (n <= 2 && (w.dtype == DType::BF16 || w.dtype == DType::F32)) {
-#pragma omp parallel for schedule(static) if (w.rows * w.cols > 32768)
-    for (int64_t r = 0; r < w.rows; ++r) {
-      const auto* row = static_cast<const std::byte*>(w.data) + r * w.row_stride * elem;
-      for (int64_t i = 0; i < n; ++i) {
-        const float* xi = x + i * x_stride;
-        y[i * y_stride + r] = w.dtype == DType::BF16
-                                  ? dot_bf16(reinterpret_cast<const uint16_t*>(row), xi, w.cols)
-                                  : dot_f32(reinterpret_cast<const float*>(row), xi, w.cols);
-      }
-    }
-    return;
-  }
 
 #pragma omp parallel if (w.rows * w.cols * n > 65536)
   {

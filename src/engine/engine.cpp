@@ -1,0 +1,420 @@
+// The engine loop. Each step: finish cancelled and timed-out requests; schedule running
+// decodes first (one token each), then continue partial prefills, then admit waiting requests
+// (prefix-cache hits skip their cached blocks) while the token budget, the sequence limit and
+// free blocks allow; run one forward over the mixed batch; sample for every sequence whose
+// tokens are all computed; report. When a running sequence needs a block and none is free,
+// the cache evicts unused prefixes, then the most recently admitted sequence is preempted
+// (its blocks freed, its tokens recomputed later).
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <list>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+#include "engine/sequence.h"
+#include "kv/prefix_cache.h"
+
+namespace glms::engine {
+
+struct Engine::Impl {
+  Impl(const model::Glm5Model& model, EngineConfig config);
+  ~Impl();
+  void loop();
+  void step(std::unique_lock<std::mutex>& lock);
+  void finish(Sequence& seq, const std::string& reason, const std::string& error = "");
+  void release_blocks(Sequence& seq);
+  bool ensure_blocks(Sequence& seq, int num_tokens);
+  bool preempt_one(const Sequence* keep);
+  bool sample_and_report(Sequence& seq, const float* logits);
+  void cache_full_blocks(Sequence& seq);
+
+  const model::Glm5Model& model;
+  EngineConfig config;
+  kv::PagedLatentCache cache;
+  kv::BlockPool pool;
+  kv::PrefixCache prefix_cache;
+
+  mutable std::mutex mutex;
+  std::condition_variable wake;
+  std::condition_variable idle;
+  std::deque<std::unique_ptr<Sequence>> waiting;  // FIFO; preempted sequences go to the front
+  std::list<std::unique_ptr<Sequence>> running;   // in admission order
+  std::vector<uint64_t> cancelled;
+  uint64_t next_id = 1;
+  bool stopping = false;
+  bool draining = false;
+  EngineStats counters;
+  std::thread thread;
+};
+
+namespace {
+
+int default_num_blocks(const model::Glm5Model& model, const EngineConfig& config) {
+  const kv::CacheLayout layout = model.cache_layout(config.block_size);
+  const int64_t bytes_per_block = layout.bytes_per_token() * config.block_size;
+  int64_t bytes = config.kv_cache_bytes;
+  if (bytes <= 0) {
+    const int64_t wanted = int64_t{config.max_num_seqs} * config.max_model_len * layout.bytes_per_token();
+    bytes = std::min<int64_t>(wanted, int64_t{2} << 30);
+  }
+  const int64_t blocks = bytes / bytes_per_block;
+  if (blocks < (config.max_model_len + config.block_size - 1) / config.block_size)
+    fail("the KV cache (" + std::to_string(bytes) + " bytes, " + std::to_string(blocks) +
+         " blocks) cannot hold one sequence of max_model_len " + std::to_string(config.max_model_len) +
+         " tokens: raise --kv-cache-memory or lower --max-model-len");
+  return static_cast<int>(std::min<int64_t>(blocks, 1 << 24));
+}
+
+EngineConfig resolve(const model::Glm5Model& model, EngineConfig config) {
+  if (config.max_model_len <= 0) config.max_model_len = model.config().max_position_embeddings;
+  if (config.max_num_seqs <= 0) fail("max_num_seqs must be positive");
+  if (config.max_batch_tokens <= 0) fail("max_batch_tokens must be positive");
+  if (config.block_size <= 0) fail("block_size must be positive");
+  return config;
+}
+
+// log-softmax of the raw logits at `token`, and the k best.
+void fill_logprobs(const float* logits, int vocab, int top, GeneratedToken& out) {
+  const float max_logit = *std::max_element(logits, logits + vocab);
+  double total = 0.0;
+  for (int i = 0; i < vocab; ++i) total += std::exp(static_cast<double>(logits[i] - max_logit));
+  const float log_total = static_cast<float>(std::log(total)) + max_logit;
+  out.logprob = logits[out.token] - log_total;
+  if (top <= 0) return;
+  std::vector<int32_t> best;
+  glms::ops::top_k(logits, vocab, top, best);
+  for (int32_t id : best) out.top_logprobs.push_back({id, logits[id] - log_total});
+}
+
+}  // namespace
+
+Engine::Impl::Impl(const model::Glm5Model& m, EngineConfig c)
+    : model(m),
+      config(resolve(m, c)),
+      cache(m.cache_layout(config.block_size), default_num_blocks(m, config)),
+      pool(cache.num_blocks()),
+      prefix_cache(pool, config.block_size) {
+  counters.num_blocks = cache.num_blocks();
+  thread = std::thread([this] { loop(); });
+}
+
+Engine::Impl::~Impl() {
+  {
+    std::lock_guard lock(mutex);
+    stopping = true;
+  }
+  wake.notify_all();
+  thread.join();
+}
+
+void Engine::Impl::release_blocks(Sequence& seq) {
+  for (int32_t block : seq.block_table) pool.release(block);
+  seq.block_table.clear();
+  seq.num_computed = 0;
+  seq.cached_blocks = 0;
+}
+
+void Engine::Impl::finish(Sequence& seq, const std::string& reason, const std::string& error) {
+  release_blocks(seq);
+  RequestOutput out;
+  out.request_id = seq.id;
+  out.finished = true;
+  out.finish_reason = reason;
+  out.error = error;
+  out.prompt_tokens = seq.prompt_len;
+  out.cached_prompt_tokens = seq.cached_prompt_tokens;
+  out.completion_tokens = seq.num_generated();
+  if (seq.on_output) seq.on_output(out);
+}
+
+bool Engine::Impl::ensure_blocks(Sequence& seq, int num_tokens) {
+  const int needed = (num_tokens + config.block_size - 1) / config.block_size;
+  while (static_cast<int>(seq.block_table.size()) < needed) {
+    std::optional<int> block = pool.allocate();
+    if (!block && prefix_cache.evict(needed - static_cast<int>(seq.block_table.size())) > 0) block = pool.allocate();
+    if (!block) return false;
+    seq.block_table.push_back(*block);
+  }
+  return true;
+}
+
+bool Engine::Impl::preempt_one(const Sequence* keep) {
+  for (auto it = running.rbegin(); it != running.rend(); ++it) {
+    if (it->get() == keep) continue;
+    std::unique_ptr<Sequence> victim = std::move(*it);
+    running.erase(std::next(it).base());
+    release_blocks(*victim);  // recomputed from its tokens (prompt + generated) when readmitted
+    waiting.push_front(std::move(victim));
+    ++counters.num_preemptions;
+    return true;
+  }
+  return false;
+}
+
+void Engine::Impl::cache_full_blocks(Sequence& seq) {
+  if (!config.enable_prefix_cache) return;
+  const int full = seq.num_computed / config.block_size;
+  if (full <= seq.cached_blocks) return;  // no block filled since the last insert
+  seq.cached_blocks = full;
+  prefix_cache.insert(std::span<const int32_t>(seq.tokens.data(), static_cast<size_t>(full) * config.block_size),
+                      std::span<const int32_t>(seq.block_table.data(), full));
+}
+
+bool Engine::Impl::sample_and_report(Sequence& seq, const float* raw_logits) {
+  const io::ModelConfig& mc = model.config();
+  const RequestParams& p = seq.params;
+  const float* logits = raw_logits;
+  std::vector<float> adjusted;
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f) {
+    adjusted.assign(raw_logits, raw_logits + mc.vocab_size);
+    if (p.repetition_penalty != 1.0f) {
+      std::vector<bool> seen(mc.vocab_size, false);
+      for (int32_t t : seq.tokens) seen[t] = true;
+      for (int i = 0; i < mc.vocab_size; ++i)
+        if (seen[i]) adjusted[i] = adjusted[i] > 0 ? adjusted[i] / p.repetition_penalty : adjusted[i] * p.repetition_penalty;
+    }
+    for (const auto& [token, count] : seq.generated_counts)
+      adjusted[token] -= p.presence_penalty + p.frequency_penalty * static_cast<float>(count);
+    logits = adjusted.data();
+  }
+  GeneratedToken generated;
+  generated.token = seq.sampler.sample(logits, mc.vocab_size, p.sampling);
+  if (p.top_logprobs >= 0) fill_logprobs(raw_logits, mc.vocab_size, p.top_logprobs, generated);
+  seq.tokens.push_back(generated.token);
+  ++seq.generated_counts[generated.token];
+  ++counters.generation_tokens_total;
+
+  RequestOutput out;
+  out.request_id = seq.id;
+  out.prompt_tokens = seq.prompt_len;
+  out.cached_prompt_tokens = seq.cached_prompt_tokens;
+  out.completion_tokens = seq.num_generated();
+  out.new_tokens.push_back(std::move(generated));
+  const int32_t token = out.new_tokens.back().token;
+  const bool eos = !p.ignore_eos && std::find(mc.eos_token_ids.begin(), mc.eos_token_ids.end(), token) !=
+                                        mc.eos_token_ids.end();
+  const bool stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end();
+  if (eos || stop_id) out.finish_reason = "stop";
+  else if (seq.num_generated() >= p.max_tokens || static_cast<int>(seq.tokens.size()) >= config.max_model_len)
+    out.finish_reason = "length";
+  out.finished = !out.finish_reason.empty();
+  if (seq.on_output) seq.on_output(out);
+  return out.finished;
+}
+
+void Engine::Impl::loop() {
+  std::unique_lock lock(mutex);
+  while (true) {
+    wake.wait(lock, [this] { return stopping || !waiting.empty() || !running.empty() || !cancelled.empty(); });
+    if (stopping) break;
+    step(lock);
+    if (waiting.empty() && running.empty()) idle.notify_all();
+  }
+  for (auto& seq : running) finish(*seq, "abort");
+  for (auto& seq : waiting) finish(*seq, "abort");
+  running.clear();
+  waiting.clear();
+  idle.notify_all();
+}
+
+void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
+  // 1. Cancellations and timeouts.
+  const auto now = Clock::now();
+  auto should_end = [&](Sequence& seq) -> std::string {
+    if (seq.cancel_requested || std::find(cancelled.begin(), cancelled.end(), seq.id) != cancelled.end()) return "abort";
+    if (seq.params.timeout_seconds > 0 &&
+        std::chrono::duration<double>(now - seq.arrival).count() > seq.params.timeout_seconds)
+      return "timeout";
+    return "";
+  };
+  for (auto it = running.begin(); it != running.end();) {
+    const std::string reason = should_end(**it);
+    if (reason.empty()) { ++it; continue; }
+    finish(**it, reason);
+    it = running.erase(it);
+  }
+  for (auto it = waiting.begin(); it != waiting.end();) {
+    const std::string reason = should_end(**it);
+    if (reason.empty()) { ++it; continue; }
+    finish(**it, reason);
+    it = waiting.erase(it);
+  }
+  cancelled.clear();
+
+  // 2. Schedule: running sequences (decodes, then unfinished prefills), then admissions.
+  struct Scheduled { Sequence* seq; int count; };
+  std::vector<Scheduled> scheduled;
+  int budget = config.max_batch_tokens;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (auto it = running.begin(); it != running.end() && budget > 0;) {
+      Sequence& seq = **it;
+      const bool is_decode = seq.pending() == 1;
+      if ((pass == 0) != is_decode) { ++it; continue; }
+      const int count = std::min(seq.pending(), budget);
+      bool ok = ensure_blocks(seq, seq.num_computed + count);
+      while (!ok && preempt_one(&seq)) ok = ensure_blocks(seq, seq.num_computed + count);
+      if (!ok) {  // nothing left to preempt: this one waits for memory itself
+        std::unique_ptr<Sequence> self = std::move(*it);
+        it = running.erase(it);
+        release_blocks(*self);
+        waiting.push_front(std::move(self));
+        ++counters.num_preemptions;
+        continue;
+      }
+      scheduled.push_back({&seq, count});
+      budget -= count;
+      ++it;
+    }
+  }
+  // A preemption above may have removed a sequence already scheduled: keep only live ones.
+  std::erase_if(scheduled, [&](const Scheduled& s) {
+    return std::none_of(running.begin(), running.end(), [&](const auto& r) { return r.get() == s.seq; });
+  });
+  while (!waiting.empty() && budget > 0 && static_cast<int>(running.size()) < config.max_num_seqs) {
+    Sequence& seq = *waiting.front();
+    if (seq.block_table.empty() && config.enable_prefix_cache) {
+      seq.block_table = prefix_cache.match(seq.tokens);
+      seq.num_computed = static_cast<int>(seq.block_table.size()) * config.block_size;
+      seq.cached_blocks = static_cast<int>(seq.block_table.size());
+      if (!seq.admitted_once) seq.cached_prompt_tokens = seq.num_computed;
+    }
+    const int count = std::min(seq.pending(), budget);
+    if (!ensure_blocks(seq, seq.num_computed + count)) {
+      if (running.empty() && scheduled.empty()) {  // can never fit: fail it rather than stall
+        std::unique_ptr<Sequence> self = std::move(waiting.front());
+        waiting.pop_front();
+        finish(*self, "error", "the KV cache is too small for this request");
+        continue;
+      }
+      release_blocks(seq);  // hold nothing while waiting for running requests to free blocks
+      break;
+    }
+    if (!seq.admitted_once) counters.prompt_tokens_total += seq.prompt_len;
+    seq.admitted_once = true;
+    running.push_back(std::move(waiting.front()));
+    waiting.pop_front();
+    scheduled.push_back({running.back().get(), count});
+    budget -= count;
+  }
+  if (scheduled.empty()) return;
+
+  // 3. One forward over the batch.
+  model::ForwardBatch batch;
+  std::vector<Sequence*> sampled;
+  for (const Scheduled& s : scheduled) {
+    Sequence& seq = *s.seq;
+    const bool completes = seq.num_computed + s.count == static_cast<int>(seq.tokens.size());
+    batch.add_sequence(std::vector<int32_t>(seq.tokens.begin() + seq.num_computed,
+                                            seq.tokens.begin() + seq.num_computed + s.count),
+                       seq.num_computed, seq.block_table, config.block_size, false);
+    if (!completes) batch.logits_tokens.pop_back();
+    else sampled.push_back(&seq);
+  }
+  std::vector<float> logits;
+  std::string error;
+  lock.unlock();
+  try {
+    logits = model.forward(batch, cache);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  lock.lock();
+  ++counters.steps;
+
+  // 4. Advance, sample, report; finished sequences leave.
+  const int vocab = model.config().vocab_size;
+  std::vector<Sequence*> done;
+  for (const Scheduled& s : scheduled) {
+    if (!error.empty()) {
+      finish(*s.seq, "error", error);
+      done.push_back(s.seq);
+      continue;
+    }
+    s.seq->num_computed += s.count;
+    cache_full_blocks(*s.seq);
+  }
+  for (size_t i = 0; i < sampled.size() && error.empty(); ++i)
+    if (sample_and_report(*sampled[i], logits.data() + i * vocab)) done.push_back(sampled[i]);
+  for (Sequence* seq : done) {
+    release_blocks(*seq);
+    running.remove_if([seq](const auto& r) { return r.get() == seq; });
+  }
+}
+
+Engine::Engine(const model::Glm5Model& model, EngineConfig config)
+    : impl_(std::make_unique<Impl>(model, std::move(config))) {}
+
+Engine::~Engine() = default;
+
+const EngineConfig& Engine::config() const { return impl_->config; }
+const model::Glm5Model& Engine::model() const { return impl_->model; }
+
+uint64_t Engine::submit(RequestParams params, OutputCallback on_output) {
+  const io::ModelConfig& mc = impl_->model.config();
+  const int max_len = impl_->config.max_model_len;
+  if (params.prompt_ids.empty()) fail("the prompt is empty");
+  for (int32_t id : params.prompt_ids)
+    if (id < 0 || id >= mc.vocab_size)
+      fail("token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(mc.vocab_size) + ")");
+  if (params.max_tokens < 1) fail("max_tokens must be at least 1");
+  const int64_t total = static_cast<int64_t>(params.prompt_ids.size()) + params.max_tokens;
+  if (total > max_len)
+    fail("this model's maximum context length is " + std::to_string(max_len) + " tokens, but " +
+         std::to_string(params.prompt_ids.size()) + " prompt tokens + " + std::to_string(params.max_tokens) +
+         " max_tokens = " + std::to_string(total) + " were requested");
+  if (params.top_logprobs > 20) fail("top_logprobs must be at most 20");
+
+  auto seq = std::make_unique<Sequence>();
+  seq->tokens = params.prompt_ids;
+  seq->prompt_len = static_cast<int>(params.prompt_ids.size());
+  seq->sampler = Sampler(params.sampling.seed);
+  seq->params = std::move(params);
+  seq->on_output = std::move(on_output);
+  seq->arrival = Clock::now();
+  uint64_t id;
+  {
+    std::lock_guard lock(impl_->mutex);
+    if (impl_->draining || impl_->stopping) fail("the engine is shutting down and takes no new requests");
+    if (static_cast<int>(impl_->waiting.size()) >= impl_->config.max_waiting) throw QueueFull{};
+    id = seq->id = impl_->next_id++;
+    impl_->waiting.push_back(std::move(seq));
+  }
+  impl_->wake.notify_all();
+  return id;
+}
+
+void Engine::cancel(uint64_t request_id) {
+  {
+    std::lock_guard lock(impl_->mutex);
+    impl_->cancelled.push_back(request_id);
+  }
+  impl_->wake.notify_all();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(impl_->mutex);
+  EngineStats s = impl_->counters;
+  s.num_running = static_cast<int>(impl_->running.size());
+  s.num_waiting = static_cast<int>(impl_->waiting.size());
+  s.num_blocks = impl_->pool.num_blocks();
+  s.num_cached_blocks = impl_->prefix_cache.num_cached_blocks();
+  const int evictable = impl_->prefix_cache.num_evictable_blocks();
+  s.num_free_blocks = impl_->pool.num_free() + evictable;
+  s.kv_cache_usage = s.num_blocks > 0 ? 1.0 - static_cast<double>(s.num_free_blocks) / s.num_blocks : 0.0;
+  s.prefix_cache_queries = impl_->prefix_cache.query_tokens();
+  s.prefix_cache_hits = impl_->prefix_cache.hit_tokens();
+  return s;
+}
+
+void Engine::drain() {
+  std::unique_lock lock(impl_->mutex);
+  impl_->draining = true;
+  impl_->idle.wait(lock, [this] { return impl_->waiting.empty() && impl_->running.empty(); });
+}
+
+}  // namespace glms::engine

@@ -1,0 +1,40 @@
+// A request inside the engine: its tokens (prompt, then generated), how many of them have
+// their cache rows computed, and the blocks holding those rows.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/request.h"
+#include "engine/sampler.h"
+
+namespace glms::engine {
+
+using Clock = std::chrono::steady_clock;
+
+struct Sequence {
+  uint64_t id = 0;
+  RequestParams params;
+  OutputCallback on_output;
+  Sampler sampler{0};
+
+  std::vector<int32_t> tokens;       // prompt + generated
+  int prompt_len = 0;
+  int num_computed = 0;              // tokens whose cache rows are written
+  std::vector<int32_t> block_table;  // physical blocks, one per block_size tokens
+  int cached_blocks = 0;             // leading blocks already recorded in the prefix cache
+  int cached_prompt_tokens = 0;      // prompt tokens that came from the prefix cache (first admission)
+  bool admitted_once = false;
+  std::unordered_map<int32_t, int> generated_counts;  // for presence/frequency penalties
+
+  Clock::time_point arrival;
+  bool cancel_requested = false;
+
+  int num_generated() const { return static_cast<int>(tokens.size()) - prompt_len; }
+  // Tokens still to run through the model before the next sample.
+  int pending() const { return static_cast<int>(tokens.size()) - num_computed; }
+};
+
+}  // namespace glms::engine

@@ -1,0 +1,57 @@
+// A radix tree over full cache blocks: each node is one block of `block_size` token ids whose
+// latent rows are computed, under the node of the block before it. Requests that start with
+// the same tokens share those blocks instead of recomputing them. The tree holds one reference
+// on each of its blocks (BlockPool counts); blocks that only the tree holds are evicted least
+// recently used first, leaves before their parents. Only computed (verified) tokens enter.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "kv/latent_cache.h"
+
+namespace glms::kv {
+
+class PrefixCache {
+ public:
+  PrefixCache(BlockPool& pool, int block_size);
+  ~PrefixCache();
+  PrefixCache(const PrefixCache&) = delete;
+  PrefixCache& operator=(const PrefixCache&) = delete;
+
+  // The longest run of cached full blocks that `tokens` starts with, never covering the last
+  // token (its logits must be computed). Each returned block is retained for the caller, who
+  // releases it through the pool when done. Counts queries and hits in tokens.
+  std::vector<int32_t> match(std::span<const int32_t> tokens);
+
+  // Records the full blocks of `tokens` (computed rows in `blocks`, one per block of tokens)
+  // from the root; blocks already cached under the same tokens are only touched. New nodes
+  // retain their block.
+  void insert(std::span<const int32_t> tokens, std::span<const int32_t> blocks);
+
+  // Frees up to `count` blocks that only the cache holds, least recently used leaves first.
+  // Returns how many were freed.
+  int evict(int count);
+
+  int num_cached_blocks() const { return num_nodes_; }
+  int num_evictable_blocks() const;
+  int64_t query_tokens() const { return query_tokens_; }
+  int64_t hit_tokens() const { return hit_tokens_; }
+
+ private:
+  struct Node;
+  Node* child(Node* parent, std::span<const int32_t> block_tokens) const;
+
+  BlockPool& pool_;
+  int block_size_;
+  std::unique_ptr<Node> root_;
+  int num_nodes_ = 0;
+  uint64_t clock_ = 0;
+  int64_t query_tokens_ = 0;
+  int64_t hit_tokens_ = 0;
+};
+
+}  // namespace glms::kv

@@ -1,0 +1,238 @@
+// The serving engine against the single-request generator: batching, chunking, the prefix
+// cache and preemption must not change a greedy request's tokens, and every block comes back.
+#include <gtest/gtest.h>
+
+#include <future>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "engine/generator.h"
+#include "random_model.h"
+
+using namespace glms;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Collected {
+  std::vector<int32_t> tokens;
+  engine::RequestOutput last;
+};
+
+// Submits and collects a request's outputs; get() waits for the finishing output.
+class Pending {
+ public:
+  Pending(engine::Engine& engine, engine::RequestParams params) {
+    id_ = engine.submit(std::move(params), [this](const engine::RequestOutput& out) {
+      std::lock_guard lock(mutex_);
+      for (const auto& token : out.new_tokens) result_.tokens.push_back(token.token);
+      if (out.finished) {
+        result_.last = out;
+        done_.set_value();
+      }
+    });
+  }
+  Collected get() {
+    EXPECT_EQ(done_.get_future().wait_for(60s), std::future_status::ready);
+    std::lock_guard lock(mutex_);
+    return result_;
+  }
+  uint64_t id() const { return id_; }
+
+ private:
+  std::mutex mutex_;
+  std::promise<void> done_;
+  Collected result_;
+  uint64_t id_ = 0;
+};
+
+std::vector<int32_t> random_tokens(int count, int vocab, uint64_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> dist(3, vocab - 1);  // 1 and 2 are EOS
+  std::vector<int32_t> tokens(count);
+  for (auto& t : tokens) t = dist(rng);
+  return tokens;
+}
+
+engine::RequestParams greedy(std::vector<int32_t> prompt, int max_tokens) {
+  engine::RequestParams params;
+  params.prompt_ids = std::move(prompt);
+  params.max_tokens = max_tokens;
+  params.sampling.temperature = 0.0f;
+  params.ignore_eos = true;
+  return params;
+}
+
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new glms::testing::TempDir("engine");
+    glms::testing::RandomModelSpec spec;
+    spec.index_topk = 12;
+    model_ = new model::Glm5Model(model::load_weights(glms::testing::write_random_model(dir_->path / "m", spec).string()));
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete dir_;
+  }
+  std::vector<int32_t> alone(const std::vector<int32_t>& prompt, int max_tokens) {
+    engine::GenerateOptions options;
+    options.max_tokens = max_tokens;
+    options.sampling.temperature = 0.0f;
+    options.ignore_eos = true;
+    return engine::generate(*model_, prompt, options).output_ids;
+  }
+  static glms::testing::TempDir* dir_;
+  static model::Glm5Model* model_;
+};
+glms::testing::TempDir* EngineTest::dir_ = nullptr;
+model::Glm5Model* EngineTest::model_ = nullptr;
+
+void expect_idle(engine::Engine& engine) {
+  const engine::EngineStats stats = engine.stats();
+  EXPECT_EQ(stats.num_running, 0);
+  EXPECT_EQ(stats.num_waiting, 0);
+  EXPECT_EQ(stats.num_free_blocks, stats.num_blocks) << "a block leaked";
+  EXPECT_EQ(stats.kv_cache_usage, 0.0);
+}
+
+}  // namespace
+
+TEST_F(EngineTest, OneRequestMatchesTheGenerator) {
+  engine::Engine engine(*model_, {});
+  const auto prompt = random_tokens(23, 97, 1);
+  Pending request(engine, greedy(prompt, 12));
+  const Collected result = request.get();
+  EXPECT_EQ(result.tokens, alone(prompt, 12));
+  EXPECT_EQ(result.last.finish_reason, "length");
+  EXPECT_EQ(result.last.prompt_tokens, 23);
+  EXPECT_EQ(result.last.completion_tokens, 12);
+  expect_idle(engine);
+}
+
+TEST_F(EngineTest, ConcurrentRequestsEqualEachAlone) {
+  engine::EngineConfig config;
+  config.max_batch_tokens = 24;  // forces chunked prefills mixed with decodes
+  config.max_num_seqs = 6;       // and a waiting queue
+  config.enable_prefix_cache = false;
+  engine::Engine engine(*model_, config);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::unique_ptr<Pending>> requests;
+  for (int i = 0; i < 16; ++i) {
+    prompts.push_back(random_tokens(5 + 7 * i % 41, 97, 100 + i));
+    requests.push_back(std::make_unique<Pending>(engine, greedy(prompts.back(), 6 + i % 5)));
+  }
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(requests[i]->get().tokens, alone(prompts[i], 6 + i % 5)) << "request " << i;
+  expect_idle(engine);
+}
+
+TEST_F(EngineTest, SharedPrefixIsServedFromTheCache) {
+  engine::EngineConfig config;
+  config.block_size = 8;
+  engine::Engine engine(*model_, config);
+  const auto prefix = random_tokens(40, 97, 5);
+  auto first = prefix, second = prefix;
+  first.push_back(11);
+  second.push_back(12);
+  second.push_back(13);
+  const Collected a = Pending(engine, greedy(first, 5)).get();
+  const Collected b = Pending(engine, greedy(second, 5)).get();
+  EXPECT_EQ(a.last.cached_prompt_tokens, 0);
+  EXPECT_EQ(b.last.cached_prompt_tokens, 40);  // five full blocks of 8
+  EXPECT_EQ(b.tokens, alone(second, 5));
+  const engine::EngineStats stats = engine.stats();
+  EXPECT_GE(stats.prefix_cache_hits, 40);
+  EXPECT_GT(stats.num_cached_blocks, 0);
+  expect_idle(engine);
+}
+
+TEST_F(EngineTest, PreemptionUnderMemoryPressureKeepsOutputsExact) {
+  engine::EngineConfig config;
+  config.block_size = 4;
+  config.max_model_len = 64;
+  const int64_t bytes_per_block = model_->cache_layout(4).bytes_per_token() * 4;
+  config.kv_cache_bytes = bytes_per_block * 24;  // 96 tokens for 8 requests of up to 50
+  config.max_num_seqs = 8;
+  engine::Engine engine(*model_, config);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::unique_ptr<Pending>> requests;
+  for (int i = 0; i < 8; ++i) {
+    prompts.push_back(random_tokens(10 + 3 * i, 97, 300 + i));
+    requests.push_back(std::make_unique<Pending>(engine, greedy(prompts.back(), 16)));
+  }
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(requests[i]->get().tokens, alone(prompts[i], 16)) << "request " << i;
+  EXPECT_GT(engine.stats().num_preemptions, 0);
+  expect_idle(engine);
+}
+
+TEST_F(EngineTest, CancelFreesBlocksAndReportsAbort) {
+  engine::Engine engine(*model_, {});
+  engine::RequestParams params = greedy(random_tokens(30, 97, 9), 2000);
+  std::promise<void> first_token;
+  std::atomic<bool> seen{false};
+  std::promise<engine::RequestOutput> finished;
+  const uint64_t id = engine.submit(params, [&](const engine::RequestOutput& out) {
+    if (!out.new_tokens.empty() && !seen.exchange(true)) first_token.set_value();
+    if (out.finished) finished.set_value(out);
+  });
+  first_token.get_future().wait();
+  engine.cancel(id);
+  const engine::RequestOutput out = finished.get_future().get();
+  EXPECT_EQ(out.finish_reason, "abort");
+  EXPECT_LT(out.completion_tokens, 2000);
+  expect_idle(engine);
+}
+
+TEST_F(EngineTest, StopsAtStopTokensEosAndTimeout) {
+  engine::Engine engine(*model_, {});
+  const auto prompt = random_tokens(12, 97, 4);
+  const auto expected = alone(prompt, 8);
+  engine::RequestParams stop = greedy(prompt, 8);
+  stop.stop_token_ids = {expected[3]};
+  const Collected stopped = Pending(engine, stop).get();
+  EXPECT_EQ(stopped.last.finish_reason, "stop");
+  EXPECT_EQ(stopped.tokens.back(), expected[3]);
+  EXPECT_LE(stopped.tokens.size(), 4u);
+
+  engine::RequestParams timed = greedy(prompt, 3000);
+  timed.timeout_seconds = 0.05;
+  const Collected timeout = Pending(engine, timed).get();
+  EXPECT_EQ(timeout.last.finish_reason, "timeout");
+  expect_idle(engine);
+}
+
+TEST_F(EngineTest, RejectsInvalidRequestsAndAFullQueue) {
+  engine::EngineConfig config;
+  config.max_model_len = 50;
+  config.max_waiting = 2;
+  engine::Engine engine(*model_, config);
+  EXPECT_THROW(engine.submit(greedy({}, 4), nullptr), Error);
+  EXPECT_THROW(engine.submit(greedy({5, 97}, 4), nullptr), Error);
+  EXPECT_THROW(engine.submit(greedy(random_tokens(40, 97, 1), 11), nullptr), Error);
+  EXPECT_THROW(engine.submit(greedy({5}, 0), nullptr), Error);
+  // A queue of two: the third concurrent submission is refused while the first two wait.
+  std::vector<std::unique_ptr<Pending>> requests;
+  bool refused = false;
+  for (int i = 0; i < 50 && !refused; ++i) {
+    try {
+      requests.push_back(std::make_unique<Pending>(engine, greedy(random_tokens(30, 97, i), 20)));
+    } catch (const engine::QueueFull&) {
+      refused = true;
+    }
+  }
+  EXPECT_TRUE(refused);
+  for (auto& r : requests) r->get();
+  expect_idle(engine);
+}
+
+TEST_F(EngineTest, DrainFinishesInFlightRequests) {
+  auto engine = std::make_unique<engine::Engine>(*model_, engine::EngineConfig{});
+  Pending a(*engine, greedy(random_tokens(20, 97, 1), 10)), b(*engine, greedy(random_tokens(9, 97, 2), 10));
+  engine->drain();
+  EXPECT_EQ(a.get().last.finish_reason, "length");
+  EXPECT_EQ(b.get().last.finish_reason, "length");
+  EXPECT_THROW(engine->submit(greedy({5}, 2), nullptr), Error);
+}
