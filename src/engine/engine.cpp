@@ -32,6 +32,8 @@ struct Engine::Impl {
   bool preempt_one(const Sequence* keep);
   bool sample_and_report(Sequence& seq, const float* logits);
   void cache_full_blocks(Sequence& seq);
+  void emit(const Sequence& seq, RequestOutput out);
+  void deliver(std::unique_lock<std::mutex>& lock);
 
   const model::Glm5Model& model;
   EngineConfig config;
@@ -49,6 +51,9 @@ struct Engine::Impl {
   bool stopping = false;
   bool draining = false;
   EngineStats counters;
+  // Outputs produced under the lock, delivered after it is released so that a callback may
+  // call back into the engine (cancel on a stop string, submit the next request).
+  std::vector<std::pair<OutputCallback, RequestOutput>> outbox;
   std::thread thread;
 };
 
@@ -129,7 +134,20 @@ void Engine::Impl::finish(Sequence& seq, const std::string& reason, const std::s
   out.prompt_tokens = seq.prompt_len;
   out.cached_prompt_tokens = seq.cached_prompt_tokens;
   out.completion_tokens = seq.num_generated();
-  if (seq.on_output) seq.on_output(out);
+  emit(seq, std::move(out));
+}
+
+void Engine::Impl::emit(const Sequence& seq, RequestOutput out) {
+  if (seq.on_output) outbox.emplace_back(seq.on_output, std::move(out));
+}
+
+void Engine::Impl::deliver(std::unique_lock<std::mutex>& lock) {
+  if (outbox.empty()) return;
+  std::vector<std::pair<OutputCallback, RequestOutput>> ready;
+  ready.swap(outbox);
+  lock.unlock();
+  for (auto& [callback, output] : ready) callback(output);
+  lock.lock();
 }
 
 bool Engine::Impl::ensure_blocks(Sequence& seq, int num_tokens) {
@@ -203,8 +221,9 @@ bool Engine::Impl::sample_and_report(Sequence& seq, const float* raw_logits) {
   else if (seq.num_generated() >= p.max_tokens || static_cast<int>(seq.tokens.size()) >= config.max_model_len)
     out.finish_reason = "length";
   out.finished = !out.finish_reason.empty();
-  if (seq.on_output) seq.on_output(out);
-  return out.finished;
+  const bool finished = out.finished;
+  emit(seq, std::move(out));
+  return finished;
 }
 
 void Engine::Impl::loop() {
@@ -213,12 +232,14 @@ void Engine::Impl::loop() {
     wake.wait(lock, [this] { return stopping || !waiting.empty() || !running.empty() || !cancelled.empty(); });
     if (stopping) break;
     step(lock);
+    deliver(lock);
     if (waiting.empty() && running.empty()) idle.notify_all();
   }
   for (auto& seq : running) finish(*seq, "abort");
   for (auto& seq : waiting) finish(*seq, "abort");
   running.clear();
   waiting.clear();
+  deliver(lock);
   idle.notify_all();
 }
 

@@ -171,15 +171,17 @@ TEST_F(EngineTest, PreemptionUnderMemoryPressureKeepsOutputsExact) {
 TEST_F(EngineTest, CancelFreesBlocksAndReportsAbort) {
   engine::Engine engine(*model_, {});
   engine::RequestParams params = greedy(random_tokens(30, 97, 9), 2000);
-  std::promise<void> first_token;
-  std::atomic<bool> seen{false};
   std::promise<engine::RequestOutput> finished;
-  const uint64_t id = engine.submit(params, [&](const engine::RequestOutput& out) {
-    if (!out.new_tokens.empty() && !seen.exchange(true)) first_token.set_value();
+  // The callback itself cancels (as the server does on a stop string): it must not deadlock.
+  std::atomic<uint64_t> id{0};
+  std::atomic<bool> cancelled{false};
+  id = engine.submit(params, [&](const engine::RequestOutput& out) {
+    if (!out.new_tokens.empty() && !cancelled.exchange(true)) {
+      while (id == 0) std::this_thread::yield();
+      engine.cancel(id);
+    }
     if (out.finished) finished.set_value(out);
   });
-  first_token.get_future().wait();
-  engine.cancel(id);
   const engine::RequestOutput out = finished.get_future().get();
   EXPECT_EQ(out.finish_reason, "abort");
   EXPECT_LT(out.completion_tokens, 2000);
