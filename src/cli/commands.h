@@ -9,5 +9,6 @@ namespace glms::cli {
 void add_generate_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_inspect_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
 
 }  // namespace glms::cli

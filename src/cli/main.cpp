@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   glms::cli::add_generate_command(app);
   glms::cli::add_tokenize_command(app);
   glms::cli::add_inspect_command(app);
+  glms::cli::add_plan_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

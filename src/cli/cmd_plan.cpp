@@ -1,0 +1,74 @@
+// glmserve plan: memory, rooflines, layouts and cost of serving a model on a number of GPUs,
+// from its config.json alone (glm_moe_dsa, DeepSeek-style MLA or dense GQA models).
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "plan/roofline.h"
+
+namespace glms::cli {
+
+namespace {
+
+struct PlanOptions {
+  std::string model_dir, config_file;
+  plan::PlanInputs inputs;
+  double reserve_percent = 10;
+  bool json = false;
+};
+
+void run_plan(const PlanOptions& o) {
+  const std::string path = o.model_dir.empty() ? o.config_file : o.model_dir;
+  if (path.empty()) fail("give --model DIR or --config FILE");
+  plan::PlanInputs inputs = o.inputs;
+  inputs.reserve_fraction = o.reserve_percent / 100.0;
+  const plan::ModelSpec model = plan::load_model_spec(path);
+  const plan::PlanResult result = plan::make_plan(model, inputs, path);
+  std::cout << (o.json ? plan::render_json(result) + "\n" : plan::render_text(result)) << std::flush;
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app) {
+  auto o = std::make_shared<PlanOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "Capacity and cost plan: weights, KV cache, fit, decode/prefill rooflines, TP vs replicas, $/M tokens");
+  auto* model = cmd->add_option("--model", o->model_dir, "Model folder holding config.json")->check(CLI::ExistingDirectory);
+  auto* config = cmd->add_option("--config", o->config_file, "A config.json file")->check(CLI::ExistingFile);
+  model->excludes(config);
+  config->excludes(model);
+  cmd->add_option("--gpu", o->inputs.gpu, "GPU kind")
+      ->check(CLI::IsMember({"mi355x", "mi300x", "b300", "b200", "h200", "h100"}, CLI::ignore_case))
+      ->required();
+  cmd->add_option("--gpus", o->inputs.gpus, "Number of GPUs")->check(CLI::Range(1, 4096))->required();
+  cmd->add_option("--tp", o->inputs.tp, "Tensor-parallel size of the headline layout (default: all GPUs)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--weights", o->inputs.weights, "Weight format")
+      ->check(CLI::IsMember({"bf16", "fp8", "mxfp6", "mxfp4"}))
+      ->capture_default_str();
+  cmd->add_option("--kv-dtype", o->inputs.kv_dtype, "KV cache dtype")->check(CLI::IsMember({"bf16", "fp8"}))
+      ->capture_default_str();
+  cmd->add_option("--context", o->inputs.context, "Tokens per sequence (prompt + output)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 32))
+      ->capture_default_str();
+  cmd->add_option("--concurrency", o->inputs.concurrency, "Sequences decoding at once")
+      ->check(CLI::Range(1, 1 << 24))
+      ->capture_default_str();
+  cmd->add_option("--gpu-hour-price", o->inputs.usd_per_gpu_hour, "USD per GPU-hour (default: the catalogue's)")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--utilization", o->inputs.utilization, "Share of the time the GPUs serve at that rate")
+      ->check(CLI::Range(0.001, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--reserve", o->reserve_percent, "Percent of each GPU's memory kept for the runtime")
+      ->check(CLI::Range(0.0, 99.0))
+      ->capture_default_str();
+  cmd->add_option("--measured-tokens-per-s", o->inputs.measured_tokens_per_s,
+                  "Price a measured aggregate output throughput instead of the decode bound")
+      ->check(CLI::Range(0.0, 1e12));
+  cmd->add_flag("--json", o->json, "Print JSON");
+  cmd->callback([o]() { run_plan(*o); });
+}
+
+}  // namespace glms::cli

@@ -1,0 +1,196 @@
+// Text and JSON renderings of a plan.
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "plan/roofline.h"
+
+namespace glms::plan {
+
+namespace {
+
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string format(const char* fmt, ...) {
+  char buffer[512];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(buffer, sizeof(buffer), fmt, args);
+  va_end(args);
+  return buffer;
+}
+
+std::string bytes(double n) {
+  const char* units[] = {"B", "KB", "MB", "GB", "TB", "PB"};
+  int unit = 0;
+  while (std::fabs(n) >= 1000.0 && unit < 5) { n /= 1000.0; ++unit; }
+  return unit == 0 ? format("%.0f B", n) : format("%.*f %s", std::fabs(n) < 10 ? 2 : 1, n, units[unit]);
+}
+
+std::string count(double n) {
+  const char* units[] = {"", "K", "M", "B", "T"};
+  int unit = 0;
+  while (std::fabs(n) >= 1000.0 && unit < 4) { n /= 1000.0; ++unit; }
+  return unit == 0 ? format("%.0f", n) : format("%.2f%s", n, units[unit]);
+}
+
+std::string rate(double flops) { return format("%.0f TFLOP/s", flops / 1e12); }
+
+std::string per_s(double tokens) {
+  return tokens >= 100 ? format("%.0f", tokens) : tokens >= 1 ? format("%.1f", tokens) : format("%.3f", tokens);
+}
+
+std::string layout_name(const Layout& l) { return l.dp == 1 ? format("TP%d", l.tp) : format("TP%d x DP%d", l.tp, l.dp); }
+
+}  // namespace
+
+std::string render_text(const PlanResult& p) {
+  const ModelSpec& m = p.model;
+  const PlanInputs& in = p.inputs;
+  const GpuSpec& g = p.gpu;
+  std::string out;
+  auto line = [&](const std::string& label, const std::string& text) {
+    out += format("%-12s ", label.c_str()) + text + "\n";
+  };
+  if (!p.source.empty()) line("config", p.source);
+  std::string shape = format("%s, %s, %d layers, hidden %d", m.model_type.c_str(), attention_kind_name(m.attention),
+                             m.layers, m.hidden);
+  if (m.moe_layers > 0)
+    shape += format(", %d MoE layers (top-%d of %d experts)", m.moe_layers, m.experts_per_token, m.n_routed_experts);
+  line("model", shape);
+  std::string params = count(double(p.params)) + " stored";
+  if (p.mtp_params > 0)
+    params += " (" + count(double(p.params - p.mtp_params)) + " + " + count(double(p.mtp_params)) + " MTP)";
+  line("parameters", params + ", " + count(double(p.active_params)) + " active per token");
+  std::string hw = format("%d x %s (%s): %s, %s/s (%s)", in.gpus, g.name.c_str(), g.description.c_str(),
+                          bytes(g.memory_bytes).c_str(), bytes(p.bandwidth.value).c_str(), p.bandwidth.source.c_str());
+  line("hardware", hw);
+  line("", format("dense peaks (datasheet): bf16 %s, fp8 %s, fp4 %s; %.0f W; $%.2f/GPU-hour",
+                  rate(g.bf16_flops).c_str(), rate(g.fp8_flops).c_str(),
+                  g.fp4_flops > 0 ? rate(g.fp4_flops).c_str() : "none", g.power_watts, p.usd_per_gpu_hour));
+  if (g.measured_bandwidth > 0 || g.measured_bf16_flops > 0)
+    line("", format("measured: copy %s/s, bf16 GEMM %s, fp8 GEMM %s", bytes(g.measured_bandwidth).c_str(),
+                    rate(g.measured_bf16_flops).c_str(), rate(g.measured_fp8_flops).c_str()));
+  line("weights", format("%s: %s (%s per GPU at TP%d)", in.weights.c_str(), bytes(p.weight_bytes).c_str(),
+                         bytes(p.headline.weight_bytes_per_gpu).c_str(), in.tp));
+  line("KV cache", format("%s: %s per token (%.0f B), %s per sequence of %lld tokens", in.kv_dtype.c_str(),
+                          bytes(p.kv_bytes_per_token).c_str(), p.kv_bytes_per_token, bytes(p.kv_bytes_per_sequence).c_str(),
+                          static_cast<long long>(in.context)));
+  const double total = g.memory_bytes * in.gpus, usable = p.usable_bytes_per_gpu * in.gpus;
+  line("memory", format("%s HBM, %.0f%% reserve -> %s usable; weights %s + KV %s (%d x %lld tokens)",
+                        bytes(total).c_str(), in.reserve_fraction * 100, bytes(usable).c_str(),
+                        bytes(p.weight_bytes).c_str(), bytes(p.kv_bytes_needed).c_str(), in.concurrency,
+                        static_cast<long long>(in.context)));
+  line("fits", p.fits ? format("yes (%s left)", bytes(usable - p.weight_bytes - p.kv_bytes_needed).c_str())
+                      : !p.headline.weights_fit ? std::string("no: the weights alone exceed the usable memory")
+                                                : format("no: at most %lld sequences of %lld tokens",
+                                                         static_cast<long long>(p.max_sequences),
+                                                         static_cast<long long>(in.context)));
+  line("max seqs", format("%lld concurrent sequences of %lld tokens", static_cast<long long>(p.max_sequences),
+                          static_cast<long long>(in.context)));
+
+  const DecodeBound& d = p.headline.decode;
+  out += "\n";
+  line("decode", format("roofline at %d sequences, each at position %lld, TP%d x DP%d", in.concurrency,
+                        static_cast<long long>(in.context), p.headline.tp, p.headline.dp));
+  std::string weights_read = bytes(d.weight_bytes);
+  if (m.moe_layers > 0)
+    weights_read += format(" (%.1f of %d experts per MoE layer)", d.touched_experts, m.n_routed_experts);
+  line("  per step", format("weights %s, KV %s, %.1f TFLOP (one replica of %.1f sequences)", weights_read.c_str(),
+                            bytes(d.kv_bytes).c_str(), d.flops / 1e12, d.batch));
+  line("  memory", format("%.2f ms at %s/s (%d x %s/s, %s)", d.bandwidth_time_s * 1e3,
+                          bytes(p.bandwidth.value * p.headline.tp).c_str(), p.headline.tp,
+                          bytes(p.bandwidth.value).c_str(), p.bandwidth.source.c_str()));
+  line("  compute", format("%.2f ms at %s (%d x %s %s, %s)", d.compute_time_s * 1e3,
+                           rate(p.gemm_rate.value * p.headline.tp).c_str(), p.headline.tp,
+                           p.gemm_rate.precision.c_str(), rate(p.gemm_rate.value).c_str(), p.gemm_rate.source.c_str()));
+  line("  bound", format("%s tok/s aggregate, %s tok/s per sequence (%s bound)", per_s(p.decode_tokens_per_s_bound).c_str(),
+                         per_s(p.decode_tokens_per_s_per_sequence_bound).c_str(),
+                         d.compute_bound ? "compute" : "memory-bandwidth"));
+  line("prefill", format("%.1f GFLOP per token (mean over a %lld-token prompt) at %s %s", p.prefill_flops_per_token / 1e9,
+                         static_cast<long long>(in.context), p.gemm_rate.precision.c_str(),
+                         rate(p.gemm_rate.value).c_str()));
+  line("  bound", format("%s tok/s on all %d GPUs; TTFT >= %.2f s for one %lld-token prompt at TP%d",
+                         per_s(p.prefill_tokens_per_s_bound).c_str(), in.gpus, p.ttft_bound_s,
+                         static_cast<long long>(in.context), in.tp));
+
+  out += "\nlayouts (weights sharded by TP, a whole copy per DP replica; " +
+         format("%d sequences of %lld tokens in all; AR = all-reduce per GPU)\n", in.concurrency,
+                static_cast<long long>(in.context));
+  out += format("  %-11s %12s %6s %10s %12s %10s %14s %12s\n", "layout", "weights/GPU", "fits", "max seqs",
+                "tok/s bound", "tok/s/seq", "AR bytes/token", "AR ms/step");
+  for (const Layout& l : p.layouts) {
+    out += format("  %-11s %12s %6s %10lld %12s %10s %14s %12.3f\n", layout_name(l).c_str(),
+                  bytes(l.weight_bytes_per_gpu).c_str(),
+                  !l.weights_fit ? "no" : l.max_sequences >= in.concurrency ? "yes" : "no KV",
+                  static_cast<long long>(l.max_sequences), l.weights_fit ? per_s(l.aggregate_tokens_per_s).c_str() : "-",
+                  l.weights_fit ? per_s(l.decode.tokens_per_s_per_sequence).c_str() : "-",
+                  bytes(l.allreduce_bytes_per_token).c_str(), l.allreduce_time_per_step_s * 1e3);
+  }
+  out += "\n";
+  line("cost", format("$%.2f/hour for %d GPUs at utilisation %.2f: $%.3f per million output tokens (%s, %s tok/s)",
+                      p.usd_per_gpu_hour * in.gpus, in.gpus, in.utilization, p.usd_per_million_tokens,
+                      p.cost_basis.c_str(), per_s(p.cost_tokens_per_s).c_str()));
+  line("power", format("%.1f kW of GPU board power: %s tok/s per MW, %s tok/s per GPU", g.power_watts * in.gpus / 1e3,
+                       count(p.tokens_per_s_per_megawatt).c_str(),
+                       per_s(p.cost_tokens_per_s * in.utilization / in.gpus).c_str()));
+  out += "\nBounds, not predictions: real servers reach a fraction of them (docs/planning.md).\n";
+  return out;
+}
+
+std::string render_json(const PlanResult& p) {
+  using json = nlohmann::json;
+  const ModelSpec& m = p.model;
+  auto decode_json = [](const DecodeBound& d) {
+    return json{{"batch_per_replica", d.batch}, {"touched_experts_per_moe_layer", d.touched_experts},
+                {"weight_bytes_per_step", d.weight_bytes}, {"kv_bytes_per_step", d.kv_bytes},
+                {"flops_per_step", d.flops}, {"bandwidth_time_s", d.bandwidth_time_s},
+                {"compute_time_s", d.compute_time_s}, {"compute_bound", d.compute_bound},
+                {"tokens_per_s_per_replica", d.tokens_per_s}, {"tokens_per_s_per_sequence", d.tokens_per_s_per_sequence}};
+  };
+  json out;
+  out["config"] = p.source;
+  out["model"] = {{"model_type", m.model_type}, {"attention", attention_kind_name(m.attention)},
+                  {"layers", m.layers}, {"hidden", m.hidden}, {"moe_layers", m.moe_layers},
+                  {"routed_experts", m.n_routed_experts}, {"experts_per_token", m.experts_per_token}};
+  out["gpu"] = {{"name", p.gpu.name}, {"count", p.inputs.gpus}, {"memory_bytes", p.gpu.memory_bytes},
+                {"bandwidth", p.bandwidth.value}, {"bandwidth_source", p.bandwidth.source},
+                {"gemm_flops", p.gemm_rate.value}, {"gemm_precision", p.gemm_rate.precision},
+                {"gemm_source", p.gemm_rate.source}, {"power_watts", p.gpu.power_watts},
+                {"usd_per_gpu_hour", p.usd_per_gpu_hour}};
+  out["inputs"] = {{"weights", p.inputs.weights}, {"kv_dtype", p.inputs.kv_dtype}, {"context", p.inputs.context},
+                   {"concurrency", p.inputs.concurrency}, {"tp", p.inputs.tp}, {"utilization", p.inputs.utilization},
+                   {"reserve_fraction", p.inputs.reserve_fraction}};
+  out["params"] = p.params;
+  out["active_params"] = p.active_params;
+  out["mtp_params"] = p.mtp_params;
+  out["weight_bytes"] = p.weight_bytes;
+  out["weight_bytes_per_gpu"] = p.headline.weight_bytes_per_gpu;
+  out["kv_bytes_per_token"] = p.kv_bytes_per_token;
+  out["kv_bytes_per_sequence"] = p.kv_bytes_per_sequence;
+  out["kv_bytes_needed"] = p.kv_bytes_needed;
+  out["usable_bytes"] = p.usable_bytes_per_gpu * p.inputs.gpus;
+  out["fits"] = p.fits;
+  out["max_sequences"] = p.max_sequences;
+  out["decode_tokens_per_s_bound"] = p.decode_tokens_per_s_bound;
+  out["decode_tokens_per_s_per_sequence_bound"] = p.decode_tokens_per_s_per_sequence_bound;
+  out["decode"] = decode_json(p.headline.decode);
+  out["prefill"] = {{"flops_per_token", p.prefill_flops_per_token}, {"tokens_per_s_bound", p.prefill_tokens_per_s_bound},
+                    {"ttft_bound_s", p.ttft_bound_s}};
+  json layouts = json::array();
+  for (const Layout& l : p.layouts)
+    layouts.push_back({{"tp", l.tp}, {"dp", l.dp}, {"weight_bytes_per_gpu", l.weight_bytes_per_gpu},
+                       {"weights_fit", l.weights_fit}, {"kv_room_per_replica", l.kv_room_per_replica},
+                       {"max_sequences", l.max_sequences}, {"decode_tokens_per_s_bound", l.aggregate_tokens_per_s},
+                       {"allreduce_bytes_per_token", l.allreduce_bytes_per_token},
+                       {"allreduce_time_per_step_s", l.allreduce_time_per_step_s}, {"decode", decode_json(l.decode)}});
+  out["layouts"] = layouts;
+  out["cost_basis"] = p.cost_basis;
+  out["cost_tokens_per_s"] = p.cost_tokens_per_s;
+  out["usd_per_million_tokens"] = p.usd_per_million_tokens;
+  out["tokens_per_s_per_megawatt"] = p.tokens_per_s_per_megawatt;
+  return out.dump(2);
+}
+
+}  // namespace glms::plan

@@ -1,0 +1,203 @@
+// The write-ups' capacity arithmetic, reproduced from config files: 405B dense weights per
+// format, 70B GQA KV cache, DeepSeek-V3 in FP8 on one 8 x 288 GB server, GLM-5.2 in MXFP4.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/error.h"
+#include "plan/roofline.h"
+
+using namespace glms;
+using namespace glms::plan;
+
+namespace {
+
+std::string config(const std::string& name) { return std::string(GLMS_SOURCE_DIR) + "/tests/plan/configs/" + name; }
+std::string glm52() { return std::string(GLMS_SOURCE_DIR) + "/models/configs/glm-5.2.json"; }
+
+PlanInputs inputs(const std::string& gpu, int gpus, const std::string& weights, int64_t context, int concurrency) {
+  PlanInputs in;
+  in.gpu = gpu;
+  in.gpus = gpus;
+  in.weights = weights;
+  in.context = context;
+  in.concurrency = concurrency;
+  return in;
+}
+
+}  // namespace
+
+TEST(WriteUps, Dense405BWeightsPerFormat) {
+  const ModelSpec m = load_model_spec(config("llama-3.1-405b.json"));
+  EXPECT_EQ(m.attention, AttentionKind::kGqa);
+  EXPECT_NEAR(m.total_parameters() / 1e9, 405.85, 0.05);
+  // BF16 "810 GB": 2 bytes per parameter.
+  EXPECT_NEAR(m.weight_bytes("bf16") / 1e9, 810, 2.5);
+  // FP8 "405 GB": 1 byte per parameter (+ block scales); embeddings and lm_head (4.2B) stay
+  // bf16, which adds 4.2 GB: 410.2 GB.
+  EXPECT_NEAR(m.weight_bytes("fp8") / 1e9, 410.2, 0.1);
+  EXPECT_NEAR(m.weight_bytes("fp8") / 1e9, 405, 6);
+  // MXFP4 "215 GB" = 405B x 4.25 bits. Every decoder linear layer at 4.25 bits (401.6B -> 213.4
+  // GB) plus bf16 embeddings and lm_head (8.4 GB): 221.8 GB.
+  EXPECT_NEAR(m.weight_bytes("mxfp4") / 1e9, 221.8, 0.1);
+  EXPECT_NEAR(m.weight_bytes("mxfp4") / 1e9, 215, 8);
+  EXPECT_LT(m.weight_bytes("mxfp4"), m.weight_bytes("mxfp6"));
+  EXPECT_LT(m.weight_bytes("mxfp6"), m.weight_bytes("fp8"));
+}
+
+TEST(WriteUps, Gqa70BKvCache) {
+  const ModelSpec m = load_model_spec(config("llama-3-70b.json"));
+  EXPECT_NEAR(m.total_parameters() / 1e9, 70.55, 0.05);
+  // 2 (K, V) x 8 KV heads x 128 x 80 layers x 2 bytes = 327,680 B: "0.33 MB per token".
+  EXPECT_DOUBLE_EQ(kv_bytes_per_token(m, 2), 327680.0);
+  const PlanResult p = make_plan(m, inputs("h100", 8, "bf16", 131072, 1));
+  EXPECT_DOUBLE_EQ(p.kv_bytes_per_token, 327680.0);
+  // "43 GB at 128K": 131072 x 327,680 B = 42.95 GB.
+  EXPECT_NEAR(p.kv_bytes_per_sequence / 1e9, 42.95, 0.01);
+  EXPECT_TRUE(p.fits);  // 141 GB of weights + 43 GB on 8 x 80 GB
+  const PlanResult fp8kv = make_plan(m, [] {
+    PlanInputs in = inputs("h100", 8, "bf16", 131072, 1);
+    in.kv_dtype = "fp8";
+    return in;
+  }());
+  EXPECT_NEAR(fp8kv.kv_bytes_per_sequence / 1e9, 21.47, 0.01);
+}
+
+TEST(WriteUps, DeepSeekV3Fp8FitsOne8x288GbServer) {
+  const ModelSpec m = load_model_spec(config("deepseek-v3.json"));
+  EXPECT_EQ(m.attention, AttentionKind::kMla);
+  EXPECT_EQ(m.moe_layers, 58);
+  EXPECT_NEAR((m.total_parameters() - m.mtp_parameters()) / 1e9, 671, 1.5);
+  EXPECT_NEAR(m.active_parameters / 1e9, 37.5, 1.0);  // published: 37B activated
+  // MLA latent 512 + rope 64 per layer: 576 x 61 x 2 B.
+  EXPECT_DOUBLE_EQ(kv_bytes_per_token(m, 2), 576.0 * 61 * 2);
+  const PlanResult p = make_plan(m, inputs("mi355x", 8, "fp8", 32768, 64));
+  EXPECT_NEAR(p.weight_bytes / 1e9, 685, 10);  // 671B + the 14B MTP module, about a byte each
+  EXPECT_TRUE(p.fits);
+  EXPECT_LT(p.weight_bytes, 8 * 288e9 * 0.9);
+  EXPECT_GT(p.max_sequences, 64);
+  // ... but not in BF16 on 8 x 141 GB.
+  EXPECT_FALSE(make_plan(m, inputs("h200", 8, "bf16", 4096, 1)).fits);
+}
+
+TEST(WriteUps, Glm52Mxfp4On8Mi355xAnd4H200) {
+  const ModelSpec m = load_model_spec(glm52());
+  EXPECT_EQ(m.attention, AttentionKind::kMlaDsa);
+  EXPECT_EQ(m.full_indexer_layers, 21);
+  // bf16 latent 512 + rope 64 on 78 layers, indexer keys 128 on 21 full layers.
+  EXPECT_DOUBLE_EQ(kv_bytes_per_token(m, 2), 2.0 * (576 * 78 + 128 * 21));
+  EXPECT_DOUBLE_EQ(kv_bytes_per_token(m, 1), 576.0 * 78 + 128 * 21);
+
+  const PlanResult mi = make_plan(m, inputs("mi355x", 8, "mxfp4", 21504, 64));
+  EXPECT_GE(mi.weight_bytes / 1e9, 395);
+  EXPECT_LE(mi.weight_bytes / 1e9, 440);
+  EXPECT_TRUE(mi.fits);
+  EXPECT_EQ(mi.gemm_rate.precision, "fp4");
+  EXPECT_GT(mi.decode_tokens_per_s_bound, 2626);  // the write-up's measured node throughput is below the bound
+  EXPECT_EQ(mi.layouts.size(), 4u);               // TP8, TP4 x DP2, TP2 x DP4, TP1 x DP8
+  EXPECT_EQ(mi.layouts[1].tp, 4);
+  EXPECT_EQ(mi.layouts[1].dp, 2);
+  EXPECT_TRUE(mi.layouts[2].weights_fit);         // 440 GB / 2 = 220 GB < 259 GB usable
+  EXPECT_FALSE(mi.layouts[3].weights_fit);        // one GPU cannot hold it
+  EXPECT_NEAR(mi.usd_per_million_tokens,
+              usd_per_million_tokens(8 * 3.41, mi.decode_tokens_per_s_bound, 1.0), 1e-9);
+
+  // 4 x H200 = 564 GB, 507.6 GB usable after the 10% reserve: the weights fit with KV room.
+  const PlanResult h = make_plan(m, inputs("h200", 4, "mxfp4", 8192, 32));
+  EXPECT_TRUE(h.fits);
+  EXPECT_GT(h.headline.kv_room_per_replica / 1e9, 50);
+  EXPECT_EQ(h.bandwidth.source, "measured");
+  EXPECT_DOUBLE_EQ(h.bandwidth.value, 4.24e12);
+  EXPECT_EQ(h.gemm_rate.precision, "fp8");
+  EXPECT_DOUBLE_EQ(h.gemm_rate.value, 1417e12);
+  EXPECT_GT(h.max_sequences, 32);
+  EXPECT_FALSE(make_plan(m, inputs("h200", 4, "fp8", 8192, 1)).fits);  // 760 GB of FP8 does not
+}
+
+TEST(Plan, MoeStepBytesGrowWithBatch) {
+  const ModelSpec m = load_model_spec(glm52());
+  const double expert = m.expert_bytes("mxfp4");
+  EXPECT_DOUBLE_EQ(expert, 3.0 * 6144 * 2048 * 4.25 / 8);
+  const double one = decode_step_weight_bytes(m, "mxfp4", 1);
+  const double many = decode_step_weight_bytes(m, "mxfp4", 1e6);
+  EXPECT_NEAR(many - one, 75 * (256 - 8) * expert, 1.0);
+  // Large batches read every expert: all weights but embeddings and the MTP layer.
+  EXPECT_NEAR(many, double(m.weight_bytes("mxfp4")) - m.group_bytes("embed_tokens", "mxfp4") -
+                        m.group_bytes("mtp", "mxfp4"), 1.0);
+}
+
+TEST(Plan, LayoutsTradeMemoryForAllReduce) {
+  const ModelSpec m = load_model_spec(glm52());
+  const PlanResult p = make_plan(m, inputs("mi355x", 8, "mxfp4", 21504, 64));
+  const Layout& tp8 = p.layouts[0];
+  const Layout& tp4 = p.layouts[1];
+  EXPECT_DOUBLE_EQ(2 * tp8.weight_bytes_per_gpu, tp4.weight_bytes_per_gpu);
+  // A second replica pays for a second copy of the weights: fewer sequences fit ...
+  EXPECT_LT(tp4.max_sequences, tp8.max_sequences);
+  // ... but each GPU sends less all-reduce traffic: 2 x 78 layers x 6144 x 2 B x 2(tp-1)/tp.
+  EXPECT_DOUBLE_EQ(tp8.allreduce_bytes_per_token, 2.0 * 78 * 6144 * 2 * 2 * 7 / 8);
+  EXPECT_DOUBLE_EQ(tp4.allreduce_bytes_per_token, 2.0 * 78 * 6144 * 2 * 2 * 3 / 4);
+  EXPECT_DOUBLE_EQ(tp4.decode.batch, 32);
+}
+
+TEST(Plan, FitAndMaxSequences) {
+  const ModelSpec m = load_model_spec(config("llama-3-70b.json"));
+  PlanInputs in = inputs("h100", 2, "bf16", 131072, 1);
+  const PlanResult p = make_plan(m, in);
+  // 2 x 80 GB x 0.9 = 144 GB usable, 141.1 GB of weights: room for no 43 GB sequence.
+  EXPECT_TRUE(p.headline.weights_fit);
+  EXPECT_EQ(p.max_sequences, 0);
+  EXPECT_FALSE(p.fits);
+  in.gpus = 4;
+  const PlanResult q = make_plan(m, in);
+  const double room = 4 * 80e9 * 0.9 - double(m.weight_bytes("bf16"));
+  EXPECT_EQ(q.max_sequences, static_cast<int64_t>(room / (327680.0 * 131072)));
+  EXPECT_TRUE(q.fits);
+  // More TP ranks than the 8 KV heads: each head is held by two ranks.
+  in.gpus = 16;
+  const PlanResult r = make_plan(m, in);
+  EXPECT_DOUBLE_EQ(r.headline.kv_bytes_per_sequence, 2 * 327680.0 * 131072);
+}
+
+TEST(Plan, JsonKeysAndText) {
+  const ModelSpec m = load_model_spec(glm52());
+  PlanInputs in = inputs("h200", 4, "mxfp4", 8192, 16);
+  in.usd_per_gpu_hour = 3.0;
+  in.utilization = 0.5;
+  const PlanResult p = make_plan(m, in, "glm-5.2.json");
+  const auto j = nlohmann::json::parse(render_json(p));
+  for (const char* key : {"params", "weight_bytes", "kv_bytes_per_token", "fits", "max_sequences",
+                          "decode_tokens_per_s_bound", "usd_per_million_tokens", "layouts", "prefill"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_EQ(j["params"].get<int64_t>(), m.total_parameters());
+  EXPECT_TRUE(j["fits"].get<bool>());
+  EXPECT_NEAR(j["usd_per_million_tokens"].get<double>(),
+              4 * 3.0 / (p.decode_tokens_per_s_bound * 0.5 * 3600) * 1e6, 1e-9);
+  EXPECT_EQ(j["gpu"]["bandwidth_source"], "measured");
+  const std::string text = render_text(p);
+  EXPECT_NE(text.find("measured"), std::string::npos);
+  EXPECT_NE(text.find("TP2 x DP2"), std::string::npos);
+  EXPECT_NE(text.find("per million output tokens"), std::string::npos);
+
+  in.measured_tokens_per_s = 1000;
+  const PlanResult q = make_plan(m, in);
+  EXPECT_EQ(q.cost_basis, "measured");
+  EXPECT_NEAR(q.usd_per_million_tokens, 12.0 / (500 * 3600.0) * 1e6, 1e-9);
+}
+
+TEST(Plan, RejectsBadInput) {
+  const ModelSpec m = load_model_spec(glm52());
+  PlanInputs in = inputs("h200", 8, "mxfp4", 8192, 1);
+  in.tp = 3;
+  EXPECT_THROW(make_plan(m, in), Error);
+  EXPECT_THROW(make_plan(m, inputs("h200", 8, "int4", 8192, 1)), Error);
+  EXPECT_THROW(make_plan(m, inputs("tpu", 8, "fp8", 8192, 1)), Error);
+  EXPECT_THROW(make_plan(m, inputs("h200", 8, "fp8", 0, 1)), Error);
+  EXPECT_THROW(parse_model_spec(R"({"model_type": "gpt2", "n_embd": 768})", "x"), Error);
+  EXPECT_THROW(parse_model_spec(R"({"model_type": "llama", "hidden_size": 64})", "x"), Error);
+  EXPECT_THROW(parse_model_spec(R"({"model_type": "llama", "hidden_size": -64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 8, "vocab_size": 10})", "x"), Error);
+  EXPECT_THROW(parse_model_spec("[1, 2]", "x"), Error);
+  EXPECT_THROW(parse_model_spec("{", "x"), Error);
+}
