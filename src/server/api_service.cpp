@@ -1,0 +1,309 @@
+// Routing, limits, authentication and request setup of the OpenAI API (see api_service.h).
+#include "server/api_service.h"
+
+#include <chrono>
+#include <cmath>
+#include <mutex>
+#include <ctime>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/error.h"
+#include "server/api_error.h"
+#include "server/auth.h"
+#include "server/generation.h"
+#include "server/metrics.h"
+#include "server/rate_limit.h"
+#include "text/glm_parsers.h"
+
+namespace glms::server {
+
+using nlohmann::json;
+
+namespace {
+
+double monotonic_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+HttpResponse json_response(int status, const json& body) {
+  HttpResponse r;
+  r.status = status;
+  r.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
+  return r;
+}
+
+HttpResponse error_response(const ApiError& e) {
+  HttpResponse r;
+  r.status = e.status;
+  r.body = error_body(e);
+  if (e.retry_after > 0) r.headers.emplace_back("Retry-After", std::to_string(static_cast<int>(std::ceil(e.retry_after))));
+  if (e.status == 401) r.headers.emplace_back("WWW-Authenticate", "Bearer");
+  return r;
+}
+
+uint64_t random_seed() {
+  static std::mutex mu;
+  static std::mt19937_64 rng(std::random_device{}());
+  std::lock_guard lock(mu);
+  return rng();
+}
+
+}  // namespace
+
+std::string ApiError::type() const {
+  switch (status) {
+    case 400: return "BadRequestError";
+    case 401: return "AuthenticationError";
+    case 403: return "PermissionDeniedError";
+    case 404: return "NotFoundError";
+    case 405: return "MethodNotAllowedError";
+    case 408: return "RequestTimeoutError";
+    case 413: return "RequestEntityTooLargeError";
+    case 415: return "UnsupportedMediaTypeError";
+    case 429: return "RateLimitError";
+    case 503: return "ServiceUnavailableError";
+    default: return status >= 500 ? "InternalServerError" : "BadRequestError";
+  }
+}
+
+std::string error_body(const ApiError& e) {
+  json err = {{"message", e.message}, {"type", e.type()}, {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+              {"code", e.status}};
+  return json{{"error", std::move(err)}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string sse_event(const std::string& payload) {
+  std::string out;
+  size_t start = 0;
+  while (true) {
+    const size_t nl = payload.find('\n', start);
+    out += "data: ";
+    out.append(payload, start, nl == std::string::npos ? std::string::npos : nl - start);
+    out += "\n";
+    if (nl == std::string::npos) break;
+    start = nl + 1;
+  }
+  out += "\n";
+  return out;
+}
+
+ApiService::ApiService(Backend& backend, text::Tokenizer tokenizer, ChatRenderer renderer,
+                       ParserFactory parser_factory, ServiceConfig config)
+    : backend_(backend),
+      tokenizer_(std::move(tokenizer)),
+      renderer_(std::move(renderer)),
+      parser_factory_(std::move(parser_factory)),
+      config_(std::move(config)),
+      metrics_(std::make_unique<ServerMetrics>(config_.served_model_name)),
+      auth_(std::make_unique<Authenticator>(config_.api_keys, config_.jwt_secret)),
+      limiter_(std::make_unique<RateLimiter>(config_.rate_limit_rps, config_.rate_limit_burst)),
+      started_at_(static_cast<int64_t>(std::time(nullptr))) {
+  for (const char* tag : {"<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
+                          "<arg_value>", "</arg_value>"}) {
+    const int32_t id = tokenizer_.token_to_id(tag);
+    if (id >= 0) markup_ids_.push_back(id);
+  }
+}
+
+ApiService::~ApiService() = default;
+
+void ApiService::handle(const HttpRequest& request, std::shared_ptr<Responder> responder) {
+  HttpResponse response;
+  bool answered = false;
+  try {
+    response = handle_sync(request, responder, answered);
+  } catch (const ApiException& e) {
+    response = error_response(e.error);
+  } catch (const Error& e) {
+    response = error_response(ApiError{400, e.what(), "", 0.0});
+  } catch (const std::exception& e) {
+    response = error_response(ApiError{500, std::string("internal error: ") + e.what(), "", 0.0});
+  } catch (...) {
+    response = error_response(ApiError{500, "internal error", "", 0.0});
+  }
+  if (answered) return;
+  metrics_->count_http(response.status);
+  responder->reply(std::move(response));
+}
+
+HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr<Responder>& responder,
+                                     bool& answered) {
+  const std::string path = request.path();
+  const bool is_get = request.method == "GET" || request.method == "HEAD";
+  const bool is_post = request.method == "POST";
+  if (path == "/health" || path == "/ping") {
+    if (!is_get) throw_api(405, "Method Not Allowed");
+    HttpResponse r;
+    r.content_type = "text/plain; charset=utf-8";
+    return r;
+  }
+  if (path == "/metrics") {
+    if (!is_get) throw_api(405, "Method Not Allowed");
+    HttpResponse r;
+    r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    r.body = metrics_->render(backend_.stats());
+    return r;
+  }
+  if (path == "/version") {
+    if (!is_get) throw_api(405, "Method Not Allowed");
+    return json_response(200, {{"version", config_.version}});
+  }
+  const bool generate = path == "/v1/chat/completions" || path == "/v1/completions";
+  if (path != "/v1/models" && !generate) throw_api(404, "Not Found: " + path);
+
+  // Everything under /v1 is authenticated (as vLLM does with --api-key).
+  const AuthResult auth = auth_->check(request.header("authorization"), static_cast<int64_t>(std::time(nullptr)));
+  if (!auth.ok) throw ApiException{auth.error};
+
+  if (path == "/v1/models") {
+    if (!is_get) throw_api(405, "Method Not Allowed");
+    json model = {{"id", config_.served_model_name}, {"object", "model"}, {"created", started_at_},
+                  {"owned_by", "glmserve"}, {"root", config_.served_model_name}, {"parent", nullptr},
+                  {"max_model_len", backend_.max_model_len()}, {"permission", json::array()}};
+    return json_response(200, {{"object", "list"}, {"data", json::array({model})}});
+  }
+  if (!is_post) throw_api(405, "Method Not Allowed: use POST");
+  if (limiter_->enabled()) {
+    const std::string key = auth.identity.empty() ? "ip:" + request.client : auth.identity;
+    const double wait = limiter_->acquire(key, monotonic_seconds());
+    if (wait > 0) throw ApiException{ApiError{429, "Rate limit exceeded for this client; retry later.", "", wait}};
+  }
+  if (request.body.size() > config_.max_body_bytes)
+    throw_api(413, "Request body is too large (" + std::to_string(request.body.size()) + " bytes; limit " +
+                       std::to_string(config_.max_body_bytes) + ")");
+  const std::string content_type = request.header("content-type");
+  if (!content_type.empty() && content_type.find("json") == std::string::npos)
+    throw_api(415, "Unsupported Content-Type '" + content_type + "': send application/json");
+  if (draining_.load()) throw ApiException{ApiError{503, "The server is shutting down.", "", 1.0}};
+
+  if (path == "/v1/chat/completions") start_chat(request, responder);
+  else start_completion(request, responder);
+  metrics_->count_http(200);
+  answered = true;
+  return {};
+}
+
+void ApiService::check_model(const std::string& model) const {
+  if (!model.empty() && model != config_.served_model_name)
+    throw ApiException{ApiError{404, "The model `" + model + "` does not exist.", "model", 0.0}};
+}
+
+engine::RequestParams ApiService::base_params(const SamplingFields& s, const std::vector<int32_t>& ids, bool chat,
+                                              int index) const {
+  engine::RequestParams p;
+  p.prompt_ids = ids;
+  p.sampling.temperature = s.temperature.value_or(config_.default_temperature);
+  if (p.sampling.temperature < 1e-5f) p.sampling.temperature = 0.0f;
+  p.sampling.top_p = s.top_p.value_or(config_.default_top_p);
+  p.sampling.top_k = std::max(0, s.top_k.value_or(config_.default_top_k));
+  p.sampling.min_p = s.min_p.value_or(config_.default_min_p);
+  p.sampling.seed = s.seed ? *s.seed + static_cast<uint64_t>(index) : random_seed();
+  p.ignore_eos = s.ignore_eos;
+  p.stop_token_ids = s.stop_token_ids;
+  p.presence_penalty = s.presence_penalty;
+  p.frequency_penalty = s.frequency_penalty;
+  p.repetition_penalty = s.repetition_penalty;
+  p.top_logprobs = s.logprobs;
+  p.timeout_seconds = config_.request_timeout_seconds;
+  const int max_len = backend_.max_model_len();
+  const int prompt_len = static_cast<int>(ids.size());
+  const std::string what = chat ? "messages" : "prompt";
+  if (prompt_len >= max_len)
+    throw ApiException{ApiError{400,
+                                "This model's maximum context length is " + std::to_string(max_len) +
+                                    " tokens. However, your request has " + std::to_string(prompt_len) +
+                                    " input tokens. Please reduce the length of the input " + what + ".",
+                                what, 0.0}};
+  if (s.max_tokens) {
+    if (prompt_len + *s.max_tokens > max_len)
+      throw ApiException{ApiError{
+          400,
+          "This model's maximum context length is " + std::to_string(max_len) + " tokens. However, you requested " +
+              std::to_string(prompt_len + *s.max_tokens) + " tokens (" + std::to_string(prompt_len) + " in the " +
+              what + ", " + std::to_string(*s.max_tokens) + " in the completion). Please reduce the length of the " +
+              what + " or completion.",
+          "max_tokens", 0.0}};
+    p.max_tokens = *s.max_tokens;
+  } else {
+    p.max_tokens = chat ? max_len - prompt_len : std::min(config_.default_completion_max_tokens, max_len - prompt_len);
+  }
+  for (int32_t id : s.stop_token_ids)
+    if (id >= backend_.vocab_size())
+      bad_request("stop_token_ids: " + std::to_string(id) + " is outside the vocabulary (size " +
+                      std::to_string(backend_.vocab_size()) + ")",
+                  "stop_token_ids");
+  return p;
+}
+
+void ApiService::start_chat(const HttpRequest& request, std::shared_ptr<Responder> responder) {
+  ChatRequest req = parse_chat_request(request.body, config_.parse_limits);
+  check_model(req.s.model);
+  if (!renderer_) throw_api(400, "This model has no chat template; use /v1/completions");
+  std::string prompt;
+  try {
+    prompt = renderer_(req);
+  } catch (const ApiException&) {
+    throw;
+  } catch (const std::exception& e) {
+    bad_request(std::string("chat template error: ") + e.what(), "messages");
+  }
+  GenerationSpec spec;
+  spec.chat = true;
+  spec.id = random_id("chatcmpl-");
+  spec.model = config_.served_model_name;
+  spec.created = static_cast<int64_t>(std::time(nullptr));
+  spec.prompts.push_back({tokenizer_.encode(prompt, false), prompt});
+  for (int i = 0; i < req.s.n; ++i) spec.params.push_back(base_params(req.s, spec.prompts[0].ids, true, i));
+  spec.s = std::move(req.s);
+  spec.parser_factory = parser_factory_;
+  spec.parser_options.prompt_ends_in_think = text::prompt_opens_reasoning(prompt);
+  spec.parser_options.tools = req.tools && !req.tools->is_null() && req.tool_choice != "none";
+  if (spec.parser_options.tools) spec.parser_options.tools_json = req.tools->dump();
+  spec.chat_text_special_ids = markup_ids_;
+  auto generation = std::make_shared<Generation>(std::move(spec), tokenizer_, backend_, *metrics_, responder);
+  generation->start();
+  std::weak_ptr<Generation> weak = generation;
+  responder->on_disconnect([weak] {
+    if (auto g = weak.lock()) g->abort();
+  });
+}
+
+void ApiService::start_completion(const HttpRequest& request, std::shared_ptr<Responder> responder) {
+  CompletionRequest req = parse_completion_request(request.body, config_.parse_limits);
+  check_model(req.s.model);
+  GenerationSpec spec;
+  spec.chat = false;
+  spec.id = random_id("cmpl-");
+  spec.model = config_.served_model_name;
+  spec.created = static_cast<int64_t>(std::time(nullptr));
+  spec.echo = req.echo;
+  const int vocab = backend_.vocab_size();
+  for (const Prompt& prompt : req.prompts) {
+    GenerationSpec::PromptInput input;
+    if (const auto* text = std::get_if<std::string>(&prompt)) {
+      input.ids = tokenizer_.encode(*text, false);
+      input.text = *text;
+      if (input.ids.empty()) bad_request("prompt encodes to no tokens", "prompt");
+    } else {
+      input.ids = std::get<std::vector<int32_t>>(prompt);
+      for (int32_t id : input.ids)
+        if (id >= vocab)
+          bad_request("prompt: token id " + std::to_string(id) + " is outside the vocabulary (size " +
+                          std::to_string(vocab) + ")",
+                      "prompt");
+      if (req.echo) input.text = tokenizer_.decode(input.ids, req.s.skip_special_tokens);
+    }
+    for (int i = 0; i < req.s.n; ++i) spec.params.push_back(base_params(req.s, input.ids, false, i));
+    spec.prompts.push_back(std::move(input));
+  }
+  spec.s = std::move(req.s);
+  auto generation = std::make_shared<Generation>(std::move(spec), tokenizer_, backend_, *metrics_, responder);
+  generation->start();
+  std::weak_ptr<Generation> weak = generation;
+  responder->on_disconnect([weak] {
+    if (auto g = weak.lock()) g->abort();
+  });
+}
+
+}  // namespace glms::server

@@ -1,0 +1,85 @@
+// The OpenAI-compatible API, independent of the transport: routes a parsed HTTP request to
+// /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /version, applies
+// authentication, rate limits and request limits, and answers through a Responder.
+//
+// Contract: handle() never throws and answers every request exactly once (a reply, or a stream
+// that ends); every error body is error_body(ApiError). handle() may be called from several
+// threads at once.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/backend.h"
+#include "server/http_types.h"
+#include "server/openai_request.h"
+#include "server/text_stream.h"
+#include "text/tokenizer.h"
+
+namespace glms::server {
+
+class ServerMetrics;
+class Authenticator;
+class RateLimiter;
+
+struct ServiceConfig {
+  std::string served_model_name = "glm5";
+  std::string version = "0.1.0";
+  size_t max_body_bytes = 8u << 20;
+  ParseLimits parse_limits;
+  std::vector<std::string> api_keys;
+  std::string jwt_secret;
+  double rate_limit_rps = 0.0;  // per client key; 0 = off
+  double rate_limit_burst = 0.0;
+  double request_timeout_seconds = 0.0;  // 0 = none
+  // Sampling defaults when the request omits them (from generation_config.json, as vLLM does).
+  float default_temperature = 1.0f;
+  float default_top_p = 1.0f;
+  int default_top_k = 0;
+  float default_min_p = 0.0f;
+  int default_completion_max_tokens = 16;  // /v1/completions without max_tokens (vLLM: 16)
+};
+
+// Renders a chat request into the prompt text (the model's chat template). Throws
+// ApiException or glms::Error (-> 400) when the template rejects the conversation.
+using ChatRenderer = std::function<std::string(const ChatRequest&)>;
+
+class ApiService {
+ public:
+  ApiService(Backend& backend, text::Tokenizer tokenizer, ChatRenderer renderer, ParserFactory parser_factory,
+             ServiceConfig config);
+  ~ApiService();
+
+  void handle(const HttpRequest& request, std::shared_ptr<Responder> responder);
+
+  // New generation requests get 503 from now on (SIGTERM); the others still work.
+  void stop_accepting() { draining_.store(true); }
+  ServerMetrics& metrics() { return *metrics_; }
+  const ServiceConfig& config() const { return config_; }
+
+ private:
+  HttpResponse handle_sync(const HttpRequest& request, std::shared_ptr<Responder>& responder, bool& answered);
+  void start_chat(const HttpRequest& request, std::shared_ptr<Responder> responder);
+  void start_completion(const HttpRequest& request, std::shared_ptr<Responder> responder);
+  void check_model(const std::string& model) const;
+  engine::RequestParams base_params(const SamplingFields& s, const std::vector<int32_t>& ids, bool chat,
+                                    int index) const;
+
+  Backend& backend_;
+  text::Tokenizer tokenizer_;
+  ChatRenderer renderer_;
+  ParserFactory parser_factory_;
+  ServiceConfig config_;
+  std::unique_ptr<ServerMetrics> metrics_;
+  std::unique_ptr<Authenticator> auth_;
+  std::unique_ptr<RateLimiter> limiter_;
+  std::vector<int32_t> markup_ids_;  // GLM markup special tokens kept in chat text
+  std::atomic<bool> draining_{false};
+  int64_t started_at_ = 0;
+};
+
+}  // namespace glms::server

@@ -1,0 +1,49 @@
+// What the HTTP side needs from the engine, behind a small interface: the real engine::Engine
+// (engine_backend.cpp) in the binary, a scripted fake in the unit tests.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "engine/request.h"
+
+namespace glms::engine {
+class Engine;
+struct EngineStats;
+}
+
+namespace glms::server {
+
+struct BackendStats {
+  int num_running = 0;
+  int num_waiting = 0;
+  int num_blocks = 0;
+  int num_free_blocks = 0;
+  double kv_cache_usage = 0.0;       // [0, 1]
+  int64_t prefix_cache_queries = 0;  // tokens
+  int64_t prefix_cache_hits = 0;     // tokens
+  int64_t prompt_tokens_total = 0;
+  int64_t generation_tokens_total = 0;
+  int64_t num_preemptions = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // Same contract as engine::Engine::submit: outputs arrive through `on_output` (on any thread)
+  // until one has finished = true. Throws engine::QueueFull when the queue is full and
+  // glms::Error for a request the engine rejects.
+  virtual uint64_t submit(engine::RequestParams params, engine::OutputCallback on_output) = 0;
+  // Ends a request; safe for unknown or finished ids; must not be called from inside on_output.
+  virtual void cancel(uint64_t request_id) = 0;
+  virtual BackendStats stats() const = 0;
+  virtual int max_model_len() const = 0;   // prompt + generated tokens per request
+  virtual int vocab_size() const = 0;
+  // Stops taking requests and waits for every in-flight one to finish.
+  virtual void drain() = 0;
+};
+
+// Adapts a running engine (which must outlive the adapter).
+std::unique_ptr<Backend> make_engine_backend(engine::Engine& engine);
+
+}  // namespace glms::server

@@ -1,0 +1,48 @@
+// Backend over the real engine::Engine.
+#include "engine/engine.h"
+#include "server/backend.h"
+
+namespace glms::server {
+namespace {
+
+class EngineBackend final : public Backend {
+ public:
+  explicit EngineBackend(engine::Engine& engine) : engine_(engine) {}
+
+  uint64_t submit(engine::RequestParams params, engine::OutputCallback on_output) override {
+    return engine_.submit(std::move(params), std::move(on_output));
+  }
+  void cancel(uint64_t request_id) override { engine_.cancel(request_id); }
+  BackendStats stats() const override {
+    const engine::EngineStats s = engine_.stats();
+    BackendStats out;
+    out.num_running = s.num_running;
+    out.num_waiting = s.num_waiting;
+    out.num_blocks = s.num_blocks;
+    out.num_free_blocks = s.num_free_blocks;
+    out.kv_cache_usage = s.kv_cache_usage;
+    out.prefix_cache_queries = s.prefix_cache_queries;
+    out.prefix_cache_hits = s.prefix_cache_hits;
+    out.prompt_tokens_total = s.prompt_tokens_total;
+    out.generation_tokens_total = s.generation_tokens_total;
+    out.num_preemptions = s.num_preemptions;
+    return out;
+  }
+  int max_model_len() const override {
+    const int configured = engine_.config().max_model_len;
+    return configured > 0 ? configured : static_cast<int>(engine_.model().config().max_position_embeddings);
+  }
+  int vocab_size() const override { return static_cast<int>(engine_.model().config().vocab_size); }
+  void drain() override { engine_.drain(); }
+
+ private:
+  engine::Engine& engine_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_engine_backend(engine::Engine& engine) {
+  return std::make_unique<EngineBackend>(engine);
+}
+
+}  // namespace glms::server

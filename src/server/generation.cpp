@@ -1,0 +1,429 @@
+// The text pipeline and response assembly of one request (see generation.h).
+#include "server/generation.h"
+
+#include <chrono>
+#include <cmath>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <unordered_set>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "server/api_error.h"
+#include "text/detokenizer.h"
+
+namespace glms::server {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double clamp_logprob(float lp) { return std::isfinite(lp) ? lp : -9999.0; }
+
+json utf8_bytes(const std::string& s) {
+  json out = json::array();
+  for (unsigned char c : s) out.push_back(static_cast<int>(c));
+  return out;
+}
+
+}  // namespace
+
+struct Generation::Choice {
+  size_t index = 0;
+  size_t prompt = 0;
+  uint64_t request_id = 0;
+  bool submitted = false;
+  bool engine_finished = false;  // the engine sent its final output (nothing to cancel)
+  bool done = false;             // our response for this choice is complete
+  bool final_sent = false;
+  std::string finish_reason;
+  json stop_reason = nullptr;
+  std::string error;
+  std::unique_ptr<text::IncrementalDetokenizer> detok;
+  std::unique_ptr<StopMatcher> stop;
+  std::unique_ptr<OutputParser> parser;
+  // Accumulated output (non-streaming) and the not yet sent delta (streaming).
+  std::string text, reasoning, content;
+  std::vector<ToolCall> calls;
+  ParsedDelta delta;
+  std::string delta_text;  // completions
+  json logprobs_all;       // the whole request's logprobs object (non-streaming)
+  json logprobs_delta;     // this chunk's
+  size_t text_offset = 0;
+  int prompt_tokens = 0;
+  int cached_tokens = 0;
+  int completion_tokens = 0;
+  Clock::time_point submitted_at, last_token_at;
+  bool has_token = false;
+};
+
+struct Generation::State {
+  std::mutex mu;
+  std::vector<Choice> choices;
+  bool started = false;
+  bool failed = false;  // start() failed: ignore stray outputs
+  bool completed = false;
+  size_t done_count = 0;
+  std::unordered_set<int32_t> chat_specials;
+  std::unordered_set<int32_t> stop_ids;
+};
+
+Generation::Generation(GenerationSpec spec, text::Tokenizer tokenizer, Backend& backend, ServerMetrics& metrics,
+                       std::shared_ptr<Responder> responder)
+    : spec_(std::move(spec)),
+      tokenizer_(std::move(tokenizer)),
+      backend_(backend),
+      metrics_(metrics),
+      responder_(std::move(responder)),
+      st_(std::make_unique<State>()) {
+  st_->chat_specials.insert(spec_.chat_text_special_ids.begin(), spec_.chat_text_special_ids.end());
+  st_->stop_ids.insert(spec_.s.stop_token_ids.begin(), spec_.s.stop_token_ids.end());
+  const size_t n = spec_.params.size();
+  st_->choices.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    Choice& c = st_->choices[i];
+    c.index = i;
+    c.prompt = spec_.s.n > 0 ? i / spec_.s.n : 0;
+    c.detok = std::make_unique<text::IncrementalDetokenizer>(tokenizer_, text::IncrementalDetokenizer::Options{false});
+    c.stop = std::make_unique<StopMatcher>(spec_.s.stop, spec_.s.include_stop_str_in_output);
+    if (spec_.chat) c.parser = spec_.parser_factory ? spec_.parser_factory(spec_.parser_options) : make_plain_parser();
+    c.prompt_tokens = static_cast<int>(spec_.prompts[c.prompt].ids.size());
+    if (spec_.s.logprobs >= 0) {
+      c.logprobs_all = spec_.chat ? json{{"content", json::array()}}
+                                  : json{{"text_offset", json::array()}, {"token_logprobs", json::array()},
+                                         {"tokens", json::array()}, {"top_logprobs", json::array()}};
+    }
+    if (!spec_.chat && spec_.echo) {
+      c.text = spec_.prompts[c.prompt].text;
+      c.delta_text = c.text;
+      c.text_offset = c.text.size();
+    }
+  }
+}
+
+Generation::~Generation() = default;
+
+void Generation::start() {
+  std::vector<uint64_t> to_cancel;
+  std::optional<ApiException> failure;
+  {
+    std::unique_lock lock(st_->mu);
+    for (size_t i = 0; i < st_->choices.size(); ++i) {
+      Choice& c = st_->choices[i];
+      // The engine keeps the callback (and so this generation) alive until its last output.
+      std::shared_ptr<Generation> self = shared_from_this();
+      c.submitted_at = Clock::now();
+      try {
+        c.request_id = backend_.submit(spec_.params[i], [self, i](const engine::RequestOutput& out) {
+          self->on_output(i, out);
+        });
+        c.submitted = true;
+      } catch (const engine::QueueFull&) {
+        ApiError e{429, "The server is busy: the request queue is full. Retry later.", "", 1.0};
+        failure = ApiException{e};
+      } catch (const Error& e) {
+        failure = ApiException{ApiError{400, e.what(), "", 0.0}};
+      }
+      if (failure) break;
+    }
+    if (failure) {
+      st_->failed = true;
+      for (Choice& c : st_->choices)
+        if (c.submitted) to_cancel.push_back(c.request_id);
+    } else {
+      st_->started = true;
+      if (spec_.s.stream) {
+        HttpResponse head;
+        head.content_type = "text/event-stream";
+        head.headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
+        responder_->begin_stream(std::move(head));
+        if (spec_.chat) {
+          for (Choice& c : st_->choices) {
+            json chunk = {{"id", spec_.id}, {"object", "chat.completion.chunk"}, {"created", spec_.created},
+                          {"model", spec_.model},
+                          {"choices", json::array({{{"index", c.index},
+                                                    {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                                    {"logprobs", nullptr},
+                                                    {"finish_reason", nullptr}}})}};
+            responder_->write(sse_event(chunk.dump(-1, ' ', false, json::error_handler_t::replace)));
+          }
+        }
+      }
+    }
+  }
+  for (uint64_t id : to_cancel) backend_.cancel(id);
+  if (failure) throw *failure;
+}
+
+void Generation::abort() {
+  std::vector<uint64_t> to_cancel;
+  {
+    std::lock_guard lock(st_->mu);
+    if (st_->failed) return;
+    for (Choice& c : st_->choices) {
+      if (c.submitted && !c.engine_finished) to_cancel.push_back(c.request_id);
+      if (!c.done) finish_choice(c, "abort");
+    }
+    st_->completed = true;  // nobody is listening any more
+  }
+  for (uint64_t id : to_cancel) backend_.cancel(id);
+}
+
+void Generation::finish_choice(Choice& c, const std::string& reason) {
+  c.done = true;
+  c.finish_reason = reason;
+  ++st_->done_count;
+  const auto now = Clock::now();
+  metrics_.e2e_request_latency.observe(seconds_between(c.submitted_at, now));
+  metrics_.request_prompt_tokens.observe(c.prompt_tokens);
+  metrics_.request_generation_tokens.observe(c.completion_tokens);
+  metrics_.prompt_tokens.fetch_add(c.prompt_tokens);
+  metrics_.count_finished(reason == "tool_calls" ? "stop" : reason);
+}
+
+void Generation::on_output(size_t index, const engine::RequestOutput& out) {
+  std::vector<std::string> writes;
+  std::optional<HttpResponse> reply;
+  bool end = false;
+  bool cancel_now = false;
+  uint64_t cancel_id = 0;
+  {
+    std::lock_guard lock(st_->mu);
+    if (st_->failed || index >= st_->choices.size()) return;
+    Choice& c = st_->choices[index];
+    if (out.finished) c.engine_finished = true;
+    if (c.done) return;
+    if (out.prompt_tokens > 0) c.prompt_tokens = out.prompt_tokens;
+    c.cached_tokens = out.cached_prompt_tokens;
+    const auto now = Clock::now();
+    const size_t k = out.new_tokens.size();
+    if (k > 0) {
+      if (!c.has_token) metrics_.time_to_first_token.observe(seconds_between(c.submitted_at, now));
+      else for (size_t j = 0; j < k; ++j) metrics_.inter_token_latency.observe(seconds_between(c.last_token_at, now) / k);
+      c.has_token = true;
+      c.last_token_at = now;
+    }
+    std::string released;
+    bool stopped = false;
+    auto push_text = [&](const std::string& piece) {
+      if (stopped) return;
+      StopMatcher::Result r = c.stop->push(piece);
+      released += r.released;
+      if (r.matched) {
+        stopped = true;
+        c.stop_reason = r.stop;
+      }
+    };
+    for (size_t j = 0; j < k && !stopped; ++j) {
+      const engine::GeneratedToken& g = out.new_tokens[j];
+      ++c.completion_tokens;
+      metrics_.generation_tokens.fetch_add(1);
+      const bool last = j + 1 == k;
+      const bool ending_id = last && out.finished && out.finish_reason == "stop" &&
+                             (st_->stop_ids.count(g.token) || tokenizer_.is_special(g.token));
+      if (ending_id && st_->stop_ids.count(g.token)) c.stop_reason = g.token;
+      const bool special = tokenizer_.is_special(g.token);
+      const bool feed = !ending_id && (spec_.chat ? (!special || st_->chat_specials.count(g.token))
+                                                  : (!special || !spec_.s.skip_special_tokens));
+      const size_t before = c.text.size() + released.size();
+      if (feed) push_text(c.detok->feed(g.token));
+      if (spec_.s.logprobs >= 0) {
+        const std::string tok = tokenizer_.decode(std::vector<int32_t>{g.token}, false);
+        if (spec_.chat) {
+          json top = json::array();
+          for (const auto& t : g.top_logprobs) {
+            const std::string s = tokenizer_.decode(std::vector<int32_t>{t.token}, false);
+            top.push_back({{"token", s}, {"logprob", clamp_logprob(t.logprob)}, {"bytes", utf8_bytes(s)}});
+          }
+          json entry = {{"token", tok}, {"logprob", clamp_logprob(g.logprob)}, {"bytes", utf8_bytes(tok)},
+                        {"top_logprobs", std::move(top)}};
+          c.logprobs_all["content"].push_back(entry);
+          if (c.logprobs_delta.is_null()) c.logprobs_delta = {{"content", json::array()}};
+          c.logprobs_delta["content"].push_back(std::move(entry));
+        } else {
+          json top = nullptr;
+          if (spec_.s.logprobs > 0) {
+            top = json::object();
+            for (const auto& t : g.top_logprobs)
+              top[tokenizer_.decode(std::vector<int32_t>{t.token}, false)] = clamp_logprob(t.logprob);
+          }
+          if (c.logprobs_delta.is_null())
+            c.logprobs_delta = {{"text_offset", json::array()}, {"token_logprobs", json::array()},
+                                {"tokens", json::array()}, {"top_logprobs", json::array()}};
+          for (json* target : {&c.logprobs_all, &c.logprobs_delta}) {
+            (*target)["text_offset"].push_back(before);
+            (*target)["token_logprobs"].push_back(clamp_logprob(g.logprob));
+            (*target)["tokens"].push_back(tok);
+            (*target)["top_logprobs"].push_back(top);
+          }
+        }
+      }
+    }
+    std::string final_reason;
+    if (stopped) {
+      final_reason = "stop";
+      if (!c.engine_finished && c.submitted) {
+        cancel_now = true;
+        cancel_id = c.request_id;
+      }
+    } else if (out.finished) {
+      push_text(c.detok->flush());
+      if (!stopped) released += c.stop->finish();
+      final_reason = stopped ? "stop" : out.finish_reason;
+      if (out.finish_reason == "error") c.error = out.error.empty() ? "generation failed" : out.error;
+    }
+    // Route the released text.
+    if (spec_.chat) {
+      auto take = [&](ParsedDelta d) {
+        c.reasoning += d.reasoning;
+        c.content += d.content;
+        c.delta.reasoning += d.reasoning;
+        c.delta.content += d.content;
+        for (ToolCall& call : d.tool_calls) {
+          c.calls.push_back(call);
+          c.delta.tool_calls.push_back(std::move(call));
+        }
+      };
+      if (!released.empty()) take(c.parser->feed(released));
+      if (!final_reason.empty()) take(c.parser->finish());
+      if (final_reason == "stop" && !c.calls.empty()) final_reason = "tool_calls";
+    } else {
+      c.text += released;
+      c.delta_text += released;
+    }
+    if (!final_reason.empty()) finish_choice(c, final_reason);
+
+    if (spec_.s.stream && !st_->completed) {
+      emit_locked(writes, index, c.done);
+      if (st_->done_count == st_->choices.size()) {
+        if (spec_.s.include_usage) {
+          json chunk = {{"id", spec_.id},
+                        {"object", spec_.chat ? "chat.completion.chunk" : "text_completion"},
+                        {"created", spec_.created},
+                        {"model", spec_.model},
+                        {"choices", json::array()},
+                        {"usage", json::parse(usage_json_locked())}};
+          writes.push_back(sse_event(chunk.dump(-1, ' ', false, json::error_handler_t::replace)));
+        }
+        writes.push_back(sse_done());
+        st_->completed = true;
+        end = true;
+      }
+    } else if (!spec_.s.stream && !st_->completed && st_->done_count == st_->choices.size()) {
+      st_->completed = true;
+      HttpResponse r;
+      std::string error;
+      for (const Choice& ch : st_->choices)
+        if (!ch.error.empty()) error = ch.error;
+      if (!error.empty()) {
+        r.status = 500;
+        r.body = error_body(ApiError{500, error, "", 0.0});
+      } else {
+        r.body = final_body_locked();
+      }
+      reply = std::move(r);
+    }
+  }
+  if (cancel_now) backend_.cancel(cancel_id);
+  for (std::string& w : writes) responder_->write(std::move(w));
+  if (end) responder_->end_stream();
+  if (reply) responder_->reply(std::move(*reply));
+}
+
+void Generation::emit_locked(std::vector<std::string>& writes, size_t index, bool final) {
+  Choice& c = st_->choices[index];
+  if (c.final_sent) return;
+  if (!c.error.empty()) {
+    writes.push_back(sse_event(error_body(ApiError{500, c.error, "", 0.0})));
+    c.final_sent = true;
+    return;
+  }
+  json choice = {{"index", c.index}};
+  if (spec_.chat) {
+    json delta = json::object();
+    if (!c.delta.reasoning.empty()) delta["reasoning_content"] = c.delta.reasoning;
+    if (!c.delta.content.empty()) delta["content"] = c.delta.content;
+    if (!c.delta.tool_calls.empty()) {
+      json calls = json::array();
+      size_t base = c.calls.size() - c.delta.tool_calls.size();
+      for (size_t j = 0; j < c.delta.tool_calls.size(); ++j) {
+        const ToolCall& t = c.delta.tool_calls[j];
+        calls.push_back({{"index", base + j}, {"id", t.id}, {"type", "function"},
+                         {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+      }
+      delta["tool_calls"] = std::move(calls);
+    }
+    if (delta.empty() && !final && c.logprobs_delta.is_null()) return;
+    choice["delta"] = std::move(delta);
+    c.delta = ParsedDelta{};
+  } else {
+    if (c.delta_text.empty() && !final && c.logprobs_delta.is_null()) return;
+    choice["text"] = c.delta_text;
+    c.delta_text.clear();
+  }
+  choice["logprobs"] = c.logprobs_delta;
+  c.logprobs_delta = nullptr;
+  choice["finish_reason"] = final ? json(c.finish_reason) : json(nullptr);
+  if (final) {
+    choice["stop_reason"] = c.stop_reason;
+    c.final_sent = true;
+  }
+  json chunk = {{"id", spec_.id},
+                {"object", spec_.chat ? "chat.completion.chunk" : "text_completion"},
+                {"created", spec_.created},
+                {"model", spec_.model},
+                {"choices", json::array({std::move(choice)})}};
+  if (spec_.s.continuous_usage_stats && spec_.s.include_usage) chunk["usage"] = json::parse(usage_json_locked());
+  writes.push_back(sse_event(chunk.dump(-1, ' ', false, json::error_handler_t::replace)));
+}
+
+std::string Generation::usage_json_locked() const {
+  int prompt = 0, completion = 0, cached = 0;
+  for (const Choice& c : st_->choices) {
+    completion += c.completion_tokens;
+    if (c.index % spec_.s.n == 0) {
+      prompt += c.prompt_tokens;
+      cached += c.cached_tokens;
+    }
+  }
+  json usage = {{"prompt_tokens", prompt}, {"total_tokens", prompt + completion}, {"completion_tokens", completion},
+                {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+  return usage.dump();
+}
+
+std::string Generation::final_body_locked() const {
+  json choices = json::array();
+  for (const Choice& c : st_->choices) {
+    json choice = {{"index", c.index}};
+    if (spec_.chat) {
+      json message = {{"role", "assistant"}};
+      message["content"] = c.content.empty() && !c.calls.empty() ? json(nullptr) : json(c.content);
+      message["reasoning_content"] = c.reasoning.empty() ? json(nullptr) : json(c.reasoning);
+      json calls = json::array();
+      for (const ToolCall& t : c.calls)
+        calls.push_back({{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+      message["tool_calls"] = std::move(calls);
+      choice["message"] = std::move(message);
+    } else {
+      choice["text"] = c.text;
+    }
+    choice["logprobs"] = spec_.s.logprobs >= 0 ? c.logprobs_all : json(nullptr);
+    choice["finish_reason"] = c.finish_reason;
+    choice["stop_reason"] = c.stop_reason;
+    choices.push_back(std::move(choice));
+  }
+  json body = {{"id", spec_.id},
+               {"object", spec_.chat ? "chat.completion" : "text_completion"},
+               {"created", spec_.created},
+               {"model", spec_.model},
+               {"choices", std::move(choices)},
+               {"usage", json::parse(usage_json_locked())}};
+  return body.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace glms::server

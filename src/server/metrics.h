@@ -1,0 +1,63 @@
+// Prometheus metrics in the text exposition format (version 0.0.4), named after vLLM's with the
+// prefix "glmserve:". Counters and histograms are updated lock-free from any thread; gauges
+// and engine counters are read from the backend when /metrics is scraped.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "server/backend.h"
+
+namespace glms::server {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> upper_bounds);
+  void observe(double value);
+  // Appends the _bucket/_sum/_count lines (without HELP/TYPE) for metric `name`.
+  void render(std::string& out, const std::string& name, const std::string& labels) const;
+  uint64_t count() const { return count_.load(); }
+
+ private:
+  std::vector<double> bounds_;
+  std::unique_ptr<std::atomic<uint64_t>[]> buckets_;  // non-cumulative, one per bound + Inf
+  std::atomic<uint64_t> count_{0};
+  std::atomic<double> sum_{0.0};
+};
+
+class ServerMetrics {
+ public:
+  ServerMetrics(std::string model_name);
+
+  Histogram time_to_first_token;
+  Histogram inter_token_latency;
+  Histogram e2e_request_latency;
+  Histogram request_prompt_tokens;
+  Histogram request_generation_tokens;
+  std::atomic<int64_t> prompt_tokens{0};
+  std::atomic<int64_t> generation_tokens{0};
+
+  void count_finished(const std::string& finish_reason);  // request_success_total
+  void count_http(int status);                            // http_requests_total{status}
+
+  // The whole exposition text: server metrics, engine gauges/counters from `stats`, and
+  // process metrics (resident memory, CPU seconds, start time, open fds).
+  std::string render(const BackendStats& stats) const;
+
+ private:
+  std::string labels_;  // model_name="..."
+  mutable std::mutex mu_;
+  std::map<std::string, int64_t> finished_;
+  std::map<int, int64_t> http_;
+};
+
+// Escapes a label value (backslash, double quote, newline).
+std::string escape_label(const std::string& value);
+
+}  // namespace glms::server

@@ -1,0 +1,434 @@
+// OpenAI request parsing and validation (see openai_request.h for the contract).
+#include "server/openai_request.h"
+
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "server/api_error.h"
+
+namespace glms::server {
+
+using nlohmann::json;
+
+namespace {
+
+const char* type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "boolean";
+    case json::value_t::string: return "string";
+    case json::value_t::array: return "array";
+    case json::value_t::object: return "object";
+    case json::value_t::binary: return "binary";
+    case json::value_t::discarded: return "discarded";
+    default: return "number";
+  }
+}
+
+[[noreturn]] void wrong_type(const std::string& field, const char* expected, const json& v) {
+  bad_request(field + ": expected " + expected + ", got " + type_name(v), field);
+}
+
+// Field access helpers: each returns nullptr / nullopt when the field is absent or null.
+const json* field(const json& obj, const char* name) {
+  auto it = obj.find(name);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<double> get_number(const json& obj, const char* name, double lo, double hi) {
+  const json* v = field(obj, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) wrong_type(name, "a number", *v);
+  const double x = v->get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi)
+    bad_request(std::string(name) + " must be in [" + json(lo).dump() + ", " + json(hi).dump() + "], got " +
+                    v->dump(), name);
+  return x;
+}
+
+std::optional<int64_t> get_int(const json& obj, const std::string& name, int64_t lo, int64_t hi) {
+  const json* v = field(obj, name.c_str());
+  if (!v) return std::nullopt;
+  int64_t x = 0;
+  if (v->is_number_integer()) {
+    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      bad_request(name + " is too large", name);
+    x = v->get<int64_t>();
+  } else if (v->is_number_float()) {
+    const double d = v->get<double>();
+    if (!std::isfinite(d) || d != std::floor(d) || std::fabs(d) > 9.0e18) wrong_type(name, "an integer", *v);
+    x = static_cast<int64_t>(d);
+  } else {
+    wrong_type(name, "an integer", *v);
+  }
+  if (x < lo || x > hi)
+    bad_request(name + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
+                    std::to_string(x), name);
+  return x;
+}
+
+std::optional<bool> get_bool(const json& obj, const char* name) {
+  const json* v = field(obj, name);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) wrong_type(name, "a boolean", *v);
+  return v->get<bool>();
+}
+
+std::optional<std::string> get_string(const json& obj, const std::string& name) {
+  const json* v = field(obj, name.c_str());
+  if (!v) return std::nullopt;
+  if (!v->is_string()) wrong_type(name, "a string", *v);
+  return v->get<std::string>();
+}
+
+json parse_body(std::string_view body, int max_depth) {
+  check_body_text(body, max_depth);
+  json doc;
+  try {
+    doc = json::parse(body.begin(), body.end());
+  } catch (const json::parse_error& e) {
+    bad_request(std::string("request body is not valid JSON: ") + e.what());
+  }
+  if (!doc.is_object()) bad_request(std::string("request body must be a JSON object, got ") + type_name(doc));
+  return doc;
+}
+
+void parse_sampling(const json& doc, SamplingFields& s, const ParseLimits& limits, bool chat) {
+  if (auto v = get_string(doc, "model")) s.model = *v;
+  constexpr int64_t kMaxTokens = 1 << 30;
+  if (auto v = get_int(doc, "max_tokens", 1, kMaxTokens)) s.max_tokens = static_cast<int>(*v);
+  if (auto v = get_int(doc, "max_completion_tokens", 1, kMaxTokens)) s.max_tokens = static_cast<int>(*v);
+  if (auto v = get_number(doc, "temperature", 0.0, 100.0)) s.temperature = static_cast<float>(*v);
+  if (auto v = get_number(doc, "top_p", 0.0, 1.0)) {
+    if (*v <= 0.0) bad_request("top_p must be in (0, 1], got " + json(*v).dump(), "top_p");
+    s.top_p = static_cast<float>(*v);
+  }
+  if (auto v = get_int(doc, "top_k", -1, 1 << 30)) s.top_k = static_cast<int>(*v);
+  if (auto v = get_number(doc, "min_p", 0.0, 1.0)) s.min_p = static_cast<float>(*v);
+  if (auto v = get_int(doc, "seed", INT64_MIN, INT64_MAX)) s.seed = static_cast<uint64_t>(*v);
+  if (auto v = get_int(doc, "n", 1, limits.max_n)) s.n = static_cast<int>(*v);
+  if (auto v = get_number(doc, "presence_penalty", -2.0, 2.0)) s.presence_penalty = static_cast<float>(*v);
+  if (auto v = get_number(doc, "frequency_penalty", -2.0, 2.0)) s.frequency_penalty = static_cast<float>(*v);
+  if (auto v = get_number(doc, "repetition_penalty", 0.0, 100.0)) {
+    if (*v <= 0.0) bad_request("repetition_penalty must be > 0", "repetition_penalty");
+    s.repetition_penalty = static_cast<float>(*v);
+  }
+  if (auto v = get_bool(doc, "ignore_eos")) s.ignore_eos = *v;
+  if (auto v = get_bool(doc, "stream")) s.stream = *v;
+  if (auto v = get_bool(doc, "skip_special_tokens")) s.skip_special_tokens = *v;
+  if (auto v = get_bool(doc, "include_stop_str_in_output")) s.include_stop_str_in_output = *v;
+
+  if (const json* v = field(doc, "stream_options")) {
+    if (!v->is_object()) wrong_type("stream_options", "an object", *v);
+    if (!s.stream) bad_request("stream_options can only be set when stream is true", "stream_options");
+    if (auto u = get_bool(*v, "include_usage")) s.include_usage = *u;
+    if (auto u = get_bool(*v, "continuous_usage_stats")) s.continuous_usage_stats = *u;
+  }
+  if (const json* v = field(doc, "stop")) {
+    if (v->is_string()) {
+      s.stop.push_back(v->get<std::string>());
+    } else if (v->is_array()) {
+      for (const json& item : *v) {
+        if (!item.is_string()) wrong_type("stop", "a string or an array of strings", item);
+        s.stop.push_back(item.get<std::string>());
+      }
+    } else {
+      wrong_type("stop", "a string or an array of strings", *v);
+    }
+    if (static_cast<int>(s.stop.size()) > limits.max_stop_strings)
+      bad_request("stop: at most " + std::to_string(limits.max_stop_strings) + " stop strings", "stop");
+    for (const std::string& str : s.stop)
+      if (str.empty()) bad_request("stop: stop strings must not be empty", "stop");
+  }
+  if (const json* v = field(doc, "stop_token_ids")) {
+    if (!v->is_array()) wrong_type("stop_token_ids", "an array of integers", *v);
+    for (const json& item : *v) {
+      if (!item.is_number_integer() || item.get<int64_t>() < 0 || item.get<int64_t>() > INT32_MAX)
+        bad_request("stop_token_ids: expected non-negative token ids, got " + item.dump(), "stop_token_ids");
+      s.stop_token_ids.push_back(item.get<int32_t>());
+    }
+  }
+  if (const json* v = field(doc, "response_format")) {
+    if (!v->is_object()) wrong_type("response_format", "an object", *v);
+    const auto type = get_string(*v, "type");
+    if (type && *type != "text")
+      bad_request("response_format type '" + *type + "' is not supported (only 'text')", "response_format");
+  }
+  if (const json* v = field(doc, "user"); v && !v->is_string()) wrong_type("user", "a string", *v);
+  if (!chat) {
+    if (auto v = get_int(doc, "logprobs", 0, limits.max_top_logprobs)) s.logprobs = static_cast<int>(*v);
+  } else {
+    const bool want = get_bool(doc, "logprobs").value_or(false);
+    const auto top = get_int(doc, "top_logprobs", 0, limits.max_top_logprobs);
+    if (want) s.logprobs = static_cast<int>(top.value_or(0));
+  }
+}
+
+// Flattens OpenAI content (string or text parts) into a string; null stays null.
+json normalise_content(const json& content, const std::string& where) {
+  if (content.is_null() || content.is_string()) return content;
+  if (!content.is_array()) wrong_type(where, "a string or an array of content parts", content);
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const json& part = content[i];
+    const std::string at = where + "[" + std::to_string(i) + "]";
+    if (part.is_string()) {
+      if (!text.empty()) text += "\n";
+      text += part.get<std::string>();
+      continue;
+    }
+    if (!part.is_object()) wrong_type(at, "a content part object", part);
+    const auto type = get_string(part, "type");
+    if (!type) bad_request(at + ".type is required", at + ".type");
+    if (*type != "text") bad_request(at + ": content part type '" + *type + "' is not supported (only 'text')", at + ".type");
+    const auto value = get_string(part, "text");
+    if (!value) bad_request(at + ".text is required", at + ".text");
+    if (!text.empty()) text += "\n";
+    text += *value;
+  }
+  return text;
+}
+
+json normalise_tool_calls(const json& calls, const std::string& where) {
+  if (!calls.is_array()) wrong_type(where, "an array", calls);
+  json out = json::array();
+  for (size_t j = 0; j < calls.size(); ++j) {
+    const json& call = calls[j];
+    const std::string at = where + "[" + std::to_string(j) + "]";
+    if (!call.is_object()) wrong_type(at, "an object", call);
+    json norm = json::object();
+    if (auto id = get_string(call, "id")) norm["id"] = *id;
+    norm["type"] = get_string(call, "type").value_or("function");
+    const json* fn = field(call, "function");
+    if (!fn || !fn->is_object()) bad_request(at + ".function must be an object", at + ".function");
+    const auto name = get_string(*fn, "name");
+    if (!name) bad_request(at + ".function.name is required", at + ".function.name");
+    json args = json::object();
+    if (const json* a = field(*fn, "arguments")) {
+      if (a->is_object()) {
+        args = *a;
+      } else if (a->is_string()) {
+        // Templates iterate the arguments as a mapping (vLLM parses them the same way).
+        try {
+          args = json::parse(a->get<std::string>());
+        } catch (const json::parse_error&) {
+          bad_request(at + ".function.arguments is not valid JSON", at + ".function.arguments");
+        }
+        if (!args.is_object()) bad_request(at + ".function.arguments must encode a JSON object", at + ".function.arguments");
+      } else {
+        wrong_type(at + ".function.arguments", "a JSON string or an object", *a);
+      }
+    }
+    norm["function"] = {{"name", *name}, {"arguments", std::move(args)}};
+    out.push_back(std::move(norm));
+  }
+  return out;
+}
+
+json parse_messages(const json& doc) {
+  const json* msgs = field(doc, "messages");
+  if (!msgs) bad_request("messages is required", "messages");
+  if (!msgs->is_array()) wrong_type("messages", "an array", *msgs);
+  if (msgs->empty()) bad_request("messages must not be empty", "messages");
+  json out = json::array();
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const json& m = (*msgs)[i];
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) wrong_type(at, "an object", m);
+    std::optional<std::string> r;
+    if (const json* rv = field(m, "role")) {
+      if (!rv->is_string()) wrong_type(at + ".role", "a string", *rv);
+      r = rv->get<std::string>();
+    }
+    if (!r) bad_request(at + ".role is required", at + ".role");
+    std::string role_name = *r;
+    if (role_name == "developer") role_name = "system";
+    if (role_name != "system" && role_name != "user" && role_name != "assistant" && role_name != "tool")
+      bad_request(at + ".role '" + *r + "' is not one of system, developer, user, assistant, tool", at + ".role");
+    json norm = {{"role", role_name}};
+    const json* content = m.contains("content") ? &m["content"] : nullptr;
+    norm["content"] = content ? normalise_content(*content, at + ".content") : json(nullptr);
+    if (role_name != "assistant" && norm["content"].is_null())
+      bad_request(at + ".content is required for role " + *r, at + ".content");
+    if (const json* v = field(m, "name")) {
+      if (!v->is_string()) wrong_type(at + ".name", "a string", *v);
+      norm["name"] = *v;
+    }
+    if (role_name == "assistant") {
+      if (const json* v = field(m, "tool_calls")) norm["tool_calls"] = normalise_tool_calls(*v, at + ".tool_calls");
+      for (const char* key : {"reasoning_content", "reasoning"}) {
+        if (const json* v = field(m, key)) {
+          if (!v->is_string()) wrong_type(at + "." + key, "a string", *v);
+          norm["reasoning_content"] = *v;
+        }
+      }
+    }
+    if (role_name == "tool") {
+      if (const json* v = field(m, "tool_call_id")) {
+        if (!v->is_string()) wrong_type(at + ".tool_call_id", "a string", *v);
+        norm["tool_call_id"] = *v;
+      }
+    }
+    out.push_back(std::move(norm));
+  }
+  return out;
+}
+
+json parse_tools(const json& doc) {
+  const json* tools = field(doc, "tools");
+  if (!tools) return nullptr;
+  if (!tools->is_array()) wrong_type("tools", "an array", *tools);
+  for (size_t i = 0; i < tools->size(); ++i) {
+    const json& t = (*tools)[i];
+    const std::string at = "tools[" + std::to_string(i) + "]";
+    if (!t.is_object()) wrong_type(at, "an object", t);
+    const auto type = get_string(t, "type").value_or("function");
+    if (type != "function") bad_request(at + ".type '" + type + "' is not supported (only 'function')", at + ".type");
+    const json* fn = field(t, "function");
+    if (!fn || !fn->is_object()) bad_request(at + ".function must be an object", at + ".function");
+    if (!get_string(*fn, "name")) bad_request(at + ".function.name is required", at + ".function.name");
+    if (const json* p = field(*fn, "parameters"); p && !p->is_object())
+      wrong_type(at + ".function.parameters", "an object", *p);
+    if (const json* d = field(*fn, "description"); d && !d->is_string())
+      wrong_type(at + ".function.description", "a string", *d);
+  }
+  return tools->empty() ? json(nullptr) : *tools;
+}
+
+std::string parse_tool_choice(const json& doc, bool has_tools) {
+  const json* v = field(doc, "tool_choice");
+  if (!v) return has_tools ? "auto" : "none";
+  if (v->is_string()) {
+    const std::string choice = v->get<std::string>();
+    if (choice != "none" && choice != "auto" && choice != "required")
+      bad_request("tool_choice must be 'none', 'auto', 'required' or a named function, got '" + choice + "'",
+                  "tool_choice");
+    if (choice != "none" && !has_tools) bad_request("tool_choice '" + choice + "' needs tools", "tool_choice");
+    return choice;
+  }
+  if (!v->is_object()) wrong_type("tool_choice", "a string or an object", *v);
+  const json* fn = field(*v, "function");
+  if (!fn || !fn->is_object()) bad_request("tool_choice.function must be an object", "tool_choice.function");
+  const auto name = get_string(*fn, "name");
+  if (!name) bad_request("tool_choice.function.name is required", "tool_choice.function.name");
+  if (!has_tools) bad_request("a named tool_choice needs tools", "tool_choice");
+  return *name;
+}
+
+}  // namespace
+
+bool is_valid_utf8(std::string_view s) {
+  size_t i = 0;
+  const size_t n = s.size();
+  while (i < n) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) { ++i; continue; }
+    int len = 0;
+    uint32_t cp = 0;
+    if (c >= 0xC2 && c <= 0xDF) { len = 2; cp = c & 0x1F; }
+    else if (c >= 0xE0 && c <= 0xEF) { len = 3; cp = c & 0x0F; }
+    else if (c >= 0xF0 && c <= 0xF4) { len = 4; cp = c & 0x07; }
+    else return false;
+    if (i + len > n) return false;
+    for (int k = 1; k < len; ++k) {
+      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
+      return false;
+    i += len;
+  }
+  return true;
+}
+
+void check_body_text(std::string_view body, int max_depth) {
+  if (!is_valid_utf8(body)) bad_request("request body is not valid UTF-8");
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '[' || c == '{') {
+      if (++depth > max_depth) bad_request("request JSON is nested deeper than " + std::to_string(max_depth) + " levels");
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+}
+
+ChatRequest parse_chat_request(std::string_view body, const ParseLimits& limits) {
+  const json doc = parse_body(body, limits.max_json_depth);
+  ChatRequest req;
+  parse_sampling(doc, req.s, limits, true);
+  req.messages = std::make_shared<const json>(parse_messages(doc));
+  json tools = parse_tools(doc);
+  req.tool_choice = parse_tool_choice(doc, !tools.is_null());
+  req.tools = std::make_shared<const json>(std::move(tools));
+  json kwargs = json::object();
+  if (const json* v = field(doc, "chat_template_kwargs")) {
+    if (!v->is_object()) wrong_type("chat_template_kwargs", "an object", *v);
+    kwargs = *v;
+  }
+  req.template_kwargs = std::make_shared<const json>(std::move(kwargs));
+  if (auto v = get_bool(doc, "add_generation_prompt")) req.add_generation_prompt = *v;
+  if (auto v = get_bool(doc, "continue_final_message")) req.continue_final_message = *v;
+  if (req.continue_final_message && req.add_generation_prompt && field(doc, "add_generation_prompt"))
+    bad_request("continue_final_message and add_generation_prompt cannot both be true", "continue_final_message");
+  if (req.continue_final_message) req.add_generation_prompt = false;
+  if (field(doc, "prompt")) bad_request("chat completions take messages, not prompt", "prompt");
+  return req;
+}
+
+CompletionRequest parse_completion_request(std::string_view body, const ParseLimits& limits) {
+  const json doc = parse_body(body, limits.max_json_depth);
+  CompletionRequest req;
+  parse_sampling(doc, req.s, limits, false);
+  if (auto v = get_bool(doc, "echo")) req.echo = *v;
+  const json* p = field(doc, "prompt");
+  if (!p) bad_request("prompt is required", "prompt");
+  auto id_list = [](const json& arr, const std::string& at) {
+    std::vector<int32_t> ids;
+    for (const json& item : arr) {
+      if (!item.is_number_integer() || item.get<int64_t>() < 0 || item.get<int64_t>() > INT32_MAX)
+        bad_request(at + ": token ids must be non-negative integers, got " + item.dump(), "prompt");
+      ids.push_back(item.get<int32_t>());
+    }
+    return ids;
+  };
+  if (p->is_string()) {
+    req.prompts.emplace_back(p->get<std::string>());
+  } else if (p->is_array()) {
+    if (p->empty()) bad_request("prompt must not be empty", "prompt");
+    if ((*p)[0].is_number()) {
+      req.prompts.emplace_back(id_list(*p, "prompt"));
+    } else {
+      for (size_t i = 0; i < p->size(); ++i) {
+        const json& item = (*p)[i];
+        const std::string at = "prompt[" + std::to_string(i) + "]";
+        if (item.is_string()) req.prompts.emplace_back(item.get<std::string>());
+        else if (item.is_array()) req.prompts.emplace_back(id_list(item, at));
+        else wrong_type(at, "a string or an array of token ids", item);
+      }
+    }
+  } else {
+    wrong_type("prompt", "a string, an array of strings or an array of token ids", *p);
+  }
+  if (req.prompts.size() * static_cast<size_t>(req.s.n) > static_cast<size_t>(limits.max_n) * 4)
+    bad_request("too many prompts x n in one request (at most " + std::to_string(limits.max_n * 4) + ")", "prompt");
+  for (const Prompt& prompt : req.prompts) {
+    const bool empty = std::visit([](const auto& x) { return x.empty(); }, prompt);
+    if (empty) bad_request("prompt must not be empty", "prompt");
+  }
+  if (field(doc, "messages")) bad_request("completions take prompt, not messages", "messages");
+  return req;
+}
+
+}  // namespace glms::server

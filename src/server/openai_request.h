@@ -1,0 +1,79 @@
+// OpenAI request JSON -> validated request structs (the vLLM dialect of the API).
+//
+// Contract: parse_chat_request / parse_completion_request either return a fully validated
+// request or throw ApiException with status 400 (bad JSON, wrong field type or value, named in
+// `param`), 400 for invalid UTF-8 or JSON nested deeper than Limits::max_json_depth, and never
+// anything else. Unknown fields are ignored (as vLLM does by default); known fields with the
+// wrong type are rejected. `null` means "not given" for every optional field.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace glms::server {
+
+struct ParseLimits {
+  int max_json_depth = 64;
+  int max_n = 16;              // choices per request
+  int max_stop_strings = 16;
+  int max_top_logprobs = 20;
+};
+
+// Fields shared by both endpoints.
+struct SamplingFields {
+  std::string model;                // empty when omitted
+  std::optional<int> max_tokens;    // max_tokens or max_completion_tokens
+  std::optional<float> temperature; // unset: the server's default (generation_config.json)
+  std::optional<float> top_p;
+  std::optional<int> top_k;         // -1 or 0 = off
+  std::optional<float> min_p;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;    // stop strings (matched on the output text)
+  std::vector<int32_t> stop_token_ids;
+  int n = 1;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  bool ignore_eos = false;
+  bool stream = false;
+  bool include_usage = false;       // stream_options.include_usage
+  bool continuous_usage_stats = false;
+  bool skip_special_tokens = true;
+  bool include_stop_str_in_output = false;
+  int logprobs = -1;                // -1 none; else number of top alternatives (0 = chosen only)
+};
+
+struct ChatRequest {
+  SamplingFields s;
+  std::shared_ptr<const nlohmann::json> messages;   // validated array, content normalised
+  std::shared_ptr<const nlohmann::json> tools;      // array of {type:function, function:{...}} or null
+  std::string tool_choice = "auto";                 // "auto", "none", "required" or a function name
+  std::shared_ptr<const nlohmann::json> template_kwargs;  // object (chat_template_kwargs)
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
+};
+
+using Prompt = std::variant<std::string, std::vector<int32_t>>;
+
+struct CompletionRequest {
+  SamplingFields s;
+  std::vector<Prompt> prompts;  // one choice group per prompt
+  bool echo = false;
+};
+
+ChatRequest parse_chat_request(std::string_view body, const ParseLimits& limits = {});
+CompletionRequest parse_completion_request(std::string_view body, const ParseLimits& limits = {});
+
+// Throws ApiException (400) unless `body` is valid UTF-8 with JSON nesting <= max_depth.
+// Exposed for the tests and the fuzzer.
+void check_body_text(std::string_view body, int max_depth);
+
+bool is_valid_utf8(std::string_view text);
+
+}  // namespace glms::server

@@ -1,0 +1,99 @@
+// /metrics text: names, types and histogram shape, checked by a strict format validator.
+#include <gtest/gtest.h>
+
+#include "prom_validator.h"
+#include "server/metrics.h"
+
+using namespace glms::server;
+using glms::test::PromSample;
+using glms::test::validate_prometheus;
+
+namespace {
+double find(const std::vector<PromSample>& samples, const std::string& name,
+            const std::map<std::string, std::string>& labels = {}) {
+  for (const PromSample& s : samples) {
+    if (s.name != name) continue;
+    bool match = true;
+    for (const auto& [k, v] : labels)
+      if (!s.labels.count(k) || s.labels.at(k) != v) match = false;
+    if (match) return s.value;
+  }
+  return -1;
+}
+}  // namespace
+
+TEST(Metrics, ExpositionIsValidAndComplete) {
+  ServerMetrics m("glm5-\"tiny\"\\code");
+  m.time_to_first_token.observe(0.03);
+  m.time_to_first_token.observe(3.0);
+  m.inter_token_latency.observe(0.02);
+  m.e2e_request_latency.observe(1.2);
+  m.prompt_tokens += 11;
+  m.generation_tokens += 5;
+  m.count_finished("stop");
+  m.count_finished("length");
+  m.count_finished("length");
+  m.count_http(200);
+  m.count_http(429);
+  BackendStats s;
+  s.num_running = 2;
+  s.num_waiting = 3;
+  s.kv_cache_usage = 0.25;
+  s.prefix_cache_queries = 100;
+  s.prefix_cache_hits = 60;
+  s.num_preemptions = 1;
+  const std::string text = m.render(s);
+  std::vector<PromSample> samples;
+  ASSERT_EQ(validate_prometheus(text, &samples), "") << text;
+  EXPECT_EQ(find(samples, "glmserve:num_requests_running"), 2);
+  EXPECT_EQ(find(samples, "glmserve:num_requests_waiting"), 3);
+  EXPECT_EQ(find(samples, "glmserve:kv_cache_usage_perc"), 0.25);
+  EXPECT_EQ(find(samples, "glmserve:prefix_cache_queries_total"), 100);
+  EXPECT_EQ(find(samples, "glmserve:prefix_cache_hits_total"), 60);
+  EXPECT_EQ(find(samples, "glmserve:num_preemptions_total"), 1);
+  EXPECT_EQ(find(samples, "glmserve:prompt_tokens_total"), 11);
+  EXPECT_EQ(find(samples, "glmserve:generation_tokens_total"), 5);
+  EXPECT_EQ(find(samples, "glmserve:request_success_total", {{"finished_reason", "length"}}), 2);
+  EXPECT_EQ(find(samples, "glmserve:request_success_total", {{"finished_reason", "abort"}}), 0);
+  EXPECT_EQ(find(samples, "glmserve:time_to_first_token_seconds_count"), 2);
+  EXPECT_EQ(find(samples, "glmserve:time_to_first_token_seconds_bucket", {{"le", "0.04"}}), 1);
+  EXPECT_EQ(find(samples, "glmserve:time_to_first_token_seconds_bucket", {{"le", "+Inf"}}), 2);
+  EXPECT_NEAR(find(samples, "glmserve:time_to_first_token_seconds_sum"), 3.03, 1e-9);
+  EXPECT_EQ(find(samples, "glmserve:http_requests_total", {{"status", "429"}}), 1);
+  EXPECT_GT(find(samples, "process_resident_memory_bytes"), 0);
+  EXPECT_GE(find(samples, "process_cpu_seconds_total"), 0);
+  EXPECT_GT(find(samples, "process_start_time_seconds"), 1e9);
+  // The label value round-trips through the escaping.
+  EXPECT_EQ(samples[0].labels.at("model_name"), "glm5-\"tiny\"\\code");
+  EXPECT_NE(text.find("# TYPE glmserve:e2e_request_latency_seconds histogram\n"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE glmserve:prompt_tokens_total counter\n"), std::string::npos);
+}
+
+TEST(Metrics, ValidatorRejectsBrokenText) {
+  EXPECT_NE(validate_prometheus("a 1"), "");                                     // no final newline
+  EXPECT_NE(validate_prometheus("a{b=\"x} 1\n"), "");                            // unterminated value
+  EXPECT_NE(validate_prometheus("a{b=\"\\q\"} 1\n"), "");                        // bad escape
+  EXPECT_NE(validate_prometheus("1a 1\n"), "");                                  // bad name
+  EXPECT_NE(validate_prometheus("a one\n"), "");                                 // bad value
+  EXPECT_NE(validate_prometheus("a 1\na 2\n"), "");                              // duplicate series
+  EXPECT_NE(validate_prometheus("a 1\nb 1\na{x=\"1\"} 1\n"), "");                // not contiguous
+  EXPECT_NE(validate_prometheus("# TYPE a counter\n# TYPE a gauge\na 1\n"), "");  // two TYPEs
+  EXPECT_NE(validate_prometheus("# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\n"
+                                "h_sum 1\nh_count 1\n"), "");                      // not cumulative
+  EXPECT_NE(validate_prometheus("# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_sum 1\nh_count 1\n"), "");  // no +Inf
+  EXPECT_EQ(validate_prometheus("# HELP a x\n# TYPE a gauge\na{l=\"v\"} 1.5e3\nb -Inf\n"), "");
+}
+
+TEST(Metrics, HistogramBuckets) {
+  Histogram h({1.0, 2.0});
+  h.observe(0.5);
+  h.observe(1.0);  // le is inclusive
+  h.observe(1.5);
+  h.observe(9.0);
+  std::string out;
+  h.render(out, "x", "");
+  EXPECT_NE(out.find("x_bucket{le=\"1\"} 2\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("x_bucket{le=\"2\"} 3\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("x_bucket{le=\"+Inf\"} 4\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("x_count 4\n"), std::string::npos) << out;
+}

@@ -1,0 +1,244 @@
+// Schema tests: every accepted field and every rejected input of the request parser.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "server/api_error.h"
+#include "server/openai_request.h"
+
+using namespace glms::server;
+using nlohmann::json;
+
+namespace {
+
+// Runs `f` and returns the ApiError it throws (fails the test when nothing is thrown).
+template <typename F>
+ApiError error_of(F&& f) {
+  try {
+    f();
+  } catch (const ApiException& e) {
+    return e.error;
+  }
+  ADD_FAILURE() << "expected an ApiException";
+  return {};
+}
+
+json chat_base() { return {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}}; }
+
+ApiError chat_error(json doc) { return error_of([&] { parse_chat_request(doc.dump()); }); }
+ApiError completion_error(json doc) { return error_of([&] { parse_completion_request(doc.dump()); }); }
+
+}  // namespace
+
+TEST(ChatRequest, MinimalDefaults) {
+  const ChatRequest r = parse_chat_request(chat_base().dump());
+  EXPECT_EQ(r.s.n, 1);
+  EXPECT_FALSE(r.s.max_tokens);
+  EXPECT_FALSE(r.s.temperature);
+  EXPECT_FALSE(r.s.stream);
+  EXPECT_TRUE(r.s.skip_special_tokens);
+  EXPECT_EQ(r.s.logprobs, -1);
+  EXPECT_EQ(r.tool_choice, "none");
+  EXPECT_TRUE(r.add_generation_prompt);
+  ASSERT_EQ(r.messages->size(), 1u);
+  EXPECT_EQ((*r.messages)[0]["content"], "hi");
+}
+
+TEST(ChatRequest, EveryField) {
+  json doc = chat_base();
+  doc.update({{"model", "m"}, {"max_completion_tokens", 7}, {"temperature", 0.5}, {"top_p", 0.9}, {"top_k", 5},
+              {"min_p", 0.1}, {"seed", -3}, {"stop", {"a", "bb"}}, {"stop_token_ids", {1, 2}}, {"n", 3},
+              {"presence_penalty", 0.5}, {"frequency_penalty", -0.5}, {"repetition_penalty", 1.1},
+              {"ignore_eos", true}, {"stream", true}, {"stream_options", {{"include_usage", true}}},
+              {"logprobs", true}, {"top_logprobs", 4}, {"skip_special_tokens", false},
+              {"chat_template_kwargs", {{"enable_thinking", false}}}, {"user", "u"}, {"unknown_field", {1, 2}},
+              {"tools", json::array({{{"type", "function"},
+                                      {"function", {{"name", "f"}, {"parameters", json::object()}}}}})},
+              {"tool_choice", "auto"}});
+  const ChatRequest r = parse_chat_request(doc.dump());
+  EXPECT_EQ(r.s.model, "m");
+  EXPECT_EQ(*r.s.max_tokens, 7);
+  EXPECT_FLOAT_EQ(*r.s.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(*r.s.top_p, 0.9f);
+  EXPECT_EQ(*r.s.top_k, 5);
+  EXPECT_FLOAT_EQ(*r.s.min_p, 0.1f);
+  EXPECT_EQ(*r.s.seed, static_cast<uint64_t>(-3));
+  EXPECT_EQ(r.s.stop, (std::vector<std::string>{"a", "bb"}));
+  EXPECT_EQ(r.s.stop_token_ids, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(r.s.n, 3);
+  EXPECT_FLOAT_EQ(r.s.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(r.s.frequency_penalty, -0.5f);
+  EXPECT_FLOAT_EQ(r.s.repetition_penalty, 1.1f);
+  EXPECT_TRUE(r.s.ignore_eos);
+  EXPECT_TRUE(r.s.stream);
+  EXPECT_TRUE(r.s.include_usage);
+  EXPECT_EQ(r.s.logprobs, 4);
+  EXPECT_FALSE(r.s.skip_special_tokens);
+  EXPECT_EQ((*r.template_kwargs)["enable_thinking"], false);
+  EXPECT_EQ(r.tool_choice, "auto");
+  EXPECT_EQ(r.tools->size(), 1u);
+}
+
+TEST(ChatRequest, MessagesAreNormalised) {
+  json doc = {{"messages",
+               {{{"role", "developer"}, {"content", "sys"}},
+                {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}}}},
+                {{"role", "assistant"},
+                 {"content", nullptr},
+                 {"reasoning_content", "think"},
+                 {"tool_calls", {{{"id", "c1"}, {"type", "function"},
+                                  {"function", {{"name", "f"}, {"arguments", "{\"x\": 1}"}}}}}}},
+                {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "42"}}}}};
+  const ChatRequest r = parse_chat_request(doc.dump());
+  const json& m = *r.messages;
+  EXPECT_EQ(m[0]["role"], "system");
+  EXPECT_EQ(m[1]["content"], "a\nb");
+  EXPECT_TRUE(m[2]["content"].is_null());
+  EXPECT_EQ(m[2]["reasoning_content"], "think");
+  EXPECT_EQ(m[2]["tool_calls"][0]["function"]["arguments"]["x"], 1);
+  EXPECT_EQ(m[3]["tool_call_id"], "c1");
+}
+
+TEST(ChatRequest, MaxTokensAliases) {
+  json doc = chat_base();
+  doc["max_tokens"] = 5;
+  EXPECT_EQ(*parse_chat_request(doc.dump()).s.max_tokens, 5);
+  doc["max_tokens"] = 5.0;  // integral floats are integers (as pydantic accepts them)
+  EXPECT_EQ(*parse_chat_request(doc.dump()).s.max_tokens, 5);
+  doc["max_tokens"] = nullptr;  // null = not given
+  EXPECT_FALSE(parse_chat_request(doc.dump()).s.max_tokens);
+}
+
+struct BadField {
+  const char* name;
+  json value;
+};
+
+TEST(ChatRequest, WrongTypesAndRangesNameTheField) {
+  const std::vector<BadField> bad = {
+      {"model", 3}, {"max_tokens", "10"}, {"max_tokens", 0}, {"max_tokens", 1.5}, {"max_completion_tokens", -1},
+      {"temperature", "hot"}, {"temperature", -0.1}, {"top_p", 0.0}, {"top_p", 1.5}, {"top_k", -2}, {"top_k", 0.5},
+      {"min_p", 2}, {"seed", "x"}, {"n", 0}, {"n", 1000}, {"presence_penalty", 3}, {"frequency_penalty", "a"},
+      {"repetition_penalty", 0}, {"ignore_eos", 1}, {"stream", "true"}, {"stop", 5}, {"stop", json::array({1})},
+      {"stop", ""}, {"stop_token_ids", json::array({-1})}, {"stop_token_ids", "1"}, {"logprobs", 1},
+      {"top_logprobs", 100}, {"skip_special_tokens", "no"}, {"chat_template_kwargs", json::array()},
+      {"tools", json::object()}, {"tool_choice", 3}, {"tool_choice", "sometimes"}, {"response_format", "json"},
+      {"user", 1}, {"messages", "hi"}, {"add_generation_prompt", "yes"}};
+  for (const BadField& b : bad) {
+    json doc = chat_base();
+    doc[b.name] = b.value;
+    const ApiError e = chat_error(doc);
+    EXPECT_EQ(e.status, 400) << b.name << " = " << b.value;
+    EXPECT_NE(e.message.find(b.name), std::string::npos) << e.message;
+    EXPECT_EQ(e.param.rfind(b.name, 0), 0u) << b.name << ": param " << e.param;
+  }
+}
+
+TEST(ChatRequest, BadMessages) {
+  const std::vector<std::pair<json, std::string>> bad = {
+      {json::array(), "messages"},
+      {json::array({"hi"}), "messages[0]"},
+      {json::array({{{"content", "x"}}}), "messages[0].role"},
+      {json::array({{{"role", "wizard"}, {"content", "x"}}}), "messages[0].role"},
+      {json::array({{{"role", 1}, {"content", "x"}}}), "messages[0].role"},
+      {json::array({{{"role", "user"}}}), "messages[0].content"},
+      {json::array({{{"role", "user"}, {"content", 5}}}), "messages[0].content"},
+      {json::array({{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}), "messages[0].content[0].type"},
+      {json::array({{{"role", "user"}, {"content", {{{"type", "text"}}}}}}), "messages[0].content[0].text"},
+      {json::array({{{"role", "assistant"}, {"tool_calls", {{{"function", {{"arguments", "{}"}}}}}}}}),
+       "messages[0].tool_calls[0].function.name"},
+      {json::array({{{"role", "assistant"}, {"tool_calls", {{{"function", {{"name", "f"}, {"arguments", "{bad"}}}}}}}}),
+       "messages[0].tool_calls[0].function.arguments"},
+      {json::array({{{"role", "tool"}, {"content", "x"}, {"tool_call_id", 7}}}), "messages[0].tool_call_id"},
+  };
+  for (const auto& [messages, param] : bad) {
+    const ApiError e = chat_error({{"messages", messages}});
+    EXPECT_EQ(e.status, 400) << messages;
+    EXPECT_EQ(e.param, param) << messages << ": " << e.message;
+  }
+  EXPECT_EQ(chat_error(json::object()).param, "messages");
+}
+
+TEST(ChatRequest, ToolsAndToolChoice) {
+  json doc = chat_base();
+  doc["tool_choice"] = "auto";
+  EXPECT_EQ(chat_error(doc).param, "tool_choice");  // tool_choice without tools
+  doc["tools"] = {{{"type", "function"}, {"function", {{"name", "get_weather"}}}}};
+  doc["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  EXPECT_EQ(parse_chat_request(doc.dump()).tool_choice, "get_weather");
+  doc["tool_choice"] = "none";
+  EXPECT_EQ(parse_chat_request(doc.dump()).tool_choice, "none");
+  doc["tools"] = {{{"type", "retrieval"}}};
+  EXPECT_EQ(chat_error(doc).param, "tools[0].type");
+  doc["tools"] = {{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", "x"}}}}};
+  EXPECT_EQ(chat_error(doc).param, "tools[0].function.parameters");
+}
+
+TEST(ChatRequest, StreamOptionsNeedStream) {
+  json doc = chat_base();
+  doc["stream_options"] = {{"include_usage", true}};
+  EXPECT_EQ(chat_error(doc).param, "stream_options");
+  doc["stream"] = true;
+  doc["stream_options"] = {{"include_usage", "yes"}};
+  EXPECT_EQ(chat_error(doc).param, "include_usage");
+}
+
+TEST(BodyText, InvalidJsonUtf8AndDepth) {
+  EXPECT_EQ(error_of([] { parse_chat_request("{\"messages\": ["); }).status, 400);
+  EXPECT_EQ(error_of([] { parse_chat_request("[1, 2]"); }).status, 400);
+  EXPECT_EQ(error_of([] { parse_chat_request(""); }).status, 400);
+  const std::string bad_utf8 = "{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}";
+  EXPECT_NE(error_of([&] { parse_chat_request(bad_utf8); }).message.find("UTF-8"), std::string::npos);
+  const std::string overlong = "{\"messages\": [{\"role\": \"user\", \"content\": \"\xc0\xaf\"}]}";
+  EXPECT_EQ(error_of([&] { parse_chat_request(overlong); }).status, 400);
+  const std::string surrogate = "{\"messages\": [{\"role\": \"user\", \"content\": \"\\ud800\"}]}";
+  EXPECT_EQ(error_of([&] { parse_chat_request(surrogate); }).status, 400);
+  std::string deep = "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"x\": ";
+  for (int i = 0; i < 100; ++i) deep += "[";
+  for (int i = 0; i < 100; ++i) deep += "]";
+  deep += "}";
+  EXPECT_NE(error_of([&] { parse_chat_request(deep); }).message.find("nested"), std::string::npos);
+  // Brackets inside strings do not count.
+  std::string in_string = "{\"messages\": [{\"role\": \"user\", \"content\": \"" + std::string(200, '[') + "\"}]}";
+  EXPECT_NO_THROW(parse_chat_request(in_string));
+  EXPECT_TRUE(is_valid_utf8("h\xc3\xa9llo \xf0\x9f\x98\x80"));
+  EXPECT_FALSE(is_valid_utf8("\xed\xa0\x80"));  // encoded surrogate
+  EXPECT_FALSE(is_valid_utf8("\xf4\x90\x80\x80"));  // above U+10FFFF
+  EXPECT_FALSE(is_valid_utf8("\xe2\x82"));  // truncated
+}
+
+TEST(CompletionRequest, PromptForms) {
+  EXPECT_EQ(std::get<std::string>(parse_completion_request(R"({"prompt": "abc"})").prompts[0]), "abc");
+  const auto ids = parse_completion_request(R"({"prompt": [1, 2, 3]})");
+  EXPECT_EQ(std::get<std::vector<int32_t>>(ids.prompts[0]), (std::vector<int32_t>{1, 2, 3}));
+  const auto batch = parse_completion_request(R"({"prompt": ["a", "b"], "n": 2})");
+  EXPECT_EQ(batch.prompts.size(), 2u);
+  const auto id_batch = parse_completion_request(R"({"prompt": [[1], [2, 3]]})");
+  EXPECT_EQ(id_batch.prompts.size(), 2u);
+  const auto lp = parse_completion_request(R"({"prompt": "a", "logprobs": 3, "echo": true})");
+  EXPECT_EQ(lp.s.logprobs, 3);
+  EXPECT_TRUE(lp.echo);
+}
+
+TEST(CompletionRequest, BadPrompts) {
+  for (const char* body : {R"({})", R"({"prompt": ""})", R"({"prompt": []})", R"({"prompt": 5})",
+                           R"({"prompt": [1, -2]})", R"({"prompt": [1, "a"]})", R"({"prompt": [{"a": 1}]})",
+                           R"({"prompt": [[]]})", R"({"prompt": [1.5]})", R"({"prompt": "a", "logprobs": true})",
+                           R"({"prompt": "a", "logprobs": 50})", R"({"prompt": "a", "messages": []})"}) {
+    const ApiError e = error_of([&] { parse_completion_request(body); });
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_FALSE(e.param.empty()) << body << ": " << e.message;
+  }
+  EXPECT_EQ(completion_error({{"prompt", "a"}, {"echo", "yes"}}).param, "echo");
+}
+
+TEST(ErrorBody, OpenAiShape) {
+  const json body = json::parse(error_body(ApiError{404, "The model `x` does not exist.", "model", 0.0}));
+  EXPECT_EQ(body["error"]["message"], "The model `x` does not exist.");
+  EXPECT_EQ(body["error"]["type"], "NotFoundError");
+  EXPECT_EQ(body["error"]["code"], 404);
+  EXPECT_EQ(body["error"]["param"], "model");
+  const json no_param = json::parse(error_body(ApiError{429, "slow down", "", 2.0}));
+  EXPECT_TRUE(no_param["error"]["param"].is_null());
+  EXPECT_EQ(no_param["error"]["type"], "RateLimitError");
+}

@@ -1,0 +1,458 @@
+// The API service over a scripted backend: routing, response shapes, SSE framing, stop strings,
+// n, logprobs, limits and errors, disconnects.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "fakes.h"
+#include "prom_validator.h"
+#include "server/api_service.h"
+#include "server/auth.h"
+#include "text/tokenizer.h"
+
+using namespace glms;
+using namespace glms::server;
+using glms::test::FakeBackend;
+using glms::test::RecordingResponder;
+using nlohmann::json;
+
+namespace {
+
+text::Tokenizer& tokenizer() {
+  static text::Tokenizer t = text::Tokenizer::load(GLMS_SOURCE_DIR "/models/glm5-tiny-code");
+  return t;
+}
+
+// A stand-in for the model's chat template: GLM-style markers around each message.
+std::string render(const ChatRequest& r) {
+  std::string out = "[gMASK]<sop>";
+  for (const json& m : *r.messages)
+    out += "<|" + m["role"].get<std::string>() + "|>\n" + (m["content"].is_string() ? m["content"].get<std::string>() : "");
+  if (r.add_generation_prompt) out += "<|assistant|>\n";
+  if (r.template_kwargs->value("enable_thinking", false)) out += "<think>";
+  return out;
+}
+
+std::vector<int32_t> ids(const std::string& text) { return tokenizer().encode(text, false); }
+
+struct Fixture {
+  FakeBackend backend;
+  std::unique_ptr<ApiService> service;
+  explicit Fixture(ServiceConfig config = {}, ParserFactory parsers = nullptr) {
+    config.served_model_name = "tiny";
+    service = std::make_unique<ApiService>(backend, tokenizer(), render, parsers, config);
+  }
+  // Scripted output: `text` encoded, then EOS.
+  void say(const std::string& text) {
+    backend.script = [text](const engine::RequestParams&) {
+      std::vector<int32_t> t = ids(text);
+      t.push_back(8170);
+      return t;
+    };
+  }
+  std::shared_ptr<RecordingResponder> call(const std::string& method, const std::string& path, const std::string& body = "",
+                                           std::map<std::string, std::string> headers = {}) {
+    HttpRequest req;
+    req.method = method;
+    req.target = path;
+    req.body = body;
+    req.headers = std::move(headers);
+    req.client = "127.0.0.1";
+    auto responder = std::make_shared<RecordingResponder>();
+    service->handle(req, responder);
+    EXPECT_TRUE(responder->wait()) << path << " " << body;
+    return responder;
+  }
+  json post(const std::string& path, const json& body, int expect_status = 200) {
+    auto r = call("POST", path, body.dump());
+    EXPECT_EQ(r->response.status, expect_status) << r->response.body;
+    EXPECT_FALSE(r->streaming);
+    return json::parse(r->response.body);
+  }
+  // SSE events of a streamed call (the payloads of "data:" lines; "[DONE]" included).
+  std::vector<std::string> stream(const std::string& path, const json& body) {
+    auto r = call("POST", path, body.dump());
+    EXPECT_TRUE(r->streaming) << r->response.body;
+    EXPECT_EQ(r->response.content_type, "text/event-stream");
+    const std::string text = r->stream_body();
+    std::vector<std::string> events;
+    size_t pos = 0;
+    while (pos < text.size()) {
+      const size_t end = text.find("\n\n", pos);
+      EXPECT_NE(end, std::string::npos) << "unterminated event";
+      if (end == std::string::npos) break;
+      const std::string event = text.substr(pos, end - pos);
+      EXPECT_EQ(event.rfind("data: ", 0), 0u) << event;
+      EXPECT_EQ(event.find('\n'), std::string::npos) << event;
+      events.push_back(event.substr(6));
+      pos = end + 2;
+    }
+    return events;
+  }
+};
+
+json chat(const std::string& content) { return {{"messages", {{{"role", "user"}, {"content", content}}}}}; }
+
+void expect_error_shape(const std::string& body, int status) {
+  const json j = json::parse(body);
+  ASSERT_TRUE(j.contains("error")) << body;
+  EXPECT_TRUE(j["error"]["message"].is_string());
+  EXPECT_TRUE(j["error"]["type"].is_string());
+  EXPECT_EQ(j["error"]["code"], status);
+}
+
+}  // namespace
+
+TEST(Service, Routes) {
+  Fixture f;
+  auto health = f.call("GET", "/health");
+  EXPECT_EQ(health->response.status, 200);
+  EXPECT_EQ(health->response.body, "");
+  EXPECT_EQ(json::parse(f.call("GET", "/version")->response.body)["version"], "0.1.0");
+  const json models = json::parse(f.call("GET", "/v1/models")->response.body);
+  EXPECT_EQ(models["object"], "list");
+  EXPECT_EQ(models["data"][0]["id"], "tiny");
+  EXPECT_EQ(models["data"][0]["max_model_len"], 256);
+  auto metrics = f.call("GET", "/metrics");
+  EXPECT_EQ(glms::test::validate_prometheus(metrics->response.body), "");
+  EXPECT_NE(metrics->response.content_type.find("text/plain"), std::string::npos);
+  auto missing = f.call("GET", "/v1/nothing");
+  EXPECT_EQ(missing->response.status, 404);
+  expect_error_shape(missing->response.body, 404);
+  EXPECT_EQ(f.call("GET", "/v1/chat/completions")->response.status, 405);
+  EXPECT_EQ(f.call("POST", "/health")->response.status, 405);
+}
+
+TEST(Service, ChatCompletion) {
+  Fixture f;
+  f.say("def add(a, b):\n    return a + b");
+  const json r = f.post("/v1/chat/completions", chat("write add"));
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(r["model"], "tiny");
+  EXPECT_GT(r["created"].get<int64_t>(), 1600000000);
+  const json& c = r["choices"][0];
+  EXPECT_EQ(c["index"], 0);
+  EXPECT_EQ(c["message"]["role"], "assistant");
+  EXPECT_EQ(c["message"]["content"], "def add(a, b):\n    return a + b");
+  EXPECT_TRUE(c["message"]["reasoning_content"].is_null());
+  EXPECT_EQ(c["message"]["tool_calls"], json::array());
+  EXPECT_EQ(c["finish_reason"], "stop");
+  EXPECT_TRUE(c["logprobs"].is_null());
+  const int prompt = static_cast<int>(ids("[gMASK]<sop><|user|>\nwrite add<|assistant|>\n").size());
+  const int completion = static_cast<int>(ids("def add(a, b):\n    return a + b").size()) + 1;
+  EXPECT_EQ(r["usage"]["prompt_tokens"], prompt);
+  EXPECT_EQ(r["usage"]["completion_tokens"], completion);
+  EXPECT_EQ(r["usage"]["total_tokens"], prompt + completion);
+  EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  // Defaults reach the engine: chat max_tokens = model length - prompt.
+  EXPECT_EQ(f.backend.submitted[0].max_tokens, 256 - prompt);
+}
+
+TEST(Service, StreamingEqualsNonStreaming) {
+  Fixture f;
+  f.say("for i in range(10):\n    print(i)  # \xc3\xa9t\xc3\xa9");
+  f.backend.cached_tokens = 4;
+  const json full = f.post("/v1/chat/completions", chat("loop"));
+  json req = chat("loop");
+  req["stream"] = true;
+  req["stream_options"] = {{"include_usage", true}};
+  const auto events = f.stream("/v1/chat/completions", req);
+  ASSERT_GE(events.size(), 4u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  const json first = json::parse(events[0]);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  std::string content;
+  std::string finish;
+  for (size_t i = 0; i + 2 < events.size(); ++i) {
+    const json chunk = json::parse(events[i]);
+    EXPECT_EQ(chunk["id"], first["id"]);
+    const json& choice = chunk["choices"][0];
+    if (choice["delta"].contains("content")) content += choice["delta"]["content"].get<std::string>();
+    if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
+  }
+  EXPECT_EQ(content, full["choices"][0]["message"]["content"]);
+  EXPECT_EQ(finish, "stop");
+  const json usage = json::parse(events[events.size() - 2]);
+  EXPECT_EQ(usage["choices"], json::array());
+  EXPECT_EQ(usage["usage"], full["usage"]);
+  EXPECT_EQ(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+}
+
+TEST(Service, StopStringsTruncateAndCancel) {
+  Fixture f;
+  f.say("x = 1\nSTOP here and more text that should never be sent");
+  f.backend.delay = std::chrono::milliseconds(2);
+  json req = chat("s");
+  req["stop"] = {"STOP", "never"};
+  const json r = f.post("/v1/chat/completions", req);
+  EXPECT_EQ(r["choices"][0]["message"]["content"], "x = 1\n");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(r["choices"][0]["stop_reason"], "STOP");
+  EXPECT_EQ(f.backend.cancelled_ids().size(), 1u);
+  // Streaming gives the same text; the stop string is never sent, even in part.
+  req["stream"] = true;
+  const auto events = f.stream("/v1/chat/completions", req);
+  std::string content;
+  for (const std::string& e : events)
+    if (e != "[DONE]") {
+      const json d = json::parse(e)["choices"][0]["delta"];
+      if (d.contains("content")) content += d["content"].get<std::string>();
+    }
+  EXPECT_EQ(content, "x = 1\n");
+  req["include_stop_str_in_output"] = true;
+  req["stream"] = false;
+  EXPECT_EQ(f.post("/v1/chat/completions", req)["choices"][0]["message"]["content"], "x = 1\nSTOP");
+}
+
+TEST(Service, LengthAndStopTokenIds) {
+  Fixture f;
+  f.say("a b c d e f g h");
+  json req = chat("x");
+  req["max_tokens"] = 3;
+  const json r = f.post("/v1/chat/completions", req);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(f.backend.submitted.back().max_tokens, 3);
+  req["stop_token_ids"] = {5, 6};
+  req["ignore_eos"] = true;
+  req["temperature"] = 0;
+  req["top_k"] = -1;
+  req["seed"] = 7;
+  f.post("/v1/chat/completions", req);
+  const engine::RequestParams& p = f.backend.submitted.back();
+  EXPECT_EQ(p.stop_token_ids, (std::vector<int32_t>{5, 6}));
+  EXPECT_TRUE(p.ignore_eos);
+  EXPECT_EQ(p.sampling.temperature, 0.0f);
+  EXPECT_EQ(p.sampling.top_k, 0);
+  EXPECT_EQ(p.sampling.seed, 7u);
+}
+
+TEST(Service, NChoicesWithSeeds) {
+  Fixture f;
+  f.say("same");
+  json req = chat("x");
+  req["n"] = 3;
+  req["seed"] = 100;
+  req["temperature"] = 0.8;
+  const json r = f.post("/v1/chat/completions", req);
+  ASSERT_EQ(r["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(r["choices"][i]["index"], i);
+    EXPECT_EQ(r["choices"][i]["message"]["content"], "same");
+    EXPECT_EQ(f.backend.submitted[i].sampling.seed, 100u + i);
+  }
+  EXPECT_EQ(r["usage"]["completion_tokens"], 3 * (static_cast<int>(ids("same").size()) + 1));
+  EXPECT_EQ(r["usage"]["prompt_tokens"], static_cast<int>(f.backend.submitted[0].prompt_ids.size()));
+  req["stream"] = true;
+  std::set<int> indices;
+  for (const std::string& e : f.stream("/v1/chat/completions", req))
+    if (e != "[DONE]") indices.insert(json::parse(e)["choices"][0]["index"].get<int>());
+  EXPECT_EQ(indices, (std::set<int>{0, 1, 2}));
+}
+
+TEST(Service, Completions) {
+  Fixture f;
+  f.say(" world");
+  const json r = f.post("/v1/completions", {{"prompt", "hello"}, {"echo", true}});
+  EXPECT_EQ(r["object"], "text_completion");
+  EXPECT_EQ(r["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  EXPECT_EQ(r["choices"][0]["text"], "hello world");
+  EXPECT_EQ(f.backend.submitted.back().max_tokens, 16);  // the completions default
+  const json batch = f.post("/v1/completions", {{"prompt", {"a", "b"}}, {"n", 2}, {"max_tokens", 4}});
+  EXPECT_EQ(batch["choices"].size(), 4u);
+  EXPECT_EQ(batch["usage"]["prompt_tokens"], static_cast<int>(ids("a").size() + ids("b").size()));
+  const json tokens = f.post("/v1/completions", {{"prompt", {1, 2, 3}}});
+  EXPECT_EQ(f.backend.submitted.back().prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(tokens["choices"][0]["text"], " world");
+  json stream_req = {{"prompt", "hello"}, {"stream", true}};
+  std::string text;
+  for (const std::string& e : f.stream("/v1/completions", stream_req))
+    if (e != "[DONE]") {
+      EXPECT_EQ(json::parse(e)["object"], "text_completion");
+      text += json::parse(e)["choices"][0]["text"].get<std::string>();
+    }
+  EXPECT_EQ(text, " world");
+  // Special tokens are dropped from completions text unless asked for.
+  f.backend.script = [](const engine::RequestParams&) { return std::vector<int32_t>{ids("a")[0], 8182, 8170}; };
+  EXPECT_EQ(f.post("/v1/completions", {{"prompt", "x"}})["choices"][0]["text"], "a");
+  EXPECT_EQ(f.post("/v1/completions", {{"prompt", "x"}, {"skip_special_tokens", false}})["choices"][0]["text"],
+            "a<think>");
+}
+
+TEST(Service, Logprobs) {
+  Fixture f;
+  f.say("ab");
+  json req = chat("x");
+  req["logprobs"] = true;
+  req["top_logprobs"] = 2;
+  const json r = f.post("/v1/chat/completions", req);
+  const json& content = r["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), ids("ab").size() + 1);
+  EXPECT_TRUE(content[0]["token"].is_string());
+  EXPECT_EQ(content[0]["logprob"], -0.5);
+  EXPECT_TRUE(content[0]["bytes"].is_array());
+  EXPECT_EQ(content[0]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(content[0]["top_logprobs"][1]["logprob"], -1.5);
+  EXPECT_EQ(f.backend.submitted.back().top_logprobs, 2);
+  const json c = f.post("/v1/completions", {{"prompt", "x"}, {"logprobs", 1}});
+  const json& lp = c["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"].size(), lp["token_logprobs"].size());
+  EXPECT_EQ(lp["text_offset"][0], 0);
+  EXPECT_TRUE(lp["top_logprobs"][0].is_object());
+}
+
+TEST(Service, Errors) {
+  Fixture f;
+  f.say("x");
+  auto check = [&](const std::string& path, const std::string& body, int status, const std::string& needle) {
+    auto r = f.call("POST", path, body);
+    EXPECT_EQ(r->response.status, status) << body << " -> " << r->response.body;
+    expect_error_shape(r->response.body, status);
+    EXPECT_NE(r->response.body.find(needle), std::string::npos) << r->response.body;
+  };
+  check("/v1/chat/completions", "{", 400, "not valid JSON");
+  check("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "model": "gpt-4"})", 404,
+        "The model `gpt-4` does not exist.");
+  check("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1000})", 400,
+        "maximum context length is 256 tokens");
+  check("/v1/completions", R"({"prompt": [1, 99999]})", 400, "outside the vocabulary");
+  check("/v1/completions", json{{"prompt", std::vector<int>(300, 5)}}.dump(), 400, "input tokens");
+  check("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"})", 400,
+        "temperature");
+  f.backend.queue_full = true;
+  auto busy = f.call("POST", "/v1/chat/completions", chat("x").dump());
+  EXPECT_EQ(busy->response.status, 429);
+  ASSERT_FALSE(busy->response.headers.empty());
+  EXPECT_EQ(busy->response.headers[0].first, "Retry-After");
+  f.backend.queue_full = false;
+  auto wrong_type = f.call("POST", "/v1/chat/completions", chat("x").dump(), {{"content-type", "text/plain"}});
+  EXPECT_EQ(wrong_type->response.status, 415);
+  f.service->stop_accepting();
+  EXPECT_EQ(f.call("POST", "/v1/chat/completions", chat("x").dump())->response.status, 503);
+  EXPECT_EQ(f.call("GET", "/health")->response.status, 200);
+}
+
+TEST(Service, BodyLimit) {
+  ServiceConfig config;
+  config.max_body_bytes = 100;
+  Fixture f(config);
+  auto r = f.call("POST", "/v1/completions", "{\"prompt\": \"" + std::string(200, 'a') + "\"}");
+  EXPECT_EQ(r->response.status, 413);
+  expect_error_shape(r->response.body, 413);
+}
+
+TEST(Service, AuthAndRateLimit) {
+  ServiceConfig config;
+  config.api_keys = {"k1", "k2"};
+  config.jwt_secret = "0123456789abcdef0123456789abcdef";
+  config.rate_limit_rps = 0.001;
+  config.rate_limit_burst = 2;
+  Fixture f(config);
+  f.say("x");
+  EXPECT_EQ(f.call("GET", "/health")->response.status, 200);  // health and metrics stay open
+  EXPECT_EQ(f.call("GET", "/metrics")->response.status, 200);
+  auto denied = f.call("GET", "/v1/models");
+  EXPECT_EQ(denied->response.status, 401);
+  expect_error_shape(denied->response.body, 401);
+  EXPECT_EQ(f.call("GET", "/v1/models", "", {{"authorization", "Bearer k3"}})->response.status, 401);
+  EXPECT_EQ(f.call("GET", "/v1/models", "", {{"authorization", "Bearer k2"}})->response.status, 200);
+  const std::string jwt = make_hs256_jwt(config.jwt_secret, R"({"sub": "u"})");
+  EXPECT_EQ(f.call("GET", "/v1/models", "", {{"authorization", "Bearer " + jwt}})->response.status, 200);
+  const std::string body = chat("x").dump();
+  const std::map<std::string, std::string> k1 = {{"authorization", "Bearer k1"}};
+  EXPECT_EQ(f.call("POST", "/v1/chat/completions", body, k1)->response.status, 200);
+  EXPECT_EQ(f.call("POST", "/v1/chat/completions", body, k1)->response.status, 200);
+  auto limited = f.call("POST", "/v1/chat/completions", body, k1);
+  EXPECT_EQ(limited->response.status, 429);
+  expect_error_shape(limited->response.body, 429);
+  EXPECT_EQ(limited->response.headers[0].first, "Retry-After");
+  // Another key has its own bucket.
+  EXPECT_EQ(f.call("POST", "/v1/chat/completions", body, {{"authorization", "Bearer k2"}})->response.status, 200);
+}
+
+TEST(Service, DisconnectCancels) {
+  Fixture f;
+  f.backend.delay = std::chrono::milliseconds(20);
+  f.backend.script = [](const engine::RequestParams&) { return std::vector<int32_t>(200, ids("a")[0]); };
+  json req = chat("x");
+  req["stream"] = true;
+  req["max_tokens"] = 200;
+  HttpRequest http{"POST", "/v1/chat/completions", {}, req.dump(), "c"};
+  auto responder = std::make_shared<RecordingResponder>();
+  f.service->handle(http, responder);
+  ASSERT_TRUE(responder->wait_writes(3));
+  responder->disconnect();
+  EXPECT_EQ(f.backend.cancelled_ids().size(), 1u);
+  for (int i = 0; i < 200 && f.backend.num_active() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(f.backend.num_active(), 0u);
+  const std::string metrics = f.call("GET", "/metrics")->response.body;
+  EXPECT_NE(metrics.find("finished_reason=\"abort\"} 1"), std::string::npos) << metrics;
+}
+
+TEST(Service, GlmReasoningAndToolCalls) {
+  Fixture f({}, glm_parser_factory());
+  f.say("<think>need weather</think>Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris"
+        "</arg_value><arg_key>days</arg_key><arg_value>3</arg_value></tool_call>");
+  json req = chat("weather in Paris?");
+  req["tools"] = json::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters":
+      {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}])");
+  const json r = f.post("/v1/chat/completions", req);
+  const json& m = r["choices"][0]["message"];
+  EXPECT_EQ(m["reasoning_content"], "need weather");
+  EXPECT_EQ(m["content"], "Let me check.");
+  ASSERT_EQ(m["tool_calls"].size(), 1u);
+  EXPECT_EQ(m["tool_calls"][0]["type"], "function");
+  EXPECT_FALSE(m["tool_calls"][0]["id"].get<std::string>().empty());
+  EXPECT_EQ(m["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(m["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            (json{{"city", "Paris"}, {"days", 3}}));
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls");
+
+  req["stream"] = true;
+  std::string reasoning, content, name, arguments, finish;
+  for (const std::string& e : f.stream("/v1/chat/completions", req)) {
+    if (e == "[DONE]") continue;
+    const json chunk = json::parse(e);
+    const json& choice = chunk["choices"][0];
+    const json& d = choice["delta"];
+    if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+    if (d.contains("content")) content += d["content"].get<std::string>();
+    if (d.contains("tool_calls"))
+      for (const json& call : d["tool_calls"]) {
+        EXPECT_EQ(call["index"], 0);
+        if (call["function"].contains("name")) name += call["function"]["name"].get<std::string>();
+        arguments += call["function"]["arguments"].get<std::string>();
+      }
+    if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
+  }
+  EXPECT_EQ(reasoning, "need weather");
+  EXPECT_EQ(content, "Let me check.");
+  EXPECT_EQ(name, "get_weather");
+  EXPECT_EQ(json::parse(arguments), (json{{"city", "Paris"}, {"days", 3}}));
+  EXPECT_EQ(finish, "tool_calls");
+
+  // tool_choice "none": no tool parsing, the markup stays in the content.
+  req["stream"] = false;
+  req["tool_choice"] = "none";
+  const json none = f.post("/v1/chat/completions", req);
+  EXPECT_NE(none["choices"][0]["message"]["content"].get<std::string>().find("<tool_call>get_weather"),
+            std::string::npos);
+  EXPECT_EQ(none["choices"][0]["finish_reason"], "stop");
+}
+
+TEST(Service, PromptEndingInThinkStartsInReasoning) {
+  Fixture f({}, glm_parser_factory());
+  f.say("plan it</think>done");
+  json req = chat("x");
+  req["chat_template_kwargs"] = {{"enable_thinking", true}};  // the test renderer then ends in <think>
+  const json r = f.post("/v1/chat/completions", req);
+  EXPECT_EQ(r["choices"][0]["message"]["reasoning_content"], "plan it");
+  EXPECT_EQ(r["choices"][0]["message"]["content"], "done");
+  // Without the open tag everything is content.
+  f.say("plain answer");
+  const json plain = f.post("/v1/chat/completions", chat("x"));
+  EXPECT_EQ(plain["choices"][0]["message"]["content"], "plain answer");
+  EXPECT_TRUE(plain["choices"][0]["message"]["reasoning_content"].is_null());
+}
