@@ -6,9 +6,13 @@ namespace CLI { class App; }
 
 namespace glms::cli {
 
+// Re-executes the process with OMP_WAIT_POLICY=passive unless the environment sets a policy.
+void ensure_openmp_wait_policy(char** argv);
+
 void add_generate_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_inspect_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 }  // namespace glms::cli

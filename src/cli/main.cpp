@@ -6,6 +6,7 @@
 #include "core/error.h"
 
 int main(int argc, char** argv) {
+  glms::cli::ensure_openmp_wait_policy(argv);
   CLI::App app{"glmserve: an inference server for the GLM-5 family (glm_moe_dsa)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "glmserve 0.1.0");
@@ -13,6 +14,7 @@ int main(int argc, char** argv) {
   glms::cli::add_tokenize_command(app);
   glms::cli::add_inspect_command(app);
   glms::cli::add_plan_command(app);
+  glms::cli::add_serve_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
