@@ -17,11 +17,58 @@ namespace glms::ops {
 
 namespace {
 
-inline float dot_f32(const float* a, const float* b, int64_t n) {
+// Every output element is computed the same way, whichever tile it falls in: 16 lane-wise
+// partial sums over k in chunks of 16, summed lane 0..15 in order, plus the tail in order.
+// That keeps a token's result independent of how many tokens share the call.
+typedef float Vec16 __attribute__((vector_size(64)));
+
+inline Vec16 load16(const float* p) {
+  Vec16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline float finish_sum(Vec16 lanes, float tail) {
   float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t k = 0; k < n; ++k) sum += a[k] * b[k];
-  return sum;
+  for (int l = 0; l < 16; ++l) sum += lanes[l];
+  return sum + tail;
+}
+
+// out[t * out_stride + r] = w_r . x_t for R weight rows (stride `cols`) and T tokens.
+template <int R, int T>
+inline void dot_tile(const float* w, const float* x, int64_t x_stride, int64_t cols, float* out,
+                     int64_t out_stride) {
+  Vec16 acc[T][R] = {};
+  const int64_t chunks = cols / 16 * 16;
+  for (int64_t k = 0; k < chunks; k += 16) {
+    Vec16 xs[T], ws[R];
+    for (int t = 0; t < T; ++t) xs[t] = load16(x + t * x_stride + k);
+    for (int r = 0; r < R; ++r) ws[r] = load16(w + r * cols + k);
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r) acc[t][r] += ws[r] * xs[t];
+  }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) {
+      float tail = 0.0f;
+      for (int64_t k = chunks; k < cols; ++k) tail += w[r * cols + k] * x[t * x_stride + k];
+      out[t * out_stride + r] = finish_sum(acc[t][r], tail);
+    }
+}
+
+// y[i, r0 + r] for the `rows` converted rows in `block` and every token.
+void block_times_tokens(const float* block, int64_t rows, int64_t cols, const float* x, int64_t n,
+                        int64_t x_stride, float* y, int64_t y_stride) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) dot_tile<4, 4>(block + r * cols, x + i * x_stride, x_stride, cols, y + i * y_stride + r, y_stride);
+    for (; r < rows; ++r) dot_tile<1, 4>(block + r * cols, x + i * x_stride, x_stride, cols, y + i * y_stride + r, y_stride);
+  }
+  for (; i < n; ++i) {
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) dot_tile<4, 1>(block + r * cols, x + i * x_stride, x_stride, cols, y + i * y_stride + r, y_stride);
+    for (; r < rows; ++r) dot_tile<1, 1>(block + r * cols, x + i * x_stride, x_stride, cols, y + i * y_stride + r, y_stride);
+  }
 }
 
 constexpr int64_t kRowBlock = 16;
@@ -62,11 +109,7 @@ void linear(const float* x, int64_t n, const WeightView& w, float* y, int64_t x_
     for (int64_t b = 0; b < num_blocks; ++b) {
       const int64_t r0 = b * kRowBlock, r1 = std::min(w.rows, r0 + kRowBlock);
       for (int64_t r = r0; r < r1; ++r) w.row_to_f32(r, block.data() + (r - r0) * w.cols);
-      for (int64_t i = 0; i < n; ++i) {
-        const float* xi = x + i * x_stride;
-        float* yi = y + i * y_stride;
-        for (int64_t r = r0; r < r1; ++r) yi[r] = dot_f32(block.data() + (r - r0) * w.cols, xi, w.cols);
-      }
+      block_times_tokens(block.data(), r1 - r0, w.cols, x, n, x_stride, y + r0, y_stride);
     }
   }
 }

@@ -1,0 +1,138 @@
+// CPU ops against float64 references on random data, and the batch invariance of linear().
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "ops/ops.h"
+
+using namespace glms;
+
+namespace {
+
+std::vector<float> random_values(size_t count, uint64_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> values(count);
+  for (float& v : values) v = normal(rng);
+  return values;
+}
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& values) {
+  std::vector<uint16_t> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) out[i] = f32_to_bf16(values[i]);
+  return out;
+}
+
+}  // namespace
+
+TEST(Linear, MatchesFloat64ReferenceOnOddShapes) {
+  for (auto [n, rows, cols] : {std::tuple{1, 7, 5}, {3, 33, 17}, {9, 40, 64}, {17, 5, 129}}) {
+    const auto x = random_values(n * cols, 1 + n);
+    const auto w16 = to_bf16(random_values(rows * cols, 2 + rows));
+    ops::WeightView w{DType::BF16, w16.data(), rows, cols, cols};
+    std::vector<float> y(n * rows, NAN);
+    ops::linear(x.data(), n, w, y.data());
+    for (int i = 0; i < n; ++i)
+      for (int r = 0; r < rows; ++r) {
+        double ref = 0.0;
+        for (int k = 0; k < cols; ++k) ref += double(x[i * cols + k]) * bf16_to_f32(w16[r * cols + k]);
+        EXPECT_NEAR(y[i * rows + r], ref, 1e-4 * (1.0 + std::fabs(ref))) << n << "x" << rows << "x" << cols;
+      }
+  }
+}
+
+TEST(Linear, ATokensResultDoesNotDependOnItsBatch) {
+  const int rows = 37, cols = 70;
+  const auto w32 = random_values(rows * cols, 5);
+  ops::WeightView w{DType::F32, w32.data(), rows, cols, cols};
+  const auto x = random_values(11 * cols, 6);
+  std::vector<float> all(11 * rows);
+  ops::linear(x.data(), 11, w, all.data());
+  for (int start = 0; start < 11; ++start)
+    for (int n = 1; start + n <= 11; n += 3) {
+      std::vector<float> part(n * rows);
+      ops::linear(x.data() + start * cols, n, w, part.data());
+      EXPECT_EQ(0, std::memcmp(part.data(), all.data() + start * rows, part.size() * sizeof(float)))
+          << "tokens " << start << ".." << start + n;
+    }
+}
+
+TEST(Linear, StridedInputsAndOutputs) {
+  const int n = 5, rows = 6, cols = 16, x_stride = 20, y_stride = 9;
+  const auto w32 = random_values(rows * cols, 7);
+  const auto x = random_values(n * x_stride, 8);
+  ops::WeightView w{DType::F32, w32.data(), rows, cols, cols};
+  std::vector<float> y(n * y_stride, -7.0f);
+  ops::linear(x.data(), n, w, y.data(), x_stride, y_stride);
+  for (int i = 0; i < n; ++i) {
+    for (int r = 0; r < rows; ++r) {
+      double ref = 0.0;
+      for (int k = 0; k < cols; ++k) ref += double(x[i * x_stride + k]) * w32[r * cols + k];
+      EXPECT_NEAR(y[i * y_stride + r], ref, 1e-4);
+    }
+    for (int r = rows; r < y_stride; ++r) EXPECT_EQ(y[i * y_stride + r], -7.0f) << "wrote past the row";
+  }
+}
+
+TEST(Linear, TransposedWeight) {
+  const int n = 3, rows = 9, cols = 13;
+  const auto w32 = random_values(rows * cols, 9);
+  const auto x = random_values(n * rows, 10);
+  ops::WeightView w{DType::F32, w32.data(), rows, cols, cols};
+  std::vector<float> y(n * cols);
+  ops::linear_transposed(x.data(), n, w, y.data());
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < cols; ++c) {
+      double ref = 0.0;
+      for (int r = 0; r < rows; ++r) ref += double(x[i * rows + r]) * w32[r * cols + c];
+      EXPECT_NEAR(y[i * cols + c], ref, 1e-4);
+    }
+}
+
+TEST(Norms, RmsAndLayerNorm) {
+  const int n = 4, dim = 23;
+  const auto x = random_values(n * dim, 11, 3.0f);
+  const auto weight = random_values(dim, 12);
+  const auto bias = random_values(dim, 13);
+  std::vector<float> rms(n * dim), ln(n * dim);
+  ops::rms_norm(x.data(), n, dim, weight.data(), 1e-5f, rms.data());
+  ops::layer_norm(x.data(), n, dim, weight.data(), bias.data(), 1e-6f, ln.data());
+  for (int i = 0; i < n; ++i) {
+    double sq = 0.0, mean = 0.0, var = 0.0;
+    for (int k = 0; k < dim; ++k) { sq += double(x[i * dim + k]) * x[i * dim + k]; mean += x[i * dim + k]; }
+    mean /= dim;
+    for (int k = 0; k < dim; ++k) var += (x[i * dim + k] - mean) * (x[i * dim + k] - mean);
+    var /= dim;
+    for (int k = 0; k < dim; ++k) {
+      EXPECT_NEAR(rms[i * dim + k], weight[k] * x[i * dim + k] / std::sqrt(sq / dim + 1e-5), 1e-5);
+      EXPECT_NEAR(ln[i * dim + k], (x[i * dim + k] - mean) / std::sqrt(var + 1e-6) * weight[k] + bias[k], 1e-5);
+    }
+  }
+}
+
+TEST(Rope, InterleavedPairsRotateByPositionTimesFrequency) {
+  ops::RopeTable table;
+  table.rope_dim = 8;
+  for (int i = 0; i < 4; ++i) table.inv_freq.push_back(1.0f / std::pow(10000.0f, 2.0f * i / 8.0f));
+  float cos[4], sin[4];
+  table.angles(37, cos, sin);
+  auto x = random_values(8, 14);
+  const auto original = x;
+  ops::rope_interleaved(x.data(), 8, cos, sin);
+  for (int i = 0; i < 4; ++i) {
+    const double angle = 37.0 * table.inv_freq[i];
+    EXPECT_NEAR(x[2 * i], original[2 * i] * std::cos(angle) - original[2 * i + 1] * std::sin(angle), 1e-5);
+    EXPECT_NEAR(x[2 * i + 1], original[2 * i + 1] * std::cos(angle) + original[2 * i] * std::sin(angle), 1e-5);
+  }
+}
+
+TEST(TopK, OrderedByValueThenIndex) {
+  const float scores[] = {0.5f, 2.0f, -1.0f, 2.0f, 0.7f, 3.0f};
+  std::vector<int32_t> chosen;
+  ops::top_k(scores, 6, 4, chosen);
+  EXPECT_EQ(chosen, (std::vector<int32_t>{5, 1, 3, 4}));
+  ops::top_k(scores, 6, 10, chosen);
+  EXPECT_EQ(chosen.size(), 6u);
+}
