@@ -172,9 +172,7 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
   if (request.body.size() > config_.max_body_bytes)
     throw_api(413, "Request body is too large (" + std::to_string(request.body.size()) + " bytes; limit " +
                        std::to_string(config_.max_body_bytes) + ")");
-  const std::string content_type = request.header("content-type");
-  if (!content_type.empty() && content_type.find("json") == std::string::npos)
-    throw_api(415, "Unsupported Content-Type '" + content_type + "': send application/json");
+  // Any Content-Type is read as JSON (curl -d sends form encoding), as the body decides.
   if (draining_.load()) throw ApiException{ApiError{503, "The server is shutting down.", "", 1.0}};
 
   if (path == "/v1/chat/completions") start_chat(request, responder);

@@ -1,0 +1,250 @@
+// End-to-end: `glmserve serve --model models/glm5-tiny-code` on a loopback port, driven over real
+// HTTP. One server for the suite (started in SetUpTestSuite); SIGTERM draining has its own.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "../server/prom_validator.h"
+#include "e2e_client.h"
+
+using namespace glms::e2e;
+using nlohmann::json;
+
+namespace {
+
+const std::string kBinary = GLMS_BINARY_DIR "/glmserve";
+const std::string kModel = GLMS_SOURCE_DIR "/models/glm5-tiny-code";
+
+std::vector<std::string> server_args(std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"serve", "--model", kModel, "--port", "0", "--served-model-name", "tiny",
+                                   "--max-model-len", "512", "--max-num-seqs", "64"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+double metric(const std::string& text, const std::string& name) {
+  std::vector<glms::test::PromSample> samples;
+  if (!glms::test::validate_prometheus(text, &samples).empty()) return -1;
+  for (const auto& s : samples)
+    if (s.name == name) return s.value;
+  return -1;
+}
+
+}  // namespace
+
+class E2E : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = new ServerProcess(kBinary, server_args()); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  static int port() { return server_->port(); }
+  static json post(const std::string& path, const json& body, int expect = 200) {
+    const Response r = http(port(), "POST", path, body.dump());
+    EXPECT_EQ(r.status, expect) << r.body;
+    return r.status == 0 ? json() : json::parse(r.body, nullptr, false);
+  }
+  // Concatenated text of a streamed chat/completion (content or text), plus the final chunk.
+  static std::string stream_text(const std::string& path, json body, json* usage = nullptr, std::string* finish = nullptr) {
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    const Response r = http(port(), "POST", path, body.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.headers.at("content-type"), "text/event-stream");
+    const auto events = sse_payloads(r.body);
+    EXPECT_FALSE(events.empty());
+    if (events.empty()) return "";
+    EXPECT_EQ(events.back(), "[DONE]");
+    std::string text;
+    for (const std::string& e : events) {
+      if (e == "[DONE]") continue;
+      const json chunk = json::parse(e);
+      if (chunk["choices"].empty()) {
+        if (usage) *usage = chunk["usage"];
+        continue;
+      }
+      const json& c = chunk["choices"][0];
+      if (c.contains("delta") && c["delta"].contains("content")) text += c["delta"]["content"].get<std::string>();
+      if (c.contains("text")) text += c["text"].get<std::string>();
+      if (finish && !c["finish_reason"].is_null()) *finish = c["finish_reason"];
+    }
+    return text;
+  }
+  static ServerProcess* server_;
+};
+
+ServerProcess* E2E::server_ = nullptr;
+
+TEST_F(E2E, HealthModelsVersionMetrics) {
+  EXPECT_EQ(http(port(), "GET", "/health").status, 200);
+  const json models = json::parse(http(port(), "GET", "/v1/models").body);
+  EXPECT_EQ(models["data"][0]["id"], "tiny");
+  EXPECT_EQ(models["data"][0]["max_model_len"], 512);
+  EXPECT_EQ(json::parse(http(port(), "GET", "/version").body)["version"], "0.1.0");
+  const Response m = http(port(), "GET", "/metrics");
+  EXPECT_EQ(glms::test::validate_prometheus(m.body), "") << m.body;
+}
+
+TEST_F(E2E, StreamingEqualsNonStreaming) {
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "def fibonacci(n):"}}}},
+                     {"temperature", 0}, {"max_tokens", 12}};
+  const json full = post("/v1/chat/completions", chat);
+  json usage;
+  std::string finish;
+  EXPECT_EQ(stream_text("/v1/chat/completions", chat, &usage, &finish), full["choices"][0]["message"]["content"]);
+  EXPECT_EQ(finish, full["choices"][0]["finish_reason"]);
+  EXPECT_EQ(usage["completion_tokens"], full["usage"]["completion_tokens"]);
+  EXPECT_EQ(usage["prompt_tokens"], full["usage"]["prompt_tokens"]);
+
+  const json completion = {{"prompt", "import os\nimport sys\n"}, {"temperature", 0}, {"max_tokens", 12}};
+  const json cfull = post("/v1/completions", completion);
+  EXPECT_EQ(cfull["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(cfull["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(stream_text("/v1/completions", completion), cfull["choices"][0]["text"]);
+}
+
+TEST_F(E2E, ConcurrentGreedyMatchesSequential) {
+  const std::vector<std::string> prompts = {"def main():\n", "class Stack:\n", "import numpy as np\n",
+                                            "for i in range(10):\n"};
+  auto body = [&](size_t i) {
+    return json{{"prompt", prompts[i % prompts.size()]}, {"temperature", 0}, {"max_tokens", 6}, {"ignore_eos", true}};
+  };
+  std::vector<std::string> expected;
+  for (size_t i = 0; i < prompts.size(); ++i) expected.push_back(post("/v1/completions", body(i))["choices"][0]["text"]);
+  constexpr int kClients = 64;
+  std::vector<std::string> got(kClients);
+  std::vector<int> status(kClients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i)
+    threads.emplace_back([&, i] {
+      const Response r = http(port(), "POST", "/v1/completions", body(i).dump());
+      status[i] = r.status;
+      if (r.status == 200) got[i] = json::parse(r.body)["choices"][0]["text"];
+    });
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kClients; ++i) {
+    EXPECT_EQ(status[i], 200) << i;
+    EXPECT_EQ(got[i], expected[i % prompts.size()]) << "client " << i;
+  }
+}
+
+TEST_F(E2E, SharedPrefixIsCached) {
+  std::string prefix = "# A long shared system prompt for the prefix cache test.\n";
+  for (int i = 0; i < 12; ++i) prefix += "def helper_" + std::to_string(i) + "(x):\n    return x * " + std::to_string(i) + "\n";
+  const json first = post("/v1/completions", {{"prompt", prefix + "print(1)"}, {"max_tokens", 2}, {"temperature", 0}});
+  const json second = post("/v1/completions", {{"prompt", prefix + "print(2)"}, {"max_tokens", 2}, {"temperature", 0}});
+  EXPECT_GT(second["usage"]["prompt_tokens"].get<int>(), 64);
+  EXPECT_GT(second["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0) << second.dump();
+  EXPECT_GT(metric(http(port(), "GET", "/metrics").body, "glmserve:prefix_cache_hits_total"), 0);
+}
+
+TEST_F(E2E, DisconnectMidStreamFreesBlocks) {
+  const json body = {{"prompt", "while True:\n"}, {"max_tokens", 400}, {"ignore_eos", true}, {"stream", true}};
+  const int fd = connect_to(port());
+  ASSERT_GE(fd, 0);
+  send_all(fd, request_text("POST", "/v1/completions", body.dump(), {}));
+  std::string seen;
+  char buf[4096];
+  while (seen.find("data: ", seen.find("data: ") + 1) == std::string::npos) {
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    seen.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_NE(seen.find("200 OK"), std::string::npos) << seen;
+  close(fd);
+  // The engine must see the cancel: nothing running and the KV pool back to idle, well before
+  // 400 tokens could have been generated.
+  double running = -1, usage = -1;
+  for (int i = 0; i < 200; ++i) {
+    const std::string m = http(port(), "GET", "/metrics").body;
+    running = metric(m, "glmserve:num_requests_running");
+    usage = metric(m, "glmserve:kv_cache_usage_perc");
+    if (running == 0 && usage == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  EXPECT_EQ(running, 0);
+  EXPECT_EQ(usage, 0);
+  const std::string m = http(port(), "GET", "/metrics").body;
+  EXPECT_NE(m.find("finished_reason=\"abort\"} "), std::string::npos);
+  EXPECT_EQ(m.find("finished_reason=\"abort\"} 0\n"), std::string::npos) << "no abort was counted";
+}
+
+TEST_F(E2E, BadInputsGetTheirStatusAndServerStaysUp) {
+  const std::string chat_ok = R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})";
+  std::string deep = "{\"prompt\": \"x\", \"a\": ";
+  for (int i = 0; i < 100; ++i) deep += "[";
+  for (int i = 0; i < 100; ++i) deep += "]";
+  deep += "}";
+  const std::vector<std::tuple<std::string, std::string, int>> cases = {
+      {"/v1/chat/completions", "{not json", 400},
+      {"/v1/chat/completions", "[]", 400},
+      {"/v1/chat/completions", R"({"messages": "hi"})", 400},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "temperature": "x"})", 400},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "n": 0})", 400},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "model": "nope"})", 404},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000})", 400},
+      {"/v1/completions", "{\"prompt\": \"\xff\xfe\"}", 400},
+      {"/v1/completions", deep, 400},
+      {"/v1/completions", R"({"prompt": [1, 2, 999999]})", 400},
+      {"/v1/completions", R"({"prompt": ""})", 400},
+      {"/v1/completions", std::string("{\"prompt\": \"") + std::string(9 << 20, 'a') + "\"}", 413},
+      {"/v1/unknown", "{}", 404},
+  };
+  for (const auto& [path, body, status] : cases) {
+    const Response r = http(port(), "POST", path, body);
+    EXPECT_EQ(r.status, status) << path << " " << body.substr(0, 80) << " -> " << r.body;
+    const json err = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(err.is_object() && err.contains("error")) << r.body;
+    EXPECT_TRUE(err["error"]["message"].is_string());
+    EXPECT_EQ(err["error"]["code"], status);
+  }
+  // Garbage on the wire.
+  const int fd = connect_to(port());
+  send_all(fd, "NOT HTTP AT ALL\r\n\r\n");
+  char buf[256];
+  (void)!recv(fd, buf, sizeof buf, 0);
+  close(fd);
+  EXPECT_EQ(http(port(), "GET", "/health").status, 200);
+  EXPECT_EQ(http(port(), "POST", "/v1/chat/completions", chat_ok).status, 200);
+}
+
+TEST_F(E2E, ToolsAreAcceptedAndRendered) {
+  const json req = {{"messages", {{{"role", "user"}, {"content", "weather in Paris?"}}}},
+                    {"max_tokens", 4},
+                    {"tools", {{{"type", "function"},
+                                {"function", {{"name", "get_weather"},
+                                              {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}}}},
+                    {"tool_choice", "auto"}};
+  const json with_tools = post("/v1/chat/completions", req);
+  json plain = req;
+  plain.erase("tools");
+  plain.erase("tool_choice");
+  const json without = post("/v1/chat/completions", plain);
+  // The tool schema is rendered into the prompt by the chat template.
+  EXPECT_GT(with_tools["usage"]["prompt_tokens"].get<int>(), without["usage"]["prompt_tokens"].get<int>() + 10);
+  EXPECT_TRUE(with_tools["choices"][0]["message"]["tool_calls"].is_array());
+}
+
+TEST(E2EShutdown, SigtermDrainsInFlightRequests) {
+  ServerProcess server(kBinary, server_args());
+  std::atomic<int> status{0};
+  std::string text;
+  std::thread client([&] {
+    const Response r = http(server.port(), "POST", "/v1/completions",
+                            json{{"prompt", "def f():\n"}, {"max_tokens", 40}, {"ignore_eos", true}}.dump());
+    status = r.status;
+    if (r.status == 200) text = json::parse(r.body)["usage"].dump();
+  });
+  // Wait until the request is running, then ask the server to stop.
+  for (int i = 0; i < 200; ++i) {
+    if (metric(http(server.port(), "GET", "/metrics").body, "glmserve:num_requests_running") > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(server.stop(SIGTERM, 60.0), 0);
+  client.join();
+  EXPECT_EQ(status.load(), 200);
+  EXPECT_NE(text.find("\"completion_tokens\":40"), std::string::npos) << text;
+}
