@@ -88,7 +88,7 @@ json parse_body(std::string_view body, int max_depth) {
   json doc;
   try {
     doc = json::parse(body.begin(), body.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e999
     bad_request(std::string("request body is not valid JSON: ") + e.what());
   }
   if (!doc.is_object()) bad_request(std::string("request body must be a JSON object, got ") + type_name(doc));
@@ -213,7 +213,7 @@ json normalise_tool_calls(const json& calls, const std::string& where) {
         // Templates iterate the arguments as a mapping (vLLM parses them the same way).
         try {
           args = json::parse(a->get<std::string>());
-        } catch (const json::parse_error&) {
+        } catch (const json::exception&) {
           bad_request(at + ".function.arguments is not valid JSON", at + ".function.arguments");
         }
         if (!args.is_object()) bad_request(at + ".function.arguments must encode a JSON object", at + ".function.arguments");

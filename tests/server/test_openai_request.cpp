@@ -242,3 +242,12 @@ TEST(ErrorBody, OpenAiShape) {
   EXPECT_TRUE(no_param["error"]["param"].is_null());
   EXPECT_EQ(no_param["error"]["type"], "RateLimitError");
 }
+
+TEST(BodyText, NumberOverflowIsABadRequest) {
+  // nlohmann throws out_of_range (not parse_error) for numbers beyond double: found by the fuzzer.
+  EXPECT_EQ(error_of([] { parse_chat_request("6666e666"); }).status, 400);
+  EXPECT_EQ(error_of([] { parse_completion_request(R"({"prompt": "a", "temperature": 1e999})"); }).status, 400);
+  const std::string args = R"({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f",
+      "arguments": "{\"x\": 1e999}"}}]}]})";
+  EXPECT_EQ(error_of([&] { parse_chat_request(args); }).param, "messages[0].tool_calls[0].function.arguments");
+}
