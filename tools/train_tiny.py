@@ -19,6 +19,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import site
 import sys
@@ -112,41 +113,85 @@ def log(*a):
 
 
 # ----------------------------------------------------------------------------- data
-def collect_files(max_bytes, seed=0):
+SKIP_DIRS = {"_vendor", "vendor", "vendored", "_vendored", "extern", "_extern", "third_party", "thirdparty",
+             "_bundled", "node_modules", "__pycache__", "site-packages", "dist-packages", ".git"}
+SKIP_NAME = re.compile(r"_pb2(_grpc)?\.py$|generated|_gen\.py$|autogen|_ops_gen|_tables?\.py$|unicodedata", re.I)
+GEN_HEAD = re.compile(r"generated (by|from|with|using)|do not edit|auto-?generated|@generated|"
+                      r"this file was generated|automatically generated", re.I)
+
+
+def source_roots():
+    """site-packages / dist-packages on sys.path (+ site's own list) and the stdlib folder."""
     roots = set()
     for p in site.getsitepackages() + [site.getusersitepackages()] + sys.path:
         if p and os.path.isdir(p) and ("site-packages" in p or "dist-packages" in p):
             roots.add(os.path.realpath(p))
+    stdlib = os.path.realpath(os.path.dirname(os.__file__))
+    return sorted(roots), stdlib
+
+
+def list_py(root):
+    out = []
+    for dp, dn, fn in os.walk(root):
+        dn[:] = [d for d in dn if d not in SKIP_DIRS]  # vendored trees; site-packages nested in the stdlib
+        for f in fn:
+            if f.endswith(".py") and not SKIP_NAME.search(f):
+                out.append(os.path.join(dp, f))
+    return out
+
+
+def read_ok(p, min_bytes=500, max_bytes_file=200_000):
+    """Returns the text of a usable source file, or None (why: size, undecodable, data-like, generated)."""
+    try:
+        sz = os.path.getsize(p)
+        if sz < min_bytes or sz > max_bytes_file:
+            return None
+        with open(p, "rb") as f:
+            raw = f.read()
+        txt = raw.decode("utf-8")
+    except Exception:
+        return None
+    if "\x00" in txt:
+        return None
+    lines = txt.split("\n")
+    if len(txt) / len(lines) > 120 or max(map(len, lines)) > 1000:  # minified / data-like
+        return None
+    if GEN_HEAD.search(txt[:3000]):
+        return None
+    head = txt[:20000]
+    if sum(map(head.count, "0123456789")) > 0.25 * len(head):  # numeric tables
+        return None
+    return txt
+
+
+def collect_files(max_bytes, seed=0, threads=32):
+    """All usable .py files of site-packages + stdlib, deduplicated by content, shuffled, split by
+    file: sha1(content) % 50 == 0 -> held out."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    roots, stdlib = source_roots()
     paths = []
-    for r in sorted(roots):
-        for dp, dn, fn in os.walk(r):
-            for f in fn:
-                if f.endswith(".py") and "_pb2" not in f and "generated" not in f.lower():
-                    paths.append(os.path.join(dp, f))
+    for r in roots + [stdlib]:
+        paths += list_py(r)
     paths = sorted(set(paths))
     random.Random(seed).shuffle(paths)
     seen, train, held, total = set(), [], [], 0
-    for p in paths:
-        try:
-            sz = os.path.getsize(p)
-            if sz < 1000 or sz > 300_000:
+    n_dup = n_rej = 0
+    with ThreadPoolExecutor(threads) as ex:
+        for p, txt in zip(paths, ex.map(read_ok, paths, chunksize=64)):
+            if txt is None:
+                n_rej += 1
                 continue
-            with open(p, encoding="utf-8") as f:
-                txt = f.read()
-        except Exception:
-            continue
-        lines = txt.count("\n") + 1
-        if len(txt) / lines > 120:  # minified / data-like
-            continue
-        h = hashlib.sha1(txt.encode()).hexdigest()
-        if h in seen:
-            continue
-        seen.add(h)
-        (held if int(h, 16) % 50 == 0 else train).append((p, txt))
-        total += len(txt)
-        if total >= max_bytes:
-            break
-    return train, held, sorted(roots)
+            h = hashlib.sha1(txt.encode()).hexdigest()
+            if h in seen:
+                n_dup += 1
+                continue
+            seen.add(h)
+            (held if int(h, 16) % 50 == 0 else train).append((p, txt))
+            total += len(txt)
+            if total >= max_bytes:
+                break
+    return train, held, roots + [stdlib], dict(listed=len(paths), rejected=n_rej, duplicates=n_dup)
 
 
 def train_tokenizer(texts, sample_bytes):
@@ -171,13 +216,15 @@ def train_tokenizer(texts, sample_bytes):
     return tok
 
 
-def encode_stream(tok, texts, eos):
-    out = []
-    for i in range(0, len(texts), 2000):
-        for e in tok.encode_batch(texts[i:i + 2000], add_special_tokens=False):
-            out.extend(e.ids)
-            out.append(eos)
-    return np.array(out, dtype=np.int32)
+def encode_stream(tok, texts, eos, chunk=4096):
+    """Concatenated ids of all texts, each followed by eos (encode_batch runs on all cores)."""
+    parts = []
+    eos_a = np.array([eos], dtype=np.int32)
+    for i in range(0, len(texts), chunk):
+        for e in tok.encode_batch(texts[i:i + chunk], add_special_tokens=False):
+            parts.append(np.asarray(e.ids, dtype=np.int32))
+            parts.append(eos_a)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
 
 
 # ----------------------------------------------------------------------------- model
@@ -340,24 +387,101 @@ def export(model, tok, out, cfg):
     return eos
 
 
+SAMPLE_PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\n\ndef main():\n", "class Stack:\n"]
+
+
+def post_training(model, tok, cfg, args, out, held_f, train_f, held_s, train_s, quick=False):
+    """Evaluation, export, samples + MTP acceptance on the exported (bf16) weights, golden. quick=True
+    is the preflight: the same code on tiny sizes, to fail within seconds of the start, not minutes."""
+    res = {}
+    t = time.time()
+    nseq = 16 if (quick or args.smoke) else 96
+    hl, hd = evaluate(model, held_s, args.seq, nseq)
+    tl, td = evaluate(model, train_s, args.seq, nseq)
+    res.update(heldout_loss=hl, heldout_mtp_loss=hd, train_eval_loss=tl, train_eval_mtp_loss=td)
+    log(f"held-out loss {hl:.4f} (mtp {hd:.4f}); train loss (eval) {tl:.4f} (mtp {td:.4f})")
+    with torch.no_grad():  # dense-attention loss for comparison (is the sparse selection hurting?)
+        x = torch.stack([torch.from_numpy(held_s[s:s + args.seq + 2].astype(np.int64))
+                         for s in np.linspace(0, len(held_s) - args.seq - 3, 16).astype(int)]).cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            dl = losses(model, x, False, False)[0].item()
+            sl = losses(model, x, True, False)[0].item()
+    res.update(heldout_sparse_16=sl, heldout_dense_16=dl)
+    log(f"held-out 16 seqs: sparse {sl:.4f} vs dense attention {dl:.4f}")
+
+    eos_ids = export(model, tok, out, cfg)
+    res["eos"] = eos_ids
+    log(f"exported to {out}; eos {eos_ids}")
+    # samples and MTP acceptance from the exported bf16 checkpoint, run in fp32 (what the engine loads)
+    m2 = G.load_checkpoint(out, device="cuda", with_mtp=1).eval()
+    assert not m2.load_report["missing"] and not m2.load_report["unexpected"], m2.load_report
+    set_dense_compute(m2, True)  # all experts batched, unrouted weights 0: same numbers, no per-expert syncs
+    eos = eos_ids[0]
+
+    def complete(text, n):
+        ids = tok.encode(text, add_special_tokens=False).ids
+        outi = greedy(m2, ids, n, eos)
+        return tok.decode(outi[len(ids):], skip_special_tokens=False)
+
+    res["samples"] = {}
+    for ptxt in SAMPLE_PROMPTS:
+        c = complete(ptxt, 4 if quick else 100)
+        res["samples"][ptxt] = c
+        log(f"SAMPLE {ptxt!r}:\n{ptxt}{c}\n<<<END>>>")
+    held_text = held_f[0][1] if held_f else train_f[0][1]
+    snippet = held_text[:400]
+    c = complete(snippet, 4 if quick else 80)
+    log(f"SAMPLE held-out ({held_f[0][0] if held_f else '?'}):\n{snippet}<<<COMPLETION>>>{c}\n<<<END>>>")
+    prompts = []
+    for i in range(1 if quick else (4 if args.smoke else 12)):
+        s = int(len(held_s) * (i + 0.5) / 12)
+        prompts.append(held_s[s:s + 128].tolist())
+    acc, alen = mtp_acceptance(m2, prompts, 2 if quick else (8 if args.smoke else 48))
+    res.update(mtp_acceptance=acc, mtp_mean_accepted_of_3=alen)
+    log(f"MTP acceptance (greedy, exported weights, P(first k drafts accepted)) k=1..3: {acc}; "
+        f"mean accepted of 3 drafts {alen:.3f}")
+    del m2
+    torch.cuda.empty_cache()
+    log(f"post-training stages: {time.time() - t:.0f}s")
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/glm5-tiny-code")
-    ap.add_argument("--minutes", type=float, default=5.0)
+    ap.add_argument("--minutes", type=float, default=6.5, help="training time (upper bound)")
+    ap.add_argument("--deadline", type=float, default=0,
+                    help="if > 0: seconds from start by which everything must be done; training shrinks to fit")
+    ap.add_argument("--reserve", type=float, default=110, help="seconds kept for the stages after training")
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--bs", type=int, default=32)
+    ap.add_argument("--no-preflight", action="store_true")
+    ap.add_argument("--preflight-step", type=int, default=20)
+    ap.add_argument("--bs", type=int, default=48)
     ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--max-bytes", type=int, default=60_000_000)
+    ap.add_argument("--lr", type=float, default=2.5e-3)
+    ap.add_argument("--warmup", type=int, default=150)
+    ap.add_argument("--max-bytes", type=int, default=2_000_000_000)
+    ap.add_argument("--golden-only", action="store_true",
+                    help="only remake OUT/golden.safetensors from the exported model in OUT (same data split)")
     args = ap.parse_args()
     t_start = time.time()
+    if args.golden_only:
+        from tokenizers import Tokenizer
+        import tiny_golden
+        tok = Tokenizer.from_file(os.path.join(args.out, "tokenizer.json"))
+        train_f, held_f, roots, cst = collect_files(args.max_bytes)
+        eos = [tok.token_to_id(s) for s in ("<|endoftext|>", "<|user|>", "<|observation|>")]
+        held_s = encode_stream(tok, [t for _, t in held_f], eos[0])
+        tiny_golden.make(args.out, tok, held_f, held_s, eos, log)
+        return
     torch.manual_seed(0)
     if args.smoke:
         args.max_bytes, args.minutes = 3_000_000, 0.25
-    train_f, held_f, roots = collect_files(args.max_bytes)
+    train_f, held_f, roots, cst = collect_files(args.max_bytes)
     tb = sum(len(t) for _, t in train_f)
     hb = sum(len(t) for _, t in held_f)
-    log(f"data: {len(train_f)} train files ({tb / 1e6:.1f} MB), {len(held_f)} held-out ({hb / 1e6:.2f} MB) from {roots}")
+    log(f"data: {len(train_f)} train files ({tb / 1e6:.1f} MB), {len(held_f)} held-out ({hb / 1e6:.2f} MB) "
+        f"from {roots}; {cst}")
     tok = train_tokenizer([t for _, t in train_f], 25_000_000 if not args.smoke else 2_000_000)
     eos = tok.token_to_id("<|endoftext|>")
     log(f"tokenizer trained: vocab {tok.get_vocab_size()}")
@@ -383,14 +507,18 @@ def main():
     gen = torch.Generator().manual_seed(1)
     it = batches(train_s, args.bs, args.seq, gen)
     budget = args.minutes * 60
+    if args.deadline > 0:
+        budget = min(budget, args.deadline - (time.time() - t_start) - args.reserve)
+    log(f"training budget {budget:.0f}s (bs {args.bs} x {args.seq}, lr {args.lr}, warm-up {args.warmup})")
     t0 = time.time()
     step, ema, tokens, hist = 0, None, 0, []
     dense_frac = 0.15
+    preflight = not args.no_preflight
     while True:
         frac = (time.time() - t0) / budget
         if frac >= 1.0:
             break
-        lr = args.lr * min(1.0, (step + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+        lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
         for gp in opt.param_groups:
             gp["lr"] = lr
         sparse = frac >= dense_frac
@@ -412,57 +540,44 @@ def main():
             el = time.time() - t0
             log(f"step {step} frac {frac:.2f} {'sparse' if sparse else 'dense'} lr {lr:.2e} loss {lm.item():.3f} "
                 f"mtp {ld.item():.3f} idxKL {li.item():.3f} tok/s {tokens / el:.0f}")
+        if preflight and step == args.preflight_step:
+            # run every later stage once on tiny sizes now; its time is not taken from training
+            tp = time.time()
+            log("preflight: post-training stages + golden on tiny sizes")
+            post_training(model, tok, cfg, args, "/tmp/preflight-model", held_f, train_f, held_s, train_s, quick=True)
+            import tiny_golden
+            tiny_golden.make("/tmp/preflight-model", tok, held_f, held_s, [eos], log, n_cand=2)
+            set_dense_compute(model, True)
+            model.train()
+            preflight = False
+            dt = time.time() - tp
+            t0 += dt
+            if args.deadline > 0:
+                budget = min(budget, args.deadline - (time.time() - t_start) - args.reserve + (time.time() - t0))
+            log(f"preflight passed in {dt:.1f}s; training budget {budget:.0f}s")
     train_time = time.time() - t0
     log(f"trained {step} steps, {tokens} tokens, {train_time:.0f}s; ema losses main/mtp/idx {ema}")
     set_dense_compute(model, False)
     model.eval()
-    nseq = 16 if args.smoke else 96
-    hl, hd = evaluate(model, held_s, args.seq, nseq)
-    tl, td = evaluate(model, train_s, args.seq, nseq)
-    log(f"held-out loss {hl:.4f} (mtp {hd:.4f}); train loss (eval) {tl:.4f} (mtp {td:.4f})")
-    # dense-attention loss for comparison (is sparse selection hurting?)
-    with torch.no_grad():
-        x = torch.stack([torch.from_numpy(held_s[s:s + args.seq + 2].astype(np.int64))
-                         for s in np.linspace(0, len(held_s) - args.seq - 3, 16).astype(int)]).cuda()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            dl = losses(model, x, False, False)[0].item()
-            sl = losses(model, x, True, False)[0].item()
-    log(f"held-out 16 seqs: sparse {sl:.4f} vs dense attention {dl:.4f}")
-
-    # samples
-    def complete(text, n=80):
-        ids = tok.encode(text, add_special_tokens=False).ids
-        outi = greedy(model, ids, n, eos)
-        return tok.decode(outi[len(ids):], skip_special_tokens=False)
-
-    log("SAMPLE def fibonacci(n):\n" + "def fibonacci(n):" + complete("def fibonacci(n):"))
-    held_text = held_f[0][1] if held_f else train_f[0][1]
-    snippet = held_text[:400]
-    log(f"SAMPLE held-out ({held_f[0][0] if held_f else '?'}):\n{snippet}<<<COMPLETION>>>{complete(snippet)}")
-
-    # MTP acceptance
-    prompts = []
-    for i in range(4 if args.smoke else 12):
-        s = int(len(held_s) * (i + 0.5) / 12)
-        prompts.append(held_s[s:s + 128].tolist())
-    acc, alen = mtp_acceptance(model, prompts, 8 if args.smoke else 48)
-    log(f"MTP acceptance (greedy, P(first k drafts accepted)) k=1..3: {acc}; mean accepted of 3 drafts {alen:.3f}")
-
-    eos_ids = export(model, tok, args.out, cfg)
-    log(f"exported to {args.out}; eos {eos_ids}")
     stats = dict(params=n_params, embeddings=n_emb, steps=step, tokens_seen=tokens, train_seconds=round(train_time),
-                 train_loss_ema=ema[0], mtp_train_loss_ema=ema[1], idx_kl_ema=ema[2], heldout_loss=hl,
-                 heldout_mtp_loss=hd, train_eval_loss=tl, heldout_sparse_16=sl, heldout_dense_16=dl,
-                 mtp_acceptance=acc, mtp_mean_accepted_of_3=alen, train_files=len(train_f),
+                 train_loss_ema=ema[0], mtp_train_loss_ema=ema[1], idx_kl_ema=ema[2], train_files=len(train_f),
                  heldout_files=len(held_f), train_tokens=int(len(train_s)), heldout_tokens=int(len(held_s)),
-                 train_mb=tb / 1e6, bs=args.bs, seq=args.seq, lr=args.lr, minutes=args.minutes,
-                 loss_history=hist, roots=roots)
+                 train_mb=tb / 1e6, heldout_mb=hb / 1e6, collect=cst, bs=args.bs, seq=args.seq, lr=args.lr,
+                 warmup=args.warmup, minutes=round(train_time / 60, 2), loss_history=hist, roots=roots)
+    res = post_training(model, tok, cfg, args, args.out, held_f, train_f, held_s, train_s)
+    stats.update(res)
     with open(os.path.join(args.out, "train_stats.json"), "w") as f:
         json.dump(stats, f, indent=1)
 
     # golden from HF + glm5_torch MTP
     import tiny_golden
-    tiny_golden.make(args.out, tok, held_f, held_s, eos_ids, log)
+    try:
+        stats["golden"] = tiny_golden.make(args.out, tok, held_f, held_s, res["eos"], log)
+    except Exception:  # keep the trained model; the golden can be remade with --golden-only
+        import traceback
+        log("GOLDEN FAILED:\n" + traceback.format_exc())
+    with open(os.path.join(args.out, "train_stats.json"), "w") as f:
+        json.dump(stats, f, indent=1)
     log(f"total wall {time.time() - t_start:.0f}s")
 
 
