@@ -9,6 +9,9 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -76,6 +79,12 @@ class ConnResponder final : public Responder, public std::enable_shared_from_thi
   std::deque<Item> take() {
     std::lock_guard lock(mu_);
     return std::exchange(items_, {});
+  }
+  // Items queued since the last take(). A wake() posted while the writer was busy writing (not
+  // waiting on the signal) cancels nothing, so the writer checks this before it waits.
+  bool has_items() {
+    std::lock_guard lock(mu_);
+    return !items_.empty();
   }
   net::steady_timer& signal() { return signal_; }
 
@@ -213,13 +222,14 @@ struct HttpServer::Impl {
 
       // Watch for the client going away while the answer is produced.
       auto watching = std::make_shared<bool>(true);
+      // The peek must never block: it runs on the connection's strand, and a blocking receive
+      // after a spurious readiness would stall the response writer behind it forever.
       stream.socket().async_wait(tcp::socket::wait_read, [&sock = stream.socket(), responder, watching](beast::error_code wec) {
         if (!*watching || wec == net::error::operation_aborted) return;
         char byte;
-        beast::error_code rec;
-        const size_t n = sock.receive(net::buffer(&byte, 1), tcp::socket::message_peek, rec);
-        if (rec == net::error::would_block) return;
-        if (rec || n == 0) responder->disconnect();
+        const ssize_t n = ::recv(sock.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+        if (n <= 0) responder->disconnect();  // orderly close (0) or a socket error
       });
 
       bool done = false, ok = true, streaming = false;
@@ -264,6 +274,7 @@ struct HttpServer::Impl {
           ok = false;
           break;
         }
+        if (responder->has_items()) continue;  // runs on the strand: no wake can slip in before the wait
         beast::error_code wait_ec;
         responder->signal().expires_at(net::steady_timer::time_point::max());
         co_await responder->signal().async_wait(net::redirect_error(net::use_awaitable, wait_ec));
