@@ -33,6 +33,18 @@ class Glm5Model {
   std::vector<float> forward(const ForwardBatch& batch, kv::PagedLatentCache& cache,
                              ForwardTrace* trace = nullptr) const;
 
+  int num_mtp_layers() const { return static_cast<int>(weights_.mtp.size()); }
+  // The one-layer cache an MTP draft layer attends over.
+  kv::CacheLayout mtp_cache_layout(int block_size) const;
+  // MTP draft layer `depth`: for each batch token (token_ids[t] = the token after position t,
+  // positions as the main model's), x = eh_proj(cat(enorm(embed(token)), hnorm(h_prev[t]))),
+  // then its decoder block over `mtp_cache`, shared_head.norm and shared_head.head. h_prev:
+  // [num_tokens, hidden], the main model's (or previous draft's) hidden before the final norm.
+  // Returns logits [batch.logits_tokens.size(), vocab] (drafts for position t + 2); `h_out`
+  // receives the block's output [num_tokens, hidden] for chaining.
+  std::vector<float> mtp_forward(int depth, const ForwardBatch& batch, const float* h_prev,
+                                 kv::PagedLatentCache& mtp_cache, std::vector<float>* h_out = nullptr) const;
+
  private:
   ModelWeights weights_;
   ops::RopeTable rope_;

@@ -28,6 +28,14 @@ double relative_l2(const float* a, const float* b, size_t n) {
 
 std::vector<int32_t> to_i32(const std::vector<int64_t>& values) { return {values.begin(), values.end()}; }
 
+// "tests/golden/glm5-random" -> "glm5_random" (test names allow only [A-Za-z0-9_]).
+std::string fixture_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string name = std::filesystem::path(info.param).filename().string();
+  for (char& ch : name)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return name;
+}
+
 class Golden : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -153,9 +161,47 @@ TEST_P(Golden, BatchedPromptsMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, Golden,
                          ::testing::Values("tests/golden/glm5-random", "tests/golden/glm52-random",
                                            "models/glm5-tiny-code"),
-                         [](const auto& info) {
-                           std::string name = std::filesystem::path(info.param).filename().string();
-                           for (char& ch : name)
-                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return name;
-                         });
+                         fixture_name);
+
+// The MTP draft layer against tools/glm5_torch.py (transformers has no MTP): for each prompt
+// position t, MTP(h_prenorm[t], token t+1) gives the draft logits for position t + 2.
+class GoldenMtp : public Golden {};
+
+TEST_P(GoldenMtp, DraftLogitsMatchTheTorchReference) {
+  ASSERT_TRUE(golden_->contains("mtp_draft_logits")) << "fixture without an MTP reference";
+  ASSERT_EQ(model_->num_mtp_layers(), 1);
+  const auto prompt = ids("prompt_ids");
+  const auto next_ids = ids("mtp_next_ids");
+  ASSERT_EQ(next_ids.size(), prompt.size());
+  const int vocab = model_->config().vocab_size, block_size = 16;
+  const int num_blocks = static_cast<int>(prompt.size()) / block_size + 1;
+  std::vector<int32_t> table(num_blocks);
+  for (int b = 0; b < num_blocks; ++b) table[b] = b;
+
+  kv::PagedLatentCache cache(model_->cache_layout(block_size), num_blocks);
+  model::ForwardBatch main_batch;
+  main_batch.add_sequence(prompt, 0, table, block_size, false);
+  model::ForwardTrace trace;
+  model_->forward(main_batch, cache, &trace);
+
+  kv::PagedLatentCache mtp_cache(model_->mtp_cache_layout(block_size), num_blocks);
+  model::ForwardBatch draft_batch;
+  draft_batch.add_sequence(next_ids, 0, table, block_size, true);
+  const auto logits = model_->mtp_forward(0, draft_batch, trace.last_hidden.data(), mtp_cache);
+
+  std::vector<int32_t> rows;
+  if (golden_->contains("mtp_draft_rows")) rows = ids("mtp_draft_rows");
+  else for (int p = 0; p < static_cast<int>(prompt.size()); ++p) rows.push_back(p);
+  const auto expected = f32("mtp_draft_logits");
+  ASSERT_EQ(expected.size(), rows.size() * vocab);
+  double worst = 0.0;
+  for (size_t r = 0; r < rows.size(); ++r)
+    worst = std::max(worst, relative_l2(logits.data() + static_cast<size_t>(rows[r]) * vocab,
+                                        expected.data() + r * vocab, vocab));
+  std::printf("[ golden   ] %s: MTP draft logits worst row relative L2 %.3g over %zu rows\n", GetParam().c_str(),
+              worst, rows.size());
+  EXPECT_LT(worst, 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenMtp, ::testing::Values("tests/golden/glm52-random", "models/glm5-tiny-code"),
+                         fixture_name);
