@@ -14,5 +14,6 @@ void add_tokenize_command(CLI::App& app);
 void add_inspect_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
 
 }  // namespace glms::cli

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   glms::cli::add_inspect_command(app);
   glms::cli::add_plan_command(app);
   glms::cli::add_serve_command(app);
+  glms::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,139 @@
+// glmserve bench: load-test any OpenAI-compatible server (glmserve, vLLM, SGLang) the way the
+// write-ups measure: open-loop request-rate sweeps and closed-loop concurrency sweeps, exact
+// prompt lengths through the model's tokenizer, TTFT/TPOT/ITL/E2E percentiles, goodput, cost,
+// and tables + JSON + CSV + SVG. A --preset fills in a write-up's run; any explicit flag
+// overrides the preset's value (giving --request-rate or --max-concurrency replaces both of the
+// preset's level lists). See docs/benchmarks.md.
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "bench/bench.h"
+#include "bench/workload.h"
+#include "cli/commands.h"
+#include "core/error.h"
+
+namespace glms::cli {
+
+namespace {
+
+struct BenchArgs {
+  bench::BenchConfig cfg;
+  std::string preset;
+  int input_len = 1024, output_len = 128;
+  double prefix_hit = 0;
+  std::string request_rates, concurrencies, slo;
+  int num_prompts = 0, warmup = -1;
+  double retry_backoff = 0.5;
+  bool no_metrics = false, no_progress = false;
+};
+
+std::string preset_names() {
+  std::string s;
+  for (const auto& p : bench::presets()) s += (s.empty() ? "" : ", ") + p.name + " (" + p.description + ")";
+  return s;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto a = std::make_shared<BenchArgs>();
+  bench::BenchConfig& c = a->cfg;
+  CLI::App* cmd = app.add_subcommand("bench", "Benchmark an OpenAI-compatible server (throughput, latency, cost)");
+  cmd->add_option("--base-url", c.base_url, "Server address, http://host:port[/prefix]")->capture_default_str();
+  cmd->add_option("--model", c.model, "Model name sent in requests (as the server lists it)")->required();
+  cmd->add_option("--tokenizer", c.tokenizer, "The served model's tokenizer.json or its folder")->required();
+  cmd->add_option("--endpoint", c.endpoint, "/v1/completions or /v1/chat/completions")->capture_default_str();
+  cmd->add_option("--api-key", c.api_key, "Sent as Authorization: Bearer KEY");
+  CLI::Option* preset =
+      cmd->add_option("--preset", a->preset, "A write-up's run: " + preset_names() + "; flags override its values");
+  CLI::Option* in = cmd->add_option("--input-len", a->input_len, "Prompt tokens (default 1024)")->check(CLI::PositiveNumber);
+  CLI::Option* out = cmd->add_option("--output-len", a->output_len, "Output tokens, sent as max_tokens with ignore_eos (default 128)")
+                         ->check(CLI::PositiveNumber);
+  cmd->add_option("--range-ratio", c.workload.range_ratio, "Lengths uniform in [len*(1-r), len*(1+r)]")
+      ->check(CLI::Range(0.0, 0.999));
+  CLI::Option* hit = cmd->add_option("--prefix-hit", a->prefix_hit,
+                                     "Target prefix-cache hit ratio: prompts share one of --num-prefixes prefixes of "
+                                     "hit*input-len tokens")
+                         ->check(CLI::Range(0.0, 0.999));
+  cmd->add_option("--num-prefixes", c.workload.num_prefixes, "Distinct shared prefixes (default 4)")
+      ->check(CLI::PositiveNumber);
+  CLI::Option* rates = cmd->add_option("--request-rate", a->request_rates,
+                                       "Open-loop levels, req/s, comma separated (e.g. 0.5,1,1.5,2,2.25,2.4; inf = all at once)");
+  cmd->add_option("--burstiness", c.burstiness, "Gamma shape of arrival gaps: 1 = Poisson, <1 burstier")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  CLI::Option* conc = cmd->add_option("--max-concurrency", a->concurrencies,
+                                      "Closed-loop levels: requests in flight, comma separated (e.g. 1,4,16,64)");
+  cmd->add_option("--rate-max-concurrency", c.rate_max_concurrency, "Cap in-flight requests of request-rate levels");
+  CLI::Option* nprompts = cmd->add_option("--num-prompts", a->num_prompts,
+                                          "Measured requests per level (default: rate r: max(16, 60r); concurrency c: max(16, 4c))");
+  CLI::Option* duration = cmd->add_option("--duration", c.duration_s, "Seconds per level instead of a request count")
+                              ->check(CLI::PositiveNumber);
+  nprompts->excludes(duration);
+  CLI::Option* warmup = cmd->add_option("--warmup", a->warmup,
+                                        "Unmeasured requests before each level (default: 1 per rate level, c per concurrency level)")
+                            ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", c.seed, "Seed of prompts and arrival schedules")->capture_default_str();
+  cmd->add_option("--slo", a->slo, "Goodput bounds in ms, e.g. ttft:2000,tpot:50 (keys ttft, tpot, itl, e2el)");
+  cmd->add_option("--num-gpus", c.cost.num_gpus, "GPUs behind the server (for tok/s/GPU and cost)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--gpu-hour-price", c.cost.gpu_hour_price, "$ per GPU-hour (adds $ per million tokens)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--power-watts", c.cost.power_watts, "Watts per GPU (adds tok/s per MW)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--retries", c.retry.retries, "Client retries per request (exponential backoff; default 0)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--retry-backoff", a->retry_backoff, "First retry delay in seconds, doubled each retry (max 30)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--circuit-breaker", c.circuit_breaker,
+                  "K:T: after K consecutive failures fail fast for T seconds (counted as failures)");
+  cmd->add_option("--timeout", c.timeout_s, "Seconds per request attempt")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_flag("--token-ids", c.token_id_prompts, "Send prompts as token ids (/v1/completions only)");
+  cmd->add_option("--extra-body", c.extra_body, "JSON object merged into every request body");
+  cmd->add_flag("--no-metrics", a->no_metrics, "Do not read the server's /metrics around each level");
+  cmd->add_option("--metrics-path", c.metrics_path, "Prometheus page of the server")->capture_default_str();
+  cmd->add_option("--output-dir", c.output_dir, "Write bench.json, bench.csv, requests.csv, report.md and SVG charts here");
+  cmd->add_flag("--no-progress", a->no_progress, "No live progress line on stderr");
+
+  cmd->callback([a, cmd, preset, in, out, hit, rates, conc, nprompts, warmup] {
+    bench::BenchConfig cfg = a->cfg;
+    // Preset values first, then every explicit flag.
+    if (preset->count()) {
+      const auto p = bench::find_preset(a->preset);
+      if (!p) fail("bench: unknown --preset '" + a->preset + "'; presets: " + preset_names());
+      cfg.preset = p->name;
+      cfg.workload.input_len = p->input_len;
+      cfg.workload.output_len = p->output_len;
+      cfg.workload.prefix_hit = p->prefix_hit;
+      cfg.request_rates = p->request_rates;
+      cfg.concurrencies = p->concurrencies;
+      cfg.num_prompts = p->num_prompts;
+      cfg.warmup = p->warmup;
+    } else {
+      cfg.workload.input_len = a->input_len;
+      cfg.workload.output_len = a->output_len;
+    }
+    if (in->count()) cfg.workload.input_len = a->input_len;
+    if (out->count()) cfg.workload.output_len = a->output_len;
+    if (hit->count()) cfg.workload.prefix_hit = a->prefix_hit;
+    if (rates->count() || conc->count()) {
+      cfg.request_rates = rates->count() ? bench::parse_double_list(a->request_rates, "--request-rate") : std::vector<double>{};
+      cfg.concurrencies = conc->count() ? bench::parse_int_list(a->concurrencies, "--max-concurrency") : std::vector<int>{};
+    }
+    if (nprompts->count()) cfg.num_prompts = a->num_prompts;
+    if (warmup->count()) cfg.warmup = a->warmup;
+    if (cfg.duration_s > 0) cfg.num_prompts = 0;
+    cfg.workload.seed = cfg.seed;
+    if (!a->slo.empty()) cfg.slo = bench::parse_slo(a->slo);
+    cfg.retry.base_s = a->retry_backoff;
+    cfg.scrape_metrics = !a->no_metrics;
+    cfg.progress = !a->no_progress;
+    // The options as given (CLI11's config form), recorded in bench.json.
+    cfg.command_line = "glmserve bench\n" + cmd->config_to_str(false, false);
+    bench::run_bench(cfg);
+  });
+}
+
+}  // namespace glms::cli
