@@ -146,7 +146,13 @@ void Engine::Impl::deliver(std::unique_lock<std::mutex>& lock) {
   std::vector<std::pair<OutputCallback, RequestOutput>> ready;
   ready.swap(outbox);
   lock.unlock();
-  for (auto& [callback, output] : ready) callback(output);
+  for (auto& [callback, output] : ready) {
+    try {
+      callback(output);
+    } catch (...) {
+      // A consumer's failure is its own: the engine and the other requests carry on.
+    }
+  }
   lock.lock();
 }
 
@@ -231,7 +237,13 @@ void Engine::Impl::loop() {
   while (true) {
     wake.wait(lock, [this] { return stopping || !waiting.empty() || !running.empty() || !cancelled.empty(); });
     if (stopping) break;
-    step(lock);
+    try {
+      step(lock);
+    } catch (const std::exception& e) {
+      // An internal failure (e.g. out of memory) ends the requests in flight, not the server.
+      for (auto& seq : running) finish(*seq, "error", std::string("internal error: ") + e.what());
+      running.clear();
+    }
     deliver(lock);
     if (waiting.empty() && running.empty()) idle.notify_all();
   }
@@ -247,7 +259,7 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
   // 1. Cancellations and timeouts.
   const auto now = Clock::now();
   auto should_end = [&](Sequence& seq) -> std::string {
-    if (seq.cancel_requested || std::find(cancelled.begin(), cancelled.end(), seq.id) != cancelled.end()) return "abort";
+    if (std::find(cancelled.begin(), cancelled.end(), seq.id) != cancelled.end()) return "abort";
     if (seq.params.timeout_seconds > 0 &&
         std::chrono::duration<double>(now - seq.arrival).count() > seq.params.timeout_seconds)
       return "timeout";
@@ -315,7 +327,10 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
       release_blocks(seq);  // hold nothing while waiting for running requests to free blocks
       break;
     }
-    if (!seq.admitted_once) counters.prompt_tokens_total += seq.prompt_len;
+    if (!seq.admitted_once) {
+      counters.prompt_tokens_total += seq.prompt_len;
+      if (config.enable_prefix_cache) prefix_cache.record_lookup(seq.prompt_len, seq.cached_prompt_tokens);
+    }
     seq.admitted_once = true;
     running.push_back(std::move(waiting.front()));
     waiting.pop_front();
@@ -432,10 +447,20 @@ EngineStats Engine::stats() const {
   return s;
 }
 
-void Engine::drain() {
+bool Engine::drain(double timeout_seconds) {
   std::unique_lock lock(impl_->mutex);
   impl_->draining = true;
-  impl_->idle.wait(lock, [this] { return impl_->waiting.empty() && impl_->running.empty(); });
+  auto is_idle = [this] { return impl_->waiting.empty() && impl_->running.empty(); };
+  if (timeout_seconds <= 0) {
+    impl_->idle.wait(lock, is_idle);
+    return true;
+  }
+  if (impl_->idle.wait_for(lock, std::chrono::duration<double>(timeout_seconds), is_idle)) return true;
+  for (auto& seq : impl_->running) impl_->cancelled.push_back(seq->id);
+  for (auto& seq : impl_->waiting) impl_->cancelled.push_back(seq->id);
+  impl_->wake.notify_all();
+  impl_->idle.wait(lock, is_idle);
+  return false;
 }
 
 }  // namespace glms::engine

@@ -62,8 +62,10 @@ class Engine {
 
   EngineStats stats() const;
 
-  // Stops taking requests; returns when every queued and running request has finished.
-  void drain();
+  // Stops taking requests and waits for every queued and running request to finish. With a
+  // positive timeout, requests still unfinished then are cancelled ("abort"); returns whether
+  // everything finished by itself.
+  bool drain(double timeout_seconds = 0.0);
 
  private:
   struct Impl;

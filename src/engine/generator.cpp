@@ -18,9 +18,12 @@ GenerateResult generate(const model::Glm5Model& model, const std::vector<int32_t
   const io::ModelConfig& config = model.config();
   if (prompt.empty()) fail("the prompt is empty: give at least one token");
   if (options.max_tokens < 0) fail("max_tokens must be >= 0");
-  const int total = static_cast<int>(prompt.size()) + options.max_tokens;
+  const int64_t total = static_cast<int64_t>(prompt.size()) + options.max_tokens;
+  if (total > config.max_position_embeddings)
+    fail("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" + std::to_string(options.max_tokens) +
+         ") exceeds the model's " + std::to_string(config.max_position_embeddings) + " positions");
   const int block_size = options.block_size;
-  const int num_blocks = (total + block_size - 1) / block_size;
+  const int num_blocks = static_cast<int>((total + block_size - 1) / block_size);
   kv::PagedLatentCache cache(model.cache_layout(block_size), num_blocks);
   std::vector<int32_t> block_table(num_blocks);
   for (int b = 0; b < num_blocks; ++b) block_table[b] = b;  // a private cache: identity mapping

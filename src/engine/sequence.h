@@ -30,7 +30,6 @@ struct Sequence {
   std::unordered_map<int32_t, int> generated_counts;  // for presence/frequency penalties
 
   Clock::time_point arrival;
-  bool cancel_requested = false;
 
   int num_generated() const { return static_cast<int>(tokens.size()) - prompt_len; }
   // Tokens still to run through the model before the next sample.

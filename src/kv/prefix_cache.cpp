@@ -38,7 +38,6 @@ PrefixCache::Node* PrefixCache::child(Node* parent, std::span<const int32_t> blo
 
 std::vector<int32_t> PrefixCache::match(std::span<const int32_t> tokens) {
   std::vector<int32_t> blocks;
-  query_tokens_ += static_cast<int64_t>(tokens.size());
   if (tokens.empty()) return blocks;
   const size_t usable = (tokens.size() - 1) / block_size_;  // keep the last token to compute
   ++clock_;
@@ -50,7 +49,6 @@ std::vector<int32_t> PrefixCache::match(std::span<const int32_t> tokens) {
     pool_.retain(node->block);
     blocks.push_back(node->block);
   }
-  hit_tokens_ += static_cast<int64_t>(blocks.size()) * block_size_;
   return blocks;
 }
 
@@ -78,16 +76,27 @@ void PrefixCache::insert(std::span<const int32_t> tokens, std::span<const int32_
 }
 
 int PrefixCache::num_evictable_blocks() const {
-  // A node is evictable once nothing but the tree holds it and, recursively, its subtree is.
+  // Post-order: a node counts when it and every node below it are held by the cache alone
+  // (a parent whose child is in use cannot be evicted, since eviction goes leaves first).
   int count = 0;
-  std::vector<const Node*> stack = {root_.get()};
+  struct Frame {
+    const Node* node;
+    bool children_done;
+  };
+  std::vector<Frame> stack = {{root_.get(), false}};
+  std::unordered_map<const Node*, bool> evictable;  // whole subtree unreferenced
   while (!stack.empty()) {
-    const Node* node = stack.back();
+    Frame frame = stack.back();
     stack.pop_back();
-    for (const auto& [key, next] : node->children) {
-      if (pool_.ref_count(next->block) == 1) ++count;
-      stack.push_back(next.get());
+    if (!frame.children_done) {
+      stack.push_back({frame.node, true});
+      for (const auto& [key, next] : frame.node->children) stack.push_back({next.get(), false});
+      continue;
     }
+    bool all = frame.node == root_.get() || pool_.ref_count(frame.node->block) == 1;
+    for (const auto& [key, next] : frame.node->children) all = all && evictable[next.get()];
+    evictable[frame.node] = all;
+    if (all && frame.node != root_.get()) ++count;
   }
   return count;
 }

@@ -24,8 +24,14 @@ class PrefixCache {
 
   // The longest run of cached full blocks that `tokens` starts with, never covering the last
   // token (its logits must be computed). Each returned block is retained for the caller, who
-  // releases it through the pool when done. Counts queries and hits in tokens.
+  // releases it through the pool when done.
   std::vector<int32_t> match(std::span<const int32_t> tokens);
+  // Statistics, in tokens: a request looked up `queried` prompt tokens and found `hit` cached.
+  // Callers record each request once (a request retried while waiting is not a new query).
+  void record_lookup(int64_t queried, int64_t hit) {
+    query_tokens_ += queried;
+    hit_tokens_ += hit;
+  }
 
   // Records the full blocks of `tokens` (computed rows in `blocks`, one per block of tokens)
   // from the root; blocks already cached under the same tokens are only touched. New nodes
@@ -37,6 +43,7 @@ class PrefixCache {
   int evict(int count);
 
   int num_cached_blocks() const { return num_nodes_; }
+  // Blocks evict() could free now: nodes whose whole subtree only the cache holds.
   int num_evictable_blocks() const;
   int64_t query_tokens() const { return query_tokens_; }
   int64_t hit_tokens() const { return hit_tokens_; }

@@ -33,7 +33,12 @@ class EngineBackend final : public Backend {
     return configured > 0 ? configured : static_cast<int>(engine_.model().config().max_position_embeddings);
   }
   int vocab_size() const override { return static_cast<int>(engine_.model().config().vocab_size); }
-  void drain() override { engine_.drain(); }
+  void drain() override {
+    // Requests still running a minute after shutdown began are cancelled: a long generation
+    // must not hold SIGTERM off forever.
+    constexpr double kDrainSeconds = 60.0;
+    engine_.drain(kDrainSeconds);
+  }
 
  private:
   engine::Engine& engine_;

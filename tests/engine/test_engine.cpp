@@ -2,6 +2,7 @@
 // cache and preemption must not change a greedy request's tokens, and every block comes back.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <future>
 #include <mutex>
 #include <random>
@@ -188,7 +189,7 @@ TEST_F(EngineTest, CancelFreesBlocksAndReportsAbort) {
   expect_idle(engine);
 }
 
-TEST_F(EngineTest, StopsAtStopTokensEosAndTimeout) {
+TEST_F(EngineTest, StopsAtStopTokensAndTimeout) {
   engine::Engine engine(*model_, {});
   const auto prompt = random_tokens(12, 97, 4);
   const auto expected = alone(prompt, 8);
@@ -203,6 +204,38 @@ TEST_F(EngineTest, StopsAtStopTokensEosAndTimeout) {
   timed.timeout_seconds = 0.05;
   const Collected timeout = Pending(engine, timed).get();
   EXPECT_EQ(timeout.last.finish_reason, "timeout");
+  expect_idle(engine);
+}
+
+TEST(EngineEos, StopsAtTheModelsEosUnlessIgnored) {
+  // The same weights twice: once with EOS ids the greedy run never produces, once with its
+  // fourth token as EOS.
+  glms::testing::TempDir dir("engine-eos");
+  glms::testing::RandomModelSpec spec;
+  const model::Glm5Model plain(model::load_weights(glms::testing::write_random_model(dir.path / "a", spec).string()));
+  const auto prompt = random_tokens(15, 97, 8);
+  engine::Engine first(plain, {});
+  const Collected reference = Pending(first, greedy(prompt, 8)).get();
+  ASSERT_EQ(reference.tokens.size(), 8u);
+  spec.eos_token_ids = {reference.tokens[3]};
+  const model::Glm5Model with_eos(model::load_weights(glms::testing::write_random_model(dir.path / "b", spec).string()));
+  engine::Engine second(with_eos, {});
+  engine::RequestParams params = greedy(prompt, 8);
+  params.ignore_eos = false;
+  const Collected stopped = Pending(second, params).get();
+  EXPECT_EQ(stopped.last.finish_reason, "stop");
+  const size_t first_eos = std::find(reference.tokens.begin(), reference.tokens.end(), reference.tokens[3]) -
+                           reference.tokens.begin();
+  EXPECT_EQ(stopped.tokens, std::vector<int32_t>(reference.tokens.begin(), reference.tokens.begin() + first_eos + 1));
+  params.ignore_eos = true;
+  EXPECT_EQ(Pending(second, params).get().tokens, reference.tokens);
+}
+
+TEST_F(EngineTest, DrainWithADeadlineCancelsWhatIsLeft) {
+  engine::Engine engine(*model_, {});
+  Pending long_request(engine, greedy(random_tokens(10, 97, 3), 3000));
+  EXPECT_FALSE(engine.drain(0.05));
+  EXPECT_EQ(long_request.get().last.finish_reason, "abort");
   expect_idle(engine);
 }
 

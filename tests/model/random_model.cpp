@@ -95,7 +95,7 @@ std::filesystem::path write_random_model(const std::filesystem::path& dir, const
       {"index_n_heads", s.index_n_heads}, {"index_head_dim", s.index_head_dim},
       {"index_topk_pattern", s.index_topk_pattern}, {"rms_norm_eps", 1e-5}, {"hidden_act", "silu"},
       {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
-      {"max_position_embeddings", 4096}, {"bos_token_id", 0}, {"eos_token_id", {1, 2}},
+      {"max_position_embeddings", 4096}, {"bos_token_id", 0}, {"eos_token_id", s.eos_token_ids},
       {"tie_word_embeddings", false}, {"num_nextn_predict_layers", s.with_mtp ? 1 : 0},
       {"dtype", "bfloat16"}};
   std::ofstream(dir / "config.json") << config.dump(2);

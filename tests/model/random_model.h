@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace glms::testing {
 
@@ -30,6 +31,7 @@ struct RandomModelSpec {
   int index_topk = 9;
   std::string index_topk_pattern = "FSFS";  // per layer: F runs the indexer, S shares
   bool with_mtp = true;                      // store an MTP layer at index num_hidden_layers
+  std::vector<int> eos_token_ids = {1, 2};
   float init_std = 0.08f;
   uint64_t seed = 1;
 };

@@ -1,0 +1,98 @@
+// Block pool reference counts and the radix prefix cache: matching, sharing, LRU eviction.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "core/error.h"
+#include "kv/prefix_cache.h"
+
+using namespace glms;
+
+namespace {
+std::vector<int32_t> range_tokens(int count, int first = 100) {
+  std::vector<int32_t> tokens(count);
+  std::iota(tokens.begin(), tokens.end(), first);
+  return tokens;
+}
+}  // namespace
+
+TEST(BlockPool, CountsReferencesAndRefusesDoubleRelease) {
+  kv::BlockPool pool(3);
+  const int a = *pool.allocate(), b = *pool.allocate(), c = *pool.allocate();
+  EXPECT_FALSE(pool.allocate().has_value());
+  EXPECT_NE(a, b);
+  EXPECT_NE(b, c);
+  pool.retain(a);
+  pool.release(a);
+  EXPECT_EQ(pool.num_free(), 0);
+  pool.release(a);
+  EXPECT_EQ(pool.num_free(), 1);
+  EXPECT_THROW(pool.release(a), Error);
+  EXPECT_THROW(pool.retain(a), Error);
+}
+
+TEST(PrefixCache, MatchesFullBlocksButNeverTheLastToken) {
+  kv::BlockPool pool(16);
+  kv::PrefixCache cache(pool, 4);
+  const auto tokens = range_tokens(12);  // three full blocks
+  std::vector<int32_t> blocks = {*pool.allocate(), *pool.allocate(), *pool.allocate()};
+  cache.insert(tokens, blocks);
+  EXPECT_EQ(cache.num_cached_blocks(), 3);
+  // The same 12 tokens: only two blocks, so that the last token is computed.
+  auto hit = cache.match(tokens);
+  EXPECT_EQ(hit, std::vector<int32_t>(blocks.begin(), blocks.begin() + 2));
+  for (int32_t block : hit) pool.release(block);
+  // A longer prompt sharing the prefix gets all three; a different first block gets none.
+  auto longer = range_tokens(14);
+  hit = cache.match(longer);
+  EXPECT_EQ(hit, blocks);
+  for (int32_t block : hit) pool.release(block);
+  auto other = range_tokens(14, 500);
+  EXPECT_TRUE(cache.match(other).empty());
+}
+
+TEST(PrefixCache, EvictsLeastRecentlyUsedLeavesOnlyWhenUnreferenced) {
+  kv::BlockPool pool(6);
+  kv::PrefixCache cache(pool, 2);
+  const auto first = range_tokens(4, 0), second = range_tokens(4, 50);
+  std::vector<int32_t> first_blocks = {*pool.allocate(), *pool.allocate()};
+  std::vector<int32_t> second_blocks = {*pool.allocate(), *pool.allocate()};
+  cache.insert(first, first_blocks);
+  cache.insert(second, second_blocks);
+  // The sequences still hold their blocks: nothing is evictable.
+  EXPECT_EQ(cache.num_evictable_blocks(), 0);
+  EXPECT_EQ(cache.evict(4), 0);
+  for (int32_t block : first_blocks) pool.release(block);
+  for (int32_t block : second_blocks) pool.release(block);
+  EXPECT_EQ(cache.num_evictable_blocks(), 4);
+  // Touch the first chain, so the second is least recently used and goes first, leaf first.
+  for (int32_t block : cache.match(range_tokens(5, 0))) pool.release(block);
+  EXPECT_EQ(cache.evict(1), 1);
+  EXPECT_EQ(pool.ref_count(second_blocks[1]), 0);
+  EXPECT_EQ(pool.ref_count(second_blocks[0]), 1);
+  EXPECT_EQ(cache.evict(10), 3);
+  EXPECT_EQ(pool.num_free(), 6);
+  EXPECT_EQ(cache.num_cached_blocks(), 0);
+}
+
+TEST(PrefixCache, AParentWithAHeldChildIsNotEvictable) {
+  kv::BlockPool pool(4);
+  kv::PrefixCache cache(pool, 2);
+  const auto tokens = range_tokens(4);
+  std::vector<int32_t> blocks = {*pool.allocate(), *pool.allocate()};
+  cache.insert(tokens, blocks);
+  pool.release(blocks[0]);  // the sequence keeps only its second block
+  EXPECT_EQ(cache.num_evictable_blocks(), 0);
+  EXPECT_EQ(cache.evict(2), 0);
+  pool.release(blocks[1]);
+  EXPECT_EQ(cache.num_evictable_blocks(), 2);
+}
+
+TEST(PrefixCache, StatisticsAreRecordedByTheCaller) {
+  kv::BlockPool pool(2);
+  kv::PrefixCache cache(pool, 2);
+  cache.record_lookup(10, 4);
+  cache.record_lookup(6, 0);
+  EXPECT_EQ(cache.query_tokens(), 16);
+  EXPECT_EQ(cache.hit_tokens(), 4);
+}
