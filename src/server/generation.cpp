@@ -274,7 +274,9 @@ void Generation::on_output(size_t index, const engine::RequestOutput& out) {
     } else if (out.finished) {
       push_text(c.detok->flush());
       if (!stopped) released += c.stop->finish();
-      final_reason = stopped ? "stop" : out.finish_reason;
+      // OpenAI clients know stop / length / tool_calls: a request cut by --request-timeout is
+      // reported as truncated ("length"); the metrics keep the engine's "timeout".
+      final_reason = stopped ? "stop" : out.finish_reason == "timeout" ? "length" : out.finish_reason;
       if (out.finish_reason == "error") c.error = out.error.empty() ? "generation failed" : out.error;
     }
     // Route the released text.
@@ -291,7 +293,8 @@ void Generation::on_output(size_t index, const engine::RequestOutput& out) {
       };
       if (!released.empty()) take(c.parser->feed(released));
       if (!final_reason.empty()) take(c.parser->finish());
-      if (final_reason == "stop" && !c.calls.empty()) final_reason = "tool_calls";
+      // As vLLM: once a tool call was parsed, the choice finishes with "tool_calls".
+      if ((final_reason == "stop" || final_reason == "length") && !c.calls.empty()) final_reason = "tool_calls";
     } else {
       c.text += released;
       c.delta_text += released;

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <optional>
@@ -220,17 +221,25 @@ struct HttpServer::Impl {
       response_started();
       service.handle(request, responder);
 
-      // Watch for the client going away while the answer is produced.
+      // Watch for the client going away while the answer is produced. The peek must never
+      // block: it runs on the connection's strand, and a blocking receive after a spurious
+      // readiness would stall the response writer behind it. A spurious wake re-arms the watch;
+      // bytes from the client (a pipelined request) end it.
       auto watching = std::make_shared<bool>(true);
-      // The peek must never block: it runs on the connection's strand, and a blocking receive
-      // after a spurious readiness would stall the response writer behind it forever.
-      stream.socket().async_wait(tcp::socket::wait_read, [&sock = stream.socket(), responder, watching](beast::error_code wec) {
-        if (!*watching || wec == net::error::operation_aborted) return;
-        char byte;
-        const ssize_t n = ::recv(sock.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-        if (n <= 0) responder->disconnect();  // orderly close (0) or a socket error
-      });
+      auto watch = std::make_shared<std::function<void()>>();
+      *watch = [&sock = stream.socket(), responder, watching, again = std::weak_ptr(watch)] {
+        sock.async_wait(tcp::socket::wait_read, [&sock, responder, watching, again](beast::error_code wec) {
+          if (!*watching || wec == net::error::operation_aborted) return;
+          char byte;
+          const ssize_t n = ::recv(sock.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+          if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+            if (auto rearm = again.lock()) (*rearm)();
+            return;
+          }
+          if (n <= 0) responder->disconnect();  // orderly close (0) or a socket error
+        });
+      };
+      (*watch)();
 
       bool done = false, ok = true, streaming = false;
       std::optional<http::response<http::empty_body>> head;

@@ -211,6 +211,10 @@ json normalise_tool_calls(const json& calls, const std::string& where) {
         args = *a;
       } else if (a->is_string()) {
         // Templates iterate the arguments as a mapping (vLLM parses them the same way).
+        // A string is not depth-checked with the body: a deeply nested document inside one
+        // would overflow the stack of whatever recurses over it later (dump, the template).
+        constexpr int kMaxArgumentDepth = 64;
+        check_body_text(a->get_ref<const std::string&>(), kMaxArgumentDepth);
         try {
           args = json::parse(a->get<std::string>());
         } catch (const json::exception&) {

@@ -373,7 +373,31 @@ class PyLiteral {
   int depth_ = 0;
 };
 
+// Whether JSON text nests brackets deeper than `limit` (outside strings).
+bool nests_deeper_than(std::string_view text, int limit) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
 ojson decode_value(std::string_view value) {
+  // Model output is untrusted: a value nested deeper than any real argument stays a string, so
+  // nothing downstream (dump, the client's parser) recurses through it.
+  constexpr int kMaxValueDepth = 64;
+  if (nests_deeper_than(value, kMaxValueDepth)) return ojson(std::string(value));
   ojson j = ojson::parse(value.begin(), value.end(), nullptr, /*allow_exceptions=*/false);
   if (!j.is_discarded()) return j;
   ojson lit;
