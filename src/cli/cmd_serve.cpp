@@ -15,13 +15,11 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "model/glm5.h"
+#include "server/api_error.h"
 #include "server/api_service.h"
 #include "server/backend.h"
 #include "server/http_server.h"
-#if __has_include("text/chat_template.h")
 #include "text/chat_template.h"
-#define GLMS_HAVE_CHAT_TEMPLATE 1
-#endif
 #include "text/tokenizer.h"
 
 namespace glms::cli {
@@ -97,6 +95,24 @@ void read_generation_defaults(const std::filesystem::path& dir, server::ServiceC
   if (g.contains("min_p") && g["min_p"].is_number()) config.default_min_p = g["min_p"];
 }
 
+// continue_final_message, as transformers does it: the rendered prompt ends right after the
+// final (assistant) message's text, so the model continues that message instead of a new turn.
+std::string cut_after_final_message(const std::string& prompt, const nlohmann::json& messages) {
+  const nlohmann::json& content = messages.back()["content"];
+  std::string text;
+  if (content.is_string()) {
+    text = content.get<std::string>();
+  } else if (content.is_array()) {
+    for (const auto& part : content)
+      if (part.contains("text") && part["text"].is_string()) text = part["text"].get<std::string>();
+  }
+  const size_t at = text.empty() ? std::string::npos : prompt.rfind(text);
+  if (at == std::string::npos)
+    server::bad_request("continue_final_message: the final message's text does not appear in the rendered prompt",
+                        "messages");
+  return prompt.substr(0, at + text.size());
+}
+
 void run_serve(const ServeArgs& args) {
   // Every thread started from here on inherits the blocked signals; this thread waits for them.
   sigset_t signals;
@@ -108,19 +124,17 @@ void run_serve(const ServeArgs& args) {
   const std::filesystem::path dir(args.model_dir);
   text::Tokenizer tokenizer = text::Tokenizer::load(dir);
   server::ChatRenderer renderer;
-#ifdef GLMS_HAVE_CHAT_TEMPLATE
   try {
     auto tmpl = std::make_shared<const ChatTemplate>(ChatTemplate::load(args.model_dir));
     renderer = [tmpl](const server::ChatRequest& r) {
       const std::string tools = r.tools && !r.tools->is_null() ? r.tools->dump() : std::string();
-      return tmpl->render(r.messages->dump(), tools, r.add_generation_prompt, r.template_kwargs->dump());
+      std::string prompt = tmpl->render(r.messages->dump(), tools, r.add_generation_prompt, r.template_kwargs->dump());
+      if (r.continue_final_message) prompt = cut_after_final_message(prompt, *r.messages);
+      return prompt;
     };
   } catch (const Error& e) {
     std::fprintf(stderr, "glmserve: warning: no chat template (%s); /v1/chat/completions answers 400\n", e.what());
   }
-#else
-  std::fprintf(stderr, "glmserve: warning: built without the chat template renderer; /v1/chat/completions answers 400\n");
-#endif
 
   engine::EngineConfig engine_config;
   apply_preset(args.preset, engine_config);

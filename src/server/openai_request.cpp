@@ -301,6 +301,12 @@ json parse_tools(const json& doc) {
   return tools->empty() ? json(nullptr) : *tools;
 }
 
+// Forcing a call needs guided decoding; accepting the request and answering with free text
+// would mislead the client.
+constexpr const char* kForcedToolsUnsupported =
+    "tool_choice 'required' and named functions need guided decoding, which glmserve does not do yet; "
+    "use 'auto' (the model decides) or 'none'";
+
 std::string parse_tool_choice(const json& doc, bool has_tools) {
   const json* v = field(doc, "tool_choice");
   if (!v) return has_tools ? "auto" : "none";
@@ -310,6 +316,7 @@ std::string parse_tool_choice(const json& doc, bool has_tools) {
       bad_request("tool_choice must be 'none', 'auto', 'required' or a named function, got '" + choice + "'",
                   "tool_choice");
     if (choice != "none" && !has_tools) bad_request("tool_choice '" + choice + "' needs tools", "tool_choice");
+    if (choice == "required") bad_request(kForcedToolsUnsupported, "tool_choice");
     return choice;
   }
   if (!v->is_object()) wrong_type("tool_choice", "a string or an object", *v);
@@ -318,7 +325,7 @@ std::string parse_tool_choice(const json& doc, bool has_tools) {
   const auto name = get_string(*fn, "name");
   if (!name) bad_request("tool_choice.function.name is required", "tool_choice.function.name");
   if (!has_tools) bad_request("a named tool_choice needs tools", "tool_choice");
-  return *name;
+  bad_request(kForcedToolsUnsupported, "tool_choice");
 }
 
 }  // namespace

@@ -164,8 +164,13 @@ TEST(ChatRequest, ToolsAndToolChoice) {
   doc["tool_choice"] = "auto";
   EXPECT_EQ(chat_error(doc).param, "tool_choice");  // tool_choice without tools
   doc["tools"] = {{{"type", "function"}, {"function", {{"name", "get_weather"}}}}};
+  // Forcing a call needs guided decoding, which is not there yet: refused, not ignored.
   doc["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
-  EXPECT_EQ(parse_chat_request(doc.dump()).tool_choice, "get_weather");
+  EXPECT_EQ(chat_error(doc).param, "tool_choice");
+  doc["tool_choice"] = "required";
+  EXPECT_EQ(chat_error(doc).param, "tool_choice");
+  doc["tool_choice"] = "auto";
+  EXPECT_EQ(parse_chat_request(doc.dump()).tool_choice, "auto");
   doc["tool_choice"] = "none";
   EXPECT_EQ(parse_chat_request(doc.dump()).tool_choice, "none");
   doc["tools"] = {{{"type", "retrieval"}}};
