@@ -3,7 +3,6 @@
 // These tests need the ctest fixtures defined in tests/text/CMakeLists.txt.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <iostream>
 #include <random>
 
@@ -151,29 +150,5 @@ TEST(RealTokenizers, SpecialTokensAndPostProcessing) {
 }
 
 // Reports encoding speed; not asserted (speed is measured, never asserted in unit tests).
-TEST(RealTokenizers, EncodeThroughputIsReported) {
-  for (const std::string name : {"qwen3", "deepseek_v3"}) {
-    const auto reference = test::load_reference(name);
-    if (!reference) GTEST_SKIP() << "real tokenizer files are not available";
-    const Tokenizer tokenizer = Tokenizer::load(reference->tokenizer_json);
-    std::vector<std::string> texts;
-    size_t bytes = 0;
-    for (const auto& path : test::corpus_files()) {
-      texts.push_back(test::read_file(path));
-      bytes += texts.back().size();
-    }
-    size_t tokens = 0;
-    for (const std::string& t : texts) tokens += tokenizer.encode(t).size();  // warm the word cache
-    const auto start = std::chrono::steady_clock::now();
-    const int rounds = 20;
-    for (int r = 0; r < rounds; ++r) {
-      for (const std::string& t : texts) tokens += tokenizer.encode(t).size();
-    }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::cout << "[ throughput ] " << name << ": " << (static_cast<double>(bytes) * rounds / seconds / 1e6)
-              << " MB/s encoding the corpus (warm cache), " << tokens << " tokens\n";
-  }
-}
-
 }  // namespace
 }  // namespace glms::text
