@@ -3,7 +3,6 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <map>
 
 #include "core/error.h"
 
@@ -36,6 +35,16 @@ PrefixCache::Node* PrefixCache::child(Node* parent, std::span<const int32_t> blo
   return nullptr;
 }
 
+void PrefixCache::touch(Node* node) {
+  if (node->children.empty()) {
+    leaves_.erase({node->last_used, node});
+    node->last_used = clock_;
+    leaves_.insert({node->last_used, node});
+  } else {
+    node->last_used = clock_;
+  }
+}
+
 std::vector<int32_t> PrefixCache::match(std::span<const int32_t> tokens) {
   std::vector<int32_t> blocks;
   if (tokens.empty()) return blocks;
@@ -45,7 +54,7 @@ std::vector<int32_t> PrefixCache::match(std::span<const int32_t> tokens) {
   for (size_t b = 0; b < usable; ++b) {
     node = child(node, tokens.subspan(b * block_size_, block_size_));
     if (!node) break;
-    node->last_used = clock_;
+    touch(node);
     pool_.retain(node->block);
     blocks.push_back(node->block);
   }
@@ -65,12 +74,15 @@ void PrefixCache::insert(std::span<const int32_t> tokens, std::span<const int32_
       created->key = block_key(block_tokens);
       created->tokens.assign(block_tokens.begin(), block_tokens.end());
       created->block = blocks[b];
+      created->last_used = clock_;
       pool_.retain(blocks[b]);
       next = created.get();
+      if (node != root_.get() && node->children.empty()) leaves_.erase({node->last_used, node});
       node->children.emplace(created->key, std::move(created));
+      leaves_.insert({next->last_used, next});
       ++num_nodes_;
     }
-    next->last_used = clock_;
+    touch(next);
     node = next;
   }
 }
@@ -103,34 +115,30 @@ int PrefixCache::num_evictable_blocks() const {
 
 int PrefixCache::evict(int count) {
   int freed = 0;
-  while (freed < count) {
-    // Least recently used leaf that only the tree holds.
-    std::multimap<uint64_t, Node*> leaves;
-    std::vector<Node*> stack = {root_.get()};
-    while (!stack.empty()) {
-      Node* node = stack.back();
-      stack.pop_back();
-      for (auto& [key, next] : node->children) {
-        if (next->children.empty()) {
-          if (pool_.ref_count(next->block) == 1) leaves.emplace(next->last_used, next.get());
-        } else {
-          stack.push_back(next.get());
-        }
+  bool progress = true;
+  while (freed < count && progress) {
+    // One pass over the leaves, oldest first; a parent left childless joins the leaves and is
+    // reached by the next pass.
+    progress = false;
+    for (auto it = leaves_.begin(); it != leaves_.end() && freed < count;) {
+      Node* leaf = it->second;
+      if (pool_.ref_count(leaf->block) != 1) {  // a running request still reads it
+        ++it;
+        continue;
       }
-    }
-    if (leaves.empty()) break;
-    for (auto& [time, leaf] : leaves) {
-      if (freed >= count) break;
+      it = leaves_.erase(it);
       Node* parent = leaf->parent;
       pool_.release(leaf->block);
       auto [first, last] = parent->children.equal_range(leaf->key);
-      for (auto it = first; it != last; ++it)
-        if (it->second.get() == leaf) {
-          parent->children.erase(it);
+      for (auto child_it = first; child_it != last; ++child_it)
+        if (child_it->second.get() == leaf) {
+          parent->children.erase(child_it);
           break;
         }
+      if (parent != root_.get() && parent->children.empty()) leaves_.insert({parent->last_used, parent});
       --num_nodes_;
       ++freed;
+      progress = true;
     }
   }
   return freed;

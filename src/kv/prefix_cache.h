@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -51,10 +52,14 @@ class PrefixCache {
  private:
   struct Node;
   Node* child(Node* parent, std::span<const int32_t> block_tokens) const;
+  void touch(Node* node);  // marks the node used now, keeping `leaves_` ordered
 
   BlockPool& pool_;
   int block_size_;
   std::unique_ptr<Node> root_;
+  // Childless nodes by (last use, node): eviction candidates, least recently used first, so
+  // that freeing a block costs a walk over the few leaves still in use, not the whole tree.
+  std::set<std::pair<uint64_t, Node*>> leaves_;
   int num_nodes_ = 0;
   uint64_t clock_ = 0;
   int64_t query_tokens_ = 0;
