@@ -94,8 +94,9 @@ TEST_F(E2E, StreamingEqualsNonStreaming) {
   const json full = post("/v1/chat/completions", chat);
   json usage;
   std::string finish;
-  EXPECT_EQ(stream_text("/v1/chat/completions", chat, &usage, &finish), full["choices"][0]["message"]["content"]);
-  EXPECT_EQ(finish, full["choices"][0]["finish_reason"]);
+  EXPECT_EQ(stream_text("/v1/chat/completions", chat, &usage, &finish),
+            full["choices"][0]["message"]["content"].get<std::string>());
+  EXPECT_EQ(finish, full["choices"][0]["finish_reason"].get<std::string>());
   EXPECT_EQ(usage["completion_tokens"], full["usage"]["completion_tokens"]);
   EXPECT_EQ(usage["prompt_tokens"], full["usage"]["prompt_tokens"]);
 
@@ -103,7 +104,7 @@ TEST_F(E2E, StreamingEqualsNonStreaming) {
   const json cfull = post("/v1/completions", completion);
   EXPECT_EQ(cfull["usage"]["completion_tokens"], 12);
   EXPECT_EQ(cfull["choices"][0]["finish_reason"], "length");
-  EXPECT_EQ(stream_text("/v1/completions", completion), cfull["choices"][0]["text"]);
+  EXPECT_EQ(stream_text("/v1/completions", completion), cfull["choices"][0]["text"].get<std::string>());
 }
 
 TEST_F(E2E, ConcurrentGreedyMatchesSequential) {

@@ -172,7 +172,7 @@ TEST(Service, StreamingEqualsNonStreaming) {
     if (choice["delta"].contains("content")) content += choice["delta"]["content"].get<std::string>();
     if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
   }
-  EXPECT_EQ(content, full["choices"][0]["message"]["content"]);
+  EXPECT_EQ(content, full["choices"][0]["message"]["content"].get<std::string>());
   EXPECT_EQ(finish, "stop");
   const json usage = json::parse(events[events.size() - 2]);
   EXPECT_EQ(usage["choices"], json::array());
