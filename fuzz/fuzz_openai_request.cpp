@@ -17,7 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {
       if (endpoint == 0) {
         const glms::server::ChatRequest r = glms::server::parse_chat_request(body);
-        if (!r.messages || r.messages->empty() || r.s.n < 1) std::abort();
+        if (!r.messages || r.messages->empty() || r.sampling.n < 1) std::abort();
       } else {
         const glms::server::CompletionRequest r = glms::server::parse_completion_request(body);
         if (r.prompts.empty()) std::abort();

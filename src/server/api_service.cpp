@@ -236,7 +236,7 @@ engine::RequestParams ApiService::base_params(const SamplingFields& s, const std
 
 void ApiService::start_chat(const HttpRequest& request, std::shared_ptr<Responder> responder) {
   ChatRequest req = parse_chat_request(request.body, config_.parse_limits);
-  check_model(req.s.model);
+  check_model(req.sampling.model);
   if (!renderer_) throw_api(400, "This model has no chat template; use /v1/completions");
   std::string prompt;
   try {
@@ -252,8 +252,8 @@ void ApiService::start_chat(const HttpRequest& request, std::shared_ptr<Responde
   spec.model = config_.served_model_name;
   spec.created = static_cast<int64_t>(std::time(nullptr));
   spec.prompts.push_back({tokenizer_.encode(prompt, false), prompt});
-  for (int i = 0; i < req.s.n; ++i) spec.params.push_back(base_params(req.s, spec.prompts[0].ids, true, i));
-  spec.s = std::move(req.s);
+  for (int i = 0; i < req.sampling.n; ++i) spec.params.push_back(base_params(req.sampling, spec.prompts[0].ids, true, i));
+  spec.sampling = std::move(req.sampling);
   spec.parser_factory = parser_factory_;
   spec.parser_options.prompt_ends_in_think = text::prompt_opens_reasoning(prompt);
   spec.parser_options.tools = req.tools && !req.tools->is_null() && req.tool_choice != "none";
@@ -269,7 +269,7 @@ void ApiService::start_chat(const HttpRequest& request, std::shared_ptr<Responde
 
 void ApiService::start_completion(const HttpRequest& request, std::shared_ptr<Responder> responder) {
   CompletionRequest req = parse_completion_request(request.body, config_.parse_limits);
-  check_model(req.s.model);
+  check_model(req.sampling.model);
   GenerationSpec spec;
   spec.chat = false;
   spec.id = random_id("cmpl-");
@@ -290,12 +290,12 @@ void ApiService::start_completion(const HttpRequest& request, std::shared_ptr<Re
           bad_request("prompt: token id " + std::to_string(id) + " is outside the vocabulary (size " +
                           std::to_string(vocab) + ")",
                       "prompt");
-      if (req.echo) input.text = tokenizer_.decode(input.ids, req.s.skip_special_tokens);
+      if (req.echo) input.text = tokenizer_.decode(input.ids, req.sampling.skip_special_tokens);
     }
-    for (int i = 0; i < req.s.n; ++i) spec.params.push_back(base_params(req.s, input.ids, false, i));
+    for (int i = 0; i < req.sampling.n; ++i) spec.params.push_back(base_params(req.sampling, input.ids, false, i));
     spec.prompts.push_back(std::move(input));
   }
-  spec.s = std::move(req.s);
+  spec.sampling = std::move(req.sampling);
   auto generation = std::make_shared<Generation>(std::move(spec), tokenizer_, backend_, *metrics_, responder);
   generation->start();
   std::weak_ptr<Generation> weak = generation;

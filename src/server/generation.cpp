@@ -80,20 +80,20 @@ Generation::Generation(GenerationSpec spec, text::Tokenizer tokenizer, Backend& 
       backend_(backend),
       metrics_(metrics),
       responder_(std::move(responder)),
-      st_(std::make_unique<State>()) {
-  st_->chat_specials.insert(spec_.chat_text_special_ids.begin(), spec_.chat_text_special_ids.end());
-  st_->stop_ids.insert(spec_.s.stop_token_ids.begin(), spec_.s.stop_token_ids.end());
+      state_(std::make_unique<State>()) {
+  state_->chat_specials.insert(spec_.chat_text_special_ids.begin(), spec_.chat_text_special_ids.end());
+  state_->stop_ids.insert(spec_.sampling.stop_token_ids.begin(), spec_.sampling.stop_token_ids.end());
   const size_t n = spec_.params.size();
-  st_->choices.resize(n);
+  state_->choices.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    Choice& c = st_->choices[i];
+    Choice& c = state_->choices[i];
     c.index = i;
-    c.prompt = spec_.s.n > 0 ? i / spec_.s.n : 0;
+    c.prompt = spec_.sampling.n > 0 ? i / spec_.sampling.n : 0;
     c.detok = std::make_unique<text::IncrementalDetokenizer>(tokenizer_, text::IncrementalDetokenizer::Options{false});
-    c.stop = std::make_unique<StopMatcher>(spec_.s.stop, spec_.s.include_stop_str_in_output);
+    c.stop = std::make_unique<StopMatcher>(spec_.sampling.stop, spec_.sampling.include_stop_str_in_output);
     if (spec_.chat) c.parser = spec_.parser_factory ? spec_.parser_factory(spec_.parser_options) : make_plain_parser();
     c.prompt_tokens = static_cast<int>(spec_.prompts[c.prompt].ids.size());
-    if (spec_.s.logprobs >= 0) {
+    if (spec_.sampling.logprobs >= 0) {
       c.logprobs_all = spec_.chat ? json{{"content", json::array()}}
                                   : json{{"text_offset", json::array()}, {"token_logprobs", json::array()},
                                          {"tokens", json::array()}, {"top_logprobs", json::array()}};
@@ -112,9 +112,9 @@ void Generation::start() {
   std::vector<uint64_t> to_cancel;
   std::optional<ApiException> failure;
   {
-    std::unique_lock lock(st_->mu);
-    for (size_t i = 0; i < st_->choices.size(); ++i) {
-      Choice& c = st_->choices[i];
+    std::unique_lock lock(state_->mu);
+    for (size_t i = 0; i < state_->choices.size(); ++i) {
+      Choice& c = state_->choices[i];
       // The engine keeps the callback (and so this generation) alive until its last output.
       std::shared_ptr<Generation> self = shared_from_this();
       c.submitted_at = Clock::now();
@@ -132,18 +132,18 @@ void Generation::start() {
       if (failure) break;
     }
     if (failure) {
-      st_->failed = true;
-      for (Choice& c : st_->choices)
+      state_->failed = true;
+      for (Choice& c : state_->choices)
         if (c.submitted) to_cancel.push_back(c.request_id);
     } else {
-      st_->started = true;
-      if (spec_.s.stream) {
+      state_->started = true;
+      if (spec_.sampling.stream) {
         HttpResponse head;
         head.content_type = "text/event-stream";
         head.headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
         responder_->begin_stream(std::move(head));
         if (spec_.chat) {
-          for (Choice& c : st_->choices) {
+          for (Choice& c : state_->choices) {
             json chunk = {{"id", spec_.id}, {"object", "chat.completion.chunk"}, {"created", spec_.created},
                           {"model", spec_.model},
                           {"choices", json::array({{{"index", c.index},
@@ -163,13 +163,13 @@ void Generation::start() {
 void Generation::abort() {
   std::vector<uint64_t> to_cancel;
   {
-    std::lock_guard lock(st_->mu);
-    if (st_->failed) return;
-    for (Choice& c : st_->choices) {
+    std::lock_guard lock(state_->mu);
+    if (state_->failed) return;
+    for (Choice& c : state_->choices) {
       if (c.submitted && !c.engine_finished) to_cancel.push_back(c.request_id);
       if (!c.done) finish_choice(c, "abort");
     }
-    st_->completed = true;  // nobody is listening any more
+    state_->completed = true;  // nobody is listening any more
   }
   for (uint64_t id : to_cancel) backend_.cancel(id);
 }
@@ -177,12 +177,11 @@ void Generation::abort() {
 void Generation::finish_choice(Choice& c, const std::string& reason) {
   c.done = true;
   c.finish_reason = reason;
-  ++st_->done_count;
+  ++state_->done_count;
   const auto now = Clock::now();
   metrics_.e2e_request_latency.observe(seconds_between(c.submitted_at, now));
   metrics_.request_prompt_tokens.observe(c.prompt_tokens);
   metrics_.request_generation_tokens.observe(c.completion_tokens);
-  metrics_.prompt_tokens.fetch_add(c.prompt_tokens);
   metrics_.count_finished(reason == "tool_calls" ? "stop" : reason);
 }
 
@@ -193,9 +192,9 @@ void Generation::on_output(size_t index, const engine::RequestOutput& out) {
   bool cancel_now = false;
   uint64_t cancel_id = 0;
   {
-    std::lock_guard lock(st_->mu);
-    if (st_->failed || index >= st_->choices.size()) return;
-    Choice& c = st_->choices[index];
+    std::lock_guard lock(state_->mu);
+    if (state_->failed || index >= state_->choices.size()) return;
+    Choice& c = state_->choices[index];
     if (out.finished) c.engine_finished = true;
     if (c.done) return;
     if (out.prompt_tokens > 0) c.prompt_tokens = out.prompt_tokens;
@@ -222,17 +221,16 @@ void Generation::on_output(size_t index, const engine::RequestOutput& out) {
     for (size_t j = 0; j < k && !stopped; ++j) {
       const engine::GeneratedToken& g = out.new_tokens[j];
       ++c.completion_tokens;
-      metrics_.generation_tokens.fetch_add(1);
       const bool last = j + 1 == k;
       const bool ending_id = last && out.finished && out.finish_reason == "stop" &&
-                             (st_->stop_ids.count(g.token) || tokenizer_.is_special(g.token));
-      if (ending_id && st_->stop_ids.count(g.token)) c.stop_reason = g.token;
+                             (state_->stop_ids.count(g.token) || tokenizer_.is_special(g.token));
+      if (ending_id && state_->stop_ids.count(g.token)) c.stop_reason = g.token;
       const bool special = tokenizer_.is_special(g.token);
-      const bool feed = !ending_id && (spec_.chat ? (!special || st_->chat_specials.count(g.token))
-                                                  : (!special || !spec_.s.skip_special_tokens));
+      const bool feed = !ending_id && (spec_.chat ? (!special || state_->chat_specials.count(g.token))
+                                                  : (!special || !spec_.sampling.skip_special_tokens));
       const size_t before = c.text.size() + released.size();
       if (feed) push_text(c.detok->feed(g.token));
-      if (spec_.s.logprobs >= 0) {
+      if (spec_.sampling.logprobs >= 0) {
         const std::string tok = tokenizer_.decode(std::vector<int32_t>{g.token}, false);
         if (spec_.chat) {
           json top = json::array();
@@ -247,7 +245,7 @@ void Generation::on_output(size_t index, const engine::RequestOutput& out) {
           c.logprobs_delta["content"].push_back(std::move(entry));
         } else {
           json top = nullptr;
-          if (spec_.s.logprobs > 0) {
+          if (spec_.sampling.logprobs > 0) {
             top = json::object();
             for (const auto& t : g.top_logprobs)
               top[tokenizer_.decode(std::vector<int32_t>{t.token}, false)] = clamp_logprob(t.logprob);
@@ -301,10 +299,10 @@ void Generation::on_output(size_t index, const engine::RequestOutput& out) {
     }
     if (!final_reason.empty()) finish_choice(c, final_reason);
 
-    if (spec_.s.stream && !st_->completed) {
+    if (spec_.sampling.stream && !state_->completed) {
       emit_locked(writes, index, c.done);
-      if (st_->done_count == st_->choices.size()) {
-        if (spec_.s.include_usage) {
+      if (state_->done_count == state_->choices.size()) {
+        if (spec_.sampling.include_usage) {
           json chunk = {{"id", spec_.id},
                         {"object", spec_.chat ? "chat.completion.chunk" : "text_completion"},
                         {"created", spec_.created},
@@ -314,14 +312,14 @@ void Generation::on_output(size_t index, const engine::RequestOutput& out) {
           writes.push_back(sse_event(chunk.dump(-1, ' ', false, json::error_handler_t::replace)));
         }
         writes.push_back(sse_done());
-        st_->completed = true;
+        state_->completed = true;
         end = true;
       }
-    } else if (!spec_.s.stream && !st_->completed && st_->done_count == st_->choices.size()) {
-      st_->completed = true;
+    } else if (!spec_.sampling.stream && !state_->completed && state_->done_count == state_->choices.size()) {
+      state_->completed = true;
       HttpResponse r;
       std::string error;
-      for (const Choice& ch : st_->choices)
+      for (const Choice& ch : state_->choices)
         if (!ch.error.empty()) error = ch.error;
       if (!error.empty()) {
         r.status = 500;
@@ -339,7 +337,7 @@ void Generation::on_output(size_t index, const engine::RequestOutput& out) {
 }
 
 void Generation::emit_locked(std::vector<std::string>& writes, size_t index, bool final) {
-  Choice& c = st_->choices[index];
+  Choice& c = state_->choices[index];
   if (c.final_sent) return;
   if (!c.error.empty()) {
     writes.push_back(sse_event(error_body(ApiError{500, c.error, "", 0.0})));
@@ -381,15 +379,15 @@ void Generation::emit_locked(std::vector<std::string>& writes, size_t index, boo
                 {"created", spec_.created},
                 {"model", spec_.model},
                 {"choices", json::array({std::move(choice)})}};
-  if (spec_.s.continuous_usage_stats && spec_.s.include_usage) chunk["usage"] = json::parse(usage_json_locked());
+  if (spec_.sampling.continuous_usage_stats && spec_.sampling.include_usage) chunk["usage"] = json::parse(usage_json_locked());
   writes.push_back(sse_event(chunk.dump(-1, ' ', false, json::error_handler_t::replace)));
 }
 
 std::string Generation::usage_json_locked() const {
   int prompt = 0, completion = 0, cached = 0;
-  for (const Choice& c : st_->choices) {
+  for (const Choice& c : state_->choices) {
     completion += c.completion_tokens;
-    if (c.index % spec_.s.n == 0) {
+    if (c.index % spec_.sampling.n == 0) {
       prompt += c.prompt_tokens;
       cached += c.cached_tokens;
     }
@@ -401,7 +399,7 @@ std::string Generation::usage_json_locked() const {
 
 std::string Generation::final_body_locked() const {
   json choices = json::array();
-  for (const Choice& c : st_->choices) {
+  for (const Choice& c : state_->choices) {
     json choice = {{"index", c.index}};
     if (spec_.chat) {
       json message = {{"role", "assistant"}};
@@ -415,7 +413,7 @@ std::string Generation::final_body_locked() const {
     } else {
       choice["text"] = c.text;
     }
-    choice["logprobs"] = spec_.s.logprobs >= 0 ? c.logprobs_all : json(nullptr);
+    choice["logprobs"] = spec_.sampling.logprobs >= 0 ? c.logprobs_all : json(nullptr);
     choice["finish_reason"] = c.finish_reason;
     choice["stop_reason"] = c.stop_reason;
     choices.push_back(std::move(choice));

@@ -26,7 +26,7 @@ struct GenerationSpec {
   std::string id;       // "chatcmpl-..." / "cmpl-..."
   std::string model;    // served model name
   int64_t created = 0;  // Unix seconds
-  SamplingFields s;     // validated fields (stop, logprobs, n, stream, ...)
+  SamplingFields sampling;  // validated fields (stop, logprobs, n, stream, ...)
   bool echo = false;    // completions: prepend the prompt text
   struct PromptInput {
     std::vector<int32_t> ids;
@@ -70,7 +70,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   ServerMetrics& metrics_;
   std::shared_ptr<Responder> responder_;
   struct State;
-  std::unique_ptr<State> st_;
+  std::unique_ptr<State> state_;
 };
 
 }  // namespace glms::server

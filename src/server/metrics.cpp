@@ -182,9 +182,9 @@ std::string ServerMetrics::render(const BackendStats& s) const {
           static_cast<double>(s.prefix_cache_hits));
   counter("num_preemptions_total", "Cumulative number of preemptions from the engine.",
           static_cast<double>(s.num_preemptions));
-  counter("prompt_tokens_total", "Number of prefill tokens processed.", static_cast<double>(prompt_tokens.load()));
+  counter("prompt_tokens_total", "Number of prefill tokens processed.", static_cast<double>(s.prompt_tokens_total));
   counter("generation_tokens_total", "Number of generation tokens processed.",
-          static_cast<double>(generation_tokens.load()));
+          static_cast<double>(s.generation_tokens_total));
   {
     std::lock_guard lock(mu_);
     head(out, "glmserve:request_success_total", "counter", "Count of finished requests by finish reason.");

@@ -40,8 +40,6 @@ class ServerMetrics {
   Histogram e2e_request_latency;
   Histogram request_prompt_tokens;
   Histogram request_generation_tokens;
-  std::atomic<int64_t> prompt_tokens{0};
-  std::atomic<int64_t> generation_tokens{0};
 
   void count_finished(const std::string& finish_reason);  // request_success_total
   void count_http(int status);                            // http_requests_total{status}

@@ -1,5 +1,6 @@
 // OpenAI request parsing and validation (see openai_request.h for the contract).
 #include "server/openai_request.h"
+#include "text/utf8.h"
 
 #include <cmath>
 #include <limits>
@@ -330,30 +331,7 @@ std::string parse_tool_choice(const json& doc, bool has_tools) {
 
 }  // namespace
 
-bool is_valid_utf8(std::string_view s) {
-  size_t i = 0;
-  const size_t n = s.size();
-  while (i < n) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) { ++i; continue; }
-    int len = 0;
-    uint32_t cp = 0;
-    if (c >= 0xC2 && c <= 0xDF) { len = 2; cp = c & 0x1F; }
-    else if (c >= 0xE0 && c <= 0xEF) { len = 3; cp = c & 0x0F; }
-    else if (c >= 0xF0 && c <= 0xF4) { len = 4; cp = c & 0x07; }
-    else return false;
-    if (i + len > n) return false;
-    for (int k = 1; k < len; ++k) {
-      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
-      return false;
-    i += len;
-  }
-  return true;
-}
+bool is_valid_utf8(std::string_view s) { return text::utf8::is_valid(s); }
 
 void check_body_text(std::string_view body, int max_depth) {
   if (!is_valid_utf8(body)) bad_request("request body is not valid UTF-8");
@@ -378,7 +356,7 @@ void check_body_text(std::string_view body, int max_depth) {
 ChatRequest parse_chat_request(std::string_view body, const ParseLimits& limits) {
   const json doc = parse_body(body, limits.max_json_depth);
   ChatRequest req;
-  parse_sampling(doc, req.s, limits, true);
+  parse_sampling(doc, req.sampling, limits, true);
   req.messages = std::make_shared<const json>(parse_messages(doc));
   json tools = parse_tools(doc);
   req.tool_choice = parse_tool_choice(doc, !tools.is_null());
@@ -401,7 +379,7 @@ ChatRequest parse_chat_request(std::string_view body, const ParseLimits& limits)
 CompletionRequest parse_completion_request(std::string_view body, const ParseLimits& limits) {
   const json doc = parse_body(body, limits.max_json_depth);
   CompletionRequest req;
-  parse_sampling(doc, req.s, limits, false);
+  parse_sampling(doc, req.sampling, limits, false);
   if (auto v = get_bool(doc, "echo")) req.echo = *v;
   const json* p = field(doc, "prompt");
   if (!p) bad_request("prompt is required", "prompt");
@@ -432,7 +410,7 @@ CompletionRequest parse_completion_request(std::string_view body, const ParseLim
   } else {
     wrong_type("prompt", "a string, an array of strings or an array of token ids", *p);
   }
-  if (req.prompts.size() * static_cast<size_t>(req.s.n) > static_cast<size_t>(limits.max_n) * 4)
+  if (req.prompts.size() * static_cast<size_t>(req.sampling.n) > static_cast<size_t>(limits.max_n) * 4)
     bad_request("too many prompts x n in one request (at most " + std::to_string(limits.max_n * 4) + ")", "prompt");
   for (const Prompt& prompt : req.prompts) {
     const bool empty = std::visit([](const auto& x) { return x.empty(); }, prompt);

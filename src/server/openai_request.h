@@ -50,7 +50,7 @@ struct SamplingFields {
 };
 
 struct ChatRequest {
-  SamplingFields s;
+  SamplingFields sampling;
   std::shared_ptr<const nlohmann::json> messages;   // validated array, content normalised
   std::shared_ptr<const nlohmann::json> tools;      // array of {type:function, function:{...}} or null
   std::string tool_choice = "auto";                 // "auto", "none", "required" or a function name
@@ -62,7 +62,7 @@ struct ChatRequest {
 using Prompt = std::variant<std::string, std::vector<int32_t>>;
 
 struct CompletionRequest {
-  SamplingFields s;
+  SamplingFields sampling;
   std::vector<Prompt> prompts;  // one choice group per prompt
   bool echo = false;
 };

@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "text/glm_parsers.h"
+
 namespace glms::server {
 
 // Finds the first occurrence of any stop string in a text that arrives in pieces. Text that could
@@ -23,7 +25,6 @@ class StopMatcher {
   };
   Result push(std::string_view piece);
   std::string finish();  // releases what is held back (no match possible any more)
-  bool matched() const { return matched_; }
 
  private:
   std::vector<std::string> stops_;
@@ -33,11 +34,7 @@ class StopMatcher {
   bool matched_ = false;
 };
 
-struct ToolCall {
-  std::string id;         // "chatcmpl-tool-..."
-  std::string name;
-  std::string arguments;  // a JSON object, serialised
-};
+using ToolCall = text::ToolCall;  // id, name, arguments (a JSON object, serialised)
 
 // What parsing a piece of model output yields.
 struct ParsedDelta {
@@ -58,7 +55,6 @@ class OutputParser {
 
 struct ParserOptions {
   bool prompt_ends_in_think = false;  // generation starts inside <think>
-  bool reasoning = true;              // separate reasoning_content
   bool tools = false;                 // parse tool calls (tools given and tool_choice != "none")
   std::string tools_json;             // the request's tools array (parameter types for the parser)
 };
@@ -68,7 +64,7 @@ using ParserFactory = std::function<std::unique_ptr<OutputParser>(const ParserOp
 // Everything is content.
 std::unique_ptr<OutputParser> make_plain_parser();
 
-// A fresh id for a tool call ("chatcmpl-tool-" + 32 hex digits) or a response ("<prefix>" + hex).
+// A fresh response id: `prefix` + 32 hex digits ("chatcmpl-...", "cmpl-...").
 std::string random_id(const std::string& prefix);
 
 }  // namespace glms::server

@@ -28,8 +28,6 @@ TEST(Metrics, ExpositionIsValidAndComplete) {
   m.time_to_first_token.observe(3.0);
   m.inter_token_latency.observe(0.02);
   m.e2e_request_latency.observe(1.2);
-  m.prompt_tokens += 11;
-  m.generation_tokens += 5;
   m.count_finished("stop");
   m.count_finished("length");
   m.count_finished("length");
@@ -42,6 +40,8 @@ TEST(Metrics, ExpositionIsValidAndComplete) {
   s.prefix_cache_queries = 100;
   s.prefix_cache_hits = 60;
   s.num_preemptions = 1;
+  s.prompt_tokens_total = 11;
+  s.generation_tokens_total = 5;
   const std::string text = m.render(s);
   std::vector<PromSample> samples;
   ASSERT_EQ(validate_prometheus(text, &samples), "") << text;

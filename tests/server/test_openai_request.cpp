@@ -32,12 +32,12 @@ ApiError completion_error(json doc) { return error_of([&] { parse_completion_req
 
 TEST(ChatRequest, MinimalDefaults) {
   const ChatRequest r = parse_chat_request(chat_base().dump());
-  EXPECT_EQ(r.s.n, 1);
-  EXPECT_FALSE(r.s.max_tokens);
-  EXPECT_FALSE(r.s.temperature);
-  EXPECT_FALSE(r.s.stream);
-  EXPECT_TRUE(r.s.skip_special_tokens);
-  EXPECT_EQ(r.s.logprobs, -1);
+  EXPECT_EQ(r.sampling.n, 1);
+  EXPECT_FALSE(r.sampling.max_tokens);
+  EXPECT_FALSE(r.sampling.temperature);
+  EXPECT_FALSE(r.sampling.stream);
+  EXPECT_TRUE(r.sampling.skip_special_tokens);
+  EXPECT_EQ(r.sampling.logprobs, -1);
   EXPECT_EQ(r.tool_choice, "none");
   EXPECT_TRUE(r.add_generation_prompt);
   ASSERT_EQ(r.messages->size(), 1u);
@@ -56,24 +56,24 @@ TEST(ChatRequest, EveryField) {
                                       {"function", {{"name", "f"}, {"parameters", json::object()}}}}})},
               {"tool_choice", "auto"}});
   const ChatRequest r = parse_chat_request(doc.dump());
-  EXPECT_EQ(r.s.model, "m");
-  EXPECT_EQ(*r.s.max_tokens, 7);
-  EXPECT_FLOAT_EQ(*r.s.temperature, 0.5f);
-  EXPECT_FLOAT_EQ(*r.s.top_p, 0.9f);
-  EXPECT_EQ(*r.s.top_k, 5);
-  EXPECT_FLOAT_EQ(*r.s.min_p, 0.1f);
-  EXPECT_EQ(*r.s.seed, static_cast<uint64_t>(-3));
-  EXPECT_EQ(r.s.stop, (std::vector<std::string>{"a", "bb"}));
-  EXPECT_EQ(r.s.stop_token_ids, (std::vector<int32_t>{1, 2}));
-  EXPECT_EQ(r.s.n, 3);
-  EXPECT_FLOAT_EQ(r.s.presence_penalty, 0.5f);
-  EXPECT_FLOAT_EQ(r.s.frequency_penalty, -0.5f);
-  EXPECT_FLOAT_EQ(r.s.repetition_penalty, 1.1f);
-  EXPECT_TRUE(r.s.ignore_eos);
-  EXPECT_TRUE(r.s.stream);
-  EXPECT_TRUE(r.s.include_usage);
-  EXPECT_EQ(r.s.logprobs, 4);
-  EXPECT_FALSE(r.s.skip_special_tokens);
+  EXPECT_EQ(r.sampling.model, "m");
+  EXPECT_EQ(*r.sampling.max_tokens, 7);
+  EXPECT_FLOAT_EQ(*r.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(*r.sampling.top_p, 0.9f);
+  EXPECT_EQ(*r.sampling.top_k, 5);
+  EXPECT_FLOAT_EQ(*r.sampling.min_p, 0.1f);
+  EXPECT_EQ(*r.sampling.seed, static_cast<uint64_t>(-3));
+  EXPECT_EQ(r.sampling.stop, (std::vector<std::string>{"a", "bb"}));
+  EXPECT_EQ(r.sampling.stop_token_ids, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(r.sampling.n, 3);
+  EXPECT_FLOAT_EQ(r.sampling.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.frequency_penalty, -0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.repetition_penalty, 1.1f);
+  EXPECT_TRUE(r.sampling.ignore_eos);
+  EXPECT_TRUE(r.sampling.stream);
+  EXPECT_TRUE(r.sampling.include_usage);
+  EXPECT_EQ(r.sampling.logprobs, 4);
+  EXPECT_FALSE(r.sampling.skip_special_tokens);
   EXPECT_EQ((*r.template_kwargs)["enable_thinking"], false);
   EXPECT_EQ(r.tool_choice, "auto");
   EXPECT_EQ(r.tools->size(), 1u);
@@ -102,11 +102,11 @@ TEST(ChatRequest, MessagesAreNormalised) {
 TEST(ChatRequest, MaxTokensAliases) {
   json doc = chat_base();
   doc["max_tokens"] = 5;
-  EXPECT_EQ(*parse_chat_request(doc.dump()).s.max_tokens, 5);
+  EXPECT_EQ(*parse_chat_request(doc.dump()).sampling.max_tokens, 5);
   doc["max_tokens"] = 5.0;  // integral floats are integers (as pydantic accepts them)
-  EXPECT_EQ(*parse_chat_request(doc.dump()).s.max_tokens, 5);
+  EXPECT_EQ(*parse_chat_request(doc.dump()).sampling.max_tokens, 5);
   doc["max_tokens"] = nullptr;  // null = not given
-  EXPECT_FALSE(parse_chat_request(doc.dump()).s.max_tokens);
+  EXPECT_FALSE(parse_chat_request(doc.dump()).sampling.max_tokens);
 }
 
 struct BadField {
@@ -221,7 +221,7 @@ TEST(CompletionRequest, PromptForms) {
   const auto id_batch = parse_completion_request(R"({"prompt": [[1], [2, 3]]})");
   EXPECT_EQ(id_batch.prompts.size(), 2u);
   const auto lp = parse_completion_request(R"({"prompt": "a", "logprobs": 3, "echo": true})");
-  EXPECT_EQ(lp.s.logprobs, 3);
+  EXPECT_EQ(lp.sampling.logprobs, 3);
   EXPECT_TRUE(lp.echo);
 }
 
