@@ -10,15 +10,6 @@ namespace glms::bench {
 
 namespace {
 
-// splitmix64: nearby seeds (0, 1, 2, ...) give unrelated generator states. mt19937_64 seeded
-// directly with small neighbouring integers produces visibly correlated first draws.
-uint64_t mix_seed(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 class GapSource {
  public:
   explicit GapSource(const ArrivalSpec& spec) : rng_(mix_seed(spec.seed)), infinite_(!(spec.rate > 0) || std::isinf(spec.rate)) {
@@ -34,6 +25,13 @@ class GapSource {
 };
 
 }  // namespace
+
+uint64_t mix_seed(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
 
 std::vector<double> arrival_times(const ArrivalSpec& spec, size_t count) {
   GapSource gaps(spec);

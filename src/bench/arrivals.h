@@ -16,6 +16,11 @@ struct ArrivalSpec {
   uint64_t seed = 0;
 };
 
+// splitmix64: a generator seed from a user seed, so that nearby seeds (0, 1, 2, ...) give
+// unrelated states (mt19937_64 seeded directly with neighbouring integers gives visibly
+// correlated first draws).
+uint64_t mix_seed(uint64_t seed);
+
 // Send times in seconds from the start of the run, non-decreasing, `count` of them.
 std::vector<double> arrival_times(const ArrivalSpec& spec, size_t count);
 // Send times up to (excluding) `duration` seconds; at most `max_count` of them.

@@ -7,19 +7,13 @@
 #include <random>
 #include <thread>
 
+#include "bench/arrivals.h"
 #include "core/error.h"
 
 namespace glms::bench {
 
 namespace {
 
-// splitmix64 (see arrivals.cpp): decorrelates the generators of neighbouring seeds.
-uint64_t mix_seed(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // Ids worth sampling: in the vocabulary, not special, with a non-empty token string.
 std::vector<int32_t> ordinary_ids(const text::Tokenizer& tok) {

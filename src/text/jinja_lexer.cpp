@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "text/utf8.h"
 
 namespace glms::jinja {
 
@@ -18,24 +19,6 @@ void syntax_error(int line, int col, const std::string& what) {
 namespace {
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xc0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xe0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else {
-    out += static_cast<char>(0xf0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  }
-}
 
 class Lexer {
  public:
@@ -342,15 +325,15 @@ class Lexer {
         case 'f': value += '\f'; break;
         case 'v': value += '\v'; break;
         case '\n': break;  // line continuation
-        case 'x': append_utf8(value, hex(2)); break;
-        case 'u': append_utf8(value, hex(4)); break;
-        case 'U': append_utf8(value, hex(8)); break;
+        case 'x': text::utf8::append(value, hex(2)); break;
+        case 'u': text::utf8::append(value, hex(4)); break;
+        case 'U': text::utf8::append(value, hex(8)); break;
         default:
           if (n >= '0' && n <= '7') {
             uint32_t v = n - '0';
             for (int k = 0; k < 2 && e < src_.size() && src_[e] >= '0' && src_[e] <= '7'; ++k, ++e)
               v = v * 8 + (src_[e] - '0');
-            append_utf8(value, v);
+            text::utf8::append(value, v);
           } else {
             value += '\\';
             value += n;
