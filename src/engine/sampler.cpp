@@ -16,44 +16,56 @@ int32_t argmax(const float* logits, int vocab_size) {
 
 int32_t Sampler::sample(const float* logits, int vocab_size, const SamplingParams& params) {
   if (params.temperature <= 0.0f) return argmax(logits, vocab_size);
-  std::vector<int32_t> order(vocab_size);
-  std::iota(order.begin(), order.end(), 0);
-  int keep = vocab_size;
-  if (params.top_k > 0 && params.top_k < vocab_size) keep = params.top_k;
-  std::partial_sort(order.begin(), order.begin() + keep, order.end(),
-                    [logits](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
-  order.resize(keep);
+  // Candidates in a fixed order (by logit, then id, wherever an order matters) so that a seed
+  // always draws the same token. Sorting the whole vocabulary (154880 ids for GLM-5) is done
+  // only when top_p needs the cumulative mass; otherwise every pass is linear.
+  auto better = [logits](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::vector<int32_t> candidates(vocab_size);
+  std::iota(candidates.begin(), candidates.end(), 0);
+  if (params.top_k > 0 && params.top_k < vocab_size) {
+    std::nth_element(candidates.begin(), candidates.begin() + params.top_k, candidates.end(), better);
+    candidates.resize(params.top_k);
+  }
+  if (params.top_p < 1.0f) std::sort(candidates.begin(), candidates.end(), better);
 
-  std::vector<double> probs(keep);
-  const double max_logit = logits[order[0]];
+  float max_logit = logits[candidates[0]];
+  for (int32_t id : candidates) max_logit = std::max(max_logit, logits[id]);
+  std::vector<double> probs(candidates.size());
   double total = 0.0;
-  for (int i = 0; i < keep; ++i) total += probs[i] = std::exp((logits[order[i]] - max_logit) / params.temperature);
+  for (size_t i = 0; i < candidates.size(); ++i)
+    total += probs[i] = std::exp((logits[candidates[i]] - max_logit) / params.temperature);
   for (double& p : probs) p /= total;
 
-  if (params.top_p < 1.0f) {  // smallest prefix whose mass reaches top_p
+  size_t keep = candidates.size();
+  if (params.top_p < 1.0f) {  // the smallest prefix (in logit order) whose mass reaches top_p
     double mass = 0.0;
-    int cut = keep;
-    for (int i = 0; i < keep; ++i) {
+    for (size_t i = 0; i < keep; ++i) {
       mass += probs[i];
-      if (mass >= params.top_p) { cut = i + 1; break; }
+      if (mass >= params.top_p) {
+        keep = i + 1;
+        break;
+      }
     }
-    keep = cut;
   }
-  if (params.min_p > 0.0f) {
-    const double floor = probs[0] * params.min_p;
-    int cut = 1;
-    while (cut < keep && probs[cut] >= floor) ++cut;
-    keep = cut;
+  if (params.min_p > 0.0f) {  // drop tokens under min_p x the most likely one's probability
+    const double floor = *std::max_element(probs.begin(), probs.begin() + keep) * params.min_p;
+    size_t kept = 0;
+    for (size_t i = 0; i < keep; ++i)
+      if (probs[i] >= floor) {
+        candidates[kept] = candidates[i];
+        probs[kept++] = probs[i];
+      }
+    keep = kept;
   }
   double kept_total = 0.0;
-  for (int i = 0; i < keep; ++i) kept_total += probs[i];
+  for (size_t i = 0; i < keep; ++i) kept_total += probs[i];
   std::uniform_real_distribution<double> uniform(0.0, kept_total);
   double draw = uniform(rng_);
-  for (int i = 0; i < keep; ++i) {
+  for (size_t i = 0; i < keep; ++i) {
     draw -= probs[i];
-    if (draw <= 0.0) return order[i];
+    if (draw <= 0.0) return candidates[i];
   }
-  return order[keep - 1];
+  return candidates[keep - 1];
 }
 
 }  // namespace glms::engine
