@@ -10,21 +10,14 @@
 #include "engine/generator.h"
 #include "io/safetensors.h"
 #include "model/glm5.h"
+#include "support/numerics.h"
 
 using namespace glms;
+using glms::testing::relative_l2;
 
 namespace {
 
 const std::filesystem::path kSource = GLMS_SOURCE_DIR;
-
-double relative_l2(const float* a, const float* b, size_t n) {
-  double diff = 0.0, norm = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    norm += double(b[i]) * b[i];
-  }
-  return std::sqrt(diff / std::max(norm, 1e-30));
-}
 
 std::vector<int32_t> to_i32(const std::vector<int64_t>& values) { return {values.begin(), values.end()}; }
 

@@ -10,21 +10,14 @@
 #include "model/glm5.h"
 #include "model/layers.h"
 #include "random_model.h"
+#include "support/numerics.h"
 
 using namespace glms;
+using glms::testing::relative_l2;
 using glms::testing::RandomModelSpec;
 using glms::testing::TempDir;
 
 namespace {
-
-double relative_l2(const float* a, const float* b, size_t n) {
-  double diff = 0.0, norm = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    norm += double(b[i]) * b[i];
-  }
-  return std::sqrt(diff / std::max(norm, 1e-30));
-}
 
 std::vector<int32_t> random_tokens(int count, int vocab, uint64_t seed) {
   std::mt19937 rng(seed);

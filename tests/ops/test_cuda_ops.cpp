@@ -6,8 +6,11 @@
 
 #include "ops/cuda/cuda_ops.h"
 #include "ops/ops.h"
+#include "support/numerics.h"
 
 using namespace glms;
+using glms::testing::random_values;
+using glms::testing::relative_l2;
 namespace cuda = glms::ops::cuda;
 
 namespace {
@@ -18,24 +21,6 @@ class CudaOps : public ::testing::Test {
     if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   }
 };
-
-std::vector<float> random_values(size_t count, uint64_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> values(count);
-  for (float& v : values) v = normal(rng);
-  return values;
-}
-
-double relative_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0.0, norm = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    norm += double(b[i]) * b[i];
-  }
-  return std::sqrt(diff / norm);
-}
 
 template <typename T>
 cuda::DeviceBuffer to_device(const std::vector<T>& host) {

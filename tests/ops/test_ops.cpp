@@ -6,18 +6,13 @@
 #include <random>
 
 #include "ops/ops.h"
+#include "support/numerics.h"
 
 using namespace glms;
+using glms::testing::random_values;
+using glms::testing::relative_l2;
 
 namespace {
-
-std::vector<float> random_values(size_t count, uint64_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> values(count);
-  for (float& v : values) v = normal(rng);
-  return values;
-}
 
 std::vector<uint16_t> to_bf16(const std::vector<float>& values) {
   std::vector<uint16_t> out(values.size());

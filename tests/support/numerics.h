@@ -1,0 +1,37 @@
+// Comparison helpers shared by the numeric tests: relative L2 error and seeded random data.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace glms::testing {
+
+// ||a - b|| / ||b|| over n values, in double; infinite when `a` holds a NaN or an infinity,
+// so that unwritten (NaN-poisoned) outputs always fail.
+inline double relative_l2(const float* a, const float* b, size_t n) {
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    norm += double(b[i]) * b[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+inline double relative_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() != b.size() ? INFINITY : relative_l2(a.data(), b.data(), a.size());
+}
+
+// `count` normal values with standard deviation `scale`, from `seed`.
+inline std::vector<float> random_values(size_t count, uint64_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> values(count);
+  for (float& v : values) v = normal(rng);
+  return values;
+}
+
+}  // namespace glms::testing
