@@ -29,7 +29,23 @@ class WeightLoader {
     return info;
   }
 
+  // A weight matrix [rows, cols]: plain (BF16, F16, F32, F8_E4M3 per-tensor), block-scaled FP8
+  // (`NAME_scale_inv` F32 [ceil(rows/128), ceil(cols/128)], DeepSeek-V3 / GLM-5-FP8 layout) or
+  // MXFP4 as AMD Quark exports it (U8 [rows, cols/2] + `NAME_scale` U8 E8M0 [rows, cols/32]).
   WeightView matrix(const std::string& name, int64_t rows, int64_t cols) const {
+    const io::TensorInfo& stored = checkpoint_.get(name);
+    if (stored.dtype == DType::U8 && has(name + "_scale")) {
+      if (cols % 32 != 0)
+        fail(fmt::format("tensor '{}' in {} is MXFP4 but its {} inputs are not a multiple of 32", name,
+                         checkpoint_.path().string(), cols));
+      const io::TensorInfo& packed = tensor(name, {rows, cols / 2});
+      const io::TensorInfo& scales = tensor(name + "_scale", {rows, cols / 32});
+      if (scales.dtype != DType::U8)
+        fail(fmt::format("tensor '{}_scale' in {} must be U8 (E8M0), not {}", name, checkpoint_.path().string(),
+                         dtype_name(scales.dtype)));
+      *parameter_count_ += rows * cols - packed.numel() - scales.numel();  // count values, not bytes
+      return WeightView{DType::U8, packed.data, rows, cols, cols / 2, ops::WeightFormat::Mxfp4, scales.data, 0};
+    }
     const io::TensorInfo& info = tensor(name, {rows, cols});
     switch (info.dtype) {
       case DType::BF16: case DType::F16: case DType::F32: case DType::F8_E4M3: break;
@@ -37,8 +53,15 @@ class WeightLoader {
         fail(fmt::format("tensor '{}' in {} has dtype {}, which glmserve cannot use as a weight matrix", name,
                          checkpoint_.path().string(), dtype_name(info.dtype)));
     }
-    if (info.dtype == DType::F8_E4M3 && has(name + "_scale_inv"))
-      fail(fmt::format("tensor '{}' is block-scaled FP8; quantised checkpoints are not supported yet", name));
+    if (info.dtype == DType::F8_E4M3 && has(name + "_scale_inv")) {
+      const int64_t block_rows = (rows + 127) / 128, block_cols = (cols + 127) / 128;
+      const io::TensorInfo& scales = tensor(name + "_scale_inv", {block_rows, block_cols});
+      if (scales.dtype != DType::F32)
+        fail(fmt::format("tensor '{}_scale_inv' in {} must be F32, not {}", name, checkpoint_.path().string(),
+                         dtype_name(scales.dtype)));
+      *parameter_count_ -= scales.numel();  // scales are not parameters
+      return WeightView{info.dtype, info.data, rows, cols, cols, ops::WeightFormat::Fp8Block, scales.data, 0};
+    }
     return WeightView{info.dtype, info.data, rows, cols, cols};
   }
 

@@ -13,13 +13,24 @@
 
 namespace glms::ops {
 
-// A row-major matrix [rows, cols] in checkpoint storage; `row_stride` elements between rows.
+// How a weight matrix is stored: plainly in `dtype`, or quantised with scales beside it.
+enum class WeightFormat : uint8_t {
+  Plain,     // [rows, cols] of dtype
+  Fp8Block,  // [rows, cols] F8_E4M3 codes; scales: F32 [ceil(rows/128), ceil(cols/128)] (weight_scale_inv)
+  Mxfp4,     // [rows, cols/2] U8, two E2M1 per byte (even index low); scales: U8 E8M0 [rows, cols/32]
+};
+
+// A row-major matrix [rows, cols] in checkpoint storage; `row_stride` elements between rows
+// (Plain and Fp8Block; Mxfp4 rows are cols/2 bytes).
 struct WeightView {
   DType dtype = DType::F32;
   const void* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
   int64_t row_stride = 0;
+  WeightFormat format = WeightFormat::Plain;
+  const void* scales = nullptr;  // quantised formats: the scale tensor of the whole matrix
+  int64_t first_row = 0;         // row of the whole matrix this view starts at (scale lookup)
 
   bool empty() const { return data == nullptr; }
   // Rows [first, first + count) as a view.

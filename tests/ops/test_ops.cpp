@@ -6,6 +6,7 @@
 #include <random>
 
 #include "ops/ops.h"
+#include "quant/formats.h"
 #include "support/numerics.h"
 
 using namespace glms;
@@ -130,4 +131,27 @@ TEST(TopK, OrderedByValueThenIndex) {
   EXPECT_EQ(chosen, (std::vector<int32_t>{5, 1, 3, 4}));
   ops::top_k(scores, 6, 10, chosen);
   EXPECT_EQ(chosen.size(), 6u);
+}
+
+TEST(QuantisedWeights, RowsAndSlicesDequantiseLikeTheWholeMatrix) {
+  const int64_t rows = 300, cols = 256;
+  const auto values = random_values(rows * cols, 21, 0.05f);
+  std::vector<uint8_t> fp8(rows * cols), packed(rows * cols / 2), e8m0(rows * cols / 32);
+  std::vector<float> scale_inv(3 * 2);
+  quant::quantize_fp8_block(values.data(), rows, cols, fp8.data(), scale_inv.data());
+  for (int64_t r = 0; r < rows; ++r)
+    quant::quantize_mxfp4(values.data() + r * cols, cols, packed.data() + r * cols / 2, e8m0.data() + r * cols / 32);
+  const ops::WeightView fp8_view{DType::F8_E4M3, fp8.data(), rows, cols, cols, ops::WeightFormat::Fp8Block,
+                                 scale_inv.data(), 0};
+  const ops::WeightView mx_view{DType::U8, packed.data(), rows, cols, cols / 2, ops::WeightFormat::Mxfp4, e8m0.data(), 0};
+  for (const ops::WeightView& whole : {fp8_view, mx_view}) {
+    const ops::WeightView slice = whole.slice_rows(130, 140).slice_rows(7, 100);  // rows 137..236 of the matrix
+    std::vector<float> expected(cols), got(cols);
+    for (int64_t r = 0; r < 100; ++r) {
+      whole.row_to_f32(137 + r, expected.data());
+      slice.row_to_f32(r, got.data());
+      ASSERT_EQ(expected, got) << "row " << r;
+    }
+    EXPECT_LT(glms::testing::relative_l2(expected.data(), values.data() + 236 * cols, cols), 0.2);
+  }
 }

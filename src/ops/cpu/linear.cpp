@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "ops/ops.h"
+#include "quant/formats.h"
 
 namespace glms::ops {
 
@@ -78,12 +79,32 @@ constexpr int64_t kRowBlock = 16;
 WeightView WeightView::slice_rows(int64_t first, int64_t count) const {
   GLMS_CHECK(first >= 0 && first + count <= rows, "slice_rows out of range");
   WeightView view = *this;
-  view.data = static_cast<const std::byte*>(data) + first * row_stride * static_cast<int64_t>(dtype_size(dtype));
   view.rows = count;
-  return view;
+  view.first_row = first_row + first;
+  if (format == WeightFormat::Plain || format == WeightFormat::Fp8Block) {
+    const int64_t element = format == WeightFormat::Plain ? static_cast<int64_t>(dtype_size(dtype)) : 1;
+    view.data = static_cast<const std::byte*>(data) + first * row_stride * element;
+  }
+  return view;  // Mxfp4 rows are addressed from first_row
 }
 
 void WeightView::row_to_f32(int64_t row, float* out) const {
+  switch (format) {
+    case WeightFormat::Fp8Block: {
+      // dequantize_fp8_block_row indexes the whole matrix: rebase the codes to its first row.
+      const auto* codes = static_cast<const uint8_t*>(data) - first_row * row_stride;
+      quant::dequantize_fp8_block_row(codes, static_cast<const float*>(scales), first_row + row, cols, out);
+      return;
+    }
+    case WeightFormat::Mxfp4: {
+      const int64_t absolute = first_row + row;
+      quant::dequantize_mxfp4(static_cast<const uint8_t*>(data) + absolute * (cols / 2),
+                              static_cast<const uint8_t*>(scales) + absolute * (cols / quant::kMxBlock),
+                              static_cast<size_t>(cols), out);
+      return;
+    }
+    case WeightFormat::Plain: break;
+  }
   const auto* base = static_cast<const std::byte*>(data) + row * row_stride * static_cast<int64_t>(dtype_size(dtype));
   if (dtype == DType::BF16) {
     const auto* in = reinterpret_cast<const uint16_t*>(base);
