@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   glms::cli::add_tokenize_command(app);
   glms::cli::add_inspect_command(app);
   glms::cli::add_plan_command(app);
+  glms::cli::add_quantize_command(app);
   glms::cli::add_serve_command(app);
   glms::cli::add_bench_command(app);
   try {

@@ -293,13 +293,14 @@ void SafetensorsFile::parse(const std::byte* bytes, size_t size) {
 
 // ---- writing ----------------------------------------------------------------------------------
 
-void write_safetensors(const fs::path& path, const std::vector<TensorToWrite>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+SafetensorsWriter::SafetensorsWriter(const fs::path& path, std::vector<TensorSpec> tensors,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path), tmp_(path.string() + ".tmp"), tensors_(std::move(tensors)) {
   const std::string file = path.string();
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
-  for (const auto& t : tensors) {
+  for (const auto& t : tensors_) {
     if (t.name == "__metadata__") fail_in(file, "cannot write a tensor named '__metadata__'");
     if (header.contains(t.name)) fail_in(file, "duplicate tensor name " + in_quotes(t.name));
     uint64_t numel = 1;
@@ -308,37 +309,63 @@ void write_safetensors(const fs::path& path, const std::vector<TensorToWrite>& t
       if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel))
         fail_in(file, "tensor " + in_quotes(t.name) + ": shape overflows the element count");
     }
-    if (numel * dtype_size(t.dtype) != t.bytes.size())
-      fail_in(file, "tensor " + in_quotes(t.name) + ": " + std::to_string(t.bytes.size()) +
-                        " bytes given but " + std::string(dtype_name(t.dtype)) + " of " +
-                        std::to_string(numel) + " elements needs " +
-                        std::to_string(numel * dtype_size(t.dtype)));
+    const uint64_t bytes = numel * dtype_size(t.dtype);
+    sizes_.push_back(bytes);
     header[t.name] = {{"dtype", std::string(dtype_name(t.dtype))},
                       {"shape", t.shape},
-                      {"data_offsets", {offset, offset + t.bytes.size()}}};
-    offset += t.bytes.size();
+                      {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
+  out_.open(tmp_, std::ios::binary | std::ios::trunc);
+  if (!out_) fail_in(file, std::string("cannot create: ") + std::strerror(errno));
+  char len[8];
+  const uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  out_.write(len, 8);
+  out_.write(text.data(), static_cast<std::streamsize>(text.size()));
+}
 
-  const fs::path tmp = fs::path(file + ".tmp");
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail_in(file, std::string("cannot create: ") + std::strerror(errno));
-    char len[8];
-    uint64_t n = text.size();
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-    out.write(len, 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const auto& t : tensors)
-      out.write(reinterpret_cast<const char*>(t.bytes.data()),
-                static_cast<std::streamsize>(t.bytes.size()));
-    out.flush();
-    if (!out) fail_in(file, "write failed (disk full?)");
+SafetensorsWriter::~SafetensorsWriter() {
+  if (!finished_) {
+    out_.close();
+    std::error_code ignored;
+    fs::remove(tmp_, ignored);
   }
+}
+
+void SafetensorsWriter::write(const void* data, size_t bytes) {
+  const std::string file = path_.string();
+  if (next_ >= tensors_.size()) fail_in(file, "more tensors written than declared");
+  if (bytes != sizes_[next_])
+    fail_in(file, "tensor " + in_quotes(tensors_[next_].name) + ": " + std::to_string(bytes) + " bytes given but " +
+                      std::string(dtype_name(tensors_[next_].dtype)) + " of its shape needs " +
+                      std::to_string(sizes_[next_]));
+  out_.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+  ++next_;
+}
+
+void SafetensorsWriter::finish() {
+  const std::string file = path_.string();
+  if (next_ != tensors_.size())
+    fail_in(file, std::to_string(tensors_.size() - next_) + " declared tensors were not written");
+  out_.flush();
+  if (!out_) fail_in(file, std::string("write failed: ") + std::strerror(errno));
+  out_.close();
   std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) fail_in(file, "cannot rename temporary file into place: " + ec.message());
+  fs::rename(tmp_, path_, ec);
+  if (ec) fail_in(file, "cannot move the written file into place: " + ec.message());
+  finished_ = true;
+}
+
+void write_safetensors(const fs::path& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsWriter::TensorSpec> specs;
+  for (const auto& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
+  SafetensorsWriter writer(path, std::move(specs), metadata);
+  for (const auto& t : tensors) writer.write(t.bytes.data(), t.bytes.size());
+  writer.finish();
 }
 
 namespace {

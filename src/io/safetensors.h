@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -83,6 +84,35 @@ struct TensorToWrite {
   DType dtype;
   std::vector<int64_t> shape;
   std::vector<std::byte> bytes;
+};
+
+// Streams a .safetensors file: the header is written from the declared tensors, then each
+// tensor's bytes in declared order, so a checkpoint of any size is written with one tensor in
+// memory at a time. The file appears (renamed from PATH.tmp) only when finish() succeeds.
+class SafetensorsWriter {
+ public:
+  struct TensorSpec {
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;
+  };
+  SafetensorsWriter(const std::filesystem::path& path, std::vector<TensorSpec> tensors,
+                    const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();  // removes the partial file unless finish() succeeded
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // The next declared tensor's bytes (exactly its size).
+  void write(const void* data, size_t bytes);
+  void finish();
+
+ private:
+  std::filesystem::path path_, tmp_;
+  std::vector<TensorSpec> tensors_;
+  std::vector<uint64_t> sizes_;
+  std::ofstream out_;
+  size_t next_ = 0;
+  bool finished_ = false;
 };
 
 // Writes a .safetensors file (header padded to 8 bytes, tensors in the given order).

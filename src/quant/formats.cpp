@@ -123,12 +123,30 @@ void quantize_mxfp4(const float* values, size_t count, uint8_t* packed, uint8_t*
   }
 }
 
+namespace {
+// Decoded values of every code, so that dequantisation in the matmul path is a table lookup.
+template <MiniFloat format, int codes>
+const std::array<float, codes>& decode_table() {
+  static const std::array<float, codes> table = [] {
+    std::array<float, codes> values{};
+    for (int code = 0; code < codes; ++code) values[code] = minifloat_to_f32(format, static_cast<uint8_t>(code));
+    return values;
+  }();
+  return table;
+}
+}  // namespace
+
 void dequantize_mxfp4(const uint8_t* packed, const uint8_t* scales, size_t count, float* out) {
   GLMS_CHECK(count % kMxBlock == 0, "MXFP4 rows must be a multiple of 32 values");
-  for (size_t i = 0; i < count; ++i) {
-    const uint8_t byte = packed[i / 2];
-    const uint8_t code = (i % 2 == 0) ? (byte & 0x0f) : (byte >> 4);
-    out[i] = minifloat_to_f32(MiniFloat::E2M1, code) * e8m0_to_f32(scales[i / kMxBlock]);
+  const auto& e2m1 = decode_table<MiniFloat::E2M1, 16>();
+  for (size_t block = 0; block < count / kMxBlock; ++block) {
+    const float scale = e8m0_to_f32(scales[block]);
+    const uint8_t* bytes = packed + block * kMxBlock / 2;
+    float* dst = out + block * kMxBlock;
+    for (int i = 0; i < kMxBlock / 2; ++i) {
+      dst[2 * i] = e2m1[bytes[i] & 0x0f] * scale;
+      dst[2 * i + 1] = e2m1[bytes[i] >> 4] * scale;
+    }
   }
 }
 
@@ -171,7 +189,8 @@ void dequantize_fp8_block_row(const uint8_t* codes, const float* scale_inv, int6
   const int64_t block_cols = (cols + kFp8Block - 1) / kFp8Block;
   const float* scales = scale_inv + (row / kFp8Block) * block_cols;
   const uint8_t* in = codes + row * cols;
-  for (int64_t c = 0; c < cols; ++c) out[c] = fp8_e4m3_to_f32(in[c]) * scales[c / kFp8Block];
+  const auto& e4m3 = decode_table<MiniFloat::E4M3, 256>();
+  for (int64_t c = 0; c < cols; ++c) out[c] = e4m3[in[c]] * scales[c / kFp8Block];
 }
 
 }  // namespace glms::quant

@@ -1,0 +1,119 @@
+// glmserve quantize: writes an MXFP4 or block-FP8 copy of a checkpoint (streaming, one tensor
+// in memory) and, with --eval, measures what the quantisation costs on a text: KL divergence
+// of the next-token distributions, top-1 agreement and both perplexities.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "model/glm5.h"
+#include "quant/checkpoint_quantizer.h"
+#include "text/tokenizer.h"
+
+namespace glms::cli {
+
+namespace {
+
+struct QuantizeArgs {
+  std::string model_dir, out_dir, format, eval_file;
+  std::vector<std::string> exclude;
+  bool no_default_excludes = false;
+  int eval_tokens = 4096;
+  int window = 256;
+  bool json = false;
+};
+
+quant::QualityStats evaluate(const std::string& original_dir, const std::string& quantised_dir,
+                             const std::string& text_file, int max_tokens, int window) {
+  std::ifstream in(text_file, std::ios::binary);
+  if (!in) fail("--eval: cannot read " + text_file);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const text::Tokenizer tokenizer = text::Tokenizer::load(original_dir);
+  std::vector<int32_t> tokens = tokenizer.encode(buffer.str(), false);
+  if (tokens.size() < 2) fail("--eval: " + text_file + " has fewer than 2 tokens");
+  if (static_cast<int>(tokens.size()) > max_tokens) tokens.resize(max_tokens);
+  const model::Glm5Model original(model::load_weights(original_dir));
+  const model::Glm5Model quantised(model::load_weights(quantised_dir));
+  const int vocab = original.config().vocab_size;
+  const int block_size = 64, num_blocks = (window + block_size - 1) / block_size;
+  std::vector<int32_t> table(num_blocks);
+  std::iota(table.begin(), table.end(), 0);
+  quant::QualityStats stats;
+  for (size_t start = 0; start + 1 < tokens.size(); start += window) {
+    const size_t end = std::min(tokens.size(), start + window);
+    const std::vector<int32_t> chunk(tokens.begin() + start, tokens.begin() + end);
+    if (chunk.size() < 2) break;
+    auto logits_of = [&](const model::Glm5Model& m) {
+      kv::PagedLatentCache cache(m.cache_layout(block_size), num_blocks);
+      model::ForwardBatch batch;
+      batch.add_sequence(chunk, 0, table, block_size, true);
+      return m.forward(batch, cache);
+    };
+    const auto ref = logits_of(original), quant = logits_of(quantised);
+    stats.add(ref.data(), quant.data(), static_cast<int64_t>(chunk.size()) - 1, vocab, chunk.data() + 1);
+    std::fprintf(stderr, "\r[eval] %zu / %zu tokens", end, tokens.size());
+  }
+  std::fprintf(stderr, "\n");
+  return stats;
+}
+
+void run_quantize(const QuantizeArgs& args) {
+  quant::QuantizeOptions options;
+  options.format = args.format;
+  options.exclude = args.exclude;
+  options.default_excludes = !args.no_default_excludes;
+  const quant::QuantizeReport report =
+      quant::quantize_checkpoint(args.model_dir, args.out_dir, options, [](size_t done, size_t total, const std::string& name) {
+        const int width = 30, filled = static_cast<int>(width * done / std::max<size_t>(total, 1));
+        std::fprintf(stderr, "\r[%s%s] %zu/%zu tensors  %-60.60s", std::string(filled, '#').c_str(),
+                     std::string(width - filled, ' ').c_str(), done, total, name.c_str());
+      });
+  std::fprintf(stderr, "\n");
+  nlohmann::json out = {{"format", args.format}, {"output", args.out_dir}, {"quantized_tensors", report.quantized},
+                        {"kept_tensors", report.kept}, {"bytes_in", report.bytes_in}, {"bytes_out", report.bytes_out},
+                        {"exclude", report.exclude}};
+  if (!args.eval_file.empty()) {
+    const quant::QualityStats stats = evaluate(args.model_dir, args.out_dir, args.eval_file, args.eval_tokens, args.window);
+    out["eval"] = {{"text", args.eval_file}, {"positions", stats.positions}, {"mean_kl", stats.mean_kl()},
+                   {"top1_agreement", stats.top1()}, {"perplexity_original", stats.perplexity_ref()},
+                   {"perplexity_quantized", stats.perplexity_quant()}};
+  }
+  if (args.json) {
+    std::printf("%s\n", out.dump(2).c_str());
+    return;
+  }
+  std::printf("wrote %s: %d matrices in %s, %d tensors kept; %.2f MB -> %.2f MB\n", args.out_dir.c_str(),
+              report.quantized, args.format.c_str(), report.kept, report.bytes_in / 1e6, report.bytes_out / 1e6);
+  if (out.contains("eval"))
+    std::printf("eval on %lld positions of %s: mean KL %.5f nats, top-1 agreement %.2f%%, perplexity %.3f -> %.3f\n",
+                static_cast<long long>(out["eval"]["positions"].get<int64_t>()), args.eval_file.c_str(),
+                out["eval"]["mean_kl"].get<double>(), 100.0 * out["eval"]["top1_agreement"].get<double>(),
+                out["eval"]["perplexity_original"].get<double>(), out["eval"]["perplexity_quantized"].get<double>());
+}
+
+}  // namespace
+
+void add_quantize_command(CLI::App& app) {
+  auto args = std::make_shared<QuantizeArgs>();
+  CLI::App* cmd = app.add_subcommand("quantize", "Write an MXFP4 or block-FP8 copy of a checkpoint; --eval measures the loss");
+  cmd->add_option("--model", args->model_dir, "Input model folder")->required()->check(CLI::ExistingDirectory);
+  cmd->add_option("--out", args->out_dir, "Output folder (created; must be empty)")->required();
+  cmd->add_option("--format", args->format, "mxfp4 (AMD Quark layout) or fp8 (E4M3, 128x128 block scales)")
+      ->required()->check(CLI::IsMember({"mxfp4", "fp8"}));
+  cmd->add_option("--exclude", args->exclude, "Glob of tensor names to keep unquantised (repeatable)");
+  cmd->add_flag("--no-default-excludes", args->no_default_excludes,
+                "Quantise embeddings, lm_head, routers, indexer weights_proj and the MTP layer too");
+  cmd->add_option("--eval", args->eval_file, "Text file: report KL divergence, top-1 agreement and perplexities");
+  cmd->add_option("--eval-tokens", args->eval_tokens, "Tokens of the text to evaluate")->check(CLI::PositiveNumber);
+  cmd->add_option("--eval-window", args->window, "Tokens per evaluated window")->check(CLI::Range(2, 65536));
+  cmd->add_flag("--json", args->json, "Print one JSON object");
+  cmd->callback([args]() { run_quantize(*args); });
+}
+
+}  // namespace glms::cli

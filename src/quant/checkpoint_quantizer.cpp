@@ -1,0 +1,165 @@
+#include "quant/checkpoint_quantizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "io/model_config.h"
+#include "io/safetensors.h"
+#include "quant/formats.h"
+
+namespace glms::quant {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+bool glob_match(const std::string& pattern, const std::string& text) {
+  // Iterative '*' / '?' matching with backtracking to the last star.
+  size_t p = 0, t = 0, star = std::string::npos, resume = 0;
+  while (t < text.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == text[t])) {
+      ++p;
+      ++t;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      resume = t;
+    } else if (star != std::string::npos) {
+      p = star + 1;
+      t = ++resume;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+std::vector<std::string> default_excludes(const fs::path& model_dir) {
+  const io::ModelConfig config = io::load_model_config(model_dir);
+  return {"*embed_tokens*", "lm_head*", "*.mlp.gate.weight", "*indexer.weights_proj*",
+          "model.layers." + std::to_string(config.num_hidden_layers) + ".*"};
+}
+
+namespace {
+
+bool quantisable(const io::TensorInfo& t, const std::vector<std::string>& exclude, const std::string& format) {
+  if (t.shape.size() != 2 || t.name.size() < 7 || t.name.compare(t.name.size() - 7, 7, ".weight") != 0) return false;
+  if (t.dtype != DType::BF16 && t.dtype != DType::F16 && t.dtype != DType::F32) return false;
+  if (format == "mxfp4" && t.shape[1] % kMxBlock != 0) return false;
+  return std::none_of(exclude.begin(), exclude.end(), [&](const std::string& p) { return glob_match(p, t.name); });
+}
+
+json quantization_config(const std::string& format, const std::vector<std::string>& exclude) {
+  if (format == "fp8")
+    return {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
+            {"weight_block_size", {kFp8Block, kFp8Block}}, {"ignored_layers", exclude}};
+  return {{"quant_method", "quark"},
+          {"global_quant_config", {{"weight", {{"dtype", "fp4"}, {"qscheme", "per_group"}, {"group_size", kMxBlock},
+                                               {"scale_format", "e8m0"}}}}},
+          {"exclude", exclude}};
+}
+
+}  // namespace
+
+QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, const QuantizeOptions& options,
+                                   const std::function<void(size_t, size_t, const std::string&)>& progress) {
+  if (options.format != "mxfp4" && options.format != "fp8")
+    fail("unknown quantisation format '" + options.format + "' (mxfp4 or fp8)");
+  if (fs::exists(out) && !fs::is_empty(out)) fail("output folder " + out.string() + " exists and is not empty");
+  QuantizeReport report;
+  report.exclude = options.default_excludes ? default_excludes(in) : std::vector<std::string>{};
+  report.exclude.insert(report.exclude.end(), options.exclude.begin(), options.exclude.end());
+
+  const io::Checkpoint checkpoint = io::Checkpoint::open(in);
+  const std::vector<std::string> names = checkpoint.names();
+  std::vector<io::SafetensorsWriter::TensorSpec> specs;
+  for (const std::string& name : names) {
+    const io::TensorInfo& t = checkpoint.get(name);
+    report.bytes_in += t.nbytes;
+    if (!quantisable(t, report.exclude, options.format)) {
+      specs.push_back({name, t.dtype, t.shape});
+      continue;
+    }
+    const int64_t rows = t.shape[0], cols = t.shape[1];
+    if (options.format == "fp8") {
+      specs.push_back({name, DType::F8_E4M3, {rows, cols}});
+      specs.push_back({name + "_scale_inv", DType::F32, {(rows + kFp8Block - 1) / kFp8Block, (cols + kFp8Block - 1) / kFp8Block}});
+    } else {
+      specs.push_back({name, DType::U8, {rows, cols / 2}});
+      specs.push_back({name + "_scale", DType::U8, {rows, cols / kMxBlock}});
+    }
+  }
+
+  fs::create_directories(out);
+  io::SafetensorsWriter writer(out / "model.safetensors", specs, {{"format", "pt"}, {"quantized_by", "glmserve"}});
+  for (size_t i = 0; i < names.size(); ++i) {
+    const io::TensorInfo& t = checkpoint.get(names[i]);
+    if (!quantisable(t, report.exclude, options.format)) {
+      writer.write(t.data, t.nbytes);
+      report.bytes_out += t.nbytes;
+      ++report.kept;
+    } else {
+      const std::vector<float> values = io::read_f32(t);
+      const int64_t rows = t.shape[0], cols = t.shape[1];
+      if (options.format == "fp8") {
+        std::vector<uint8_t> codes(values.size());
+        std::vector<float> scale_inv(((rows + kFp8Block - 1) / kFp8Block) * ((cols + kFp8Block - 1) / kFp8Block));
+        quantize_fp8_block(values.data(), rows, cols, codes.data(), scale_inv.data());
+        writer.write(codes.data(), codes.size());
+        writer.write(scale_inv.data(), scale_inv.size() * sizeof(float));
+        report.bytes_out += codes.size() + scale_inv.size() * sizeof(float);
+      } else {
+        std::vector<uint8_t> packed(values.size() / 2), scales(values.size() / kMxBlock);
+        for (int64_t r = 0; r < rows; ++r)
+          quantize_mxfp4(values.data() + r * cols, cols, packed.data() + r * cols / 2, scales.data() + r * cols / kMxBlock);
+        writer.write(packed.data(), packed.size());
+        writer.write(scales.data(), scales.size());
+        report.bytes_out += packed.size() + scales.size();
+      }
+      ++report.quantized;
+    }
+    if (progress) progress(i + 1, names.size(), names[i]);
+  }
+  writer.finish();
+
+  std::ifstream config_in(in / "config.json");
+  json config = json::parse(config_in);
+  config["quantization_config"] = quantization_config(options.format, report.exclude);
+  std::ofstream(out / "config.json") << config.dump(2) << "\n";
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"})
+    if (fs::exists(in / file)) fs::copy_file(in / file, out / file, fs::copy_options::overwrite_existing);
+  return report;
+}
+
+void QualityStats::add(const float* ref_logits, const float* quant_logits, int64_t rows, int vocab,
+                       const int32_t* next_tokens) {
+  std::vector<double> p(vocab), q(vocab);
+  auto log_softmax = [vocab](const float* logits, std::vector<double>& out) {
+    const double max_logit = *std::max_element(logits, logits + vocab);
+    double total = 0.0;
+    for (int i = 0; i < vocab; ++i) total += std::exp(logits[i] - max_logit);
+    const double log_total = std::log(total) + max_logit;
+    for (int i = 0; i < vocab; ++i) out[i] = logits[i] - log_total;
+  };
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* a = ref_logits + r * vocab;
+    const float* b = quant_logits + r * vocab;
+    log_softmax(a, p);
+    log_softmax(b, q);
+    double kl = 0.0;
+    for (int i = 0; i < vocab; ++i) kl += std::exp(p[i]) * (p[i] - q[i]);
+    kl_sum += kl;
+    top1_agree += (std::max_element(a, a + vocab) - a) == (std::max_element(b, b + vocab) - b) ? 1.0 : 0.0;
+    nll_ref -= p[next_tokens[r]];
+    nll_quant -= q[next_tokens[r]];
+    ++positions;
+  }
+}
+
+double QualityStats::perplexity_ref() const { return positions ? std::exp(nll_ref / positions) : 0.0; }
+double QualityStats::perplexity_quant() const { return positions ? std::exp(nll_quant / positions) : 0.0; }
+
+}  // namespace glms::quant

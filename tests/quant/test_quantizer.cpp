@@ -1,0 +1,78 @@
+// glmserve quantize's library: which tensors are quantised, the layout written, that the
+// result loads and runs, and the quality statistics on known inputs.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "model/glm5.h"
+#include "quant/checkpoint_quantizer.h"
+#include "random_model.h"
+
+using namespace glms;
+
+TEST(Glob, StarsAndQuestionMarks) {
+  EXPECT_TRUE(quant::glob_match("*embed_tokens*", "model.embed_tokens.weight"));
+  EXPECT_TRUE(quant::glob_match("model.layers.4.*", "model.layers.4.eh_proj.weight"));
+  EXPECT_FALSE(quant::glob_match("model.layers.4.*", "model.layers.40.mlp.gate.weight"));
+  EXPECT_TRUE(quant::glob_match("*.mlp.gate.weight", "model.layers.3.mlp.gate.weight"));
+  EXPECT_FALSE(quant::glob_match("*.mlp.gate.weight", "model.layers.3.mlp.gate_proj.weight"));
+  EXPECT_TRUE(quant::glob_match("lm_hea?*", "lm_head.weight"));
+  EXPECT_TRUE(quant::glob_match("*", ""));
+  EXPECT_FALSE(quant::glob_match("a*b", "acbd"));
+}
+
+TEST(Quantizer, WritesQuarkMxfp4AndKeepsTheDefaultExclusions) {
+  glms::testing::TempDir dir("quantizer");
+  glms::testing::RandomModelSpec spec;
+  spec.hidden_size = 64;
+  spec.moe_intermediate_size = 32;
+  spec.intermediate_size = 64;
+  const auto source = glms::testing::write_random_model(dir.path / "bf16", spec);
+  quant::QuantizeOptions options;
+  options.format = "mxfp4";
+  size_t last_done = 0;
+  const quant::QuantizeReport report =
+      quant::quantize_checkpoint(source, dir.path / "mxfp4", options, [&](size_t done, size_t, const std::string&) { last_done = done; });
+  EXPECT_GT(report.quantized, 0);
+  EXPECT_LT(report.bytes_out, report.bytes_in);
+  const io::Checkpoint out = io::Checkpoint::open(dir.path / "mxfp4");
+  EXPECT_EQ(last_done, io::Checkpoint::open(source).names().size());
+  EXPECT_EQ(out.get("model.layers.1.mlp.experts.0.up_proj.weight").dtype, DType::U8);
+  EXPECT_TRUE(out.contains("model.layers.1.mlp.experts.0.up_proj.weight_scale"));
+  for (const char* kept : {"model.embed_tokens.weight", "lm_head.weight", "model.layers.1.mlp.gate.weight",
+                           "model.layers.0.self_attn.indexer.weights_proj.weight", "model.layers.4.eh_proj.weight",
+                           "model.layers.4.mlp.experts.0.up_proj.weight"})
+    EXPECT_EQ(out.get(kept).dtype, DType::BF16) << kept;
+  // q_a_proj has 64 inputs: quantised; kv_b_proj has 16 (not a multiple of 32): kept.
+  EXPECT_EQ(out.get("model.layers.0.self_attn.q_a_proj.weight").dtype, DType::U8);
+  EXPECT_EQ(out.get("model.layers.0.self_attn.kv_b_proj.weight").dtype, DType::BF16);
+  std::ifstream config(dir.path / "mxfp4" / "config.json");
+  const auto json = nlohmann::json::parse(config);
+  EXPECT_EQ(json["quantization_config"]["quant_method"], "quark");
+
+  const model::Glm5Model original(model::load_weights(source.string()));
+  const model::Glm5Model quantised(model::load_weights((dir.path / "mxfp4").string()));
+  EXPECT_EQ(quantised.weights().parameters, original.weights().parameters);
+  EXPECT_THROW(quant::quantize_checkpoint(source, dir.path / "mxfp4", options), Error) << "refuses a non-empty output";
+  options.format = "int3";
+  EXPECT_THROW(quant::quantize_checkpoint(source, dir.path / "other", options), Error);
+}
+
+TEST(Quality, StatisticsOnKnownLogits) {
+  const float same[] = {1.0f, 2.0f, 3.0f, 1.0f, 2.0f, 3.0f};
+  const float other[] = {3.0f, 2.0f, 1.0f, 1.0f, 2.0f, 3.0f};
+  const int32_t next[] = {2, 0};
+  quant::QualityStats identical, different;
+  identical.add(same, same, 2, 3, next);
+  EXPECT_NEAR(identical.mean_kl(), 0.0, 1e-12);
+  EXPECT_EQ(identical.top1(), 1.0);
+  EXPECT_NEAR(identical.perplexity_ref(), identical.perplexity_quant(), 1e-12);
+  different.add(same, other, 2, 3, next);
+  EXPECT_GT(different.mean_kl(), 0.1);
+  EXPECT_EQ(different.top1(), 0.5);
+  // Row 0: log p(2) under softmax(1,2,3) = -0.4076; row 1: log p(0) = -2.4076.
+  EXPECT_NEAR(different.perplexity_ref(), std::exp((0.40761 + 2.40761) / 2), 1e-3);
+}
