@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/dtype.h"
@@ -187,10 +188,16 @@ void quantize_fp8_block(const float* matrix, int64_t rows, int64_t cols, uint8_t
 
 void dequantize_fp8_block_row(const uint8_t* codes, const float* scale_inv, int64_t row, int64_t cols, float* out) {
   const int64_t block_cols = (cols + kFp8Block - 1) / kFp8Block;
-  const float* scales = scale_inv + (row / kFp8Block) * block_cols;
+  // Checkpoints pack tensors back to back, so the F32 scales may sit at any byte offset: copy.
+  const auto* scale_bytes = reinterpret_cast<const unsigned char*>(scale_inv + (row / kFp8Block) * block_cols);
   const uint8_t* in = codes + row * cols;
   const auto& e4m3 = decode_table<MiniFloat::E4M3, 256>();
-  for (int64_t c = 0; c < cols; ++c) out[c] = e4m3[in[c]] * scales[c / kFp8Block];
+  for (int64_t block = 0; block < block_cols; ++block) {
+    float scale;
+    std::memcpy(&scale, scale_bytes + block * sizeof(float), sizeof(float));
+    const int64_t end = std::min(cols, (block + 1) * kFp8Block);
+    for (int64_t c = block * kFp8Block; c < end; ++c) out[c] = e4m3[in[c]] * scale;
+  }
 }
 
 }  // namespace glms::quant
