@@ -31,6 +31,8 @@ struct GenerateArgs {
   bool json = false;
   bool ignore_eos = false;
   int num_layers = -1;
+  std::string speculative;
+  int speculative_steps = 3;
 };
 
 std::vector<int32_t> parse_ids(const std::string& text) {
@@ -80,6 +82,7 @@ void run_generate(const GenerateArgs& args) {
   options.max_tokens = args.max_tokens;
   options.sampling = {args.temperature, args.top_p, args.top_k, args.min_p, args.seed};
   options.ignore_eos = args.ignore_eos;
+  if (!args.speculative.empty()) options.speculative_steps = args.speculative_steps;
   std::optional<text::IncrementalDetokenizer> stream;
   if (!args.json && tokenizer) {
     stream.emplace(*tokenizer, text::IncrementalDetokenizer::Options{true});
@@ -92,7 +95,9 @@ void run_generate(const GenerateArgs& args) {
   const engine::GenerateResult result = engine::generate(model, prompt_ids, options);
 
   const double prefill_tps = result.prefill_seconds > 0 ? prompt_ids.size() / result.prefill_seconds : 0.0;
-  const double decode_tps = result.decode_seconds > 0 ? result.decode_steps / result.decode_seconds : 0.0;
+  // Tokens after the first (which the prefill produces) over the time spent producing them.
+  const double decode_tps =
+      result.decode_seconds > 0 && result.output_ids.size() > 1 ? (result.output_ids.size() - 1) / result.decode_seconds : 0.0;
   if (args.json) {
     nlohmann::json out;
     out["input_ids"] = prompt_ids;
@@ -103,6 +108,13 @@ void run_generate(const GenerateArgs& args) {
                       {"decode_seconds", result.decode_seconds},
                       {"prefill_tokens_per_s", prefill_tps},
                       {"decode_tokens_per_s", decode_tps}};
+    if (options.speculative_steps > 0) {
+      const auto& spec = result.speculative;
+      out["spec"] = {{"method", "mtp"}, {"steps", options.speculative_steps},
+                     {"acceptance_length", spec.acceptance_length()}, {"drafted", spec.drafted},
+                     {"accepted", spec.accepted}, {"accepted_per_position", spec.accepted_per_position},
+                     {"verify_steps", spec.steps}};
+    }
     std::cout << out.dump() << std::endl;
     return;
   }
@@ -131,6 +143,10 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--seed", args->seed, "Random seed for sampling");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence tokens");
   cmd->add_option("--num-layers", args->num_layers, "Run only the first N decoder layers");
+  cmd->add_option("--speculative", args->speculative, "Speculative decoding with the checkpoint's MTP layer (greedy)")
+      ->check(CLI::IsMember({"mtp"}));
+  cmd->add_option("--speculative-steps", args->speculative_steps, "Draft tokens per step (with --speculative mtp)")
+      ->check(CLI::Range(1, 16));
   cmd->add_flag("--json", args->json, "Print one JSON object: input_ids, output_ids, text, timings");
   cmd->callback([args, cmd]() {
     if (cmd->count("--prompt") == 0 && cmd->count("--input-ids") == 0)

@@ -16,6 +16,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 GenerateResult generate(const model::Glm5Model& model, const std::vector<int32_t>& prompt,
                         const GenerateOptions& options) {
   const io::ModelConfig& config = model.config();
+  if (options.speculative_steps > 0) return generate_speculative(model, prompt, options);
   if (prompt.empty()) fail("the prompt is empty: give at least one token");
   if (options.max_tokens < 0) fail("max_tokens must be >= 0");
   const int64_t total = static_cast<int64_t>(prompt.size()) + options.max_tokens;

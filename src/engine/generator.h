@@ -19,7 +19,19 @@ struct GenerateOptions {
   bool ignore_eos = false;
   int prefill_chunk = 512;                          // prompt tokens per forward step
   int block_size = 64;
+  int speculative_steps = 0;                        // > 0: MTP drafts this many tokens per step (greedy only)
   std::function<void(int32_t)> on_token;            // called as each token is chosen
+};
+
+// Speculative decoding statistics: drafts proposed, and how often the draft at each depth was
+// accepted (accepted_per_position[i] counts steps whose first i + 1 drafts were all accepted).
+struct SpeculativeStats {
+  int64_t steps = 0;
+  int64_t drafted = 0;
+  int64_t accepted = 0;
+  std::vector<int64_t> accepted_per_position;
+  // Tokens produced per target forward: 1 + accepted drafts per step.
+  double acceptance_length() const { return steps ? 1.0 + static_cast<double>(accepted) / steps : 0.0; }
 };
 
 struct GenerateResult {
@@ -28,9 +40,16 @@ struct GenerateResult {
   double prefill_seconds = 0.0;
   double decode_seconds = 0.0;   // time from the first token to the last
   int decode_steps = 0;          // forward steps after the prefill
+  SpeculativeStats speculative;  // filled when options.speculative_steps > 0
 };
 
 GenerateResult generate(const model::Glm5Model& model, const std::vector<int32_t>& prompt,
                         const GenerateOptions& options);
+
+// generate() with MTP speculative decoding (options.speculative_steps drafts per step, chained
+// through the checkpoint's MTP layer, verified in one target forward). Greedy only; its tokens
+// equal generate()'s without speculation.
+GenerateResult generate_speculative(const model::Glm5Model& model, const std::vector<int32_t>& prompt,
+                                    const GenerateOptions& options);
 
 }  // namespace glms::engine

@@ -1,0 +1,156 @@
+// MTP speculative decoding for one request, greedy.
+//
+// The MTP layer's entry at position j pairs the target's pre-norm hidden state h_j with the
+// token at j + 1 and predicts the token at j + 2; it attends over its own one-layer latent
+// cache of earlier entries. Each step:
+//   1. draft: run the MTP layer over the entries the last step verified (their rows in the MTP
+//      cache are rewritten with the target's hidden states), take its greedy token d1, then
+//      chain: entry (MTP output hidden, d_k) at the next position gives d_{k+1};
+//   2. verify: one target forward over [t_n, d1 .. dK] gives the target's greedy token after
+//      each; the drafts are accepted while they equal it, and the target's token after the
+//      last accepted draft comes free. Rejected positions need no rollback: cache rows are
+//      addressed by position and rewritten before anything reads them.
+// Every emitted token is the target's own argmax given the true prefix, and the CPU forward is
+// batch-invariant, so the output equals plain greedy decoding token for token.
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+#include "engine/generator.h"
+
+namespace glms::engine {
+
+namespace {
+
+std::vector<int32_t> identity_blocks(int count) {
+  std::vector<int32_t> table(count);
+  for (int b = 0; b < count; ++b) table[b] = b;
+  return table;
+}
+
+}  // namespace
+
+GenerateResult generate_speculative(const model::Glm5Model& model, const std::vector<int32_t>& prompt,
+                                    const GenerateOptions& options) {
+  const io::ModelConfig& config = model.config();
+  const int K = options.speculative_steps;
+  if (model.num_mtp_layers() == 0) fail("speculative decoding with MTP needs a checkpoint with an MTP layer");
+  if (options.sampling.temperature > 0.0f)
+    fail("MTP speculative decoding is greedy only for now: use temperature 0");
+  if (prompt.empty()) fail("the prompt is empty: give at least one token");
+  if (options.max_tokens < 0) fail("max_tokens must be >= 0");
+  const int64_t total = static_cast<int64_t>(prompt.size()) + options.max_tokens + K + 1;
+  if (total > config.max_position_embeddings)
+    fail("prompt + max_tokens + speculative steps exceed the model's " +
+         std::to_string(config.max_position_embeddings) + " positions");
+  const int block_size = options.block_size;
+  const int num_blocks = static_cast<int>((total + block_size - 1) / block_size);
+  const std::vector<int32_t> table = identity_blocks(num_blocks);
+  kv::PagedLatentCache target_cache(model.cache_layout(block_size), num_blocks);
+  kv::PagedLatentCache mtp_cache(model.mtp_cache_layout(block_size), num_blocks);
+  const int64_t hidden = config.hidden_size;
+  const int vocab = config.vocab_size;
+
+  GenerateResult result;
+  result.speculative.accepted_per_position.assign(K, 0);
+  if (options.max_tokens == 0) {
+    result.finish_reason = "length";
+    return result;
+  }
+  // Emits one token; returns true when generation ends with it.
+  auto emit = [&](int32_t token) {
+    result.output_ids.push_back(token);
+    if (options.on_token) options.on_token(token);
+    const bool eos = std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), token) !=
+                     config.eos_token_ids.end();
+    if (eos && !options.ignore_eos) {
+      result.finish_reason = "stop";
+      return true;
+    }
+    if (static_cast<int>(result.output_ids.size()) >= options.max_tokens) {
+      result.finish_reason = "length";
+      return true;
+    }
+    return false;
+  };
+
+  // Prefill, keeping every prompt position's pre-norm hidden state for the MTP entries.
+  const auto prefill_start = std::chrono::steady_clock::now();
+  std::vector<float> entry_hidden;  // [entries, hidden]: h_j of the MTP entries still to run
+  std::vector<float> logits;
+  const int chunk = std::max(1, options.prefill_chunk);
+  for (size_t start = 0; start < prompt.size(); start += chunk) {
+    const size_t end = std::min(prompt.size(), start + chunk);
+    model::ForwardBatch batch;
+    batch.add_sequence(std::vector<int32_t>(prompt.begin() + start, prompt.begin() + end), static_cast<int>(start),
+                       table, block_size, false);
+    model::ForwardTrace trace;
+    logits = model.forward(batch, target_cache, &trace);
+    entry_hidden.insert(entry_hidden.end(), trace.last_hidden.begin(), trace.last_hidden.end());
+  }
+  result.prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - prefill_start).count();
+
+  const auto decode_start = std::chrono::steady_clock::now();
+  int32_t next = argmax(logits.data(), vocab);
+  if (emit(next)) return result;
+  int entry_start = 0;                                                   // position of the first pending entry
+  std::vector<int32_t> entry_tokens(prompt.begin() + 1, prompt.end());  // the token after each entry
+  entry_tokens.push_back(next);
+  int context = static_cast<int>(prompt.size());  // target positions in the cache; `next` is at `context`
+
+  while (true) {
+    // 1. Draft K tokens: the pending entries (true hidden states), then the chain.
+    std::vector<int32_t> drafts;
+    std::vector<float> chain_hidden;
+    {
+      model::ForwardBatch batch;
+      batch.add_sequence(entry_tokens, entry_start, table, block_size, false);
+      const auto draft_logits = model.mtp_forward(0, batch, entry_hidden.data(), mtp_cache, &chain_hidden);
+      drafts.push_back(argmax(draft_logits.data(), vocab));
+      chain_hidden.erase(chain_hidden.begin(), chain_hidden.end() - hidden);  // the last entry's output
+    }
+    for (int k = 1; k < K; ++k) {
+      model::ForwardBatch batch;
+      batch.add_sequence({drafts.back()}, context - 1 + k, table, block_size, false);
+      std::vector<float> out_hidden;
+      const auto draft_logits = model.mtp_forward(0, batch, chain_hidden.data(), mtp_cache, &out_hidden);
+      drafts.push_back(argmax(draft_logits.data(), vocab));
+      chain_hidden = std::move(out_hidden);
+    }
+
+    // 2. Verify [next, d1 .. dK] in one target forward.
+    std::vector<int32_t> verify = {next};
+    verify.insert(verify.end(), drafts.begin(), drafts.end());
+    model::ForwardBatch batch;
+    batch.add_sequence(verify, context, table, block_size, true);
+    model::ForwardTrace trace;
+    const auto verify_logits = model.forward(batch, target_cache, &trace);
+    ++result.decode_steps;
+    ++result.speculative.steps;
+    result.speculative.drafted += K;
+    int accepted = 0;
+    while (accepted < K && drafts[accepted] == argmax(verify_logits.data() + accepted * vocab, vocab)) {
+      ++result.speculative.accepted_per_position[accepted];
+      ++accepted;
+    }
+    result.speculative.accepted += accepted;
+    const int32_t bonus = argmax(verify_logits.data() + accepted * vocab, vocab);
+
+    bool finished = false;
+    for (int i = 0; i < accepted && !finished; ++i) finished = emit(drafts[i]);
+    if (!finished) finished = emit(bonus);
+    if (finished) break;
+
+    // 3. The verified positions become the next MTP entries, with the target's hidden states.
+    entry_start = context;
+    entry_tokens.assign(drafts.begin(), drafts.begin() + accepted);
+    entry_tokens.push_back(bonus);
+    entry_hidden.assign(trace.last_hidden.begin(), trace.last_hidden.begin() + (accepted + 1) * hidden);
+    context += accepted + 1;
+    next = bonus;
+  }
+  result.decode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - decode_start).count();
+  return result;
+}
+
+}  // namespace glms::engine
