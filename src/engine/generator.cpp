@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "engine/generate_steps.h"
 
 namespace glms::engine {
 
@@ -13,21 +14,71 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }
 }  // namespace
 
+namespace detail {
+
+int64_t checked_total_positions(const io::ModelConfig& config, const std::vector<int32_t>& prompt,
+                                const GenerateOptions& options, int extra_positions) {
+  if (prompt.empty()) fail("the prompt is empty: give at least one token");
+  if (options.max_tokens < 0) fail("max_tokens must be >= 0");
+  const int64_t total = static_cast<int64_t>(prompt.size()) + options.max_tokens + extra_positions;
+  if (total > config.max_position_embeddings)
+    fail("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" + std::to_string(options.max_tokens) +
+         ")" + (extra_positions ? " + " + std::to_string(extra_positions) + " speculative positions" : std::string()) +
+         " exceeds the model's " + std::to_string(config.max_position_embeddings) + " positions");
+  return total;
+}
+
+std::vector<int32_t> identity_block_table(int count) {
+  std::vector<int32_t> table(count);
+  for (int b = 0; b < count; ++b) table[b] = b;
+  return table;
+}
+
+std::vector<float> prefill(const model::Glm5Model& model, const std::vector<int32_t>& prompt,
+                           kv::PagedLatentCache& cache, const std::vector<int32_t>& block_table,
+                           const GenerateOptions& options, std::vector<float>* last_hidden) {
+  std::vector<float> logits;
+  const size_t chunk = static_cast<size_t>(std::max(1, options.prefill_chunk));
+  for (size_t start = 0; start < prompt.size(); start += chunk) {
+    const size_t end = std::min(prompt.size(), start + chunk);
+    model::ForwardBatch batch;
+    batch.add_sequence(std::vector<int32_t>(prompt.begin() + start, prompt.begin() + end), static_cast<int>(start),
+                       block_table, options.block_size, false);
+    model::ForwardTrace trace;
+    trace.record_layers = false;
+    logits = model.forward(batch, cache, last_hidden ? &trace : nullptr);
+    if (last_hidden) last_hidden->insert(last_hidden->end(), trace.last_hidden.begin(), trace.last_hidden.end());
+  }
+  return logits;
+}
+
+bool append_token(const io::ModelConfig& config, const GenerateOptions& options, int32_t token, GenerateResult& result) {
+  result.output_ids.push_back(token);
+  if (options.on_token) options.on_token(token);
+  const bool eos = std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), token) !=
+                   config.eos_token_ids.end();
+  if (eos && !options.ignore_eos) {
+    result.finish_reason = "stop";
+    return true;
+  }
+  if (static_cast<int>(result.output_ids.size()) >= options.max_tokens) {
+    result.finish_reason = "length";
+    return true;
+  }
+  return false;
+}
+
+}  // namespace detail
+
 GenerateResult generate(const model::Glm5Model& model, const std::vector<int32_t>& prompt,
                         const GenerateOptions& options) {
   const io::ModelConfig& config = model.config();
   if (options.speculative_steps > 0) return generate_speculative(model, prompt, options);
-  if (prompt.empty()) fail("the prompt is empty: give at least one token");
-  if (options.max_tokens < 0) fail("max_tokens must be >= 0");
-  const int64_t total = static_cast<int64_t>(prompt.size()) + options.max_tokens;
-  if (total > config.max_position_embeddings)
-    fail("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" + std::to_string(options.max_tokens) +
-         ") exceeds the model's " + std::to_string(config.max_position_embeddings) + " positions");
+  const int64_t total = detail::checked_total_positions(config, prompt, options, 0);
   const int block_size = options.block_size;
   const int num_blocks = static_cast<int>((total + block_size - 1) / block_size);
   kv::PagedLatentCache cache(model.cache_layout(block_size), num_blocks);
-  std::vector<int32_t> block_table(num_blocks);
-  for (int b = 0; b < num_blocks; ++b) block_table[b] = b;  // a private cache: identity mapping
+  const std::vector<int32_t> block_table = detail::identity_block_table(num_blocks);
 
   GenerateResult result;
   if (options.max_tokens == 0) {
@@ -36,27 +87,14 @@ GenerateResult generate(const model::Glm5Model& model, const std::vector<int32_t
   }
   Sampler sampler(options.sampling.seed);
   const auto prefill_start = std::chrono::steady_clock::now();
-  std::vector<float> logits;
-  const int chunk = std::max(1, options.prefill_chunk);
-  for (size_t start = 0; start < prompt.size(); start += chunk) {
-    const size_t end = std::min(prompt.size(), start + chunk);
-    model::ForwardBatch batch;
-    batch.add_sequence(std::vector<int32_t>(prompt.begin() + start, prompt.begin() + end), static_cast<int>(start),
-                       block_table, block_size, false);
-    logits = model.forward(batch, cache);
-  }
+  std::vector<float> logits = detail::prefill(model, prompt, cache, block_table, options);
   result.prefill_seconds = seconds_since(prefill_start);
 
   const auto decode_start = std::chrono::steady_clock::now();
   int position = static_cast<int>(prompt.size());
   while (true) {
     const int32_t token = sampler.sample(logits.data(), config.vocab_size, options.sampling);
-    result.output_ids.push_back(token);
-    if (options.on_token) options.on_token(token);
-    const bool is_eos = std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), token) !=
-                        config.eos_token_ids.end();
-    if (is_eos && !options.ignore_eos) { result.finish_reason = "stop"; break; }
-    if (static_cast<int>(result.output_ids.size()) >= options.max_tokens) { result.finish_reason = "length"; break; }
+    if (detail::append_token(config, options, token, result)) break;
     model::ForwardBatch batch;
     batch.add_sequence({token}, position++, block_table, block_size, false);
     logits = model.forward(batch, cache);

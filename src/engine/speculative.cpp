@@ -16,19 +16,9 @@
 #include <chrono>
 
 #include "core/error.h"
-#include "engine/generator.h"
+#include "engine/generate_steps.h"
 
 namespace glms::engine {
-
-namespace {
-
-std::vector<int32_t> identity_blocks(int count) {
-  std::vector<int32_t> table(count);
-  for (int b = 0; b < count; ++b) table[b] = b;
-  return table;
-}
-
-}  // namespace
 
 GenerateResult generate_speculative(const model::Glm5Model& model, const std::vector<int32_t>& prompt,
                                     const GenerateOptions& options) {
@@ -37,15 +27,11 @@ GenerateResult generate_speculative(const model::Glm5Model& model, const std::ve
   if (model.num_mtp_layers() == 0) fail("speculative decoding with MTP needs a checkpoint with an MTP layer");
   if (options.sampling.temperature > 0.0f)
     fail("MTP speculative decoding is greedy only for now: use temperature 0");
-  if (prompt.empty()) fail("the prompt is empty: give at least one token");
-  if (options.max_tokens < 0) fail("max_tokens must be >= 0");
-  const int64_t total = static_cast<int64_t>(prompt.size()) + options.max_tokens + K + 1;
-  if (total > config.max_position_embeddings)
-    fail("prompt + max_tokens + speculative steps exceed the model's " +
-         std::to_string(config.max_position_embeddings) + " positions");
+  // Verification writes up to K + 1 positions past the last accepted token.
+  const int64_t total = detail::checked_total_positions(config, prompt, options, K + 1);
   const int block_size = options.block_size;
   const int num_blocks = static_cast<int>((total + block_size - 1) / block_size);
-  const std::vector<int32_t> table = identity_blocks(num_blocks);
+  const std::vector<int32_t> table = detail::identity_block_table(num_blocks);
   kv::PagedLatentCache target_cache(model.cache_layout(block_size), num_blocks);
   kv::PagedLatentCache mtp_cache(model.mtp_cache_layout(block_size), num_blocks);
   const int64_t hidden = config.hidden_size;
@@ -57,37 +43,12 @@ GenerateResult generate_speculative(const model::Glm5Model& model, const std::ve
     result.finish_reason = "length";
     return result;
   }
-  // Emits one token; returns true when generation ends with it.
-  auto emit = [&](int32_t token) {
-    result.output_ids.push_back(token);
-    if (options.on_token) options.on_token(token);
-    const bool eos = std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), token) !=
-                     config.eos_token_ids.end();
-    if (eos && !options.ignore_eos) {
-      result.finish_reason = "stop";
-      return true;
-    }
-    if (static_cast<int>(result.output_ids.size()) >= options.max_tokens) {
-      result.finish_reason = "length";
-      return true;
-    }
-    return false;
-  };
+  auto emit = [&](int32_t token) { return detail::append_token(config, options, token, result); };
 
   // Prefill, keeping every prompt position's pre-norm hidden state for the MTP entries.
   const auto prefill_start = std::chrono::steady_clock::now();
   std::vector<float> entry_hidden;  // [entries, hidden]: h_j of the MTP entries still to run
-  std::vector<float> logits;
-  const int chunk = std::max(1, options.prefill_chunk);
-  for (size_t start = 0; start < prompt.size(); start += chunk) {
-    const size_t end = std::min(prompt.size(), start + chunk);
-    model::ForwardBatch batch;
-    batch.add_sequence(std::vector<int32_t>(prompt.begin() + start, prompt.begin() + end), static_cast<int>(start),
-                       table, block_size, false);
-    model::ForwardTrace trace;
-    logits = model.forward(batch, target_cache, &trace);
-    entry_hidden.insert(entry_hidden.end(), trace.last_hidden.begin(), trace.last_hidden.end());
-  }
+  const std::vector<float> logits = detail::prefill(model, prompt, target_cache, table, options, &entry_hidden);
   result.prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - prefill_start).count();
 
   const auto decode_start = std::chrono::steady_clock::now();
@@ -124,6 +85,7 @@ GenerateResult generate_speculative(const model::Glm5Model& model, const std::ve
     model::ForwardBatch batch;
     batch.add_sequence(verify, context, table, block_size, true);
     model::ForwardTrace trace;
+    trace.record_layers = false;  // only the last hidden states feed the MTP entries
     const auto verify_logits = model.forward(batch, target_cache, &trace);
     ++result.decode_steps;
     ++result.speculative.steps;

@@ -84,14 +84,14 @@ std::vector<float> Glm5Model::forward(const ForwardBatch& batch, kv::PagedLatent
 
   std::vector<float> x(static_cast<size_t>(T * hidden));  // [T, hidden] residual stream
   for (int t = 0; t < T; ++t) weights_.embed_tokens.row_to_f32(batch.token_ids[t], x.data() + t * hidden);
-  if (trace) trace->hidden_states.assign(1, x);
+  if (trace && trace->record_layers) trace->hidden_states.assign(1, x);
 
   const RopeAngles rope = rope_angles(rope_, batch);
   std::vector<float> normed(x.size()), block_out(x.size());  // [T, hidden]
   TokenSelection selection;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     decoder_layer(c, weights_.layers[l], l, rope, batch, x, cache, selection, normed, block_out);
-    if (trace) trace->hidden_states.push_back(x);
+    if (trace && trace->record_layers) trace->hidden_states.push_back(x);
   }
   std::vector<float> logits = head_logits(batch, x, hidden, weights_.final_norm, c.rms_norm_eps, weights_.lm_head);
   if (trace) trace->last_hidden = std::move(x);

@@ -12,6 +12,7 @@ namespace glms::model {
 
 // Optional per-step outputs for tests and tools.
 struct ForwardTrace {
+  bool record_layers = true;  // fill hidden_states; false keeps only last_hidden
   // [num_layers + 1][num_tokens * hidden]: the embeddings, then each layer's output (before the
   // final norm, as transformers' hidden_states except that its last entry is normed).
   std::vector<std::vector<float>> hidden_states;
