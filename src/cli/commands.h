@@ -16,5 +16,6 @@ void add_plan_command(CLI::App& app);
 void add_quantize_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_bench_step_command(CLI::App& app);
 
 }  // namespace glms::cli

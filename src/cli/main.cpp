@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   glms::cli::add_quantize_command(app);
   glms::cli::add_serve_command(app);
   glms::cli::add_bench_command(app);
+  glms::cli::add_bench_step_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -81,7 +81,7 @@ TEST_F(CudaOps, SiluMulAndRopeMatchCpu) {
 }
 
 TEST_F(CudaOps, Bf16LinearMatchesCpuWithinBf16Rounding) {
-  cuda::Bf16Linear linear;
+  cuda::Gemm gemm;
   for (auto [n, rows, cols] : {std::tuple{1, 7, 5}, {3, 257, 129}, {64, 2048, 6144}, {128, 6144, 2048}}) {
     const auto x = random_values(n * cols, n, 1.0f), w = random_values(rows * cols, rows, 0.05f);
     std::vector<uint16_t> x16(x.size()), w16(w.size());
@@ -93,7 +93,7 @@ TEST_F(CudaOps, Bf16LinearMatchesCpuWithinBf16Rounding) {
     std::vector<float> expected(n * rows);
     ops::linear(x_rounded.data(), n, ops::WeightView{DType::BF16, w16.data(), rows, cols, cols}, expected.data());
     auto dx = to_device(x16), dw = to_device(w16), dy = poisoned(n * rows);
-    linear.run(dx.as<uint16_t>(), n, dw.as<uint16_t>(), rows, cols, dy.as<float>(), nullptr);
+    gemm.linear(dx.as<uint16_t>(), n, dw.as<uint16_t>(), rows, cols, dy.as<float>(), nullptr);
     EXPECT_LT(relative_l2(to_host<float>(dy), expected), 1e-5) << n << "x" << rows << "x" << cols;
   }
 }
@@ -105,4 +105,106 @@ TEST_F(CudaOps, ToBf16RoundsLikeTheCpu) {
   cuda::to_bf16(dx.as<float>(), dy.as<uint16_t>(), static_cast<int64_t>(x.size()), nullptr);
   const auto y = to_host<uint16_t>(dy);
   for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(y[i], f32_to_bf16(x[i])) << i;
+}
+
+namespace {
+
+std::vector<uint16_t> to_bf16_host(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
+  return out;
+}
+
+std::vector<float> widen(const std::vector<uint16_t>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_f32(v[i]);
+  return out;
+}
+
+}  // namespace
+
+TEST_F(CudaOps, ResidualRmsNormAddsThenNormalises) {
+  for (auto [n, dim] : {std::pair{1, 40}, {5, 6144}}) {
+    auto x = random_values(n * dim, 1, 2.0f);
+    const auto delta = random_values(n * dim, 2), w = random_values(dim, 3);
+    auto dx = to_device(x), dd = to_device(delta), dw = to_device(w), dy = poisoned(n * dim);
+    cuda::DeviceBuffer dy16(n * dim * sizeof(uint16_t));
+    cuda::residual_rms_norm(dx.as<float>(), dd.as<float>(), n, dim, dw.as<float>(), 1e-5f, dy.as<float>(),
+                            dy16.as<uint16_t>(), nullptr);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += delta[i];
+    std::vector<float> expected(x.size());
+    ops::rms_norm(x.data(), n, dim, w.data(), 1e-5f, expected.data());
+    EXPECT_LT(relative_l2(to_host<float>(dx), x), 1e-7);
+    EXPECT_LT(relative_l2(to_host<float>(dy), expected), 1e-6);
+    EXPECT_LT(relative_l2(widen(to_host<uint16_t>(dy16)), expected), 4e-3);
+  }
+}
+
+TEST_F(CudaOps, LatentAndIndexerCacheWritesMatchCpu) {
+  const int n = 9, L = 512, rd = 64, dim = 128;
+  const auto kv = random_values(n * (L + rd), 4, 2.0f), norm = random_values(L, 5), keys = random_values(n * dim, 6);
+  const auto ln_w = random_values(dim, 7), ln_b = random_values(dim, 8);
+  std::vector<int32_t> positions(n);
+  std::vector<int64_t> slots(n);
+  for (int t = 0; t < n; ++t) positions[t] = 100 * t + 3, slots[t] = 2 * t + 1;
+  ops::RopeTable table;
+  table.rope_dim = rd;
+  for (int i = 0; i < rd / 2; ++i) table.inv_freq.push_back(1.0f / std::pow(8e6f, 2.0f * i / rd));
+  auto dkv = to_device(kv), dnorm = to_device(norm), dkeys = to_device(keys), dlw = to_device(ln_w),
+       dlb = to_device(ln_b), dpos = to_device(positions), dslots = to_device(slots), dfreq = to_device(table.inv_freq);
+  cuda::DeviceBuffer cache(2 * n * (L + rd) * sizeof(uint16_t));
+  auto key_cache = poisoned(2 * n * dim);
+  cuda::write_latent_cache(dkv.as<float>(), n, L, rd, dnorm.as<float>(), 1e-6f, dpos.as<int32_t>(),
+                           dslots.as<int64_t>(), dfreq.as<float>(), cache.as<uint16_t>(), nullptr);
+  cuda::write_indexer_keys(dkeys.as<float>(), n, dim, rd, dlw.as<float>(), dlb.as<float>(), 1e-6f, dpos.as<int32_t>(),
+                           dslots.as<int64_t>(), dfreq.as<float>(), key_cache.as<float>(), nullptr);
+  const auto cache_host = widen(to_host<uint16_t>(cache));
+  const auto keys_host = to_host<float>(key_cache);
+  std::vector<float> cos(rd / 2), sin(rd / 2), row(L + rd), key(dim);
+  for (int t = 0; t < n; ++t) {
+    table.angles(positions[t], cos.data(), sin.data());
+    ops::rms_norm(kv.data() + t * (L + rd), 1, L, norm.data(), 1e-6f, row.data());
+    std::copy(kv.begin() + t * (L + rd) + L, kv.begin() + (t + 1) * (L + rd), row.begin() + L);
+    ops::rope_interleaved(row.data() + L, rd, cos.data(), sin.data());
+    EXPECT_LT(relative_l2(cache_host.data() + slots[t] * (L + rd), row.data(), L + rd), 4e-3) << t;
+    ops::layer_norm(keys.data() + t * dim, 1, dim, ln_w.data(), ln_b.data(), 1e-6f, key.data());
+    ops::rope_interleaved(key.data(), rd, cos.data(), sin.data());
+    EXPECT_LT(relative_l2(keys_host.data() + slots[t] * dim, key.data(), dim), 1e-5) << t;
+  }
+}
+
+TEST_F(CudaOps, BatchedGemmMatchesPerHeadLoops) {
+  cuda::Gemm gemm;
+  // Absorption's shapes: per head, y[T, L] = x[T, nope] . W[nope, L] and back y[T, vd] = o[T, L] . W_uv^T.
+  const int T = 5, H = 3, nope = 24, vd = 16, L = 40, qd = 30;
+  const auto q = to_bf16_host(random_values(T * H * qd, 1)), kv_b = to_bf16_host(random_values(H * (nope + vd) * L, 2, 0.1f));
+  auto dq = to_device(q), dw = to_device(kv_b), dy = poisoned(T * H * L);
+  gemm.batched(dq.as<uint16_t>(), T, H * qd, qd, dw.as<uint16_t>(), nope, L, L, (nope + vd) * L, true, dy.as<float>(),
+               H * L, L, H, nullptr);
+  const auto y = to_host<float>(dy);
+  std::vector<float> expected(T * H * L, 0.0f);
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h)
+      for (int j = 0; j < L; ++j) {
+        double sum = 0;
+        for (int k = 0; k < nope; ++k)
+          sum += double(bf16_to_f32(q[(t * H + h) * qd + k])) * bf16_to_f32(kv_b[(h * (nope + vd) + k) * L + j]);
+        expected[(t * H + h) * L + j] = static_cast<float>(sum);
+      }
+  EXPECT_LT(relative_l2(y, expected), 1e-5);
+
+  const auto o = to_bf16_host(random_values(T * H * L, 3));
+  auto dout = to_device(o), dz = poisoned(T * H * vd);
+  gemm.batched(dout.as<uint16_t>(), T, H * L, L, dw.as<uint16_t>() + nope * L, vd, L, L, (nope + vd) * L, false,
+               dz.as<float>(), H * vd, vd, H, nullptr);
+  std::vector<float> expected_z(T * H * vd);
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h)
+      for (int j = 0; j < vd; ++j) {
+        double sum = 0;
+        for (int k = 0; k < L; ++k)
+          sum += double(bf16_to_f32(o[(t * H + h) * L + k])) * bf16_to_f32(kv_b[(h * (nope + vd) + nope + j) * L + k]);
+        expected_z[(t * H + h) * vd + j] = static_cast<float>(sum);
+      }
+  EXPECT_LT(relative_l2(to_host<float>(dz), expected_z), 1e-5);
 }

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
@@ -42,6 +43,64 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// An owned CUDA stream.
+class Stream {
+ public:
+  Stream();
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return stream_; }
+  void synchronize() const;
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+// Page-locked host memory (so that copies on a stream are truly asynchronous).
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t bytes);
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& other) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+void copy_to_device_async(void* device, const void* host, size_t bytes, cudaStream_t stream);
+void copy_to_host_async(void* host, const void* device, size_t bytes, cudaStream_t stream);
+void copy_device_async(void* dst, const void* src, size_t bytes, cudaStream_t stream);
+void memset_async(void* device, int value, size_t bytes, cudaStream_t stream);
+
+// A captured sequence of stream work, replayed with one launch (CUDA graphs).
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  void begin_capture(cudaStream_t stream);
+  void end_capture(cudaStream_t stream);  // instantiates
+  void launch(cudaStream_t stream) const;
+  bool ready() const { return exec_ != nullptr; }
+
+ private:
+  void* graph_ = nullptr;  // cudaGraph_t
+  void* exec_ = nullptr;   // cudaGraphExec_t
+};
+
+// Waits for all work on the device.
+void synchronize_device();
+
+// Free and total device memory in bytes.
+std::pair<size_t, size_t> memory_info();
+
 // y[n, dim] = x * rsqrt(mean(x^2) + eps) * weight, one block per row; in-place allowed.
 void rms_norm(const float* x, int64_t n, int64_t dim, const float* weight, float eps, float* y, cudaStream_t stream);
 // out[i] = silu(gate[i]) * up[i].
@@ -53,18 +112,71 @@ void rope_interleaved(float* x, int64_t n, int64_t row_stride, int64_t offset, i
 // fp32 -> bf16 (round to nearest even), for activations entering bf16 GEMMs.
 void to_bf16(const float* x, uint16_t* y, int64_t count, cudaStream_t stream);
 
-// y[n, rows] (fp32) = x[n, cols] (bf16) . w[rows, cols]^T (bf16), fp32 accumulation (cuBLAS).
-class Bf16Linear {
+// RoPE on `n * heads` rows of `x` (row r belongs to token r / heads): the `rope_dim` values at
+// column `offset` of each `row_stride`-wide row rotate by positions[token] * inv_freq.
+void rope_rows(float* x, int64_t n, int heads, int64_t row_stride, int64_t offset, int rope_dim,
+               const int32_t* positions, const float* inv_freq, cudaStream_t stream);
+
+// out[i, :] = src[rows[i] / divisor, :] for i < n (bf16 rows of `dim`).
+void gather_rows(const uint16_t* src, int64_t dim, const int32_t* rows, int64_t n, int divisor, uint16_t* out,
+                 cudaStream_t stream);
+
+// x[t, :] = table[ids[t], :] widened to fp32. table: [vocab, dim] bf16, x: [n, dim] fp32.
+void embed_rows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t dim, float* x, cudaStream_t stream);
+
+// The residual step between blocks: x += delta (when delta is not null), then
+// y = rms_norm(x) * weight into y_f32 and/or y_bf16 (either may be null). x, delta, y_*: [n, dim].
+void residual_rms_norm(float* x, const float* delta, int64_t n, int64_t dim, const float* weight, float eps,
+                       float* y_f32, uint16_t* y_bf16, cudaStream_t stream);
+
+// out[t, i] = bf16(silu(gate_up[t, i]) * gate_up[t, inter + i]): gate and up side by side,
+// as the fused gate||up GEMM writes them. gate_up: [n, 2 * inter] fp32, out: [n, inter] bf16.
+void silu_mul_to_bf16(const float* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream);
+
+// Deterministic pseudo-random fill (a counter hash of `seed` and the index): uniform in
+// [-scale, scale] for bf16 or fp32, or the constant `value`.
+void fill_uniform_bf16(uint16_t* out, int64_t count, uint64_t seed, float scale, cudaStream_t stream);
+void fill_uniform_f32(float* out, int64_t count, uint64_t seed, float scale, cudaStream_t stream);
+void fill_f32(float* out, int64_t count, float value, cudaStream_t stream);
+
+// Per token, the normalised latent and the rotated rope key into the bf16 latent cache:
+// cache[slot_mapping[t]] = [rms_norm(kv[t, :latent]) * norm_weight, rope(kv[t, latent:])].
+// kv: [n, latent + rope] fp32; cache: [num_slots, latent + rope] bf16 (one layer).
+void write_latent_cache(const float* kv, int64_t n, int latent_dim, int rope_dim, const float* norm_weight,
+                        float eps, const int32_t* positions, const int64_t* slot_mapping, const float* inv_freq,
+                        uint16_t* cache, cudaStream_t stream);
+
+// Per token, the indexer key: layer_norm(keys[t]) (weight, bias), RoPE on its first rope_dim
+// values, written to key_cache[slot_mapping[t]]. keys: [n, dim] fp32; key_cache: [slots, dim] fp32.
+void write_indexer_keys(const float* keys, int64_t n, int dim, int rope_dim, const float* ln_weight,
+                        const float* ln_bias, float eps, const int32_t* positions, const int64_t* slot_mapping,
+                        const float* inv_freq, float* key_cache, cudaStream_t stream);
+
+// Dense GEMMs through cuBLAS with fp32 accumulation, over row-major matrices with explicit
+// leading dimensions (elements between rows; 0 means dense). One handle per object.
+class Gemm {
  public:
-  Bf16Linear();
-  ~Bf16Linear();
-  Bf16Linear(const Bf16Linear&) = delete;
-  Bf16Linear& operator=(const Bf16Linear&) = delete;
-  void run(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* y,
-           cudaStream_t stream);
+  Gemm();
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // y[n, rows] (fp32) = x[n, cols] (bf16) . w[rows, cols]^T (bf16).
+  void linear(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* y,
+              cudaStream_t stream, int64_t ld_x = 0, int64_t ld_y = 0);
+  // The same in fp32 throughout (the MoE router, whose scores stay fp32).
+  void linear_f32(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y,
+                  cudaStream_t stream);
+  // `batch` independent bf16 products, operand b at x + b * stride_x, w + b * stride_w,
+  // y + b * stride_y. transpose_w false: y[n, rows] = x[n, cols] . w^T;
+  // true: y[n, cols] = x[n, rows] . w. w is [rows, cols] with leading dimension ld_w.
+  void batched(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w, int64_t rows,
+               int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, float* y, int64_t ld_y,
+               int64_t stride_y, int batch, cudaStream_t stream);
 
  private:
-  void* handle_ = nullptr;  // cublasHandle_t
+  void* handle_ = nullptr;     // cublasHandle_t
+  void* workspace_ = nullptr;  // cuBLAS workspace of our own, so that GEMMs can be graph-captured
 };
 
 }  // namespace glms::ops::cuda

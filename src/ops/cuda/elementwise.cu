@@ -2,8 +2,11 @@
 // at most a few thousand values: hidden 6144, q_lora 2048); the rest are one thread per value.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/device_math.cuh"
 
 namespace glms::ops::cuda {
 
@@ -35,33 +38,137 @@ __global__ void silu_mul_kernel(const float* gate, const float* up, float* out, 
   if (i < count) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
-__global__ void rope_kernel(float* x, int64_t n, int64_t row_stride, int64_t offset, int half,
-                            const int32_t* positions, const float* inv_freq) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= n * half) return;
-  const int64_t t = i / half;
-  const int pair = static_cast<int>(i % half);
-  float* v = x + t * row_stride + offset + 2 * pair;
+// Rotates one interleaved pair (v[0], v[1]) by `angle`, as ops::rope_interleaved does.
+__device__ __forceinline__ void rotate_pair(float* v, float angle) {
   float s, c;
-  sincosf(inv_freq[pair] * static_cast<float>(positions[t]), &s, &c);
+  sincosf(angle, &s, &c);
   const float a = v[0], b = v[1];
   v[0] = a * c - b * s;
   v[1] = b * c + a * s;
 }
 
+__global__ void rope_kernel(float* x, int64_t rows, int heads, int64_t row_stride, int64_t offset, int half,
+                            const int32_t* positions, const float* inv_freq) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= rows * half) return;
+  const int64_t row = i / half;
+  const int pair = static_cast<int>(i % half);
+  rotate_pair(x + row * row_stride + offset + 2 * pair, inv_freq[pair] * static_cast<float>(positions[row / heads]));
+}
+
+__global__ void gather_rows_kernel(const uint16_t* src, int64_t dim, const int32_t* rows, int divisor, uint16_t* out) {
+  const uint16_t* from = src + static_cast<int64_t>(rows[blockIdx.x] / divisor) * dim;
+  uint16_t* to = out + blockIdx.x * dim;
+  for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) to[k] = from[k];
+}
+
+__global__ void embed_kernel(const uint16_t* table, const int32_t* ids, int64_t dim, float* x) {
+  const uint16_t* src = table + static_cast<int64_t>(ids[blockIdx.x]) * dim;
+  float* dst = x + blockIdx.x * dim;
+  for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) dst[k] = bf16_to_float(src[k]);
+}
+
+__global__ void residual_rms_norm_kernel(float* x, const float* delta, int64_t dim, const float* weight, float eps,
+                                         float* y_f32, uint16_t* y_bf16) {
+  __shared__ float scratch[32];
+  float* row = x + blockIdx.x * dim;
+  float sum = 0.0f;
+  for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) {
+    float v = row[k];
+    if (delta) row[k] = v = v + delta[blockIdx.x * dim + k];
+    sum += v * v;
+  }
+  const float inv = rsqrtf(block_sum(sum, scratch) / static_cast<float>(dim) + eps);
+  for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) {
+    const float y = weight[k] * (row[k] * inv);
+    if (y_f32) y_f32[blockIdx.x * dim + k] = y;
+    if (y_bf16) y_bf16[blockIdx.x * dim + k] = float_to_bf16(y);
+  }
+}
+
+__global__ void silu_mul_to_bf16_kernel(const float* gate_up, int64_t n, int64_t inter, uint16_t* out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n * inter) return;
+  const int64_t t = i / inter, j = i % inter;
+  const float gate = gate_up[t * 2 * inter + j], up = gate_up[t * 2 * inter + inter + j];
+  out[i] = float_to_bf16(gate / (1.0f + expf(-gate)) * up);
+}
+
+// splitmix64 of (seed, index): a counter-based generator, so any element is reproducible alone.
+__device__ __forceinline__ float uniform_at(uint64_t seed, int64_t index) {
+  uint64_t z = seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(index) + 0x632be59bd9b4e019ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;  // [-1, 1)
+}
+
+__global__ void fill_uniform_bf16_kernel(uint16_t* out, int64_t count, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = float_to_bf16(scale * uniform_at(seed, i));
+}
+
+__global__ void fill_uniform_f32_kernel(float* out, int64_t count, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = scale * uniform_at(seed, i);
+}
+
+__global__ void fill_f32_kernel(float* out, int64_t count, float value) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < count) out[i] = value;
+}
+
+// One block per token: RMSNorm of the latent, RoPE of the rope key, bf16 into the cache row.
+__global__ void write_latent_cache_kernel(const float* kv, int latent_dim, int rope_dim, const float* norm_weight,
+                                          float eps, const int32_t* positions, const int64_t* slot_mapping,
+                                          const float* inv_freq, uint16_t* cache) {
+  __shared__ float scratch[32];
+  const int row_size = latent_dim + rope_dim;
+  const float* src = kv + static_cast<int64_t>(blockIdx.x) * row_size;
+  uint16_t* dst = cache + slot_mapping[blockIdx.x] * row_size;
+  float sum = 0.0f;
+  for (int k = threadIdx.x; k < latent_dim; k += blockDim.x) sum += src[k] * src[k];
+  const float inv = rsqrtf(block_sum(sum, scratch) / static_cast<float>(latent_dim) + eps);
+  for (int k = threadIdx.x; k < latent_dim; k += blockDim.x) dst[k] = float_to_bf16(norm_weight[k] * (src[k] * inv));
+  const float position = static_cast<float>(positions[blockIdx.x]);
+  for (int pair = threadIdx.x; pair < rope_dim / 2; pair += blockDim.x) {
+    float v[2] = {src[latent_dim + 2 * pair], src[latent_dim + 2 * pair + 1]};
+    rotate_pair(v, inv_freq[pair] * position);
+    dst[latent_dim + 2 * pair] = float_to_bf16(v[0]);
+    dst[latent_dim + 2 * pair + 1] = float_to_bf16(v[1]);
+  }
+}
+
+// One block per token: LayerNorm, RoPE on the first rope_dim values, fp32 into the key cache.
+__global__ void write_indexer_keys_kernel(const float* keys, int dim, int rope_dim, const float* ln_weight,
+                                          const float* ln_bias, float eps, const int32_t* positions,
+                                          const int64_t* slot_mapping, const float* inv_freq, float* key_cache) {
+  __shared__ float scratch[32];
+  extern __shared__ float normed[];  // [dim]
+  const float* src = keys + static_cast<int64_t>(blockIdx.x) * dim;
+  float sum = 0.0f;
+  for (int k = threadIdx.x; k < dim; k += blockDim.x) sum += src[k];
+  const float mean = block_sum(sum, scratch) / static_cast<float>(dim);
+  float squares = 0.0f;
+  for (int k = threadIdx.x; k < dim; k += blockDim.x) squares += (src[k] - mean) * (src[k] - mean);
+  const float inv = rsqrtf(block_sum(squares, scratch) / static_cast<float>(dim) + eps);
+  for (int k = threadIdx.x; k < dim; k += blockDim.x) normed[k] = (src[k] - mean) * inv * ln_weight[k] + ln_bias[k];
+  __syncthreads();
+  const float position = static_cast<float>(positions[blockIdx.x]);
+  for (int pair = threadIdx.x; pair < rope_dim / 2; pair += blockDim.x)
+    rotate_pair(normed + 2 * pair, inv_freq[pair] * position);
+  __syncthreads();
+  float* dst = key_cache + slot_mapping[blockIdx.x] * dim;
+  for (int k = threadIdx.x; k < dim; k += blockDim.x) dst[k] = normed[k];
+}
+
 __global__ void to_bf16_kernel(const float* x, uint16_t* y, int64_t count) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= count) return;
-  uint32_t word = __float_as_uint(x[i]);
-  if ((word & 0x7fffffffu) > 0x7f800000u) {
-    y[i] = static_cast<uint16_t>((word >> 16) | 0x40);
-    return;
-  }
-  word += 0x7fffu + ((word >> 16) & 1u);
-  y[i] = static_cast<uint16_t>(word >> 16);
+  y[i] = float_to_bf16(x[i]);
 }
-
-unsigned blocks_for(int64_t count, int threads) { return static_cast<unsigned>((count + threads - 1) / threads); }
 
 }  // namespace
 
@@ -122,10 +229,84 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t count, cud
 
 void rope_interleaved(float* x, int64_t n, int64_t row_stride, int64_t offset, int rope_dim, const int32_t* positions,
                       const float* inv_freq, cudaStream_t stream) {
+  rope_rows(x, n, 1, row_stride, offset, rope_dim, positions, inv_freq, stream);
+}
+
+void rope_rows(float* x, int64_t n, int heads, int64_t row_stride, int64_t offset, int rope_dim,
+               const int32_t* positions, const float* inv_freq, cudaStream_t stream) {
   const int half = rope_dim / 2;
-  if (n == 0 || half == 0) return;
-  rope_kernel<<<blocks_for(n * half, 256), 256, 0, stream>>>(x, n, row_stride, offset, half, positions, inv_freq);
+  const int64_t rows = n * heads;
+  if (rows == 0 || half == 0) return;
+  rope_kernel<<<blocks_for(rows * half, 256), 256, 0, stream>>>(x, rows, heads, row_stride, offset, half, positions,
+                                                                  inv_freq);
   check(cudaGetLastError(), "rope launch");
+}
+
+void gather_rows(const uint16_t* src, int64_t dim, const int32_t* rows, int64_t n, int divisor, uint16_t* out,
+                 cudaStream_t stream) {
+  if (n == 0) return;
+  gather_rows_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(src, dim, rows, divisor, out);
+  check(cudaGetLastError(), "gather_rows launch");
+}
+
+void embed_rows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t dim, float* x, cudaStream_t stream) {
+  if (n == 0) return;
+  embed_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(table, ids, dim, x);
+  check(cudaGetLastError(), "embed_rows launch");
+}
+
+void residual_rms_norm(float* x, const float* delta, int64_t n, int64_t dim, const float* weight, float eps,
+                       float* y_f32, uint16_t* y_bf16, cudaStream_t stream) {
+  if (n == 0) return;
+  residual_rms_norm_kernel<<<static_cast<unsigned>(n), kNormThreads, 0, stream>>>(x, delta, dim, weight, eps, y_f32,
+                                                                                   y_bf16);
+  check(cudaGetLastError(), "residual_rms_norm launch");
+}
+
+void silu_mul_to_bf16(const float* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream) {
+  if (n * inter == 0) return;
+  silu_mul_to_bf16_kernel<<<blocks_for(n * inter, 256), 256, 0, stream>>>(gate_up, n, inter, out);
+  check(cudaGetLastError(), "silu_mul_to_bf16 launch");
+}
+
+namespace {
+unsigned fill_blocks(int64_t count) { return static_cast<unsigned>(std::min<int64_t>(blocks_for(count, 256), 65536)); }
+}  // namespace
+
+void fill_uniform_bf16(uint16_t* out, int64_t count, uint64_t seed, float scale, cudaStream_t stream) {
+  if (count == 0) return;
+  fill_uniform_bf16_kernel<<<fill_blocks(count), 256, 0, stream>>>(out, count, seed, scale);
+  check(cudaGetLastError(), "fill_uniform_bf16 launch");
+}
+
+void fill_uniform_f32(float* out, int64_t count, uint64_t seed, float scale, cudaStream_t stream) {
+  if (count == 0) return;
+  fill_uniform_f32_kernel<<<fill_blocks(count), 256, 0, stream>>>(out, count, seed, scale);
+  check(cudaGetLastError(), "fill_uniform_f32 launch");
+}
+
+void fill_f32(float* out, int64_t count, float value, cudaStream_t stream) {
+  if (count == 0) return;
+  fill_f32_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(out, count, value);
+  check(cudaGetLastError(), "fill_f32 launch");
+}
+
+void write_latent_cache(const float* kv, int64_t n, int latent_dim, int rope_dim, const float* norm_weight,
+                        float eps, const int32_t* positions, const int64_t* slot_mapping, const float* inv_freq,
+                        uint16_t* cache, cudaStream_t stream) {
+  if (n == 0) return;
+  write_latent_cache_kernel<<<static_cast<unsigned>(n), 128, 0, stream>>>(kv, latent_dim, rope_dim, norm_weight, eps,
+                                                                           positions, slot_mapping, inv_freq, cache);
+  check(cudaGetLastError(), "write_latent_cache launch");
+}
+
+void write_indexer_keys(const float* keys, int64_t n, int dim, int rope_dim, const float* ln_weight,
+                        const float* ln_bias, float eps, const int32_t* positions, const int64_t* slot_mapping,
+                        const float* inv_freq, float* key_cache, cudaStream_t stream) {
+  if (n == 0) return;
+  write_indexer_keys_kernel<<<static_cast<unsigned>(n), 128, dim * sizeof(float), stream>>>(
+      keys, dim, rope_dim, ln_weight, ln_bias, eps, positions, slot_mapping, inv_freq, key_cache);
+  check(cudaGetLastError(), "write_indexer_keys launch");
 }
 
 void to_bf16(const float* x, uint16_t* y, int64_t count, cudaStream_t stream) {

@@ -1,7 +1,9 @@
-// bf16 GEMM through cuBLAS. Row-major y[n, rows] = x[n, cols] . W^T is, in cuBLAS's
+// Dense GEMMs through cuBLAS. Row-major y[n, rows] = x[n, cols] . W^T is, in cuBLAS's
 // column-major terms, Y^T[rows, n] = op_T(W^T)[rows, cols] . X^T[cols, n]: W's row-major
-// storage is W^T column-major with leading dimension cols, and X's is X^T with ld cols.
+// storage is W^T column-major with leading dimension ld_w, and X's is X^T with ld ld_x.
+// y = x . W (W not transposed) is Y^T = W^T . X^T with op_N on both.
 #include <cublas_v2.h>
+#include <cuda_runtime.h>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
@@ -12,29 +14,65 @@ namespace {
 void check_cublas(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS) fail(std::string(what) + ": cuBLAS status " + std::to_string(status));
 }
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+int narrow(int64_t v) {
+  GLMS_CHECK(v >= 0 && v <= 0x7fffffff, "GEMM dimension out of cuBLAS's int range");
+  return static_cast<int>(v);
+}
 }  // namespace
 
-Bf16Linear::Bf16Linear() {
+Gemm::Gemm() {
   cublasHandle_t handle = nullptr;
   check_cublas(cublasCreate(&handle), "cublasCreate");
   handle_ = handle;
+  check(cudaMalloc(&workspace_, kWorkspaceBytes), "cudaMalloc (cuBLAS workspace)");
+  check_cublas(cublasSetWorkspace(handle, workspace_, kWorkspaceBytes), "cublasSetWorkspace");
 }
 
-Bf16Linear::~Bf16Linear() {
+Gemm::~Gemm() {
   if (handle_) cublasDestroy(static_cast<cublasHandle_t>(handle_));
+  if (workspace_) cudaFree(workspace_);
 }
 
-void Bf16Linear::run(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* y,
-                     cudaStream_t stream) {
+void Gemm::linear(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* y,
+                  cudaStream_t stream, int64_t ld_x, int64_t ld_y) {
   if (n == 0 || rows == 0) return;
   auto handle = static_cast<cublasHandle_t>(handle_);
   check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
   const float alpha = 1.0f, beta = 0.0f;
-  check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), static_cast<int>(n),
-                            static_cast<int>(cols), &alpha, w, CUDA_R_16BF, static_cast<int>(cols), x, CUDA_R_16BF,
-                            static_cast<int>(cols), &beta, y, CUDA_R_32F, static_cast<int>(rows), CUBLAS_COMPUTE_32F,
-                            CUBLAS_GEMM_DEFAULT),
+  check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, narrow(rows), narrow(n), narrow(cols), &alpha, w,
+                            CUDA_R_16BF, narrow(cols), x, CUDA_R_16BF, narrow(ld_x ? ld_x : cols), &beta, y,
+                            CUDA_R_32F, narrow(ld_y ? ld_y : rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "cublasGemmEx (bf16 linear)");
+}
+
+void Gemm::linear_f32(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y,
+                      cudaStream_t stream) {
+  if (n == 0 || rows == 0) return;
+  auto handle = static_cast<cublasHandle_t>(handle_);
+  check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
+  const float alpha = 1.0f, beta = 0.0f;
+  check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, narrow(rows), narrow(n), narrow(cols), &alpha, w,
+                            CUDA_R_32F, narrow(cols), x, CUDA_R_32F, narrow(cols), &beta, y, CUDA_R_32F, narrow(rows),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx (fp32 linear)");
+}
+
+void Gemm::batched(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w, int64_t rows,
+                   int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, float* y, int64_t ld_y,
+                   int64_t stride_y, int batch, cudaStream_t stream) {
+  if (n == 0 || batch == 0) return;
+  auto handle = static_cast<cublasHandle_t>(handle_);
+  check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
+  const float alpha = 1.0f, beta = 0.0f;
+  const int64_t out_dim = transpose_w ? cols : rows, in_dim = transpose_w ? rows : cols;
+  check_cublas(cublasGemmStridedBatchedEx(handle, transpose_w ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N,
+                                          narrow(out_dim), narrow(n), narrow(in_dim), &alpha, w, CUDA_R_16BF,
+                                          narrow(ld_w), stride_w, x, CUDA_R_16BF, narrow(ld_x), stride_x, &beta, y,
+                                          CUDA_R_32F, narrow(ld_y), stride_y, batch, CUBLAS_COMPUTE_32F,
+                                          CUBLAS_GEMM_DEFAULT),
+               "cublasGemmStridedBatchedEx (bf16)");
 }
 
 }  // namespace glms::ops::cuda

@@ -1,0 +1,302 @@
+// glmserve bench-step: times single forward steps of the CUDA model, decode at several batch
+// sizes and context lengths and prefill at several prompt lengths, beside the device's measured
+// copy bandwidth and bf16 GEMM rate, and states each step's bytes-moved and FLOP bounds.
+// With --synthetic it needs no checkpoint: seeded random weights of a config at full width.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "io/model_config.h"
+#include "model/batch.h"
+#include "model/weights.h"
+
+#ifdef GLMS_HAVE_CUDA
+#include "model/glm5_cuda.h"
+#include "ops/cuda/cuda_ops.h"
+#endif
+
+namespace glms::cli {
+
+namespace {
+
+struct BenchStepOptions {
+  std::string model_dir, config_file, json_out;
+  bool synthetic = false;
+  int num_layers = -1;
+  std::vector<int> batches = {1, 8, 32, 64, 128};
+  std::vector<int> contexts = {2048, 16384};
+  std::vector<int> prefills = {2048, 8192};
+  int steps = 20;
+  bool graphs = true;
+  uint64_t seed = 1;
+};
+
+#ifdef GLMS_HAVE_CUDA
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Device-to-device copy of `bytes`: (read + written) bytes per second.
+double measure_copy_bandwidth(size_t bytes) {
+  namespace cuda = ops::cuda;
+  cuda::DeviceBuffer a(bytes), b(bytes);
+  cuda::Stream stream;
+  cuda::memset_async(a.data(), 1, bytes, stream.get());
+  cuda::copy_device_async(b.data(), a.data(), bytes, stream.get());
+  stream.synchronize();
+  const int reps = 10;
+  const auto start = Clock::now();
+  for (int i = 0; i < reps; ++i) cuda::copy_device_async(b.data(), a.data(), bytes, stream.get());
+  stream.synchronize();
+  return 2.0 * static_cast<double>(bytes) * reps / seconds_since(start);
+}
+
+// bf16 GEMM n^3 through the same cuBLAS call the model uses: FLOP/s.
+double measure_gemm_rate(int64_t n) {
+  namespace cuda = ops::cuda;
+  cuda::DeviceBuffer x(sizeof(uint16_t) * n * n), w(sizeof(uint16_t) * n * n), y(sizeof(float) * n * n);
+  cuda::Stream stream;
+  cuda::fill_uniform_bf16(x.as<uint16_t>(), n * n, 1, 1.0f, stream.get());
+  cuda::fill_uniform_bf16(w.as<uint16_t>(), n * n, 2, 1.0f, stream.get());
+  cuda::Gemm gemm;
+  gemm.linear(x.as<uint16_t>(), n, w.as<uint16_t>(), n, n, y.as<float>(), stream.get());
+  stream.synchronize();
+  const int reps = 10;
+  const auto start = Clock::now();
+  for (int i = 0; i < reps; ++i) gemm.linear(x.as<uint16_t>(), n, w.as<uint16_t>(), n, n, y.as<float>(), stream.get());
+  stream.synchronize();
+  return 2.0 * double(n) * n * n * reps / seconds_since(start);
+}
+
+// Parameters a token's step reads or multiplies by, by part of the model (bf16 bytes = 2x).
+struct StepCost {
+  double attention_params_per_layer_sum = 0;  // over all layers, indexer included
+  double dense_mlp_params_sum = 0;            // dense layers' MLPs
+  double shared_expert_params_sum = 0;        // MoE layers' shared experts
+  double expert_params = 0;                   // one routed expert
+  double router_params_sum = 0;               // fp32
+  int moe_layers = 0, full_layers = 0;
+  double head_params = 0;
+};
+
+StepCost step_cost(const io::ModelConfig& c) {
+  StepCost s;
+  const double hidden = c.hidden_size, H = c.num_attention_heads, L = c.kv_lora_rank, rd = c.qk_rope_head_dim;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    double attention = c.q_lora_rank * hidden + H * c.qk_head_dim() * c.q_lora_rank + (L + rd) * hidden +
+                       H * (c.qk_nope_head_dim + c.v_head_dim) * L + hidden * H * c.v_head_dim;
+    if (c.indexer_full[l]) {
+      attention += double(c.index_n_heads) * c.index_head_dim * c.q_lora_rank + c.index_head_dim * hidden +
+                   c.index_n_heads * hidden;
+      ++s.full_layers;
+    }
+    s.attention_params_per_layer_sum += attention;
+    if (c.layer_is_moe[l]) {
+      ++s.moe_layers;
+      s.shared_expert_params_sum += 3.0 * hidden * c.moe_intermediate_size * c.n_shared_experts;
+      s.router_params_sum += double(c.n_routed_experts) * hidden;
+    } else {
+      s.dense_mlp_params_sum += 3.0 * hidden * c.intermediate_size;
+    }
+  }
+  s.expert_params = 3.0 * hidden * c.moe_intermediate_size;
+  s.head_params = double(c.vocab_size) * hidden;
+  return s;
+}
+
+// Bytes a decode step of `batch` tokens at `context` must move at the least: every weight it
+// uses once (routed experts: the expected number of distinct experts `batch` uniform top-k
+// picks touch), the head, and each token's cache reads (selected latent rows on every layer,
+// all indexer keys on full layers).
+double decode_bytes(const io::ModelConfig& c, const StepCost& s, int batch, int context) {
+  const double E = c.n_routed_experts, k = c.num_experts_per_tok;
+  const double experts_touched = E * (1.0 - std::pow(1.0 - k / E, batch));
+  double bytes = 2.0 * (s.attention_params_per_layer_sum + s.dense_mlp_params_sum + s.shared_expert_params_sum +
+                        s.moe_layers * experts_touched * s.expert_params + s.head_params) +
+                 4.0 * s.router_params_sum;
+  const double selected = std::min(context, c.index_topk);
+  const double row = 2.0 * (c.kv_lora_rank + c.qk_rope_head_dim);
+  bytes += batch * (c.num_hidden_layers * selected * row +
+                    (context > c.index_topk ? s.full_layers * double(context) * 4.0 * c.index_head_dim : 0.0));
+  return bytes;
+}
+
+// FLOPs of the linear layers for `tokens` prefill tokens (one logits row).
+double prefill_linear_flops(const io::ModelConfig& c, const StepCost& s, int tokens) {
+  const double per_token = s.attention_params_per_layer_sum + s.dense_mlp_params_sum + s.shared_expert_params_sum +
+                           s.moe_layers * c.num_experts_per_tok * s.expert_params + s.router_params_sum;
+  return 2.0 * (tokens * per_token + s.head_params);
+}
+
+io::ModelConfig cut_layers(io::ModelConfig c, int num_layers) {
+  if (num_layers < 0 || num_layers >= c.num_hidden_layers) return c;
+  if (num_layers == 0) fail("--num-layers must be at least 1");
+  c.num_hidden_layers = num_layers;
+  c.indexer_full.resize(num_layers);
+  c.layer_is_moe.resize(num_layers);
+  return c;
+}
+
+void run_bench_step(const BenchStepOptions& o) {
+  namespace cuda = ops::cuda;
+  if (cuda::device_count() == 0) fail("no CUDA device is visible: bench-step needs a GPU");
+  if (!o.synthetic) fail("bench-step runs on --synthetic weights (give --config FILE or --model DIR for the shapes)");
+  const std::string path = !o.config_file.empty() ? o.config_file : o.model_dir + "/config.json";
+  const io::ModelConfig config = cut_layers(io::load_model_config(path), o.num_layers);
+  const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
+  const int max_context = *std::max_element(o.contexts.begin(), o.contexts.end()) + o.steps + 8;
+  const int max_prefill = o.prefills.empty() ? 0 : *std::max_element(o.prefills.begin(), o.prefills.end());
+
+  std::cerr << "measuring copy bandwidth and the bf16 GEMM rate...\n";
+  const double bandwidth = measure_copy_bandwidth(size_t{4} << 30);
+  const double gemm_rate = measure_gemm_rate(8192);
+  std::cerr << fmt::format("  copy {:.0f} GB/s, bf16 GEMM {:.0f} TFLOP/s\n", bandwidth / 1e9, gemm_rate / 1e12);
+
+  model::CudaModelOptions options;
+  options.block_size = 64;
+  options.max_tokens = std::max(max_prefill, max_batch);
+  options.max_sequences = max_batch;
+  options.max_context = std::max(max_context, max_prefill + 8);
+  options.max_logits = max_batch;
+  const int blocks_per_sequence = (options.max_context + options.block_size - 1) / options.block_size;
+  options.num_blocks = max_batch * blocks_per_sequence;
+  std::cerr << fmt::format("making {} layers of {} at full width with seeded random weights...\n",
+                           config.num_hidden_layers, path);
+  const auto start = Clock::now();
+  auto model = model::CudaGlm5Model::synthetic(config, o.seed, options);
+  model->fill_cache_random(o.seed + 100);
+  std::cerr << fmt::format("  {:.1f} GB of weights, {:.1f} GB of cache, in {:.1f} s\n", model->weight_bytes() / 1e9,
+                           model->cache_bytes() / 1e9, seconds_since(start));
+  const StepCost cost = step_cost(config);
+
+  auto table_of = [&](int sequence) {
+    std::vector<int32_t> table(blocks_per_sequence);
+    for (int b = 0; b < blocks_per_sequence; ++b) table[b] = sequence * blocks_per_sequence + b;
+    return table;
+  };
+
+  nlohmann::json decode = nlohmann::json::array(), prefill = nlohmann::json::array();
+  for (int context : o.contexts) {
+    for (int batch : o.batches) {
+      auto step_batch = [&](int step) {
+        model::ForwardBatch b;
+        for (int s = 0; s < batch; ++s)
+          b.add_sequence({(s * 7919 + step * 31) % config.vocab_size}, context - 1 + step, table_of(s),
+                         options.block_size, false);
+        return b;
+      };
+      for (int step = 0; step < 3; ++step) model->forward_on_device(step_batch(step), o.graphs);
+      model->synchronize();
+      std::vector<double> times;
+      for (int step = 0; step < o.steps; ++step) {
+        const auto b = step_batch(step);
+        const auto t0 = Clock::now();
+        model->forward_on_device(b, o.graphs);
+        model->synchronize();
+        times.push_back(seconds_since(t0));
+      }
+      std::sort(times.begin(), times.end());
+      const double median = times[times.size() / 2];
+      const double bytes = decode_bytes(config, cost, batch, context);
+      const double bound = bytes / bandwidth;
+      decode.push_back({{"batch", batch},
+                        {"context", context},
+                        {"step_ms", median * 1e3},
+                        {"min_step_ms", times.front() * 1e3},
+                        {"tokens_per_s", batch / median},
+                        {"bytes_moved", bytes},
+                        {"bound_ms", bound * 1e3},
+                        {"ratio_to_bound", median / bound}});
+      std::cerr << fmt::format("  decode batch {:>3} context {:>5}: {:8.3f} ms/step  {:9.1f} tok/s  bound {:7.3f} ms  x{:.2f}\n",
+                               batch, context, median * 1e3, batch / median, bound * 1e3, median / bound);
+    }
+  }
+  for (int tokens : o.prefills) {
+    std::vector<int32_t> prompt(tokens);
+    for (int i = 0; i < tokens; ++i) prompt[i] = (i * 104729 + 7) % config.vocab_size;
+    model::ForwardBatch b;
+    b.add_sequence(prompt, 0, table_of(0), options.block_size, false);
+    model->forward_on_device(b);
+    model->synchronize();
+    std::vector<double> times;
+    for (int rep = 0; rep < 3; ++rep) {
+      const auto t0 = Clock::now();
+      model->forward_on_device(b);
+      model->synchronize();
+      times.push_back(seconds_since(t0));
+    }
+    const double best = *std::min_element(times.begin(), times.end());
+    const double flops = prefill_linear_flops(config, cost, tokens);
+    prefill.push_back({{"tokens", tokens},
+                       {"seconds", best},
+                       {"tokens_per_s", tokens / best},
+                       {"linear_flops", flops},
+                       {"linear_flops_per_s", flops / best},
+                       {"fraction_of_gemm_rate", flops / best / gemm_rate}});
+    std::cerr << fmt::format("  prefill {:>5} tokens: {:8.1f} ms  {:9.0f} tok/s  linear layers at {:.1f} TFLOP/s = {:.2f} of GEMM rate\n",
+                             tokens, best * 1e3, tokens / best, flops / best / 1e12, flops / best / gemm_rate);
+  }
+  nlohmann::json out = {{"benchmark", "cuda-step"},
+                        {"config", path},
+                        {"num_layers", config.num_hidden_layers},
+                        {"weights", "bf16 synthetic"},
+                        {"graphs", o.graphs},
+                        {"weight_bytes", model->weight_bytes()},
+                        {"copy_bandwidth_bytes_per_s", bandwidth},
+                        {"bf16_gemm_flops_per_s", gemm_rate},
+                        {"decode", decode},
+                        {"prefill", prefill}};
+  if (!o.json_out.empty()) {
+    std::ofstream file(o.json_out);
+    file << out.dump(2) << "\n";
+    if (!file) fail("cannot write " + o.json_out);
+  } else {
+    std::cout << out.dump(2) << "\n";
+  }
+}
+
+#else
+
+void run_bench_step(const BenchStepOptions&) {
+  fail("this glmserve was built without CUDA (configure with -DGLMS_CUDA=ON where nvcc is installed)");
+}
+
+#endif
+
+}  // namespace
+
+void add_bench_step_command(CLI::App& app) {
+  auto o = std::make_shared<BenchStepOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench-step", "Time CUDA forward steps (decode by batch and context, prefill by length) against the hardware limits");
+  auto* model = cmd->add_option("--model", o->model_dir, "Model folder (its config.json gives the shapes)")
+                    ->check(CLI::ExistingDirectory);
+  auto* config = cmd->add_option("--config", o->config_file, "A config.json file")->check(CLI::ExistingFile);
+  model->excludes(config);
+  cmd->add_flag("--synthetic", o->synthetic, "Seeded random weights made on the GPU (no checkpoint)");
+  cmd->add_option("--num-layers", o->num_layers, "Keep the first N decoder layers")->check(CLI::Range(1, 1000));
+  cmd->add_option("--batch", o->batches, "Decode batch sizes")->delimiter(',')->check(CLI::Range(1, 4096))->capture_default_str();
+  cmd->add_option("--context", o->contexts, "Decode context lengths")->delimiter(',')->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--prefill", o->prefills, "Prefill prompt lengths")->delimiter(',')->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--steps", o->steps, "Timed decode steps per point")->check(CLI::Range(1, 100000))->capture_default_str();
+  cmd->add_option("--graphs", o->graphs, "Replay decode steps as CUDA graphs (true/false)")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Weight seed")->capture_default_str();
+  cmd->add_option("--json", o->json_out, "Write the results as JSON to this file");
+  cmd->callback([o] {
+    if (o->model_dir.empty() && o->config_file.empty()) fail("give --config FILE or --model DIR");
+    run_bench_step(*o);
+  });
+}
+
+}  // namespace glms::cli

@@ -1,0 +1,66 @@
+// The GLM-5 forward pass on one CUDA device: the same layer sequence as Glm5Model (glm5.cpp),
+// over the ops/cuda kernels. Weights are uploaded once as bf16 (quantised checkpoints are
+// dequantised on upload; the router and its bias stay fp32), the paged latent cache lives on the
+// device in bf16 (indexer keys fp32), and a step uploads the batch's metadata in one copy.
+// Activations between blocks are fp32; GEMM inputs are bf16 with fp32 accumulation.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "io/model_config.h"
+#include "model/batch.h"
+#include "model/weights.h"
+
+namespace glms::model {
+
+struct CudaModelOptions {
+  int block_size = 64;       // cache block, tokens
+  int num_blocks = 0;        // cache blocks; 0: enough for max_sequences x max_context
+  int max_tokens = 2048;     // tokens per step (prefill chunk plus decodes)
+  int max_sequences = 256;   // sequences per step
+  int max_context = 32768;   // positions per sequence
+  int max_logits = 0;        // logits rows per step; 0: max_sequences
+};
+
+class CudaGlm5Model {
+ public:
+  // Uploads `weights` (the decoder layers and head; MTP layers are not run on CUDA yet).
+  CudaGlm5Model(const ModelWeights& weights, const CudaModelOptions& options);
+  // Seeded random weights of `config`, made on the device (no checkpoint): matrices uniform with
+  // standard deviation 1/sqrt(fan_in), norms one, router bias small. For benchmarks at full
+  // width with `config.num_hidden_layers` cut down.
+  static std::unique_ptr<CudaGlm5Model> synthetic(const io::ModelConfig& config, uint64_t seed,
+                                                  const CudaModelOptions& options);
+  ~CudaGlm5Model();
+  CudaGlm5Model(const CudaGlm5Model&) = delete;
+  CudaGlm5Model& operator=(const CudaGlm5Model&) = delete;
+
+  const io::ModelConfig& config() const;
+  const CudaModelOptions& options() const;
+  int64_t weight_bytes() const;  // device bytes of the weights
+  int64_t cache_bytes() const;   // device bytes of the paged cache
+
+  // One step over `batch` (block ids index this model's device cache): writes the batch's cache
+  // rows and returns logits [batch.logits_tokens.size(), vocab] fp32. Throws glms::Error when
+  // the batch exceeds the options' limits. With `use_graph`, decode-only batches (one token per
+  // sequence, small enough for the GEMV experts) replay a CUDA graph captured once per batch
+  // shape; the first step of a shape captures it.
+  std::vector<float> forward(const ForwardBatch& batch, bool use_graph = false);
+
+  // The same step without copying logits back (they stay on the device); for timing.
+  void forward_on_device(const ForwardBatch& batch, bool use_graph = false);
+  void synchronize();
+
+  // Fills every cache row with seeded random values (benchmarks that need long contexts
+  // without prefilling them).
+  void fill_cache_random(uint64_t seed);
+
+ private:
+  struct Impl;
+  explicit CudaGlm5Model(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace glms::model

@@ -1,0 +1,217 @@
+#include "model/glm5_cuda_weights.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace glms::model {
+
+namespace cuda = ops::cuda;
+using cuda::DeviceBuffer;
+
+void check_cuda_supported(const io::ModelConfig& c) {
+  if (c.q_lora_rank <= 0) fail("the CUDA path needs q_lora_rank > 0 (GLM-5 checkpoints have 2048)");
+  if (c.rope_type != "default") fail("rope_type '" + c.rope_type + "' is not supported on CUDA");
+  if (c.kv_lora_rank > 512) fail("the CUDA attention kernel supports kv_lora_rank up to 512");
+  if (c.n_routed_experts > 1024 || c.n_group > 32) fail("the CUDA router supports up to 1024 experts in 32 groups");
+  if (c.num_hidden_layers > 0 && !c.indexer_full[0])
+    fail("layer 0 shares an indexer that no earlier layer computes");
+}
+
+namespace {
+
+// Appends `w` as bf16 rows to `out` (the stored format is widened or dequantised per row).
+void append_bf16(const WeightView& w, std::vector<uint16_t>& out) {
+  const size_t start = out.size();
+  out.resize(start + static_cast<size_t>(w.rows * w.cols));
+  uint16_t* dst = out.data() + start;
+  if (w.format == ops::WeightFormat::Plain && w.dtype == DType::BF16) {
+    for (int64_t r = 0; r < w.rows; ++r)
+      std::memcpy(dst + r * w.cols, static_cast<const uint16_t*>(w.data) + r * w.row_stride, sizeof(uint16_t) * w.cols);
+    return;
+  }
+  std::vector<float> row(static_cast<size_t>(w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    w.row_to_f32(r, row.data());
+    for (int64_t k = 0; k < w.cols; ++k) dst[r * w.cols + k] = f32_to_bf16(row[k]);
+  }
+}
+
+class Uploader {
+ public:
+  explicit Uploader(int64_t& bytes) : bytes_(bytes) {}
+
+  DeviceBuffer bf16(const std::vector<const WeightView*>& parts) {
+    std::vector<uint16_t> host;
+    for (const WeightView* w : parts) append_bf16(*w, host);
+    return device(host.data(), host.size() * sizeof(uint16_t));
+  }
+  DeviceBuffer bf16(const WeightView& w) { return bf16(std::vector<const WeightView*>{&w}); }
+  DeviceBuffer f32(const std::vector<float>& v) { return device(v.data(), v.size() * sizeof(float)); }
+  DeviceBuffer f32(const WeightView& w) {
+    std::vector<float> host(static_cast<size_t>(w.rows * w.cols));
+    for (int64_t r = 0; r < w.rows; ++r) w.row_to_f32(r, host.data() + r * w.cols);
+    return f32(host);
+  }
+
+ private:
+  DeviceBuffer device(const void* host, size_t bytes) {
+    DeviceBuffer buffer(bytes);
+    buffer.upload(host, bytes);
+    bytes_ += static_cast<int64_t>(bytes);
+    return buffer;
+  }
+  int64_t& bytes_;
+};
+
+MlpDevice upload_mlp(Uploader& up, const MlpWeights& w) {
+  MlpDevice mlp;
+  mlp.inter = w.gate_proj.rows;
+  mlp.gate_up = up.bf16({&w.gate_proj, &w.up_proj});
+  mlp.down = up.bf16(w.down_proj);
+  return mlp;
+}
+
+// Makes device buffers of seeded random values: each tensor gets its own stream of the
+// counter-based generator, so a tensor's values do not depend on what else is made.
+class RandomMaker {
+ public:
+  RandomMaker(uint64_t seed, int64_t& bytes) : seed_(seed), bytes_(bytes) {}
+
+  // [rows, cols] bf16 with standard deviation 1/sqrt(cols) (uniform of half-width sqrt(3/cols)).
+  DeviceBuffer matrix(int64_t count, int64_t fan_in) {
+    DeviceBuffer buffer(sizeof(uint16_t) * count);
+    cuda::fill_uniform_bf16(static_cast<uint16_t*>(buffer.data()), count, next(),
+                            std::sqrt(3.0f / static_cast<float>(fan_in)), nullptr);
+    bytes_ += static_cast<int64_t>(buffer.bytes());
+    return buffer;
+  }
+  DeviceBuffer constant(int64_t count, float value) {
+    DeviceBuffer buffer(sizeof(float) * count);
+    cuda::fill_f32(static_cast<float*>(buffer.data()), count, value, nullptr);
+    bytes_ += static_cast<int64_t>(buffer.bytes());
+    return buffer;
+  }
+  DeviceBuffer uniform_f32(int64_t count, float scale) {
+    DeviceBuffer buffer(sizeof(float) * count);
+    cuda::fill_uniform_f32(static_cast<float*>(buffer.data()), count, next(), scale, nullptr);
+    bytes_ += static_cast<int64_t>(buffer.bytes());
+    return buffer;
+  }
+  MlpDevice mlp(int64_t inter, int64_t hidden) {
+    MlpDevice m;
+    m.inter = inter;
+    m.gate_up = matrix(2 * inter * hidden, hidden);
+    m.down = matrix(hidden * inter, inter);
+    return m;
+  }
+
+ private:
+  uint64_t next() { return seed_ * 1000003ull + counter_++; }
+  uint64_t seed_;
+  uint64_t counter_ = 0;
+  int64_t& bytes_;
+};
+
+}  // namespace
+
+CudaWeights upload_weights(const ModelWeights& weights) {
+  const io::ModelConfig& c = weights.config;
+  check_cuda_supported(c);
+  CudaWeights out;
+  Uploader up(out.bytes);
+  out.embed_tokens = up.bf16(weights.embed_tokens);
+  out.final_norm = up.f32(weights.final_norm);
+  out.lm_head = up.bf16(weights.lm_head);
+  for (const DecoderLayerWeights& layer : weights.layers) {
+    DecoderLayerDevice d;
+    d.input_norm = up.f32(layer.input_norm);
+    d.post_attention_norm = up.f32(layer.post_attention_norm);
+    const AttentionWeights& a = layer.attention;
+    d.attention.q_a_proj = up.bf16(a.q_a_proj);
+    d.attention.q_a_norm = up.f32(a.q_a_norm);
+    d.attention.q_b_proj = up.bf16(a.q_b_proj);
+    d.attention.kv_a_proj = up.bf16(a.kv_a_proj);
+    d.attention.kv_a_norm = up.f32(a.kv_a_norm);
+    d.attention.kv_b_proj = up.bf16(a.kv_b_proj);
+    d.attention.o_proj = up.bf16(a.o_proj);
+    d.attention.has_indexer = a.has_indexer;
+    if (a.has_indexer) {
+      d.attention.indexer.wq_b = up.bf16(a.indexer.wq_b);
+      d.attention.indexer.wk = up.bf16(a.indexer.wk);
+      d.attention.indexer.weights_proj = up.bf16(a.indexer.weights_proj);
+      d.attention.indexer.k_norm_weight = up.f32(a.indexer.k_norm_weight);
+      d.attention.indexer.k_norm_bias = up.f32(a.indexer.k_norm_bias);
+    }
+    d.is_moe = layer.is_moe;
+    if (layer.is_moe) {
+      d.moe.router = up.f32(layer.moe.router);
+      d.moe.correction_bias = up.f32(layer.moe.correction_bias);
+      std::vector<const WeightView*> gate_up, down;
+      for (const MlpWeights& e : layer.moe.experts) {
+        gate_up.push_back(&e.gate_proj);
+        gate_up.push_back(&e.up_proj);
+        down.push_back(&e.down_proj);
+      }
+      d.moe.experts_gate_up = up.bf16(gate_up);
+      d.moe.experts_down = up.bf16(down);
+      d.moe.shared = upload_mlp(up, layer.moe.shared_expert);
+    } else {
+      d.mlp = upload_mlp(up, layer.mlp);
+    }
+    out.layers.push_back(std::move(d));
+  }
+  return out;
+}
+
+CudaWeights synthetic_weights(const io::ModelConfig& c, uint64_t seed) {
+  check_cuda_supported(c);
+  CudaWeights out;
+  RandomMaker make(seed, out.bytes);
+  const int64_t hidden = c.hidden_size, H = c.num_attention_heads, L = c.kv_lora_rank, rd = c.qk_rope_head_dim;
+  const int64_t q_lora = c.q_lora_rank, E = c.n_routed_experts, inter = c.moe_intermediate_size;
+  // Embedding rows of unit scale (fan-in 3 gives half-width 1): the first norm rescales anyway.
+  out.embed_tokens = make.matrix(int64_t{c.vocab_size} * hidden, 3);
+  out.final_norm = make.constant(hidden, 1.0f);
+  out.lm_head = make.matrix(int64_t{c.vocab_size} * hidden, hidden);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    DecoderLayerDevice d;
+    d.input_norm = make.constant(hidden, 1.0f);
+    d.post_attention_norm = make.constant(hidden, 1.0f);
+    AttentionDevice& a = d.attention;
+    a.q_a_proj = make.matrix(q_lora * hidden, hidden);
+    a.q_a_norm = make.constant(q_lora, 1.0f);
+    a.q_b_proj = make.matrix(H * c.qk_head_dim() * q_lora, q_lora);
+    a.kv_a_proj = make.matrix((L + rd) * hidden, hidden);
+    a.kv_a_norm = make.constant(L, 1.0f);
+    a.kv_b_proj = make.matrix(H * (c.qk_nope_head_dim + c.v_head_dim) * L, L);
+    a.o_proj = make.matrix(hidden * H * c.v_head_dim, H * c.v_head_dim);
+    a.has_indexer = c.indexer_full[l];
+    if (a.has_indexer) {
+      a.indexer.wq_b = make.matrix(int64_t{c.index_n_heads} * c.index_head_dim * q_lora, q_lora);
+      a.indexer.wk = make.matrix(int64_t{c.index_head_dim} * hidden, hidden);
+      a.indexer.weights_proj = make.matrix(int64_t{c.index_n_heads} * hidden, hidden);
+      a.indexer.k_norm_weight = make.constant(c.index_head_dim, 1.0f);
+      a.indexer.k_norm_bias = make.constant(c.index_head_dim, 0.0f);
+    }
+    d.is_moe = c.layer_is_moe[l];
+    if (d.is_moe) {
+      // The router in fp32; draw it as bf16-free uniform values of the same scale.
+      d.moe.router = make.uniform_f32(E * hidden, std::sqrt(3.0f / static_cast<float>(hidden)));
+      d.moe.correction_bias = make.uniform_f32(E, 0.01f);
+      d.moe.experts_gate_up = make.matrix(E * 2 * inter * hidden, hidden);
+      d.moe.experts_down = make.matrix(E * hidden * inter, inter);
+      d.moe.shared = make.mlp(inter * c.n_shared_experts, hidden);
+    } else {
+      d.mlp = make.mlp(c.intermediate_size, hidden);
+    }
+    out.layers.push_back(std::move(d));
+  }
+  cuda::synchronize_device();  // the fills ran on the legacy stream; the model runs on its own
+  return out;
+}
+
+}  // namespace glms::model

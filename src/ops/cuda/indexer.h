@@ -1,0 +1,37 @@
+// The DSA indexer on CUDA: scores every cached indexer key of a token's context, then keeps the
+// top-k positions. Tokens whose context fits in top-k select every causal position.
+#pragma once
+
+#include <cstdint>
+
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+
+namespace glms::ops::cuda {
+
+struct IndexerScoreArgs {
+  const float* queries = nullptr;       // [T, heads, dim] fp32, rotated
+  const float* head_weights = nullptr;  // [T, heads] fp32 (weights_proj output, unscaled)
+  const float* key_cache = nullptr;     // [num_slots, dim] fp32 keys of this layer
+  const int32_t* block_tables = nullptr;  // [num_sequences, max_blocks]
+  int max_blocks = 0;
+  const int32_t* token_sequence = nullptr;  // [T]
+  const int32_t* positions = nullptr;       // [T]: token t's context is positions 0..positions[t]
+  int block_size = 0;
+  int num_tokens = 0, heads = 0, dim = 0;
+  int top_k = 0;             // tokens with context <= top_k are skipped (they select everything)
+  float head_scale = 1.0f;   // 1 / sqrt(heads), applied to the head weights
+  float softmax_scale = 1.0f;  // 1 / sqrt(dim)
+  int max_context = 0;       // the batch's largest context (sizes the grid)
+  float* scores = nullptr;   // [T, score_stride]: sum_h relu(q_h . k * softmax_scale) * w_h * head_scale
+  int64_t score_stride = 0;
+};
+void indexer_scores(const IndexerScoreArgs& args, cudaStream_t stream);
+
+// Per token, the `top_k` largest of scores[t, 0..positions[t]] (ties: lower position first),
+// written in increasing position order to selected[t, :] with num_selected[t] = top_k; tokens
+// whose context is at most top_k get 0..positions[t]. selected: [n, max_selected] int32.
+void select_top_k(const float* scores, int64_t score_stride, const int32_t* positions, int64_t n, int top_k,
+                  int32_t* selected, int max_selected, int32_t* num_selected, cudaStream_t stream);
+
+}  // namespace glms::ops::cuda

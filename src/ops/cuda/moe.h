@@ -1,0 +1,57 @@
+// Mixture-of-experts on CUDA: sigmoid routing with the fp32 correction bias and group-limited
+// top-k, grouping of (token, expert) pairs by expert, expert MLPs for small batches in one
+// fused kernel pair that streams each active expert's weights once, and the weighted combine.
+// Large batches run the experts as per-expert cuBLAS GEMMs over the grouped rows (the model
+// decides, by the number of pairs per expert).
+#pragma once
+
+#include <cstdint>
+
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+
+namespace glms::ops::cuda {
+
+struct MoeRouting {
+  int num_experts = 0, top_k = 0, n_group = 1, topk_group = 1;
+  bool norm_topk_prob = true;
+  float routed_scaling_factor = 1.0f;
+};
+
+// Per token: expert_ids[t, :top_k] in descending choice order and their weights, from router
+// logits [n, num_experts] fp32 and correction_bias [num_experts] fp32. num_experts <= 1024.
+void moe_route(const float* logits, const float* correction_bias, int64_t n, const MoeRouting& routing,
+               int32_t* expert_ids, float* expert_weights, cudaStream_t stream);
+
+// The pairs p = t * top_k + k grouped by expert: expert e's pairs are sorted_pairs[offsets[e] ..
+// offsets[e + 1]), pair p sits at pair_slot[p]; active_experts[0 .. *num_active) lists the
+// experts with pairs. `counts` is scratch [num_experts + 1].
+struct MoePlan {
+  int32_t* counts = nullptr;          // [num_experts + 1] scratch
+  int32_t* offsets = nullptr;         // [num_experts + 1]
+  int32_t* active_experts = nullptr;  // [num_experts]
+  int32_t* num_active = nullptr;      // [1]
+  int32_t* sorted_pairs = nullptr;    // [num_pairs]
+  int32_t* pair_slot = nullptr;       // [num_pairs]
+};
+void moe_plan(const int32_t* expert_ids, int64_t num_pairs, int num_experts, const MoePlan& plan, cudaStream_t stream);
+
+// Rows of x in grouped order are ops::cuda::gather_rows(x, hidden, sorted_pairs, num_pairs, top_k).
+
+// Small-batch expert MLP over the active experts, weights streamed once per step:
+// act[s, :] = bf16(silu(gate_e . x) * (up_e . x)) for each grouped pair s of expert e, then
+// expert_out[s, :] = down_e . act[s, :]. gate_up: [E, 2 * inter, hidden] bf16 (gate rows, then
+// up rows); down: [E, hidden, inter] bf16; x: [n, hidden] bf16; act: [num_pairs, inter] bf16;
+// expert_out: [num_pairs, hidden] fp32. `max_active` bounds the experts with pairs (grid
+// size), `num_tokens` the batch (an expert has at most one pair per token).
+void moe_experts_small(const uint16_t* x, int64_t hidden, int64_t inter, const uint16_t* gate_up,
+                       const uint16_t* down, const MoePlan& plan, int top_k, int num_tokens, int max_active,
+                       uint16_t* act, float* expert_out, cudaStream_t stream);
+
+// x[t] += shared_out[t] + sum over the token's experts (in increasing expert id) of
+// weight * expert_out[pair_slot[t * top_k + k]]. x, shared_out: [n, hidden] fp32.
+void moe_combine(float* x, const float* shared_out, const float* expert_out, const int32_t* pair_slot,
+                 const int32_t* expert_ids, const float* expert_weights, int64_t n, int top_k, int64_t hidden,
+                 cudaStream_t stream);
+
+}  // namespace glms::ops::cuda

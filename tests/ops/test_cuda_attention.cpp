@@ -1,0 +1,257 @@
+// CUDA MLA attention, indexer scoring and top-k selection against plain CPU references, over
+// model-sized and odd shapes, one token and long contexts past top-k. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "core/dtype.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/indexer.h"
+#include "ops/cuda/mla.h"
+#include "ops/ops.h"
+#include "support/numerics.h"
+
+using namespace glms;
+using glms::testing::random_values;
+using glms::testing::relative_l2;
+namespace cuda = glms::ops::cuda;
+
+namespace {
+
+class CudaAttention : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+template <typename T>
+cuda::DeviceBuffer to_device(const std::vector<T>& host) {
+  cuda::DeviceBuffer buffer(std::max<size_t>(host.size(), 1) * sizeof(T));
+  if (!host.empty()) buffer.upload(host.data(), host.size() * sizeof(T));
+  return buffer;
+}
+
+template <typename T>
+std::vector<T> to_host(const cuda::DeviceBuffer& buffer, size_t count) {
+  std::vector<T> host(count);
+  buffer.download(host.data(), count * sizeof(T));
+  return host;
+}
+
+// Sequences with the given context lengths in a shuffled paged cache; one query token per
+// entry of `token_positions` (sequence, position).
+struct PagedContext {
+  int block_size = 16, max_blocks = 0, num_blocks = 0;
+  std::vector<int32_t> block_tables;  // [S, max_blocks]
+  int64_t slot(int seq, int position) const {
+    return int64_t{block_tables[seq * max_blocks + position / block_size]} * block_size + position % block_size;
+  }
+  PagedContext(const std::vector<int>& contexts, uint64_t seed) {
+    for (int c : contexts) max_blocks = std::max(max_blocks, (c + block_size - 1) / block_size);
+    num_blocks = max_blocks * static_cast<int>(contexts.size());
+    std::vector<int32_t> order(num_blocks);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(seed));
+    block_tables = order;
+  }
+};
+
+struct Token {
+  int seq, position;
+};
+
+void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std::vector<Token>& tokens, int top_k,
+               int forced_splits) {
+  const int T = static_cast<int>(tokens.size()), qd = 7 + rd, row = L + rd;
+  PagedContext paged(contexts, 11);
+  const int64_t slots = int64_t{paged.num_blocks} * paged.block_size;
+  std::vector<uint16_t> cache(slots * row);
+  {
+    const auto values = random_values(cache.size(), 3);
+    for (size_t i = 0; i < cache.size(); ++i) cache[i] = f32_to_bf16(values[i]);
+  }
+  const auto q_latent = random_values(int64_t{T} * H * L, 4, 0.5f), q = random_values(int64_t{T} * H * qd, 5, 0.5f);
+  // Selections: every causal position, or a sorted random subset of top_k of them.
+  std::vector<int32_t> selected(int64_t{T} * top_k, 0), num_selected(T), token_sequence(T);
+  std::mt19937 rng(7);
+  for (int t = 0; t < T; ++t) {
+    token_sequence[t] = tokens[t].seq;
+    const int context = tokens[t].position + 1;
+    std::vector<int32_t> all(context);
+    std::iota(all.begin(), all.end(), 0);
+    if (context > top_k) {
+      std::shuffle(all.begin(), all.end(), rng);
+      all.resize(top_k);
+      std::sort(all.begin(), all.end());
+    }
+    num_selected[t] = static_cast<int>(all.size());
+    std::copy(all.begin(), all.end(), selected.begin() + int64_t{t} * top_k);
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(qd));
+  std::vector<float> expected(int64_t{T} * H * L);
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h) {
+      const float* ql = q_latent.data() + (int64_t{t} * H + h) * L;
+      const float* qr = q.data() + (int64_t{t} * H + h) * qd + 7;
+      std::vector<double> p(num_selected[t]);
+      double max_score = -INFINITY, total = 0;
+      for (int i = 0; i < num_selected[t]; ++i) {
+        const uint16_t* c = cache.data() + paged.slot(tokens[t].seq, selected[int64_t{t} * top_k + i]) * row;
+        double s = 0;
+        for (int k = 0; k < L; ++k) s += double(ql[k]) * bf16_to_f32(c[k]);
+        for (int k = 0; k < rd; ++k) s += double(qr[k]) * bf16_to_f32(c[L + k]);
+        p[i] = s * scale;
+        max_score = std::max(max_score, p[i]);
+      }
+      for (double& v : p) total += (v = std::exp(v - max_score));
+      for (int k = 0; k < L; ++k) {
+        double sum = 0;
+        for (int i = 0; i < num_selected[t]; ++i)
+          sum += p[i] * bf16_to_f32(cache[paged.slot(tokens[t].seq, selected[int64_t{t} * top_k + i]) * row + k]);
+        expected[(int64_t{t} * H + h) * L + k] = static_cast<float>(sum / total);
+      }
+    }
+
+  auto dcache = to_device(cache), dql = to_device(q_latent), dq = to_device(q), dsel = to_device(selected),
+       dnum = to_device(num_selected), dtables = to_device(paged.block_tables), dseq = to_device(token_sequence);
+  int max_context = 0;
+  for (const Token& tok : tokens) max_context = std::max(max_context, tok.position + 1);
+  cuda::MlaAttentionArgs a;
+  a.q_latent = dql.as<float>();
+  a.q_rope = dq.as<float>() + 7;
+  a.q_rope_stride = qd;
+  a.cache = dcache.as<uint16_t>();
+  a.selected = dsel.as<int32_t>();
+  a.num_selected = dnum.as<int32_t>();
+  a.max_selected = top_k;
+  a.block_tables = dtables.as<int32_t>();
+  a.max_blocks = paged.max_blocks;
+  a.token_sequence = dseq.as<int32_t>();
+  a.block_size = paged.block_size;
+  a.num_tokens = T;
+  a.num_heads = H;
+  a.latent_dim = L;
+  a.rope_dim = rd;
+  a.scale = scale;
+  a.num_splits = forced_splits > 0 ? forced_splits : cuda::mla_num_splits(T, H, std::min(max_context, top_k));
+  cuda::DeviceBuffer workspace(std::max<size_t>(cuda::mla_workspace_floats(T, H, L, a.num_splits), 1) * sizeof(float));
+  a.workspace = workspace.as<float>();
+  cuda::DeviceBuffer out(expected.size() * sizeof(float));
+  a.out = out.as<float>();
+  cuda::mla_attention(a, nullptr);
+  EXPECT_LT(relative_l2(to_host<float>(out, expected.size()), expected), 1e-4)
+      << "H=" << H << " L=" << L << " tokens=" << T << " splits=" << a.num_splits;
+}
+
+}  // namespace
+
+TEST_F(CudaAttention, MlaDecodeOneTokenShortContext) { check_mla(64, 512, 64, {1}, {{0, 0}}, 2048, 0); }
+
+TEST_F(CudaAttention, MlaDecodeBatchMixedContextsAndSplits) {
+  const std::vector<int> contexts = {37, 300, 1000};
+  const std::vector<Token> tokens = {{0, 36}, {1, 299}, {2, 999}};
+  for (int splits : {1, 3, 0}) check_mla(64, 512, 64, contexts, tokens, 2048, splits);
+}
+
+TEST_F(CudaAttention, MlaSparseOverTopKPastTheContextLimit) {
+  check_mla(64, 512, 64, {3000, 5000}, {{0, 2999}, {1, 4999}}, 2048, 0);
+}
+
+TEST_F(CudaAttention, MlaPrefillChunkAndOddShapes) {
+  // A prefill chunk (consecutive positions of one sequence) beside a decode; odd head count and dims.
+  std::vector<Token> tokens;
+  for (int p = 20; p < 45; ++p) tokens.push_back({0, p});
+  tokens.push_back({1, 8});
+  check_mla(3, 16, 6, {45, 9}, tokens, 9, 0);
+  check_mla(8, 64, 16, {45, 9}, tokens, 96, 2);
+}
+
+TEST_F(CudaAttention, TopKSelectsTheLargestInPositionOrderWithLowerPositionsWinningTies) {
+  const int stride = 6000, top_k = 2048;
+  const std::vector<int32_t> positions = {0, 100, 2047, 2048, 5999, 4000};
+  const int n = static_cast<int>(positions.size());
+  auto scores = random_values(int64_t{n} * stride, 9);
+  // Row 5 gets many exact ties (and signed zeros): quantised values.
+  for (int j = 0; j < stride; ++j) scores[5 * stride + j] = std::round(scores[5 * stride + j] * 2.0f) / 2.0f;
+  scores[5 * stride + 17] = -0.0f;
+  auto dscores = to_device(scores), dpos = to_device(positions);
+  cuda::DeviceBuffer dsel(int64_t{n} * top_k * sizeof(int32_t)), dnum(n * sizeof(int32_t));
+  cuda::select_top_k(dscores.as<float>(), stride, dpos.as<int32_t>(), n, top_k, dsel.as<int32_t>(), top_k,
+                     dnum.as<int32_t>(), nullptr);
+  const auto selected = to_host<int32_t>(dsel, int64_t{n} * top_k);
+  const auto num = to_host<int32_t>(dnum, n);
+  for (int t = 0; t < n; ++t) {
+    const int context = positions[t] + 1;
+    std::vector<int32_t> expected;
+    if (context <= top_k) {
+      expected.resize(context);
+      std::iota(expected.begin(), expected.end(), 0);
+    } else {
+      std::vector<float> row(scores.begin() + int64_t{t} * stride, scores.begin() + int64_t{t} * stride + context);
+      for (float& v : row) v = v == 0.0f ? 0.0f : v;
+      ops::top_k(row.data(), context, top_k, expected);
+      std::sort(expected.begin(), expected.end());
+    }
+    ASSERT_EQ(num[t], static_cast<int>(expected.size())) << t;
+    EXPECT_TRUE(std::equal(expected.begin(), expected.end(), selected.begin() + int64_t{t} * top_k)) << "row " << t;
+  }
+}
+
+TEST_F(CudaAttention, IndexerScoresMatchCpu) {
+  for (auto [heads, dim, top_k] : {std::tuple{32, 128, 2048}, {4, 14, 9}}) {
+    const std::vector<int> contexts = {5000, 40};
+    const std::vector<Token> tokens = {{0, 4999}, {0, 3000}, {1, 39}, {1, 5}};
+    const int T = static_cast<int>(tokens.size());
+    PagedContext paged(contexts, 5);
+    const int64_t slots = int64_t{paged.num_blocks} * paged.block_size;
+    const auto keys = random_values(slots * dim, 1), q = random_values(int64_t{T} * heads * dim, 2),
+               w = random_values(int64_t{T} * heads, 3);
+    std::vector<int32_t> positions(T), token_sequence(T);
+    for (int t = 0; t < T; ++t) positions[t] = tokens[t].position, token_sequence[t] = tokens[t].seq;
+    const int stride = 5000;
+    auto dkeys = to_device(keys), dq = to_device(q), dw = to_device(w), dpos = to_device(positions),
+         dseq = to_device(token_sequence), dtables = to_device(paged.block_tables);
+    auto dscores = to_device(std::vector<float>(int64_t{T} * stride, NAN));
+    cuda::IndexerScoreArgs a;
+    a.queries = dq.as<float>();
+    a.head_weights = dw.as<float>();
+    a.key_cache = dkeys.as<float>();
+    a.block_tables = dtables.as<int32_t>();
+    a.max_blocks = paged.max_blocks;
+    a.token_sequence = dseq.as<int32_t>();
+    a.positions = dpos.as<int32_t>();
+    a.block_size = paged.block_size;
+    a.num_tokens = T;
+    a.heads = heads;
+    a.dim = dim;
+    a.top_k = top_k;
+    a.head_scale = 1.0f / std::sqrt(float(heads));
+    a.softmax_scale = 1.0f / std::sqrt(float(dim));
+    a.max_context = 5000;
+    a.scores = dscores.as<float>();
+    a.score_stride = stride;
+    cuda::indexer_scores(a, nullptr);
+    const auto scores = to_host<float>(dscores, int64_t{T} * stride);
+    for (int t = 0; t < T; ++t) {
+      const int context = positions[t] + 1;
+      if (context <= top_k) continue;  // not scored: such tokens select every position
+      std::vector<float> expected(context);
+      for (int j = 0; j < context; ++j) {
+        const float* key = keys.data() + paged.slot(tokens[t].seq, j) * dim;
+        double score = 0;
+        for (int h = 0; h < heads; ++h) {
+          double dot = 0;
+          for (int k = 0; k < dim; ++k) dot += double(q[(int64_t{t} * heads + h) * dim + k]) * key[k];
+          score += std::max(dot * a.softmax_scale, 0.0) * w[int64_t{t} * heads + h] * a.head_scale;
+        }
+        expected[j] = static_cast<float>(score);
+      }
+      EXPECT_LT(relative_l2(scores.data() + int64_t{t} * stride, expected.data(), context), 1e-5)
+          << heads << " heads, token " << t;
+    }
+  }
+}
