@@ -29,6 +29,13 @@ constexpr float kIndexerNormEps = 1e-6f;
 // cuBLAS GEMMs over the grouped rows.
 constexpr int kSmallMoePairsPerExpert = 8;
 
+// Sequences with at least this many tokens in a step (prefill chunks) attend through the
+// tensor-core GEMM path; the others through the split-K kernel.
+constexpr int kPrefillGemmTokens = 32;
+
+// Scores buffer of the GEMM attention path (fp32 [heads, chunk, context]), at most 1 GiB.
+constexpr int64_t kPrefillScoreFloats = int64_t{1} << 28;
+
 template <typename T>
 T* as(const DeviceBuffer& buffer) {
   return static_cast<T*>(buffer.data());
@@ -91,7 +98,9 @@ struct CudaGlm5Model::Impl {
       o_bf16, heads_out, heads_bf16, index_q, index_k, index_w, scores, selected, num_selected, mla_workspace,
       mlp_gate_up, mlp_act, router_logits, expert_ids, expert_weights, plan_counts, plan_offsets, plan_active,
       plan_num_active, sorted_pairs, pair_slot, shared_out, pair_x, pair_gate_up, pair_act, expert_out, head_in,
-      logits;
+      logits, prefill_context, prefill_queries, prefill_scores, prefill_probs;
+  int64_t prefill_score_capacity = 0;  // floats
+  const ForwardBatch* batch = nullptr;  // the step being run (host view; null inside graph capture)
   int64_t mla_workspace_capacity = 0;  // floats
 
   Impl(const io::ModelConfig& c, const CudaModelOptions& o, CudaWeights w)
@@ -106,6 +115,7 @@ struct CudaGlm5Model::Impl {
   void run_step(const StepShape& shape);
   void attention(const DecoderLayerDevice& layer, int l, const StepShape& shape);
   void moe(const DecoderLayerDevice& layer, const StepShape& shape);
+  void prefill_attention(int sequence, int l, float scale);
   void dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out);
   StepShape shape_of(const ForwardBatch& batch) const;
   void launch(const ForwardBatch& batch, bool use_graph);
@@ -168,6 +178,11 @@ void CudaGlm5Model::Impl::allocate() {
   expert_out = f32(P * hidden);
   head_in = bf16(int64_t{options.max_logits} * hidden);
   logits = f32(int64_t{options.max_logits} * c.vocab_size);
+  prefill_score_capacity = std::min(kPrefillScoreFloats, T * H * options.max_context);
+  prefill_context = bf16(int64_t{options.max_context} * (L + rd));
+  prefill_queries = bf16(T * H * (L + rd));
+  prefill_scores = f32(prefill_score_capacity);
+  prefill_probs = bf16(prefill_score_capacity);
   offsets_host = cuda::PinnedBuffer(sizeof(int32_t) * (E + 1));
   staging = cuda::PinnedBuffer(meta.total);
   metadata = DeviceBuffer(meta.total);
@@ -350,7 +365,27 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
     --args.num_splits;
   args.workspace = as<float>(mla_workspace);
   args.out = as<float>(o_latent);
-  cuda::mla_attention(args, s);
+  if (!batch || !shape.host_sync_ok) {
+    cuda::mla_attention(args, s);
+  } else {
+    // Long prefill chunks through the GEMM path; each run of other tokens through the kernel.
+    int run_start = 0;
+    auto flush = [&](int end) {
+      if (end > run_start) {
+        args.first_token = run_start;
+        args.launch_tokens = end - run_start;
+        cuda::mla_attention(args, s);
+      }
+    };
+    for (size_t q_seq = 0; q_seq < batch->sequences.size(); ++q_seq) {
+      const SequenceSlice& seq = batch->sequences[q_seq];
+      if (seq.num_tokens < kPrefillGemmTokens) continue;
+      flush(seq.first_token);
+      prefill_attention(static_cast<int>(q_seq), l, args.scale);
+      run_start = seq.first_token + seq.num_tokens;
+    }
+    flush(T);
+  }
 
   // Un-absorb W_uv per head, then o_proj.
   cuda::to_bf16(as<float>(o_latent), as<uint16_t>(o_bf16), int64_t{T} * H * L, s);
@@ -358,6 +393,35 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
                as<float>(heads_out), H * vd, vd, H, s);
   cuda::to_bf16(as<float>(heads_out), as<uint16_t>(heads_bf16), int64_t{T} * H * vd, s);
   gemm.linear(as<uint16_t>(heads_bf16), T, as<uint16_t>(w.o_proj), hidden, H * vd, as<float>(block_out), s);
+}
+
+void CudaGlm5Model::Impl::prefill_attention(int sequence, int l, float scale) {
+  const io::ModelConfig& c = config;
+  const SequenceSlice& seq = batch->sequences[sequence];
+  const int H = c.num_attention_heads, L = c.kv_lora_rank, rd = c.qk_rope_head_dim, row = L + rd;
+  const int64_t qd = c.qk_head_dim(), nope = c.qk_nope_head_dim;
+  cudaStream_t s = stream.get();
+  const uint16_t* context_rows = as<uint16_t>(prefill_context);
+  cuda::mla_gather_context(as<uint16_t>(latent_cache[l]), meta_i32(meta.block_tables) + int64_t{sequence} * max_blocks,
+                           options.block_size, seq.context_len, row, as<uint16_t>(prefill_context), s);
+  for (int done = 0; done < seq.num_tokens;) {
+    const int first = seq.first_token + done;
+    const int n = static_cast<int>(std::clamp<int64_t>(prefill_score_capacity / (int64_t{H} * seq.context_len), 1,
+                                                       seq.num_tokens - done));
+    const int context = batch->positions[first + n - 1] + 1;  // the chunk's causal extent
+    cuda::mla_prefill_queries(as<float>(q_latent) + int64_t{first} * H * L, as<float>(q) + first * H * qd + nope, qd, n,
+                              H, L, rd, scale, as<uint16_t>(prefill_queries), s);
+    // scores[h] = queries[:, h, :] . context_rows^T   [H, n, context] fp32
+    gemm.batched(as<uint16_t>(prefill_queries), n, int64_t{H} * row, row, context_rows, context, row, row, 0, false,
+                 as<float>(prefill_scores), context, int64_t{n} * context, H, s);
+    cuda::memset_async(prefill_probs.data(), 0, sizeof(uint16_t) * H * n * context, s);
+    cuda::mla_sparse_softmax(as<float>(prefill_scores), n, H, context, as<int32_t>(selected) + int64_t{first} * c.index_topk,
+                             c.index_topk, as<int32_t>(num_selected) + first, as<uint16_t>(prefill_probs), s);
+    // o_latent[first + i, h, :] = probs[h, i, :] . context_rows[:, :latent]
+    gemm.batched(as<uint16_t>(prefill_probs), n, context, int64_t{n} * context, context_rows, context, L, row, 0, true,
+                 as<float>(o_latent) + int64_t{first} * H * L, int64_t{H} * L, L, H, s);
+    done += n;
+  }
 }
 
 void CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const StepShape& shape) {
@@ -446,8 +510,14 @@ void CudaGlm5Model::Impl::run_step(const StepShape& shape) {
               as<float>(logits), s);
 }
 
-void CudaGlm5Model::Impl::launch(const ForwardBatch& batch, bool use_graph) {
+void CudaGlm5Model::Impl::launch(const ForwardBatch& step, bool use_graph) {
+  const ForwardBatch& batch = step;
   upload_metadata(batch);
+  this->batch = &batch;
+  struct Reset {
+    const ForwardBatch*& batch;
+    ~Reset() { batch = nullptr; }
+  } reset{this->batch};
   StepShape shape = shape_of(batch);
   bool decode_only = true;
   for (const SequenceSlice& seq : batch.sequences) decode_only = decode_only && seq.num_tokens == 1;

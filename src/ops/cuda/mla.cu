@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(MlaAttentionArg
   float* q = shared;  // [kHeadsPerBlock, row_size], pre-scaled
   uint16_t* tile = reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(shared) + s.q_bytes);  // [kTile, row_stride]
 
-  const int t = blockIdx.x, head0 = blockIdx.y * kHeadsPerBlock, split = blockIdx.z;
+  const int t = a.first_token + blockIdx.x, head0 = blockIdx.y * kHeadsPerBlock, split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, head = head0 + warp;
   const int L = a.latent_dim;
   const bool head_valid = head < a.num_heads;
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) mla_attention_kernel(MlaAttentionArg
 
 // One block per (token, head): merges the splits' partial softmax sums.
 __global__ void mla_combine_kernel(MlaAttentionArgs a) {
-  const int64_t th = blockIdx.x;
+  const int64_t th = int64_t{a.first_token} * a.num_heads + blockIdx.x;
   const int L = a.latent_dim, S = a.num_splits;
   const float* stats = a.workspace + static_cast<int64_t>(a.num_tokens) * a.num_heads * S * L + th * S * 2;
   float m = -INFINITY;
@@ -153,7 +153,68 @@ __global__ void mla_combine_kernel(MlaAttentionArgs a) {
   }
 }
 
+__global__ void gather_context_kernel(const uint16_t* cache, const int32_t* block_table, int block_size, int row_size,
+                                      uint16_t* out) {
+  const int j = blockIdx.x;
+  const uint16_t* src = cache + (static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size) * row_size;
+  for (int k = threadIdx.x; k < row_size; k += blockDim.x) out[static_cast<int64_t>(j) * row_size + k] = src[k];
+}
+
+__global__ void prefill_queries_kernel(const float* q_latent, const float* q_rope, int64_t q_rope_stride, int heads,
+                                       int latent_dim, int rope_dim, float scale, uint16_t* out) {
+  const int64_t th = blockIdx.x;  // token * heads + head
+  const int row = latent_dim + rope_dim;
+  for (int k = threadIdx.x; k < row; k += blockDim.x) {
+    const float v = k < latent_dim ? q_latent[th * latent_dim + k] : q_rope[th * q_rope_stride + (k - latent_dim)];
+    out[th * row + k] = float_to_bf16(v * scale);
+  }
+}
+
+// One warp per (head, token): max and sum over the selected positions, then the probabilities.
+__global__ void sparse_softmax_kernel(const float* scores, int n, int heads, int context, const int32_t* selected,
+                                      int max_selected, const int32_t* num_selected, uint16_t* probs) {
+  const int64_t warp_id = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp_id >= int64_t{n} * heads) return;
+  const int h = static_cast<int>(warp_id / n), i = static_cast<int>(warp_id % n);
+  const float* row = scores + (static_cast<int64_t>(h) * n + i) * context;
+  uint16_t* out = probs + (static_cast<int64_t>(h) * n + i) * context;
+  const int32_t* chosen = selected + static_cast<int64_t>(i) * max_selected;
+  const int count = num_selected[i];
+  float m = -INFINITY;
+  for (int k = lane; k < count; k += 32) m = fmaxf(m, row[chosen[k]]);
+  m = warp_max(m);
+  float sum = 0.0f;
+  for (int k = lane; k < count; k += 32) sum += __expf(row[chosen[k]] - m);
+  const float inv = 1.0f / warp_sum(sum);
+  for (int k = lane; k < count; k += 32) out[chosen[k]] = float_to_bf16(__expf(row[chosen[k]] - m) * inv);
+}
+
 }  // namespace
+
+void mla_gather_context(const uint16_t* cache, const int32_t* block_table, int block_size, int context, int row_size,
+                        uint16_t* out, cudaStream_t stream) {
+  if (context <= 0) return;
+  gather_context_kernel<<<context, 128, 0, stream>>>(cache, block_table, block_size, row_size, out);
+  check(cudaGetLastError(), "mla_gather_context launch");
+}
+
+void mla_prefill_queries(const float* q_latent, const float* q_rope, int64_t q_rope_stride, int n, int heads,
+                         int latent_dim, int rope_dim, float scale, uint16_t* out, cudaStream_t stream) {
+  if (n <= 0) return;
+  prefill_queries_kernel<<<static_cast<unsigned>(n) * heads, 128, 0, stream>>>(q_latent, q_rope, q_rope_stride, heads,
+                                                                               latent_dim, rope_dim, scale, out);
+  check(cudaGetLastError(), "mla_prefill_queries launch");
+}
+
+void mla_sparse_softmax(const float* scores, int n, int heads, int context, const int32_t* selected, int max_selected,
+                        const int32_t* num_selected, uint16_t* probs, cudaStream_t stream) {
+  if (n <= 0) return;
+  const int64_t threads = int64_t{n} * heads * 32;
+  sparse_softmax_kernel<<<blocks_for(threads, 256), 256, 0, stream>>>(scores, n, heads, context, selected, max_selected,
+                                                                     num_selected, probs);
+  check(cudaGetLastError(), "mla_sparse_softmax launch");
+}
 
 size_t mla_workspace_floats(int num_tokens, int num_heads, int latent_dim, int num_splits) {
   if (num_splits <= 1) return 0;
@@ -174,18 +235,19 @@ int mla_num_splits(int num_tokens, int num_heads, int max_context) {
 }
 
 void mla_attention(const MlaAttentionArgs& args, cudaStream_t stream) {
-  if (args.num_tokens == 0) return;
+  const int launch_tokens = args.launch_tokens < 0 ? args.num_tokens - args.first_token : args.launch_tokens;
+  if (launch_tokens <= 0) return;
   GLMS_CHECK(args.latent_dim <= 32 * kMaxLatentPerLane, "mla_attention: latent_dim over 512");
   GLMS_CHECK(args.num_splits >= 1 && (args.num_splits == 1 || args.workspace), "mla_attention: splits need a workspace");
   const SharedLayout layout = shared_layout(args.latent_dim, args.rope_dim);
   check(cudaFuncSetAttribute(mla_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(layout.total())),
         "mla_attention shared memory");
-  const dim3 grid(args.num_tokens, (args.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock, args.num_splits);
+  const dim3 grid(launch_tokens, (args.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock, args.num_splits);
   mla_attention_kernel<<<grid, kThreads, layout.total(), stream>>>(args, layout);
   check(cudaGetLastError(), "mla_attention launch");
   if (args.num_splits > 1) {
-    mla_combine_kernel<<<static_cast<unsigned>(args.num_tokens) * args.num_heads, 128, 0, stream>>>(args);
+    mla_combine_kernel<<<static_cast<unsigned>(launch_tokens) * args.num_heads, 128, 0, stream>>>(args);
     check(cudaGetLastError(), "mla_combine launch");
   }
 }
