@@ -377,11 +377,11 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
         cuda::mla_attention(args, s);
       }
     };
-    for (size_t q_seq = 0; q_seq < batch->sequences.size(); ++q_seq) {
-      const SequenceSlice& seq = batch->sequences[q_seq];
+    for (size_t index = 0; index < batch->sequences.size(); ++index) {
+      const SequenceSlice& seq = batch->sequences[index];
       if (seq.num_tokens < kPrefillGemmTokens) continue;
       flush(seq.first_token);
-      prefill_attention(static_cast<int>(q_seq), l, args.scale);
+      prefill_attention(static_cast<int>(index), l, args.scale);
       run_start = seq.first_token + seq.num_tokens;
     }
     flush(T);
@@ -511,16 +511,15 @@ void CudaGlm5Model::Impl::run_step(const StepShape& shape) {
 }
 
 void CudaGlm5Model::Impl::launch(const ForwardBatch& step, bool use_graph) {
-  const ForwardBatch& batch = step;
-  upload_metadata(batch);
-  this->batch = &batch;
+  upload_metadata(step);
+  batch = &step;
   struct Reset {
-    const ForwardBatch*& batch;
-    ~Reset() { batch = nullptr; }
-  } reset{this->batch};
-  StepShape shape = shape_of(batch);
+    const ForwardBatch*& current;
+    ~Reset() { current = nullptr; }
+  } reset{batch};
+  StepShape shape = shape_of(step);
   bool decode_only = true;
-  for (const SequenceSlice& seq : batch.sequences) decode_only = decode_only && seq.num_tokens == 1;
+  for (const SequenceSlice& seq : step.sequences) decode_only = decode_only && seq.num_tokens == 1;
   const bool small_moe =
       int64_t{shape.num_tokens} * config.num_experts_per_tok <= int64_t{kSmallMoePairsPerExpert} * config.n_routed_experts;
   if (!use_graph || !decode_only || !small_moe) {
