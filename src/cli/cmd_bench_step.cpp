@@ -18,6 +18,8 @@
 #include "io/model_config.h"
 #include "model/batch.h"
 #include "model/weights.h"
+#include "plan/model_spec.h"
+#include "plan/roofline.h"
 
 #ifdef GLMS_HAVE_CUDA
 #include "model/glm5_cuda.h"
@@ -79,73 +81,19 @@ double measure_gemm_rate(int64_t n) {
   return 2.0 * double(n) * n * n * reps / seconds_since(start);
 }
 
-// Parameters a token's step reads or multiplies by, by part of the model (bf16 bytes = 2x).
-struct StepCost {
-  double attention_params_per_layer_sum = 0;  // over all layers, indexer included
-  double dense_mlp_params_sum = 0;            // dense layers' MLPs
-  double shared_expert_params_sum = 0;        // MoE layers' shared experts
-  double expert_params = 0;                   // one routed expert
-  double router_params_sum = 0;               // fp32
-  int moe_layers = 0, full_layers = 0;
-  double head_params = 0;
-};
-
-StepCost step_cost(const io::ModelConfig& c) {
-  StepCost s;
-  const double hidden = c.hidden_size, H = c.num_attention_heads, L = c.kv_lora_rank, rd = c.qk_rope_head_dim;
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    double attention = c.q_lora_rank * hidden + H * c.qk_head_dim() * c.q_lora_rank + (L + rd) * hidden +
-                       H * (c.qk_nope_head_dim + c.v_head_dim) * L + hidden * H * c.v_head_dim;
-    if (c.indexer_full[l]) {
-      attention += double(c.index_n_heads) * c.index_head_dim * c.q_lora_rank + c.index_head_dim * hidden +
-                   c.index_n_heads * hidden;
-      ++s.full_layers;
-    }
-    s.attention_params_per_layer_sum += attention;
-    if (c.layer_is_moe[l]) {
-      ++s.moe_layers;
-      s.shared_expert_params_sum += 3.0 * hidden * c.moe_intermediate_size * c.n_shared_experts;
-      s.router_params_sum += double(c.n_routed_experts) * hidden;
-    } else {
-      s.dense_mlp_params_sum += 3.0 * hidden * c.intermediate_size;
-    }
-  }
-  s.expert_params = 3.0 * hidden * c.moe_intermediate_size;
-  s.head_params = double(c.vocab_size) * hidden;
-  return s;
+// Bytes a decode step of `batch` tokens at `context` must move at the least, as `glmserve plan`
+// counts them: every weight it uses once (routed experts: the expected number of distinct
+// experts `batch` uniform top-k picks touch), and each token's cache reads (selected bf16
+// latent rows on every layer, bf16 indexer keys on full layers).
+double decode_bytes(const plan::ModelSpec& spec, int batch, int context) {
+  return plan::decode_step_weight_bytes(spec, "bf16", batch) +
+         batch * plan::kv_bytes_read_per_step(spec, context, plan::kv_dtype_bytes("bf16"));
 }
 
-// Bytes a decode step of `batch` tokens at `context` must move at the least: every weight it
-// uses once (routed experts: the expected number of distinct experts `batch` uniform top-k
-// picks touch), the head, and each token's cache reads (selected latent rows on every layer,
-// all indexer keys on full layers).
-double decode_bytes(const io::ModelConfig& c, const StepCost& s, int batch, int context) {
-  const double E = c.n_routed_experts, k = c.num_experts_per_tok;
-  const double experts_touched = E * (1.0 - std::pow(1.0 - k / E, batch));
-  double bytes = 2.0 * (s.attention_params_per_layer_sum + s.dense_mlp_params_sum + s.shared_expert_params_sum +
-                        s.moe_layers * experts_touched * s.expert_params + s.head_params) +
-                 4.0 * s.router_params_sum;
-  const double selected = std::min(context, c.index_topk);
-  const double row = 2.0 * (c.kv_lora_rank + c.qk_rope_head_dim);
-  bytes += batch * (c.num_hidden_layers * selected * row +
-                    (context > c.index_topk ? s.full_layers * double(context) * 4.0 * c.index_head_dim : 0.0));
-  return bytes;
-}
-
-// FLOPs of the linear layers for `tokens` prefill tokens (one logits row).
-double prefill_linear_flops(const io::ModelConfig& c, const StepCost& s, int tokens) {
-  const double per_token = s.attention_params_per_layer_sum + s.dense_mlp_params_sum + s.shared_expert_params_sum +
-                           s.moe_layers * c.num_experts_per_tok * s.expert_params + s.router_params_sum;
-  return 2.0 * (tokens * per_token + s.head_params);
-}
-
-io::ModelConfig cut_layers(io::ModelConfig c, int num_layers) {
-  if (num_layers < 0 || num_layers >= c.num_hidden_layers) return c;
-  if (num_layers == 0) fail("--num-layers must be at least 1");
-  c.num_hidden_layers = num_layers;
-  c.indexer_full.resize(num_layers);
-  c.layer_is_moe.resize(num_layers);
-  return c;
+// FLOPs of the linear layers for `tokens` prefill tokens (lm_head for one logits row).
+double prefill_linear_flops(const plan::ModelSpec& spec, int tokens) {
+  const double head = plan::lm_head_parameters(spec);
+  return 2.0 * (tokens * (static_cast<double>(spec.active_parameters) - head) + head);
 }
 
 void run_bench_step(const BenchStepOptions& o) {
@@ -153,7 +101,9 @@ void run_bench_step(const BenchStepOptions& o) {
   if (cuda::device_count() == 0) fail("no CUDA device is visible: bench-step needs a GPU");
   if (!o.synthetic) fail("bench-step runs on --synthetic weights (give --config FILE or --model DIR for the shapes)");
   const std::string path = !o.config_file.empty() ? o.config_file : o.model_dir + "/config.json";
-  const io::ModelConfig config = cut_layers(io::load_model_config(path), o.num_layers);
+  if (o.num_layers == 0) fail("--num-layers must be at least 1");
+  io::ModelConfig config = io::load_model_config(path);
+  config.keep_first_layers(o.num_layers);
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
   const int max_context = *std::max_element(o.contexts.begin(), o.contexts.end()) + o.steps + 8;
   const int max_prefill = o.prefills.empty() ? 0 : *std::max_element(o.prefills.begin(), o.prefills.end());
@@ -178,7 +128,7 @@ void run_bench_step(const BenchStepOptions& o) {
   model->fill_cache_random(o.seed + 100);
   std::cerr << fmt::format("  {:.1f} GB of weights, {:.1f} GB of cache, in {:.1f} s\n", model->weight_bytes() / 1e9,
                            model->cache_bytes() / 1e9, seconds_since(start));
-  const StepCost cost = step_cost(config);
+  const plan::ModelSpec spec = plan::model_spec_of(config);
 
   auto table_of = [&](int sequence) {
     std::vector<int32_t> table(blocks_per_sequence);
@@ -208,7 +158,7 @@ void run_bench_step(const BenchStepOptions& o) {
       }
       std::sort(times.begin(), times.end());
       const double median = times[times.size() / 2];
-      const double bytes = decode_bytes(config, cost, batch, context);
+      const double bytes = decode_bytes(spec, batch, context);
       const double bound = bytes / bandwidth;
       decode.push_back({{"batch", batch},
                         {"context", context},
@@ -237,7 +187,7 @@ void run_bench_step(const BenchStepOptions& o) {
       times.push_back(seconds_since(t0));
     }
     const double best = *std::min_element(times.begin(), times.end());
-    const double flops = prefill_linear_flops(config, cost, tokens);
+    const double flops = prefill_linear_flops(spec, tokens);
     prefill.push_back({{"tokens", tokens},
                        {"seconds", best},
                        {"tokens_per_s", tokens / best},

@@ -285,6 +285,13 @@ int ModelConfig::num_full_indexer_layers() const {
   return static_cast<int>(std::count(indexer_full.begin(), indexer_full.end(), true));
 }
 
+void ModelConfig::keep_first_layers(int num_layers) {
+  if (num_layers <= 0 || num_layers >= num_hidden_layers) return;
+  num_hidden_layers = num_layers;
+  indexer_full.resize(num_layers);
+  layer_is_moe.resize(num_layers);
+}
+
 double ModelConfig::attention_scale() const {
   double scale = 1.0 / std::sqrt(static_cast<double>(qk_head_dim()));
   if (rope_type != "default" && rope_mscale_all_dim != 0.0 && rope_factor > 1.0) {

@@ -52,6 +52,8 @@ struct ModelConfig {
 
   int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   int num_full_indexer_layers() const;
+  // Keeps the first `num_layers` decoder layers (no change when num_layers <= 0 or >= the count).
+  void keep_first_layers(int num_layers);
   // Softmax scale of the main attention (qk_head_dim^-0.5, times yarn mscale^2 when set).
   double attention_scale() const;
 };

@@ -541,18 +541,21 @@ void CudaGlm5Model::Impl::launch(const ForwardBatch& step, bool use_graph) {
 
 CudaGlm5Model::CudaGlm5Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
+namespace {
+CudaModelOptions resolved(CudaModelOptions options) {
+  if (options.max_logits <= 0) options.max_logits = options.max_sequences;
+  return options;
+}
+}  // namespace
+
 CudaGlm5Model::CudaGlm5Model(const ModelWeights& weights, const CudaModelOptions& options) {
-  CudaModelOptions resolved = options;
-  if (resolved.max_logits <= 0) resolved.max_logits = resolved.max_sequences;
-  impl_ = std::make_unique<Impl>(weights.config, resolved, upload_weights(weights));
+  impl_ = std::make_unique<Impl>(weights.config, resolved(options), upload_weights(weights));
   impl_->allocate();
 }
 
 std::unique_ptr<CudaGlm5Model> CudaGlm5Model::synthetic(const io::ModelConfig& config, uint64_t seed,
                                                         const CudaModelOptions& options) {
-  CudaModelOptions resolved = options;
-  if (resolved.max_logits <= 0) resolved.max_logits = resolved.max_sequences;
-  auto impl = std::make_unique<Impl>(config, resolved, synthetic_weights(config, seed));
+  auto impl = std::make_unique<Impl>(config, resolved(options), synthetic_weights(config, seed));
   impl->allocate();
   return std::unique_ptr<CudaGlm5Model>(new CudaGlm5Model(std::move(impl)));
 }

@@ -140,11 +140,7 @@ ModelWeights load_weights(const std::string& dir, const LoadOptions& options) {
   WeightLoader loader(*weights.checkpoint, &parameters);
 
   const int stored_layers = c.num_hidden_layers;
-  if (options.num_layers > 0 && options.num_layers < c.num_hidden_layers) {
-    c.num_hidden_layers = options.num_layers;
-    c.indexer_full.resize(options.num_layers);
-    c.layer_is_moe.resize(options.num_layers);
-  }
+  c.keep_first_layers(options.num_layers);
   weights.embed_tokens = loader.matrix("model.embed_tokens.weight", c.vocab_size, c.hidden_size);
   for (int i = 0; i < c.num_hidden_layers; ++i)
     weights.layers.push_back(load_decoder_layer(loader, c, i, c.indexer_full[i], c.layer_is_moe[i]));

@@ -72,8 +72,9 @@ void fill_moe_summary(ModelSpec& spec, const io::ModelConfig& c) {
   spec.mtp_layers = c.num_nextn_predict_layers;
 }
 
-ModelSpec glm_spec(const std::string& text, const std::string& source) {
-  const io::ModelConfig c = io::parse_model_config(text, source);
+}  // namespace
+
+ModelSpec model_spec_of(const io::ModelConfig& c) {
   ModelSpec spec;
   spec.model_type = c.model_type;
   spec.attention = AttentionKind::kMlaDsa;
@@ -85,6 +86,12 @@ ModelSpec glm_spec(const std::string& text, const std::string& source) {
   spec.inventory = model::parameter_inventory(c);
   spec.active_parameters = spec.inventory.active_per_token(c);
   return spec;
+}
+
+namespace {
+
+ModelSpec glm_spec(const std::string& text, const std::string& source) {
+  return model_spec_of(io::parse_model_config(text, source));
 }
 
 // DeepSeek-V2/V3 style: MLA without an indexer. The layer arithmetic is GLM's without the

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <string>
 
+#include "io/model_config.h"
 #include "model/inventory.h"
 
 namespace glms::plan {
@@ -44,6 +45,9 @@ struct ModelSpec {
   // Bytes of one routed expert (one layer) in `format`.
   double expert_bytes(const std::string& format) const;
 };
+
+// The spec of a parsed glm_moe_dsa config (for instance one cut to fewer layers).
+ModelSpec model_spec_of(const io::ModelConfig& config);
 
 // Parses config.json text of any supported family; `source` names it in errors.
 ModelSpec parse_model_spec(const std::string& json_text, const std::string& source);

@@ -12,10 +12,13 @@
 #include "ops/cuda/indexer.h"
 #include "ops/cuda/mla.h"
 #include "ops/ops.h"
+#include "support/cuda_buffers.h"
 #include "support/numerics.h"
 
 using namespace glms;
 using glms::testing::random_values;
+using glms::testing::to_device;
+using glms::testing::to_host;
 using glms::testing::relative_l2;
 namespace cuda = glms::ops::cuda;
 
@@ -27,20 +30,6 @@ class CudaAttention : public ::testing::Test {
     if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   }
 };
-
-template <typename T>
-cuda::DeviceBuffer to_device(const std::vector<T>& host) {
-  cuda::DeviceBuffer buffer(std::max<size_t>(host.size(), 1) * sizeof(T));
-  if (!host.empty()) buffer.upload(host.data(), host.size() * sizeof(T));
-  return buffer;
-}
-
-template <typename T>
-std::vector<T> to_host(const cuda::DeviceBuffer& buffer, size_t count) {
-  std::vector<T> host(count);
-  buffer.download(host.data(), count * sizeof(T));
-  return host;
-}
 
 // Sequences with the given context lengths in a shuffled paged cache; one query token per
 // entry of `token_positions` (sequence, position).

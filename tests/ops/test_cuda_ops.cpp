@@ -6,10 +6,14 @@
 
 #include "ops/cuda/cuda_ops.h"
 #include "ops/ops.h"
+#include "support/cuda_buffers.h"
 #include "support/numerics.h"
 
 using namespace glms;
+using glms::testing::poisoned;
 using glms::testing::random_values;
+using glms::testing::to_device;
+using glms::testing::to_host;
 using glms::testing::relative_l2;
 namespace cuda = glms::ops::cuda;
 
@@ -21,25 +25,6 @@ class CudaOps : public ::testing::Test {
     if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
   }
 };
-
-template <typename T>
-cuda::DeviceBuffer to_device(const std::vector<T>& host) {
-  cuda::DeviceBuffer buffer(host.size() * sizeof(T));
-  buffer.upload(host.data(), buffer.bytes());
-  return buffer;
-}
-
-template <typename T>
-std::vector<T> to_host(const cuda::DeviceBuffer& buffer) {
-  std::vector<T> host(buffer.bytes() / sizeof(T));
-  buffer.download(host.data(), buffer.bytes());
-  return host;
-}
-
-// A device buffer of `count` floats filled with NaN, so unwritten outputs fail the comparison.
-cuda::DeviceBuffer poisoned(size_t count) {
-  return to_device(std::vector<float>(count, NAN));
-}
 
 }  // namespace
 

@@ -14,25 +14,6 @@ namespace {
 
 constexpr int kNormThreads = 256;
 
-__global__ void rms_norm_kernel(const float* x, int64_t dim, const float* weight, float eps, float* y) {
-  const float* row = x + blockIdx.x * dim;
-  float* out = y + blockIdx.x * dim;
-  float sum = 0.0f;
-  for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) sum += row[k] * row[k];
-  __shared__ float partial[kNormThreads / 32];
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sum;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    sum = threadIdx.x < kNormThreads / 32 ? partial[threadIdx.x] : 0.0f;
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
-    if (threadIdx.x == 0) partial[0] = sum;
-  }
-  __syncthreads();
-  const float inv = rsqrtf(partial[0] / static_cast<float>(dim) + eps);
-  for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) out[k] = weight[k] * (row[k] * inv);
-}
-
 __global__ void silu_mul_kernel(const float* gate, const float* up, float* out, int64_t count) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < count) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
@@ -216,9 +197,8 @@ void DeviceBuffer::download(void* host, size_t bytes) const {
 }
 
 void rms_norm(const float* x, int64_t n, int64_t dim, const float* weight, float eps, float* y, cudaStream_t stream) {
-  if (n == 0) return;
-  rms_norm_kernel<<<static_cast<unsigned>(n), kNormThreads, 0, stream>>>(x, dim, weight, eps, y);
-  check(cudaGetLastError(), "rms_norm launch");
+  // Without a delta the residual kernel only reads x.
+  residual_rms_norm(const_cast<float*>(x), nullptr, n, dim, weight, eps, y, nullptr, stream);
 }
 
 void silu_mul(const float* gate, const float* up, float* out, int64_t count, cudaStream_t stream) {
