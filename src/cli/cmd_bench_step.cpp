@@ -96,6 +96,29 @@ double prefill_linear_flops(const plan::ModelSpec& spec, int tokens) {
   return 2.0 * (tokens * (static_cast<double>(spec.active_parameters) - head) + head);
 }
 
+// Device milliseconds per phase of one eager step (the mean of three), printed and returned.
+template <typename RunStep>
+nlohmann::json phase_breakdown(model::CudaGlm5Model& model, RunStep run_step) {
+  constexpr int kSteps = 3;
+  model.synchronize();
+  model.set_phase_timing(true);
+  for (int step = 0; step < kSteps; ++step) {
+    run_step(step);
+    model.synchronize();
+  }
+  model.set_phase_timing(false);
+  nlohmann::json out = nlohmann::json::object();
+  std::string line = "    eager phases:";
+  double total = 0;
+  for (const auto& [name, ms] : model.take_phase_times()) {
+    out[name] = ms / kSteps;
+    total += ms / kSteps;
+    line += fmt::format(" {} {:.3f}", name, ms / kSteps);
+  }
+  std::cerr << line << fmt::format(" (sum {:.3f} ms)\n", total);
+  return out;
+}
+
 void run_bench_step(const BenchStepOptions& o) {
   namespace cuda = ops::cuda;
   if (cuda::device_count() == 0) fail("no CUDA device is visible: bench-step needs a GPU");
@@ -158,6 +181,7 @@ void run_bench_step(const BenchStepOptions& o) {
       }
       std::sort(times.begin(), times.end());
       const double median = times[times.size() / 2];
+      const nlohmann::json phases = phase_breakdown(*model, [&](int step) { model->forward_on_device(step_batch(step)); });
       const double bytes = decode_bytes(spec, batch, context);
       const double bound = bytes / bandwidth;
       decode.push_back({{"batch", batch},
@@ -167,7 +191,8 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"tokens_per_s", batch / median},
                         {"bytes_moved", bytes},
                         {"bound_ms", bound * 1e3},
-                        {"ratio_to_bound", median / bound}});
+                        {"ratio_to_bound", median / bound},
+                        {"eager_phases_ms", phases}});
       std::cerr << fmt::format("  decode batch {:>3} context {:>5}: {:8.3f} ms/step  {:9.1f} tok/s  bound {:7.3f} ms  x{:.2f}\n",
                                batch, context, median * 1e3, batch / median, bound * 1e3, median / bound);
     }
@@ -188,12 +213,14 @@ void run_bench_step(const BenchStepOptions& o) {
     }
     const double best = *std::min_element(times.begin(), times.end());
     const double flops = prefill_linear_flops(spec, tokens);
+    const nlohmann::json phases = phase_breakdown(*model, [&](int) { model->forward_on_device(b); });
     prefill.push_back({{"tokens", tokens},
                        {"seconds", best},
                        {"tokens_per_s", tokens / best},
                        {"linear_flops", flops},
                        {"linear_flops_per_s", flops / best},
-                       {"fraction_of_gemm_rate", flops / best / gemm_rate}});
+                       {"fraction_of_gemm_rate", flops / best / gemm_rate},
+                       {"phases_ms", phases}});
     std::cerr << fmt::format("  prefill {:>5} tokens: {:8.1f} ms  {:9.0f} tok/s  linear layers at {:.1f} TFLOP/s = {:.2f} of GEMM rate\n",
                              tokens, best * 1e3, tokens / best, flops / best / 1e12, flops / best / gemm_rate);
   }

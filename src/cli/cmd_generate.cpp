@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "cli/model_source.h"
 #include "engine/generator.h"
 #include "text/detokenizer.h"
 #include "text/tokenizer.h"
@@ -19,7 +20,7 @@ namespace glms::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model_dir;
+  ModelSourceArgs source;
   std::string prompt;
   std::string input_ids;
   int max_tokens = 64;
@@ -30,7 +31,6 @@ struct GenerateArgs {
   uint64_t seed = 0;
   bool json = false;
   bool ignore_eos = false;
-  int num_layers = -1;
   std::string speculative;
   int speculative_steps = 3;
 };
@@ -58,21 +58,22 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 }
 
 void run_generate(const GenerateArgs& args) {
+  const std::string& model_dir = args.source.model_dir;
   std::optional<text::Tokenizer> tokenizer;
-  if (std::filesystem::exists(std::filesystem::path(args.model_dir) / "tokenizer.json"))
-    tokenizer = text::Tokenizer::load(args.model_dir);
+  if (!model_dir.empty() && std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json"))
+    tokenizer = text::Tokenizer::load(model_dir);
 
   std::vector<int32_t> prompt_ids;
   if (!args.input_ids.empty()) {
     prompt_ids = parse_ids(args.input_ids);
   } else {
-    if (!tokenizer) fail("--prompt needs a tokenizer.json in " + args.model_dir + "; or pass --input-ids");
+    if (!tokenizer) fail("--prompt needs a tokenizer.json in the --model folder; or pass --input-ids");
     prompt_ids = tokenizer->encode(args.prompt, false);
   }
 
-  model::LoadOptions load_options;
-  load_options.num_layers = args.num_layers;
-  model::Glm5Model model(model::load_weights(args.model_dir, load_options));
+  if (!args.speculative.empty() && args.source.device != "cpu")
+    fail("--speculative mtp runs on --device cpu only for now (the CUDA path has no MTP layer yet)");
+  const LoadedModel model = load_model(args.source);
   for (int32_t id : prompt_ids)
     if (id >= model.config().vocab_size)
       fail("--input-ids: token id " + std::to_string(id) + " is outside the vocabulary (size " +
@@ -92,7 +93,9 @@ void run_generate(const GenerateArgs& args) {
       std::fflush(stdout);
     };
   }
-  const engine::GenerateResult result = engine::generate(model, prompt_ids, options);
+  const engine::GenerateResult result = options.speculative_steps > 0
+                                            ? engine::generate(*model.cpu_model, prompt_ids, options)
+                                            : engine::generate(*model.runner, prompt_ids, options);
 
   const double prefill_tps = result.prefill_seconds > 0 ? prompt_ids.size() / result.prefill_seconds : 0.0;
   // Tokens after the first (which the prefill produces) over the time spent producing them.
@@ -129,9 +132,8 @@ void run_generate(const GenerateArgs& args) {
 
 void add_generate_command(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
-  CLI::App* cmd = app.add_subcommand("generate", "Generate a completion for one prompt on the CPU");
-  cmd->add_option("--model", args->model_dir, "Model folder (config.json, *.safetensors, tokenizer.json)")
-      ->required()->check(CLI::ExistingDirectory);
+  CLI::App* cmd = app.add_subcommand("generate", "Generate a completion for one prompt (CPU or CUDA)");
+  add_model_source_options(cmd, args->source);
   auto* prompt = cmd->add_option("--prompt", args->prompt, "Prompt text (encoded without special tokens)");
   auto* ids = cmd->add_option("--input-ids", args->input_ids, "Prompt token ids, comma-separated");
   prompt->excludes(ids);
@@ -142,7 +144,6 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--min-p", args->min_p, "Drop tokens under min_p x the top probability")->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--seed", args->seed, "Random seed for sampling");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence tokens");
-  cmd->add_option("--num-layers", args->num_layers, "Run only the first N decoder layers");
   cmd->add_option("--speculative", args->speculative, "Speculative decoding with the checkpoint's MTP layer (greedy)")
       ->check(CLI::IsMember({"mtp"}));
   cmd->add_option("--speculative-steps", args->speculative_steps, "Draft tokens per step (with --speculative mtp)")

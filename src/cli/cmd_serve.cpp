@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/model_source.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "model/glm5.h"
@@ -27,7 +28,7 @@ namespace glms::cli {
 namespace {
 
 struct ServeArgs {
-  std::string model_dir;
+  ModelSourceArgs source;
   std::string host = "127.0.0.1";
   int port = 8000;
   std::vector<std::string> api_keys;
@@ -121,11 +122,12 @@ void run_serve(const ServeArgs& args) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  const std::filesystem::path dir(args.model_dir);
+  if (args.source.model_dir.empty()) fail("serve needs --model DIR (its tokenizer and chat template)");
+  const std::filesystem::path dir(args.source.model_dir);
   text::Tokenizer tokenizer = text::Tokenizer::load(dir);
   server::ChatRenderer renderer;
   try {
-    auto tmpl = std::make_shared<const ChatTemplate>(ChatTemplate::load(args.model_dir));
+    auto tmpl = std::make_shared<const ChatTemplate>(ChatTemplate::load(args.source.model_dir));
     renderer = [tmpl](const server::ChatRequest& r) {
       const std::string tools = r.tools && !r.tools->is_null() ? r.tools->dump() : std::string();
       std::string prompt = tmpl->render(r.messages->dump(), tools, r.add_generation_prompt, r.template_kwargs->dump());
@@ -144,11 +146,11 @@ void run_serve(const ServeArgs& args) {
   if (args.max_model_len > 0) engine_config.max_model_len = args.max_model_len;
   if (args.max_waiting > 0) engine_config.max_waiting = args.max_waiting;
 
-  model::Glm5Model model(model::load_weights(args.model_dir));
+  LoadedModel model = load_model(args.source);
   if (engine_config.max_model_len > model.config().max_position_embeddings)
     fail("--max-model-len " + std::to_string(engine_config.max_model_len) + " exceeds the model's " +
          std::to_string(model.config().max_position_embeddings) + " positions");
-  engine::Engine engine(model, engine_config);
+  engine::Engine engine(std::move(model.runner), engine_config);
   std::unique_ptr<server::Backend> backend = server::make_engine_backend(engine);
 
   server::ServiceConfig config;
@@ -170,7 +172,7 @@ void run_serve(const ServeArgs& args) {
   server::HttpServer server(service, http);
   server.start();
   std::printf("glmserve: model %s (served as '%s'), max_model_len %d, max_num_seqs %d, max_batch_tokens %d\n",
-              args.model_dir.c_str(), config.served_model_name.c_str(), engine.config().max_model_len,
+              args.source.model_dir.c_str(), config.served_model_name.c_str(), engine.config().max_model_len,
               engine.config().max_num_seqs, engine.config().max_batch_tokens);
   std::printf("glmserve: listening on http://%s:%u\n", args.host.c_str(), static_cast<unsigned>(server.port()));
   std::printf("glmserve: ready\n");
@@ -194,8 +196,7 @@ void run_serve(const ServeArgs& args) {
 void add_serve_command(CLI::App& app) {
   auto args = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve the OpenAI-compatible HTTP API (chat, completions, metrics)");
-  cmd->add_option("--model", args->model_dir, "Model folder (config.json, *.safetensors, tokenizer.json)")
-      ->required()->check(CLI::ExistingDirectory);
+  add_model_source_options(cmd, args->source);
   cmd->add_option("--host", args->host, "Address to bind (default loopback)");
   cmd->add_option("--port", args->port, "Port (0 = any free port)")->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", args->api_keys, "Accepted Bearer key (repeatable)")->take_all();

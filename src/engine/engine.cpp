@@ -22,7 +22,7 @@
 namespace glms::engine {
 
 struct Engine::Impl {
-  Impl(const model::Glm5Model& model, EngineConfig config);
+  Impl(std::unique_ptr<model::StepRunner> runner, EngineConfig config);
   ~Impl();
   void loop();
   void step(std::unique_lock<std::mutex>& lock);
@@ -35,9 +35,9 @@ struct Engine::Impl {
   void emit(const Sequence& seq, RequestOutput out);
   void deliver(std::unique_lock<std::mutex>& lock);
 
-  const model::Glm5Model& model;
+  std::unique_ptr<model::StepRunner> runner;  // the model and its paged cache
   EngineConfig config;
-  kv::PagedLatentCache cache;
+  int num_blocks;
   kv::BlockPool pool;
   kv::PrefixCache prefix_cache;
 
@@ -59,12 +59,12 @@ struct Engine::Impl {
 
 namespace {
 
-int default_num_blocks(const model::Glm5Model& model, const EngineConfig& config) {
-  const kv::CacheLayout layout = model.cache_layout(config.block_size);
-  const int64_t bytes_per_block = layout.bytes_per_token() * config.block_size;
+int default_num_blocks(const model::StepRunner& runner, const EngineConfig& config) {
+  const int64_t bytes_per_token = runner.cache_bytes_per_token();
+  const int64_t bytes_per_block = bytes_per_token * config.block_size;
   int64_t bytes = config.kv_cache_bytes;
   if (bytes <= 0) {
-    const int64_t wanted = int64_t{config.max_num_seqs} * config.max_model_len * layout.bytes_per_token();
+    const int64_t wanted = int64_t{config.max_num_seqs} * config.max_model_len * bytes_per_token;
     bytes = std::min<int64_t>(wanted, int64_t{2} << 30);
   }
   const int64_t blocks = bytes / bytes_per_block;
@@ -75,8 +75,8 @@ int default_num_blocks(const model::Glm5Model& model, const EngineConfig& config
   return static_cast<int>(std::min<int64_t>(blocks, 1 << 24));
 }
 
-EngineConfig resolve(const model::Glm5Model& model, EngineConfig config) {
-  if (config.max_model_len <= 0) config.max_model_len = model.config().max_position_embeddings;
+EngineConfig resolve(const io::ModelConfig& model, EngineConfig config) {
+  if (config.max_model_len <= 0) config.max_model_len = model.max_position_embeddings;
   if (config.max_num_seqs <= 0) fail("max_num_seqs must be positive");
   if (config.max_batch_tokens <= 0) fail("max_batch_tokens must be positive");
   if (config.block_size <= 0) fail("block_size must be positive");
@@ -98,13 +98,20 @@ void fill_logprobs(const float* logits, int vocab, int top, GeneratedToken& out)
 
 }  // namespace
 
-Engine::Impl::Impl(const model::Glm5Model& m, EngineConfig c)
-    : model(m),
-      config(resolve(m, c)),
-      cache(m.cache_layout(config.block_size), default_num_blocks(m, config)),
-      pool(cache.num_blocks()),
+Engine::Impl::Impl(std::unique_ptr<model::StepRunner> r, EngineConfig c)
+    : runner(std::move(r)),
+      config(resolve(runner->config(), c)),
+      num_blocks(default_num_blocks(*runner, config)),
+      pool(num_blocks),
       prefix_cache(pool, config.block_size) {
-  counters.num_blocks = cache.num_blocks();
+  model::CacheShape shape;
+  shape.block_size = config.block_size;
+  shape.num_blocks = num_blocks;
+  shape.max_tokens = config.max_batch_tokens;
+  shape.max_sequences = config.max_num_seqs;
+  shape.max_context = config.max_model_len;
+  runner->allocate(shape);
+  counters.num_blocks = num_blocks;
   thread = std::thread([this] { loop(); });
 }
 
@@ -190,7 +197,7 @@ void Engine::Impl::cache_full_blocks(Sequence& seq) {
 }
 
 bool Engine::Impl::sample_and_report(Sequence& seq, const float* raw_logits) {
-  const io::ModelConfig& mc = model.config();
+  const io::ModelConfig& mc = runner->config();
   const RequestParams& p = seq.params;
   const float* logits = raw_logits;
   std::vector<float> adjusted;
@@ -355,7 +362,7 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
   std::string error;
   lock.unlock();
   try {
-    logits = model.forward(batch, cache);
+    logits = runner->forward(batch);
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -363,7 +370,7 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
   ++counters.steps;
 
   // 4. Advance, sample, report; finished sequences leave.
-  const int vocab = model.config().vocab_size;
+  const int vocab = runner->config().vocab_size;
   std::vector<Sequence*> done;
   for (const Scheduled& s : scheduled) {
     if (!error.empty()) {
@@ -383,15 +390,18 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
 }
 
 Engine::Engine(const model::Glm5Model& model, EngineConfig config)
-    : impl_(std::make_unique<Impl>(model, std::move(config))) {}
+    : Engine(model::make_cpu_runner(model), std::move(config)) {}
+
+Engine::Engine(std::unique_ptr<model::StepRunner> runner, EngineConfig config)
+    : impl_(std::make_unique<Impl>(std::move(runner), std::move(config))) {}
 
 Engine::~Engine() = default;
 
 const EngineConfig& Engine::config() const { return impl_->config; }
-const model::Glm5Model& Engine::model() const { return impl_->model; }
+const io::ModelConfig& Engine::model_config() const { return impl_->runner->config(); }
 
 uint64_t Engine::submit(RequestParams params, OutputCallback on_output) {
-  const io::ModelConfig& mc = impl_->model.config();
+  const io::ModelConfig& mc = impl_->runner->config();
   const int max_len = impl_->config.max_model_len;
   if (params.prompt_ids.empty()) fail("the prompt is empty");
   for (int32_t id : params.prompt_ids)

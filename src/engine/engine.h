@@ -9,6 +9,7 @@
 
 #include "engine/request.h"
 #include "model/glm5.h"
+#include "model/step_runner.h"
 
 namespace glms::engine {
 
@@ -43,13 +44,16 @@ struct QueueFull {};
 
 class Engine {
  public:
+  // On the CPU, over `model` (which must outlive the engine).
   Engine(const model::Glm5Model& model, EngineConfig config);
+  // Over any runner (the CUDA one, say); the engine allocates its cache.
+  Engine(std::unique_ptr<model::StepRunner> runner, EngineConfig config);
   ~Engine();  // stops the loop; unfinished requests get "abort"
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
   const EngineConfig& config() const;
-  const model::Glm5Model& model() const;
+  const io::ModelConfig& model_config() const;
 
   // Queues a request; outputs arrive through `on_output` until one has finished = true.
   // Throws glms::Error for an invalid request (empty prompt, id outside the vocabulary, prompt +

@@ -13,14 +13,15 @@ namespace glms::engine::detail {
 int64_t checked_total_positions(const io::ModelConfig& config, const std::vector<int32_t>& prompt,
                                 const GenerateOptions& options, int extra_positions);
 
-// [0, 1, ..., count - 1]: a private cache maps logical blocks to physical ones one to one.
-std::vector<int32_t> identity_block_table(int count);
+// Allocates `runner` for one sequence of `total_positions` in a private cache; returns its
+// block table.
+std::vector<int32_t> allocate_private(model::StepRunner& runner, int64_t total_positions, const GenerateOptions& options);
 
 // Runs the prompt in chunks of options.prefill_chunk and returns the last position's logits.
 // With `last_hidden`, appends every prompt position's pre-norm hidden state [P, hidden].
-std::vector<float> prefill(const model::Glm5Model& model, const std::vector<int32_t>& prompt,
-                           kv::PagedLatentCache& cache, const std::vector<int32_t>& block_table,
-                           const GenerateOptions& options, std::vector<float>* last_hidden = nullptr);
+std::vector<float> prefill(model::StepRunner& runner, const std::vector<int32_t>& prompt,
+                           const std::vector<int32_t>& block_table, const GenerateOptions& options,
+                           std::vector<float>* last_hidden = nullptr);
 
 // Records a chosen token (and calls on_token); returns true, with finish_reason set, when the
 // request ends with it (EOS unless ignored, or max_tokens reached).

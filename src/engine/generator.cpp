@@ -28,15 +28,23 @@ int64_t checked_total_positions(const io::ModelConfig& config, const std::vector
   return total;
 }
 
-std::vector<int32_t> identity_block_table(int count) {
-  std::vector<int32_t> table(count);
-  for (int b = 0; b < count; ++b) table[b] = b;
+std::vector<int32_t> allocate_private(model::StepRunner& runner, int64_t total_positions, const GenerateOptions& options) {
+  model::CacheShape shape;
+  shape.block_size = options.block_size;
+  shape.num_blocks = static_cast<int>((total_positions + options.block_size - 1) / options.block_size);
+  shape.max_tokens = std::max(1, options.prefill_chunk) + options.speculative_steps + 1;
+  shape.max_sequences = 1;
+  shape.max_context = static_cast<int>(total_positions);
+  runner.allocate(shape);
+  // A private cache maps logical blocks to physical ones one to one.
+  std::vector<int32_t> table(shape.num_blocks);
+  for (int b = 0; b < shape.num_blocks; ++b) table[b] = b;
   return table;
 }
 
-std::vector<float> prefill(const model::Glm5Model& model, const std::vector<int32_t>& prompt,
-                           kv::PagedLatentCache& cache, const std::vector<int32_t>& block_table,
-                           const GenerateOptions& options, std::vector<float>* last_hidden) {
+std::vector<float> prefill(model::StepRunner& runner, const std::vector<int32_t>& prompt,
+                           const std::vector<int32_t>& block_table, const GenerateOptions& options,
+                           std::vector<float>* last_hidden) {
   std::vector<float> logits;
   const size_t chunk = static_cast<size_t>(std::max(1, options.prefill_chunk));
   for (size_t start = 0; start < prompt.size(); start += chunk) {
@@ -46,7 +54,7 @@ std::vector<float> prefill(const model::Glm5Model& model, const std::vector<int3
                        block_table, options.block_size, false);
     model::ForwardTrace trace;
     trace.record_layers = false;
-    logits = model.forward(batch, cache, last_hidden ? &trace : nullptr);
+    logits = runner.forward(batch, last_hidden ? &trace : nullptr);
     if (last_hidden) last_hidden->insert(last_hidden->end(), trace.last_hidden.begin(), trace.last_hidden.end());
   }
   return logits;
@@ -72,13 +80,18 @@ bool append_token(const io::ModelConfig& config, const GenerateOptions& options,
 
 GenerateResult generate(const model::Glm5Model& model, const std::vector<int32_t>& prompt,
                         const GenerateOptions& options) {
-  const io::ModelConfig& config = model.config();
   if (options.speculative_steps > 0) return generate_speculative(model, prompt, options);
+  const auto runner = model::make_cpu_runner(model);
+  return generate(*runner, prompt, options);
+}
+
+GenerateResult generate(model::StepRunner& runner, const std::vector<int32_t>& prompt, const GenerateOptions& options) {
+  const io::ModelConfig& config = runner.config();
+  if (options.speculative_steps > 0)
+    fail("speculative decoding runs on the CPU model only for now (the " + runner.device() + " runner has no MTP)");
   const int64_t total = detail::checked_total_positions(config, prompt, options, 0);
   const int block_size = options.block_size;
-  const int num_blocks = static_cast<int>((total + block_size - 1) / block_size);
-  kv::PagedLatentCache cache(model.cache_layout(block_size), num_blocks);
-  const std::vector<int32_t> block_table = detail::identity_block_table(num_blocks);
+  const std::vector<int32_t> block_table = detail::allocate_private(runner, total, options);
 
   GenerateResult result;
   if (options.max_tokens == 0) {
@@ -87,7 +100,7 @@ GenerateResult generate(const model::Glm5Model& model, const std::vector<int32_t
   }
   Sampler sampler(options.sampling.seed);
   const auto prefill_start = std::chrono::steady_clock::now();
-  std::vector<float> logits = detail::prefill(model, prompt, cache, block_table, options);
+  std::vector<float> logits = detail::prefill(runner, prompt, block_table, options);
   result.prefill_seconds = seconds_since(prefill_start);
 
   const auto decode_start = std::chrono::steady_clock::now();
@@ -97,7 +110,7 @@ GenerateResult generate(const model::Glm5Model& model, const std::vector<int32_t
     if (detail::append_token(config, options, token, result)) break;
     model::ForwardBatch batch;
     batch.add_sequence({token}, position++, block_table, block_size, false);
-    logits = model.forward(batch, cache);
+    logits = runner.forward(batch);
     ++result.decode_steps;
   }
   result.decode_seconds = seconds_since(decode_start);

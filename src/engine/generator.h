@@ -10,6 +10,7 @@
 
 #include "engine/sampler.h"
 #include "model/glm5.h"
+#include "model/step_runner.h"
 
 namespace glms::engine {
 
@@ -45,6 +46,10 @@ struct GenerateResult {
 
 GenerateResult generate(const model::Glm5Model& model, const std::vector<int32_t>& prompt,
                         const GenerateOptions& options);
+
+// generate() over any runner (the CUDA one, say), which it allocates for this request. Without
+// speculation: MTP drafting runs on the CPU model only.
+GenerateResult generate(model::StepRunner& runner, const std::vector<int32_t>& prompt, const GenerateOptions& options);
 
 // generate() with MTP speculative decoding (options.speculative_steps drafts per step, chained
 // through the checkpoint's MTP layer, verified in one target forward). Greedy only; its tokens

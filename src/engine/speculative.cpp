@@ -30,10 +30,9 @@ GenerateResult generate_speculative(const model::Glm5Model& model, const std::ve
   // Verification writes up to K + 1 positions past the last accepted token.
   const int64_t total = detail::checked_total_positions(config, prompt, options, K + 1);
   const int block_size = options.block_size;
-  const int num_blocks = static_cast<int>((total + block_size - 1) / block_size);
-  const std::vector<int32_t> table = detail::identity_block_table(num_blocks);
-  kv::PagedLatentCache target_cache(model.cache_layout(block_size), num_blocks);
-  kv::PagedLatentCache mtp_cache(model.mtp_cache_layout(block_size), num_blocks);
+  const auto target = model::make_cpu_runner(model);
+  const std::vector<int32_t> table = detail::allocate_private(*target, total, options);
+  kv::PagedLatentCache mtp_cache(model.mtp_cache_layout(block_size), static_cast<int>(table.size()));
   const int64_t hidden = config.hidden_size;
   const int vocab = config.vocab_size;
 
@@ -48,7 +47,7 @@ GenerateResult generate_speculative(const model::Glm5Model& model, const std::ve
   // Prefill, keeping every prompt position's pre-norm hidden state for the MTP entries.
   const auto prefill_start = std::chrono::steady_clock::now();
   std::vector<float> entry_hidden;  // [entries, hidden]: h_j of the MTP entries still to run
-  const std::vector<float> logits = detail::prefill(model, prompt, target_cache, table, options, &entry_hidden);
+  const std::vector<float> logits = detail::prefill(*target, prompt, table, options, &entry_hidden);
   result.prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - prefill_start).count();
 
   const auto decode_start = std::chrono::steady_clock::now();
@@ -86,7 +85,7 @@ GenerateResult generate_speculative(const model::Glm5Model& model, const std::ve
     batch.add_sequence(verify, context, table, block_size, true);
     model::ForwardTrace trace;
     trace.record_layers = false;  // only the last hidden states feed the MTP entries
-    const auto verify_logits = model.forward(batch, target_cache, &trace);
+    const auto verify_logits = target->forward(batch, &trace);
     ++result.decode_steps;
     ++result.speculative.steps;
     result.speculative.drafted += K;

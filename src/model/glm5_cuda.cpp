@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "core/dtype.h"
@@ -74,6 +75,43 @@ struct StepShape {
   }
 };
 
+// Device events between the phases of eager steps; summed per phase name when collected.
+class PhaseTimer {
+ public:
+  bool enabled = false;
+  void mark(const char* phase, cudaStream_t stream) {
+    if (!enabled) return;
+    if (used_ == events_.size()) events_.push_back(std::make_unique<cuda::Event>());
+    if (used_ == names_.size()) names_.emplace_back();
+    events_[used_]->record(stream);
+    names_[used_++] = phase;
+  }
+  // After the stream has finished the marked work.
+  void collect() {
+    for (size_t i = 1; i < used_; ++i) {
+      if (names_[i] == "start") continue;  // the host's time between steps
+      if (!totals_.count(names_[i])) order_.push_back(names_[i]);
+      totals_[names_[i]] += events_[i]->elapsed_ms_since(*events_[i - 1]);
+    }
+    used_ = 0;
+  }
+  std::vector<std::pair<std::string, double>> take() {
+    collect();
+    std::vector<std::pair<std::string, double>> out;
+    for (const std::string& name : order_) out.emplace_back(name, totals_[name]);
+    totals_.clear();
+    order_.clear();
+    return out;
+  }
+
+ private:
+  std::vector<std::unique_ptr<cuda::Event>> events_;
+  std::vector<std::string> names_;
+  size_t used_ = 0;
+  std::map<std::string, double> totals_;
+  std::vector<std::string> order_;
+};
+
 }  // namespace
 
 struct CudaGlm5Model::Impl {
@@ -92,6 +130,7 @@ struct CudaGlm5Model::Impl {
   std::vector<DeviceBuffer> index_keys;    // per full layer [num_slots, index_dim] fp32, else empty
   DeviceBuffer inv_freq;                   // [rope / 2]
   std::map<StepShape, std::unique_ptr<cuda::Graph>> graphs;
+  PhaseTimer timer;
 
   // Activations, sized for options.max_tokens (see allocate_workspace for shapes).
   DeviceBuffer x, normed_f32, normed_bf16, block_out, q_resid, q_resid_bf16, q, q_bf16, kv, q_latent, o_latent,
@@ -237,6 +276,7 @@ void CudaGlm5Model::Impl::upload_metadata(const ForwardBatch& batch) {
   if (R > options.max_logits)
     fail("the step asks for " + std::to_string(R) + " logits rows; at most " + std::to_string(options.max_logits));
   stream.synchronize();  // the previous step's copy out of the staging buffer has finished
+  timer.collect();
   char* base = static_cast<char*>(staging.data());
   auto* slot_mapping = reinterpret_cast<int64_t*>(base + meta.slot_mapping);
   auto* token_ids = reinterpret_cast<int32_t*>(base + meta.token_ids);
@@ -302,6 +342,7 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   uint16_t* cache = as<uint16_t>(latent_cache[l]);
   cuda::write_latent_cache(as<float>(kv), T, static_cast<int>(L), static_cast<int>(rd), as<float>(w.kv_a_norm),
                            kLatentNormEps, positions, slots, as<float>(inv_freq), cache, s);
+  timer.mark("attention.projections", s);
 
   if (w.has_indexer) {
     const IndexerDevice& ix = w.indexer;
@@ -334,6 +375,7 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
     cuda::indexer_scores(args, s);
     cuda::select_top_k(as<float>(scores), options.max_context, positions, T, c.index_topk, as<int32_t>(selected),
                        c.index_topk, as<int32_t>(num_selected), s);
+    timer.mark("attention.indexer", s);
   }
 
   // Absorb W_uk into the queries, per head: q_latent[t, h] = q_nope[t, h] . W_uk[h] ([nope, L]).
@@ -341,6 +383,7 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   const int64_t head_stride = (nope + vd) * L;  // kv_b_proj rows of one head: W_uk then W_uv
   gemm.batched(as<uint16_t>(q_bf16), T, H * qd, qd, as<uint16_t>(w.kv_b_proj), nope, L, L, head_stride, true,
                as<float>(q_latent), H * L, L, H, s);
+  timer.mark("attention.absorb", s);
 
   cuda::MlaAttentionArgs args;
   args.q_latent = as<float>(q_latent);
@@ -386,6 +429,7 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
     }
     flush(T);
   }
+  timer.mark("attention.core", s);
 
   // Un-absorb W_uv per head, then o_proj.
   cuda::to_bf16(as<float>(o_latent), as<uint16_t>(o_bf16), int64_t{T} * H * L, s);
@@ -393,6 +437,7 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
                as<float>(heads_out), H * vd, vd, H, s);
   cuda::to_bf16(as<float>(heads_out), as<uint16_t>(heads_bf16), int64_t{T} * H * vd, s);
   gemm.linear(as<uint16_t>(heads_bf16), T, as<uint16_t>(w.o_proj), hidden, H * vd, as<float>(block_out), s);
+  timer.mark("attention.output", s);
 }
 
 void CudaGlm5Model::Impl::prefill_attention(int sequence, int l, float scale) {
@@ -448,8 +493,10 @@ void CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const StepShape& 
   plan.sorted_pairs = as<int32_t>(sorted_pairs);
   plan.pair_slot = as<int32_t>(pair_slot);
   cuda::moe_plan(as<int32_t>(expert_ids), P, E, plan, s);
+  timer.mark("moe.routing", s);
 
   dense_mlp(m.shared, as<uint16_t>(normed_bf16), T, as<float>(shared_out));
+  timer.mark("moe.shared", s);
 
   const uint16_t* gate_up = as<uint16_t>(m.experts_gate_up);
   const uint16_t* down = as<uint16_t>(m.experts_down);
@@ -476,8 +523,10 @@ void CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const StepShape& 
                   inter, as<float>(expert_out) + int64_t{offsets[e]} * hidden, s);
     }
   }
+  timer.mark("moe.experts", s);
   cuda::moe_combine(as<float>(x), as<float>(shared_out), as<float>(expert_out), plan.pair_slot, as<int32_t>(expert_ids),
                     as<float>(expert_weights), T, K, hidden, s);
+  timer.mark("moe.combine", s);
 }
 
 void CudaGlm5Model::Impl::run_step(const StepShape& shape) {
@@ -485,20 +534,25 @@ void CudaGlm5Model::Impl::run_step(const StepShape& shape) {
   const int T = shape.num_tokens;
   const int64_t hidden = c.hidden_size;
   cudaStream_t s = stream.get();
+  timer.mark("start", s);
   cuda::embed_rows(as<uint16_t>(weights.embed_tokens), meta_i32(meta.token_ids), T, hidden, as<float>(x), s);
+  timer.mark("embed", s);
   const float* pending = nullptr;  // a block output not yet added to the residual stream
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const DecoderLayerDevice& layer = weights.layers[l];
     cuda::residual_rms_norm(as<float>(x), pending, T, hidden, as<float>(layer.input_norm), c.rms_norm_eps, nullptr,
                             as<uint16_t>(normed_bf16), s);
+    timer.mark("norms", s);
     attention(layer, l, shape);
     cuda::residual_rms_norm(as<float>(x), as<float>(block_out), T, hidden, as<float>(layer.post_attention_norm),
                             c.rms_norm_eps, as<float>(normed_f32), as<uint16_t>(normed_bf16), s);
+    timer.mark("norms", s);
     if (layer.is_moe) {
       moe(layer, shape);  // adds into x
       pending = nullptr;
     } else {
       dense_mlp(layer.mlp, as<uint16_t>(normed_bf16), T, as<float>(block_out));
+      timer.mark("dense_mlp", s);
       pending = as<float>(block_out);
     }
   }
@@ -508,6 +562,7 @@ void CudaGlm5Model::Impl::run_step(const StepShape& shape) {
                     as<uint16_t>(head_in), s);
   gemm.linear(as<uint16_t>(head_in), shape.num_logits, as<uint16_t>(weights.lm_head), c.vocab_size, hidden,
               as<float>(logits), s);
+  timer.mark("head", s);
 }
 
 void CudaGlm5Model::Impl::launch(const ForwardBatch& step, bool use_graph) {
@@ -531,10 +586,13 @@ void CudaGlm5Model::Impl::launch(const ForwardBatch& step, bool use_graph) {
   shape.host_sync_ok = false;
   std::unique_ptr<cuda::Graph>& graph = graphs[shape];
   if (!graph) {
+    const bool timing = timer.enabled;
+    timer.enabled = false;  // no events inside a captured graph
     graph = std::make_unique<cuda::Graph>();
     graph->begin_capture(stream.get());
     run_step(shape);
     graph->end_capture(stream.get());
+    timer.enabled = timing;
   }
   graph->launch(stream.get());
 }
@@ -576,13 +634,23 @@ std::vector<float> CudaGlm5Model::forward(const ForwardBatch& batch, bool use_gr
   impl_->launch(batch, use_graph);
   std::vector<float> logits(batch.logits_tokens.size() * static_cast<size_t>(impl_->config.vocab_size));
   cuda::copy_to_host_async(logits.data(), impl_->logits.data(), logits.size() * sizeof(float), impl_->stream.get());
-  impl_->stream.synchronize();
+  synchronize();
   return logits;
 }
 
 void CudaGlm5Model::forward_on_device(const ForwardBatch& batch, bool use_graph) { impl_->launch(batch, use_graph); }
 
-void CudaGlm5Model::synchronize() { impl_->stream.synchronize(); }
+void CudaGlm5Model::synchronize() {
+  impl_->stream.synchronize();
+  impl_->timer.collect();
+}
+
+void CudaGlm5Model::set_phase_timing(bool on) { impl_->timer.enabled = on; }
+
+std::vector<std::pair<std::string, double>> CudaGlm5Model::take_phase_times() {
+  impl_->stream.synchronize();
+  return impl_->timer.take();
+}
 
 void CudaGlm5Model::fill_cache_random(uint64_t seed) {
   for (size_t l = 0; l < impl_->latent_cache.size(); ++l) {
@@ -594,6 +662,57 @@ void CudaGlm5Model::fill_cache_random(uint64_t seed) {
                            impl_->stream.get());
   }
   impl_->stream.synchronize();
+}
+
+namespace {
+
+class CudaRunner : public StepRunner {
+ public:
+  CudaRunner(io::ModelConfig config, std::optional<ModelWeights> weights, uint64_t seed)
+      : config_(std::move(config)), weights_(std::move(weights)), seed_(seed) {
+    check_cuda_supported(config_);
+  }
+  const io::ModelConfig& config() const override { return config_; }
+  std::string device() const override { return "cuda"; }
+  int64_t cache_bytes_per_token() const override {
+    const int64_t row = int64_t{sizeof(uint16_t)} * (config_.kv_lora_rank + config_.qk_rope_head_dim);
+    return row * config_.num_hidden_layers +
+           int64_t{sizeof(float)} * config_.index_head_dim * config_.num_full_indexer_layers();
+  }
+  void allocate(const CacheShape& shape) override {
+    CudaModelOptions options;
+    options.block_size = shape.block_size;
+    options.num_blocks = shape.num_blocks;
+    options.max_tokens = shape.max_tokens;
+    options.max_sequences = shape.max_sequences;
+    options.max_context = shape.max_context;
+    options.max_logits = shape.max_sequences;
+    model_.reset();
+    if (weights_) model_ = std::make_unique<CudaGlm5Model>(*weights_, options);
+    else model_ = CudaGlm5Model::synthetic(config_, seed_, options);
+  }
+  std::vector<float> forward(const ForwardBatch& batch, ForwardTrace* trace) override {
+    GLMS_CHECK(model_ != nullptr, "StepRunner::forward before allocate");
+    if (trace) fail("the CUDA runner does not record hidden states (MTP drafting runs on the CPU model)");
+    return model_->forward(batch, /*use_graph=*/true);
+  }
+
+ private:
+  io::ModelConfig config_;
+  std::optional<ModelWeights> weights_;
+  uint64_t seed_;
+  std::unique_ptr<CudaGlm5Model> model_;
+};
+
+}  // namespace
+
+std::unique_ptr<StepRunner> make_cuda_runner(ModelWeights weights) {
+  io::ModelConfig config = weights.config;
+  return std::make_unique<CudaRunner>(std::move(config), std::move(weights), 0);
+}
+
+std::unique_ptr<StepRunner> make_synthetic_cuda_runner(const io::ModelConfig& config, uint64_t seed) {
+  return std::make_unique<CudaRunner>(config, std::nullopt, seed);
 }
 
 }  // namespace glms::model

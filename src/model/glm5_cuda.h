@@ -7,10 +7,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "io/model_config.h"
 #include "model/batch.h"
+#include "model/step_runner.h"
 #include "model/weights.h"
 
 namespace glms::model {
@@ -53,6 +56,13 @@ class CudaGlm5Model {
   void forward_on_device(const ForwardBatch& batch, bool use_graph = false);
   void synchronize();
 
+  // Phase timing: while on, eager steps record device events between their phases (attention
+  // projections, indexer, attention core, MoE routing/shared/experts, head, ...); graph replays
+  // are not split. take_phase_times returns milliseconds per phase summed over the steps run
+  // since the last call, in first-seen order.
+  void set_phase_timing(bool on);
+  std::vector<std::pair<std::string, double>> take_phase_times();
+
   // Fills every cache row with seeded random values (benchmarks that need long contexts
   // without prefilling them).
   void fill_cache_random(uint64_t seed);
@@ -62,5 +72,11 @@ class CudaGlm5Model {
   explicit CudaGlm5Model(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// StepRunners over CudaGlm5Model: for a loaded checkpoint (kept mapped until allocate() uploads
+// it), or for seeded synthetic weights of `config`. allocate() builds the model with the
+// cache shape asked for (a second call with another shape builds it again).
+std::unique_ptr<StepRunner> make_cuda_runner(ModelWeights weights);
+std::unique_ptr<StepRunner> make_synthetic_cuda_runner(const io::ModelConfig& config, uint64_t seed);
 
 }  // namespace glms::model

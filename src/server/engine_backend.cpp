@@ -30,9 +30,9 @@ class EngineBackend final : public Backend {
   }
   int max_model_len() const override {
     const int configured = engine_.config().max_model_len;
-    return configured > 0 ? configured : static_cast<int>(engine_.model().config().max_position_embeddings);
+    return configured > 0 ? configured : static_cast<int>(engine_.model_config().max_position_embeddings);
   }
-  int vocab_size() const override { return static_cast<int>(engine_.model().config().vocab_size); }
+  int vocab_size() const override { return static_cast<int>(engine_.model_config().vocab_size); }
   void drain() override {
     // Requests still running a minute after shutdown began are cancelled: a long generation
     // must not hold SIGTERM off forever.

@@ -95,6 +95,21 @@ class Graph {
   void* exec_ = nullptr;   // cudaGraphExec_t
 };
 
+// A point in a stream's work, for timing it on the device.
+class Event {
+ public:
+  Event();
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(cudaStream_t stream);
+  // Milliseconds from `start` to this event (both recorded and complete).
+  float elapsed_ms_since(const Event& start) const;
+
+ private:
+  void* event_ = nullptr;  // cudaEvent_t
+};
+
 // Waits for all work on the device.
 void synchronize_device();
 

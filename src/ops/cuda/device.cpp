@@ -66,6 +66,24 @@ void Graph::launch(cudaStream_t stream) const {
   check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), stream), "cudaGraphLaunch");
 }
 
+Event::Event() {
+  cudaEvent_t event = nullptr;
+  check(cudaEventCreate(&event), "cudaEventCreate");
+  event_ = event;
+}
+Event::~Event() {
+  if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+}
+void Event::record(cudaStream_t stream) {
+  check(cudaEventRecord(static_cast<cudaEvent_t>(event_), stream), "cudaEventRecord");
+}
+float Event::elapsed_ms_since(const Event& start) const {
+  float ms = 0.0f;
+  check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.event_), static_cast<cudaEvent_t>(event_)),
+        "cudaEventElapsedTime");
+  return ms;
+}
+
 void synchronize_device() { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
 std::pair<size_t, size_t> memory_info() {

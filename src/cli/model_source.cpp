@@ -1,0 +1,63 @@
+#include "cli/model_source.h"
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+
+#include "core/error.h"
+#include "io/model_config.h"
+
+#ifdef GLMS_HAVE_CUDA
+#include "model/glm5_cuda.h"
+#include "ops/cuda/cuda_ops.h"
+#endif
+
+namespace glms::cli {
+
+void add_model_source_options(CLI::App* cmd, ModelSourceArgs& args) {
+  cmd->add_option("--model", args.model_dir, "Model folder (config.json, *.safetensors, tokenizer.json)")
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--device", args.device, "Where the model runs")->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_flag("--synthetic", args.synthetic,
+                "Seeded random weights of the model's config, made on the GPU (needs --device cuda; no checkpoint)");
+  cmd->add_option("--config", args.config_file, "With --synthetic: take the shapes from this config.json")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--weight-seed", args.weight_seed, "With --synthetic: the weights' seed")->capture_default_str();
+  cmd->add_option("--num-layers", args.num_layers, "Run only the first N decoder layers")->check(CLI::Range(1, 100000));
+}
+
+LoadedModel load_model(const ModelSourceArgs& args) {
+  if (args.model_dir.empty() && !(args.synthetic && !args.config_file.empty()))
+    fail("give --model DIR (or --synthetic --config FILE)");
+  if (!args.config_file.empty() && !args.synthetic) fail("--config is for --synthetic weights; a checkpoint brings its own");
+  if (args.synthetic && args.device != "cuda")
+    fail("--synthetic makes its weights on the GPU: add --device cuda");
+  LoadedModel loaded;
+  if (args.device == "cpu") {
+    model::LoadOptions options;
+    options.num_layers = args.num_layers;
+    loaded.cpu_model = std::make_unique<model::Glm5Model>(model::load_weights(args.model_dir, options));
+    loaded.runner = model::make_cpu_runner(*loaded.cpu_model);
+    return loaded;
+  }
+#ifdef GLMS_HAVE_CUDA
+  if (ops::cuda::device_count() == 0) fail("--device cuda: no CUDA device is visible on this machine");
+  if (args.synthetic) {
+    const std::filesystem::path path =
+        args.config_file.empty() ? std::filesystem::path(args.model_dir) / "config.json" : std::filesystem::path(args.config_file);
+    io::ModelConfig config = io::load_model_config(path);
+    config.keep_first_layers(args.num_layers);
+    loaded.runner = model::make_synthetic_cuda_runner(config, args.weight_seed);
+  } else {
+    model::LoadOptions options;
+    options.num_layers = args.num_layers;
+    options.load_mtp = false;  // MTP drafting runs on the CPU model only
+    loaded.runner = model::make_cuda_runner(model::load_weights(args.model_dir, options));
+  }
+  return loaded;
+#else
+  fail("this glmserve was built without CUDA: rebuild where nvcc is installed (-DGLMS_CUDA=ON), or use --device cpu");
+#endif
+}
+
+}  // namespace glms::cli

@@ -1,0 +1,36 @@
+#include "model/step_runner.h"
+
+#include <optional>
+
+#include "core/error.h"
+#include "model/glm5.h"
+
+namespace glms::model {
+
+namespace {
+
+class CpuRunner : public StepRunner {
+ public:
+  explicit CpuRunner(const Glm5Model& model) : model_(model) {}
+  const io::ModelConfig& config() const override { return model_.config(); }
+  std::string device() const override { return "cpu"; }
+  int64_t cache_bytes_per_token() const override { return model_.cache_layout(1).bytes_per_token(); }
+  void allocate(const CacheShape& shape) override {
+    cache_.reset();
+    cache_.emplace(model_.cache_layout(shape.block_size), shape.num_blocks);
+  }
+  std::vector<float> forward(const ForwardBatch& batch, ForwardTrace* trace) override {
+    GLMS_CHECK(cache_.has_value(), "StepRunner::forward before allocate");
+    return model_.forward(batch, *cache_, trace);
+  }
+
+ private:
+  const Glm5Model& model_;
+  std::optional<kv::PagedLatentCache> cache_;
+};
+
+}  // namespace
+
+std::unique_ptr<StepRunner> make_cpu_runner(const Glm5Model& model) { return std::make_unique<CpuRunner>(model); }
+
+}  // namespace glms::model

@@ -1,0 +1,47 @@
+// A model together with its paged cache on one device, seen as the thing that runs forward
+// steps: what the serving engine and plain generation need, whichever backend holds the
+// weights. The CPU runner wraps Glm5Model and a host cache; the CUDA runner (glm5_cuda.h)
+// wraps CudaGlm5Model and its device cache. Block ids in a batch index the runner's cache.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/model_config.h"
+#include "model/batch.h"
+
+namespace glms::model {
+
+class Glm5Model;
+struct ForwardTrace;
+
+// What the cache and the step workspaces are sized for.
+struct CacheShape {
+  int block_size = 16;
+  int num_blocks = 0;
+  int max_tokens = 2048;     // tokens per step
+  int max_sequences = 64;    // sequences per step (and logits rows)
+  int max_context = 4096;    // positions per sequence
+};
+
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+  virtual const io::ModelConfig& config() const = 0;
+  virtual std::string device() const = 0;  // "cpu", "cuda"
+  // Bytes one token's cache rows take on this device (for sizing the cache by a budget).
+  virtual int64_t cache_bytes_per_token() const = 0;
+  // Allocates the paged cache and whatever a step needs; forward() needs it first.
+  virtual void allocate(const CacheShape& shape) = 0;
+  // One step: logits [batch.logits_tokens.size(), vocab] fp32. `trace` is supported on the CPU
+  // (the MTP drafts need the last hidden states); other runners fail when it is given.
+  virtual std::vector<float> forward(const ForwardBatch& batch, ForwardTrace* trace) = 0;
+  std::vector<float> forward(const ForwardBatch& batch) { return forward(batch, nullptr); }
+};
+
+// The CPU path over `model` (which must outlive the runner).
+std::unique_ptr<StepRunner> make_cpu_runner(const Glm5Model& model);
+
+}  // namespace glms::model
