@@ -134,13 +134,13 @@ struct CudaGlm5Model::Impl {
 
   // Activations, sized for options.max_tokens (see allocate_workspace for shapes).
   DeviceBuffer x, normed_f32, normed_bf16, block_out, q_resid, q_resid_bf16, q, q_bf16, kv, q_latent, o_latent,
-      o_bf16, heads_out, heads_bf16, index_q, index_k, index_w, scores, selected, num_selected, mla_workspace,
+      o_bf16, heads_out, heads_bf16, index_q, index_k, index_w, scores, selected, num_selected,
       mlp_gate_up, mlp_act, router_logits, expert_ids, expert_weights, plan_counts, plan_offsets, plan_active,
       plan_num_active, sorted_pairs, pair_slot, shared_out, pair_x, pair_gate_up, pair_act, expert_out, head_in,
-      logits, prefill_context, prefill_queries, prefill_scores, prefill_probs;
+      logits, prefill_context, prefill_queries, prefill_scores, prefill_probs, gathered_rows;
+  int64_t gathered_capacity = 0;  // bf16 elements of gathered_rows
   int64_t prefill_score_capacity = 0;  // floats
   const ForwardBatch* batch = nullptr;  // the step being run (host view; null inside graph capture)
-  int64_t mla_workspace_capacity = 0;  // floats
 
   Impl(const io::ModelConfig& c, const CudaModelOptions& o, CudaWeights w)
       : config(c),
@@ -197,8 +197,6 @@ void CudaGlm5Model::Impl::allocate() {
   scores = f32(T * options.max_context);
   selected = i32(T * c.index_topk);
   num_selected = i32(T);
-  mla_workspace_capacity = (T + 600) * H * (L + 2);
-  mla_workspace = f32(mla_workspace_capacity);
   mlp_gate_up = f32(T * 2 * mlp_inter);
   mlp_act = bf16(T * mlp_inter);
   router_logits = f32(T * E);
@@ -222,6 +220,9 @@ void CudaGlm5Model::Impl::allocate() {
   prefill_queries = bf16(T * H * (L + rd));
   prefill_scores = f32(prefill_score_capacity);
   prefill_probs = bf16(prefill_score_capacity);
+  // Selected rows of up to 256 tokens at a time (decode batches; larger ones go in chunks).
+  gathered_capacity = std::min<int64_t>(T, 256) * std::min(options.max_context, c.index_topk) * (L + rd);
+  gathered_rows = bf16(gathered_capacity);
   offsets_host = cuda::PinnedBuffer(sizeof(int32_t) * (E + 1));
   staging = cuda::PinnedBuffer(meta.total);
   metadata = DeviceBuffer(meta.total);
@@ -402,22 +403,26 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   args.latent_dim = static_cast<int>(L);
   args.rope_dim = static_cast<int>(rd);
   args.scale = static_cast<float>(c.attention_scale());
-  args.num_splits = cuda::mla_num_splits(T, H, std::min(shape.max_context, c.index_topk));
-  while (args.num_splits > 1 &&
-         static_cast<int64_t>(cuda::mla_workspace_floats(T, H, static_cast<int>(L), args.num_splits)) > mla_workspace_capacity)
-    --args.num_splits;
-  args.workspace = as<float>(mla_workspace);
   args.out = as<float>(o_latent);
+  cuda::MlaGatherWorkspace gather;
+  gather.gathered = as<uint16_t>(gathered_rows);
+  gather.gathered_elements = gathered_capacity;
+  gather.queries = as<uint16_t>(prefill_queries);
+  gather.scores = as<float>(prefill_scores);
+  gather.probs = as<uint16_t>(prefill_probs);
+  gather.score_elements = prefill_score_capacity;
+  const int max_selected_in_step = std::min(shape.max_context, c.index_topk);
   if (!batch || !shape.host_sync_ok) {
-    cuda::mla_attention(args, s);
+    cuda::mla_attention_gathered(args, max_selected_in_step, gather, gemm, s);
   } else {
-    // Long prefill chunks through the GEMM path; each run of other tokens through the kernel.
+    // Long prefill chunks attend over their gathered context; each run of other tokens over
+    // its own gathered selections.
     int run_start = 0;
     auto flush = [&](int end) {
       if (end > run_start) {
         args.first_token = run_start;
         args.launch_tokens = end - run_start;
-        cuda::mla_attention(args, s);
+        cuda::mla_attention_gathered(args, max_selected_in_step, gather, gemm, s);
       }
     };
     for (size_t index = 0; index < batch->sequences.size(); ++index) {

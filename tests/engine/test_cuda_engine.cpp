@@ -1,8 +1,12 @@
 // The serving engine and single-request generation over the CUDA runner against the CPU ones on
 // the bundled model: concurrent greedy requests (chunked prefills mixed with decodes, graph
-// replays of decode steps) produce the same tokens. Skips without a GPU.
+// replays of decode steps) produce the same tokens, up to near-ties: where the two paths part,
+// the CPU's logits of the two candidate tokens must be within bf16 noise of each other.
+// Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <random>
 
@@ -30,6 +34,34 @@ std::vector<int32_t> random_prompt(int count, int vocab, uint64_t seed) {
   std::vector<int32_t> tokens(count);
   for (auto& t : tokens) t = dist(rng);
   return tokens;
+}
+
+// The CPU model's logit of `a` minus that of `b` after `tokens`.
+float logit_gap(const model::Glm5Model& m, const std::vector<int32_t>& tokens, int32_t a, int32_t b) {
+  constexpr int kBlock = 16;
+  const int blocks = (static_cast<int>(tokens.size()) + kBlock - 1) / kBlock;
+  kv::PagedLatentCache cache(m.cache_layout(kBlock), blocks);
+  std::vector<int32_t> table(blocks);
+  for (int i = 0; i < blocks; ++i) table[i] = i;
+  model::ForwardBatch batch;
+  batch.add_sequence(tokens, 0, table, kBlock, false);
+  const auto logits = m.forward(batch, cache);
+  return logits[a] - logits[b];
+}
+
+// Greedy tokens agree, or first differ where the CPU's top two are a near-tie.
+void expect_same_up_to_near_ties(const model::Glm5Model& m, const std::vector<int32_t>& prompt,
+                                 const std::vector<int32_t>& expected, const std::vector<int32_t>& got) {
+  ASSERT_EQ(got.size(), expected.size());
+  const auto split = std::mismatch(expected.begin(), expected.end(), got.begin());
+  if (split.first == expected.end()) return;
+  std::vector<int32_t> context = prompt;
+  context.insert(context.end(), expected.begin(), split.first);
+  const float gap = logit_gap(m, context, *split.first, *split.second);
+  std::printf("tokens part at %td of %zu; the CPU's logit gap there is %.4f\n", split.first - expected.begin(),
+              expected.size(), gap);
+  EXPECT_LT(gap, 0.1f) << "CUDA chose token " << *split.second << " where the CPU's choice " << *split.first
+                       << " leads by more than bf16 noise";
 }
 
 model::ModelWeights bundled() {
@@ -66,7 +98,10 @@ TEST_F(CudaEngine, ConcurrentGreedyRequestsMatchTheCpuEngine) {
   engine::Engine gpu(model::make_cuda_runner(bundled()), config);
   const auto expected = run(cpu);
   const auto got = run(gpu);
-  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], expected[i]) << "request " << i;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    expect_same_up_to_near_ties(cpu_model, prompts[i], expected[i], got[i]);
+  }
 }
 
 TEST_F(CudaEngine, GenerateOverTheCudaRunnerMatchesCpu) {
@@ -77,5 +112,6 @@ TEST_F(CudaEngine, GenerateOverTheCudaRunnerMatchesCpu) {
   options.prefill_chunk = 40;
   const auto prompt = random_prompt(90, cpu_model.config().vocab_size, 7);
   const auto runner = model::make_cuda_runner(bundled());
-  EXPECT_EQ(engine::generate(*runner, prompt, options).output_ids, engine::generate(cpu_model, prompt, options).output_ids);
+  expect_same_up_to_near_ties(cpu_model, prompt, engine::generate(cpu_model, prompt, options).output_ids,
+                              engine::generate(*runner, prompt, options).output_ids);
 }

@@ -1,4 +1,4 @@
-// CUDA MLA attention, indexer scoring and top-k selection against plain CPU references, over
+// CUDA MLA attention (gathered selections on tensor cores), indexer scoring and top-k selection against plain CPU references, over
 // model-sized and odd shapes, one token and long contexts past top-k. Skips without a GPU.
 #include <gtest/gtest.h>
 
@@ -53,8 +53,10 @@ struct Token {
   int seq, position;
 };
 
+// Runs mla_attention_gathered over tokens [first, first + count) in chunks of at most
+// `chunk_tokens` (a small workspace forces several chunks).
 void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std::vector<Token>& tokens, int top_k,
-               int forced_splits) {
+               int chunk_tokens) {
   const int T = static_cast<int>(tokens.size()), qd = 7 + rd, row = L + rd;
   PagedContext paged(contexts, 11);
   const int64_t slots = int64_t{paged.num_blocks} * paged.block_size;
@@ -126,28 +128,37 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
   a.latent_dim = L;
   a.rope_dim = rd;
   a.scale = scale;
-  a.num_splits = forced_splits > 0 ? forced_splits : cuda::mla_num_splits(T, H, std::min(max_context, top_k));
-  cuda::DeviceBuffer workspace(std::max<size_t>(cuda::mla_workspace_floats(T, H, L, a.num_splits), 1) * sizeof(float));
-  a.workspace = workspace.as<float>();
-  cuda::DeviceBuffer out(expected.size() * sizeof(float));
+  const int rows = std::min(max_context, top_k);
+  cuda::MlaGatherWorkspace w;
+  w.gathered_elements = int64_t{chunk_tokens} * rows * row;
+  w.score_elements = int64_t{chunk_tokens} * H * rows;
+  cuda::DeviceBuffer gathered(w.gathered_elements * 2), queries(int64_t{T} * H * row * 2),
+      scores(w.score_elements * 4), probs(w.score_elements * 2);
+  w.gathered = gathered.as<uint16_t>();
+  w.queries = queries.as<uint16_t>();
+  w.scores = scores.as<float>();
+  w.probs = probs.as<uint16_t>();
+  auto out = glms::testing::poisoned(expected.size());
   a.out = out.as<float>();
-  cuda::mla_attention(a, nullptr);
-  EXPECT_LT(relative_l2(to_host<float>(out, expected.size()), expected), 1e-4)
-      << "H=" << H << " L=" << L << " tokens=" << T << " splits=" << a.num_splits;
+  cuda::Gemm gemm;
+  cuda::mla_attention_gathered(a, rows, w, gemm, nullptr);
+  // bf16 queries and probabilities on tensor cores against a double reference on bf16 rows.
+  EXPECT_LT(relative_l2(to_host<float>(out, expected.size()), expected), 1e-2)
+      << "H=" << H << " L=" << L << " tokens=" << T << " chunk=" << chunk_tokens;
 }
 
 }  // namespace
 
-TEST_F(CudaAttention, MlaDecodeOneTokenShortContext) { check_mla(64, 512, 64, {1}, {{0, 0}}, 2048, 0); }
+TEST_F(CudaAttention, MlaDecodeOneTokenShortContext) { check_mla(64, 512, 64, {1}, {{0, 0}}, 2048, 1); }
 
-TEST_F(CudaAttention, MlaDecodeBatchMixedContextsAndSplits) {
+TEST_F(CudaAttention, MlaDecodeBatchMixedContextsAndChunks) {
   const std::vector<int> contexts = {37, 300, 1000};
   const std::vector<Token> tokens = {{0, 36}, {1, 299}, {2, 999}};
-  for (int splits : {1, 3, 0}) check_mla(64, 512, 64, contexts, tokens, 2048, splits);
+  for (int chunk : {1, 2, 3}) check_mla(64, 512, 64, contexts, tokens, 2048, chunk);
 }
 
 TEST_F(CudaAttention, MlaSparseOverTopKPastTheContextLimit) {
-  check_mla(64, 512, 64, {3000, 5000}, {{0, 2999}, {1, 4999}}, 2048, 0);
+  check_mla(64, 512, 64, {3000, 5000}, {{0, 2999}, {1, 4999}}, 2048, 2);
 }
 
 TEST_F(CudaAttention, MlaPrefillChunkAndOddShapes) {
@@ -155,8 +166,8 @@ TEST_F(CudaAttention, MlaPrefillChunkAndOddShapes) {
   std::vector<Token> tokens;
   for (int p = 20; p < 45; ++p) tokens.push_back({0, p});
   tokens.push_back({1, 8});
-  check_mla(3, 16, 6, {45, 9}, tokens, 9, 0);
-  check_mla(8, 64, 16, {45, 9}, tokens, 96, 2);
+  check_mla(3, 16, 6, {45, 9}, tokens, 9, 26);
+  check_mla(8, 64, 16, {45, 9}, tokens, 96, 5);
 }
 
 TEST_F(CudaAttention, TopKSelectsTheLargestInPositionOrderWithLowerPositionsWinningTies) {

@@ -1,10 +1,8 @@
-// MLA decode/prefill attention on CUDA cores. One block serves one token, a group of 8 heads
-// (one warp each) and one split of the token's selected positions. Positions are processed in
-// tiles of 32 rows staged in shared memory as bf16, so each cache row is read from memory once
-// per head group: a warp scores its head against the tile (lane = position), updates its online
-// softmax, then accumulates p * latent with each lane owning latent dims lane + 32 j.
-// Shared rows are padded to an odd number of 32-bit words, so that 32 lanes reading 32
-// different rows at the same column hit 32 different banks.
+// MLA attention on tensor cores. The latent cache is shared by all heads (MQA in latent space),
+// so a token's attention is two small GEMMs: its heads' queries [H, 576] against its selected
+// rows [rows, 576], and the probabilities [H, rows] against the rows' latents [rows, 512]. The
+// kernels here gather rows into contiguous buffers and run the softmax between the cuBLAS
+// calls; decode tokens gather their own selections, prefill chunks their sequence's context.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,140 +16,6 @@
 namespace glms::ops::cuda {
 
 namespace {
-
-constexpr int kHeadsPerBlock = 8;   // one warp per head
-constexpr int kTile = 32;           // positions per shared tile (one per lane when scoring)
-constexpr int kMaxLatentPerLane = 16;  // latent_dim <= 512
-constexpr int kThreads = kHeadsPerBlock * 32;
-
-struct SharedLayout {
-  int row_size, row_stride;  // halfwords; row_stride / 2 is odd
-  size_t q_bytes, tile_bytes;
-  size_t total() const { return q_bytes + tile_bytes; }
-};
-
-SharedLayout shared_layout(int latent_dim, int rope_dim) {
-  SharedLayout s;
-  s.row_size = latent_dim + rope_dim;
-  int words = (s.row_size + 1) / 2;
-  if (words % 2 == 0) ++words;
-  s.row_stride = 2 * words;
-  s.q_bytes = static_cast<size_t>(kHeadsPerBlock) * s.row_size * sizeof(float);
-  s.tile_bytes = static_cast<size_t>(kTile) * s.row_stride * sizeof(uint16_t);
-  return s;
-}
-
-__global__ void __launch_bounds__(kThreads) mla_attention_kernel(MlaAttentionArgs a, SharedLayout s) {
-  extern __shared__ float shared[];
-  float* q = shared;  // [kHeadsPerBlock, row_size], pre-scaled
-  uint16_t* tile = reinterpret_cast<uint16_t*>(reinterpret_cast<char*>(shared) + s.q_bytes);  // [kTile, row_stride]
-
-  const int t = a.first_token + blockIdx.x, head0 = blockIdx.y * kHeadsPerBlock, split = blockIdx.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, head = head0 + warp;
-  const int L = a.latent_dim;
-  const bool head_valid = head < a.num_heads;
-
-  for (int i = threadIdx.x; i < kHeadsPerBlock * s.row_size; i += kThreads) {
-    const int h = head0 + i / s.row_size, k = i % s.row_size;
-    float v = 0.0f;
-    if (h < a.num_heads)
-      v = k < L ? a.q_latent[(static_cast<int64_t>(t) * a.num_heads + h) * L + k]
-                : a.q_rope[(static_cast<int64_t>(t) * a.num_heads + h) * a.q_rope_stride + (k - L)];
-    q[i] = v * a.scale;
-  }
-
-  const int count = a.num_selected[t];
-  const int chunk = ((count + a.num_splits - 1) / a.num_splits + kTile - 1) / kTile * kTile;
-  const int begin = min(count, split * chunk), end = min(count, begin + chunk);
-  const int32_t* selected = a.selected + static_cast<int64_t>(t) * a.max_selected;
-  const int32_t* blocks = a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks;
-
-  float m = -INFINITY, l = 0.0f;
-  float o[kMaxLatentPerLane];
-#pragma unroll
-  for (int j = 0; j < kMaxLatentPerLane; ++j) o[j] = 0.0f;
-
-  for (int tile_start = begin; tile_start < end; tile_start += kTile) {
-    const int rows = min(kTile, end - tile_start);
-    __syncthreads();  // the previous tile is fully consumed (and q is written, first time round)
-    for (int i = threadIdx.x; i < rows * s.row_size; i += kThreads) {
-      const int r = i / s.row_size, k = i % s.row_size;
-      const int position = selected[tile_start + r];
-      const int64_t slot = static_cast<int64_t>(blocks[position / a.block_size]) * a.block_size + position % a.block_size;
-      tile[r * s.row_stride + k] = a.cache[slot * s.row_size + k];
-    }
-    __syncthreads();
-
-    float score = -INFINITY;
-    if (head_valid && lane < rows) {
-      const float* qh = q + warp * s.row_size;
-      const uint16_t* row = tile + lane * s.row_stride;
-      float acc = 0.0f;
-      for (int k = 0; k < s.row_size; ++k) acc += qh[k] * bf16_to_float(row[k]);
-      score = acc;
-    }
-    const float m_new = fmaxf(m, warp_max(score));
-    const float p = lane < rows ? __expf(score - m_new) : 0.0f;
-    const float rescale = __expf(m - m_new);
-    l = l * rescale + warp_sum(p);
-    m = m_new;
-#pragma unroll
-    for (int j = 0; j < kMaxLatentPerLane; ++j) o[j] *= rescale;
-    for (int r = 0; r < rows; ++r) {
-      const float pr = __shfl_sync(0xffffffffu, p, r);
-      const uint16_t* row = tile + r * s.row_stride;
-#pragma unroll
-      for (int j = 0; j < kMaxLatentPerLane; ++j) {
-        const int d = lane + 32 * j;
-        if (d < L) o[j] += pr * bf16_to_float(row[d]);
-      }
-    }
-  }
-  if (!head_valid) return;
-
-  const int64_t th = static_cast<int64_t>(t) * a.num_heads + head;
-  if (a.num_splits == 1) {
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-#pragma unroll
-    for (int j = 0; j < kMaxLatentPerLane; ++j) {
-      const int d = lane + 32 * j;
-      if (d < L) a.out[th * L + d] = o[j] * inv;
-    }
-    return;
-  }
-  // Partials: [T, H, splits, latent] sums, then [T, H, splits, 2] (max, denominator).
-  float* partial = a.workspace + (th * a.num_splits + split) * L;
-#pragma unroll
-  for (int j = 0; j < kMaxLatentPerLane; ++j) {
-    const int d = lane + 32 * j;
-    if (d < L) partial[d] = o[j];
-  }
-  if (lane == 0) {
-    float* stats = a.workspace + static_cast<int64_t>(a.num_tokens) * a.num_heads * a.num_splits * L +
-                   (th * a.num_splits + split) * 2;
-    stats[0] = m;
-    stats[1] = l;
-  }
-}
-
-// One block per (token, head): merges the splits' partial softmax sums.
-__global__ void mla_combine_kernel(MlaAttentionArgs a) {
-  const int64_t th = int64_t{a.first_token} * a.num_heads + blockIdx.x;
-  const int L = a.latent_dim, S = a.num_splits;
-  const float* stats = a.workspace + static_cast<int64_t>(a.num_tokens) * a.num_heads * S * L + th * S * 2;
-  float m = -INFINITY;
-  for (int s = 0; s < S; ++s) m = fmaxf(m, stats[2 * s]);
-  float total = 0.0f;
-  for (int s = 0; s < S; ++s)
-    if (stats[2 * s + 1] > 0.0f) total += __expf(stats[2 * s] - m) * stats[2 * s + 1];
-  const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-  for (int d = threadIdx.x; d < L; d += blockDim.x) {
-    float sum = 0.0f;
-    for (int s = 0; s < S; ++s)
-      if (stats[2 * s + 1] > 0.0f) sum += __expf(stats[2 * s] - m) * a.workspace[(th * S + s) * L + d];
-    a.out[th * L + d] = sum * inv;
-  }
-}
 
 __global__ void gather_context_kernel(const uint16_t* cache, const int32_t* block_table, int block_size, int row_size,
                                       uint16_t* out) {
@@ -190,7 +54,78 @@ __global__ void sparse_softmax_kernel(const float* scores, int n, int heads, int
   for (int k = lane; k < count; k += 32) out[chosen[k]] = float_to_bf16(__expf(row[chosen[k]] - m) * inv);
 }
 
+// Block (token, group of 8 rows), a warp per row: row j of the token's gathered buffer is the
+// cache row of its j-th selected position, or zeros past its count.
+__global__ void gather_selected_kernel(MlaAttentionArgs a, int rows, uint16_t* out) {
+  const int i = blockIdx.x, t = a.first_token + i;
+  const int j = blockIdx.y * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (j >= rows) return;
+  const int row_size = a.latent_dim + a.rope_dim;
+  uint16_t* dst = out + (static_cast<int64_t>(i) * rows + j) * row_size;
+  if (j >= a.num_selected[t]) {
+    for (int k = lane; k < row_size; k += 32) dst[k] = 0;
+    return;
+  }
+  const int position = a.selected[static_cast<int64_t>(t) * a.max_selected + j];
+  const int32_t* blocks = a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks;
+  const uint16_t* src =
+      a.cache + (static_cast<int64_t>(blocks[position / a.block_size]) * a.block_size + position % a.block_size) * row_size;
+  for (int k = lane; k < row_size; k += 32) dst[k] = src[k];
+}
+
+// A warp per (token, head): softmax over the token's first count entries of its score row.
+__global__ void dense_softmax_kernel(const float* scores, int n, int heads, int rows, const int32_t* num_selected,
+                                     uint16_t* probs) {
+  const int64_t warp_id = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp_id >= int64_t{n} * heads) return;
+  const int i = static_cast<int>(warp_id / heads);
+  const float* row = scores + warp_id * rows;
+  uint16_t* out = probs + warp_id * rows;
+  const int count = num_selected[i];
+  float m = -INFINITY;
+  for (int k = lane; k < count; k += 32) m = fmaxf(m, row[k]);
+  m = warp_max(m);
+  float sum = 0.0f;
+  for (int k = lane; k < count; k += 32) sum += __expf(row[k] - m);
+  const float inv = 1.0f / warp_sum(sum);
+  for (int k = lane; k < rows; k += 32) out[k] = k < count ? float_to_bf16(__expf(row[k] - m) * inv) : 0;
+}
+
 }  // namespace
+
+void mla_attention_gathered(const MlaAttentionArgs& a, int max_selected_in_step, const MlaGatherWorkspace& w,
+                            Gemm& gemm, cudaStream_t stream) {
+  const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
+  if (launch_tokens <= 0) return;
+  const int H = a.num_heads, L = a.latent_dim, row = a.latent_dim + a.rope_dim;
+  const int rows = std::max(1, max_selected_in_step);
+  const int64_t per_token_gathered = int64_t{rows} * row, per_token_scores = int64_t{H} * rows;
+  const int chunk_cap = static_cast<int>(
+      std::min<int64_t>(w.gathered_elements / per_token_gathered, w.score_elements / per_token_scores));
+  GLMS_CHECK(chunk_cap >= 1, "mla_attention_gathered: the workspace holds no token");
+  for (int done = 0; done < launch_tokens;) {
+    const int n = std::min(chunk_cap, launch_tokens - done);
+    MlaAttentionArgs chunk = a;
+    chunk.first_token = a.first_token + done;
+    const int first = chunk.first_token;
+    gather_selected_kernel<<<dim3(n, (rows + 7) / 8), 256, 0, stream>>>(chunk, rows, w.gathered);
+    check(cudaGetLastError(), "gather_selected launch");
+    mla_prefill_queries(a.q_latent + int64_t{first} * H * L, a.q_rope + int64_t{first} * H * a.q_rope_stride,
+                        a.q_rope_stride, n, H, L, a.rope_dim, a.scale, w.queries, stream);
+    // scores[i, h, :] = queries[i, h, :] . gathered[i]^T   [n, H, rows] fp32
+    gemm.batched(w.queries, H, row, int64_t{H} * row, w.gathered, rows, row, row, per_token_gathered, false, w.scores,
+                 rows, per_token_scores, n, stream);
+    const int64_t threads = int64_t{n} * H * 32;
+    dense_softmax_kernel<<<blocks_for(threads, 256), 256, 0, stream>>>(w.scores, n, H, rows, a.num_selected + first,
+                                                                       w.probs);
+    check(cudaGetLastError(), "dense_softmax launch");
+    // out[first + i, h, :] = probs[i, h, :] . gathered[i][:, :latent]
+    gemm.batched(w.probs, H, rows, per_token_scores, w.gathered, rows, L, row, per_token_gathered, true,
+                 a.out + int64_t{first} * H * L, L, int64_t{H} * L, n, stream);
+    done += n;
+  }
+}
 
 void mla_gather_context(const uint16_t* cache, const int32_t* block_table, int block_size, int context, int row_size,
                         uint16_t* out, cudaStream_t stream) {
@@ -214,42 +149,6 @@ void mla_sparse_softmax(const float* scores, int n, int heads, int context, cons
   sparse_softmax_kernel<<<blocks_for(threads, 256), 256, 0, stream>>>(scores, n, heads, context, selected, max_selected,
                                                                      num_selected, probs);
   check(cudaGetLastError(), "mla_sparse_softmax launch");
-}
-
-size_t mla_workspace_floats(int num_tokens, int num_heads, int latent_dim, int num_splits) {
-  if (num_splits <= 1) return 0;
-  return static_cast<size_t>(num_tokens) * num_heads * num_splits * (latent_dim + 2);
-}
-
-int mla_num_splits(int num_tokens, int num_heads, int max_context) {
-  static int num_sms = [] {
-    int device = 0, sms = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    return std::max(sms, 1);
-  }();
-  const int blocks = num_tokens * ((num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock);
-  const int wanted = (2 * num_sms + blocks - 1) / blocks;
-  const int max_useful = std::max(1, (max_context + 2 * kTile - 1) / (2 * kTile));  // two tiles per split at least
-  return std::clamp(std::min(wanted, max_useful), 1, 64);
-}
-
-void mla_attention(const MlaAttentionArgs& args, cudaStream_t stream) {
-  const int launch_tokens = args.launch_tokens < 0 ? args.num_tokens - args.first_token : args.launch_tokens;
-  if (launch_tokens <= 0) return;
-  GLMS_CHECK(args.latent_dim <= 32 * kMaxLatentPerLane, "mla_attention: latent_dim over 512");
-  GLMS_CHECK(args.num_splits >= 1 && (args.num_splits == 1 || args.workspace), "mla_attention: splits need a workspace");
-  const SharedLayout layout = shared_layout(args.latent_dim, args.rope_dim);
-  check(cudaFuncSetAttribute(mla_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(layout.total())),
-        "mla_attention shared memory");
-  const dim3 grid(launch_tokens, (args.num_heads + kHeadsPerBlock - 1) / kHeadsPerBlock, args.num_splits);
-  mla_attention_kernel<<<grid, kThreads, layout.total(), stream>>>(args, layout);
-  check(cudaGetLastError(), "mla_attention launch");
-  if (args.num_splits > 1) {
-    mla_combine_kernel<<<static_cast<unsigned>(launch_tokens) * args.num_heads, 128, 0, stream>>>(args);
-    check(cudaGetLastError(), "mla_combine launch");
-  }
 }
 
 }  // namespace glms::ops::cuda

@@ -1,6 +1,6 @@
 // MLA attention with absorbed weights over the paged bf16 latent cache, for decode and prefill
 // tokens alike: each token attends over its own list of selected context positions (every
-// causal position, or the DSA top-k), reading each cache row once per group of heads.
+// causal position, or the DSA top-k), through tensor-core GEMMs.
 #pragma once
 
 #include <cstddef>
@@ -25,20 +25,30 @@ struct MlaAttentionArgs {
   int block_size = 0;
   int num_tokens = 0, num_heads = 0, latent_dim = 0, rope_dim = 0;
   int first_token = 0, launch_tokens = -1;  // tokens [first, first + launch) (-1: all) are computed
-  float scale = 1.0f;          // softmax scale
-  int num_splits = 1;          // context splits per (token, head group), merged by a second pass
-  float* workspace = nullptr;  // mla_workspace_floats(...) floats when num_splits > 1
-  float* out = nullptr;        // [T, H, latent] fp32: softmax-weighted sum of latents
+  float scale = 1.0f;    // softmax scale
+  float* out = nullptr;  // [T, H, latent] fp32: softmax-weighted sum of latents
 };
 
-// Floats of workspace mla_attention needs for `num_splits` > 1.
-size_t mla_workspace_floats(int num_tokens, int num_heads, int latent_dim, int num_splits);
+class Gemm;
 
-// A split count that fills the GPU for `num_tokens` tokens attending up to `max_context` positions.
-int mla_num_splits(int num_tokens, int num_heads, int max_context);
+// Buffers of mla_attention_gathered. gathered: `gathered_elements` bf16; queries: [T, H,
+// latent + rope] bf16; scores / probs: `score_elements` fp32 / bf16.
+struct MlaGatherWorkspace {
+  uint16_t* gathered = nullptr;
+  int64_t gathered_elements = 0;
+  uint16_t* queries = nullptr;
+  float* scores = nullptr;
+  uint16_t* probs = nullptr;
+  int64_t score_elements = 0;
+};
 
-// Limits of the kernel: latent_dim <= 512, rope_dim <= 128.
-void mla_attention(const MlaAttentionArgs& args, cudaStream_t stream);
+// Attention for tokens [first_token, first_token + launch_tokens): each token's selected rows are gathered into [rows, latent + rope] (rows =
+// `max_selected_in_step`, at least every token's count; rows past a token's count are zero and
+// masked), then per token one GEMM scores all heads against its rows, a softmax runs per head,
+// and a second GEMM sums the latents. Tokens go in chunks that fit the workspace; the launches
+// depend only on the token count and `max_selected_in_step` (graph-capturable).
+void mla_attention_gathered(const MlaAttentionArgs& args, int max_selected_in_step, const MlaGatherWorkspace& workspace,
+                            Gemm& gemm, cudaStream_t stream);
 
 // Prefill attention for a chunk of one sequence's tokens through tensor-core GEMMs: the model
 // gathers the context's cache rows once (mla_gather_context), packs the chunk's queries

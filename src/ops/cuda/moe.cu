@@ -307,7 +307,8 @@ __global__ void moe_combine_kernel(float* x, const float* shared_out, const floa
       }
   }
   __syncthreads();
-  for (int64_t d = threadIdx.x; d < hidden; d += blockDim.x) {
+  const int64_t d = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (d < hidden) {
     float sum = shared_out[t * hidden + d];
     for (int i = 0; i < top_k; ++i) {
       const int64_t pair = t * top_k + order[i];
@@ -374,8 +375,10 @@ void moe_combine(float* x, const float* shared_out, const float* expert_out, con
                  cudaStream_t stream) {
   if (n == 0) return;
   GLMS_CHECK(top_k <= 64, "moe_combine: at most top-64");
-  moe_combine_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(x, shared_out, expert_out, pair_slot, expert_ids,
-                                                                   expert_weights, top_k, hidden);
+  // A block per (token, 256 dims): a lone decode token still spreads over the GPU.
+  const dim3 grid(static_cast<unsigned>(n), blocks_for(hidden, 256));
+  moe_combine_kernel<<<grid, 256, 0, stream>>>(x, shared_out, expert_out, pair_slot, expert_ids, expert_weights, top_k,
+                                               hidden);
   check(cudaGetLastError(), "moe_combine launch");
 }
 
