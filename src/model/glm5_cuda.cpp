@@ -137,7 +137,7 @@ struct CudaGlm5Model::Impl {
       o_bf16, heads_out, heads_bf16, index_q, index_k, index_w, scores, selected, num_selected,
       mlp_gate_up, mlp_act, router_logits, expert_ids, expert_weights, plan_counts, plan_offsets, plan_active,
       plan_num_active, sorted_pairs, pair_slot, shared_out, pair_x, pair_gate_up, pair_act, expert_out, head_in,
-      logits, prefill_context, prefill_queries, prefill_scores, prefill_probs, gathered_rows;
+      logits, prefill_context, prefill_queries, prefill_scores, prefill_probs, gathered_rows, gathered_keys;
   int64_t gathered_capacity = 0;  // bf16 elements of gathered_rows
   int64_t prefill_score_capacity = 0;  // floats
   const ForwardBatch* batch = nullptr;  // the step being run (host view; null inside graph capture)
@@ -155,6 +155,26 @@ struct CudaGlm5Model::Impl {
   void attention(const DecoderLayerDevice& layer, int l, const StepShape& shape);
   void moe(const DecoderLayerDevice& layer, const StepShape& shape);
   void prefill_attention(int sequence, int l, float scale);
+
+  // Splits the step's tokens for the attention and indexer paths: long_sequence(index) for each
+  // sequence with kPrefillGemmTokens or more tokens, short_run(first, count) for each run of
+  // other tokens between them, in token order. Inside graph capture, one run of all tokens.
+  template <typename ShortRun, typename LongSequence>
+  void split_by_chunk_length(const StepShape& shape, ShortRun short_run, LongSequence long_sequence) const {
+    if (!batch || !shape.host_sync_ok) {
+      short_run(0, shape.num_tokens);
+      return;
+    }
+    int run_start = 0;
+    for (size_t index = 0; index < batch->sequences.size(); ++index) {
+      const SequenceSlice& seq = batch->sequences[index];
+      if (seq.num_tokens < kPrefillGemmTokens) continue;
+      if (seq.first_token > run_start) short_run(run_start, seq.first_token - run_start);
+      long_sequence(static_cast<int>(index));
+      run_start = seq.first_token + seq.num_tokens;
+    }
+    if (shape.num_tokens > run_start) short_run(run_start, shape.num_tokens - run_start);
+  }
   void dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out);
   StepShape shape_of(const ForwardBatch& batch) const;
   void launch(const ForwardBatch& batch, bool use_graph);
@@ -223,6 +243,7 @@ void CudaGlm5Model::Impl::allocate() {
   // Selected rows of up to 256 tokens at a time (decode batches; larger ones go in chunks).
   gathered_capacity = std::min<int64_t>(T, 256) * std::min(options.max_context, c.index_topk) * (L + rd);
   gathered_rows = bf16(gathered_capacity);
+  gathered_keys = f32(int64_t{options.max_context} * c.index_head_dim);
   offsets_host = cuda::PinnedBuffer(sizeof(int32_t) * (E + 1));
   staging = cuda::PinnedBuffer(meta.total);
   metadata = DeviceBuffer(meta.total);
@@ -373,7 +394,25 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
     args.max_context = shape.max_context;
     args.scores = as<float>(scores);
     args.score_stride = options.max_context;
-    cuda::indexer_scores(args, s);
+    cuda::IndexerGemmWorkspace workspace;
+    workspace.keys = as<float>(gathered_keys);
+    workspace.head_scores = as<float>(prefill_scores);
+    workspace.head_score_elements = prefill_score_capacity;
+    split_by_chunk_length(
+        shape,
+        [&](int first, int count) {
+          args.first_token = first;
+          args.launch_tokens = count;
+          cuda::indexer_scores(args, s);
+        },
+        [&](int index) {
+          const SequenceSlice& seq = batch->sequences[index];
+          cuda::IndexerScoreArgs chunk = args;
+          chunk.first_token = seq.first_token;
+          chunk.launch_tokens = seq.num_tokens;
+          cuda::indexer_scores_gemm(chunk, block_tables + int64_t{index} * max_blocks, seq.context_len, workspace, gemm,
+                                    s);
+        });
     cuda::select_top_k(as<float>(scores), options.max_context, positions, T, c.index_topk, as<int32_t>(selected),
                        c.index_topk, as<int32_t>(num_selected), s);
     timer.mark("attention.indexer", s);
@@ -412,28 +451,16 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   gather.probs = as<uint16_t>(prefill_probs);
   gather.score_elements = prefill_score_capacity;
   const int max_selected_in_step = std::min(shape.max_context, c.index_topk);
-  if (!batch || !shape.host_sync_ok) {
-    cuda::mla_attention_gathered(args, max_selected_in_step, gather, gemm, s);
-  } else {
-    // Long prefill chunks attend over their gathered context; each run of other tokens over
-    // its own gathered selections.
-    int run_start = 0;
-    auto flush = [&](int end) {
-      if (end > run_start) {
-        args.first_token = run_start;
-        args.launch_tokens = end - run_start;
+  // Long prefill chunks attend over their gathered context; other tokens over their own
+  // gathered selections.
+  split_by_chunk_length(
+      shape,
+      [&](int first, int count) {
+        args.first_token = first;
+        args.launch_tokens = count;
         cuda::mla_attention_gathered(args, max_selected_in_step, gather, gemm, s);
-      }
-    };
-    for (size_t index = 0; index < batch->sequences.size(); ++index) {
-      const SequenceSlice& seq = batch->sequences[index];
-      if (seq.num_tokens < kPrefillGemmTokens) continue;
-      flush(seq.first_token);
-      prefill_attention(static_cast<int>(index), l, args.scale);
-      run_start = seq.first_token + seq.num_tokens;
-    }
-    flush(T);
-  }
+      },
+      [&](int index) { prefill_attention(index, l, args.scale); });
   timer.mark("attention.core", s);
 
   // Un-absorb W_uv per head, then o_proj.

@@ -235,7 +235,18 @@ TEST_F(CudaAttention, IndexerScoresMatchCpu) {
     a.scores = dscores.as<float>();
     a.score_stride = stride;
     cuda::indexer_scores(a, nullptr);
-    const auto scores = to_host<float>(dscores, int64_t{T} * stride);
+    auto scores = to_host<float>(dscores, int64_t{T} * stride);
+    // The GEMM path for sequence 0's two tokens (a prefill chunk of it), into fresh scores.
+    auto dscores_gemm = to_device(std::vector<float>(int64_t{T} * stride, NAN));
+    cuda::DeviceBuffer gathered_keys(5000 * dim * sizeof(float)), head_scores(2 * heads * 5000 * sizeof(float));
+    cuda::IndexerGemmWorkspace workspace{gathered_keys.as<float>(), head_scores.as<float>(), int64_t{heads} * 5000};  // one token a chunk
+    cuda::IndexerScoreArgs chunk = a;
+    chunk.scores = dscores_gemm.as<float>();
+    chunk.first_token = 0;
+    chunk.launch_tokens = 2;
+    cuda::Gemm gemm;
+    cuda::indexer_scores_gemm(chunk, dtables.as<int32_t>(), 5000, workspace, gemm, nullptr);
+    const auto scores_gemm = to_host<float>(dscores_gemm, int64_t{T} * stride);
     for (int t = 0; t < T; ++t) {
       const int context = positions[t] + 1;
       if (context <= top_k) continue;  // not scored: such tokens select every position
@@ -252,6 +263,9 @@ TEST_F(CudaAttention, IndexerScoresMatchCpu) {
       }
       EXPECT_LT(relative_l2(scores.data() + int64_t{t} * stride, expected.data(), context), 1e-5)
           << heads << " heads, token " << t;
+      if (t < 2)
+        EXPECT_LT(relative_l2(scores_gemm.data() + int64_t{t} * stride, expected.data(), context), 1e-5)
+            << heads << " heads, token " << t << ", GEMM path";
     }
   }
 }

@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(IndexerSco
   float* keys = w + H;                        // [kKeyTile, key_stride]
   float* partial = keys + kKeyTile * key_stride;  // [kHeadQuarters, kKeyTile]
 
-  const int t = blockIdx.x;
+  const int t = a.first_token + blockIdx.x;
   const int context = a.positions[t] + 1;
   if (context <= a.top_k) return;
   for (int i = threadIdx.x; i < H * D; i += kScoreThreads) q[i] = a.queries[static_cast<int64_t>(t) * H * D + i];
@@ -150,10 +150,51 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores
   if (threadIdx.x == 0) num_selected[t] = top_k;
 }
 
+__global__ void gather_keys_kernel(const float* key_cache, const int32_t* block_table, int block_size, int dim,
+                                   float* out) {
+  const int j = blockIdx.x;
+  const float* src = key_cache + (static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size) * dim;
+  for (int k = threadIdx.x; k < dim; k += blockDim.x) out[static_cast<int64_t>(j) * dim + k] = src[k];
+}
+
+// Block (chunk token i, 256 positions): scores[t, j] = sum_h relu(S[i, h, j] * softmax_scale) *
+// w[t, h] * head_scale over the causal positions of tokens past top-k.
+__global__ void reduce_head_scores_kernel(IndexerScoreArgs a, int first, int context, const float* head_scores) {
+  const int i = blockIdx.x, t = first + i;
+  const int j = blockIdx.y * blockDim.x + threadIdx.x;
+  const int causal = a.positions[t] + 1;
+  if (causal <= a.top_k || j >= causal || j >= context) return;
+  const float* s = head_scores + static_cast<int64_t>(i) * a.heads * context + j;
+  const float* w = a.head_weights + static_cast<int64_t>(t) * a.heads;
+  float score = 0.0f;
+  for (int h = 0; h < a.heads; ++h) score += fmaxf(s[static_cast<int64_t>(h) * context] * a.softmax_scale, 0.0f) * (w[h] * a.head_scale);
+  a.scores[static_cast<int64_t>(t) * a.score_stride + j] = score;
+}
+
 }  // namespace
 
+void indexer_scores_gemm(const IndexerScoreArgs& a, const int32_t* block_table, int context,
+                         const IndexerGemmWorkspace& w, Gemm& gemm, cudaStream_t stream) {
+  const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
+  if (launch_tokens <= 0 || context <= a.top_k) return;
+  gather_keys_kernel<<<context, 128, 0, stream>>>(a.key_cache, block_table, a.block_size, a.dim, w.keys);
+  check(cudaGetLastError(), "gather_keys launch");
+  const int64_t per_token = int64_t{a.heads} * context;
+  const int chunk = static_cast<int>(std::min<int64_t>(launch_tokens, w.head_score_elements / per_token));
+  GLMS_CHECK(chunk >= 1, "indexer_scores_gemm: the workspace holds no token");
+  for (int done = 0; done < launch_tokens; done += chunk) {
+    const int n = std::min(chunk, launch_tokens - done), first = a.first_token + done;
+    // head_scores[(i, h), j] = q[first + i, h] . key[j]   [n * heads, context]
+    gemm.linear_f32(a.queries + int64_t{first} * a.heads * a.dim, int64_t{n} * a.heads, w.keys, context, a.dim,
+                    w.head_scores, stream);
+    reduce_head_scores_kernel<<<dim3(n, (context + 255) / 256), 256, 0, stream>>>(a, first, context, w.head_scores);
+    check(cudaGetLastError(), "reduce_head_scores launch");
+  }
+}
+
 void indexer_scores(const IndexerScoreArgs& a, cudaStream_t stream) {
-  if (a.num_tokens == 0 || a.max_context <= a.top_k) return;
+  const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
+  if (launch_tokens <= 0 || a.max_context <= a.top_k) return;
   const int key_stride = a.dim % 2 == 1 ? a.dim : a.dim + 1;
   const size_t shared = sizeof(float) * (static_cast<size_t>(a.heads) * a.dim + a.heads +
                                          static_cast<size_t>(kKeyTile) * key_stride + kHeadQuarters * kKeyTile);
@@ -161,8 +202,8 @@ void indexer_scores(const IndexerScoreArgs& a, cudaStream_t stream) {
         "indexer_scores shared memory");
   // Enough key tiles per token to fill the GPU, each block looping over every gridDim.y-th tile.
   const int tiles = (a.max_context + kKeyTile - 1) / kKeyTile;
-  const int per_token = std::clamp(512 / std::max(a.num_tokens, 1), 1, tiles);
-  const dim3 grid(a.num_tokens, per_token);
+  const int per_token = std::clamp(512 / launch_tokens, 1, tiles);
+  const dim3 grid(launch_tokens, per_token);
   indexer_score_kernel<<<grid, kScoreThreads, shared, stream>>>(a, key_stride);
   check(cudaGetLastError(), "indexer_scores launch");
 }

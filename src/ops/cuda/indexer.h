@@ -25,8 +25,25 @@ struct IndexerScoreArgs {
   int max_context = 0;       // the batch's largest context (sizes the grid)
   float* scores = nullptr;   // [T, score_stride]: sum_h relu(q_h . k * softmax_scale) * w_h * head_scale
   int64_t score_stride = 0;
+  int first_token = 0, launch_tokens = -1;  // tokens [first, first + launch) (-1: all) are scored
 };
 void indexer_scores(const IndexerScoreArgs& args, cudaStream_t stream);
+
+class Gemm;
+
+// Buffers of indexer_scores_gemm: keys [context, dim] fp32; head_scores `head_score_elements` fp32.
+struct IndexerGemmWorkspace {
+  float* keys = nullptr;
+  float* head_scores = nullptr;
+  int64_t head_score_elements = 0;
+};
+
+// The same scores for a prefill chunk of one sequence (tokens [first_token, first_token +
+// launch_tokens), whose context is positions 0..context-1 of `block_table`, a device row): the
+// sequence's keys are gathered once, one fp32 GEMM scores every (token, head) against every key,
+// and a reduction applies relu, the head weights and the sum over heads (causal positions only).
+void indexer_scores_gemm(const IndexerScoreArgs& args, const int32_t* block_table, int context,
+                         const IndexerGemmWorkspace& workspace, Gemm& gemm, cudaStream_t stream);
 
 // Per token, the `top_k` largest of scores[t, 0..positions[t]] (ties: lower position first),
 // written in increasing position order to selected[t, :] with num_selected[t] = top_k; tokens
