@@ -28,25 +28,46 @@ class CudaOps : public ::testing::Test {
 
 }  // namespace
 
-TEST_F(CudaOps, RmsNormMatchesCpu) {
+namespace {
+
+std::vector<uint16_t> to_bf16_host(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
+  return out;
+}
+
+std::vector<float> widen(const std::vector<uint16_t>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_f32(v[i]);
+  return out;
+}
+
+}  // namespace
+
+TEST_F(CudaOps, RmsNormWithoutResidualMatchesCpu) {
   for (auto [n, dim] : {std::pair{1, 7}, {3, 257}, {17, 6144}, {64, 2048}}) {
     const auto x = random_values(n * dim, n + dim, 3.0f), w = random_values(dim, 7);
     std::vector<float> expected(n * dim);
     ops::rms_norm(x.data(), n, dim, w.data(), 1e-6f, expected.data());
     auto dx = to_device(x), dw = to_device(w), dy = poisoned(n * dim);
-    cuda::rms_norm(dx.as<float>(), n, dim, dw.as<float>(), 1e-6f, dy.as<float>(), nullptr);
+    cuda::residual_rms_norm(dx.as<float>(), nullptr, n, dim, dw.as<float>(), 1e-6f, dy.as<float>(), nullptr, nullptr);
     EXPECT_LT(relative_l2(to_host<float>(dy), expected), 1e-6) << n << "x" << dim;
   }
 }
 
 TEST_F(CudaOps, SiluMulAndRopeMatchCpu) {
-  const int n = 37, row = 3 * 80, rope_dim = 64, offset = 16;
-  const auto gate = random_values(n * row, 1), up = random_values(n * row, 2);
-  std::vector<float> expected(n * row);
-  ops::silu_mul(gate.data(), up.data(), expected.data(), n * row);
-  auto dg = to_device(gate), du = to_device(up), dout = poisoned(n * row);
-  cuda::silu_mul(dg.as<float>(), du.as<float>(), dout.as<float>(), n * row, nullptr);
-  EXPECT_LT(relative_l2(to_host<float>(dout), expected), 1e-6);
+  const int n = 37, heads = 3, head_stride = 80, row = heads * head_stride, rope_dim = 64, offset = 16;
+  // Gate and up side by side per token, as the fused gate||up GEMM writes them.
+  const int inter = 101;
+  const auto gate_up = random_values(n * 2 * inter, 1, 2.0f);
+  std::vector<float> expected(n * inter);
+  for (int t = 0; t < n; ++t)
+    ops::silu_mul(gate_up.data() + t * 2 * inter, gate_up.data() + t * 2 * inter + inter, expected.data() + t * inter,
+                  inter);
+  auto dgu = to_device(gate_up);
+  cuda::DeviceBuffer dout(n * inter * sizeof(uint16_t));
+  cuda::silu_mul_to_bf16(dgu.as<float>(), n, inter, dout.as<uint16_t>(), nullptr);
+  EXPECT_LT(relative_l2(widen(to_host<uint16_t>(dout)), expected), 4e-3);
 
   ops::RopeTable table;
   table.rope_dim = rope_dim;
@@ -59,9 +80,11 @@ TEST_F(CudaOps, SiluMulAndRopeMatchCpu) {
   std::vector<float> cos(rope_dim / 2), sin(rope_dim / 2);
   for (int t = 0; t < n; ++t) {
     table.angles(positions[t], cos.data(), sin.data());
-    ops::rope_interleaved(x.data() + t * row + offset, rope_dim, cos.data(), sin.data());
+    for (int h = 0; h < heads; ++h)
+      ops::rope_interleaved(x.data() + t * row + h * head_stride + offset, rope_dim, cos.data(), sin.data());
   }
-  cuda::rope_interleaved(dx.as<float>(), n, row, offset, rope_dim, dpos.as<int32_t>(), dfreq.as<float>(), nullptr);
+  cuda::rope_rows(dx.as<float>(), n, heads, head_stride, offset, rope_dim, dpos.as<int32_t>(), dfreq.as<float>(),
+                  nullptr);
   EXPECT_LT(relative_l2(to_host<float>(dx), x), 1e-5);
 }
 
@@ -92,21 +115,6 @@ TEST_F(CudaOps, ToBf16RoundsLikeTheCpu) {
   for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(y[i], f32_to_bf16(x[i])) << i;
 }
 
-namespace {
-
-std::vector<uint16_t> to_bf16_host(const std::vector<float>& v) {
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
-  return out;
-}
-
-std::vector<float> widen(const std::vector<uint16_t>& v) {
-  std::vector<float> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_f32(v[i]);
-  return out;
-}
-
-}  // namespace
 
 TEST_F(CudaOps, ResidualRmsNormAddsThenNormalises) {
   for (auto [n, dim] : {std::pair{1, 40}, {5, 6144}}) {

@@ -1,7 +1,8 @@
-// CUDA implementations of the op API's elementwise ops and the bf16 linear, over device
-// buffers. All functions take device pointers, enqueue on `stream`, and check every CUDA call
-// (a failure throws glms::Error naming the call). Parity with ops/cpu is tested in
-// tests/ops/test_cuda_ops.cpp.
+// The CUDA backend's basics: device and pinned buffers, streams, events and graphs, the
+// elementwise kernels of the CUDA forward pass (norms, RoPE, SwiGLU, cache writes, fills) and
+// the cuBLAS GEMMs. Functions take device pointers, enqueue on `stream`, and check every CUDA
+// call (a failure throws glms::Error naming the call). Parity with ops/cpu is tested in
+// tests/ops/test_cuda_ops.cpp. Attention, indexer and MoE kernels have their own headers.
 #pragma once
 
 #include <cstddef>
@@ -116,14 +117,6 @@ void synchronize_device();
 // Free and total device memory in bytes.
 std::pair<size_t, size_t> memory_info();
 
-// y[n, dim] = x * rsqrt(mean(x^2) + eps) * weight, one block per row; in-place allowed.
-void rms_norm(const float* x, int64_t n, int64_t dim, const float* weight, float eps, float* y, cudaStream_t stream);
-// out[i] = silu(gate[i]) * up[i].
-void silu_mul(const float* gate, const float* up, float* out, int64_t count, cudaStream_t stream);
-// Interleaved-pair RoPE on rows of `x` [n, row_stride]: the `rope_dim` values at column
-// `offset` of row t rotate by positions[t] * inv_freq[i] (inv_freq on the device, [rope_dim/2]).
-void rope_interleaved(float* x, int64_t n, int64_t row_stride, int64_t offset, int rope_dim, const int32_t* positions,
-                      const float* inv_freq, cudaStream_t stream);
 // fp32 -> bf16 (round to nearest even), for activations entering bf16 GEMMs.
 void to_bf16(const float* x, uint16_t* y, int64_t count, cudaStream_t stream);
 

@@ -14,11 +14,6 @@ namespace {
 
 constexpr int kNormThreads = 256;
 
-__global__ void silu_mul_kernel(const float* gate, const float* up, float* out, int64_t count) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < count) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
-}
-
 // Rotates one interleaved pair (v[0], v[1]) by `angle`, as ops::rope_interleaved does.
 __device__ __forceinline__ void rotate_pair(float* v, float angle) {
   float s, c;
@@ -194,22 +189,6 @@ void DeviceBuffer::upload(const void* host, size_t bytes) {
 void DeviceBuffer::download(void* host, size_t bytes) const {
   GLMS_CHECK(bytes <= bytes_, "download larger than the buffer");
   check(cudaMemcpy(host, data_, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to host");
-}
-
-void rms_norm(const float* x, int64_t n, int64_t dim, const float* weight, float eps, float* y, cudaStream_t stream) {
-  // Without a delta the residual kernel only reads x.
-  residual_rms_norm(const_cast<float*>(x), nullptr, n, dim, weight, eps, y, nullptr, stream);
-}
-
-void silu_mul(const float* gate, const float* up, float* out, int64_t count, cudaStream_t stream) {
-  if (count == 0) return;
-  silu_mul_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(gate, up, out, count);
-  check(cudaGetLastError(), "silu_mul launch");
-}
-
-void rope_interleaved(float* x, int64_t n, int64_t row_stride, int64_t offset, int rope_dim, const int32_t* positions,
-                      const float* inv_freq, cudaStream_t stream) {
-  rope_rows(x, n, 1, row_stride, offset, rope_dim, positions, inv_freq, stream);
 }
 
 void rope_rows(float* x, int64_t n, int heads, int64_t row_stride, int64_t offset, int rope_dim,
