@@ -533,7 +533,7 @@ void CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const StepShape& 
   const uint16_t* gate_up = as<uint16_t>(m.experts_gate_up);
   const uint16_t* down = as<uint16_t>(m.experts_down);
   if (P <= int64_t{kSmallMoePairsPerExpert} * E || !shape.host_sync_ok) {
-    cuda::moe_experts_small(as<uint16_t>(normed_bf16), hidden, inter, gate_up, down, plan, K, T,
+    cuda::moe_experts_small(as<uint16_t>(normed_bf16), hidden, inter, gate_up, down, plan, E, K, T,
                             static_cast<int>(std::min<int64_t>(E, P)), as<uint16_t>(pair_act), as<float>(expert_out), s);
   } else {
     // Per-expert GEMMs over the grouped rows; the group offsets come back to the host first.

@@ -172,9 +172,10 @@ class Gemm {
   // y[n, rows] (fp32) = x[n, cols] (bf16) . w[rows, cols]^T (bf16).
   void linear(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* y,
               cudaStream_t stream, int64_t ld_x = 0, int64_t ld_y = 0);
-  // The same in fp32 throughout (the MoE router, whose scores stay fp32).
+  // The same in fp32 throughout (the MoE router, whose scores stay fp32). With `tf32`, the
+  // products run on tensor cores with inputs rounded to TF32 (10-bit mantissa), fp32 sums.
   void linear_f32(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y,
-                  cudaStream_t stream);
+                  cudaStream_t stream, bool tf32 = false);
   // `batch` independent bf16 products, operand b at x + b * stride_x, w + b * stride_w,
   // y + b * stride_y. transpose_w false: y[n, rows] = x[n, cols] . w^T;
   // true: y[n, cols] = x[n, rows] . w. w is [rows, cols] with leading dimension ld_w.

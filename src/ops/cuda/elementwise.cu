@@ -217,7 +217,10 @@ void embed_rows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t di
 void residual_rms_norm(float* x, const float* delta, int64_t n, int64_t dim, const float* weight, float eps,
                        float* y_f32, uint16_t* y_bf16, cudaStream_t stream) {
   if (n == 0) return;
-  residual_rms_norm_kernel<<<static_cast<unsigned>(n), kNormThreads, 0, stream>>>(x, delta, dim, weight, eps, y_f32,
+  // A row's loads are independent: enough threads that each issues a handful (a lone decode
+  // row of 6144 values is otherwise a long chain of dependent-latency loops on one SM).
+  const int threads = static_cast<int>(std::clamp<int64_t>((dim / 8 + 31) / 32 * 32, kNormThreads, 1024));
+  residual_rms_norm_kernel<<<static_cast<unsigned>(n), threads, 0, stream>>>(x, delta, dim, weight, eps, y_f32,
                                                                                    y_bf16);
   check(cudaGetLastError(), "residual_rms_norm launch");
 }

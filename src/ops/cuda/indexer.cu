@@ -186,7 +186,7 @@ void indexer_scores_gemm(const IndexerScoreArgs& a, const int32_t* block_table, 
     const int n = std::min(chunk, launch_tokens - done), first = a.first_token + done;
     // head_scores[(i, h), j] = q[first + i, h] . key[j]   [n * heads, context]
     gemm.linear_f32(a.queries + int64_t{first} * a.heads * a.dim, int64_t{n} * a.heads, w.keys, context, a.dim,
-                    w.head_scores, stream);
+                    w.head_scores, stream, /*tf32=*/true);
     reduce_head_scores_kernel<<<dim3(n, (context + 255) / 256), 256, 0, stream>>>(a, first, context, w.head_scores);
     check(cudaGetLastError(), "reduce_head_scores launch");
   }

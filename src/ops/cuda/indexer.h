@@ -40,8 +40,10 @@ struct IndexerGemmWorkspace {
 
 // The same scores for a prefill chunk of one sequence (tokens [first_token, first_token +
 // launch_tokens), whose context is positions 0..context-1 of `block_table`, a device row): the
-// sequence's keys are gathered once, one fp32 GEMM scores every (token, head) against every key,
-// and a reduction applies relu, the head weights and the sum over heads (causal positions only).
+// sequence's keys are gathered once, one GEMM on TF32 tensor cores (fp32 sums) scores every
+// (token, head) against every key, and a reduction applies relu, the head weights and the sum
+// over heads (causal positions only). TF32 moves scores by about 1e-3 relative: only the top-k
+// of near-tied positions can differ from the fp32 kernel's.
 void indexer_scores_gemm(const IndexerScoreArgs& args, const int32_t* block_table, int context,
                          const IndexerGemmWorkspace& workspace, Gemm& gemm, cudaStream_t stream);
 

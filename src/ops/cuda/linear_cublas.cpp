@@ -48,14 +48,14 @@ void Gemm::linear(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows,
 }
 
 void Gemm::linear_f32(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, bool tf32) {
   if (n == 0 || rows == 0) return;
   auto handle = static_cast<cublasHandle_t>(handle_);
   check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
   const float alpha = 1.0f, beta = 0.0f;
   check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, narrow(rows), narrow(n), narrow(cols), &alpha, w,
                             CUDA_R_32F, narrow(cols), x, CUDA_R_32F, narrow(cols), &beta, y, CUDA_R_32F, narrow(rows),
-                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                            tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "cublasGemmEx (fp32 linear)");
 }
 

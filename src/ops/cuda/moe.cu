@@ -347,13 +347,15 @@ void moe_plan(const int32_t* expert_ids, int64_t num_pairs, int num_experts, con
 }
 
 void moe_experts_small(const uint16_t* x, int64_t hidden, int64_t inter, const uint16_t* gate_up,
-                       const uint16_t* down, const MoePlan& plan, int top_k, int num_tokens, int max_active,
+                       const uint16_t* down, const MoePlan& plan, int num_experts, int top_k, int num_tokens, int max_active,
                        uint16_t* act, float* expert_out, cudaStream_t stream) {
   if (max_active <= 0) return;
-  // An expert holds at most one pair per token: stage no more tokens at a time than the batch
-  // has (shared memory, and accumulator registers per lane).
   const bool vector = hidden % 8 == 0 && inter % 8 == 0;
-  const int tokens = num_tokens;
+  // Tokens staged at a time: about the pairs an expert gets on average (rounded up to 1, 4 or
+  // 8), not the batch size: staging shared memory limits blocks per SM, and a streaming GEMV
+  // needs many blocks in flight; an expert with more pairs loops over chunks (weights from L2).
+  const int64_t pairs_per_expert = (int64_t{num_tokens} * top_k + num_experts - 1) / std::max(1, num_experts);
+  const int tokens = static_cast<int>(std::min<int64_t>(pairs_per_expert, num_tokens));
   auto run = [&](auto tokens_tag, auto vector_tag) {
     launch_experts<decltype(tokens_tag)::value, decltype(vector_tag)::value>(x, hidden, inter, gate_up, down, plan,
                                                                              top_k, max_active, act, expert_out, stream);

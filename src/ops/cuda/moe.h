@@ -43,9 +43,9 @@ void moe_plan(const int32_t* expert_ids, int64_t num_pairs, int num_experts, con
 // expert_out[s, :] = down_e . act[s, :]. gate_up: [E, 2 * inter, hidden] bf16 (gate rows, then
 // up rows); down: [E, hidden, inter] bf16; x: [n, hidden] bf16; act: [num_pairs, inter] bf16;
 // expert_out: [num_pairs, hidden] fp32. `max_active` bounds the experts with pairs (grid
-// size), `num_tokens` the batch (an expert has at most one pair per token).
+// size); `num_tokens` is the batch (an expert has at most one pair per token).
 void moe_experts_small(const uint16_t* x, int64_t hidden, int64_t inter, const uint16_t* gate_up,
-                       const uint16_t* down, const MoePlan& plan, int top_k, int num_tokens, int max_active,
+                       const uint16_t* down, const MoePlan& plan, int num_experts, int top_k, int num_tokens, int max_active,
                        uint16_t* act, float* expert_out, cudaStream_t stream);
 
 // x[t] += shared_out[t] + sum over the token's experts (in increasing expert id) of
