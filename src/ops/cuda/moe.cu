@@ -351,11 +351,13 @@ void moe_experts_small(const uint16_t* x, int64_t hidden, int64_t inter, const u
                        uint16_t* act, float* expert_out, cudaStream_t stream) {
   if (max_active <= 0) return;
   const bool vector = hidden % 8 == 0 && inter % 8 == 0;
-  // Tokens staged at a time: about the pairs an expert gets on average (rounded up to 1, 4 or
-  // 8), not the batch size: staging shared memory limits blocks per SM, and a streaming GEMV
-  // needs many blocks in flight; an expert with more pairs loops over chunks (weights from L2).
-  const int64_t pairs_per_expert = (int64_t{num_tokens} * top_k + num_experts - 1) / std::max(1, num_experts);
-  const int tokens = static_cast<int>(std::min<int64_t>(pairs_per_expert, num_tokens));
+  // Tokens staged at a time: from the pairs an expert gets on average, not the batch size.
+  // Staging shared memory caps the blocks in flight a streaming GEMV needs, while an expert
+  // with more pairs than staged re-reads its weights per chunk. Measured at GLM-5.2 width on
+  // the H200 (bench-step): 1 below half a pair per expert (batch <= 16), 4 up to 4 pairs
+  // (batch 32-128; 8 was slower at 64 and 128), else 8.
+  const double pairs_per_expert = static_cast<double>(num_tokens) * top_k / std::max(1, num_experts);
+  const int tokens = pairs_per_expert <= 0.5 ? 1 : pairs_per_expert <= 4.0 ? 4 : 8;
   auto run = [&](auto tokens_tag, auto vector_tag) {
     launch_experts<decltype(tokens_tag)::value, decltype(vector_tag)::value>(x, hidden, inter, gate_up, down, plan,
                                                                              top_k, max_active, act, expert_out, stream);
