@@ -37,7 +37,6 @@ struct Engine::Impl {
 
   std::unique_ptr<model::StepRunner> runner;  // the model and its paged cache
   EngineConfig config;
-  int num_blocks;
   kv::BlockPool pool;
   kv::PrefixCache prefix_cache;
 
@@ -101,17 +100,16 @@ void fill_logprobs(const float* logits, int vocab, int top, GeneratedToken& out)
 Engine::Impl::Impl(std::unique_ptr<model::StepRunner> r, EngineConfig c)
     : runner(std::move(r)),
       config(resolve(runner->config(), c)),
-      num_blocks(default_num_blocks(*runner, config)),
-      pool(num_blocks),
+      pool(default_num_blocks(*runner, config)),
       prefix_cache(pool, config.block_size) {
   model::CacheShape shape;
   shape.block_size = config.block_size;
-  shape.num_blocks = num_blocks;
+  shape.num_blocks = pool.num_blocks();
   shape.max_tokens = config.max_batch_tokens;
   shape.max_sequences = config.max_num_seqs;
   shape.max_context = config.max_model_len;
   runner->allocate(shape);
-  counters.num_blocks = num_blocks;
+  counters.num_blocks = pool.num_blocks();
   thread = std::thread([this] { loop(); });
 }
 

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 #include <map>
-#include <optional>
 #include <string>
 
 #include "core/dtype.h"
@@ -256,9 +255,7 @@ void CudaGlm5Model::Impl::allocate() {
 
   // The cache gets what is left, less a margin for cuBLAS and the CUDA context.
   const int64_t row_bytes = sizeof(uint16_t) * (L + rd);
-  int64_t bytes_per_slot = 0;
-  for (int l = 0; l < c.num_hidden_layers; ++l)
-    bytes_per_slot += row_bytes + (c.indexer_full[l] ? int64_t{sizeof(float)} * c.index_head_dim : 0);
+  const int64_t bytes_per_slot = cuda_cache_bytes_per_token(c);
   int num_blocks = options.num_blocks;
   if (num_blocks <= 0) {
     const auto [free_bytes, total_bytes] = cuda::memory_info();
@@ -613,7 +610,8 @@ void CudaGlm5Model::Impl::launch(const ForwardBatch& step, bool use_graph) {
     run_step(shape);
     return;
   }
-  // Graphs are keyed by batch size alone: their grids are sized for the longest context allowed.
+  // Graphs are keyed by the step's sizes (tokens, sequences, logits rows); their grids are
+  // sized for the longest context allowed, so that any decode step of those sizes replays.
   shape.max_context = options.max_context;
   shape.host_sync_ok = false;
   std::unique_ptr<cuda::Graph>& graph = graphs[shape];
@@ -627,6 +625,11 @@ void CudaGlm5Model::Impl::launch(const ForwardBatch& step, bool use_graph) {
     timer.enabled = timing;
   }
   graph->launch(stream.get());
+}
+
+int64_t cuda_cache_bytes_per_token(const io::ModelConfig& c) {
+  return int64_t{sizeof(uint16_t)} * (c.kv_lora_rank + c.qk_rope_head_dim) * c.num_hidden_layers +
+         int64_t{sizeof(float)} * c.index_head_dim * c.num_full_indexer_layers();
 }
 
 CudaGlm5Model::CudaGlm5Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -694,57 +697,6 @@ void CudaGlm5Model::fill_cache_random(uint64_t seed) {
                            impl_->stream.get());
   }
   impl_->stream.synchronize();
-}
-
-namespace {
-
-class CudaRunner : public StepRunner {
- public:
-  CudaRunner(io::ModelConfig config, std::optional<ModelWeights> weights, uint64_t seed)
-      : config_(std::move(config)), weights_(std::move(weights)), seed_(seed) {
-    check_cuda_supported(config_);
-  }
-  const io::ModelConfig& config() const override { return config_; }
-  std::string device() const override { return "cuda"; }
-  int64_t cache_bytes_per_token() const override {
-    const int64_t row = int64_t{sizeof(uint16_t)} * (config_.kv_lora_rank + config_.qk_rope_head_dim);
-    return row * config_.num_hidden_layers +
-           int64_t{sizeof(float)} * config_.index_head_dim * config_.num_full_indexer_layers();
-  }
-  void allocate(const CacheShape& shape) override {
-    CudaModelOptions options;
-    options.block_size = shape.block_size;
-    options.num_blocks = shape.num_blocks;
-    options.max_tokens = shape.max_tokens;
-    options.max_sequences = shape.max_sequences;
-    options.max_context = shape.max_context;
-    options.max_logits = shape.max_sequences;
-    model_.reset();
-    if (weights_) model_ = std::make_unique<CudaGlm5Model>(*weights_, options);
-    else model_ = CudaGlm5Model::synthetic(config_, seed_, options);
-  }
-  std::vector<float> forward(const ForwardBatch& batch, ForwardTrace* trace) override {
-    GLMS_CHECK(model_ != nullptr, "StepRunner::forward before allocate");
-    if (trace) fail("the CUDA runner does not record hidden states (MTP drafting runs on the CPU model)");
-    return model_->forward(batch, /*use_graph=*/true);
-  }
-
- private:
-  io::ModelConfig config_;
-  std::optional<ModelWeights> weights_;
-  uint64_t seed_;
-  std::unique_ptr<CudaGlm5Model> model_;
-};
-
-}  // namespace
-
-std::unique_ptr<StepRunner> make_cuda_runner(ModelWeights weights) {
-  io::ModelConfig config = weights.config;
-  return std::make_unique<CudaRunner>(std::move(config), std::move(weights), 0);
-}
-
-std::unique_ptr<StepRunner> make_synthetic_cuda_runner(const io::ModelConfig& config, uint64_t seed) {
-  return std::make_unique<CudaRunner>(config, std::nullopt, seed);
 }
 
 }  // namespace glms::model

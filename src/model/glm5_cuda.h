@@ -73,6 +73,10 @@ class CudaGlm5Model {
   std::unique_ptr<Impl> impl_;
 };
 
+// Device bytes one token's cache rows take: bf16 latent + rope rows on every layer, fp32
+// indexer keys on full layers.
+int64_t cuda_cache_bytes_per_token(const io::ModelConfig& config);
+
 // StepRunners over CudaGlm5Model: for a loaded checkpoint (kept mapped until allocate() uploads
 // it), or for seeded synthetic weights of `config`. allocate() builds the model with the
 // cache shape asked for (a second call with another shape builds it again).

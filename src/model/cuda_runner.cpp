@@ -1,0 +1,59 @@
+// The CUDA StepRunner: CudaGlm5Model behind the interface the engine and generate() use.
+#include <algorithm>
+#include <optional>
+
+#include "core/error.h"
+#include "model/glm5.h"
+#include "model/glm5_cuda.h"
+#include "model/glm5_cuda_weights.h"
+
+namespace glms::model {
+
+namespace {
+
+class CudaRunner : public StepRunner {
+ public:
+  CudaRunner(io::ModelConfig config, std::optional<ModelWeights> weights, uint64_t seed)
+      : config_(std::move(config)), weights_(std::move(weights)), seed_(seed) {
+    check_cuda_supported(config_);
+  }
+  const io::ModelConfig& config() const override { return config_; }
+  std::string device() const override { return "cuda"; }
+  int64_t cache_bytes_per_token() const override { return cuda_cache_bytes_per_token(config_); }
+  void allocate(const CacheShape& shape) override {
+    CudaModelOptions options;
+    options.block_size = shape.block_size;
+    options.num_blocks = shape.num_blocks;
+    options.max_tokens = shape.max_tokens;
+    options.max_sequences = shape.max_sequences;
+    options.max_context = shape.max_context;
+    options.max_logits = shape.max_sequences;
+    model_.reset();
+    if (weights_) model_ = std::make_unique<CudaGlm5Model>(*weights_, options);
+    else model_ = CudaGlm5Model::synthetic(config_, seed_, options);
+  }
+  std::vector<float> forward(const ForwardBatch& batch, ForwardTrace* trace) override {
+    GLMS_CHECK(model_ != nullptr, "StepRunner::forward before allocate");
+    if (trace) fail("the CUDA runner does not record hidden states (MTP drafting runs on the CPU model)");
+    return model_->forward(batch, /*use_graph=*/true);
+  }
+
+ private:
+  io::ModelConfig config_;
+  std::optional<ModelWeights> weights_;
+  uint64_t seed_;
+  std::unique_ptr<CudaGlm5Model> model_;
+};
+
+}  // namespace
+
+std::unique_ptr<StepRunner> make_cuda_runner(ModelWeights weights) {
+  io::ModelConfig config = weights.config;
+  return std::make_unique<CudaRunner>(std::move(config), std::move(weights), 0);
+}
+
+std::unique_ptr<StepRunner> make_synthetic_cuda_runner(const io::ModelConfig& config, uint64_t seed) {
+  return std::make_unique<CudaRunner>(config, std::nullopt, seed);
+}
+
+}  // namespace glms::model
