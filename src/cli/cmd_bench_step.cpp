@@ -40,6 +40,7 @@ struct BenchStepOptions {
   int steps = 20;
   bool graphs = true;
   uint64_t seed = 1;
+  std::string expert_format = "bf16";  // routed experts: bf16, mxfp4 or fp8
 };
 
 #ifdef GLMS_HAVE_CUDA
@@ -85,8 +86,16 @@ double measure_gemm_rate(int64_t n) {
 // counts them: every weight it uses once (routed experts: the expected number of distinct
 // experts `batch` uniform top-k picks touch), and each token's cache reads (selected bf16
 // latent rows on every layer, bf16 indexer keys on full layers).
-double decode_bytes(const plan::ModelSpec& spec, int batch, int context) {
-  return plan::decode_step_weight_bytes(spec, "bf16", batch) +
+// Routed-expert bytes a decode step reads: every touched expert once, in `expert_format`.
+double expert_bytes(const plan::ModelSpec& spec, const std::string& expert_format, int batch) {
+  return spec.moe_layers * plan::expected_distinct_experts(spec.n_routed_experts, spec.experts_per_token, batch) *
+         spec.expert_bytes(expert_format);
+}
+
+// Bytes a decode step moves: bf16 weights, the routed experts in their format, the cache rows read.
+double decode_bytes(const plan::ModelSpec& spec, const std::string& expert_format, int batch, int context) {
+  return plan::decode_step_weight_bytes(spec, "bf16", batch) - expert_bytes(spec, "bf16", batch) +
+         expert_bytes(spec, expert_format, batch) +
          batch * plan::kv_bytes_read_per_step(spec, context, plan::kv_dtype_bytes("bf16"));
 }
 
@@ -147,7 +156,10 @@ void run_bench_step(const BenchStepOptions& o) {
   std::cerr << fmt::format("making {} layers of {} at full width with seeded random weights...\n",
                            config.num_hidden_layers, path);
   const auto start = Clock::now();
-  auto model = model::CudaGlm5Model::synthetic(config, o.seed, options);
+  const ops::WeightFormat experts_format = o.expert_format == "mxfp4" ? ops::WeightFormat::Mxfp4
+                                           : o.expert_format == "fp8" ? ops::WeightFormat::Fp8Block
+                                                                      : ops::WeightFormat::Plain;
+  auto model = model::CudaGlm5Model::synthetic(config, o.seed, options, experts_format);
   model->fill_cache_random(o.seed + 100);
   std::cerr << fmt::format("  {:.1f} GB of weights, {:.1f} GB of cache, in {:.1f} s\n", model->weight_bytes() / 1e9,
                            model->cache_bytes() / 1e9, seconds_since(start));
@@ -182,8 +194,9 @@ void run_bench_step(const BenchStepOptions& o) {
       std::sort(times.begin(), times.end());
       const double median = times[times.size() / 2];
       const nlohmann::json phases = phase_breakdown(*model, [&](int step) { model->forward_on_device(step_batch(step)); });
-      const double bytes = decode_bytes(spec, batch, context);
+      const double bytes = decode_bytes(spec, o.expert_format, batch, context);
       const double bound = bytes / bandwidth;
+      const double experts_bound = expert_bytes(spec, o.expert_format, batch) / bandwidth;
       decode.push_back({{"batch", batch},
                         {"context", context},
                         {"step_ms", median * 1e3},
@@ -192,6 +205,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"bytes_moved", bytes},
                         {"bound_ms", bound * 1e3},
                         {"ratio_to_bound", median / bound},
+                        {"experts_bound_ms", experts_bound * 1e3},
                         {"eager_phases_ms", phases}});
       std::cerr << fmt::format("  decode batch {:>3} context {:>5}: {:8.3f} ms/step  {:9.1f} tok/s  bound {:7.3f} ms  x{:.2f}\n",
                                batch, context, median * 1e3, batch / median, bound * 1e3, median / bound);
@@ -228,6 +242,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"config", path},
                         {"num_layers", config.num_hidden_layers},
                         {"weights", "bf16 synthetic"},
+                        {"expert_format", o.expert_format},
                         {"graphs", o.graphs},
                         {"weight_bytes", model->weight_bytes()},
                         {"copy_bandwidth_bytes_per_s", bandwidth},
@@ -269,6 +284,9 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--steps", o->steps, "Timed decode steps per point")->check(CLI::Range(1, 100000))->capture_default_str();
   cmd->add_option("--graphs", o->graphs, "Replay decode steps as CUDA graphs (true/false)")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Weight seed")->capture_default_str();
+  cmd->add_option("--expert-format", o->expert_format, "Routed experts' storage: bf16, mxfp4 (W4A16) or fp8 (block E4M3)")
+      ->check(CLI::IsMember({"bf16", "mxfp4", "fp8"}))
+      ->capture_default_str();
   cmd->add_option("--json", o->json_out, "Write the results as JSON to this file");
   cmd->callback([o] {
     if (o->model_dir.empty() && o->config_file.empty()) fail("give --config FILE or --model DIR");

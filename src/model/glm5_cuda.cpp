@@ -136,7 +136,8 @@ struct CudaGlm5Model::Impl {
       o_bf16, heads_out, heads_bf16, index_q, index_k, index_w, scores, selected, num_selected,
       mlp_gate_up, mlp_act, router_logits, expert_ids, expert_weights, plan_counts, plan_offsets, plan_active,
       plan_num_active, sorted_pairs, pair_slot, shared_out, pair_x, pair_gate_up, pair_act, expert_out, head_in,
-      logits, prefill_context, prefill_queries, prefill_scores, prefill_probs, gathered_rows, gathered_keys;
+      logits, prefill_context, prefill_queries, prefill_scores, prefill_probs, gathered_rows, gathered_keys,
+      expert_gate_up_bf16, expert_down_bf16;
   int64_t gathered_capacity = 0;  // bf16 elements of gathered_rows
   int64_t prefill_score_capacity = 0;  // floats
   const ForwardBatch* batch = nullptr;  // the step being run (host view; null inside graph capture)
@@ -244,6 +245,14 @@ void CudaGlm5Model::Impl::allocate() {
   gathered_rows = bf16(gathered_capacity);
   gathered_keys = f32(int64_t{options.max_context} * c.index_head_dim);
   offsets_host = cuda::PinnedBuffer(sizeof(int32_t) * (E + 1));
+  // Quantised experts widen one expert at a time to bf16 for the large-batch GEMMs.
+  const bool quantised_experts = std::any_of(weights.layers.begin(), weights.layers.end(), [](const auto& layer) {
+    return layer.is_moe && layer.moe.experts_format != ops::WeightFormat::Plain;
+  });
+  if (quantised_experts) {
+    expert_gate_up_bf16 = bf16(2 * inter * hidden);
+    expert_down_bf16 = bf16(hidden * inter);
+  }
   staging = cuda::PinnedBuffer(meta.total);
   metadata = DeviceBuffer(meta.total);
 
@@ -527,13 +536,19 @@ void CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const StepShape& 
   dense_mlp(m.shared, as<uint16_t>(normed_bf16), T, as<float>(shared_out));
   timer.mark("moe.shared", s);
 
-  const uint16_t* gate_up = as<uint16_t>(m.experts_gate_up);
-  const uint16_t* down = as<uint16_t>(m.experts_down);
+  cuda::ExpertWeights experts;
+  experts.format = m.experts_format;
+  experts.gate_up = m.experts_gate_up.data();
+  experts.gate_up_scales = m.experts_gate_up_scales.data();
+  experts.down = m.experts_down.data();
+  experts.down_scales = m.experts_down_scales.data();
   if (P <= int64_t{kSmallMoePairsPerExpert} * E || !shape.host_sync_ok) {
-    cuda::moe_experts_small(as<uint16_t>(normed_bf16), hidden, inter, gate_up, down, plan, E, K, T,
+    cuda::moe_experts_small(as<uint16_t>(normed_bf16), hidden, inter, experts, plan, E, K, T,
                             static_cast<int>(std::min<int64_t>(E, P)), as<uint16_t>(pair_act), as<float>(expert_out), s);
   } else {
     // Per-expert GEMMs over the grouped rows; the group offsets come back to the host first.
+    // Quantised experts are widened to bf16 one at a time (same stream: the next widening waits
+    // for this expert's GEMMs).
     cuda::copy_to_host_async(offsets_host.data(), plan.offsets, sizeof(int32_t) * (E + 1), s);
     stream.synchronize();
     const auto* offsets = static_cast<const int32_t*>(offsets_host.data());
@@ -541,15 +556,20 @@ void CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const StepShape& 
     for (int e = 0; e < E; ++e) {
       const int count = offsets[e + 1] - offsets[e];
       if (count == 0) continue;
-      gemm.linear(as<uint16_t>(pair_x) + int64_t{offsets[e]} * hidden, count, gate_up + int64_t{e} * 2 * inter * hidden,
-                  2 * inter, hidden, as<float>(pair_gate_up) + int64_t{offsets[e]} * 2 * inter, s);
-    }
-    cuda::silu_mul_to_bf16(as<float>(pair_gate_up), P, inter, as<uint16_t>(pair_act), s);
-    for (int e = 0; e < E; ++e) {
-      const int count = offsets[e + 1] - offsets[e];
-      if (count == 0) continue;
-      gemm.linear(as<uint16_t>(pair_act) + int64_t{offsets[e]} * inter, count, down + int64_t{e} * hidden * inter, hidden,
-                  inter, as<float>(expert_out) + int64_t{offsets[e]} * hidden, s);
+      const uint16_t* gate_up = as<uint16_t>(m.experts_gate_up) + int64_t{e} * 2 * inter * hidden;
+      const uint16_t* down = as<uint16_t>(m.experts_down) + int64_t{e} * hidden * inter;
+      if (m.experts_format != ops::WeightFormat::Plain) {
+        cuda::dequantize_expert(experts, e, hidden, inter, as<uint16_t>(expert_gate_up_bf16),
+                                as<uint16_t>(expert_down_bf16), s);
+        gate_up = as<uint16_t>(expert_gate_up_bf16);
+        down = as<uint16_t>(expert_down_bf16);
+      }
+      gemm.linear(as<uint16_t>(pair_x) + int64_t{offsets[e]} * hidden, count, gate_up, 2 * inter, hidden,
+                  as<float>(pair_gate_up) + int64_t{offsets[e]} * 2 * inter, s);
+      cuda::silu_mul_to_bf16(as<float>(pair_gate_up) + int64_t{offsets[e]} * 2 * inter, count, inter,
+                             as<uint16_t>(pair_act) + int64_t{offsets[e]} * inter, s);
+      gemm.linear(as<uint16_t>(pair_act) + int64_t{offsets[e]} * inter, count, down, hidden, inter,
+                  as<float>(expert_out) + int64_t{offsets[e]} * hidden, s);
     }
   }
   timer.mark("moe.experts", s);
@@ -647,8 +667,9 @@ CudaGlm5Model::CudaGlm5Model(const ModelWeights& weights, const CudaModelOptions
 }
 
 std::unique_ptr<CudaGlm5Model> CudaGlm5Model::synthetic(const io::ModelConfig& config, uint64_t seed,
-                                                        const CudaModelOptions& options) {
-  auto impl = std::make_unique<Impl>(config, resolved(options), synthetic_weights(config, seed));
+                                                        const CudaModelOptions& options,
+                                                        ops::WeightFormat experts_format) {
+  auto impl = std::make_unique<Impl>(config, resolved(options), synthetic_weights(config, seed, experts_format));
   impl->allocate();
   return std::unique_ptr<CudaGlm5Model>(new CudaGlm5Model(std::move(impl)));
 }

@@ -29,13 +29,16 @@ struct CudaModelOptions {
 
 class CudaGlm5Model {
  public:
-  // Uploads `weights` (the decoder layers and head; MTP layers are not run on CUDA yet).
+  // Uploads `weights` (the decoder layers and head; MTP layers are not run on CUDA yet). Routed
+  // experts stored as MXFP4 or block FP8 stay quantised on the device (glm5_cuda_weights.h).
   CudaGlm5Model(const ModelWeights& weights, const CudaModelOptions& options);
   // Seeded random weights of `config`, made on the device (no checkpoint): matrices uniform with
-  // standard deviation 1/sqrt(fan_in), norms one, router bias small. For benchmarks at full
-  // width with `config.num_hidden_layers` cut down.
+  // standard deviation 1/sqrt(fan_in), norms one, router bias small; routed experts in
+  // `experts_format` (bf16, MXFP4 or block FP8). For benchmarks at full width with
+  // `config.num_hidden_layers` cut down.
   static std::unique_ptr<CudaGlm5Model> synthetic(const io::ModelConfig& config, uint64_t seed,
-                                                  const CudaModelOptions& options);
+                                                  const CudaModelOptions& options,
+                                                  ops::WeightFormat experts_format = ops::WeightFormat::Plain);
   ~CudaGlm5Model();
   CudaGlm5Model(const CudaGlm5Model&) = delete;
   CudaGlm5Model& operator=(const CudaGlm5Model&) = delete;

@@ -1,5 +1,6 @@
 #include "model/glm5_cuda_weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -51,6 +52,7 @@ class Uploader {
   }
   DeviceBuffer bf16(const WeightView& w) { return bf16(std::vector<const WeightView*>{&w}); }
   DeviceBuffer f32(const std::vector<float>& v) { return device(v.data(), v.size() * sizeof(float)); }
+  DeviceBuffer u8(const std::vector<uint8_t>& v) { return device(v.data(), v.size()); }
   DeviceBuffer f32(const WeightView& w) {
     std::vector<float> host(static_cast<size_t>(w.rows * w.cols));
     for (int64_t r = 0; r < w.rows; ++r) w.row_to_f32(r, host.data() + r * w.cols);
@@ -66,6 +68,84 @@ class Uploader {
   }
   int64_t& bytes_;
 };
+
+// The routed experts' device storage: the layer's quantised format when every expert matrix is
+// in it and the widths suit the expert kernels, else bf16.
+ops::WeightFormat experts_storage(const MoeWeights& moe, int64_t hidden, int64_t inter) {
+  if (moe.experts.empty()) return ops::WeightFormat::Plain;
+  const ops::WeightFormat format = moe.experts.front().gate_proj.format;
+  for (const MlpWeights& e : moe.experts)
+    for (const WeightView* w : {&e.gate_proj, &e.up_proj, &e.down_proj})
+      if (w->format != format) return ops::WeightFormat::Plain;
+  if (format == ops::WeightFormat::Mxfp4 && hidden % 32 == 0 && inter % 32 == 0) return format;
+  if (format == ops::WeightFormat::Fp8Block && hidden % 16 == 0 && inter % 16 == 0) return format;
+  return ops::WeightFormat::Plain;
+}
+
+// MXFP4 rows of `w` as stored: packed [rows, cols / 2] and E8M0 scales [rows, cols / 32].
+void append_mxfp4(const WeightView& w, std::vector<uint8_t>& packed, std::vector<uint8_t>& scales) {
+  const int64_t row_bytes = w.cols / 2, row_scales = w.cols / 32;
+  const auto* data = static_cast<const uint8_t*>(w.data) + w.first_row * row_bytes;
+  const auto* scale = static_cast<const uint8_t*>(w.scales) + w.first_row * row_scales;
+  packed.insert(packed.end(), data, data + w.rows * row_bytes);
+  scales.insert(scales.end(), scale, scale + w.rows * row_scales);
+}
+
+// Block-FP8 rows of `w`: codes [rows, cols] and, per row, its blocks' scales [ceil(cols / 128)].
+void append_fp8(const WeightView& w, std::vector<uint8_t>& codes, std::vector<float>& scales) {
+  const int64_t blocks = (w.cols + 127) / 128;
+  const auto* scale_inv = static_cast<const float*>(w.scales);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const auto* row = static_cast<const uint8_t*>(w.data) + r * w.row_stride;
+    codes.insert(codes.end(), row, row + w.cols);
+    const float* block_row = scale_inv + (w.first_row + r) / 128 * blocks;
+    scales.insert(scales.end(), block_row, block_row + blocks);
+  }
+}
+
+void upload_experts(Uploader& up, const MoeWeights& moe, int64_t hidden, int64_t inter, MoeDevice& d) {
+  d.experts_format = experts_storage(moe, hidden, inter);
+  switch (d.experts_format) {
+    case ops::WeightFormat::Plain: {
+      std::vector<const WeightView*> gate_up, down;
+      for (const MlpWeights& e : moe.experts) {
+        gate_up.push_back(&e.gate_proj);
+        gate_up.push_back(&e.up_proj);
+        down.push_back(&e.down_proj);
+      }
+      d.experts_gate_up = up.bf16(gate_up);
+      d.experts_down = up.bf16(down);
+      return;
+    }
+    case ops::WeightFormat::Mxfp4: {
+      std::vector<uint8_t> gate_up, gate_up_scales, down, down_scales;
+      for (const MlpWeights& e : moe.experts) {
+        append_mxfp4(e.gate_proj, gate_up, gate_up_scales);
+        append_mxfp4(e.up_proj, gate_up, gate_up_scales);
+        append_mxfp4(e.down_proj, down, down_scales);
+      }
+      d.experts_gate_up = up.u8(gate_up);
+      d.experts_gate_up_scales = up.u8(gate_up_scales);
+      d.experts_down = up.u8(down);
+      d.experts_down_scales = up.u8(down_scales);
+      return;
+    }
+    case ops::WeightFormat::Fp8Block: {
+      std::vector<uint8_t> gate_up, down;
+      std::vector<float> gate_up_scales, down_scales;
+      for (const MlpWeights& e : moe.experts) {
+        append_fp8(e.gate_proj, gate_up, gate_up_scales);
+        append_fp8(e.up_proj, gate_up, gate_up_scales);
+        append_fp8(e.down_proj, down, down_scales);
+      }
+      d.experts_gate_up = up.u8(gate_up);
+      d.experts_gate_up_scales = up.f32(gate_up_scales);
+      d.experts_down = up.u8(down);
+      d.experts_down_scales = up.f32(down_scales);
+      return;
+    }
+  }
+}
 
 MlpDevice upload_mlp(Uploader& up, const MlpWeights& w) {
   MlpDevice mlp;
@@ -100,6 +180,48 @@ class RandomMaker {
     cuda::fill_uniform_f32(static_cast<float*>(buffer.data()), count, next(), scale, nullptr);
     bytes_ += static_cast<int64_t>(buffer.bytes());
     return buffer;
+  }
+  DeviceBuffer bytes(int64_t count) {
+    DeviceBuffer buffer(static_cast<size_t>(std::max<int64_t>(count, 1)));
+    cuda::fill_random_bytes(static_cast<uint8_t*>(buffer.data()), count, next(), nullptr);
+    bytes_ += static_cast<int64_t>(buffer.bytes());
+    return buffer;
+  }
+  DeviceBuffer constant_bytes(int64_t count, uint8_t value) {
+    DeviceBuffer buffer(static_cast<size_t>(std::max<int64_t>(count, 1)));
+    cuda::fill_bytes(static_cast<uint8_t*>(buffer.data()), count, value, nullptr);
+    bytes_ += static_cast<int64_t>(buffer.bytes());
+    return buffer;
+  }
+  DeviceBuffer e4m3(int64_t count) {
+    DeviceBuffer buffer(static_cast<size_t>(std::max<int64_t>(count, 1)));
+    cuda::fill_uniform_e4m3(static_cast<uint8_t*>(buffer.data()), count, next(), nullptr);
+    bytes_ += static_cast<int64_t>(buffer.bytes());
+    return buffer;
+  }
+  // Routed experts [E, rows, cols] in `format` (ops/cuda/moe.h's layout), standard deviation
+  // about 1/sqrt(cols).
+  void experts(ops::WeightFormat format, int64_t E, int64_t rows, int64_t cols, DeviceBuffer& data,
+               DeviceBuffer& scales) {
+    const int64_t count = E * rows * cols;
+    switch (format) {
+      case ops::WeightFormat::Plain:
+        data = matrix(count, cols);
+        return;
+      case ops::WeightFormat::Mxfp4: {
+        // Uniform E2M1 codes have an RMS of 2.93; one power-of-two scale brings it near 1/sqrt(cols).
+        const double scale = 1.0 / (std::sqrt(static_cast<double>(cols)) * 2.926);
+        data = bytes(count / 2);
+        scales = constant_bytes(count / 32, static_cast<uint8_t>(127 + std::lround(std::log2(scale))));
+        return;
+      }
+      case ops::WeightFormat::Fp8Block: {
+        // Codes uniform in [-448, 448]: scale_inv maps them to +-sqrt(3 / cols).
+        data = e4m3(count);
+        scales = constant(E * rows * ((cols + 127) / 128), std::sqrt(3.0f / static_cast<float>(cols)) / 448.0f);
+        return;
+      }
+    }
   }
   MlpDevice mlp(int64_t inter, int64_t hidden) {
     MlpDevice m;
@@ -150,14 +272,7 @@ CudaWeights upload_weights(const ModelWeights& weights) {
     if (layer.is_moe) {
       d.moe.router = up.f32(layer.moe.router);
       d.moe.correction_bias = up.f32(layer.moe.correction_bias);
-      std::vector<const WeightView*> gate_up, down;
-      for (const MlpWeights& e : layer.moe.experts) {
-        gate_up.push_back(&e.gate_proj);
-        gate_up.push_back(&e.up_proj);
-        down.push_back(&e.down_proj);
-      }
-      d.moe.experts_gate_up = up.bf16(gate_up);
-      d.moe.experts_down = up.bf16(down);
+      upload_experts(up, layer.moe, c.hidden_size, c.moe_intermediate_size, d.moe);
       d.moe.shared = upload_mlp(up, layer.moe.shared_expert);
     } else {
       d.mlp = upload_mlp(up, layer.mlp);
@@ -167,7 +282,11 @@ CudaWeights upload_weights(const ModelWeights& weights) {
   return out;
 }
 
-CudaWeights synthetic_weights(const io::ModelConfig& c, uint64_t seed) {
+CudaWeights synthetic_weights(const io::ModelConfig& c, uint64_t seed, ops::WeightFormat experts_format) {
+  if (experts_format == ops::WeightFormat::Mxfp4 && (c.hidden_size % 32 != 0 || c.moe_intermediate_size % 32 != 0))
+    fail("MXFP4 experts need hidden_size and moe_intermediate_size multiples of 32");
+  if (experts_format == ops::WeightFormat::Fp8Block && (c.hidden_size % 16 != 0 || c.moe_intermediate_size % 16 != 0))
+    fail("FP8 experts need hidden_size and moe_intermediate_size multiples of 16");
   check_cuda_supported(c);
   CudaWeights out;
   RandomMaker make(seed, out.bytes);
@@ -202,8 +321,9 @@ CudaWeights synthetic_weights(const io::ModelConfig& c, uint64_t seed) {
       // The router in fp32; draw it as bf16-free uniform values of the same scale.
       d.moe.router = make.uniform_f32(E * hidden, std::sqrt(3.0f / static_cast<float>(hidden)));
       d.moe.correction_bias = make.uniform_f32(E, 0.01f);
-      d.moe.experts_gate_up = make.matrix(E * 2 * inter * hidden, hidden);
-      d.moe.experts_down = make.matrix(E * hidden * inter, inter);
+      d.moe.experts_format = experts_format;
+      make.experts(experts_format, E, 2 * inter, hidden, d.moe.experts_gate_up, d.moe.experts_gate_up_scales);
+      make.experts(experts_format, E, hidden, inter, d.moe.experts_down, d.moe.experts_down_scales);
       d.moe.shared = make.mlp(inter * c.n_shared_experts, hidden);
     } else {
       d.mlp = make.mlp(c.intermediate_size, hidden);

@@ -1,7 +1,8 @@
 // GLM-5 weights in device memory for CudaGlm5Model: matrices bf16 row-major as the checkpoint
 // names them, gate and up stacked into one [2 * inter, hidden] matrix per MLP (one GEMM), the
-// routed experts of a layer stacked into [E, 2 * inter, hidden] and [E, hidden, inter], the
-// router and every norm vector fp32.
+// routed experts of a layer stacked into [E, 2 * inter, hidden] and [E, hidden, inter] (bf16,
+// or kept in MXFP4 / block FP8 as ops/cuda/moe.h lays them out), the router and every norm
+// vector fp32.
 #pragma once
 
 #include <cstdint>
@@ -34,8 +35,10 @@ struct MlpDevice {
 struct MoeDevice {
   ops::cuda::DeviceBuffer router;           // [E, hidden] fp32
   ops::cuda::DeviceBuffer correction_bias;  // [E] fp32
-  ops::cuda::DeviceBuffer experts_gate_up;  // [E, 2 * moe_inter, hidden] bf16
-  ops::cuda::DeviceBuffer experts_down;     // [E, hidden, moe_inter] bf16
+  ops::WeightFormat experts_format = ops::WeightFormat::Plain;
+  ops::cuda::DeviceBuffer experts_gate_up;  // [E, 2 * moe_inter, hidden] (ops::cuda::ExpertWeights)
+  ops::cuda::DeviceBuffer experts_down;     // [E, hidden, moe_inter]
+  ops::cuda::DeviceBuffer experts_gate_up_scales, experts_down_scales;  // quantised formats only
   MlpDevice shared;
 };
 
@@ -55,12 +58,18 @@ struct CudaWeights {
   int64_t bytes = 0;                     // device bytes of all of the above
 };
 
-// Uploads the decoder layers and head of `weights` (any stored format, widened or dequantised
-// to bf16 on the host first). Throws glms::Error for configurations the CUDA path lacks.
+// Uploads the decoder layers and head of `weights`. Routed experts stored as MXFP4 or block FP8
+// stay so (when every expert matrix of the layer is in that format and the widths suit the
+// kernels: multiples of 32 / 16); everything else is widened or dequantised to bf16 on the
+// host. Throws glms::Error for configurations the CUDA path lacks.
 CudaWeights upload_weights(const ModelWeights& weights);
 
-// Seeded random weights of `config` made on the device.
-CudaWeights synthetic_weights(const io::ModelConfig& config, uint64_t seed);
+// Seeded random weights of `config` made on the device; routed experts in `experts_format`
+// (Plain: bf16; Mxfp4: random E2M1 codes with one E8M0 scale per layer matrix; Fp8Block:
+// uniform E4M3 codes and a constant block scale), every matrix of standard deviation about
+// 1/sqrt(fan_in).
+CudaWeights synthetic_weights(const io::ModelConfig& config, uint64_t seed,
+                              ops::WeightFormat experts_format = ops::WeightFormat::Plain);
 
 // Checks what the CUDA forward pass supports (q_lora_rank > 0, default rope, a full indexer
 // layer first, at most 1024 experts, latent <= 512).

@@ -146,6 +146,11 @@ void silu_mul_to_bf16(const float* gate_up, int64_t n, int64_t inter, uint16_t* 
 void fill_uniform_bf16(uint16_t* out, int64_t count, uint64_t seed, float scale, cudaStream_t stream);
 void fill_uniform_f32(float* out, int64_t count, uint64_t seed, float scale, cudaStream_t stream);
 void fill_f32(float* out, int64_t count, float value, cudaStream_t stream);
+// Quantised fills: E4M3 codes of values uniform in [-448, 448]; bytes uniform in [0, 256)
+// (MXFP4 nibbles: every E2M1 code equally likely); a constant byte (E8M0 scales).
+void fill_uniform_e4m3(uint8_t* out, int64_t count, uint64_t seed, cudaStream_t stream);
+void fill_random_bytes(uint8_t* out, int64_t count, uint64_t seed, cudaStream_t stream);
+void fill_bytes(uint8_t* out, int64_t count, uint8_t value, cudaStream_t stream);
 
 // Per token, the normalised latent and the rotated rope key into the bf16 latent cache:
 // cache[slot_mapping[t]] = [rms_norm(kv[t, :latent]) * norm_weight, rope(kv[t, latent:])].

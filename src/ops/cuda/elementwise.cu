@@ -1,5 +1,6 @@
 // Elementwise CUDA kernels. Norms use one block per row with a block-wide reduction (rows are
 // at most a few thousand values: hidden 6144, q_lora 2048); the rest are one thread per value.
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -89,6 +90,18 @@ __global__ void fill_uniform_f32_kernel(float* out, int64_t count, uint64_t seed
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[i] = scale * uniform_at(seed, i);
+}
+
+__global__ void fill_uniform_e4m3_kernel(uint8_t* out, int64_t count, uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = __nv_cvt_float_to_fp8(448.0f * uniform_at(seed, i), __NV_SATFINITE, __NV_E4M3);
+}
+
+__global__ void fill_random_bytes_kernel(uint8_t* out, int64_t count, uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = static_cast<uint8_t>(static_cast<int>((uniform_at(seed, i) + 1.0f) * 128.0f) & 0xff);
 }
 
 __global__ void fill_f32_kernel(float* out, int64_t count, float value) {
@@ -245,6 +258,23 @@ void fill_uniform_f32(float* out, int64_t count, uint64_t seed, float scale, cud
   if (count == 0) return;
   fill_uniform_f32_kernel<<<fill_blocks(count), 256, 0, stream>>>(out, count, seed, scale);
   check(cudaGetLastError(), "fill_uniform_f32 launch");
+}
+
+void fill_uniform_e4m3(uint8_t* out, int64_t count, uint64_t seed, cudaStream_t stream) {
+  if (count == 0) return;
+  fill_uniform_e4m3_kernel<<<fill_blocks(count), 256, 0, stream>>>(out, count, seed);
+  check(cudaGetLastError(), "fill_uniform_e4m3 launch");
+}
+
+void fill_random_bytes(uint8_t* out, int64_t count, uint64_t seed, cudaStream_t stream) {
+  if (count == 0) return;
+  fill_random_bytes_kernel<<<fill_blocks(count), 256, 0, stream>>>(out, count, seed);
+  check(cudaGetLastError(), "fill_random_bytes launch");
+}
+
+void fill_bytes(uint8_t* out, int64_t count, uint8_t value, cudaStream_t stream) {
+  if (count == 0) return;
+  check(cudaMemsetAsync(out, value, static_cast<size_t>(count), stream), "fill_bytes");
 }
 
 void fill_f32(float* out, int64_t count, float value, cudaStream_t stream) {

@@ -1,11 +1,14 @@
 // Mixture-of-experts on CUDA: sigmoid routing with the fp32 correction bias and group-limited
 // top-k, grouping of (token, expert) pairs by expert, expert MLPs for small batches in one
-// fused kernel pair that streams each active expert's weights once, and the weighted combine.
-// Large batches run the experts as per-expert cuBLAS GEMMs over the grouped rows (the model
-// decides, by the number of pairs per expert).
+// fused kernel pair that streams each active expert's weights once (bf16, MXFP4 or block FP8,
+// dequantised in registers), and the weighted combine. Large batches run the experts as
+// per-expert cuBLAS GEMMs over the grouped rows (the model decides, by the number of pairs per
+// expert); quantised experts are widened to bf16 one expert at a time for them.
 #pragma once
 
 #include <cstdint>
+
+#include "ops/ops.h"
 
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
@@ -38,15 +41,37 @@ void moe_plan(const int32_t* expert_ids, int64_t num_pairs, int num_experts, con
 
 // Rows of x in grouped order are ops::cuda::gather_rows(x, hidden, sorted_pairs, num_pairs, top_k).
 
+// The routed experts of one layer, stacked: per expert the gate rows, then the up rows, in
+// one [2 * inter, hidden] matrix, and down [hidden, inter]. By `format`:
+//   Plain (bf16): gate_up [E, 2 * inter, hidden], down [E, hidden, inter]; no scales.
+//   Mxfp4: gate_up [E, 2 * inter, hidden / 2] u8 (two E2M1 per byte, the even index in the low
+//     nibble, as AMD Quark packs them), gate_up_scales [E, 2 * inter, hidden / 32] E8M0 codes;
+//     down and down_scales likewise over inter. Needs hidden and inter multiples of 32.
+//   Fp8Block: gate_up [E, 2 * inter, hidden] E4M3 codes, gate_up_scales [E, 2 * inter,
+//     ceil(hidden / 128)] fp32: each row carries its 128 x 128 block's weight_scale_inv (a row's
+//     scales in one 16-byte-aligned run; 3% more bytes than the block grid). Needs hidden and
+//     inter multiples of 16.
+struct ExpertWeights {
+  WeightFormat format = WeightFormat::Plain;
+  const void* gate_up = nullptr;
+  const void* gate_up_scales = nullptr;
+  const void* down = nullptr;
+  const void* down_scales = nullptr;
+};
+
 // Small-batch expert MLP over the active experts, weights streamed once per step:
 // act[s, :] = bf16(silu(gate_e . x) * (up_e . x)) for each grouped pair s of expert e, then
-// expert_out[s, :] = down_e . act[s, :]. gate_up: [E, 2 * inter, hidden] bf16 (gate rows, then
-// up rows); down: [E, hidden, inter] bf16; x: [n, hidden] bf16; act: [num_pairs, inter] bf16;
+// expert_out[s, :] = down_e . act[s, :]. x: [n, hidden] bf16; act: [num_pairs, inter] bf16;
 // expert_out: [num_pairs, hidden] fp32. `max_active` bounds the experts with pairs (grid
 // size); `num_tokens` is the batch (an expert has at most one pair per token).
-void moe_experts_small(const uint16_t* x, int64_t hidden, int64_t inter, const uint16_t* gate_up,
-                       const uint16_t* down, const MoePlan& plan, int num_experts, int top_k, int num_tokens, int max_active,
-                       uint16_t* act, float* expert_out, cudaStream_t stream);
+void moe_experts_small(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
+                       const MoePlan& plan, int num_experts, int top_k, int num_tokens, int max_active, uint16_t* act,
+                       float* expert_out, cudaStream_t stream);
+
+// Expert `expert` of quantised `experts` widened to bf16: gate_up_out [2 * inter, hidden] and
+// down_out [hidden, inter] (MXFP4 exactly; FP8 rounded once from code x scale).
+void dequantize_expert(const ExpertWeights& experts, int expert, int64_t hidden, int64_t inter, uint16_t* gate_up_out,
+                       uint16_t* down_out, cudaStream_t stream);
 
 // x[t] += shared_out[t] + sum over the token's experts (in increasing expert id) of
 // weight * expert_out[pair_slot[t * top_k + k]]. x, shared_out: [n, hidden] fp32.

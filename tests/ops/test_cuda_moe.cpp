@@ -1,0 +1,287 @@
+// The CUDA MoE ops against host references on random data: routing against the CPU model's
+// route_token, grouping, the small-batch expert kernels in bf16, MXFP4 and block FP8 (against
+// a double-precision SwiGLU over the same dequantised weights) at GLM-5.2 width and odd widths
+// for each token-staging size, the widening of quantised experts, and the combine. Skips
+// without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "core/dtype.h"
+#include "io/model_config.h"
+#include "model/layers.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/moe.h"
+#include "quant/formats.h"
+#include "support/cuda_buffers.h"
+#include "support/numerics.h"
+
+using namespace glms;
+using glms::testing::poisoned;
+using glms::testing::random_values;
+using glms::testing::relative_l2;
+using glms::testing::to_device;
+using glms::testing::to_host;
+namespace cuda = glms::ops::cuda;
+using ops::WeightFormat;
+
+namespace {
+
+class CudaMoe : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+
+// Experts of one layer in the device layout of `format` plus their dequantised values
+// (gate_up [E, 2 * inter, hidden], down [E, hidden, inter]) for the reference.
+struct Experts {
+  WeightFormat format;
+  int64_t E, hidden, inter;
+  std::vector<float> gate_up, down;  // what the kernel should compute with
+  cuda::DeviceBuffer d_gate_up, d_gate_up_scales, d_down, d_down_scales;
+
+  cuda::ExpertWeights view() const {
+    return {format, d_gate_up.data(), d_gate_up_scales.data(), d_down.data(), d_down_scales.data()};
+  }
+};
+
+// Quantises `values` ([E * matrices_per_expert, rows, cols], each matrix quantised on its own
+// as a checkpoint stores it) into the device layout; returns the dequantised values.
+std::vector<float> encode(WeightFormat format, const std::vector<float>& values, int64_t matrices, int64_t rows,
+                          int64_t cols, cuda::DeviceBuffer& data, cuda::DeviceBuffer& scales) {
+  std::vector<float> back(values.size());
+  if (format == WeightFormat::Plain) {
+    std::vector<uint16_t> bf16(values.size());
+    for (size_t i = 0; i < values.size(); ++i) back[i] = bf16_to_f32(bf16[i] = f32_to_bf16(values[i]));
+    data = to_device(bf16);
+  } else if (format == WeightFormat::Mxfp4) {
+    std::vector<uint8_t> packed(values.size() / 2), codes(values.size() / 32);
+    for (int64_t r = 0; r < matrices * rows; ++r) {
+      quant::quantize_mxfp4(values.data() + r * cols, cols, packed.data() + r * cols / 2, codes.data() + r * cols / 32);
+      quant::dequantize_mxfp4(packed.data() + r * cols / 2, codes.data() + r * cols / 32, cols, back.data() + r * cols);
+    }
+    data = to_device(packed);
+    scales = to_device(codes);
+  } else {
+    const int64_t row_blocks = (rows + 127) / 128, col_blocks = (cols + 127) / 128;
+    std::vector<uint8_t> codes(values.size());
+    std::vector<float> row_scales;
+    for (int64_t m = 0; m < matrices; ++m) {
+      std::vector<float> scale_inv(row_blocks * col_blocks);
+      quant::quantize_fp8_block(values.data() + m * rows * cols, rows, cols, codes.data() + m * rows * cols,
+                                scale_inv.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        quant::dequantize_fp8_block_row(codes.data() + m * rows * cols, scale_inv.data(), r, cols,
+                                        back.data() + (m * rows + r) * cols);
+        row_scales.insert(row_scales.end(), scale_inv.begin() + r / 128 * col_blocks,
+                          scale_inv.begin() + (r / 128 + 1) * col_blocks);
+      }
+    }
+    data = to_device(codes);
+    scales = to_device(row_scales);
+  }
+  return back;
+}
+
+Experts make_experts(WeightFormat format, int64_t E, int64_t hidden, int64_t inter, uint64_t seed) {
+  Experts x{format, E, hidden, inter, {}, {}, {}, {}, {}, {}};
+  // Gate and up quantised as separate [inter, hidden] matrices, then stacked per expert.
+  const auto gate_up = random_values(E * 2 * inter * hidden, seed, 1.0f / std::sqrt(static_cast<float>(hidden)));
+  const auto down = random_values(E * hidden * inter, seed + 1, 1.0f / std::sqrt(static_cast<float>(inter)));
+  x.gate_up = encode(format, gate_up, 2 * E, inter, hidden, x.d_gate_up, x.d_gate_up_scales);
+  x.down = encode(format, down, E, hidden, inter, x.d_down, x.d_down_scales);
+  return x;
+}
+
+// Distinct random experts per token: [n, top_k].
+std::vector<int32_t> random_choices(int n, int E, int top_k, uint64_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids;
+  std::vector<int32_t> all(E);
+  std::iota(all.begin(), all.end(), 0);
+  for (int t = 0; t < n; ++t) {
+    std::shuffle(all.begin(), all.end(), rng);
+    ids.insert(ids.end(), all.begin(), all.begin() + top_k);
+  }
+  return ids;
+}
+
+struct PlanBuffers {
+  cuda::DeviceBuffer counts, offsets, active, num_active, sorted_pairs, pair_slot;
+  PlanBuffers(int E, int64_t P)
+      : counts(sizeof(int32_t) * (E + 1)),
+        offsets(sizeof(int32_t) * (E + 1)),
+        active(sizeof(int32_t) * E),
+        num_active(sizeof(int32_t)),
+        sorted_pairs(sizeof(int32_t) * P),
+        pair_slot(sizeof(int32_t) * P) {}
+  cuda::MoePlan plan() const {
+    return {counts.as<int32_t>(), offsets.as<int32_t>(), active.as<int32_t>(), num_active.as<int32_t>(),
+            sorted_pairs.as<int32_t>(), pair_slot.as<int32_t>()};
+  }
+};
+
+// expert_out row of pair (t, e): down_e . bf16(silu(gate_e . x_t) * (up_e . x_t)), in double.
+std::vector<float> reference_pair(const Experts& x, const std::vector<float>& tokens, int t, int e) {
+  const int64_t H = x.hidden, I = x.inter;
+  const float* gu = x.gate_up.data() + e * 2 * I * H;
+  std::vector<float> act(I);
+  for (int64_t i = 0; i < I; ++i) {
+    double g = 0, u = 0;
+    for (int64_t k = 0; k < H; ++k) {
+      g += double(gu[i * H + k]) * tokens[t * H + k];
+      u += double(gu[(I + i) * H + k]) * tokens[t * H + k];
+    }
+    act[i] = round_bf16(static_cast<float>(g / (1.0 + std::exp(-g)) * u));
+  }
+  std::vector<float> out(H);
+  const float* d = x.down.data() + e * H * I;
+  for (int64_t h = 0; h < H; ++h) {
+    double sum = 0;
+    for (int64_t i = 0; i < I; ++i) sum += double(d[h * I + i]) * act[i];
+    out[h] = static_cast<float>(sum);
+  }
+  return out;
+}
+
+void check_experts(WeightFormat format, int64_t E, int64_t hidden, int64_t inter, int top_k,
+                   std::initializer_list<int> token_counts) {
+  const Experts experts = make_experts(format, E, hidden, inter, 11 + hidden);
+  for (const int n : token_counts) {
+    const int64_t P = int64_t{n} * top_k;
+    auto tokens = random_values(n * hidden, 100 + n, 2.0f);
+    for (float& v : tokens) v = round_bf16(v);  // the kernel reads bf16 inputs
+    std::vector<uint16_t> tokens_bf16(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) tokens_bf16[i] = f32_to_bf16(tokens[i]);
+    const auto ids = random_choices(n, static_cast<int>(E), top_k, 200 + n);
+    PlanBuffers buffers(static_cast<int>(E), P);
+    auto d_ids = to_device(ids), d_x = to_device(tokens_bf16);
+    cuda::DeviceBuffer act(sizeof(uint16_t) * P * inter);
+    auto out = poisoned(P * hidden);
+    cuda::moe_plan(d_ids.as<int32_t>(), P, static_cast<int>(E), buffers.plan(), nullptr);
+    cuda::moe_experts_small(d_x.as<uint16_t>(), hidden, inter, experts.view(), buffers.plan(), static_cast<int>(E),
+                            top_k, n, static_cast<int>(std::min<int64_t>(E, P)), act.as<uint16_t>(), out.as<float>(),
+                            nullptr);
+    const auto got = to_host<float>(out);
+    const auto slot = to_host<int32_t>(buffers.pair_slot);
+    // Every pair's row against the reference (the slots are a permutation of the pairs).
+    std::vector<float> got_rows, want_rows;
+    for (int64_t p = 0; p < P; ++p) {
+      const auto want = reference_pair(experts, tokens, static_cast<int>(p / top_k), ids[p]);
+      want_rows.insert(want_rows.end(), want.begin(), want.end());
+      got_rows.insert(got_rows.end(), got.begin() + slot[p] * hidden, got.begin() + (slot[p] + 1) * hidden);
+    }
+    EXPECT_LT(relative_l2(got_rows, want_rows), 2e-3)
+        << "format " << static_cast<int>(format) << ", " << n << " tokens, hidden " << hidden << ", inter " << inter;
+  }
+}
+
+}  // namespace
+
+// Token counts 1, 3 and 20 over 4 experts (top-2) stage 1, 4 and 8 tokens per chunk.
+TEST_F(CudaMoe, Bf16ExpertsMatchReference) {
+  check_experts(WeightFormat::Plain, 4, 6144, 2048, 2, {1, 3, 20});
+  check_experts(WeightFormat::Plain, 5, 40, 24, 2, {1, 7});  // odd widths: the scalar path
+}
+
+TEST_F(CudaMoe, Mxfp4ExpertsMatchReference) {
+  check_experts(WeightFormat::Mxfp4, 4, 6144, 2048, 2, {1, 3, 20});
+  check_experts(WeightFormat::Mxfp4, 5, 96, 64, 3, {1, 2, 13});
+}
+
+TEST_F(CudaMoe, Fp8ExpertsMatchReference) {
+  check_experts(WeightFormat::Fp8Block, 4, 6144, 2048, 2, {1, 3, 20});
+  check_experts(WeightFormat::Fp8Block, 5, 208, 48, 3, {1, 2, 13});  // partial 128-blocks
+}
+
+TEST_F(CudaMoe, DequantizedExpertsMatchHostDequantisation) {
+  for (WeightFormat format : {WeightFormat::Mxfp4, WeightFormat::Fp8Block}) {
+    const int64_t E = 3, hidden = 320, inter = 160;
+    const Experts experts = make_experts(format, E, hidden, inter, 5);
+    cuda::DeviceBuffer gate_up(sizeof(uint16_t) * 2 * inter * hidden), down(sizeof(uint16_t) * hidden * inter);
+    for (int e = 0; e < E; ++e) {
+      cuda::dequantize_expert(experts.view(), e, hidden, inter, gate_up.as<uint16_t>(), down.as<uint16_t>(), nullptr);
+      const auto got_gate_up = to_host<uint16_t>(gate_up), got_down = to_host<uint16_t>(down);
+      std::vector<float> got(got_gate_up.size()), want(experts.gate_up.begin() + e * 2 * inter * hidden,
+                                                        experts.gate_up.begin() + (e + 1) * 2 * inter * hidden);
+      for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_f32(got_gate_up[i]);
+      // MXFP4 values (two significant bits times a power of two) are exact in bf16.
+      const double tolerance = format == WeightFormat::Mxfp4 ? 0.0 : 4e-3;
+      EXPECT_LE(relative_l2(got, want), tolerance) << "gate_up of expert " << e;
+      got.resize(got_down.size());
+      for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_f32(got_down[i]);
+      want.assign(experts.down.begin() + e * hidden * inter, experts.down.begin() + (e + 1) * hidden * inter);
+      EXPECT_LE(relative_l2(got, want), tolerance) << "down of expert " << e;
+    }
+  }
+}
+
+TEST_F(CudaMoe, RoutingGroupingAndCombineMatchCpu) {
+  io::ModelConfig c;
+  c.n_routed_experts = 256;
+  c.num_experts_per_tok = 8;
+  c.n_group = 8;
+  c.topk_group = 4;
+  c.norm_topk_prob = true;
+  c.routed_scaling_factor = 2.5f;
+  const int n = 37, E = c.n_routed_experts, K = c.num_experts_per_tok;
+  const int64_t hidden = 136;
+  const auto logits = random_values(n * E, 1, 2.0f);
+  auto bias = random_values(E, 2, 0.5f);
+  for (float& b : bias) b += 34.0f;  // as the real correction bias sits near 34
+  cuda::MoeRouting routing{E, K, c.n_group, c.topk_group, c.norm_topk_prob, c.routed_scaling_factor};
+  auto d_logits = to_device(logits), d_bias = to_device(bias);
+  cuda::DeviceBuffer d_ids(sizeof(int32_t) * n * K), d_weights(sizeof(float) * n * K);
+  cuda::moe_route(d_logits.as<float>(), d_bias.as<float>(), n, routing, d_ids.as<int32_t>(), d_weights.as<float>(),
+                  nullptr);
+  const auto ids = to_host<int32_t>(d_ids);
+  const auto weights = to_host<float>(d_weights);
+  std::vector<float> want_weights, got_weights(weights.begin(), weights.end());
+  for (int t = 0; t < n; ++t) {
+    std::vector<int32_t> experts;
+    std::vector<float> expert_weights;
+    model::route_token(c, logits.data() + t * E, bias.data(), experts, expert_weights);
+    ASSERT_EQ(std::vector<int32_t>(ids.begin() + t * K, ids.begin() + (t + 1) * K), experts) << "token " << t;
+    want_weights.insert(want_weights.end(), expert_weights.begin(), expert_weights.end());
+  }
+  EXPECT_LT(relative_l2(got_weights, want_weights), 1e-6);
+
+  // Grouping: each expert's pairs contiguous, offsets the prefix sums of the counts.
+  const int64_t P = int64_t{n} * K;
+  PlanBuffers buffers(E, P);
+  cuda::moe_plan(d_ids.as<int32_t>(), P, E, buffers.plan(), nullptr);
+  const auto offsets = to_host<int32_t>(buffers.offsets), sorted = to_host<int32_t>(buffers.sorted_pairs),
+             slot = to_host<int32_t>(buffers.pair_slot);
+  std::vector<int32_t> counts(E + 1, 0);
+  for (int32_t id : ids) ++counts[id + 1];
+  std::partial_sum(counts.begin(), counts.end(), counts.begin());
+  EXPECT_EQ(offsets, counts);
+  for (int64_t p = 0; p < P; ++p) {
+    EXPECT_EQ(sorted[slot[p]], p);
+    EXPECT_TRUE(slot[p] >= offsets[ids[p]] && slot[p] < offsets[ids[p] + 1]) << "pair " << p;
+  }
+
+  // Combine: x += shared + sum of weight * expert row, experts in increasing id.
+  auto x = random_values(n * hidden, 3), shared = random_values(n * hidden, 4), expert_rows = random_values(P * hidden, 5);
+  std::vector<float> want = x;
+  for (int t = 0; t < n; ++t)
+    for (int64_t d = 0; d < hidden; ++d) {
+      std::vector<int> order(K);
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(), [&](int a, int b) { return ids[t * K + a] < ids[t * K + b]; });
+      float sum = shared[t * hidden + d];
+      for (int k : order) sum += weights[t * K + k] * expert_rows[slot[t * K + k] * hidden + d];
+      want[t * hidden + d] += sum;
+    }
+  auto d_x = to_device(x), d_shared = to_device(shared), d_rows = to_device(expert_rows);
+  cuda::moe_combine(d_x.as<float>(), d_shared.as<float>(), d_rows.as<float>(), buffers.pair_slot.as<int32_t>(),
+                    d_ids.as<int32_t>(), d_weights.as<float>(), n, K, hidden, nullptr);
+  EXPECT_LT(relative_l2(to_host<float>(d_x), want), 1e-6);
+}
