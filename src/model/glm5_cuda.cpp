@@ -542,6 +542,7 @@ void CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const StepShape& 
   experts.gate_up_scales = m.experts_gate_up_scales.data();
   experts.down = m.experts_down.data();
   experts.down_scales = m.experts_down_scales.data();
+  experts.scales_fit_fp16 = m.experts_scales_fit_fp16;
   if (P <= int64_t{kSmallMoePairsPerExpert} * E || !shape.host_sync_ok) {
     cuda::moe_experts_small(as<uint16_t>(normed_bf16), hidden, inter, experts, plan, E, K, T,
                             static_cast<int>(std::min<int64_t>(E, P)), as<uint16_t>(pair_act), as<float>(expert_out), s);

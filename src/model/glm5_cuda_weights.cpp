@@ -124,6 +124,11 @@ void upload_experts(Uploader& up, const MoeWeights& moe, int64_t hidden, int64_t
         append_mxfp4(e.up_proj, gate_up, gate_up_scales);
         append_mxfp4(e.down_proj, down, down_scales);
       }
+      auto fit = [](const std::vector<uint8_t>& codes) {
+        const auto [lo, hi] = std::minmax_element(codes.begin(), codes.end());
+        return codes.empty() || (*lo >= 127 - 23 && *hi <= 127 + 1);
+      };
+      d.experts_scales_fit_fp16 = fit(gate_up_scales) && fit(down_scales);
       d.experts_gate_up = up.u8(gate_up);
       d.experts_gate_up_scales = up.u8(gate_up_scales);
       d.experts_down = up.u8(down);
@@ -322,6 +327,7 @@ CudaWeights synthetic_weights(const io::ModelConfig& c, uint64_t seed, ops::Weig
       d.moe.router = make.uniform_f32(E * hidden, std::sqrt(3.0f / static_cast<float>(hidden)));
       d.moe.correction_bias = make.uniform_f32(E, 0.01f);
       d.moe.experts_format = experts_format;
+      d.moe.experts_scales_fit_fp16 = true;  // one scale near 2^-8 (RandomMaker::experts)
       make.experts(experts_format, E, 2 * inter, hidden, d.moe.experts_gate_up, d.moe.experts_gate_up_scales);
       make.experts(experts_format, E, hidden, inter, d.moe.experts_down, d.moe.experts_down_scales);
       d.moe.shared = make.mlp(inter * c.n_shared_experts, hidden);

@@ -48,7 +48,8 @@ struct Experts {
   cuda::DeviceBuffer d_gate_up, d_gate_up_scales, d_down, d_down_scales;
 
   cuda::ExpertWeights view() const {
-    return {format, d_gate_up.data(), d_gate_up_scales.data(), d_down.data(), d_down_scales.data()};
+    // Random weights' MXFP4 scales sit near 2^-7, inside the fp16-exact range.
+    return {format, d_gate_up.data(), d_gate_up_scales.data(), d_down.data(), d_down_scales.data(), true};
   }
 };
 
@@ -151,9 +152,11 @@ std::vector<float> reference_pair(const Experts& x, const std::vector<float>& to
   return out;
 }
 
+// `tensor_cores`: whether the shape takes moe_experts_mma (checked), and whether to let it.
 void check_experts(WeightFormat format, int64_t E, int64_t hidden, int64_t inter, int top_k,
-                   std::initializer_list<int> token_counts) {
+                   std::initializer_list<int> token_counts, bool tensor_cores) {
   const Experts experts = make_experts(format, E, hidden, inter, 11 + hidden);
+  if (tensor_cores) ASSERT_TRUE(cuda::moe_experts_mma_supported(experts.view(), hidden, inter));
   for (const int n : token_counts) {
     const int64_t P = int64_t{n} * top_k;
     auto tokens = random_values(n * hidden, 100 + n, 2.0f);
@@ -168,7 +171,7 @@ void check_experts(WeightFormat format, int64_t E, int64_t hidden, int64_t inter
     cuda::moe_plan(d_ids.as<int32_t>(), P, static_cast<int>(E), buffers.plan(), nullptr);
     cuda::moe_experts_small(d_x.as<uint16_t>(), hidden, inter, experts.view(), buffers.plan(), static_cast<int>(E),
                             top_k, n, static_cast<int>(std::min<int64_t>(E, P)), act.as<uint16_t>(), out.as<float>(),
-                            nullptr);
+                            nullptr, tensor_cores);
     const auto got = to_host<float>(out);
     const auto slot = to_host<int32_t>(buffers.pair_slot);
     // Every pair's row against the reference (the slots are a permutation of the pairs).
@@ -178,27 +181,67 @@ void check_experts(WeightFormat format, int64_t E, int64_t hidden, int64_t inter
       want_rows.insert(want_rows.end(), want.begin(), want.end());
       got_rows.insert(got_rows.end(), got.begin() + slot[p] * hidden, got.begin() + (slot[p] + 1) * hidden);
     }
-    EXPECT_LT(relative_l2(got_rows, want_rows), 2e-3)
-        << "format " << static_cast<int>(format) << ", " << n << " tokens, hidden " << hidden << ", inter " << inter;
+    EXPECT_LT(relative_l2(got_rows, want_rows), 2e-3) << "format " << static_cast<int>(format) << ", " << n
+                                                      << " tokens, hidden " << hidden << ", inter " << inter
+                                                      << (tensor_cores ? ", tensor cores" : ", CUDA cores");
   }
 }
 
 }  // namespace
 
-// Token counts 1, 3 and 20 over 4 experts (top-2) stage 1, 4 and 8 tokens per chunk.
+// Token counts 1, 3 and 20 over 4 experts (top-2) stage 1, 4 and 8 tokens per chunk on the
+// CUDA-core kernels; on tensor cores 1 and 8, with 20 tokens in chunks of 8.
 TEST_F(CudaMoe, Bf16ExpertsMatchReference) {
-  check_experts(WeightFormat::Plain, 4, 6144, 2048, 2, {1, 3, 20});
-  check_experts(WeightFormat::Plain, 5, 40, 24, 2, {1, 7});  // odd widths: the scalar path
+  check_experts(WeightFormat::Plain, 4, 6144, 2048, 2, {1, 3, 20}, false);
+  check_experts(WeightFormat::Plain, 5, 40, 24, 2, {1, 7}, false);  // odd widths: the scalar path
 }
 
 TEST_F(CudaMoe, Mxfp4ExpertsMatchReference) {
-  check_experts(WeightFormat::Mxfp4, 4, 6144, 2048, 2, {1, 3, 20});
-  check_experts(WeightFormat::Mxfp4, 5, 96, 64, 3, {1, 2, 13});
+  check_experts(WeightFormat::Mxfp4, 4, 6144, 2048, 2, {1, 3, 20}, true);
+  check_experts(WeightFormat::Mxfp4, 4, 6144, 2048, 2, {1, 3, 20}, false);
+  check_experts(WeightFormat::Mxfp4, 5, 256, 128, 3, {1, 2, 13}, true);
+  check_experts(WeightFormat::Mxfp4, 5, 96, 64, 3, {1, 2, 13}, false);  // not whole 128s: CUDA cores
 }
 
 TEST_F(CudaMoe, Fp8ExpertsMatchReference) {
-  check_experts(WeightFormat::Fp8Block, 4, 6144, 2048, 2, {1, 3, 20});
-  check_experts(WeightFormat::Fp8Block, 5, 208, 48, 3, {1, 2, 13});  // partial 128-blocks
+  check_experts(WeightFormat::Fp8Block, 4, 6144, 2048, 2, {1, 3, 20}, true);
+  check_experts(WeightFormat::Fp8Block, 4, 6144, 2048, 2, {1, 3, 20}, false);
+  check_experts(WeightFormat::Fp8Block, 5, 192, 64, 3, {1, 2, 13}, true);    // partial 128-blocks
+  check_experts(WeightFormat::Fp8Block, 5, 208, 48, 3, {1, 2, 13}, false);
+}
+
+// Inputs far from 1 (tiny, huge, and one outlier per token) keep their precision through the
+// per-token fp16 staging of the tensor-core kernels.
+TEST_F(CudaMoe, TensorCoreStagingKeepsInputsOfAnyScale) {
+  for (WeightFormat format : {WeightFormat::Mxfp4, WeightFormat::Fp8Block}) {
+    const int64_t E = 3, hidden = 256, inter = 128;
+    const int top_k = 1, n = 5;
+    const Experts experts = make_experts(format, E, hidden, inter, 21);
+    for (float magnitude : {1e-6f, 1e4f}) {
+      auto tokens = random_values(n * hidden, 7, magnitude);
+      for (int t = 0; t < n; ++t) tokens[t * hidden + 3 * t] = 300.0f * magnitude;  // outliers
+      for (float& v : tokens) v = round_bf16(v);
+      std::vector<uint16_t> tokens_bf16(tokens.size());
+      for (size_t i = 0; i < tokens.size(); ++i) tokens_bf16[i] = f32_to_bf16(tokens[i]);
+      const std::vector<int32_t> ids = {0, 1, 2, 0, 1};
+      PlanBuffers buffers(static_cast<int>(E), n);
+      auto d_ids = to_device(ids), d_x = to_device(tokens_bf16);
+      cuda::DeviceBuffer act(sizeof(uint16_t) * n * inter);
+      auto out = poisoned(n * hidden);
+      cuda::moe_plan(d_ids.as<int32_t>(), n, static_cast<int>(E), buffers.plan(), nullptr);
+      cuda::moe_experts_mma(d_x.as<uint16_t>(), hidden, inter, experts.view(), buffers.plan(), top_k, n,
+                            static_cast<int>(E), act.as<uint16_t>(), out.as<float>(), nullptr);
+      const auto got = to_host<float>(out);
+      const auto slot = to_host<int32_t>(buffers.pair_slot);
+      std::vector<float> got_rows, want_rows;
+      for (int t = 0; t < n; ++t) {
+        const auto want = reference_pair(experts, tokens, t, ids[t]);
+        want_rows.insert(want_rows.end(), want.begin(), want.end());
+        got_rows.insert(got_rows.end(), got.begin() + slot[t] * hidden, got.begin() + (slot[t] + 1) * hidden);
+      }
+      EXPECT_LT(relative_l2(got_rows, want_rows), 2e-3) << "format " << static_cast<int>(format) << ", scale " << magnitude;
+    }
+  }
 }
 
 TEST_F(CudaMoe, DequantizedExpertsMatchHostDequantisation) {

@@ -37,6 +37,13 @@ __device__ __forceinline__ uint16_t float_to_bf16(float v) {
   return static_cast<uint16_t>(word >> 16);
 }
 
+// An OCP MX E8M0 scale: 2^(code - 127); 255 is NaN.
+__device__ __forceinline__ float e8m0_to_float(uint32_t code) {
+  if (code == 0) return 0x1p-127f;
+  if (code == 255) return __uint_as_float(0x7fc00000u);
+  return __uint_as_float(code << 23);
+}
+
 inline unsigned blocks_for(int64_t count, int threads) {
   return static_cast<unsigned>((count + threads - 1) / threads);
 }

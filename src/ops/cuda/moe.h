@@ -57,6 +57,9 @@ struct ExpertWeights {
   const void* gate_up_scales = nullptr;
   const void* down = nullptr;
   const void* down_scales = nullptr;
+  // MXFP4: every block scale lies in [2^-23, 2], so code x scale and 2^14 x scale are exact in
+  // fp16 (the tensor-core kernels need it; trained weights' blocks rarely reach magnitude 12).
+  bool scales_fit_fp16 = false;
 };
 
 // Small-batch expert MLP over the active experts, weights streamed once per step:
@@ -64,9 +67,19 @@ struct ExpertWeights {
 // expert_out[s, :] = down_e . act[s, :]. x: [n, hidden] bf16; act: [num_pairs, inter] bf16;
 // expert_out: [num_pairs, hidden] fp32. `max_active` bounds the experts with pairs (grid
 // size); `num_tokens` is the batch (an expert has at most one pair per token).
+// Quantised experts whose widths suit them (MXFP4: multiples of 128 and fp16-exact scales;
+// FP8: multiples of 64) run on tensor cores (moe_experts_mma) unless `allow_tensor_cores` is
+// false; the rest on CUDA-core GEMVs.
 void moe_experts_small(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                        const MoePlan& plan, int num_experts, int top_k, int num_tokens, int max_active, uint16_t* act,
-                       float* expert_out, cudaStream_t stream);
+                       float* expert_out, cudaStream_t stream, bool allow_tensor_cores = true);
+
+// The same on tensor cores for quantised experts (moe_experts_mma.cu): weights dequantised in
+// registers to fp16, inputs staged as fp16 with a power-of-two scale per token, fp32 sums.
+bool moe_experts_mma_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
+void moe_experts_mma(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
+                     const MoePlan& plan, int top_k, int num_tokens, int max_active, uint16_t* act, float* expert_out,
+                     cudaStream_t stream);
 
 // Expert `expert` of quantised `experts` widened to bf16: gate_up_out [2 * inter, hidden] and
 // down_out [hidden, inter] (MXFP4 exactly; FP8 rounded once from code x scale).

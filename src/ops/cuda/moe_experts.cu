@@ -59,12 +59,6 @@ __device__ __forceinline__ WeightRow weight_row(const void* data, const void* sc
   return w;
 }
 
-__device__ __forceinline__ float e8m0_to_float(uint32_t code) {
-  if (code == 0) return 0x1p-127f;
-  if (code == 255) return __uint_as_float(0x7fc00000u);
-  return __uint_as_float(code << 23);
-}
-
 // The multiplier of chunk `c`'s partial sum (1 for bf16).
 template <WeightFormat F>
 __device__ __forceinline__ float chunk_scale(const WeightRow& w, int64_t c) {
@@ -99,29 +93,32 @@ __device__ __forceinline__ void widen_pair(uint32_t pair, float& lo, float& hi) 
 // the three magnitude bits down by 6 to the exponent's low bits and the mantissa's top bit;
 // shifting q left by 4, 8, 12 brings values 2/6, 1/5 and 0/4 there. E4M3 bytes 1 and 3 of a
 // word likewise by moving the seven exponent-mantissa bits down by 4, then bytes 0 and 2.
+__device__ __forceinline__ void decode_mxfp4_word(uint32_t q, float (&out)[8]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t s = q << (4 * i);
+    const uint32_t pair = (s & 0x80008000u) | ((s & 0x70007000u) >> 6);
+    widen_pair(pair, out[3 - i], out[7 - i]);
+  }
+}
+
+__device__ __forceinline__ void decode_fp8_words(uint32_t q0, uint32_t q1, float (&out)[8]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t q = h == 0 ? q0 : q1;
+    const uint32_t odd = (q & 0x80008000u) | ((q & 0x7f007f00u) >> 4);
+    const uint32_t s = q << 8;
+    const uint32_t even = (s & 0x80008000u) | ((s & 0x7f007f00u) >> 4);
+    widen_pair(odd, out[4 * h + 1], out[4 * h + 3]);
+    widen_pair(even, out[4 * h + 0], out[4 * h + 2]);
+  }
+}
+
 template <WeightFormat F>
 __device__ __forceinline__ void decode_step(const uint4& chunk, int step, float (&out)[8]) {
-  if constexpr (F == WeightFormat::Mxfp4) {
-    const uint32_t q = word_of(chunk, step);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t s = q << (4 * i);
-      const uint32_t pair = (s & 0x80008000u) | ((s & 0x70007000u) >> 6);
-      widen_pair(pair, out[3 - i], out[7 - i]);
-    }
-  } else if constexpr (F == WeightFormat::Fp8Block) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t q = word_of(chunk, 2 * step + h);
-      const uint32_t odd = (q & 0x80008000u) | ((q & 0x7f007f00u) >> 4);
-      const uint32_t s = q << 8;
-      const uint32_t even = (s & 0x80008000u) | ((s & 0x7f007f00u) >> 4);
-      widen_pair(odd, out[4 * h + 1], out[4 * h + 3]);
-      widen_pair(even, out[4 * h + 0], out[4 * h + 2]);
-    }
-  } else {
-    unpack8(chunk, out);
-  }
+  if constexpr (F == WeightFormat::Mxfp4) decode_mxfp4_word(word_of(chunk, step), out);
+  else if constexpr (F == WeightFormat::Fp8Block) decode_fp8_words(word_of(chunk, 2 * step), word_of(chunk, 2 * step + 1), out);
+  else unpack8(chunk, out);
 }
 
 // Dot products of `kRows` weight rows (`dim` wide) with `count` <= kTokens input rows staged in
@@ -326,42 +323,45 @@ void launch_by_tokens(int tokens, const uint16_t* x, int64_t hidden, int64_t int
   else launch_experts<8, F, kVector>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
 }
 
-// One 16-byte chunk per thread: row-major [rows, cols] of one expert's matrix widened to bf16
-// (the chunk's values times 2^126 / 2^120 are the codes' values, exactly, then the scale).
+// Eight values per thread (adjacent threads write adjacent 16 bytes): row-major [rows, cols] of
+// one expert's matrix widened to bf16 (the decoded values times 2^126 / 2^120 are the codes'
+// values, exactly, then the scale).
 template <WeightFormat F>
 __global__ void dequantize_kernel(const void* data, const void* scales, int64_t row0, int64_t rows, int64_t cols,
                                   uint16_t* out) {
-  constexpr int kChunk = kChunkValues<F>;
-  const int64_t chunks_per_row = cols / kChunk;
+  const int64_t groups_per_row = cols / 8;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= rows * chunks_per_row) return;
-  const int64_t row = i / chunks_per_row, c = i % chunks_per_row;
-  const WeightRow w = weight_row<F>(data, scales, row0 + row, cols);
-  const uint4 chunk = __ldg(w.chunks + c);
-  const float unscale = F == WeightFormat::Mxfp4 ? 0x1p126f : 0x1p120f;
-  const float scale = F == WeightFormat::Mxfp4
-                          ? e8m0_to_float(__ldg(static_cast<const uint8_t*>(w.scales) + c))
-                          : __ldg(static_cast<const float*>(w.scales) + (c >> 3));
-  uint4* dst = reinterpret_cast<uint4*>(out + row * cols + c * kChunk);
-#pragma unroll
-  for (int step = 0; step < kChunk / 8; ++step) {
-    float v[8];
-    decode_step<F>(chunk, step, v);
-    uint32_t words[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      words[k] = float_to_bf16(v[2 * k] * unscale * scale) |
-                 (static_cast<uint32_t>(float_to_bf16(v[2 * k + 1] * unscale * scale)) << 16);
-    dst[step] = make_uint4(words[0], words[1], words[2], words[3]);
+  if (i >= rows * groups_per_row) return;
+  const int64_t row = row0 + i / groups_per_row, group = i % groups_per_row;
+  float v[8], scale, unscale;
+  if constexpr (F == WeightFormat::Mxfp4) {
+    decode_mxfp4_word(__ldg(static_cast<const uint32_t*>(data) + row * groups_per_row + group), v);
+    scale = e8m0_to_float(__ldg(static_cast<const uint8_t*>(scales) + row * (cols / 32) + group / 4));
+    unscale = 0x1p126f;
+  } else {
+    const uint2 q = __ldg(static_cast<const uint2*>(data) + row * groups_per_row + group);
+    decode_fp8_words(q.x, q.y, v);
+    scale = __ldg(static_cast<const float*>(scales) + row * ((cols + 127) / 128) + group / 16);
+    unscale = 0x1p120f;
   }
+  uint32_t words[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    words[k] = float_to_bf16(v[2 * k] * unscale * scale) |
+               (static_cast<uint32_t>(float_to_bf16(v[2 * k + 1] * unscale * scale)) << 16);
+  reinterpret_cast<uint4*>(out)[i] = make_uint4(words[0], words[1], words[2], words[3]);
 }
 
 }  // namespace
 
 void moe_experts_small(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                        const MoePlan& plan, int num_experts, int top_k, int num_tokens, int max_active, uint16_t* act,
-                       float* expert_out, cudaStream_t stream) {
+                       float* expert_out, cudaStream_t stream, bool allow_tensor_cores) {
   if (max_active <= 0) return;
+  if (allow_tensor_cores && moe_experts_mma_supported(experts, hidden, inter)) {
+    moe_experts_mma(x, hidden, inter, experts, plan, top_k, num_tokens, max_active, act, expert_out, stream);
+    return;
+  }
   // Tokens staged at a time: from the pairs an expert gets on average, not the batch size.
   // Staging shared memory caps the blocks in flight a streaming GEMV needs, while an expert
   // with more pairs than staged re-reads its weights per chunk. Measured at GLM-5.2 width on
@@ -395,11 +395,10 @@ void moe_experts_small(const uint16_t* x, int64_t hidden, int64_t inter, const E
 void dequantize_expert(const ExpertWeights& experts, int expert, int64_t hidden, int64_t inter, uint16_t* gate_up_out,
                        uint16_t* down_out, cudaStream_t stream) {
   GLMS_CHECK(experts.format != WeightFormat::Plain, "dequantize_expert: the experts are already bf16");
-  const int64_t chunk = experts.format == WeightFormat::Mxfp4 ? 32 : 16;
-  GLMS_CHECK(hidden % chunk == 0 && inter % chunk == 0, "dequantize_expert: widths must be whole 16-byte chunks");
+  GLMS_CHECK(hidden % 8 == 0 && inter % 8 == 0, "dequantize_expert: widths must be multiples of 8");
   auto launch = [&](auto kernel, const void* data, const void* scales, int64_t row0, int64_t rows, int64_t cols,
                     uint16_t* out) {
-    kernel<<<blocks_for(rows * cols / chunk, 256), 256, 0, stream>>>(data, scales, row0, rows, cols, out);
+    kernel<<<blocks_for(rows * cols / 8, 256), 256, 0, stream>>>(data, scales, row0, rows, cols, out);
     check(cudaGetLastError(), "dequantize_expert launch");
   };
   if (experts.format == WeightFormat::Mxfp4) {

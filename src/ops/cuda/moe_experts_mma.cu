@@ -1,0 +1,349 @@
+// Small-batch expert MLPs on tensor cores for quantised experts: mma.sync m16n8k16 with fp16
+// inputs and fp32 accumulation, the weights as the A operand (16 rows) and up to 8 tokens as B.
+//
+// Why this shape: widening 4-bit codes to fp32 for CUDA-core FMAs costs about three integer ops
+// per weight plus the unpacking of the inputs, which keeps a GEMV at a third of the memory bound.
+// A code becomes an fp16 pair in two integer ops per value, and the tensor cores take the
+// multiplies, so the integer pipe is no longer the limit.
+//
+// Fragments (PTX m16n8k16): lane = 4 * g + t holds A rows g and g + 8 at k = {2t, 2t+1, 2t+8,
+// 2t+9}, B column (token) g at the same k, and C rows g, g + 8 at tokens 2t, 2t + 1. The k order
+// inside an mma is free as long as A and B agree, so each lane streams one contiguous 16-byte
+// chunk of its rows, and the staged inputs are laid out to match:
+//   MXFP4: a chunk is one MX block (32 values, one E8M0 scale). Word w (values v0..v7) gives the
+//     fp16 pairs (v_i, v_i+4) by moving nibbles i and i + 4 to bits 12-15 and 28-31 and the
+//     magnitude bits down by 3 (the code's value times 2^-14, subnormals exact); one fp16
+//     multiply by 2^14 x the block scale finishes it (exact for scales in [2^-23, 2]). The
+//     inputs are staged with each group of 8 in the order 0,4,1,5,2,6,3,7.
+//   FP8: a chunk is 16 E4M3 codes, converted in pairs by the hardware (exact in fp16); the four
+//     lanes of a quad cover 64 values inside one 128 x 128 scale block, so the fp32 block scale
+//     multiplies the quad's partial sums once.
+// Inputs are staged as fp16 with a power-of-two scale per token (the token's largest value
+// lands in [2^13, 2^14)), undone on the fp32 results.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include "core/error.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/moe.h"
+
+namespace glms::ops::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kUnroll = 4;  // chunks of each row in flight per lane
+
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, __half2 b) {
+  __half2 h = __hmul2(*reinterpret_cast<const __half2*>(&a), b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// fp16 pair (v_i, v_i+4) of MXFP4 word q times the block scale: the bit moves give code x
+// 2^-14, one multiply by `scale` (the block scale x 2^14, an fp16 while the scale is at most 2)
+// the rest, exact while code x block scale stays on fp16's grid (block scales >= 2^-23).
+__device__ __forceinline__ uint32_t mxfp4_pair(uint32_t q, int i, __half2 scale) {
+  const uint32_t s = q << (12 - 4 * i);
+  const uint32_t pair = (s & 0x80008000u) | ((s & 0x70007000u) >> 3);  // code x 2^-14
+  return hmul2_bits(pair, scale);
+}
+
+__device__ __forceinline__ uint32_t e4m3_pair(uint32_t two_codes) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+// The multiplier that puts a token's largest magnitude (fp32 bits `max_bits`) in [2^13, 2^14).
+__device__ __forceinline__ float token_multiplier(uint32_t max_bits) {
+  if (max_bits == 0) return 1.0f;
+  const int exponent = max(static_cast<int>(max_bits >> 23), 14);  // tiny maxima: 2^127 at most
+  return __uint_as_float(static_cast<uint32_t>(267 - min(exponent, 254)) << 23);
+}
+
+// Stages rows input_row(j), j < count, of src ([*, dim] bf16) into xs ([count, dim] fp16, times
+// the token's multiplier, each group of 8 reordered 0,4,1,5,2,6,3,7 for MXFP4), and the
+// multipliers' inverses into unscale. Synchronises the block.
+template <WeightFormat F, typename RowOf>
+__device__ void stage_fp16(const uint16_t* src, int64_t dim, int count, RowOf input_row, uint32_t* xs, float* unscale,
+                           uint32_t* token_max) {
+  const int64_t groups = dim / 8;
+  if (threadIdx.x < 8) token_max[threadIdx.x] = 0;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < count * groups; i += blockDim.x) {
+    const int j = static_cast<int>(i / groups);
+    const uint4 v = reinterpret_cast<const uint4*>(src + input_row(j) * dim)[i % groups];
+    float largest = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t word = word_of(v, w);
+      largest = fmaxf(largest, fmaxf(fabsf(__uint_as_float(word << 16)), fabsf(__uint_as_float(word & 0xffff0000u))));
+    }
+    atomicMax(&token_max[j], __float_as_uint(largest));
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < count * groups; i += blockDim.x) {
+    const int j = static_cast<int>(i / groups);
+    const float multiplier = token_multiplier(token_max[j]);
+    const uint4 v = reinterpret_cast<const uint4*>(src + input_row(j) * dim)[i % groups];
+    float f[8];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t word = word_of(v, w);
+      f[2 * w] = __uint_as_float(word << 16) * multiplier;
+      f[2 * w + 1] = __uint_as_float(word & 0xffff0000u) * multiplier;
+    }
+    uint32_t out[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      // MXFP4 pairs (v_w, v_w+4); FP8 keeps the natural order.
+      const __half2 h = F == WeightFormat::Mxfp4 ? __floats2half2_rn(f[w], f[w + 4]) : __floats2half2_rn(f[2 * w], f[2 * w + 1]);
+      out[w] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    reinterpret_cast<uint4*>(xs + j * dim / 2)[i % groups] = make_uint4(out[0], out[1], out[2], out[3]);
+  }
+  if (threadIdx.x < count) unscale[threadIdx.x] = 1.0f / token_multiplier(token_max[threadIdx.x]);
+  __syncthreads();
+}
+
+// One warp's stream over two weight rows (mma rows g and g + 8 of its lanes), `dim` wide:
+// load() puts kUnroll steps of 16-byte chunks and their scales in registers, compute() adds
+// W[rows] . x of those steps to acc (C of the two rows x 8 tokens). (Loading the first steps
+// before staging the inputs measured no faster at batch 1 and 8, and costs registers.)
+template <WeightFormat F>
+struct RowPairStream {
+  static constexpr int kChunk = F == WeightFormat::Mxfp4 ? 32 : 16;  // values per 16-byte chunk
+  const uint4* chunks_a;
+  const uint4* chunks_b;
+  const void* scales_a;
+  const void* scales_b;
+  int64_t steps;  // a quad covers 4 chunks of each row per step
+  uint4 wa[kUnroll], wb[kUnroll];
+  float sa[kUnroll], sb[kUnroll];
+
+  __device__ __forceinline__ RowPairStream(const uint8_t* row_a, const uint8_t* row_b, const void* row_scales_a,
+                                           const void* row_scales_b, int64_t dim)
+      : chunks_a(reinterpret_cast<const uint4*>(row_a)),
+        chunks_b(reinterpret_cast<const uint4*>(row_b)),
+        scales_a(row_scales_a),
+        scales_b(row_scales_b),
+        steps(dim / (4 * kChunk)) {}
+
+  __device__ __forceinline__ void load(int64_t s0) {
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = 4 * (s0 + u) + t;
+      if (s0 + u < steps) {
+        wa[u] = __ldg(chunks_a + c);
+        wb[u] = __ldg(chunks_b + c);
+        if constexpr (F == WeightFormat::Mxfp4) {
+          sa[u] = e8m0_to_float(__ldg(static_cast<const uint8_t*>(scales_a) + c));
+          sb[u] = e8m0_to_float(__ldg(static_cast<const uint8_t*>(scales_b) + c));
+        } else {
+          sa[u] = __ldg(static_cast<const float*>(scales_a) + (c >> 3));
+          sb[u] = __ldg(static_cast<const float*>(scales_b) + (c >> 3));
+        }
+      }
+    }
+  }
+
+  // x_row: the staged pairs of this lane's token (column g of B); zero when it has none.
+  __device__ __forceinline__ void compute(int64_t s0, const uint32_t* x_row, bool has_token, float (&acc)[4]) {
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (s0 + u >= steps) break;
+      const int64_t c = 4 * (s0 + u) + t;
+      constexpr int kVectors = F == WeightFormat::Mxfp4 ? 4 : 2;
+      uint4 xv[kVectors];  // the lane's token's inputs of chunk c
+#pragma unroll
+      for (int i = 0; i < kVectors; ++i)
+        xv[i] = has_token ? reinterpret_cast<const uint4*>(x_row + c * kChunk / 2)[i] : make_uint4(0, 0, 0, 0);
+      if constexpr (F == WeightFormat::Mxfp4) {
+        const __half2 scale_a = __float2half2_rn(sa[u] * 16384.0f), scale_b = __float2half2_rn(sb[u] * 16384.0f);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const uint32_t qa = word_of(wa[u], w), qb = word_of(wb[u], w);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t a[4] = {mxfp4_pair(qa, 2 * h, scale_a), mxfp4_pair(qb, 2 * h, scale_b),
+                                   mxfp4_pair(qa, 2 * h + 1, scale_a), mxfp4_pair(qb, 2 * h + 1, scale_b)};
+            mma_f16(acc, a, word_of(xv[w], 2 * h), word_of(xv[w], 2 * h + 1));
+          }
+        }
+      } else {
+        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const uint32_t qa = word_of(wa[u], m), qb = word_of(wb[u], m);
+          const uint32_t a[4] = {e4m3_pair(qa & 0xffffu), e4m3_pair(qb & 0xffffu), e4m3_pair(qa >> 16),
+                                 e4m3_pair(qb >> 16)};
+          mma_f16(part, a, word_of(xv[m / 2], 2 * (m % 2)), word_of(xv[m / 2], 2 * (m % 2) + 1));
+        }
+        acc[0] += sa[u] * part[0];
+        acc[1] += sa[u] * part[1];
+        acc[2] += sb[u] * part[2];
+        acc[3] += sb[u] * part[3];
+      }
+    }
+  }
+
+  // The whole row pair against the staged inputs xs ([kTokens, dim] fp16 pairs, count valid).
+  template <int kTokens>
+  __device__ __forceinline__ void run(const uint32_t* xs, int64_t dim, int count, float (&acc)[4]) {
+    const int g = (threadIdx.x % 32) / 4;
+    const bool has_token = g < count && g < kTokens;
+    const uint32_t* x_row = xs + (has_token ? g : 0) * dim / 2;
+    for (int64_t s0 = 0; s0 < steps; s0 += kUnroll) {
+      load(s0);
+      compute(s0, x_row, has_token, acc);
+    }
+  }
+};
+
+template <WeightFormat F>
+__device__ __forceinline__ int64_t row_bytes(int64_t cols) {
+  return F == WeightFormat::Mxfp4 ? cols / 2 : cols;
+}
+
+template <WeightFormat F>
+__device__ __forceinline__ const void* row_scales(const void* scales, int64_t row, int64_t cols) {
+  if constexpr (F == WeightFormat::Mxfp4) return static_cast<const uint8_t*>(scales) + row * (cols / 32);
+  else return static_cast<const float*>(scales) + row * ((cols + 127) / 128);
+}
+
+// Warp w of block (slot, y) computes gate rows r0 .. r0 + 7 (mma rows g) with their up rows (mma
+// rows g + 8), so a lane's C holds gate and up of one row for two tokens: SwiGLU in registers.
+template <WeightFormat F, int kTokens>
+__global__ void __launch_bounds__(kThreads) gate_up_mma_kernel(const uint16_t* x, int64_t hidden, int64_t inter,
+                                                               ExpertWeights experts, MoePlan plan, int top_k,
+                                                               uint16_t* act) {
+  extern __shared__ __align__(16) uint32_t xs[];  // [kTokens, hidden / 2] fp16 pairs
+  __shared__ float unscale[8];
+  __shared__ uint32_t token_max[8];
+  if (static_cast<int>(blockIdx.x) >= *plan.num_active) return;
+  const int e = plan.active_experts[blockIdx.x];
+  const int begin = plan.offsets[e], end = plan.offsets[e + 1];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.y) * kWarps + warp) * 8;
+  const int64_t r = min(r0 + g, inter - 1);
+  const int64_t gate_row = static_cast<int64_t>(e) * 2 * inter + r, up_row = gate_row + inter;
+  const auto* data = static_cast<const uint8_t*>(experts.gate_up);
+  RowPairStream<F> stream(data + gate_row * row_bytes<F>(hidden), data + up_row * row_bytes<F>(hidden),
+                          row_scales<F>(experts.gate_up_scales, gate_row, hidden),
+                          row_scales<F>(experts.gate_up_scales, up_row, hidden), hidden);
+  for (int chunk = begin; chunk < end; chunk += kTokens) {
+    const int count = min(kTokens, end - chunk);
+    stage_fp16<F>(x, hidden, count, [&](int j) { return static_cast<int64_t>(plan.sorted_pairs[chunk + j] / top_k); },
+                  xs, unscale, token_max);
+    if (r0 < inter) {
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      stream.template run<kTokens>(xs, hidden, count, acc);
+      if (r0 + g < inter)
+        for (int i = 0; i < 2; ++i) {
+          const int token = 2 * t + i;
+          if (token >= count) break;
+          const float gate = acc[i] * unscale[token], up = acc[2 + i] * unscale[token];
+          act[static_cast<int64_t>(chunk + token) * inter + r0 + g] = float_to_bf16(gate / (1.0f + expf(-gate)) * up);
+        }
+    }
+    __syncthreads();  // the next chunk restages xs
+  }
+}
+
+// Warp w of block (slot, y) computes down rows r0 .. r0 + 15.
+template <WeightFormat F, int kTokens>
+__global__ void __launch_bounds__(kThreads) down_mma_kernel(int64_t hidden, int64_t inter, ExpertWeights experts,
+                                                            MoePlan plan, const uint16_t* act, float* expert_out) {
+  extern __shared__ __align__(16) uint32_t xs[];  // [kTokens, inter / 2] fp16 pairs
+  __shared__ float unscale[8];
+  __shared__ uint32_t token_max[8];
+  if (static_cast<int>(blockIdx.x) >= *plan.num_active) return;
+  const int e = plan.active_experts[blockIdx.x];
+  const int begin = plan.offsets[e], end = plan.offsets[e + 1];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.y) * kWarps + warp) * 16;
+  const int64_t row_a = static_cast<int64_t>(e) * hidden + min(r0 + g, hidden - 1);
+  const int64_t row_b = static_cast<int64_t>(e) * hidden + min(r0 + 8 + g, hidden - 1);
+  const auto* data = static_cast<const uint8_t*>(experts.down);
+  RowPairStream<F> stream(data + row_a * row_bytes<F>(inter), data + row_b * row_bytes<F>(inter),
+                          row_scales<F>(experts.down_scales, row_a, inter),
+                          row_scales<F>(experts.down_scales, row_b, inter), inter);
+  for (int chunk = begin; chunk < end; chunk += kTokens) {
+    const int count = min(kTokens, end - chunk);
+    stage_fp16<F>(act, inter, count, [&](int j) { return static_cast<int64_t>(chunk + j); }, xs, unscale, token_max);
+    if (r0 < hidden) {
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      stream.template run<kTokens>(xs, inter, count, acc);
+      for (int i = 0; i < 2; ++i) {
+        const int token = 2 * t + i;
+        if (token >= count) break;
+        float* out = expert_out + static_cast<int64_t>(chunk + token) * hidden;
+        if (r0 + g < hidden) out[r0 + g] = acc[i] * unscale[token];
+        if (r0 + 8 + g < hidden) out[r0 + 8 + g] = acc[2 + i] * unscale[token];
+      }
+    }
+    __syncthreads();
+  }
+}
+
+template <WeightFormat F, int kTokens>
+void launch(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts, const MoePlan& plan,
+            int top_k, int max_active, uint16_t* act, float* expert_out, cudaStream_t stream) {
+  const size_t gate_up_shared = sizeof(uint16_t) * kTokens * hidden, down_shared = sizeof(uint16_t) * kTokens * inter;
+  check(cudaFuncSetAttribute(gate_up_mma_kernel<F, kTokens>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(gate_up_shared)),
+        "gate_up_mma shared memory");
+  check(cudaFuncSetAttribute(down_mma_kernel<F, kTokens>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(down_shared)),
+        "down_mma shared memory");
+  const dim3 gate_up_grid(max_active, static_cast<unsigned>((inter + 8 * kWarps - 1) / (8 * kWarps)));
+  gate_up_mma_kernel<F, kTokens><<<gate_up_grid, kThreads, gate_up_shared, stream>>>(x, hidden, inter, experts, plan,
+                                                                                    top_k, act);
+  check(cudaGetLastError(), "gate_up_mma launch");
+  const dim3 down_grid(max_active, static_cast<unsigned>((hidden + 16 * kWarps - 1) / (16 * kWarps)));
+  down_mma_kernel<F, kTokens><<<down_grid, kThreads, down_shared, stream>>>(hidden, inter, experts, plan, act,
+                                                                            expert_out);
+  check(cudaGetLastError(), "down_mma launch");
+}
+
+}  // namespace
+
+bool moe_experts_mma_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter) {
+  if (experts.format == WeightFormat::Mxfp4)
+    return experts.scales_fit_fp16 && hidden % 128 == 0 && inter % 128 == 0;
+  if (experts.format == WeightFormat::Fp8Block) return hidden % 64 == 0 && inter % 64 == 0;
+  return false;
+}
+
+void moe_experts_mma(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
+                     const MoePlan& plan, int top_k, int num_tokens, int max_active, uint16_t* act, float* expert_out,
+                     cudaStream_t stream) {
+  if (max_active <= 0) return;
+  GLMS_CHECK(moe_experts_mma_supported(experts, hidden, inter), "moe_experts_mma: these experts need the GEMV kernels");
+  // One staged token fills one of the mma's 8 columns; more tokens share the weight stream.
+  const bool one = num_tokens * static_cast<int64_t>(top_k) <= max_active;
+  if (experts.format == WeightFormat::Mxfp4) {
+    if (one) launch<WeightFormat::Mxfp4, 1>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
+    else launch<WeightFormat::Mxfp4, 8>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
+  } else {
+    if (one) launch<WeightFormat::Fp8Block, 1>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
+    else launch<WeightFormat::Fp8Block, 8>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
+  }
+}
+
+}  // namespace glms::ops::cuda
