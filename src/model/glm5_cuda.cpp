@@ -25,9 +25,15 @@ constexpr float kLatentNormEps = 1e-6f;  // q_a_layernorm / kv_a_layernorm (RMSN
 constexpr float kIndexerNormEps = 1e-6f;
 
 // Batches whose (token, expert) pairs average at most this many per expert run the experts as
-// weight-streaming GEMVs (no host synchronisation, graph-capturable); larger ones as per-expert
-// cuBLAS GEMMs over the grouped rows.
+// weight-streaming kernels (no host synchronisation, graph-capturable); larger ones as
+// per-expert cuBLAS GEMMs over the grouped rows. Measured at GLM-5.2 width on the H200
+// (bench-step, docs/performance.md): bf16 GEMVs stream each expert once per 8 tokens, so 8;
+// quantised experts on tensor cores stream 8 tokens per mma chunk while the GEMM path first
+// widens every expert to bf16 (about 45 ms per 4 MoE layers), so 32: at 16 pairs per expert
+// (prefill 512) the experts took 79 ms through widening and 33 ms on tensor cores, at 32 pairs
+// 62 ms on tensor cores, at 64 pairs 81 ms through widening.
 constexpr int kSmallMoePairsPerExpert = 8;
+constexpr int kSmallMoePairsPerExpertTensorCores = 32;
 
 // Sequences with at least this many tokens in a step (prefill chunks) attend through the
 // tensor-core GEMM path; the others through the split-K kernel.
@@ -543,7 +549,9 @@ void CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const StepShape& 
   experts.down = m.experts_down.data();
   experts.down_scales = m.experts_down_scales.data();
   experts.scales_fit_fp16 = m.experts_scales_fit_fp16;
-  if (P <= int64_t{kSmallMoePairsPerExpert} * E || !shape.host_sync_ok) {
+  const int small_pairs = cuda::moe_experts_mma_supported(experts, hidden, inter) ? kSmallMoePairsPerExpertTensorCores
+                                                                               : kSmallMoePairsPerExpert;
+  if (P <= int64_t{small_pairs} * E || !shape.host_sync_ok) {
     cuda::moe_experts_small(as<uint16_t>(normed_bf16), hidden, inter, experts, plan, E, K, T,
                             static_cast<int>(std::min<int64_t>(E, P)), as<uint16_t>(pair_act), as<float>(expert_out), s);
   } else {
