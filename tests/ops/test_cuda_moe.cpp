@@ -229,8 +229,8 @@ TEST_F(CudaMoe, TensorCoreStagingKeepsInputsOfAnyScale) {
       cuda::DeviceBuffer act(sizeof(uint16_t) * n * inter);
       auto out = poisoned(n * hidden);
       cuda::moe_plan(d_ids.as<int32_t>(), n, static_cast<int>(E), buffers.plan(), nullptr);
-      cuda::moe_experts_mma(d_x.as<uint16_t>(), hidden, inter, experts.view(), buffers.plan(), top_k, n,
-                            static_cast<int>(E), act.as<uint16_t>(), out.as<float>(), nullptr);
+      cuda::moe_experts_mma(d_x.as<uint16_t>(), hidden, inter, experts.view(), buffers.plan(), static_cast<int>(E),
+                            top_k, n, static_cast<int>(E), act.as<uint16_t>(), out.as<float>(), nullptr);
       const auto got = to_host<float>(out);
       const auto slot = to_host<int32_t>(buffers.pair_slot);
       std::vector<float> got_rows, want_rows;

@@ -78,8 +78,8 @@ void moe_experts_small(const uint16_t* x, int64_t hidden, int64_t inter, const E
 // registers to fp16, inputs staged as fp16 with a power-of-two scale per token, fp32 sums.
 bool moe_experts_mma_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
 void moe_experts_mma(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
-                     const MoePlan& plan, int top_k, int num_tokens, int max_active, uint16_t* act, float* expert_out,
-                     cudaStream_t stream);
+                     const MoePlan& plan, int num_experts, int top_k, int num_tokens, int max_active, uint16_t* act,
+                     float* expert_out, cudaStream_t stream);
 
 // Expert `expert` of quantised `experts` widened to bf16: gate_up_out [2 * inter, hidden] and
 // down_out [hidden, inter] (MXFP4 exactly; FP8 rounded once from code x scale).

@@ -359,7 +359,7 @@ void moe_experts_small(const uint16_t* x, int64_t hidden, int64_t inter, const E
                        float* expert_out, cudaStream_t stream, bool allow_tensor_cores) {
   if (max_active <= 0) return;
   if (allow_tensor_cores && moe_experts_mma_supported(experts, hidden, inter)) {
-    moe_experts_mma(x, hidden, inter, experts, plan, top_k, num_tokens, max_active, act, expert_out, stream);
+    moe_experts_mma(x, hidden, inter, experts, plan, num_experts, top_k, num_tokens, max_active, act, expert_out, stream);
     return;
   }
   // Tokens staged at a time: from the pairs an expert gets on average, not the batch size.

@@ -331,12 +331,13 @@ bool moe_experts_mma_supported(const ExpertWeights& experts, int64_t hidden, int
 }
 
 void moe_experts_mma(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
-                     const MoePlan& plan, int top_k, int num_tokens, int max_active, uint16_t* act, float* expert_out,
-                     cudaStream_t stream) {
+                     const MoePlan& plan, int num_experts, int top_k, int num_tokens, int max_active, uint16_t* act,
+                     float* expert_out, cudaStream_t stream) {
   if (max_active <= 0) return;
   GLMS_CHECK(moe_experts_mma_supported(experts, hidden, inter), "moe_experts_mma: these experts need the GEMV kernels");
-  // One staged token fills one of the mma's 8 columns; more tokens share the weight stream.
-  const bool one = num_tokens * static_cast<int64_t>(top_k) <= max_active;
+  // One staged token fills one of the mma's 8 columns and stages fastest; from half a pair per
+  // expert on, experts with two or more pairs are common and 8 columns share the weight stream.
+  const bool one = 2 * num_tokens * static_cast<int64_t>(top_k) <= num_experts;
   if (experts.format == WeightFormat::Mxfp4) {
     if (one) launch<WeightFormat::Mxfp4, 1>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
     else launch<WeightFormat::Mxfp4, 8>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
