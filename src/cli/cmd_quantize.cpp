@@ -104,8 +104,10 @@ void add_quantize_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("quantize", "Write an MXFP4 or block-FP8 copy of a checkpoint; --eval measures the loss");
   cmd->add_option("--model", args->model_dir, "Input model folder")->required()->check(CLI::ExistingDirectory);
   cmd->add_option("--out", args->out_dir, "Output folder (created; must be empty)")->required();
-  cmd->add_option("--format", args->format, "mxfp4 (AMD Quark layout) or fp8 (E4M3, 128x128 block scales)")
-      ->required()->check(CLI::IsMember({"mxfp4", "fp8"}));
+  cmd->add_option("--format", args->format,
+                  "mxfp4 (AMD Quark layout), mxfp6 (E2M3) or mxfp6_e3m2 (four codes per 3 bytes), or fp8 (E4M3, "
+                  "128x128 block scales)")
+      ->required()->check(CLI::IsMember({"mxfp4", "mxfp6", "mxfp6_e3m2", "fp8"}));
   cmd->add_option("--exclude", args->exclude, "Glob of tensor names to keep unquantised (repeatable)");
   cmd->add_flag("--no-default-excludes", args->no_default_excludes,
                 "Quantise embeddings, lm_head, routers, indexer weights_proj and the MTP layer too");

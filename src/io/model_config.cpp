@@ -301,6 +301,22 @@ double ModelConfig::attention_scale() const {
   return scale;
 }
 
+// quantization_config.global_quant_config.weight.dtype (AMD Quark) when present.
+void read_mx_weight_dtype(const json& root, const std::string& source, ModelConfig& c) {
+  const auto q = root.find("quantization_config");
+  if (q == root.end() || !q->is_object()) return;
+  const auto global = q->find("global_quant_config");
+  if (global == q->end() || !global->is_object()) return;
+  const auto weight = global->find("weight");
+  if (weight == global->end() || !weight->is_object()) return;
+  const auto dtype = weight->find("dtype");
+  if (dtype == weight->end()) return;
+  if (!dtype->is_string() || (*dtype != "fp4" && *dtype != "fp6_e2m3" && *dtype != "fp6_e3m2"))
+    fail(source + ": quantization_config.global_quant_config.weight.dtype = " + dtype->dump() +
+         " is not supported (fp4, fp6_e2m3 or fp6_e3m2)");
+  c.mx_weight_dtype = dtype->get<std::string>();
+}
+
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
   json root;
   try {
@@ -365,6 +381,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   f.read("torch_dtype", &c.torch_dtype, /*allow_null=*/true);
   f.read("dtype", &c.torch_dtype, /*allow_null=*/true);
   read_rope(f, c);
+  read_mx_weight_dtype(root, source, c);
 
   if (c.num_hidden_layers <= 0 || c.num_hidden_layers > kMaxLayers)
     f.fail_field("num_hidden_layers", "= " + std::to_string(c.num_hidden_layers) +

@@ -49,6 +49,9 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   int num_nextn_predict_layers = 0;   // MTP layers stored after the decoder layers
   std::string torch_dtype = "bfloat16";
+  // Element type of MX-quantised (U8 + E8M0 scale) weight matrices, from AMD Quark's
+  // quantization_config.global_quant_config.weight.dtype: "fp4", "fp6_e2m3" or "fp6_e3m2".
+  std::string mx_weight_dtype = "fp4";
 
   int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   int num_full_indexer_layers() const;

@@ -149,6 +149,8 @@ void upload_experts(Uploader& up, const MoeWeights& moe, int64_t hidden, int64_t
       d.experts_down_scales = up.f32(down_scales);
       return;
     }
+    default:
+      fail("unexpected expert storage");  // experts_storage() keeps only the formats above
   }
 }
 
@@ -226,6 +228,8 @@ class RandomMaker {
         scales = constant(E * rows * ((cols + 127) / 128), std::sqrt(3.0f / static_cast<float>(cols)) / 448.0f);
         return;
       }
+      default:
+        fail("synthetic experts are bf16, MXFP4 or FP8");
     }
   }
   MlpDevice mlp(int64_t inter, int64_t hidden) {

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <string>
+#include <utility>
+
 #include "core/error.h"
 
 namespace glms::model {
@@ -10,8 +13,9 @@ namespace {
 
 class WeightLoader {
  public:
-  WeightLoader(const io::Checkpoint& checkpoint, int64_t* parameter_count)
-      : checkpoint_(checkpoint), parameter_count_(parameter_count) {}
+  // mx_weight_dtype: the config's MX element ("fp4", "fp6_e2m3", "fp6_e3m2").
+  WeightLoader(const io::Checkpoint& checkpoint, std::string mx_weight_dtype, int64_t* parameter_count)
+      : checkpoint_(checkpoint), mx_weight_dtype_(std::move(mx_weight_dtype)), parameter_count_(parameter_count) {}
 
   bool has(const std::string& name) const { return checkpoint_.contains(name); }
 
@@ -30,21 +34,27 @@ class WeightLoader {
   }
 
   // A weight matrix [rows, cols]: plain (BF16, F16, F32, F8_E4M3 per-tensor), block-scaled FP8
-  // (`NAME_scale_inv` F32 [ceil(rows/128), ceil(cols/128)], DeepSeek-V3 / GLM-5-FP8 layout) or
-  // MXFP4 as AMD Quark exports it (U8 [rows, cols/2] + `NAME_scale` U8 E8M0 [rows, cols/32]).
+  // (`NAME_scale_inv` F32 [ceil(rows/128), ceil(cols/128)], DeepSeek-V3 / GLM-5-FP8 layout), or
+  // MX as AMD Quark exports it (U8 + `NAME_scale` U8 E8M0 [rows, cols/32]): MXFP4 [rows, cols/2],
+  // MXFP6 [rows, cols*3/4] with the element the config names.
   WeightView matrix(const std::string& name, int64_t rows, int64_t cols) const {
     const io::TensorInfo& stored = checkpoint_.get(name);
     if (stored.dtype == DType::U8 && has(name + "_scale")) {
+      const bool fp6 = mx_weight_dtype_ != "fp4";
       if (cols % 32 != 0)
-        fail(fmt::format("tensor '{}' in {} is MXFP4 but its {} inputs are not a multiple of 32", name,
-                         checkpoint_.path().string(), cols));
-      const io::TensorInfo& packed = tensor(name, {rows, cols / 2});
+        fail(fmt::format("tensor '{}' in {} is {} but its {} inputs are not a multiple of 32", name,
+                         checkpoint_.path().string(), fp6 ? "MXFP6" : "MXFP4", cols));
+      const int64_t row_bytes = fp6 ? cols / 4 * 3 : cols / 2;
+      const io::TensorInfo& packed = tensor(name, {rows, row_bytes});
       const io::TensorInfo& scales = tensor(name + "_scale", {rows, cols / 32});
       if (scales.dtype != DType::U8)
         fail(fmt::format("tensor '{}_scale' in {} must be U8 (E8M0), not {}", name, checkpoint_.path().string(),
                          dtype_name(scales.dtype)));
       *parameter_count_ += rows * cols - packed.numel() - scales.numel();  // count values, not bytes
-      return WeightView{DType::U8, packed.data, rows, cols, cols / 2, ops::WeightFormat::Mxfp4, scales.data, 0};
+      const ops::WeightFormat format = !fp6 ? ops::WeightFormat::Mxfp4
+                                       : mx_weight_dtype_ == "fp6_e2m3" ? ops::WeightFormat::Mxfp6E2M3
+                                                                         : ops::WeightFormat::Mxfp6E3M2;
+      return WeightView{DType::U8, packed.data, rows, cols, row_bytes, format, scales.data, 0};
     }
     const io::TensorInfo& info = tensor(name, {rows, cols});
     switch (info.dtype) {
@@ -71,6 +81,7 @@ class WeightLoader {
 
  private:
   const io::Checkpoint& checkpoint_;
+  std::string mx_weight_dtype_;
   int64_t* parameter_count_;
 };
 
@@ -137,7 +148,7 @@ ModelWeights load_weights(const std::string& dir, const LoadOptions& options) {
   io::ModelConfig& c = weights.config;
   weights.checkpoint = std::make_shared<io::Checkpoint>(io::Checkpoint::open(dir));
   int64_t parameters = 0;
-  WeightLoader loader(*weights.checkpoint, &parameters);
+  WeightLoader loader(*weights.checkpoint, c.mx_weight_dtype, &parameters);
 
   const int stored_layers = c.num_hidden_layers;
   c.keep_first_layers(options.num_layers);

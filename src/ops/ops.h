@@ -18,10 +18,12 @@ enum class WeightFormat : uint8_t {
   Plain,     // [rows, cols] of dtype
   Fp8Block,  // [rows, cols] F8_E4M3 codes; scales: F32 [ceil(rows/128), ceil(cols/128)] (weight_scale_inv)
   Mxfp4,     // [rows, cols/2] U8, two E2M1 per byte (even index low); scales: U8 E8M0 [rows, cols/32]
+  Mxfp6E2M3, // [rows, cols*3/4] U8, four 6-bit codes per 3 bytes (quant/formats.h); scales as Mxfp4
+  Mxfp6E3M2,
 };
 
 // A row-major matrix [rows, cols] in checkpoint storage; `row_stride` elements between rows
-// (Plain and Fp8Block; Mxfp4 rows are cols/2 bytes).
+// (Plain and Fp8Block; MX rows are addressed from first_row).
 struct WeightView {
   DType dtype = DType::F32;
   const void* data = nullptr;

@@ -48,7 +48,7 @@ namespace {
 bool quantisable(const io::TensorInfo& t, const std::vector<std::string>& exclude, const std::string& format) {
   if (t.shape.size() != 2 || t.name.size() < 7 || t.name.compare(t.name.size() - 7, 7, ".weight") != 0) return false;
   if (t.dtype != DType::BF16 && t.dtype != DType::F16 && t.dtype != DType::F32) return false;
-  if (format == "mxfp4" && t.shape[1] % kMxBlock != 0) return false;
+  if (format != "fp8" && t.shape[1] % kMxBlock != 0) return false;
   return std::none_of(exclude.begin(), exclude.end(), [&](const std::string& p) { return glob_match(p, t.name); });
 }
 
@@ -56,18 +56,21 @@ json quantization_config(const std::string& format, const std::vector<std::strin
   if (format == "fp8")
     return {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
             {"weight_block_size", {kFp8Block, kFp8Block}}, {"ignored_layers", exclude}};
+  const char* dtype = format == "mxfp4" ? "fp4" : format == "mxfp6" ? "fp6_e2m3" : "fp6_e3m2";
   return {{"quant_method", "quark"},
-          {"global_quant_config", {{"weight", {{"dtype", "fp4"}, {"qscheme", "per_group"}, {"group_size", kMxBlock},
+          {"global_quant_config", {{"weight", {{"dtype", dtype}, {"qscheme", "per_group"}, {"group_size", kMxBlock},
                                                {"scale_format", "e8m0"}}}}},
           {"exclude", exclude}};
 }
+
+bool is_mxfp6(const std::string& format) { return format == "mxfp6" || format == "mxfp6_e3m2"; }
 
 }  // namespace
 
 QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, const QuantizeOptions& options,
                                    const std::function<void(size_t, size_t, const std::string&)>& progress) {
-  if (options.format != "mxfp4" && options.format != "fp8")
-    fail("unknown quantisation format '" + options.format + "' (mxfp4 or fp8)");
+  if (options.format != "mxfp4" && options.format != "fp8" && !is_mxfp6(options.format))
+    fail("unknown quantisation format '" + options.format + "' (mxfp4, mxfp6, mxfp6_e3m2 or fp8)");
   if (fs::exists(out) && !fs::is_empty(out)) fail("output folder " + out.string() + " exists and is not empty");
   QuantizeReport report;
   report.exclude = options.default_excludes ? default_excludes(in) : std::vector<std::string>{};
@@ -88,7 +91,7 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
       specs.push_back({name, DType::F8_E4M3, {rows, cols}});
       specs.push_back({name + "_scale_inv", DType::F32, {(rows + kFp8Block - 1) / kFp8Block, (cols + kFp8Block - 1) / kFp8Block}});
     } else {
-      specs.push_back({name, DType::U8, {rows, cols / 2}});
+      specs.push_back({name, DType::U8, {rows, is_mxfp6(options.format) ? cols / 4 * 3 : cols / 2}});
       specs.push_back({name + "_scale", DType::U8, {rows, cols / kMxBlock}});
     }
   }
@@ -111,6 +114,14 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
         writer.write(codes.data(), codes.size());
         writer.write(scale_inv.data(), scale_inv.size() * sizeof(float));
         report.bytes_out += codes.size() + scale_inv.size() * sizeof(float);
+      } else if (is_mxfp6(options.format)) {
+        const MiniFloat element = options.format == "mxfp6" ? MiniFloat::E2M3 : MiniFloat::E3M2;
+        std::vector<uint8_t> codes(values.size()), packed(values.size() / 4 * 3), scales(values.size() / kMxBlock);
+        quantize_mxfp6(element, values.data(), values.size(), codes.data(), scales.data());
+        pack_mxfp6(codes.data(), codes.size(), packed.data());
+        writer.write(packed.data(), packed.size());
+        writer.write(scales.data(), scales.size());
+        report.bytes_out += packed.size() + scales.size();
       } else {
         std::vector<uint8_t> packed(values.size() / 2), scales(values.size() / kMxBlock);
         for (int64_t r = 0; r < rows; ++r)

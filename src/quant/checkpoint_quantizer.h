@@ -1,5 +1,6 @@
-// Quantises a checkpoint folder tensor by tensor into MXFP4 (AMD Quark's layout) or block FP8
-// (the GLM-5-FP8 layout), streaming so that memory holds one tensor at a time.
+// Quantises a checkpoint folder tensor by tensor into MXFP4 (AMD Quark's layout), MXFP6 (the
+// same with four 6-bit codes per 3 bytes, quant/formats.h) or block FP8 (the GLM-5-FP8 layout),
+// streaming so that memory holds one tensor at a time.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +12,7 @@
 namespace glms::quant {
 
 struct QuantizeOptions {
-  std::string format;                 // "mxfp4" or "fp8"
+  std::string format;                 // "mxfp4", "mxfp6" (E2M3), "mxfp6_e3m2" or "fp8"
   std::vector<std::string> exclude;   // extra glob patterns on tensor names ('*' and '?')
   bool default_excludes = true;       // embeddings, lm_head, routers, indexer weights_proj, the MTP layer
 };

@@ -168,6 +168,35 @@ void dequantize_mxfp6(MiniFloat element, const uint8_t* codes, const uint8_t* sc
     out[i] = minifloat_to_f32(element, codes[i]) * e8m0_to_f32(scales[i / kMxBlock]);
 }
 
+void pack_mxfp6(const uint8_t* codes, size_t count, uint8_t* packed) {
+  GLMS_CHECK(count % 4 == 0, "MXFP6 packs four values into three bytes");
+  for (size_t i = 0; i < count / 4; ++i) {
+    const uint32_t group = (codes[4 * i] & 0x3fu) | (codes[4 * i + 1] & 0x3fu) << 6 | (codes[4 * i + 2] & 0x3fu) << 12 |
+                           (codes[4 * i + 3] & 0x3fu) << 18;
+    packed[3 * i] = static_cast<uint8_t>(group);
+    packed[3 * i + 1] = static_cast<uint8_t>(group >> 8);
+    packed[3 * i + 2] = static_cast<uint8_t>(group >> 16);
+  }
+}
+
+void unpack_mxfp6(const uint8_t* packed, size_t count, uint8_t* codes) {
+  GLMS_CHECK(count % 4 == 0, "MXFP6 packs four values into three bytes");
+  for (size_t i = 0; i < count / 4; ++i) {
+    const uint32_t group = packed[3 * i] | packed[3 * i + 1] << 8 | packed[3 * i + 2] << 16;
+    for (int k = 0; k < 4; ++k) codes[4 * i + k] = static_cast<uint8_t>((group >> (6 * k)) & 0x3fu);
+  }
+}
+
+void dequantize_mxfp6_packed(MiniFloat element, const uint8_t* packed, const uint8_t* scales, size_t count, float* out) {
+  GLMS_CHECK(count % kMxBlock == 0, "MXFP6 rows must be a multiple of 32 values");
+  const auto& table = element == MiniFloat::E2M3 ? decode_table<MiniFloat::E2M3, 64>() : decode_table<MiniFloat::E3M2, 64>();
+  for (size_t i = 0; i < count / 4; ++i) {
+    const uint32_t group = packed[3 * i] | packed[3 * i + 1] << 8 | packed[3 * i + 2] << 16;
+    const float scale = e8m0_to_f32(scales[4 * i / kMxBlock]);
+    for (int k = 0; k < 4; ++k) out[4 * i + k] = table[(group >> (6 * k)) & 0x3fu] * scale;
+  }
+}
+
 void quantize_fp8_block(const float* matrix, int64_t rows, int64_t cols, uint8_t* codes, float* scale_inv) {
   const int64_t block_rows = (rows + kFp8Block - 1) / kFp8Block, block_cols = (cols + kFp8Block - 1) / kFp8Block;
   const float fp8_max = minifloat_max(MiniFloat::E4M3);

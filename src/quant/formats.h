@@ -4,8 +4,7 @@
 //          power-of-two scale: 4.25 bits per value. Two values per byte, the even-indexed one
 //          in the low nibble (AMD Quark's packing).
 //   MXFP6: blocks of 32 E2M3 (max 7.5) or E3M2 (max 28) values + E8M0 scale: 6.25 bits per
-//          value; stored one value per byte here (packing 4 values into 3 bytes is a file
-//          format matter).
+//          value; one code per byte in memory, four codes in three bytes in checkpoints.
 //   FP8 block: E4M3 (max 448) with one fp32 scale per 128 x 128 block of the weight matrix,
 //          stored as `weight_scale_inv` (the dequantisation multiplier).
 // Quantisation rounds to nearest, ties to even, and saturates to the format's largest normal.
@@ -43,6 +42,12 @@ void dequantize_mxfp4(const uint8_t* packed, const uint8_t* scales, size_t count
 // MXFP6 (E2M3 or E3M2), one element code per byte.
 void quantize_mxfp6(MiniFloat element, const float* values, size_t count, uint8_t* codes, uint8_t* scales);
 void dequantize_mxfp6(MiniFloat element, const uint8_t* codes, const uint8_t* scales, size_t count, float* out);
+
+// MXFP6 as glmserve's checkpoints store it: four 6-bit codes in 3 bytes, a little-endian 24-bit
+// group with the first value in the low bits (count / 4 * 3 bytes per row), E8M0 scales as above.
+void pack_mxfp6(const uint8_t* codes, size_t count, uint8_t* packed);
+void unpack_mxfp6(const uint8_t* packed, size_t count, uint8_t* codes);
+void dequantize_mxfp6_packed(MiniFloat element, const uint8_t* packed, const uint8_t* scales, size_t count, float* out);
 
 // Block FP8 of a row-major [rows, cols] matrix: `codes` [rows, cols] E4M3 and `scale_inv`
 // [ceil(rows/128), ceil(cols/128)] with scale_inv = max |block| / 448 (1 for an all-zero block).

@@ -119,6 +119,29 @@ TEST(Mx, Fp6IsFinerThanFp4AndSpecialBlocksSurvive) {
   for (int i = 32; i < 64; ++i) EXPECT_TRUE(std::isnan(back[i])) << "a NaN makes the whole block NaN";
 }
 
+TEST(Mx, Fp6PacksFourCodesIntoThreeBytes) {
+  // Codes 0..63 in order: the 24-bit groups hold them low value first.
+  std::vector<uint8_t> codes(64), unpacked(64), packed(48);
+  for (int i = 0; i < 64; ++i) codes[i] = static_cast<uint8_t>(i);
+  pack_mxfp6(codes.data(), codes.size(), packed.data());
+  EXPECT_EQ(packed[0], 0x40);  // 0 | 1 << 6
+  EXPECT_EQ(packed[1], 0x20);  // (1 >> 2) | 2 << 4
+  EXPECT_EQ(packed[2], 0x0c);  // (2 >> 4) | 3 << 2
+  unpack_mxfp6(packed.data(), packed.size() / 3 * 4, unpacked.data());
+  EXPECT_EQ(unpacked, codes);
+  // Packed dequantisation equals the per-byte reference for both elements.
+  const auto values = glms::testing::random_values(32 * 8, 9, 3.0f);
+  std::vector<uint8_t> element_codes(values.size()), scales(values.size() / 32), bytes(values.size() / 4 * 3);
+  std::vector<float> reference(values.size()), from_packed(values.size());
+  for (MiniFloat element : {MiniFloat::E2M3, MiniFloat::E3M2}) {
+    quantize_mxfp6(element, values.data(), values.size(), element_codes.data(), scales.data());
+    pack_mxfp6(element_codes.data(), element_codes.size(), bytes.data());
+    dequantize_mxfp6(element, element_codes.data(), scales.data(), values.size(), reference.data());
+    dequantize_mxfp6_packed(element, bytes.data(), scales.data(), values.size(), from_packed.data());
+    EXPECT_EQ(from_packed, reference);
+  }
+}
+
 TEST(Fp8Block, ScalesPerBlockAndPartialBlocks) {
   const int64_t rows = 200, cols = 300;  // partial blocks on both axes
   auto matrix = glms::testing::random_values(rows * cols, 7, 0.02f);

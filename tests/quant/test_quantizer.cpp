@@ -2,13 +2,16 @@
 // result loads and runs, and the quality statistics on known inputs.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "model/glm5.h"
 #include "quant/checkpoint_quantizer.h"
+#include "quant/formats.h"
 #include "random_model.h"
 
 using namespace glms;
@@ -59,6 +62,49 @@ TEST(Quantizer, WritesQuarkMxfp4AndKeepsTheDefaultExclusions) {
   EXPECT_THROW(quant::quantize_checkpoint(source, dir.path / "mxfp4", options), Error) << "refuses a non-empty output";
   options.format = "int3";
   EXPECT_THROW(quant::quantize_checkpoint(source, dir.path / "other", options), Error);
+}
+
+// MXFP6 checkpoints: four codes per 3 bytes, the element named in quantization_config; the
+// loaded rows are exactly the reference quantiser's values and the model runs.
+TEST(Quantizer, WritesMxfp6AndTheModelLoadsIt) {
+  glms::testing::TempDir dir("quantizer_fp6");
+  glms::testing::RandomModelSpec spec;
+  spec.hidden_size = 64;
+  spec.moe_intermediate_size = 32;
+  spec.intermediate_size = 64;
+  const auto source = glms::testing::write_random_model(dir.path / "bf16", spec);
+  const std::string name = "model.layers.1.mlp.experts.0.up_proj.weight";
+  const io::Checkpoint original = io::Checkpoint::open(source);
+  const std::vector<float> values = io::read_f32(original.get(name));
+  for (auto [format, element, dtype] : {std::tuple{"mxfp6", quant::MiniFloat::E2M3, "fp6_e2m3"},
+                                        std::tuple{"mxfp6_e3m2", quant::MiniFloat::E3M2, "fp6_e3m2"}}) {
+    quant::QuantizeOptions options;
+    options.format = format;
+    const auto out = dir.path / format;
+    quant::quantize_checkpoint(source, out, options);
+    const io::Checkpoint written = io::Checkpoint::open(out);
+    const int64_t rows = original.get(name).shape[0], cols = original.get(name).shape[1];
+    EXPECT_EQ(written.get(name).shape, (std::vector<int64_t>{rows, cols / 4 * 3}));
+    std::ifstream config(out / "config.json");
+    EXPECT_EQ(nlohmann::json::parse(config)["quantization_config"]["global_quant_config"]["weight"]["dtype"], dtype);
+
+    const model::Glm5Model model(model::load_weights(out.string()));
+    const ops::WeightView& w = model.weights().layers[1].moe.experts[0].up_proj;
+    EXPECT_EQ(w.format, element == quant::MiniFloat::E2M3 ? ops::WeightFormat::Mxfp6E2M3 : ops::WeightFormat::Mxfp6E3M2);
+    std::vector<uint8_t> codes(values.size()), scales(values.size() / 32);
+    std::vector<float> want(values.size()), row(cols);
+    quant::quantize_mxfp6(element, values.data(), values.size(), codes.data(), scales.data());
+    quant::dequantize_mxfp6(element, codes.data(), scales.data(), values.size(), want.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      w.row_to_f32(r, row.data());
+      ASSERT_EQ(std::vector<float>(want.begin() + r * cols, want.begin() + (r + 1) * cols), row) << format << " row " << r;
+    }
+    EXPECT_EQ(model.weights().parameters, model::load_weights(source.string()).parameters);
+    model::ForwardBatch batch;
+    batch.add_sequence({1, 2, 3}, 0, {0}, 16, false);
+    kv::PagedLatentCache cache(model.cache_layout(16), 1);
+    for (float logit : model.forward(batch, cache)) ASSERT_TRUE(std::isfinite(logit));
+  }
 }
 
 TEST(Quality, StatisticsOnKnownLogits) {

@@ -85,7 +85,7 @@ WeightView WeightView::slice_rows(int64_t first, int64_t count) const {
     const int64_t element = format == WeightFormat::Plain ? static_cast<int64_t>(dtype_size(dtype)) : 1;
     view.data = static_cast<const std::byte*>(data) + first * row_stride * element;
   }
-  return view;  // Mxfp4 rows are addressed from first_row
+  return view;  // MX rows are addressed from first_row
 }
 
 void WeightView::row_to_f32(int64_t row, float* out) const {
@@ -101,6 +101,15 @@ void WeightView::row_to_f32(int64_t row, float* out) const {
       quant::dequantize_mxfp4(static_cast<const uint8_t*>(data) + absolute * (cols / 2),
                               static_cast<const uint8_t*>(scales) + absolute * (cols / quant::kMxBlock),
                               static_cast<size_t>(cols), out);
+      return;
+    }
+    case WeightFormat::Mxfp6E2M3:
+    case WeightFormat::Mxfp6E3M2: {
+      const int64_t absolute = first_row + row;
+      quant::dequantize_mxfp6_packed(format == WeightFormat::Mxfp6E2M3 ? quant::MiniFloat::E2M3 : quant::MiniFloat::E3M2,
+                                     static_cast<const uint8_t*>(data) + absolute * (cols / 4 * 3),
+                                     static_cast<const uint8_t*>(scales) + absolute * (cols / quant::kMxBlock),
+                                     static_cast<size_t>(cols), out);
       return;
     }
     case WeightFormat::Plain: break;

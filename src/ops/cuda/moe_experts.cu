@@ -389,6 +389,8 @@ void moe_experts_small(const uint16_t* x, int64_t hidden, int64_t inter, const E
       GLMS_CHECK(hidden % 16 == 0 && inter % 16 == 0, "FP8 experts need hidden and moe_intermediate_size multiples of 16");
       run(Fp8{}, std::true_type{});
       return;
+    default:
+      fail("moe_experts_small: MXFP6 experts are widened to bf16 on upload");
   }
 }
 
