@@ -144,7 +144,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--min-p", args->min_p, "Drop tokens under min_p x the top probability")->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--seed", args->seed, "Random seed for sampling");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence tokens");
-  cmd->add_option("--speculative", args->speculative, "Speculative decoding with the checkpoint's MTP layer (greedy)")
+  cmd->add_option("--speculative", args->speculative, "Speculative decoding with the checkpoint's MTP layer (greedy, or sampled by speculative rejection sampling)")
       ->check(CLI::IsMember({"mtp"}));
   cmd->add_option("--speculative-steps", args->speculative_steps, "Draft tokens per step (with --speculative mtp)")
       ->check(CLI::Range(1, 16));

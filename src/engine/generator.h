@@ -20,7 +20,7 @@ struct GenerateOptions {
   bool ignore_eos = false;
   int prefill_chunk = 512;                          // prompt tokens per forward step
   int block_size = 64;
-  int speculative_steps = 0;                        // > 0: MTP drafts this many tokens per step (greedy only)
+  int speculative_steps = 0;                        // > 0: MTP drafts this many tokens per step
   std::function<void(int32_t)> on_token;            // called as each token is chosen
 };
 
@@ -52,8 +52,9 @@ GenerateResult generate(const model::Glm5Model& model, const std::vector<int32_t
 GenerateResult generate(model::StepRunner& runner, const std::vector<int32_t>& prompt, const GenerateOptions& options);
 
 // generate() with MTP speculative decoding (options.speculative_steps drafts per step, chained
-// through the checkpoint's MTP layer, verified in one target forward). Greedy only; its tokens
-// equal generate()'s without speculation.
+// through the checkpoint's MTP layer, verified in one target forward by speculative rejection
+// sampling). Greedy tokens equal generate()'s without speculation; sampled tokens follow the
+// same distribution (not the same draws: the random stream is used differently).
 GenerateResult generate_speculative(const model::Glm5Model& model, const std::vector<int32_t>& prompt,
                                     const GenerateOptions& options);
 

@@ -14,13 +14,25 @@ int32_t argmax(const float* logits, int vocab_size) {
   return best;
 }
 
-int32_t Sampler::sample(const float* logits, int vocab_size, const SamplingParams& params) {
-  if (params.temperature <= 0.0f) return argmax(logits, vocab_size);
+namespace {
+
+// The tokens that survive the filters with their probabilities (not renormalised): entries
+// [0, keep) of ids/probs, their mass kept_total.
+struct Filtered {
+  std::vector<int32_t> ids;
+  std::vector<double> probs;
+  size_t keep = 0;
+  double kept_total = 0.0;
+};
+
+Filtered filter(const float* logits, int vocab_size, const SamplingParams& params) {
   // Candidates in a fixed order (by logit, then id, wherever an order matters) so that a seed
   // always draws the same token. Sorting the whole vocabulary (154880 ids for GLM-5) is done
   // only when top_p needs the cumulative mass; otherwise every pass is linear.
   auto better = [logits](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  std::vector<int32_t> candidates(vocab_size);
+  Filtered f;
+  std::vector<int32_t>& candidates = f.ids;
+  candidates.resize(vocab_size);
   std::iota(candidates.begin(), candidates.end(), 0);
   if (params.top_k > 0 && params.top_k < vocab_size) {
     std::nth_element(candidates.begin(), candidates.begin() + params.top_k, candidates.end(), better);
@@ -30,7 +42,8 @@ int32_t Sampler::sample(const float* logits, int vocab_size, const SamplingParam
 
   float max_logit = logits[candidates[0]];
   for (int32_t id : candidates) max_logit = std::max(max_logit, logits[id]);
-  std::vector<double> probs(candidates.size());
+  std::vector<double>& probs = f.probs;
+  probs.resize(candidates.size());
   double total = 0.0;
   for (size_t i = 0; i < candidates.size(); ++i)
     total += probs[i] = std::exp((logits[candidates[i]] - max_logit) / params.temperature);
@@ -57,15 +70,71 @@ int32_t Sampler::sample(const float* logits, int vocab_size, const SamplingParam
       }
     keep = kept;
   }
-  double kept_total = 0.0;
-  for (size_t i = 0; i < keep; ++i) kept_total += probs[i];
-  std::uniform_real_distribution<double> uniform(0.0, kept_total);
+  for (size_t i = 0; i < keep; ++i) f.kept_total += probs[i];
+  f.keep = keep;
+  return f;
+}
+
+}  // namespace
+
+int32_t Sampler::sample(const float* logits, int vocab_size, const SamplingParams& params) {
+  if (params.temperature <= 0.0f) return argmax(logits, vocab_size);
+  const Filtered f = filter(logits, vocab_size, params);
+  std::uniform_real_distribution<double> uniform(0.0, f.kept_total);
   double draw = uniform(rng_);
-  for (size_t i = 0; i < keep; ++i) {
-    draw -= probs[i];
-    if (draw <= 0.0) return candidates[i];
+  for (size_t i = 0; i < f.keep; ++i) {
+    draw -= f.probs[i];
+    if (draw <= 0.0) return f.ids[i];
   }
-  return candidates[keep - 1];
+  return f.ids[f.keep - 1];
+}
+
+void Sampler::probabilities(const float* logits, int vocab_size, const SamplingParams& params, float* probs) {
+  std::fill(probs, probs + vocab_size, 0.0f);
+  if (params.temperature <= 0.0f) {
+    probs[argmax(logits, vocab_size)] = 1.0f;
+    return;
+  }
+  const Filtered f = filter(logits, vocab_size, params);
+  for (size_t i = 0; i < f.keep; ++i) probs[f.ids[i]] = static_cast<float>(f.probs[i] / f.kept_total);
+}
+
+int32_t Sampler::sample_from(const float* probs, int vocab_size) {
+  double total = 0.0;
+  for (int i = 0; i < vocab_size; ++i) total += probs[i];
+  std::uniform_real_distribution<double> uniform(0.0, total);
+  double draw = uniform(rng_);
+  int32_t last = 0;
+  for (int i = 0; i < vocab_size; ++i) {
+    if (probs[i] <= 0.0f) continue;
+    last = i;
+    draw -= probs[i];
+    if (draw <= 0.0) return i;
+  }
+  return last;
+}
+
+DraftVerdict Sampler::verify_drafts(const int32_t* drafts, int num_drafts, const float* draft_probs,
+                                    const float* target_probs, int vocab_size) {
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  DraftVerdict verdict;
+  for (int k = 0; k < num_drafts; ++k) {
+    const float* q = draft_probs + static_cast<int64_t>(k) * vocab_size;
+    const float* p = target_probs + static_cast<int64_t>(k) * vocab_size;
+    const int32_t d = drafts[k];
+    if (uniform(rng_) * q[d] < p[d]) {  // accept with probability min(1, p(d) / q(d))
+      ++verdict.accepted;
+      continue;
+    }
+    std::vector<float> residual(vocab_size);
+    double mass = 0.0;
+    for (int i = 0; i < vocab_size; ++i) mass += residual[i] = std::max(0.0f, p[i] - q[i]);
+    // No residual mass only when p == q up to rounding (then a rejection is itself rounding).
+    verdict.next = mass > 0.0 ? sample_from(residual.data(), vocab_size) : sample_from(p, vocab_size);
+    return verdict;
+  }
+  verdict.next = sample_from(target_probs + static_cast<int64_t>(num_drafts) * vocab_size, vocab_size);
+  return verdict;
 }
 
 }  // namespace glms::engine

@@ -1,17 +1,19 @@
-// MTP speculative decoding for one request, greedy.
+// MTP speculative decoding for one request.
 //
 // The MTP layer's entry at position j pairs the target's pre-norm hidden state h_j with the
 // token at j + 1 and predicts the token at j + 2; it attends over its own one-layer latent
 // cache of earlier entries. Each step:
 //   1. draft: run the MTP layer over the entries the last step verified (their rows in the MTP
-//      cache are rewritten with the target's hidden states), take its greedy token d1, then
-//      chain: entry (MTP output hidden, d_k) at the next position gives d_{k+1};
-//   2. verify: one target forward over [t_n, d1 .. dK] gives the target's greedy token after
-//      each; the drafts are accepted while they equal it, and the target's token after the
-//      last accepted draft comes free. Rejected positions need no rollback: cache rows are
+//      cache are rewritten with the target's hidden states), draw d1 from its distribution
+//      (the request's temperature, top-k, top-p and min-p applied), then chain: entry (MTP
+//      output hidden, d_k) at the next position gives d_{k+1};
+//   2. verify: one target forward over [t_n, d1 .. dK] gives the target's distribution after
+//      each; Sampler::verify_drafts keeps drafts by speculative rejection sampling and draws
+//      the token after the last one kept. Rejected positions need no rollback: cache rows are
 //      addressed by position and rewritten before anything reads them.
-// Every emitted token is the target's own argmax given the true prefix, and the CPU forward is
-// batch-invariant, so the output equals plain greedy decoding token for token.
+// Greedy (temperature 0) distributions are one-hot, so every emitted token is the target's own
+// argmax given the true prefix; the CPU forward is batch-invariant, so the output equals plain
+// greedy decoding token for token. Sampled output follows the target's distribution exactly.
 #include <algorithm>
 #include <chrono>
 
@@ -25,8 +27,6 @@ GenerateResult generate_speculative(const model::Glm5Model& model, const std::ve
   const io::ModelConfig& config = model.config();
   const int K = options.speculative_steps;
   if (model.num_mtp_layers() == 0) fail("speculative decoding with MTP needs a checkpoint with an MTP layer");
-  if (options.sampling.temperature > 0.0f)
-    fail("MTP speculative decoding is greedy only for now: use temperature 0");
   // Verification writes up to K + 1 positions past the last accepted token.
   const int64_t total = detail::checked_total_positions(config, prompt, options, K + 1);
   const int block_size = options.block_size;
@@ -43,6 +43,13 @@ GenerateResult generate_speculative(const model::Glm5Model& model, const std::ve
     return result;
   }
   auto emit = [&](int32_t token) { return detail::append_token(config, options, token, result); };
+  Sampler sampler(options.sampling.seed);
+  std::vector<float> draft_probs(static_cast<size_t>(K) * vocab), target_probs(static_cast<size_t>(K + 1) * vocab);
+  auto draw_draft = [&](const float* logits, int k) {
+    float* q = draft_probs.data() + static_cast<int64_t>(k) * vocab;
+    Sampler::probabilities(logits, vocab, options.sampling, q);
+    return sampler.sample_from(q, vocab);
+  };
 
   // Prefill, keeping every prompt position's pre-norm hidden state for the MTP entries.
   const auto prefill_start = std::chrono::steady_clock::now();
@@ -51,7 +58,7 @@ GenerateResult generate_speculative(const model::Glm5Model& model, const std::ve
   result.prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - prefill_start).count();
 
   const auto decode_start = std::chrono::steady_clock::now();
-  int32_t next = argmax(logits.data(), vocab);
+  int32_t next = sampler.sample(logits.data(), vocab, options.sampling);
   if (emit(next)) return result;
   int entry_start = 0;                                                   // position of the first pending entry
   std::vector<int32_t> entry_tokens(prompt.begin() + 1, prompt.end());  // the token after each entry
@@ -66,7 +73,7 @@ GenerateResult generate_speculative(const model::Glm5Model& model, const std::ve
       model::ForwardBatch batch;
       batch.add_sequence(entry_tokens, entry_start, table, block_size, false);
       const auto draft_logits = model.mtp_forward(0, batch, entry_hidden.data(), mtp_cache, &chain_hidden);
-      drafts.push_back(argmax(draft_logits.data(), vocab));
+      drafts.push_back(draw_draft(draft_logits.data(), 0));
       chain_hidden.erase(chain_hidden.begin(), chain_hidden.end() - hidden);  // the last entry's output
     }
     for (int k = 1; k < K; ++k) {
@@ -74,7 +81,7 @@ GenerateResult generate_speculative(const model::Glm5Model& model, const std::ve
       batch.add_sequence({drafts.back()}, context - 1 + k, table, block_size, false);
       std::vector<float> out_hidden;
       const auto draft_logits = model.mtp_forward(0, batch, chain_hidden.data(), mtp_cache, &out_hidden);
-      drafts.push_back(argmax(draft_logits.data(), vocab));
+      drafts.push_back(draw_draft(draft_logits.data(), k));
       chain_hidden = std::move(out_hidden);
     }
 
@@ -89,13 +96,14 @@ GenerateResult generate_speculative(const model::Glm5Model& model, const std::ve
     ++result.decode_steps;
     ++result.speculative.steps;
     result.speculative.drafted += K;
-    int accepted = 0;
-    while (accepted < K && drafts[accepted] == argmax(verify_logits.data() + accepted * vocab, vocab)) {
-      ++result.speculative.accepted_per_position[accepted];
-      ++accepted;
-    }
+    for (int k = 0; k <= K; ++k)
+      Sampler::probabilities(verify_logits.data() + static_cast<int64_t>(k) * vocab, vocab, options.sampling,
+                             target_probs.data() + static_cast<int64_t>(k) * vocab);
+    const DraftVerdict verdict = sampler.verify_drafts(drafts.data(), K, draft_probs.data(), target_probs.data(), vocab);
+    const int accepted = verdict.accepted;
+    for (int k = 0; k < accepted; ++k) ++result.speculative.accepted_per_position[k];
     result.speculative.accepted += accepted;
-    const int32_t bonus = argmax(verify_logits.data() + accepted * vocab, vocab);
+    const int32_t bonus = verdict.next;
 
     bool finished = false;
     for (int i = 0; i < accepted && !finished; ++i) finished = emit(drafts[i]);

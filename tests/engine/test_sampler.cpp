@@ -59,3 +59,108 @@ TEST(Sampler, SameSeedSameTokens) {
   Sampler a(params.seed), b(params.seed);
   for (int i = 0; i < 100; ++i) EXPECT_EQ(a.sample(kLogits.data(), 5, params), b.sample(kLogits.data(), 5, params));
 }
+
+TEST(Sampler, ProbabilitiesAreWhatSampleDrawsFrom) {
+  std::vector<float> probs(5);
+  SamplingParams top_k;
+  top_k.top_k = 2;
+  Sampler::probabilities(kLogits.data(), 5, top_k, probs.data());
+  EXPECT_NEAR(probs[0], 8.0 / 12, 1e-6);
+  EXPECT_NEAR(probs[1], 4.0 / 12, 1e-6);
+  EXPECT_EQ(probs[2] + probs[3] + probs[4], 0.0f);
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  Sampler::probabilities(kLogits.data(), 5, greedy, probs.data());
+  EXPECT_EQ(probs, (std::vector<float>{1, 0, 0, 0, 0}));
+}
+
+namespace {
+
+// A Markov chain over 5 tokens stands in for the models: the target's next-token distribution
+// after token t is kTarget[t], the draft's kDraft[t] (deliberately different, and sometimes
+// zero where the target is not).
+constexpr int kVocab = 5;
+const float kTarget[kVocab][kVocab] = {{0.40f, 0.25f, 0.15f, 0.12f, 0.08f},
+                                       {0.10f, 0.30f, 0.30f, 0.20f, 0.10f},
+                                       {0.25f, 0.10f, 0.10f, 0.15f, 0.40f},
+                                       {0.20f, 0.20f, 0.20f, 0.20f, 0.20f},
+                                       {0.05f, 0.45f, 0.15f, 0.15f, 0.20f}};
+const float kDraft[kVocab][kVocab] = {{0.10f, 0.60f, 0.10f, 0.20f, 0.00f},
+                                      {0.30f, 0.30f, 0.10f, 0.10f, 0.20f},
+                                      {0.05f, 0.05f, 0.60f, 0.15f, 0.15f},
+                                      {0.50f, 0.00f, 0.20f, 0.10f, 0.20f},
+                                      {0.20f, 0.20f, 0.20f, 0.20f, 0.20f}};
+
+// Chi-square statistic of the first three tokens of `runs` speculative decodes (two drafts a
+// step, starting after token 0) against the target chain's exact joint distribution.
+// `rejection_sampling` false accepts every draft, the mistake the test must catch.
+double first_three_chi_square(int runs, bool rejection_sampling) {
+  Sampler sampler(2026);
+  std::vector<int> counts(kVocab * kVocab * kVocab, 0);
+  constexpr int K = 2;
+  for (int run = 0; run < runs; ++run) {
+    std::vector<int32_t> emitted;
+    int32_t last = 0;
+    while (emitted.size() < 3) {
+      int32_t drafts[K];
+      std::vector<float> q(K * kVocab), p((K + 1) * kVocab);
+      std::copy(kDraft[last], kDraft[last] + kVocab, q.begin());
+      drafts[0] = sampler.sample_from(q.data(), kVocab);
+      std::copy(kDraft[drafts[0]], kDraft[drafts[0]] + kVocab, q.begin() + kVocab);
+      drafts[1] = sampler.sample_from(q.data() + kVocab, kVocab);
+      const int32_t context[K + 1] = {last, drafts[0], drafts[1]};
+      for (int k = 0; k <= K; ++k) std::copy(kTarget[context[k]], kTarget[context[k]] + kVocab, p.begin() + k * kVocab);
+      DraftVerdict verdict{K, sampler.sample_from(p.data() + K * kVocab, kVocab)};
+      if (rejection_sampling) verdict = sampler.verify_drafts(drafts, K, q.data(), p.data(), kVocab);
+      emitted.insert(emitted.end(), drafts, drafts + verdict.accepted);
+      emitted.push_back(verdict.next);
+      last = emitted.back();
+    }
+    ++counts[(emitted[0] * kVocab + emitted[1]) * kVocab + emitted[2]];
+  }
+  double chi_square = 0.0;
+  for (int a = 0; a < kVocab; ++a)
+    for (int b = 0; b < kVocab; ++b)
+      for (int c = 0; c < kVocab; ++c) {
+        const double expected = runs * static_cast<double>(kTarget[0][a]) * kTarget[a][b] * kTarget[b][c];
+        const double diff = counts[(a * kVocab + b) * kVocab + c] - expected;
+        chi_square += diff * diff / expected;
+      }
+  return chi_square;
+}
+
+}  // namespace
+
+// Speculative rejection sampling keeps the target's distribution: over 100k seeded runs the
+// 125 joint outcomes of the first three tokens pass a chi-square test (124 degrees of freedom,
+// 190 is the 0.9999 quantile), while accepting every draft fails it by far.
+TEST(SpeculativeSampling, EmittedTokensFollowTheTargetDistribution) {
+  const double chi_square = first_three_chi_square(100000, true);
+  std::printf("chi-square with rejection sampling %.1f, accepting every draft %.1f\n", chi_square,
+              first_three_chi_square(100000, false));
+  EXPECT_LT(chi_square, 190.0);
+  EXPECT_GT(first_three_chi_square(100000, false), 1000.0);
+}
+
+TEST(SpeculativeSampling, OneHotDistributionsAcceptWhileEqualToTheArgmax) {
+  Sampler sampler(1);
+  auto one_hot = [](std::initializer_list<int> ids) {
+    std::vector<float> v;
+    for (int id : ids) {
+      std::vector<float> row(kVocab, 0.0f);
+      row[id] = 1.0f;
+      v.insert(v.end(), row.begin(), row.end());
+    }
+    return v;
+  };
+  const int32_t drafts[3] = {2, 4, 1};
+  const auto q = one_hot({2, 4, 1});
+  for (int trial = 0; trial < 20; ++trial) {
+    const DraftVerdict all = sampler.verify_drafts(drafts, 3, q.data(), one_hot({2, 4, 1, 3}).data(), kVocab);
+    EXPECT_EQ(all.accepted, 3);
+    EXPECT_EQ(all.next, 3);
+    const DraftVerdict second_wrong = sampler.verify_drafts(drafts, 3, q.data(), one_hot({2, 0, 1, 3}).data(), kVocab);
+    EXPECT_EQ(second_wrong.accepted, 1);
+    EXPECT_EQ(second_wrong.next, 0);
+  }
+}

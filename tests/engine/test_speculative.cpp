@@ -1,5 +1,7 @@
 // MTP speculative decoding must give exactly the plain greedy tokens, for every draft depth,
-// on a trained model (drafts often accepted) and a random one (drafts almost never accepted).
+// on a trained model (drafts often accepted) and a random one (drafts almost never accepted);
+// sampled speculation is seeded and accounts its drafts (its distribution is tested on the
+// rejection sampler itself in test_sampler.cpp).
 #include <gtest/gtest.h>
 
 #include "core/error.h"
@@ -16,10 +18,12 @@ std::vector<int32_t> golden_prompt(const std::string& dir, size_t length) {
   return std::vector<int32_t>(ids.begin(), ids.begin() + std::min(length, ids.size()));
 }
 
-engine::GenerateResult run(const model::Glm5Model& model, const std::vector<int32_t>& prompt, int steps, int tokens) {
+engine::GenerateResult run(const model::Glm5Model& model, const std::vector<int32_t>& prompt, int steps, int tokens,
+                           float temperature = 0.0f, uint64_t seed = 0) {
   engine::GenerateOptions options;
   options.max_tokens = tokens;
-  options.sampling.temperature = 0.0f;
+  options.sampling.temperature = temperature;
+  options.sampling.seed = seed;
   options.ignore_eos = true;
   options.block_size = 16;
   options.prefill_chunk = 37;
@@ -52,7 +56,26 @@ TEST_P(Speculative, GreedyOutputEqualsPlainDecodingForEveryDepth) {
   }
 }
 
-TEST(SpeculativeErrors, NeedsGreedyAndAnMtpLayer) {
+TEST(SpeculativeSampled, SeededAndAccountedOnTheBundledModel) {
+  const model::Glm5Model model(model::load_weights(std::string(GLMS_SOURCE_DIR) + "/models/glm5-tiny-code"));
+  const auto prompt = golden_prompt("models/glm5-tiny-code", 40);
+  const auto a = run(model, prompt, 3, 48, 0.8f, 7), b = run(model, prompt, 3, 48, 0.8f, 7);
+  const auto c = run(model, prompt, 3, 48, 0.8f, 8);
+  EXPECT_EQ(a.output_ids, b.output_ids) << "same seed, same tokens";
+  EXPECT_NE(a.output_ids, c.output_ids) << "another seed, other tokens";
+  EXPECT_EQ(a.output_ids.size(), 48u);
+  const auto& s = a.speculative;
+  EXPECT_EQ(s.drafted, 3 * s.steps);
+  // The first token comes from the prefill, each step emits its accepted drafts and one more;
+  // the last step may stop early at max_tokens (losing at most K).
+  const int64_t emitted = static_cast<int64_t>(a.output_ids.size());
+  EXPECT_LE(emitted, 1 + s.steps + s.accepted);
+  EXPECT_GE(emitted, 1 + s.steps + s.accepted - 3);
+  EXPECT_GT(s.acceptance_length(), 1.2) << "the trained MTP layer's samples are often the target's";
+  std::printf("[ spec     ] sampled at temperature 0.8, K=3: acceptance length %.2f\n", s.acceptance_length());
+}
+
+TEST(SpeculativeErrors, NeedsAnMtpLayer) {
   const model::Glm5Model model(model::load_weights(std::string(GLMS_SOURCE_DIR) + "/tests/golden/glm5-random"));
   engine::GenerateOptions options;
   options.sampling.temperature = 0.0f;
