@@ -5,6 +5,15 @@
 // tokens are all computed; report. When a running sequence needs a block and none is free,
 // the cache evicts unused prefixes, then the most recently admitted sequence is preempted
 // (its blocks freed, its tokens recomputed later).
+//
+// With speculative_steps K > 0, a decode reserves 1 + K slots: before the forward, the MTP
+// layer runs over each sequence's pending entries (target hidden states of positions computed
+// since its last run) and chains K drafts; the forward verifies [pending token, drafts] beside
+// the other sequences' decodes and prefill chunks; Sampler::verify_drafts keeps drafts, which
+// are reported one token at a time (so EOS, stop ids and max_tokens cut exactly where plain
+// decoding would). Only verified tokens count as computed, so neither the cache nor the prefix
+// cache ever holds a rejected draft as valid. The MTP cache shares the block ids; its rows
+// only steer the drafts (a prefix-cache hit reuses the writer's rows), never the output.
 #include "engine/engine.h"
 
 #include <algorithm>
@@ -26,11 +35,23 @@ struct Engine::Impl {
   ~Impl();
   void loop();
   void step(std::unique_lock<std::mutex>& lock);
+  struct Scheduled {
+    Scheduled(Sequence* s, int tokens, int num_drafts = 0) : seq(s), count(tokens), drafts(num_drafts) {}
+    Sequence* seq;
+    int count;                       // tokens this step (1 + drafts for a speculative decode)
+    int drafts;                      // draft tokens to verify
+    std::vector<int32_t> draft_tokens;
+    std::vector<float> draft_probs;  // [drafts, vocab] the distributions they were drawn from
+  };
   void finish(Sequence& seq, const std::string& reason, const std::string& error = "");
   void release_blocks(Sequence& seq);
   bool ensure_blocks(Sequence& seq, int num_tokens);
   bool preempt_one(const Sequence* keep);
   bool sample_and_report(Sequence& seq, const float* logits);
+  bool report_token(Sequence& seq, int32_t token, const float* raw_logits);
+  int draft_budget(const Sequence& seq) const;
+  void draft(std::unique_lock<std::mutex>& lock, std::vector<Scheduled>& scheduled);
+  void verify(Scheduled& s, const float* logits, const float* hidden, std::vector<Sequence*>& done);
   void cache_full_blocks(Sequence& seq);
   void emit(const Sequence& seq, RequestOutput out);
   void deliver(std::unique_lock<std::mutex>& lock);
@@ -108,8 +129,13 @@ Engine::Impl::Impl(std::unique_ptr<model::StepRunner> r, EngineConfig c)
   shape.max_tokens = config.max_batch_tokens;
   shape.max_sequences = config.max_num_seqs;
   shape.max_context = config.max_model_len;
+  shape.mtp = config.speculative_steps > 0;
+  if (shape.mtp && !runner->has_mtp())
+    fail("speculative decoding needs a model with an MTP layer on the CPU runner (this is a " + runner->device() +
+         " runner" + (runner->device() == "cpu" ? " over a checkpoint without one)" : ")"));
   runner->allocate(shape);
   counters.num_blocks = pool.num_blocks();
+  counters.spec_accepted_per_position.assign(std::max(0, config.speculative_steps), 0);
   thread = std::thread([this] { loop(); });
 }
 
@@ -127,6 +153,8 @@ void Engine::Impl::release_blocks(Sequence& seq) {
   seq.block_table.clear();
   seq.num_computed = 0;
   seq.cached_blocks = 0;
+  seq.mtp_next = 0;
+  seq.mtp_hidden.clear();
 }
 
 void Engine::Impl::finish(Sequence& seq, const std::string& reason, const std::string& error) {
@@ -211,8 +239,14 @@ bool Engine::Impl::sample_and_report(Sequence& seq, const float* raw_logits) {
       adjusted[token] -= p.presence_penalty + p.frequency_penalty * static_cast<float>(count);
     logits = adjusted.data();
   }
+  return report_token(seq, seq.sampler.sample(logits, mc.vocab_size, p.sampling), raw_logits);
+}
+
+bool Engine::Impl::report_token(Sequence& seq, int32_t token_id, const float* raw_logits) {
+  const io::ModelConfig& mc = runner->config();
+  const RequestParams& p = seq.params;
   GeneratedToken generated;
-  generated.token = seq.sampler.sample(logits, mc.vocab_size, p.sampling);
+  generated.token = token_id;
   if (p.top_logprobs >= 0) fill_logprobs(raw_logits, mc.vocab_size, p.top_logprobs, generated);
   seq.tokens.push_back(generated.token);
   ++seq.generated_counts[generated.token];
@@ -284,8 +318,8 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
   }
   cancelled.clear();
 
-  // 2. Schedule: running sequences (decodes, then unfinished prefills), then admissions.
-  struct Scheduled { Sequence* seq; int count; };
+  // 2. Schedule: running sequences (decodes, then unfinished prefills), then admissions. A
+  // speculative decode takes 1 + its drafts from the budget and in blocks.
   std::vector<Scheduled> scheduled;
   int budget = config.max_batch_tokens;
   for (int pass = 0; pass < 2; ++pass) {
@@ -293,7 +327,8 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
       Sequence& seq = **it;
       const bool is_decode = seq.pending() == 1;
       if ((pass == 0) != is_decode) { ++it; continue; }
-      const int count = std::min(seq.pending(), budget);
+      const int drafts = is_decode ? std::min(draft_budget(seq), budget - 1) : 0;
+      const int count = is_decode ? 1 + drafts : std::min(seq.pending(), budget);
       bool ok = ensure_blocks(seq, seq.num_computed + count);
       while (!ok && preempt_one(&seq)) ok = ensure_blocks(seq, seq.num_computed + count);
       if (!ok) {  // nothing left to preempt: this one waits for memory itself
@@ -304,7 +339,7 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
         ++counters.num_preemptions;
         continue;
       }
-      scheduled.push_back({&seq, count});
+      scheduled.emplace_back(&seq, count, drafts);
       budget -= count;
       ++it;
     }
@@ -318,6 +353,7 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
     if (seq.block_table.empty() && config.enable_prefix_cache) {
       seq.block_table = prefix_cache.match(seq.tokens);
       seq.num_computed = static_cast<int>(seq.block_table.size()) * config.block_size;
+      seq.mtp_next = seq.num_computed;  // the cached blocks' draft rows are the writer's
       seq.cached_blocks = static_cast<int>(seq.block_table.size());
       if (!seq.admitted_once) seq.cached_prompt_tokens = seq.num_computed;
     }
@@ -339,52 +375,189 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
     seq.admitted_once = true;
     running.push_back(std::move(waiting.front()));
     waiting.pop_front();
-    scheduled.push_back({running.back().get(), count});
+    scheduled.emplace_back(running.back().get(), count);
     budget -= count;
   }
   if (scheduled.empty()) return;
+  if (config.speculative_steps > 0) draft(lock, scheduled);
 
-  // 3. One forward over the batch.
+  // 3. One forward over the batch: speculative decodes verify [pending token, drafts] with
+  // logits for each; other sequences need logits only when their tokens are all computed.
   model::ForwardBatch batch;
-  std::vector<Sequence*> sampled;
-  for (const Scheduled& s : scheduled) {
+  for (Scheduled& s : scheduled) {
     Sequence& seq = *s.seq;
+    if (s.drafts > 0) {
+      std::vector<int32_t> verify = {seq.tokens.back()};
+      verify.insert(verify.end(), s.draft_tokens.begin(), s.draft_tokens.end());
+      batch.add_sequence(verify, seq.num_computed, seq.block_table, config.block_size, true);
+      continue;
+    }
     const bool completes = seq.num_computed + s.count == static_cast<int>(seq.tokens.size());
     batch.add_sequence(std::vector<int32_t>(seq.tokens.begin() + seq.num_computed,
                                             seq.tokens.begin() + seq.num_computed + s.count),
                        seq.num_computed, seq.block_table, config.block_size, false);
     if (!completes) batch.logits_tokens.pop_back();
-    else sampled.push_back(&seq);
   }
   std::vector<float> logits;
   std::string error;
+  model::ForwardTrace trace;
+  trace.record_layers = false;  // the last hidden states feed the MTP entries
   lock.unlock();
   try {
-    logits = runner->forward(batch);
+    logits = runner->forward(batch, config.speculative_steps > 0 ? &trace : nullptr);
   } catch (const std::exception& e) {
     error = e.what();
   }
   lock.lock();
   ++counters.steps;
 
-  // 4. Advance, sample, report; finished sequences leave.
+  // 4. Advance, sample or verify, report; finished sequences leave.
   const int vocab = runner->config().vocab_size;
+  const int64_t hidden = runner->config().hidden_size;
   std::vector<Sequence*> done;
-  for (const Scheduled& s : scheduled) {
+  int64_t logits_row = 0;
+  for (size_t i = 0; i < scheduled.size(); ++i) {
+    Scheduled& s = scheduled[i];
+    Sequence& seq = *s.seq;
     if (!error.empty()) {
-      finish(*s.seq, "error", error);
-      done.push_back(s.seq);
+      finish(seq, "error", error);
+      done.push_back(&seq);
       continue;
     }
-    s.seq->num_computed += s.count;
-    cache_full_blocks(*s.seq);
+    const float* seq_hidden = config.speculative_steps > 0
+                                  ? trace.last_hidden.data() + int64_t{batch.sequences[i].first_token} * hidden
+                                  : nullptr;
+    if (s.drafts > 0) {
+      verify(s, logits.data() + logits_row * vocab, seq_hidden, done);
+      logits_row += s.drafts + 1;
+      continue;
+    }
+    if (seq.speculates) seq.mtp_hidden.insert(seq.mtp_hidden.end(), seq_hidden, seq_hidden + s.count * hidden);
+    seq.num_computed += s.count;
+    cache_full_blocks(seq);
+    if (seq.num_computed == static_cast<int>(seq.tokens.size())) {
+      if (sample_and_report(seq, logits.data() + logits_row * vocab)) done.push_back(&seq);
+      ++logits_row;
+    }
   }
-  for (size_t i = 0; i < sampled.size() && error.empty(); ++i)
-    if (sample_and_report(*sampled[i], logits.data() + i * vocab)) done.push_back(sampled[i]);
   for (Sequence* seq : done) {
     release_blocks(*seq);
     running.remove_if([seq](const auto& r) { return r.get() == seq; });
   }
+}
+
+int Engine::Impl::draft_budget(const Sequence& seq) const {
+  if (!seq.speculates) return 0;
+  // Every kept draft and the token after them must fit max_tokens and max_model_len.
+  const int tokens_left = seq.params.max_tokens - seq.num_generated();
+  const int positions_left = config.max_model_len - static_cast<int>(seq.tokens.size());
+  return std::max(0, std::min({config.speculative_steps, tokens_left - 1, positions_left - 1}));
+}
+
+void Engine::Impl::draft(std::unique_lock<std::mutex>& lock, std::vector<Scheduled>& scheduled) {
+  const int vocab = runner->config().vocab_size;
+  const int64_t hidden = runner->config().hidden_size;
+  // The pending entries of every speculating sequence; the last entry of a drafting one gives
+  // its first draft. (Sequences in `running` belong to the engine thread: the lock guards the
+  // queues and counters, not them, so it is released around the forwards.)
+  model::ForwardBatch entries;
+  std::vector<float> entry_hidden;
+  std::vector<Scheduled*> drafting;  // in logits order
+  std::vector<int64_t> last_entry;   // each drafting sequence's last entry token in `entries`
+  for (Scheduled& s : scheduled) {
+    Sequence& seq = *s.seq;
+    if (!seq.speculates || seq.mtp_next >= seq.num_computed) {
+      if (s.drafts > 0) {  // no entry to draft from (e.g. right after a prefix-cache hit)
+        s.count -= s.drafts;
+        s.drafts = 0;
+      }
+      continue;
+    }
+    GLMS_CHECK(static_cast<int64_t>(seq.mtp_hidden.size()) == (seq.num_computed - seq.mtp_next) * hidden,
+               "MTP entries out of step with the computed tokens");
+    entries.add_sequence(std::vector<int32_t>(seq.tokens.begin() + seq.mtp_next + 1,
+                                              seq.tokens.begin() + seq.num_computed + 1),
+                         seq.mtp_next, seq.block_table, config.block_size, false);
+    if (s.drafts > 0) {
+      drafting.push_back(&s);
+      last_entry.push_back(entries.num_tokens() - 1);
+    } else {
+      entries.logits_tokens.pop_back();
+    }
+    entry_hidden.insert(entry_hidden.end(), seq.mtp_hidden.begin(), seq.mtp_hidden.end());
+    seq.mtp_next = seq.num_computed;
+    seq.mtp_hidden.clear();
+  }
+  if (entries.num_tokens() == 0) return;
+  std::vector<float> out_hidden;
+  lock.unlock();
+  std::vector<float> draft_logits = runner->mtp_forward(entries, entry_hidden.data(), &out_hidden);
+  lock.lock();
+
+  // Each draft is drawn from the layer's distribution under the request's sampling parameters;
+  // then the chain: (the layer's output hidden, draft k) at the next position gives draft k + 1.
+  std::vector<float> chain_hidden(drafting.size() * hidden);
+  auto take = [&](Scheduled& s, const float* row) {
+    s.draft_probs.resize(s.draft_probs.size() + vocab);
+    float* q = s.draft_probs.data() + s.draft_probs.size() - vocab;
+    Sampler::probabilities(row, vocab, s.seq->params.sampling, q);
+    s.draft_tokens.push_back(s.seq->sampler.sample_from(q, vocab));
+  };
+  for (size_t i = 0; i < drafting.size(); ++i) {
+    take(*drafting[i], draft_logits.data() + i * vocab);
+    std::copy_n(out_hidden.data() + last_entry[i] * hidden, hidden, chain_hidden.data() + i * hidden);
+  }
+  for (int k = 1; k < config.speculative_steps; ++k) {
+    model::ForwardBatch chain;
+    std::vector<float> chain_in;
+    std::vector<size_t> members;
+    for (size_t i = 0; i < drafting.size(); ++i) {
+      Scheduled& s = *drafting[i];
+      if (s.drafts <= k) continue;
+      chain.add_sequence({s.draft_tokens.back()}, s.seq->num_computed - 1 + k, s.seq->block_table, config.block_size,
+                         false);
+      chain_in.insert(chain_in.end(), chain_hidden.begin() + i * hidden, chain_hidden.begin() + (i + 1) * hidden);
+      members.push_back(i);
+    }
+    if (members.empty()) break;
+    lock.unlock();
+    draft_logits = runner->mtp_forward(chain, chain_in.data(), &out_hidden);
+    lock.lock();
+    for (size_t m = 0; m < members.size(); ++m) {
+      take(*drafting[members[m]], draft_logits.data() + m * vocab);
+      std::copy_n(out_hidden.data() + m * hidden, hidden, chain_hidden.data() + members[m] * hidden);
+    }
+  }
+}
+
+// A speculative decode's verdict: logits [drafts + 1, vocab] and the target's hidden states
+// [drafts + 1, hidden] of [pending token, drafts]. Kept drafts and the token after them are
+// reported one at a time, so a stop lands exactly where plain decoding would stop.
+void Engine::Impl::verify(Scheduled& s, const float* logits, const float* hidden_rows, std::vector<Sequence*>& done) {
+  Sequence& seq = *s.seq;
+  const int vocab = runner->config().vocab_size;
+  const int64_t hidden = runner->config().hidden_size;
+  std::vector<float> target_probs(static_cast<size_t>(s.drafts + 1) * vocab);
+  for (int k = 0; k <= s.drafts; ++k)
+    Sampler::probabilities(logits + int64_t{k} * vocab, vocab, seq.params.sampling, target_probs.data() + int64_t{k} * vocab);
+  const DraftVerdict verdict =
+      seq.sampler.verify_drafts(s.draft_tokens.data(), s.drafts, s.draft_probs.data(), target_probs.data(), vocab);
+  counters.spec_draft_tokens += s.drafts;
+  counters.spec_accepted_tokens += verdict.accepted;
+  for (int k = 0; k < verdict.accepted; ++k) ++counters.spec_accepted_per_position[k];
+
+  for (int k = 0; k <= verdict.accepted; ++k) {
+    const int32_t token = k < verdict.accepted ? s.draft_tokens[k] : verdict.next;
+    if (report_token(seq, token, logits + int64_t{k} * vocab)) {
+      done.push_back(&seq);
+      return;
+    }
+  }
+  // Verified rows: the pending token and the kept drafts; their hidden states are the next
+  // MTP entries (mtp_next is at the pending token's position since draft()).
+  seq.mtp_hidden.assign(hidden_rows, hidden_rows + (verdict.accepted + 1) * hidden);
+  seq.num_computed += 1 + verdict.accepted;
+  cache_full_blocks(seq);
 }
 
 Engine::Engine(const model::Glm5Model& model, EngineConfig config)
@@ -417,6 +590,8 @@ uint64_t Engine::submit(RequestParams params, OutputCallback on_output) {
   seq->tokens = params.prompt_ids;
   seq->prompt_len = static_cast<int>(params.prompt_ids.size());
   seq->sampler = Sampler(params.sampling.seed);
+  seq->speculates = impl_->config.speculative_steps > 0 && params.presence_penalty == 0.0f &&
+                    params.frequency_penalty == 0.0f && params.repetition_penalty == 1.0f;
   seq->params = std::move(params);
   seq->on_output = std::move(on_output);
   seq->arrival = Clock::now();

@@ -21,6 +21,10 @@ struct EngineConfig {
   int block_size = 16;              // tokens per cache block
   int max_waiting = 1024;           // queued requests beyond which submit() is refused
   bool enable_prefix_cache = true;
+  // > 0: decodes draft this many tokens with the model's MTP layer and verify them in the step's
+  // forward (speculative rejection sampling: greedy output unchanged, sampled output equally
+  // distributed). Requests with presence/frequency/repetition penalties decode plainly.
+  int speculative_steps = 0;
 };
 
 // Counters and gauges for /metrics and the bench; a consistent snapshot.
@@ -37,6 +41,11 @@ struct EngineStats {
   int64_t generation_tokens_total = 0;
   int64_t num_preemptions = 0;
   int64_t steps = 0;
+  // Speculative decoding: drafts proposed and accepted, and per draft position (0-based) how
+  // many were accepted (vLLM's spec_decode counters).
+  int64_t spec_draft_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
+  std::vector<int64_t> spec_accepted_per_position;
 };
 
 // Thrown by submit() when the waiting queue is full (the server answers 429).

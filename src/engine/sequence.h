@@ -29,6 +29,13 @@ struct Sequence {
   bool admitted_once = false;
   std::unordered_map<int32_t, int> generated_counts;  // for presence/frequency penalties
 
+  // MTP drafting (EngineConfig::speculative_steps > 0, requests without penalties): the target's
+  // hidden states of positions [mtp_next, num_computed), whose draft-layer rows are not written
+  // yet ([n, hidden]); the entry at position p pairs with tokens[p + 1].
+  bool speculates = false;
+  int mtp_next = 0;
+  std::vector<float> mtp_hidden;
+
   Clock::time_point arrival;
 
   int num_generated() const { return static_cast<int>(tokens.size()) - prompt_len; }

@@ -24,6 +24,7 @@ struct CacheShape {
   int max_tokens = 2048;     // tokens per step
   int max_sequences = 64;    // sequences per step (and logits rows)
   int max_context = 4096;    // positions per sequence
+  bool mtp = false;          // also a paged cache for the MTP draft layer (same block ids)
 };
 
 class StepRunner {
@@ -39,6 +40,11 @@ class StepRunner {
   // (the MTP drafts need the last hidden states); other runners fail when it is given.
   virtual std::vector<float> forward(const ForwardBatch& batch, ForwardTrace* trace) = 0;
   std::vector<float> forward(const ForwardBatch& batch) { return forward(batch, nullptr); }
+
+  // MTP drafting, where the model has an MTP layer and allocate() was asked for its cache:
+  // Glm5Model::mtp_forward (depth 0) over that cache, addressed by the batch's block ids.
+  virtual bool has_mtp() const { return false; }
+  virtual std::vector<float> mtp_forward(const ForwardBatch& batch, const float* h_prev, std::vector<float>* h_out);
 };
 
 // The CPU path over `model` (which must outlive the runner).

@@ -1,0 +1,125 @@
+// The serving engine with MTP speculation: concurrent greedy requests (prefill chunks beside
+// speculative decodes, max_tokens and stop ids landing inside accepted drafts, a request with
+// penalties decoding plainly, the prefix cache) give exactly the tokens the engine gives
+// without speculation, the counters account every draft, and every block comes back.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "io/safetensors.h"
+#include "pending_request.h"
+
+using namespace glms;
+using glms::testing::Collected;
+using glms::testing::Pending;
+
+namespace {
+
+const std::string kModel = std::string(GLMS_SOURCE_DIR) + "/models/glm5-tiny-code";
+
+std::vector<int32_t> prompt_ids(size_t offset, size_t length) {
+  const io::Checkpoint golden = io::Checkpoint::open(kModel + "/golden.safetensors");
+  const auto ids = io::read_i64(golden.get("prompt_ids"));
+  offset %= ids.size() - length;
+  return std::vector<int32_t>(ids.begin() + offset, ids.begin() + offset + length);
+}
+
+engine::RequestParams request(std::vector<int32_t> prompt, int max_tokens) {
+  engine::RequestParams params;
+  params.prompt_ids = std::move(prompt);
+  params.max_tokens = max_tokens;
+  params.sampling.temperature = 0.0f;
+  params.ignore_eos = true;
+  return params;
+}
+
+// The requests, submitted together so that prefills, plain and speculative decodes share steps.
+std::vector<Collected> run_all(engine::Engine& engine, const std::vector<engine::RequestParams>& requests) {
+  std::vector<std::unique_ptr<Pending>> pending;
+  for (const auto& r : requests) pending.push_back(std::make_unique<Pending>(engine, r));
+  std::vector<Collected> out;
+  for (auto& p : pending) out.push_back(p->get());
+  return out;
+}
+
+void expect_idle(engine::Engine& engine) {
+  const engine::EngineStats stats = engine.stats();
+  EXPECT_EQ(stats.num_running, 0);
+  EXPECT_EQ(stats.num_free_blocks, stats.num_blocks) << "a block leaked";
+}
+
+}  // namespace
+
+TEST(EngineSpeculative, GreedyRequestsMatchTheEngineWithoutSpeculation) {
+  const model::Glm5Model model(model::load_weights(kModel));
+  engine::EngineConfig plain_config;
+  plain_config.max_batch_tokens = 64;  // long prompts prefill in chunks beside the decodes
+  engine::EngineConfig spec_config = plain_config;
+  spec_config.speculative_steps = 3;
+  engine::Engine probe(model, plain_config), plain(model, plain_config), spec(model, spec_config);
+
+  std::vector<engine::RequestParams> requests;
+  for (int i = 0; i < 6; ++i) requests.push_back(request(prompt_ids(37 * i, 20 + 23 * i), 24 + 5 * i));
+  requests.push_back(request(prompt_ids(5, 30), 2));   // max_tokens inside the first drafts
+  requests.push_back(request(prompt_ids(5, 30), 24));  // the same prompt: a prefix-cache hit
+  requests.back().prompt_ids.push_back(requests.back().prompt_ids[3]);
+  engine::RequestParams penalised = request(prompt_ids(90, 40), 20);
+  penalised.repetition_penalty = 1.3f;  // decodes plainly beside the speculative ones
+  requests.push_back(penalised);
+  // Stop ids taken from plain outputs, so that the stops land inside accepted drafts.
+  const auto probed = run_all(probe, std::vector(requests.begin(), requests.begin() + 3));
+  for (int i = 0; i < 3; ++i) requests[i].stop_token_ids = {probed[i].tokens[9 + i]};
+  const auto expected = run_all(plain, requests);
+  const auto got = run_all(spec, requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Collected& want = expected[i];
+    EXPECT_EQ(got[i].tokens, want.tokens) << "request " << i;
+    EXPECT_EQ(got[i].last.finish_reason, want.last.finish_reason) << "request " << i;
+    EXPECT_EQ(got[i].last.completion_tokens, static_cast<int>(want.tokens.size())) << "request " << i;
+  }
+
+  const engine::EngineStats stats = spec.stats();
+  EXPECT_GT(stats.spec_draft_tokens, 0);
+  EXPECT_GT(stats.spec_accepted_tokens, 0) << "the trained MTP layer's drafts are often right";
+  EXPECT_LE(stats.spec_accepted_tokens, stats.spec_draft_tokens);
+  ASSERT_EQ(stats.spec_accepted_per_position.size(), 3u);
+  EXPECT_EQ(stats.spec_accepted_per_position[0] + stats.spec_accepted_per_position[1] +
+                stats.spec_accepted_per_position[2],
+            stats.spec_accepted_tokens);
+  EXPECT_GE(stats.spec_accepted_per_position[0], stats.spec_accepted_per_position[1]);
+  EXPECT_LT(stats.steps, plain.stats().steps) << "speculation takes fewer steps";
+  std::printf("[ spec     ] engine K=3: %lld drafts, %lld accepted (%lld/%lld/%lld by position), %lld steps vs %lld\n",
+              static_cast<long long>(stats.spec_draft_tokens), static_cast<long long>(stats.spec_accepted_tokens),
+              static_cast<long long>(stats.spec_accepted_per_position[0]),
+              static_cast<long long>(stats.spec_accepted_per_position[1]),
+              static_cast<long long>(stats.spec_accepted_per_position[2]), static_cast<long long>(stats.steps),
+              static_cast<long long>(plain.stats().steps));
+  expect_idle(spec);
+}
+
+TEST(EngineSpeculative, SampledRequestsAreSeededAndComplete) {
+  const model::Glm5Model model(model::load_weights(kModel));
+  engine::EngineConfig config;
+  config.speculative_steps = 2;
+  engine::Engine engine(model, config);
+  engine::RequestParams sampled = request(prompt_ids(11, 50), 30);
+  sampled.sampling.temperature = 0.7f;
+  sampled.sampling.top_p = 0.9f;
+  sampled.sampling.seed = 5;
+  sampled.top_logprobs = 2;
+  const auto first = run_all(engine, {sampled, sampled});
+  EXPECT_EQ(first[0].tokens, first[1].tokens) << "same seed, same tokens";
+  EXPECT_EQ(first[0].tokens.size(), 30u);
+  EXPECT_EQ(first[0].last.finish_reason, "length");
+  expect_idle(engine);
+}
+
+TEST(EngineSpeculative, NeedsAnMtpLayer) {
+  const model::Glm5Model model(model::load_weights(std::string(GLMS_SOURCE_DIR) + "/tests/golden/glm5-random"));
+  engine::EngineConfig config;
+  config.speculative_steps = 2;
+  EXPECT_THROW(engine::Engine(model, config), Error);
+}
