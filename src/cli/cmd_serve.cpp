@@ -44,6 +44,8 @@ struct ServeArgs {
   double request_timeout = 0.0;
   size_t max_body_bytes = 8u << 20;
   int io_threads = 2;
+  std::string speculative;
+  int speculative_steps = 3;
 };
 
 // Preset values; explicit flags override them (documented in docs/operations.md).
@@ -145,6 +147,11 @@ void run_serve(const ServeArgs& args) {
   if (args.kv_cache_memory > 0) engine_config.kv_cache_bytes = args.kv_cache_memory;
   if (args.max_model_len > 0) engine_config.max_model_len = args.max_model_len;
   if (args.max_waiting > 0) engine_config.max_waiting = args.max_waiting;
+  if (!args.speculative.empty()) {
+    if (args.source.device != "cpu")
+      fail("--speculative mtp runs on --device cpu for now (the CUDA path has no MTP layer yet)");
+    engine_config.speculative_steps = args.speculative_steps;
+  }
 
   LoadedModel model = load_model(args.source);
   if (engine_config.max_model_len > model.config().max_position_embeddings)
@@ -174,6 +181,9 @@ void run_serve(const ServeArgs& args) {
   std::printf("glmserve: model %s (served as '%s'), max_model_len %d, max_num_seqs %d, max_batch_tokens %d\n",
               args.source.model_dir.c_str(), config.served_model_name.c_str(), engine.config().max_model_len,
               engine.config().max_num_seqs, engine.config().max_batch_tokens);
+  if (engine.config().speculative_steps > 0)
+    std::printf("glmserve: speculative decoding with the MTP layer, %d draft tokens per step\n",
+                engine.config().speculative_steps);
   std::printf("glmserve: listening on http://%s:%u\n", args.host.c_str(), static_cast<unsigned>(server.port()));
   std::printf("glmserve: ready\n");
   std::fflush(stdout);
@@ -215,6 +225,13 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-body-bytes", args->max_body_bytes, "Largest request body (413 above)");
   cmd->add_option("--io-threads", args->io_threads, "HTTP I/O threads")->check(CLI::Range(1, 64));
+  cmd->add_option("--speculative", args->speculative,
+                  "Speculative decoding with the checkpoint's MTP layer (greedy output unchanged, sampled output "
+                  "equally distributed)")
+      ->check(CLI::IsMember({"mtp"}));
+  cmd->add_option("--speculative-steps", args->speculative_steps, "Draft tokens per decode step (with --speculative mtp)")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
   cmd->callback([args]() { run_serve(*args); });
 }
 

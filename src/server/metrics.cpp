@@ -185,6 +185,15 @@ std::string ServerMetrics::render(const BackendStats& s) const {
   counter("prompt_tokens_total", "Number of prefill tokens processed.", static_cast<double>(s.prompt_tokens_total));
   counter("generation_tokens_total", "Number of generation tokens processed.",
           static_cast<double>(s.generation_tokens_total));
+  if (!s.spec_accepted_per_position.empty()) {  // speculative decoding is on
+    counter("spec_decode_num_draft_tokens_total", "Number of draft tokens.", static_cast<double>(s.spec_draft_tokens));
+    counter("spec_decode_num_accepted_tokens_total", "Number of accepted tokens.",
+            static_cast<double>(s.spec_accepted_tokens));
+    head(out, "glmserve:spec_decode_num_accepted_tokens_per_pos", "counter", "Accepted tokens per draft position.");
+    for (size_t i = 0; i < s.spec_accepted_per_position.size(); ++i)
+      sample(out, "glmserve:spec_decode_num_accepted_tokens_per_pos", l + ",position=\"" + std::to_string(i) + "\"",
+             static_cast<double>(s.spec_accepted_per_position[i]));
+  }
   {
     std::lock_guard lock(mu_);
     head(out, "glmserve:request_success_total", "counter", "Count of finished requests by finish reason.");
