@@ -1,5 +1,5 @@
-// glmserve quantize: writes an MXFP4 or block-FP8 copy of a checkpoint (streaming, one tensor
-// in memory) and, with --eval, measures what the quantisation costs on a text: KL divergence
+// glmserve quantize: writes an MXFP4, MXFP6 or block-FP8 copy of a checkpoint (streaming, one
+// tensor in memory, sharded like Hugging Face checkpoints) and, with --eval, measures what the quantisation costs on a text: KL divergence
 // of the next-token distributions, top-1 agreement and both perplexities.
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -23,6 +23,7 @@ struct QuantizeArgs {
   std::string model_dir, out_dir, format, eval_file;
   std::vector<std::string> exclude;
   bool no_default_excludes = false;
+  std::string max_shard_size = "5GB";
   int eval_tokens = 4096;
   int window = 256;
   bool json = false;
@@ -63,8 +64,28 @@ quant::QualityStats evaluate(const std::string& original_dir, const std::string&
   return stats;
 }
 
+// "5GB", "500MB", "2GiB", "123456": bytes (decimal units as Hugging Face's max_shard_size).
+uint64_t parse_size(const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::toupper(c); });
+  const std::pair<const char*, double> units[] = {{"", 1},        {"B", 1},         {"KB", 1e3},  {"MB", 1e6},
+                                                  {"GB", 1e9},    {"TB", 1e12},     {"KIB", 1024.0},
+                                                  {"MIB", 1048576.0}, {"GIB", 1073741824.0}};
+  for (const auto& [name, scale] : units)
+    if (used > 0 && unit == name && value > 0) return static_cast<uint64_t>(value * scale);
+  fail("--max-shard-size expects a size such as 5GB, 500MB or 2GiB, got '" + text + "'");
+}
+
 void run_quantize(const QuantizeArgs& args) {
   quant::QuantizeOptions options;
+  options.max_shard_bytes = parse_size(args.max_shard_size);
   options.format = args.format;
   options.exclude = args.exclude;
   options.default_excludes = !args.no_default_excludes;
@@ -77,7 +98,7 @@ void run_quantize(const QuantizeArgs& args) {
   std::fprintf(stderr, "\n");
   nlohmann::json out = {{"format", args.format}, {"output", args.out_dir}, {"quantized_tensors", report.quantized},
                         {"kept_tensors", report.kept}, {"bytes_in", report.bytes_in}, {"bytes_out", report.bytes_out},
-                        {"exclude", report.exclude}};
+                        {"exclude", report.exclude}, {"shards", report.shards}};
   if (!args.eval_file.empty()) {
     const quant::QualityStats stats = evaluate(args.model_dir, args.out_dir, args.eval_file, args.eval_tokens, args.window);
     out["eval"] = {{"text", args.eval_file}, {"positions", stats.positions}, {"mean_kl", stats.mean_kl()},
@@ -88,8 +109,9 @@ void run_quantize(const QuantizeArgs& args) {
     std::printf("%s\n", out.dump(2).c_str());
     return;
   }
-  std::printf("wrote %s: %d matrices in %s, %d tensors kept; %.2f MB -> %.2f MB\n", args.out_dir.c_str(),
-              report.quantized, args.format.c_str(), report.kept, report.bytes_in / 1e6, report.bytes_out / 1e6);
+  std::printf("wrote %s (%d shard%s): %d matrices in %s, %d tensors kept; %.2f MB -> %.2f MB\n", args.out_dir.c_str(),
+              report.shards, report.shards == 1 ? "" : "s", report.quantized, args.format.c_str(), report.kept,
+              report.bytes_in / 1e6, report.bytes_out / 1e6);
   if (out.contains("eval"))
     std::printf("eval on %lld positions of %s: mean KL %.5f nats, top-1 agreement %.2f%%, perplexity %.3f -> %.3f\n",
                 static_cast<long long>(out["eval"]["positions"].get<int64_t>()), args.eval_file.c_str(),
@@ -101,7 +123,7 @@ void run_quantize(const QuantizeArgs& args) {
 
 void add_quantize_command(CLI::App& app) {
   auto args = std::make_shared<QuantizeArgs>();
-  CLI::App* cmd = app.add_subcommand("quantize", "Write an MXFP4 or block-FP8 copy of a checkpoint; --eval measures the loss");
+  CLI::App* cmd = app.add_subcommand("quantize", "Write an MXFP4, MXFP6 or block-FP8 copy of a checkpoint; --eval measures the loss");
   cmd->add_option("--model", args->model_dir, "Input model folder")->required()->check(CLI::ExistingDirectory);
   cmd->add_option("--out", args->out_dir, "Output folder (created; must be empty)")->required();
   cmd->add_option("--format", args->format,
@@ -111,6 +133,9 @@ void add_quantize_command(CLI::App& app) {
   cmd->add_option("--exclude", args->exclude, "Glob of tensor names to keep unquantised (repeatable)");
   cmd->add_flag("--no-default-excludes", args->no_default_excludes,
                 "Quantise embeddings, lm_head, routers, indexer weights_proj and the MTP layer too");
+  cmd->add_option("--max-shard-size", args->max_shard_size,
+                  "Largest output safetensors file (5GB, 500MB, 2GiB...); more become shards with an index")
+      ->capture_default_str();
   cmd->add_option("--eval", args->eval_file, "Text file: report KL divergence, top-1 agreement and perplexities");
   cmd->add_option("--eval-tokens", args->eval_tokens, "Tokens of the text to evaluate")->check(CLI::PositiveNumber);
   cmd->add_option("--eval-window", args->window, "Tokens per evaluated window")->check(CLI::Range(2, 65536));

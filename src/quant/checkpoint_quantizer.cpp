@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -65,6 +68,76 @@ json quantization_config(const std::string& format, const std::vector<std::strin
 
 bool is_mxfp6(const std::string& format) { return format == "mxfp6" || format == "mxfp6_e3m2"; }
 
+// The output files: tensors in order, cut into shards of at most `max_bytes` between groups
+// (a source tensor with its scales is one group); write() streams each declared tensor's
+// bytes into its shard, opening and finishing shard files as it goes.
+class ShardedOutput {
+ public:
+  using Spec = io::SafetensorsWriter::TensorSpec;
+  ShardedOutput(const fs::path& dir, const std::vector<std::vector<Spec>>& groups, uint64_t max_bytes) : dir_(dir) {
+    uint64_t shard_bytes = 0;
+    for (const auto& group : groups) {
+      uint64_t bytes = 0;
+      for (const Spec& spec : group) bytes += bytes_of(spec);
+      if (shards_.empty() || (shard_bytes > 0 && shard_bytes + bytes > max_bytes)) {
+        shards_.emplace_back();
+        shard_bytes = 0;
+      }
+      shards_.back().insert(shards_.back().end(), group.begin(), group.end());
+      shard_bytes += bytes;
+      total_bytes_ += bytes;
+    }
+  }
+
+  int num_shards() const { return static_cast<int>(shards_.size()); }
+
+  void write(const void* data, size_t bytes) {
+    if (!writer_ || written_in_shard_ == shards_[shard_].size()) open_next();
+    writer_->write(data, bytes);
+    ++written_in_shard_;
+  }
+
+  // Finishes the last shard and writes the index when there are several.
+  void finish() {
+    if (writer_) writer_->finish();
+    if (shards_.size() <= 1) return;
+    nlohmann::json weight_map = nlohmann::json::object();
+    for (size_t i = 0; i < shards_.size(); ++i)
+      for (const Spec& spec : shards_[i]) weight_map[spec.name] = file_name(i);
+    const nlohmann::json index = {{"metadata", {{"total_size", total_bytes_}}}, {"weight_map", weight_map}};
+    std::ofstream(dir_ / "model.safetensors.index.json") << index.dump(2) << "\n";
+  }
+
+ private:
+  static uint64_t bytes_of(const Spec& spec) {
+    uint64_t n = dtype_size(spec.dtype);
+    for (int64_t d : spec.shape) n *= static_cast<uint64_t>(d);
+    return n;
+  }
+  std::string file_name(size_t shard) const {
+    if (shards_.size() == 1) return "model.safetensors";
+    char name[64];
+    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", shard + 1, shards_.size());
+    return name;
+  }
+  void open_next() {
+    if (writer_) {
+      writer_->finish();
+      ++shard_;
+    }
+    GLMS_CHECK(shard_ < shards_.size(), "more tensors written than declared");
+    writer_ = std::make_unique<io::SafetensorsWriter>(dir_ / file_name(shard_), shards_[shard_],
+                                                      std::map<std::string, std::string>{{"format", "pt"}, {"quantized_by", "glmserve"}});
+    written_in_shard_ = 0;
+  }
+
+  fs::path dir_;
+  std::vector<std::vector<Spec>> shards_;
+  uint64_t total_bytes_ = 0;
+  size_t shard_ = 0, written_in_shard_ = 0;
+  std::unique_ptr<io::SafetensorsWriter> writer_;
+};
+
 }  // namespace
 
 QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, const QuantizeOptions& options,
@@ -78,10 +151,11 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
 
   const io::Checkpoint checkpoint = io::Checkpoint::open(in);
   const std::vector<std::string> names = checkpoint.names();
-  std::vector<io::SafetensorsWriter::TensorSpec> specs;
+  std::vector<std::vector<io::SafetensorsWriter::TensorSpec>> groups;  // per source tensor
   for (const std::string& name : names) {
     const io::TensorInfo& t = checkpoint.get(name);
     report.bytes_in += t.nbytes;
+    auto& specs = groups.emplace_back();
     if (!quantisable(t, report.exclude, options.format)) {
       specs.push_back({name, t.dtype, t.shape});
       continue;
@@ -96,8 +170,10 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
     }
   }
 
+  if (options.max_shard_bytes == 0) fail("max_shard_bytes must be positive");
   fs::create_directories(out);
-  io::SafetensorsWriter writer(out / "model.safetensors", specs, {{"format", "pt"}, {"quantized_by", "glmserve"}});
+  ShardedOutput writer(out, groups, options.max_shard_bytes);
+  report.shards = writer.num_shards();
   for (size_t i = 0; i < names.size(); ++i) {
     const io::TensorInfo& t = checkpoint.get(names[i]);
     if (!quantisable(t, report.exclude, options.format)) {

@@ -15,6 +15,11 @@ struct QuantizeOptions {
   std::string format;                 // "mxfp4", "mxfp6" (E2M3), "mxfp6_e3m2" or "fp8"
   std::vector<std::string> exclude;   // extra glob patterns on tensor names ('*' and '?')
   bool default_excludes = true;       // embeddings, lm_head, routers, indexer weights_proj, the MTP layer
+  // Output shards at most this many bytes (a tensor larger than that gets a shard of its own);
+  // one model.safetensors when everything fits, else model-0000i-of-0000n.safetensors and
+  // model.safetensors.index.json as Hugging Face writes them. A quantised matrix and its scales
+  // stay in one shard.
+  uint64_t max_shard_bytes = 5'000'000'000;
 };
 
 struct QuantizeReport {
@@ -22,14 +27,16 @@ struct QuantizeReport {
   int kept = 0;                       // tensors copied as they were
   uint64_t bytes_in = 0, bytes_out = 0;
   std::vector<std::string> exclude;   // the patterns that applied
+  int shards = 1;                     // safetensors files written
 };
 
 // The glob patterns a model folder's defaults exclude (they depend on num_hidden_layers).
 std::vector<std::string> default_excludes(const std::filesystem::path& model_dir);
 bool glob_match(const std::string& pattern, const std::string& text);
 
-// Writes OUT/model.safetensors, OUT/config.json (with quantization_config) and copies the
-// tokenizer and template files. `progress(done, total, tensor)` is called after each tensor.
+// Writes OUT/model.safetensors (or shards and their index), OUT/config.json (with
+// quantization_config) and copies the tokenizer and template files. `progress(done, total,
+// tensor)` is called after each tensor.
 QuantizeReport quantize_checkpoint(const std::filesystem::path& in, const std::filesystem::path& out,
                                    const QuantizeOptions& options,
                                    const std::function<void(size_t, size_t, const std::string&)>& progress = {});

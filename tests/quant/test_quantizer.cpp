@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <tuple>
 #include <nlohmann/json.hpp>
@@ -105,6 +106,39 @@ TEST(Quantizer, WritesMxfp6AndTheModelLoadsIt) {
     kv::PagedLatentCache cache(model.cache_layout(16), 1);
     for (float logit : model.forward(batch, cache)) ASSERT_TRUE(std::isfinite(logit));
   }
+}
+
+// Output larger than max_shard_bytes is cut into Hugging Face shards with an index; the
+// sharded copy loads and computes exactly what the single-file copy does.
+TEST(Quantizer, ShardsLargeOutputsWithAnIndex) {
+  glms::testing::TempDir dir("quantizer_shards");
+  glms::testing::RandomModelSpec spec;
+  spec.hidden_size = 64;
+  spec.moe_intermediate_size = 32;
+  spec.intermediate_size = 64;
+  const auto source = glms::testing::write_random_model(dir.path / "bf16", spec);
+  quant::QuantizeOptions options;
+  options.format = "mxfp4";
+  const quant::QuantizeReport single = quant::quantize_checkpoint(source, dir.path / "single", options);
+  EXPECT_EQ(single.shards, 1);
+  EXPECT_TRUE(std::filesystem::exists(dir.path / "single" / "model.safetensors"));
+  options.max_shard_bytes = 20000;
+  const quant::QuantizeReport sharded = quant::quantize_checkpoint(source, dir.path / "sharded", options);
+  EXPECT_GT(sharded.shards, 3);
+  EXPECT_EQ(sharded.bytes_out, single.bytes_out);
+  EXPECT_FALSE(std::filesystem::exists(dir.path / "sharded" / "model.safetensors"));
+  std::ifstream index_file(dir.path / "sharded" / "model.safetensors.index.json");
+  const auto index = nlohmann::json::parse(index_file);
+  const std::string shard = index["weight_map"]["model.layers.1.mlp.experts.0.up_proj.weight"];
+  EXPECT_EQ(index["weight_map"]["model.layers.1.mlp.experts.0.up_proj.weight_scale"], shard) << "scales beside their matrix";
+  EXPECT_NE(shard.find("-of-"), std::string::npos);
+
+  const model::Glm5Model a(model::load_weights((dir.path / "single").string()));
+  const model::Glm5Model b(model::load_weights((dir.path / "sharded").string()));
+  model::ForwardBatch batch;
+  batch.add_sequence({4, 5, 6, 7}, 0, {0}, 16, false);
+  kv::PagedLatentCache cache_a(a.cache_layout(16), 1), cache_b(b.cache_layout(16), 1);
+  EXPECT_EQ(a.forward(batch, cache_a), b.forward(batch, cache_b));
 }
 
 TEST(Quality, StatisticsOnKnownLogits) {
