@@ -130,9 +130,10 @@ Engine::Impl::Impl(std::unique_ptr<model::StepRunner> r, EngineConfig c)
   shape.max_sequences = config.max_num_seqs;
   shape.max_context = config.max_model_len;
   shape.mtp = config.speculative_steps > 0;
+  // Verifying K drafts asks for K + 1 logits rows per sequence.
+  shape.max_logits = std::min(config.max_batch_tokens, config.max_num_seqs * (1 + std::max(0, config.speculative_steps)));
   if (shape.mtp && !runner->has_mtp())
-    fail("speculative decoding needs a model with an MTP layer on the CPU runner (this is a " + runner->device() +
-         " runner" + (runner->device() == "cpu" ? " over a checkpoint without one)" : ")"));
+    fail("speculative decoding needs a checkpoint with an MTP layer (this " + runner->device() + " runner has none)");
   runner->allocate(shape);
   counters.num_blocks = pool.num_blocks();
   counters.spec_accepted_per_position.assign(std::max(0, config.speculative_steps), 0);
@@ -460,10 +461,11 @@ void Engine::Impl::draft(std::unique_lock<std::mutex>& lock, std::vector<Schedul
   // The pending entries of every speculating sequence; the last entry of a drafting one gives
   // its first draft. (Sequences in `running` belong to the engine thread: the lock guards the
   // queues and counters, not them, so it is released around the forwards.)
-  model::ForwardBatch entries;
-  std::vector<float> entry_hidden;
-  std::vector<Scheduled*> drafting;  // in logits order
-  std::vector<int64_t> last_entry;   // each drafting sequence's last entry token in `entries`
+  struct Entries {
+    Scheduled* s;
+    int begin, end;  // positions whose entries run
+  };
+  std::vector<Entries> pieces;
   for (Scheduled& s : scheduled) {
     Sequence& seq = *s.seq;
     if (!seq.speculates || seq.mtp_next >= seq.num_computed) {
@@ -475,38 +477,55 @@ void Engine::Impl::draft(std::unique_lock<std::mutex>& lock, std::vector<Schedul
     }
     GLMS_CHECK(static_cast<int64_t>(seq.mtp_hidden.size()) == (seq.num_computed - seq.mtp_next) * hidden,
                "MTP entries out of step with the computed tokens");
-    entries.add_sequence(std::vector<int32_t>(seq.tokens.begin() + seq.mtp_next + 1,
-                                              seq.tokens.begin() + seq.num_computed + 1),
-                         seq.mtp_next, seq.block_table, config.block_size, false);
-    if (s.drafts > 0) {
-      drafting.push_back(&s);
-      last_entry.push_back(entries.num_tokens() - 1);
-    } else {
-      entries.logits_tokens.pop_back();
-    }
-    entry_hidden.insert(entry_hidden.end(), seq.mtp_hidden.begin(), seq.mtp_hidden.end());
-    seq.mtp_next = seq.num_computed;
-    seq.mtp_hidden.clear();
+    // A forward holds at most max_batch_tokens: long runs of entries go in pieces.
+    for (int begin = seq.mtp_next; begin < seq.num_computed; begin += config.max_batch_tokens)
+      pieces.push_back({&s, begin, std::min(seq.num_computed, begin + config.max_batch_tokens)});
   }
-  if (entries.num_tokens() == 0) return;
-  std::vector<float> out_hidden;
-  lock.unlock();
-  std::vector<float> draft_logits = runner->mtp_forward(entries, entry_hidden.data(), &out_hidden);
-  lock.lock();
+  if (pieces.empty()) return;
+  std::vector<Scheduled*> drafting;  // in the order their first drafts come
+  std::vector<float> chain_hidden;   // [drafting, hidden]: the layer's output at each last entry
+  std::vector<float> first_logits;   // [drafting, vocab]
+  for (size_t i = 0; i < pieces.size();) {
+    model::ForwardBatch entries;
+    std::vector<float> entry_hidden;
+    std::vector<std::pair<Scheduled*, int>> with_logits;  // drafting sequence, its last entry's token index
+    for (; i < pieces.size() && entries.num_tokens() + (pieces[i].end - pieces[i].begin) <= config.max_batch_tokens; ++i) {
+      const Entries& e = pieces[i];
+      Sequence& seq = *e.s->seq;
+      entries.add_sequence(std::vector<int32_t>(seq.tokens.begin() + e.begin + 1, seq.tokens.begin() + e.end + 1),
+                           e.begin, seq.block_table, config.block_size, false);
+      const bool last_piece = e.end == seq.num_computed;
+      if (last_piece && e.s->drafts > 0) with_logits.emplace_back(e.s, entries.num_tokens() - 1);
+      else entries.logits_tokens.pop_back();
+      const float* rows = seq.mtp_hidden.data() + int64_t{e.begin - seq.mtp_next} * hidden;
+      entry_hidden.insert(entry_hidden.end(), rows, rows + int64_t{e.end - e.begin} * hidden);
+    }
+    std::vector<float> out_hidden;
+    lock.unlock();
+    const std::vector<float> logits = runner->mtp_forward(entries, entry_hidden.data(), &out_hidden);
+    lock.lock();
+    for (size_t d = 0; d < with_logits.size(); ++d) {
+      drafting.push_back(with_logits[d].first);
+      first_logits.insert(first_logits.end(), logits.begin() + d * vocab, logits.begin() + (d + 1) * vocab);
+      const float* row = out_hidden.data() + int64_t{with_logits[d].second} * hidden;
+      chain_hidden.insert(chain_hidden.end(), row, row + hidden);
+    }
+  }
+  for (const Entries& e : pieces) {
+    e.s->seq->mtp_next = e.s->seq->num_computed;
+    e.s->seq->mtp_hidden.clear();
+  }
 
   // Each draft is drawn from the layer's distribution under the request's sampling parameters;
   // then the chain: (the layer's output hidden, draft k) at the next position gives draft k + 1.
-  std::vector<float> chain_hidden(drafting.size() * hidden);
   auto take = [&](Scheduled& s, const float* row) {
     s.draft_probs.resize(s.draft_probs.size() + vocab);
     float* q = s.draft_probs.data() + s.draft_probs.size() - vocab;
     Sampler::probabilities(row, vocab, s.seq->params.sampling, q);
     s.draft_tokens.push_back(s.seq->sampler.sample_from(q, vocab));
   };
-  for (size_t i = 0; i < drafting.size(); ++i) {
-    take(*drafting[i], draft_logits.data() + i * vocab);
-    std::copy_n(out_hidden.data() + last_entry[i] * hidden, hidden, chain_hidden.data() + i * hidden);
-  }
+  for (size_t i = 0; i < drafting.size(); ++i) take(*drafting[i], first_logits.data() + i * vocab);
+  std::vector<float> draft_logits, out_hidden;
   for (int k = 1; k < config.speculative_steps; ++k) {
     model::ForwardBatch chain;
     std::vector<float> chain_in;

@@ -8,6 +8,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "model/glm5_cuda_step.h"
 #include "model/glm5_cuda_weights.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/indexer.h"
@@ -18,6 +19,9 @@ namespace glms::model {
 
 namespace cuda = ops::cuda;
 using cuda::DeviceBuffer;
+using cuda_step::MetadataLayout;
+using cuda_step::PhaseTimer;
+using cuda_step::StepShape;
 
 namespace {
 
@@ -47,76 +51,6 @@ T* as(const DeviceBuffer& buffer) {
   return static_cast<T*>(buffer.data());
 }
 
-// Byte offsets of the per-step metadata inside one host staging buffer and its device copy.
-struct MetadataLayout {
-  size_t token_ids, positions, token_sequence, logits_tokens, slot_mapping, block_tables, total;
-  MetadataLayout(int max_tokens, int max_logits, int max_sequences, int max_blocks) {
-    auto align = [](size_t v) { return (v + 255) / 256 * 256; };
-    size_t at = 0;
-    slot_mapping = at;
-    at = align(at + sizeof(int64_t) * max_tokens);
-    token_ids = at;
-    at = align(at + sizeof(int32_t) * max_tokens);
-    positions = at;
-    at = align(at + sizeof(int32_t) * max_tokens);
-    token_sequence = at;
-    at = align(at + sizeof(int32_t) * max_tokens);
-    logits_tokens = at;
-    at = align(at + sizeof(int32_t) * max_logits);
-    block_tables = at;  // last: a step uploads only the rows it uses
-    total = at + sizeof(int32_t) * static_cast<size_t>(max_sequences) * max_blocks;
-  }
-};
-
-// What fixes a step's launches: its sizes and the context bound that sizes the grids. Two steps
-// with the same shape issue the same kernels, so a decode shape can be captured once as a graph.
-struct StepShape {
-  int num_tokens = 0, num_sequences = 0, num_logits = 0;
-  int max_context = 0;        // bound on any token's context (sizes the attention and indexer grids)
-  bool host_sync_ok = true;   // false while capturing a graph
-  bool operator<(const StepShape& o) const {
-    return std::tie(num_tokens, num_sequences, num_logits, max_context) <
-           std::tie(o.num_tokens, o.num_sequences, o.num_logits, o.max_context);
-  }
-};
-
-// Device events between the phases of eager steps; summed per phase name when collected.
-class PhaseTimer {
- public:
-  bool enabled = false;
-  void mark(const char* phase, cudaStream_t stream) {
-    if (!enabled) return;
-    if (used_ == events_.size()) events_.push_back(std::make_unique<cuda::Event>());
-    if (used_ == names_.size()) names_.emplace_back();
-    events_[used_]->record(stream);
-    names_[used_++] = phase;
-  }
-  // After the stream has finished the marked work.
-  void collect() {
-    for (size_t i = 1; i < used_; ++i) {
-      if (names_[i] == "start") continue;  // the host's time between steps
-      if (!totals_.count(names_[i])) order_.push_back(names_[i]);
-      totals_[names_[i]] += events_[i]->elapsed_ms_since(*events_[i - 1]);
-    }
-    used_ = 0;
-  }
-  std::vector<std::pair<std::string, double>> take() {
-    collect();
-    std::vector<std::pair<std::string, double>> out;
-    for (const std::string& name : order_) out.emplace_back(name, totals_[name]);
-    totals_.clear();
-    order_.clear();
-    return out;
-  }
-
- private:
-  std::vector<std::unique_ptr<cuda::Event>> events_;
-  std::vector<std::string> names_;
-  size_t used_ = 0;
-  std::map<std::string, double> totals_;
-  std::vector<std::string> order_;
-};
-
 }  // namespace
 
 struct CudaGlm5Model::Impl {
@@ -143,7 +77,7 @@ struct CudaGlm5Model::Impl {
       mlp_gate_up, mlp_act, router_logits, expert_ids, expert_weights, plan_counts, plan_offsets, plan_active,
       plan_num_active, sorted_pairs, pair_slot, shared_out, pair_x, pair_gate_up, pair_act, expert_out, head_in,
       logits, prefill_context, prefill_queries, prefill_scores, prefill_probs, gathered_rows, gathered_keys,
-      expert_gate_up_bf16, expert_down_bf16;
+      expert_gate_up_bf16, expert_down_bf16, h_prev;
   int64_t gathered_capacity = 0;  // bf16 elements of gathered_rows
   int64_t prefill_score_capacity = 0;  // floats
   const ForwardBatch* batch = nullptr;  // the step being run (host view; null inside graph capture)
@@ -158,6 +92,11 @@ struct CudaGlm5Model::Impl {
   void allocate();
   void upload_metadata(const ForwardBatch& batch);
   void run_step(const StepShape& shape);
+  // One decoder layer over x (pending: a block output still to be added to x).
+  void layer_step(const DecoderLayerDevice& layer, int l, const StepShape& shape, const float*& pending);
+  // The MTP layer over the uploaded batch: h_prev (device, [T, hidden] fp32) is the target's
+  // hidden state of each token's position; leaves the logits and x (the block's output).
+  void mtp_step(const StepShape& shape);
   void attention(const DecoderLayerDevice& layer, int l, const StepShape& shape);
   void moe(const DecoderLayerDevice& layer, const StepShape& shape);
   void prefill_attention(int sequence, int l, float scale);
@@ -184,6 +123,19 @@ struct CudaGlm5Model::Impl {
   void dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out);
   StepShape shape_of(const ForwardBatch& batch) const;
   void launch(const ForwardBatch& batch, bool use_graph);
+  // The step's logits [logits rows, vocab] and, when asked, x [tokens, hidden] (the hidden
+  // states before the final norm), copied to the host.
+  std::vector<float> take_outputs(const ForwardBatch& step, std::vector<float>* hidden_out) {
+    std::vector<float> host_logits(step.logits_tokens.size() * static_cast<size_t>(config.vocab_size));
+    cuda::copy_to_host_async(host_logits.data(), logits.data(), host_logits.size() * sizeof(float), stream.get());
+    if (hidden_out) {
+      hidden_out->resize(static_cast<size_t>(step.num_tokens()) * config.hidden_size);
+      cuda::copy_to_host_async(hidden_out->data(), x.data(), hidden_out->size() * sizeof(float), stream.get());
+    }
+    stream.synchronize();
+    timer.collect();
+    return host_logits;
+  }
 
   const int32_t* meta_i32(size_t offset) const {
     return reinterpret_cast<const int32_t*>(static_cast<const char*>(metadata.data()) + offset);
@@ -285,6 +237,13 @@ void CudaGlm5Model::Impl::allocate() {
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     latent_cache.emplace_back(row_bytes * num_slots);
     index_keys.emplace_back(c.indexer_full[l] ? sizeof(float) * c.index_head_dim * num_slots : 0);
+  }
+  // The MTP layer's own cache sits after the decoder layers' (index num_hidden_layers), with the
+  // same slots.
+  if (!weights.mtp.empty()) {
+    latent_cache.emplace_back(row_bytes * num_slots);
+    index_keys.emplace_back(weights.mtp[0].block.attention.has_indexer ? sizeof(float) * c.index_head_dim * num_slots : 0);
+    h_prev = f32(T * hidden);
   }
 }
 
@@ -596,24 +555,7 @@ void CudaGlm5Model::Impl::run_step(const StepShape& shape) {
   cuda::embed_rows(as<uint16_t>(weights.embed_tokens), meta_i32(meta.token_ids), T, hidden, as<float>(x), s);
   timer.mark("embed", s);
   const float* pending = nullptr;  // a block output not yet added to the residual stream
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const DecoderLayerDevice& layer = weights.layers[l];
-    cuda::residual_rms_norm(as<float>(x), pending, T, hidden, as<float>(layer.input_norm), c.rms_norm_eps, nullptr,
-                            as<uint16_t>(normed_bf16), s);
-    timer.mark("norms", s);
-    attention(layer, l, shape);
-    cuda::residual_rms_norm(as<float>(x), as<float>(block_out), T, hidden, as<float>(layer.post_attention_norm),
-                            c.rms_norm_eps, as<float>(normed_f32), as<uint16_t>(normed_bf16), s);
-    timer.mark("norms", s);
-    if (layer.is_moe) {
-      moe(layer, shape);  // adds into x
-      pending = nullptr;
-    } else {
-      dense_mlp(layer.mlp, as<uint16_t>(normed_bf16), T, as<float>(block_out));
-      timer.mark("dense_mlp", s);
-      pending = as<float>(block_out);
-    }
-  }
+  for (int l = 0; l < c.num_hidden_layers; ++l) layer_step(weights.layers[l], l, shape, pending);
   cuda::residual_rms_norm(as<float>(x), pending, T, hidden, as<float>(weights.final_norm), c.rms_norm_eps, nullptr,
                           as<uint16_t>(normed_bf16), s);
   cuda::gather_rows(as<uint16_t>(normed_bf16), hidden, meta_i32(meta.logits_tokens), shape.num_logits, 1,
@@ -621,6 +563,56 @@ void CudaGlm5Model::Impl::run_step(const StepShape& shape) {
   gemm.linear(as<uint16_t>(head_in), shape.num_logits, as<uint16_t>(weights.lm_head), c.vocab_size, hidden,
               as<float>(logits), s);
   timer.mark("head", s);
+}
+
+void CudaGlm5Model::Impl::layer_step(const DecoderLayerDevice& layer, int l, const StepShape& shape,
+                                     const float*& pending) {
+  const io::ModelConfig& c = config;
+  const int T = shape.num_tokens;
+  const int64_t hidden = c.hidden_size;
+  cudaStream_t s = stream.get();
+  cuda::residual_rms_norm(as<float>(x), pending, T, hidden, as<float>(layer.input_norm), c.rms_norm_eps, nullptr,
+                          as<uint16_t>(normed_bf16), s);
+  timer.mark("norms", s);
+  attention(layer, l, shape);
+  cuda::residual_rms_norm(as<float>(x), as<float>(block_out), T, hidden, as<float>(layer.post_attention_norm),
+                          c.rms_norm_eps, as<float>(normed_f32), as<uint16_t>(normed_bf16), s);
+  timer.mark("norms", s);
+  if (layer.is_moe) {
+    moe(layer, shape);  // adds into x
+    pending = nullptr;
+  } else {
+    dense_mlp(layer.mlp, as<uint16_t>(normed_bf16), T, as<float>(block_out));
+    timer.mark("dense_mlp", s);
+    pending = as<float>(block_out);
+  }
+}
+
+// x = eh_proj(cat(enorm(embed(token)), hnorm(h_prev))) as two GEMMs (the second into block_out,
+// added by the block's first norm), the decoder block over the MTP cache, shared_head.norm and
+// shared_head.head, as Glm5Model::mtp_forward.
+void CudaGlm5Model::Impl::mtp_step(const StepShape& shape) {
+  const io::ModelConfig& c = config;
+  const MtpDevice& m = weights.mtp[0];
+  const int T = shape.num_tokens;
+  const int64_t hidden = c.hidden_size;
+  cudaStream_t s = stream.get();
+  const DeviceBuffer& embed = m.embed_tokens.bytes() > 0 ? m.embed_tokens : weights.embed_tokens;
+  cuda::embed_rows(as<uint16_t>(embed), meta_i32(meta.token_ids), T, hidden, as<float>(x), s);
+  cuda::residual_rms_norm(as<float>(x), nullptr, T, hidden, as<float>(m.enorm), c.rms_norm_eps, nullptr,
+                          as<uint16_t>(normed_bf16), s);
+  gemm.linear(as<uint16_t>(normed_bf16), T, as<uint16_t>(m.eh_proj_embed), hidden, hidden, as<float>(x), s);
+  cuda::residual_rms_norm(as<float>(h_prev), nullptr, T, hidden, as<float>(m.hnorm), c.rms_norm_eps, nullptr,
+                          as<uint16_t>(normed_bf16), s);
+  gemm.linear(as<uint16_t>(normed_bf16), T, as<uint16_t>(m.eh_proj_hidden), hidden, hidden, as<float>(block_out), s);
+  const float* pending = as<float>(block_out);
+  layer_step(m.block, c.num_hidden_layers, shape, pending);
+  cuda::residual_rms_norm(as<float>(x), pending, T, hidden, as<float>(m.shared_head_norm), c.rms_norm_eps, nullptr,
+                          as<uint16_t>(normed_bf16), s);
+  cuda::gather_rows(as<uint16_t>(normed_bf16), hidden, meta_i32(meta.logits_tokens), shape.num_logits, 1,
+                    as<uint16_t>(head_in), s);
+  const DeviceBuffer& head = m.shared_head.bytes() > 0 ? m.shared_head : weights.lm_head;
+  gemm.linear(as<uint16_t>(head_in), shape.num_logits, as<uint16_t>(head), c.vocab_size, hidden, as<float>(logits), s);
 }
 
 void CudaGlm5Model::Impl::launch(const ForwardBatch& step, bool use_graph) {
@@ -695,12 +687,23 @@ int64_t CudaGlm5Model::cache_bytes() const {
   return total;
 }
 
-std::vector<float> CudaGlm5Model::forward(const ForwardBatch& batch, bool use_graph) {
+std::vector<float> CudaGlm5Model::forward(const ForwardBatch& batch, bool use_graph, std::vector<float>* last_hidden) {
   impl_->launch(batch, use_graph);
-  std::vector<float> logits(batch.logits_tokens.size() * static_cast<size_t>(impl_->config.vocab_size));
-  cuda::copy_to_host_async(logits.data(), impl_->logits.data(), logits.size() * sizeof(float), impl_->stream.get());
-  synchronize();
-  return logits;
+  return impl_->take_outputs(batch, last_hidden);
+}
+
+bool CudaGlm5Model::has_mtp() const { return !impl_->weights.mtp.empty(); }
+
+std::vector<float> CudaGlm5Model::mtp_forward(const ForwardBatch& batch, const float* h_prev, std::vector<float>* h_out) {
+  if (!has_mtp()) fail("this model has no MTP layer on the device");
+  Impl& m = *impl_;
+  m.upload_metadata(batch);
+  const int64_t bytes = sizeof(float) * int64_t{batch.num_tokens()} * m.config.hidden_size;
+  cuda::copy_to_device_async(m.h_prev.data(), h_prev, static_cast<size_t>(bytes), m.stream.get());
+  m.batch = &batch;
+  m.mtp_step(m.shape_of(batch));
+  m.batch = nullptr;
+  return m.take_outputs(batch, h_out);
 }
 
 void CudaGlm5Model::forward_on_device(const ForwardBatch& batch, bool use_graph) { impl_->launch(batch, use_graph); }

@@ -29,8 +29,8 @@ struct CudaModelOptions {
 
 class CudaGlm5Model {
  public:
-  // Uploads `weights` (the decoder layers and head; MTP layers are not run on CUDA yet). Routed
-  // experts stored as MXFP4 or block FP8 stay quantised on the device (glm5_cuda_weights.h).
+  // Uploads `weights` (the decoder layers, the head and the first MTP layer). Routed experts
+  // stored as MXFP4 or block FP8 stay quantised on the device (glm5_cuda_weights.h).
   CudaGlm5Model(const ModelWeights& weights, const CudaModelOptions& options);
   // Seeded random weights of `config`, made on the device (no checkpoint): matrices uniform with
   // standard deviation 1/sqrt(fan_in), norms one, router bias small; routed experts in
@@ -53,7 +53,15 @@ class CudaGlm5Model {
   // the batch exceeds the options' limits. With `use_graph`, decode-only batches (one token per
   // sequence, small enough for the GEMV experts) replay a CUDA graph captured once per batch
   // shape; the first step of a shape captures it.
-  std::vector<float> forward(const ForwardBatch& batch, bool use_graph = false);
+  // `last_hidden`, when given, receives every token's hidden state before the final norm
+  // [batch.num_tokens(), hidden] (what the MTP layer consumes).
+  std::vector<float> forward(const ForwardBatch& batch, bool use_graph = false, std::vector<float>* last_hidden = nullptr);
+
+  // The checkpoint's MTP layer (its cache after the decoder layers', same block ids), as
+  // Glm5Model::mtp_forward(0, ...): h_prev [batch.num_tokens(), hidden] host fp32; returns the
+  // draft logits and fills h_out with the block's output for chaining.
+  bool has_mtp() const;
+  std::vector<float> mtp_forward(const ForwardBatch& batch, const float* h_prev, std::vector<float>* h_out);
 
   // The same step without copying logits back (they stay on the device); for timing.
   void forward_on_device(const ForwardBatch& batch, bool use_graph = false);

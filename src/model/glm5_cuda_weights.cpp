@@ -51,6 +51,17 @@ class Uploader {
     return device(host.data(), host.size() * sizeof(uint16_t));
   }
   DeviceBuffer bf16(const WeightView& w) { return bf16(std::vector<const WeightView*>{&w}); }
+  // Columns [first, first + count) of `w` as a bf16 [rows, count] matrix.
+  DeviceBuffer bf16_columns(const WeightView& w, int64_t first, int64_t count) {
+    GLMS_CHECK(first >= 0 && first + count <= w.cols, "bf16_columns out of range");
+    std::vector<uint16_t> host(static_cast<size_t>(w.rows * count));
+    std::vector<float> row(static_cast<size_t>(w.cols));
+    for (int64_t r = 0; r < w.rows; ++r) {
+      w.row_to_f32(r, row.data());
+      for (int64_t k = 0; k < count; ++k) host[r * count + k] = f32_to_bf16(row[first + k]);
+    }
+    return device(host.data(), host.size() * sizeof(uint16_t));
+  }
   DeviceBuffer f32(const std::vector<float>& v) { return device(v.data(), v.size() * sizeof(float)); }
   DeviceBuffer u8(const std::vector<uint8_t>& v) { return device(v.data(), v.size()); }
   DeviceBuffer f32(const WeightView& w) {
@@ -162,6 +173,38 @@ MlpDevice upload_mlp(Uploader& up, const MlpWeights& w) {
   return mlp;
 }
 
+DecoderLayerDevice upload_layer(Uploader& up, const DecoderLayerWeights& layer, const io::ModelConfig& c) {
+  DecoderLayerDevice d;
+  d.input_norm = up.f32(layer.input_norm);
+  d.post_attention_norm = up.f32(layer.post_attention_norm);
+  const AttentionWeights& a = layer.attention;
+  d.attention.q_a_proj = up.bf16(a.q_a_proj);
+  d.attention.q_a_norm = up.f32(a.q_a_norm);
+  d.attention.q_b_proj = up.bf16(a.q_b_proj);
+  d.attention.kv_a_proj = up.bf16(a.kv_a_proj);
+  d.attention.kv_a_norm = up.f32(a.kv_a_norm);
+  d.attention.kv_b_proj = up.bf16(a.kv_b_proj);
+  d.attention.o_proj = up.bf16(a.o_proj);
+  d.attention.has_indexer = a.has_indexer;
+  if (a.has_indexer) {
+    d.attention.indexer.wq_b = up.bf16(a.indexer.wq_b);
+    d.attention.indexer.wk = up.bf16(a.indexer.wk);
+    d.attention.indexer.weights_proj = up.bf16(a.indexer.weights_proj);
+    d.attention.indexer.k_norm_weight = up.f32(a.indexer.k_norm_weight);
+    d.attention.indexer.k_norm_bias = up.f32(a.indexer.k_norm_bias);
+  }
+  d.is_moe = layer.is_moe;
+  if (layer.is_moe) {
+    d.moe.router = up.f32(layer.moe.router);
+    d.moe.correction_bias = up.f32(layer.moe.correction_bias);
+    upload_experts(up, layer.moe, c.hidden_size, c.moe_intermediate_size, d.moe);
+    d.moe.shared = upload_mlp(up, layer.moe.shared_expert);
+  } else {
+    d.mlp = upload_mlp(up, layer.mlp);
+  }
+  return d;
+}
+
 // Makes device buffers of seeded random values: each tensor gets its own stream of the
 // counter-based generator, so a tensor's values do not depend on what else is made.
 class RandomMaker {
@@ -257,36 +300,18 @@ CudaWeights upload_weights(const ModelWeights& weights) {
   out.embed_tokens = up.bf16(weights.embed_tokens);
   out.final_norm = up.f32(weights.final_norm);
   out.lm_head = up.bf16(weights.lm_head);
-  for (const DecoderLayerWeights& layer : weights.layers) {
-    DecoderLayerDevice d;
-    d.input_norm = up.f32(layer.input_norm);
-    d.post_attention_norm = up.f32(layer.post_attention_norm);
-    const AttentionWeights& a = layer.attention;
-    d.attention.q_a_proj = up.bf16(a.q_a_proj);
-    d.attention.q_a_norm = up.f32(a.q_a_norm);
-    d.attention.q_b_proj = up.bf16(a.q_b_proj);
-    d.attention.kv_a_proj = up.bf16(a.kv_a_proj);
-    d.attention.kv_a_norm = up.f32(a.kv_a_norm);
-    d.attention.kv_b_proj = up.bf16(a.kv_b_proj);
-    d.attention.o_proj = up.bf16(a.o_proj);
-    d.attention.has_indexer = a.has_indexer;
-    if (a.has_indexer) {
-      d.attention.indexer.wq_b = up.bf16(a.indexer.wq_b);
-      d.attention.indexer.wk = up.bf16(a.indexer.wk);
-      d.attention.indexer.weights_proj = up.bf16(a.indexer.weights_proj);
-      d.attention.indexer.k_norm_weight = up.f32(a.indexer.k_norm_weight);
-      d.attention.indexer.k_norm_bias = up.f32(a.indexer.k_norm_bias);
-    }
-    d.is_moe = layer.is_moe;
-    if (layer.is_moe) {
-      d.moe.router = up.f32(layer.moe.router);
-      d.moe.correction_bias = up.f32(layer.moe.correction_bias);
-      upload_experts(up, layer.moe, c.hidden_size, c.moe_intermediate_size, d.moe);
-      d.moe.shared = upload_mlp(up, layer.moe.shared_expert);
-    } else {
-      d.mlp = upload_mlp(up, layer.mlp);
-    }
-    out.layers.push_back(std::move(d));
+  for (const DecoderLayerWeights& layer : weights.layers) out.layers.push_back(upload_layer(up, layer, c));
+  for (const MtpWeights& m : weights.mtp) {
+    MtpDevice d;
+    d.enorm = up.f32(m.enorm);
+    d.hnorm = up.f32(m.hnorm);
+    d.eh_proj_embed = up.bf16_columns(m.eh_proj, 0, c.hidden_size);
+    d.eh_proj_hidden = up.bf16_columns(m.eh_proj, c.hidden_size, c.hidden_size);
+    d.block = upload_layer(up, m.block, c);
+    d.shared_head_norm = up.f32(m.shared_head_norm);
+    if (m.shared_head.data != weights.lm_head.data) d.shared_head = up.bf16(m.shared_head);
+    if (m.embed_tokens.data != weights.embed_tokens.data) d.embed_tokens = up.bf16(m.embed_tokens);
+    out.mtp.push_back(std::move(d));
   }
   return out;
 }

@@ -51,15 +51,27 @@ struct DecoderLayerDevice {
   MoeDevice moe;
 };
 
+// The MTP draft layer: eh_proj split by its input halves (the enorm(embedding) columns, then the
+// hnorm(hidden) ones) so that two GEMMs replace a concatenation.
+struct MtpDevice {
+  ops::cuda::DeviceBuffer enorm, hnorm;                   // fp32 [hidden]
+  ops::cuda::DeviceBuffer eh_proj_embed, eh_proj_hidden;  // bf16 [hidden, hidden] each
+  DecoderLayerDevice block;
+  ops::cuda::DeviceBuffer shared_head_norm;  // fp32 [hidden]
+  ops::cuda::DeviceBuffer shared_head;       // bf16 [vocab, hidden]; empty: the model's lm_head
+  ops::cuda::DeviceBuffer embed_tokens;      // bf16 [vocab, hidden]; empty: the model's embedding
+};
+
 struct CudaWeights {
   ops::cuda::DeviceBuffer embed_tokens;  // [vocab, hidden] bf16
   std::vector<DecoderLayerDevice> layers;
+  std::vector<MtpDevice> mtp;            // the checkpoint's MTP layers (none for synthetic weights)
   ops::cuda::DeviceBuffer final_norm;    // fp32 [hidden]
   ops::cuda::DeviceBuffer lm_head;       // [vocab, hidden] bf16
   int64_t bytes = 0;                     // device bytes of all of the above
 };
 
-// Uploads the decoder layers and head of `weights`. Routed experts stored as MXFP4 or block FP8
+// Uploads the decoder layers, head and MTP layers of `weights`. Routed experts stored as MXFP4 or block FP8
 // stay so (when every expert matrix of the layer is in that format and the widths suit the
 // kernels: multiples of 32 / 16); everything else is widened or dequantised to bf16 on the
 // host. Throws glms::Error for configurations the CUDA path lacks.

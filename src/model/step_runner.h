@@ -22,7 +22,8 @@ struct CacheShape {
   int block_size = 16;
   int num_blocks = 0;
   int max_tokens = 2048;     // tokens per step
-  int max_sequences = 64;    // sequences per step (and logits rows)
+  int max_sequences = 64;    // sequences per step
+  int max_logits = 0;        // logits rows per step; 0: max_sequences
   int max_context = 4096;    // positions per sequence
   bool mtp = false;          // also a paged cache for the MTP draft layer (same block ids)
 };
@@ -36,13 +37,14 @@ class StepRunner {
   virtual int64_t cache_bytes_per_token() const = 0;
   // Allocates the paged cache and whatever a step needs; forward() needs it first.
   virtual void allocate(const CacheShape& shape) = 0;
-  // One step: logits [batch.logits_tokens.size(), vocab] fp32. `trace` is supported on the CPU
-  // (the MTP drafts need the last hidden states); other runners fail when it is given.
+  // One step: logits [batch.logits_tokens.size(), vocab] fp32. `trace` receives the last hidden
+  // states (the MTP drafts need them); the CPU runner also records every layer's when asked.
   virtual std::vector<float> forward(const ForwardBatch& batch, ForwardTrace* trace) = 0;
   std::vector<float> forward(const ForwardBatch& batch) { return forward(batch, nullptr); }
 
-  // MTP drafting, where the model has an MTP layer and allocate() was asked for its cache:
-  // Glm5Model::mtp_forward (depth 0) over that cache, addressed by the batch's block ids.
+  // MTP drafting, where the model has an MTP layer and allocate() was asked for its cache (the
+  // CUDA model always keeps one): Glm5Model::mtp_forward (depth 0) over that cache, addressed
+  // by the batch's block ids.
   virtual bool has_mtp() const { return false; }
   virtual std::vector<float> mtp_forward(const ForwardBatch& batch, const float* h_prev, std::vector<float>* h_out);
 };

@@ -100,6 +100,25 @@ TEST(EngineSpeculative, GreedyRequestsMatchTheEngineWithoutSpeculation) {
   expect_idle(spec);
 }
 
+// A tiny token budget: prefill chunks of 16 tokens, and entries that queue up while a sequence
+// waits run in pieces of at most the budget.
+TEST(EngineSpeculative, SmallBudgetsStillMatch) {
+  const model::Glm5Model model(model::load_weights(kModel));
+  engine::EngineConfig config;
+  config.max_batch_tokens = 16;
+  config.max_num_seqs = 3;
+  engine::EngineConfig spec_config = config;
+  spec_config.speculative_steps = 4;
+  engine::Engine plain(model, config), spec(model, spec_config);
+  std::vector<engine::RequestParams> requests;
+  for (int i = 0; i < 4; ++i) requests.push_back(request(prompt_ids(61 * i, 35 + 9 * i), 20));
+  const auto expected = run_all(plain, requests);
+  const auto got = run_all(spec, requests);
+  for (size_t i = 0; i < requests.size(); ++i) EXPECT_EQ(got[i].tokens, expected[i].tokens) << "request " << i;
+  EXPECT_GT(spec.stats().spec_accepted_tokens, 0);
+  expect_idle(spec);
+}
+
 TEST(EngineSpeculative, SampledRequestsAreSeededAndComplete) {
   const model::Glm5Model model(model::load_weights(kModel));
   engine::EngineConfig config;

@@ -196,3 +196,46 @@ TEST_F(CudaForward, QuantisedBundledModelFollowsTheCpuGreedyRun) {
     EXPECT_LE(disagreements, 2) << format;
   }
 }
+
+// The MTP layer on the device against Glm5Model::mtp_forward: the same entries (target hidden
+// states from the CPU forward, the following tokens) give draft logits within bf16 noise, and
+// chaining one more draft from the layer's output agrees too.
+TEST_F(CudaForward, MtpLayerMatchesCpu) {
+  const model::Glm5Model cpu(model::load_weights(GLMS_SOURCE_DIR "/models/glm5-tiny-code"));
+  ASSERT_EQ(cpu.num_mtp_layers(), 1);
+  model::CudaModelOptions options = small_options();
+  options.num_blocks = 32;
+  model::CudaGlm5Model gpu(cpu.weights(), options);
+  ASSERT_TRUE(gpu.has_mtp());
+  const int vocab = cpu.config().vocab_size;
+  const auto tokens = random_tokens(30, vocab, 9);
+  const auto blocks = table(0, 32);
+  kv::PagedLatentCache cache(cpu.cache_layout(kBlockSize), 32), mtp_cache(cpu.mtp_cache_layout(kBlockSize), 32);
+  model::ForwardBatch prefill;
+  prefill.add_sequence({tokens.begin(), tokens.end() - 1}, 0, blocks, kBlockSize, false);
+  model::ForwardTrace trace;
+  trace.record_layers = false;
+  cpu.forward(prefill, cache, &trace);
+  std::vector<float> gpu_hidden;
+  gpu.forward(prefill, false, &gpu_hidden);
+  EXPECT_LT(relative_l2(gpu_hidden, trace.last_hidden), 2e-2) << "last hidden states";
+
+  // Entries: position p pairs h_p with tokens[p + 1].
+  model::ForwardBatch entries;
+  entries.add_sequence({tokens.begin() + 1, tokens.end()}, 0, blocks, kBlockSize, false);
+  std::vector<float> cpu_out, gpu_out;
+  const auto want = cpu.mtp_forward(0, entries, trace.last_hidden.data(), mtp_cache, &cpu_out);
+  const auto got = gpu.mtp_forward(entries, trace.last_hidden.data(), &gpu_out);
+  EXPECT_LT(relative_l2(got, want), 2e-2) << "draft logits";
+  EXPECT_EQ(argmax(got.data(), vocab), argmax(want.data(), vocab));
+  EXPECT_LT(relative_l2(gpu_out, cpu_out), 2e-2) << "block outputs";
+
+  const int draft = argmax(want.data(), vocab);
+  model::ForwardBatch chain;
+  chain.add_sequence({draft}, static_cast<int>(tokens.size()) - 1, blocks, kBlockSize, false);
+  const int64_t hidden = cpu.config().hidden_size;
+  const std::vector<float> last(cpu_out.end() - hidden, cpu_out.end());
+  const auto want2 = cpu.mtp_forward(0, chain, last.data(), mtp_cache);
+  const auto got2 = gpu.mtp_forward(chain, last.data(), nullptr);
+  EXPECT_LT(relative_l2(got2, want2), 2e-2) << "chained draft logits";
+}

@@ -1,0 +1,91 @@
+// Step bookkeeping of CudaGlm5Model (glm5_cuda.cpp): where a step's metadata sits in the
+// staging buffer, the shape that keys captured graphs, and per-phase device timing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "ops/cuda/cuda_ops.h"
+
+namespace glms::model::cuda_step {
+
+namespace cuda = ops::cuda;
+
+// Byte offsets of the per-step metadata inside one host staging buffer and its device copy.
+struct MetadataLayout {
+  size_t token_ids, positions, token_sequence, logits_tokens, slot_mapping, block_tables, total;
+  MetadataLayout(int max_tokens, int max_logits, int max_sequences, int max_blocks) {
+    auto align = [](size_t v) { return (v + 255) / 256 * 256; };
+    size_t at = 0;
+    slot_mapping = at;
+    at = align(at + sizeof(int64_t) * max_tokens);
+    token_ids = at;
+    at = align(at + sizeof(int32_t) * max_tokens);
+    positions = at;
+    at = align(at + sizeof(int32_t) * max_tokens);
+    token_sequence = at;
+    at = align(at + sizeof(int32_t) * max_tokens);
+    logits_tokens = at;
+    at = align(at + sizeof(int32_t) * max_logits);
+    block_tables = at;  // last: a step uploads only the rows it uses
+    total = at + sizeof(int32_t) * static_cast<size_t>(max_sequences) * max_blocks;
+  }
+};
+
+// What fixes a step's launches: its sizes and the context bound that sizes the grids. Two steps
+// with the same shape issue the same kernels, so a decode shape can be captured once as a graph.
+struct StepShape {
+  int num_tokens = 0, num_sequences = 0, num_logits = 0;
+  int max_context = 0;        // bound on any token's context (sizes the attention and indexer grids)
+  bool host_sync_ok = true;   // false while capturing a graph
+  bool operator<(const StepShape& o) const {
+    return std::tie(num_tokens, num_sequences, num_logits, max_context) <
+           std::tie(o.num_tokens, o.num_sequences, o.num_logits, o.max_context);
+  }
+};
+
+// Device events between the phases of eager steps; summed per phase name when collected.
+class PhaseTimer {
+ public:
+  bool enabled = false;
+  void mark(const char* phase, cudaStream_t stream) {
+    if (!enabled) return;
+    if (used_ == events_.size()) events_.push_back(std::make_unique<cuda::Event>());
+    if (used_ == names_.size()) names_.emplace_back();
+    events_[used_]->record(stream);
+    names_[used_++] = phase;
+  }
+  // After the stream has finished the marked work.
+  void collect() {
+    for (size_t i = 1; i < used_; ++i) {
+      if (names_[i] == "start") continue;  // the host's time between steps
+      if (!totals_.count(names_[i])) order_.push_back(names_[i]);
+      totals_[names_[i]] += events_[i]->elapsed_ms_since(*events_[i - 1]);
+    }
+    used_ = 0;
+  }
+  std::vector<std::pair<std::string, double>> take() {
+    collect();
+    std::vector<std::pair<std::string, double>> out;
+    for (const std::string& name : order_) out.emplace_back(name, totals_[name]);
+    totals_.clear();
+    order_.clear();
+    return out;
+  }
+
+ private:
+  std::vector<std::unique_ptr<cuda::Event>> events_;
+  std::vector<std::string> names_;
+  size_t used_ = 0;
+  std::map<std::string, double> totals_;
+  std::vector<std::string> order_;
+};
+
+
+}  // namespace glms::model::cuda_step
