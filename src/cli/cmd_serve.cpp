@@ -149,7 +149,7 @@ void run_serve(const ServeArgs& args) {
   if (args.max_waiting > 0) engine_config.max_waiting = args.max_waiting;
   if (!args.speculative.empty()) {
     if (args.source.device != "cpu")
-      fail("--speculative mtp runs on --device cpu for now (the CUDA path has no MTP layer yet)");
+      fail("--speculative mtp runs on --device cpu for now (the CUDA MTP layer is not verified on a GPU yet)");
     engine_config.speculative_steps = args.speculative_steps;
   }
 

@@ -103,6 +103,19 @@ EngineConfig resolve(const io::ModelConfig& model, EngineConfig config) {
   return config;
 }
 
+// Runs `work` with the lock released and takes it back however `work` ends (the loop's error
+// handling expects the lock held).
+template <typename Work>
+auto unlocked(std::unique_lock<std::mutex>& lock, Work&& work) {
+  struct Relock {
+    std::unique_lock<std::mutex>& lock;
+    ~Relock() { lock.lock(); }
+  };
+  lock.unlock();
+  Relock relock{lock};
+  return work();
+}
+
 // log-softmax of the raw logits at `token`, and the k best.
 void fill_logprobs(const float* logits, int vocab, int top, GeneratedToken& out) {
   const float max_logit = *std::max_element(logits, logits + vocab);
@@ -501,9 +514,8 @@ void Engine::Impl::draft(std::unique_lock<std::mutex>& lock, std::vector<Schedul
       entry_hidden.insert(entry_hidden.end(), rows, rows + int64_t{e.end - e.begin} * hidden);
     }
     std::vector<float> out_hidden;
-    lock.unlock();
-    const std::vector<float> logits = runner->mtp_forward(entries, entry_hidden.data(), &out_hidden);
-    lock.lock();
+    const std::vector<float> logits =
+        unlocked(lock, [&] { return runner->mtp_forward(entries, entry_hidden.data(), &out_hidden); });
     for (size_t d = 0; d < with_logits.size(); ++d) {
       drafting.push_back(with_logits[d].first);
       first_logits.insert(first_logits.end(), logits.begin() + d * vocab, logits.begin() + (d + 1) * vocab);
@@ -539,9 +551,7 @@ void Engine::Impl::draft(std::unique_lock<std::mutex>& lock, std::vector<Schedul
       members.push_back(i);
     }
     if (members.empty()) break;
-    lock.unlock();
-    draft_logits = runner->mtp_forward(chain, chain_in.data(), &out_hidden);
-    lock.lock();
+    draft_logits = unlocked(lock, [&] { return runner->mtp_forward(chain, chain_in.data(), &out_hidden); });
     for (size_t m = 0; m < members.size(); ++m) {
       take(*drafting[members[m]], draft_logits.data() + m * vocab);
       std::copy_n(out_hidden.data() + m * hidden, hidden, chain_hidden.data() + members[m] * hidden);

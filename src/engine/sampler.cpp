@@ -102,6 +102,12 @@ void Sampler::probabilities(const float* logits, int vocab_size, const SamplingP
 int32_t Sampler::sample_from(const float* probs, int vocab_size) {
   double total = 0.0;
   for (int i = 0; i < vocab_size; ++i) total += probs[i];
+  if (!(total > 0.0) || !std::isfinite(total)) {  // no usable mass (a broken draft): the largest entry
+    int32_t best = 0;
+    for (int i = 1; i < vocab_size; ++i)
+      if (probs[i] > probs[best] || std::isnan(probs[best])) best = i;
+    return best;
+  }
   std::uniform_real_distribution<double> uniform(0.0, total);
   double draw = uniform(rng_);
   int32_t last = 0;

@@ -28,6 +28,7 @@ class CudaRunner : public StepRunner {
     options.max_sequences = shape.max_sequences;
     options.max_context = shape.max_context;
     options.max_logits = shape.max_logits > 0 ? shape.max_logits : shape.max_sequences;
+    options.mtp = shape.mtp;
     model_.reset();
     if (weights_) model_ = std::make_unique<CudaGlm5Model>(*weights_, options);
     else model_ = CudaGlm5Model::synthetic(config_, seed_, options);
@@ -38,7 +39,9 @@ class CudaRunner : public StepRunner {
       fail("the CUDA runner records only the last hidden states (ForwardTrace::record_layers = false)");
     return model_->forward(batch, /*use_graph=*/true, trace ? &trace->last_hidden : nullptr);
   }
-  bool has_mtp() const override { return weights_ ? !weights_->mtp.empty() : model_ && model_->has_mtp(); }
+  bool has_mtp() const override {
+    return weights_ && !weights_->mtp.empty() && weights_->mtp[0].block.attention.has_indexer;
+  }
   std::vector<float> mtp_forward(const ForwardBatch& batch, const float* h_prev, std::vector<float>* h_out) override {
     GLMS_CHECK(model_ != nullptr, "StepRunner::mtp_forward before allocate");
     return model_->mtp_forward(batch, h_prev, h_out);

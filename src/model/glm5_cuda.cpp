@@ -204,9 +204,12 @@ void CudaGlm5Model::Impl::allocate() {
   gathered_keys = f32(int64_t{options.max_context} * c.index_head_dim);
   offsets_host = cuda::PinnedBuffer(sizeof(int32_t) * (E + 1));
   // Quantised experts widen one expert at a time to bf16 for the large-batch GEMMs.
-  const bool quantised_experts = std::any_of(weights.layers.begin(), weights.layers.end(), [](const auto& layer) {
+  auto quantised = [](const DecoderLayerDevice& layer) {
     return layer.is_moe && layer.moe.experts_format != ops::WeightFormat::Plain;
-  });
+  };
+  const bool quantised_experts =
+      std::any_of(weights.layers.begin(), weights.layers.end(), quantised) ||
+      std::any_of(weights.mtp.begin(), weights.mtp.end(), [&](const MtpDevice& m) { return quantised(m.block); });
   if (quantised_experts) {
     expert_gate_up_bf16 = bf16(2 * inter * hidden);
     expert_down_bf16 = bf16(hidden * inter);
@@ -222,7 +225,11 @@ void CudaGlm5Model::Impl::allocate() {
 
   // The cache gets what is left, less a margin for cuBLAS and the CUDA context.
   const int64_t row_bytes = sizeof(uint16_t) * (L + rd);
-  const int64_t bytes_per_slot = cuda_cache_bytes_per_token(c);
+  const bool with_mtp = options.mtp && !weights.mtp.empty();
+  const int64_t mtp_bytes_per_slot =
+      with_mtp ? row_bytes + (weights.mtp[0].block.attention.has_indexer ? int64_t{sizeof(float)} * c.index_head_dim : 0)
+               : 0;
+  const int64_t bytes_per_slot = cuda_cache_bytes_per_token(c) + mtp_bytes_per_slot;
   int num_blocks = options.num_blocks;
   if (num_blocks <= 0) {
     const auto [free_bytes, total_bytes] = cuda::memory_info();
@@ -240,7 +247,7 @@ void CudaGlm5Model::Impl::allocate() {
   }
   // The MTP layer's own cache sits after the decoder layers' (index num_hidden_layers), with the
   // same slots.
-  if (!weights.mtp.empty()) {
+  if (with_mtp) {
     latent_cache.emplace_back(row_bytes * num_slots);
     index_keys.emplace_back(weights.mtp[0].block.attention.has_indexer ? sizeof(float) * c.index_head_dim * num_slots : 0);
     h_prev = f32(T * hidden);
@@ -692,17 +699,27 @@ std::vector<float> CudaGlm5Model::forward(const ForwardBatch& batch, bool use_gr
   return impl_->take_outputs(batch, last_hidden);
 }
 
-bool CudaGlm5Model::has_mtp() const { return !impl_->weights.mtp.empty(); }
+bool CudaGlm5Model::has_mtp() const {
+  const Impl& m = *impl_;
+  return m.options.mtp && !m.weights.mtp.empty() && m.weights.mtp[0].block.attention.has_indexer;
+}
 
 std::vector<float> CudaGlm5Model::mtp_forward(const ForwardBatch& batch, const float* h_prev, std::vector<float>* h_out) {
-  if (!has_mtp()) fail("this model has no MTP layer on the device");
   Impl& m = *impl_;
+  if (m.weights.mtp.empty()) fail("this model has no MTP layer on the device");
+  if (!m.options.mtp) fail("the MTP layer's cache was not allocated (CudaModelOptions::mtp)");
+  // Without its own indexer the layer would attend over another step's token selection.
+  if (!m.weights.mtp[0].block.attention.has_indexer)
+    fail("the MTP layer has no indexer weights: it cannot select its own top-k");
   m.upload_metadata(batch);
   const int64_t bytes = sizeof(float) * int64_t{batch.num_tokens()} * m.config.hidden_size;
   cuda::copy_to_device_async(m.h_prev.data(), h_prev, static_cast<size_t>(bytes), m.stream.get());
   m.batch = &batch;
+  struct Reset {
+    const ForwardBatch*& current;
+    ~Reset() { current = nullptr; }
+  } reset{m.batch};
   m.mtp_step(m.shape_of(batch));
-  m.batch = nullptr;
   return m.take_outputs(batch, h_out);
 }
 

@@ -25,6 +25,7 @@ struct CudaModelOptions {
   int max_sequences = 256;   // sequences per step
   int max_context = 32768;   // positions per sequence
   int max_logits = 0;        // logits rows per step; 0: max_sequences
+  bool mtp = false;          // run the checkpoint's MTP layer (its cache, one layer more, is allocated)
 };
 
 class CudaGlm5Model {
@@ -59,7 +60,8 @@ class CudaGlm5Model {
 
   // The checkpoint's MTP layer (its cache after the decoder layers', same block ids), as
   // Glm5Model::mtp_forward(0, ...): h_prev [batch.num_tokens(), hidden] host fp32; returns the
-  // draft logits and fills h_out with the block's output for chaining.
+  // draft logits and fills h_out with the block's output for chaining. Needs options.mtp and an
+  // MTP layer with its own indexer (as the CPU path does).
   bool has_mtp() const;
   std::vector<float> mtp_forward(const ForwardBatch& batch, const float* h_prev, std::vector<float>* h_out);
 

@@ -136,6 +136,38 @@ TEST(EngineSpeculative, SampledRequestsAreSeededAndComplete) {
   expect_idle(engine);
 }
 
+// A draft layer that fails: the requests in flight end with "error" and the engine carries on.
+TEST(EngineSpeculative, AFailingDraftLayerEndsRequestsNotTheEngine) {
+  const model::Glm5Model model(model::load_weights(kModel));
+  class FailingDrafts : public model::StepRunner {
+   public:
+    explicit FailingDrafts(const model::Glm5Model& m) : inner_(model::make_cpu_runner(m)) {}
+    const io::ModelConfig& config() const override { return inner_->config(); }
+    std::string device() const override { return "cpu"; }
+    int64_t cache_bytes_per_token() const override { return inner_->cache_bytes_per_token(); }
+    void allocate(const model::CacheShape& shape) override { inner_->allocate(shape); }
+    std::vector<float> forward(const model::ForwardBatch& batch, model::ForwardTrace* trace) override {
+      return inner_->forward(batch, trace);
+    }
+    bool has_mtp() const override { return true; }
+    std::vector<float> mtp_forward(const model::ForwardBatch&, const float*, std::vector<float>*) override {
+      fail("draft layer failure (test)");
+    }
+
+   private:
+    std::unique_ptr<model::StepRunner> inner_;
+  };
+  engine::EngineConfig config;
+  config.speculative_steps = 2;
+  engine::Engine engine(std::make_unique<FailingDrafts>(model), config);
+  for (int round = 0; round < 2; ++round) {
+    const Collected result = Pending(engine, request(prompt_ids(3, 20), 8)).get();
+    EXPECT_EQ(result.last.finish_reason, "error");
+    EXPECT_NE(result.last.error.find("draft layer failure"), std::string::npos) << result.last.error;
+  }
+  expect_idle(engine);
+}
+
 TEST(EngineSpeculative, NeedsAnMtpLayer) {
   const model::Glm5Model model(model::load_weights(std::string(GLMS_SOURCE_DIR) + "/tests/golden/glm5-random"));
   engine::EngineConfig config;

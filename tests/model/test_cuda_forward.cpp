@@ -205,6 +205,7 @@ TEST_F(CudaForward, MtpLayerMatchesCpu) {
   ASSERT_EQ(cpu.num_mtp_layers(), 1);
   model::CudaModelOptions options = small_options();
   options.num_blocks = 32;
+  options.mtp = true;
   model::CudaGlm5Model gpu(cpu.weights(), options);
   ASSERT_TRUE(gpu.has_mtp());
   const int vocab = cpu.config().vocab_size;
