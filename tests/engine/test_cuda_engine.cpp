@@ -68,6 +68,23 @@ model::ModelWeights bundled() {
   return model::load_weights(GLMS_SOURCE_DIR "/models/glm5-tiny-code", {.load_mtp = false});
 }
 
+// Greedy requests for `prompts`, submitted together; their tokens.
+std::vector<std::vector<int32_t>> run_greedy(engine::Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                             int max_tokens) {
+  std::vector<std::unique_ptr<Pending>> pending;
+  for (const auto& prompt : prompts) {
+    engine::RequestParams params;
+    params.prompt_ids = prompt;
+    params.max_tokens = max_tokens;
+    params.sampling.temperature = 0.0f;
+    params.ignore_eos = true;
+    pending.push_back(std::make_unique<Pending>(engine, params));
+  }
+  std::vector<std::vector<int32_t>> outputs;
+  for (auto& p : pending) outputs.push_back(p->get().tokens);
+  return outputs;
+}
+
 }  // namespace
 
 TEST_F(CudaEngine, ConcurrentGreedyRequestsMatchTheCpuEngine) {
@@ -80,24 +97,10 @@ TEST_F(CudaEngine, ConcurrentGreedyRequestsMatchTheCpuEngine) {
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 6; ++i) prompts.push_back(random_prompt(7 + 23 * i, vocab, 100 + i));
 
-  auto run = [&](engine::Engine& engine) {
-    std::vector<std::unique_ptr<Pending>> pending;
-    for (const auto& prompt : prompts) {
-      engine::RequestParams params;
-      params.prompt_ids = prompt;
-      params.max_tokens = 24;
-      params.sampling.temperature = 0.0f;
-      params.ignore_eos = true;
-      pending.push_back(std::make_unique<Pending>(engine, params));
-    }
-    std::vector<std::vector<int32_t>> outputs;
-    for (auto& p : pending) outputs.push_back(p->get().tokens);
-    return outputs;
-  };
   engine::Engine cpu(cpu_model, config);
   engine::Engine gpu(model::make_cuda_runner(bundled()), config);
-  const auto expected = run(cpu);
-  const auto got = run(gpu);
+  const auto expected = run_greedy(cpu, prompts, 24);
+  const auto got = run_greedy(gpu, prompts, 24);
   for (size_t i = 0; i < prompts.size(); ++i) {
     SCOPED_TRACE("request " + std::to_string(i));
     expect_same_up_to_near_ties(cpu_model, prompts[i], expected[i], got[i]);
@@ -128,27 +131,13 @@ TEST_F(CudaEngine, SpeculativeDecodingOnCudaMatchesTheCpuEngine) {
   config.max_model_len = 512;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 4; ++i) prompts.push_back(random_prompt(9 + 31 * i, vocab, 300 + i));
-  auto run = [&](engine::Engine& engine) {
-    std::vector<std::unique_ptr<Pending>> pending;
-    for (const auto& prompt : prompts) {
-      engine::RequestParams params;
-      params.prompt_ids = prompt;
-      params.max_tokens = 32;
-      params.sampling.temperature = 0.0f;
-      params.ignore_eos = true;
-      pending.push_back(std::make_unique<Pending>(engine, params));
-    }
-    std::vector<std::vector<int32_t>> outputs;
-    for (auto& p : pending) outputs.push_back(p->get().tokens);
-    return outputs;
-  };
   engine::Engine cpu(cpu_model, config);
   engine::EngineConfig spec_config = config;
   spec_config.speculative_steps = 3;
   engine::Engine gpu(model::make_cuda_runner(model::load_weights(GLMS_SOURCE_DIR "/models/glm5-tiny-code")),
                      spec_config);
-  const auto expected = run(cpu);
-  const auto got = run(gpu);
+  const auto expected = run_greedy(cpu, prompts, 32);
+  const auto got = run_greedy(gpu, prompts, 32);
   for (size_t i = 0; i < prompts.size(); ++i) {
     SCOPED_TRACE("request " + std::to_string(i));
     expect_same_up_to_near_ties(cpu_model, prompts[i], expected[i], got[i]);

@@ -17,6 +17,17 @@
 
 using namespace glms;
 
+namespace {
+// Widths that MX blocks of 32 divide (most matrices get quantised).
+glms::testing::RandomModelSpec small_spec() {
+  glms::testing::RandomModelSpec spec;
+  spec.hidden_size = 64;
+  spec.moe_intermediate_size = 32;
+  spec.intermediate_size = 64;
+  return spec;
+}
+}  // namespace
+
 TEST(Glob, StarsAndQuestionMarks) {
   EXPECT_TRUE(quant::glob_match("*embed_tokens*", "model.embed_tokens.weight"));
   EXPECT_TRUE(quant::glob_match("model.layers.4.*", "model.layers.4.eh_proj.weight"));
@@ -30,11 +41,7 @@ TEST(Glob, StarsAndQuestionMarks) {
 
 TEST(Quantizer, WritesQuarkMxfp4AndKeepsTheDefaultExclusions) {
   glms::testing::TempDir dir("quantizer");
-  glms::testing::RandomModelSpec spec;
-  spec.hidden_size = 64;
-  spec.moe_intermediate_size = 32;
-  spec.intermediate_size = 64;
-  const auto source = glms::testing::write_random_model(dir.path / "bf16", spec);
+  const auto source = glms::testing::write_random_model(dir.path / "bf16", small_spec());
   quant::QuantizeOptions options;
   options.format = "mxfp4";
   size_t last_done = 0;
@@ -69,11 +76,7 @@ TEST(Quantizer, WritesQuarkMxfp4AndKeepsTheDefaultExclusions) {
 // loaded rows are exactly the reference quantiser's values and the model runs.
 TEST(Quantizer, WritesMxfp6AndTheModelLoadsIt) {
   glms::testing::TempDir dir("quantizer_fp6");
-  glms::testing::RandomModelSpec spec;
-  spec.hidden_size = 64;
-  spec.moe_intermediate_size = 32;
-  spec.intermediate_size = 64;
-  const auto source = glms::testing::write_random_model(dir.path / "bf16", spec);
+  const auto source = glms::testing::write_random_model(dir.path / "bf16", small_spec());
   const std::string name = "model.layers.1.mlp.experts.0.up_proj.weight";
   const io::Checkpoint original = io::Checkpoint::open(source);
   const std::vector<float> values = io::read_f32(original.get(name));
@@ -112,11 +115,7 @@ TEST(Quantizer, WritesMxfp6AndTheModelLoadsIt) {
 // sharded copy loads and computes exactly what the single-file copy does.
 TEST(Quantizer, ShardsLargeOutputsWithAnIndex) {
   glms::testing::TempDir dir("quantizer_shards");
-  glms::testing::RandomModelSpec spec;
-  spec.hidden_size = 64;
-  spec.moe_intermediate_size = 32;
-  spec.intermediate_size = 64;
-  const auto source = glms::testing::write_random_model(dir.path / "bf16", spec);
+  const auto source = glms::testing::write_random_model(dir.path / "bf16", small_spec());
   quant::QuantizeOptions options;
   options.format = "mxfp4";
   const quant::QuantizeReport single = quant::quantize_checkpoint(source, dir.path / "single", options);
