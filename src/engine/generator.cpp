@@ -34,7 +34,9 @@ std::vector<int32_t> allocate_private(model::StepRunner& runner, int64_t total_p
   shape.num_blocks = static_cast<int>((total_positions + options.block_size - 1) / options.block_size);
   shape.max_tokens = std::max(1, options.prefill_chunk) + options.speculative_steps + 1;
   shape.max_sequences = 1;
+  shape.max_logits = options.speculative_steps + 1;  // a verify step's rows
   shape.max_context = static_cast<int>(total_positions);
+  shape.mtp = options.speculative_steps > 0;
   runner.allocate(shape);
   // A private cache maps logical blocks to physical ones one to one.
   std::vector<int32_t> table(shape.num_blocks);
@@ -87,8 +89,7 @@ GenerateResult generate(const model::Glm5Model& model, const std::vector<int32_t
 
 GenerateResult generate(model::StepRunner& runner, const std::vector<int32_t>& prompt, const GenerateOptions& options) {
   const io::ModelConfig& config = runner.config();
-  if (options.speculative_steps > 0)
-    fail("speculative decoding runs on the CPU model only for now (the " + runner.device() + " runner has no MTP)");
+  if (options.speculative_steps > 0) return generate_speculative(runner, prompt, options);
   const int64_t total = detail::checked_total_positions(config, prompt, options, 0);
   const int block_size = options.block_size;
   const std::vector<int32_t> block_table = detail::allocate_private(runner, total, options);

@@ -47,8 +47,7 @@ struct GenerateResult {
 GenerateResult generate(const model::Glm5Model& model, const std::vector<int32_t>& prompt,
                         const GenerateOptions& options);
 
-// generate() over any runner (the CUDA one, say), which it allocates for this request. Without
-// speculation: MTP drafting runs on the CPU model only.
+// generate() over any runner (the CUDA one, say), which it allocates for this request.
 GenerateResult generate(model::StepRunner& runner, const std::vector<int32_t>& prompt, const GenerateOptions& options);
 
 // generate() with MTP speculative decoding (options.speculative_steps drafts per step, chained
@@ -56,6 +55,9 @@ GenerateResult generate(model::StepRunner& runner, const std::vector<int32_t>& p
 // sampling). Greedy tokens equal generate()'s without speculation; sampled tokens follow the
 // same distribution (not the same draws: the random stream is used differently).
 GenerateResult generate_speculative(const model::Glm5Model& model, const std::vector<int32_t>& prompt,
+                                    const GenerateOptions& options);
+// The same over any runner with an MTP layer (StepRunner::has_mtp), which it allocates.
+GenerateResult generate_speculative(model::StepRunner& target, const std::vector<int32_t>& prompt,
                                     const GenerateOptions& options);
 
 }  // namespace glms::engine

@@ -24,15 +24,20 @@ namespace glms::engine {
 
 GenerateResult generate_speculative(const model::Glm5Model& model, const std::vector<int32_t>& prompt,
                                     const GenerateOptions& options) {
-  const io::ModelConfig& config = model.config();
+  const auto runner = model::make_cpu_runner(model);
+  return generate_speculative(*runner, prompt, options);
+}
+
+GenerateResult generate_speculative(model::StepRunner& target, const std::vector<int32_t>& prompt,
+                                    const GenerateOptions& options) {
+  const io::ModelConfig& config = target.config();
   const int K = options.speculative_steps;
-  if (model.num_mtp_layers() == 0) fail("speculative decoding with MTP needs a checkpoint with an MTP layer");
+  if (K <= 0) fail("generate_speculative needs speculative_steps >= 1");
+  if (!target.has_mtp()) fail("speculative decoding with MTP needs a checkpoint with an MTP layer");
   // Verification writes up to K + 1 positions past the last accepted token.
   const int64_t total = detail::checked_total_positions(config, prompt, options, K + 1);
   const int block_size = options.block_size;
-  const auto target = model::make_cpu_runner(model);
-  const std::vector<int32_t> table = detail::allocate_private(*target, total, options);
-  kv::PagedLatentCache mtp_cache(model.mtp_cache_layout(block_size), static_cast<int>(table.size()));
+  const std::vector<int32_t> table = detail::allocate_private(target, total, options);
   const int64_t hidden = config.hidden_size;
   const int vocab = config.vocab_size;
 
@@ -54,7 +59,7 @@ GenerateResult generate_speculative(const model::Glm5Model& model, const std::ve
   // Prefill, keeping every prompt position's pre-norm hidden state for the MTP entries.
   const auto prefill_start = std::chrono::steady_clock::now();
   std::vector<float> entry_hidden;  // [entries, hidden]: h_j of the MTP entries still to run
-  const std::vector<float> logits = detail::prefill(*target, prompt, table, options, &entry_hidden);
+  const std::vector<float> logits = detail::prefill(target, prompt, table, options, &entry_hidden);
   result.prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - prefill_start).count();
 
   const auto decode_start = std::chrono::steady_clock::now();
@@ -72,7 +77,7 @@ GenerateResult generate_speculative(const model::Glm5Model& model, const std::ve
     {
       model::ForwardBatch batch;
       batch.add_sequence(entry_tokens, entry_start, table, block_size, false);
-      const auto draft_logits = model.mtp_forward(0, batch, entry_hidden.data(), mtp_cache, &chain_hidden);
+      const auto draft_logits = target.mtp_forward(batch, entry_hidden.data(), &chain_hidden);
       drafts.push_back(draw_draft(draft_logits.data(), 0));
       chain_hidden.erase(chain_hidden.begin(), chain_hidden.end() - hidden);  // the last entry's output
     }
@@ -80,7 +85,7 @@ GenerateResult generate_speculative(const model::Glm5Model& model, const std::ve
       model::ForwardBatch batch;
       batch.add_sequence({drafts.back()}, context - 1 + k, table, block_size, false);
       std::vector<float> out_hidden;
-      const auto draft_logits = model.mtp_forward(0, batch, chain_hidden.data(), mtp_cache, &out_hidden);
+      const auto draft_logits = target.mtp_forward(batch, chain_hidden.data(), &out_hidden);
       drafts.push_back(draw_draft(draft_logits.data(), k));
       chain_hidden = std::move(out_hidden);
     }
@@ -92,7 +97,7 @@ GenerateResult generate_speculative(const model::Glm5Model& model, const std::ve
     batch.add_sequence(verify, context, table, block_size, true);
     model::ForwardTrace trace;
     trace.record_layers = false;  // only the last hidden states feed the MTP entries
-    const auto verify_logits = target->forward(batch, &trace);
+    const auto verify_logits = target.forward(batch, &trace);
     ++result.decode_steps;
     ++result.speculative.steps;
     result.speculative.drafted += K;
