@@ -571,6 +571,7 @@ void Engine::Impl::verify(Scheduled& s, const float* logits, const float* hidden
     Sampler::probabilities(logits + int64_t{k} * vocab, vocab, seq.params.sampling, target_probs.data() + int64_t{k} * vocab);
   const DraftVerdict verdict =
       seq.sampler.verify_drafts(s.draft_tokens.data(), s.drafts, s.draft_probs.data(), target_probs.data(), vocab);
+  ++counters.spec_drafts;
   counters.spec_draft_tokens += s.drafts;
   counters.spec_accepted_tokens += verdict.accepted;
   for (int k = 0; k < verdict.accepted; ++k) ++counters.spec_accepted_per_position[k];

@@ -41,8 +41,10 @@ struct EngineStats {
   int64_t generation_tokens_total = 0;
   int64_t num_preemptions = 0;
   int64_t steps = 0;
-  // Speculative decoding: drafts proposed and accepted, and per draft position (0-based) how
-  // many were accepted (vLLM's spec_decode counters).
+  // Speculative decoding: verification steps (one per speculating sequence and step), drafts
+  // proposed and accepted, and per draft position (0-based) how many were accepted (vLLM's
+  // spec_decode counters; acceptance length = 1 + accepted / verification steps).
+  int64_t spec_drafts = 0;
   int64_t spec_draft_tokens = 0;
   int64_t spec_accepted_tokens = 0;
   std::vector<int64_t> spec_accepted_per_position;

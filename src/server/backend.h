@@ -26,8 +26,9 @@ struct BackendStats {
   int64_t prompt_tokens_total = 0;
   int64_t generation_tokens_total = 0;
   int64_t num_preemptions = 0;
-  int64_t spec_draft_tokens = 0;     // speculative decoding: drafts proposed, accepted, and
-  int64_t spec_accepted_tokens = 0;  // accepted by draft position (empty without speculation)
+  int64_t spec_drafts = 0;           // speculative decoding: verification steps, drafts proposed,
+  int64_t spec_draft_tokens = 0;     // accepted, and accepted by draft position (empty without
+  int64_t spec_accepted_tokens = 0;  // speculation)
   std::vector<int64_t> spec_accepted_per_position;
 };
 

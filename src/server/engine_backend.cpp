@@ -26,6 +26,7 @@ class EngineBackend final : public Backend {
     out.prompt_tokens_total = s.prompt_tokens_total;
     out.generation_tokens_total = s.generation_tokens_total;
     out.num_preemptions = s.num_preemptions;
+    out.spec_drafts = s.spec_drafts;
     out.spec_draft_tokens = s.spec_draft_tokens;
     out.spec_accepted_tokens = s.spec_accepted_tokens;
     out.spec_accepted_per_position = s.spec_accepted_per_position;

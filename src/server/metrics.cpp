@@ -186,6 +186,8 @@ std::string ServerMetrics::render(const BackendStats& s) const {
   counter("generation_tokens_total", "Number of generation tokens processed.",
           static_cast<double>(s.generation_tokens_total));
   if (!s.spec_accepted_per_position.empty()) {  // speculative decoding is on
+    counter("spec_decode_num_drafts_total", "Number of spec decoding drafts (verification steps).",
+            static_cast<double>(s.spec_drafts));
     counter("spec_decode_num_draft_tokens_total", "Number of draft tokens.", static_cast<double>(s.spec_draft_tokens));
     counter("spec_decode_num_accepted_tokens_total", "Number of accepted tokens.",
             static_cast<double>(s.spec_accepted_tokens));

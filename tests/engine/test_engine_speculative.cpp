@@ -85,6 +85,8 @@ TEST(EngineSpeculative, GreedyRequestsMatchTheEngineWithoutSpeculation) {
   EXPECT_GT(stats.spec_draft_tokens, 0);
   EXPECT_GT(stats.spec_accepted_tokens, 0) << "the trained MTP layer's drafts are often right";
   EXPECT_LE(stats.spec_accepted_tokens, stats.spec_draft_tokens);
+  EXPECT_LE(stats.spec_drafts, stats.spec_draft_tokens) << "at least one draft per verification";
+  EXPECT_GE(stats.spec_drafts * 3, stats.spec_draft_tokens) << "at most K = 3 drafts per verification";
   ASSERT_EQ(stats.spec_accepted_per_position.size(), 3u);
   EXPECT_EQ(stats.spec_accepted_per_position[0] + stats.spec_accepted_per_position[1] +
                 stats.spec_accepted_per_position[2],

@@ -75,11 +75,13 @@ TEST(Metrics, SpeculativeDecodingCountersWhenOn) {
   std::vector<PromSample> samples;
   ASSERT_EQ(validate_prometheus(m.render(s), &samples), "");
   EXPECT_EQ(find(samples, "glmserve:spec_decode_num_draft_tokens_total"), -1) << "absent without speculation";
+  s.spec_drafts = 10;
   s.spec_draft_tokens = 30;
   s.spec_accepted_tokens = 17;
   s.spec_accepted_per_position = {9, 6, 2};
   const std::string text = m.render(s);
   ASSERT_EQ(validate_prometheus(text, &samples), "") << text;
+  EXPECT_EQ(find(samples, "glmserve:spec_decode_num_drafts_total"), 10);
   EXPECT_EQ(find(samples, "glmserve:spec_decode_num_draft_tokens_total"), 30);
   EXPECT_EQ(find(samples, "glmserve:spec_decode_num_accepted_tokens_total"), 17);
   EXPECT_EQ(find(samples, "glmserve:spec_decode_num_accepted_tokens_per_pos", {{"position", "1"}}), 6);
