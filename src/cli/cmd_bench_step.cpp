@@ -41,6 +41,7 @@ struct BenchStepOptions {
   bool graphs = true;
   uint64_t seed = 1;
   std::string expert_format = "bf16";  // routed experts: bf16, mxfp4 or fp8
+  bool gemv = false;                   // linear layers of 1-4 tokens through our GEMV, not cuBLAS
 };
 
 #ifdef GLMS_HAVE_CUDA
@@ -153,6 +154,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.max_logits = max_batch;
   const int blocks_per_sequence = (options.max_context + options.block_size - 1) / options.block_size;
   options.num_blocks = max_batch * blocks_per_sequence;
+  options.small_batch_gemv = o.gemv;
   std::cerr << fmt::format("making {} layers of {} at full width with seeded random weights...\n",
                            config.num_hidden_layers, path);
   const auto start = Clock::now();
@@ -243,6 +245,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"num_layers", config.num_hidden_layers},
                         {"weights", "bf16 synthetic"},
                         {"expert_format", o.expert_format},
+                        {"small_batch_gemv", o.gemv},
                         {"graphs", o.graphs},
                         {"weight_bytes", model->weight_bytes()},
                         {"copy_bandwidth_bytes_per_s", bandwidth},
@@ -284,6 +287,8 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--steps", o->steps, "Timed decode steps per point")->check(CLI::Range(1, 100000))->capture_default_str();
   cmd->add_option("--graphs", o->graphs, "Replay decode steps as CUDA graphs (true/false)")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Weight seed")->capture_default_str();
+  cmd->add_option("--gemv", o->gemv, "Linear layers of 1-4 tokens through glmserve's GEMV instead of cuBLAS (true/false)")
+      ->capture_default_str();
   cmd->add_option("--expert-format", o->expert_format, "Routed experts' storage: bf16, mxfp4 (W4A16) or fp8 (block E4M3)")
       ->check(CLI::IsMember({"bf16", "mxfp4", "fp8"}))
       ->capture_default_str();

@@ -26,6 +26,7 @@ struct CudaModelOptions {
   int max_context = 32768;   // positions per sequence
   int max_logits = 0;        // logits rows per step; 0: max_sequences
   bool mtp = false;          // run the checkpoint's MTP layer (its cache, one layer more, is allocated)
+  bool small_batch_gemv = false;  // linear layers of 1-4 tokens through ops::cuda::gemv_bf16, not cuBLAS
 };
 
 class CudaGlm5Model {

@@ -119,10 +119,12 @@ namespace {
 
 // 48 greedy tokens after a prompt of `prompt_length` random token ids, on the CPU and on CUDA
 // (decode steps through graphs).
-std::pair<std::vector<int32_t>, std::vector<int32_t>> greedy_on_both(const std::string& model_dir, int prompt_length) {
+std::pair<std::vector<int32_t>, std::vector<int32_t>> greedy_on_both(const std::string& model_dir, int prompt_length,
+                                                                     bool small_batch_gemv = false) {
   const model::Glm5Model cpu(model::load_weights(model_dir, {.load_mtp = false}));
   model::CudaModelOptions options = small_options();
   options.num_blocks = 32;
+  options.small_batch_gemv = small_batch_gemv;
   model::CudaGlm5Model gpu(cpu.weights(), options);
   const int vocab = cpu.config().vocab_size;
   const std::vector<int32_t> prompt = random_tokens(prompt_length, vocab, 5);
@@ -151,6 +153,9 @@ std::pair<std::vector<int32_t>, std::vector<int32_t>> greedy_on_both(const std::
 TEST_F(CudaForward, BundledModelGreedyTokensMatchCpu) {
   const auto [cpu_tokens, gpu_tokens] = greedy_on_both(GLMS_SOURCE_DIR "/models/glm5-tiny-code", 24);
   EXPECT_EQ(gpu_tokens, cpu_tokens);
+  // The same with decode-step linear layers through the small-batch GEMV.
+  const auto [cpu_again, gpu_gemv] = greedy_on_both(GLMS_SOURCE_DIR "/models/glm5-tiny-code", 24, true);
+  EXPECT_EQ(gpu_gemv, cpu_again);
 }
 
 // `glmserve quantize` output of the bundled model: the experts stay MXFP4 / block FP8 on the

@@ -263,9 +263,10 @@ TEST_F(CudaAttention, IndexerScoresMatchCpu) {
       }
       EXPECT_LT(relative_l2(scores.data() + int64_t{t} * stride, expected.data(), context), 1e-5)
           << heads << " heads, token " << t;
-      if (t < 2)  // TF32 products: 10-bit mantissas
+      if (t < 2) {  // TF32 products: 10-bit mantissas
         EXPECT_LT(relative_l2(scores_gemm.data() + int64_t{t} * stride, expected.data(), context), 5e-3)
             << heads << " heads, token " << t << ", GEMM path";
+      }
     }
   }
 }

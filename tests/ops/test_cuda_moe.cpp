@@ -156,7 +156,9 @@ std::vector<float> reference_pair(const Experts& x, const std::vector<float>& to
 void check_experts(WeightFormat format, int64_t E, int64_t hidden, int64_t inter, int top_k,
                    std::initializer_list<int> token_counts, bool tensor_cores) {
   const Experts experts = make_experts(format, E, hidden, inter, 11 + hidden);
-  if (tensor_cores) ASSERT_TRUE(cuda::moe_experts_mma_supported(experts.view(), hidden, inter));
+  if (tensor_cores) {
+    ASSERT_TRUE(cuda::moe_experts_mma_supported(experts.view(), hidden, inter));
+  }
   for (const int n : token_counts) {
     const int64_t P = int64_t{n} * top_k;
     auto tokens = random_values(n * hidden, 100 + n, 2.0f);

@@ -1,6 +1,7 @@
 // CUDA ops against the CPU ops on random data over a sweep of shapes. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -103,6 +104,34 @@ TEST_F(CudaOps, Bf16LinearMatchesCpuWithinBf16Rounding) {
     auto dx = to_device(x16), dw = to_device(w16), dy = poisoned(n * rows);
     gemm.linear(dx.as<uint16_t>(), n, dw.as<uint16_t>(), rows, cols, dy.as<float>(), nullptr);
     EXPECT_LT(relative_l2(to_host<float>(dy), expected), 1e-5) << n << "x" << rows << "x" << cols;
+  }
+}
+
+// The small-batch GEMV (1-4 tokens) against the CPU, at GLM-5.2's narrow and wide shapes, odd
+// row counts, and strided inputs and outputs (as the model's slices use them); through Gemm
+// with the GEMV switched on, and the shapes it declines fall back to cuBLAS.
+TEST_F(CudaOps, SmallBatchGemvMatchesCpu) {
+  cuda::Gemm gemm;
+  gemm.set_small_batch_gemv(true);
+  for (auto [n, rows, cols] : {std::tuple{1, 32, 6144}, {1, 576, 6144}, {2, 33, 2048}, {3, 6144, 16384},
+                               {4, 128, 6144}, {4, 7, 40}, {2, 9, 12}}) {
+    const int64_t ld_x = cols + 8, ld_y = rows + 3;  // strided rows (ld_x keeps 16-byte alignment)
+    const auto x = random_values(n * ld_x, n + 1, 1.0f), w = random_values(int64_t{rows} * cols, rows + 2, 0.05f);
+    std::vector<uint16_t> x16(x.size()), w16(w.size());
+    for (size_t i = 0; i < x.size(); ++i) x16[i] = f32_to_bf16(x[i]);
+    for (size_t i = 0; i < w.size(); ++i) w16[i] = f32_to_bf16(w[i]);
+    std::vector<float> x_rounded(x.size());
+    for (size_t i = 0; i < x.size(); ++i) x_rounded[i] = bf16_to_f32(x16[i]);
+    std::vector<float> expected(n * rows);
+    ops::linear(x_rounded.data(), n, ops::WeightView{DType::BF16, w16.data(), rows, cols, cols}, expected.data(), ld_x);
+    auto dx = to_device(x16), dw = to_device(w16), dy = poisoned(n * ld_y);
+    gemm.linear(dx.as<uint16_t>(), n, dw.as<uint16_t>(), rows, cols, dy.as<float>(), nullptr, ld_x, ld_y);
+    const auto got_strided = to_host<float>(dy);
+    std::vector<float> got(n * rows);
+    for (int t = 0; t < n; ++t)
+      std::copy_n(got_strided.begin() + t * ld_y, rows, got.begin() + t * rows);
+    EXPECT_LT(relative_l2(got, expected), 1e-5) << n << "x" << rows << "x" << cols;
+    EXPECT_EQ(cuda::gemv_bf16_fits(dx.as<uint16_t>(), n, ld_x, dw.as<uint16_t>(), cols), cols % 8 == 0);
   }
 }
 

@@ -167,6 +167,14 @@ void write_indexer_keys(const float* keys, int64_t n, int dim, int rope_dim, con
 
 // Dense GEMMs through cuBLAS with fp32 accumulation, over row-major matrices with explicit
 // leading dimensions (elements between rows; 0 means dense). One handle per object.
+// Weight-streaming bf16 GEMV for 1 to kGemvMaxTokens tokens (gemv.cu): y[n, rows] (fp32, row
+// stride ld_y) = x[n, cols] (bf16, row stride ld_x) . w[rows, cols]^T. gemv_bf16_fits says
+// whether the shapes and 16-byte alignment allow it.
+inline constexpr int kGemvMaxTokens = 4;
+bool gemv_bf16_fits(const uint16_t* x, int64_t n, int64_t ld_x, const uint16_t* w, int64_t cols);
+void gemv_bf16(const uint16_t* x, int64_t n, int64_t ld_x, const uint16_t* w, int64_t rows, int64_t cols, float* y,
+               int64_t ld_y, cudaStream_t stream);
+
 class Gemm {
  public:
   Gemm();
@@ -174,9 +182,11 @@ class Gemm {
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
 
-  // y[n, rows] (fp32) = x[n, cols] (bf16) . w[rows, cols]^T (bf16).
+  // y[n, rows] (fp32) = x[n, cols] (bf16) . w[rows, cols]^T (bf16). With small-batch GEMV on,
+  // n <= kGemvMaxTokens goes through gemv_bf16 where it fits, else cuBLAS.
   void linear(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* y,
               cudaStream_t stream, int64_t ld_x = 0, int64_t ld_y = 0);
+  void set_small_batch_gemv(bool on) { small_batch_gemv_ = on; }
   // The same in fp32 throughout (the MoE router, whose scores stay fp32). With `tf32`, the
   // products run on tensor cores with inputs rounded to TF32 (10-bit mantissa), fp32 sums.
   void linear_f32(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y,
@@ -191,6 +201,7 @@ class Gemm {
  private:
   void* handle_ = nullptr;     // cublasHandle_t
   void* workspace_ = nullptr;  // cuBLAS workspace of our own, so that GEMMs can be graph-captured
+  bool small_batch_gemv_ = false;
 };
 
 }  // namespace glms::ops::cuda

@@ -38,6 +38,10 @@ Gemm::~Gemm() {
 void Gemm::linear(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* y,
                   cudaStream_t stream, int64_t ld_x, int64_t ld_y) {
   if (n == 0 || rows == 0) return;
+  if (small_batch_gemv_ && gemv_bf16_fits(x, n, ld_x ? ld_x : cols, w, cols)) {
+    gemv_bf16(x, n, ld_x ? ld_x : cols, w, rows, cols, y, ld_y ? ld_y : rows, stream);
+    return;
+  }
   auto handle = static_cast<cublasHandle_t>(handle_);
   check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
   const float alpha = 1.0f, beta = 0.0f;
