@@ -72,8 +72,10 @@ void run_generate(const GenerateArgs& args) {
   }
 
   if (!args.speculative.empty() && args.source.device != "cpu")
-    fail("--speculative mtp runs on --device cpu only for now (the CUDA path has no MTP layer yet)");
-  const LoadedModel model = load_model(args.source);
+    fail("--speculative mtp runs on --device cpu for now (the CUDA MTP layer is not verified on a GPU yet)");
+  ModelSourceArgs source = args.source;
+  source.load_mtp = !args.speculative.empty();
+  const LoadedModel model = load_model(source);
   for (int32_t id : prompt_ids)
     if (id >= model.config().vocab_size)
       fail("--input-ids: token id " + std::to_string(id) + " is outside the vocabulary (size " +
@@ -93,9 +95,7 @@ void run_generate(const GenerateArgs& args) {
       std::fflush(stdout);
     };
   }
-  const engine::GenerateResult result = options.speculative_steps > 0
-                                            ? engine::generate(*model.cpu_model, prompt_ids, options)
-                                            : engine::generate(*model.runner, prompt_ids, options);
+  const engine::GenerateResult result = engine::generate(*model.runner, prompt_ids, options);
 
   const double prefill_tps = result.prefill_seconds > 0 ? prompt_ids.size() / result.prefill_seconds : 0.0;
   // Tokens after the first (which the prefill produces) over the time spent producing them.

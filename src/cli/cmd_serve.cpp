@@ -153,7 +153,9 @@ void run_serve(const ServeArgs& args) {
     engine_config.speculative_steps = args.speculative_steps;
   }
 
-  LoadedModel model = load_model(args.source);
+  ModelSourceArgs source = args.source;
+  source.load_mtp = engine_config.speculative_steps > 0;
+  LoadedModel model = load_model(source);
   if (engine_config.max_model_len > model.config().max_position_embeddings)
     fail("--max-model-len " + std::to_string(engine_config.max_model_len) + " exceeds the model's " +
          std::to_string(model.config().max_position_embeddings) + " positions");

@@ -51,7 +51,7 @@ LoadedModel load_model(const ModelSourceArgs& args) {
   } else {
     model::LoadOptions options;
     options.num_layers = args.num_layers;
-    options.load_mtp = false;  // MTP drafting runs on the CPU model only
+    options.load_mtp = args.load_mtp;  // 1 layer's weights more on the device, only to draft with
     loaded.runner = model::make_cuda_runner(model::load_weights(args.model_dir, options));
   }
   return loaded;

@@ -21,13 +21,15 @@ struct ModelSourceArgs {
   bool synthetic = false;
   uint64_t weight_seed = 1;
   int num_layers = -1;
+  bool load_mtp = false;    // also upload the checkpoint's MTP layer to the device (commands that speculate
+                            // set it; the CPU path always maps it)
 };
 
 // Registers the options on `cmd`; --model is required unless --synthetic --config is given.
 void add_model_source_options(CLI::App* cmd, ModelSourceArgs& args);
 
 struct LoadedModel {
-  std::unique_ptr<model::Glm5Model> cpu_model;  // set on the CPU (MTP speculation needs it)
+  std::unique_ptr<model::Glm5Model> cpu_model;  // set on the CPU
   std::unique_ptr<model::StepRunner> runner;
   const io::ModelConfig& config() const { return runner->config(); }
 };
