@@ -1,6 +1,7 @@
 // The GLM-5 forward pass on one CUDA device: the same layer sequence as Glm5Model (glm5.cpp),
 // over the ops/cuda kernels. Weights are uploaded once as bf16 (quantised checkpoints are
-// dequantised on upload; the router and its bias stay fp32), the paged latent cache lives on the
+// dequantised on upload, except routed experts in MXFP4 or block FP8; the router and its bias
+// stay fp32), the paged latent cache lives on the
 // device in bf16 (indexer keys fp32), and a step uploads the batch's metadata in one copy.
 // Activations between blocks are fp32; GEMM inputs are bf16 with fp32 accumulation.
 #pragma once
