@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <future>
 #include <memory>
+#include <thread>
 
 #include "core/error.h"
 #include "engine/engine.h"
@@ -167,6 +170,32 @@ TEST(EngineSpeculative, AFailingDraftLayerEndsRequestsNotTheEngine) {
     EXPECT_EQ(result.last.finish_reason, "error");
     EXPECT_NE(result.last.error.find("draft layer failure"), std::string::npos) << result.last.error;
   }
+  expect_idle(engine);
+}
+
+// Cancelling from the output callback (as the server does on a stop string) and timeouts end
+// speculating requests like plain ones, with every block back.
+TEST(EngineSpeculative, CancelAndTimeoutFreeEverything) {
+  const model::Glm5Model model(model::load_weights(kModel));
+  engine::EngineConfig config;
+  config.speculative_steps = 3;
+  engine::Engine engine(model, config);
+  std::promise<engine::RequestOutput> finished;
+  std::atomic<uint64_t> id{0};
+  std::atomic<int> outputs{0};
+  id = engine.submit(request(prompt_ids(7, 40), 3000), [&](const engine::RequestOutput& out) {
+    if (!out.new_tokens.empty() && ++outputs == 5) {
+      while (id == 0) std::this_thread::yield();
+      engine.cancel(id);
+    }
+    if (out.finished) finished.set_value(out);
+  });
+  const engine::RequestOutput out = finished.get_future().get();
+  EXPECT_EQ(out.finish_reason, "abort");
+  EXPECT_LT(out.completion_tokens, 3000);
+  engine::RequestParams timed = request(prompt_ids(9, 40), 3000);
+  timed.timeout_seconds = 0.05;
+  EXPECT_EQ(Pending(engine, timed).get().last.finish_reason, "timeout");
   expect_idle(engine);
 }
 
