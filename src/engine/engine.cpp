@@ -416,13 +416,13 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
   std::string error;
   model::ForwardTrace trace;
   trace.record_layers = false;  // the last hidden states feed the MTP entries
-  lock.unlock();
-  try {
-    logits = runner->forward(batch, config.speculative_steps > 0 ? &trace : nullptr);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  lock.lock();
+  unlocked(lock, [&] {
+    try {
+      logits = runner->forward(batch, config.speculative_steps > 0 ? &trace : nullptr);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
   ++counters.steps;
 
   // 4. Advance, sample or verify, report; finished sequences leave.
