@@ -42,6 +42,7 @@ struct BenchStepOptions {
   uint64_t seed = 1;
   std::string expert_format = "bf16";  // routed experts: bf16, mxfp4 or fp8
   bool gemv = false;                   // linear layers of 1-4 tokens through our GEMV, not cuBLAS
+  int speculative_steps = 0;           // > 0: also time K-draft verification and MTP draft steps
 };
 
 #ifdef GLMS_HAVE_CUDA
@@ -129,6 +130,54 @@ nlohmann::json phase_breakdown(model::CudaGlm5Model& model, RunStep run_step) {
   return out;
 }
 
+// What MTP speculation with K drafts costs at this batch and context: a verify step (1 + K tokens
+// per sequence, every row's logits, eager) and one MTP draft step (one token per sequence). A
+// speculative step runs K MTP calls (the entries, then K - 1 chain steps; the entries call has
+// 1 + accepted tokens per sequence, counted here as one) and one verify, and yields the
+// acceptance length a in tokens, so it pays when a > (verify + K x draft) / decode.
+template <typename TableOf>
+nlohmann::json speculation_costs(model::CudaGlm5Model& model, const io::ModelConfig& config, int K, int batch,
+                                 int context, int steps, double decode_s, TableOf table_of, int block_size) {
+  auto median_of = [&](auto&& run) {
+    run();
+    std::vector<double> times;
+    for (int i = 0; i < std::max(steps / 2, 3); ++i) {
+      const auto t0 = Clock::now();
+      run();
+      times.push_back(seconds_since(t0));
+    }
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+  };
+  model::ForwardBatch verify;
+  for (int s = 0; s < batch; ++s) {
+    std::vector<int32_t> tokens(K + 1);
+    for (int k = 0; k <= K; ++k) tokens[k] = (s * 7919 + k * 131) % config.vocab_size;
+    verify.add_sequence(tokens, context - 1, table_of(s), block_size, true);
+  }
+  const double verify_s = median_of([&] {
+    model.forward_on_device(verify);
+    model.synchronize();
+  });
+  model::ForwardBatch chain;
+  for (int s = 0; s < batch; ++s)
+    chain.add_sequence({(s * 104729) % config.vocab_size}, context - 1, table_of(s), block_size, false);
+  std::vector<float> h_prev(static_cast<size_t>(batch) * config.hidden_size);
+  for (size_t i = 0; i < h_prev.size(); ++i) h_prev[i] = static_cast<float>((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+  const double draft_s = median_of([&] { model.mtp_forward(chain, h_prev.data(), nullptr); });
+  const double step_s = verify_s + K * draft_s;
+  nlohmann::json speedups = nlohmann::json::object();
+  for (double a : {1.5, 2.0, 2.5, 3.0, 3.5}) speedups[fmt::format("{:.1f}", a)] = a * decode_s / step_s;
+  std::cerr << fmt::format("    K={}: verify {:.3f} ms, MTP draft step {:.3f} ms; pays above acceptance length {:.2f}"
+                           " (x{:.2f} at 3.5)\n",
+                           K, verify_s * 1e3, draft_s * 1e3, step_s / decode_s, 3.5 * decode_s / step_s);
+  return {{"steps", K},
+          {"verify_ms", verify_s * 1e3},
+          {"draft_step_ms", draft_s * 1e3},
+          {"break_even_acceptance_length", step_s / decode_s},
+          {"speedup_at_acceptance_length", speedups}};
+}
+
 void run_bench_step(const BenchStepOptions& o) {
   namespace cuda = ops::cuda;
   if (cuda::device_count() == 0) fail("no CUDA device is visible: bench-step needs a GPU");
@@ -138,7 +187,7 @@ void run_bench_step(const BenchStepOptions& o) {
   io::ModelConfig config = io::load_model_config(path);
   config.keep_first_layers(o.num_layers);
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
-  const int max_context = *std::max_element(o.contexts.begin(), o.contexts.end()) + o.steps + 8;
+  const int max_context = *std::max_element(o.contexts.begin(), o.contexts.end()) + o.steps + o.speculative_steps + 8;
   const int max_prefill = o.prefills.empty() ? 0 : *std::max_element(o.prefills.begin(), o.prefills.end());
 
   std::cerr << "measuring copy bandwidth and the bf16 GEMM rate...\n";
@@ -155,6 +204,11 @@ void run_bench_step(const BenchStepOptions& o) {
   const int blocks_per_sequence = (options.max_context + options.block_size - 1) / options.block_size;
   options.num_blocks = max_batch * blocks_per_sequence;
   options.small_batch_gemv = o.gemv;
+  if (o.speculative_steps > 0) {  // a verify step runs 1 + K tokens per sequence, all with logits
+    options.mtp = true;
+    options.max_tokens = std::max(options.max_tokens, max_batch * (1 + o.speculative_steps));
+    options.max_logits = max_batch * (1 + o.speculative_steps);
+  }
   std::cerr << fmt::format("making {} layers of {} at full width with seeded random weights...\n",
                            config.num_hidden_layers, path);
   const auto start = Clock::now();
@@ -211,6 +265,9 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"eager_phases_ms", phases}});
       std::cerr << fmt::format("  decode batch {:>3} context {:>5}: {:8.3f} ms/step  {:9.1f} tok/s  bound {:7.3f} ms  x{:.2f}\n",
                                batch, context, median * 1e3, batch / median, bound * 1e3, median / bound);
+      if (o.speculative_steps > 0)
+        decode.back()["speculative"] = speculation_costs(*model, config, o.speculative_steps, batch, context, o.steps,
+                                                         median, table_of, options.block_size);
     }
   }
   for (int tokens : o.prefills) {
@@ -246,6 +303,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"weights", "bf16 synthetic"},
                         {"expert_format", o.expert_format},
                         {"small_batch_gemv", o.gemv},
+                        {"speculative_steps", o.speculative_steps},
                         {"graphs", o.graphs},
                         {"weight_bytes", model->weight_bytes()},
                         {"copy_bandwidth_bytes_per_s", bandwidth},
@@ -287,6 +345,11 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--steps", o->steps, "Timed decode steps per point")->check(CLI::Range(1, 100000))->capture_default_str();
   cmd->add_option("--graphs", o->graphs, "Replay decode steps as CUDA graphs (true/false)")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Weight seed")->capture_default_str();
+  cmd->add_option("--speculative-steps", o->speculative_steps,
+                  "Also time MTP speculation with K drafts (synthetic MTP layer): verify and draft steps, break-even "
+                  "acceptance length")
+      ->check(CLI::Range(0, 16))
+      ->capture_default_str();
   cmd->add_option("--gemv", o->gemv, "Linear layers of 1-4 tokens through glmserve's GEMV instead of cuBLAS (true/false)")
       ->capture_default_str();
   cmd->add_option("--expert-format", o->expert_format, "Routed experts' storage: bf16, mxfp4 (W4A16) or fp8 (block E4M3)")

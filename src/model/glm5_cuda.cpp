@@ -679,7 +679,8 @@ CudaGlm5Model::CudaGlm5Model(const ModelWeights& weights, const CudaModelOptions
 std::unique_ptr<CudaGlm5Model> CudaGlm5Model::synthetic(const io::ModelConfig& config, uint64_t seed,
                                                         const CudaModelOptions& options,
                                                         ops::WeightFormat experts_format) {
-  auto impl = std::make_unique<Impl>(config, resolved(options), synthetic_weights(config, seed, experts_format));
+  auto impl = std::make_unique<Impl>(config, resolved(options),
+                                     synthetic_weights(config, seed, experts_format, options.mtp));
   impl->allocate();
   return std::unique_ptr<CudaGlm5Model>(new CudaGlm5Model(std::move(impl)));
 }

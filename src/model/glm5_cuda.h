@@ -37,8 +37,8 @@ class CudaGlm5Model {
   CudaGlm5Model(const ModelWeights& weights, const CudaModelOptions& options);
   // Seeded random weights of `config`, made on the device (no checkpoint): matrices uniform with
   // standard deviation 1/sqrt(fan_in), norms one, router bias small; routed experts in
-  // `experts_format` (bf16, MXFP4 or block FP8). For benchmarks at full width with
-  // `config.num_hidden_layers` cut down.
+  // `experts_format` (bf16, MXFP4 or block FP8); with options.mtp, an MTP layer too. For
+  // benchmarks at full width with `config.num_hidden_layers` cut down.
   static std::unique_ptr<CudaGlm5Model> synthetic(const io::ModelConfig& config, uint64_t seed,
                                                   const CudaModelOptions& options,
                                                   ops::WeightFormat experts_format = ops::WeightFormat::Plain);

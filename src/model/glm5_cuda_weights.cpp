@@ -316,7 +316,52 @@ CudaWeights upload_weights(const ModelWeights& weights) {
   return out;
 }
 
-CudaWeights synthetic_weights(const io::ModelConfig& c, uint64_t seed, ops::WeightFormat experts_format) {
+namespace {
+
+// One decoder layer of seeded random weights (see RandomMaker).
+DecoderLayerDevice synthetic_layer(RandomMaker& make, const io::ModelConfig& c, bool has_indexer, bool is_moe,
+                                   ops::WeightFormat experts_format) {
+  const int64_t hidden = c.hidden_size, H = c.num_attention_heads, L = c.kv_lora_rank, rd = c.qk_rope_head_dim;
+  const int64_t q_lora = c.q_lora_rank, E = c.n_routed_experts, inter = c.moe_intermediate_size;
+  DecoderLayerDevice d;
+  d.input_norm = make.constant(hidden, 1.0f);
+  d.post_attention_norm = make.constant(hidden, 1.0f);
+  AttentionDevice& a = d.attention;
+  a.q_a_proj = make.matrix(q_lora * hidden, hidden);
+  a.q_a_norm = make.constant(q_lora, 1.0f);
+  a.q_b_proj = make.matrix(H * c.qk_head_dim() * q_lora, q_lora);
+  a.kv_a_proj = make.matrix((L + rd) * hidden, hidden);
+  a.kv_a_norm = make.constant(L, 1.0f);
+  a.kv_b_proj = make.matrix(H * (c.qk_nope_head_dim + c.v_head_dim) * L, L);
+  a.o_proj = make.matrix(hidden * H * c.v_head_dim, H * c.v_head_dim);
+  a.has_indexer = has_indexer;
+  if (a.has_indexer) {
+    a.indexer.wq_b = make.matrix(int64_t{c.index_n_heads} * c.index_head_dim * q_lora, q_lora);
+    a.indexer.wk = make.matrix(int64_t{c.index_head_dim} * hidden, hidden);
+    a.indexer.weights_proj = make.matrix(int64_t{c.index_n_heads} * hidden, hidden);
+    a.indexer.k_norm_weight = make.constant(c.index_head_dim, 1.0f);
+    a.indexer.k_norm_bias = make.constant(c.index_head_dim, 0.0f);
+  }
+  d.is_moe = is_moe;
+  if (d.is_moe) {
+    // The router in fp32; draw it as bf16-free uniform values of the same scale.
+    d.moe.router = make.uniform_f32(E * hidden, std::sqrt(3.0f / static_cast<float>(hidden)));
+    d.moe.correction_bias = make.uniform_f32(E, 0.01f);
+    d.moe.experts_format = experts_format;
+    d.moe.experts_scales_fit_fp16 = true;  // one scale near 2^-8 (RandomMaker::experts)
+    make.experts(experts_format, E, 2 * inter, hidden, d.moe.experts_gate_up, d.moe.experts_gate_up_scales);
+    make.experts(experts_format, E, hidden, inter, d.moe.experts_down, d.moe.experts_down_scales);
+    d.moe.shared = make.mlp(inter * c.n_shared_experts, hidden);
+  } else {
+    d.mlp = make.mlp(c.intermediate_size, hidden);
+  }
+  return d;
+}
+
+}  // namespace
+
+CudaWeights synthetic_weights(const io::ModelConfig& c, uint64_t seed, ops::WeightFormat experts_format,
+                              bool with_mtp) {
   if (experts_format == ops::WeightFormat::Mxfp4 && (c.hidden_size % 32 != 0 || c.moe_intermediate_size % 32 != 0))
     fail("MXFP4 experts need hidden_size and moe_intermediate_size multiples of 32");
   if (experts_format == ops::WeightFormat::Fp8Block && (c.hidden_size % 16 != 0 || c.moe_intermediate_size % 16 != 0))
@@ -324,46 +369,24 @@ CudaWeights synthetic_weights(const io::ModelConfig& c, uint64_t seed, ops::Weig
   check_cuda_supported(c);
   CudaWeights out;
   RandomMaker make(seed, out.bytes);
-  const int64_t hidden = c.hidden_size, H = c.num_attention_heads, L = c.kv_lora_rank, rd = c.qk_rope_head_dim;
-  const int64_t q_lora = c.q_lora_rank, E = c.n_routed_experts, inter = c.moe_intermediate_size;
+  const int64_t hidden = c.hidden_size;
   // Embedding rows of unit scale (fan-in 3 gives half-width 1): the first norm rescales anyway.
   out.embed_tokens = make.matrix(int64_t{c.vocab_size} * hidden, 3);
   out.final_norm = make.constant(hidden, 1.0f);
   out.lm_head = make.matrix(int64_t{c.vocab_size} * hidden, hidden);
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    DecoderLayerDevice d;
-    d.input_norm = make.constant(hidden, 1.0f);
-    d.post_attention_norm = make.constant(hidden, 1.0f);
-    AttentionDevice& a = d.attention;
-    a.q_a_proj = make.matrix(q_lora * hidden, hidden);
-    a.q_a_norm = make.constant(q_lora, 1.0f);
-    a.q_b_proj = make.matrix(H * c.qk_head_dim() * q_lora, q_lora);
-    a.kv_a_proj = make.matrix((L + rd) * hidden, hidden);
-    a.kv_a_norm = make.constant(L, 1.0f);
-    a.kv_b_proj = make.matrix(H * (c.qk_nope_head_dim + c.v_head_dim) * L, L);
-    a.o_proj = make.matrix(hidden * H * c.v_head_dim, H * c.v_head_dim);
-    a.has_indexer = c.indexer_full[l];
-    if (a.has_indexer) {
-      a.indexer.wq_b = make.matrix(int64_t{c.index_n_heads} * c.index_head_dim * q_lora, q_lora);
-      a.indexer.wk = make.matrix(int64_t{c.index_head_dim} * hidden, hidden);
-      a.indexer.weights_proj = make.matrix(int64_t{c.index_n_heads} * hidden, hidden);
-      a.indexer.k_norm_weight = make.constant(c.index_head_dim, 1.0f);
-      a.indexer.k_norm_bias = make.constant(c.index_head_dim, 0.0f);
-    }
-    d.is_moe = c.layer_is_moe[l];
-    if (d.is_moe) {
-      // The router in fp32; draw it as bf16-free uniform values of the same scale.
-      d.moe.router = make.uniform_f32(E * hidden, std::sqrt(3.0f / static_cast<float>(hidden)));
-      d.moe.correction_bias = make.uniform_f32(E, 0.01f);
-      d.moe.experts_format = experts_format;
-      d.moe.experts_scales_fit_fp16 = true;  // one scale near 2^-8 (RandomMaker::experts)
-      make.experts(experts_format, E, 2 * inter, hidden, d.moe.experts_gate_up, d.moe.experts_gate_up_scales);
-      make.experts(experts_format, E, hidden, inter, d.moe.experts_down, d.moe.experts_down_scales);
-      d.moe.shared = make.mlp(inter * c.n_shared_experts, hidden);
-    } else {
-      d.mlp = make.mlp(c.intermediate_size, hidden);
-    }
-    out.layers.push_back(std::move(d));
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    out.layers.push_back(synthetic_layer(make, c, c.indexer_full[l], c.layer_is_moe[l], experts_format));
+  if (with_mtp) {
+    // GLM-5's MTP layer: a full MoE block with its own indexer, its own shared head.
+    MtpDevice m;
+    m.enorm = make.constant(hidden, 1.0f);
+    m.hnorm = make.constant(hidden, 1.0f);
+    m.eh_proj_embed = make.matrix(hidden * hidden, 2 * hidden);
+    m.eh_proj_hidden = make.matrix(hidden * hidden, 2 * hidden);
+    m.block = synthetic_layer(make, c, true, c.n_routed_experts > 0, experts_format);
+    m.shared_head_norm = make.constant(hidden, 1.0f);
+    m.shared_head = make.matrix(int64_t{c.vocab_size} * hidden, hidden);
+    out.mtp.push_back(std::move(m));
   }
   cuda::synchronize_device();  // the fills ran on the legacy stream; the model runs on its own
   return out;

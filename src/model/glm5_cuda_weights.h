@@ -81,8 +81,9 @@ CudaWeights upload_weights(const ModelWeights& weights);
 // (Plain: bf16; Mxfp4: random E2M1 codes with one E8M0 scale per layer matrix; Fp8Block:
 // uniform E4M3 codes and a constant block scale), every matrix of standard deviation about
 // 1/sqrt(fan_in).
+// With `with_mtp`, also an MTP layer of random weights (a MoE block with its own indexer).
 CudaWeights synthetic_weights(const io::ModelConfig& config, uint64_t seed,
-                              ops::WeightFormat experts_format = ops::WeightFormat::Plain);
+                              ops::WeightFormat experts_format = ops::WeightFormat::Plain, bool with_mtp = false);
 
 // Checks what the CUDA forward pass supports (q_lora_rank > 0, default rope, a full indexer
 // layer first, at most 1024 experts, latent <= 512).
