@@ -172,6 +172,15 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
 
   if (options.max_shard_bytes == 0) fail("max_shard_bytes must be positive");
   fs::create_directories(out);
+  // The folder was empty or absent: a failure part-way leaves it so again, so a rerun can start.
+  struct RemoveUnlessDone {
+    const fs::path& dir;
+    bool done = false;
+    ~RemoveUnlessDone() {
+      std::error_code ignored;
+      if (!done) fs::remove_all(dir, ignored);
+    }
+  } cleanup{out};
   ShardedOutput writer(out, groups, options.max_shard_bytes);
   report.shards = writer.num_shards();
   for (size_t i = 0; i < names.size(); ++i) {
@@ -218,6 +227,7 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
   std::ofstream(out / "config.json") << config.dump(2) << "\n";
   for (const char* file : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"})
     if (fs::exists(in / file)) fs::copy_file(in / file, out / file, fs::copy_options::overwrite_existing);
+  cleanup.done = true;
   return report;
 }
 

@@ -138,6 +138,17 @@ TEST(Quantizer, ShardsLargeOutputsWithAnIndex) {
   batch.add_sequence({4, 5, 6, 7}, 0, {0}, 16, false);
   kv::PagedLatentCache cache_a(a.cache_layout(16), 1), cache_b(b.cache_layout(16), 1);
   EXPECT_EQ(a.forward(batch, cache_a), b.forward(batch, cache_b));
+
+  // A failure part-way (here: the progress callback) removes what was written, so the same
+  // output folder can be used again.
+  const auto again = dir.path / "again";
+  EXPECT_THROW(quant::quantize_checkpoint(source, again, options,
+                                          [](size_t done, size_t, const std::string&) {
+                                            if (done == 20) fail("interrupted");
+                                          }),
+               Error);
+  EXPECT_FALSE(std::filesystem::exists(again));
+  EXPECT_EQ(quant::quantize_checkpoint(source, again, options).shards, sharded.shards);
 }
 
 TEST(Quality, StatisticsOnKnownLogits) {
