@@ -172,7 +172,7 @@ QuantizeReport quantize_checkpoint(const fs::path& in, const fs::path& out, cons
 
   if (options.max_shard_bytes == 0) fail("max_shard_bytes must be positive");
   fs::create_directories(out);
-  // The folder was empty or absent: a failure part-way leaves it so again, so a rerun can start.
+  // The folder was empty or absent: a failure part-way removes it, so that a rerun can start afresh.
   struct RemoveUnlessDone {
     const fs::path& dir;
     bool done = false;
