@@ -15,18 +15,14 @@
 #include "model/glm5_cuda.h"
 #include "ops/cuda/cuda_ops.h"
 #include "pending_request.h"
+#include "support/cuda_buffers.h"
 
 using namespace glms;
 using glms::testing::Pending;
 
 namespace {
 
-class CudaEngine : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (ops::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  }
-};
+class CudaEngine : public glms::testing::CudaTest {};
 
 std::vector<int32_t> random_prompt(int count, int vocab, uint64_t seed) {
   std::mt19937 rng(seed);

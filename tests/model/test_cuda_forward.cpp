@@ -12,6 +12,7 @@
 #include "ops/cuda/cuda_ops.h"
 #include "quant/checkpoint_quantizer.h"
 #include "random_model.h"
+#include "support/cuda_buffers.h"
 #include "support/numerics.h"
 
 using namespace glms;
@@ -24,12 +25,7 @@ namespace {
 constexpr int kBlockSize = 8;
 constexpr int kNumBlocks = 64;
 
-class CudaForward : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (ops::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  }
-};
+class CudaForward : public glms::testing::CudaTest {};
 
 std::vector<int32_t> random_tokens(int count, int vocab, uint64_t seed) {
   std::mt19937 rng(seed);

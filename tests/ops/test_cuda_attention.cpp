@@ -24,12 +24,7 @@ namespace cuda = glms::ops::cuda;
 
 namespace {
 
-class CudaAttention : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  }
-};
+class CudaAttention : public glms::testing::CudaTest {};
 
 // Sequences with the given context lengths in a shuffled paged cache; one query token per
 // entry of `token_positions` (sequence, position).

@@ -30,12 +30,7 @@ using ops::WeightFormat;
 
 namespace {
 
-class CudaMoe : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  }
-};
+class CudaMoe : public glms::testing::CudaTest {};
 
 float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 

@@ -20,12 +20,7 @@ namespace cuda = glms::ops::cuda;
 
 namespace {
 
-class CudaOps : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  }
-};
+class CudaOps : public glms::testing::CudaTest {};
 
 }  // namespace
 

@@ -1,6 +1,8 @@
 // Device buffers for the CUDA tests: host vectors up and down, and NaN-poisoned outputs so that
-// anything a kernel fails to write fails the comparison.
+// anything a kernel fails to write fails the comparison; and the fixture that skips without a GPU.
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstddef>
@@ -26,5 +28,13 @@ std::vector<T> to_host(const ops::cuda::DeviceBuffer& buffer, size_t count = sta
 }
 
 inline ops::cuda::DeviceBuffer poisoned(size_t count) { return to_device(std::vector<float>(count, NAN)); }
+
+// Base of every CUDA test fixture: the test skips cleanly where no GPU is visible.
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (ops::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
 
 }  // namespace glms::testing
