@@ -41,8 +41,9 @@ struct BenchStepOptions {
   bool graphs = true;
   uint64_t seed = 1;
   std::string expert_format = "bf16";  // routed experts: bf16, mxfp4 or fp8
-  bool gemv = false;                   // linear layers of 1-4 tokens through our GEMV, not cuBLAS
+  int gemv_tokens = 2;                 // linear layers of at most this many tokens through our GEMV
   int speculative_steps = 0;           // > 0: also time K-draft verification and MTP draft steps
+  int project_layers = 0;              // depth the speculation break-even is projected to (0: the config's)
 };
 
 #ifdef GLMS_HAVE_CUDA
@@ -134,10 +135,14 @@ nlohmann::json phase_breakdown(model::CudaGlm5Model& model, RunStep run_step) {
 // per sequence, every row's logits, eager) and one MTP draft step (one token per sequence). A
 // speculative step runs K MTP calls (the entries, then K - 1 chain steps; the entries call has
 // 1 + accepted tokens per sequence, counted here as one) and one verify, and yields the
-// acceptance length a in tokens, so it pays when a > (verify + K x draft) / decode.
+// acceptance length a in tokens, so it pays when a > (verify + K x draft) / decode. With fewer
+// layers than the checkpoint has, the draft step weighs more than it would at full depth, so the
+// break-even is also projected to `full_layers`: the per-layer part of decode and verify (all
+// but embedding and lm_head, `fixed_s`) scales with depth, the MTP draft step does not.
 template <typename TableOf>
 nlohmann::json speculation_costs(model::CudaGlm5Model& model, const io::ModelConfig& config, int K, int batch,
-                                 int context, int steps, double decode_s, TableOf table_of, int block_size) {
+                                 int context, int steps, double decode_s, double fixed_s, int full_layers,
+                                 TableOf table_of, int block_size) {
   auto median_of = [&](auto&& run) {
     run();
     std::vector<double> times;
@@ -168,14 +173,23 @@ nlohmann::json speculation_costs(model::CudaGlm5Model& model, const io::ModelCon
   const double step_s = verify_s + K * draft_s;
   nlohmann::json speedups = nlohmann::json::object();
   for (double a : {1.5, 2.0, 2.5, 3.0, 3.5}) speedups[fmt::format("{:.1f}", a)] = a * decode_s / step_s;
+  const double depth = static_cast<double>(full_layers) / config.num_hidden_layers;
+  const double full_decode_s = fixed_s + (decode_s - fixed_s) * depth;
+  const double full_step_s = fixed_s + (verify_s - fixed_s) * depth + K * draft_s;
   std::cerr << fmt::format("    K={}: verify {:.3f} ms, MTP draft step {:.3f} ms; pays above acceptance length {:.2f}"
-                           " (x{:.2f} at 3.5)\n",
-                           K, verify_s * 1e3, draft_s * 1e3, step_s / decode_s, 3.5 * decode_s / step_s);
+                           " (x{:.2f} at 3.5); at {} layers above {:.2f}\n",
+                           K, verify_s * 1e3, draft_s * 1e3, step_s / decode_s, 3.5 * decode_s / step_s, full_layers,
+                           full_step_s / full_decode_s);
   return {{"steps", K},
           {"verify_ms", verify_s * 1e3},
           {"draft_step_ms", draft_s * 1e3},
           {"break_even_acceptance_length", step_s / decode_s},
-          {"speedup_at_acceptance_length", speedups}};
+          {"speedup_at_acceptance_length", speedups},
+          {"full_depth_projection",
+           {{"layers", full_layers},
+            {"decode_ms", full_decode_s * 1e3},
+            {"speculative_step_ms", full_step_s * 1e3},
+            {"break_even_acceptance_length", full_step_s / full_decode_s}}}};
 }
 
 void run_bench_step(const BenchStepOptions& o) {
@@ -185,6 +199,7 @@ void run_bench_step(const BenchStepOptions& o) {
   const std::string path = !o.config_file.empty() ? o.config_file : o.model_dir + "/config.json";
   if (o.num_layers == 0) fail("--num-layers must be at least 1");
   io::ModelConfig config = io::load_model_config(path);
+  const int full_layers = o.project_layers > 0 ? o.project_layers : config.num_hidden_layers;
   config.keep_first_layers(o.num_layers);
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
   const int max_context = *std::max_element(o.contexts.begin(), o.contexts.end()) + o.steps + o.speculative_steps + 8;
@@ -203,7 +218,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.max_logits = max_batch;
   const int blocks_per_sequence = (options.max_context + options.block_size - 1) / options.block_size;
   options.num_blocks = max_batch * blocks_per_sequence;
-  options.small_batch_gemv = o.gemv;
+  options.small_batch_gemv_tokens = o.gemv_tokens;
   if (o.speculative_steps > 0) {  // a verify step runs 1 + K tokens per sequence, all with logits
     options.mtp = true;
     options.max_tokens = std::max(options.max_tokens, max_batch * (1 + o.speculative_steps));
@@ -266,8 +281,10 @@ void run_bench_step(const BenchStepOptions& o) {
       std::cerr << fmt::format("  decode batch {:>3} context {:>5}: {:8.3f} ms/step  {:9.1f} tok/s  bound {:7.3f} ms  x{:.2f}\n",
                                batch, context, median * 1e3, batch / median, bound * 1e3, median / bound);
       if (o.speculative_steps > 0)
-        decode.back()["speculative"] = speculation_costs(*model, config, o.speculative_steps, batch, context, o.steps,
-                                                         median, table_of, options.block_size);
+        decode.back()["speculative"] =
+            speculation_costs(*model, config, o.speculative_steps, batch, context, o.steps, median,
+                              (phases.value("embed", 0.0) + phases.value("head", 0.0)) / 1e3, full_layers, table_of,
+                              options.block_size);
     }
   }
   for (int tokens : o.prefills) {
@@ -302,7 +319,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"num_layers", config.num_hidden_layers},
                         {"weights", "bf16 synthetic"},
                         {"expert_format", o.expert_format},
-                        {"small_batch_gemv", o.gemv},
+                        {"small_batch_gemv_tokens", o.gemv_tokens},
                         {"speculative_steps", o.speculative_steps},
                         {"graphs", o.graphs},
                         {"weight_bytes", model->weight_bytes()},
@@ -350,7 +367,12 @@ void add_bench_step_command(CLI::App& app) {
                   "acceptance length")
       ->check(CLI::Range(0, 16))
       ->capture_default_str();
-  cmd->add_option("--gemv", o->gemv, "Linear layers of 1-4 tokens through glmserve's GEMV instead of cuBLAS (true/false)")
+  cmd->add_option("--project-layers", o->project_layers,
+                  "Depth the speculation break-even is projected to (default: the config's num_hidden_layers)")
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--gemv-tokens", o->gemv_tokens,
+                  "Linear layers of at most N tokens through glmserve's GEMV instead of cuBLAS (0: never, at most 4)")
+      ->check(CLI::Range(0, 4))
       ->capture_default_str();
   cmd->add_option("--expert-format", o->expert_format, "Routed experts' storage: bf16, mxfp4 (W4A16) or fp8 (block E4M3)")
       ->check(CLI::IsMember({"bf16", "mxfp4", "fp8"}))

@@ -71,8 +71,6 @@ void run_generate(const GenerateArgs& args) {
     prompt_ids = tokenizer->encode(args.prompt, false);
   }
 
-  if (!args.speculative.empty() && args.source.device != "cpu")
-    fail("--speculative mtp runs on --device cpu for now (the CUDA MTP layer is not verified on a GPU yet)");
   ModelSourceArgs source = args.source;
   source.load_mtp = !args.speculative.empty();
   const LoadedModel model = load_model(source);

@@ -147,11 +147,7 @@ void run_serve(const ServeArgs& args) {
   if (args.kv_cache_memory > 0) engine_config.kv_cache_bytes = args.kv_cache_memory;
   if (args.max_model_len > 0) engine_config.max_model_len = args.max_model_len;
   if (args.max_waiting > 0) engine_config.max_waiting = args.max_waiting;
-  if (!args.speculative.empty()) {
-    if (args.source.device != "cpu")
-      fail("--speculative mtp runs on --device cpu for now (the CUDA MTP layer is not verified on a GPU yet)");
-    engine_config.speculative_steps = args.speculative_steps;
-  }
+  if (!args.speculative.empty()) engine_config.speculative_steps = args.speculative_steps;
 
   ModelSourceArgs source = args.source;
   source.load_mtp = engine_config.speculative_steps > 0;

@@ -75,9 +75,18 @@ GenerateResult generate_speculative(model::StepRunner& target, const std::vector
     std::vector<int32_t> drafts;
     std::vector<float> chain_hidden;
     {
-      model::ForwardBatch batch;
-      batch.add_sequence(entry_tokens, entry_start, table, block_size, false);
-      const auto draft_logits = target.mtp_forward(batch, entry_hidden.data(), &chain_hidden);
+      // After the prompt the entries are as many as its tokens: run them in pieces no longer than
+      // a prefill chunk (the runner's max_tokens); only the last piece's last row drafts.
+      const size_t piece = static_cast<size_t>(std::max(1, options.prefill_chunk));
+      std::vector<float> draft_logits;
+      for (size_t start = 0; start < entry_tokens.size(); start += piece) {
+        const size_t end = std::min(entry_tokens.size(), start + piece);
+        model::ForwardBatch batch;
+        batch.add_sequence(std::vector<int32_t>(entry_tokens.begin() + start, entry_tokens.begin() + end),
+                           entry_start + static_cast<int>(start), table, block_size, false);
+        draft_logits = target.mtp_forward(batch, entry_hidden.data() + static_cast<int64_t>(start) * hidden,
+                                          &chain_hidden);
+      }
       drafts.push_back(draw_draft(draft_logits.data(), 0));
       chain_hidden.erase(chain_hidden.begin(), chain_hidden.end() - hidden);  // the last entry's output
     }

@@ -88,7 +88,7 @@ struct CudaGlm5Model::Impl {
         weights(std::move(w)),
         max_blocks((o.max_context + o.block_size - 1) / o.block_size),
         meta(o.max_tokens, o.max_logits, o.max_sequences, max_blocks) {
-    gemm.set_small_batch_gemv(o.small_batch_gemv);
+    gemm.set_small_batch_gemv(o.small_batch_gemv_tokens);
   }
 
   void allocate();

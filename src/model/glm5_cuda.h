@@ -27,7 +27,9 @@ struct CudaModelOptions {
   int max_context = 32768;   // positions per sequence
   int max_logits = 0;        // logits rows per step; 0: max_sequences
   bool mtp = false;          // run the checkpoint's MTP layer (its cache, one layer more, is allocated)
-  bool small_batch_gemv = false;  // linear layers of 1-4 tokens through ops::cuda::gemv_bf16, not cuBLAS
+  // Linear layers of at most this many tokens go through ops::cuda::gemv_bf16 instead of cuBLAS
+  // (0: never). 2 measured fastest on the H200 at GLM-5.2 width (docs/performance.md).
+  int small_batch_gemv_tokens = 2;
 };
 
 class CudaGlm5Model {

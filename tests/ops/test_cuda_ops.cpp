@@ -107,7 +107,7 @@ TEST_F(CudaOps, Bf16LinearMatchesCpuWithinBf16Rounding) {
 // with the GEMV switched on, and the shapes it declines fall back to cuBLAS.
 TEST_F(CudaOps, SmallBatchGemvMatchesCpu) {
   cuda::Gemm gemm;
-  gemm.set_small_batch_gemv(true);
+  gemm.set_small_batch_gemv(cuda::kGemvMaxTokens);
   for (auto [n, rows, cols] : {std::tuple{1, 32, 6144}, {1, 576, 6144}, {2, 33, 2048}, {3, 6144, 16384},
                                {4, 128, 6144}, {4, 7, 40}, {2, 9, 12}}) {
     const int64_t ld_x = cols + 8, ld_y = rows + 3;  // strided rows (ld_x keeps 16-byte alignment)

@@ -5,6 +5,7 @@
 // tests/ops/test_cuda_ops.cpp. Attention, indexer and MoE kernels have their own headers.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -182,11 +183,12 @@ class Gemm {
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
 
-  // y[n, rows] (fp32) = x[n, cols] (bf16) . w[rows, cols]^T (bf16). With small-batch GEMV on,
-  // n <= kGemvMaxTokens goes through gemv_bf16 where it fits, else cuBLAS.
+  // y[n, rows] (fp32) = x[n, cols] (bf16) . w[rows, cols]^T (bf16). n up to the small-batch
+  // GEMV's token count goes through gemv_bf16 where it fits, else cuBLAS.
   void linear(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* y,
               cudaStream_t stream, int64_t ld_x = 0, int64_t ld_y = 0);
-  void set_small_batch_gemv(bool on) { small_batch_gemv_ = on; }
+  // Linear layers of at most `max_tokens` (<= kGemvMaxTokens) tokens through gemv_bf16; 0: cuBLAS only.
+  void set_small_batch_gemv(int max_tokens) { gemv_max_tokens_ = std::clamp(max_tokens, 0, kGemvMaxTokens); }
   // The same in fp32 throughout (the MoE router, whose scores stay fp32). With `tf32`, the
   // products run on tensor cores with inputs rounded to TF32 (10-bit mantissa), fp32 sums.
   void linear_f32(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y,
@@ -201,7 +203,7 @@ class Gemm {
  private:
   void* handle_ = nullptr;     // cublasHandle_t
   void* workspace_ = nullptr;  // cuBLAS workspace of our own, so that GEMMs can be graph-captured
-  bool small_batch_gemv_ = false;
+  int gemv_max_tokens_ = 0;
 };
 
 }  // namespace glms::ops::cuda

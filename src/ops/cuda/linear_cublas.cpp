@@ -38,7 +38,7 @@ Gemm::~Gemm() {
 void Gemm::linear(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* y,
                   cudaStream_t stream, int64_t ld_x, int64_t ld_y) {
   if (n == 0 || rows == 0) return;
-  if (small_batch_gemv_ && gemv_bf16_fits(x, n, ld_x ? ld_x : cols, w, cols)) {
+  if (n <= gemv_max_tokens_ && gemv_bf16_fits(x, n, ld_x ? ld_x : cols, w, cols)) {
     gemv_bf16(x, n, ld_x ? ld_x : cols, w, rows, cols, y, ld_y ? ld_y : rows, stream);
     return;
   }
