@@ -42,6 +42,7 @@ struct BenchStepOptions {
   uint64_t seed = 1;
   std::string expert_format = "bf16";  // routed experts: bf16, mxfp4 or fp8
   int gemv_tokens = 2;                 // linear layers of at most this many tokens through our GEMV
+  int fused_attention_min_tokens = model::CudaModelOptions{}.fused_attention_min_tokens;
   int speculative_steps = 0;           // > 0: also time K-draft verification and MTP draft steps
   int project_layers = 0;              // depth the speculation break-even is projected to (0: the config's)
 };
@@ -219,6 +220,7 @@ void run_bench_step(const BenchStepOptions& o) {
   const int blocks_per_sequence = (options.max_context + options.block_size - 1) / options.block_size;
   options.num_blocks = max_batch * blocks_per_sequence;
   options.small_batch_gemv_tokens = o.gemv_tokens;
+  options.fused_attention_min_tokens = o.fused_attention_min_tokens;
   if (o.speculative_steps > 0) {  // a verify step runs 1 + K tokens per sequence, all with logits
     options.mtp = true;
     options.max_tokens = std::max(options.max_tokens, max_batch * (1 + o.speculative_steps));
@@ -320,6 +322,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"weights", "bf16 synthetic"},
                         {"expert_format", o.expert_format},
                         {"small_batch_gemv_tokens", o.gemv_tokens},
+                        {"fused_attention_min_tokens", o.fused_attention_min_tokens},
                         {"speculative_steps", o.speculative_steps},
                         {"graphs", o.graphs},
                         {"weight_bytes", model->weight_bytes()},
@@ -373,6 +376,11 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--gemv-tokens", o->gemv_tokens,
                   "Linear layers of at most N tokens through glmserve's GEMV instead of cuBLAS (0: never, at most 4)")
       ->check(CLI::Range(0, 4))
+      ->capture_default_str();
+  cmd->add_option("--fused-attention-min-tokens", o->fused_attention_min_tokens,
+                  "Decode batches of at least N tokens attend in one fused pass, smaller ones through gathered-row "
+                  "GEMMs (0: always fused)")
+      ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--expert-format", o->expert_format, "Routed experts' storage: bf16, mxfp4 (W4A16) or fp8 (block E4M3)")
       ->check(CLI::IsMember({"bf16", "mxfp4", "fp8"}))

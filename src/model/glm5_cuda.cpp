@@ -122,6 +122,11 @@ struct CudaGlm5Model::Impl {
     }
     if (shape.num_tokens > run_start) short_run(run_start, shape.num_tokens - run_start);
   }
+  // Whether the fused attention kernel takes this model's shapes.
+  bool fused_attention() const {
+    return cuda::mla_attention_fused_supported(config.num_attention_heads, config.kv_lora_rank,
+                                                                          config.qk_rope_head_dim);
+  }
   void dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out);
   StepShape shape_of(const ForwardBatch& batch) const;
   void launch(const ForwardBatch& batch, bool use_graph);
@@ -197,7 +202,7 @@ void CudaGlm5Model::Impl::allocate() {
   logits = f32(int64_t{options.max_logits} * c.vocab_size);
   prefill_score_capacity = std::min(kPrefillScoreFloats, T * H * options.max_context);
   prefill_context = bf16(int64_t{options.max_context} * (L + rd));
-  prefill_queries = bf16(T * H * (L + rd));
+  prefill_queries = bf16(T * H * cuda::mla_padded_row(static_cast<int>(L), static_cast<int>(rd)));
   prefill_scores = f32(prefill_score_capacity);
   prefill_probs = bf16(prefill_score_capacity);
   // Selected rows of up to 256 tokens at a time (decode batches; larger ones go in chunks).
@@ -432,13 +437,18 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   gather.score_elements = prefill_score_capacity;
   const int max_selected_in_step = std::min(shape.max_context, c.index_topk);
   // Long prefill chunks attend over their gathered context; other tokens over their own
-  // gathered selections.
+  // selections: runs of fused_attention_min_tokens or more in one fused pass (where the shapes
+  // allow), shorter ones through the gathered-row GEMMs.
   split_by_chunk_length(
       shape,
       [&](int first, int count) {
         args.first_token = first;
         args.launch_tokens = count;
-        cuda::mla_attention_gathered(args, max_selected_in_step, gather, gemm, s);
+        if (fused_attention() && count >= options.fused_attention_min_tokens)
+          cuda::mla_attention_fused(args, max_selected_in_step, as<uint16_t>(prefill_queries), as<float>(prefill_scores),
+                                    prefill_score_capacity, s);
+        else
+          cuda::mla_attention_gathered(args, max_selected_in_step, gather, gemm, s);
       },
       [&](int index) { prefill_attention(index, l, args.scale); });
   timer.mark("attention.core", s);

@@ -30,6 +30,11 @@ struct CudaModelOptions {
   // Linear layers of at most this many tokens go through ops::cuda::gemv_bf16 instead of cuBLAS
   // (0: never). 2 measured fastest on the H200 at GLM-5.2 width (docs/performance.md).
   int small_batch_gemv_tokens = 2;
+  // Runs of at least this many decode / short-chunk tokens attend through
+  // ops::cuda::mla_attention_fused (one pass over the selected rows), shorter ones through the
+  // gathered-row GEMMs (0: always fused). On the H200 at GLM-5.2 width the two tie at batch 1,
+  // the GEMMs win at 8 and the fused pass at 64 (docs/performance.md).
+  int fused_attention_min_tokens = 16;
 };
 
 class CudaGlm5Model {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <random>
 
@@ -48,10 +49,13 @@ struct Token {
   int seq, position;
 };
 
-// Runs mla_attention_gathered over tokens [first, first + count) in chunks of at most
-// `chunk_tokens` (a small workspace forces several chunks).
+// Runs mla_attention_gathered over the tokens in chunks of at most `chunk_tokens` (a small
+// workspace forces several chunks), and mla_attention_fused with room for the partial sums of
+// `chunk_tokens` x 2 splits of every token (fewer splits: several 64-row tiles per block, so the
+// online softmax rescales), against a double-precision reference. `query_scale` sharpens the
+// softmax.
 void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std::vector<Token>& tokens, int top_k,
-               int chunk_tokens) {
+               int chunk_tokens, float query_scale = 0.5f) {
   const int T = static_cast<int>(tokens.size()), qd = 7 + rd, row = L + rd;
   PagedContext paged(contexts, 11);
   const int64_t slots = int64_t{paged.num_blocks} * paged.block_size;
@@ -60,7 +64,8 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
     const auto values = random_values(cache.size(), 3);
     for (size_t i = 0; i < cache.size(); ++i) cache[i] = f32_to_bf16(values[i]);
   }
-  const auto q_latent = random_values(int64_t{T} * H * L, 4, 0.5f), q = random_values(int64_t{T} * H * qd, 5, 0.5f);
+  const auto q_latent = random_values(int64_t{T} * H * L, 4, query_scale),
+             q = random_values(int64_t{T} * H * qd, 5, query_scale);
   // Selections: every causal position, or a sorted random subset of top_k of them.
   std::vector<int32_t> selected(int64_t{T} * top_k, 0), num_selected(T), token_sequence(T);
   std::mt19937 rng(7);
@@ -138,8 +143,45 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
   cuda::Gemm gemm;
   cuda::mla_attention_gathered(a, rows, w, gemm, nullptr);
   // bf16 queries and probabilities on tensor cores against a double reference on bf16 rows.
-  EXPECT_LT(relative_l2(to_host<float>(out, expected.size()), expected), 1e-2)
-      << "H=" << H << " L=" << L << " tokens=" << T << " chunk=" << chunk_tokens;
+  const double gathered_error = relative_l2(to_host<float>(out, expected.size()), expected);
+  EXPECT_LT(gathered_error, 1e-2) << "H=" << H << " L=" << L << " tokens=" << T << " chunk=" << chunk_tokens;
+
+  ASSERT_TRUE(cuda::mla_attention_fused_supported(H, L, rd));
+  const int64_t partial_elements = int64_t{chunk_tokens} * 2 * H * (L + 2);
+  cuda::DeviceBuffer partials(partial_elements * sizeof(float)),
+      staged_queries(int64_t{T} * H * cuda::mla_padded_row(L, rd) * sizeof(uint16_t));
+  auto fused_out = glms::testing::poisoned(expected.size());
+  a.out = fused_out.as<float>();
+  cuda::mla_attention_fused(a, rows, staged_queries.as<uint16_t>(), partials.as<float>(), partial_elements, nullptr);
+  const auto fused_host = to_host<float>(fused_out, expected.size());
+  const double fused_error = relative_l2(fused_host, expected);
+  for (int t = 0; t < T; ++t) {
+    const auto token = [&](const std::vector<float>& v) {
+      return std::vector<float>(v.begin() + int64_t{t} * H * L, v.begin() + int64_t{t + 1} * H * L);
+    };
+    const double e = relative_l2(token(fused_host), token(expected));
+    if (e > 5e-3) std::printf("  fused token %d (position %d): relative L2 %.2e\n", t, tokens[t].position, e);
+  }
+  EXPECT_LT(fused_error, 1e-2) << "fused: H=" << H << " L=" << L << " tokens=" << T << " partials for "
+                               << chunk_tokens << " x 2";
+  // Both round queries and probabilities to bf16 once: the same error, give or take.
+  EXPECT_LT(fused_error, 2 * gathered_error + 1e-4);
+  std::printf("H=%d L=%d rope=%d tokens=%d: relative L2 gathered %.2e, fused %.2e\n", H, L, rd, T, gathered_error,
+              fused_error);
+  // Tokens [1, T) alone (first_token / launch_tokens), the first token's output untouched.
+  if (T > 1) {
+    auto part_out = glms::testing::poisoned(expected.size());
+    a.out = part_out.as<float>();
+    a.first_token = 1;
+    a.launch_tokens = T - 1;
+    cuda::mla_attention_fused(a, rows, staged_queries.as<uint16_t>(), partials.as<float>(), partial_elements, nullptr);
+    const auto got = to_host<float>(part_out, expected.size());
+    const std::vector<float> tail(got.begin() + int64_t{H} * L, got.end()),
+        expected_tail(expected.begin() + int64_t{H} * L, expected.end());
+    EXPECT_LT(relative_l2(tail, expected_tail), 1e-2);
+    EXPECT_TRUE(std::all_of(got.begin(), got.begin() + int64_t{H} * L, [](float v) { return std::isnan(v); }))
+        << "token 0 was written";
+  }
 }
 
 }  // namespace
@@ -154,6 +196,8 @@ TEST_F(CudaAttention, MlaDecodeBatchMixedContextsAndChunks) {
 
 TEST_F(CudaAttention, MlaSparseOverTopKPastTheContextLimit) {
   check_mla(64, 512, 64, {3000, 5000}, {{0, 2999}, {1, 4999}}, 2048, 2);
+  // Sharp softmaxes (scores in the tens): the online max must rescale exactly.
+  check_mla(64, 512, 64, {3000, 5000}, {{0, 2999}, {1, 4999}}, 2048, 1, 3.0f);
 }
 
 TEST_F(CudaAttention, MlaPrefillChunkAndOddShapes) {
@@ -163,6 +207,14 @@ TEST_F(CudaAttention, MlaPrefillChunkAndOddShapes) {
   tokens.push_back({1, 8});
   check_mla(3, 16, 6, {45, 9}, tokens, 9, 26);
   check_mla(8, 64, 16, {45, 9}, tokens, 96, 5);
+}
+
+TEST_F(CudaAttention, MlaPrefillFromTheFirstPosition) {
+  // A sequence's first chunk: token t attends positions 0..t, fewer rows than a tile.
+  std::vector<Token> tokens;
+  for (int p = 0; p < 29; ++p) tokens.push_back({0, p});
+  check_mla(8, 64, 16, {29}, tokens, 96, 29);
+  check_mla(64, 512, 64, {29}, tokens, 2048, 29);
 }
 
 TEST_F(CudaAttention, TopKSelectsTheLargestInPositionOrderWithLowerPositionsWinningTies) {

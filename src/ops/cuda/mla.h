@@ -50,6 +50,18 @@ struct MlaGatherWorkspace {
 void mla_attention_gathered(const MlaAttentionArgs& args, int max_selected_in_step, const MlaGatherWorkspace& workspace,
                             Gemm& gemm, cudaStream_t stream);
 
+// The same attention in one pass on tensor cores (mla_fused.cu): a block per (token, split of its
+// selection) holds all heads' queries, gathers 64 selected rows at a time into shared memory,
+// and keeps an online softmax; a second kernel merges the splits. `queries` receives the launched
+// tokens' scaled bf16 queries, [launch_tokens, H, mla_padded_row] elements. `partials` (may be
+// null: one split) holds the splits' sums: the number of splits is bounded so that
+// launch_tokens * splits * num_heads * (latent + 2) floats fit `partial_elements`. Launches depend
+// only on the token count and `max_selected_in_step` (graph-capturable).
+bool mla_attention_fused_supported(int num_heads, int latent_dim, int rope_dim);
+int mla_padded_row(int latent_dim, int rope_dim);  // latent + rope rounded up to 16
+void mla_attention_fused(const MlaAttentionArgs& args, int max_selected_in_step, uint16_t* queries, float* partials,
+                         int64_t partial_elements, cudaStream_t stream);
+
 // Prefill attention for a chunk of one sequence's tokens through tensor-core GEMMs: the model
 // gathers the context's cache rows once (mla_gather_context), packs the chunk's queries
 // (mla_prefill_queries), computes every head's scores against the whole context with one

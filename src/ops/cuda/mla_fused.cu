@@ -1,0 +1,371 @@
+// MLA attention in one pass over each token's selected cache rows, on tensor cores.
+//
+// Why this shape: the latent cache is shared by all heads (MQA in latent space), so a block
+// takes one token and all its heads (up to 64 = four m16 tiles) and reads each selected row
+// once for all of them. A block walks a split of the token's selection in tiles of 64 rows:
+// the rows are gathered from the paged cache into shared memory, scores S = Q K^T come from
+// mma.sync (bf16 in, fp32 sums), an online softmax keeps a running max and sum per head, and
+// O += P V reuses the same rows' first `latent` columns as V. Decode batches are small, so the
+// selection is split across blocks (about two blocks per SM in all) and a second kernel merges
+// the splits' (max, sum, unnormalised output). Eight warps: warp w owns heads 16 (w % 4) .. +15;
+// for the scores it takes rows 32 (w / 4) .. +31 of the tile, for P V latent columns of half w / 4.
+// Queries are staged once per token as padded bf16 rows (a small kernel first), and rows come
+// into shared memory by cp.async from offsets resolved once per tile, so that a block waits for
+// memory once per tile rather than once per load.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/mla.h"
+
+namespace glms::ops::cuda {
+
+namespace {
+
+constexpr int kHeadTile = 64;   // heads per block (zero queries pad fewer heads)
+constexpr int kRowTile = 64;    // selected rows per tile
+constexpr int kThreads = 256;   // eight warps
+constexpr int kMaxLatent = 512;
+constexpr int kMaxRow = 576;    // latent + rope
+constexpr int kMaxColTiles = kMaxLatent / 16;  // n8 tiles per warp's half of the latent columns
+constexpr int kProbStride = kRowTile + 8;      // bf16 elements per row of P in shared memory
+
+// Shared-memory row stride (bf16 elements) for rows padded to whole k16 steps; the extra 8
+// elements shift consecutive rows by four banks, so fragment loads do not conflict.
+__host__ __device__ inline int padded_stride(int row) { return (row + 15) / 16 * 16 + 8; }
+
+__host__ __device__ inline size_t shared_bytes(int row) {
+  const size_t stride = static_cast<size_t>(padded_stride(row));
+  return sizeof(uint16_t) * ((kHeadTile + kRowTile) * stride + kHeadTile * kProbStride) + sizeof(float) * 4 * kHeadTile;
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16 bytes global -> shared without passing through registers; src_bytes 0 writes zeros.
+__device__ __forceinline__ void copy_async_16(void* shared, const void* global, int src_bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(src_bytes));
+}
+__device__ __forceinline__ void copy_async_wait_all() {
+  asm volatile("cp.async.commit_group;\n" ::);
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+// queries[i, h, :] = bf16(scale * [q_latent, q_rope]) of token first_token + i, zero-padded to
+// `width` (a multiple of 16). Block per (token, head).
+__global__ void stage_queries_kernel(MlaAttentionArgs a, int width, uint16_t* queries) {
+  const int64_t th = static_cast<int64_t>(a.first_token) * a.num_heads + blockIdx.x;  // global (token, head)
+  const int L = a.latent_dim, row = L + a.rope_dim;
+  uint16_t* dst = queries + static_cast<int64_t>(blockIdx.x) * width;
+  for (int k = threadIdx.x; k < width; k += blockDim.x) {
+    float v = 0.0f;
+    if (k < row) v = k < L ? a.q_latent[th * L + k] : a.q_rope[th * a.q_rope_stride + (k - L)];
+    dst[k] = float_to_bf16(v * a.scale);
+  }
+}
+
+// Four 8x8 bf16 matrices from shared memory, lane l giving the address of row l % 8 of matrix
+// l / 8 (16 contiguous bytes). Plain: lane l receives (row l / 4, columns 2 (l % 4), +1) of each
+// matrix, an mma A or B fragment register; transposed: (rows 2 (l % 4), +1, column l / 4).
+__device__ __forceinline__ void load_matrices(uint32_t (&r)[4], const uint16_t* row_address) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row_address));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+__device__ __forceinline__ void load_matrices_transposed(uint32_t (&r)[4], const uint16_t* row_address) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row_address));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+__device__ __forceinline__ uint32_t pack_pair(uint16_t low, uint16_t high) {
+  return static_cast<uint32_t>(low) | (static_cast<uint32_t>(high) << 16);
+}
+
+// Grid (token, split). Splits cover `rows_per_split` (a multiple of 64) selected rows each.
+// With one split the block writes the normalised output; otherwise `partials` receives
+// [token][split][head][latent] unnormalised sums followed by [token][split][head][2] (max, sum).
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_fused_kernel(MlaAttentionArgs a, const uint16_t* staged_queries, int rows_per_split, int splits,
+                     float* partials) {
+  extern __shared__ uint4 shared_raw[];
+  const int row = a.latent_dim + a.rope_dim, stride = padded_stride(row), k_steps = (row + 15) / 16;
+  uint16_t* queries = reinterpret_cast<uint16_t*>(shared_raw);  // [64 heads, stride] bf16, pre-scaled
+  uint16_t* rows = queries + kHeadTile * stride;                // [64 rows, stride] bf16 cache rows
+  uint16_t* probs = rows + kRowTile * stride;                   // [64 heads, 72] bf16 exp(s - max)
+  float* max_part = reinterpret_cast<float*>(probs + kHeadTile * kProbStride);  // [2][64]
+  float* sum_part = max_part + 2 * kHeadTile;                                   // [2][64]
+  __shared__ int64_t row_start[kRowTile];  // cache element offset of each of the tile's rows, -1 past the selection
+
+  const int i = blockIdx.x, t = a.first_token + i, split = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  const int head_tile = warp % 4, half = warp / 4;
+  const int H = a.num_heads, L = a.latent_dim;
+  const int count = a.num_selected[t];
+  const int begin = split * rows_per_split, end = min(count, begin + rows_per_split);
+
+  // Staged queries [H, width] of this token; heads past H are zeros. Waited for with the first tile.
+  const int width = k_steps * 16, chunks = width / 8;
+  const uint16_t* token_queries = staged_queries + static_cast<int64_t>(i) * H * width;
+  for (int e = threadIdx.x; e < kHeadTile * chunks; e += kThreads) {
+    const int h = e / chunks, c = e % chunks;
+    copy_async_16(queries + h * stride + c * 8, token_queries + (h < H ? h * width + c * 8 : 0), h < H ? 16 : 0);
+  }
+
+  const int col_tiles = (L + 15) / 16;  // n8 tiles in this warp's half of the latent columns
+  const int col_base = half * col_tiles * 8;
+  float out[kMaxColTiles][4];
+#pragma unroll
+  for (int n = 0; n < kMaxColTiles; ++n) out[n][0] = out[n][1] = out[n][2] = out[n][3] = 0.0f;
+  float run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};  // heads g and g + 8 of the tile
+  const int32_t* chosen = a.selected + static_cast<int64_t>(t) * a.max_selected;
+  const int32_t* blocks = a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks;
+  const bool vector_rows = row % 8 == 0;  // cache rows start on 16-byte boundaries
+
+  // Thread r < 64 resolves row r of the next tile while the block works on this one.
+  auto resolve = [&](int j) -> int64_t {
+    if (j >= end) return -1;
+    const int position = chosen[j];
+    return (static_cast<int64_t>(blocks[position / a.block_size]) * a.block_size + position % a.block_size) * row;
+  };
+  int64_t next_start = threadIdx.x < kRowTile ? resolve(begin + threadIdx.x) : -1;
+  for (int tile = begin; tile < end; tile += kRowTile) {
+    __syncthreads();  // the previous tile's readers are done
+    if (threadIdx.x < kRowTile) row_start[threadIdx.x] = next_start;
+    __syncthreads();
+    for (int e = threadIdx.x; e < kRowTile * chunks; e += kThreads) {
+      const int r = e / chunks, c = e % chunks;
+      const int64_t start = row_start[r];
+      uint16_t* dst = rows + r * stride + c * 8;
+      if (vector_rows) {
+        const bool live = start >= 0 && c * 8 < row;
+        copy_async_16(dst, a.cache + (live ? start + c * 8 : 0), live ? 16 : 0);
+      } else {
+        uint16_t parts[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) parts[k] = start >= 0 && c * 8 + k < row ? a.cache[start + c * 8 + k] : 0;
+        *reinterpret_cast<uint4*>(dst) = make_uint4(pack_pair(parts[0], parts[1]), pack_pair(parts[2], parts[3]),
+                                                    pack_pair(parts[4], parts[5]), pack_pair(parts[6], parts[7]));
+      }
+    }
+    if (threadIdx.x < kRowTile) next_start = resolve(tile + kRowTile + threadIdx.x);
+    copy_async_wait_all();
+    __syncthreads();
+
+    // S[16 heads, 32 rows] of this warp. A fragments: matrices (heads 0-7 | 8-15) x (k 0-7 | 8-15);
+    // B fragments of two n8 tiles per load: (rows 0-7 | 8-15 of the pair) x (k 0-7 | 8-15).
+    float score[4][4] = {};
+    const uint16_t* q_rows = queries + (head_tile * 16 + (lane / 8 % 2) * 8 + lane % 8) * stride + lane / 16 * 8;
+    const uint16_t* k_rows = rows + (half * 32 + lane / 16 * 8 + lane % 8) * stride + lane / 8 % 2 * 8;
+    for (int ks = 0; ks < k_steps; ++ks) {
+      uint32_t q[4];
+      load_matrices(q, q_rows + ks * 16);
+#pragma unroll
+      for (int pair = 0; pair < 2; ++pair) {
+        uint32_t k[4];
+        load_matrices(k, k_rows + pair * 16 * stride + ks * 16);
+        mma_bf16(score[2 * pair], q, k[0], k[1]);
+        mma_bf16(score[2 * pair + 1], q, k[2], k[3]);
+      }
+    }
+    // Rows past the selection get -inf; each head's max over the warp's rows, then the tile's.
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = half * 32 + n * 8 + 2 * tq + (e & 1);
+        if (tile + r >= end) score[n][e] = -INFINITY;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], score[n][e]);
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+      if (tq == 0) max_part[half * kHeadTile + head_tile * 16 + g + 8 * h] = tile_max[h];
+    }
+    __syncthreads();
+    // Row `tile` is selected, so every head's new max is finite.
+    float new_max[2], rescale[2], tile_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int head = head_tile * 16 + g + 8 * h;
+      new_max[h] = fmaxf(run_max[h], fmaxf(max_part[head], max_part[kHeadTile + head]));
+      rescale[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - new_max[h]);
+    }
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const int h = e / 2;
+        const uint16_t p0 = float_to_bf16(__expf(score[n][e] - new_max[h]));
+        const uint16_t p1 = float_to_bf16(__expf(score[n][e + 1] - new_max[h]));
+        tile_sum[h] += bf16_to_float(p0) + bf16_to_float(p1);
+        const int head = head_tile * 16 + g + 8 * h, r = half * 32 + n * 8 + 2 * tq;
+        *reinterpret_cast<uint32_t*>(probs + head * kProbStride + r) = pack_pair(p0, p1);
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tile_sum[h] += __shfl_xor_sync(0xffffffffu, tile_sum[h], 1);
+      tile_sum[h] += __shfl_xor_sync(0xffffffffu, tile_sum[h], 2);
+      if (tq == 0) sum_part[half * kHeadTile + head_tile * 16 + g + 8 * h] = tile_sum[h];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int head = head_tile * 16 + g + 8 * h;
+      run_sum[h] = run_sum[h] * rescale[h] + sum_part[head] + sum_part[kHeadTile + head];
+      run_max[h] = new_max[h];
+    }
+
+    // O[16 heads, this half's columns] = O * rescale + P V.
+#pragma unroll
+    for (int n = 0; n < kMaxColTiles; ++n) {
+      out[n][0] *= rescale[0];
+      out[n][1] *= rescale[0];
+      out[n][2] *= rescale[1];
+      out[n][3] *= rescale[1];
+    }
+    // A: P as above; B transposed from the rows: (rows k 0-7 | 8-15) x (columns of n8 tile n | n + 1).
+    // An odd last tile loads one tile past it, inside the padded row, and leaves it unused.
+    const uint16_t* p_rows = probs + (head_tile * 16 + (lane / 8 % 2) * 8 + lane % 8) * kProbStride + lane / 16 * 8;
+    const uint16_t* v_rows = rows + (lane / 8 % 2 * 8 + lane % 8) * stride + col_base + lane / 16 * 8;
+#pragma unroll
+    for (int ks = 0; ks < kRowTile / 16; ++ks) {
+      uint32_t p[4];
+      load_matrices(p, p_rows + ks * 16);
+#pragma unroll
+      for (int n = 0; n < kMaxColTiles; n += 2) {
+        if (n >= col_tiles) break;
+        uint32_t v[4];
+        load_matrices_transposed(v, v_rows + ks * 16 * stride + n * 8);
+        mma_bf16(out[n], p, v[0], v[1]);
+        if (n + 1 < col_tiles) mma_bf16(out[n + 1], p, v[2], v[3]);
+      }
+    }
+  }
+
+  // Thread's outputs: heads head_tile * 16 + g (+ 8), columns col_base + 8 n + 2 tq (+ 1).
+  const int64_t split_elements = static_cast<int64_t>(H) * L;
+  float* dst = splits == 1 ? a.out + static_cast<int64_t>(t) * split_elements
+                           : partials + (static_cast<int64_t>(i) * splits + split) * split_elements;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int head = head_tile * 16 + g + 8 * h;
+    if (head >= H) continue;
+    const float norm = splits == 1 ? (run_sum[h] > 0.0f ? 1.0f / run_sum[h] : 0.0f) : 1.0f;
+#pragma unroll
+    for (int n = 0; n < kMaxColTiles; ++n) {
+      if (n >= col_tiles) break;
+      const int col = col_base + n * 8 + 2 * tq;
+      if (col < L) dst[static_cast<int64_t>(head) * L + col] = out[n][2 * h] * norm;
+      if (col + 1 < L) dst[static_cast<int64_t>(head) * L + col + 1] = out[n][2 * h + 1] * norm;
+    }
+    if (splits > 1 && half == 0 && tq == 0) {
+      float* stats = partials + static_cast<int64_t>(gridDim.x) * splits * split_elements +
+                     ((static_cast<int64_t>(i) * splits + split) * H + head) * 2;
+      stats[0] = run_max[h];
+      stats[1] = run_sum[h];
+    }
+  }
+}
+
+// Block (token, head): out = sum_s e^(m_s - M) O_s / sum_s e^(m_s - M) l_s over the splits that
+// saw a selected row (l_s > 0). The splits' weights are worked out once in shared memory, so
+// that the column loop's loads are independent of each other.
+constexpr int kMaxSplits = 512;
+__global__ void mla_merge_splits_kernel(MlaAttentionArgs a, int launch_tokens, int splits, const float* partials) {
+  __shared__ float weight[kMaxSplits];
+  __shared__ float inv_total;
+  const int i = blockIdx.x, head = blockIdx.y, H = a.num_heads, L = a.latent_dim;
+  const float* stats = partials + static_cast<int64_t>(launch_tokens) * splits * H * L;
+  auto stat = [&](int s) { return stats + ((static_cast<int64_t>(i) * splits + s) * H + head) * 2; };
+  for (int s = threadIdx.x; s < splits; s += blockDim.x) weight[s] = stat(s)[1] > 0.0f ? stat(s)[0] : -INFINITY;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float top = -INFINITY, total = 0.0f;
+    for (int s = 0; s < splits; ++s) top = fmaxf(top, weight[s]);
+    for (int s = 0; s < splits; ++s) {
+      weight[s] = weight[s] == -INFINITY ? 0.0f : __expf(weight[s] - top);
+      total += weight[s] * stat(s)[1];
+    }
+    inv_total = total > 0.0f ? 1.0f / total : 0.0f;
+  }
+  __syncthreads();
+  const int64_t split_stride = static_cast<int64_t>(H) * L;
+  const float* column0 = partials + (static_cast<int64_t>(i) * splits * H + head) * L;
+  float* dst = a.out + (static_cast<int64_t>(a.first_token + i) * H + head) * L;
+  for (int k = threadIdx.x; k < L; k += blockDim.x) {
+    float sum = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s) sum += weight[s] * column0[s * split_stride + k];
+    dst[k] = sum * inv_total;
+  }
+}
+
+int multiprocessor_count() {
+  static const int count = [] {
+    int device = 0, sms = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    return sms;
+  }();
+  return count;
+}
+
+}  // namespace
+
+bool mla_attention_fused_supported(int num_heads, int latent_dim, int rope_dim) {
+  return num_heads >= 1 && num_heads <= kHeadTile && latent_dim >= 1 && latent_dim <= kMaxLatent && rope_dim >= 0 &&
+         latent_dim + rope_dim <= kMaxRow;
+}
+
+int mla_padded_row(int latent_dim, int rope_dim) { return (latent_dim + rope_dim + 15) / 16 * 16; }
+
+void mla_attention_fused(const MlaAttentionArgs& a, int max_selected_in_step, uint16_t* queries, float* partials,
+                         int64_t partial_elements, cudaStream_t stream) {
+  const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
+  if (launch_tokens <= 0) return;
+  GLMS_CHECK(mla_attention_fused_supported(a.num_heads, a.latent_dim, a.rope_dim),
+             "mla_attention_fused: at most 64 heads, latent 512 and latent + rope 576");
+  const int rows = std::max(1, max_selected_in_step);
+  // About two blocks per SM in all, at least one 64-row tile per split, and partials that fit.
+  const int64_t per_split = int64_t{launch_tokens} * a.num_heads * (a.latent_dim + 2);
+  int splits = std::clamp((2 * multiprocessor_count() + launch_tokens - 1) / launch_tokens, 1,
+                          std::min(kMaxSplits, (rows + kRowTile - 1) / kRowTile));
+  splits = static_cast<int>(std::min<int64_t>(splits, partials ? partial_elements / per_split : 1));
+  splits = std::max(splits, 1);
+  const int rows_per_split = ((rows + splits - 1) / splits + kRowTile - 1) / kRowTile * kRowTile;
+  splits = (rows + rows_per_split - 1) / rows_per_split;
+
+  const size_t bytes = shared_bytes(a.latent_dim + a.rope_dim);
+  static const bool opted_in = [] {
+    check(cudaFuncSetAttribute(mla_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(shared_bytes(kMaxRow))),
+          "cudaFuncSetAttribute(mla_fused_kernel)");
+    return true;
+  }();
+  (void)opted_in;
+  const int width = mla_padded_row(a.latent_dim, a.rope_dim);
+  stage_queries_kernel<<<static_cast<unsigned>(launch_tokens) * a.num_heads, 64, 0, stream>>>(a, width, queries);
+  check(cudaGetLastError(), "mla stage_queries launch");
+  mla_fused_kernel<<<dim3(launch_tokens, splits), kThreads, bytes, stream>>>(a, queries, rows_per_split, splits,
+                                                                            partials);
+  check(cudaGetLastError(), "mla_fused launch");
+  if (splits > 1) {
+    mla_merge_splits_kernel<<<dim3(launch_tokens, a.num_heads), 128, 0, stream>>>(a, launch_tokens, splits, partials);
+    check(cudaGetLastError(), "mla_merge_splits launch");
+  }
+}
+
+}  // namespace glms::ops::cuda
