@@ -46,6 +46,7 @@ struct ServeArgs {
   int io_threads = 2;
   std::string speculative;
   int speculative_steps = 3;
+  int speculative_max_batch = engine::EngineConfig{}.speculative_max_batch;
 };
 
 // Preset values; explicit flags override them (documented in docs/operations.md).
@@ -147,7 +148,10 @@ void run_serve(const ServeArgs& args) {
   if (args.kv_cache_memory > 0) engine_config.kv_cache_bytes = args.kv_cache_memory;
   if (args.max_model_len > 0) engine_config.max_model_len = args.max_model_len;
   if (args.max_waiting > 0) engine_config.max_waiting = args.max_waiting;
-  if (!args.speculative.empty()) engine_config.speculative_steps = args.speculative_steps;
+  if (!args.speculative.empty()) {
+    engine_config.speculative_steps = args.speculative_steps;
+    engine_config.speculative_max_batch = args.speculative_max_batch;
+  }
 
   ModelSourceArgs source = args.source;
   source.load_mtp = engine_config.speculative_steps > 0;
@@ -180,8 +184,11 @@ void run_serve(const ServeArgs& args) {
               args.source.model_dir.c_str(), config.served_model_name.c_str(), engine.config().max_model_len,
               engine.config().max_num_seqs, engine.config().max_batch_tokens);
   if (engine.config().speculative_steps > 0)
-    std::printf("glmserve: speculative decoding with the MTP layer, %d draft tokens per step\n",
-                engine.config().speculative_steps);
+    std::printf("glmserve: speculative decoding with the MTP layer, %d draft tokens per step%s\n",
+                engine.config().speculative_steps,
+                engine.config().speculative_max_batch > 0
+                    ? (", up to " + std::to_string(engine.config().speculative_max_batch) + " decoding sequences").c_str()
+                    : "");
   std::printf("glmserve: listening on http://%s:%u\n", args.host.c_str(), static_cast<unsigned>(server.port()));
   std::printf("glmserve: ready\n");
   std::fflush(stdout);
@@ -229,6 +236,10 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::IsMember({"mtp"}));
   cmd->add_option("--speculative-steps", args->speculative_steps, "Draft tokens per decode step (with --speculative mtp)")
       ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  cmd->add_option("--speculative-max-batch", args->speculative_max_batch,
+                  "Steps with more decoding sequences than this decode plainly (0: no limit)")
+      ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   cmd->callback([args]() { run_serve(*args); });
 }

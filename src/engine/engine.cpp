@@ -6,7 +6,8 @@
 // the cache evicts unused prefixes, then the most recently admitted sequence is preempted
 // (its blocks freed, its tokens recomputed later).
 //
-// With speculative_steps K > 0, a decode reserves 1 + K slots: before the forward, the MTP
+// With speculative_steps K > 0 (and at most speculative_max_batch decoding sequences in the
+// step; above it decodes go plainly), a decode reserves 1 + K slots: before the forward, the MTP
 // layer runs over each sequence's pending entries (target hidden states of positions computed
 // since its last run) and chains K drafts; the forward verifies [pending token, drafts] beside
 // the other sequences' decodes and prefill chunks; Sampler::verify_drafts keeps drafts, which
@@ -336,12 +337,14 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
   // speculative decode takes 1 + its drafts from the budget and in blocks.
   std::vector<Scheduled> scheduled;
   int budget = config.max_batch_tokens;
+  const auto decodes = std::count_if(running.begin(), running.end(), [](const auto& r) { return r->pending() == 1; });
+  const bool speculate = config.speculative_max_batch <= 0 || decodes <= config.speculative_max_batch;
   for (int pass = 0; pass < 2; ++pass) {
     for (auto it = running.begin(); it != running.end() && budget > 0;) {
       Sequence& seq = **it;
       const bool is_decode = seq.pending() == 1;
       if ((pass == 0) != is_decode) { ++it; continue; }
-      const int drafts = is_decode ? std::min(draft_budget(seq), budget - 1) : 0;
+      const int drafts = is_decode && speculate ? std::min(draft_budget(seq), budget - 1) : 0;
       const int count = is_decode ? 1 + drafts : std::min(seq.pending(), budget);
       bool ok = ensure_blocks(seq, seq.num_computed + count);
       while (!ok && preempt_one(&seq)) ok = ensure_blocks(seq, seq.num_computed + count);

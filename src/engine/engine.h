@@ -25,6 +25,11 @@ struct EngineConfig {
   // forward (speculative rejection sampling: greedy output unchanged, sampled output equally
   // distributed). Requests with presence/frequency/repetition penalties decode plainly.
   int speculative_steps = 0;
+  // Steps with more decoding sequences than this decode them plainly (the MTP layer still runs
+  // over their new tokens, so drafting resumes when the batch shrinks); 0: no limit. Verifying
+  // K drafts touches up to K + 1 times the experts of one token, so speculation pays at small
+  // batches only (docs/performance.md, "Where MTP speculation pays").
+  int speculative_max_batch = 32;
 };
 
 // Counters and gauges for /metrics and the bench; a consistent snapshot.

@@ -124,6 +124,35 @@ TEST(EngineSpeculative, SmallBudgetsStillMatch) {
   expect_idle(spec);
 }
 
+// speculative_max_batch: while more sequences decode than the limit, they decode plainly; as
+// requests finish, the rest draft again from the MTP entries kept up to date meanwhile.
+TEST(EngineSpeculative, LargeBatchesDecodePlainly) {
+  const model::Glm5Model model(model::load_weights(kModel));
+  engine::EngineConfig config;
+  config.max_batch_tokens = 64;
+  engine::EngineConfig unlimited = config, limited = config;
+  unlimited.speculative_steps = limited.speculative_steps = 3;
+  unlimited.speculative_max_batch = 0;
+  limited.speculative_max_batch = 2;
+  engine::Engine plain(model, config), spec_unlimited(model, unlimited), spec_limited(model, limited);
+  std::vector<engine::RequestParams> requests;
+  for (int i = 0; i < 4; ++i) requests.push_back(request(prompt_ids(97 * i, 20 + 5 * i), 12 + 12 * i));
+  const auto expected = run_all(plain, requests);
+  const auto got_unlimited = run_all(spec_unlimited, requests);
+  const auto got_limited = run_all(spec_limited, requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(got_unlimited[i].tokens, expected[i].tokens) << "request " << i;
+    EXPECT_EQ(got_limited[i].tokens, expected[i].tokens) << "request " << i;
+  }
+  const engine::EngineStats limited_stats = spec_limited.stats(), unlimited_stats = spec_unlimited.stats();
+  EXPECT_GT(limited_stats.spec_drafts, 0) << "the last two requests speculate";
+  EXPECT_GT(limited_stats.spec_accepted_tokens, 0) << "drafts after a plain stretch are still good";
+  EXPECT_LT(limited_stats.spec_drafts, unlimited_stats.spec_drafts);
+  EXPECT_LT(unlimited_stats.steps, limited_stats.steps);
+  EXPECT_LT(limited_stats.steps, plain.stats().steps);
+  expect_idle(spec_limited);
+}
+
 TEST(EngineSpeculative, SampledRequestsAreSeededAndComplete) {
   const model::Glm5Model model(model::load_weights(kModel));
   engine::EngineConfig config;
