@@ -267,6 +267,7 @@ StepShape CudaGlm5Model::Impl::shape_of(const ForwardBatch& batch) const {
   shape.num_sequences = static_cast<int>(batch.sequences.size());
   shape.num_logits = static_cast<int>(batch.logits_tokens.size());
   for (int32_t p : batch.positions) shape.max_context = std::max(shape.max_context, p + 1);
+  shape.selects_all = shape.max_context <= config.index_topk;
   return shape;
 }
 
@@ -340,27 +341,42 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   const int32_t* token_sequence = meta_i32(meta.token_sequence);
   const uint16_t* x = as<uint16_t>(normed_bf16);
 
-  gemm.linear(x, T, as<uint16_t>(w.q_a_proj), q_lora, hidden, as<float>(q_resid), s);
+  // The projections of x (q_a, kv_a and the indexer's wk and head weights), then those of the
+  // normed q residual (q_b, the indexer's wq_b): one grouped launch each at decode sizes. When
+  // every token's context fits index_topk the top-k is every position: the indexer's query
+  // side is skipped, its keys are still cached for later steps.
+  const IndexerDevice& ix = w.indexer;
+  const int IH = c.index_n_heads, ID = c.index_head_dim;
+  const bool score_positions = w.has_indexer && !shape.selects_all;
+  cuda::GemvOutput from_x[4] = {{as<uint16_t>(w.q_a_proj), q_lora, as<float>(q_resid)},
+                                {as<uint16_t>(w.kv_a_proj), L + rd, as<float>(kv)},
+                                {as<uint16_t>(ix.wk), ID, as<float>(index_k)},
+                                {as<uint16_t>(ix.weights_proj), IH, as<float>(index_w)}};
+  gemm.linear_group(x, T, hidden, from_x, w.has_indexer ? (score_positions ? 4 : 3) : 2, s);
   cuda::residual_rms_norm(as<float>(q_resid), nullptr, T, q_lora, as<float>(w.q_a_norm), kLatentNormEps, nullptr,
                           as<uint16_t>(q_resid_bf16), s);
-  gemm.linear(as<uint16_t>(q_resid_bf16), T, as<uint16_t>(w.q_b_proj), H * qd, q_lora, as<float>(q), s);
+  cuda::GemvOutput from_q[2] = {{as<uint16_t>(w.q_b_proj), H * qd, as<float>(q)},
+                                {as<uint16_t>(ix.wq_b), int64_t{IH} * ID, as<float>(index_q)}};
+  gemm.linear_group(as<uint16_t>(q_resid_bf16), T, q_lora, from_q, score_positions ? 2 : 1, s);
   cuda::rope_rows(as<float>(q), T, H, qd, nope, static_cast<int>(rd), positions, as<float>(inv_freq), s);
-  gemm.linear(x, T, as<uint16_t>(w.kv_a_proj), L + rd, hidden, as<float>(kv), s);
   uint16_t* cache = as<uint16_t>(latent_cache[l]);
   cuda::write_latent_cache(as<float>(kv), T, static_cast<int>(L), static_cast<int>(rd), as<float>(w.kv_a_norm),
                            kLatentNormEps, positions, slots, as<float>(inv_freq), cache, s);
   timer.mark("attention.projections", s);
 
-  if (w.has_indexer) {
-    const IndexerDevice& ix = w.indexer;
-    const int IH = c.index_n_heads, ID = c.index_head_dim;
-    gemm.linear(as<uint16_t>(q_resid_bf16), T, as<uint16_t>(ix.wq_b), int64_t{IH} * ID, q_lora, as<float>(index_q), s);
-    cuda::rope_rows(as<float>(index_q), T, IH, ID, 0, static_cast<int>(rd), positions, as<float>(inv_freq), s);
-    gemm.linear(x, T, as<uint16_t>(ix.wk), ID, hidden, as<float>(index_k), s);
+  if (w.has_indexer && !score_positions) {
     cuda::write_indexer_keys(as<float>(index_k), T, ID, static_cast<int>(rd), as<float>(ix.k_norm_weight),
                              as<float>(ix.k_norm_bias), kIndexerNormEps, positions, slots, as<float>(inv_freq),
                              as<float>(index_keys[l]), s);
-    gemm.linear(x, T, as<uint16_t>(ix.weights_proj), IH, hidden, as<float>(index_w), s);
+    // Scores are not read for contexts of at most top_k: every position is selected.
+    cuda::select_top_k(as<float>(scores), options.max_context, positions, T, c.index_topk, as<int32_t>(selected),
+                       c.index_topk, as<int32_t>(num_selected), s);
+    timer.mark("attention.indexer", s);
+  } else if (w.has_indexer) {
+    cuda::rope_rows(as<float>(index_q), T, IH, ID, 0, static_cast<int>(rd), positions, as<float>(inv_freq), s);
+    cuda::write_indexer_keys(as<float>(index_k), T, ID, static_cast<int>(rd), as<float>(ix.k_norm_weight),
+                             as<float>(ix.k_norm_bias), kIndexerNormEps, positions, slots, as<float>(inv_freq),
+                             as<float>(index_keys[l]), s);
     cuda::IndexerScoreArgs args;
     args.queries = as<float>(index_q);
     args.head_weights = as<float>(index_w);

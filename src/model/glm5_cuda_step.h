@@ -43,10 +43,11 @@ struct MetadataLayout {
 struct StepShape {
   int num_tokens = 0, num_sequences = 0, num_logits = 0;
   int max_context = 0;        // bound on any token's context (sizes the attention and indexer grids)
+  bool selects_all = false;   // every token's context is at most index_topk: the top-k is all of it
   bool host_sync_ok = true;   // false while capturing a graph
   bool operator<(const StepShape& o) const {
-    return std::tie(num_tokens, num_sequences, num_logits, max_context) <
-           std::tie(o.num_tokens, o.num_sequences, o.num_logits, o.max_context);
+    return std::tie(num_tokens, num_sequences, num_logits, max_context, selects_all) <
+           std::tie(o.num_tokens, o.num_sequences, o.num_logits, o.max_context, o.selects_all);
   }
 };
 

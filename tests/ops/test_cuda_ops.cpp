@@ -130,6 +130,57 @@ TEST_F(CudaOps, SmallBatchGemvMatchesCpu) {
   }
 }
 
+// The attention's input projections as one grouped GEMV (GLM-5.2's q_a, kv_a, indexer wk and
+// head weights over the same x), the fp32 GEMV the router uses, and the GEMM fallbacks of both.
+TEST_F(CudaOps, GroupedAndFp32GemvMatchCpu) {
+  const int cols = 6144;
+  const std::vector<int> rows = {2048, 576, 128, 32};
+  std::vector<std::vector<uint16_t>> w16(rows.size());
+  std::vector<cuda::DeviceBuffer> dw;
+  for (size_t m = 0; m < rows.size(); ++m) {
+    const auto w = random_values(int64_t{rows[m]} * cols, 30 + m, 0.05f);
+    for (float v : w) w16[m].push_back(f32_to_bf16(v));
+    dw.push_back(to_device(w16[m]));
+  }
+  for (int gemv_tokens : {cuda::kGemvMaxTokens, 0}) {
+    cuda::Gemm gemm;
+    gemm.set_small_batch_gemv(gemv_tokens);
+    for (int n : {1, 2, 4}) {
+      const auto x = random_values(int64_t{n} * cols, 40 + n, 1.0f);
+      std::vector<uint16_t> x16;
+      std::vector<float> x_rounded;
+      for (float v : x) x16.push_back(f32_to_bf16(v)), x_rounded.push_back(bf16_to_f32(x16.back()));
+      auto dx = to_device(x16);
+      std::vector<cuda::DeviceBuffer> dy;
+      std::vector<cuda::GemvOutput> outputs;
+      for (size_t m = 0; m < rows.size(); ++m) {
+        dy.push_back(poisoned(int64_t{n} * rows[m]));
+        outputs.push_back({dw[m].as<uint16_t>(), rows[m], dy.back().as<float>()});
+      }
+      gemm.linear_group(dx.as<uint16_t>(), n, cols, outputs.data(), static_cast<int>(outputs.size()), nullptr);
+      for (size_t m = 0; m < rows.size(); ++m) {
+        std::vector<float> expected(int64_t{n} * rows[m]);
+        ops::linear(x_rounded.data(), n, ops::WeightView{DType::BF16, w16[m].data(), rows[m], cols, cols},
+                    expected.data());
+        EXPECT_LT(relative_l2(to_host<float>(dy[m]), expected), 1e-5)
+            << "matrix " << m << ", " << n << " tokens, GEMV up to " << gemv_tokens;
+      }
+      // fp32: the router's 256 x 6144.
+      const auto w32 = random_values(int64_t{256} * cols, 50, 0.05f);
+      auto dw32 = to_device(w32), dx32 = to_device(x), dy32 = poisoned(int64_t{n} * 256);
+      gemm.linear_f32(dx32.as<float>(), n, dw32.as<float>(), 256, cols, dy32.as<float>(), nullptr);
+      std::vector<float> expected(int64_t{n} * 256);
+      for (int t = 0; t < n; ++t)
+        for (int r = 0; r < 256; ++r) {
+          double sum = 0;
+          for (int k = 0; k < cols; ++k) sum += double(x[int64_t{t} * cols + k]) * w32[int64_t{r} * cols + k];
+          expected[int64_t{t} * 256 + r] = static_cast<float>(sum);
+        }
+      EXPECT_LT(relative_l2(to_host<float>(dy32), expected), 1e-5) << "fp32, " << n << " tokens";
+    }
+  }
+}
+
 TEST_F(CudaOps, ToBf16RoundsLikeTheCpu) {
   const auto x = random_values(1000, 9, 100.0f);
   auto dx = to_device(x);

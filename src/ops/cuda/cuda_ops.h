@@ -175,6 +175,21 @@ inline constexpr int kGemvMaxTokens = 4;
 bool gemv_bf16_fits(const uint16_t* x, int64_t n, int64_t ld_x, const uint16_t* w, int64_t cols);
 void gemv_bf16(const uint16_t* x, int64_t n, int64_t ld_x, const uint16_t* w, int64_t rows, int64_t cols, float* y,
                int64_t ld_y, cudaStream_t stream);
+// The same over fp32 x and w (the MoE router).
+bool gemv_f32_fits(const float* x, int64_t n, int64_t ld_x, const float* w, int64_t cols);
+void gemv_f32(const float* x, int64_t n, int64_t ld_x, const float* w, int64_t rows, int64_t cols, float* y,
+              int64_t ld_y, cudaStream_t stream);
+// Up to kGemvMaxGroup bf16 matrices of `cols` columns that read the same x, in one launch:
+// outputs[m].y[n, rows_m] (row stride ld_y, 0: rows_m) = x . outputs[m].w^T.
+inline constexpr int kGemvMaxGroup = 4;
+struct GemvOutput {
+  const uint16_t* w = nullptr;  // [rows, cols] bf16
+  int64_t rows = 0;
+  float* y = nullptr;
+  int64_t ld_y = 0;
+};
+void gemv_bf16_group(const uint16_t* x, int64_t n, int64_t ld_x, int64_t cols, const GemvOutput* outputs, int count,
+                     cudaStream_t stream);
 
 class Gemm {
  public:
@@ -189,8 +204,13 @@ class Gemm {
               cudaStream_t stream, int64_t ld_x = 0, int64_t ld_y = 0);
   // Linear layers of at most `max_tokens` (<= kGemvMaxTokens) tokens through gemv_bf16; 0: cuBLAS only.
   void set_small_batch_gemv(int max_tokens) { gemv_max_tokens_ = std::clamp(max_tokens, 0, kGemvMaxTokens); }
-  // The same in fp32 throughout (the MoE router, whose scores stay fp32). With `tf32`, the
-  // products run on tensor cores with inputs rounded to TF32 (10-bit mantissa), fp32 sums.
+  // Several products of the same x (bf16, dense rows of `cols`): one grouped GEMV launch where
+  // the small-batch GEMV applies, else one GEMM each.
+  void linear_group(const uint16_t* x, int64_t n, int64_t cols, const GemvOutput* outputs, int count,
+                    cudaStream_t stream);
+  // The same in fp32 throughout (the MoE router, whose scores stay fp32): gemv_f32 up to the
+  // small-batch GEMV's token count, else cuBLAS. With `tf32`, cuBLAS runs the products on tensor
+  // cores with inputs rounded to TF32 (10-bit mantissa), fp32 sums.
   void linear_f32(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y,
                   cudaStream_t stream, bool tf32 = false);
   // `batch` independent bf16 products, operand b at x + b * stride_x, w + b * stride_w,

@@ -1,13 +1,18 @@
-// bf16 GEMV for decode-sized batches: y[n, rows] = x[n, cols] . W[rows, cols]^T, n <= 4.
+// GEMV for decode-sized batches: y[n, rows] = x[n, cols] . W[rows, cols]^T, n <= 4, bf16 or
+// fp32 weights, one matrix or a group of matrices that read the same x.
 //
 // Why: at one to four tokens a linear layer is a pass over its weights, and cuBLAS's GEMM
 // kernels leave bandwidth unused on narrow outputs (kv_a 576 rows, indexer wk 128, weights_proj
 // 32) and add a split-K workspace pass. Here a block owns four rows and its eight warps split
-// the row length between them, so even a 32-row matrix spreads over eight blocks of 16-byte
-// loads, and a block-level sum finishes each output.
+// the row length between them, and a block-level sum finishes each output. A group (the
+// attention's input projections all read the normed hidden state) runs as one launch whose
+// blocks cover every matrix's rows, so the narrow ones ride along with the wide ones instead of
+// each being a small, underfilled launch.
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
+#include <type_traits>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
@@ -30,19 +35,37 @@ __device__ __forceinline__ void widen8(const uint4& v, float* out) {
   }
 }
 
-template <int kTokens>
-__global__ void __launch_bounds__(kGemvThreads) gemv_bf16_kernel(const uint16_t* x, int n, int64_t ld_x,
-                                                                 const uint16_t* w, int64_t rows, int64_t cols, float* y,
-                                                                 int64_t ld_y) {
+// 16 bytes of a row: eight bf16 or four fp32 values.
+template <typename T>
+struct Chunk;
+template <>
+struct Chunk<uint16_t> {
+  static constexpr int kValues = 8;
+  __device__ static void load(const uint16_t* row, int64_t c, float* out) {
+    widen8(__ldg(reinterpret_cast<const uint4*>(row) + c), out);
+  }
+};
+template <>
+struct Chunk<float> {
+  static constexpr int kValues = 4;
+  __device__ static void load(const float* row, int64_t c, float* out) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(row) + c);
+    out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+  }
+};
+
+// Rows row0 .. row0 + 3 of one matrix for the block. x and w share the element type.
+template <int kTokens, typename T>
+__device__ __forceinline__ void gemv_block(const T* x, int n, int64_t ld_x, const T* w, int64_t rows, int64_t cols,
+                                           float* y, int64_t ld_y, int64_t row0) {
+  constexpr int kValues = Chunk<T>::kValues;
   __shared__ float partial[kGemvWarps][kGemvRows][kTokens];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kGemvRows;
-  const uint4* w_rows[kGemvRows];
+  const T* w_rows[kGemvRows];
 #pragma unroll
-  for (int r = 0; r < kGemvRows; ++r)
-    w_rows[r] = reinterpret_cast<const uint4*>(w + min(row0 + r, rows - 1) * cols);
+  for (int r = 0; r < kGemvRows; ++r) w_rows[r] = w + min(row0 + r, rows - 1) * cols;
   // This warp's share of the row: 16-byte chunks [begin, end), lane-strided.
-  const int64_t chunks = cols / 8;
+  const int64_t chunks = cols / kValues;
   const int64_t begin = chunks * warp / kGemvWarps, end = chunks * (warp + 1) / kGemvWarps;
   float acc[kGemvRows][kTokens];
 #pragma unroll
@@ -50,18 +73,18 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_kernel(const uint16_t*
 #pragma unroll
     for (int j = 0; j < kTokens; ++j) acc[r][j] = 0.0f;
   for (int64_t c = begin + lane; c < end; c += 32) {
-    float wv[kGemvRows][8];
+    float wv[kGemvRows][kValues];
 #pragma unroll
-    for (int r = 0; r < kGemvRows; ++r) widen8(__ldg(w_rows[r] + c), wv[r]);
+    for (int r = 0; r < kGemvRows; ++r) Chunk<T>::load(w_rows[r], c, wv[r]);
 #pragma unroll
     for (int j = 0; j < kTokens; ++j) {
       if (j >= n) break;
-      float xv[8];
-      widen8(__ldg(reinterpret_cast<const uint4*>(x + j * ld_x) + c), xv);
+      float xv[kValues];
+      Chunk<T>::load(x + j * ld_x, c, xv);
 #pragma unroll
       for (int r = 0; r < kGemvRows; ++r)
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[r][j] += wv[r][i] * xv[i];
+        for (int i = 0; i < kValues; ++i) acc[r][j] += wv[r][i] * xv[i];
     }
   }
 #pragma unroll
@@ -84,11 +107,51 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_kernel(const uint16_t*
   }
 }
 
+template <int kTokens, typename T>
+__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const T* x, int n, int64_t ld_x, const T* w, int64_t rows,
+                                                            int64_t cols, float* y, int64_t ld_y) {
+  gemv_block<kTokens>(x, n, ld_x, w, rows, cols, y, ld_y, static_cast<int64_t>(blockIdx.x) * kGemvRows);
+}
+
+// Blocks [first_block[m], first_block[m + 1]) cover matrix m's rows.
+struct GroupLaunch {
+  const uint16_t* w[kGemvMaxGroup];
+  int64_t rows[kGemvMaxGroup];
+  float* y[kGemvMaxGroup];
+  int64_t ld_y[kGemvMaxGroup];
+  unsigned first_block[kGemvMaxGroup + 1];
+  int count;
+};
+
+template <int kTokens>
+__global__ void __launch_bounds__(kGemvThreads) gemv_group_kernel(const uint16_t* x, int n, int64_t ld_x, int64_t cols,
+                                                                  GroupLaunch g) {
+  int m = 0;
+  while (m + 1 < g.count && blockIdx.x >= g.first_block[m + 1]) ++m;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x - g.first_block[m]) * kGemvRows;
+  gemv_block<kTokens>(x, n, ld_x, g.w[m], g.rows[m], cols, g.y[m], g.ld_y[m], row0);
+}
+
+// launch(std::integral_constant<int, kTokens>) with kTokens 1, 2 or 4 (n <= 4).
+template <typename Launch>
+void dispatch_tokens(int64_t n, Launch launch) {
+  if (n == 1) launch(std::integral_constant<int, 1>{});
+  else if (n == 2) launch(std::integral_constant<int, 2>{});
+  else launch(std::integral_constant<int, 4>{});
+}
+
+}  // namespace
+
+namespace {
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 }  // namespace
 
 bool gemv_bf16_fits(const uint16_t* x, int64_t n, int64_t ld_x, const uint16_t* w, int64_t cols) {
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return n >= 1 && n <= kGemvMaxTokens && cols % 8 == 0 && ld_x % 8 == 0 && aligned(x) && aligned(w);
+  return n >= 1 && n <= kGemvMaxTokens && cols % 8 == 0 && ld_x % 8 == 0 && aligned16(x) && aligned16(w);
+}
+
+bool gemv_f32_fits(const float* x, int64_t n, int64_t ld_x, const float* w, int64_t cols) {
+  return n >= 1 && n <= kGemvMaxTokens && cols % 4 == 0 && ld_x % 4 == 0 && aligned16(x) && aligned16(w);
 }
 
 void gemv_bf16(const uint16_t* x, int64_t n, int64_t ld_x, const uint16_t* w, int64_t rows, int64_t cols, float* y,
@@ -96,11 +159,43 @@ void gemv_bf16(const uint16_t* x, int64_t n, int64_t ld_x, const uint16_t* w, in
   if (n == 0 || rows == 0) return;
   GLMS_CHECK(gemv_bf16_fits(x, n, ld_x, w, cols), "gemv_bf16: at most 4 tokens, 16-byte aligned rows");
   const unsigned blocks = blocks_for(rows, kGemvRows);
-  const int tokens = static_cast<int>(n);
-  if (n == 1) gemv_bf16_kernel<1><<<blocks, kGemvThreads, 0, stream>>>(x, tokens, ld_x, w, rows, cols, y, ld_y);
-  else if (n == 2) gemv_bf16_kernel<2><<<blocks, kGemvThreads, 0, stream>>>(x, tokens, ld_x, w, rows, cols, y, ld_y);
-  else gemv_bf16_kernel<4><<<blocks, kGemvThreads, 0, stream>>>(x, tokens, ld_x, w, rows, cols, y, ld_y);
+  dispatch_tokens(n, [&](auto tokens) {
+    gemv_kernel<decltype(tokens)::value><<<blocks, kGemvThreads, 0, stream>>>(x, static_cast<int>(n), ld_x, w, rows, cols, y, ld_y);
+  });
   check(cudaGetLastError(), "gemv_bf16 launch");
+}
+
+void gemv_f32(const float* x, int64_t n, int64_t ld_x, const float* w, int64_t rows, int64_t cols, float* y,
+              int64_t ld_y, cudaStream_t stream) {
+  if (n == 0 || rows == 0) return;
+  GLMS_CHECK(gemv_f32_fits(x, n, ld_x, w, cols), "gemv_f32: at most 4 tokens, 16-byte aligned rows");
+  const unsigned blocks = blocks_for(rows, kGemvRows);
+  dispatch_tokens(n, [&](auto tokens) {
+    gemv_kernel<decltype(tokens)::value><<<blocks, kGemvThreads, 0, stream>>>(x, static_cast<int>(n), ld_x, w, rows, cols, y, ld_y);
+  });
+  check(cudaGetLastError(), "gemv_f32 launch");
+}
+
+void gemv_bf16_group(const uint16_t* x, int64_t n, int64_t ld_x, int64_t cols, const GemvOutput* outputs, int count,
+                     cudaStream_t stream) {
+  if (n == 0 || count == 0) return;
+  GLMS_CHECK(count <= kGemvMaxGroup, "gemv_bf16_group: at most " + std::to_string(kGemvMaxGroup) + " matrices");
+  GroupLaunch g{};
+  g.count = count;
+  for (int m = 0; m < count; ++m) {
+    GLMS_CHECK(gemv_bf16_fits(x, n, ld_x, outputs[m].w, cols), "gemv_bf16_group: at most 4 tokens, aligned rows");
+    g.w[m] = outputs[m].w;
+    g.rows[m] = outputs[m].rows;
+    g.y[m] = outputs[m].y;
+    g.ld_y[m] = outputs[m].ld_y ? outputs[m].ld_y : outputs[m].rows;
+    g.first_block[m + 1] = g.first_block[m] + blocks_for(outputs[m].rows, kGemvRows);
+  }
+  if (g.first_block[count] == 0) return;
+  dispatch_tokens(n, [&](auto tokens) {
+    gemv_group_kernel<decltype(tokens)::value><<<g.first_block[count], kGemvThreads, 0, stream>>>(x, static_cast<int>(n), ld_x,
+                                                                                       cols, g);
+  });
+  check(cudaGetLastError(), "gemv_bf16_group launch");
 }
 
 }  // namespace glms::ops::cuda

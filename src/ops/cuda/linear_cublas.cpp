@@ -51,9 +51,25 @@ void Gemm::linear(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows,
                "cublasGemmEx (bf16 linear)");
 }
 
+void Gemm::linear_group(const uint16_t* x, int64_t n, int64_t cols, const GemvOutput* outputs, int count,
+                        cudaStream_t stream) {
+  bool grouped = n <= gemv_max_tokens_ && count <= kGemvMaxGroup;
+  for (int m = 0; m < count && grouped; ++m) grouped = gemv_bf16_fits(x, n, cols, outputs[m].w, cols);
+  if (grouped) {
+    gemv_bf16_group(x, n, cols, cols, outputs, count, stream);
+    return;
+  }
+  for (int m = 0; m < count; ++m)
+    linear(x, n, outputs[m].w, outputs[m].rows, cols, outputs[m].y, stream, 0, outputs[m].ld_y);
+}
+
 void Gemm::linear_f32(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y,
                       cudaStream_t stream, bool tf32) {
   if (n == 0 || rows == 0) return;
+  if (n <= gemv_max_tokens_ && gemv_f32_fits(x, n, cols, w, cols)) {
+    gemv_f32(x, n, cols, w, rows, cols, y, rows, stream);
+    return;
+  }
   auto handle = static_cast<cublasHandle_t>(handle_);
   check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
   const float alpha = 1.0f, beta = 0.0f;
