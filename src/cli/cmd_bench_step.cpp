@@ -43,6 +43,7 @@ struct BenchStepOptions {
   std::string expert_format = "bf16";  // routed experts: bf16, mxfp4 or fp8
   int gemv_tokens = 2;                 // linear layers of at most this many tokens through our GEMV
   int fused_attention_min_tokens = model::CudaModelOptions{}.fused_attention_min_tokens;
+  bool fused_prefill_attention = model::CudaModelOptions{}.fused_prefill_attention;
   int speculative_steps = 0;           // > 0: also time K-draft verification and MTP draft steps
   int project_layers = 0;              // depth the speculation break-even is projected to (0: the config's)
 };
@@ -221,6 +222,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.num_blocks = max_batch * blocks_per_sequence;
   options.small_batch_gemv_tokens = o.gemv_tokens;
   options.fused_attention_min_tokens = o.fused_attention_min_tokens;
+  options.fused_prefill_attention = o.fused_prefill_attention;
   if (o.speculative_steps > 0) {  // a verify step runs 1 + K tokens per sequence, all with logits
     options.mtp = true;
     options.max_tokens = std::max(options.max_tokens, max_batch * (1 + o.speculative_steps));
@@ -323,6 +325,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"expert_format", o.expert_format},
                         {"small_batch_gemv_tokens", o.gemv_tokens},
                         {"fused_attention_min_tokens", o.fused_attention_min_tokens},
+                        {"fused_prefill_attention", o.fused_prefill_attention},
                         {"speculative_steps", o.speculative_steps},
                         {"graphs", o.graphs},
                         {"weight_bytes", model->weight_bytes()},
@@ -381,6 +384,10 @@ void add_bench_step_command(CLI::App& app) {
                   "Decode batches of at least N tokens attend in one fused pass, smaller ones through gathered-row "
                   "GEMMs (0: always fused)")
       ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--fused-prefill-attention", o->fused_prefill_attention,
+                  "Long prefill chunks attend in the fused pass over each token's top-k rows (true/false) instead "
+                  "of dense scores over the causal extent")
       ->capture_default_str();
   cmd->add_option("--expert-format", o->expert_format, "Routed experts' storage: bf16, mxfp4 (W4A16) or fp8 (block E4M3)")
       ->check(CLI::IsMember({"bf16", "mxfp4", "fp8"}))

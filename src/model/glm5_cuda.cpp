@@ -466,7 +466,17 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
         else
           cuda::mla_attention_gathered(args, max_selected_in_step, gather, gemm, s);
       },
-      [&](int index) { prefill_attention(index, l, args.scale); });
+      [&](int index) {
+        const SequenceSlice& seq = batch->sequences[index];
+        if (!options.fused_prefill_attention || !fused_attention()) {
+          prefill_attention(index, l, args.scale);
+          return;
+        }
+        args.first_token = seq.first_token;
+        args.launch_tokens = seq.num_tokens;
+        cuda::mla_attention_fused(args, std::min(seq.context_len, c.index_topk), as<uint16_t>(prefill_queries),
+                                  as<float>(prefill_scores), prefill_score_capacity, s);
+      });
   timer.mark("attention.core", s);
 
   // Un-absorb W_uv per head, then o_proj.

@@ -35,6 +35,10 @@ struct CudaModelOptions {
   // gathered-row GEMMs (0: always fused). On the H200 at GLM-5.2 width the two tie at batch 1,
   // the GEMMs win at 8 and the fused pass at 64 (docs/performance.md).
   int fused_attention_min_tokens = 16;
+  // Long prefill chunks through the same fused pass (each token reads only its top-k rows)
+  // instead of dense scores over the chunk's causal extent and a sparse softmax. Off until
+  // measured against the dense path on the H200 (bench-step --fused-prefill-attention).
+  bool fused_prefill_attention = false;
 };
 
 class CudaGlm5Model {

@@ -83,8 +83,8 @@ struct Pair {
 
 }  // namespace
 
-// Through both decode-attention paths for every run length: the fused one-pass kernel and the
-// gathered-row GEMMs.
+// Through both attention paths for every run length and prefill chunk: the fused one-pass
+// kernel, and the gathered-row GEMMs with dense scores for long prefill chunks.
 class CudaForwardAttention : public CudaForward, public ::testing::WithParamInterface<bool> {};
 INSTANTIATE_TEST_SUITE_P(Paths, CudaForwardAttention, ::testing::Values(true, false),
                          [](const auto& info) { return info.param ? "Fused" : "Gathered"; });
@@ -96,6 +96,7 @@ TEST_P(CudaForwardAttention, RandomModelPrefillDecodeAndMixedBatchesMatchCpu) {
   const model::Glm5Model cpu(model::load_weights(glms::testing::write_random_model(dir.path / "m", spec).string()));
   model::CudaModelOptions options = small_options();
   options.fused_attention_min_tokens = GetParam() ? 0 : std::numeric_limits<int>::max();
+  options.fused_prefill_attention = GetParam();
   model::CudaGlm5Model gpu(cpu.weights(), options);
   Pair pair(cpu, gpu);
 
@@ -221,6 +222,7 @@ TEST_P(CudaForwardAttention, MtpLayerMatchesCpu) {
   options.num_blocks = 32;
   options.mtp = true;
   options.fused_attention_min_tokens = GetParam() ? 0 : std::numeric_limits<int>::max();
+  options.fused_prefill_attention = GetParam();
   model::CudaGlm5Model gpu(cpu.weights(), options);
   ASSERT_TRUE(gpu.has_mtp());
   const int vocab = cpu.config().vocab_size;
