@@ -1,0 +1,196 @@
+// CudaGlm5Model's attention: the MLA projections, the DSA indexer's selection and the
+// attention over the paged latent cache (decode runs and short chunks; long prefill chunks).
+#include "model/glm5_cuda_impl.h"
+
+namespace glms::model {
+
+void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, const StepShape& shape) {
+  const io::ModelConfig& c = config;
+  const AttentionDevice& w = layer.attention;
+  const int T = shape.num_tokens, H = c.num_attention_heads;
+  const int64_t hidden = c.hidden_size, qd = c.qk_head_dim(), nope = c.qk_nope_head_dim, rd = c.qk_rope_head_dim;
+  const int64_t L = c.kv_lora_rank, vd = c.v_head_dim, q_lora = c.q_lora_rank;
+  cudaStream_t s = stream.get();
+  const int32_t* positions = meta_i32(meta.positions);
+  const auto* slots = reinterpret_cast<const int64_t*>(static_cast<const char*>(metadata.data()) + meta.slot_mapping);
+  const int32_t* block_tables = meta_i32(meta.block_tables);
+  const int32_t* token_sequence = meta_i32(meta.token_sequence);
+  const uint16_t* x = as<uint16_t>(normed_bf16);
+
+  // The projections of x (q_a, kv_a and the indexer's wk and head weights), then those of the
+  // normed q residual (q_b, the indexer's wq_b): one grouped launch each at decode sizes. When
+  // every token's context fits index_topk the top-k is every position: the indexer's query
+  // side is skipped, its keys are still cached for later steps.
+  const IndexerDevice& ix = w.indexer;
+  const int IH = c.index_n_heads, ID = c.index_head_dim;
+  const bool score_positions = w.has_indexer && !shape.selects_all;
+  cuda::GemvOutput from_x[4] = {{as<uint16_t>(w.q_a_proj), q_lora, as<float>(q_resid)},
+                                {as<uint16_t>(w.kv_a_proj), L + rd, as<float>(kv)},
+                                {as<uint16_t>(ix.wk), ID, as<float>(index_k)},
+                                {as<uint16_t>(ix.weights_proj), IH, as<float>(index_w)}};
+  gemm.linear_group(x, T, hidden, from_x, w.has_indexer ? (score_positions ? 4 : 3) : 2, s);
+  cuda::residual_rms_norm(as<float>(q_resid), nullptr, T, q_lora, as<float>(w.q_a_norm), kLatentNormEps, nullptr,
+                          as<uint16_t>(q_resid_bf16), s);
+  cuda::GemvOutput from_q[2] = {{as<uint16_t>(w.q_b_proj), H * qd, as<float>(q)},
+                                {as<uint16_t>(ix.wq_b), int64_t{IH} * ID, as<float>(index_q)}};
+  gemm.linear_group(as<uint16_t>(q_resid_bf16), T, q_lora, from_q, score_positions ? 2 : 1, s);
+  cuda::rope_rows(as<float>(q), T, H, qd, nope, static_cast<int>(rd), positions, as<float>(inv_freq), s);
+  uint16_t* cache = as<uint16_t>(latent_cache[l]);
+  cuda::write_latent_cache(as<float>(kv), T, static_cast<int>(L), static_cast<int>(rd), as<float>(w.kv_a_norm),
+                           kLatentNormEps, positions, slots, as<float>(inv_freq), cache, s);
+  timer.mark("attention.projections", s);
+
+  if (w.has_indexer && !score_positions) {
+    cuda::write_indexer_keys(as<float>(index_k), T, ID, static_cast<int>(rd), as<float>(ix.k_norm_weight),
+                             as<float>(ix.k_norm_bias), kIndexerNormEps, positions, slots, as<float>(inv_freq),
+                             as<float>(index_keys[l]), s);
+    // Scores are not read for contexts of at most top_k: every position is selected.
+    cuda::select_top_k(as<float>(scores), options.max_context, positions, T, c.index_topk, as<int32_t>(selected),
+                       c.index_topk, as<int32_t>(num_selected), s);
+    timer.mark("attention.indexer", s);
+  } else if (w.has_indexer) {
+    cuda::rope_rows(as<float>(index_q), T, IH, ID, 0, static_cast<int>(rd), positions, as<float>(inv_freq), s);
+    cuda::write_indexer_keys(as<float>(index_k), T, ID, static_cast<int>(rd), as<float>(ix.k_norm_weight),
+                             as<float>(ix.k_norm_bias), kIndexerNormEps, positions, slots, as<float>(inv_freq),
+                             as<float>(index_keys[l]), s);
+    cuda::IndexerScoreArgs args;
+    args.queries = as<float>(index_q);
+    args.head_weights = as<float>(index_w);
+    args.key_cache = as<float>(index_keys[l]);
+    args.block_tables = block_tables;
+    args.max_blocks = max_blocks;
+    args.token_sequence = token_sequence;
+    args.positions = positions;
+    args.block_size = options.block_size;
+    args.num_tokens = T;
+    args.heads = IH;
+    args.dim = ID;
+    args.top_k = c.index_topk;
+    args.head_scale = 1.0f / std::sqrt(static_cast<float>(IH));
+    args.softmax_scale = 1.0f / std::sqrt(static_cast<float>(ID));
+    args.max_context = shape.max_context;
+    args.scores = as<float>(scores);
+    args.score_stride = options.max_context;
+    cuda::IndexerGemmWorkspace workspace;
+    workspace.keys = as<float>(gathered_keys);
+    workspace.head_scores = as<float>(prefill_scores);
+    workspace.head_score_elements = prefill_score_capacity;
+    split_by_chunk_length(
+        shape,
+        [&](int first, int count) {
+          args.first_token = first;
+          args.launch_tokens = count;
+          cuda::indexer_scores(args, s);
+        },
+        [&](int index) {
+          const SequenceSlice& seq = batch->sequences[index];
+          cuda::IndexerScoreArgs chunk = args;
+          chunk.first_token = seq.first_token;
+          chunk.launch_tokens = seq.num_tokens;
+          cuda::indexer_scores_gemm(chunk, block_tables + int64_t{index} * max_blocks, seq.context_len, workspace, gemm,
+                                    s);
+        });
+    cuda::select_top_k(as<float>(scores), options.max_context, positions, T, c.index_topk, as<int32_t>(selected),
+                       c.index_topk, as<int32_t>(num_selected), s);
+    timer.mark("attention.indexer", s);
+  }
+
+  // Absorb W_uk into the queries, per head: q_latent[t, h] = q_nope[t, h] . W_uk[h] ([nope, L]).
+  cuda::to_bf16(as<float>(q), as<uint16_t>(q_bf16), int64_t{T} * H * qd, s);
+  const int64_t head_stride = (nope + vd) * L;  // kv_b_proj rows of one head: W_uk then W_uv
+  gemm.batched(as<uint16_t>(q_bf16), T, H * qd, qd, as<uint16_t>(w.kv_b_proj), nope, L, L, head_stride, true,
+               as<float>(q_latent), H * L, L, H, s);
+  timer.mark("attention.absorb", s);
+
+  cuda::MlaAttentionArgs args;
+  args.q_latent = as<float>(q_latent);
+  args.q_rope = as<float>(q) + nope;
+  args.q_rope_stride = qd;
+  args.cache = cache;
+  args.selected = as<int32_t>(selected);
+  args.num_selected = as<int32_t>(num_selected);
+  args.max_selected = c.index_topk;
+  args.block_tables = block_tables;
+  args.max_blocks = max_blocks;
+  args.token_sequence = token_sequence;
+  args.block_size = options.block_size;
+  args.num_tokens = T;
+  args.num_heads = H;
+  args.latent_dim = static_cast<int>(L);
+  args.rope_dim = static_cast<int>(rd);
+  args.scale = static_cast<float>(c.attention_scale());
+  args.out = as<float>(o_latent);
+  cuda::MlaGatherWorkspace gather;
+  gather.gathered = as<uint16_t>(gathered_rows);
+  gather.gathered_elements = gathered_capacity;
+  gather.queries = as<uint16_t>(prefill_queries);
+  gather.scores = as<float>(prefill_scores);
+  gather.probs = as<uint16_t>(prefill_probs);
+  gather.score_elements = prefill_score_capacity;
+  const int max_selected_in_step = std::min(shape.max_context, c.index_topk);
+  // Long prefill chunks attend over their gathered context; other tokens over their own
+  // selections: runs of fused_attention_min_tokens or more in one fused pass (where the shapes
+  // allow), shorter ones through the gathered-row GEMMs.
+  split_by_chunk_length(
+      shape,
+      [&](int first, int count) {
+        args.first_token = first;
+        args.launch_tokens = count;
+        if (fused_attention() && count >= options.fused_attention_min_tokens)
+          cuda::mla_attention_fused(args, max_selected_in_step, as<uint16_t>(prefill_queries), as<float>(prefill_scores),
+                                    prefill_score_capacity, s);
+        else
+          cuda::mla_attention_gathered(args, max_selected_in_step, gather, gemm, s);
+      },
+      [&](int index) {
+        const SequenceSlice& seq = batch->sequences[index];
+        if (!options.fused_prefill_attention || !fused_attention()) {
+          prefill_attention(index, l, args.scale);
+          return;
+        }
+        args.first_token = seq.first_token;
+        args.launch_tokens = seq.num_tokens;
+        cuda::mla_attention_fused(args, std::min(seq.context_len, c.index_topk), as<uint16_t>(prefill_queries),
+                                  as<float>(prefill_scores), prefill_score_capacity, s);
+      });
+  timer.mark("attention.core", s);
+
+  // Un-absorb W_uv per head, then o_proj.
+  cuda::to_bf16(as<float>(o_latent), as<uint16_t>(o_bf16), int64_t{T} * H * L, s);
+  gemm.batched(as<uint16_t>(o_bf16), T, H * L, L, as<uint16_t>(w.kv_b_proj) + nope * L, vd, L, L, head_stride, false,
+               as<float>(heads_out), H * vd, vd, H, s);
+  cuda::to_bf16(as<float>(heads_out), as<uint16_t>(heads_bf16), int64_t{T} * H * vd, s);
+  gemm.linear(as<uint16_t>(heads_bf16), T, as<uint16_t>(w.o_proj), hidden, H * vd, as<float>(block_out), s);
+  timer.mark("attention.output", s);
+}
+
+void CudaGlm5Model::Impl::prefill_attention(int sequence, int l, float scale) {
+  const io::ModelConfig& c = config;
+  const SequenceSlice& seq = batch->sequences[sequence];
+  const int H = c.num_attention_heads, L = c.kv_lora_rank, rd = c.qk_rope_head_dim, row = L + rd;
+  const int64_t qd = c.qk_head_dim(), nope = c.qk_nope_head_dim;
+  cudaStream_t s = stream.get();
+  const uint16_t* context_rows = as<uint16_t>(prefill_context);
+  cuda::mla_gather_context(as<uint16_t>(latent_cache[l]), meta_i32(meta.block_tables) + int64_t{sequence} * max_blocks,
+                           options.block_size, seq.context_len, row, as<uint16_t>(prefill_context), s);
+  for (int done = 0; done < seq.num_tokens;) {
+    const int first = seq.first_token + done;
+    const int n = static_cast<int>(std::clamp<int64_t>(prefill_score_capacity / (int64_t{H} * seq.context_len), 1,
+                                                       seq.num_tokens - done));
+    const int context = batch->positions[first + n - 1] + 1;  // the chunk's causal extent
+    cuda::mla_prefill_queries(as<float>(q_latent) + int64_t{first} * H * L, as<float>(q) + first * H * qd + nope, qd, n,
+                              H, L, rd, scale, as<uint16_t>(prefill_queries), s);
+    // scores[h] = queries[:, h, :] . context_rows^T   [H, n, context] fp32
+    gemm.batched(as<uint16_t>(prefill_queries), n, int64_t{H} * row, row, context_rows, context, row, row, 0, false,
+                 as<float>(prefill_scores), context, int64_t{n} * context, H, s);
+    cuda::memset_async(prefill_probs.data(), 0, sizeof(uint16_t) * H * n * context, s);
+    cuda::mla_sparse_softmax(as<float>(prefill_scores), n, H, context, as<int32_t>(selected) + int64_t{first} * c.index_topk,
+                             c.index_topk, as<int32_t>(num_selected) + first, as<uint16_t>(prefill_probs), s);
+    // o_latent[first + i, h, :] = probs[h, i, :] . context_rows[:, :latent]
+    gemm.batched(as<uint16_t>(prefill_probs), n, context, int64_t{n} * context, context_rows, context, L, row, 0, true,
+                 as<float>(o_latent) + int64_t{first} * H * L, int64_t{H} * L, L, H, s);
+    done += n;
+  }
+}
+
+}  // namespace glms::model

@@ -1,0 +1,160 @@
+// Private to the CUDA model (glm5_cuda.cpp, glm5_cuda_attention.cpp): CudaGlm5Model::Impl,
+// the device state and step functions behind the public class, and the constants they share.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "model/glm5_cuda.h"
+#include "model/glm5_cuda_step.h"
+#include "model/glm5_cuda_weights.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/indexer.h"
+#include "ops/cuda/mla.h"
+#include "ops/cuda/moe.h"
+
+namespace glms::model {
+
+namespace cuda = ops::cuda;
+using cuda::DeviceBuffer;
+using cuda_step::MetadataLayout;
+using cuda_step::PhaseTimer;
+using cuda_step::StepShape;
+
+namespace cuda_impl {
+
+constexpr float kLatentNormEps = 1e-6f;  // q_a_layernorm / kv_a_layernorm (RMSNorm default)
+constexpr float kIndexerNormEps = 1e-6f;
+
+// Batches whose (token, expert) pairs average at most this many per expert run the experts as
+// weight-streaming kernels (no host synchronisation, graph-capturable); larger ones as
+// per-expert cuBLAS GEMMs over the grouped rows. Measured at GLM-5.2 width on the H200
+// (bench-step, docs/performance.md): bf16 GEMVs stream each expert once per 8 tokens, so 8;
+// quantised experts on tensor cores stream 8 tokens per mma chunk while the GEMM path first
+// widens every expert to bf16 (about 45 ms per 4 MoE layers), so 32: at 16 pairs per expert
+// (prefill 512) the experts took 79 ms through widening and 33 ms on tensor cores, at 32 pairs
+// 62 ms on tensor cores, at 64 pairs 81 ms through widening.
+constexpr int kSmallMoePairsPerExpert = 8;
+constexpr int kSmallMoePairsPerExpertTensorCores = 32;
+
+// Sequences with at least this many tokens in a step (prefill chunks) attend through the
+// prefill path; the other tokens (decodes, short chunks) in runs through mla_attention_fused or
+// the gathered-row GEMMs.
+constexpr int kPrefillGemmTokens = 32;
+
+// Scores buffer of the GEMM attention path (fp32 [heads, chunk, context]), at most 1 GiB.
+constexpr int64_t kPrefillScoreFloats = int64_t{1} << 28;
+
+template <typename T>
+T* as(const DeviceBuffer& buffer) {
+  return static_cast<T*>(buffer.data());
+}
+
+}  // namespace cuda_impl
+
+using namespace cuda_impl;
+
+struct CudaGlm5Model::Impl {
+  io::ModelConfig config;
+  CudaModelOptions options;
+  CudaWeights weights;
+  cuda::Stream stream;
+  cuda::Gemm gemm;
+  int max_blocks = 0;  // block-table width
+  int64_t num_slots = 0;
+  MetadataLayout meta;
+  cuda::PinnedBuffer staging;
+  DeviceBuffer metadata;
+  cuda::PinnedBuffer offsets_host;  // MoE group offsets for the large-batch path
+  std::vector<DeviceBuffer> latent_cache;  // per layer [num_slots, latent + rope] bf16
+  std::vector<DeviceBuffer> index_keys;    // per full layer [num_slots, index_dim] fp32, else empty
+  DeviceBuffer inv_freq;                   // [rope / 2]
+  std::map<StepShape, std::unique_ptr<cuda::Graph>> graphs;
+  PhaseTimer timer;
+
+  // Activations, sized for options.max_tokens (see allocate_workspace for shapes).
+  DeviceBuffer x, normed_f32, normed_bf16, block_out, q_resid, q_resid_bf16, q, q_bf16, kv, q_latent, o_latent,
+      o_bf16, heads_out, heads_bf16, index_q, index_k, index_w, scores, selected, num_selected,
+      mlp_gate_up, mlp_act, router_logits, expert_ids, expert_weights, plan_counts, plan_offsets, plan_active,
+      plan_num_active, sorted_pairs, pair_slot, shared_out, pair_x, pair_gate_up, pair_act, expert_out, head_in,
+      logits, prefill_context, prefill_queries, prefill_scores, prefill_probs, gathered_rows, gathered_keys,
+      expert_gate_up_bf16, expert_down_bf16, h_prev;
+  int64_t gathered_capacity = 0;  // bf16 elements of gathered_rows
+  int64_t prefill_score_capacity = 0;  // floats
+  const ForwardBatch* batch = nullptr;  // the step being run (host view; null inside graph capture)
+
+  Impl(const io::ModelConfig& c, const CudaModelOptions& o, CudaWeights w)
+      : config(c),
+        options(o),
+        weights(std::move(w)),
+        max_blocks((o.max_context + o.block_size - 1) / o.block_size),
+        meta(o.max_tokens, o.max_logits, o.max_sequences, max_blocks) {
+    gemm.set_small_batch_gemv(o.small_batch_gemv_tokens);
+  }
+
+  void allocate();
+  void upload_metadata(const ForwardBatch& batch);
+  void run_step(const StepShape& shape);
+  // One decoder layer over x (pending: a block output still to be added to x).
+  void layer_step(const DecoderLayerDevice& layer, int l, const StepShape& shape, const float*& pending);
+  // The MTP layer over the uploaded batch: h_prev (device, [T, hidden] fp32) is the target's
+  // hidden state of each token's position; leaves the logits and x (the block's output).
+  void mtp_step(const StepShape& shape);
+  void attention(const DecoderLayerDevice& layer, int l, const StepShape& shape);
+  void moe(const DecoderLayerDevice& layer, const StepShape& shape);
+  void prefill_attention(int sequence, int l, float scale);
+
+  // Splits the step's tokens for the attention and indexer paths: long_sequence(index) for each
+  // sequence with kPrefillGemmTokens or more tokens, short_run(first, count) for each run of
+  // other tokens between them, in token order. Inside graph capture, one run of all tokens.
+  template <typename ShortRun, typename LongSequence>
+  void split_by_chunk_length(const StepShape& shape, ShortRun short_run, LongSequence long_sequence) const {
+    if (!batch || !shape.host_sync_ok) {
+      short_run(0, shape.num_tokens);
+      return;
+    }
+    int run_start = 0;
+    for (size_t index = 0; index < batch->sequences.size(); ++index) {
+      const SequenceSlice& seq = batch->sequences[index];
+      if (seq.num_tokens < kPrefillGemmTokens) continue;
+      if (seq.first_token > run_start) short_run(run_start, seq.first_token - run_start);
+      long_sequence(static_cast<int>(index));
+      run_start = seq.first_token + seq.num_tokens;
+    }
+    if (shape.num_tokens > run_start) short_run(run_start, shape.num_tokens - run_start);
+  }
+  // Whether the fused attention kernel takes this model's shapes.
+  bool fused_attention() const {
+    return cuda::mla_attention_fused_supported(config.num_attention_heads, config.kv_lora_rank,
+                                               config.qk_rope_head_dim);
+  }
+  void dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out);
+  StepShape shape_of(const ForwardBatch& batch) const;
+  void launch(const ForwardBatch& batch, bool use_graph);
+  // The step's logits [logits rows, vocab] and, when asked, x [tokens, hidden] (the hidden
+  // states before the final norm), copied to the host.
+  std::vector<float> take_outputs(const ForwardBatch& step, std::vector<float>* hidden_out) {
+    std::vector<float> host_logits(step.logits_tokens.size() * static_cast<size_t>(config.vocab_size));
+    cuda::copy_to_host_async(host_logits.data(), logits.data(), host_logits.size() * sizeof(float), stream.get());
+    if (hidden_out) {
+      hidden_out->resize(static_cast<size_t>(step.num_tokens()) * config.hidden_size);
+      cuda::copy_to_host_async(hidden_out->data(), x.data(), hidden_out->size() * sizeof(float), stream.get());
+    }
+    stream.synchronize();
+    timer.collect();
+    return host_logits;
+  }
+
+  const int32_t* meta_i32(size_t offset) const {
+    return reinterpret_cast<const int32_t*>(static_cast<const char*>(metadata.data()) + offset);
+  }
+};
+
+}  // namespace glms::model
