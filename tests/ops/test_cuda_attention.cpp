@@ -209,6 +209,12 @@ TEST_F(CudaAttention, MlaPrefillChunkAndOddShapes) {
   check_mla(8, 64, 16, {45, 9}, tokens, 96, 5);
 }
 
+TEST_F(CudaAttention, MlaOddLatentWidthOverSeveralSplits) {
+  // A latent width that is not a multiple of 4 or 16 (scalar merge, padded column tiles), with
+  // room for four splits of each token's 200-300 rows.
+  check_mla(5, 18, 6, {300, 200}, {{0, 299}, {1, 199}}, 2048, 4);
+}
+
 TEST_F(CudaAttention, MlaPrefillFromTheFirstPosition) {
   // A sequence's first chunk: token t attends positions 0..t, fewer rows than a tile.
   std::vector<Token> tokens;
