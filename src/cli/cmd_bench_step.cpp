@@ -44,6 +44,7 @@ struct BenchStepOptions {
   int gemv_tokens = 2;                 // linear layers of at most this many tokens through our GEMV
   int fused_attention_min_tokens = model::CudaModelOptions{}.fused_attention_min_tokens;
   bool fused_prefill_attention = model::CudaModelOptions{}.fused_prefill_attention;
+  bool grouped_expert_gemm = model::CudaModelOptions{}.grouped_expert_gemm;
   int speculative_steps = 0;           // > 0: also time K-draft verification and MTP draft steps
   int project_layers = 0;              // depth the speculation break-even is projected to (0: the config's)
 };
@@ -223,6 +224,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.small_batch_gemv_tokens = o.gemv_tokens;
   options.fused_attention_min_tokens = o.fused_attention_min_tokens;
   options.fused_prefill_attention = o.fused_prefill_attention;
+  options.grouped_expert_gemm = o.grouped_expert_gemm;
   if (o.speculative_steps > 0) {  // a verify step runs 1 + K tokens per sequence, all with logits
     options.mtp = true;
     options.max_tokens = std::max(options.max_tokens, max_batch * (1 + o.speculative_steps));
@@ -326,6 +328,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"small_batch_gemv_tokens", o.gemv_tokens},
                         {"fused_attention_min_tokens", o.fused_attention_min_tokens},
                         {"fused_prefill_attention", o.fused_prefill_attention},
+                        {"grouped_expert_gemm", o.grouped_expert_gemm},
                         {"speculative_steps", o.speculative_steps},
                         {"graphs", o.graphs},
                         {"weight_bytes", model->weight_bytes()},
@@ -388,6 +391,9 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--fused-prefill-attention", o->fused_prefill_attention,
                   "Long prefill chunks attend in the fused pass over each token's top-k rows (true/false) instead "
                   "of dense scores over the causal extent")
+      ->capture_default_str();
+  cmd->add_option("--grouped-expert-gemm", o->grouped_expert_gemm,
+                  "bf16 experts of large batches through one cuBLAS grouped GEMM per projection (true/false)")
       ->capture_default_str();
   cmd->add_option("--expert-format", o->expert_format, "Routed experts' storage: bf16, mxfp4 (W4A16) or fp8 (block E4M3)")
       ->check(CLI::IsMember({"bf16", "mxfp4", "fp8"}))

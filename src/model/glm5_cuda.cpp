@@ -232,23 +232,42 @@ void CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const StepShape& 
     stream.synchronize();
     const auto* offsets = static_cast<const int32_t*>(offsets_host.data());
     cuda::gather_rows(as<uint16_t>(normed_bf16), hidden, plan.sorted_pairs, P, K, as<uint16_t>(pair_x), s);
-    for (int e = 0; e < E; ++e) {
-      const int count = offsets[e + 1] - offsets[e];
-      if (count == 0) continue;
-      const uint16_t* gate_up = as<uint16_t>(m.experts_gate_up) + int64_t{e} * 2 * inter * hidden;
-      const uint16_t* down = as<uint16_t>(m.experts_down) + int64_t{e} * hidden * inter;
-      if (m.experts_format != ops::WeightFormat::Plain) {
-        cuda::dequantize_expert(experts, e, hidden, inter, as<uint16_t>(expert_gate_up_bf16),
-                                as<uint16_t>(expert_down_bf16), s);
-        gate_up = as<uint16_t>(expert_gate_up_bf16);
-        down = as<uint16_t>(expert_down_bf16);
+    if (options.grouped_expert_gemm && m.experts_format == ops::WeightFormat::Plain) {
+      // All active experts' gate/up in one grouped GEMM, SwiGLU over every grouped row at once
+      // (each expert's rows are contiguous), then all downs.
+      std::vector<cuda::GroupedProduct> gate_up, down;
+      for (int e = 0; e < E; ++e) {
+        const int count = offsets[e + 1] - offsets[e];
+        if (count == 0) continue;
+        gate_up.push_back({as<uint16_t>(pair_x) + int64_t{offsets[e]} * hidden, count,
+                           as<uint16_t>(m.experts_gate_up) + int64_t{e} * 2 * inter * hidden,
+                           as<float>(pair_gate_up) + int64_t{offsets[e]} * 2 * inter});
+        down.push_back({as<uint16_t>(pair_act) + int64_t{offsets[e]} * inter, count,
+                        as<uint16_t>(m.experts_down) + int64_t{e} * hidden * inter,
+                        as<float>(expert_out) + int64_t{offsets[e]} * hidden});
       }
-      gemm.linear(as<uint16_t>(pair_x) + int64_t{offsets[e]} * hidden, count, gate_up, 2 * inter, hidden,
-                  as<float>(pair_gate_up) + int64_t{offsets[e]} * 2 * inter, s);
-      cuda::silu_mul_to_bf16(as<float>(pair_gate_up) + int64_t{offsets[e]} * 2 * inter, count, inter,
-                             as<uint16_t>(pair_act) + int64_t{offsets[e]} * inter, s);
-      gemm.linear(as<uint16_t>(pair_act) + int64_t{offsets[e]} * inter, count, down, hidden, inter,
-                  as<float>(expert_out) + int64_t{offsets[e]} * hidden, s);
+      gemm.linear_grouped(gate_up.data(), static_cast<int>(gate_up.size()), 2 * inter, hidden, s);
+      cuda::silu_mul_to_bf16(as<float>(pair_gate_up), P, inter, as<uint16_t>(pair_act), s);
+      gemm.linear_grouped(down.data(), static_cast<int>(down.size()), hidden, inter, s);
+    } else {
+      for (int e = 0; e < E; ++e) {
+        const int count = offsets[e + 1] - offsets[e];
+        if (count == 0) continue;
+        const uint16_t* gate_up = as<uint16_t>(m.experts_gate_up) + int64_t{e} * 2 * inter * hidden;
+        const uint16_t* down = as<uint16_t>(m.experts_down) + int64_t{e} * hidden * inter;
+        if (m.experts_format != ops::WeightFormat::Plain) {
+          cuda::dequantize_expert(experts, e, hidden, inter, as<uint16_t>(expert_gate_up_bf16),
+                                  as<uint16_t>(expert_down_bf16), s);
+          gate_up = as<uint16_t>(expert_gate_up_bf16);
+          down = as<uint16_t>(expert_down_bf16);
+        }
+        gemm.linear(as<uint16_t>(pair_x) + int64_t{offsets[e]} * hidden, count, gate_up, 2 * inter, hidden,
+                    as<float>(pair_gate_up) + int64_t{offsets[e]} * 2 * inter, s);
+        cuda::silu_mul_to_bf16(as<float>(pair_gate_up) + int64_t{offsets[e]} * 2 * inter, count, inter,
+                               as<uint16_t>(pair_act) + int64_t{offsets[e]} * inter, s);
+        gemm.linear(as<uint16_t>(pair_act) + int64_t{offsets[e]} * inter, count, down, hidden, inter,
+                    as<float>(expert_out) + int64_t{offsets[e]} * hidden, s);
+      }
     }
   }
   timer.mark("moe.experts", s);

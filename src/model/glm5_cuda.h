@@ -39,6 +39,9 @@ struct CudaModelOptions {
   // instead of dense scores over the chunk's causal extent and a sparse softmax. Off until
   // measured against the dense path on the H200 (bench-step --fused-prefill-attention).
   bool fused_prefill_attention = false;
+  // bf16 routed experts of large batches through one cuBLAS grouped GEMM per projection instead
+  // of one GEMM per expert. Off until measured on the H200 (bench-step --grouped-expert-gemm).
+  bool grouped_expert_gemm = false;
 };
 
 class CudaGlm5Model {

@@ -83,11 +83,12 @@ struct Pair {
 
 }  // namespace
 
-// Through both attention paths for every run length and prefill chunk: the fused one-pass
-// kernel, and the gathered-row GEMMs with dense scores for long prefill chunks.
+// Through both sets of kernel paths: attention of every run length and prefill chunk in the
+// fused one-pass kernel with large-batch experts in cuBLAS grouped GEMMs, or the gathered-row
+// GEMMs, dense prefill scores and one GEMM per expert.
 class CudaForwardAttention : public CudaForward, public ::testing::WithParamInterface<bool> {};
 INSTANTIATE_TEST_SUITE_P(Paths, CudaForwardAttention, ::testing::Values(true, false),
-                         [](const auto& info) { return info.param ? "Fused" : "Gathered"; });
+                         [](const auto& info) { return info.param ? "FusedGrouped" : "GatheredPerExpert"; });
 
 TEST_P(CudaForwardAttention, RandomModelPrefillDecodeAndMixedBatchesMatchCpu) {
   RandomModelSpec spec;  // odd sizes: hidden 40, 3 heads, latent 16, rope 6, top-9 indexer
@@ -97,6 +98,7 @@ TEST_P(CudaForwardAttention, RandomModelPrefillDecodeAndMixedBatchesMatchCpu) {
   model::CudaModelOptions options = small_options();
   options.fused_attention_min_tokens = GetParam() ? 0 : std::numeric_limits<int>::max();
   options.fused_prefill_attention = GetParam();
+  options.grouped_expert_gemm = GetParam();
   model::CudaGlm5Model gpu(cpu.weights(), options);
   Pair pair(cpu, gpu);
 
@@ -223,6 +225,7 @@ TEST_P(CudaForwardAttention, MtpLayerMatchesCpu) {
   options.mtp = true;
   options.fused_attention_min_tokens = GetParam() ? 0 : std::numeric_limits<int>::max();
   options.fused_prefill_attention = GetParam();
+  options.grouped_expert_gemm = GetParam();
   model::CudaGlm5Model gpu(cpu.weights(), options);
   ASSERT_TRUE(gpu.has_mtp());
   const int vocab = cpu.config().vocab_size;

@@ -181,6 +181,38 @@ TEST_F(CudaOps, GroupedAndFp32GemvMatchCpu) {
   }
 }
 
+// A MoE layer's experts over their grouped rows as one cuBLAS grouped GEMM: products of
+// different token counts and weights, against the CPU; a second, larger group regrows the
+// staging buffers.
+TEST_F(CudaOps, GroupedGemmMatchesCpu) {
+  const int rows = 96, cols = 72;
+  cuda::Gemm gemm;
+  for (const std::vector<int>& counts : {std::vector<int>{1, 7, 33}, std::vector<int>{128, 2, 5, 64, 9, 1}}) {
+    std::vector<std::vector<uint16_t>> x16, w16;
+    std::vector<std::vector<float>> expected;
+    std::vector<cuda::DeviceBuffer> dx, dw, dy;
+    std::vector<cuda::GroupedProduct> products;
+    for (size_t i = 0; i < counts.size(); ++i) {
+      const int n = counts[i];
+      const auto x = random_values(int64_t{n} * cols, 60 + i, 1.0f), w = random_values(int64_t{rows} * cols, 70 + i, 0.1f);
+      x16.emplace_back(), w16.emplace_back();
+      std::vector<float> x_rounded;
+      for (float v : x) x16.back().push_back(f32_to_bf16(v)), x_rounded.push_back(bf16_to_f32(x16.back().back()));
+      for (float v : w) w16.back().push_back(f32_to_bf16(v));
+      expected.emplace_back(int64_t{n} * rows);
+      ops::linear(x_rounded.data(), n, ops::WeightView{DType::BF16, w16.back().data(), rows, cols, cols},
+                  expected.back().data());
+      dx.push_back(to_device(x16.back()));
+      dw.push_back(to_device(w16.back()));
+      dy.push_back(poisoned(int64_t{n} * rows));
+      products.push_back({dx.back().as<uint16_t>(), n, dw.back().as<uint16_t>(), dy.back().as<float>()});
+    }
+    gemm.linear_grouped(products.data(), static_cast<int>(products.size()), rows, cols, nullptr);
+    for (size_t i = 0; i < counts.size(); ++i)
+      EXPECT_LT(relative_l2(to_host<float>(dy[i]), expected[i]), 1e-5) << "product " << i << " of " << counts.size();
+  }
+}
+
 TEST_F(CudaOps, ToBf16RoundsLikeTheCpu) {
   const auto x = random_values(1000, 9, 100.0f);
   auto dx = to_device(x);

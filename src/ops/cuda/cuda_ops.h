@@ -191,6 +191,15 @@ struct GemvOutput {
 void gemv_bf16_group(const uint16_t* x, int64_t n, int64_t ld_x, int64_t cols, const GemvOutput* outputs, int count,
                      cudaStream_t stream);
 
+// One product of a grouped GEMM: y[n, rows] (fp32) = x[n, cols] (bf16) . w[rows, cols]^T (bf16),
+// rows dense; every product of a group shares rows and cols.
+struct GroupedProduct {
+  const uint16_t* x = nullptr;
+  int64_t n = 0;
+  const uint16_t* w = nullptr;
+  float* y = nullptr;
+};
+
 class Gemm {
  public:
   Gemm();
@@ -204,6 +213,11 @@ class Gemm {
               cudaStream_t stream, int64_t ld_x = 0, int64_t ld_y = 0);
   // Linear layers of at most `max_tokens` (<= kGemvMaxTokens) tokens through gemv_bf16; 0: cuBLAS only.
   void set_small_batch_gemv(int max_tokens) { gemv_max_tokens_ = std::clamp(max_tokens, 0, kGemvMaxTokens); }
+  // Products of different x, w and n but the same rows and cols (a MoE layer's experts over
+  // their grouped tokens) in one cuBLAS grouped GEMM call (cublasGemmGroupedBatchedEx), or one
+  // GEMM each where cuBLAS declines the call. Synchronises the stream (the problem sizes and the
+  // pointer arrays are staged from the host), so not for graph capture.
+  void linear_grouped(const GroupedProduct* products, int count, int64_t rows, int64_t cols, cudaStream_t stream);
   // Several products of the same x (bf16, dense rows of `cols`): one grouped GEMV launch where
   // the small-batch GEMV applies, else one GEMM each.
   void linear_group(const uint16_t* x, int64_t n, int64_t cols, const GemvOutput* outputs, int count,
@@ -223,6 +237,9 @@ class Gemm {
  private:
   void* handle_ = nullptr;     // cublasHandle_t
   void* workspace_ = nullptr;  // cuBLAS workspace of our own, so that GEMMs can be graph-captured
+  void* grouped_pointers_ = nullptr;  // device [3, grouped_capacity_] A, B, C pointers of linear_grouped
+  void* grouped_staging_ = nullptr;   // pinned host copy of the same
+  int grouped_capacity_ = 0;
   int gemv_max_tokens_ = 0;
 };
 

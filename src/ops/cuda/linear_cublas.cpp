@@ -5,6 +5,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <vector>
+
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 
@@ -33,6 +35,47 @@ Gemm::Gemm() {
 Gemm::~Gemm() {
   if (handle_) cublasDestroy(static_cast<cublasHandle_t>(handle_));
   if (workspace_) cudaFree(workspace_);
+  if (grouped_pointers_) cudaFree(grouped_pointers_);
+  if (grouped_staging_) cudaFreeHost(grouped_staging_);
+}
+
+void Gemm::linear_grouped(const GroupedProduct* products, int count, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (count == 0 || rows == 0) return;
+  if (count > grouped_capacity_) {
+    if (grouped_pointers_) cudaFree(grouped_pointers_);
+    if (grouped_staging_) cudaFreeHost(grouped_staging_);
+    grouped_pointers_ = grouped_staging_ = nullptr;
+    grouped_capacity_ = 0;
+    check(cudaMalloc(&grouped_pointers_, sizeof(void*) * 3 * count), "cudaMalloc (grouped GEMM pointers)");
+    check(cudaMallocHost(&grouped_staging_, sizeof(void*) * 3 * count), "cudaMallocHost (grouped GEMM pointers)");
+    grouped_capacity_ = count;
+  }
+  // Each product is a group of one: in column-major terms y^T[rows, n] = op_T(w)[rows, cols] . x^T.
+  std::vector<cublasOperation_t> trans_w(count, CUBLAS_OP_T), trans_x(count, CUBLAS_OP_N);
+  std::vector<int> m(count, narrow(rows)), n(count), k(count, narrow(cols)), lda(count, narrow(cols)),
+      ldb(count, narrow(cols)), ldc(count, narrow(rows)), group_size(count, 1);
+  std::vector<float> alpha(count, 1.0f), beta(count, 0.0f);
+  auto** staged = static_cast<const void**>(grouped_staging_);
+  for (int i = 0; i < count; ++i) {
+    n[i] = narrow(products[i].n);
+    staged[i] = products[i].w;
+    staged[count + i] = products[i].x;
+    staged[2 * count + i] = products[i].y;
+  }
+  check(cudaMemcpyAsync(grouped_pointers_, grouped_staging_, sizeof(void*) * 3 * count, cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync (grouped GEMM pointers)");
+  auto handle = static_cast<cublasHandle_t>(handle_);
+  check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
+  auto** device = static_cast<void**>(grouped_pointers_);
+  const cublasStatus_t status = cublasGemmGroupedBatchedEx(
+      handle, trans_w.data(), trans_x.data(), m.data(), n.data(), k.data(), alpha.data(), device, CUDA_R_16BF,
+      lda.data(), device + count, CUDA_R_16BF, ldb.data(), beta.data(), device + 2 * count, CUDA_R_32F, ldc.data(),
+      count, group_size.data(), CUBLAS_COMPUTE_32F);
+  // The staging buffer is rewritten by the next call: wait for this call's copy (and GEMMs).
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (grouped GEMM)");
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  GLMS_CHECK(status == CUBLAS_STATUS_NOT_SUPPORTED, "cublasGemmGroupedBatchedEx: cuBLAS status " + std::to_string(status));
+  for (int i = 0; i < count; ++i) linear(products[i].x, products[i].n, products[i].w, rows, cols, products[i].y, stream);
 }
 
 void Gemm::linear(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* y,
