@@ -17,12 +17,12 @@
 #include "core/error.h"
 #include "io/model_config.h"
 #include "model/batch.h"
+#include "model/glm5_cuda.h"  // CudaModelOptions' defaults (declarations only)
 #include "model/weights.h"
 #include "plan/model_spec.h"
 #include "plan/roofline.h"
 
 #ifdef GLMS_HAVE_CUDA
-#include "model/glm5_cuda.h"
 #include "ops/cuda/cuda_ops.h"
 #endif
 
@@ -41,7 +41,7 @@ struct BenchStepOptions {
   bool graphs = true;
   uint64_t seed = 1;
   std::string expert_format = "bf16";  // routed experts: bf16, mxfp4 or fp8
-  int gemv_tokens = 2;                 // linear layers of at most this many tokens through our GEMV
+  int gemv_tokens = model::CudaModelOptions{}.small_batch_gemv_tokens;
   int fused_attention_min_tokens = model::CudaModelOptions{}.fused_attention_min_tokens;
   bool fused_prefill_attention = model::CudaModelOptions{}.fused_prefill_attention;
   bool grouped_expert_gemm = model::CudaModelOptions{}.grouped_expert_gemm;

@@ -6,12 +6,12 @@
 // the rows are gathered from the paged cache into shared memory, scores S = Q K^T come from
 // mma.sync (bf16 in, fp32 sums), an online softmax keeps a running max and sum per head, and
 // O += P V reuses the same rows' first `latent` columns as V. Decode batches are small, so the
-// selection is split across blocks (about two blocks per SM in all) and a second kernel merges
+// selection is split across blocks (about twice as many blocks as SMs) and a second kernel merges
 // the splits' (max, sum, unnormalised output). Eight warps: warp w owns heads 16 (w % 4) .. +15;
 // for the scores it takes rows 32 (w / 4) .. +31 of the tile, for P V latent columns of half w / 4.
 // Queries are staged once per token as padded bf16 rows (a small kernel first), and rows come
-// into shared memory by cp.async from offsets resolved once per tile, so that a block waits for
-// memory once per tile rather than once per load.
+// into shared memory by cp.async from cache offsets resolved a tile ahead, so that a block waits
+// for memory once per tile rather than once per load.
 #include <cuda_runtime.h>
 
 #include <algorithm>
