@@ -40,56 +40,51 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
                            kLatentNormEps, positions, slots, as<float>(inv_freq), cache, s);
   timer.mark("attention.projections", s);
 
-  if (w.has_indexer && !score_positions) {
+  if (w.has_indexer) {
     cuda::write_indexer_keys(as<float>(index_k), T, ID, static_cast<int>(rd), as<float>(ix.k_norm_weight),
                              as<float>(ix.k_norm_bias), kIndexerNormEps, positions, slots, as<float>(inv_freq),
                              as<float>(index_keys[l]), s);
-    // Scores are not read for contexts of at most top_k: every position is selected.
-    cuda::select_top_k(as<float>(scores), options.max_context, positions, T, c.index_topk, as<int32_t>(selected),
-                       c.index_topk, as<int32_t>(num_selected), s);
-    timer.mark("attention.indexer", s);
-  } else if (w.has_indexer) {
-    cuda::rope_rows(as<float>(index_q), T, IH, ID, 0, static_cast<int>(rd), positions, as<float>(inv_freq), s);
-    cuda::write_indexer_keys(as<float>(index_k), T, ID, static_cast<int>(rd), as<float>(ix.k_norm_weight),
-                             as<float>(ix.k_norm_bias), kIndexerNormEps, positions, slots, as<float>(inv_freq),
-                             as<float>(index_keys[l]), s);
-    cuda::IndexerScoreArgs args;
-    args.queries = as<float>(index_q);
-    args.head_weights = as<float>(index_w);
-    args.key_cache = as<float>(index_keys[l]);
-    args.block_tables = block_tables;
-    args.max_blocks = max_blocks;
-    args.token_sequence = token_sequence;
-    args.positions = positions;
-    args.block_size = options.block_size;
-    args.num_tokens = T;
-    args.heads = IH;
-    args.dim = ID;
-    args.top_k = c.index_topk;
-    args.head_scale = 1.0f / std::sqrt(static_cast<float>(IH));
-    args.softmax_scale = 1.0f / std::sqrt(static_cast<float>(ID));
-    args.max_context = shape.max_context;
-    args.scores = as<float>(scores);
-    args.score_stride = options.max_context;
-    cuda::IndexerGemmWorkspace workspace;
-    workspace.keys = as<float>(gathered_keys);
-    workspace.head_scores = as<float>(prefill_scores);
-    workspace.head_score_elements = prefill_score_capacity;
-    split_by_chunk_length(
-        shape,
-        [&](int first, int count) {
-          args.first_token = first;
-          args.launch_tokens = count;
-          cuda::indexer_scores(args, s);
-        },
-        [&](int index) {
-          const SequenceSlice& seq = batch->sequences[index];
-          cuda::IndexerScoreArgs chunk = args;
-          chunk.first_token = seq.first_token;
-          chunk.launch_tokens = seq.num_tokens;
-          cuda::indexer_scores_gemm(chunk, block_tables + int64_t{index} * max_blocks, seq.context_len, workspace, gemm,
-                                    s);
-        });
+    if (score_positions) {
+      cuda::rope_rows(as<float>(index_q), T, IH, ID, 0, static_cast<int>(rd), positions, as<float>(inv_freq), s);
+      cuda::IndexerScoreArgs args;
+      args.queries = as<float>(index_q);
+      args.head_weights = as<float>(index_w);
+      args.key_cache = as<float>(index_keys[l]);
+      args.block_tables = block_tables;
+      args.max_blocks = max_blocks;
+      args.token_sequence = token_sequence;
+      args.positions = positions;
+      args.block_size = options.block_size;
+      args.num_tokens = T;
+      args.heads = IH;
+      args.dim = ID;
+      args.top_k = c.index_topk;
+      args.head_scale = 1.0f / std::sqrt(static_cast<float>(IH));
+      args.softmax_scale = 1.0f / std::sqrt(static_cast<float>(ID));
+      args.max_context = shape.max_context;
+      args.scores = as<float>(scores);
+      args.score_stride = options.max_context;
+      cuda::IndexerGemmWorkspace workspace;
+      workspace.keys = as<float>(gathered_keys);
+      workspace.head_scores = as<float>(prefill_scores);
+      workspace.head_score_elements = prefill_score_capacity;
+      split_by_chunk_length(
+          shape,
+          [&](int first, int count) {
+            args.first_token = first;
+            args.launch_tokens = count;
+            cuda::indexer_scores(args, s);
+          },
+          [&](int index) {
+            const SequenceSlice& seq = batch->sequences[index];
+            cuda::IndexerScoreArgs chunk = args;
+            chunk.first_token = seq.first_token;
+            chunk.launch_tokens = seq.num_tokens;
+            cuda::indexer_scores_gemm(chunk, block_tables + int64_t{index} * max_blocks, seq.context_len, workspace,
+                                      gemm, s);
+          });
+    }
+    // Scores are not read for tokens whose context is at most top_k: every position is selected.
     cuda::select_top_k(as<float>(scores), options.max_context, positions, T, c.index_topk, as<int32_t>(selected),
                        c.index_topk, as<int32_t>(num_selected), s);
     timer.mark("attention.indexer", s);
