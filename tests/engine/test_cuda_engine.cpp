@@ -16,21 +16,15 @@
 #include "ops/cuda/cuda_ops.h"
 #include "pending_request.h"
 #include "support/cuda_buffers.h"
+#include "support/numerics.h"
 
 using namespace glms;
 using glms::testing::Pending;
+using glms::testing::random_tokens;
 
 namespace {
 
 class CudaEngine : public glms::testing::CudaTest {};
-
-std::vector<int32_t> random_prompt(int count, int vocab, uint64_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
-  std::vector<int32_t> tokens(count);
-  for (auto& t : tokens) t = dist(rng);
-  return tokens;
-}
 
 // The CPU model's logit of `a` minus that of `b` after `tokens`.
 float logit_gap(const model::Glm5Model& m, const std::vector<int32_t>& tokens, int32_t a, int32_t b) {
@@ -91,7 +85,7 @@ TEST_F(CudaEngine, ConcurrentGreedyRequestsMatchTheCpuEngine) {
   config.max_batch_tokens = 64;  // prompts over 64 tokens prefill in chunks beside decodes
   config.max_model_len = 512;
   std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < 6; ++i) prompts.push_back(random_prompt(7 + 23 * i, vocab, 100 + i));
+  for (int i = 0; i < 6; ++i) prompts.push_back(random_tokens(7 + 23 * i, vocab, 100 + i));
 
   engine::Engine cpu(cpu_model, config);
   engine::Engine gpu(model::make_cuda_runner(bundled()), config);
@@ -109,7 +103,7 @@ TEST_F(CudaEngine, GenerateOverTheCudaRunnerMatchesCpu) {
   options.max_tokens = 32;
   options.sampling.temperature = 0.0f;
   options.prefill_chunk = 40;
-  const auto prompt = random_prompt(90, cpu_model.config().vocab_size, 7);
+  const auto prompt = random_tokens(90, cpu_model.config().vocab_size, 7);
   const auto runner = model::make_cuda_runner(bundled());
   expect_same_up_to_near_ties(cpu_model, prompt, engine::generate(cpu_model, prompt, options).output_ids,
                               engine::generate(*runner, prompt, options).output_ids);
@@ -126,7 +120,7 @@ TEST_F(CudaEngine, SpeculativeDecodingOnCudaMatchesTheCpuEngine) {
   config.max_batch_tokens = 64;
   config.max_model_len = 512;
   std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < 4; ++i) prompts.push_back(random_prompt(9 + 31 * i, vocab, 300 + i));
+  for (int i = 0; i < 4; ++i) prompts.push_back(random_tokens(9 + 31 * i, vocab, 300 + i));
   engine::Engine cpu(cpu_model, config);
   engine::EngineConfig spec_config = config;
   spec_config.speculative_steps = 3;
@@ -149,7 +143,7 @@ TEST_F(CudaEngine, SpeculativeDecodingOnCudaMatchesTheCpuEngine) {
 // against plain greedy decoding on the CPU, K = 1..4.
 TEST_F(CudaEngine, GenerateSpeculativeOverTheCudaRunnerMatchesCpu) {
   const model::Glm5Model cpu_model(bundled());
-  const auto prompt = random_prompt(70, cpu_model.config().vocab_size, 11);
+  const auto prompt = random_tokens(70, cpu_model.config().vocab_size, 11);
   engine::GenerateOptions options;
   options.max_tokens = 40;
   options.sampling.temperature = 0.0f;

@@ -17,6 +17,7 @@
 #include "support/numerics.h"
 
 using namespace glms;
+using glms::testing::random_tokens;
 using glms::testing::relative_l2;
 using glms::testing::RandomModelSpec;
 using glms::testing::TempDir;
@@ -27,14 +28,6 @@ constexpr int kBlockSize = 8;
 constexpr int kNumBlocks = 64;
 
 class CudaForward : public glms::testing::CudaTest {};
-
-std::vector<int32_t> random_tokens(int count, int vocab, uint64_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
-  std::vector<int32_t> tokens(count);
-  for (auto& t : tokens) t = dist(rng);
-  return tokens;
-}
 
 model::CudaModelOptions small_options() {
   model::CudaModelOptions o;

@@ -13,19 +13,12 @@
 #include "support/numerics.h"
 
 using namespace glms;
+using glms::testing::random_tokens;
 using glms::testing::relative_l2;
 using glms::testing::RandomModelSpec;
 using glms::testing::TempDir;
 
 namespace {
-
-std::vector<int32_t> random_tokens(int count, int vocab, uint64_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
-  std::vector<int32_t> tokens(count);
-  for (auto& t : tokens) t = dist(rng);
-  return tokens;
-}
 
 struct Fixture {
   TempDir dir{"forward"};

@@ -34,4 +34,13 @@ inline std::vector<float> random_values(size_t count, uint64_t seed, float scale
   return values;
 }
 
+// `count` token ids uniform in [0, vocab), from `seed`.
+inline std::vector<int32_t> random_tokens(int count, int vocab, uint64_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
+  std::vector<int32_t> tokens(count);
+  for (auto& t : tokens) t = dist(rng);
+  return tokens;
+}
+
 }  // namespace glms::testing
