@@ -3,8 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <future>
+#include <thread>
 #include <mutex>
 #include <vector>
 
@@ -43,5 +45,21 @@ class Pending {
   Collected result_;
   uint64_t id_ = 0;
 };
+
+// Submits `params` and cancels the request from its own output callback (as the server does on a
+// stop string) once `outputs` outputs with new tokens have come; returns the finishing output.
+inline engine::RequestOutput cancel_from_callback(engine::Engine& engine, engine::RequestParams params, int outputs) {
+  std::promise<engine::RequestOutput> finished;
+  std::atomic<uint64_t> id{0};
+  std::atomic<int> seen{0};
+  id = engine.submit(std::move(params), [&](const engine::RequestOutput& out) {
+    if (!out.new_tokens.empty() && ++seen == outputs) {
+      while (id == 0) std::this_thread::yield();
+      engine.cancel(id);
+    }
+    if (out.finished) finished.set_value(out);
+  });
+  return finished.get_future().get();
+}
 
 }  // namespace glms::testing

@@ -142,19 +142,9 @@ TEST_F(EngineTest, PreemptionUnderMemoryPressureKeepsOutputsExact) {
 
 TEST_F(EngineTest, CancelFreesBlocksAndReportsAbort) {
   engine::Engine engine(*model_, {});
-  engine::RequestParams params = greedy(random_tokens(30, 97, 9), 2000);
-  std::promise<engine::RequestOutput> finished;
   // The callback itself cancels (as the server does on a stop string): it must not deadlock.
-  std::atomic<uint64_t> id{0};
-  std::atomic<bool> cancelled{false};
-  id = engine.submit(params, [&](const engine::RequestOutput& out) {
-    if (!out.new_tokens.empty() && !cancelled.exchange(true)) {
-      while (id == 0) std::this_thread::yield();
-      engine.cancel(id);
-    }
-    if (out.finished) finished.set_value(out);
-  });
-  const engine::RequestOutput out = finished.get_future().get();
+  const engine::RequestOutput out =
+      glms::testing::cancel_from_callback(engine, greedy(random_tokens(30, 97, 9), 2000), 1);
   EXPECT_EQ(out.finish_reason, "abort");
   EXPECT_LT(out.completion_tokens, 2000);
   expect_idle(engine);

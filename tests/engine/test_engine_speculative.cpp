@@ -209,17 +209,7 @@ TEST(EngineSpeculative, CancelAndTimeoutFreeEverything) {
   engine::EngineConfig config;
   config.speculative_steps = 3;
   engine::Engine engine(model, config);
-  std::promise<engine::RequestOutput> finished;
-  std::atomic<uint64_t> id{0};
-  std::atomic<int> outputs{0};
-  id = engine.submit(request(prompt_ids(7, 40), 3000), [&](const engine::RequestOutput& out) {
-    if (!out.new_tokens.empty() && ++outputs == 5) {
-      while (id == 0) std::this_thread::yield();
-      engine.cancel(id);
-    }
-    if (out.finished) finished.set_value(out);
-  });
-  const engine::RequestOutput out = finished.get_future().get();
+  const engine::RequestOutput out = glms::testing::cancel_from_callback(engine, request(prompt_ids(7, 40), 3000), 5);
   EXPECT_EQ(out.finish_reason, "abort");
   EXPECT_LT(out.completion_tokens, 3000);
   engine::RequestParams timed = request(prompt_ids(9, 40), 3000);
