@@ -39,6 +39,7 @@ struct BenchStepOptions {
   std::vector<int> prefills = {2048, 8192};
   int steps = 20;
   bool graphs = true;
+  bool profile_step = false;
   uint64_t seed = 1;
   std::string expert_format = "bf16";  // routed experts: bf16, mxfp4 or fp8
   int gemv_tokens = model::CudaModelOptions{}.small_batch_gemv_tokens;
@@ -104,6 +105,11 @@ double decode_bytes(const plan::ModelSpec& spec, const std::string& expert_forma
          expert_bytes(spec, expert_format, batch) +
          batch * plan::kv_bytes_read_per_step(spec, context, plan::kv_dtype_bytes("bf16"));
 }
+
+// The phases (CudaGlm5Model's phase timer) that are linear layers: projections, absorption,
+// output projection, MLPs, the router, the experts and the head.
+constexpr const char* kLinearPhases[] = {"attention.projections", "attention.absorb", "attention.output", "dense_mlp",
+                                         "moe.routing", "moe.experts", "moe.shared", "head"};
 
 // FLOPs of the linear layers for `tokens` prefill tokens (lm_head for one logits row).
 double prefill_linear_flops(const plan::ModelSpec& spec, int tokens) {
@@ -260,6 +266,12 @@ void run_bench_step(const BenchStepOptions& o) {
       };
       for (int step = 0; step < 3; ++step) model->forward_on_device(step_batch(step), o.graphs);
       model->synchronize();
+      if (o.profile_step && decode.empty()) {  // one eager step of the first point, for ncu
+        ops::cuda::profiler_range(true);
+        model->forward_on_device(step_batch(0));
+        model->synchronize();
+        ops::cuda::profiler_range(false);
+      }
       std::vector<double> times;
       for (int step = 0; step < o.steps; ++step) {
         const auto b = step_batch(step);
@@ -270,17 +282,23 @@ void run_bench_step(const BenchStepOptions& o) {
       }
       std::sort(times.begin(), times.end());
       const double median = times[times.size() / 2];
-      // The same steps as the engine sees them: forward() also copies every sequence's logits
-      // row (vocab fp32) into a new host vector.
-      std::vector<double> host_times;
-      for (int step = 0; step < std::max(3, o.steps / 2); ++step) {
-        const auto b = step_batch(step);
-        const auto t0 = Clock::now();
-        const std::vector<float> logits = model->forward(b, o.graphs);
-        host_times.push_back(seconds_since(t0));
-      }
-      std::sort(host_times.begin(), host_times.end());
-      const double host_median = host_times[host_times.size() / 2];
+      // The same steps with their outputs on the host: every sequence's logits row (vocab fp32),
+      // as sampled requests need, and each row's argmax only, as the engine takes greedy ones.
+      auto median_of = [&](auto run_step) {
+        std::vector<double> step_times;
+        for (int step = 0; step < std::max(3, o.steps / 2); ++step) {
+          const auto b = step_batch(step);
+          const auto t0 = Clock::now();
+          run_step(b);
+          step_times.push_back(seconds_since(t0));
+        }
+        std::sort(step_times.begin(), step_times.end());
+        return step_times[step_times.size() / 2];
+      };
+      const double host_median = median_of([&](const model::ForwardBatch& b) { model->forward(b, o.graphs); });
+      const std::vector<uint8_t> argmax_only(batch, 0);
+      const double argmax_median =
+          median_of([&](const model::ForwardBatch& b) { model->forward_selected(b, argmax_only, o.graphs); });
       const nlohmann::json phases = phase_breakdown(*model, [&](int step) { model->forward_on_device(step_batch(step)); });
       const double bytes = decode_bytes(spec, o.expert_format, batch, context);
       const double bound = bytes / bandwidth;
@@ -295,11 +313,12 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"ratio_to_bound", median / bound},
                         {"experts_bound_ms", experts_bound * 1e3},
                         {"step_with_host_logits_ms", host_median * 1e3},
+                        {"step_with_argmax_ms", argmax_median * 1e3},
                         {"eager_phases_ms", phases}});
       std::cerr << fmt::format("  decode batch {:>3} context {:>5}: {:8.3f} ms/step  {:9.1f} tok/s  bound {:7.3f} ms  x{:.2f}"
-                               "  (logits to the host: {:.3f} ms)\n",
+                               "  (logits to the host: {:.3f} ms, argmax only: {:.3f} ms)\n",
                                batch, context, median * 1e3, batch / median, bound * 1e3, median / bound,
-                               host_median * 1e3);
+                               host_median * 1e3, argmax_median * 1e3);
       if (o.speculative_steps > 0)
         decode.back()["speculative"] =
             speculation_costs(*model, config, o.speculative_steps, batch, context, o.steps, median,
@@ -324,15 +343,23 @@ void run_bench_step(const BenchStepOptions& o) {
     const double best = *std::min_element(times.begin(), times.end());
     const double flops = prefill_linear_flops(spec, tokens);
     const nlohmann::json phases = phase_breakdown(*model, [&](int) { model->forward_on_device(b); });
+    // The linear layers' own rate: their FLOPs over the eager time of the phases made of them.
+    double linear_ms = 0;
+    for (const char* name : kLinearPhases) linear_ms += phases.value(name, 0.0);
+    const double linear_rate = linear_ms > 0 ? flops / (linear_ms / 1e3) : 0.0;
     prefill.push_back({{"tokens", tokens},
                        {"seconds", best},
                        {"tokens_per_s", tokens / best},
                        {"linear_flops", flops},
                        {"linear_flops_per_s", flops / best},
                        {"fraction_of_gemm_rate", flops / best / gemm_rate},
+                       {"linear_phases_ms", linear_ms},
+                       {"linear_phases_fraction_of_gemm_rate", linear_rate / gemm_rate},
                        {"phases_ms", phases}});
-    std::cerr << fmt::format("  prefill {:>5} tokens: {:8.1f} ms  {:9.0f} tok/s  linear layers at {:.1f} TFLOP/s = {:.2f} of GEMM rate\n",
-                             tokens, best * 1e3, tokens / best, flops / best / 1e12, flops / best / gemm_rate);
+    std::cerr << fmt::format("  prefill {:>5} tokens: {:8.1f} ms  {:9.0f} tok/s  linear FLOPs at {:.1f} TFLOP/s = {:.2f} of "
+                             "GEMM rate over the whole step, {:.2f} over the linear phases ({:.1f} ms)\n",
+                             tokens, best * 1e3, tokens / best, flops / best / 1e12, flops / best / gemm_rate,
+                             linear_rate / gemm_rate, linear_ms);
   }
   nlohmann::json out = {{"benchmark", "cuda-step"},
                         {"config", path},
@@ -384,6 +411,9 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--prefill", o->prefills, "Prefill prompt lengths")->delimiter(',')->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--steps", o->steps, "Timed decode steps per point")->check(CLI::Range(1, 100000))->capture_default_str();
   cmd->add_option("--graphs", o->graphs, "Replay decode steps as CUDA graphs (true/false)")->capture_default_str();
+  cmd->add_flag("--profile-step", o->profile_step,
+                "Run one eager decode step of the first point between cudaProfilerStart and cudaProfilerStop "
+                "(for ncu --profile-from-start off)");
   cmd->add_option("--seed", o->seed, "Weight seed")->capture_default_str();
   cmd->add_option("--speculative-steps", o->speculative_steps,
                   "Also time MTP speculation with K drafts (synthetic MTP layer): verify and draft steps, break-even "
@@ -403,8 +433,8 @@ void add_bench_step_command(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--fused-prefill-attention", o->fused_prefill_attention,
-                  "Long prefill chunks attend in the fused pass over each token's top-k rows (true/false) instead "
-                  "of dense scores over the causal extent")
+                  "Long prefill chunks whose context is long against the top-k attend in the fused pass over each "
+                  "token's top-k rows (true/false; false: always dense scores over the causal extent)")
       ->capture_default_str();
   cmd->add_option("--grouped-expert-gemm", o->grouped_expert_gemm,
                   "bf16 experts of large batches through one cuBLAS grouped GEMM per projection (true/false)")

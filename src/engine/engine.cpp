@@ -48,11 +48,14 @@ struct Engine::Impl {
   void release_blocks(Sequence& seq);
   bool ensure_blocks(Sequence& seq, int num_tokens);
   bool preempt_one(const Sequence* keep);
-  bool sample_and_report(Sequence& seq, const float* logits);
+  // raw_logits: the row's logits, or nullptr for a greedy_only request (then `argmax` is its token).
+  bool sample_and_report(Sequence& seq, const float* raw_logits, int32_t argmax);
   bool report_token(Sequence& seq, int32_t token, const float* raw_logits);
   int draft_budget(const Sequence& seq) const;
   void draft(std::unique_lock<std::mutex>& lock, std::vector<Scheduled>& scheduled);
-  void verify(Scheduled& s, const float* logits, const float* hidden, std::vector<Sequence*>& done);
+  // Verifies s's drafts against logits rows first_row .. first_row + s.drafts.
+  void verify(Scheduled& s, const model::StepLogits& logits, int64_t first_row, const float* hidden,
+              std::vector<Sequence*>& done);
   void cache_full_blocks(Sequence& seq);
   void emit(const Sequence& seq, RequestOutput out);
   void deliver(std::unique_lock<std::mutex>& lock);
@@ -237,7 +240,8 @@ void Engine::Impl::cache_full_blocks(Sequence& seq) {
                       std::span<const int32_t>(seq.block_table.data(), full));
 }
 
-bool Engine::Impl::sample_and_report(Sequence& seq, const float* raw_logits) {
+bool Engine::Impl::sample_and_report(Sequence& seq, const float* raw_logits, int32_t argmax) {
+  if (!raw_logits) return report_token(seq, argmax, nullptr);
   const io::ModelConfig& mc = runner->config();
   const RequestParams& p = seq.params;
   const float* logits = raw_logits;
@@ -415,13 +419,21 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
                        seq.num_computed, seq.block_table, config.block_size, false);
     if (!completes) batch.logits_tokens.pop_back();
   }
-  std::vector<float> logits;
+  // Greedy requests without logprobs or penalties need only each row's argmax.
+  std::vector<uint8_t> want_full;
+  for (const Scheduled& s : scheduled) {
+    const Sequence& seq = *s.seq;
+    const bool full = !greedy_only(seq.params);
+    if (s.drafts > 0) want_full.insert(want_full.end(), s.drafts + 1, full);
+    else if (seq.num_computed + s.count == static_cast<int>(seq.tokens.size())) want_full.push_back(full);
+  }
+  model::StepLogits logits;
   std::string error;
   model::ForwardTrace trace;
   trace.record_layers = false;  // the last hidden states feed the MTP entries
   unlocked(lock, [&] {
     try {
-      logits = runner->forward(batch, config.speculative_steps > 0 ? &trace : nullptr);
+      logits = runner->forward_selected(batch, want_full, config.speculative_steps > 0 ? &trace : nullptr);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -429,7 +441,6 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
   ++counters.steps;
 
   // 4. Advance, sample or verify, report; finished sequences leave.
-  const int vocab = runner->config().vocab_size;
   const int64_t hidden = runner->config().hidden_size;
   std::vector<Sequence*> done;
   int64_t logits_row = 0;
@@ -445,7 +456,7 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
                                   ? trace.last_hidden.data() + int64_t{batch.sequences[i].first_token} * hidden
                                   : nullptr;
     if (s.drafts > 0) {
-      verify(s, logits.data() + logits_row * vocab, seq_hidden, done);
+      verify(s, logits, logits_row, seq_hidden, done);
       logits_row += s.drafts + 1;
       continue;
     }
@@ -453,7 +464,7 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
     seq.num_computed += s.count;
     cache_full_blocks(seq);
     if (seq.num_computed == static_cast<int>(seq.tokens.size())) {
-      if (sample_and_report(seq, logits.data() + logits_row * vocab)) done.push_back(&seq);
+      if (sample_and_report(seq, logits.row(logits_row), logits.argmax[logits_row])) done.push_back(&seq);
       ++logits_row;
     }
   }
@@ -565,15 +576,24 @@ void Engine::Impl::draft(std::unique_lock<std::mutex>& lock, std::vector<Schedul
 // A speculative decode's verdict: logits [drafts + 1, vocab] and the target's hidden states
 // [drafts + 1, hidden] of [pending token, drafts]. Kept drafts and the token after them are
 // reported one at a time, so a stop lands exactly where plain decoding would stop.
-void Engine::Impl::verify(Scheduled& s, const float* logits, const float* hidden_rows, std::vector<Sequence*>& done) {
+void Engine::Impl::verify(Scheduled& s, const model::StepLogits& logits, int64_t first_row, const float* hidden_rows,
+                          std::vector<Sequence*>& done) {
   Sequence& seq = *s.seq;
   const int vocab = runner->config().vocab_size;
   const int64_t hidden = runner->config().hidden_size;
-  std::vector<float> target_probs(static_cast<size_t>(s.drafts + 1) * vocab);
-  for (int k = 0; k <= s.drafts; ++k)
-    Sampler::probabilities(logits + int64_t{k} * vocab, vocab, seq.params.sampling, target_probs.data() + int64_t{k} * vocab);
-  const DraftVerdict verdict =
-      seq.sampler.verify_drafts(s.draft_tokens.data(), s.drafts, s.draft_probs.data(), target_probs.data(), vocab);
+  DraftVerdict verdict;
+  if (!logits.row(first_row)) {
+    // Greedy: drafts stand while they equal the target's argmax; the next token is the argmax
+    // after the last one standing (verify_drafts on one-hot distributions, without them).
+    while (verdict.accepted < s.drafts && s.draft_tokens[verdict.accepted] == logits.argmax[first_row + verdict.accepted])
+      ++verdict.accepted;
+    verdict.next = logits.argmax[first_row + verdict.accepted];
+  } else {
+    std::vector<float> target_probs(static_cast<size_t>(s.drafts + 1) * vocab);
+    for (int k = 0; k <= s.drafts; ++k)
+      Sampler::probabilities(logits.row(first_row + k), vocab, seq.params.sampling, target_probs.data() + int64_t{k} * vocab);
+    verdict = seq.sampler.verify_drafts(s.draft_tokens.data(), s.drafts, s.draft_probs.data(), target_probs.data(), vocab);
+  }
   ++counters.spec_drafts;
   counters.spec_draft_tokens += s.drafts;
   counters.spec_accepted_tokens += verdict.accepted;
@@ -581,7 +601,7 @@ void Engine::Impl::verify(Scheduled& s, const float* logits, const float* hidden
 
   for (int k = 0; k <= verdict.accepted; ++k) {
     const int32_t token = k < verdict.accepted ? s.draft_tokens[k] : verdict.next;
-    if (report_token(seq, token, logits + int64_t{k} * vocab)) {
+    if (report_token(seq, token, logits.row(first_row + k))) {
       done.push_back(&seq);
       return;
     }

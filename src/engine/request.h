@@ -24,6 +24,13 @@ struct RequestParams {
   double timeout_seconds = 0.0;        // 0 = none; past it the request ends with "timeout"
 };
 
+// Whether a request's next token is the argmax of its logits and nothing else reads them
+// (temperature 0, no penalties, no logprobs): a step then returns only that row's argmax.
+inline bool greedy_only(const RequestParams& p) {
+  return p.sampling.temperature <= 0.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
+         p.repetition_penalty == 1.0f && p.top_logprobs < 0;
+}
+
 struct TokenLogprob {
   int32_t token = 0;
   float logprob = 0.0f;

@@ -7,13 +7,6 @@
 
 namespace glms::engine {
 
-int32_t argmax(const float* logits, int vocab_size) {
-  int32_t best = 0;
-  for (int32_t i = 1; i < vocab_size; ++i)
-    if (logits[i] > logits[best]) best = i;
-  return best;
-}
-
 namespace {
 
 // The tokens that survive the filters with their probabilities (not renormalised): entries

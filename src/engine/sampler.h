@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <random>
 
+#include "ops/ops.h"
+
 namespace glms::engine {
 
 struct SamplingParams {
@@ -47,6 +49,6 @@ class Sampler {
 };
 
 // Index of the largest logit (lowest index on ties).
-int32_t argmax(const float* logits, int vocab_size);
+using ops::argmax;
 
 }  // namespace glms::engine

@@ -5,6 +5,7 @@
 // token.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -32,6 +33,21 @@ struct ForwardBatch {
   // logits are returned; otherwise only the last token's.
   void add_sequence(const std::vector<int32_t>& tokens, int start, const std::vector<int32_t>& block_table,
                     int block_size, bool all_logits);
+};
+
+// A step's logits as its caller asked for them: every logits row's argmax (greedy decoding's
+// token; lowest index on ties) and the full rows of those asked for, so that a device runner
+// copies a few bytes back for a greedy row instead of a vocabulary of fp32.
+struct StepLogits {
+  int vocab_size = 0;
+  std::vector<int32_t> argmax;    // [logits rows]
+  std::vector<int32_t> full_row;  // [logits rows]: the row's index in `full`, -1 if not asked for
+  std::vector<float> full;        // [rows asked for, vocab_size] fp32, in logits row order
+
+  // Row i's logits, or nullptr where only its argmax came back.
+  const float* row(size_t i) const {
+    return full_row[i] < 0 ? nullptr : full.data() + static_cast<int64_t>(full_row[i]) * vocab_size;
+  }
 };
 
 }  // namespace glms::model

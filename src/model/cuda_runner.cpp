@@ -39,6 +39,13 @@ class CudaRunner : public StepRunner {
       fail("the CUDA runner records only the last hidden states (ForwardTrace::record_layers = false)");
     return model_->forward(batch, /*use_graph=*/true, trace ? &trace->last_hidden : nullptr);
   }
+  StepLogits forward_selected(const ForwardBatch& batch, const std::vector<uint8_t>& want_full,
+                              ForwardTrace* trace) override {
+    GLMS_CHECK(model_ != nullptr, "StepRunner::forward_selected before allocate");
+    if (trace && trace->record_layers)
+      fail("the CUDA runner records only the last hidden states (ForwardTrace::record_layers = false)");
+    return model_->forward_selected(batch, want_full, /*use_graph=*/true, trace ? &trace->last_hidden : nullptr);
+  }
   bool has_mtp() const override {
     return weights_ && !weights_->mtp.empty() && weights_->mtp[0].block.attention.has_indexer;
   }

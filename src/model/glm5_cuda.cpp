@@ -55,6 +55,7 @@ void CudaGlm5Model::Impl::allocate() {
   expert_out = f32(P * hidden);
   head_in = bf16(int64_t{options.max_logits} * hidden);
   logits = f32(int64_t{options.max_logits} * c.vocab_size);
+  logits_argmax = i32(options.max_logits);
   prefill_score_capacity = std::min(kPrefillScoreFloats, T * H * options.max_context);
   prefill_context = bf16(int64_t{options.max_context} * (L + rd));
   prefill_queries = bf16(T * H * cuda::mla_padded_row(static_cast<int>(L), static_cast<int>(rd)));
@@ -421,6 +422,13 @@ int64_t CudaGlm5Model::cache_bytes() const {
 std::vector<float> CudaGlm5Model::forward(const ForwardBatch& batch, bool use_graph, std::vector<float>* last_hidden) {
   impl_->launch(batch, use_graph);
   return impl_->take_outputs(batch, last_hidden);
+}
+
+StepLogits CudaGlm5Model::forward_selected(const ForwardBatch& batch, const std::vector<uint8_t>& want_full,
+                                           bool use_graph, std::vector<float>* last_hidden) {
+  GLMS_CHECK(want_full.size() == batch.logits_tokens.size(), "forward_selected: one flag per logits row");
+  impl_->launch(batch, use_graph);
+  return impl_->take_selected_outputs(want_full, batch, last_hidden);
 }
 
 bool CudaGlm5Model::has_mtp() const {

@@ -36,12 +36,14 @@ struct CudaModelOptions {
   // the GEMMs win at 8 and the fused pass at 64 (docs/performance.md).
   int fused_attention_min_tokens = 16;
   // Long prefill chunks through the same fused pass (each token reads only its top-k rows)
-  // instead of dense scores over the chunk's causal extent and a sparse softmax. Off until
-  // measured against the dense path on the H200 (bench-step --fused-prefill-attention).
-  bool fused_prefill_attention = false;
-  // bf16 routed experts of large batches through one cuBLAS grouped GEMM per projection instead
-  // of one GEMM per expert. Off until measured on the H200 (bench-step --grouped-expert-gemm).
-  bool grouped_expert_gemm = false;
+  // where it pays, instead of dense scores over the chunk's causal extent and a sparse softmax:
+  // where the chunk's context is long against index_topk (kFusedPrefillWorkRatio, measured on
+  // the H200: prefill 8k 214 -> 188 ms, 2k dense stays). false: always the dense path.
+  bool fused_prefill_attention = true;
+  // bf16 routed experts of large batches (prefill) through one cuBLAS grouped GEMM per
+  // projection instead of one GEMM per expert: prefill 512 tokens 39.2 -> 36.3 ms, 2k 56.9 ->
+  // 54.5 ms on the H200 at GLM-5.2 width with 5 layers (docs/performance.md).
+  bool grouped_expert_gemm = true;
 };
 
 class CudaGlm5Model {
@@ -73,6 +75,11 @@ class CudaGlm5Model {
   // `last_hidden`, when given, receives every token's hidden state before the final norm
   // [batch.num_tokens(), hidden] (what the MTP layer consumes).
   std::vector<float> forward(const ForwardBatch& batch, bool use_graph = false, std::vector<float>* last_hidden = nullptr);
+
+  // The same step returning every logits row's argmax (made on the device) and the logits of
+  // only the rows with want_full[i] set: what the engine needs for greedy requests.
+  StepLogits forward_selected(const ForwardBatch& batch, const std::vector<uint8_t>& want_full, bool use_graph = false,
+                              std::vector<float>* last_hidden = nullptr);
 
   // The checkpoint's MTP layer (its cache after the decoder layers', same block ids), as
   // Glm5Model::mtp_forward(0, ...): h_prev [batch.num_tokens(), hidden] host fp32; returns the

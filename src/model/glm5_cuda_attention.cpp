@@ -139,7 +139,7 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
       },
       [&](int index) {
         const SequenceSlice& seq = batch->sequences[index];
-        if (!options.fused_prefill_attention || !fused_attention()) {
+        if (!options.fused_prefill_attention || !fused_attention() || !fused_prefill_pays(seq)) {
           prefill_attention(index, l, args.scale);
           return;
         }
@@ -157,6 +157,22 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   cuda::to_bf16(as<float>(heads_out), as<uint16_t>(heads_bf16), int64_t{T} * H * vd, s);
   gemm.linear(as<uint16_t>(heads_bf16), T, as<uint16_t>(w.o_proj), hidden, H * vd, as<float>(block_out), s);
   timer.mark("attention.output", s);
+}
+
+bool CudaGlm5Model::Impl::fused_prefill_pays(const SequenceSlice& seq) const {
+  // The dense path scores every chunk token against (at most) the whole context; the fused pass
+  // reads min(position + 1, top_k) rows per token, positions context - n .. context - 1.
+  const double n = seq.num_tokens, context = seq.context_len, top_k = config.index_topk;
+  const double first = context - n + 1, last = context;  // rows read by the first and last token, uncapped
+  double fused_rows = 0;
+  if (last <= top_k) {
+    fused_rows = (first + last) * n / 2;
+  } else if (first > top_k) {
+    fused_rows = top_k * n;
+  } else {
+    fused_rows = (first + top_k) * (top_k - first + 1) / 2 + top_k * (last - top_k);
+  }
+  return n * context > kFusedPrefillWorkRatio * fused_rows;
 }
 
 void CudaGlm5Model::Impl::prefill_attention(int sequence, int l, float scale) {

@@ -48,6 +48,11 @@ constexpr int kSmallMoePairsPerExpertTensorCores = 32;
 // prefill path; the other tokens (decodes, short chunks) in runs through mla_attention_fused or
 // the gathered-row GEMMs.
 constexpr int kPrefillGemmTokens = 32;
+// A long prefill chunk attends in the fused pass when the dense path would score more than
+// this many times the rows the fused pass reads. Per (token, row) the fused pass costs about
+// 2.6x the dense GEMMs on the H200 at GLM-5.2 width (prefill 2k from position 0, context = top-k:
+// dense 9.0 ms, fused 12.3 ms; 8k: dense 103 ms, fused 75.5 ms).
+constexpr double kFusedPrefillWorkRatio = 3.0;
 
 // Scores buffer of the GEMM attention path (fp32 [heads, chunk, context]), at most 1 GiB.
 constexpr int64_t kPrefillScoreFloats = int64_t{1} << 28;
@@ -85,7 +90,7 @@ struct CudaGlm5Model::Impl {
       mlp_gate_up, mlp_act, router_logits, expert_ids, expert_weights, plan_counts, plan_offsets, plan_active,
       plan_num_active, sorted_pairs, pair_slot, shared_out, pair_x, pair_gate_up, pair_act, expert_out, head_in,
       logits, prefill_context, prefill_queries, prefill_scores, prefill_probs, gathered_rows, gathered_keys,
-      expert_gate_up_bf16, expert_down_bf16, h_prev;
+      expert_gate_up_bf16, expert_down_bf16, h_prev, logits_argmax;
   int64_t gathered_capacity = 0;  // bf16 elements of gathered_rows
   int64_t prefill_score_capacity = 0;  // floats
   const ForwardBatch* batch = nullptr;  // the step being run (host view; null inside graph capture)
@@ -110,6 +115,8 @@ struct CudaGlm5Model::Impl {
   void attention(const DecoderLayerDevice& layer, int l, const StepShape& shape);
   void moe(const DecoderLayerDevice& layer, const StepShape& shape);
   void prefill_attention(int sequence, int l, float scale);
+  // Whether a long prefill chunk attends faster in the fused pass than through dense scores.
+  bool fused_prefill_pays(const SequenceSlice& seq) const;
 
   // Splits the step's tokens for the attention and indexer paths: long_sequence(index) for each
   // sequence with kPrefillGemmTokens or more tokens, short_run(first, count) for each run of
@@ -150,6 +157,35 @@ struct CudaGlm5Model::Impl {
     stream.synchronize();
     timer.collect();
     return host_logits;
+  }
+
+  // The same, with every logits row's argmax made on the device and only the rows of want_full
+  // copied back.
+  StepLogits take_selected_outputs(const std::vector<uint8_t>& want_full, const ForwardBatch& step,
+                                   std::vector<float>* hidden_out) {
+    const int64_t rows = static_cast<int64_t>(want_full.size()), vocab = config.vocab_size;
+    cudaStream_t s = stream.get();
+    StepLogits out;
+    out.vocab_size = config.vocab_size;
+    out.argmax.resize(rows);
+    out.full_row.assign(rows, -1);
+    cuda::argmax_rows(as<float>(logits), rows, vocab, as<int32_t>(logits_argmax), s);
+    cuda::copy_to_host_async(out.argmax.data(), logits_argmax.data(), sizeof(int32_t) * rows, s);
+    int32_t full_rows = 0;
+    for (int64_t i = 0; i < rows; ++i)
+      if (want_full[i]) out.full_row[i] = full_rows++;
+    out.full.resize(static_cast<size_t>(full_rows) * vocab);
+    for (int64_t i = 0; i < rows; ++i)
+      if (out.full_row[i] >= 0)
+        cuda::copy_to_host_async(out.full.data() + out.full_row[i] * vocab, as<float>(logits) + i * vocab,
+                                 sizeof(float) * vocab, s);
+    if (hidden_out) {
+      hidden_out->resize(static_cast<size_t>(step.num_tokens()) * config.hidden_size);
+      cuda::copy_to_host_async(hidden_out->data(), x.data(), hidden_out->size() * sizeof(float), s);
+    }
+    stream.synchronize();
+    timer.collect();
+    return out;
   }
 
   const int32_t* meta_i32(size_t offset) const {

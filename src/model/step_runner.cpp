@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "model/glm5.h"
+#include "ops/ops.h"
 
 namespace glms::model {
 
@@ -41,6 +42,26 @@ class CpuRunner : public StepRunner {
 
 std::vector<float> StepRunner::mtp_forward(const ForwardBatch&, const float*, std::vector<float>*) {
   fail("the " + device() + " runner has no MTP draft layer (speculative decoding runs on the CPU for now)");
+}
+
+StepLogits StepRunner::forward_selected(const ForwardBatch& batch, const std::vector<uint8_t>& want_full,
+                                        ForwardTrace* trace) {
+  GLMS_CHECK(want_full.size() == batch.logits_tokens.size(), "forward_selected: one flag per logits row");
+  const std::vector<float> logits = forward(batch, trace);
+  return select_logits(logits.data(), config().vocab_size, want_full);
+}
+
+StepLogits select_logits(const float* logits, int vocab_size, const std::vector<uint8_t>& want_full) {
+  StepLogits out;
+  out.vocab_size = vocab_size;
+  int32_t full_rows = 0;
+  for (size_t i = 0; i < want_full.size(); ++i) {
+    const float* row = logits + static_cast<int64_t>(i) * vocab_size;
+    out.argmax.push_back(ops::argmax(row, vocab_size));
+    out.full_row.push_back(want_full[i] ? full_rows++ : -1);
+    if (want_full[i]) out.full.insert(out.full.end(), row, row + vocab_size);
+  }
+  return out;
 }
 
 std::unique_ptr<StepRunner> make_cpu_runner(const Glm5Model& model) { return std::make_unique<CpuRunner>(model); }

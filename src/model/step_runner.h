@@ -41,6 +41,11 @@ class StepRunner {
   // states (the MTP drafts need them); the CPU runner also records every layer's when asked.
   virtual std::vector<float> forward(const ForwardBatch& batch, ForwardTrace* trace) = 0;
   std::vector<float> forward(const ForwardBatch& batch) { return forward(batch, nullptr); }
+  // The same step returning every logits row's argmax and the full logits of the rows with
+  // want_full[i] set (one flag per logits row). The CUDA runner reduces on the device and copies
+  // back only what is asked for; this default runs forward() and reduces on the host.
+  virtual StepLogits forward_selected(const ForwardBatch& batch, const std::vector<uint8_t>& want_full,
+                                      ForwardTrace* trace);
 
   // MTP drafting, where the model has an MTP layer and allocate() was asked for its cache (the
   // CUDA model always keeps one): Glm5Model::mtp_forward (depth 0) over that cache, addressed
@@ -48,6 +53,9 @@ class StepRunner {
   virtual bool has_mtp() const { return false; }
   virtual std::vector<float> mtp_forward(const ForwardBatch& batch, const float* h_prev, std::vector<float>* h_out);
 };
+
+// Host-side forward_selected over logits [want_full.size(), vocab_size].
+StepLogits select_logits(const float* logits, int vocab_size, const std::vector<uint8_t>& want_full);
 
 // The CPU path over `model` (which must outlive the runner).
 std::unique_ptr<StepRunner> make_cpu_runner(const Glm5Model& model);

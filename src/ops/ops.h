@@ -75,6 +75,9 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t count);
 // Writes min(k, count) indices.
 void top_k(const float* scores, int64_t count, int64_t k, std::vector<int32_t>& indices);
 
+// Index of the largest of `count` values (lowest index on ties): greedy decoding's token.
+int32_t argmax(const float* values, int64_t count);
+
 // Number of OpenMP threads the CPU ops use.
 int num_threads();
 

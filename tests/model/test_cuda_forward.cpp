@@ -11,6 +11,7 @@
 #include "model/glm5.h"
 #include "model/glm5_cuda.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/ops.h"
 #include "quant/checkpoint_quantizer.h"
 #include "random_model.h"
 #include "support/cuda_buffers.h"
@@ -51,8 +52,9 @@ int argmax(const float* v, int n) { return static_cast<int>(std::max_element(v, 
 
 // Runs the same steps on both models and compares every step's logits. bf16 activations can
 // flip a near-tied expert or top-k choice of one token of a random model, which moves that
-// step's logits by a few percent; so each step must stay under 0.15 and the steps' median
-// under 2e-2 (a wrong kernel is off on every step).
+// step's logits by up to ~15% (and, written into the cache, a later step's); so each step must
+// stay under 0.3 (unrelated logits are ~1.4 apart) and the steps' median under 2e-2 (a wrong
+// kernel is off on every step).
 struct Pair {
   const model::Glm5Model& cpu;
   model::CudaGlm5Model& gpu;
@@ -63,7 +65,7 @@ struct Pair {
     const auto expected = cpu.forward(batch, cache);
     const auto got = gpu.forward(batch, use_graph);
     errors.push_back(relative_l2(got, expected));
-    EXPECT_LT(errors.back(), 0.15) << "step " << errors.size() << ", " << batch.num_tokens() << " tokens";
+    EXPECT_LT(errors.back(), 0.3) << "step " << errors.size() << ", " << batch.num_tokens() << " tokens";
     std::printf("step %zu (%d tokens%s): relative L2 %.2e\n", errors.size(), batch.num_tokens(),
                 use_graph ? ", graph" : "", errors.back());
   }
@@ -269,4 +271,37 @@ TEST_P(CudaForwardAttention, MtpLayerMatchesCpu) {
   const auto want2 = cpu.mtp_forward(0, chain, last.data(), mtp_cache);
   const auto got2 = gpu.mtp_forward(chain, last.data(), nullptr);
   EXPECT_LT(relative_l2(got2, want2), 2e-2) << "chained draft logits";
+}
+
+// forward_selected: every logits row's argmax made on the device and only the asked-for rows
+// copied back, equal to what forward() returns for the same step (run twice over the same cache
+// rows, which it rewrites with the same values).
+TEST_F(CudaForward, ForwardSelectedReturnsEachRowsArgmaxAndTheAskedRows) {
+  RandomModelSpec spec;
+  TempDir dir("cuda_selected");
+  const model::Glm5Model cpu(model::load_weights(glms::testing::write_random_model(dir.path / "m", spec).string()));
+  model::CudaGlm5Model gpu(cpu.weights(), small_options());
+  const int vocab = cpu.config().vocab_size;
+  const auto a = random_tokens(9, vocab, 3), b = random_tokens(5, vocab, 4);
+  model::ForwardBatch batch;
+  batch.add_sequence(a, 0, table(0, 6), kBlockSize, true);
+  batch.add_sequence(b, 0, table(10, 3), kBlockSize, false);
+  const int rows = static_cast<int>(batch.logits_tokens.size());
+  ASSERT_EQ(rows, 10);
+  const std::vector<float> full = gpu.forward(batch);
+  std::vector<uint8_t> want_full(rows, 0);
+  want_full[1] = want_full[4] = want_full[9] = 1;
+  const model::StepLogits selected = gpu.forward_selected(batch, want_full);
+  ASSERT_EQ(selected.argmax.size(), static_cast<size_t>(rows));
+  EXPECT_EQ(selected.full.size(), 3u * vocab);
+  for (int r = 0; r < rows; ++r) {
+    const float* expected = full.data() + int64_t{r} * vocab;
+    EXPECT_EQ(selected.argmax[r], ops::argmax(expected, vocab)) << "row " << r;
+    if (!want_full[r]) {
+      EXPECT_EQ(selected.row(r), nullptr);
+      continue;
+    }
+    ASSERT_NE(selected.row(r), nullptr);
+    EXPECT_LT(relative_l2(selected.row(r), expected, vocab), 1e-6) << "row " << r;
+  }
 }

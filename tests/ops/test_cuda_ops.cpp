@@ -40,8 +40,10 @@ std::vector<float> widen(const std::vector<uint16_t>& v) {
 
 }  // namespace
 
+// Rows held in registers (dims divisible by 4 up to 16384, two or four float4s a thread) and the
+// strided fallback (odd or longer rows).
 TEST_F(CudaOps, RmsNormWithoutResidualMatchesCpu) {
-  for (auto [n, dim] : {std::pair{1, 7}, {3, 257}, {17, 6144}, {64, 2048}}) {
+  for (auto [n, dim] : {std::pair{1, 7}, {3, 257}, {17, 6144}, {64, 2048}, {2, 4}, {2, 12288}, {1, 20000}}) {
     const auto x = random_values(n * dim, n + dim, 3.0f), w = random_values(dim, 7);
     std::vector<float> expected(n * dim);
     ops::rms_norm(x.data(), n, dim, w.data(), 1e-6f, expected.data());
@@ -224,7 +226,7 @@ TEST_F(CudaOps, ToBf16RoundsLikeTheCpu) {
 
 
 TEST_F(CudaOps, ResidualRmsNormAddsThenNormalises) {
-  for (auto [n, dim] : {std::pair{1, 40}, {5, 6144}}) {
+  for (auto [n, dim] : {std::pair{1, 40}, {5, 6144}, {3, 12288}, {2, 18}}) {
     auto x = random_values(n * dim, 1, 2.0f);
     const auto delta = random_values(n * dim, 2), w = random_values(dim, 3);
     auto dx = to_device(x), dd = to_device(delta), dw = to_device(w), dy = poisoned(n * dim);
@@ -273,38 +275,79 @@ TEST_F(CudaOps, LatentAndIndexerCacheWritesMatchCpu) {
   }
 }
 
+// Absorption's shapes: per head, y[T, L] = x[T, nope] . W[nope, L] and back y[T, vd] = o[T, L] . W_uv^T,
+// through cuBLAS and through the small-batch GEMV (1 to 4 tokens), odd sizes and GLM-5.2's.
 TEST_F(CudaOps, BatchedGemmMatchesPerHeadLoops) {
-  cuda::Gemm gemm;
-  // Absorption's shapes: per head, y[T, L] = x[T, nope] . W[nope, L] and back y[T, vd] = o[T, L] . W_uv^T.
-  const int T = 5, H = 3, nope = 24, vd = 16, L = 40, qd = 30;
-  const auto q = to_bf16_host(random_values(T * H * qd, 1)), kv_b = to_bf16_host(random_values(H * (nope + vd) * L, 2, 0.1f));
-  auto dq = to_device(q), dw = to_device(kv_b), dy = poisoned(T * H * L);
-  gemm.batched(dq.as<uint16_t>(), T, H * qd, qd, dw.as<uint16_t>(), nope, L, L, (nope + vd) * L, true, dy.as<float>(),
-               H * L, L, H, nullptr);
-  const auto y = to_host<float>(dy);
-  std::vector<float> expected(T * H * L, 0.0f);
-  for (int t = 0; t < T; ++t)
-    for (int h = 0; h < H; ++h)
-      for (int j = 0; j < L; ++j) {
-        double sum = 0;
-        for (int k = 0; k < nope; ++k)
-          sum += double(bf16_to_f32(q[(t * H + h) * qd + k])) * bf16_to_f32(kv_b[(h * (nope + vd) + k) * L + j]);
-        expected[(t * H + h) * L + j] = static_cast<float>(sum);
-      }
-  EXPECT_LT(relative_l2(y, expected), 1e-5);
+  struct Shape {
+    int H, nope, vd, L, qd;
+  };
+  for (const Shape shape : {Shape{3, 24, 16, 40, 30}, Shape{64, 192, 256, 512, 256}}) {
+    const auto [H, nope, vd, L, qd] = shape;
+    const auto kv_b = to_bf16_host(random_values(int64_t{H} * (nope + vd) * L, 2, 0.1f));
+    auto dw = to_device(kv_b);
+    for (int gemv_tokens : {0, cuda::kGemvMaxTokens})
+      for (int T : {1, 2, 3, 5}) {
+        cuda::Gemm gemm;
+        gemm.set_small_batch_gemv(gemv_tokens);
+        const auto q = to_bf16_host(random_values(T * H * qd, 1));
+        auto dq = to_device(q), dy = poisoned(T * H * L);
+        gemm.batched(dq.as<uint16_t>(), T, H * qd, qd, dw.as<uint16_t>(), nope, L, L, (nope + vd) * L, true,
+                     dy.as<float>(), H * L, L, H, nullptr);
+        std::vector<float> expected(T * H * L, 0.0f);
+        for (int t = 0; t < T; ++t)
+          for (int h = 0; h < H; ++h)
+            for (int j = 0; j < L; ++j) {
+              double sum = 0;
+              for (int k = 0; k < nope; ++k)
+                sum += double(bf16_to_f32(q[(t * H + h) * qd + k])) * bf16_to_f32(kv_b[(int64_t{h} * (nope + vd) + k) * L + j]);
+              expected[(t * H + h) * L + j] = static_cast<float>(sum);
+            }
+        EXPECT_LT(relative_l2(to_host<float>(dy), expected), 1e-5) << "absorb H=" << H << " T=" << T << " gemv " << gemv_tokens;
 
-  const auto o = to_bf16_host(random_values(T * H * L, 3));
-  auto dout = to_device(o), dz = poisoned(T * H * vd);
-  gemm.batched(dout.as<uint16_t>(), T, H * L, L, dw.as<uint16_t>() + nope * L, vd, L, L, (nope + vd) * L, false,
-               dz.as<float>(), H * vd, vd, H, nullptr);
-  std::vector<float> expected_z(T * H * vd);
-  for (int t = 0; t < T; ++t)
-    for (int h = 0; h < H; ++h)
-      for (int j = 0; j < vd; ++j) {
-        double sum = 0;
-        for (int k = 0; k < L; ++k)
-          sum += double(bf16_to_f32(o[(t * H + h) * L + k])) * bf16_to_f32(kv_b[(h * (nope + vd) + nope + j) * L + k]);
-        expected_z[(t * H + h) * vd + j] = static_cast<float>(sum);
+        const auto o = to_bf16_host(random_values(T * H * L, 3));
+        auto dout = to_device(o), dz = poisoned(T * H * vd);
+        gemm.batched(dout.as<uint16_t>(), T, H * L, L, dw.as<uint16_t>() + nope * L, vd, L, L, (nope + vd) * L, false,
+                     dz.as<float>(), H * vd, vd, H, nullptr);
+        std::vector<float> expected_z(T * H * vd);
+        for (int t = 0; t < T; ++t)
+          for (int h = 0; h < H; ++h)
+            for (int j = 0; j < vd; ++j) {
+              double sum = 0;
+              for (int k = 0; k < L; ++k)
+                sum += double(bf16_to_f32(o[(t * H + h) * L + k])) *
+                       bf16_to_f32(kv_b[(int64_t{h} * (nope + vd) + nope + j) * L + k]);
+              expected_z[(t * H + h) * vd + j] = static_cast<float>(sum);
+            }
+        EXPECT_LT(relative_l2(to_host<float>(dz), expected_z), 1e-5) << "un-absorb H=" << H << " T=" << T << " gemv " << gemv_tokens;
       }
-  EXPECT_LT(relative_l2(to_host<float>(dz), expected_z), 1e-5);
+  }
+}
+
+// Greedy decoding's token per logits row on the device, as ops::argmax picks it on the host:
+// random rows of GLM's vocabulary, ties (the lowest index wins), NaNs (never chosen), a row of
+// -inf (index 0) and a short row.
+TEST_F(CudaOps, ArgmaxRowsMatchesHostArgmax) {
+  const int64_t vocab = 154880;
+  const int rows = 6;
+  auto x = random_values(rows * vocab, 11, 4.0f);
+  x[1 * vocab + 100] = x[1 * vocab + 90000] = 50.0f;  // tie: 100 wins
+  x[2 * vocab + 7] = std::nanf("");
+  x[2 * vocab + 8] = 60.0f;
+  x[2 * vocab + 9] = std::nanf("");
+  std::fill(x.begin() + 3 * vocab, x.begin() + 4 * vocab, -INFINITY);
+  x[4 * vocab + vocab - 1] = 99.0f;  // the last column
+  auto dx = to_device(x);
+  cuda::DeviceBuffer out(rows * sizeof(int32_t));
+  cuda::argmax_rows(dx.as<float>(), rows, vocab, out.as<int32_t>(), nullptr);
+  const auto got = to_host<int32_t>(out, rows);
+  for (int r = 0; r < rows; ++r) EXPECT_EQ(got[r], ops::argmax(x.data() + r * vocab, vocab)) << "row " << r;
+  EXPECT_EQ(got[1], 100);
+  EXPECT_EQ(got[2], 8);
+  EXPECT_EQ(got[3], 0);
+  EXPECT_EQ(got[4], vocab - 1);
+
+  const std::vector<float> short_row = {1.0f, 3.0f, 3.0f};
+  auto dshort = to_device(short_row);
+  cuda::argmax_rows(dshort.as<float>(), 1, 3, out.as<int32_t>(), nullptr);
+  EXPECT_EQ(to_host<int32_t>(out, 1)[0], 1);
 }

@@ -73,4 +73,11 @@ void top_k(const float* scores, int64_t count, int64_t k, std::vector<int32_t>& 
   std::sort(indices.begin(), indices.end(), better);
 }
 
+int32_t argmax(const float* values, int64_t count) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < count; ++i)
+    if (values[i] > values[best]) best = i;
+  return static_cast<int32_t>(best);
+}
+
 }  // namespace glms::ops

@@ -117,9 +117,15 @@ void synchronize_device();
 
 // Free and total device memory in bytes.
 std::pair<size_t, size_t> memory_info();
+// cudaProfilerStart / cudaProfilerStop: brackets the work a profiler started with
+// "--profile-from-start off" (ncu) records.
+void profiler_range(bool start);
 
 // fp32 -> bf16 (round to nearest even), for activations entering bf16 GEMMs.
 void to_bf16(const float* x, uint16_t* y, int64_t count, cudaStream_t stream);
+// out[r] = the index of the largest of x[r, 0..cols) (lowest index on ties, NaN never chosen;
+// 0 when no value compares), as ops::argmax: greedy decoding's token for each logits row.
+void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
 
 // RoPE on `n * heads` rows of `x` (row r belongs to token r / heads): the `rope_dim` values at
 // column `offset` of each `row_stride`-wide row rotate by positions[token] * inv_freq.
@@ -191,6 +197,14 @@ struct GemvOutput {
 void gemv_bf16_group(const uint16_t* x, int64_t n, int64_t ld_x, int64_t cols, const GemvOutput* outputs, int count,
                      cudaStream_t stream);
 
+// `batch` independent small products at decode sizes (Gemm::batched's contract, n <= 4): per b,
+// transpose_w false: y_b[n, rows] = x_b[n, cols] . w_b^T; true: y_b[n, cols] = x_b[n, rows] . w_b.
+bool gemv_bf16_batched_fits(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w,
+                            int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w);
+void gemv_bf16_batched(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w, int64_t rows,
+                       int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, float* y, int64_t ld_y,
+                       int64_t stride_y, int batch, cudaStream_t stream);
+
 // One product of a grouped GEMM: y[n, rows] (fp32) = x[n, cols] (bf16) . w[rows, cols]^T (bf16),
 // rows dense; every product of a group shares rows and cols.
 struct GroupedProduct {
@@ -229,7 +243,8 @@ class Gemm {
                   cudaStream_t stream, bool tf32 = false);
   // `batch` independent bf16 products, operand b at x + b * stride_x, w + b * stride_w,
   // y + b * stride_y. transpose_w false: y[n, rows] = x[n, cols] . w^T;
-  // true: y[n, cols] = x[n, rows] . w. w is [rows, cols] with leading dimension ld_w.
+  // true: y[n, cols] = x[n, rows] . w. w is [rows, cols] with leading dimension ld_w. Up to the
+  // small-batch GEMV's token count through gemv_bf16_batched where it fits, else cuBLAS.
   void batched(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w, int64_t rows,
                int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, float* y, int64_t ld_y,
                int64_t stride_y, int batch, cudaStream_t stream);

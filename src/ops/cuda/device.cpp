@@ -1,5 +1,6 @@
 // Streams, pinned host memory, copies and graphs: the CUDA runtime calls the rest of glmserve
 // reaches through ops/cuda, so that no other folder includes a vendor header.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include "core/error.h"
@@ -90,6 +91,10 @@ std::pair<size_t, size_t> memory_info() {
   size_t free_bytes = 0, total_bytes = 0;
   check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
   return {free_bytes, total_bytes};
+}
+
+void profiler_range(bool start) {
+  check(start ? cudaProfilerStart() : cudaProfilerStop(), start ? "cudaProfilerStart" : "cudaProfilerStop");
 }
 
 }  // namespace glms::ops::cuda

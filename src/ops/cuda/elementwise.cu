@@ -63,6 +63,92 @@ __global__ void residual_rms_norm_kernel(float* x, const float* delta, int64_t d
   }
 }
 
+// The same over float4s held in registers: each thread loads its kVecs float4s of the row (and
+// of delta and the weight) before using any, so that a lone decode row costs about one load
+// latency instead of a chain of them, and the scaling pass reads no memory again.
+template <int kVecs>
+__global__ void residual_rms_norm_vec_kernel(float* x, const float* delta, int64_t dim, const float* weight, float eps,
+                                             float* y_f32, uint16_t* y_bf16) {
+  __shared__ float scratch[32];
+  const int64_t vecs = dim / 4, offset = blockIdx.x * vecs;
+  float4* row = reinterpret_cast<float4*>(x) + offset;
+  const float4* delta_row = delta ? reinterpret_cast<const float4*>(delta) + offset : nullptr;
+  float4 v[kVecs], dv[kVecs], wv[kVecs];
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    const int64_t k = threadIdx.x + int64_t{i} * blockDim.x;
+    if (k >= vecs) break;
+    v[i] = row[k];
+    if (delta_row) dv[i] = delta_row[k];
+    wv[i] = __ldg(reinterpret_cast<const float4*>(weight) + k);
+  }
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    const int64_t k = threadIdx.x + int64_t{i} * blockDim.x;
+    if (k >= vecs) break;
+    if (delta_row) {
+      v[i] = make_float4(v[i].x + dv[i].x, v[i].y + dv[i].y, v[i].z + dv[i].z, v[i].w + dv[i].w);
+      row[k] = v[i];
+    }
+    sum += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+  }
+  const float inv = rsqrtf(block_sum(sum, scratch) / static_cast<float>(dim) + eps);
+#pragma unroll
+  for (int i = 0; i < kVecs; ++i) {
+    const int64_t k = threadIdx.x + int64_t{i} * blockDim.x;
+    if (k >= vecs) break;
+    const float4 y = make_float4(wv[i].x * (v[i].x * inv), wv[i].y * (v[i].y * inv), wv[i].z * (v[i].z * inv),
+                                 wv[i].w * (v[i].w * inv));
+    if (y_f32) reinterpret_cast<float4*>(y_f32)[offset + k] = y;
+    if (y_bf16) {
+      const uint32_t lo = float_to_bf16(y.x) | (static_cast<uint32_t>(float_to_bf16(y.y)) << 16);
+      const uint32_t hi = float_to_bf16(y.z) | (static_cast<uint32_t>(float_to_bf16(y.w)) << 16);
+      reinterpret_cast<uint2*>(y_bf16)[offset + k] = make_uint2(lo, hi);
+    }
+  }
+}
+
+// A block per row. Each thread keeps the first of its strided values that is largest, then the
+// block keeps the largest of those, lower index on equal values.
+constexpr int kArgmaxThreads = 1024;
+__device__ __forceinline__ void keep_better(float& best, int& best_index, float v, int index) {
+  if (index >= 0 && (best_index < 0 || v > best || (v == best && index < best_index))) {
+    best = v;
+    best_index = index;
+  }
+}
+
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float* x, int64_t cols, int32_t* out) {
+  __shared__ float warp_best[32];
+  __shared__ int warp_index[32];
+  const float* row = x + blockIdx.x * cols;
+  float best = -INFINITY;
+  int best_index = -1;
+#pragma unroll 8
+  for (int64_t k = threadIdx.x; k < cols; k += kArgmaxThreads) {
+    const float v = row[k];
+    if (v == v && (best_index < 0 || v > best)) {  // NaN never compares
+      best = v;
+      best_index = static_cast<int>(k);
+    }
+  }
+  for (int offset = 16; offset > 0; offset /= 2)
+    keep_better(best, best_index, __shfl_xor_sync(0xffffffffu, best, offset),
+                __shfl_xor_sync(0xffffffffu, best_index, offset));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_best[warp] = best, warp_index[warp] = best_index;
+  __syncthreads();
+  if (warp == 0) {
+    best = warp_best[lane];
+    best_index = warp_index[lane];
+    for (int offset = 16; offset > 0; offset /= 2)
+      keep_better(best, best_index, __shfl_xor_sync(0xffffffffu, best, offset),
+                  __shfl_xor_sync(0xffffffffu, best_index, offset));
+    if (lane == 0) out[blockIdx.x] = best_index < 0 ? 0 : best_index;
+  }
+}
+
 __global__ void silu_mul_to_bf16_kernel(const float* gate_up, int64_t n, int64_t inter, uint16_t* out) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n * inter) return;
@@ -230,6 +316,22 @@ void embed_rows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t di
 void residual_rms_norm(float* x, const float* delta, int64_t n, int64_t dim, const float* weight, float eps,
                        float* y_f32, uint16_t* y_bf16, cudaStream_t stream) {
   if (n == 0) return;
+  auto aligned = [](const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  const int64_t vecs = dim / 4;
+  if (dim % 4 == 0 && vecs <= 4 * 1024 && aligned(x, 16) && aligned(delta, 16) && aligned(weight, 16) &&
+      aligned(y_f32, 16) && aligned(y_bf16, 8)) {
+    const int per_thread = vecs <= 2 * 1024 ? 2 : 4;
+    const int64_t threads_needed = (vecs + per_thread - 1) / per_thread;  // at most 1024
+    const int threads = static_cast<int>((threads_needed + 31) / 32 * 32);
+    if (per_thread == 2)
+      residual_rms_norm_vec_kernel<2><<<static_cast<unsigned>(n), threads, 0, stream>>>(x, delta, dim, weight, eps,
+                                                                                         y_f32, y_bf16);
+    else
+      residual_rms_norm_vec_kernel<4><<<static_cast<unsigned>(n), threads, 0, stream>>>(x, delta, dim, weight, eps,
+                                                                                         y_f32, y_bf16);
+    check(cudaGetLastError(), "residual_rms_norm launch");
+    return;
+  }
   // A row's loads are independent: enough threads that each issues a handful (a lone decode
   // row of 6144 values is otherwise a long chain of dependent-latency loops on one SM).
   const int threads = static_cast<int>(std::clamp<int64_t>((dim / 8 + 31) / 32 * 32, kNormThreads, 1024));
@@ -287,7 +389,9 @@ void write_latent_cache(const float* kv, int64_t n, int latent_dim, int rope_dim
                         float eps, const int32_t* positions, const int64_t* slot_mapping, const float* inv_freq,
                         uint16_t* cache, cudaStream_t stream) {
   if (n == 0) return;
-  write_latent_cache_kernel<<<static_cast<unsigned>(n), 128, 0, stream>>>(kv, latent_dim, rope_dim, norm_weight, eps,
+  // A thread per latent value: one load latency per pass for a lone decode token.
+  const int threads = std::clamp((latent_dim + 31) / 32 * 32, 128, 1024);
+  write_latent_cache_kernel<<<static_cast<unsigned>(n), threads, 0, stream>>>(kv, latent_dim, rope_dim, norm_weight, eps,
                                                                            positions, slot_mapping, inv_freq, cache);
   check(cudaGetLastError(), "write_latent_cache launch");
 }
@@ -299,6 +403,13 @@ void write_indexer_keys(const float* keys, int64_t n, int dim, int rope_dim, con
   write_indexer_keys_kernel<<<static_cast<unsigned>(n), 128, dim * sizeof(float), stream>>>(
       keys, dim, rope_dim, ln_weight, ln_bias, eps, positions, slot_mapping, inv_freq, key_cache);
   check(cudaGetLastError(), "write_indexer_keys launch");
+}
+
+void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream) {
+  if (rows == 0) return;
+  GLMS_CHECK(cols > 0 && cols <= 0x7fffffff, "argmax_rows: 1 to 2^31 - 1 columns");
+  argmax_rows_kernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream>>>(x, cols, out);
+  check(cudaGetLastError(), "argmax_rows launch");
 }
 
 void to_bf16(const float* x, uint16_t* y, int64_t count, cudaStream_t stream) {

@@ -25,6 +25,9 @@ namespace {
 constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / 32;
 constexpr int kGemvRows = 4;  // rows per block
+// Matrices with fewer rows than this many blocks' worth of kGemvRows (the MoE router's 256)
+// take a block per row instead, so that the launch still covers every SM.
+constexpr int kMinBlocksForFourRows = 264;
 
 __device__ __forceinline__ void widen8(const uint4& v, float* out) {
   const uint32_t words[4] = {v.x, v.y, v.z, v.w};
@@ -54,11 +57,12 @@ struct Chunk<float> {
   }
 };
 
-// Rows row0 .. row0 + 3 of one matrix for the block. x and w share the element type.
-template <int kTokens, typename T>
+// Rows row0 .. row0 + kRows - 1 of one matrix for the block. x and w share the element type.
+template <int kTokens, typename T, int kRows = kGemvRows>
 __device__ __forceinline__ void gemv_block(const T* x, int n, int64_t ld_x, const T* w, int64_t rows, int64_t cols,
                                            float* y, int64_t ld_y, int64_t row0) {
   constexpr int kValues = Chunk<T>::kValues;
+  constexpr int kGemvRows = kRows;
   __shared__ float partial[kGemvWarps][kGemvRows][kTokens];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const T* w_rows[kGemvRows];
@@ -107,10 +111,135 @@ __device__ __forceinline__ void gemv_block(const T* x, int n, int64_t ld_x, cons
   }
 }
 
-template <int kTokens, typename T>
+template <int kTokens, typename T, int kRows>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const T* x, int n, int64_t ld_x, const T* w, int64_t rows,
                                                             int64_t cols, float* y, int64_t ld_y) {
-  gemv_block<kTokens>(x, n, ld_x, w, rows, cols, y, ld_y, static_cast<int64_t>(blockIdx.x) * kGemvRows);
+  gemv_block<kTokens, T, kRows>(x, n, ld_x, w, rows, cols, y, ld_y, static_cast<int64_t>(blockIdx.x) * kRows);
+}
+
+
+// Per-head products at decode sizes (the MLA absorption): for each b of `batch`,
+// y_b[n, rows] = x_b[n, cols] . w_b^T, w_b [rows, cols] with leading dimension ld_w. A warp per
+// output row (the rows are short: 512 values, two 16-byte chunks a lane), eight rows a block.
+constexpr int kBatchedRowsPerBlock = kGemvThreads / 32;
+
+template <int kTokens>
+__global__ void __launch_bounds__(kGemvThreads)
+    gemv_batched_rows_kernel(const uint16_t* x, int n, int64_t ld_x, int64_t stride_x, const uint16_t* w, int64_t rows,
+                             int64_t cols, int64_t ld_w, int64_t stride_w, float* y, int64_t ld_y, int64_t stride_y) {
+  const int64_t b = blockIdx.y;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kBatchedRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const uint16_t* w_row = w + b * stride_w + row * ld_w;
+  const uint16_t* x_b = x + b * stride_x;
+  float acc[kTokens] = {};
+  for (int64_t c = lane; c < cols / 8; c += 32) {
+    float wv[8];
+    widen8(__ldg(reinterpret_cast<const uint4*>(w_row) + c), wv);
+#pragma unroll
+    for (int j = 0; j < kTokens; ++j) {
+      if (j >= n) break;
+      float xv[8];
+      widen8(__ldg(reinterpret_cast<const uint4*>(x_b + j * ld_x) + c), xv);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[j] += wv[i] * xv[i];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kTokens; ++j) {
+    const float sum = warp_sum(acc[j]);
+    if (lane == 0 && j < n) y[b * stride_y + j * ld_y + row] = sum;
+  }
+}
+
+// The other orientation: y_b[n, cols] = x_b[n, rows] . w_b, w_b [rows, cols]. Each thread owns
+// eight adjacent columns (one 16-byte chunk; eight lanes read 128 contiguous bytes of a row) and
+// the block's 32 row groups split the rows, summed through shared memory at the end. Narrow
+// column tiles make many blocks (GLM's absorption: 8 per head, 512 in all), so that enough
+// loads are in flight to stream the weights.
+constexpr int kColumnChunksPerBlock = 8;
+constexpr int kRowGroups = kGemvThreads / kColumnChunksPerBlock;
+
+template <int kTokens>
+__global__ void __launch_bounds__(kGemvThreads)
+    gemv_batched_columns_kernel(const uint16_t* x, int n, int64_t ld_x, int64_t stride_x, const uint16_t* w,
+                                int64_t rows, int64_t cols, int64_t ld_w, int64_t stride_w, float* y, int64_t ld_y,
+                                int64_t stride_y) {
+  __shared__ float partial[kRowGroups][kTokens][kColumnChunksPerBlock * 8];
+  const int64_t b = blockIdx.y;
+  const int chunk_in_block = threadIdx.x % kColumnChunksPerBlock, group = threadIdx.x / kColumnChunksPerBlock;
+  const int64_t chunk = static_cast<int64_t>(blockIdx.x) * kColumnChunksPerBlock + chunk_in_block;
+  const bool active = chunk < cols / 8;
+  const uint16_t* w_b = w + b * stride_w;
+  const uint16_t* x_b = x + b * stride_x;
+  float acc[kTokens][8] = {};
+  if (active) {
+    // kRowsInFlight rows' loads are issued before any is used: one load at a time would make a
+    // thread's walk over its rows a chain of memory latencies.
+    constexpr int kRowsInFlight = 8;
+    for (int64_t r0 = group; r0 < rows; r0 += int64_t{kRowGroups} * kRowsInFlight) {
+      uint4 w_chunk[kRowsInFlight];
+#pragma unroll
+      for (int u = 0; u < kRowsInFlight; ++u) {
+        const int64_t r = r0 + int64_t{u} * kRowGroups;
+        if (r < rows) w_chunk[u] = __ldg(reinterpret_cast<const uint4*>(w_b + r * ld_w) + chunk);
+      }
+#pragma unroll
+      for (int u = 0; u < kRowsInFlight; ++u) {
+        const int64_t r = r0 + int64_t{u} * kRowGroups;
+        if (r >= rows) break;
+        float wv[8];
+        widen8(w_chunk[u], wv);
+#pragma unroll
+        for (int j = 0; j < kTokens; ++j) {
+          if (j >= n) break;
+          const float xv = bf16_to_float(x_b[j * ld_x + r]);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[j][i] += xv * wv[i];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kTokens; ++j)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) partial[group][j][chunk_in_block * 8 + i] = acc[j][i];
+  __syncthreads();
+  // kTokens x 64 sums of kRowGroups partials, one column of one token per thread and pass.
+  for (int o = threadIdx.x; o < kTokens * kColumnChunksPerBlock * 8; o += kGemvThreads) {
+    const int j = o / (kColumnChunksPerBlock * 8), col_in_block = o % (kColumnChunksPerBlock * 8);
+    const int64_t col = static_cast<int64_t>(blockIdx.x) * kColumnChunksPerBlock * 8 + col_in_block;
+    if (j >= n || col >= cols) continue;
+    float sum = 0.0f;
+#pragma unroll
+    for (int g = 0; g < kRowGroups; ++g) sum += partial[g][j][col_in_block];
+    y[b * stride_y + j * ld_y + col] = sum;
+  }
+}
+
+// launch(std::integral_constant<int, kTokens>) with kTokens 1, 2 or 4 (n <= 4).
+template <typename Launch>
+void dispatch_tokens(int64_t n, Launch launch) {
+  if (n == 1) launch(std::integral_constant<int, 1>{});
+  else if (n == 2) launch(std::integral_constant<int, 2>{});
+  else launch(std::integral_constant<int, 4>{});
+}
+
+// One matrix: four rows a block, or one where four would leave SMs idle.
+template <typename T>
+void launch_gemv(const T* x, int64_t n, int64_t ld_x, const T* w, int64_t rows, int64_t cols, float* y, int64_t ld_y,
+                 cudaStream_t stream) {
+  const bool four = blocks_for(rows, kGemvRows) >= kMinBlocksForFourRows;
+  dispatch_tokens(n, [&](auto tokens) {
+    constexpr int kTokens = decltype(tokens)::value;
+    if (four)
+      gemv_kernel<kTokens, T, kGemvRows><<<blocks_for(rows, kGemvRows), kGemvThreads, 0, stream>>>(
+          x, static_cast<int>(n), ld_x, w, rows, cols, y, ld_y);
+    else
+      gemv_kernel<kTokens, T, 1><<<static_cast<unsigned>(rows), kGemvThreads, 0, stream>>>(x, static_cast<int>(n), ld_x,
+                                                                                         w, rows, cols, y, ld_y);
+  });
 }
 
 // Blocks [first_block[m], first_block[m + 1]) cover matrix m's rows.
@@ -132,14 +261,6 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_group_kernel(const uint16_t
   gemv_block<kTokens>(x, n, ld_x, g.w[m], g.rows[m], cols, g.y[m], g.ld_y[m], row0);
 }
 
-// launch(std::integral_constant<int, kTokens>) with kTokens 1, 2 or 4 (n <= 4).
-template <typename Launch>
-void dispatch_tokens(int64_t n, Launch launch) {
-  if (n == 1) launch(std::integral_constant<int, 1>{});
-  else if (n == 2) launch(std::integral_constant<int, 2>{});
-  else launch(std::integral_constant<int, 4>{});
-}
-
 }  // namespace
 
 namespace {
@@ -158,10 +279,7 @@ void gemv_bf16(const uint16_t* x, int64_t n, int64_t ld_x, const uint16_t* w, in
                int64_t ld_y, cudaStream_t stream) {
   if (n == 0 || rows == 0) return;
   GLMS_CHECK(gemv_bf16_fits(x, n, ld_x, w, cols), "gemv_bf16: at most 4 tokens, 16-byte aligned rows");
-  const unsigned blocks = blocks_for(rows, kGemvRows);
-  dispatch_tokens(n, [&](auto tokens) {
-    gemv_kernel<decltype(tokens)::value><<<blocks, kGemvThreads, 0, stream>>>(x, static_cast<int>(n), ld_x, w, rows, cols, y, ld_y);
-  });
+  launch_gemv(x, n, ld_x, w, rows, cols, y, ld_y, stream);
   check(cudaGetLastError(), "gemv_bf16 launch");
 }
 
@@ -169,10 +287,7 @@ void gemv_f32(const float* x, int64_t n, int64_t ld_x, const float* w, int64_t r
               int64_t ld_y, cudaStream_t stream) {
   if (n == 0 || rows == 0) return;
   GLMS_CHECK(gemv_f32_fits(x, n, ld_x, w, cols), "gemv_f32: at most 4 tokens, 16-byte aligned rows");
-  const unsigned blocks = blocks_for(rows, kGemvRows);
-  dispatch_tokens(n, [&](auto tokens) {
-    gemv_kernel<decltype(tokens)::value><<<blocks, kGemvThreads, 0, stream>>>(x, static_cast<int>(n), ld_x, w, rows, cols, y, ld_y);
-  });
+  launch_gemv(x, n, ld_x, w, rows, cols, y, ld_y, stream);
   check(cudaGetLastError(), "gemv_f32 launch");
 }
 
@@ -196,6 +311,35 @@ void gemv_bf16_group(const uint16_t* x, int64_t n, int64_t ld_x, int64_t cols, c
                                                                                        cols, g);
   });
   check(cudaGetLastError(), "gemv_bf16_group launch");
+}
+
+bool gemv_bf16_batched_fits(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w,
+                            int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w) {
+  const bool w_ok = cols % 8 == 0 && ld_w % 8 == 0 && stride_w % 8 == 0 && aligned16(w);
+  // Row-oriented products read x in 16-byte chunks too.
+  const bool x_ok = transpose_w || (ld_x % 8 == 0 && stride_x % 8 == 0 && aligned16(x));
+  return n >= 1 && n <= kGemvMaxTokens && w_ok && x_ok;
+}
+
+void gemv_bf16_batched(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w, int64_t rows,
+                       int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, float* y, int64_t ld_y,
+                       int64_t stride_y, int batch, cudaStream_t stream) {
+  if (n == 0 || batch == 0 || rows == 0 || cols == 0) return;
+  GLMS_CHECK(gemv_bf16_batched_fits(x, n, ld_x, stride_x, w, cols, ld_w, stride_w, transpose_w),
+             "gemv_bf16_batched: at most 4 tokens, 16-byte aligned rows");
+  dispatch_tokens(n, [&](auto tokens) {
+    constexpr int kTokens = decltype(tokens)::value;
+    if (transpose_w) {
+      const dim3 grid(blocks_for(cols / 8, kColumnChunksPerBlock), batch);
+      gemv_batched_columns_kernel<kTokens><<<grid, kGemvThreads, 0, stream>>>(
+          x, static_cast<int>(n), ld_x, stride_x, w, rows, cols, ld_w, stride_w, y, ld_y, stride_y);
+    } else {
+      const dim3 grid(blocks_for(rows, kBatchedRowsPerBlock), batch);
+      gemv_batched_rows_kernel<kTokens><<<grid, kGemvThreads, 0, stream>>>(
+          x, static_cast<int>(n), ld_x, stride_x, w, rows, cols, ld_w, stride_w, y, ld_y, stride_y);
+    }
+  });
+  check(cudaGetLastError(), "gemv_bf16_batched launch");
 }
 
 }  // namespace glms::ops::cuda

@@ -126,6 +126,11 @@ void Gemm::batched(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x,
                    int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, float* y, int64_t ld_y,
                    int64_t stride_y, int batch, cudaStream_t stream) {
   if (n == 0 || batch == 0) return;
+  if (n <= gemv_max_tokens_ && gemv_bf16_batched_fits(x, n, ld_x, stride_x, w, cols, ld_w, stride_w, transpose_w)) {
+    gemv_bf16_batched(x, n, ld_x, stride_x, w, rows, cols, ld_w, stride_w, transpose_w, y, ld_y, stride_y, batch,
+                      stream);
+    return;
+  }
   auto handle = static_cast<cublasHandle_t>(handle_);
   check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
   const float alpha = 1.0f, beta = 0.0f;

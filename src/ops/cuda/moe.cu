@@ -133,13 +133,15 @@ __global__ void moe_place_kernel(const int32_t* ids, int64_t num_pairs, MoePlan 
 
 __global__ void moe_combine_kernel(float* x, const float* shared_out, const float* expert_out, const int32_t* pair_slot,
                                    const int32_t* ids, const float* weights, int top_k, int64_t hidden) {
-  __shared__ int order[64];
+  __shared__ int order[64], token_ids[64];
   const int64_t t = blockIdx.x;
+  if (threadIdx.x < top_k) token_ids[threadIdx.x] = ids[t * top_k + threadIdx.x];
+  __syncthreads();
   if (threadIdx.x == 0) {
     // The token's experts in increasing id (the CPU path adds them in that order).
     for (int k = 0; k < top_k; ++k) order[k] = k;
     for (int i = 1; i < top_k; ++i)
-      for (int j = i; j > 0 && ids[t * top_k + order[j]] < ids[t * top_k + order[j - 1]]; --j) {
+      for (int j = i; j > 0 && token_ids[order[j]] < token_ids[order[j - 1]]; --j) {
         const int tmp = order[j];
         order[j] = order[j - 1];
         order[j - 1] = tmp;
