@@ -48,8 +48,8 @@ struct Engine::Impl {
   void release_blocks(Sequence& seq);
   bool ensure_blocks(Sequence& seq, int num_tokens);
   bool preempt_one(const Sequence* keep);
-  // raw_logits: the row's logits, or nullptr for a greedy_only request (then `argmax` is its token).
-  bool sample_and_report(Sequence& seq, const float* raw_logits, int32_t argmax);
+  // The next token from a row's logits under the request's penalties and sampling parameters.
+  int32_t draw_token(Sequence& seq, const float* raw_logits);
   bool report_token(Sequence& seq, int32_t token, const float* raw_logits);
   int draft_budget(const Sequence& seq) const;
   void draft(std::unique_lock<std::mutex>& lock, std::vector<Scheduled>& scheduled);
@@ -240,8 +240,7 @@ void Engine::Impl::cache_full_blocks(Sequence& seq) {
                       std::span<const int32_t>(seq.block_table.data(), full));
 }
 
-bool Engine::Impl::sample_and_report(Sequence& seq, const float* raw_logits, int32_t argmax) {
-  if (!raw_logits) return report_token(seq, argmax, nullptr);
+int32_t Engine::Impl::draw_token(Sequence& seq, const float* raw_logits) {
   const io::ModelConfig& mc = runner->config();
   const RequestParams& p = seq.params;
   const float* logits = raw_logits;
@@ -258,7 +257,7 @@ bool Engine::Impl::sample_and_report(Sequence& seq, const float* raw_logits, int
       adjusted[token] -= p.presence_penalty + p.frequency_penalty * static_cast<float>(count);
     logits = adjusted.data();
   }
-  return report_token(seq, seq.sampler.sample(logits, mc.vocab_size, p.sampling), raw_logits);
+  return seq.sampler.sample(logits, mc.vocab_size, p.sampling);
 }
 
 bool Engine::Impl::report_token(Sequence& seq, int32_t token_id, const float* raw_logits) {
@@ -440,10 +439,29 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
   });
   ++counters.steps;
 
-  // 4. Advance, sample or verify, report; finished sequences leave.
+  // 4. Advance, sample or verify, report; finished sequences leave. Rows that sample draw their
+  // tokens first, in parallel: each sequence has its own sampler, and a draw over GLM's
+  // vocabulary takes about a millisecond, so 64 of them one after another would outlast a step.
   const int64_t hidden = runner->config().hidden_size;
+  std::vector<int64_t> first_row(scheduled.size(), -1);  // each sequence's first logits row
+  std::vector<int32_t> drawn(scheduled.size(), -1);
+  std::vector<size_t> draws;  // sequences whose completed row is sampled
+  for (size_t i = 0, row = 0; i < scheduled.size(); ++i) {
+    const Scheduled& s = scheduled[i];
+    const Sequence& seq = *s.seq;
+    if (s.drafts > 0) {
+      first_row[i] = static_cast<int64_t>(row);
+      row += s.drafts + 1;
+    } else if (seq.num_computed + s.count == static_cast<int>(seq.tokens.size())) {
+      first_row[i] = static_cast<int64_t>(row++);
+      if (error.empty() && logits.row(first_row[i])) draws.push_back(i);
+    }
+  }
+#pragma omp parallel for schedule(dynamic) if (draws.size() > 1)
+  for (int64_t d = 0; d < static_cast<int64_t>(draws.size()); ++d)
+    drawn[draws[d]] = draw_token(*scheduled[draws[d]].seq, logits.row(first_row[draws[d]]));
+
   std::vector<Sequence*> done;
-  int64_t logits_row = 0;
   for (size_t i = 0; i < scheduled.size(); ++i) {
     Scheduled& s = scheduled[i];
     Sequence& seq = *s.seq;
@@ -456,16 +474,15 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
                                   ? trace.last_hidden.data() + int64_t{batch.sequences[i].first_token} * hidden
                                   : nullptr;
     if (s.drafts > 0) {
-      verify(s, logits, logits_row, seq_hidden, done);
-      logits_row += s.drafts + 1;
+      verify(s, logits, first_row[i], seq_hidden, done);
       continue;
     }
     if (seq.speculates) seq.mtp_hidden.insert(seq.mtp_hidden.end(), seq_hidden, seq_hidden + s.count * hidden);
     seq.num_computed += s.count;
     cache_full_blocks(seq);
-    if (seq.num_computed == static_cast<int>(seq.tokens.size())) {
-      if (sample_and_report(seq, logits.row(logits_row), logits.argmax[logits_row])) done.push_back(&seq);
-      ++logits_row;
+    if (first_row[i] >= 0) {
+      const int32_t token = drawn[i] >= 0 ? drawn[i] : logits.argmax[first_row[i]];
+      if (report_token(seq, token, logits.row(first_row[i]))) done.push_back(&seq);
     }
   }
   for (Sequence* seq : done) {

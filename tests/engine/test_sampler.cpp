@@ -2,7 +2,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <map>
+#include <numeric>
+#include <random>
+#include <tuple>
+#include <vector>
 
 #include "engine/sampler.h"
 
@@ -72,6 +77,54 @@ TEST(Sampler, ProbabilitiesAreWhatSampleDrawsFrom) {
   greedy.temperature = 0.0f;
   Sampler::probabilities(kLogits.data(), 5, greedy, probs.data());
   EXPECT_EQ(probs, (std::vector<float>{1, 0, 0, 0, 0}));
+}
+
+// top_p over a GLM-sized vocabulary selects its candidates in growing batches instead of
+// sorting all of them: the kept set and probabilities must be those of the full sort (by logit,
+// then id), ties included.
+TEST(Sampler, TopPOverALargeVocabularyKeepsTheSortedPrefix) {
+  const int vocab = 154880;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> logits(vocab);
+  for (float& l : logits) l = normal(rng);
+  for (int i = 0; i < vocab; i += 97) logits[i] = logits[(i * 7) % vocab];  // equal logits
+  for (const auto& [top_p, temperature, min_p] :
+       {std::tuple{0.5f, 0.7f, 0.0f}, {0.9f, 1.0f, 0.0f}, {0.999f, 1.3f, 0.0f}, {0.95f, 0.8f, 0.01f}}) {
+    SamplingParams params;
+    params.temperature = temperature;
+    params.top_p = top_p;
+    params.min_p = min_p;
+    std::vector<float> probs(vocab);
+    Sampler::probabilities(logits.data(), vocab, params, probs.data());
+
+    std::vector<int32_t> order(vocab);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    const float max_logit = logits[order[0]];
+    std::vector<double> weight(vocab);
+    double total = 0.0;
+    for (int i = 0; i < vocab; ++i) total += weight[i] = std::exp((logits[i] - max_logit) * (1.0f / temperature));
+    size_t keep = 0;
+    double mass = 0.0;
+    while (keep < order.size() && mass < top_p) mass += weight[order[keep++]] / total;
+    std::vector<float> expected(vocab, 0.0f);
+    double kept = 0.0;
+    const double floor = weight[order[0]] / total * min_p;
+    for (size_t i = 0; i < keep; ++i)
+      if (weight[order[i]] / total >= floor) kept += weight[order[i]] / total;
+    for (size_t i = 0; i < keep; ++i)
+      if (weight[order[i]] / total >= floor) expected[order[i]] = static_cast<float>(weight[order[i]] / total / kept);
+    size_t nonzero = 0;
+    for (int i = 0; i < vocab; ++i) {
+      ASSERT_EQ(probs[i] > 0.0f, expected[i] > 0.0f) << "id " << i << " top_p " << top_p;
+      nonzero += probs[i] > 0.0f;
+      EXPECT_NEAR(probs[i], expected[i], 1e-6f * expected[i] + 1e-12f);
+    }
+    EXPECT_GT(nonzero, 1u);
+  }
 }
 
 namespace {
