@@ -14,20 +14,78 @@ namespace {
 struct Filtered {
   std::vector<int32_t> ids;
   std::vector<double> probs;
-  std::vector<float> weight;  // [vocab] scratch: unnormalised weights by id
+  std::vector<float> weight;         // [vocab] scratch: unnormalised weights by id
+  std::vector<double> bucket_mass;   // scratch of bucketed_top_p
   size_t keep = 0;
   double kept_total = 0.0;
 };
 
+// Orders candidates by logit, then id (a fixed order, so that a seed always draws the same token).
+bool better(const float* logits, int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); }
+
+// top_p keeps the smallest set of the most likely candidates (in logit-then-id order) whose mass
+// reaches top_p. Up to this many candidates are sorted to find it; more (a vocabulary: 154880 ids
+// for GLM-5, where a sort costs ~18 ms a row) go through bucketed_top_p.
+constexpr size_t kSortedTopPCandidates = 4096;
+
+// Sorts the candidates and returns the length of the kept prefix.
+size_t sorted_top_p(const float* logits, std::vector<int32_t>& candidates, const std::vector<float>& weight,
+                    double total, float top_p) {
+  std::sort(candidates.begin(), candidates.end(), [logits](int32_t a, int32_t b) { return better(logits, a, b); });
+  double mass = 0.0;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    mass += weight[candidates[i]];
+    if (mass / total >= top_p) return i + 1;
+  }
+  return candidates.size();
+}
+
+// The same kept set in linear time: candidates fall into kTopPBuckets buckets by logit (bucket 0
+// holds the largest); the buckets' masses locate the one where the kept mass reaches top_p, and
+// only that bucket's candidates are sorted. Moves the kept candidates to the front, in their
+// incoming order (a fixed order: the draw walks them so), and returns how many there are.
+constexpr int kTopPBuckets = 4096;
+size_t bucketed_top_p(const float* logits, std::vector<int32_t>& candidates, const std::vector<float>& weight,
+                      double total, float top_p, float max_logit, std::vector<double>& bucket_mass) {
+  float min_logit = max_logit;
+  for (int32_t id : candidates) min_logit = std::min(min_logit, logits[id]);
+  const float scale = max_logit > min_logit ? kTopPBuckets / (max_logit - min_logit) : 0.0f;
+  auto bucket_of = [&](int32_t id) {
+    return std::min(kTopPBuckets - 1, static_cast<int>((max_logit - logits[id]) * scale));
+  };
+  bucket_mass.assign(kTopPBuckets, 0.0);
+  for (int32_t id : candidates) bucket_mass[bucket_of(id)] += weight[id];
+  int boundary = 0;
+  double before = 0.0;  // mass of the buckets above the boundary
+  for (; boundary < kTopPBuckets; before += bucket_mass[boundary++])
+    if ((before + bucket_mass[boundary]) / total >= top_p) break;
+  if (boundary == kTopPBuckets) return candidates.size();  // rounding kept the mass short: all stay
+  std::vector<int32_t> edge;  // the boundary bucket, in logit-then-id order
+  for (int32_t id : candidates)
+    if (bucket_of(id) == boundary) edge.push_back(id);
+  std::sort(edge.begin(), edge.end(), [logits](int32_t a, int32_t b) { return better(logits, a, b); });
+  int32_t last_kept = edge.back();
+  double mass = before;
+  for (int32_t id : edge) {
+    mass += weight[id];
+    if (mass / total >= top_p) {
+      last_kept = id;
+      break;
+    }
+  }
+  size_t kept = 0;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const int32_t id = candidates[i];
+    const int bucket = bucket_of(id);
+    if (bucket < boundary || (bucket == boundary && !better(logits, last_kept, id))) candidates[kept++] = id;
+  }
+  return kept;
+}
+
 // Fills `f` (whose buffers a thread reuses from draw to draw: fresh vocabulary-sized
 // allocations each time cost page faults comparable to the arithmetic).
 void filter(const float* logits, int vocab_size, const SamplingParams& params, Filtered& f) {
-  // Candidates in a fixed order (by logit, then id, wherever an order matters) so that a seed
-  // always draws the same token. top_p needs the candidates in logit order up to the mass it
-  // keeps: the largest ones are selected in growing batches (linear passes) until their mass
-  // reaches top_p, and only those are sorted, instead of the whole vocabulary (154880 ids for
-  // GLM-5: a full sort costs ~18 ms a row).
-  auto better = [logits](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  auto better = [logits](int32_t a, int32_t b) { return glms::engine::better(logits, a, b); };
   f.kept_total = 0.0;
   std::vector<int32_t>& candidates = f.ids;
   candidates.resize(vocab_size);
@@ -47,28 +105,10 @@ void filter(const float* logits, int vocab_size, const SamplingParams& params, F
   for (int32_t id : candidates) total += weight[id] = std::exp((logits[id] - max_logit) * inv_temperature);
 
   size_t keep = candidates.size();
-  if (params.top_p < 1.0f) {  // the smallest prefix (in logit order) whose mass reaches top_p
-    size_t sorted = candidates.size();
-    for (size_t batch = 1024; batch < candidates.size(); batch *= 4) {
-      std::nth_element(candidates.begin(), candidates.begin() + batch, candidates.end(), better);
-      double mass = 0.0;
-      for (size_t i = 0; i < batch; ++i) mass += weight[candidates[i]] / total;
-      if (mass >= params.top_p) {
-        sorted = batch;
-        break;
-      }
-    }
-    std::sort(candidates.begin(), candidates.begin() + sorted, better);
-    candidates.resize(sorted);
-    double mass = 0.0;
-    for (size_t i = 0; i < sorted; ++i) {
-      mass += weight[candidates[i]] / total;
-      if (mass >= params.top_p) {
-        keep = i + 1;
-        break;
-      }
-    }
-    keep = std::min(keep, sorted);
+  if (params.top_p < 1.0f) {
+    keep = candidates.size() <= kSortedTopPCandidates
+               ? sorted_top_p(logits, candidates, weight, total, params.top_p)
+               : bucketed_top_p(logits, candidates, weight, total, params.top_p, max_logit, f.bucket_mass);
   }
   std::vector<double>& probs = f.probs;
   probs.resize(keep);

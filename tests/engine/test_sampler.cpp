@@ -79,9 +79,9 @@ TEST(Sampler, ProbabilitiesAreWhatSampleDrawsFrom) {
   EXPECT_EQ(probs, (std::vector<float>{1, 0, 0, 0, 0}));
 }
 
-// top_p over a GLM-sized vocabulary selects its candidates in growing batches instead of
-// sorting all of them: the kept set and probabilities must be those of the full sort (by logit,
-// then id), ties included.
+// top_p over a GLM-sized vocabulary finds its kept set through logit buckets instead of sorting
+// every candidate: the kept set and probabilities must be those of the full sort (by logit, then
+// id), ties included.
 TEST(Sampler, TopPOverALargeVocabularyKeepsTheSortedPrefix) {
   const int vocab = 154880;
   std::mt19937 rng(5);
@@ -89,8 +89,9 @@ TEST(Sampler, TopPOverALargeVocabularyKeepsTheSortedPrefix) {
   std::vector<float> logits(vocab);
   for (float& l : logits) l = normal(rng);
   for (int i = 0; i < vocab; i += 97) logits[i] = logits[(i * 7) % vocab];  // equal logits
-  for (const auto& [top_p, temperature, min_p] :
-       {std::tuple{0.5f, 0.7f, 0.0f}, {0.9f, 1.0f, 0.0f}, {0.999f, 1.3f, 0.0f}, {0.95f, 0.8f, 0.01f}}) {
+  // Peaked (temperature 0.7) to nearly flat (temperature 40: most of the vocabulary is kept).
+  for (const auto& [top_p, temperature, min_p] : {std::tuple{0.5f, 0.7f, 0.0f}, {0.9f, 1.0f, 0.0f}, {0.999f, 1.3f, 0.0f},
+                                                  {0.95f, 0.8f, 0.01f}, {0.95f, 40.0f, 0.0f}, {0.3f, 40.0f, 0.5f}}) {
     SamplingParams params;
     params.temperature = temperature;
     params.top_p = top_p;
