@@ -526,31 +526,60 @@ void Engine::Impl::draft(std::unique_lock<std::mutex>& lock, std::vector<Schedul
       pieces.push_back({&s, begin, std::min(seq.num_computed, begin + config.max_batch_tokens)});
   }
   if (pieces.empty()) return;
+  // Each draft is drawn from the layer's distribution under the request's sampling parameters
+  // (greedy_only requests take the argmax, which the runner makes where the logits are, and
+  // keep no distribution: their verification compares with the target's argmax); draws of
+  // different sequences run in parallel (each sequence has its own sampler).
+  auto take = [&](Scheduled& s, const model::StepLogits& logits, size_t row) {
+    if (!logits.row(row)) {
+      s.draft_tokens.push_back(logits.argmax[row]);
+      return;
+    }
+    s.draft_probs.resize(s.draft_probs.size() + vocab);
+    float* q = s.draft_probs.data() + s.draft_probs.size() - vocab;
+    Sampler::probabilities(logits.row(row), vocab, s.seq->params.sampling, q);
+    s.draft_tokens.push_back(s.seq->sampler.sample_from(q, vocab));
+  };
+  auto take_all = [&](const std::vector<Scheduled*>& takers, const model::StepLogits& logits) {
+#pragma omp parallel for schedule(dynamic) if (takers.size() > 1)
+    for (int64_t r = 0; r < static_cast<int64_t>(takers.size()); ++r) take(*takers[r], logits, static_cast<size_t>(r));
+  };
+  auto wants_full = [](const std::vector<Scheduled*>& takers) {
+    std::vector<uint8_t> want_full;
+    for (const Scheduled* s : takers) want_full.push_back(!greedy_only(s->seq->params));
+    return want_full;
+  };
+
   std::vector<Scheduled*> drafting;  // in the order their first drafts come
   std::vector<float> chain_hidden;   // [drafting, hidden]: the layer's output at each last entry
-  std::vector<float> first_logits;   // [drafting, vocab]
   for (size_t i = 0; i < pieces.size();) {
     model::ForwardBatch entries;
     std::vector<float> entry_hidden;
-    std::vector<std::pair<Scheduled*, int>> with_logits;  // drafting sequence, its last entry's token index
+    std::vector<Scheduled*> takers;  // drafting sequences with a logits row in this forward
+    std::vector<int> last_entry;     // their last entry's token index
     for (; i < pieces.size() && entries.num_tokens() + (pieces[i].end - pieces[i].begin) <= config.max_batch_tokens; ++i) {
       const Entries& e = pieces[i];
       Sequence& seq = *e.s->seq;
       entries.add_sequence(std::vector<int32_t>(seq.tokens.begin() + e.begin + 1, seq.tokens.begin() + e.end + 1),
                            e.begin, seq.block_table, config.block_size, false);
       const bool last_piece = e.end == seq.num_computed;
-      if (last_piece && e.s->drafts > 0) with_logits.emplace_back(e.s, entries.num_tokens() - 1);
-      else entries.logits_tokens.pop_back();
+      if (last_piece && e.s->drafts > 0) {
+        takers.push_back(e.s);
+        last_entry.push_back(entries.num_tokens() - 1);
+      } else {
+        entries.logits_tokens.pop_back();
+      }
       const float* rows = seq.mtp_hidden.data() + int64_t{e.begin - seq.mtp_next} * hidden;
       entry_hidden.insert(entry_hidden.end(), rows, rows + int64_t{e.end - e.begin} * hidden);
     }
     std::vector<float> out_hidden;
-    const std::vector<float> logits =
-        unlocked(lock, [&] { return runner->mtp_forward(entries, entry_hidden.data(), &out_hidden); });
-    for (size_t d = 0; d < with_logits.size(); ++d) {
-      drafting.push_back(with_logits[d].first);
-      first_logits.insert(first_logits.end(), logits.begin() + d * vocab, logits.begin() + (d + 1) * vocab);
-      const float* row = out_hidden.data() + int64_t{with_logits[d].second} * hidden;
+    const model::StepLogits logits = unlocked(lock, [&] {
+      return runner->mtp_forward_selected(entries, entry_hidden.data(), wants_full(takers), &out_hidden);
+    });
+    take_all(takers, logits);
+    for (size_t d = 0; d < takers.size(); ++d) {
+      drafting.push_back(takers[d]);
+      const float* row = out_hidden.data() + int64_t{last_entry[d]} * hidden;
       chain_hidden.insert(chain_hidden.end(), row, row + hidden);
     }
   }
@@ -559,20 +588,13 @@ void Engine::Impl::draft(std::unique_lock<std::mutex>& lock, std::vector<Schedul
     e.s->seq->mtp_hidden.clear();
   }
 
-  // Each draft is drawn from the layer's distribution under the request's sampling parameters;
-  // then the chain: (the layer's output hidden, draft k) at the next position gives draft k + 1.
-  auto take = [&](Scheduled& s, const float* row) {
-    s.draft_probs.resize(s.draft_probs.size() + vocab);
-    float* q = s.draft_probs.data() + s.draft_probs.size() - vocab;
-    Sampler::probabilities(row, vocab, s.seq->params.sampling, q);
-    s.draft_tokens.push_back(s.seq->sampler.sample_from(q, vocab));
-  };
-  for (size_t i = 0; i < drafting.size(); ++i) take(*drafting[i], first_logits.data() + i * vocab);
-  std::vector<float> draft_logits, out_hidden;
+  // The chain: (the layer's output hidden, draft k) at the next position gives draft k + 1.
+  std::vector<float> out_hidden;
   for (int k = 1; k < config.speculative_steps; ++k) {
     model::ForwardBatch chain;
     std::vector<float> chain_in;
     std::vector<size_t> members;
+    std::vector<Scheduled*> takers;
     for (size_t i = 0; i < drafting.size(); ++i) {
       Scheduled& s = *drafting[i];
       if (s.drafts <= k) continue;
@@ -580,13 +602,15 @@ void Engine::Impl::draft(std::unique_lock<std::mutex>& lock, std::vector<Schedul
                          false);
       chain_in.insert(chain_in.end(), chain_hidden.begin() + i * hidden, chain_hidden.begin() + (i + 1) * hidden);
       members.push_back(i);
+      takers.push_back(&s);
     }
     if (members.empty()) break;
-    draft_logits = unlocked(lock, [&] { return runner->mtp_forward(chain, chain_in.data(), &out_hidden); });
-    for (size_t m = 0; m < members.size(); ++m) {
-      take(*drafting[members[m]], draft_logits.data() + m * vocab);
+    const model::StepLogits logits = unlocked(lock, [&] {
+      return runner->mtp_forward_selected(chain, chain_in.data(), wants_full(takers), &out_hidden);
+    });
+    take_all(takers, logits);
+    for (size_t m = 0; m < members.size(); ++m)
       std::copy_n(out_hidden.data() + m * hidden, hidden, chain_hidden.data() + members[m] * hidden);
-    }
   }
 }
 

@@ -53,6 +53,11 @@ class CudaRunner : public StepRunner {
     GLMS_CHECK(model_ != nullptr, "StepRunner::mtp_forward before allocate");
     return model_->mtp_forward(batch, h_prev, h_out);
   }
+  StepLogits mtp_forward_selected(const ForwardBatch& batch, const float* h_prev, const std::vector<uint8_t>& want_full,
+                                  std::vector<float>* h_out) override {
+    GLMS_CHECK(model_ != nullptr, "StepRunner::mtp_forward_selected before allocate");
+    return model_->mtp_forward_selected(batch, h_prev, want_full, h_out);
+  }
 
  private:
   io::ModelConfig config_;

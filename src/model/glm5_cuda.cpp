@@ -437,22 +437,32 @@ bool CudaGlm5Model::has_mtp() const {
 }
 
 std::vector<float> CudaGlm5Model::mtp_forward(const ForwardBatch& batch, const float* h_prev, std::vector<float>* h_out) {
-  Impl& m = *impl_;
-  if (m.weights.mtp.empty()) fail("this model has no MTP layer on the device");
-  if (!m.options.mtp) fail("the MTP layer's cache was not allocated (CudaModelOptions::mtp)");
+  impl_->run_mtp(batch, h_prev);
+  return impl_->take_outputs(batch, h_out);
+}
+
+StepLogits CudaGlm5Model::mtp_forward_selected(const ForwardBatch& batch, const float* h_prev,
+                                               const std::vector<uint8_t>& want_full, std::vector<float>* h_out) {
+  GLMS_CHECK(want_full.size() == batch.logits_tokens.size(), "mtp_forward_selected: one flag per logits row");
+  impl_->run_mtp(batch, h_prev);
+  return impl_->take_selected_outputs(want_full, batch, h_out);
+}
+
+void CudaGlm5Model::Impl::run_mtp(const ForwardBatch& step, const float* h_prev_host) {
+  if (weights.mtp.empty()) fail("this model has no MTP layer on the device");
+  if (!options.mtp) fail("the MTP layer's cache was not allocated (CudaModelOptions::mtp)");
   // Without its own indexer the layer would attend over another step's token selection.
-  if (!m.weights.mtp[0].block.attention.has_indexer)
+  if (!weights.mtp[0].block.attention.has_indexer)
     fail("the MTP layer has no indexer weights: it cannot select its own top-k");
-  m.upload_metadata(batch);
-  const int64_t bytes = sizeof(float) * int64_t{batch.num_tokens()} * m.config.hidden_size;
-  cuda::copy_to_device_async(m.h_prev.data(), h_prev, static_cast<size_t>(bytes), m.stream.get());
-  m.batch = &batch;
+  upload_metadata(step);
+  const int64_t bytes = sizeof(float) * int64_t{step.num_tokens()} * config.hidden_size;
+  cuda::copy_to_device_async(h_prev.data(), h_prev_host, static_cast<size_t>(bytes), stream.get());
+  batch = &step;
   struct Reset {
     const ForwardBatch*& current;
     ~Reset() { current = nullptr; }
-  } reset{m.batch};
-  m.mtp_step(m.shape_of(batch));
-  return m.take_outputs(batch, h_out);
+  } reset{batch};
+  mtp_step(shape_of(step));
 }
 
 void CudaGlm5Model::forward_on_device(const ForwardBatch& batch, bool use_graph) { impl_->launch(batch, use_graph); }

@@ -87,6 +87,9 @@ class CudaGlm5Model {
   // MTP layer with its own indexer (as the CPU path does).
   bool has_mtp() const;
   std::vector<float> mtp_forward(const ForwardBatch& batch, const float* h_prev, std::vector<float>* h_out);
+  // The same with each logits row's argmax made on the device and only the want_full rows copied back.
+  StepLogits mtp_forward_selected(const ForwardBatch& batch, const float* h_prev, const std::vector<uint8_t>& want_full,
+                                  std::vector<float>* h_out);
 
   // The same step without copying logits back (they stay on the device); for timing.
   void forward_on_device(const ForwardBatch& batch, bool use_graph = false);

@@ -112,6 +112,8 @@ struct CudaGlm5Model::Impl {
   // The MTP layer over the uploaded batch: h_prev (device, [T, hidden] fp32) is the target's
   // hidden state of each token's position; leaves the logits and x (the block's output).
   void mtp_step(const StepShape& shape);
+  // Checks, uploads the batch and h_prev ([tokens, hidden] host fp32), and runs mtp_step.
+  void run_mtp(const ForwardBatch& batch, const float* h_prev);
   void attention(const DecoderLayerDevice& layer, int l, const StepShape& shape);
   void moe(const DecoderLayerDevice& layer, const StepShape& shape);
   void prefill_attention(int sequence, int l, float scale);

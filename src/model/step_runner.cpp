@@ -51,6 +51,13 @@ StepLogits StepRunner::forward_selected(const ForwardBatch& batch, const std::ve
   return select_logits(logits.data(), config().vocab_size, want_full);
 }
 
+StepLogits StepRunner::mtp_forward_selected(const ForwardBatch& batch, const float* h_prev,
+                                            const std::vector<uint8_t>& want_full, std::vector<float>* h_out) {
+  GLMS_CHECK(want_full.size() == batch.logits_tokens.size(), "mtp_forward_selected: one flag per logits row");
+  const std::vector<float> logits = mtp_forward(batch, h_prev, h_out);
+  return select_logits(logits.data(), config().vocab_size, want_full);
+}
+
 StepLogits select_logits(const float* logits, int vocab_size, const std::vector<uint8_t>& want_full) {
   StepLogits out;
   out.vocab_size = vocab_size;

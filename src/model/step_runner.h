@@ -52,6 +52,10 @@ class StepRunner {
   // by the batch's block ids.
   virtual bool has_mtp() const { return false; }
   virtual std::vector<float> mtp_forward(const ForwardBatch& batch, const float* h_prev, std::vector<float>* h_out);
+  // The same returning each logits row's argmax and only the want_full rows (forward_selected's
+  // contract): greedy drafts need nothing more. This default runs mtp_forward().
+  virtual StepLogits mtp_forward_selected(const ForwardBatch& batch, const float* h_prev,
+                                          const std::vector<uint8_t>& want_full, std::vector<float>* h_out);
 };
 
 // Host-side forward_selected over logits [want_full.size(), vocab_size].
