@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <vector>
 
@@ -16,6 +17,7 @@ struct Filtered {
   std::vector<double> probs;
   std::vector<float> weight;         // [vocab] scratch: unnormalised weights by id
   std::vector<double> bucket_mass;   // scratch of bucketed_top_p
+  std::vector<float> heap;           // scratch of kth_largest
   size_t keep = 0;
   double kept_total = 0.0;
 };
@@ -82,17 +84,36 @@ size_t bucketed_top_p(const float* logits, std::vector<int32_t>& candidates, con
   return kept;
 }
 
+// The k-th largest of values[0, count), 1 <= k <= count; `heap` is scratch.
+float kth_largest(const float* values, int count, int k, std::vector<float>& heap) {
+  heap.assign(values, values + k);
+  std::make_heap(heap.begin(), heap.end(), std::greater<float>());
+  for (int i = k; i < count; ++i)
+    if (values[i] > heap.front()) {
+      std::pop_heap(heap.begin(), heap.end(), std::greater<float>());
+      heap.back() = values[i];
+      std::push_heap(heap.begin(), heap.end(), std::greater<float>());
+    }
+  return heap.front();
+}
+
 // Fills `f` (whose buffers a thread reuses from draw to draw: fresh vocabulary-sized
 // allocations each time cost page faults comparable to the arithmetic).
 void filter(const float* logits, int vocab_size, const SamplingParams& params, Filtered& f) {
-  auto better = [logits](int32_t a, int32_t b) { return glms::engine::better(logits, a, b); };
   f.kept_total = 0.0;
   std::vector<int32_t>& candidates = f.ids;
   candidates.resize(vocab_size);
   std::iota(candidates.begin(), candidates.end(), 0);
   if (params.top_k > 0 && params.top_k < vocab_size) {
-    std::nth_element(candidates.begin(), candidates.begin() + params.top_k, candidates.end(), better);
-    candidates.resize(params.top_k);
+    // The k-th largest logit (a min-heap of the k largest values seen: one comparison for most
+    // of the vocabulary), then the ids above it and, in id order, enough of those equal to it.
+    const float kth = kth_largest(logits, vocab_size, params.top_k, f.heap);
+    int64_t equal_kept = params.top_k;
+    for (int i = 0; i < vocab_size; ++i) equal_kept -= logits[i] > kth;
+    size_t kept = 0;
+    for (int32_t id = 0; id < vocab_size; ++id)
+      if (logits[id] > kth || (logits[id] == kth && equal_kept-- > 0)) candidates[kept++] = id;
+    candidates.resize(kept);
   }
   float max_logit = logits[candidates[0]];
   for (int32_t id : candidates) max_logit = std::max(max_logit, logits[id]);

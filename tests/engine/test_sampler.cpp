@@ -56,6 +56,21 @@ TEST(Sampler, FiltersKeepOnlyWhatTheyShould) {
   EXPECT_NEAR(counts.at(0) / 3000.0, 8.0 / 12, 0.03);
 }
 
+// top_k's boundary among equal logits keeps the lower ids.
+TEST(Sampler, TopKTiesKeepTheLowerIds) {
+  const float logits[] = {1.0f, 3.0f, 2.0f, 2.0f, 2.0f};
+  SamplingParams params;
+  params.top_k = 3;
+  std::vector<float> probs(5);
+  Sampler::probabilities(logits, 5, params, probs.data());
+  EXPECT_EQ(probs[0], 0.0f);
+  EXPECT_GT(probs[1], 0.0f);
+  EXPECT_GT(probs[2], 0.0f);
+  EXPECT_GT(probs[3], 0.0f);
+  EXPECT_EQ(probs[4], 0.0f);
+  EXPECT_NEAR(probs[1] + probs[2] + probs[3], 1.0f, 1e-6f);
+}
+
 TEST(Sampler, SameSeedSameTokens) {
   SamplingParams params;
   params.temperature = 0.9f;
@@ -79,9 +94,9 @@ TEST(Sampler, ProbabilitiesAreWhatSampleDrawsFrom) {
   EXPECT_EQ(probs, (std::vector<float>{1, 0, 0, 0, 0}));
 }
 
-// top_p over a GLM-sized vocabulary finds its kept set through logit buckets instead of sorting
-// every candidate: the kept set and probabilities must be those of the full sort (by logit, then
-// id), ties included.
+// top_k and top_p over a GLM-sized vocabulary find their kept sets without sorting every
+// candidate (a heap of the k largest values; logit buckets): the kept set and probabilities must
+// be those of the full sort (by logit, then id), ties included.
 TEST(Sampler, TopPOverALargeVocabularyKeepsTheSortedPrefix) {
   const int vocab = 154880;
   std::mt19937 rng(5);
@@ -90,12 +105,16 @@ TEST(Sampler, TopPOverALargeVocabularyKeepsTheSortedPrefix) {
   for (float& l : logits) l = normal(rng);
   for (int i = 0; i < vocab; i += 97) logits[i] = logits[(i * 7) % vocab];  // equal logits
   // Peaked (temperature 0.7) to nearly flat (temperature 40: most of the vocabulary is kept).
-  for (const auto& [top_p, temperature, min_p] : {std::tuple{0.5f, 0.7f, 0.0f}, {0.9f, 1.0f, 0.0f}, {0.999f, 1.3f, 0.0f},
-                                                  {0.95f, 0.8f, 0.01f}, {0.95f, 40.0f, 0.0f}, {0.3f, 40.0f, 0.5f}}) {
+  // With top_k: the k best by logit then id (5000 > the 4096 sorted directly: buckets over them).
+  for (const auto& [top_p, temperature, min_p, top_k] :
+       {std::tuple{0.5f, 0.7f, 0.0f, 0}, {0.9f, 1.0f, 0.0f, 0}, {0.999f, 1.3f, 0.0f, 0}, {0.95f, 0.8f, 0.01f, 0},
+        {0.95f, 40.0f, 0.0f, 0}, {0.3f, 40.0f, 0.5f, 0}, {1.0f, 1.0f, 0.0f, 50}, {0.8f, 0.9f, 0.0f, 20},
+        {0.9f, 40.0f, 0.0f, 5000}}) {
     SamplingParams params;
     params.temperature = temperature;
     params.top_p = top_p;
     params.min_p = min_p;
+    params.top_k = top_k;
     std::vector<float> probs(vocab);
     Sampler::probabilities(logits.data(), vocab, params, probs.data());
 
@@ -104,10 +123,11 @@ TEST(Sampler, TopPOverALargeVocabularyKeepsTheSortedPrefix) {
     std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
       return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
     });
+    if (top_k > 0) order.resize(top_k);
     const float max_logit = logits[order[0]];
     std::vector<double> weight(vocab);
     double total = 0.0;
-    for (int i = 0; i < vocab; ++i) total += weight[i] = std::exp((logits[i] - max_logit) * (1.0f / temperature));
+    for (int32_t id : order) total += weight[id] = std::exp((logits[id] - max_logit) * (1.0f / temperature));
     size_t keep = 0;
     double mass = 0.0;
     while (keep < order.size() && mass < top_p) mass += weight[order[keep++]] / total;
@@ -120,7 +140,7 @@ TEST(Sampler, TopPOverALargeVocabularyKeepsTheSortedPrefix) {
       if (weight[order[i]] / total >= floor) expected[order[i]] = static_cast<float>(weight[order[i]] / total / kept);
     size_t nonzero = 0;
     for (int i = 0; i < vocab; ++i) {
-      ASSERT_EQ(probs[i] > 0.0f, expected[i] > 0.0f) << "id " << i << " top_p " << top_p;
+      ASSERT_EQ(probs[i] > 0.0f, expected[i] > 0.0f) << "id " << i << " top_p " << top_p << " top_k " << top_k;
       nonzero += probs[i] > 0.0f;
       EXPECT_NEAR(probs[i], expected[i], 1e-6f * expected[i] + 1e-12f);
     }
