@@ -10,12 +10,11 @@ namespace glms::engine {
 
 namespace {
 
-// The tokens that survive the filters with their probabilities (not renormalised): entries
-// [0, keep) of ids/probs, their mass kept_total.
+// The tokens that survive the filters: ids[0, keep), each with the unnormalised weight
+// weight[id] (its probability is weight[id] / kept_total).
 struct Filtered {
   std::vector<int32_t> ids;
-  std::vector<double> probs;
-  std::vector<float> weight;         // [vocab] scratch: unnormalised weights by id
+  std::vector<float> weight;         // [vocab] by id; set for the candidates
   std::vector<double> bucket_mass;   // scratch of bucketed_top_p
   std::vector<float> heap;           // scratch of kth_largest
   size_t keep = 0;
@@ -131,20 +130,16 @@ void filter(const float* logits, int vocab_size, const SamplingParams& params, F
                ? sorted_top_p(logits, candidates, weight, total, params.top_p)
                : bucketed_top_p(logits, candidates, weight, total, params.top_p, max_logit, f.bucket_mass);
   }
-  std::vector<double>& probs = f.probs;
-  probs.resize(keep);
-  for (size_t i = 0; i < keep; ++i) probs[i] = weight[candidates[i]] / total;
   if (params.min_p > 0.0f) {  // drop tokens under min_p x the most likely one's probability
-    const double floor = *std::max_element(probs.begin(), probs.begin() + keep) * params.min_p;
+    float top = 0.0f;
+    for (size_t i = 0; i < keep; ++i) top = std::max(top, weight[candidates[i]]);
+    const float floor = top * params.min_p;
     size_t kept = 0;
     for (size_t i = 0; i < keep; ++i)
-      if (probs[i] >= floor) {
-        candidates[kept] = candidates[i];
-        probs[kept++] = probs[i];
-      }
+      if (weight[candidates[i]] >= floor) candidates[kept++] = candidates[i];
     keep = kept;
   }
-  for (size_t i = 0; i < keep; ++i) f.kept_total += probs[i];
+  for (size_t i = 0; i < keep; ++i) f.kept_total += weight[candidates[i]];
   f.keep = keep;
 }
 
@@ -163,7 +158,7 @@ int32_t Sampler::sample(const float* logits, int vocab_size, const SamplingParam
   std::uniform_real_distribution<double> uniform(0.0, f.kept_total);
   double draw = uniform(rng_);
   for (size_t i = 0; i < f.keep; ++i) {
-    draw -= f.probs[i];
+    draw -= f.weight[f.ids[i]];
     if (draw <= 0.0) return f.ids[i];
   }
   return f.ids[f.keep - 1];
@@ -176,7 +171,7 @@ void Sampler::probabilities(const float* logits, int vocab_size, const SamplingP
     return;
   }
   const Filtered& f = filtered(logits, vocab_size, params);
-  for (size_t i = 0; i < f.keep; ++i) probs[f.ids[i]] = static_cast<float>(f.probs[i] / f.kept_total);
+  for (size_t i = 0; i < f.keep; ++i) probs[f.ids[i]] = static_cast<float>(f.weight[f.ids[i]] / f.kept_total);
 }
 
 int32_t Sampler::sample_from(const float* probs, int vocab_size) {
