@@ -1,5 +1,5 @@
 // Next-token choice from fp32 logits: greedy at temperature 0, otherwise temperature, top-k,
-// top-p and min-p filtering (vLLM's order) and a draw from a seeded generator.
+// top-p and min-p filtering (vLLM's order; ops::sample_row) and a draw from a seeded generator.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +27,9 @@ class Sampler {
  public:
   explicit Sampler(uint64_t seed) : rng_(seed) {}
   int32_t sample(const float* logits, int vocab_size, const SamplingParams& params);
+  // The next uniform draw in [0, 1) of this sampler's generator: what sample() passes to
+  // ops::sample_row, so that a draw made elsewhere (on the device) follows the same seed.
+  double canonical();
 
   // The distribution sample() draws from, dense: probs[vocab_size] (zero where filtered out; one-hot
   // on the argmax at temperature 0).

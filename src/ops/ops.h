@@ -78,6 +78,24 @@ void top_k(const float* scores, int64_t count, int64_t k, std::vector<int32_t>& 
 // Index of the largest of `count` values (lowest index on ties): greedy decoding's token.
 int32_t argmax(const float* values, int64_t count);
 
+// Next-token sampling over fp32 logits (vLLM's order): temperature, then top_k (the k largest
+// logits, lower ids first among equal ones), top_p (the fewest most likely tokens, in logit then
+// id order, whose probability reaches top_p), min_p (tokens under min_p x the most likely one's
+// probability dropped).
+struct SamplingFilter {
+  float temperature = 1.0f;  // > 0 (greedy is argmax)
+  int top_k = 0;             // 0 or negative: off
+  float top_p = 1.0f;        // (0, 1]; 1: off
+  float min_p = 0.0f;        // [0, 1]; 0: off
+};
+// The draw `canonical` (uniform in [0, 1)) picks the first kept token, in id order, whose
+// cumulative weight reaches canonical x the kept tokens' total weight. ops::cuda::sample_rows
+// follows the same rule, so one canonical draws the same token on both (but for rounding at a
+// boundary).
+int32_t sample_row(const float* logits, int vocab_size, const SamplingFilter& filter, double canonical);
+// The filtered distribution, dense: probs[vocab_size] (zero where filtered out).
+void sampling_probabilities(const float* logits, int vocab_size, const SamplingFilter& filter, float* probs);
+
 // Number of OpenMP threads the CPU ops use.
 int num_threads();
 

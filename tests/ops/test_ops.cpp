@@ -155,3 +155,33 @@ TEST(QuantisedWeights, RowsAndSlicesDequantiseLikeTheWholeMatrix) {
     EXPECT_LT(glms::testing::relative_l2(expected.data(), values.data() + 236 * cols, cols), 0.2);
   }
 }
+
+// sample_row's draw: the first kept token in id order whose cumulative weight reaches canonical x
+// the kept total (the rule ops::cuda::sample_rows follows too). Weights 8, 4, 2, 1, 1 at
+// temperature 1; top_k 3 keeps ids 0..2 (total 14).
+TEST(Sampling, TheCanonicalDrawWalksTheKeptTokensInIdOrder) {
+  const std::vector<float> logits = {std::log(8.0f), std::log(4.0f), std::log(2.0f), 0.0f, 0.0f};
+  ops::SamplingFilter all;
+  EXPECT_EQ(ops::sample_row(logits.data(), 5, all, 0.0), 0);
+  EXPECT_EQ(ops::sample_row(logits.data(), 5, all, 7.9 / 16), 0);
+  EXPECT_EQ(ops::sample_row(logits.data(), 5, all, 8.1 / 16), 1);
+  EXPECT_EQ(ops::sample_row(logits.data(), 5, all, 14.5 / 16), 3);
+  EXPECT_EQ(ops::sample_row(logits.data(), 5, all, 15.5 / 16), 4);
+  EXPECT_EQ(ops::sample_row(logits.data(), 5, all, 0.999999), 4);
+  ops::SamplingFilter top_k;
+  top_k.top_k = 3;
+  EXPECT_EQ(ops::sample_row(logits.data(), 5, top_k, 12.5 / 14), 2);
+  EXPECT_EQ(ops::sample_row(logits.data(), 5, top_k, 0.999999), 2);
+  // A kept set found by sorting (top_k, then top_p 0.7 of the three: ids 0 and 1) is still
+  // walked in id order.
+  const std::vector<float> reversed = {0.0f, 0.0f, std::log(2.0f), std::log(4.0f), std::log(8.0f)};
+  ops::SamplingFilter both = top_k;
+  both.top_p = 0.7f;
+  EXPECT_EQ(ops::sample_row(reversed.data(), 5, both, 0.1), 3);
+  EXPECT_EQ(ops::sample_row(reversed.data(), 5, both, 0.5), 4);
+  std::vector<float> probs(5);
+  ops::sampling_probabilities(reversed.data(), 5, both, probs.data());
+  EXPECT_NEAR(probs[3], 4.0 / 12, 1e-6);
+  EXPECT_NEAR(probs[4], 8.0 / 12, 1e-6);
+  EXPECT_EQ(probs[0] + probs[1] + probs[2], 0.0f);
+}
