@@ -46,6 +46,7 @@ struct BenchStepOptions {
   int fused_attention_min_tokens = model::CudaModelOptions{}.fused_attention_min_tokens;
   bool fused_prefill_attention = model::CudaModelOptions{}.fused_prefill_attention;
   bool grouped_expert_gemm = model::CudaModelOptions{}.grouped_expert_gemm;
+  bool sample_on_device = model::CudaModelOptions{}.sample_on_device;
   int speculative_steps = 0;           // > 0: also time K-draft verification and MTP draft steps
   int project_layers = 0;              // depth the speculation break-even is projected to (0: the config's)
 };
@@ -181,7 +182,7 @@ nlohmann::json speculation_costs(model::CudaGlm5Model& model, const io::ModelCon
   for (size_t i = 0; i < h_prev.size(); ++i) h_prev[i] = static_cast<float>((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
   // As the engine drafts for greedy requests (argmax ids back), and with every row's logits on
   // the host, as sampled requests need.
-  const std::vector<uint8_t> argmax_only(batch, 0);
+  const std::vector<model::RowOutput> argmax_only(batch);
   const double draft_s = median_of([&] { model.mtp_forward_selected(chain, h_prev.data(), argmax_only, nullptr); });
   const double draft_full_s = median_of([&] { model.mtp_forward(chain, h_prev.data(), nullptr); });
   const double step_s = verify_s + K * draft_s;
@@ -237,6 +238,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.fused_attention_min_tokens = o.fused_attention_min_tokens;
   options.fused_prefill_attention = o.fused_prefill_attention;
   options.grouped_expert_gemm = o.grouped_expert_gemm;
+  options.sample_on_device = o.sample_on_device;
   if (o.speculative_steps > 0) {  // a verify step runs 1 + K tokens per sequence, all with logits
     options.mtp = true;
     options.max_tokens = std::max(options.max_tokens, max_batch * (1 + o.speculative_steps));
@@ -302,9 +304,19 @@ void run_bench_step(const BenchStepOptions& o) {
         return step_times[step_times.size() / 2];
       };
       const double host_median = median_of([&](const model::ForwardBatch& b) { model->forward(b, o.graphs); });
-      const std::vector<uint8_t> argmax_only(batch, 0);
+      const std::vector<model::RowOutput> argmax_only(batch);
       const double argmax_median =
           median_of([&](const model::ForwardBatch& b) { model->forward_selected(b, argmax_only, o.graphs); });
+      // Sampled rows (temperature 0.8, top_p 0.95), drawn as --sample-on-device says.
+      std::vector<model::RowOutput> sampled(batch);
+      for (int s = 0; s < batch; ++s) {
+        sampled[s].kind = model::RowOutput::Kind::kSample;
+        sampled[s].temperature = 0.8f;
+        sampled[s].top_p = 0.95f;
+        sampled[s].canonical = (s + 0.5) / batch;
+      }
+      const double sampled_median =
+          median_of([&](const model::ForwardBatch& b) { model->forward_selected(b, sampled, o.graphs); });
       const nlohmann::json phases = phase_breakdown(*model, [&](int step) { model->forward_on_device(step_batch(step)); });
       const double bytes = decode_bytes(spec, o.expert_format, batch, context);
       const double bound = bytes / bandwidth;
@@ -320,11 +332,12 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"experts_bound_ms", experts_bound * 1e3},
                         {"step_with_host_logits_ms", host_median * 1e3},
                         {"step_with_argmax_ms", argmax_median * 1e3},
+                        {"step_with_sampling_ms", sampled_median * 1e3},
                         {"eager_phases_ms", phases}});
       std::cerr << fmt::format("  decode batch {:>3} context {:>5}: {:8.3f} ms/step  {:9.1f} tok/s  bound {:7.3f} ms  x{:.2f}"
-                               "  (logits to the host: {:.3f} ms, argmax only: {:.3f} ms)\n",
+                               "  (logits to the host: {:.3f} ms, argmax only: {:.3f} ms, sampled: {:.3f} ms)\n",
                                batch, context, median * 1e3, batch / median, bound * 1e3, median / bound,
-                               host_median * 1e3, argmax_median * 1e3);
+                               host_median * 1e3, argmax_median * 1e3, sampled_median * 1e3);
       if (o.speculative_steps > 0)
         decode.back()["speculative"] =
             speculation_costs(*model, config, o.speculative_steps, batch, context, o.steps, median,
@@ -376,6 +389,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"fused_attention_min_tokens", o.fused_attention_min_tokens},
                         {"fused_prefill_attention", o.fused_prefill_attention},
                         {"grouped_expert_gemm", o.grouped_expert_gemm},
+                        {"sample_on_device", o.sample_on_device},
                         {"speculative_steps", o.speculative_steps},
                         {"graphs", o.graphs},
                         {"weight_bytes", model->weight_bytes()},
@@ -444,6 +458,9 @@ void add_bench_step_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--grouped-expert-gemm", o->grouped_expert_gemm,
                   "bf16 experts of large batches through one cuBLAS grouped GEMM per projection (true/false)")
+      ->capture_default_str();
+  cmd->add_option("--sample-on-device", o->sample_on_device,
+                  "Sampled rows drawn on the GPU (true/false) instead of copied back and drawn on the host")
       ->capture_default_str();
   cmd->add_option("--expert-format", o->expert_format, "Routed experts' storage: bf16, mxfp4 (W4A16) or fp8 (block E4M3)")
       ->check(CLI::IsMember({"bf16", "mxfp4", "fp8"}))

@@ -83,6 +83,35 @@ struct Engine::Impl {
 
 namespace {
 
+// A row whose logits decide drafts or a verdict: the argmax for greedy requests, else the whole
+// row (drafts keep their distribution; verification compares distributions).
+model::RowOutput verdict_output(const RequestParams& p) {
+  model::RowOutput out;
+  out.kind = greedy_only(p) ? model::RowOutput::Kind::kArgmax : model::RowOutput::Kind::kLogits;
+  return out;
+}
+
+// The row that gives a sequence its next token: the argmax for greedy requests; for plainly
+// sampled ones a token drawn where the logits are, with the sequence's next uniform value (so
+// the seed decides the token wherever it is drawn); else the whole row, drawn here under the
+// penalties or with logprobs.
+model::RowOutput next_token_output(Sequence& seq) {
+  const RequestParams& p = seq.params;
+  model::RowOutput out;
+  if (greedy_only(p)) return out;
+  if (!plainly_sampled(p)) {
+    out.kind = model::RowOutput::Kind::kLogits;
+    return out;
+  }
+  out.kind = model::RowOutput::Kind::kSample;
+  out.temperature = p.sampling.temperature;
+  out.top_k = p.sampling.top_k;
+  out.top_p = p.sampling.top_p;
+  out.min_p = p.sampling.min_p;
+  out.canonical = seq.sampler.canonical();
+  return out;
+}
+
 int default_num_blocks(const model::StepRunner& runner, const EngineConfig& config) {
   const int64_t bytes_per_token = runner.cache_bytes_per_token();
   const int64_t bytes_per_block = bytes_per_token * config.block_size;
@@ -418,13 +447,14 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
                        seq.num_computed, seq.block_table, config.block_size, false);
     if (!completes) batch.logits_tokens.pop_back();
   }
-  // Greedy requests without logprobs or penalties need only each row's argmax.
-  std::vector<uint8_t> want_full;
+  // What each logits row returns: greedy requests need its argmax, plainly sampled ones a token
+  // the runner draws with the sequence's next uniform value, others (penalties, logprobs,
+  // verifying sampled drafts) the whole row.
+  std::vector<model::RowOutput> outputs;
   for (const Scheduled& s : scheduled) {
-    const Sequence& seq = *s.seq;
-    const bool full = !greedy_only(seq.params);
-    if (s.drafts > 0) want_full.insert(want_full.end(), s.drafts + 1, full);
-    else if (seq.num_computed + s.count == static_cast<int>(seq.tokens.size())) want_full.push_back(full);
+    Sequence& seq = *s.seq;
+    if (s.drafts > 0) outputs.insert(outputs.end(), s.drafts + 1, verdict_output(seq.params));
+    else if (seq.num_computed + s.count == static_cast<int>(seq.tokens.size())) outputs.push_back(next_token_output(seq));
   }
   model::StepLogits logits;
   std::string error;
@@ -432,7 +462,7 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
   trace.record_layers = false;  // the last hidden states feed the MTP entries
   unlocked(lock, [&] {
     try {
-      logits = runner->forward_selected(batch, want_full, config.speculative_steps > 0 ? &trace : nullptr);
+      logits = runner->forward_selected(batch, outputs, config.speculative_steps > 0 ? &trace : nullptr);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -454,7 +484,7 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
       row += s.drafts + 1;
     } else if (seq.num_computed + s.count == static_cast<int>(seq.tokens.size())) {
       first_row[i] = static_cast<int64_t>(row++);
-      if (error.empty() && logits.row(first_row[i])) draws.push_back(i);
+      if (error.empty() && logits.row(first_row[i])) draws.push_back(i);  // the rest came back as tokens
     }
   }
 #pragma omp parallel for schedule(dynamic) if (draws.size() > 1)
@@ -481,7 +511,7 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
     seq.num_computed += s.count;
     cache_full_blocks(seq);
     if (first_row[i] >= 0) {
-      const int32_t token = drawn[i] >= 0 ? drawn[i] : logits.argmax[first_row[i]];
+      const int32_t token = drawn[i] >= 0 ? drawn[i] : logits.token[first_row[i]];
       if (report_token(seq, token, logits.row(first_row[i]))) done.push_back(&seq);
     }
   }
@@ -532,7 +562,7 @@ void Engine::Impl::draft(std::unique_lock<std::mutex>& lock, std::vector<Schedul
   // different sequences run in parallel (each sequence has its own sampler).
   auto take = [&](Scheduled& s, const model::StepLogits& logits, size_t row) {
     if (!logits.row(row)) {
-      s.draft_tokens.push_back(logits.argmax[row]);
+      s.draft_tokens.push_back(logits.token[row]);
       return;
     }
     s.draft_probs.resize(s.draft_probs.size() + vocab);
@@ -545,9 +575,9 @@ void Engine::Impl::draft(std::unique_lock<std::mutex>& lock, std::vector<Schedul
     for (int64_t r = 0; r < static_cast<int64_t>(takers.size()); ++r) take(*takers[r], logits, static_cast<size_t>(r));
   };
   auto wants_full = [](const std::vector<Scheduled*>& takers) {
-    std::vector<uint8_t> want_full;
-    for (const Scheduled* s : takers) want_full.push_back(!greedy_only(s->seq->params));
-    return want_full;
+    std::vector<model::RowOutput> outputs;
+    for (const Scheduled* s : takers) outputs.push_back(verdict_output(s->seq->params));
+    return outputs;
   };
 
   std::vector<Scheduled*> drafting;  // in the order their first drafts come
@@ -626,9 +656,9 @@ void Engine::Impl::verify(Scheduled& s, const model::StepLogits& logits, int64_t
   if (!logits.row(first_row)) {
     // Greedy: drafts stand while they equal the target's argmax; the next token is the argmax
     // after the last one standing (verify_drafts on one-hot distributions, without them).
-    while (verdict.accepted < s.drafts && s.draft_tokens[verdict.accepted] == logits.argmax[first_row + verdict.accepted])
+    while (verdict.accepted < s.drafts && s.draft_tokens[verdict.accepted] == logits.token[first_row + verdict.accepted])
       ++verdict.accepted;
-    verdict.next = logits.argmax[first_row + verdict.accepted];
+    verdict.next = logits.token[first_row + verdict.accepted];
   } else {
     std::vector<float> target_probs(static_cast<size_t>(s.drafts + 1) * vocab);
     for (int k = 0; k <= s.drafts; ++k)

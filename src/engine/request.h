@@ -31,6 +31,13 @@ inline bool greedy_only(const RequestParams& p) {
          p.repetition_penalty == 1.0f && p.top_logprobs < 0;
 }
 
+// Whether a request samples (temperature above 0) with nothing else reading its logits (no
+// penalties, no logprobs): a step can then draw its token where the logits are.
+inline bool plainly_sampled(const RequestParams& p) {
+  return p.sampling.temperature > 0.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
+         p.repetition_penalty == 1.0f && p.top_logprobs < 0;
+}
+
 struct TokenLogprob {
   int32_t token = 0;
   float logprob = 0.0f;

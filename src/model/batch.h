@@ -35,16 +35,31 @@ struct ForwardBatch {
                     int block_size, bool all_logits);
 };
 
-// A step's logits as its caller asked for them: every logits row's argmax (greedy decoding's
-// token; lowest index on ties) and the full rows of those asked for, so that a device runner
-// copies a few bytes back for a greedy row instead of a vocabulary of fp32.
+// What a step returns for one logits row (StepRunner::forward_selected).
+struct RowOutput {
+  enum class Kind : uint8_t {
+    kArgmax,  // the row's argmax (greedy decoding)
+    kLogits,  // the whole row besides (penalties, logprobs, verifying sampled drafts)
+    kSample,  // a token drawn where the logits are: ops::sample_row with the fields below
+  };
+  Kind kind = Kind::kArgmax;
+  float temperature = 1.0f;  // kSample: ops::SamplingFilter's fields (temperature > 0)
+  int top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  double canonical = 0.0;  // kSample: the uniform draw in [0, 1)
+};
+
+// A step's logits as its caller asked for them: a token for every row (its argmax, or its draw
+// for kSample rows) and the full rows of kLogits, so that a device runner copies a few bytes
+// back for most rows instead of a vocabulary of fp32.
 struct StepLogits {
   int vocab_size = 0;
-  std::vector<int32_t> argmax;    // [logits rows]
+  std::vector<int32_t> token;     // [logits rows]
   std::vector<int32_t> full_row;  // [logits rows]: the row's index in `full`, -1 if not asked for
-  std::vector<float> full;        // [rows asked for, vocab_size] fp32, in logits row order
+  std::vector<float> full;        // [kLogits rows, vocab_size] fp32, in logits row order
 
-  // Row i's logits, or nullptr where only its argmax came back.
+  // Row i's logits, or nullptr where only its token came back.
   const float* row(size_t i) const {
     return full_row[i] < 0 ? nullptr : full.data() + static_cast<int64_t>(full_row[i]) * vocab_size;
   }

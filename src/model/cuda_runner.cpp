@@ -39,12 +39,12 @@ class CudaRunner : public StepRunner {
       fail("the CUDA runner records only the last hidden states (ForwardTrace::record_layers = false)");
     return model_->forward(batch, /*use_graph=*/true, trace ? &trace->last_hidden : nullptr);
   }
-  StepLogits forward_selected(const ForwardBatch& batch, const std::vector<uint8_t>& want_full,
+  StepLogits forward_selected(const ForwardBatch& batch, const std::vector<RowOutput>& outputs,
                               ForwardTrace* trace) override {
     GLMS_CHECK(model_ != nullptr, "StepRunner::forward_selected before allocate");
     if (trace && trace->record_layers)
       fail("the CUDA runner records only the last hidden states (ForwardTrace::record_layers = false)");
-    return model_->forward_selected(batch, want_full, /*use_graph=*/true, trace ? &trace->last_hidden : nullptr);
+    return model_->forward_selected(batch, outputs, /*use_graph=*/true, trace ? &trace->last_hidden : nullptr);
   }
   bool has_mtp() const override {
     return weights_ && !weights_->mtp.empty() && weights_->mtp[0].block.attention.has_indexer;
@@ -53,10 +53,10 @@ class CudaRunner : public StepRunner {
     GLMS_CHECK(model_ != nullptr, "StepRunner::mtp_forward before allocate");
     return model_->mtp_forward(batch, h_prev, h_out);
   }
-  StepLogits mtp_forward_selected(const ForwardBatch& batch, const float* h_prev, const std::vector<uint8_t>& want_full,
+  StepLogits mtp_forward_selected(const ForwardBatch& batch, const float* h_prev, const std::vector<RowOutput>& outputs,
                                   std::vector<float>* h_out) override {
     GLMS_CHECK(model_ != nullptr, "StepRunner::mtp_forward_selected before allocate");
-    return model_->mtp_forward_selected(batch, h_prev, want_full, h_out);
+    return model_->mtp_forward_selected(batch, h_prev, outputs, h_out);
   }
 
  private:

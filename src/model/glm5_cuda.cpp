@@ -56,6 +56,9 @@ void CudaGlm5Model::Impl::allocate() {
   head_in = bf16(int64_t{options.max_logits} * hidden);
   logits = f32(int64_t{options.max_logits} * c.vocab_size);
   logits_argmax = i32(options.max_logits);
+  sample_rows_of = i32(options.max_logits);
+  sample_params = DeviceBuffer(sizeof(cuda::RowSampling) * std::max(options.max_logits, 1));
+  sampled = i32(options.max_logits);
   prefill_score_capacity = std::min(kPrefillScoreFloats, T * H * options.max_context);
   prefill_context = bf16(int64_t{options.max_context} * (L + rd));
   prefill_queries = bf16(T * H * cuda::mla_padded_row(static_cast<int>(L), static_cast<int>(rd)));
@@ -424,11 +427,71 @@ std::vector<float> CudaGlm5Model::forward(const ForwardBatch& batch, bool use_gr
   return impl_->take_outputs(batch, last_hidden);
 }
 
-StepLogits CudaGlm5Model::forward_selected(const ForwardBatch& batch, const std::vector<uint8_t>& want_full,
+StepLogits CudaGlm5Model::forward_selected(const ForwardBatch& batch, const std::vector<RowOutput>& outputs,
                                            bool use_graph, std::vector<float>* last_hidden) {
-  GLMS_CHECK(want_full.size() == batch.logits_tokens.size(), "forward_selected: one flag per logits row");
+  GLMS_CHECK(outputs.size() == batch.logits_tokens.size(), "forward_selected: one output per logits row");
   impl_->launch(batch, use_graph);
-  return impl_->take_selected_outputs(want_full, batch, last_hidden);
+  return impl_->take_selected_outputs(outputs, batch, last_hidden);
+}
+
+StepLogits CudaGlm5Model::Impl::take_selected_outputs(const std::vector<RowOutput>& outputs, const ForwardBatch& step,
+                                                      std::vector<float>* hidden_out) {
+  const int64_t rows = static_cast<int64_t>(outputs.size()), vocab = config.vocab_size;
+  cudaStream_t s = stream.get();
+  StepLogits out;
+  out.vocab_size = config.vocab_size;
+  out.token.resize(rows);
+  out.full_row.assign(rows, -1);
+  cuda::argmax_rows(as<float>(logits), rows, vocab, as<int32_t>(logits_argmax), s);
+  cuda::copy_to_host_async(out.token.data(), logits_argmax.data(), sizeof(int32_t) * rows, s);
+  // Rows drawn on the device, or, without sample_on_device, copied back to be drawn here.
+  std::vector<int32_t> sample_rows;
+  std::vector<cuda::RowSampling> params;
+  for (int64_t i = 0; i < rows; ++i)
+    if (outputs[i].kind == RowOutput::Kind::kSample) {
+      const RowOutput& o = outputs[i];
+      GLMS_CHECK(o.temperature > 0.0f, "forward_selected: a sampled row needs a temperature above 0");
+      sample_rows.push_back(static_cast<int32_t>(i));
+      params.push_back({o.temperature, o.top_k, o.top_p, o.min_p, o.canonical});
+    }
+  std::vector<int32_t> drawn(sample_rows.size());
+  const bool draw_here = options.sample_on_device && !sample_rows.empty();
+  if (draw_here) {
+    cuda::copy_to_device_async(sample_rows_of.data(), sample_rows.data(), sizeof(int32_t) * sample_rows.size(), s);
+    cuda::copy_to_device_async(sample_params.data(), params.data(), sizeof(cuda::RowSampling) * params.size(), s);
+    cuda::sample_rows(as<float>(logits), static_cast<int64_t>(sample_rows.size()), vocab, as<int32_t>(sample_rows_of),
+                      as<cuda::RowSampling>(sample_params), as<int32_t>(sampled), s);
+    cuda::copy_to_host_async(drawn.data(), sampled.data(), sizeof(int32_t) * drawn.size(), s);
+  }
+  int32_t full_rows = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    const bool wanted = outputs[i].kind == RowOutput::Kind::kLogits ||
+                        (outputs[i].kind == RowOutput::Kind::kSample && !options.sample_on_device);
+    if (wanted) out.full_row[i] = full_rows++;
+  }
+  out.full.resize(static_cast<size_t>(full_rows) * vocab);
+  for (int64_t i = 0; i < rows; ++i)
+    if (out.full_row[i] >= 0)
+      cuda::copy_to_host_async(out.full.data() + int64_t{out.full_row[i]} * vocab, as<float>(logits) + i * vocab,
+                               sizeof(float) * vocab, s);
+  if (hidden_out) {
+    hidden_out->resize(static_cast<size_t>(step.num_tokens()) * config.hidden_size);
+    cuda::copy_to_host_async(hidden_out->data(), x.data(), hidden_out->size() * sizeof(float), s);
+  }
+  stream.synchronize();
+  timer.collect();
+  if (draw_here) {
+    for (size_t r = 0; r < sample_rows.size(); ++r) out.token[sample_rows[r]] = drawn[r];
+  } else {
+#pragma omp parallel for schedule(dynamic) if (sample_rows.size() > 1)
+    for (int64_t r = 0; r < static_cast<int64_t>(sample_rows.size()); ++r) {
+      const int64_t i = sample_rows[r];
+      out.token[i] = ops::sample_row(out.row(i), config.vocab_size, sampling_filter(outputs[i]), outputs[i].canonical);
+    }
+    // The rows came back only to be drawn from.
+    for (int32_t i : sample_rows) out.full_row[i] = -1;
+  }
+  return out;
 }
 
 bool CudaGlm5Model::has_mtp() const {
@@ -442,10 +505,10 @@ std::vector<float> CudaGlm5Model::mtp_forward(const ForwardBatch& batch, const f
 }
 
 StepLogits CudaGlm5Model::mtp_forward_selected(const ForwardBatch& batch, const float* h_prev,
-                                               const std::vector<uint8_t>& want_full, std::vector<float>* h_out) {
-  GLMS_CHECK(want_full.size() == batch.logits_tokens.size(), "mtp_forward_selected: one flag per logits row");
+                                               const std::vector<RowOutput>& outputs, std::vector<float>* h_out) {
+  GLMS_CHECK(outputs.size() == batch.logits_tokens.size(), "mtp_forward_selected: one output per logits row");
   impl_->run_mtp(batch, h_prev);
-  return impl_->take_selected_outputs(want_full, batch, h_out);
+  return impl_->take_selected_outputs(outputs, batch, h_out);
 }
 
 void CudaGlm5Model::Impl::run_mtp(const ForwardBatch& step, const float* h_prev_host) {

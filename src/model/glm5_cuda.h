@@ -44,6 +44,10 @@ struct CudaModelOptions {
   // projection instead of one GEMM per expert: prefill 512 tokens 39.2 -> 36.3 ms, 2k 56.9 ->
   // 54.5 ms on the H200 at GLM-5.2 width with 5 layers (docs/performance.md).
   bool grouped_expert_gemm = true;
+  // Sampled rows (RowOutput::kSample) drawn on the device (ops::cuda::sample_rows: four bytes
+  // back a row) instead of copied back and drawn on the host. Off until its parity test
+  // (CudaOps.SampleRowsMatchesTheHostSampler) and the CUDA engine tests have run on a GPU.
+  bool sample_on_device = false;
 };
 
 class CudaGlm5Model {
@@ -76,9 +80,10 @@ class CudaGlm5Model {
   // [batch.num_tokens(), hidden] (what the MTP layer consumes).
   std::vector<float> forward(const ForwardBatch& batch, bool use_graph = false, std::vector<float>* last_hidden = nullptr);
 
-  // The same step returning every logits row's argmax (made on the device) and the logits of
-  // only the rows with want_full[i] set: what the engine needs for greedy requests.
-  StepLogits forward_selected(const ForwardBatch& batch, const std::vector<uint8_t>& want_full, bool use_graph = false,
+  // The same step returning what outputs[i] asks for each logits row (StepRunner::forward_selected):
+  // argmaxes made on the device, draws too with options.sample_on_device, and only the kLogits
+  // rows copied back.
+  StepLogits forward_selected(const ForwardBatch& batch, const std::vector<RowOutput>& outputs, bool use_graph = false,
                               std::vector<float>* last_hidden = nullptr);
 
   // The checkpoint's MTP layer (its cache after the decoder layers', same block ids), as
@@ -87,8 +92,8 @@ class CudaGlm5Model {
   // MTP layer with its own indexer (as the CPU path does).
   bool has_mtp() const;
   std::vector<float> mtp_forward(const ForwardBatch& batch, const float* h_prev, std::vector<float>* h_out);
-  // The same with each logits row's argmax made on the device and only the want_full rows copied back.
-  StepLogits mtp_forward_selected(const ForwardBatch& batch, const float* h_prev, const std::vector<uint8_t>& want_full,
+  // The same with forward_selected's outputs.
+  StepLogits mtp_forward_selected(const ForwardBatch& batch, const float* h_prev, const std::vector<RowOutput>& outputs,
                                   std::vector<float>* h_out);
 
   // The same step without copying logits back (they stay on the device); for timing.

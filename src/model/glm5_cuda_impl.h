@@ -90,7 +90,7 @@ struct CudaGlm5Model::Impl {
       mlp_gate_up, mlp_act, router_logits, expert_ids, expert_weights, plan_counts, plan_offsets, plan_active,
       plan_num_active, sorted_pairs, pair_slot, shared_out, pair_x, pair_gate_up, pair_act, expert_out, head_in,
       logits, prefill_context, prefill_queries, prefill_scores, prefill_probs, gathered_rows, gathered_keys,
-      expert_gate_up_bf16, expert_down_bf16, h_prev, logits_argmax;
+      expert_gate_up_bf16, expert_down_bf16, h_prev, logits_argmax, sample_rows_of, sample_params, sampled;
   int64_t gathered_capacity = 0;  // bf16 elements of gathered_rows
   int64_t prefill_score_capacity = 0;  // floats
   const ForwardBatch* batch = nullptr;  // the step being run (host view; null inside graph capture)
@@ -161,35 +161,11 @@ struct CudaGlm5Model::Impl {
     return host_logits;
   }
 
-  // The same, with every logits row's argmax made on the device and only the rows of want_full
-  // copied back.
-  StepLogits take_selected_outputs(const std::vector<uint8_t>& want_full, const ForwardBatch& step,
-                                   std::vector<float>* hidden_out) {
-    const int64_t rows = static_cast<int64_t>(want_full.size()), vocab = config.vocab_size;
-    cudaStream_t s = stream.get();
-    StepLogits out;
-    out.vocab_size = config.vocab_size;
-    out.argmax.resize(rows);
-    out.full_row.assign(rows, -1);
-    cuda::argmax_rows(as<float>(logits), rows, vocab, as<int32_t>(logits_argmax), s);
-    cuda::copy_to_host_async(out.argmax.data(), logits_argmax.data(), sizeof(int32_t) * rows, s);
-    int32_t full_rows = 0;
-    for (int64_t i = 0; i < rows; ++i)
-      if (want_full[i]) out.full_row[i] = full_rows++;
-    out.full.resize(static_cast<size_t>(full_rows) * vocab);
-    for (int64_t i = 0; i < rows; ++i)
-      if (out.full_row[i] >= 0)
-        cuda::copy_to_host_async(out.full.data() + out.full_row[i] * vocab, as<float>(logits) + i * vocab,
-                                 sizeof(float) * vocab, s);
-    if (hidden_out) {
-      hidden_out->resize(static_cast<size_t>(step.num_tokens()) * config.hidden_size);
-      cuda::copy_to_host_async(hidden_out->data(), x.data(), hidden_out->size() * sizeof(float), s);
-    }
-    stream.synchronize();
-    timer.collect();
-    return out;
-  }
-
+  // forward_selected's outputs of the step just run: every row's argmax made on the device, the
+  // kSample rows drawn there (options.sample_on_device; otherwise their rows come back and are
+  // drawn on the host), and the kLogits rows copied back; x too when asked.
+  StepLogits take_selected_outputs(const std::vector<RowOutput>& outputs, const ForwardBatch& step,
+                                   std::vector<float>* hidden_out);
   const int32_t* meta_i32(size_t offset) const {
     return reinterpret_cast<const int32_t*>(static_cast<const char*>(metadata.data()) + offset);
   }

@@ -1,5 +1,6 @@
 #include "model/step_runner.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "core/error.h"
@@ -44,29 +45,42 @@ std::vector<float> StepRunner::mtp_forward(const ForwardBatch&, const float*, st
   fail("the " + device() + " runner has no MTP draft layer (speculative decoding runs on the CPU for now)");
 }
 
-StepLogits StepRunner::forward_selected(const ForwardBatch& batch, const std::vector<uint8_t>& want_full,
+StepLogits StepRunner::forward_selected(const ForwardBatch& batch, const std::vector<RowOutput>& outputs,
                                         ForwardTrace* trace) {
-  GLMS_CHECK(want_full.size() == batch.logits_tokens.size(), "forward_selected: one flag per logits row");
+  GLMS_CHECK(outputs.size() == batch.logits_tokens.size(), "forward_selected: one output per logits row");
   const std::vector<float> logits = forward(batch, trace);
-  return select_logits(logits.data(), config().vocab_size, want_full);
+  return select_logits(logits.data(), config().vocab_size, outputs);
 }
 
 StepLogits StepRunner::mtp_forward_selected(const ForwardBatch& batch, const float* h_prev,
-                                            const std::vector<uint8_t>& want_full, std::vector<float>* h_out) {
-  GLMS_CHECK(want_full.size() == batch.logits_tokens.size(), "mtp_forward_selected: one flag per logits row");
+                                            const std::vector<RowOutput>& outputs, std::vector<float>* h_out) {
+  GLMS_CHECK(outputs.size() == batch.logits_tokens.size(), "mtp_forward_selected: one output per logits row");
   const std::vector<float> logits = mtp_forward(batch, h_prev, h_out);
-  return select_logits(logits.data(), config().vocab_size, want_full);
+  return select_logits(logits.data(), config().vocab_size, outputs);
 }
 
-StepLogits select_logits(const float* logits, int vocab_size, const std::vector<uint8_t>& want_full) {
+ops::SamplingFilter sampling_filter(const RowOutput& output) {
+  return {output.temperature, output.top_k, output.top_p, output.min_p};
+}
+
+StepLogits select_logits(const float* logits, int vocab_size, const std::vector<RowOutput>& outputs) {
   StepLogits out;
   out.vocab_size = vocab_size;
+  const int64_t rows = static_cast<int64_t>(outputs.size());
+  out.token.resize(rows);
+  out.full_row.assign(rows, -1);
   int32_t full_rows = 0;
-  for (size_t i = 0; i < want_full.size(); ++i) {
-    const float* row = logits + static_cast<int64_t>(i) * vocab_size;
-    out.argmax.push_back(ops::argmax(row, vocab_size));
-    out.full_row.push_back(want_full[i] ? full_rows++ : -1);
-    if (want_full[i]) out.full.insert(out.full.end(), row, row + vocab_size);
+  for (int64_t i = 0; i < rows; ++i)
+    if (outputs[i].kind == RowOutput::Kind::kLogits) out.full_row[i] = full_rows++;
+  out.full.resize(static_cast<size_t>(full_rows) * vocab_size);
+  // Rows in parallel: a draw over a vocabulary of 154880 takes about a millisecond.
+#pragma omp parallel for schedule(dynamic) if (rows > 1)
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* row = logits + i * vocab_size;
+    out.token[i] = outputs[i].kind == RowOutput::Kind::kSample
+                       ? ops::sample_row(row, vocab_size, sampling_filter(outputs[i]), outputs[i].canonical)
+                       : ops::argmax(row, vocab_size);
+    if (out.full_row[i] >= 0) std::copy(row, row + vocab_size, out.full.begin() + int64_t{out.full_row[i]} * vocab_size);
   }
   return out;
 }

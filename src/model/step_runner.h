@@ -11,6 +11,7 @@
 
 #include "io/model_config.h"
 #include "model/batch.h"
+#include "ops/ops.h"
 
 namespace glms::model {
 
@@ -41,10 +42,11 @@ class StepRunner {
   // states (the MTP drafts need them); the CPU runner also records every layer's when asked.
   virtual std::vector<float> forward(const ForwardBatch& batch, ForwardTrace* trace) = 0;
   std::vector<float> forward(const ForwardBatch& batch) { return forward(batch, nullptr); }
-  // The same step returning every logits row's argmax and the full logits of the rows with
-  // want_full[i] set (one flag per logits row). The CUDA runner reduces on the device and copies
-  // back only what is asked for; this default runs forward() and reduces on the host.
-  virtual StepLogits forward_selected(const ForwardBatch& batch, const std::vector<uint8_t>& want_full,
+  // The same step returning for each logits row what outputs[i] asks (one entry per row): its
+  // argmax, its whole row, or a token drawn from it. The CUDA runner reduces and draws on the
+  // device and copies back only the rows asked for; this default runs forward() and does the
+  // same on the host.
+  virtual StepLogits forward_selected(const ForwardBatch& batch, const std::vector<RowOutput>& outputs,
                                       ForwardTrace* trace);
 
   // MTP drafting, where the model has an MTP layer and allocate() was asked for its cache (the
@@ -52,14 +54,16 @@ class StepRunner {
   // by the batch's block ids.
   virtual bool has_mtp() const { return false; }
   virtual std::vector<float> mtp_forward(const ForwardBatch& batch, const float* h_prev, std::vector<float>* h_out);
-  // The same returning each logits row's argmax and only the want_full rows (forward_selected's
-  // contract): greedy drafts need nothing more. This default runs mtp_forward().
+  // The same with forward_selected's outputs: greedy drafts need only each row's argmax. This
+  // default runs mtp_forward().
   virtual StepLogits mtp_forward_selected(const ForwardBatch& batch, const float* h_prev,
-                                          const std::vector<uint8_t>& want_full, std::vector<float>* h_out);
+                                          const std::vector<RowOutput>& outputs, std::vector<float>* h_out);
 };
 
-// Host-side forward_selected over logits [want_full.size(), vocab_size].
-StepLogits select_logits(const float* logits, int vocab_size, const std::vector<uint8_t>& want_full);
+// A kSample row's filters as the op takes them.
+ops::SamplingFilter sampling_filter(const RowOutput& output);
+// forward_selected's outputs made on the host from logits [outputs.size(), vocab_size].
+StepLogits select_logits(const float* logits, int vocab_size, const std::vector<RowOutput>& outputs);
 
 // The CPU path over `model` (which must outlive the runner).
 std::unique_ptr<StepRunner> make_cpu_runner(const Glm5Model& model);

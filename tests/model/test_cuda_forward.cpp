@@ -273,35 +273,53 @@ TEST_P(CudaForwardAttention, MtpLayerMatchesCpu) {
   EXPECT_LT(relative_l2(got2, want2), 2e-2) << "chained draft logits";
 }
 
-// forward_selected: every logits row's argmax made on the device and only the asked-for rows
-// copied back, equal to what forward() returns for the same step (run twice over the same cache
-// rows, which it rewrites with the same values).
-TEST_F(CudaForward, ForwardSelectedReturnsEachRowsArgmaxAndTheAskedRows) {
+// forward_selected: each row's argmax made on the device, sampled rows drawn there (or, without
+// sample_on_device, on the host from their copied rows), and only the kLogits rows copied back;
+// all as forward() returns them for the same step (run twice over the same cache rows, which it
+// rewrites with the same values).
+TEST_F(CudaForward, ForwardSelectedReturnsArgmaxesDrawsAndTheAskedRows) {
   RandomModelSpec spec;
   TempDir dir("cuda_selected");
   const model::Glm5Model cpu(model::load_weights(glms::testing::write_random_model(dir.path / "m", spec).string()));
-  model::CudaGlm5Model gpu(cpu.weights(), small_options());
-  const int vocab = cpu.config().vocab_size;
-  const auto a = random_tokens(9, vocab, 3), b = random_tokens(5, vocab, 4);
-  model::ForwardBatch batch;
-  batch.add_sequence(a, 0, table(0, 6), kBlockSize, true);
-  batch.add_sequence(b, 0, table(10, 3), kBlockSize, false);
-  const int rows = static_cast<int>(batch.logits_tokens.size());
-  ASSERT_EQ(rows, 10);
-  const std::vector<float> full = gpu.forward(batch);
-  std::vector<uint8_t> want_full(rows, 0);
-  want_full[1] = want_full[4] = want_full[9] = 1;
-  const model::StepLogits selected = gpu.forward_selected(batch, want_full);
-  ASSERT_EQ(selected.argmax.size(), static_cast<size_t>(rows));
-  EXPECT_EQ(selected.full.size(), 3u * vocab);
-  for (int r = 0; r < rows; ++r) {
-    const float* expected = full.data() + int64_t{r} * vocab;
-    EXPECT_EQ(selected.argmax[r], ops::argmax(expected, vocab)) << "row " << r;
-    if (!want_full[r]) {
-      EXPECT_EQ(selected.row(r), nullptr);
-      continue;
+  for (const bool sample_on_device : {false, true}) {
+    model::CudaModelOptions options = small_options();
+    options.sample_on_device = sample_on_device;
+    model::CudaGlm5Model gpu(cpu.weights(), options);
+    const int vocab = cpu.config().vocab_size;
+    const auto a = random_tokens(9, vocab, 3), b = random_tokens(5, vocab, 4);
+    model::ForwardBatch batch;
+    batch.add_sequence(a, 0, table(0, 6), kBlockSize, true);
+    batch.add_sequence(b, 0, table(10, 3), kBlockSize, false);
+    const int rows = static_cast<int>(batch.logits_tokens.size());
+    ASSERT_EQ(rows, 10);
+    const std::vector<float> full = gpu.forward(batch);
+    std::vector<model::RowOutput> outputs(rows);
+    for (int r : {1, 4, 9}) outputs[r].kind = model::RowOutput::Kind::kLogits;
+    for (int r : {2, 6, 7}) {
+      outputs[r].kind = model::RowOutput::Kind::kSample;
+      outputs[r].temperature = 0.9f;
+      outputs[r].top_k = r == 6 ? 40 : 0;
+      outputs[r].top_p = r == 7 ? 0.8f : 1.0f;
+      outputs[r].canonical = 0.1 * r;
     }
-    ASSERT_NE(selected.row(r), nullptr);
-    EXPECT_LT(relative_l2(selected.row(r), expected, vocab), 1e-6) << "row " << r;
+    const model::StepLogits selected = gpu.forward_selected(batch, outputs);
+    ASSERT_EQ(selected.token.size(), static_cast<size_t>(rows));
+    EXPECT_GE(selected.full.size(), 3u * vocab);
+    for (int r = 0; r < rows; ++r) {
+      const float* expected = full.data() + int64_t{r} * vocab;
+      if (outputs[r].kind == model::RowOutput::Kind::kSample) {
+        EXPECT_EQ(selected.token[r], ops::sample_row(expected, vocab, model::sampling_filter(outputs[r]), outputs[r].canonical))
+            << "row " << r << (sample_on_device ? ", drawn on the device" : ", drawn on the host");
+        EXPECT_EQ(selected.row(r), nullptr);
+        continue;
+      }
+      EXPECT_EQ(selected.token[r], ops::argmax(expected, vocab)) << "row " << r;
+      if (outputs[r].kind == model::RowOutput::Kind::kArgmax) {
+        EXPECT_EQ(selected.row(r), nullptr);
+        continue;
+      }
+      ASSERT_NE(selected.row(r), nullptr);
+      EXPECT_LT(relative_l2(selected.row(r), expected, vocab), 1e-6) << "row " << r;
+    }
   }
 }

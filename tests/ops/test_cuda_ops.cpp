@@ -351,3 +351,49 @@ TEST_F(CudaOps, ArgmaxRowsMatchesHostArgmax) {
   cuda::argmax_rows(dshort.as<float>(), 1, 3, out.as<int32_t>(), nullptr);
   EXPECT_EQ(to_host<int32_t>(out, 1)[0], 1);
 }
+
+// Sampling on the device against ops::sample_row, row by row with the same uniform draw, over
+// GLM's vocabulary and an odd small one: temperature alone, top_k (ties at its boundary), top_p
+// peaked and nearly flat, min_p, combinations, and draws at 0 and just under 1.
+TEST_F(CudaOps, SampleRowsMatchesTheHostSampler) {
+  struct Case {
+    float temperature;
+    int top_k;
+    float top_p;
+    float min_p;
+  };
+  const std::vector<Case> cases = {{1.0f, 0, 1.0f, 0.0f},   {0.7f, 0, 1.0f, 0.0f},    {0.8f, 50, 1.0f, 0.0f},
+                                   {1.0f, 0, 0.9f, 0.0f},   {40.0f, 0, 0.95f, 0.0f},  {0.8f, 20, 0.8f, 0.0f},
+                                   {1.0f, 5000, 0.9f, 0.0f}, {1.3f, 0, 0.999f, 0.01f}, {1.0f, 0, 1.0f, 0.2f},
+                                   {0.5f, 1, 1.0f, 0.0f},   {2.0f, 3, 0.5f, 0.1f}};
+  for (const int vocab : {154880, 37}) {
+    const int draws = 6;
+    const int rows = static_cast<int>(cases.size()) * draws;
+    std::mt19937 rng(vocab);
+    std::normal_distribution<float> normal(0.0f, 2.0f);
+    std::uniform_real_distribution<double> uniform(0.0, 1.0);
+    std::vector<float> logits(static_cast<size_t>(rows) * vocab);
+    std::vector<cuda::RowSampling> params(rows);
+    for (int r = 0; r < rows; ++r) {
+      float* row = logits.data() + static_cast<int64_t>(r) * vocab;
+      for (int i = 0; i < vocab; ++i) row[i] = normal(rng);
+      if (r % 3 == 1)  // coarse logits: many equal values, at top_k's and top_p's boundaries too
+        for (int i = 0; i < vocab; ++i) row[i] = std::round(row[i] * 2.0f) / 2.0f;
+      const Case& c = cases[r / draws];
+      params[r] = {c.temperature, std::min(c.top_k, vocab - 1), c.top_p, c.min_p,
+                   r % draws == 0 ? 0.0 : r % draws == 1 ? 0.9999999 : uniform(rng)};
+    }
+    auto dlogits = to_device(logits), dparams = to_device(params);
+    cuda::DeviceBuffer dout(rows * sizeof(int32_t));
+    cuda::sample_rows(dlogits.as<float>(), rows, vocab, nullptr, dparams.as<cuda::RowSampling>(), dout.as<int32_t>(),
+                      nullptr);
+    const auto got = to_host<int32_t>(dout, rows);
+    for (int r = 0; r < rows; ++r) {
+      const cuda::RowSampling& p = params[r];
+      const ops::SamplingFilter filter{p.temperature, p.top_k, p.top_p, p.min_p};
+      EXPECT_EQ(got[r], ops::sample_row(logits.data() + static_cast<int64_t>(r) * vocab, vocab, filter, p.canonical))
+          << "vocab " << vocab << " row " << r << ": temperature " << p.temperature << " top_k " << p.top_k
+          << " top_p " << p.top_p << " min_p " << p.min_p << " canonical " << p.canonical;
+    }
+  }
+}

@@ -126,6 +126,20 @@ void to_bf16(const float* x, uint16_t* y, int64_t count, cudaStream_t stream);
 // out[r] = the index of the largest of x[r, 0..cols) (lowest index on ties, NaN never chosen;
 // 0 when no value compares), as ops::argmax: greedy decoding's token for each logits row.
 void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
+// One logits row's draw (sampling.cu): ops::SamplingFilter's fields (temperature > 0) and the
+// uniform value in [0, 1) that picks the token.
+struct RowSampling {
+  float temperature = 1.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  double canonical = 0.0;
+};
+// out[r] = ops::sample_row(x[row_of[r]], cols, params[r]'s filter, params[r].canonical) for r <
+// rows (row_of null: row r; row_of, params and out on the device), but for rounding where a
+// cumulative mass lands exactly on a boundary.
+void sample_rows(const float* x, int64_t rows, int64_t cols, const int32_t* row_of, const RowSampling* params,
+                 int32_t* out, cudaStream_t stream);
 
 // RoPE on `n * heads` rows of `x` (row r belongs to token r / heads): the `rope_dim` values at
 // column `offset` of each `row_stride`-wide row rotate by positions[token] * inv_freq.
