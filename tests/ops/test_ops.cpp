@@ -1,11 +1,14 @@
 // CPU ops against float64 references on random data, and the batch invariance of linear().
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
 #include "ops/ops.h"
+#include "ops/sampling_exp.h"
 #include "quant/formats.h"
 #include "support/numerics.h"
 
@@ -184,4 +187,23 @@ TEST(Sampling, TheCanonicalDrawWalksTheKeptTokensInIdOrder) {
   EXPECT_NEAR(probs[3], 4.0 / 12, 1e-6);
   EXPECT_NEAR(probs[4], 8.0 / 12, 1e-6);
   EXPECT_EQ(probs[0] + probs[1] + probs[2], 0.0f);
+}
+
+// The sampler's exponential (the same float operations on the host and the device) against
+// the double-precision exp: about 1e-7 relative down to the subnormals, 1 at 0, 0 past -104.
+TEST(Sampling, SamplingExpIsAccurateAndExactAtZero) {
+  EXPECT_EQ(ops::sampling_exp(0.0f), 1.0f);
+  EXPECT_EQ(ops::sampling_exp(-105.0f), 0.0f);
+  EXPECT_EQ(ops::sampling_exp(std::nanf("")), 0.0f);
+  double worst = 0.0;
+  for (float x = -87.0f; x <= 0.0f; x += 0.000731f) {
+    const double want = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::abs(ops::sampling_exp(x) - want) / want);
+  }
+  EXPECT_LT(worst, 3e-7);
+  for (float x = -103.0f; x < -87.0f; x += 0.01f) {  // subnormal results: within one subnormal step
+    const double want = std::exp(static_cast<double>(x));
+    EXPECT_NEAR(ops::sampling_exp(x), want, 1.5e-45) << x;
+  }
+  std::printf("sampling_exp: worst relative error %.2e over [-87, 0]\n", worst);
 }

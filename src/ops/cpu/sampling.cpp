@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ops/ops.h"
+#include "ops/sampling_exp.h"
 
 namespace glms::ops {
 
@@ -123,13 +124,13 @@ void filter(const float* logits, int vocab_size, const SamplingFilter& params, F
   }
   float max_logit = logits[candidates[0]];
   for (int32_t id : candidates) max_logit = std::max(max_logit, logits[id]);
-  // Unnormalised weights exp((logit - max) / temperature) by id, in float (this pass over the
-  // vocabulary is most of a draw's cost); sums in double.
+  // Unnormalised weights exp((logit - max) / temperature) by id, in float (sampling_exp: the
+  // same bits as the device sampler's); sums in double.
   std::vector<float>& weight = f.weight;
   weight.resize(vocab_size);
   const float inv_temperature = 1.0f / params.temperature;
   double total = 0.0;
-  for (int32_t id : candidates) total += weight[id] = std::exp((logits[id] - max_logit) * inv_temperature);
+  for (int32_t id : candidates) total += weight[id] = sampling_exp((logits[id] - max_logit) * inv_temperature);
 
   size_t keep = candidates.size();
   if (params.top_p < 1.0f) {

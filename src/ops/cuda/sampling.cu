@@ -7,7 +7,8 @@
 // radix select over order-preserving keys of the logits (four 8-bit passes of counts), top_p's
 // boundary the same select over masses instead of counts (the key where the mass of larger keys
 // stops short of top_p and reaching past it does), and the weights exp((logit - max) / T) are
-// recomputed in each pass rather than stored (the row stays in L2; the passes are cheap).
+// recomputed in each pass rather than stored (the row stays in L2; the passes are cheap), by
+// ops::sampling_exp, bit for bit as the host sampler makes them.
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
@@ -17,6 +18,7 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/sampling_exp.h"
 
 namespace glms::ops::cuda {
 
@@ -72,7 +74,7 @@ __global__ void __launch_bounds__(kSampleThreads)
   float local_max = -INFINITY;
   for (int64_t i = lo; i < hi; ++i) local_max = fmaxf(local_max, row[i]);  // fmaxf skips NaN
   const float max_logit = block_all_reduce(local_max, scratch_f, [](float a, float b) { return fmaxf(a, b); });
-  auto weight = [&](float v) { return expf((v - max_logit) * inv_temperature); };
+  auto weight = [&](float v) { return sampling_exp(__fmul_rn(__fsub_rn(v, max_logit), inv_temperature)); };
 
   // top_k: the k-th largest key, and how many of the ids equal to it (the lowest) are kept.
   const bool use_top_k = p.top_k > 0 && p.top_k < vocab;
