@@ -451,10 +451,14 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
   // the runner draws with the sequence's next uniform value, others (penalties, logprobs,
   // verifying sampled drafts) the whole row.
   std::vector<model::RowOutput> outputs;
-  for (const Scheduled& s : scheduled) {
+  std::vector<int64_t> first_row(scheduled.size(), -1);  // each sequence's first logits row, if any
+  for (size_t i = 0; i < scheduled.size(); ++i) {
+    const Scheduled& s = scheduled[i];
     Sequence& seq = *s.seq;
+    if (s.drafts == 0 && seq.num_computed + s.count < static_cast<int>(seq.tokens.size())) continue;
+    first_row[i] = static_cast<int64_t>(outputs.size());
     if (s.drafts > 0) outputs.insert(outputs.end(), s.drafts + 1, verdict_output(seq.params));
-    else if (seq.num_computed + s.count == static_cast<int>(seq.tokens.size())) outputs.push_back(next_token_output(seq));
+    else outputs.push_back(next_token_output(seq));
   }
   model::StepLogits logits;
   std::string error;
@@ -469,24 +473,14 @@ void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
   });
   ++counters.steps;
 
-  // 4. Advance, sample or verify, report; finished sequences leave. Rows that sample draw their
-  // tokens first, in parallel: each sequence has its own sampler, and a draw over GLM's
-  // vocabulary takes about a millisecond, so 64 of them one after another would outlast a step.
+  // 4. Advance, sample or verify, report; finished sequences leave. Rows that came back whole
+  // (penalties, logprobs) draw their tokens first, in parallel: each sequence has its own
+  // sampler, and a draw over GLM's vocabulary takes about a millisecond.
   const int64_t hidden = runner->config().hidden_size;
-  std::vector<int64_t> first_row(scheduled.size(), -1);  // each sequence's first logits row
   std::vector<int32_t> drawn(scheduled.size(), -1);
-  std::vector<size_t> draws;  // sequences whose completed row is sampled
-  for (size_t i = 0, row = 0; i < scheduled.size(); ++i) {
-    const Scheduled& s = scheduled[i];
-    const Sequence& seq = *s.seq;
-    if (s.drafts > 0) {
-      first_row[i] = static_cast<int64_t>(row);
-      row += s.drafts + 1;
-    } else if (seq.num_computed + s.count == static_cast<int>(seq.tokens.size())) {
-      first_row[i] = static_cast<int64_t>(row++);
-      if (error.empty() && logits.row(first_row[i])) draws.push_back(i);  // the rest came back as tokens
-    }
-  }
+  std::vector<size_t> draws;  // sequences whose next token is drawn here
+  for (size_t i = 0; i < scheduled.size(); ++i)
+    if (error.empty() && scheduled[i].drafts == 0 && first_row[i] >= 0 && logits.row(first_row[i])) draws.push_back(i);
 #pragma omp parallel for schedule(dynamic) if (draws.size() > 1)
   for (int64_t d = 0; d < static_cast<int64_t>(draws.size()); ++d)
     drawn[draws[d]] = draw_token(*scheduled[draws[d]].seq, logits.row(first_row[draws[d]]));
@@ -574,7 +568,7 @@ void Engine::Impl::draft(std::unique_lock<std::mutex>& lock, std::vector<Schedul
 #pragma omp parallel for schedule(dynamic) if (takers.size() > 1)
     for (int64_t r = 0; r < static_cast<int64_t>(takers.size()); ++r) take(*takers[r], logits, static_cast<size_t>(r));
   };
-  auto wants_full = [](const std::vector<Scheduled*>& takers) {
+  auto draft_outputs = [](const std::vector<Scheduled*>& takers) {
     std::vector<model::RowOutput> outputs;
     for (const Scheduled* s : takers) outputs.push_back(verdict_output(s->seq->params));
     return outputs;
@@ -604,7 +598,7 @@ void Engine::Impl::draft(std::unique_lock<std::mutex>& lock, std::vector<Schedul
     }
     std::vector<float> out_hidden;
     const model::StepLogits logits = unlocked(lock, [&] {
-      return runner->mtp_forward_selected(entries, entry_hidden.data(), wants_full(takers), &out_hidden);
+      return runner->mtp_forward_selected(entries, entry_hidden.data(), draft_outputs(takers), &out_hidden);
     });
     take_all(takers, logits);
     for (size_t d = 0; d < takers.size(); ++d) {
@@ -636,7 +630,7 @@ void Engine::Impl::draft(std::unique_lock<std::mutex>& lock, std::vector<Schedul
     }
     if (members.empty()) break;
     const model::StepLogits logits = unlocked(lock, [&] {
-      return runner->mtp_forward_selected(chain, chain_in.data(), wants_full(takers), &out_hidden);
+      return runner->mtp_forward_selected(chain, chain_in.data(), draft_outputs(takers), &out_hidden);
     });
     take_all(takers, logits);
     for (size_t m = 0; m < members.size(); ++m)
