@@ -166,6 +166,7 @@ struct CudaGlm5Model::Impl {
   // drawn on the host), and the kLogits rows copied back; x too when asked.
   StepLogits take_selected_outputs(const std::vector<RowOutput>& outputs, const ForwardBatch& step,
                                    std::vector<float>* hidden_out);
+
   const int32_t* meta_i32(size_t offset) const {
     return reinterpret_cast<const int32_t*>(static_cast<const char*>(metadata.data()) + offset);
   }
