@@ -101,6 +101,45 @@ TEST_F(EngineTest, ConcurrentRequestsEqualEachAlone) {
   expect_idle(engine);
 }
 
+// Sampled requests side by side: each draws the tokens engine::generate draws alone with the
+// same seed (the engine hands plainly sampled rows to the runner with the sequence's next uniform
+// value; a request with a penalty comes back whole and draws in the engine).
+TEST_F(EngineTest, SeededSampledRequestsMatchTheGenerator) {
+  engine::EngineConfig config;
+  config.max_batch_tokens = 32;
+  engine::Engine engine(*model_, config);
+  struct Case {
+    float temperature;
+    int top_k;
+    float top_p;
+    float min_p;
+  };
+  const std::vector<Case> cases = {{0.8f, 0, 1.0f, 0.0f}, {1.2f, 20, 1.0f, 0.0f}, {0.9f, 0, 0.8f, 0.0f},
+                                   {1.0f, 30, 0.9f, 0.05f}, {1.5f, 0, 1.0f, 0.1f}};
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<engine::RequestParams> requests;
+  std::vector<std::unique_ptr<Pending>> pending;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    prompts.push_back(random_tokens(9 + 5 * static_cast<int>(i), 97, 300 + i));
+    engine::RequestParams params = greedy(prompts.back(), 14);
+    params.sampling = {cases[i].temperature, cases[i].top_p, cases[i].top_k, cases[i].min_p, 40 + i};
+    requests.push_back(params);
+    pending.push_back(std::make_unique<Pending>(engine, params));
+  }
+  engine::RequestParams penalised = requests[0];
+  penalised.presence_penalty = 0.5f;  // drawn in the engine from the whole row
+  Pending penalised_request(engine, penalised);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    engine::GenerateOptions options;
+    options.max_tokens = 14;
+    options.sampling = requests[i].sampling;
+    options.ignore_eos = true;
+    EXPECT_EQ(pending[i]->get().tokens, engine::generate(*model_, prompts[i], options).output_ids) << "request " << i;
+  }
+  EXPECT_EQ(penalised_request.get().tokens.size(), 14u);
+  expect_idle(engine);
+}
+
 TEST_F(EngineTest, SharedPrefixIsServedFromTheCache) {
   engine::EngineConfig config;
   config.block_size = 8;
