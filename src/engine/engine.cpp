@@ -97,18 +97,9 @@ model::RowOutput verdict_output(const RequestParams& p) {
 // penalties or with logprobs.
 model::RowOutput next_token_output(Sequence& seq) {
   const RequestParams& p = seq.params;
+  if (greedy_only(p) || plainly_sampled(p)) return seq.sampler.next_row_output(p.sampling);
   model::RowOutput out;
-  if (greedy_only(p)) return out;
-  if (!plainly_sampled(p)) {
-    out.kind = model::RowOutput::Kind::kLogits;
-    return out;
-  }
-  out.kind = model::RowOutput::Kind::kSample;
-  out.temperature = p.sampling.temperature;
-  out.top_k = p.sampling.top_k;
-  out.top_p = p.sampling.top_p;
-  out.min_p = p.sampling.min_p;
-  out.canonical = seq.sampler.canonical();
+  out.kind = model::RowOutput::Kind::kLogits;
   return out;
 }
 

@@ -104,14 +104,15 @@ GenerateResult generate(model::StepRunner& runner, const std::vector<int32_t>& p
   std::vector<float> logits = detail::prefill(runner, prompt, block_table, options);
   result.prefill_seconds = seconds_since(prefill_start);
 
+  // Decode steps return the next token (an argmax or a draw made where the logits are), not the
+  // vocabulary's logits.
   const auto decode_start = std::chrono::steady_clock::now();
   int position = static_cast<int>(prompt.size());
-  while (true) {
-    const int32_t token = sampler.sample(logits.data(), config.vocab_size, options.sampling);
-    if (detail::append_token(config, options, token, result)) break;
+  int32_t token = sampler.sample(logits.data(), config.vocab_size, options.sampling);
+  while (!detail::append_token(config, options, token, result)) {
     model::ForwardBatch batch;
     batch.add_sequence({token}, position++, block_table, block_size, false);
-    logits = runner.forward(batch);
+    token = runner.forward_selected(batch, {sampler.next_row_output(options.sampling)}, nullptr).token[0];
     ++result.decode_steps;
   }
   result.decode_seconds = seconds_since(decode_start);

@@ -13,6 +13,18 @@ ops::SamplingFilter filter_of(const SamplingParams& p) { return {p.temperature, 
 
 double Sampler::canonical() { return std::generate_canonical<double, std::numeric_limits<double>::digits>(rng_); }
 
+model::RowOutput Sampler::next_row_output(const SamplingParams& params) {
+  model::RowOutput out;
+  if (params.temperature <= 0.0f) return out;
+  out.kind = model::RowOutput::Kind::kSample;
+  out.temperature = params.temperature;
+  out.top_k = params.top_k;
+  out.top_p = params.top_p;
+  out.min_p = params.min_p;
+  out.canonical = canonical();
+  return out;
+}
+
 int32_t Sampler::sample(const float* logits, int vocab_size, const SamplingParams& params) {
   if (params.temperature <= 0.0f) return argmax(logits, vocab_size);
   return ops::sample_row(logits, vocab_size, filter_of(params), canonical());

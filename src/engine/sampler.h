@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <random>
 
+#include "model/batch.h"
 #include "ops/ops.h"
 
 namespace glms::engine {
@@ -30,6 +31,10 @@ class Sampler {
   // The next uniform draw in [0, 1) of this sampler's generator: what sample() passes to
   // ops::sample_row, so that a draw made elsewhere (on the device) follows the same seed.
   double canonical();
+  // What a step returns for the row this sampler draws its next token from, so that the runner
+  // draws it where the logits are: the argmax at temperature 0, else the filters and the next
+  // uniform value (the same token sample() would draw from that row).
+  model::RowOutput next_row_output(const SamplingParams& params);
 
   // The distribution sample() draws from, dense: probs[vocab_size] (zero where filtered out; one-hot
   // on the argmax at temperature 0).
