@@ -50,9 +50,16 @@ GenerateResult generate_speculative(model::StepRunner& target, const std::vector
   auto emit = [&](int32_t token) { return detail::append_token(config, options, token, result); };
   Sampler sampler(options.sampling.seed);
   std::vector<float> draft_probs(static_cast<size_t>(K) * vocab), target_probs(static_cast<size_t>(K + 1) * vocab);
-  auto draw_draft = [&](const float* logits, int k) {
+  // One MTP step; draft k is drawn from its (last) row when k >= 0. Greedy runs take the argmax
+  // from the runner (no logits come back); sampled runs keep draft k's distribution for the
+  // rejection sampling.
+  const bool greedy = options.sampling.temperature <= 0.0f;
+  auto draft_step = [&](const model::ForwardBatch& batch, const float* h_prev, std::vector<float>* h_out, int k) {
+    if (greedy) return target.mtp_forward_selected(batch, h_prev, {model::RowOutput{}}, h_out).token[0];
+    const std::vector<float> logits = target.mtp_forward(batch, h_prev, h_out);
+    if (k < 0) return int32_t{-1};
     float* q = draft_probs.data() + static_cast<int64_t>(k) * vocab;
-    Sampler::probabilities(logits, vocab, options.sampling, q);
+    Sampler::probabilities(logits.data(), vocab, options.sampling, q);
     return sampler.sample_from(q, vocab);
   };
 
@@ -78,24 +85,22 @@ GenerateResult generate_speculative(model::StepRunner& target, const std::vector
       // After the prompt the entries are as many as its tokens: run them in pieces no longer than
       // a prefill chunk (the runner's max_tokens); only the last piece's last row drafts.
       const size_t piece = static_cast<size_t>(std::max(1, options.prefill_chunk));
-      std::vector<float> draft_logits;
       for (size_t start = 0; start < entry_tokens.size(); start += piece) {
         const size_t end = std::min(entry_tokens.size(), start + piece);
         model::ForwardBatch batch;
         batch.add_sequence(std::vector<int32_t>(entry_tokens.begin() + start, entry_tokens.begin() + end),
                            entry_start + static_cast<int>(start), table, block_size, false);
-        draft_logits = target.mtp_forward(batch, entry_hidden.data() + static_cast<int64_t>(start) * hidden,
-                                          &chain_hidden);
+        const int32_t draft = draft_step(batch, entry_hidden.data() + static_cast<int64_t>(start) * hidden,
+                                         &chain_hidden, end == entry_tokens.size() ? 0 : -1);
+        if (end == entry_tokens.size()) drafts.push_back(draft);
       }
-      drafts.push_back(draw_draft(draft_logits.data(), 0));
       chain_hidden.erase(chain_hidden.begin(), chain_hidden.end() - hidden);  // the last entry's output
     }
     for (int k = 1; k < K; ++k) {
       model::ForwardBatch batch;
       batch.add_sequence({drafts.back()}, context - 1 + k, table, block_size, false);
       std::vector<float> out_hidden;
-      const auto draft_logits = target.mtp_forward(batch, chain_hidden.data(), &out_hidden);
-      drafts.push_back(draw_draft(draft_logits.data(), k));
+      drafts.push_back(draft_step(batch, chain_hidden.data(), &out_hidden, k));
       chain_hidden = std::move(out_hidden);
     }
 
@@ -106,14 +111,21 @@ GenerateResult generate_speculative(model::StepRunner& target, const std::vector
     batch.add_sequence(verify, context, table, block_size, true);
     model::ForwardTrace trace;
     trace.record_layers = false;  // only the last hidden states feed the MTP entries
-    const auto verify_logits = target.forward(batch, &trace);
+    DraftVerdict verdict;
+    if (greedy) {  // drafts stand while they equal the target's argmax (verify_drafts on one-hot rows)
+      const model::StepLogits rows = target.forward_selected(batch, std::vector<model::RowOutput>(K + 1), &trace);
+      while (verdict.accepted < K && drafts[verdict.accepted] == rows.token[verdict.accepted]) ++verdict.accepted;
+      verdict.next = rows.token[verdict.accepted];
+    } else {
+      const auto verify_logits = target.forward(batch, &trace);
+      for (int k = 0; k <= K; ++k)
+        Sampler::probabilities(verify_logits.data() + static_cast<int64_t>(k) * vocab, vocab, options.sampling,
+                               target_probs.data() + static_cast<int64_t>(k) * vocab);
+      verdict = sampler.verify_drafts(drafts.data(), K, draft_probs.data(), target_probs.data(), vocab);
+    }
     ++result.decode_steps;
     ++result.speculative.steps;
     result.speculative.drafted += K;
-    for (int k = 0; k <= K; ++k)
-      Sampler::probabilities(verify_logits.data() + static_cast<int64_t>(k) * vocab, vocab, options.sampling,
-                             target_probs.data() + static_cast<int64_t>(k) * vocab);
-    const DraftVerdict verdict = sampler.verify_drafts(drafts.data(), K, draft_probs.data(), target_probs.data(), vocab);
     const int accepted = verdict.accepted;
     for (int k = 0; k < accepted; ++k) ++result.speculative.accepted_per_position[k];
     result.speculative.accepted += accepted;
