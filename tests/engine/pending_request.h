@@ -14,6 +14,16 @@
 
 namespace glms::testing {
 
+// A greedy request for `max_tokens` tokens past EOS.
+inline engine::RequestParams greedy_request(std::vector<int32_t> prompt, int max_tokens) {
+  engine::RequestParams params;
+  params.prompt_ids = std::move(prompt);
+  params.max_tokens = max_tokens;
+  params.sampling.temperature = 0.0f;
+  params.ignore_eos = true;
+  return params;
+}
+
 struct Collected {
   std::vector<int32_t> tokens;
   engine::RequestOutput last;

@@ -18,6 +18,7 @@ using namespace glms;
 using namespace std::chrono_literals;
 using glms::testing::Collected;
 using glms::testing::Pending;
+using glms::testing::greedy_request;
 
 namespace {
 
@@ -27,15 +28,6 @@ std::vector<int32_t> random_tokens(int count, int vocab, uint64_t seed) {
   std::vector<int32_t> tokens(count);
   for (auto& t : tokens) t = dist(rng);
   return tokens;
-}
-
-engine::RequestParams greedy(std::vector<int32_t> prompt, int max_tokens) {
-  engine::RequestParams params;
-  params.prompt_ids = std::move(prompt);
-  params.max_tokens = max_tokens;
-  params.sampling.temperature = 0.0f;
-  params.ignore_eos = true;
-  return params;
 }
 
 class EngineTest : public ::testing::Test {
@@ -76,7 +68,7 @@ void expect_idle(engine::Engine& engine) {
 TEST_F(EngineTest, OneRequestMatchesTheGenerator) {
   engine::Engine engine(*model_, {});
   const auto prompt = random_tokens(23, 97, 1);
-  Pending request(engine, greedy(prompt, 12));
+  Pending request(engine, greedy_request(prompt, 12));
   const Collected result = request.get();
   EXPECT_EQ(result.tokens, alone(prompt, 12));
   EXPECT_EQ(result.last.finish_reason, "length");
@@ -95,7 +87,7 @@ TEST_F(EngineTest, ConcurrentRequestsEqualEachAlone) {
   std::vector<std::unique_ptr<Pending>> requests;
   for (int i = 0; i < 16; ++i) {
     prompts.push_back(random_tokens(5 + 7 * i % 41, 97, 100 + i));
-    requests.push_back(std::make_unique<Pending>(engine, greedy(prompts.back(), 6 + i % 5)));
+    requests.push_back(std::make_unique<Pending>(engine, greedy_request(prompts.back(), 6 + i % 5)));
   }
   for (int i = 0; i < 16; ++i) EXPECT_EQ(requests[i]->get().tokens, alone(prompts[i], 6 + i % 5)) << "request " << i;
   expect_idle(engine);
@@ -121,7 +113,7 @@ TEST_F(EngineTest, SeededSampledRequestsMatchTheGenerator) {
   std::vector<std::unique_ptr<Pending>> pending;
   for (size_t i = 0; i < cases.size(); ++i) {
     prompts.push_back(random_tokens(9 + 5 * static_cast<int>(i), 97, 300 + i));
-    engine::RequestParams params = greedy(prompts.back(), 14);
+    engine::RequestParams params = greedy_request(prompts.back(), 14);
     params.sampling = {cases[i].temperature, cases[i].top_p, cases[i].top_k, cases[i].min_p, 40 + i};
     requests.push_back(params);
     pending.push_back(std::make_unique<Pending>(engine, params));
@@ -149,8 +141,8 @@ TEST_F(EngineTest, SharedPrefixIsServedFromTheCache) {
   first.push_back(11);
   second.push_back(12);
   second.push_back(13);
-  const Collected a = Pending(engine, greedy(first, 5)).get();
-  const Collected b = Pending(engine, greedy(second, 5)).get();
+  const Collected a = Pending(engine, greedy_request(first, 5)).get();
+  const Collected b = Pending(engine, greedy_request(second, 5)).get();
   EXPECT_EQ(a.last.cached_prompt_tokens, 0);
   EXPECT_EQ(b.last.cached_prompt_tokens, 40);  // five full blocks of 8
   EXPECT_EQ(b.tokens, alone(second, 5));
@@ -172,7 +164,7 @@ TEST_F(EngineTest, PreemptionUnderMemoryPressureKeepsOutputsExact) {
   std::vector<std::unique_ptr<Pending>> requests;
   for (int i = 0; i < 8; ++i) {
     prompts.push_back(random_tokens(10 + 3 * i, 97, 300 + i));
-    requests.push_back(std::make_unique<Pending>(engine, greedy(prompts.back(), 16)));
+    requests.push_back(std::make_unique<Pending>(engine, greedy_request(prompts.back(), 16)));
   }
   for (int i = 0; i < 8; ++i) EXPECT_EQ(requests[i]->get().tokens, alone(prompts[i], 16)) << "request " << i;
   EXPECT_GT(engine.stats().num_preemptions, 0);
@@ -183,7 +175,7 @@ TEST_F(EngineTest, CancelFreesBlocksAndReportsAbort) {
   engine::Engine engine(*model_, {});
   // The callback itself cancels (as the server does on a stop string): it must not deadlock.
   const engine::RequestOutput out =
-      glms::testing::cancel_from_callback(engine, greedy(random_tokens(30, 97, 9), 2000), 1);
+      glms::testing::cancel_from_callback(engine, greedy_request(random_tokens(30, 97, 9), 2000), 1);
   EXPECT_EQ(out.finish_reason, "abort");
   EXPECT_LT(out.completion_tokens, 2000);
   expect_idle(engine);
@@ -193,14 +185,14 @@ TEST_F(EngineTest, StopsAtStopTokensAndTimeout) {
   engine::Engine engine(*model_, {});
   const auto prompt = random_tokens(12, 97, 4);
   const auto expected = alone(prompt, 8);
-  engine::RequestParams stop = greedy(prompt, 8);
+  engine::RequestParams stop = greedy_request(prompt, 8);
   stop.stop_token_ids = {expected[3]};
   const Collected stopped = Pending(engine, stop).get();
   EXPECT_EQ(stopped.last.finish_reason, "stop");
   EXPECT_EQ(stopped.tokens.back(), expected[3]);
   EXPECT_LE(stopped.tokens.size(), 4u);
 
-  engine::RequestParams timed = greedy(prompt, 3000);
+  engine::RequestParams timed = greedy_request(prompt, 3000);
   timed.timeout_seconds = 0.05;
   const Collected timeout = Pending(engine, timed).get();
   EXPECT_EQ(timeout.last.finish_reason, "timeout");
@@ -215,12 +207,12 @@ TEST(EngineEos, StopsAtTheModelsEosUnlessIgnored) {
   const model::Glm5Model plain(model::load_weights(glms::testing::write_random_model(dir.path / "a", spec).string()));
   const auto prompt = random_tokens(15, 97, 8);
   engine::Engine first(plain, {});
-  const Collected reference = Pending(first, greedy(prompt, 8)).get();
+  const Collected reference = Pending(first, greedy_request(prompt, 8)).get();
   ASSERT_EQ(reference.tokens.size(), 8u);
   spec.eos_token_ids = {reference.tokens[3]};
   const model::Glm5Model with_eos(model::load_weights(glms::testing::write_random_model(dir.path / "b", spec).string()));
   engine::Engine second(with_eos, {});
-  engine::RequestParams params = greedy(prompt, 8);
+  engine::RequestParams params = greedy_request(prompt, 8);
   params.ignore_eos = false;
   const Collected stopped = Pending(second, params).get();
   EXPECT_EQ(stopped.last.finish_reason, "stop");
@@ -233,7 +225,7 @@ TEST(EngineEos, StopsAtTheModelsEosUnlessIgnored) {
 
 TEST_F(EngineTest, DrainWithADeadlineCancelsWhatIsLeft) {
   engine::Engine engine(*model_, {});
-  Pending long_request(engine, greedy(random_tokens(10, 97, 3), 3000));
+  Pending long_request(engine, greedy_request(random_tokens(10, 97, 3), 3000));
   EXPECT_FALSE(engine.drain(0.05));
   EXPECT_EQ(long_request.get().last.finish_reason, "abort");
   expect_idle(engine);
@@ -244,16 +236,16 @@ TEST_F(EngineTest, RejectsInvalidRequestsAndAFullQueue) {
   config.max_model_len = 50;
   config.max_waiting = 2;
   engine::Engine engine(*model_, config);
-  EXPECT_THROW(engine.submit(greedy({}, 4), nullptr), Error);
-  EXPECT_THROW(engine.submit(greedy({5, 97}, 4), nullptr), Error);
-  EXPECT_THROW(engine.submit(greedy(random_tokens(40, 97, 1), 11), nullptr), Error);
-  EXPECT_THROW(engine.submit(greedy({5}, 0), nullptr), Error);
+  EXPECT_THROW(engine.submit(greedy_request({}, 4), nullptr), Error);
+  EXPECT_THROW(engine.submit(greedy_request({5, 97}, 4), nullptr), Error);
+  EXPECT_THROW(engine.submit(greedy_request(random_tokens(40, 97, 1), 11), nullptr), Error);
+  EXPECT_THROW(engine.submit(greedy_request({5}, 0), nullptr), Error);
   // A queue of two: the third concurrent submission is refused while the first two wait.
   std::vector<std::unique_ptr<Pending>> requests;
   bool refused = false;
   for (int i = 0; i < 50 && !refused; ++i) {
     try {
-      requests.push_back(std::make_unique<Pending>(engine, greedy(random_tokens(30, 97, i), 20)));
+      requests.push_back(std::make_unique<Pending>(engine, greedy_request(random_tokens(30, 97, i), 20)));
     } catch (const engine::QueueFull&) {
       refused = true;
     }
@@ -265,9 +257,9 @@ TEST_F(EngineTest, RejectsInvalidRequestsAndAFullQueue) {
 
 TEST_F(EngineTest, DrainFinishesInFlightRequests) {
   auto engine = std::make_unique<engine::Engine>(*model_, engine::EngineConfig{});
-  Pending a(*engine, greedy(random_tokens(20, 97, 1), 10)), b(*engine, greedy(random_tokens(9, 97, 2), 10));
+  Pending a(*engine, greedy_request(random_tokens(20, 97, 1), 10)), b(*engine, greedy_request(random_tokens(9, 97, 2), 10));
   engine->drain();
   EXPECT_EQ(a.get().last.finish_reason, "length");
   EXPECT_EQ(b.get().last.finish_reason, "length");
-  EXPECT_THROW(engine->submit(greedy({5}, 2), nullptr), Error);
+  EXPECT_THROW(engine->submit(greedy_request({5}, 2), nullptr), Error);
 }

@@ -18,6 +18,7 @@
 using namespace glms;
 using glms::testing::Collected;
 using glms::testing::Pending;
+using glms::testing::greedy_request;
 
 namespace {
 
@@ -28,15 +29,6 @@ std::vector<int32_t> prompt_ids(size_t offset, size_t length) {
   const auto ids = io::read_i64(golden.get("prompt_ids"));
   offset %= ids.size() - length;
   return std::vector<int32_t>(ids.begin() + offset, ids.begin() + offset + length);
-}
-
-engine::RequestParams request(std::vector<int32_t> prompt, int max_tokens) {
-  engine::RequestParams params;
-  params.prompt_ids = std::move(prompt);
-  params.max_tokens = max_tokens;
-  params.sampling.temperature = 0.0f;
-  params.ignore_eos = true;
-  return params;
 }
 
 // The requests, submitted together so that prefills, plain and speculative decodes share steps.
@@ -65,11 +57,11 @@ TEST(EngineSpeculative, GreedyRequestsMatchTheEngineWithoutSpeculation) {
   engine::Engine probe(model, plain_config), plain(model, plain_config), spec(model, spec_config);
 
   std::vector<engine::RequestParams> requests;
-  for (int i = 0; i < 6; ++i) requests.push_back(request(prompt_ids(37 * i, 20 + 23 * i), 24 + 5 * i));
-  requests.push_back(request(prompt_ids(5, 30), 2));   // max_tokens inside the first drafts
-  requests.push_back(request(prompt_ids(5, 30), 24));  // the same prompt: a prefix-cache hit
+  for (int i = 0; i < 6; ++i) requests.push_back(greedy_request(prompt_ids(37 * i, 20 + 23 * i), 24 + 5 * i));
+  requests.push_back(greedy_request(prompt_ids(5, 30), 2));   // max_tokens inside the first drafts
+  requests.push_back(greedy_request(prompt_ids(5, 30), 24));  // the same prompt: a prefix-cache hit
   requests.back().prompt_ids.push_back(requests.back().prompt_ids[3]);
-  engine::RequestParams penalised = request(prompt_ids(90, 40), 20);
+  engine::RequestParams penalised = greedy_request(prompt_ids(90, 40), 20);
   penalised.repetition_penalty = 1.3f;  // decodes plainly beside the speculative ones
   requests.push_back(penalised);
   // Stop ids taken from plain outputs, so that the stops land inside accepted drafts.
@@ -116,7 +108,7 @@ TEST(EngineSpeculative, SmallBudgetsStillMatch) {
   spec_config.speculative_steps = 4;
   engine::Engine plain(model, config), spec(model, spec_config);
   std::vector<engine::RequestParams> requests;
-  for (int i = 0; i < 4; ++i) requests.push_back(request(prompt_ids(61 * i, 35 + 9 * i), 20));
+  for (int i = 0; i < 4; ++i) requests.push_back(greedy_request(prompt_ids(61 * i, 35 + 9 * i), 20));
   const auto expected = run_all(plain, requests);
   const auto got = run_all(spec, requests);
   for (size_t i = 0; i < requests.size(); ++i) EXPECT_EQ(got[i].tokens, expected[i].tokens) << "request " << i;
@@ -136,7 +128,7 @@ TEST(EngineSpeculative, LargeBatchesDecodePlainly) {
   limited.speculative_max_batch = 2;
   engine::Engine plain(model, config), spec_unlimited(model, unlimited), spec_limited(model, limited);
   std::vector<engine::RequestParams> requests;
-  for (int i = 0; i < 4; ++i) requests.push_back(request(prompt_ids(97 * i, 20 + 5 * i), 12 + 12 * i));
+  for (int i = 0; i < 4; ++i) requests.push_back(greedy_request(prompt_ids(97 * i, 20 + 5 * i), 12 + 12 * i));
   const auto expected = run_all(plain, requests);
   const auto got_unlimited = run_all(spec_unlimited, requests);
   const auto got_limited = run_all(spec_limited, requests);
@@ -158,7 +150,7 @@ TEST(EngineSpeculative, SampledRequestsAreSeededAndComplete) {
   engine::EngineConfig config;
   config.speculative_steps = 2;
   engine::Engine engine(model, config);
-  engine::RequestParams sampled = request(prompt_ids(11, 50), 30);
+  engine::RequestParams sampled = greedy_request(prompt_ids(11, 50), 30);
   sampled.sampling.temperature = 0.7f;
   sampled.sampling.top_p = 0.9f;
   sampled.sampling.seed = 5;
@@ -195,7 +187,7 @@ TEST(EngineSpeculative, AFailingDraftLayerEndsRequestsNotTheEngine) {
   config.speculative_steps = 2;
   engine::Engine engine(std::make_unique<FailingDrafts>(model), config);
   for (int round = 0; round < 2; ++round) {
-    const Collected result = Pending(engine, request(prompt_ids(3, 20), 8)).get();
+    const Collected result = Pending(engine, greedy_request(prompt_ids(3, 20), 8)).get();
     EXPECT_EQ(result.last.finish_reason, "error");
     EXPECT_NE(result.last.error.find("draft layer failure"), std::string::npos) << result.last.error;
   }
@@ -209,10 +201,10 @@ TEST(EngineSpeculative, CancelAndTimeoutFreeEverything) {
   engine::EngineConfig config;
   config.speculative_steps = 3;
   engine::Engine engine(model, config);
-  const engine::RequestOutput out = glms::testing::cancel_from_callback(engine, request(prompt_ids(7, 40), 3000), 5);
+  const engine::RequestOutput out = glms::testing::cancel_from_callback(engine, greedy_request(prompt_ids(7, 40), 3000), 5);
   EXPECT_EQ(out.finish_reason, "abort");
   EXPECT_LT(out.completion_tokens, 3000);
-  engine::RequestParams timed = request(prompt_ids(9, 40), 3000);
+  engine::RequestParams timed = greedy_request(prompt_ids(9, 40), 3000);
   timed.timeout_seconds = 0.05;
   EXPECT_EQ(Pending(engine, timed).get().last.finish_reason, "timeout");
   expect_idle(engine);
