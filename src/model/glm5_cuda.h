@@ -45,9 +45,10 @@ struct CudaModelOptions {
   // 54.5 ms on the H200 at GLM-5.2 width with 5 layers (docs/performance.md).
   bool grouped_expert_gemm = true;
   // Sampled rows (RowOutput::kSample) drawn on the device (ops::cuda::sample_rows: four bytes
-  // back a row) instead of copied back and drawn on the host. Off until its parity test
-  // (CudaOps.SampleRowsMatchesTheHostSampler) and the CUDA engine tests have run on a GPU.
-  bool sample_on_device = false;
+  // back a row, the same token as ops::sample_row draws from the same uniform value) instead of
+  // copied back and drawn on the host: a batch-64 step at temperature 0.8, top_p 0.95 on the
+  // H200 (GLM-5.2 width, 5 layers, 2k context) 78 -> 23 ms (docs/performance.md).
+  bool sample_on_device = true;
 };
 
 class CudaGlm5Model {

@@ -1,13 +1,16 @@
 // DSA indexer scoring and top-k selection.
 //
 // Scoring: a block holds one token's queries in shared memory and walks its context in tiles of
-// 64 keys (staged with an odd row stride so that lanes reading different keys hit different
-// banks); thread (key, quarter) sums a quarter of the heads, and the quarters add up in shared.
+// 128 keys, a key a thread: the thread keeps every head's dot product in registers while its key
+// streams through in chunks, so each query value read from shared memory (a broadcast, as float4)
+// feeds 4 FMAs and each key value 32 (a shared-memory read for every FMA would make it bound by
+// shared memory).
 //
 // Top-k: one block per token runs a radix select over the scores mapped to order-preserving
 // unsigned keys (four passes of 8-bit histograms find the k-th largest key and how many of its
-// equals to keep), then writes the chosen positions in increasing order with two block scans,
-// so the result is deterministic and equal ties go to the lower position, as on the CPU.
+// equals to keep; lanes that share a digit count once, a block scan picks the digit),
+// then writes the chosen positions in increasing order with two block scans, so the result is
+// deterministic and equal ties go to the lower position, as on the CPU.
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
@@ -22,56 +25,94 @@ namespace glms::ops::cuda {
 
 namespace {
 
-constexpr int kKeyTile = 64;
-constexpr int kScoreThreads = 256;
-constexpr int kHeadQuarters = kScoreThreads / kKeyTile;
+constexpr int kScoreThreads = 128;  // keys a block scores at once: one a thread
+constexpr int kDimChunk = 8;        // key values a thread holds at a time
 
-__global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(IndexerScoreArgs a, int key_stride) {
-  extern __shared__ float shared[];
-  const int D = a.dim, H = a.heads;
-  float* q = shared;                          // [H, D]
-  float* w = q + H * D;                       // [H]
-  float* keys = w + H;                        // [kKeyTile, key_stride]
-  float* partial = keys + kKeyTile * key_stride;  // [kHeadQuarters, kKeyTile]
-
-  const int t = a.first_token + blockIdx.x;
-  const int context = a.positions[t] + 1;
-  if (context <= a.top_k) return;
-  for (int i = threadIdx.x; i < H * D; i += kScoreThreads) q[i] = a.queries[static_cast<int64_t>(t) * H * D + i];
-  for (int i = threadIdx.x; i < H; i += kScoreThreads) w[i] = a.head_weights[static_cast<int64_t>(t) * H + i] * a.head_scale;
-  const int32_t* blocks = a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks;
-  const int key = threadIdx.x % kKeyTile, quarter = threadIdx.x / kKeyTile;
-
-  for (int tile_start = blockIdx.y * kKeyTile; tile_start < context; tile_start += gridDim.y * kKeyTile) {
-    const int rows = min(kKeyTile, context - tile_start);
-    __syncthreads();
-    for (int i = threadIdx.x; i < rows * D; i += kScoreThreads) {
-      const int r = i / D, k = i % D, position = tile_start + r;
-      const int64_t slot = static_cast<int64_t>(blocks[position / a.block_size]) * a.block_size + position % a.block_size;
-      keys[r * key_stride + k] = a.key_cache[slot * D + k];
+// The key's values [k0, k0 + kDimChunk), zero past `dim`; vector: dim % 4 == 0 and 16-byte
+// aligned rows, read as float4.
+__device__ __forceinline__ void load_key_chunk(const float* key, int k0, int dim, bool vector, float (&out)[kDimChunk]) {
+  if (vector) {
+#pragma unroll
+    for (int v = 0; v < kDimChunk; v += 4) {
+      const float4 f = k0 + v < dim ? *reinterpret_cast<const float4*>(key + k0 + v) : make_float4(0.f, 0.f, 0.f, 0.f);
+      out[v] = f.x, out[v + 1] = f.y, out[v + 2] = f.z, out[v + 3] = f.w;
     }
-    __syncthreads();
-    float sum = 0.0f;
-    if (key < rows) {
-      const float* kr = keys + key * key_stride;
-      for (int h = quarter; h < H; h += kHeadQuarters) {
-        const float* qh = q + h * D;
-        float dot = 0.0f;
-        for (int k = 0; k < D; ++k) dot += qh[k] * kr[k];
-        sum += fmaxf(dot * a.softmax_scale, 0.0f) * w[h];
-      }
-    }
-    partial[quarter * kKeyTile + key] = sum;
-    __syncthreads();
-    if (quarter == 0 && key < rows) {
-      float total = 0.0f;
-      for (int qi = 0; qi < kHeadQuarters; ++qi) total += partial[qi * kKeyTile + key];
-      a.scores[static_cast<int64_t>(t) * a.score_stride + tile_start + key] = total;
+  } else {
+#pragma unroll
+    for (int j = 0; j < kDimChunk; ++j) out[j] = k0 + j < dim ? key[k0 + j] : 0.0f;
+  }
+}
+
+// dot[h] += q[h, k0 .. k0 + kDimChunk) . values for kHeads heads; q: rows of `stride` floats in
+// shared memory, read as float4 (the same address in every lane: a broadcast). Sums in k order.
+template <int kHeads>
+__device__ __forceinline__ void add_chunk_dots(float (&dot)[kHeads], const float* q, int stride, const float* values) {
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h) {
+    const float4* qh = reinterpret_cast<const float4*>(q + h * stride);
+#pragma unroll
+    for (int v = 0; v < kDimChunk / 4; ++v) {
+      const float4 qv = qh[v];
+      dot[h] = fmaf(qv.x, values[4 * v], dot[h]);
+      dot[h] = fmaf(qv.y, values[4 * v + 1], dot[h]);
+      dot[h] = fmaf(qv.z, values[4 * v + 2], dot[h]);
+      dot[h] = fmaf(qv.w, values[4 * v + 3], dot[h]);
     }
   }
 }
 
+// Block (token, every gridDim.y-th tile of kScoreThreads positions); thread = one key, holding
+// the dot products of kHeads heads in registers against the token's queries in shared memory,
+// its key streamed from global memory in chunks of kDimChunk (the next chunk loading while this
+// one is used), once per group of kHeads heads. Any head count and width; heads past a.heads
+// are zero queries with zero weight. Sums run over k, then over heads, in order.
+template <int kHeads>
+__global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(IndexerScoreArgs a, int padded_heads,
+                                                                      int padded_dim, bool vector) {
+  extern __shared__ float4 shared_vectors[];  // float4: 16-byte aligned for the query reads
+  const int D = a.dim, H = a.heads;
+  float* q = reinterpret_cast<float*>(shared_vectors);  // [padded_heads, padded_dim], zero past (H, D)
+  float* w = q + padded_heads * padded_dim;              // [padded_heads], zero past H
+  const int t = a.first_token + blockIdx.x;
+  const int context = a.positions[t] + 1;
+  if (context <= a.top_k) return;
+  for (int i = threadIdx.x; i < padded_heads * padded_dim; i += kScoreThreads) {
+    const int h = i / padded_dim, k = i % padded_dim;
+    q[i] = h < H && k < D ? a.queries[(static_cast<int64_t>(t) * H + h) * D + k] : 0.0f;
+  }
+  for (int h = threadIdx.x; h < padded_heads; h += kScoreThreads)
+    w[h] = h < H ? a.head_weights[static_cast<int64_t>(t) * H + h] * a.head_scale : 0.0f;
+  __syncthreads();
+  const int32_t* blocks = a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks;
+
+  for (int tile_start = blockIdx.y * kScoreThreads; tile_start < context; tile_start += gridDim.y * kScoreThreads) {
+    const int position = tile_start + static_cast<int>(threadIdx.x);
+    if (position >= context) break;
+    const int64_t slot = static_cast<int64_t>(blocks[position / a.block_size]) * a.block_size + position % a.block_size;
+    const float* key = a.key_cache + slot * D;
+    float score = 0.0f;
+    for (int h0 = 0; h0 < padded_heads; h0 += kHeads) {
+      float dot[kHeads];
+#pragma unroll
+      for (int h = 0; h < kHeads; ++h) dot[h] = 0.0f;
+      float next[kDimChunk];
+      load_key_chunk(key, 0, D, vector, next);
+      for (int k0 = 0; k0 < D; k0 += kDimChunk) {
+        float values[kDimChunk];
+#pragma unroll
+        for (int j = 0; j < kDimChunk; ++j) values[j] = next[j];
+        if (k0 + kDimChunk < D) load_key_chunk(key, k0 + kDimChunk, D, vector, next);
+        add_chunk_dots(dot, q + h0 * padded_dim + k0, padded_dim, values);
+      }
+#pragma unroll
+      for (int h = 0; h < kHeads; ++h) score += fmaxf(dot[h] * a.softmax_scale, 0.0f) * w[h0 + h];
+    }
+    a.scores[static_cast<int64_t>(t) * a.score_stride + position] = score;
+  }
+}
+
 constexpr int kTopKThreads = 1024;
+constexpr int kTopKLoads = 8;
 
 // Order-preserving map of floats to unsigned keys (larger float, larger key); -0 counts as +0.
 __device__ __forceinline__ uint32_t order_key(float v) {
@@ -104,22 +145,34 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = threadIdx.x; i < 256; i += kTopKThreads) histogram[i] = 0;
     __syncthreads();
-    for (int j = threadIdx.x; j < context; j += kTopKThreads) {
-      const uint32_t u = order_key(row[j]);
-      if ((u & mask) == prefix) atomicAdd(&histogram[(u >> shift) & 0xffu], 1u);
+    // Lanes with the same digit add once: scores bunch into a few digits (in the first pass
+    // nearly all share one), where an atomic per key would serialise the pass.
+    // kTopKLoads reads in flight a thread: one at a time, each pass waited out a memory latency
+    // per 1024 scores.
+    for (int base = 0; base < context; base += kTopKThreads * kTopKLoads) {
+      uint32_t keys[kTopKLoads];
+#pragma unroll
+      for (int l = 0; l < kTopKLoads; ++l) {
+        const int j = base + l * kTopKThreads + static_cast<int>(threadIdx.x);
+        keys[l] = j < context ? order_key(row[j]) : 0u;
+      }
+#pragma unroll
+      for (int l = 0; l < kTopKLoads; ++l) {
+        const int j = base + l * kTopKThreads + static_cast<int>(threadIdx.x);
+        const uint32_t digit = j < context && (keys[l] & mask) == prefix ? (keys[l] >> shift) & 0xffu : 256u;  // 256: none
+        const unsigned peers = __match_any_sync(0xffffffffu, digit);
+        if (digit < 256 && static_cast<int>(threadIdx.x % 32) == __ffs(peers) - 1) atomicAdd(&histogram[digit], __popc(peers));
+      }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      int want = remaining;
-      for (int digit = 255; digit >= 0; --digit) {
-        const int c = static_cast<int>(histogram[digit]);
-        if (want <= c) {
-          threshold_shared = prefix | (static_cast<uint32_t>(digit) << shift);
-          break;
-        }
-        want -= c;
-      }
-      remaining_shared = want;
+    // The digit holding the remaining-th largest key: thread i < 256 takes digit 255 - i, and a
+    // scan counts the keys at or above each digit.
+    const int count = threadIdx.x < 256 ? static_cast<int>(histogram[255 - threadIdx.x]) : 0;
+    int at_or_above = 0;
+    BlockScan(scan_storage).InclusiveSum(count, at_or_above);
+    if (count > 0 && at_or_above >= remaining && at_or_above - count < remaining) {
+      threshold_shared = prefix | (static_cast<uint32_t>(255 - threadIdx.x) << shift);
+      remaining_shared = remaining - (at_or_above - count);
     }
     __syncthreads();
     prefix = threshold_shared;
@@ -131,8 +184,9 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores
   const int per_thread = (context + kTopKThreads - 1) / kTopKThreads;
   const int first = min(context, static_cast<int>(threadIdx.x) * per_thread), last = min(context, first + per_thread);
   int greater = 0, equal = 0;
+#pragma unroll 8
   for (int j = first; j < last; ++j) {
-    const uint32_t u = order_key(row[j]);
+    const uint32_t u = order_key(__ldg(row + j));
     greater += u > threshold;
     equal += u == threshold;
   }
@@ -143,8 +197,9 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores
   int out_index = 0;
   BlockScan(scan_storage).ExclusiveSum(kept, out_index);
   int equal_rank = equal_before;
+#pragma unroll 8
   for (int j = first; j < last; ++j) {
-    const uint32_t u = order_key(row[j]);
+    const uint32_t u = order_key(__ldg(row + j));
     if (u > threshold || (u == threshold && equal_rank++ < remaining)) out[out_index++] = j;
   }
   if (threadIdx.x == 0) num_selected[t] = top_k;
@@ -195,16 +250,20 @@ void indexer_scores_gemm(const IndexerScoreArgs& a, const int32_t* block_table, 
 void indexer_scores(const IndexerScoreArgs& a, cudaStream_t stream) {
   const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
   if (launch_tokens <= 0 || a.max_context <= a.top_k) return;
-  const int key_stride = a.dim % 2 == 1 ? a.dim : a.dim + 1;
-  const size_t shared = sizeof(float) * (static_cast<size_t>(a.heads) * a.dim + a.heads +
-                                         static_cast<size_t>(kKeyTile) * key_stride + kHeadQuarters * kKeyTile);
-  check(cudaFuncSetAttribute(indexer_score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
+  const bool vector = a.dim % 4 == 0 && reinterpret_cast<uintptr_t>(a.key_cache) % 16 == 0;
+  // 32 heads' sums in registers a pass over the key (GLM-5's indexer has 32); fewer heads, groups of 8.
+  const int head_group = a.heads >= 32 ? 32 : 8;
+  const int padded_heads = (a.heads + head_group - 1) / head_group * head_group;
+  const int padded_dim = (a.dim + kDimChunk - 1) / kDimChunk * kDimChunk;
+  const size_t shared = sizeof(float) * (static_cast<size_t>(padded_heads) * padded_dim + padded_heads);
+  auto kernel = head_group == 32 ? indexer_score_kernel<32> : indexer_score_kernel<8>;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
         "indexer_scores shared memory");
   // Enough key tiles per token to fill the GPU, each block looping over every gridDim.y-th tile.
-  const int tiles = (a.max_context + kKeyTile - 1) / kKeyTile;
+  const int tiles = (a.max_context + kScoreThreads - 1) / kScoreThreads;
   const int per_token = std::clamp(512 / launch_tokens, 1, tiles);
   const dim3 grid(launch_tokens, per_token);
-  indexer_score_kernel<<<grid, kScoreThreads, shared, stream>>>(a, key_stride);
+  kernel<<<grid, kScoreThreads, shared, stream>>>(a, padded_heads, padded_dim, vector);
   check(cudaGetLastError(), "indexer_scores launch");
 }
 

@@ -1,15 +1,19 @@
 // Sampling on the device: ops::sample_row's filters and draw for every logits row of a step at
 // once, so that a sampled request sends four bytes to the host instead of a vocabulary of fp32.
 //
-// A block of 1024 threads per row; thread t owns the contiguous ids [t * chunk, (t + 1) * chunk),
-// so that "in id order" (the draw's walk, the lower ids among equal logits) is a block scan over
-// per-thread sums followed by a walk inside one chunk. Nothing is sorted: top_k's threshold is a
-// radix select over order-preserving keys of the logits (four 8-bit passes of counts), top_p's
-// boundary the same select over masses instead of counts (the key where the mass of larger keys
-// stops short of top_p and reaching past it does), and the weights exp((logit - max) / T) are
-// recomputed in each pass rather than stored (the row stays in L2; the passes are cheap), by
-// ops::sampling_exp, bit for bit as the host sampler makes them.
-#include <cub/block/block_scan.cuh>
+// A block of 1024 threads per row. Warp w owns the contiguous ids [w * span, (w + 1) * span) and
+// reads them 32 at a time (lane l the l-th of each group: coalesced), so that "in id order" (the
+// draw's walk, the lower ids among equal logits) is a scan over the warps' totals, then ballots
+// and warp scans inside each group. Nothing is sorted: top_k's threshold is a radix select over
+// order-preserving keys of the logits (eight 4-bit passes of counts), top_p's boundary the same
+// select over masses instead of counts (the key where the mass of larger keys stops short of
+// top_p and reaching past it does), and the weights exp((logit - max) / T) are recomputed in each
+// pass rather than stored (the row stays in L2), by ops::sampling_exp, bit for bit as the host
+// sampler makes them.
+//
+// Each thread counts a pass into its own 16 bins of shared memory, summed over the block after
+// the pass: a flat distribution puts nearly every logit of a pass in one or two bins, where
+// shared atomics (a compare-and-swap loop for doubles) serialise the whole row.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -24,7 +28,15 @@ namespace glms::ops::cuda {
 
 namespace {
 
-constexpr int kSampleThreads = 1024;  // 32 warps: the block reductions below assume it
+constexpr int kSampleThreads = 1024;
+constexpr int kWarps = kSampleThreads / 32;  // 32: one lane of one warp per warp in the reductions
+constexpr unsigned kAllLanes = 0xffffffffu;
+constexpr int kGroupLoads = 8;
+constexpr int kDigitBits = 4;
+constexpr int kDigits = 1 << kDigitBits;  // bins a pass
+// Dynamic shared memory: the threads' bins, [kDigits][kSampleThreads] (a warp's updates fall in
+// distinct banks), as double masses or, for top_k, int counts.
+constexpr size_t kBinBytes = sizeof(double) * kDigits * kSampleThreads;  // 128 KiB
 
 // Larger float, larger key (for non-NaN values; -0 is taken as +0, as the comparisons do).
 __device__ __forceinline__ uint32_t order_key(float v) {
@@ -33,46 +45,104 @@ __device__ __forceinline__ uint32_t order_key(float v) {
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
-// op over the block's 1024 values; every thread gets the result. scratch: 32 values of shared memory.
+template <typename T, typename Op>
+__device__ T warp_all_reduce(T v, Op op) {
+  for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(kAllLanes, v, offset));
+  return v;
+}
+
+// op over the block's 1024 values; every thread gets the result. scratch: kWarps values of shared memory.
 template <typename T, typename Op>
 __device__ T block_all_reduce(T v, T* scratch, Op op) {
-  for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  v = warp_all_reduce(v, op);
   __syncthreads();
-  if (lane == 0) scratch[warp] = v;
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
   __syncthreads();
-  v = scratch[lane];
-  for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return warp_all_reduce(scratch[threadIdx.x % 32], op);
+}
+
+// The sum of the warps before this one of `warp_total` (the same in each lane of a warp), in warp
+// order; *all gets the sum over every warp. scratch: kWarps values of shared memory.
+template <typename T>
+__device__ T sum_of_earlier_warps(T warp_total, T* scratch, T* all) {
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = warp_total;
+  __syncthreads();
+  T before = 0, sum = 0;
+  for (int w = 0; w < kWarps; ++w) {
+    if (w == static_cast<int>(threadIdx.x / 32)) before = sum;
+    sum += scratch[w];
+  }
+  *all = sum;
+  return before;
+}
+
+// Inclusive sum of v over lanes 0..lane.
+__device__ __forceinline__ double warp_inclusive_sum(double v) {
+  const int lane = threadIdx.x % 32;
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const double earlier = __shfl_up_sync(kAllLanes, v, offset);
+    if (lane >= offset) v += earlier;
+  }
   return v;
+}
+
+// f(v, g) for each group of 32 ids [g, g + 32) of [lo, hi) in order, v this lane's logit (NaN
+// past hi, which every filter drops); called by every lane. kGroupLoads groups' reads are in
+// flight at once: one at a time, a pass waited out a memory latency per group.
+template <typename F>
+__device__ __forceinline__ void for_each_group(const float* row, int64_t lo, int64_t hi, F&& f) {
+  const int lane = threadIdx.x % 32;
+  for (int64_t g0 = lo; g0 < hi; g0 += 32 * kGroupLoads) {
+    float v[kGroupLoads];
+#pragma unroll
+    for (int u = 0; u < kGroupLoads; ++u) {
+      const int64_t i = g0 + 32 * u + lane;
+      v[u] = i < hi ? __ldg(row + i) : __int_as_float(0x7fc00000);
+    }
+#pragma unroll
+    for (int u = 0; u < kGroupLoads; ++u) f(v[u], g0 + 32 * u);
+  }
+}
+
+// totals[d] = the sum of bin d over the block's threads (bins[d * kSampleThreads + t]), in a
+// fixed order; every thread sees it.
+template <typename T>
+__device__ void sum_bins(const T* bins, double* totals) {
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp < kDigits) {
+    double sum = 0.0;
+    for (int t = lane; t < kSampleThreads; t += 32) sum += static_cast<double>(bins[warp * kSampleThreads + t]);
+    sum = warp_all_reduce(sum, [](double a, double b) { return a + b; });
+    if (lane == 0) totals[warp] = sum;
+  }
+  __syncthreads();
 }
 
 __global__ void __launch_bounds__(kSampleThreads)
     sample_rows_kernel(const float* logits, int64_t vocab, const int32_t* row_of, const RowSampling* params,
                        int32_t* out) {
-  using IntScan = cub::BlockScan<int, kSampleThreads>;
-  using DoubleScan = cub::BlockScan<double, kSampleThreads>;
-  __shared__ union {
-    typename IntScan::TempStorage ints;
-    typename DoubleScan::TempStorage doubles;
-  } scan;
-  __shared__ int count_hist[256];
-  __shared__ double mass_hist[256];
-  __shared__ float scratch_f[32];
-  __shared__ double scratch_d[32];
-  __shared__ int scratch_i[32];
+  extern __shared__ double bins[];  // kBinBytes: see kBinBytes
+  __shared__ double bin_totals[kDigits];
+  __shared__ float scratch_f[kWarps];
+  __shared__ double scratch_d[kWarps];
+  __shared__ int scratch_i[kWarps];
   __shared__ uint32_t prefix_shared;
   __shared__ int remaining_shared, keep_all_shared, token_shared;
   __shared__ double above_shared;
 
   const RowSampling p = params[blockIdx.x];
   const float* row = logits + static_cast<int64_t>(row_of ? row_of[blockIdx.x] : blockIdx.x) * vocab;
-  const int64_t chunk = (vocab + kSampleThreads - 1) / kSampleThreads;
-  const int64_t start = int64_t{threadIdx.x} * chunk;
-  const int64_t lo = start < vocab ? start : vocab, hi = lo + chunk < vocab ? lo + chunk : vocab;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const unsigned lanes_below = (1u << lane) - 1u;
+  // This warp's ids [warp_lo, warp_hi), a multiple of 32 wide but for the last.
+  const int64_t span = (vocab + kSampleThreads - 1) / kSampleThreads * 32;
+  const int64_t warp_lo = min(vocab, warp * span), warp_hi = min(vocab, warp_lo + span);
   const float inv_temperature = 1.0f / p.temperature;
 
   float local_max = -INFINITY;
-  for (int64_t i = lo; i < hi; ++i) local_max = fmaxf(local_max, row[i]);  // fmaxf skips NaN
+  for_each_group(row, warp_lo, warp_hi, [&](float v, int64_t) { local_max = fmaxf(local_max, v); });  // fmaxf skips NaN
   const float max_logit = block_all_reduce(local_max, scratch_f, [](float a, float b) { return fmaxf(a, b); });
   auto weight = [&](float v) { return sampling_exp(__fmul_rn(__fsub_rn(v, max_logit), inv_temperature)); };
 
@@ -83,20 +153,18 @@ __global__ void __launch_bounds__(kSampleThreads)
   if (use_top_k) {
     uint32_t prefix = 0;
     int remaining = p.top_k;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      const uint32_t high_mask = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
-      for (int d = threadIdx.x; d < 256; d += kSampleThreads) count_hist[d] = 0;
-      __syncthreads();
-      for (int64_t i = lo; i < hi; ++i) {
-        const float v = row[i];
-        if (v != v) continue;
+    int* counts = reinterpret_cast<int*>(bins) + threadIdx.x;  // this thread's bin d: counts[d * kSampleThreads]
+    for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits) {
+      const uint32_t high_mask = shift + kDigitBits == 32 ? 0u : 0xffffffffu << (shift + kDigitBits);
+      for (int d = 0; d < kDigits; ++d) counts[d * kSampleThreads] = 0;
+      for_each_group(row, warp_lo, warp_hi, [&](float v, int64_t) {
         const uint32_t key = order_key(v);
-        if ((key & high_mask) == prefix) atomicAdd(&count_hist[(key >> shift) & 255], 1);
-      }
-      __syncthreads();
+        if (v == v && (key & high_mask) == prefix) ++counts[((key >> shift) & (kDigits - 1)) * kSampleThreads];
+      });
+      sum_bins(reinterpret_cast<const int*>(bins), bin_totals);
       if (threadIdx.x == 0) {
-        int above = 0, d = 255;
-        for (; d > 0 && above + count_hist[d] < remaining; --d) above += count_hist[d];
+        int above = 0, d = kDigits - 1;
+        for (; d > 0 && above + static_cast<int>(bin_totals[d]) < remaining; --d) above += static_cast<int>(bin_totals[d]);
         prefix_shared = prefix | static_cast<uint32_t>(d) << shift;
         remaining_shared = remaining - above;
       }
@@ -107,32 +175,33 @@ __global__ void __launch_bounds__(kSampleThreads)
     kth_key = prefix;
     equal_keep = remaining;
   }
-  // Each thread's first rank among the ids equal to the k-th key (lower ids rank first).
+  // The rank of this warp's first id equal to the k-th key among all of them (lower ids rank first).
   int equal_base = 0;
   if (use_top_k) {
     int equal_here = 0;
-    for (int64_t i = lo; i < hi; ++i) {
-      const float v = row[i];
-      equal_here += v == v && order_key(v) == kth_key;
-    }
-    IntScan(scan.ints).ExclusiveSum(equal_here, equal_base);
-    __syncthreads();
+    for_each_group(row, warp_lo, warp_hi, [&](float v, int64_t) { equal_here += v == v && order_key(v) == kth_key; });
+    int all = 0;
+    equal_base = sum_of_earlier_warps(warp_all_reduce(equal_here, [](int a, int b) { return a + b; }), scratch_i, &all);
   }
-  // Whether a value survives top_k, walking a chunk in id order (equal_rank counts the
-  // k-th-equal ids seen, from equal_base).
-  auto top_k_keeps = [&](float v, int& equal_rank) {
-    if (v != v) return false;
-    if (!use_top_k) return true;
+  // Whether this lane's value survives top_k; called by every lane of the warp for each group in
+  // id order (equal_seen: the ids equal to the k-th key before the group, from equal_base).
+  auto top_k_keeps = [&](float v, int& equal_seen) {
+    const bool valid = v == v;
+    if (!use_top_k) return valid;
     const uint32_t key = order_key(v);
-    if (key != kth_key) return key > kth_key;
-    return equal_rank++ < equal_keep;
+    const bool equal = valid && key == kth_key;
+    const unsigned equals = __ballot_sync(kAllLanes, equal);
+    const int rank = equal_seen + __popc(equals & lanes_below);
+    equal_seen += __popc(equals);
+    return valid && (key > kth_key || (equal && rank < equal_keep));
   };
 
   double local_total = 0.0;
   {
-    int rank = equal_base;
-    for (int64_t i = lo; i < hi; ++i)
-      if (top_k_keeps(row[i], rank)) local_total += weight(row[i]);
+    int equal_seen = equal_base;
+    for_each_group(row, warp_lo, warp_hi, [&](float v, int64_t) {
+      if (top_k_keeps(v, equal_seen)) local_total += weight(v);
+    });
   }
   const double total = block_all_reduce(local_total, scratch_d, [](double a, double b) { return a + b; });
 
@@ -145,21 +214,20 @@ __global__ void __launch_bounds__(kSampleThreads)
   if (use_top_p) {
     if (threadIdx.x == 0) keep_all_shared = 0;
     uint32_t prefix = 0;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      const uint32_t high_mask = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
-      for (int d = threadIdx.x; d < 256; d += kSampleThreads) mass_hist[d] = 0.0;
-      __syncthreads();
-      int rank = equal_base;
-      for (int64_t i = lo; i < hi; ++i) {
-        const float v = row[i];
-        if (!top_k_keeps(v, rank)) continue;
+    double* masses = bins + threadIdx.x;  // this thread's bin d: masses[d * kSampleThreads]
+    for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits) {
+      const uint32_t high_mask = shift + kDigitBits == 32 ? 0u : 0xffffffffu << (shift + kDigitBits);
+      for (int d = 0; d < kDigits; ++d) masses[d * kSampleThreads] = 0.0;
+      int equal_seen = equal_base;
+      for_each_group(row, warp_lo, warp_hi, [&](float v, int64_t) {
         const uint32_t key = order_key(v);
-        if ((key & high_mask) == prefix) atomicAdd(&mass_hist[(key >> shift) & 255], static_cast<double>(weight(v)));
-      }
-      __syncthreads();
+        if (top_k_keeps(v, equal_seen) && (key & high_mask) == prefix)
+          masses[((key >> shift) & (kDigits - 1)) * kSampleThreads] += weight(v);
+      });
+      sum_bins(bins, bin_totals);
       if (threadIdx.x == 0) {
-        int d = 255;
-        for (; d >= 0 && (above + mass_hist[d]) / total < p.top_p; --d) above += mass_hist[d];
+        int d = kDigits - 1;
+        for (; d >= 0 && (above + bin_totals[d]) / total < p.top_p; --d) above += bin_totals[d];
         if (d < 0) keep_all_shared = 1;  // rounding kept the mass short of top_p: every token stays
         prefix_shared = prefix | static_cast<uint32_t>(max(d, 0)) << shift;
         above_shared = above;
@@ -174,72 +242,80 @@ __global__ void __launch_bounds__(kSampleThreads)
     }
     tau = prefix;
   }
-  // The ids at tau are kept in id order while the mass before them stays short of top_p.
+  // The mass at tau of the warps before this one: the ids at tau are kept in id order while the
+  // mass before them stays short of top_p.
   double tie_base = 0.0;
   if (!keep_all) {
     double tie_here = 0.0;
-    int rank = equal_base;
-    for (int64_t i = lo; i < hi; ++i) {
-      const float v = row[i];
-      if (top_k_keeps(v, rank) && order_key(v) == tau) tie_here += weight(v);
-    }
-    DoubleScan(scan.doubles).ExclusiveSum(tie_here, tie_base);
-    __syncthreads();
+    int equal_seen = equal_base;
+    for_each_group(row, warp_lo, warp_hi, [&](float v, int64_t) {
+      if (top_k_keeps(v, equal_seen) && order_key(v) == tau) tie_here += weight(v);
+    });
+    double all = 0.0;
+    tie_base = sum_of_earlier_warps(warp_all_reduce(tie_here, [](double a, double b) { return a + b; }), scratch_d, &all);
   }
-  // Every filter, walking a chunk in id order; min_p's floor is min_p x the largest weight (1,
-  // the largest logit's, which every filter keeps).
-  auto keeps = [&](float v, int& equal_rank, double& tie_mass) {
-    if (!top_k_keeps(v, equal_rank)) return false;
-    const float w = weight(v);
+  // Whether this lane's value survives every filter, with its weight in *w; called by every lane
+  // for each group in id order. min_p's floor is min_p x the largest weight (1, the largest
+  // logit's, which every filter keeps).
+  auto keeps = [&](float v, int& equal_seen, double& tie_seen, float* w) {
+    const bool survivor = top_k_keeps(v, equal_seen);
+    *w = survivor ? weight(v) : 0.0f;
+    bool kept = survivor;
     if (!keep_all) {
       const uint32_t key = order_key(v);
-      if (key < tau) return false;
-      if (key == tau) {
-        const bool short_of_top_p = (above + tie_mass) / total < p.top_p;
-        tie_mass += w;
-        if (!short_of_top_p) return false;
+      const bool at_tau = survivor && key == tau;
+      if (__ballot_sync(kAllLanes, at_tau) != 0) {  // the mass at tau before each lane, in id order
+        const double tie_mass = at_tau ? *w : 0.0;
+        const double through = warp_inclusive_sum(tie_mass);
+        double before = __shfl_up_sync(kAllLanes, through, 1);
+        if (lane == 0) before = 0.0;
+        if (at_tau) kept = (above + tie_seen + before) / total < p.top_p;
+        tie_seen += __shfl_sync(kAllLanes, through, 31);
       }
+      if (survivor && !at_tau) kept = key > tau;
     }
-    return !(p.min_p > 0.0f && w < p.min_p);
+    return kept && !(p.min_p > 0.0f && *w < p.min_p);
   };
 
   double own = 0.0;
   int first_kept = INT_MAX, last_kept = -1;
   {
-    int rank = equal_base;
-    double tie_mass = tie_base;
-    for (int64_t i = lo; i < hi; ++i) {
-      const float v = row[i];
-      if (!keeps(v, rank, tie_mass)) continue;
-      own += weight(v);
-      first_kept = min(first_kept, static_cast<int>(i));
-      last_kept = static_cast<int>(i);
-    }
+    int equal_seen = equal_base;
+    double tie_seen = tie_base;
+    for_each_group(row, warp_lo, warp_hi, [&](float v, int64_t g) {
+      float w;
+      if (!keeps(v, equal_seen, tie_seen, &w)) return;
+      own += w;
+      first_kept = min(first_kept, static_cast<int>(g + lane));
+      last_kept = static_cast<int>(g + lane);
+    });
   }
-  double base = 0.0, kept_total = 0.0;
-  DoubleScan(scan.doubles).ExclusiveSum(own, base, kept_total);
+  double kept_total = 0.0;
+  const double warp_own = warp_all_reduce(own, [](double a, double b) { return a + b; });
+  const double base = sum_of_earlier_warps(warp_own, scratch_d, &kept_total);
   const int first = block_all_reduce(first_kept, scratch_i, [](int a, int b) { return min(a, b); });
   const int last = block_all_reduce(last_kept, scratch_i, [](int a, int b) { return max(a, b); });
   if (threadIdx.x == 0) token_shared = -1;
   __syncthreads();
-  // The first kept id whose cumulative weight reaches canonical x kept_total: in the one chunk
-  // whose range of cumulative weight holds that point.
+  // The first kept id whose cumulative weight reaches canonical x kept_total: a walk of the one
+  // warp whose range of cumulative weight holds that point, a group of 32 ids at a time.
   const double target = p.canonical * kept_total;
-  if (target > 0.0 && own > 0.0 && base < target && target <= base + own) {
+  if (target > 0.0 && warp_own > 0.0 && base < target && target <= base + warp_own) {
     double draw = target - base;
-    int rank = equal_base;
-    double tie_mass = tie_base;
-    int chosen = last_kept;
-    for (int64_t i = lo; i < hi; ++i) {
-      const float v = row[i];
-      if (!keeps(v, rank, tie_mass)) continue;
-      draw -= weight(v);
-      if (draw <= 0.0) {
-        chosen = static_cast<int>(i);
-        break;
-      }
-    }
-    token_shared = chosen;
+    int equal_seen = equal_base;
+    double tie_seen = tie_base;
+    int chosen = -1;
+    for_each_group(row, warp_lo, warp_hi, [&](float v, int64_t g) {
+      if (chosen >= 0) return;  // the same in every lane
+      float w;
+      const bool kept = keeps(v, equal_seen, tie_seen, &w);
+      const double through = warp_inclusive_sum(kept ? w : 0.0);
+      const unsigned reached = __ballot_sync(kAllLanes, kept && draw - through <= 0.0);
+      if (reached != 0) chosen = static_cast<int>(g) + __ffs(reached) - 1;
+      draw -= __shfl_sync(kAllLanes, through, 31);
+    });
+    const int warp_last = warp_all_reduce(last_kept, [](int a, int b) { return max(a, b); });
+    if (lane == 0) token_shared = chosen >= 0 ? chosen : warp_last;  // rounding kept the draw short
   }
   __syncthreads();
   if (threadIdx.x == 0) out[blockIdx.x] = token_shared >= 0 ? token_shared : (target <= 0.0 ? first : last);
@@ -251,7 +327,10 @@ void sample_rows(const float* logits, int64_t rows, int64_t vocab, const int32_t
                  int32_t* out, cudaStream_t stream) {
   if (rows == 0) return;
   GLMS_CHECK(vocab > 0 && vocab <= INT_MAX, "sample_rows: 1 to 2^31 - 1 logits a row");
-  sample_rows_kernel<<<static_cast<unsigned>(rows), kSampleThreads, 0, stream>>>(logits, vocab, row_of, params, out);
+  check(cudaFuncSetAttribute(sample_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBinBytes)),
+        "sample_rows shared memory");
+  sample_rows_kernel<<<static_cast<unsigned>(rows), kSampleThreads, kBinBytes, stream>>>(logits, vocab, row_of, params,
+                                                                                         out);
   check(cudaGetLastError(), "sample_rows launch");
 }
 
