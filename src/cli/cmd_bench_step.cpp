@@ -1,6 +1,7 @@
 // glmserve bench-step: times single forward steps of the CUDA model, decode at several batch
 // sizes and context lengths and prefill at several prompt lengths, beside the device's measured
-// copy bandwidth and bf16 GEMM rate, and states each step's bytes-moved and FLOP bounds.
+// copy bandwidth, bf16 GEMM rate and block-scaled FP8 GEMM rate, and states each step's
+// bytes-moved and FLOP bounds.
 // With --synthetic it needs no checkpoint: seeded random weights of a config at full width.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -24,6 +25,7 @@
 
 #ifdef GLMS_HAVE_CUDA
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/linear_fp8.h"
 #endif
 
 namespace glms::cli {
@@ -88,6 +90,51 @@ double measure_gemm_rate(int64_t n) {
   for (int i = 0; i < reps; ++i) gemm.linear(x.as<uint16_t>(), n, w.as<uint16_t>(), n, n, y.as<float>(), stream.get());
   stream.synchronize();
   return 2.0 * double(n) * n * n * reps / seconds_since(start);
+}
+
+// Block-scaled FP8 GEMM n^3 through ops::cuda::Fp8Gemm (W8A8, cuBLASLt): FLOP/s of the GEMM
+// alone and with the activations' quantisation (what a layer would pay), or an error where
+// cuBLASLt declines block scaling on this device.
+struct Fp8GemmRate {
+  double gemm = 0.0, with_quantize = 0.0;
+  std::string error;
+};
+Fp8GemmRate measure_fp8_gemm_rate(int64_t n) {
+  namespace cuda = ops::cuda;
+  const int64_t blocks = n / cuda::kFp8ScaleBlock, padded = (blocks + 3) / 4 * 4;
+  cuda::DeviceBuffer x(sizeof(float) * n * n), x_codes(n * n), x_scales(sizeof(float) * n * blocks), w(n * n),
+      w_scales(sizeof(float) * blocks * padded), y(sizeof(float) * n * n);
+  cuda::Stream stream;
+  cuda::fill_uniform_f32(x.as<float>(), n * n, 1, 1.0f, stream.get());
+  cuda::fill_uniform_e4m3(w.as<uint8_t>(), n * n, 2, stream.get());
+  cuda::fill_f32(w_scales.as<float>(), blocks * padded, 1.0f / 448.0f, stream.get());
+  Fp8GemmRate rate;
+  try {
+    cuda::Fp8Gemm gemm;
+    auto quantize = [&] { cuda::quantize_fp8_rows(x.as<float>(), n, n, x_codes.as<uint8_t>(), x_scales.as<float>(), stream.get()); };
+    auto multiply = [&] {
+      gemm.linear(x_codes.as<uint8_t>(), x_scales.as<float>(), n, w.as<uint8_t>(), w_scales.as<float>(), n, n,
+                  y.as<float>(), stream.get());
+    };
+    quantize();
+    multiply();
+    stream.synchronize();
+    const int reps = 10;
+    auto start = Clock::now();
+    for (int i = 0; i < reps; ++i) multiply();
+    stream.synchronize();
+    rate.gemm = 2.0 * double(n) * n * n * reps / seconds_since(start);
+    start = Clock::now();
+    for (int i = 0; i < reps; ++i) {
+      quantize();
+      multiply();
+    }
+    stream.synchronize();
+    rate.with_quantize = 2.0 * double(n) * n * n * reps / seconds_since(start);
+  } catch (const Error& e) {
+    rate.error = e.what();
+  }
+  return rate;
 }
 
 // Bytes a decode step of `batch` tokens at `context` must move at the least, as `glmserve plan`
@@ -224,7 +271,13 @@ void run_bench_step(const BenchStepOptions& o) {
   std::cerr << "measuring copy bandwidth and the bf16 GEMM rate...\n";
   const double bandwidth = measure_copy_bandwidth(size_t{4} << 30);
   const double gemm_rate = measure_gemm_rate(8192);
-  std::cerr << fmt::format("  copy {:.0f} GB/s, bf16 GEMM {:.0f} TFLOP/s\n", bandwidth / 1e9, gemm_rate / 1e12);
+  const Fp8GemmRate fp8_rate = measure_fp8_gemm_rate(8192);
+  std::cerr << fmt::format("  copy {:.0f} GB/s, bf16 GEMM {:.0f} TFLOP/s", bandwidth / 1e9, gemm_rate / 1e12);
+  if (fp8_rate.error.empty())
+    std::cerr << fmt::format(", block-scaled FP8 GEMM {:.0f} TFLOP/s ({:.0f} with the activations' quantisation)\n",
+                             fp8_rate.gemm / 1e12, fp8_rate.with_quantize / 1e12);
+  else
+    std::cerr << "; block-scaled FP8 GEMM unavailable: " << fp8_rate.error << "\n";
 
   model::CudaModelOptions options;
   options.block_size = 64;
@@ -395,6 +448,10 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"weight_bytes", model->weight_bytes()},
                         {"copy_bandwidth_bytes_per_s", bandwidth},
                         {"bf16_gemm_flops_per_s", gemm_rate},
+                        {"fp8_block_gemm_flops_per_s", fp8_rate.error.empty() ? nlohmann::json(fp8_rate.gemm) : nullptr},
+                        {"fp8_block_gemm_with_quantize_flops_per_s",
+                         fp8_rate.error.empty() ? nlohmann::json(fp8_rate.with_quantize) : nullptr},
+                        {"fp8_block_gemm_error", fp8_rate.error},
                         {"decode", decode},
                         {"prefill", prefill}};
   if (!o.json_out.empty()) {

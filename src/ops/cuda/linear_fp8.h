@@ -1,0 +1,55 @@
+// Block-scaled FP8 GEMMs through cuBLASLt, as the DeepSeek-V3 / GLM-5-FP8 checkpoints lay out
+// their linear layers: weights [rows, cols] E4M3 with one fp32 scale per 128 x 128 block
+// (`weight_scale_inv`), activations quantised at run time to E4M3 with one fp32 scale per token
+// and 128 columns (W8A8, the recipe those checkpoints were trained and served with). Hopper
+// tensor cores multiply the codes; cuBLASLt applies both scales and accumulates in fp32.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <tuple>
+#include <vector>
+
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+
+namespace glms::ops::cuda {
+
+inline constexpr int64_t kFp8ScaleBlock = 128;
+
+// Activations to E4M3 for Fp8Gemm::linear: codes [n, cols] and, per token t and 128-column
+// block b, scale = max |x| / 448 (1 for a block of zeros) with codes = E4M3(x / scale) rounded
+// to nearest even, saturating. The scales are stored block-major, scales[b * n + t] (the
+// layout cuBLASLt's VEC128_32F scales take for the activation operand). cols a multiple of 128.
+void quantize_fp8_rows(const float* x, int64_t n, int64_t cols, uint8_t* codes, float* scales, cudaStream_t stream);
+
+// A checkpoint's weight_scale_inv ([ceil(rows / 128), ceil(cols / 128)] row-major, as
+// quant::quantize_fp8_block makes it) in the layout cuBLASLt's BLK128x128_32F scales take:
+// each row of blocks padded to a multiple of 4 blocks (zeros). Host to host.
+std::vector<float> fp8_weight_scales_for_cublaslt(const float* scale_inv, int64_t rows, int64_t cols);
+
+class Fp8Gemm {
+ public:
+  Fp8Gemm();
+  ~Fp8Gemm();
+  Fp8Gemm(const Fp8Gemm&) = delete;
+  Fp8Gemm& operator=(const Fp8Gemm&) = delete;
+
+  // y[n, rows] (fp32) = dequant(x)[n, cols] . dequant(w)[rows, cols]^T: x_codes and x_scales from
+  // quantize_fp8_rows, w_codes [rows, cols] E4M3 row-major, w_scales from
+  // fp8_weight_scales_for_cublaslt (all on the device). cols a multiple of 128, rows of 16.
+  // Throws glms::Error where cuBLASLt has no algorithm for it (GPUs before Hopper, or a
+  // cuBLASLt without block scaling).
+  void linear(const uint8_t* x_codes, const float* x_scales, int64_t n, const uint8_t* w_codes,
+              const float* w_scales, int64_t rows, int64_t cols, float* y, cudaStream_t stream);
+
+ private:
+  struct Plan;  // descriptors and the chosen algorithm of one (n, rows, cols)
+  Plan& plan(int64_t n, int64_t rows, int64_t cols);
+
+  void* handle_ = nullptr;     // cublasLtHandle_t
+  void* workspace_ = nullptr;  // of our own, so that the GEMMs can be graph-captured
+  std::map<std::tuple<int64_t, int64_t, int64_t>, Plan*> plans_;
+};
+
+}  // namespace glms::ops::cuda
