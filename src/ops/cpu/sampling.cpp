@@ -129,8 +129,14 @@ void filter(const float* logits, int vocab_size, const SamplingFilter& params, F
   std::vector<float>& weight = f.weight;
   weight.resize(vocab_size);
   const float inv_temperature = 1.0f / params.temperature;
+  if (candidates.size() == static_cast<size_t>(vocab_size)) {  // every id: a loop the compiler vectorises
+    float* w = weight.data();
+    for (int id = 0; id < vocab_size; ++id) w[id] = sampling_exp((logits[id] - max_logit) * inv_temperature);
+  } else {
+    for (int32_t id : candidates) weight[id] = sampling_exp((logits[id] - max_logit) * inv_temperature);
+  }
   double total = 0.0;
-  for (int32_t id : candidates) total += weight[id] = sampling_exp((logits[id] - max_logit) * inv_temperature);
+  for (int32_t id : candidates) total += weight[id];
 
   size_t keep = candidates.size();
   if (params.top_p < 1.0f) {
