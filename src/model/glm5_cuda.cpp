@@ -460,7 +460,7 @@ StepLogits CudaGlm5Model::Impl::take_selected_outputs(const std::vector<RowOutpu
     cuda::copy_to_device_async(sample_rows_of.data(), sample_rows.data(), sizeof(int32_t) * sample_rows.size(), s);
     cuda::copy_to_device_async(sample_params.data(), params.data(), sizeof(cuda::RowSampling) * params.size(), s);
     cuda::sample_rows(as<float>(logits), static_cast<int64_t>(sample_rows.size()), vocab, as<int32_t>(sample_rows_of),
-                      as<cuda::RowSampling>(sample_params), as<int32_t>(sampled), s);
+                      as<cuda::RowSampling>(sample_params), as<int32_t>(sampled), s, options.sample_blocks_per_row);
     cuda::copy_to_host_async(drawn.data(), sampled.data(), sizeof(int32_t) * drawn.size(), s);
   }
   int32_t full_rows = 0;

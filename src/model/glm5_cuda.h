@@ -49,6 +49,9 @@ struct CudaModelOptions {
   // copied back and drawn on the host: a batch-64 step at temperature 0.8, top_p 0.95 on the
   // H200 (GLM-5.2 width, 5 layers, 2k context) 78 -> 23 ms (docs/performance.md).
   bool sample_on_device = true;
+  // Blocks that share each sampled row (1, 2, 4 or 8; more than one: a thread block cluster): one
+  // block makes some 13 passes over a 154880-id row alone, about 0.45 ms on the H200.
+  int sample_blocks_per_row = 1;
 };
 
 class CudaGlm5Model {

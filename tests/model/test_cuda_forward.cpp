@@ -281,9 +281,12 @@ TEST_F(CudaForward, ForwardSelectedReturnsArgmaxesDrawsAndTheAskedRows) {
   RandomModelSpec spec;
   TempDir dir("cuda_selected");
   const model::Glm5Model cpu(model::load_weights(glms::testing::write_random_model(dir.path / "m", spec).string()));
-  for (const bool sample_on_device : {false, true}) {
+  // On the host; on the device, one block a row; on the device, a cluster of 4 blocks a row.
+  for (const int draw : {0, 1, 4}) {
+    const bool sample_on_device = draw > 0;
     model::CudaModelOptions options = small_options();
     options.sample_on_device = sample_on_device;
+    options.sample_blocks_per_row = std::max(draw, 1);
     model::CudaGlm5Model gpu(cpu.weights(), options);
     const int vocab = cpu.config().vocab_size;
     const auto a = random_tokens(9, vocab, 3), b = random_tokens(5, vocab, 4);
@@ -309,7 +312,7 @@ TEST_F(CudaForward, ForwardSelectedReturnsArgmaxesDrawsAndTheAskedRows) {
       const float* expected = full.data() + int64_t{r} * vocab;
       if (outputs[r].kind == model::RowOutput::Kind::kSample) {
         EXPECT_EQ(selected.token[r], ops::sample_row(expected, vocab, model::sampling_filter(outputs[r]), outputs[r].canonical))
-            << "row " << r << (sample_on_device ? ", drawn on the device" : ", drawn on the host");
+            << "row " << r << (sample_on_device ? ", drawn on the device" : ", drawn on the host") << " (" << draw << ")";
         EXPECT_EQ(selected.row(r), nullptr);
         continue;
       }

@@ -384,16 +384,23 @@ TEST_F(CudaOps, SampleRowsMatchesTheHostSampler) {
                    r % draws == 0 ? 0.0 : r % draws == 1 ? 0.9999999 : uniform(rng)};
     }
     auto dlogits = to_device(logits), dparams = to_device(params);
-    cuda::DeviceBuffer dout(rows * sizeof(int32_t));
-    cuda::sample_rows(dlogits.as<float>(), rows, vocab, nullptr, dparams.as<cuda::RowSampling>(), dout.as<int32_t>(),
-                      nullptr);
-    const auto got = to_host<int32_t>(dout, rows);
+    std::vector<int32_t> expected(rows);
     for (int r = 0; r < rows; ++r) {
       const cuda::RowSampling& p = params[r];
       const ops::SamplingFilter filter{p.temperature, p.top_k, p.top_p, p.min_p};
-      EXPECT_EQ(got[r], ops::sample_row(logits.data() + static_cast<int64_t>(r) * vocab, vocab, filter, p.canonical))
-          << "vocab " << vocab << " row " << r << ": temperature " << p.temperature << " top_k " << p.top_k
-          << " top_p " << p.top_p << " min_p " << p.min_p << " canonical " << p.canonical;
+      expected[r] = ops::sample_row(logits.data() + static_cast<int64_t>(r) * vocab, vocab, filter, p.canonical);
+    }
+    for (const int blocks_per_row : {1, 2, 8}) {  // one block a row, or a cluster sharing it
+      cuda::DeviceBuffer dout(rows * sizeof(int32_t));
+      cuda::sample_rows(dlogits.as<float>(), rows, vocab, nullptr, dparams.as<cuda::RowSampling>(), dout.as<int32_t>(),
+                        nullptr, blocks_per_row);
+      const auto got = to_host<int32_t>(dout, rows);
+      for (int r = 0; r < rows; ++r) {
+        const cuda::RowSampling& p = params[r];
+        EXPECT_EQ(got[r], expected[r]) << "vocab " << vocab << " row " << r << ", " << blocks_per_row
+                                       << " blocks a row: temperature " << p.temperature << " top_k " << p.top_k
+                                       << " top_p " << p.top_p << " min_p " << p.min_p << " canonical " << p.canonical;
+      }
     }
   }
 }
