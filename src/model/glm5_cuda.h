@@ -52,6 +52,9 @@ struct CudaModelOptions {
   // Blocks that share each sampled row (1, 2, 4 or 8; more than one: a thread block cluster): one
   // block makes some 13 passes over a 154880-id row alone, about 0.45 ms on the H200.
   int sample_blocks_per_row = 1;
+  // Lanes that score each cached key in the DSA indexer's decode kernel: 1 (all 32 heads' sums in
+  // one thread's registers) or 4 (8 heads a lane: four times the warps for one token's launch).
+  int indexer_threads_per_key = 1;
 };
 
 class CudaGlm5Model {

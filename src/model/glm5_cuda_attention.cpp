@@ -62,6 +62,7 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
       args.head_scale = 1.0f / std::sqrt(static_cast<float>(IH));
       args.softmax_scale = 1.0f / std::sqrt(static_cast<float>(ID));
       args.max_context = shape.max_context;
+      args.threads_per_key = options.indexer_threads_per_key;
       args.scores = as<float>(scores);
       args.score_stride = options.max_context;
       cuda::IndexerGemmWorkspace workspace;

@@ -289,6 +289,13 @@ TEST_F(CudaAttention, IndexerScoresMatchCpu) {
     a.score_stride = stride;
     cuda::indexer_scores(a, nullptr);
     auto scores = to_host<float>(dscores, int64_t{T} * stride);
+    // Four lanes a key (8 heads each where there are 32), into fresh scores.
+    auto dscores_split = to_device(std::vector<float>(int64_t{T} * stride, NAN));
+    cuda::IndexerScoreArgs split = a;
+    split.threads_per_key = 4;
+    split.scores = dscores_split.as<float>();
+    cuda::indexer_scores(split, nullptr);
+    const auto scores_split = to_host<float>(dscores_split, int64_t{T} * stride);
     // The GEMM path for sequence 0's two tokens (a prefill chunk of it), into fresh scores.
     auto dscores_gemm = to_device(std::vector<float>(int64_t{T} * stride, NAN));
     cuda::DeviceBuffer gathered_keys(5000 * dim * sizeof(float)), head_scores(2 * heads * 5000 * sizeof(float));
@@ -316,6 +323,8 @@ TEST_F(CudaAttention, IndexerScoresMatchCpu) {
       }
       EXPECT_LT(relative_l2(scores.data() + int64_t{t} * stride, expected.data(), context), 1e-5)
           << heads << " heads, token " << t;
+      EXPECT_LT(relative_l2(scores_split.data() + int64_t{t} * stride, expected.data(), context), 1e-5)
+          << heads << " heads, token " << t << ", 4 lanes a key";
       if (t < 2) {  // TF32 products: 10-bit mantissas
         EXPECT_LT(relative_l2(scores_gemm.data() + int64_t{t} * stride, expected.data(), context), 5e-3)
             << heads << " heads, token " << t << ", GEMM path";

@@ -25,7 +25,7 @@ namespace glms::ops::cuda {
 
 namespace {
 
-constexpr int kScoreThreads = 128;  // keys a block scores at once: one a thread
+constexpr int kTileKeys = 128;  // keys a block scores at once
 constexpr int kDimChunk = 8;        // key values a thread holds at a time
 
 // The key's values [k0, k0 + kDimChunk), zero past `dim`; vector: dim % 4 == 0 and 16-byte
@@ -61,14 +61,17 @@ __device__ __forceinline__ void add_chunk_dots(float (&dot)[kHeads], const float
   }
 }
 
-// Block (token, every gridDim.y-th tile of kScoreThreads positions); thread = one key, holding
-// the dot products of kHeads heads in registers against the token's queries in shared memory,
-// its key streamed from global memory in chunks of kDimChunk (the next chunk loading while this
-// one is used), once per group of kHeads heads. Any head count and width; heads past a.heads
-// are zero queries with zero weight. Sums run over k, then over heads, in order.
-template <int kHeads>
-__global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(IndexerScoreArgs a, int padded_heads,
-                                                                      int padded_dim, bool vector) {
+// Block (token, every gridDim.y-th tile of kTileKeys positions); kSplit threads a key (adjacent
+// lanes), each holding the dot products of kHeads of its heads in registers against the token's
+// queries in shared memory, its key streamed from global memory in chunks of kDimChunk (the next
+// chunk loading while this one is used; the kSplit lanes of a key read the same bytes, one
+// transaction). Splitting a key's heads over lanes gives a one-token launch enough warps to
+// cover the loads' latency. Heads past a.heads are zero queries with zero weight. Each thread
+// sums over k, then over its heads in order; the key's lanes add their sums by shuffles.
+template <int kHeads, int kSplit>
+__global__ void __launch_bounds__(kTileKeys * kSplit) indexer_score_kernel(IndexerScoreArgs a, int padded_heads,
+                                                                           int padded_dim, bool vector) {
+  constexpr int kThreads = kTileKeys * kSplit;
   extern __shared__ float4 shared_vectors[];  // float4: 16-byte aligned for the query reads
   const int D = a.dim, H = a.heads;
   float* q = reinterpret_cast<float*>(shared_vectors);  // [padded_heads, padded_dim], zero past (H, D)
@@ -76,22 +79,25 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(IndexerSco
   const int t = a.first_token + blockIdx.x;
   const int context = a.positions[t] + 1;
   if (context <= a.top_k) return;
-  for (int i = threadIdx.x; i < padded_heads * padded_dim; i += kScoreThreads) {
+  for (int i = threadIdx.x; i < padded_heads * padded_dim; i += kThreads) {
     const int h = i / padded_dim, k = i % padded_dim;
     q[i] = h < H && k < D ? a.queries[(static_cast<int64_t>(t) * H + h) * D + k] : 0.0f;
   }
-  for (int h = threadIdx.x; h < padded_heads; h += kScoreThreads)
+  for (int h = threadIdx.x; h < padded_heads; h += kThreads)
     w[h] = h < H ? a.head_weights[static_cast<int64_t>(t) * H + h] * a.head_scale : 0.0f;
   __syncthreads();
   const int32_t* blocks = a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks;
+  const int key_in_tile = static_cast<int>(threadIdx.x) / kSplit, part = static_cast<int>(threadIdx.x) % kSplit;
+  const int lane = threadIdx.x % 32;
+  const unsigned key_lanes = kSplit == 1 ? 1u << lane : ((1u << kSplit) - 1u) << (lane / kSplit * kSplit);
 
-  for (int tile_start = blockIdx.y * kScoreThreads; tile_start < context; tile_start += gridDim.y * kScoreThreads) {
-    const int position = tile_start + static_cast<int>(threadIdx.x);
-    if (position >= context) break;
+  for (int tile_start = blockIdx.y * kTileKeys; tile_start < context; tile_start += gridDim.y * kTileKeys) {
+    const int position = tile_start + key_in_tile;
+    if (position >= context) break;  // a key's lanes leave together
     const int64_t slot = static_cast<int64_t>(blocks[position / a.block_size]) * a.block_size + position % a.block_size;
     const float* key = a.key_cache + slot * D;
     float score = 0.0f;
-    for (int h0 = 0; h0 < padded_heads; h0 += kHeads) {
+    for (int h0 = part * kHeads; h0 < padded_heads; h0 += kSplit * kHeads) {
       float dot[kHeads];
 #pragma unroll
       for (int h = 0; h < kHeads; ++h) dot[h] = 0.0f;
@@ -107,7 +113,9 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(IndexerSco
 #pragma unroll
       for (int h = 0; h < kHeads; ++h) score += fmaxf(dot[h] * a.softmax_scale, 0.0f) * w[h0 + h];
     }
-    a.scores[static_cast<int64_t>(t) * a.score_stride + position] = score;
+#pragma unroll
+    for (int offset = 1; offset < kSplit; offset *= 2) score += __shfl_xor_sync(key_lanes, score, offset);
+    if (part == 0) a.scores[static_cast<int64_t>(t) * a.score_stride + position] = score;
   }
 }
 
@@ -251,19 +259,23 @@ void indexer_scores(const IndexerScoreArgs& a, cudaStream_t stream) {
   const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
   if (launch_tokens <= 0 || a.max_context <= a.top_k) return;
   const bool vector = a.dim % 4 == 0 && reinterpret_cast<uintptr_t>(a.key_cache) % 16 == 0;
-  // 32 heads' sums in registers a pass over the key (GLM-5's indexer has 32); fewer heads, groups of 8.
-  const int head_group = a.heads >= 32 ? 32 : 8;
-  const int padded_heads = (a.heads + head_group - 1) / head_group * head_group;
+  // One thread a key: 32 heads' sums in registers (GLM-5's indexer has 32), or groups of 8 for
+  // fewer heads; a.threads_per_key 4 (32 heads or more): 8 heads' sums a thread.
+  GLMS_CHECK(a.threads_per_key == 1 || a.threads_per_key == 4, "indexer_scores: 1 or 4 threads a key");
+  const bool split = a.threads_per_key == 4 && a.heads >= 32;
+  const int heads_per_pass = a.heads >= 32 ? 32 : 8;
+  const int padded_heads = (a.heads + heads_per_pass - 1) / heads_per_pass * heads_per_pass;
   const int padded_dim = (a.dim + kDimChunk - 1) / kDimChunk * kDimChunk;
   const size_t shared = sizeof(float) * (static_cast<size_t>(padded_heads) * padded_dim + padded_heads);
-  auto kernel = head_group == 32 ? indexer_score_kernel<32> : indexer_score_kernel<8>;
+  auto kernel = split ? indexer_score_kernel<8, 4>
+                      : (a.heads >= 32 ? indexer_score_kernel<32, 1> : indexer_score_kernel<8, 1>);
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
         "indexer_scores shared memory");
   // Enough key tiles per token to fill the GPU, each block looping over every gridDim.y-th tile.
-  const int tiles = (a.max_context + kScoreThreads - 1) / kScoreThreads;
+  const int tiles = (a.max_context + kTileKeys - 1) / kTileKeys;
   const int per_token = std::clamp(512 / launch_tokens, 1, tiles);
   const dim3 grid(launch_tokens, per_token);
-  kernel<<<grid, kScoreThreads, shared, stream>>>(a, padded_heads, padded_dim, vector);
+  kernel<<<grid, kTileKeys * (split ? 4 : 1), shared, stream>>>(a, padded_heads, padded_dim, vector);
   check(cudaGetLastError(), "indexer_scores launch");
 }
 

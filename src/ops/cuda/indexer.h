@@ -26,6 +26,8 @@ struct IndexerScoreArgs {
   float* scores = nullptr;   // [T, score_stride]: sum_h relu(q_h . k * softmax_scale) * w_h * head_scale
   int64_t score_stride = 0;
   int first_token = 0, launch_tokens = -1;  // tokens [first, first + launch) (-1: all) are scored
+  // indexer_scores' lanes a key: 1, or 4 (32 heads or more: 8 heads a lane, more warps for few tokens)
+  int threads_per_key = 1;
 };
 void indexer_scores(const IndexerScoreArgs& args, cudaStream_t stream);
 
