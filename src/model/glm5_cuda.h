@@ -55,6 +55,9 @@ struct CudaModelOptions {
   // Lanes that score each cached key in the DSA indexer's decode kernel: 1 (all 32 heads' sums in
   // one thread's registers) or 4 (8 heads a lane: four times the warps for one token's launch).
   int indexer_threads_per_key = 1;
+  // Blocks that select each token's top-k positions (1, 2, 4 or 8; more than one: a thread block
+  // cluster): one 1024-thread block makes the radix passes over a 16k context alone.
+  int indexer_topk_blocks = 1;
 };
 
 class CudaGlm5Model {

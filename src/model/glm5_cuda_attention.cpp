@@ -87,7 +87,7 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
     }
     // Scores are not read for tokens whose context is at most top_k: every position is selected.
     cuda::select_top_k(as<float>(scores), options.max_context, positions, T, c.index_topk, as<int32_t>(selected),
-                       c.index_topk, as<int32_t>(num_selected), s);
+                       c.index_topk, as<int32_t>(num_selected), s, options.indexer_topk_blocks);
     timer.mark("attention.indexer", s);
   }
 

@@ -232,25 +232,28 @@ TEST_F(CudaAttention, TopKSelectsTheLargestInPositionOrderWithLowerPositionsWinn
   for (int j = 0; j < stride; ++j) scores[5 * stride + j] = std::round(scores[5 * stride + j] * 2.0f) / 2.0f;
   scores[5 * stride + 17] = -0.0f;
   auto dscores = to_device(scores), dpos = to_device(positions);
-  cuda::DeviceBuffer dsel(int64_t{n} * top_k * sizeof(int32_t)), dnum(n * sizeof(int32_t));
-  cuda::select_top_k(dscores.as<float>(), stride, dpos.as<int32_t>(), n, top_k, dsel.as<int32_t>(), top_k,
-                     dnum.as<int32_t>(), nullptr);
-  const auto selected = to_host<int32_t>(dsel, int64_t{n} * top_k);
-  const auto num = to_host<int32_t>(dnum, n);
-  for (int t = 0; t < n; ++t) {
-    const int context = positions[t] + 1;
-    std::vector<int32_t> expected;
-    if (context <= top_k) {
-      expected.resize(context);
-      std::iota(expected.begin(), expected.end(), 0);
-    } else {
-      std::vector<float> row(scores.begin() + int64_t{t} * stride, scores.begin() + int64_t{t} * stride + context);
-      for (float& v : row) v = v == 0.0f ? 0.0f : v;
-      ops::top_k(row.data(), context, top_k, expected);
-      std::sort(expected.begin(), expected.end());
+  for (const int blocks_per_token : {1, 2, 8}) {  // one block a token, or a cluster sharing it
+    cuda::DeviceBuffer dsel(int64_t{n} * top_k * sizeof(int32_t)), dnum(n * sizeof(int32_t));
+    cuda::select_top_k(dscores.as<float>(), stride, dpos.as<int32_t>(), n, top_k, dsel.as<int32_t>(), top_k,
+                       dnum.as<int32_t>(), nullptr, blocks_per_token);
+    const auto selected = to_host<int32_t>(dsel, int64_t{n} * top_k);
+    const auto num = to_host<int32_t>(dnum, n);
+    for (int t = 0; t < n; ++t) {
+      const int context = positions[t] + 1;
+      std::vector<int32_t> expected;
+      if (context <= top_k) {
+        expected.resize(context);
+        std::iota(expected.begin(), expected.end(), 0);
+      } else {
+        std::vector<float> row(scores.begin() + int64_t{t} * stride, scores.begin() + int64_t{t} * stride + context);
+        for (float& v : row) v = v == 0.0f ? 0.0f : v;
+        ops::top_k(row.data(), context, top_k, expected);
+        std::sort(expected.begin(), expected.end());
+      }
+      ASSERT_EQ(num[t], static_cast<int>(expected.size())) << t << ", " << blocks_per_token << " blocks a token";
+      EXPECT_TRUE(std::equal(expected.begin(), expected.end(), selected.begin() + int64_t{t} * top_k))
+          << "row " << t << ", " << blocks_per_token << " blocks a token";
     }
-    ASSERT_EQ(num[t], static_cast<int>(expected.size())) << t;
-    EXPECT_TRUE(std::equal(expected.begin(), expected.end(), selected.begin() + int64_t{t} * top_k)) << "row " << t;
   }
 }
 

@@ -10,7 +10,10 @@
 // unsigned keys (four passes of 8-bit histograms find the k-th largest key and how many of its
 // equals to keep; lanes that share a digit count once, a block scan picks the digit),
 // then writes the chosen positions in increasing order with two block scans, so the result is
-// deterministic and equal ties go to the lower position, as on the CPU.
+// deterministic and equal ties go to the lower position, as on the CPU. With blocks_per_token > 1
+// a thread block cluster shares a token: each block takes a slice of the positions, and the
+// histograms and the scans' totals are combined through distributed shared memory.
+#include <cooperative_groups.h>
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
@@ -129,24 +132,54 @@ __device__ __forceinline__ uint32_t order_key(float v) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// The sum over the cluster's blocks before this one of `value` (thread 0's), in rank order; 0
+// for a block alone. slot: an int of this block's shared memory. Every thread of every block
+// of the cluster calls it.
+template <int kBlocks>
+__device__ int sum_of_earlier_blocks(int value, int* slot) {
+  if constexpr (kBlocks == 1) {
+    return 0;
+  } else {
+    auto cluster = cooperative_groups::this_cluster();
+    if (threadIdx.x == 0) *slot = value;
+    cluster.sync();
+    int before = 0;
+    for (int b = 0; b < static_cast<int>(cluster.block_rank()); ++b) before += *cluster.map_shared_rank(slot, b);
+    cluster.sync();  // read before any block writes its slot again
+    return before;
+  }
+}
+
+// A token per kBlocks blocks (a thread block cluster when kBlocks > 1: block r takes the r-th
+// slice of the positions, the histograms of each pass summed over the blocks through distributed
+// shared memory in rank order, so every block picks the same digits).
+template <int kBlocks>
 __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores, int64_t score_stride,
                                                              const int32_t* positions, int top_k, int32_t* selected,
                                                              int max_selected, int32_t* num_selected) {
   using BlockScan = cub::BlockScan<int, kTopKThreads>;
   __shared__ typename BlockScan::TempStorage scan_storage;
   __shared__ unsigned histogram[256];
+  __shared__ unsigned cluster_histogram[kBlocks == 1 ? 1 : 256];
   __shared__ uint32_t threshold_shared;
-  __shared__ int remaining_shared;
+  __shared__ int remaining_shared, total_slot;
 
-  const int t = blockIdx.x;
+  const int t = static_cast<int>(blockIdx.x) / kBlocks;
+  int rank = 0;
+  if constexpr (kBlocks > 1) rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
   const int context = positions[t] + 1;
   int32_t* out = selected + static_cast<int64_t>(t) * max_selected;
-  if (context <= top_k) {
-    for (int j = threadIdx.x; j < context; j += kTopKThreads) out[j] = j;
-    if (threadIdx.x == 0) num_selected[t] = context;
+  if (context <= top_k) {  // the same in every block of the token
+    if (rank == 0) {
+      for (int j = threadIdx.x; j < context; j += kTopKThreads) out[j] = j;
+      if (threadIdx.x == 0) num_selected[t] = context;
+    }
     return;
   }
   const float* row = scores + static_cast<int64_t>(t) * score_stride;
+  // This block's positions [slice_lo, slice_hi).
+  const int slice = (context + kBlocks - 1) / kBlocks;
+  const int slice_lo = min(context, rank * slice), slice_hi = min(context, slice_lo + slice);
 
   uint32_t prefix = 0, mask = 0;
   int remaining = top_k;
@@ -157,25 +190,37 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores
     // nearly all share one), where an atomic per key would serialise the pass.
     // kTopKLoads reads in flight a thread: one at a time, each pass waited out a memory latency
     // per 1024 scores.
-    for (int base = 0; base < context; base += kTopKThreads * kTopKLoads) {
+    for (int base = slice_lo; base < slice_hi; base += kTopKThreads * kTopKLoads) {
       uint32_t keys[kTopKLoads];
 #pragma unroll
       for (int l = 0; l < kTopKLoads; ++l) {
         const int j = base + l * kTopKThreads + static_cast<int>(threadIdx.x);
-        keys[l] = j < context ? order_key(row[j]) : 0u;
+        keys[l] = j < slice_hi ? order_key(row[j]) : 0u;
       }
 #pragma unroll
       for (int l = 0; l < kTopKLoads; ++l) {
         const int j = base + l * kTopKThreads + static_cast<int>(threadIdx.x);
-        const uint32_t digit = j < context && (keys[l] & mask) == prefix ? (keys[l] >> shift) & 0xffu : 256u;  // 256: none
+        const uint32_t digit = j < slice_hi && (keys[l] & mask) == prefix ? (keys[l] >> shift) & 0xffu : 256u;  // 256: none
         const unsigned peers = __match_any_sync(0xffffffffu, digit);
         if (digit < 256 && static_cast<int>(threadIdx.x % 32) == __ffs(peers) - 1) atomicAdd(&histogram[digit], __popc(peers));
       }
     }
     __syncthreads();
+    const unsigned* counts = histogram;
+    if constexpr (kBlocks > 1) {
+      auto cluster = cooperative_groups::this_cluster();
+      cluster.sync();
+      if (threadIdx.x < 256) {
+        unsigned sum = 0;
+        for (int b = 0; b < kBlocks; ++b) sum += cluster.map_shared_rank(histogram, b)[threadIdx.x];
+        cluster_histogram[threadIdx.x] = sum;
+      }
+      cluster.sync();  // every block has read the histograms before any clears its own
+      counts = cluster_histogram;
+    }
     // The digit holding the remaining-th largest key: thread i < 256 takes digit 255 - i, and a
     // scan counts the keys at or above each digit.
-    const int count = threadIdx.x < 256 ? static_cast<int>(histogram[255 - threadIdx.x]) : 0;
+    const int count = threadIdx.x < 256 ? static_cast<int>(counts[255 - threadIdx.x]) : 0;
     int at_or_above = 0;
     BlockScan(scan_storage).InclusiveSum(count, at_or_above);
     if (count > 0 && at_or_above >= remaining && at_or_above - count < remaining) {
@@ -189,8 +234,9 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores
   }
   // Keys above the threshold are all kept; of the keys equal to it, the first `remaining`.
   const uint32_t threshold = prefix;
-  const int per_thread = (context + kTopKThreads - 1) / kTopKThreads;
-  const int first = min(context, static_cast<int>(threadIdx.x) * per_thread), last = min(context, first + per_thread);
+  const int per_thread = (slice_hi - slice_lo + kTopKThreads - 1) / kTopKThreads;
+  const int first = min(slice_hi, slice_lo + static_cast<int>(threadIdx.x) * per_thread),
+            last = min(slice_hi, first + per_thread);
   int greater = 0, equal = 0;
 #pragma unroll 8
   for (int j = first; j < last; ++j) {
@@ -198,19 +244,22 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores
     greater += u > threshold;
     equal += u == threshold;
   }
-  int equal_before = 0;
-  BlockScan(scan_storage).ExclusiveSum(equal, equal_before);
+  int equal_before = 0, block_equal = 0;
+  BlockScan(scan_storage).ExclusiveSum(equal, equal_before, block_equal);
   __syncthreads();
+  equal_before += sum_of_earlier_blocks<kBlocks>(block_equal, &total_slot);
   const int kept = greater + max(0, min(equal, remaining - equal_before));
-  int out_index = 0;
-  BlockScan(scan_storage).ExclusiveSum(kept, out_index);
+  int out_index = 0, block_kept = 0;
+  BlockScan(scan_storage).ExclusiveSum(kept, out_index, block_kept);
+  __syncthreads();
+  out_index += sum_of_earlier_blocks<kBlocks>(block_kept, &total_slot);
   int equal_rank = equal_before;
 #pragma unroll 8
   for (int j = first; j < last; ++j) {
     const uint32_t u = order_key(__ldg(row + j));
     if (u > threshold || (u == threshold && equal_rank++ < remaining)) out[out_index++] = j;
   }
-  if (threadIdx.x == 0) num_selected[t] = top_k;
+  if (threadIdx.x == 0 && rank == 0) num_selected[t] = top_k;
 }
 
 __global__ void gather_keys_kernel(const float* key_cache, const int32_t* block_table, int block_size, int dim,
@@ -280,11 +329,36 @@ void indexer_scores(const IndexerScoreArgs& a, cudaStream_t stream) {
 }
 
 void select_top_k(const float* scores, int64_t score_stride, const int32_t* positions, int64_t n, int top_k,
-                  int32_t* selected, int max_selected, int32_t* num_selected, cudaStream_t stream) {
+                  int32_t* selected, int max_selected, int32_t* num_selected, cudaStream_t stream, int blocks_per_token) {
   if (n == 0) return;
   GLMS_CHECK(top_k <= max_selected, "select_top_k: top_k over the selection row size");
-  top_k_kernel<<<static_cast<unsigned>(n), kTopKThreads, 0, stream>>>(scores, score_stride, positions, top_k, selected,
-                                                                       max_selected, num_selected);
+  GLMS_CHECK(blocks_per_token == 1 || blocks_per_token == 2 || blocks_per_token == 4 || blocks_per_token == 8,
+             "select_top_k: 1, 2, 4 or 8 blocks a token");
+  auto launch = [&](auto kernel) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(n * blocks_per_token));
+    config.blockDim = dim3(kTopKThreads);
+    config.stream = stream;
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = static_cast<unsigned>(blocks_per_token);
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    check(cudaLaunchKernelEx(&config, kernel, scores, score_stride, positions, top_k, selected, max_selected,
+                             num_selected),
+          "select_top_k launch (cluster)");
+  };
+  switch (blocks_per_token) {
+    case 1:
+      top_k_kernel<1><<<static_cast<unsigned>(n), kTopKThreads, 0, stream>>>(scores, score_stride, positions, top_k,
+                                                                            selected, max_selected, num_selected);
+      break;
+    case 2: launch(top_k_kernel<2>); break;
+    case 4: launch(top_k_kernel<4>); break;
+    default: launch(top_k_kernel<8>); break;
+  }
   check(cudaGetLastError(), "select_top_k launch");
 }
 
