@@ -1,5 +1,6 @@
-// Device helpers shared by the .cu files of ops/cuda: warp and block reductions and bf16
-// conversions with the same rounding as core/dtype.h (round to nearest even, quiet NaN).
+// Device helpers shared by the .cu files of ops/cuda: warp and block reductions, bf16
+// conversions with the same rounding as core/dtype.h (round to nearest even, quiet NaN), and
+// order-preserving keys of floats.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,14 @@ __device__ __forceinline__ uint16_t float_to_bf16(float v) {
   if ((word & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((word >> 16) | 0x40);
   word += 0x7fffu + ((word >> 16) & 1u);
   return static_cast<uint16_t>(word >> 16);
+}
+
+// Order-preserving map of floats to unsigned keys (larger float, larger key, for non-NaN values);
+// -0 counts as +0, as the comparisons do. The radix selects of top-k and sampling run over these.
+__device__ __forceinline__ uint32_t order_key(float v) {
+  if (v == 0.0f) v = 0.0f;
+  const uint32_t bits = __float_as_uint(v);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
 // An OCP MX E8M0 scale: 2^(code - 127); 255 is NaN.

@@ -13,13 +13,13 @@
 // deterministic and equal ties go to the lower position, as on the CPU. With blocks_per_token > 1
 // a thread block cluster shares a token: each block takes a slice of the positions, and the
 // histograms and the scans' totals are combined through distributed shared memory.
-#include <cooperative_groups.h>
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 
 #include "core/error.h"
+#include "ops/cuda/cluster.cuh"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/indexer.h"
@@ -125,31 +125,6 @@ __global__ void __launch_bounds__(kTileKeys * kSplit) indexer_score_kernel(Index
 constexpr int kTopKThreads = 1024;
 constexpr int kTopKLoads = 8;
 
-// Order-preserving map of floats to unsigned keys (larger float, larger key); -0 counts as +0.
-__device__ __forceinline__ uint32_t order_key(float v) {
-  if (v == 0.0f) v = 0.0f;
-  const uint32_t u = __float_as_uint(v);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-// The sum over the cluster's blocks before this one of `value` (thread 0's), in rank order; 0
-// for a block alone. slot: an int of this block's shared memory. Every thread of every block
-// of the cluster calls it.
-template <int kBlocks>
-__device__ int sum_of_earlier_blocks(int value, int* slot) {
-  if constexpr (kBlocks == 1) {
-    return 0;
-  } else {
-    auto cluster = cooperative_groups::this_cluster();
-    if (threadIdx.x == 0) *slot = value;
-    cluster.sync();
-    int before = 0;
-    for (int b = 0; b < static_cast<int>(cluster.block_rank()); ++b) before += *cluster.map_shared_rank(slot, b);
-    cluster.sync();  // read before any block writes its slot again
-    return before;
-  }
-}
-
 // A token per kBlocks blocks (a thread block cluster when kBlocks > 1: block r takes the r-th
 // slice of the positions, the histograms of each pass summed over the blocks through distributed
 // shared memory in rank order, so every block picks the same digits).
@@ -164,9 +139,9 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores
   __shared__ uint32_t threshold_shared;
   __shared__ int remaining_shared, total_slot;
 
+  using Blocks = ClusterBlocks<kBlocks>;
   const int t = static_cast<int>(blockIdx.x) / kBlocks;
-  int rank = 0;
-  if constexpr (kBlocks > 1) rank = static_cast<int>(cooperative_groups::this_cluster().block_rank());
+  const int rank = Blocks::rank();
   const int context = positions[t] + 1;
   int32_t* out = selected + static_cast<int64_t>(t) * max_selected;
   if (context <= top_k) {  // the same in every block of the token
@@ -206,18 +181,7 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores
       }
     }
     __syncthreads();
-    const unsigned* counts = histogram;
-    if constexpr (kBlocks > 1) {
-      auto cluster = cooperative_groups::this_cluster();
-      cluster.sync();
-      if (threadIdx.x < 256) {
-        unsigned sum = 0;
-        for (int b = 0; b < kBlocks; ++b) sum += cluster.map_shared_rank(histogram, b)[threadIdx.x];
-        cluster_histogram[threadIdx.x] = sum;
-      }
-      cluster.sync();  // every block has read the histograms before any clears its own
-      counts = cluster_histogram;
-    }
+    const unsigned* counts = Blocks::sum_arrays(histogram, cluster_histogram, 256);
     // The digit holding the remaining-th largest key: thread i < 256 takes digit 255 - i, and a
     // scan counts the keys at or above each digit.
     const int count = threadIdx.x < 256 ? static_cast<int>(counts[255 - threadIdx.x]) : 0;
@@ -247,12 +211,13 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores
   int equal_before = 0, block_equal = 0;
   BlockScan(scan_storage).ExclusiveSum(equal, equal_before, block_equal);
   __syncthreads();
-  equal_before += sum_of_earlier_blocks<kBlocks>(block_equal, &total_slot);
+  int all = 0;
+  equal_before += Blocks::sum_of_earlier_blocks(block_equal, &total_slot, &all);
   const int kept = greater + max(0, min(equal, remaining - equal_before));
   int out_index = 0, block_kept = 0;
   BlockScan(scan_storage).ExclusiveSum(kept, out_index, block_kept);
   __syncthreads();
-  out_index += sum_of_earlier_blocks<kBlocks>(block_kept, &total_slot);
+  out_index += Blocks::sum_of_earlier_blocks(block_kept, &total_slot, &all);
   int equal_rank = equal_before;
 #pragma unroll 8
   for (int j = first; j < last; ++j) {

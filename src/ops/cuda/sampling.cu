@@ -19,13 +19,13 @@
 // bound by that SM's issue rate); with blocks_per_row > 1 a thread block cluster shares the row,
 // the warps of its blocks in rank order, and each pass's totals and prefix sums are combined
 // through distributed shared memory in rank order, so every block takes the same decisions.
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cmath>
 
 #include "core/error.h"
+#include "ops/cuda/cluster.cuh"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
 #include "ops/sampling_exp.h"
@@ -43,13 +43,6 @@ constexpr int kDigits = 1 << kDigitBits;  // bins a pass
 // Dynamic shared memory: the threads' bins, [kDigits][kSampleThreads] (a warp's updates fall in
 // distinct banks), as double masses or, for top_k, int counts.
 constexpr size_t kBinBytes = sizeof(double) * kDigits * kSampleThreads;  // 128 KiB
-
-// Larger float, larger key (for non-NaN values; -0 is taken as +0, as the comparisons do).
-__device__ __forceinline__ uint32_t order_key(float v) {
-  if (v == 0.0f) v = 0.0f;
-  const uint32_t bits = __float_as_uint(v);
-  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
 
 template <typename T, typename Op>
 __device__ T warp_all_reduce(T v, Op op) {
@@ -84,69 +77,6 @@ __device__ T sum_of_earlier_warps(T warp_total, T* scratch, T* all, T* through =
   *all = sum;
   return before;
 }
-
-// The blocks that share one row (a thread block cluster of kCluster; 1: a block alone), and the
-// reductions across them through distributed shared memory. Each reads the blocks' values in
-// rank order, so every block gets the same bits. `slot`: one value of this block's shared memory.
-template <int kCluster>
-struct RowBlocks {
-  __device__ static unsigned rank() {
-    if constexpr (kCluster == 1) return 0;
-    else return cooperative_groups::this_cluster().block_rank();
-  }
-  // op over the blocks' `value` (the same in every thread of a block).
-  template <typename T, typename Op>
-  __device__ static T all_reduce(T value, T* slot, Op op) {
-    if constexpr (kCluster == 1) {
-      return value;
-    } else {
-      auto cluster = cooperative_groups::this_cluster();
-      if (threadIdx.x == 0) *slot = value;
-      cluster.sync();
-      T result = *cluster.map_shared_rank(slot, 0);
-      for (int b = 1; b < kCluster; ++b) result = op(result, *cluster.map_shared_rank(slot, b));
-      cluster.sync();  // every block has read the slots before any writes them again
-      return result;
-    }
-  }
-  // The sum of the blocks before this one of `value` (the same in every thread of a block), in
-  // rank order; *all the sum over every block.
-  template <typename T>
-  __device__ static T sum_of_earlier_blocks(T value, T* slot, T* all) {
-    if constexpr (kCluster == 1) {
-      *all = value;
-      return 0;
-    } else {
-      auto cluster = cooperative_groups::this_cluster();
-      if (threadIdx.x == 0) *slot = value;
-      cluster.sync();
-      T before = 0, sum = 0;
-      for (int b = 0; b < kCluster; ++b) {
-        if (b == static_cast<int>(cluster.block_rank())) before = sum;
-        sum += *cluster.map_shared_rank(slot, b);
-      }
-      cluster.sync();
-      *all = sum;
-      return before;
-    }
-  }
-  // totals[d] = the sum over the blocks of local[d] (kDigits values each); local itself for one block.
-  __device__ static const double* sum_bins(double* local, double* totals) {
-    if constexpr (kCluster == 1) {
-      return local;
-    } else {
-      auto cluster = cooperative_groups::this_cluster();
-      cluster.sync();
-      if (threadIdx.x < kDigits) {
-        double sum = 0.0;
-        for (int b = 0; b < kCluster; ++b) sum += cluster.map_shared_rank(local, b)[threadIdx.x];
-        totals[threadIdx.x] = sum;
-      }
-      cluster.sync();
-      return totals;
-    }
-  }
-};
 
 // Inclusive sum of v over lanes 0..lane.
 __device__ __forceinline__ double warp_inclusive_sum(double v) {
@@ -197,7 +127,7 @@ template <int kCluster>
 __global__ void __launch_bounds__(kSampleThreads)
     sample_rows_kernel(const float* logits, int64_t vocab, const int32_t* row_of, const RowSampling* params,
                        int32_t* out) {
-  using Blocks = RowBlocks<kCluster>;
+  using Blocks = ClusterBlocks<kCluster>;
   extern __shared__ double bins[];  // kBinBytes: see kBinBytes
   __shared__ double block_bin_totals[kDigits], cluster_bin_totals[kDigits];
   __shared__ float slot_f;
@@ -244,7 +174,7 @@ __global__ void __launch_bounds__(kSampleThreads)
         if (v == v && (key & high_mask) == prefix) ++counts[((key >> shift) & (kDigits - 1)) * kSampleThreads];
       });
       sum_bins(reinterpret_cast<const int*>(bins), block_bin_totals);
-      const double* bin_totals = Blocks::sum_bins(block_bin_totals, cluster_bin_totals);
+      const double* bin_totals = Blocks::sum_arrays(block_bin_totals, cluster_bin_totals, kDigits);
       if (threadIdx.x == 0) {
         int above = 0, d = kDigits - 1;
         for (; d > 0 && above + static_cast<int>(bin_totals[d]) < remaining; --d) above += static_cast<int>(bin_totals[d]);
@@ -310,7 +240,7 @@ __global__ void __launch_bounds__(kSampleThreads)
           masses[((key >> shift) & (kDigits - 1)) * kSampleThreads] += weight(v);
       });
       sum_bins(bins, block_bin_totals);
-      const double* bin_totals = Blocks::sum_bins(block_bin_totals, cluster_bin_totals);
+      const double* bin_totals = Blocks::sum_arrays(block_bin_totals, cluster_bin_totals, kDigits);
       if (threadIdx.x == 0) {
         int d = kDigits - 1;
         for (; d >= 0 && (above + bin_totals[d]) / total < p.top_p; --d) above += bin_totals[d];
