@@ -271,7 +271,7 @@ void run_bench_step(const BenchStepOptions& o) {
   const int max_context = *std::max_element(o.contexts.begin(), o.contexts.end()) + o.steps + o.speculative_steps + 8;
   const int max_prefill = o.prefills.empty() ? 0 : *std::max_element(o.prefills.begin(), o.prefills.end());
 
-  std::cerr << "measuring copy bandwidth and the bf16 GEMM rate...\n";
+  std::cerr << "measuring copy bandwidth and the bf16 and FP8 GEMM rates...\n";
   const double bandwidth = measure_copy_bandwidth(size_t{4} << 30);
   const double gemm_rate = measure_gemm_rate(8192);
   const Fp8GemmRate fp8_rate = measure_fp8_gemm_rate(8192);

@@ -4,7 +4,7 @@
 // 128 keys, a key a thread: the thread keeps every head's dot product in registers while its key
 // streams through in chunks, so each query value read from shared memory (a broadcast, as float4)
 // feeds 4 FMAs and each key value 32 (a shared-memory read for every FMA would make it bound by
-// shared memory).
+// shared memory). With threads_per_key 4, four lanes share a key, 8 heads each.
 //
 // Top-k: one block per token runs a radix select over the scores mapped to order-preserving
 // unsigned keys (four passes of 8-bit histograms find the k-th largest key and how many of its
@@ -29,7 +29,7 @@ namespace glms::ops::cuda {
 namespace {
 
 constexpr int kTileKeys = 128;  // keys a block scores at once
-constexpr int kDimChunk = 8;        // key values a thread holds at a time
+constexpr int kDimChunk = 8;    // key values a thread holds at a time
 
 // The key's values [k0, k0 + kDimChunk), zero past `dim`; vector: dim % 4 == 0 and 16-byte
 // aligned rows, read as float4.
