@@ -50,14 +50,17 @@ struct CudaModelOptions {
   // H200 (GLM-5.2 width, 5 layers, 2k context) 78 -> 23 ms (docs/performance.md).
   bool sample_on_device = true;
   // Blocks that share each sampled row (1, 2, 4 or 8; more than one: a thread block cluster): one
-  // block makes some 13 passes over a 154880-id row alone, about 0.45 ms on the H200.
-  int sample_blocks_per_row = 1;
+  // block makes some 13 passes over a 154880-id row alone. On the H200 (GLM-5.2 width, 5 layers)
+  // a sampled batch-1 step took 2.80 ms with 1, 2.56 with 4 or 8; batch 8 and 64 did not move.
+  int sample_blocks_per_row = 4;
   // Lanes that score each cached key in the DSA indexer's decode kernel: 1 (all 32 heads' sums in
   // one thread's registers) or 4 (8 heads a lane: four times the warps for one token's launch).
+  // 4 measured slower on the H200 at 16k context: batch 1 2.40 -> 2.43 ms, batch 64 21.7 -> 27.3.
   int indexer_threads_per_key = 1;
   // Blocks that select each token's top-k positions (1, 2, 4 or 8; more than one: a thread block
-  // cluster): one 1024-thread block makes the radix passes over a 16k context alone.
-  int indexer_topk_blocks = 1;
+  // cluster): one 1024-thread block makes the radix passes over a 16k context alone. 4 on the
+  // H200 at 16k context: batch 1 2.37 -> 2.34 ms (indexer 0.18 -> 0.15), batch 64 unchanged.
+  int indexer_topk_blocks = 4;
 };
 
 class CudaGlm5Model {

@@ -40,15 +40,16 @@ std::vector<float> activations(int64_t n, int64_t cols, uint32_t seed) {
 }
 
 struct QuantisedActivations {
-  std::vector<uint8_t> codes;
-  std::vector<float> scales;  // [cols / 128, n]
+  std::vector<uint8_t> codes;  // [np, cols], np = fp8_padded_tokens(n)
+  std::vector<float> scales;   // [cols / 128, np]
 };
 
 QuantisedActivations quantise_on_device(const std::vector<float>& x, int64_t n, int64_t cols,
                                         cuda::DeviceBuffer& d_codes, cuda::DeviceBuffer& d_scales) {
   auto d_x = to_device(x);
-  d_codes = cuda::DeviceBuffer(static_cast<size_t>(n * cols));
-  d_scales = poisoned(static_cast<size_t>(n * cols / cuda::kFp8ScaleBlock));
+  const int64_t np = cuda::fp8_padded_tokens(n);
+  d_codes = poisoned(static_cast<size_t>(np * cols) / sizeof(float));
+  d_scales = poisoned(static_cast<size_t>(np * cols / cuda::kFp8ScaleBlock));
   cuda::quantize_fp8_rows(d_x.as<float>(), n, cols, d_codes.as<uint8_t>(), d_scales.as<float>(), nullptr);
   return {to_host<uint8_t>(d_codes), to_host<float>(d_scales)};
 }
@@ -58,15 +59,18 @@ TEST_F(CudaLinearFp8, QuantizeRowsRoundsLikeTheHost) {
   const auto x = activations(n, cols, 7);
   cuda::DeviceBuffer d_codes, d_scales;
   const auto q = quantise_on_device(x, n, cols, d_codes, d_scales);
-  for (int64_t t = 0; t < n; ++t)
+  const int64_t np = cuda::fp8_padded_tokens(n);
+  ASSERT_EQ(np, 8);
+  for (int64_t t = 0; t < np; ++t)  // the pad tokens are zeros: codes 0, scale 1
     for (int64_t b = 0; b < cols / cuda::kFp8ScaleBlock; ++b) {
       float amax = 0.0f;
-      for (int64_t k = 0; k < cuda::kFp8ScaleBlock; ++k) amax = std::max(amax, std::fabs(x[t * cols + b * 128 + k]));
+      for (int64_t k = 0; k < cuda::kFp8ScaleBlock && t < n; ++k) amax = std::max(amax, std::fabs(x[t * cols + b * 128 + k]));
       const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
-      ASSERT_EQ(q.scales[b * n + t], scale) << "token " << t << " block " << b;
+      ASSERT_EQ(q.scales[b * np + t], scale) << "token " << t << " block " << b;
       for (int64_t k = 0; k < cuda::kFp8ScaleBlock; ++k) {
         const int64_t i = t * cols + b * 128 + k;
-        ASSERT_EQ(q.codes[i], quant::f32_to_minifloat(quant::MiniFloat::E4M3, x[i] / scale)) << "value " << i;
+        const uint8_t expected = t < n ? quant::f32_to_minifloat(quant::MiniFloat::E4M3, x[i] / scale) : 0;
+        ASSERT_EQ(q.codes[i], expected) << "value " << i;
       }
     }
 }
@@ -93,10 +97,13 @@ TEST_F(CudaLinearFp8, BlockScaledGemmMatchesTheDequantisedProduct) {
     cuda::DeviceBuffer d_x_codes, d_x_scales;
     const auto q = quantise_on_device(x, n, cols, d_x_codes, d_x_scales);
     auto d_w = to_device(w_codes), d_w_scales = to_device(cuda::fp8_weight_scales_for_cublaslt(scale_inv.data(), rows, cols));
-    auto d_y = poisoned(static_cast<size_t>(n * rows));
+    const int64_t np = cuda::fp8_padded_tokens(n);
+    auto d_y = poisoned(static_cast<size_t>(np * rows));
     gemm.linear(d_x_codes.as<uint8_t>(), d_x_scales.as<float>(), n, d_w.as<uint8_t>(), d_w_scales.as<float>(), rows,
                 cols, d_y.as<float>(), nullptr);
-    const auto y = to_host<float>(d_y);
+    auto y = to_host<float>(d_y);
+    for (int64_t i = n * rows; i < np * rows; ++i) ASSERT_EQ(y[i], 0.0f) << "pad token output " << i;
+    y.resize(static_cast<size_t>(n * rows));
 
     // The same product over the dequantised operands in double, and over the unquantised
     // activations (what the host path computes with the checkpoint's FP8 weights).
@@ -105,7 +112,7 @@ TEST_F(CudaLinearFp8, BlockScaledGemmMatchesTheDequantisedProduct) {
       for (int64_t r = 0; r < rows; ++r) {
         double sum = 0.0, plain = 0.0;
         for (int64_t k = 0; k < cols; ++k) {
-          const double scale = q.scales[(k / 128) * n + t];
+          const double scale = q.scales[(k / 128) * np + t];
           const double xq = quant::minifloat_to_f32(quant::MiniFloat::E4M3, q.codes[t * cols + k]) * scale;
           sum += xq * w_back[r * cols + k];
           plain += static_cast<double>(x[t * cols + k]) * w_back[r * cols + k];

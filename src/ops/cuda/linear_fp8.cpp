@@ -112,7 +112,7 @@ void Fp8Gemm::linear(const uint8_t* x_codes, const float* x_scales, int64_t n, c
   if (n == 0 || rows == 0) return;
   GLMS_CHECK(cols % kFp8ScaleBlock == 0 && rows % 16 == 0,
              "Fp8Gemm: cols a multiple of 128 and rows a multiple of 16");
-  Plan& p = plan(n, rows, cols);
+  Plan& p = plan(fp8_padded_tokens(n), rows, cols);
   check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof(w_scales)),
            "A_SCALE_POINTER");
   check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales, sizeof(x_scales)),

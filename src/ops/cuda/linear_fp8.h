@@ -17,10 +17,16 @@ namespace glms::ops::cuda {
 
 inline constexpr int64_t kFp8ScaleBlock = 128;
 
-// Activations to E4M3 for Fp8Gemm::linear: codes [n, cols] and, per token t and 128-column
-// block b, scale = max |x| / 448 (1 for a block of zeros) with codes = E4M3(x / scale) rounded
-// to nearest even, saturating. The scales are stored block-major, scales[b * n + t] (the
-// layout cuBLASLt's VEC128_32F scales take for the activation operand). cols a multiple of 128.
+// cuBLASLt's block-scaled FP8 GEMM takes token counts that are multiples of 4 only (on the H200,
+// cuBLASLt 13.1 has no algorithm for 1, 2, 3, 5 or 17 tokens), so activations and outputs are
+// padded to fp8_padded_tokens(n) rows.
+inline constexpr int64_t fp8_padded_tokens(int64_t n) { return (n + 3) / 4 * 4; }
+
+// Activations to E4M3 for Fp8Gemm::linear: x [n, cols] fp32 to codes [np, cols] with np =
+// fp8_padded_tokens(n) and, per token t and 128-column block b, scale = max |x| / 448 (1 for a
+// block of zeros) with codes = E4M3(x / scale) rounded to nearest even, saturating; the pad
+// tokens are zeros. The scales are stored block-major, scales[b * np + t] (the layout
+// cuBLASLt's VEC128_32F scales take for the activation operand). cols a multiple of 128.
 void quantize_fp8_rows(const float* x, int64_t n, int64_t cols, uint8_t* codes, float* scales, cudaStream_t stream);
 
 // A checkpoint's weight_scale_inv ([ceil(rows / 128), ceil(cols / 128)] row-major, as
@@ -37,7 +43,8 @@ class Fp8Gemm {
 
   // y[n, rows] (fp32) = dequant(x)[n, cols] . dequant(w)[rows, cols]^T: x_codes and x_scales from
   // quantize_fp8_rows, w_codes [rows, cols] E4M3 row-major, w_scales from
-  // fp8_weight_scales_for_cublaslt (all on the device). cols a multiple of 128, rows of 16.
+  // fp8_weight_scales_for_cublaslt (all on the device). y holds fp8_padded_tokens(n) rows (the
+  // pad tokens' are zeros). cols a multiple of 128, rows of 16.
   // Throws glms::Error where cuBLASLt has no algorithm for it (GPUs before Hopper, or a
   // cuBLASLt without block scaling).
   void linear(const uint8_t* x_codes, const float* x_scales, int64_t n, const uint8_t* w_codes,

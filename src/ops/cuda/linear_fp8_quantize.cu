@@ -1,5 +1,5 @@
 // quantize_fp8_rows: a block of 128 threads per (token, 128-column block), a value a thread; the
-// block's largest magnitude sets the scale, then each thread writes its code.
+// block's largest magnitude sets the scale, then each thread writes its code. Pad tokens read as zeros.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -15,11 +15,11 @@ constexpr int kQuantizeThreads = static_cast<int>(kFp8ScaleBlock);
 constexpr float kE4m3Max = 448.0f;
 
 __global__ void __launch_bounds__(kQuantizeThreads)
-    quantize_fp8_rows_kernel(const float* x, int64_t n, int64_t cols, uint8_t* codes, float* scales) {
+    quantize_fp8_rows_kernel(const float* x, int64_t n, int64_t padded, int64_t cols, uint8_t* codes, float* scales) {
   __shared__ float warp_max[kQuantizeThreads / 32];
   const int64_t token = blockIdx.x, block = blockIdx.y;
   const int64_t i = token * cols + block * kFp8ScaleBlock + threadIdx.x;
-  const float v = x[i];
+  const float v = token < n ? x[i] : 0.0f;
   float amax = fabsf(v);
   for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(kQuantizeThreads)
   for (int w = 1; w < kQuantizeThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
   const float scale = amax > 0.0f ? __fdiv_rn(amax, kE4m3Max) : 1.0f;
   codes[i] = __nv_cvt_float_to_fp8(__fdiv_rn(v, scale), __NV_SATFINITE, __NV_E4M3);
-  if (threadIdx.x == 0) scales[block * n + token] = scale;
+  if (threadIdx.x == 0) scales[block * padded + token] = scale;
 }
 
 }  // namespace
@@ -37,8 +37,9 @@ void quantize_fp8_rows(const float* x, int64_t n, int64_t cols, uint8_t* codes, 
   if (n == 0) return;
   GLMS_CHECK(cols % kFp8ScaleBlock == 0, "quantize_fp8_rows: cols a multiple of 128");
   GLMS_CHECK(n <= 0x7fffffff && cols / kFp8ScaleBlock <= 65535, "quantize_fp8_rows: too many rows or columns");
-  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(cols / kFp8ScaleBlock));
-  quantize_fp8_rows_kernel<<<grid, kQuantizeThreads, 0, stream>>>(x, n, cols, codes, scales);
+  const int64_t padded = fp8_padded_tokens(n);
+  const dim3 grid(static_cast<unsigned>(padded), static_cast<unsigned>(cols / kFp8ScaleBlock));
+  quantize_fp8_rows_kernel<<<grid, kQuantizeThreads, 0, stream>>>(x, n, padded, cols, codes, scales);
   check(cudaGetLastError(), "quantize_fp8_rows launch");
 }
 
