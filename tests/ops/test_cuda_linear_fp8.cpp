@@ -120,7 +120,9 @@ TEST_F(CudaLinearFp8, BlockScaledGemmMatchesTheDequantisedProduct) {
         exact[t * rows + r] = static_cast<float>(sum);
         unquantised_x[t * rows + r] = static_cast<float>(plain);
       }
-    EXPECT_LT(relative_l2(y, exact), 1e-4) << n << " x " << rows << " x " << cols;
+    // Hopper's FP8 tensor cores keep about 14 bits of the running sum (DeepSeek-V3's report);
+    // measured 1.2e-4 on the H200 at these shapes. A wrong scale layout is off by O(1).
+    EXPECT_LT(relative_l2(y, exact), 5e-4) << n << " x " << rows << " x " << cols;
     // E4M3 keeps 3 mantissa bits: a value rounds by up to 1/16 of itself, about 3.6% RMS.
     EXPECT_LT(relative_l2(y, unquantised_x), 0.05) << n << " x " << rows << " x " << cols;
   }

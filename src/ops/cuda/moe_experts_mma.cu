@@ -11,8 +11,9 @@
 // inside an mma is free as long as A and B agree, so each lane streams one contiguous 16-byte
 // chunk of its rows, and the staged inputs are laid out to match:
 //   MXFP4: a chunk is one MX block (32 values, one E8M0 scale). Word w (values v0..v7) gives the
-//     fp16 pairs (v_i, v_i+4), each value the code times 2^-14 (mxfp4_pairs); one fp16
-//     multiply by 2^14 x the block scale finishes a pair (exact for scales in [2^-23, 2]). The
+//     fp16 pairs (v_i, v_i+4) by moving nibbles i and i + 4 to bits 12-15 and 28-31 and the
+//     magnitude bits down by 3 (the code's value times 2^-14, subnormals exact); one fp16
+//     multiply by 2^14 x the block scale finishes it (exact for scales in [2^-23, 2]). The
 //     inputs are staged with each group of 8 in the order 0,4,1,5,2,6,3,7.
 //   FP8: a chunk is 16 E4M3 codes, converted in pairs by the hardware (exact in fp16); the four
 //     lanes of a quad cover 64 values inside one 128 x 128 scale block, so the fp32 block scale
@@ -52,18 +53,13 @@ __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, __half2 b) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// The fp16 pairs (v_i, v_i+4), i = 0..3, of MXFP4 word q (v_j in nibble j), each the code times
-// 2^-14 (subnormals exact): bytes of `odd` hold the fp16 high bytes of v1, v3, v5, v7 (sign at
-// bit 7, magnitude at bits 1-3), bytes of `even` those of v0, v2, v4, v6, and a byte permute
-// puts two of them in the high bytes of a pair with zero low bytes (11 integer ops for the four
-// pairs; shifting and masking each pair apart took 15 to 16).
-__device__ __forceinline__ void mxfp4_pairs(uint32_t q, uint32_t (&pairs)[4]) {
-  const uint32_t odd = (q & 0x80808080u) | ((q >> 3) & 0x0e0e0e0eu);
-  const uint32_t even = ((q << 4) & 0x80808080u) | ((q << 1) & 0x0e0e0e0eu);
-  pairs[0] = __byte_perm(even, 0u, 0x2404);
-  pairs[1] = __byte_perm(odd, 0u, 0x2404);
-  pairs[2] = __byte_perm(even, 0u, 0x3414);
-  pairs[3] = __byte_perm(odd, 0u, 0x3414);
+// fp16 pair (v_i, v_i+4) of MXFP4 word q times the block scale: the bit moves give code x
+// 2^-14, one multiply by `scale` (the block scale x 2^14, an fp16 while the scale is at most 2)
+// the rest, exact while code x block scale stays on fp16's grid (block scales >= 2^-23).
+__device__ __forceinline__ uint32_t mxfp4_pair(uint32_t q, int i, __half2 scale) {
+  const uint32_t s = q << (12 - 4 * i);
+  const uint32_t pair = (s & 0x80008000u) | ((s & 0x70007000u) >> 3);  // code x 2^-14
+  return hmul2_bits(pair, scale);
 }
 
 __device__ __forceinline__ uint32_t e4m3_pair(uint32_t two_codes) {
@@ -181,13 +177,11 @@ struct RowPairStream {
         const __half2 scale_a = __float2half2_rn(sa[u] * 16384.0f), scale_b = __float2half2_rn(sb[u] * 16384.0f);
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
-          uint32_t pa[4], pb[4];
-          mxfp4_pairs(word_of(wa[u], w), pa);
-          mxfp4_pairs(word_of(wb[u], w), pb);
+          const uint32_t qa = word_of(wa[u], w), qb = word_of(wb[u], w);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const uint32_t a[4] = {hmul2_bits(pa[2 * h], scale_a), hmul2_bits(pb[2 * h], scale_b),
-                                   hmul2_bits(pa[2 * h + 1], scale_a), hmul2_bits(pb[2 * h + 1], scale_b)};
+            const uint32_t a[4] = {mxfp4_pair(qa, 2 * h, scale_a), mxfp4_pair(qb, 2 * h, scale_b),
+                                   mxfp4_pair(qa, 2 * h + 1, scale_a), mxfp4_pair(qb, 2 * h + 1, scale_b)};
             mma_f16(acc, a, word_of(xv[w], 2 * h), word_of(xv[w], 2 * h + 1));
           }
         }
