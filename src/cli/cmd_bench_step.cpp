@@ -105,8 +105,9 @@ struct Fp8GemmRate {
 Fp8GemmRate measure_fp8_gemm_rate(int64_t n) {
   namespace cuda = ops::cuda;
   const int64_t blocks = n / cuda::kFp8ScaleBlock, padded = (blocks + 3) / 4 * 4;
-  cuda::DeviceBuffer x(sizeof(float) * n * n), x_codes(n * n), x_scales(sizeof(float) * n * blocks), w(n * n),
-      w_scales(sizeof(float) * blocks * padded), y(sizeof(float) * n * n);
+  const int64_t tokens = cuda::fp8_padded_tokens(n);  // rows of the quantised activations and of y
+  cuda::DeviceBuffer x(sizeof(float) * n * n), x_codes(tokens * n), x_scales(sizeof(float) * tokens * blocks),
+      w(n * n), w_scales(sizeof(float) * blocks * padded), y(sizeof(float) * tokens * n);
   cuda::Stream stream;
   cuda::fill_uniform_f32(x.as<float>(), n * n, 1, 1.0f, stream.get());
   cuda::fill_uniform_e4m3(w.as<uint8_t>(), n * n, 2, stream.get());
