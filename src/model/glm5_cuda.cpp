@@ -222,7 +222,7 @@ void CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const StepShape& 
   experts.gate_up_scales = m.experts_gate_up_scales.data();
   experts.down = m.experts_down.data();
   experts.down_scales = m.experts_down_scales.data();
-  experts.scales_fit_fp16 = m.experts_scales_fit_fp16;
+  experts.mxfp4_tiled = m.experts_mxfp4_tiled;
   const int small_pairs = cuda::moe_experts_mma_supported(experts, hidden, inter) ? kSmallMoePairsPerExpertTensorCores
                                                                                : kSmallMoePairsPerExpert;
   if (P <= int64_t{small_pairs} * E || !shape.host_sync_ok) {

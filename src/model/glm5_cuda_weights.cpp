@@ -7,6 +7,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "quant/mxfp4_tiles.h"
 
 namespace glms::model {
 
@@ -114,6 +115,13 @@ void append_fp8(const WeightView& w, std::vector<uint8_t>& codes, std::vector<fl
   }
 }
 
+// Packed MXFP4 rows `cols` wide, rewritten in the tile layout.
+void tile_in_place(std::vector<uint8_t>& packed, int64_t cols) {
+  std::vector<uint8_t> tiled(packed.size());
+  quant::tile_mxfp4_rows(packed.data(), static_cast<int64_t>(packed.size()) / (cols / 2), cols, tiled.data());
+  packed.swap(tiled);
+}
+
 void upload_experts(Uploader& up, const MoeWeights& moe, int64_t hidden, int64_t inter, MoeDevice& d) {
   d.experts_format = experts_storage(moe, hidden, inter);
   switch (d.experts_format) {
@@ -135,11 +143,16 @@ void upload_experts(Uploader& up, const MoeWeights& moe, int64_t hidden, int64_t
         append_mxfp4(e.up_proj, gate_up, gate_up_scales);
         append_mxfp4(e.down_proj, down, down_scales);
       }
-      auto fit = [](const std::vector<uint8_t>& codes) {
-        const auto [lo, hi] = std::minmax_element(codes.begin(), codes.end());
-        return codes.empty() || (*lo >= 127 - 23 && *hi <= 127 + 1);
+      // The tensor-core kernels' tile layout where they can read it (ops/cuda/moe.h).
+      auto scales_fit = [](const std::vector<uint8_t>& codes) {
+        return std::all_of(codes.begin(), codes.end(), [](uint8_t c) { return c >= 1 && c <= 254; });
       };
-      d.experts_scales_fit_fp16 = fit(gate_up_scales) && fit(down_scales);
+      d.experts_mxfp4_tiled = hidden % quant::kMxfp4TileValues == 0 && inter % quant::kMxfp4TileValues == 0 &&
+                              scales_fit(gate_up_scales) && scales_fit(down_scales);
+      if (d.experts_mxfp4_tiled) {
+        tile_in_place(gate_up, hidden);
+        tile_in_place(down, inter);
+      }
       d.experts_gate_up = up.u8(gate_up);
       d.experts_gate_up_scales = up.u8(gate_up_scales);
       d.experts_down = up.u8(down);
@@ -348,7 +361,8 @@ DecoderLayerDevice synthetic_layer(RandomMaker& make, const io::ModelConfig& c, 
     d.moe.router = make.uniform_f32(E * hidden, std::sqrt(3.0f / static_cast<float>(hidden)));
     d.moe.correction_bias = make.uniform_f32(E, 0.01f);
     d.moe.experts_format = experts_format;
-    d.moe.experts_scales_fit_fp16 = true;  // one scale near 2^-8 (RandomMaker::experts)
+    // Random codes read the same in either layout; the one scale is near 2^-8 (RandomMaker::experts).
+    d.moe.experts_mxfp4_tiled = experts_format == ops::WeightFormat::Mxfp4 && hidden % quant::kMxfp4TileValues == 0 && inter % quant::kMxfp4TileValues == 0;
     make.experts(experts_format, E, 2 * inter, hidden, d.moe.experts_gate_up, d.moe.experts_gate_up_scales);
     make.experts(experts_format, E, hidden, inter, d.moe.experts_down, d.moe.experts_down_scales);
     d.moe.shared = make.mlp(inter * c.n_shared_experts, hidden);

@@ -39,7 +39,7 @@ struct MoeDevice {
   ops::cuda::DeviceBuffer experts_gate_up;  // [E, 2 * moe_inter, hidden] (ops::cuda::ExpertWeights)
   ops::cuda::DeviceBuffer experts_down;     // [E, hidden, moe_inter]
   ops::cuda::DeviceBuffer experts_gate_up_scales, experts_down_scales;  // quantised formats only
-  bool experts_scales_fit_fp16 = false;  // MXFP4: see ops::cuda::ExpertWeights
+  bool experts_mxfp4_tiled = false;  // MXFP4 rows in the tile layout: see ops::cuda::ExpertWeights
   MlpDevice shared;
 };
 

@@ -9,11 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define GLMS_HOST_DEVICE __host__ __device__
-#else
-#define GLMS_HOST_DEVICE
-#endif
+#include "core/host_device.h"
 
 namespace glms::ops {
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <utility>
 
 #include "core/dtype.h"
 #include "io/model_config.h"
@@ -16,6 +17,7 @@
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/moe.h"
 #include "quant/formats.h"
+#include "quant/mxfp4_tiles.h"
 #include "support/cuda_buffers.h"
 #include "support/numerics.h"
 
@@ -38,20 +40,21 @@ float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 // (gate_up [E, 2 * inter, hidden], down [E, hidden, inter]) for the reference.
 struct Experts {
   WeightFormat format;
+  bool tiled;  // MXFP4 in the tile layout of the tensor-core kernels
   int64_t E, hidden, inter;
   std::vector<float> gate_up, down;  // what the kernel should compute with
   cuda::DeviceBuffer d_gate_up, d_gate_up_scales, d_down, d_down_scales;
 
   cuda::ExpertWeights view() const {
-    // Random weights' MXFP4 scales sit near 2^-7, inside the fp16-exact range.
-    return {format, d_gate_up.data(), d_gate_up_scales.data(), d_down.data(), d_down_scales.data(), true};
+    return {format, d_gate_up.data(), d_gate_up_scales.data(), d_down.data(), d_down_scales.data(), tiled};
   }
 };
 
 // Quantises `values` ([E * matrices_per_expert, rows, cols], each matrix quantised on its own
-// as a checkpoint stores it) into the device layout; returns the dequantised values.
-std::vector<float> encode(WeightFormat format, const std::vector<float>& values, int64_t matrices, int64_t rows,
-                          int64_t cols, cuda::DeviceBuffer& data, cuda::DeviceBuffer& scales) {
+// as a checkpoint stores it) into the device layout (MXFP4 tiled or as packed); returns the
+// dequantised values.
+std::vector<float> encode(WeightFormat format, bool tiled, const std::vector<float>& values, int64_t matrices,
+                          int64_t rows, int64_t cols, cuda::DeviceBuffer& data, cuda::DeviceBuffer& scales) {
   std::vector<float> back(values.size());
   if (format == WeightFormat::Plain) {
     std::vector<uint16_t> bf16(values.size());
@@ -62,6 +65,11 @@ std::vector<float> encode(WeightFormat format, const std::vector<float>& values,
     for (int64_t r = 0; r < matrices * rows; ++r) {
       quant::quantize_mxfp4(values.data() + r * cols, cols, packed.data() + r * cols / 2, codes.data() + r * cols / 32);
       quant::dequantize_mxfp4(packed.data() + r * cols / 2, codes.data() + r * cols / 32, cols, back.data() + r * cols);
+    }
+    if (tiled) {
+      std::vector<uint8_t> tiles(packed.size());
+      quant::tile_mxfp4_rows(packed.data(), matrices * rows, cols, tiles.data());
+      packed.swap(tiles);
     }
     data = to_device(packed);
     scales = to_device(codes);
@@ -86,13 +94,19 @@ std::vector<float> encode(WeightFormat format, const std::vector<float>& values,
   return back;
 }
 
-Experts make_experts(WeightFormat format, int64_t E, int64_t hidden, int64_t inter, uint64_t seed) {
-  Experts x{format, E, hidden, inter, {}, {}, {}, {}, {}, {}};
+// `block_spread`: each run of 32 weights times 2^k, k in [-spread, spread] (MX scales far apart).
+Experts make_experts(WeightFormat format, bool tiled, int64_t E, int64_t hidden, int64_t inter, uint64_t seed,
+                     int block_spread = 0) {
+  Experts x{format, format == WeightFormat::Mxfp4 && tiled, E, hidden, inter, {}, {}, {}, {}, {}, {}};
   // Gate and up quantised as separate [inter, hidden] matrices, then stacked per expert.
-  const auto gate_up = random_values(E * 2 * inter * hidden, seed, 1.0f / std::sqrt(static_cast<float>(hidden)));
-  const auto down = random_values(E * hidden * inter, seed + 1, 1.0f / std::sqrt(static_cast<float>(inter)));
-  x.gate_up = encode(format, gate_up, 2 * E, inter, hidden, x.d_gate_up, x.d_gate_up_scales);
-  x.down = encode(format, down, E, hidden, inter, x.d_down, x.d_down_scales);
+  auto gate_up = random_values(E * 2 * inter * hidden, seed, 1.0f / std::sqrt(static_cast<float>(hidden)));
+  auto down = random_values(E * hidden * inter, seed + 1, 1.0f / std::sqrt(static_cast<float>(inter)));
+  if (block_spread > 0)
+    for (auto* values : {&gate_up, &down})
+      for (size_t i = 0; i < values->size(); ++i)
+        (*values)[i] = std::ldexp((*values)[i], static_cast<int>((i / 32 * 7) % (2 * block_spread + 1)) - block_spread);
+  x.gate_up = encode(format, x.tiled, gate_up, 2 * E, inter, hidden, x.d_gate_up, x.d_gate_up_scales);
+  x.down = encode(format, x.tiled, down, E, hidden, inter, x.d_down, x.d_down_scales);
   return x;
 }
 
@@ -147,10 +161,11 @@ std::vector<float> reference_pair(const Experts& x, const std::vector<float>& to
   return out;
 }
 
-// `tensor_cores`: whether the shape takes moe_experts_mma (checked), and whether to let it.
+// `tensor_cores`: whether the shape takes moe_experts_mma (checked), and whether to let it (MXFP4
+// experts are tiled for it, packed for the CUDA-core kernels).
 void check_experts(WeightFormat format, int64_t E, int64_t hidden, int64_t inter, int top_k,
                    std::initializer_list<int> token_counts, bool tensor_cores) {
-  const Experts experts = make_experts(format, E, hidden, inter, 11 + hidden);
+  const Experts experts = make_experts(format, tensor_cores, E, hidden, inter, 11 + hidden);
   if (tensor_cores) {
     ASSERT_TRUE(cuda::moe_experts_mma_supported(experts.view(), hidden, inter));
   }
@@ -207,13 +222,43 @@ TEST_F(CudaMoe, Fp8ExpertsMatchReference) {
   check_experts(WeightFormat::Fp8Block, 5, 208, 48, 3, {1, 2, 13}, false);
 }
 
+// Tiled MXFP4 with block scales from about 2^-20 to 2^10: the scale codes of a step's four blocks
+// differ, each multiplying its own block's partial sums.
+TEST_F(CudaMoe, TiledMxfp4TakesBlockScalesOfAnyMagnitude) {
+  const int64_t E = 3, hidden = 512, inter = 256;
+  const int top_k = 2, n = 3;
+  const Experts experts = make_experts(WeightFormat::Mxfp4, true, E, hidden, inter, 31, 15);
+  auto tokens = random_values(n * hidden, 8, 1.0f);
+  for (float& v : tokens) v = round_bf16(v);
+  std::vector<uint16_t> tokens_bf16(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) tokens_bf16[i] = f32_to_bf16(tokens[i]);
+  const std::vector<int32_t> ids = {0, 1, 2, 0, 1, 2};
+  const int64_t P = int64_t{n} * top_k;
+  PlanBuffers buffers(static_cast<int>(E), P);
+  auto d_ids = to_device(ids), d_x = to_device(tokens_bf16);
+  cuda::DeviceBuffer act(sizeof(uint16_t) * P * inter);
+  auto out = poisoned(P * hidden);
+  cuda::moe_plan(d_ids.as<int32_t>(), P, static_cast<int>(E), buffers.plan(), nullptr);
+  cuda::moe_experts_mma(d_x.as<uint16_t>(), hidden, inter, experts.view(), buffers.plan(), static_cast<int>(E), top_k,
+                        n, static_cast<int>(E), act.as<uint16_t>(), out.as<float>(), nullptr);
+  const auto got = to_host<float>(out);
+  const auto slot = to_host<int32_t>(buffers.pair_slot);
+  std::vector<float> got_rows, want_rows;
+  for (int64_t p = 0; p < P; ++p) {
+    const auto want = reference_pair(experts, tokens, static_cast<int>(p / top_k), ids[p]);
+    want_rows.insert(want_rows.end(), want.begin(), want.end());
+    got_rows.insert(got_rows.end(), got.begin() + slot[p] * hidden, got.begin() + (slot[p] + 1) * hidden);
+  }
+  EXPECT_LT(relative_l2(got_rows, want_rows), 2e-3);
+}
+
 // Inputs far from 1 (tiny, huge, and one outlier per token) keep their precision through the
 // per-token fp16 staging of the tensor-core kernels.
 TEST_F(CudaMoe, TensorCoreStagingKeepsInputsOfAnyScale) {
   for (WeightFormat format : {WeightFormat::Mxfp4, WeightFormat::Fp8Block}) {
     const int64_t E = 3, hidden = 256, inter = 128;
     const int top_k = 1, n = 5;
-    const Experts experts = make_experts(format, E, hidden, inter, 21);
+    const Experts experts = make_experts(format, true, E, hidden, inter, 21);
     for (float magnitude : {1e-6f, 1e4f}) {
       auto tokens = random_values(n * hidden, 7, magnitude);
       for (int t = 0; t < n; ++t) tokens[t * hidden + 3 * t] = 300.0f * magnitude;  // outliers
@@ -241,10 +286,12 @@ TEST_F(CudaMoe, TensorCoreStagingKeepsInputsOfAnyScale) {
   }
 }
 
+// MXFP4 packed (widths multiples of 32) and tiled (of 128), and FP8.
 TEST_F(CudaMoe, DequantizedExpertsMatchHostDequantisation) {
-  for (WeightFormat format : {WeightFormat::Mxfp4, WeightFormat::Fp8Block}) {
-    const int64_t E = 3, hidden = 320, inter = 160;
-    const Experts experts = make_experts(format, E, hidden, inter, 5);
+  for (const auto& [format, tiled] : {std::pair{WeightFormat::Mxfp4, false}, std::pair{WeightFormat::Mxfp4, true},
+                                      std::pair{WeightFormat::Fp8Block, false}}) {
+    const int64_t E = 3, hidden = tiled ? 384 : 320, inter = tiled ? 256 : 160;
+    const Experts experts = make_experts(format, tiled, E, hidden, inter, 5);
     cuda::DeviceBuffer gate_up(sizeof(uint16_t) * 2 * inter * hidden), down(sizeof(uint16_t) * hidden * inter);
     for (int e = 0; e < E; ++e) {
       cuda::dequantize_expert(experts.view(), e, hidden, inter, gate_up.as<uint16_t>(), down.as<uint16_t>(), nullptr);
@@ -254,11 +301,11 @@ TEST_F(CudaMoe, DequantizedExpertsMatchHostDequantisation) {
       for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_f32(got_gate_up[i]);
       // MXFP4 values (two significant bits times a power of two) are exact in bf16.
       const double tolerance = format == WeightFormat::Mxfp4 ? 0.0 : 4e-3;
-      EXPECT_LE(relative_l2(got, want), tolerance) << "gate_up of expert " << e;
+      EXPECT_LE(relative_l2(got, want), tolerance) << "gate_up of expert " << e << (tiled ? ", tiled" : "");
       got.resize(got_down.size());
       for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_f32(got_down[i]);
       want.assign(experts.down.begin() + e * hidden * inter, experts.down.begin() + (e + 1) * hidden * inter);
-      EXPECT_LE(relative_l2(got, want), tolerance) << "down of expert " << e;
+      EXPECT_LE(relative_l2(got, want), tolerance) << "down of expert " << e << (tiled ? ", tiled" : "");
     }
   }
 }

@@ -44,9 +44,11 @@ void moe_plan(const int32_t* expert_ids, int64_t num_pairs, int num_experts, con
 // The routed experts of one layer, stacked: per expert the gate rows, then the up rows, in
 // one [2 * inter, hidden] matrix, and down [hidden, inter]. By `format`:
 //   Plain (bf16): gate_up [E, 2 * inter, hidden], down [E, hidden, inter]; no scales.
-//   Mxfp4: gate_up [E, 2 * inter, hidden / 2] u8 (two E2M1 per byte, the even index in the low
-//     nibble, as AMD Quark packs them), gate_up_scales [E, 2 * inter, hidden / 32] E8M0 codes;
-//     down and down_scales likewise over inter. Needs hidden and inter multiples of 32.
+//   Mxfp4: gate_up [E, 2 * inter, hidden / 2] u8, gate_up_scales [E, 2 * inter, hidden / 32]
+//     E8M0 codes; down and down_scales likewise over inter. The rows are either as AMD Quark
+//     packs them (two E2M1 per byte, the even index in the low nibble; widths multiples of 32)
+//     or, with mxfp4_tiled, in quant/mxfp4_tiles.h's tile layout (multiples of 128), which only
+//     the tensor-core kernels read.
 //   Fp8Block: gate_up [E, 2 * inter, hidden] E4M3 codes, gate_up_scales [E, 2 * inter,
 //     ceil(hidden / 128)] fp32: each row carries its 128 x 128 block's weight_scale_inv (a row's
 //     scales in one 16-byte-aligned run; 3% more bytes than the block grid). Needs hidden and
@@ -57,9 +59,10 @@ struct ExpertWeights {
   const void* gate_up_scales = nullptr;
   const void* down = nullptr;
   const void* down_scales = nullptr;
-  // MXFP4: every block scale lies in [2^-23, 2], so code x scale and 2^14 x scale are exact in
-  // fp16 (the tensor-core kernels need it; trained weights' blocks rarely reach magnitude 12).
-  bool scales_fit_fp16 = false;
+  // MXFP4 rows in the tile layout; made (by the model's upload) only when the widths are
+  // multiples of 128 and every scale code is in 1..254 (no NaN scale and none under 2^-126,
+  // which the kernels' scale extraction reads as zero).
+  bool mxfp4_tiled = false;
 };
 
 // Small-batch expert MLP over the active experts, weights streamed once per step:
@@ -67,9 +70,9 @@ struct ExpertWeights {
 // expert_out[s, :] = down_e . act[s, :]. x: [n, hidden] bf16; act: [num_pairs, inter] bf16;
 // expert_out: [num_pairs, hidden] fp32. `max_active` bounds the experts with pairs (grid
 // size); `num_tokens` is the batch (an expert has at most one pair per token).
-// Quantised experts whose widths suit them (MXFP4: multiples of 128 and fp16-exact scales;
-// FP8: multiples of 64) run on tensor cores (moe_experts_mma) unless `allow_tensor_cores` is
-// false; the rest on CUDA-core GEMVs.
+// Tiled MXFP4 experts and FP8 experts with widths multiples of 64 run on tensor cores
+// (moe_experts_mma) unless `allow_tensor_cores` is false; the rest on CUDA-core GEMVs, which
+// read MXFP4 in the checkpoint's packing only.
 void moe_experts_small(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                        const MoePlan& plan, int num_experts, int top_k, int num_tokens, int max_active, uint16_t* act,
                        float* expert_out, cudaStream_t stream, bool allow_tensor_cores = true);
@@ -82,7 +85,7 @@ void moe_experts_mma(const uint16_t* x, int64_t hidden, int64_t inter, const Exp
                      float* expert_out, cudaStream_t stream);
 
 // Expert `expert` of quantised `experts` widened to bf16: gate_up_out [2 * inter, hidden] and
-// down_out [hidden, inter] (MXFP4 exactly; FP8 rounded once from code x scale).
+// down_out [hidden, inter] (MXFP4 exactly, in either layout; FP8 rounded once from code x scale).
 void dequantize_expert(const ExpertWeights& experts, int expert, int64_t hidden, int64_t inter, uint16_t* gate_up_out,
                        uint16_t* down_out, cudaStream_t stream);
 

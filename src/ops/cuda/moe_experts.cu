@@ -11,6 +11,7 @@
 // normal, and the block scale times 2^26 (2^20) folds into the widened weights. Quantised rows
 // are short (a 6144-wide MXFP4 row is 3 KiB), so a warp streams more of them at once than bf16
 // rows to keep enough loads in flight.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -20,6 +21,7 @@
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/moe.h"
+#include "quant/mxfp4_tiles.h"
 
 namespace glms::ops::cuda {
 
@@ -323,18 +325,37 @@ void launch_by_tokens(int tokens, const uint16_t* x, int64_t hidden, int64_t int
   else launch_experts<8, F, kVector>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
 }
 
-// Eight values per thread (adjacent threads write adjacent 16 bytes): row-major [rows, cols] of
-// one expert's matrix widened to bf16 (the decoded values times 2^126 / 2^120 are the codes'
-// values, exactly, then the scale).
-template <WeightFormat F>
+// Tile word q (quant/mxfp4_tiles.h) as its 8 values in row order, times 2^-14.
+__device__ __forceinline__ void decode_mxfp4_tile_word(uint32_t q, float (&out)[8]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 pair = __half22float2(__halves2half2(__ushort_as_half(static_cast<uint16_t>(quant::mxfp4_tile_pair(q, k))),
+                                                      __ushort_as_half(static_cast<uint16_t>(quant::mxfp4_tile_pair(q, k) >> 16))));
+    out[2 * k] = pair.x;
+    out[2 * k + 1] = pair.y;
+  }
+}
+
+// Eight values per thread (one 32-bit word of MXFP4, 8 bytes of FP8), written as 16 bytes:
+// row-major [rows, cols] of one expert's matrix widened to bf16 (the decoded values times
+// 2^126, 2^14 or 2^120 are the codes' values, exactly, then the scale). Tiled MXFP4 word 4t + w
+// of group s holds values 32 (4s + w) + 8t .. + 7.
+template <WeightFormat F, bool kTiled>
 __global__ void dequantize_kernel(const void* data, const void* scales, int64_t row0, int64_t rows, int64_t cols,
                                   uint16_t* out) {
   const int64_t groups_per_row = cols / 8;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= rows * groups_per_row) return;
   const int64_t row = row0 + i / groups_per_row, group = i % groups_per_row;
+  int64_t first = 8 * group;  // the word's first value in the row
   float v[8], scale, unscale;
-  if constexpr (F == WeightFormat::Mxfp4) {
+  if constexpr (F == WeightFormat::Mxfp4 && kTiled) {
+    decode_mxfp4_tile_word(__ldg(static_cast<const uint32_t*>(data) + row * groups_per_row + group), v);
+    const int64_t s = group / 16, t = group / 4 % 4, w = group % 4;
+    first = 128 * s + 32 * w + 8 * t;
+    scale = e8m0_to_float(__ldg(static_cast<const uint8_t*>(scales) + row * (cols / 32) + first / 32));
+    unscale = 0x1p14f;
+  } else if constexpr (F == WeightFormat::Mxfp4) {
     decode_mxfp4_word(__ldg(static_cast<const uint32_t*>(data) + row * groups_per_row + group), v);
     scale = e8m0_to_float(__ldg(static_cast<const uint8_t*>(scales) + row * (cols / 32) + group / 4));
     unscale = 0x1p126f;
@@ -349,7 +370,7 @@ __global__ void dequantize_kernel(const void* data, const void* scales, int64_t 
   for (int k = 0; k < 4; ++k)
     words[k] = float_to_bf16(v[2 * k] * unscale * scale) |
                (static_cast<uint32_t>(float_to_bf16(v[2 * k + 1] * unscale * scale)) << 16);
-  reinterpret_cast<uint4*>(out)[i] = make_uint4(words[0], words[1], words[2], words[3]);
+  reinterpret_cast<uint4*>(out + (row - row0) * cols + first)[0] = make_uint4(words[0], words[1], words[2], words[3]);
 }
 
 }  // namespace
@@ -382,6 +403,7 @@ void moe_experts_small(const uint16_t* x, int64_t hidden, int64_t inter, const E
       else run(Plain{}, std::false_type{});
       return;
     case WeightFormat::Mxfp4:
+      GLMS_CHECK(!experts.mxfp4_tiled, "moe_experts_small: tiled MXFP4 experts run on the tensor-core kernels only");
       GLMS_CHECK(hidden % 32 == 0 && inter % 32 == 0, "MXFP4 experts need hidden and moe_intermediate_size multiples of 32");
       run(Mxfp4{}, std::true_type{});
       return;
@@ -403,17 +425,13 @@ void dequantize_expert(const ExpertWeights& experts, int expert, int64_t hidden,
     kernel<<<blocks_for(rows * cols / 8, 256), 256, 0, stream>>>(data, scales, row0, rows, cols, out);
     check(cudaGetLastError(), "dequantize_expert launch");
   };
-  if (experts.format == WeightFormat::Mxfp4) {
-    launch(dequantize_kernel<WeightFormat::Mxfp4>, experts.gate_up, experts.gate_up_scales, int64_t{expert} * 2 * inter,
-           2 * inter, hidden, gate_up_out);
-    launch(dequantize_kernel<WeightFormat::Mxfp4>, experts.down, experts.down_scales, int64_t{expert} * hidden, hidden,
-           inter, down_out);
-  } else {
-    launch(dequantize_kernel<WeightFormat::Fp8Block>, experts.gate_up, experts.gate_up_scales,
-           int64_t{expert} * 2 * inter, 2 * inter, hidden, gate_up_out);
-    launch(dequantize_kernel<WeightFormat::Fp8Block>, experts.down, experts.down_scales, int64_t{expert} * hidden, hidden,
-           inter, down_out);
-  }
+  auto widen = [&](auto kernel) {
+    launch(kernel, experts.gate_up, experts.gate_up_scales, int64_t{expert} * 2 * inter, 2 * inter, hidden, gate_up_out);
+    launch(kernel, experts.down, experts.down_scales, int64_t{expert} * hidden, hidden, inter, down_out);
+  };
+  if (experts.format == WeightFormat::Mxfp4 && experts.mxfp4_tiled) widen(dequantize_kernel<WeightFormat::Mxfp4, true>);
+  else if (experts.format == WeightFormat::Mxfp4) widen(dequantize_kernel<WeightFormat::Mxfp4, false>);
+  else widen(dequantize_kernel<WeightFormat::Fp8Block, false>);
 }
 
 }  // namespace glms::ops::cuda

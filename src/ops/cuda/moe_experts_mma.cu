@@ -3,18 +3,19 @@
 //
 // Why this shape: widening 4-bit codes to fp32 for CUDA-core FMAs costs about three integer ops
 // per weight plus the unpacking of the inputs, which keeps a GEMV at a third of the memory bound.
-// A code becomes an fp16 pair in two integer ops per value, and the tensor cores take the
-// multiplies, so the integer pipe is no longer the limit.
+// A code becomes part of an fp16 pair in about one integer op, and the tensor cores take the
+// multiplies. At batch 1 the kernel pair still issues an instruction for every few bytes it
+// reads, so the instruction count per weight byte is what the layouts below minimise.
 //
 // Fragments (PTX m16n8k16): lane = 4 * g + t holds A rows g and g + 8 at k = {2t, 2t+1, 2t+8,
 // 2t+9}, B column (token) g at the same k, and C rows g, g + 8 at tokens 2t, 2t + 1. The k order
 // inside an mma is free as long as A and B agree, so each lane streams one contiguous 16-byte
-// chunk of its rows, and the staged inputs are laid out to match:
-//   MXFP4: a chunk is one MX block (32 values, one E8M0 scale). Word w (values v0..v7) gives the
-//     fp16 pairs (v_i, v_i+4) by moving nibbles i and i + 4 to bits 12-15 and 28-31 and the
-//     magnitude bits down by 3 (the code's value times 2^-14, subnormals exact); one fp16
-//     multiply by 2^14 x the block scale finishes it (exact for scales in [2^-23, 2]). The
-//     inputs are staged with each group of 8 in the order 0,4,1,5,2,6,3,7.
+// chunk of its rows a step, and the inputs are staged in row order:
+//   MXFP4 (quant/mxfp4_tiles.h's layout): step s covers values 128s .. 128s + 127 of a row;
+//     word w of lane t's chunk holds values 32 (4s + w) + 8t .. + 7 of MX block 4s + w, whose
+//     pairs are the A registers of two mmas (the lane's inputs: one 16-byte read). So the quad
+//     stays inside one block for both mmas: they sum into a fresh fp32 fragment that the block
+//     scale then multiplies once (4 FMAs, not a multiply per fp16 pair).
 //   FP8: a chunk is 16 E4M3 codes, converted in pairs by the hardware (exact in fp16); the four
 //     lanes of a quad cover 64 values inside one 128 x 128 scale block, so the fp32 block scale
 //     multiplies the quad's partial sums once.
@@ -28,6 +29,7 @@
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/moe.h"
+#include "quant/mxfp4_tiles.h"
 
 namespace glms::ops::cuda {
 
@@ -36,6 +38,9 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kUnroll = 4;  // steps in flight per lane (2 and 8 measured no faster; 128-thread blocks slower)
+// What the fp32 sums are multiplied by besides the token's unscale: MXFP4 pairs are code x 2^-14.
+template <WeightFormat F>
+constexpr float kWeightUnscale = F == WeightFormat::Mxfp4 ? 16384.0f : 1.0f;
 
 __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -48,23 +53,23 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, __half2 b) {
-  __half2 h = __hmul2(*reinterpret_cast<const __half2*>(&a), b);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-// fp16 pair (v_i, v_i+4) of MXFP4 word q times the block scale: the bit moves give code x
-// 2^-14, one multiply by `scale` (the block scale x 2^14, an fp16 while the scale is at most 2)
-// the rest, exact while code x block scale stays on fp16's grid (block scales >= 2^-23).
-__device__ __forceinline__ uint32_t mxfp4_pair(uint32_t q, int i, __half2 scale) {
-  const uint32_t s = q << (12 - 4 * i);
-  const uint32_t pair = (s & 0x80008000u) | ((s & 0x70007000u) >> 3);  // code x 2^-14
-  return hmul2_bits(pair, scale);
+__device__ __forceinline__ void mma_f16_fresh(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  const float zero = 0.0f;
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(zero));
 }
 
 __device__ __forceinline__ uint32_t e4m3_pair(uint32_t two_codes) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes), __NV_E4M3);
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+// The E8M0 code in byte w of `codes` as an fp32 scale, 2^(code - 127) for codes 1..254 (the
+// tile layout is only made for those: ExpertWeights::mxfp4_tiled).
+__device__ __forceinline__ float e8m0_byte_scale(uint32_t codes, int w) {
+  return __uint_as_float((w == 3 ? codes >> 1 : codes << (23 - 8 * w)) & 0x7f800000u);
 }
 
 // The multiplier that puts a token's largest magnitude (fp32 bits `max_bits`) in [2^13, 2^14).
@@ -74,12 +79,12 @@ __device__ __forceinline__ float token_multiplier(uint32_t max_bits) {
   return __uint_as_float(static_cast<uint32_t>(267 - min(exponent, 254)) << 23);
 }
 
-// Stages rows input_row(j), j < count, of src ([*, dim] bf16) into xs ([count, dim] fp16, times
-// the token's multiplier, each group of 8 reordered 0,4,1,5,2,6,3,7 for MXFP4), and the
-// multipliers' inverses into unscale. Synchronises the block.
-template <WeightFormat F, typename RowOf>
-__device__ void stage_fp16(const uint16_t* src, int64_t dim, int count, RowOf input_row, uint32_t* xs, float* unscale,
-                           uint32_t* token_max) {
+// Stages rows input_row(j), j < count, of src ([*, dim] bf16) into xs ([count, dim] fp16 in row
+// order, times the token's multiplier), and into unscale what undoes the multiplier and the
+// weights' own factor (`weight_unscale`: 2^14 for MXFP4's code x 2^-14). Synchronises the block.
+template <typename RowOf>
+__device__ void stage_fp16(const uint16_t* src, int64_t dim, int count, RowOf input_row, float weight_unscale,
+                           uint32_t* xs, float* unscale, uint32_t* token_max) {
   const int64_t groups = dim / 8;
   if (threadIdx.x < 8) token_max[threadIdx.x] = 0;
   __syncthreads();
@@ -99,23 +104,17 @@ __device__ void stage_fp16(const uint16_t* src, int64_t dim, int count, RowOf in
     const int j = static_cast<int>(i / groups);
     const float multiplier = token_multiplier(token_max[j]);
     const uint4 v = reinterpret_cast<const uint4*>(src + input_row(j) * dim)[i % groups];
-    float f[8];
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const uint32_t word = word_of(v, w);
-      f[2 * w] = __uint_as_float(word << 16) * multiplier;
-      f[2 * w + 1] = __uint_as_float(word & 0xffff0000u) * multiplier;
-    }
     uint32_t out[4];
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
-      // MXFP4 pairs (v_w, v_w+4); FP8 keeps the natural order.
-      const __half2 h = F == WeightFormat::Mxfp4 ? __floats2half2_rn(f[w], f[w + 4]) : __floats2half2_rn(f[2 * w], f[2 * w + 1]);
+      const uint32_t word = word_of(v, w);
+      const __half2 h = __floats2half2_rn(__uint_as_float(word << 16) * multiplier,
+                                          __uint_as_float(word & 0xffff0000u) * multiplier);
       out[w] = *reinterpret_cast<const uint32_t*>(&h);
     }
     reinterpret_cast<uint4*>(xs + j * dim / 2)[i % groups] = make_uint4(out[0], out[1], out[2], out[3]);
   }
-  if (threadIdx.x < count) unscale[threadIdx.x] = 1.0f / token_multiplier(token_max[threadIdx.x]);
+  if (threadIdx.x < count) unscale[threadIdx.x] = weight_unscale / token_multiplier(token_max[threadIdx.x]);
   __syncthreads();
 }
 
@@ -123,16 +122,17 @@ __device__ void stage_fp16(const uint16_t* src, int64_t dim, int count, RowOf in
 // load() puts kUnroll steps of 16-byte chunks and their scales in registers, compute() adds
 // W[rows] . x of those steps to acc (C of the two rows x 8 tokens). (Loading the first steps
 // before staging the inputs measured no faster at batch 1 and 8, and costs registers.)
-template <WeightFormat F>
+template <WeightFormat F, int kTokens>
 struct RowPairStream {
-  static constexpr int kChunk = F == WeightFormat::Mxfp4 ? 32 : 16;  // values per 16-byte chunk
+  static constexpr int kStepValues = F == WeightFormat::Mxfp4 ? 128 : 64;  // a row's values per quad step
   const uint4* chunks_a;
   const uint4* chunks_b;
   const void* scales_a;
   const void* scales_b;
-  int64_t steps;  // a quad covers 4 chunks of each row per step
+  int64_t steps;
   uint4 wa[kUnroll], wb[kUnroll];
-  float sa[kUnroll], sb[kUnroll];
+  // MXFP4: the E8M0 codes of the step's 4 blocks (one byte each); FP8: the step's block scale.
+  uint32_t sa[kUnroll], sb[kUnroll];
 
   __device__ __forceinline__ RowPairStream(const uint8_t* row_a, const uint8_t* row_b, const void* row_scales_a,
                                            const void* row_scales_b, int64_t dim)
@@ -140,77 +140,88 @@ struct RowPairStream {
         chunks_b(reinterpret_cast<const uint4*>(row_b)),
         scales_a(row_scales_a),
         scales_b(row_scales_b),
-        steps(dim / (4 * kChunk)) {}
+        steps(dim / kStepValues) {}
 
   __device__ __forceinline__ void load(int64_t s0) {
     const int t = threadIdx.x % 4;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = 4 * (s0 + u) + t;
-      if (s0 + u < steps) {
+      const int64_t s = s0 + u, c = 4 * s + t;
+      if (s < steps) {
         wa[u] = __ldg(chunks_a + c);
         wb[u] = __ldg(chunks_b + c);
         if constexpr (F == WeightFormat::Mxfp4) {
-          sa[u] = e8m0_to_float(__ldg(static_cast<const uint8_t*>(scales_a) + c));
-          sb[u] = e8m0_to_float(__ldg(static_cast<const uint8_t*>(scales_b) + c));
+          sa[u] = __ldg(static_cast<const uint32_t*>(scales_a) + s);
+          sb[u] = __ldg(static_cast<const uint32_t*>(scales_b) + s);
         } else {
-          sa[u] = __ldg(static_cast<const float*>(scales_a) + (c >> 3));
-          sb[u] = __ldg(static_cast<const float*>(scales_b) + (c >> 3));
+          sa[u] = __float_as_uint(__ldg(static_cast<const float*>(scales_a) + (c >> 3)));
+          sb[u] = __float_as_uint(__ldg(static_cast<const float*>(scales_b) + (c >> 3)));
         }
       }
     }
   }
 
-  // x_row: the staged pairs of this lane's token (column g of B); zero when it has none.
-  __device__ __forceinline__ void compute(int64_t s0, const uint32_t* x_row, bool has_token, float (&acc)[4]) {
+  // Adds the scaled fragment part (rows g, g + 8 of one scale block each) to acc; columns 2t + 1
+  // only when a chunk can hold a second token.
+  __device__ __forceinline__ static void add_scaled(float (&acc)[4], const float (&part)[4], float scale_a,
+                                                    float scale_b) {
+    acc[0] = fmaf(part[0], scale_a, acc[0]);
+    acc[2] = fmaf(part[2], scale_b, acc[2]);
+    if constexpr (kTokens > 1) {
+      acc[1] = fmaf(part[1], scale_a, acc[1]);
+      acc[3] = fmaf(part[3], scale_b, acc[3]);
+    }
+  }
+
+  // x_row: the staged pairs of this lane's token (column g of B; a copy of another token's when
+  // the chunk has fewer, whose columns are never written).
+  __device__ __forceinline__ void compute(int64_t s0, const uint32_t* x_row, float (&acc)[4]) {
     const int t = threadIdx.x % 4;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (s0 + u >= steps) break;
-      const int64_t c = 4 * (s0 + u) + t;
-      constexpr int kVectors = F == WeightFormat::Mxfp4 ? 4 : 2;
-      uint4 xv[kVectors];  // the lane's token's inputs of chunk c
-#pragma unroll
-      for (int i = 0; i < kVectors; ++i)
-        xv[i] = has_token ? reinterpret_cast<const uint4*>(x_row + c * kChunk / 2)[i] : make_uint4(0, 0, 0, 0);
+      const int64_t s = s0 + u;
+      if (s >= steps) break;
       if constexpr (F == WeightFormat::Mxfp4) {
-        const __half2 scale_a = __float2half2_rn(sa[u] * 16384.0f), scale_b = __float2half2_rn(sb[u] * 16384.0f);
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
+          // Values 32 (4s + w) + 8t .. + 7 of both rows, block 4s + w.
+          const uint4 xv = *reinterpret_cast<const uint4*>(x_row + (kStepValues * s + 32 * w + 8 * t) / 2);
           const uint32_t qa = word_of(wa[u], w), qb = word_of(wb[u], w);
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const uint32_t a[4] = {mxfp4_pair(qa, 2 * h, scale_a), mxfp4_pair(qb, 2 * h, scale_b),
-                                   mxfp4_pair(qa, 2 * h + 1, scale_a), mxfp4_pair(qb, 2 * h + 1, scale_b)};
-            mma_f16(acc, a, word_of(xv[w], 2 * h), word_of(xv[w], 2 * h + 1));
-          }
+          float part[4];
+          const uint32_t a0[4] = {quant::mxfp4_tile_pair(qa, 0), quant::mxfp4_tile_pair(qb, 0),
+                                  quant::mxfp4_tile_pair(qa, 1), quant::mxfp4_tile_pair(qb, 1)};
+          mma_f16_fresh(part, a0, xv.x, xv.y);
+          const uint32_t a1[4] = {quant::mxfp4_tile_pair(qa, 2), quant::mxfp4_tile_pair(qb, 2),
+                                  quant::mxfp4_tile_pair(qa, 3), quant::mxfp4_tile_pair(qb, 3)};
+          mma_f16(part, a1, xv.z, xv.w);
+          add_scaled(acc, part, e8m0_byte_scale(sa[u], w), e8m0_byte_scale(sb[u], w));
         }
       } else {
-        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const int64_t c = 4 * s + t;
+        uint4 xv[2];  // the lane's token's inputs of chunk c (16 values)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) xv[i] = reinterpret_cast<const uint4*>(x_row + c * 8)[i];
+        float part[4];
 #pragma unroll
         for (int m = 0; m < 4; ++m) {
           const uint32_t qa = word_of(wa[u], m), qb = word_of(wb[u], m);
           const uint32_t a[4] = {e4m3_pair(qa & 0xffffu), e4m3_pair(qb & 0xffffu), e4m3_pair(qa >> 16),
                                  e4m3_pair(qb >> 16)};
-          mma_f16(part, a, word_of(xv[m / 2], 2 * (m % 2)), word_of(xv[m / 2], 2 * (m % 2) + 1));
+          if (m == 0) mma_f16_fresh(part, a, xv[0].x, xv[0].y);
+          else mma_f16(part, a, word_of(xv[m / 2], 2 * (m % 2)), word_of(xv[m / 2], 2 * (m % 2) + 1));
         }
-        acc[0] += sa[u] * part[0];
-        acc[1] += sa[u] * part[1];
-        acc[2] += sb[u] * part[2];
-        acc[3] += sb[u] * part[3];
+        add_scaled(acc, part, __uint_as_float(sa[u]), __uint_as_float(sb[u]));
       }
     }
   }
 
   // The whole row pair against the staged inputs xs ([kTokens, dim] fp16 pairs, count valid).
-  template <int kTokens>
   __device__ __forceinline__ void run(const uint32_t* xs, int64_t dim, int count, float (&acc)[4]) {
     const int g = (threadIdx.x % 32) / 4;
-    const bool has_token = g < count && g < kTokens;
-    const uint32_t* x_row = xs + (has_token ? g : 0) * dim / 2;
+    const uint32_t* x_row = xs + min(g, count - 1) * dim / 2;
     for (int64_t s0 = 0; s0 < steps; s0 += kUnroll) {
       load(s0);
-      compute(s0, x_row, has_token, acc);
+      compute(s0, x_row, acc);
     }
   }
 };
@@ -243,16 +254,16 @@ __global__ void __launch_bounds__(kThreads) gate_up_mma_kernel(const uint16_t* x
   const int64_t r = min(r0 + g, inter - 1);
   const int64_t gate_row = static_cast<int64_t>(e) * 2 * inter + r, up_row = gate_row + inter;
   const auto* data = static_cast<const uint8_t*>(experts.gate_up);
-  RowPairStream<F> stream(data + gate_row * row_bytes<F>(hidden), data + up_row * row_bytes<F>(hidden),
+  RowPairStream<F, kTokens> stream(data + gate_row * row_bytes<F>(hidden), data + up_row * row_bytes<F>(hidden),
                           row_scales<F>(experts.gate_up_scales, gate_row, hidden),
                           row_scales<F>(experts.gate_up_scales, up_row, hidden), hidden);
   for (int chunk = begin; chunk < end; chunk += kTokens) {
     const int count = min(kTokens, end - chunk);
-    stage_fp16<F>(x, hidden, count, [&](int j) { return static_cast<int64_t>(plan.sorted_pairs[chunk + j] / top_k); },
-                  xs, unscale, token_max);
+    stage_fp16(x, hidden, count, [&](int j) { return static_cast<int64_t>(plan.sorted_pairs[chunk + j] / top_k); },
+               kWeightUnscale<F>, xs, unscale, token_max);
     if (r0 < inter) {
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      stream.template run<kTokens>(xs, hidden, count, acc);
+      stream.run(xs, hidden, count, acc);
       if (r0 + g < inter)
         for (int i = 0; i < 2; ++i) {
           const int token = 2 * t + i;
@@ -280,15 +291,16 @@ __global__ void __launch_bounds__(kThreads) down_mma_kernel(int64_t hidden, int6
   const int64_t row_a = static_cast<int64_t>(e) * hidden + min(r0 + g, hidden - 1);
   const int64_t row_b = static_cast<int64_t>(e) * hidden + min(r0 + 8 + g, hidden - 1);
   const auto* data = static_cast<const uint8_t*>(experts.down);
-  RowPairStream<F> stream(data + row_a * row_bytes<F>(inter), data + row_b * row_bytes<F>(inter),
+  RowPairStream<F, kTokens> stream(data + row_a * row_bytes<F>(inter), data + row_b * row_bytes<F>(inter),
                           row_scales<F>(experts.down_scales, row_a, inter),
                           row_scales<F>(experts.down_scales, row_b, inter), inter);
   for (int chunk = begin; chunk < end; chunk += kTokens) {
     const int count = min(kTokens, end - chunk);
-    stage_fp16<F>(act, inter, count, [&](int j) { return static_cast<int64_t>(chunk + j); }, xs, unscale, token_max);
+    stage_fp16(act, inter, count, [&](int j) { return static_cast<int64_t>(chunk + j); }, kWeightUnscale<F>, xs, unscale,
+               token_max);
     if (r0 < hidden) {
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      stream.template run<kTokens>(xs, inter, count, acc);
+      stream.run(xs, inter, count, acc);
       for (int i = 0; i < 2; ++i) {
         const int token = 2 * t + i;
         if (token >= count) break;
@@ -325,7 +337,7 @@ void launch(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeight
 
 bool moe_experts_mma_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter) {
   if (experts.format == WeightFormat::Mxfp4)
-    return experts.scales_fit_fp16 && hidden % 128 == 0 && inter % 128 == 0;
+    return experts.mxfp4_tiled && hidden % quant::kMxfp4TileValues == 0 && inter % quant::kMxfp4TileValues == 0;
   if (experts.format == WeightFormat::Fp8Block) return hidden % 64 == 0 && inter % 64 == 0;
   return false;
 }

@@ -1,0 +1,45 @@
+// MXFP4 rows in the tile layout of the tensor-core expert kernels (ops/cuda/moe_experts_mma.cu).
+//
+// Why a second layout: in a checkpoint's layout (two E2M1 codes a byte, 32 values a block) a
+// 16-byte load is one MX block, so each mma's 16 k-values span four blocks and their four
+// scales have to multiply the fp16 weights before the mma, and turning a code into the fp16 bits
+// of its value takes five integer ops. In the tile layout the four lanes of an mma quad share a
+// block at every mma, so one scale multiplies the fp32 partial sums of a block, and the codes
+// sit where one or two shifts and one logic op put a pair of them in fp16 bits. Same bytes:
+// 4.25 bits a value; the E8M0 scales stay [rows, cols / 32] as in the checkpoint.
+//
+// A row (cols a multiple of 128) is a run of 64-byte groups of 128 values; group s holds MX
+// blocks 4s .. 4s + 3. Inside a group, 32-bit word 4t + w (t, w < 4; little-endian) holds
+// values 32 (4s + w) + 8t + i, i < 8 (call them L0..L7) as two 16-bit halves:
+//   low half: L0, L2, L4, L6; high half: L1, L3, L5, L7. In each half the k-th of its codes
+//   (k < 4) has its sign at bit 15 - k and its three magnitude bits at bits 9 - 3k .. 11 - 3k.
+// Pair k of a word, (L_2k, L_2k+1), is then the two codes at bits 15 and 9..11 of each half:
+// the fp16 bits of the codes' values times 2^-14 (e1 e0 in the exponent's low bits and m in
+// the mantissa's top bit; 0.5 becomes the subnormal 2^-15), which mxfp4_tile_pair extracts.
+#pragma once
+
+#include <cstdint>
+
+#include "core/host_device.h"
+
+namespace glms::quant {
+
+inline constexpr int kMxfp4TileValues = 128;  // values in a 64-byte group
+
+// fp16 bits of pair k (< 4) of tile word q: (L_2k, L_2k+1) times 2^-14, low half first.
+GLMS_HOST_DEVICE inline uint32_t mxfp4_tile_pair(uint32_t q, int k) {
+  constexpr uint32_t kSign = 0x80008000u, kMagnitude = 0x0e000e00u;
+  switch (k) {
+    case 0: return q & (kSign | kMagnitude);
+    case 1: return ((q << 1) & kSign) | ((q << 3) & kMagnitude);
+    case 2: return ((q << 2) & kSign) | ((q << 6) & kMagnitude);
+    default: return ((q << 3) & kSign) | ((q << 9) & kMagnitude);
+  }
+}
+
+// Rows of packed MXFP4 ([rows, cols / 2] bytes, two codes a byte, the even value in the low
+// nibble) into the tile layout ([rows, cols / 2] bytes), and back. cols % 128 == 0.
+void tile_mxfp4_rows(const uint8_t* packed, int64_t rows, int64_t cols, uint8_t* tiled);
+void untile_mxfp4_rows(const uint8_t* tiled, int64_t rows, int64_t cols, uint8_t* packed);
+
+}  // namespace glms::quant

@@ -1,0 +1,86 @@
+// The tile layout of MXFP4 rows (quant/mxfp4_tiles.h) that the tensor-core expert kernels read:
+// the round trip, and the pair extraction the kernels run (the same function) against the
+// spec's E2M1 values on every code and on random rows.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "quant/formats.h"
+#include "quant/mxfp4_tiles.h"
+
+using namespace glms;
+using namespace glms::quant;
+
+namespace {
+
+std::vector<uint8_t> random_bytes(size_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> bytes(count);
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+  return bytes;
+}
+
+uint8_t code_at(const std::vector<uint8_t>& packed, int64_t v) { return (packed[v / 2] >> (4 * (v % 2))) & 0xf; }
+
+}  // namespace
+
+TEST(Mxfp4Tiles, TilingRoundTripsAndMovesEveryCode) {
+  const int64_t rows = 3, cols = 384;
+  const auto packed = random_bytes(rows * cols / 2, 1);
+  std::vector<uint8_t> tiled(packed.size()), back(packed.size(), 0x5a);
+  tile_mxfp4_rows(packed.data(), rows, cols, tiled.data());
+  untile_mxfp4_rows(tiled.data(), rows, cols, back.data());
+  EXPECT_EQ(back, packed);
+  EXPECT_NE(tiled, packed);  // a layout, not a copy
+}
+
+// Each pair the kernels extract is the two values the layout promises, times 2^-14 in fp16
+// bits, for the values 32 (4s + w) + 8t + 2k and + 1 of word 4t + w of group s.
+TEST(Mxfp4Tiles, PairsAreTheValuesTimesTwoToTheMinus14) {
+  const int64_t rows = 2, cols = 256;
+  const auto packed = random_bytes(rows * cols / 2, 2);
+  std::vector<uint8_t> tiled(packed.size());
+  tile_mxfp4_rows(packed.data(), rows, cols, tiled.data());
+  int checked = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t s = 0; s < cols / kMxfp4TileValues; ++s)
+      for (int t = 0; t < 4; ++t)
+        for (int w = 0; w < 4; ++w) {
+          const uint8_t* bytes = tiled.data() + r * cols / 2 + 64 * s + 16 * t + 4 * w;
+          const uint32_t q = bytes[0] | (bytes[1] << 8) | (bytes[2] << 16) | (static_cast<uint32_t>(bytes[3]) << 24);
+          for (int k = 0; k < 4; ++k) {
+            const uint32_t pair = mxfp4_tile_pair(q, k);
+            const int64_t v = r * cols + 128 * s + 32 * w + 8 * t + 2 * k;
+            EXPECT_EQ(f16_to_f32(pair & 0xffff) * 0x1p14f, minifloat_to_f32(MiniFloat::E2M1, code_at(packed, v))) << v;
+            EXPECT_EQ(f16_to_f32(pair >> 16) * 0x1p14f, minifloat_to_f32(MiniFloat::E2M1, code_at(packed, v + 1))) << v;
+            checked += 2;
+          }
+        }
+  EXPECT_EQ(checked, rows * cols);
+}
+
+// All 16 codes in every one of a word's 8 places.
+TEST(Mxfp4Tiles, EveryCodeInEveryPlace) {
+  for (int code = 0; code < 16; ++code)
+    for (int place = 0; place < 8; ++place) {
+      std::vector<uint8_t> packed(64, 0);
+      packed[place / 2] = static_cast<uint8_t>(code << (4 * (place % 2)));  // value `place` of word 0
+      std::vector<uint8_t> tiled(64);
+      tile_mxfp4_rows(packed.data(), 1, 128, tiled.data());
+      const uint32_t q = tiled[0] | (tiled[1] << 8) | (tiled[2] << 16) | (static_cast<uint32_t>(tiled[3]) << 24);
+      for (int k = 0; k < 4; ++k)
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t half = (mxfp4_tile_pair(q, k) >> (16 * h)) & 0xffff;
+          const float want = 2 * k + h == place ? minifloat_to_f32(MiniFloat::E2M1, static_cast<uint8_t>(code)) : 0.0f;
+          EXPECT_EQ(f16_to_f32(static_cast<uint16_t>(half)) * 0x1p14f, want) << "code " << code << " place " << place;
+        }
+    }
+}
+
+TEST(Mxfp4Tiles, RejectsWidthsThatAreNotWhole128s) {
+  std::vector<uint8_t> packed(48), tiled(48);
+  EXPECT_THROW(tile_mxfp4_rows(packed.data(), 1, 96, tiled.data()), Error);
+}
