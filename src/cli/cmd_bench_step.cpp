@@ -52,6 +52,7 @@ struct BenchStepOptions {
   int sample_blocks_per_row = model::CudaModelOptions{}.sample_blocks_per_row;
   int indexer_threads_per_key = model::CudaModelOptions{}.indexer_threads_per_key;
   int indexer_topk_blocks = model::CudaModelOptions{}.indexer_topk_blocks;
+  int overlap_shared_expert_tokens = model::CudaModelOptions{}.overlap_shared_expert_tokens;
   int speculative_steps = 0;           // > 0: also time K-draft verification and MTP draft steps
   int project_layers = 0;              // depth the speculation break-even is projected to (0: the config's)
 };
@@ -299,6 +300,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.sample_blocks_per_row = o.sample_blocks_per_row;
   options.indexer_threads_per_key = o.indexer_threads_per_key;
   options.indexer_topk_blocks = o.indexer_topk_blocks;
+  options.overlap_shared_expert_tokens = o.overlap_shared_expert_tokens;
   if (o.speculative_steps > 0) {  // a verify step runs 1 + K tokens per sequence, all with logits
     options.mtp = true;
     options.max_tokens = std::max(options.max_tokens, max_batch * (1 + o.speculative_steps));
@@ -453,6 +455,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"sample_blocks_per_row", o.sample_blocks_per_row},
                         {"indexer_threads_per_key", o.indexer_threads_per_key},
                         {"indexer_topk_blocks", o.indexer_topk_blocks},
+                        {"overlap_shared_expert_tokens", o.overlap_shared_expert_tokens},
                         {"speculative_steps", o.speculative_steps},
                         {"graphs", o.graphs},
                         {"weight_bytes", model->weight_bytes()},
@@ -540,6 +543,11 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--indexer-topk-blocks", o->indexer_topk_blocks,
                   "Blocks (a thread block cluster) that select each token's top-k positions: 1, 2, 4 or 8")
       ->check(CLI::IsMember({1, 2, 4, 8}))
+      ->capture_default_str();
+  cmd->add_option("--overlap-shared-expert-tokens", o->overlap_shared_expert_tokens,
+                  "Steps of at most this many tokens run the MoE shared expert on a second stream beside the routing "
+                  "(0: never; untimed steps only)")
+      ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--expert-format", o->expert_format, "Routed experts' storage: bf16, mxfp4 (W4A16) or fp8 (block E4M3)")
       ->check(CLI::IsMember({"bf16", "mxfp4", "fp8"}))

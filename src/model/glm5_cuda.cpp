@@ -180,11 +180,12 @@ void CudaGlm5Model::Impl::upload_metadata(const ForwardBatch& batch) {
                              meta.block_tables + sizeof(int32_t) * static_cast<size_t>(S) * max_blocks, stream.get());
 }
 
-void CudaGlm5Model::Impl::dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out) {
+void CudaGlm5Model::Impl::dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out, cuda::Gemm& g,
+                                    cudaStream_t s) {
   const int64_t hidden = config.hidden_size;
-  gemm.linear(x_bf16, n, as<uint16_t>(mlp.gate_up), 2 * mlp.inter, hidden, as<float>(mlp_gate_up), stream.get());
-  cuda::silu_mul_to_bf16(as<float>(mlp_gate_up), n, mlp.inter, as<uint16_t>(mlp_act), stream.get());
-  gemm.linear(as<uint16_t>(mlp_act), n, as<uint16_t>(mlp.down), hidden, mlp.inter, out, stream.get());
+  g.linear(x_bf16, n, as<uint16_t>(mlp.gate_up), 2 * mlp.inter, hidden, as<float>(mlp_gate_up), s);
+  cuda::silu_mul_to_bf16(as<float>(mlp_gate_up), n, mlp.inter, as<uint16_t>(mlp_act), s);
+  g.linear(as<uint16_t>(mlp_act), n, as<uint16_t>(mlp.down), hidden, mlp.inter, out, s);
 }
 
 void CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const StepShape& shape) {
@@ -193,6 +194,13 @@ void CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const StepShape& 
   const int T = shape.num_tokens, K = c.num_experts_per_tok, E = c.n_routed_experts;
   const int64_t hidden = c.hidden_size, inter = c.moe_intermediate_size, P = int64_t{T} * K;
   cudaStream_t s = stream.get();
+  const bool overlap_shared = T <= options.overlap_shared_expert_tokens && !timer.enabled;
+  if (overlap_shared) {
+    shared_fork.record(s);
+    shared_fork.make_wait(side_stream.get());
+    dense_mlp(m.shared, as<uint16_t>(normed_bf16), T, as<float>(shared_out), side_gemm, side_stream.get());
+    shared_join.record(side_stream.get());
+  }
   gemm.linear_f32(as<float>(normed_f32), T, as<float>(m.router), E, hidden, as<float>(router_logits), s);
   cuda::MoeRouting routing;
   routing.num_experts = E;
@@ -213,8 +221,10 @@ void CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const StepShape& 
   cuda::moe_plan(as<int32_t>(expert_ids), P, E, plan, s);
   timer.mark("moe.routing", s);
 
-  dense_mlp(m.shared, as<uint16_t>(normed_bf16), T, as<float>(shared_out));
-  timer.mark("moe.shared", s);
+  if (!overlap_shared) {
+    dense_mlp(m.shared, as<uint16_t>(normed_bf16), T, as<float>(shared_out), gemm, s);
+    timer.mark("moe.shared", s);
+  }
 
   cuda::ExpertWeights experts;
   experts.format = m.experts_format;
@@ -275,6 +285,7 @@ void CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const StepShape& 
     }
   }
   timer.mark("moe.experts", s);
+  if (overlap_shared) shared_join.make_wait(s);
   cuda::moe_combine(as<float>(x), as<float>(shared_out), as<float>(expert_out), plan.pair_slot, as<int32_t>(expert_ids),
                     as<float>(expert_weights), T, K, hidden, s);
   timer.mark("moe.combine", s);
@@ -316,7 +327,7 @@ void CudaGlm5Model::Impl::layer_step(const DecoderLayerDevice& layer, int l, con
     moe(layer, shape);  // adds into x
     pending = nullptr;
   } else {
-    dense_mlp(layer.mlp, as<uint16_t>(normed_bf16), T, as<float>(block_out));
+    dense_mlp(layer.mlp, as<uint16_t>(normed_bf16), T, as<float>(block_out), gemm, s);
     timer.mark("dense_mlp", s);
     pending = as<float>(block_out);
   }

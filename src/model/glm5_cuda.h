@@ -61,6 +61,13 @@ struct CudaModelOptions {
   // cluster): one 1024-thread block makes the radix passes over a 16k context alone. 4 on the
   // H200 at 16k context: batch 1 2.37 -> 2.34 ms (indexer 0.18 -> 0.15), batch 64 unchanged.
   int indexer_topk_blocks = 4;
+  // Steps of at most this many tokens run the MoE layers' shared expert on a second stream,
+  // beside the router and the grouping (latency-bound launches that leave the memory bandwidth
+  // idle), joined before the combine (0: never; off while a step's phases are timed). On the
+  // H200 at GLM-5.2 width (5 layers, 2k context) a batch-1 step took 1.85 -> 1.81 ms (MXFP4
+  // experts) and 2.29 -> 2.25 (bf16); at batch 4 the shared expert's GEMM slows the routed
+  // experts it then shares the SMs with: 2.74 -> 2.87 ms; batch 2 within 1% either way.
+  int overlap_shared_expert_tokens = 1;
 };
 
 class CudaGlm5Model {

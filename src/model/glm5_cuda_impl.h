@@ -72,6 +72,11 @@ struct CudaGlm5Model::Impl {
   CudaWeights weights;
   cuda::Stream stream;
   cuda::Gemm gemm;
+  // The shared expert's branch (options.overlap_shared_expert): its own stream and cuBLAS handle,
+  // forked from `stream` after the layer's norm and joined before the combine.
+  cuda::Stream side_stream;
+  cuda::Gemm side_gemm;
+  cuda::Event shared_fork, shared_join;
   int max_blocks = 0;  // block-table width
   int64_t num_slots = 0;
   MetadataLayout meta;
@@ -102,6 +107,7 @@ struct CudaGlm5Model::Impl {
         max_blocks((o.max_context + o.block_size - 1) / o.block_size),
         meta(o.max_tokens, o.max_logits, o.max_sequences, max_blocks) {
     gemm.set_small_batch_gemv(o.small_batch_gemv_tokens);
+    side_gemm.set_small_batch_gemv(o.small_batch_gemv_tokens);
   }
 
   void allocate();
@@ -144,7 +150,8 @@ struct CudaGlm5Model::Impl {
     return cuda::mla_attention_fused_supported(config.num_attention_heads, config.kv_lora_rank,
                                                config.qk_rope_head_dim);
   }
-  void dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out);
+  // out = down(silu(gate x) * up x) on `s` through `g` (mlp_gate_up and mlp_act are its scratch).
+  void dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out, cuda::Gemm& g, cudaStream_t s);
   StepShape shape_of(const ForwardBatch& batch) const;
   void launch(const ForwardBatch& batch, bool use_graph);
   // The step's logits [logits rows, vocab] and, when asked, x [tokens, hidden] (the hidden

@@ -340,20 +340,38 @@ TEST_F(CudaMoe, RoutingGroupingAndCombineMatchCpu) {
   }
   EXPECT_LT(relative_l2(got_weights, want_weights), 1e-6);
 
-  // Grouping: each expert's pairs contiguous, offsets the prefix sums of the counts.
+  // Grouping: each expert's pairs contiguous, offsets the prefix sums of the counts, the active
+  // experts listed in increasing id; the routed pairs (one block plans them) and 1100 random
+  // tokens' (8800 pairs: the count, scan and place kernels).
   const int64_t P = int64_t{n} * K;
   PlanBuffers buffers(E, P);
-  cuda::moe_plan(d_ids.as<int32_t>(), P, E, buffers.plan(), nullptr);
-  const auto offsets = to_host<int32_t>(buffers.offsets), sorted = to_host<int32_t>(buffers.sorted_pairs),
-             slot = to_host<int32_t>(buffers.pair_slot);
-  std::vector<int32_t> counts(E + 1, 0);
-  for (int32_t id : ids) ++counts[id + 1];
-  std::partial_sum(counts.begin(), counts.end(), counts.begin());
-  EXPECT_EQ(offsets, counts);
-  for (int64_t p = 0; p < P; ++p) {
-    EXPECT_EQ(sorted[slot[p]], p);
-    EXPECT_TRUE(slot[p] >= offsets[ids[p]] && slot[p] < offsets[ids[p] + 1]) << "pair " << p;
+  auto check_plan = [&](const std::vector<int32_t>& pair_ids, const cuda::DeviceBuffer& d_pair_ids,
+                        const PlanBuffers& plan_buffers) {
+    const int64_t pairs = static_cast<int64_t>(pair_ids.size());
+    cuda::moe_plan(d_pair_ids.as<int32_t>(), pairs, E, plan_buffers.plan(), nullptr);
+    const auto offsets = to_host<int32_t>(plan_buffers.offsets), sorted = to_host<int32_t>(plan_buffers.sorted_pairs),
+               slot = to_host<int32_t>(plan_buffers.pair_slot), active = to_host<int32_t>(plan_buffers.active),
+               num_active = to_host<int32_t>(plan_buffers.num_active);
+    std::vector<int32_t> counts(E + 1, 0), want_active;
+    for (int32_t id : pair_ids) ++counts[id + 1];
+    for (int e = 0; e < E; ++e)
+      if (counts[e + 1] > 0) want_active.push_back(e);
+    std::partial_sum(counts.begin(), counts.end(), counts.begin());
+    EXPECT_EQ(offsets, counts) << pairs << " pairs";
+    ASSERT_EQ(num_active[0], static_cast<int32_t>(want_active.size())) << pairs << " pairs";
+    EXPECT_EQ(std::vector<int32_t>(active.begin(), active.begin() + num_active[0]), want_active) << pairs << " pairs";
+    for (int64_t p = 0; p < pairs; ++p) {
+      ASSERT_EQ(sorted[slot[p]], p);
+      ASSERT_TRUE(slot[p] >= offsets[pair_ids[p]] && slot[p] < offsets[pair_ids[p] + 1]) << "pair " << p;
+    }
+  };
+  check_plan(ids, d_ids, buffers);
+  {
+    const auto many_ids = random_choices(1100, E, K, 77);
+    const auto d_many_ids = to_device(many_ids);
+    check_plan(many_ids, d_many_ids, PlanBuffers(E, static_cast<int64_t>(many_ids.size())));
   }
+  const auto slot = to_host<int32_t>(buffers.pair_slot);
 
   // Combine: x += shared + sum of weight * expert row, experts in increasing id.
   auto x = random_values(n * hidden, 3), shared = random_values(n * hidden, 4), expert_rows = random_values(P * hidden, 5);

@@ -107,6 +107,9 @@ class Event {
   void record(cudaStream_t stream);
   // Milliseconds from `start` to this event (both recorded and complete).
   float elapsed_ms_since(const Event& start) const;
+  // Work queued on `stream` from now on waits for this event's (inside a graph capture: an edge
+  // from the recording stream's branch).
+  void make_wait(cudaStream_t stream) const;
 
  private:
   void* event_ = nullptr;  // cudaEvent_t

@@ -85,6 +85,10 @@ float Event::elapsed_ms_since(const Event& start) const {
   return ms;
 }
 
+void Event::make_wait(cudaStream_t stream) const {
+  check(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(event_), 0), "cudaStreamWaitEvent");
+}
+
 void synchronize_device() { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
 std::pair<size_t, size_t> memory_info() {

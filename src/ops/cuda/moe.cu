@@ -2,7 +2,7 @@
 //
 // Routing runs one warp per token. Grouping counts pairs per expert, scans the counts in one
 // block, then places each pair (the order inside an expert's group does not change any value:
-// every row is computed on its own).
+// every row is computed on its own); up to 8192 pairs one block does all three.
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
@@ -24,11 +24,27 @@ __global__ void moe_route_kernel(const float* logits, const float* bias, MoeRout
   float* choice = shared + r.num_experts;   // [E]
   __shared__ float group_scores[32];
   __shared__ bool keep_group[32];
+  __shared__ int chosen[64];
   const int t = blockIdx.x, lane = threadIdx.x, E = r.num_experts;
-  for (int e = lane; e < E; e += 32) {
-    const float s = 1.0f / (1.0f + expf(-logits[static_cast<int64_t>(t) * E + e]));
-    scores[e] = s;
-    choice[e] = s + bias[e];
+  // The token's logits and the bias read 8 per lane at a time, all in flight together: one
+  // warp's dependent reads are most of a decode step's routing time.
+  for (int e0 = 0; e0 < E; e0 += 8 * 32) {
+    float logit[8], offset[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int e = e0 + 32 * i + lane;
+      logit[i] = e < E ? logits[static_cast<int64_t>(t) * E + e] : 0.0f;
+      offset[i] = e < E ? bias[e] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int e = e0 + 32 * i + lane;
+      if (e < E) {
+        const float s = 1.0f / (1.0f + expf(-logit[i]));
+        scores[e] = s;
+        choice[e] = s + offset[i];
+      }
+    }
   }
   __syncwarp();
   if (r.n_group > 1) {
@@ -80,19 +96,19 @@ __global__ void moe_route_kernel(const float* logits, const float* bias, MoeRout
       }
     }
     if (lane == 0) {
-      ids[static_cast<int64_t>(t) * r.top_k + k] = best_index;
+      chosen[k] = best_index;
       choice[best_index] = -INFINITY;
       total += scores[best_index];
     }
     __syncwarp();
   }
-  if (lane == 0) {
-    for (int k = 0; k < r.top_k; ++k) {
-      const int64_t i = static_cast<int64_t>(t) * r.top_k + k;
-      float w = scores[ids[i]];
-      if (r.norm_topk_prob) w /= total + 1e-20f;
-      weights[i] = w * r.routed_scaling_factor;
-    }
+  total = __shfl_sync(0xffffffffu, total, 0);
+  for (int k = lane; k < r.top_k; k += 32) {
+    const int64_t i = static_cast<int64_t>(t) * r.top_k + k;
+    float w = scores[chosen[k]];
+    if (r.norm_topk_prob) w /= total + 1e-20f;
+    ids[i] = chosen[k];
+    weights[i] = w * r.routed_scaling_factor;
   }
 }
 
@@ -120,6 +136,42 @@ __global__ void __launch_bounds__(kScanThreads) moe_scan_kernel(int num_experts,
   if (e == 0) {
     plan.offsets[num_experts] = total;
     *plan.num_active = total_active;
+  }
+}
+
+// The whole plan in one block for a decode step's few pairs (the count, scan and place kernels
+// and the memset are four launches of a few microseconds each, in series).
+constexpr int64_t kOneBlockPlanPairs = 8192;
+
+__global__ void __launch_bounds__(kScanThreads) moe_plan_one_block_kernel(const int32_t* ids, int64_t num_pairs,
+                                                                          int num_experts, MoePlan plan) {
+  using BlockScan = cub::BlockScan<int, kScanThreads>;
+  __shared__ typename BlockScan::TempStorage storage;
+  __shared__ int cursor[kScanThreads];
+  const int e = threadIdx.x;
+  cursor[e] = 0;
+  __syncthreads();
+  for (int64_t p = threadIdx.x; p < num_pairs; p += kScanThreads) atomicAdd(&cursor[ids[p]], 1);
+  __syncthreads();
+  const int count = e < num_experts ? cursor[e] : 0;
+  int offset = 0, active_index = 0, total = 0, total_active = 0;
+  BlockScan(storage).ExclusiveSum(count, offset, total);
+  __syncthreads();
+  BlockScan(storage).ExclusiveSum(count > 0 ? 1 : 0, active_index, total_active);
+  if (e < num_experts) {
+    plan.offsets[e] = offset;
+    if (count > 0) plan.active_experts[active_index] = e;
+  }
+  if (e == 0) {
+    plan.offsets[num_experts] = total;
+    *plan.num_active = total_active;
+  }
+  cursor[e] = offset;  // each thread rewrites only its own count, read above
+  __syncthreads();
+  for (int64_t p = threadIdx.x; p < num_pairs; p += kScanThreads) {
+    const int slot = atomicAdd(&cursor[ids[p]], 1);
+    plan.sorted_pairs[slot] = static_cast<int32_t>(p);
+    plan.pair_slot[p] = slot;
   }
 }
 
@@ -174,6 +226,11 @@ void moe_route(const float* logits, const float* correction_bias, int64_t n, con
 
 void moe_plan(const int32_t* expert_ids, int64_t num_pairs, int num_experts, const MoePlan& plan, cudaStream_t stream) {
   GLMS_CHECK(num_experts <= kScanThreads, "moe_plan: at most 1024 experts");
+  if (num_pairs <= kOneBlockPlanPairs) {
+    moe_plan_one_block_kernel<<<1, kScanThreads, 0, stream>>>(expert_ids, num_pairs, num_experts, plan);
+    check(cudaGetLastError(), "moe_plan launch");
+    return;
+  }
   check(cudaMemsetAsync(plan.counts, 0, sizeof(int32_t) * (num_experts + 1), stream), "moe_plan memset");
   if (num_pairs > 0) {
     moe_count_kernel<<<blocks_for(num_pairs, 256), 256, 0, stream>>>(expert_ids, num_pairs, plan.counts);
