@@ -37,12 +37,12 @@ constexpr float kIndexerNormEps = 1e-6f;
 // weight-streaming kernels (no host synchronisation, graph-capturable); larger ones as
 // per-expert cuBLAS GEMMs over the grouped rows. Measured at GLM-5.2 width on the H200
 // (bench-step, docs/performance.md): bf16 GEMVs stream each expert once per 8 tokens, so 8;
-// quantised experts on tensor cores stream 8 tokens per mma chunk while the GEMM path first
-// widens every expert to bf16 (about 45 ms per 4 MoE layers), so 32: at 16 pairs per expert
-// (prefill 512) the experts took 79 ms through widening and 33 ms on tensor cores, at 32 pairs
-// 62 ms on tensor cores, at 64 pairs 81 ms through widening.
+// quantised experts on tensor cores take chunks of 64 tokens from 8 pairs per expert on, while
+// the GEMM path first widens every expert to bf16 (about 45 ms per 4 MoE layers), so 64: MXFP4
+// experts of a 2048-token prefill (64 pairs per expert) took 85.6 ms of 4 layers widened and
+// 69.7 on tensor cores, of an 8192-token one (256 pairs) 101 widened and 282 on tensor cores.
 constexpr int kSmallMoePairsPerExpert = 8;
-constexpr int kSmallMoePairsPerExpertTensorCores = 32;
+constexpr int kSmallMoePairsPerExpertTensorCores = 64;
 
 // Sequences with at least this many tokens in a step (prefill chunks) attend through the
 // prefill path; the other tokens (decodes, short chunks) in runs through mla_attention_fused or

@@ -202,7 +202,9 @@ void check_experts(WeightFormat format, int64_t E, int64_t hidden, int64_t inter
 }  // namespace
 
 // Token counts 1, 3 and 20 over 4 experts (top-2) stage 1, 4 and 8 tokens per chunk on the
-// CUDA-core kernels; on tensor cores 1 and 8, with 20 tokens in chunks of 8.
+// CUDA-core kernels; on tensor cores 1, 8 and (20 tokens: 10 pairs an expert) a wide chunk of 64;
+// 120 tokens over 5 experts (top-3) two wide chunks an expert, the second part-filled, over
+// rows shorter than one staged slab.
 TEST_F(CudaMoe, Bf16ExpertsMatchReference) {
   check_experts(WeightFormat::Plain, 4, 6144, 2048, 2, {1, 3, 20}, false);
   check_experts(WeightFormat::Plain, 5, 40, 24, 2, {1, 7}, false);  // odd widths: the scalar path
@@ -211,14 +213,14 @@ TEST_F(CudaMoe, Bf16ExpertsMatchReference) {
 TEST_F(CudaMoe, Mxfp4ExpertsMatchReference) {
   check_experts(WeightFormat::Mxfp4, 4, 6144, 2048, 2, {1, 3, 20}, true);
   check_experts(WeightFormat::Mxfp4, 4, 6144, 2048, 2, {1, 3, 20}, false);
-  check_experts(WeightFormat::Mxfp4, 5, 256, 128, 3, {1, 2, 13}, true);
+  check_experts(WeightFormat::Mxfp4, 5, 256, 128, 3, {1, 2, 13, 120}, true);
   check_experts(WeightFormat::Mxfp4, 5, 96, 64, 3, {1, 2, 13}, false);  // not whole 128s: CUDA cores
 }
 
 TEST_F(CudaMoe, Fp8ExpertsMatchReference) {
   check_experts(WeightFormat::Fp8Block, 4, 6144, 2048, 2, {1, 3, 20}, true);
   check_experts(WeightFormat::Fp8Block, 4, 6144, 2048, 2, {1, 3, 20}, false);
-  check_experts(WeightFormat::Fp8Block, 5, 192, 64, 3, {1, 2, 13}, true);    // partial 128-blocks
+  check_experts(WeightFormat::Fp8Block, 5, 192, 64, 3, {1, 2, 13, 120}, true);  // partial 128-blocks
   check_experts(WeightFormat::Fp8Block, 5, 208, 48, 3, {1, 2, 13}, false);
 }
 

@@ -1,5 +1,7 @@
-// Small-batch expert MLPs on tensor cores for quantised experts: mma.sync m16n8k16 with fp16
-// inputs and fp32 accumulation, the weights as the A operand (16 rows) and up to 8 tokens as B.
+// Expert MLPs on tensor cores for quantised experts, decode to mid-size prefill: mma.sync
+// m16n8k16 with fp16 inputs and fp32 accumulation, the weights as the A operand (16 rows) and 8
+// tokens a tile as B. An expert's tokens go in chunks of 1 or 8 (one tile; the whole rows
+// staged) or of 64 (8 tiles sharing each widened weight step; the rows staged a slab at a time).
 //
 // Why this shape: widening 4-bit codes to fp32 for CUDA-core FMAs costs about three integer ops
 // per weight plus the unpacking of the inputs, which keeps a GEMV at a third of the memory bound.
@@ -25,6 +27,8 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
@@ -40,6 +44,10 @@ constexpr int kWarps = kThreads / 32;
 // Steps in flight per lane: 6 measured fastest on the H200 at batch 1-64 in both formats (4: 2%
 // slower, 2 slower still, 8 spills); 128-thread blocks and 3 blocks an SM were no faster.
 constexpr int kUnroll = 6;
+// Average pairs per expert above which chunks are wide: at 4 (batch 128) 64-token chunks measured
+// slower than 8-token ones (MXFP4 experts 8.2 -> 10.8 ms of 4 layers), at 16 (prefill 512) the
+// wide ones 25.1 -> 21.8 ms.
+constexpr int kWidePairsPerExpert = 8;
 // What the fp32 sums are multiplied by besides the token's unscale: MXFP4 pairs are code x 2^-14.
 template <WeightFormat F>
 constexpr float kWeightUnscale = F == WeightFormat::Mxfp4 ? 16384.0f : 1.0f;
@@ -81,14 +89,14 @@ __device__ __forceinline__ float token_multiplier(uint32_t max_bits) {
   return __uint_as_float(static_cast<uint32_t>(267 - min(exponent, 254)) << 23);
 }
 
-// Stages rows input_row(j), j < count, of src ([*, dim] bf16) into xs ([count, dim] fp16 in row
-// order, times the token's multiplier), and into unscale what undoes the multiplier and the
+// token_max[j] and unscale[j], j < count (<= kThreads), for rows input_row(j) of src ([*, dim]
+// bf16): the bits of the row's largest magnitude, and what undoes token_multiplier of it and the
 // weights' own factor (`weight_unscale`: 2^14 for MXFP4's code x 2^-14). Synchronises the block.
 template <typename RowOf>
-__device__ void stage_fp16(const uint16_t* src, int64_t dim, int count, RowOf input_row, float weight_unscale,
-                           uint32_t* xs, float* unscale, uint32_t* token_max) {
+__device__ void measure_rows(const uint16_t* src, int64_t dim, int count, RowOf input_row, float weight_unscale,
+                             float* unscale, uint32_t* token_max) {
   const int64_t groups = dim / 8;
-  if (threadIdx.x < 8) token_max[threadIdx.x] = 0;
+  if (threadIdx.x < count) token_max[threadIdx.x] = 0;
   __syncthreads();
   for (int64_t i = threadIdx.x; i < count * groups; i += blockDim.x) {
     const int j = static_cast<int>(i / groups);
@@ -102,10 +110,20 @@ __device__ void stage_fp16(const uint16_t* src, int64_t dim, int count, RowOf in
     atomicMax(&token_max[j], __float_as_uint(largest));
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < count * groups; i += blockDim.x) {
-    const int j = static_cast<int>(i / groups);
+  if (threadIdx.x < count) unscale[threadIdx.x] = weight_unscale / token_multiplier(token_max[threadIdx.x]);
+  __syncthreads();
+}
+
+// Stages values v0 .. v0 + len (len % 8 == 0) of rows input_row(j), j < count, as fp16 times
+// the row's multiplier into xs (row j at word j * stride, in row order). No synchronisation.
+template <typename RowOf>
+__device__ void stage_values(const uint16_t* src, int64_t dim, int count, RowOf input_row, const uint32_t* token_max,
+                             int64_t v0, int len, int stride, uint32_t* xs) {
+  const int groups = len / 8;
+  for (int i = threadIdx.x; i < count * groups; i += blockDim.x) {
+    const int j = i / groups, k = i % groups;
     const float multiplier = token_multiplier(token_max[j]);
-    const uint4 v = reinterpret_cast<const uint4*>(src + input_row(j) * dim)[i % groups];
+    const uint4 v = *reinterpret_cast<const uint4*>(src + input_row(j) * dim + v0 + 8 * k);
     uint32_t out[4];
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
@@ -114,18 +132,26 @@ __device__ void stage_fp16(const uint16_t* src, int64_t dim, int count, RowOf in
                                           __uint_as_float(word & 0xffff0000u) * multiplier);
       out[w] = *reinterpret_cast<const uint32_t*>(&h);
     }
-    reinterpret_cast<uint4*>(xs + j * dim / 2)[i % groups] = make_uint4(out[0], out[1], out[2], out[3]);
+    *reinterpret_cast<uint4*>(xs + j * stride + 4 * k) = make_uint4(out[0], out[1], out[2], out[3]);
   }
-  if (threadIdx.x < count) unscale[threadIdx.x] = weight_unscale / token_multiplier(token_max[threadIdx.x]);
+}
+
+// Whole rows input_row(j), j < count, into xs ([count, dim] fp16 pairs); unscale as
+// measure_rows. Synchronises the block.
+template <typename RowOf>
+__device__ void stage_fp16(const uint16_t* src, int64_t dim, int count, RowOf input_row, float weight_unscale,
+                           uint32_t* xs, float* unscale, uint32_t* token_max) {
+  measure_rows(src, dim, count, input_row, weight_unscale, unscale, token_max);
+  stage_values(src, dim, count, input_row, token_max, 0, static_cast<int>(dim), static_cast<int>(dim / 2), xs);
   __syncthreads();
 }
 
 // One warp's stream over two weight rows (mma rows g and g + 8 of its lanes), `dim` wide:
-// load() puts kUnroll steps of 16-byte chunks and their scales in registers, compute() adds
+// load() puts kLoadSteps steps of 16-byte chunks and their scales in registers, compute() adds
 // W[rows] . x of those steps to acc (C of the two rows x 8 tokens). (Loading the first steps
 // before staging the inputs measured slower: batch 64 MXFP4 experts 6.25 -> 6.55 ms, FP8 8.77 ->
 // 9.44, batch 1 even.)
-template <WeightFormat F, int kTokens>
+template <WeightFormat F, int kTokens, int kLoadSteps = kUnroll>
 struct RowPairStream {
   static constexpr int kStepValues = F == WeightFormat::Mxfp4 ? 128 : 64;  // a row's values per quad step
   const uint4* chunks_a;
@@ -133,9 +159,9 @@ struct RowPairStream {
   const void* scales_a;
   const void* scales_b;
   int64_t steps;
-  uint4 wa[kUnroll], wb[kUnroll];
+  uint4 wa[kLoadSteps], wb[kLoadSteps];
   // MXFP4: the E8M0 codes of the step's 4 blocks (one byte each); FP8: the step's block scale.
-  uint32_t sa[kUnroll], sb[kUnroll];
+  uint32_t sa[kLoadSteps], sb[kLoadSteps];
 
   __device__ __forceinline__ RowPairStream(const uint8_t* row_a, const uint8_t* row_b, const void* row_scales_a,
                                            const void* row_scales_b, int64_t dim)
@@ -148,7 +174,7 @@ struct RowPairStream {
   __device__ __forceinline__ void load(int64_t s0) {
     const int t = threadIdx.x % 4;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kLoadSteps; ++u) {
       const int64_t s = s0 + u, c = 4 * s + t;
       if (s < steps) {
         wa[u] = __ldg(chunks_a + c);
@@ -181,7 +207,7 @@ struct RowPairStream {
   __device__ __forceinline__ void compute(int64_t s0, const uint32_t* x_row, float (&acc)[4]) {
     const int t = threadIdx.x % 4;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kLoadSteps; ++u) {
       const int64_t s = s0 + u;
       if (s >= steps) break;
       if constexpr (F == WeightFormat::Mxfp4) {
@@ -218,11 +244,66 @@ struct RowPairStream {
     }
   }
 
+  // Loaded steps s0 .. s0 + kLoadSteps - 1 against `tiles` (<= kTiles) tiles of 8 staged tokens:
+  // xs holds the tokens' values from s0 * kStepValues on, token j's at word j * stride. The
+  // widened weights of a step serve every tile; acc[j] is C of the two rows x tile j's tokens.
+  template <int kTiles>
+  __device__ __forceinline__ void compute_tiles(int64_t s0, const uint32_t* xs, int stride, int tiles,
+                                                float (&acc)[kTiles][4]) {
+    const int t = threadIdx.x % 4, g = (threadIdx.x % 32) / 4;
+#pragma unroll
+    for (int u = 0; u < kLoadSteps; ++u) {
+      if (s0 + u >= steps) break;
+      if constexpr (F == WeightFormat::Mxfp4) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const uint32_t qa = word_of(wa[u], w), qb = word_of(wb[u], w);
+          const uint32_t a0[4] = {quant::mxfp4_tile_pair(qa, 0), quant::mxfp4_tile_pair(qb, 0),
+                                  quant::mxfp4_tile_pair(qa, 1), quant::mxfp4_tile_pair(qb, 1)};
+          const uint32_t a1[4] = {quant::mxfp4_tile_pair(qa, 2), quant::mxfp4_tile_pair(qb, 2),
+                                  quant::mxfp4_tile_pair(qa, 3), quant::mxfp4_tile_pair(qb, 3)};
+          const float scale_a = e8m0_byte_scale(sa[u], w), scale_b = e8m0_byte_scale(sb[u], w);
+#pragma unroll
+          for (int j = 0; j < kTiles; ++j) {
+            if (j >= tiles) break;
+            const uint4 xv = *reinterpret_cast<const uint4*>(xs + (8 * j + g) * stride + (kStepValues * u + 32 * w + 8 * t) / 2);
+            float part[4];
+            mma_f16_fresh(part, a0, xv.x, xv.y);
+            mma_f16(part, a1, xv.z, xv.w);
+            add_scaled(acc[j], part, scale_a, scale_b);
+          }
+        }
+      } else {
+        uint32_t a[4][4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const uint32_t qa = word_of(wa[u], m), qb = word_of(wb[u], m);
+          a[m][0] = e4m3_pair(qa & 0xffffu);
+          a[m][1] = e4m3_pair(qb & 0xffffu);
+          a[m][2] = e4m3_pair(qa >> 16);
+          a[m][3] = e4m3_pair(qb >> 16);
+        }
+#pragma unroll
+        for (int j = 0; j < kTiles; ++j) {
+          if (j >= tiles) break;
+          const uint4* x_chunk = reinterpret_cast<const uint4*>(xs + (8 * j + g) * stride + (4 * u + t) * 8);
+          const uint4 xv[2] = {x_chunk[0], x_chunk[1]};
+          float part[4];
+          mma_f16_fresh(part, a[0], xv[0].x, xv[0].y);
+          mma_f16(part, a[1], xv[0].z, xv[0].w);
+          mma_f16(part, a[2], xv[1].x, xv[1].y);
+          mma_f16(part, a[3], xv[1].z, xv[1].w);
+          add_scaled(acc[j], part, __uint_as_float(sa[u]), __uint_as_float(sb[u]));
+        }
+      }
+    }
+  }
+
   // The whole row pair against the staged inputs xs ([kTokens, dim] fp16 pairs, count valid).
   __device__ __forceinline__ void run(const uint32_t* xs, int64_t dim, int count, float (&acc)[4]) {
     const int g = (threadIdx.x % 32) / 4;
     const uint32_t* x_row = xs + min(g, count - 1) * dim / 2;
-    for (int64_t s0 = 0; s0 < steps; s0 += kUnroll) {
+    for (int64_t s0 = 0; s0 < steps; s0 += kLoadSteps) {
       load(s0);
       compute(s0, x_row, acc);
     }
@@ -316,6 +397,142 @@ __global__ void __launch_bounds__(kThreads) down_mma_kernel(int64_t hidden, int6
   }
 }
 
+// Wide chunks (prefill): kWideTokens of an expert's tokens against each loaded weight step, so a
+// step's widening serves 8 mma tiles; their inputs are too long for shared memory whole, so
+// they are staged kSlabSteps steps at a time, rows padded by 64 bytes (the two token rows that
+// one 8-lane phase of a 16-byte load reads then fall in different banks).
+constexpr int kWideTiles = 8;
+constexpr int kWideTokens = 8 * kWideTiles;
+constexpr int kSlabSteps = 4;
+template <WeightFormat F>
+constexpr int kSlabValues = kSlabSteps * RowPairStream<F, kWideTokens, kSlabSteps>::kStepValues;
+template <WeightFormat F>
+constexpr int kSlabStride = kSlabValues<F> / 2 + 16;  // 32-bit words a staged row
+
+// A chunk of `count` tokens (rows input_row(j) of src, measured by measure_rows) against the
+// stream's rows, slab by slab: acc[j] gets tile j's C. Warps without rows (has_rows false) only
+// stage. Synchronises the block.
+template <WeightFormat F, typename RowOf>
+__device__ __forceinline__ void wide_chunk(RowPairStream<F, kWideTokens, kSlabSteps>& stream, bool has_rows,
+                                           const uint16_t* src, int64_t dim, int count, RowOf input_row,
+                                           const uint32_t* token_max, uint32_t* xs, float (&acc)[kWideTiles][4]) {
+  constexpr int kStep = RowPairStream<F, kWideTokens, kSlabSteps>::kStepValues;
+#pragma unroll
+  for (int j = 0; j < kWideTiles; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+  const int tiles = (count + 7) / 8;
+  for (int64_t s0 = 0; s0 < stream.steps; s0 += kSlabSteps) {
+    if (has_rows) stream.load(s0);
+    __syncthreads();  // the previous slab has been read
+    const int64_t v0 = s0 * kStep;
+    stage_values(src, dim, count, input_row, token_max, v0, static_cast<int>(min(static_cast<int64_t>(kSlabValues<F>), dim - v0)),
+                 kSlabStride<F>, xs);
+    __syncthreads();
+    if (has_rows) stream.template compute_tiles<kWideTiles>(s0, xs, kSlabStride<F>, tiles, acc);
+  }
+}
+
+// gate_up_mma_kernel's rows over wide chunks.
+template <WeightFormat F>
+__global__ void __launch_bounds__(kThreads) gate_up_wide_kernel(const uint16_t* x, int64_t hidden, int64_t inter,
+                                                                ExpertWeights experts, MoePlan plan, int top_k,
+                                                                uint16_t* act) {
+  extern __shared__ __align__(16) uint32_t xs[];  // [kWideTokens, kSlabStride] fp16 pairs
+  __shared__ float unscale[kWideTokens];
+  __shared__ uint32_t token_max[kWideTokens];
+  if (static_cast<int>(blockIdx.x) >= *plan.num_active) return;
+  const int e = plan.active_experts[blockIdx.x];
+  const int begin = plan.offsets[e], end = plan.offsets[e + 1];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.y) * kWarps + warp) * 8;
+  const int64_t r = min(r0 + g, inter - 1);
+  const int64_t gate_row = static_cast<int64_t>(e) * 2 * inter + r, up_row = gate_row + inter;
+  const auto* data = static_cast<const uint8_t*>(experts.gate_up);
+  RowPairStream<F, kWideTokens, kSlabSteps> stream(
+      data + gate_row * row_bytes<F>(hidden), data + up_row * row_bytes<F>(hidden),
+      row_scales<F>(experts.gate_up_scales, gate_row, hidden), row_scales<F>(experts.gate_up_scales, up_row, hidden),
+      hidden);
+  for (int chunk = begin; chunk < end; chunk += kWideTokens) {
+    const int count = min(kWideTokens, end - chunk);
+    auto row_of = [&](int j) { return static_cast<int64_t>(plan.sorted_pairs[chunk + j] / top_k); };
+    measure_rows(x, hidden, count, row_of, kWeightUnscale<F>, unscale, token_max);
+    float acc[kWideTiles][4];
+    wide_chunk<F>(stream, r0 < inter, x, hidden, count, row_of, token_max, xs, acc);
+    if (r0 + g < inter) {
+#pragma unroll
+      for (int j = 0; j < kWideTiles; ++j)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int token = 8 * j + 2 * t + i;
+          if (token < count) {
+            const float gate = acc[j][i] * unscale[token], up = acc[j][2 + i] * unscale[token];
+            act[static_cast<int64_t>(chunk + token) * inter + r0 + g] = float_to_bf16(gate / (1.0f + expf(-gate)) * up);
+          }
+        }
+    }
+    __syncthreads();  // unscale and token_max are remade for the next chunk
+  }
+}
+
+// down_mma_kernel's rows over wide chunks.
+template <WeightFormat F>
+__global__ void __launch_bounds__(kThreads) down_wide_kernel(int64_t hidden, int64_t inter, ExpertWeights experts,
+                                                             MoePlan plan, const uint16_t* act, float* expert_out) {
+  extern __shared__ __align__(16) uint32_t xs[];  // [kWideTokens, kSlabStride] fp16 pairs
+  __shared__ float unscale[kWideTokens];
+  __shared__ uint32_t token_max[kWideTokens];
+  if (static_cast<int>(blockIdx.x) >= *plan.num_active) return;
+  const int e = plan.active_experts[blockIdx.x];
+  const int begin = plan.offsets[e], end = plan.offsets[e + 1];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.y) * kWarps + warp) * 16;
+  const int64_t row_a = static_cast<int64_t>(e) * hidden + min(r0 + g, hidden - 1);
+  const int64_t row_b = static_cast<int64_t>(e) * hidden + min(r0 + 8 + g, hidden - 1);
+  const auto* data = static_cast<const uint8_t*>(experts.down);
+  RowPairStream<F, kWideTokens, kSlabSteps> stream(data + row_a * row_bytes<F>(inter), data + row_b * row_bytes<F>(inter),
+                                                   row_scales<F>(experts.down_scales, row_a, inter),
+                                                   row_scales<F>(experts.down_scales, row_b, inter), inter);
+  for (int chunk = begin; chunk < end; chunk += kWideTokens) {
+    const int count = min(kWideTokens, end - chunk);
+    auto row_of = [&](int j) { return static_cast<int64_t>(chunk + j); };
+    measure_rows(act, inter, count, row_of, kWeightUnscale<F>, unscale, token_max);
+    float acc[kWideTiles][4];
+    wide_chunk<F>(stream, r0 < hidden, act, inter, count, row_of, token_max, xs, acc);
+    if (r0 < hidden) {
+#pragma unroll
+      for (int j = 0; j < kWideTiles; ++j)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int token = 8 * j + 2 * t + i;
+          if (token < count) {
+            float* out = expert_out + static_cast<int64_t>(chunk + token) * hidden;
+            if (r0 + g < hidden) out[r0 + g] = acc[j][i] * unscale[token];
+            if (r0 + 8 + g < hidden) out[r0 + 8 + g] = acc[j][2 + i] * unscale[token];
+          }
+        }
+    }
+    __syncthreads();
+  }
+}
+
+template <WeightFormat F>
+void launch_wide(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts, const MoePlan& plan,
+                 int top_k, int max_active, uint16_t* act, float* expert_out, cudaStream_t stream) {
+  const size_t shared = sizeof(uint32_t) * kWideTokens * kSlabStride<F>;
+  check(cudaFuncSetAttribute(gate_up_wide_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(shared)),
+        "gate_up_wide shared memory");
+  check(cudaFuncSetAttribute(down_wide_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
+        "down_wide shared memory");
+  const dim3 gate_up_grid(max_active, static_cast<unsigned>((inter + 8 * kWarps - 1) / (8 * kWarps)));
+  gate_up_wide_kernel<F><<<gate_up_grid, kThreads, shared, stream>>>(x, hidden, inter, experts, plan, top_k, act);
+  check(cudaGetLastError(), "gate_up_wide launch");
+  const dim3 down_grid(max_active, static_cast<unsigned>((hidden + 16 * kWarps - 1) / (16 * kWarps)));
+  down_wide_kernel<F><<<down_grid, kThreads, shared, stream>>>(hidden, inter, experts, plan, act, expert_out);
+  check(cudaGetLastError(), "down_wide launch");
+}
+
 template <WeightFormat F, int kTokens>
 void launch(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts, const MoePlan& plan,
             int top_k, int max_active, uint16_t* act, float* expert_out, cudaStream_t stream) {
@@ -350,16 +567,18 @@ void moe_experts_mma(const uint16_t* x, int64_t hidden, int64_t inter, const Exp
                      float* expert_out, cudaStream_t stream) {
   if (max_active <= 0) return;
   GLMS_CHECK(moe_experts_mma_supported(experts, hidden, inter), "moe_experts_mma: these experts need the GEMV kernels");
-  // One staged token fills one of the mma's 8 columns and stages fastest; from half a pair per
-  // expert on, experts with two or more pairs are common and 8 columns share the weight stream.
-  const bool one = 2 * num_tokens * static_cast<int64_t>(top_k) <= num_experts;
-  if (experts.format == WeightFormat::Mxfp4) {
-    if (one) launch<WeightFormat::Mxfp4, 1>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
-    else launch<WeightFormat::Mxfp4, 8>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
-  } else {
-    if (one) launch<WeightFormat::Fp8Block, 1>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
-    else launch<WeightFormat::Fp8Block, 8>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
-  }
+  // One staged token per chunk below half a pair per expert (one token fills one of the mma's 8
+  // columns and stages fastest), chunks of kWideTokens above kWidePairsPerExpert, else of 8.
+  const int64_t pairs = num_tokens * static_cast<int64_t>(top_k);
+  const bool one = 2 * pairs <= num_experts, wide = pairs > int64_t{kWidePairsPerExpert} * num_experts;
+  auto run = [&](auto format_tag) {
+    constexpr WeightFormat F = decltype(format_tag)::value;
+    if (one) launch<F, 1>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
+    else if (wide) launch_wide<F>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
+    else launch<F, 8>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
+  };
+  if (experts.format == WeightFormat::Mxfp4) run(std::integral_constant<WeightFormat, WeightFormat::Mxfp4>{});
+  else run(std::integral_constant<WeightFormat, WeightFormat::Fp8Block>{});
 }
 
 }  // namespace glms::ops::cuda
