@@ -118,25 +118,33 @@ __global__ void moe_count_kernel(const int32_t* ids, int64_t num_pairs, int32_t*
 }
 
 constexpr int kScanThreads = 1024;
+using CountScan = cub::BlockScan<int, kScanThreads>;
 
-__global__ void __launch_bounds__(kScanThreads) moe_scan_kernel(int num_experts, MoePlan plan) {
-  using BlockScan = cub::BlockScan<int, kScanThreads>;
-  __shared__ typename BlockScan::TempStorage storage;
+// Thread e (< kScanThreads) of the block holds expert e's pair count (0 past num_experts):
+// writes plan.offsets and the active list, returns e's offset. Synchronises the block.
+__device__ __forceinline__ int scan_counts(int count, int num_experts, const MoePlan& plan,
+                                           CountScan::TempStorage& storage) {
   const int e = threadIdx.x;
-  const int count = e < num_experts ? plan.counts[e] : 0;
   int offset = 0, active_index = 0, total = 0, total_active = 0;
-  BlockScan(storage).ExclusiveSum(count, offset, total);
+  CountScan(storage).ExclusiveSum(count, offset, total);
   __syncthreads();
-  BlockScan(storage).ExclusiveSum(count > 0 ? 1 : 0, active_index, total_active);
+  CountScan(storage).ExclusiveSum(count > 0 ? 1 : 0, active_index, total_active);
   if (e < num_experts) {
     plan.offsets[e] = offset;
-    plan.counts[e] = offset;  // becomes the placement cursor
     if (count > 0) plan.active_experts[active_index] = e;
   }
   if (e == 0) {
     plan.offsets[num_experts] = total;
     *plan.num_active = total_active;
   }
+  return offset;
+}
+
+__global__ void __launch_bounds__(kScanThreads) moe_scan_kernel(int num_experts, MoePlan plan) {
+  __shared__ CountScan::TempStorage storage;
+  const int e = threadIdx.x;
+  const int offset = scan_counts(e < num_experts ? plan.counts[e] : 0, num_experts, plan, storage);
+  if (e < num_experts) plan.counts[e] = offset;  // becomes the placement cursor
 }
 
 // The whole plan in one block for a decode step's few pairs (the count, scan and place kernels
@@ -145,27 +153,14 @@ constexpr int64_t kOneBlockPlanPairs = 8192;
 
 __global__ void __launch_bounds__(kScanThreads) moe_plan_one_block_kernel(const int32_t* ids, int64_t num_pairs,
                                                                           int num_experts, MoePlan plan) {
-  using BlockScan = cub::BlockScan<int, kScanThreads>;
-  __shared__ typename BlockScan::TempStorage storage;
+  __shared__ CountScan::TempStorage storage;
   __shared__ int cursor[kScanThreads];
   const int e = threadIdx.x;
   cursor[e] = 0;
   __syncthreads();
   for (int64_t p = threadIdx.x; p < num_pairs; p += kScanThreads) atomicAdd(&cursor[ids[p]], 1);
   __syncthreads();
-  const int count = e < num_experts ? cursor[e] : 0;
-  int offset = 0, active_index = 0, total = 0, total_active = 0;
-  BlockScan(storage).ExclusiveSum(count, offset, total);
-  __syncthreads();
-  BlockScan(storage).ExclusiveSum(count > 0 ? 1 : 0, active_index, total_active);
-  if (e < num_experts) {
-    plan.offsets[e] = offset;
-    if (count > 0) plan.active_experts[active_index] = e;
-  }
-  if (e == 0) {
-    plan.offsets[num_experts] = total;
-    *plan.num_active = total_active;
-  }
+  const int offset = scan_counts(e < num_experts ? cursor[e] : 0, num_experts, plan, storage);
   cursor[e] = offset;  // each thread rewrites only its own count, read above
   __syncthreads();
   for (int64_t p = threadIdx.x; p < num_pairs; p += kScanThreads) {
