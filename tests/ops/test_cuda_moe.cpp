@@ -161,6 +161,36 @@ std::vector<float> reference_pair(const Experts& x, const std::vector<float>& to
   return out;
 }
 
+// Relative L2 error of moe_experts_small over `tokens` ([n, hidden], rounded to bf16 here: the
+// kernels read bf16) routed to `ids` ([n, top_k]) against reference_pair, every pair's row.
+double experts_error(const Experts& experts, std::vector<float> tokens, const std::vector<int32_t>& ids, int top_k,
+                     bool tensor_cores) {
+  const int64_t hidden = experts.hidden, inter = experts.inter, E = experts.E;
+  const int n = static_cast<int>(tokens.size() / hidden);
+  const int64_t P = static_cast<int64_t>(ids.size());
+  for (float& v : tokens) v = round_bf16(v);
+  std::vector<uint16_t> tokens_bf16(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) tokens_bf16[i] = f32_to_bf16(tokens[i]);
+  PlanBuffers buffers(static_cast<int>(E), P);
+  auto d_ids = to_device(ids), d_x = to_device(tokens_bf16);
+  cuda::DeviceBuffer act(sizeof(uint16_t) * P * inter);
+  auto out = poisoned(P * hidden);
+  cuda::moe_plan(d_ids.as<int32_t>(), P, static_cast<int>(E), buffers.plan(), nullptr);
+  cuda::moe_experts_small(d_x.as<uint16_t>(), hidden, inter, experts.view(), buffers.plan(), static_cast<int>(E), top_k,
+                          n, static_cast<int>(std::min<int64_t>(E, P)), act.as<uint16_t>(), out.as<float>(), nullptr,
+                          tensor_cores);
+  const auto got = to_host<float>(out);
+  const auto slot = to_host<int32_t>(buffers.pair_slot);
+  // The slots are a permutation of the pairs.
+  std::vector<float> got_rows, want_rows;
+  for (int64_t p = 0; p < P; ++p) {
+    const auto want = reference_pair(experts, tokens, static_cast<int>(p / top_k), ids[p]);
+    want_rows.insert(want_rows.end(), want.begin(), want.end());
+    got_rows.insert(got_rows.end(), got.begin() + slot[p] * hidden, got.begin() + (slot[p] + 1) * hidden);
+  }
+  return relative_l2(got_rows, want_rows);
+}
+
 // `tensor_cores`: whether the shape takes moe_experts_mma (checked), and whether to let it (MXFP4
 // experts are tiled for it, packed for the CUDA-core kernels).
 void check_experts(WeightFormat format, int64_t E, int64_t hidden, int64_t inter, int top_k,
@@ -170,32 +200,10 @@ void check_experts(WeightFormat format, int64_t E, int64_t hidden, int64_t inter
     ASSERT_TRUE(cuda::moe_experts_mma_supported(experts.view(), hidden, inter));
   }
   for (const int n : token_counts) {
-    const int64_t P = int64_t{n} * top_k;
-    auto tokens = random_values(n * hidden, 100 + n, 2.0f);
-    for (float& v : tokens) v = round_bf16(v);  // the kernel reads bf16 inputs
-    std::vector<uint16_t> tokens_bf16(tokens.size());
-    for (size_t i = 0; i < tokens.size(); ++i) tokens_bf16[i] = f32_to_bf16(tokens[i]);
     const auto ids = random_choices(n, static_cast<int>(E), top_k, 200 + n);
-    PlanBuffers buffers(static_cast<int>(E), P);
-    auto d_ids = to_device(ids), d_x = to_device(tokens_bf16);
-    cuda::DeviceBuffer act(sizeof(uint16_t) * P * inter);
-    auto out = poisoned(P * hidden);
-    cuda::moe_plan(d_ids.as<int32_t>(), P, static_cast<int>(E), buffers.plan(), nullptr);
-    cuda::moe_experts_small(d_x.as<uint16_t>(), hidden, inter, experts.view(), buffers.plan(), static_cast<int>(E),
-                            top_k, n, static_cast<int>(std::min<int64_t>(E, P)), act.as<uint16_t>(), out.as<float>(),
-                            nullptr, tensor_cores);
-    const auto got = to_host<float>(out);
-    const auto slot = to_host<int32_t>(buffers.pair_slot);
-    // Every pair's row against the reference (the slots are a permutation of the pairs).
-    std::vector<float> got_rows, want_rows;
-    for (int64_t p = 0; p < P; ++p) {
-      const auto want = reference_pair(experts, tokens, static_cast<int>(p / top_k), ids[p]);
-      want_rows.insert(want_rows.end(), want.begin(), want.end());
-      got_rows.insert(got_rows.end(), got.begin() + slot[p] * hidden, got.begin() + (slot[p] + 1) * hidden);
-    }
-    EXPECT_LT(relative_l2(got_rows, want_rows), 2e-3) << "format " << static_cast<int>(format) << ", " << n
-                                                      << " tokens, hidden " << hidden << ", inter " << inter
-                                                      << (tensor_cores ? ", tensor cores" : ", CUDA cores");
+    EXPECT_LT(experts_error(experts, random_values(n * hidden, 100 + n, 2.0f), ids, top_k, tensor_cores), 2e-3)
+        << "format " << static_cast<int>(format) << ", " << n << " tokens, hidden " << hidden << ", inter " << inter
+        << (tensor_cores ? ", tensor cores" : ", CUDA cores");
   }
 }
 
@@ -230,28 +238,8 @@ TEST_F(CudaMoe, TiledMxfp4TakesBlockScalesOfAnyMagnitude) {
   const int64_t E = 3, hidden = 512, inter = 256;
   const int top_k = 2, n = 3;
   const Experts experts = make_experts(WeightFormat::Mxfp4, true, E, hidden, inter, 31, 15);
-  auto tokens = random_values(n * hidden, 8, 1.0f);
-  for (float& v : tokens) v = round_bf16(v);
-  std::vector<uint16_t> tokens_bf16(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) tokens_bf16[i] = f32_to_bf16(tokens[i]);
-  const std::vector<int32_t> ids = {0, 1, 2, 0, 1, 2};
-  const int64_t P = int64_t{n} * top_k;
-  PlanBuffers buffers(static_cast<int>(E), P);
-  auto d_ids = to_device(ids), d_x = to_device(tokens_bf16);
-  cuda::DeviceBuffer act(sizeof(uint16_t) * P * inter);
-  auto out = poisoned(P * hidden);
-  cuda::moe_plan(d_ids.as<int32_t>(), P, static_cast<int>(E), buffers.plan(), nullptr);
-  cuda::moe_experts_mma(d_x.as<uint16_t>(), hidden, inter, experts.view(), buffers.plan(), static_cast<int>(E), top_k,
-                        n, static_cast<int>(E), act.as<uint16_t>(), out.as<float>(), nullptr);
-  const auto got = to_host<float>(out);
-  const auto slot = to_host<int32_t>(buffers.pair_slot);
-  std::vector<float> got_rows, want_rows;
-  for (int64_t p = 0; p < P; ++p) {
-    const auto want = reference_pair(experts, tokens, static_cast<int>(p / top_k), ids[p]);
-    want_rows.insert(want_rows.end(), want.begin(), want.end());
-    got_rows.insert(got_rows.end(), got.begin() + slot[p] * hidden, got.begin() + (slot[p] + 1) * hidden);
-  }
-  EXPECT_LT(relative_l2(got_rows, want_rows), 2e-3);
+  ASSERT_TRUE(cuda::moe_experts_mma_supported(experts.view(), hidden, inter));
+  EXPECT_LT(experts_error(experts, random_values(n * hidden, 8, 1.0f), {0, 1, 2, 0, 1, 2}, top_k, true), 2e-3);
 }
 
 // Inputs far from 1 (tiny, huge, and one outlier per token) keep their precision through the
@@ -261,29 +249,12 @@ TEST_F(CudaMoe, TensorCoreStagingKeepsInputsOfAnyScale) {
     const int64_t E = 3, hidden = 256, inter = 128;
     const int top_k = 1, n = 5;
     const Experts experts = make_experts(format, true, E, hidden, inter, 21);
+    ASSERT_TRUE(cuda::moe_experts_mma_supported(experts.view(), hidden, inter));
     for (float magnitude : {1e-6f, 1e4f}) {
       auto tokens = random_values(n * hidden, 7, magnitude);
       for (int t = 0; t < n; ++t) tokens[t * hidden + 3 * t] = 300.0f * magnitude;  // outliers
-      for (float& v : tokens) v = round_bf16(v);
-      std::vector<uint16_t> tokens_bf16(tokens.size());
-      for (size_t i = 0; i < tokens.size(); ++i) tokens_bf16[i] = f32_to_bf16(tokens[i]);
-      const std::vector<int32_t> ids = {0, 1, 2, 0, 1};
-      PlanBuffers buffers(static_cast<int>(E), n);
-      auto d_ids = to_device(ids), d_x = to_device(tokens_bf16);
-      cuda::DeviceBuffer act(sizeof(uint16_t) * n * inter);
-      auto out = poisoned(n * hidden);
-      cuda::moe_plan(d_ids.as<int32_t>(), n, static_cast<int>(E), buffers.plan(), nullptr);
-      cuda::moe_experts_mma(d_x.as<uint16_t>(), hidden, inter, experts.view(), buffers.plan(), static_cast<int>(E),
-                            top_k, n, static_cast<int>(E), act.as<uint16_t>(), out.as<float>(), nullptr);
-      const auto got = to_host<float>(out);
-      const auto slot = to_host<int32_t>(buffers.pair_slot);
-      std::vector<float> got_rows, want_rows;
-      for (int t = 0; t < n; ++t) {
-        const auto want = reference_pair(experts, tokens, t, ids[t]);
-        want_rows.insert(want_rows.end(), want.begin(), want.end());
-        got_rows.insert(got_rows.end(), got.begin() + slot[t] * hidden, got.begin() + (slot[t] + 1) * hidden);
-      }
-      EXPECT_LT(relative_l2(got_rows, want_rows), 2e-3) << "format " << static_cast<int>(format) << ", scale " << magnitude;
+      EXPECT_LT(experts_error(experts, tokens, {0, 1, 2, 0, 1}, top_k, true), 2e-3)
+          << "format " << static_cast<int>(format) << ", scale " << magnitude;
     }
   }
 }

@@ -321,15 +321,67 @@ __device__ __forceinline__ const void* row_scales(const void* scales, int64_t ro
   else return static_cast<const float*>(scales) + row * ((cols + 127) / 128);
 }
 
+// Chunks of 1 or 8 tokens stage their inputs' whole rows and fill one mma tile; chunks of 64
+// (prefill) share each loaded, widened weight step between 8 tiles, and as their rows are too
+// long for shared memory whole they are staged kSlabSteps steps at a time, each row padded by
+// 64 bytes (the two token rows that one 8-lane phase of a 16-byte load reads then fall in
+// different banks).
+constexpr int kSlabSteps = 4;
+
+template <WeightFormat F, int kTokens>
+struct Chunks {
+  static constexpr bool kSlabs = kTokens > 8;
+  static constexpr int kTiles = kSlabs ? kTokens / 8 : 1;
+  using Stream = RowPairStream<F, kTokens, kSlabs ? kSlabSteps : kUnroll>;
+  static constexpr int kSlabValues = kSlabSteps * Stream::kStepValues;
+  static constexpr int kSlabStride = kSlabValues / 2 + 16;  // 32-bit words a staged row
+  static size_t shared_bytes(int64_t dim) {
+    return kSlabs ? sizeof(uint32_t) * kTokens * kSlabStride : sizeof(uint16_t) * kTokens * dim;
+  }
+};
+
+// A chunk of `count` tokens (rows input_row(j) of src, [*, dim] bf16) against the stream's row
+// pair: acc[j] gets tile j's C, unscale[j] what undoes token j's staging. Warps without rows
+// (has_rows false) only stage. Synchronises the block.
+template <WeightFormat F, int kTokens, typename RowOf>
+__device__ __forceinline__ void chunk_products(typename Chunks<F, kTokens>::Stream& stream, bool has_rows,
+                                               const uint16_t* src, int64_t dim, int count, RowOf input_row,
+                                               uint32_t* xs, float* unscale, uint32_t* token_max,
+                                               float (&acc)[Chunks<F, kTokens>::kTiles][4]) {
+  using C = Chunks<F, kTokens>;
+#pragma unroll
+  for (int j = 0; j < C::kTiles; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+  if constexpr (!C::kSlabs) {
+    stage_fp16(src, dim, count, input_row, kWeightUnscale<F>, xs, unscale, token_max);
+    if (has_rows) stream.run(xs, dim, count, acc[0]);
+  } else {
+    measure_rows(src, dim, count, input_row, kWeightUnscale<F>, unscale, token_max);
+    const int tiles = (count + 7) / 8;
+    for (int64_t s0 = 0; s0 < stream.steps; s0 += kSlabSteps) {
+      if (has_rows) stream.load(s0);
+      __syncthreads();  // the previous slab has been read
+      const int64_t v0 = s0 * C::Stream::kStepValues;
+      const int len = static_cast<int>(min(static_cast<int64_t>(C::kSlabValues), dim - v0));
+      stage_values(src, dim, count, input_row, token_max, v0, len, C::kSlabStride, xs);
+      __syncthreads();
+      if (has_rows) stream.template compute_tiles<C::kTiles>(s0, xs, C::kSlabStride, tiles, acc);
+    }
+  }
+}
+
 // Warp w of block (slot, y) computes gate rows r0 .. r0 + 7 (mma rows g) with their up rows (mma
-// rows g + 8), so a lane's C holds gate and up of one row for two tokens: SwiGLU in registers.
+// rows g + 8), so a lane's C holds gate and up of one row for two tokens a tile: SwiGLU in
+// registers.
 template <WeightFormat F, int kTokens>
 __global__ void __launch_bounds__(kThreads) gate_up_mma_kernel(const uint16_t* x, int64_t hidden, int64_t inter,
                                                                ExpertWeights experts, MoePlan plan, int top_k,
                                                                uint16_t* act) {
-  extern __shared__ __align__(16) uint32_t xs[];  // [kTokens, hidden / 2] fp16 pairs
-  __shared__ float unscale[8];
-  __shared__ uint32_t token_max[8];
+  using C = Chunks<F, kTokens>;
+  extern __shared__ __align__(16) uint32_t xs[];  // staged fp16 pairs (C::shared_bytes)
+  __shared__ float unscale[kTokens];
+  __shared__ uint32_t token_max[kTokens];
   if (static_cast<int>(blockIdx.x) >= *plan.num_active) return;
   const int e = plan.active_experts[blockIdx.x];
   const int begin = plan.offsets[e], end = plan.offsets[e + 1];
@@ -338,130 +390,17 @@ __global__ void __launch_bounds__(kThreads) gate_up_mma_kernel(const uint16_t* x
   const int64_t r = min(r0 + g, inter - 1);
   const int64_t gate_row = static_cast<int64_t>(e) * 2 * inter + r, up_row = gate_row + inter;
   const auto* data = static_cast<const uint8_t*>(experts.gate_up);
-  RowPairStream<F, kTokens> stream(data + gate_row * row_bytes<F>(hidden), data + up_row * row_bytes<F>(hidden),
-                                   row_scales<F>(experts.gate_up_scales, gate_row, hidden),
-                                   row_scales<F>(experts.gate_up_scales, up_row, hidden), hidden);
+  typename C::Stream stream(data + gate_row * row_bytes<F>(hidden), data + up_row * row_bytes<F>(hidden),
+                            row_scales<F>(experts.gate_up_scales, gate_row, hidden),
+                            row_scales<F>(experts.gate_up_scales, up_row, hidden), hidden);
   for (int chunk = begin; chunk < end; chunk += kTokens) {
     const int count = min(kTokens, end - chunk);
-    stage_fp16(x, hidden, count, [&](int j) { return static_cast<int64_t>(plan.sorted_pairs[chunk + j] / top_k); },
-               kWeightUnscale<F>, xs, unscale, token_max);
-    if (r0 < inter) {
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      stream.run(xs, hidden, count, acc);
-      if (r0 + g < inter)
-        for (int i = 0; i < 2; ++i) {
-          const int token = 2 * t + i;
-          if (token >= count) break;
-          const float gate = acc[i] * unscale[token], up = acc[2 + i] * unscale[token];
-          act[static_cast<int64_t>(chunk + token) * inter + r0 + g] = float_to_bf16(gate / (1.0f + expf(-gate)) * up);
-        }
-    }
-    __syncthreads();  // the next chunk restages xs
-  }
-}
-
-// Warp w of block (slot, y) computes down rows r0 .. r0 + 15.
-template <WeightFormat F, int kTokens>
-__global__ void __launch_bounds__(kThreads) down_mma_kernel(int64_t hidden, int64_t inter, ExpertWeights experts,
-                                                            MoePlan plan, const uint16_t* act, float* expert_out) {
-  extern __shared__ __align__(16) uint32_t xs[];  // [kTokens, inter / 2] fp16 pairs
-  __shared__ float unscale[8];
-  __shared__ uint32_t token_max[8];
-  if (static_cast<int>(blockIdx.x) >= *plan.num_active) return;
-  const int e = plan.active_experts[blockIdx.x];
-  const int begin = plan.offsets[e], end = plan.offsets[e + 1];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t r0 = (static_cast<int64_t>(blockIdx.y) * kWarps + warp) * 16;
-  const int64_t row_a = static_cast<int64_t>(e) * hidden + min(r0 + g, hidden - 1);
-  const int64_t row_b = static_cast<int64_t>(e) * hidden + min(r0 + 8 + g, hidden - 1);
-  const auto* data = static_cast<const uint8_t*>(experts.down);
-  RowPairStream<F, kTokens> stream(data + row_a * row_bytes<F>(inter), data + row_b * row_bytes<F>(inter),
-                                   row_scales<F>(experts.down_scales, row_a, inter),
-                                   row_scales<F>(experts.down_scales, row_b, inter), inter);
-  for (int chunk = begin; chunk < end; chunk += kTokens) {
-    const int count = min(kTokens, end - chunk);
-    stage_fp16(act, inter, count, [&](int j) { return static_cast<int64_t>(chunk + j); }, kWeightUnscale<F>, xs, unscale,
-               token_max);
-    if (r0 < hidden) {
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      stream.run(xs, inter, count, acc);
-      for (int i = 0; i < 2; ++i) {
-        const int token = 2 * t + i;
-        if (token >= count) break;
-        float* out = expert_out + static_cast<int64_t>(chunk + token) * hidden;
-        if (r0 + g < hidden) out[r0 + g] = acc[i] * unscale[token];
-        if (r0 + 8 + g < hidden) out[r0 + 8 + g] = acc[2 + i] * unscale[token];
-      }
-    }
-    __syncthreads();
-  }
-}
-
-// Wide chunks (prefill): kWideTokens of an expert's tokens against each loaded weight step, so a
-// step's widening serves 8 mma tiles; their inputs are too long for shared memory whole, so
-// they are staged kSlabSteps steps at a time, rows padded by 64 bytes (the two token rows that
-// one 8-lane phase of a 16-byte load reads then fall in different banks).
-constexpr int kWideTiles = 8;
-constexpr int kWideTokens = 8 * kWideTiles;
-constexpr int kSlabSteps = 4;
-template <WeightFormat F>
-constexpr int kSlabValues = kSlabSteps * RowPairStream<F, kWideTokens, kSlabSteps>::kStepValues;
-template <WeightFormat F>
-constexpr int kSlabStride = kSlabValues<F> / 2 + 16;  // 32-bit words a staged row
-
-// A chunk of `count` tokens (rows input_row(j) of src, measured by measure_rows) against the
-// stream's rows, slab by slab: acc[j] gets tile j's C. Warps without rows (has_rows false) only
-// stage. Synchronises the block.
-template <WeightFormat F, typename RowOf>
-__device__ __forceinline__ void wide_chunk(RowPairStream<F, kWideTokens, kSlabSteps>& stream, bool has_rows,
-                                           const uint16_t* src, int64_t dim, int count, RowOf input_row,
-                                           const uint32_t* token_max, uint32_t* xs, float (&acc)[kWideTiles][4]) {
-  constexpr int kStep = RowPairStream<F, kWideTokens, kSlabSteps>::kStepValues;
-#pragma unroll
-  for (int j = 0; j < kWideTiles; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
-  const int tiles = (count + 7) / 8;
-  for (int64_t s0 = 0; s0 < stream.steps; s0 += kSlabSteps) {
-    if (has_rows) stream.load(s0);
-    __syncthreads();  // the previous slab has been read
-    const int64_t v0 = s0 * kStep;
-    stage_values(src, dim, count, input_row, token_max, v0, static_cast<int>(min(static_cast<int64_t>(kSlabValues<F>), dim - v0)),
-                 kSlabStride<F>, xs);
-    __syncthreads();
-    if (has_rows) stream.template compute_tiles<kWideTiles>(s0, xs, kSlabStride<F>, tiles, acc);
-  }
-}
-
-// gate_up_mma_kernel's rows over wide chunks.
-template <WeightFormat F>
-__global__ void __launch_bounds__(kThreads) gate_up_wide_kernel(const uint16_t* x, int64_t hidden, int64_t inter,
-                                                                ExpertWeights experts, MoePlan plan, int top_k,
-                                                                uint16_t* act) {
-  extern __shared__ __align__(16) uint32_t xs[];  // [kWideTokens, kSlabStride] fp16 pairs
-  __shared__ float unscale[kWideTokens];
-  __shared__ uint32_t token_max[kWideTokens];
-  if (static_cast<int>(blockIdx.x) >= *plan.num_active) return;
-  const int e = plan.active_experts[blockIdx.x];
-  const int begin = plan.offsets[e], end = plan.offsets[e + 1];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t r0 = (static_cast<int64_t>(blockIdx.y) * kWarps + warp) * 8;
-  const int64_t r = min(r0 + g, inter - 1);
-  const int64_t gate_row = static_cast<int64_t>(e) * 2 * inter + r, up_row = gate_row + inter;
-  const auto* data = static_cast<const uint8_t*>(experts.gate_up);
-  RowPairStream<F, kWideTokens, kSlabSteps> stream(
-      data + gate_row * row_bytes<F>(hidden), data + up_row * row_bytes<F>(hidden),
-      row_scales<F>(experts.gate_up_scales, gate_row, hidden), row_scales<F>(experts.gate_up_scales, up_row, hidden),
-      hidden);
-  for (int chunk = begin; chunk < end; chunk += kWideTokens) {
-    const int count = min(kWideTokens, end - chunk);
     auto row_of = [&](int j) { return static_cast<int64_t>(plan.sorted_pairs[chunk + j] / top_k); };
-    measure_rows(x, hidden, count, row_of, kWeightUnscale<F>, unscale, token_max);
-    float acc[kWideTiles][4];
-    wide_chunk<F>(stream, r0 < inter, x, hidden, count, row_of, token_max, xs, acc);
+    float acc[C::kTiles][4];
+    chunk_products<F, kTokens>(stream, r0 < inter, x, hidden, count, row_of, xs, unscale, token_max, acc);
     if (r0 + g < inter) {
 #pragma unroll
-      for (int j = 0; j < kWideTiles; ++j)
+      for (int j = 0; j < C::kTiles; ++j)
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int token = 8 * j + 2 * t + i;
@@ -471,17 +410,18 @@ __global__ void __launch_bounds__(kThreads) gate_up_wide_kernel(const uint16_t* 
           }
         }
     }
-    __syncthreads();  // unscale and token_max are remade for the next chunk
+    __syncthreads();  // the next chunk restages xs and remakes unscale
   }
 }
 
-// down_mma_kernel's rows over wide chunks.
-template <WeightFormat F>
-__global__ void __launch_bounds__(kThreads) down_wide_kernel(int64_t hidden, int64_t inter, ExpertWeights experts,
-                                                             MoePlan plan, const uint16_t* act, float* expert_out) {
-  extern __shared__ __align__(16) uint32_t xs[];  // [kWideTokens, kSlabStride] fp16 pairs
-  __shared__ float unscale[kWideTokens];
-  __shared__ uint32_t token_max[kWideTokens];
+// Warp w of block (slot, y) computes down rows r0 .. r0 + 15.
+template <WeightFormat F, int kTokens>
+__global__ void __launch_bounds__(kThreads) down_mma_kernel(int64_t hidden, int64_t inter, ExpertWeights experts,
+                                                            MoePlan plan, const uint16_t* act, float* expert_out) {
+  using C = Chunks<F, kTokens>;
+  extern __shared__ __align__(16) uint32_t xs[];  // staged fp16 pairs (C::shared_bytes)
+  __shared__ float unscale[kTokens];
+  __shared__ uint32_t token_max[kTokens];
   if (static_cast<int>(blockIdx.x) >= *plan.num_active) return;
   const int e = plan.active_experts[blockIdx.x];
   const int begin = plan.offsets[e], end = plan.offsets[e + 1];
@@ -490,18 +430,17 @@ __global__ void __launch_bounds__(kThreads) down_wide_kernel(int64_t hidden, int
   const int64_t row_a = static_cast<int64_t>(e) * hidden + min(r0 + g, hidden - 1);
   const int64_t row_b = static_cast<int64_t>(e) * hidden + min(r0 + 8 + g, hidden - 1);
   const auto* data = static_cast<const uint8_t*>(experts.down);
-  RowPairStream<F, kWideTokens, kSlabSteps> stream(data + row_a * row_bytes<F>(inter), data + row_b * row_bytes<F>(inter),
-                                                   row_scales<F>(experts.down_scales, row_a, inter),
-                                                   row_scales<F>(experts.down_scales, row_b, inter), inter);
-  for (int chunk = begin; chunk < end; chunk += kWideTokens) {
-    const int count = min(kWideTokens, end - chunk);
+  typename C::Stream stream(data + row_a * row_bytes<F>(inter), data + row_b * row_bytes<F>(inter),
+                            row_scales<F>(experts.down_scales, row_a, inter),
+                            row_scales<F>(experts.down_scales, row_b, inter), inter);
+  for (int chunk = begin; chunk < end; chunk += kTokens) {
+    const int count = min(kTokens, end - chunk);
     auto row_of = [&](int j) { return static_cast<int64_t>(chunk + j); };
-    measure_rows(act, inter, count, row_of, kWeightUnscale<F>, unscale, token_max);
-    float acc[kWideTiles][4];
-    wide_chunk<F>(stream, r0 < hidden, act, inter, count, row_of, token_max, xs, acc);
+    float acc[C::kTiles][4];
+    chunk_products<F, kTokens>(stream, r0 < hidden, act, inter, count, row_of, xs, unscale, token_max, acc);
     if (r0 < hidden) {
 #pragma unroll
-      for (int j = 0; j < kWideTiles; ++j)
+      for (int j = 0; j < C::kTiles; ++j)
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int token = 8 * j + 2 * t + i;
@@ -516,27 +455,11 @@ __global__ void __launch_bounds__(kThreads) down_wide_kernel(int64_t hidden, int
   }
 }
 
-template <WeightFormat F>
-void launch_wide(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts, const MoePlan& plan,
-                 int top_k, int max_active, uint16_t* act, float* expert_out, cudaStream_t stream) {
-  const size_t shared = sizeof(uint32_t) * kWideTokens * kSlabStride<F>;
-  check(cudaFuncSetAttribute(gate_up_wide_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(shared)),
-        "gate_up_wide shared memory");
-  check(cudaFuncSetAttribute(down_wide_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
-        "down_wide shared memory");
-  const dim3 gate_up_grid(max_active, static_cast<unsigned>((inter + 8 * kWarps - 1) / (8 * kWarps)));
-  gate_up_wide_kernel<F><<<gate_up_grid, kThreads, shared, stream>>>(x, hidden, inter, experts, plan, top_k, act);
-  check(cudaGetLastError(), "gate_up_wide launch");
-  const dim3 down_grid(max_active, static_cast<unsigned>((hidden + 16 * kWarps - 1) / (16 * kWarps)));
-  down_wide_kernel<F><<<down_grid, kThreads, shared, stream>>>(hidden, inter, experts, plan, act, expert_out);
-  check(cudaGetLastError(), "down_wide launch");
-}
-
 template <WeightFormat F, int kTokens>
 void launch(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts, const MoePlan& plan,
             int top_k, int max_active, uint16_t* act, float* expert_out, cudaStream_t stream) {
-  const size_t gate_up_shared = sizeof(uint16_t) * kTokens * hidden, down_shared = sizeof(uint16_t) * kTokens * inter;
+  using C = Chunks<F, kTokens>;
+  const size_t gate_up_shared = C::shared_bytes(hidden), down_shared = C::shared_bytes(inter);
   check(cudaFuncSetAttribute(gate_up_mma_kernel<F, kTokens>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(gate_up_shared)),
         "gate_up_mma shared memory");
@@ -568,13 +491,13 @@ void moe_experts_mma(const uint16_t* x, int64_t hidden, int64_t inter, const Exp
   if (max_active <= 0) return;
   GLMS_CHECK(moe_experts_mma_supported(experts, hidden, inter), "moe_experts_mma: these experts need the GEMV kernels");
   // One staged token per chunk below half a pair per expert (one token fills one of the mma's 8
-  // columns and stages fastest), chunks of kWideTokens above kWidePairsPerExpert, else of 8.
+  // columns and stages fastest), chunks of 64 above kWidePairsPerExpert, else of 8.
   const int64_t pairs = num_tokens * static_cast<int64_t>(top_k);
   const bool one = 2 * pairs <= num_experts, wide = pairs > int64_t{kWidePairsPerExpert} * num_experts;
   auto run = [&](auto format_tag) {
     constexpr WeightFormat F = decltype(format_tag)::value;
     if (one) launch<F, 1>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
-    else if (wide) launch_wide<F>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
+    else if (wide) launch<F, 64>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
     else launch<F, 8>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
   };
   if (experts.format == WeightFormat::Mxfp4) run(std::integral_constant<WeightFormat, WeightFormat::Mxfp4>{});
