@@ -38,13 +38,13 @@ TEST(Mxfp4Tiles, TilingRoundTripsAndMovesEveryCode) {
 }
 
 // Each pair the kernels extract is the two values the layout promises, times 2^-14 in fp16
-// bits, for the values 32 (4s + w) + 8t + 2k and + 1 of word 4t + w of group s.
-TEST(Mxfp4Tiles, PairsAreTheValuesTimesTwoToTheMinus14) {
-  const int64_t rows = 2, cols = 256;
-  const auto packed = random_bytes(rows * cols / 2, 2);
+// bits, for the values 32 (4s + w) + 8t + 2k and + 1 of word 4t + w of group s; on a few rows and
+// on enough rows for the tiling to run on several threads.
+void check_pairs(int64_t rows, int64_t cols, uint32_t seed) {
+  const auto packed = random_bytes(rows * cols / 2, seed);
   std::vector<uint8_t> tiled(packed.size());
   tile_mxfp4_rows(packed.data(), rows, cols, tiled.data());
-  int checked = 0;
+  int64_t checked = 0, wrong = 0;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t s = 0; s < cols / kMxfp4TileValues; ++s)
       for (int t = 0; t < 4; ++t)
@@ -54,12 +54,21 @@ TEST(Mxfp4Tiles, PairsAreTheValuesTimesTwoToTheMinus14) {
           for (int k = 0; k < 4; ++k) {
             const uint32_t pair = mxfp4_tile_pair(q, k);
             const int64_t v = r * cols + 128 * s + 32 * w + 8 * t + 2 * k;
-            EXPECT_EQ(f16_to_f32(pair & 0xffff) * 0x1p14f, minifloat_to_f32(MiniFloat::E2M1, code_at(packed, v))) << v;
-            EXPECT_EQ(f16_to_f32(pair >> 16) * 0x1p14f, minifloat_to_f32(MiniFloat::E2M1, code_at(packed, v + 1))) << v;
+            wrong += f16_to_f32(pair & 0xffff) * 0x1p14f != minifloat_to_f32(MiniFloat::E2M1, code_at(packed, v));
+            wrong += f16_to_f32(pair >> 16) * 0x1p14f != minifloat_to_f32(MiniFloat::E2M1, code_at(packed, v + 1));
             checked += 2;
           }
         }
   EXPECT_EQ(checked, rows * cols);
+  EXPECT_EQ(wrong, 0) << rows << " x " << cols;
+  std::vector<uint8_t> back(packed.size());
+  untile_mxfp4_rows(tiled.data(), rows, cols, back.data());
+  EXPECT_EQ(back, packed) << rows << " x " << cols;
+}
+
+TEST(Mxfp4Tiles, PairsAreTheValuesTimesTwoToTheMinus14) {
+  check_pairs(2, 256, 2);
+  check_pairs(80, 8192, 3);  // 5120 groups: the threaded path
 }
 
 // All 16 codes in every one of a word's 8 places.
