@@ -115,11 +115,9 @@ void append_fp8(const WeightView& w, std::vector<uint8_t>& codes, std::vector<fl
   }
 }
 
-// Packed MXFP4 rows `cols` wide, rewritten in the tile layout.
+// Packed MXFP4 rows `cols` wide, rewritten in the tile layout (in place).
 void tile_in_place(std::vector<uint8_t>& packed, int64_t cols) {
-  std::vector<uint8_t> tiled(packed.size());
-  quant::tile_mxfp4_rows(packed.data(), static_cast<int64_t>(packed.size()) / (cols / 2), cols, tiled.data());
-  packed.swap(tiled);
+  quant::tile_mxfp4_rows(packed.data(), static_cast<int64_t>(packed.size()) / (cols / 2), cols, packed.data());
 }
 
 void upload_experts(Uploader& up, const MoeWeights& moe, int64_t hidden, int64_t inter, MoeDevice& d) {
@@ -147,7 +145,7 @@ void upload_experts(Uploader& up, const MoeWeights& moe, int64_t hidden, int64_t
       auto scales_fit = [](const std::vector<uint8_t>& codes) {
         return std::all_of(codes.begin(), codes.end(), [](uint8_t c) { return c >= 1 && c <= 254; });
       };
-      d.experts_mxfp4_tiled = hidden % quant::kMxfp4TileValues == 0 && inter % quant::kMxfp4TileValues == 0 &&
+      d.experts_mxfp4_tiled = quant::mxfp4_tiles_fit(hidden) && quant::mxfp4_tiles_fit(inter) &&
                               scales_fit(gate_up_scales) && scales_fit(down_scales);
       if (d.experts_mxfp4_tiled) {
         tile_in_place(gate_up, hidden);
@@ -362,7 +360,8 @@ DecoderLayerDevice synthetic_layer(RandomMaker& make, const io::ModelConfig& c, 
     d.moe.correction_bias = make.uniform_f32(E, 0.01f);
     d.moe.experts_format = experts_format;
     // Random codes read the same in either layout; the one scale is near 2^-8 (RandomMaker::experts).
-    d.moe.experts_mxfp4_tiled = experts_format == ops::WeightFormat::Mxfp4 && hidden % quant::kMxfp4TileValues == 0 && inter % quant::kMxfp4TileValues == 0;
+    d.moe.experts_mxfp4_tiled = experts_format == ops::WeightFormat::Mxfp4 && quant::mxfp4_tiles_fit(hidden) &&
+                                quant::mxfp4_tiles_fit(inter);
     make.experts(experts_format, E, 2 * inter, hidden, d.moe.experts_gate_up, d.moe.experts_gate_up_scales);
     make.experts(experts_format, E, hidden, inter, d.moe.experts_down, d.moe.experts_down_scales);
     d.moe.shared = make.mlp(inter * c.n_shared_experts, hidden);

@@ -60,7 +60,7 @@ uint32_t load_word(const uint8_t* p) {
 void store_word(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
 
 void check_cols(int64_t cols) {
-  GLMS_CHECK(cols % kMxfp4TileValues == 0, "MXFP4 tile layout: row width " + std::to_string(cols) +
+  GLMS_CHECK(mxfp4_tiles_fit(cols), "MXFP4 tile layout: row width " + std::to_string(cols) +
                                                " is not a multiple of 128");
 }
 
@@ -76,13 +76,16 @@ void tile_mxfp4_rows(const uint8_t* packed, int64_t rows, int64_t cols, uint8_t*
   const auto& halves = half_table();
   const int64_t groups = rows * (cols / kMxfp4TileValues);  // 64 bytes each, rows back to back
 #pragma omp parallel for schedule(static) if (groups > 4096)
-  for (int64_t g = 0; g < groups; ++g)
+  for (int64_t g = 0; g < groups; ++g) {
+    uint32_t words[4][4];  // the whole group read before any of it is written: in place is fine
     for (int t = 0; t < 4; ++t)
       for (int w = 0; w < 4; ++w) {
         const uint32_t codes = load_word(packed + 64 * g + packed_offset(t, w));  // L0 .. L7, L0 lowest
-        store_word(tiled + 64 * g + tile_offset(t, w),
-                   halves[even_nibbles(codes)] | (static_cast<uint32_t>(halves[even_nibbles(codes >> 4)]) << 16));
+        words[t][w] = halves[even_nibbles(codes)] | (static_cast<uint32_t>(halves[even_nibbles(codes >> 4)]) << 16);
       }
+    for (int t = 0; t < 4; ++t)
+      for (int w = 0; w < 4; ++w) store_word(tiled + 64 * g + tile_offset(t, w), words[t][w]);
+  }
 }
 
 void untile_mxfp4_rows(const uint8_t* tiled, int64_t rows, int64_t cols, uint8_t* packed) {
@@ -90,13 +93,16 @@ void untile_mxfp4_rows(const uint8_t* tiled, int64_t rows, int64_t cols, uint8_t
   const auto& codes_of = codes_table();
   const int64_t groups = rows * (cols / kMxfp4TileValues);
 #pragma omp parallel for schedule(static) if (groups > 4096)
-  for (int64_t g = 0; g < groups; ++g)
+  for (int64_t g = 0; g < groups; ++g) {
+    uint32_t words[4][4];
     for (int t = 0; t < 4; ++t)
       for (int w = 0; w < 4; ++w) {
         const uint32_t bits = load_word(tiled + 64 * g + tile_offset(t, w));
-        store_word(packed + 64 * g + packed_offset(t, w),
-                   spread_nibbles(codes_of[bits & 0xffff]) | (spread_nibbles(codes_of[bits >> 16]) << 4));
+        words[t][w] = spread_nibbles(codes_of[bits & 0xffff]) | (spread_nibbles(codes_of[bits >> 16]) << 4);
       }
+    for (int t = 0; t < 4; ++t)
+      for (int w = 0; w < 4; ++w) store_word(packed + 64 * g + packed_offset(t, w), words[t][w]);
+  }
 }
 
 }  // namespace glms::quant

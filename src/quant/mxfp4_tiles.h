@@ -37,8 +37,12 @@ GLMS_HOST_DEVICE inline uint32_t mxfp4_tile_pair(uint32_t q, int k) {
   }
 }
 
+// Whether rows `cols` wide can take the tile layout.
+GLMS_HOST_DEVICE constexpr bool mxfp4_tiles_fit(int64_t cols) { return cols % kMxfp4TileValues == 0; }
+
 // Rows of packed MXFP4 ([rows, cols / 2] bytes, two codes a byte, the even value in the low
-// nibble) into the tile layout ([rows, cols / 2] bytes), and back. cols % 128 == 0.
+// nibble) into the tile layout ([rows, cols / 2] bytes), and back. mxfp4_tiles_fit(cols). The
+// two may be one buffer: each 64-byte group maps onto itself.
 void tile_mxfp4_rows(const uint8_t* packed, int64_t rows, int64_t cols, uint8_t* tiled);
 void untile_mxfp4_rows(const uint8_t* tiled, int64_t rows, int64_t cols, uint8_t* packed);
 

@@ -35,6 +35,11 @@ TEST(Mxfp4Tiles, TilingRoundTripsAndMovesEveryCode) {
   untile_mxfp4_rows(tiled.data(), rows, cols, back.data());
   EXPECT_EQ(back, packed);
   EXPECT_NE(tiled, packed);  // a layout, not a copy
+  std::vector<uint8_t> in_place = packed;  // one buffer for both sides
+  tile_mxfp4_rows(in_place.data(), rows, cols, in_place.data());
+  EXPECT_EQ(in_place, tiled);
+  untile_mxfp4_rows(in_place.data(), rows, cols, in_place.data());
+  EXPECT_EQ(in_place, packed);
 }
 
 // Each pair the kernels extract is the two values the layout promises, times 2^-14 in fp16

@@ -329,8 +329,9 @@ void launch_by_tokens(int tokens, const uint16_t* x, int64_t hidden, int64_t int
 __device__ __forceinline__ void decode_mxfp4_tile_word(uint32_t q, float (&out)[8]) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const float2 pair = __half22float2(__halves2half2(__ushort_as_half(static_cast<uint16_t>(quant::mxfp4_tile_pair(q, k))),
-                                                      __ushort_as_half(static_cast<uint16_t>(quant::mxfp4_tile_pair(q, k) >> 16))));
+    const uint32_t bits = quant::mxfp4_tile_pair(q, k);
+    const float2 pair = __half22float2(__halves2half2(__ushort_as_half(static_cast<uint16_t>(bits)),
+                                                      __ushort_as_half(static_cast<uint16_t>(bits >> 16))));
     out[2 * k] = pair.x;
     out[2 * k + 1] = pair.y;
   }

@@ -480,7 +480,7 @@ void launch(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeight
 
 bool moe_experts_mma_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter) {
   if (experts.format == WeightFormat::Mxfp4)
-    return experts.mxfp4_tiled && hidden % quant::kMxfp4TileValues == 0 && inter % quant::kMxfp4TileValues == 0;
+    return experts.mxfp4_tiled && quant::mxfp4_tiles_fit(hidden) && quant::mxfp4_tiles_fit(inter);
   if (experts.format == WeightFormat::Fp8Block) return hidden % 64 == 0 && inter % 64 == 0;
   return false;
 }
