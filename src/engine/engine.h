@@ -1,59 +1,20 @@
-// The serving engine: one thread runs the model step after step over a continuously changing
-// batch (decodes first, then prefill chunks under a token budget), with a paged latent cache
-// shared through a radix prefix cache. Requests come and go from any thread.
+// The serving engine: one thread runs step after step over a continuously changing batch per
+// data-parallel rank (decodes first, then prefill chunks under a token budget), each rank with
+// its paged latent cache shared through a radix prefix cache (scheduler.h), over the executor
+// of the run's layout (runtime/executor.h). Requests come and go from any thread.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "engine/engine_config.h"
 #include "engine/request.h"
 #include "model/glm5.h"
 #include "model/step_runner.h"
+#include "runtime/executor.h"
 
 namespace glms::engine {
-
-struct EngineConfig {
-  int max_num_seqs = 64;            // sequences in one step at most
-  int max_batch_tokens = 2048;      // tokens in one step at most (prefill chunks fill the rest)
-  int64_t kv_cache_bytes = 0;       // memory for the latent cache; 0 = enough for max_num_seqs x max_model_len
-  int max_model_len = 0;            // prompt + generated tokens per request; 0 = the model's limit
-  int block_size = 16;              // tokens per cache block
-  int max_waiting = 1024;           // queued requests beyond which submit() is refused
-  bool enable_prefix_cache = true;
-  // > 0: decodes draft this many tokens with the model's MTP layer and verify them in the step's
-  // forward (speculative rejection sampling: greedy output unchanged, sampled output equally
-  // distributed). Requests with presence/frequency/repetition penalties decode plainly.
-  int speculative_steps = 0;
-  // Steps with more decoding sequences than this decode them plainly (the MTP layer still runs
-  // over their new tokens, so drafting resumes when the batch shrinks); 0: no limit. Verifying
-  // K drafts touches up to K + 1 times the experts of one token, so speculation pays at small
-  // batches only (docs/performance.md, "Where MTP speculation pays").
-  int speculative_max_batch = 32;
-};
-
-// Counters and gauges for /metrics and the bench; a consistent snapshot.
-struct EngineStats {
-  int num_running = 0;
-  int num_waiting = 0;
-  int num_blocks = 0;
-  int num_free_blocks = 0;          // free or holding only evictable cached prefixes
-  int num_cached_blocks = 0;        // blocks held by the prefix cache with no running user
-  double kv_cache_usage = 0.0;      // fraction of blocks in use by running requests
-  int64_t prefix_cache_queries = 0; // prompt tokens looked up
-  int64_t prefix_cache_hits = 0;    // prompt tokens found
-  int64_t prompt_tokens_total = 0;
-  int64_t generation_tokens_total = 0;
-  int64_t num_preemptions = 0;
-  int64_t steps = 0;
-  // Speculative decoding: verification steps (one per speculating sequence and step), drafts
-  // proposed and accepted, and per draft position (0-based) how many were accepted (vLLM's
-  // spec_decode counters; acceptance length = 1 + accepted / verification steps).
-  int64_t spec_drafts = 0;
-  int64_t spec_draft_tokens = 0;
-  int64_t spec_accepted_tokens = 0;
-  std::vector<int64_t> spec_accepted_per_position;
-};
 
 // Thrown by submit() when the waiting queue is full (the server answers 429).
 struct QueueFull {};
@@ -62,14 +23,19 @@ class Engine {
  public:
   // On the CPU, over `model` (which must outlive the engine).
   Engine(const model::Glm5Model& model, EngineConfig config);
-  // Over any runner (the CUDA one, say); the engine allocates its cache.
+  // Over one runner (the CUDA one, say); the engine allocates its cache.
   Engine(std::unique_ptr<model::StepRunner> runner, EngineConfig config);
+  // Over the executor of any layout: every data-parallel rank gets a cache of kv_cache_bytes
+  // (or of the default) and the limits of `config`.
+  Engine(std::unique_ptr<runtime::Executor> executor, EngineConfig config);
   ~Engine();  // stops the loop; unfinished requests get "abort"
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
   const EngineConfig& config() const;
   const io::ModelConfig& model_config() const;
+  const runtime::ParallelLayout& layout() const;
+  int blocks_per_rank() const;  // each data-parallel rank's cache, in blocks of config().block_size
 
   // Queues a request; outputs arrive through `on_output` until one has finished = true.
   // Throws glms::Error for an invalid request (empty prompt, id outside the vocabulary, prompt +

@@ -23,7 +23,8 @@ struct Sequence {
   std::vector<int32_t> tokens;       // prompt + generated
   int prompt_len = 0;
   int num_computed = 0;              // tokens whose cache rows are written
-  std::vector<int32_t> block_table;  // physical blocks, one per block_size tokens
+  int rank = -1;                     // the data-parallel rank it runs on while admitted
+  std::vector<int32_t> block_table;  // physical blocks of its rank's cache, one per block_size tokens
   int cached_blocks = 0;             // leading blocks already recorded in the prefix cache
   int cached_prompt_tokens = 0;      // prompt tokens that came from the prefix cache (first admission)
   bool admitted_once = false;

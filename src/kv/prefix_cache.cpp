@@ -61,6 +61,19 @@ std::vector<int32_t> PrefixCache::match(std::span<const int32_t> tokens) {
   return blocks;
 }
 
+int PrefixCache::peek(std::span<const int32_t> tokens) const {
+  if (tokens.empty()) return 0;
+  const size_t usable = (tokens.size() - 1) / block_size_;
+  Node* node = root_.get();
+  int found = 0;
+  for (size_t b = 0; b < usable; ++b) {
+    node = child(node, tokens.subspan(b * block_size_, block_size_));
+    if (!node) break;
+    ++found;
+  }
+  return found;
+}
+
 void PrefixCache::insert(std::span<const int32_t> tokens, std::span<const int32_t> blocks) {
   const size_t full = std::min(tokens.size() / block_size_, blocks.size());
   ++clock_;

@@ -27,6 +27,9 @@ class PrefixCache {
   // token (its logits must be computed). Each returned block is retained for the caller, who
   // releases it through the pool when done.
   std::vector<int32_t> match(std::span<const int32_t> tokens);
+  // How many blocks match() would return now, without retaining or touching them (to choose
+  // where a request runs).
+  int peek(std::span<const int32_t> tokens) const;
   // Statistics, in tokens: a request looked up `queried` prompt tokens and found `hit` cached.
   // Callers record each request once (a request retried while waiting is not a new query).
   void record_lookup(int64_t queried, int64_t hit) {

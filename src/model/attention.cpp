@@ -96,7 +96,7 @@ RopeAngles rope_angles(const ops::RopeTable& table, const ForwardBatch& batch) {
 void mla_attention(const io::ModelConfig& c, const AttentionWeights& w, int layer, const RopeAngles& rope,
                    const ForwardBatch& batch, const float* x, kv::PagedLatentCache& cache,
                    TokenSelection& selection, float* out) {
-  const int T = batch.num_tokens(), H = c.num_attention_heads;
+  const int T = batch.num_tokens(), H = w.heads;  // this rank's heads
   const int nope = c.qk_nope_head_dim, rd = c.qk_rope_head_dim, vd = c.v_head_dim, L = c.kv_lora_rank;
   const int qd = nope + rd, row_size = L + rd;
 

@@ -25,6 +25,9 @@ struct ForwardBatch {
   std::vector<int32_t> token_sequence;  // [num_tokens] index into `sequences`
   std::vector<SequenceSlice> sequences;
   std::vector<int32_t> logits_tokens;  // token indices whose logits are returned, in order
+  // Data-parallel attention: the tokens every data-parallel rank runs this step ([dp_size], this
+  // rank's among them), which the MoE layers gather; empty without data-parallel peers.
+  std::vector<int32_t> dp_tokens;
 
   int num_tokens() const { return static_cast<int>(token_ids.size()); }
 

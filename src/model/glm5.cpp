@@ -7,7 +7,7 @@
 
 namespace glms::model {
 
-Glm5Model::Glm5Model(ModelWeights weights) : weights_(std::move(weights)) {
+Glm5Model::Glm5Model(ModelWeights weights, Peers peers) : weights_(std::move(weights)), peers_(peers) {
   const io::ModelConfig& c = weights_.config;
   if (c.rope_type != "default")
     fail("rope_type '" + c.rope_type + "' is not supported yet (GLM-5 checkpoints use the default rope)");
@@ -20,9 +20,15 @@ Glm5Model::Glm5Model(ModelWeights weights) : weights_(std::move(weights)) {
 
 namespace {
 
+// Sums a block's output [T, hidden] over the tensor-parallel peers (each holds part of the heads
+// or of the MLP's width).
+void sum_over_peers(comm::Communicator* tp, std::vector<float>& block_out) {
+  if (tp) tp->all_reduce_sum(block_out.data(), block_out.size(), comm::Element::F32);
+}
+
 // One decoder layer on the residual stream x [T, hidden]: x += attention(norm(x)), then
 // x += mlp(norm(x)). `normed` and `block_out` are scratch of x's size.
-void decoder_layer(const io::ModelConfig& c, const DecoderLayerWeights& layer, int cache_layer,
+void decoder_layer(const io::ModelConfig& c, const Peers& peers, const DecoderLayerWeights& layer, int cache_layer,
                    const RopeAngles& rope, const ForwardBatch& batch, std::vector<float>& x,
                    kv::PagedLatentCache& cache, TokenSelection& selection, std::vector<float>& normed,
                    std::vector<float>& block_out) {
@@ -30,10 +36,12 @@ void decoder_layer(const io::ModelConfig& c, const DecoderLayerWeights& layer, i
   const int64_t hidden = c.hidden_size;
   ops::rms_norm(x.data(), T, hidden, layer.input_norm.data(), c.rms_norm_eps, normed.data());
   mla_attention(c, layer.attention, cache_layer, rope, batch, normed.data(), cache, selection, block_out.data());
+  sum_over_peers(peers.tp, block_out);
   for (size_t i = 0; i < x.size(); ++i) x[i] += block_out[i];
   ops::rms_norm(x.data(), T, hidden, layer.post_attention_norm.data(), c.rms_norm_eps, normed.data());
-  if (layer.is_moe) moe_mlp(c, layer.moe, normed.data(), T, block_out.data());
+  if (layer.is_moe) moe_mlp(c, layer.moe, peers, batch.dp_tokens, normed.data(), T, block_out.data());
   else dense_mlp(layer.mlp, normed.data(), T, block_out.data());
+  sum_over_peers(peers.tp, block_out);
   for (size_t i = 0; i < x.size(); ++i) x[i] += block_out[i];
 }
 
@@ -77,7 +85,7 @@ std::vector<float> Glm5Model::forward(const ForwardBatch& batch, kv::PagedLatent
   const io::ModelConfig& c = weights_.config;
   const int T = batch.num_tokens();
   const int64_t hidden = c.hidden_size;
-  GLMS_CHECK(T > 0, "empty batch");
+  GLMS_CHECK(T > 0 || peers_.dp, "empty batch");  // an idle data-parallel rank still joins the MoE layers
   for (int32_t id : batch.token_ids)
     if (id < 0 || id >= c.vocab_size)
       fail("token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
@@ -90,7 +98,7 @@ std::vector<float> Glm5Model::forward(const ForwardBatch& batch, kv::PagedLatent
   std::vector<float> normed(x.size()), block_out(x.size());  // [T, hidden]
   TokenSelection selection;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    decoder_layer(c, weights_.layers[l], l, rope, batch, x, cache, selection, normed, block_out);
+    decoder_layer(c, peers_, weights_.layers[l], l, rope, batch, x, cache, selection, normed, block_out);
     if (trace && trace->record_layers) trace->hidden_states.push_back(x);
   }
   std::vector<float> logits = head_logits(batch, x, hidden, weights_.final_norm, c.rms_norm_eps, weights_.lm_head);
@@ -124,7 +132,7 @@ std::vector<float> Glm5Model::mtp_forward(int depth, const ForwardBatch& batch, 
   const RopeAngles rope = rope_angles(rope_, batch);
   std::vector<float> normed(x.size()), block_out(x.size());
   TokenSelection selection;
-  decoder_layer(c, m.block, 0, rope, batch, x, mtp_cache, selection, normed, block_out);
+  decoder_layer(c, peers_, m.block, 0, rope, batch, x, mtp_cache, selection, normed, block_out);
   std::vector<float> logits = head_logits(batch, x, hidden, m.shared_head_norm, c.rms_norm_eps, m.shared_head);
   if (h_out) *h_out = std::move(x);
   return logits;

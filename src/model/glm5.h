@@ -20,12 +20,16 @@ struct ForwardTrace {
   std::vector<float> last_hidden;
 };
 
+// One rank's model: the whole model, or the shard its weights were loaded as, joined to its peers
+// (model/shard.h) for the collectives between layers. Every peer runs the same steps together;
+// an idle data-parallel rank runs empty batches so that it joins the MoE layers' collectives.
 class Glm5Model {
  public:
-  explicit Glm5Model(ModelWeights weights);
+  explicit Glm5Model(ModelWeights weights, Peers peers = {});
 
   const io::ModelConfig& config() const { return weights_.config; }
   const ModelWeights& weights() const { return weights_; }
+  const ModelShard& shard() const { return weights_.shard; }
   // The cache this model needs, in blocks of `block_size` tokens.
   kv::CacheLayout cache_layout(int block_size) const;
 
@@ -48,6 +52,7 @@ class Glm5Model {
 
  private:
   ModelWeights weights_;
+  Peers peers_;
   ops::RopeTable rope_;
 };
 

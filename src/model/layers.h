@@ -8,6 +8,7 @@
 #include "io/model_config.h"
 #include "kv/latent_cache.h"
 #include "model/batch.h"
+#include "model/shard.h"
 #include "model/weights.h"
 
 namespace glms::model {
@@ -27,8 +28,9 @@ RopeAngles rope_angles(const ops::RopeTable& table, const ForwardBatch& batch);
 
 // MLA with absorbed weights over the paged latent cache, with DSA sparse selection. Writes this
 // step's latent/rope rows (and indexer keys on full layers) into the cache at the batch's slots,
-// then attends. On full layers `selection` is recomputed; on shared layers it is read.
-// x: [num_tokens, hidden] (input-normed), out: [num_tokens, hidden].
+// then attends with the weights' heads. On full layers `selection` is recomputed; on shared
+// layers it is read. x: [num_tokens, hidden] (input-normed), out: [num_tokens, hidden] (this
+// rank's heads' part of o_proj: the tensor-parallel peers' parts sum to the whole).
 void mla_attention(const io::ModelConfig& config, const AttentionWeights& weights, int cache_layer,
                    const RopeAngles& rope, const ForwardBatch& batch, const float* x,
                    kv::PagedLatentCache& cache, TokenSelection& selection, float* out);
@@ -37,8 +39,13 @@ void mla_attention(const io::ModelConfig& config, const AttentionWeights& weight
 void dense_mlp(const MlpWeights& weights, const float* x, int64_t n, float* out);
 
 // Routed experts (sigmoid router + fp32 correction bias, group-limited top-k, normalised and
-// scaled weights) plus the shared expert. x: [n, hidden], out: [n, hidden].
-void moe_mlp(const io::ModelConfig& config, const MoeWeights& weights, const float* x, int64_t n, float* out);
+// scaled weights) plus the shared expert. x: [n, hidden], out: [n, hidden]. With data-parallel
+// peers the routed experts run over every rank's tokens (dp_tokens[r] of rank r, all-gathered)
+// and each rank gets its own tokens' sums back (reduce-scatter); `out` is this rank's
+// tensor-parallel part (its experts' and its shared-expert slice's), which its tensor-parallel
+// peers' parts complete.
+void moe_mlp(const io::ModelConfig& config, const MoeWeights& weights, const Peers& peers,
+             const std::vector<int32_t>& dp_tokens, const float* x, int64_t n, float* out);
 
 // Expert choice for one token from its router logits [n_routed_experts]: indices and weights.
 void route_token(const io::ModelConfig& config, const float* router_logits, const float* correction_bias,

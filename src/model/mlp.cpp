@@ -52,43 +52,97 @@ void route_token(const io::ModelConfig& c, const float* router_logits, const flo
   }
 }
 
-void moe_mlp(const io::ModelConfig& c, const MoeWeights& w, const float* x, int64_t n, float* out) {
+namespace {
+
+// Rows of every data-parallel rank's tokens, rank by rank: x [n, hidden] here, dp_tokens[r] rows
+// from rank r (padded to the largest count for the collective). Returns [sum dp_tokens, hidden].
+std::vector<float> gather_tokens(comm::Communicator& dp, const std::vector<int32_t>& dp_tokens, const float* x,
+                                 int64_t n, int64_t hidden) {
+  const int64_t padded = *std::max_element(dp_tokens.begin(), dp_tokens.end());
+  std::vector<float> mine(static_cast<size_t>(padded * hidden), 0.0f), all(mine.size() * dp_tokens.size());
+  std::copy(x, x + n * hidden, mine.begin());
+  dp.all_gather(mine.data(), all.data(), mine.size(), comm::Element::F32);
+  std::vector<float> tokens;
+  for (size_t r = 0; r < dp_tokens.size(); ++r)
+    tokens.insert(tokens.end(), all.begin() + r * padded * hidden, all.begin() + (r * padded + dp_tokens[r]) * hidden);
+  return tokens;
+}
+
+// The inverse: routed [sum dp_tokens, hidden] partial sums of every rank's tokens, summed over
+// the data-parallel peers; this rank's n rows land in out [n, hidden].
+void scatter_sums(comm::Communicator& dp, const std::vector<int32_t>& dp_tokens, const std::vector<float>& routed,
+                  int64_t n, int64_t hidden, float* out) {
+  const int64_t padded = *std::max_element(dp_tokens.begin(), dp_tokens.end());
+  std::vector<float> all(static_cast<size_t>(padded * hidden) * dp_tokens.size(), 0.0f), mine(padded * hidden);
+  int64_t from = 0;
+  for (size_t r = 0; r < dp_tokens.size(); ++r) {
+    std::copy(routed.begin() + from * hidden, routed.begin() + (from + dp_tokens[r]) * hidden,
+              all.begin() + r * padded * hidden);
+    from += dp_tokens[r];
+  }
+  dp.reduce_scatter_sum(all.data(), mine.data(), mine.size(), comm::Element::F32);
+  std::copy(mine.begin(), mine.begin() + n * hidden, out);
+}
+
+}  // namespace
+
+void moe_mlp(const io::ModelConfig& c, const MoeWeights& w, const Peers& peers, const std::vector<int32_t>& dp_tokens,
+             const float* x, int64_t n, float* out) {
   const int E = c.n_routed_experts;
   const int64_t hidden = c.hidden_size;
-  std::vector<float> logits(static_cast<size_t>(n * E));  // [n, E] fp32 router logits
-  ops::linear(x, n, w.router, logits.data());
+  std::vector<float> gathered;
+  const float* tokens = x;  // [count, hidden]: the tokens the routed experts run over
+  int64_t count = n;
+  if (peers.dp) {
+    GLMS_CHECK(dp_tokens.size() == static_cast<size_t>(peers.dp->size()) && dp_tokens[peers.dp->rank()] == n,
+               "a data-parallel MoE step needs every rank's token count (ForwardBatch::dp_tokens)");
+    gathered = gather_tokens(*peers.dp, dp_tokens, x, n, hidden);
+    tokens = gathered.data();
+    count = static_cast<int64_t>(gathered.size()) / hidden;
+  }
+  std::vector<float> logits(static_cast<size_t>(count * E));  // [count, E] fp32 router logits
+  ops::linear(tokens, count, w.router, logits.data());
 
-  // Group the batch's tokens by expert so each expert's weights are read once per step.
-  std::vector<std::vector<int32_t>> expert_tokens(E);
-  std::vector<std::vector<float>> expert_token_weights(E);
+  // Group the tokens by this rank's experts so each expert's weights are read once per step.
+  const int local = static_cast<int>(w.experts.size());
+  std::vector<std::vector<int32_t>> expert_tokens(local);
+  std::vector<std::vector<float>> expert_token_weights(local);
   std::vector<int32_t> experts;
   std::vector<float> weights;
-  for (int64_t t = 0; t < n; ++t) {
+  for (int64_t t = 0; t < count; ++t) {
     route_token(c, logits.data() + t * E, w.correction_bias.data(), experts, weights);
     for (size_t i = 0; i < experts.size(); ++i) {
-      expert_tokens[experts[i]].push_back(static_cast<int32_t>(t));
-      expert_token_weights[experts[i]].push_back(weights[i]);
+      const int e = experts[i] - w.first_expert;
+      if (e < 0 || e >= local) continue;  // another rank's expert
+      expert_tokens[e].push_back(static_cast<int32_t>(t));
+      expert_token_weights[e].push_back(weights[i]);
     }
   }
 
-  dense_mlp(w.shared_expert, x, n, out);
-  std::vector<float> gathered, result;
-  for (int e = 0; e < E; ++e) {
-    const auto& tokens = expert_tokens[e];
-    if (tokens.empty()) continue;
-    const int64_t count = static_cast<int64_t>(tokens.size());
-    gathered.resize(static_cast<size_t>(count * hidden));
-    result.resize(gathered.size());
-    for (int64_t i = 0; i < count; ++i)
-      std::copy(x + tokens[i] * hidden, x + (tokens[i] + 1) * hidden, gathered.data() + i * hidden);
-    dense_mlp(w.experts[e], gathered.data(), count, result.data());
-    for (int64_t i = 0; i < count; ++i) {
+  std::vector<float> routed(static_cast<size_t>(count * hidden), 0.0f);  // [count, hidden]
+  std::vector<float> rows, result;
+  for (int e = 0; e < local; ++e) {
+    const auto& chosen = expert_tokens[e];
+    if (chosen.empty()) continue;
+    const int64_t m = static_cast<int64_t>(chosen.size());
+    rows.resize(static_cast<size_t>(m * hidden));
+    result.resize(rows.size());
+    for (int64_t i = 0; i < m; ++i)
+      std::copy(tokens + chosen[i] * hidden, tokens + (chosen[i] + 1) * hidden, rows.data() + i * hidden);
+    dense_mlp(w.experts[e], rows.data(), m, result.data());
+    for (int64_t i = 0; i < m; ++i) {
       const float weight = expert_token_weights[e][i];
-      float* dst = out + tokens[i] * hidden;
+      float* dst = routed.data() + chosen[i] * hidden;
       const float* src = result.data() + i * hidden;
       for (int64_t k = 0; k < hidden; ++k) dst[k] += weight * src[k];
     }
   }
+  if (peers.dp) scatter_sums(*peers.dp, dp_tokens, routed, n, hidden, out);
+  else std::copy(routed.begin(), routed.end(), out);
+
+  std::vector<float> shared(static_cast<size_t>(n * hidden));
+  dense_mlp(w.shared_expert, x, n, shared.data());
+  for (size_t i = 0; i < shared.size(); ++i) out[i] += shared[i];
 }
 
 }  // namespace glms::model

@@ -13,7 +13,7 @@ namespace {
 
 class CpuRunner : public StepRunner {
  public:
-  explicit CpuRunner(const Glm5Model& model) : model_(model) {}
+  explicit CpuRunner(std::shared_ptr<const Glm5Model> model) : owned_(std::move(model)), model_(*owned_) {}
   const io::ModelConfig& config() const override { return model_.config(); }
   std::string device() const override { return "cpu"; }
   int64_t cache_bytes_per_token() const override { return model_.cache_layout(1).bytes_per_token(); }
@@ -34,6 +34,7 @@ class CpuRunner : public StepRunner {
   }
 
  private:
+  std::shared_ptr<const Glm5Model> owned_;
   const Glm5Model& model_;
   std::optional<kv::PagedLatentCache> cache_;
   std::optional<kv::PagedLatentCache> mtp_cache_;
@@ -85,6 +86,12 @@ StepLogits select_logits(const float* logits, int vocab_size, const std::vector<
   return out;
 }
 
-std::unique_ptr<StepRunner> make_cpu_runner(const Glm5Model& model) { return std::make_unique<CpuRunner>(model); }
+std::unique_ptr<StepRunner> make_cpu_runner(const Glm5Model& model) {
+  return std::make_unique<CpuRunner>(std::shared_ptr<const Glm5Model>(&model, [](const Glm5Model*) {}));
+}
+
+std::unique_ptr<StepRunner> make_cpu_runner(std::shared_ptr<const Glm5Model> model) {
+  return std::make_unique<CpuRunner>(std::move(model));
+}
 
 }  // namespace glms::model

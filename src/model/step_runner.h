@@ -67,5 +67,7 @@ StepLogits select_logits(const float* logits, int vocab_size, const std::vector<
 
 // The CPU path over `model` (which must outlive the runner).
 std::unique_ptr<StepRunner> make_cpu_runner(const Glm5Model& model);
+// The same owning its model (a parallel rank's).
+std::unique_ptr<StepRunner> make_cpu_runner(std::shared_ptr<const Glm5Model> model);
 
 }  // namespace glms::model

@@ -22,8 +22,11 @@ enum class WeightFormat : uint8_t {
   Mxfp6E3M2,
 };
 
-// A row-major matrix [rows, cols] in checkpoint storage; `row_stride` elements between rows
-// (Plain and Fp8Block; MX rows are addressed from first_row).
+// A row-major matrix [rows, cols] in checkpoint storage, possibly a block of rows and columns of
+// a larger stored matrix (a tensor-parallel shard). Plain and Fp8Block: `data` points at the
+// view's first element and `row_stride` elements separate its rows (the stored width); MX
+// formats address rows from `first_row` and columns from `first_col` of the stored matrix,
+// `stored_cols` wide, whose start `data` points at.
 struct WeightView {
   DType dtype = DType::F32;
   const void* data = nullptr;
@@ -33,10 +36,16 @@ struct WeightView {
   WeightFormat format = WeightFormat::Plain;
   const void* scales = nullptr;  // quantised formats: the scale tensor of the whole matrix
   int64_t first_row = 0;         // row of the whole matrix this view starts at (scale lookup)
+  int64_t first_col = 0;         // column of the whole matrix this view starts at
+  int64_t stored_cols = 0;       // columns of the whole stored matrix (0: cols)
 
   bool empty() const { return data == nullptr; }
+  int64_t whole_cols() const { return stored_cols > 0 ? stored_cols : cols; }
   // Rows [first, first + count) as a view.
   WeightView slice_rows(int64_t first, int64_t count) const;
+  // Columns [first, first + count) as a view. Quantised formats keep whole scale blocks: MX
+  // slices start and end on 32-column blocks, block FP8 ones on 128-column blocks.
+  WeightView slice_columns(int64_t first, int64_t count) const;
   // Row `row` converted to fp32 into `out` (cols values).
   void row_to_f32(int64_t row, float* out) const;
 };

@@ -216,16 +216,22 @@ void quantize_fp8_block(const float* matrix, int64_t rows, int64_t cols, uint8_t
 }
 
 void dequantize_fp8_block_row(const uint8_t* codes, const float* scale_inv, int64_t row, int64_t cols, float* out) {
+  dequantize_fp8_block_columns(codes, scale_inv, row, cols, 0, cols, out);
+}
+
+void dequantize_fp8_block_columns(const uint8_t* codes, const float* scale_inv, int64_t row, int64_t cols,
+                                  int64_t first_col, int64_t count, float* out) {
   const int64_t block_cols = (cols + kFp8Block - 1) / kFp8Block;
   // Checkpoints pack tensors back to back, so the F32 scales may sit at any byte offset: copy.
   const auto* scale_bytes = reinterpret_cast<const unsigned char*>(scale_inv + (row / kFp8Block) * block_cols);
   const uint8_t* in = codes + row * cols;
   const auto& e4m3 = decode_table<MiniFloat::E4M3, 256>();
-  for (int64_t block = 0; block < block_cols; ++block) {
+  const int64_t last = first_col + count;
+  for (int64_t block = first_col / kFp8Block; block * kFp8Block < last; ++block) {
     float scale;
     std::memcpy(&scale, scale_bytes + block * sizeof(float), sizeof(float));
-    const int64_t end = std::min(cols, (block + 1) * kFp8Block);
-    for (int64_t c = block * kFp8Block; c < end; ++c) out[c] = e4m3[in[c]] * scale;
+    const int64_t begin = std::max(first_col, block * kFp8Block), end = std::min(last, (block + 1) * kFp8Block);
+    for (int64_t c = begin; c < end; ++c) out[c - first_col] = e4m3[in[c]] * scale;
   }
 }
 

@@ -55,5 +55,8 @@ inline constexpr int kFp8Block = 128;
 void quantize_fp8_block(const float* matrix, int64_t rows, int64_t cols, uint8_t* codes, float* scale_inv);
 // One row of a block-FP8 matrix back to fp32.
 void dequantize_fp8_block_row(const uint8_t* codes, const float* scale_inv, int64_t row, int64_t cols, float* out);
+// Columns [first_col, first_col + count) of that row: out[count].
+void dequantize_fp8_block_columns(const uint8_t* codes, const float* scale_inv, int64_t row, int64_t cols,
+                                  int64_t first_col, int64_t count, float* out);
 
 }  // namespace glms::quant

@@ -38,7 +38,12 @@ TEST(PrefixCache, MatchesFullBlocksButNeverTheLastToken) {
   std::vector<int32_t> blocks = {*pool.allocate(), *pool.allocate(), *pool.allocate()};
   cache.insert(tokens, blocks);
   EXPECT_EQ(cache.num_cached_blocks(), 3);
-  // The same 12 tokens: only two blocks, so that the last token is computed.
+  // The same 12 tokens: only two blocks, so that the last token is computed; peek counts them
+  // without holding them.
+  EXPECT_EQ(cache.peek(tokens), 2);
+  EXPECT_EQ(cache.peek(range_tokens(14)), 3);
+  EXPECT_EQ(cache.peek(range_tokens(14, 500)), 0);
+  EXPECT_EQ(pool.ref_count(blocks[0]), 2);  // the writer's and the cache's
   auto hit = cache.match(tokens);
   EXPECT_EQ(hit, std::vector<int32_t>(blocks.begin(), blocks.begin() + 2));
   for (int32_t block : hit) pool.release(block);

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <random>
 
+#include "core/dtype.h"
+#include "core/error.h"
 #include "ops/ops.h"
 #include "ops/sampling_exp.h"
 #include "quant/formats.h"
@@ -157,6 +159,46 @@ TEST(QuantisedWeights, RowsAndSlicesDequantiseLikeTheWholeMatrix) {
     }
     EXPECT_LT(glms::testing::relative_l2(expected.data(), values.data() + 236 * cols, cols), 0.2);
   }
+}
+
+// Tensor-parallel shards take column blocks (o_proj, down projections): a column slice of a
+// row-and-column slice dequantises to the same values as those columns of the whole row; slices
+// that would cut a scale block are refused.
+TEST(QuantisedWeights, ColumnSlicesDequantiseLikeThoseColumnsOfTheWholeMatrix) {
+  const int64_t rows = 300, cols = 512;
+  const auto values = random_values(rows * cols, 22, 0.05f);
+  std::vector<uint8_t> fp8(rows * cols), packed(rows * cols / 2), e8m0(rows * cols / 32);
+  std::vector<float> scale_inv(3 * 4);
+  quant::quantize_fp8_block(values.data(), rows, cols, fp8.data(), scale_inv.data());
+  for (int64_t r = 0; r < rows; ++r)
+    quant::quantize_mxfp4(values.data() + r * cols, cols, packed.data() + r * cols / 2, e8m0.data() + r * cols / 32);
+  std::vector<uint16_t> bf16(rows * cols);
+  for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = f32_to_bf16(values[i]);
+  const ops::WeightView fp8_view{DType::F8_E4M3, fp8.data(), rows, cols, cols, ops::WeightFormat::Fp8Block,
+                                 scale_inv.data(), 0};
+  const ops::WeightView mx_view{DType::U8, packed.data(), rows, cols, cols / 2, ops::WeightFormat::Mxfp4, e8m0.data(), 0};
+  const ops::WeightView plain_view{DType::BF16, bf16.data(), rows, cols, cols};
+  for (const ops::WeightView& whole : {fp8_view, mx_view, plain_view}) {
+    // Columns 128..383, then 128 of those (256..383 of the matrix), of rows 137..236.
+    const ops::WeightView slice = whole.slice_rows(130, 140).slice_columns(128, 256).slice_rows(7, 100).slice_columns(128, 128);
+    ASSERT_EQ(slice.cols, 128);
+    std::vector<float> row(cols), got(128);
+    for (int64_t r = 0; r < 100; ++r) {
+      whole.row_to_f32(137 + r, row.data());
+      slice.row_to_f32(r, got.data());
+      ASSERT_TRUE(std::equal(got.begin(), got.end(), row.begin() + 256)) << "row " << r;
+    }
+    std::vector<float> y(2), x(128, 1.0f);
+    ops::linear(x.data(), 1, slice.slice_rows(0, 2), y.data());  // the linear reads the slice too
+    slice.row_to_f32(0, got.data());
+    float sum = 0.0f;
+    for (float v : got) sum += v;
+    EXPECT_NEAR(y[0], sum, 1e-4f);
+  }
+  EXPECT_THROW(fp8_view.slice_columns(64, 128), Error);   // cuts a 128-column scale block
+  EXPECT_THROW(mx_view.slice_columns(16, 32), Error);     // cuts a 32-column one
+  EXPECT_NO_THROW(mx_view.slice_columns(32, 64));
+  EXPECT_NO_THROW(plain_view.slice_columns(3, 5));
 }
 
 // sample_row's draw: the first kept token in id order whose cumulative weight reaches canonical x

@@ -88,27 +88,49 @@ WeightView WeightView::slice_rows(int64_t first, int64_t count) const {
   return view;  // MX rows are addressed from first_row
 }
 
+WeightView WeightView::slice_columns(int64_t first, int64_t count) const {
+  GLMS_CHECK(first >= 0 && count >= 0 && first + count <= cols, "slice_columns out of range");
+  const int64_t block = format == WeightFormat::Plain      ? 1
+                        : format == WeightFormat::Fp8Block ? quant::kFp8Block
+                                                           : quant::kMxBlock;
+  if (first % block != 0 || (count % block != 0 && first + count != cols))
+    fail("a column slice of a quantised matrix must keep whole scale blocks of " + std::to_string(block) +
+         " columns (columns " + std::to_string(first) + " to " + std::to_string(first + count) + " asked)");
+  WeightView view = *this;
+  view.stored_cols = whole_cols();
+  view.cols = count;
+  view.first_col = first_col + first;
+  if (format == WeightFormat::Plain || format == WeightFormat::Fp8Block) {
+    const int64_t element = format == WeightFormat::Plain ? static_cast<int64_t>(dtype_size(dtype)) : 1;
+    view.data = static_cast<const std::byte*>(data) + first * element;
+  }
+  return view;  // MX columns are addressed from first_col
+}
+
 void WeightView::row_to_f32(int64_t row, float* out) const {
   switch (format) {
     case WeightFormat::Fp8Block: {
-      // dequantize_fp8_block_row indexes the whole matrix: rebase the codes to its first row.
-      const auto* codes = static_cast<const uint8_t*>(data) - first_row * row_stride;
-      quant::dequantize_fp8_block_row(codes, static_cast<const float*>(scales), first_row + row, cols, out);
+      // The dequantiser indexes the whole matrix: rebase the codes to its first row and column.
+      const auto* codes = static_cast<const uint8_t*>(data) - first_row * row_stride - first_col;
+      quant::dequantize_fp8_block_columns(codes, static_cast<const float*>(scales), first_row + row, row_stride,
+                                          first_col, cols, out);
       return;
     }
     case WeightFormat::Mxfp4: {
-      const int64_t absolute = first_row + row;
-      quant::dequantize_mxfp4(static_cast<const uint8_t*>(data) + absolute * (cols / 2),
-                              static_cast<const uint8_t*>(scales) + absolute * (cols / quant::kMxBlock),
+      const int64_t absolute = first_row + row, stored = whole_cols();
+      quant::dequantize_mxfp4(static_cast<const uint8_t*>(data) + absolute * (stored / 2) + first_col / 2,
+                              static_cast<const uint8_t*>(scales) + absolute * (stored / quant::kMxBlock) +
+                                  first_col / quant::kMxBlock,
                               static_cast<size_t>(cols), out);
       return;
     }
     case WeightFormat::Mxfp6E2M3:
     case WeightFormat::Mxfp6E3M2: {
-      const int64_t absolute = first_row + row;
+      const int64_t absolute = first_row + row, stored = whole_cols();
       quant::dequantize_mxfp6_packed(format == WeightFormat::Mxfp6E2M3 ? quant::MiniFloat::E2M3 : quant::MiniFloat::E3M2,
-                                     static_cast<const uint8_t*>(data) + absolute * (cols / 4 * 3),
-                                     static_cast<const uint8_t*>(scales) + absolute * (cols / quant::kMxBlock),
+                                     static_cast<const uint8_t*>(data) + absolute * (stored / 4 * 3) + first_col / 4 * 3,
+                                     static_cast<const uint8_t*>(scales) + absolute * (stored / quant::kMxBlock) +
+                                         first_col / quant::kMxBlock,
                                      static_cast<size_t>(cols), out);
       return;
     }

@@ -1,0 +1,78 @@
+#include "comm/nccl_communicator.h"
+
+#include "core/error.h"
+
+namespace glms::comm {
+
+namespace {
+
+nccl::DataType nccl_type(Element type) {
+  switch (type) {
+    case Element::F32: return nccl::kFloat32;
+    case Element::BF16: return nccl::kBfloat16;
+    case Element::I32: return nccl::kInt32;
+  }
+  fail("unknown element type");
+}
+
+class NcclCommunicator : public Communicator {
+ public:
+  NcclCommunicator(std::shared_ptr<const nccl::Library> library, nccl::Comm comm, int rank, int size)
+      : library_(std::move(library)), comm_(comm), rank_(rank), size_(size) {}
+  ~NcclCommunicator() override {
+    if (comm_) library_->comm_destroy(comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "nccl"; }
+
+  void all_reduce_sum(void* data, size_t count, Element type, Stream stream) override {
+    if (count == 0) return;
+    library_->check(library_->all_reduce(data, data, count, nccl_type(type), nccl::kSum, comm_, stream),
+                    "ncclAllReduce");
+  }
+  void all_gather(const void* send, void* recv, size_t count, Element type, Stream stream) override {
+    if (count == 0) return;
+    library_->check(library_->all_gather(send, recv, count, nccl_type(type), comm_, stream), "ncclAllGather");
+  }
+  void reduce_scatter_sum(const void* send, void* recv, size_t count, Element type, Stream stream) override {
+    if (count == 0) return;
+    library_->check(library_->reduce_scatter(send, recv, count, nccl_type(type), nccl::kSum, comm_, stream),
+                    "ncclReduceScatter");
+  }
+
+ private:
+  std::shared_ptr<const nccl::Library> library_;
+  nccl::Comm comm_;
+  int rank_, size_;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(std::shared_ptr<const nccl::Library> library,
+                                                           const std::vector<int>& devices) {
+  GLMS_CHECK(!devices.empty(), "make_nccl_group: no devices");
+  std::vector<nccl::Comm> comms(devices.size(), nullptr);
+  library->check(library->comm_init_all(comms.data(), static_cast<int>(devices.size()), devices.data()),
+                 "ncclCommInitAll");
+  std::vector<std::unique_ptr<Communicator>> group;
+  for (size_t i = 0; i < devices.size(); ++i)
+    group.push_back(std::make_unique<NcclCommunicator>(library, comms[i], static_cast<int>(i),
+                                                       static_cast<int>(devices.size())));
+  return group;
+}
+
+nccl::UniqueId make_nccl_unique_id(const nccl::Library& library) {
+  nccl::UniqueId id{};
+  library.check(library.get_unique_id(&id), "ncclGetUniqueId");
+  return id;
+}
+
+std::unique_ptr<Communicator> join_nccl_group(std::shared_ptr<const nccl::Library> library, const nccl::UniqueId& id,
+                                              int rank, int size) {
+  nccl::Comm comm = nullptr;
+  library->check(library->comm_init_rank(&comm, size, id, rank), "ncclCommInitRank");
+  return std::make_unique<NcclCommunicator>(std::move(library), comm, rank, size);
+}
+
+}  // namespace glms::comm

@@ -1,0 +1,65 @@
+// What the engine is set up with (EngineConfig) and what it reports (EngineStats).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace glms::engine {
+
+// Limits are per data-parallel rank (each runs its own batch in every step).
+struct EngineConfig {
+  int max_num_seqs = 64;            // sequences in one step at most
+  int max_batch_tokens = 2048;      // tokens in one step at most (prefill chunks fill the rest)
+  int64_t kv_cache_bytes = 0;       // memory for the latent cache; 0 = enough for max_num_seqs x max_model_len
+  int max_model_len = 0;            // prompt + generated tokens per request; 0 = the model's limit
+  int block_size = 16;              // tokens per cache block
+  int max_waiting = 1024;           // queued requests beyond which submit() is refused
+  bool enable_prefix_cache = true;
+  // > 0: decodes draft this many tokens with the model's MTP layer and verify them in the step's
+  // forward (speculative rejection sampling: greedy output unchanged, sampled output equally
+  // distributed). Requests with presence/frequency/repetition penalties decode plainly.
+  int speculative_steps = 0;
+  // Steps with more decoding sequences than this decode them plainly (the MTP layer still runs
+  // over their new tokens, so drafting resumes when the batch shrinks); 0: no limit. Verifying
+  // K drafts touches up to K + 1 times the experts of one token, so speculation pays at small
+  // batches only (docs/performance.md, "Where MTP speculation pays").
+  int speculative_max_batch = 32;
+};
+
+// One data-parallel rank's cache (its own pool and prefix cache).
+struct RankStats {
+  int num_running = 0;
+  int num_blocks = 0;
+  int num_free_blocks = 0;          // free or holding only evictable cached prefixes
+  int num_cached_blocks = 0;        // blocks held by the prefix cache with no running user
+  double kv_cache_usage = 0.0;      // fraction of blocks in use by running requests
+  int64_t prefix_cache_queries = 0; // prompt tokens looked up
+  int64_t prefix_cache_hits = 0;    // prompt tokens found
+};
+
+// Counters and gauges for /metrics and the bench; a consistent snapshot. The cache figures sum
+// over the data-parallel ranks, which `ranks` lists one by one.
+struct EngineStats {
+  int num_running = 0;
+  int num_waiting = 0;
+  int num_blocks = 0;
+  int num_free_blocks = 0;          // free or holding only evictable cached prefixes
+  int num_cached_blocks = 0;        // blocks held by the prefix cache with no running user
+  double kv_cache_usage = 0.0;      // fraction of blocks in use by running requests
+  int64_t prefix_cache_queries = 0; // prompt tokens looked up
+  int64_t prefix_cache_hits = 0;    // prompt tokens found
+  int64_t prompt_tokens_total = 0;
+  int64_t generation_tokens_total = 0;
+  int64_t num_preemptions = 0;
+  int64_t steps = 0;
+  // Speculative decoding: verification steps (one per speculating sequence and step), drafts
+  // proposed and accepted, and per draft position (0-based) how many were accepted (vLLM's
+  // spec_decode counters; acceptance length = 1 + accepted / verification steps).
+  int64_t spec_drafts = 0;
+  int64_t spec_draft_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
+  std::vector<int64_t> spec_accepted_per_position;
+  std::vector<RankStats> ranks;
+};
+
+}  // namespace glms::engine
