@@ -93,7 +93,8 @@ void run_generate(const GenerateArgs& args) {
       std::fflush(stdout);
     };
   }
-  const engine::GenerateResult result = engine::generate(*model.runner, prompt_ids, options);
+  const std::unique_ptr<model::StepRunner> runner = runtime::rank_zero_runner(*model.executor);
+  const engine::GenerateResult result = engine::generate(*runner, prompt_ids, options);
 
   const double prefill_tps = result.prefill_seconds > 0 ? prompt_ids.size() / result.prefill_seconds : 0.0;
   // Tokens after the first (which the prefill produces) over the time spent producing them.

@@ -159,7 +159,9 @@ void run_serve(const ServeArgs& args) {
   if (engine_config.max_model_len > model.config().max_position_embeddings)
     fail("--max-model-len " + std::to_string(engine_config.max_model_len) + " exceeds the model's " +
          std::to_string(model.config().max_position_embeddings) + " positions");
-  engine::Engine engine(std::move(model.runner), engine_config);
+  const int64_t model_cache_bytes_per_token = model.executor->cache_bytes_per_token();
+  const std::string device = model.executor->device();
+  engine::Engine engine(std::move(model.executor), engine_config);
   std::unique_ptr<server::Backend> backend = server::make_engine_backend(engine);
 
   server::ServiceConfig config;
@@ -183,6 +185,11 @@ void run_serve(const ServeArgs& args) {
   std::printf("glmserve: model %s (served as '%s'), max_model_len %d, max_num_seqs %d, max_batch_tokens %d\n",
               args.source.model_dir.c_str(), config.served_model_name.c_str(), engine.config().max_model_len,
               engine.config().max_num_seqs, engine.config().max_batch_tokens);
+  const int64_t cache_bytes = int64_t{engine.blocks_per_rank()} * engine.config().block_size *
+                              model_cache_bytes_per_token;
+  std::printf("glmserve: layout %s on %s; KV cache %d blocks of %d tokens per data-parallel rank (%d tokens, %.2f GiB)\n",
+              engine.layout().describe().c_str(), device.c_str(), engine.blocks_per_rank(), engine.config().block_size,
+              engine.blocks_per_rank() * engine.config().block_size, static_cast<double>(cache_bytes) / (1 << 30));
   if (engine.config().speculative_steps > 0)
     std::printf("glmserve: speculative decoding with the MTP layer, %d draft tokens per step%s\n",
                 engine.config().speculative_steps,

@@ -1,8 +1,10 @@
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 
 #include "cli/commands.h"
+#include "cli/model_source.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
@@ -19,7 +21,11 @@ int main(int argc, char** argv) {
   glms::cli::add_bench_command(app);
   glms::cli::add_bench_step_command(app);
   try {
-    app.parse(argc, argv);
+    std::vector<std::string> args = glms::cli::expand_short_layout_flags(argc, argv);
+    app.name(args.front());
+    args.erase(args.begin());
+    std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last first
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const glms::Error& e) {

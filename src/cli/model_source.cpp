@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "io/model_config.h"
+#include "runtime/cpu_ranks.h"
 
 #ifdef GLMS_HAVE_CUDA
 #include "model/glm5_cuda.h"
@@ -24,6 +25,27 @@ void add_model_source_options(CLI::App* cmd, ModelSourceArgs& args) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--weight-seed", args.weight_seed, "With --synthetic: the weights' seed")->capture_default_str();
   cmd->add_option("--num-layers", args.num_layers, "Run only the first N decoder layers")->check(CLI::Range(1, 100000));
+  cmd->add_option("--tensor-parallel-size", args.layout.tensor_parallel,
+                  "Ranks that split each attention group's heads and MLP widths (also -tp N)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_option("--data-parallel-size", args.layout.data_parallel,
+                  "Attention groups with their own sequences, KV cache and prefix cache (also -dp N)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_flag("--enable-expert-parallel", args.layout.expert_parallel,
+                "Spread whole routed experts over the tensor x data parallel ranks (else each expert's width is split)");
+}
+
+std::vector<std::string> expand_short_layout_flags(int argc, char** argv) {
+  std::vector<std::string> out;
+  for (int i = 0; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "-tp" || arg.rfind("-tp=", 0) == 0) out.push_back("--tensor-parallel-size" + arg.substr(3));
+    else if (arg == "-dp" || arg.rfind("-dp=", 0) == 0) out.push_back("--data-parallel-size" + arg.substr(3));
+    else out.push_back(arg);
+  }
+  return out;
 }
 
 LoadedModel load_model(const ModelSourceArgs& args) {
@@ -36,23 +58,23 @@ LoadedModel load_model(const ModelSourceArgs& args) {
   if (args.device == "cpu") {
     model::LoadOptions options;
     options.num_layers = args.num_layers;
-    loaded.cpu_model = std::make_unique<model::Glm5Model>(model::load_weights(args.model_dir, options));
-    loaded.runner = model::make_cpu_runner(*loaded.cpu_model);
+    loaded.executor = runtime::make_cpu_executor(args.model_dir, args.layout, options);
     return loaded;
   }
 #ifdef GLMS_HAVE_CUDA
   if (ops::cuda::device_count() == 0) fail("--device cuda: no CUDA device is visible on this machine");
+  if (args.layout.world_size() > 1) fail("parallel layouts on CUDA are not built yet: use --device cpu for now");
   if (args.synthetic) {
     const std::filesystem::path path =
         args.config_file.empty() ? std::filesystem::path(args.model_dir) / "config.json" : std::filesystem::path(args.config_file);
     io::ModelConfig config = io::load_model_config(path);
     config.keep_first_layers(args.num_layers);
-    loaded.runner = model::make_synthetic_cuda_runner(config, args.weight_seed);
+    loaded.executor = runtime::make_local_executor(model::make_synthetic_cuda_runner(config, args.weight_seed));
   } else {
     model::LoadOptions options;
     options.num_layers = args.num_layers;
     options.load_mtp = args.load_mtp;  // 1 layer's weights more on the device, only to draft with
-    loaded.runner = model::make_cuda_runner(model::load_weights(args.model_dir, options));
+    loaded.executor = runtime::make_local_executor(model::make_cuda_runner(model::load_weights(args.model_dir, options)));
   }
   return loaded;
 #else

@@ -1,14 +1,15 @@
 // Where generate and serve get their model from: a checkpoint on the CPU, a checkpoint uploaded
-// to a CUDA device, or seeded synthetic weights of a config made on the device
-// (--device cpu|cuda, --synthetic, --config, --num-layers, --weight-seed).
+// to CUDA devices, or seeded synthetic weights of a config made on the devices (--device
+// cpu|cuda, --synthetic, --config, --num-layers, --weight-seed), under a parallel layout
+// (--tensor-parallel-size/-tp, --data-parallel-size/-dp, --enable-expert-parallel).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
 
-#include "model/glm5.h"
-#include "model/step_runner.h"
+#include "runtime/executor.h"
+#include "runtime/layout.h"
 
 namespace CLI { class App; }
 
@@ -23,16 +24,20 @@ struct ModelSourceArgs {
   int num_layers = -1;
   bool load_mtp = false;    // also upload the checkpoint's MTP layer to the device (commands that speculate
                             // set it; the CPU path always maps it)
+  runtime::ParallelLayout layout;
 };
 
 // Registers the options on `cmd`; --model is required unless --synthetic --config is given.
 void add_model_source_options(CLI::App* cmd, ModelSourceArgs& args);
 
 struct LoadedModel {
-  std::unique_ptr<model::Glm5Model> cpu_model;  // set on the CPU
-  std::unique_ptr<model::StepRunner> runner;
-  const io::ModelConfig& config() const { return runner->config(); }
+  std::unique_ptr<runtime::Executor> executor;  // every rank of the layout
+  const io::ModelConfig& config() const { return executor->config(); }
 };
+
+// vLLM's short forms: "-tp N" and "-dp N" (CLI11 takes one-letter short options only) become
+// --tensor-parallel-size N and --data-parallel-size N.
+std::vector<std::string> expand_short_layout_flags(int argc, char** argv);
 
 // Loads or makes the model the arguments name. Throws glms::Error with what to do (no CUDA in
 // this build, --synthetic without --device cuda, ...).

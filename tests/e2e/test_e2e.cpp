@@ -229,6 +229,59 @@ TEST_F(E2E, ToolsAreAcceptedAndRendered) {
   EXPECT_TRUE(with_tools["choices"][0]["message"]["tool_calls"].is_array());
 }
 
+// The same server under data-parallel attention with expert-parallel MoE (two CPU ranks): the
+// greedy completions of concurrent clients equal the one-rank server's, the shared prefix is
+// found on the rank that holds it, and a disconnected stream's blocks come back.
+TEST_F(E2E, DataParallelServerMatchesOneRank) {
+  ServerProcess dp(kBinary, server_args({"-dp", "2", "--enable-expert-parallel"}));
+  const std::vector<std::string> prompts = {"def main():\n", "class Stack:\n", "import numpy as np\n"};
+  auto body = [&](size_t i) {
+    return json{{"prompt", prompts[i % prompts.size()]}, {"temperature", 0}, {"max_tokens", 8}, {"ignore_eos", true}};
+  };
+  std::vector<std::string> expected;
+  for (size_t i = 0; i < prompts.size(); ++i) expected.push_back(post("/v1/completions", body(i))["choices"][0]["text"]);
+  constexpr int kClients = 12;
+  std::vector<std::string> got(kClients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i)
+    threads.emplace_back([&, i] {
+      const Response r = http(dp.port(), "POST", "/v1/completions", body(i).dump());
+      if (r.status == 200) got[i] = json::parse(r.body)["choices"][0]["text"];
+    });
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kClients; ++i) EXPECT_EQ(got[i], expected[i % prompts.size()]) << "client " << i;
+
+  std::string prefix = "# A shared system prompt.\n";
+  for (int i = 0; i < 12; ++i) prefix += "def helper_" + std::to_string(i) + "(x):\n    return x + " + std::to_string(i) + "\n";
+  auto complete = [&](const std::string& prompt) {
+    const Response r = http(dp.port(), "POST", "/v1/completions",
+                            json{{"prompt", prompt}, {"max_tokens", 2}, {"temperature", 0}}.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    return json::parse(r.body, nullptr, false);
+  };
+  complete(prefix + "print(1)");
+  EXPECT_GT(complete(prefix + "print(2)")["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0);
+
+  const int fd = connect_to(dp.port());
+  ASSERT_GE(fd, 0);
+  send_all(fd, request_text("POST", "/v1/completions",
+                            json{{"prompt", "while True:\n"}, {"max_tokens", 400}, {"ignore_eos", true}, {"stream", true}}.dump(),
+                            {}));
+  char buf[4096];
+  ASSERT_GT(recv(fd, buf, sizeof buf, 0), 0);
+  close(fd);
+  double running = -1, usage = -1;
+  for (int i = 0; i < 200 && !(running == 0 && usage == 0); ++i) {
+    const std::string m = http(dp.port(), "GET", "/metrics").body;
+    running = metric(m, "glmserve:num_requests_running");
+    usage = metric(m, "glmserve:kv_cache_usage_perc");
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  EXPECT_EQ(running, 0);
+  EXPECT_EQ(usage, 0);
+  EXPECT_EQ(dp.stop(SIGTERM, 60.0), 0);
+}
+
 TEST(E2EShutdown, SigtermDrainsInFlightRequests) {
   ServerProcess server(kBinary, server_args());
   std::atomic<int> status{0};
