@@ -18,7 +18,7 @@
 #include "core/error.h"
 #include "io/model_config.h"
 #include "model/batch.h"
-#include "model/glm5_cuda.h"  // CudaModelOptions' defaults (declarations only)
+#include "model/cuda/model.h"  // CudaModelOptions' defaults (declarations only)
 #include "model/weights.h"
 #include "plan/model_spec.h"
 #include "plan/roofline.h"

@@ -8,8 +8,7 @@
 #include "runtime/cpu_ranks.h"
 
 #ifdef GLMS_HAVE_CUDA
-#include "model/glm5_cuda.h"
-#include "ops/cuda/cuda_ops.h"
+#include "runtime/cuda_ranks.h"
 #endif
 
 namespace glms::cli {
@@ -62,20 +61,20 @@ LoadedModel load_model(const ModelSourceArgs& args) {
     return loaded;
   }
 #ifdef GLMS_HAVE_CUDA
-  if (ops::cuda::device_count() == 0) fail("--device cuda: no CUDA device is visible on this machine");
-  if (args.layout.world_size() > 1) fail("parallel layouts on CUDA are not built yet: use --device cpu for now");
+  runtime::CudaRankSource rank_source;
   if (args.synthetic) {
     const std::filesystem::path path =
         args.config_file.empty() ? std::filesystem::path(args.model_dir) / "config.json" : std::filesystem::path(args.config_file);
     io::ModelConfig config = io::load_model_config(path);
     config.keep_first_layers(args.num_layers);
-    loaded.executor = runtime::make_local_executor(model::make_synthetic_cuda_runner(config, args.weight_seed));
+    rank_source.synthetic_config = config;
+    rank_source.seed = args.weight_seed;
   } else {
-    model::LoadOptions options;
-    options.num_layers = args.num_layers;
-    options.load_mtp = args.load_mtp;  // 1 layer's weights more on the device, only to draft with
-    loaded.executor = runtime::make_local_executor(model::make_cuda_runner(model::load_weights(args.model_dir, options)));
+    rank_source.model_dir = args.model_dir;
+    rank_source.load.num_layers = args.num_layers;
+    rank_source.load.load_mtp = args.load_mtp;  // 1 layer's weights more on the device, only to draft with
   }
+  loaded.executor = runtime::make_cuda_executor(rank_source, args.layout);
   return loaded;
 #else
   fail("this glmserve was built without CUDA: rebuild where nvcc is installed (-DGLMS_CUDA=ON), or use --device cpu");

@@ -29,7 +29,11 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::string backend() const = 0;  // "cpu", "nccl"
+  virtual std::string backend() const = 0;  // "cpu", "nccl", ...
+  // Whether the collectives can be captured into a CUDA graph (they only enqueue on the stream).
+  virtual bool graph_capturable() const { return false; }
+  // Ends every collective in flight (a peer failed); the communicator cannot be used afterwards.
+  virtual void abort() {}
 
   // data [count] on every rank becomes the element-wise sum over the ranks.
   virtual void all_reduce_sum(void* data, size_t count, Element type, Stream stream = nullptr) = 0;

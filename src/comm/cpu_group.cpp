@@ -1,9 +1,7 @@
 #include "comm/cpu_group.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -18,34 +16,6 @@ size_t element_size(Element type) {
   }
   return 0;
 }
-
-// The group's shared state: one published pointer per rank and a reusable barrier.
-struct CpuGroup::State {
-  explicit State(int n) : size(n), published(static_cast<size_t>(n), nullptr) {}
-
-  // Blocks until all `size` ranks have arrived (or the group is aborted: then throws).
-  void barrier() {
-    std::unique_lock lock(mutex);
-    if (!abort_reason.empty()) fail("collective aborted: " + abort_reason);
-    const uint64_t generation = barrier_generation;
-    if (++arrived == size) {
-      arrived = 0;
-      ++barrier_generation;
-      wake.notify_all();
-      return;
-    }
-    wake.wait(lock, [&] { return barrier_generation != generation || !abort_reason.empty(); });
-    if (barrier_generation == generation) fail("collective aborted: " + abort_reason);
-  }
-
-  int size;
-  std::vector<const void*> published;  // [size] each rank's buffer in the collective under way
-  std::mutex mutex;
-  std::condition_variable wake;
-  int arrived = 0;
-  uint64_t barrier_generation = 0;
-  std::string abort_reason;
-};
 
 namespace {
 
@@ -86,67 +56,55 @@ void sum_ranks(const std::vector<const void*>& in, size_t offset, size_t count, 
 
 class CpuGroup::Rank : public Communicator {
  public:
-  Rank(std::shared_ptr<State> state, int rank) : state_(std::move(state)), rank_(rank) {}
+  Rank(std::shared_ptr<RankBarrier> barrier, int rank) : barrier_(std::move(barrier)), rank_(rank) {}
   int rank() const override { return rank_; }
-  int size() const override { return state_->size; }
+  int size() const override { return barrier_->size(); }
   std::string backend() const override { return "cpu"; }
 
   // Publish, wait for every rank, combine from the published buffers, wait again so that no
   // buffer is reused while a peer still reads it.
   void all_reduce_sum(void* data, size_t count, Element type, Stream) override {
     std::vector<std::byte> sum(count * element_size(type));
-    publish(data);
-    sum_ranks(state_->published, 0, count, type, sum.data());
-    state_->barrier();
+    barrier_->publish(rank_, data);
+    sum_ranks(barrier_->all_published(), 0, count, type, sum.data());
+    barrier_->arrive_and_wait();
     std::memcpy(data, sum.data(), sum.size());
   }
   void all_gather(const void* send, void* recv, size_t count, Element type, Stream) override {
     const size_t bytes = count * element_size(type);
-    publish(send);
-    for (int r = 0; r < state_->size; ++r)
-      std::memcpy(static_cast<std::byte*>(recv) + r * bytes, state_->published[r], bytes);
-    state_->barrier();
+    barrier_->publish(rank_, send);
+    for (int r = 0; r < size(); ++r)
+      std::memcpy(static_cast<std::byte*>(recv) + r * bytes, barrier_->published(r), bytes);
+    barrier_->arrive_and_wait();
   }
   void reduce_scatter_sum(const void* send, void* recv, size_t count, Element type, Stream) override {
-    publish(send);
-    sum_ranks(state_->published, static_cast<size_t>(rank_) * count, count, type, recv);
-    state_->barrier();
+    barrier_->publish(rank_, send);
+    sum_ranks(barrier_->all_published(), static_cast<size_t>(rank_) * count, count, type, recv);
+    barrier_->arrive_and_wait();
   }
 
  private:
-  void publish(const void* buffer) {
-    state_->published[rank_] = buffer;  // read by peers only after the barrier below
-    state_->barrier();
-  }
-  std::shared_ptr<State> state_;
+  std::shared_ptr<RankBarrier> barrier_;
   int rank_;
 };
 
-CpuGroup::CpuGroup(int size) : state_(std::make_shared<State>(size)) {
+CpuGroup::CpuGroup(int size) {
   if (size < 1) fail("a parallel group needs at least one rank");
-  for (int r = 0; r < size; ++r) ranks_.push_back(std::make_unique<Rank>(state_, r));
+  barrier_ = std::make_shared<RankBarrier>(size);
+  for (int r = 0; r < size; ++r) ranks_.push_back(std::make_unique<Rank>(barrier_, r));
 }
 
 CpuGroup::~CpuGroup() = default;
 
-int CpuGroup::size() const { return state_->size; }
+int CpuGroup::size() const { return barrier_->size(); }
 
 Communicator& CpuGroup::rank(int rank) {
-  GLMS_CHECK(rank >= 0 && rank < state_->size, "CpuGroup::rank out of range");
+  GLMS_CHECK(rank >= 0 && rank < size(), "CpuGroup::rank out of range");
   return *ranks_[rank];
 }
 
-void CpuGroup::abort(const std::string& reason) {
-  std::lock_guard lock(state_->mutex);
-  if (state_->abort_reason.empty()) state_->abort_reason = reason.empty() ? "a peer rank failed" : reason;
-  state_->wake.notify_all();
-}
+void CpuGroup::abort(const std::string& reason) { barrier_->abort(reason); }
 
-void CpuGroup::reset() {
-  std::lock_guard lock(state_->mutex);
-  state_->abort_reason.clear();
-  state_->arrived = 0;
-  ++state_->barrier_generation;
-}
+void CpuGroup::reset() { barrier_->reset(); }
 
 }  // namespace glms::comm

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/rank_barrier.h"
 
 namespace glms::comm {
 
@@ -29,9 +30,8 @@ class CpuGroup {
   void reset();
 
  private:
-  struct State;
   class Rank;
-  std::shared_ptr<State> state_;
+  std::shared_ptr<RankBarrier> barrier_;
   std::vector<std::unique_ptr<Rank>> ranks_;
 };
 

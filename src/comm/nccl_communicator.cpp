@@ -1,5 +1,7 @@
 #include "comm/nccl_communicator.h"
 
+#include <utility>
+
 #include "core/error.h"
 
 namespace glms::comm {
@@ -22,21 +24,29 @@ class NcclCommunicator : public Communicator {
   ~NcclCommunicator() override {
     if (comm_) library_->comm_destroy(comm_);
   }
+  // ncclCommAbort may come from another thread while this rank waits in a collective.
+  void abort() override {
+    if (nccl::Comm comm = std::exchange(comm_, nullptr)) library_->comm_abort(comm);
+  }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "nccl"; }
+  bool graph_capturable() const override { return true; }
 
   void all_reduce_sum(void* data, size_t count, Element type, Stream stream) override {
     if (count == 0) return;
+    if (!comm_) fail("the NCCL communicator was aborted after a peer failed: restart glmserve");
     library_->check(library_->all_reduce(data, data, count, nccl_type(type), nccl::kSum, comm_, stream),
                     "ncclAllReduce");
   }
   void all_gather(const void* send, void* recv, size_t count, Element type, Stream stream) override {
     if (count == 0) return;
+    if (!comm_) fail("the NCCL communicator was aborted after a peer failed: restart glmserve");
     library_->check(library_->all_gather(send, recv, count, nccl_type(type), comm_, stream), "ncclAllGather");
   }
   void reduce_scatter_sum(const void* send, void* recv, size_t count, Element type, Stream stream) override {
     if (count == 0) return;
+    if (!comm_) fail("the NCCL communicator was aborted after a peer failed: restart glmserve");
     library_->check(library_->reduce_scatter(send, recv, count, nccl_type(type), nccl::kSum, comm_, stream),
                     "ncclReduceScatter");
   }

@@ -1,6 +1,6 @@
 // A model together with its paged cache on one device, seen as the thing that runs forward
 // steps: what the serving engine and plain generation need, whichever backend holds the
-// weights. The CPU runner wraps Glm5Model and a host cache; the CUDA runner (glm5_cuda.h)
+// weights. The CPU runner wraps Glm5Model and a host cache; the CUDA runner (cuda/model.h)
 // wraps CudaGlm5Model and its device cache. Block ids in a batch index the runner's cache.
 #pragma once
 

@@ -4,7 +4,6 @@
 
 #include <mutex>
 
-#include "comm/cpu_group.h"
 #include "core/error.h"
 #include "model/glm5.h"
 #include "runtime/worker.h"
@@ -12,37 +11,6 @@
 namespace glms::runtime {
 
 namespace {
-
-class CpuRankGroups : public RankGroups {
- public:
-  explicit CpuRankGroups(const ParallelLayout& layout) : layout_(layout) {
-    if (layout.tensor_parallel > 1)
-      for (int d = 0; d < layout.data_parallel; ++d) tp_.push_back(std::make_unique<comm::CpuGroup>(layout.tensor_parallel));
-    if (layout.data_parallel > 1)
-      for (int t = 0; t < layout.tensor_parallel; ++t) dp_.push_back(std::make_unique<comm::CpuGroup>(layout.data_parallel));
-  }
-  model::Peers peers(int world_rank) override {
-    const model::ModelShard s = layout_.shard(world_rank);
-    model::Peers p;
-    if (!tp_.empty()) p.tp = &tp_[s.dp_rank]->rank(s.tp_rank);
-    if (!dp_.empty()) p.dp = &dp_[s.tp_rank]->rank(s.dp_rank);
-    return p;
-  }
-  std::string backend() const override { return "cpu"; }
-  void abort(const std::string& reason) override {
-    for (auto& g : tp_) g->abort(reason);
-    for (auto& g : dp_) g->abort(reason);
-  }
-  bool reset() override {
-    for (auto& g : tp_) g->reset();
-    for (auto& g : dp_) g->reset();
-    return true;
-  }
-
- private:
-  ParallelLayout layout_;
-  std::vector<std::unique_ptr<comm::CpuGroup>> tp_, dp_;
-};
 
 class ParallelExecutor : public Executor {
  public:
@@ -152,10 +120,6 @@ class ParallelExecutor : public Executor {
 };
 
 }  // namespace
-
-std::unique_ptr<RankGroups> make_cpu_groups(const ParallelLayout& layout) {
-  return std::make_unique<CpuRankGroups>(layout);
-}
 
 std::unique_ptr<Executor> make_parallel_executor(const ParallelLayout& layout, std::unique_ptr<RankGroups> groups,
                                                  const RunnerFactory& make_runner) {

@@ -12,7 +12,7 @@
 
 #include "engine/engine.h"
 #include "engine/generator.h"
-#include "model/glm5_cuda.h"
+#include "model/cuda/model.h"
 #include "ops/cuda/cuda_ops.h"
 #include "pending_request.h"
 #include "support/cuda_buffers.h"

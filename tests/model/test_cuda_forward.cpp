@@ -9,7 +9,7 @@
 #include <random>
 
 #include "model/glm5.h"
-#include "model/glm5_cuda.h"
+#include "model/cuda/model.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/ops.h"
 #include "quant/checkpoint_quantizer.h"

@@ -359,7 +359,60 @@ TEST_F(CudaMoe, RoutingGroupingAndCombineMatchCpu) {
       want[t * hidden + d] += sum;
     }
   auto d_x = to_device(x), d_shared = to_device(shared), d_rows = to_device(expert_rows);
-  cuda::moe_combine(d_x.as<float>(), d_shared.as<float>(), d_rows.as<float>(), buffers.pair_slot.as<int32_t>(),
+  cuda::moe_combine(d_x.as<float>(), true, d_shared.as<float>(), d_rows.as<float>(), buffers.pair_slot.as<int32_t>(),
                     d_ids.as<int32_t>(), d_weights.as<float>(), n, K, hidden, nullptr);
   EXPECT_LT(relative_l2(to_host<float>(d_x), want), 1e-6);
+}
+
+// A rank of an expert-parallel layout plans only its experts' pairs (ids of other ranks' experts
+// and padding rows' -1 get no slot), and its combine sums just those pairs, with no shared
+// expert and without accumulating (the peers' sums complete it).
+TEST_F(CudaMoe, ARankPlansAndCombinesOnlyItsExperts) {
+  const int E = 64, K = 8, first = 16, local = 16, n = 300;
+  const int64_t hidden = 72, P = int64_t{n} * K;
+  std::mt19937 rng(5);
+  std::vector<int32_t> ids(P);
+  for (int t = 0; t < n; ++t) {
+    std::vector<int32_t> all(E);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    for (int k = 0; k < K; ++k) ids[t * K + k] = t % 7 == 3 ? -1 : all[k];  // every 7th token is padding
+  }
+  const auto weights = random_values(P, 6, 1.0f);
+  auto d_ids = to_device(ids), d_weights = to_device(weights);
+  PlanBuffers buffers(local, P);
+  cuda::moe_plan(d_ids.as<int32_t>(), P, local, buffers.plan(), nullptr, first);
+  const auto offsets = to_host<int32_t>(buffers.offsets), slot = to_host<int32_t>(buffers.pair_slot),
+             sorted = to_host<int32_t>(buffers.sorted_pairs);
+  int64_t mine = 0;
+  for (int64_t p = 0; p < P; ++p) {
+    const bool is_mine = ids[p] >= first && ids[p] < first + local;
+    if (!is_mine) {
+      EXPECT_EQ(slot[p], -1) << "pair " << p;
+      continue;
+    }
+    ++mine;
+    const int e = ids[p] - first;
+    ASSERT_GE(slot[p], offsets[e]);
+    ASSERT_LT(slot[p], offsets[e + 1]);
+    EXPECT_EQ(sorted[slot[p]], p);
+  }
+  EXPECT_EQ(offsets[local], mine);
+  const auto expert_rows = random_values(std::max<int64_t>(mine, 1) * hidden, 7, 1.0f);
+  std::vector<float> want(n * hidden, 0.0f);
+  for (int t = 0; t < n; ++t)
+    for (int64_t d = 0; d < hidden; ++d) {
+      std::vector<int> order;
+      for (int k = 0; k < K; ++k)
+        if (slot[t * K + k] >= 0) order.push_back(k);
+      std::sort(order.begin(), order.end(), [&](int a, int b) { return ids[t * K + a] < ids[t * K + b]; });
+      float sum = 0.0f;
+      for (int k : order) sum += weights[t * K + k] * expert_rows[slot[t * K + k] * hidden + d];
+      want[t * hidden + d] = sum;
+    }
+  auto d_out = poisoned(n * hidden);
+  auto d_rows = to_device(expert_rows);
+  cuda::moe_combine(d_out.as<float>(), false, nullptr, d_rows.as<float>(), buffers.pair_slot.as<int32_t>(),
+                    d_ids.as<int32_t>(), d_weights.as<float>(), n, K, hidden, nullptr);
+  EXPECT_LT(relative_l2(to_host<float>(d_out), want), 1e-6);  // padding tokens' rows are zero, not NaN
 }

@@ -19,6 +19,10 @@ namespace glms::ops::cuda {
 // Number of CUDA devices visible (0 when no driver or no GPU: callers skip).
 int device_count();
 
+// The calling thread's current device (a rank's worker sets its own before making anything).
+void set_device(int device);
+int current_device();
+
 // Throws glms::Error("<what>: <CUDA error string>") unless `status` is cudaSuccess.
 void check(int status, const char* what);
 
@@ -123,6 +127,16 @@ std::pair<size_t, size_t> memory_info();
 // cudaProfilerStart / cudaProfilerStop: brackets the work a profiler started with
 // "--profile-from-start off" (ncu) records.
 void profiler_range(bool start);
+
+// Waits for the work queued on `stream` (one that is not ours to own).
+void synchronize_stream(cudaStream_t stream);
+
+// out[i] = in[i] + shift modulo num_experts, -1 kept (padding): another rank's stand-in routing
+// in a one-GPU rank simulation (its tokens choose other experts, as a peer's would).
+void shift_expert_ids(const int32_t* in, int32_t* out, int64_t count, int shift, int num_experts, cudaStream_t stream);
+
+// out[i] = a[i] + b[i] for `count` fp32 values (out may be a or b).
+void add_f32(const float* a, const float* b, float* out, int64_t count, cudaStream_t stream);
 
 // fp32 -> bf16 (round to nearest even), for activations entering bf16 GEMMs.
 void to_bf16(const float* x, uint16_t* y, int64_t count, cudaStream_t stream);

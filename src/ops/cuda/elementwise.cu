@@ -239,6 +239,16 @@ __global__ void write_indexer_keys_kernel(const float* keys, int dim, int rope_d
   for (int k = threadIdx.x; k < dim; k += blockDim.x) dst[k] = normed[k];
 }
 
+__global__ void add_f32_kernel(const float* a, const float* b, float* out, int64_t count) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < count) out[i] = a[i] + b[i];
+}
+
+__global__ void shift_expert_ids_kernel(const int32_t* in, int32_t* out, int64_t count, int shift, int num_experts) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < count) out[i] = in[i] < 0 ? in[i] : (in[i] + shift) % num_experts;
+}
+
 __global__ void to_bf16_kernel(const float* x, uint16_t* y, int64_t count) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= count) return;
@@ -246,6 +256,28 @@ __global__ void to_bf16_kernel(const float* x, uint16_t* y, int64_t count) {
 }
 
 }  // namespace
+
+void set_device(int device) { check(cudaSetDevice(device), "cudaSetDevice"); }
+
+int current_device() {
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  return device;
+}
+
+void synchronize_stream(cudaStream_t stream) { check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); }
+
+void shift_expert_ids(const int32_t* in, int32_t* out, int64_t count, int shift, int num_experts, cudaStream_t stream) {
+  if (count <= 0) return;
+  shift_expert_ids_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(in, out, count, shift, num_experts);
+  check(cudaGetLastError(), "shift_expert_ids launch");
+}
+
+void add_f32(const float* a, const float* b, float* out, int64_t count, cudaStream_t stream) {
+  if (count <= 0) return;
+  add_f32_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(a, b, out, count);
+  check(cudaGetLastError(), "add_f32 launch");
+}
 
 int device_count() {
   int count = 0;

@@ -365,13 +365,11 @@ void mla_attention_fused(const MlaAttentionArgs& a, int max_selected_in_step, ui
   splits = (rows + rows_per_split - 1) / rows_per_split;
 
   const size_t bytes = shared_bytes(a.latent_dim + a.rope_dim);
-  static const bool opted_in = [] {
-    check(cudaFuncSetAttribute(mla_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(shared_bytes(kMaxRow))),
-          "cudaFuncSetAttribute(mla_fused_kernel)");
-    return true;
-  }();
-  (void)opted_in;
+  // Per device (each rank's thread has its own), so set on every launch: a host call of a
+  // microsecond.
+  check(cudaFuncSetAttribute(mla_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(shared_bytes(kMaxRow))),
+        "cudaFuncSetAttribute(mla_fused_kernel)");
   const int width = mla_padded_row(a.latent_dim, a.rope_dim);
   stage_queries_kernel<<<static_cast<unsigned>(launch_tokens) * a.num_heads, 64, 0, stream>>>(a, width, queries);
   check(cudaGetLastError(), "mla stage_queries launch");

@@ -112,9 +112,18 @@ __global__ void moe_route_kernel(const float* logits, const float* bias, MoeRout
   }
 }
 
-__global__ void moe_count_kernel(const int32_t* ids, int64_t num_pairs, int32_t* counts) {
+// Pair p's expert among this rank's [first, first + num_experts), or -1 for another rank's
+// expert or a padding row's (id -1).
+__device__ __forceinline__ int local_expert(const int32_t* ids, int64_t p, int first, int num_experts) {
+  const int e = ids[p] - first;
+  return e >= 0 && e < num_experts ? e : -1;
+}
+
+__global__ void moe_count_kernel(const int32_t* ids, int64_t num_pairs, int first, int num_experts, int32_t* counts) {
   const int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (p < num_pairs) atomicAdd(&counts[ids[p]], 1);
+  if (p >= num_pairs) return;
+  const int e = local_expert(ids, p, first, num_experts);
+  if (e >= 0) atomicAdd(&counts[e], 1);
 }
 
 constexpr int kScanThreads = 1024;
@@ -152,42 +161,59 @@ __global__ void __launch_bounds__(kScanThreads) moe_scan_kernel(int num_experts,
 constexpr int64_t kOneBlockPlanPairs = 8192;
 
 __global__ void __launch_bounds__(kScanThreads) moe_plan_one_block_kernel(const int32_t* ids, int64_t num_pairs,
-                                                                          int num_experts, MoePlan plan) {
+                                                                          int first, int num_experts, MoePlan plan) {
   __shared__ CountScan::TempStorage storage;
   __shared__ int cursor[kScanThreads];
   const int e = threadIdx.x;
   cursor[e] = 0;
   __syncthreads();
-  for (int64_t p = threadIdx.x; p < num_pairs; p += kScanThreads) atomicAdd(&cursor[ids[p]], 1);
+  for (int64_t p = threadIdx.x; p < num_pairs; p += kScanThreads) {
+    const int expert = local_expert(ids, p, first, num_experts);
+    if (expert >= 0) atomicAdd(&cursor[expert], 1);
+  }
   __syncthreads();
   const int offset = scan_counts(e < num_experts ? cursor[e] : 0, num_experts, plan, storage);
   cursor[e] = offset;  // each thread rewrites only its own count, read above
   __syncthreads();
   for (int64_t p = threadIdx.x; p < num_pairs; p += kScanThreads) {
-    const int slot = atomicAdd(&cursor[ids[p]], 1);
+    const int expert = local_expert(ids, p, first, num_experts);
+    if (expert < 0) {
+      plan.pair_slot[p] = -1;
+      continue;
+    }
+    const int slot = atomicAdd(&cursor[expert], 1);
     plan.sorted_pairs[slot] = static_cast<int32_t>(p);
     plan.pair_slot[p] = slot;
   }
 }
 
-__global__ void moe_place_kernel(const int32_t* ids, int64_t num_pairs, MoePlan plan) {
+__global__ void moe_place_kernel(const int32_t* ids, int64_t num_pairs, int first, int num_experts, MoePlan plan) {
   const int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (p >= num_pairs) return;
-  const int slot = atomicAdd(&plan.counts[ids[p]], 1);
+  const int expert = local_expert(ids, p, first, num_experts);
+  if (expert < 0) {
+    plan.pair_slot[p] = -1;
+    return;
+  }
+  const int slot = atomicAdd(&plan.counts[expert], 1);
   plan.sorted_pairs[slot] = static_cast<int32_t>(p);
   plan.pair_slot[p] = slot;
 }
 
-__global__ void moe_combine_kernel(float* x, const float* shared_out, const float* expert_out, const int32_t* pair_slot,
-                                   const int32_t* ids, const float* weights, int top_k, int64_t hidden) {
+__global__ void moe_combine_kernel(float* out, bool accumulate, const float* shared_out, const float* expert_out,
+                                   const int32_t* pair_slot, const int32_t* ids, const float* weights, int top_k,
+                                   int64_t hidden) {
   __shared__ int order[64], token_ids[64];
+  __shared__ int count;
   const int64_t t = blockIdx.x;
   if (threadIdx.x < top_k) token_ids[threadIdx.x] = ids[t * top_k + threadIdx.x];
   __syncthreads();
   if (threadIdx.x == 0) {
-    // The token's experts in increasing id (the CPU path adds them in that order).
-    for (int k = 0; k < top_k; ++k) order[k] = k;
-    for (int i = 1; i < top_k; ++i)
+    // The token's pairs on this rank, in increasing expert id (the CPU path adds them so).
+    count = 0;
+    for (int k = 0; k < top_k; ++k)
+      if (pair_slot[t * top_k + k] >= 0) order[count++] = k;
+    for (int i = 1; i < count; ++i)
       for (int j = i; j > 0 && token_ids[order[j]] < token_ids[order[j - 1]]; --j) {
         const int tmp = order[j];
         order[j] = order[j - 1];
@@ -197,12 +223,13 @@ __global__ void moe_combine_kernel(float* x, const float* shared_out, const floa
   __syncthreads();
   const int64_t d = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (d < hidden) {
-    float sum = shared_out[t * hidden + d];
-    for (int i = 0; i < top_k; ++i) {
+    float sum = shared_out ? shared_out[t * hidden + d] : 0.0f;
+    for (int i = 0; i < count; ++i) {
       const int64_t pair = t * top_k + order[i];
       sum += weights[pair] * expert_out[static_cast<int64_t>(pair_slot[pair]) * hidden + d];
     }
-    x[t * hidden + d] += sum;
+    if (accumulate) out[t * hidden + d] += sum;
+    else out[t * hidden + d] = sum;
   }
 }
 
@@ -219,35 +246,38 @@ void moe_route(const float* logits, const float* correction_bias, int64_t n, con
   check(cudaGetLastError(), "moe_route launch");
 }
 
-void moe_plan(const int32_t* expert_ids, int64_t num_pairs, int num_experts, const MoePlan& plan, cudaStream_t stream) {
+void moe_plan(const int32_t* expert_ids, int64_t num_pairs, int num_experts, const MoePlan& plan, cudaStream_t stream,
+              int first_expert) {
   GLMS_CHECK(num_experts <= kScanThreads, "moe_plan: at most 1024 experts");
   if (num_pairs <= kOneBlockPlanPairs) {
-    moe_plan_one_block_kernel<<<1, kScanThreads, 0, stream>>>(expert_ids, num_pairs, num_experts, plan);
+    moe_plan_one_block_kernel<<<1, kScanThreads, 0, stream>>>(expert_ids, num_pairs, first_expert, num_experts, plan);
     check(cudaGetLastError(), "moe_plan launch");
     return;
   }
   check(cudaMemsetAsync(plan.counts, 0, sizeof(int32_t) * (num_experts + 1), stream), "moe_plan memset");
   if (num_pairs > 0) {
-    moe_count_kernel<<<blocks_for(num_pairs, 256), 256, 0, stream>>>(expert_ids, num_pairs, plan.counts);
+    moe_count_kernel<<<blocks_for(num_pairs, 256), 256, 0, stream>>>(expert_ids, num_pairs, first_expert, num_experts,
+                                                                     plan.counts);
     check(cudaGetLastError(), "moe_count launch");
   }
   moe_scan_kernel<<<1, kScanThreads, 0, stream>>>(num_experts, plan);
   check(cudaGetLastError(), "moe_scan launch");
   if (num_pairs > 0) {
-    moe_place_kernel<<<blocks_for(num_pairs, 256), 256, 0, stream>>>(expert_ids, num_pairs, plan);
+    moe_place_kernel<<<blocks_for(num_pairs, 256), 256, 0, stream>>>(expert_ids, num_pairs, first_expert, num_experts,
+                                                                     plan);
     check(cudaGetLastError(), "moe_place launch");
   }
 }
 
-void moe_combine(float* x, const float* shared_out, const float* expert_out, const int32_t* pair_slot,
-                 const int32_t* expert_ids, const float* expert_weights, int64_t n, int top_k, int64_t hidden,
-                 cudaStream_t stream) {
+void moe_combine(float* out, bool accumulate, const float* shared_out, const float* expert_out,
+                 const int32_t* pair_slot, const int32_t* expert_ids, const float* expert_weights, int64_t n,
+                 int top_k, int64_t hidden, cudaStream_t stream) {
   if (n == 0) return;
   GLMS_CHECK(top_k <= 64, "moe_combine: at most top-64");
   // A block per (token, 256 dims): a lone decode token still spreads over the GPU.
   const dim3 grid(static_cast<unsigned>(n), blocks_for(hidden, 256));
-  moe_combine_kernel<<<grid, 256, 0, stream>>>(x, shared_out, expert_out, pair_slot, expert_ids, expert_weights, top_k,
-                                               hidden);
+  moe_combine_kernel<<<grid, 256, 0, stream>>>(out, accumulate, shared_out, expert_out, pair_slot, expert_ids,
+                                               expert_weights, top_k, hidden);
   check(cudaGetLastError(), "moe_combine launch");
 }
 

@@ -28,7 +28,9 @@ void moe_route(const float* logits, const float* correction_bias, int64_t n, con
 
 // The pairs p = t * top_k + k grouped by expert: expert e's pairs are sorted_pairs[offsets[e] ..
 // offsets[e + 1]), pair p sits at pair_slot[p]; active_experts[0 .. *num_active) lists the
-// experts with pairs. `counts` is scratch [num_experts + 1].
+// experts with pairs. `counts` is scratch [num_experts + 1]. A rank holding experts
+// [first_expert, first_expert + num_experts) of the model plans only their pairs (e is then the
+// local index); other pairs, and pairs of id -1 (padding), get pair_slot -1.
 struct MoePlan {
   int32_t* counts = nullptr;          // [num_experts + 1] scratch
   int32_t* offsets = nullptr;         // [num_experts + 1]
@@ -37,7 +39,8 @@ struct MoePlan {
   int32_t* sorted_pairs = nullptr;    // [num_pairs]
   int32_t* pair_slot = nullptr;       // [num_pairs]
 };
-void moe_plan(const int32_t* expert_ids, int64_t num_pairs, int num_experts, const MoePlan& plan, cudaStream_t stream);
+void moe_plan(const int32_t* expert_ids, int64_t num_pairs, int num_experts, const MoePlan& plan, cudaStream_t stream,
+              int first_expert = 0);
 
 // Rows of x in grouped order are ops::cuda::gather_rows(x, hidden, sorted_pairs, num_pairs, top_k).
 
@@ -91,10 +94,11 @@ void moe_experts_mma(const uint16_t* x, int64_t hidden, int64_t inter, const Exp
 void dequantize_expert(const ExpertWeights& experts, int expert, int64_t hidden, int64_t inter, uint16_t* gate_up_out,
                        uint16_t* down_out, cudaStream_t stream);
 
-// x[t] += shared_out[t] + sum over the token's experts (in increasing expert id) of
-// weight * expert_out[pair_slot[t * top_k + k]]. x, shared_out: [n, hidden] fp32.
-void moe_combine(float* x, const float* shared_out, const float* expert_out, const int32_t* pair_slot,
-                 const int32_t* expert_ids, const float* expert_weights, int64_t n, int top_k, int64_t hidden,
-                 cudaStream_t stream);
+// out[t] (+= with `accumulate`, else =) shared_out[t] (when given) + the sum over the token's
+// pairs on this rank (pair_slot >= 0), in increasing expert id, of weight * expert_out[slot].
+// out, shared_out: [n, hidden] fp32.
+void moe_combine(float* out, bool accumulate, const float* shared_out, const float* expert_out,
+                 const int32_t* pair_slot, const int32_t* expert_ids, const float* expert_weights, int64_t n,
+                 int top_k, int64_t hidden, cudaStream_t stream);
 
 }  // namespace glms::ops::cuda

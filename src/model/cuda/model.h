@@ -73,15 +73,18 @@ struct CudaModelOptions {
 class CudaGlm5Model {
  public:
   // Uploads `weights` (the decoder layers, the head and the first MTP layer). Routed experts
-  // stored as MXFP4 or block FP8 stay quantised on the device (glm5_cuda_weights.h).
-  CudaGlm5Model(const ModelWeights& weights, const CudaModelOptions& options);
+  // stored as MXFP4 or block FP8 stay quantised on the device (cuda/weights.h).
+  // `weights` may be a shard (model/shard.h): then `peers` join it to the rest of its layout
+  // (collectives on the model's stream, so they go into captured graphs too).
+  CudaGlm5Model(const ModelWeights& weights, const CudaModelOptions& options, Peers peers = {});
   // Seeded random weights of `config`, made on the device (no checkpoint): matrices uniform with
   // standard deviation 1/sqrt(fan_in), norms one, router bias small; routed experts in
-  // `experts_format` (bf16, MXFP4 or block FP8); with options.mtp, an MTP layer too. For
-  // benchmarks at full width with `config.num_hidden_layers` cut down.
+  // `experts_format` (bf16, MXFP4 or block FP8) made directly in it; with options.mtp, an MTP
+  // layer too; `shard`'s part only. For benchmarks at full width.
   static std::unique_ptr<CudaGlm5Model> synthetic(const io::ModelConfig& config, uint64_t seed,
                                                   const CudaModelOptions& options,
-                                                  ops::WeightFormat experts_format = ops::WeightFormat::Plain);
+                                                  ops::WeightFormat experts_format = ops::WeightFormat::Plain,
+                                                  const ModelShard& shard = {}, Peers peers = {});
   ~CudaGlm5Model();
   CudaGlm5Model(const CudaGlm5Model&) = delete;
   CudaGlm5Model& operator=(const CudaGlm5Model&) = delete;
@@ -144,7 +147,9 @@ int64_t cuda_cache_bytes_per_token(const io::ModelConfig& config);
 // StepRunners over CudaGlm5Model: for a loaded checkpoint (kept mapped until allocate() uploads
 // it), or for seeded synthetic weights of `config`. allocate() builds the model with the
 // cache shape asked for (a second call with another shape builds it again).
-std::unique_ptr<StepRunner> make_cuda_runner(ModelWeights weights);
-std::unique_ptr<StepRunner> make_synthetic_cuda_runner(const io::ModelConfig& config, uint64_t seed);
+std::unique_ptr<StepRunner> make_cuda_runner(ModelWeights weights, Peers peers = {});
+std::unique_ptr<StepRunner> make_synthetic_cuda_runner(const io::ModelConfig& config, uint64_t seed,
+                                                       ops::WeightFormat experts_format = ops::WeightFormat::Plain,
+                                                       const ModelShard& shard = {}, Peers peers = {});
 
 }  // namespace glms::model

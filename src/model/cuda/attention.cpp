@@ -1,13 +1,13 @@
 // CudaGlm5Model's attention: the MLA projections, the DSA indexer's selection and the
 // attention over the paged latent cache (decode runs and short chunks; long prefill chunks).
-#include "model/glm5_cuda_impl.h"
+#include "model/cuda/model_impl.h"
 
 namespace glms::model {
 
 void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, const StepShape& shape) {
   const io::ModelConfig& c = config;
   const AttentionDevice& w = layer.attention;
-  const int T = shape.num_tokens, H = c.num_attention_heads;
+  const int T = shape.num_tokens, H = w.heads;  // this rank's heads
   const int64_t hidden = c.hidden_size, qd = c.qk_head_dim(), nope = c.qk_nope_head_dim, rd = c.qk_rope_head_dim;
   const int64_t L = c.kv_lora_rank, vd = c.v_head_dim, q_lora = c.q_lora_rank;
   cudaStream_t s = stream.get();
@@ -141,7 +141,7 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
       [&](int index) {
         const SequenceSlice& seq = batch->sequences[index];
         if (!options.fused_prefill_attention || !fused_attention() || !fused_prefill_pays(seq)) {
-          prefill_attention(index, l, args.scale);
+          prefill_attention(index, l, H, args.scale);
           return;
         }
         args.first_token = seq.first_token;
@@ -157,6 +157,7 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
                as<float>(heads_out), H * vd, vd, H, s);
   cuda::to_bf16(as<float>(heads_out), as<uint16_t>(heads_bf16), int64_t{T} * H * vd, s);
   gemm.linear(as<uint16_t>(heads_bf16), T, as<uint16_t>(w.o_proj), hidden, H * vd, as<float>(block_out), s);
+  sum_over_tp(as<float>(block_out), T);  // the heads of every tensor-parallel peer
   timer.mark("attention.output", s);
 }
 
@@ -176,10 +177,10 @@ bool CudaGlm5Model::Impl::fused_prefill_pays(const SequenceSlice& seq) const {
   return n * context > kFusedPrefillWorkRatio * fused_rows;
 }
 
-void CudaGlm5Model::Impl::prefill_attention(int sequence, int l, float scale) {
+void CudaGlm5Model::Impl::prefill_attention(int sequence, int l, int H, float scale) {
   const io::ModelConfig& c = config;
   const SequenceSlice& seq = batch->sequences[sequence];
-  const int H = c.num_attention_heads, L = c.kv_lora_rank, rd = c.qk_rope_head_dim, row = L + rd;
+  const int L = c.kv_lora_rank, rd = c.qk_rope_head_dim, row = L + rd;
   const int64_t qd = c.qk_head_dim(), nope = c.qk_nope_head_dim;
   cudaStream_t s = stream.get();
   const uint16_t* context_rows = as<uint16_t>(prefill_context);

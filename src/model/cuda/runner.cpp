@@ -4,8 +4,8 @@
 
 #include "core/error.h"
 #include "model/glm5.h"
-#include "model/glm5_cuda.h"
-#include "model/glm5_cuda_weights.h"
+#include "model/cuda/model.h"
+#include "model/cuda/weights.h"
 
 namespace glms::model {
 
@@ -13,8 +13,14 @@ namespace {
 
 class CudaRunner : public StepRunner {
  public:
-  CudaRunner(io::ModelConfig config, std::optional<ModelWeights> weights, uint64_t seed)
-      : config_(std::move(config)), weights_(std::move(weights)), seed_(seed) {
+  CudaRunner(io::ModelConfig config, std::optional<ModelWeights> weights, uint64_t seed,
+             ops::WeightFormat experts_format, ModelShard shard, Peers peers)
+      : config_(std::move(config)),
+        weights_(std::move(weights)),
+        seed_(seed),
+        experts_format_(experts_format),
+        shard_(shard),
+        peers_(peers) {
     check_cuda_supported(config_);
   }
   const io::ModelConfig& config() const override { return config_; }
@@ -30,8 +36,8 @@ class CudaRunner : public StepRunner {
     options.max_logits = shape.max_logits > 0 ? shape.max_logits : shape.max_sequences;
     options.mtp = shape.mtp;
     model_.reset();
-    if (weights_) model_ = std::make_unique<CudaGlm5Model>(*weights_, options);
-    else model_ = CudaGlm5Model::synthetic(config_, seed_, options);
+    if (weights_) model_ = std::make_unique<CudaGlm5Model>(*weights_, options, peers_);
+    else model_ = CudaGlm5Model::synthetic(config_, seed_, options, experts_format_, shard_, peers_);
   }
   std::vector<float> forward(const ForwardBatch& batch, ForwardTrace* trace) override {
     GLMS_CHECK(model_ != nullptr, "StepRunner::forward before allocate");
@@ -63,18 +69,24 @@ class CudaRunner : public StepRunner {
   io::ModelConfig config_;
   std::optional<ModelWeights> weights_;
   uint64_t seed_;
+  ops::WeightFormat experts_format_;
+  ModelShard shard_;
+  Peers peers_;
   std::unique_ptr<CudaGlm5Model> model_;
 };
 
 }  // namespace
 
-std::unique_ptr<StepRunner> make_cuda_runner(ModelWeights weights) {
+std::unique_ptr<StepRunner> make_cuda_runner(ModelWeights weights, Peers peers) {
   io::ModelConfig config = weights.config;
-  return std::make_unique<CudaRunner>(std::move(config), std::move(weights), 0);
+  const ModelShard shard = weights.shard;
+  return std::make_unique<CudaRunner>(std::move(config), std::move(weights), 0, ops::WeightFormat::Plain, shard, peers);
 }
 
-std::unique_ptr<StepRunner> make_synthetic_cuda_runner(const io::ModelConfig& config, uint64_t seed) {
-  return std::make_unique<CudaRunner>(config, std::nullopt, seed);
+std::unique_ptr<StepRunner> make_synthetic_cuda_runner(const io::ModelConfig& config, uint64_t seed,
+                                                       ops::WeightFormat experts_format, const ModelShard& shard,
+                                                       Peers peers) {
+  return std::make_unique<CudaRunner>(config, std::nullopt, seed, experts_format, shard, peers);
 }
 
 }  // namespace glms::model

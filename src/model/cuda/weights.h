@@ -19,7 +19,9 @@ struct IndexerDevice {
   ops::cuda::DeviceBuffer k_norm_weight, k_norm_bias;  // fp32 [index_head_dim]
 };
 
+// q_b, kv_b and o_proj hold this rank's `heads` (model/shard.h); the rest is whole.
 struct AttentionDevice {
+  int heads = 0;
   ops::cuda::DeviceBuffer q_a_proj, q_b_proj, kv_a_proj, kv_b_proj, o_proj;  // bf16
   ops::cuda::DeviceBuffer q_a_norm, kv_a_norm;                               // fp32
   bool has_indexer = false;
@@ -32,9 +34,13 @@ struct MlpDevice {
   ops::cuda::DeviceBuffer down;     // [hidden, inter] bf16
 };
 
+// The router covers the model's E experts; the stacked experts are this rank's num_experts
+// (from first_expert), each expert_inter wide.
 struct MoeDevice {
   ops::cuda::DeviceBuffer router;           // [E, hidden] fp32
   ops::cuda::DeviceBuffer correction_bias;  // [E] fp32
+  int first_expert = 0, num_experts = 0;
+  int64_t expert_inter = 0;
   ops::WeightFormat experts_format = ops::WeightFormat::Plain;
   ops::cuda::DeviceBuffer experts_gate_up;  // [E, 2 * moe_inter, hidden] (ops::cuda::ExpertWeights)
   ops::cuda::DeviceBuffer experts_down;     // [E, hidden, moe_inter]
@@ -71,10 +77,11 @@ struct CudaWeights {
   int64_t bytes = 0;                     // device bytes of all of the above
 };
 
-// Uploads the decoder layers, head and MTP layers of `weights`. Routed experts stored as MXFP4 or block FP8
-// stay so (when every expert matrix of the layer is in that format and the widths suit the
-// kernels: multiples of 32 / 16); everything else is widened or dequantised to bf16 on the
-// host. Throws glms::Error for configurations the CUDA path lacks.
+// Uploads the decoder layers, head and MTP layers of `weights` (a shard's when it was loaded as
+// one). Routed experts stored as MXFP4 or block FP8 stay so (when every expert matrix of the
+// layer is in that format and the widths suit the kernels: multiples of 32 / 16); everything
+// else is widened or dequantised to bf16 on the host, a matrix at a time.
+// Throws glms::Error for configurations the CUDA path lacks.
 CudaWeights upload_weights(const ModelWeights& weights);
 
 // Seeded random weights of `config` made on the device; routed experts in `experts_format`
@@ -82,8 +89,11 @@ CudaWeights upload_weights(const ModelWeights& weights);
 // uniform E4M3 codes and a constant block scale), every matrix of standard deviation about
 // 1/sqrt(fan_in).
 // With `with_mtp`, also an MTP layer of random weights (a MoE block with its own indexer).
+// `shard`'s part only, in its shapes: every rank of a layout draws the same values for what
+// they all hold (replicated tensors come out identical).
 CudaWeights synthetic_weights(const io::ModelConfig& config, uint64_t seed,
-                              ops::WeightFormat experts_format = ops::WeightFormat::Plain, bool with_mtp = false);
+                              ops::WeightFormat experts_format = ops::WeightFormat::Plain, bool with_mtp = false,
+                              const ModelShard& shard = {});
 
 // Checks what the CUDA forward pass supports (q_lora_rank > 0, default rope, a full indexer
 // layer first, at most 1024 experts, latent <= 512).

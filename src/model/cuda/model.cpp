@@ -1,6 +1,6 @@
-#include "model/glm5_cuda.h"
+#include "model/cuda/model.h"
 
-#include "model/glm5_cuda_impl.h"
+#include "model/cuda/model_impl.h"
 
 namespace glms::model {
 
@@ -8,12 +8,25 @@ void CudaGlm5Model::Impl::allocate() {
   const io::ModelConfig& c = config;
   const int64_t T = options.max_tokens, H = c.num_attention_heads, hidden = c.hidden_size;
   const int64_t qd = c.qk_head_dim(), L = c.kv_lora_rank, rd = c.qk_rope_head_dim, vd = c.v_head_dim;
-  const int64_t K = c.num_experts_per_tok, E = c.n_routed_experts, P = T * K, inter = c.moe_intermediate_size;
-  int64_t mlp_inter = 0;
-  for (const DecoderLayerDevice& layer : weights.layers) {
-    if (!layer.is_moe) mlp_inter = std::max(mlp_inter, layer.mlp.inter);
-    else mlp_inter = std::max(mlp_inter, layer.moe.shared.inter);
-  }
+  // Routing covers the model's experts; the plan and the expert buffers only this rank's.
+  const int64_t K = c.num_experts_per_tok, E = c.n_routed_experts;
+  int64_t mlp_inter = 0, E_local = 1, inter = 1;
+  auto widths = [&](const DecoderLayerDevice& layer) {
+    if (!layer.is_moe) {
+      mlp_inter = std::max(mlp_inter, layer.mlp.inter);
+      return;
+    }
+    mlp_inter = std::max(mlp_inter, layer.moe.shared.inter);
+    E_local = std::max<int64_t>(E_local, layer.moe.num_experts);
+    inter = std::max(inter, layer.moe.expert_inter);
+  };
+  for (const DecoderLayerDevice& layer : weights.layers) widths(layer);
+  for (const MtpDevice& m : weights.mtp) widths(m.block);
+  // Data-parallel peers gather every rank's rows: decode-sized steps run all of them at once
+  // (up to the tensor-core path's pairs per expert), larger ones a rank's rows at a time.
+  const int64_t ranks = peers.dp ? peers.dp->size() : 1;
+  pair_capacity = std::max(T * K, std::min(ranks * T * K, int64_t{kSmallMoePairsPerExpertTensorCores} * E));
+  const int64_t P = pair_capacity;
   auto f32 = [](int64_t n) { return DeviceBuffer(sizeof(float) * std::max<int64_t>(n, 1)); };
   auto bf16 = [](int64_t n) { return DeviceBuffer(sizeof(uint16_t) * std::max<int64_t>(n, 1)); };
   auto i32 = [](int64_t n) { return DeviceBuffer(sizeof(int32_t) * std::max<int64_t>(n, 1)); };
@@ -42,9 +55,9 @@ void CudaGlm5Model::Impl::allocate() {
   router_logits = f32(T * E);
   expert_ids = i32(P);
   expert_weights = f32(P);
-  plan_counts = i32(E + 1);
-  plan_offsets = i32(E + 1);
-  plan_active = i32(E);
+  plan_counts = i32(E_local + 1);
+  plan_offsets = i32(E_local + 1);
+  plan_active = i32(E_local);
   plan_num_active = i32(1);
   sorted_pairs = i32(P);
   pair_slot = i32(P);
@@ -68,7 +81,14 @@ void CudaGlm5Model::Impl::allocate() {
   gathered_capacity = std::min<int64_t>(T, 256) * std::min(options.max_context, c.index_topk) * (L + rd);
   gathered_rows = bf16(gathered_capacity);
   gathered_keys = f32(int64_t{options.max_context} * c.index_head_dim);
-  offsets_host = cuda::PinnedBuffer(sizeof(int32_t) * (E + 1));
+  offsets_host = cuda::PinnedBuffer(sizeof(int32_t) * (E_local + 1));
+  if (peers.dp) {
+    gathered_ids = i32(ranks * T * K);
+    gathered_weights = f32(ranks * T * K);
+    gathered_x = bf16(ranks * T * hidden);
+    routed_all = f32(ranks * T * hidden);
+    routed_local = f32(T * hidden);
+  }
   // Quantised experts widen one expert at a time to bf16 for the large-batch GEMMs.
   auto quantised = [](const DecoderLayerDevice& layer) {
     return layer.is_moe && layer.moe.experts_format != ops::WeightFormat::Plain;
@@ -106,7 +126,11 @@ void CudaGlm5Model::Impl::allocate() {
     if (num_blocks <= 0) fail("no device memory left for the KV cache (" + std::to_string(free_bytes >> 20) + " MiB free)");
   }
   options.num_blocks = num_blocks;
-  num_slots = int64_t{num_blocks} * options.block_size;
+  // One block more than the engine's: the slots an idle data-parallel rank's dummy token writes.
+  num_slots = int64_t{num_blocks + 1} * options.block_size;
+  idle_batch = ForwardBatch();
+  idle_batch.add_sequence({0}, 0, {num_blocks}, options.block_size, false);
+  idle_batch.logits_tokens.clear();
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     latent_cache.emplace_back(row_bytes * num_slots);
     index_keys.emplace_back(c.indexer_full[l] ? sizeof(float) * c.index_head_dim * num_slots : 0);
@@ -120,6 +144,17 @@ void CudaGlm5Model::Impl::allocate() {
   }
 }
 
+namespace {
+// Rows each data-parallel rank adds to the MoE gather: the most tokens any rank runs, rounded up
+// (to 8, then 16 and every multiple of 32), so that decode graphs are reused across steps.
+int moe_gather_rows(const std::vector<int32_t>& dp_tokens, int max_tokens) {
+  int most = 1;
+  for (int32_t n : dp_tokens) most = std::max(most, n);
+  const int rounded = most <= 8 ? 8 : most <= 16 ? 16 : (most + 31) / 32 * 32;
+  return std::min(rounded, max_tokens);
+}
+}  // namespace
+
 StepShape CudaGlm5Model::Impl::shape_of(const ForwardBatch& batch) const {
   StepShape shape;
   shape.num_tokens = batch.num_tokens();
@@ -127,6 +162,7 @@ StepShape CudaGlm5Model::Impl::shape_of(const ForwardBatch& batch) const {
   shape.num_logits = static_cast<int>(batch.logits_tokens.size());
   for (int32_t p : batch.positions) shape.max_context = std::max(shape.max_context, p + 1);
   shape.selects_all = shape.max_context <= config.index_topk;
+  shape.valid_tokens = shape.num_tokens;
   return shape;
 }
 
@@ -135,6 +171,7 @@ void CudaGlm5Model::Impl::upload_metadata(const ForwardBatch& batch) {
   const int T = batch.num_tokens(), S = static_cast<int>(batch.sequences.size());
   const int R = static_cast<int>(batch.logits_tokens.size());
   GLMS_CHECK(T > 0, "empty batch");
+  const int usable_blocks = &batch == &idle_batch ? options.num_blocks + 1 : options.num_blocks;
   if (T > options.max_tokens)
     fail("the step has " + std::to_string(T) + " tokens; this CUDA model was set up for at most " +
          std::to_string(options.max_tokens) + " (max_tokens)");
@@ -171,7 +208,7 @@ void CudaGlm5Model::Impl::upload_metadata(const ForwardBatch& batch) {
     if (static_cast<int>(table.size()) > max_blocks) fail("a sequence's block table is longer than max_context allows");
     int32_t* row = block_tables + static_cast<int64_t>(s) * max_blocks;
     for (size_t b = 0; b < table.size(); ++b) {
-      if (table[b] < 0 || table[b] >= options.num_blocks) fail("block id " + std::to_string(table[b]) + " is outside the device cache");
+      if (table[b] < 0 || table[b] >= usable_blocks) fail("block id " + std::to_string(table[b]) + " is outside the device cache");
       row[b] = table[b];
     }
     std::fill(row + table.size(), row + max_blocks, 0);
@@ -188,109 +225,6 @@ void CudaGlm5Model::Impl::dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16
   g.linear(as<uint16_t>(mlp_act), n, as<uint16_t>(mlp.down), hidden, mlp.inter, out, s);
 }
 
-void CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const StepShape& shape) {
-  const io::ModelConfig& c = config;
-  const MoeDevice& m = layer.moe;
-  const int T = shape.num_tokens, K = c.num_experts_per_tok, E = c.n_routed_experts;
-  const int64_t hidden = c.hidden_size, inter = c.moe_intermediate_size, P = int64_t{T} * K;
-  cudaStream_t s = stream.get();
-  const bool overlap_shared = T <= options.overlap_shared_expert_tokens && !timer.enabled;
-  if (overlap_shared) {
-    shared_fork.record(s);
-    shared_fork.make_wait(side_stream.get());
-    dense_mlp(m.shared, as<uint16_t>(normed_bf16), T, as<float>(shared_out), side_gemm, side_stream.get());
-    shared_join.record(side_stream.get());
-  }
-  gemm.linear_f32(as<float>(normed_f32), T, as<float>(m.router), E, hidden, as<float>(router_logits), s);
-  cuda::MoeRouting routing;
-  routing.num_experts = E;
-  routing.top_k = K;
-  routing.n_group = c.n_group;
-  routing.topk_group = c.topk_group;
-  routing.norm_topk_prob = c.norm_topk_prob;
-  routing.routed_scaling_factor = c.routed_scaling_factor;
-  cuda::moe_route(as<float>(router_logits), as<float>(m.correction_bias), T, routing, as<int32_t>(expert_ids),
-                  as<float>(expert_weights), s);
-  cuda::MoePlan plan;
-  plan.counts = as<int32_t>(plan_counts);
-  plan.offsets = as<int32_t>(plan_offsets);
-  plan.active_experts = as<int32_t>(plan_active);
-  plan.num_active = as<int32_t>(plan_num_active);
-  plan.sorted_pairs = as<int32_t>(sorted_pairs);
-  plan.pair_slot = as<int32_t>(pair_slot);
-  cuda::moe_plan(as<int32_t>(expert_ids), P, E, plan, s);
-  timer.mark("moe.routing", s);
-
-  if (!overlap_shared) {
-    dense_mlp(m.shared, as<uint16_t>(normed_bf16), T, as<float>(shared_out), gemm, s);
-    timer.mark("moe.shared", s);
-  }
-
-  cuda::ExpertWeights experts;
-  experts.format = m.experts_format;
-  experts.gate_up = m.experts_gate_up.data();
-  experts.gate_up_scales = m.experts_gate_up_scales.data();
-  experts.down = m.experts_down.data();
-  experts.down_scales = m.experts_down_scales.data();
-  experts.mxfp4_tiled = m.experts_mxfp4_tiled;
-  const int small_pairs = cuda::moe_experts_mma_supported(experts, hidden, inter) ? kSmallMoePairsPerExpertTensorCores
-                                                                               : kSmallMoePairsPerExpert;
-  if (P <= int64_t{small_pairs} * E || !shape.host_sync_ok) {
-    cuda::moe_experts_small(as<uint16_t>(normed_bf16), hidden, inter, experts, plan, E, K, T,
-                            static_cast<int>(std::min<int64_t>(E, P)), as<uint16_t>(pair_act), as<float>(expert_out), s);
-  } else {
-    // Per-expert GEMMs over the grouped rows; the group offsets come back to the host first.
-    // Quantised experts are widened to bf16 one at a time (same stream: the next widening waits
-    // for this expert's GEMMs).
-    cuda::copy_to_host_async(offsets_host.data(), plan.offsets, sizeof(int32_t) * (E + 1), s);
-    stream.synchronize();
-    const auto* offsets = static_cast<const int32_t*>(offsets_host.data());
-    cuda::gather_rows(as<uint16_t>(normed_bf16), hidden, plan.sorted_pairs, P, K, as<uint16_t>(pair_x), s);
-    if (options.grouped_expert_gemm && m.experts_format == ops::WeightFormat::Plain) {
-      // All active experts' gate/up in one grouped GEMM, SwiGLU over every grouped row at once
-      // (each expert's rows are contiguous), then all downs.
-      std::vector<cuda::GroupedProduct> gate_up, down;
-      for (int e = 0; e < E; ++e) {
-        const int count = offsets[e + 1] - offsets[e];
-        if (count == 0) continue;
-        gate_up.push_back({as<uint16_t>(pair_x) + int64_t{offsets[e]} * hidden, count,
-                           as<uint16_t>(m.experts_gate_up) + int64_t{e} * 2 * inter * hidden,
-                           as<float>(pair_gate_up) + int64_t{offsets[e]} * 2 * inter});
-        down.push_back({as<uint16_t>(pair_act) + int64_t{offsets[e]} * inter, count,
-                        as<uint16_t>(m.experts_down) + int64_t{e} * hidden * inter,
-                        as<float>(expert_out) + int64_t{offsets[e]} * hidden});
-      }
-      gemm.linear_grouped(gate_up.data(), static_cast<int>(gate_up.size()), 2 * inter, hidden, s);
-      cuda::silu_mul_to_bf16(as<float>(pair_gate_up), P, inter, as<uint16_t>(pair_act), s);
-      gemm.linear_grouped(down.data(), static_cast<int>(down.size()), hidden, inter, s);
-    } else {
-      for (int e = 0; e < E; ++e) {
-        const int count = offsets[e + 1] - offsets[e];
-        if (count == 0) continue;
-        const uint16_t* gate_up = as<uint16_t>(m.experts_gate_up) + int64_t{e} * 2 * inter * hidden;
-        const uint16_t* down = as<uint16_t>(m.experts_down) + int64_t{e} * hidden * inter;
-        if (m.experts_format != ops::WeightFormat::Plain) {
-          cuda::dequantize_expert(experts, e, hidden, inter, as<uint16_t>(expert_gate_up_bf16),
-                                  as<uint16_t>(expert_down_bf16), s);
-          gate_up = as<uint16_t>(expert_gate_up_bf16);
-          down = as<uint16_t>(expert_down_bf16);
-        }
-        gemm.linear(as<uint16_t>(pair_x) + int64_t{offsets[e]} * hidden, count, gate_up, 2 * inter, hidden,
-                    as<float>(pair_gate_up) + int64_t{offsets[e]} * 2 * inter, s);
-        cuda::silu_mul_to_bf16(as<float>(pair_gate_up) + int64_t{offsets[e]} * 2 * inter, count, inter,
-                               as<uint16_t>(pair_act) + int64_t{offsets[e]} * inter, s);
-        gemm.linear(as<uint16_t>(pair_act) + int64_t{offsets[e]} * inter, count, down, hidden, inter,
-                    as<float>(expert_out) + int64_t{offsets[e]} * hidden, s);
-      }
-    }
-  }
-  timer.mark("moe.experts", s);
-  if (overlap_shared) shared_join.make_wait(s);
-  cuda::moe_combine(as<float>(x), as<float>(shared_out), as<float>(expert_out), plan.pair_slot, as<int32_t>(expert_ids),
-                    as<float>(expert_weights), T, K, hidden, s);
-  timer.mark("moe.combine", s);
-}
-
 void CudaGlm5Model::Impl::run_step(const StepShape& shape) {
   const io::ModelConfig& c = config;
   const int T = shape.num_tokens;
@@ -303,10 +237,12 @@ void CudaGlm5Model::Impl::run_step(const StepShape& shape) {
   for (int l = 0; l < c.num_hidden_layers; ++l) layer_step(weights.layers[l], l, shape, pending);
   cuda::residual_rms_norm(as<float>(x), pending, T, hidden, as<float>(weights.final_norm), c.rms_norm_eps, nullptr,
                           as<uint16_t>(normed_bf16), s);
-  cuda::gather_rows(as<uint16_t>(normed_bf16), hidden, meta_i32(meta.logits_tokens), shape.num_logits, 1,
-                    as<uint16_t>(head_in), s);
-  gemm.linear(as<uint16_t>(head_in), shape.num_logits, as<uint16_t>(weights.lm_head), c.vocab_size, hidden,
-              as<float>(logits), s);
+  if (shape.num_logits > 0) {
+    cuda::gather_rows(as<uint16_t>(normed_bf16), hidden, meta_i32(meta.logits_tokens), shape.num_logits, 1,
+                      as<uint16_t>(head_in), s);
+    gemm.linear(as<uint16_t>(head_in), shape.num_logits, as<uint16_t>(weights.lm_head), c.vocab_size, hidden,
+                as<float>(logits), s);
+  }
   timer.mark("head", s);
 }
 
@@ -324,10 +260,10 @@ void CudaGlm5Model::Impl::layer_step(const DecoderLayerDevice& layer, int l, con
                           c.rms_norm_eps, as<float>(normed_f32), as<uint16_t>(normed_bf16), s);
   timer.mark("norms", s);
   if (layer.is_moe) {
-    moe(layer, shape);  // adds into x
-    pending = nullptr;
+    pending = moe(layer, shape);  // whole: added into x already
   } else {
     dense_mlp(layer.mlp, as<uint16_t>(normed_bf16), T, as<float>(block_out), gemm, s);
+    sum_over_tp(as<float>(block_out), T);
     timer.mark("dense_mlp", s);
     pending = as<float>(block_out);
   }
@@ -354,25 +290,47 @@ void CudaGlm5Model::Impl::mtp_step(const StepShape& shape) {
   layer_step(m.block, c.num_hidden_layers, shape, pending);
   cuda::residual_rms_norm(as<float>(x), pending, T, hidden, as<float>(m.shared_head_norm), c.rms_norm_eps, nullptr,
                           as<uint16_t>(normed_bf16), s);
+  if (shape.num_logits == 0) return;
   cuda::gather_rows(as<uint16_t>(normed_bf16), hidden, meta_i32(meta.logits_tokens), shape.num_logits, 1,
                     as<uint16_t>(head_in), s);
   const DeviceBuffer& head = m.shared_head.bytes() > 0 ? m.shared_head : weights.lm_head;
   gemm.linear(as<uint16_t>(head_in), shape.num_logits, as<uint16_t>(head), c.vocab_size, hidden, as<float>(logits), s);
 }
 
+const ForwardBatch& CudaGlm5Model::Impl::runnable(const ForwardBatch& step) const {
+  if (step.num_tokens() > 0) return step;
+  if (!peers.dp) fail("empty batch");
+  return idle_batch;  // an idle data-parallel rank: one dummy token, so that it joins the MoE gathers
+}
+
+StepShape CudaGlm5Model::Impl::prepare(const ForwardBatch& step) {
+  const ForwardBatch& run = runnable(step);
+  upload_metadata(run);
+  batch = &run;
+  StepShape shape = shape_of(run);
+  if (peers.dp) {
+    if (static_cast<int>(step.dp_tokens.size()) != peers.dp->size())
+      fail("a data-parallel step needs every rank's token count (ForwardBatch::dp_tokens)");
+    shape.moe_rows = moe_gather_rows(step.dp_tokens, options.max_tokens);
+    shape.valid_tokens = step.num_tokens();
+  }
+  return shape;
+}
+
 void CudaGlm5Model::Impl::launch(const ForwardBatch& step, bool use_graph) {
-  upload_metadata(step);
-  batch = &step;
+  StepShape shape = prepare(step);
   struct Reset {
     const ForwardBatch*& current;
     ~Reset() { current = nullptr; }
   } reset{batch};
-  StepShape shape = shape_of(step);
   bool decode_only = true;
-  for (const SequenceSlice& seq : step.sequences) decode_only = decode_only && seq.num_tokens == 1;
+  for (const SequenceSlice& seq : batch->sequences) decode_only = decode_only && seq.num_tokens == 1;
+  const int64_t moe_tokens = peers.dp ? int64_t{shape.moe_rows} * peers.dp->size() : shape.num_tokens;
   const bool small_moe =
-      int64_t{shape.num_tokens} * config.num_experts_per_tok <= int64_t{kSmallMoePairsPerExpert} * config.n_routed_experts;
-  if (!use_graph || !decode_only || !small_moe) {
+      moe_tokens * config.num_experts_per_tok <= int64_t{kSmallMoePairsPerExpert} * config.n_routed_experts;
+  // Collectives over host barriers (device copies) cannot be captured.
+  const bool capturable = (!peers.tp || peers.tp->graph_capturable()) && (!peers.dp || peers.dp->graph_capturable());
+  if (!use_graph || !decode_only || !small_moe || !capturable) {
     run_step(shape);
     return;
   }
@@ -407,16 +365,17 @@ CudaModelOptions resolved(CudaModelOptions options) {
 }
 }  // namespace
 
-CudaGlm5Model::CudaGlm5Model(const ModelWeights& weights, const CudaModelOptions& options) {
-  impl_ = std::make_unique<Impl>(weights.config, resolved(options), upload_weights(weights));
+CudaGlm5Model::CudaGlm5Model(const ModelWeights& weights, const CudaModelOptions& options, Peers peers) {
+  impl_ = std::make_unique<Impl>(weights.config, resolved(options), upload_weights(weights), peers);
   impl_->allocate();
 }
 
 std::unique_ptr<CudaGlm5Model> CudaGlm5Model::synthetic(const io::ModelConfig& config, uint64_t seed,
                                                         const CudaModelOptions& options,
-                                                        ops::WeightFormat experts_format) {
+                                                        ops::WeightFormat experts_format, const ModelShard& shard,
+                                                        Peers peers) {
   auto impl = std::make_unique<Impl>(config, resolved(options),
-                                     synthetic_weights(config, seed, experts_format, options.mtp));
+                                     synthetic_weights(config, seed, experts_format, options.mtp, shard), peers);
   impl->allocate();
   return std::unique_ptr<CudaGlm5Model>(new CudaGlm5Model(std::move(impl)));
 }
@@ -453,8 +412,10 @@ StepLogits CudaGlm5Model::Impl::take_selected_outputs(const std::vector<RowOutpu
   out.vocab_size = config.vocab_size;
   out.token.resize(rows);
   out.full_row.assign(rows, -1);
-  cuda::argmax_rows(as<float>(logits), rows, vocab, as<int32_t>(logits_argmax), s);
-  cuda::copy_to_host_async(out.token.data(), logits_argmax.data(), sizeof(int32_t) * rows, s);
+  if (rows > 0) {
+    cuda::argmax_rows(as<float>(logits), rows, vocab, as<int32_t>(logits_argmax), s);
+    cuda::copy_to_host_async(out.token.data(), logits_argmax.data(), sizeof(int32_t) * rows, s);
+  }
   // Rows drawn on the device, or, without sample_on_device, copied back to be drawn here.
   std::vector<int32_t> sample_rows;
   std::vector<cuda::RowSampling> params;
@@ -528,15 +489,14 @@ void CudaGlm5Model::Impl::run_mtp(const ForwardBatch& step, const float* h_prev_
   // Without its own indexer the layer would attend over another step's token selection.
   if (!weights.mtp[0].block.attention.has_indexer)
     fail("the MTP layer has no indexer weights: it cannot select its own top-k");
-  upload_metadata(step);
-  const int64_t bytes = sizeof(float) * int64_t{step.num_tokens()} * config.hidden_size;
-  cuda::copy_to_device_async(h_prev.data(), h_prev_host, static_cast<size_t>(bytes), stream.get());
-  batch = &step;
+  const StepShape shape = prepare(step);
   struct Reset {
     const ForwardBatch*& current;
     ~Reset() { current = nullptr; }
   } reset{batch};
-  mtp_step(shape_of(step));
+  const int64_t bytes = sizeof(float) * int64_t{step.num_tokens()} * config.hidden_size;
+  cuda::copy_to_device_async(h_prev.data(), h_prev_host, static_cast<size_t>(bytes), stream.get());
+  mtp_step(shape);
 }
 
 void CudaGlm5Model::forward_on_device(const ForwardBatch& batch, bool use_graph) { impl_->launch(batch, use_graph); }

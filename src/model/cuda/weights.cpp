@@ -1,4 +1,4 @@
-#include "model/glm5_cuda_weights.h"
+#include "model/cuda/weights.h"
 
 #include <algorithm>
 #include <cmath>
@@ -94,23 +94,27 @@ ops::WeightFormat experts_storage(const MoeWeights& moe, int64_t hidden, int64_t
   return ops::WeightFormat::Plain;
 }
 
-// MXFP4 rows of `w` as stored: packed [rows, cols / 2] and E8M0 scales [rows, cols / 32].
+// MXFP4 rows of `w` (a block of rows and columns of the stored matrix): packed [rows, cols / 2]
+// and E8M0 scales [rows, cols / 32].
 void append_mxfp4(const WeightView& w, std::vector<uint8_t>& packed, std::vector<uint8_t>& scales) {
-  const int64_t row_bytes = w.cols / 2, row_scales = w.cols / 32;
-  const auto* data = static_cast<const uint8_t*>(w.data) + w.first_row * row_bytes;
-  const auto* scale = static_cast<const uint8_t*>(w.scales) + w.first_row * row_scales;
-  packed.insert(packed.end(), data, data + w.rows * row_bytes);
-  scales.insert(scales.end(), scale, scale + w.rows * row_scales);
+  const int64_t stored = w.whole_cols(), row_bytes = w.cols / 2, row_scales = w.cols / 32;
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const int64_t row = w.first_row + r;
+    const auto* data = static_cast<const uint8_t*>(w.data) + row * (stored / 2) + w.first_col / 2;
+    const auto* scale = static_cast<const uint8_t*>(w.scales) + row * (stored / 32) + w.first_col / 32;
+    packed.insert(packed.end(), data, data + row_bytes);
+    scales.insert(scales.end(), scale, scale + row_scales);
+  }
 }
 
 // Block-FP8 rows of `w`: codes [rows, cols] and, per row, its blocks' scales [ceil(cols / 128)].
 void append_fp8(const WeightView& w, std::vector<uint8_t>& codes, std::vector<float>& scales) {
-  const int64_t blocks = (w.cols + 127) / 128;
+  const int64_t blocks = (w.cols + 127) / 128, stored_blocks = (w.row_stride + 127) / 128;
   const auto* scale_inv = static_cast<const float*>(w.scales);
   for (int64_t r = 0; r < w.rows; ++r) {
     const auto* row = static_cast<const uint8_t*>(w.data) + r * w.row_stride;
     codes.insert(codes.end(), row, row + w.cols);
-    const float* block_row = scale_inv + (w.first_row + r) / 128 * blocks;
+    const float* block_row = scale_inv + (w.first_row + r) / 128 * stored_blocks + w.first_col / 128;
     scales.insert(scales.end(), block_row, block_row + blocks);
   }
 }
@@ -120,7 +124,11 @@ void tile_in_place(std::vector<uint8_t>& packed, int64_t cols) {
   quant::tile_mxfp4_rows(packed.data(), static_cast<int64_t>(packed.size()) / (cols / 2), cols, packed.data());
 }
 
-void upload_experts(Uploader& up, const MoeWeights& moe, int64_t hidden, int64_t inter, MoeDevice& d) {
+void upload_experts(Uploader& up, const MoeWeights& moe, int64_t hidden, MoeDevice& d) {
+  d.first_expert = moe.first_expert;
+  d.num_experts = static_cast<int>(moe.experts.size());
+  d.expert_inter = moe.experts.empty() ? 0 : moe.experts.front().gate_proj.rows;
+  const int64_t inter = d.expert_inter;
   d.experts_format = experts_storage(moe, hidden, inter);
   switch (d.experts_format) {
     case ops::WeightFormat::Plain: {
@@ -189,6 +197,7 @@ DecoderLayerDevice upload_layer(Uploader& up, const DecoderLayerWeights& layer, 
   d.input_norm = up.f32(layer.input_norm);
   d.post_attention_norm = up.f32(layer.post_attention_norm);
   const AttentionWeights& a = layer.attention;
+  d.attention.heads = a.heads;
   d.attention.q_a_proj = up.bf16(a.q_a_proj);
   d.attention.q_a_norm = up.f32(a.q_a_norm);
   d.attention.q_b_proj = up.bf16(a.q_b_proj);
@@ -208,7 +217,7 @@ DecoderLayerDevice upload_layer(Uploader& up, const DecoderLayerWeights& layer, 
   if (layer.is_moe) {
     d.moe.router = up.f32(layer.moe.router);
     d.moe.correction_bias = up.f32(layer.moe.correction_bias);
-    upload_experts(up, layer.moe, c.hidden_size, c.moe_intermediate_size, d.moe);
+    upload_experts(up, layer.moe, c.hidden_size, d.moe);
     d.moe.shared = upload_mlp(up, layer.moe.shared_expert);
   } else {
     d.mlp = upload_mlp(up, layer.mlp);
@@ -260,37 +269,38 @@ class RandomMaker {
     bytes_ += static_cast<int64_t>(buffer.bytes());
     return buffer;
   }
-  // Routed experts [E, rows, cols] in `format` (ops/cuda/moe.h's layout), standard deviation
-  // about 1/sqrt(cols).
-  void experts(ops::WeightFormat format, int64_t E, int64_t rows, int64_t cols, DeviceBuffer& data,
+  // Routed experts [E, rows, cols] in `format` (ops/cuda/moe.h's layout), made directly in it
+  // (no bf16 copy), standard deviation about 1/sqrt(fan_in).
+  void experts(ops::WeightFormat format, int64_t E, int64_t rows, int64_t cols, int64_t fan_in, DeviceBuffer& data,
                DeviceBuffer& scales) {
     const int64_t count = E * rows * cols;
     switch (format) {
       case ops::WeightFormat::Plain:
-        data = matrix(count, cols);
+        data = matrix(count, fan_in);
         return;
       case ops::WeightFormat::Mxfp4: {
-        // Uniform E2M1 codes have an RMS of 2.93; one power-of-two scale brings it near 1/sqrt(cols).
-        const double scale = 1.0 / (std::sqrt(static_cast<double>(cols)) * 2.926);
+        // Uniform E2M1 codes have an RMS of 2.93; one power-of-two scale brings it near 1/sqrt(fan_in).
+        const double scale = 1.0 / (std::sqrt(static_cast<double>(fan_in)) * 2.926);
         data = bytes(count / 2);
         scales = constant_bytes(count / 32, static_cast<uint8_t>(127 + std::lround(std::log2(scale))));
         return;
       }
       case ops::WeightFormat::Fp8Block: {
-        // Codes uniform in [-448, 448]: scale_inv maps them to +-sqrt(3 / cols).
+        // Codes uniform in [-448, 448]: scale_inv maps them to +-sqrt(3 / fan_in).
         data = e4m3(count);
-        scales = constant(E * rows * ((cols + 127) / 128), std::sqrt(3.0f / static_cast<float>(cols)) / 448.0f);
+        scales = constant(E * rows * ((cols + 127) / 128), std::sqrt(3.0f / static_cast<float>(fan_in)) / 448.0f);
         return;
       }
       default:
         fail("synthetic experts are bf16, MXFP4 or FP8");
     }
   }
-  MlpDevice mlp(int64_t inter, int64_t hidden) {
+  // An MLP `inter` wide (a shard of one `whole_inter` wide).
+  MlpDevice mlp(int64_t inter, int64_t hidden, int64_t whole_inter) {
     MlpDevice m;
     m.inter = inter;
     m.gate_up = matrix(2 * inter * hidden, hidden);
-    m.down = matrix(hidden * inter, inter);
+    m.down = matrix(hidden * inter, whole_inter);
     return m;
   }
 
@@ -329,22 +339,25 @@ CudaWeights upload_weights(const ModelWeights& weights) {
 
 namespace {
 
-// One decoder layer of seeded random weights (see RandomMaker).
-DecoderLayerDevice synthetic_layer(RandomMaker& make, const io::ModelConfig& c, bool has_indexer, bool is_moe,
-                                   ops::WeightFormat experts_format) {
-  const int64_t hidden = c.hidden_size, H = c.num_attention_heads, L = c.kv_lora_rank, rd = c.qk_rope_head_dim;
-  const int64_t q_lora = c.q_lora_rank, E = c.n_routed_experts, inter = c.moe_intermediate_size;
+// One decoder layer of seeded random weights (see RandomMaker), in `shard`'s shapes; fan-ins are
+// the whole matrices' (the peers' partial sums add up to the whole model's scale).
+DecoderLayerDevice synthetic_layer(RandomMaker& make, const io::ModelConfig& c, const ModelShard& shard,
+                                   bool has_indexer, bool is_moe, ops::WeightFormat experts_format) {
+  const int64_t hidden = c.hidden_size, H = shard.heads(c), L = c.kv_lora_rank, rd = c.qk_rope_head_dim;
+  const int64_t q_lora = c.q_lora_rank, E = shard.experts(c), inter = shard.expert_width(c);
+  const int64_t o_fan_in = int64_t{c.num_attention_heads} * c.v_head_dim;
   DecoderLayerDevice d;
   d.input_norm = make.constant(hidden, 1.0f);
   d.post_attention_norm = make.constant(hidden, 1.0f);
   AttentionDevice& a = d.attention;
+  a.heads = static_cast<int>(H);
   a.q_a_proj = make.matrix(q_lora * hidden, hidden);
   a.q_a_norm = make.constant(q_lora, 1.0f);
   a.q_b_proj = make.matrix(H * c.qk_head_dim() * q_lora, q_lora);
   a.kv_a_proj = make.matrix((L + rd) * hidden, hidden);
   a.kv_a_norm = make.constant(L, 1.0f);
   a.kv_b_proj = make.matrix(H * (c.qk_nope_head_dim + c.v_head_dim) * L, L);
-  a.o_proj = make.matrix(hidden * H * c.v_head_dim, H * c.v_head_dim);
+  a.o_proj = make.matrix(hidden * H * c.v_head_dim, o_fan_in);
   a.has_indexer = has_indexer;
   if (a.has_indexer) {
     a.indexer.wq_b = make.matrix(int64_t{c.index_n_heads} * c.index_head_dim * q_lora, q_lora);
@@ -356,17 +369,22 @@ DecoderLayerDevice synthetic_layer(RandomMaker& make, const io::ModelConfig& c, 
   d.is_moe = is_moe;
   if (d.is_moe) {
     // The router in fp32; draw it as bf16-free uniform values of the same scale.
-    d.moe.router = make.uniform_f32(E * hidden, std::sqrt(3.0f / static_cast<float>(hidden)));
-    d.moe.correction_bias = make.uniform_f32(E, 0.01f);
+    d.moe.router = make.uniform_f32(int64_t{c.n_routed_experts} * hidden, std::sqrt(3.0f / static_cast<float>(hidden)));
+    d.moe.correction_bias = make.uniform_f32(c.n_routed_experts, 0.01f);
+    d.moe.first_expert = shard.first_expert(c);
+    d.moe.num_experts = static_cast<int>(E);
+    d.moe.expert_inter = inter;
     d.moe.experts_format = experts_format;
     // Random codes read the same in either layout; the one scale is near 2^-8 (RandomMaker::experts).
     d.moe.experts_mxfp4_tiled = experts_format == ops::WeightFormat::Mxfp4 && quant::mxfp4_tiles_fit(hidden) &&
                                 quant::mxfp4_tiles_fit(inter);
-    make.experts(experts_format, E, 2 * inter, hidden, d.moe.experts_gate_up, d.moe.experts_gate_up_scales);
-    make.experts(experts_format, E, hidden, inter, d.moe.experts_down, d.moe.experts_down_scales);
-    d.moe.shared = make.mlp(inter * c.n_shared_experts, hidden);
+    make.experts(experts_format, E, 2 * inter, hidden, hidden, d.moe.experts_gate_up, d.moe.experts_gate_up_scales);
+    make.experts(experts_format, E, hidden, inter, c.moe_intermediate_size, d.moe.experts_down,
+                 d.moe.experts_down_scales);
+    const int64_t shared = int64_t{c.moe_intermediate_size} * c.n_shared_experts;
+    d.moe.shared = make.mlp(shard.mlp_width(shared), hidden, shared);
   } else {
-    d.mlp = make.mlp(c.intermediate_size, hidden);
+    d.mlp = make.mlp(shard.mlp_width(c.intermediate_size), hidden, c.intermediate_size);
   }
   return d;
 }
@@ -374,11 +392,14 @@ DecoderLayerDevice synthetic_layer(RandomMaker& make, const io::ModelConfig& c, 
 }  // namespace
 
 CudaWeights synthetic_weights(const io::ModelConfig& c, uint64_t seed, ops::WeightFormat experts_format,
-                              bool with_mtp) {
-  if (experts_format == ops::WeightFormat::Mxfp4 && (c.hidden_size % 32 != 0 || c.moe_intermediate_size % 32 != 0))
-    fail("MXFP4 experts need hidden_size and moe_intermediate_size multiples of 32");
-  if (experts_format == ops::WeightFormat::Fp8Block && (c.hidden_size % 16 != 0 || c.moe_intermediate_size % 16 != 0))
-    fail("FP8 experts need hidden_size and moe_intermediate_size multiples of 16");
+                              bool with_mtp, const ModelShard& shard) {
+  check_shard(c, shard);
+  const int64_t width = shard.expert_width(c);  // each expert's rows on this rank
+  if (experts_format == ops::WeightFormat::Mxfp4 && (c.hidden_size % 32 != 0 || width % 32 != 0))
+    fail("MXFP4 experts need hidden_size and each rank's expert width (" + std::to_string(width) +
+         ") multiples of 32");
+  if (experts_format == ops::WeightFormat::Fp8Block && (c.hidden_size % 16 != 0 || width % 16 != 0))
+    fail("FP8 experts need hidden_size and each rank's expert width (" + std::to_string(width) + ") multiples of 16");
   check_cuda_supported(c);
   CudaWeights out;
   RandomMaker make(seed, out.bytes);
@@ -388,7 +409,7 @@ CudaWeights synthetic_weights(const io::ModelConfig& c, uint64_t seed, ops::Weig
   out.final_norm = make.constant(hidden, 1.0f);
   out.lm_head = make.matrix(int64_t{c.vocab_size} * hidden, hidden);
   for (int l = 0; l < c.num_hidden_layers; ++l)
-    out.layers.push_back(synthetic_layer(make, c, c.indexer_full[l], c.layer_is_moe[l], experts_format));
+    out.layers.push_back(synthetic_layer(make, c, shard, c.indexer_full[l], c.layer_is_moe[l], experts_format));
   if (with_mtp) {
     // GLM-5's MTP layer: a full MoE block with its own indexer, its own shared head.
     MtpDevice m;
@@ -396,7 +417,7 @@ CudaWeights synthetic_weights(const io::ModelConfig& c, uint64_t seed, ops::Weig
     m.hnorm = make.constant(hidden, 1.0f);
     m.eh_proj_embed = make.matrix(hidden * hidden, 2 * hidden);
     m.eh_proj_hidden = make.matrix(hidden * hidden, 2 * hidden);
-    m.block = synthetic_layer(make, c, true, c.n_routed_experts > 0, experts_format);
+    m.block = synthetic_layer(make, c, shard, true, c.n_routed_experts > 0, experts_format);
     m.shared_head_norm = make.constant(hidden, 1.0f);
     m.shared_head = make.matrix(int64_t{c.vocab_size} * hidden, hidden);
     out.mtp.push_back(std::move(m));

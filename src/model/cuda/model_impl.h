@@ -1,4 +1,4 @@
-// Private to the CUDA model (glm5_cuda.cpp, glm5_cuda_attention.cpp): CudaGlm5Model::Impl,
+// Private to the CUDA model (model.cpp, attention.cpp, moe.cpp): CudaGlm5Model::Impl,
 // the device state and step functions behind the public class, and the constants they share.
 #pragma once
 
@@ -12,9 +12,9 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "model/glm5_cuda.h"
-#include "model/glm5_cuda_step.h"
-#include "model/glm5_cuda_weights.h"
+#include "model/cuda/model.h"
+#include "model/cuda/step.h"
+#include "model/cuda/weights.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/indexer.h"
 #include "ops/cuda/mla.h"
@@ -70,6 +70,7 @@ struct CudaGlm5Model::Impl {
   io::ModelConfig config;
   CudaModelOptions options;
   CudaWeights weights;
+  Peers peers;  // tensor- and data-parallel peers (none: the whole model on this device)
   cuda::Stream stream;
   cuda::Gemm gemm;
   // The shared expert's branch (options.overlap_shared_expert): its own stream and cuBLAS handle,
@@ -96,14 +97,20 @@ struct CudaGlm5Model::Impl {
       plan_num_active, sorted_pairs, pair_slot, shared_out, pair_x, pair_gate_up, pair_act, expert_out, head_in,
       logits, prefill_context, prefill_queries, prefill_scores, prefill_probs, gathered_rows, gathered_keys,
       expert_gate_up_bf16, expert_down_bf16, h_prev, logits_argmax, sample_rows_of, sample_params, sampled;
+  // Data-parallel MoE: every rank's rows [dp * max_tokens] of routing and bf16 inputs, the routed
+  // sums of all of them, and this rank's rows of those sums.
+  DeviceBuffer gathered_ids, gathered_weights, gathered_x, routed_all, routed_local;
+  int64_t pair_capacity = 0;      // (token, expert) pairs the pair buffers hold
   int64_t gathered_capacity = 0;  // bf16 elements of gathered_rows
+  ForwardBatch idle_batch;        // the one dummy token an idle data-parallel rank runs
   int64_t prefill_score_capacity = 0;  // floats
   const ForwardBatch* batch = nullptr;  // the step being run (host view; null inside graph capture)
 
-  Impl(const io::ModelConfig& c, const CudaModelOptions& o, CudaWeights w)
+  Impl(const io::ModelConfig& c, const CudaModelOptions& o, CudaWeights w, Peers p)
       : config(c),
         options(o),
         weights(std::move(w)),
+        peers(p),
         max_blocks((o.max_context + o.block_size - 1) / o.block_size),
         meta(o.max_tokens, o.max_logits, o.max_sequences, max_blocks) {
     gemm.set_small_batch_gemv(o.small_batch_gemv_tokens);
@@ -121,8 +128,20 @@ struct CudaGlm5Model::Impl {
   // Checks, uploads the batch and h_prev ([tokens, hidden] host fp32), and runs mtp_step.
   void run_mtp(const ForwardBatch& batch, const float* h_prev);
   void attention(const DecoderLayerDevice& layer, int l, const StepShape& shape);
-  void moe(const DecoderLayerDevice& layer, const StepShape& shape);
-  void prefill_attention(int sequence, int l, float scale);
+  // The MoE block (moe.cpp): whole, it adds into x (returns nullptr); sharded, it leaves the
+  // block's output, summed over every peer, in block_out (returned, to add as pending).
+  const float* moe(const DecoderLayerDevice& layer, const StepShape& shape);
+  void moe_shared_expert(const MoeDevice& m, int T, bool on_side_stream);
+  void moe_route(const MoeDevice& m, int T);
+  // The routed experts of this rank over `rows` tokens x [rows, hidden] bf16 with their routing
+  // (ids, weights [rows, top_k]); out [rows, hidden] (+)= shared (when given; ready once
+  // `shared_ready` is, where it is on the side stream) + their sums.
+  void moe_experts(const MoeDevice& m, const uint16_t* x, const int32_t* ids, const float* weights, int rows,
+                   const StepShape& shape, float* out, bool accumulate, const float* shared,
+                   const cuda::Event* shared_ready);
+  // Sums a block output [T, hidden] over the tensor-parallel peers.
+  void sum_over_tp(float* block_output, int T);
+  void prefill_attention(int sequence, int l, int heads, float scale);
   // Whether a long prefill chunk attends faster in the fused pass than through dense scores.
   bool fused_prefill_pays(const SequenceSlice& seq) const;
 
@@ -153,6 +172,10 @@ struct CudaGlm5Model::Impl {
   // out = down(silu(gate x) * up x) on `s` through `g` (mlp_gate_up and mlp_act are its scratch).
   void dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out, cuda::Gemm& g, cudaStream_t s);
   StepShape shape_of(const ForwardBatch& batch) const;
+  // The batch a step runs: `step`, or the idle rank's dummy token when it has none.
+  const ForwardBatch& runnable(const ForwardBatch& step) const;
+  // Uploads the step's metadata and sets `batch`; returns its shape (with the MoE gather's rows).
+  StepShape prepare(const ForwardBatch& step);
   void launch(const ForwardBatch& batch, bool use_graph);
   // The step's logits [logits rows, vocab] and, when asked, x [tokens, hidden] (the hidden
   // states before the final norm), copied to the host.

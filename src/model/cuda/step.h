@@ -1,4 +1,4 @@
-// Step bookkeeping of CudaGlm5Model (glm5_cuda.cpp): where a step's metadata sits in the
+// Step bookkeeping of CudaGlm5Model (cuda/model.cpp): where a step's metadata sits in the
 // staging buffer, the shape that keys captured graphs, and per-phase device timing.
 #pragma once
 
@@ -45,9 +45,15 @@ struct StepShape {
   int max_context = 0;        // bound on any token's context (sizes the attention and indexer grids)
   bool selects_all = false;   // every token's context is at most index_topk: the top-k is all of it
   bool host_sync_ok = true;   // false while capturing a graph
+  // Data-parallel peers: the rows each rank adds to the MoE layers' gather (the most tokens any
+  // rank runs, rounded up to a few sizes so that decode graphs are reused), and this rank's own
+  // tokens among num_tokens (0 for an idle rank, which runs one dummy token).
+  int moe_rows = 0;
+  int valid_tokens = 0;
   bool operator<(const StepShape& o) const {
-    return std::tie(num_tokens, num_sequences, num_logits, max_context, selects_all) <
-           std::tie(o.num_tokens, o.num_sequences, o.num_logits, o.max_context, o.selects_all);
+    return std::tie(num_tokens, num_sequences, num_logits, max_context, selects_all, moe_rows, valid_tokens) <
+           std::tie(o.num_tokens, o.num_sequences, o.num_logits, o.max_context, o.selects_all, o.moe_rows,
+                    o.valid_tokens);
   }
 };
 

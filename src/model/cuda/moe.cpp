@@ -1,0 +1,193 @@
+// CudaGlm5Model's MoE block: routing (fp32 router, sigmoid + correction bias, group-limited
+// top-k), the shared expert (on a second stream at small batches), this rank's routed experts
+// and the weighted combine. On one rank the combine adds straight into the residual stream. A
+// shard (model/shard.h) routes its own tokens, gathers every data-parallel rank's routing and
+// bf16 rows, runs its experts over all of them, reduce-scatters the sums back, adds its
+// shared-expert slice and all-reduces over its tensor-parallel peers; routing stays per token in
+// fp32, so a sharded step chooses exactly the experts one rank would.
+#include "model/cuda/model_impl.h"
+
+namespace glms::model {
+
+void CudaGlm5Model::Impl::moe_shared_expert(const MoeDevice& m, int T, bool on_side_stream) {
+  if (!on_side_stream) {
+    dense_mlp(m.shared, as<uint16_t>(normed_bf16), T, as<float>(shared_out), gemm, stream.get());
+    timer.mark("moe.shared", stream.get());
+    return;
+  }
+  shared_fork.record(stream.get());
+  shared_fork.make_wait(side_stream.get());
+  dense_mlp(m.shared, as<uint16_t>(normed_bf16), T, as<float>(shared_out), side_gemm, side_stream.get());
+  shared_join.record(side_stream.get());
+}
+
+void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T) {
+  const io::ModelConfig& c = config;
+  cudaStream_t s = stream.get();
+  gemm.linear_f32(as<float>(normed_f32), T, as<float>(m.router), c.n_routed_experts, c.hidden_size,
+                  as<float>(router_logits), s);
+  cuda::MoeRouting routing;
+  routing.num_experts = c.n_routed_experts;
+  routing.top_k = c.num_experts_per_tok;
+  routing.n_group = c.n_group;
+  routing.topk_group = c.topk_group;
+  routing.norm_topk_prob = c.norm_topk_prob;
+  routing.routed_scaling_factor = c.routed_scaling_factor;
+  cuda::moe_route(as<float>(router_logits), as<float>(m.correction_bias), T, routing, as<int32_t>(expert_ids),
+                  as<float>(expert_weights), s);
+}
+
+void CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, const int32_t* ids, const float* weights,
+                                      int rows, const StepShape& shape, float* out, bool accumulate,
+                                      const float* shared, const cuda::Event* shared_ready) {
+  const int K = config.num_experts_per_tok, E = m.num_experts;
+  const int64_t hidden = config.hidden_size, inter = m.expert_inter, P = int64_t{rows} * K;
+  cudaStream_t s = stream.get();
+  cuda::MoePlan plan;
+  plan.counts = as<int32_t>(plan_counts);
+  plan.offsets = as<int32_t>(plan_offsets);
+  plan.active_experts = as<int32_t>(plan_active);
+  plan.num_active = as<int32_t>(plan_num_active);
+  plan.sorted_pairs = as<int32_t>(sorted_pairs);
+  plan.pair_slot = as<int32_t>(pair_slot);
+  GLMS_CHECK(P <= pair_capacity, "MoE pairs beyond the pair buffers");
+  cuda::moe_plan(ids, P, E, plan, s, m.first_expert);
+  timer.mark("moe.routing", s);
+
+  cuda::ExpertWeights experts;
+  experts.format = m.experts_format;
+  experts.gate_up = m.experts_gate_up.data();
+  experts.gate_up_scales = m.experts_gate_up_scales.data();
+  experts.down = m.experts_down.data();
+  experts.down_scales = m.experts_down_scales.data();
+  experts.mxfp4_tiled = m.experts_mxfp4_tiled;
+  // Pairs per expert decide the path, counted over the model's experts (each rank's share of
+  // pairs is about its share of experts).
+  const int small_pairs = cuda::moe_experts_mma_supported(experts, hidden, inter) ? kSmallMoePairsPerExpertTensorCores
+                                                                               : kSmallMoePairsPerExpert;
+  if (P <= int64_t{small_pairs} * config.n_routed_experts || !shape.host_sync_ok) {
+    cuda::moe_experts_small(x, hidden, inter, experts, plan, E, K, rows, static_cast<int>(std::min<int64_t>(E, P)),
+                            as<uint16_t>(pair_act), as<float>(expert_out), s);
+  } else {
+    // Per-expert GEMMs over the grouped rows; the group offsets come back to the host first.
+    // Quantised experts are widened to bf16 one at a time (same stream: the next widening waits
+    // for this expert's GEMMs).
+    cuda::copy_to_host_async(offsets_host.data(), plan.offsets, sizeof(int32_t) * (E + 1), s);
+    stream.synchronize();
+    const auto* offsets = static_cast<const int32_t*>(offsets_host.data());
+    const int64_t local_pairs = offsets[E];
+    cuda::gather_rows(x, hidden, plan.sorted_pairs, local_pairs, K, as<uint16_t>(pair_x), s);
+    if (options.grouped_expert_gemm && m.experts_format == ops::WeightFormat::Plain) {
+      // All active experts' gate/up in one grouped GEMM, SwiGLU over every grouped row at once
+      // (each expert's rows are contiguous), then all downs.
+      std::vector<cuda::GroupedProduct> gate_up, down;
+      for (int e = 0; e < E; ++e) {
+        const int count = offsets[e + 1] - offsets[e];
+        if (count == 0) continue;
+        gate_up.push_back({as<uint16_t>(pair_x) + int64_t{offsets[e]} * hidden, count,
+                           as<uint16_t>(m.experts_gate_up) + int64_t{e} * 2 * inter * hidden,
+                           as<float>(pair_gate_up) + int64_t{offsets[e]} * 2 * inter});
+        down.push_back({as<uint16_t>(pair_act) + int64_t{offsets[e]} * inter, count,
+                        as<uint16_t>(m.experts_down) + int64_t{e} * hidden * inter,
+                        as<float>(expert_out) + int64_t{offsets[e]} * hidden});
+      }
+      if (!gate_up.empty()) {
+        gemm.linear_grouped(gate_up.data(), static_cast<int>(gate_up.size()), 2 * inter, hidden, s);
+        cuda::silu_mul_to_bf16(as<float>(pair_gate_up), local_pairs, inter, as<uint16_t>(pair_act), s);
+        gemm.linear_grouped(down.data(), static_cast<int>(down.size()), hidden, inter, s);
+      }
+    } else {
+      for (int e = 0; e < E; ++e) {
+        const int count = offsets[e + 1] - offsets[e];
+        if (count == 0) continue;
+        const uint16_t* gate_up = as<uint16_t>(m.experts_gate_up) + int64_t{e} * 2 * inter * hidden;
+        const uint16_t* down = as<uint16_t>(m.experts_down) + int64_t{e} * hidden * inter;
+        if (m.experts_format != ops::WeightFormat::Plain) {
+          cuda::dequantize_expert(experts, e, hidden, inter, as<uint16_t>(expert_gate_up_bf16),
+                                  as<uint16_t>(expert_down_bf16), s);
+          gate_up = as<uint16_t>(expert_gate_up_bf16);
+          down = as<uint16_t>(expert_down_bf16);
+        }
+        gemm.linear(as<uint16_t>(pair_x) + int64_t{offsets[e]} * hidden, count, gate_up, 2 * inter, hidden,
+                    as<float>(pair_gate_up) + int64_t{offsets[e]} * 2 * inter, s);
+        cuda::silu_mul_to_bf16(as<float>(pair_gate_up) + int64_t{offsets[e]} * 2 * inter, count, inter,
+                               as<uint16_t>(pair_act) + int64_t{offsets[e]} * inter, s);
+        gemm.linear(as<uint16_t>(pair_act) + int64_t{offsets[e]} * inter, count, down, hidden, inter,
+                    as<float>(expert_out) + int64_t{offsets[e]} * hidden, s);
+      }
+    }
+  }
+  timer.mark("moe.experts", s);
+  if (shared_ready) shared_ready->make_wait(s);
+  cuda::moe_combine(out, accumulate, shared, as<float>(expert_out), plan.pair_slot, ids, weights, rows, K, hidden, s);
+  timer.mark("moe.combine", s);
+}
+
+void CudaGlm5Model::Impl::sum_over_tp(float* block_output, int T) {
+  if (peers.tp)
+    peers.tp->all_reduce_sum(block_output, static_cast<size_t>(T) * config.hidden_size, comm::Element::F32,
+                             stream.get());
+}
+
+const float* CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const StepShape& shape) {
+  const io::ModelConfig& c = config;
+  const MoeDevice& m = layer.moe;
+  const int T = shape.num_tokens, K = c.num_experts_per_tok;
+  const int64_t hidden = c.hidden_size;
+  cudaStream_t s = stream.get();
+  const bool overlap_shared = T <= options.overlap_shared_expert_tokens && !timer.enabled;
+  const cuda::Event* shared_ready = overlap_shared ? &shared_join : nullptr;  // the side stream's join
+  if (overlap_shared) moe_shared_expert(m, T, true);
+  moe_route(m, T);
+  if (!overlap_shared) {
+    timer.mark("moe.routing", s);
+    moe_shared_expert(m, T, false);
+  }
+
+  if (!peers.tp && !peers.dp) {  // the whole model: combine into the residual stream
+    moe_experts(m, as<uint16_t>(normed_bf16), as<int32_t>(expert_ids), as<float>(expert_weights), T, shape, as<float>(x),
+                true, as<float>(shared_out), shared_ready);
+    return nullptr;
+  }
+  if (!peers.dp) {
+    moe_experts(m, as<uint16_t>(normed_bf16), as<int32_t>(expert_ids), as<float>(expert_weights), T, shape,
+                as<float>(block_out), false, as<float>(shared_out), shared_ready);
+    sum_over_tp(as<float>(block_out), T);
+    return as<float>(block_out);
+  }
+
+  // Every data-parallel rank's moe_rows rows: its tokens, then padding that routes nowhere.
+  comm::Communicator& dp = *peers.dp;
+  const int rows = shape.moe_rows, ranks = dp.size();
+  GLMS_CHECK(rows >= T && rows <= options.max_tokens, "MoE gather rows out of range");
+  if (rows > shape.valid_tokens)
+    cuda::memset_async(as<int32_t>(expert_ids) + int64_t{shape.valid_tokens} * K, 0xff,
+                       sizeof(int32_t) * (rows - shape.valid_tokens) * K, s);
+  dp.all_gather(expert_ids.data(), gathered_ids.data(), static_cast<size_t>(rows) * K, comm::Element::I32, s);
+  dp.all_gather(expert_weights.data(), gathered_weights.data(), static_cast<size_t>(rows) * K, comm::Element::F32, s);
+  dp.all_gather(normed_bf16.data(), gathered_x.data(), static_cast<size_t>(rows) * hidden, comm::Element::BF16, s);
+  timer.mark("moe.gather", s);
+  const int total = rows * ranks;
+  const int small_pairs = std::max(kSmallMoePairsPerExpert, kSmallMoePairsPerExpertTensorCores);
+  if (int64_t{total} * K <= std::min<int64_t>(pair_capacity, int64_t{small_pairs} * c.n_routed_experts) ||
+      !shape.host_sync_ok) {
+    // All ranks' rows at once: each active expert's weights are read once for the whole node.
+    moe_experts(m, as<uint16_t>(gathered_x), as<int32_t>(gathered_ids), as<float>(gathered_weights), total, shape,
+                as<float>(routed_all), false, nullptr, nullptr);
+  } else {
+    // Large steps (prefill chunks) a source rank's rows at a time, within the pair buffers.
+    for (int r = 0; r < ranks; ++r)
+      moe_experts(m, as<uint16_t>(gathered_x) + int64_t{r} * rows * hidden,
+                  as<int32_t>(gathered_ids) + int64_t{r} * rows * K, as<float>(gathered_weights) + int64_t{r} * rows * K,
+                  rows, shape, as<float>(routed_all) + int64_t{r} * rows * hidden, false, nullptr, nullptr);
+  }
+  dp.reduce_scatter_sum(routed_all.data(), routed_local.data(), static_cast<size_t>(rows) * hidden, comm::Element::F32,
+                        s);
+  if (shared_ready) shared_ready->make_wait(s);
+  cuda::add_f32(as<float>(routed_local), as<float>(shared_out), as<float>(block_out), int64_t{T} * hidden, s);
+  sum_over_tp(as<float>(block_out), T);
+  timer.mark("moe.scatter", s);
+  return as<float>(block_out);
+}
+
+}  // namespace glms::model

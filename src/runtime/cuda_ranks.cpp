@@ -1,0 +1,84 @@
+#include "runtime/cuda_ranks.h"
+
+#include <fmt/format.h>
+
+#include "comm/nccl_communicator.h"
+#include "core/error.h"
+#include "model/cuda/model.h"
+#include "ops/cuda/cuda_ops.h"
+#include "runtime/device_collectives.h"
+#include "runtime/parallel_executor.h"
+
+namespace glms::runtime {
+
+namespace {
+
+// NCCL communicators of a layout, rank w on GPU w; groups of one rank only when asked for.
+class NcclGroups : public RankGroups {
+ public:
+  NcclGroups(const ParallelLayout& layout, bool groups_of_one) : layout_(layout) {
+    auto library = comm::nccl::Library::load();
+    tp_.resize(layout.world_size());
+    dp_.resize(layout.world_size());
+    if (layout.tensor_parallel > 1 || groups_of_one) make(library, tensor_parallel_groups(layout), tp_);
+    if (layout.data_parallel > 1) make(library, data_parallel_groups(layout), dp_);
+  }
+  model::Peers peers(int world_rank) const override { return {tp_[world_rank].get(), dp_[world_rank].get()}; }
+  std::string backend() const override { return "nccl"; }
+  void abort(const std::string&) override {
+    for (auto& c : tp_)
+      if (c) c->abort();
+    for (auto& c : dp_)
+      if (c) c->abort();
+  }
+  bool reset() override { return false; }  // an aborted NCCL communicator is gone
+
+ private:
+  static void make(const std::shared_ptr<const comm::nccl::Library>& library,
+                   const std::vector<std::vector<int>>& groups,
+                   std::vector<std::unique_ptr<comm::Communicator>>& by_rank) {
+    for (const std::vector<int>& group : groups) {  // rank w runs on device w
+      auto comms = comm::make_nccl_group(library, group);
+      for (size_t i = 0; i < group.size(); ++i) by_rank[group[i]] = std::move(comms[i]);
+    }
+  }
+  ParallelLayout layout_;
+  std::vector<std::unique_ptr<comm::Communicator>> tp_, dp_;
+};
+
+std::unique_ptr<model::StepRunner> make_rank_runner(const CudaRankSource& source, const model::ModelShard& shard,
+                                                    const model::Peers& peers) {
+  if (source.synthetic_config)
+    return model::make_synthetic_cuda_runner(*source.synthetic_config, source.seed, source.experts_format, shard, peers);
+  model::LoadOptions options = source.load;
+  options.shard = shard;
+  return model::make_cuda_runner(model::load_weights(source.model_dir, options), peers);
+}
+
+}  // namespace
+
+std::unique_ptr<Executor> make_cuda_executor(const CudaRankSource& source, const ParallelLayout& layout,
+                                             DeviceCollectives collectives, bool collectives_at_world_one) {
+  const int gpus = ops::cuda::device_count();
+  if (gpus == 0) fail("--device cuda: no CUDA device is visible on this machine");
+  const io::ModelConfig config =
+      source.synthetic_config ? *source.synthetic_config : io::load_model_config(source.model_dir);
+  check_layout(config, layout);
+  if (layout.world_size() == 1 && !collectives_at_world_one)
+    return make_local_executor(make_rank_runner(source, layout.shard(0), {}));
+  std::unique_ptr<RankGroups> groups;
+  if (collectives == DeviceCollectives::kNccl) {
+    if (layout.world_size() > gpus)
+      fail(fmt::format("the layout {} needs {} GPUs (one per rank); {} {} visible", layout.describe(),
+                       layout.world_size(), gpus, gpus == 1 ? "is" : "are"));
+    groups = std::make_unique<NcclGroups>(layout, collectives_at_world_one);
+  } else {
+    groups = make_device_copy_groups(layout);
+  }
+  return make_parallel_executor(layout, std::move(groups), [=](int rank, const model::Peers& peers) {
+    ops::cuda::set_device(rank % gpus);
+    return make_rank_runner(source, layout.shard(rank), peers);
+  });
+}
+
+}  // namespace glms::runtime

@@ -1,0 +1,167 @@
+#include "runtime/device_collectives.h"
+
+#include <vector>
+
+#include "comm/rank_barrier.h"
+#include "core/error.h"
+#include "ops/cuda/cuda_ops.h"
+
+namespace glms::runtime {
+
+namespace {
+
+namespace cuda = ops::cuda;
+
+cudaStream_t as_stream(comm::Stream stream) { return static_cast<cudaStream_t>(stream); }
+
+// One rank of a device-copy group: a rank's buffers are read by its peers between barriers.
+class DeviceCopyRank : public comm::Communicator {
+ public:
+  DeviceCopyRank(std::shared_ptr<comm::RankBarrier> barrier, int rank) : barrier_(std::move(barrier)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return barrier_->size(); }
+  std::string backend() const override { return "device-copies"; }
+
+  void all_reduce_sum(void* data, size_t count, comm::Element type, comm::Stream stream) override {
+    GLMS_CHECK(type == comm::Element::F32, "device-copy all-reduce sums fp32");
+    sum_slices(data, 0, count, stream);
+    barrier_->arrive_and_wait();  // every peer has read our buffer
+    cuda::copy_device_async(data, sum_.data(), count * sizeof(float), as_stream(stream));
+    cuda::synchronize_stream(as_stream(stream));
+  }
+  void all_gather(const void* send, void* recv, size_t count, comm::Element type, comm::Stream stream) override {
+    const size_t bytes = count * comm::element_size(type);
+    cuda::synchronize_stream(as_stream(stream));
+    barrier_->publish(rank_, send);
+    for (int r = 0; r < size(); ++r)
+      cuda::copy_device_async(static_cast<char*>(recv) + r * bytes, barrier_->published(r), bytes, as_stream(stream));
+    cuda::synchronize_stream(as_stream(stream));
+    barrier_->arrive_and_wait();
+  }
+  void reduce_scatter_sum(const void* send, void* recv, size_t count, comm::Element type,
+                          comm::Stream stream) override {
+    GLMS_CHECK(type == comm::Element::F32, "device-copy reduce-scatter sums fp32");
+    sum_slices(send, static_cast<size_t>(rank_) * count, count, stream);
+    cuda::copy_device_async(recv, sum_.data(), count * sizeof(float), as_stream(stream));
+    cuda::synchronize_stream(as_stream(stream));
+    barrier_->arrive_and_wait();
+  }
+
+ private:
+  // sum_ = the ranks' published buffers at [offset, offset + count), added in rank order.
+  void sum_slices(const void* mine, size_t offset, size_t count, comm::Stream stream) {
+    const size_t bytes = count * sizeof(float);
+    if (sum_.bytes() < bytes) {
+      sum_ = cuda::DeviceBuffer(bytes);
+      peer_ = cuda::DeviceBuffer(bytes);
+    }
+    cuda::synchronize_stream(as_stream(stream));
+    barrier_->publish(rank_, mine);
+    for (int r = 0; r < size(); ++r) {
+      const float* slice = static_cast<const float*>(barrier_->published(r)) + offset;
+      if (r == 0) {
+        cuda::copy_device_async(sum_.data(), slice, bytes, as_stream(stream));
+        continue;
+      }
+      cuda::copy_device_async(peer_.data(), slice, bytes, as_stream(stream));
+      cuda::add_f32(sum_.as<float>(), peer_.as<float>(), sum_.as<float>(), static_cast<int64_t>(count), as_stream(stream));
+    }
+    cuda::synchronize_stream(as_stream(stream));
+  }
+
+  std::shared_ptr<comm::RankBarrier> barrier_;
+  int rank_;
+  cuda::DeviceBuffer sum_, peer_;
+};
+
+class DeviceCopyGroups : public RankGroups {
+ public:
+  explicit DeviceCopyGroups(const ParallelLayout& layout) : layout_(layout) {
+    if (layout.tensor_parallel > 1) tp_ = make_groups(tensor_parallel_groups(layout), tp_barriers_);
+    if (layout.data_parallel > 1) dp_ = make_groups(data_parallel_groups(layout), dp_barriers_);
+  }
+  model::Peers peers(int world_rank) const override {
+    model::Peers p;
+    if (!tp_.empty()) p.tp = tp_[world_rank].get();
+    if (!dp_.empty()) p.dp = dp_[world_rank].get();
+    return p;
+  }
+  std::string backend() const override { return "device-copies"; }
+  void abort(const std::string& reason) override {
+    for (auto& b : tp_barriers_) b->abort(reason);
+    for (auto& b : dp_barriers_) b->abort(reason);
+  }
+  bool reset() override {
+    for (auto& b : tp_barriers_) b->reset();
+    for (auto& b : dp_barriers_) b->reset();
+    return true;
+  }
+
+ private:
+  // One communicator per world rank, indexed by world rank.
+  std::vector<std::unique_ptr<comm::Communicator>> make_groups(const std::vector<std::vector<int>>& groups,
+                                                               std::vector<std::shared_ptr<comm::RankBarrier>>& barriers) {
+    std::vector<std::unique_ptr<comm::Communicator>> by_rank(layout_.world_size());
+    for (const std::vector<int>& group : groups) {
+      auto barrier = std::make_shared<comm::RankBarrier>(static_cast<int>(group.size()));
+      barriers.push_back(barrier);
+      for (size_t i = 0; i < group.size(); ++i)
+        by_rank[group[i]] = std::make_unique<DeviceCopyRank>(barrier, static_cast<int>(i));
+    }
+    return by_rank;
+  }
+  ParallelLayout layout_;
+  std::vector<std::shared_ptr<comm::RankBarrier>> tp_barriers_, dp_barriers_;
+  std::vector<std::unique_ptr<comm::Communicator>> tp_, dp_;
+};
+
+class SimulatedPeer : public comm::Communicator {
+ public:
+  SimulatedPeer(int rank, int size, int num_experts, size_t max_all_reduce_bytes)
+      : rank_(rank), size_(size), num_experts_(num_experts), scratch_(max_all_reduce_bytes) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "simulated"; }
+  bool graph_capturable() const override { return true; }
+
+  void all_reduce_sum(void* data, size_t count, comm::Element type, comm::Stream stream) override {
+    const size_t bytes = count * comm::element_size(type);
+    GLMS_CHECK(bytes <= scratch_.bytes(), "simulated all-reduce beyond its scratch");
+    cuda::copy_device_async(scratch_.data(), data, bytes, as_stream(stream));  // what arrives, in place
+    cuda::copy_device_async(data, scratch_.data(), bytes, as_stream(stream));
+  }
+  void all_gather(const void* send, void* recv, size_t count, comm::Element type, comm::Stream stream) override {
+    const size_t bytes = count * comm::element_size(type);
+    for (int r = 0; r < size_; ++r) {
+      char* slot = static_cast<char*>(recv) + r * bytes;
+      if (type == comm::Element::I32 && num_experts_ > 0)
+        cuda::shift_expert_ids(static_cast<const int32_t*>(send), reinterpret_cast<int32_t*>(slot),
+                               static_cast<int64_t>(count), (r - rank_ + size_) % size_ * (num_experts_ / size_),
+                               num_experts_, as_stream(stream));
+      else
+        cuda::copy_device_async(slot, send, bytes, as_stream(stream));
+    }
+  }
+  void reduce_scatter_sum(const void* send, void* recv, size_t count, comm::Element type,
+                          comm::Stream stream) override {
+    const size_t bytes = count * comm::element_size(type);
+    cuda::copy_device_async(recv, static_cast<const char*>(send) + rank_ * bytes, bytes, as_stream(stream));
+  }
+
+ private:
+  int rank_, size_, num_experts_;
+  cuda::DeviceBuffer scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<RankGroups> make_device_copy_groups(const ParallelLayout& layout) {
+  return std::make_unique<DeviceCopyGroups>(layout);
+}
+
+std::unique_ptr<comm::Communicator> make_simulated_peer(int rank, int size, int num_experts,
+                                                        size_t max_all_reduce_bytes) {
+  return std::make_unique<SimulatedPeer>(rank, size, num_experts, max_all_reduce_bytes);
+}
+
+}  // namespace glms::runtime

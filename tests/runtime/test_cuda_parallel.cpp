@@ -1,0 +1,141 @@
+// CUDA layouts against one GPU rank: world size 1 through NCCL (the collectives run, in captured
+// graphs too), every layout on one GPU with device-copy collectives (ranks share the GPU), and
+// the same layouts over NCCL where the machine has a GPU per rank (skipped otherwise). bf16
+// activations: logits within bf16 tolerance, greedy tokens identical on the bundled model.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "comm/nccl_library.h"
+#include "core/error.h"
+#include "engine/generator.h"
+#include "io/safetensors.h"
+#include "ops/cuda/cuda_ops.h"
+#include "runtime/cuda_ranks.h"
+#include "support/cuda_buffers.h"
+#include "support/numerics.h"
+
+using namespace glms;
+using glms::testing::relative_l2;
+
+namespace {
+
+const std::filesystem::path kSource = GLMS_SOURCE_DIR;
+const std::string kBundled = (kSource / "models/glm5-tiny-code").string();
+const std::string kGlm52 = (kSource / "tests/golden/glm52-random").string();
+
+class CudaParallel : public glms::testing::CudaTest {};
+
+bool nccl_loads() {
+  try {
+    comm::nccl::Library::load();
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::vector<int32_t> golden_prompt(const std::string& dir) {
+  const io::Checkpoint golden = io::Checkpoint::open(std::filesystem::path(dir) / "golden.safetensors");
+  const std::vector<int64_t> ids = io::read_i64(golden.get("prompt_ids"));
+  return {ids.begin(), ids.end()};
+}
+
+std::unique_ptr<runtime::Executor> executor(const std::string& dir, const runtime::ParallelLayout& layout,
+                                            runtime::DeviceCollectives collectives, bool at_world_one = false) {
+  runtime::CudaRankSource source;
+  source.model_dir = dir;
+  return runtime::make_cuda_executor(source, layout, collectives, at_world_one);
+}
+
+// Every position's logits of `prompt` on data-parallel rank 0 (the others idle through the
+// collectives) and 12 greedy tokens after it.
+struct RunResult {
+  std::vector<float> logits;
+  std::vector<int32_t> greedy;
+};
+RunResult run_prompt(runtime::Executor& e, const std::vector<int32_t>& prompt) {
+  const auto runner = runtime::rank_zero_runner(e);
+  const int block_size = 16, blocks = static_cast<int>(prompt.size()) / block_size + 2;
+  model::CacheShape shape;
+  shape.block_size = block_size;
+  shape.num_blocks = blocks;
+  shape.max_tokens = static_cast<int>(prompt.size());
+  shape.max_sequences = 1;
+  shape.max_logits = static_cast<int>(prompt.size());
+  shape.max_context = blocks * block_size;
+  runner->allocate(shape);
+  std::vector<int32_t> table(blocks);
+  for (int b = 0; b < blocks; ++b) table[b] = b;
+  model::ForwardBatch batch;
+  batch.add_sequence(prompt, 0, table, block_size, true);
+  RunResult out;
+  out.logits = runner->forward(batch);
+  engine::GenerateOptions options;
+  options.max_tokens = 12;
+  options.sampling.temperature = 0.0f;
+  options.ignore_eos = true;
+  out.greedy = engine::generate(*runner, prompt, options).output_ids;  // allocates its own cache
+  return out;
+}
+
+void expect_like_one_rank(const std::string& dir, const runtime::ParallelLayout& layout,
+                          runtime::DeviceCollectives collectives, const RunResult& one) {
+  auto sharded = executor(dir, layout, collectives);
+  const RunResult got = run_prompt(*sharded, golden_prompt(dir));
+  const std::string name = layout.describe();
+  EXPECT_LT(relative_l2(got.logits, one.logits), 1e-2) << name;
+  if (dir == kBundled) {
+    EXPECT_EQ(got.greedy, one.greedy) << name;  // its greedy margins are wide (tests/golden)
+  }
+}
+
+}  // namespace
+
+TEST_F(CudaParallel, WorldSizeOneThroughNcclEqualsTheRunnerWithoutCollectives) {
+  if (!nccl_loads()) GTEST_SKIP() << "libnccl.so.2 not found (set GLMS_NCCL_LIBRARY)";
+  const auto prompt = golden_prompt(kBundled);
+  auto plain = executor(kBundled, {}, runtime::DeviceCollectives::kNccl);
+  auto through_nccl = executor(kBundled, {}, runtime::DeviceCollectives::kNccl, true);
+  const RunResult want = run_prompt(*plain, prompt);
+  const RunResult got = run_prompt(*through_nccl, prompt);  // decode steps captured as graphs with NCCL inside
+  EXPECT_EQ(got.greedy, want.greedy);
+  EXPECT_EQ(got.logits, want.logits);  // an all-reduce over one rank changes no bit
+}
+
+TEST_F(CudaParallel, LayoutsOnOneGpuWithDeviceCopiesMatchOneRank) {
+  const auto copies = runtime::DeviceCollectives::kDeviceCopies;
+  for (const std::string& dir : {kBundled, kGlm52}) {
+    auto one = executor(dir, {}, copies);
+    const RunResult want = run_prompt(*one, golden_prompt(dir));
+    one.reset();
+    for (const runtime::ParallelLayout& layout :
+         {runtime::ParallelLayout{2, 1, false}, runtime::ParallelLayout{1, 2, true}, runtime::ParallelLayout{2, 2, true},
+          runtime::ParallelLayout{1, 4, true}, runtime::ParallelLayout{2, 2, false}})
+      expect_like_one_rank(dir, layout, copies, want);
+  }
+}
+
+TEST_F(CudaParallel, LayoutsOverNcclOnSeveralGpusMatchOneRank) {
+  const int gpus = ops::cuda::device_count();
+  if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs, " << gpus << " visible";
+  if (!nccl_loads()) GTEST_SKIP() << "libnccl.so.2 not found (set GLMS_NCCL_LIBRARY)";
+  auto one = executor(kBundled, {}, runtime::DeviceCollectives::kNccl);
+  const RunResult want = run_prompt(*one, golden_prompt(kBundled));
+  one.reset();
+  std::vector<runtime::ParallelLayout> layouts = {{2, 1, false}, {1, 2, true}};
+  if (gpus >= 4) layouts.insert(layouts.end(), {{4, 1, false}, {2, 2, true}, {1, 4, true}});
+  if (gpus >= 8) layouts.insert(layouts.end(), {{8, 1, false}, {4, 2, true}, {2, 4, false}});
+  for (const runtime::ParallelLayout& layout : layouts)
+    expect_like_one_rank(kBundled, layout, runtime::DeviceCollectives::kNccl, want);
+}
+
+TEST_F(CudaParallel, ALayoutWiderThanTheMachineIsRefused) {
+  const int gpus = ops::cuda::device_count();
+  try {
+    executor(kBundled, {1, 2 * gpus, true}, runtime::DeviceCollectives::kNccl);
+    FAIL() << "a layout of more ranks than GPUs was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("GPUs (one per rank)"), std::string::npos) << e.what();
+  }
+}
