@@ -36,6 +36,7 @@ struct ServeArgs {
   int max_num_seqs = 0;
   int max_batch_tokens = 0;
   int64_t kv_cache_memory = 0;
+  double gpu_memory_utilization = engine::EngineConfig{}.gpu_memory_utilization;
   int max_model_len = 0;
   std::string preset;
   std::string served_model_name;
@@ -146,6 +147,7 @@ void run_serve(const ServeArgs& args) {
   if (args.max_num_seqs > 0) engine_config.max_num_seqs = args.max_num_seqs;
   if (args.max_batch_tokens > 0) engine_config.max_batch_tokens = args.max_batch_tokens;
   if (args.kv_cache_memory > 0) engine_config.kv_cache_bytes = args.kv_cache_memory;
+  engine_config.gpu_memory_utilization = args.gpu_memory_utilization;
   if (args.max_model_len > 0) engine_config.max_model_len = args.max_model_len;
   if (args.max_waiting > 0) engine_config.max_waiting = args.max_waiting;
   if (!args.speculative.empty()) {
@@ -161,7 +163,9 @@ void run_serve(const ServeArgs& args) {
          std::to_string(model.config().max_position_embeddings) + " positions");
   const int64_t model_cache_bytes_per_token = model.executor->cache_bytes_per_token();
   const std::string device = model.executor->device();
+  runtime::Executor& executor = *model.executor;
   engine::Engine engine(std::move(model.executor), engine_config);
+  const std::vector<runtime::Executor::RankMemory> memory = executor.memory();
   std::unique_ptr<server::Backend> backend = server::make_engine_backend(engine);
 
   server::ServiceConfig config;
@@ -190,6 +194,11 @@ void run_serve(const ServeArgs& args) {
   std::printf("glmserve: layout %s on %s; KV cache %d blocks of %d tokens per data-parallel rank (%d tokens, %.2f GiB)\n",
               engine.layout().describe().c_str(), device.c_str(), engine.blocks_per_rank(), engine.config().block_size,
               engine.blocks_per_rank() * engine.config().block_size, static_cast<double>(cache_bytes) / (1 << 30));
+  for (size_t r = 0; r < memory.size(); ++r)
+    if (memory[r].weight_bytes > 0)
+      std::printf("glmserve: rank %zu: weights %.2f GiB, KV cache %.2f GiB on its device\n", r,
+                  static_cast<double>(memory[r].weight_bytes) / (1 << 30),
+                  static_cast<double>(memory[r].cache_bytes) / (1 << 30));
   if (engine.config().speculative_steps > 0)
     std::printf("glmserve: speculative decoding with the MTP layer, %d draft tokens per step%s\n",
                 engine.config().speculative_steps,
@@ -226,6 +235,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-num-seqs", args->max_num_seqs, "Sequences per step at most")->check(CLI::PositiveNumber);
   cmd->add_option("--max-batch-tokens", args->max_batch_tokens, "Tokens per step at most")->check(CLI::PositiveNumber);
   cmd->add_option("--kv-cache-memory", args->kv_cache_memory, "Bytes for the latent KV cache")->check(CLI::PositiveNumber);
+  cmd->add_option("--gpu-memory-utilization", args->gpu_memory_utilization,
+                  "Fraction of each GPU's memory for weights, workspaces and the KV cache (without --kv-cache-memory)")
+      ->check(CLI::Range(0.05, 1.0))
+      ->capture_default_str();
   cmd->add_option("--max-model-len", args->max_model_len, "Prompt + output tokens per request")->check(CLI::PositiveNumber);
   cmd->add_option("--preset", args->preset, "high_throughput | low_latency | memory_constrained")
       ->check(CLI::IsMember({"high_throughput", "low_latency", "memory_constrained"}));

@@ -21,12 +21,14 @@ namespace glms::engine {
 
 namespace {
 
-int default_num_blocks(const runtime::Executor& executor, const EngineConfig& config) {
-  const int64_t bytes_per_token = executor.cache_bytes_per_token();
-  const int64_t bytes_per_block = bytes_per_token * config.block_size;
+// Each rank's cache: the blocks kv_cache_bytes buys; without it, on a GPU what the memory budget
+// leaves (the executor fits it), on the CPU enough for max_num_seqs x max_model_len up to 2 GiB.
+int requested_blocks(const runtime::Executor& executor, const EngineConfig& config) {
+  const int64_t bytes_per_block = executor.cache_bytes_per_token() * config.block_size;
   int64_t bytes = config.kv_cache_bytes;
+  if (bytes <= 0 && executor.device() != "cpu") return 0;
   if (bytes <= 0) {
-    const int64_t wanted = int64_t{config.max_num_seqs} * config.max_model_len * bytes_per_token;
+    const int64_t wanted = int64_t{config.max_num_seqs} * config.max_model_len * executor.cache_bytes_per_token();
     bytes = std::min<int64_t>(wanted, int64_t{2} << 30);
   }
   const int64_t blocks = bytes / bytes_per_block;
@@ -35,6 +37,30 @@ int default_num_blocks(const runtime::Executor& executor, const EngineConfig& co
          " blocks) cannot hold one sequence of max_model_len " + std::to_string(config.max_model_len) +
          " tokens: raise --kv-cache-memory or lower --max-model-len");
   return static_cast<int>(std::min<int64_t>(blocks, 1 << 24));
+}
+
+// Allocates every rank's cache and workspaces; returns the blocks each rank's cache has.
+int allocate_caches(runtime::Executor& executor, const EngineConfig& config) {
+  model::CacheShape shape;
+  shape.block_size = config.block_size;
+  shape.num_blocks = requested_blocks(executor, config);
+  shape.gpu_memory_utilization = config.gpu_memory_utilization;
+  shape.max_tokens = config.max_batch_tokens;
+  shape.max_sequences = config.max_num_seqs;
+  shape.max_context = config.max_model_len;
+  shape.mtp = config.speculative_steps > 0;
+  // Verifying K drafts asks for K + 1 logits rows per sequence.
+  shape.max_logits = std::min(config.max_batch_tokens, config.max_num_seqs * (1 + std::max(0, config.speculative_steps)));
+  if (shape.mtp && !executor.has_mtp())
+    fail("speculative decoding needs a checkpoint with an MTP layer (this " + executor.device() + " runner has none)");
+  executor.allocate(shape);
+  const int blocks = executor.num_blocks();
+  const int one_sequence = (config.max_model_len + config.block_size - 1) / config.block_size;
+  if (blocks < one_sequence)
+    fail("the KV cache (" + std::to_string(blocks) + " blocks of " + std::to_string(config.block_size) +
+         " tokens) cannot hold one sequence of max_model_len " + std::to_string(config.max_model_len) +
+         " tokens: raise --gpu-memory-utilization or --kv-cache-memory, or lower --max-model-len");
+  return blocks;
 }
 
 EngineConfig resolve(const io::ModelConfig& model, EngineConfig config) {
@@ -84,20 +110,8 @@ struct Engine::Impl {
 Engine::Impl::Impl(std::unique_ptr<runtime::Executor> e, EngineConfig c)
     : executor(std::move(e)),
       config(resolve(executor->config(), c)),
-      blocks_per_rank(default_num_blocks(*executor, config)),
+      blocks_per_rank(allocate_caches(*executor, config)),
       scheduler(config, executor->config(), executor->data_parallel_size(), blocks_per_rank) {
-  model::CacheShape shape;
-  shape.block_size = config.block_size;
-  shape.num_blocks = blocks_per_rank;
-  shape.max_tokens = config.max_batch_tokens;
-  shape.max_sequences = config.max_num_seqs;
-  shape.max_context = config.max_model_len;
-  shape.mtp = config.speculative_steps > 0;
-  // Verifying K drafts asks for K + 1 logits rows per sequence.
-  shape.max_logits = std::min(config.max_batch_tokens, config.max_num_seqs * (1 + std::max(0, config.speculative_steps)));
-  if (shape.mtp && !executor->has_mtp())
-    fail("speculative decoding needs a checkpoint with an MTP layer (this " + executor->device() + " runner has none)");
-  executor->allocate(shape);
   thread = std::thread([this] { loop(); });
 }
 

@@ -10,7 +10,11 @@ namespace glms::engine {
 struct EngineConfig {
   int max_num_seqs = 64;            // sequences in one step at most
   int max_batch_tokens = 2048;      // tokens in one step at most (prefill chunks fill the rest)
-  int64_t kv_cache_bytes = 0;       // memory for the latent cache; 0 = enough for max_num_seqs x max_model_len
+  // Memory for each data-parallel rank's latent cache. 0: on a GPU, what gpu_memory_utilization
+  // leaves after the weights and workspaces; on the CPU, enough for max_num_seqs x max_model_len
+  // up to 2 GiB.
+  int64_t kv_cache_bytes = 0;
+  double gpu_memory_utilization = 0.9;  // fraction of each GPU's memory the engine may hold in all
   int max_model_len = 0;            // prompt + generated tokens per request; 0 = the model's limit
   int block_size = 16;              // tokens per cache block
   int max_waiting = 1024;           // queued requests beyond which submit() is refused

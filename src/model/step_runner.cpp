@@ -18,10 +18,17 @@ class CpuRunner : public StepRunner {
   std::string device() const override { return "cpu"; }
   int64_t cache_bytes_per_token() const override { return model_.cache_layout(1).bytes_per_token(); }
   void allocate(const CacheShape& shape) override {
+    if (shape.num_blocks <= 0) fail("the CPU cache needs its size in blocks (--kv-cache-memory)");
     cache_.reset();
     mtp_cache_.reset();
     cache_.emplace(model_.cache_layout(shape.block_size), shape.num_blocks);
     if (shape.mtp && has_mtp()) mtp_cache_.emplace(model_.mtp_cache_layout(shape.block_size), shape.num_blocks);
+    num_blocks_ = shape.num_blocks;
+  }
+  int num_blocks() const override { return num_blocks_; }
+  void limit_blocks(int blocks) override { num_blocks_ = std::min(num_blocks_, blocks); }
+  int64_t cache_bytes() const override {
+    return cache_ ? cache_->layout().bytes_per_token() * cache_->block_size() * cache_->num_blocks() : 0;
   }
   bool has_mtp() const override { return model_.num_mtp_layers() > 0; }
   std::vector<float> mtp_forward(const ForwardBatch& batch, const float* h_prev, std::vector<float>* h_out) override {
@@ -38,6 +45,7 @@ class CpuRunner : public StepRunner {
   const Glm5Model& model_;
   std::optional<kv::PagedLatentCache> cache_;
   std::optional<kv::PagedLatentCache> mtp_cache_;
+  int num_blocks_ = 0;
 };
 
 }  // namespace

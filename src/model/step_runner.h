@@ -21,7 +21,12 @@ struct ForwardTrace;
 // What the cache and the step workspaces are sized for.
 struct CacheShape {
   int block_size = 16;
+  // Cache blocks; 0: as many as the device's memory budget allows (device runners only), at most
+  // enough for max_sequences x max_context.
   int num_blocks = 0;
+  // The fraction of the device's memory the runner may hold in all (weights, workspaces, cache),
+  // when num_blocks is 0 (vLLM's --gpu-memory-utilization).
+  double gpu_memory_utilization = 0.9;
   int max_tokens = 2048;     // tokens per step
   int max_sequences = 64;    // sequences per step
   int max_logits = 0;        // logits rows per step; 0: max_sequences
@@ -38,6 +43,13 @@ class StepRunner {
   virtual int64_t cache_bytes_per_token() const = 0;
   // Allocates the paged cache and whatever a step needs; forward() needs it first.
   virtual void allocate(const CacheShape& shape) = 0;
+  // The cache blocks allocate() made (what a num_blocks of 0 came to).
+  virtual int num_blocks() const = 0;
+  // Uses only the first `blocks` of them (a layout's ranks agree on the smallest count).
+  virtual void limit_blocks(int blocks) = 0;
+  // Bytes this runner's device holds for weights and for the cache (0 where not tracked).
+  virtual int64_t weight_bytes() const { return 0; }
+  virtual int64_t cache_bytes() const { return 0; }
   // One step: logits [batch.logits_tokens.size(), vocab] fp32. `trace` receives the last hidden
   // states (the MTP drafts need them); the CPU runner also records every layer's when asked.
   virtual std::vector<float> forward(const ForwardBatch& batch, ForwardTrace* trace) = 0;

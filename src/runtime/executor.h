@@ -41,8 +41,16 @@ class Executor {
   // Cache bytes of one token on one data-parallel rank (each of its tensor-parallel peers keeps a
   // copy on its own device).
   virtual int64_t cache_bytes_per_token() const = 0;
-  // Every data-parallel rank gets a paged cache of `shape` (block ids index the rank's own).
+  // Every data-parallel rank gets a paged cache of `shape` (block ids index the rank's own); with
+  // shape.num_blocks 0 each device fits what its memory budget allows and every rank then uses
+  // the smallest count.
   virtual void allocate(const model::CacheShape& shape) = 0;
+  virtual int num_blocks() const = 0;  // each rank's cache, in blocks
+  // Per world rank: weights and cache bytes on its device.
+  struct RankMemory {
+    int64_t weight_bytes = 0, cache_bytes = 0;
+  };
+  virtual std::vector<RankMemory> memory() const = 0;
   virtual bool has_mtp() const = 0;
 
   // steps[r] runs on data-parallel rank r; returns one result per rank. Throws glms::Error when a

@@ -15,6 +15,8 @@ class LocalExecutor : public Executor {
   std::string device() const override { return runner_->device(); }
   int64_t cache_bytes_per_token() const override { return runner_->cache_bytes_per_token(); }
   void allocate(const model::CacheShape& shape) override { runner_->allocate(shape); }
+  int num_blocks() const override { return runner_->num_blocks(); }
+  std::vector<RankMemory> memory() const override { return {{runner_->weight_bytes(), runner_->cache_bytes()}}; }
   bool has_mtp() const override { return runner_->has_mtp(); }
 
   std::vector<RankResult> forward(std::vector<RankStep>& steps, bool want_hidden) override {
@@ -53,6 +55,8 @@ class RankZeroRunner : public model::StepRunner {
   std::string device() const override { return executor_.device(); }
   int64_t cache_bytes_per_token() const override { return executor_.cache_bytes_per_token(); }
   void allocate(const model::CacheShape& shape) override { executor_.allocate(shape); }
+  int num_blocks() const override { return executor_.num_blocks(); }
+  void limit_blocks(int) override { fail("limit_blocks: the executor's ranks agree on their cache themselves"); }
   bool has_mtp() const override { return executor_.has_mtp(); }
 
   std::vector<float> forward(const model::ForwardBatch& batch, model::ForwardTrace* trace) override {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "core/error.h"
@@ -33,6 +34,15 @@ class ParallelExecutor : public Executor {
   int64_t cache_bytes_per_token() const override { return runners_[0]->cache_bytes_per_token(); }
   void allocate(const model::CacheShape& shape) override {
     run_all([&](int rank) { runners_[rank]->allocate(shape); });
+    int blocks = runners_[0]->num_blocks();
+    for (const auto& runner : runners_) blocks = std::min(blocks, runner->num_blocks());
+    run_all([&](int rank) { runners_[rank]->limit_blocks(blocks); });  // peers share block ids
+  }
+  int num_blocks() const override { return runners_[0]->num_blocks(); }
+  std::vector<RankMemory> memory() const override {
+    std::vector<RankMemory> out;
+    for (const auto& runner : runners_) out.push_back({runner->weight_bytes(), runner->cache_bytes()});
+    return out;
   }
   bool has_mtp() const override { return runners_[0]->has_mtp(); }
 

@@ -172,6 +172,8 @@ TEST(EngineSpeculative, AFailingDraftLayerEndsRequestsNotTheEngine) {
     std::string device() const override { return "cpu"; }
     int64_t cache_bytes_per_token() const override { return inner_->cache_bytes_per_token(); }
     void allocate(const model::CacheShape& shape) override { inner_->allocate(shape); }
+    int num_blocks() const override { return inner_->num_blocks(); }
+    void limit_blocks(int blocks) override { inner_->limit_blocks(blocks); }
     std::vector<float> forward(const model::ForwardBatch& batch, model::ForwardTrace* trace) override {
       return inner_->forward(batch, trace);
     }

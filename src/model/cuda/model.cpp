@@ -118,12 +118,19 @@ void CudaGlm5Model::Impl::allocate() {
   const int64_t bytes_per_slot = cuda_cache_bytes_per_token(c) + mtp_bytes_per_slot;
   int num_blocks = options.num_blocks;
   if (num_blocks <= 0) {
+    // The budget is a fraction of the whole device, as vLLM's; what is in use now (the context,
+    // weights, workspaces, communicators) comes out of it, and a margin for cuBLAS, graphs and
+    // NCCL's lazily made buffers.
     const auto [free_bytes, total_bytes] = cuda::memory_info();
-    const int64_t margin = int64_t{2} << 30;
-    const int64_t usable = std::max<int64_t>(0, static_cast<int64_t>(free_bytes) - margin);
-    const int64_t fit = usable / (bytes_per_slot * options.block_size);
+    const int64_t budget = static_cast<int64_t>(options.gpu_memory_utilization * static_cast<double>(total_bytes));
+    const int64_t used = static_cast<int64_t>(total_bytes - free_bytes), margin = int64_t{3} << 29;
+    const int64_t usable = std::max<int64_t>(0, budget - used - margin);
+    const int64_t fit = usable / (bytes_per_slot * options.block_size) - 1;  // less the idle rank's dummy block
     num_blocks = static_cast<int>(std::min<int64_t>(fit, int64_t{options.max_sequences} * max_blocks));
-    if (num_blocks <= 0) fail("no device memory left for the KV cache (" + std::to_string(free_bytes >> 20) + " MiB free)");
+    if (num_blocks <= 0)
+      fail("no device memory left for the KV cache: " + std::to_string(used >> 20) + " MiB in use of a budget of " +
+           std::to_string(budget >> 20) + " MiB (--gpu-memory-utilization " +
+           std::to_string(options.gpu_memory_utilization) + " of " + std::to_string(total_bytes >> 20) + " MiB)");
   }
   options.num_blocks = num_blocks;
   // One block more than the engine's: the slots an idle data-parallel rank's dummy token writes.
@@ -381,6 +388,15 @@ std::unique_ptr<CudaGlm5Model> CudaGlm5Model::synthetic(const io::ModelConfig& c
 }
 
 CudaGlm5Model::~CudaGlm5Model() = default;
+
+void CudaGlm5Model::limit_blocks(int blocks) {
+  Impl& m = *impl_;
+  GLMS_CHECK(blocks > 0 && blocks <= m.options.num_blocks, "limit_blocks beyond the allocated cache");
+  m.options.num_blocks = blocks;
+  m.idle_batch = ForwardBatch();  // the dummy block stays the one after the usable ones
+  m.idle_batch.add_sequence({0}, 0, {blocks}, m.options.block_size, false);
+  m.idle_batch.logits_tokens.clear();
+}
 
 const io::ModelConfig& CudaGlm5Model::config() const { return impl_->config; }
 const CudaModelOptions& CudaGlm5Model::options() const { return impl_->options; }

@@ -21,7 +21,10 @@ namespace glms::model {
 
 struct CudaModelOptions {
   int block_size = 64;       // cache block, tokens
-  int num_blocks = 0;        // cache blocks; 0: enough for max_sequences x max_context
+  // Cache blocks; 0: what gpu_memory_utilization leaves after the weights and workspaces, at
+  // most enough for max_sequences x max_context.
+  int num_blocks = 0;
+  double gpu_memory_utilization = 0.9;  // of the device's total memory (vLLM's flag)
   int max_tokens = 2048;     // tokens per step (prefill chunk plus decodes)
   int max_sequences = 256;   // sequences per step
   int max_context = 32768;   // positions per sequence
@@ -93,6 +96,8 @@ class CudaGlm5Model {
   const CudaModelOptions& options() const;
   int64_t weight_bytes() const;  // device bytes of the weights
   int64_t cache_bytes() const;   // device bytes of the paged cache
+  // Uses only the first `blocks` cache blocks (options().num_blocks becomes that).
+  void limit_blocks(int blocks);
 
   // One step over `batch` (block ids index this model's device cache): writes the batch's cache
   // rows and returns logits [batch.logits_tokens.size(), vocab] fp32. Throws glms::Error when

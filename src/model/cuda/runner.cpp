@@ -30,6 +30,7 @@ class CudaRunner : public StepRunner {
     CudaModelOptions options;
     options.block_size = shape.block_size;
     options.num_blocks = shape.num_blocks;
+    options.gpu_memory_utilization = shape.gpu_memory_utilization;
     options.max_tokens = shape.max_tokens;
     options.max_sequences = shape.max_sequences;
     options.max_context = shape.max_context;
@@ -39,6 +40,13 @@ class CudaRunner : public StepRunner {
     if (weights_) model_ = std::make_unique<CudaGlm5Model>(*weights_, options, peers_);
     else model_ = CudaGlm5Model::synthetic(config_, seed_, options, experts_format_, shard_, peers_);
   }
+  int num_blocks() const override { return model_ ? model_->options().num_blocks : 0; }
+  void limit_blocks(int blocks) override {
+    GLMS_CHECK(model_ != nullptr, "StepRunner::limit_blocks before allocate");
+    model_->limit_blocks(blocks);
+  }
+  int64_t weight_bytes() const override { return model_ ? model_->weight_bytes() : 0; }
+  int64_t cache_bytes() const override { return model_ ? model_->cache_bytes() : 0; }
   std::vector<float> forward(const ForwardBatch& batch, ForwardTrace* trace) override {
     GLMS_CHECK(model_ != nullptr, "StepRunner::forward before allocate");
     if (trace && trace->record_layers)
