@@ -14,13 +14,16 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_step_rank.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "io/model_config.h"
 #include "model/batch.h"
 #include "model/cuda/model.h"  // CudaModelOptions' defaults (declarations only)
 #include "model/weights.h"
+#include "plan/hardware.h"
 #include "plan/model_spec.h"
+#include "plan/parallel.h"
 #include "plan/roofline.h"
 
 #ifdef GLMS_HAVE_CUDA
@@ -55,6 +58,8 @@ struct BenchStepOptions {
   int overlap_shared_expert_tokens = model::CudaModelOptions{}.overlap_shared_expert_tokens;
   int speculative_steps = 0;           // > 0: also time K-draft verification and MTP draft steps
   int project_layers = 0;              // depth the speculation break-even is projected to (0: the config's)
+  RankSimulation simulation;           // --simulate-rank R --world N --layout L
+  double gpu_memory_utilization = 0.9; // what the cache may fill (sequences beyond it share blocks)
 };
 
 #ifdef GLMS_HAVE_CUDA
@@ -156,6 +161,25 @@ double expert_bytes(const plan::ModelSpec& spec, const std::string& expert_forma
 double decode_bytes(const plan::ModelSpec& spec, const std::string& expert_format, int batch, int context) {
   return plan::decode_step_weight_bytes(spec, "bf16", batch) - expert_bytes(spec, "bf16", batch) +
          expert_bytes(spec, expert_format, batch) +
+         batch * plan::kv_bytes_read_per_step(spec, context, plan::kv_dtype_bytes("bf16"));
+}
+
+// The same for one simulated rank: its share of the weights and of the experts the whole step's
+// tokens touch (plan/parallel.h), with bf16 everywhere but the routed experts, and its own
+// sequences' cache reads (tensor-parallel peers each read the whole latent rows).
+double rank_decode_bytes(const plan::ModelSpec& spec, const RankSimulation& sim, const std::string& expert_format,
+                         int batch, int context) {
+  const plan::RankShape r = sim.rank_shape();
+  const double experts = [&](const std::string& format) {
+    return spec.moe_layers * plan::expected_distinct_experts(spec.n_routed_experts, spec.experts_per_token,
+                                                             double(batch) * r.dp) *
+           spec.expert_bytes(format) / r.world();
+  }(expert_format);
+  const double bf16_experts = spec.moe_layers *
+                              plan::expected_distinct_experts(spec.n_routed_experts, spec.experts_per_token,
+                                                              double(batch) * r.dp) *
+                              spec.expert_bytes("bf16") / r.world();
+  return plan::rank_decode_weight_bytes(spec, "bf16", r, batch) - bf16_experts + experts +
          batch * plan::kv_bytes_read_per_step(spec, context, plan::kv_dtype_bytes("bf16"));
 }
 
@@ -269,6 +293,12 @@ void run_bench_step(const BenchStepOptions& o) {
   io::ModelConfig config = io::load_model_config(path);
   const int full_layers = o.project_layers > 0 ? o.project_layers : config.num_hidden_layers;
   config.keep_first_layers(o.num_layers);
+  const RankSimulation& sim = o.simulation;
+  if (sim.enabled()) {
+    if (sim.rank < 0 || sim.rank >= sim.world) fail("--simulate-rank must be in [0, --world)");
+    runtime::check_layout(config, sim.parallel_layout());
+    if (o.speculative_steps > 0) fail("--speculative-steps is not simulated across ranks yet");
+  }
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
   const int max_context = *std::max_element(o.contexts.begin(), o.contexts.end()) + o.steps + o.speculative_steps + 8;
   const int max_prefill = o.prefills.empty() ? 0 : *std::max_element(o.prefills.begin(), o.prefills.end());
@@ -291,7 +321,8 @@ void run_bench_step(const BenchStepOptions& o) {
   options.max_context = std::max(max_context, max_prefill + 8);
   options.max_logits = max_batch;
   const int blocks_per_sequence = (options.max_context + options.block_size - 1) / options.block_size;
-  options.num_blocks = max_batch * blocks_per_sequence;
+  options.num_blocks = 0;  // as many as fit, up to max_batch sequences of max_context
+  options.gpu_memory_utilization = o.gpu_memory_utilization;
   options.small_batch_gemv_tokens = o.gemv_tokens;
   options.fused_attention_min_tokens = o.fused_attention_min_tokens;
   options.fused_prefill_attention = o.fused_prefill_attention;
@@ -312,15 +343,24 @@ void run_bench_step(const BenchStepOptions& o) {
   const ops::WeightFormat experts_format = o.expert_format == "mxfp4" ? ops::WeightFormat::Mxfp4
                                            : o.expert_format == "fp8" ? ops::WeightFormat::Fp8Block
                                                                       : ops::WeightFormat::Plain;
-  auto model = model::CudaGlm5Model::synthetic(config, o.seed, options, experts_format);
+  const SimulatedPeers peers = make_simulated_peers(sim, config, options.max_tokens);
+  const model::ModelShard shard = sim.enabled() ? sim.parallel_layout().shard(sim.rank) : model::ModelShard{};
+  if (sim.enabled())
+    std::cerr << fmt::format("simulating rank {} of {} ({}): {}\n", sim.rank, sim.world,
+                             sim.parallel_layout().describe(), shard.describe());
+  auto model = model::CudaGlm5Model::synthetic(config, o.seed, options, experts_format, shard, peers.peers());
   model->fill_cache_random(o.seed + 100);
-  std::cerr << fmt::format("  {:.1f} GB of weights, {:.1f} GB of cache, in {:.1f} s\n", model->weight_bytes() / 1e9,
-                           model->cache_bytes() / 1e9, seconds_since(start));
+  // Sequences beyond what the cache holds share the blocks of earlier ones (same bytes read).
+  const int cached_sequences = std::max(1, model->options().num_blocks / blocks_per_sequence);
+  std::cerr << fmt::format("  {:.1f} GB of weights, {:.1f} GB of cache ({} sequences of {} positions), in {:.1f} s\n",
+                           model->weight_bytes() / 1e9, model->cache_bytes() / 1e9, cached_sequences,
+                           options.max_context, seconds_since(start));
   const plan::ModelSpec spec = plan::model_spec_of(config);
+  const double link_bandwidth = plan::find_gpu("h200").link_bandwidth;
 
   auto table_of = [&](int sequence) {
     std::vector<int32_t> table(blocks_per_sequence);
-    for (int b = 0; b < blocks_per_sequence; ++b) table[b] = sequence * blocks_per_sequence + b;
+    for (int b = 0; b < blocks_per_sequence; ++b) table[b] = (sequence % cached_sequences) * blocks_per_sequence + b;
     return table;
   };
 
@@ -332,6 +372,7 @@ void run_bench_step(const BenchStepOptions& o) {
         for (int s = 0; s < batch; ++s)
           b.add_sequence({(s * 7919 + step * 31) % config.vocab_size}, context - 1 + step, table_of(s),
                          options.block_size, false);
+        b.dp_tokens = sim.dp_tokens(batch);
         return b;
       };
       for (int step = 0; step < 3; ++step) model->forward_on_device(step_batch(step), o.graphs);
@@ -380,7 +421,8 @@ void run_bench_step(const BenchStepOptions& o) {
       const double sampled_median =
           median_of([&](const model::ForwardBatch& b) { model->forward_selected(b, sampled, o.graphs); });
       const nlohmann::json phases = phase_breakdown(*model, [&](int step) { model->forward_on_device(step_batch(step)); });
-      const double bytes = decode_bytes(spec, o.expert_format, batch, context);
+      const double bytes = sim.enabled() ? rank_decode_bytes(spec, sim, o.expert_format, batch, context)
+                                         : decode_bytes(spec, o.expert_format, batch, context);
       const double bound = bytes / bandwidth;
       const double experts_bound = expert_bytes(spec, o.expert_format, batch) / bandwidth;
       decode.push_back({{"batch", batch},
@@ -400,6 +442,18 @@ void run_bench_step(const BenchStepOptions& o) {
                                "  (logits to the host: {:.3f} ms, argmax only: {:.3f} ms, sampled: {:.3f} ms)\n",
                                batch, context, median * 1e3, batch / median, bound * 1e3, median / bound,
                                host_median * 1e3, argmax_median * 1e3, sampled_median * 1e3);
+      if (sim.enabled()) {
+        decode.back()["cache_shared_by_sequences"] = batch > cached_sequences;
+        decode.back()["projection"] = project_step(spec, sim, argmax_median, batch, link_bandwidth);
+        const nlohmann::json& p = decode.back()["projection"];
+        std::cerr << fmt::format("    with the collectives ({} calls, {:.2f} MB a rank, {:.3f} ms): {:.3f} ms/step, "
+                                 "{:.0f} output tok/s per GPU, {:.0f} for the node{}\n",
+                                 p["collective_calls"].get<int>(), p["collective_bytes_sent"].get<double>() / 1e6,
+                                 p["collectives_ms"].get<double>(), p["projected_step_ms"].get<double>(),
+                                 p["projected_tokens_per_s_per_gpu"].get<double>(),
+                                 p["projected_node_tokens_per_s"].get<double>(),
+                                 batch > cached_sequences ? " (sequences share cache blocks)" : "");
+      }
       if (o.speculative_steps > 0)
         decode.back()["speculative"] =
             speculation_costs(*model, config, o.speculative_steps, batch, context, o.steps, median,
@@ -412,6 +466,7 @@ void run_bench_step(const BenchStepOptions& o) {
     for (int i = 0; i < tokens; ++i) prompt[i] = (i * 104729 + 7) % config.vocab_size;
     model::ForwardBatch b;
     b.add_sequence(prompt, 0, table_of(0), options.block_size, false);
+    b.dp_tokens = sim.dp_tokens(tokens);
     model->forward_on_device(b);
     model->synchronize();
     std::vector<double> times;
@@ -441,6 +496,11 @@ void run_bench_step(const BenchStepOptions& o) {
                              "GEMM rate over the whole step, {:.2f} over the linear phases ({:.1f} ms)\n",
                              tokens, best * 1e3, tokens / best, flops / best / 1e12, flops / best / gemm_rate,
                              linear_rate / gemm_rate, linear_ms);
+    if (sim.enabled()) {
+      prefill.back()["projection"] = project_step(spec, sim, best, tokens, link_bandwidth);
+      std::cerr << fmt::format("    with the collectives: {:.1f} ms\n",
+                               prefill.back()["projection"]["projected_step_ms"].get<double>());
+    }
   }
   nlohmann::json out = {{"benchmark", "cuda-step"},
                         {"config", path},
@@ -467,6 +527,15 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"fp8_block_gemm_error", fp8_rate.error},
                         {"decode", decode},
                         {"prefill", prefill}};
+  out["cached_sequences"] = cached_sequences;
+  if (sim.enabled())
+    out["simulated_rank"] = {{"rank", sim.rank},
+                             {"world", sim.world},
+                             {"layout", sim.layout},
+                             {"describe", sim.parallel_layout().describe()},
+                             {"shard", shard.describe()},
+                             {"link_bandwidth_bytes_per_s", link_bandwidth},
+                             {"collective_latency_s", plan::kCollectiveLatencySeconds}};
   if (!o.json_out.empty()) {
     std::ofstream file(o.json_out);
     file << out.dump(2) << "\n";
@@ -551,6 +620,19 @@ void add_bench_step_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--expert-format", o->expert_format, "Routed experts' storage: bf16, mxfp4 (W4A16) or fp8 (block E4M3)")
       ->check(CLI::IsMember({"bf16", "mxfp4", "fp8"}))
+      ->capture_default_str();
+  cmd->add_option("--simulate-rank", o->simulation.rank,
+                  "Run exactly what this rank of --world does (its experts, heads and batch), collectives as "
+                  "device copies plus their time at the link bandwidth")
+      ->check(CLI::Range(0, 4095));
+  cmd->add_option("--world", o->simulation.world, "Ranks of the simulated layout")->check(CLI::Range(1, 4096));
+  cmd->add_option("--layout", o->simulation.layout,
+                  "Simulated layout: dp-ep (DP attention, EP MoE), tp (experts split by width) or tp-ep")
+      ->check(CLI::IsMember({"dp-ep", "tp", "tp-ep"}))
+      ->capture_default_str();
+  cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
+                  "Fraction of the GPU the weights, workspaces and cache may fill (more sequences share cache blocks)")
+      ->check(CLI::Range(0.05, 1.0))
       ->capture_default_str();
   cmd->add_option("--json", o->json_out, "Write the results as JSON to this file");
   cmd->callback([o] {

@@ -1,0 +1,57 @@
+#include "cli/bench_step_rank.h"
+
+#include "core/error.h"
+
+#ifdef GLMS_HAVE_CUDA
+#include "runtime/device_collectives.h"
+#endif
+
+namespace glms::cli {
+
+runtime::ParallelLayout RankSimulation::parallel_layout() const {
+  if (layout == "dp-ep") return {1, world, true};
+  if (layout == "tp") return {world, 1, false};
+  if (layout == "tp-ep") return {world, 1, true};
+  fail("--layout must be dp-ep, tp or tp-ep, got '" + layout + "'");
+}
+
+std::vector<int32_t> RankSimulation::dp_tokens(int tokens) const {
+  const int dp = parallel_layout().data_parallel;
+  return dp > 1 ? std::vector<int32_t>(dp, tokens) : std::vector<int32_t>{};
+}
+
+SimulatedPeers make_simulated_peers(const RankSimulation& sim, const io::ModelConfig& config, int max_tokens) {
+  SimulatedPeers out;
+#ifdef GLMS_HAVE_CUDA
+  const runtime::ParallelLayout l = sim.parallel_layout();
+  const model::ModelShard shard = l.shard(sim.rank);
+  const size_t all_reduce_bytes = sizeof(float) * static_cast<size_t>(max_tokens) * config.hidden_size;
+  if (l.tensor_parallel > 1)
+    out.tp = runtime::make_simulated_peer(shard.tp_rank, l.tensor_parallel, config.n_routed_experts, all_reduce_bytes);
+  if (l.data_parallel > 1)
+    out.dp = runtime::make_simulated_peer(shard.dp_rank, l.data_parallel, config.n_routed_experts, all_reduce_bytes);
+#else
+  (void)sim;
+  (void)config;
+  (void)max_tokens;
+#endif
+  return out;
+}
+
+nlohmann::json project_step(const plan::ModelSpec& spec, const RankSimulation& sim, double measured_s,
+                            int tokens_per_rank, double link_bandwidth) {
+  const plan::RankShape r = sim.rank_shape();
+  const plan::StepCollectives c = plan::step_collectives(spec, r, tokens_per_rank);
+  const double collectives_s = c.time_s(link_bandwidth, plan::kCollectiveLatencySeconds);
+  const double step_s = measured_s + collectives_s;
+  // Tokens the node finishes per step: each data-parallel rank's own, or the one shared batch.
+  const double node_tokens = double(tokens_per_rank) * r.dp;
+  return {{"collective_calls", c.count},
+          {"collective_bytes_sent", c.bytes_sent},
+          {"collectives_ms", collectives_s * 1e3},
+          {"projected_step_ms", step_s * 1e3},
+          {"projected_node_tokens_per_s", node_tokens / step_s},
+          {"projected_tokens_per_s_per_gpu", node_tokens / step_s / r.world()}};
+}
+
+}  // namespace glms::cli

@@ -1,0 +1,47 @@
+// bench-step --simulate-rank R --world N --layout dp-ep|tp|tp-ep: one rank of a layout at full
+// depth on one GPU. The rank holds exactly its shard (its experts, its heads) and runs its batch;
+// each collective becomes device copies of the bytes it would bring in (runtime::
+// make_simulated_peer), and the collectives' network time is added from the plan's link
+// bandwidth (plan/parallel.h). With data parallelism every rank is taken to run as many tokens as
+// this one.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "io/model_config.h"
+#include "model/shard.h"
+#include "plan/model_spec.h"
+#include "plan/parallel.h"
+#include "runtime/layout.h"
+
+namespace glms::cli {
+
+struct RankSimulation {
+  int rank = 0, world = 1;
+  std::string layout = "dp-ep";  // dp-ep: DP attention + EP MoE; tp: TP, experts split by width; tp-ep: TP + EP
+
+  bool enabled() const { return world > 1; }
+  runtime::ParallelLayout parallel_layout() const;
+  plan::RankShape rank_shape() const { return {parallel_layout().tensor_parallel, parallel_layout().data_parallel}; }
+  // dp_tokens of a step with `tokens` on this rank (every data-parallel rank alike); empty without DP.
+  std::vector<int32_t> dp_tokens(int tokens) const;
+};
+
+// The stand-in peers of the simulated rank.
+struct SimulatedPeers {
+  std::unique_ptr<comm::Communicator> tp, dp;
+  model::Peers peers() const { return {tp.get(), dp.get()}; }
+};
+SimulatedPeers make_simulated_peers(const RankSimulation& sim, const io::ModelConfig& config, int max_tokens);
+
+// A point's projection: the measured step (compute and local copies) plus the collectives' time
+// at the link bandwidth, per rank and for the node of `world` GPUs.
+nlohmann::json project_step(const plan::ModelSpec& spec, const RankSimulation& sim, double measured_s,
+                            int tokens_per_rank, double link_bandwidth);
+
+}  // namespace glms::cli

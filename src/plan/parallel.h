@@ -1,0 +1,44 @@
+// One rank of a parallel layout as glmserve's runtime lays it out (model/shard.h): what it holds,
+// what a decode step reads, and what its collectives send. Tensor-parallel ranks split the
+// attention heads' matrices (q_b, kv_b, o_proj; q_a and kv_a stay whole), the dense MLP and the
+// shared expert; the DSA indexer, router, norms, embeddings and lm_head are whole on every rank;
+// the routed experts spread over all tp x dp ranks (whole experts with expert parallelism, or
+// every expert split by width: the same bytes per rank).
+#pragma once
+
+#include <string>
+
+#include "plan/model_spec.h"
+
+namespace glms::plan {
+
+struct RankShape {
+  int tp = 1, dp = 1;
+  int world() const { return tp * dp; }
+};
+
+// Weight bytes one rank holds in `format` (the MTP layer left out).
+double rank_weight_bytes(const ModelSpec& m, const std::string& format, const RankShape& r);
+// Weight bytes one rank reads in a decode step with `tokens_per_rank` tokens on each
+// data-parallel rank: its share of every non-expert matrix, and of the experts the whole step's
+// dp * tokens_per_rank tokens touch.
+double rank_decode_weight_bytes(const ModelSpec& m, const std::string& format, const RankShape& r,
+                                double tokens_per_rank);
+
+// A step's collectives on one rank (ring algorithms: an all-reduce of S bytes over n ranks sends
+// 2 (n - 1) / n S, an all-gather or reduce-scatter of n chunks of c bytes sends (n - 1) c): per
+// decoder layer two all-reduces of the fp32 block outputs over the tensor-parallel peers, and per
+// MoE layer with data parallelism an all-gather of every rank's routing (ids and weights, 8 bytes
+// an expert) and bf16 rows, and a reduce-scatter of the fp32 sums.
+struct StepCollectives {
+  double bytes_sent = 0;  // by one rank
+  int count = 0;          // collective calls
+  // At `link_bandwidth` bytes/s per direction and `latency_s` a call.
+  double time_s(double link_bandwidth, double latency_s) const;
+};
+StepCollectives step_collectives(const ModelSpec& m, const RankShape& r, double tokens_per_rank);
+
+// A collective's fixed cost assumed where none is measured: NVLink rings inside a CUDA graph.
+inline constexpr double kCollectiveLatencySeconds = 10e-6;
+
+}  // namespace glms::plan
