@@ -34,6 +34,10 @@ class Communicator {
   virtual bool graph_capturable() const { return false; }
   // Ends every collective in flight (a peer failed); the communicator cannot be used afterwards.
   virtual void abort() {}
+  // Collectives between begin_group() and end_group() may go out as one launch (NCCL's group
+  // calls): none of them may read another's result.
+  virtual void begin_group() {}
+  virtual void end_group() {}
 
   // data [count] on every rank becomes the element-wise sum over the ranks.
   virtual void all_reduce_sum(void* data, size_t count, Element type, Stream stream = nullptr) = 0;

@@ -24,6 +24,8 @@ class NcclCommunicator : public Communicator {
   ~NcclCommunicator() override {
     if (comm_) library_->comm_destroy(comm_);
   }
+  void begin_group() override { library_->check(library_->group_start(), "ncclGroupStart"); }
+  void end_group() override { library_->check(library_->group_end(), "ncclGroupEnd"); }
   // ncclCommAbort may come from another thread while this rank waits in a collective.
   void abort() override {
     if (nccl::Comm comm = std::exchange(comm_, nullptr)) library_->comm_abort(comm);

@@ -63,7 +63,7 @@ StepCollectives step_collectives(const ModelSpec& m, const RankShape& r, double 
     const double gather = tokens_per_rank * (m.hidden * 2.0 + m.experts_per_token * 8.0);
     const double scatter = tokens_per_rank * m.hidden * 4.0;
     c.bytes_sent += m.moe_layers * (r.dp - 1) * (gather + scatter);
-    c.count += 4 * m.moe_layers;
+    c.count += 2 * m.moe_layers;  // the three gathers go out as one group call
   }
   return c;
 }

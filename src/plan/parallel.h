@@ -29,7 +29,7 @@ double rank_decode_weight_bytes(const ModelSpec& m, const std::string& format, c
 // 2 (n - 1) / n S, an all-gather or reduce-scatter of n chunks of c bytes sends (n - 1) c): per
 // decoder layer two all-reduces of the fp32 block outputs over the tensor-parallel peers, and per
 // MoE layer with data parallelism an all-gather of every rank's routing (ids and weights, 8 bytes
-// an expert) and bf16 rows, and a reduce-scatter of the fp32 sums.
+// an expert) and bf16 rows (one group call), and a reduce-scatter of the fp32 sums.
 struct StepCollectives {
   double bytes_sent = 0;  // by one rank
   int count = 0;          // collective calls

@@ -24,7 +24,10 @@ void CudaGlm5Model::Impl::allocate() {
   for (const MtpDevice& m : weights.mtp) widths(m.block);
   // Data-parallel peers gather every rank's rows: decode-sized steps run all of them at once
   // (up to the tensor-core path's pairs per expert), larger ones a rank's rows at a time.
+  // The plan indexes every gathered pair; the per-pair rows (inputs, activations, outputs) are
+  // for this rank's pairs, which a step of all ranks' rows usually keeps within one rank's worth.
   const int64_t ranks = peers.dp ? peers.dp->size() : 1;
+  plan_capacity = ranks * T * K;
   pair_capacity = std::max(T * K, std::min(ranks * T * K, int64_t{kSmallMoePairsPerExpertTensorCores} * E));
   const int64_t P = pair_capacity;
   auto f32 = [](int64_t n) { return DeviceBuffer(sizeof(float) * std::max<int64_t>(n, 1)); };
@@ -59,8 +62,8 @@ void CudaGlm5Model::Impl::allocate() {
   plan_offsets = i32(E_local + 1);
   plan_active = i32(E_local);
   plan_num_active = i32(1);
-  sorted_pairs = i32(P);
-  pair_slot = i32(P);
+  sorted_pairs = i32(plan_capacity);
+  pair_slot = i32(plan_capacity);
   shared_out = f32(T * hidden);
   pair_x = bf16(P * hidden);
   pair_gate_up = f32(P * 2 * inter);
@@ -320,6 +323,7 @@ StepShape CudaGlm5Model::Impl::prepare(const ForwardBatch& step) {
       fail("a data-parallel step needs every rank's token count (ForwardBatch::dp_tokens)");
     shape.moe_rows = moe_gather_rows(step.dp_tokens, options.max_tokens);
     shape.valid_tokens = step.num_tokens();
+    step_dp_tokens = step.dp_tokens;
   }
   return shape;
 }

@@ -100,9 +100,11 @@ struct CudaGlm5Model::Impl {
   // Data-parallel MoE: every rank's rows [dp * max_tokens] of routing and bf16 inputs, the routed
   // sums of all of them, and this rank's rows of those sums.
   DeviceBuffer gathered_ids, gathered_weights, gathered_x, routed_all, routed_local;
-  int64_t pair_capacity = 0;      // (token, expert) pairs the pair buffers hold
+  int64_t plan_capacity = 0;      // (token, expert) pairs a plan covers (every rank's rows)
+  int64_t pair_capacity = 0;      // this rank's pairs the per-pair buffers hold
   int64_t gathered_capacity = 0;  // bf16 elements of gathered_rows
   ForwardBatch idle_batch;        // the one dummy token an idle data-parallel rank runs
+  std::vector<int32_t> step_dp_tokens;  // every data-parallel rank's tokens in the step being run
   int64_t prefill_score_capacity = 0;  // floats
   const ForwardBatch* batch = nullptr;  // the step being run (host view; null inside graph capture)
 
@@ -134,10 +136,12 @@ struct CudaGlm5Model::Impl {
   void moe_shared_expert(const MoeDevice& m, int T, bool on_side_stream);
   void moe_route(const MoeDevice& m, int T);
   // The routed experts of this rank over `rows` tokens x [rows, hidden] bf16 with their routing
-  // (ids, weights [rows, top_k]); out [rows, hidden] (+)= shared (when given; ready once
-  // `shared_ready` is, where it is on the side stream) + their sums.
-  void moe_experts(const MoeDevice& m, const uint16_t* x, const int32_t* ids, const float* weights, int rows,
-                   const StepShape& shape, float* out, bool accumulate, const float* shared,
+  // (ids, weights [rows, top_k]; `routed_rows` of them are tokens, the rest padding); out
+  // [rows, hidden] (+)= shared (when given; ready once `shared_ready` is, where it is on the side
+  // stream) + their sums. Returns false, having written nothing, where a large step's pairs on
+  // this rank outnumber the per-pair buffers (the caller then runs fewer rows at a time).
+  bool moe_experts(const MoeDevice& m, const uint16_t* x, const int32_t* ids, const float* weights, int rows,
+                   int routed_rows, const StepShape& shape, float* out, bool accumulate, const float* shared,
                    const cuda::Event* shared_ready);
   // Sums a block output [T, hidden] over the tensor-parallel peers.
   void sum_over_tp(float* block_output, int T);

@@ -37,11 +37,15 @@ void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T) {
                   as<float>(expert_weights), s);
 }
 
-void CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, const int32_t* ids, const float* weights,
-                                      int rows, const StepShape& shape, float* out, bool accumulate,
+bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, const int32_t* ids, const float* weights,
+                                      int rows, int routed_rows, const StepShape& shape, float* out, bool accumulate,
                                       const float* shared, const cuda::Event* shared_ready) {
   const int K = config.num_experts_per_tok, E = m.num_experts;
   const int64_t hidden = config.hidden_size, inter = m.expert_inter, P = int64_t{rows} * K;
+  // The expert kernels size their chunks by the pairs an expert gets on average: this rank's
+  // share of the real tokens' pairs, as that many tokens over its experts would give.
+  const int chunk_tokens = static_cast<int>(std::max<int64_t>(
+      1, (int64_t{routed_rows} * E + config.n_routed_experts - 1) / config.n_routed_experts));
   cudaStream_t s = stream.get();
   cuda::MoePlan plan;
   plan.counts = as<int32_t>(plan_counts);
@@ -50,7 +54,7 @@ void CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
   plan.num_active = as<int32_t>(plan_num_active);
   plan.sorted_pairs = as<int32_t>(sorted_pairs);
   plan.pair_slot = as<int32_t>(pair_slot);
-  GLMS_CHECK(P <= pair_capacity, "MoE pairs beyond the pair buffers");
+  GLMS_CHECK(P <= plan_capacity, "MoE pairs beyond the plan's buffers");
   cuda::moe_plan(ids, P, E, plan, s, m.first_expert);
   timer.mark("moe.routing", s);
 
@@ -66,8 +70,9 @@ void CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
   const int small_pairs = cuda::moe_experts_mma_supported(experts, hidden, inter) ? kSmallMoePairsPerExpertTensorCores
                                                                                : kSmallMoePairsPerExpert;
   if (P <= int64_t{small_pairs} * config.n_routed_experts || !shape.host_sync_ok) {
-    cuda::moe_experts_small(x, hidden, inter, experts, plan, E, K, rows, static_cast<int>(std::min<int64_t>(E, P)),
-                            as<uint16_t>(pair_act), as<float>(expert_out), s);
+    GLMS_CHECK(P <= pair_capacity, "MoE pairs beyond the pair buffers");
+    cuda::moe_experts_small(x, hidden, inter, experts, plan, E, K, chunk_tokens,
+                            static_cast<int>(std::min<int64_t>(E, P)), as<uint16_t>(pair_act), as<float>(expert_out), s);
   } else {
     // Per-expert GEMMs over the grouped rows; the group offsets come back to the host first.
     // Quantised experts are widened to bf16 one at a time (same stream: the next widening waits
@@ -76,6 +81,7 @@ void CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
     stream.synchronize();
     const auto* offsets = static_cast<const int32_t*>(offsets_host.data());
     const int64_t local_pairs = offsets[E];
+    if (local_pairs > pair_capacity) return false;
     cuda::gather_rows(x, hidden, plan.sorted_pairs, local_pairs, K, as<uint16_t>(pair_x), s);
     if (options.grouped_expert_gemm && m.experts_format == ops::WeightFormat::Plain) {
       // All active experts' gate/up in one grouped GEMM, SwiGLU over every grouped row at once
@@ -121,6 +127,7 @@ void CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
   if (shared_ready) shared_ready->make_wait(s);
   cuda::moe_combine(out, accumulate, shared, as<float>(expert_out), plan.pair_slot, ids, weights, rows, K, hidden, s);
   timer.mark("moe.combine", s);
+  return true;
 }
 
 void CudaGlm5Model::Impl::sum_over_tp(float* block_output, int T) {
@@ -145,12 +152,12 @@ const float* CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const Ste
   }
 
   if (!peers.tp && !peers.dp) {  // the whole model: combine into the residual stream
-    moe_experts(m, as<uint16_t>(normed_bf16), as<int32_t>(expert_ids), as<float>(expert_weights), T, shape, as<float>(x),
-                true, as<float>(shared_out), shared_ready);
+    moe_experts(m, as<uint16_t>(normed_bf16), as<int32_t>(expert_ids), as<float>(expert_weights), T, T, shape,
+                as<float>(x), true, as<float>(shared_out), shared_ready);
     return nullptr;
   }
   if (!peers.dp) {
-    moe_experts(m, as<uint16_t>(normed_bf16), as<int32_t>(expert_ids), as<float>(expert_weights), T, shape,
+    moe_experts(m, as<uint16_t>(normed_bf16), as<int32_t>(expert_ids), as<float>(expert_weights), T, T, shape,
                 as<float>(block_out), false, as<float>(shared_out), shared_ready);
     sum_over_tp(as<float>(block_out), T);
     return as<float>(block_out);
@@ -163,23 +170,26 @@ const float* CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const Ste
   if (rows > shape.valid_tokens)
     cuda::memset_async(as<int32_t>(expert_ids) + int64_t{shape.valid_tokens} * K, 0xff,
                        sizeof(int32_t) * (rows - shape.valid_tokens) * K, s);
+  dp.begin_group();  // one launch for the three
   dp.all_gather(expert_ids.data(), gathered_ids.data(), static_cast<size_t>(rows) * K, comm::Element::I32, s);
   dp.all_gather(expert_weights.data(), gathered_weights.data(), static_cast<size_t>(rows) * K, comm::Element::F32, s);
   dp.all_gather(normed_bf16.data(), gathered_x.data(), static_cast<size_t>(rows) * hidden, comm::Element::BF16, s);
+  dp.end_group();
   timer.mark("moe.gather", s);
+  // All ranks' rows at once, so that each active expert's weights are read once for the whole
+  // step; where a large step's pairs on this rank outnumber the pair buffers, a source rank's
+  // rows at a time.
   const int total = rows * ranks;
-  const int small_pairs = std::max(kSmallMoePairsPerExpert, kSmallMoePairsPerExpertTensorCores);
-  if (int64_t{total} * K <= std::min<int64_t>(pair_capacity, int64_t{small_pairs} * c.n_routed_experts) ||
-      !shape.host_sync_ok) {
-    // All ranks' rows at once: each active expert's weights are read once for the whole node.
-    moe_experts(m, as<uint16_t>(gathered_x), as<int32_t>(gathered_ids), as<float>(gathered_weights), total, shape,
-                as<float>(routed_all), false, nullptr, nullptr);
-  } else {
-    // Large steps (prefill chunks) a source rank's rows at a time, within the pair buffers.
+  int routed_total = 0;
+  for (int32_t n : step_dp_tokens) routed_total += n;
+  if (!moe_experts(m, as<uint16_t>(gathered_x), as<int32_t>(gathered_ids), as<float>(gathered_weights), total,
+                   routed_total, shape, as<float>(routed_all), false, nullptr, nullptr)) {
     for (int r = 0; r < ranks; ++r)
-      moe_experts(m, as<uint16_t>(gathered_x) + int64_t{r} * rows * hidden,
-                  as<int32_t>(gathered_ids) + int64_t{r} * rows * K, as<float>(gathered_weights) + int64_t{r} * rows * K,
-                  rows, shape, as<float>(routed_all) + int64_t{r} * rows * hidden, false, nullptr, nullptr);
+      GLMS_CHECK(moe_experts(m, as<uint16_t>(gathered_x) + int64_t{r} * rows * hidden,
+                             as<int32_t>(gathered_ids) + int64_t{r} * rows * K,
+                             as<float>(gathered_weights) + int64_t{r} * rows * K, rows, step_dp_tokens[r], shape,
+                             as<float>(routed_all) + int64_t{r} * rows * hidden, false, nullptr, nullptr),
+                 "a rank's MoE rows beyond the pair buffers");
   }
   dp.reduce_scatter_sum(routed_all.data(), routed_local.data(), static_cast<size_t>(rows) * hidden, comm::Element::F32,
                         s);
