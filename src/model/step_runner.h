@@ -21,8 +21,7 @@ struct ForwardTrace;
 // What the cache and the step workspaces are sized for.
 struct CacheShape {
   int block_size = 16;
-  // Cache blocks; 0: as many as the device's memory budget allows (device runners only), at most
-  // enough for max_sequences x max_context.
+  // Cache blocks; 0: as many as the device's memory budget allows (device runners only).
   int num_blocks = 0;
   // The fraction of the device's memory the runner may hold in all (weights, workspaces, cache),
   // when num_blocks is 0 (vLLM's --gpu-memory-utilization).

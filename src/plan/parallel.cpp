@@ -1,6 +1,7 @@
 #include "plan/parallel.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "plan/roofline.h"
 
@@ -37,6 +38,12 @@ double rank_weight_bytes(const ModelSpec& m, const std::string& format, const Ra
   return rank_shared_bytes(m, format, r) + static_cast<double>(m.group_bytes("routed_experts", format)) / r.world();
 }
 
+double rank_device_weight_bytes(const ModelSpec& m, const std::string& experts_format, const RankShape& r) {
+  const double router_fp32 = static_cast<double>(m.group_bytes("router", "bf16"));  // 2 more bytes a value
+  return rank_shared_bytes(m, "bf16", r) + router_fp32 +
+         static_cast<double>(m.group_bytes("routed_experts", experts_format)) / r.world();
+}
+
 double rank_decode_weight_bytes(const ModelSpec& m, const std::string& format, const RankShape& r,
                                 double tokens_per_rank) {
   double bytes = rank_shared_bytes(m, format, r);
@@ -66,6 +73,47 @@ StepCollectives step_collectives(const ModelSpec& m, const RankShape& r, double 
     c.count += 2 * m.moe_layers;  // the three gathers go out as one group call
   }
   return c;
+}
+
+Layout plan_expert_parallel_layout(const ModelSpec& m, const PlanInputs& in, const GpuSpec& gpu, int tp) {
+  Layout l;
+  l.tp = tp;
+  l.dp = in.gpus / tp;
+  l.expert_parallel = true;
+  const RankShape r{l.tp, l.dp};
+  const double usable = gpu.memory_bytes * (1.0 - in.reserve_fraction);
+  const int b = kv_dtype_bytes(in.kv_dtype);
+  l.weight_bytes_per_gpu = rank_device_weight_bytes(m, in.weights, r);
+  l.weights_fit = l.weight_bytes_per_gpu <= usable;
+  // Each GPU of an attention group holds the group's whole latent cache.
+  l.kv_room_per_replica = std::max(0.0, usable - l.weight_bytes_per_gpu);
+  l.kv_bytes_per_sequence = kv_bytes_per_token(m, b) * double(in.context);
+  if (l.weights_fit && l.kv_bytes_per_sequence > 0)
+    l.max_sequences = int64_t(l.dp) * static_cast<int64_t>(std::floor(l.kv_room_per_replica / l.kv_bytes_per_sequence));
+  const Rate bw = effective_bandwidth(gpu), rate = effective_gemm_rate(gpu, in.weights);
+  // One step on one GPU: its share of the weights the node's batch touches, its group's cache
+  // reads, its share of the FLOPs.
+  const double per_group = double(in.concurrency) / l.dp;
+  DecodeBound& d = l.decode;
+  d.batch = per_group;
+  d.touched_experts =
+      m.moe_layers > 0 ? expected_distinct_experts(m.n_routed_experts, m.experts_per_token, double(in.concurrency)) : 0;
+  d.weight_bytes = rank_decode_weight_bytes(m, in.weights, r, per_group);
+  d.kv_bytes = per_group * kv_bytes_read_per_step(m, double(in.context), b);
+  d.flops = per_group * (2.0 * m.active_parameters +
+                         attention_flops(m, attended_tokens(m, double(in.context)), double(in.context), false)) /
+            tp;
+  d.bandwidth_time_s = (d.weight_bytes + d.kv_bytes) / bw.value;
+  d.compute_time_s = d.flops / rate.value;
+  d.compute_bound = d.compute_time_s > d.bandwidth_time_s;
+  const StepCollectives c = step_collectives(m, r, per_group);
+  l.allreduce_bytes_per_token = per_group > 0 ? c.bytes_sent / per_group : 0;
+  l.allreduce_time_per_step_s = c.time_s(gpu.link_bandwidth, kCollectiveLatencySeconds);
+  d.step_time_s = std::max(d.bandwidth_time_s, d.compute_time_s) + l.allreduce_time_per_step_s;
+  d.tokens_per_s = d.step_time_s > 0 ? per_group / d.step_time_s : 0;
+  d.tokens_per_s_per_sequence = d.step_time_s > 0 ? 1.0 / d.step_time_s : 0;
+  l.aggregate_tokens_per_s = d.tokens_per_s * l.dp;
+  return l;
 }
 
 }  // namespace glms::plan

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "plan/model_spec.h"
+#include "plan/roofline.h"
 
 namespace glms::plan {
 
@@ -19,6 +20,9 @@ struct RankShape {
 
 // Weight bytes one rank holds in `format` (the MTP layer left out).
 double rank_weight_bytes(const ModelSpec& m, const std::string& format, const RankShape& r);
+// The same as glmserve's CUDA path stores them: routed experts in `experts_format`, every other
+// matrix bf16, the router fp32 (MX and FP8 checkpoints are widened on upload but for the experts).
+double rank_device_weight_bytes(const ModelSpec& m, const std::string& experts_format, const RankShape& r);
 // Weight bytes one rank reads in a decode step with `tokens_per_rank` tokens on each
 // data-parallel rank: its share of every non-expert matrix, and of the experts the whole step's
 // dp * tokens_per_rank tokens touch.

@@ -41,7 +41,10 @@ std::string per_s(double tokens) {
   return tokens >= 100 ? format("%.0f", tokens) : tokens >= 1 ? format("%.1f", tokens) : format("%.3f", tokens);
 }
 
-std::string layout_name(const Layout& l) { return l.dp == 1 ? format("TP%d", l.tp) : format("TP%d x DP%d", l.tp, l.dp); }
+std::string layout_name(const Layout& l) {
+  const std::string name = l.dp == 1 ? format("TP%d", l.tp) : format("TP%d x DP%d", l.tp, l.dp);
+  return l.expert_parallel ? name + format(" + EP%d", l.tp * l.dp) : name;
+}
 
 }  // namespace
 
@@ -115,13 +118,14 @@ std::string render_text(const PlanResult& p) {
                          per_s(p.prefill_tokens_per_s_bound).c_str(), in.gpus, p.ttft_bound_s,
                          static_cast<long long>(in.context), in.tp));
 
-  out += "\nlayouts (weights sharded by TP, a whole copy per DP replica; " +
-         format("%d sequences of %lld tokens in all; AR = all-reduce per GPU)\n", in.concurrency,
-                static_cast<long long>(in.context));
-  out += format("  %-11s %12s %6s %10s %12s %10s %14s %12s\n", "layout", "weights/GPU", "fits", "max seqs",
+  out += "\nlayouts (weights sharded by TP, a whole copy per DP replica; + EP: DP attention groups sharing the experts " +
+         format("over all GPUs, weights/GPU without the MTP layer, AR = every collective of a step; %d sequences of "
+                "%lld tokens in all; AR = all-reduce per GPU)\n",
+                in.concurrency, static_cast<long long>(in.context));
+  out += format("  %-17s %12s %6s %10s %12s %10s %14s %12s\n", "layout", "weights/GPU", "fits", "max seqs",
                 "tok/s bound", "tok/s/seq", "AR bytes/token", "AR ms/step");
   for (const Layout& l : p.layouts) {
-    out += format("  %-11s %12s %6s %10lld %12s %10s %14s %12.3f\n", layout_name(l).c_str(),
+    out += format("  %-17s %12s %6s %10lld %12s %10s %14s %12.3f\n", layout_name(l).c_str(),
                   bytes(l.weight_bytes_per_gpu).c_str(),
                   !l.weights_fit ? "no" : l.max_sequences >= in.concurrency ? "yes" : "no KV",
                   static_cast<long long>(l.max_sequences), l.weights_fit ? per_s(l.aggregate_tokens_per_s).c_str() : "-",
@@ -180,7 +184,8 @@ std::string render_json(const PlanResult& p) {
                     {"ttft_bound_s", p.ttft_bound_s}};
   json layouts = json::array();
   for (const Layout& l : p.layouts)
-    layouts.push_back({{"tp", l.tp}, {"dp", l.dp}, {"weight_bytes_per_gpu", l.weight_bytes_per_gpu},
+    layouts.push_back({{"tp", l.tp}, {"dp", l.dp}, {"expert_parallel", l.expert_parallel},
+                       {"weight_bytes_per_gpu", l.weight_bytes_per_gpu},
                        {"weights_fit", l.weights_fit}, {"kv_room_per_replica", l.kv_room_per_replica},
                        {"max_sequences", l.max_sequences}, {"decode_tokens_per_s_bound", l.aggregate_tokens_per_s},
                        {"allreduce_bytes_per_token", l.allreduce_bytes_per_token},

@@ -19,6 +19,12 @@ double expected_distinct_experts(int experts, int top_k, double batch) {
   return E * (1.0 - std::pow(1.0 - k / E, batch));
 }
 
+namespace {
+// glmserve keeps the indexer's keys in fp32 beside a bf16 latent cache (the indexer scores in
+// fp32); an fp8 cache holds them in fp8 too.
+double index_key_bytes(int b) { return b == 2 ? 4.0 : double(b); }
+}  // namespace
+
 double kv_bytes_per_token(const ModelSpec& m, int b) {
   switch (m.attention) {
     case AttentionKind::kGqa:
@@ -27,7 +33,7 @@ double kv_bytes_per_token(const ModelSpec& m, int b) {
       return double(m.kv_lora_rank + m.qk_rope_head_dim) * m.layers * b;
     case AttentionKind::kMlaDsa:
       return double(m.kv_lora_rank + m.qk_rope_head_dim) * m.layers * b +
-             double(m.index_head_dim) * m.full_indexer_layers * b;
+             double(m.index_head_dim) * m.full_indexer_layers * index_key_bytes(b);
   }
   return 0;
 }
@@ -47,7 +53,7 @@ double mean_attended_tokens(const ModelSpec& m, double length) {
 double kv_bytes_read_per_step(const ModelSpec& m, double position, int b) {
   if (m.attention != AttentionKind::kMlaDsa) return kv_bytes_per_token(m, b) * position;
   return attended_tokens(m, position) * double(m.kv_lora_rank + m.qk_rope_head_dim) * m.layers * b +
-         position * double(m.index_head_dim) * m.full_indexer_layers * b;
+         position * double(m.index_head_dim) * m.full_indexer_layers * index_key_bytes(b);
 }
 
 double attention_flops(const ModelSpec& m, double attended, double scored, bool prefill) {
@@ -161,6 +167,9 @@ PlanResult make_plan(const ModelSpec& model, const PlanInputs& in, const std::st
 
   for (int t = in.gpus; t >= 1; --t)
     if (in.gpus % t == 0) p.layouts.push_back(plan_layout(model, in, p.gpu, t));
+  if (model.moe_layers > 0 && in.gpus > 1)
+    for (int t = in.gpus; t >= 1; --t)
+      if (in.gpus % t == 0) p.layouts.push_back(plan_expert_parallel_layout(model, in, p.gpu, t));
   p.headline = plan_layout(model, in, p.gpu, tp);
   p.kv_bytes_needed = p.headline.kv_bytes_per_sequence * in.concurrency;
   p.max_sequences = p.headline.max_sequences;

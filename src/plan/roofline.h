@@ -20,7 +20,8 @@ int kv_dtype_bytes(const std::string& kv_dtype);
 double expected_distinct_experts(int experts, int top_k, double batch);
 // KV cache bytes stored per token (all decoder layers):
 //   GQA: 2 * kv_heads * head_dim * layers * b;  MLA: (kv_lora + rope) * layers * b;
-//   MLA + DSA: MLA + index_head_dim * full_indexer_layers * b.
+//   MLA + DSA: MLA + index_head_dim * full_indexer_layers * (4 beside a bf16 cache: glmserve
+//   keeps the indexer keys fp32; else b).
 double kv_bytes_per_token(const ModelSpec& m, int kv_bytes);
 // KV bytes one decode step reads for one sequence at position `position`: GQA and MLA read the
 // whole context; with DSA the attention reads only the top-k tokens (min(position, index_topk))
@@ -79,6 +80,12 @@ struct PlanInputs {
 
 struct Layout {
   int tp = 1, dp = 1;
+  // Data-parallel attention groups sharing the routed experts over all tp x dp GPUs (glmserve's
+  // --enable-expert-parallel: plan/parallel.h), rather than dp whole replicas. Then weights/GPU
+  // is what glmserve holds on the GPU (experts in the format, the rest bf16, no MTP layer), the
+  // latent cache is replicated over each group's TP ranks, and the all-reduce columns hold every
+  // collective of a step (the MoE gathers and reduce-scatters too).
+  bool expert_parallel = false;
   double weight_bytes_per_gpu = 0;
   bool weights_fit = false;
   double kv_room_per_replica = 0;       // bytes left for KV in one replica
@@ -104,7 +111,8 @@ struct PlanResult {
   bool fits = false;
   int64_t max_sequences = 0;
   Layout headline;
-  std::vector<Layout> layouts;          // TP over all GPUs, then halving TP, doubling replicas
+  std::vector<Layout> layouts;          // TP over all GPUs, then halving TP, doubling replicas; then the
+                                        // same TP x DP with expert parallelism
   double prefill_flops_per_token = 0;
   double prefill_tokens_per_s_bound = 0;  // all GPUs busy with prefill
   double ttft_bound_s = 0;                // one prompt of `context` tokens on one replica
@@ -119,6 +127,8 @@ struct PlanResult {
 
 PlanResult make_plan(const ModelSpec& model, const PlanInputs& inputs, const std::string& source = "");
 Layout plan_layout(const ModelSpec& m, const PlanInputs& in, const GpuSpec& gpu, int tp);
+// TP `tp` x DP gpus / tp with the experts over every GPU (plan/parallel.cpp).
+Layout plan_expert_parallel_layout(const ModelSpec& m, const PlanInputs& in, const GpuSpec& gpu, int tp);
 
 std::string render_text(const PlanResult& plan);
 std::string render_json(const PlanResult& plan);

@@ -85,8 +85,9 @@ TEST(WriteUps, Glm52Mxfp4On8Mi355xAnd4H200) {
   const ModelSpec m = load_model_spec(glm52());
   EXPECT_EQ(m.attention, AttentionKind::kMlaDsa);
   EXPECT_EQ(m.full_indexer_layers, 21);
-  // bf16 latent 512 + rope 64 on 78 layers, indexer keys 128 on 21 full layers.
-  EXPECT_DOUBLE_EQ(kv_bytes_per_token(m, 2), 2.0 * (576 * 78 + 128 * 21));
+  // bf16 latent 512 + rope 64 on 78 layers, fp32 indexer keys 128 on 21 full layers (as
+  // glmserve caches them; fp8 in an fp8 cache).
+  EXPECT_DOUBLE_EQ(kv_bytes_per_token(m, 2), 2.0 * 576 * 78 + 4.0 * 128 * 21);
   EXPECT_DOUBLE_EQ(kv_bytes_per_token(m, 1), 576.0 * 78 + 128 * 21);
 
   const PlanResult mi = make_plan(m, inputs("mi355x", 8, "mxfp4", 21504, 64));
@@ -95,8 +96,17 @@ TEST(WriteUps, Glm52Mxfp4On8Mi355xAnd4H200) {
   EXPECT_TRUE(mi.fits);
   EXPECT_EQ(mi.gemm_rate.precision, "fp4");
   EXPECT_GT(mi.decode_tokens_per_s_bound, 2626);  // the write-up's measured node throughput is below the bound
-  EXPECT_EQ(mi.layouts.size(), 4u);               // TP8, TP4 x DP2, TP2 x DP4, TP1 x DP8
+  // TP8, TP4 x DP2, TP2 x DP4, TP1 x DP8 as replicas, then the same with the experts over all 8.
+  ASSERT_EQ(mi.layouts.size(), 8u);
   EXPECT_EQ(mi.layouts[1].tp, 4);
+  EXPECT_FALSE(mi.layouts[3].expert_parallel);
+  EXPECT_TRUE(mi.layouts[7].expert_parallel);
+  EXPECT_EQ(mi.layouts[7].tp, 1);
+  EXPECT_EQ(mi.layouts[7].dp, 8);
+  // DP8 + EP8: a GPU holds 32 experts a layer in MXFP4 (about 48 GB) and the rest in bf16.
+  EXPECT_TRUE(mi.layouts[7].weights_fit);
+  EXPECT_NEAR(mi.layouts[7].weight_bytes_per_gpu / 1e9, 85.6, 0.5);
+  EXPECT_FALSE(mi.layouts[3].weights_fit);  // each replica with all 256 experts does not fit
   EXPECT_EQ(mi.layouts[1].dp, 2);
   EXPECT_TRUE(mi.layouts[2].weights_fit);         // 440 GB / 2 = 220 GB < 259 GB usable
   EXPECT_FALSE(mi.layouts[3].weights_fit);        // one GPU cannot hold it

@@ -129,7 +129,7 @@ void CudaGlm5Model::Impl::allocate() {
     const int64_t used = static_cast<int64_t>(total_bytes - free_bytes), margin = int64_t{3} << 29;
     const int64_t usable = std::max<int64_t>(0, budget - used - margin);
     const int64_t fit = usable / (bytes_per_slot * options.block_size) - 1;  // less the idle rank's dummy block
-    num_blocks = static_cast<int>(std::min<int64_t>(fit, int64_t{options.max_sequences} * max_blocks));
+    num_blocks = static_cast<int>(std::min<int64_t>(fit, int64_t{1} << 30));
     if (num_blocks <= 0)
       fail("no device memory left for the KV cache: " + std::to_string(used >> 20) + " MiB in use of a budget of " +
            std::to_string(budget >> 20) + " MiB (--gpu-memory-utilization " +
@@ -376,8 +376,9 @@ CudaModelOptions resolved(CudaModelOptions options) {
 }
 }  // namespace
 
-CudaGlm5Model::CudaGlm5Model(const ModelWeights& weights, const CudaModelOptions& options, Peers peers) {
-  impl_ = std::make_unique<Impl>(weights.config, resolved(options), upload_weights(weights), peers);
+CudaGlm5Model::CudaGlm5Model(const ModelWeights& weights, const CudaModelOptions& options, Peers peers,
+                             const std::function<void(int, int, int64_t)>& upload_progress) {
+  impl_ = std::make_unique<Impl>(weights.config, resolved(options), upload_weights(weights, upload_progress), peers);
   impl_->allocate();
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -21,8 +22,8 @@ namespace glms::model {
 
 struct CudaModelOptions {
   int block_size = 64;       // cache block, tokens
-  // Cache blocks; 0: what gpu_memory_utilization leaves after the weights and workspaces, at
-  // most enough for max_sequences x max_context.
+  // Cache blocks; 0: what gpu_memory_utilization leaves after the weights and workspaces (more
+  // than running sequences need serves the prefix cache).
   int num_blocks = 0;
   double gpu_memory_utilization = 0.9;  // of the device's total memory (vLLM's flag)
   int max_tokens = 2048;     // tokens per step (prefill chunk plus decodes)
@@ -79,7 +80,8 @@ class CudaGlm5Model {
   // stored as MXFP4 or block FP8 stay quantised on the device (cuda/weights.h).
   // `weights` may be a shard (model/shard.h): then `peers` join it to the rest of its layout
   // (collectives on the model's stream, so they go into captured graphs too).
-  CudaGlm5Model(const ModelWeights& weights, const CudaModelOptions& options, Peers peers = {});
+  CudaGlm5Model(const ModelWeights& weights, const CudaModelOptions& options, Peers peers = {},
+                const std::function<void(int, int, int64_t)>& upload_progress = {});
   // Seeded random weights of `config`, made on the device (no checkpoint): matrices uniform with
   // standard deviation 1/sqrt(fan_in), norms one, router bias small; routed experts in
   // `experts_format` (bf16, MXFP4 or block FP8) made directly in it; with options.mtp, an MTP

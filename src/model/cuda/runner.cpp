@@ -1,5 +1,7 @@
 // The CUDA StepRunner: CudaGlm5Model behind the interface the engine and generate() use.
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <optional>
 
 #include "core/error.h"
@@ -37,8 +39,21 @@ class CudaRunner : public StepRunner {
     options.max_logits = shape.max_logits > 0 ? shape.max_logits : shape.max_sequences;
     options.mtp = shape.mtp;
     model_.reset();
-    if (weights_) model_ = std::make_unique<CudaGlm5Model>(*weights_, options, peers_);
+    const auto start = std::chrono::steady_clock::now();
+    const int rank = shard_.world_rank();
+    // A line at every tenth of the layers: uploading a full checkpoint takes minutes.
+    auto progress = [rank, start](int done, int total, int64_t bytes) {
+      if (done != total && done * 10 / total == (done - 1) * 10 / total) return;
+      std::fprintf(stderr, "glmserve: rank %d: uploading weights, %d/%d layers, %.1f GiB, %.1f s\n", rank, done, total,
+                   static_cast<double>(bytes) / (1 << 30),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    };
+    if (weights_) model_ = std::make_unique<CudaGlm5Model>(*weights_, options, peers_, progress);
     else model_ = CudaGlm5Model::synthetic(config_, seed_, options, experts_format_, shard_, peers_);
+    std::fprintf(stderr, "glmserve: rank %d: %.2f GiB of %s weights and a %.2f GiB KV cache on the GPU in %.1f s\n",
+                 rank, static_cast<double>(model_->weight_bytes()) / (1 << 30), weights_ ? "checkpoint" : "synthetic",
+                 static_cast<double>(model_->cache_bytes()) / (1 << 30),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   int num_blocks() const override { return model_ ? model_->options().num_blocks : 0; }
   void limit_blocks(int blocks) override {

@@ -313,7 +313,7 @@ class RandomMaker {
 
 }  // namespace
 
-CudaWeights upload_weights(const ModelWeights& weights) {
+CudaWeights upload_weights(const ModelWeights& weights, const UploadProgress& progress) {
   const io::ModelConfig& c = weights.config;
   check_cuda_supported(c);
   CudaWeights out;
@@ -321,7 +321,11 @@ CudaWeights upload_weights(const ModelWeights& weights) {
   out.embed_tokens = up.bf16(weights.embed_tokens);
   out.final_norm = up.f32(weights.final_norm);
   out.lm_head = up.bf16(weights.lm_head);
-  for (const DecoderLayerWeights& layer : weights.layers) out.layers.push_back(upload_layer(up, layer, c));
+  const int layers = static_cast<int>(weights.layers.size());
+  for (int l = 0; l < layers; ++l) {
+    out.layers.push_back(upload_layer(up, weights.layers[l], c));
+    if (progress) progress(l + 1, layers, out.bytes);
+  }
   for (const MtpWeights& m : weights.mtp) {
     MtpDevice d;
     d.enorm = up.f32(m.enorm);

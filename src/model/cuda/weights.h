@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "io/model_config.h"
@@ -82,7 +83,9 @@ struct CudaWeights {
 // layer is in that format and the widths suit the kernels: multiples of 32 / 16); everything
 // else is widened or dequantised to bf16 on the host, a matrix at a time.
 // Throws glms::Error for configurations the CUDA path lacks.
-CudaWeights upload_weights(const ModelWeights& weights);
+// progress(layers done, layers, device bytes so far) after each decoder layer.
+using UploadProgress = std::function<void(int, int, int64_t)>;
+CudaWeights upload_weights(const ModelWeights& weights, const UploadProgress& progress = {});
 
 // Seeded random weights of `config` made on the device; routed experts in `experts_format`
 // (Plain: bf16; Mxfp4: random E2M1 codes with one E8M0 scale per layer matrix; Fp8Block:
