@@ -1,4 +1,5 @@
 // Text and JSON renderings of a plan.
+#include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -118,10 +119,13 @@ std::string render_text(const PlanResult& p) {
                          per_s(p.prefill_tokens_per_s_bound).c_str(), in.gpus, p.ttft_bound_s,
                          static_cast<long long>(in.context), in.tp));
 
-  out += "\nlayouts (weights sharded by TP, a whole copy per DP replica; + EP: DP attention groups sharing the experts " +
-         format("over all GPUs, weights/GPU without the MTP layer, AR = every collective of a step; %d sequences of "
-                "%lld tokens in all; AR = all-reduce per GPU)\n",
-                in.concurrency, static_cast<long long>(in.context));
+  const bool expert_rows = std::any_of(p.layouts.begin(), p.layouts.end(), [](const Layout& l) { return l.expert_parallel; });
+  out += "\nlayouts (weights sharded by TP, a whole copy per DP replica; " +
+         std::string(expert_rows ? "+ EP: DP attention groups sharing the experts over all GPUs, weights/GPU as glmserve "
+                                   "holds them without the MTP layer, AR = every collective of a step; "
+                                 : "") +
+         format("%d sequences of %lld tokens in all; AR = all-reduce per GPU)\n", in.concurrency,
+                static_cast<long long>(in.context));
   out += format("  %-17s %12s %6s %10s %12s %10s %14s %12s\n", "layout", "weights/GPU", "fits", "max seqs",
                 "tok/s bound", "tok/s/seq", "AR bytes/token", "AR ms/step");
   for (const Layout& l : p.layouts) {
