@@ -8,14 +8,6 @@ namespace glms::engine {
 
 namespace {
 
-// A row whose logits decide a draft: the argmax for greedy requests (made where the logits are),
-// else the whole row (the draft keeps its distribution).
-model::RowOutput draft_output(const RequestParams& p) {
-  model::RowOutput out;
-  out.kind = greedy_only(p) ? model::RowOutput::Kind::kArgmax : model::RowOutput::Kind::kLogits;
-  return out;
-}
-
 // One MTP forward of one rank: its batch, the hidden states it starts from, and which drafting
 // sequences take a draft from which logits row.
 struct DraftCall {
@@ -56,7 +48,7 @@ void run_in_lockstep(runtime::Executor& executor, std::vector<std::vector<DraftC
       DraftCall& call = calls[r][i];
       steps[r].batch = call.batch;
       steps[r].h_prev = call.h_prev.data();
-      for (const ScheduledSequence* s : call.takers) steps[r].outputs.push_back(draft_output(s->seq->params));
+      for (const ScheduledSequence* s : call.takers) steps[r].outputs.push_back(verdict_output(s->seq->params));
     }
     std::vector<runtime::RankResult> results = executor.mtp_forward(steps);
     for (size_t r = 0; r < calls.size(); ++r)

@@ -17,14 +17,6 @@ namespace glms::engine {
 
 namespace {
 
-// A row whose logits decide drafts or a verdict: the argmax for greedy requests, else the whole
-// row (verification compares distributions).
-model::RowOutput verdict_output(const RequestParams& p) {
-  model::RowOutput out;
-  out.kind = greedy_only(p) ? model::RowOutput::Kind::kArgmax : model::RowOutput::Kind::kLogits;
-  return out;
-}
-
 // The row that gives a sequence its next token: the argmax for greedy requests; for plainly
 // sampled ones a token drawn where the logits are, with the sequence's next uniform value (so
 // the seed decides the token wherever it is drawn); else the whole row, drawn here under the
@@ -51,6 +43,12 @@ void fill_logprobs(const float* logits, int vocab, int top, GeneratedToken& out)
 }
 
 }  // namespace
+
+model::RowOutput verdict_output(const RequestParams& p) {
+  model::RowOutput out;
+  out.kind = greedy_only(p) ? model::RowOutput::Kind::kArgmax : model::RowOutput::Kind::kLogits;
+  return out;
+}
 
 bool StepPlan::empty() const {
   return std::all_of(ranks.begin(), ranks.end(), [](const auto& r) { return r.empty(); });

@@ -34,6 +34,11 @@ struct ScheduledSequence {
   int64_t first_row = -1;          // its first logits row in its rank's step (-1: none)
 };
 
+// What a logits row returns where it decides drafts or a verdict: the argmax for greedy
+// requests (made where the logits are), else the whole row (drafts keep their distribution,
+// verification compares distributions).
+model::RowOutput verdict_output(const RequestParams& p);
+
 // One step: the sequences each data-parallel rank runs.
 struct StepPlan {
   std::vector<std::vector<ScheduledSequence>> ranks;

@@ -8,11 +8,21 @@
 #include <future>
 #include <thread>
 #include <mutex>
+#include <random>
 #include <vector>
 
 #include "engine/engine.h"
 
 namespace glms::testing {
+
+// `count` token ids uniform in [3, vocab): the random test models' ids 1 and 2 are EOS.
+inline std::vector<int32_t> prompt_tokens(int count, int vocab, uint64_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> dist(3, vocab - 1);
+  std::vector<int32_t> tokens(count);
+  for (auto& t : tokens) t = dist(rng);
+  return tokens;
+}
 
 // A greedy request for `max_tokens` tokens past EOS.
 inline engine::RequestParams greedy_request(std::vector<int32_t> prompt, int max_tokens) {

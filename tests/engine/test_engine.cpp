@@ -23,11 +23,7 @@ using glms::testing::greedy_request;
 namespace {
 
 std::vector<int32_t> random_tokens(int count, int vocab, uint64_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> dist(3, vocab - 1);  // 1 and 2 are EOS
-  std::vector<int32_t> tokens(count);
-  for (auto& t : tokens) t = dist(rng);
-  return tokens;
+  return glms::testing::prompt_tokens(count, vocab, seed);
 }
 
 class EngineTest : public ::testing::Test {

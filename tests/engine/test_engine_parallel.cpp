@@ -18,13 +18,7 @@ using glms::testing::Pending;
 
 namespace {
 
-std::vector<int32_t> tokens_of(int count, uint64_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> dist(3, 96);  // 1 and 2 are EOS
-  std::vector<int32_t> tokens(count);
-  for (auto& t : tokens) t = dist(rng);
-  return tokens;
-}
+std::vector<int32_t> tokens_of(int count, uint64_t seed) { return glms::testing::prompt_tokens(count, 97, seed); }
 
 class ParallelEngine : public ::testing::Test {
  protected:
