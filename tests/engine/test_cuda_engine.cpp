@@ -84,6 +84,7 @@ TEST_F(CudaEngine, ConcurrentGreedyRequestsMatchTheCpuEngine) {
   config.max_num_seqs = 8;
   config.max_batch_tokens = 64;  // prompts over 64 tokens prefill in chunks beside decodes
   config.max_model_len = 512;
+  config.kv_cache_bytes = int64_t{256} << 20;  // not the GPU's free memory: other tests share it
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 6; ++i) prompts.push_back(random_tokens(7 + 23 * i, vocab, 100 + i));
 
@@ -119,6 +120,7 @@ TEST_F(CudaEngine, SpeculativeDecodingOnCudaMatchesTheCpuEngine) {
   config.max_num_seqs = 8;
   config.max_batch_tokens = 64;
   config.max_model_len = 512;
+  config.kv_cache_bytes = int64_t{256} << 20;  // not the GPU's free memory: other tests share it
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 4; ++i) prompts.push_back(random_tokens(9 + 31 * i, vocab, 300 + i));
   engine::Engine cpu(cpu_model, config);

@@ -43,7 +43,7 @@ class CudaRunner : public StepRunner {
     const int rank = shard_.world_rank();
     // A line at every tenth of the layers: uploading a full checkpoint takes minutes.
     auto progress = [rank, start](int done, int total, int64_t bytes) {
-      if (done != total && done * 10 / total == (done - 1) * 10 / total) return;
+      if (total < 10 || (done != total && done * 10 / total == (done - 1) * 10 / total)) return;
       std::fprintf(stderr, "glmserve: rank %d: uploading weights, %d/%d layers, %.1f GiB, %.1f s\n", rank, done, total,
                    static_cast<double>(bytes) / (1 << 30),
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
