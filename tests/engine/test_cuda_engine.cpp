@@ -55,7 +55,7 @@ void expect_same_up_to_near_ties(const model::Glm5Model& m, const std::vector<in
 }
 
 model::ModelWeights bundled() {
-  return model::load_weights(GLMS_SOURCE_DIR "/models/glm5-tiny-code", {.load_mtp = false});
+  return model::load_weights(GLMS_SOURCE_DIR "/models/glm5-tiny-code", {.load_mtp = false, .shard = {}});
 }
 
 // Greedy requests for `prompts`, submitted together; their tokens.

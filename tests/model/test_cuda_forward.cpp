@@ -128,7 +128,7 @@ namespace {
 // (decode steps through graphs).
 std::pair<std::vector<int32_t>, std::vector<int32_t>> greedy_on_both(const std::string& model_dir, int prompt_length,
                                                                      int small_batch_gemv_tokens) {
-  const model::Glm5Model cpu(model::load_weights(model_dir, {.load_mtp = false}));
+  const model::Glm5Model cpu(model::load_weights(model_dir, {.load_mtp = false, .shard = {}}));
   model::CudaModelOptions options = small_options();
   options.num_blocks = 32;
   options.small_batch_gemv_tokens = small_batch_gemv_tokens;
@@ -178,7 +178,7 @@ TEST_F(CudaForward, QuantisedBundledModelFollowsTheCpuGreedyRun) {
     quantize.format = format;
     const auto path = dir.path / format;
     quant::quantize_checkpoint(GLMS_SOURCE_DIR "/models/glm5-tiny-code", path, quantize);
-    const model::Glm5Model cpu(model::load_weights(path.string(), {.load_mtp = false}));
+    const model::Glm5Model cpu(model::load_weights(path.string(), {.load_mtp = false, .shard = {}}));
     model::CudaModelOptions options = small_options();
     options.num_blocks = 32;
     model::CudaGlm5Model gpu(cpu.weights(), options);
