@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -205,6 +206,8 @@ void run_serve(const ServeArgs& args) {
                 engine.config().speculative_max_batch > 0
                     ? (", up to " + std::to_string(engine.config().speculative_max_batch) + " decoding sequences").c_str()
                     : "");
+  std::printf("glmserve: pid %d%s\n", static_cast<int>(getpid()),
+              model.processes ? (", process 0 of " + std::to_string(model.processes->size()) + " (mpirun): SIGTERM here stops them all").c_str() : "");
   std::printf("glmserve: listening on http://%s:%u\n", args.host.c_str(), static_cast<unsigned>(server.port()));
   std::printf("glmserve: ready\n");
   std::fflush(stdout);

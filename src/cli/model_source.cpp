@@ -7,6 +7,8 @@
 #include "io/model_config.h"
 #include "runtime/cpu_ranks.h"
 
+#include <cstdlib>
+
 #ifdef GLMS_HAVE_CUDA
 #include "runtime/cuda_ranks.h"
 #endif
@@ -47,6 +49,56 @@ std::vector<std::string> expand_short_layout_flags(int argc, char** argv) {
   return out;
 }
 
+namespace {
+
+#ifdef GLMS_HAVE_CUDA
+runtime::CudaRankSource cuda_source(const ModelSourceArgs& args) {
+  runtime::CudaRankSource source;
+  if (args.synthetic) {
+    const std::filesystem::path path =
+        args.config_file.empty() ? std::filesystem::path(args.model_dir) / "config.json" : std::filesystem::path(args.config_file);
+    io::ModelConfig config = io::load_model_config(path);
+    config.keep_first_layers(args.num_layers);
+    source.synthetic_config = config;
+    source.seed = args.weight_seed;
+  } else {
+    source.model_dir = args.model_dir;
+    source.load.num_layers = args.num_layers;
+    source.load.load_mtp = args.load_mtp;  // 1 layer's weights more on the device, only to draft with
+  }
+  return source;
+}
+#endif
+
+// Under mpirun: process 0 gets the executor; the others serve their ranks and end here.
+LoadedModel load_across_processes(const ModelSourceArgs& args) {
+#ifdef GLMS_HAVE_MPI
+  LoadedModel loaded;
+  loaded.processes = std::make_shared<comm::MpiWorld>();
+  if (args.device == "cpu") {
+    model::LoadOptions options;
+    options.num_layers = args.num_layers;
+    loaded.executor = runtime::make_cpu_executor_across(*loaded.processes, args.model_dir, args.layout, options);
+  } else {
+#ifdef GLMS_HAVE_CUDA
+    loaded.executor = runtime::make_cuda_executor_across(*loaded.processes, cuda_source(args), args.layout);
+#else
+    fail("this glmserve was built without CUDA: rebuild where nvcc is installed (-DGLMS_CUDA=ON), or use --device cpu");
+#endif
+  }
+  if (!loaded.executor) {  // a process that served its ranks: nothing else to do
+    loaded.processes.reset();  // MPI_Finalize
+    std::exit(0);
+  }
+  return loaded;
+#else
+  (void)args;
+  fail("mpirun started this glmserve, which was built without MPI: rebuild where libopenmpi-dev is installed");
+#endif
+}
+
+}  // namespace
+
 LoadedModel load_model(const ModelSourceArgs& args) {
   if (args.model_dir.empty() && !(args.synthetic && !args.config_file.empty()))
     fail("give --model DIR (or --synthetic --config FILE)");
@@ -54,6 +106,7 @@ LoadedModel load_model(const ModelSourceArgs& args) {
   if (args.synthetic && args.device != "cuda")
     fail("--synthetic makes its weights on the GPU: add --device cuda");
   LoadedModel loaded;
+  if (comm::launched_by_mpirun()) return load_across_processes(args);
   if (args.device == "cpu") {
     model::LoadOptions options;
     options.num_layers = args.num_layers;
@@ -61,20 +114,7 @@ LoadedModel load_model(const ModelSourceArgs& args) {
     return loaded;
   }
 #ifdef GLMS_HAVE_CUDA
-  runtime::CudaRankSource rank_source;
-  if (args.synthetic) {
-    const std::filesystem::path path =
-        args.config_file.empty() ? std::filesystem::path(args.model_dir) / "config.json" : std::filesystem::path(args.config_file);
-    io::ModelConfig config = io::load_model_config(path);
-    config.keep_first_layers(args.num_layers);
-    rank_source.synthetic_config = config;
-    rank_source.seed = args.weight_seed;
-  } else {
-    rank_source.model_dir = args.model_dir;
-    rank_source.load.num_layers = args.num_layers;
-    rank_source.load.load_mtp = args.load_mtp;  // 1 layer's weights more on the device, only to draft with
-  }
-  loaded.executor = runtime::make_cuda_executor(rank_source, args.layout);
+  loaded.executor = runtime::make_cuda_executor(cuda_source(args), args.layout);
   return loaded;
 #else
   fail("this glmserve was built without CUDA: rebuild where nvcc is installed (-DGLMS_CUDA=ON), or use --device cpu");

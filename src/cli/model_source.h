@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "comm/mpi_world.h"
 #include "runtime/executor.h"
 #include "runtime/layout.h"
 
@@ -31,7 +32,8 @@ struct ModelSourceArgs {
 void add_model_source_options(CLI::App* cmd, ModelSourceArgs& args);
 
 struct LoadedModel {
-  std::unique_ptr<runtime::Executor> executor;  // every rank of the layout
+  std::shared_ptr<comm::ProcessGroup> processes;  // under mpirun; outlives the executor
+  std::unique_ptr<runtime::Executor> executor;    // every rank of the layout
   const io::ModelConfig& config() const { return executor->config(); }
 };
 
@@ -40,7 +42,9 @@ struct LoadedModel {
 std::vector<std::string> expand_short_layout_flags(int argc, char** argv);
 
 // Loads or makes the model the arguments name. Throws glms::Error with what to do (no CUDA in
-// this build, --synthetic without --device cuda, ...).
+// this build, --synthetic without --device cuda, ...). Under mpirun (one process per node) the
+// layout's ranks spread over the processes: process 0 returns, the others serve their ranks until
+// process 0 is done and then end the program (docs/parallelism.md).
 LoadedModel load_model(const ModelSourceArgs& args);
 
 }  // namespace glms::cli

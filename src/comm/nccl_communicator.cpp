@@ -87,4 +87,22 @@ std::unique_ptr<Communicator> join_nccl_group(std::shared_ptr<const nccl::Librar
   return std::make_unique<NcclCommunicator>(std::move(library), comm, rank, size);
 }
 
+std::vector<std::unique_ptr<Communicator>> join_nccl_group_ranks(std::shared_ptr<const nccl::Library> library,
+                                                                 const nccl::UniqueId& id, const std::vector<int>& ranks,
+                                                                 const std::vector<int>& devices, int size,
+                                                                 const std::function<void(int)>& set_device) {
+  GLMS_CHECK(ranks.size() == devices.size(), "join_nccl_group_ranks: a device per rank");
+  std::vector<nccl::Comm> comms(ranks.size(), nullptr);
+  library->check(library->group_start(), "ncclGroupStart");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    set_device(devices[i]);
+    library->check(library->comm_init_rank(&comms[i], size, id, ranks[i]), "ncclCommInitRank");
+  }
+  library->check(library->group_end(), "ncclGroupEnd");
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (size_t i = 0; i < ranks.size(); ++i)
+    out.push_back(std::make_unique<NcclCommunicator>(library, comms[i], ranks[i], size));
+  return out;
+}
+
 }  // namespace glms::comm

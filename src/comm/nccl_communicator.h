@@ -4,6 +4,7 @@
 // makes and the launcher passes on.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -20,5 +21,11 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(std::shared_ptr<const
 nccl::UniqueId make_nccl_unique_id(const nccl::Library& library);
 std::unique_ptr<Communicator> join_nccl_group(std::shared_ptr<const nccl::Library> library, const nccl::UniqueId& id,
                                               int rank, int size);
+// Several ranks of one such group that this process hosts, joined together (one NCCL group call):
+// ranks[i] runs on devices[i]; set_device makes a device current (the caller's CUDA API).
+std::vector<std::unique_ptr<Communicator>> join_nccl_group_ranks(std::shared_ptr<const nccl::Library> library,
+                                                                 const nccl::UniqueId& id, const std::vector<int>& ranks,
+                                                                 const std::vector<int>& devices, int size,
+                                                                 const std::function<void(int)>& set_device);
 
 }  // namespace glms::comm

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "model/glm5.h"
+#include "runtime/distributed_executor.h"
 #include "runtime/parallel_executor.h"
 
 namespace glms::runtime {
@@ -25,6 +26,21 @@ std::unique_ptr<Executor> make_cpu_executor(const std::string& model_dir, const 
     auto model = std::make_shared<const model::Glm5Model>(model::load_weights(model_dir, rank_options), peers);
     return model::make_cpu_runner(std::move(model));
   });
+}
+
+std::unique_ptr<Executor> make_cpu_executor_across(const comm::ProcessGroup& processes, const std::string& model_dir,
+                                                   const ParallelLayout& layout, const model::LoadOptions& options) {
+  check_layout(io::load_model_config(model_dir), layout);
+  auto make_runner = [=](int rank, const model::Peers& peers) {
+    model::LoadOptions rank_options = options;
+    rank_options.shard = layout.shard(rank);
+    auto model = std::make_shared<const model::Glm5Model>(model::load_weights(model_dir, rank_options), peers);
+    return model::make_cpu_runner(std::move(model));
+  };
+  std::unique_ptr<RankGroups> groups = make_process_groups(processes, layout);
+  if (processes.rank() == 0) return make_distributed_executor(processes, layout, std::move(groups), make_runner);
+  serve_remote_ranks(processes, layout, std::move(groups), make_runner);
+  return nullptr;
 }
 
 }  // namespace glms::runtime

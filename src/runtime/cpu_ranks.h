@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "comm/mpi_world.h"
 #include "model/weights.h"
 #include "runtime/executor.h"
 
@@ -14,5 +15,11 @@ namespace glms::runtime {
 // `options.shard` is set per rank. With one rank: the local executor over the whole model.
 std::unique_ptr<Executor> make_cpu_executor(const std::string& model_dir, const ParallelLayout& layout,
                                             const model::LoadOptions& options = {});
+
+// The same with the ranks in separate processes (mpirun, one rank a process): process 0 gets the
+// executor; every other process serves its rank until process 0's executor goes away, then gets
+// null.
+std::unique_ptr<Executor> make_cpu_executor_across(const comm::ProcessGroup& processes, const std::string& model_dir,
+                                                   const ParallelLayout& layout, const model::LoadOptions& options = {});
 
 }  // namespace glms::runtime

@@ -2,11 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
+
 #include "comm/nccl_communicator.h"
 #include "core/error.h"
 #include "model/cuda/model.h"
 #include "ops/cuda/cuda_ops.h"
 #include "runtime/device_collectives.h"
+#include "runtime/distributed_executor.h"
 #include "runtime/parallel_executor.h"
 
 namespace glms::runtime {
@@ -46,6 +49,53 @@ class NcclGroups : public RankGroups {
   std::vector<std::unique_ptr<comm::Communicator>> tp_, dp_;
 };
 
+// NCCL groups of a layout spread over processes: this process joins the groups of its ranks.
+class NcclProcessGroups : public RankGroups {
+ public:
+  NcclProcessGroups(const comm::ProcessGroup& processes, const ParallelLayout& layout, int first, int count)
+      : tp_(layout.world_size()), dp_(layout.world_size()) {
+    auto library = comm::nccl::Library::load();
+    if (layout.tensor_parallel > 1) join(processes, library, tensor_parallel_groups(layout), first, count, tp_);
+    if (layout.data_parallel > 1) join(processes, library, data_parallel_groups(layout), first, count, dp_);
+  }
+  model::Peers peers(int world_rank) const override { return {tp_[world_rank].get(), dp_[world_rank].get()}; }
+  std::string backend() const override { return "nccl"; }
+  void abort(const std::string&) override {
+    for (auto& c : tp_)
+      if (c) c->abort();
+    for (auto& c : dp_)
+      if (c) c->abort();
+  }
+  bool reset() override { return false; }
+
+ private:
+  static void join(const comm::ProcessGroup& processes, const std::shared_ptr<const comm::nccl::Library>& library,
+                   const std::vector<std::vector<int>>& groups, int first, int count,
+                   std::vector<std::unique_ptr<comm::Communicator>>& by_rank) {
+    for (const std::vector<int>& group : groups) {
+      std::vector<std::byte> id_bytes(sizeof(comm::nccl::UniqueId));
+      if (processes.rank() == 0) {
+        const comm::nccl::UniqueId id = comm::make_nccl_unique_id(*library);
+        std::memcpy(id_bytes.data(), &id, sizeof(id));
+      }
+      processes.broadcast(id_bytes, 0);
+      comm::nccl::UniqueId id;
+      std::memcpy(&id, id_bytes.data(), sizeof(id));
+      std::vector<int> ranks, devices;  // this process's members: their index in the group, their GPU
+      for (size_t i = 0; i < group.size(); ++i)
+        if (group[i] >= first && group[i] < first + count) {
+          ranks.push_back(static_cast<int>(i));
+          devices.push_back(group[i] - first);
+        }
+      if (ranks.empty()) continue;
+      auto comms = comm::join_nccl_group_ranks(library, id, ranks, devices, static_cast<int>(group.size()),
+                                               [](int device) { ops::cuda::set_device(device); });
+      for (size_t i = 0; i < ranks.size(); ++i) by_rank[group[ranks[i]]] = std::move(comms[i]);
+    }
+  }
+  std::vector<std::unique_ptr<comm::Communicator>> tp_, dp_;
+};
+
 std::unique_ptr<model::StepRunner> make_rank_runner(const CudaRankSource& source, const model::ModelShard& shard,
                                                     const model::Peers& peers) {
   if (source.synthetic_config)
@@ -79,6 +129,26 @@ std::unique_ptr<Executor> make_cuda_executor(const CudaRankSource& source, const
     ops::cuda::set_device(rank % gpus);
     return make_rank_runner(source, layout.shard(rank), peers);
   });
+}
+
+std::unique_ptr<Executor> make_cuda_executor_across(const comm::ProcessGroup& processes, const CudaRankSource& source,
+                                                    const ParallelLayout& layout) {
+  const io::ModelConfig config =
+      source.synthetic_config ? *source.synthetic_config : io::load_model_config(source.model_dir);
+  check_layout(config, layout);
+  const auto [first, count] = hosted_ranks(layout, processes.rank(), processes.size());
+  const int gpus = ops::cuda::device_count();
+  if (count > gpus)
+    fail(fmt::format("each process hosts {} ranks of {}, a GPU each, but {} GPUs are visible here", count,
+                     layout.describe(), gpus));
+  auto groups = std::make_unique<NcclProcessGroups>(processes, layout, first, count);
+  auto make_runner = [=, first = first](int rank, const model::Peers& peers) {
+    ops::cuda::set_device(rank - first);
+    return make_rank_runner(source, layout.shard(rank), peers);
+  };
+  if (processes.rank() == 0) return make_distributed_executor(processes, layout, std::move(groups), make_runner);
+  serve_remote_ranks(processes, layout, std::move(groups), make_runner);
+  return nullptr;
 }
 
 }  // namespace glms::runtime

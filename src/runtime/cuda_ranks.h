@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "comm/mpi_world.h"
 #include "io/model_config.h"
 #include "model/weights.h"
 #include "runtime/executor.h"
@@ -33,5 +34,12 @@ struct CudaRankSource {
 std::unique_ptr<Executor> make_cuda_executor(const CudaRankSource& source, const ParallelLayout& layout,
                                              DeviceCollectives collectives = DeviceCollectives::kNccl,
                                              bool collectives_at_world_one = false);
+
+// The same over processes (mpirun, one a node): each hosts its share of the ranks on its GPUs
+// 0.., joined by NCCL across the nodes (process 0 makes the groups' unique ids, the processes'
+// control messages carry them). Process 0 gets the executor; every other process serves its
+// ranks until that executor goes away, then gets null.
+std::unique_ptr<Executor> make_cuda_executor_across(const comm::ProcessGroup& processes, const CudaRankSource& source,
+                                                    const ParallelLayout& layout);
 
 }  // namespace glms::runtime

@@ -162,9 +162,12 @@ class ServerProcess {
   }
   int port() const { return port_; }
   pid_t pid() const { return pid_; }
-  // Sends `sig` and waits for the exit; returns the exit status (or -1 on a crash or timeout).
+  // What the server printed up to "glmserve: ready".
+  const std::string& output() const { return output_; }
+  // Sends `sig` (0: none) and waits for the exit; returns the exit status (or -1 on a crash or
+  // timeout).
   int stop(int sig, double timeout_seconds) {
-    kill(pid_, sig);
+    if (sig != 0) kill(pid_, sig);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
     while (std::chrono::steady_clock::now() < deadline) {
       int status = 0;
