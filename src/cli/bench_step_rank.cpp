@@ -9,6 +9,7 @@
 namespace glms::cli {
 
 runtime::ParallelLayout RankSimulation::parallel_layout() const {
+  if (flags.world_size() > 1) return flags;
   if (layout == "dp-ep") return {1, world, true};
   if (layout == "tp") return {world, 1, false};
   if (layout == "tp-ep") return {world, 1, true};

@@ -21,11 +21,15 @@
 
 namespace glms::cli {
 
+// The layout is --world N with --layout dp-ep (DP attention + EP MoE), tp (TP, experts split by
+// width) or tp-ep (TP + EP), or given as vLLM's flags (--tensor-parallel-size, --data-parallel-size,
+// --enable-expert-parallel), which then win.
 struct RankSimulation {
   int rank = 0, world = 1;
-  std::string layout = "dp-ep";  // dp-ep: DP attention + EP MoE; tp: TP, experts split by width; tp-ep: TP + EP
+  std::string layout = "dp-ep";
+  runtime::ParallelLayout flags;  // from vLLM's flags; world size 1: not given
 
-  bool enabled() const { return world > 1; }
+  bool enabled() const { return world > 1 || flags.world_size() > 1; }
   runtime::ParallelLayout parallel_layout() const;
   plan::RankShape rank_shape() const { return {parallel_layout().tensor_parallel, parallel_layout().data_parallel}; }
   // dp_tokens of a step with `tokens` on this rank (every data-parallel rank alike); empty without DP.

@@ -295,7 +295,8 @@ void run_bench_step(const BenchStepOptions& o) {
   config.keep_first_layers(o.num_layers);
   const RankSimulation& sim = o.simulation;
   if (sim.enabled()) {
-    if (sim.rank < 0 || sim.rank >= sim.world) fail("--simulate-rank must be in [0, --world)");
+    if (sim.rank < 0 || sim.rank >= sim.parallel_layout().world_size())
+      fail("--simulate-rank must be in [0, " + std::to_string(sim.parallel_layout().world_size()) + ")");
     runtime::check_layout(config, sim.parallel_layout());
     if (o.speculative_steps > 0) fail("--speculative-steps is not simulated across ranks yet");
   }
@@ -346,7 +347,7 @@ void run_bench_step(const BenchStepOptions& o) {
   const SimulatedPeers peers = make_simulated_peers(sim, config, options.max_tokens);
   const model::ModelShard shard = sim.enabled() ? sim.parallel_layout().shard(sim.rank) : model::ModelShard{};
   if (sim.enabled())
-    std::cerr << fmt::format("simulating rank {} of {} ({}): {}\n", sim.rank, sim.world,
+    std::cerr << fmt::format("simulating rank {} of {} ({}): {}\n", sim.rank, sim.parallel_layout().world_size(),
                              sim.parallel_layout().describe(), shard.describe());
   auto model = model::CudaGlm5Model::synthetic(config, o.seed, options, experts_format, shard, peers.peers());
   model->fill_cache_random(o.seed + 100);
@@ -530,8 +531,8 @@ void run_bench_step(const BenchStepOptions& o) {
   out["cached_sequences"] = cached_sequences;
   if (sim.enabled())
     out["simulated_rank"] = {{"rank", sim.rank},
-                             {"world", sim.world},
-                             {"layout", sim.layout},
+                             {"world", sim.parallel_layout().world_size()},
+                             {"layout", sim.flags.world_size() > 1 ? "flags" : sim.layout},
                              {"describe", sim.parallel_layout().describe()},
                              {"shard", shard.describe()},
                              {"link_bandwidth_bytes_per_s", link_bandwidth},
@@ -626,6 +627,13 @@ void add_bench_step_command(CLI::App& app) {
                   "device copies plus their time at the link bandwidth")
       ->check(CLI::Range(0, 4095));
   cmd->add_option("--world", o->simulation.world, "Ranks of the simulated layout")->check(CLI::Range(1, 4096));
+  cmd->add_option("--tensor-parallel-size", o->simulation.flags.tensor_parallel,
+                  "The simulated layout in vLLM's terms (also -tp N; overrides --world/--layout)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--data-parallel-size", o->simulation.flags.data_parallel, "The simulated layout's DP size (also -dp N)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_flag("--enable-expert-parallel", o->simulation.flags.expert_parallel,
+                "The simulated layout spreads whole experts over its ranks");
   cmd->add_option("--layout", o->simulation.layout,
                   "Simulated layout: dp-ep (DP attention, EP MoE), tp (experts split by width) or tp-ep")
       ->check(CLI::IsMember({"dp-ep", "tp", "tp-ep"}))
