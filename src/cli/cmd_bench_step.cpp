@@ -170,16 +170,14 @@ double decode_bytes(const plan::ModelSpec& spec, const std::string& expert_forma
 double rank_decode_bytes(const plan::ModelSpec& spec, const RankSimulation& sim, const std::string& expert_format,
                          int batch, int context) {
   const plan::RankShape r = sim.rank_shape();
-  const double experts = [&](const std::string& format) {
-    return spec.moe_layers * plan::expected_distinct_experts(spec.n_routed_experts, spec.experts_per_token,
-                                                             double(batch) * r.dp) *
-           spec.expert_bytes(format) / r.world();
-  }(expert_format);
-  const double bf16_experts = spec.moe_layers *
-                              plan::expected_distinct_experts(spec.n_routed_experts, spec.experts_per_token,
-                                                              double(batch) * r.dp) *
-                              spec.expert_bytes("bf16") / r.world();
-  return plan::rank_decode_weight_bytes(spec, "bf16", r, batch) - bf16_experts + experts +
+  // The rank's share of the experts the step's batch * dp tokens touch, read in expert_format
+  // instead of bf16.
+  const double touched = spec.moe_layers *
+                         plan::expected_distinct_experts(spec.n_routed_experts, spec.experts_per_token,
+                                                         double(batch) * r.dp) /
+                         r.world();
+  return plan::rank_decode_weight_bytes(spec, "bf16", r, batch) +
+         touched * (spec.expert_bytes(expert_format) - spec.expert_bytes("bf16")) +
          batch * plan::kv_bytes_read_per_step(spec, context, plan::kv_dtype_bytes("bf16"));
 }
 

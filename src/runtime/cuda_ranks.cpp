@@ -16,16 +16,10 @@ namespace glms::runtime {
 
 namespace {
 
-// NCCL communicators of a layout, rank w on GPU w; groups of one rank only when asked for.
-class NcclGroups : public RankGroups {
+// A layout's NCCL communicators, indexed by world rank (null where a group was not made or this
+// process does not host the rank).
+class NcclRankGroups : public RankGroups {
  public:
-  NcclGroups(const ParallelLayout& layout, bool groups_of_one) : layout_(layout) {
-    auto library = comm::nccl::Library::load();
-    tp_.resize(layout.world_size());
-    dp_.resize(layout.world_size());
-    if (layout.tensor_parallel > 1 || groups_of_one) make(library, tensor_parallel_groups(layout), tp_);
-    if (layout.data_parallel > 1) make(library, data_parallel_groups(layout), dp_);
-  }
   model::Peers peers(int world_rank) const override { return {tp_[world_rank].get(), dp_[world_rank].get()}; }
   std::string backend() const override { return "nccl"; }
   void abort(const std::string&) override {
@@ -36,6 +30,20 @@ class NcclGroups : public RankGroups {
   }
   bool reset() override { return false; }  // an aborted NCCL communicator is gone
 
+ protected:
+  explicit NcclRankGroups(const ParallelLayout& layout) : tp_(layout.world_size()), dp_(layout.world_size()) {}
+  std::vector<std::unique_ptr<comm::Communicator>> tp_, dp_;
+};
+
+// Every rank in this process, rank w on GPU w; groups of one rank only when asked for.
+class NcclGroups : public NcclRankGroups {
+ public:
+  NcclGroups(const ParallelLayout& layout, bool groups_of_one) : NcclRankGroups(layout) {
+    auto library = comm::nccl::Library::load();
+    if (layout.tensor_parallel > 1 || groups_of_one) make(library, tensor_parallel_groups(layout), tp_);
+    if (layout.data_parallel > 1) make(library, data_parallel_groups(layout), dp_);
+  }
+
  private:
   static void make(const std::shared_ptr<const comm::nccl::Library>& library,
                    const std::vector<std::vector<int>>& groups,
@@ -45,28 +53,17 @@ class NcclGroups : public RankGroups {
       for (size_t i = 0; i < group.size(); ++i) by_rank[group[i]] = std::move(comms[i]);
     }
   }
-  ParallelLayout layout_;
-  std::vector<std::unique_ptr<comm::Communicator>> tp_, dp_;
 };
 
-// NCCL groups of a layout spread over processes: this process joins the groups of its ranks.
-class NcclProcessGroups : public RankGroups {
+// A layout spread over processes: this process joins the groups of its ranks.
+class NcclProcessGroups : public NcclRankGroups {
  public:
   NcclProcessGroups(const comm::ProcessGroup& processes, const ParallelLayout& layout, int first, int count)
-      : tp_(layout.world_size()), dp_(layout.world_size()) {
+      : NcclRankGroups(layout) {
     auto library = comm::nccl::Library::load();
     if (layout.tensor_parallel > 1) join(processes, library, tensor_parallel_groups(layout), first, count, tp_);
     if (layout.data_parallel > 1) join(processes, library, data_parallel_groups(layout), first, count, dp_);
   }
-  model::Peers peers(int world_rank) const override { return {tp_[world_rank].get(), dp_[world_rank].get()}; }
-  std::string backend() const override { return "nccl"; }
-  void abort(const std::string&) override {
-    for (auto& c : tp_)
-      if (c) c->abort();
-    for (auto& c : dp_)
-      if (c) c->abort();
-  }
-  bool reset() override { return false; }
 
  private:
   static void join(const comm::ProcessGroup& processes, const std::shared_ptr<const comm::nccl::Library>& library,
@@ -93,7 +90,6 @@ class NcclProcessGroups : public RankGroups {
       for (size_t i = 0; i < ranks.size(); ++i) by_rank[group[ranks[i]]] = std::move(comms[i]);
     }
   }
-  std::vector<std::unique_ptr<comm::Communicator>> tp_, dp_;
 };
 
 std::unique_ptr<model::StepRunner> make_rank_runner(const CudaRankSource& source, const model::ModelShard& shard,
