@@ -16,6 +16,9 @@ struct PlanOptions {
   std::string model_dir, config_file;
   plan::PlanInputs inputs;
   double reserve_percent = 10;
+  double gpu_memory_utilization = 0;  // > 0: the reserve is what it leaves (serve's flag)
+  std::string speculative;
+  int speculative_steps = 3;
   bool json = false;
 };
 
@@ -23,7 +26,9 @@ void run_plan(const PlanOptions& o) {
   const std::string path = o.model_dir.empty() ? o.config_file : o.model_dir;
   if (path.empty()) fail("give --model DIR or --config FILE");
   plan::PlanInputs inputs = o.inputs;
-  inputs.reserve_fraction = o.reserve_percent / 100.0;
+  inputs.reserve_fraction =
+      o.gpu_memory_utilization > 0 ? 1.0 - o.gpu_memory_utilization : o.reserve_percent / 100.0;
+  inputs.speculative_steps = o.speculative.empty() ? 0 : o.speculative_steps;
   const plan::ModelSpec model = plan::load_model_spec(path);
   const plan::PlanResult result = plan::make_plan(model, inputs, path);
   std::cout << (o.json ? plan::render_json(result) + "\n" : plan::render_text(result)) << std::flush;
@@ -61,8 +66,28 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--utilization", o->inputs.utilization, "Share of the time the GPUs serve at that rate")
       ->check(CLI::Range(0.001, 1.0))
       ->capture_default_str();
-  cmd->add_option("--reserve", o->reserve_percent, "Percent of each GPU's memory kept for the runtime")
-      ->check(CLI::Range(0.0, 99.0))
+  auto* reserve = cmd->add_option("--reserve", o->reserve_percent, "Percent of each GPU's memory kept for the runtime")
+                      ->check(CLI::Range(0.0, 99.0))
+                      ->capture_default_str();
+  cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
+                  "Fraction of each GPU's memory glmserve serve may hold (as serve's flag; default 0.9 = --reserve 10)")
+      ->check(CLI::Range(0.01, 1.0))
+      ->excludes(reserve);
+  // How glmserve serve would run it: what sizes its workspaces and cache (the serve section).
+  cmd->add_flag("--enable-expert-parallel", o->inputs.expert_parallel,
+                "The headline layout's data-parallel ranks share whole experts (serve's flag)");
+  cmd->add_option("--max-num-batched-tokens", o->inputs.max_num_batched_tokens, "Tokens per step, as serve's flag")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--max-num-seqs", o->inputs.max_num_seqs, "Sequences per step, as serve's flag (default: --concurrency)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--block-size", o->inputs.block_size, "KV cache block, tokens")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cmd->add_option("--speculative", o->speculative, "Count the MTP layer's weights and cache, as serve --speculative mtp")
+      ->check(CLI::IsMember({"mtp"}));
+  cmd->add_option("--speculative-steps", o->speculative_steps, "Draft tokens per step (with --speculative mtp)")
+      ->check(CLI::Range(1, 16))
       ->capture_default_str();
   cmd->add_option("--measured-tokens-per-s", o->inputs.measured_tokens_per_s,
                   "Price a measured aggregate output throughput instead of the decode bound")

@@ -85,6 +85,7 @@ ModelSpec model_spec_of(const io::ModelConfig& c) {
   spec.full_indexer_layers = c.num_full_indexer_layers();
   spec.inventory = model::parameter_inventory(c);
   spec.active_parameters = spec.inventory.active_per_token(c);
+  spec.glm = c;
   return spec;
 }
 

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "io/model_config.h"
@@ -33,6 +34,9 @@ struct ModelSpec {
   int moe_layers = 0, n_routed_experts = 0, experts_per_token = 0;
   int64_t expert_parameters = 0;  // one routed expert of one layer (gate, up, down)
   int mtp_layers = 0;
+
+  // The parsed config of a glm_moe_dsa model (what glmserve serves: its device memory is known).
+  std::optional<io::ModelConfig> glm;
 
   model::Inventory inventory;     // parameter groups, as model::parameter_inventory names them
   int64_t active_parameters = 0;  // per token: no embeddings, no MTP, top-k of the routed experts

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/cuda_memory.h"
 #include "plan/roofline.h"
 
 namespace glms::plan {
@@ -55,6 +56,57 @@ double rank_decode_weight_bytes(const ModelSpec& m, const std::string& format, c
   return bytes;
 }
 
+namespace {
+
+// The MTP layer as one rank holds it: bf16 but its routed experts, which are in
+// `experts_format` and spread over the world like a decoder layer's.
+double rank_mtp_bytes(const ModelSpec& m, const std::string& experts_format, const RankShape& r) {
+  const double whole = static_cast<double>(m.group_bytes("mtp", "bf16"));
+  if (whole <= 0) return 0;
+  const double experts_bf16 = double(m.n_routed_experts) * m.expert_bytes("bf16");
+  return whole - experts_bf16 + double(m.n_routed_experts) * m.expert_bytes(experts_format) / r.world();
+}
+
+}  // namespace
+
+ServeMemory serve_memory(const ModelSpec& m, const PlanInputs& in, const GpuSpec& gpu, const RankShape& r,
+                         bool expert_parallel) {
+  ServeMemory s;
+  s.tp = r.tp;
+  s.dp = r.dp;
+  s.expert_parallel = expert_parallel;
+  s.budget = gpu.memory_bytes * (1.0 - in.reserve_fraction);
+  if (!m.glm) return s;
+  s.known = true;
+  const io::ModelConfig& c = *m.glm;
+  const bool mtp = in.speculative_steps > 0 && c.num_nextn_predict_layers > 0;
+  s.weights = rank_device_weight_bytes(m, in.weights, r) + (mtp ? rank_mtp_bytes(m, in.weights, r) : 0.0);
+  model::ModelShard shard;
+  shard.tp_size = r.tp;
+  shard.dp_size = r.dp;
+  shard.expert_parallel = expert_parallel;
+  const model::CudaRankWidths widths = model::cuda_rank_widths(c, shard, in.weights != "bf16", mtp);
+  model::CudaStepLimits limits;
+  limits.max_tokens = in.max_num_batched_tokens;
+  limits.max_sequences = in.max_num_seqs > 0 ? in.max_num_seqs : in.concurrency;
+  limits.max_logits = std::min(in.max_num_batched_tokens, limits.max_sequences * (1 + in.speculative_steps));
+  limits.max_context = static_cast<int>(std::min<int64_t>(in.context, c.max_position_embeddings));
+  limits.block_size = in.block_size;
+  limits.mtp = mtp;
+  s.workspaces = static_cast<double>(model::cuda_workspace_bytes(c, widths, limits));
+  s.runtime = static_cast<double>(model::kCudaRuntimeBytes);
+  s.margin = static_cast<double>(model::kCudaMemoryMarginBytes);
+  const int64_t per_token = model::cuda_cache_bytes_per_token(c, mtp, widths.mtp_indexer);
+  const double free_bytes = s.budget - s.weights - s.workspaces - s.runtime - s.margin;
+  s.cache_blocks = free_bytes > 0 ? model::cuda_cache_blocks_that_fit(static_cast<int64_t>(free_bytes), per_token,
+                                                                      in.block_size)
+                                  : 0;
+  s.cache_tokens = s.cache_blocks * in.block_size;
+  s.cache = double(s.cache_tokens + in.block_size) * double(per_token);  // with the idle rank's block
+  s.fits = s.cache_tokens >= limits.max_context;
+  return s;
+}
+
 double StepCollectives::time_s(double link_bandwidth, double latency_s) const {
   return count * latency_s + (link_bandwidth > 0 ? bytes_sent / link_bandwidth : 0.0);
 }
@@ -85,8 +137,10 @@ Layout plan_expert_parallel_layout(const ModelSpec& m, const PlanInputs& in, con
   const int b = kv_dtype_bytes(in.kv_dtype);
   l.weight_bytes_per_gpu = rank_device_weight_bytes(m, in.weights, r);
   l.weights_fit = l.weight_bytes_per_gpu <= usable;
-  // Each GPU of an attention group holds the group's whole latent cache.
-  l.kv_room_per_replica = std::max(0.0, usable - l.weight_bytes_per_gpu);
+  // Each GPU of an attention group holds the group's whole latent cache: for glm_moe_dsa what
+  // glmserve serve would leave it after its workspaces, else the reserve's room.
+  const ServeMemory serve = serve_memory(m, in, gpu, r, true);
+  l.kv_room_per_replica = serve.known ? serve.cache : std::max(0.0, usable - l.weight_bytes_per_gpu);
   l.kv_bytes_per_sequence = kv_bytes_per_token(m, b) * double(in.context);
   if (l.weights_fit && l.kv_bytes_per_sequence > 0)
     l.max_sequences = int64_t(l.dp) * static_cast<int64_t>(std::floor(l.kv_room_per_replica / l.kv_bytes_per_sequence));

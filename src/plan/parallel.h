@@ -29,6 +29,12 @@ double rank_device_weight_bytes(const ModelSpec& m, const std::string& experts_f
 double rank_decode_weight_bytes(const ModelSpec& m, const std::string& format, const RankShape& r,
                                 double tokens_per_rank);
 
+// What glmserve serve holds on each GPU of the layout tp x dp (the experts over all of them,
+// whole with expert_parallel) and the cache the rest of the budget takes (PlanInputs says how
+// serve is run); `known` is false for configs other than glm_moe_dsa.
+ServeMemory serve_memory(const ModelSpec& m, const PlanInputs& in, const GpuSpec& gpu, const RankShape& r,
+                         bool expert_parallel);
+
 // A step's collectives on one rank (ring algorithms: an all-reduce of S bytes over n ranks sends
 // 2 (n - 1) / n S, an all-gather or reduce-scatter of n chunks of c bytes sends (n - 1) c): per
 // decoder layer two all-reduces of the fp32 block outputs over the tensor-parallel peers, and per

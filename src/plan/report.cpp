@@ -93,6 +93,24 @@ std::string render_text(const PlanResult& p) {
                                                          static_cast<long long>(in.context)));
   line("max seqs", format("%lld concurrent sequences of %lld tokens", static_cast<long long>(p.max_sequences),
                           static_cast<long long>(in.context)));
+  if (p.serve.known) {
+    const ServeMemory& s = p.serve;
+    auto gib = [](double b) { return b / double(int64_t{1} << 30); };
+    std::string how = format("glmserve serve -tp %d -dp %d%s: --gpu-memory-utilization %.2f", s.tp, s.dp,
+                             s.expert_parallel ? " --enable-expert-parallel" : "", 1.0 - in.reserve_fraction);
+    how += format(" --max-num-batched-tokens %d --max-num-seqs %d --max-model-len %lld", in.max_num_batched_tokens,
+                  in.max_num_seqs > 0 ? in.max_num_seqs : in.concurrency, static_cast<long long>(in.context));
+    if (in.speculative_steps > 0) how += format(" --speculative mtp --speculative-steps %d", in.speculative_steps);
+    line("serve", how);
+    line("", format("per GPU: budget %.2f GiB = weights %.2f + workspaces %.2f + CUDA runtime %.2f + margin %.2f + "
+                    "KV cache %.2f GiB",
+                    gib(s.budget), gib(s.weights), gib(s.workspaces), gib(s.runtime), gib(s.margin), gib(s.cache)));
+    line("", s.cache_blocks > 0
+                 ? format("KV cache %lld blocks of %d = %s tokens per data-parallel rank%s",
+                          static_cast<long long>(s.cache_blocks), in.block_size, count(double(s.cache_tokens)).c_str(),
+                          s.fits ? "" : ": less than one --max-model-len sequence")
+                 : std::string("no room for a KV cache: more GPUs, experts over them, or a smaller format"));
+  }
 
   const DecodeBound& d = p.headline.decode;
   out += "\n";
@@ -195,6 +213,21 @@ std::string render_json(const PlanResult& p) {
                        {"allreduce_bytes_per_token", l.allreduce_bytes_per_token},
                        {"allreduce_time_per_step_s", l.allreduce_time_per_step_s}, {"decode", decode_json(l.decode)}});
   out["layouts"] = layouts;
+  if (p.serve.known) {
+    const ServeMemory& s = p.serve;
+    out["serve_memory"] = {{"tp", s.tp},
+                           {"dp", s.dp},
+                           {"expert_parallel", s.expert_parallel},
+                           {"budget_bytes", s.budget},
+                           {"weight_bytes", s.weights},
+                           {"workspace_bytes", s.workspaces},
+                           {"runtime_bytes", s.runtime},
+                           {"margin_bytes", s.margin},
+                           {"kv_cache_bytes", s.cache},
+                           {"kv_cache_blocks", s.cache_blocks},
+                           {"kv_cache_tokens", s.cache_tokens},
+                           {"fits", s.fits}};
+  }
   out["cost_basis"] = p.cost_basis;
   out["cost_tokens_per_s"] = p.cost_tokens_per_s;
   out["usd_per_million_tokens"] = p.usd_per_million_tokens;

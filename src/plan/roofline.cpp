@@ -1,5 +1,7 @@
 #include "plan/roofline.h"
 
+#include "plan/parallel.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -171,6 +173,7 @@ PlanResult make_plan(const ModelSpec& model, const PlanInputs& in, const std::st
     for (int t = in.gpus; t >= 1; --t)
       if (in.gpus % t == 0) p.layouts.push_back(plan_expert_parallel_layout(model, in, p.gpu, t));
   p.headline = plan_layout(model, in, p.gpu, tp);
+  p.serve = serve_memory(model, in, p.gpu, {tp, in.gpus / tp}, in.expert_parallel);
   p.kv_bytes_needed = p.headline.kv_bytes_per_sequence * in.concurrency;
   p.max_sequences = p.headline.max_sequences;
   p.fits = p.headline.weights_fit && p.max_sequences >= in.concurrency;

@@ -76,6 +76,15 @@ struct PlanInputs {
   double utilization = 1.0;
   double reserve_fraction = 0.10;   // of each GPU's memory, for activations, workspaces, runtime
   double measured_tokens_per_s = 0; // > 0: cost from this throughput instead of the bound
+  // How `glmserve serve` would run it (the serve memory section; glm_moe_dsa configs): the
+  // experts over all GPUs (--enable-expert-parallel), the step limits that size its workspaces
+  // (--max-num-batched-tokens; --max-num-seqs, 0: concurrency; the context is --max-model-len),
+  // the cache block, and the MTP layer's weights and cache (--speculative mtp, with draft steps).
+  bool expert_parallel = false;
+  int max_num_batched_tokens = 2048;
+  int max_num_seqs = 0;
+  int block_size = 16;
+  int speculative_steps = 0;
 };
 
 struct Layout {
@@ -97,6 +106,18 @@ struct Layout {
   double allreduce_time_per_step_s = 0; // per replica step, at the link bandwidth
 };
 
+// What `glmserve serve` holds on each GPU of a layout (model/cuda_memory.h's workspaces, the
+// weights as its CUDA path stores them) and the cache that the budget, gpu_memory_utilization of
+// the GPU (1 - reserve_fraction), leaves: the figures its start-up log prints per rank.
+struct ServeMemory {
+  bool known = false;  // a glm_moe_dsa config: the others are planned by the reserve alone
+  int tp = 1, dp = 1;
+  bool expert_parallel = false;
+  double budget = 0, weights = 0, workspaces = 0, runtime = 0, margin = 0, cache = 0;  // bytes per GPU
+  int64_t cache_blocks = 0, cache_tokens = 0;  // per data-parallel rank
+  bool fits = false;                           // a cache of at least one max-model-len sequence
+};
+
 struct PlanResult {
   PlanInputs inputs;
   GpuSpec gpu;
@@ -111,6 +132,7 @@ struct PlanResult {
   bool fits = false;
   int64_t max_sequences = 0;
   Layout headline;
+  ServeMemory serve;                    // glmserve serve on the headline layout (--tp, --enable-expert-parallel)
   std::vector<Layout> layouts;          // TP over all GPUs, then halving TP, doubling replicas; then the
                                         // same TP x DP with expert parallelism
   double prefill_flops_per_token = 0;

@@ -59,3 +59,74 @@ TEST(RankShape, ADecodeStepReadsTheExpertsTheWholeStepTouches) {
   const double none = rank_decode_weight_bytes(m, "mxfp4", {1, 8}, 0);
   EXPECT_NEAR(one_token_rank - none, 75 * expected_distinct_experts(256, 8, 8) * m.expert_bytes("mxfp4") / 8, 1.0);
 }
+
+namespace {
+PlanInputs serve_inputs(int gpus, const std::string& experts, int64_t context) {
+  PlanInputs in;
+  in.gpu = "h200";
+  in.gpus = gpus;
+  in.weights = experts;
+  in.context = context;
+  in.concurrency = 128;
+  in.reserve_fraction = 0.1;  // --gpu-memory-utilization 0.9
+  return in;
+}
+}  // namespace
+
+TEST(ServeMemory, TheCacheTakesTheBudgetLessWeightsWorkspacesRuntimeAndMargin) {
+  const ModelSpec m = glm52();
+  const PlanInputs in = serve_inputs(8, "mxfp4", 32768);
+  const GpuSpec gpu = find_gpu("h200");
+  const ServeMemory s = serve_memory(m, in, gpu, {1, 8}, true);
+  ASSERT_TRUE(s.known);
+  EXPECT_DOUBLE_EQ(s.budget, 0.9 * gpu.memory_bytes);
+  EXPECT_DOUBLE_EQ(s.weights, rank_device_weight_bytes(m, "mxfp4", {1, 8}));
+  const double per_token = 2.0 * 576 * 78 + 4.0 * 128 * 21;  // bf16 rows, fp32 indexer keys
+  const double left = s.budget - s.weights - s.workspaces - s.runtime - s.margin;
+  EXPECT_EQ(s.cache_blocks, static_cast<int64_t>(left / (per_token * 16)) - 1);  // less the idle rank's block
+  EXPECT_EQ(s.cache_tokens, 16 * s.cache_blocks);
+  EXPECT_DOUBLE_EQ(s.cache, (s.cache_tokens + 16) * per_token);
+  EXPECT_TRUE(s.fits);
+  // The indexer's scores [tokens, context] fp32 and the logits [sequences, vocab] fp32 are
+  // among the workspaces.
+  EXPECT_GT(s.workspaces, 4.0 * 2048 * 32768 + 4.0 * 128 * 154880);
+  EXPECT_LT(s.workspaces, 8.0 * (1 << 30));
+}
+
+TEST(ServeMemory, StepLimitsExpertsAndTheMtpLayerMoveIt) {
+  const ModelSpec m = glm52();
+  const GpuSpec gpu = find_gpu("h200");
+  PlanInputs in = serve_inputs(8, "mxfp4", 32768);
+  const ServeMemory base = serve_memory(m, in, gpu, {1, 8}, true);
+  in.max_num_batched_tokens = 8192;
+  const ServeMemory more_tokens = serve_memory(m, in, gpu, {1, 8}, true);
+  EXPECT_GT(more_tokens.workspaces, base.workspaces + 4.0 * 6144 * 32768);  // the scores at least
+  EXPECT_LT(more_tokens.cache_blocks, base.cache_blocks);
+  in.max_num_batched_tokens = 2048;
+  in.speculative_steps = 3;
+  const ServeMemory mtp = serve_memory(m, in, gpu, {1, 8}, true);
+  // The MTP layer: one more MoE layer's share (32 of its experts in MXFP4, the rest bf16) and
+  // one more latent row and its indexer keys per token.
+  const double mtp_experts = 32.0 * m.expert_bytes("mxfp4");
+  EXPECT_GT(mtp.weights - base.weights, mtp_experts);
+  EXPECT_LT(mtp.weights - base.weights, mtp_experts + 4e9);
+  EXPECT_LT(mtp.cache_blocks, base.cache_blocks);
+  // A whole GLM-5.2 on one H200 leaves no cache.
+  in.speculative_steps = 0;
+  const ServeMemory one = serve_memory(m, serve_inputs(1, "mxfp4", 32768), gpu, {1, 1}, false);
+  EXPECT_EQ(one.cache_blocks, 0);
+  EXPECT_FALSE(one.fits);
+}
+
+TEST(ServeMemory, ExpertParallelRowsTakeTheirCacheFromItAndOtherFamiliesAreNotKnown) {
+  const ModelSpec m = glm52();
+  const PlanResult p = make_plan(m, serve_inputs(8, "mxfp4", 32768));
+  const Layout& ep8 = p.layouts.back();
+  ASSERT_TRUE(ep8.expert_parallel);
+  ASSERT_EQ(ep8.dp, 8);
+  EXPECT_DOUBLE_EQ(ep8.kv_room_per_replica, serve_memory(m, p.inputs, p.gpu, {1, 8}, true).cache);
+  EXPECT_TRUE(p.serve.known);
+  EXPECT_EQ(p.serve.tp, 8);  // the headline layout: --tp defaults to all GPUs
+  const ModelSpec llama = load_model_spec(GLMS_SOURCE_DIR "/tests/plan/configs/llama-3-70b.json");
+  EXPECT_FALSE(make_plan(llama, serve_inputs(4, "bf16", 8192)).serve.known);
+}

@@ -4,136 +4,75 @@
 
 namespace glms::model {
 
+static_assert(sizeof(cuda::RowSampling) == kCudaRowSamplingBytes, "model/cuda_memory.h sizes RowSampling");
+
 void CudaGlm5Model::Impl::allocate() {
   const io::ModelConfig& c = config;
-  const int64_t T = options.max_tokens, H = c.num_attention_heads, hidden = c.hidden_size;
-  const int64_t qd = c.qk_head_dim(), L = c.kv_lora_rank, rd = c.qk_rope_head_dim, vd = c.v_head_dim;
   // Routing covers the model's experts; the plan and the expert buffers only this rank's.
-  const int64_t K = c.num_experts_per_tok, E = c.n_routed_experts;
-  int64_t mlp_inter = 0, E_local = 1, inter = 1;
-  auto widths = [&](const DecoderLayerDevice& layer) {
+  CudaRankWidths widths;
+  widths.dp_ranks = peers.dp ? peers.dp->size() : 1;
+  auto add_widths = [&](const DecoderLayerDevice& layer) {
+    widths.heads = std::max<int64_t>(widths.heads, layer.attention.heads);
     if (!layer.is_moe) {
-      mlp_inter = std::max(mlp_inter, layer.mlp.inter);
+      widths.mlp_inter = std::max(widths.mlp_inter, layer.mlp.inter);
       return;
     }
-    mlp_inter = std::max(mlp_inter, layer.moe.shared.inter);
-    E_local = std::max<int64_t>(E_local, layer.moe.num_experts);
-    inter = std::max(inter, layer.moe.expert_inter);
+    widths.mlp_inter = std::max(widths.mlp_inter, layer.moe.shared.inter);
+    widths.local_experts = std::max<int64_t>(widths.local_experts, layer.moe.num_experts);
+    widths.expert_inter = std::max(widths.expert_inter, layer.moe.expert_inter);
+    widths.quantised_experts |= layer.moe.experts_format != ops::WeightFormat::Plain;
   };
-  for (const DecoderLayerDevice& layer : weights.layers) widths(layer);
-  for (const MtpDevice& m : weights.mtp) widths(m.block);
-  // Data-parallel peers gather every rank's rows: decode-sized steps run all of them at once
-  // (up to the tensor-core path's pairs per expert), larger ones a rank's rows at a time.
-  // The plan indexes every gathered pair; the per-pair rows (inputs, activations, outputs) are
-  // for this rank's pairs, which a step of all ranks' rows usually keeps within one rank's worth.
-  const int64_t ranks = peers.dp ? peers.dp->size() : 1;
-  plan_capacity = ranks * T * K;
-  pair_capacity = std::max(T * K, std::min(ranks * T * K, int64_t{kSmallMoePairsPerExpertTensorCores} * E));
-  const int64_t P = pair_capacity;
-  auto f32 = [](int64_t n) { return DeviceBuffer(sizeof(float) * std::max<int64_t>(n, 1)); };
-  auto bf16 = [](int64_t n) { return DeviceBuffer(sizeof(uint16_t) * std::max<int64_t>(n, 1)); };
-  auto i32 = [](int64_t n) { return DeviceBuffer(sizeof(int32_t) * std::max<int64_t>(n, 1)); };
-  x = f32(T * hidden);
-  normed_f32 = f32(T * hidden);
-  normed_bf16 = bf16(T * hidden);
-  block_out = f32(T * hidden);
-  q_resid = f32(T * c.q_lora_rank);
-  q_resid_bf16 = bf16(T * c.q_lora_rank);
-  q = f32(T * H * qd);
-  q_bf16 = bf16(T * H * qd);
-  kv = f32(T * (L + rd));
-  q_latent = f32(T * H * L);
-  o_latent = f32(T * H * L);
-  o_bf16 = bf16(T * H * L);
-  heads_out = f32(T * H * vd);
-  heads_bf16 = bf16(T * H * vd);
-  index_q = f32(T * c.index_n_heads * c.index_head_dim);
-  index_k = f32(T * c.index_head_dim);
-  index_w = f32(T * c.index_n_heads);
-  scores = f32(T * options.max_context);
-  selected = i32(T * c.index_topk);
-  num_selected = i32(T);
-  mlp_gate_up = f32(T * 2 * mlp_inter);
-  mlp_act = bf16(T * mlp_inter);
-  router_logits = f32(T * E);
-  expert_ids = i32(P);
-  expert_weights = f32(P);
-  plan_counts = i32(E_local + 1);
-  plan_offsets = i32(E_local + 1);
-  plan_active = i32(E_local);
-  plan_num_active = i32(1);
-  sorted_pairs = i32(plan_capacity);
-  pair_slot = i32(plan_capacity);
-  shared_out = f32(T * hidden);
-  pair_x = bf16(P * hidden);
-  pair_gate_up = f32(P * 2 * inter);
-  pair_act = bf16(P * inter);
-  expert_out = f32(P * hidden);
-  head_in = bf16(int64_t{options.max_logits} * hidden);
-  logits = f32(int64_t{options.max_logits} * c.vocab_size);
-  logits_argmax = i32(options.max_logits);
-  sample_rows_of = i32(options.max_logits);
-  sample_params = DeviceBuffer(sizeof(cuda::RowSampling) * std::max(options.max_logits, 1));
-  sampled = i32(options.max_logits);
-  prefill_score_capacity = std::min(kPrefillScoreFloats, T * H * options.max_context);
-  prefill_context = bf16(int64_t{options.max_context} * (L + rd));
-  prefill_queries = bf16(T * H * cuda::mla_padded_row(static_cast<int>(L), static_cast<int>(rd)));
-  prefill_scores = f32(prefill_score_capacity);
-  prefill_probs = bf16(prefill_score_capacity);
-  // Selected rows of up to 256 tokens at a time (decode batches; larger ones go in chunks).
-  gathered_capacity = std::min<int64_t>(T, 256) * std::min(options.max_context, c.index_topk) * (L + rd);
-  gathered_rows = bf16(gathered_capacity);
-  gathered_keys = f32(int64_t{options.max_context} * c.index_head_dim);
-  offsets_host = cuda::PinnedBuffer(sizeof(int32_t) * (E_local + 1));
-  if (peers.dp) {
-    gathered_ids = i32(ranks * T * K);
-    gathered_weights = f32(ranks * T * K);
-    gathered_x = bf16(ranks * T * hidden);
-    routed_all = f32(ranks * T * hidden);
-    routed_local = f32(T * hidden);
-  }
-  // Quantised experts widen one expert at a time to bf16 for the large-batch GEMMs.
-  auto quantised = [](const DecoderLayerDevice& layer) {
-    return layer.is_moe && layer.moe.experts_format != ops::WeightFormat::Plain;
-  };
-  const bool quantised_experts =
-      std::any_of(weights.layers.begin(), weights.layers.end(), quantised) ||
-      std::any_of(weights.mtp.begin(), weights.mtp.end(), [&](const MtpDevice& m) { return quantised(m.block); });
-  if (quantised_experts) {
-    expert_gate_up_bf16 = bf16(2 * inter * hidden);
-    expert_down_bf16 = bf16(hidden * inter);
-  }
+  for (const DecoderLayerDevice& layer : weights.layers) add_widths(layer);
+  const bool with_mtp = options.mtp && !weights.mtp.empty();
+  for (const MtpDevice& m : weights.mtp) add_widths(m.block);
+  widths.mtp_indexer = with_mtp && weights.mtp[0].block.attention.has_indexer;
+  GLMS_CHECK(cuda::mla_padded_row(c.kv_lora_rank, c.qk_rope_head_dim) ==
+                 cuda_mla_padded_row(c.kv_lora_rank, c.qk_rope_head_dim),
+             "model/cuda_memory.h's padded row differs from the fused attention's");
+  CudaStepLimits limits;
+  limits.max_tokens = options.max_tokens;
+  limits.max_sequences = options.max_sequences;
+  limits.max_logits = options.max_logits;
+  limits.max_context = options.max_context;
+  limits.block_size = options.block_size;
+  limits.mtp = with_mtp;
+  workspace_bytes = 0;
+  make_cuda_workspaces(*this, c, widths, limits, [this](int64_t bytes) {
+    workspace_bytes += cuda_allocation_bytes(bytes);
+    return DeviceBuffer(static_cast<size_t>(bytes));
+  });
+  rank_widths = widths;
+  step_limits = limits;
+  const int64_t rd = c.qk_rope_head_dim;
+  offsets_host = cuda::PinnedBuffer(sizeof(int32_t) * (widths.local_experts + 1));
   staging = cuda::PinnedBuffer(meta.total);
-  metadata = DeviceBuffer(meta.total);
 
   std::vector<float> freq(rd / 2);
   for (int i = 0; i < rd / 2; ++i)
     freq[i] = 1.0f / std::pow(static_cast<float>(c.rope_theta), static_cast<float>(2 * i) / static_cast<float>(rd));
-  inv_freq = f32(rd / 2);
   inv_freq.upload(freq.data(), sizeof(float) * freq.size());
 
-  // The cache gets what is left, less a margin for cuBLAS and the CUDA context.
-  const int64_t row_bytes = sizeof(uint16_t) * (L + rd);
-  const bool with_mtp = options.mtp && !weights.mtp.empty();
-  const int64_t mtp_bytes_per_slot =
-      with_mtp ? row_bytes + (weights.mtp[0].block.attention.has_indexer ? int64_t{sizeof(float)} * c.index_head_dim : 0)
-               : 0;
-  const int64_t bytes_per_slot = cuda_cache_bytes_per_token(c) + mtp_bytes_per_slot;
+  // The cache gets what is left of the budget, less a margin (model/cuda_memory.h).
+  const int64_t row_bytes = sizeof(uint16_t) * (c.kv_lora_rank + rd);
+  const int64_t bytes_per_slot = cuda_cache_bytes_per_token(c, with_mtp, widths.mtp_indexer);
   int num_blocks = options.num_blocks;
   if (num_blocks <= 0) {
     // The budget is a fraction of the whole device, as vLLM's; what is in use now (the context,
-    // weights, workspaces, communicators) comes out of it, and a margin for cuBLAS, graphs and
-    // NCCL's lazily made buffers.
+    // weights, workspaces, communicators) comes out of it.
     const auto [free_bytes, total_bytes] = cuda::memory_info();
     const int64_t budget = static_cast<int64_t>(options.gpu_memory_utilization * static_cast<double>(total_bytes));
-    const int64_t used = static_cast<int64_t>(total_bytes - free_bytes), margin = int64_t{3} << 29;
-    const int64_t usable = std::max<int64_t>(0, budget - used - margin);
-    const int64_t fit = usable / (bytes_per_slot * options.block_size) - 1;  // less the idle rank's dummy block
+    const int64_t used = static_cast<int64_t>(total_bytes - free_bytes);
+    const int64_t fit = cuda_cache_blocks_that_fit(budget - used - kCudaMemoryMarginBytes, bytes_per_slot,
+                                                   options.block_size);
     num_blocks = static_cast<int>(std::min<int64_t>(fit, int64_t{1} << 30));
     if (num_blocks <= 0)
       fail("no device memory left for the KV cache: " + std::to_string(used >> 20) + " MiB in use of a budget of " +
            std::to_string(budget >> 20) + " MiB (--gpu-memory-utilization " +
-           std::to_string(options.gpu_memory_utilization) + " of " + std::to_string(total_bytes >> 20) + " MiB)");
+           std::to_string(options.gpu_memory_utilization) + " of " + std::to_string(total_bytes >> 20) +
+           " MiB): raise --gpu-memory-utilization, lower --max-num-batched-tokens or --max-model-len, or use more GPUs");
+    memory.device_total = static_cast<int64_t>(total_bytes);
+    memory.budget = budget;
+    memory.in_use = used;
   }
   options.num_blocks = num_blocks;
   // One block more than the engine's: the slots an idle data-parallel rank's dummy token writes.
@@ -149,8 +88,7 @@ void CudaGlm5Model::Impl::allocate() {
   // same slots.
   if (with_mtp) {
     latent_cache.emplace_back(row_bytes * num_slots);
-    index_keys.emplace_back(weights.mtp[0].block.attention.has_indexer ? sizeof(float) * c.index_head_dim * num_slots : 0);
-    h_prev = f32(T * hidden);
+    index_keys.emplace_back(widths.mtp_indexer ? sizeof(float) * c.index_head_dim * num_slots : 0);
   }
 }
 
@@ -362,11 +300,6 @@ void CudaGlm5Model::Impl::launch(const ForwardBatch& step, bool use_graph) {
   graph->launch(stream.get());
 }
 
-int64_t cuda_cache_bytes_per_token(const io::ModelConfig& c) {
-  return int64_t{sizeof(uint16_t)} * (c.kv_lora_rank + c.qk_rope_head_dim) * c.num_hidden_layers +
-         int64_t{sizeof(float)} * c.index_head_dim * c.num_full_indexer_layers();
-}
-
 CudaGlm5Model::CudaGlm5Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 namespace {
@@ -411,6 +344,16 @@ int64_t CudaGlm5Model::cache_bytes() const {
   for (const DeviceBuffer& b : impl_->latent_cache) total += static_cast<int64_t>(b.bytes());
   for (const DeviceBuffer& b : impl_->index_keys) total += static_cast<int64_t>(b.bytes());
   return total;
+}
+
+CudaMemoryReport CudaGlm5Model::memory_report() const {
+  CudaMemoryReport report = impl_->memory;
+  report.weights = impl_->weights.bytes;
+  report.workspaces = impl_->workspace_bytes;
+  report.widths = impl_->rank_widths;
+  report.limits = impl_->step_limits;
+  report.cache = cache_bytes();
+  return report;
 }
 
 std::vector<float> CudaGlm5Model::forward(const ForwardBatch& batch, bool use_graph, std::vector<float>* last_hidden) {

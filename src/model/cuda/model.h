@@ -15,10 +15,23 @@
 
 #include "io/model_config.h"
 #include "model/batch.h"
+#include "model/cuda_memory.h"
 #include "model/step_runner.h"
 #include "model/weights.h"
 
 namespace glms::model {
+
+// What a rank's GPU held when its cache was sized from the memory budget (all zero when the
+// cache size was given): `glmserve plan` computes the same figures (model/cuda_memory.h).
+struct CudaMemoryReport {
+  int64_t device_total = 0;  // the GPU's memory
+  int64_t budget = 0;        // gpu_memory_utilization of it
+  int64_t in_use = 0;        // before the cache: weights, workspaces, CUDA runtime, communicators
+  int64_t weights = 0, workspaces = 0, cache = 0;
+  CudaRankWidths widths;   // the rank's layer widths (from its weights) and the limits that sized
+  CudaStepLimits limits;   // the workspaces: cuda_workspace_bytes of them is `workspaces`
+  int64_t runtime() const { return in_use - weights - workspaces; }  // context, libraries, peers' buffers
+};
 
 struct CudaModelOptions {
   int block_size = 64;       // cache block, tokens
@@ -98,6 +111,7 @@ class CudaGlm5Model {
   const CudaModelOptions& options() const;
   int64_t weight_bytes() const;  // device bytes of the weights
   int64_t cache_bytes() const;   // device bytes of the paged cache
+  CudaMemoryReport memory_report() const;
   // Uses only the first `blocks` cache blocks (options().num_blocks becomes that).
   void limit_blocks(int blocks);
 
@@ -146,10 +160,6 @@ class CudaGlm5Model {
   explicit CudaGlm5Model(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-
-// Device bytes one token's cache rows take: bf16 latent + rope rows on every layer, fp32
-// indexer keys on full layers.
-int64_t cuda_cache_bytes_per_token(const io::ModelConfig& config);
 
 // StepRunners over CudaGlm5Model: for a loaded checkpoint (kept mapped until allocate() uploads
 // it), or for seeded synthetic weights of `config`. allocate() builds the model with the

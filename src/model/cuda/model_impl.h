@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "model/cuda/model.h"
+#include "model/cuda_memory.h"
 #include "model/cuda/step.h"
 #include "model/cuda/weights.h"
 #include "ops/cuda/cuda_ops.h"
@@ -24,7 +25,6 @@ namespace glms::model {
 
 namespace cuda = ops::cuda;
 using cuda::DeviceBuffer;
-using cuda_step::MetadataLayout;
 using cuda_step::PhaseTimer;
 using cuda_step::StepShape;
 
@@ -41,8 +41,8 @@ constexpr float kIndexerNormEps = 1e-6f;
 // the GEMM path first widens every expert to bf16 (about 45 ms per 4 MoE layers), so 64: MXFP4
 // experts of a 2048-token prefill (64 pairs per expert) took 85.6 ms of 4 layers widened and
 // 69.7 on tensor cores, of an 8192-token one (256 pairs) 101 widened and 282 on tensor cores.
+// (kSmallMoePairsPerExpertTensorCores is in model/cuda_memory.h: it sizes the pair buffers.)
 constexpr int kSmallMoePairsPerExpert = 8;
-constexpr int kSmallMoePairsPerExpertTensorCores = 64;
 
 // Sequences with at least this many tokens in a step (prefill chunks) attend through the
 // prefill path; the other tokens (decodes, short chunks) in runs through mla_attention_fused or
@@ -54,9 +54,6 @@ constexpr int kPrefillGemmTokens = 32;
 // dense 9.0 ms, fused 12.3 ms; 8k: dense 103 ms, fused 75.5 ms).
 constexpr double kFusedPrefillWorkRatio = 3.0;
 
-// Scores buffer of the GEMM attention path (fp32 [heads, chunk, context]), at most 1 GiB.
-constexpr int64_t kPrefillScoreFloats = int64_t{1} << 28;
-
 template <typename T>
 T* as(const DeviceBuffer& buffer) {
   return static_cast<T*>(buffer.data());
@@ -66,7 +63,8 @@ T* as(const DeviceBuffer& buffer) {
 
 using namespace cuda_impl;
 
-struct CudaGlm5Model::Impl {
+// The workspace buffers (model/cuda_memory.h: shapes and sizes) are members of the base.
+struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   io::ModelConfig config;
   CudaModelOptions options;
   CudaWeights weights;
@@ -82,30 +80,18 @@ struct CudaGlm5Model::Impl {
   int64_t num_slots = 0;
   MetadataLayout meta;
   cuda::PinnedBuffer staging;
-  DeviceBuffer metadata;
   cuda::PinnedBuffer offsets_host;  // MoE group offsets for the large-batch path
   std::vector<DeviceBuffer> latent_cache;  // per layer [num_slots, latent + rope] bf16
   std::vector<DeviceBuffer> index_keys;    // per full layer [num_slots, index_dim] fp32, else empty
-  DeviceBuffer inv_freq;                   // [rope / 2]
   std::map<StepShape, std::unique_ptr<cuda::Graph>> graphs;
   PhaseTimer timer;
 
-  // Activations, sized for options.max_tokens (see allocate_workspace for shapes).
-  DeviceBuffer x, normed_f32, normed_bf16, block_out, q_resid, q_resid_bf16, q, q_bf16, kv, q_latent, o_latent,
-      o_bf16, heads_out, heads_bf16, index_q, index_k, index_w, scores, selected, num_selected,
-      mlp_gate_up, mlp_act, router_logits, expert_ids, expert_weights, plan_counts, plan_offsets, plan_active,
-      plan_num_active, sorted_pairs, pair_slot, shared_out, pair_x, pair_gate_up, pair_act, expert_out, head_in,
-      logits, prefill_context, prefill_queries, prefill_scores, prefill_probs, gathered_rows, gathered_keys,
-      expert_gate_up_bf16, expert_down_bf16, h_prev, logits_argmax, sample_rows_of, sample_params, sampled;
-  // Data-parallel MoE: every rank's rows [dp * max_tokens] of routing and bf16 inputs, the routed
-  // sums of all of them, and this rank's rows of those sums.
-  DeviceBuffer gathered_ids, gathered_weights, gathered_x, routed_all, routed_local;
-  int64_t plan_capacity = 0;      // (token, expert) pairs a plan covers (every rank's rows)
-  int64_t pair_capacity = 0;      // this rank's pairs the per-pair buffers hold
-  int64_t gathered_capacity = 0;  // bf16 elements of gathered_rows
+  int64_t workspace_bytes = 0;    // device memory make_cuda_workspaces took (cuda_allocation_bytes)
+  CudaRankWidths rank_widths;     // what sized them (from the weights)
+  CudaStepLimits step_limits;
+  CudaMemoryReport memory;        // the budget and what was in use when the cache was sized
   ForwardBatch idle_batch;        // the one dummy token an idle data-parallel rank runs
   std::vector<int32_t> step_dp_tokens;  // every data-parallel rank's tokens in the step being run
-  int64_t prefill_score_capacity = 0;  // floats
   const ForwardBatch* batch = nullptr;  // the step being run (host view; null inside graph capture)
 
   Impl(const io::ModelConfig& c, const CudaModelOptions& o, CudaWeights w, Peers p)

@@ -50,10 +50,18 @@ class CudaRunner : public StepRunner {
     };
     if (weights_) model_ = std::make_unique<CudaGlm5Model>(*weights_, options, peers_, progress);
     else model_ = CudaGlm5Model::synthetic(config_, seed_, options, experts_format_, shard_, peers_);
+    const CudaMemoryReport m = model_->memory_report();
+    auto gib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 30); };
     std::fprintf(stderr, "glmserve: rank %d: %.2f GiB of %s weights and a %.2f GiB KV cache on the GPU in %.1f s\n",
-                 rank, static_cast<double>(model_->weight_bytes()) / (1 << 30), weights_ ? "checkpoint" : "synthetic",
-                 static_cast<double>(model_->cache_bytes()) / (1 << 30),
+                 rank, gib(m.weights), weights_ ? "checkpoint" : "synthetic", gib(m.cache),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (m.budget > 0)
+      std::fprintf(stderr,
+                   "glmserve: rank %d: GPU memory budget %.2f of %.2f GiB (--gpu-memory-utilization %.2f) = weights "
+                   "%.2f + workspaces %.2f + CUDA runtime %.2f + margin %.2f + KV cache %.2f GiB (%d blocks)\n",
+                   rank, gib(m.budget), gib(m.device_total), shape.gpu_memory_utilization, gib(m.weights),
+                   gib(m.workspaces), gib(m.runtime()), gib(kCudaMemoryMarginBytes), gib(m.cache),
+                   model_->options().num_blocks);
   }
   int num_blocks() const override { return model_ ? model_->options().num_blocks : 0; }
   void limit_blocks(int blocks) override {

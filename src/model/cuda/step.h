@@ -1,5 +1,5 @@
-// Step bookkeeping of CudaGlm5Model (cuda/model.cpp): where a step's metadata sits in the
-// staging buffer, the shape that keys captured graphs, and per-phase device timing.
+// Step bookkeeping of CudaGlm5Model (cuda/model.cpp): the shape that keys captured graphs and
+// per-phase device timing (where a step's metadata sits: model/cuda_memory.h).
 #pragma once
 
 #include <cstddef>
@@ -16,27 +16,6 @@
 namespace glms::model::cuda_step {
 
 namespace cuda = ops::cuda;
-
-// Byte offsets of the per-step metadata inside one host staging buffer and its device copy.
-struct MetadataLayout {
-  size_t token_ids, positions, token_sequence, logits_tokens, slot_mapping, block_tables, total;
-  MetadataLayout(int max_tokens, int max_logits, int max_sequences, int max_blocks) {
-    auto align = [](size_t v) { return (v + 255) / 256 * 256; };
-    size_t at = 0;
-    slot_mapping = at;
-    at = align(at + sizeof(int64_t) * max_tokens);
-    token_ids = at;
-    at = align(at + sizeof(int32_t) * max_tokens);
-    positions = at;
-    at = align(at + sizeof(int32_t) * max_tokens);
-    token_sequence = at;
-    at = align(at + sizeof(int32_t) * max_tokens);
-    logits_tokens = at;
-    at = align(at + sizeof(int32_t) * max_logits);
-    block_tables = at;  // last: a step uploads only the rows it uses
-    total = at + sizeof(int32_t) * static_cast<size_t>(max_sequences) * max_blocks;
-  }
-};
 
 // What fixes a step's launches: its sizes and the context bound that sizes the grids. Two steps
 // with the same shape issue the same kernels, so a decode shape can be captured once as a graph.

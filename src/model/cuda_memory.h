@@ -1,0 +1,234 @@
+// What one CUDA rank of a GLM-5 model holds on its GPU besides the weights: the step workspaces
+// (activations, the MoE plan and pairs, attention scratch, logits) and the paged cache, from the
+// config, the rank's widths and the limits a step is sized for. It is plain arithmetic, built
+// without CUDA: CudaGlm5Model allocates exactly these buffers (cuda/model.cpp) and `glmserve
+// plan` sums the same sizes, so the two agree on what is left for the KV cache.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "io/model_config.h"
+#include "model/shard.h"
+
+namespace glms::model {
+
+// Quantised experts of a MoE layer whose (token, expert) pairs average at most this many per
+// expert run on the tensor-core kernels in one pass over every data-parallel rank's rows; the
+// per-pair buffers hold that many pairs per expert (cuda/model_impl.h says why the value).
+constexpr int kSmallMoePairsPerExpertTensorCores = 64;
+// Scores buffer of the GEMM attention path (fp32 [heads, chunk, context]), at most 1 GiB.
+constexpr int64_t kPrefillScoreFloats = int64_t{1} << 28;
+// What the cache leaves free of the memory budget: cuBLAS's lazily loaded kernels, captured
+// graphs and NCCL's buffers come after the cache is sized.
+constexpr int64_t kCudaMemoryMarginBytes = int64_t{3} << 29;  // 1.5 GiB
+// The CUDA context, cuBLAS/cuBLASLt handles and workspaces and the loaded modules, in use before
+// any buffer of ours: measured on the H200 (CUDA 13, `glmserve serve` start-up log, docs/
+// planning.md); the plan counts it, the model measures what is really in use.
+constexpr int64_t kCudaRuntimeBytes = int64_t{600} << 20;
+
+// What the step workspaces are sized for (model::CacheShape and CudaModelOptions carry them).
+struct CudaStepLimits {
+  int max_tokens = 2048;    // tokens per step
+  int max_sequences = 64;   // sequences per step
+  int max_logits = 64;      // logits rows per step
+  int max_context = 4096;   // positions per sequence
+  int block_size = 16;      // cache slots per block
+  bool mtp = false;         // the MTP draft layer runs (its weights, workspace and cache)
+};
+
+// The widths of one rank's layers that size its buffers (the largest over its layers).
+struct CudaRankWidths {
+  int64_t heads = 1;          // attention heads on this rank
+  int64_t mlp_inter = 0;      // dense MLP or shared expert intermediate columns on this rank
+  int64_t local_experts = 1;  // routed experts per MoE layer on this rank
+  int64_t expert_inter = 1;   // intermediate columns of each of them
+  int64_t dp_ranks = 1;       // data-parallel ranks whose MoE rows this rank gathers (1: none)
+  bool quantised_experts = false;  // MXFP4/FP8 experts (bf16 widening buffers for large batches)
+  bool mtp_indexer = false;   // the MTP layer has its own indexer keys
+};
+
+// The widths a rank of `shard` has, from the config alone (what its weights will be).
+CudaRankWidths cuda_rank_widths(const io::ModelConfig& config, const ModelShard& shard, bool quantised_experts,
+                                bool mtp);
+
+// Byte offsets of the per-step metadata inside one host staging buffer and its device copy.
+struct MetadataLayout {
+  size_t token_ids, positions, token_sequence, logits_tokens, slot_mapping, block_tables, total;
+  MetadataLayout(int max_tokens, int max_logits, int max_sequences, int max_blocks) {
+    auto align = [](size_t v) { return (v + 255) / 256 * 256; };
+    size_t at = 0;
+    slot_mapping = at;
+    at = align(at + sizeof(int64_t) * max_tokens);
+    token_ids = at;
+    at = align(at + sizeof(int32_t) * max_tokens);
+    positions = at;
+    at = align(at + sizeof(int32_t) * max_tokens);
+    token_sequence = at;
+    at = align(at + sizeof(int32_t) * max_tokens);
+    logits_tokens = at;
+    at = align(at + sizeof(int32_t) * max_logits);
+    block_tables = at;  // last: a step uploads only the rows it uses
+    total = at + sizeof(int32_t) * static_cast<size_t>(max_sequences) * max_blocks;
+  }
+};
+
+// Latent + rope elements rounded up to 16: the row of the fused attention's query scratch
+// (cuda::mla_padded_row, which the model checks against this).
+inline int64_t cuda_mla_padded_row(int64_t latent, int64_t rope) { return (latent + rope + 15) / 16 * 16; }
+
+inline int cuda_max_blocks(const CudaStepLimits& limits) {
+  return (limits.max_context + limits.block_size - 1) / limits.block_size;
+}
+
+// The device buffers of one rank's steps: Buffer is cuda::DeviceBuffer in the model and a byte
+// count in the plan. Shapes are per step at most (T = max_tokens, H = heads on this rank,
+// P = pair_capacity, dp = data-parallel ranks).
+template <typename Buffer>
+struct CudaWorkspaces {
+  Buffer x, normed_f32, block_out;                 // [T, hidden] fp32
+  Buffer normed_bf16;                              // [T, hidden] bf16
+  Buffer q_resid, q_resid_bf16;                    // [T, q_lora]
+  Buffer q, q_bf16;                                // [T, H, qk_head_dim]
+  Buffer kv;                                       // [T, kv_lora + rope] fp32
+  Buffer q_latent, o_latent, o_bf16;               // [T, H, kv_lora]
+  Buffer heads_out, heads_bf16;                    // [T, H, v_head_dim]
+  Buffer index_q, index_k, index_w;                // indexer queries [T, ih, id], key [T, id], weights [T, ih]
+  Buffer scores;                                   // [T, max_context] fp32 indexer scores
+  Buffer selected, num_selected;                   // [T, topk] i32, [T]
+  Buffer mlp_gate_up, mlp_act;                     // [T, 2 * mlp_inter] fp32, [T, mlp_inter] bf16
+  Buffer router_logits;                            // [T, experts] fp32
+  Buffer expert_ids, expert_weights;               // [P]
+  Buffer plan_counts, plan_offsets, plan_active, plan_num_active;  // per local expert (+1)
+  Buffer sorted_pairs, pair_slot;                  // [plan_capacity]
+  Buffer shared_out;                               // [T, hidden] fp32
+  Buffer pair_x, pair_gate_up, pair_act, expert_out;  // per pair: [P, hidden], [P, 2 inter], [P, inter], [P, hidden]
+  Buffer head_in, logits;                          // [max_logits, hidden] bf16, [max_logits, vocab] fp32
+  Buffer logits_argmax, sample_rows_of, sample_params, sampled;  // per logits row
+  Buffer prefill_context, prefill_queries;         // [max_context, kv_lora + rope], [T, H, padded row] bf16
+  Buffer prefill_scores, prefill_probs;            // [prefill_score_capacity] fp32 / bf16
+  Buffer gathered_rows, gathered_keys;             // selected latent rows, [max_context, id] fp32
+  Buffer gathered_ids, gathered_weights, gathered_x, routed_all, routed_local;  // [dp * T, ...] (dp > 1)
+  Buffer expert_gate_up_bf16, expert_down_bf16;    // one expert widened to bf16 (quantised experts)
+  Buffer h_prev;                                   // [T, hidden] fp32 (MTP)
+  Buffer metadata;                                 // MetadataLayout::total bytes
+  Buffer inv_freq;                                 // [rope / 2] fp32
+  int64_t plan_capacity = 0;           // (token, expert) pairs a plan covers (every rank's rows)
+  int64_t pair_capacity = 0;           // this rank's pairs the per-pair buffers hold
+  int64_t gathered_capacity = 0;       // bf16 elements of gathered_rows
+  int64_t prefill_score_capacity = 0;  // floats of prefill_scores
+};
+
+// One row's sampling parameters on the device (cuda::RowSampling: three 4-byte values, a
+// 4-byte one and a double; the model asserts the size).
+constexpr int64_t kCudaRowSamplingBytes = 24;
+
+// Makes every workspace buffer by calling make(bytes) (at least one byte each), in one place.
+template <typename Buffer, typename Make>
+void make_cuda_workspaces(CudaWorkspaces<Buffer>& w, const io::ModelConfig& c, const CudaRankWidths& widths,
+                          const CudaStepLimits& limits, Make&& make) {
+  const int64_t T = limits.max_tokens, H = widths.heads, hidden = c.hidden_size;
+  const int64_t qd = c.qk_head_dim(), L = c.kv_lora_rank, rd = c.qk_rope_head_dim, vd = c.v_head_dim;
+  const int64_t K = c.num_experts_per_tok, E = c.n_routed_experts, E_local = widths.local_experts;
+  const int64_t inter = widths.expert_inter, mlp_inter = widths.mlp_inter, ranks = widths.dp_ranks;
+  const int64_t logits_rows = limits.max_logits, context = limits.max_context;
+  // Data-parallel peers gather every rank's rows: decode-sized steps run all of them at once
+  // (up to the tensor-core path's pairs per expert), larger ones a rank's rows at a time. The
+  // plan indexes every gathered pair; the per-pair rows (inputs, activations, outputs) are for
+  // this rank's pairs, which a step of all ranks' rows usually keeps within one rank's worth.
+  w.plan_capacity = ranks * T * K;
+  w.pair_capacity = std::max(T * K, std::min(ranks * T * K, int64_t{kSmallMoePairsPerExpertTensorCores} * E));
+  const int64_t P = w.pair_capacity;
+  auto f32 = [&](int64_t n) { return make(int64_t{4} * std::max<int64_t>(n, 1)); };
+  auto bf16 = [&](int64_t n) { return make(int64_t{2} * std::max<int64_t>(n, 1)); };
+  auto i32 = f32;
+  w.x = f32(T * hidden);
+  w.normed_f32 = f32(T * hidden);
+  w.normed_bf16 = bf16(T * hidden);
+  w.block_out = f32(T * hidden);
+  w.q_resid = f32(T * c.q_lora_rank);
+  w.q_resid_bf16 = bf16(T * c.q_lora_rank);
+  w.q = f32(T * H * qd);
+  w.q_bf16 = bf16(T * H * qd);
+  w.kv = f32(T * (L + rd));
+  w.q_latent = f32(T * H * L);
+  w.o_latent = f32(T * H * L);
+  w.o_bf16 = bf16(T * H * L);
+  w.heads_out = f32(T * H * vd);
+  w.heads_bf16 = bf16(T * H * vd);
+  w.index_q = f32(T * c.index_n_heads * c.index_head_dim);
+  w.index_k = f32(T * c.index_head_dim);
+  w.index_w = f32(T * c.index_n_heads);
+  w.scores = f32(T * context);
+  w.selected = i32(T * c.index_topk);
+  w.num_selected = i32(T);
+  w.mlp_gate_up = f32(T * 2 * mlp_inter);
+  w.mlp_act = bf16(T * mlp_inter);
+  w.router_logits = f32(T * E);
+  w.expert_ids = i32(P);
+  w.expert_weights = f32(P);
+  w.plan_counts = i32(E_local + 1);
+  w.plan_offsets = i32(E_local + 1);
+  w.plan_active = i32(E_local);
+  w.plan_num_active = i32(1);
+  w.sorted_pairs = i32(w.plan_capacity);
+  w.pair_slot = i32(w.plan_capacity);
+  w.shared_out = f32(T * hidden);
+  w.pair_x = bf16(P * hidden);
+  w.pair_gate_up = f32(P * 2 * inter);
+  w.pair_act = bf16(P * inter);
+  w.expert_out = f32(P * hidden);
+  w.head_in = bf16(logits_rows * hidden);
+  w.logits = f32(logits_rows * c.vocab_size);
+  w.logits_argmax = i32(logits_rows);
+  w.sample_rows_of = i32(logits_rows);
+  w.sample_params = make(kCudaRowSamplingBytes * std::max<int64_t>(logits_rows, 1));
+  w.sampled = i32(logits_rows);
+  const int64_t padded_row = cuda_mla_padded_row(L, rd);
+  w.prefill_score_capacity = std::min(kPrefillScoreFloats, T * H * context);
+  w.prefill_context = bf16(context * (L + rd));
+  w.prefill_queries = bf16(T * H * padded_row);
+  w.prefill_scores = f32(w.prefill_score_capacity);
+  w.prefill_probs = bf16(w.prefill_score_capacity);
+  // Selected rows of up to 256 tokens at a time (decode batches; larger ones go in chunks).
+  w.gathered_capacity = std::min<int64_t>(T, 256) * std::min<int64_t>(context, c.index_topk) * (L + rd);
+  w.gathered_rows = bf16(w.gathered_capacity);
+  w.gathered_keys = f32(context * c.index_head_dim);
+  if (ranks > 1) {
+    w.gathered_ids = i32(ranks * T * K);
+    w.gathered_weights = f32(ranks * T * K);
+    w.gathered_x = bf16(ranks * T * hidden);
+    w.routed_all = f32(ranks * T * hidden);
+    w.routed_local = f32(T * hidden);
+  }
+  // Quantised experts widen one expert at a time to bf16 for the large-batch GEMMs.
+  if (widths.quantised_experts) {
+    w.expert_gate_up_bf16 = bf16(2 * inter * hidden);
+    w.expert_down_bf16 = bf16(hidden * inter);
+  }
+  if (limits.mtp) w.h_prev = f32(T * hidden);
+  const MetadataLayout meta(limits.max_tokens, limits.max_logits, limits.max_sequences, cuda_max_blocks(limits));
+  w.metadata = make(static_cast<int64_t>(meta.total));
+  w.inv_freq = f32(rd / 2);
+}
+
+// What cudaMalloc takes for `bytes`: large buffers in whole 2 MiB pages, small ones packed.
+inline int64_t cuda_allocation_bytes(int64_t bytes) {
+  const int64_t unit = bytes >= (int64_t{1} << 20) ? int64_t{2} << 20 : 512;
+  return (bytes + unit - 1) / unit * unit;
+}
+
+// Device bytes of the workspaces above (cuda_allocation_bytes of each).
+int64_t cuda_workspace_bytes(const io::ModelConfig& config, const CudaRankWidths& widths,
+                             const CudaStepLimits& limits);
+
+// Cache bytes one slot (token) takes on a CUDA rank: every layer's bf16 latent row, the full
+// indexer layers' fp32 keys, and with the MTP layer its row (and keys) too.
+int64_t cuda_cache_bytes_per_token(const io::ModelConfig& config, bool mtp = false, bool mtp_indexer = false);
+
+// Cache blocks that fit in `free_bytes` (what the budget leaves after everything in use and the
+// margin), less the one block an idle data-parallel rank's dummy token writes.
+int64_t cuda_cache_blocks_that_fit(int64_t free_bytes, int64_t bytes_per_token, int block_size);
+
+}  // namespace glms::model
