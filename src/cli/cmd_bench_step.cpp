@@ -354,6 +354,18 @@ void run_bench_step(const BenchStepOptions& o) {
   std::cerr << fmt::format("  {:.1f} GB of weights, {:.1f} GB of cache ({} sequences of {} positions), in {:.1f} s\n",
                            model->weight_bytes() / 1e9, model->cache_bytes() / 1e9, cached_sequences,
                            options.max_context, seconds_since(start));
+  const model::CudaMemoryReport memory = model->memory_report();
+  const nlohmann::json memory_json = {{"device_total_bytes", memory.device_total}, {"budget_bytes", memory.budget},
+                                      {"weight_bytes", memory.weights},       {"workspace_bytes", memory.workspaces},
+                                      {"runtime_bytes", memory.runtime()},    {"kv_cache_bytes", memory.cache},
+                                      {"kv_cache_blocks", model->options().num_blocks}};
+  if (memory.budget > 0)
+    std::cerr << fmt::format("  GPU memory budget {:.2f} GiB = weights {:.2f} + workspaces {:.2f} + runtime {:.2f} + "
+                             "margin {:.2f} + KV cache {:.2f} GiB ({} blocks of {})\n",
+                             memory.budget / 1073741824.0, memory.weights / 1073741824.0,
+                             memory.workspaces / 1073741824.0, memory.runtime() / 1073741824.0,
+                             model::kCudaMemoryMarginBytes / 1073741824.0, memory.cache / 1073741824.0,
+                             model->options().num_blocks, options.block_size);
   const plan::ModelSpec spec = plan::model_spec_of(config);
   const double link_bandwidth = plan::find_gpu("h200").link_bandwidth;
 
@@ -518,6 +530,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"speculative_steps", o.speculative_steps},
                         {"graphs", o.graphs},
                         {"weight_bytes", model->weight_bytes()},
+                        {"gpu_memory", memory_json},
                         {"copy_bandwidth_bytes_per_s", bandwidth},
                         {"bf16_gemm_flops_per_s", gemm_rate},
                         {"fp8_block_gemm_flops_per_s", fp8_rate.error.empty() ? nlohmann::json(fp8_rate.gemm) : nullptr},
