@@ -24,9 +24,10 @@ constexpr int64_t kPrefillScoreFloats = int64_t{1} << 28;
 // graphs and NCCL's buffers come after the cache is sized.
 constexpr int64_t kCudaMemoryMarginBytes = int64_t{3} << 29;  // 1.5 GiB
 // The CUDA context, cuBLAS/cuBLASLt handles and workspaces and the loaded modules, in use before
-// any buffer of ours: measured on the H200 (CUDA 13, `glmserve serve` start-up log, docs/
-// planning.md); the plan counts it, the model measures what is really in use.
-constexpr int64_t kCudaRuntimeBytes = int64_t{600} << 20;
+// any buffer of ours: 0.71 GiB measured on the H200 (CUDA 13, driver 580, `glmserve serve`
+// start-up, bench/results/cuda-memory-plan-20261202.json); the plan counts it, the model
+// measures what is really in use.
+constexpr int64_t kCudaRuntimeBytes = int64_t{727} << 20;
 
 // What the step workspaces are sized for (model::CacheShape and CudaModelOptions carry them).
 struct CudaStepLimits {

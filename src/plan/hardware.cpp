@@ -71,8 +71,9 @@ std::vector<GpuSpec> make_catalogue() {
   GpuSpec h200;
   h200.name = "h200";
   h200.description = "NVIDIA H200 (SXM)";
-  // As CUDA reports it on the H200 here (nvidia-smi: 143771 MiB): the datasheet's "141 GB" are GiB.
-  h200.memory_bytes = 143771.0 * 1024 * 1024;
+  // As cudaMemGetInfo reports it on the H200 here, 139.80 GiB (nvidia-smi: 143771 MiB; the
+  // datasheet's "141 GB" are GiB): the total that serve's --gpu-memory-utilization takes a share of.
+  h200.memory_bytes = 143155.0 * 1024 * 1024;
   h200.bandwidth = 4.8 * kTB;
   h200.bf16_flops = 989 * kTF;
   h200.fp8_flops = 1979 * kTF;

@@ -128,7 +128,7 @@ TEST(Catalogue, Mi355xRowAndMeasuredH200) {
   EXPECT_EQ(effective_bandwidth(mi).source, "datasheet");
 
   const GpuSpec& h200 = find_gpu("h200");
-  EXPECT_DOUBLE_EQ(h200.memory_bytes, 143771.0 * 1024 * 1024);  // what CUDA reports
+  EXPECT_DOUBLE_EQ(h200.memory_bytes, 143155.0 * 1024 * 1024);  // what cudaMemGetInfo reports
   const Rate bw = effective_bandwidth(h200);
   EXPECT_DOUBLE_EQ(bw.value, 4.24e12);
   EXPECT_EQ(bw.source, "measured");
