@@ -47,6 +47,7 @@ struct BenchStepOptions {
   bool profile_step = false;
   uint64_t seed = 1;
   std::string expert_format = "bf16";  // routed experts: bf16, mxfp4 or fp8
+  std::string quantization;            // "fp8": the linear layers in block FP8
   int gemv_tokens = model::CudaModelOptions{}.small_batch_gemv_tokens;
   int fused_attention_min_tokens = model::CudaModelOptions{}.fused_attention_min_tokens;
   bool fused_prefill_attention = model::CudaModelOptions{}.fused_prefill_attention;
@@ -331,6 +332,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.indexer_threads_per_key = o.indexer_threads_per_key;
   options.indexer_topk_blocks = o.indexer_topk_blocks;
   options.overlap_shared_expert_tokens = o.overlap_shared_expert_tokens;
+  if (o.quantization == "fp8") options.linear_weights = model::CudaLinearWeights::kFp8;
   if (o.speculative_steps > 0) {  // a verify step runs 1 + K tokens per sequence, all with logits
     options.mtp = true;
     options.max_tokens = std::max(options.max_tokens, max_batch * (1 + o.speculative_steps));
@@ -432,8 +434,10 @@ void run_bench_step(const BenchStepOptions& o) {
       const double sampled_median =
           median_of([&](const model::ForwardBatch& b) { model->forward_selected(b, sampled, o.graphs); });
       const nlohmann::json phases = phase_breakdown(*model, [&](int step) { model->forward_on_device(step_batch(step)); });
-      const double bytes = sim.enabled() ? rank_decode_bytes(spec, sim, o.expert_format, batch, context)
-                                         : decode_bytes(spec, o.expert_format, batch, context);
+      // FP8 linear layers read one byte a value instead of two.
+      const double bytes = (sim.enabled() ? rank_decode_bytes(spec, sim, o.expert_format, batch, context)
+                                          : decode_bytes(spec, o.expert_format, batch, context)) -
+                           static_cast<double>(model->fp8_linear_parameters());
       const double bound = bytes / bandwidth;
       const double experts_bound = expert_bytes(spec, o.expert_format, batch) / bandwidth;
       decode.push_back({{"batch", batch},
@@ -530,6 +534,8 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"speculative_steps", o.speculative_steps},
                         {"graphs", o.graphs},
                         {"weight_bytes", model->weight_bytes()},
+                        {"quantization", o.quantization.empty() ? std::string("none") : o.quantization},
+                        {"fp8_linear_matrices", model->linear_matrices().second},
                         {"gpu_memory", memory_json},
                         {"copy_bandwidth_bytes_per_s", bandwidth},
                         {"bf16_gemm_flops_per_s", gemm_rate},
@@ -630,6 +636,9 @@ void add_bench_step_command(CLI::App& app) {
                   "(0: never; untimed steps only)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
+  cmd->add_option("-q,--quantization", o->quantization,
+                  "fp8: the linear layers in block FP8 (serve's flag); none: bf16 (the default)")
+      ->check(CLI::IsMember({"none", "fp8"}));
   cmd->add_option("--expert-format", o->expert_format, "Routed experts' storage: bf16, mxfp4 (W4A16) or fp8 (block E4M3)")
       ->check(CLI::IsMember({"bf16", "mxfp4", "fp8"}))
       ->capture_default_str();

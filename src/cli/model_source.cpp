@@ -26,6 +26,10 @@ void add_model_source_options(CLI::App* cmd, ModelSourceArgs& args) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--weight-seed", args.weight_seed, "With --synthetic: the weights' seed")->capture_default_str();
   cmd->add_option("--num-layers", args.num_layers, "Run only the first N decoder layers")->check(CLI::Range(1, 100000));
+  cmd->add_option("-q,--quantization", args.quantization,
+                  "fp8: the linear layers in block FP8 on the GPU, quantised at load where the checkpoint has "
+                  "them in bf16 (an FP8 checkpoint's stay FP8 without it)")
+      ->check(CLI::IsMember({"fp8"}));
   cmd->add_option("--tensor-parallel-size", args.layout.tensor_parallel,
                   "Ranks that split each attention group's heads and MLP widths (also -tp N)")
       ->check(CLI::Range(1, 1024))
@@ -61,11 +65,13 @@ runtime::CudaRankSource cuda_source(const ModelSourceArgs& args) {
     config.keep_first_layers(args.num_layers);
     source.synthetic_config = config;
     source.seed = args.weight_seed;
+    // Synthetic weights have no stored format: bf16 unless --quantization fp8.
   } else {
     source.model_dir = args.model_dir;
     source.load.num_layers = args.num_layers;
     source.load.load_mtp = args.load_mtp;  // 1 layer's weights more on the device, only to draft with
   }
+  if (args.quantization == "fp8") source.linears = model::CudaLinearWeights::kFp8;
   return source;
 }
 #endif
@@ -105,6 +111,10 @@ LoadedModel load_model(const ModelSourceArgs& args) {
   if (!args.config_file.empty() && !args.synthetic) fail("--config is for --synthetic weights; a checkpoint brings its own");
   if (args.synthetic && args.device != "cuda")
     fail("--synthetic makes its weights on the GPU: add --device cuda");
+  if (!args.quantization.empty() && args.device != "cuda")
+    fail("--quantization " + args.quantization +
+         " is for --device cuda: the CPU path runs a checkpoint in its stored format (quantise one with "
+         "glmserve quantize)");
   LoadedModel loaded;
   if (comm::launched_by_mpirun()) return load_across_processes(args);
   if (args.device == "cpu") {

@@ -23,6 +23,7 @@ struct ModelSourceArgs {
   bool synthetic = false;
   uint64_t weight_seed = 1;
   int num_layers = -1;
+  std::string quantization;  // "fp8": every linear layer in block FP8 on the GPU (vLLM's --quantization)
   bool load_mtp = false;    // also upload the checkpoint's MTP layer to the device (commands that speculate
                             // set it; the CPU path always maps it)
   runtime::ParallelLayout layout;

@@ -2,22 +2,41 @@
 
 namespace glms::model {
 
-CudaRankWidths cuda_rank_widths(const io::ModelConfig& c, const ModelShard& shard, bool quantised_experts, bool mtp) {
+CudaRankWidths cuda_rank_widths(const io::ModelConfig& c, const ModelShard& shard, bool quantised_experts, bool mtp,
+                                bool fp8_linears) {
   CudaRankWidths w;
   w.heads = shard.heads(c);
   const auto& moe = c.layer_is_moe;
   const bool has_dense = std::find(moe.begin(), moe.end(), false) != moe.end();
   // The MTP block is a MoE layer.
   const bool has_moe = std::find(moe.begin(), moe.end(), true) != moe.end() || (mtp && c.num_nextn_predict_layers > 0);
-  if (has_dense) w.mlp_inter = shard.mlp_width(c.intermediate_size);
+  const int64_t dense_inter = has_dense ? shard.mlp_width(c.intermediate_size) : 0;
+  const int64_t shared_inter = has_moe ? shard.mlp_width(int64_t{c.moe_intermediate_size} * c.n_shared_experts) : 0;
+  w.mlp_inter = std::max(dense_inter, shared_inter);
   if (has_moe) {
-    w.mlp_inter = std::max(w.mlp_inter, shard.mlp_width(int64_t{c.moe_intermediate_size} * c.n_shared_experts));
     w.local_experts = shard.experts(c);
     w.expert_inter = shard.expert_width(c);
     w.quantised_experts = quantised_experts;
   }
   w.dp_ranks = shard.dp_size;
   w.mtp_indexer = mtp && c.num_nextn_predict_layers > 0 && c.index_head_dim > 0;
+  if (fp8_linears) {
+    // The inputs of q_a, kv_a (hidden), q_b (q_lora), o_proj (the rank's heads' values) and the
+    // MLPs' down projections, where [rows, cols] suits block FP8 (model/cuda/weights.h).
+    auto consider = [&](int64_t rows, int64_t cols) {
+      if (rows % 16 == 0 && cols % 128 == 0) w.fp8_linear_cols = std::max(w.fp8_linear_cols, cols);
+    };
+    const int64_t hidden = c.hidden_size;
+    consider(c.q_lora_rank, hidden);
+    consider(c.kv_lora_rank + c.qk_rope_head_dim, hidden);
+    consider(w.heads * c.qk_head_dim(), c.q_lora_rank);
+    consider(hidden, w.heads * c.v_head_dim);
+    for (int64_t inter : {dense_inter, shared_inter})
+      if (inter > 0) {
+        consider(2 * inter, hidden);
+        consider(hidden, inter);
+      }
+  }
   return w;
 }
 

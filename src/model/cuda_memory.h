@@ -48,11 +48,13 @@ struct CudaRankWidths {
   int64_t dp_ranks = 1;       // data-parallel ranks whose MoE rows this rank gathers (1: none)
   bool quantised_experts = false;  // MXFP4/FP8 experts (bf16 widening buffers for large batches)
   bool mtp_indexer = false;   // the MTP layer has its own indexer keys
+  int64_t fp8_linear_cols = 0;  // the widest FP8 linear layer's input (0: none; their activations' codes)
 };
 
 // The widths a rank of `shard` has, from the config alone (what its weights will be).
+// With `fp8_linears`, the linear layers that suit block FP8 are in it (CudaLinearWeights).
 CudaRankWidths cuda_rank_widths(const io::ModelConfig& config, const ModelShard& shard, bool quantised_experts,
-                                bool mtp);
+                                bool mtp, bool fp8_linears = false);
 
 // Byte offsets of the per-step metadata inside one host staging buffer and its device copy.
 struct MetadataLayout {
@@ -113,6 +115,7 @@ struct CudaWorkspaces {
   Buffer gathered_ids, gathered_weights, gathered_x, routed_all, routed_local;  // [dp * T, ...] (dp > 1)
   Buffer expert_gate_up_bf16, expert_down_bf16;    // one expert widened to bf16 (quantised experts)
   Buffer h_prev;                                   // [T, hidden] fp32 (MTP)
+  Buffer fp8_codes, fp8_scales;                    // FP8 linears' activations: [T, cols] E4M3, [cols / 128, T] fp32
   Buffer metadata;                                 // MetadataLayout::total bytes
   Buffer inv_freq;                                 // [rope / 2] fp32
   int64_t plan_capacity = 0;           // (token, expert) pairs a plan covers (every rank's rows)
@@ -129,7 +132,10 @@ constexpr int64_t kCudaRowSamplingBytes = 24;
 template <typename Buffer, typename Make>
 void make_cuda_workspaces(CudaWorkspaces<Buffer>& w, const io::ModelConfig& c, const CudaRankWidths& widths,
                           const CudaStepLimits& limits, Make&& make) {
-  const int64_t T = limits.max_tokens, H = widths.heads, hidden = c.hidden_size;
+  // FP8 GEMMs write whole groups of 4 tokens (ops::cuda::fp8_padded_tokens): the per-token rows
+  // are padded to them.
+  const int64_t T = widths.fp8_linear_cols > 0 ? (int64_t{limits.max_tokens} + 3) / 4 * 4 : limits.max_tokens;
+  const int64_t H = widths.heads, hidden = c.hidden_size;
   const int64_t qd = c.qk_head_dim(), L = c.kv_lora_rank, rd = c.qk_rope_head_dim, vd = c.v_head_dim;
   const int64_t K = c.num_experts_per_tok, E = c.n_routed_experts, E_local = widths.local_experts;
   const int64_t inter = widths.expert_inter, mlp_inter = widths.mlp_inter, ranks = widths.dp_ranks;
@@ -209,6 +215,10 @@ void make_cuda_workspaces(CudaWorkspaces<Buffer>& w, const io::ModelConfig& c, c
     w.expert_down_bf16 = bf16(hidden * inter);
   }
   if (limits.mtp) w.h_prev = f32(T * hidden);
+  if (widths.fp8_linear_cols > 0) {
+    w.fp8_codes = make(T * widths.fp8_linear_cols);
+    w.fp8_scales = f32(T * ((widths.fp8_linear_cols + 127) / 128));
+  }
   const MetadataLayout meta(limits.max_tokens, limits.max_logits, limits.max_sequences, cuda_max_blocks(limits));
   w.metadata = make(static_cast<int64_t>(meta.total));
   w.inv_freq = f32(rd / 2);

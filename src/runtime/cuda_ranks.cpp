@@ -95,10 +95,11 @@ class NcclProcessGroups : public NcclRankGroups {
 std::unique_ptr<model::StepRunner> make_rank_runner(const CudaRankSource& source, const model::ModelShard& shard,
                                                     const model::Peers& peers) {
   if (source.synthetic_config)
-    return model::make_synthetic_cuda_runner(*source.synthetic_config, source.seed, source.experts_format, shard, peers);
+    return model::make_synthetic_cuda_runner(*source.synthetic_config, source.seed, source.experts_format, shard, peers,
+                                             source.linears);
   model::LoadOptions options = source.load;
   options.shard = shard;
-  return model::make_cuda_runner(model::load_weights(source.model_dir, options), peers);
+  return model::make_cuda_runner(model::load_weights(source.model_dir, options), peers, source.linears);
 }
 
 }  // namespace

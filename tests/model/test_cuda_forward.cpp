@@ -182,6 +182,12 @@ TEST_F(CudaForward, QuantisedBundledModelFollowsTheCpuGreedyRun) {
     model::CudaModelOptions options = small_options();
     options.num_blocks = 32;
     model::CudaGlm5Model gpu(cpu.weights(), options);
+    // The FP8 checkpoint's linear layers stay FP8 on the device (all but the shared expert's
+    // down projection, 64 columns wide): the decode steps multiply them with bf16 activations,
+    // the 40-token prefill with activations quantised per 128 columns. MX ones are widened.
+    const auto [linears, fp8_linears] = gpu.linear_matrices();
+    if (std::string(format) == "fp8") EXPECT_EQ(fp8_linears, linears - 5) << "of " << linears;
+    else EXPECT_EQ(fp8_linears, 0);
     const int vocab = cpu.config().vocab_size;
     kv::PagedLatentCache cache(cpu.cache_layout(kBlockSize), 32);
     const auto blocks = table(0, 32);

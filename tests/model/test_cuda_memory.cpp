@@ -18,12 +18,13 @@ class CudaMemory : public glms::testing::CudaTest {};
 // Widths that divide by 2 (heads, experts, intermediate columns) and MXFP4's 32-column blocks.
 io::ModelConfig divisible_config(const std::filesystem::path& dir) {
   glms::testing::RandomModelSpec spec;
-  spec.hidden_size = 64;
-  spec.intermediate_size = 128;
-  spec.moe_intermediate_size = 64;
+  spec.hidden_size = 128;
+  spec.intermediate_size = 256;
+  spec.moe_intermediate_size = 128;
   spec.num_attention_heads = 4;
-  spec.q_lora_rank = 32;
+  spec.q_lora_rank = 128;
   spec.kv_lora_rank = 32;
+  spec.v_head_dim = 32;
   spec.index_n_heads = 4;
   spec.index_head_dim = 16;
   return io::load_model_config(glms::testing::write_random_model(dir, spec));
@@ -45,19 +46,25 @@ TEST_F(CudaMemory, WorkspacesAndCacheAreWhatThePlanCounts) {
     const char* name;
     model::ModelShard shard;
     ops::WeightFormat experts;
+    bool fp8_linears;
   };
   const Case cases[] = {
-      {"whole, bf16 experts", {}, ops::WeightFormat::Plain},
-      {"tp rank 1 of 2, MXFP4 experts", {.tp_rank = 1, .tp_size = 2}, ops::WeightFormat::Mxfp4},
+      {"whole, bf16 experts", {}, ops::WeightFormat::Plain, false},
+      {"tp rank 1 of 2, MXFP4 experts", {.tp_rank = 1, .tp_size = 2}, ops::WeightFormat::Mxfp4, false},
       {"tp 2, experts whole over the ranks", {.tp_rank = 0, .tp_size = 2, .expert_parallel = true},
-       ops::WeightFormat::Mxfp4},
+       ops::WeightFormat::Mxfp4, false},
+      {"whole, FP8 linear layers", {}, ops::WeightFormat::Plain, true},
+      {"tp rank 1 of 2, FP8 linear layers", {.tp_rank = 1, .tp_size = 2}, ops::WeightFormat::Mxfp4, true},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
+    options.linear_weights = c.fp8_linears ? model::CudaLinearWeights::kFp8 : model::CudaLinearWeights::kAsStored;
     const auto gpu = model::CudaGlm5Model::synthetic(config, 7, options, c.experts, c.shard);
     const model::CudaMemoryReport report = gpu->memory_report();
     const model::CudaRankWidths planned =
-        model::cuda_rank_widths(config, c.shard, c.experts != ops::WeightFormat::Plain, false);
+        model::cuda_rank_widths(config, c.shard, c.experts != ops::WeightFormat::Plain, false, c.fp8_linears);
+    EXPECT_EQ(report.widths.fp8_linear_cols, planned.fp8_linear_cols);
+    EXPECT_EQ(gpu->linear_matrices().second > 0, c.fp8_linears);
     EXPECT_EQ(report.widths.heads, planned.heads);
     EXPECT_EQ(report.widths.mlp_inter, planned.mlp_inter);
     EXPECT_EQ(report.widths.local_experts, planned.local_experts);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <random>
 
+#include "core/dtype.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/linear_fp8.h"
 #include "quant/formats.h"
@@ -125,6 +126,64 @@ TEST_F(CudaLinearFp8, BlockScaledGemmMatchesTheDequantisedProduct) {
     EXPECT_LT(relative_l2(y, exact), 5e-4) << n << " x " << rows << " x " << cols;
     // E4M3 keeps 3 mantissa bits: a value rounds by up to 1/16 of itself, about 3.6% RMS.
     EXPECT_LT(relative_l2(y, unquantised_x), 0.05) << n << " x " << rows << " x " << cols;
+  }
+}
+
+TEST_F(CudaLinearFp8, QuantizingBf16RowsEqualsQuantizingTheirFp32Values) {
+  const int64_t n = 7, cols = 256;
+  auto x = activations(n, cols, 11);
+  std::vector<uint16_t> x_bf16(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    x_bf16[i] = f32_to_bf16(x[i]);
+    x[i] = bf16_to_f32(x_bf16[i]);
+  }
+  cuda::DeviceBuffer d_codes, d_scales;
+  const auto from_f32 = quantise_on_device(x, n, cols, d_codes, d_scales);
+  auto d_x = to_device(x_bf16);
+  const int64_t np = cuda::fp8_padded_tokens(n);
+  auto codes = poisoned(static_cast<size_t>(np * cols) / sizeof(float));
+  auto scales = poisoned(static_cast<size_t>(np * cols / cuda::kFp8ScaleBlock));
+  cuda::quantize_fp8_rows(d_x.as<uint16_t>(), n, cols, codes.as<uint8_t>(), scales.as<float>(), nullptr);
+  EXPECT_EQ(to_host<uint8_t>(codes), from_f32.codes);
+  EXPECT_EQ(to_host<float>(scales), from_f32.scales);
+}
+
+TEST_F(CudaLinearFp8, Fp8GemvMatchesTheDequantisedProductWithBf16Inputs) {
+  // (rows, cols): q_a-like, a row count off the 4-row blocks and the 128-row scale blocks, and a
+  // width off the 128-column blocks (its last block partial).
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{2048, 6144}, {301, 384}, {130, 208}}) {
+    std::mt19937 rng(static_cast<uint32_t>(rows + cols));
+    std::normal_distribution<float> normal(0.0f, 0.05f);
+    std::vector<float> w(static_cast<size_t>(rows * cols));
+    for (size_t i = 0; i < w.size(); ++i) w[i] = normal(rng) * (i % 997 == 0 ? 40.0f : 1.0f);  // some outliers
+    const int64_t row_blocks = (rows + 127) / 128, col_blocks = (cols + 127) / 128;
+    std::vector<uint8_t> w_codes(w.size());
+    std::vector<float> scale_inv(static_cast<size_t>(row_blocks * col_blocks));
+    quant::quantize_fp8_block(w.data(), rows, cols, w_codes.data(), scale_inv.data());
+    std::vector<float> w_back(w.size());
+    for (int64_t r = 0; r < rows; ++r)
+      quant::dequantize_fp8_block_row(w_codes.data(), scale_inv.data(), r, cols, w_back.data() + r * cols);
+    auto d_w = to_device(w_codes), d_scales = to_device(cuda::fp8_weight_scales_for_cublaslt(scale_inv.data(), rows, cols));
+    for (int64_t n = 1; n <= cuda::kFp8GemvMaxTokens; ++n) {
+      std::vector<uint16_t> x(static_cast<size_t>(n * cols));
+      for (uint16_t& v : x) v = f32_to_bf16(normal(rng) * 20.0f);
+      auto d_x = to_device(x);
+      const int64_t ld_y = rows + 3;  // a strided output
+      auto d_y = poisoned(static_cast<size_t>(n * ld_y));
+      cuda::gemv_fp8(d_x.as<uint16_t>(), n, d_w.as<uint8_t>(), d_scales.as<float>(), rows, cols, d_y.as<float>(), ld_y,
+                     nullptr);
+      const auto y_all = to_host<float>(d_y);
+      std::vector<float> y, exact;
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t r = 0; r < rows; ++r) {
+          double sum = 0.0;
+          for (int64_t k = 0; k < cols; ++k) sum += double(bf16_to_f32(x[t * cols + k])) * w_back[r * cols + k];
+          exact.push_back(static_cast<float>(sum));
+          y.push_back(y_all[t * ld_y + r]);
+        }
+      // fp32 sums of exact products: only the summation order differs.
+      EXPECT_LT(relative_l2(y, exact), 1e-5) << n << " x " << rows << " x " << cols;
+    }
   }
 }
 

@@ -24,16 +24,29 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   const IndexerDevice& ix = w.indexer;
   const int IH = c.index_n_heads, ID = c.index_head_dim;
   const bool score_positions = w.has_indexer && !shape.selects_all;
-  cuda::GemvOutput from_x[4] = {{as<uint16_t>(w.q_a_proj), q_lora, as<float>(q_resid)},
-                                {as<uint16_t>(w.kv_a_proj), L + rd, as<float>(kv)},
+  // FP8 q_a / kv_a / q_b go through linear() on their own; the bf16 ones share the group launch.
+  const int x_outputs = w.has_indexer ? (score_positions ? 4 : 3) : 2;
+  cuda::GemvOutput from_x[4] = {{as<uint16_t>(w.q_a_proj.w), q_lora, as<float>(q_resid)},
+                                {as<uint16_t>(w.kv_a_proj.w), L + rd, as<float>(kv)},
                                 {as<uint16_t>(ix.wk), ID, as<float>(index_k)},
                                 {as<uint16_t>(ix.weights_proj), IH, as<float>(index_w)}};
-  gemm.linear_group(x, T, hidden, from_x, w.has_indexer ? (score_positions ? 4 : 3) : 2, s);
+  if (w.q_a_proj.fp8() || w.kv_a_proj.fp8()) {
+    linear(w.q_a_proj, x, T, as<float>(q_resid), gemm, s);
+    linear(w.kv_a_proj, x, T, as<float>(kv), gemm, s);
+    gemm.linear_group(x, T, hidden, from_x + 2, x_outputs - 2, s);
+  } else {
+    gemm.linear_group(x, T, hidden, from_x, x_outputs, s);
+  }
   cuda::residual_rms_norm(as<float>(q_resid), nullptr, T, q_lora, as<float>(w.q_a_norm), kLatentNormEps, nullptr,
                           as<uint16_t>(q_resid_bf16), s);
-  cuda::GemvOutput from_q[2] = {{as<uint16_t>(w.q_b_proj), H * qd, as<float>(q)},
+  cuda::GemvOutput from_q[2] = {{as<uint16_t>(w.q_b_proj.w), H * qd, as<float>(q)},
                                 {as<uint16_t>(ix.wq_b), int64_t{IH} * ID, as<float>(index_q)}};
-  gemm.linear_group(as<uint16_t>(q_resid_bf16), T, q_lora, from_q, score_positions ? 2 : 1, s);
+  if (w.q_b_proj.fp8()) {
+    linear(w.q_b_proj, as<uint16_t>(q_resid_bf16), T, as<float>(q), gemm, s);
+    if (score_positions) gemm.linear_group(as<uint16_t>(q_resid_bf16), T, q_lora, from_q + 1, 1, s);
+  } else {
+    gemm.linear_group(as<uint16_t>(q_resid_bf16), T, q_lora, from_q, score_positions ? 2 : 1, s);
+  }
   cuda::rope_rows(as<float>(q), T, H, qd, nope, static_cast<int>(rd), positions, as<float>(inv_freq), s);
   uint16_t* cache = as<uint16_t>(latent_cache[l]);
   cuda::write_latent_cache(as<float>(kv), T, static_cast<int>(L), static_cast<int>(rd), as<float>(w.kv_a_norm),
@@ -156,7 +169,7 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   gemm.batched(as<uint16_t>(o_bf16), T, H * L, L, as<uint16_t>(w.kv_b_proj) + nope * L, vd, L, L, head_stride, false,
                as<float>(heads_out), H * vd, vd, H, s);
   cuda::to_bf16(as<float>(heads_out), as<uint16_t>(heads_bf16), int64_t{T} * H * vd, s);
-  gemm.linear(as<uint16_t>(heads_bf16), T, as<uint16_t>(w.o_proj), hidden, H * vd, as<float>(block_out), s);
+  linear(w.o_proj, as<uint16_t>(heads_bf16), T, as<float>(block_out), gemm, s);
   sum_over_tp(as<float>(block_out), T);  // the heads of every tensor-parallel peer
   timer.mark("attention.output", s);
 }

@@ -11,8 +11,16 @@ void CudaGlm5Model::Impl::allocate() {
   // Routing covers the model's experts; the plan and the expert buffers only this rank's.
   CudaRankWidths widths;
   widths.dp_ranks = peers.dp ? peers.dp->size() : 1;
+  auto add_fp8_cols = [&](const LinearDevice& w) {
+    if (w.fp8()) widths.fp8_linear_cols = std::max(widths.fp8_linear_cols, w.cols);
+  };
   auto add_widths = [&](const DecoderLayerDevice& layer) {
     widths.heads = std::max<int64_t>(widths.heads, layer.attention.heads);
+    const AttentionDevice& a = layer.attention;
+    for (const LinearDevice* w : {&a.q_a_proj, &a.q_b_proj, &a.kv_a_proj, &a.o_proj}) add_fp8_cols(*w);
+    const MlpDevice& mlp = layer.is_moe ? layer.moe.shared : layer.mlp;
+    add_fp8_cols(mlp.gate_up);
+    add_fp8_cols(mlp.down);
     if (!layer.is_moe) {
       widths.mlp_inter = std::max(widths.mlp_inter, layer.mlp.inter);
       return;
@@ -43,6 +51,7 @@ void CudaGlm5Model::Impl::allocate() {
   });
   rank_widths = widths;
   step_limits = limits;
+  if (widths.fp8_linear_cols > 0) fp8_gemm = std::make_unique<cuda::Fp8Gemm>();
   const int64_t rd = c.qk_rope_head_dim;
   offsets_host = cuda::PinnedBuffer(sizeof(int32_t) * (widths.local_experts + 1));
   staging = cuda::PinnedBuffer(meta.total);
@@ -167,10 +176,26 @@ void CudaGlm5Model::Impl::upload_metadata(const ForwardBatch& batch) {
 
 void CudaGlm5Model::Impl::dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out, cuda::Gemm& g,
                                     cudaStream_t s) {
-  const int64_t hidden = config.hidden_size;
-  g.linear(x_bf16, n, as<uint16_t>(mlp.gate_up), 2 * mlp.inter, hidden, as<float>(mlp_gate_up), s);
+  linear(mlp.gate_up, x_bf16, n, as<float>(mlp_gate_up), g, s);
   cuda::silu_mul_to_bf16(as<float>(mlp_gate_up), n, mlp.inter, as<uint16_t>(mlp_act), s);
-  g.linear(as<uint16_t>(mlp_act), n, as<uint16_t>(mlp.down), hidden, mlp.inter, out, s);
+  linear(mlp.down, as<uint16_t>(mlp_act), n, out, g, s);
+}
+
+void CudaGlm5Model::Impl::linear(const LinearDevice& w, const uint16_t* x, int n, float* y, cuda::Gemm& g,
+                                 cudaStream_t s) {
+  if (!w.fp8()) {
+    g.linear(x, n, as<uint16_t>(w.w), w.rows, w.cols, y, s);
+    return;
+  }
+  if (n <= cuda::kFp8GemvMaxTokens) {
+    cuda::gemv_fp8(x, n, as<uint8_t>(w.w), as<float>(w.scales), w.rows, w.cols, y, 0, s);
+    return;
+  }
+  GLMS_CHECK(fp8_gemm && s == stream.get() && w.cols <= rank_widths.fp8_linear_cols,
+             "an FP8 linear layer off the main stream or wider than its activations' buffer");
+  cuda::quantize_fp8_rows(x, n, w.cols, as<uint8_t>(fp8_codes), as<float>(fp8_scales), s);
+  fp8_gemm->linear(as<uint8_t>(fp8_codes), as<float>(fp8_scales), n, as<uint8_t>(w.w), as<float>(w.scales), w.rows,
+                   w.cols, y, s);
 }
 
 void CudaGlm5Model::Impl::run_step(const StepShape& shape) {
@@ -311,7 +336,7 @@ CudaModelOptions resolved(CudaModelOptions options) {
 
 CudaGlm5Model::CudaGlm5Model(const ModelWeights& weights, const CudaModelOptions& options, Peers peers,
                              const std::function<void(int, int, int64_t)>& upload_progress) {
-  impl_ = std::make_unique<Impl>(weights.config, resolved(options), upload_weights(weights, upload_progress), peers);
+  impl_ = std::make_unique<Impl>(weights.config, resolved(options), upload_weights(weights, upload_progress, options.linear_weights), peers);
   impl_->allocate();
 }
 
@@ -320,7 +345,9 @@ std::unique_ptr<CudaGlm5Model> CudaGlm5Model::synthetic(const io::ModelConfig& c
                                                         ops::WeightFormat experts_format, const ModelShard& shard,
                                                         Peers peers) {
   auto impl = std::make_unique<Impl>(config, resolved(options),
-                                     synthetic_weights(config, seed, experts_format, options.mtp, shard), peers);
+                                     synthetic_weights(config, seed, experts_format, options.mtp, shard,
+                                                       options.linear_weights == CudaLinearWeights::kFp8),
+                                     peers);
   impl->allocate();
   return std::unique_ptr<CudaGlm5Model>(new CudaGlm5Model(std::move(impl)));
 }
@@ -345,6 +372,12 @@ int64_t CudaGlm5Model::cache_bytes() const {
   for (const DeviceBuffer& b : impl_->index_keys) total += static_cast<int64_t>(b.bytes());
   return total;
 }
+
+std::pair<int, int> CudaGlm5Model::linear_matrices() const {
+  return {impl_->weights.linear_matrices, impl_->weights.fp8_linear_matrices};
+}
+
+int64_t CudaGlm5Model::fp8_linear_parameters() const { return impl_->weights.fp8_linear_parameters; }
 
 CudaMemoryReport CudaGlm5Model::memory_report() const {
   CudaMemoryReport report = impl_->memory;

@@ -16,6 +16,7 @@
 #include "io/model_config.h"
 #include "model/batch.h"
 #include "model/cuda_memory.h"
+#include "model/cuda/weights.h"
 #include "model/step_runner.h"
 #include "model/weights.h"
 
@@ -85,6 +86,11 @@ struct CudaModelOptions {
   // experts) and 2.29 -> 2.25 (bf16); at batch 4 the shared expert's GEMM slows the routed
   // experts it then shares the SMs with: 2.74 -> 2.87 ms; batch 2 within 1% either way.
   int overlap_shared_expert_tokens = 1;
+  // Linear layers in block FP8 on the device (model/cuda/weights.h): an FP8 checkpoint's as it
+  // stores them, every one (--quantization fp8), or none. Decode-sized steps multiply FP8 weights
+  // with bf16 activations (ops::cuda::gemv_fp8), larger ones quantise the activations per 128
+  // columns for cuBLASLt's block-scaled FP8 GEMMs.
+  CudaLinearWeights linear_weights = CudaLinearWeights::kAsStored;
 };
 
 class CudaGlm5Model {
@@ -112,6 +118,10 @@ class CudaGlm5Model {
   int64_t weight_bytes() const;  // device bytes of the weights
   int64_t cache_bytes() const;   // device bytes of the paged cache
   CudaMemoryReport memory_report() const;
+  // The linear layers' matrices on the device (q_a, q_b, kv_a, o_proj, MLPs) and how many of them
+  // are block FP8; the values those FP8 ones hold.
+  std::pair<int, int> linear_matrices() const;
+  int64_t fp8_linear_parameters() const;
   // Uses only the first `blocks` cache blocks (options().num_blocks becomes that).
   void limit_blocks(int blocks);
 
@@ -164,9 +174,12 @@ class CudaGlm5Model {
 // StepRunners over CudaGlm5Model: for a loaded checkpoint (kept mapped until allocate() uploads
 // it), or for seeded synthetic weights of `config`. allocate() builds the model with the
 // cache shape asked for (a second call with another shape builds it again).
-std::unique_ptr<StepRunner> make_cuda_runner(ModelWeights weights, Peers peers = {});
+// `linears`: CudaModelOptions::linear_weights (synthetic weights: kFp8 makes them FP8).
+std::unique_ptr<StepRunner> make_cuda_runner(ModelWeights weights, Peers peers = {},
+                                             CudaLinearWeights linears = CudaLinearWeights::kAsStored);
 std::unique_ptr<StepRunner> make_synthetic_cuda_runner(const io::ModelConfig& config, uint64_t seed,
                                                        ops::WeightFormat experts_format = ops::WeightFormat::Plain,
-                                                       const ModelShard& shard = {}, Peers peers = {});
+                                                       const ModelShard& shard = {}, Peers peers = {},
+                                                       CudaLinearWeights linears = CudaLinearWeights::kAsStored);
 
 }  // namespace glms::model

@@ -18,6 +18,7 @@
 #include "model/cuda/weights.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/indexer.h"
+#include "ops/cuda/linear_fp8.h"
 #include "ops/cuda/mla.h"
 #include "ops/cuda/moe.h"
 
@@ -76,6 +77,7 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   cuda::Stream side_stream;
   cuda::Gemm side_gemm;
   cuda::Event shared_fork, shared_join;
+  std::unique_ptr<cuda::Fp8Gemm> fp8_gemm;  // made where a linear layer is FP8 (main stream only)
   int max_blocks = 0;  // block-table width
   int64_t num_slots = 0;
   MetadataLayout meta;
@@ -161,6 +163,10 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   }
   // out = down(silu(gate x) * up x) on `s` through `g` (mlp_gate_up and mlp_act are its scratch).
   void dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out, cuda::Gemm& g, cudaStream_t s);
+  // y[n, w.rows] fp32 = x[n, w.cols] bf16 . w^T: bf16 weights through `g`; FP8 ones through
+  // gemv_fp8 up to kFp8GemvMaxTokens tokens, else the activations quantised into fp8_codes and
+  // fp8_gemm (so on the main stream only).
+  void linear(const LinearDevice& w, const uint16_t* x, int n, float* y, cuda::Gemm& g, cudaStream_t s);
   StepShape shape_of(const ForwardBatch& batch) const;
   // The batch a step runs: `step`, or the idle rank's dummy token when it has none.
   const ForwardBatch& runnable(const ForwardBatch& step) const;

@@ -142,7 +142,9 @@ const float* CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const Ste
   const int T = shape.num_tokens, K = c.num_experts_per_tok;
   const int64_t hidden = c.hidden_size;
   cudaStream_t s = stream.get();
-  const bool overlap_shared = T <= options.overlap_shared_expert_tokens && !timer.enabled;
+  // (FP8 GEMMs run on the main stream only: their activation buffer and cuBLASLt handle are one.)
+  const bool overlap_shared = T <= options.overlap_shared_expert_tokens && !timer.enabled &&
+                              (T <= cuda::kFp8GemvMaxTokens || (!m.shared.gate_up.fp8() && !m.shared.down.fp8()));
   const cuda::Event* shared_ready = overlap_shared ? &shared_join : nullptr;  // the side stream's join
   if (overlap_shared) moe_shared_expert(m, T, true);
   moe_route(m, T);

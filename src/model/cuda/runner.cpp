@@ -16,13 +16,14 @@ namespace {
 class CudaRunner : public StepRunner {
  public:
   CudaRunner(io::ModelConfig config, std::optional<ModelWeights> weights, uint64_t seed,
-             ops::WeightFormat experts_format, ModelShard shard, Peers peers)
+             ops::WeightFormat experts_format, ModelShard shard, Peers peers, CudaLinearWeights linears)
       : config_(std::move(config)),
         weights_(std::move(weights)),
         seed_(seed),
         experts_format_(experts_format),
         shard_(shard),
-        peers_(peers) {
+        peers_(peers),
+        linears_(linears) {
     check_cuda_supported(config_);
   }
   const io::ModelConfig& config() const override { return config_; }
@@ -38,6 +39,7 @@ class CudaRunner : public StepRunner {
     options.max_context = shape.max_context;
     options.max_logits = shape.max_logits > 0 ? shape.max_logits : shape.max_sequences;
     options.mtp = shape.mtp;
+    options.linear_weights = linears_;
     model_.reset();
     const auto start = std::chrono::steady_clock::now();
     const int rank = shard_.world_rank();
@@ -55,6 +57,12 @@ class CudaRunner : public StepRunner {
     std::fprintf(stderr, "glmserve: rank %d: %.2f GiB of %s weights and a %.2f GiB KV cache on the GPU in %.1f s\n",
                  rank, gib(m.weights), weights_ ? "checkpoint" : "synthetic", gib(m.cache),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    const auto [linears, fp8_linears] = model_->linear_matrices();
+    if (fp8_linears > 0 || linears_ == CudaLinearWeights::kFp8)
+      std::fprintf(stderr,
+                   "glmserve: rank %d: %d of %d linear-layer matrices in block FP8 (the others bf16: rows not a "
+                   "multiple of 16 or columns of 128)\n",
+                   rank, fp8_linears, linears);
     if (m.budget > 0)
       std::fprintf(stderr,
                    "glmserve: rank %d: GPU memory budget %.2f of %.2f GiB (--gpu-memory-utilization %.2f) = weights "
@@ -103,21 +111,23 @@ class CudaRunner : public StepRunner {
   ops::WeightFormat experts_format_;
   ModelShard shard_;
   Peers peers_;
+  CudaLinearWeights linears_;
   std::unique_ptr<CudaGlm5Model> model_;
 };
 
 }  // namespace
 
-std::unique_ptr<StepRunner> make_cuda_runner(ModelWeights weights, Peers peers) {
+std::unique_ptr<StepRunner> make_cuda_runner(ModelWeights weights, Peers peers, CudaLinearWeights linears) {
   io::ModelConfig config = weights.config;
   const ModelShard shard = weights.shard;
-  return std::make_unique<CudaRunner>(std::move(config), std::move(weights), 0, ops::WeightFormat::Plain, shard, peers);
+  return std::make_unique<CudaRunner>(std::move(config), std::move(weights), 0, ops::WeightFormat::Plain, shard, peers,
+                                      linears);
 }
 
 std::unique_ptr<StepRunner> make_synthetic_cuda_runner(const io::ModelConfig& config, uint64_t seed,
                                                        ops::WeightFormat experts_format, const ModelShard& shard,
-                                                       Peers peers) {
-  return std::make_unique<CudaRunner>(config, std::nullopt, seed, experts_format, shard, peers);
+                                                       Peers peers, CudaLinearWeights linears) {
+  return std::make_unique<CudaRunner>(config, std::nullopt, seed, experts_format, shard, peers, linears);
 }
 
 }  // namespace glms::model

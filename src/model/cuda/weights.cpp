@@ -7,6 +7,8 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "ops/cuda/linear_fp8.h"
+#include "quant/formats.h"
 #include "quant/mxfp4_tiles.h"
 
 namespace glms::model {
@@ -52,6 +54,41 @@ class Uploader {
     return device(host.data(), host.size() * sizeof(uint16_t));
   }
   DeviceBuffer bf16(const WeightView& w) { return bf16(std::vector<const WeightView*>{&w}); }
+  // The parts stacked by rows as one linear layer: block FP8 where `linears` asks for it (and the
+  // widths suit it), else bf16.
+  LinearDevice linear(const std::vector<const WeightView*>& parts, CudaLinearWeights linears) {
+    LinearDevice out;
+    out.cols = parts.front()->cols;
+    bool stored_fp8 = true;
+    for (const WeightView* w : parts) {
+      out.rows += w->rows;
+      stored_fp8 &= w->format == ops::WeightFormat::Fp8Block;
+    }
+    const bool fp8 = linears == CudaLinearWeights::kFp8 || (linears == CudaLinearWeights::kAsStored && stored_fp8);
+    ++linear_matrices;
+    if (!fp8 || !fp8_linear_fits(out.rows, out.cols)) {
+      out.w = bf16(parts);
+      return out;
+    }
+    // Quantised here from the stored values: a checkpoint's FP8 blocks (amax / 448 scales, as
+    // DeepSeek's and glmserve's quantisers make them) come back as the same codes and scales.
+    std::vector<float> values(static_cast<size_t>(out.rows * out.cols));
+    int64_t row = 0;
+    for (const WeightView* w : parts)
+      for (int64_t r = 0; r < w->rows; ++r, ++row) w->row_to_f32(r, values.data() + row * out.cols);
+    std::vector<uint8_t> codes(values.size());
+    std::vector<float> scale_inv(static_cast<size_t>(((out.rows + 127) / 128) * ((out.cols + 127) / 128)));
+    quant::quantize_fp8_block(values.data(), out.rows, out.cols, codes.data(), scale_inv.data());
+    out.format = ops::WeightFormat::Fp8Block;
+    out.w = u8(codes);
+    out.scales = f32(cuda::fp8_weight_scales_for_cublaslt(scale_inv.data(), out.rows, out.cols));
+    ++fp8_linear_matrices;
+    fp8_linear_parameters += out.rows * out.cols;
+    return out;
+  }
+  LinearDevice linear(const WeightView& w, CudaLinearWeights linears) { return linear({&w}, linears); }
+  int linear_matrices = 0, fp8_linear_matrices = 0;
+  int64_t fp8_linear_parameters = 0;
   // Columns [first, first + count) of `w` as a bf16 [rows, count] matrix.
   DeviceBuffer bf16_columns(const WeightView& w, int64_t first, int64_t count) {
     GLMS_CHECK(first >= 0 && first + count <= w.cols, "bf16_columns out of range");
@@ -184,27 +221,28 @@ void upload_experts(Uploader& up, const MoeWeights& moe, int64_t hidden, MoeDevi
   }
 }
 
-MlpDevice upload_mlp(Uploader& up, const MlpWeights& w) {
+MlpDevice upload_mlp(Uploader& up, const MlpWeights& w, CudaLinearWeights linears) {
   MlpDevice mlp;
   mlp.inter = w.gate_proj.rows;
-  mlp.gate_up = up.bf16({&w.gate_proj, &w.up_proj});
-  mlp.down = up.bf16(w.down_proj);
+  mlp.gate_up = up.linear({&w.gate_proj, &w.up_proj}, linears);
+  mlp.down = up.linear(w.down_proj, linears);
   return mlp;
 }
 
-DecoderLayerDevice upload_layer(Uploader& up, const DecoderLayerWeights& layer, const io::ModelConfig& c) {
+DecoderLayerDevice upload_layer(Uploader& up, const DecoderLayerWeights& layer, const io::ModelConfig& c,
+                                CudaLinearWeights linears) {
   DecoderLayerDevice d;
   d.input_norm = up.f32(layer.input_norm);
   d.post_attention_norm = up.f32(layer.post_attention_norm);
   const AttentionWeights& a = layer.attention;
   d.attention.heads = a.heads;
-  d.attention.q_a_proj = up.bf16(a.q_a_proj);
+  d.attention.q_a_proj = up.linear(a.q_a_proj, linears);
   d.attention.q_a_norm = up.f32(a.q_a_norm);
-  d.attention.q_b_proj = up.bf16(a.q_b_proj);
-  d.attention.kv_a_proj = up.bf16(a.kv_a_proj);
+  d.attention.q_b_proj = up.linear(a.q_b_proj, linears);
+  d.attention.kv_a_proj = up.linear(a.kv_a_proj, linears);
   d.attention.kv_a_norm = up.f32(a.kv_a_norm);
   d.attention.kv_b_proj = up.bf16(a.kv_b_proj);
-  d.attention.o_proj = up.bf16(a.o_proj);
+  d.attention.o_proj = up.linear(a.o_proj, linears);
   d.attention.has_indexer = a.has_indexer;
   if (a.has_indexer) {
     d.attention.indexer.wq_b = up.bf16(a.indexer.wq_b);
@@ -218,9 +256,9 @@ DecoderLayerDevice upload_layer(Uploader& up, const DecoderLayerWeights& layer, 
     d.moe.router = up.f32(layer.moe.router);
     d.moe.correction_bias = up.f32(layer.moe.correction_bias);
     upload_experts(up, layer.moe, c.hidden_size, d.moe);
-    d.moe.shared = upload_mlp(up, layer.moe.shared_expert);
+    d.moe.shared = upload_mlp(up, layer.moe.shared_expert, linears);
   } else {
-    d.mlp = upload_mlp(up, layer.mlp);
+    d.mlp = upload_mlp(up, layer.mlp, linears);
   }
   return d;
 }
@@ -295,14 +333,35 @@ class RandomMaker {
         fail("synthetic experts are bf16, MXFP4 or FP8");
     }
   }
+  // A [rows, cols] linear layer: block FP8 with `fp8` where the widths suit it (codes uniform in
+  // [-448, 448], one block scale mapping them to +-sqrt(3 / fan_in)), else bf16.
+  LinearDevice linear(int64_t rows, int64_t cols, int64_t fan_in, bool fp8) {
+    LinearDevice out;
+    out.rows = rows;
+    out.cols = cols;
+    ++linear_matrices;
+    if (!fp8 || !fp8_linear_fits(rows, cols)) {
+      out.w = matrix(rows * cols, fan_in);
+      return out;
+    }
+    out.format = ops::WeightFormat::Fp8Block;
+    out.w = e4m3(rows * cols);
+    const int64_t scales = ((rows + 127) / 128) * cuda::fp8_scale_row_stride(cols);
+    out.scales = constant(scales, std::sqrt(3.0f / static_cast<float>(fan_in)) / 448.0f);
+    ++fp8_linear_matrices;
+    fp8_linear_parameters += rows * cols;
+    return out;
+  }
   // An MLP `inter` wide (a shard of one `whole_inter` wide).
-  MlpDevice mlp(int64_t inter, int64_t hidden, int64_t whole_inter) {
+  MlpDevice mlp(int64_t inter, int64_t hidden, int64_t whole_inter, bool fp8) {
     MlpDevice m;
     m.inter = inter;
-    m.gate_up = matrix(2 * inter * hidden, hidden);
-    m.down = matrix(hidden * inter, whole_inter);
+    m.gate_up = linear(2 * inter, hidden, hidden, fp8);
+    m.down = linear(hidden, inter, whole_inter, fp8);
     return m;
   }
+  int linear_matrices = 0, fp8_linear_matrices = 0;
+  int64_t fp8_linear_parameters = 0;
 
  private:
   uint64_t next() { return seed_ * 1000003ull + counter_++; }
@@ -313,7 +372,7 @@ class RandomMaker {
 
 }  // namespace
 
-CudaWeights upload_weights(const ModelWeights& weights, const UploadProgress& progress) {
+CudaWeights upload_weights(const ModelWeights& weights, const UploadProgress& progress, CudaLinearWeights linears) {
   const io::ModelConfig& c = weights.config;
   check_cuda_supported(c);
   CudaWeights out;
@@ -323,7 +382,7 @@ CudaWeights upload_weights(const ModelWeights& weights, const UploadProgress& pr
   out.lm_head = up.bf16(weights.lm_head);
   const int layers = static_cast<int>(weights.layers.size());
   for (int l = 0; l < layers; ++l) {
-    out.layers.push_back(upload_layer(up, weights.layers[l], c));
+    out.layers.push_back(upload_layer(up, weights.layers[l], c, linears));
     if (progress) progress(l + 1, layers, out.bytes);
   }
   for (const MtpWeights& m : weights.mtp) {
@@ -332,12 +391,15 @@ CudaWeights upload_weights(const ModelWeights& weights, const UploadProgress& pr
     d.hnorm = up.f32(m.hnorm);
     d.eh_proj_embed = up.bf16_columns(m.eh_proj, 0, c.hidden_size);
     d.eh_proj_hidden = up.bf16_columns(m.eh_proj, c.hidden_size, c.hidden_size);
-    d.block = upload_layer(up, m.block, c);
+    d.block = upload_layer(up, m.block, c, linears);
     d.shared_head_norm = up.f32(m.shared_head_norm);
     if (m.shared_head.data != weights.lm_head.data) d.shared_head = up.bf16(m.shared_head);
     if (m.embed_tokens.data != weights.embed_tokens.data) d.embed_tokens = up.bf16(m.embed_tokens);
     out.mtp.push_back(std::move(d));
   }
+  out.linear_matrices = up.linear_matrices;
+  out.fp8_linear_matrices = up.fp8_linear_matrices;
+  out.fp8_linear_parameters = up.fp8_linear_parameters;
   return out;
 }
 
@@ -346,7 +408,7 @@ namespace {
 // One decoder layer of seeded random weights (see RandomMaker), in `shard`'s shapes; fan-ins are
 // the whole matrices' (the peers' partial sums add up to the whole model's scale).
 DecoderLayerDevice synthetic_layer(RandomMaker& make, const io::ModelConfig& c, const ModelShard& shard,
-                                   bool has_indexer, bool is_moe, ops::WeightFormat experts_format) {
+                                   bool has_indexer, bool is_moe, ops::WeightFormat experts_format, bool fp8) {
   const int64_t hidden = c.hidden_size, H = shard.heads(c), L = c.kv_lora_rank, rd = c.qk_rope_head_dim;
   const int64_t q_lora = c.q_lora_rank, E = shard.experts(c), inter = shard.expert_width(c);
   const int64_t o_fan_in = int64_t{c.num_attention_heads} * c.v_head_dim;
@@ -355,13 +417,13 @@ DecoderLayerDevice synthetic_layer(RandomMaker& make, const io::ModelConfig& c, 
   d.post_attention_norm = make.constant(hidden, 1.0f);
   AttentionDevice& a = d.attention;
   a.heads = static_cast<int>(H);
-  a.q_a_proj = make.matrix(q_lora * hidden, hidden);
+  a.q_a_proj = make.linear(q_lora, hidden, hidden, fp8);
   a.q_a_norm = make.constant(q_lora, 1.0f);
-  a.q_b_proj = make.matrix(H * c.qk_head_dim() * q_lora, q_lora);
-  a.kv_a_proj = make.matrix((L + rd) * hidden, hidden);
+  a.q_b_proj = make.linear(H * c.qk_head_dim(), q_lora, q_lora, fp8);
+  a.kv_a_proj = make.linear(L + rd, hidden, hidden, fp8);
   a.kv_a_norm = make.constant(L, 1.0f);
   a.kv_b_proj = make.matrix(H * (c.qk_nope_head_dim + c.v_head_dim) * L, L);
-  a.o_proj = make.matrix(hidden * H * c.v_head_dim, o_fan_in);
+  a.o_proj = make.linear(hidden, H * c.v_head_dim, o_fan_in, fp8);
   a.has_indexer = has_indexer;
   if (a.has_indexer) {
     a.indexer.wq_b = make.matrix(int64_t{c.index_n_heads} * c.index_head_dim * q_lora, q_lora);
@@ -386,9 +448,9 @@ DecoderLayerDevice synthetic_layer(RandomMaker& make, const io::ModelConfig& c, 
     make.experts(experts_format, E, hidden, inter, c.moe_intermediate_size, d.moe.experts_down,
                  d.moe.experts_down_scales);
     const int64_t shared = int64_t{c.moe_intermediate_size} * c.n_shared_experts;
-    d.moe.shared = make.mlp(shard.mlp_width(shared), hidden, shared);
+    d.moe.shared = make.mlp(shard.mlp_width(shared), hidden, shared, fp8);
   } else {
-    d.mlp = make.mlp(shard.mlp_width(c.intermediate_size), hidden, c.intermediate_size);
+    d.mlp = make.mlp(shard.mlp_width(c.intermediate_size), hidden, c.intermediate_size, fp8);
   }
   return d;
 }
@@ -396,7 +458,7 @@ DecoderLayerDevice synthetic_layer(RandomMaker& make, const io::ModelConfig& c, 
 }  // namespace
 
 CudaWeights synthetic_weights(const io::ModelConfig& c, uint64_t seed, ops::WeightFormat experts_format,
-                              bool with_mtp, const ModelShard& shard) {
+                              bool with_mtp, const ModelShard& shard, bool fp8_linears) {
   check_shard(c, shard);
   const int64_t width = shard.expert_width(c);  // each expert's rows on this rank
   if (experts_format == ops::WeightFormat::Mxfp4 && (c.hidden_size % 32 != 0 || width % 32 != 0))
@@ -413,7 +475,8 @@ CudaWeights synthetic_weights(const io::ModelConfig& c, uint64_t seed, ops::Weig
   out.final_norm = make.constant(hidden, 1.0f);
   out.lm_head = make.matrix(int64_t{c.vocab_size} * hidden, hidden);
   for (int l = 0; l < c.num_hidden_layers; ++l)
-    out.layers.push_back(synthetic_layer(make, c, shard, c.indexer_full[l], c.layer_is_moe[l], experts_format));
+    out.layers.push_back(
+        synthetic_layer(make, c, shard, c.indexer_full[l], c.layer_is_moe[l], experts_format, fp8_linears));
   if (with_mtp) {
     // GLM-5's MTP layer: a full MoE block with its own indexer, its own shared head.
     MtpDevice m;
@@ -421,12 +484,15 @@ CudaWeights synthetic_weights(const io::ModelConfig& c, uint64_t seed, ops::Weig
     m.hnorm = make.constant(hidden, 1.0f);
     m.eh_proj_embed = make.matrix(hidden * hidden, 2 * hidden);
     m.eh_proj_hidden = make.matrix(hidden * hidden, 2 * hidden);
-    m.block = synthetic_layer(make, c, shard, true, c.n_routed_experts > 0, experts_format);
+    m.block = synthetic_layer(make, c, shard, true, c.n_routed_experts > 0, experts_format, fp8_linears);
     m.shared_head_norm = make.constant(hidden, 1.0f);
     m.shared_head = make.matrix(int64_t{c.vocab_size} * hidden, hidden);
     out.mtp.push_back(std::move(m));
   }
   cuda::synchronize_device();  // the fills ran on the legacy stream; the model runs on its own
+  out.linear_matrices = make.linear_matrices;
+  out.fp8_linear_matrices = make.fp8_linear_matrices;
+  out.fp8_linear_parameters = make.fp8_linear_parameters;
   return out;
 }
 

@@ -28,6 +28,21 @@ inline constexpr int64_t fp8_padded_tokens(int64_t n) { return (n + 3) / 4 * 4; 
 // tokens are zeros. The scales are stored block-major, scales[b * np + t] (the layout
 // cuBLASLt's VEC128_32F scales take for the activation operand). cols a multiple of 128.
 void quantize_fp8_rows(const float* x, int64_t n, int64_t cols, uint8_t* codes, float* scales, cudaStream_t stream);
+// The same from bf16 rows (the model's GEMM inputs).
+void quantize_fp8_rows(const uint16_t* x, int64_t n, int64_t cols, uint8_t* codes, float* scales,
+                       cudaStream_t stream);
+
+// Scales per row of 128 x 128 blocks in fp8_weight_scales_for_cublaslt's layout: the column
+// blocks padded to a multiple of 4.
+inline constexpr int64_t fp8_scale_row_stride(int64_t cols) { return ((cols + kFp8ScaleBlock - 1) / kFp8ScaleBlock + 3) / 4 * 4; }
+
+// Decode-sized products with FP8 weights and bf16 activations (W8A16, no activation rounding):
+// y[n, rows] (fp32, row stride ld_y) = x[n, cols] (bf16, dense rows) . dequant(w)^T, w [rows,
+// cols] E4M3 row-major with 128 x 128 block scales in fp8_weight_scales_for_cublaslt's layout.
+// n <= kFp8GemvMaxTokens, cols a multiple of 16. A pass over the weights' bytes, half of bf16's.
+inline constexpr int kFp8GemvMaxTokens = 4;
+void gemv_fp8(const uint16_t* x, int64_t n, const uint8_t* w_codes, const float* w_scales, int64_t rows, int64_t cols,
+              float* y, int64_t ld_y, cudaStream_t stream);
 
 // A checkpoint's weight_scale_inv ([ceil(rows / 128), ceil(cols / 128)] row-major, as
 // quant::quantize_fp8_block makes it) in the layout cuBLASLt's BLK128x128_32F scales take:
