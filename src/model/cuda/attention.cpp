@@ -32,7 +32,8 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
                                 {as<uint16_t>(ix.weights_proj), IH, as<float>(index_w)}};
   if (w.q_a_proj.fp8() || w.kv_a_proj.fp8()) {
     linear(w.q_a_proj, x, T, as<float>(q_resid), gemm, s);
-    linear(w.kv_a_proj, x, T, as<float>(kv), gemm, s);
+    const bool quantised = w.q_a_proj.fp8() && T > cuda::kFp8GemvMaxTokens;  // by q_a's GEMM, the same x
+    linear(w.kv_a_proj, x, T, as<float>(kv), gemm, s, quantised);
     gemm.linear_group(x, T, hidden, from_x + 2, x_outputs - 2, s);
   } else {
     gemm.linear_group(x, T, hidden, from_x, x_outputs, s);

@@ -182,7 +182,7 @@ void CudaGlm5Model::Impl::dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16
 }
 
 void CudaGlm5Model::Impl::linear(const LinearDevice& w, const uint16_t* x, int n, float* y, cuda::Gemm& g,
-                                 cudaStream_t s) {
+                                 cudaStream_t s, bool x_quantised) {
   if (!w.fp8()) {
     g.linear(x, n, as<uint16_t>(w.w), w.rows, w.cols, y, s);
     return;
@@ -193,7 +193,7 @@ void CudaGlm5Model::Impl::linear(const LinearDevice& w, const uint16_t* x, int n
   }
   GLMS_CHECK(fp8_gemm && s == stream.get() && w.cols <= rank_widths.fp8_linear_cols,
              "an FP8 linear layer off the main stream or wider than its activations' buffer");
-  cuda::quantize_fp8_rows(x, n, w.cols, as<uint8_t>(fp8_codes), as<float>(fp8_scales), s);
+  if (!x_quantised) cuda::quantize_fp8_rows(x, n, w.cols, as<uint8_t>(fp8_codes), as<float>(fp8_scales), s);
   fp8_gemm->linear(as<uint8_t>(fp8_codes), as<float>(fp8_scales), n, as<uint8_t>(w.w), as<float>(w.scales), w.rows,
                    w.cols, y, s);
 }

@@ -165,8 +165,10 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   void dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out, cuda::Gemm& g, cudaStream_t s);
   // y[n, w.rows] fp32 = x[n, w.cols] bf16 . w^T: bf16 weights through `g`; FP8 ones through
   // gemv_fp8 up to kFp8GemvMaxTokens tokens, else the activations quantised into fp8_codes and
-  // fp8_gemm (so on the main stream only).
-  void linear(const LinearDevice& w, const uint16_t* x, int n, float* y, cuda::Gemm& g, cudaStream_t s);
+  // fp8_gemm (so on the main stream only). `x_quantised`: fp8_codes already hold x, as the
+  // previous FP8 GEMM of the same x left them.
+  void linear(const LinearDevice& w, const uint16_t* x, int n, float* y, cuda::Gemm& g, cudaStream_t s,
+              bool x_quantised = false);
   StepShape shape_of(const ForwardBatch& batch) const;
   // The batch a step runs: `step`, or the idle rank's dummy token when it has none.
   const ForwardBatch& runnable(const ForwardBatch& step) const;

@@ -7,6 +7,8 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/linear_fp8.h"
@@ -101,18 +103,26 @@ __global__ void __launch_bounds__(kThreads)
 void gemv_fp8(const uint16_t* x, int64_t n, const uint8_t* w_codes, const float* w_scales, int64_t rows, int64_t cols,
               float* y, int64_t ld_y, cudaStream_t stream) {
   if (n == 0 || rows == 0) return;
-  GLMS_CHECK(n <= kFp8GemvMaxTokens, "gemv_fp8: at most 4 tokens");
+  GLMS_CHECK(n <= kFp8GemvMaxTokens, "gemv_fp8: at most kFp8GemvMaxTokens tokens");
   GLMS_CHECK(cols % 16 == 0, "gemv_fp8: cols a multiple of 16");
   GLMS_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w_codes) % 16 == 0,
              "gemv_fp8: 16-byte aligned inputs");
   if (ld_y == 0) ld_y = rows;
   const int64_t stride = fp8_scale_row_stride(cols);
   const unsigned blocks = static_cast<unsigned>((rows + kRows - 1) / kRows);
+  auto launch = [&](auto tokens) {
+    gemv_fp8_kernel<decltype(tokens)::value>
+        <<<blocks, kThreads, 0, stream>>>(x, w_codes, w_scales, stride, rows, cols, y, ld_y);
+  };
   switch (n) {
-    case 1: gemv_fp8_kernel<1><<<blocks, kThreads, 0, stream>>>(x, w_codes, w_scales, stride, rows, cols, y, ld_y); break;
-    case 2: gemv_fp8_kernel<2><<<blocks, kThreads, 0, stream>>>(x, w_codes, w_scales, stride, rows, cols, y, ld_y); break;
-    case 3: gemv_fp8_kernel<3><<<blocks, kThreads, 0, stream>>>(x, w_codes, w_scales, stride, rows, cols, y, ld_y); break;
-    default: gemv_fp8_kernel<4><<<blocks, kThreads, 0, stream>>>(x, w_codes, w_scales, stride, rows, cols, y, ld_y); break;
+    case 1: launch(std::integral_constant<int, 1>{}); break;
+    case 2: launch(std::integral_constant<int, 2>{}); break;
+    case 3: launch(std::integral_constant<int, 3>{}); break;
+    case 4: launch(std::integral_constant<int, 4>{}); break;
+    case 5: launch(std::integral_constant<int, 5>{}); break;
+    case 6: launch(std::integral_constant<int, 6>{}); break;
+    case 7: launch(std::integral_constant<int, 7>{}); break;
+    default: launch(std::integral_constant<int, 8>{}); break;
   }
   check(cudaGetLastError(), "gemv_fp8 launch");
 }
