@@ -39,10 +39,12 @@ inline constexpr int64_t fp8_scale_row_stride(int64_t cols) { return ((cols + kF
 // Decode-sized products with FP8 weights and bf16 activations (W8A16, no activation rounding):
 // y[n, rows] (fp32, row stride ld_y) = x[n, cols] (bf16, dense rows) . dequant(w)^T, w [rows,
 // cols] E4M3 row-major with 128 x 128 block scales in fp8_weight_scales_for_cublaslt's layout.
-// n <= kFp8GemvMaxTokens, cols a multiple of 16. A pass over the weights' bytes, half of bf16's:
-// at GLM-5.2 width (5 layers) on the H200 it beat the quantise + cuBLASLt pair at decode batch 8
-// too (bench/results/cuda-fp8-linear-20261202.json).
-inline constexpr int kFp8GemvMaxTokens = 8;
+// n <= kFp8GemvMaxTokens, cols a multiple of 16. A pass over the weights' bytes, half of bf16's.
+// At GLM-5.2 width (5 layers) on the H200 it took decode batch 1 from 2.27 to 2.12 ms against
+// bf16 weights; taking batch 8 too it was slower than the quantise + cuBLASLt pair (7.49 against
+// 6.63 ms: the per-token FMAs, not the bytes, bound it there), so 4
+// (bench/results/cuda-fp8-linear-20261202.json).
+inline constexpr int kFp8GemvMaxTokens = 4;
 void gemv_fp8(const uint16_t* x, int64_t n, const uint8_t* w_codes, const float* w_scales, int64_t rows, int64_t cols,
               float* y, int64_t ld_y, cudaStream_t stream);
 

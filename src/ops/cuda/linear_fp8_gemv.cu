@@ -118,11 +118,7 @@ void gemv_fp8(const uint16_t* x, int64_t n, const uint8_t* w_codes, const float*
     case 1: launch(std::integral_constant<int, 1>{}); break;
     case 2: launch(std::integral_constant<int, 2>{}); break;
     case 3: launch(std::integral_constant<int, 3>{}); break;
-    case 4: launch(std::integral_constant<int, 4>{}); break;
-    case 5: launch(std::integral_constant<int, 5>{}); break;
-    case 6: launch(std::integral_constant<int, 6>{}); break;
-    case 7: launch(std::integral_constant<int, 7>{}); break;
-    default: launch(std::integral_constant<int, 8>{}); break;
+    default: launch(std::integral_constant<int, 4>{}); break;
   }
   check(cudaGetLastError(), "gemv_fp8 launch");
 }
