@@ -11,10 +11,12 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli/commands.h"
 #include "cli/model_source.h"
 #include "core/error.h"
+#include "core/readable_number.h"
 #include "engine/engine.h"
 #include "model/glm5.h"
 #include "server/api_error.h"
@@ -30,17 +32,24 @@ namespace {
 
 struct ServeArgs {
   ModelSourceArgs source;
+  std::string positional_model;  // vLLM's `serve MODEL`
   std::string host = "127.0.0.1";
   int port = 8000;
   std::vector<std::string> api_keys;
+  std::string api_key_file;
   std::string jwt_secret;
   int max_num_seqs = 0;
   int max_batch_tokens = 0;
-  int64_t kv_cache_memory = 0;
+  std::string kv_cache_memory;  // bytes, readable ("2G")
   double gpu_memory_utilization = engine::EngineConfig{}.gpu_memory_utilization;
-  int max_model_len = 0;
+  std::string max_model_len;    // tokens, readable ("8k", "32K")
   std::string preset;
-  std::string served_model_name;
+  std::vector<std::string> served_model_names;
+  // vLLM's flags that change nothing here or only pick what glmserve does anyway (a note each).
+  bool enable_prefix_caching = false, no_prefix_caching = false, auto_tool_choice = false, trust_remote_code = false,
+       disable_log_requests = false;
+  std::string tool_call_parser, reasoning_parser, dtype = "auto", chat_template, generation_config = "auto";
+  std::optional<uint64_t> seed;
   int max_waiting = 0;
   std::string rate_limit;
   double request_timeout = 0.0;
@@ -119,7 +128,74 @@ std::string cut_after_final_message(const std::string& prompt, const nlohmann::j
   return prompt.substr(0, at + text.size());
 }
 
-void run_serve(const ServeArgs& args) {
+// vLLM's flags checked and turned into glmserve's settings: the model folder from the positional
+// form, readable sizes, the parsers GLM's own output format needs, and a line for each flag that
+// changes nothing here. Returns the notes to print.
+std::vector<std::string> resolve_vllm_flags(ServeArgs& args) {
+  std::vector<std::string> notes;
+  if (!args.positional_model.empty()) {
+    if (!args.source.model_dir.empty() && args.source.model_dir != args.positional_model)
+      fail("the model is given twice: '" + args.positional_model + "' and --model '" + args.source.model_dir + "'");
+    args.source.model_dir = args.positional_model;
+  }
+  if (!args.source.model_dir.empty() && !std::filesystem::is_directory(args.source.model_dir))
+    fail("'" + args.source.model_dir +
+         "' is not a local folder: glmserve serves a checkpoint folder (config.json, *.safetensors, tokenizer.json); "
+         "fetch a Hugging Face model first, e.g. `huggingface-cli download " + args.source.model_dir +
+         " --local-dir DIR`, then `glmserve serve DIR`");
+  // GLM's tool calls and reasoning have one format, which glmserve always parses.
+  auto check_parser = [&](const std::string& flag, const std::string& name) {
+    if (name.empty()) return;
+    static const char* const kGlmParsers[] = {"glm45", "glm47", "glm4_moe", "glm5"};
+    for (const char* known : kGlmParsers)
+      if (name == known) {
+        notes.push_back(flag + " " + name + ": GLM's format, which glmserve always parses");
+        return;
+      }
+    fail(flag + " '" + name + "': glmserve parses GLM's format only (glm45, glm47, glm4_moe or glm5 name it)");
+  };
+  check_parser("--tool-call-parser", args.tool_call_parser);
+  check_parser("--reasoning-parser", args.reasoning_parser);
+  if (args.auto_tool_choice) notes.push_back("--enable-auto-tool-choice: tool_choice \"auto\" is always on");
+  if (args.enable_prefix_caching) notes.push_back("--enable-prefix-caching: the prefix cache is on by default");
+  if (args.trust_remote_code) notes.push_back("--trust-remote-code has no effect: glmserve runs no code from checkpoints");
+  if (args.disable_log_requests) notes.push_back("--disable-log-requests: glmserve logs no request contents");
+  if (args.dtype != "auto" && args.dtype != "bfloat16" && args.dtype != "bf16")
+    fail("--dtype " + args.dtype + ": glmserve computes in bf16 with fp32 sums (auto, bfloat16); for smaller weights "
+         "use --quantization fp8 or a quantised checkpoint (glmserve quantize)");
+  return notes;
+}
+
+// The API keys: --api-key, the lines of --api-key-file, and GLMSERVE_API_KEY or VLLM_API_KEY.
+std::vector<std::string> api_keys_of(const ServeArgs& args) {
+  std::vector<std::string> keys = args.api_keys;
+  if (!args.api_key_file.empty()) {
+    std::ifstream in(args.api_key_file);
+    if (!in) fail("--api-key-file " + args.api_key_file + ": cannot read it");
+    for (std::string line; std::getline(in, line);) {
+      while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+      if (!line.empty() && line[0] != '#') keys.push_back(line);
+    }
+    if (keys.size() == args.api_keys.size()) fail("--api-key-file " + args.api_key_file + " holds no key");
+  }
+  for (const char* name : {"GLMSERVE_API_KEY", "VLLM_API_KEY"})
+    if (const char* value = std::getenv(name); value && *value) keys.emplace_back(value);
+  return keys;
+}
+
+// --chat-template: a file, or the template text itself (as vLLM takes it).
+std::string chat_template_source(const std::string& arg) {
+  if (arg.empty()) return "";
+  if (std::filesystem::is_regular_file(arg)) {
+    std::ifstream in(arg);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  if (arg.find("{%") == std::string::npos && arg.find("{{") == std::string::npos)
+    fail("--chat-template '" + arg + "' is neither a file nor a Jinja template");
+  return arg;
+}
+
+void run_serve(ServeArgs args) {
   // Every thread started from here on inherits the blocked signals; this thread waits for them.
   sigset_t signals;
   sigemptyset(&signals);
@@ -127,12 +203,14 @@ void run_serve(const ServeArgs& args) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  if (args.source.model_dir.empty()) fail("serve needs --model DIR (its tokenizer and chat template)");
+  const std::vector<std::string> notes = resolve_vllm_flags(args);
+  if (args.source.model_dir.empty()) fail("serve needs a model folder: glmserve serve DIR (or --model DIR)");
   const std::filesystem::path dir(args.source.model_dir);
   text::Tokenizer tokenizer = text::Tokenizer::load(dir);
   server::ChatRenderer renderer;
   try {
-    auto tmpl = std::make_shared<const ChatTemplate>(ChatTemplate::load(args.source.model_dir));
+    auto tmpl = std::make_shared<const ChatTemplate>(
+        ChatTemplate::load(args.source.model_dir, chat_template_source(args.chat_template)));
     renderer = [tmpl](const server::ChatRequest& r) {
       const std::string tools = r.tools && !r.tools->is_null() ? r.tools->dump() : std::string();
       std::string prompt = tmpl->render(r.messages->dump(), tools, r.add_generation_prompt, r.template_kwargs->dump());
@@ -147,9 +225,17 @@ void run_serve(const ServeArgs& args) {
   apply_preset(args.preset, engine_config);
   if (args.max_num_seqs > 0) engine_config.max_num_seqs = args.max_num_seqs;
   if (args.max_batch_tokens > 0) engine_config.max_batch_tokens = args.max_batch_tokens;
-  if (args.kv_cache_memory > 0) engine_config.kv_cache_bytes = args.kv_cache_memory;
+  if (!args.kv_cache_memory.empty()) {
+    engine_config.kv_cache_bytes = parse_readable_count(args.kv_cache_memory, "--kv-cache-memory");
+    if (engine_config.kv_cache_bytes <= 0) fail("--kv-cache-memory must be positive");
+  }
   engine_config.gpu_memory_utilization = args.gpu_memory_utilization;
-  if (args.max_model_len > 0) engine_config.max_model_len = args.max_model_len;
+  if (!args.max_model_len.empty()) {
+    const int64_t len = parse_readable_count(args.max_model_len, "--max-model-len");
+    if (len <= 0 || len > (int64_t{1} << 30)) fail("--max-model-len must be between 1 and 2^30 tokens");
+    engine_config.max_model_len = static_cast<int>(len);
+  }
+  if (args.no_prefix_caching) engine_config.enable_prefix_cache = false;
   if (args.max_waiting > 0) engine_config.max_waiting = args.max_waiting;
   if (!args.speculative.empty()) {
     engine_config.speculative_steps = args.speculative_steps;
@@ -170,14 +256,26 @@ void run_serve(const ServeArgs& args) {
   std::unique_ptr<server::Backend> backend = server::make_engine_backend(engine);
 
   server::ServiceConfig config;
-  config.served_model_name = args.served_model_name.empty() ? dir.filename().string() : args.served_model_name;
-  if (config.served_model_name.empty()) config.served_model_name = dir.parent_path().filename().string();
-  config.api_keys = args.api_keys;
+  if (args.served_model_names.empty()) {
+    config.served_model_name = dir.filename().string();
+    if (config.served_model_name.empty()) config.served_model_name = dir.parent_path().filename().string();
+  } else {
+    config.served_model_name = args.served_model_names.front();
+    config.model_aliases.assign(args.served_model_names.begin() + 1, args.served_model_names.end());
+  }
+  config.api_keys = api_keys_of(args);
+  config.seed = args.seed;
   config.jwt_secret = args.jwt_secret;
   config.request_timeout_seconds = args.request_timeout;
   config.max_body_bytes = args.max_body_bytes;
   parse_rate_limit(args.rate_limit, config);
-  read_generation_defaults(dir, config);
+  if (args.generation_config == "auto") read_generation_defaults(dir, config);
+  else if (args.generation_config != "vllm") {
+    if (!std::filesystem::is_regular_file(std::filesystem::path(args.generation_config) / "generation_config.json"))
+      fail("--generation-config " + args.generation_config +
+           ": no generation_config.json there (auto: the model's, vllm: none, or a folder holding one)");
+    read_generation_defaults(args.generation_config, config);
+  }
   server::ApiService service(*backend, tokenizer, renderer, server::glm_parser_factory(), config);
 
   server::HttpServerOptions http;
@@ -187,8 +285,11 @@ void run_serve(const ServeArgs& args) {
   http.threads = args.io_threads;
   server::HttpServer server(service, http);
   server.start();
-  std::printf("glmserve: model %s (served as '%s'), max_model_len %d, max_num_seqs %d, max_batch_tokens %d\n",
-              args.source.model_dir.c_str(), config.served_model_name.c_str(), engine.config().max_model_len,
+  for (const std::string& note : notes) std::printf("glmserve: note: %s\n", note.c_str());
+  std::string names = "'" + config.served_model_name + "'";
+  for (const std::string& alias : config.model_aliases) names += ", '" + alias + "'";
+  std::printf("glmserve: model %s (served as %s), max_model_len %d, max_num_seqs %d, max_batch_tokens %d\n",
+              args.source.model_dir.c_str(), names.c_str(), engine.config().max_model_len,
               engine.config().max_num_seqs, engine.config().max_batch_tokens);
   const int64_t cache_bytes = int64_t{engine.blocks_per_rank()} * engine.config().block_size *
                               model_cache_bytes_per_token;
@@ -231,21 +332,33 @@ void add_serve_command(CLI::App& app) {
   auto args = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve the OpenAI-compatible HTTP API (chat, completions, metrics)");
   add_model_source_options(cmd, args->source);
-  cmd->add_option("--host", args->host, "Address to bind (default loopback)");
-  cmd->add_option("--port", args->port, "Port (0 = any free port)")->check(CLI::Range(0, 65535));
-  cmd->add_option("--api-key", args->api_keys, "Accepted Bearer key (repeatable)")->take_all();
+  cmd->add_option("model", args->positional_model, "Model folder, as vLLM's `serve MODEL` (or --model)");
+  cmd->add_option("--host", args->host, "Address to bind")->capture_default_str();
+  cmd->add_option("--port", args->port, "Port (0 = any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
+  cmd->add_option("--api-key", args->api_keys,
+                  "Accepted Bearer key (repeatable; also GLMSERVE_API_KEY or VLLM_API_KEY in the environment)")
+      ->take_all();
+  cmd->add_option("--api-key-file", args->api_key_file, "A file of accepted keys, one a line");
   cmd->add_option("--jwt-secret", args->jwt_secret, "Accept HS256 JWTs signed with this secret");
-  cmd->add_option("--max-num-seqs", args->max_num_seqs, "Sequences per step at most")->check(CLI::PositiveNumber);
-  cmd->add_option("--max-batch-tokens", args->max_batch_tokens, "Tokens per step at most")->check(CLI::PositiveNumber);
-  cmd->add_option("--kv-cache-memory", args->kv_cache_memory, "Bytes for the latent KV cache")->check(CLI::PositiveNumber);
+  cmd->add_option("--max-num-seqs", args->max_num_seqs, "Sequences per step at most (default 64; presets change it)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-num-batched-tokens,--max-batch-tokens", args->max_batch_tokens,
+                  "Tokens per step at most (default 2048; presets change it)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--kv-cache-memory,--kv-cache-memory-bytes", args->kv_cache_memory,
+                  "Bytes for each data-parallel rank's KV cache, e.g. 2G or 512MiB (default: on a GPU what "
+                  "--gpu-memory-utilization leaves, on the CPU max_num_seqs x max_model_len up to 2 GiB)");
   cmd->add_option("--gpu-memory-utilization", args->gpu_memory_utilization,
                   "Fraction of each GPU's memory for weights, workspaces and the KV cache (without --kv-cache-memory)")
       ->check(CLI::Range(0.05, 1.0))
       ->capture_default_str();
-  cmd->add_option("--max-model-len", args->max_model_len, "Prompt + output tokens per request")->check(CLI::PositiveNumber);
+  cmd->add_option("--max-model-len", args->max_model_len,
+                  "Prompt + output tokens per request, e.g. 32768, 32K or 32k (= 32000) (default: the model's)");
   cmd->add_option("--preset", args->preset, "high_throughput | low_latency | memory_constrained")
       ->check(CLI::IsMember({"high_throughput", "low_latency", "memory_constrained"}));
-  cmd->add_option("--served-model-name", args->served_model_name, "Model id in the API (default: folder name)");
+  cmd->add_option("--served-model-name", args->served_model_names,
+                  "Model ids in the API, the first in responses (default: the folder's name)")
+      ->take_all();
   cmd->add_option("--max-waiting", args->max_waiting, "Queued requests beyond which 429 is returned")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--rate-limit", args->rate_limit, "Per-client token bucket: RPS or RPS:BURST");
@@ -264,6 +377,20 @@ void add_serve_command(CLI::App& app) {
                   "Steps with more decoding sequences than this decode plainly (0: no limit)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
+  // vLLM's flags (docs/operations.md, "Coming from vLLM").
+  cmd->add_option("--chat-template", args->chat_template, "A Jinja chat template file (or text) instead of the model's");
+  cmd->add_option("--generation-config", args->generation_config,
+                  "Sampling defaults: auto (the model's generation_config.json), vllm (none) or a folder")
+      ->capture_default_str();
+  cmd->add_option("--seed", args->seed, "Seeds the draws of requests that give no seed (reproducible runs)");
+  cmd->add_option("--dtype", args->dtype, "auto or bfloat16 (glmserve computes in bf16)")->capture_default_str();
+  cmd->add_option("--tool-call-parser", args->tool_call_parser, "glm45 / glm47 / glm4_moe / glm5: GLM's format, always on");
+  cmd->add_option("--reasoning-parser", args->reasoning_parser, "glm45 / glm47 / glm4_moe / glm5: GLM's format, always on");
+  cmd->add_flag("--enable-auto-tool-choice", args->auto_tool_choice, "Accepted: tool_choice auto is always on");
+  cmd->add_flag("--enable-prefix-caching", args->enable_prefix_caching, "Accepted: the prefix cache is on by default");
+  cmd->add_flag("--no-enable-prefix-caching", args->no_prefix_caching, "Turn the prefix cache off");
+  cmd->add_flag("--trust-remote-code", args->trust_remote_code, "Accepted, no effect (no checkpoint code is run)");
+  cmd->add_flag("--disable-log-requests", args->disable_log_requests, "Accepted (request contents are never logged)");
   cmd->callback([args]() { run_serve(*args); });
 }
 

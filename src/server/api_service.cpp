@@ -42,13 +42,6 @@ HttpResponse error_response(const ApiError& e) {
   return r;
 }
 
-uint64_t random_seed() {
-  static std::mutex mu;
-  static std::mt19937_64 rng(std::random_device{}());
-  std::lock_guard lock(mu);
-  return rng();
-}
-
 }  // namespace
 
 std::string ApiError::type() const {
@@ -98,7 +91,8 @@ ApiService::ApiService(Backend& backend, text::Tokenizer tokenizer, ChatRenderer
       metrics_(std::make_unique<ServerMetrics>(config_.served_model_name)),
       auth_(std::make_unique<Authenticator>(config_.api_keys, config_.jwt_secret)),
       limiter_(std::make_unique<RateLimiter>(config_.rate_limit_rps, config_.rate_limit_burst)),
-      started_at_(static_cast<int64_t>(std::time(nullptr))) {
+      started_at_(static_cast<int64_t>(std::time(nullptr))),
+      seeds_(config_.seed ? *config_.seed : std::random_device{}()) {
   for (const char* tag : {"<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
                           "<arg_value>", "</arg_value>"}) {
     const int32_t id = tokenizer_.token_to_id(tag);
@@ -149,19 +143,47 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
     if (!is_get) throw_api(405, "Method Not Allowed");
     return json_response(200, {{"version", config_.version}});
   }
+  // vLLM's tokenizer endpoints, outside /v1 (which vLLM's --api-key guards alone) as there.
+  if (path == "/tokenize" || path == "/detokenize") {
+    if (!is_post) throw_api(405, "Method Not Allowed: use POST");
+    if (request.body.size() > config_.max_body_bytes)
+      throw_api(413, "Request body is too large (" + std::to_string(request.body.size()) + " bytes; limit " +
+                         std::to_string(config_.max_body_bytes) + ")");
+    return path == "/tokenize" ? tokenize(request) : detokenize(request);
+  }
   const bool generate = path == "/v1/chat/completions" || path == "/v1/completions";
-  if (path != "/v1/models" && !generate) throw_api(404, "Not Found: " + path);
+  const std::string models_prefix = "/v1/models/";
+  const bool one_model = path.rfind(models_prefix, 0) == 0 && path.size() > models_prefix.size();
+  if (path != "/v1/models" && !one_model && !generate)
+    throw_api(404, "Not Found: glmserve does not serve " + path +
+                       " (it serves /v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, "
+                       "/health, /metrics, /version)");
 
   // Everything under /v1 is authenticated (as vLLM does with --api-key).
   const AuthResult auth = auth_->check(request.header("authorization"), static_cast<int64_t>(std::time(nullptr)));
   if (!auth.ok) throw ApiException{auth.error};
 
+  auto model_card = [&](const std::string& id) {
+    return json{{"id", id},
+                {"object", "model"},
+                {"created", started_at_},
+                {"owned_by", "glmserve"},
+                {"root", config_.served_model_name},
+                {"parent", nullptr},
+                {"max_model_len", backend_.max_model_len()},
+                {"permission", json::array()}};
+  };
   if (path == "/v1/models") {
     if (!is_get) throw_api(405, "Method Not Allowed");
-    json model = {{"id", config_.served_model_name}, {"object", "model"}, {"created", started_at_},
-                  {"owned_by", "glmserve"}, {"root", config_.served_model_name}, {"parent", nullptr},
-                  {"max_model_len", backend_.max_model_len()}, {"permission", json::array()}};
-    return json_response(200, {{"object", "list"}, {"data", json::array({model})}});
+    json data = json::array({model_card(config_.served_model_name)});
+    for (const std::string& alias : config_.model_aliases) data.push_back(model_card(alias));
+    return json_response(200, {{"object", "list"}, {"data", data}});
+  }
+  if (one_model) {
+    if (!is_get) throw_api(405, "Method Not Allowed");
+    const std::string id = path.substr(models_prefix.size());
+    check_model(id);
+    return json_response(200, model_card(id));
   }
   if (!is_post) throw_api(405, "Method Not Allowed: use POST");
   if (limiter_->enabled()) {
@@ -183,8 +205,15 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
 }
 
 void ApiService::check_model(const std::string& model) const {
-  if (!model.empty() && model != config_.served_model_name)
-    throw ApiException{ApiError{404, "The model `" + model + "` does not exist.", "model", 0.0}};
+  if (model.empty() || model == config_.served_model_name) return;
+  for (const std::string& alias : config_.model_aliases)
+    if (model == alias) return;
+  throw ApiException{ApiError{404, "The model `" + model + "` does not exist.", "model", 0.0}};
+}
+
+uint64_t ApiService::next_seed() const {
+  std::lock_guard lock(seed_mutex_);
+  return seeds_();
 }
 
 engine::RequestParams ApiService::base_params(const SamplingFields& s, const std::vector<int32_t>& ids, bool chat,
@@ -196,7 +225,7 @@ engine::RequestParams ApiService::base_params(const SamplingFields& s, const std
   p.sampling.top_p = s.top_p.value_or(config_.default_top_p);
   p.sampling.top_k = std::max(0, s.top_k.value_or(config_.default_top_k));
   p.sampling.min_p = s.min_p.value_or(config_.default_min_p);
-  p.sampling.seed = s.seed ? *s.seed + static_cast<uint64_t>(index) : random_seed();
+  p.sampling.seed = s.seed ? *s.seed + static_cast<uint64_t>(index) : next_seed();
   p.ignore_eos = s.ignore_eos;
   p.stop_token_ids = s.stop_token_ids;
   p.presence_penalty = s.presence_penalty;

@@ -11,6 +11,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -27,7 +30,9 @@ class Authenticator;
 class RateLimiter;
 
 struct ServiceConfig {
-  std::string served_model_name = "glm5";
+  std::string served_model_name = "glm5";   // the id responses carry
+  std::vector<std::string> model_aliases;   // more ids requests may name (serve --served-model-name A B)
+  std::optional<uint64_t> seed;             // seeds the draws of requests without a seed (serve --seed)
   std::string version = "0.1.0";
   size_t max_body_bytes = 8u << 20;
   ParseLimits parse_limits;
@@ -66,6 +71,10 @@ class ApiService {
   void start_chat(const HttpRequest& request, std::shared_ptr<Responder> responder);
   void start_completion(const HttpRequest& request, std::shared_ptr<Responder> responder);
   void check_model(const std::string& model) const;
+  // vLLM's /tokenize (a prompt, or chat messages through the template) and /detokenize.
+  HttpResponse tokenize(const HttpRequest& request) const;
+  HttpResponse detokenize(const HttpRequest& request) const;
+  uint64_t next_seed() const;  // a request's seed when it gives none
   engine::RequestParams base_params(const SamplingFields& s, const std::vector<int32_t>& ids, bool chat,
                                     int index) const;
 
@@ -80,6 +89,8 @@ class ApiService {
   std::vector<int32_t> markup_ids_;  // GLM markup special tokens kept in chat text
   std::atomic<bool> draining_{false};
   int64_t started_at_ = 0;
+  mutable std::mutex seed_mutex_;
+  mutable std::mt19937_64 seeds_;
 };
 
 }  // namespace glms::server

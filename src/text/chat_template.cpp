@@ -65,7 +65,7 @@ ChatTemplate ChatTemplate::from_source(const std::string& source, const std::str
   return t;
 }
 
-ChatTemplate ChatTemplate::load(const std::string& model_dir) {
+ChatTemplate ChatTemplate::load(const std::string& model_dir, const std::string& override_source) {
   namespace fs = std::filesystem;
   ChatTemplate t;
   const fs::path dir(model_dir);
@@ -93,6 +93,10 @@ ChatTemplate ChatTemplate::load(const std::string& model_dir) {
           t.additional_special_tokens_.push_back(tok["content"].get<std::string>());
       }
     }
+  }
+  if (!override_source.empty()) {
+    t.default_ = std::make_shared<const Variant>(Variant{override_source, compile(override_source, "--chat-template")});
+    return t;
   }
   if (fs::exists(jinja_path)) {
     std::string source = read_file(jinja_path);

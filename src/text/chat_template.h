@@ -35,7 +35,9 @@ class Template;
 
 class ChatTemplate {
  public:
-  static ChatTemplate load(const std::string& model_dir);
+  // The model folder's template (chat_template.jinja, or tokenizer_config.json's), or
+  // `override_source` instead (serve --chat-template) with the folder's special tokens.
+  static ChatTemplate load(const std::string& model_dir, const std::string& override_source = "");
   // A template from source text (tests, or a --chat-template override).
   static ChatTemplate from_source(const std::string& source, const std::string& bos_token = "",
                                   const std::string& eos_token = "");

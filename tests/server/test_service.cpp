@@ -6,6 +6,7 @@
 
 #include "fakes.h"
 #include "prom_validator.h"
+#include "service_fixture.h"
 #include "server/api_service.h"
 #include "server/auth.h"
 #include "text/tokenizer.h"
@@ -14,94 +15,13 @@ using namespace glms;
 using namespace glms::server;
 using glms::test::FakeBackend;
 using glms::test::RecordingResponder;
+using glms::test::Fixture;
+using glms::test::chat;
+using glms::test::expect_error_shape;
+using glms::test::ids;
+using glms::test::tokenizer;
 using nlohmann::json;
 
-namespace {
-
-text::Tokenizer& tokenizer() {
-  static text::Tokenizer t = text::Tokenizer::load(GLMS_SOURCE_DIR "/models/glm5-tiny-code");
-  return t;
-}
-
-// A stand-in for the model's chat template: GLM-style markers around each message.
-std::string render(const ChatRequest& r) {
-  std::string out = "[gMASK]<sop>";
-  for (const json& m : *r.messages)
-    out += "<|" + m["role"].get<std::string>() + "|>\n" + (m["content"].is_string() ? m["content"].get<std::string>() : "");
-  if (r.add_generation_prompt) out += "<|assistant|>\n";
-  if (r.template_kwargs->value("enable_thinking", false)) out += "<think>";
-  return out;
-}
-
-std::vector<int32_t> ids(const std::string& text) { return tokenizer().encode(text, false); }
-
-struct Fixture {
-  FakeBackend backend;
-  std::unique_ptr<ApiService> service;
-  explicit Fixture(ServiceConfig config = {}, ParserFactory parsers = nullptr) {
-    config.served_model_name = "tiny";
-    service = std::make_unique<ApiService>(backend, tokenizer(), render, parsers, config);
-  }
-  // Scripted output: `text` encoded, then EOS.
-  void say(const std::string& text) {
-    backend.script = [text](const engine::RequestParams&) {
-      std::vector<int32_t> t = ids(text);
-      t.push_back(8170);
-      return t;
-    };
-  }
-  std::shared_ptr<RecordingResponder> call(const std::string& method, const std::string& path, const std::string& body = "",
-                                           std::map<std::string, std::string> headers = {}) {
-    HttpRequest req;
-    req.method = method;
-    req.target = path;
-    req.body = body;
-    req.headers = std::move(headers);
-    req.client = "127.0.0.1";
-    auto responder = std::make_shared<RecordingResponder>();
-    service->handle(req, responder);
-    EXPECT_TRUE(responder->wait()) << path << " " << body;
-    return responder;
-  }
-  json post(const std::string& path, const json& body, int expect_status = 200) {
-    auto r = call("POST", path, body.dump());
-    EXPECT_EQ(r->response.status, expect_status) << r->response.body;
-    EXPECT_FALSE(r->streaming);
-    return json::parse(r->response.body);
-  }
-  // SSE events of a streamed call (the payloads of "data:" lines; "[DONE]" included).
-  std::vector<std::string> stream(const std::string& path, const json& body) {
-    auto r = call("POST", path, body.dump());
-    EXPECT_TRUE(r->streaming) << r->response.body;
-    EXPECT_EQ(r->response.content_type, "text/event-stream");
-    const std::string text = r->stream_body();
-    std::vector<std::string> events;
-    size_t pos = 0;
-    while (pos < text.size()) {
-      const size_t end = text.find("\n\n", pos);
-      EXPECT_NE(end, std::string::npos) << "unterminated event";
-      if (end == std::string::npos) break;
-      const std::string event = text.substr(pos, end - pos);
-      EXPECT_EQ(event.rfind("data: ", 0), 0u) << event;
-      EXPECT_EQ(event.find('\n'), std::string::npos) << event;
-      events.push_back(event.substr(6));
-      pos = end + 2;
-    }
-    return events;
-  }
-};
-
-json chat(const std::string& content) { return {{"messages", {{{"role", "user"}, {"content", content}}}}}; }
-
-void expect_error_shape(const std::string& body, int status) {
-  const json j = json::parse(body);
-  ASSERT_TRUE(j.contains("error")) << body;
-  EXPECT_TRUE(j["error"]["message"].is_string());
-  EXPECT_TRUE(j["error"]["type"].is_string());
-  EXPECT_EQ(j["error"]["code"], status);
-}
-
-}  // namespace
 
 TEST(Service, Routes) {
   Fixture f;

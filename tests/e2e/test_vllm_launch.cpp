@@ -1,0 +1,81 @@
+// vLLM launch lines against `glmserve serve` on the bundled model: the positional model, vLLM's
+// flag names and readable sizes start a server that answers under every served name, with the
+// API key from the environment; flags that cannot apply are refused saying why.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "e2e_client.h"
+
+using namespace glms::e2e;
+using nlohmann::json;
+
+namespace {
+
+const std::string kBinary = GLMS_BINARY_DIR "/glmserve";
+const std::string kModel = GLMS_SOURCE_DIR "/models/glm5-tiny-code";
+
+// Runs glmserve with `args`; returns its stderr and stdout and its exit status.
+std::pair<std::string, int> run_glmserve(const std::string& args) {
+  FILE* pipe = popen((kBinary + " " + args + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  const int status = pclose(pipe);
+  return {out, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
+}
+
+}  // namespace
+
+TEST(VllmLaunch, AVllmServeLineStartsAndAnswersUnderEveryName) {
+  setenv("GLMSERVE_API_KEY", "from-the-environment", 1);
+  ServerProcess server(kBinary, {"serve", kModel, "--port", "0", "-tp", "1", "--max-num-batched-tokens", "512",
+                                 "--max-model-len", "1K", "--kv-cache-memory", "64M", "--served-model-name", "glm-5",
+                                 "zai-org/GLM-5", "--tool-call-parser", "glm47", "--reasoning-parser", "glm45",
+                                 "--enable-auto-tool-choice", "--trust-remote-code", "--dtype", "bfloat16", "--seed",
+                                 "3", "--generation-config", "vllm", "--enable-prefix-caching",
+                                 "--disable-log-requests", "--gpu-memory-utilization", "0.9"});
+  unsetenv("GLMSERVE_API_KEY");
+  const std::string& out = server.output();
+  EXPECT_NE(out.find("max_model_len 1024"), std::string::npos) << out;
+  EXPECT_NE(out.find("max_batch_tokens 512"), std::string::npos) << out;
+  EXPECT_NE(out.find("served as 'glm-5', 'zai-org/GLM-5'"), std::string::npos) << out;
+  EXPECT_NE(out.find("note: --trust-remote-code has no effect"), std::string::npos) << out;
+  EXPECT_NE(out.find("note: --tool-call-parser glm47"), std::string::npos) << out;
+  EXPECT_NE(out.find("tokens, 0.06 GiB)"), std::string::npos) << out;  // --kv-cache-memory 64M
+
+  EXPECT_EQ(http(server.port(), "GET", "/v1/models").status, 401);
+  const std::map<std::string, std::string> auth = {{"authorization", "Bearer from-the-environment"}};
+  const Response models = http(server.port(), "GET", "/v1/models", "", auth);
+  ASSERT_EQ(models.status, 200) << models.body;
+  EXPECT_EQ(json::parse(models.body)["data"].size(), 2u);
+  for (const char* name : {"glm-5", "zai-org/GLM-5"}) {
+    const Response r = http(server.port(), "POST", "/v1/completions",
+                            json{{"model", name}, {"prompt", "def f():"}, {"max_tokens", 4}}.dump(), auth);
+    EXPECT_EQ(r.status, 200) << r.body;
+  }
+  EXPECT_EQ(server.stop(SIGTERM, 60.0), 0);
+}
+
+TEST(VllmLaunch, FlagsThatCannotApplyAreRefusedSayingWhy) {
+  struct Case {
+    std::string args, expect;
+  };
+  const Case cases[] = {
+      {"serve " + kModel + " --dtype float16", "glmserve computes in bf16"},
+      {"serve " + kModel + " --max-model-len 8x", "--max-model-len: '8x' has an unknown suffix"},
+      {"serve " + kModel + " --kv-cache-memory 2Q", "--kv-cache-memory: '2Q' has an unknown suffix"},
+      {"serve zai-org/GLM-5", "huggingface-cli download zai-org/GLM-5"},
+      {"serve " + kModel + " --tool-call-parser hermes", "glmserve parses GLM's format only"},
+      {"serve " + kModel + " --model /tmp", "the model is given twice"},
+      {"serve " + kModel + " --generation-config /tmp", "no generation_config.json there"},
+      {"serve " + kModel + " --api-key-file /nonexistent/keys", "cannot read it"},
+  };
+  for (const Case& c : cases) {
+    const auto [out, status] = run_glmserve(c.args);
+    EXPECT_EQ(status, 1) << c.args << "\n" << out;
+    EXPECT_NE(out.find(c.expect), std::string::npos) << c.args << "\n" << out;
+  }
+}

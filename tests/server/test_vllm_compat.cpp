@@ -1,0 +1,104 @@
+// What a client written for vLLM finds on the service: several model ids and GET /v1/models/{id},
+// /tokenize and /detokenize with vLLM's shapes, a 404 that names the endpoints served, and the
+// server-wide seed of requests that give none.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "service_fixture.h"
+
+using namespace glms;
+using glms::test::chat;
+using glms::test::expect_error_shape;
+using glms::test::Fixture;
+using glms::test::tokenizer;
+using nlohmann::json;
+
+namespace {
+server::ServiceConfig with_aliases() {
+  server::ServiceConfig c;
+  c.model_aliases = {"glm-5", "zai-org/GLM-5"};
+  return c;
+}
+}  // namespace
+
+TEST(VllmCompat, EveryServedNameIsListedAndAccepted) {
+  Fixture f(with_aliases());
+  f.say("ok");
+  const json models = json::parse(f.call("GET", "/v1/models")->response.body);
+  ASSERT_EQ(models["data"].size(), 3u);
+  EXPECT_EQ(models["data"][0]["id"], "tiny");
+  EXPECT_EQ(models["data"][2]["id"], "zai-org/GLM-5");
+  const json one = json::parse(f.call("GET", "/v1/models/zai-org/GLM-5")->response.body);
+  EXPECT_EQ(one["id"], "zai-org/GLM-5");
+  EXPECT_EQ(one["object"], "model");
+  EXPECT_EQ(one["max_model_len"], 256);
+  auto unknown = f.call("GET", "/v1/models/llama");
+  EXPECT_EQ(unknown->response.status, 404);
+  expect_error_shape(unknown->response.body, 404);
+  json request = chat("hi");
+  request["model"] = "glm-5";
+  const json r = f.post("/v1/chat/completions", request);
+  EXPECT_EQ(r["model"], "tiny");  // responses carry the first name, as vLLM's
+  request["model"] = "gpt-4";
+  f.post("/v1/chat/completions", request, 404);
+}
+
+TEST(VllmCompat, TokenizeAndDetokenize) {
+  Fixture f;
+  const std::string text = "def add(a, b):\n    return a + b";
+  const json t = f.post("/tokenize", {{"prompt", text}, {"add_special_tokens", false}, {"return_token_strs", true}});
+  const std::vector<int32_t> expected = tokenizer().encode(text, false);
+  EXPECT_EQ(t["tokens"].get<std::vector<int32_t>>(), expected);
+  EXPECT_EQ(t["count"], expected.size());
+  EXPECT_EQ(t["max_model_len"], 256);
+  ASSERT_EQ(t["token_strs"].size(), expected.size());
+  std::string joined;
+  for (const json& s : t["token_strs"]) joined += s.get<std::string>();
+  EXPECT_EQ(joined, text);
+  EXPECT_EQ(f.post("/detokenize", {{"tokens", expected}})["prompt"], text);
+  // Chat messages go through the template (the fixture's: "[gMASK]<sop><|user|>\n...").
+  const json c = f.post("/tokenize", {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"add_generation_prompt", true}});
+  EXPECT_EQ(c["tokens"].get<std::vector<int32_t>>(), tokenizer().encode("[gMASK]<sop><|user|>\nhi<|assistant|>\n", false));
+  EXPECT_TRUE(c["token_strs"].is_null());
+}
+
+TEST(VllmCompat, TokenizerEndpointsRefuseBadInputByName) {
+  Fixture f;
+  expect_error_shape(f.post("/detokenize", {{"tokens", {1, -2}}}, 400).dump(), 400);
+  EXPECT_EQ(f.post("/detokenize", {{"tokens", {1, 99999999}}}, 400)["error"]["param"], "tokens");
+  EXPECT_EQ(f.post("/tokenize", {{"prompt", 3}}, 400)["error"]["param"], "prompt");
+  f.post("/tokenize", {{"prompt", "a"}, {"messages", json::array()}}, 400);
+  f.post("/tokenize", json::object(), 400);
+  f.post("/tokenize", {{"prompt", "a"}, {"model", "other"}}, 404);
+  EXPECT_EQ(f.call("GET", "/tokenize")->response.status, 405);
+  EXPECT_EQ(f.call("POST", "/detokenize", "[1, 2")->response.status, 400);
+}
+
+TEST(VllmCompat, AnUnservedEndpointIsNamedWithTheOnesServed) {
+  Fixture f;
+  auto r = f.call("POST", "/v1/embeddings", "{}");
+  EXPECT_EQ(r->response.status, 404);
+  const std::string message = json::parse(r->response.body)["error"]["message"];
+  EXPECT_NE(message.find("/v1/embeddings"), std::string::npos) << message;
+  EXPECT_NE(message.find("/v1/chat/completions"), std::string::npos) << message;
+}
+
+TEST(VllmCompat, TheServerSeedFixesTheDrawsOfRequestsWithoutOne) {
+  auto seeds_of = [](std::optional<uint64_t> seed) {
+    server::ServiceConfig c;
+    c.seed = seed;
+    Fixture f(c);
+    f.say("x");
+    for (int i = 0; i < 3; ++i) f.post("/v1/completions", {{"prompt", "a"}, {"max_tokens", 1}, {"temperature", 0.7}});
+    std::vector<uint64_t> out;
+    for (const auto& p : f.backend.submitted) out.push_back(p.sampling.seed);
+    return out;
+  };
+  const auto a = seeds_of(7), b = seeds_of(7), c = seeds_of(8), d = seeds_of(std::nullopt);
+  ASSERT_EQ(a.size(), 3u);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  EXPECT_NE(a[0], a[1]);  // each request its own draw
+  EXPECT_NE(a, d);
+}
