@@ -63,15 +63,19 @@ std::string opt_num(const std::optional<double>& v, const char* f = "{:.4f}") {
   return v ? fmt::format(fmt::runtime(f), *v) : std::string();
 }
 
+// Latency percentiles "p50 / p95", or N/A when no request of the level succeeded.
+std::string ttft_text(const LevelMetrics& m) {
+  return m.completed == 0 ? "N/A" : secs(m.ttft_ms.median) + " / " + secs(m.ttft_ms.p95);
+}
+
 }  // namespace
 
 std::string rate_table(const std::vector<LevelMetrics>& levels) {
   std::vector<std::vector<std::string>> rows;
   for (const LevelMetrics& m : levels)
-    rows.push_back({rate_text(m.request_rate), num(m.output_throughput),
-                    secs(m.ttft_ms.median) + " / " + secs(m.ttft_ms.p95), pct(m.success_rate),
-                    fmt::format("{:.2f}", m.request_throughput)});
-  return table({"Sustained RPS", "Aggregate tok/s", "TTFT p50 / p95", "Success", "Measured req/s"}, rows);
+    rows.push_back({rate_text(m.request_rate), fmt::format("{:.2f}", m.request_throughput), num(m.output_throughput),
+                    ttft_text(m), pct(m.success_rate)});
+  return table({"Offered RPS", "Sustained req/s", "Aggregate tok/s", "TTFT p50 / p95", "Success"}, rows);
 }
 
 std::string sweep_table(const std::vector<LevelMetrics>& levels) {
@@ -79,8 +83,7 @@ std::string sweep_table(const std::vector<LevelMetrics>& levels) {
   for (const LevelMetrics& m : levels)
     rows.push_back({m.max_concurrency > 0 ? std::to_string(m.max_concurrency) : "unlimited",
                     num(m.cost.total_tok_s_per_gpu), num(m.cost.tok_s_per_user), num(m.output_throughput),
-                    secs(m.ttft_ms.median) + " / " + secs(m.ttft_ms.p95), secs(m.e2el_ms.median),
-                    pct(m.success_rate)});
+                    ttft_text(m), m.completed == 0 ? "N/A" : secs(m.e2el_ms.median), pct(m.success_rate)});
   return table({"Concurrency", "tok/s/GPU", "tok/s/user", "Output tok/s", "TTFT p50 / p95", "E2E p50", "Success"},
                rows);
 }
@@ -123,11 +126,13 @@ std::string detail_block(const LevelMetrics& m, const SloSpec& slo) {
   if (m.server_prefix_hit_rate) row("Server prefix-cache hit rate:", pct(*m.server_prefix_hit_rate));
   auto section = [&](const std::string& t, const std::string& key, const Summary& s) {
     title(t, '-');
-    row("Mean " + key + " (ms):", f2(s.mean));
-    row("Median " + key + " (ms):", f2(s.median));
-    row("P90 " + key + " (ms):", f2(s.p90));
-    row("P95 " + key + " (ms):", f2(s.p95));
-    row("P99 " + key + " (ms):", f2(s.p99));
+    // No latency without a success: N/A, not zeros.
+    auto value = [&](double v) { return m.completed == 0 ? std::string("N/A") : f2(v); };
+    row("Mean " + key + " (ms):", value(s.mean));
+    row("Median " + key + " (ms):", value(s.median));
+    row("P90 " + key + " (ms):", value(s.p90));
+    row("P95 " + key + " (ms):", value(s.p95));
+    row("P99 " + key + " (ms):", value(s.p99));
   };
   section("Time to First Token", "TTFT", m.ttft_ms);
   section("Time per Output Token (excl. 1st token)", "TPOT", m.tpot_ms);

@@ -5,6 +5,7 @@
 // overrides the preset's value (giving --request-rate or --max-concurrency replaces both of the
 // preset's level lists). See docs/benchmarks.md.
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <memory>
 #include <string>
 
@@ -25,6 +26,7 @@ struct BenchArgs {
   std::string request_rates, concurrencies, slo;
   int num_prompts = 0, warmup = -1;
   double retry_backoff = 0.5;
+  double max_failure_rate = 0;  // the share of failed requests beyond which bench exits non-zero
   bool no_metrics = false, no_progress = false;
 };
 
@@ -96,6 +98,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--metrics-path", c.metrics_path, "Prometheus page of the server")->capture_default_str();
   cmd->add_option("--output-dir", c.output_dir, "Write bench.json, bench.csv, requests.csv, report.md and SVG charts here");
   cmd->add_flag("--no-progress", a->no_progress, "No live progress line on stderr");
+  cmd->add_option("--max-failure-rate", a->max_failure_rate,
+                  "Share of failed requests (0-1) allowed before bench exits with status 1")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
 
   cmd->callback([a, cmd, preset, in, out, hit, rates, conc, nprompts, warmup] {
     bench::BenchConfig cfg = a->cfg;
@@ -132,7 +138,15 @@ void add_bench_command(CLI::App& app) {
     cfg.progress = !a->no_progress;
     // The options as given (CLI11's config form), recorded in bench.json.
     cfg.command_line = "glmserve bench\n" + cmd->config_to_str(false, false);
-    bench::run_bench(cfg);
+    const bench::BenchOutcome outcome = bench::run_bench(cfg);
+    // A run whose requests failed is not a measurement: say so in the exit status.
+    const double failed = outcome.scheduled > 0 ? double(outcome.failed) / double(outcome.scheduled) : 0.0;
+    if (outcome.scheduled == 0) fail("bench: no request was sent");
+    if (failed > a->max_failure_rate)
+      fail(fmt::format("bench: {} of {} requests failed ({:.1f}%), more than --max-failure-rate {:g}; the errors are "
+                       "above{}",
+                       outcome.failed, outcome.scheduled, failed * 100, a->max_failure_rate,
+                       cfg.output_dir.empty() ? "" : " and in " + cfg.output_dir + "/requests.csv"));
   });
 }
 

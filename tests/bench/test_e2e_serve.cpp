@@ -102,7 +102,7 @@ TEST(BenchE2E, ScaledDownAgenticAgainstGlmserveServe) {
   std::ifstream so(dir.string() + ".stdout");
   const std::string stdout_text((std::istreambuf_iterator<char>(so)), std::istreambuf_iterator<char>());
   ASSERT_EQ(rc, 0) << stdout_text;
-  EXPECT_NE(stdout_text.find("| Sustained RPS | Aggregate tok/s | TTFT p50 / p95"), std::string::npos) << stdout_text;
+  EXPECT_NE(stdout_text.find("| Offered RPS | Sustained req/s | Aggregate tok/s | TTFT p50 / p95"), std::string::npos) << stdout_text;
   EXPECT_NE(stdout_text.find("tok/s/user"), std::string::npos);
   for (const char* f : {"bench.json", "bench.csv", "requests.csv", "report.md", "throughput_vs_interactivity.svg",
                         "ttft_vs_request_rate.svg", "ttft_vs_concurrency.svg"})
@@ -124,4 +124,28 @@ TEST(BenchE2E, ScaledDownAgenticAgainstGlmserveServe) {
   }
   EXPECT_EQ(j["totals"]["scheduled"], sent);
   EXPECT_EQ(j["totals"]["completed"].get<size_t>() + j["totals"]["failed"].get<size_t>(), sent);
+}
+
+// A run whose requests fail is no measurement: bench exits 1 saying how many failed (unless
+// --max-failure-rate allows them) and prints N/A, not zeros, for latencies with no success.
+TEST(BenchE2E, FailedRequestsGiveANonZeroExitAndNoLatencies) {
+  if (!has_command("bench")) GTEST_SKIP() << kBinary << " missing or without bench";
+  const auto out = std::filesystem::path(GLMS_BINARY_DIR) / "tests" / "bench" / "refused.out";
+  auto run = [&](const std::string& extra) {
+    // Port 1 refuses every connection at once.
+    const std::string cmd = kBinary + " bench --base-url http://127.0.0.1:1 --model m --tokenizer " + kModel +
+                            " --num-prompts 3 --input-len 8 --output-len 2 --request-rate inf --no-progress"
+                            " --no-metrics " + extra + " > " + out.string() + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    std::ifstream in(out);
+    return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+                          std::string(std::istreambuf_iterator<char>(in), {}));
+  };
+  const auto [status, text] = run("");
+  EXPECT_EQ(status, 1) << text;
+  EXPECT_NE(text.find("3 of 3 requests failed (100.0%), more than --max-failure-rate 0"), std::string::npos) << text;
+  EXPECT_NE(text.find("Median TTFT (ms):                        N/A"), std::string::npos) << text;
+  EXPECT_EQ(text.find("Median TTFT (ms):                        0.00"), std::string::npos) << text;
+  const auto [allowed, allowed_text] = run("--max-failure-rate 1");
+  EXPECT_EQ(allowed, 0) << allowed_text;
 }

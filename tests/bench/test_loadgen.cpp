@@ -230,7 +230,7 @@ TEST(RunBench, WritesTablesAndFilesAndAccountsForEveryRequest) {
     EXPECT_TRUE(m.accept_rate);  // the fake server's spec counters, differenced
     EXPECT_GT(m.output_throughput, 0);
   }
-  EXPECT_NE(out.report.find("Sustained RPS"), std::string::npos);
+  EXPECT_NE(out.report.find("Offered RPS"), std::string::npos);
   EXPECT_NE(out.report.find("tok/s/user"), std::string::npos);
   EXPECT_NE(out.report.find("injected failure"), std::string::npos);
   for (const char* f : {"bench.json", "bench.csv", "requests.csv", "report.md", "throughput_vs_interactivity.svg",

@@ -314,7 +314,7 @@ std::vector<LevelMetrics> sample_levels() {
 TEST(Report, TablesHaveTheWriteUpColumns) {
   const auto levels = sample_levels();
   const std::string t = rate_table({levels[0], levels[1], levels[2]});
-  EXPECT_NE(t.find("| Sustained RPS | Aggregate tok/s | TTFT p50 / p95"), std::string::npos) << t;
+  EXPECT_NE(t.find("| Offered RPS | Sustained req/s | Aggregate tok/s | TTFT p50 / p95"), std::string::npos) << t;
   EXPECT_NE(t.find("0.80 s / 2.20 s"), std::string::npos) << t;
   EXPECT_NE(t.find("100%"), std::string::npos);
   const std::string s = sweep_table({levels[3]});
