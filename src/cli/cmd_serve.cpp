@@ -11,6 +11,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <mutex>
 #include <optional>
 
 #include "cli/commands.h"
@@ -128,6 +129,32 @@ std::string cut_after_final_message(const std::string& prompt, const nlohmann::j
   return prompt.substr(0, at + text.size());
 }
 
+// Requests' own chat templates (vLLM's request field), compiled once each: the last few kept.
+class RequestTemplates {
+ public:
+  explicit RequestTemplates(std::string model_dir) : model_dir_(std::move(model_dir)) {}
+  std::shared_ptr<const ChatTemplate> get(const std::string& source) {
+    std::lock_guard lock(mutex_);
+    for (const auto& [text, compiled] : recent_)
+      if (text == source) return compiled;
+    std::shared_ptr<const ChatTemplate> compiled;
+    try {
+      compiled = std::make_shared<const ChatTemplate>(ChatTemplate::load(model_dir_, source));
+    } catch (const Error& e) {
+      server::bad_request(std::string("chat_template does not compile: ") + e.what(), "chat_template");
+    }
+    if (recent_.size() == kKept) recent_.erase(recent_.begin());
+    recent_.emplace_back(source, compiled);
+    return compiled;
+  }
+
+ private:
+  static constexpr size_t kKept = 8;
+  std::string model_dir_;
+  std::mutex mutex_;
+  std::vector<std::pair<std::string, std::shared_ptr<const ChatTemplate>>> recent_;
+};
+
 // vLLM's flags checked and turned into glmserve's settings: the model folder from the positional
 // form, readable sizes, the parsers GLM's own output format needs, and a line for each flag that
 // changes nothing here. Returns the notes to print.
@@ -211,9 +238,13 @@ void run_serve(ServeArgs args) {
   try {
     auto tmpl = std::make_shared<const ChatTemplate>(
         ChatTemplate::load(args.source.model_dir, chat_template_source(args.chat_template)));
-    renderer = [tmpl](const server::ChatRequest& r) {
+    auto request_templates = std::make_shared<RequestTemplates>(args.source.model_dir);
+    renderer = [tmpl, request_templates](const server::ChatRequest& r) {
       const std::string tools = r.tools && !r.tools->is_null() ? r.tools->dump() : std::string();
-      std::string prompt = tmpl->render(r.messages->dump(), tools, r.add_generation_prompt, r.template_kwargs->dump());
+      const std::shared_ptr<const ChatTemplate> chosen =
+          r.chat_template.empty() ? tmpl : request_templates->get(r.chat_template);
+      std::string prompt =
+          chosen->render(r.messages->dump(), tools, r.add_generation_prompt, r.template_kwargs->dump());
       if (r.continue_final_message) prompt = cut_after_final_message(prompt, *r.messages);
       return prompt;
     };

@@ -212,8 +212,7 @@ uint64_t Engine::submit(RequestParams params, OutputCallback on_output) {
   seq->tokens = params.prompt_ids;
   seq->prompt_len = static_cast<int>(params.prompt_ids.size());
   seq->sampler = Sampler(params.sampling.seed);
-  seq->speculates = impl_->config.speculative_steps > 0 && params.presence_penalty == 0.0f &&
-                    params.frequency_penalty == 0.0f && params.repetition_penalty == 1.0f;
+  seq->speculates = impl_->config.speculative_steps > 0 && !adjusts_logits(params);
   seq->params = std::move(params);
   seq->on_output = std::move(on_output);
   seq->arrival = Clock::now();

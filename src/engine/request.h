@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/sampler.h"
@@ -22,20 +23,27 @@ struct RequestParams {
   float repetition_penalty = 1.0f;     // vLLM/HF semantics, over prompt + generated tokens
   int top_logprobs = -1;               // -1: no logprobs; 0: the chosen token's; k: plus top k
   double timeout_seconds = 0.0;        // 0 = none; past it the request ends with "timeout"
+  std::vector<std::pair<int32_t, float>> logit_bias;  // added to those tokens' logits before drawing
+  int min_tokens = 0;                  // EOS and stop_token_ids are held back until this many tokens
 };
 
+// Whether anything adjusts a request's logits before its token is drawn (penalties, logit_bias,
+// min_tokens): then the logits come back to the host.
+inline bool adjusts_logits(const RequestParams& p) {
+  return p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f ||
+         !p.logit_bias.empty() || p.min_tokens > 0;
+}
+
 // Whether a request's next token is the argmax of its logits and nothing else reads them
-// (temperature 0, no penalties, no logprobs): a step then returns only that row's argmax.
+// (temperature 0, nothing adjusting them, no logprobs): a step then returns only that row's argmax.
 inline bool greedy_only(const RequestParams& p) {
-  return p.sampling.temperature <= 0.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
-         p.repetition_penalty == 1.0f && p.top_logprobs < 0;
+  return p.sampling.temperature <= 0.0f && !adjusts_logits(p) && p.top_logprobs < 0;
 }
 
 // Whether a request samples (temperature above 0) with nothing else reading its logits (no
-// penalties, no logprobs): a step can then draw its token where the logits are.
+// adjustment, no logprobs): a step can then draw its token where the logits are.
 inline bool plainly_sampled(const RequestParams& p) {
-  return p.sampling.temperature > 0.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
-         p.repetition_penalty == 1.0f && p.top_logprobs < 0;
+  return p.sampling.temperature > 0.0f && !adjusts_logits(p) && p.top_logprobs < 0;
 }
 
 struct TokenLogprob {

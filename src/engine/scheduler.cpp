@@ -8,6 +8,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 
 #include "core/error.h"
@@ -310,7 +311,7 @@ int32_t Scheduler::draw_token(Sequence& seq, const float* raw_logits) {
   const RequestParams& p = seq.params;
   const float* logits = raw_logits;
   std::vector<float> adjusted;
-  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f) {
+  if (adjusts_logits(p)) {
     adjusted.assign(raw_logits, raw_logits + model_.vocab_size);
     if (p.repetition_penalty != 1.0f) {
       std::vector<bool> seen(model_.vocab_size, false);
@@ -320,6 +321,15 @@ int32_t Scheduler::draw_token(Sequence& seq, const float* raw_logits) {
     }
     for (const auto& [token, count] : seq.generated_counts)
       adjusted[token] -= p.presence_penalty + p.frequency_penalty * static_cast<float>(count);
+    for (const auto& [token, bias] : p.logit_bias)
+      if (token >= 0 && token < model_.vocab_size) adjusted[token] += bias;
+    if (seq.num_generated() < p.min_tokens) {
+      constexpr float kNever = -std::numeric_limits<float>::infinity();
+      if (!p.ignore_eos)
+        for (int32_t id : model_.eos_token_ids) adjusted[id] = kNever;
+      for (int32_t id : p.stop_token_ids)
+        if (id >= 0 && id < model_.vocab_size) adjusted[id] = kNever;
+    }
     logits = adjusted.data();
   }
   return seq.sampler.sample(logits, model_.vocab_size, p.sampling);

@@ -260,6 +260,13 @@ engine::RequestParams ApiService::base_params(const SamplingFields& s, const std
       bad_request("stop_token_ids: " + std::to_string(id) + " is outside the vocabulary (size " +
                       std::to_string(backend_.vocab_size()) + ")",
                   "stop_token_ids");
+  for (const auto& [id, bias] : s.logit_bias)
+    if (id >= backend_.vocab_size())
+      bad_request("logit_bias: " + std::to_string(id) + " is outside the vocabulary (size " +
+                      std::to_string(backend_.vocab_size()) + ")",
+                  "logit_bias");
+  p.logit_bias = s.logit_bias;
+  p.min_tokens = std::min(s.min_tokens, p.max_tokens);
   return p;
 }
 

@@ -3,6 +3,7 @@
 #include "text/utf8.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -157,12 +158,45 @@ void parse_sampling(const json& doc, SamplingFields& s, const ParseLimits& limit
     if (type && *type != "text")
       bad_request("response_format type '" + *type + "' is not supported (only 'text')", "response_format");
   }
+  if (const json* v = field(doc, "logit_bias")) {
+    if (!v->is_object()) wrong_type("logit_bias", "an object of token id -> bias", *v);
+    for (const auto& [key, bias] : v->items()) {
+      char* end = nullptr;
+      const long long id = std::strtoll(key.c_str(), &end, 10);
+      if (key.empty() || *end != '\0' || id < 0 || id > INT32_MAX)
+        bad_request("logit_bias: '" + key + "' is not a token id", "logit_bias");
+      if (!bias.is_number() || !std::isfinite(bias.get<double>()) || std::fabs(bias.get<double>()) > 100.0)
+        bad_request("logit_bias: the bias of token " + key + " must be a number in [-100, 100]", "logit_bias");
+      s.logit_bias.emplace_back(static_cast<int32_t>(id), bias.get<float>());
+    }
+  }
+  if (auto v = get_int(doc, "min_tokens", 0, 1 << 30)) {
+    s.min_tokens = static_cast<int>(*v);
+    if (s.max_tokens && s.min_tokens > *s.max_tokens)
+      bad_request("min_tokens (" + std::to_string(s.min_tokens) + ") must not exceed max_tokens (" +
+                      std::to_string(*s.max_tokens) + ")",
+                  "min_tokens");
+  }
+  if (auto v = get_int(doc, "best_of", 1, limits.max_n)) {
+    if (*v < s.n) bad_request("best_of must be at least n", "best_of");
+    if (*v > s.n)
+      bad_request("best_of larger than n is not supported: glmserve returns every sequence it generates (set n to " +
+                      std::to_string(*v) + " and pick among the choices)",
+                  "best_of");
+  }
+  // Fields glmserve does not implement yet: refused by name rather than ignored.
+  for (const char* name : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+                           "guided_whitespace_pattern", "structured_outputs", "prompt_logprobs", "suffix",
+                           "allowed_token_ids", "bad_words", "logits_processors"})
+    if (field(doc, name))
+      bad_request(std::string(name) + " is not supported by glmserve yet (docs/api.md lists the fields it takes)", name);
   if (const json* v = field(doc, "user"); v && !v->is_string()) wrong_type("user", "a string", *v);
   if (!chat) {
     if (auto v = get_int(doc, "logprobs", 0, limits.max_top_logprobs)) s.logprobs = static_cast<int>(*v);
   } else {
     const bool want = get_bool(doc, "logprobs").value_or(false);
     const auto top = get_int(doc, "top_logprobs", 0, limits.max_top_logprobs);
+    if (top && !want) bad_request("top_logprobs needs logprobs: true", "top_logprobs");
     if (want) s.logprobs = static_cast<int>(top.value_or(0));
   }
 }
@@ -369,6 +403,10 @@ ChatRequest parse_chat_request(std::string_view body, const ParseLimits& limits)
   req.template_kwargs = std::make_shared<const json>(std::move(kwargs));
   if (auto v = get_bool(doc, "add_generation_prompt")) req.add_generation_prompt = *v;
   if (auto v = get_bool(doc, "continue_final_message")) req.continue_final_message = *v;
+  if (auto v = get_string(doc, "chat_template")) {
+    if (v->empty()) bad_request("chat_template must not be empty", "chat_template");
+    req.chat_template = *v;
+  }
   if (req.continue_final_message && req.add_generation_prompt && field(doc, "add_generation_prompt"))
     bad_request("continue_final_message and add_generation_prompt cannot both be true", "continue_final_message");
   if (req.continue_final_message) req.add_generation_prompt = false;
@@ -381,6 +419,8 @@ CompletionRequest parse_completion_request(std::string_view body, const ParseLim
   CompletionRequest req;
   parse_sampling(doc, req.sampling, limits, false);
   if (auto v = get_bool(doc, "echo")) req.echo = *v;
+  if (req.echo && req.sampling.logprobs >= 0)
+    bad_request("echo with logprobs needs the prompt's logprobs, which glmserve does not compute yet", "echo");
   const json* p = field(doc, "prompt");
   if (!p) bad_request("prompt is required", "prompt");
   auto id_list = [](const json& arr, const std::string& at) {

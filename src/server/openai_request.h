@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -47,6 +48,8 @@ struct SamplingFields {
   bool skip_special_tokens = true;
   bool include_stop_str_in_output = false;
   int logprobs = -1;                // -1 none; else number of top alternatives (0 = chosen only)
+  std::vector<std::pair<int32_t, float>> logit_bias;  // added to the token's logit before sampling
+  int min_tokens = 0;               // EOS and stop_token_ids are held back until this many tokens
 };
 
 struct ChatRequest {
@@ -57,6 +60,7 @@ struct ChatRequest {
   std::shared_ptr<const nlohmann::json> template_kwargs;  // object (chat_template_kwargs)
   bool add_generation_prompt = true;
   bool continue_final_message = false;
+  std::string chat_template;        // a request's own Jinja template (vLLM's field), empty: the model's
 };
 
 using Prompt = std::variant<std::string, std::vector<int32_t>>;

@@ -259,3 +259,28 @@ TEST_F(EngineTest, DrainFinishesInFlightRequests) {
   EXPECT_EQ(b.get().last.finish_reason, "length");
   EXPECT_THROW(engine->submit(greedy_request({5}, 2), nullptr), Error);
 }
+
+TEST_F(EngineTest, LogitBiasAndMinTokensShapeTheDraws) {
+  engine::Engine engine(*model_, {});
+  const auto prompt = random_tokens(12, 97, 5);
+  const auto expected = alone(prompt, 6);
+  // A large bias makes its token the greedy pick at every step; a small one moves nothing.
+  engine::RequestParams biased = greedy_request(prompt, 6);
+  const int32_t favourite = (expected[0] + 7) % 97;
+  biased.logit_bias = {{favourite, 100.0f}};
+  EXPECT_EQ(Pending(engine, biased).get().tokens, std::vector<int32_t>(6, favourite));
+  biased.logit_bias = {{favourite, 1e-6f}};
+  EXPECT_EQ(Pending(engine, biased).get().tokens, expected);
+  // A stop id the greedy run emits first: without min_tokens the request ends there, with it the
+  // id is held back for min_tokens tokens (the other draws follow the adjusted logits).
+  engine::RequestParams stop = greedy_request(prompt, 6);
+  stop.stop_token_ids = {expected[0]};
+  const Collected stopped = Pending(engine, stop).get();
+  EXPECT_EQ(stopped.tokens.size(), 1u);
+  EXPECT_EQ(stopped.last.finish_reason, "stop");
+  stop.min_tokens = 4;
+  const Collected held = Pending(engine, stop).get();
+  ASSERT_GE(held.tokens.size(), 5u);
+  for (int i = 0; i < 4; ++i) EXPECT_NE(held.tokens[i], expected[0]) << "token " << i;
+  expect_idle(engine);
+}

@@ -1,6 +1,7 @@
 // Schema tests: every accepted field and every rejected input of the request parser.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
@@ -220,9 +221,8 @@ TEST(CompletionRequest, PromptForms) {
   EXPECT_EQ(batch.prompts.size(), 2u);
   const auto id_batch = parse_completion_request(R"({"prompt": [[1], [2, 3]]})");
   EXPECT_EQ(id_batch.prompts.size(), 2u);
-  const auto lp = parse_completion_request(R"({"prompt": "a", "logprobs": 3, "echo": true})");
+  const auto lp = parse_completion_request(R"({"prompt": "a", "logprobs": 3})");
   EXPECT_EQ(lp.sampling.logprobs, 3);
-  EXPECT_TRUE(lp.echo);
 }
 
 TEST(CompletionRequest, BadPrompts) {
@@ -255,4 +255,62 @@ TEST(BodyText, NumberOverflowIsABadRequest) {
   const std::string args = R"({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f",
       "arguments": "{\"x\": 1e999}"}}]}]})";
   EXPECT_EQ(error_of([&] { parse_chat_request(args); }).param, "messages[0].tool_calls[0].function.arguments");
+}
+
+TEST(ChatRequest, LogitBiasMinTokensBestOfAndARequestTemplate) {
+  json doc = chat_base();
+  doc["logit_bias"] = {{"5", 2.5}, {"17", -100}};
+  doc["min_tokens"] = 3;
+  doc["max_tokens"] = 8;
+  doc["n"] = 2;
+  doc["best_of"] = 2;
+  doc["chat_template"] = "{% for m in messages %}{{ m.content }}{% endfor %}";
+  const ChatRequest r = parse_chat_request(doc.dump());
+  auto bias = r.sampling.logit_bias;
+  std::sort(bias.begin(), bias.end());
+  EXPECT_EQ(bias, (std::vector<std::pair<int32_t, float>>{{5, 2.5f}, {17, -100.0f}}));
+  EXPECT_EQ(r.sampling.min_tokens, 3);
+  EXPECT_EQ(r.chat_template, doc["chat_template"]);
+  const std::vector<BadField> bad = {{"logit_bias", json::array()},
+                                     {"logit_bias", {{"x", 1}}},
+                                     {"logit_bias", {{"-3", 1}}},
+                                     {"logit_bias", {{"3", 101}}},
+                                     {"logit_bias", {{"3", "big"}}},
+                                     {"min_tokens", -1},
+                                     {"min_tokens", 9},  // more than max_tokens
+                                     {"best_of", 1},     // fewer than n
+                                     {"best_of", 3},     // more than n: not generated and dropped
+                                     {"chat_template", ""},
+                                     {"chat_template", 5}};
+  for (const BadField& b : bad) {
+    json d = doc;
+    d[b.name] = b.value;
+    const ApiError e = chat_error(d);
+    EXPECT_EQ(e.status, 400) << b.name << " = " << b.value;
+    EXPECT_EQ(e.param, b.name) << b.name << " = " << b.value << ": " << e.message;
+  }
+}
+
+TEST(ChatRequest, FieldsNotImplementedAreRefusedByName) {
+  for (const char* name : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+                           "prompt_logprobs", "suffix", "allowed_token_ids", "bad_words"}) {
+    json doc = chat_base();
+    doc[name] = json::object();
+    const ApiError e = chat_error(doc);
+    EXPECT_EQ(e.status, 400) << name;
+    EXPECT_EQ(e.param, name);
+    EXPECT_NE(e.message.find("not supported"), std::string::npos) << e.message;
+  }
+  json doc = chat_base();
+  doc["top_logprobs"] = 3;  // without logprobs: true
+  EXPECT_EQ(chat_error(doc).param, "top_logprobs");
+  doc["logprobs"] = true;
+  EXPECT_EQ(parse_chat_request(doc.dump()).sampling.logprobs, 3);
+}
+
+TEST(CompletionRequest, EchoWithLogprobsIsRefused) {
+  const ApiError e = completion_error({{"prompt", "a"}, {"echo", true}, {"logprobs", 2}});
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "echo");
+  EXPECT_TRUE(parse_completion_request(json{{"prompt", "a"}, {"echo", true}}.dump()).echo);
 }
