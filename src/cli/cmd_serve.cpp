@@ -119,8 +119,8 @@ std::string cut_after_final_message(const std::string& prompt, const nlohmann::j
   if (content.is_string()) {
     text = content.get<std::string>();
   } else if (content.is_array()) {
-    for (const auto& part : content)
-      if (part.contains("text") && part["text"].is_string()) text = part["text"].get<std::string>();
+    for (const auto& part : content)  // the template concatenates the parts
+      if (part.contains("text") && part["text"].is_string()) text += part["text"].get<std::string>();
   }
   const size_t at = text.empty() ? std::string::npos : prompt.rfind(text);
   if (at == std::string::npos)

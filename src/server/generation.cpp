@@ -14,7 +14,8 @@
 
 namespace glms::server {
 
-using nlohmann::json;
+// Insertion order kept: completions top_logprobs list the likeliest token first, as vLLM and OpenAI do.
+using json = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
 namespace {

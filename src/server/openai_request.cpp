@@ -201,17 +201,18 @@ void parse_sampling(const json& doc, SamplingFields& s, const ParseLimits& limit
   }
 }
 
-// Flattens OpenAI content (string or text parts) into a string; null stays null.
+// Validates OpenAI content: a string, null, or a list of text parts, which the chat template
+// gets as a list of {"type": "text", "text"} (as Hugging Face passes it: GLM's template
+// concatenates the parts).
 json normalise_content(const json& content, const std::string& where) {
   if (content.is_null() || content.is_string()) return content;
   if (!content.is_array()) wrong_type(where, "a string or an array of content parts", content);
-  std::string text;
+  json parts = json::array();
   for (size_t i = 0; i < content.size(); ++i) {
     const json& part = content[i];
     const std::string at = where + "[" + std::to_string(i) + "]";
     if (part.is_string()) {
-      if (!text.empty()) text += "\n";
-      text += part.get<std::string>();
+      parts.push_back({{"type", "text"}, {"text", part.get<std::string>()}});
       continue;
     }
     if (!part.is_object()) wrong_type(at, "a content part object", part);
@@ -220,10 +221,9 @@ json normalise_content(const json& content, const std::string& where) {
     if (*type != "text") bad_request(at + ": content part type '" + *type + "' is not supported (only 'text')", at + ".type");
     const auto value = get_string(part, "text");
     if (!value) bad_request(at + ".text is required", at + ".text");
-    if (!text.empty()) text += "\n";
-    text += *value;
+    parts.push_back({{"type", "text"}, {"text", *value}});
   }
-  return text;
+  return parts;
 }
 
 json normalise_tool_calls(const json& calls, const std::string& where) {

@@ -93,7 +93,8 @@ TEST(ChatRequest, MessagesAreNormalised) {
   const ChatRequest r = parse_chat_request(doc.dump());
   const json& m = *r.messages;
   EXPECT_EQ(m[0]["role"], "system");
-  EXPECT_EQ(m[1]["content"], "a\nb");
+  // Text parts reach the template as a list (Hugging Face's form), not joined.
+  EXPECT_EQ(m[1]["content"], json::parse(R"([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}])"));
   EXPECT_TRUE(m[2]["content"].is_null());
   EXPECT_EQ(m[2]["reasoning_content"], "think");
   EXPECT_EQ(m[2]["tool_calls"][0]["function"]["arguments"]["x"], 1);

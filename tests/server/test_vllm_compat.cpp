@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "service_fixture.h"
+#include "server/openai_request.h"
+#include "text/chat_template.h"
 
 using namespace glms;
 using glms::test::chat;
@@ -101,4 +103,32 @@ TEST(VllmCompat, TheServerSeedFixesTheDrawsOfRequestsWithoutOne) {
   EXPECT_NE(a, c);
   EXPECT_NE(a[0], a[1]);  // each request its own draw
   EXPECT_NE(a, d);
+}
+
+TEST(VllmCompat, ContentPartsReachTheTemplateAsAList) {
+  // GLM's template concatenates text parts, as transformers renders them.
+  const ChatTemplate tmpl = ChatTemplate::load(GLMS_SOURCE_DIR "/models/glm5-tiny-code");
+  const server::ChatRequest r = server::parse_chat_request(
+      R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "first"}, "second"]}]})");
+  const std::string prompt = tmpl.render(r.messages->dump(), "", true);
+  EXPECT_NE(prompt.find("firstsecond"), std::string::npos) << prompt;
+}
+
+TEST(VllmCompat, CompletionTopLogprobsListTheLikeliestFirst) {
+  Fixture f;
+  f.say("def add(a, b):");
+  // The body's text, not a parsed object (which would sort its keys): likeliest first.
+  auto r = f.call("POST", "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 3}, {"logprobs", 4}}.dump());
+  ASSERT_EQ(r->response.status, 200) << r->response.body;
+  const auto ordered = nlohmann::ordered_json::parse(r->response.body);
+  const auto& tops = ordered["choices"][0]["logprobs"]["top_logprobs"];
+  ASSERT_FALSE(tops.empty());
+  for (const auto& top : tops) {
+    ASSERT_EQ(top.size(), 4u) << top.dump();
+    double previous = 1.0;
+    for (const auto& [token, logprob] : top.items()) {
+      EXPECT_LE(logprob.get<double>(), previous) << top.dump();
+      previous = logprob.get<double>();
+    }
+  }
 }
