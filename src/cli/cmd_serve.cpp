@@ -48,7 +48,7 @@ struct ServeArgs {
   std::vector<std::string> served_model_names;
   // vLLM's flags that change nothing here or only pick what glmserve does anyway (a note each).
   bool enable_prefix_caching = false, no_prefix_caching = false, auto_tool_choice = false, trust_remote_code = false,
-       disable_log_requests = false;
+       disable_log_requests = false, vllm_metric_names = false;
   std::string tool_call_parser, reasoning_parser, dtype = "auto", chat_template, generation_config = "auto";
   std::optional<uint64_t> seed;
   int max_waiting = 0;
@@ -296,6 +296,7 @@ void run_serve(ServeArgs args) {
   }
   config.api_keys = api_keys_of(args);
   config.seed = args.seed;
+  config.vllm_metric_names = args.vllm_metric_names;
   config.jwt_secret = args.jwt_secret;
   config.request_timeout_seconds = args.request_timeout;
   config.max_body_bytes = args.max_body_bytes;
@@ -422,6 +423,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_flag("--no-enable-prefix-caching", args->no_prefix_caching, "Turn the prefix cache off");
   cmd->add_flag("--trust-remote-code", args->trust_remote_code, "Accepted, no effect (no checkpoint code is run)");
   cmd->add_flag("--disable-log-requests", args->disable_log_requests, "Accepted (request contents are never logged)");
+  cmd->add_flag("--vllm-metric-names", args->vllm_metric_names,
+                "/metrics also under vLLM's names (vllm:...), for existing dashboards");
   cmd->callback([args]() { run_serve(*args); });
 }
 

@@ -41,6 +41,9 @@ struct RankStats {
   int64_t prefix_cache_hits = 0;    // prompt tokens found
 };
 
+// vLLM's iteration_tokens_total buckets.
+inline const std::vector<double> kIterationTokenBuckets = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
+
 // Counters and gauges for /metrics and the bench; a consistent snapshot. The cache figures sum
 // over the data-parallel ranks, which `ranks` lists one by one.
 struct EngineStats {
@@ -56,6 +59,10 @@ struct EngineStats {
   int64_t generation_tokens_total = 0;
   int64_t num_preemptions = 0;
   int64_t steps = 0;
+  // Tokens per engine step (all data-parallel ranks), vLLM's iteration_tokens_total: counts per
+  // bucket of kIterationTokenBuckets (upper bounds; one more for larger), and their sum.
+  std::vector<int64_t> iteration_tokens;
+  int64_t iteration_tokens_sum = 0;
   // Speculative decoding: verification steps (one per speculating sequence and step), drafts
   // proposed and accepted, and per draft position (0-based) how many were accepted (vLLM's
   // spec_decode counters; acceptance length = 1 + accepted / verification steps).

@@ -69,6 +69,10 @@ struct RequestOutput {
   int prompt_tokens = 0;
   int cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
   int completion_tokens = 0;     // generated so far
+  // With `finished` (vLLM's request phases, seconds; 0 for a phase the request never reached):
+  // waiting before its first step, first step to first token, first token to the end, and
+  // first step to the end.
+  double queued_seconds = 0, prefill_seconds = 0, decode_seconds = 0, inference_seconds = 0;
 };
 
 // Called on the engine's thread; must not block for long (hand the output to the connection).

@@ -81,6 +81,25 @@ std::vector<uint64_t> Scheduler::request_ids() const {
 }
 
 void Scheduler::emit(const Sequence& seq, RequestOutput out) {
+  if (out.finished) {
+    // The request's phases, as vLLM's metrics split them.
+    const Clock::time_point end = Clock::now();
+    auto seconds = [](Clock::time_point from, Clock::time_point to) {
+      return std::max(0.0, std::chrono::duration<double>(to - from).count());
+    };
+    if (seq.admitted_once) {
+      out.queued_seconds = seconds(seq.arrival, seq.scheduled);
+      out.inference_seconds = seconds(seq.scheduled, end);
+      if (seq.num_generated() > 0) {
+        out.prefill_seconds = seconds(seq.scheduled, seq.first_token);
+        out.decode_seconds = seconds(seq.first_token, end);
+      } else {
+        out.prefill_seconds = out.inference_seconds;
+      }
+    } else {
+      out.queued_seconds = seconds(seq.arrival, end);
+    }
+  }
   if (seq.on_output) outbox_.emplace_back(seq.on_output, std::move(out));
 }
 
@@ -250,6 +269,7 @@ void Scheduler::admit(StepPlan& plan, std::vector<int>& budgets) {
       counters_.prompt_tokens_total += seq.prompt_len;
       rank.blocks.record_lookup(seq.prompt_len, seq.cached_prompt_tokens);
     }
+    if (!seq.admitted_once) seq.scheduled = Clock::now();
     seq.admitted_once = true;
     seq.rank = admitted_on;
     const int count = std::min(seq.pending(), budgets[admitted_on]);
@@ -341,6 +361,7 @@ bool Scheduler::report_token(Sequence& seq, int32_t token_id, const float* raw_l
   generated.token = token_id;
   if (p.top_logprobs >= 0) fill_logprobs(raw_logits, model_.vocab_size, p.top_logprobs, generated);
   seq.tokens.push_back(generated.token);
+  if (seq.num_generated() == 1) seq.first_token = Clock::now();
   ++seq.generated_counts[generated.token];
   ++counters_.generation_tokens_total;
 
@@ -365,6 +386,14 @@ bool Scheduler::report_token(Sequence& seq, int32_t token_id, const float* raw_l
 
 void Scheduler::postprocess(StepPlan& plan, std::vector<runtime::RankResult>& results, const std::string& error) {
   ++counters_.steps;
+  int64_t step_tokens = 0;
+  for (const std::vector<ScheduledSequence>& rank : plan.ranks)
+    for (const ScheduledSequence& s : rank) step_tokens += s.count;
+  if (counters_.iteration_tokens.empty()) counters_.iteration_tokens.assign(kIterationTokenBuckets.size() + 1, 0);
+  size_t bucket = 0;
+  while (bucket < kIterationTokenBuckets.size() && double(step_tokens) > kIterationTokenBuckets[bucket]) ++bucket;
+  ++counters_.iteration_tokens[bucket];
+  counters_.iteration_tokens_sum += step_tokens;
   for (size_t r = 0; r < plan.ranks.size(); ++r) {
     if (plan.ranks[r].empty()) continue;
     if (!error.empty()) {

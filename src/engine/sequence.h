@@ -37,7 +37,9 @@ struct Sequence {
   int mtp_next = 0;
   std::vector<float> mtp_hidden;
 
-  Clock::time_point arrival;
+  Clock::time_point arrival;      // submitted
+  Clock::time_point scheduled;    // first admitted to a step (admitted_once)
+  Clock::time_point first_token;  // its first generated token reported (num_generated() >= 1)
 
   int num_generated() const { return static_cast<int>(tokens.size()) - prompt_len; }
   // Tokens still to run through the model before the next sample.

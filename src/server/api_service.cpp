@@ -42,6 +42,16 @@ HttpResponse error_response(const ApiError& e) {
   return r;
 }
 
+std::string handler_label(const std::string& path) {
+  // Served paths by name; everything else as one label (no unbounded label values).
+  static const char* const kServed[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize",
+                                        "/detokenize", "/health", "/ping", "/metrics", "/version"};
+  for (const char* served : kServed)
+    if (path == served) return path;
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{model}";
+  return "other";
+}
+
 }  // namespace
 
 std::string ApiError::type() const {
@@ -117,7 +127,7 @@ void ApiService::handle(const HttpRequest& request, std::shared_ptr<Responder> r
     response = error_response(ApiError{500, "internal error", "", 0.0});
   }
   if (answered) return;
-  metrics_->count_http(response.status);
+  metrics_->count_http(response.status, handler_label(request.path()), request.method);
   responder->reply(std::move(response));
 }
 
@@ -136,7 +146,7 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
     if (!is_get) throw_api(405, "Method Not Allowed");
     HttpResponse r;
     r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    r.body = metrics_->render(backend_.stats());
+    r.body = metrics_->render(backend_.stats(), config_.vllm_metric_names);
     return r;
   }
   if (path == "/version") {
@@ -199,7 +209,7 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
 
   if (path == "/v1/chat/completions") start_chat(request, responder);
   else start_completion(request, responder);
-  metrics_->count_http(200);
+  metrics_->count_http(200, path, request.method);
   answered = true;
   return {};
 }

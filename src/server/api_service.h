@@ -33,6 +33,7 @@ struct ServiceConfig {
   std::string served_model_name = "glm5";   // the id responses carry
   std::vector<std::string> model_aliases;   // more ids requests may name (serve --served-model-name A B)
   std::optional<uint64_t> seed;             // seeds the draws of requests without a seed (serve --seed)
+  bool vllm_metric_names = false;           // /metrics also under vLLM's prefix (serve --vllm-metric-names)
   std::string version = "0.1.0";
   size_t max_body_bytes = 8u << 20;
   ParseLimits parse_limits;

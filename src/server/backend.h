@@ -30,6 +30,14 @@ struct BackendStats {
   int64_t spec_draft_tokens = 0;     // accepted, and accepted by draft position (empty without
   int64_t spec_accepted_tokens = 0;  // speculation)
   std::vector<int64_t> spec_accepted_per_position;
+  // Tokens per engine step: counts per bucket of `iteration_token_buckets` (one more for larger).
+  std::vector<double> iteration_token_buckets;
+  std::vector<int64_t> iteration_tokens;
+  int64_t iteration_tokens_sum = 0;
+  // The cache's configuration (vLLM's cache_config_info).
+  int block_size = 0;
+  bool prefix_caching = true;
+  double gpu_memory_utilization = 0;
 };
 
 class Backend {

@@ -30,6 +30,12 @@ class EngineBackend final : public Backend {
     out.spec_draft_tokens = s.spec_draft_tokens;
     out.spec_accepted_tokens = s.spec_accepted_tokens;
     out.spec_accepted_per_position = s.spec_accepted_per_position;
+    out.iteration_token_buckets = engine::kIterationTokenBuckets;
+    out.iteration_tokens = s.iteration_tokens;
+    out.iteration_tokens_sum = s.iteration_tokens_sum;
+    out.block_size = engine_.config().block_size;
+    out.prefix_caching = engine_.config().enable_prefix_cache;
+    out.gpu_memory_utilization = engine_.config().gpu_memory_utilization;
     return out;
   }
   int max_model_len() const override {

@@ -42,6 +42,7 @@ struct Generation::Choice {
   bool engine_finished = false;  // the engine sent its final output (nothing to cancel)
   bool done = false;             // our response for this choice is complete
   bool final_sent = false;
+  bool timed_out = false;        // the engine ended it at --request-timeout (API: "length")
   std::string finish_reason;
   json stop_reason = nullptr;
   std::string error;
@@ -183,7 +184,7 @@ void Generation::finish_choice(Choice& c, const std::string& reason) {
   metrics_.e2e_request_latency.observe(seconds_between(c.submitted_at, now));
   metrics_.request_prompt_tokens.observe(c.prompt_tokens);
   metrics_.request_generation_tokens.observe(c.completion_tokens);
-  metrics_.count_finished(reason == "tool_calls" ? "stop" : reason);
+  metrics_.count_finished(c.timed_out ? "timeout" : reason == "tool_calls" ? "stop" : reason);
 }
 
 void Generation::on_output(size_t index, const engine::RequestOutput& out) {
@@ -196,7 +197,10 @@ void Generation::on_output(size_t index, const engine::RequestOutput& out) {
     std::lock_guard lock(state_->mu);
     if (state_->failed || index >= state_->choices.size()) return;
     Choice& c = state_->choices[index];
-    if (out.finished) c.engine_finished = true;
+    if (out.finished) {
+      c.engine_finished = true;
+      metrics_.observe_request_phases(out);
+    }
     if (c.done) return;
     if (out.prompt_tokens > 0) c.prompt_tokens = out.prompt_tokens;
     c.cached_tokens = out.cached_prompt_tokens;
@@ -276,6 +280,7 @@ void Generation::on_output(size_t index, const engine::RequestOutput& out) {
       // OpenAI clients know stop / length / tool_calls: a request cut by --request-timeout is
       // reported as truncated ("length"); the metrics keep the engine's "timeout".
       final_reason = stopped ? "stop" : out.finish_reason == "timeout" ? "length" : out.finish_reason;
+      c.timed_out = !stopped && out.finish_reason == "timeout";
       if (out.finish_reason == "error") c.error = out.error.empty() ? "generation failed" : out.error;
     }
     // Route the released text.

@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "server/api_error.h"
 #include "server/api_service.h"
+#include "server/metrics.h"
 #include "server/http_server.h"
 
 namespace glms::server {
@@ -207,6 +208,7 @@ struct HttpServer::Impl {
         HttpResponse r;
         r.status = error.status;
         r.body = error_body(error);
+        service.metrics().count_http(error.status, "", "");  // answered before the request was read
         co_await write_plain(stream, r, false, 11);
         break;
       }

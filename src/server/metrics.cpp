@@ -47,6 +47,7 @@ std::vector<double> e2e_buckets() {
   return {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
           960.0, 1920.0, 7680.0};
 }
+std::vector<double> tpot_buckets() { return itl_buckets(); }  // vLLM's time_per_output_token buckets
 std::vector<double> token_buckets() {
   return {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000};
 }
@@ -144,6 +145,11 @@ ServerMetrics::ServerMetrics(std::string model_name)
       e2e_request_latency(e2e_buckets()),
       request_prompt_tokens(token_buckets()),
       request_generation_tokens(token_buckets()),
+      request_queue_time(e2e_buckets()),
+      request_prefill_time(e2e_buckets()),
+      request_decode_time(e2e_buckets()),
+      request_inference_time(e2e_buckets()),
+      request_time_per_output_token(tpot_buckets()),
       labels_("model_name=\"" + escape_label(model_name) + "\"") {}
 
 void ServerMetrics::count_finished(const std::string& finish_reason) {
@@ -151,12 +157,51 @@ void ServerMetrics::count_finished(const std::string& finish_reason) {
   ++finished_[finish_reason];
 }
 
-void ServerMetrics::count_http(int status) {
+void ServerMetrics::count_http(int status, const std::string& handler, const std::string& method) {
   std::lock_guard lock(mu_);
-  ++http_[status];
+  ++http_[{handler, method, status}];
 }
 
-std::string ServerMetrics::render(const BackendStats& s) const {
+void ServerMetrics::observe_request_phases(const engine::RequestOutput& out) {
+  request_queue_time.observe(out.queued_seconds);
+  request_prefill_time.observe(out.prefill_seconds);
+  request_decode_time.observe(out.decode_seconds);
+  request_inference_time.observe(out.inference_seconds);
+  if (out.completion_tokens > 1)
+    request_time_per_output_token.observe(out.decode_seconds / static_cast<double>(out.completion_tokens - 1));
+}
+
+std::string ServerMetrics::render(const BackendStats& s, bool also_vllm_names) const {
+  std::string out = render_prefixed(s);
+  if (also_vllm_names) {
+    // The same lines under vLLM's prefix: names only (HELP, TYPE and samples).
+    std::string copy;
+    size_t at = 0;
+    while (at < out.size()) {
+      const size_t end = out.find('\n', at);
+      std::string line = out.substr(at, end - at);
+      for (size_t p = line.find("glmserve:"); p != std::string::npos; p = line.find("glmserve:", p + 5))
+        line.replace(p, 9, "vllm:");
+      copy += line + "\n";
+      at = end == std::string::npos ? out.size() : end + 1;
+    }
+    out += copy;
+  }
+  const ProcessStats p = read_process_stats();
+  auto process = [&](const char* name, const char* type, const char* help, double v) {
+    head(out, name, type, help);
+    sample(out, name, "", v);
+  };
+  process("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", p.resident_bytes);
+  process("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", p.virtual_bytes);
+  process("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.", p.cpu_seconds);
+  process("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.",
+          p.start_time);
+  process("process_open_fds", "gauge", "Number of open file descriptors.", p.open_fds);
+  return out;
+}
+
+std::string ServerMetrics::render_prefixed(const BackendStats& s) const {
   std::string out;
   const std::string& l = labels_;
   auto gauge = [&](const char* name, const char* help, double v) {
@@ -204,9 +249,14 @@ std::string ServerMetrics::render(const BackendStats& s) const {
     for (const auto& [reason, n] : finished)
       sample(out, "glmserve:request_success_total", l + ",finished_reason=\"" + escape_label(reason) + "\"",
              static_cast<double>(n));
-    head(out, "glmserve:http_requests_total", "counter", "HTTP responses by status code.");
-    for (const auto& [status, n] : http_)
-      sample(out, "glmserve:http_requests_total", "status=\"" + std::to_string(status) + "\"", static_cast<double>(n));
+    head(out, "glmserve:http_requests_total", "counter", "HTTP responses by handler, method and status code.");
+    for (const auto& [key, n] : http_) {
+      const auto& [handler, method, status] = key;
+      sample(out, "glmserve:http_requests_total",
+             "handler=\"" + escape_label(handler) + "\",method=\"" + escape_label(method) + "\",status=\"" +
+                 std::to_string(status) + "\"",
+             static_cast<double>(n));
+    }
   }
   histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.", time_to_first_token);
   histogram("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", inter_token_latency);
@@ -214,18 +264,34 @@ std::string ServerMetrics::render(const BackendStats& s) const {
   histogram("request_prompt_tokens", "Number of prefill tokens processed per request.", request_prompt_tokens);
   histogram("request_generation_tokens", "Number of generation tokens processed per request.",
             request_generation_tokens);
-
-  const ProcessStats p = read_process_stats();
-  auto process = [&](const char* name, const char* type, const char* help, double v) {
-    head(out, name, type, help);
-    sample(out, name, "", v);
-  };
-  process("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", p.resident_bytes);
-  process("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", p.virtual_bytes);
-  process("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.", p.cpu_seconds);
-  process("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.",
-          p.start_time);
-  process("process_open_fds", "gauge", "Number of open file descriptors.", p.open_fds);
+  histogram("request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", request_queue_time);
+  histogram("request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+            request_prefill_time);
+  histogram("request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", request_decode_time);
+  histogram("request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
+            request_inference_time);
+  histogram("time_per_output_token_seconds", "Histogram of time per output token (decode time / tokens after the first).",
+            request_time_per_output_token);
+  if (!s.iteration_tokens.empty()) {
+    head(out, "glmserve:iteration_tokens_total", "histogram", "Histogram of number of tokens per engine_step.");
+    const std::string sep = l + ",";
+    int64_t cumulative = 0;
+    for (size_t i = 0; i < s.iteration_tokens.size(); ++i) {
+      cumulative += s.iteration_tokens[i];
+      const std::string le = i < s.iteration_token_buckets.size() ? num(s.iteration_token_buckets[i]) : "+Inf";
+      out += "glmserve:iteration_tokens_total_bucket{" + sep + "le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
+    }
+    sample(out, "glmserve:iteration_tokens_total_sum", l, static_cast<double>(s.iteration_tokens_sum));
+    sample(out, "glmserve:iteration_tokens_total_count", l, static_cast<double>(cumulative));
+  }
+  if (s.block_size > 0) {
+    head(out, "glmserve:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig");
+    sample(out, "glmserve:cache_config_info",
+           "block_size=\"" + std::to_string(s.block_size) + "\",cache_dtype=\"bf16\",enable_prefix_caching=\"" +
+               (s.prefix_caching ? "True" : "False") + "\",gpu_memory_utilization=\"" + num(s.gpu_memory_utilization) +
+               "\",num_gpu_blocks=\"" + std::to_string(s.num_blocks) + "\"",
+           1.0);
+  }
   return out;
 }
 

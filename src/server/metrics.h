@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "server/backend.h"
@@ -40,19 +41,30 @@ class ServerMetrics {
   Histogram e2e_request_latency;
   Histogram request_prompt_tokens;
   Histogram request_generation_tokens;
+  // vLLM's request phases (engine::RequestOutput of a finished request).
+  Histogram request_queue_time;
+  Histogram request_prefill_time;
+  Histogram request_decode_time;
+  Histogram request_inference_time;
+  Histogram request_time_per_output_token;
 
   void count_finished(const std::string& finish_reason);  // request_success_total
-  void count_http(int status);                            // http_requests_total{status}
+  // http_requests_total{handler, method, status}: `handler` a served path or "other", "" (with
+  // `method` "") for answers given before the request was read (413, 431, 400).
+  void count_http(int status, const std::string& handler, const std::string& method);
+  void observe_request_phases(const engine::RequestOutput& finished);
 
   // The whole exposition text: server metrics, engine gauges/counters from `stats`, and
-  // process metrics (resident memory, CPU seconds, start time, open fds).
-  std::string render(const BackendStats& stats) const;
+  // process metrics (resident memory, CPU seconds, start time, open fds). With
+  // `also_vllm_names`, every glmserve: metric a second time as vllm: (existing dashboards).
+  std::string render(const BackendStats& stats, bool also_vllm_names = false) const;
 
  private:
+  std::string render_prefixed(const BackendStats& stats) const;  // the glmserve: metrics
   std::string labels_;  // model_name="..."
   mutable std::mutex mu_;
   std::map<std::string, int64_t> finished_;
-  std::map<int, int64_t> http_;
+  std::map<std::tuple<std::string, std::string, int>, int64_t> http_;  // (handler, method, status)
 };
 
 // Escapes a label value (backslash, double quote, newline).

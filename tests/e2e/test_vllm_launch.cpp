@@ -36,7 +36,8 @@ TEST(VllmLaunch, AVllmServeLineStartsAndAnswersUnderEveryName) {
                                  "zai-org/GLM-5", "--tool-call-parser", "glm47", "--reasoning-parser", "glm45",
                                  "--enable-auto-tool-choice", "--trust-remote-code", "--dtype", "bfloat16", "--seed",
                                  "3", "--generation-config", "vllm", "--enable-prefix-caching",
-                                 "--disable-log-requests", "--gpu-memory-utilization", "0.9"});
+                                 "--disable-log-requests", "--gpu-memory-utilization", "0.9", "--vllm-metric-names",
+                                 "--max-body-bytes", "4000"});
   unsetenv("GLMSERVE_API_KEY");
   const std::string& out = server.output();
   EXPECT_NE(out.find("max_model_len 1024"), std::string::npos) << out;
@@ -56,6 +57,15 @@ TEST(VllmLaunch, AVllmServeLineStartsAndAnswersUnderEveryName) {
                             json{{"model", name}, {"prompt", "def f():"}, {"max_tokens", 4}}.dump(), auth);
     EXPECT_EQ(r.status, 200) << r.body;
   }
+  // An oversized body is answered 413 and counted; vLLM's phase metrics and names are there.
+  EXPECT_EQ(http(server.port(), "POST", "/v1/completions", std::string(5000, 'x'), auth).status, 413);
+  const std::string metrics = http(server.port(), "GET", "/metrics").body;
+  for (const char* line : {"vllm:request_queue_time_seconds_count{model_name=\"glm-5\"} 2",
+                           "glmserve:request_decode_time_seconds_count{model_name=\"glm-5\"} 2",
+                           "glmserve:http_requests_total{handler=\"\",method=\"\",status=\"413\"} 1",
+                           "glmserve:http_requests_total{handler=\"/v1/completions\",method=\"POST\",status=\"200\"} 2",
+                           "vllm:cache_config_info{block_size=\"16\""})
+    EXPECT_NE(metrics.find(line), std::string::npos) << line << "\n" << metrics;
   EXPECT_EQ(server.stop(SIGTERM, 60.0), 0);
 }
 

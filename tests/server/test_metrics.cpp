@@ -31,8 +31,9 @@ TEST(Metrics, ExpositionIsValidAndComplete) {
   m.count_finished("stop");
   m.count_finished("length");
   m.count_finished("length");
-  m.count_http(200);
-  m.count_http(429);
+  m.count_http(200, "/v1/completions", "POST");
+  m.count_http(429, "/v1/completions", "POST");
+  m.count_http(413, "", "");
   BackendStats s;
   s.num_running = 2;
   s.num_waiting = 3;
@@ -59,7 +60,10 @@ TEST(Metrics, ExpositionIsValidAndComplete) {
   EXPECT_EQ(find(samples, "glmserve:time_to_first_token_seconds_bucket", {{"le", "0.04"}}), 1);
   EXPECT_EQ(find(samples, "glmserve:time_to_first_token_seconds_bucket", {{"le", "+Inf"}}), 2);
   EXPECT_NEAR(find(samples, "glmserve:time_to_first_token_seconds_sum"), 3.03, 1e-9);
-  EXPECT_EQ(find(samples, "glmserve:http_requests_total", {{"status", "429"}}), 1);
+  EXPECT_EQ(find(samples, "glmserve:http_requests_total",
+                 {{"status", "429"}, {"handler", "/v1/completions"}, {"method", "POST"}}),
+            1);
+  EXPECT_EQ(find(samples, "glmserve:http_requests_total", {{"status", "413"}}), 1);
   EXPECT_GT(find(samples, "process_resident_memory_bytes"), 0);
   EXPECT_GE(find(samples, "process_cpu_seconds_total"), 0);
   EXPECT_GT(find(samples, "process_start_time_seconds"), 1e9);
@@ -115,4 +119,42 @@ TEST(Metrics, HistogramBuckets) {
   EXPECT_NE(out.find("x_bucket{le=\"2\"} 3\n"), std::string::npos) << out;
   EXPECT_NE(out.find("x_bucket{le=\"+Inf\"} 4\n"), std::string::npos) << out;
   EXPECT_NE(out.find("x_count 4\n"), std::string::npos) << out;
+}
+
+TEST(Metrics, VllmRequestPhasesIterationTokensCacheConfigAndNames) {
+  ServerMetrics m("tiny");
+  glms::engine::RequestOutput done;
+  done.finished = true;
+  done.completion_tokens = 11;
+  done.queued_seconds = 0.2;
+  done.prefill_seconds = 0.4;
+  done.decode_seconds = 2.0;
+  done.inference_seconds = 2.4;
+  m.observe_request_phases(done);
+  BackendStats s;
+  s.iteration_token_buckets = {1, 8, 16};
+  s.iteration_tokens = {3, 0, 2, 1};  // 3 steps of 1 token, 2 of 9-16, 1 above 16
+  s.iteration_tokens_sum = 3 + 24 + 40;
+  s.block_size = 16;
+  s.num_blocks = 128;
+  s.gpu_memory_utilization = 0.9;
+  std::vector<PromSample> samples;
+  const std::string text = m.render(s, /*also_vllm_names=*/true);
+  ASSERT_EQ(validate_prometheus(text, &samples), "") << text;
+  EXPECT_EQ(find(samples, "glmserve:request_queue_time_seconds_bucket", {{"le", "0.3"}}), 1);
+  EXPECT_NEAR(find(samples, "glmserve:request_prefill_time_seconds_sum"), 0.4, 1e-12);
+  EXPECT_NEAR(find(samples, "glmserve:request_decode_time_seconds_sum"), 2.0, 1e-12);
+  EXPECT_EQ(find(samples, "glmserve:request_inference_time_seconds_count"), 1);
+  EXPECT_NEAR(find(samples, "glmserve:time_per_output_token_seconds_sum"), 0.2, 1e-12);  // 2 s over 10 tokens
+  EXPECT_EQ(find(samples, "glmserve:iteration_tokens_total_bucket", {{"le", "8"}}), 3);
+  EXPECT_EQ(find(samples, "glmserve:iteration_tokens_total_bucket", {{"le", "16"}}), 5);
+  EXPECT_EQ(find(samples, "glmserve:iteration_tokens_total_count"), 6);
+  EXPECT_EQ(find(samples, "glmserve:cache_config_info", {{"block_size", "16"}, {"num_gpu_blocks", "128"}}), 1);
+  // Each glmserve: metric once more as vllm:, and the process metrics once.
+  EXPECT_EQ(find(samples, "vllm:iteration_tokens_total_count"), 6);
+  EXPECT_EQ(find(samples, "vllm:num_requests_running"), 0);
+  size_t process_lines = 0;
+  for (const PromSample& p : samples) process_lines += p.name == "process_open_fds";
+  EXPECT_EQ(process_lines, 1u);
+  EXPECT_EQ(m.render(s).find("vllm:"), std::string::npos);
 }
