@@ -8,7 +8,9 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fmt/format.h>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <mutex>
@@ -18,12 +20,14 @@
 #include "cli/model_source.h"
 #include "core/error.h"
 #include "core/readable_number.h"
+#include "log/log.h"
 #include "engine/engine.h"
 #include "model/glm5.h"
 #include "server/api_error.h"
 #include "server/api_service.h"
 #include "server/backend.h"
 #include "server/http_server.h"
+#include "server/stats_log.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -48,7 +52,9 @@ struct ServeArgs {
   std::vector<std::string> served_model_names;
   // vLLM's flags that change nothing here or only pick what glmserve does anyway (a note each).
   bool enable_prefix_caching = false, no_prefix_caching = false, auto_tool_choice = false, trust_remote_code = false,
-       disable_log_requests = false, vllm_metric_names = false;
+       disable_log_requests = false, vllm_metric_names = false, disable_log_stats = false;
+  std::string log_level = "info", log_format = "text";
+  double log_stats_interval = 10.0;
   std::string tool_call_parser, reasoning_parser, dtype = "auto", chat_template, generation_config = "auto";
   std::optional<uint64_t> seed;
   int max_waiting = 0;
@@ -186,7 +192,7 @@ std::vector<std::string> resolve_vllm_flags(ServeArgs& args) {
   if (args.auto_tool_choice) notes.push_back("--enable-auto-tool-choice: tool_choice \"auto\" is always on");
   if (args.enable_prefix_caching) notes.push_back("--enable-prefix-caching: the prefix cache is on by default");
   if (args.trust_remote_code) notes.push_back("--trust-remote-code has no effect: glmserve runs no code from checkpoints");
-  if (args.disable_log_requests) notes.push_back("--disable-log-requests: glmserve logs no request contents");
+
   if (args.dtype != "auto" && args.dtype != "bfloat16" && args.dtype != "bf16")
     fail("--dtype " + args.dtype + ": glmserve computes in bf16 with fp32 sums (auto, bfloat16); for smaller weights "
          "use --quantization fp8 or a quantised checkpoint (glmserve quantize)");
@@ -230,6 +236,8 @@ void run_serve(ServeArgs args) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // The log: stdout, as vLLM's; the start-up lines and each request's and the engine's lines.
+  log::configure(log::parse_level(args.log_level), log::parse_format(args.log_format), &std::cout);
   const std::vector<std::string> notes = resolve_vllm_flags(args);
   if (args.source.model_dir.empty()) fail("serve needs a model folder: glmserve serve DIR (or --model DIR)");
   const std::filesystem::path dir(args.source.model_dir);
@@ -249,7 +257,7 @@ void run_serve(ServeArgs args) {
       return prompt;
     };
   } catch (const Error& e) {
-    std::fprintf(stderr, "glmserve: warning: no chat template (%s); /v1/chat/completions answers 400\n", e.what());
+    log::warning(std::string("glmserve: no chat template (") + e.what() + "); /v1/chat/completions answers 400");
   }
 
   engine::EngineConfig engine_config;
@@ -297,6 +305,7 @@ void run_serve(ServeArgs args) {
   config.api_keys = api_keys_of(args);
   config.seed = args.seed;
   config.vllm_metric_names = args.vllm_metric_names;
+  config.log_requests = !args.disable_log_requests;
   config.jwt_secret = args.jwt_secret;
   config.request_timeout_seconds = args.request_timeout;
   config.max_body_bytes = args.max_body_bytes;
@@ -317,45 +326,49 @@ void run_serve(ServeArgs args) {
   http.threads = args.io_threads;
   server::HttpServer server(service, http);
   server.start();
-  for (const std::string& note : notes) std::printf("glmserve: note: %s\n", note.c_str());
+  for (const std::string& note : notes) log::info("glmserve: note: " + note);
   std::string names = "'" + config.served_model_name + "'";
   for (const std::string& alias : config.model_aliases) names += ", '" + alias + "'";
-  std::printf("glmserve: model %s (served as %s), max_model_len %d, max_num_seqs %d, max_batch_tokens %d\n",
-              args.source.model_dir.c_str(), names.c_str(), engine.config().max_model_len,
-              engine.config().max_num_seqs, engine.config().max_batch_tokens);
+  log::info(fmt::format("glmserve: model {} (served as {}), max_model_len {}, max_num_seqs {}, max_batch_tokens {}",
+                        args.source.model_dir, names, engine.config().max_model_len, engine.config().max_num_seqs,
+                        engine.config().max_batch_tokens));
   const int64_t cache_bytes = int64_t{engine.blocks_per_rank()} * engine.config().block_size *
                               model_cache_bytes_per_token;
-  std::printf("glmserve: layout %s on %s; KV cache %d blocks of %d tokens per data-parallel rank (%d tokens, %.2f GiB)\n",
-              engine.layout().describe().c_str(), device.c_str(), engine.blocks_per_rank(), engine.config().block_size,
-              engine.blocks_per_rank() * engine.config().block_size, static_cast<double>(cache_bytes) / (1 << 30));
+  log::info(fmt::format(
+      "glmserve: layout {} on {}; KV cache {} blocks of {} tokens per data-parallel rank ({} tokens, {:.2f} GiB)",
+      engine.layout().describe(), device, engine.blocks_per_rank(), engine.config().block_size,
+      engine.blocks_per_rank() * engine.config().block_size, static_cast<double>(cache_bytes) / (1 << 30)));
   for (size_t r = 0; r < memory.size(); ++r)
     if (memory[r].weight_bytes > 0)
-      std::printf("glmserve: rank %zu: weights %.2f GiB, KV cache %.2f GiB on its device\n", r,
-                  static_cast<double>(memory[r].weight_bytes) / (1 << 30),
-                  static_cast<double>(memory[r].cache_bytes) / (1 << 30));
+      log::info(fmt::format("glmserve: rank {}: weights {:.2f} GiB, KV cache {:.2f} GiB on its device", r,
+                            static_cast<double>(memory[r].weight_bytes) / (1 << 30),
+                            static_cast<double>(memory[r].cache_bytes) / (1 << 30)));
   if (engine.config().speculative_steps > 0)
-    std::printf("glmserve: speculative decoding with the MTP layer, %d draft tokens per step%s\n",
-                engine.config().speculative_steps,
-                engine.config().speculative_max_batch > 0
-                    ? (", up to " + std::to_string(engine.config().speculative_max_batch) + " decoding sequences").c_str()
-                    : "");
-  std::printf("glmserve: pid %d%s\n", static_cast<int>(getpid()),
-              model.processes ? (", process 0 of " + std::to_string(model.processes->size()) + " (mpirun): SIGTERM here stops them all").c_str() : "");
-  std::printf("glmserve: listening on http://%s:%u\n", args.host.c_str(), static_cast<unsigned>(server.port()));
-  std::printf("glmserve: ready\n");
-  std::fflush(stdout);
+    log::info(fmt::format("glmserve: speculative decoding with the MTP layer, {} draft tokens per step{}",
+                          engine.config().speculative_steps,
+                          engine.config().speculative_max_batch > 0
+                              ? ", up to " + std::to_string(engine.config().speculative_max_batch) + " decoding sequences"
+                              : ""));
+  log::info(fmt::format("glmserve: pid {}{}", static_cast<int>(getpid()),
+                        model.processes ? ", process 0 of " + std::to_string(model.processes->size()) +
+                                              " (mpirun): SIGTERM here stops them all"
+                                        : ""));
+  // The start-up contract: scripts wait for these two lines (in either log format).
+  log::info(fmt::format("glmserve: listening on http://{}:{}", args.host, static_cast<unsigned>(server.port())));
+  log::info("glmserve: ready");
+  std::unique_ptr<server::StatsLogger> stats_logger;
+  if (!args.disable_log_stats) stats_logger = std::make_unique<server::StatsLogger>(*backend, args.log_stats_interval);
 
   int received = 0;
   sigwait(&signals, &received);
-  std::printf("glmserve: %s received: draining\n", received == SIGINT ? "SIGINT" : "SIGTERM");
-  std::fflush(stdout);
+  log::info(fmt::format("glmserve: {} received: draining", received == SIGINT ? "SIGINT" : "SIGTERM"));
   service.stop_accepting();
   server.stop_accepting();
   backend->drain();
   server.wait_idle(10.0);
+  stats_logger.reset();
   server.stop();
-  std::printf("glmserve: stopped\n");
-  std::fflush(stdout);
+  log::info("glmserve: stopped");
 }
 
 }  // namespace
@@ -422,7 +435,15 @@ void add_serve_command(CLI::App& app) {
   cmd->add_flag("--enable-prefix-caching", args->enable_prefix_caching, "Accepted: the prefix cache is on by default");
   cmd->add_flag("--no-enable-prefix-caching", args->no_prefix_caching, "Turn the prefix cache off");
   cmd->add_flag("--trust-remote-code", args->trust_remote_code, "Accepted, no effect (no checkpoint code is run)");
-  cmd->add_flag("--disable-log-requests", args->disable_log_requests, "Accepted (request contents are never logged)");
+  cmd->add_option("--log-level", args->log_level, "trace, debug, info, warning, error or off")->capture_default_str();
+  cmd->add_option("--log-format", args->log_format, "text, or json (one object a line: time, level, msg)")
+      ->capture_default_str();
+  cmd->add_flag("--disable-log-requests", args->disable_log_requests,
+                "No access line per request (status, latency, tokens; request contents are never logged)");
+  cmd->add_flag("--disable-log-stats", args->disable_log_stats, "No periodic engine stats line");
+  cmd->add_option("--log-stats-interval", args->log_stats_interval, "Seconds between engine stats lines")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
   cmd->add_flag("--vllm-metric-names", args->vllm_metric_names,
                 "/metrics also under vLLM's names (vllm:...), for existing dashboards");
   cmd->callback([args]() { run_serve(*args); });

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "log/log.h"
 #include "server/api_error.h"
 #include "server/auth.h"
 #include "server/generation.h"
@@ -127,7 +128,17 @@ void ApiService::handle(const HttpRequest& request, std::shared_ptr<Responder> r
     response = error_response(ApiError{500, "internal error", "", 0.0});
   }
   if (answered) return;
-  metrics_->count_http(response.status, handler_label(request.path()), request.method);
+  const std::string path = request.path();
+  metrics_->count_http(response.status, handler_label(path), request.method);
+  // Access lines for what the client asked (not for probes and scrapes).
+  if (config_.log_requests && path != "/health" && path != "/ping" && path != "/metrics") {
+    std::string line = request.client + " " + request.method + " " + path + " " + std::to_string(response.status);
+    if (response.status >= 400) {
+      const json body = json::parse(response.body, nullptr, false);
+      if (body.is_object() && body.contains("error")) line += ": " + body["error"].value("message", "");
+    }
+    log::info(line);
+  }
   responder->reply(std::move(response));
 }
 
@@ -293,6 +304,7 @@ void ApiService::start_chat(const HttpRequest& request, std::shared_ptr<Responde
     bad_request(std::string("chat template error: ") + e.what(), "messages");
   }
   GenerationSpec spec;
+  if (config_.log_requests) spec.access_log = request.client + " POST /v1/chat/completions";
   spec.chat = true;
   spec.id = random_id("chatcmpl-");
   spec.model = config_.served_model_name;
@@ -317,6 +329,7 @@ void ApiService::start_completion(const HttpRequest& request, std::shared_ptr<Re
   CompletionRequest req = parse_completion_request(request.body, config_.parse_limits);
   check_model(req.sampling.model);
   GenerationSpec spec;
+  if (config_.log_requests) spec.access_log = request.client + " POST /v1/completions";
   spec.chat = false;
   spec.id = random_id("cmpl-");
   spec.model = config_.served_model_name;

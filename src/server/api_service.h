@@ -34,6 +34,7 @@ struct ServiceConfig {
   std::vector<std::string> model_aliases;   // more ids requests may name (serve --served-model-name A B)
   std::optional<uint64_t> seed;             // seeds the draws of requests without a seed (serve --seed)
   bool vllm_metric_names = false;           // /metrics also under vLLM's prefix (serve --vllm-metric-names)
+  bool log_requests = false;                // an access line per request (serve; --disable-log-requests: none)
   std::string version = "0.1.0";
   size_t max_body_bytes = 8u << 20;
   ParseLimits parse_limits;

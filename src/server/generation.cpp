@@ -2,12 +2,14 @@
 #include "server/generation.h"
 
 #include <chrono>
+#include <fmt/format.h>
 #include <cmath>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
 #include "core/error.h"
+#include "log/log.h"
 #include "engine/engine.h"
 #include "server/api_error.h"
 #include "text/detokenizer.h"
@@ -174,6 +176,10 @@ void Generation::abort() {
     state_->completed = true;  // nobody is listening any more
   }
   for (uint64_t id : to_cancel) backend_.cancel(id);
+  if (!spec_.access_log.empty()) {
+    std::lock_guard lock(state_->mu);
+    log::info(access_line_locked(499) + " (the client went away)");
+  }
 }
 
 void Generation::finish_choice(Choice& c, const std::string& reason) {
@@ -338,8 +344,30 @@ void Generation::on_output(size_t index, const engine::RequestOutput& out) {
   }
   if (cancel_now) backend_.cancel(cancel_id);
   for (std::string& w : writes) responder_->write(std::move(w));
+  if ((end || reply) && !spec_.access_log.empty()) {
+    std::lock_guard lock(state_->mu);
+    log::info(access_line_locked(reply ? reply->status : 200));
+  }
   if (end) responder_->end_stream();
   if (reply) responder_->reply(std::move(*reply));
+}
+
+std::string Generation::access_line_locked(int status) const {
+  int prompt = 0, completion = 0, cached = 0;
+  std::string reasons;
+  for (const Choice& c : state_->choices) {
+    completion += c.completion_tokens;
+    if (c.index % spec_.sampling.n == 0) {
+      prompt += c.prompt_tokens;
+      cached += c.cached_tokens;
+    }
+    const std::string reason = c.finish_reason.empty() ? "-" : c.finish_reason;
+    if (reasons.find(reason) == std::string::npos) reasons += (reasons.empty() ? "" : ",") + reason;
+  }
+  const double seconds =
+      state_->choices.empty() ? 0.0 : seconds_between(state_->choices.front().submitted_at, Clock::now());
+  return fmt::format("{} {} {:.3f} s prompt {} cached {} completion {} finish {}", spec_.access_log, status, seconds,
+                     prompt, cached, completion, reasons);
 }
 
 void Generation::emit_locked(std::vector<std::string>& writes, size_t index, bool final) {

@@ -40,6 +40,8 @@ struct GenerationSpec {
   ParserFactory parser_factory;
   ParserOptions parser_options;
   std::vector<int32_t> chat_text_special_ids;
+  // The access line written when the request ends ("CLIENT METHOD PATH"), empty: none.
+  std::string access_log;
 };
 
 class Generation : public std::enable_shared_from_this<Generation> {
@@ -63,6 +65,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
   void emit_locked(std::vector<std::string>& writes, size_t choice_index, bool final);
   std::string final_body_locked() const;
   std::string usage_json_locked() const;
+  // "CLIENT METHOD PATH STATUS 1.234 s prompt P cached C completion N finish R" for the log.
+  std::string access_line_locked(int status) const;
 
   GenerationSpec spec_;
   text::Tokenizer tokenizer_;

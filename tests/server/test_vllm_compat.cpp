@@ -8,6 +8,11 @@
 #include "service_fixture.h"
 #include "server/openai_request.h"
 #include "text/chat_template.h"
+#include "log/log.h"
+#include "server/stats_log.h"
+
+#include <regex>
+#include <sstream>
 
 using namespace glms;
 using glms::test::chat;
@@ -131,4 +136,42 @@ TEST(VllmCompat, CompletionTopLogprobsListTheLikeliestFirst) {
       previous = logprob.get<double>();
     }
   }
+}
+
+TEST(VllmCompat, TheEngineStatsLineReadsLikeVllms) {
+  server::BackendStats before, now;
+  before.prompt_tokens_total = 100;
+  now.prompt_tokens_total = 1100;
+  now.generation_tokens_total = 250;
+  now.num_running = 3;
+  now.num_waiting = 1;
+  now.kv_cache_usage = 0.125;
+  before.prefix_cache_queries = 1000;
+  now.prefix_cache_queries = 2000;
+  now.prefix_cache_hits = 600;
+  now.spec_drafts = 10;
+  now.spec_accepted_tokens = 13;
+  EXPECT_EQ(server::engine_stats_line(before, now, 10.0),
+            "Avg prompt throughput: 100.0 tokens/s, Avg generation throughput: 25.0 tokens/s, Running: 3 reqs, "
+            "Waiting: 1 reqs, KV cache usage: 12.5%, Prefix cache hit rate: 60.0%, Spec acceptance length: 2.30");
+}
+
+TEST(VllmCompat, EachRequestGetsAnAccessLine) {
+  std::ostringstream out;
+  log::configure(log::Level::kInfo, log::Format::kText, &out);
+  server::ServiceConfig config;
+  config.log_requests = true;
+  {
+    Fixture f(config);
+    f.say("ok");
+    f.post("/v1/completions", {{"prompt", "a"}, {"max_tokens", 5}});
+    f.post("/v1/completions", {{"prompt", 3}}, 400);
+    f.call("GET", "/health");  // probes are not logged
+  }
+  log::configure(log::Level::kInfo, log::Format::kText);
+  const std::string text = out.str();
+  EXPECT_TRUE(std::regex_search(text, std::regex(R"(127\.0\.0\.1 POST /v1/completions 200 \d+\.\d{3} s prompt 1 cached 0 completion \d+ finish stop)")))
+      << text;
+  EXPECT_NE(text.find("127.0.0.1 POST /v1/completions 400: prompt"), std::string::npos) << text;
+  EXPECT_EQ(text.find("/health"), std::string::npos) << text;
 }
