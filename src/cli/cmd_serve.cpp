@@ -377,7 +377,8 @@ void add_serve_command(CLI::App& app) {
   auto args = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve the OpenAI-compatible HTTP API (chat, completions, metrics)");
   add_model_source_options(cmd, args->source);
-  cmd->add_option("model", args->positional_model, "Model folder, as vLLM's `serve MODEL` (or --model)");
+  // (Named apart from --model: CLI11 2.4 refuses a positional that shares a long option's name.)
+  cmd->add_option("MODEL", args->positional_model, "Model folder, as vLLM's `serve MODEL` (or --model)");
   cmd->add_option("--host", args->host, "Address to bind")->capture_default_str();
   cmd->add_option("--port", args->port, "Port (0 = any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
   cmd->add_option("--api-key", args->api_keys,

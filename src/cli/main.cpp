@@ -12,15 +12,16 @@ int main(int argc, char** argv) {
   CLI::App app{"glmserve: an inference server for the GLM-5 family (glm_moe_dsa)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "glmserve 0.1.0");
-  glms::cli::add_generate_command(app);
-  glms::cli::add_tokenize_command(app);
-  glms::cli::add_inspect_command(app);
-  glms::cli::add_plan_command(app);
-  glms::cli::add_quantize_command(app);
-  glms::cli::add_serve_command(app);
-  glms::cli::add_bench_command(app);
-  glms::cli::add_bench_step_command(app);
   try {
+    // Inside the try: a CLI11 that refuses an option definition says so instead of aborting.
+    glms::cli::add_generate_command(app);
+    glms::cli::add_tokenize_command(app);
+    glms::cli::add_inspect_command(app);
+    glms::cli::add_plan_command(app);
+    glms::cli::add_quantize_command(app);
+    glms::cli::add_serve_command(app);
+    glms::cli::add_bench_command(app);
+    glms::cli::add_bench_step_command(app);
     std::vector<std::string> args = glms::cli::expand_short_layout_flags(argc, argv);
     app.name(args.front());
     args.erase(args.begin());

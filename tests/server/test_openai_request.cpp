@@ -271,7 +271,7 @@ TEST(ChatRequest, LogitBiasMinTokensBestOfAndARequestTemplate) {
   std::sort(bias.begin(), bias.end());
   EXPECT_EQ(bias, (std::vector<std::pair<int32_t, float>>{{5, 2.5f}, {17, -100.0f}}));
   EXPECT_EQ(r.sampling.min_tokens, 3);
-  EXPECT_EQ(r.chat_template, doc["chat_template"]);
+  EXPECT_EQ(r.chat_template, doc["chat_template"].get<std::string>());
   const std::vector<BadField> bad = {{"logit_bias", json::array()},
                                      {"logit_bias", {{"x", 1}}},
                                      {"logit_bias", {{"-3", 1}}},
