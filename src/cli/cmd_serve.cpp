@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "cli/commands.h"
 #include "cli/model_source.h"
@@ -55,6 +56,7 @@ struct ServeArgs {
        disable_log_requests = false, vllm_metric_names = false, disable_log_stats = false;
   std::string log_level = "info", log_format = "text";
   double log_stats_interval = 10.0;
+  double shutdown_timeout = 60.0;  // seconds the drain may take before running requests end with an error
   std::string tool_call_parser, reasoning_parser, dtype = "auto", chat_template, generation_config = "auto";
   std::optional<uint64_t> seed;
   int max_waiting = 0;
@@ -361,10 +363,18 @@ void run_serve(ServeArgs args) {
 
   int received = 0;
   sigwait(&signals, &received);
-  log::info(fmt::format("glmserve: {} received: draining", received == SIGINT ? "SIGINT" : "SIGTERM"));
+  log::info(fmt::format("glmserve: {} received: draining (up to {:g} s; a second signal exits at once)",
+                        received == SIGINT ? "SIGINT" : "SIGTERM", args.shutdown_timeout));
+  // A second SIGINT or SIGTERM during the drain ends the process now (exit status 128 + signal).
+  std::thread([signals] {
+    int again = 0;
+    sigwait(&signals, &again);
+    log::warning(fmt::format("glmserve: second {}: exiting without draining", again == SIGINT ? "SIGINT" : "SIGTERM"));
+    std::_Exit(128 + again);
+  }).detach();
   service.stop_accepting();
   server.stop_accepting();
-  backend->drain();
+  backend->drain(args.shutdown_timeout);
   server.wait_idle(10.0);
   stats_logger.reset();
   server.stop();
@@ -442,6 +452,11 @@ void add_serve_command(CLI::App& app) {
   cmd->add_flag("--disable-log-requests", args->disable_log_requests,
                 "No access line per request (status, latency, tokens; request contents are never logged)");
   cmd->add_flag("--disable-log-stats", args->disable_log_stats, "No periodic engine stats line");
+  cmd->add_option("--shutdown-timeout", args->shutdown_timeout,
+                  "Seconds SIGINT/SIGTERM lets running requests finish; then they end with an error event (0: no "
+                  "limit; a second signal exits at once)")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   cmd->add_option("--log-stats-interval", args->log_stats_interval, "Seconds between engine stats lines")
       ->check(CLI::Range(0.1, 3600.0))
       ->capture_default_str();

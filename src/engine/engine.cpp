@@ -101,6 +101,7 @@ struct Engine::Impl {
   std::condition_variable wake;
   std::condition_variable idle;
   std::vector<uint64_t> cancelled;
+  std::vector<uint64_t> shut_down;  // ended by drain()'s deadline: they finish with an error
   uint64_t next_id = 1;
   bool stopping = false;
   bool draining = false;
@@ -141,7 +142,7 @@ void Engine::Impl::deliver(std::unique_lock<std::mutex>& lock) {
 void Engine::Impl::loop() {
   std::unique_lock lock(mutex);
   while (true) {
-    wake.wait(lock, [this] { return stopping || !scheduler.idle() || !cancelled.empty(); });
+    wake.wait(lock, [this] { return stopping || !scheduler.idle() || !cancelled.empty() || !shut_down.empty(); });
     if (stopping) break;
     try {
       step(lock);
@@ -160,6 +161,10 @@ void Engine::Impl::loop() {
 void Engine::Impl::step(std::unique_lock<std::mutex>& lock) {
   scheduler.end_requests(cancelled, Clock::now());
   cancelled.clear();
+  if (!shut_down.empty()) {
+    scheduler.end_with_error(shut_down, "the server shut down before this request finished (--shutdown-timeout)");
+    shut_down.clear();
+  }
   StepPlan plan = scheduler.schedule();
   if (plan.empty()) return;
 
@@ -250,7 +255,7 @@ bool Engine::drain(double timeout_seconds) {
     return true;
   }
   if (impl_->idle.wait_for(lock, std::chrono::duration<double>(timeout_seconds), is_idle)) return true;
-  for (uint64_t id : impl_->scheduler.request_ids()) impl_->cancelled.push_back(id);
+  for (uint64_t id : impl_->scheduler.request_ids()) impl_->shut_down.push_back(id);
   impl_->wake.notify_all();
   impl_->idle.wait(lock, is_idle);
   return false;

@@ -49,8 +49,8 @@ class Engine {
   EngineStats stats() const;
 
   // Stops taking requests and waits for every queued and running request to finish. With a
-  // positive timeout, requests still unfinished then are cancelled ("abort"); returns whether
-  // everything finished by itself.
+  // positive timeout, requests still unfinished then end with finish_reason "error", saying the
+  // server shut down; returns whether everything finished by itself.
   bool drain(double timeout_seconds = 0.0);
 
  private:

@@ -135,6 +135,21 @@ void Scheduler::finish_all(const std::string& reason) {
   waiting_.clear();
 }
 
+void Scheduler::end_with_error(const std::vector<uint64_t>& ids, const std::string& error) {
+  auto end_in = [&](auto& queue) {
+    for (auto it = queue.begin(); it != queue.end();) {
+      if (std::find(ids.begin(), ids.end(), (*it)->id) == ids.end()) {
+        ++it;
+        continue;
+      }
+      finish(**it, "error", error);
+      it = queue.erase(it);
+    }
+  };
+  for (auto& rank : ranks_) end_in(rank->running);
+  end_in(waiting_);
+}
+
 void Scheduler::end_requests(const std::vector<uint64_t>& cancelled, Clock::time_point now) {
   auto reason_to_end = [&](const Sequence& seq) -> std::string {
     if (std::find(cancelled.begin(), cancelled.end(), seq.id) != cancelled.end()) return "abort";

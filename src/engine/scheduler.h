@@ -60,6 +60,8 @@ class Scheduler {
 
   // Ends the requests in `cancelled` ("abort") and those past their timeout ("timeout").
   void end_requests(const std::vector<uint64_t>& cancelled, Clock::time_point now);
+  // Ends those requests with finish_reason "error" and `error` (a shutdown's deadline).
+  void end_with_error(const std::vector<uint64_t>& ids, const std::string& error);
   // The next step.
   StepPlan schedule();
   // The plan as one step per data-parallel rank: batches, and what each logits row returns

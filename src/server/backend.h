@@ -52,8 +52,9 @@ class Backend {
   virtual BackendStats stats() const = 0;
   virtual int max_model_len() const = 0;   // prompt + generated tokens per request
   virtual int vocab_size() const = 0;
-  // Stops taking requests and waits for every in-flight one to finish.
-  virtual void drain() = 0;
+  // Stops taking requests and waits for every in-flight one to finish; those still running after
+  // `timeout_seconds` end with an error (0: no deadline).
+  virtual void drain(double timeout_seconds) = 0;
 };
 
 // Adapts a running engine (which must outlive the adapter).

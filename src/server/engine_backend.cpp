@@ -43,12 +43,7 @@ class EngineBackend final : public Backend {
     return configured > 0 ? configured : static_cast<int>(engine_.model_config().max_position_embeddings);
   }
   int vocab_size() const override { return static_cast<int>(engine_.model_config().vocab_size); }
-  void drain() override {
-    // Requests still running a minute after shutdown began are cancelled: a long generation
-    // must not hold SIGTERM off forever.
-    constexpr double kDrainSeconds = 60.0;
-    engine_.drain(kDrainSeconds);
-  }
+  void drain(double timeout_seconds) override { engine_.drain(timeout_seconds); }
 
  private:
   engine::Engine& engine_;

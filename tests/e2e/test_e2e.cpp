@@ -302,3 +302,54 @@ TEST(E2EShutdown, SigtermDrainsInFlightRequests) {
   EXPECT_EQ(status.load(), 200);
   EXPECT_NE(text.find("\"completion_tokens\":40"), std::string::npos) << text;
 }
+
+namespace {
+// Starts a long streamed completion on `port` in a thread; its whole body lands in `body`.
+std::thread long_stream(int port, std::string& body) {
+  return std::thread([port, &body] {
+    body = http(port, "POST", "/v1/completions",
+                json{{"prompt", "def f():\n"}, {"max_tokens", 3000}, {"ignore_eos", true}, {"stream", true}}.dump())
+               .body;
+  });
+}
+// A server whose requests may run 3000 tokens (about 5 s on the bundled model here).
+std::vector<std::string> long_server_args(std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"serve", "--model", kModel, "--port", "0", "--max-model-len", "4096"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+void wait_until_running(int port) {
+  for (int i = 0; i < 400; ++i) {
+    if (metric(http(port, "GET", "/metrics").body, "glmserve:num_requests_running") > 0) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+}  // namespace
+
+TEST(E2EShutdown, ASecondSignalExitsAtOnce) {
+  ServerProcess server(kBinary, long_server_args());
+  std::string body;
+  std::thread client = long_stream(server.port(), body);
+  wait_until_running(server.port());
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(server.stop(SIGTERM, 0.3), -1);  // draining: the 3000-token stream keeps it up
+  EXPECT_EQ(server.stop(SIGTERM, 10.0), 128 + SIGTERM);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 3.0);
+  client.join();
+}
+
+TEST(E2EShutdown, TheShutdownTimeoutEndsStreamsWithAnErrorEvent) {
+  ServerProcess server(kBinary, long_server_args({"--shutdown-timeout", "0.5"}));
+  std::string body;
+  std::thread client = long_stream(server.port(), body);
+  wait_until_running(server.port());
+  EXPECT_EQ(server.stop(SIGTERM, 20.0), 0);
+  client.join();
+  const auto events = sse_payloads(body);
+  ASSERT_GE(events.size(), 2u) << body;
+  EXPECT_EQ(events.back(), "[DONE]");
+  bool error_event = false;
+  for (const std::string& e : events)
+    if (e.find("\"error\"") != std::string::npos && e.find("shut down") != std::string::npos) error_event = true;
+  EXPECT_TRUE(error_event) << body.substr(body.size() > 2000 ? body.size() - 2000 : 0);
+}

@@ -219,11 +219,13 @@ TEST(EngineEos, StopsAtTheModelsEosUnlessIgnored) {
   EXPECT_EQ(Pending(second, params).get().tokens, reference.tokens);
 }
 
-TEST_F(EngineTest, DrainWithADeadlineCancelsWhatIsLeft) {
+TEST_F(EngineTest, DrainWithADeadlineEndsWhatIsLeftWithAnError) {
   engine::Engine engine(*model_, {});
   Pending long_request(engine, greedy_request(random_tokens(10, 97, 3), 3000));
   EXPECT_FALSE(engine.drain(0.05));
-  EXPECT_EQ(long_request.get().last.finish_reason, "abort");
+  const Collected ended = long_request.get();
+  EXPECT_EQ(ended.last.finish_reason, "error");
+  EXPECT_NE(ended.last.error.find("shut down"), std::string::npos) << ended.last.error;
   expect_idle(engine);
 }
 

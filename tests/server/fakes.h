@@ -74,7 +74,7 @@ class FakeBackend final : public server::Backend {
   }
   int max_model_len() const override { return max_len; }
   int vocab_size() const override { return 8192; }
-  void drain() override {
+  void drain(double) override {
     std::unique_lock lock(mu);
     idle_cv_.wait(lock, [this] { return active_.empty(); });
   }
