@@ -2,6 +2,8 @@
 
 #include <mpi.h>
 
+#include <cstdlib>
+
 #include <cstring>
 #include <string>
 
@@ -111,6 +113,11 @@ std::vector<std::vector<std::byte>> MpiWorld::gather(const std::vector<std::byte
   for (size_t p = 0; p < lengths.size(); ++p)
     out.emplace_back(all.begin() + offsets[p], all.begin() + offsets[p] + lengths[p]);
   return out;
+}
+
+void MpiWorld::abort_all(int exit_code) const {
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);  // MPI_Abort does not return; should it, end this process anyway
 }
 
 int MpiWorld::min_over_processes(int value) const {

@@ -33,6 +33,9 @@ class ProcessGroup {
   // in `members`; null when it is not a member). Every process calls it with the same groups in
   // the same order.
   virtual std::unique_ptr<Communicator> communicator(const std::vector<int>& members) const = 0;
+  // Ends every process of the run with `exit_code` (a rank that failed mid-step, whose peers
+  // may be waiting for it inside a collective that nothing else can interrupt).
+  [[noreturn]] virtual void abort_all(int exit_code) const = 0;
 };
 
 #ifdef GLMS_HAVE_MPI
@@ -49,6 +52,7 @@ class MpiWorld : public ProcessGroup {
   std::vector<std::vector<std::byte>> gather(const std::vector<std::byte>& mine, int root) const override;
   int min_over_processes(int value) const override;
   std::unique_ptr<Communicator> communicator(const std::vector<int>& members) const override;
+  [[noreturn]] void abort_all(int exit_code) const override;  // MPI_Abort(MPI_COMM_WORLD)
 };
 #endif
 

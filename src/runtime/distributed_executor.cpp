@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "log/log.h"
 #include "runtime/rank_set.h"
 #include "runtime/step_codec.h"
 
@@ -26,17 +27,25 @@ std::vector<std::byte> encode_results(const std::vector<RankResult>& results, co
   return std::move(out.bytes);
 }
 
-// Runs one forward or MTP step of this process's ranks; returns what to send back.
-std::vector<std::byte> run_step(RankSet& ranks, Command command, const std::vector<RankStep>& steps, bool want_hidden,
-                                std::vector<RankResult>& results, std::vector<bool>& produced) {
-  std::string error;
+// Runs one forward or MTP step of this process's ranks; returns what to send back. A rank that
+// fails mid-step leaves its peers in other processes waiting inside collectives no message can
+// reach: the run ends then, every process with status 1 and this one saying why.
+std::vector<std::byte> run_step(const comm::ProcessGroup& processes, RankSet& ranks, Command command,
+                                const std::vector<RankStep>& steps, bool want_hidden, std::vector<RankResult>& results,
+                                std::vector<bool>& produced) {
   try {
     if (command == Command::kForward) ranks.forward(steps, want_hidden, results, produced);
     else ranks.mtp_forward(steps, results, produced);
   } catch (const std::exception& e) {
-    error = e.what();
+    if (processes.size() > 1) {
+      log::error(fmt::format("glmserve: process {} of {}: a step failed ({}); its peers may wait for it in a collective, "
+                             "so every process of the run ends now",
+                             processes.rank(), processes.size(), e.what()));
+      processes.abort_all(1);
+    }
+    return encode_results(results, produced, e.what());
   }
-  return encode_results(results, produced, error);
+  return encode_results(results, produced, "");
 }
 
 // The same token ids check each rank makes, before any process starts: a rank that failed on
@@ -100,7 +109,7 @@ class DistributedExecutor : public Executor {
     processes_.broadcast(message.bytes, 0);
     std::vector<RankResult> results(steps.size());
     std::vector<bool> produced(steps.size(), false);
-    const std::vector<std::byte> mine = run_step(ranks_, command, steps, want_hidden, results, produced);
+    const std::vector<std::byte> mine = run_step(processes_, ranks_, command, steps, want_hidden, results, produced);
     std::string error;
     for (const std::vector<std::byte>& reply : processes_.gather(mine, 0)) {
       ByteReader in(reply);
@@ -181,7 +190,7 @@ void serve_remote_ranks(const comm::ProcessGroup& processes, const ParallelLayou
     const std::vector<RankStep> steps = read_steps(in, hidden, h_prev_rows);
     std::vector<RankResult> results(steps.size());
     std::vector<bool> produced(steps.size(), false);
-    processes.gather(run_step(ranks, command, steps, want_hidden, results, produced), 0);
+    processes.gather(run_step(processes, ranks, command, steps, want_hidden, results, produced), 0);
   }
 }
 

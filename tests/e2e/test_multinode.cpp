@@ -4,6 +4,7 @@
 // cleanly on SIGTERM to rank 0. Skipped where mpirun is missing or glmserve was built without MPI.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -93,4 +94,19 @@ TEST_F(MultiProcess, ServeAnswersLikeOneProcessAndStopsOnSigtermToRankZero) {
   ASSERT_NE(at, std::string::npos) << server.output();
   kill(std::stoi(server.output().substr(at + 14)), SIGTERM);
   EXPECT_EQ(server.stop(0, 60.0), 0);
+}
+
+// A rank that fails mid-step (the test-only fault injection: rank 1 at its 3rd step) leaves its
+// peer in another process waiting inside a collective: every process of the run ends, non-zero,
+// instead of hanging; the failing one says why.
+TEST_F(MultiProcess, ARankFailingMidStepEndsTheRunInsteadOfHanging) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto [out, status] = run("{ GLMS_TEST_FAULT_RANK=1:3 timeout 60 " + mpirun(2) + " -x GLMS_TEST_FAULT_RANK " +
+                                 kBinary + " generate --model " + kModel +
+                                 " --prompt 'import os' --max-tokens 16 --temperature 0 -dp 2 --enable-expert-parallel"
+                                 " 2>&1; }");
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(status, 124) << "timed out: the run hung";
+  EXPECT_NE(out.find("process 1 of 2: a step failed (rank 1: injected fault"), std::string::npos) << out;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 50.0);
 }
