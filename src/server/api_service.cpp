@@ -104,6 +104,7 @@ ApiService::ApiService(Backend& backend, text::Tokenizer tokenizer, ChatRenderer
       limiter_(std::make_unique<RateLimiter>(config_.rate_limit_rps, config_.rate_limit_burst)),
       started_at_(static_cast<int64_t>(std::time(nullptr))),
       seeds_(config_.seed ? *config_.seed : std::random_device{}()) {
+  tokenizer_.min_tokens_for_bytes(0);  // finds the longest token now, not at the first request
   for (const char* tag : {"<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
                           "<arg_value>", "</arg_value>"}) {
     const int32_t id = tokenizer_.token_to_id(tag);
@@ -232,6 +233,20 @@ void ApiService::check_model(const std::string& model) const {
   throw ApiException{ApiError{404, "The model `" + model + "` does not exist.", "model", 0.0}};
 }
 
+void ApiService::check_prompt_bytes(size_t bytes, const char* param) const {
+  // Far past the context by its length alone: refused before tokenizing (an 8 MB body would
+  // take seconds of BPE to be refused otherwise).
+  const size_t at_least = tokenizer_.min_tokens_for_bytes(bytes);
+  const int max_len = backend_.max_model_len();
+  if (at_least >= static_cast<size_t>(max_len))
+    throw ApiException{ApiError{400,
+                                "This model's maximum context length is " + std::to_string(max_len) +
+                                    " tokens. However, your prompt of " + std::to_string(bytes) +
+                                    " bytes has at least " + std::to_string(at_least) +
+                                    " tokens. Please reduce the length of the messages or completion.",
+                                param, 0.0}};
+}
+
 uint64_t ApiService::next_seed() const {
   std::lock_guard lock(seed_mutex_);
   return seeds_();
@@ -309,6 +324,7 @@ void ApiService::start_chat(const HttpRequest& request, std::shared_ptr<Responde
   spec.id = random_id("chatcmpl-");
   spec.model = config_.served_model_name;
   spec.created = static_cast<int64_t>(std::time(nullptr));
+  check_prompt_bytes(prompt.size(), "messages");
   spec.prompts.push_back({tokenizer_.encode(prompt, false), prompt});
   for (int i = 0; i < req.sampling.n; ++i) spec.params.push_back(base_params(req.sampling, spec.prompts[0].ids, true, i));
   spec.sampling = std::move(req.sampling);
@@ -339,6 +355,7 @@ void ApiService::start_completion(const HttpRequest& request, std::shared_ptr<Re
   for (const Prompt& prompt : req.prompts) {
     GenerationSpec::PromptInput input;
     if (const auto* text = std::get_if<std::string>(&prompt)) {
+      check_prompt_bytes(text->size(), "prompt");
       input.ids = tokenizer_.encode(*text, false);
       input.text = *text;
       if (input.ids.empty()) bad_request("prompt encodes to no tokens", "prompt");

@@ -77,6 +77,8 @@ class ApiService {
   HttpResponse tokenize(const HttpRequest& request) const;
   HttpResponse detokenize(const HttpRequest& request) const;
   uint64_t next_seed() const;  // a request's seed when it gives none
+  // 400 when a prompt of `bytes` cannot fit the context whatever its tokens (before tokenizing).
+  void check_prompt_bytes(size_t bytes, const char* param) const;
   engine::RequestParams base_params(const SamplingFields& s, const std::vector<int32_t>& ids, bool chat,
                                     int index) const;
 

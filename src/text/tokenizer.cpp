@@ -1,5 +1,6 @@
 #include "text/tokenizer.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "core/error.h"
@@ -153,6 +154,19 @@ std::string Tokenizer::id_to_token(int32_t id) const {
 }
 
 size_t Tokenizer::vocab_size() const { return impl_->vocab_size; }
+
+size_t Tokenizer::min_tokens_for_bytes(size_t bytes) const {
+  std::call_once(impl_->longest_token_once, [this] {
+    size_t longest = 1;
+    for (size_t id = 0; id < impl_->vocab_size; ++id) {
+      const int32_t one = static_cast<int32_t>(id);
+      longest = std::max(longest, decode(std::span<const int32_t>(&one, 1), false).size());
+    }
+    impl_->longest_token_bytes = longest;
+  });
+  const size_t per_token = impl_->longest_token_bytes * (impl_->normalizer ? 4 : 1);
+  return (bytes + per_token - 1) / per_token;
+}
 
 bool Tokenizer::is_special(int32_t id) const {
   return id >= 0 && static_cast<size_t>(id) < impl_->special.size() && impl_->special[static_cast<size_t>(id)];

@@ -40,6 +40,10 @@ class Tokenizer {
   // One past the largest id of any token (model vocabulary and added tokens).
   size_t vocab_size() const;
   bool is_special(int32_t id) const;
+  // A lower bound on encode(text).size() from text.size() alone: no token stands for more bytes
+  // than the longest one's decoded text (a normalizer may shrink the text: then 4 times that).
+  // Lets a caller refuse a prompt far past a context limit without tokenizing it.
+  size_t min_tokens_for_bytes(size_t bytes) const;
 
   // Ids of the bos/eos tokens named by tokenizer_config.json, or -1.
   int32_t bos_token_id() const;

@@ -2,6 +2,8 @@
 // tokenizer_json.cpp (loading). Not part of the public API.
 #pragma once
 
+#include <mutex>
+
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -24,6 +26,10 @@ struct PostProcessor {
 
 struct TokenizerImpl {
   std::filesystem::path source;
+  // The most bytes any one token's decoded text has (Tokenizer::min_tokens_for_bytes), found at
+  // first use.
+  mutable std::once_flag longest_token_once;
+  mutable size_t longest_token_bytes = 1;
   std::unique_ptr<BpeModel> model;
   NormalizerPtr normalizer;        // may be null
   PreTokenizerPtr pre_tokenizer;   // may be null

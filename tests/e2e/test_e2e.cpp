@@ -212,6 +212,16 @@ TEST_F(E2E, BadInputsGetTheirStatusAndServerStaysUp) {
   EXPECT_EQ(http(port(), "POST", "/v1/chat/completions", chat_ok).status, 200);
 }
 
+// A prompt that cannot fit by its length alone is refused before tokenizing (8 MB of one letter
+// would take seconds of BPE), saying the bound it broke; the server answers the next request.
+TEST_F(E2E, AHugePromptIsRefusedByItsLength) {
+  const json r = post("/v1/completions", {{"prompt", std::string(8000000, 'a')}, {"max_tokens", 4}}, 400);
+  const std::string message = r["error"]["message"];
+  EXPECT_NE(message.find("8000000 bytes has at least"), std::string::npos) << message;
+  EXPECT_EQ(r["error"]["param"], "prompt");
+  post("/v1/completions", {{"prompt", "def f():"}, {"max_tokens", 2}});
+}
+
 TEST_F(E2E, ToolsAreAcceptedAndRendered) {
   const json req = {{"messages", {{{"role", "user"}, {"content", "weather in Paris?"}}}},
                     {"max_tokens", 4},

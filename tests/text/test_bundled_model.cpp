@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "test_helpers.h"
 
@@ -50,5 +51,28 @@ TEST(BundledModel, TinyGlmTokenizerMatchesHfGoldenIds) {
   EXPECT_TRUE(tokenizer.is_special(tokenizer.token_to_id("[gMASK]")));
 }
 
+// The length bound that lets the server refuse a huge prompt untokenized never exceeds the real
+// count: over random text of every kind the bundled tokenizer sees, and over runs of one
+// character (the longest tokens).
+TEST(BundledModel, MinTokensForBytesIsALowerBound) {
+  const Tokenizer tok = Tokenizer::load(fs::path(GLMS_SOURCE_DIR) / "models" / "glm5-tiny-code");
+  std::mt19937 rng(5);
+  const std::string alphabet = "abc XYZ_09\n\t    ()[]{}.,;:'\"=+-*/#";
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string text;
+    const int length = 1 + static_cast<int>(rng() % 3000);
+    for (int i = 0; i < length; ++i) text += alphabet[rng() % alphabet.size()];
+    if (trial % 4 == 0) text += "def main():\n    return 0\n<|user|>[gMASK]<sop>";
+    EXPECT_LE(tok.min_tokens_for_bytes(text.size()), tok.encode(text).size()) << trial;
+  }
+  for (const char c : std::string(" \na_#")) {
+    const std::string run(20000, c);
+    EXPECT_LE(tok.min_tokens_for_bytes(run.size()), tok.encode(run).size()) << int(c);
+  }
+  // 8 MB of one letter cannot fit 4096 tokens: the bound says so at once.
+  EXPECT_GT(tok.min_tokens_for_bytes(8000000), 4096u);
+}
+
 }  // namespace
 }  // namespace glms::text
+
