@@ -247,6 +247,16 @@ void ApiService::check_prompt_bytes(size_t bytes, const char* param) const {
                                 param, 0.0}};
 }
 
+std::string ApiService::render_prompt(const ChatRequest& request) const {
+  try {
+    return renderer_(request);
+  } catch (const ApiException&) {
+    throw;
+  } catch (const std::exception& e) {
+    bad_request(std::string("chat template error: ") + e.what(), "messages");
+  }
+}
+
 uint64_t ApiService::next_seed() const {
   std::lock_guard lock(seed_mutex_);
   return seeds_();
@@ -310,14 +320,7 @@ void ApiService::start_chat(const HttpRequest& request, std::shared_ptr<Responde
   ChatRequest req = parse_chat_request(request.body, config_.parse_limits);
   check_model(req.sampling.model);
   if (!renderer_) throw_api(400, "This model has no chat template; use /v1/completions");
-  std::string prompt;
-  try {
-    prompt = renderer_(req);
-  } catch (const ApiException&) {
-    throw;
-  } catch (const std::exception& e) {
-    bad_request(std::string("chat template error: ") + e.what(), "messages");
-  }
+  const std::string prompt = render_prompt(req);
   GenerationSpec spec;
   if (config_.log_requests) spec.access_log = request.client + " POST /v1/chat/completions";
   spec.chat = true;

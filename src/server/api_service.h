@@ -73,6 +73,8 @@ class ApiService {
   void start_chat(const HttpRequest& request, std::shared_ptr<Responder> responder);
   void start_completion(const HttpRequest& request, std::shared_ptr<Responder> responder);
   void check_model(const std::string& model) const;
+  // The chat template over `request`; its failures are 400s naming messages.
+  std::string render_prompt(const ChatRequest& request) const;
   // vLLM's /tokenize (a prompt, or chat messages through the template) and /detokenize.
   HttpResponse tokenize(const HttpRequest& request) const;
   HttpResponse detokenize(const HttpRequest& request) const;

@@ -50,15 +50,7 @@ HttpResponse ApiService::tokenize(const HttpRequest& request) const {
     ids = tokenizer_.encode(body["prompt"].get<std::string>(), flag(body, "add_special_tokens", true));
   } else {
     if (!renderer_) throw_api(400, "This model has no chat template; tokenize a \"prompt\" instead");
-    const ChatRequest chat = parse_chat_request(request.body, config_.parse_limits);
-    std::string prompt;
-    try {
-      prompt = renderer_(chat);
-    } catch (const ApiException&) {
-      throw;
-    } catch (const std::exception& e) {
-      bad_request(std::string("chat template error: ") + e.what(), "messages");
-    }
+    const std::string prompt = render_prompt(parse_chat_request(request.body, config_.parse_limits));
     ids = tokenizer_.encode(prompt, flag(body, "add_special_tokens", false));
   }
   json out = {{"count", ids.size()}, {"max_model_len", backend_.max_model_len()}, {"tokens", ids}};

@@ -55,6 +55,23 @@ QuantisedActivations quantise_on_device(const std::vector<float>& x, int64_t n, 
   return {to_host<uint8_t>(d_codes), to_host<float>(d_scales)};
 }
 
+// A [rows, cols] weight in block FP8 as a checkpoint stores it, and its values back in fp32.
+struct Fp8Weight {
+  std::vector<uint8_t> codes;
+  std::vector<float> scale_inv;  // [ceil(rows / 128), ceil(cols / 128)]
+  std::vector<float> values;     // dequantised [rows, cols]
+};
+Fp8Weight fp8_weight(const std::vector<float>& w, int64_t rows, int64_t cols) {
+  Fp8Weight q;
+  q.codes.resize(w.size());
+  q.scale_inv.resize(static_cast<size_t>(((rows + 127) / 128) * ((cols + 127) / 128)));
+  quant::quantize_fp8_block(w.data(), rows, cols, q.codes.data(), q.scale_inv.data());
+  q.values.resize(w.size());
+  for (int64_t r = 0; r < rows; ++r)
+    quant::dequantize_fp8_block_row(q.codes.data(), q.scale_inv.data(), r, cols, q.values.data() + r * cols);
+  return q;
+}
+
 TEST_F(CudaLinearFp8, QuantizeRowsRoundsLikeTheHost) {
   const int64_t n = 5, cols = 384;
   const auto x = activations(n, cols, 7);
@@ -86,13 +103,10 @@ TEST_F(CudaLinearFp8, BlockScaledGemmMatchesTheDequantisedProduct) {
     std::normal_distribution<float> normal(0.0f, 0.05f);
     std::vector<float> w(static_cast<size_t>(rows * cols));
     for (float& v : w) v = normal(rng);
-    const int64_t row_blocks = (rows + 127) / 128, col_blocks = cols / 128;
-    std::vector<uint8_t> w_codes(w.size());
-    std::vector<float> scale_inv(static_cast<size_t>(row_blocks * col_blocks));
-    quant::quantize_fp8_block(w.data(), rows, cols, w_codes.data(), scale_inv.data());
-    std::vector<float> w_back(w.size());
-    for (int64_t r = 0; r < rows; ++r)
-      quant::dequantize_fp8_block_row(w_codes.data(), scale_inv.data(), r, cols, w_back.data() + r * cols);
+    const Fp8Weight fp8 = fp8_weight(w, rows, cols);
+    const std::vector<uint8_t>& w_codes = fp8.codes;
+    const std::vector<float>& scale_inv = fp8.scale_inv;
+    const std::vector<float>& w_back = fp8.values;
 
     const auto x = activations(n, cols, static_cast<uint32_t>(rows));
     cuda::DeviceBuffer d_x_codes, d_x_scales;
@@ -156,14 +170,10 @@ TEST_F(CudaLinearFp8, Fp8GemvMatchesTheDequantisedProductWithBf16Inputs) {
     std::normal_distribution<float> normal(0.0f, 0.05f);
     std::vector<float> w(static_cast<size_t>(rows * cols));
     for (size_t i = 0; i < w.size(); ++i) w[i] = normal(rng) * (i % 997 == 0 ? 40.0f : 1.0f);  // some outliers
-    const int64_t row_blocks = (rows + 127) / 128, col_blocks = (cols + 127) / 128;
-    std::vector<uint8_t> w_codes(w.size());
-    std::vector<float> scale_inv(static_cast<size_t>(row_blocks * col_blocks));
-    quant::quantize_fp8_block(w.data(), rows, cols, w_codes.data(), scale_inv.data());
-    std::vector<float> w_back(w.size());
-    for (int64_t r = 0; r < rows; ++r)
-      quant::dequantize_fp8_block_row(w_codes.data(), scale_inv.data(), r, cols, w_back.data() + r * cols);
-    auto d_w = to_device(w_codes), d_scales = to_device(cuda::fp8_weight_scales_for_cublaslt(scale_inv.data(), rows, cols));
+    const Fp8Weight fp8 = fp8_weight(w, rows, cols);
+    const std::vector<float>& w_back = fp8.values;
+    auto d_w = to_device(fp8.codes),
+         d_scales = to_device(cuda::fp8_weight_scales_for_cublaslt(fp8.scale_inv.data(), rows, cols));
     for (int64_t n = 1; n <= cuda::kFp8GemvMaxTokens; ++n) {
       std::vector<uint16_t> x(static_cast<size_t>(n * cols));
       for (uint16_t& v : x) v = f32_to_bf16(normal(rng) * 20.0f);
