@@ -56,7 +56,9 @@ struct ServeArgs {
        disable_log_requests = false, vllm_metric_names = false, disable_log_stats = false;
   std::string log_level = "info", log_format = "text";
   double log_stats_interval = 10.0;
-  double shutdown_timeout = 60.0;  // seconds the drain may take before running requests end with an error
+  double shutdown_timeout = 60.0;
+  int max_connections = server::HttpServerOptions{}.max_connections;
+  double header_timeout = server::HttpServerOptions{}.header_timeout_seconds;  // seconds the drain may take before running requests end with an error
   std::string tool_call_parser, reasoning_parser, dtype = "auto", chat_template, generation_config = "auto";
   std::optional<uint64_t> seed;
   int max_waiting = 0;
@@ -326,6 +328,8 @@ void run_serve(ServeArgs args) {
   http.port = static_cast<uint16_t>(args.port);
   http.max_body_bytes = args.max_body_bytes;
   http.threads = args.io_threads;
+  http.max_connections = args.max_connections;
+  http.header_timeout_seconds = args.header_timeout;
   server::HttpServer server(service, http);
   server.start();
   for (const std::string& note : notes) log::info("glmserve: note: " + note);
@@ -422,6 +426,14 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-body-bytes", args->max_body_bytes, "Largest request body (413 above)");
   cmd->add_option("--io-threads", args->io_threads, "HTTP I/O threads")->check(CLI::Range(1, 64));
+  cmd->add_option("--max-connections", args->max_connections,
+                  "Open connections at most; one more gets a 503 and is closed")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--header-timeout", args->header_timeout,
+                  "Seconds from a request's first byte to the end of its headers (slow clients are cut off)")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
   cmd->add_option("--speculative", args->speculative,
                   "Speculative decoding with the checkpoint's MTP layer (greedy output unchanged, sampled output "
                   "equally distributed)")

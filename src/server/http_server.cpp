@@ -4,6 +4,7 @@
 
 #include <boost/asio.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <atomic>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/thread_pool.hpp>
@@ -133,6 +134,7 @@ struct HttpServer::Impl {
   std::mutex mu;
   std::condition_variable idle_cv;
   int active_responses = 0;
+  std::atomic<int> open_connections{0};
   bool stopped = false;
 
   Impl(ApiService& s, HttpServerOptions o) : service(s), options(std::move(o)) {}
@@ -155,6 +157,10 @@ struct HttpServer::Impl {
         continue;  // e.g. EMFILE: keep serving the open connections
       }
       auto ex = socket.get_executor();
+      if (open_connections.fetch_add(1) >= options.max_connections) {
+        net::co_spawn(ex, refuse(std::move(socket)), net::detached);
+        continue;
+      }
       net::co_spawn(ex, session(std::move(socket)), net::detached);
     }
   }
@@ -179,7 +185,30 @@ struct HttpServer::Impl {
     co_return !ec;
   }
 
+  // One connection past max_connections: a 503 saying so, then closed.
+  net::awaitable<void> refuse(tcp::socket socket) {
+    beast::tcp_stream stream(std::move(socket));
+    HttpResponse r;
+    r.status = 503;
+    r.body = error_body(ApiError{503, "Too many open connections (" + std::to_string(options.max_connections) +
+                                          "); retry later.", "", 1.0});
+    r.headers.emplace_back("Retry-After", "1");
+    service.metrics().count_http(503, "", "");
+    co_await write_plain(stream, r, false, 11);
+    beast::error_code ec;
+    stream.socket().shutdown(tcp::socket::shutdown_both, ec);
+    --open_connections;
+  }
+
+  static std::chrono::milliseconds millis(double seconds) {
+    return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  }
+
   net::awaitable<void> session(tcp::socket socket) {
+    struct Open {  // the connection count, however the session ends
+      std::atomic<int>& count;
+      ~Open() { --count; }
+    } open{open_connections};
     beast::tcp_stream stream(std::move(socket));
     beast::flat_buffer buffer;
     const auto ex = stream.get_executor();
@@ -188,14 +217,24 @@ struct HttpServer::Impl {
       parser.body_limit(options.max_body_bytes);
       parser.header_limit(static_cast<uint32_t>(options.max_header_bytes));
       beast::error_code ec;
-      stream.expires_after(std::chrono::milliseconds(static_cast<int64_t>(options.idle_timeout_seconds * 1000)));
+      // Idle until the next request's first bytes; from them the headers have header_timeout.
+      if (buffer.size() == 0) {
+        stream.expires_after(millis(options.idle_timeout_seconds));
+        const size_t n = co_await stream.async_read_some(buffer.prepare(4096), net::redirect_error(net::use_awaitable, ec));
+        buffer.commit(n);
+        if (ec) break;
+      }
+      stream.expires_after(millis(options.header_timeout_seconds));
       co_await http::async_read_header(stream, buffer, parser, net::redirect_error(net::use_awaitable, ec));
       if (!ec && parser.get()[http::field::expect] == "100-continue" &&
           (!parser.content_length() || *parser.content_length() <= options.max_body_bytes)) {
         http::response<http::empty_body> cont{http::status::continue_, parser.get().version()};
         co_await http::async_write(stream, cont, net::redirect_error(net::use_awaitable, ec));
       }
-      if (!ec) co_await http::async_read(stream, buffer, parser, net::redirect_error(net::use_awaitable, ec));
+      if (!ec) {
+        stream.expires_after(millis(options.body_timeout_seconds));
+        co_await http::async_read(stream, buffer, parser, net::redirect_error(net::use_awaitable, ec));
+      }
       if (ec) {
         if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset ||
             ec == beast::error::timeout || ec == net::error::operation_aborted)

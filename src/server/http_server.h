@@ -18,6 +18,12 @@ struct HttpServerOptions {
   size_t max_body_bytes = 8u << 20;   // larger bodies get 413
   size_t max_header_bytes = 64u << 10;
   double idle_timeout_seconds = 300;  // between requests on a keep-alive connection
+  // From a request's first byte to the end of its headers, and then to the end of its body: a
+  // slow or stalled client is disconnected instead of holding its connection.
+  double header_timeout_seconds = 10;
+  double body_timeout_seconds = 60;
+  // Open connections at most; one more gets a 503 and is closed.
+  int max_connections = 1024;
 };
 
 class HttpServer {

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "e2e_client.h"
 
@@ -88,4 +89,28 @@ TEST(VllmLaunch, FlagsThatCannotApplyAreRefusedSayingWhy) {
     EXPECT_EQ(status, 1) << c.args << "\n" << out;
     EXPECT_NE(out.find(c.expect), std::string::npos) << c.args << "\n" << out;
   }
+}
+
+// Slow or silent clients cannot hold the server: past --max-connections a connection gets a 503
+// and is closed, and a request whose headers stall past --header-timeout is cut off.
+TEST(ConnectionLimits, TooManyConnectionsAndStalledHeadersAreCutOff) {
+  ServerProcess server(kBinary, {"serve", kModel, "--port", "0", "--max-connections", "2", "--header-timeout", "0.5"});
+  const int first = connect_to(server.port()), second = connect_to(server.port());
+  ASSERT_GE(first, 0);
+  ASSERT_GE(second, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // both accepted
+  const Response third = http(server.port(), "GET", "/health");
+  EXPECT_EQ(third.status, 503) << third.body;
+  EXPECT_NE(third.body.find("Too many open connections (2)"), std::string::npos) << third.body;
+  // Half a request's headers, then nothing: the server closes the connection.
+  send_all(first, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n");
+  char byte;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(recv(first, &byte, 1, 0), 0);  // closed
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
+  close(first);
+  close(second);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(http(server.port(), "GET", "/health").status, 200);  // the slots are free again
+  EXPECT_EQ(server.stop(SIGTERM, 30.0), 0);
 }
