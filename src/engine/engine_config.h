@@ -39,22 +39,26 @@ struct RankStats {
   double kv_cache_usage = 0.0;      // fraction of blocks in use by running requests
   int64_t prefix_cache_queries = 0; // prompt tokens looked up
   int64_t prefix_cache_hits = 0;    // prompt tokens found
+
+  // Adds another rank's counts (kv_cache_usage is then recomputed from the sums).
+  void add(const RankStats& r) {
+    num_running += r.num_running;
+    num_blocks += r.num_blocks;
+    num_free_blocks += r.num_free_blocks;
+    num_cached_blocks += r.num_cached_blocks;
+    prefix_cache_queries += r.prefix_cache_queries;
+    prefix_cache_hits += r.prefix_cache_hits;
+    kv_cache_usage = num_blocks > 0 ? 1.0 - static_cast<double>(num_free_blocks) / num_blocks : 0.0;
+  }
 };
 
 // vLLM's iteration_tokens_total buckets.
 inline const std::vector<double> kIterationTokenBuckets = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
 
-// Counters and gauges for /metrics and the bench; a consistent snapshot. The cache figures sum
-// over the data-parallel ranks, which `ranks` lists one by one.
-struct EngineStats {
-  int num_running = 0;
+// Counters and gauges for /metrics and the bench; a consistent snapshot. The cache figures
+// (the RankStats part) sum over the data-parallel ranks, which `ranks` lists one by one.
+struct EngineStats : RankStats {
   int num_waiting = 0;
-  int num_blocks = 0;
-  int num_free_blocks = 0;          // free or holding only evictable cached prefixes
-  int num_cached_blocks = 0;        // blocks held by the prefix cache with no running user
-  double kv_cache_usage = 0.0;      // fraction of blocks in use by running requests
-  int64_t prefix_cache_queries = 0; // prompt tokens looked up
-  int64_t prefix_cache_hits = 0;    // prompt tokens found
   int64_t prompt_tokens_total = 0;
   int64_t generation_tokens_total = 0;
   int64_t num_preemptions = 0;

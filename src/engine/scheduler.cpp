@@ -516,15 +516,9 @@ EngineStats Scheduler::stats() const {
     r.kv_cache_usage = r.num_blocks > 0 ? 1.0 - static_cast<double>(r.num_free_blocks) / r.num_blocks : 0.0;
     r.prefix_cache_queries = rank->blocks.query_tokens();
     r.prefix_cache_hits = rank->blocks.hit_tokens();
-    s.num_running += r.num_running;
-    s.num_blocks += r.num_blocks;
-    s.num_free_blocks += r.num_free_blocks;
-    s.num_cached_blocks += r.num_cached_blocks;
-    s.prefix_cache_queries += r.prefix_cache_queries;
-    s.prefix_cache_hits += r.prefix_cache_hits;
+    s.add(r);
     s.ranks.push_back(r);
   }
-  s.kv_cache_usage = s.num_blocks > 0 ? 1.0 - static_cast<double>(s.num_free_blocks) / s.num_blocks : 0.0;
   return s;
 }
 
