@@ -232,26 +232,14 @@ std::string chat_template_source(const std::string& arg) {
   return arg;
 }
 
-void run_serve(ServeArgs args) {
-  // Every thread started from here on inherits the blocked signals; this thread waits for them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
-  // The log: stdout, as vLLM's; the start-up lines and each request's and the engine's lines.
-  log::configure(log::parse_level(args.log_level), log::parse_format(args.log_format), &std::cout);
-  const std::vector<std::string> notes = resolve_vllm_flags(args);
-  if (args.source.model_dir.empty()) fail("serve needs a model folder: glmserve serve DIR (or --model DIR)");
-  const std::filesystem::path dir(args.source.model_dir);
-  text::Tokenizer tokenizer = text::Tokenizer::load(dir);
-  server::ChatRenderer renderer;
+// The chat renderer: the model's template (or --chat-template), a request's own template when it
+// brings one; none (a warning, chat answers 400) when the model has no template.
+server::ChatRenderer make_renderer(const ServeArgs& args) {
   try {
     auto tmpl = std::make_shared<const ChatTemplate>(
         ChatTemplate::load(args.source.model_dir, chat_template_source(args.chat_template)));
     auto request_templates = std::make_shared<RequestTemplates>(args.source.model_dir);
-    renderer = [tmpl, request_templates](const server::ChatRequest& r) {
+    return [tmpl, request_templates](const server::ChatRequest& r) {
       const std::string tools = r.tools && !r.tools->is_null() ? r.tools->dump() : std::string();
       const std::shared_ptr<const ChatTemplate> chosen =
           r.chat_template.empty() ? tmpl : request_templates->get(r.chat_template);
@@ -262,42 +250,35 @@ void run_serve(ServeArgs args) {
     };
   } catch (const Error& e) {
     log::warning(std::string("glmserve: no chat template (") + e.what() + "); /v1/chat/completions answers 400");
+    return {};
   }
+}
 
-  engine::EngineConfig engine_config;
-  apply_preset(args.preset, engine_config);
-  if (args.max_num_seqs > 0) engine_config.max_num_seqs = args.max_num_seqs;
-  if (args.max_batch_tokens > 0) engine_config.max_batch_tokens = args.max_batch_tokens;
+engine::EngineConfig engine_config_of(const ServeArgs& args) {
+  engine::EngineConfig c;
+  apply_preset(args.preset, c);
+  if (args.max_num_seqs > 0) c.max_num_seqs = args.max_num_seqs;
+  if (args.max_batch_tokens > 0) c.max_batch_tokens = args.max_batch_tokens;
   if (!args.kv_cache_memory.empty()) {
-    engine_config.kv_cache_bytes = parse_readable_count(args.kv_cache_memory, "--kv-cache-memory");
-    if (engine_config.kv_cache_bytes <= 0) fail("--kv-cache-memory must be positive");
+    c.kv_cache_bytes = parse_readable_count(args.kv_cache_memory, "--kv-cache-memory");
+    if (c.kv_cache_bytes <= 0) fail("--kv-cache-memory must be positive");
   }
-  engine_config.gpu_memory_utilization = args.gpu_memory_utilization;
+  c.gpu_memory_utilization = args.gpu_memory_utilization;
   if (!args.max_model_len.empty()) {
     const int64_t len = parse_readable_count(args.max_model_len, "--max-model-len");
     if (len <= 0 || len > (int64_t{1} << 30)) fail("--max-model-len must be between 1 and 2^30 tokens");
-    engine_config.max_model_len = static_cast<int>(len);
+    c.max_model_len = static_cast<int>(len);
   }
-  if (args.no_prefix_caching) engine_config.enable_prefix_cache = false;
-  if (args.max_waiting > 0) engine_config.max_waiting = args.max_waiting;
+  if (args.no_prefix_caching) c.enable_prefix_cache = false;
+  if (args.max_waiting > 0) c.max_waiting = args.max_waiting;
   if (!args.speculative.empty()) {
-    engine_config.speculative_steps = args.speculative_steps;
-    engine_config.speculative_max_batch = args.speculative_max_batch;
+    c.speculative_steps = args.speculative_steps;
+    c.speculative_max_batch = args.speculative_max_batch;
   }
+  return c;
+}
 
-  ModelSourceArgs source = args.source;
-  source.load_mtp = engine_config.speculative_steps > 0;
-  LoadedModel model = load_model(source);
-  if (engine_config.max_model_len > model.config().max_position_embeddings)
-    fail("--max-model-len " + std::to_string(engine_config.max_model_len) + " exceeds the model's " +
-         std::to_string(model.config().max_position_embeddings) + " positions");
-  const int64_t model_cache_bytes_per_token = model.executor->cache_bytes_per_token();
-  const std::string device = model.executor->device();
-  runtime::Executor& executor = *model.executor;
-  engine::Engine engine(std::move(model.executor), engine_config);
-  const std::vector<runtime::Executor::RankMemory> memory = executor.memory();
-  std::unique_ptr<server::Backend> backend = server::make_engine_backend(engine);
-
+server::ServiceConfig service_config_of(const ServeArgs& args, const std::filesystem::path& dir) {
   server::ServiceConfig config;
   if (args.served_model_names.empty()) {
     config.served_model_name = dir.filename().string();
@@ -314,13 +295,79 @@ void run_serve(ServeArgs args) {
   config.request_timeout_seconds = args.request_timeout;
   config.max_body_bytes = args.max_body_bytes;
   parse_rate_limit(args.rate_limit, config);
-  if (args.generation_config == "auto") read_generation_defaults(dir, config);
-  else if (args.generation_config != "vllm") {
+  if (args.generation_config == "auto") {
+    read_generation_defaults(dir, config);
+  } else if (args.generation_config != "vllm") {
     if (!std::filesystem::is_regular_file(std::filesystem::path(args.generation_config) / "generation_config.json"))
       fail("--generation-config " + args.generation_config +
            ": no generation_config.json there (auto: the model's, vllm: none, or a folder holding one)");
     read_generation_defaults(args.generation_config, config);
   }
+  return config;
+}
+
+// The start-up lines after the port is bound: what runs where, and the cache.
+void log_banner(const ServeArgs& args, const std::vector<std::string>& notes, const server::ServiceConfig& config,
+                const engine::Engine& engine, const std::string& device, int64_t cache_bytes_per_token,
+                const std::vector<runtime::Executor::RankMemory>& memory, const LoadedModel& model) {
+  for (const std::string& note : notes) log::info("glmserve: note: " + note);
+  std::string names = "'" + config.served_model_name + "'";
+  for (const std::string& alias : config.model_aliases) names += ", '" + alias + "'";
+  const engine::EngineConfig& c = engine.config();
+  log::info(fmt::format("glmserve: model {} (served as {}), max_model_len {}, max_num_seqs {}, max_batch_tokens {}",
+                        args.source.model_dir, names, c.max_model_len, c.max_num_seqs, c.max_batch_tokens));
+  const int64_t tokens = int64_t{engine.blocks_per_rank()} * c.block_size;
+  log::info(fmt::format(
+      "glmserve: layout {} on {}; KV cache {} blocks of {} tokens per data-parallel rank ({} tokens, {:.2f} GiB)",
+      engine.layout().describe(), device, engine.blocks_per_rank(), c.block_size, tokens,
+      static_cast<double>(tokens * cache_bytes_per_token) / (1 << 30)));
+  for (size_t r = 0; r < memory.size(); ++r)
+    if (memory[r].weight_bytes > 0)
+      log::info(fmt::format("glmserve: rank {}: weights {:.2f} GiB, KV cache {:.2f} GiB on its device", r,
+                            static_cast<double>(memory[r].weight_bytes) / (1 << 30),
+                            static_cast<double>(memory[r].cache_bytes) / (1 << 30)));
+  if (c.speculative_steps > 0)
+    log::info(fmt::format("glmserve: speculative decoding with the MTP layer, {} draft tokens per step{}",
+                          c.speculative_steps,
+                          c.speculative_max_batch > 0
+                              ? ", up to " + std::to_string(c.speculative_max_batch) + " decoding sequences"
+                              : ""));
+  log::info(fmt::format("glmserve: pid {}{}", static_cast<int>(getpid()),
+                        model.processes ? ", process 0 of " + std::to_string(model.processes->size()) +
+                                              " (mpirun): SIGTERM here stops them all"
+                                        : ""));
+}
+
+void run_serve(ServeArgs args) {
+  // Every thread started from here on inherits the blocked signals; this thread waits for them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  // The log: stdout, as vLLM's; the start-up lines and each request's and the engine's lines.
+  log::configure(log::parse_level(args.log_level), log::parse_format(args.log_format), &std::cout);
+  const std::vector<std::string> notes = resolve_vllm_flags(args);
+  if (args.source.model_dir.empty()) fail("serve needs a model folder: glmserve serve DIR (or --model DIR)");
+  const std::filesystem::path dir(args.source.model_dir);
+  text::Tokenizer tokenizer = text::Tokenizer::load(dir);
+  const server::ChatRenderer renderer = make_renderer(args);
+  const engine::EngineConfig engine_config = engine_config_of(args);
+
+  ModelSourceArgs source = args.source;
+  source.load_mtp = engine_config.speculative_steps > 0;
+  LoadedModel model = load_model(source);
+  if (engine_config.max_model_len > model.config().max_position_embeddings)
+    fail("--max-model-len " + std::to_string(engine_config.max_model_len) + " exceeds the model's " +
+         std::to_string(model.config().max_position_embeddings) + " positions");
+  const int64_t cache_bytes_per_token = model.executor->cache_bytes_per_token();
+  const std::string device = model.executor->device();
+  runtime::Executor& executor = *model.executor;
+  engine::Engine engine(std::move(model.executor), engine_config);
+  const std::vector<runtime::Executor::RankMemory> memory = executor.memory();
+  std::unique_ptr<server::Backend> backend = server::make_engine_backend(engine);
+  const server::ServiceConfig config = service_config_of(args, dir);
   server::ApiService service(*backend, tokenizer, renderer, server::glm_parser_factory(), config);
 
   server::HttpServerOptions http;
@@ -332,33 +379,7 @@ void run_serve(ServeArgs args) {
   http.header_timeout_seconds = args.header_timeout;
   server::HttpServer server(service, http);
   server.start();
-  for (const std::string& note : notes) log::info("glmserve: note: " + note);
-  std::string names = "'" + config.served_model_name + "'";
-  for (const std::string& alias : config.model_aliases) names += ", '" + alias + "'";
-  log::info(fmt::format("glmserve: model {} (served as {}), max_model_len {}, max_num_seqs {}, max_batch_tokens {}",
-                        args.source.model_dir, names, engine.config().max_model_len, engine.config().max_num_seqs,
-                        engine.config().max_batch_tokens));
-  const int64_t cache_bytes = int64_t{engine.blocks_per_rank()} * engine.config().block_size *
-                              model_cache_bytes_per_token;
-  log::info(fmt::format(
-      "glmserve: layout {} on {}; KV cache {} blocks of {} tokens per data-parallel rank ({} tokens, {:.2f} GiB)",
-      engine.layout().describe(), device, engine.blocks_per_rank(), engine.config().block_size,
-      engine.blocks_per_rank() * engine.config().block_size, static_cast<double>(cache_bytes) / (1 << 30)));
-  for (size_t r = 0; r < memory.size(); ++r)
-    if (memory[r].weight_bytes > 0)
-      log::info(fmt::format("glmserve: rank {}: weights {:.2f} GiB, KV cache {:.2f} GiB on its device", r,
-                            static_cast<double>(memory[r].weight_bytes) / (1 << 30),
-                            static_cast<double>(memory[r].cache_bytes) / (1 << 30)));
-  if (engine.config().speculative_steps > 0)
-    log::info(fmt::format("glmserve: speculative decoding with the MTP layer, {} draft tokens per step{}",
-                          engine.config().speculative_steps,
-                          engine.config().speculative_max_batch > 0
-                              ? ", up to " + std::to_string(engine.config().speculative_max_batch) + " decoding sequences"
-                              : ""));
-  log::info(fmt::format("glmserve: pid {}{}", static_cast<int>(getpid()),
-                        model.processes ? ", process 0 of " + std::to_string(model.processes->size()) +
-                                              " (mpirun): SIGTERM here stops them all"
-                                        : ""));
+  log_banner(args, notes, config, engine, device, cache_bytes_per_token, memory, model);
   // The start-up contract: scripts wait for these two lines (in either log format).
   log::info(fmt::format("glmserve: listening on http://{}:{}", args.host, static_cast<unsigned>(server.port())));
   log::info("glmserve: ready");
