@@ -43,11 +43,13 @@ HttpResponse error_response(const ApiError& e) {
   return r;
 }
 
+// The paths served (and /v1/models/{id}): what a 404 lists and what metrics label by name.
+constexpr const char* kServedPaths[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize",
+                                        "/detokenize", "/health", "/ping", "/metrics", "/version"};
+
 std::string handler_label(const std::string& path) {
   // Served paths by name; everything else as one label (no unbounded label values).
-  static const char* const kServed[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize",
-                                        "/detokenize", "/health", "/ping", "/metrics", "/version"};
-  for (const char* served : kServed)
+  for (const char* served : kServedPaths)
     if (path == served) return path;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{model}";
   return "other";
@@ -176,10 +178,11 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
   const bool generate = path == "/v1/chat/completions" || path == "/v1/completions";
   const std::string models_prefix = "/v1/models/";
   const bool one_model = path.rfind(models_prefix, 0) == 0 && path.size() > models_prefix.size();
-  if (path != "/v1/models" && !one_model && !generate)
-    throw_api(404, "Not Found: glmserve does not serve " + path +
-                       " (it serves /v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, "
-                       "/health, /metrics, /version)");
+  if (path != "/v1/models" && !one_model && !generate) {
+    std::string served;
+    for (const char* p : kServedPaths) served += (served.empty() ? "" : ", ") + std::string(p);
+    throw_api(404, "Not Found: glmserve does not serve " + path + " (it serves " + served + ")");
+  }
 
   // Everything under /v1 is authenticated (as vLLM does with --api-key).
   const AuthResult auth = auth_->check(request.header("authorization"), static_cast<int64_t>(std::time(nullptr)));
