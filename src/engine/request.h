@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +12,19 @@
 #include "engine/sampler.h"
 
 namespace glms::engine {
+
+// Limits the tokens a request may produce next (structured outputs, src/structured): masks the
+// logits before each draw and follows the tokens drawn. Called on the engine's thread; each
+// request (each of n choices) has its own.
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  // Sets logits[t] to -infinity for every token t of [0, vocab) not allowed next; the engine then
+  // gives the model's EOS ids back their logits when may_end().
+  virtual void mask(float* logits, int vocab) const = 0;
+  virtual bool may_end() const = 0;  // the output so far is complete
+  virtual void accept(int32_t token) = 0;
+};
 
 struct RequestParams {
   std::vector<int32_t> prompt_ids;     // must be non-empty and within the vocabulary
@@ -25,13 +39,14 @@ struct RequestParams {
   double timeout_seconds = 0.0;        // 0 = none; past it the request ends with "timeout"
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to those tokens' logits before drawing
   int min_tokens = 0;                  // EOS and stop_token_ids are held back until this many tokens
+  std::shared_ptr<TokenConstraint> constraint;  // structured output: what may come next (null: anything)
 };
 
 // Whether anything adjusts a request's logits before its token is drawn (penalties, logit_bias,
 // min_tokens): then the logits come back to the host.
 inline bool adjusts_logits(const RequestParams& p) {
   return p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f ||
-         !p.logit_bias.empty() || p.min_tokens > 0;
+         !p.logit_bias.empty() || p.min_tokens > 0 || p.constraint != nullptr;
 }
 
 // Whether a request's next token is the argmax of its logits and nothing else reads them

@@ -358,6 +358,13 @@ int32_t Scheduler::draw_token(Sequence& seq, const float* raw_logits) {
       adjusted[token] -= p.presence_penalty + p.frequency_penalty * static_cast<float>(count);
     for (const auto& [token, bias] : p.logit_bias)
       if (token >= 0 && token < model_.vocab_size) adjusted[token] += bias;
+    if (p.constraint) {
+      std::vector<float> eos;
+      for (int32_t id : model_.eos_token_ids) eos.push_back(adjusted[id]);
+      p.constraint->mask(adjusted.data(), model_.vocab_size);
+      if (p.constraint->may_end() && !p.ignore_eos)
+        for (size_t i = 0; i < eos.size(); ++i) adjusted[model_.eos_token_ids[i]] = eos[i];
+    }
     if (seq.num_generated() < p.min_tokens) {
       constexpr float kNever = -std::numeric_limits<float>::infinity();
       if (!p.ignore_eos)
@@ -377,6 +384,7 @@ bool Scheduler::report_token(Sequence& seq, int32_t token_id, const float* raw_l
   if (p.top_logprobs >= 0) fill_logprobs(raw_logits, model_.vocab_size, p.top_logprobs, generated);
   seq.tokens.push_back(generated.token);
   if (seq.num_generated() == 1) seq.first_token = Clock::now();
+  if (p.constraint) p.constraint->accept(generated.token);
   ++seq.generated_counts[generated.token];
   ++counters_.generation_tokens_total;
 

@@ -15,6 +15,7 @@
 #include "server/generation.h"
 #include "server/metrics.h"
 #include "server/rate_limit.h"
+#include "structured/choice.h"
 #include "text/glm_parsers.h"
 
 namespace glms::server {
@@ -107,6 +108,12 @@ ApiService::ApiService(Backend& backend, text::Tokenizer tokenizer, ChatRenderer
       started_at_(static_cast<int64_t>(std::time(nullptr))),
       seeds_(config_.seed ? *config_.seed : std::random_device{}()) {
   tokenizer_.min_tokens_for_bytes(0);  // finds the longest token now, not at the first request
+  auto texts = std::make_shared<std::vector<std::string>>(tokenizer_.vocab_size());
+  for (size_t id = 0; id < texts->size(); ++id) {
+    const int32_t one = static_cast<int32_t>(id);
+    if (!tokenizer_.is_special(one)) (*texts)[id] = tokenizer_.decode(std::vector<int32_t>{one}, false);
+  }
+  token_texts_ = std::move(texts);
   for (const char* tag : {"<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
                           "<arg_value>", "</arg_value>"}) {
     const int32_t id = tokenizer_.token_to_id(tag);
@@ -316,6 +323,7 @@ engine::RequestParams ApiService::base_params(const SamplingFields& s, const std
                   "logit_bias");
   p.logit_bias = s.logit_bias;
   p.min_tokens = std::min(s.min_tokens, p.max_tokens);
+  if (!s.choice.empty()) p.constraint = structured::make_choice_constraint(s.choice, token_texts_);
   return p;
 }
 

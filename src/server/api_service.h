@@ -93,6 +93,8 @@ class ApiService {
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<RateLimiter> limiter_;
   std::vector<int32_t> markup_ids_;  // GLM markup special tokens kept in chat text
+  // Each token's text, special ones empty: what structured outputs match tokens against.
+  std::shared_ptr<const std::vector<std::string>> token_texts_;
   std::atomic<bool> draining_{false};
   int64_t started_at_ = 0;
   mutable std::mutex seed_mutex_;

@@ -184,10 +184,29 @@ void parse_sampling(const json& doc, SamplingFields& s, const ParseLimits& limit
                       std::to_string(*v) + " and pick among the choices)",
                   "best_of");
   }
+  // Structured outputs: the choice form (vLLM's structured_outputs.choice, or guided_choice).
+  auto parse_choice = [&](const json& v, const std::string& name) {
+    if (!v.is_array() || v.empty()) wrong_type(name, "a non-empty array of strings", v);
+    for (const json& item : v) {
+      if (!item.is_string() || item.get<std::string>().empty()) wrong_type(name, "a non-empty array of non-empty strings", v);
+      s.choice.push_back(item.get<std::string>());
+    }
+  };
+  if (const json* v = field(doc, "guided_choice")) parse_choice(*v, "guided_choice");
+  if (const json* v = field(doc, "structured_outputs")) {
+    if (!v->is_object()) wrong_type("structured_outputs", "an object", *v);
+    for (const auto& [key, value] : v->items()) {
+      if (key != "choice")
+        bad_request("structured_outputs." + key + " is not supported by glmserve yet (only choice)",
+                    "structured_outputs." + key);
+      if (!s.choice.empty()) bad_request("give the choices once (structured_outputs.choice or guided_choice)", "structured_outputs");
+      parse_choice(value, "structured_outputs.choice");
+    }
+  }
   // Fields glmserve does not implement yet: refused by name rather than ignored.
-  for (const char* name : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
-                           "guided_whitespace_pattern", "structured_outputs", "prompt_logprobs", "suffix",
-                           "allowed_token_ids", "bad_words", "logits_processors"})
+  for (const char* name : {"guided_json", "guided_regex", "guided_grammar", "guided_decoding_backend",
+                           "guided_whitespace_pattern", "prompt_logprobs", "suffix", "allowed_token_ids", "bad_words",
+                           "logits_processors"})
     if (field(doc, name))
       bad_request(std::string(name) + " is not supported by glmserve yet (docs/api.md lists the fields it takes)", name);
   if (const json* v = field(doc, "user"); v && !v->is_string()) wrong_type("user", "a string", *v);

@@ -222,6 +222,35 @@ TEST_F(E2E, AHugePromptIsRefusedByItsLength) {
   post("/v1/completions", {{"prompt", "def f():"}, {"max_tokens", 2}});
 }
 
+// Structured outputs, the choice form, on the bundled model: greedy and sampled, streamed and
+// not, chat and completions, every answer is one of the choices and ends with "stop".
+TEST_F(E2E, ChoiceOutputsAreOneOfTheChoices) {
+  const std::vector<std::string> choices = {"positive", "negative", "neutral", "not sure"};
+  for (int i = 0; i < 12; ++i) {
+    json body = {{"prompt", "# sentiment of 'def f(): pass':"}, {"max_tokens", 20}, {"seed", i}};
+    body["temperature"] = i % 3 == 0 ? 0.0 : 1.0;
+    if (i % 2 == 0) body["structured_outputs"] = {{"choice", choices}};
+    else body["guided_choice"] = choices;
+    std::string text, finish;
+    if (i % 4 < 2) {
+      const json r = post("/v1/completions", body);
+      text = r["choices"][0]["text"];
+      finish = r["choices"][0]["finish_reason"];
+    } else {
+      text = stream_text("/v1/completions", body, nullptr, &finish);
+    }
+    EXPECT_NE(std::find(choices.begin(), choices.end(), text), choices.end()) << i << ": '" << text << "'";
+    EXPECT_EQ(finish, "stop") << i;
+  }
+  const json chat = post("/v1/chat/completions",
+                         {{"messages", {{{"role", "user"}, {"content", "Is water wet?"}}}},
+                          {"chat_template_kwargs", {{"enable_thinking", false}}},
+                          {"structured_outputs", {{"choice", {"yes", "no"}}}},
+                          {"max_tokens", 10}});
+  const std::string answer = chat["choices"][0]["message"]["content"];
+  EXPECT_TRUE(answer == "yes" || answer == "no") << chat.dump();
+}
+
 TEST_F(E2E, ToolsAreAcceptedAndRendered) {
   const json req = {{"messages", {{{"role", "user"}, {"content", "weather in Paris?"}}}},
                     {"max_tokens", 4},

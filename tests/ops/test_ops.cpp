@@ -1,6 +1,8 @@
 // CPU ops against float64 references on random data, and the batch invariance of linear().
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -229,6 +231,24 @@ TEST(Sampling, TheCanonicalDrawWalksTheKeptTokensInIdOrder) {
   EXPECT_NEAR(probs[3], 4.0 / 12, 1e-6);
   EXPECT_NEAR(probs[4], 8.0 / 12, 1e-6);
   EXPECT_EQ(probs[0] + probs[1] + probs[2], 0.0f);
+}
+
+// Logits masked to -infinity (min_tokens, structured outputs) are never drawn, whatever the
+// filters: the top-p buckets over a large vocabulary span the finite logits only.
+TEST(Sampling, MaskedTokensAreNeverDrawn) {
+  const int vocab = 5000;  // past the sorted top-p path's size: the bucketed one
+  std::vector<float> logits(vocab, -std::numeric_limits<float>::infinity());
+  const std::vector<int32_t> open = {7, 1234, 4999};
+  for (size_t i = 0; i < open.size(); ++i) logits[open[i]] = static_cast<float>(i);
+  for (const auto& [top_p, top_k] : {std::pair<float, int>{1.0f, 0}, {0.95f, 0}, {0.5f, 40}, {0.95f, 2}}) {
+    ops::SamplingFilter filter;
+    filter.top_p = top_p;
+    filter.top_k = top_k;
+    for (double u : {0.0, 0.1, 0.5, 0.9, 0.999999}) {
+      const int32_t t = ops::sample_row(logits.data(), vocab, filter, u);
+      EXPECT_NE(std::find(open.begin(), open.end(), t), open.end()) << top_p << " " << top_k << " " << u << ": " << t;
+    }
+  }
 }
 
 // The sampler's exponential (the same float operations on the host and the device) against

@@ -293,8 +293,8 @@ TEST(ChatRequest, LogitBiasMinTokensBestOfAndARequestTemplate) {
 }
 
 TEST(ChatRequest, FieldsNotImplementedAreRefusedByName) {
-  for (const char* name : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
-                           "prompt_logprobs", "suffix", "allowed_token_ids", "bad_words"}) {
+  for (const char* name : {"guided_json", "guided_regex", "guided_grammar", "prompt_logprobs", "suffix",
+                           "allowed_token_ids", "bad_words"}) {
     json doc = chat_base();
     doc[name] = json::object();
     const ApiError e = chat_error(doc);
@@ -314,4 +314,30 @@ TEST(CompletionRequest, EchoWithLogprobsIsRefused) {
   EXPECT_EQ(e.status, 400);
   EXPECT_EQ(e.param, "echo");
   EXPECT_TRUE(parse_completion_request(json{{"prompt", "a"}, {"echo", true}}.dump()).echo);
+}
+
+TEST(ChatRequest, StructuredChoiceAndTheFormsNotYetTaken) {
+  json doc = chat_base();
+  doc["structured_outputs"] = {{"choice", {"yes", "no"}}};
+  EXPECT_EQ(parse_chat_request(doc.dump()).sampling.choice, (std::vector<std::string>{"yes", "no"}));
+  doc = chat_base();
+  doc["guided_choice"] = {"a", "b c"};
+  EXPECT_EQ(parse_chat_request(doc.dump()).sampling.choice, (std::vector<std::string>{"a", "b c"}));
+  for (const json& bad : {json{{"structured_outputs", {{"json", json::object()}}}},
+                          json{{"structured_outputs", {{"choice", json::array()}}}},
+                          json{{"structured_outputs", {{"choice", {"a", ""}}}}},
+                          json{{"guided_choice", "a"}}, json{{"structured_outputs", "a"}}}) {
+    json d = chat_base();
+    d.update(bad);
+    const ApiError e = chat_error(d);
+    EXPECT_EQ(e.status, 400) << bad.dump();
+    EXPECT_FALSE(e.param.empty()) << bad.dump();
+  }
+  EXPECT_EQ(chat_error([] {
+              json d = chat_base();
+              d["structured_outputs"] = {{"regex", "a+"}};
+              return d;
+            }())
+                .param,
+            "structured_outputs.regex");
 }

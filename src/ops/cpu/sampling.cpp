@@ -122,6 +122,17 @@ void filter(const float* logits, int vocab_size, const SamplingFilter& params, F
       if (logits[id] > kth || (logits[id] == kth && equal_kept-- > 0)) candidates[kept++] = id;
     candidates.resize(kept);
   }
+  // Tokens masked to -infinity (min_tokens, structured outputs) can never be drawn: they leave
+  // the candidates here (the top-p buckets span the finite logits only).
+  if (std::any_of(candidates.begin(), candidates.end(), [logits](int32_t id) { return std::isinf(logits[id]); })) {
+    const auto finite_end = std::remove_if(candidates.begin(), candidates.end(),
+                                           [logits](int32_t id) { return !std::isfinite(logits[id]); });
+    if (finite_end != candidates.begin()) candidates.erase(finite_end, candidates.end());
+    else {  // nothing finite (never expected): every id stays
+      candidates.resize(vocab_size);
+      std::iota(candidates.begin(), candidates.end(), 0);
+    }
+  }
   float max_logit = logits[candidates[0]];
   for (int32_t id : candidates) max_logit = std::max(max_logit, logits[id]);
   // Unnormalised weights exp((logit - max) / temperature) by id, in float (sampling_exp: the
