@@ -16,6 +16,7 @@
 #include "server/metrics.h"
 #include "server/rate_limit.h"
 #include "structured/choice.h"
+#include "structured/regex.h"
 #include "text/glm_parsers.h"
 
 namespace glms::server {
@@ -324,6 +325,13 @@ engine::RequestParams ApiService::base_params(const SamplingFields& s, const std
   p.logit_bias = s.logit_bias;
   p.min_tokens = std::min(s.min_tokens, p.max_tokens);
   if (!s.choice.empty()) p.constraint = structured::make_choice_constraint(s.choice, token_texts_);
+  if (!s.regex.empty()) {
+    try {
+      p.constraint = structured::make_regex_constraint(s.regex, token_texts_);
+    } catch (const Error& e) {
+      bad_request(e.what(), "structured_outputs.regex");
+    }
+  }
   return p;
 }
 

@@ -192,19 +192,28 @@ void parse_sampling(const json& doc, SamplingFields& s, const ParseLimits& limit
       s.choice.push_back(item.get<std::string>());
     }
   };
+  auto parse_regex = [&](const json& v, const std::string& name) {
+    if (!v.is_string() || v.get<std::string>().empty()) wrong_type(name, "a non-empty string", v);
+    s.regex = v.get<std::string>();
+  };
   if (const json* v = field(doc, "guided_choice")) parse_choice(*v, "guided_choice");
+  if (const json* v = field(doc, "guided_regex")) parse_regex(*v, "guided_regex");
   if (const json* v = field(doc, "structured_outputs")) {
     if (!v->is_object()) wrong_type("structured_outputs", "an object", *v);
     for (const auto& [key, value] : v->items()) {
-      if (key != "choice")
-        bad_request("structured_outputs." + key + " is not supported by glmserve yet (only choice)",
+      if (key == "choice") parse_choice(value, "structured_outputs.choice");
+      else if (key == "regex") parse_regex(value, "structured_outputs.regex");
+      else
+        bad_request("structured_outputs." + key + " is not supported by glmserve yet (choice and regex are)",
                     "structured_outputs." + key);
-      if (!s.choice.empty()) bad_request("give the choices once (structured_outputs.choice or guided_choice)", "structured_outputs");
-      parse_choice(value, "structured_outputs.choice");
     }
   }
+  if (!s.choice.empty() + !s.regex.empty() > 1 ||
+      (field(doc, "guided_choice") && field(doc, "structured_outputs")) ||
+      (field(doc, "guided_regex") && field(doc, "structured_outputs")))
+    bad_request("give one structured output (choice or regex), once", "structured_outputs");
   // Fields glmserve does not implement yet: refused by name rather than ignored.
-  for (const char* name : {"guided_json", "guided_regex", "guided_grammar", "guided_decoding_backend",
+  for (const char* name : {"guided_json", "guided_grammar", "guided_decoding_backend",
                            "guided_whitespace_pattern", "prompt_logprobs", "suffix", "allowed_token_ids", "bad_words",
                            "logits_processors"})
     if (field(doc, name))

@@ -51,6 +51,7 @@ struct SamplingFields {
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to the token's logit before sampling
   int min_tokens = 0;               // EOS and stop_token_ids are held back until this many tokens
   std::vector<std::string> choice;  // structured output: exactly one of these (structured_outputs.choice, guided_choice)
+  std::string regex;                // structured output: the whole output matches it (structured_outputs.regex, guided_regex)
 };
 
 struct ChatRequest {

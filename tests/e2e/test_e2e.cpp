@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <thread>
 
 #include "../server/prom_validator.h"
@@ -249,6 +250,24 @@ TEST_F(E2E, ChoiceOutputsAreOneOfTheChoices) {
                           {"max_tokens", 10}});
   const std::string answer = chat["choices"][0]["message"]["content"];
   EXPECT_TRUE(answer == "yes" || answer == "no") << chat.dump();
+}
+
+// The regex form on the bundled model: greedy and sampled outputs match the expression (a
+// date, a small JSON object), and an expression outside the syntax is a 400 naming it.
+TEST_F(E2E, RegexOutputsMatchTheExpression) {
+  const std::vector<std::string> patterns = {R"(20[0-9]{2}-(0[1-9]|1[0-2])-[0-3][0-9])",
+                                             R"(\{"n": [0-9]{1,3}, "ok": (true|false)\})"};
+  for (const std::string& pattern : patterns)
+    for (int i = 0; i < 4; ++i) {
+      json body = {{"prompt", "# today:"}, {"max_tokens", 40}, {"seed", i}, {"temperature", i == 0 ? 0.0 : 1.0}};
+      body["structured_outputs"] = {{"regex", pattern}};
+      const json r = post("/v1/completions", body);
+      const std::string text = r["choices"][0]["text"];
+      EXPECT_TRUE(std::regex_match(text, std::regex(pattern))) << pattern << ": '" << text << "'";
+      EXPECT_EQ(r["choices"][0]["finish_reason"], "stop") << pattern << ": '" << text << "'";
+    }
+  const json bad = post("/v1/completions", {{"prompt", "x"}, {"guided_regex", "(ab"}}, 400);
+  EXPECT_EQ(bad["error"]["param"], "structured_outputs.regex");
 }
 
 TEST_F(E2E, ToolsAreAcceptedAndRendered) {

@@ -293,8 +293,8 @@ TEST(ChatRequest, LogitBiasMinTokensBestOfAndARequestTemplate) {
 }
 
 TEST(ChatRequest, FieldsNotImplementedAreRefusedByName) {
-  for (const char* name : {"guided_json", "guided_regex", "guided_grammar", "prompt_logprobs", "suffix",
-                           "allowed_token_ids", "bad_words"}) {
+  for (const char* name : {"guided_json", "guided_grammar", "prompt_logprobs", "suffix", "allowed_token_ids",
+                           "bad_words"}) {
     json doc = chat_base();
     doc[name] = json::object();
     const ApiError e = chat_error(doc);
@@ -335,9 +335,17 @@ TEST(ChatRequest, StructuredChoiceAndTheFormsNotYetTaken) {
   }
   EXPECT_EQ(chat_error([] {
               json d = chat_base();
-              d["structured_outputs"] = {{"regex", "a+"}};
+              d["structured_outputs"] = {{"grammar", "root ::= \"a\""}};
               return d;
             }())
                 .param,
-            "structured_outputs.regex");
+            "structured_outputs.grammar");
+  doc = chat_base();
+  doc["structured_outputs"] = {{"regex", "[0-9]+"}};
+  EXPECT_EQ(parse_chat_request(doc.dump()).sampling.regex, "[0-9]+");
+  doc = chat_base();
+  doc["guided_regex"] = "a|b";
+  EXPECT_EQ(parse_chat_request(doc.dump()).sampling.regex, "a|b");
+  doc["guided_choice"] = {"a"};
+  EXPECT_EQ(chat_error(doc).param, "structured_outputs");  // two structured outputs
 }
