@@ -16,6 +16,7 @@
 #include "server/metrics.h"
 #include "server/rate_limit.h"
 #include "structured/choice.h"
+#include "structured/json_object.h"
 #include "structured/regex.h"
 #include "text/glm_parsers.h"
 
@@ -325,6 +326,7 @@ engine::RequestParams ApiService::base_params(const SamplingFields& s, const std
   p.logit_bias = s.logit_bias;
   p.min_tokens = std::min(s.min_tokens, p.max_tokens);
   if (!s.choice.empty()) p.constraint = structured::make_choice_constraint(s.choice, token_texts_);
+  if (s.json_object) p.constraint = structured::make_json_object_constraint(token_texts_);
   if (!s.regex.empty()) {
     try {
       p.constraint = structured::make_regex_constraint(s.regex, token_texts_);

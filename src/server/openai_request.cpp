@@ -155,8 +155,9 @@ void parse_sampling(const json& doc, SamplingFields& s, const ParseLimits& limit
   if (const json* v = field(doc, "response_format")) {
     if (!v->is_object()) wrong_type("response_format", "an object", *v);
     const auto type = get_string(*v, "type");
-    if (type && *type != "text")
-      bad_request("response_format type '" + *type + "' is not supported (only 'text')", "response_format");
+    if (type && *type == "json_object") s.json_object = true;
+    else if (type && *type != "text")
+      bad_request("response_format type '" + *type + "' is not supported (text and json_object are)", "response_format");
   }
   if (const json* v = field(doc, "logit_bias")) {
     if (!v->is_object()) wrong_type("logit_bias", "an object of token id -> bias", *v);
@@ -203,15 +204,19 @@ void parse_sampling(const json& doc, SamplingFields& s, const ParseLimits& limit
     for (const auto& [key, value] : v->items()) {
       if (key == "choice") parse_choice(value, "structured_outputs.choice");
       else if (key == "regex") parse_regex(value, "structured_outputs.regex");
+      else if (key == "json_object") {
+        if (!value.is_boolean()) wrong_type("structured_outputs.json_object", "a boolean", value);
+        s.json_object = s.json_object || value.get<bool>();
+      }
       else
-        bad_request("structured_outputs." + key + " is not supported by glmserve yet (choice and regex are)",
+        bad_request("structured_outputs." + key + " is not supported by glmserve yet (choice, regex and json_object are)",
                     "structured_outputs." + key);
     }
   }
-  if (!s.choice.empty() + !s.regex.empty() > 1 ||
+  if (!s.choice.empty() + !s.regex.empty() + s.json_object > 1 ||
       (field(doc, "guided_choice") && field(doc, "structured_outputs")) ||
       (field(doc, "guided_regex") && field(doc, "structured_outputs")))
-    bad_request("give one structured output (choice or regex), once", "structured_outputs");
+    bad_request("give one structured output (choice, regex or json_object), once", "structured_outputs");
   // Fields glmserve does not implement yet: refused by name rather than ignored.
   for (const char* name : {"guided_json", "guided_grammar", "guided_decoding_backend",
                            "guided_whitespace_pattern", "prompt_logprobs", "suffix", "allowed_token_ids", "bad_words",

@@ -52,6 +52,7 @@ struct SamplingFields {
   int min_tokens = 0;               // EOS and stop_token_ids are held back until this many tokens
   std::vector<std::string> choice;  // structured output: exactly one of these (structured_outputs.choice, guided_choice)
   std::string regex;                // structured output: the whole output matches it (structured_outputs.regex, guided_regex)
+  bool json_object = false;         // structured output: one JSON object (response_format json_object, structured_outputs.json_object)
 };
 
 struct ChatRequest {

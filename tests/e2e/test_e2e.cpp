@@ -270,6 +270,33 @@ TEST_F(E2E, RegexOutputsMatchTheExpression) {
   EXPECT_EQ(bad["error"]["param"], "structured_outputs.regex");
 }
 
+// The json_object form (OpenAI's response_format) on the bundled model: every answer, greedy
+// or sampled, parses as one JSON object.
+TEST_F(E2E, JsonObjectOutputsParse) {
+  int closed = 0;
+  for (int i = 0; i < 6; ++i) {
+    json body = {{"prompt", "config = "}, {"max_tokens", 120}, {"seed", i}, {"temperature", i == 0 ? 0.0 : 0.8}};
+    if (i % 2 == 0) body["response_format"] = {{"type", "json_object"}};
+    else body["structured_outputs"] = {{"json_object", true}};
+    const json r = post("/v1/completions", body);
+    const std::string text = r["choices"][0]["text"];
+    if (r["choices"][0]["finish_reason"] == "length") continue;  // cut by max_tokens: not yet closed
+    ++closed;
+    const json parsed = json::parse(text, nullptr, false);
+    EXPECT_TRUE(parsed.is_object()) << i << ": '" << text << "'";
+  }
+  EXPECT_GT(closed, 0) << "every answer was cut by max_tokens";
+  const json chat = post("/v1/chat/completions",
+                         {{"messages", {{{"role", "user"}, {"content", "Give a JSON object."}}}},
+                          {"chat_template_kwargs", {{"enable_thinking", false}}},
+                          {"response_format", {{"type", "json_object"}}},
+                          {"max_tokens", 120}});
+  if (chat["choices"][0]["finish_reason"] == "stop") {
+    const std::string content = chat["choices"][0]["message"]["content"];
+    EXPECT_TRUE(json::parse(content, nullptr, false).is_object()) << chat.dump();
+  }
+}
+
 TEST_F(E2E, ToolsAreAcceptedAndRendered) {
   const json req = {{"messages", {{{"role", "user"}, {"content", "weather in Paris?"}}}},
                     {"max_tokens", 4},

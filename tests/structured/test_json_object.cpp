@@ -1,0 +1,76 @@
+// The json_object constraint: random walks over the allowed tokens of a small JSON-ish
+// vocabulary end, when they may, on text that nlohmann::json parses as an object; the first
+// tokens can only open one; invalid continuations are masked.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "structured/json_object.h"
+
+using namespace glms;
+
+namespace {
+structured::TokenTexts json_texts() {
+  std::vector<std::string> texts = {""};
+  for (const char* t : {"{", "}", "[", "]", "\"", ":", ",", " ", "\n", "a", "b", "1", "0", "-", ".", "e", "\\", "n",
+                        "{\"", "\":", "\"}", "true", "null", "false", "12", "\\n", "\\u00e9", "\"a\"", ", ", "}}", "x", "u", "l", "r", "s", "t", "f"})
+    texts.emplace_back(t);
+  return std::make_shared<const std::vector<std::string>>(std::move(texts));
+}
+std::vector<int> allowed(const engine::TokenConstraint& c, int vocab) {
+  std::vector<float> logits(static_cast<size_t>(vocab), 0.0f);
+  c.mask(logits.data(), vocab);
+  std::vector<int> out;
+  for (int t = 0; t < vocab; ++t)
+    if (std::isfinite(logits[t])) out.push_back(t);
+  return out;
+}
+}  // namespace
+
+TEST(JsonObject, WalksEndOnObjectsThatParse) {
+  const auto texts = json_texts();
+  const int vocab = static_cast<int>(texts->size());
+  std::mt19937 rng(3);
+  int ended = 0;
+  for (int walk = 0; walk < 400; ++walk) {
+    auto c = structured::make_json_object_constraint(texts);
+    std::string out;
+    for (int step = 0; step < 80 && !c->may_end(); ++step) {
+      const std::vector<int> options = allowed(*c, vocab);
+      ASSERT_FALSE(options.empty()) << "stuck after '" << out << "'";
+      // Prefer closing tokens as the walk grows, so that most walks end.
+      int token = options[rng() % options.size()];
+      if (step > 20)
+        for (int t : options)
+          if ((*texts)[t] == "}" || (*texts)[t] == "]" || (*texts)[t] == "\"" || (*texts)[t] == "1") token = t;
+      out += (*texts)[token];
+      c->accept(token);
+    }
+    if (!c->may_end()) continue;
+    ++ended;
+    const nlohmann::json parsed = nlohmann::json::parse(out, nullptr, false);
+    EXPECT_TRUE(parsed.is_object()) << "'" << out << "'";
+  }
+  EXPECT_GT(ended, 100);  // 157 with this seed: enough walks reach a closed object
+}
+
+TEST(JsonObject, OnlyAnObjectMayStartAndBadContinuationsAreMasked) {
+  const auto texts = json_texts();
+  const int vocab = static_cast<int>(texts->size());
+  auto c = structured::make_json_object_constraint(texts);
+  std::vector<std::string> first;
+  for (int t : allowed(*c, vocab)) first.push_back((*texts)[t]);
+  EXPECT_EQ(first, (std::vector<std::string>{"{", " ", "\n", "{\""}));
+  for (const std::string& t : {std::string("{\""), std::string("a"), std::string("\":")}) {
+    for (int id = 0; id < vocab; ++id)
+      if ((*texts)[id] == t) c->accept(id);
+  }
+  // After {"a": a value is due: no ',' '}' or ':'.
+  for (int t : allowed(*c, vocab)) {
+    const std::string& s = (*texts)[t];
+    EXPECT_TRUE(s != "," && s != "}" && s != ":" && s != "x") << s;
+  }
+  EXPECT_FALSE(c->may_end());
+}
