@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "allowed_tokens.h"
 #include "core/error.h"
 #include "structured/choice.h"
 
@@ -15,14 +16,7 @@ structured::TokenTexts toy_texts() {
   return std::make_shared<const std::vector<std::string>>(
       std::vector<std::string>{"", "y", "es", "yes", "no", " please", "n", "o", "x"});
 }
-std::vector<int> allowed(const engine::TokenConstraint& c) {
-  std::vector<float> logits(9, 0.0f);
-  c.mask(logits.data(), 9);
-  std::vector<int> out;
-  for (int t = 0; t < 9; ++t)
-    if (std::isfinite(logits[t])) out.push_back(t);
-  return out;
-}
+std::vector<int> allowed(const engine::TokenConstraint& c) { return glms::testing::allowed_tokens(c, 9); }
 }  // namespace
 
 TEST(Choice, TokensKeepTheOutputAPrefixOfAChoiceAndEosEndsAWholeOne) {

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "allowed_tokens.h"
 #include "structured/json_object.h"
 
 using namespace glms;
@@ -19,14 +20,7 @@ structured::TokenTexts json_texts() {
     texts.emplace_back(t);
   return std::make_shared<const std::vector<std::string>>(std::move(texts));
 }
-std::vector<int> allowed(const engine::TokenConstraint& c, int vocab) {
-  std::vector<float> logits(static_cast<size_t>(vocab), 0.0f);
-  c.mask(logits.data(), vocab);
-  std::vector<int> out;
-  for (int t = 0; t < vocab; ++t)
-    if (std::isfinite(logits[t])) out.push_back(t);
-  return out;
-}
+std::vector<int> allowed(const engine::TokenConstraint& c, int vocab) { return glms::testing::allowed_tokens(c, vocab); }
 }  // namespace
 
 TEST(JsonObject, WalksEndOnObjectsThatParse) {

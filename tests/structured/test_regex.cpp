@@ -8,6 +8,7 @@
 #include <random>
 #include <regex>
 
+#include "allowed_tokens.h"
 #include "core/error.h"
 #include "structured/regex.h"
 
@@ -20,14 +21,7 @@ structured::TokenTexts toy_texts() {
   for (const char* two : {"12", "ab", "x.", "-a", "z@"}) texts.emplace_back(two);
   return std::make_shared<const std::vector<std::string>>(std::move(texts));
 }
-std::vector<int> allowed(const engine::TokenConstraint& c, int vocab) {
-  std::vector<float> logits(static_cast<size_t>(vocab), 0.0f);
-  c.mask(logits.data(), vocab);
-  std::vector<int> out;
-  for (int t = 0; t < vocab; ++t)
-    if (std::isfinite(logits[t])) out.push_back(t);
-  return out;
-}
+std::vector<int> allowed(const engine::TokenConstraint& c, int vocab) { return glms::testing::allowed_tokens(c, vocab); }
 }  // namespace
 
 TEST(Regex, RandomWalksOverAllowedTokensMatchTheExpression) {
