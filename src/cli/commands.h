@@ -17,5 +17,6 @@ void add_quantize_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_bench_step_command(CLI::App& app);
+void add_bench_structured_command(CLI::App& app);
 
 }  // namespace glms::cli

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
     glms::cli::add_serve_command(app);
     glms::cli::add_bench_command(app);
     glms::cli::add_bench_step_command(app);
+    glms::cli::add_bench_structured_command(app);
     std::vector<std::string> args = glms::cli::expand_short_layout_flags(argc, argv);
     app.name(args.front());
     args.erase(args.begin());

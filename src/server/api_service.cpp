@@ -16,8 +16,10 @@
 #include "server/metrics.h"
 #include "server/rate_limit.h"
 #include "structured/choice.h"
-#include "structured/json_object.h"
+#include "structured/json_schema.h"
+#include "structured/recognizer.h"
 #include "structured/regex.h"
+#include "structured/tool_calls.h"
 #include "text/glm_parsers.h"
 
 namespace glms::server {
@@ -110,12 +112,15 @@ ApiService::ApiService(Backend& backend, text::Tokenizer tokenizer, ChatRenderer
       started_at_(static_cast<int64_t>(std::time(nullptr))),
       seeds_(config_.seed ? *config_.seed : std::random_device{}()) {
   tokenizer_.min_tokens_for_bytes(0);  // finds the longest token now, not at the first request
-  auto texts = std::make_shared<std::vector<std::string>>(tokenizer_.vocab_size());
-  for (size_t id = 0; id < texts->size(); ++id) {
+  std::vector<std::string> texts(static_cast<size_t>(tokenizer_.vocab_size()));
+  for (size_t id = 0; id < texts.size(); ++id) {
     const int32_t one = static_cast<int32_t>(id);
-    if (!tokenizer_.is_special(one)) (*texts)[id] = tokenizer_.decode(std::vector<int32_t>{one}, false);
+    if (!tokenizer_.is_special(one)) texts[id] = tokenizer_.decode(std::vector<int32_t>{one}, false);
   }
-  token_texts_ = std::move(texts);
+  std::vector<int32_t> structured_markup;
+  for (const std::string_view tag : structured::kMarkupTokens)
+    structured_markup.push_back(tokenizer_.token_to_id(std::string(tag)));
+  vocabulary_ = structured::make_vocabulary(std::move(texts), structured_markup);
   for (const char* tag : {"<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
                           "<arg_value>", "</arg_value>"}) {
     const int32_t id = tokenizer_.token_to_id(tag);
@@ -275,7 +280,8 @@ uint64_t ApiService::next_seed() const {
 }
 
 engine::RequestParams ApiService::base_params(const SamplingFields& s, const std::vector<int32_t>& ids, bool chat,
-                                              int index) const {
+                                              int index,
+                                              const std::shared_ptr<structured::GrammarMatcher>& matcher) const {
   engine::RequestParams p;
   p.prompt_ids = ids;
   p.sampling.temperature = s.temperature.value_or(config_.default_temperature);
@@ -325,16 +331,49 @@ engine::RequestParams ApiService::base_params(const SamplingFields& s, const std
                   "logit_bias");
   p.logit_bias = s.logit_bias;
   p.min_tokens = std::min(s.min_tokens, p.max_tokens);
-  if (!s.choice.empty()) p.constraint = structured::make_choice_constraint(s.choice, token_texts_);
-  if (s.json_object) p.constraint = structured::make_json_object_constraint(token_texts_);
-  if (!s.regex.empty()) {
-    try {
-      p.constraint = structured::make_regex_constraint(s.regex, token_texts_);
-    } catch (const Error& e) {
-      bad_request(e.what(), "structured_outputs.regex");
+  if (matcher) p.constraint = structured::make_grammar_constraint(matcher);
+  return p;
+}
+
+std::shared_ptr<structured::GrammarMatcher> ApiService::structured_matcher(const SamplingFields& s, const ChatRequest* chat,
+                                                                           bool opens_reasoning) const {
+  const bool forced_call = chat && (chat->tool_choice == "required" || chat->tool_choice == "function");
+  std::string key, param = "structured_outputs";
+  if (!s.choice.empty()) key = "choice:" + nlohmann::json(s.choice).dump();
+  else if (!s.regex.empty()) key = "regex:" + s.regex, param = "structured_outputs.regex";
+  else if (s.json_object) key = "json_object";
+  else if (s.json_schema) key = "json:" + s.json_schema->dump(), param = "structured_outputs.json";
+  else if (!s.grammar.empty()) key = "grammar:" + s.grammar, param = "structured_outputs.grammar";
+  else if (forced_call)
+    key = "tools:" + chat->tool_function + (chat->parallel_tool_calls ? ":parallel:" : ":one:") +
+          (opens_reasoning ? "think:" : ":") + chat->tools_in_order->dump(),
+    param = "tool_choice";
+  else return nullptr;
+  {
+    std::lock_guard<std::mutex> lock(grammar_mutex_);
+    const auto it = matchers_.find(key);
+    if (it != matchers_.end()) {
+      // A matcher that stopped growing is replaced for new requests; old ones keep theirs.
+      if (it->second->full()) it->second = std::make_shared<structured::GrammarMatcher>(it->second->grammar(), vocabulary_);
+      return it->second;
     }
   }
-  return p;
+  std::shared_ptr<const structured::Grammar> grammar;
+  try {
+    if (!s.choice.empty()) grammar = structured::choice_grammar(s.choice);
+    else if (!s.regex.empty()) grammar = structured::regex_grammar(s.regex);
+    else if (s.json_object) grammar = structured::json_schema_grammar(nlohmann::ordered_json{{"type", "object"}});
+    else if (s.json_schema) grammar = structured::json_schema_grammar(*s.json_schema);
+    else if (!s.grammar.empty()) grammar = structured::parse_gbnf(s.grammar);
+    else grammar = structured::tool_call_grammar(*chat->tools_in_order, {chat->tool_function, chat->parallel_tool_calls, opens_reasoning});
+  } catch (const Error& e) {
+    bad_request(e.what(), param);
+  }
+  auto matcher = std::make_shared<structured::GrammarMatcher>(std::move(grammar), vocabulary_);
+  std::lock_guard<std::mutex> lock(grammar_mutex_);
+  if (matchers_.size() >= 16) matchers_.clear();
+  matchers_.emplace(key, matcher);
+  return matcher;
 }
 
 void ApiService::start_chat(const HttpRequest& request, std::shared_ptr<Responder> responder) {
@@ -350,7 +389,9 @@ void ApiService::start_chat(const HttpRequest& request, std::shared_ptr<Responde
   spec.created = static_cast<int64_t>(std::time(nullptr));
   check_prompt_bytes(prompt.size(), "messages");
   spec.prompts.push_back({tokenizer_.encode(prompt, false), prompt});
-  for (int i = 0; i < req.sampling.n; ++i) spec.params.push_back(base_params(req.sampling, spec.prompts[0].ids, true, i));
+  const auto matcher = structured_matcher(req.sampling, &req, text::prompt_opens_reasoning(prompt));
+  for (int i = 0; i < req.sampling.n; ++i)
+    spec.params.push_back(base_params(req.sampling, spec.prompts[0].ids, true, i, matcher));
   spec.sampling = std::move(req.sampling);
   spec.parser_factory = parser_factory_;
   spec.parser_options.prompt_ends_in_think = text::prompt_opens_reasoning(prompt);
@@ -376,6 +417,7 @@ void ApiService::start_completion(const HttpRequest& request, std::shared_ptr<Re
   spec.created = static_cast<int64_t>(std::time(nullptr));
   spec.echo = req.echo;
   const int vocab = backend_.vocab_size();
+  const auto matcher = structured_matcher(req.sampling, nullptr, false);
   for (const Prompt& prompt : req.prompts) {
     GenerationSpec::PromptInput input;
     if (const auto* text = std::get_if<std::string>(&prompt)) {
@@ -392,7 +434,7 @@ void ApiService::start_completion(const HttpRequest& request, std::shared_ptr<Re
                       "prompt");
       if (req.echo) input.text = tokenizer_.decode(input.ids, req.sampling.skip_special_tokens);
     }
-    for (int i = 0; i < req.sampling.n; ++i) spec.params.push_back(base_params(req.sampling, input.ids, false, i));
+    for (int i = 0; i < req.sampling.n; ++i) spec.params.push_back(base_params(req.sampling, input.ids, false, i, matcher));
     spec.prompts.push_back(std::move(input));
   }
   spec.sampling = std::move(req.sampling);

@@ -15,6 +15,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "server/backend.h"
@@ -22,6 +23,11 @@
 #include "server/openai_request.h"
 #include "server/text_stream.h"
 #include "text/tokenizer.h"
+
+namespace glms::structured {
+class GrammarMatcher;
+struct TokenVocabulary;
+}  // namespace glms::structured
 
 namespace glms::server {
 
@@ -81,8 +87,14 @@ class ApiService {
   uint64_t next_seed() const;  // a request's seed when it gives none
   // 400 when a prompt of `bytes` cannot fit the context whatever its tokens (before tokenizing).
   void check_prompt_bytes(size_t bytes, const char* param) const;
-  engine::RequestParams base_params(const SamplingFields& s, const std::vector<int32_t>& ids, bool chat,
-                                    int index) const;
+  // `matcher` (may be null): the request's structured output; each choice gets its own constraint.
+  engine::RequestParams base_params(const SamplingFields& s, const std::vector<int32_t>& ids, bool chat, int index,
+                                    const std::shared_ptr<structured::GrammarMatcher>& matcher) const;
+  // The matcher of a request's structured output or forced tool call (null: none): its grammar
+  // compiled once per distinct form, its DFA and masks shared by the requests using it (16 forms
+  // kept). Throws ApiException 400 naming what is wrong.
+  std::shared_ptr<structured::GrammarMatcher> structured_matcher(const SamplingFields& s, const ChatRequest* chat,
+                                                                 bool opens_reasoning) const;
 
   Backend& backend_;
   text::Tokenizer tokenizer_;
@@ -93,8 +105,10 @@ class ApiService {
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<RateLimiter> limiter_;
   std::vector<int32_t> markup_ids_;  // GLM markup special tokens kept in chat text
-  // Each token's text, special ones empty: what structured outputs match tokens against.
-  std::shared_ptr<const std::vector<std::string>> token_texts_;
+  // Each token's text and their trie: what structured outputs match tokens against.
+  std::shared_ptr<const structured::TokenVocabulary> vocabulary_;
+  mutable std::mutex grammar_mutex_;
+  mutable std::unordered_map<std::string, std::shared_ptr<structured::GrammarMatcher>> matchers_;
   std::atomic<bool> draining_{false};
   int64_t started_at_ = 0;
   mutable std::mutex seed_mutex_;

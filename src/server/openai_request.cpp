@@ -97,7 +97,22 @@ json parse_body(std::string_view body, int max_depth) {
   return doc;
 }
 
-void parse_sampling(const json& doc, SamplingFields& s, const ParseLimits& limits, bool chat) {
+void parse_sampling(const json& doc, std::string_view body, SamplingFields& s, const ParseLimits& limits, bool chat) {
+  // A JSON schema is read again from the body in key order: the order of its properties is the
+  // order the output writes them in.
+  auto take_schema = [&](const json& schema, const std::vector<std::string>& path, const std::string& name) {
+    if (s.json_schema) bad_request("give one structured output, once", name);
+    if (schema.is_string()) {
+      const auto parsed = nlohmann::ordered_json::parse(schema.get<std::string>(), nullptr, false);
+      if (parsed.is_discarded()) bad_request(name + " is a string but not JSON", name);
+      s.json_schema = std::make_shared<const nlohmann::ordered_json>(parsed);
+      return;
+    }
+    if (!schema.is_object() && !schema.is_boolean()) wrong_type(name, "a JSON schema (an object)", schema);
+    nlohmann::ordered_json at = nlohmann::ordered_json::parse(body);
+    for (const std::string& key : path) at = nlohmann::ordered_json(at[key]);
+    s.json_schema = std::make_shared<const nlohmann::ordered_json>(std::move(at));
+  };
   if (auto v = get_string(doc, "model")) s.model = *v;
   constexpr int64_t kMaxTokens = 1 << 30;
   if (auto v = get_int(doc, "max_tokens", 1, kMaxTokens)) s.max_tokens = static_cast<int>(*v);
@@ -155,9 +170,18 @@ void parse_sampling(const json& doc, SamplingFields& s, const ParseLimits& limit
   if (const json* v = field(doc, "response_format")) {
     if (!v->is_object()) wrong_type("response_format", "an object", *v);
     const auto type = get_string(*v, "type");
-    if (type && *type == "json_object") s.json_object = true;
-    else if (type && *type != "text")
-      bad_request("response_format type '" + *type + "' is not supported (text and json_object are)", "response_format");
+    if (type && *type == "json_object") {
+      s.json_object = true;
+    } else if (type && *type == "json_schema") {
+      const json* spec = field(*v, "json_schema");
+      if (!spec || !spec->is_object()) bad_request("response_format.json_schema must be an object", "response_format.json_schema");
+      const json* schema = field(*spec, "schema");
+      if (!schema) bad_request("response_format.json_schema.schema is required", "response_format.json_schema.schema");
+      take_schema(*schema, {"response_format", "json_schema", "schema"}, "response_format.json_schema.schema");
+    } else if (type && *type != "text") {
+      bad_request("response_format type '" + *type + "' is not supported (text, json_object and json_schema are)",
+                  "response_format");
+    }
   }
   if (const json* v = field(doc, "logit_bias")) {
     if (!v->is_object()) wrong_type("logit_bias", "an object of token id -> bias", *v);
@@ -197,28 +221,37 @@ void parse_sampling(const json& doc, SamplingFields& s, const ParseLimits& limit
     if (!v.is_string() || v.get<std::string>().empty()) wrong_type(name, "a non-empty string", v);
     s.regex = v.get<std::string>();
   };
-  if (const json* v = field(doc, "guided_choice")) parse_choice(*v, "guided_choice");
-  if (const json* v = field(doc, "guided_regex")) parse_regex(*v, "guided_regex");
+  auto parse_grammar = [&](const json& v, const std::string& name) {
+    if (!v.is_string() || v.get<std::string>().empty()) wrong_type(name, "a non-empty string (GBNF)", v);
+    s.grammar = v.get<std::string>();
+  };
+  int guided_fields = 0;
+  if (const json* v = field(doc, "guided_choice")) parse_choice(*v, "guided_choice"), ++guided_fields;
+  if (const json* v = field(doc, "guided_regex")) parse_regex(*v, "guided_regex"), ++guided_fields;
+  if (const json* v = field(doc, "guided_grammar")) parse_grammar(*v, "guided_grammar"), ++guided_fields;
+  if (const json* v = field(doc, "guided_json")) take_schema(*v, {"guided_json"}, "guided_json"), ++guided_fields;
   if (const json* v = field(doc, "structured_outputs")) {
     if (!v->is_object()) wrong_type("structured_outputs", "an object", *v);
+    if (guided_fields) bad_request("give one structured output, once (structured_outputs or guided_*)", "structured_outputs");
     for (const auto& [key, value] : v->items()) {
       if (key == "choice") parse_choice(value, "structured_outputs.choice");
       else if (key == "regex") parse_regex(value, "structured_outputs.regex");
+      else if (key == "grammar") parse_grammar(value, "structured_outputs.grammar");
+      else if (key == "json") take_schema(value, {"structured_outputs", "json"}, "structured_outputs.json");
       else if (key == "json_object") {
         if (!value.is_boolean()) wrong_type("structured_outputs.json_object", "a boolean", value);
         s.json_object = s.json_object || value.get<bool>();
       }
       else
-        bad_request("structured_outputs." + key + " is not supported by glmserve yet (choice, regex and json_object are)",
+        bad_request("structured_outputs." + key +
+                        " is not supported by glmserve (choice, regex, json, grammar and json_object are)",
                     "structured_outputs." + key);
     }
   }
-  if (!s.choice.empty() + !s.regex.empty() + s.json_object > 1 ||
-      (field(doc, "guided_choice") && field(doc, "structured_outputs")) ||
-      (field(doc, "guided_regex") && field(doc, "structured_outputs")))
-    bad_request("give one structured output (choice, regex or json_object), once", "structured_outputs");
+  if (s.structured_forms() > 1)
+    bad_request("give one structured output (choice, regex, json, grammar or json_object), once", "structured_outputs");
   // Fields glmserve does not implement yet: refused by name rather than ignored.
-  for (const char* name : {"guided_json", "guided_grammar", "guided_decoding_backend",
+  for (const char* name : {"guided_decoding_backend",
                            "guided_whitespace_pattern", "prompt_logprobs", "suffix", "allowed_token_ids", "bad_words",
                            "logits_processors"})
     if (field(doc, name))
@@ -369,13 +402,10 @@ json parse_tools(const json& doc) {
   return tools->empty() ? json(nullptr) : *tools;
 }
 
-// Forcing a call needs guided decoding; accepting the request and answering with free text
-// would mislead the client.
-constexpr const char* kForcedToolsUnsupported =
-    "tool_choice 'required' and named functions need guided decoding, which glmserve does not do yet; "
-    "use 'auto' (the model decides) or 'none'";
-
-std::string parse_tool_choice(const json& doc, bool has_tools) {
+// tool_choice: "none", "auto", "required", or {"type": "function", "function": {"name"}}, which
+// sets `function` to the name (and returns "function"). A forced call must name an offered tool.
+std::string parse_tool_choice(const json& doc, const json& tools, std::string& function) {
+  const bool has_tools = !tools.is_null();
   const json* v = field(doc, "tool_choice");
   if (!v) return has_tools ? "auto" : "none";
   if (v->is_string()) {
@@ -384,7 +414,6 @@ std::string parse_tool_choice(const json& doc, bool has_tools) {
       bad_request("tool_choice must be 'none', 'auto', 'required' or a named function, got '" + choice + "'",
                   "tool_choice");
     if (choice != "none" && !has_tools) bad_request("tool_choice '" + choice + "' needs tools", "tool_choice");
-    if (choice == "required") bad_request(kForcedToolsUnsupported, "tool_choice");
     return choice;
   }
   if (!v->is_object()) wrong_type("tool_choice", "a string or an object", *v);
@@ -393,7 +422,12 @@ std::string parse_tool_choice(const json& doc, bool has_tools) {
   const auto name = get_string(*fn, "name");
   if (!name) bad_request("tool_choice.function.name is required", "tool_choice.function.name");
   if (!has_tools) bad_request("a named tool_choice needs tools", "tool_choice");
-  bad_request(kForcedToolsUnsupported, "tool_choice");
+  for (const json& t : tools)
+    if (t["function"]["name"] == *name) {
+      function = *name;
+      return "function";
+    }
+  bad_request("tool_choice names function '" + *name + "', which is not among the tools", "tool_choice.function.name");
 }
 
 }  // namespace
@@ -423,10 +457,16 @@ void check_body_text(std::string_view body, int max_depth) {
 ChatRequest parse_chat_request(std::string_view body, const ParseLimits& limits) {
   const json doc = parse_body(body, limits.max_json_depth);
   ChatRequest req;
-  parse_sampling(doc, req.sampling, limits, true);
+  parse_sampling(doc, body, req.sampling, limits, true);
   req.messages = std::make_shared<const json>(parse_messages(doc));
   json tools = parse_tools(doc);
-  req.tool_choice = parse_tool_choice(doc, !tools.is_null());
+  req.tool_choice = parse_tool_choice(doc, tools, req.tool_function);
+  if (auto v = get_bool(doc, "parallel_tool_calls")) req.parallel_tool_calls = *v;
+  if (req.tool_choice == "required" || req.tool_choice == "function") {
+    if (req.sampling.structured_forms() > 0)
+      bad_request("tool_choice '" + req.tool_choice + "' and a structured output cannot be combined", "tool_choice");
+    req.tools_in_order = std::make_shared<const nlohmann::ordered_json>(nlohmann::ordered_json::parse(body)["tools"]);
+  }
   req.tools = std::make_shared<const json>(std::move(tools));
   json kwargs = json::object();
   if (const json* v = field(doc, "chat_template_kwargs")) {
@@ -450,7 +490,7 @@ ChatRequest parse_chat_request(std::string_view body, const ParseLimits& limits)
 CompletionRequest parse_completion_request(std::string_view body, const ParseLimits& limits) {
   const json doc = parse_body(body, limits.max_json_depth);
   CompletionRequest req;
-  parse_sampling(doc, req.sampling, limits, false);
+  parse_sampling(doc, body, req.sampling, limits, false);
   if (auto v = get_bool(doc, "echo")) req.echo = *v;
   if (req.echo && req.sampling.logprobs >= 0)
     bad_request("echo with logprobs needs the prompt's logprobs, which glmserve does not compute yet", "echo");

@@ -53,13 +53,23 @@ struct SamplingFields {
   std::vector<std::string> choice;  // structured output: exactly one of these (structured_outputs.choice, guided_choice)
   std::string regex;                // structured output: the whole output matches it (structured_outputs.regex, guided_regex)
   bool json_object = false;         // structured output: one JSON object (response_format json_object, structured_outputs.json_object)
+  // structured output: JSON valid against this schema, its keys in the request's order
+  // (response_format json_schema, structured_outputs.json, guided_json)
+  std::shared_ptr<const nlohmann::ordered_json> json_schema;
+  std::string grammar;              // structured output: GBNF text (structured_outputs.grammar, guided_grammar)
+  int structured_forms() const {
+    return !choice.empty() + !regex.empty() + json_object + (json_schema != nullptr) + !grammar.empty();
+  }
 };
 
 struct ChatRequest {
   SamplingFields sampling;
   std::shared_ptr<const nlohmann::json> messages;   // validated array, content normalised
   std::shared_ptr<const nlohmann::json> tools;      // array of {type:function, function:{...}} or null
-  std::string tool_choice = "auto";                 // "auto", "none", "required" or a function name
+  std::string tool_choice = "auto";                 // "auto", "none", "required" or "function" (tool_function)
+  std::string tool_function;                        // the function a named tool_choice forces
+  bool parallel_tool_calls = true;                  // a forced tool_choice may make several calls
+  std::shared_ptr<const nlohmann::ordered_json> tools_in_order;  // the tools in key order, when a call is forced
   std::shared_ptr<const nlohmann::json> template_kwargs;  // object (chat_template_kwargs)
   bool add_generation_prompt = true;
   bool continue_final_message = false;

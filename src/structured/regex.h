@@ -1,21 +1,25 @@
 // Structured outputs, the regex form (vLLM's structured_outputs.regex / guided_regex): the whole
-// output matches a regular expression. The expression is compiled to a byte-level Thompson NFA;
-// the constraint keeps the set of NFA states the output so far reaches, and a token may come
-// next when its text leaves that set non-empty, EOS when the set holds the accepting state.
+// output matches a regular expression. The expression becomes a grammar (grammar.h) that the
+// recogniser follows byte by byte.
 // Syntax: literals, `.` (any byte but newline), classes `[a-z0-9_]` and `[^...]`, escapes
 // `\d \w \s \D \W \S \n \t \r` and escaped punctuation, groups `(...)` and `(?:...)`, `|`, and
-// the quantifiers `* + ? {m} {m,} {m,n}` (m, n <= 64); `^` and `$` at the ends are accepted.
+// the quantifiers `* + ? {m} {m,} {m,n}` (m, n <= 256); `^` and `$` at the ends are accepted.
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "engine/request.h"
-#include "structured/choice.h"
+#include "structured/grammar.h"
+#include "structured/vocabulary.h"
 
 namespace glms::structured {
 
-// Throws glms::Error naming the position and what is wrong for an expression outside the syntax.
+// The expression as a grammar expression (for JSON schema patterns too). Throws glms::Error
+// naming the position and what is wrong for an expression outside the syntax.
+Expr regex_expr(const std::string& pattern);
+
+std::shared_ptr<const Grammar> regex_grammar(const std::string& pattern);
 std::shared_ptr<engine::TokenConstraint> make_regex_constraint(const std::string& pattern, TokenTexts texts);
 
 }  // namespace glms::structured

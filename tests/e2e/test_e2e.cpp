@@ -8,6 +8,8 @@
 #include <thread>
 
 #include "../server/prom_validator.h"
+#include "../structured/schema_check.h"
+#include "../structured/schema_generator.h"
 #include "e2e_client.h"
 
 using namespace glms::e2e;
@@ -295,6 +297,112 @@ TEST_F(E2E, JsonObjectOutputsParse) {
     const std::string content = chat["choices"][0]["message"]["content"];
     EXPECT_TRUE(json::parse(content, nullptr, false).is_object()) << chat.dump();
   }
+}
+
+// JSON schema outputs on the bundled model: for 100 generated schemas (response_format
+// json_schema, structured_outputs.json and guided_json in turn; greedy and sampled), every
+// answer parses and satisfies its schema (schema_check.h, independent of the grammar).
+TEST_F(E2E, HundredJsonSchemasEveryAnswerParsesAndValidates) {
+  glms::testing::SchemaGenerator gen(23);
+  std::vector<nlohmann::ordered_json> schemas;
+  for (int i = 0; i < 100; ++i) schemas.push_back(i % 2 ? gen.object_schema(1) : gen.schema(1));
+  std::vector<std::string> failures(schemas.size());
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 8; ++c)
+    clients.emplace_back([&] {
+      for (size_t i; (i = next++) < schemas.size();) {
+        json body = {{"prompt", "data = "}, {"max_tokens", 500}, {"seed", i}, {"temperature", i % 3 ? 0.8 : 0.0}};
+        const json schema = json::parse(schemas[i].dump());
+        if (i % 3 == 0) body["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "s"}, {"schema", schema}}}};
+        else if (i % 3 == 1) body["structured_outputs"] = {{"json", schema}};
+        else body["guided_json"] = schemas[i].dump();
+        const Response r = http(port(), "POST", "/v1/completions", body.dump());
+        const json out = json::parse(r.body, nullptr, false);
+        if (r.status != 200) {
+          failures[i] = "status " + std::to_string(r.status) + ": " + r.body;
+          continue;
+        }
+        const std::string text = out["choices"][0]["text"];
+        const auto parsed = nlohmann::ordered_json::parse(text, nullptr, false);
+        if (out["choices"][0]["finish_reason"] != "stop") failures[i] = "finish_reason " + out["choices"][0]["finish_reason"].dump();
+        else if (parsed.is_discarded()) failures[i] = "does not parse";
+        else failures[i] = glms::testing::schema_violation(parsed, schemas[i], schemas[i]);
+        if (!failures[i].empty()) failures[i] += " in '" + text + "'";
+      }
+    });
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < schemas.size(); ++i) EXPECT_EQ(failures[i], "") << schemas[i].dump();
+  const json bad = post("/v1/completions", {{"prompt", "x"}, {"structured_outputs", {{"json", {{"type", "array"}, {"uniqueItems", true}}}}}}, 400);
+  EXPECT_NE(bad["error"]["message"].get<std::string>().find("uniqueItems"), std::string::npos) << bad.dump();
+}
+
+// tool_choice "required" and a named function on the bundled model: every answer, streamed or
+// not, is a parsed call of an offered tool whose arguments satisfy its parameters.
+TEST_F(E2E, ForcedToolChoiceAlwaysYieldsAParsedCall) {
+  const json params = {{"type", "object"},
+                       {"properties", {{"city", {{"type", "string"}, {"maxLength", 12}}},
+                                       {"days", {{"type", "integer"}, {"minimum", 1}, {"maximum", 7}}}}},
+                       {"required", {"city", "days"}}};
+  const json tools = {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"parameters", params}}}},
+                      {{"type", "function"}, {"function", {{"name", "get_time"}, {"parameters", {{"type", "object"}, {"properties", {{"zone", {{"enum", {"UTC", "CET"}}}}}}}}}}}};
+  for (int i = 0; i < 8; ++i) {
+    json body = {{"messages", {{{"role", "user"}, {"content", "What is the weather in Paris?"}}}},
+                 {"tools", tools}, {"max_tokens", 120}, {"seed", i}, {"temperature", i % 2 ? 0.9 : 0.0},
+                 {"chat_template_kwargs", {{"enable_thinking", false}}}};
+    const bool named = i % 4 >= 2;
+    body["tool_choice"] = named ? json{{"type", "function"}, {"function", {{"name", "get_weather"}}}} : json("required");
+    std::vector<json> calls;  // {name, arguments}
+    std::string finish;
+    if (i % 2 == 0) {
+      const json r = post("/v1/chat/completions", body);
+      finish = r["choices"][0]["finish_reason"];
+      for (const json& c : r["choices"][0]["message"]["tool_calls"]) calls.push_back(c["function"]);
+    } else {
+      body["stream"] = true;
+      const Response r = http(port(), "POST", "/v1/chat/completions", body.dump());
+      ASSERT_EQ(r.status, 200) << r.body;
+      for (const std::string& e : sse_payloads(r.body)) {
+        if (e == "[DONE]") continue;
+        const json chunk = json::parse(e);
+        const json& c = chunk["choices"][0];
+        if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+        if (!c["delta"].contains("tool_calls")) continue;
+        for (const json& d : c["delta"]["tool_calls"]) {
+          const size_t index = d["index"];
+          if (calls.size() <= index) calls.resize(index + 1, json{{"name", ""}, {"arguments", ""}});
+          if (d["function"].contains("name")) calls[index]["name"] = d["function"]["name"];
+          if (d["function"].contains("arguments"))
+            calls[index]["arguments"] = calls[index]["arguments"].get<std::string>() + d["function"]["arguments"].get<std::string>();
+        }
+      }
+    }
+    EXPECT_EQ(finish, "tool_calls") << i;
+    ASSERT_FALSE(calls.empty()) << i;
+    for (const json& call : calls) {
+      if (named) EXPECT_EQ(call["name"], "get_weather") << i;
+      const auto args = nlohmann::ordered_json::parse(call["arguments"].get<std::string>(), nullptr, false);
+      ASSERT_FALSE(args.is_discarded()) << call.dump();
+      const auto schema = call["name"] == "get_weather" ? nlohmann::ordered_json::parse(params.dump())
+                                                        : nlohmann::ordered_json::parse(tools[1]["function"]["parameters"].dump());
+      EXPECT_EQ(glms::testing::schema_violation(args, schema, schema), "") << call.dump();
+    }
+  }
+}
+
+// The grammar form (structured_outputs.grammar, guided_grammar): answers are in the language.
+TEST_F(E2E, GrammarOutputsAreInTheLanguage) {
+  const std::string grammar = "root ::= \"def \" name \"(\" (name (\", \" name){0,2})? \"):\"\nname ::= [a-z_]{1,8}";
+  for (int i = 0; i < 4; ++i) {
+    json body = {{"prompt", "# python\n"}, {"max_tokens", 80}, {"seed", i}, {"temperature", i ? 1.0 : 0.0}};
+    if (i % 2) body["guided_grammar"] = grammar;
+    else body["structured_outputs"] = {{"grammar", grammar}};
+    const json r = post("/v1/completions", body);
+    const std::string text = r["choices"][0]["text"];
+    EXPECT_TRUE(std::regex_match(text, std::regex(R"(def [a-z_]{1,8}\(([a-z_]{1,8}(, [a-z_]{1,8}){0,2})?\):)"))) << text;
+  }
+  const json bad = post("/v1/completions", {{"prompt", "x"}, {"guided_grammar", "root ::= root \"a\""}}, 400);
+  EXPECT_EQ(bad["error"]["param"], "structured_outputs.grammar");
 }
 
 TEST_F(E2E, ToolsAreAcceptedAndRendered) {

@@ -166,11 +166,23 @@ TEST(ChatRequest, ToolsAndToolChoice) {
   doc["tool_choice"] = "auto";
   EXPECT_EQ(chat_error(doc).param, "tool_choice");  // tool_choice without tools
   doc["tools"] = {{{"type", "function"}, {"function", {{"name", "get_weather"}}}}};
-  // Forcing a call needs guided decoding, which is not there yet: refused, not ignored.
+  // A forced call: the tools come along in key order for the tool-call grammar.
   doc["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
-  EXPECT_EQ(chat_error(doc).param, "tool_choice");
+  doc["parallel_tool_calls"] = false;
+  const ChatRequest named = parse_chat_request(doc.dump());
+  EXPECT_EQ(named.tool_choice, "function");
+  EXPECT_EQ(named.tool_function, "get_weather");
+  EXPECT_FALSE(named.parallel_tool_calls);
+  ASSERT_NE(named.tools_in_order, nullptr);
+  EXPECT_EQ(named.tools_in_order->size(), 1u);
+  doc["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_time"}}}};
+  EXPECT_EQ(chat_error(doc).param, "tool_choice.function.name");  // not among the tools
   doc["tool_choice"] = "required";
-  EXPECT_EQ(chat_error(doc).param, "tool_choice");
+  EXPECT_EQ(parse_chat_request(doc.dump()).tool_choice, "required");
+  doc["guided_choice"] = {"a", "b"};
+  EXPECT_EQ(chat_error(doc).param, "tool_choice");  // forced calls take no other structured output
+  doc.erase("guided_choice");
+  doc.erase("parallel_tool_calls");
   doc["tool_choice"] = "auto";
   EXPECT_EQ(parse_chat_request(doc.dump()).tool_choice, "auto");
   doc["tool_choice"] = "none";
@@ -293,8 +305,7 @@ TEST(ChatRequest, LogitBiasMinTokensBestOfAndARequestTemplate) {
 }
 
 TEST(ChatRequest, FieldsNotImplementedAreRefusedByName) {
-  for (const char* name : {"guided_json", "guided_grammar", "prompt_logprobs", "suffix", "allowed_token_ids",
-                           "bad_words"}) {
+  for (const char* name : {"guided_decoding_backend", "prompt_logprobs", "suffix", "allowed_token_ids", "bad_words"}) {
     json doc = chat_base();
     doc[name] = json::object();
     const ApiError e = chat_error(doc);
@@ -316,14 +327,18 @@ TEST(CompletionRequest, EchoWithLogprobsIsRefused) {
   EXPECT_TRUE(parse_completion_request(json{{"prompt", "a"}, {"echo", true}}.dump()).echo);
 }
 
-TEST(ChatRequest, StructuredChoiceAndTheFormsNotYetTaken) {
+TEST(ChatRequest, StructuredOutputForms) {
   json doc = chat_base();
   doc["structured_outputs"] = {{"choice", {"yes", "no"}}};
   EXPECT_EQ(parse_chat_request(doc.dump()).sampling.choice, (std::vector<std::string>{"yes", "no"}));
   doc = chat_base();
   doc["guided_choice"] = {"a", "b c"};
   EXPECT_EQ(parse_chat_request(doc.dump()).sampling.choice, (std::vector<std::string>{"a", "b c"}));
-  for (const json& bad : {json{{"structured_outputs", {{"json", json::object()}}}},
+  for (const json& bad : {json{{"structured_outputs", {{"json", 5}}}}, json{{"structured_outputs", {{"json", "{x"}}}},
+                          json{{"structured_outputs", {{"structural_tag", "x"}}}},
+                          json{{"response_format", {{"type", "json_schema"}}}},
+                          json{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}}},
+                          json{{"structured_outputs", {{"grammar", ""}}}},
                           json{{"structured_outputs", {{"choice", json::array()}}}},
                           json{{"structured_outputs", {{"choice", {"a", ""}}}}},
                           json{{"guided_choice", "a"}}, json{{"structured_outputs", "a"}}}) {
@@ -333,13 +348,20 @@ TEST(ChatRequest, StructuredChoiceAndTheFormsNotYetTaken) {
     EXPECT_EQ(e.status, 400) << bad.dump();
     EXPECT_FALSE(e.param.empty()) << bad.dump();
   }
-  EXPECT_EQ(chat_error([] {
-              json d = chat_base();
-              d["structured_outputs"] = {{"grammar", "root ::= \"a\""}};
-              return d;
-            }())
-                .param,
-            "structured_outputs.grammar");
+  doc = chat_base();
+  doc["structured_outputs"] = {{"grammar", "root ::= \"a\""}};
+  EXPECT_EQ(parse_chat_request(doc.dump()).sampling.grammar, "root ::= \"a\"");
+  // Schemas keep the request's key order (the order the output writes the properties in).
+  const std::string body = chat_base().dump();
+  const std::string with_schema =
+      body.substr(0, body.size() - 1) +
+      R"(,"response_format":{"type":"json_schema","json_schema":{"name":"s","strict":true,"schema":{"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"string"}}}}}})";
+  const ChatRequest r = parse_chat_request(with_schema);
+  ASSERT_NE(r.sampling.json_schema, nullptr);
+  EXPECT_EQ(r.sampling.json_schema->dump(), R"({"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"string"}}})");
+  doc = chat_base();
+  doc["guided_json"] = R"({"type":"integer"})";  // vLLM also takes the schema as a string
+  EXPECT_EQ(parse_chat_request(doc.dump()).sampling.json_schema->dump(), R"({"type":"integer"})");
   doc = chat_base();
   doc["structured_outputs"] = {{"regex", "[0-9]+"}};
   EXPECT_EQ(parse_chat_request(doc.dump()).sampling.regex, "[0-9]+");

@@ -13,7 +13,7 @@ using namespace glms;
 namespace {
 // id: 0 "<eos>" (special: empty), 1 "y", 2 "es", 3 "yes", 4 "no", 5 " please", 6 "n", 7 "o", 8 "x"
 structured::TokenTexts toy_texts() {
-  return std::make_shared<const std::vector<std::string>>(
+  return structured::make_vocabulary(
       std::vector<std::string>{"", "y", "es", "yes", "no", " please", "n", "o", "x"});
 }
 std::vector<int> allowed(const engine::TokenConstraint& c) { return glms::testing::allowed_tokens(c, 9); }
@@ -46,7 +46,7 @@ TEST(Choice, EveryPathSpellsAChoice) {
       if (end) break;
       ASSERT_FALSE(options.empty()) << out;
       const int token = options[static_cast<size_t>(seed * 7 + step) % options.size()];
-      out += (*texts)[token];
+      out += texts->texts[token];
       c->accept(token);
     }
     EXPECT_NE(std::find(choices.begin(), choices.end(), out), choices.end()) << out;

@@ -8,7 +8,7 @@
 #include <random>
 
 #include "allowed_tokens.h"
-#include "structured/json_object.h"
+#include "structured/json_schema.h"
 
 using namespace glms;
 
@@ -18,14 +18,14 @@ structured::TokenTexts json_texts() {
   for (const char* t : {"{", "}", "[", "]", "\"", ":", ",", " ", "\n", "a", "b", "1", "0", "-", ".", "e", "\\", "n",
                         "{\"", "\":", "\"}", "true", "null", "false", "12", "\\n", "\\u00e9", "\"a\"", ", ", "}}", "x", "u", "l", "r", "s", "t", "f"})
     texts.emplace_back(t);
-  return std::make_shared<const std::vector<std::string>>(std::move(texts));
+  return structured::make_vocabulary(std::move(texts));
 }
 std::vector<int> allowed(const engine::TokenConstraint& c, int vocab) { return glms::testing::allowed_tokens(c, vocab); }
 }  // namespace
 
 TEST(JsonObject, WalksEndOnObjectsThatParse) {
   const auto texts = json_texts();
-  const int vocab = static_cast<int>(texts->size());
+  const int vocab = static_cast<int>(texts->vocab_size());
   std::mt19937 rng(3);
   int ended = 0;
   for (int walk = 0; walk < 400; ++walk) {
@@ -38,8 +38,8 @@ TEST(JsonObject, WalksEndOnObjectsThatParse) {
       int token = options[rng() % options.size()];
       if (step > 20)
         for (int t : options)
-          if ((*texts)[t] == "}" || (*texts)[t] == "]" || (*texts)[t] == "\"" || (*texts)[t] == "1") token = t;
-      out += (*texts)[token];
+          if (texts->texts[t] == "}" || texts->texts[t] == "]" || texts->texts[t] == "\"" || texts->texts[t] == "1") token = t;
+      out += texts->texts[token];
       c->accept(token);
     }
     if (!c->may_end()) continue;
@@ -52,18 +52,18 @@ TEST(JsonObject, WalksEndOnObjectsThatParse) {
 
 TEST(JsonObject, OnlyAnObjectMayStartAndBadContinuationsAreMasked) {
   const auto texts = json_texts();
-  const int vocab = static_cast<int>(texts->size());
+  const int vocab = static_cast<int>(texts->vocab_size());
   auto c = structured::make_json_object_constraint(texts);
   std::vector<std::string> first;
-  for (int t : allowed(*c, vocab)) first.push_back((*texts)[t]);
+  for (int t : allowed(*c, vocab)) first.push_back(texts->texts[t]);
   EXPECT_EQ(first, (std::vector<std::string>{"{", " ", "\n", "{\""}));
   for (const std::string& t : {std::string("{\""), std::string("a"), std::string("\":")}) {
     for (int id = 0; id < vocab; ++id)
-      if ((*texts)[id] == t) c->accept(id);
+      if (texts->texts[id] == t) c->accept(id);
   }
   // After {"a": a value is due: no ',' '}' or ':'.
   for (int t : allowed(*c, vocab)) {
-    const std::string& s = (*texts)[t];
+    const std::string& s = texts->texts[t];
     EXPECT_TRUE(s != "," && s != "}" && s != ":" && s != "x") << s;
   }
   EXPECT_FALSE(c->may_end());

@@ -1,0 +1,119 @@
+// Following a grammar (grammar.h) byte by byte, and the token constraint built on it.
+//
+// The recogniser is a pushdown automaton kept as a set of stacks: each stack is a chain of
+// interned nodes (a grammar position and the node to return to), its top always at a byte
+// element. A byte advances every stack whose top accepts it, then expands calls and returns
+// until each new top is at a byte element again. Calls in tail position push nothing, so
+// right-recursive repetition runs in constant stack depth and its states repeat exactly.
+//
+// Sets of stacks are interned as states of a lazily built DFA with a 256-way transition row
+// each, so a byte the state has seen before costs one lookup. The mask for the next token is one
+// walk of the vocabulary's trie over those transitions; masks are cached per state (a JSON
+// string's interior is one state however long the string grows), and shared by the requests
+// that use the same grammar (GrammarMatcher).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/request.h"
+#include "structured/grammar.h"
+#include "structured/vocabulary.h"
+
+namespace glms::structured {
+
+class Recognizer {
+ public:
+  static constexpr int32_t kDead = -1;
+
+  explicit Recognizer(std::shared_ptr<const Grammar> grammar);
+
+  int32_t start() const { return start_; }
+  // The state after `byte` from `state` (kDead when no stack accepts it). Past the size limits
+  // (kMaxStates DFA states, kMaxTops stacks in one state) every new state is kDead.
+  int32_t step(int32_t state, unsigned char byte);
+  bool accepting(int32_t state) const { return state >= 0 && states_[static_cast<size_t>(state)].accepting; }
+  size_t num_states() const { return states_.size(); }
+
+  static constexpr size_t kMaxStates = 1 << 13;
+  static constexpr size_t kMaxTops = 4096;
+
+ private:
+  struct Node {
+    int32_t pos;     // a byte element (a top) or a return point (an inner node)
+    int32_t parent;  // the node to return to, -1: the root rule
+  };
+  struct State {
+    std::vector<int32_t> tops;  // sorted node ids
+    bool accepting = false;     // the root rule may end here
+    std::unique_ptr<std::array<int32_t, 256>> next;  // kUnknown until computed
+  };
+  static constexpr int32_t kUnknown = -2;
+
+  int32_t node(int32_t pos, int32_t parent);
+  // Adds the tops reached from grammar position `pos` returning to `parent`.
+  void expand(int32_t pos, int32_t parent, std::vector<int32_t>& tops, bool& accepting, int depth);
+  int32_t intern(std::vector<int32_t> tops, bool accepting);
+
+  std::shared_ptr<const Grammar> grammar_;
+  std::vector<Node> nodes_;
+  std::unordered_map<uint64_t, int32_t> node_ids_;
+  std::vector<State> states_;
+  std::unordered_map<uint64_t, std::vector<int32_t>> state_ids_;  // hash of tops -> candidate states
+  int32_t start_ = kDead;
+};
+
+// The recogniser and the masks of one grammar over one vocabulary, shared by every constraint
+// made from it (all requests with the same schema): the DFA states and masks one request builds
+// serve the next. Thread-safe (one lock per call). It stops growing at Recognizer::kMaxStates
+// states, or when its mask cache had to be emptied 4 times; full() then says to start a fresh
+// one for new requests.
+class GrammarMatcher {
+ public:
+  GrammarMatcher(std::shared_ptr<const Grammar> grammar, TokenTexts vocabulary);
+
+  int32_t start() const { return start_; }
+  const std::shared_ptr<const Grammar>& grammar() const { return grammar_; }
+  int32_t advance(int32_t state, int32_t token);  // Recognizer::kDead for EOS, special tokens, misses
+  bool accepting(int32_t state);
+  // Sets logits[t] = -inf for every token t of [0, vocab) that may not follow `state`; returns
+  // how many may.
+  int mask(int32_t state, float* logits, int vocab);
+  bool full();
+  size_t num_states();
+
+  // Cached masks are kept within this many bytes: a bitset of vocab / 8 bytes (19 KB for GLM-5)
+  // where many tokens are allowed, the list of allowed ids where few are.
+  static constexpr size_t kMaxMaskBytes = size_t{24} << 20;
+
+ private:
+  struct Mask {
+    std::vector<uint64_t> bits;  // dense: one bit per token
+    std::vector<int32_t> ids;    // sparse: the allowed tokens
+    bool dense = true;
+    int count = 0;
+  };
+  const Mask& allowed_tokens(int32_t state);  // with mutex_ held
+  void walk_trie(int32_t state, std::vector<uint64_t>& bits);
+
+  std::mutex mutex_;
+  std::shared_ptr<const Grammar> grammar_;
+  Recognizer recognizer_;
+  TokenTexts vocabulary_;
+  int32_t start_;
+  std::unordered_map<int32_t, Mask> masks_;
+  size_t mask_bytes_ = 0;
+  size_t masks_dropped_ = 0;  // times the cache was emptied for room
+};
+
+// A TokenConstraint that keeps the output within the matcher's grammar.
+std::shared_ptr<engine::TokenConstraint> make_grammar_constraint(std::shared_ptr<GrammarMatcher> matcher);
+// The same with a matcher of its own.
+std::shared_ptr<engine::TokenConstraint> make_grammar_constraint(std::shared_ptr<const Grammar> grammar,
+                                                                 TokenTexts vocabulary);
+
+}  // namespace glms::structured

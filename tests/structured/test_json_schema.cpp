@@ -1,0 +1,131 @@
+// The JSON schema constraint: for 100 generated schemas, random walks over the allowed tokens of a
+// JSON-ish vocabulary end on text that parses and satisfies the schema (checked by an independent
+// validator, schema_check.h); integer bounds admit exactly the integers in range; properties keep
+// their declared order; unsupported keywords are refused by name.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "allowed_tokens.h"
+#include "core/error.h"
+#include "schema_check.h"
+#include "schema_generator.h"
+#include "structured/json_schema.h"
+
+using namespace glms;
+using ordered_json = nlohmann::ordered_json;
+
+namespace {
+
+// Every printable ASCII byte and newline as a token, and some longer tokens JSON often uses.
+structured::TokenTexts walk_vocabulary() {
+  std::vector<std::string> texts = {""};
+  for (int c = 0x20; c < 0x7f; ++c) texts.emplace_back(1, static_cast<char>(c));
+  texts.emplace_back("\n");
+  for (const char* t : {"{\"", "\":", "\": ", "\",", ", \"", "true", "false", "null", "12", "2024", "-0", "é", "日本",
+                        "\\n", "\\u00e9", "abc", "  ", "\"}", "]}", "[{", "1.5", "e+"})
+    texts.emplace_back(t);
+  return structured::make_vocabulary(std::move(texts));
+}
+int byte_token(unsigned char c) { return c == '\n' ? 0x7f - 0x20 + 1 : (c >= 0x20 && c < 0x7f ? c - 0x20 + 1 : -1); }
+
+// Walks of up to 3000 tokens; returns the texts of the walks that ended.
+std::vector<std::string> walks(const ordered_json& schema, int count, uint32_t seed) {
+  const auto vocab = walk_vocabulary();
+  const int n = vocab->vocab_size();
+  std::mt19937 rng(seed);
+  std::vector<std::string> out;
+  for (int w = 0; w < count; ++w) {
+    auto c = structured::make_json_schema_constraint(schema, vocab);
+    std::string text;
+    for (int step = 0; step < 3000; ++step) {
+      const std::vector<int> options = glms::testing::allowed_tokens(*c, n);
+      if (c->may_end() && (options.empty() || rng() % 4 == 0)) break;
+      if (options.empty()) {
+        ADD_FAILURE() << "stuck after '" << text << "' for " << schema.dump();
+        return out;
+      }
+      const int t = options[rng() % options.size()];
+      text += vocab->texts[static_cast<size_t>(t)];
+      c->accept(t);
+    }
+    if (c->may_end()) out.push_back(text);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(JsonSchema, HundredGeneratedSchemasEveryOutputParsesAndValidates) {
+  glms::testing::SchemaGenerator gen(11);
+  int outputs = 0;
+  for (int i = 0; i < 100; ++i) {
+    const ordered_json schema = i % 3 == 0 ? gen.object_schema(0) : gen.schema(0);
+    for (const std::string& text : walks(schema, 6, static_cast<uint32_t>(i))) {
+      ++outputs;
+      const ordered_json v = ordered_json::parse(text, nullptr, false);
+      ASSERT_FALSE(v.is_discarded()) << "'" << text << "' does not parse; schema " << schema.dump();
+      EXPECT_EQ(glms::testing::schema_violation(v, schema, schema), "") << "'" << text << "' for " << schema.dump();
+    }
+  }
+  EXPECT_GT(outputs, 500);  // nearly every walk ends: the grammar bounds every length
+}
+
+TEST(JsonSchema, IntegerBoundsAdmitExactlyTheIntegersInRange) {
+  const auto vocab = walk_vocabulary();
+  for (const auto& [lo, hi] : std::vector<std::pair<int, int>>{{-17, 42}, {0, 9}, {5, 1000}, {-250, -3}, {99, 101}}) {
+    const ordered_json schema{{"type", "integer"}, {"minimum", lo}, {"maximum", hi}};
+    for (int x = -300; x <= 1100; ++x) {
+      auto c = structured::make_json_schema_constraint(schema, vocab);
+      EXPECT_EQ(glms::testing::writes_whole(*c, vocab->vocab_size(), std::to_string(x), byte_token), x >= lo && x <= hi)
+          << x << " in [" << lo << ", " << hi << "]";
+    }
+  }
+  auto leading_zero = structured::make_json_schema_constraint(ordered_json{{"type", "integer"}}, vocab);
+  EXPECT_FALSE(glms::testing::writes_whole(*leading_zero, vocab->vocab_size(), "012", byte_token));
+}
+
+TEST(JsonSchema, PropertiesKeepTheirOrderAndRequiredOnesAppear) {
+  const auto vocab = walk_vocabulary();
+  const ordered_json schema = ordered_json::parse(
+      R"({"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"boolean"},"mid":{"type":"null"}},
+          "required":["alpha"]})");
+  auto ok = [&](const std::string& text) {
+    auto c = structured::make_json_schema_constraint(schema, vocab);
+    return glms::testing::writes_whole(*c, vocab->vocab_size(), text, byte_token);
+  };
+  EXPECT_TRUE(ok(R"({"zeta": 3, "alpha": true})"));
+  EXPECT_TRUE(ok(R"({"alpha":false,"mid":null})"));
+  EXPECT_FALSE(ok(R"({"alpha": true, "zeta": 3})"));  // out of order
+  EXPECT_FALSE(ok(R"({"zeta": 3})"));                 // alpha is required
+  EXPECT_FALSE(ok(R"({"alpha": true, "other": 1})"));  // no undeclared properties
+  EXPECT_FALSE(ok(R"({"alpha": true,})"));
+}
+
+TEST(JsonSchema, RecursiveReferencesWork) {
+  const auto vocab = walk_vocabulary();
+  const ordered_json schema = ordered_json::parse(
+      R"({"$ref":"#/$defs/node","$defs":{"node":{"type":"object","properties":{"v":{"type":"integer","minimum":0,"maximum":9},
+          "next":{"anyOf":[{"$ref":"#/$defs/node"},{"type":"null"}]}},"required":["v","next"]}}})");
+  auto c = structured::make_json_schema_constraint(schema, vocab);
+  EXPECT_TRUE(glms::testing::writes_whole(*c, vocab->vocab_size(), R"({"v":1,"next":{"v":2,"next":null}})", byte_token));
+}
+
+TEST(JsonSchema, UnsupportedKeywordsAreRefusedByName) {
+  const auto vocab = walk_vocabulary();
+  for (const auto& [schema, word] : std::vector<std::pair<const char*, const char*>>{
+           {R"({"type":"string","contentEncoding":"base64"})", "contentEncoding"},
+           {R"({"type":"array","uniqueItems":true})", "uniqueItems"},
+           {R"({"type":"number","maximum":3})", "maximum"},
+           {R"({"not":{"type":"null"}})", "not"},
+           {R"({"type":"object","properties":{"a":{"type":"string"}},"required":["b"]})", "'b'"},
+           {R"({"$ref":"http://example.com/s.json"})", "not local"}}) {
+    try {
+      structured::make_json_schema_constraint(ordered_json::parse(schema), vocab);
+      ADD_FAILURE() << schema << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
+    }
+  }
+}
