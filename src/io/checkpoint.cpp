@@ -103,6 +103,7 @@ Checkpoint Checkpoint::open(const fs::path& path) {
       weight_map[name] = shard.get<std::string>();
       shards.insert(shard.get<std::string>());
     }
+    if (weight_map.empty()) fail(where + ": the weight_map lists no tensors");
     const fs::path dir = index_path.parent_path();
     for (const auto& shard : shards) {
       const fs::path file = shard_path(dir, shard, index_path);

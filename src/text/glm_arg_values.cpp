@@ -393,6 +393,15 @@ bool nests_deeper_than(std::string_view text, int limit) {
   return false;
 }
 
+// Whether `j` holds an infinite or NaN number, which JSON cannot write.
+bool has_non_finite(const ojson& j) {
+  if (j.is_number_float()) return !std::isfinite(j.get<double>());
+  if (j.is_structured())
+    for (const auto& v : j)
+      if (has_non_finite(v)) return true;
+  return false;
+}
+
 ojson decode_value(std::string_view value) {
   // Model output is untrusted: a value nested deeper than any real argument stays a string, so
   // nothing downstream (dump, the client's parser) recurses through it.
@@ -401,7 +410,9 @@ ojson decode_value(std::string_view value) {
   ojson j = ojson::parse(value.begin(), value.end(), nullptr, /*allow_exceptions=*/false);
   if (!j.is_discarded()) return j;
   ojson lit;
-  if (PyLiteral(value).parse(lit)) return lit;
+  // A literal with inf or nan (1e999) stays a string: vLLM would write Infinity, which is not
+  // JSON and breaks the client's parse of `arguments`.
+  if (PyLiteral(value).parse(lit) && !has_non_finite(lit)) return lit;
   return ojson(std::string(value));
 }
 

@@ -90,6 +90,8 @@ TEST(Checkpoint, BadIndexFiles) {
   expect_error([&] { Checkpoint::open(dir.path()); }, {"weight_map['w'] must be a shard file name"});
   write_index(dir.path(), {{"w", "../outside.safetensors"}});
   expect_error([&] { Checkpoint::open(dir.path()); }, {"shard name '../outside.safetensors'"});
+  write_index(dir.path(), nlohmann::json::object());  // found by fuzz/fuzz_safetensors_index
+  expect_error([&] { Checkpoint::open(dir.path()); }, {"lists no tensors"});
 }
 
 TEST(Checkpoint, SingleFileAndFolderFallbacks) {

@@ -1,0 +1,34 @@
+// libFuzzer target: Bearer authentication. Any Authorization header is either accepted or refused
+// with a 401 and a message; a token the input's claims make (signed with the right secret) is
+// judged by its exp / nbf alone.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "server/auth.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const glms::server::Authenticator auth({"sk-key"}, "secret");
+  const std::string input(reinterpret_cast<const char*>(data), size);
+  for (const std::string& header : {input, "Bearer " + input}) {
+    const glms::server::AuthResult r = auth.check(header, 1700000000);
+    if (!r.ok && (r.error.status != 401 || r.error.message.empty())) std::abort();
+  }
+  // Claims with a repeated name are refused by libjwt (RFC 7519 allows refusing them): the
+  // property below is for claims without.
+  size_t top_level_keys = 0;
+  const nlohmann::json claims = nlohmann::json::parse(
+      input, [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json&) {
+        if (depth == 1 && event == nlohmann::json::parse_event_t::key) ++top_level_keys;
+        return true;
+      }, false);
+  if (claims.is_object() && claims.size() == top_level_keys) {
+    const glms::server::AuthResult r = auth.check("Bearer " + glms::server::make_hs256_jwt("secret", input), 1700000000);
+    const bool expired = claims.contains("exp") && !(claims["exp"].is_number() && claims["exp"].get<double>() > 1700000000);
+    const bool early = claims.contains("nbf") && !(claims["nbf"].is_number() && claims["nbf"].get<double>() <= 1700000000);
+    if (r.ok == (expired || early)) std::abort();
+  }
+  return 0;
+}
