@@ -145,12 +145,12 @@ int GrammarMatcher::mask(int32_t state, float* logits, int vocab) {
       if (m.ids[i] < vocab) logits[m.ids[i]] = kept[i];
     return m.count;
   }
+  // Dense: most tokens are allowed, so visit the refused ones (the zero bits) word by word.
   for (int word = 0; word * 64 < known; ++word) {
-    const uint64_t bits = m.bits[static_cast<size_t>(word)];
-    const int end = std::min(known, word * 64 + 64);
-    if (bits == ~uint64_t{0} && end == word * 64 + 64) continue;
-    for (int t = word * 64; t < end; ++t)
-      if (!((bits >> (t & 63)) & 1u)) logits[t] = kNever;
+    const int base = word * 64;
+    uint64_t refused = ~m.bits[static_cast<size_t>(word)];
+    if (known - base < 64) refused &= (uint64_t{1} << (known - base)) - 1;
+    for (; refused; refused &= refused - 1) logits[base + __builtin_ctzll(refused)] = kNever;
   }
   std::fill(logits + known, logits + std::max(known, vocab), kNever);
   return m.count;
