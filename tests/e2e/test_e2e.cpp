@@ -405,6 +405,37 @@ TEST_F(E2E, GrammarOutputsAreInTheLanguage) {
   EXPECT_EQ(bad["error"]["param"], "structured_outputs.grammar");
 }
 
+// Memory pressure end to end: a server whose KV cache holds 36 blocks of 16 tokens (one
+// 512-token sequence and a bit) serves 8 concurrent greedy requests of 8 blocks each by preempting and
+// recomputing; every one finishes with the unpressured server's tokens, and afterwards the cache
+// and the running and waiting counts are back at zero.
+TEST_F(E2E, MemoryPressureFinishesEveryRequestWithTheSameGreedyOutput) {
+  ServerProcess small(kBinary, server_args({"--kv-cache-memory", "1440K"}));
+  const std::vector<std::string> prompts = {"def parse(text):\n", "class Queue:\n    def __init__(self):\n",
+                                            "import os\nimport sys\n\n", "for i in range(10):\n",
+                                            "# sort a list\n", "def add(a, b):\n    return", "try:\n    x = ",
+                                            "with open(path) as f:\n"};
+  auto body = [&](size_t i) {
+    return json{{"prompt", prompts[i]}, {"max_tokens", 110}, {"temperature", 0}, {"ignore_eos", true}};
+  };
+  std::vector<std::string> expected;
+  for (size_t i = 0; i < prompts.size(); ++i) expected.push_back(post("/v1/completions", body(i))["choices"][0]["text"]);
+  std::vector<std::string> got(prompts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    clients.emplace_back([&, i] {
+      const Response r = http(small.port(), "POST", "/v1/completions", body(i).dump());
+      got[i] = r.status == 200 ? json::parse(r.body)["choices"][0]["text"].get<std::string>() : "status " + std::to_string(r.status);
+    });
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], expected[i]) << "request " << i;
+  const std::string m = http(small.port(), "GET", "/metrics").body;
+  EXPECT_GT(metric(m, "glmserve:num_preemptions_total"), 0) << "the cache was not small enough to preempt";
+  EXPECT_EQ(metric(m, "glmserve:kv_cache_usage_perc"), 0);
+  EXPECT_EQ(metric(m, "glmserve:num_requests_running"), 0);
+  EXPECT_EQ(metric(m, "glmserve:num_requests_waiting"), 0);
+}
+
 TEST_F(E2E, ToolsAreAcceptedAndRendered) {
   const json req = {{"messages", {{{"role", "user"}, {"content", "weather in Paris?"}}}},
                     {"max_tokens", 4},
