@@ -2,6 +2,7 @@
 #include "core/error.h"
 #include "model/glm5.h"
 #include "runtime/executor.h"
+#include "runtime/fault_injection.h"
 
 namespace glms::runtime {
 
@@ -21,6 +22,7 @@ class LocalExecutor : public Executor {
 
   std::vector<RankResult> forward(std::vector<RankStep>& steps, bool want_hidden) override {
     GLMS_CHECK(steps.size() == 1, "one rank takes one batch");
+    fault_.before_step(0);
     std::vector<RankResult> results(1);
     model::ForwardTrace trace;
     trace.record_layers = false;
@@ -38,6 +40,7 @@ class LocalExecutor : public Executor {
 
  private:
   std::unique_ptr<model::StepRunner> runner_;
+  FaultInjection fault_;
   ParallelLayout layout_;
 };
 

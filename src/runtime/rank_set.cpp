@@ -17,8 +17,7 @@ RankSet::RankSet(const ParallelLayout& layout, std::unique_ptr<RankGroups> group
     : layout_(layout), groups_(std::move(groups)), first_(first), workers_(count), runners_(count) {
   run_all([&](int local) { runners_[local] = make_runner(first_ + local, groups_->peers(first_ + local)); });
   check_layout(runners_[0]->config(), layout_);
-  if (const char* fault = std::getenv("GLMS_TEST_FAULT_RANK"))
-    if (std::sscanf(fault, "%d:%d", &fault_rank_, &fault_step_) != 2) fault_rank_ = -1;
+  faults_.resize(static_cast<size_t>(count));
 }
 
 RankSet::~RankSet() {
@@ -50,10 +49,8 @@ std::vector<Executor::RankMemory> RankSet::memory() const {
 
 void RankSet::forward(const std::vector<RankStep>& steps, bool want_hidden, std::vector<RankResult>& results,
                       std::vector<bool>& produced) {
-  const int step_number = ++forward_steps_;
   run_all([&](int local) {
-    if (first_ + local == fault_rank_ && step_number == fault_step_)
-      fail(fmt::format("injected fault: rank {} at step {} (GLMS_TEST_FAULT_RANK)", fault_rank_, fault_step_));
+    faults_[static_cast<size_t>(local)].before_step(first_ + local);
     const model::ModelShard s = layout_.shard(first_ + local);
     const RankStep& step = steps[s.dp_rank];
     model::ForwardTrace trace;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/executor.h"
+#include "runtime/fault_injection.h"
 #include "runtime/parallel_executor.h"
 #include "runtime/rank_groups.h"
 #include "runtime/worker.h"
@@ -49,9 +50,7 @@ class RankSet {
   std::vector<std::unique_ptr<model::StepRunner>> runners_;
   bool broken_ = false;
   std::string broken_reason_;
-  // Test-only fault injection, GLMS_TEST_FAULT_RANK=R:S: world rank R (if local) fails its S-th
-  // forward step, as a device fault would (tests/e2e/test_multinode.cpp).
-  int fault_rank_ = -1, fault_step_ = 0, forward_steps_ = 0;
+  std::vector<FaultInjection> faults_;  // [local rank] test-only (fault_injection.h)
 };
 
 // Every rank's batch learns every rank's token count (the MoE layers gather them); throws

@@ -436,6 +436,32 @@ TEST_F(E2E, MemoryPressureFinishesEveryRequestWithTheSameGreedyOutput) {
   EXPECT_EQ(metric(m, "glmserve:num_requests_waiting"), 0);
 }
 
+// A step that fails in one process (test-only GLMS_TEST_FAULT_RANK=0:S fails the S-th forward
+// step): the requests in it end with an error (a stream gets an error event, then [DONE]), the
+// engine carries on, and the next request is served; nothing hangs.
+TEST_F(E2E, AFailingStepEndsItsRequestsWithAnErrorAndTheServerCarriesOn) {
+  setenv("GLMS_TEST_FAULT_RANK", "0:4", 1);
+  ServerProcess faulty(kBinary, server_args());
+  unsetenv("GLMS_TEST_FAULT_RANK");
+  json body = {{"prompt", "def main():\n"}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}, {"stream", true}};
+  const Response r = http(faulty.port(), "POST", "/v1/completions", body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const auto events = sse_payloads(r.body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  bool error_event = false;
+  for (const std::string& e : events)
+    if (e != "[DONE]" && json::parse(e).contains("error")) {
+      error_event = true;
+      EXPECT_NE(json::parse(e)["error"]["message"].get<std::string>().find("injected fault"), std::string::npos) << e;
+    }
+  EXPECT_TRUE(error_event) << r.body;
+  body.erase("stream");
+  const Response next = http(faulty.port(), "POST", "/v1/completions", body.dump());
+  EXPECT_EQ(next.status, 200) << next.body;
+  EXPECT_EQ(json::parse(next.body)["choices"][0]["finish_reason"], "length") << next.body;
+}
+
 TEST_F(E2E, ToolsAreAcceptedAndRendered) {
   const json req = {{"messages", {{{"role", "user"}, {"content", "weather in Paris?"}}}},
                     {"max_tokens", 4},
