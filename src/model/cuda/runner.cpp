@@ -50,8 +50,18 @@ class CudaRunner : public StepRunner {
                    static_cast<double>(bytes) / (1 << 30),
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     };
-    if (weights_) model_ = std::make_unique<CudaGlm5Model>(*weights_, options, peers_, progress);
-    else model_ = CudaGlm5Model::synthetic(config_, seed_, options, experts_format_, shard_, peers_);
+    try {
+      if (weights_) model_ = std::make_unique<CudaGlm5Model>(*weights_, options, peers_, progress);
+      else model_ = CudaGlm5Model::synthetic(config_, seed_, options, experts_format_, shard_, peers_);
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("out of memory") == std::string::npos) throw;
+      // Name the rank and what to change: the plan knows what each layout needs.
+      fail(std::string(e.what()) + " while rank " + std::to_string(rank) + " (" + shard_.describe() +
+           ") made its weights, step buffers and KV cache. `glmserve plan` shows what each layout needs; use more "
+           "GPUs (-tp N, or -dp N --enable-expert-parallel), FP8 linear layers (--quantization fp8) or MXFP4 "
+           "experts, a smaller cache or step (--kv-cache-memory, --gpu-memory-utilization, "
+           "--max-num-batched-tokens, --max-num-seqs), or free the GPU of other processes");
+    }
     const CudaMemoryReport m = model_->memory_report();
     auto gib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 30); };
     std::fprintf(stderr, "glmserve: rank %d: %.2f GiB of %s weights and a %.2f GiB KV cache on the GPU in %.1f s\n",

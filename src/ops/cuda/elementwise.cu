@@ -1,5 +1,6 @@
 // Elementwise CUDA kernels. Norms use one block per row with a block-wide reduction (rows are
 // at most a few thousand values: hidden 6144, q_lora 2048); the rest are one thread per value.
+#include <cstdio>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -294,7 +295,22 @@ void check(int status, const char* what) {
 }
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
-  if (bytes > 0) check(cudaMalloc(&data_, bytes), "cudaMalloc");
+  if (bytes == 0) return;
+  const cudaError_t status = cudaMalloc(&data_, bytes);
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t free = 0, total = 0;
+    cudaMemGetInfo(&free, &total);
+    int device = 0;
+    cudaGetDevice(&device);
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    char what[200];
+    std::snprintf(what, sizeof what, "GPU %d is out of memory: cudaMalloc of %.2f GiB with %.2f GiB free of %.2f GiB",
+                  device, static_cast<double>(bytes) / kGiB, static_cast<double>(free) / kGiB,
+                  static_cast<double>(total) / kGiB);
+    fail(what);
+  }
+  check(status, "cudaMalloc");
 }
 DeviceBuffer::~DeviceBuffer() {
   if (data_) cudaFree(data_);
