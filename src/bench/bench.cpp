@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "bench/html_report.h"
 #include "bench/loadgen.h"
 #include "bench/prom.h"
 #include "bench/report.h"
@@ -321,9 +322,17 @@ BenchOutcome run_bench(const BenchConfig& cfg) {
     for (size_t i = 0; i < results.size(); ++i) per_request.emplace_back(outcome.levels[i].label, &results[i]);
     write_file(dir / "requests.csv", requests_csv(per_request), outcome.files);
     write_file(dir / "report.md", rep, outcome.files);
-    write_file(dir / "throughput_vs_interactivity.svg", throughput_interactivity_svg(outcome.levels), outcome.files);
-    if (!rate_levels.empty()) write_file(dir / "ttft_vs_request_rate.svg", ttft_svg(rate_levels, true), outcome.files);
-    if (!sweep_levels.empty()) write_file(dir / "ttft_vs_concurrency.svg", ttft_svg(sweep_levels, false), outcome.files);
+    std::vector<std::string> charts{throughput_interactivity_svg(outcome.levels)};
+    write_file(dir / "throughput_vs_interactivity.svg", charts.back(), outcome.files);
+    if (!rate_levels.empty()) {
+      charts.push_back(ttft_svg(rate_levels, true));
+      write_file(dir / "ttft_vs_request_rate.svg", charts.back(), outcome.files);
+    }
+    if (!sweep_levels.empty()) {
+      charts.push_back(ttft_svg(sweep_levels, false));
+      write_file(dir / "ttft_vs_concurrency.svg", charts.back(), outcome.files);
+    }
+    write_file(dir / "report.html", html_report("glmserve bench: " + cfg.command_line, rep, charts), outcome.files);
     if (cfg.progress) std::fprintf(stderr, "bench: wrote %zu files to %s\n", outcome.files.size(), dir.string().c_str());
   }
   return outcome;

@@ -53,7 +53,7 @@ struct ServeArgs {
   std::vector<std::string> served_model_names;
   // vLLM's flags that change nothing here or only pick what glmserve does anyway (a note each).
   bool enable_prefix_caching = false, no_prefix_caching = false, auto_tool_choice = false, trust_remote_code = false,
-       disable_log_requests = false, vllm_metric_names = false, disable_log_stats = false;
+       disable_log_requests = false, vllm_metric_names = false, disable_log_stats = false, no_web_ui = false;
   std::string log_level = "info", log_format = "text";
   double log_stats_interval = 10.0;
   double shutdown_timeout = 60.0;
@@ -291,6 +291,7 @@ server::ServiceConfig service_config_of(const ServeArgs& args, const std::filesy
   config.seed = args.seed;
   config.vllm_metric_names = args.vllm_metric_names;
   config.log_requests = !args.disable_log_requests;
+  config.web_ui = !args.no_web_ui;
   config.jwt_secret = args.jwt_secret;
   config.request_timeout_seconds = args.request_timeout;
   config.max_body_bytes = args.max_body_bytes;
@@ -306,36 +307,40 @@ server::ServiceConfig service_config_of(const ServeArgs& args, const std::filesy
   return config;
 }
 
-// The start-up lines after the port is bound: what runs where, and the cache.
-void log_banner(const ServeArgs& args, const std::vector<std::string>& notes, const server::ServiceConfig& config,
-                const engine::Engine& engine, const std::string& device, int64_t cache_bytes_per_token,
-                const std::vector<runtime::Executor::RankMemory>& memory, const LoadedModel& model) {
-  for (const std::string& note : notes) log::info("glmserve: note: " + note);
+// The start-up lines (logged after the port is bound, shown at the top of the web UI): what runs
+// where, and the cache.
+std::vector<std::string> banner_lines(const ServeArgs& args, const std::vector<std::string>& notes,
+                                      const server::ServiceConfig& config, const engine::Engine& engine,
+                                      const std::string& device, int64_t cache_bytes_per_token,
+                                      const std::vector<runtime::Executor::RankMemory>& memory, const LoadedModel& model) {
+  std::vector<std::string> lines;
+  for (const std::string& note : notes) lines.push_back("note: " + note);
   std::string names = "'" + config.served_model_name + "'";
   for (const std::string& alias : config.model_aliases) names += ", '" + alias + "'";
   const engine::EngineConfig& c = engine.config();
-  log::info(fmt::format("glmserve: model {} (served as {}), max_model_len {}, max_num_seqs {}, max_batch_tokens {}",
-                        args.source.model_dir, names, c.max_model_len, c.max_num_seqs, c.max_batch_tokens));
+  lines.push_back(fmt::format("model {} (served as {}), max_model_len {}, max_num_seqs {}, max_batch_tokens {}",
+                              args.source.model_dir, names, c.max_model_len, c.max_num_seqs, c.max_batch_tokens));
   const int64_t tokens = int64_t{engine.blocks_per_rank()} * c.block_size;
-  log::info(fmt::format(
-      "glmserve: layout {} on {}; KV cache {} blocks of {} tokens per data-parallel rank ({} tokens, {:.2f} GiB)",
+  lines.push_back(fmt::format(
+      "layout {} on {}; KV cache {} blocks of {} tokens per data-parallel rank ({} tokens, {:.2f} GiB)",
       engine.layout().describe(), device, engine.blocks_per_rank(), c.block_size, tokens,
       static_cast<double>(tokens * cache_bytes_per_token) / (1 << 30)));
   for (size_t r = 0; r < memory.size(); ++r)
     if (memory[r].weight_bytes > 0)
-      log::info(fmt::format("glmserve: rank {}: weights {:.2f} GiB, KV cache {:.2f} GiB on its device", r,
-                            static_cast<double>(memory[r].weight_bytes) / (1 << 30),
-                            static_cast<double>(memory[r].cache_bytes) / (1 << 30)));
+      lines.push_back(fmt::format("rank {}: weights {:.2f} GiB, KV cache {:.2f} GiB on its device", r,
+                                  static_cast<double>(memory[r].weight_bytes) / (1 << 30),
+                                  static_cast<double>(memory[r].cache_bytes) / (1 << 30)));
   if (c.speculative_steps > 0)
-    log::info(fmt::format("glmserve: speculative decoding with the MTP layer, {} draft tokens per step{}",
-                          c.speculative_steps,
-                          c.speculative_max_batch > 0
-                              ? ", up to " + std::to_string(c.speculative_max_batch) + " decoding sequences"
-                              : ""));
-  log::info(fmt::format("glmserve: pid {}{}", static_cast<int>(getpid()),
-                        model.processes ? ", process 0 of " + std::to_string(model.processes->size()) +
-                                              " (mpirun): SIGTERM here stops them all"
-                                        : ""));
+    lines.push_back(fmt::format("speculative decoding with the MTP layer, {} draft tokens per step{}",
+                                c.speculative_steps,
+                                c.speculative_max_batch > 0
+                                    ? ", up to " + std::to_string(c.speculative_max_batch) + " decoding sequences"
+                                    : ""));
+  lines.push_back(fmt::format("pid {}{}", static_cast<int>(getpid()),
+                              model.processes ? ", process 0 of " + std::to_string(model.processes->size()) +
+                                                    " (mpirun): SIGTERM here stops them all"
+                                              : ""));
+  return lines;
 }
 
 void run_serve(ServeArgs args) {
@@ -367,7 +372,8 @@ void run_serve(ServeArgs args) {
   engine::Engine engine(std::move(model.executor), engine_config);
   const std::vector<runtime::Executor::RankMemory> memory = executor.memory();
   std::unique_ptr<server::Backend> backend = server::make_engine_backend(engine);
-  const server::ServiceConfig config = service_config_of(args, dir);
+  server::ServiceConfig config = service_config_of(args, dir);
+  config.banner = banner_lines(args, notes, config, engine, device, cache_bytes_per_token, memory, model);
   server::ApiService service(*backend, tokenizer, renderer, server::glm_parser_factory(), config);
 
   server::HttpServerOptions http;
@@ -379,7 +385,7 @@ void run_serve(ServeArgs args) {
   http.header_timeout_seconds = args.header_timeout;
   server::HttpServer server(service, http);
   server.start();
-  log_banner(args, notes, config, engine, device, cache_bytes_per_token, memory, model);
+  for (const std::string& line : config.banner) log::info("glmserve: " + line);
   // The start-up contract: scripts wait for these two lines (in either log format).
   log::info(fmt::format("glmserve: listening on http://{}:{}", args.host, static_cast<unsigned>(server.port())));
   log::info("glmserve: ready");
@@ -485,6 +491,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_flag("--disable-log-requests", args->disable_log_requests,
                 "No access line per request (status, latency, tokens; request contents are never logged)");
   cmd->add_flag("--disable-log-stats", args->disable_log_stats, "No periodic engine stats line");
+  cmd->add_flag("--no-web-ui", args->no_web_ui, "Do not serve the dashboard and chat playground at / and /dashboard");
   cmd->add_option("--shutdown-timeout", args->shutdown_timeout,
                   "Seconds SIGINT/SIGTERM lets running requests finish; then they end with an error event (0: no "
                   "limit; a second signal exits at once)")

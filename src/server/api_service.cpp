@@ -20,6 +20,7 @@
 #include "structured/recognizer.h"
 #include "structured/regex.h"
 #include "structured/tool_calls.h"
+#include "server/web_ui.h"
 #include "text/glm_parsers.h"
 
 namespace glms::server {
@@ -50,7 +51,8 @@ HttpResponse error_response(const ApiError& e) {
 
 // The paths served (and /v1/models/{id}): what a 404 lists and what metrics label by name.
 constexpr const char* kServedPaths[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize",
-                                        "/detokenize", "/health", "/ping", "/metrics", "/version"};
+                                        "/detokenize", "/health", "/ping", "/metrics", "/version", "/", "/dashboard",
+                                        "/dashboard/info"};
 
 std::string handler_label(const std::string& path) {
   // Served paths by name; everything else as one label (no unbounded label values).
@@ -180,6 +182,20 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
   if (path == "/version") {
     if (!is_get) throw_api(405, "Method Not Allowed");
     return json_response(200, {{"version", config_.version}});
+  }
+  // The web UI: a page from the binary, and what it shows at the top. Unauthenticated, as
+  // /metrics is; its requests to /v1 carry the key typed into it.
+  if (path == "/" || path == "/dashboard" || path == "/dashboard/info") {
+    if (!config_.web_ui) throw_api(404, "Not Found: the web UI is off (serve --no-web-ui)");
+    if (!is_get) throw_api(405, "Method Not Allowed");
+    if (path == "/dashboard/info")
+      return json_response(200, {{"model", config_.served_model_name}, {"max_model_len", backend_.max_model_len()},
+                                 {"version", config_.version}, {"banner", config_.banner},
+                                 {"auth", auth_->enabled()}});
+    HttpResponse r;
+    r.content_type = "text/html; charset=utf-8";
+    r.body = std::string(dashboard_html());
+    return r;
   }
   // vLLM's tokenizer endpoints, outside /v1 (which vLLM's --api-key guards alone) as there.
   if (path == "/tokenize" || path == "/detokenize") {

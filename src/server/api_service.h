@@ -55,6 +55,8 @@ struct ServiceConfig {
   int default_top_k = 0;
   float default_min_p = 0.0f;
   int default_completion_max_tokens = 16;  // /v1/completions without max_tokens (vLLM: 16)
+  bool web_ui = true;                // the dashboard and playground at / and /dashboard (serve --no-web-ui: off)
+  std::vector<std::string> banner;   // serve's start-up lines (layout, devices, KV cache), shown by the web UI
 };
 
 // Renders a chat request into the prompt text (the model's chat template). Throws

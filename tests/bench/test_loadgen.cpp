@@ -233,9 +233,18 @@ TEST(RunBench, WritesTablesAndFilesAndAccountsForEveryRequest) {
   EXPECT_NE(out.report.find("Offered RPS"), std::string::npos);
   EXPECT_NE(out.report.find("tok/s/user"), std::string::npos);
   EXPECT_NE(out.report.find("injected failure"), std::string::npos);
-  for (const char* f : {"bench.json", "bench.csv", "requests.csv", "report.md", "throughput_vs_interactivity.svg",
-                        "ttft_vs_request_rate.svg", "ttft_vs_concurrency.svg"})
+  for (const char* f : {"bench.json", "bench.csv", "requests.csv", "report.md", "report.html",
+                        "throughput_vs_interactivity.svg", "ttft_vs_request_rate.svg", "ttft_vs_concurrency.svg"})
     EXPECT_TRUE(std::filesystem::exists(dir / f)) << f;
+  // report.html: the tables as HTML tables and the three charts inline, nothing fetched.
+  std::ifstream html_in(dir / "report.html");
+  const std::string html((std::istreambuf_iterator<char>(html_in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(html.find("<th>Offered RPS</th>"), std::string::npos);
+  size_t svgs = 0;
+  for (size_t at = 0; (at = html.find("<svg", at)) != std::string::npos; ++at) ++svgs;
+  EXPECT_EQ(svgs, 3u);
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_EQ(html.find("src=\"http"), std::string::npos);
   std::ifstream in(dir / "bench.json");
   const auto j = nlohmann::json::parse(in);
   EXPECT_EQ(j["totals"]["scheduled"], 40);

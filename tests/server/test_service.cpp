@@ -376,3 +376,29 @@ TEST(Service, PromptEndingInThinkStartsInReasoning) {
   EXPECT_EQ(plain["choices"][0]["message"]["content"], "plain answer");
   EXPECT_TRUE(plain["choices"][0]["message"]["reasoning_content"].is_null());
 }
+
+// The web UI: the page at / and /dashboard (HTML from the binary), what it shows at the top at
+// /dashboard/info, all open without the API key (as /metrics is); --no-web-ui turns them off.
+TEST(Service, WebUiPagesAndInfo) {
+  ServiceConfig config;
+  config.api_keys = {"sk-x"};
+  config.banner = {"layout one rank on cpu; KV cache 8 blocks"};
+  Fixture f(config);
+  for (const char* path : {"/", "/dashboard"}) {
+    auto page = f.call("GET", path);
+    EXPECT_EQ(page->response.status, 200) << path;
+    EXPECT_EQ(page->response.content_type, "text/html; charset=utf-8");
+    EXPECT_NE(page->response.body.find("<title>glmserve</title>"), std::string::npos);
+    EXPECT_NE(page->response.body.find("v1/chat/completions"), std::string::npos);  // the playground
+    EXPECT_EQ(page->response.body.find("http://"), std::string::npos);  // no CDN, no fixed host
+  }
+  const json info = json::parse(f.call("GET", "/dashboard/info")->response.body);
+  EXPECT_EQ(info["model"], "tiny");
+  EXPECT_EQ(info["banner"][0], "layout one rank on cpu; KV cache 8 blocks");
+  EXPECT_EQ(info["auth"], true);
+  EXPECT_EQ(f.call("POST", "/dashboard")->response.status, 405);
+  config.web_ui = false;
+  Fixture off(config);
+  EXPECT_EQ(off.call("GET", "/")->response.status, 404);
+  EXPECT_NE(off.call("GET", "/dashboard")->response.body.find("--no-web-ui"), std::string::npos);
+}
