@@ -96,7 +96,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--extra-body", c.extra_body, "JSON object merged into every request body");
   cmd->add_flag("--no-metrics", a->no_metrics, "Do not read the server's /metrics around each level");
   cmd->add_option("--metrics-path", c.metrics_path, "Prometheus page of the server")->capture_default_str();
-  cmd->add_option("--output-dir", c.output_dir, "Write bench.json, bench.csv, requests.csv, report.md and SVG charts here");
+  cmd->add_option("--output-dir", c.output_dir, "Write bench.json, bench.csv, requests.csv, report.md, report.html and SVG charts here");
   cmd->add_flag("--no-progress", a->no_progress, "No live progress line on stderr");
   cmd->add_option("--max-failure-rate", a->max_failure_rate,
                   "Share of failed requests (0-1) allowed before bench exits with status 1")
