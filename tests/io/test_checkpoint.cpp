@@ -92,6 +92,9 @@ TEST(Checkpoint, BadIndexFiles) {
   expect_error([&] { Checkpoint::open(dir.path()); }, {"shard name '../outside.safetensors'"});
   write_index(dir.path(), nlohmann::json::object());  // found by fuzz/fuzz_safetensors_index
   expect_error([&] { Checkpoint::open(dir.path()); }, {"lists no tensors"});
+  // A shard name the file system refuses (longer than NAME_MAX) is a missing shard, not a crash.
+  write_index(dir.path(), {{"w", std::string(300, 'x') + ".safetensors"}});
+  expect_error([&] { Checkpoint::open(dir.path()); }, {"is missing"});
 }
 
 TEST(Checkpoint, SingleFileAndFolderFallbacks) {
