@@ -258,6 +258,10 @@ engine::EngineConfig engine_config_of(const ServeArgs& args) {
   engine::EngineConfig c;
   apply_preset(args.preset, c);
   if (args.max_num_seqs > 0) c.max_num_seqs = args.max_num_seqs;
+  // On the CPU a 2048-token prefill chunk takes over a second on the bundled model, and a
+  // cancelled request stops only when its step ends: 512-token steps stop it within about 0.3 s
+  // and prefill as fast (measured: 3991 tokens in 2.47 s against 2.57 s).
+  if (args.preset.empty() && args.source.device == "cpu") c.max_batch_tokens = 512;
   if (args.max_batch_tokens > 0) c.max_batch_tokens = args.max_batch_tokens;
   if (!args.kv_cache_memory.empty()) {
     c.kv_cache_bytes = parse_readable_count(args.kv_cache_memory, "--kv-cache-memory");
@@ -430,7 +434,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-num-seqs", args->max_num_seqs, "Sequences per step at most (default 64; presets change it)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--max-num-batched-tokens,--max-batch-tokens", args->max_batch_tokens,
-                  "Tokens per step at most (default 2048; presets change it)")
+                  "Tokens per step at most (default 2048 on GPUs, 512 on the CPU; presets change it)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--kv-cache-memory,--kv-cache-memory-bytes", args->kv_cache_memory,
                   "Bytes for each data-parallel rank's KV cache, e.g. 2G or 512MiB (default: on a GPU what "

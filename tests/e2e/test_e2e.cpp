@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <thread>
@@ -460,6 +462,49 @@ TEST_F(E2E, AFailingStepEndsItsRequestsWithAnErrorAndTheServerCarriesOn) {
   const Response next = http(faulty.port(), "POST", "/v1/completions", body.dump());
   EXPECT_EQ(next.status, 200) << next.body;
   EXPECT_EQ(json::parse(next.body)["choices"][0]["finish_reason"], "length") << next.body;
+}
+
+// Cancellation reaches a prefill at its next chunk: 8 streamed clients with ~3000-token prompts
+// (one prefilling, the rest waiting) hang up at once; the engine is idle, every block back,
+// within a second (0.1 s on this 2-core machine: the 512-token chunk in flight finishes).
+TEST_F(E2E, DisconnectedPrefillsStopAtTheNextChunk) {
+  ServerProcess big(kBinary, {"serve", "--model", kModel, "--port", "0", "--max-model-len", "4096"});
+  std::string prompt;
+  for (int i = 0; prompt.size() < 7000; ++i) prompt += "def f" + std::to_string(i) + "(x):\n    return x * " + std::to_string(i) + "\n";
+  const json counted = json::parse(http(big.port(), "POST", "/tokenize", json{{"prompt", prompt}}.dump()).body);
+  ASSERT_GT(counted["count"].get<int>(), 2000);
+  ASSERT_LT(counted["count"].get<int>(), 4000);
+  std::vector<int> sockets;
+  for (int i = 0; i < 8; ++i) {
+    const std::string body = json{{"prompt", std::to_string(i) + prompt}, {"max_tokens", 50}, {"stream", true}}.dump();
+    const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                                std::to_string(body.size()) + "\r\n\r\n" + body;
+    const int fd = connect_to(big.port());
+    ASSERT_EQ(send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+    sockets.push_back(fd);
+  }
+  auto busy = [&] {
+    const std::string m = http(big.port(), "GET", "/metrics").body;
+    return metric(m, "glmserve:num_requests_running") + metric(m, "glmserve:num_requests_waiting") +
+           metric(m, "glmserve:kv_cache_usage_perc");
+  };
+  for (int i = 0; i < 100 && busy() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_GT(busy(), 0) << "the requests never started";
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // a prefill chunk is in flight
+  for (int fd : sockets) close(fd);
+  const auto start = std::chrono::steady_clock::now();
+  while (busy() > 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
+    if (getenv("GLMS_DEBUG_IDLE")) {
+      const std::string m = http(big.port(), "GET", "/metrics").body;
+      std::printf("%.2f running %g waiting %g kv %g\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                  metric(m, "glmserve:num_requests_running"), metric(m, "glmserve:num_requests_waiting"), metric(m, "glmserve:kv_cache_usage_perc"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("engine idle %.2f s after 8 prefilling clients hung up\n", seconds);
+  EXPECT_EQ(busy(), 0);
+  EXPECT_LT(seconds, 1.0);
 }
 
 TEST_F(E2E, ToolsAreAcceptedAndRendered) {
