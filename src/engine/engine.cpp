@@ -50,7 +50,7 @@ int allocate_caches(runtime::Executor& executor, const EngineConfig& config) {
   shape.max_context = config.max_model_len;
   shape.mtp = config.speculative_steps > 0;
   // Verifying K drafts asks for K + 1 logits rows per sequence.
-  shape.max_logits = std::min(config.max_batch_tokens, config.max_num_seqs * (1 + std::max(0, config.speculative_steps)));
+  shape.max_logits = max_logits_rows(config);
   if (shape.mtp && !executor.has_mtp())
     fail("speculative decoding needs a checkpoint with an MTP layer (this " + executor.device() + " runner has none)");
   executor.allocate(shape);
@@ -217,7 +217,7 @@ uint64_t Engine::submit(RequestParams params, OutputCallback on_output) {
   seq->tokens = params.prompt_ids;
   seq->prompt_len = static_cast<int>(params.prompt_ids.size());
   seq->sampler = Sampler(params.sampling.seed);
-  seq->speculates = impl_->config.speculative_steps > 0 && !adjusts_logits(params);
+  seq->speculates = impl_->config.speculative_steps > 0 && !adjusts_logits(params) && params.prompt_logprobs < 0;
   seq->params = std::move(params);
   seq->on_output = std::move(on_output);
   seq->arrival = Clock::now();

@@ -1,6 +1,8 @@
 // What the engine is set up with (EngineConfig) and what it reports (EngineStats).
 #pragma once
 
+#include <algorithm>
+
 #include <cstdint>
 #include <vector>
 
@@ -29,6 +31,12 @@ struct EngineConfig {
   // batches only (docs/performance.md, "Where MTP speculation pays").
   int speculative_max_batch = 32;
 };
+
+// Logits rows one step may return per data-parallel rank (the runners' workspaces are sized by
+// it): every sequence's next-token row, or 1 + drafts when verifying.
+inline int max_logits_rows(const EngineConfig& c) {
+  return std::min(c.max_batch_tokens, c.max_num_seqs * (1 + std::max(0, c.speculative_steps)));
+}
 
 // One data-parallel rank's cache (its own pool and prefix cache).
 struct RankStats {

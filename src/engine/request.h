@@ -40,6 +40,10 @@ struct RequestParams {
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to those tokens' logits before drawing
   int min_tokens = 0;                  // EOS and stop_token_ids are held back until this many tokens
   std::shared_ptr<TokenConstraint> constraint;  // structured output: what may come next (null: anything)
+  // -1: none; k >= 0: each prompt token's logprob given the tokens before it, its rank, and the k
+  // likeliest tokens there (vLLM's prompt_logprobs). Such a request skips the prefix cache: a
+  // cached prefix has no logits.
+  int prompt_logprobs = -1;
 };
 
 // Whether anything adjusts a request's logits before its token is drawn (penalties, logit_bias,
@@ -70,6 +74,7 @@ struct GeneratedToken {
   int32_t token = 0;
   float logprob = 0.0f;                    // set when top_logprobs >= 0
   std::vector<TokenLogprob> top_logprobs;  // k most likely, when top_logprobs > 0
+  int rank = 0;                            // prompt logprobs: 1 + the tokens likelier than `token`
 };
 
 // One report about a request: new tokens since the last report, and whether it is done.
@@ -78,6 +83,9 @@ struct GeneratedToken {
 struct RequestOutput {
   uint64_t request_id = 0;
   std::vector<GeneratedToken> new_tokens;
+  // With the first output of a request with prompt_logprobs: prompt tokens 1..prompt_len-1, each
+  // scored given the tokens before it (token 0 has nothing before it).
+  std::vector<GeneratedToken> prompt_logprobs;
   bool finished = false;
   std::string finish_reason;
   std::string error;

@@ -43,7 +43,35 @@ void fill_logprobs(const float* logits, int vocab, int top, GeneratedToken& out)
   for (int32_t id : best) out.top_logprobs.push_back({id, logits[id] - log_total});
 }
 
+// Prompt logprobs: `token`'s logprob under `logits`, its rank, and the k likeliest.
+GeneratedToken score_token(const float* logits, int vocab, int32_t token, int top) {
+  GeneratedToken out;
+  out.token = token;
+  fill_logprobs(logits, vocab, top, out);
+  out.rank = 1 + static_cast<int>(std::count_if(logits, logits + vocab, [&](float l) { return l > logits[token]; }));
+  return out;
+}
+
 }  // namespace
+
+// Logits rows the prompt-scoring chunk step[index] may take: the step's rows (engine_config.h)
+// less those given out before it and those the sequences after it may need (1 + drafts each).
+int Scheduler::prompt_rows_left(const std::vector<ScheduledSequence>& step, size_t index, size_t rows_so_far) const {
+  int64_t later = 0;
+  for (size_t k = index + 1; k < step.size(); ++k) later += step[k].seq->scores_prompt() ? 1 : step[k].drafts + 1;
+  return static_cast<int>(std::max<int64_t>(0, max_logits_rows(config_) - later - static_cast<int64_t>(rows_so_far)));
+}
+
+// Rows [first_row, first_row + count) are the logits of the chunk's tokens at positions
+// num_computed..; the row at position p scores prompt token p + 1.
+void Scheduler::score_prompt(Sequence& seq, const model::StepLogits& logits, int64_t first_row, int count) {
+  for (int j = 0; j < count; ++j) {
+    const int position = seq.num_computed + j;
+    if (position + 1 >= seq.prompt_len || position + 1 <= static_cast<int>(seq.prompt_logprobs.size())) continue;
+    seq.prompt_logprobs.push_back(
+        score_token(logits.row(first_row + j), model_.vocab_size, seq.tokens[position + 1], seq.params.prompt_logprobs));
+  }
+}
 
 model::RowOutput verdict_output(const RequestParams& p) {
   model::RowOutput out;
@@ -262,7 +290,7 @@ void Scheduler::admit(StepPlan& plan, std::vector<int>& budgets) {
     bool fits_nowhere = true;  // no rank, even idle, could hold it
     for (int r : order) {
       Rank& rank = *ranks_[r];
-      rank.blocks.take_cached_prefix(seq);
+      if (seq.params.prompt_logprobs < 0) rank.blocks.take_cached_prefix(seq);
       const int count = std::min(seq.pending(), budgets[r]);
       if (rank.blocks.ensure(seq, seq.num_computed + count)) {
         admitted_on = r;
@@ -324,6 +352,22 @@ std::vector<runtime::RankStep> Scheduler::make_steps(StepPlan& plan) const {
         batch.add_sequence(verify, seq.num_computed, seq.block_table, config_.block_size, true);
         s.first_row = static_cast<int64_t>(outputs.size());
         outputs.insert(outputs.end(), s.drafts + 1, verdict_output(seq.params));
+        continue;
+      }
+      if (seq.scores_prompt()) {
+        // Every token of the chunk gets a row (kept within the step's logits rows).
+        const size_t index = static_cast<size_t>(&s - plan.ranks[r].data());
+        s.count = std::min(s.count, prompt_rows_left(plan.ranks[r], index, outputs.size()));
+        if (s.count == 0) continue;  // no rows left this step: the chunk waits
+        const bool completes = seq.num_computed + s.count == static_cast<int>(seq.tokens.size());
+        batch.add_sequence(std::vector<int32_t>(seq.tokens.begin() + seq.num_computed,
+                                                seq.tokens.begin() + seq.num_computed + s.count),
+                           seq.num_computed, seq.block_table, config_.block_size, true);
+        s.prompt_rows = static_cast<int64_t>(outputs.size());
+        model::RowOutput whole;
+        whole.kind = model::RowOutput::Kind::kLogits;
+        outputs.insert(outputs.end(), s.count, whole);
+        s.first_row = completes ? s.prompt_rows + s.count - 1 : -1;
         continue;
       }
       const bool completes = seq.num_computed + s.count == static_cast<int>(seq.tokens.size());
@@ -394,6 +438,10 @@ bool Scheduler::report_token(Sequence& seq, int32_t token_id, const float* raw_l
   out.cached_prompt_tokens = seq.cached_prompt_tokens;
   out.completion_tokens = seq.num_generated();
   out.new_tokens.push_back(std::move(generated));
+  if (p.prompt_logprobs >= 0 && !seq.prompt_logprobs_sent) {
+    out.prompt_logprobs = seq.prompt_logprobs;
+    seq.prompt_logprobs_sent = true;
+  }
   const int32_t token = out.new_tokens.back().token;
   const auto& eos_ids = model_.eos_token_ids;
   const bool eos = !p.ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end();
@@ -457,6 +505,7 @@ void Scheduler::advance(int r, std::vector<ScheduledSequence>& scheduled, runtim
       continue;
     }
     if (seq.speculates) seq.mtp_hidden.insert(seq.mtp_hidden.end(), seq_hidden, seq_hidden + s.count * hidden);
+    if (s.prompt_rows >= 0) score_prompt(seq, logits, s.prompt_rows, s.count);
     seq.num_computed += s.count;
     ranks_[r]->blocks.cache_full_blocks(seq);
     if (s.first_row >= 0) {

@@ -32,6 +32,7 @@ struct ScheduledSequence {
   std::vector<int32_t> draft_tokens;
   std::vector<float> draft_probs;  // [drafts, vocab] the distributions they were drawn from
   int64_t first_row = -1;          // its first logits row in its rank's step (-1: none)
+  int64_t prompt_rows = -1;        // prompt logprobs: the chunk's first row (one per token), -1: none
 };
 
 // What a logits row returns where it decides drafts or a verdict: the argmax for greedy
@@ -91,6 +92,8 @@ class Scheduler {
   std::vector<int> rank_preference(const Sequence& seq, const std::vector<int>& budgets) const;
   int draft_budget(const Sequence& seq) const;
   int32_t draw_token(Sequence& seq, const float* raw_logits);
+  int prompt_rows_left(const std::vector<ScheduledSequence>& step, size_t index, size_t rows_so_far) const;
+  void score_prompt(Sequence& seq, const model::StepLogits& logits, int64_t first_row, int count);
   bool report_token(Sequence& seq, int32_t token, const float* raw_logits);
   void verify(ScheduledSequence& s, const model::StepLogits& logits, const float* hidden, std::vector<Sequence*>& done);
   void advance(int r, std::vector<ScheduledSequence>& scheduled, runtime::RankResult& result);

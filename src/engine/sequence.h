@@ -29,6 +29,10 @@ struct Sequence {
   int cached_prompt_tokens = 0;      // prompt tokens that came from the prefix cache (first admission)
   bool admitted_once = false;
   std::unordered_map<int32_t, int> generated_counts;  // for presence/frequency penalties
+  // params.prompt_logprobs >= 0: prompt tokens 1.. scored so far (kept across preemption), and
+  // whether they went out with the first token.
+  std::vector<GeneratedToken> prompt_logprobs;
+  bool prompt_logprobs_sent = false;
 
   // MTP drafting (EngineConfig::speculative_steps > 0, requests without penalties): the target's
   // hidden states of positions [mtp_next, num_computed), whose draft-layer rows are not written
@@ -44,6 +48,10 @@ struct Sequence {
   int num_generated() const { return static_cast<int>(tokens.size()) - prompt_len; }
   // Tokens still to run through the model before the next sample.
   int pending() const { return static_cast<int>(tokens.size()) - num_computed; }
+  // Whether this step's chunk needs every token's logits: prompt tokens are still unscored.
+  bool scores_prompt() const {
+    return params.prompt_logprobs >= 0 && static_cast<int>(prompt_logprobs.size()) < prompt_len - 1;
+  }
 };
 
 }  // namespace glms::engine

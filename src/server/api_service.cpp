@@ -312,6 +312,7 @@ engine::RequestParams ApiService::base_params(const SamplingFields& s, const std
   p.frequency_penalty = s.frequency_penalty;
   p.repetition_penalty = s.repetition_penalty;
   p.top_logprobs = s.logprobs;
+  p.prompt_logprobs = s.prompt_logprobs;
   p.timeout_seconds = config_.request_timeout_seconds;
   const int max_len = backend_.max_model_len();
   const int prompt_len = static_cast<int>(ids.size());
@@ -450,7 +451,12 @@ void ApiService::start_completion(const HttpRequest& request, std::shared_ptr<Re
                       "prompt");
       if (req.echo) input.text = tokenizer_.decode(input.ids, req.sampling.skip_special_tokens);
     }
-    for (int i = 0; i < req.sampling.n; ++i) spec.params.push_back(base_params(req.sampling, input.ids, false, i, matcher));
+    for (int i = 0; i < req.sampling.n; ++i) {
+      spec.params.push_back(base_params(req.sampling, input.ids, false, i, matcher));
+      // echo with logprobs: the prompt's tokens get their logprobs as the generated ones do.
+      if (req.echo && req.sampling.logprobs >= 0)
+        spec.params.back().prompt_logprobs = std::max(spec.params.back().prompt_logprobs, req.sampling.logprobs);
+    }
     spec.prompts.push_back(std::move(input));
   }
   spec.sampling = std::move(req.sampling);

@@ -58,6 +58,8 @@ struct Generation::Choice {
   std::string delta_text;  // completions
   json logprobs_all;       // the whole request's logprobs object (non-streaming)
   json logprobs_delta;     // this chunk's
+  json prompt_logprobs = nullptr;  // vLLM's prompt_logprobs: [null, {id: {logprob, rank, decoded_token}}, ...]
+  bool prompt_scored = false;      // the prompt's logprobs were taken (from the first output)
   size_t text_offset = 0;
   int prompt_tokens = 0;
   int cached_tokens = 0;
@@ -111,6 +113,57 @@ Generation::Generation(GenerationSpec spec, text::Tokenizer tokenizer, Backend& 
 }
 
 Generation::~Generation() = default;
+
+// The prompt's logprobs arrive with the first token: as vLLM's prompt_logprobs list, and for
+// completions with echo and logprobs at the head of the logprobs object (the first prompt
+// token has nothing before it: null).
+void Generation::take_prompt_logprobs(Choice& c, const engine::RequestOutput& out) {
+  c.prompt_scored = true;
+  const bool echo_logprobs = !spec_.chat && spec_.echo && spec_.sampling.logprobs >= 0;
+  if (spec_.sampling.prompt_logprobs < 0 && !echo_logprobs) return;
+  auto text_of = [&](int32_t id) { return tokenizer_.decode(std::vector<int32_t>{id}, false); };
+  if (spec_.sampling.prompt_logprobs >= 0) {
+    json list = json::array({nullptr});
+    for (const engine::GeneratedToken& g : out.prompt_logprobs) {
+      json entry = json::object();
+      auto add = [&](int32_t id, float logprob, int rank) {
+        if (!entry.contains(std::to_string(id)))
+          entry[std::to_string(id)] = {{"logprob", clamp_logprob(logprob)}, {"rank", rank}, {"decoded_token", text_of(id)}};
+      };
+      add(g.token, g.logprob, g.rank);
+      for (size_t k = 0; k < g.top_logprobs.size() && k < static_cast<size_t>(spec_.sampling.prompt_logprobs); ++k)
+        add(g.top_logprobs[k].token, g.top_logprobs[k].logprob, static_cast<int>(k) + 1);
+      list.push_back(std::move(entry));
+    }
+    c.prompt_logprobs = std::move(list);
+  }
+  if (!echo_logprobs) return;
+  const std::vector<int32_t>& ids = spec_.prompts[c.prompt].ids;
+  json head = {{"text_offset", json::array()}, {"token_logprobs", json::array()}, {"tokens", json::array()},
+               {"top_logprobs", json::array()}};
+  size_t offset = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const std::string tok = text_of(ids[i]);
+    head["text_offset"].push_back(offset);
+    offset += tok.size();
+    head["tokens"].push_back(tok);
+    if (i == 0 || i - 1 >= out.prompt_logprobs.size()) {
+      head["token_logprobs"].push_back(nullptr);
+      head["top_logprobs"].push_back(nullptr);
+      continue;
+    }
+    const engine::GeneratedToken& g = out.prompt_logprobs[i - 1];
+    head["token_logprobs"].push_back(clamp_logprob(g.logprob));
+    json top = nullptr;
+    if (spec_.sampling.logprobs > 0) {
+      top = json::object();
+      for (size_t k = 0; k < g.top_logprobs.size() && k < static_cast<size_t>(spec_.sampling.logprobs); ++k)
+        top[text_of(g.top_logprobs[k].token)] = clamp_logprob(g.top_logprobs[k].logprob);
+    }
+    head["top_logprobs"].push_back(std::move(top));
+  }
+  c.logprobs_all = std::move(head);
+}
 
 void Generation::start() {
   std::vector<uint64_t> to_cancel;
@@ -210,6 +263,7 @@ void Generation::on_output(size_t index, const engine::RequestOutput& out) {
     if (c.done) return;
     if (out.prompt_tokens > 0) c.prompt_tokens = out.prompt_tokens;
     c.cached_tokens = out.cached_prompt_tokens;
+    if (!c.prompt_scored && !out.new_tokens.empty()) take_prompt_logprobs(c, out);
     const auto now = Clock::now();
     const size_t k = out.new_tokens.size();
     if (k > 0) {
@@ -448,6 +502,7 @@ std::string Generation::final_body_locked() const {
       choice["text"] = c.text;
     }
     choice["logprobs"] = spec_.sampling.logprobs >= 0 ? c.logprobs_all : json(nullptr);
+    if (spec_.sampling.prompt_logprobs >= 0) choice["prompt_logprobs"] = c.prompt_logprobs;
     choice["finish_reason"] = c.finish_reason;
     choice["stop_reason"] = c.stop_reason;
     choices.push_back(std::move(choice));

@@ -62,6 +62,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   struct Choice;
   void on_output(size_t choice, const engine::RequestOutput& out);
   void finish_choice(Choice& c, const std::string& reason);
+  void take_prompt_logprobs(Choice& c, const engine::RequestOutput& out);
   void emit_locked(std::vector<std::string>& writes, size_t choice_index, bool final);
   std::string final_body_locked() const;
   std::string usage_json_locked() const;

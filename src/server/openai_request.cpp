@@ -252,10 +252,16 @@ void parse_sampling(const json& doc, std::string_view body, SamplingFields& s, c
     bad_request("give one structured output (choice, regex, json, grammar or json_object), once", "structured_outputs");
   // Fields glmserve does not implement yet: refused by name rather than ignored.
   for (const char* name : {"guided_decoding_backend",
-                           "guided_whitespace_pattern", "prompt_logprobs", "suffix", "allowed_token_ids", "bad_words",
+                           "guided_whitespace_pattern", "suffix", "allowed_token_ids", "bad_words",
                            "logits_processors"})
     if (field(doc, name))
       bad_request(std::string(name) + " is not supported by glmserve yet (docs/api.md lists the fields it takes)", name);
+  if (const json* v = field(doc, "prompt_logprobs"); v && !v->is_null()) {
+    s.prompt_logprobs = static_cast<int>(*get_int(doc, "prompt_logprobs", 0, limits.max_top_logprobs));
+    if (get_bool(doc, "stream").value_or(false))
+      bad_request("prompt_logprobs is not supported with stream: true (glmserve sends them in the whole response)",
+                  "prompt_logprobs");
+  }
   if (const json* v = field(doc, "user"); v && !v->is_string()) wrong_type("user", "a string", *v);
   if (!chat) {
     if (auto v = get_int(doc, "logprobs", 0, limits.max_top_logprobs)) s.logprobs = static_cast<int>(*v);
@@ -492,8 +498,9 @@ CompletionRequest parse_completion_request(std::string_view body, const ParseLim
   CompletionRequest req;
   parse_sampling(doc, body, req.sampling, limits, false);
   if (auto v = get_bool(doc, "echo")) req.echo = *v;
-  if (req.echo && req.sampling.logprobs >= 0)
-    bad_request("echo with logprobs needs the prompt's logprobs, which glmserve does not compute yet", "echo");
+  if (req.echo && req.sampling.logprobs >= 0 && req.sampling.stream)
+    bad_request("echo with logprobs is not supported with stream: true (the prompt's logprobs come in the whole response)",
+                "echo");
   const json* p = field(doc, "prompt");
   if (!p) bad_request("prompt is required", "prompt");
   auto id_list = [](const json& arr, const std::string& at) {

@@ -48,6 +48,7 @@ struct SamplingFields {
   bool skip_special_tokens = true;
   bool include_stop_str_in_output = false;
   int logprobs = -1;                // -1 none; else number of top alternatives (0 = chosen only)
+  int prompt_logprobs = -1;         // -1 none; else each prompt token's logprob plus this many top ones (vLLM's)
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to the token's logit before sampling
   int min_tokens = 0;               // EOS and stop_token_ids are held back until this many tokens
   std::vector<std::string> choice;  // structured output: exactly one of these (structured_outputs.choice, guided_choice)

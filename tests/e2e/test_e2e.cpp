@@ -501,6 +501,35 @@ TEST_F(E2E, DisconnectedPrefillsStopAtTheNextChunk) {
   EXPECT_LT(seconds, 1.0);
 }
 
+// Prompt logprobs on the bundled model: prompt_logprobs lists one entry per prompt token (null
+// first, then the token with its rank and the top ones), echo with logprobs opens the logprobs
+// object with the same numbers, and a chat request gets them too.
+TEST_F(E2E, PromptLogprobsAndEchoLogprobs) {
+  const std::string prompt = "def add(a, b):\n    return";
+  const json tokens = json::parse(http(port(), "POST", "/tokenize", json{{"prompt", prompt}, {"add_special_tokens", false}}.dump()).body)["tokens"];
+  const json r = post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 3}, {"temperature", 0}, {"echo", true},
+                                          {"logprobs", 2}, {"prompt_logprobs", 2}});
+  const json& c = r["choices"][0];
+  ASSERT_EQ(c["prompt_logprobs"].size(), tokens.size()) << r.dump();
+  EXPECT_TRUE(c["prompt_logprobs"][0].is_null());
+  const json& lp = c["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), tokens.size() + 3);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  for (size_t i = 1; i < tokens.size(); ++i) {
+    const json& entry = c["prompt_logprobs"][i];
+    const std::string id = std::to_string(tokens[i].get<int>());
+    ASSERT_TRUE(entry.contains(id)) << entry.dump();
+    EXPECT_GE(entry[id]["rank"].get<int>(), 1);
+    EXPECT_LE(entry.size(), 3u);  // the token and the top 2
+    EXPECT_DOUBLE_EQ(entry[id]["logprob"].get<double>(), lp["token_logprobs"][i].get<double>()) << i;
+    EXPECT_LE(entry[id]["logprob"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(c["text"].get<std::string>().rfind(prompt, 0), 0u);  // echo
+  const json chat = post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2},
+                                                  {"prompt_logprobs", 0}});
+  EXPECT_EQ(chat["choices"][0]["prompt_logprobs"].size(), chat["usage"]["prompt_tokens"].get<size_t>());
+}
+
 TEST_F(E2E, ToolsAreAcceptedAndRendered) {
   const json req = {{"messages", {{{"role", "user"}, {"content", "weather in Paris?"}}}},
                     {"max_tokens", 4},

@@ -286,3 +286,56 @@ TEST_F(EngineTest, LogitBiasAndMinTokensShapeTheDraws) {
   for (int i = 0; i < 4; ++i) EXPECT_NE(held.tokens[i], expected[0]) << "token " << i;
   expect_idle(engine);
 }
+
+// Prompt logprobs: each prompt token's logprob, rank and top-k equal a one-shot forward over the
+// whole prompt (log-softmax of the row before it), whether the prompt is prefilled in one chunk
+// or in many (rows kept within the step's logits rows), after its prefix is cached by another
+// request (it skips the cache), and beside a concurrent request whose tokens do not change.
+TEST_F(EngineTest, PromptLogprobsEqualAOneShotForward) {
+  const std::vector<int32_t> prompt = random_tokens(70, 97, 41);
+  // The reference: every position's logits in one step.
+  const int block_size = 16, blocks = 8;
+  kv::PagedLatentCache cache(model_->cache_layout(block_size), blocks);
+  model::ForwardBatch batch;
+  std::vector<int32_t> table(blocks);
+  for (int b = 0; b < blocks; ++b) table[b] = b;
+  batch.add_sequence(prompt, 0, table, block_size, true);
+  const std::vector<float> rows = model_->forward(batch, cache);
+  const int vocab = model_->config().vocab_size;
+  for (const int max_batch_tokens : {2048, 24}) {
+    engine::EngineConfig config;
+    config.max_batch_tokens = max_batch_tokens;
+    config.max_num_seqs = 4;  // 4 logits rows per step: the 70-token prompt takes many steps
+    engine::Engine engine(*model_, config);
+    Pending warm(engine, greedy_request(prompt, 2));  // puts the prompt's blocks in the prefix cache
+    warm.get();
+    std::promise<std::vector<engine::GeneratedToken>> scored;
+    std::promise<void> finished;
+    engine::RequestParams p = greedy_request(prompt, 3);
+    p.prompt_logprobs = 2;
+    bool first = true;
+    engine.submit(p, [&](const engine::RequestOutput& out) {
+      if (first) scored.set_value(out.prompt_logprobs);
+      first = false;
+      if (out.finished) finished.set_value();
+    });
+    Pending beside(engine, greedy_request(random_tokens(20, 97, 5), 8));
+    const std::vector<engine::GeneratedToken> got = scored.get_future().get();
+    EXPECT_EQ(beside.get().tokens, alone(random_tokens(20, 97, 5), 8));
+    ASSERT_EQ(got.size(), prompt.size() - 1) << "max_batch_tokens " << max_batch_tokens;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float* row = rows.data() + i * vocab;  // the row at position i scores token i + 1
+      double total = 0;
+      const float top = *std::max_element(row, row + vocab);
+      for (int t = 0; t < vocab; ++t) total += std::exp(double(row[t] - top));
+      const double want = row[prompt[i + 1]] - top - std::log(total);
+      EXPECT_EQ(got[i].token, prompt[i + 1]);
+      EXPECT_NEAR(got[i].logprob, want, 1e-3) << "position " << i + 1;
+      EXPECT_EQ(got[i].rank, 1 + std::count_if(row, row + vocab, [&](float l) { return l > row[prompt[i + 1]]; }));
+      ASSERT_EQ(got[i].top_logprobs.size(), 2u);
+      EXPECT_EQ(got[i].top_logprobs[0].token, std::max_element(row, row + vocab) - row);
+    }
+    finished.get_future().wait();
+    expect_idle(engine);
+  }
+}

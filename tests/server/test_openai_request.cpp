@@ -305,7 +305,7 @@ TEST(ChatRequest, LogitBiasMinTokensBestOfAndARequestTemplate) {
 }
 
 TEST(ChatRequest, FieldsNotImplementedAreRefusedByName) {
-  for (const char* name : {"guided_decoding_backend", "prompt_logprobs", "suffix", "allowed_token_ids", "bad_words"}) {
+  for (const char* name : {"guided_decoding_backend", "suffix", "allowed_token_ids", "bad_words"}) {
     json doc = chat_base();
     doc[name] = json::object();
     const ApiError e = chat_error(doc);
@@ -320,11 +320,16 @@ TEST(ChatRequest, FieldsNotImplementedAreRefusedByName) {
   EXPECT_EQ(parse_chat_request(doc.dump()).sampling.logprobs, 3);
 }
 
-TEST(CompletionRequest, EchoWithLogprobsIsRefused) {
-  const ApiError e = completion_error({{"prompt", "a"}, {"echo", true}, {"logprobs", 2}});
-  EXPECT_EQ(e.status, 400);
-  EXPECT_EQ(e.param, "echo");
-  EXPECT_TRUE(parse_completion_request(json{{"prompt", "a"}, {"echo", true}}.dump()).echo);
+TEST(CompletionRequest, EchoWithLogprobsAndPromptLogprobs) {
+  const CompletionRequest r = parse_completion_request(json{{"prompt", "a"}, {"echo", true}, {"logprobs", 2}}.dump());
+  EXPECT_TRUE(r.echo);
+  EXPECT_EQ(r.sampling.logprobs, 2);
+  // The prompt's logprobs come in the whole response: streams refuse them, naming the field.
+  EXPECT_EQ(completion_error({{"prompt", "a"}, {"echo", true}, {"logprobs", 2}, {"stream", true}}).param, "echo");
+  EXPECT_EQ(parse_completion_request(json{{"prompt", "a"}, {"prompt_logprobs", 3}}.dump()).sampling.prompt_logprobs, 3);
+  EXPECT_EQ(parse_completion_request(json{{"prompt", "a"}, {"prompt_logprobs", nullptr}}.dump()).sampling.prompt_logprobs, -1);
+  EXPECT_EQ(completion_error({{"prompt", "a"}, {"prompt_logprobs", 1}, {"stream", true}}).param, "prompt_logprobs");
+  EXPECT_EQ(completion_error({{"prompt", "a"}, {"prompt_logprobs", 99}}).param, "prompt_logprobs");
 }
 
 TEST(ChatRequest, StructuredOutputForms) {
