@@ -21,6 +21,7 @@ struct BackendStats {
   int num_blocks = 0;
   int num_free_blocks = 0;
   double kv_cache_usage = 0.0;       // [0, 1]
+  std::vector<double> kv_cache_usage_by_rank;  // [data-parallel ranks] each rank's own pool
   int64_t prefix_cache_queries = 0;  // tokens
   int64_t prefix_cache_hits = 0;     // tokens
   int64_t prompt_tokens_total = 0;

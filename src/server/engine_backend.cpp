@@ -21,6 +21,7 @@ class EngineBackend final : public Backend {
     out.num_blocks = s.num_blocks;
     out.num_free_blocks = s.num_free_blocks;
     out.kv_cache_usage = s.kv_cache_usage;
+    for (const engine::RankStats& r : s.ranks) out.kv_cache_usage_by_rank.push_back(r.kv_cache_usage);
     out.prefix_cache_queries = s.prefix_cache_queries;
     out.prefix_cache_hits = s.prefix_cache_hits;
     out.prompt_tokens_total = s.prompt_tokens_total;

@@ -219,6 +219,12 @@ std::string ServerMetrics::render_prefixed(const BackendStats& s) const {
   gauge("num_requests_running", "Number of requests in model execution batches.", s.num_running);
   gauge("num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting);
   gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_cache_usage);
+  if (!s.kv_cache_usage_by_rank.empty()) {
+    head(out, "glmserve:kv_cache_usage_perc_by_rank", "gauge", "KV-cache usage of each data-parallel rank's pool.");
+    for (size_t r = 0; r < s.kv_cache_usage_by_rank.size(); ++r)
+      sample(out, "glmserve:kv_cache_usage_perc_by_rank", l + ",dp_rank=\"" + std::to_string(r) + "\"",
+             s.kv_cache_usage_by_rank[r]);
+  }
   gauge("kv_cache_num_blocks", "Blocks in the KV-cache pool.", s.num_blocks);
   gauge("kv_cache_free_blocks", "Blocks free or holding only evictable cached prefixes.", s.num_free_blocks);
   counter("prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.",

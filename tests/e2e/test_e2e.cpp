@@ -597,6 +597,9 @@ TEST_F(E2E, DataParallelServerMatchesOneRank) {
   }
   EXPECT_EQ(running, 0);
   EXPECT_EQ(usage, 0);
+  // Each rank's own pool is reported too (the web UI's KV chart shows the fullest).
+  const std::string m = http(dp.port(), "GET", "/metrics").body;
+  EXPECT_NE(m.find("glmserve:kv_cache_usage_perc_by_rank{model_name=\"tiny\",dp_rank=\"1\"} 0"), std::string::npos) << m;
   EXPECT_EQ(dp.stop(SIGTERM, 60.0), 0);
 }
 
