@@ -1,5 +1,7 @@
 #include "bench/sse.h"
 
+#include <cstdint>
+
 #include <nlohmann/json.hpp>
 
 namespace glms::bench {
@@ -62,9 +64,14 @@ std::string string_at(const json& obj, const char* key) {
   return it != obj.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
+// A count the server reported; a number that is not a count an int holds (negative, fractional,
+// huge) counts as absent. Found by fuzz/fuzz_sse: converting 9.9e9 to int is undefined.
 int int_at(const json& obj, const char* key, int fallback) {
   auto it = obj.find(key);
-  return it != obj.end() && it->is_number() ? it->get<int>() : fallback;
+  if (it == obj.end() || !it->is_number()) return fallback;
+  const double v = it->get<double>();
+  if (!(v >= 0 && v <= 2147483647.0) || v != static_cast<double>(static_cast<int64_t>(v))) return fallback;
+  return static_cast<int>(v);
 }
 
 }  // namespace

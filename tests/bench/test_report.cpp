@@ -270,6 +270,10 @@ TEST(Sse, InterpretCompletionChatUsageAndErrors) {
   EXPECT_EQ(e.error, "boom");
   EXPECT_TRUE(interpret_event("[DONE]").done);
   EXPECT_TRUE(interpret_event("not json").malformed);
+  // Counts no int holds are absent, not undefined conversions (found by fuzz/fuzz_sse).
+  e = interpret_event(R"({"choices":[],"usage":{"prompt_tokens":9999999990.02,"completion_tokens":-3}})");
+  EXPECT_EQ(e.prompt_tokens, 0);
+  EXPECT_EQ(e.completion_tokens, 0);
 }
 
 TEST(Prometheus, SumsLabelSetsAndSkipsComments) {
