@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 
@@ -59,12 +60,20 @@ AuthResult Authenticator::check(const std::string& authorization, int64_t now) c
   std::unique_ptr<jwt_t, JwtFree> jwt(raw);
   if (rc != 0 || !jwt) return deny("Invalid token: bad signature or malformed JWT.");
   if (jwt_get_alg(jwt.get()) != JWT_ALG_HS256) return deny("Invalid token: only HS256 tokens are accepted.");
-  errno = 0;
-  const long exp = jwt_get_grant_int(jwt.get(), "exp");
-  if (errno == 0 && exp <= now) return deny("Invalid token: expired.");
-  errno = 0;
-  const long nbf = jwt_get_grant_int(jwt.get(), "nbf");
-  if (errno == 0 && nbf > now) return deny("Invalid token: not valid yet (nbf).");
+  // exp and nbf are NumericDates (RFC 7519); present but not a number, the token is refused
+  // (libjwt's integer getter reads such a claim as 0, which would make nbf always pass).
+  for (const char* claim : {"exp", "nbf"}) {
+    char* raw_value = jwt_get_grants_json(jwt.get(), claim);
+    if (!raw_value) continue;
+    const std::string text(raw_value);
+    std::free(raw_value);
+    char* end = nullptr;
+    const double value = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end != '\0' || !std::isfinite(value))
+      return deny(std::string("Invalid token: ") + claim + " must be a number of seconds.");
+    if (std::string(claim) == "exp" && value <= static_cast<double>(now)) return deny("Invalid token: expired.");
+    if (std::string(claim) == "nbf" && value > static_cast<double>(now)) return deny("Invalid token: not valid yet (nbf).");
+  }
   const char* sub = jwt_get_grant(jwt.get(), "sub");
   return AuthResult{true, std::string("jwt:") + (sub ? sub : ""), {}};
 }

@@ -73,6 +73,13 @@ TEST(Auth, JwtHs256) {
   const AuthResult early = auth.check("Bearer " + make_hs256_jwt(secret, R"({"nbf": 1900000000})"), kNow);
   EXPECT_FALSE(early.ok);
   EXPECT_NE(early.error.message.find("nbf"), std::string::npos);
+  // exp and nbf that are not numbers refuse the token (found by fuzz/fuzz_jwt: a string nbf passed).
+  for (const char* claims : {R"({"nbf": "alice"})", R"({"exp": "soon"})", R"({"exp": null})", R"({"nbf": [1]})"}) {
+    const AuthResult bad = auth.check("Bearer " + make_hs256_jwt(secret, claims), kNow);
+    EXPECT_FALSE(bad.ok) << claims;
+    EXPECT_NE(bad.error.message.find("must be a number"), std::string::npos) << claims << ": " << bad.error.message;
+  }
+  EXPECT_TRUE(auth.check("Bearer " + make_hs256_jwt(secret, R"({"nbf": 1700000000.5, "exp": 1900000000})"), kNow).ok);
 
   const std::string other = make_hs256_jwt("another-secret-another-secret-00", R"({"sub": "mallory"})");
   EXPECT_FALSE(auth.check("Bearer " + other, kNow).ok);
