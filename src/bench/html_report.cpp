@@ -2,23 +2,11 @@
 
 #include <sstream>
 
+#include "bench/svg.h"
+
 namespace glms::bench {
 
 namespace {
-
-std::string escape(const std::string& s) {
-  std::string out;
-  for (const char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 // Escapes a line and turns `code` spans into <code>.
 std::string inline_text(const std::string& s) {
@@ -29,7 +17,7 @@ std::string inline_text(const std::string& s) {
       out += code ? "</code>" : "<code>";
       code = !code;
     } else {
-      out += escape(std::string(1, c));
+      out += xml_escape(std::string(1, c));
     }
   }
   if (code) out += "</code>";
@@ -62,7 +50,7 @@ bool separator_row(const std::string& row) { return row.find_first_not_of("|-: "
 
 std::string html_report(const std::string& title, const std::string& markdown, const std::vector<std::string>& charts) {
   std::ostringstream out;
-  out << "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" << escape(title)
+  out << "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" << xml_escape(title)
       << "</title>\n<style>body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1d232b;max-width:1200px}"
          "table{border-collapse:collapse;margin:8px 0 16px}td,th{border:1px solid #dde2e8;padding:3px 8px;text-align:right}"
          "th{background:#f1f3f5}td:first-child,th:first-child{text-align:left}pre{background:#f6f7f9;padding:8px;overflow-x:auto}"
@@ -92,7 +80,7 @@ std::string html_report(const std::string& title, const std::string& markdown, c
       continue;
     }
     if (fenced) {
-      out << escape(line) << "\n";
+      out << xml_escape(line) << "\n";
       continue;
     }
     if (!line.empty() && line[0] == '|') {
