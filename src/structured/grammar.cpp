@@ -60,8 +60,8 @@ Expr repeat(Expr item, int min, int max) {
 Expr optional(Expr item) { return repeat(std::move(item), 0, 1); }
 
 int GrammarBuilder::rule(const std::string& name) {
-  for (size_t i = 0; i < names_.size(); ++i)
-    if (names_[i] == name) return static_cast<int>(i);
+  const auto [it, added] = ids_.emplace(name, static_cast<int>(names_.size()));
+  if (!added) return it->second;
   names_.push_back(name);
   exprs_.emplace_back();
   defined_.push_back(false);
@@ -76,9 +76,8 @@ void GrammarBuilder::define(const std::string& name, Expr expr) {
 }
 
 bool GrammarBuilder::defined(const std::string& name) const {
-  for (size_t i = 0; i < names_.size(); ++i)
-    if (names_[i] == name) return defined_[i];
-  return false;
+  const auto it = ids_.find(name);
+  return it != ids_.end() && defined_[static_cast<size_t>(it->second)];
 }
 
 namespace {

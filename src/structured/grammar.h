@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace glms::structured {
@@ -67,7 +68,8 @@ class GrammarBuilder {
   std::shared_ptr<const Grammar> build(const std::string& root, const std::string& what = "grammar") const;
 
  private:
-  std::vector<std::string> names_;
+  std::vector<std::string> names_;  // [rule]
+  std::unordered_map<std::string, int> ids_;  // name -> rule
   std::vector<Expr> exprs_;
   std::vector<bool> defined_;
 };

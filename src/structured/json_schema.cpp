@@ -93,10 +93,7 @@ struct SchemaCompiler::Impl {
 
   std::string fresh(const std::string& what) { return prefix + what + "-" + std::to_string(counter++); }
   Expr named(const std::string& name, const std::function<Expr()>& make) {
-    if (!b.defined(name)) {
-      b.rule(name);
-      b.define(name, make());
-    }
+    if (!b.defined(name)) b.define(name, make());
     return b.ref(name);
   }
 
