@@ -51,6 +51,7 @@ struct BenchStepOptions {
   int gemv_tokens = model::CudaModelOptions{}.small_batch_gemv_tokens;
   int fused_attention_min_tokens = model::CudaModelOptions{}.fused_attention_min_tokens;
   bool fused_prefill_attention = model::CudaModelOptions{}.fused_prefill_attention;
+  bool wgmma_attention = model::CudaModelOptions{}.wgmma_attention;
   bool grouped_expert_gemm = model::CudaModelOptions{}.grouped_expert_gemm;
   bool sample_on_device = model::CudaModelOptions{}.sample_on_device;
   int sample_blocks_per_row = model::CudaModelOptions{}.sample_blocks_per_row;
@@ -326,6 +327,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.small_batch_gemv_tokens = o.gemv_tokens;
   options.fused_attention_min_tokens = o.fused_attention_min_tokens;
   options.fused_prefill_attention = o.fused_prefill_attention;
+  options.wgmma_attention = o.wgmma_attention;
   options.grouped_expert_gemm = o.grouped_expert_gemm;
   options.sample_on_device = o.sample_on_device;
   options.sample_blocks_per_row = o.sample_blocks_per_row;
@@ -525,6 +527,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"small_batch_gemv_tokens", o.gemv_tokens},
                         {"fused_attention_min_tokens", o.fused_attention_min_tokens},
                         {"fused_prefill_attention", o.fused_prefill_attention},
+                        {"wgmma_attention", o.wgmma_attention},
                         {"grouped_expert_gemm", o.grouped_expert_gemm},
                         {"sample_on_device", o.sample_on_device},
                         {"sample_blocks_per_row", o.sample_blocks_per_row},
@@ -612,6 +615,10 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--fused-prefill-attention", o->fused_prefill_attention,
                   "Long prefill chunks whose context is long against the top-k attend in the fused pass over each "
                   "token's top-k rows (true/false; false: always dense scores over the causal extent)")
+      ->capture_default_str();
+  cmd->add_option("--wgmma-attention", o->wgmma_attention,
+                  "Fused attention passes with a block per token on Hopper's warpgroup tensor cores (true/false; "
+                  "false: the mma.sync kernel)")
       ->capture_default_str();
   cmd->add_option("--grouped-expert-gemm", o->grouped_expert_gemm,
                   "bf16 experts of large batches through one cuBLAS grouped GEMM per projection (true/false)")

@@ -63,8 +63,10 @@ int allocate_caches(runtime::Executor& executor, const EngineConfig& config) {
   return blocks;
 }
 
-EngineConfig resolve(const io::ModelConfig& model, EngineConfig config) {
-  if (config.max_model_len <= 0) config.max_model_len = model.max_position_embeddings;
+EngineConfig resolve(const runtime::Executor& executor, EngineConfig config) {
+  if (config.max_model_len <= 0) config.max_model_len = executor.config().max_position_embeddings;
+  // The CPU path is the reference: its masks stay in draw_token, on the host.
+  if (executor.device() == "cpu") config.device_token_masks = false;
   if (config.max_num_seqs <= 0) fail("max_num_seqs must be positive");
   if (config.max_batch_tokens <= 0) fail("max_batch_tokens must be positive");
   if (config.block_size <= 0) fail("block_size must be positive");
@@ -110,7 +112,7 @@ struct Engine::Impl {
 
 Engine::Impl::Impl(std::unique_ptr<runtime::Executor> e, EngineConfig c)
     : executor(std::move(e)),
-      config(resolve(executor->config(), c)),
+      config(resolve(*executor, c)),
       blocks_per_rank(allocate_caches(*executor, config)),
       scheduler(config, executor->config(), executor->data_parallel_size(), blocks_per_rank) {
   thread = std::thread([this] { loop(); });

@@ -30,6 +30,12 @@ struct EngineConfig {
   // K drafts touches up to K + 1 times the experts of one token, so speculation pays at small
   // batches only (docs/performance.md, "Where MTP speculation pays").
   int speculative_max_batch = 32;
+  // On a device runner (CUDA), a structured-output request that needs its logits for nothing
+  // else (no penalties, logit_bias, min_tokens or logprobs) sends the constraint's token mask
+  // with its row and gets back only the token, masked and drawn on the device; false: its whole
+  // row comes back and is masked on the host. The CPU runner always masks on the host (the
+  // engine turns this off there).
+  bool device_token_masks = true;
 };
 
 // Logits rows one step may return per data-parallel rank (the runners' workspaces are sized by

@@ -2,6 +2,7 @@
 // The server turns OpenAI JSON into a RequestParams; the engine never sees text.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -22,9 +23,33 @@ class TokenConstraint {
   // Sets logits[t] to -infinity for every token t of [0, vocab) not allowed next; the engine then
   // gives the model's EOS ids back their logits when may_end().
   virtual void mask(float* logits, int vocab) const = 0;
+  // The same tokens as a packed bitmask: words[mask_words(vocab)], bit t % 32 of word t / 32 set
+  // where mask() leaves token t's logit alone (bits past vocab clear). Like mask(), it decides
+  // what may_end() says next. This default runs mask() over a row of zeros; a constraint with
+  // its masks cached as bits overrides it.
+  virtual void allowed_bits(uint32_t* words, int vocab) const;
   virtual bool may_end() const = 0;  // the output so far is complete
   virtual void accept(int32_t token) = 0;
+
+  static int mask_words(int vocab) { return (vocab + 31) / 32; }
+  // What the engine draws from next, as bits: allowed_bits(), then, when may_end(), the bits of
+  // `eos_ids` set (the EOS ids mask() + may_end() give back their logits; pass none where the
+  // request ignores EOS). words: [mask_words(vocab)].
+  void next_token_bits(uint32_t* words, int vocab, const std::vector<int32_t>& eos_ids) const {
+    allowed_bits(words, vocab);
+    if (!may_end()) return;
+    for (const int32_t id : eos_ids)
+      if (id >= 0 && id < vocab) words[id / 32] |= uint32_t{1} << (id % 32);
+  }
 };
+
+inline void TokenConstraint::allowed_bits(uint32_t* words, int vocab) const {
+  std::vector<float> row(static_cast<size_t>(vocab), 0.0f);
+  mask(row.data(), vocab);
+  std::fill(words, words + mask_words(vocab), 0u);
+  for (int t = 0; t < vocab; ++t)
+    if (row[static_cast<size_t>(t)] == 0.0f) words[t / 32] |= uint32_t{1} << (t % 32);
+}
 
 struct RequestParams {
   std::vector<int32_t> prompt_ids;     // must be non-empty and within the vocabulary
@@ -51,6 +76,15 @@ struct RequestParams {
 inline bool adjusts_logits(const RequestParams& p) {
   return p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f ||
          !p.logit_bias.empty() || p.min_tokens > 0 || p.constraint != nullptr;
+}
+
+// Whether a structured-output constraint is all that adjusts a request's logits and nothing else
+// reads them (no penalties, logit_bias, min_tokens or logprobs): a runner that applies token
+// masks where the logits are (RowOutput::mask; the CUDA one, on the device) can then return only
+// its token.
+inline bool only_masked(const RequestParams& p) {
+  return p.constraint != nullptr && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
+         p.repetition_penalty == 1.0f && p.logit_bias.empty() && p.min_tokens <= 0 && p.top_logprobs < 0;
 }
 
 // Whether a request's next token is the argmax of its logits and nothing else reads them

@@ -20,11 +20,21 @@ namespace {
 
 // The row that gives a sequence its next token: the argmax for greedy requests; for plainly
 // sampled ones a token drawn where the logits are, with the sequence's next uniform value (so
-// the seed decides the token wherever it is drawn); else the whole row, drawn here under the
-// penalties or with logprobs.
-model::RowOutput next_token_output(Sequence& seq) {
+// the seed decides the token wherever it is drawn); the same under the constraint's mask for a
+// structured output that nothing else adjusts, where `device_masks` (the runner masks where the
+// logits are); else the whole row, drawn here under the penalties, the mask or with logprobs.
+model::RowOutput next_token_output(Sequence& seq, const io::ModelConfig& model, bool device_masks) {
   const RequestParams& p = seq.params;
   if (greedy_only(p) || plainly_sampled(p)) return seq.sampler.next_row_output(p.sampling);
+  if (device_masks && only_masked(p)) {
+    // As draw_token: the EOS ids keep their logits when the constraint may end (unless ignored).
+    auto words = std::make_shared<std::vector<uint32_t>>(TokenConstraint::mask_words(model.vocab_size));
+    p.constraint->next_token_bits(words->data(), model.vocab_size,
+                                  p.ignore_eos ? std::vector<int32_t>{} : model.eos_token_ids);
+    model::RowOutput out = seq.sampler.next_row_output(p.sampling);
+    out.mask = std::move(words);
+    return out;
+  }
   model::RowOutput out;
   out.kind = model::RowOutput::Kind::kLogits;
   return out;
@@ -380,7 +390,7 @@ std::vector<runtime::RankStep> Scheduler::make_steps(StepPlan& plan) const {
         continue;
       }
       s.first_row = static_cast<int64_t>(outputs.size());
-      outputs.push_back(next_token_output(seq));
+      outputs.push_back(next_token_output(seq, model_, config_.device_token_masks));
     }
   }
   return steps;

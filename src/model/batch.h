@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace glms::model {
@@ -51,6 +52,12 @@ struct RowOutput {
   float top_p = 1.0f;
   float min_p = 0.0f;
   double canonical = 0.0;  // kSample: the uniform draw in [0, 1)
+  // Optional, any kind: the tokens the row may produce (structured outputs), [(vocab + 31) / 32]
+  // words, bit t % 32 of word t / 32 set where token t is allowed. Every other logit of the row
+  // is -infinity before its argmax, draw or copy; allowed ones keep their values bit for bit.
+  // The CUDA runner applies it on the device (ops::cuda::apply_token_masks), the default
+  // forward_selected on the host (select_logits).
+  std::shared_ptr<const std::vector<uint32_t>> mask = nullptr;
 };
 
 // A step's logits as its caller asked for them: a token for every row (its argmax, or its draw

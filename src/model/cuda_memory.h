@@ -77,6 +77,19 @@ struct MetadataLayout {
   }
 };
 
+// A step's structured-output token masks as one upload (a pinned staging buffer and its device
+// copy, CudaWorkspaces::token_masks): the masked rows' logits row indices [max_logits] int32,
+// then their masks [max_logits, words] uint32 (words = (vocab + 31) / 32; RowOutput::mask). A
+// step copies the indices and the masks of the rows it masks, [0, words_at + rows * words * 4).
+struct CudaMaskLayout {
+  int64_t words, rows_at, words_at, total;
+  CudaMaskLayout(int max_logits, int64_t vocab)
+      : words((vocab + 31) / 32),
+        rows_at(0),
+        words_at((int64_t{4} * std::max(max_logits, 1) + 255) / 256 * 256),
+        total(words_at + int64_t{4} * std::max(max_logits, 1) * words) {}
+};
+
 // Latent + rope elements rounded up to 16: the row of the fused attention's query scratch
 // (cuda::mla_padded_row, which the model checks against this).
 inline int64_t cuda_mla_padded_row(int64_t latent, int64_t rope) { return (latent + rope + 15) / 16 * 16; }
@@ -109,6 +122,7 @@ struct CudaWorkspaces {
   Buffer pair_x, pair_gate_up, pair_act, expert_out;  // per pair: [P, hidden], [P, 2 inter], [P, inter], [P, hidden]
   Buffer head_in, logits;                          // [max_logits, hidden] bf16, [max_logits, vocab] fp32
   Buffer logits_argmax, sample_rows_of, sample_params, sampled;  // per logits row
+  Buffer token_masks;                              // CudaMaskLayout::total bytes (structured outputs)
   Buffer prefill_context, prefill_queries;         // [max_context, kv_lora + rope], [T, H, padded row] bf16
   Buffer prefill_scores, prefill_probs;            // [prefill_score_capacity] fp32 / bf16
   Buffer gathered_rows, gathered_keys;             // selected latent rows, [max_context, id] fp32
@@ -192,6 +206,7 @@ void make_cuda_workspaces(CudaWorkspaces<Buffer>& w, const io::ModelConfig& c, c
   w.sample_rows_of = i32(logits_rows);
   w.sample_params = make(kCudaRowSamplingBytes * std::max<int64_t>(logits_rows, 1));
   w.sampled = i32(logits_rows);
+  w.token_masks = make(CudaMaskLayout(limits.max_logits, c.vocab_size).total);
   const int64_t padded_row = cuda_mla_padded_row(L, rd);
   w.prefill_score_capacity = std::min(kPrefillScoreFloats, T * H * context);
   w.prefill_context = bf16(context * (L + rd));

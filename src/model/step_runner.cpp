@@ -1,6 +1,7 @@
 #include "model/step_runner.h"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 
 #include "core/error.h"
@@ -48,6 +49,15 @@ class CpuRunner : public StepRunner {
   int num_blocks_ = 0;
 };
 
+// `row` [vocab] with every token whose bit in `mask` ([(vocab + 31) / 32] words) is clear set to
+// -infinity, in `scratch`.
+const float* masked_row(const float* row, int vocab, const std::vector<uint32_t>& mask, std::vector<float>& scratch) {
+  scratch.assign(row, row + vocab);
+  for (int t = 0; t < vocab; ++t)
+    if (!(mask[static_cast<size_t>(t) / 32] >> (t % 32) & 1u)) scratch[t] = -std::numeric_limits<float>::infinity();
+  return scratch.data();
+}
+
 }  // namespace
 
 std::vector<float> StepRunner::mtp_forward(const ForwardBatch&, const float*, std::vector<float>*) {
@@ -79,13 +89,18 @@ StepLogits select_logits(const float* logits, int vocab_size, const std::vector<
   out.token.resize(rows);
   out.full_row.assign(rows, -1);
   int32_t full_rows = 0;
-  for (int64_t i = 0; i < rows; ++i)
+  for (int64_t i = 0; i < rows; ++i) {
     if (outputs[i].kind == RowOutput::Kind::kLogits) out.full_row[i] = full_rows++;
+    GLMS_CHECK(!outputs[i].mask || outputs[i].mask->size() == static_cast<size_t>((vocab_size + 31) / 32),
+               "forward_selected: a row's token mask needs (vocab + 31) / 32 words");
+  }
   out.full.resize(static_cast<size_t>(full_rows) * vocab_size);
   // Rows in parallel: a draw over a vocabulary of 154880 takes about a millisecond.
 #pragma omp parallel for schedule(dynamic) if (rows > 1)
   for (int64_t i = 0; i < rows; ++i) {
+    std::vector<float> masked;
     const float* row = logits + i * vocab_size;
+    if (outputs[i].mask) row = masked_row(row, vocab_size, *outputs[i].mask, masked);
     out.token[i] = outputs[i].kind == RowOutput::Kind::kSample
                        ? ops::sample_row(row, vocab_size, sampling_filter(outputs[i]), outputs[i].canonical)
                        : ops::argmax(row, vocab_size);

@@ -54,9 +54,9 @@ class StepRunner {
   virtual std::vector<float> forward(const ForwardBatch& batch, ForwardTrace* trace) = 0;
   std::vector<float> forward(const ForwardBatch& batch) { return forward(batch, nullptr); }
   // The same step returning for each logits row what outputs[i] asks (one entry per row): its
-  // argmax, its whole row, or a token drawn from it. The CUDA runner reduces and draws on the
-  // device and copies back only the rows asked for; this default runs forward() and does the
-  // same on the host.
+  // argmax, its whole row, or a token drawn from it, after its token mask where it has one. The
+  // CUDA runner masks, reduces and draws on the device and copies back only the rows asked for;
+  // this default runs forward() and does the same on the host.
   virtual StepLogits forward_selected(const ForwardBatch& batch, const std::vector<RowOutput>& outputs,
                                       ForwardTrace* trace);
 
@@ -73,7 +73,8 @@ class StepRunner {
 
 // A kSample row's filters as the op takes them.
 ops::SamplingFilter sampling_filter(const RowOutput& output);
-// forward_selected's outputs made on the host from logits [outputs.size(), vocab_size].
+// forward_selected's outputs made on the host from logits [outputs.size(), vocab_size], each
+// row's RowOutput::mask applied first.
 StepLogits select_logits(const float* logits, int vocab_size, const std::vector<RowOutput>& outputs);
 
 // The CPU path over `model` (which must outlive the runner).

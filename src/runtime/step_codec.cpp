@@ -12,6 +12,39 @@ void ByteReader::take(void* out, size_t size) {
   at_ += size;
 }
 
+namespace {
+
+// A step's row outputs, each with its token mask when it has one.
+void write_outputs(ByteWriter& out, const std::vector<model::RowOutput>& outputs) {
+  out.put<uint64_t>(outputs.size());
+  for (const model::RowOutput& o : outputs) {
+    out.put(o.kind);
+    out.put(o.temperature);
+    out.put(o.top_k);
+    out.put(o.top_p);
+    out.put(o.min_p);
+    out.put(o.canonical);
+    out.put<uint8_t>(o.mask != nullptr);
+    if (o.mask) out.put_vector(*o.mask);
+  }
+}
+
+std::vector<model::RowOutput> read_outputs(ByteReader& in) {
+  std::vector<model::RowOutput> outputs(in.get<uint64_t>());
+  for (model::RowOutput& o : outputs) {
+    o.kind = in.get<model::RowOutput::Kind>();
+    o.temperature = in.get<float>();
+    o.top_k = in.get<int>();
+    o.top_p = in.get<float>();
+    o.min_p = in.get<float>();
+    o.canonical = in.get<double>();
+    if (in.get<uint8_t>()) o.mask = std::make_shared<const std::vector<uint32_t>>(in.get_vector<uint32_t>());
+  }
+  return outputs;
+}
+
+}  // namespace
+
 void write_steps(ByteWriter& out, const std::vector<RankStep>& steps, int64_t hidden) {
   out.put<uint32_t>(static_cast<uint32_t>(steps.size()));
   for (const RankStep& step : steps) {
@@ -29,7 +62,7 @@ void write_steps(ByteWriter& out, const std::vector<RankStep>& steps, int64_t hi
       out.put(s.context_len);
       out.put_vector(s.block_table);
     }
-    out.put_vector(step.outputs);  // plain values
+    write_outputs(out, step.outputs);
     out.put<uint8_t>(step.h_prev != nullptr);
     if (step.h_prev)
       out.put_vector(std::vector<float>(step.h_prev, step.h_prev + int64_t{b.num_tokens()} * hidden));
@@ -54,7 +87,7 @@ std::vector<RankStep> read_steps(ByteReader& in, int64_t hidden, std::vector<std
       s.context_len = in.get<int>();
       s.block_table = in.get_vector<int32_t>();
     }
-    steps[r].outputs = in.get_vector<model::RowOutput>();
+    steps[r].outputs = read_outputs(in);
     if (in.get<uint8_t>()) {
       h_prev_rows[r] = in.get_vector<float>();
       GLMS_CHECK(static_cast<int64_t>(h_prev_rows[r].size()) == int64_t{b.num_tokens()} * hidden,

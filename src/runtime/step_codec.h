@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "model/step_runner.h"
@@ -19,11 +20,13 @@ class ByteWriter {
  public:
   template <typename T>
   void put(const T& value) {
+    static_assert(std::is_trivially_copyable_v<T>, "put() copies bytes: write such a type field by field");
     const auto* p = reinterpret_cast<const std::byte*>(&value);
     bytes.insert(bytes.end(), p, p + sizeof(T));
   }
   template <typename T>
   void put_vector(const std::vector<T>& values) {
+    static_assert(std::is_trivially_copyable_v<T>, "put_vector() copies bytes: write such a type field by field");
     put<uint64_t>(values.size());
     const auto* p = reinterpret_cast<const std::byte*>(values.data());
     bytes.insert(bytes.end(), p, p + sizeof(T) * values.size());
@@ -36,12 +39,14 @@ class ByteReader {
   explicit ByteReader(const std::vector<std::byte>& bytes) : bytes_(bytes) {}
   template <typename T>
   T get() {
+    static_assert(std::is_trivially_copyable_v<T>, "get() copies bytes: read such a type field by field");
     T value;
     take(&value, sizeof(T));
     return value;
   }
   template <typename T>
   std::vector<T> get_vector() {
+    static_assert(std::is_trivially_copyable_v<T>, "get_vector() copies bytes: read such a type field by field");
     std::vector<T> values(get<uint64_t>());
     take(values.data(), sizeof(T) * values.size());
     return values;

@@ -156,6 +156,27 @@ int GrammarMatcher::mask(int32_t state, float* logits, int vocab) {
   return m.count;
 }
 
+int GrammarMatcher::allowed_bits(int32_t state, uint32_t* words, int vocab) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Mask& m = allowed_tokens(state);
+  const int known = std::min(vocab, vocabulary_->vocab_size());
+  const int num_words = (vocab + 31) / 32;
+  std::fill(words, words + num_words, 0u);
+  if (!m.dense) {
+    for (const int32_t t : m.ids)
+      if (t < known) words[t / 32] |= uint32_t{1} << (t % 32);
+    return m.count;
+  }
+  // Dense: each cached 64-bit word is two of ours (low half first), the last one cut at `known`.
+  for (int word = 0; word * 64 < known; ++word) {
+    uint64_t bits = m.bits[static_cast<size_t>(word)];
+    if (known - word * 64 < 64) bits &= (uint64_t{1} << (known - word * 64)) - 1;
+    words[2 * word] = static_cast<uint32_t>(bits);
+    if (2 * word + 1 < num_words) words[2 * word + 1] = static_cast<uint32_t>(bits >> 32);
+  }
+  return m.count;
+}
+
 const GrammarMatcher::Mask& GrammarMatcher::allowed_tokens(int32_t state) {
   const auto cached = masks_.find(state);
   if (cached != masks_.end()) return cached->second;
@@ -218,6 +239,9 @@ class GrammarConstraint final : public engine::TokenConstraint {
     // No whole token continues the output (the next byte is one only a byte-fallback token
     // spells, or a size limit was reached): it ends here rather than drawing from nothing.
     stuck_ = matcher_->mask(state_, logits, vocab) == 0;
+  }
+  void allowed_bits(uint32_t* words, int vocab) const override {
+    stuck_ = matcher_->allowed_bits(state_, words, vocab) == 0;  // as mask()
   }
   bool may_end() const override { return stuck_ || matcher_->accepting(state_); }
   // An EOS or anything outside the text leaves the dead state: nothing may follow it.

@@ -83,6 +83,10 @@ class GrammarMatcher {
   // Sets logits[t] = -inf for every token t of [0, vocab) that may not follow `state`; returns
   // how many may.
   int mask(int32_t state, float* logits, int vocab);
+  // The same tokens as bits from the same cached mask: words[(vocab + 31) / 32], bit t % 32 of
+  // word t / 32 set where token t may follow `state` (bits past vocab, and tokens past the
+  // matcher's vocabulary, clear); returns what mask() returns.
+  int allowed_bits(int32_t state, uint32_t* words, int vocab);
   bool full();
   size_t num_states();
 

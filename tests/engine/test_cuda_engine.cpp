@@ -1,8 +1,8 @@
 // The serving engine and single-request generation over the CUDA runner against the CPU ones on
 // the bundled model: concurrent greedy requests (chunked prefills mixed with decodes, graph
 // replays of decode steps) produce the same tokens, up to near-ties: where the two paths part,
-// the CPU's logits of the two candidate tokens must be within bf16 noise of each other.
-// Skips without a GPU.
+// the CPU's logits of the two candidate tokens must be within bf16 noise of each other; so do
+// structured-output requests, whose masks CUDA applies on the device. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +15,7 @@
 #include "model/cuda/model.h"
 #include "ops/cuda/cuda_ops.h"
 #include "pending_request.h"
+#include "strided_constraint.h"
 #include "support/cuda_buffers.h"
 #include "support/numerics.h"
 
@@ -75,7 +76,87 @@ std::vector<std::vector<int32_t>> run_greedy(engine::Engine& engine, const std::
   return outputs;
 }
 
+// A constrained request: `kind` 0 greedy ignoring EOS, 1 greedy that may end, 2 sampled.
+struct ConstrainedRequest {
+  engine::RequestParams params;
+  std::shared_ptr<glms::testing::StridedConstraint> constraint;
+};
+ConstrainedRequest constrained(const std::vector<int32_t>& prompt, int kind, int period, const io::ModelConfig& mc) {
+  ConstrainedRequest r;
+  r.params.prompt_ids = prompt;
+  r.params.max_tokens = 20;
+  r.params.sampling.temperature = 0.0f;
+  r.params.ignore_eos = kind != 1;
+  if (kind == 2) r.params.sampling = {0.8f, 0.95f, 0, 0.0f, 90u + static_cast<uint64_t>(period)};
+  r.constraint = std::make_shared<glms::testing::StridedConstraint>(
+      period, 4, r.params.ignore_eos ? std::vector<int32_t>{} : mc.eos_token_ids);
+  r.params.constraint = r.constraint;
+  return r;
+}
+
+engine::EngineConfig small_engine_config() {
+  engine::EngineConfig config;
+  config.max_num_seqs = 8;
+  config.max_batch_tokens = 64;
+  config.max_model_len = 512;
+  config.kv_cache_bytes = int64_t{256} << 20;  // not the GPU's free memory: other tests share it
+  return config;
+}
+
 }  // namespace
+
+// Structured outputs on CUDA: constrained rows masked and drawn on the device (the default) give
+// the tokens of the same requests whose rows come back to be masked on the host
+// (device_token_masks off), greedy and sampled, each request alone so that both engines run the
+// same batches; every token is one its mask allowed.
+TEST_F(CudaEngine, DeviceTokenMasksDrawTheHostMasksTokens) {
+  const io::ModelConfig mc = bundled().config;
+  std::vector<std::vector<int32_t>> tokens[2];
+  for (const bool on_device : {true, false}) {
+    engine::EngineConfig config = small_engine_config();
+    config.device_token_masks = on_device;
+    engine::Engine engine(model::make_cuda_runner(bundled()), config);
+    ASSERT_EQ(engine.config().device_token_masks, on_device);
+    for (int i = 0; i < 6; ++i) {
+      ConstrainedRequest r = constrained(random_tokens(11 + 13 * i, mc.vocab_size, 500 + i), i % 3, 3 + i, mc);
+      tokens[on_device].push_back(Pending(engine, r.params).get().tokens);
+      EXPECT_EQ(r.constraint->violations(), 0) << "request " << i << (on_device ? " on the device" : " on the host");
+      EXPECT_FALSE(tokens[on_device].back().empty());
+    }
+  }
+  for (size_t i = 0; i < tokens[0].size(); ++i) EXPECT_EQ(tokens[1][i], tokens[0][i]) << "request " << i;
+}
+
+// Concurrent constrained greedy requests (several masked rows a step, chunked prefills beside
+// decodes, graph replays) on CUDA against the CPU engine's host masks, up to near-ties.
+TEST_F(CudaEngine, ConcurrentConstrainedRequestsMatchTheCpuEngine) {
+  const model::Glm5Model cpu_model(bundled());
+  const io::ModelConfig& mc = cpu_model.config();
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) prompts.push_back(random_tokens(7 + 23 * i, mc.vocab_size, 700 + i));
+  auto run = [&](engine::Engine& engine) {
+    std::vector<ConstrainedRequest> requests;
+    std::vector<std::unique_ptr<Pending>> pending;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      requests.push_back(constrained(prompts[i], 0, 2 + static_cast<int>(i), mc));
+      pending.push_back(std::make_unique<Pending>(engine, requests.back().params));
+    }
+    std::vector<std::vector<int32_t>> out;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      out.push_back(pending[i]->get().tokens);
+      EXPECT_EQ(requests[i].constraint->violations(), 0) << "request " << i;
+    }
+    return out;
+  };
+  engine::Engine cpu(cpu_model, small_engine_config());
+  engine::Engine gpu(model::make_cuda_runner(bundled()), small_engine_config());
+  const auto expected = run(cpu);
+  const auto got = run(gpu);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    expect_same_up_to_near_ties(cpu_model, prompts[i], expected[i], got[i]);
+  }
+}
 
 TEST_F(CudaEngine, ConcurrentGreedyRequestsMatchTheCpuEngine) {
   const model::Glm5Model cpu_model(bundled());

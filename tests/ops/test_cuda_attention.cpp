@@ -152,7 +152,9 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
       staged_queries(int64_t{T} * H * cuda::mla_padded_row(L, rd) * sizeof(uint16_t));
   auto fused_out = glms::testing::poisoned(expected.size());
   a.out = fused_out.as<float>();
-  cuda::mla_attention_fused(a, rows, staged_queries.as<uint16_t>(), partials.as<float>(), partial_elements, nullptr);
+  // The mma.sync pass here; the wgmma one (which mla_attention_fused picks where it can) below.
+  cuda::mla_attention_fused(a, rows, staged_queries.as<uint16_t>(), partials.as<float>(), partial_elements, nullptr,
+                            false);
   const auto fused_host = to_host<float>(fused_out, expected.size());
   const double fused_error = relative_l2(fused_host, expected);
   for (int t = 0; t < T; ++t) {
@@ -168,19 +170,41 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
   EXPECT_LT(fused_error, 2 * gathered_error + 1e-4);
   std::printf("H=%d L=%d rope=%d tokens=%d: relative L2 gathered %.2e, fused %.2e\n", H, L, rd, T, gathered_error,
               fused_error);
+  if (cuda::mla_attention_wgmma_supported(H, L, rd)) {
+    auto wgmma_out = glms::testing::poisoned(expected.size());
+    a.out = wgmma_out.as<float>();
+    cuda::mla_attention_wgmma(a, staged_queries.as<uint16_t>(), nullptr);
+    const auto wgmma_host = to_host<float>(wgmma_out, expected.size());
+    const double wgmma_error = relative_l2(wgmma_host, expected);
+    for (int t = 0; t < T; ++t) {
+      const double e = relative_l2(std::vector<float>(wgmma_host.begin() + int64_t{t} * H * L,
+                                                      wgmma_host.begin() + int64_t{t + 1} * H * L),
+                                   std::vector<float>(expected.begin() + int64_t{t} * H * L,
+                                                      expected.begin() + int64_t{t + 1} * H * L));
+      if (e > 5e-3) std::printf("  wgmma token %d (position %d): relative L2 %.2e\n", t, tokens[t].position, e);
+    }
+    EXPECT_LT(wgmma_error, 1e-2) << "wgmma: H=" << H << " tokens=" << T;
+    EXPECT_LT(wgmma_error, 2 * gathered_error + 1e-4);
+    std::printf("  wgmma: relative L2 %.2e\n", wgmma_error);
+  }
   // Tokens [1, T) alone (first_token / launch_tokens), the first token's output untouched.
   if (T > 1) {
     auto part_out = glms::testing::poisoned(expected.size());
     a.out = part_out.as<float>();
     a.first_token = 1;
     a.launch_tokens = T - 1;
-    cuda::mla_attention_fused(a, rows, staged_queries.as<uint16_t>(), partials.as<float>(), partial_elements, nullptr);
-    const auto got = to_host<float>(part_out, expected.size());
-    const std::vector<float> tail(got.begin() + int64_t{H} * L, got.end()),
-        expected_tail(expected.begin() + int64_t{H} * L, expected.end());
-    EXPECT_LT(relative_l2(tail, expected_tail), 1e-2);
-    EXPECT_TRUE(std::all_of(got.begin(), got.begin() + int64_t{H} * L, [](float v) { return std::isnan(v); }))
-        << "token 0 was written";
+    for (const bool wgmma : {false, true}) {
+      if (wgmma && !cuda::mla_attention_wgmma_supported(H, L, rd)) continue;
+      if (wgmma) cuda::mla_attention_wgmma(a, staged_queries.as<uint16_t>(), nullptr);
+      else cuda::mla_attention_fused(a, rows, staged_queries.as<uint16_t>(), partials.as<float>(), partial_elements,
+                                     nullptr, false);
+      const auto got = to_host<float>(part_out, expected.size());
+      const std::vector<float> tail(got.begin() + int64_t{H} * L, got.end()),
+          expected_tail(expected.begin() + int64_t{H} * L, expected.end());
+      EXPECT_LT(relative_l2(tail, expected_tail), 1e-2) << (wgmma ? "wgmma" : "mma.sync");
+      EXPECT_TRUE(std::all_of(got.begin(), got.begin() + int64_t{H} * L, [](float v) { return std::isnan(v); }))
+          << "token 0 was written";
+    }
   }
 }
 
@@ -213,6 +237,16 @@ TEST_F(CudaAttention, MlaOddLatentWidthOverSeveralSplits) {
   // A latent width that is not a multiple of 4 or 16 (scalar merge, padded column tiles), with
   // room for four splits of each token's 200-300 rows.
   check_mla(5, 18, 6, {300, 200}, {{0, 299}, {1, 199}}, 2048, 4);
+}
+
+TEST_F(CudaAttention, MlaWgmmaOverManyTilesPaddedHeadsAndSharpScores) {
+  // A prefill chunk deep in a sequence (each token reads top_k = 2048 rows: 32 tiles) beside
+  // one whose rows end mid-tile; 64 heads and 20 (zero-padded to the wgmma's 64).
+  std::vector<Token> tokens;
+  for (int p = 2200; p < 2206; ++p) tokens.push_back({0, p});
+  tokens.push_back({1, 99});
+  check_mla(64, 512, 64, {2206, 100}, tokens, 2048, 7);
+  check_mla(20, 512, 64, {2206, 100}, tokens, 2048, 7, 3.0f);
 }
 
 TEST_F(CudaAttention, MlaPrefillFromTheFirstPosition) {

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string>
 
 #include "ops/cuda/cuda_ops.h"
 #include "ops/ops.h"
@@ -403,4 +405,107 @@ TEST_F(CudaOps, SampleRowsMatchesTheHostSampler) {
       }
     }
   }
+}
+
+namespace {
+
+// `rows` random masks of `vocab` tokens ([rows, (vocab + 31) / 32] words, bits past vocab clear):
+// about `density` of the tokens allowed, except that row 0 allows exactly one token (the last
+// id, in the partial last word) and row 1 none.
+std::vector<uint32_t> random_masks(int rows, int64_t vocab, double density, uint64_t seed) {
+  const int64_t words = (vocab + 31) / 32;
+  std::mt19937_64 rng(seed);
+  std::bernoulli_distribution allowed(density);
+  std::vector<uint32_t> masks(static_cast<size_t>(rows * words), 0u);
+  for (int m = 2; m < rows; ++m)
+    for (int64_t t = 0; t < vocab; ++t)
+      if (allowed(rng)) masks[m * words + t / 32] |= uint32_t{1} << (t % 32);
+  masks[(vocab - 1) / 32] |= uint32_t{1} << ((vocab - 1) % 32);
+  return masks;
+}
+
+bool allowed_bit(const std::vector<uint32_t>& masks, int64_t words, int m, int64_t t) {
+  return (masks[m * words + t / 32] >> (t % 32)) & 1u;
+}
+
+}  // namespace
+
+// Structured-output masks on the device: masked rows get -inf exactly where their bit is clear,
+// every other value (allowed logits, unmasked rows) stays bit for bit, over GLM's vocabulary and
+// odd ones (not multiples of 32), a row with one allowed token and one with none, rows picked
+// through indices in any order.
+TEST_F(CudaOps, TokenMasksSetExactlyTheRefusedLogitsToMinusInfinity) {
+  for (const int64_t vocab : {int64_t{154880}, int64_t{8191}, int64_t{37}, int64_t{32}, int64_t{1}}) {
+    SCOPED_TRACE("vocab " + std::to_string(vocab));
+    const int rows = 7;
+    const int64_t words = (vocab + 31) / 32;
+    const std::vector<int32_t> row_of = {5, 0, 3, 6, 1};  // rows 2 and 4 are not masked
+    const int masked = static_cast<int>(row_of.size());
+    const auto logits = random_values(rows * vocab, 31 + vocab, 3.0f);
+    const auto masks = random_masks(masked, vocab, 0.3, 7 + vocab);
+    auto dlogits = to_device(logits);
+    auto drows = to_device(row_of);
+    auto dmasks = to_device(masks);
+    cuda::apply_token_masks(dlogits.as<float>(), vocab, drows.as<int32_t>(), dmasks.as<uint32_t>(), masked, nullptr);
+    const auto got = to_host<float>(dlogits, logits.size());
+    std::vector<int> mask_of(rows, -1);
+    for (int m = 0; m < masked; ++m) mask_of[row_of[m]] = m;
+    int64_t refused = 0, wrong = 0;
+    for (int r = 0; r < rows; ++r)
+      for (int64_t t = 0; t < vocab; ++t) {
+        const size_t i = static_cast<size_t>(r * vocab + t);
+        const bool keep = mask_of[r] < 0 || allowed_bit(masks, words, mask_of[r], t);
+        if (!keep) ++refused;
+        const bool ok = keep ? std::memcmp(&got[i], &logits[i], sizeof(float)) == 0 : got[i] == -INFINITY;
+        if (!ok && ++wrong <= 5) ADD_FAILURE() << "row " << r << " token " << t << ": " << got[i];
+      }
+    EXPECT_EQ(wrong, 0);
+    EXPECT_GT(refused, 0);
+    // The one-token row argmaxes to its token, on the device as on the host.
+    cuda::DeviceBuffer out(rows * sizeof(int32_t));
+    cuda::argmax_rows(dlogits.as<float>(), rows, vocab, out.as<int32_t>(), nullptr);
+    EXPECT_EQ(to_host<int32_t>(out, rows)[row_of[0]], vocab - 1);
+  }
+  // Without row indices, mask m is row m.
+  const int64_t vocab = 100;
+  const auto logits = random_values(3 * vocab, 5, 1.0f);
+  const auto masks = random_masks(3, vocab, 0.5, 9);
+  auto dlogits = to_device(logits);
+  auto dmasks = to_device(masks);
+  cuda::apply_token_masks(dlogits.as<float>(), vocab, nullptr, dmasks.as<uint32_t>(), 3, nullptr);
+  const auto got = to_host<float>(dlogits, logits.size());
+  for (int r = 0; r < 3; ++r)
+    for (int64_t t = 0; t < vocab; ++t)
+      EXPECT_EQ(got[r * vocab + t], allowed_bit(masks, 4, r, t) ? logits[r * vocab + t] : -INFINITY) << r << " " << t;
+}
+
+// Draws from masked rows on the device are the host sampler's draws from the same masked rows
+// (-inf logits are never drawn, and the filters see only the allowed tokens).
+TEST_F(CudaOps, SampleRowsDrawLikeTheHostFromMaskedRows) {
+  const int64_t vocab = 154880;
+  const int rows = 6;
+  auto logits = random_values(rows * vocab, 77, 2.0f);
+  std::vector<uint32_t> masks = random_masks(rows, vocab, 0.02, 78);
+  masks[(vocab + 31) / 32 + 5] |= 1u;  // row 1 allows token 160 only (it had none)
+  auto dlogits = to_device(logits);
+  auto dmasks = to_device(masks);
+  cuda::apply_token_masks(dlogits.as<float>(), vocab, nullptr, dmasks.as<uint32_t>(), rows, nullptr);
+  const auto masked = to_host<float>(dlogits, logits.size());
+  const std::vector<cuda::RowSampling> params = {{1.0f, 0, 1.0f, 0.0f, 0.5},   {0.8f, 0, 0.9f, 0.0f, 0.7},
+                                                 {0.7f, 40, 1.0f, 0.0f, 0.3},  {1.0f, 0, 0.95f, 0.05f, 0.999},
+                                                 {1.2f, 5, 0.8f, 0.0f, 0.01}, {0.9f, 0, 1.0f, 0.1f, 0.42}};
+  auto dparams = to_device(params);
+  cuda::DeviceBuffer dout(rows * sizeof(int32_t));
+  cuda::sample_rows(dlogits.as<float>(), rows, vocab, nullptr, dparams.as<cuda::RowSampling>(), dout.as<int32_t>(),
+                    nullptr, 4);
+  const auto got = to_host<int32_t>(dout, rows);
+  for (int r = 0; r < rows; ++r) {
+    const cuda::RowSampling& p = params[r];
+    const int32_t expected = ops::sample_row(masked.data() + r * vocab, static_cast<int>(vocab),
+                                             {p.temperature, p.top_k, p.top_p, p.min_p}, p.canonical);
+    EXPECT_EQ(got[r], expected) << "row " << r;
+    EXPECT_TRUE(allowed_bit(masks, (vocab + 31) / 32, r, got[r])) << "row " << r << " drew a masked token";
+  }
+  EXPECT_EQ(got[0], vocab - 1);
+  EXPECT_EQ(got[1], 160);
 }

@@ -148,20 +148,20 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
         args.launch_tokens = count;
         if (fused_attention() && count >= options.fused_attention_min_tokens)
           cuda::mla_attention_fused(args, max_selected_in_step, as<uint16_t>(prefill_queries), as<float>(prefill_scores),
-                                    prefill_score_capacity, s);
+                                    prefill_score_capacity, s, options.wgmma_attention);
         else
           cuda::mla_attention_gathered(args, max_selected_in_step, gather, gemm, s);
       },
       [&](int index) {
         const SequenceSlice& seq = batch->sequences[index];
-        if (!options.fused_prefill_attention || !fused_attention() || !fused_prefill_pays(seq)) {
+        if (!options.fused_prefill_attention || !fused_attention() || !fused_prefill_pays(seq, H)) {
           prefill_attention(index, l, H, args.scale);
           return;
         }
         args.first_token = seq.first_token;
         args.launch_tokens = seq.num_tokens;
         cuda::mla_attention_fused(args, std::min(seq.context_len, c.index_topk), as<uint16_t>(prefill_queries),
-                                  as<float>(prefill_scores), prefill_score_capacity, s);
+                                  as<float>(prefill_scores), prefill_score_capacity, s, options.wgmma_attention);
       });
   timer.mark("attention.core", s);
 
@@ -175,7 +175,7 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   timer.mark("attention.output", s);
 }
 
-bool CudaGlm5Model::Impl::fused_prefill_pays(const SequenceSlice& seq) const {
+bool CudaGlm5Model::Impl::fused_prefill_pays(const SequenceSlice& seq, int heads) const {
   // The dense path scores every chunk token against (at most) the whole context; the fused pass
   // reads min(position + 1, top_k) rows per token, positions context - n .. context - 1.
   const double n = seq.num_tokens, context = seq.context_len, top_k = config.index_topk;
@@ -188,7 +188,10 @@ bool CudaGlm5Model::Impl::fused_prefill_pays(const SequenceSlice& seq) const {
   } else {
     fused_rows = (first + top_k) * (top_k - first + 1) / 2 + top_k * (last - top_k);
   }
-  return n * context > kFusedPrefillWorkRatio * fused_rows;
+  // mla_attention_fused takes the wgmma pass for chunks of a block per SM or more.
+  const bool wgmma = options.wgmma_attention && seq.num_tokens >= cuda::mla_wgmma_min_tokens() &&
+                     cuda::mla_attention_wgmma_supported(heads, config.kv_lora_rank, config.qk_rope_head_dim);
+  return n * context > (wgmma ? kFusedPrefillWorkRatioWgmma : kFusedPrefillWorkRatio) * fused_rows;
 }
 
 void CudaGlm5Model::Impl::prefill_attention(int sequence, int l, int H, float scale) {

@@ -55,6 +55,7 @@ void CudaGlm5Model::Impl::allocate() {
   const int64_t rd = c.qk_rope_head_dim;
   offsets_host = cuda::PinnedBuffer(sizeof(int32_t) * (widths.local_experts + 1));
   staging = cuda::PinnedBuffer(meta.total);
+  mask_staging = cuda::PinnedBuffer(static_cast<size_t>(CudaMaskLayout(limits.max_logits, c.vocab_size).total));
 
   std::vector<float> freq(rd / 2);
   for (int i = 0; i < rd / 2; ++i)
@@ -401,10 +402,35 @@ StepLogits CudaGlm5Model::forward_selected(const ForwardBatch& batch, const std:
   return impl_->take_selected_outputs(outputs, batch, last_hidden);
 }
 
+void CudaGlm5Model::Impl::apply_token_masks(const std::vector<RowOutput>& outputs) {
+  const CudaMaskLayout layout(step_limits.max_logits, config.vocab_size);
+  char* base = static_cast<char*>(mask_staging.data());
+  auto* rows = reinterpret_cast<int32_t*>(base + layout.rows_at);
+  auto* words = reinterpret_cast<uint32_t*>(base + layout.words_at);
+  int64_t masked = 0;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!outputs[i].mask) continue;
+    const std::vector<uint32_t>& mask = *outputs[i].mask;
+    GLMS_CHECK(static_cast<int64_t>(mask.size()) == layout.words,
+               "forward_selected: a row's token mask needs (vocab + 31) / 32 words");
+    rows[masked] = static_cast<int32_t>(i);
+    std::copy(mask.begin(), mask.end(), words + masked * layout.words);
+    ++masked;
+  }
+  if (masked == 0) return;
+  cudaStream_t s = stream.get();
+  cuda::copy_to_device_async(token_masks.data(), mask_staging.data(),
+                             static_cast<size_t>(layout.words_at + sizeof(uint32_t) * masked * layout.words), s);
+  const char* device = static_cast<const char*>(token_masks.data());
+  cuda::apply_token_masks(as<float>(logits), config.vocab_size, reinterpret_cast<const int32_t*>(device + layout.rows_at),
+                          reinterpret_cast<const uint32_t*>(device + layout.words_at), masked, s);
+}
+
 StepLogits CudaGlm5Model::Impl::take_selected_outputs(const std::vector<RowOutput>& outputs, const ForwardBatch& step,
                                                       std::vector<float>* hidden_out) {
   const int64_t rows = static_cast<int64_t>(outputs.size()), vocab = config.vocab_size;
   cudaStream_t s = stream.get();
+  apply_token_masks(outputs);  // before anything reads the rows
   StepLogits out;
   out.vocab_size = config.vocab_size;
   out.token.resize(rows);

@@ -58,6 +58,10 @@ struct CudaModelOptions {
   // where the chunk's context is long against index_topk (kFusedPrefillWorkRatio, measured on
   // the H200: prefill 8k 214 -> 188 ms, 2k dense stays). false: always the dense path.
   bool fused_prefill_attention = true;
+  // Fused passes with a block per token (prefill chunks, large batches) on Hopper's warpgroup
+  // tensor cores (ops::cuda::mla_attention_wgmma) where the shapes are GLM-5's; false: the
+  // mma.sync kernel. With it the fused pass pays from kFusedPrefillWorkRatioWgmma on.
+  bool wgmma_attention = true;
   // bf16 routed experts of large batches (prefill) through one cuBLAS grouped GEMM per
   // projection instead of one GEMM per expert: prefill 512 tokens 39.2 -> 36.3 ms, 2k 56.9 ->
   // 54.5 ms on the H200 at GLM-5.2 width with 5 layers (docs/performance.md).
@@ -135,8 +139,8 @@ class CudaGlm5Model {
   std::vector<float> forward(const ForwardBatch& batch, bool use_graph = false, std::vector<float>* last_hidden = nullptr);
 
   // The same step returning what outputs[i] asks for each logits row (StepRunner::forward_selected):
-  // argmaxes made on the device, draws too with options.sample_on_device, and only the kLogits
-  // rows copied back.
+  // each row's token mask (RowOutput::mask) applied on the device, argmaxes made there, draws
+  // too with options.sample_on_device, and only the kLogits rows copied back.
   StepLogits forward_selected(const ForwardBatch& batch, const std::vector<RowOutput>& outputs, bool use_graph = false,
                               std::vector<float>* last_hidden = nullptr);
 

@@ -54,6 +54,8 @@ constexpr int kPrefillGemmTokens = 32;
 // 2.6x the dense GEMMs on the H200 at GLM-5.2 width (prefill 2k from position 0, context = top-k:
 // dense 9.0 ms, fused 12.3 ms; 8k: dense 103 ms, fused 75.5 ms).
 constexpr double kFusedPrefillWorkRatio = 3.0;
+// The same for the wgmma pass (CudaModelOptions::wgmma_attention).
+constexpr double kFusedPrefillWorkRatioWgmma = 1.0;
 
 template <typename T>
 T* as(const DeviceBuffer& buffer) {
@@ -83,6 +85,7 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   MetadataLayout meta;
   cuda::PinnedBuffer staging;
   cuda::PinnedBuffer offsets_host;  // MoE group offsets for the large-batch path
+  cuda::PinnedBuffer mask_staging;  // CudaMaskLayout::total bytes: a step's token masks on their way up
   std::vector<DeviceBuffer> latent_cache;  // per layer [num_slots, latent + rope] bf16
   std::vector<DeviceBuffer> index_keys;    // per full layer [num_slots, index_dim] fp32, else empty
   std::map<StepShape, std::unique_ptr<cuda::Graph>> graphs;
@@ -135,7 +138,7 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   void sum_over_tp(float* block_output, int T);
   void prefill_attention(int sequence, int l, int heads, float scale);
   // Whether a long prefill chunk attends faster in the fused pass than through dense scores.
-  bool fused_prefill_pays(const SequenceSlice& seq) const;
+  bool fused_prefill_pays(const SequenceSlice& seq, int heads) const;  // heads: this rank's
 
   // Splits the step's tokens for the attention and indexer paths: long_sequence(index) for each
   // sequence with kPrefillGemmTokens or more tokens, short_run(first, count) for each run of
@@ -189,6 +192,11 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
     return host_logits;
   }
 
+  // The masked rows' RowOutput::mask applied to `logits` on the device (ops::cuda::
+  // apply_token_masks), their row indices and words uploaded in one copy through mask_staging.
+  // Outside any captured graph: it runs after the step's forward (replayed or not), before the
+  // argmax and the draws; the previous step's copy out of mask_staging ended with its sync.
+  void apply_token_masks(const std::vector<RowOutput>& outputs);
   // forward_selected's outputs of the step just run: every row's argmax made on the device, the
   // kSample rows drawn there (options.sample_on_device; otherwise their rows come back and are
   // drawn on the host), and the kLogits rows copied back; x too when asked.

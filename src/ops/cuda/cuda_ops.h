@@ -159,6 +159,13 @@ struct RowSampling {
 // 154880-id row take about 0.45 ms on an H200.
 void sample_rows(const float* x, int64_t rows, int64_t cols, const int32_t* row_of, const RowSampling* params,
                  int32_t* out, cudaStream_t stream, int blocks_per_row = 1);
+// Structured-output token masks (token_mask.cu): for each m < count, x[rows[m], t] = -infinity
+// for every t < cols whose bit t % 32 of masks[m * words + t / 32] is clear (words = (cols + 31)
+// / 32); set bits leave x untouched, bit for bit. x: [.., cols] fp32; rows: [count] (null: row m),
+// masks: [count, words]; all on the device. Other rows are not touched. Runs before argmax_rows
+// and sample_rows read the rows.
+void apply_token_masks(float* x, int64_t cols, const int32_t* rows, const uint32_t* masks, int64_t count,
+                       cudaStream_t stream);
 
 // RoPE on `n * heads` rows of `x` (row r belongs to token r / heads): the `rope_dim` values at
 // column `offset` of each `row_stride`-wide row rotate by positions[token] * inv_freq.

@@ -57,10 +57,25 @@ void mla_attention_gathered(const MlaAttentionArgs& args, int max_selected_in_st
 // null: one split) holds the splits' sums: the number of splits is bounded so that
 // launch_tokens * splits * num_heads * (latent + 2) floats fit `partial_elements`. Launches depend
 // only on the token count and `max_selected_in_step` (graph-capturable).
+// Where each token's selection fits one split, or there are mla_wgmma_min_tokens() tokens or
+// more (a block per SM), and the shapes are GLM-5's (latent 512, rope 64), the pass runs on the
+// warpgroup tensor cores (mla_attention_wgmma) unless `allow_wgmma` is false.
 bool mla_attention_fused_supported(int num_heads, int latent_dim, int rope_dim);
 int mla_padded_row(int latent_dim, int rope_dim);  // latent + rope rounded up to 16
 void mla_attention_fused(const MlaAttentionArgs& args, int max_selected_in_step, uint16_t* queries, float* partials,
-                         int64_t partial_elements, cudaStream_t stream);
+                         int64_t partial_elements, cudaStream_t stream, bool allow_wgmma = true);
+
+// The same attention with a block per token on Hopper's wgmma (mla_wgmma.cu): the token's
+// selected rows stream through shared memory in 64-row tiles, two in flight; no splits.
+// `queries` receives the launched tokens' scaled bf16 queries, [launch_tokens, H, 576].
+bool mla_attention_wgmma_supported(int num_heads, int latent_dim, int rope_dim);  // H <= 64, 512 + 64
+int mla_wgmma_min_tokens();  // the device's SM count
+void mla_attention_wgmma(const MlaAttentionArgs& args, uint16_t* queries, cudaStream_t stream);
+
+// queries[i, h, :] = bf16(scale * [q_latent, q_rope]) of token first_token + i for the launched
+// tokens, zero-padded to `width` (a multiple of 16, at least latent + rope).
+void mla_stage_queries(const MlaAttentionArgs& args, int launch_tokens, int width, uint16_t* queries,
+                       cudaStream_t stream);
 
 // Prefill attention for a chunk of one sequence's tokens through tensor-core GEMMs: the model
 // gathers the context's cache rows once (mla_gather_context), packs the chunk's queries

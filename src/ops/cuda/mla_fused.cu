@@ -348,8 +348,16 @@ bool mla_attention_fused_supported(int num_heads, int latent_dim, int rope_dim) 
 
 int mla_padded_row(int latent_dim, int rope_dim) { return (latent_dim + rope_dim + 15) / 16 * 16; }
 
+int mla_wgmma_min_tokens() { return multiprocessor_count(); }
+
+void mla_stage_queries(const MlaAttentionArgs& a, int launch_tokens, int width, uint16_t* queries,
+                       cudaStream_t stream) {
+  stage_queries_kernel<<<static_cast<unsigned>(launch_tokens) * a.num_heads, 64, 0, stream>>>(a, width, queries);
+  check(cudaGetLastError(), "mla stage_queries launch");
+}
+
 void mla_attention_fused(const MlaAttentionArgs& a, int max_selected_in_step, uint16_t* queries, float* partials,
-                         int64_t partial_elements, cudaStream_t stream) {
+                         int64_t partial_elements, cudaStream_t stream, bool allow_wgmma) {
   const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
   if (launch_tokens <= 0) return;
   GLMS_CHECK(mla_attention_fused_supported(a.num_heads, a.latent_dim, a.rope_dim),
@@ -363,6 +371,11 @@ void mla_attention_fused(const MlaAttentionArgs& a, int max_selected_in_step, ui
   splits = std::max(splits, 1);
   const int rows_per_split = ((rows + splits - 1) / splits + kRowTile - 1) / kRowTile * kRowTile;
   splits = (rows + rows_per_split - 1) / rows_per_split;
+  if (allow_wgmma && (splits == 1 || launch_tokens >= mla_wgmma_min_tokens()) &&
+      mla_attention_wgmma_supported(a.num_heads, a.latent_dim, a.rope_dim)) {
+    mla_attention_wgmma(a, queries, stream);
+    return;
+  }
 
   const size_t bytes = shared_bytes(a.latent_dim + a.rope_dim);
   // Per device (each rank's thread has its own), so set on every launch: a host call of a
@@ -370,9 +383,7 @@ void mla_attention_fused(const MlaAttentionArgs& a, int max_selected_in_step, ui
   check(cudaFuncSetAttribute(mla_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(shared_bytes(kMaxRow))),
         "cudaFuncSetAttribute(mla_fused_kernel)");
-  const int width = mla_padded_row(a.latent_dim, a.rope_dim);
-  stage_queries_kernel<<<static_cast<unsigned>(launch_tokens) * a.num_heads, 64, 0, stream>>>(a, width, queries);
-  check(cudaGetLastError(), "mla stage_queries launch");
+  mla_stage_queries(a, launch_tokens, mla_padded_row(a.latent_dim, a.rope_dim), queries, stream);
   mla_fused_kernel<<<dim3(launch_tokens, splits), kThreads, bytes, stream>>>(a, queries, rows_per_split, splits,
                                                                             partials);
   check(cudaGetLastError(), "mla_fused launch");

@@ -1,0 +1,244 @@
+// Sparse MLA attention for prefill on Hopper's warpgroup tensor cores (wgmma), for GLM-5's
+// shapes: up to 64 heads, latent 512, rope 64.
+//
+// Why this shape: a prefill token attends over up to index_topk of its context's latent rows,
+// and all its heads read the same rows (MQA in latent space), so a block takes one token and
+// its 64 heads and streams the token's selected rows through shared memory in tiles of 64,
+// gathering the next tile by cp.async while the tensor cores work on this one. The two
+// warpgroups split each tile: for the scores S = Q K^T warpgroup w takes rows 32w .. 32w + 31
+// against all 64 heads (wgmma m64n32k16 over the 576 columns); the running max of the online
+// softmax goes through shared memory; the probabilities go to shared memory as bf16, and each
+// warpgroup adds P V for its half of the 512 latent columns (two m64n128k16 a 16-row step), its
+// 64 x 256 fp32 sums in registers. The mma.sync kernel (mla_fused.cu) moves every operand
+// through registers with ldmatrix, which bounds it by shared-memory bandwidth on these shapes;
+// wgmma reads both operands from shared memory itself.
+//
+// Shared memory, in the 128-byte swizzle wgmma reads (16-byte chunk c of 128-byte line r lies
+// at chunk c ^ (r % 8); lines in 1024-byte-aligned groups of 8). A "column block" is 64 bf16
+// columns, one line per head or row:
+//   queries [9 column blocks][64 heads] lines            73728 B
+//   rows    [2 stages][9 column blocks][64 rows] lines  147456 B
+//   probs   [64 heads] lines of 64 bf16 probabilities      8192 B
+//   slots [64] int32, row maxima [2][64], row sums [2][64] fp32
+// For S both operands are K-major (a line holds 64 of the 576 columns of one head or row); for
+// P V the rows are the B operand read MN-major (a line holds 64 latent columns of one row).
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/mla.h"
+#include "ops/cuda/wgmma.cuh"
+
+namespace glms::ops::cuda {
+
+namespace {
+
+using wgmma::copy_async_16;
+using wgmma::swizzled;
+using wgmma::descriptor;
+
+constexpr int kHeads = 64, kLatent = 512, kRope = 64, kRow = kLatent + kRope;
+constexpr int kTileRows = 64;
+constexpr int kThreads = 256;  // two warpgroups
+constexpr int kLineBytes = wgmma::kLineBytes, kChunksPerLine = kLineBytes / 16, kColumnBlocks = kRow / 64;
+constexpr int kChunksPerRow = kRow / 8;                                  // 72 16-byte chunks a cache row
+constexpr int kBlockBytes = kTileRows * kLineBytes;                      // one column block of a tile
+constexpr int kQueryBytes = kColumnBlocks * kHeads * kLineBytes;         // 73728
+constexpr int kTileBytes = kColumnBlocks * kBlockBytes;                  // 73728
+constexpr int kProbBytes = kHeads * kLineBytes;                          // 8192
+constexpr int kSmallBytes = sizeof(int32_t) * kTileRows + sizeof(float) * 4 * kHeads;
+constexpr int kSharedBytes = 1024 + kQueryBytes + 2 * kTileBytes + kProbBytes + kSmallBytes;  // 1024: alignment
+static_assert(kRow % 64 == 0 && kSharedBytes <= 232448, "one block an SM");
+
+// The tile's 64 cache rows (slot -1: zeros) into a stage: chunk c of row r to column block c / 8.
+__device__ __forceinline__ void load_tile(uint32_t stage, const int32_t* slot, const uint16_t* cache) {
+  for (int e = threadIdx.x; e < kTileRows * kChunksPerRow; e += kThreads) {
+    const int r = e / kChunksPerRow, c = e % kChunksPerRow;
+    const int32_t s = slot[r];
+    copy_async_16(stage + (c / kChunksPerLine) * kBlockBytes + swizzled(r, c % kChunksPerLine),
+                  cache + (s >= 0 ? static_cast<int64_t>(s) * kRow + c * 8 : 0), s >= 0 ? 16 : 0);
+  }
+}
+
+// Block per launched token. staged_queries: [launch_tokens, H, 576] bf16, pre-scaled.
+__global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaAttentionArgs a, const uint16_t* staged_queries) {
+  extern __shared__ __align__(16) uint8_t shared_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
+  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
+  const uint32_t queries = raw + pad, rows = queries + kQueryBytes, probs = rows + 2 * kTileBytes;
+  uint8_t* const generic = shared_raw + pad;
+  int32_t* slot = reinterpret_cast<int32_t*>(generic + kQueryBytes + 2 * kTileBytes + kProbBytes);  // [64]
+  float* max_part = reinterpret_cast<float*>(slot + kTileRows);  // [2][64] per warpgroup
+  float* sum_part = max_part + 2 * kHeads;                       // [2][64]
+  uint8_t* probs_generic = generic + kQueryBytes + 2 * kTileBytes;
+
+  const int i = blockIdx.x, t = a.first_token + i;
+  const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  const int head_row[2] = {16 * warp + g, 16 * warp + g + 8};  // this thread's heads in S, P and O
+  const int H = a.num_heads, count = a.num_selected[t];
+  const int32_t* chosen = a.selected + static_cast<int64_t>(t) * a.max_selected;
+  const int32_t* blocks = a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks;
+  auto resolve = [&](int j) -> int32_t {
+    if (j >= count) return -1;
+    const int position = chosen[j];
+    return blocks[position / a.block_size] * a.block_size + position % a.block_size;
+  };
+
+  // The token's queries (heads past H: zeros) and the first tile, one cp.async group.
+  const uint16_t* token_queries = staged_queries + static_cast<int64_t>(i) * H * kRow;
+  for (int e = threadIdx.x; e < kHeads * kChunksPerRow; e += kThreads) {
+    const int h = e / kChunksPerRow, c = e % kChunksPerRow;
+    copy_async_16(queries + (c / kChunksPerLine) * kBlockBytes + swizzled(h, c % kChunksPerLine),
+                  token_queries + (h < H ? h * kRow + c * 8 : 0), h < H ? 16 : 0);
+  }
+  if (threadIdx.x < kTileRows) slot[threadIdx.x] = resolve(threadIdx.x);
+  __syncthreads();
+  load_tile(rows, slot, a.cache);
+  wgmma::copy_async_commit();
+  __syncthreads();  // every thread has read slot for tile 0 before the loop overwrites it
+
+  float out[2][64];  // O[heads, 256 wg + 128 half + 8 j + 2 tq (+1)] at out[half][4 j + ...]
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int k = 0; k < 64; ++k) out[h][k] = 0.0f;
+  float run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};  // sums over this thread's columns
+  const int tiles = (count + kTileRows - 1) / kTileRows;
+  for (int tile = 0; tile < tiles; ++tile) {
+    const uint32_t stage = rows + (tile & 1) * kTileBytes;
+    // Every thread has issued this tile's copies (which read slot) before the last barrier.
+    if (threadIdx.x < kTileRows) slot[threadIdx.x] = resolve((tile + 1) * kTileRows + threadIdx.x);
+    __syncthreads();  // slot is the next tile's; the other stage's readers (last tile's P V) are done
+    if (tile + 1 < tiles) load_tile(rows + ((tile + 1) & 1) * kTileBytes, slot, a.cache);
+    wgmma::copy_async_commit();
+    wgmma::copy_async_wait<1>();  // all but the next tile's group: this tile (and the queries) have landed
+    wgmma::fence_async_proxy();
+    __syncthreads();
+
+    // S[64 heads, rows 32 wg .. +31] over the 36 k16 steps of the row.
+    float score[16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) score[k] = 0.0f;
+    wgmma::pin(score);
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < kRow / 16; ++ks) {
+      const uint32_t column = (ks / 4) * kBlockBytes + (ks % 4) * 32;
+      wgmma::m64n32k16(score, descriptor(queries + column, 16, 1024),
+                  descriptor(stage + column + wg * 32 * kLineBytes, 16, 1024), ks > 0);
+    }
+    wgmma::commit();
+    wgmma::wait_all();
+    wgmma::pin(score);
+
+    // Rows past the selection get -inf; each head's max over this warpgroup's rows, then both.
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (tile * kTileRows + 32 * wg + 8 * n + 2 * tq + (e & 1) >= count) score[4 * n + e] = -INFINITY;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], score[4 * n + e]);
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+      if (tq == 0) max_part[wg * kHeads + head_row[h]] = tile_max[h];
+    }
+    __syncthreads();
+    // The tile's first row is selected and lies in warpgroup 0's half: every new max is finite.
+    float new_max[2], rescale[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      new_max[h] = fmaxf(run_max[h], fmaxf(max_part[head_row[h]], max_part[kHeads + head_row[h]]));
+      rescale[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - new_max[h]);
+      run_max[h] = new_max[h];
+      run_sum[h] *= rescale[h];
+    }
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint16_t p0 = float_to_bf16(__expf(score[4 * n + 2 * h] - new_max[h]));
+        const uint16_t p1 = float_to_bf16(__expf(score[4 * n + 2 * h + 1] - new_max[h]));
+        run_sum[h] += bf16_to_float(p0) + bf16_to_float(p1);
+        const int column = 32 * wg + 8 * n + 2 * tq;
+        *reinterpret_cast<uint32_t*>(probs_generic + swizzled(head_row[h], column / 8) + (column % 8) * 2) =
+            static_cast<uint32_t>(p0) | static_cast<uint32_t>(p1) << 16;
+      }
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        out[half][4 * j] *= rescale[0];
+        out[half][4 * j + 1] *= rescale[0];
+        out[half][4 * j + 2] *= rescale[1];
+        out[half][4 * j + 3] *= rescale[1];
+      }
+    wgmma::fence_async_proxy();
+    __syncthreads();  // P complete
+
+    // O[:, 256 wg .. +255] += P[64 heads, 64 rows] V[64 rows, those columns].
+    wgmma::pin(out[0]);
+    wgmma::pin(out[1]);
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < kTileRows / 16; ++ks) {
+      const uint64_t p = descriptor(probs + ks * 32, 16, 1024);
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        wgmma::m64n128k16<1>(out[half], p,
+                          descriptor(stage + (4 * wg + 2 * half) * kBlockBytes + ks * 16 * kLineBytes, kBlockBytes, 1024));
+    }
+    wgmma::commit();
+    wgmma::wait_all();
+    wgmma::pin(out[0]);
+    wgmma::pin(out[1]);
+  }
+
+  // Each head's sum over both warpgroups' columns, then the normalised output.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    run_sum[h] += __shfl_xor_sync(0xffffffffu, run_sum[h], 1);
+    run_sum[h] += __shfl_xor_sync(0xffffffffu, run_sum[h], 2);
+    if (tq == 0) sum_part[wg * kHeads + head_row[h]] = run_sum[h];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int head = head_row[h];
+    if (head >= H) continue;
+    const float total = sum_part[head] + sum_part[kHeads + head], norm = total > 0.0f ? 1.0f / total : 0.0f;
+    float* dst = a.out + (static_cast<int64_t>(t) * H + head) * kLatent + 256 * wg + 2 * tq;
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+        *reinterpret_cast<float2*>(dst + 128 * half + 8 * j) =
+            make_float2(out[half][4 * j + 2 * h] * norm, out[half][4 * j + 2 * h + 1] * norm);
+  }
+}
+
+}  // namespace
+
+bool mla_attention_wgmma_supported(int num_heads, int latent_dim, int rope_dim) {
+  return num_heads >= 1 && num_heads <= kHeads && latent_dim == kLatent && rope_dim == kRope;
+}
+
+void mla_attention_wgmma(const MlaAttentionArgs& a, uint16_t* queries, cudaStream_t stream) {
+  const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
+  if (launch_tokens <= 0) return;
+  GLMS_CHECK(mla_attention_wgmma_supported(a.num_heads, a.latent_dim, a.rope_dim),
+             "mla_attention_wgmma: at most 64 heads, latent 512 and rope 64");
+  check(cudaFuncSetAttribute(mla_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
+        "cudaFuncSetAttribute(mla_wgmma_kernel)");
+  mla_stage_queries(a, launch_tokens, kRow, queries, stream);
+  mla_wgmma_kernel<<<launch_tokens, kThreads, kSharedBytes, stream>>>(a, queries);
+  check(cudaGetLastError(), "mla_wgmma launch");
+}
+
+}  // namespace glms::ops::cuda

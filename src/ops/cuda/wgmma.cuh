@@ -1,0 +1,86 @@
+// Hopper warpgroup tensor-core building blocks shared by the wgmma kernels (mla_wgmma.cu,
+// moe_experts_wgmma.cu): cp.async copies, the 128-byte shared-memory swizzle, matrix
+// descriptors and the bf16 wgmma shapes they use.
+//
+// Operands live in shared memory as 128-byte lines (64 bf16) in groups of 8 lines aligned to
+// 1024 bytes, 16-byte chunk c of line r stored at chunk c ^ (r % 8): the layout wgmma's
+// 128-byte swizzle mode reads. A K-major operand (a line holds 64 consecutive k of one row)
+// advances 16 k by adding 32 bytes to the descriptor's start; the next 64 k are another block
+// of lines.
+#pragma once
+
+#include <cstdint>
+
+namespace glms::ops::cuda::wgmma {
+
+constexpr int kLineBytes = 128;
+
+// Byte offset of 16-byte chunk `chunk` of line `line` in a 1024-aligned swizzled group.
+__device__ __forceinline__ uint32_t swizzled(int line, int chunk) {
+  return static_cast<uint32_t>(line * kLineBytes + ((chunk ^ (line & 7)) << 4));
+}
+
+// 16 bytes from global to shared memory; src_bytes 0 writes zeros.
+__device__ __forceinline__ void copy_async_16(uint32_t shared_address, const void* global, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address), "l"(global), "r"(src_bytes));
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+// Shared-memory writes of the generic proxy (stores, cp.async) made visible to wgmma's reads.
+__device__ __forceinline__ void fence_async_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte
+// offsets (K-major: stride = 1024 between groups of 8 lines, leading unused; MN-major: leading
+// = between 64-column blocks, stride = between groups of 8 K lines).
+__device__ __forceinline__ uint64_t descriptor(uint32_t address, uint32_t leading_bytes, uint32_t stride_bytes) {
+  return static_cast<uint64_t>((address & 0x3ffffu) >> 4) | static_cast<uint64_t>((leading_bytes >> 4) & 0x3fffu) << 16 |
+         static_cast<uint64_t>((stride_bytes >> 4) & 0x3fffu) << 32 | uint64_t{1} << 62;
+}
+
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Orders the compiler's uses of accumulator registers against the asynchronous wgmma that write them.
+template <int N>
+__device__ __forceinline__ void pin(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Accumulator fragments: lane (g, t) = (lane / 4, lane % 4) of warp w of the warpgroup holds
+// d[4 j + e] at row 16 w + g + 8 (e / 2), column 8 j + 2 t + e % 2.
+
+#define GLMS_WGMMA_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define GLMS_WGMMA_F16(i) GLMS_WGMMA_F4(i), GLMS_WGMMA_F4(i + 4), GLMS_WGMMA_F4(i + 8), GLMS_WGMMA_F4(i + 12)
+
+// d[64 x 32] (+)= A[64 x 16] B[16 x 32], both K-major; d starts over when `accumulate` is 0.
+__device__ __forceinline__ void m64n32k16(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : GLMS_WGMMA_F16(0)
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// d[64 x 128] += A[64 x 16] B[16 x 128], A K-major, B K-major (kTransB 0) or MN-major (1).
+template <int kTransB>
+__device__ __forceinline__ void m64n128k16(float (&d)[64], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %67, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, %66;\n}\n"
+      : GLMS_WGMMA_F16(0), GLMS_WGMMA_F16(16), GLMS_WGMMA_F16(32), GLMS_WGMMA_F16(48)
+      : "l"(a), "l"(b), "n"(kTransB), "r"(1));
+}
+#undef GLMS_WGMMA_F16
+#undef GLMS_WGMMA_F4
+
+}  // namespace glms::ops::cuda::wgmma

@@ -1,0 +1,52 @@
+// The multi-node control messages: a step's row outputs survive the trip with their token masks
+// (RowOutput::mask, structured outputs), and rows without one arrive without one.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "runtime/step_codec.h"
+
+using namespace glms;
+
+TEST(StepCodec, RowOutputsKeepTheirTokenMasks) {
+  std::vector<runtime::RankStep> steps(2);
+  steps[0].batch.add_sequence({5, 6, 7}, 0, {3}, 16, false);  // two logits rows
+  steps[0].batch.add_sequence({8}, 0, {4}, 16, false);
+  steps[0].outputs.resize(2);
+  steps[0].outputs[0].mask = std::make_shared<const std::vector<uint32_t>>(std::vector<uint32_t>{0x1u, 0x80000000u, 7u});
+  model::RowOutput& sampled = steps[0].outputs[1];
+  sampled.kind = model::RowOutput::Kind::kSample;
+  sampled.temperature = 0.7f;
+  sampled.top_k = 40;
+  sampled.top_p = 0.9f;
+  sampled.min_p = 0.05f;
+  sampled.canonical = 0.123456789;
+  steps[1].batch.add_sequence({9}, 4, {1}, 16, false);
+  steps[1].outputs.resize(1);
+  steps[1].outputs[0].kind = model::RowOutput::Kind::kLogits;
+
+  runtime::ByteWriter out;
+  runtime::write_steps(out, steps, 0);
+  runtime::ByteReader in(out.bytes);
+  std::vector<std::vector<float>> h_prev;
+  const std::vector<runtime::RankStep> back = runtime::read_steps(in, 0, h_prev);
+  ASSERT_EQ(back.size(), 2u);
+  ASSERT_EQ(back[0].outputs.size(), 2u);
+  ASSERT_NE(back[0].outputs[0].mask, nullptr);
+  EXPECT_EQ(*back[0].outputs[0].mask, *steps[0].outputs[0].mask);
+  EXPECT_EQ(back[0].outputs[0].kind, model::RowOutput::Kind::kArgmax);
+  const model::RowOutput& s = back[0].outputs[1];
+  EXPECT_EQ(s.kind, model::RowOutput::Kind::kSample);
+  EXPECT_EQ(s.mask, nullptr);
+  EXPECT_EQ(s.temperature, 0.7f);
+  EXPECT_EQ(s.top_k, 40);
+  EXPECT_EQ(s.top_p, 0.9f);
+  EXPECT_EQ(s.min_p, 0.05f);
+  EXPECT_EQ(s.canonical, 0.123456789);
+  ASSERT_EQ(back[1].outputs.size(), 1u);
+  EXPECT_EQ(back[1].outputs[0].kind, model::RowOutput::Kind::kLogits);
+  EXPECT_EQ(back[1].outputs[0].mask, nullptr);
+  EXPECT_EQ(back[1].batch.token_ids, steps[1].batch.token_ids);
+  EXPECT_EQ(back[0].batch.logits_tokens, steps[0].batch.logits_tokens);
+}
