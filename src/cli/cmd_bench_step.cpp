@@ -52,6 +52,7 @@ struct BenchStepOptions {
   int fused_attention_min_tokens = model::CudaModelOptions{}.fused_attention_min_tokens;
   bool fused_prefill_attention = model::CudaModelOptions{}.fused_prefill_attention;
   bool wgmma_attention = model::CudaModelOptions{}.wgmma_attention;
+  int wgmma_experts_min_pairs = model::CudaModelOptions{}.wgmma_experts_min_pairs;
   bool grouped_expert_gemm = model::CudaModelOptions{}.grouped_expert_gemm;
   bool sample_on_device = model::CudaModelOptions{}.sample_on_device;
   int sample_blocks_per_row = model::CudaModelOptions{}.sample_blocks_per_row;
@@ -328,6 +329,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.fused_attention_min_tokens = o.fused_attention_min_tokens;
   options.fused_prefill_attention = o.fused_prefill_attention;
   options.wgmma_attention = o.wgmma_attention;
+  options.wgmma_experts_min_pairs = o.wgmma_experts_min_pairs;
   options.grouped_expert_gemm = o.grouped_expert_gemm;
   options.sample_on_device = o.sample_on_device;
   options.sample_blocks_per_row = o.sample_blocks_per_row;
@@ -528,6 +530,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"fused_attention_min_tokens", o.fused_attention_min_tokens},
                         {"fused_prefill_attention", o.fused_prefill_attention},
                         {"wgmma_attention", o.wgmma_attention},
+                        {"wgmma_experts_min_pairs", o.wgmma_experts_min_pairs},
                         {"grouped_expert_gemm", o.grouped_expert_gemm},
                         {"sample_on_device", o.sample_on_device},
                         {"sample_blocks_per_row", o.sample_blocks_per_row},
@@ -619,6 +622,11 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--wgmma-attention", o->wgmma_attention,
                   "Fused attention passes with a block per token on Hopper's warpgroup tensor cores (true/false; "
                   "false: the mma.sync kernel)")
+      ->capture_default_str();
+  cmd->add_option("--wgmma-experts-min-pairs", o->wgmma_experts_min_pairs,
+                  "MXFP4 routed experts run as W4A16 grouped GEMMs on the warpgroup tensor cores from this many "
+                  "pairs per expert on average (0: never)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--grouped-expert-gemm", o->grouped_expert_gemm,
                   "bf16 experts of large batches through one cuBLAS grouped GEMM per projection (true/false)")

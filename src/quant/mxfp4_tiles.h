@@ -37,6 +37,20 @@ GLMS_HOST_DEVICE inline uint32_t mxfp4_tile_pair(uint32_t q, int k) {
   }
 }
 
+// bf16 bits of the same pair times 2^-126, low half first: mxfp4_tile_pair's fp16 sign stays
+// and its exponent and mantissa bits move down 3 (an fp16 exponent field E read as bf16's is
+// 2^-112 apart; 0.5 stays a subnormal, 0 stays 0). The W4A16 kernels multiply by 2^126 and the
+// block scale in bf16, which is exact. One shift-and-select fewer than widening the fp16 bits.
+GLMS_HOST_DEVICE inline uint32_t mxfp4_tile_pair_bf16(uint32_t q, int k) {
+  constexpr uint32_t kSign = 0x80008000u, kMagnitude = 0x01c001c0u;
+  switch (k) {
+    case 0: return (q & kSign) | ((q >> 3) & kMagnitude);
+    case 1: return ((q << 1) & kSign) | (q & kMagnitude);
+    case 2: return ((q << 2) & kSign) | ((q << 3) & kMagnitude);
+    default: return ((q << 3) & kSign) | ((q << 6) & kMagnitude);
+  }
+}
+
 // Whether rows `cols` wide can take the tile layout.
 GLMS_HOST_DEVICE constexpr bool mxfp4_tiles_fit(int64_t cols) { return cols % kMxfp4TileValues == 0; }
 

@@ -163,8 +163,9 @@ std::vector<float> reference_pair(const Experts& x, const std::vector<float>& to
 
 // Relative L2 error of moe_experts_small over `tokens` ([n, hidden], rounded to bf16 here: the
 // kernels read bf16) routed to `ids` ([n, top_k]) against reference_pair, every pair's row.
+// With `wgmma`, moe_experts_wgmma instead (tiled MXFP4).
 double experts_error(const Experts& experts, std::vector<float> tokens, const std::vector<int32_t>& ids, int top_k,
-                     bool tensor_cores) {
+                     bool tensor_cores, bool wgmma = false) {
   const int64_t hidden = experts.hidden, inter = experts.inter, E = experts.E;
   const int n = static_cast<int>(tokens.size() / hidden);
   const int64_t P = static_cast<int64_t>(ids.size());
@@ -176,9 +177,13 @@ double experts_error(const Experts& experts, std::vector<float> tokens, const st
   cuda::DeviceBuffer act(sizeof(uint16_t) * P * inter);
   auto out = poisoned(P * hidden);
   cuda::moe_plan(d_ids.as<int32_t>(), P, static_cast<int>(E), buffers.plan(), nullptr);
-  cuda::moe_experts_small(d_x.as<uint16_t>(), hidden, inter, experts.view(), buffers.plan(), static_cast<int>(E), top_k,
-                          n, static_cast<int>(std::min<int64_t>(E, P)), act.as<uint16_t>(), out.as<float>(), nullptr,
-                          tensor_cores);
+  if (wgmma)
+    cuda::moe_experts_wgmma(d_x.as<uint16_t>(), hidden, inter, experts.view(), buffers.plan(), static_cast<int>(E),
+                            top_k, P, act.as<uint16_t>(), out.as<float>(), nullptr);
+  else
+    cuda::moe_experts_small(d_x.as<uint16_t>(), hidden, inter, experts.view(), buffers.plan(), static_cast<int>(E),
+                            top_k, n, static_cast<int>(std::min<int64_t>(E, P)), act.as<uint16_t>(), out.as<float>(),
+                            nullptr, tensor_cores);
   const auto got = to_host<float>(out);
   const auto slot = to_host<int32_t>(buffers.pair_slot);
   // The slots are a permutation of the pairs.
@@ -230,6 +235,36 @@ TEST_F(CudaMoe, Fp8ExpertsMatchReference) {
   check_experts(WeightFormat::Fp8Block, 4, 6144, 2048, 2, {1, 3, 20}, false);
   check_experts(WeightFormat::Fp8Block, 5, 192, 64, 3, {1, 2, 13, 120}, true);  // partial 128-blocks
   check_experts(WeightFormat::Fp8Block, 5, 208, 48, 3, {1, 2, 13}, false);
+}
+
+// The W4A16 grouped GEMMs (moe_experts_wgmma) at GLM-5.2's widths, then over experts with two
+// row tiles (the second part-filled), experts with no pairs, more experts than the tile search
+// has threads, and block scales far apart.
+void check_wgmma_experts(int64_t E, int64_t hidden, int64_t inter, int top_k, std::initializer_list<int> token_counts,
+                         int block_spread = 0) {
+  const Experts experts = make_experts(WeightFormat::Mxfp4, true, E, hidden, inter, 41 + E, block_spread);
+  ASSERT_TRUE(cuda::moe_experts_wgmma_supported(experts.view(), hidden, inter));
+  for (const int n : token_counts) {
+    const auto ids = random_choices(n, static_cast<int>(E), top_k, 300 + n);
+    EXPECT_LT(experts_error(experts, random_values(n * hidden, 110 + n, 2.0f), ids, top_k, true, true), 2e-3)
+        << E << " experts, " << n << " tokens, hidden " << hidden << ", inter " << inter << ", spread "
+        << block_spread;
+  }
+}
+
+TEST_F(CudaMoe, Mxfp4WgmmaExpertsMatchReference) {
+  check_wgmma_experts(4, 6144, 2048, 2, {1, 20});
+  check_wgmma_experts(5, 512, 256, 3, {1, 13, 150});  // 150 tokens: 90 pairs an expert, two tiles
+  check_wgmma_experts(40, 256, 128, 2, {5, 70});      // most experts without pairs
+  check_wgmma_experts(260, 256, 128, 4, {64});        // two experts a thread in the tile search
+  check_wgmma_experts(3, 512, 256, 2, {3, 100}, 15);  // block scales about 2^-20 .. 2^10
+}
+
+TEST_F(CudaMoe, Mxfp4WgmmaExpertsNeedTheirWidths) {
+  const Experts tiled = make_experts(WeightFormat::Mxfp4, true, 2, 384, 128, 5);
+  EXPECT_FALSE(cuda::moe_experts_wgmma_supported(tiled.view(), 384, 128));  // hidden not a multiple of 256
+  const Experts packed = make_experts(WeightFormat::Mxfp4, false, 2, 256, 128, 5);
+  EXPECT_FALSE(cuda::moe_experts_wgmma_supported(packed.view(), 256, 128));  // the checkpoint's packing
 }
 
 // Tiled MXFP4 with block scales from about 2^-20 to 2^10: the scale codes of a step's four blocks

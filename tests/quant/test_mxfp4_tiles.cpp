@@ -3,6 +3,7 @@
 // spec's E2M1 values on every code and on random rows.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -92,6 +93,25 @@ TEST(Mxfp4Tiles, EveryCodeInEveryPlace) {
           EXPECT_EQ(f16_to_f32(static_cast<uint16_t>(half)) * 0x1p14f, want) << "code " << code << " place " << place;
         }
     }
+}
+
+// The bf16 extraction the W4A16 kernels use gives the same values, times 2^-126, for every
+// word (all 2^32 would take long; every code in every place and random words).
+TEST(Mxfp4Tiles, Bf16PairsAreTheFp16PairsTimesTwoToTheMinus112) {
+  std::mt19937 rng(7);
+  std::vector<uint32_t> words;
+  for (int place = 0; place < 8; ++place)
+    for (uint32_t code = 0; code < 16; ++code) words.push_back(code << (4 * place));
+  for (int i = 0; i < 100000; ++i) words.push_back(static_cast<uint32_t>(rng()));
+  int64_t wrong = 0;
+  for (const uint32_t q : words)
+    for (int k = 0; k < 4; ++k)
+      for (int h = 0; h < 2; ++h) {
+        const float fp16 = f16_to_f32(static_cast<uint16_t>(mxfp4_tile_pair(q, k) >> (16 * h)));
+        const float bf16 = bf16_to_f32(static_cast<uint16_t>(mxfp4_tile_pair_bf16(q, k) >> (16 * h)));
+        wrong += bf16 * 0x1p112f != fp16 || std::signbit(bf16) != std::signbit(fp16);
+      }
+  EXPECT_EQ(wrong, 0);
 }
 
 TEST(Mxfp4Tiles, RejectsWidthsThatAreNotWhole128s) {

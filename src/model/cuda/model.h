@@ -62,6 +62,10 @@ struct CudaModelOptions {
   // tensor cores (ops::cuda::mla_attention_wgmma) where the shapes are GLM-5's; false: the
   // mma.sync kernel. With it the fused pass pays from kFusedPrefillWorkRatioWgmma on.
   bool wgmma_attention = true;
+  // Routed experts in the tile layout of MXFP4 through the W4A16 grouped GEMMs on the warpgroup
+  // tensor cores (ops::cuda::moe_experts_wgmma) where a step has at least this many pairs per
+  // expert on average; 0: never (the mma.sync kernels and, above their range, widening to bf16).
+  int wgmma_experts_min_pairs = 16;
   // bf16 routed experts of large batches (prefill) through one cuBLAS grouped GEMM per
   // projection instead of one GEMM per expert: prefill 512 tokens 39.2 -> 36.3 ms, 2k 56.9 ->
   // 54.5 ms on the H200 at GLM-5.2 width with 5 layers (docs/performance.md).

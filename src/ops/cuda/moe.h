@@ -89,6 +89,17 @@ void moe_experts_mma(const uint16_t* x, int64_t hidden, int64_t inter, const Exp
                      const MoePlan& plan, int num_experts, int top_k, int num_tokens, int max_active, uint16_t* act,
                      float* expert_out, cudaStream_t stream);
 
+// The same for prefill-sized batches with tiled MXFP4 experts (moe_experts_wgmma.cu): each
+// projection one grouped GEMM over the plan's pairs on Hopper's warpgroup tensor cores, the
+// weights widened to bf16 in shared memory with their block scales (exactly), the tokens bf16,
+// fp32 sums; act = bf16(silu(gate) * up) as moe_experts_small makes it. `num_pairs` bounds the
+// plan's pairs (the grid); each block finds its expert and rows in plan.offsets on the device,
+// so the launch needs no host copy. Needs hidden a multiple of 256 and inter of 128.
+bool moe_experts_wgmma_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
+void moe_experts_wgmma(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
+                       const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* act,
+                       float* expert_out, cudaStream_t stream);
+
 // Expert `expert` of quantised `experts` widened to bf16: gate_up_out [2 * inter, hidden] and
 // down_out [hidden, inter] (MXFP4 exactly, in either layout; FP8 rounded once from code x scale).
 void dequantize_expert(const ExpertWeights& experts, int expert, int64_t hidden, int64_t inter, uint16_t* gate_up_out,
