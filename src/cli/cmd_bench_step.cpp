@@ -53,6 +53,7 @@ struct BenchStepOptions {
   bool fused_prefill_attention = model::CudaModelOptions{}.fused_prefill_attention;
   bool wgmma_attention = model::CudaModelOptions{}.wgmma_attention;
   int wgmma_experts_min_pairs = model::CudaModelOptions{}.wgmma_experts_min_pairs;
+  int wgmma_experts_tile_rows = model::CudaModelOptions{}.wgmma_experts_tile_rows;
   bool grouped_expert_gemm = model::CudaModelOptions{}.grouped_expert_gemm;
   bool sample_on_device = model::CudaModelOptions{}.sample_on_device;
   int sample_blocks_per_row = model::CudaModelOptions{}.sample_blocks_per_row;
@@ -330,6 +331,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.fused_prefill_attention = o.fused_prefill_attention;
   options.wgmma_attention = o.wgmma_attention;
   options.wgmma_experts_min_pairs = o.wgmma_experts_min_pairs;
+  options.wgmma_experts_tile_rows = o.wgmma_experts_tile_rows;
   options.grouped_expert_gemm = o.grouped_expert_gemm;
   options.sample_on_device = o.sample_on_device;
   options.sample_blocks_per_row = o.sample_blocks_per_row;
@@ -531,6 +533,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"fused_prefill_attention", o.fused_prefill_attention},
                         {"wgmma_attention", o.wgmma_attention},
                         {"wgmma_experts_min_pairs", o.wgmma_experts_min_pairs},
+                        {"wgmma_experts_tile_rows", o.wgmma_experts_tile_rows},
                         {"grouped_expert_gemm", o.grouped_expert_gemm},
                         {"sample_on_device", o.sample_on_device},
                         {"sample_blocks_per_row", o.sample_blocks_per_row},
@@ -627,6 +630,10 @@ void add_bench_step_command(CLI::App& app) {
                   "MXFP4 routed experts run as W4A16 grouped GEMMs on the warpgroup tensor cores from this many "
                   "pairs per expert on average (0: never)")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--wgmma-experts-tile-rows", o->wgmma_experts_tile_rows,
+                  "Grouped rows a block of those GEMMs: 64, 128, or 0 (128 from 128 pairs per expert)")
+      ->check(CLI::IsMember({0, 64, 128}))
       ->capture_default_str();
   cmd->add_option("--grouped-expert-gemm", o->grouped_expert_gemm,
                   "bf16 experts of large batches through one cuBLAS grouped GEMM per projection (true/false)")

@@ -163,9 +163,9 @@ std::vector<float> reference_pair(const Experts& x, const std::vector<float>& to
 
 // Relative L2 error of moe_experts_small over `tokens` ([n, hidden], rounded to bf16 here: the
 // kernels read bf16) routed to `ids` ([n, top_k]) against reference_pair, every pair's row.
-// With `wgmma`, moe_experts_wgmma instead (tiled MXFP4).
+// With `wgmma_tile_rows` >= 0, moe_experts_wgmma instead (tiled MXFP4), in tiles of that many rows.
 double experts_error(const Experts& experts, std::vector<float> tokens, const std::vector<int32_t>& ids, int top_k,
-                     bool tensor_cores, bool wgmma = false) {
+                     bool tensor_cores, int wgmma_tile_rows = -1) {
   const int64_t hidden = experts.hidden, inter = experts.inter, E = experts.E;
   const int n = static_cast<int>(tokens.size() / hidden);
   const int64_t P = static_cast<int64_t>(ids.size());
@@ -177,9 +177,9 @@ double experts_error(const Experts& experts, std::vector<float> tokens, const st
   cuda::DeviceBuffer act(sizeof(uint16_t) * P * inter);
   auto out = poisoned(P * hidden);
   cuda::moe_plan(d_ids.as<int32_t>(), P, static_cast<int>(E), buffers.plan(), nullptr);
-  if (wgmma)
+  if (wgmma_tile_rows >= 0)
     cuda::moe_experts_wgmma(d_x.as<uint16_t>(), hidden, inter, experts.view(), buffers.plan(), static_cast<int>(E),
-                            top_k, P, act.as<uint16_t>(), out.as<float>(), nullptr);
+                            top_k, P, act.as<uint16_t>(), out.as<float>(), nullptr, wgmma_tile_rows);
   else
     cuda::moe_experts_small(d_x.as<uint16_t>(), hidden, inter, experts.view(), buffers.plan(), static_cast<int>(E),
                             top_k, n, static_cast<int>(std::min<int64_t>(E, P)), act.as<uint16_t>(), out.as<float>(),
@@ -237,24 +237,26 @@ TEST_F(CudaMoe, Fp8ExpertsMatchReference) {
   check_experts(WeightFormat::Fp8Block, 5, 208, 48, 3, {1, 2, 13}, false);
 }
 
-// The W4A16 grouped GEMMs (moe_experts_wgmma) at GLM-5.2's widths, then over experts with two
-// row tiles (the second part-filled), experts with no pairs, more experts than the tile search
-// has threads, and block scales far apart.
+// The W4A16 grouped GEMMs (moe_experts_wgmma), in both tile shapes, at GLM-5.2's widths, then
+// over experts with two row tiles (the second part-filled), experts with no pairs, more experts
+// than the tile search has threads, and block scales far apart.
 void check_wgmma_experts(int64_t E, int64_t hidden, int64_t inter, int top_k, std::initializer_list<int> token_counts,
                          int block_spread = 0) {
   const Experts experts = make_experts(WeightFormat::Mxfp4, true, E, hidden, inter, 41 + E, block_spread);
   ASSERT_TRUE(cuda::moe_experts_wgmma_supported(experts.view(), hidden, inter));
-  for (const int n : token_counts) {
-    const auto ids = random_choices(n, static_cast<int>(E), top_k, 300 + n);
-    EXPECT_LT(experts_error(experts, random_values(n * hidden, 110 + n, 2.0f), ids, top_k, true, true), 2e-3)
-        << E << " experts, " << n << " tokens, hidden " << hidden << ", inter " << inter << ", spread "
-        << block_spread;
-  }
+  for (const int n : token_counts)
+    for (const int tile_rows : {64, 128}) {
+      const auto ids = random_choices(n, static_cast<int>(E), top_k, 300 + n);
+      EXPECT_LT(experts_error(experts, random_values(n * hidden, 110 + n, 2.0f), ids, top_k, true, tile_rows), 2e-3)
+          << E << " experts, " << n << " tokens, hidden " << hidden << ", inter " << inter << ", spread "
+          << block_spread << ", tiles of " << tile_rows << " rows";
+    }
 }
 
 TEST_F(CudaMoe, Mxfp4WgmmaExpertsMatchReference) {
   check_wgmma_experts(4, 6144, 2048, 2, {1, 20});
-  check_wgmma_experts(5, 512, 256, 3, {1, 13, 150});  // 150 tokens: 90 pairs an expert, two tiles
+  check_wgmma_experts(5, 512, 256, 3, {1, 13, 150});  // 150 tokens: 90 pairs an expert, two 64-row tiles
+  check_wgmma_experts(2, 512, 256, 2, {300});         // 300 pairs an expert: three 128-row tiles
   check_wgmma_experts(40, 256, 128, 2, {5, 70});      // most experts without pairs
   check_wgmma_experts(260, 256, 128, 4, {64});        // two experts a thread in the tile search
   check_wgmma_experts(3, 512, 256, 2, {3, 100}, 15);  // block scales about 2^-20 .. 2^10

@@ -66,6 +66,8 @@ struct CudaModelOptions {
   // tensor cores (ops::cuda::moe_experts_wgmma) where a step has at least this many pairs per
   // expert on average; 0: never (the mma.sync kernels and, above their range, widening to bf16).
   int wgmma_experts_min_pairs = 16;
+  // Their grouped rows a block, 64 or 128; 0: 128 from 128 pairs per expert on average.
+  int wgmma_experts_tile_rows = 0;
   // bf16 routed experts of large batches (prefill) through one cuBLAS grouped GEMM per
   // projection instead of one GEMM per expert: prefill 512 tokens 39.2 -> 36.3 ms, 2k 56.9 ->
   // 54.5 ms on the H200 at GLM-5.2 width with 5 layers (docs/performance.md).

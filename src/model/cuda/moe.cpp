@@ -72,7 +72,8 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
   const bool wgmma = options.wgmma_experts_min_pairs > 0 && cuda::moe_experts_wgmma_supported(experts, hidden, inter) &&
                      P >= int64_t{options.wgmma_experts_min_pairs} * config.n_routed_experts && P <= pair_capacity;
   if (wgmma) {
-    cuda::moe_experts_wgmma(x, hidden, inter, experts, plan, E, K, P, as<uint16_t>(pair_act), as<float>(expert_out), s);
+    cuda::moe_experts_wgmma(x, hidden, inter, experts, plan, E, K, P, as<uint16_t>(pair_act), as<float>(expert_out), s,
+                            options.wgmma_experts_tile_rows);
   } else if (P <= int64_t{small_pairs} * config.n_routed_experts || !shape.host_sync_ok) {
     GLMS_CHECK(P <= pair_capacity, "MoE pairs beyond the pair buffers");
     cuda::moe_experts_small(x, hidden, inter, experts, plan, E, K, chunk_tokens,

@@ -95,10 +95,12 @@ void moe_experts_mma(const uint16_t* x, int64_t hidden, int64_t inter, const Exp
 // fp32 sums; act = bf16(silu(gate) * up) as moe_experts_small makes it. `num_pairs` bounds the
 // plan's pairs (the grid); each block finds its expert and rows in plan.offsets on the device,
 // so the launch needs no host copy. Needs hidden a multiple of 256 and inter of 128.
+// `tile_rows`: grouped rows a block, 64 or 128 (each weight widened once for twice the rows, more
+// padding on experts with few pairs); 0 chooses by the pairs per expert.
 bool moe_experts_wgmma_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
 void moe_experts_wgmma(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                        const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* act,
-                       float* expert_out, cudaStream_t stream);
+                       float* expert_out, cudaStream_t stream, int tile_rows = 0);
 
 // Expert `expert` of quantised `experts` widened to bf16: gate_up_out [2 * inter, hidden] and
 // down_out [hidden, inter] (MXFP4 exactly, in either layout; FP8 rounded once from code x scale).
