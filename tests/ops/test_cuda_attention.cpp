@@ -291,6 +291,76 @@ TEST_F(CudaAttention, TopKSelectsTheLargestInPositionOrderWithLowerPositionsWinn
   }
 }
 
+// indexer_scores_wgmma over one sequence's prefill chunk (GLM-5's 32 heads of 128) against a
+// double reference: blocks of 8 tokens with a part-filled last one, tokens whose context fits
+// top_k left unwritten, and nothing written at or past a token's causal extent; with a small
+// top_k the key tiles are split over several blocks of each token group.
+void check_indexer_wgmma(int context, int chunk_first, int top_k) {
+  const int heads = 32, dim = 128, T = context - chunk_first;
+  PagedContext paged({context}, 9);
+  const int64_t slots = int64_t{paged.num_blocks} * paged.block_size;
+  const auto keys = random_values(slots * dim, 4), q = random_values(int64_t{T} * heads * dim, 5),
+             w = random_values(int64_t{T} * heads, 6);
+  std::vector<int32_t> positions(T), token_sequence(T, 0);
+  for (int t = 0; t < T; ++t) positions[t] = chunk_first + t;
+  const int stride = context;
+  auto dkeys = to_device(keys), dq = to_device(q), dw = to_device(w), dpos = to_device(positions),
+       dseq = to_device(token_sequence), dtables = to_device(paged.block_tables);
+  auto dscores = to_device(std::vector<float>(int64_t{T} * stride, NAN));
+  cuda::IndexerScoreArgs a;
+  a.queries = dq.as<float>();
+  a.head_weights = dw.as<float>();
+  a.key_cache = dkeys.as<float>();
+  a.block_tables = dtables.as<int32_t>();
+  a.max_blocks = paged.max_blocks;
+  a.token_sequence = dseq.as<int32_t>();
+  a.positions = dpos.as<int32_t>();
+  a.block_size = paged.block_size;
+  a.num_tokens = T;
+  a.heads = heads;
+  a.dim = dim;
+  a.top_k = top_k;
+  a.head_scale = 1.0f / std::sqrt(float(heads));
+  a.softmax_scale = 1.0f / std::sqrt(float(dim));
+  a.max_context = context;
+  a.scores = dscores.as<float>();
+  a.score_stride = stride;
+  a.first_token = 0;
+  a.launch_tokens = T;
+  ASSERT_TRUE(cuda::indexer_scores_wgmma_supported(heads, dim));
+  cuda::DeviceBuffer gathered_keys(int64_t{context} * dim * sizeof(float));
+  cuda::indexer_scores_wgmma(a, dtables.as<int32_t>(), context, {gathered_keys.as<float>(), nullptr, 0}, nullptr);
+  const auto scores = to_host<float>(dscores, int64_t{T} * stride);
+  int scored = 0;
+  for (int t = 0; t < T; ++t) {
+    const int causal = positions[t] + 1;
+    const float* row = scores.data() + int64_t{t} * stride;
+    int written_past = 0;
+    for (int j = causal <= top_k ? 0 : causal; j < stride; ++j) written_past += !std::isnan(row[j]);
+    EXPECT_EQ(written_past, 0) << "token " << t << (causal <= top_k ? " (selects every position)" : " past its extent");
+    if (causal <= top_k) continue;
+    ++scored;
+    std::vector<float> expected(causal);
+    for (int j = 0; j < causal; ++j) {
+      const float* key = keys.data() + paged.slot(0, j) * dim;
+      double score = 0;
+      for (int h = 0; h < heads; ++h) {
+        double dot = 0;
+        for (int k = 0; k < dim; ++k) dot += double(q[(int64_t{t} * heads + h) * dim + k]) * key[k];
+        score += std::max(dot * a.softmax_scale, 0.0) * w[int64_t{t} * heads + h] * a.head_scale;
+      }
+      expected[j] = static_cast<float>(score);
+    }
+    EXPECT_LT(relative_l2(row, expected.data(), causal), 1e-2) << "token " << t << " (position " << positions[t] << ")";
+  }
+  EXPECT_GT(scored, 0);
+}
+
+TEST_F(CudaAttention, IndexerWgmmaScoresAChunkLikeTheCpu) {
+  check_indexer_wgmma(2100, 2030, 2048);  // 70 tokens: 18 select everything, the rest score 2049..2100 keys
+  check_indexer_wgmma(700, 599, 64);      // 101 tokens, 6 key tiles split over blocks
+}
+
 TEST_F(CudaAttention, IndexerScoresMatchCpu) {
   for (auto [heads, dim, top_k] : {std::tuple{32, 128, 2048}, {4, 14, 9}}) {
     const std::vector<int> contexts = {5000, 40};

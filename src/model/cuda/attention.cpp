@@ -95,8 +95,12 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
             cuda::IndexerScoreArgs chunk = args;
             chunk.first_token = seq.first_token;
             chunk.launch_tokens = seq.num_tokens;
-            cuda::indexer_scores_gemm(chunk, block_tables + int64_t{index} * max_blocks, seq.context_len, workspace,
-                                      gemm, s);
+            if (options.wgmma_indexer && cuda::indexer_scores_wgmma_supported(IH, ID))
+              cuda::indexer_scores_wgmma(chunk, block_tables + int64_t{index} * max_blocks, seq.context_len,
+                                         workspace, s);
+            else
+              cuda::indexer_scores_gemm(chunk, block_tables + int64_t{index} * max_blocks, seq.context_len,
+                                        workspace, gemm, s);
           });
     }
     // Scores are not read for tokens whose context is at most top_k: every position is selected.

@@ -22,6 +22,9 @@ int device_count();
 // The calling thread's current device (a rank's worker sets its own before making anything).
 void set_device(int device);
 int current_device();
+// Streaming multiprocessors of the current device (read once per process: every rank's GPU is
+// the same model).
+int multiprocessor_count();
 
 // Throws glms::Error("<what>: <CUDA error string>") unless `status` is cudaSuccess.
 void check(int status, const char* what);

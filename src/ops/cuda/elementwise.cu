@@ -266,6 +266,15 @@ int current_device() {
   return device;
 }
 
+int multiprocessor_count() {
+  static const int count = [] {
+    int sms = 0;
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current_device()), "cudaDeviceGetAttribute");
+    return sms;
+  }();
+  return count;
+}
+
 void synchronize_stream(cudaStream_t stream) { check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); }
 
 void shift_expert_ids(const int32_t* in, int32_t* out, int64_t count, int shift, int num_experts, cudaStream_t stream) {

@@ -49,6 +49,15 @@ struct IndexerGemmWorkspace {
 void indexer_scores_gemm(const IndexerScoreArgs& args, const int32_t* block_table, int context,
                          const IndexerGemmWorkspace& workspace, Gemm& gemm, cudaStream_t stream);
 
+// The same scores on Hopper's warpgroup tensor cores for GLM-5's indexer (32 heads of 128),
+// fused with the relu, head weights and sum over heads, so no per-head product reaches global
+// memory (indexer_wgmma.cu): the sequence's keys gathered once as bf16 into workspace.keys, the
+// queries rounded to bf16, fp32 sums. bf16 inputs move scores by about 4e-3 relative (TF32's
+// 1e-3 above): again only near-tied positions can leave or join the top-k.
+bool indexer_scores_wgmma_supported(int heads, int dim);
+void indexer_scores_wgmma(const IndexerScoreArgs& args, const int32_t* block_table, int context,
+                          const IndexerGemmWorkspace& workspace, cudaStream_t stream);
+
 // Per token, the `top_k` largest of scores[t, 0..positions[t]] (ties: lower position first),
 // written in increasing position order to selected[t, :] with num_selected[t] = top_k; tokens
 // whose context is at most top_k get 0..positions[t] (their scores are not read).

@@ -329,16 +329,6 @@ __global__ void mla_merge_splits_kernel(MlaAttentionArgs a, int launch_tokens, i
   }
 }
 
-int multiprocessor_count() {
-  static const int count = [] {
-    int device = 0, sms = 0;
-    check(cudaGetDevice(&device), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-    return sms;
-  }();
-  return count;
-}
-
 }  // namespace
 
 bool mla_attention_fused_supported(int num_heads, int latent_dim, int rope_dim) {

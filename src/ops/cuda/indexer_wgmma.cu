@@ -1,0 +1,180 @@
+// The DSA indexer's prefill scores on Hopper's warpgroup tensor cores, fused with the relu, the
+// head weights and the sum over heads, for GLM-5's shapes (32 heads of 128).
+//
+// Why this shape: the GEMM path (indexer_scores_gemm) writes every (token, head, key) product to
+// global memory and reads it back to reduce over heads: 4 bytes x 32 heads per score, which made
+// the indexer a sixth of a long prefill. Here a block takes 8 tokens, their 256 (token, head)
+// query rows in shared memory as bf16, and streams the sequence's keys (gathered once as bf16)
+// through shared memory 128 at a time, the next tile by cp.async while the tensor cores score
+// this one: warpgroup w computes S[64 keys, 256 (token, head)] for keys 64 w .. of the tile
+// (wgmma m64n256k16, keys as A so that a thread's accumulator row is one key and its columns
+// run over heads). Each thread then weights and sums its 8 heads of each token in registers, two
+// shuffles over the quad finish the 32, and only [token, key] scores leave the SM.
+//
+// Shared memory (128-byte swizzle, wgmma.cuh):
+//   queries [2 blocks of 64 dims][256 lines: token * 32 + head]   65536 B
+//   keys    [2 stages][2 blocks of 64 dims][128 keys]              65536 B
+//   weights [8 tokens][4 lanes][4][2] fp32 (a lane's 8 heads of a token together)  1024 B
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/indexer.h"
+#include "ops/cuda/wgmma.cuh"
+
+namespace glms::ops::cuda {
+
+namespace {
+
+using wgmma::descriptor;
+using wgmma::swizzled;
+
+constexpr int kThreads = 256;  // two warpgroups
+constexpr int kHeads = 32, kDim = 128, kTokens = 8, kKeys = 128;
+constexpr int kLine = wgmma::kLineBytes;
+constexpr int kQueryLines = kTokens * kHeads;                // 256: wgmma's N
+constexpr int kQueryBlockBytes = kQueryLines * kLine;        // 64 dims of every query row
+constexpr int kQueryBytes = 2 * kQueryBlockBytes;            // 65536
+constexpr int kKeyBlockBytes = kKeys * kLine;                // 64 dims of a tile's keys
+constexpr int kKeyStageBytes = 2 * kKeyBlockBytes;           // 32768
+constexpr int kWeightBytes = kTokens * kHeads * 4;           // 1024
+constexpr int kSharedBytes = 1024 + kQueryBytes + 2 * kKeyStageBytes + kWeightBytes;  // 1024: alignment
+static_assert(kSharedBytes <= 232448, "one block an SM");
+
+__global__ void gather_keys_bf16_kernel(const float* key_cache, const int32_t* block_table, int block_size,
+                                        uint16_t* out) {
+  const int j = blockIdx.x;
+  const float* src = key_cache + (static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size) * kDim;
+  out[static_cast<int64_t>(j) * kDim + threadIdx.x] = float_to_bf16(src[threadIdx.x]);
+}
+
+// Block (8 tokens of the chunk, key tiles blockIdx.y, + gridDim.y, ...); keys: [context, 128] bf16.
+__global__ void __launch_bounds__(kThreads, 1)
+    indexer_wgmma_kernel(IndexerScoreArgs a, int first, int count, int context, const uint16_t* keys) {
+  extern __shared__ __align__(16) uint8_t shared_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
+  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
+  const uint32_t queries = raw + pad, key_stages = queries + kQueryBytes;
+  uint8_t* const queries_generic = shared_raw + pad;
+  float* const weights = reinterpret_cast<float*>(shared_raw + pad + kQueryBytes + 2 * kKeyStageBytes);
+
+  const int token0 = first + blockIdx.x * kTokens, tokens = min(kTokens, first + count - token0);
+  // Keys to score: the block's longest causal extent, none where every token selects all.
+  int extent = 0;
+  for (int i = 0; i < tokens; ++i) {
+    const int causal = a.positions[token0 + i] + 1;
+    if (causal > a.top_k) extent = max(extent, min(causal, context));
+  }
+  if (extent == 0) return;
+
+  // Queries as bf16 (tokens past the chunk: zeros), and the weights times both scales
+  // (relu(x * s) = s * relu(x) for the positive softmax scale).
+  for (int e = threadIdx.x; e < kQueryLines * kDim / 8; e += kThreads) {
+    const int line = e / (kDim / 8), chunk = e % (kDim / 8), i = line / kHeads;
+    uint4 packed = make_uint4(0, 0, 0, 0);
+    if (i < tokens) {
+      const float* q = a.queries + (static_cast<int64_t>(token0) * kHeads + line) * kDim + 8 * chunk;
+      const float4 lo = *reinterpret_cast<const float4*>(q), hi = *reinterpret_cast<const float4*>(q + 4);
+      packed = make_uint4(float_to_bf16(lo.x) | static_cast<uint32_t>(float_to_bf16(lo.y)) << 16,
+                          float_to_bf16(lo.z) | static_cast<uint32_t>(float_to_bf16(lo.w)) << 16,
+                          float_to_bf16(hi.x) | static_cast<uint32_t>(float_to_bf16(hi.y)) << 16,
+                          float_to_bf16(hi.z) | static_cast<uint32_t>(float_to_bf16(hi.w)) << 16);
+    }
+    *reinterpret_cast<uint4*>(queries_generic + (chunk / 8) * kQueryBlockBytes + swizzled(line, chunk % 8)) = packed;
+  }
+  if (threadIdx.x < kTokens * kHeads) {
+    const int i = threadIdx.x / kHeads, h = threadIdx.x % kHeads;
+    // Head h = 8 q + 2 lane + b sits at weights[i][lane][q][b].
+    const int lane = (h % 8) / 2, q = h / 8, b = h % 2;
+    weights[((i * 4 + lane) * 4 + q) * 2 + b] =
+        i < tokens ? a.head_weights[static_cast<int64_t>(token0 + i) * kHeads + h] * a.head_scale * a.softmax_scale
+                   : 0.0f;
+  }
+
+  auto load_keys = [&](int j0, uint32_t stage) {
+    for (int e = threadIdx.x; e < kKeys * kDim / 8; e += kThreads) {
+      const int r = e / (kDim / 8), chunk = e % (kDim / 8), j = j0 + r;
+      wgmma::copy_async_16(stage + (chunk / 8) * kKeyBlockBytes + swizzled(r, chunk % 8),
+                           j < extent ? keys + static_cast<int64_t>(j) * kDim + 8 * chunk : keys, j < extent ? 16 : 0);
+    }
+    wgmma::copy_async_commit();
+  };
+
+  const int wg = threadIdx.x / 128, u = threadIdx.x % 128, warp = u / 32, lane = u % 32, g = lane / 4, tq = lane % 4;
+  const int step = gridDim.y * kKeys;
+  int j0 = blockIdx.y * kKeys;
+  if (j0 < extent) load_keys(j0, key_stages);
+  for (int it = 0; j0 < extent; ++it, j0 += step) {
+    const uint32_t stage = key_stages + (it & 1) * kKeyStageBytes;
+    wgmma::copy_async_wait<0>();
+    wgmma::fence_async_proxy();
+    __syncthreads();  // this tile (and the queries) are in; every thread is done with the other stage
+    if (j0 + step < extent) load_keys(j0 + step, key_stages + ((it + 1) & 1) * kKeyStageBytes);
+
+    float acc[128];  // acc[4 n + e]: key 64 wg + 16 warp + g + 8 (e / 2), query line 8 n + 2 tq + e % 2
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+    wgmma::pin(acc);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kDim / 16; ++kk) {
+      const uint32_t column = (kk % 4) * 32;  // 16 dims a step inside the 64-dim block
+      wgmma::m64n256k16(acc, descriptor(stage + (kk / 4) * kKeyBlockBytes + wg * 64 * kLine + column, 16, 1024),
+                        descriptor(queries + (kk / 4) * kQueryBlockBytes + column, 16, 1024));
+    }
+    wgmma::commit();
+    wgmma::wait_all();
+    wgmma::pin(acc);
+
+    // Token i's heads are query lines 32 i .. 32 i + 31, registers n = 4 i .. 4 i + 3.
+#pragma unroll
+    for (int i = 0; i < kTokens; ++i) {
+      const float4 w_lo = *reinterpret_cast<const float4*>(weights + (i * 4 + tq) * 8);
+      const float4 w_hi = *reinterpret_cast<const float4*>(weights + (i * 4 + tq) * 8 + 4);
+      const float w[8] = {w_lo.x, w_lo.y, w_lo.z, w_lo.w, w_hi.x, w_hi.y, w_hi.z, w_hi.w};
+      float sum[2] = {0.0f, 0.0f};  // keys g and g + 8 of this warp's rows
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sum[e / 2] += fmaxf(acc[4 * (4 * i + q) + e], 0.0f) * w[2 * q + e % 2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
+        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
+      }
+      // Lane tq of the quad writes key g (tq 0) or g + 8 (tq 1) for this token.
+      if (tq < 2 && i < tokens) {
+        const int t = token0 + i, causal = a.positions[t] + 1;
+        const int j = j0 + 64 * wg + 16 * warp + g + 8 * tq;
+        if (causal > a.top_k && j < causal && j < context) a.scores[static_cast<int64_t>(t) * a.score_stride + j] = tq == 0 ? sum[0] : sum[1];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool indexer_scores_wgmma_supported(int heads, int dim) { return heads == kHeads && dim == kDim; }
+
+void indexer_scores_wgmma(const IndexerScoreArgs& a, const int32_t* block_table, int context,
+                          const IndexerGemmWorkspace& w, cudaStream_t stream) {
+  const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
+  if (launch_tokens <= 0 || context <= a.top_k) return;
+  GLMS_CHECK(indexer_scores_wgmma_supported(a.heads, a.dim), "indexer_scores_wgmma: 32 heads of 128");
+  uint16_t* keys = reinterpret_cast<uint16_t*>(w.keys);  // the fp32 gather buffer holds the bf16 keys
+  gather_keys_bf16_kernel<<<context, kDim, 0, stream>>>(a.key_cache, block_table, a.block_size, keys);
+  check(cudaGetLastError(), "gather_keys_bf16 launch");
+  check(cudaFuncSetAttribute(indexer_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
+        "indexer_wgmma shared memory");
+  // Key tiles split over blockIdx.y until there are about two blocks an SM.
+  const int token_blocks = (launch_tokens + kTokens - 1) / kTokens, key_tiles = (context + kKeys - 1) / kKeys;
+  const int splits = std::clamp(2 * multiprocessor_count() / token_blocks, 1, key_tiles);
+  indexer_wgmma_kernel<<<dim3(token_blocks, splits), kThreads, kSharedBytes, stream>>>(a, a.first_token, launch_tokens,
+                                                                                       context, keys);
+  check(cudaGetLastError(), "indexer_wgmma launch");
+}
+
+}  // namespace glms::ops::cuda
