@@ -32,6 +32,7 @@ struct GenerateArgs {
   bool json = false;
   bool ignore_eos = false;
   std::string speculative;
+  std::string kv_cache_dtype = "auto";
   int speculative_steps = 3;
 };
 
@@ -83,6 +84,7 @@ void run_generate(const GenerateArgs& args) {
   options.max_tokens = args.max_tokens;
   options.sampling = {args.temperature, args.top_p, args.top_k, args.min_p, args.seed};
   options.ignore_eos = args.ignore_eos;
+  options.kv_cache_dtype = kv::parse_cache_dtype(args.kv_cache_dtype);
   if (!args.speculative.empty()) options.speculative_steps = args.speculative_steps;
   std::optional<text::IncrementalDetokenizer> stream;
   if (!args.json && tokenizer) {
@@ -142,6 +144,10 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--top-k", args->top_k, "Keep the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--min-p", args->min_p, "Drop tokens under min_p x the top probability")->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--seed", args->seed, "Random seed for sampling");
+  cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype,
+                  "auto (the runner's precision) or fp8 / fp8_e4m3 (E4M3 latent rows with a scale per 128 values; "
+                  "CPU only for now)")
+      ->capture_default_str();
   cmd->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence tokens");
   cmd->add_option("--speculative", args->speculative, "Speculative decoding with the checkpoint's MTP layer (greedy, or sampled by speculative rejection sampling)")
       ->check(CLI::IsMember({"mtp"}));

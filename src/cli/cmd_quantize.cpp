@@ -26,11 +26,17 @@ struct QuantizeArgs {
   std::string max_shard_size = "5GB";
   int eval_tokens = 4096;
   int window = 256;
+  std::string kv_cache_dtype = "auto";
   bool json = false;
 };
 
+// The quantised model's next-token distributions over `text_file` against the original's, in
+// windows of `window` tokens (one prefill each). The original reads an fp32 cache, the quantised
+// one a cache of `cache_dtype`; with `cache_only` the quantised side keeps the original weights
+// (what the cache dtype alone costs).
 quant::QualityStats evaluate(const std::string& original_dir, const std::string& quantised_dir,
-                             const std::string& text_file, int max_tokens, int window) {
+                             const std::string& text_file, int max_tokens, int window, kv::CacheDtype cache_dtype,
+                             bool cache_only) {
   std::ifstream in(text_file, std::ios::binary);
   if (!in) fail("--eval: cannot read " + text_file);
   std::stringstream buffer;
@@ -40,7 +46,7 @@ quant::QualityStats evaluate(const std::string& original_dir, const std::string&
   if (tokens.size() < 2) fail("--eval: " + text_file + " has fewer than 2 tokens");
   if (static_cast<int>(tokens.size()) > max_tokens) tokens.resize(max_tokens);
   const model::Glm5Model original(model::load_weights(original_dir));
-  const model::Glm5Model quantised(model::load_weights(quantised_dir));
+  const model::Glm5Model quantised(model::load_weights(cache_only ? original_dir : quantised_dir));
   const int vocab = original.config().vocab_size;
   const int block_size = 64, num_blocks = (window + block_size - 1) / block_size;
   std::vector<int32_t> table(num_blocks);
@@ -50,13 +56,15 @@ quant::QualityStats evaluate(const std::string& original_dir, const std::string&
     const size_t end = std::min(tokens.size(), start + window);
     const std::vector<int32_t> chunk(tokens.begin() + start, tokens.begin() + end);
     if (chunk.size() < 2) break;
-    auto logits_of = [&](const model::Glm5Model& m) {
-      kv::PagedLatentCache cache(m.cache_layout(block_size), num_blocks);
+    auto logits_of = [&](const model::Glm5Model& m, kv::CacheDtype dtype) {
+      kv::CacheLayout layout = m.cache_layout(block_size);
+      layout.dtype = dtype;
+      kv::PagedLatentCache cache(std::move(layout), num_blocks);
       model::ForwardBatch batch;
       batch.add_sequence(chunk, 0, table, block_size, true);
       return m.forward(batch, cache);
     };
-    const auto ref = logits_of(original), quant = logits_of(quantised);
+    const auto ref = logits_of(original, kv::CacheDtype::kAuto), quant = logits_of(quantised, cache_dtype);
     stats.add(ref.data(), quant.data(), static_cast<int64_t>(chunk.size()) - 1, vocab, chunk.data() + 1);
     std::fprintf(stderr, "\r[eval] %zu / %zu tokens", end, tokens.size());
   }
@@ -100,10 +108,16 @@ void run_quantize(const QuantizeArgs& args) {
                         {"kept_tensors", report.kept}, {"bytes_in", report.bytes_in}, {"bytes_out", report.bytes_out},
                         {"exclude", report.exclude}, {"shards", report.shards}};
   if (!args.eval_file.empty()) {
-    const quant::QualityStats stats = evaluate(args.model_dir, args.out_dir, args.eval_file, args.eval_tokens, args.window);
-    out["eval"] = {{"text", args.eval_file}, {"positions", stats.positions}, {"mean_kl", stats.mean_kl()},
-                   {"top1_agreement", stats.top1()}, {"perplexity_original", stats.perplexity_ref()},
-                   {"perplexity_quantized", stats.perplexity_quant()}};
+    const kv::CacheDtype cache_dtype = kv::parse_cache_dtype(args.kv_cache_dtype);
+    auto eval_json = [&](bool cache_only) -> nlohmann::json {
+      const quant::QualityStats stats = evaluate(args.model_dir, args.out_dir, args.eval_file, args.eval_tokens,
+                                                 args.window, cache_dtype, cache_only);
+      return {{"text", args.eval_file}, {"positions", stats.positions}, {"mean_kl", stats.mean_kl()},
+              {"top1_agreement", stats.top1()}, {"perplexity_original", stats.perplexity_ref()},
+              {"perplexity_quantized", stats.perplexity_quant()}, {"kv_cache_dtype", kv::cache_dtype_name(cache_dtype)}};
+    };
+    out["eval"] = eval_json(false);
+    if (cache_dtype != kv::CacheDtype::kAuto) out["eval_kv_cache_only"] = eval_json(true);
   }
   if (args.json) {
     std::printf("%s\n", out.dump(2).c_str());
@@ -112,11 +126,15 @@ void run_quantize(const QuantizeArgs& args) {
   std::printf("wrote %s (%d shard%s): %d matrices in %s, %d tensors kept; %.2f MB -> %.2f MB\n", args.out_dir.c_str(),
               report.shards, report.shards == 1 ? "" : "s", report.quantized, args.format.c_str(), report.kept,
               report.bytes_in / 1e6, report.bytes_out / 1e6);
-  if (out.contains("eval"))
-    std::printf("eval on %lld positions of %s: mean KL %.5f nats, top-1 agreement %.2f%%, perplexity %.3f -> %.3f\n",
-                static_cast<long long>(out["eval"]["positions"].get<int64_t>()), args.eval_file.c_str(),
-                out["eval"]["mean_kl"].get<double>(), 100.0 * out["eval"]["top1_agreement"].get<double>(),
-                out["eval"]["perplexity_original"].get<double>(), out["eval"]["perplexity_quantized"].get<double>());
+  for (const char* key : {"eval", "eval_kv_cache_only"})
+    if (out.contains(key))
+      std::printf("%s on %lld positions of %s (KV cache %s): mean KL %.5f nats, top-1 agreement %.2f%%, perplexity "
+                  "%.3f -> %.3f\n",
+                  std::string(key) == "eval" ? "eval" : "eval of the KV cache alone",
+                  static_cast<long long>(out[key]["positions"].get<int64_t>()), args.eval_file.c_str(),
+                  out[key]["kv_cache_dtype"].get<std::string>().c_str(), out[key]["mean_kl"].get<double>(),
+                  100.0 * out[key]["top1_agreement"].get<double>(), out[key]["perplexity_original"].get<double>(),
+                  out[key]["perplexity_quantized"].get<double>());
 }
 
 }  // namespace
@@ -139,6 +157,10 @@ void add_quantize_command(CLI::App& app) {
   cmd->add_option("--eval", args->eval_file, "Text file: report KL divergence, top-1 agreement and perplexities");
   cmd->add_option("--eval-tokens", args->eval_tokens, "Tokens of the text to evaluate")->check(CLI::PositiveNumber);
   cmd->add_option("--eval-window", args->window, "Tokens per evaluated window")->check(CLI::Range(2, 65536));
+  cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype,
+                  "With --eval: the quantised model reads a KV cache of this dtype (auto or fp8_e4m3); fp8 also "
+                  "reports what the cache alone costs, on the original weights")
+      ->capture_default_str();
   cmd->add_flag("--json", args->json, "Print one JSON object");
   cmd->callback([args]() { run_quantize(*args); });
 }

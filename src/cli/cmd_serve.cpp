@@ -47,6 +47,7 @@ struct ServeArgs {
   int max_num_seqs = 0;
   int max_batch_tokens = 0;
   std::string kv_cache_memory;  // bytes, readable ("2G")
+  std::string kv_cache_dtype = "auto";
   double gpu_memory_utilization = engine::EngineConfig{}.gpu_memory_utilization;
   std::string max_model_len;    // tokens, readable ("8k", "32K")
   std::string preset;
@@ -268,6 +269,7 @@ engine::EngineConfig engine_config_of(const ServeArgs& args) {
     if (c.kv_cache_bytes <= 0) fail("--kv-cache-memory must be positive");
   }
   c.gpu_memory_utilization = args.gpu_memory_utilization;
+  c.kv_cache_dtype = kv::parse_cache_dtype(args.kv_cache_dtype);
   if (!args.max_model_len.empty()) {
     const int64_t len = parse_readable_count(args.max_model_len, "--max-model-len");
     if (len <= 0 || len > (int64_t{1} << 30)) fail("--max-model-len must be between 1 and 2^30 tokens");
@@ -326,9 +328,12 @@ std::vector<std::string> banner_lines(const ServeArgs& args, const std::vector<s
                               args.source.model_dir, names, c.max_model_len, c.max_num_seqs, c.max_batch_tokens));
   const int64_t tokens = int64_t{engine.blocks_per_rank()} * c.block_size;
   lines.push_back(fmt::format(
-      "layout {} on {}; KV cache {} blocks of {} tokens per data-parallel rank ({} tokens, {:.2f} GiB)",
+      "layout {} on {}; KV cache {} blocks of {} tokens per data-parallel rank ({} tokens, {:.2f} GiB){}",
       engine.layout().describe(), device, engine.blocks_per_rank(), c.block_size, tokens,
-      static_cast<double>(tokens * cache_bytes_per_token) / (1 << 30)));
+      static_cast<double>(tokens * cache_bytes_per_token) / (1 << 30),
+      c.kv_cache_dtype == kv::CacheDtype::kAuto
+          ? std::string()
+          : fmt::format(", rows rounded as {} (held in fp32 on the CPU)", kv::cache_dtype_name(c.kv_cache_dtype))));
   for (size_t r = 0; r < memory.size(); ++r)
     if (memory[r].weight_bytes > 0)
       lines.push_back(fmt::format("rank {}: weights {:.2f} GiB, KV cache {:.2f} GiB on its device", r,
@@ -439,6 +444,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--kv-cache-memory,--kv-cache-memory-bytes", args->kv_cache_memory,
                   "Bytes for each data-parallel rank's KV cache, e.g. 2G or 512MiB (default: on a GPU what "
                   "--gpu-memory-utilization leaves, on the CPU max_num_seqs x max_model_len up to 2 GiB)");
+  cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype,
+                  "auto (the runner's precision: bf16 on GPUs) or fp8 / fp8_e4m3 (E4M3 latent rows with a scale per 128 "
+                  "values, DeepSeek-V3.2's layout; CPU only for now)")
+      ->capture_default_str();
   cmd->add_option("--gpu-memory-utilization", args->gpu_memory_utilization,
                   "Fraction of each GPU's memory for weights, workspaces and the KV cache (without --kv-cache-memory)")
       ->check(CLI::Range(0.05, 1.0))

@@ -49,6 +49,7 @@ int allocate_caches(runtime::Executor& executor, const EngineConfig& config) {
   shape.max_sequences = config.max_num_seqs;
   shape.max_context = config.max_model_len;
   shape.mtp = config.speculative_steps > 0;
+  shape.cache_dtype = config.kv_cache_dtype;
   // Verifying K drafts asks for K + 1 logits rows per sequence.
   shape.max_logits = max_logits_rows(config);
   if (shape.mtp && !executor.has_mtp())

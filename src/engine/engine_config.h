@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kv/latent_cache.h"
+
 namespace glms::engine {
 
 // Limits are per data-parallel rank (each runs its own batch in every step).
@@ -17,6 +19,7 @@ struct EngineConfig {
   // up to 2 GiB.
   int64_t kv_cache_bytes = 0;
   double gpu_memory_utilization = 0.9;  // fraction of each GPU's memory the engine may hold in all
+  kv::CacheDtype kv_cache_dtype = kv::CacheDtype::kAuto;  // --kv-cache-dtype
   int max_model_len = 0;            // prompt + generated tokens per request; 0 = the model's limit
   int block_size = 16;              // tokens per cache block
   int max_waiting = 1024;           // queued requests beyond which submit() is refused

@@ -37,6 +37,7 @@ std::vector<int32_t> allocate_private(model::StepRunner& runner, int64_t total_p
   shape.max_logits = options.speculative_steps + 1;  // a verify step's rows
   shape.max_context = static_cast<int>(total_positions);
   shape.mtp = options.speculative_steps > 0;
+  shape.cache_dtype = options.kv_cache_dtype;
   runner.allocate(shape);
   // A private cache maps logical blocks to physical ones one to one.
   std::vector<int32_t> table(shape.num_blocks);

@@ -21,6 +21,7 @@ struct GenerateOptions {
   int prefill_chunk = 512;                          // prompt tokens per forward step
   int block_size = 64;
   int speculative_steps = 0;                        // > 0: MTP drafts this many tokens per step
+  kv::CacheDtype kv_cache_dtype = kv::CacheDtype::kAuto;
   std::function<void(int32_t)> on_token;            // called as each token is chosen
 };
 

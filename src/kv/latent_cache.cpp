@@ -4,6 +4,15 @@
 
 namespace glms::kv {
 
+CacheDtype parse_cache_dtype(const std::string& text) {
+  if (text == "auto") return CacheDtype::kAuto;
+  if (text == "fp8" || text == "fp8_e4m3" || text == "fp8_ds_mla") return CacheDtype::kFp8E4m3;
+  fail("--kv-cache-dtype " + text + " is not supported: auto (the runner's precision) or fp8 / fp8_e4m3 (E4M3 rows "
+       "with a scale per 128 values)");
+}
+
+const char* cache_dtype_name(CacheDtype dtype) { return dtype == CacheDtype::kFp8E4m3 ? "fp8_e4m3" : "auto"; }
+
 int64_t CacheLayout::bytes_per_token() const {
   int64_t floats = 0;
   for (int layer = 0; layer < num_layers; ++layer)

@@ -7,9 +7,21 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace glms::kv {
+
+// What the cache's rows hold. kAuto: the runner's own precision (fp32 on the CPU, bf16 on
+// CUDA). kFp8E4m3 (vLLM's --kv-cache-dtype fp8 / fp8_e4m3): the values an FP8 cache gives back
+// (quant/kv_fp8.h: the latent in E4M3 with a scale per 128 values, the rope key in bf16, the
+// indexer key in E4M3 with one scale), which the CPU cache keeps in fp32 storage as the
+// reference for a device layout.
+enum class CacheDtype : uint8_t { kAuto, kFp8E4m3 };
+// "auto"; "fp8", "fp8_e4m3" and "fp8_ds_mla" (DeepSeek-V3.2's layout, which kFp8E4m3 follows);
+// anything else fails naming the accepted values.
+CacheDtype parse_cache_dtype(const std::string& text);
+const char* cache_dtype_name(CacheDtype dtype);  // "auto", "fp8_e4m3"
 
 struct CacheLayout {
   int num_layers = 0;
@@ -18,6 +30,7 @@ struct CacheLayout {
   int index_dim = 0;               // index_head_dim
   std::vector<bool> layer_has_index_keys;  // [num_layers]
   int block_size = 64;
+  CacheDtype dtype = CacheDtype::kAuto;
 
   int latent_row_size() const { return latent_dim + rope_dim; }
   // Bytes per token over all layers at fp32 (what the CPU cache stores).

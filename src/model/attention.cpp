@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "model/layers.h"
+#include "quant/kv_fp8.h"
 
 namespace glms::model {
 
@@ -47,7 +48,9 @@ void run_indexer(const io::ModelConfig& c, const IndexerWeights& w, int layer, c
   for (int t = 0; t < T; ++t) {
     float* key = keys.data() + static_cast<size_t>(t) * dim;
     ops::rope_interleaved(key, rd, rope.cos_of(t), rope.sin_of(t));
-    std::copy(key, key + dim, cache.index_key_row(layer, batch.slot_mapping[t]));
+    float* cached = cache.index_key_row(layer, batch.slot_mapping[t]);
+    std::copy(key, key + dim, cached);
+    if (cache.layout().dtype == kv::CacheDtype::kFp8E4m3) quant::round_index_key_fp8(cached, dim);
     for (int h = 0; h < heads; ++h)
       ops::rope_interleaved(queries.data() + (static_cast<size_t>(t) * heads + h) * dim, rd, rope.cos_of(t),
                             rope.sin_of(t));
@@ -114,6 +117,7 @@ void mla_attention(const io::ModelConfig& c, const AttentionWeights& w, int laye
     ops::rms_norm(src, 1, L, w.kv_a_norm.data(), kLatentNormEps, row);
     std::copy(src + L, src + row_size, row + L);
     ops::rope_interleaved(row + L, rd, rope.cos_of(t), rope.sin_of(t));
+    if (cache.layout().dtype == kv::CacheDtype::kFp8E4m3) quant::round_latent_row_fp8(row, L, row_size - L);
     for (int h = 0; h < H; ++h)
       ops::rope_interleaved(q.data() + (static_cast<size_t>(t) * H + h) * qd + nope, rd, rope.cos_of(t),
                             rope.sin_of(t));

@@ -22,8 +22,14 @@ class CpuRunner : public StepRunner {
     if (shape.num_blocks <= 0) fail("the CPU cache needs its size in blocks (--kv-cache-memory)");
     cache_.reset();
     mtp_cache_.reset();
-    cache_.emplace(model_.cache_layout(shape.block_size), shape.num_blocks);
-    if (shape.mtp && has_mtp()) mtp_cache_.emplace(model_.mtp_cache_layout(shape.block_size), shape.num_blocks);
+    kv::CacheLayout layout = model_.cache_layout(shape.block_size);
+    layout.dtype = shape.cache_dtype;
+    cache_.emplace(std::move(layout), shape.num_blocks);
+    if (shape.mtp && has_mtp()) {
+      kv::CacheLayout mtp_layout = model_.mtp_cache_layout(shape.block_size);
+      mtp_layout.dtype = shape.cache_dtype;
+      mtp_cache_.emplace(std::move(mtp_layout), shape.num_blocks);
+    }
     num_blocks_ = shape.num_blocks;
   }
   int num_blocks() const override { return num_blocks_; }

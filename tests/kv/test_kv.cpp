@@ -1,9 +1,11 @@
-// Block pool reference counts and the radix prefix cache: matching, sharing, LRU eviction.
+// Block pool reference counts and the radix prefix cache: matching, sharing, LRU eviction; the
+// cache dtype names.
 #include <gtest/gtest.h>
 
 #include <numeric>
 
 #include "core/error.h"
+#include "kv/latent_cache.h"
 #include "kv/prefix_cache.h"
 
 using namespace glms;
@@ -100,4 +102,19 @@ TEST(PrefixCache, StatisticsAreRecordedByTheCaller) {
   cache.record_lookup(6, 0);
   EXPECT_EQ(cache.query_tokens(), 16);
   EXPECT_EQ(cache.hit_tokens(), 4);
+}
+
+// vLLM's --kv-cache-dtype spellings for what glmserve has; the rest are refused by name.
+TEST(CacheDtype, ParsesVllmsNamesAndRefusesTheRest) {
+  EXPECT_EQ(kv::parse_cache_dtype("auto"), kv::CacheDtype::kAuto);
+  for (const char* fp8 : {"fp8", "fp8_e4m3", "fp8_ds_mla"}) EXPECT_EQ(kv::parse_cache_dtype(fp8), kv::CacheDtype::kFp8E4m3);
+  for (const char* other : {"fp8_e5m2", "bfloat16", "FP8", ""}) {
+    try {
+      kv::parse_cache_dtype(other);
+      ADD_FAILURE() << "accepted '" << other << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("fp8_e4m3"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_STREQ(kv::cache_dtype_name(kv::CacheDtype::kFp8E4m3), "fp8_e4m3");
 }

@@ -30,6 +30,9 @@ class CudaRunner : public StepRunner {
   std::string device() const override { return "cuda"; }
   int64_t cache_bytes_per_token() const override { return cuda_cache_bytes_per_token(config_); }
   void allocate(const CacheShape& shape) override {
+    if (shape.cache_dtype != kv::CacheDtype::kAuto)
+      fail(std::string("--kv-cache-dtype ") + kv::cache_dtype_name(shape.cache_dtype) +
+           " is not implemented on CUDA yet (the CPU backend has it, as the reference); leave it at auto (bf16)");
     CudaModelOptions options;
     options.block_size = shape.block_size;
     options.num_blocks = shape.num_blocks;
