@@ -291,91 +291,26 @@ TEST_F(CudaAttention, TopKSelectsTheLargestInPositionOrderWithLowerPositionsWinn
   }
 }
 
-// indexer_scores_wgmma over one sequence's prefill chunk (GLM-5's 32 heads of 128) against a
-// double reference: blocks of 8 tokens with a part-filled last one, tokens whose context fits
-// top_k left unwritten, and nothing written at or past a token's causal extent; with a small
-// top_k the key tiles are split over several blocks of each token group.
-void check_indexer_wgmma(int context, int chunk_first, int top_k) {
-  const int heads = 32, dim = 128, T = context - chunk_first;
-  PagedContext paged({context}, 9);
-  const int64_t slots = int64_t{paged.num_blocks} * paged.block_size;
-  const auto keys = random_values(slots * dim, 4), q = random_values(int64_t{T} * heads * dim, 5),
-             w = random_values(int64_t{T} * heads, 6);
-  std::vector<int32_t> positions(T), token_sequence(T, 0);
-  for (int t = 0; t < T; ++t) positions[t] = chunk_first + t;
-  const int stride = context;
-  auto dkeys = to_device(keys), dq = to_device(q), dw = to_device(w), dpos = to_device(positions),
-       dseq = to_device(token_sequence), dtables = to_device(paged.block_tables);
-  auto dscores = to_device(std::vector<float>(int64_t{T} * stride, NAN));
-  cuda::IndexerScoreArgs a;
-  a.queries = dq.as<float>();
-  a.head_weights = dw.as<float>();
-  a.key_cache = dkeys.as<float>();
-  a.block_tables = dtables.as<int32_t>();
-  a.max_blocks = paged.max_blocks;
-  a.token_sequence = dseq.as<int32_t>();
-  a.positions = dpos.as<int32_t>();
-  a.block_size = paged.block_size;
-  a.num_tokens = T;
-  a.heads = heads;
-  a.dim = dim;
-  a.top_k = top_k;
-  a.head_scale = 1.0f / std::sqrt(float(heads));
-  a.softmax_scale = 1.0f / std::sqrt(float(dim));
-  a.max_context = context;
-  a.scores = dscores.as<float>();
-  a.score_stride = stride;
-  a.first_token = 0;
-  a.launch_tokens = T;
-  ASSERT_TRUE(cuda::indexer_scores_wgmma_supported(heads, dim));
-  cuda::DeviceBuffer gathered_keys(int64_t{context} * dim * sizeof(float));
-  cuda::indexer_scores_wgmma(a, dtables.as<int32_t>(), context, {gathered_keys.as<float>(), nullptr, 0}, nullptr);
-  const auto scores = to_host<float>(dscores, int64_t{T} * stride);
-  int scored = 0;
-  for (int t = 0; t < T; ++t) {
-    const int causal = positions[t] + 1;
-    const float* row = scores.data() + int64_t{t} * stride;
-    int written_past = 0;
-    for (int j = causal <= top_k ? 0 : causal; j < stride; ++j) written_past += !std::isnan(row[j]);
-    EXPECT_EQ(written_past, 0) << "token " << t << (causal <= top_k ? " (selects every position)" : " past its extent");
-    if (causal <= top_k) continue;
-    ++scored;
-    std::vector<float> expected(causal);
-    for (int j = 0; j < causal; ++j) {
-      const float* key = keys.data() + paged.slot(0, j) * dim;
-      double score = 0;
-      for (int h = 0; h < heads; ++h) {
-        double dot = 0;
-        for (int k = 0; k < dim; ++k) dot += double(q[(int64_t{t} * heads + h) * dim + k]) * key[k];
-        score += std::max(dot * a.softmax_scale, 0.0) * w[int64_t{t} * heads + h] * a.head_scale;
-      }
-      expected[j] = static_cast<float>(score);
-    }
-    EXPECT_LT(relative_l2(row, expected.data(), causal), 1e-2) << "token " << t << " (position " << positions[t] << ")";
+// Random indexer inputs over paged sequences (keys, queries, head weights; token t of sequence
+// tokens[t].seq at tokens[t].position), on the host and the device.
+struct IndexerProblem {
+  int heads, dim, T;
+  PagedContext paged;
+  std::vector<float> keys, q, w;
+  std::vector<int32_t> positions, token_sequence;
+  ops::cuda::DeviceBuffer dkeys, dq, dw, dpos, dseq, dtables;
+
+  IndexerProblem(const std::vector<int>& contexts, uint64_t table_seed, const std::vector<Token>& tokens, int heads_,
+                 int dim_, uint64_t seed)
+      : heads(heads_), dim(dim_), T(static_cast<int>(tokens.size())), paged(contexts, table_seed) {
+    keys = random_values(int64_t{paged.num_blocks} * paged.block_size * dim, seed);
+    q = random_values(int64_t{T} * heads * dim, seed + 1);
+    w = random_values(int64_t{T} * heads, seed + 2);
+    for (const Token& token : tokens) positions.push_back(token.position), token_sequence.push_back(token.seq);
+    dkeys = to_device(keys), dq = to_device(q), dw = to_device(w), dpos = to_device(positions);
+    dseq = to_device(token_sequence), dtables = to_device(paged.block_tables);
   }
-  EXPECT_GT(scored, 0);
-}
-
-TEST_F(CudaAttention, IndexerWgmmaScoresAChunkLikeTheCpu) {
-  check_indexer_wgmma(2100, 2030, 2048);  // 70 tokens: 18 select everything, the rest score 2049..2100 keys
-  check_indexer_wgmma(700, 599, 64);      // 101 tokens, 6 key tiles split over blocks
-}
-
-TEST_F(CudaAttention, IndexerScoresMatchCpu) {
-  for (auto [heads, dim, top_k] : {std::tuple{32, 128, 2048}, {4, 14, 9}}) {
-    const std::vector<int> contexts = {5000, 40};
-    const std::vector<Token> tokens = {{0, 4999}, {0, 3000}, {1, 39}, {1, 5}};
-    const int T = static_cast<int>(tokens.size());
-    PagedContext paged(contexts, 5);
-    const int64_t slots = int64_t{paged.num_blocks} * paged.block_size;
-    const auto keys = random_values(slots * dim, 1), q = random_values(int64_t{T} * heads * dim, 2),
-               w = random_values(int64_t{T} * heads, 3);
-    std::vector<int32_t> positions(T), token_sequence(T);
-    for (int t = 0; t < T; ++t) positions[t] = tokens[t].position, token_sequence[t] = tokens[t].seq;
-    const int stride = 5000;
-    auto dkeys = to_device(keys), dq = to_device(q), dw = to_device(w), dpos = to_device(positions),
-         dseq = to_device(token_sequence), dtables = to_device(paged.block_tables);
-    auto dscores = to_device(std::vector<float>(int64_t{T} * stride, NAN));
+  cuda::IndexerScoreArgs args(int top_k, int max_context, float* scores, int64_t stride) const {
     cuda::IndexerScoreArgs a;
     a.queries = dq.as<float>();
     a.head_weights = dw.as<float>();
@@ -391,9 +326,75 @@ TEST_F(CudaAttention, IndexerScoresMatchCpu) {
     a.top_k = top_k;
     a.head_scale = 1.0f / std::sqrt(float(heads));
     a.softmax_scale = 1.0f / std::sqrt(float(dim));
-    a.max_context = 5000;
-    a.scores = dscores.as<float>();
+    a.max_context = max_context;
+    a.scores = scores;
     a.score_stride = stride;
+    return a;
+  }
+  // Token t's scores over positions [0, positions[t]] in double: sum_h relu(q_h . k_j * softmax
+  // scale) * w_h * head scale.
+  std::vector<float> reference(int t) const {
+    const double softmax_scale = 1.0 / std::sqrt(double(dim)), head_scale = 1.0 / std::sqrt(double(heads));
+    std::vector<float> expected(positions[t] + 1);
+    for (int j = 0; j <= positions[t]; ++j) {
+      const float* key = keys.data() + paged.slot(token_sequence[t], j) * dim;
+      double score = 0;
+      for (int h = 0; h < heads; ++h) {
+        double dot = 0;
+        for (int k = 0; k < dim; ++k) dot += double(q[(int64_t{t} * heads + h) * dim + k]) * key[k];
+        score += std::max(dot * softmax_scale, 0.0) * w[int64_t{t} * heads + h] * head_scale;
+      }
+      expected[j] = static_cast<float>(score);
+    }
+    return expected;
+  }
+};
+
+// indexer_scores_wgmma over one sequence's prefill chunk (GLM-5's 32 heads of 128) against a
+// double reference: blocks of 8 tokens with a part-filled last one, tokens whose context fits
+// top_k left unwritten, and nothing written at or past a token's causal extent; with a small
+// top_k the key tiles are split over several blocks of each token group.
+void check_indexer_wgmma(int context, int chunk_first, int top_k) {
+  std::vector<Token> tokens;
+  for (int p = chunk_first; p < context; ++p) tokens.push_back({0, p});
+  const IndexerProblem problem({context}, 9, tokens, 32, 128, 4);
+  const int T = problem.T, stride = context;
+  auto dscores = to_device(std::vector<float>(int64_t{T} * stride, NAN));
+  cuda::IndexerScoreArgs a = problem.args(top_k, context, dscores.as<float>(), stride);
+  a.first_token = 0;
+  a.launch_tokens = T;
+  ASSERT_TRUE(cuda::indexer_scores_wgmma_supported(a.heads, a.dim));
+  cuda::DeviceBuffer gathered_keys(int64_t{context} * a.dim * sizeof(float));
+  cuda::indexer_scores_wgmma(a, problem.dtables.as<int32_t>(), context, {gathered_keys.as<float>(), nullptr, 0},
+                             nullptr);
+  const auto scores = to_host<float>(dscores, int64_t{T} * stride);
+  int scored = 0;
+  for (int t = 0; t < T; ++t) {
+    const int causal = problem.positions[t] + 1;
+    const float* row = scores.data() + int64_t{t} * stride;
+    int written_past = 0;
+    for (int j = causal <= top_k ? 0 : causal; j < stride; ++j) written_past += !std::isnan(row[j]);
+    EXPECT_EQ(written_past, 0) << "token " << t << (causal <= top_k ? " (selects every position)" : " past its extent");
+    if (causal <= top_k) continue;
+    ++scored;
+    EXPECT_LT(relative_l2(row, problem.reference(t).data(), causal), 1e-2)
+        << "token " << t << " (position " << problem.positions[t] << ")";
+  }
+  EXPECT_GT(scored, 0);
+}
+
+TEST_F(CudaAttention, IndexerWgmmaScoresAChunkLikeTheCpu) {
+  check_indexer_wgmma(2100, 2030, 2048);  // 70 tokens: 18 select everything, the rest score 2049..2100 keys
+  check_indexer_wgmma(700, 599, 64);      // 101 tokens, 6 key tiles split over blocks
+}
+
+TEST_F(CudaAttention, IndexerScoresMatchCpu) {
+  for (auto [heads, dim, top_k] : {std::tuple{32, 128, 2048}, {4, 14, 9}}) {
+    const std::vector<Token> tokens = {{0, 4999}, {0, 3000}, {1, 39}, {1, 5}};
+    const IndexerProblem problem({5000, 40}, 5, tokens, heads, dim, 1);
+    const int T = problem.T, stride = 5000;
+    auto dscores = to_device(std::vector<float>(int64_t{T} * stride, NAN));
+    const cuda::IndexerScoreArgs a = problem.args(top_k, 5000, dscores.as<float>(), stride);
     cuda::indexer_scores(a, nullptr);
     auto scores = to_host<float>(dscores, int64_t{T} * stride);
     // Four lanes a key (8 heads each where there are 32), into fresh scores.
@@ -412,22 +413,12 @@ TEST_F(CudaAttention, IndexerScoresMatchCpu) {
     chunk.first_token = 0;
     chunk.launch_tokens = 2;
     cuda::Gemm gemm;
-    cuda::indexer_scores_gemm(chunk, dtables.as<int32_t>(), 5000, workspace, gemm, nullptr);
+    cuda::indexer_scores_gemm(chunk, problem.dtables.as<int32_t>(), 5000, workspace, gemm, nullptr);
     const auto scores_gemm = to_host<float>(dscores_gemm, int64_t{T} * stride);
     for (int t = 0; t < T; ++t) {
-      const int context = positions[t] + 1;
+      const int context = problem.positions[t] + 1;
       if (context <= top_k) continue;  // not scored: such tokens select every position
-      std::vector<float> expected(context);
-      for (int j = 0; j < context; ++j) {
-        const float* key = keys.data() + paged.slot(tokens[t].seq, j) * dim;
-        double score = 0;
-        for (int h = 0; h < heads; ++h) {
-          double dot = 0;
-          for (int k = 0; k < dim; ++k) dot += double(q[(int64_t{t} * heads + h) * dim + k]) * key[k];
-          score += std::max(dot * a.softmax_scale, 0.0) * w[int64_t{t} * heads + h] * a.head_scale;
-        }
-        expected[j] = static_cast<float>(score);
-      }
+      const std::vector<float> expected = problem.reference(t);
       EXPECT_LT(relative_l2(scores.data() + int64_t{t} * stride, expected.data(), context), 1e-5)
           << heads << " heads, token " << t;
       EXPECT_LT(relative_l2(scores_split.data() + int64_t{t} * stride, expected.data(), context), 1e-5)
