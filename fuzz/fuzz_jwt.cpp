@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <climits>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -25,11 +26,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (depth == 1 && event == nlohmann::json::parse_event_t::key) ++top_level_keys;
         return true;
       }, false);
-  // libjwt's JSON reader also refuses integers beyond 64 bits (nlohmann reads them as floats):
-  // the property holds for claims whose numbers are all integers.
+  // libjwt's JSON reader also refuses integers beyond int64 (nlohmann reads those up to 2^64 as
+  // unsigned, larger ones as floats): the property holds for claims whose numbers are all int64.
   bool plain_numbers = true;
   std::function<void(const nlohmann::json&)> scan = [&](const nlohmann::json& v) {
     if (v.is_number_float()) plain_numbers = false;
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) plain_numbers = false;
     if (v.is_structured())
       for (const auto& item : v) scan(item);
   };

@@ -120,6 +120,45 @@ TEST(ChatTemplateLoad, BundledModel) {
   EXPECT_EQ(out, "[gMASK]<sop><|user|>\nhi<|assistant|>\n<think></think>");
 }
 
+// The step limit (jinja::RenderLimits) bounds what a request's own chat_template may cost, and
+// leaves room for real use: the bundled GLM template over a 1000-turn agentic conversation
+// (a tool call and its result every turn, 20 tools) renders within it, while nested loops
+// that would run 99^4 times are refused.
+TEST(ChatTemplateLoad, ALongAgenticConversationFitsTheStepLimitAndNestedLoopsDoNot) {
+  glms::ChatTemplate t = glms::ChatTemplate::load((kSource / "models/glm5-tiny-code").string());
+  ordered_json messages = ordered_json::array({{{"role", "system"}, {"content", "You are a coding agent."}}});
+  for (int turn = 0; turn < 1000; ++turn) {
+    messages.push_back({{"role", "user"}, {"content", "Step " + std::to_string(turn) + ": " + std::string(200, 'x')}});
+    messages.push_back({{"role", "assistant"},
+                        {"content", ""},
+                        {"tool_calls", ordered_json::array({{{"type", "function"},
+                                                             {"function",
+                                                              {{"name", "run"},
+                                                               {"arguments", {{"cmd", "ls"}, {"n", turn}}}}}}})}});
+    messages.push_back({{"role", "tool"}, {"content", "file" + std::to_string(turn) + ".py"}});
+  }
+  ordered_json tools = ordered_json::array();
+  for (int i = 0; i < 20; ++i)
+    tools.push_back({{"type", "function"},
+                     {"function",
+                      {{"name", "tool" + std::to_string(i)},
+                       {"description", "does thing " + std::to_string(i)},
+                       {"parameters", {{"type", "object"}, {"properties", {{"cmd", {{"type", "string"}}}}}}}}}});
+  const std::string out = t.render(messages.dump(), tools.dump(), true);
+  EXPECT_NE(out.find("file999.py"), std::string::npos);
+
+  const glms::ChatTemplate loops = glms::ChatTemplate::from_source(
+      "{% set ns = namespace(x=0) %}{% for a in range(99) %}{% for b in range(99) %}{% for c in range(99) %}"
+      "{% for d in range(99) %}{% set ns.x = ns.x + 1 %}{% endfor %}{% endfor %}{% endfor %}{% endfor %}{{ ns.x }}",
+      "<s>", "</s>");
+  try {
+    (void)loops.render("[]", "", false);
+    ADD_FAILURE() << "96 million iterations rendered";
+  } catch (const glms::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("step limit"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ChatTemplateLoad, TokenizerConfigVariants) {
   fs::path dir = temp_dir();
   ordered_json config = {
