@@ -132,7 +132,8 @@ ChatTemplate ChatTemplate::load(const std::string& model_dir, const std::string&
 const std::string& ChatTemplate::source() const { return default_->source; }
 
 std::string ChatTemplate::render(const std::string& messages_json, const std::string& tools_json,
-                                 bool add_generation_prompt, const std::string& kwargs_json) const {
+                                 bool add_generation_prompt, const std::string& kwargs_json,
+                                 const jinja::RenderLimits& limits) const {
   Value context = Value::dict();
   auto& vars = context.dict_data();
   for (const auto& [name, text] : special_tokens_) vars.set(name, Value(text));
@@ -158,7 +159,7 @@ std::string ChatTemplate::render(const std::string& messages_json, const std::st
   vars.set("tools", tools);
   vars.set("add_generation_prompt", Value(add_generation_prompt));
   const Variant& variant = has_tools && tool_use_ ? *tool_use_ : *default_;
-  return variant.tmpl->render(context);
+  return variant.tmpl->render(context, limits);
 }
 
 }  // namespace glms

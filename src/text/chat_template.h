@@ -27,11 +27,9 @@
 #include <string>
 #include <vector>
 
-namespace glms {
+#include "text/jinja.h"
 
-namespace jinja {
-class Template;
-}
+namespace glms {
 
 class ChatTemplate {
  public:
@@ -44,9 +42,10 @@ class ChatTemplate {
 
   // messages_json: JSON array of messages. tools_json: JSON array of OpenAI tool objects, or
   // "" or "null" for none. kwargs_json: JSON object of extra template variables, or "" or
-  // "null" for none.
+  // "null" for none. `limits` bounds the evaluation (jinja.h: steps, macro depth, output).
   std::string render(const std::string& messages_json, const std::string& tools_json,
-                     bool add_generation_prompt, const std::string& kwargs_json = "") const;
+                     bool add_generation_prompt, const std::string& kwargs_json = "",
+                     const jinja::RenderLimits& limits = {}) const;
 
   // The source of the template used when no tools are given.
   const std::string& source() const;

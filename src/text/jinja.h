@@ -34,7 +34,7 @@ struct Program;
 struct RenderLimits {
   int64_t max_steps = 4'000'000;         // statements + expression nodes evaluated (about 0.2 s)
   int max_call_depth = 200;              // nested macro calls
-  size_t max_output_bytes = 64u << 20;   // rendered text
+  size_t max_output_bytes = 16u << 20;   // rendered text (20x a 202k-token context at 4 bytes a token)
 };
 
 class Template {
