@@ -130,17 +130,22 @@ class SimulatedPeer : public comm::Communicator {
     cuda::copy_device_async(scratch_.data(), data, bytes, as_stream(stream));  // what arrives, in place
     cuda::copy_device_async(data, scratch_.data(), bytes, as_stream(stream));
   }
+  // A group's all-gathers go out as one launch at end_group, as NCCL's group call is one.
+  void begin_group() override { grouped_ = true; }
+  void end_group() override {
+    grouped_ = false;
+    flush();
+  }
   void all_gather(const void* send, void* recv, size_t count, comm::Element type, comm::Stream stream) override {
-    const size_t bytes = count * comm::element_size(type);
-    for (int r = 0; r < size_; ++r) {
-      char* slot = static_cast<char*>(recv) + r * bytes;
-      if (type == comm::Element::I32 && num_experts_ > 0)
-        cuda::shift_expert_ids(static_cast<const int32_t*>(send), reinterpret_cast<int32_t*>(slot),
-                               static_cast<int64_t>(count), (r - rank_ + size_) % size_ * (num_experts_ / size_),
-                               num_experts_, as_stream(stream));
-      else
-        cuda::copy_device_async(slot, send, bytes, as_stream(stream));
-    }
+    if (pending_.size() == static_cast<size_t>(cuda::kMaxSimulatedGatherParts)) flush();
+    cuda::SimulatedGatherPart part;
+    part.send = send;
+    part.recv = recv;
+    part.bytes = static_cast<int64_t>(count * comm::element_size(type));
+    part.shift_experts = type == comm::Element::I32 && num_experts_ > 0;
+    pending_.push_back(part);
+    pending_stream_ = as_stream(stream);
+    if (!grouped_) flush();
   }
   void reduce_scatter_sum(const void* send, void* recv, size_t count, comm::Element type,
                           comm::Stream stream) override {
@@ -149,8 +154,17 @@ class SimulatedPeer : public comm::Communicator {
   }
 
  private:
+  void flush() {
+    cuda::simulated_all_gather(pending_.data(), static_cast<int>(pending_.size()), size_, rank_, num_experts_,
+                               pending_stream_);
+    pending_.clear();
+  }
+
   int rank_, size_, num_experts_;
   cuda::DeviceBuffer scratch_;
+  bool grouped_ = false;
+  std::vector<cuda::SimulatedGatherPart> pending_;
+  cudaStream_t pending_stream_ = nullptr;
 };
 
 }  // namespace

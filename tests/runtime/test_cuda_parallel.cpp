@@ -14,6 +14,7 @@
 #include "io/safetensors.h"
 #include "ops/cuda/cuda_ops.h"
 #include "runtime/cuda_ranks.h"
+#include "runtime/device_collectives.h"
 #include "support/cuda_buffers.h"
 #include "support/numerics.h"
 
@@ -152,5 +153,42 @@ TEST_F(CudaParallel, ALayoutWiderThanTheMachineIsRefused) {
     FAIL() << "a layout of more ranks than GPUs was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("GPUs (one per rank)"), std::string::npos) << e.what();
+  }
+}
+
+// The rank simulation's stand-in peers: a group's all-gathers arrive in every slot (rows copied,
+// expert ids shifted as each peer's would be), whether grouped into one launch or not.
+TEST_F(CudaParallel, SimulatedPeersGatherEverySlotWithShiftedExpertIds) {
+  constexpr int kSize = 8, kRank = 3, kExperts = 256;
+  auto peer = runtime::make_simulated_peer(kRank, kSize, kExperts, 1024);
+  std::vector<int32_t> ids(40);
+  std::vector<float> weights(40);
+  std::vector<uint16_t> rows(5 * 6144 + 2);  // an odd 4-byte word count: the word-wise copy
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = i % 7 == 3 ? -1 : static_cast<int32_t>((i * 37) % kExperts);
+  for (size_t i = 0; i < weights.size(); ++i) weights[i] = 0.25f * static_cast<float>(i) - 3.0f;
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<uint16_t>(i * 2654435761u >> 7);
+  const auto ids_d = glms::testing::to_device(ids);
+  const auto weights_d = glms::testing::to_device(weights);
+  const auto rows_d = glms::testing::to_device(rows);
+  for (const bool grouped : {true, false}) {
+    ops::cuda::DeviceBuffer ids_out(kSize * ids.size() * 4), weights_out(kSize * weights.size() * 4),
+        rows_out(kSize * rows.size() * 2);
+    if (grouped) peer->begin_group();
+    peer->all_gather(ids_d.data(), ids_out.data(), ids.size(), comm::Element::I32);
+    peer->all_gather(weights_d.data(), weights_out.data(), weights.size(), comm::Element::F32);
+    peer->all_gather(rows_d.data(), rows_out.data(), rows.size() / 2, comm::Element::F32);  // as 4-byte words
+    if (grouped) peer->end_group();
+    ops::cuda::synchronize_stream(nullptr);
+    const auto got_ids = glms::testing::to_host<int32_t>(ids_out);
+    const auto got_weights = glms::testing::to_host<float>(weights_out);
+    const auto got_rows = glms::testing::to_host<uint16_t>(rows_out);
+    for (int slot = 0; slot < kSize; ++slot) {
+      const int shift = (slot - kRank + kSize) % kSize * (kExperts / kSize);
+      for (size_t i = 0; i < ids.size(); ++i)
+        ASSERT_EQ(got_ids[slot * ids.size() + i], ids[i] < 0 ? -1 : (ids[i] + shift) % kExperts)
+            << "slot " << slot << " id " << i << (grouped ? " grouped" : "");
+      for (size_t i = 0; i < weights.size(); ++i) ASSERT_EQ(got_weights[slot * weights.size() + i], weights[i]);
+      for (size_t i = 0; i < rows.size(); ++i) ASSERT_EQ(got_rows[slot * rows.size() + i], rows[i]);
+    }
   }
 }

@@ -134,9 +134,20 @@ void profiler_range(bool start);
 // Waits for the work queued on `stream` (one that is not ours to own).
 void synchronize_stream(cudaStream_t stream);
 
-// out[i] = in[i] + shift modulo num_experts, -1 kept (padding): another rank's stand-in routing
-// in a one-GPU rank simulation (its tokens choose other experts, as a peer's would).
-void shift_expert_ids(const int32_t* in, int32_t* out, int64_t count, int shift, int num_experts, cudaStream_t stream);
+// What a one-GPU rank simulation's all-gathers bring in, in one launch (as a group call of real
+// collectives is one): each part's `bytes` (a multiple of 4) from `send` into each of `slots`
+// consecutive slots of `recv`. Parts with `shift_experts` hold int32 expert ids: slot s receives
+// (id + s_rel * num_experts / slots) mod num_experts, s_rel = (s - rank) mod slots, -1 kept, so
+// the stand-in peers' tokens choose other experts, as a real peer's would.
+struct SimulatedGatherPart {
+  const void* send = nullptr;
+  void* recv = nullptr;
+  int64_t bytes = 0;
+  bool shift_experts = false;
+};
+constexpr int kMaxSimulatedGatherParts = 4;
+void simulated_all_gather(const SimulatedGatherPart* parts, int num_parts, int slots, int rank, int num_experts,
+                          cudaStream_t stream);
 
 // out[i] = a[i] + b[i] for `count` fp32 values (out may be a or b).
 void add_f32(const float* a, const float* b, float* out, int64_t count, cudaStream_t stream);

@@ -245,9 +245,32 @@ __global__ void add_f32_kernel(const float* a, const float* b, float* out, int64
   if (i < count) out[i] = a[i] + b[i];
 }
 
-__global__ void shift_expert_ids_kernel(const int32_t* in, int32_t* out, int64_t count, int shift, int num_experts) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < count) out[i] = in[i] < 0 ? in[i] : (in[i] + shift) % num_experts;
+struct SimulatedGatherArgs {
+  SimulatedGatherPart parts[kMaxSimulatedGatherParts];
+  int num_parts, slots, rank, num_experts;
+};
+
+// Grid (blocks over the largest part's 16-byte chunks, slot, part).
+__global__ void simulated_all_gather_kernel(SimulatedGatherArgs a) {
+  const SimulatedGatherPart& part = a.parts[blockIdx.z];
+  const int slot = blockIdx.y;
+  const int64_t words = part.bytes / 4, i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const auto* in = static_cast<const int32_t*>(part.send);
+  int32_t* out = static_cast<int32_t*>(part.recv) + slot * words;
+  if (part.shift_experts) {
+    const int shift = (slot - a.rank + a.slots) % a.slots * (a.num_experts / a.slots);
+    for (int64_t w = i; w < words; w += static_cast<int64_t>(gridDim.x) * blockDim.x)
+      out[w] = in[w] < 0 ? in[w] : (in[w] + shift) % a.num_experts;
+    return;
+  }
+  const bool vectors = words % 4 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  if (vectors) {
+    for (int64_t v = i; v < words / 4; v += static_cast<int64_t>(gridDim.x) * blockDim.x)
+      reinterpret_cast<uint4*>(out)[v] = reinterpret_cast<const uint4*>(in)[v];
+    return;
+  }
+  for (int64_t w = i; w < words; w += static_cast<int64_t>(gridDim.x) * blockDim.x) out[w] = in[w];
 }
 
 __global__ void to_bf16_kernel(const float* x, uint16_t* y, int64_t count) {
@@ -277,10 +300,26 @@ int multiprocessor_count() {
 
 void synchronize_stream(cudaStream_t stream) { check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); }
 
-void shift_expert_ids(const int32_t* in, int32_t* out, int64_t count, int shift, int num_experts, cudaStream_t stream) {
-  if (count <= 0) return;
-  shift_expert_ids_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(in, out, count, shift, num_experts);
-  check(cudaGetLastError(), "shift_expert_ids launch");
+void simulated_all_gather(const SimulatedGatherPart* parts, int num_parts, int slots, int rank, int num_experts,
+                          cudaStream_t stream) {
+  GLMS_CHECK(num_parts >= 0 && num_parts <= kMaxSimulatedGatherParts, "simulated_all_gather: at most 4 parts");
+  if (num_parts == 0 || slots <= 0) return;
+  SimulatedGatherArgs args{};
+  int64_t largest = 0;
+  for (int p = 0; p < num_parts; ++p) {
+    GLMS_CHECK(parts[p].bytes % 4 == 0, "simulated_all_gather: whole 4-byte words");
+    GLMS_CHECK(!parts[p].shift_experts || num_experts > 0, "simulated_all_gather: expert ids need num_experts");
+    args.parts[p] = parts[p];
+    largest = std::max(largest, parts[p].bytes);
+  }
+  args.num_parts = num_parts;
+  args.slots = slots;
+  args.rank = rank;
+  args.num_experts = num_experts;
+  const int64_t chunks = std::max<int64_t>(1, largest / 16);
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(chunks, 256), 1024));
+  simulated_all_gather_kernel<<<dim3(blocks, slots, num_parts), 256, 0, stream>>>(args);
+  check(cudaGetLastError(), "simulated_all_gather launch");
 }
 
 void add_f32(const float* a, const float* b, float* out, int64_t count, cudaStream_t stream) {
