@@ -55,6 +55,10 @@ struct BenchStepOptions {
   bool wgmma_indexer = model::CudaModelOptions{}.wgmma_indexer;
   int wgmma_experts_min_pairs = model::CudaModelOptions{}.wgmma_experts_min_pairs;
   int wgmma_experts_tile_rows = model::CudaModelOptions{}.wgmma_experts_tile_rows;
+  int stream_experts_min_pairs = model::CudaModelOptions{}.stream_experts_min_pairs;
+  int stream_experts_max_pairs = model::CudaModelOptions{}.stream_experts_max_pairs;
+  int stream_experts_shape = model::CudaModelOptions{}.stream_experts_shape;
+  int stream_experts_chunk_factor = model::CudaModelOptions{}.stream_experts_chunk_factor;
   bool grouped_expert_gemm = model::CudaModelOptions{}.grouped_expert_gemm;
   bool sample_on_device = model::CudaModelOptions{}.sample_on_device;
   int sample_blocks_per_row = model::CudaModelOptions{}.sample_blocks_per_row;
@@ -334,6 +338,10 @@ void run_bench_step(const BenchStepOptions& o) {
   options.wgmma_indexer = o.wgmma_indexer;
   options.wgmma_experts_min_pairs = o.wgmma_experts_min_pairs;
   options.wgmma_experts_tile_rows = o.wgmma_experts_tile_rows;
+  options.stream_experts_min_pairs = o.stream_experts_min_pairs;
+  options.stream_experts_max_pairs = o.stream_experts_max_pairs;
+  options.stream_experts_shape = o.stream_experts_shape;
+  options.stream_experts_chunk_factor = o.stream_experts_chunk_factor;
   options.grouped_expert_gemm = o.grouped_expert_gemm;
   options.sample_on_device = o.sample_on_device;
   options.sample_blocks_per_row = o.sample_blocks_per_row;
@@ -537,6 +545,10 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"wgmma_indexer", o.wgmma_indexer},
                         {"wgmma_experts_min_pairs", o.wgmma_experts_min_pairs},
                         {"wgmma_experts_tile_rows", o.wgmma_experts_tile_rows},
+                        {"stream_experts_min_pairs", o.stream_experts_min_pairs},
+                        {"stream_experts_max_pairs", o.stream_experts_max_pairs},
+                        {"stream_experts_shape", o.stream_experts_shape},
+                        {"stream_experts_chunk_factor", o.stream_experts_chunk_factor},
                         {"grouped_expert_gemm", o.grouped_expert_gemm},
                         {"sample_on_device", o.sample_on_device},
                         {"sample_blocks_per_row", o.sample_blocks_per_row},
@@ -641,6 +653,24 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--wgmma-experts-tile-rows", o->wgmma_experts_tile_rows,
                   "Grouped rows a block of those GEMMs: 64, 128, or 0 (128 from 128 pairs per expert)")
       ->check(CLI::IsMember({0, 64, 128}))
+      ->capture_default_str();
+  cmd->add_option("--stream-experts-min-pairs", o->stream_experts_min_pairs,
+                  "MXFP4 routed experts of steps with from this many pairs per expert on average run on the streamed "
+                  "decode kernels")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
+  cmd->add_option("--stream-experts-max-pairs", o->stream_experts_max_pairs,
+                  "... up to this many pairs per expert on average (0: never)")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
+  cmd->add_option("--stream-experts-shape", o->stream_experts_shape,
+                  "Their shape: 0 (1 row fragment a warp, 8 steps in flight, 4 warps a block), 1 (2, 6, 4), 2 (1, 6, 8) "
+                  "or -1 (1 up to 8 pairs per expert, 2 above)")
+      ->check(CLI::IsMember({-1, 0, 1, 2}))
+      ->capture_default_str();
+  cmd->add_option("--stream-experts-chunk-factor", o->stream_experts_chunk_factor,
+                  "Their token chunk: this many times the average pairs per expert (8, 16 or 32 tokens)")
+      ->check(CLI::Range(1, 8))
       ->capture_default_str();
   cmd->add_option("--grouped-expert-gemm", o->grouped_expert_gemm,
                   "bf16 experts of large batches through one cuBLAS grouped GEMM per projection (true/false)")

@@ -120,6 +120,7 @@ struct CudaWorkspaces {
   Buffer sorted_pairs, pair_slot;                  // [plan_capacity]
   Buffer shared_out;                               // [T, hidden] fp32
   Buffer pair_x, pair_gate_up, pair_act, expert_out;  // per pair: [P, hidden], [P, 2 inter], [P, inter], [P, hidden]
+  Buffer pair_scale;                               // [P] fp32: the streamed experts' staging unscale
   Buffer head_in, logits;                          // [max_logits, hidden] bf16, [max_logits, vocab] fp32
   Buffer logits_argmax, sample_rows_of, sample_params, sampled;  // per logits row
   Buffer token_masks;                              // CudaMaskLayout::total bytes (structured outputs)
@@ -200,6 +201,7 @@ void make_cuda_workspaces(CudaWorkspaces<Buffer>& w, const io::ModelConfig& c, c
   w.pair_gate_up = f32(P * 2 * inter);
   w.pair_act = bf16(P * inter);
   w.expert_out = f32(P * hidden);
+  w.pair_scale = f32(P);
   w.head_in = bf16(logits_rows * hidden);
   w.logits = f32(logits_rows * c.vocab_size);
   w.logits_argmax = i32(logits_rows);

@@ -164,8 +164,11 @@ std::vector<float> reference_pair(const Experts& x, const std::vector<float>& to
 // Relative L2 error of moe_experts_small over `tokens` ([n, hidden], rounded to bf16 here: the
 // kernels read bf16) routed to `ids` ([n, top_k]) against reference_pair, every pair's row.
 // With `wgmma_tile_rows` >= 0, moe_experts_wgmma instead (tiled MXFP4), in tiles of that many rows.
+// With `stream_shape` >= 0, moe_experts_stream in that MoeStreamShape, chunks of `stream_chunk`
+// tokens. `reference` (when given) keeps the reference rows between calls on the same inputs.
 double experts_error(const Experts& experts, std::vector<float> tokens, const std::vector<int32_t>& ids, int top_k,
-                     bool tensor_cores, int wgmma_tile_rows = -1) {
+                     bool tensor_cores, int wgmma_tile_rows = -1, int stream_shape = -1, int stream_chunk = 8,
+                     std::vector<float>* reference = nullptr) {
   const int64_t hidden = experts.hidden, inter = experts.inter, E = experts.E;
   const int n = static_cast<int>(tokens.size() / hidden);
   const int64_t P = static_cast<int64_t>(ids.size());
@@ -177,7 +180,13 @@ double experts_error(const Experts& experts, std::vector<float> tokens, const st
   cuda::DeviceBuffer act(sizeof(uint16_t) * P * inter);
   auto out = poisoned(P * hidden);
   cuda::moe_plan(d_ids.as<int32_t>(), P, static_cast<int>(E), buffers.plan(), nullptr);
-  if (wgmma_tile_rows >= 0)
+  cuda::DeviceBuffer staged(sizeof(uint16_t) * P * std::max(hidden, inter)), unscale(sizeof(float) * P);
+  if (stream_shape >= 0)
+    cuda::moe_experts_stream(d_x.as<uint16_t>(), hidden, inter, experts.view(), buffers.plan(), static_cast<int>(E),
+                             top_k, P, stream_chunk, static_cast<int>(std::min<int64_t>(E, P)),
+                             {staged.as<uint32_t>(), unscale.as<float>()}, act.as<uint16_t>(), out.as<float>(), nullptr,
+                             static_cast<cuda::MoeStreamShape>(stream_shape));
+  else if (wgmma_tile_rows >= 0)
     cuda::moe_experts_wgmma(d_x.as<uint16_t>(), hidden, inter, experts.view(), buffers.plan(), static_cast<int>(E),
                             top_k, P, act.as<uint16_t>(), out.as<float>(), nullptr, wgmma_tile_rows);
   else
@@ -188,11 +197,16 @@ double experts_error(const Experts& experts, std::vector<float> tokens, const st
   const auto slot = to_host<int32_t>(buffers.pair_slot);
   // The slots are a permutation of the pairs.
   std::vector<float> got_rows, want_rows;
+  const bool cached = reference && !reference->empty();
   for (int64_t p = 0; p < P; ++p) {
-    const auto want = reference_pair(experts, tokens, static_cast<int>(p / top_k), ids[p]);
-    want_rows.insert(want_rows.end(), want.begin(), want.end());
+    if (!cached) {
+      const auto want = reference_pair(experts, tokens, static_cast<int>(p / top_k), ids[p]);
+      want_rows.insert(want_rows.end(), want.begin(), want.end());
+    }
     got_rows.insert(got_rows.end(), got.begin() + slot[p] * hidden, got.begin() + (slot[p] + 1) * hidden);
   }
+  if (cached) return relative_l2(got_rows, *reference);
+  if (reference) *reference = want_rows;
   return relative_l2(got_rows, want_rows);
 }
 
@@ -260,6 +274,32 @@ TEST_F(CudaMoe, Mxfp4WgmmaExpertsMatchReference) {
   check_wgmma_experts(40, 256, 128, 2, {5, 70});      // most experts without pairs
   check_wgmma_experts(260, 256, 128, 4, {64});        // two experts a thread in the tile search
   check_wgmma_experts(3, 512, 256, 2, {3, 100}, 15);  // block scales about 2^-20 .. 2^10
+}
+
+// The streamed decode kernels (moe_experts_stream) in each shape and chunk size: GLM-5.2's widths
+// with 1, 2 and about 20 pairs an expert (chunks of 8, 16 and 32 tokens, an expert's pairs over
+// several chunks), experts with no pairs, rows past a warp's last fragment (inter 384: the
+// down rows end inside a block's tile), and block scales far apart.
+void check_stream_experts(int64_t E, int64_t hidden, int64_t inter, int top_k, std::initializer_list<int> token_counts,
+                          int block_spread = 0) {
+  const Experts experts = make_experts(WeightFormat::Mxfp4, true, E, hidden, inter, 57 + E, block_spread);
+  ASSERT_TRUE(cuda::moe_experts_stream_supported(experts.view(), hidden, inter));
+  for (const int n : token_counts) {
+    const auto ids = random_choices(n, static_cast<int>(E), top_k, 400 + n);
+    const auto tokens = random_values(n * hidden, 120 + n, 2.0f);
+    std::vector<float> reference;
+    for (const int shape : {0, 1, 2})
+      for (const int chunk : {8, 16, 32})
+        EXPECT_LT(experts_error(experts, tokens, ids, top_k, true, -1, shape, chunk, &reference), 2e-3)
+            << E << " experts, " << n << " tokens, hidden " << hidden << ", inter " << inter << ", spread "
+            << block_spread << ", shape " << shape << ", chunks of " << chunk;
+  }
+}
+
+TEST_F(CudaMoe, Mxfp4StreamedExpertsMatchReference) {
+  check_stream_experts(4, 6144, 2048, 2, {1, 4, 40});
+  check_stream_experts(6, 384, 384, 3, {1, 50});
+  check_stream_experts(30, 256, 128, 2, {3, 9}, 10);
 }
 
 TEST_F(CudaMoe, Mxfp4WgmmaExpertsNeedTheirWidths) {

@@ -73,6 +73,18 @@ struct CudaModelOptions {
   int wgmma_experts_min_pairs = 16;
   // Their grouped rows a block, 64 or 128; 0: 128 from 128 pairs per expert on average.
   int wgmma_experts_tile_rows = 0;
+  // Tiled MXFP4 routed experts of steps with stream_experts_min_pairs to stream_experts_max_pairs
+  // pairs per expert on average (the step's routed tokens x top-k over the model's experts; max
+  // 0: never) through the streamed decode kernels (ops::cuda::moe_experts_stream) instead of the
+  // mma.sync and wgmma ones, in stream_experts_shape (0, 1, 2: MoeStreamShape; -1: 1 up to 8
+  // pairs per expert, 2 above) with chunks of stream_experts_chunk_factor x that average (8, 16
+  // or 32 tokens). On the H200 at GLM-5.2's widths, 32 experts of a rank
+  // (benchmarks/cuda_moe_experts, docs/performance.md): 2 pairs an expert mma.sync 217 us vs
+  // streamed 280, 8 pairs 468 vs 339, 16 pairs 730 (wgmma 577) vs 481, 31 pairs wgmma 594 vs 734.
+  int stream_experts_min_pairs = 5;
+  int stream_experts_max_pairs = 16;
+  int stream_experts_shape = -1;
+  int stream_experts_chunk_factor = 2;
   // bf16 routed experts of large batches (prefill) through one cuBLAS grouped GEMM per
   // projection instead of one GEMM per expert: prefill 512 tokens 39.2 -> 36.3 ms, 2k 56.9 ->
   // 54.5 ms on the H200 at GLM-5.2 width with 5 layers (docs/performance.md).

@@ -89,6 +89,28 @@ void moe_experts_mma(const uint16_t* x, int64_t hidden, int64_t inter, const Exp
                      const MoePlan& plan, int num_experts, int top_k, int num_tokens, int max_active, uint16_t* act,
                      float* expert_out, cudaStream_t stream);
 
+// The same for decode-sized batches of tiled MXFP4 experts (moe_experts_stream.cu): the grouped
+// pairs' inputs staged once as fp16 rows with a power-of-two scale each (a small kernel before
+// each projection), then each warp streams its weight rows' codes once, kStages steps in
+// flight, against all of an expert's pairs in chunks of up to 32 (8, 16 or 32 by
+// `chunk_tokens`, the batch's pairs per expert). No barriers, no host copy (graph-capturable).
+// `num_pairs` bounds the plan's pairs on this rank (the staging grid); buffers.staged holds
+// num_pairs x max(hidden, inter) fp16 values, buffers.unscale num_pairs floats.
+enum class MoeStreamShape {  // mma row fragments a warp, steps in flight, warps a block
+  kFrags1Stages8,
+  kFrags2Stages6,
+  kFrags1Stages6Warps8,
+};
+struct MoeStreamBuffers {
+  uint32_t* staged = nullptr;
+  float* unscale = nullptr;
+};
+bool moe_experts_stream_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
+void moe_experts_stream(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
+                        const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, int chunk_tokens,
+                        int max_active, const MoeStreamBuffers& buffers, uint16_t* act, float* expert_out,
+                        cudaStream_t stream, MoeStreamShape shape = MoeStreamShape::kFrags2Stages6);
+
 // The same for prefill-sized batches with tiled MXFP4 experts (moe_experts_wgmma.cu): each
 // projection one grouped GEMM over the plan's pairs on Hopper's warpgroup tensor cores, the
 // weights widened to bf16 in shared memory with their block scales (exactly), the tokens bf16,

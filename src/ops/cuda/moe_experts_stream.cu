@@ -1,0 +1,398 @@
+// Tiled MXFP4 experts of decode-sized batches (about 1 to 32 pairs an expert) on tensor cores:
+// each warp streams the codes of its weight rows from memory exactly once per step and
+// multiplies them against every one of the expert's tokens, which a small kernel staged as
+// fp16 in memory beforehand.
+//
+// Why this shape: at 8 to 32 pairs an expert (a data-parallel rank's decode batch gathered from
+// its peers) the kernels of moe_experts_mma.cu either stream each expert's weights once per
+// 8-token chunk or stage 64-token slabs into shared memory between barriers, and both reach
+// about a fifth of the memory bandwidth on the H200. Here nothing is shared between the warps
+// of a block but the tokens' B fragments: a warp holds kFrags mma row fragments (16 weight
+// rows each), whose codes and scales each lane copies into shared memory kStages - 1 steps
+// ahead (cp.async: shared memory holds the steps in flight, which registers could not), while
+// the block copies each step's B values (8 tokens x 128 k per tile of the staged fp16 rows)
+// alongside; a warp reads each B fragment once per step for all of its fragments. (Measured
+// on the H200 first: B straight from global memory left every step waiting on an L2 round trip,
+// and a ring of 2-4 steps of codes in registers reached 1.1-1.5 TB/s at 16 pairs an expert.)
+//
+// Fragments and the tile layout are those of moe_experts_mma.cu (quant/mxfp4_tiles.h): lane
+// 4g + t streams 16-byte chunk 4s + t of rows g and g + 8 of each fragment; word w of the chunk
+// holds values 32 (4s + w) + 8t .. + 7, one MX block per w, so a block scale multiplies the
+// fp32 partial sums of two mmas. gate/up: a fragment's rows g are gate rows and g + 8 the
+// matching up rows, so SwiGLU runs in registers.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/moe.h"
+#include "ops/cuda/moe_fragments.cuh"
+#include "quant/mxfp4_tiles.h"
+
+namespace glms::ops::cuda {
+
+namespace {
+
+constexpr int kStepValues = quant::kMxfp4TileValues;  // 128 values of a row a step
+constexpr int kStepChunks = kStepValues / 32;         // 16-byte chunks of a row a step (4 lanes)
+constexpr float kMxfp4Unscale = 16384.0f;             // the fp16 pairs are code x 2^-14
+constexpr int kStageThreads = 256;
+
+// staged[p, :] = fp16 pairs of row(p) of src ([*, dim] bf16) times the row's power-of-two
+// multiplier, unscale[p] = 2^14 / multiplier, for the grouped pairs p < offsets[num_experts];
+// row(p) = sorted_pairs[p] / top_k (token rows) or p (rows already grouped). Block per pair.
+__global__ void __launch_bounds__(kStageThreads)
+    stage_pairs_kernel(const uint16_t* src, int64_t dim, const int32_t* sorted_pairs, int top_k,
+                       const int32_t* offsets, int num_experts, uint32_t* staged, float* unscale) {
+  const int p = blockIdx.x;
+  if (p >= offsets[num_experts]) return;
+  const int64_t row = sorted_pairs ? sorted_pairs[p] / top_k : p;
+  const uint4* in = reinterpret_cast<const uint4*>(src + row * dim);
+  const int64_t chunks = dim / 8;
+  float largest = 0.0f;
+  for (int64_t c = threadIdx.x; c < chunks; c += kStageThreads) {
+    const uint4 v = in[c];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t word = word_of(v, w);
+      largest = fmaxf(largest, fmaxf(fabsf(__uint_as_float(word << 16)), fabsf(__uint_as_float(word & 0xffff0000u))));
+    }
+  }
+  __shared__ float warp_max[kStageThreads / 32];
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, d));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = largest;
+  __syncthreads();
+  float row_max = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kStageThreads / 32; ++w) row_max = fmaxf(row_max, warp_max[w]);
+  const float multiplier = token_multiplier(__float_as_uint(row_max));
+  if (threadIdx.x == 0) unscale[p] = kMxfp4Unscale / multiplier;
+  uint4* out = reinterpret_cast<uint4*>(staged + p * (dim / 2));
+  for (int64_t c = threadIdx.x; c < chunks; c += kStageThreads) {
+    const uint4 v = in[c];
+    uint32_t pairs[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t word = word_of(v, w);
+      const __half2 h = __floats2half2_rn(__uint_as_float(word << 16) * multiplier,
+                                          __uint_as_float(word & 0xffff0000u) * multiplier);
+      pairs[w] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    out[c] = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+  }
+}
+
+enum class Projection { kGateUp, kDown };
+
+struct StreamArgs {
+  const uint32_t* staged = nullptr;  // [pairs, k / 2] fp16 pairs in grouped order
+  const float* unscale = nullptr;    // [pairs]
+  int64_t k = 0;                     // values a weight row
+  const uint8_t* codes = nullptr;    // [E, rows_per_expert, k / 2] tiled MXFP4
+  const uint8_t* scales = nullptr;   // [E, rows_per_expert, k / 32] E8M0
+  int64_t rows_per_expert = 0;       // 2 inter (gate/up) or hidden (down)
+  int64_t outputs = 0;               // inter (gate/up: act columns) or hidden (down)
+  MoePlan plan;
+  uint16_t* act = nullptr;  // gate/up output [pairs, inter] bf16
+  float* out = nullptr;     // down output [pairs, hidden] fp32
+};
+
+// The weight rows a warp's fragments cover: gate/up 8 intermediate rows a fragment (gate rows
+// and their up rows), down 16 rows.
+template <Projection kProj>
+constexpr int kOutputsPerFragment = kProj == Projection::kGateUp ? 8 : 16;
+
+// global -> shared without passing through registers: 16 bytes (L2 only) or 4 bytes.
+__device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global));
+}
+__device__ __forceinline__ void copy_async_4(void* shared, const void* global) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(global));
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// A step's B values in shared memory: [8 kTiles tokens][16 chunks of 8 fp16 values]. Odd token
+// rows have their chunks' bit 2 flipped, so that the two token rows one 8-lane phase of a
+// 16-byte load reads (chunks 4w .. 4w + 3 of tokens g, g + 1) fall in different banks.
+__device__ __forceinline__ int b_chunk(int token, int chunk) { return token * 16 + (chunk ^ ((token & 1) << 2)); }
+
+// One slot of the ring (a step, 128 values of k), in 16-byte units: the chunk's B values, then
+// each warp's codes [warp][fragment][row a, b][lane], then its scale words likewise (4 bytes).
+template <int kFrags, int kTiles, int kWarps>
+struct Slot {
+  static constexpr int kB = kTiles * 8 * 16;
+  static constexpr int kCodes = kWarps * kFrags * 2 * 32;
+  static constexpr int kScales = kWarps * kFrags * 2 * 32 / 4;
+  static constexpr int kUnits = kB + kCodes + kScales;
+};
+
+template <int kFrags, int kStages, int kTiles, int kWarps>
+constexpr size_t stream_shared_bytes() {
+  return sizeof(uint4) * kStages * Slot<kFrags, kTiles, kWarps>::kUnits;
+}
+
+// Block (active expert slot, output tile); warp w takes outputs (tile * kWarps + w) *
+// kFrags * kOutputsPerFragment onwards; the expert's pairs go in chunks of 8 kTiles tokens.
+// Each step is copied into a ring of kStages shared-memory slots kStages - 1 steps ahead
+// (cp.async): every lane its own codes and scale words, the block the chunk's B values. A lane
+// reads back only the codes it copied, so those need no barrier; B does: one barrier a step,
+// which also frees the slot a step refills.
+template <Projection kProj, int kFrags, int kStages, int kTiles, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32) stream_experts_kernel(StreamArgs a) {
+  using S = Slot<kFrags, kTiles, kWarps>;
+  extern __shared__ uint4 ring[];  // [kStages][S::kUnits]
+  if (static_cast<int>(blockIdx.x) >= *a.plan.num_active) return;
+  constexpr int kPerFragment = kOutputsPerFragment<kProj>;
+  if (static_cast<int64_t>(blockIdx.y) * kWarps * kFrags * kPerFragment >= a.outputs) return;  // the whole block
+  const int e = a.plan.active_experts[blockIdx.x];
+  const int begin = a.plan.offsets[e], end = a.plan.offsets[e + 1];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t first_output = (static_cast<int64_t>(blockIdx.y) * kWarps + warp) * kFrags * kPerFragment;
+  const bool has_rows = first_output < a.outputs;  // a warp without rows still copies B and waits
+
+  const int64_t steps = a.k / kStepValues;
+  // A row's step s: 16-byte chunks kStepChunks s .. + 3 of the row, scale word s.
+  constexpr int64_t chunk_stride = kStepChunks, scale_stride = 1;
+  auto row_chunks = [&](int64_t row) { return row * steps * kStepChunks; };
+  auto row_scale_words = [&](int64_t row) { return row * steps; };
+  // This lane's two rows of each fragment (rows past the end repeat the last; never written).
+  const uint4* codes[kFrags][2];
+  const uint32_t* scales[kFrags][2];
+#pragma unroll
+  for (int f = 0; f < kFrags; ++f) {
+    const int64_t base = first_output + f * kPerFragment;
+    int64_t ra = min(base + g, a.outputs - 1), rb;
+    if constexpr (kProj == Projection::kGateUp) rb = ra + a.outputs;  // the up row of the same intermediate index
+    else rb = min(base + 8 + g, a.outputs - 1);
+    ra += static_cast<int64_t>(e) * a.rows_per_expert;
+    rb += static_cast<int64_t>(e) * a.rows_per_expert;
+    codes[f][0] = reinterpret_cast<const uint4*>(a.codes) + row_chunks(ra) + t;
+    codes[f][1] = reinterpret_cast<const uint4*>(a.codes) + row_chunks(rb) + t;
+    scales[f][0] = reinterpret_cast<const uint32_t*>(a.scales) + row_scale_words(ra);
+    scales[f][1] = reinterpret_cast<const uint32_t*>(a.scales) + row_scale_words(rb);
+  }
+  const int64_t staged_words = a.k / 2;
+  const int lane_codes = warp * kFrags * 2 * 32 + lane;  // + (2f + r) * 32: this lane's unit of (f, r)
+  // B reads: token 8j + g's chunk 4w + t sits at unit 16 (8j + g) + t + (4w ^ flip).
+  const int b_flip = (g & 1) << 2;
+  // B copies: this thread's (token, chunk) units of a step, the same every step.
+  constexpr int kCopies = (kTiles * 8 * 16 + kWarps * 32 - 1) / (kWarps * 32);
+
+  for (int chunk = begin; chunk < end; chunk += 8 * kTiles) {
+    const int count = min(8 * kTiles, end - chunk), tiles = (count + 7) / 8;
+    float acc[kFrags][kTiles][4];
+#pragma unroll
+    for (int f = 0; f < kFrags; ++f)
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) acc[f][j][0] = acc[f][j][1] = acc[f][j][2] = acc[f][j][3] = 0.0f;
+
+    // What the next issue() copies, advanced a step each call: this lane's codes and scale
+    // words, and this thread's B units (source of step 0 + a step's stride, slot unit).
+    const uint4* next_codes[kFrags][2];
+    const uint32_t* next_scales[kFrags][2];
+#pragma unroll
+    for (int f = 0; f < kFrags; ++f)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) next_codes[f][r] = codes[f][r], next_scales[f][r] = scales[f][r];
+    const uint32_t* b_source[kCopies];
+    int b_unit[kCopies];
+#pragma unroll
+    for (int n = 0; n < kCopies; ++n) {
+      const int i = threadIdx.x + n * kWarps * 32, token = i / 16, c = i % 16;
+      b_unit[n] = i < tiles * 8 * 16 ? b_chunk(token, c) : -1;
+      b_source[n] = a.staged + (chunk + min(token, count - 1)) * staged_words + 4 * c;
+    }
+    int issued = 0, issue_slot = 0;  // steps issued; the slot the next one fills
+    // The next step into its slot; one commit group a call (empty past the last step).
+    auto issue = [&]() {
+      if (issued < steps) {
+        uint4* slot = ring + issue_slot * S::kUnits;
+        if (has_rows) {
+          uint32_t* slot_scales = reinterpret_cast<uint32_t*>(slot + S::kB + S::kCodes);
+#pragma unroll
+          for (int f = 0; f < kFrags; ++f)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              copy_async_16(slot + S::kB + lane_codes + (2 * f + r) * 32, next_codes[f][r]);
+              copy_async_4(slot_scales + lane_codes + (2 * f + r) * 32, next_scales[f][r]);
+              next_codes[f][r] += chunk_stride;
+              next_scales[f][r] += scale_stride;
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < kCopies; ++n) {
+          if (b_unit[n] >= 0) copy_async_16(slot + b_unit[n], b_source[n]);
+          b_source[n] += kStepValues / 2;
+        }
+        ++issued;
+        issue_slot = issue_slot + 1 == kStages ? 0 : issue_slot + 1;
+      }
+      copy_async_commit();
+    };
+#pragma unroll
+    for (int u = 0; u + 1 < kStages; ++u) issue();
+    int read_slot = 0;
+    for (int64_t s = 0; s < steps; ++s) {
+      copy_async_wait<kStages - 2>();  // this thread's copies of step s have landed
+      __syncthreads();                 // everyone's have, and step s - 1's slot is free
+      issue();
+      const uint4* slot = ring + read_slot * S::kUnits;
+      read_slot = read_slot + 1 == kStages ? 0 : read_slot + 1;
+      if (!has_rows) continue;
+      const uint32_t* slot_scales = reinterpret_cast<const uint32_t*>(slot + S::kB + S::kCodes);
+      uint4 w_codes[kFrags][2];
+      uint32_t w_scales[kFrags][2];
+#pragma unroll
+      for (int f = 0; f < kFrags; ++f)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          w_codes[f][r] = slot[S::kB + lane_codes + (2 * f + r) * 32];
+          w_scales[f][r] = slot_scales[lane_codes + (2 * f + r) * 32];
+        }
+      const uint4* b_lane = slot + 16 * g + t;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        uint4 xv[kTiles];
+#pragma unroll
+        for (int j = 0; j < kTiles; ++j)
+          if (j < tiles) xv[j] = b_lane[128 * j + ((4 * w) ^ b_flip)];
+#pragma unroll
+        for (int f = 0; f < kFrags; ++f) {
+          const uint32_t qa = word_of(w_codes[f][0], w), qb = word_of(w_codes[f][1], w);
+          const uint32_t a0[4] = {quant::mxfp4_tile_pair(qa, 0), quant::mxfp4_tile_pair(qb, 0),
+                                  quant::mxfp4_tile_pair(qa, 1), quant::mxfp4_tile_pair(qb, 1)};
+          const uint32_t a1[4] = {quant::mxfp4_tile_pair(qa, 2), quant::mxfp4_tile_pair(qb, 2),
+                                  quant::mxfp4_tile_pair(qa, 3), quant::mxfp4_tile_pair(qb, 3)};
+          const float scale_a = e8m0_byte_scale(w_scales[f][0], w), scale_b = e8m0_byte_scale(w_scales[f][1], w);
+#pragma unroll
+          for (int j = 0; j < kTiles; ++j) {
+            if (j >= tiles) break;
+            float part[4];
+            mma_f16_zero(part, a0, xv[j].x, xv[j].y);
+            mma_f16_add(part, a1, xv[j].z, xv[j].w);
+            acc[f][j][0] = fmaf(part[0], scale_a, acc[f][j][0]);
+            acc[f][j][1] = fmaf(part[1], scale_a, acc[f][j][1]);
+            acc[f][j][2] = fmaf(part[2], scale_b, acc[f][j][2]);
+            acc[f][j][3] = fmaf(part[3], scale_b, acc[f][j][3]);
+          }
+        }
+      }
+    }
+    copy_async_wait<0>();
+    __syncthreads();  // the next chunk refills the slots
+
+    // C of fragment f, tile j: rows g, g + 8 at tokens 8j + 2t, + 1.
+    if (!has_rows) continue;
+#pragma unroll
+    for (int f = 0; f < kFrags; ++f) {
+      const int64_t base = first_output + f * kPerFragment;
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int token = 8 * j + 2 * t + i;
+          if (token >= count) continue;
+          const int64_t pair = chunk + token;
+          const float unscale = __ldg(a.unscale + pair);
+          if constexpr (kProj == Projection::kGateUp) {
+            if (base + g < a.outputs) {
+              const float gate = acc[f][j][i] * unscale, up = acc[f][j][2 + i] * unscale;
+              a.act[pair * a.outputs + base + g] = float_to_bf16(gate / (1.0f + expf(-gate)) * up);
+            }
+          } else {
+            float* row = a.out + pair * a.outputs;
+            if (base + g < a.outputs) row[base + g] = acc[f][j][i] * unscale;
+            if (base + 8 + g < a.outputs) row[base + 8 + g] = acc[f][j][2 + i] * unscale;
+          }
+        }
+    }
+  }
+}
+
+template <Projection kProj, int kFrags, int kStages, int kTiles, int kWarps>
+void launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream) {
+  const int64_t per_block = int64_t{kWarps} * kFrags * kOutputsPerFragment<kProj>;
+  const dim3 grid(max_active, static_cast<unsigned>((args.outputs + per_block - 1) / per_block));
+  constexpr size_t kShared = stream_shared_bytes<kFrags, kStages, kTiles, kWarps>();
+  static_assert(kShared <= 227 * 1024, "one block an SM at least");
+  auto kernel = stream_experts_kernel<kProj, kFrags, kStages, kTiles, kWarps>;
+  // Per device (each rank's thread has its own), so set on every launch: a host call of a microsecond.
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared)),
+        "stream_experts shared memory");
+  kernel<<<grid, kWarps * 32, kShared, stream>>>(args);
+  check(cudaGetLastError(), "stream_experts launch");
+}
+
+// kTiles by the chunk the batch's pairs per expert call for.
+template <Projection kProj, int kFrags, int kStages, int kWarps>
+void launch_for_tokens(const StreamArgs& args, int chunk_tokens, int max_active, cudaStream_t stream) {
+  if (chunk_tokens <= 8) launch_stream<kProj, kFrags, kStages, 1, kWarps>(args, max_active, stream);
+  else if (chunk_tokens <= 16) launch_stream<kProj, kFrags, kStages, 2, kWarps>(args, max_active, stream);
+  else launch_stream<kProj, kFrags, kStages, 4, kWarps>(args, max_active, stream);
+}
+
+template <Projection kProj>
+void launch_shape(const StreamArgs& args, MoeStreamShape shape, int chunk_tokens, int max_active,
+                  cudaStream_t stream) {
+  switch (shape) {
+    case MoeStreamShape::kFrags1Stages8: return launch_for_tokens<kProj, 1, 8, 4>(args, chunk_tokens, max_active, stream);
+    case MoeStreamShape::kFrags2Stages6: return launch_for_tokens<kProj, 2, 6, 4>(args, chunk_tokens, max_active, stream);
+    case MoeStreamShape::kFrags1Stages6Warps8:
+      return launch_for_tokens<kProj, 1, 6, 8>(args, chunk_tokens, max_active, stream);
+  }
+}
+
+}  // namespace
+
+bool moe_experts_stream_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter) {
+  return experts.format == WeightFormat::Mxfp4 && experts.mxfp4_tiled && quant::mxfp4_tiles_fit(hidden) &&
+         quant::mxfp4_tiles_fit(inter);
+}
+
+void moe_experts_stream(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
+                        const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, int chunk_tokens,
+                        int max_active, const MoeStreamBuffers& buffers, uint16_t* act, float* expert_out,
+                        cudaStream_t stream, MoeStreamShape shape) {
+  if (max_active <= 0 || num_pairs <= 0) return;
+  GLMS_CHECK(moe_experts_stream_supported(experts, hidden, inter),
+             "moe_experts_stream: tiled MXFP4 experts with widths multiples of 128");
+  const unsigned stage_blocks = static_cast<unsigned>(num_pairs);
+  StreamArgs args;
+  args.plan = plan;
+  args.staged = buffers.staged;
+  args.unscale = buffers.unscale;
+
+  stage_pairs_kernel<<<stage_blocks, kStageThreads, 0, stream>>>(x, hidden, plan.sorted_pairs, top_k, plan.offsets,
+                                                                 num_experts, buffers.staged, buffers.unscale);
+  check(cudaGetLastError(), "stage_pairs launch");
+  args.k = hidden;
+  args.codes = static_cast<const uint8_t*>(experts.gate_up);
+  args.scales = static_cast<const uint8_t*>(experts.gate_up_scales);
+  args.rows_per_expert = 2 * inter;
+  args.outputs = inter;
+  args.act = act;
+  launch_shape<Projection::kGateUp>(args, shape, chunk_tokens, max_active, stream);
+
+  stage_pairs_kernel<<<stage_blocks, kStageThreads, 0, stream>>>(act, inter, nullptr, 1, plan.offsets, num_experts,
+                                                                 buffers.staged, buffers.unscale);
+  check(cudaGetLastError(), "stage_pairs launch");
+  args.k = inter;
+  args.codes = static_cast<const uint8_t*>(experts.down);
+  args.scales = static_cast<const uint8_t*>(experts.down_scales);
+  args.rows_per_expert = hidden;
+  args.outputs = hidden;
+  args.act = nullptr;
+  args.out = expert_out;
+  launch_shape<Projection::kDown>(args, shape, chunk_tokens, max_active, stream);
+}
+
+}  // namespace glms::ops::cuda
