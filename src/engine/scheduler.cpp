@@ -28,11 +28,14 @@ model::RowOutput next_token_output(Sequence& seq, const io::ModelConfig& model, 
   if (greedy_only(p) || plainly_sampled(p)) return seq.sampler.next_row_output(p.sampling);
   if (device_masks && only_masked(p)) {
     // As draw_token: the EOS ids keep their logits when the constraint may end (unless ignored).
-    auto words = std::make_shared<std::vector<uint32_t>>(TokenConstraint::mask_words(model.vocab_size));
-    p.constraint->next_token_bits(words->data(), model.vocab_size,
-                                  p.ignore_eos ? std::vector<int32_t>{} : model.eos_token_ids);
+    // Made on demand by the runner, while the step's forward runs on the device; the engine
+    // touches the constraint again only after the step.
     model::RowOutput out = seq.sampler.next_row_output(p.sampling);
-    out.mask = std::move(words);
+    out.mask_source_words = TokenConstraint::mask_words(model.vocab_size);
+    out.mask_source = [constraint = p.constraint, vocab = model.vocab_size,
+                       eos = p.ignore_eos ? std::vector<int32_t>{} : model.eos_token_ids](uint32_t* words) {
+      constraint->next_token_bits(words, vocab, eos);
+    };
     return out;
   }
   model::RowOutput out;

@@ -27,4 +27,11 @@ void ForwardBatch::add_sequence(const std::vector<int32_t>& tokens, int start,
   sequences.push_back(std::move(slice));
 }
 
+std::shared_ptr<const std::vector<uint32_t>> RowOutput::resolved_mask() const {
+  if (mask || !mask_source) return mask;
+  auto words = std::make_shared<std::vector<uint32_t>>(static_cast<size_t>(mask_source_words), 0u);
+  mask_source(words->data());
+  return words;
+}
+
 }  // namespace glms::model

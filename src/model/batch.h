@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -58,6 +59,16 @@ struct RowOutput {
   // The CUDA runner applies it on the device (ops::cuda::apply_token_masks), the default
   // forward_selected on the host (select_logits).
   std::shared_ptr<const std::vector<uint32_t>> mask = nullptr;
+  // Or the same mask made on demand: mask_source fills mask_source_words words (every one). A
+  // runner calls it once, where the step's forward is already on its way (the CUDA runner: after
+  // launching it), so that the host's work on masks (a structured output's new grammar state
+  // walks the vocabulary's trie) overlaps the device's. A row has mask or mask_source, not both.
+  std::function<void(uint32_t* words)> mask_source;
+  int32_t mask_source_words = 0;
+
+  bool has_mask() const { return mask != nullptr || static_cast<bool>(mask_source); }
+  // The mask as words (made by mask_source where the row has one); null without a mask.
+  std::shared_ptr<const std::vector<uint32_t>> resolved_mask() const;
 };
 
 // A step's logits as its caller asked for them: a token for every row (its argmax, or its draw

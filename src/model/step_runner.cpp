@@ -95,9 +95,13 @@ StepLogits select_logits(const float* logits, int vocab_size, const std::vector<
   out.token.resize(rows);
   out.full_row.assign(rows, -1);
   int32_t full_rows = 0;
+  // Masks made on demand are made here, one row at a time (a constraint is not shared between
+  // threads), before the rows go out in parallel.
+  std::vector<std::shared_ptr<const std::vector<uint32_t>>> masks(static_cast<size_t>(rows));
   for (int64_t i = 0; i < rows; ++i) {
     if (outputs[i].kind == RowOutput::Kind::kLogits) out.full_row[i] = full_rows++;
-    GLMS_CHECK(!outputs[i].mask || outputs[i].mask->size() == static_cast<size_t>((vocab_size + 31) / 32),
+    masks[i] = outputs[i].resolved_mask();
+    GLMS_CHECK(!masks[i] || masks[i]->size() == static_cast<size_t>((vocab_size + 31) / 32),
                "forward_selected: a row's token mask needs (vocab + 31) / 32 words");
   }
   out.full.resize(static_cast<size_t>(full_rows) * vocab_size);
@@ -106,7 +110,7 @@ StepLogits select_logits(const float* logits, int vocab_size, const std::vector<
   for (int64_t i = 0; i < rows; ++i) {
     std::vector<float> masked;
     const float* row = logits + i * vocab_size;
-    if (outputs[i].mask) row = masked_row(row, vocab_size, *outputs[i].mask, masked);
+    if (masks[i]) row = masked_row(row, vocab_size, *masks[i], masked);
     out.token[i] = outputs[i].kind == RowOutput::Kind::kSample
                        ? ops::sample_row(row, vocab_size, sampling_filter(outputs[i]), outputs[i].canonical)
                        : ops::argmax(row, vocab_size);

@@ -24,8 +24,9 @@ void write_outputs(ByteWriter& out, const std::vector<model::RowOutput>& outputs
     out.put(o.top_p);
     out.put(o.min_p);
     out.put(o.canonical);
-    out.put<uint8_t>(o.mask != nullptr);
-    if (o.mask) out.put_vector(*o.mask);
+    const auto mask = o.resolved_mask();  // a mask made on demand is made here, before it travels
+    out.put<uint8_t>(mask != nullptr);
+    if (mask) out.put_vector(*mask);
   }
 }
 

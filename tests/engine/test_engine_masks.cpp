@@ -42,7 +42,7 @@ class CountingExecutor : public runtime::Executor {
   std::vector<runtime::RankResult> forward(std::vector<runtime::RankStep>& steps, bool want_hidden) override {
     for (const runtime::RankStep& step : steps)
       for (const model::RowOutput& o : step.outputs) {
-        masked_rows += o.mask != nullptr;
+        masked_rows += o.has_mask();
         whole_rows += o.kind == model::RowOutput::Kind::kLogits;
       }
     return inner_->forward(steps, want_hidden);
@@ -188,4 +188,32 @@ TEST(SelectLogits, AppliesEachRowsMaskFirst) {
     else EXPECT_EQ(row[t], -std::numeric_limits<float>::infinity()) << t;
   }
   EXPECT_LT(out.token[2], 3);
+}
+
+// A mask made on demand (RowOutput::mask_source) selects what the same mask given up front does,
+// and is made once.
+TEST(SelectLogits, AMaskMadeOnDemandActsAsTheSameMask) {
+  const int vocab = 70;
+  std::vector<float> logits(2 * vocab);
+  for (int i = 0; i < 2 * vocab; ++i) logits[i] = static_cast<float>((i * 17) % 31) - 12.0f;
+  auto words = std::make_shared<std::vector<uint32_t>>(engine::TokenConstraint::mask_words(vocab), 0u);
+  for (int t : {3, 40, 69}) (*words)[t / 32] |= uint32_t{1} << (t % 32);
+  std::vector<model::RowOutput> given(2), made(2);
+  int calls = 0;
+  for (int i = 0; i < 2; ++i) {
+    given[i].kind = made[i].kind = i == 0 ? model::RowOutput::Kind::kArgmax : model::RowOutput::Kind::kLogits;
+    given[i].mask = words;
+    made[i].mask_source_words = static_cast<int32_t>(words->size());
+    made[i].mask_source = [words, &calls](uint32_t* out) {
+      ++calls;
+      std::copy(words->begin(), words->end(), out);
+    };
+  }
+  const model::StepLogits want = model::select_logits(logits.data(), vocab, given);
+  const model::StepLogits got = model::select_logits(logits.data(), vocab, made);
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(got.token, want.token);
+  EXPECT_EQ(got.full, want.full);
+  EXPECT_TRUE(made[0].has_mask());
+  EXPECT_FALSE(model::RowOutput{}.has_mask());
 }

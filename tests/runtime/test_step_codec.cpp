@@ -1,5 +1,6 @@
 // The multi-node control messages: a step's row outputs survive the trip with their token masks
-// (RowOutput::mask, structured outputs), and rows without one arrive without one.
+// (RowOutput::mask, structured outputs; a mask made on demand is made before it travels), and
+// rows without one arrive without one.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -49,4 +50,25 @@ TEST(StepCodec, RowOutputsKeepTheirTokenMasks) {
   EXPECT_EQ(back[1].outputs[0].mask, nullptr);
   EXPECT_EQ(back[1].batch.token_ids, steps[1].batch.token_ids);
   EXPECT_EQ(back[0].batch.logits_tokens, steps[0].batch.logits_tokens);
+}
+
+TEST(StepCodec, AMaskMadeOnDemandTravelsAsItsWords) {
+  std::vector<runtime::RankStep> steps(1);
+  steps[0].batch.add_sequence({5}, 0, {3}, 16, false);
+  steps[0].outputs.resize(1);
+  int calls = 0;
+  steps[0].outputs[0].mask_source_words = 3;
+  steps[0].outputs[0].mask_source = [&calls](uint32_t* words) {
+    ++calls;
+    words[0] = 0x10u, words[1] = 0u, words[2] = 0x4u;
+  };
+  runtime::ByteWriter out;
+  runtime::write_steps(out, steps, 0);
+  EXPECT_EQ(calls, 1);
+  runtime::ByteReader in(out.bytes);
+  std::vector<std::vector<float>> h_prev;
+  const std::vector<runtime::RankStep> back = runtime::read_steps(in, 0, h_prev);
+  ASSERT_EQ(back.size(), 1u);
+  ASSERT_NE(back[0].outputs[0].mask, nullptr);
+  EXPECT_EQ(*back[0].outputs[0].mask, (std::vector<uint32_t>{0x10u, 0u, 0x4u}));
 }

@@ -408,13 +408,21 @@ void CudaGlm5Model::Impl::apply_token_masks(const std::vector<RowOutput>& output
   auto* rows = reinterpret_cast<int32_t*>(base + layout.rows_at);
   auto* words = reinterpret_cast<uint32_t*>(base + layout.words_at);
   int64_t masked = 0;
+  // The step's forward is on the device by now: masks made on demand (mask_source) are made
+  // here, straight into the staging buffer, while it runs.
   for (size_t i = 0; i < outputs.size(); ++i) {
-    if (!outputs[i].mask) continue;
-    const std::vector<uint32_t>& mask = *outputs[i].mask;
-    GLMS_CHECK(static_cast<int64_t>(mask.size()) == layout.words,
-               "forward_selected: a row's token mask needs (vocab + 31) / 32 words");
+    const RowOutput& o = outputs[i];
+    if (!o.has_mask()) continue;
+    uint32_t* row_words = words + masked * layout.words;
+    if (o.mask) {
+      GLMS_CHECK(static_cast<int64_t>(o.mask->size()) == layout.words,
+                 "forward_selected: a row's token mask needs (vocab + 31) / 32 words");
+      std::copy(o.mask->begin(), o.mask->end(), row_words);
+    } else {
+      GLMS_CHECK(o.mask_source_words == layout.words, "forward_selected: a row's token mask needs (vocab + 31) / 32 words");
+      o.mask_source(row_words);
+    }
     rows[masked] = static_cast<int32_t>(i);
-    std::copy(mask.begin(), mask.end(), words + masked * layout.words);
     ++masked;
   }
   if (masked == 0) return;
