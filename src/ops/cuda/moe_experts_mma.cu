@@ -65,13 +65,7 @@ __device__ void measure_rows(const uint16_t* src, int64_t dim, int count, RowOf 
   for (int64_t i = threadIdx.x; i < count * groups; i += blockDim.x) {
     const int j = static_cast<int>(i / groups);
     const uint4 v = reinterpret_cast<const uint4*>(src + input_row(j) * dim)[i % groups];
-    float largest = 0.0f;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const uint32_t word = word_of(v, w);
-      largest = fmaxf(largest, fmaxf(fabsf(__uint_as_float(word << 16)), fabsf(__uint_as_float(word & 0xffff0000u))));
-    }
-    atomicMax(&token_max[j], __float_as_uint(largest));
+    atomicMax(&token_max[j], __float_as_uint(bf16x8_max_abs(v)));
   }
   __syncthreads();
   if (threadIdx.x < count) unscale[threadIdx.x] = weight_unscale / token_multiplier(token_max[threadIdx.x]);
@@ -88,15 +82,7 @@ __device__ void stage_values(const uint16_t* src, int64_t dim, int count, RowOf 
     const int j = i / groups, k = i % groups;
     const float multiplier = token_multiplier(token_max[j]);
     const uint4 v = *reinterpret_cast<const uint4*>(src + input_row(j) * dim + v0 + 8 * k);
-    uint32_t out[4];
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const uint32_t word = word_of(v, w);
-      const __half2 h = __floats2half2_rn(__uint_as_float(word << 16) * multiplier,
-                                          __uint_as_float(word & 0xffff0000u) * multiplier);
-      out[w] = *reinterpret_cast<const uint32_t*>(&h);
-    }
-    *reinterpret_cast<uint4*>(xs + j * stride + 4 * k) = make_uint4(out[0], out[1], out[2], out[3]);
+    *reinterpret_cast<uint4*>(xs + j * stride + 4 * k) = bf16x8_to_scaled_fp16(v, multiplier);
   }
 }
 

@@ -52,14 +52,7 @@ __global__ void __launch_bounds__(kStageThreads)
   const uint4* in = reinterpret_cast<const uint4*>(src + row * dim);
   const int64_t chunks = dim / 8;
   float largest = 0.0f;
-  for (int64_t c = threadIdx.x; c < chunks; c += kStageThreads) {
-    const uint4 v = in[c];
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const uint32_t word = word_of(v, w);
-      largest = fmaxf(largest, fmaxf(fabsf(__uint_as_float(word << 16)), fabsf(__uint_as_float(word & 0xffff0000u))));
-    }
-  }
+  for (int64_t c = threadIdx.x; c < chunks; c += kStageThreads) largest = fmaxf(largest, bf16x8_max_abs(in[c]));
   __shared__ float warp_max[kStageThreads / 32];
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, d));
@@ -71,18 +64,7 @@ __global__ void __launch_bounds__(kStageThreads)
   const float multiplier = token_multiplier(__float_as_uint(row_max));
   if (threadIdx.x == 0) unscale[p] = kMxfp4Unscale / multiplier;
   uint4* out = reinterpret_cast<uint4*>(staged + p * (dim / 2));
-  for (int64_t c = threadIdx.x; c < chunks; c += kStageThreads) {
-    const uint4 v = in[c];
-    uint32_t pairs[4];
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const uint32_t word = word_of(v, w);
-      const __half2 h = __floats2half2_rn(__uint_as_float(word << 16) * multiplier,
-                                          __uint_as_float(word & 0xffff0000u) * multiplier);
-      pairs[w] = *reinterpret_cast<const uint32_t*>(&h);
-    }
-    out[c] = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
-  }
+  for (int64_t c = threadIdx.x; c < chunks; c += kStageThreads) out[c] = bf16x8_to_scaled_fp16(in[c], multiplier);
 }
 
 enum class Projection { kGateUp, kDown };

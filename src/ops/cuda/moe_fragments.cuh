@@ -63,4 +63,28 @@ __device__ __forceinline__ float token_multiplier(uint32_t max_bits) {
   return __uint_as_float(static_cast<uint32_t>(267 - min(exponent, 254)) << 23);
 }
 
+// The largest magnitude of eight bf16 values (a 16-byte load).
+__device__ __forceinline__ float bf16x8_max_abs(const uint4& v) {
+  float largest = 0.0f;
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const uint32_t word = word_of(v, w);
+    largest = fmaxf(largest, fmaxf(fabsf(__uint_as_float(word << 16)), fabsf(__uint_as_float(word & 0xffff0000u))));
+  }
+  return largest;
+}
+
+// Eight bf16 values times `multiplier` (a power of two: token_multiplier) as four fp16 pairs.
+__device__ __forceinline__ uint4 bf16x8_to_scaled_fp16(const uint4& v, float multiplier) {
+  uint32_t pairs[4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const uint32_t word = word_of(v, w);
+    const __half2 h = __floats2half2_rn(__uint_as_float(word << 16) * multiplier,
+                                        __uint_as_float(word & 0xffff0000u) * multiplier);
+    pairs[w] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  return make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+}
+
 }  // namespace glms::ops::cuda
