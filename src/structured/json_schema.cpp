@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "structured/number_range.h"
 #include "structured/recognizer.h"
 #include "structured/regex.h"
 
@@ -17,8 +18,6 @@ namespace {
 using ordered_json = nlohmann::ordered_json;
 
 constexpr int kMaxWhitespace = 16;
-constexpr int kMaxIntegerDigits = 16;
-constexpr int64_t kLargestInteger = 9999999999999999;  // 16 digits
 constexpr int kMaxRepeat = 4096;                         // bounds on lengths and item counts
 
 ByteSet byte_range(int lo, int hi) {
@@ -120,10 +119,10 @@ struct SchemaCompiler::Impl {
   Expr ws() { return named("ws", [&] { return repeat(bytes(byte_list(" \t\n\r")), 0, kMaxWhitespace); }); }
 
   Expr json_string() { return named("json-string", [&] { return sequence({literal("\""), repeat(json_char(), 0, -1), literal("\"")}); }); }
-  Expr json_number(bool non_negative) {
+  Expr json_number() {
     const Expr integer = choice({literal("0"), sequence({bytes(byte_range('1', '9')), digits(0, kMaxIntegerDigits - 1)})});
     std::vector<Expr> parts;
-    if (!non_negative) parts.push_back(optional(literal("-")));
+    parts.push_back(optional(literal("-")));
     parts.push_back(integer);
     parts.push_back(optional(sequence({literal("."), digits(1, 16)})));
     parts.push_back(optional(sequence({bytes(byte_list("eE")), optional(bytes(byte_list("+-"))), digits(1, 2)})));
@@ -135,57 +134,61 @@ struct SchemaCompiler::Impl {
       const Expr object = sequence({literal("{"), ws(), optional(sequence({member, repeat(sequence({literal(","), ws(), member}), 0, -1)})), literal("}")});
       const Expr item = sequence({b.ref("json-value"), ws()});
       const Expr array = sequence({literal("["), ws(), optional(sequence({item, repeat(sequence({literal(","), ws(), item}), 0, -1)})), literal("]")});
-      return choice({object, array, json_string(), json_number(false), literal("true"), literal("false"), literal("null")});
+      return choice({object, array, json_string(), json_number(), literal("true"), literal("false"), literal("null")});
     });
   }
 
-  // Non-negative integers in [lo, hi] written without leading zeros.
-  Expr natural_range(int64_t lo, int64_t hi) {
-    std::vector<Expr> options;
-    int64_t low_of_width = 0, high_of_width = 9;
-    for (int width = 1; low_of_width <= hi; ++width) {
-      const int64_t a = std::max(lo, low_of_width), z = std::min(hi, high_of_width);
-      if (a <= z) options.push_back(same_width(std::to_string(a), std::to_string(z)));
-      low_of_width = high_of_width + 1;
-      high_of_width = high_of_width * 10 + 9;
+  // A bound of an integer or number schema: the tighter of `inclusive` and `exclusive` (JSON
+  // schema's minimum / exclusiveMinimum, or maximum / exclusiveMaximum; an exclusive one given as
+  // true, draft 4's form, excludes the inclusive one's value). `upper`: which is tighter.
+  std::optional<std::pair<double, bool>> bound_of(const ordered_json& s, const char* inclusive, const char* exclusive,
+                                                   bool upper, const std::string& path) {
+    std::optional<std::pair<double, bool>> b;
+    if (s.contains(inclusive)) {
+      if (!s[inclusive].is_number()) fail(path + ": " + inclusive + " must be a number");
+      b = std::make_pair(s[inclusive].get<double>(), false);
     }
-    return choice(std::move(options));
+    if (!s.contains(exclusive)) return b;
+    const ordered_json& e = s[exclusive];
+    if (e.is_boolean()) {
+      if (!b && e.get<bool>()) fail(path + ": " + exclusive + " true needs " + inclusive);
+      if (b) b->second = e.get<bool>();
+      return b;
+    }
+    if (!e.is_number()) fail(path + ": " + exclusive + " must be a number");
+    const double v = e.get<double>();
+    if (!b || (upper ? v <= b->first : v >= b->first)) b = std::make_pair(v, true);
+    return b;
   }
-  // Numbers between a and z, two decimal strings of one width.
-  Expr same_width(const std::string& a, const std::string& z) {
-    if (a.size() == 1) return bytes(byte_range(a[0], z[0]));
-    const std::string rest_a = a.substr(1), rest_z = z.substr(1);
-    if (a[0] == z[0]) return sequence({literal(a.substr(0, 1)), same_width(rest_a, rest_z)});
-    const std::string zeros(rest_a.size(), '0'), nines(rest_a.size(), '9');
-    const int w = static_cast<int>(rest_a.size());
-    if (rest_a == zeros && rest_z == nines) return sequence({bytes(byte_range(a[0], z[0])), digits(w, w)});
-    std::vector<Expr> options{sequence({literal(a.substr(0, 1)), same_width(rest_a, nines)})};
-    if (a[0] + 1 <= z[0] - 1) options.push_back(sequence({bytes(byte_range(a[0] + 1, z[0] - 1)), digits(w, w)}));
-    options.push_back(sequence({literal(z.substr(0, 1)), same_width(zeros, rest_z)}));
-    return choice(std::move(options));
+  // The integers within an integer or number schema's bounds; nothing where none is.
+  std::optional<Expr> integers_within(const ordered_json& s, const std::string& path) {
+    int64_t lo = -kLargestInteger, hi = kLargestInteger;
+    if (const auto b = bound_of(s, "minimum", "exclusiveMinimum", false, path))
+      lo = static_cast<int64_t>(std::max<double>(static_cast<double>(lo), b->second ? std::floor(b->first) + 1 : std::ceil(b->first)));
+    if (const auto b = bound_of(s, "maximum", "exclusiveMaximum", true, path))
+      hi = static_cast<int64_t>(std::min<double>(static_cast<double>(hi), b->second ? std::ceil(b->first) - 1 : std::floor(b->first)));
+    if (lo > hi) return std::nullopt;
+    return integer_range(lo, hi);
   }
   Expr integer(const ordered_json& s, const std::string& path) {
-    int64_t lo = -kLargestInteger, hi = kLargestInteger;
-    auto number_at = [&](const char* key) {
-      if (!s[key].is_number()) fail(path + ": " + key + " must be a number");
-      return s[key].get<double>();
-    };
-    if (s.contains("minimum")) lo = std::max(lo, static_cast<int64_t>(std::ceil(number_at("minimum"))));
-    if (s.contains("exclusiveMinimum")) lo = std::max(lo, static_cast<int64_t>(std::floor(number_at("exclusiveMinimum"))) + 1);
-    if (s.contains("maximum")) hi = std::min(hi, static_cast<int64_t>(std::floor(number_at("maximum"))));
-    if (s.contains("exclusiveMaximum")) hi = std::min(hi, static_cast<int64_t>(std::ceil(number_at("exclusiveMaximum"))) - 1);
-    if (lo > hi) fail(path + ": no integer lies within minimum/maximum");
-    std::vector<Expr> options;
-    if (lo < 0) options.push_back(sequence({literal("-"), natural_range(hi < 0 ? -hi : 1, -lo)}));
-    if (hi >= 0) options.push_back(natural_range(std::max<int64_t>(lo, 0), hi));
-    return choice(std::move(options));
+    auto e = integers_within(s, path);
+    if (!e) fail(path + ": no integer lies within minimum/maximum");
+    return std::move(*e);
   }
+  // Unbounded numbers may take an exponent; bounded ones are written in full (number_range.h).
   Expr number(const ordered_json& s, const std::string& path) {
-    for (const char* key : {"maximum", "exclusiveMinimum", "exclusiveMaximum"})
-      if (s.contains(key)) fail(path + ": " + key + " on a number is not supported (integers take any bounds)");
-    if (s.contains("minimum") && !(s["minimum"].is_number() && s["minimum"].get<double>() == 0.0))
-      fail(path + ": minimum on a number is supported only as 0 (integers take any bounds)");
-    return json_number(s.contains("minimum"));
+    const auto lo = bound_of(s, "minimum", "exclusiveMinimum", false, path);
+    const auto hi = bound_of(s, "maximum", "exclusiveMaximum", true, path);
+    if (!lo && !hi) return json_number();
+    std::vector<Expr> options;
+    auto decimal = [](const std::optional<std::pair<double, bool>>& b) -> std::optional<DecimalBound> {
+      if (!b) return std::nullopt;
+      return decimal_bound(b->first, b->second);
+    };
+    if (auto e = decimal_range(decimal(lo), decimal(hi), path)) options.push_back(std::move(*e));
+    if (auto e = integers_within(s, path)) options.push_back(std::move(*e));
+    if (options.empty()) fail(path + ": no number lies within minimum/maximum");
+    return choice(std::move(options));
   }
 
   // The strings of a known format; nothing for other formats (annotations).

@@ -21,7 +21,20 @@ class SchemaGenerator {
         if (rng_() % 2) s["maximum"] = s.value("minimum", -100) + static_cast<int>(rng_() % 300);
         return s;
       }
-      case 2: return rng_() % 2 ? nlohmann::ordered_json{{"type", "number"}} : nlohmann::ordered_json{{"type", "number"}, {"minimum", 0}};
+      case 2: {
+        nlohmann::ordered_json s{{"type", "number"}};
+        const int bounds = static_cast<int>(rng_() % 4);
+        if (bounds == 1) s["minimum"] = 0;
+        if (bounds == 2) {
+          s["minimum"] = (static_cast<int>(rng_() % 400) - 200) / 8.0;
+          s["maximum"] = s["minimum"].get<double>() + static_cast<int>(rng_() % 100) / 4.0;
+        }
+        if (bounds == 3) {
+          s["exclusiveMinimum"] = -static_cast<int>(rng_() % 50) / 10.0;
+          s["exclusiveMaximum"] = static_cast<int>(rng_() % 50 + 1) / 100.0;
+        }
+        return s;
+      }
       case 3: return nlohmann::ordered_json{{"type", "boolean"}};
       case 4: return nlohmann::ordered_json{{"enum", {"red", 7, nullptr, nlohmann::ordered_json{{"a", 1}}}}};
       case 5: return nlohmann::ordered_json{{"type", {"string", "null"}}, {"maxLength", 4}};

@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <random>
 
 #include "allowed_tokens.h"
@@ -86,6 +89,57 @@ TEST(JsonSchema, IntegerBoundsAdmitExactlyTheIntegersInRange) {
   EXPECT_FALSE(glms::testing::writes_whole(*leading_zero, vocab->vocab_size(), "012", byte_token));
 }
 
+// Number bounds, inclusive and exclusive, fractional and not, of either sign: a number is written
+// exactly when its value lies within them, bare or with at least as many fraction digits as the
+// bounds have (at most 16), never with an exponent, never as a negative zero.
+TEST(JsonSchema, NumberBoundsAdmitExactlyTheNumbersInRange) {
+  const auto vocab = walk_vocabulary();
+  constexpr double kNone = std::numeric_limits<double>::infinity();
+  struct Case {
+    const char* schema;
+    double lo, hi;  // the bounds the schema means (-kNone, kNone: none)
+    bool lo_exclusive, hi_exclusive;
+    int scale;  // fraction digits a written fraction needs at least
+  };
+  const std::vector<Case> cases = {
+      {R"({"type":"number","minimum":0.5,"maximum":2.75})", 0.5, 2.75, false, false, 2},
+      {R"({"type":"number","exclusiveMinimum":-1.25,"maximum":0})", -1.25, 0, true, false, 2},
+      {R"({"type":"number","minimum":-3,"exclusiveMaximum":3})", -3, 3, false, true, 0},
+      {R"({"type":"number","minimum":0,"maximum":1})", 0, 1, false, false, 0},
+      {R"({"type":"number","exclusiveMinimum":0})", 0, kNone, true, false, 0},
+      {R"({"type":"number","maximum":-0.125})", -kNone, -0.125, false, false, 3},
+      {R"({"type":"number","minimum":-2.5,"exclusiveMinimum":-2,"maximum":1.5,"exclusiveMaximum":1.5})", -2, 1.5, true, true, 1},
+      {R"({"type":"number","minimum":1.5,"exclusiveMinimum":true,"maximum":3.5})", 1.5, 3.5, true, false, 1},
+  };
+  std::vector<std::string> texts;
+  for (int eighths = -40; eighths <= 40; ++eighths) {
+    const double x = eighths / 8.0;
+    for (const char* format : {"%.0f", "%.1f", "%.2f", "%.3f", "%.5f"}) {
+      char text[32];
+      std::snprintf(text, sizeof(text), format, x);
+      if (std::strtod(text, nullptr) == x) texts.emplace_back(text);  // only exact renderings
+    }
+  }
+  for (const char* extra : {"0.0001", "-0.0001", "2.7500", "2.7501", "0.4999", "-0", "-0.0", "1e0", "0.5e1", "3.", ".5",
+                            "01", "-1.2500001", "1.50000000000000001"})
+    texts.emplace_back(extra);
+  for (const Case& c : cases) {
+    const ordered_json schema = ordered_json::parse(c.schema);
+    for (const std::string& text : texts) {
+      const double x = std::strtod(text.c_str(), nullptr);
+      const size_t point = text.find('.');
+      const int fraction = point == std::string::npos ? 0 : static_cast<int>(text.size() - point - 1);
+      const bool json = !ordered_json::parse(text, nullptr, false).is_discarded();
+      const bool within = (c.lo_exclusive ? x > c.lo : x >= c.lo) && (c.hi_exclusive ? x < c.hi : x <= c.hi);
+      const bool written_so = text.find_first_of("eE") == std::string::npos && !(text[0] == '-' && x == 0.0) &&
+                              (point == std::string::npos || (fraction >= c.scale && fraction <= 16));
+      auto constraint = structured::make_json_schema_constraint(schema, vocab);
+      EXPECT_EQ(glms::testing::writes_whole(*constraint, vocab->vocab_size(), text, byte_token), json && within && written_so)
+          << "'" << text << "' for " << c.schema;
+    }
+  }
+}
+
 TEST(JsonSchema, PropertiesKeepTheirOrderAndRequiredOnesAppear) {
   const auto vocab = walk_vocabulary();
   const ordered_json schema = ordered_json::parse(
@@ -117,7 +171,9 @@ TEST(JsonSchema, UnsupportedKeywordsAreRefusedByName) {
   for (const auto& [schema, word] : std::vector<std::pair<const char*, const char*>>{
            {R"({"type":"string","contentEncoding":"base64"})", "contentEncoding"},
            {R"({"type":"array","uniqueItems":true})", "uniqueItems"},
-           {R"({"type":"number","maximum":3})", "maximum"},
+           {R"({"type":"number","multipleOf":0.5})", "multipleOf"},
+           {R"({"type":"number","minimum":3,"maximum":2.5})", "no number lies within"},
+           {R"({"type":"number","minimum":0.12345678901234567})", "fraction digits"},
            {R"({"not":{"type":"null"}})", "not"},
            {R"({"type":"object","properties":{"a":{"type":"string"}},"required":["b"]})", "'b'"},
            {R"({"$ref":"http://example.com/s.json"})", "not local"}}) {
