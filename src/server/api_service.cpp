@@ -359,7 +359,7 @@ std::shared_ptr<structured::GrammarMatcher> ApiService::structured_matcher(const
   if (!s.choice.empty()) key = "choice:" + nlohmann::json(s.choice).dump();
   else if (!s.regex.empty()) key = "regex:" + s.regex, param = "structured_outputs.regex";
   else if (s.json_object) key = "json_object";
-  else if (s.json_schema) key = "json:" + s.json_schema->dump(), param = "structured_outputs.json";
+  else if (s.json_schema) key = "json:" + s.json_schema->dump(), param = s.json_schema_param;
   else if (!s.grammar.empty()) key = "grammar:" + s.grammar, param = "structured_outputs.grammar";
   else if (forced_call)
     key = "tools:" + chat->tool_function + (chat->parallel_tool_calls ? ":parallel:" : ":one:") +

@@ -102,6 +102,7 @@ void parse_sampling(const json& doc, std::string_view body, SamplingFields& s, c
   // order the output writes them in.
   auto take_schema = [&](const json& schema, const std::vector<std::string>& path, const std::string& name) {
     if (s.json_schema) bad_request("give one structured output, once", name);
+    s.json_schema_param = name;
     if (schema.is_string()) {
       const auto parsed = nlohmann::ordered_json::parse(schema.get<std::string>(), nullptr, false);
       if (parsed.is_discarded()) bad_request(name + " is a string but not JSON", name);

@@ -57,6 +57,7 @@ struct SamplingFields {
   // structured output: JSON valid against this schema, its keys in the request's order
   // (response_format json_schema, structured_outputs.json, guided_json)
   std::shared_ptr<const nlohmann::ordered_json> json_schema;
+  std::string json_schema_param;  // the field it came in, for errors about it
   std::string grammar;              // structured output: GBNF text (structured_outputs.grammar, guided_grammar)
   int structured_forms() const {
     return !choice.empty() + !regex.empty() + json_object + (json_schema != nullptr) + !grammar.empty();

@@ -337,6 +337,15 @@ TEST_F(E2E, HundredJsonSchemasEveryAnswerParsesAndValidates) {
   for (size_t i = 0; i < schemas.size(); ++i) EXPECT_EQ(failures[i], "") << schemas[i].dump();
   const json bad = post("/v1/completions", {{"prompt", "x"}, {"structured_outputs", {{"json", {{"type", "array"}, {"uniqueItems", true}}}}}}, 400);
   EXPECT_NE(bad["error"]["message"].get<std::string>().find("uniqueItems"), std::string::npos) << bad.dump();
+  EXPECT_EQ(bad["error"]["param"], "structured_outputs.json");
+  // The error names the field the schema came in.
+  const json schema = {{"type", "number"}, {"multipleOf", 0.5}};
+  const json via_format = post("/v1/chat/completions",
+                               {{"messages", {{{"role", "user"}, {"content", "x"}}}},
+                                {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "n"}, {"schema", schema}}}}}},
+                               400);
+  EXPECT_EQ(via_format["error"]["param"], "response_format.json_schema.schema") << via_format.dump();
+  EXPECT_EQ(post("/v1/completions", {{"prompt", "x"}, {"guided_json", schema}}, 400)["error"]["param"], "guided_json");
 }
 
 // tool_choice "required" and a named function on the bundled model: every answer, streamed or
