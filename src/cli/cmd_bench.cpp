@@ -12,6 +12,7 @@
 #include "bench/bench.h"
 #include "bench/workload.h"
 #include "cli/commands.h"
+#include "cli/validators.h"
 #include "core/error.h"
 
 namespace glms::cli {
@@ -49,9 +50,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--api-key", c.api_key, "Sent as Authorization: Bearer KEY");
   CLI::Option* preset =
       cmd->add_option("--preset", a->preset, "A write-up's run: " + preset_names() + "; flags override its values");
-  CLI::Option* in = cmd->add_option("--input-len", a->input_len, "Prompt tokens (default 1024)")->check(CLI::PositiveNumber);
+  CLI::Option* in = cmd->add_option("--input-len", a->input_len, "Prompt tokens (default 1024)")->check(positive_number());
   CLI::Option* out = cmd->add_option("--output-len", a->output_len, "Output tokens, sent as max_tokens with ignore_eos (default 128)")
-                         ->check(CLI::PositiveNumber);
+                         ->check(positive_number());
   cmd->add_option("--range-ratio", c.workload.range_ratio, "Lengths uniform in [len*(1-r), len*(1+r)]")
       ->check(CLI::Range(0.0, 0.999));
   CLI::Option* hit = cmd->add_option("--prefix-hit", a->prefix_hit,
@@ -59,11 +60,11 @@ void add_bench_command(CLI::App& app) {
                                      "hit*input-len tokens")
                          ->check(CLI::Range(0.0, 0.999));
   cmd->add_option("--num-prefixes", c.workload.num_prefixes, "Distinct shared prefixes (default 4)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   CLI::Option* rates = cmd->add_option("--request-rate", a->request_rates,
                                        "Open-loop levels, req/s, comma separated (e.g. 0.5,1,1.5,2,2.25,2.4; inf = all at once)");
   cmd->add_option("--burstiness", c.burstiness, "Gamma shape of arrival gaps: 1 = Poisson, <1 burstier")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_number())
       ->capture_default_str();
   CLI::Option* conc = cmd->add_option("--max-concurrency", a->concurrencies,
                                       "Closed-loop levels: requests in flight, comma separated (e.g. 1,4,16,64)");
@@ -71,27 +72,27 @@ void add_bench_command(CLI::App& app) {
   CLI::Option* nprompts = cmd->add_option("--num-prompts", a->num_prompts,
                                           "Measured requests per level (default: rate r: max(16, 60r); concurrency c: max(16, 4c))");
   CLI::Option* duration = cmd->add_option("--duration", c.duration_s, "Seconds per level instead of a request count")
-                              ->check(CLI::PositiveNumber);
+                              ->check(positive_number());
   nprompts->excludes(duration);
   CLI::Option* warmup = cmd->add_option("--warmup", a->warmup,
                                         "Unmeasured requests before each level (default: 1 per rate level, c per concurrency level)")
-                            ->check(CLI::NonNegativeNumber);
+                            ->check(non_negative_number());
   cmd->add_option("--seed", c.seed, "Seed of prompts and arrival schedules")->capture_default_str();
   cmd->add_option("--slo", a->slo, "Goodput bounds in ms, e.g. ttft:2000,tpot:50 (keys ttft, tpot, itl, e2el)");
   cmd->add_option("--num-gpus", c.cost.num_gpus, "GPUs behind the server (for tok/s/GPU and cost)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_number())
       ->capture_default_str();
   cmd->add_option("--gpu-hour-price", c.cost.gpu_hour_price, "$ per GPU-hour (adds $ per million tokens)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--power-watts", c.cost.power_watts, "Watts per GPU (adds tok/s per MW)")->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
+  cmd->add_option("--power-watts", c.cost.power_watts, "Watts per GPU (adds tok/s per MW)")->check(non_negative_number());
   cmd->add_option("--retries", c.retry.retries, "Client retries per request (exponential backoff; default 0)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   cmd->add_option("--retry-backoff", a->retry_backoff, "First retry delay in seconds, doubled each retry (max 30)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_number())
       ->capture_default_str();
   cmd->add_option("--circuit-breaker", c.circuit_breaker,
                   "K:T: after K consecutive failures fail fast for T seconds (counted as failures)");
-  cmd->add_option("--timeout", c.timeout_s, "Seconds per request attempt")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--timeout", c.timeout_s, "Seconds per request attempt")->check(positive_number())->capture_default_str();
   cmd->add_flag("--token-ids", c.token_id_prompts, "Send prompts as token ids (/v1/completions only)");
   cmd->add_option("--extra-body", c.extra_body, "JSON object merged into every request body");
   cmd->add_flag("--no-metrics", a->no_metrics, "Do not read the server's /metrics around each level");

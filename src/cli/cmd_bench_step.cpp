@@ -16,6 +16,7 @@
 
 #include "cli/bench_step_rank.h"
 #include "cli/commands.h"
+#include "cli/validators.h"
 #include "core/error.h"
 #include "io/model_config.h"
 #include "model/batch.h"
@@ -678,7 +679,7 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--wgmma-experts-min-pairs", o->wgmma_experts_min_pairs,
                   "MXFP4 routed experts run as W4A16 grouped GEMMs on the warpgroup tensor cores from this many "
                   "pairs per expert on average (0: never)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative_number())
       ->capture_default_str();
   cmd->add_option("--wgmma-experts-tile-rows", o->wgmma_experts_tile_rows,
                   "Grouped rows a block of those GEMMs: 64, 128, or 0 (128 from 128 pairs per expert)")

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/validators.h"
 #include "core/error.h"
 #include "cli/model_source.h"
 #include "engine/generator.h"
@@ -138,10 +139,10 @@ void add_generate_command(CLI::App& app) {
   auto* prompt = cmd->add_option("--prompt", args->prompt, "Prompt text (encoded without special tokens)");
   auto* ids = cmd->add_option("--input-ids", args->input_ids, "Prompt token ids, comma-separated");
   prompt->excludes(ids);
-  cmd->add_option("--max-tokens", args->max_tokens, "Tokens to generate")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-tokens", args->max_tokens, "Tokens to generate")->check(non_negative_number());
   cmd->add_option("--temperature", args->temperature, "Sampling temperature; 0 = greedy")->check(CLI::Range(0.0, 100.0));
   cmd->add_option("--top-p", args->top_p, "Nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--top-k", args->top_k, "Keep the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-k", args->top_k, "Keep the k most likely tokens (0 = all)")->check(non_negative_number());
   cmd->add_option("--min-p", args->min_p, "Drop tokens under min_p x the top probability")->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--seed", args->seed, "Random seed for sampling");
   cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype,

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/validators.h"
 #include "core/error.h"
 #include "model/glm5.h"
 #include "quant/checkpoint_quantizer.h"
@@ -155,7 +156,7 @@ void add_quantize_command(CLI::App& app) {
                   "Largest output safetensors file (5GB, 500MB, 2GiB...); more become shards with an index")
       ->capture_default_str();
   cmd->add_option("--eval", args->eval_file, "Text file: report KL divergence, top-1 agreement and perplexities");
-  cmd->add_option("--eval-tokens", args->eval_tokens, "Tokens of the text to evaluate")->check(CLI::PositiveNumber);
+  cmd->add_option("--eval-tokens", args->eval_tokens, "Tokens of the text to evaluate")->check(positive_number());
   cmd->add_option("--eval-window", args->window, "Tokens per evaluated window")->check(CLI::Range(2, 65536));
   cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype,
                   "With --eval: the quantised model reads a KV cache of this dtype (auto or fp8_e4m3); fp8 also "

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/validators.h"
 #include "cli/model_source.h"
 #include "core/error.h"
 #include "core/readable_number.h"
@@ -437,10 +438,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--api-key-file", args->api_key_file, "A file of accepted keys, one a line");
   cmd->add_option("--jwt-secret", args->jwt_secret, "Accept HS256 JWTs signed with this secret");
   cmd->add_option("--max-num-seqs", args->max_num_seqs, "Sequences per step at most (default 64; presets change it)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   cmd->add_option("--max-num-batched-tokens,--max-batch-tokens", args->max_batch_tokens,
                   "Tokens per step at most (default 2048 on GPUs, 512 on the CPU; presets change it)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   cmd->add_option("--kv-cache-memory,--kv-cache-memory-bytes", args->kv_cache_memory,
                   "Bytes for each data-parallel rank's KV cache, e.g. 2G or 512MiB (default: on a GPU what "
                   "--gpu-memory-utilization leaves, on the CPU max_num_seqs x max_model_len up to 2 GiB)");
@@ -460,10 +461,10 @@ void add_serve_command(CLI::App& app) {
                   "Model ids in the API, the first in responses (default: the folder's name)")
       ->take_all();
   cmd->add_option("--max-waiting", args->max_waiting, "Queued requests beyond which 429 is returned")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   cmd->add_option("--rate-limit", args->rate_limit, "Per-client token bucket: RPS or RPS:BURST");
   cmd->add_option("--request-timeout", args->request_timeout, "Seconds before a request ends with 'timeout'")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   cmd->add_option("--max-body-bytes", args->max_body_bytes, "Largest request body (413 above)");
   cmd->add_option("--io-threads", args->io_threads, "HTTP I/O threads")->check(CLI::Range(1, 64));
   cmd->add_option("--max-connections", args->max_connections,

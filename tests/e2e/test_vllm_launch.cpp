@@ -91,6 +91,22 @@ TEST(VllmLaunch, FlagsThatCannotApplyAreRefusedSayingWhy) {
   }
 }
 
+// A bad number says what the flag expects, in words (CLI11's own checks print a range up to the
+// largest double, 309 digits).
+TEST(VllmLaunch, BadNumbersSayWhatTheFlagExpects) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"serve " + kModel + " --max-num-seqs abc", "--max-num-seqs: expects a number above 0, not 'abc'"},
+      {"serve " + kModel + " --request-timeout -1", "--request-timeout: expects a number of 0 or more, not '-1'"},
+      {"generate --model " + kModel + " --max-tokens -5", "--max-tokens: expects a number of 0 or more, not '-5'"},
+  };
+  for (const auto& [args, expect] : cases) {
+    const auto [out, status] = run_glmserve(args);
+    EXPECT_NE(status, 0) << args << "\n" << out;
+    EXPECT_NE(out.find(expect), std::string::npos) << args << "\n" << out;
+    EXPECT_LT(out.size(), 300u) << args << "\n" << out;
+  }
+}
+
 // Slow or silent clients cannot hold the server: past --max-connections a connection gets a 503
 // and is closed, and a request whose headers stall past --header-timeout is cut off.
 TEST(ConnectionLimits, TooManyConnectionsAndStalledHeadersAreCutOff) {
