@@ -413,15 +413,11 @@ void CudaGlm5Model::Impl::apply_token_masks(const std::vector<RowOutput>& output
   for (size_t i = 0; i < outputs.size(); ++i) {
     const RowOutput& o = outputs[i];
     if (!o.has_mask()) continue;
+    GLMS_CHECK((o.mask ? static_cast<int64_t>(o.mask->size()) : o.mask_source_words) == layout.words,
+               "forward_selected: a row's token mask needs (vocab + 31) / 32 words");
     uint32_t* row_words = words + masked * layout.words;
-    if (o.mask) {
-      GLMS_CHECK(static_cast<int64_t>(o.mask->size()) == layout.words,
-                 "forward_selected: a row's token mask needs (vocab + 31) / 32 words");
-      std::copy(o.mask->begin(), o.mask->end(), row_words);
-    } else {
-      GLMS_CHECK(o.mask_source_words == layout.words, "forward_selected: a row's token mask needs (vocab + 31) / 32 words");
-      o.mask_source(row_words);
-    }
+    if (o.mask) std::copy(o.mask->begin(), o.mask->end(), row_words);
+    else o.mask_source(row_words);
     rows[masked] = static_cast<int32_t>(i);
     ++masked;
   }
