@@ -267,9 +267,15 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
       return Value(r);
     }
     if (ints && op == "**" && int_of(b) >= 0) {
+      // By squaring: one multiplication per bit of the exponent, so `1 ** 33333333333` takes 35
+      // steps, not a loop of that many. A square that overflows while exponent bits remain
+      // means the result would overflow too.
       int64_t base = int_of(a), e = int_of(b), r = 1;
-      for (int64_t i = 0; i < e; ++i)
-        if (__builtin_mul_overflow(r, base, &r)) fail("integer overflow");
+      while (e > 0) {
+        if ((e & 1) && __builtin_mul_overflow(r, base, &r)) fail("integer overflow");
+        e >>= 1;
+        if (e > 0 && __builtin_mul_overflow(base, base, &base)) fail("integer overflow");
+      }
       return Value(r);
     }
     double x = a.to_double(), y = b.to_double();
