@@ -53,6 +53,7 @@ struct BenchStepOptions {
   int fused_attention_min_tokens = model::CudaModelOptions{}.fused_attention_min_tokens;
   bool fused_prefill_attention = model::CudaModelOptions{}.fused_prefill_attention;
   bool wgmma_attention = model::CudaModelOptions{}.wgmma_attention;
+  bool wgmma_attention_splits = model::CudaModelOptions{}.wgmma_attention_splits;
   bool wgmma_indexer = model::CudaModelOptions{}.wgmma_indexer;
   int wgmma_experts_min_pairs = model::CudaModelOptions{}.wgmma_experts_min_pairs;
   int wgmma_experts_tile_rows = model::CudaModelOptions{}.wgmma_experts_tile_rows;
@@ -337,6 +338,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.fused_attention_min_tokens = o.fused_attention_min_tokens;
   options.fused_prefill_attention = o.fused_prefill_attention;
   options.wgmma_attention = o.wgmma_attention;
+  options.wgmma_attention_splits = o.wgmma_attention_splits;
   options.wgmma_indexer = o.wgmma_indexer;
   options.wgmma_experts_min_pairs = o.wgmma_experts_min_pairs;
   options.wgmma_experts_tile_rows = o.wgmma_experts_tile_rows;
@@ -573,6 +575,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"fused_attention_min_tokens", o.fused_attention_min_tokens},
                         {"fused_prefill_attention", o.fused_prefill_attention},
                         {"wgmma_attention", o.wgmma_attention},
+                        {"wgmma_attention_splits", o.wgmma_attention_splits},
                         {"wgmma_indexer", o.wgmma_indexer},
                         {"wgmma_experts_min_pairs", o.wgmma_experts_min_pairs},
                         {"wgmma_experts_tile_rows", o.wgmma_experts_tile_rows},
@@ -671,6 +674,10 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--wgmma-attention", o->wgmma_attention,
                   "Fused attention passes with a block per token on Hopper's warpgroup tensor cores (true/false; "
                   "false: the mma.sync kernel)")
+      ->capture_default_str();
+  cmd->add_option("--wgmma-attention-splits", o->wgmma_attention_splits,
+                  "The wgmma pass also for decode batches of fewer tokens than SMs, each token's rows split over "
+                  "blocks (true/false; false: those take the mma.sync kernel)")
       ->capture_default_str();
   cmd->add_option("--wgmma-indexer", o->wgmma_indexer,
                   "Long prefill chunks' indexer scores on the warpgroup tensor cores, fused with the sum over heads "

@@ -186,6 +186,21 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
     EXPECT_LT(wgmma_error, 1e-2) << "wgmma: H=" << H << " tokens=" << T;
     EXPECT_LT(wgmma_error, 2 * gathered_error + 1e-4);
     std::printf("  wgmma: relative L2 %.2e\n", wgmma_error);
+    // Each token's rows split over blocks and merged: any count of whole tiles, including splits
+    // past a short token's selection, and the count mla_attention_fused picks.
+    const int tiles = (rows + 63) / 64;
+    const int64_t split_elements = int64_t{T} * tiles * H * (L + 2);
+    cuda::DeviceBuffer split_partials(split_elements * sizeof(float));
+    for (const int splits : {2, 3, tiles, cuda::mla_wgmma_splits(T, rows, H, split_elements)}) {
+      if (splits < 2 || splits > tiles) continue;
+      auto split_out = glms::testing::poisoned(expected.size());
+      a.out = split_out.as<float>();
+      cuda::mla_attention_wgmma(a, staged_queries.as<uint16_t>(), nullptr, rows, splits, split_partials.as<float>(),
+                                split_elements);
+      const double split_error = relative_l2(to_host<float>(split_out, expected.size()), expected);
+      EXPECT_LT(split_error, 2 * gathered_error + 1e-4) << "wgmma, " << splits << " splits: H=" << H << " tokens=" << T;
+      std::printf("  wgmma, %d splits: relative L2 %.2e\n", splits, split_error);
+    }
   }
   // Tokens [1, T) alone (first_token / launch_tokens), the first token's output untouched.
   if (T > 1) {

@@ -152,7 +152,8 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
         args.launch_tokens = count;
         if (fused_attention() && count >= options.fused_attention_min_tokens)
           cuda::mla_attention_fused(args, max_selected_in_step, as<uint16_t>(prefill_queries), as<float>(prefill_scores),
-                                    prefill_score_capacity, s, options.wgmma_attention);
+                                    prefill_score_capacity, s, options.wgmma_attention,
+                                    options.wgmma_attention_splits);
         else
           cuda::mla_attention_gathered(args, max_selected_in_step, gather, gemm, s);
       },
@@ -165,7 +166,8 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
         args.first_token = seq.first_token;
         args.launch_tokens = seq.num_tokens;
         cuda::mla_attention_fused(args, std::min(seq.context_len, c.index_topk), as<uint16_t>(prefill_queries),
-                                  as<float>(prefill_scores), prefill_score_capacity, s, options.wgmma_attention);
+                                  as<float>(prefill_scores), prefill_score_capacity, s, options.wgmma_attention,
+                                    options.wgmma_attention_splits);
       });
   timer.mark("attention.core", s);
 
@@ -192,8 +194,9 @@ bool CudaGlm5Model::Impl::fused_prefill_pays(const SequenceSlice& seq, int heads
   } else {
     fused_rows = (first + top_k) * (top_k - first + 1) / 2 + top_k * (last - top_k);
   }
-  // mla_attention_fused takes the wgmma pass for chunks of a block per SM or more.
-  const bool wgmma = options.wgmma_attention && seq.num_tokens >= cuda::mla_wgmma_min_tokens() &&
+  // mla_attention_fused takes the wgmma pass (without splits: for chunks of a block per SM or more).
+  const bool wgmma = options.wgmma_attention &&
+                     (options.wgmma_attention_splits || seq.num_tokens >= cuda::mla_wgmma_min_tokens()) &&
                      cuda::mla_attention_wgmma_supported(heads, config.kv_lora_rank, config.qk_rope_head_dim);
   return n * context > (wgmma ? kFusedPrefillWorkRatioWgmma : kFusedPrefillWorkRatio) * fused_rows;
 }

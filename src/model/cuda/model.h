@@ -50,9 +50,9 @@ struct CudaModelOptions {
   int small_batch_gemv_tokens = 2;
   // Runs of at least this many decode / short-chunk tokens attend through
   // ops::cuda::mla_attention_fused (one pass over the selected rows), shorter ones through the
-  // gathered-row GEMMs (0: always fused). On the H200 at GLM-5.2 width the two tie at batch 1,
-  // the GEMMs win at 8 and the fused pass at 64 (docs/performance.md).
-  int fused_attention_min_tokens = 16;
+  // gathered-row GEMMs (0: always fused). On the H200 at GLM-5.2 width the fused pass, with its
+  // wgmma splits, wins at every batch from 1 (0.22 -> 0.13 ms for 5 layers; docs/performance.md).
+  int fused_attention_min_tokens = 0;
   // Long prefill chunks through the same fused pass (each token reads only its top-k rows)
   // where it pays, instead of dense scores over the chunk's causal extent and a sparse softmax:
   // where the chunk's context is long against index_topk (kFusedPrefillWorkRatio, measured on
@@ -62,6 +62,9 @@ struct CudaModelOptions {
   // tensor cores (ops::cuda::mla_attention_wgmma) where the shapes are GLM-5's; false: the
   // mma.sync kernel. With it the fused pass pays from kFusedPrefillWorkRatioWgmma on.
   bool wgmma_attention = true;
+  // The wgmma pass also for tokens fewer than SMs (decode batches), each token's selection split
+  // over blocks (ops::cuda::mla_wgmma_splits) and merged; false: such runs take the mma.sync kernel.
+  bool wgmma_attention_splits = true;
   // Long prefill chunks' indexer scores on the warpgroup tensor cores, fused with the sum over
   // heads (ops::cuda::indexer_scores_wgmma; GLM-5's 32 heads of 128); false: a TF32 GEMM whose
   // per-head products go through global memory. Prefill 8192 on the H200 at GLM-5.2 width:

@@ -57,20 +57,37 @@ void mla_attention_gathered(const MlaAttentionArgs& args, int max_selected_in_st
 // null: one split) holds the splits' sums: the number of splits is bounded so that
 // launch_tokens * splits * num_heads * (latent + 2) floats fit `partial_elements`. Launches depend
 // only on the token count and `max_selected_in_step` (graph-capturable).
-// Where each token's selection fits one split, or there are mla_wgmma_min_tokens() tokens or
-// more (a block per SM), and the shapes are GLM-5's (latent 512, rope 64), the pass runs on the
-// warpgroup tensor cores (mla_attention_wgmma) unless `allow_wgmma` is false.
+// Where the shapes are GLM-5's (latent 512, rope 64) the pass runs on the warpgroup tensor cores
+// (mla_attention_wgmma, its splits from mla_wgmma_splits) unless `allow_wgmma` is false; with
+// `allow_wgmma_splits` false it does so only where each token's selection fits one split or
+// there are mla_wgmma_min_tokens() tokens or more (a block per SM), the mma.sync kernel otherwise.
 bool mla_attention_fused_supported(int num_heads, int latent_dim, int rope_dim);
 int mla_padded_row(int latent_dim, int rope_dim);  // latent + rope rounded up to 16
 void mla_attention_fused(const MlaAttentionArgs& args, int max_selected_in_step, uint16_t* queries, float* partials,
-                         int64_t partial_elements, cudaStream_t stream, bool allow_wgmma = true);
+                         int64_t partial_elements, cudaStream_t stream, bool allow_wgmma = true,
+                         bool allow_wgmma_splits = true);
 
-// The same attention with a block per token on Hopper's wgmma (mla_wgmma.cu): the token's
-// selected rows stream through shared memory in 64-row tiles, two in flight; no splits.
-// `queries` receives the launched tokens' scaled bf16 queries, [launch_tokens, H, 576].
+// The same attention on Hopper's wgmma (mla_wgmma.cu): a block per (token, split of its
+// selection) streams the selected rows through shared memory in 64-row tiles, two in flight.
+// `queries` receives the launched tokens' scaled bf16 queries, [launch_tokens, H, 576]. With
+// `splits` > 1 the selections (at most max_selected_in_step rows) go in that many splits of
+// whole tiles (fewer where that covers them), whose sums `partials` holds as mla_attention_fused's
+// do, merged by mla_merge_splits.
 bool mla_attention_wgmma_supported(int num_heads, int latent_dim, int rope_dim);  // H <= 64, 512 + 64
 int mla_wgmma_min_tokens();  // the device's SM count
-void mla_attention_wgmma(const MlaAttentionArgs& args, uint16_t* queries, cudaStream_t stream);
+void mla_attention_wgmma(const MlaAttentionArgs& args, uint16_t* queries, cudaStream_t stream,
+                         int max_selected_in_step = 0, int splits = 1, float* partials = nullptr,
+                         int64_t partial_elements = 0);
+// The split count for launch_tokens tokens of up to max_selected_in_step rows whose partials fit
+// partial_elements floats: the fewest waves of a block per SM times a block's tiles.
+int mla_wgmma_splits(int launch_tokens, int max_selected_in_step, int num_heads, int64_t partial_elements);
+
+// Splits' partials: [launch_tokens][splits][H][latent] unnormalised sums, then
+// [launch_tokens][splits][H][2] (running max, sum of exponentials). out[token, h, :] = their
+// softmax-weighted combination, over the splits that saw a selected row.
+constexpr int kMlaMaxSplits = 512;
+void mla_merge_splits(const MlaAttentionArgs& args, int launch_tokens, int splits, const float* partials,
+                      cudaStream_t stream);
 
 // queries[i, h, :] = bf16(scale * [q_latent, q_rope]) of token first_token + i for the launched
 // tokens, zero-padded to `width` (a multiple of 16, at least latent + rope).

@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // that the column loop's loads are independent of each other; with 16-byte rows a thread sums
 // four columns per load, as a batch-1 merge reads 32 splits x 128 KB and is bound by how many
 // loads are in flight.
-constexpr int kMaxSplits = 512;
+constexpr int kMaxSplits = kMlaMaxSplits;
 __global__ void mla_merge_splits_kernel(MlaAttentionArgs a, int launch_tokens, int splits, const float* partials) {
   __shared__ float weight[kMaxSplits];
   __shared__ float inv_total;
@@ -340,6 +340,12 @@ int mla_padded_row(int latent_dim, int rope_dim) { return (latent_dim + rope_dim
 
 int mla_wgmma_min_tokens() { return multiprocessor_count(); }
 
+void mla_merge_splits(const MlaAttentionArgs& a, int launch_tokens, int splits, const float* partials,
+                      cudaStream_t stream) {
+  mla_merge_splits_kernel<<<dim3(launch_tokens, a.num_heads), 128, 0, stream>>>(a, launch_tokens, splits, partials);
+  check(cudaGetLastError(), "mla_merge_splits launch");
+}
+
 void mla_stage_queries(const MlaAttentionArgs& a, int launch_tokens, int width, uint16_t* queries,
                        cudaStream_t stream) {
   stage_queries_kernel<<<static_cast<unsigned>(launch_tokens) * a.num_heads, 64, 0, stream>>>(a, width, queries);
@@ -347,7 +353,7 @@ void mla_stage_queries(const MlaAttentionArgs& a, int launch_tokens, int width, 
 }
 
 void mla_attention_fused(const MlaAttentionArgs& a, int max_selected_in_step, uint16_t* queries, float* partials,
-                         int64_t partial_elements, cudaStream_t stream, bool allow_wgmma) {
+                         int64_t partial_elements, cudaStream_t stream, bool allow_wgmma, bool allow_wgmma_splits) {
   const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
   if (launch_tokens <= 0) return;
   GLMS_CHECK(mla_attention_fused_supported(a.num_heads, a.latent_dim, a.rope_dim),
@@ -361,10 +367,17 @@ void mla_attention_fused(const MlaAttentionArgs& a, int max_selected_in_step, ui
   splits = std::max(splits, 1);
   const int rows_per_split = ((rows + splits - 1) / splits + kRowTile - 1) / kRowTile * kRowTile;
   splits = (rows + rows_per_split - 1) / rows_per_split;
-  if (allow_wgmma && (splits == 1 || launch_tokens >= mla_wgmma_min_tokens()) &&
-      mla_attention_wgmma_supported(a.num_heads, a.latent_dim, a.rope_dim)) {
-    mla_attention_wgmma(a, queries, stream);
-    return;
+  if (allow_wgmma && mla_attention_wgmma_supported(a.num_heads, a.latent_dim, a.rope_dim)) {
+    if (allow_wgmma_splits) {
+      const int wgmma_splits =
+          partials ? mla_wgmma_splits(launch_tokens, rows, a.num_heads, partial_elements) : 1;
+      mla_attention_wgmma(a, queries, stream, rows, wgmma_splits, partials, partial_elements);
+      return;
+    }
+    if (splits == 1 || launch_tokens >= mla_wgmma_min_tokens()) {
+      mla_attention_wgmma(a, queries, stream);
+      return;
+    }
   }
 
   const size_t bytes = shared_bytes(a.latent_dim + a.rope_dim);
@@ -377,10 +390,7 @@ void mla_attention_fused(const MlaAttentionArgs& a, int max_selected_in_step, ui
   mla_fused_kernel<<<dim3(launch_tokens, splits), kThreads, bytes, stream>>>(a, queries, rows_per_split, splits,
                                                                             partials);
   check(cudaGetLastError(), "mla_fused launch");
-  if (splits > 1) {
-    mla_merge_splits_kernel<<<dim3(launch_tokens, a.num_heads), 128, 0, stream>>>(a, launch_tokens, splits, partials);
-    check(cudaGetLastError(), "mla_merge_splits launch");
-  }
+  if (splits > 1) mla_merge_splits(a, launch_tokens, splits, partials, stream);
 }
 
 }  // namespace glms::ops::cuda

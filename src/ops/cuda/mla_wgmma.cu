@@ -1,5 +1,5 @@
-// Sparse MLA attention for prefill on Hopper's warpgroup tensor cores (wgmma), for GLM-5's
-// shapes: up to 64 heads, latent 512, rope 64.
+// Sparse MLA attention on Hopper's warpgroup tensor cores (wgmma), for GLM-5's shapes: up to 64
+// heads, latent 512, rope 64. Prefill chunks and large decode batches.
 //
 // Why this shape: a prefill token attends over up to index_topk of its context's latent rows,
 // and all its heads read the same rows (MQA in latent space), so a block takes one token and
@@ -9,7 +9,9 @@
 // against all 64 heads (wgmma m64n32k16 over the 576 columns); the running max of the online
 // softmax goes through shared memory; the probabilities go to shared memory as bf16, and each
 // warpgroup adds P V for its half of the 512 latent columns (two m64n128k16 a 16-row step), its
-// 64 x 256 fp32 sums in registers. The mma.sync kernel (mla_fused.cu) moves every operand
+// 64 x 256 fp32 sums in registers. A decode batch has fewer tokens than SMs, so a token's
+// selection is split over blocks (splits of whole tiles) and mla_merge_splits combines their
+// (max, sum, unnormalised output); wgmma_splits picks the count. The mma.sync kernel (mla_fused.cu) moves every operand
 // through registers with ldmatrix, which bounds it by shared-memory bandwidth on these shapes;
 // wgmma reads both operands from shared memory itself.
 //
@@ -24,6 +26,7 @@
 // P V the rows are the B operand read MN-major (a line holds 64 latent columns of one row).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -63,8 +66,12 @@ __device__ __forceinline__ void load_tile(uint32_t stage, const int32_t* slot, c
   }
 }
 
-// Block per launched token. staged_queries: [launch_tokens, H, 576] bf16, pre-scaled.
-__global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaAttentionArgs a, const uint16_t* staged_queries) {
+// Grid (launched token, split); a split covers selected rows [split * rows_per_split, + rows_per_split).
+// staged_queries: [launch_tokens, H, 576] bf16, pre-scaled. With one split the block writes the
+// normalised output; otherwise `partials` as mla_merge_splits reads them.
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_wgmma_kernel(MlaAttentionArgs a, const uint16_t* staged_queries, int rows_per_split, int splits,
+                     float* partials) {
   extern __shared__ __align__(16) uint8_t shared_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
   const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
@@ -75,11 +82,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaAttentionArgs
   float* sum_part = max_part + 2 * kHeads;                       // [2][64]
   uint8_t* probs_generic = generic + kQueryBytes + 2 * kTileBytes;
 
-  const int i = blockIdx.x, t = a.first_token + i;
+  const int i = blockIdx.x, t = a.first_token + i, split = blockIdx.y;
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int head_row[2] = {16 * warp + g, 16 * warp + g + 8};  // this thread's heads in S, P and O
-  const int H = a.num_heads, count = a.num_selected[t];
-  const int32_t* chosen = a.selected + static_cast<int64_t>(t) * a.max_selected;
+  const int H = a.num_heads, begin = split * rows_per_split;
+  const int count = max(0, min(a.num_selected[t] - begin, rows_per_split));  // this split's rows
+  const int32_t* chosen = a.selected + static_cast<int64_t>(t) * a.max_selected + begin;
   const int32_t* blocks = a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks;
   auto resolve = [&](int j) -> int32_t {
     if (j >= count) return -1;
@@ -199,6 +207,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaAttentionArgs
     wgmma::pin(out[0]);
     wgmma::pin(out[1]);
   }
+  wgmma::copy_async_wait<0>();  // a split without rows still issued its first tile
 
   // Each head's sum over both warpgroups' columns, then the normalised output.
 #pragma unroll
@@ -212,8 +221,17 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaAttentionArgs
   for (int h = 0; h < 2; ++h) {
     const int head = head_row[h];
     if (head >= H) continue;
-    const float total = sum_part[head] + sum_part[kHeads + head], norm = total > 0.0f ? 1.0f / total : 0.0f;
-    float* dst = a.out + (static_cast<int64_t>(t) * H + head) * kLatent + 256 * wg + 2 * tq;
+    const float total = sum_part[head] + sum_part[kHeads + head];
+    const float norm = splits > 1 ? 1.0f : total > 0.0f ? 1.0f / total : 0.0f;
+    const int64_t split_row = static_cast<int64_t>(i) * splits + split;
+    float* dst = (splits > 1 ? partials + (split_row * H + head) * kLatent
+                             : a.out + (static_cast<int64_t>(t) * H + head) * kLatent) +
+                 256 * wg + 2 * tq;
+    if (splits > 1 && wg == 0 && tq == 0) {
+      float* stats = partials + static_cast<int64_t>(gridDim.x) * splits * H * kLatent + (split_row * H + head) * 2;
+      stats[0] = run_max[h];
+      stats[1] = total;
+    }
 #pragma unroll
     for (int half = 0; half < 2; ++half)
 #pragma unroll
@@ -229,16 +247,44 @@ bool mla_attention_wgmma_supported(int num_heads, int latent_dim, int rope_dim) 
   return num_heads >= 1 && num_heads <= kHeads && latent_dim == kLatent && rope_dim == kRope;
 }
 
-void mla_attention_wgmma(const MlaAttentionArgs& a, uint16_t* queries, cudaStream_t stream) {
+int mla_wgmma_splits(int launch_tokens, int max_selected_in_step, int num_heads, int64_t partial_elements) {
+  const int tiles = std::max(1, (max_selected_in_step + kTileRows - 1) / kTileRows);
+  const int64_t per_split = int64_t{launch_tokens} * num_heads * (kLatent + 2);
+  const int most = static_cast<int>(std::min<int64_t>(std::min(tiles, kMlaMaxSplits), partial_elements / per_split));
+  const int sms = multiprocessor_count();
+  // A block per SM: the cost of s splits is the waves of blocks times a block's tiles (its
+  // queries load as one more), plus about two tiles' time for the merge's pass over the partials.
+  auto cost = [&](int s) {
+    const int tiles_per_split = (tiles + s - 1) / s;
+    const int64_t waves = (int64_t{launch_tokens} * s + sms - 1) / sms;
+    return waves * (tiles_per_split + 1) + (s > 1 ? 2 : 0);
+  };
+  int best = 1;
+  for (int s = 2; s <= most; ++s)
+    if (cost(s) < cost(best)) best = s;
+  return best;
+}
+
+void mla_attention_wgmma(const MlaAttentionArgs& a, uint16_t* queries, cudaStream_t stream, int max_selected_in_step,
+                         int splits, float* partials, int64_t partial_elements) {
   const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
   if (launch_tokens <= 0) return;
   GLMS_CHECK(mla_attention_wgmma_supported(a.num_heads, a.latent_dim, a.rope_dim),
              "mla_attention_wgmma: at most 64 heads, latent 512 and rope 64");
+  // Whole tiles a split; the count that covers max_selected_in_step with them.
+  const int tiles = std::max(1, (max_selected_in_step + kTileRows - 1) / kTileRows);
+  const int tiles_per_split = splits > 1 ? (tiles + splits - 1) / splits : 0;
+  splits = splits > 1 ? (tiles + tiles_per_split - 1) / tiles_per_split : 1;
+  const int rows_per_split = splits > 1 ? tiles_per_split * kTileRows : a.max_selected;
+  GLMS_CHECK(splits == 1 || (partials && int64_t{launch_tokens} * splits * a.num_heads * (kLatent + 2) <= partial_elements),
+             "mla_attention_wgmma: splits need partials of launch_tokens x splits x heads x (latent + 2) floats");
   check(cudaFuncSetAttribute(mla_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
         "cudaFuncSetAttribute(mla_wgmma_kernel)");
   mla_stage_queries(a, launch_tokens, kRow, queries, stream);
-  mla_wgmma_kernel<<<launch_tokens, kThreads, kSharedBytes, stream>>>(a, queries);
+  mla_wgmma_kernel<<<dim3(launch_tokens, splits), kThreads, kSharedBytes, stream>>>(a, queries, rows_per_split, splits,
+                                                                                   partials);
   check(cudaGetLastError(), "mla_wgmma launch");
+  if (splits > 1) mla_merge_splits(a, launch_tokens, splits, partials, stream);
 }
 
 }  // namespace glms::ops::cuda
