@@ -89,10 +89,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int count = max(0, min(a.num_selected[t] - begin, rows_per_split));  // this split's rows
   const int32_t* chosen = a.selected + static_cast<int64_t>(t) * a.max_selected + begin;
   const int32_t* blocks = a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks;
-  auto resolve = [&](int j) -> int32_t {
-    if (j >= count) return -1;
-    const int position = chosen[j];
-    return blocks[position / a.block_size] * a.block_size + position % a.block_size;
+  // A selected row's context position (-1 past the split's rows), and a position's cache slot.
+  // Thread r < 64 looks up row r of a tile in two steps an iteration apart (the position two
+  // tiles ahead, the slot one tile ahead), so that neither dependent load waits in the loop: in
+  // decode both come from memory, about a microsecond each.
+  auto position_of = [&](int j) -> int32_t { return j < count ? chosen[j] : -1; };
+  auto slot_of = [&](int32_t position) -> int32_t {
+    return position < 0 ? -1 : blocks[position / a.block_size] * a.block_size + position % a.block_size;
   };
 
   // The token's queries (heads past H: zeros) and the first tile, one cp.async group.
@@ -102,10 +105,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     copy_async_16(queries + (c / kChunksPerLine) * kBlockBytes + swizzled(h, c % kChunksPerLine),
                   token_queries + (h < H ? h * kRow + c * 8 : 0), h < H ? 16 : 0);
   }
-  if (threadIdx.x < kTileRows) slot[threadIdx.x] = resolve(threadIdx.x);
+  int32_t next_slot = -1, next_position = -1;  // of this thread's row of the next tile / the one after
+  if (threadIdx.x < kTileRows) {
+    slot[threadIdx.x] = slot_of(position_of(threadIdx.x));
+    next_position = position_of(kTileRows + threadIdx.x);
+  }
   __syncthreads();
   load_tile(rows, slot, a.cache);
   wgmma::copy_async_commit();
+  if (threadIdx.x < kTileRows) {
+    next_slot = slot_of(next_position);
+    next_position = position_of(2 * kTileRows + threadIdx.x);
+  }
   __syncthreads();  // every thread has read slot for tile 0 before the loop overwrites it
 
   float out[2][64];  // O[heads, 256 wg + 128 half + 8 j + 2 tq (+1)] at out[half][4 j + ...]
@@ -118,10 +129,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int tile = 0; tile < tiles; ++tile) {
     const uint32_t stage = rows + (tile & 1) * kTileBytes;
     // Every thread has issued this tile's copies (which read slot) before the last barrier.
-    if (threadIdx.x < kTileRows) slot[threadIdx.x] = resolve((tile + 1) * kTileRows + threadIdx.x);
+    if (threadIdx.x < kTileRows) slot[threadIdx.x] = next_slot;
     __syncthreads();  // slot is the next tile's; the other stage's readers (last tile's P V) are done
     if (tile + 1 < tiles) load_tile(rows + ((tile + 1) & 1) * kTileBytes, slot, a.cache);
     wgmma::copy_async_commit();
+    if (threadIdx.x < kTileRows) {  // used by the next iterations
+      next_slot = slot_of(next_position);
+      next_position = position_of((tile + 3) * kTileRows + threadIdx.x);
+    }
     wgmma::copy_async_wait<1>();  // all but the next tile's group: this tile (and the queries) have landed
     wgmma::fence_async_proxy();
     __syncthreads();
