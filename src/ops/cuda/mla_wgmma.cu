@@ -46,7 +46,7 @@ using wgmma::descriptor;
 constexpr int kHeads = 64, kLatent = 512, kRope = 64, kRow = kLatent + kRope;
 constexpr int kTileRows = 64;
 constexpr int kThreads = 256;  // two warpgroups
-constexpr int kLineBytes = wgmma::kLineBytes, kChunksPerLine = kLineBytes / 16, kColumnBlocks = kRow / 64;
+constexpr int kLineBytes = wgmma::kLineBytes, kColumnBlocks = kRow / 64;
 constexpr int kChunksPerRow = kRow / 8;                                  // 72 16-byte chunks a cache row
 constexpr int kBlockBytes = kTileRows * kLineBytes;                      // one column block of a tile
 constexpr int kQueryBytes = kColumnBlocks * kHeads * kLineBytes;         // 73728
@@ -56,14 +56,26 @@ constexpr int kSmallBytes = sizeof(int32_t) * kTileRows + sizeof(float) * 4 * kH
 constexpr int kSharedBytes = 1024 + kQueryBytes + 2 * kTileBytes + kProbBytes + kSmallBytes;  // 1024: alignment
 static_assert(kRow % 64 == 0 && kSharedBytes <= 232448, "one block an SM");
 
-// The tile's 64 cache rows (slot -1: zeros) into a stage: chunk c of row r to column block c / 8.
+// 64 lines of 576 bf16 values (a head's query or a cache row each) into the column blocks at
+// `base`: chunk c of line l to column block c / 8. Thread t copies line t / 4, chunks t % 4 + 4 j,
+// so that it needs one source row and each copy's addresses are constant offsets from two bases
+// (the integer work of a tile's 4608 copies is what the multiplying warps pay for).
+// `line_source`: this thread's line; `live` false writes zeros.
+__device__ __forceinline__ void copy_lines(uint32_t base, const uint16_t* line_source, bool live) {
+  static_assert(kThreads == 4 * 64 && kChunksPerRow % 8 == 0, "four threads a line, two chunks of a line's eight");
+  const int line = threadIdx.x / 4, q = threadIdx.x % 4;
+  const uint32_t even = base + swizzled(line, q), odd = base + swizzled(line, q + 4);
+  const uint16_t* src = line_source + q * 8;
+  const int bytes = live ? 16 : 0;
+#pragma unroll
+  for (int j = 0; j < kChunksPerRow / 4; ++j)  // chunk q + 4 j: column block j / 2, chunk q + 4 (j % 2) of the line
+    copy_async_16((j & 1 ? odd : even) + (j / 2) * kBlockBytes, src + 32 * j, bytes);
+}
+
+// The tile's 64 cache rows (slot -1: zeros) into a stage.
 __device__ __forceinline__ void load_tile(uint32_t stage, const int32_t* slot, const uint16_t* cache) {
-  for (int e = threadIdx.x; e < kTileRows * kChunksPerRow; e += kThreads) {
-    const int r = e / kChunksPerRow, c = e % kChunksPerRow;
-    const int32_t s = slot[r];
-    copy_async_16(stage + (c / kChunksPerLine) * kBlockBytes + swizzled(r, c % kChunksPerLine),
-                  cache + (s >= 0 ? static_cast<int64_t>(s) * kRow + c * 8 : 0), s >= 0 ? 16 : 0);
-  }
+  const int32_t s = slot[threadIdx.x / 4];
+  copy_lines(stage, cache + (s >= 0 ? static_cast<int64_t>(s) * kRow : 0), s >= 0);
 }
 
 // Grid (launched token, split); a split covers selected rows [split * rows_per_split, + rows_per_split).
@@ -100,11 +112,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // The token's queries (heads past H: zeros) and the first tile, one cp.async group.
   const uint16_t* token_queries = staged_queries + static_cast<int64_t>(i) * H * kRow;
-  for (int e = threadIdx.x; e < kHeads * kChunksPerRow; e += kThreads) {
-    const int h = e / kChunksPerRow, c = e % kChunksPerRow;
-    copy_async_16(queries + (c / kChunksPerLine) * kBlockBytes + swizzled(h, c % kChunksPerLine),
-                  token_queries + (h < H ? h * kRow + c * 8 : 0), h < H ? 16 : 0);
-  }
+  const int query_head = threadIdx.x / 4;
+  copy_lines(queries, token_queries + (query_head < H ? query_head * kRow : 0), query_head < H);
   int32_t next_slot = -1, next_position = -1;  // of this thread's row of the next tile / the one after
   if (threadIdx.x < kTileRows) {
     slot[threadIdx.x] = slot_of(position_of(threadIdx.x));
