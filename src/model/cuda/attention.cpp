@@ -167,7 +167,7 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
         args.launch_tokens = seq.num_tokens;
         cuda::mla_attention_fused(args, std::min(seq.context_len, c.index_topk), as<uint16_t>(prefill_queries),
                                   as<float>(prefill_scores), prefill_score_capacity, s, options.wgmma_attention,
-                                    options.wgmma_attention_splits);
+                                  options.wgmma_attention_splits);
       });
   timer.mark("attention.core", s);
 

@@ -11,9 +11,9 @@
 // warpgroup adds P V for its half of the 512 latent columns (two m64n128k16 a 16-row step), its
 // 64 x 256 fp32 sums in registers. A decode batch has fewer tokens than SMs, so a token's
 // selection is split over blocks (splits of whole tiles) and mla_merge_splits combines their
-// (max, sum, unnormalised output); wgmma_splits picks the count. The mma.sync kernel (mla_fused.cu) moves every operand
-// through registers with ldmatrix, which bounds it by shared-memory bandwidth on these shapes;
-// wgmma reads both operands from shared memory itself.
+// (max, sum, unnormalised output); mla_wgmma_splits picks the count. The mma.sync kernel
+// (mla_fused.cu) moves every operand through registers with ldmatrix, which bounds it by
+// shared-memory bandwidth on these shapes; wgmma reads both operands from shared memory itself.
 //
 // Shared memory, in the 128-byte swizzle wgmma reads (16-byte chunk c of 128-byte line r lies
 // at chunk c ^ (r % 8); lines in 1024-byte-aligned groups of 8). A "column block" is 64 bf16
@@ -300,7 +300,8 @@ void mla_attention_wgmma(const MlaAttentionArgs& a, uint16_t* queries, cudaStrea
   const int tiles_per_split = splits > 1 ? (tiles + splits - 1) / splits : 0;
   splits = splits > 1 ? (tiles + tiles_per_split - 1) / tiles_per_split : 1;
   const int rows_per_split = splits > 1 ? tiles_per_split * kTileRows : a.max_selected;
-  GLMS_CHECK(splits == 1 || (partials && int64_t{launch_tokens} * splits * a.num_heads * (kLatent + 2) <= partial_elements),
+  const int64_t partials_needed = int64_t{launch_tokens} * splits * a.num_heads * (kLatent + 2);
+  GLMS_CHECK(splits == 1 || (partials && partials_needed <= partial_elements),
              "mla_attention_wgmma: splits need partials of launch_tokens x splits x heads x (latent + 2) floats");
   check(cudaFuncSetAttribute(mla_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
         "cudaFuncSetAttribute(mla_wgmma_kernel)");
