@@ -30,6 +30,9 @@ class TokenConstraint {
   virtual void allowed_bits(uint32_t* words, int vocab) const;
   virtual bool may_end() const = 0;  // the output so far is complete
   virtual void accept(int32_t token) = 0;
+  // Non-empty when the constraint cannot go on (it spent what a request may spend): the engine
+  // ends the request with this error instead of reporting the token just drawn.
+  virtual std::string failure() const { return {}; }
 
   static int mask_words(int vocab) { return (vocab + 31) / 32; }
   // What the engine draws from next, as bits: allowed_bits(), then, when may_end(), the bits of
@@ -123,6 +126,7 @@ struct RequestOutput {
   bool finished = false;
   std::string finish_reason;
   std::string error;
+  bool request_error = false;  // the error is the request's own (an HTTP 400), not the server's
   int prompt_tokens = 0;
   int cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
   int completion_tokens = 0;     // generated so far

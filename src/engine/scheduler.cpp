@@ -152,11 +152,16 @@ std::vector<std::pair<OutputCallback, RequestOutput>> Scheduler::take_outbox() {
 
 void Scheduler::finish(Sequence& seq, const std::string& reason, const std::string& error) {
   if (seq.rank >= 0) ranks_[seq.rank]->blocks.release(seq);
+  emit_end(seq, reason, error);
+}
+
+void Scheduler::emit_end(Sequence& seq, const std::string& reason, const std::string& error, bool request_error) {
   RequestOutput out;
   out.request_id = seq.id;
   out.finished = true;
   out.finish_reason = reason;
   out.error = error;
+  out.request_error = request_error;
   out.prompt_tokens = seq.prompt_len;
   out.cached_prompt_tokens = seq.cached_prompt_tokens;
   out.completion_tokens = seq.num_generated();
@@ -436,6 +441,13 @@ int32_t Scheduler::draw_token(Sequence& seq, const float* raw_logits) {
 
 bool Scheduler::report_token(Sequence& seq, int32_t token_id, const float* raw_logits) {
   const RequestParams& p = seq.params;
+  if (p.constraint) {
+    const std::string failure = p.constraint->failure();
+    if (!failure.empty()) {  // the token was drawn under a mask the constraint could not make
+      emit_end(seq, "error", failure, true);
+      return true;  // the caller releases its blocks
+    }
+  }
   GeneratedToken generated;
   generated.token = token_id;
   if (p.top_logprobs >= 0) fill_logprobs(raw_logits, model_.vocab_size, p.top_logprobs, generated);

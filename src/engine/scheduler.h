@@ -85,6 +85,8 @@ class Scheduler {
     std::list<std::unique_ptr<Sequence>> running;  // in admission order
   };
   void finish(Sequence& seq, const std::string& reason, const std::string& error = "");
+  // finish() without the release; request_error: the request's own fault (RequestOutput).
+  void emit_end(Sequence& seq, const std::string& reason, const std::string& error, bool request_error = false);
   bool preempt_one(Rank& rank, const Sequence* keep);
   void schedule_running(int r, std::vector<ScheduledSequence>& scheduled, int& budget, bool speculate);
   void admit(StepPlan& plan, std::vector<int>& budgets);

@@ -48,6 +48,7 @@ struct Generation::Choice {
   std::string finish_reason;
   json stop_reason = nullptr;
   std::string error;
+  int error_status = 500;  // 400 where the request caused it (RequestOutput::request_error)
   std::unique_ptr<text::IncrementalDetokenizer> detok;
   std::unique_ptr<StopMatcher> stop;
   std::unique_ptr<OutputParser> parser;
@@ -341,7 +342,10 @@ void Generation::on_output(size_t index, const engine::RequestOutput& out) {
       // reported as truncated ("length"); the metrics keep the engine's "timeout".
       final_reason = stopped ? "stop" : out.finish_reason == "timeout" ? "length" : out.finish_reason;
       c.timed_out = !stopped && out.finish_reason == "timeout";
-      if (out.finish_reason == "error") c.error = out.error.empty() ? "generation failed" : out.error;
+      if (out.finish_reason == "error") {
+        c.error = out.error.empty() ? "generation failed" : out.error;
+        c.error_status = out.request_error ? 400 : 500;
+      }
     }
     // Route the released text.
     if (spec_.chat) {
@@ -385,11 +389,12 @@ void Generation::on_output(size_t index, const engine::RequestOutput& out) {
       state_->completed = true;
       HttpResponse r;
       std::string error;
+      int status = 500;
       for (const Choice& ch : state_->choices)
-        if (!ch.error.empty()) error = ch.error;
+        if (!ch.error.empty()) error = ch.error, status = ch.error_status;
       if (!error.empty()) {
-        r.status = 500;
-        r.body = error_body(ApiError{500, error, "", 0.0});
+        r.status = status;
+        r.body = error_body(ApiError{status, error, "", 0.0});
       } else {
         r.body = final_body_locked();
       }
@@ -428,7 +433,7 @@ void Generation::emit_locked(std::vector<std::string>& writes, size_t index, boo
   Choice& c = state_->choices[index];
   if (c.final_sent) return;
   if (!c.error.empty()) {
-    writes.push_back(sse_event(error_body(ApiError{500, c.error, "", 0.0})));
+    writes.push_back(sse_event(error_body(ApiError{c.error_status, c.error, "", 0.0})));
     c.final_sent = true;
     return;
   }

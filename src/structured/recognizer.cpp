@@ -37,6 +37,7 @@ int32_t Recognizer::node(int32_t pos, int32_t parent) {
 void Recognizer::expand(int32_t pos, int32_t parent, std::vector<int32_t>& tops, bool& accepting, int depth) {
   // Left recursion is refused when the grammar is built, so expansion ends; the depth bound
   // only guards against grammars whose call chains are absurdly long.
+  ++work_;
   if (depth > 4096 || tops.size() > kMaxTops) return;
   const Grammar::Element& el = grammar_->elements[static_cast<size_t>(pos)];
   switch (el.kind) {
@@ -107,12 +108,14 @@ int32_t Recognizer::step(int32_t state, unsigned char byte) {
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar, TokenTexts vocabulary)
     : grammar_(grammar), recognizer_(std::move(grammar)), vocabulary_(std::move(vocabulary)), start_(recognizer_.start()) {}
 
-int32_t GrammarMatcher::advance(int32_t state, int32_t token) {
+int32_t GrammarMatcher::advance(int32_t state, int32_t token, uint64_t* work) {
   if (token < 0 || token >= vocabulary_->vocab_size()) return Recognizer::kDead;
   const std::string& text = vocabulary_->texts[static_cast<size_t>(token)];
   if (text.empty()) return Recognizer::kDead;
   std::lock_guard<std::mutex> lock(mutex_);
+  const uint64_t before = recognizer_.work();
   for (const unsigned char c : text) state = recognizer_.step(state, c);
+  if (work) *work += recognizer_.work() - before;
   return state;
 }
 
@@ -131,10 +134,12 @@ size_t GrammarMatcher::num_states() {
   return recognizer_.num_states();
 }
 
-int GrammarMatcher::mask(int32_t state, float* logits, int vocab) {
+int GrammarMatcher::mask(int32_t state, float* logits, int vocab, uint64_t* work) {
   constexpr float kNever = -std::numeric_limits<float>::infinity();
   std::lock_guard<std::mutex> lock(mutex_);
+  const uint64_t before = recognizer_.work();
   const Mask& m = allowed_tokens(state);
+  if (work) *work += recognizer_.work() - before;
   const int known = std::min(vocab, vocabulary_->vocab_size());
   if (!m.dense) {
     thread_local std::vector<float> kept;
@@ -156,9 +161,11 @@ int GrammarMatcher::mask(int32_t state, float* logits, int vocab) {
   return m.count;
 }
 
-int GrammarMatcher::allowed_bits(int32_t state, uint32_t* words, int vocab) {
+int GrammarMatcher::allowed_bits(int32_t state, uint32_t* words, int vocab, uint64_t* work) {
   std::lock_guard<std::mutex> lock(mutex_);
+  const uint64_t before = recognizer_.work();
   const Mask& m = allowed_tokens(state);
+  if (work) *work += recognizer_.work() - before;
   const int known = std::min(vocab, vocabulary_->vocab_size());
   const int num_words = (vocab + 31) / 32;
   std::fill(words, words + num_words, 0u);
@@ -232,38 +239,64 @@ namespace {
 
 class GrammarConstraint final : public engine::TokenConstraint {
  public:
-  explicit GrammarConstraint(std::shared_ptr<GrammarMatcher> matcher)
-      : matcher_(std::move(matcher)), state_(matcher_->start()) {}
+  GrammarConstraint(std::shared_ptr<GrammarMatcher> matcher, uint64_t max_work)
+      : matcher_(std::move(matcher)), state_(matcher_->start()), max_work_(max_work) {}
 
   void mask(float* logits, int vocab) const override {
     // No whole token continues the output (the next byte is one only a byte-fallback token
     // spells, or a size limit was reached): it ends here rather than drawing from nothing.
-    stuck_ = matcher_->mask(state_, logits, vocab) == 0;
+    // Past the work bound nothing is allowed and nothing more is built.
+    if (spent()) {
+      std::fill(logits, logits + vocab, -std::numeric_limits<float>::infinity());
+      stuck_ = true;
+      return;
+    }
+    stuck_ = matcher_->mask(state_, logits, vocab, &work_) == 0;
   }
   void allowed_bits(uint32_t* words, int vocab) const override {
-    stuck_ = matcher_->allowed_bits(state_, words, vocab) == 0;  // as mask()
+    if (spent()) {
+      std::fill(words, words + mask_words(vocab), 0u);
+      stuck_ = true;
+      return;
+    }
+    stuck_ = matcher_->allowed_bits(state_, words, vocab, &work_) == 0;  // as mask()
   }
   bool may_end() const override { return stuck_ || matcher_->accepting(state_); }
   // An EOS or anything outside the text leaves the dead state: nothing may follow it.
-  void accept(int32_t token) override { state_ = matcher_->advance(state_, token); }
+  void accept(int32_t token) override {
+    if (!spent()) state_ = matcher_->advance(state_, token, &work_);
+  }
+  std::string failure() const override {
+    if (!spent()) return {};
+    return "the grammar costs too much to follow: " + std::to_string(work_) +
+           " parser stack expansions so far, over the bound of " + std::to_string(max_work_) +
+           " a request; it keeps too many parses alive at once (for example a repeated optional item that can "
+           "match any text): make the repetitions bounded or unambiguous";
+  }
 
  private:
+  bool spent() const { return work_ > max_work_; }
+
   std::shared_ptr<GrammarMatcher> matcher_;
   int32_t state_;
+  uint64_t max_work_;
   mutable bool stuck_ = false;
+  mutable uint64_t work_ = 0;  // recogniser work done for this request
 };
 
 }  // namespace
 
-std::shared_ptr<engine::TokenConstraint> make_grammar_constraint(std::shared_ptr<GrammarMatcher> matcher) {
+std::shared_ptr<engine::TokenConstraint> make_grammar_constraint(std::shared_ptr<GrammarMatcher> matcher,
+                                                                 uint64_t max_work) {
   GLMS_CHECK(matcher != nullptr, "make_grammar_constraint needs a matcher");
-  return std::make_shared<GrammarConstraint>(std::move(matcher));
+  return std::make_shared<GrammarConstraint>(std::move(matcher), max_work);
 }
 
 std::shared_ptr<engine::TokenConstraint> make_grammar_constraint(std::shared_ptr<const Grammar> grammar,
-                                                                 TokenTexts vocabulary) {
+                                                                 TokenTexts vocabulary, uint64_t max_work) {
   GLMS_CHECK(grammar && vocabulary, "make_grammar_constraint needs a grammar and a vocabulary");
-  return make_grammar_constraint(std::make_shared<GrammarMatcher>(std::move(grammar), std::move(vocabulary)));
+  return make_grammar_constraint(std::make_shared<GrammarMatcher>(std::move(grammar), std::move(vocabulary)),
+                                 max_work);
 }
 
 }  // namespace glms::structured

@@ -38,6 +38,8 @@ class Recognizer {
   int32_t step(int32_t state, unsigned char byte);
   bool accepting(int32_t state) const { return state >= 0 && states_[static_cast<size_t>(state)].accepting; }
   size_t num_states() const { return states_.size(); }
+  // Stack expansions done so far in building states: what following the grammar has cost.
+  uint64_t work() const { return work_; }
 
   static constexpr size_t kMaxStates = 1 << 13;
   static constexpr size_t kMaxTops = 4096;
@@ -65,6 +67,7 @@ class Recognizer {
   std::vector<State> states_;
   std::unordered_map<uint64_t, std::vector<int32_t>> state_ids_;  // hash of tops -> candidate states
   int32_t start_ = kDead;
+  uint64_t work_ = 0;
 };
 
 // The recogniser and the masks of one grammar over one vocabulary, shared by every constraint
@@ -72,21 +75,23 @@ class Recognizer {
 // serve the next. Thread-safe (one lock per call). It stops growing at Recognizer::kMaxStates
 // states, or when its mask cache had to be emptied 4 times; full() then says to start a fresh
 // one for new requests.
+// Each call that may build states adds the recogniser work it did to `*work` where given, so
+// that a constraint can bound what one request spends (GrammarConstraint::kMaxWork).
 class GrammarMatcher {
  public:
   GrammarMatcher(std::shared_ptr<const Grammar> grammar, TokenTexts vocabulary);
 
   int32_t start() const { return start_; }
   const std::shared_ptr<const Grammar>& grammar() const { return grammar_; }
-  int32_t advance(int32_t state, int32_t token);  // Recognizer::kDead for EOS, special tokens, misses
+  int32_t advance(int32_t state, int32_t token, uint64_t* work = nullptr);  // kDead for EOS, specials, misses
   bool accepting(int32_t state);
   // Sets logits[t] = -inf for every token t of [0, vocab) that may not follow `state`; returns
   // how many may.
-  int mask(int32_t state, float* logits, int vocab);
+  int mask(int32_t state, float* logits, int vocab, uint64_t* work = nullptr);
   // The same tokens as bits from the same cached mask: words[(vocab + 31) / 32], bit t % 32 of
   // word t / 32 set where token t may follow `state` (bits past vocab, and tokens past the
   // matcher's vocabulary, clear); returns what mask() returns.
-  int allowed_bits(int32_t state, uint32_t* words, int vocab);
+  int allowed_bits(int32_t state, uint32_t* words, int vocab, uint64_t* work = nullptr);
   bool full();
   size_t num_states();
 
@@ -114,10 +119,17 @@ class GrammarMatcher {
   size_t masks_dropped_ = 0;  // times the cache was emptied for room
 };
 
-// A TokenConstraint that keeps the output within the matcher's grammar.
-std::shared_ptr<engine::TokenConstraint> make_grammar_constraint(std::shared_ptr<GrammarMatcher> matcher);
+// A TokenConstraint that keeps the output within the matcher's grammar. A request whose grammar
+// costs more than kMaxRequestGrammarWork stack expansions to follow (about a second of a core:
+// grammars whose every byte keeps thousands of parses alive) stops there with failure() saying
+// so, rather than hold the engine's host thread for seconds a token; the JSON schemas, regexes
+// and tool calls tested here stay far below it.
+inline constexpr uint64_t kMaxRequestGrammarWork = uint64_t{32} << 20;
+std::shared_ptr<engine::TokenConstraint> make_grammar_constraint(std::shared_ptr<GrammarMatcher> matcher,
+                                                                 uint64_t max_work = kMaxRequestGrammarWork);
 // The same with a matcher of its own.
 std::shared_ptr<engine::TokenConstraint> make_grammar_constraint(std::shared_ptr<const Grammar> grammar,
-                                                                 TokenTexts vocabulary);
+                                                                 TokenTexts vocabulary,
+                                                                 uint64_t max_work = kMaxRequestGrammarWork);
 
 }  // namespace glms::structured

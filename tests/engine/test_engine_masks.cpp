@@ -217,3 +217,45 @@ TEST(SelectLogits, AMaskMadeOnDemandActsAsTheSameMask) {
   EXPECT_TRUE(made[0].has_mask());
   EXPECT_FALSE(model::RowOutput{}.has_mask());
 }
+
+namespace {
+
+// The strided constraint that gives up after `tokens` accepted tokens (as a grammar past its
+// work bound does: structured::kMaxRequestGrammarWork).
+class GivingUpConstraint final : public engine::TokenConstraint {
+ public:
+  explicit GivingUpConstraint(int tokens) : inner_(5, 0, {}), tokens_(tokens) {}
+  void mask(float* logits, int vocab) const override { inner_.mask(logits, vocab); }
+  bool may_end() const override { return inner_.may_end(); }
+  void accept(int32_t token) override { inner_.accept(token); }
+  std::string failure() const override { return inner_.accepted() >= tokens_ ? "gave up" : ""; }
+
+ private:
+  StridedConstraint inner_;
+  int tokens_;
+};
+
+}  // namespace
+
+// A constraint that cannot go on ends its request with its error, without the token drawn under
+// it; the request beside it, host-masked or device-masked, runs to its end.
+TEST_F(EngineMasks, AConstraintThatGivesUpEndsItsRequestWithAnError) {
+  for (const std::string device : {"cpu", "test-device"}) {
+    SCOPED_TRACE(device);
+    engine::Engine engine(std::make_unique<CountingExecutor>(*model_, device), small_config());
+    const io::ModelConfig& mc = engine.model_config();
+    engine::RequestParams failing = glms::testing::greedy_request(glms::testing::prompt_tokens(9, mc.vocab_size, 7), 12);
+    failing.ignore_eos = true;
+    failing.constraint = std::make_shared<GivingUpConstraint>(4);
+    engine::RequestParams plain = glms::testing::greedy_request(glms::testing::prompt_tokens(11, mc.vocab_size, 8), 12);
+    plain.ignore_eos = true;
+    Pending a(engine, failing), b(engine, plain);
+    const glms::testing::Collected failed = a.get(), finished = b.get();
+    EXPECT_EQ(failed.last.finish_reason, "error");
+    EXPECT_EQ(failed.last.error, "gave up");
+    EXPECT_TRUE(failed.last.request_error) << "the request's own fault: an HTTP 400";
+    EXPECT_EQ(failed.tokens.size(), 4u);
+    EXPECT_EQ(finished.last.finish_reason, "length");
+    EXPECT_EQ(finished.tokens.size(), 12u);
+  }
+}

@@ -103,3 +103,36 @@ TEST(Grammar, RefusesWhatItCannotFollowNamingTheRuleOrLine) {
   EXPECT_NE(message("root ::= \"a\"\n\nroot ::= [b-a]").find("line 3"), std::string::npos);
   EXPECT_NE(message("root ::= (\"a\"").find("unclosed '('"), std::string::npos);
 }
+
+// A grammar whose every byte keeps thousands of parses alive (810 optional items that each match
+// any text, the shape the structured fuzzer found) stops at the request's work bound with an
+// error that says what to change, instead of costing tens of milliseconds a token for ever; a
+// grammar of ordinary shape never comes near the bound.
+TEST(Grammar, AGrammarThatKeepsThousandsOfParsesAliveStopsAtItsWorkBound) {
+  std::vector<std::string> texts = {""};
+  for (int c = 0x20; c < 0x7f; ++c) texts.emplace_back(1, static_cast<char>(c));
+  for (const char* t : {"ab", "xyz", "hello", "  "}) texts.emplace_back(t);
+  const auto vocab = structured::make_vocabulary(std::move(texts));
+  const auto costly = structured::parse_gbnf("root ::= item{2,4} item item{810}\nitem ::= ([a-z] .+)?\n");
+  auto c = structured::make_grammar_constraint(costly, vocab);
+  int steps = 0;
+  for (; steps < 100000 && c->failure().empty(); ++steps) {
+    const std::vector<int> options = glms::testing::allowed_tokens(*c, vocab->vocab_size());
+    if (options.empty()) break;
+    c->accept(options[static_cast<size_t>(steps) % options.size()]);
+  }
+  ASSERT_FALSE(c->failure().empty()) << "no bound after " << steps << " tokens";
+  EXPECT_NE(c->failure().find("costs too much to follow"), std::string::npos) << c->failure();
+  EXPECT_GT(steps, 0);
+  // Past the bound nothing more is allowed (the request ends) and nothing more is built.
+  EXPECT_TRUE(glms::testing::allowed_tokens(*c, vocab->vocab_size()).empty());
+
+  auto plain = structured::make_grammar_constraint(
+      structured::parse_gbnf("root ::= (item \",\")* item\nitem ::= \"(\" [a-z]* \")\" | [0-9]+\n"), vocab);
+  for (int step = 0; step < 2000; ++step) {
+    const std::vector<int> options = glms::testing::allowed_tokens(*plain, vocab->vocab_size());
+    ASSERT_FALSE(options.empty());
+    plain->accept(options[static_cast<size_t>(step * 7) % options.size()]);
+  }
+  EXPECT_TRUE(plain->failure().empty());
+}
