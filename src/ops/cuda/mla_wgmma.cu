@@ -62,7 +62,8 @@ static_assert(kRow % 64 == 0 && kSharedBytes <= 232448, "one block an SM");
 // (the integer work of a tile's 4608 copies is what the multiplying warps pay for).
 // `line_source`: this thread's line; `live` false writes zeros.
 __device__ __forceinline__ void copy_lines(uint32_t base, const uint16_t* line_source, bool live) {
-  static_assert(kThreads == 4 * 64 && kChunksPerRow % 8 == 0, "four threads a line, two chunks of a line's eight");
+  static_assert(kThreads == 4 * kTileRows && kTileRows == kHeads && kChunksPerRow % 8 == 0,
+                "four threads a line (a row of a tile or a head's query), two chunks of a line's eight");
   const int line = threadIdx.x / 4, q = threadIdx.x % 4;
   const uint32_t even = base + swizzled(line, q), odd = base + swizzled(line, q + 4);
   const uint16_t* src = line_source + q * 8;
