@@ -79,13 +79,15 @@ struct CudaModelOptions {
   // Tiled MXFP4 routed experts of steps with stream_experts_min_pairs to stream_experts_max_pairs
   // pairs per expert on average (the step's routed tokens x top-k over the model's experts; max
   // 0: never) through the streamed decode kernels (ops::cuda::moe_experts_stream) instead of the
-  // mma.sync and wgmma ones, in stream_experts_shape (0, 1, 2: MoeStreamShape; -1: 1 up to 8
-  // pairs per expert, 2 above) with chunks of stream_experts_chunk_factor x that average (8, 16
-  // or 32 tokens). On the H200 at GLM-5.2's widths, 32 experts of a rank
-  // (benchmarks/cuda_moe_experts, docs/performance.md): 2 pairs an expert mma.sync 217 us vs
-  // streamed 280, 8 pairs 468 vs 339, 16 pairs 730 (wgmma 577) vs 481, 31 pairs wgmma 594 vs 734.
+  // mma.sync and W4A16 wgmma ones, in stream_experts_shape (0 .. 4: MoeStreamShape; -1: 1 up to
+  // 8 pairs per expert, the wgmma shape 3 above) with chunks of stream_experts_chunk_factor x
+  // that average (8, 16 or 32 tokens; 64 too for the wgmma shapes 3 and 4). On the H200 at
+  // GLM-5.2's widths, 32 experts of a rank (benchmarks/cuda_moe_experts, docs/performance.md):
+  // 2 pairs an expert mma.sync 216 us vs streamed 280, 8 pairs 468 vs 336, 16 pairs 735 (W4A16
+  // 580, mma.sync streamed 490) vs 400; at 31 pairs W4A16 589 vs 624 alone, but the EP8 rank's
+  // batch-128 step took 88.0 ms streamed against 108.1 with W4A16.
   int stream_experts_min_pairs = 5;
-  int stream_experts_max_pairs = 16;
+  int stream_experts_max_pairs = 32;
   int stream_experts_shape = -1;
   int stream_experts_chunk_factor = 2;
   // bf16 routed experts of large batches (prefill) through one cuBLAS grouped GEMM per

@@ -78,14 +78,16 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
   const bool wgmma = options.wgmma_experts_min_pairs > 0 && cuda::moe_experts_wgmma_supported(experts, hidden, inter) &&
                      P >= int64_t{options.wgmma_experts_min_pairs} * config.n_routed_experts && P <= pair_capacity;
   if (streamed) {
-    // Staged fp16 rows in pair_x ([P, hidden] 2-byte values; inter <= hidden fits too).
+    // Staged rows in pair_x ([P, hidden] 2-byte values; inter <= hidden fits too).
     GLMS_CHECK(inter <= hidden, "streamed experts stage their rows in pair_x");
     const int chunk = static_cast<int>(std::max<int64_t>(1, routed_pairs_per_expert * options.stream_experts_chunk_factor));
-    const int shape = options.stream_experts_shape >= 0 ? options.stream_experts_shape
-                      : routed_pairs_per_expert <= 8 ? 1 : 2;
+    const auto shape = options.stream_experts_shape >= 0
+                           ? static_cast<cuda::MoeStreamShape>(options.stream_experts_shape)
+                       : routed_pairs_per_expert <= 8 ? cuda::MoeStreamShape::kFrags2Stages6
+                                                      : cuda::MoeStreamShape::kWgmmaStages6Warps8;
     cuda::moe_experts_stream(x, hidden, inter, experts, plan, E, K, P, chunk, static_cast<int>(std::min<int64_t>(E, P)),
                              {as<uint32_t>(pair_x), as<float>(pair_scale)}, as<uint16_t>(pair_act),
-                             as<float>(expert_out), s, static_cast<cuda::MoeStreamShape>(shape));
+                             as<float>(expert_out), s, shape);
   } else if (wgmma) {
     cuda::moe_experts_wgmma(x, hidden, inter, experts, plan, E, K, P, as<uint16_t>(pair_act), as<float>(expert_out), s,
                             options.wgmma_experts_tile_rows);

@@ -90,16 +90,21 @@ void moe_experts_mma(const uint16_t* x, int64_t hidden, int64_t inter, const Exp
                      float* expert_out, cudaStream_t stream);
 
 // The same for decode-sized batches of tiled MXFP4 experts (moe_experts_stream.cu): the grouped
-// pairs' inputs staged once as fp16 rows with a power-of-two scale each (a small kernel before
-// each projection), then each warp streams its weight rows' codes once, kStages steps in
-// flight, against all of an expert's pairs in chunks of up to 32 (8, 16 or 32 by
-// `chunk_tokens`, the batch's pairs per expert). No barriers, no host copy (graph-capturable).
-// `num_pairs` bounds the plan's pairs on this rank (the staging grid); buffers.staged holds
-// num_pairs x max(hidden, inter) fp16 values, buffers.unscale num_pairs floats.
+// pairs' inputs staged once (a small kernel before each projection), then each warp streams its
+// weight rows' codes once, kStages steps in flight, against all of an expert's pairs in chunks
+// (8, 16 or 32 tokens; the wgmma shapes 64 too) by `chunk_tokens`, the batch's pairs per
+// expert. The mma.sync shapes stage the tokens as fp16 rows with a power-of-two scale each and
+// multiply 8-token tiles; the wgmma shapes widen the codes into wgmma's A registers with the block
+// scales (bf16, exact) against the whole chunk's bf16 tokens in shared memory. No host copy
+// (graph-capturable). `num_pairs` bounds the plan's pairs on this rank (the staging grid);
+// buffers.staged holds num_pairs x max(hidden, inter) 16-bit values, buffers.unscale num_pairs
+// floats.
 enum class MoeStreamShape {  // mma row fragments a warp, steps in flight, warps a block
   kFrags1Stages8,
   kFrags2Stages6,
   kFrags1Stages6Warps8,
+  kWgmmaStages6Warps8,  // wgmma, one fragment a warp
+  kWgmmaStages8Warps4,
 };
 struct MoeStreamBuffers {
   uint32_t* staged = nullptr;

@@ -20,6 +20,7 @@
 // holds values 32 (4s + w) + 8t .. + 7, one MX block per w, so a block scale multiplies the
 // fp32 partial sums of two mmas. gate/up: a fragment's rows g are gate rows and g + 8 the
 // matching up rows, so SwiGLU runs in registers.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -29,6 +30,7 @@
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_fragments.cuh"
+#include "ops/cuda/wgmma.cuh"
 #include "quant/mxfp4_tiles.h"
 
 namespace glms::ops::cuda {
@@ -300,6 +302,266 @@ __global__ void __launch_bounds__(kWarps * 32) stream_experts_kernel(StreamArgs 
   }
 }
 
+// ---- The same on warpgroup tensor cores: weights from registers, tokens from shared memory ----
+//
+// Why: the mma.sync kernel above issues about 420 instructions per warp for each KB of codes (an
+// FFMA per block scale and token tile, B fragments loaded per tile), which bounds it at about
+// 1.4 TB/s. Here a lane widens its codes once into wgmma's A registers with the block scale
+// multiplied in (bf16, exact: an E2M1 value times a power of two), and one wgmma per 16 k
+// multiplies them against all of the chunk's tokens, which the tensor cores read from shared
+// memory themselves: no scale FMAs, no B loads, one instruction where mma.sync took one per 8
+// tokens. A warpgroup's four warps are the M = 64 rows of its wgmma, each warp one fragment of
+// 16 weight rows as above (gate rows g and up rows g + 8, or 16 down rows).
+//
+// wgmma reads B in its stored k order, so the tokens are staged with each 32-value MX block
+// permuted to the order in which a lane's widened pairs sit in the A layout
+// (stage_pairs_permuted_kernel): logical position 16 h + 8 i + 2 t + e of a block holds value
+// 8 t + 4 h + 2 i + e, h the wgmma of the block's pair, i the register pair, e the half.
+//
+// Pipeline: a ring of kStages slots each holding a step (128 k): the chunk's token lines (two
+// 64-k blocks, 128-byte swizzle), each lane's codes and scale words, copied kStages - 1 steps
+// ahead. A warpgroup waits for its step's wgmmas before widening the next (ptxas serialises
+// wgmmas whose A registers are written while earlier ones run); the other warpgroup and
+// resident blocks fill that wait.
+
+// The wgmma kernels' token rows: staged[p, :] = bf16 pairs of row(p) of src ([*, dim] bf16) with
+// each 32-value block's pairs in the A layout's order, for the grouped pairs p <
+// offsets[num_experts]; row(p) as stage_pairs_kernel. Block per pair, a thread per 32 values.
+__global__ void __launch_bounds__(kStageThreads)
+    stage_pairs_permuted_kernel(const uint16_t* src, int64_t dim, const int32_t* sorted_pairs, int top_k,
+                                const int32_t* offsets, int num_experts, uint32_t* staged) {
+  const int p = blockIdx.x;
+  if (p >= offsets[num_experts]) return;
+  const int64_t row = sorted_pairs ? sorted_pairs[p] / top_k : p;
+  const uint4* in = reinterpret_cast<const uint4*>(src + row * dim);
+  uint4* out = reinterpret_cast<uint4*>(staged + p * (dim / 2));
+  for (int64_t block = threadIdx.x; block < dim / 32; block += kStageThreads) {
+    uint32_t pairs[16], permuted[16];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const uint4 v = in[4 * block + c];
+      pairs[4 * c] = v.x, pairs[4 * c + 1] = v.y, pairs[4 * c + 2] = v.z, pairs[4 * c + 3] = v.w;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int t = 0; t < 4; ++t) permuted[8 * h + 4 * i + t] = pairs[4 * t + 2 * h + i];
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      out[4 * block + c] = make_uint4(permuted[4 * c], permuted[4 * c + 1], permuted[4 * c + 2], permuted[4 * c + 3]);
+  }
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// A step's four MX blocks of one weight row (code word w: block w) times their scales, as the
+// A registers of its eight wgmmas: frag[2 w + h][r] for row r (0: g, 1: g + 8). Blocks whose
+// scale codes are all at most 128 (scale <= 2, the usual case) take one multiply by
+// 2^(code - 1) (mxfp4_tile_pair_bf16's 2^-126 folded in); otherwise two.
+__device__ __forceinline__ void widen_step(const uint4& codes_a, const uint4& codes_b, uint32_t scales_a,
+                                           uint32_t scales_b, bool one_multiply, uint32_t (&frag)[8][4]) {
+  constexpr uint32_t kTwoTo126 = 0x7e807e80u;
+  const uint32_t biased_a = scales_a + 0x7e7e7e7eu, biased_b = scales_b + 0x7e7e7e7eu;  // bytes code + 126
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const uint32_t qa = word_of(codes_a, w), qb = word_of(codes_b, w);
+    // bf16 bits of the factor in both halves: byte w of the biased codes at bits 7 and 23.
+    uint32_t fa, fb;
+    if (one_multiply) {
+      fa = __byte_perm(biased_a, 0, 0x4040 + 0x0101 * w) << 7;
+      fb = __byte_perm(biased_b, 0, 0x4040 + 0x0101 * w) << 7;
+    } else {
+      fa = __byte_perm(scales_a, 0, 0x4040 + 0x0101 * w) << 7;
+      fb = __byte_perm(scales_b, 0, 0x4040 + 0x0101 * w) << 7;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        uint32_t va = quant::mxfp4_tile_pair_bf16(qa, 2 * h + i), vb = quant::mxfp4_tile_pair_bf16(qb, 2 * h + i);
+        if (!one_multiply) va = bf16x2_mul(va, kTwoTo126), vb = bf16x2_mul(vb, kTwoTo126);
+        frag[2 * w + h][2 * i] = bf16x2_mul(va, fa);
+        frag[2 * w + h][2 * i + 1] = bf16x2_mul(vb, fb);
+      }
+  }
+}
+
+// One slot of the wgmma kernels' ring, in bytes: the chunk's token lines [2 blocks of 64 k]
+// [kTokens lines], then each warp's codes [warp][row a, b][lane] (16 bytes), then its scale
+// words likewise (4 bytes). A multiple of 1024, so every slot's token blocks stay aligned for
+// the swizzle.
+template <int kTokens, int kWarps>
+struct WgmmaSlot {
+  static constexpr int kTokenBlock = kTokens * wgmma::kLineBytes;
+  static constexpr int kCodes = 2 * kTokenBlock;
+  static constexpr int kScales = kCodes + kWarps * 2 * 32 * 16;
+  static constexpr int kBytes = kScales + kWarps * 2 * 32 * 4;
+  static_assert(kBytes % 1024 == 0, "slots keep the 1024-byte alignment");
+};
+
+template <int kStages, int kTokens, int kWarps>
+constexpr size_t stream_wgmma_shared_bytes() {
+  return 1024 + size_t{kStages} * WgmmaSlot<kTokens, kWarps>::kBytes;  // 1024: alignment
+}
+
+// Block (active expert slot, output tile) as stream_experts_kernel; kWarps / 4 warpgroups, warp
+// w of the block the outputs (tile * kWarps + w) * kOutputsPerFragment onwards (rows past the
+// end repeat the last and are never written). a.staged holds stage_pairs_permuted_kernel's rows.
+template <Projection kProj, int kStages, int kTokens, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32) stream_wgmma_kernel(StreamArgs a) {
+  static_assert(kStages >= 2 && kWarps % 4 == 0, "a ring of two steps at least, whole warpgroups");
+  using S = WgmmaSlot<kTokens, kWarps>;
+  extern __shared__ __align__(16) uint8_t shared_raw[];
+  if (static_cast<int>(blockIdx.x) >= *a.plan.num_active) return;
+  constexpr int kPerFragment = kOutputsPerFragment<kProj>;
+  if (static_cast<int64_t>(blockIdx.y) * kWarps * kPerFragment >= a.outputs) return;
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
+  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
+  const uint32_t ring = raw + pad;
+  const uint8_t* ring_generic = shared_raw + pad;
+
+  const int e = a.plan.active_experts[blockIdx.x];
+  const int begin = a.plan.offsets[e], end = a.plan.offsets[e + 1];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t first_output = (static_cast<int64_t>(blockIdx.y) * kWarps + warp) * kPerFragment;
+  const int64_t steps = a.k / kStepValues;
+  // This lane's rows: a = g, b = g + 8 of its fragment (gate/up: the up row of a's index).
+  int64_t ra = min(first_output + g, a.outputs - 1), rb;
+  if constexpr (kProj == Projection::kGateUp) rb = ra + a.outputs;
+  else rb = min(first_output + 8 + g, a.outputs - 1);
+  ra += static_cast<int64_t>(e) * a.rows_per_expert;
+  rb += static_cast<int64_t>(e) * a.rows_per_expert;
+  const uint4* codes_a = reinterpret_cast<const uint4*>(a.codes) + ra * steps * kStepChunks + t;
+  const uint4* codes_b = reinterpret_cast<const uint4*>(a.codes) + rb * steps * kStepChunks + t;
+  const uint32_t* scales_a = reinterpret_cast<const uint32_t*>(a.scales) + ra * steps;
+  const uint32_t* scales_b = reinterpret_cast<const uint32_t*>(a.scales) + rb * steps;
+  const int unit_a = warp * 64 + lane, unit_b = unit_a + 32;  // this lane's code / scale units
+  const int64_t staged_words = a.k / 2;
+  // Token copies: unit i = 16 line + chunk of a step, kTokens lines of 16 chunks.
+  constexpr int kCopies = (kTokens * 16 + kWarps * 32 - 1) / (kWarps * 32);
+
+  for (int chunk = begin; chunk < end; chunk += kTokens) {
+    const int count = min(kTokens, end - chunk);
+    float acc[kTokens / 2];
+#pragma unroll
+    for (int i = 0; i < kTokens / 2; ++i) acc[i] = 0.0f;
+    const uint4* next_a = codes_a;
+    const uint4* next_b = codes_b;
+    const uint32_t* next_scale_a = scales_a;
+    const uint32_t* next_scale_b = scales_b;
+    const uint32_t* token_source[kCopies];
+    int token_offset[kCopies];
+#pragma unroll
+    for (int n = 0; n < kCopies; ++n) {
+      const int i = threadIdx.x + n * kWarps * 32, line = i / 16, c = i % 16;
+      token_offset[n] = i < kTokens * 16 ? (c / 8) * S::kTokenBlock + static_cast<int>(wgmma::swizzled(line, c % 8)) : -1;
+      token_source[n] = a.staged + (chunk + min(line, count - 1)) * staged_words + 4 * c;
+    }
+    int issued = 0, issue_slot = 0;
+    auto issue = [&]() {  // the next step into its slot; one commit group a call
+      if (issued < steps) {
+        const uint32_t slot = ring + issue_slot * S::kBytes;
+        wgmma::copy_async_16(slot + S::kCodes + unit_a * 16, next_a, 16);
+        wgmma::copy_async_16(slot + S::kCodes + unit_b * 16, next_b, 16);
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(slot + S::kScales + unit_a * 4),
+                     "l"(next_scale_a));
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(slot + S::kScales + unit_b * 4),
+                     "l"(next_scale_b));
+        next_a += kStepChunks, next_b += kStepChunks, ++next_scale_a, ++next_scale_b;
+#pragma unroll
+        for (int n = 0; n < kCopies; ++n) {
+          if (token_offset[n] >= 0) wgmma::copy_async_16(slot + token_offset[n], token_source[n], 16);
+          token_source[n] += kStepValues / 2;
+        }
+        ++issued;
+        issue_slot = issue_slot + 1 == kStages ? 0 : issue_slot + 1;
+      }
+      wgmma::copy_async_commit();
+    };
+#pragma unroll
+    for (int u = 0; u + 1 < kStages; ++u) issue();
+
+    int read_slot = 0;
+    uint32_t frag[8][4];  // A registers of the step's eight wgmmas (16 k each)
+    for (int64_t s = 0; s < steps; ++s) {
+      // Step s has landed; every warp has finished step s - 1 (its wgmmas included), so that
+      // slot takes step s + kStages - 1.
+      wgmma::copy_async_wait<kStages - 2>();
+      wgmma::fence_async_proxy();
+      __syncthreads();
+      issue();
+      const uint32_t slot = ring + read_slot * S::kBytes;
+      const uint8_t* slot_generic = ring_generic + read_slot * S::kBytes;
+      read_slot = read_slot + 1 == kStages ? 0 : read_slot + 1;
+      const uint4 qa = *reinterpret_cast<const uint4*>(slot_generic + S::kCodes + unit_a * 16);
+      const uint4 qb = *reinterpret_cast<const uint4*>(slot_generic + S::kCodes + unit_b * 16);
+      const uint32_t sa = *reinterpret_cast<const uint32_t*>(slot_generic + S::kScales + unit_a * 4);
+      const uint32_t sb = *reinterpret_cast<const uint32_t*>(slot_generic + S::kScales + unit_b * 4);
+      const bool one_multiply = !__any_sync(0xffffffffu, (__vcmpgtu4(sa, 0x80808080u) | __vcmpgtu4(sb, 0x80808080u)) != 0);
+      widen_step(qa, qb, sa, sb, one_multiply, frag);
+#pragma unroll
+      for (int ks = 0; ks < kStepValues / 16; ++ks) wgmma::pin(frag[ks]);  // written before the fence
+      wgmma::fence();
+#pragma unroll
+      for (int ks = 0; ks < kStepValues / 16; ++ks)
+        wgmma::rs_m64k16<kTokens>(acc, frag[ks],
+                                  wgmma::descriptor(slot + (ks / 4) * S::kTokenBlock + (ks % 4) * 32, 16, 1024));
+      wgmma::commit();
+      wgmma::wait_all();
+    }
+    wgmma::pin(acc);
+    wgmma::copy_async_wait<0>();
+    __syncthreads();  // the next chunk refills the slots
+
+    // acc[4 j + i] row a (i < 2) or b, token 8 j + 2 t + i % 2.
+#pragma unroll
+    for (int j = 0; j < kTokens / 8; ++j)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int token = 8 * j + 2 * t + i;
+        if (token >= count) continue;
+        const int64_t pair = chunk + token;
+        if constexpr (kProj == Projection::kGateUp) {
+          if (first_output + g < a.outputs) {
+            const float gate = acc[4 * j + i], up = acc[4 * j + 2 + i];
+            a.act[pair * a.outputs + first_output + g] = float_to_bf16(gate / (1.0f + expf(-gate)) * up);
+          }
+        } else {
+          float* row = a.out + pair * a.outputs;
+          if (first_output + g < a.outputs) row[first_output + g] = acc[4 * j + i];
+          if (first_output + 8 + g < a.outputs) row[first_output + 8 + g] = acc[4 * j + 2 + i];
+        }
+      }
+  }
+}
+
+template <Projection kProj, int kStages, int kTokens, int kWarps>
+void launch_stream_wgmma(const StreamArgs& args, int max_active, cudaStream_t stream) {
+  const int64_t per_block = int64_t{kWarps} * kOutputsPerFragment<kProj>;
+  const dim3 grid(max_active, static_cast<unsigned>((args.outputs + per_block - 1) / per_block));
+  constexpr size_t kShared = stream_wgmma_shared_bytes<kStages, kTokens, kWarps>();
+  static_assert(kShared <= 227 * 1024, "one block an SM at least");
+  auto kernel = stream_wgmma_kernel<kProj, kStages, kTokens, kWarps>;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared)),
+        "stream_wgmma shared memory");
+  kernel<<<grid, kWarps * 32, kShared, stream>>>(args);
+  check(cudaGetLastError(), "stream_wgmma launch");
+}
+
+// Tokens a chunk (8, 16, 32 or 64) by the chunk the batch's pairs per expert call for.
+template <Projection kProj, int kStages, int kWarps>
+void launch_wgmma_for_tokens(const StreamArgs& args, int chunk_tokens, int max_active, cudaStream_t stream) {
+  if (chunk_tokens <= 8) launch_stream_wgmma<kProj, kStages, 8, kWarps>(args, max_active, stream);
+  else if (chunk_tokens <= 16) launch_stream_wgmma<kProj, kStages, 16, kWarps>(args, max_active, stream);
+  else if (chunk_tokens <= 32) launch_stream_wgmma<kProj, kStages, 32, kWarps>(args, max_active, stream);
+  else launch_stream_wgmma<kProj, kStages, 64, kWarps>(args, max_active, stream);
+}
+
 template <Projection kProj, int kFrags, int kStages, int kTiles, int kWarps>
 void launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream) {
   const int64_t per_block = int64_t{kWarps} * kFrags * kOutputsPerFragment<kProj>;
@@ -330,6 +592,10 @@ void launch_shape(const StreamArgs& args, MoeStreamShape shape, int chunk_tokens
     case MoeStreamShape::kFrags2Stages6: return launch_for_tokens<kProj, 2, 6, 4>(args, chunk_tokens, max_active, stream);
     case MoeStreamShape::kFrags1Stages6Warps8:
       return launch_for_tokens<kProj, 1, 6, 8>(args, chunk_tokens, max_active, stream);
+    case MoeStreamShape::kWgmmaStages6Warps8:
+      return launch_wgmma_for_tokens<kProj, 6, 8>(args, chunk_tokens, max_active, stream);
+    case MoeStreamShape::kWgmmaStages8Warps4:
+      return launch_wgmma_for_tokens<kProj, 8, 4>(args, chunk_tokens, max_active, stream);
   }
 }
 
@@ -348,14 +614,24 @@ void moe_experts_stream(const uint16_t* x, int64_t hidden, int64_t inter, const 
   GLMS_CHECK(moe_experts_stream_supported(experts, hidden, inter),
              "moe_experts_stream: tiled MXFP4 experts with widths multiples of 128");
   const unsigned stage_blocks = static_cast<unsigned>(num_pairs);
+  const bool wgmma = shape == MoeStreamShape::kWgmmaStages6Warps8 || shape == MoeStreamShape::kWgmmaStages8Warps4;
+  // The token rows as the kernels read them: fp16 with a power-of-two scale each (mma.sync) or
+  // bf16 in the wgmma A layout's k order.
+  auto stage = [&](const uint16_t* src, int64_t dim, const int32_t* sorted_pairs, int pair_top_k) {
+    if (wgmma)
+      stage_pairs_permuted_kernel<<<stage_blocks, kStageThreads, 0, stream>>>(src, dim, sorted_pairs, pair_top_k,
+                                                                              plan.offsets, num_experts, buffers.staged);
+    else
+      stage_pairs_kernel<<<stage_blocks, kStageThreads, 0, stream>>>(src, dim, sorted_pairs, pair_top_k, plan.offsets,
+                                                                     num_experts, buffers.staged, buffers.unscale);
+    check(cudaGetLastError(), "stage_pairs launch");
+  };
   StreamArgs args;
   args.plan = plan;
   args.staged = buffers.staged;
   args.unscale = buffers.unscale;
 
-  stage_pairs_kernel<<<stage_blocks, kStageThreads, 0, stream>>>(x, hidden, plan.sorted_pairs, top_k, plan.offsets,
-                                                                 num_experts, buffers.staged, buffers.unscale);
-  check(cudaGetLastError(), "stage_pairs launch");
+  stage(x, hidden, plan.sorted_pairs, top_k);
   args.k = hidden;
   args.codes = static_cast<const uint8_t*>(experts.gate_up);
   args.scales = static_cast<const uint8_t*>(experts.gate_up_scales);
@@ -364,9 +640,7 @@ void moe_experts_stream(const uint16_t* x, int64_t hidden, int64_t inter, const 
   args.act = act;
   launch_shape<Projection::kGateUp>(args, shape, chunk_tokens, max_active, stream);
 
-  stage_pairs_kernel<<<stage_blocks, kStageThreads, 0, stream>>>(act, inter, nullptr, 1, plan.offsets, num_experts,
-                                                                 buffers.staged, buffers.unscale);
-  check(cudaGetLastError(), "stage_pairs launch");
+  stage(act, inter, nullptr, 1);
   args.k = inter;
   args.codes = static_cast<const uint8_t*>(experts.down);
   args.scales = static_cast<const uint8_t*>(experts.down_scales);

@@ -1,5 +1,5 @@
 // Hopper warpgroup tensor-core building blocks shared by the wgmma kernels (mla_wgmma.cu,
-// moe_experts_wgmma.cu): cp.async copies, the 128-byte shared-memory swizzle, matrix
+// moe_experts_wgmma.cu, moe_experts_stream.cu): cp.async copies, the 128-byte shared-memory swizzle, matrix
 // descriptors and the bf16 wgmma shapes they use.
 //
 // Operands live in shared memory as 128-byte lines (64 bf16) in groups of 8 lines aligned to
@@ -43,11 +43,22 @@ __device__ __forceinline__ uint64_t descriptor(uint32_t address, uint32_t leadin
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most kPending committed groups are still running.
+template <int kPending>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
 // Orders the compiler's uses of accumulator registers against the asynchronous wgmma that write them.
 template <int N>
 __device__ __forceinline__ void pin(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <int N>
+__device__ __forceinline__ void pin(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
 // Accumulator fragments: lane (g, t) = (lane / 4, lane % 4) of warp w of the warpgroup holds
@@ -97,6 +108,54 @@ __device__ __forceinline__ void m64n256k16(float (&d)[128], uint64_t a, uint64_t
       : GLMS_WGMMA_F16(0), GLMS_WGMMA_F16(16), GLMS_WGMMA_F16(32), GLMS_WGMMA_F16(48), GLMS_WGMMA_F16(64),
         GLMS_WGMMA_F16(80), GLMS_WGMMA_F16(96), GLMS_WGMMA_F16(112)
       : "l"(a), "l"(b), "r"(1));
+}
+
+// d[64 x N] += A[64 x 16] B[16 x N], A from registers, B K-major in shared memory (N = 8, 16,
+// 32 or 64). Warp w of the warpgroup supplies rows 16 w .. 16 w + 15 of A in mma.sync
+// m16n8k16's A layout: lane (g, t) a[0] = (row g, k 2t, 2t + 1), a[1] = (row g + 8, the same k),
+// a[2] = (row g, k 2t + 8, + 9), a[3] = (row g + 8, k 2t + 8, + 9). The hardware reads the
+// registers asynchronously: they must not change before the group's wait.
+__device__ __forceinline__ void rs_m64n8k16(float (&d)[4], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
+      : GLMS_WGMMA_F4(0)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+__device__ __forceinline__ void rs_m64n16k16(float (&d)[8], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+      "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+      : GLMS_WGMMA_F4(0), GLMS_WGMMA_F4(4)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+__device__ __forceinline__ void rs_m64n32k16(float (&d)[16], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : GLMS_WGMMA_F16(0)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+__device__ __forceinline__ void rs_m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : GLMS_WGMMA_F16(0), GLMS_WGMMA_F16(16)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+// rs_m64nNk16 by the token count N.
+template <int N>
+__device__ __forceinline__ void rs_m64k16(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64, "N of 8, 16, 32 or 64");
+  if constexpr (N == 8) rs_m64n8k16(d, a, b);
+  else if constexpr (N == 16) rs_m64n16k16(d, a, b);
+  else if constexpr (N == 32) rs_m64n32k16(d, a, b);
+  else rs_m64n64k16(d, a, b);
 }
 #undef GLMS_WGMMA_F16
 #undef GLMS_WGMMA_F4
