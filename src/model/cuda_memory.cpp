@@ -53,7 +53,7 @@ int64_t cuda_workspace_bytes(const io::ModelConfig& config, const CudaRankWidths
 
 int64_t cuda_cache_bytes_per_token(const io::ModelConfig& c, bool mtp, bool mtp_indexer) {
   const int64_t row = int64_t{sizeof(uint16_t)} * (c.kv_lora_rank + c.qk_rope_head_dim);
-  const int64_t keys = int64_t{sizeof(float)} * c.index_head_dim;
+  const int64_t keys = int64_t{sizeof(uint16_t)} * c.index_head_dim;
   int64_t bytes = row * c.num_hidden_layers + keys * c.num_full_indexer_layers();
   if (mtp) bytes += row + (mtp_indexer ? keys : 0);
   return bytes;

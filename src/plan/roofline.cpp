@@ -21,12 +21,6 @@ double expected_distinct_experts(int experts, int top_k, double batch) {
   return E * (1.0 - std::pow(1.0 - k / E, batch));
 }
 
-namespace {
-// glmserve keeps the indexer's keys in fp32 beside a bf16 latent cache (the indexer scores in
-// fp32); an fp8 cache holds them in fp8 too.
-double index_key_bytes(int b) { return b == 2 ? 4.0 : double(b); }
-}  // namespace
-
 double kv_bytes_per_token(const ModelSpec& m, int b) {
   switch (m.attention) {
     case AttentionKind::kGqa:
@@ -35,7 +29,7 @@ double kv_bytes_per_token(const ModelSpec& m, int b) {
       return double(m.kv_lora_rank + m.qk_rope_head_dim) * m.layers * b;
     case AttentionKind::kMlaDsa:
       return double(m.kv_lora_rank + m.qk_rope_head_dim) * m.layers * b +
-             double(m.index_head_dim) * m.full_indexer_layers * index_key_bytes(b);
+             double(m.index_head_dim) * m.full_indexer_layers * double(b);
   }
   return 0;
 }
@@ -55,7 +49,7 @@ double mean_attended_tokens(const ModelSpec& m, double length) {
 double kv_bytes_read_per_step(const ModelSpec& m, double position, int b) {
   if (m.attention != AttentionKind::kMlaDsa) return kv_bytes_per_token(m, b) * position;
   return attended_tokens(m, position) * double(m.kv_lora_rank + m.qk_rope_head_dim) * m.layers * b +
-         position * double(m.index_head_dim) * m.full_indexer_layers * index_key_bytes(b);
+         position * double(m.index_head_dim) * m.full_indexer_layers * double(b);
 }
 
 double attention_flops(const ModelSpec& m, double attended, double scored, bool prefill) {

@@ -20,8 +20,8 @@ int kv_dtype_bytes(const std::string& kv_dtype);
 double expected_distinct_experts(int experts, int top_k, double batch);
 // KV cache bytes stored per token (all decoder layers):
 //   GQA: 2 * kv_heads * head_dim * layers * b;  MLA: (kv_lora + rope) * layers * b;
-//   MLA + DSA: MLA + index_head_dim * full_indexer_layers * (4 beside a bf16 cache: glmserve
-//   keeps the indexer keys fp32; else b).
+//   MLA + DSA: MLA + index_head_dim * full_indexer_layers * b (the indexer keys in the cache's
+//   precision, as glmserve's CUDA cache keeps them).
 double kv_bytes_per_token(const ModelSpec& m, int kv_bytes);
 // KV bytes one decode step reads for one sequence at position `position`: GQA and MLA read the
 // whole context; with DSA the attention reads only the top-k tokens (min(position, index_topk))

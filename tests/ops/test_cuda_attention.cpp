@@ -307,11 +307,13 @@ TEST_F(CudaAttention, TopKSelectsTheLargestInPositionOrderWithLowerPositionsWinn
 }
 
 // Random indexer inputs over paged sequences (keys, queries, head weights; token t of sequence
-// tokens[t].seq at tokens[t].position), on the host and the device.
+// tokens[t].seq at tokens[t].position), on the host and the device. The keys are bf16 values
+// (the CUDA cache's precision), kept widened on the host.
 struct IndexerProblem {
   int heads, dim, T;
   PagedContext paged;
   std::vector<float> keys, q, w;
+  std::vector<uint16_t> keys_bf16;
   std::vector<int32_t> positions, token_sequence;
   ops::cuda::DeviceBuffer dkeys, dq, dw, dpos, dseq, dtables;
 
@@ -319,17 +321,18 @@ struct IndexerProblem {
                  int dim_, uint64_t seed)
       : heads(heads_), dim(dim_), T(static_cast<int>(tokens.size())), paged(contexts, table_seed) {
     keys = random_values(int64_t{paged.num_blocks} * paged.block_size * dim, seed);
+    for (float& v : keys) keys_bf16.push_back(f32_to_bf16(v)), v = bf16_to_f32(keys_bf16.back());
     q = random_values(int64_t{T} * heads * dim, seed + 1);
     w = random_values(int64_t{T} * heads, seed + 2);
     for (const Token& token : tokens) positions.push_back(token.position), token_sequence.push_back(token.seq);
-    dkeys = to_device(keys), dq = to_device(q), dw = to_device(w), dpos = to_device(positions);
+    dkeys = to_device(keys_bf16), dq = to_device(q), dw = to_device(w), dpos = to_device(positions);
     dseq = to_device(token_sequence), dtables = to_device(paged.block_tables);
   }
   cuda::IndexerScoreArgs args(int top_k, int max_context, float* scores, int64_t stride) const {
     cuda::IndexerScoreArgs a;
     a.queries = dq.as<float>();
     a.head_weights = dw.as<float>();
-    a.key_cache = dkeys.as<float>();
+    a.key_cache = dkeys.as<uint16_t>();
     a.block_tables = dtables.as<int32_t>();
     a.max_blocks = paged.max_blocks;
     a.token_sequence = dseq.as<int32_t>();

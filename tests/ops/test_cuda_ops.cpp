@@ -257,13 +257,13 @@ TEST_F(CudaOps, LatentAndIndexerCacheWritesMatchCpu) {
   auto dkv = to_device(kv), dnorm = to_device(norm), dkeys = to_device(keys), dlw = to_device(ln_w),
        dlb = to_device(ln_b), dpos = to_device(positions), dslots = to_device(slots), dfreq = to_device(table.inv_freq);
   cuda::DeviceBuffer cache(2 * n * (L + rd) * sizeof(uint16_t));
-  auto key_cache = poisoned(2 * n * dim);
+  cuda::DeviceBuffer key_cache(2 * n * dim * sizeof(uint16_t));
   cuda::write_latent_cache(dkv.as<float>(), n, L, rd, dnorm.as<float>(), 1e-6f, dpos.as<int32_t>(),
                            dslots.as<int64_t>(), dfreq.as<float>(), cache.as<uint16_t>(), nullptr);
   cuda::write_indexer_keys(dkeys.as<float>(), n, dim, rd, dlw.as<float>(), dlb.as<float>(), 1e-6f, dpos.as<int32_t>(),
-                           dslots.as<int64_t>(), dfreq.as<float>(), key_cache.as<float>(), nullptr);
+                           dslots.as<int64_t>(), dfreq.as<float>(), key_cache.as<uint16_t>(), nullptr);
   const auto cache_host = widen(to_host<uint16_t>(cache));
-  const auto keys_host = to_host<float>(key_cache);
+  const auto keys_host = widen(to_host<uint16_t>(key_cache));
   std::vector<float> cos(rd / 2), sin(rd / 2), row(L + rd), key(dim);
   for (int t = 0; t < n; ++t) {
     table.angles(positions[t], cos.data(), sin.data());
@@ -273,7 +273,7 @@ TEST_F(CudaOps, LatentAndIndexerCacheWritesMatchCpu) {
     EXPECT_LT(relative_l2(cache_host.data() + slots[t] * (L + rd), row.data(), L + rd), 4e-3) << t;
     ops::layer_norm(keys.data() + t * dim, 1, dim, ln_w.data(), ln_b.data(), 1e-6f, key.data());
     ops::rope_interleaved(key.data(), rd, cos.data(), sin.data());
-    EXPECT_LT(relative_l2(keys_host.data() + slots[t] * dim, key.data(), dim), 1e-5) << t;
+    EXPECT_LT(relative_l2(keys_host.data() + slots[t] * dim, key.data(), dim), 4e-3) << t;  // bf16
   }
 }
 

@@ -81,7 +81,7 @@ TEST(ServeMemory, TheCacheTakesTheBudgetLessWeightsWorkspacesRuntimeAndMargin) {
   ASSERT_TRUE(s.known);
   EXPECT_DOUBLE_EQ(s.budget, 0.9 * gpu.memory_bytes);
   EXPECT_DOUBLE_EQ(s.weights, rank_device_weight_bytes(m, "mxfp4", {1, 8}));
-  const double per_token = 2.0 * 576 * 78 + 4.0 * 128 * 21;  // bf16 rows, fp32 indexer keys
+  const double per_token = 2.0 * 576 * 78 + 2.0 * 128 * 21;  // bf16 rows and indexer keys
   const double left = s.budget - s.weights - s.workspaces - s.runtime - s.margin;
   EXPECT_EQ(s.cache_blocks, static_cast<int64_t>(left / (per_token * 16)) - 1);  // less the idle rank's block
   EXPECT_EQ(s.cache_tokens, 16 * s.cache_blocks);

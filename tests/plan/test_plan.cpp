@@ -85,9 +85,9 @@ TEST(WriteUps, Glm52Mxfp4On8Mi355xAnd4H200) {
   const ModelSpec m = load_model_spec(glm52());
   EXPECT_EQ(m.attention, AttentionKind::kMlaDsa);
   EXPECT_EQ(m.full_indexer_layers, 21);
-  // bf16 latent 512 + rope 64 on 78 layers, fp32 indexer keys 128 on 21 full layers (as
+  // bf16 latent 512 + rope 64 on 78 layers, bf16 indexer keys 128 on 21 full layers (as
   // glmserve caches them; fp8 in an fp8 cache).
-  EXPECT_DOUBLE_EQ(kv_bytes_per_token(m, 2), 2.0 * 576 * 78 + 4.0 * 128 * 21);
+  EXPECT_DOUBLE_EQ(kv_bytes_per_token(m, 2), 2.0 * 576 * 78 + 2.0 * 128 * 21);
   EXPECT_DOUBLE_EQ(kv_bytes_per_token(m, 1), 576.0 * 78 + 128 * 21);
 
   const PlanResult mi = make_plan(m, inputs("mi355x", 8, "mxfp4", 21504, 64));

@@ -102,10 +102,10 @@ TEST(Formulas, DsaCapsAttendedTokens) {
   EXPECT_DOUBLE_EQ(mean_attended_tokens(m, 1000), 500.5);
   // (2048 * 2049 / 2 + (4096 - 2048) * 2048) / 4096
   EXPECT_DOUBLE_EQ(mean_attended_tokens(m, 4096), 1536.25);
-  // KV stored: (512 + 64) * 2 layers * 2 B + 128 * 1 full layer * 4 B (fp32 indexer keys)
-  EXPECT_DOUBLE_EQ(kv_bytes_per_token(m, 2), 2304 + 512);
+  // KV stored: (512 + 64) * 2 layers * 2 B + 128 * 1 full layer * 2 B (bf16 indexer keys)
+  EXPECT_DOUBLE_EQ(kv_bytes_per_token(m, 2), 2304 + 256);
   // read at 10000: top-2048 latent entries + all 10000 indexer keys
-  EXPECT_DOUBLE_EQ(kv_bytes_read_per_step(m, 10000, 2), 2048 * 2304.0 + 10000 * 512.0);
+  EXPECT_DOUBLE_EQ(kv_bytes_read_per_step(m, 10000, 2), 2048 * 2304.0 + 10000 * 256.0);
   // decode (absorbed): 2 * 4 heads * (2*512 + 64) per attended token per layer + indexer 2*32*128 per scored
   EXPECT_DOUBLE_EQ(attention_flops(m, 2048, 10000, false), 2.0 * 4 * 1088 * 2048 * 2 + 2.0 * 32 * 128 * 10000);
   // prefill (expanded): 2 * 4 heads * (192 + 64 + 256)

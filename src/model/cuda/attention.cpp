@@ -57,13 +57,13 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   if (w.has_indexer) {
     cuda::write_indexer_keys(as<float>(index_k), T, ID, static_cast<int>(rd), as<float>(ix.k_norm_weight),
                              as<float>(ix.k_norm_bias), kIndexerNormEps, positions, slots, as<float>(inv_freq),
-                             as<float>(index_keys[l]), s);
+                             as<uint16_t>(index_keys[l]), s);
     if (score_positions) {
       cuda::rope_rows(as<float>(index_q), T, IH, ID, 0, static_cast<int>(rd), positions, as<float>(inv_freq), s);
       cuda::IndexerScoreArgs args;
       args.queries = as<float>(index_q);
       args.head_weights = as<float>(index_w);
-      args.key_cache = as<float>(index_keys[l]);
+      args.key_cache = as<uint16_t>(index_keys[l]);
       args.block_tables = block_tables;
       args.max_blocks = max_blocks;
       args.token_sequence = token_sequence;

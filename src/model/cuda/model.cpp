@@ -92,13 +92,13 @@ void CudaGlm5Model::Impl::allocate() {
   idle_batch.logits_tokens.clear();
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     latent_cache.emplace_back(row_bytes * num_slots);
-    index_keys.emplace_back(c.indexer_full[l] ? sizeof(float) * c.index_head_dim * num_slots : 0);
+    index_keys.emplace_back(c.indexer_full[l] ? sizeof(uint16_t) * c.index_head_dim * num_slots : 0);
   }
   // The MTP layer's own cache sits after the decoder layers' (index num_hidden_layers), with the
   // same slots.
   if (with_mtp) {
     latent_cache.emplace_back(row_bytes * num_slots);
-    index_keys.emplace_back(widths.mtp_indexer ? sizeof(float) * c.index_head_dim * num_slots : 0);
+    index_keys.emplace_back(widths.mtp_indexer ? sizeof(uint16_t) * c.index_head_dim * num_slots : 0);
   }
 }
 
@@ -546,8 +546,8 @@ void CudaGlm5Model::fill_cache_random(uint64_t seed) {
     cuda::fill_uniform_bf16(as<uint16_t>(cache), static_cast<int64_t>(cache.bytes() / sizeof(uint16_t)), seed + 2 * l,
                             1.0f, impl_->stream.get());
     DeviceBuffer& keys = impl_->index_keys[l];
-    cuda::fill_uniform_f32(as<float>(keys), static_cast<int64_t>(keys.bytes() / sizeof(float)), seed + 2 * l + 1, 1.0f,
-                           impl_->stream.get());
+    cuda::fill_uniform_bf16(as<uint16_t>(keys), static_cast<int64_t>(keys.bytes() / sizeof(uint16_t)), seed + 2 * l + 1,
+                            1.0f, impl_->stream.get());
   }
   impl_->stream.synchronize();
 }

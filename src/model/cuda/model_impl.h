@@ -87,7 +87,7 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   cuda::PinnedBuffer offsets_host;  // MoE group offsets for the large-batch path
   cuda::PinnedBuffer mask_staging;  // CudaMaskLayout::total bytes: a step's token masks on their way up
   std::vector<DeviceBuffer> latent_cache;  // per layer [num_slots, latent + rope] bf16
-  std::vector<DeviceBuffer> index_keys;    // per full layer [num_slots, index_dim] fp32, else empty
+  std::vector<DeviceBuffer> index_keys;    // per full layer [num_slots, index_dim] bf16, else empty
   std::map<StepShape, std::unique_ptr<cuda::Graph>> graphs;
   PhaseTimer timer;
 

@@ -221,10 +221,11 @@ void write_latent_cache(const float* kv, int64_t n, int latent_dim, int rope_dim
                         uint16_t* cache, cudaStream_t stream);
 
 // Per token, the indexer key: layer_norm(keys[t]) (weight, bias), RoPE on its first rope_dim
-// values, written to key_cache[slot_mapping[t]]. keys: [n, dim] fp32; key_cache: [slots, dim] fp32.
+// values, written to key_cache[slot_mapping[t]] rounded to bf16. keys: [n, dim] fp32; key_cache:
+// [slots, dim] bf16 (the cache's precision on CUDA, as the latent rows).
 void write_indexer_keys(const float* keys, int64_t n, int dim, int rope_dim, const float* ln_weight,
                         const float* ln_bias, float eps, const int32_t* positions, const int64_t* slot_mapping,
-                        const float* inv_freq, float* key_cache, cudaStream_t stream);
+                        const float* inv_freq, uint16_t* key_cache, cudaStream_t stream);
 
 // Dense GEMMs through cuBLAS with fp32 accumulation, over row-major matrices with explicit
 // leading dimensions (elements between rows; 0 means dense). One handle per object.

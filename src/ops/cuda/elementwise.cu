@@ -217,10 +217,10 @@ __global__ void write_latent_cache_kernel(const float* kv, int latent_dim, int r
   }
 }
 
-// One block per token: LayerNorm, RoPE on the first rope_dim values, fp32 into the key cache.
+// One block per token: LayerNorm, RoPE on the first rope_dim values, bf16 into the key cache.
 __global__ void write_indexer_keys_kernel(const float* keys, int dim, int rope_dim, const float* ln_weight,
                                           const float* ln_bias, float eps, const int32_t* positions,
-                                          const int64_t* slot_mapping, const float* inv_freq, float* key_cache) {
+                                          const int64_t* slot_mapping, const float* inv_freq, uint16_t* key_cache) {
   __shared__ float scratch[32];
   extern __shared__ float normed[];  // [dim]
   const float* src = keys + static_cast<int64_t>(blockIdx.x) * dim;
@@ -236,8 +236,8 @@ __global__ void write_indexer_keys_kernel(const float* keys, int dim, int rope_d
   for (int pair = threadIdx.x; pair < rope_dim / 2; pair += blockDim.x)
     rotate_pair(normed + 2 * pair, inv_freq[pair] * position);
   __syncthreads();
-  float* dst = key_cache + slot_mapping[blockIdx.x] * dim;
-  for (int k = threadIdx.x; k < dim; k += blockDim.x) dst[k] = normed[k];
+  uint16_t* dst = key_cache + slot_mapping[blockIdx.x] * dim;
+  for (int k = threadIdx.x; k < dim; k += blockDim.x) dst[k] = float_to_bf16(normed[k]);
 }
 
 __global__ void add_f32_kernel(const float* a, const float* b, float* out, int64_t count) {
@@ -494,7 +494,7 @@ void write_latent_cache(const float* kv, int64_t n, int latent_dim, int rope_dim
 
 void write_indexer_keys(const float* keys, int64_t n, int dim, int rope_dim, const float* ln_weight,
                         const float* ln_bias, float eps, const int32_t* positions, const int64_t* slot_mapping,
-                        const float* inv_freq, float* key_cache, cudaStream_t stream) {
+                        const float* inv_freq, uint16_t* key_cache, cudaStream_t stream) {
   if (n == 0) return;
   write_indexer_keys_kernel<<<static_cast<unsigned>(n), 128, dim * sizeof(float), stream>>>(
       keys, dim, rope_dim, ln_weight, ln_bias, eps, positions, slot_mapping, inv_freq, key_cache);

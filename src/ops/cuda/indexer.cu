@@ -31,18 +31,19 @@ namespace {
 constexpr int kTileKeys = 128;  // keys a block scores at once
 constexpr int kDimChunk = 8;    // key values a thread holds at a time
 
-// The key's values [k0, k0 + kDimChunk), zero past `dim`; vector: dim % 4 == 0 and 16-byte
-// aligned rows, read as float4.
-__device__ __forceinline__ void load_key_chunk(const float* key, int k0, int dim, bool vector, float (&out)[kDimChunk]) {
+// The bf16 key's values [k0, k0 + kDimChunk) as fp32, zero past `dim`; vector: dim % 8 == 0 and
+// 16-byte aligned rows, a chunk one 16-byte load.
+__device__ __forceinline__ void load_key_chunk(const uint16_t* key, int k0, int dim, bool vector,
+                                               float (&out)[kDimChunk]) {
+  static_assert(kDimChunk == 8, "a chunk is one 16-byte load of bf16");
   if (vector) {
+    const uint4 v = k0 < dim ? *reinterpret_cast<const uint4*>(key + k0) : make_uint4(0, 0, 0, 0);
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int v = 0; v < kDimChunk; v += 4) {
-      const float4 f = k0 + v < dim ? *reinterpret_cast<const float4*>(key + k0 + v) : make_float4(0.f, 0.f, 0.f, 0.f);
-      out[v] = f.x, out[v + 1] = f.y, out[v + 2] = f.z, out[v + 3] = f.w;
-    }
+    for (int w = 0; w < 4; ++w) out[2 * w] = __uint_as_float(words[w] << 16), out[2 * w + 1] = __uint_as_float(words[w] & 0xffff0000u);
   } else {
 #pragma unroll
-    for (int j = 0; j < kDimChunk; ++j) out[j] = k0 + j < dim ? key[k0 + j] : 0.0f;
+    for (int j = 0; j < kDimChunk; ++j) out[j] = k0 + j < dim ? __uint_as_float(uint32_t{key[k0 + j]} << 16) : 0.0f;
   }
 }
 
@@ -98,7 +99,7 @@ __global__ void __launch_bounds__(kTileKeys * kSplit) indexer_score_kernel(Index
     const int position = tile_start + key_in_tile;
     if (position >= context) break;  // a key's lanes leave together
     const int64_t slot = static_cast<int64_t>(blocks[position / a.block_size]) * a.block_size + position % a.block_size;
-    const float* key = a.key_cache + slot * D;
+    const uint16_t* key = a.key_cache + slot * D;
     float score = 0.0f;
     for (int h0 = part * kHeads; h0 < padded_heads; h0 += kSplit * kHeads) {
       float dot[kHeads];
@@ -227,11 +228,12 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores
   if (threadIdx.x == 0 && rank == 0) num_selected[t] = top_k;
 }
 
-__global__ void gather_keys_kernel(const float* key_cache, const int32_t* block_table, int block_size, int dim,
+// out[j, :] = the bf16 key of position j, widened to fp32 (exact).
+__global__ void gather_keys_kernel(const uint16_t* key_cache, const int32_t* block_table, int block_size, int dim,
                                    float* out) {
   const int j = blockIdx.x;
-  const float* src = key_cache + (static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size) * dim;
-  for (int k = threadIdx.x; k < dim; k += blockDim.x) out[static_cast<int64_t>(j) * dim + k] = src[k];
+  const uint16_t* src = key_cache + (static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size) * dim;
+  for (int k = threadIdx.x; k < dim; k += blockDim.x) out[static_cast<int64_t>(j) * dim + k] = __uint_as_float(uint32_t{src[k]} << 16);
 }
 
 // Block (chunk token i, 256 positions): scores[t, j] = sum_h relu(S[i, h, j] * softmax_scale) *
@@ -272,7 +274,7 @@ void indexer_scores_gemm(const IndexerScoreArgs& a, const int32_t* block_table, 
 void indexer_scores(const IndexerScoreArgs& a, cudaStream_t stream) {
   const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
   if (launch_tokens <= 0 || a.max_context <= a.top_k) return;
-  const bool vector = a.dim % 4 == 0 && reinterpret_cast<uintptr_t>(a.key_cache) % 16 == 0;
+  const bool vector = a.dim % 8 == 0 && reinterpret_cast<uintptr_t>(a.key_cache) % 16 == 0;
   // One thread a key: 32 heads' sums in registers (GLM-5's indexer has 32), or groups of 8 for
   // fewer heads; a.threads_per_key 4 (32 heads or more): 8 heads' sums a thread.
   GLMS_CHECK(a.threads_per_key == 1 || a.threads_per_key == 4, "indexer_scores: 1 or 4 threads a key");

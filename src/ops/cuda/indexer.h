@@ -12,7 +12,7 @@ namespace glms::ops::cuda {
 struct IndexerScoreArgs {
   const float* queries = nullptr;       // [T, heads, dim] fp32, rotated
   const float* head_weights = nullptr;  // [T, heads] fp32 (weights_proj output, unscaled)
-  const float* key_cache = nullptr;     // [num_slots, dim] fp32 keys of this layer
+  const uint16_t* key_cache = nullptr;  // [num_slots, dim] bf16 keys of this layer
   const int32_t* block_tables = nullptr;  // [num_sequences, max_blocks]
   int max_blocks = 0;
   const int32_t* token_sequence = nullptr;  // [T]

@@ -44,11 +44,14 @@ constexpr int kWeightBytes = kTokens * kHeads * 4;           // 1024
 constexpr int kSharedBytes = 1024 + kQueryBytes + 2 * kKeyStageBytes + kWeightBytes;  // 1024: alignment
 static_assert(kSharedBytes <= 232448, "one block an SM");
 
-__global__ void gather_keys_bf16_kernel(const float* key_cache, const int32_t* block_table, int block_size,
-                                        uint16_t* out) {
-  const int j = blockIdx.x;
-  const float* src = key_cache + (static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size) * kDim;
-  out[static_cast<int64_t>(j) * kDim + threadIdx.x] = float_to_bf16(src[threadIdx.x]);
+// out[j, :] = the key of position j: 16 threads of 16 bytes a key.
+__global__ void gather_keys_bf16_kernel(const uint16_t* key_cache, const int32_t* block_table, int block_size,
+                                        int context, uint16_t* out) {
+  const int j = blockIdx.x * 16 + threadIdx.x / 16, chunk = threadIdx.x % 16;
+  if (j >= context) return;
+  const uint4* src = reinterpret_cast<const uint4*>(
+      key_cache + (static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size) * kDim);
+  reinterpret_cast<uint4*>(out + static_cast<int64_t>(j) * kDim)[chunk] = src[chunk];
 }
 
 // Block (8 tokens of the chunk, key tiles blockIdx.y, + gridDim.y, ...); keys: [context, 128] bf16.
@@ -165,7 +168,7 @@ void indexer_scores_wgmma(const IndexerScoreArgs& a, const int32_t* block_table,
   if (launch_tokens <= 0 || context <= a.top_k) return;
   GLMS_CHECK(indexer_scores_wgmma_supported(a.heads, a.dim), "indexer_scores_wgmma: 32 heads of 128");
   uint16_t* keys = reinterpret_cast<uint16_t*>(w.keys);  // the fp32 gather buffer holds the bf16 keys
-  gather_keys_bf16_kernel<<<context, kDim, 0, stream>>>(a.key_cache, block_table, a.block_size, keys);
+  gather_keys_bf16_kernel<<<(context + 15) / 16, 256, 0, stream>>>(a.key_cache, block_table, a.block_size, context, keys);
   check(cudaGetLastError(), "gather_keys_bf16 launch");
   check(cudaFuncSetAttribute(indexer_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
         "indexer_wgmma shared memory");
