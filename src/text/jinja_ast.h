@@ -80,6 +80,7 @@ struct Stmt {
   Body body, else_body;
   std::string name;
   std::vector<std::pair<std::string, ExprPtr>> params;  // Macro/CallBlock: (name, default|null)
+  bool body_uses_loop = true;  // For: the body names `loop` (else no loop object is made)
 };
 
 struct Program {

@@ -11,6 +11,10 @@
 namespace glms::jinja {
 namespace {
 
+// Steps a loop iteration counts (see exec_for): with and without a `loop` object.
+constexpr int64_t kLoopObjectSteps = 24;
+constexpr int64_t kIterationSteps = 4;
+
 struct Scope {
   std::unordered_map<std::string, Value> vars;
   std::shared_ptr<Scope> parent;
@@ -44,8 +48,10 @@ class Evaluator {
   int64_t steps_ = 0;
   int depth_ = 0;
 
-  void step() {
-    if (++steps_ > limits_.max_steps)
+  void step() { steps(1); }
+  void steps(int64_t count) {
+    steps_ += count;
+    if (steps_ > limits_.max_steps)
       fail("template exceeded the step limit (" + std::to_string(limits_.max_steps) +
            " evaluation steps)");
   }
@@ -163,31 +169,40 @@ class Evaluator {
     if (items.empty()) return exec(s.else_body, scope);
     const int64_t n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
-      step();
+      // An iteration's scope costs what a few expression nodes do, its `loop` object (a dict of
+      // a dozen entries and a function) what about twenty do: steps in proportion, so that the
+      // step limit bounds the time of empty loops nested deep too.
+      steps(s.body_uses_loop ? kLoopObjectSteps : kIterationSteps);
       auto iter_scope = std::make_shared<Scope>();
       iter_scope->parent = scope;
-      Value loop = Value::dict();
-      DictData& d = loop.dict_data();
-      d.set("index", Value(i + 1));
-      d.set("index0", Value(i));
-      d.set("revindex", Value(n - i));
-      d.set("revindex0", Value(n - i - 1));
-      d.set("first", Value(i == 0));
-      d.set("last", Value(i == n - 1));
-      d.set("length", Value(n));
-      d.set("depth", Value(1));
-      d.set("depth0", Value(0));
-      if (i > 0) d.set("previtem", items[i - 1]);
-      if (i + 1 < n) d.set("nextitem", items[i + 1]);
-      d.set("cycle", Value::function("loop.cycle", [i](const CallArgs& a) -> Value {
-        if (a.positional.empty()) fail("no items for cycling given");
-        return a.positional[static_cast<size_t>(i) % a.positional.size()];
-      }));
-      iter_scope->vars["loop"] = loop;
+      if (s.body_uses_loop) iter_scope->vars["loop"] = make_loop_object(items, i);
       assign(s.target, items[i], iter_scope);
       if (exec(s.body, iter_scope) == Flow::Break) break;
     }
     return Flow::Normal;
+  }
+
+  // Jinja's `loop` of iteration i over items.
+  static Value make_loop_object(const std::vector<Value>& items, int64_t i) {
+    const int64_t n = static_cast<int64_t>(items.size());
+    Value loop = Value::dict();
+    DictData& d = loop.dict_data();
+    d.set("index", Value(i + 1));
+    d.set("index0", Value(i));
+    d.set("revindex", Value(n - i));
+    d.set("revindex0", Value(n - i - 1));
+    d.set("first", Value(i == 0));
+    d.set("last", Value(i == n - 1));
+    d.set("length", Value(n));
+    d.set("depth", Value(1));
+    d.set("depth0", Value(0));
+    if (i > 0) d.set("previtem", items[i - 1]);
+    if (i + 1 < n) d.set("nextitem", items[i + 1]);
+    d.set("cycle", Value::function("loop.cycle", [i](const CallArgs& a) -> Value {
+      if (a.positional.empty()) fail("no items for cycling given");
+      return a.positional[static_cast<size_t>(i) % a.positional.size()];
+    }));
+    return loop;
   }
 
   Value make_macro(const Stmt& s, const ScopePtr& def_scope, const std::string& name) {

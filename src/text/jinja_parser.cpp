@@ -48,6 +48,7 @@ class Parser {
   const std::vector<Token>& t_;
   size_t i_ = 0;
   int depth_ = 0;  // nesting of statements and expressions, bounded to protect the stack
+  int64_t loop_mentions_ = 0;  // Name expressions `loop` parsed so far
 
   struct DepthGuard {
     Parser& p;
@@ -236,7 +237,9 @@ class Parser {
     if (is_name("recursive")) error("recursive loops are not supported");
     expect_block_end();
     std::string end;
+    const int64_t mentions_before = loop_mentions_;
     s->body = parse_body({"endfor", "else"}, end);
+    s->body_uses_loop = loop_mentions_ != mentions_before;
     if (end == "else") {
       expect_block_end();
       s->else_body = parse_body({"endfor"}, end);
@@ -490,6 +493,7 @@ class Parser {
         else {
           e->kind = Expr::Kind::Name;
           e->name = tok.text;
+          if (e->name == "loop") ++loop_mentions_;
         }
         return e;
       }

@@ -159,6 +159,28 @@ TEST(ChatTemplateLoad, ALongAgenticConversationFitsTheStepLimitAndNestedLoopsDoN
   }
 }
 
+// A loop iteration counts steps for its scope and, when the body names `loop`, for the loop
+// object it makes, so that empty loops nested deep stay within the limit's time too: a million
+// empty iterations (which took 1.4 s at one step each, fuzz_chat_template's finding) are refused,
+// while a thousand-turn conversation above still fits.
+TEST(ChatTemplateLoad, NestedEmptyLoopsCountTheirIterationsAgainstTheStepLimit) {
+  const glms::ChatTemplate loops = glms::ChatTemplate::from_source(
+      "{% for a in range(100) %}{% for b in range(100) %}{% for c in range(100) %}{% endfor %}{% endfor %}"
+      "{% endfor %}done",
+      "<s>", "</s>");
+  try {
+    (void)loops.render("[]", "", false);
+    ADD_FAILURE() << "a million empty iterations rendered";
+  } catch (const glms::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("step limit"), std::string::npos) << e.what();
+  }
+  const glms::ChatTemplate fewer = glms::ChatTemplate::from_source(
+      "{% for a in range(100) %}{% for b in range(100) %}{% if loop.last %}{{ a }},{% endif %}{% endfor %}"
+      "{% endfor %}",
+      "<s>", "</s>");
+  EXPECT_EQ(fewer.render("[]", "", false).substr(0, 6), "0,1,2,");
+}
+
 TEST(ChatTemplateLoad, TokenizerConfigVariants) {
   fs::path dir = temp_dir();
   ordered_json config = {
