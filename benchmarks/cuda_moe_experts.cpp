@@ -144,12 +144,10 @@ int main(int argc, char** argv) {
         {"stream f2s6", cuda::MoeStreamShape::kFrags2Stages6},
         {"stream f1s6w8", cuda::MoeStreamShape::kFrags1Stages6Warps8},
         {"stream wgmma s6w8", cuda::MoeStreamShape::kWgmmaStages6Warps8},
-        {"stream wgmma s8w4", cuda::MoeStreamShape::kWgmmaStages8Warps4}};
+        {"stream wgmma x2 s3w8", cuda::MoeStreamShape::kWgmmaPairsStages3Warps8}};
     for (const auto& [name, shape] : shapes)
       for (const int chunk : {mean_pairs, 2 * mean_pairs}) {
-        const bool wgmma = shape == cuda::MoeStreamShape::kWgmmaStages6Warps8 ||
-                           shape == cuda::MoeStreamShape::kWgmmaStages8Warps4;
-        if (chunk > (wgmma ? 64 : 32) && chunk != mean_pairs) continue;
+        if (chunk > 32 && chunk != mean_pairs) continue;
         const int chunk_tokens = chunk;
         paths.push_back({std::string(name) + " c" + std::to_string(chunk), [&, shape, chunk_tokens] {
                            cuda::moe_experts_stream(x.as<uint16_t>(), kHidden, kInter, experts, plan, E, kTopK,

@@ -703,12 +703,12 @@ void add_bench_step_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--stream-experts-shape", o->stream_experts_shape,
                   "Their shape: mma.sync 0 (1 row fragment a warp, 8 steps in flight, 4 warps a block), 1 (2, 6, 4), "
-                  "2 (1, 6, 8); wgmma 3 (6 steps, 8 warps), 4 (8 steps, 4 warps); or -1 (1 up to 8 pairs per expert, "
-                  "3 above)")
+                  "2 (1, 6, 8); wgmma 3 (6 steps, 8 warps), 4 (3 slots of 2 steps, 8 warps); or -1 (1 up to 8 pairs "
+                  "per expert, 4 above)")
       ->check(CLI::IsMember({-1, 0, 1, 2, 3, 4}))
       ->capture_default_str();
   cmd->add_option("--stream-experts-chunk-factor", o->stream_experts_chunk_factor,
-                  "Their token chunk: this many times the average pairs per expert (8, 16 or 32 tokens; wgmma 64 too)")
+                  "Their token chunk: this many times the average pairs per expert (8, 16 or 32 tokens)")
       ->check(CLI::Range(1, 8))
       ->capture_default_str();
   cmd->add_option("--grouped-expert-gemm", o->grouped_expert_gemm,

@@ -2,7 +2,7 @@
 // over the ops/cuda kernels. Weights are uploaded once as bf16 (quantised checkpoints are
 // dequantised on upload, except routed experts in MXFP4 or block FP8; the router and its bias
 // stay fp32), the paged latent cache lives on the
-// device in bf16 (indexer keys fp32), and a step uploads the batch's metadata in one copy.
+// device in bf16 (indexer keys too), and a step uploads the batch's metadata in one copy.
 // Activations between blocks are fp32; GEMM inputs are bf16 with fp32 accumulation.
 #pragma once
 
@@ -80,12 +80,11 @@ struct CudaModelOptions {
   // pairs per expert on average (the step's routed tokens x top-k over the model's experts; max
   // 0: never) through the streamed decode kernels (ops::cuda::moe_experts_stream) instead of the
   // mma.sync and W4A16 wgmma ones, in stream_experts_shape (0 .. 4: MoeStreamShape; -1: 1 up to
-  // 8 pairs per expert, the wgmma shape 3 above) with chunks of stream_experts_chunk_factor x
-  // that average (8, 16 or 32 tokens; 64 too for the wgmma shapes 3 and 4). On the H200 at
-  // GLM-5.2's widths, 32 experts of a rank (benchmarks/cuda_moe_experts, docs/performance.md):
-  // 2 pairs an expert mma.sync 216 us vs streamed 280, 8 pairs 468 vs 336, 16 pairs 735 (W4A16
-  // 580, mma.sync streamed 490) vs 400; at 31 pairs W4A16 589 vs 624 alone, but the EP8 rank's
-  // batch-128 step took 88.0 ms streamed against 108.1 with W4A16.
+  // 8 pairs per expert, the wgmma shape 4 above) with chunks of stream_experts_chunk_factor x
+  // that average (8, 16 or 32 tokens). On the H200 at GLM-5.2's widths, 32 experts of a rank
+  // (benchmarks/cuda_moe_experts, one run; docs/performance.md): 8 pairs an expert mma.sync
+  // streamed 343 us, wgmma two-step slots 358; 16 pairs 370 against 435 (a step a slot) and 487
+  // (mma.sync streamed); 31 pairs 583 against the W4A16 GEMMs' 590.
   int stream_experts_min_pairs = 5;
   int stream_experts_max_pairs = 32;
   int stream_experts_shape = -1;

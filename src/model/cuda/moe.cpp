@@ -84,7 +84,7 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
     const auto shape = options.stream_experts_shape >= 0
                            ? static_cast<cuda::MoeStreamShape>(options.stream_experts_shape)
                        : routed_pairs_per_expert <= 8 ? cuda::MoeStreamShape::kFrags2Stages6
-                                                      : cuda::MoeStreamShape::kWgmmaStages6Warps8;
+                                                      : cuda::MoeStreamShape::kWgmmaPairsStages3Warps8;
     cuda::moe_experts_stream(x, hidden, inter, experts, plan, E, K, P, chunk, static_cast<int>(std::min<int64_t>(E, P)),
                              {as<uint32_t>(pair_x), as<float>(pair_scale)}, as<uint16_t>(pair_act),
                              as<float>(expert_out), s, shape);

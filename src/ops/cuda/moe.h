@@ -92,8 +92,7 @@ void moe_experts_mma(const uint16_t* x, int64_t hidden, int64_t inter, const Exp
 // The same for decode-sized batches of tiled MXFP4 experts (moe_experts_stream.cu): the grouped
 // pairs' inputs staged once (a small kernel before each projection), then each warp streams its
 // weight rows' codes once, kStages steps in flight, against all of an expert's pairs in chunks
-// (8, 16 or 32 tokens; the wgmma shapes 64 too) by `chunk_tokens`, the batch's pairs per
-// expert. The mma.sync shapes stage the tokens as fp16 rows with a power-of-two scale each and
+// (8, 16 or 32 tokens) by `chunk_tokens`, the batch's pairs per expert. The mma.sync shapes stage the tokens as fp16 rows with a power-of-two scale each and
 // multiply 8-token tiles; the wgmma shapes widen the codes into wgmma's A registers with the block
 // scales (bf16, exact) against the whole chunk's bf16 tokens in shared memory. No host copy
 // (graph-capturable). `num_pairs` bounds the plan's pairs on this rank (the staging grid);
@@ -103,8 +102,8 @@ enum class MoeStreamShape {  // mma row fragments a warp, steps in flight, warps
   kFrags1Stages8,
   kFrags2Stages6,
   kFrags1Stages6Warps8,
-  kWgmmaStages6Warps8,  // wgmma, one fragment a warp
-  kWgmmaStages8Warps4,
+  kWgmmaStages6Warps8,        // wgmma, one fragment a warp, a step a slot
+  kWgmmaPairsStages3Warps8,  // wgmma, two steps a slot (128 contiguous bytes of a row a copy)
 };
 struct MoeStreamBuffers {
   uint32_t* staged = nullptr;
