@@ -223,18 +223,21 @@ static bool is_intlike(const Value& v) { return v.is_int() || v.is_bool(); }
   fail("unsupported operand type(s) for " + op + ": '" + a.type_name() + "' and '" + b.type_name() + "'");
 }
 
+// seq * n. The size is checked by division, never by a product that could wrap, and an empty
+// sequence is returned as it is: repeating it 10^10 times would loop for seconds building nothing.
 static Value repeat(const Value& seq, int64_t n) {
-  if (n <= 0) return seq.is_string() ? Value("") : Value::list();
+  const bool empty = seq.is_string() ? seq.as_string().empty() : seq.items().empty();
+  if (n <= 0 || empty) return seq.is_string() ? Value("") : seq.is_tuple() ? Value::tuple({}) : Value::list();
   if (seq.is_string()) {
     const std::string& s = seq.as_string();
-    if (s.size() * static_cast<uint64_t>(n) > kMaxBuiltSize) fail("string repetition result too large");
+    if (static_cast<uint64_t>(n) > kMaxBuiltSize / s.size()) fail("string repetition result too large");
     std::string out;
     out.reserve(s.size() * n);
     for (int64_t i = 0; i < n; ++i) out += s;
     return Value(std::move(out));
   }
   const auto& items = seq.items();
-  if (items.size() * static_cast<uint64_t>(n) > kMaxBuiltSize / 16) fail("list repetition result too large");
+  if (static_cast<uint64_t>(n) > kMaxBuiltSize / 16 / items.size()) fail("list repetition result too large");
   std::vector<Value> out;
   for (int64_t i = 0; i < n; ++i) out.insert(out.end(), items.begin(), items.end());
   return seq.is_tuple() ? Value::tuple(std::move(out)) : Value::list(std::move(out));

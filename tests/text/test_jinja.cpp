@@ -164,6 +164,11 @@ TEST(Jinja, LimitsBoundHostileTemplates) {
   EXPECT_NE(error_of("{% for i in range(1000) %}xxxxxxxxxx{% endfor %}", "{}", tiny_output).find("output exceeds"),
             std::string::npos);
   EXPECT_NE(error_of("{{ 'x' * 1000000000 }}").find("too large"), std::string::npos);
+  // Empty sequences repeat at once (fuzz_chat_template: `27 ** 7 * []` looped 10^10 times, 12 s),
+  // and a count whose product with the size would wrap 64 bits is still too large.
+  EXPECT_EQ(render("{{ 27 ** 7 * [] }} {{ '' * 10000000000 }}|{{ (1, 2) * 0 }}"), "[] |()");
+  EXPECT_NE(error_of("{{ 'ab' * 9223372036854775807 }}").find("too large"), std::string::npos);
+  EXPECT_NE(error_of("{{ [1, 2] * 9223372036854775807 }}").find("too large"), std::string::npos);
   EXPECT_NE(error_of("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}").find("nested too deeply"),
             std::string::npos);
   std::string nested;
