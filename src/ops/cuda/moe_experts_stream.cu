@@ -361,9 +361,9 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 }
 
 // A step's four MX blocks of two weight rows (code word w: block w) times their scales, as the
-// A registers of its eight wgmmas: frag[first + 2 w + h][2 i + r] for row r (0: g, 1: g + 8). Blocks whose
-// scale codes are all at most 128 (scale <= 2, the usual case) take one multiply by
-// 2^(code - 1) (mxfp4_tile_pair_bf16's 2^-126 folded in); otherwise two.
+// A registers of its eight wgmmas: frag[first + 2 w + h][2 i + r] for row r (0: g, 1: g + 8).
+// When every scale code of the warp's step is at most 128 (scale <= 2, the usual case) one
+// multiply by 2^(code - 1) (mxfp4_tile_pair_bf16's 2^-126 folded in); otherwise two.
 template <int kFrags>
 __device__ __forceinline__ void widen_step(const uint4& codes_a, const uint4& codes_b, uint32_t scales_a,
                                            uint32_t scales_b, bool one_multiply, uint32_t (&frag)[kFrags][4], int first) {
@@ -568,17 +568,23 @@ __global__ void __launch_bounds__(kWarps * 32) stream_wgmma_kernel(StreamArgs a)
   }
 }
 
+// A grid of (max_active experts, output tiles of outputs_per_block) blocks of `threads`.
+void launch_over_outputs(void (*kernel)(StreamArgs), const StreamArgs& args, int max_active, int64_t outputs_per_block,
+                         int threads, size_t shared, cudaStream_t stream) {
+  const dim3 grid(max_active, static_cast<unsigned>((args.outputs + outputs_per_block - 1) / outputs_per_block));
+  // Per device (each rank's thread has its own), so set on every launch: a host call of a microsecond.
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
+        "stream_experts shared memory");
+  kernel<<<grid, threads, shared, stream>>>(args);
+  check(cudaGetLastError(), "stream_experts launch");
+}
+
 template <Projection kProj, int kStages, int kTokens, int kWarps, int kSub>
 void launch_stream_wgmma(const StreamArgs& args, int max_active, cudaStream_t stream) {
-  const int64_t per_block = int64_t{kWarps} * kOutputsPerFragment<kProj>;
-  const dim3 grid(max_active, static_cast<unsigned>((args.outputs + per_block - 1) / per_block));
   constexpr size_t kShared = stream_wgmma_shared_bytes<kStages, kTokens, kWarps, kSub>();
   static_assert(kShared <= 227 * 1024, "one block an SM at least");
-  auto kernel = stream_wgmma_kernel<kProj, kStages, kTokens, kWarps, kSub>;
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared)),
-        "stream_wgmma shared memory");
-  kernel<<<grid, kWarps * 32, kShared, stream>>>(args);
-  check(cudaGetLastError(), "stream_wgmma launch");
+  launch_over_outputs(stream_wgmma_kernel<kProj, kStages, kTokens, kWarps, kSub>, args, max_active,
+                      int64_t{kWarps} * kOutputsPerFragment<kProj>, kWarps * 32, kShared, stream);
 }
 
 template <Projection kProj, int kStages, int kTokens, int kWarps, int kSub>
@@ -601,16 +607,10 @@ void launch_wgmma_for_tokens(const StreamArgs& args, int chunk_tokens, int max_a
 
 template <Projection kProj, int kFrags, int kStages, int kTiles, int kWarps>
 void launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream) {
-  const int64_t per_block = int64_t{kWarps} * kFrags * kOutputsPerFragment<kProj>;
-  const dim3 grid(max_active, static_cast<unsigned>((args.outputs + per_block - 1) / per_block));
   constexpr size_t kShared = stream_shared_bytes<kFrags, kStages, kTiles, kWarps>();
   static_assert(kShared <= 227 * 1024, "one block an SM at least");
-  auto kernel = stream_experts_kernel<kProj, kFrags, kStages, kTiles, kWarps>;
-  // Per device (each rank's thread has its own), so set on every launch: a host call of a microsecond.
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared)),
-        "stream_experts shared memory");
-  kernel<<<grid, kWarps * 32, kShared, stream>>>(args);
-  check(cudaGetLastError(), "stream_experts launch");
+  launch_over_outputs(stream_experts_kernel<kProj, kFrags, kStages, kTiles, kWarps>, args, max_active,
+                      int64_t{kWarps} * kFrags * kOutputsPerFragment<kProj>, kWarps * 32, kShared, stream);
 }
 
 // kTiles by the chunk the batch's pairs per expert call for.
