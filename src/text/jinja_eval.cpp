@@ -14,6 +14,12 @@ namespace {
 // Steps a loop iteration counts (see exec_for): with and without a `loop` object.
 constexpr int64_t kLoopObjectSteps = 24;
 constexpr int64_t kIterationSteps = 4;
+// Operations that walk a string or a container (indexing and slicing a string by code point,
+// methods, filters, concatenation, comparison) cost in proportion to its size: a step per this
+// many bytes or items, so that the step limit bounds them too (fuzzing found indexing a 16 MB
+// string in a loop: 50 ms an evaluation step).
+constexpr size_t kStringBytesPerStep = 16;
+constexpr size_t kItemsPerStep = 8;
 
 struct Scope {
   std::unordered_map<std::string, Value> vars;
@@ -49,6 +55,13 @@ class Evaluator {
   int depth_ = 0;
 
   void step() { steps(1); }
+  // Steps for an operation that may walk all of `v` (see kStringBytesPerStep).
+  const Value& charged(const Value& v) {
+    if (v.is_string()) steps(static_cast<int64_t>(v.as_string().size() / kStringBytesPerStep));
+    else if (v.is_list()) steps(static_cast<int64_t>(v.items().size() / kItemsPerStep));
+    else if (v.is_dict()) steps(static_cast<int64_t>(v.dict_data().items.size() / kItemsPerStep));
+    return v;
+  }
   void steps(int64_t count) {
     steps_ += count;
     if (steps_ > limits_.max_steps)
@@ -271,10 +284,14 @@ Value Evaluator::eval(const Expr& e, const ScopePtr& scope) {
   switch (e.kind) {
     case Expr::Kind::Literal: return e.value;
     case Expr::Kind::Name: return lookup(scope, e.name);
-    case Expr::Kind::Attr: return get_attr(eval(*e.args[0], scope), e.name);
-    case Expr::Kind::Item: return get_item(eval(*e.args[0], scope), eval(*e.args[1], scope));
-    case Expr::Kind::Slice: {
+    case Expr::Kind::Attr: return get_attr(charged(eval(*e.args[0], scope)), e.name);
+    case Expr::Kind::Item: {
       Value obj = eval(*e.args[0], scope);
+      if (obj.is_string()) charged(obj);  // by code point; lists and dicts index directly
+      return get_item(obj, eval(*e.args[1], scope));
+    }
+    case Expr::Kind::Slice: {
+      Value obj = charged(eval(*e.args[0], scope));
       auto part = [&](size_t i) { return e.args[i] ? eval(*e.args[i], scope) : Value(nullptr); };
       return get_slice(obj, part(1), part(2), part(3));
     }
@@ -286,21 +303,23 @@ Value Evaluator::eval(const Expr& e, const ScopePtr& scope) {
       return fn.callable().fn(a);
     }
     case Expr::Kind::Filter: {
-      Value input = eval(*e.args[0], scope);
+      Value input = charged(eval(*e.args[0], scope));
       if (!has_filter(e.name))
         syntax_error(e.line, e.col, "no filter named '" + e.name + "'");
-      return apply_filter(e.name, input, eval_args(e, 1, scope));
+      CallArgs args = eval_args(e, 1, scope);
+      for (const Value& arg : args.positional) charged(arg);
+      return apply_filter(e.name, input, args);
     }
     case Expr::Kind::Test: {
-      Value v = eval(*e.args[0], scope);
+      Value v = charged(eval(*e.args[0], scope));
       if (!has_test(e.name)) syntax_error(e.line, e.col, "no test named '" + e.name + "'");
       bool r = apply_test(e.name, v, eval_args(e, 1, scope));
       return Value(e.negate ? !r : r);
     }
     case Expr::Kind::Unary: return unary_op(e.name, eval(*e.args[0], scope));
     case Expr::Kind::Binary: {
-      Value a = eval(*e.args[0], scope);
-      Value b = eval(*e.args[1], scope);
+      Value a = charged(eval(*e.args[0], scope));
+      Value b = charged(eval(*e.args[1], scope));
       Value r = binary_op(e.name, a, b);
       if (r.is_string() && r.as_string().size() > kMaxBuiltSize) fail("string result too large");
       return r;
@@ -314,9 +333,9 @@ Value Evaluator::eval(const Expr& e, const ScopePtr& scope) {
       return a.truthy() ? a : eval(*e.args[1], scope);
     }
     case Expr::Kind::Compare: {
-      Value left = eval(*e.args[0], scope);
+      Value left = charged(eval(*e.args[0], scope));
       for (size_t i = 0; i < e.ops.size(); ++i) {
-        Value right = eval(*e.args[i + 1], scope);
+        Value right = charged(eval(*e.args[i + 1], scope));
         if (!compare(e.ops[i], left, right)) return Value(false);
         left = std::move(right);
       }

@@ -181,6 +181,27 @@ TEST(ChatTemplateLoad, NestedEmptyLoopsCountTheirIterationsAgainstTheStepLimit) 
   EXPECT_EQ(fewer.render("[]", "", false).substr(0, 6), "0,1,2,");
 }
 
+// Indexing, slicing, filters, methods, concatenation and comparison of a string count a step per
+// 16 bytes: indexing a 1 MB string a thousand times is refused (it took 50 ms an index at 16 MB,
+// fuzz_chat_template's finding), while the bundled template still renders messages of megabytes.
+TEST(ChatTemplateLoad, OperationsOnLargeStringsCountTheirSize) {
+  const glms::ChatTemplate indexing = glms::ChatTemplate::from_source(
+      "{% set s = 'x' * 1000000 %}{% for i in range(1000) %}{{ s[5] }}{% endfor %}", "<s>", "</s>");
+  try {
+    (void)indexing.render("[]", "", false);
+    ADD_FAILURE() << "a thousand indexings of a 1 MB string rendered";
+  } catch (const glms::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("step limit"), std::string::npos) << e.what();
+  }
+  glms::ChatTemplate t = glms::ChatTemplate::load((kSource / "models/glm5-tiny-code").string());
+  const std::string content(1 << 20, 'a');
+  const ordered_json messages = ordered_json::array({{{"role", "system"}, {"content", content}},
+                                                     {{"role", "user"}, {"content", content}},
+                                                     {{"role", "assistant"}, {"content", "<think>x</think>" + content}},
+                                                     {{"role", "user"}, {"content", "hi"}}});
+  EXPECT_GT(t.render(messages.dump(), "", true).size(), 3u << 20);
+}
+
 TEST(ChatTemplateLoad, TokenizerConfigVariants) {
   fs::path dir = temp_dir();
   ordered_json config = {
