@@ -114,7 +114,7 @@ async function main() {
     const aborted0 = await metric(port, "glmserve:request_success_total", 'finished_reason="abort"');
     await page.$eval("#max_tokens", (e) => { e.value = "1500"; });
     // The bundled model may reach EOS before Stop lands on a loaded machine: try again then.
-    let stoppedMeta = "";
+    let stoppedMeta = "", stoppedText = "";
     for (let attempt = 0; attempt < 3 && !stoppedMeta.includes("stopped"); ++attempt) {
       await page.type("#prompt", "Write a long module:");
       await page.click("#send");
@@ -125,8 +125,11 @@ async function main() {
       await page.click("#stop");
       await page.waitForFunction(() => [...document.querySelectorAll(".msg.assistant")].pop().dataset.done, { timeout: 10000 });
       stoppedMeta = await page.$eval(".msg.assistant:last-child .meta", (e) => e.textContent);
+      stoppedText = await page.$eval(".msg.assistant:last-child .content", (e) => e.textContent);
     }
-    check(stoppedMeta.includes("stopped"), "the reply says it was stopped: " + stoppedMeta);
+    // The reply's own text goes with a failure: an error reply (no finish, no usage) names its cause there.
+    check(stoppedMeta.includes("stopped"),
+          "the reply says it was stopped: " + stoppedMeta + " (its text ends: " + JSON.stringify(stoppedText.slice(-200)) + ")");
     let aborted = aborted0;
     for (let i = 0; i < 50 && aborted <= aborted0; ++i) {
       await new Promise((r) => setTimeout(r, 100));
