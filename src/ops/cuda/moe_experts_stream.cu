@@ -89,14 +89,32 @@ struct StreamArgs {
 template <Projection kProj>
 constexpr int kOutputsPerFragment = kProj == Projection::kGateUp ? 8 : 16;
 
-// global -> shared without passing through registers: 16 bytes (L2 only) or 4 bytes.
+// A fragment's two rows for one pair, each row past a.outputs left out: gate/up, act[pair,
+// base + g] = bf16(silu(row_a) * row_b) (row a the gate, b the up row of the same index); down,
+// out[pair, base + g] = row_a, out[pair, base + 8 + g] = row_b.
+template <Projection kProj>
+__device__ __forceinline__ void store_pair_rows(const StreamArgs& a, int64_t pair, int64_t base, int g, float row_a,
+                                                float row_b) {
+  if constexpr (kProj == Projection::kGateUp) {
+    if (base + g < a.outputs) a.act[pair * a.outputs + base + g] = float_to_bf16(row_a / (1.0f + expf(-row_a)) * row_b);
+  } else {
+    float* row = a.out + pair * a.outputs;
+    if (base + g < a.outputs) row[base + g] = row_a;
+    if (base + 8 + g < a.outputs) row[base + 8 + g] = row_b;
+  }
+}
+
+// global -> shared without passing through registers: 16 bytes (L2 only).
 __device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(shared));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global));
 }
-__device__ __forceinline__ void copy_async_4(void* shared, const void* global) {
+// 4- or 8-byte copy, global to shared (L1 allocating: a row's later scale words share the line).
+template <int kBytes>
+__device__ __forceinline__ void copy_async_small(void* shared, const void* global) {
+  static_assert(kBytes == 4 || kBytes == 8, "4 or 8 bytes");
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(global));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(global), "n"(kBytes));
 }
 __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
@@ -207,7 +225,7 @@ __global__ void __launch_bounds__(kWarps * 32) stream_experts_kernel(StreamArgs 
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
               copy_async_16(slot + S::kB + lane_codes + (2 * f + r) * 32, next_codes[f][r]);
-              copy_async_4(slot_scales + lane_codes + (2 * f + r) * 32, next_scales[f][r]);
+              copy_async_small<4>(slot_scales + lane_codes + (2 * f + r) * 32, next_scales[f][r]);
               next_codes[f][r] += chunk_stride;
               next_scales[f][r] += scale_stride;
             }
@@ -287,16 +305,7 @@ __global__ void __launch_bounds__(kWarps * 32) stream_experts_kernel(StreamArgs 
           if (token >= count) continue;
           const int64_t pair = chunk + token;
           const float unscale = __ldg(a.unscale + pair);
-          if constexpr (kProj == Projection::kGateUp) {
-            if (base + g < a.outputs) {
-              const float gate = acc[f][j][i] * unscale, up = acc[f][j][2 + i] * unscale;
-              a.act[pair * a.outputs + base + g] = float_to_bf16(gate / (1.0f + expf(-gate)) * up);
-            }
-          } else {
-            float* row = a.out + pair * a.outputs;
-            if (base + g < a.outputs) row[base + g] = acc[f][j][i] * unscale;
-            if (base + 8 + g < a.outputs) row[base + 8 + g] = acc[f][j][2 + i] * unscale;
-          }
+          store_pair_rows<kProj>(a, pair, base, g, acc[f][j][i] * unscale, acc[f][j][2 + i] * unscale);
         }
     }
   }
@@ -412,13 +421,6 @@ constexpr size_t stream_wgmma_shared_bytes() {
   return 1024 + size_t{kStages} * WgmmaSlot<kTokens, kWarps, kSub>::kBytes;  // 1024: alignment
 }
 
-// 4- or 8-byte copy, global to shared (L1 allocating: a row's later scale words share the line).
-template <int kBytes>
-__device__ __forceinline__ void copy_async_small(uint32_t shared, const void* global) {
-  static_assert(kBytes == 4 || kBytes == 8, "4 or 8 bytes");
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(shared), "l"(global), "n"(kBytes));
-}
-
 // Block (active expert slot, output tile) as stream_experts_kernel; kWarps / 4 warpgroups, warp
 // w of the block the outputs (tile * kWarps + w) * kOutputsPerFragment onwards (rows past the
 // end repeat the last and are never written). a.staged holds stage_pairs_permuted_kernel's rows.
@@ -435,7 +437,7 @@ __global__ void __launch_bounds__(kWarps * 32) stream_wgmma_kernel(StreamArgs a)
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
   const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
   const uint32_t ring = raw + pad;
-  const uint8_t* ring_generic = shared_raw + pad;
+  uint8_t* ring_generic = shared_raw + pad;
 
   const int e = a.plan.active_experts[blockIdx.x];
   const int begin = a.plan.offsets[e], end = a.plan.offsets[e + 1];
@@ -488,8 +490,9 @@ __global__ void __launch_bounds__(kWarps * 32) stream_wgmma_kernel(StreamArgs a)
             if (token_offset[n] >= 0)
               wgmma::copy_async_16(slot + 2 * u * S::kTokenBlock + token_offset[n], token_source[n] + u * kStepValues / 2, 16);
         }
-        copy_async_small<4 * kSub>(slot + S::kScales + unit_a * 4 * kSub, next_scale_a);
-        copy_async_small<4 * kSub>(slot + S::kScales + unit_b * 4 * kSub, next_scale_b);
+        uint8_t* scales = ring_generic + issue_slot * S::kBytes + S::kScales;
+        copy_async_small<4 * kSub>(scales + unit_a * 4 * kSub, next_scale_a);
+        copy_async_small<4 * kSub>(scales + unit_b * 4 * kSub, next_scale_b);
         next_a += kSub * kStepChunks, next_b += kSub * kStepChunks, next_scale_a += kSub, next_scale_b += kSub;
 #pragma unroll
         for (int n = 0; n < kCopies; ++n) token_source[n] += kSub * kStepValues / 2;
@@ -553,17 +556,7 @@ __global__ void __launch_bounds__(kWarps * 32) stream_wgmma_kernel(StreamArgs a)
       for (int i = 0; i < 2; ++i) {
         const int token = 8 * j + 2 * t + i;
         if (token >= count) continue;
-        const int64_t pair = chunk + token;
-        if constexpr (kProj == Projection::kGateUp) {
-          if (first_output + g < a.outputs) {
-            const float gate = acc[4 * j + i], up = acc[4 * j + 2 + i];
-            a.act[pair * a.outputs + first_output + g] = float_to_bf16(gate / (1.0f + expf(-gate)) * up);
-          }
-        } else {
-          float* row = a.out + pair * a.outputs;
-          if (first_output + g < a.outputs) row[first_output + g] = acc[4 * j + i];
-          if (first_output + 8 + g < a.outputs) row[first_output + 8 + g] = acc[4 * j + 2 + i];
-        }
+        store_pair_rows<kProj>(a, chunk + token, first_output, g, acc[4 * j + i], acc[4 * j + 2 + i]);
       }
   }
 }
