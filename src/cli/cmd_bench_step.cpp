@@ -19,6 +19,7 @@
 #include "cli/validators.h"
 #include "core/error.h"
 #include "io/model_config.h"
+#include "kv/latent_cache.h"
 #include "model/batch.h"
 #include "model/cuda/model.h"  // CudaModelOptions' defaults (declarations only)
 #include "model/weights.h"
@@ -49,6 +50,7 @@ struct BenchStepOptions {
   uint64_t seed = 1;
   std::string expert_format = "bf16";  // routed experts: bf16, mxfp4 or fp8
   std::string quantization;            // "fp8": the linear layers in block FP8
+  std::string kv_cache_dtype = "auto";  // the cache's rows: auto (bf16) or fp8 (serve's flag)
   int gemv_tokens = model::CudaModelOptions{}.small_batch_gemv_tokens;
   int fused_attention_min_tokens = model::CudaModelOptions{}.fused_attention_min_tokens;
   bool fused_prefill_attention = model::CudaModelOptions{}.fused_prefill_attention;
@@ -169,18 +171,25 @@ double expert_bytes(const plan::ModelSpec& spec, const std::string& expert_forma
          spec.expert_bytes(expert_format);
 }
 
-// Bytes a decode step moves: bf16 weights, the routed experts in their format, the cache rows read.
-double decode_bytes(const plan::ModelSpec& spec, const std::string& expert_format, int batch, int context) {
+// The planner's name of a --kv-cache-dtype: "bf16" (auto on CUDA) or "fp8".
+std::string plan_kv_dtype(const std::string& kv_cache_dtype) {
+  return kv::parse_cache_dtype(kv_cache_dtype) == kv::CacheDtype::kFp8E4m3 ? "fp8" : "bf16";
+}
+
+// Bytes a decode step moves: bf16 weights, the routed experts in their format, the cache rows
+// read in the cache's storage.
+double decode_bytes(const plan::ModelSpec& spec, const std::string& expert_format, const std::string& kv_dtype,
+                    int batch, int context) {
   return plan::decode_step_weight_bytes(spec, "bf16", batch) - expert_bytes(spec, "bf16", batch) +
          expert_bytes(spec, expert_format, batch) +
-         batch * plan::kv_bytes_read_per_step(spec, context, plan::kv_dtype_bytes("bf16"));
+         batch * plan::kv_bytes_read_per_step(spec, context, plan::kv_dtype_bytes(kv_dtype));
 }
 
 // The same for one simulated rank: its share of the weights and of the experts the whole step's
 // tokens touch (plan/parallel.h), with bf16 everywhere but the routed experts, and its own
 // sequences' cache reads (tensor-parallel peers each read the whole latent rows).
 double rank_decode_bytes(const plan::ModelSpec& spec, const RankSimulation& sim, const std::string& expert_format,
-                         int batch, int context) {
+                         const std::string& kv_dtype, int batch, int context) {
   const plan::RankShape r = sim.rank_shape();
   // The rank's share of the experts the step's batch * dp tokens touch, read in expert_format
   // instead of bf16.
@@ -190,7 +199,7 @@ double rank_decode_bytes(const plan::ModelSpec& spec, const RankSimulation& sim,
                          r.world();
   return plan::rank_decode_weight_bytes(spec, "bf16", r, batch) +
          touched * (spec.expert_bytes(expert_format) - spec.expert_bytes("bf16")) +
-         batch * plan::kv_bytes_read_per_step(spec, context, plan::kv_dtype_bytes("bf16"));
+         batch * plan::kv_bytes_read_per_step(spec, context, plan::kv_dtype_bytes(kv_dtype));
 }
 
 // The phases (CudaGlm5Model's phase timer) that are linear layers: projections, absorption,
@@ -353,6 +362,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.indexer_topk_blocks = o.indexer_topk_blocks;
   options.overlap_shared_expert_tokens = o.overlap_shared_expert_tokens;
   if (o.quantization == "fp8") options.linear_weights = model::CudaLinearWeights::kFp8;
+  options.cache_dtype = kv::parse_cache_dtype(o.kv_cache_dtype);
   if (o.speculative_steps > 0) {  // a verify step runs 1 + K tokens per sequence, all with logits
     options.mtp = true;
     options.max_tokens = std::max(options.max_tokens, max_batch * (1 + o.speculative_steps));
@@ -479,8 +489,9 @@ void run_bench_step(const BenchStepOptions& o) {
           median_of([&](const model::ForwardBatch& b) { model->forward_selected(b, masked, o.graphs); });
       const nlohmann::json phases = phase_breakdown(*model, [&](int step) { model->forward_on_device(step_batch(step)); });
       // FP8 linear layers read one byte a value instead of two.
-      const double bytes = (sim.enabled() ? rank_decode_bytes(spec, sim, o.expert_format, batch, context)
-                                          : decode_bytes(spec, o.expert_format, batch, context)) -
+      const std::string kv_dtype = plan_kv_dtype(o.kv_cache_dtype);
+      const double bytes = (sim.enabled() ? rank_decode_bytes(spec, sim, o.expert_format, kv_dtype, batch, context)
+                                          : decode_bytes(spec, o.expert_format, kv_dtype, batch, context)) -
                            static_cast<double>(model->fp8_linear_parameters());
       const double bound = bytes / bandwidth;
       const double experts_bound = expert_bytes(spec, o.expert_format, batch) / bandwidth;
@@ -593,6 +604,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"graphs", o.graphs},
                         {"weight_bytes", model->weight_bytes()},
                         {"quantization", o.quantization.empty() ? std::string("none") : o.quantization},
+                        {"kv_cache_dtype", kv::cache_dtype_name(kv::parse_cache_dtype(o.kv_cache_dtype))},
                         {"fp8_linear_matrices", model->linear_matrices().second},
                         {"gpu_memory", memory_json},
                         {"copy_bandwidth_bytes_per_s", bandwidth},
@@ -737,6 +749,10 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("-q,--quantization", o->quantization,
                   "fp8: the linear layers in block FP8 (serve's flag); none: bf16 (the default)")
       ->check(CLI::IsMember({"none", "fp8"}));
+  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype,
+                  "The cache's rows: auto (bf16) or fp8 / fp8_e4m3 (E4M3 with a scale per 128 values, serve's flag)")
+      ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3", "fp8_ds_mla"}))
+      ->capture_default_str();
   cmd->add_option("--expert-format", o->expert_format, "Routed experts' storage: bf16, mxfp4 (W4A16) or fp8 (block E4M3)")
       ->check(CLI::IsMember({"bf16", "mxfp4", "fp8"}))
       ->capture_default_str();

@@ -332,9 +332,9 @@ std::vector<std::string> banner_lines(const ServeArgs& args, const std::vector<s
       "layout {} on {}; KV cache {} blocks of {} tokens per data-parallel rank ({} tokens, {:.2f} GiB){}",
       engine.layout().describe(), device, engine.blocks_per_rank(), c.block_size, tokens,
       static_cast<double>(tokens * cache_bytes_per_token) / (1 << 30),
-      c.kv_cache_dtype == kv::CacheDtype::kAuto
-          ? std::string()
-          : fmt::format(", rows rounded as {} (held in fp32 on the CPU)", kv::cache_dtype_name(c.kv_cache_dtype))));
+      c.kv_cache_dtype == kv::CacheDtype::kAuto ? std::string()
+      : device == "cpu" ? fmt::format(", rows rounded as {} (held in fp32 on the CPU)", kv::cache_dtype_name(c.kv_cache_dtype))
+                        : fmt::format(", rows stored as {}", kv::cache_dtype_name(c.kv_cache_dtype))));
   for (size_t r = 0; r < memory.size(); ++r)
     if (memory[r].weight_bytes > 0)
       lines.push_back(fmt::format("rank {}: weights {:.2f} GiB, KV cache {:.2f} GiB on its device", r,
@@ -376,7 +376,7 @@ void run_serve(ServeArgs args) {
   if (engine_config.max_model_len > model.config().max_position_embeddings)
     fail("--max-model-len " + std::to_string(engine_config.max_model_len) + " exceeds the model's " +
          std::to_string(model.config().max_position_embeddings) + " positions");
-  const int64_t cache_bytes_per_token = model.executor->cache_bytes_per_token();
+  const int64_t cache_bytes_per_token = model.executor->cache_bytes_per_token(engine_config.kv_cache_dtype);
   const std::string device = model.executor->device();
   runtime::Executor& executor = *model.executor;
   engine::Engine engine(std::move(model.executor), engine_config);

@@ -1,5 +1,7 @@
 #include "model/cuda_memory.h"
 
+#include "quant/kv_fp8.h"
+
 namespace glms::model {
 
 CudaRankWidths cuda_rank_widths(const io::ModelConfig& c, const ModelShard& shard, bool quantised_experts, bool mtp,
@@ -51,9 +53,18 @@ int64_t cuda_workspace_bytes(const io::ModelConfig& config, const CudaRankWidths
   return total;
 }
 
-int64_t cuda_cache_bytes_per_token(const io::ModelConfig& c, bool mtp, bool mtp_indexer) {
-  const int64_t row = int64_t{sizeof(uint16_t)} * (c.kv_lora_rank + c.qk_rope_head_dim);
-  const int64_t keys = int64_t{sizeof(uint16_t)} * c.index_head_dim;
+int64_t cuda_cache_row_bytes(const io::ModelConfig& c, kv::CacheDtype dtype) {
+  return dtype == kv::CacheDtype::kFp8E4m3 ? quant::kv_fp8_row_bytes(c.kv_lora_rank, c.qk_rope_head_dim)
+                                           : int64_t{sizeof(uint16_t)} * (c.kv_lora_rank + c.qk_rope_head_dim);
+}
+
+int64_t cuda_cache_key_bytes(const io::ModelConfig& c, kv::CacheDtype dtype) {
+  return dtype == kv::CacheDtype::kFp8E4m3 ? c.index_head_dim + int64_t{sizeof(float)}
+                                           : int64_t{sizeof(uint16_t)} * c.index_head_dim;
+}
+
+int64_t cuda_cache_bytes_per_token(const io::ModelConfig& c, kv::CacheDtype dtype, bool mtp, bool mtp_indexer) {
+  const int64_t row = cuda_cache_row_bytes(c, dtype), keys = cuda_cache_key_bytes(c, dtype);
   int64_t bytes = row * c.num_hidden_layers + keys * c.num_full_indexer_layers();
   if (mtp) bytes += row + (mtp_indexer ? keys : 0);
   return bytes;

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "io/model_config.h"
+#include "kv/latent_cache.h"
 #include "model/shard.h"
 
 namespace glms::model {
@@ -125,6 +126,7 @@ struct CudaWorkspaces {
   Buffer logits_argmax, sample_rows_of, sample_params, sampled;  // per logits row
   Buffer token_masks;                              // CudaMaskLayout::total bytes (structured outputs)
   Buffer prefill_context, prefill_queries;         // [max_context, kv_lora + rope], [T, H, padded row] bf16
+  Buffer context_table;                            // [max_blocks] int32 0, 1, ...: prefill_context's block table
   Buffer prefill_scores, prefill_probs;            // [prefill_score_capacity] fp32 / bf16
   Buffer gathered_rows, gathered_keys;             // selected latent rows, [max_context, id] fp32
   Buffer gathered_ids, gathered_weights, gathered_x, routed_all, routed_local;  // [dp * T, ...] (dp > 1)
@@ -212,6 +214,7 @@ void make_cuda_workspaces(CudaWorkspaces<Buffer>& w, const io::ModelConfig& c, c
   const int64_t padded_row = cuda_mla_padded_row(L, rd);
   w.prefill_score_capacity = std::min(kPrefillScoreFloats, T * H * context);
   w.prefill_context = bf16(context * (L + rd));
+  w.context_table = i32(cuda_max_blocks(limits));
   w.prefill_queries = bf16(T * H * padded_row);
   w.prefill_scores = f32(w.prefill_score_capacity);
   w.prefill_probs = bf16(w.prefill_score_capacity);
@@ -251,9 +254,16 @@ inline int64_t cuda_allocation_bytes(int64_t bytes) {
 int64_t cuda_workspace_bytes(const io::ModelConfig& config, const CudaRankWidths& widths,
                              const CudaStepLimits& limits);
 
-// Cache bytes one slot (token) takes on a CUDA rank: every layer's bf16 latent row, the full
-// indexer layers' fp32 keys, and with the MTP layer its row (and keys) too.
-int64_t cuda_cache_bytes_per_token(const io::ModelConfig& config, bool mtp = false, bool mtp_indexer = false);
+// Device bytes of one slot's latent row and of its indexer key on one layer: bf16 for the
+// "auto" cache, the FP8 layout of quant/kv_fp8.h for kFp8E4m3 (GLM-5: 1152 and 256 bytes, or
+// 656 and 132).
+int64_t cuda_cache_row_bytes(const io::ModelConfig& config, kv::CacheDtype dtype);
+int64_t cuda_cache_key_bytes(const io::ModelConfig& config, kv::CacheDtype dtype);
+
+// Cache bytes one slot (token) takes on a CUDA rank: every layer's latent row, the full indexer
+// layers' keys, and with the MTP layer its row (and keys) too.
+int64_t cuda_cache_bytes_per_token(const io::ModelConfig& config, kv::CacheDtype dtype = kv::CacheDtype::kAuto,
+                                   bool mtp = false, bool mtp_indexer = false);
 
 // Cache blocks that fit in `free_bytes` (what the budget leaves after everything in use and the
 // margin), less the one block an idle data-parallel rank's dummy token writes.

@@ -17,7 +17,8 @@ class CpuRunner : public StepRunner {
   explicit CpuRunner(std::shared_ptr<const Glm5Model> model) : owned_(std::move(model)), model_(*owned_) {}
   const io::ModelConfig& config() const override { return model_.config(); }
   std::string device() const override { return "cpu"; }
-  int64_t cache_bytes_per_token() const override { return model_.cache_layout(1).bytes_per_token(); }
+  // fp32 storage whatever the dtype (an FP8 cache's values are rounded in place).
+  int64_t cache_bytes_per_token(kv::CacheDtype) const override { return model_.cache_layout(1).bytes_per_token(); }
   void allocate(const CacheShape& shape) override {
     if (shape.num_blocks <= 0) fail("the CPU cache needs its size in blocks (--kv-cache-memory)");
     cache_.reset();

@@ -40,8 +40,9 @@ class StepRunner {
   virtual ~StepRunner() = default;
   virtual const io::ModelConfig& config() const = 0;
   virtual std::string device() const = 0;  // "cpu", "cuda"
-  // Bytes one token's cache rows take on this device (for sizing the cache by a budget).
-  virtual int64_t cache_bytes_per_token() const = 0;
+  // Bytes one token's cache rows take on this device in a cache of `dtype` (for sizing the cache
+  // by a budget).
+  virtual int64_t cache_bytes_per_token(kv::CacheDtype dtype) const = 0;
   // Allocates the paged cache and whatever a step needs; forward() needs it first.
   virtual void allocate(const CacheShape& shape) = 0;
   // The cache blocks allocate() made (what a num_blocks of 0 came to).

@@ -96,7 +96,8 @@ ServeMemory serve_memory(const ModelSpec& m, const PlanInputs& in, const GpuSpec
   s.workspaces = static_cast<double>(model::cuda_workspace_bytes(c, widths, limits));
   s.runtime = static_cast<double>(model::kCudaRuntimeBytes);
   s.margin = static_cast<double>(model::kCudaMemoryMarginBytes);
-  const int64_t per_token = model::cuda_cache_bytes_per_token(c, mtp, widths.mtp_indexer);
+  const int64_t per_token = model::cuda_cache_bytes_per_token(
+      c, in.kv_dtype == "fp8" ? kv::CacheDtype::kFp8E4m3 : kv::CacheDtype::kAuto, mtp, widths.mtp_indexer);
   const double free_bytes = s.budget - s.weights - s.workspaces - s.runtime - s.margin;
   s.cache_blocks = free_bytes > 0 ? model::cuda_cache_blocks_that_fit(static_cast<int64_t>(free_bytes), per_token,
                                                                       in.block_size)

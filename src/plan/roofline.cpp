@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "quant/kv_fp8.h"
 
 namespace glms::plan {
 
@@ -21,15 +22,25 @@ double expected_distinct_experts(int experts, int top_k, double batch) {
   return E * (1.0 - std::pow(1.0 - k / E, batch));
 }
 
+namespace {
+// Bytes of one token's latent row and indexer key on one layer in a cache of b bytes a value.
+double mla_row_bytes(const ModelSpec& m, int b) {
+  return b == 1 ? double(quant::kv_fp8_row_bytes(m.kv_lora_rank, m.qk_rope_head_dim))
+                : double(m.kv_lora_rank + m.qk_rope_head_dim) * b;
+}
+double index_key_bytes(const ModelSpec& m, int b) {
+  return b == 1 ? double(m.index_head_dim) + 4.0 : double(m.index_head_dim) * b;
+}
+}  // namespace
+
 double kv_bytes_per_token(const ModelSpec& m, int b) {
   switch (m.attention) {
     case AttentionKind::kGqa:
       return 2.0 * m.kv_heads * m.head_dim * m.layers * b;
     case AttentionKind::kMla:
-      return double(m.kv_lora_rank + m.qk_rope_head_dim) * m.layers * b;
+      return mla_row_bytes(m, b) * m.layers;
     case AttentionKind::kMlaDsa:
-      return double(m.kv_lora_rank + m.qk_rope_head_dim) * m.layers * b +
-             double(m.index_head_dim) * m.full_indexer_layers * double(b);
+      return mla_row_bytes(m, b) * m.layers + index_key_bytes(m, b) * m.full_indexer_layers;
   }
   return 0;
 }
@@ -48,8 +59,8 @@ double mean_attended_tokens(const ModelSpec& m, double length) {
 
 double kv_bytes_read_per_step(const ModelSpec& m, double position, int b) {
   if (m.attention != AttentionKind::kMlaDsa) return kv_bytes_per_token(m, b) * position;
-  return attended_tokens(m, position) * double(m.kv_lora_rank + m.qk_rope_head_dim) * m.layers * b +
-         position * double(m.index_head_dim) * m.full_indexer_layers * double(b);
+  return attended_tokens(m, position) * mla_row_bytes(m, b) * m.layers +
+         position * index_key_bytes(m, b) * m.full_indexer_layers;
 }
 
 double attention_flops(const ModelSpec& m, double attended, double scored, bool prefill) {

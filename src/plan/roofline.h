@@ -21,7 +21,9 @@ double expected_distinct_experts(int experts, int top_k, double batch);
 // KV cache bytes stored per token (all decoder layers):
 //   GQA: 2 * kv_heads * head_dim * layers * b;  MLA: (kv_lora + rope) * layers * b;
 //   MLA + DSA: MLA + index_head_dim * full_indexer_layers * b (the indexer keys in the cache's
-//   precision, as glmserve's CUDA cache keeps them).
+//   precision, as glmserve's CUDA cache keeps them). An FP8 MLA cache (b 1) is glmserve's layout
+//   (quant/kv_fp8.h): E4M3 latent with a scale per 128, the rope key in bf16, each indexer key
+//   with a scale (GLM-5: 656 + 132 bytes a layer).
 double kv_bytes_per_token(const ModelSpec& m, int kv_bytes);
 // KV bytes one decode step reads for one sequence at position `position`: GQA and MLA read the
 // whole context; with DSA the attention reads only the top-k tokens (min(position, index_topk))

@@ -170,7 +170,7 @@ TEST(EngineSpeculative, AFailingDraftLayerEndsRequestsNotTheEngine) {
     explicit FailingDrafts(const model::Glm5Model& m) : inner_(model::make_cpu_runner(m)) {}
     const io::ModelConfig& config() const override { return inner_->config(); }
     std::string device() const override { return "cpu"; }
-    int64_t cache_bytes_per_token() const override { return inner_->cache_bytes_per_token(); }
+    int64_t cache_bytes_per_token(kv::CacheDtype dtype) const override { return inner_->cache_bytes_per_token(dtype); }
     void allocate(const model::CacheShape& shape) override { inner_->allocate(shape); }
     int num_blocks() const override { return inner_->num_blocks(); }
     void limit_blocks(int blocks) override { inner_->limit_blocks(blocks); }

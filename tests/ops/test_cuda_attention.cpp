@@ -13,6 +13,7 @@
 #include "ops/cuda/indexer.h"
 #include "ops/cuda/mla.h"
 #include "ops/ops.h"
+#include "quant/kv_fp8.h"
 #include "support/cuda_buffers.h"
 #include "support/numerics.h"
 
@@ -53,16 +54,29 @@ struct Token {
 // workspace forces several chunks), and mla_attention_fused with room for the partial sums of
 // `chunk_tokens` x 2 splits of every token (fewer splits: several 64-row tiles per block, so the
 // online softmax rescales), against a double-precision reference. `query_scale` sharpens the
-// softmax.
+// softmax. The cache holds random rows in `storage` (FP8: encoded on the host); the reference
+// attends over what they decode to.
 void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std::vector<Token>& tokens, int top_k,
-               int chunk_tokens, float query_scale = 0.5f) {
+               int chunk_tokens, float query_scale = 0.5f, cuda::CacheStorage storage = cuda::CacheStorage::kBf16) {
   const int T = static_cast<int>(tokens.size()), qd = 7 + rd, row = L + rd;
   PagedContext paged(contexts, 11);
   const int64_t slots = int64_t{paged.num_blocks} * paged.block_size;
-  std::vector<uint16_t> cache(slots * row);
-  {
-    const auto values = random_values(cache.size(), 3);
-    for (size_t i = 0; i < cache.size(); ++i) cache[i] = f32_to_bf16(values[i]);
+  std::vector<float> cache = random_values(slots * row, 3);  // what the rows decode to
+  std::vector<uint8_t> cache_bytes;
+  if (storage == cuda::CacheStorage::kBf16) {
+    for (float& v : cache) {
+      const uint16_t bits = f32_to_bf16(v);
+      v = bf16_to_f32(bits);
+      cache_bytes.push_back(static_cast<uint8_t>(bits & 0xff));
+      cache_bytes.push_back(static_cast<uint8_t>(bits >> 8));
+    }
+  } else {
+    const int row_bytes = quant::kv_fp8_row_bytes(L, rd);
+    cache_bytes.resize(slots * row_bytes);
+    for (int64_t s = 0; s < slots; ++s) {
+      quant::encode_latent_row_fp8(cache.data() + s * row, L, rd, cache_bytes.data() + s * row_bytes);
+      quant::decode_latent_row_fp8(cache_bytes.data() + s * row_bytes, L, rd, cache.data() + s * row);
+    }
   }
   const auto q_latent = random_values(int64_t{T} * H * L, 4, query_scale),
              q = random_values(int64_t{T} * H * qd, 5, query_scale);
@@ -91,10 +105,10 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
       std::vector<double> p(num_selected[t]);
       double max_score = -INFINITY, total = 0;
       for (int i = 0; i < num_selected[t]; ++i) {
-        const uint16_t* c = cache.data() + paged.slot(tokens[t].seq, selected[int64_t{t} * top_k + i]) * row;
+        const float* c = cache.data() + paged.slot(tokens[t].seq, selected[int64_t{t} * top_k + i]) * row;
         double s = 0;
-        for (int k = 0; k < L; ++k) s += double(ql[k]) * bf16_to_f32(c[k]);
-        for (int k = 0; k < rd; ++k) s += double(qr[k]) * bf16_to_f32(c[L + k]);
+        for (int k = 0; k < L; ++k) s += double(ql[k]) * c[k];
+        for (int k = 0; k < rd; ++k) s += double(qr[k]) * c[L + k];
         p[i] = s * scale;
         max_score = std::max(max_score, p[i]);
       }
@@ -102,12 +116,12 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
       for (int k = 0; k < L; ++k) {
         double sum = 0;
         for (int i = 0; i < num_selected[t]; ++i)
-          sum += p[i] * bf16_to_f32(cache[paged.slot(tokens[t].seq, selected[int64_t{t} * top_k + i]) * row + k]);
+          sum += p[i] * cache[paged.slot(tokens[t].seq, selected[int64_t{t} * top_k + i]) * row + k];
         expected[(int64_t{t} * H + h) * L + k] = static_cast<float>(sum / total);
       }
     }
 
-  auto dcache = to_device(cache), dql = to_device(q_latent), dq = to_device(q), dsel = to_device(selected),
+  auto dcache = to_device(cache_bytes), dql = to_device(q_latent), dq = to_device(q), dsel = to_device(selected),
        dnum = to_device(num_selected), dtables = to_device(paged.block_tables), dseq = to_device(token_sequence);
   int max_context = 0;
   for (const Token& tok : tokens) max_context = std::max(max_context, tok.position + 1);
@@ -115,7 +129,8 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
   a.q_latent = dql.as<float>();
   a.q_rope = dq.as<float>() + 7;
   a.q_rope_stride = qd;
-  a.cache = dcache.as<uint16_t>();
+  a.cache = dcache.data();
+  a.storage = storage;
   a.selected = dsel.as<int32_t>();
   a.num_selected = dnum.as<int32_t>();
   a.max_selected = top_k;
@@ -142,7 +157,8 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
   a.out = out.as<float>();
   cuda::Gemm gemm;
   cuda::mla_attention_gathered(a, rows, w, gemm, nullptr);
-  // bf16 queries and probabilities on tensor cores against a double reference on bf16 rows.
+  // bf16 queries and probabilities on tensor cores against a double reference on the rows' values
+  // (FP8 rows: widened to bf16 on the device, one more rounding of the same size).
   const double gathered_error = relative_l2(to_host<float>(out, expected.size()), expected);
   EXPECT_LT(gathered_error, 1e-2) << "H=" << H << " L=" << L << " tokens=" << T << " chunk=" << chunk_tokens;
 
@@ -168,8 +184,8 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
                                << chunk_tokens << " x 2";
   // Both round queries and probabilities to bf16 once: the same error, give or take.
   EXPECT_LT(fused_error, 2 * gathered_error + 1e-4);
-  std::printf("H=%d L=%d rope=%d tokens=%d: relative L2 gathered %.2e, fused %.2e\n", H, L, rd, T, gathered_error,
-              fused_error);
+  std::printf("H=%d L=%d rope=%d tokens=%d%s: relative L2 gathered %.2e, fused %.2e\n", H, L, rd, T,
+              storage == cuda::CacheStorage::kFp8 ? " (FP8 rows)" : "", gathered_error, fused_error);
   if (cuda::mla_attention_wgmma_supported(H, L, rd)) {
     auto wgmma_out = glms::testing::poisoned(expected.size());
     a.out = wgmma_out.as<float>();
@@ -272,6 +288,24 @@ TEST_F(CudaAttention, MlaPrefillFromTheFirstPosition) {
   check_mla(64, 512, 64, {29}, tokens, 2048, 29);
 }
 
+TEST_F(CudaAttention, MlaOverFp8Rows) {
+  const auto fp8 = cuda::CacheStorage::kFp8;
+  // One token; a decode batch of mixed contexts (several splits); top-k past the context limit
+  // with sharp scores (the wgmma pass widening many tiles); a prefill chunk of odd shapes (the
+  // mma.sync kernel's value-by-value widening, a partial scale group).
+  check_mla(64, 512, 64, {1}, {{0, 0}}, 2048, 1, 0.5f, fp8);
+  check_mla(64, 512, 64, {37, 300, 1000}, {{0, 36}, {1, 299}, {2, 999}}, 2048, 2, 0.5f, fp8);
+  check_mla(64, 512, 64, {3000, 5000}, {{0, 2999}, {1, 4999}}, 2048, 1, 3.0f, fp8);
+  std::vector<Token> tokens;
+  for (int p = 2200; p < 2206; ++p) tokens.push_back({0, p});
+  tokens.push_back({1, 99});
+  check_mla(20, 512, 64, {2206, 100}, tokens, 2048, 7, 3.0f, fp8);
+  tokens.clear();
+  for (int p = 20; p < 45; ++p) tokens.push_back({0, p});
+  tokens.push_back({1, 8});
+  check_mla(3, 200, 6, {45, 9}, tokens, 9, 26, 0.5f, fp8);
+}
+
 TEST_F(CudaAttention, TopKSelectsTheLargestInPositionOrderWithLowerPositionsWinningTies) {
   const int stride = 6000, top_k = 2048;
   const std::vector<int32_t> positions = {0, 100, 2047, 2048, 5999, 4000};
@@ -307,32 +341,45 @@ TEST_F(CudaAttention, TopKSelectsTheLargestInPositionOrderWithLowerPositionsWinn
 }
 
 // Random indexer inputs over paged sequences (keys, queries, head weights; token t of sequence
-// tokens[t].seq at tokens[t].position), on the host and the device. The keys are bf16 values
-// (the CUDA cache's precision), kept widened on the host.
+// tokens[t].seq at tokens[t].position), on the host and the device. The keys are bf16 values,
+// or FP8 codes with a scale each (fp8), kept decoded on the host.
 struct IndexerProblem {
   int heads, dim, T;
   PagedContext paged;
   std::vector<float> keys, q, w;
-  std::vector<uint16_t> keys_bf16;
   std::vector<int32_t> positions, token_sequence;
-  ops::cuda::DeviceBuffer dkeys, dq, dw, dpos, dseq, dtables;
+  ops::cuda::DeviceBuffer dkeys, dscales, dq, dw, dpos, dseq, dtables;
 
   IndexerProblem(const std::vector<int>& contexts, uint64_t table_seed, const std::vector<Token>& tokens, int heads_,
-                 int dim_, uint64_t seed)
+                 int dim_, uint64_t seed, bool fp8 = false)
       : heads(heads_), dim(dim_), T(static_cast<int>(tokens.size())), paged(contexts, table_seed) {
-    keys = random_values(int64_t{paged.num_blocks} * paged.block_size * dim, seed);
-    for (float& v : keys) keys_bf16.push_back(f32_to_bf16(v)), v = bf16_to_f32(keys_bf16.back());
+    const int64_t slots = int64_t{paged.num_blocks} * paged.block_size;
+    keys = random_values(slots * dim, seed);
+    if (fp8) {
+      std::vector<uint8_t> codes(slots * dim);
+      std::vector<float> scales(slots);
+      for (int64_t s = 0; s < slots; ++s) {
+        quant::encode_index_key_fp8(keys.data() + s * dim, dim, codes.data() + s * dim, &scales[s]);
+        quant::decode_index_key_fp8(codes.data() + s * dim, scales[s], dim, keys.data() + s * dim);
+      }
+      dkeys = to_device(codes), dscales = to_device(scales);
+    } else {
+      std::vector<uint16_t> keys_bf16;
+      for (float& v : keys) keys_bf16.push_back(f32_to_bf16(v)), v = bf16_to_f32(keys_bf16.back());
+      dkeys = to_device(keys_bf16);
+    }
     q = random_values(int64_t{T} * heads * dim, seed + 1);
     w = random_values(int64_t{T} * heads, seed + 2);
     for (const Token& token : tokens) positions.push_back(token.position), token_sequence.push_back(token.seq);
-    dkeys = to_device(keys_bf16), dq = to_device(q), dw = to_device(w), dpos = to_device(positions);
+    dq = to_device(q), dw = to_device(w), dpos = to_device(positions);
     dseq = to_device(token_sequence), dtables = to_device(paged.block_tables);
   }
   cuda::IndexerScoreArgs args(int top_k, int max_context, float* scores, int64_t stride) const {
     cuda::IndexerScoreArgs a;
     a.queries = dq.as<float>();
     a.head_weights = dw.as<float>();
-    a.key_cache = dkeys.as<uint16_t>();
+    a.key_cache = dkeys.data();
+    a.key_scales = dscales.bytes() > 0 ? dscales.as<float>() : nullptr;
     a.block_tables = dtables.as<int32_t>();
     a.max_blocks = paged.max_blocks;
     a.token_sequence = dseq.as<int32_t>();
@@ -372,10 +419,10 @@ struct IndexerProblem {
 // double reference: blocks of 8 tokens with a part-filled last one, tokens whose context fits
 // top_k left unwritten, and nothing written at or past a token's causal extent; with a small
 // top_k the key tiles are split over several blocks of each token group.
-void check_indexer_wgmma(int context, int chunk_first, int top_k) {
+void check_indexer_wgmma(int context, int chunk_first, int top_k, bool fp8 = false) {
   std::vector<Token> tokens;
   for (int p = chunk_first; p < context; ++p) tokens.push_back({0, p});
-  const IndexerProblem problem({context}, 9, tokens, 32, 128, 4);
+  const IndexerProblem problem({context}, 9, tokens, 32, 128, 4, fp8);
   const int T = problem.T, stride = context;
   auto dscores = to_device(std::vector<float>(int64_t{T} * stride, NAN));
   cuda::IndexerScoreArgs a = problem.args(top_k, context, dscores.as<float>(), stride);
@@ -404,12 +451,14 @@ void check_indexer_wgmma(int context, int chunk_first, int top_k) {
 TEST_F(CudaAttention, IndexerWgmmaScoresAChunkLikeTheCpu) {
   check_indexer_wgmma(2100, 2030, 2048);  // 70 tokens: 18 select everything, the rest score 2049..2100 keys
   check_indexer_wgmma(700, 599, 64);      // 101 tokens, 6 key tiles split over blocks
+  check_indexer_wgmma(700, 599, 64, /*fp8=*/true);
 }
 
 TEST_F(CudaAttention, IndexerScoresMatchCpu) {
-  for (auto [heads, dim, top_k] : {std::tuple{32, 128, 2048}, {4, 14, 9}}) {
+  for (auto [heads, dim, top_k, fp8] : {std::tuple{32, 128, 2048, false}, {4, 14, 9, false}, {32, 128, 2048, true},
+                                        {4, 14, 9, true}}) {
     const std::vector<Token> tokens = {{0, 4999}, {0, 3000}, {1, 39}, {1, 5}};
-    const IndexerProblem problem({5000, 40}, 5, tokens, heads, dim, 1);
+    const IndexerProblem problem({5000, 40}, 5, tokens, heads, dim, 1, fp8);
     const int T = problem.T, stride = 5000;
     auto dscores = to_device(std::vector<float>(int64_t{T} * stride, NAN));
     const cuda::IndexerScoreArgs a = problem.args(top_k, 5000, dscores.as<float>(), stride);

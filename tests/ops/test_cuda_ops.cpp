@@ -244,39 +244,6 @@ TEST_F(CudaOps, ResidualRmsNormAddsThenNormalises) {
   }
 }
 
-TEST_F(CudaOps, LatentAndIndexerCacheWritesMatchCpu) {
-  const int n = 9, L = 512, rd = 64, dim = 128;
-  const auto kv = random_values(n * (L + rd), 4, 2.0f), norm = random_values(L, 5), keys = random_values(n * dim, 6);
-  const auto ln_w = random_values(dim, 7), ln_b = random_values(dim, 8);
-  std::vector<int32_t> positions(n);
-  std::vector<int64_t> slots(n);
-  for (int t = 0; t < n; ++t) positions[t] = 100 * t + 3, slots[t] = 2 * t + 1;
-  ops::RopeTable table;
-  table.rope_dim = rd;
-  for (int i = 0; i < rd / 2; ++i) table.inv_freq.push_back(1.0f / std::pow(8e6f, 2.0f * i / rd));
-  auto dkv = to_device(kv), dnorm = to_device(norm), dkeys = to_device(keys), dlw = to_device(ln_w),
-       dlb = to_device(ln_b), dpos = to_device(positions), dslots = to_device(slots), dfreq = to_device(table.inv_freq);
-  cuda::DeviceBuffer cache(2 * n * (L + rd) * sizeof(uint16_t));
-  cuda::DeviceBuffer key_cache(2 * n * dim * sizeof(uint16_t));
-  cuda::write_latent_cache(dkv.as<float>(), n, L, rd, dnorm.as<float>(), 1e-6f, dpos.as<int32_t>(),
-                           dslots.as<int64_t>(), dfreq.as<float>(), cache.as<uint16_t>(), nullptr);
-  cuda::write_indexer_keys(dkeys.as<float>(), n, dim, rd, dlw.as<float>(), dlb.as<float>(), 1e-6f, dpos.as<int32_t>(),
-                           dslots.as<int64_t>(), dfreq.as<float>(), key_cache.as<uint16_t>(), nullptr);
-  const auto cache_host = widen(to_host<uint16_t>(cache));
-  const auto keys_host = widen(to_host<uint16_t>(key_cache));
-  std::vector<float> cos(rd / 2), sin(rd / 2), row(L + rd), key(dim);
-  for (int t = 0; t < n; ++t) {
-    table.angles(positions[t], cos.data(), sin.data());
-    ops::rms_norm(kv.data() + t * (L + rd), 1, L, norm.data(), 1e-6f, row.data());
-    std::copy(kv.begin() + t * (L + rd) + L, kv.begin() + (t + 1) * (L + rd), row.begin() + L);
-    ops::rope_interleaved(row.data() + L, rd, cos.data(), sin.data());
-    EXPECT_LT(relative_l2(cache_host.data() + slots[t] * (L + rd), row.data(), L + rd), 4e-3) << t;
-    ops::layer_norm(keys.data() + t * dim, 1, dim, ln_w.data(), ln_b.data(), 1e-6f, key.data());
-    ops::rope_interleaved(key.data(), rd, cos.data(), sin.data());
-    EXPECT_LT(relative_l2(keys_host.data() + slots[t] * dim, key.data(), dim), 4e-3) << t;  // bf16
-  }
-}
-
 // Absorption's shapes: per head, y[T, L] = x[T, nope] . W[nope, L] and back y[T, vd] = o[T, L] . W_uv^T,
 // through cuBLAS and through the small-batch GEMV (1 to 4 tokens), odd sizes and GLM-5.2's.
 TEST_F(CudaOps, BatchedGemmMatchesPerHeadLoops) {

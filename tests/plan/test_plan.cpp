@@ -86,9 +86,10 @@ TEST(WriteUps, Glm52Mxfp4On8Mi355xAnd4H200) {
   EXPECT_EQ(m.attention, AttentionKind::kMlaDsa);
   EXPECT_EQ(m.full_indexer_layers, 21);
   // bf16 latent 512 + rope 64 on 78 layers, bf16 indexer keys 128 on 21 full layers (as
-  // glmserve caches them; fp8 in an fp8 cache).
+  // glmserve caches them). An FP8 cache in glmserve's layout: 512 E4M3 + 4 fp32 scales + 64 bf16
+  // rope values a layer, 128 E4M3 + one scale a full indexer layer.
   EXPECT_DOUBLE_EQ(kv_bytes_per_token(m, 2), 2.0 * 576 * 78 + 2.0 * 128 * 21);
-  EXPECT_DOUBLE_EQ(kv_bytes_per_token(m, 1), 576.0 * 78 + 128 * 21);
+  EXPECT_DOUBLE_EQ(kv_bytes_per_token(m, 1), (512.0 + 16 + 128) * 78 + (128.0 + 4) * 21);
 
   const PlanResult mi = make_plan(m, inputs("mi355x", 8, "mxfp4", 21504, 64));
   EXPECT_GE(mi.weight_bytes / 1e9, 395);

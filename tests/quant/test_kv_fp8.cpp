@@ -74,3 +74,30 @@ TEST(KvFp8, BytesPerLayerAreGlm5s) {
   EXPECT_EQ(kv_fp8_bytes_per_layer(512, 64, 128), 656 + 132);
   EXPECT_EQ(kv_fp8_bytes_per_layer(200, 8, 0), 200 + 8 + 16);
 }
+
+// The CUDA cache's bytes (encode) read back (decode) as exactly the reference rounding, at
+// GLM-5's widths and at odd ones (a partial group, a latent width not a multiple of 4).
+TEST(KvFp8, DeviceLayoutReadsBackAsTheReferenceRounding) {
+  EXPECT_EQ(kv_fp8_row_bytes(512, 64), 656);
+  EXPECT_EQ(kv_fp8_scales_offset(512), 512);
+  EXPECT_EQ(kv_fp8_rope_offset(512), 528);
+  for (auto [latent, rope] : {std::pair{512, 64}, {200, 8}, {18, 6}}) {
+    std::vector<float> original = random_row(latent + rope, 4);
+    if (latent > 128) std::fill(original.begin(), original.begin() + 128, 0.0f);  // a zero group
+    std::vector<uint8_t> bytes(kv_fp8_row_bytes(latent, rope), 0xee);
+    encode_latent_row_fp8(original.data(), latent, rope, bytes.data());
+    std::vector<float> decoded(latent + rope), rounded = original;
+    decode_latent_row_fp8(bytes.data(), latent, rope, decoded.data());
+    round_latent_row_fp8(rounded.data(), latent, rope);
+    EXPECT_EQ(decoded, rounded) << "latent " << latent << ", rope " << rope;
+    EXPECT_EQ(bytes.size() % 16, 0u);
+  }
+  const auto key = random_row(128, 5);
+  std::vector<uint8_t> codes(128);
+  float scale = 0;
+  encode_index_key_fp8(key.data(), 128, codes.data(), &scale);
+  std::vector<float> decoded(128), rounded = key;
+  decode_index_key_fp8(codes.data(), scale, 128, decoded.data());
+  round_index_key_fp8(rounded.data(), 128);
+  EXPECT_EQ(decoded, rounded);
+}

@@ -49,21 +49,23 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
     gemm.linear_group(as<uint16_t>(q_resid_bf16), T, q_lora, from_q, score_positions ? 2 : 1, s);
   }
   cuda::rope_rows(as<float>(q), T, H, qd, nope, static_cast<int>(rd), positions, as<float>(inv_freq), s);
-  uint16_t* cache = as<uint16_t>(latent_cache[l]);
+  void* cache = latent_cache[l].data();
+  const cuda::CacheStorage storage = cache_storage();
   cuda::write_latent_cache(as<float>(kv), T, static_cast<int>(L), static_cast<int>(rd), as<float>(w.kv_a_norm),
-                           kLatentNormEps, positions, slots, as<float>(inv_freq), cache, s);
+                           kLatentNormEps, positions, slots, as<float>(inv_freq), cache, storage, s);
   timer.mark("attention.projections", s);
 
   if (w.has_indexer) {
     cuda::write_indexer_keys(as<float>(index_k), T, ID, static_cast<int>(rd), as<float>(ix.k_norm_weight),
                              as<float>(ix.k_norm_bias), kIndexerNormEps, positions, slots, as<float>(inv_freq),
-                             as<uint16_t>(index_keys[l]), s);
+                             index_keys[l].data(), key_scales(l), s);
     if (score_positions) {
       cuda::rope_rows(as<float>(index_q), T, IH, ID, 0, static_cast<int>(rd), positions, as<float>(inv_freq), s);
       cuda::IndexerScoreArgs args;
       args.queries = as<float>(index_q);
       args.head_weights = as<float>(index_w);
-      args.key_cache = as<uint16_t>(index_keys[l]);
+      args.key_cache = index_keys[l].data();
+      args.key_scales = key_scales(l);
       args.block_tables = block_tables;
       args.max_blocks = max_blocks;
       args.token_sequence = token_sequence;
@@ -121,6 +123,7 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   args.q_rope = as<float>(q) + nope;
   args.q_rope_stride = qd;
   args.cache = cache;
+  args.storage = storage;
   args.selected = as<int32_t>(selected);
   args.num_selected = as<int32_t>(num_selected);
   args.max_selected = c.index_topk;
@@ -163,9 +166,22 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
           prefill_attention(index, l, H, args.scale);
           return;
         }
-        args.first_token = seq.first_token;
-        args.launch_tokens = seq.num_tokens;
-        cuda::mla_attention_fused(args, std::min(seq.context_len, c.index_topk), as<uint16_t>(prefill_queries),
+        cuda::MlaAttentionArgs chunk = args;
+        chunk.first_token = seq.first_token;
+        chunk.launch_tokens = seq.num_tokens;
+        if (storage == cuda::CacheStorage::kFp8) {
+          // Each row is read by up to top_k of the chunk's tokens: widen the context once into
+          // bf16 rows where position j is slot j (the identity block table, one row of it for
+          // every token), rather than once per token in the pass.
+          cuda::mla_gather_context(cache, storage, block_tables + int64_t{index} * max_blocks, options.block_size,
+                                   seq.context_len, static_cast<int>(L), static_cast<int>(rd),
+                                   as<uint16_t>(prefill_context), s);
+          chunk.cache = prefill_context.data();
+          chunk.storage = cuda::CacheStorage::kBf16;
+          chunk.block_tables = as<int32_t>(context_table);
+          chunk.max_blocks = 0;
+        }
+        cuda::mla_attention_fused(chunk, std::min(seq.context_len, c.index_topk), as<uint16_t>(prefill_queries),
                                   as<float>(prefill_scores), prefill_score_capacity, s, options.wgmma_attention,
                                   options.wgmma_attention_splits);
       });
@@ -208,8 +224,9 @@ void CudaGlm5Model::Impl::prefill_attention(int sequence, int l, int H, float sc
   const int64_t qd = c.qk_head_dim(), nope = c.qk_nope_head_dim;
   cudaStream_t s = stream.get();
   const uint16_t* context_rows = as<uint16_t>(prefill_context);
-  cuda::mla_gather_context(as<uint16_t>(latent_cache[l]), meta_i32(meta.block_tables) + int64_t{sequence} * max_blocks,
-                           options.block_size, seq.context_len, row, as<uint16_t>(prefill_context), s);
+  cuda::mla_gather_context(latent_cache[l].data(), cache_storage(),
+                           meta_i32(meta.block_tables) + int64_t{sequence} * max_blocks, options.block_size,
+                           seq.context_len, L, rd, as<uint16_t>(prefill_context), s);
   for (int done = 0; done < seq.num_tokens;) {
     const int first = seq.first_token + done;
     const int n = static_cast<int>(std::clamp<int64_t>(prefill_score_capacity / (int64_t{H} * seq.context_len), 1,

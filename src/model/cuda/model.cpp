@@ -1,5 +1,7 @@
 #include "model/cuda/model.h"
 
+#include <numeric>
+
 #include "model/cuda/model_impl.h"
 
 namespace glms::model {
@@ -51,6 +53,11 @@ void CudaGlm5Model::Impl::allocate() {
   });
   rank_widths = widths;
   step_limits = limits;
+  {
+    std::vector<int32_t> identity(cuda_max_blocks(limits));
+    std::iota(identity.begin(), identity.end(), 0);
+    context_table.upload(identity.data(), sizeof(int32_t) * identity.size());
+  }
   if (widths.fp8_linear_cols > 0) fp8_gemm = std::make_unique<cuda::Fp8Gemm>();
   const int64_t rd = c.qk_rope_head_dim;
   offsets_host = cuda::PinnedBuffer(sizeof(int32_t) * (widths.local_experts + 1));
@@ -63,8 +70,8 @@ void CudaGlm5Model::Impl::allocate() {
   inv_freq.upload(freq.data(), sizeof(float) * freq.size());
 
   // The cache gets what is left of the budget, less a margin (model/cuda_memory.h).
-  const int64_t row_bytes = sizeof(uint16_t) * (c.kv_lora_rank + rd);
-  const int64_t bytes_per_slot = cuda_cache_bytes_per_token(c, with_mtp, widths.mtp_indexer);
+  const int64_t row_bytes = cuda_cache_row_bytes(c, options.cache_dtype);
+  const int64_t bytes_per_slot = cuda_cache_bytes_per_token(c, options.cache_dtype, with_mtp, widths.mtp_indexer);
   int num_blocks = options.num_blocks;
   if (num_blocks <= 0) {
     // The budget is a fraction of the whole device, as vLLM's; what is in use now (the context,
@@ -90,15 +97,19 @@ void CudaGlm5Model::Impl::allocate() {
   idle_batch = ForwardBatch();
   idle_batch.add_sequence({0}, 0, {num_blocks}, options.block_size, false);
   idle_batch.logits_tokens.clear();
+  // FP8 keys: the codes of every slot, then (16-byte aligned) their scales.
+  const int64_t key_bytes = cache_storage() == cuda::CacheStorage::kFp8
+                                ? quant::kv_fp8_key_scales_offset(num_slots, c.index_head_dim) + 4 * num_slots
+                                : cuda_cache_key_bytes(c, options.cache_dtype) * num_slots;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     latent_cache.emplace_back(row_bytes * num_slots);
-    index_keys.emplace_back(c.indexer_full[l] ? sizeof(uint16_t) * c.index_head_dim * num_slots : 0);
+    index_keys.emplace_back(c.indexer_full[l] ? key_bytes : 0);
   }
   // The MTP layer's own cache sits after the decoder layers' (index num_hidden_layers), with the
   // same slots.
   if (with_mtp) {
     latent_cache.emplace_back(row_bytes * num_slots);
-    index_keys.emplace_back(widths.mtp_indexer ? sizeof(uint16_t) * c.index_head_dim * num_slots : 0);
+    index_keys.emplace_back(widths.mtp_indexer ? key_bytes : 0);
   }
 }
 
@@ -541,13 +552,13 @@ std::vector<std::pair<std::string, double>> CudaGlm5Model::take_phase_times() {
 }
 
 void CudaGlm5Model::fill_cache_random(uint64_t seed) {
+  const io::ModelConfig& c = impl_->config;
   for (size_t l = 0; l < impl_->latent_cache.size(); ++l) {
-    DeviceBuffer& cache = impl_->latent_cache[l];
-    cuda::fill_uniform_bf16(as<uint16_t>(cache), static_cast<int64_t>(cache.bytes() / sizeof(uint16_t)), seed + 2 * l,
-                            1.0f, impl_->stream.get());
     DeviceBuffer& keys = impl_->index_keys[l];
-    cuda::fill_uniform_bf16(as<uint16_t>(keys), static_cast<int64_t>(keys.bytes() / sizeof(uint16_t)), seed + 2 * l + 1,
-                            1.0f, impl_->stream.get());
+    cuda::fill_cache_random(impl_->latent_cache[l].data(), keys.bytes() > 0 ? keys.data() : nullptr,
+                            impl_->key_scales(static_cast<int>(l)), impl_->num_slots, c.kv_lora_rank,
+                            c.qk_rope_head_dim, c.index_head_dim, impl_->cache_storage(), seed + 2 * l,
+                            impl_->stream.get());
   }
   impl_->stream.synchronize();
 }

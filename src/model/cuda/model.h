@@ -16,6 +16,7 @@
 #include "io/model_config.h"
 #include "model/batch.h"
 #include "model/cuda_memory.h"
+#include "kv/latent_cache.h"
 #include "model/cuda/weights.h"
 #include "model/step_runner.h"
 #include "model/weights.h"
@@ -45,6 +46,10 @@ struct CudaModelOptions {
   int max_context = 32768;   // positions per sequence
   int max_logits = 0;        // logits rows per step; 0: max_sequences
   bool mtp = false;          // run the checkpoint's MTP layer (its cache, one layer more, is allocated)
+  // What the cache's rows hold (--kv-cache-dtype): kAuto bf16 latent rows and indexer keys;
+  // kFp8E4m3 the FP8 layout of quant/kv_fp8.h (ops::cuda::CacheStorage::kFp8), 56% of the bytes
+  // a token at GLM-5's widths.
+  kv::CacheDtype cache_dtype = kv::CacheDtype::kAuto;
   // Linear layers of at most this many tokens go through ops::cuda::gemv_bf16 instead of cuBLAS
   // (0: never). 2 measured fastest on the H200 at GLM-5.2 width (docs/performance.md).
   int small_batch_gemv_tokens = 2;

@@ -21,6 +21,7 @@
 #include "ops/cuda/linear_fp8.h"
 #include "ops/cuda/mla.h"
 #include "ops/cuda/moe.h"
+#include "quant/kv_fp8.h"
 
 namespace glms::model {
 
@@ -86,8 +87,11 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   cuda::PinnedBuffer staging;
   cuda::PinnedBuffer offsets_host;  // MoE group offsets for the large-batch path
   cuda::PinnedBuffer mask_staging;  // CudaMaskLayout::total bytes: a step's token masks on their way up
-  std::vector<DeviceBuffer> latent_cache;  // per layer [num_slots, latent + rope] bf16
-  std::vector<DeviceBuffer> index_keys;    // per full layer [num_slots, index_dim] bf16, else empty
+  // Per layer (the MTP layer's last), in cache_storage(): latent rows [num_slots, latent + rope]
+  // bf16 or FP8 rows of cuda_cache_row_bytes; indexer keys of full indexer layers (else empty)
+  // [num_slots, index_dim] bf16, or E4M3 codes then [num_slots] fp32 scales (key_scales).
+  std::vector<DeviceBuffer> latent_cache;
+  std::vector<DeviceBuffer> index_keys;
   std::map<StepShape, std::unique_ptr<cuda::Graph>> graphs;
   PhaseTimer timer;
 
@@ -160,6 +164,15 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
     if (shape.num_tokens > run_start) short_run(run_start, shape.num_tokens - run_start);
   }
   // Whether the fused attention kernel takes this model's shapes.
+  cuda::CacheStorage cache_storage() const {
+    return options.cache_dtype == kv::CacheDtype::kFp8E4m3 ? cuda::CacheStorage::kFp8 : cuda::CacheStorage::kBf16;
+  }
+  // Layer l's indexer key scales in an FP8 cache (null for bf16 keys or a layer without keys).
+  float* key_scales(int l) const {
+    if (cache_storage() != cuda::CacheStorage::kFp8 || index_keys[l].bytes() == 0) return nullptr;
+    return reinterpret_cast<float*>(static_cast<char*>(index_keys[l].data()) +
+                                    quant::kv_fp8_key_scales_offset(num_slots, config.index_head_dim));
+  }
   bool fused_attention() const {
     return cuda::mla_attention_fused_supported(config.num_attention_heads, config.kv_lora_rank,
                                                config.qk_rope_head_dim);

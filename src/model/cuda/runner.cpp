@@ -28,12 +28,12 @@ class CudaRunner : public StepRunner {
   }
   const io::ModelConfig& config() const override { return config_; }
   std::string device() const override { return "cuda"; }
-  int64_t cache_bytes_per_token() const override { return cuda_cache_bytes_per_token(config_); }
+  int64_t cache_bytes_per_token(kv::CacheDtype dtype) const override {
+    return cuda_cache_bytes_per_token(config_, dtype);
+  }
   void allocate(const CacheShape& shape) override {
-    if (shape.cache_dtype != kv::CacheDtype::kAuto)
-      fail(std::string("--kv-cache-dtype ") + kv::cache_dtype_name(shape.cache_dtype) +
-           " is not implemented on CUDA yet (the CPU backend has it, as the reference); leave it at auto (bf16)");
     CudaModelOptions options;
+    options.cache_dtype = shape.cache_dtype;
     options.block_size = shape.block_size;
     options.num_blocks = shape.num_blocks;
     options.gpu_memory_utilization = shape.gpu_memory_utilization;

@@ -213,20 +213,6 @@ void fill_uniform_e4m3(uint8_t* out, int64_t count, uint64_t seed, cudaStream_t 
 void fill_random_bytes(uint8_t* out, int64_t count, uint64_t seed, cudaStream_t stream);
 void fill_bytes(uint8_t* out, int64_t count, uint8_t value, cudaStream_t stream);
 
-// Per token, the normalised latent and the rotated rope key into the bf16 latent cache:
-// cache[slot_mapping[t]] = [rms_norm(kv[t, :latent]) * norm_weight, rope(kv[t, latent:])].
-// kv: [n, latent + rope] fp32; cache: [num_slots, latent + rope] bf16 (one layer).
-void write_latent_cache(const float* kv, int64_t n, int latent_dim, int rope_dim, const float* norm_weight,
-                        float eps, const int32_t* positions, const int64_t* slot_mapping, const float* inv_freq,
-                        uint16_t* cache, cudaStream_t stream);
-
-// Per token, the indexer key: layer_norm(keys[t]) (weight, bias), RoPE on its first rope_dim
-// values, written to key_cache[slot_mapping[t]] rounded to bf16. keys: [n, dim] fp32; key_cache:
-// [slots, dim] bf16 (the cache's precision on CUDA, as the latent rows).
-void write_indexer_keys(const float* keys, int64_t n, int dim, int rope_dim, const float* ln_weight,
-                        const float* ln_bias, float eps, const int32_t* positions, const int64_t* slot_mapping,
-                        const float* inv_freq, uint16_t* key_cache, cudaStream_t stream);
-
 // Dense GEMMs through cuBLAS with fp32 accumulation, over row-major matrices with explicit
 // leading dimensions (elements between rows; 0 means dense). One handle per object.
 // Weight-streaming bf16 GEMV for 1 to kGemvMaxTokens tokens (gemv.cu): y[n, rows] (fp32, row

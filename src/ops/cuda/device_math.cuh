@@ -1,6 +1,6 @@
 // Device helpers shared by the .cu files of ops/cuda: warp and block reductions, bf16
-// conversions with the same rounding as core/dtype.h (round to nearest even, quiet NaN), and
-// order-preserving keys of floats.
+// conversions with the same rounding as core/dtype.h (round to nearest even, quiet NaN),
+// order-preserving keys of floats, the rotary pair rotation and a counter-based random value.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +55,24 @@ __device__ __forceinline__ float e8m0_to_float(uint32_t code) {
 
 inline unsigned blocks_for(int64_t count, int threads) {
   return static_cast<unsigned>((count + threads - 1) / threads);
+}
+
+// Rotates one interleaved pair (v[0], v[1]) by `angle`, as ops::rope_interleaved does.
+__device__ __forceinline__ void rotate_pair(float* v, float angle) {
+  float s, c;
+  sincosf(angle, &s, &c);
+  const float a = v[0], b = v[1];
+  v[0] = a * c - b * s;
+  v[1] = b * c + a * s;
+}
+
+// splitmix64 of (seed, index): a counter-based generator, so any element is reproducible alone.
+__device__ __forceinline__ float uniform_at(uint64_t seed, int64_t index) {
+  uint64_t z = seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(index) + 0x632be59bd9b4e019ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;  // [-1, 1)
 }
 
 }  // namespace glms::ops::cuda

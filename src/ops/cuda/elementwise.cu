@@ -16,15 +16,6 @@ namespace {
 
 constexpr int kNormThreads = 256;
 
-// Rotates one interleaved pair (v[0], v[1]) by `angle`, as ops::rope_interleaved does.
-__device__ __forceinline__ void rotate_pair(float* v, float angle) {
-  float s, c;
-  sincosf(angle, &s, &c);
-  const float a = v[0], b = v[1];
-  v[0] = a * c - b * s;
-  v[1] = b * c + a * s;
-}
-
 __global__ void rope_kernel(float* x, int64_t rows, int heads, int64_t row_stride, int64_t offset, int half,
                             const int32_t* positions, const float* inv_freq) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -158,15 +149,6 @@ __global__ void silu_mul_to_bf16_kernel(const float* gate_up, int64_t n, int64_t
   out[i] = float_to_bf16(gate / (1.0f + expf(-gate)) * up);
 }
 
-// splitmix64 of (seed, index): a counter-based generator, so any element is reproducible alone.
-__device__ __forceinline__ float uniform_at(uint64_t seed, int64_t index) {
-  uint64_t z = seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(index) + 0x632be59bd9b4e019ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;  // [-1, 1)
-}
-
 __global__ void fill_uniform_bf16_kernel(uint16_t* out, int64_t count, uint64_t seed, float scale) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -194,50 +176,6 @@ __global__ void fill_random_bytes_kernel(uint8_t* out, int64_t count, uint64_t s
 __global__ void fill_f32_kernel(float* out, int64_t count, float value) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < count) out[i] = value;
-}
-
-// One block per token: RMSNorm of the latent, RoPE of the rope key, bf16 into the cache row.
-__global__ void write_latent_cache_kernel(const float* kv, int latent_dim, int rope_dim, const float* norm_weight,
-                                          float eps, const int32_t* positions, const int64_t* slot_mapping,
-                                          const float* inv_freq, uint16_t* cache) {
-  __shared__ float scratch[32];
-  const int row_size = latent_dim + rope_dim;
-  const float* src = kv + static_cast<int64_t>(blockIdx.x) * row_size;
-  uint16_t* dst = cache + slot_mapping[blockIdx.x] * row_size;
-  float sum = 0.0f;
-  for (int k = threadIdx.x; k < latent_dim; k += blockDim.x) sum += src[k] * src[k];
-  const float inv = rsqrtf(block_sum(sum, scratch) / static_cast<float>(latent_dim) + eps);
-  for (int k = threadIdx.x; k < latent_dim; k += blockDim.x) dst[k] = float_to_bf16(norm_weight[k] * (src[k] * inv));
-  const float position = static_cast<float>(positions[blockIdx.x]);
-  for (int pair = threadIdx.x; pair < rope_dim / 2; pair += blockDim.x) {
-    float v[2] = {src[latent_dim + 2 * pair], src[latent_dim + 2 * pair + 1]};
-    rotate_pair(v, inv_freq[pair] * position);
-    dst[latent_dim + 2 * pair] = float_to_bf16(v[0]);
-    dst[latent_dim + 2 * pair + 1] = float_to_bf16(v[1]);
-  }
-}
-
-// One block per token: LayerNorm, RoPE on the first rope_dim values, bf16 into the key cache.
-__global__ void write_indexer_keys_kernel(const float* keys, int dim, int rope_dim, const float* ln_weight,
-                                          const float* ln_bias, float eps, const int32_t* positions,
-                                          const int64_t* slot_mapping, const float* inv_freq, uint16_t* key_cache) {
-  __shared__ float scratch[32];
-  extern __shared__ float normed[];  // [dim]
-  const float* src = keys + static_cast<int64_t>(blockIdx.x) * dim;
-  float sum = 0.0f;
-  for (int k = threadIdx.x; k < dim; k += blockDim.x) sum += src[k];
-  const float mean = block_sum(sum, scratch) / static_cast<float>(dim);
-  float squares = 0.0f;
-  for (int k = threadIdx.x; k < dim; k += blockDim.x) squares += (src[k] - mean) * (src[k] - mean);
-  const float inv = rsqrtf(block_sum(squares, scratch) / static_cast<float>(dim) + eps);
-  for (int k = threadIdx.x; k < dim; k += blockDim.x) normed[k] = (src[k] - mean) * inv * ln_weight[k] + ln_bias[k];
-  __syncthreads();
-  const float position = static_cast<float>(positions[blockIdx.x]);
-  for (int pair = threadIdx.x; pair < rope_dim / 2; pair += blockDim.x)
-    rotate_pair(normed + 2 * pair, inv_freq[pair] * position);
-  __syncthreads();
-  uint16_t* dst = key_cache + slot_mapping[blockIdx.x] * dim;
-  for (int k = threadIdx.x; k < dim; k += blockDim.x) dst[k] = float_to_bf16(normed[k]);
 }
 
 __global__ void add_f32_kernel(const float* a, const float* b, float* out, int64_t count) {
@@ -479,26 +417,6 @@ void fill_f32(float* out, int64_t count, float value, cudaStream_t stream) {
   if (count == 0) return;
   fill_f32_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(out, count, value);
   check(cudaGetLastError(), "fill_f32 launch");
-}
-
-void write_latent_cache(const float* kv, int64_t n, int latent_dim, int rope_dim, const float* norm_weight,
-                        float eps, const int32_t* positions, const int64_t* slot_mapping, const float* inv_freq,
-                        uint16_t* cache, cudaStream_t stream) {
-  if (n == 0) return;
-  // A thread per latent value: one load latency per pass for a lone decode token.
-  const int threads = std::clamp((latent_dim + 31) / 32 * 32, 128, 1024);
-  write_latent_cache_kernel<<<static_cast<unsigned>(n), threads, 0, stream>>>(kv, latent_dim, rope_dim, norm_weight, eps,
-                                                                           positions, slot_mapping, inv_freq, cache);
-  check(cudaGetLastError(), "write_latent_cache launch");
-}
-
-void write_indexer_keys(const float* keys, int64_t n, int dim, int rope_dim, const float* ln_weight,
-                        const float* ln_bias, float eps, const int32_t* positions, const int64_t* slot_mapping,
-                        const float* inv_freq, uint16_t* key_cache, cudaStream_t stream) {
-  if (n == 0) return;
-  write_indexer_keys_kernel<<<static_cast<unsigned>(n), 128, dim * sizeof(float), stream>>>(
-      keys, dim, rope_dim, ln_weight, ln_bias, eps, positions, slot_mapping, inv_freq, key_cache);
-  check(cudaGetLastError(), "write_indexer_keys launch");
 }
 
 void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream) {

@@ -22,6 +22,7 @@
 #include "ops/cuda/cluster.cuh"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/fp8.cuh"
 #include "ops/cuda/indexer.h"
 
 namespace glms::ops::cuda {
@@ -30,6 +31,24 @@ namespace {
 
 constexpr int kTileKeys = 128;  // keys a block scores at once
 constexpr int kDimChunk = 8;    // key values a thread holds at a time
+
+// The FP8 key's codes [k0, k0 + kDimChunk) as fp32 values (its scale not applied), zero past
+// `dim`; vector: dim % 8 == 0 and 8-byte aligned rows, a chunk one 8-byte load.
+__device__ __forceinline__ void load_key_chunk(const uint8_t* key, int k0, int dim, bool vector,
+                                               float (&out)[kDimChunk]) {
+  if (vector) {
+    const uint2 v = k0 < dim ? *reinterpret_cast<const uint2*>(key + k0) : make_uint2(0, 0);
+    const uint32_t words[2] = {v.x, v.y};
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      const float2 lo = e4m3x2_to_float2(words[w]), hi = e4m3x2_to_float2(words[w] >> 16);
+      out[4 * w] = lo.x, out[4 * w + 1] = lo.y, out[4 * w + 2] = hi.x, out[4 * w + 3] = hi.y;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kDimChunk; ++j) out[j] = k0 + j < dim ? e4m3_to_float(key[k0 + j]) : 0.0f;
+  }
+}
 
 // The bf16 key's values [k0, k0 + kDimChunk) as fp32, zero past `dim`; vector: dim % 8 == 0 and
 // 16-byte aligned rows, a chunk one 16-byte load.
@@ -71,8 +90,10 @@ __device__ __forceinline__ void add_chunk_dots(float (&dot)[kHeads], const float
 // chunk loading while this one is used; the kSplit lanes of a key read the same bytes, one
 // transaction). Splitting a key's heads over lanes gives a one-token launch enough warps to
 // cover the loads' latency. Heads past a.heads are zero queries with zero weight. Each thread
-// sums over k, then over its heads in order; the key's lanes add their sums by shuffles.
-template <int kHeads, int kSplit>
+// sums over k, then over its heads in order; the key's lanes add their sums by shuffles. FP8
+// keys (kKey uint8_t) are summed as their codes' values, each head's dot product then times the
+// key's scale.
+template <int kHeads, int kSplit, typename kKey>
 __global__ void __launch_bounds__(kTileKeys * kSplit) indexer_score_kernel(IndexerScoreArgs a, int padded_heads,
                                                                            int padded_dim, bool vector) {
   constexpr int kThreads = kTileKeys * kSplit;
@@ -99,7 +120,8 @@ __global__ void __launch_bounds__(kTileKeys * kSplit) indexer_score_kernel(Index
     const int position = tile_start + key_in_tile;
     if (position >= context) break;  // a key's lanes leave together
     const int64_t slot = static_cast<int64_t>(blocks[position / a.block_size]) * a.block_size + position % a.block_size;
-    const uint16_t* key = a.key_cache + slot * D;
+    const kKey* key = static_cast<const kKey*>(a.key_cache) + slot * D;
+    const float key_scale = sizeof(kKey) == 1 ? a.key_scales[slot] * a.softmax_scale : a.softmax_scale;
     float score = 0.0f;
     for (int h0 = part * kHeads; h0 < padded_heads; h0 += kSplit * kHeads) {
       float dot[kHeads];
@@ -115,7 +137,7 @@ __global__ void __launch_bounds__(kTileKeys * kSplit) indexer_score_kernel(Index
         add_chunk_dots(dot, q + h0 * padded_dim + k0, padded_dim, values);
       }
 #pragma unroll
-      for (int h = 0; h < kHeads; ++h) score += fmaxf(dot[h] * a.softmax_scale, 0.0f) * w[h0 + h];
+      for (int h = 0; h < kHeads; ++h) score += fmaxf(dot[h] * key_scale, 0.0f) * w[h0 + h];
     }
 #pragma unroll
     for (int offset = 1; offset < kSplit; offset *= 2) score += __shfl_xor_sync(key_lanes, score, offset);
@@ -228,12 +250,20 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores
   if (threadIdx.x == 0 && rank == 0) num_selected[t] = top_k;
 }
 
-// out[j, :] = the bf16 key of position j, widened to fp32 (exact).
-__global__ void gather_keys_kernel(const uint16_t* key_cache, const int32_t* block_table, int block_size, int dim,
-                                   float* out) {
+// out[j, :] = the key of position j as fp32: bf16 widened, or codes times the key's scale.
+__global__ void gather_keys_kernel(const void* key_cache, const float* key_scales, const int32_t* block_table,
+                                   int block_size, int dim, float* out) {
   const int j = blockIdx.x;
-  const uint16_t* src = key_cache + (static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size) * dim;
-  for (int k = threadIdx.x; k < dim; k += blockDim.x) out[static_cast<int64_t>(j) * dim + k] = __uint_as_float(uint32_t{src[k]} << 16);
+  const int64_t slot = static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size;
+  float* dst = out + static_cast<int64_t>(j) * dim;
+  if (key_scales) {
+    const uint8_t* src = static_cast<const uint8_t*>(key_cache) + slot * dim;
+    const float scale = key_scales[slot];
+    for (int k = threadIdx.x; k < dim; k += blockDim.x) dst[k] = e4m3_to_float(src[k]) * scale;
+  } else {
+    const uint16_t* src = static_cast<const uint16_t*>(key_cache) + slot * dim;
+    for (int k = threadIdx.x; k < dim; k += blockDim.x) dst[k] = bf16_to_float(src[k]);
+  }
 }
 
 // Block (chunk token i, 256 positions): scores[t, j] = sum_h relu(S[i, h, j] * softmax_scale) *
@@ -256,7 +286,8 @@ void indexer_scores_gemm(const IndexerScoreArgs& a, const int32_t* block_table, 
                          const IndexerGemmWorkspace& w, Gemm& gemm, cudaStream_t stream) {
   const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
   if (launch_tokens <= 0 || context <= a.top_k) return;
-  gather_keys_kernel<<<context, 128, 0, stream>>>(a.key_cache, block_table, a.block_size, a.dim, w.keys);
+  gather_keys_kernel<<<context, 128, 0, stream>>>(a.key_cache, a.key_scales, block_table, a.block_size, a.dim,
+                                                  w.keys);
   check(cudaGetLastError(), "gather_keys launch");
   const int64_t per_token = int64_t{a.heads} * context;
   const int chunk = static_cast<int>(std::min<int64_t>(launch_tokens, w.head_score_elements / per_token));
@@ -274,6 +305,7 @@ void indexer_scores_gemm(const IndexerScoreArgs& a, const int32_t* block_table, 
 void indexer_scores(const IndexerScoreArgs& a, cudaStream_t stream) {
   const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
   if (launch_tokens <= 0 || a.max_context <= a.top_k) return;
+  const bool fp8 = a.key_scales != nullptr;
   const bool vector = a.dim % 8 == 0 && reinterpret_cast<uintptr_t>(a.key_cache) % 16 == 0;
   // One thread a key: 32 heads' sums in registers (GLM-5's indexer has 32), or groups of 8 for
   // fewer heads; a.threads_per_key 4 (32 heads or more): 8 heads' sums a thread.
@@ -283,8 +315,12 @@ void indexer_scores(const IndexerScoreArgs& a, cudaStream_t stream) {
   const int padded_heads = (a.heads + heads_per_pass - 1) / heads_per_pass * heads_per_pass;
   const int padded_dim = (a.dim + kDimChunk - 1) / kDimChunk * kDimChunk;
   const size_t shared = sizeof(float) * (static_cast<size_t>(padded_heads) * padded_dim + padded_heads);
-  auto kernel = split ? indexer_score_kernel<8, 4>
-                      : (a.heads >= 32 ? indexer_score_kernel<32, 1> : indexer_score_kernel<8, 1>);
+  auto pick = [&](auto key) {
+    using Key = decltype(key);
+    return split ? indexer_score_kernel<8, 4, Key>
+                 : (a.heads >= 32 ? indexer_score_kernel<32, 1, Key> : indexer_score_kernel<8, 1, Key>);
+  };
+  auto kernel = fp8 ? pick(uint8_t{}) : pick(uint16_t{});
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
         "indexer_scores shared memory");
   // Enough key tiles per token to fill the GPU, each block looping over every gridDim.y-th tile.

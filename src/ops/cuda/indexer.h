@@ -12,7 +12,10 @@ namespace glms::ops::cuda {
 struct IndexerScoreArgs {
   const float* queries = nullptr;       // [T, heads, dim] fp32, rotated
   const float* head_weights = nullptr;  // [T, heads] fp32 (weights_proj output, unscaled)
-  const uint16_t* key_cache = nullptr;  // [num_slots, dim] bf16 keys of this layer
+  // This layer's keys: [num_slots, dim] bf16, or with key_scales ([num_slots] fp32) E4M3 codes
+  // (the FP8 cache, kv_cache.h), a key's value code x its scale.
+  const void* key_cache = nullptr;
+  const float* key_scales = nullptr;
   const int32_t* block_tables = nullptr;  // [num_sequences, max_blocks]
   int max_blocks = 0;
   const int32_t* token_sequence = nullptr;  // [T]

@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/fp8.cuh"
 #include "ops/cuda/indexer.h"
 #include "ops/cuda/wgmma.cuh"
 
@@ -44,14 +45,22 @@ constexpr int kWeightBytes = kTokens * kHeads * 4;           // 1024
 constexpr int kSharedBytes = 1024 + kQueryBytes + 2 * kKeyStageBytes + kWeightBytes;  // 1024: alignment
 static_assert(kSharedBytes <= 232448, "one block an SM");
 
-// out[j, :] = the key of position j: 16 threads of 16 bytes a key.
-__global__ void gather_keys_bf16_kernel(const uint16_t* key_cache, const int32_t* block_table, int block_size,
-                                        int context, uint16_t* out) {
+// out[j, :] = the key of position j as bf16: 16 threads a key, 16 bytes out each (FP8 keys:
+// eight codes times the key's scale, rounded to bf16).
+__global__ void gather_keys_bf16_kernel(const void* key_cache, const float* key_scales, const int32_t* block_table,
+                                        int block_size, int context, uint16_t* out) {
   const int j = blockIdx.x * 16 + threadIdx.x / 16, chunk = threadIdx.x % 16;
   if (j >= context) return;
-  const uint4* src = reinterpret_cast<const uint4*>(
-      key_cache + (static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size) * kDim);
-  reinterpret_cast<uint4*>(out + static_cast<int64_t>(j) * kDim)[chunk] = src[chunk];
+  const int64_t slot = static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size;
+  uint4* dst = reinterpret_cast<uint4*>(out + static_cast<int64_t>(j) * kDim) + chunk;
+  if (key_scales) {
+    const uint2 codes = reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(key_cache) + slot * kDim)[chunk];
+    const float scale = key_scales[slot];
+    const uint2 lo = e4m3x4_to_bf16x4(codes.x, scale), hi = e4m3x4_to_bf16x4(codes.y, scale);
+    *dst = make_uint4(lo.x, lo.y, hi.x, hi.y);
+  } else {
+    *dst = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(key_cache) + slot * kDim)[chunk];
+  }
 }
 
 // Block (8 tokens of the chunk, key tiles blockIdx.y, + gridDim.y, ...); keys: [context, 128] bf16.
@@ -168,7 +177,8 @@ void indexer_scores_wgmma(const IndexerScoreArgs& a, const int32_t* block_table,
   if (launch_tokens <= 0 || context <= a.top_k) return;
   GLMS_CHECK(indexer_scores_wgmma_supported(a.heads, a.dim), "indexer_scores_wgmma: 32 heads of 128");
   uint16_t* keys = reinterpret_cast<uint16_t*>(w.keys);  // the fp32 gather buffer holds the bf16 keys
-  gather_keys_bf16_kernel<<<(context + 15) / 16, 256, 0, stream>>>(a.key_cache, block_table, a.block_size, context, keys);
+  gather_keys_bf16_kernel<<<(context + 15) / 16, 256, 0, stream>>>(a.key_cache, a.key_scales, block_table,
+                                                                    a.block_size, context, keys);
   check(cudaGetLastError(), "gather_keys_bf16 launch");
   check(cudaFuncSetAttribute(indexer_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
         "indexer_wgmma shared memory");

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/fp8.cuh"
 #include "ops/cuda/linear_fp8.h"
 
 namespace glms::ops::cuda {
@@ -20,11 +21,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kRows = 4;
-
-__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two_codes) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes & 0xffffu), __NV_E4M3);
-  return __half22float2(*reinterpret_cast<const __half2*>(&h));
-}
 
 // The 16 values of token t's chunk c as fp32.
 __device__ __forceinline__ void load_inputs(const uint16_t* x, int64_t cols, int t, int64_t c, float (&v)[16]) {

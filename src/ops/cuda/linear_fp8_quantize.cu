@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/fp8.cuh"
 #include "ops/cuda/linear_fp8.h"
 
 namespace glms::ops::cuda {
@@ -13,7 +14,6 @@ namespace glms::ops::cuda {
 namespace {
 
 constexpr int kQuantizeThreads = static_cast<int>(kFp8ScaleBlock);
-constexpr float kE4m3Max = 448.0f;
 
 __device__ __forceinline__ float value_of(const float* x, int64_t i) { return x[i]; }
 __device__ __forceinline__ float value_of(const uint16_t* x, int64_t i) {
@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(kQuantizeThreads)
   amax = warp_max[0];
   for (int w = 1; w < kQuantizeThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
   const float scale = amax > 0.0f ? __fdiv_rn(amax, kE4m3Max) : 1.0f;
-  codes[i] = __nv_cvt_float_to_fp8(__fdiv_rn(v, scale), __NV_SATFINITE, __NV_E4M3);
+  codes[i] = e4m3_of(v, scale);
   if (threadIdx.x == 0) scales[block * padded + token] = scale;
 }
 

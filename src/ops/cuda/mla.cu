@@ -2,7 +2,8 @@
 // so a token's attention is two small GEMMs: its heads' queries [H, 576] against its selected
 // rows [rows, 576], and the probabilities [H, rows] against the rows' latents [rows, 512]. The
 // kernels here gather rows into contiguous buffers and run the softmax between the cuBLAS
-// calls; decode tokens gather their own selections, prefill chunks their sequence's context.
+// calls; decode tokens gather their own selections, prefill chunks their sequence's context
+// (FP8 rows widened to bf16 on the way).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -11,17 +12,32 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/fp8.cuh"
 #include "ops/cuda/mla.h"
 
 namespace glms::ops::cuda {
 
 namespace {
 
-__global__ void gather_context_kernel(const uint16_t* cache, const int32_t* block_table, int block_size, int row_size,
-                                      uint16_t* out) {
+// dst[0, latent + rope) = the row of `slot` as bf16, `lanes` threads from `lane` on.
+__device__ __forceinline__ void copy_row_bf16(const void* cache, CacheStorage storage, int64_t slot, int latent_dim,
+                                              int rope_dim, uint16_t* dst, int lane, int lanes) {
+  const int row_size = latent_dim + rope_dim;
+  if (storage == CacheStorage::kBf16) {
+    const uint16_t* src = static_cast<const uint16_t*>(cache) + slot * row_size;
+    for (int k = lane; k < row_size; k += lanes) dst[k] = src[k];
+  } else {
+    const uint8_t* src = static_cast<const uint8_t*>(cache) + slot * quant::kv_fp8_row_bytes(latent_dim, rope_dim);
+    for (int k = lane; k < row_size; k += lanes) dst[k] = float_to_bf16(fp8_row_value(src, k, latent_dim));
+  }
+}
+
+__global__ void gather_context_kernel(const void* cache, CacheStorage storage, const int32_t* block_table,
+                                      int block_size, int latent_dim, int rope_dim, uint16_t* out) {
   const int j = blockIdx.x;
-  const uint16_t* src = cache + (static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size) * row_size;
-  for (int k = threadIdx.x; k < row_size; k += blockDim.x) out[static_cast<int64_t>(j) * row_size + k] = src[k];
+  const int64_t slot = static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size;
+  copy_row_bf16(cache, storage, slot, latent_dim, rope_dim, out + static_cast<int64_t>(j) * (latent_dim + rope_dim),
+                threadIdx.x, blockDim.x);
 }
 
 __global__ void prefill_queries_kernel(const float* q_latent, const float* q_rope, int64_t q_rope_stride, int heads,
@@ -68,9 +84,8 @@ __global__ void gather_selected_kernel(MlaAttentionArgs a, int rows, uint16_t* o
   }
   const int position = a.selected[static_cast<int64_t>(t) * a.max_selected + j];
   const int32_t* blocks = a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks;
-  const uint16_t* src =
-      a.cache + (static_cast<int64_t>(blocks[position / a.block_size]) * a.block_size + position % a.block_size) * row_size;
-  for (int k = lane; k < row_size; k += 32) dst[k] = src[k];
+  const int64_t slot = static_cast<int64_t>(blocks[position / a.block_size]) * a.block_size + position % a.block_size;
+  copy_row_bf16(a.cache, a.storage, slot, a.latent_dim, a.rope_dim, dst, lane, 32);
 }
 
 // A warp per (token, head): softmax over the token's first count entries of its score row.
@@ -127,10 +142,11 @@ void mla_attention_gathered(const MlaAttentionArgs& a, int max_selected_in_step,
   }
 }
 
-void mla_gather_context(const uint16_t* cache, const int32_t* block_table, int block_size, int context, int row_size,
-                        uint16_t* out, cudaStream_t stream) {
+void mla_gather_context(const void* cache, CacheStorage storage, const int32_t* block_table, int block_size,
+                        int context, int latent_dim, int rope_dim, uint16_t* out, cudaStream_t stream) {
   if (context <= 0) return;
-  gather_context_kernel<<<context, 128, 0, stream>>>(cache, block_table, block_size, row_size, out);
+  gather_context_kernel<<<context, 128, 0, stream>>>(cache, storage, block_table, block_size, latent_dim, rope_dim,
+                                                     out);
   check(cudaGetLastError(), "mla_gather_context launch");
 }
 

@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ops/cuda/kv_cache.h"
+
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
 
@@ -15,12 +17,13 @@ struct MlaAttentionArgs {
   const float* q_latent = nullptr;  // [T, H, latent] fp32: W_uk^T q_nope per head
   const float* q_rope = nullptr;    // rotated rope query of (t, h) at q_rope + (t * H + h) * q_rope_stride
   int64_t q_rope_stride = 0;
-  const uint16_t* cache = nullptr;  // [num_slots, latent + rope] bf16 rows of this layer
+  const void* cache = nullptr;  // this layer's rows in `storage` (kv_cache.h)
+  CacheStorage storage = CacheStorage::kBf16;
   const int32_t* selected = nullptr;      // [T, max_selected] context positions each token attends
   const int32_t* num_selected = nullptr;  // [T]
   int max_selected = 0;
   const int32_t* block_tables = nullptr;    // [num_sequences, max_blocks] physical block ids
-  int max_blocks = 0;
+  int max_blocks = 0;                       // 0: every token reads the table's first row
   const int32_t* token_sequence = nullptr;  // [T] sequence of each token
   int block_size = 0;
   int num_tokens = 0, num_heads = 0, latent_dim = 0, rope_dim = 0;
@@ -42,7 +45,8 @@ struct MlaGatherWorkspace {
   int64_t score_elements = 0;
 };
 
-// Attention for tokens [first_token, first_token + launch_tokens): each token's selected rows are gathered into [rows, latent + rope] (rows =
+// Attention for tokens [first_token, first_token + launch_tokens): each token's selected rows are
+// gathered as bf16 (FP8 rows widened) into [rows, latent + rope] (rows =
 // `max_selected_in_step`, at least every token's count; rows past a token's count are zero and
 // masked), then per token one GEMM scores all heads against its rows, a softmax runs per head,
 // and a second GEMM sums the latents. Tokens go in chunks that fit the workspace; the launches
@@ -61,6 +65,8 @@ void mla_attention_gathered(const MlaAttentionArgs& args, int max_selected_in_st
 // (mla_attention_wgmma, its splits from mla_wgmma_splits) unless `allow_wgmma` is false; with
 // `allow_wgmma_splits` false it does so only where each token's selection fits one split or
 // there are mla_wgmma_min_tokens() tokens or more (a block per SM), the mma.sync kernel otherwise.
+// FP8 rows: the mma.sync kernel widens them value by value (slow; it serves other shapes), the
+// wgmma pass a tile at a time.
 bool mla_attention_fused_supported(int num_heads, int latent_dim, int rope_dim);
 int mla_padded_row(int latent_dim, int rope_dim);  // latent + rope rounded up to 16
 void mla_attention_fused(const MlaAttentionArgs& args, int max_selected_in_step, uint16_t* queries, float* partials,
@@ -68,7 +74,8 @@ void mla_attention_fused(const MlaAttentionArgs& args, int max_selected_in_step,
                          bool allow_wgmma_splits = true);
 
 // The same attention on Hopper's wgmma (mla_wgmma.cu): a block per (token, split of its
-// selection) streams the selected rows through shared memory in 64-row tiles, two in flight.
+// selection) streams the selected rows through shared memory in 64-row tiles, two in flight
+// (FP8 rows: one tile's codes in flight while the last is widened to bf16 and multiplied).
 // `queries` receives the launched tokens' scaled bf16 queries, [launch_tokens, H, 576]. With
 // `splits` > 1 the selections (at most max_selected_in_step rows) go in that many splits of
 // whole tiles (fewer where that covers them), whose sums `partials` holds as mla_attention_fused's
@@ -101,10 +108,10 @@ void mla_stage_queries(const MlaAttentionArgs& args, int launch_tokens, int widt
 // probability zero), and multiplies the probabilities by the latents with a second GEMM. Dense
 // scores cost more FLOPs than the sparse ones but run on tensor cores.
 
-// out[j, :] = cache row of position j (j < context) of the sequence with `block_table`.
-// out: [context, latent + rope] bf16.
-void mla_gather_context(const uint16_t* cache, const int32_t* block_table, int block_size, int context, int row_size,
-                        uint16_t* out, cudaStream_t stream);
+// out[j, :] = cache row of position j (j < context) of the sequence with `block_table`, as bf16
+// (FP8 rows widened: codes times their scale, rounded to bf16). out: [context, latent + rope].
+void mla_gather_context(const void* cache, CacheStorage storage, const int32_t* block_table, int block_size,
+                        int context, int latent_dim, int rope_dim, uint16_t* out, cudaStream_t stream);
 // out[i, h, :] = bf16(scale * [q_latent[i, h, :], q_rope of (i, h)]) for the chunk's n tokens.
 // q_latent: [n, H, latent] fp32 (the chunk's rows), q_rope as in MlaAttentionArgs.
 void mla_prefill_queries(const float* q_latent, const float* q_rope, int64_t q_rope_stride, int n, int heads,

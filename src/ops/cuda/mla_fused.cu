@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/fp8.cuh"
 #include "ops/cuda/mla.h"
 
 namespace glms::ops::cuda {
@@ -105,7 +106,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint16_t* probs = rows + kRowTile * stride;                   // [64 heads, 72] bf16 exp(s - max)
   float* max_part = reinterpret_cast<float*>(probs + kHeadTile * kProbStride);  // [2][64]
   float* sum_part = max_part + 2 * kHeadTile;                                   // [2][64]
-  __shared__ int64_t row_start[kRowTile];  // cache element offset of each of the tile's rows, -1 past the selection
+  __shared__ int64_t row_start[kRowTile];  // cache offset (row_units) of each of the tile's rows, -1 past the selection
 
   const int i = blockIdx.x, t = a.first_token + i, split = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
@@ -130,13 +131,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   float run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};  // heads g and g + 8 of the tile
   const int32_t* chosen = a.selected + static_cast<int64_t>(t) * a.max_selected;
   const int32_t* blocks = a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks;
-  const bool vector_rows = row % 8 == 0;  // cache rows start on 16-byte boundaries
+  // FP8 rows are widened value by value (this kernel serves shapes other than GLM-5's; the
+  // wgmma pass reads FP8 rows at speed); bf16 rows starting on 16-byte boundaries go by cp.async.
+  const bool fp8 = a.storage == CacheStorage::kFp8;
+  const int64_t row_units = fp8 ? quant::kv_fp8_row_bytes(L, a.rope_dim) : row;  // bytes or bf16 values a row
+  const bool vector_rows = !fp8 && row % 8 == 0;
+  const uint16_t* bf16_cache = static_cast<const uint16_t*>(a.cache);
+  const uint8_t* fp8_cache = static_cast<const uint8_t*>(a.cache);
 
   // Thread r < 64 resolves row r of the next tile while the block works on this one.
   auto resolve = [&](int j) -> int64_t {
     if (j >= end) return -1;
     const int position = chosen[j];
-    return (static_cast<int64_t>(blocks[position / a.block_size]) * a.block_size + position % a.block_size) * row;
+    return (static_cast<int64_t>(blocks[position / a.block_size]) * a.block_size + position % a.block_size) * row_units;
   };
   int64_t next_start = threadIdx.x < kRowTile ? resolve(begin + threadIdx.x) : -1;
   for (int tile = begin; tile < end; tile += kRowTile) {
@@ -149,11 +156,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint16_t* dst = rows + r * stride + c * 8;
       if (vector_rows) {
         const bool live = start >= 0 && c * 8 < row;
-        copy_async_16(dst, a.cache + (live ? start + c * 8 : 0), live ? 16 : 0);
+        copy_async_16(dst, bf16_cache + (live ? start + c * 8 : 0), live ? 16 : 0);
       } else {
         uint16_t parts[8];
 #pragma unroll
-        for (int k = 0; k < 8; ++k) parts[k] = start >= 0 && c * 8 + k < row ? a.cache[start + c * 8 + k] : 0;
+        for (int k = 0; k < 8; ++k) {
+          const int column = c * 8 + k;
+          parts[k] = start < 0 || column >= row ? 0
+                     : fp8                      ? float_to_bf16(fp8_row_value(fp8_cache + start, column, L))
+                                                : bf16_cache[start + column];
+        }
         *reinterpret_cast<uint4*>(dst) = make_uint4(pack_pair(parts[0], parts[1]), pack_pair(parts[2], parts[3]),
                                                     pack_pair(parts[4], parts[5]), pack_pair(parts[6], parts[7]));
       }

@@ -24,6 +24,12 @@
 //   slots [64] int32, row maxima [2][64], row sums [2][64] fp32
 // For S both operands are K-major (a line holds 64 of the 576 columns of one head or row); for
 // P V the rows are the B operand read MN-major (a line holds 64 latent columns of one row).
+//
+// FP8 rows (656 bytes: 512 E4M3 codes, 4 fp32 scales, the rope key in bf16) come by cp.async
+// into a codes stage and are widened into one bf16 stage of the layout above before the tile's
+// wgmmas (codes times scale, rounded to bf16): the next tile's codes load while this tile is
+// multiplied. The widening needs a stage of its own, so there is one bf16 stage, not two:
+//   queries 73728 | rows [1 stage] 73728 | codes [64 rows of 656] 41984 | probs 8192 | small
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,6 +38,7 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/fp8.cuh"
 #include "ops/cuda/mla.h"
 #include "ops/cuda/wgmma.cuh"
 
@@ -53,8 +60,23 @@ constexpr int kQueryBytes = kColumnBlocks * kHeads * kLineBytes;         // 7372
 constexpr int kTileBytes = kColumnBlocks * kBlockBytes;                  // 73728
 constexpr int kProbBytes = kHeads * kLineBytes;                          // 8192
 constexpr int kSmallBytes = sizeof(int32_t) * kTileRows + sizeof(float) * 4 * kHeads;
-constexpr int kSharedBytes = 1024 + kQueryBytes + 2 * kTileBytes + kProbBytes + kSmallBytes;  // 1024: alignment
-static_assert(kRow % 64 == 0 && kSharedBytes <= 232448, "one block an SM");
+constexpr int kFp8RowBytes = quant::kv_fp8_row_bytes(kLatent, kRope);        // 656
+constexpr int kFp8ScalesOffset = quant::kv_fp8_scales_offset(kLatent);       // 512
+constexpr int kFp8RopeOffset = quant::kv_fp8_rope_offset(kLatent);           // 528
+constexpr int kFp8Chunks = kFp8RowBytes / 16;                                // 41
+constexpr int kCodesBytes = kTileRows * kFp8RowBytes;                        // 41984
+static_assert(kFp8RowBytes % 16 == 0 && kFp8RopeOffset % 16 == 0 && kLatent == 4 * quant::kKvFp8GroupValues,
+              "a thread widens one scale group of a row, its rope chunks 16-byte aligned");
+
+// The bf16 stages and the codes stage of a storage, and the shared memory they make.
+__host__ __device__ constexpr int stages_of(CacheStorage storage) { return storage == CacheStorage::kBf16 ? 2 : 1; }
+__host__ __device__ constexpr int codes_bytes_of(CacheStorage storage) { return storage == CacheStorage::kBf16 ? 0 : kCodesBytes; }
+__host__ __device__ constexpr int shared_bytes_of(CacheStorage storage) {  // 1024: alignment
+  return 1024 + kQueryBytes + stages_of(storage) * kTileBytes + codes_bytes_of(storage) + kProbBytes + kSmallBytes;
+}
+static_assert(kRow % 64 == 0 && shared_bytes_of(CacheStorage::kBf16) <= 232448 &&
+                  shared_bytes_of(CacheStorage::kFp8) <= 232448,
+              "one block an SM");
 
 // 64 lines of 576 bf16 values (a head's query or a cache row each) into the column blocks at
 // `base`: chunk c of line l to column block c / 8. Thread t copies line t / 4, chunks t % 4 + 4 j,
@@ -73,27 +95,69 @@ __device__ __forceinline__ void copy_lines(uint32_t base, const uint16_t* line_s
     copy_async_16((j & 1 ? odd : even) + (j / 2) * kBlockBytes, src + 32 * j, bytes);
 }
 
-// The tile's 64 cache rows (slot -1: zeros) into a stage.
-__device__ __forceinline__ void load_tile(uint32_t stage, const int32_t* slot, const uint16_t* cache) {
+// The tile's 64 cache rows (slot -1: zeros) into a stage: bf16 rows into the swizzled lines, FP8
+// rows as they are stored into the codes stage (row r at r * 656; four threads a row).
+template <CacheStorage kStorage>
+__device__ __forceinline__ void load_tile(uint32_t stage, const int32_t* slot, const void* cache) {
   const int32_t s = slot[threadIdx.x / 4];
-  copy_lines(stage, cache + (s >= 0 ? static_cast<int64_t>(s) * kRow : 0), s >= 0);
+  if constexpr (kStorage == CacheStorage::kBf16) {
+    copy_lines(stage, static_cast<const uint16_t*>(cache) + (s >= 0 ? static_cast<int64_t>(s) * kRow : 0), s >= 0);
+  } else {
+    const int line = threadIdx.x / 4, q = threadIdx.x % 4;
+    const uint8_t* src = static_cast<const uint8_t*>(cache) + (s >= 0 ? static_cast<int64_t>(s) * kFp8RowBytes : 0);
+    const uint32_t dst = stage + line * kFp8RowBytes;
+    for (int c = q; c < kFp8Chunks; c += 4) copy_async_16(dst + 16 * c, src + 16 * c, s >= 0 ? 16 : 0);
+  }
+}
+
+// The codes stage's 64 FP8 rows into the bf16 stage's swizzled lines. Thread (line t / 4, q = t
+// % 4) widens scale group q of its row (latent columns 128 q .. + 127: 16-byte chunks 16 q .. + 15)
+// and rope chunks 2 q, 2 q + 1. It takes its eight 16-code words in the order (j + 2 q) % 8, so
+// that the four threads of a row read different banks (rows are 656 bytes apart: 4 banks).
+__device__ __forceinline__ void widen_tile(uint8_t* stage, const uint8_t* codes) {
+  const int line = threadIdx.x / 4, q = threadIdx.x % 4;
+  const uint8_t* row = codes + line * kFp8RowBytes;
+  const float scale = reinterpret_cast<const float*>(row + kFp8ScalesOffset)[q];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int w = (j + 2 * q) % 8;
+    const uint4 c = *reinterpret_cast<const uint4*>(row + 128 * q + 16 * w);
+    const uint2 v0 = e4m3x4_to_bf16x4(c.x, scale), v1 = e4m3x4_to_bf16x4(c.y, scale);
+    const uint2 v2 = e4m3x4_to_bf16x4(c.z, scale), v3 = e4m3x4_to_bf16x4(c.w, scale);
+    const int chunk = 16 * q + 2 * w;  // of the row's 72; column block chunk / 8
+    uint8_t* block = stage + (chunk / 8) * kBlockBytes;
+    *reinterpret_cast<uint4*>(block + swizzled(line, chunk % 8)) = make_uint4(v0.x, v0.y, v1.x, v1.y);
+    *reinterpret_cast<uint4*>(block + swizzled(line, chunk % 8 + 1)) = make_uint4(v2.x, v2.y, v3.x, v3.y);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int chunk = 2 * q + i;  // of the rope key's 8, column block 8
+    *reinterpret_cast<uint4*>(stage + 8 * kBlockBytes + swizzled(line, chunk)) =
+        *reinterpret_cast<const uint4*>(row + kFp8RopeOffset + 16 * chunk);
+  }
 }
 
 // Grid (launched token, split); a split covers selected rows [split * rows_per_split, + rows_per_split).
 // staged_queries: [launch_tokens, H, 576] bf16, pre-scaled. With one split the block writes the
 // normalised output; otherwise `partials` as mla_merge_splits reads them.
+template <CacheStorage kStorage>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_wgmma_kernel(MlaAttentionArgs a, const uint16_t* staged_queries, int rows_per_split, int splits,
                      float* partials) {
+  constexpr bool kFp8 = kStorage == CacheStorage::kFp8;
+  constexpr int kStageBytes = stages_of(kStorage) * kTileBytes;
   extern __shared__ __align__(16) uint8_t shared_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
   const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
-  const uint32_t queries = raw + pad, rows = queries + kQueryBytes, probs = rows + 2 * kTileBytes;
+  const uint32_t queries = raw + pad, rows = queries + kQueryBytes, codes = rows + kStageBytes;
+  const uint32_t probs = codes + codes_bytes_of(kStorage);
   uint8_t* const generic = shared_raw + pad;
-  int32_t* slot = reinterpret_cast<int32_t*>(generic + kQueryBytes + 2 * kTileBytes + kProbBytes);  // [64]
+  uint8_t* const rows_generic = generic + kQueryBytes;
+  const uint8_t* const codes_generic = rows_generic + kStageBytes;
+  uint8_t* probs_generic = generic + (probs - queries);
+  int32_t* slot = reinterpret_cast<int32_t*>(probs_generic + kProbBytes);  // [64]
   float* max_part = reinterpret_cast<float*>(slot + kTileRows);  // [2][64] per warpgroup
   float* sum_part = max_part + 2 * kHeads;                       // [2][64]
-  uint8_t* probs_generic = generic + kQueryBytes + 2 * kTileBytes;
 
   const int i = blockIdx.x, t = a.first_token + i, split = blockIdx.y;
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
@@ -121,7 +185,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     next_position = position_of(kTileRows + threadIdx.x);
   }
   __syncthreads();
-  load_tile(rows, slot, a.cache);
+  load_tile<kStorage>(kFp8 ? codes : rows, slot, a.cache);
   wgmma::copy_async_commit();
   if (threadIdx.x < kTileRows) {
     next_slot = slot_of(next_position);
@@ -137,19 +201,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   float run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};  // sums over this thread's columns
   const int tiles = (count + kTileRows - 1) / kTileRows;
   for (int tile = 0; tile < tiles; ++tile) {
-    const uint32_t stage = rows + (tile & 1) * kTileBytes;
-    // Every thread has issued this tile's copies (which read slot) before the last barrier.
-    if (threadIdx.x < kTileRows) slot[threadIdx.x] = next_slot;
-    __syncthreads();  // slot is the next tile's; the other stage's readers (last tile's P V) are done
-    if (tile + 1 < tiles) load_tile(rows + ((tile + 1) & 1) * kTileBytes, slot, a.cache);
-    wgmma::copy_async_commit();
+    const uint32_t stage = rows + (kFp8 ? 0 : (tile & 1) * kTileBytes);
+    if constexpr (kFp8) {
+      wgmma::copy_async_wait<0>();  // this tile's codes (and the queries) have landed
+      // Every thread has issued this tile's copies (which read slot) before the last barrier.
+      if (threadIdx.x < kTileRows) slot[threadIdx.x] = next_slot;
+      __syncthreads();  // every thread's codes are in; the stage's readers (last tile's P V) are done
+      widen_tile(rows_generic, codes_generic);
+      wgmma::fence_async_proxy();
+      __syncthreads();  // the stage is this tile's; the codes stage is free for the next
+      if (tile + 1 < tiles) load_tile<kStorage>(codes, slot, a.cache);
+      wgmma::copy_async_commit();
+    } else {
+      // Every thread has issued this tile's copies (which read slot) before the last barrier.
+      if (threadIdx.x < kTileRows) slot[threadIdx.x] = next_slot;
+      __syncthreads();  // slot is the next tile's; the other stage's readers (last tile's P V) are done
+      if (tile + 1 < tiles) load_tile<kStorage>(rows + ((tile + 1) & 1) * kTileBytes, slot, a.cache);
+      wgmma::copy_async_commit();
+    }
     if (threadIdx.x < kTileRows) {  // used by the next iterations
       next_slot = slot_of(next_position);
       next_position = position_of((tile + 3) * kTileRows + threadIdx.x);
     }
-    wgmma::copy_async_wait<1>();  // all but the next tile's group: this tile (and the queries) have landed
-    wgmma::fence_async_proxy();
-    __syncthreads();
+    if constexpr (!kFp8) {
+      wgmma::copy_async_wait<1>();  // all but the next tile's group: this tile (and the queries) have landed
+      wgmma::fence_async_proxy();
+      __syncthreads();
+    }
 
     // S[64 heads, rows 32 wg .. +31] over the 36 k16 steps of the row.
     float score[16];
@@ -304,11 +382,17 @@ void mla_attention_wgmma(const MlaAttentionArgs& a, uint16_t* queries, cudaStrea
   const int64_t partials_needed = int64_t{launch_tokens} * splits * a.num_heads * (kLatent + 2);
   GLMS_CHECK(splits == 1 || (partials && partials_needed <= partial_elements),
              "mla_attention_wgmma: splits need partials of launch_tokens x splits x heads x (latent + 2) floats");
-  check(cudaFuncSetAttribute(mla_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
-        "cudaFuncSetAttribute(mla_wgmma_kernel)");
   mla_stage_queries(a, launch_tokens, kRow, queries, stream);
-  mla_wgmma_kernel<<<dim3(launch_tokens, splits), kThreads, kSharedBytes, stream>>>(a, queries, rows_per_split, splits,
-                                                                                   partials);
+  auto launch = [&](auto kernel, int shared_bytes) {
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes),
+          "cudaFuncSetAttribute(mla_wgmma_kernel)");
+    kernel<<<dim3(launch_tokens, splits), kThreads, shared_bytes, stream>>>(a, queries, rows_per_split, splits,
+                                                                            partials);
+  };
+  if (a.storage == CacheStorage::kFp8)
+    launch(mla_wgmma_kernel<CacheStorage::kFp8>, shared_bytes_of(CacheStorage::kFp8));
+  else
+    launch(mla_wgmma_kernel<CacheStorage::kBf16>, shared_bytes_of(CacheStorage::kBf16));
   check(cudaGetLastError(), "mla_wgmma launch");
   if (splits > 1) mla_merge_splits(a, launch_tokens, splits, partials, stream);
 }
