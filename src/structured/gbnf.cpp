@@ -149,7 +149,10 @@ class GbnfReader {
     }
     if (c == '(') {
       ++at_;
+      if (++depth_ > kMaxGrammarNesting)
+        error("groups nest deeper than " + std::to_string(kMaxGrammarNesting) + " levels");
       Expr inner = alternatives();
+      --depth_;
       if (at_ >= t_.size() || t_[at_] != ')') error("an unclosed '('");
       ++at_;
       return inner;
@@ -185,6 +188,7 @@ class GbnfReader {
 
   std::string_view t_;
   size_t at_ = 0;
+  int depth_ = 0;  // groups open at at_
   GrammarBuilder builder_;
 };
 

@@ -21,6 +21,11 @@ namespace glms::structured {
 
 using ByteSet = std::bitset<256>;
 
+// How deep a request's grammar may nest: groups in GBNF and regexes, subschemas in a JSON
+// schema. The parsers and the builder recurse over the nesting, so a bound keeps a request's
+// grammar (up to the body limit) from overflowing the stack; deeper ones are refused by name.
+inline constexpr int kMaxGrammarNesting = 128;
+
 // The bytes ordinary text is made of: every byte but the reserved markup bytes (vocabulary.h).
 // Negated classes (`[^"]`, `.`) are taken within this set.
 ByteSet text_bytes();

@@ -88,6 +88,7 @@ struct SchemaCompiler::Impl {
   const ordered_json& document;
   std::string prefix;  // keeps the rule names of compilers sharing one builder apart
   int counter = 0;
+  int depth = 0;  // subschemas open in value()
   std::set<std::string> started_refs;
 
   std::string fresh(const std::string& what) { return prefix + what + "-" + std::to_string(counter++); }
@@ -322,7 +323,23 @@ struct SchemaCompiler::Impl {
     fail(path + ": unknown type '" + type + "'");
   }
 
+  // A subschema's grammar as a rule of its own, referred to by name: the forms around it use
+  // their items more than once (an array's first and later items, an object's members in each
+  // of its optional arrangements), and copies of copies would grow exponentially with nesting.
   Expr value(const ordered_json& s, const std::string& path) {
+    struct Nesting {
+      int& depth;
+      explicit Nesting(int& d) : depth(++d) {}
+      ~Nesting() { --depth; }
+    } nesting(depth);
+    if (depth > kMaxGrammarNesting)
+      fail(path.substr(0, 200) + "...: subschemas nest deeper than " + std::to_string(kMaxGrammarNesting) + " levels");
+    const std::string name = fresh("schema");
+    b.define(name, inline_value(s, path));
+    return b.ref(name);
+  }
+
+  Expr inline_value(const ordered_json& s, const std::string& path) {
     if (s.is_boolean()) {
       if (!s.get<bool>()) fail(path + ": the schema false matches nothing");
       return any_value();

@@ -137,7 +137,10 @@ class Parser {
     switch (c) {
       case '(': {
         if (p_.compare(at_, 2, "?:") == 0) at_ += 2;
+        if (++depth_ > kMaxGrammarNesting)
+          error("groups nest deeper than " + std::to_string(kMaxGrammarNesting) + " levels");
         Expr inner = alternation();
+        --depth_;
         if (!peek(')')) error("an unclosed '('");
         ++at_;
         return inner;
@@ -162,6 +165,7 @@ class Parser {
 
   const std::string& p_;
   size_t at_ = 0;
+  int depth_ = 0;  // groups open at at_
 };
 
 }  // namespace

@@ -104,6 +104,23 @@ TEST(Grammar, RefusesWhatItCannotFollowNamingTheRuleOrLine) {
   EXPECT_NE(message("root ::= (\"a\"").find("unclosed '('"), std::string::npos);
 }
 
+// Groups nested 128 deep parse; deeper ones are refused by name instead of recursing until the
+// stack overflows (the structured fuzzer's input: thousands of '(' in one rule).
+TEST(Grammar, GroupsNestedPastTheLimitAreRefused) {
+  auto nested = [](int depth) {
+    return "root ::= " + std::string(depth, '(') + "\"a\"" + std::string(depth, ')') + "\n";
+  };
+  EXPECT_NO_THROW(structured::parse_gbnf(nested(structured::kMaxGrammarNesting)));
+  for (int depth : {structured::kMaxGrammarNesting + 1, 100000}) {
+    try {
+      structured::parse_gbnf(nested(depth));
+      ADD_FAILURE() << depth << " levels were accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("nest deeper than 128"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // A grammar whose every byte keeps thousands of parses alive (810 optional items that each match
 // any text, the shape the structured fuzzer found) stops at the request's work bound with an
 // error that says what to change, instead of costing tens of milliseconds a token for ever; a

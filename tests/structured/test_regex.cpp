@@ -61,6 +61,17 @@ TEST(Regex, TheFirstTokensAreTheExpressionsFirstCharacters) {
   EXPECT_FALSE(c->may_end());
 }
 
+TEST(Regex, GroupsNestedPastTheLimitAreRefused) {
+  const int limit = structured::kMaxGrammarNesting;
+  EXPECT_NO_THROW(structured::make_regex_constraint(std::string(limit, '(') + "a" + std::string(limit, ')'), toy_texts()));
+  try {
+    structured::make_regex_constraint(std::string(100000, '(') + "a" + std::string(100000, ')'), toy_texts());
+    ADD_FAILURE() << "100000 levels were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nest deeper than 128"), std::string::npos);
+  }
+}
+
 TEST(Regex, BadExpressionsAreRefusedWithThePosition) {
   for (const char* bad : {"(ab", "[a-", "a{3,1}", "*a", "a{999}", "a{4,44444444444444444444}", "\\q", "a)"}) {
     try {
