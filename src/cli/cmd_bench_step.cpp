@@ -67,6 +67,7 @@ struct BenchStepOptions {
   bool sample_on_device = model::CudaModelOptions{}.sample_on_device;
   int sample_blocks_per_row = model::CudaModelOptions{}.sample_blocks_per_row;
   int indexer_threads_per_key = model::CudaModelOptions{}.indexer_threads_per_key;
+  bool wgmma_decode_indexer = model::CudaModelOptions{}.wgmma_decode_indexer;
   int indexer_topk_blocks = model::CudaModelOptions{}.indexer_topk_blocks;
   int overlap_shared_expert_tokens = model::CudaModelOptions{}.overlap_shared_expert_tokens;
   int speculative_steps = 0;           // > 0: also time K-draft verification and MTP draft steps
@@ -359,6 +360,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.sample_on_device = o.sample_on_device;
   options.sample_blocks_per_row = o.sample_blocks_per_row;
   options.indexer_threads_per_key = o.indexer_threads_per_key;
+  options.wgmma_decode_indexer = o.wgmma_decode_indexer;
   options.indexer_topk_blocks = o.indexer_topk_blocks;
   options.overlap_shared_expert_tokens = o.overlap_shared_expert_tokens;
   if (o.quantization == "fp8") options.linear_weights = model::CudaLinearWeights::kFp8;
@@ -598,6 +600,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"sample_on_device", o.sample_on_device},
                         {"sample_blocks_per_row", o.sample_blocks_per_row},
                         {"indexer_threads_per_key", o.indexer_threads_per_key},
+                        {"wgmma_decode_indexer", o.wgmma_decode_indexer},
                         {"indexer_topk_blocks", o.indexer_topk_blocks},
                         {"overlap_shared_expert_tokens", o.overlap_shared_expert_tokens},
                         {"speculative_steps", o.speculative_steps},
@@ -690,6 +693,10 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--wgmma-attention-splits", o->wgmma_attention_splits,
                   "The wgmma pass also for decode batches of fewer tokens than SMs, each token's rows split over "
                   "blocks (true/false; false: those take the mma.sync kernel)")
+      ->capture_default_str();
+  cmd->add_option("--wgmma-decode-indexer", o->wgmma_decode_indexer,
+                  "Decode tokens' indexer scores on the warpgroup tensor cores (true/false; false: fp32 FMAs, a "
+                  "key a thread)")
       ->capture_default_str();
   cmd->add_option("--wgmma-indexer", o->wgmma_indexer,
                   "Long prefill chunks' indexer scores on the warpgroup tensor cores, fused with the sum over heads "

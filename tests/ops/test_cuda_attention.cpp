@@ -482,9 +482,27 @@ TEST_F(CudaAttention, IndexerScoresMatchCpu) {
     cuda::Gemm gemm;
     cuda::indexer_scores_gemm(chunk, problem.dtables.as<int32_t>(), 5000, workspace, gemm, nullptr);
     const auto scores_gemm = to_host<float>(dscores_gemm, int64_t{T} * stride);
+    // The tensor-core decode kernel (GLM-5's 32 heads of 128), into fresh scores: bf16 queries.
+    std::vector<float> scores_wgmma;
+    if (cuda::indexer_scores_decode_wgmma_supported(heads, dim)) {
+      auto dscores_wgmma = to_device(std::vector<float>(int64_t{T} * stride, NAN));
+      cuda::IndexerScoreArgs decode = a;
+      decode.scores = dscores_wgmma.as<float>();
+      cuda::indexer_scores_decode_wgmma(decode, nullptr);
+      scores_wgmma = to_host<float>(dscores_wgmma, int64_t{T} * stride);
+      for (int t = 0; t < T; ++t) {
+        const int context = problem.positions[t] + 1;
+        int written_past = 0;
+        for (int j = context <= top_k ? 0 : context; j < stride; ++j) written_past += !std::isnan(scores_wgmma[int64_t{t} * stride + j]);
+        EXPECT_EQ(written_past, 0) << "token " << t << (fp8 ? ", FP8 keys" : "");
+      }
+    }
     for (int t = 0; t < T; ++t) {
       const int context = problem.positions[t] + 1;
       if (context <= top_k) continue;  // not scored: such tokens select every position
+      if (!scores_wgmma.empty())
+        EXPECT_LT(relative_l2(scores_wgmma.data() + int64_t{t} * stride, problem.reference(t).data(), context), 1e-2)
+            << "token " << t << ", tensor-core decode kernel" << (fp8 ? ", FP8 keys" : "");
       const std::vector<float> expected = problem.reference(t);
       EXPECT_LT(relative_l2(scores.data() + int64_t{t} * stride, expected.data(), context), 1e-5)
           << heads << " heads, token " << t;

@@ -90,7 +90,10 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
           [&](int first, int count) {
             args.first_token = first;
             args.launch_tokens = count;
-            cuda::indexer_scores(args, s);
+            if (options.wgmma_decode_indexer && cuda::indexer_scores_decode_wgmma_supported(IH, ID))
+              cuda::indexer_scores_decode_wgmma(args, s);
+            else
+              cuda::indexer_scores(args, s);
           },
           [&](int index) {
             const SequenceSlice& seq = batch->sequences[index];

@@ -111,6 +111,9 @@ struct CudaModelOptions {
   // one thread's registers) or 4 (8 heads a lane: four times the warps for one token's launch).
   // 4 measured slower on the H200 at 16k context: batch 1 2.40 -> 2.43 ms, batch 64 21.7 -> 27.3.
   int indexer_threads_per_key = 1;
+  // Decode tokens' indexer scores on the warpgroup tensor cores (ops::cuda::
+  // indexer_scores_decode_wgmma; GLM-5's 32 heads of 128) instead of indexer_scores' fp32 FMAs.
+  bool wgmma_decode_indexer = true;
   // Blocks that select each token's top-k positions (1, 2, 4 or 8; more than one: a thread block
   // cluster): one 1024-thread block makes the radix passes over a 16k context alone. 4 on the
   // H200 at 16k context: batch 1 2.37 -> 2.34 ms (indexer 0.18 -> 0.15), batch 64 unchanged.

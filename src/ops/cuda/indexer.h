@@ -61,6 +61,14 @@ bool indexer_scores_wgmma_supported(int heads, int dim);
 void indexer_scores_wgmma(const IndexerScoreArgs& args, const int32_t* block_table, int context,
                           const IndexerGemmWorkspace& workspace, cudaStream_t stream);
 
+// The decode scores (indexer_scores' job) on Hopper's warpgroup tensor cores for GLM-5's indexer
+// (32 heads of 128), fused with the relu, head weights and sum over heads (indexer_decode_wgmma.cu):
+// a block per (token, share of its context) streams the token's keys through shared memory by
+// its block table. bf16 queries, fp32 sums: scores within about 4e-3 relative of the fp32
+// kernel's, as indexer_scores_wgmma's; FP8 keys are multiplied as their exact codes, then scaled.
+bool indexer_scores_decode_wgmma_supported(int heads, int dim);
+void indexer_scores_decode_wgmma(const IndexerScoreArgs& args, cudaStream_t stream);
+
 // Per token, the `top_k` largest of scores[t, 0..positions[t]] (ties: lower position first),
 // written in increasing position order to selected[t, :] with num_selected[t] = top_k; tokens
 // whose context is at most top_k get 0..positions[t] (their scores are not read).
