@@ -27,11 +27,14 @@ namespace {
 
 class CudaEngine : public glms::testing::CudaTest {};
 
-// The CPU model's logit of `a` minus that of `b` after `tokens`.
-float logit_gap(const model::Glm5Model& m, const std::vector<int32_t>& tokens, int32_t a, int32_t b) {
+// The CPU model's logit of `a` minus that of `b` after `tokens`, with a cache of `dtype`.
+float logit_gap(const model::Glm5Model& m, const std::vector<int32_t>& tokens, int32_t a, int32_t b,
+                kv::CacheDtype dtype) {
   constexpr int kBlock = 16;
   const int blocks = (static_cast<int>(tokens.size()) + kBlock - 1) / kBlock;
-  kv::PagedLatentCache cache(m.cache_layout(kBlock), blocks);
+  kv::CacheLayout layout = m.cache_layout(kBlock);
+  layout.dtype = dtype;
+  kv::PagedLatentCache cache(std::move(layout), blocks);
   std::vector<int32_t> table(blocks);
   for (int i = 0; i < blocks; ++i) table[i] = i;
   model::ForwardBatch batch;
@@ -42,13 +45,14 @@ float logit_gap(const model::Glm5Model& m, const std::vector<int32_t>& tokens, i
 
 // Greedy tokens agree, or first differ where the CPU's top two are a near-tie.
 void expect_same_up_to_near_ties(const model::Glm5Model& m, const std::vector<int32_t>& prompt,
-                                 const std::vector<int32_t>& expected, const std::vector<int32_t>& got) {
+                                 const std::vector<int32_t>& expected, const std::vector<int32_t>& got,
+                                 kv::CacheDtype dtype = kv::CacheDtype::kAuto) {
   ASSERT_EQ(got.size(), expected.size());
   const auto split = std::mismatch(expected.begin(), expected.end(), got.begin());
   if (split.first == expected.end()) return;
   std::vector<int32_t> context = prompt;
   context.insert(context.end(), expected.begin(), split.first);
-  const float gap = logit_gap(m, context, *split.first, *split.second);
+  const float gap = logit_gap(m, context, *split.first, *split.second, dtype);
   std::printf("tokens part at %td of %zu; the CPU's logit gap there is %.4f\n", split.first - expected.begin(),
               expected.size(), gap);
   EXPECT_LT(gap, 0.1f) << "CUDA chose token " << *split.second << " where the CPU's choice " << *split.first
@@ -158,7 +162,8 @@ TEST_F(CudaEngine, ConcurrentConstrainedRequestsMatchTheCpuEngine) {
   }
 }
 
-TEST_F(CudaEngine, ConcurrentGreedyRequestsMatchTheCpuEngine) {
+// Six requests of 7 to 122 prompt tokens at once, greedy, on both engines with a cache of `dtype`.
+void concurrent_greedy_on_both(kv::CacheDtype dtype) {
   const model::Glm5Model cpu_model(bundled());
   const int vocab = cpu_model.config().vocab_size;
   engine::EngineConfig config;
@@ -166,6 +171,7 @@ TEST_F(CudaEngine, ConcurrentGreedyRequestsMatchTheCpuEngine) {
   config.max_batch_tokens = 64;  // prompts over 64 tokens prefill in chunks beside decodes
   config.max_model_len = 512;
   config.kv_cache_bytes = int64_t{256} << 20;  // not the GPU's free memory: other tests share it
+  config.kv_cache_dtype = dtype;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 6; ++i) prompts.push_back(random_tokens(7 + 23 * i, vocab, 100 + i));
 
@@ -175,8 +181,16 @@ TEST_F(CudaEngine, ConcurrentGreedyRequestsMatchTheCpuEngine) {
   const auto got = run_greedy(gpu, prompts, 24);
   for (size_t i = 0; i < prompts.size(); ++i) {
     SCOPED_TRACE("request " + std::to_string(i));
-    expect_same_up_to_near_ties(cpu_model, prompts[i], expected[i], got[i]);
+    expect_same_up_to_near_ties(cpu_model, prompts[i], expected[i], got[i], dtype);
   }
+}
+
+TEST_F(CudaEngine, ConcurrentGreedyRequestsMatchTheCpuEngine) { concurrent_greedy_on_both(kv::CacheDtype::kAuto); }
+
+// --kv-cache-dtype fp8 through the engine: the device stores FP8 rows, the CPU rounds its rows
+// the same way, and chunked prefills beside decodes read them back.
+TEST_F(CudaEngine, ConcurrentGreedyRequestsWithAnFp8CacheMatchTheCpuEngine) {
+  concurrent_greedy_on_both(kv::CacheDtype::kFp8E4m3);
 }
 
 TEST_F(CudaEngine, GenerateOverTheCudaRunnerMatchesCpu) {

@@ -59,55 +59,7 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
     cuda::write_indexer_keys(as<float>(index_k), T, ID, static_cast<int>(rd), as<float>(ix.k_norm_weight),
                              as<float>(ix.k_norm_bias), kIndexerNormEps, positions, slots, as<float>(inv_freq),
                              index_keys[l].data(), key_scales(l), s);
-    if (score_positions) {
-      cuda::rope_rows(as<float>(index_q), T, IH, ID, 0, static_cast<int>(rd), positions, as<float>(inv_freq), s);
-      cuda::IndexerScoreArgs args;
-      args.queries = as<float>(index_q);
-      args.head_weights = as<float>(index_w);
-      args.key_cache = index_keys[l].data();
-      args.key_scales = key_scales(l);
-      args.block_tables = block_tables;
-      args.max_blocks = max_blocks;
-      args.token_sequence = token_sequence;
-      args.positions = positions;
-      args.block_size = options.block_size;
-      args.num_tokens = T;
-      args.heads = IH;
-      args.dim = ID;
-      args.top_k = c.index_topk;
-      args.head_scale = 1.0f / std::sqrt(static_cast<float>(IH));
-      args.softmax_scale = 1.0f / std::sqrt(static_cast<float>(ID));
-      args.max_context = shape.max_context;
-      args.threads_per_key = options.indexer_threads_per_key;
-      args.scores = as<float>(scores);
-      args.score_stride = options.max_context;
-      cuda::IndexerGemmWorkspace workspace;
-      workspace.keys = as<float>(gathered_keys);
-      workspace.head_scores = as<float>(prefill_scores);
-      workspace.head_score_elements = prefill_score_capacity;
-      split_by_chunk_length(
-          shape,
-          [&](int first, int count) {
-            args.first_token = first;
-            args.launch_tokens = count;
-            if (options.wgmma_decode_indexer && cuda::indexer_scores_decode_wgmma_supported(IH, ID))
-              cuda::indexer_scores_decode_wgmma(args, s);
-            else
-              cuda::indexer_scores(args, s);
-          },
-          [&](int index) {
-            const SequenceSlice& seq = batch->sequences[index];
-            cuda::IndexerScoreArgs chunk = args;
-            chunk.first_token = seq.first_token;
-            chunk.launch_tokens = seq.num_tokens;
-            if (options.wgmma_indexer && cuda::indexer_scores_wgmma_supported(IH, ID))
-              cuda::indexer_scores_wgmma(chunk, block_tables + int64_t{index} * max_blocks, seq.context_len,
-                                         workspace, s);
-            else
-              cuda::indexer_scores_gemm(chunk, block_tables + int64_t{index} * max_blocks, seq.context_len,
-                                        workspace, gemm, s);
-          });
-    }
+    if (score_positions) score_indexer_keys(l, shape);
     // Scores are not read for tokens whose context is at most top_k: every position is selected.
     cuda::select_top_k(as<float>(scores), options.max_context, positions, T, c.index_topk, as<int32_t>(selected),
                        c.index_topk, as<int32_t>(num_selected), s, options.indexer_topk_blocks);
@@ -198,6 +150,63 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   linear(w.o_proj, as<uint16_t>(heads_bf16), T, as<float>(block_out), gemm, s);
   sum_over_tp(as<float>(block_out), T);  // the heads of every tensor-parallel peer
   timer.mark("attention.output", s);
+}
+
+void CudaGlm5Model::Impl::score_indexer_keys(int l, const StepShape& shape) {
+  const io::ModelConfig& c = config;
+  const int T = shape.num_tokens, IH = c.index_n_heads, ID = c.index_head_dim;
+  const int rd = c.qk_rope_head_dim;
+  cudaStream_t s = stream.get();
+  const int32_t* positions = meta_i32(meta.positions);
+  const int32_t* block_tables = meta_i32(meta.block_tables);
+  const int32_t* token_sequence = meta_i32(meta.token_sequence);
+  cuda::rope_rows(as<float>(index_q), T, IH, ID, 0, rd, positions, as<float>(inv_freq), s);
+  cuda::IndexerScoreArgs args;
+  args.queries = as<float>(index_q);
+  args.head_weights = as<float>(index_w);
+  args.key_cache = index_keys[l].data();
+  args.key_scales = key_scales(l);
+  args.block_tables = block_tables;
+  args.max_blocks = max_blocks;
+  args.token_sequence = token_sequence;
+  args.positions = positions;
+  args.block_size = options.block_size;
+  args.num_tokens = T;
+  args.heads = IH;
+  args.dim = ID;
+  args.top_k = c.index_topk;
+  args.head_scale = 1.0f / std::sqrt(static_cast<float>(IH));
+  args.softmax_scale = 1.0f / std::sqrt(static_cast<float>(ID));
+  args.max_context = shape.max_context;
+  args.threads_per_key = options.indexer_threads_per_key;
+  args.scores = as<float>(scores);
+  args.score_stride = options.max_context;
+  cuda::IndexerGemmWorkspace workspace;
+  workspace.keys = as<float>(gathered_keys);
+  workspace.head_scores = as<float>(prefill_scores);
+  workspace.head_score_elements = prefill_score_capacity;
+  split_by_chunk_length(
+      shape,
+      [&](int first, int count) {
+        args.first_token = first;
+        args.launch_tokens = count;
+        if (options.wgmma_decode_indexer && cuda::indexer_scores_decode_wgmma_supported(IH, ID))
+          cuda::indexer_scores_decode_wgmma(args, s);
+        else
+          cuda::indexer_scores(args, s);
+      },
+      [&](int index) {
+        const SequenceSlice& seq = batch->sequences[index];
+        cuda::IndexerScoreArgs chunk = args;
+        chunk.first_token = seq.first_token;
+        chunk.launch_tokens = seq.num_tokens;
+        if (options.wgmma_indexer && cuda::indexer_scores_wgmma_supported(IH, ID))
+          cuda::indexer_scores_wgmma(chunk, block_tables + int64_t{index} * max_blocks, seq.context_len,
+                                     workspace, s);
+        else
+          cuda::indexer_scores_gemm(chunk, block_tables + int64_t{index} * max_blocks, seq.context_len,
+                                    workspace, gemm, s);
+      });
 }
 
 bool CudaGlm5Model::Impl::fused_prefill_pays(const SequenceSlice& seq, int heads) const {

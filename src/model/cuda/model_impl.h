@@ -125,6 +125,9 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   // Checks, uploads the batch and h_prev ([tokens, hidden] host fp32), and runs mtp_step.
   void run_mtp(const ForwardBatch& batch, const float* h_prev);
   void attention(const DecoderLayerDevice& layer, int l, const StepShape& shape);
+  // The DSA indexer's scores of layer l's keys for the step's tokens past top-k (its queries and
+  // head weights already projected), into `scores`: decode runs and prefill chunks by their kernels.
+  void score_indexer_keys(int l, const StepShape& shape);
   // The MoE block (moe.cpp): whole, it adds into x (returns nullptr); sharded, it leaves the
   // block's output, summed over every peer, in block_out (returned, to add as pending).
   const float* moe(const DecoderLayerDevice& layer, const StepShape& shape);
