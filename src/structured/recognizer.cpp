@@ -20,6 +20,7 @@ uint64_t hash_tops(const std::vector<int32_t>& tops, bool accepting) {
 Recognizer::Recognizer(std::shared_ptr<const Grammar> grammar) : grammar_(std::move(grammar)) {
   std::vector<int32_t> tops;
   bool accepting = false;
+  expanded_.clear();
   for (const int32_t alt : grammar_->alternatives[static_cast<size_t>(grammar_->root)])
     expand(alt, -1, tops, accepting, 0);
   std::sort(tops.begin(), tops.end());
@@ -39,6 +40,8 @@ void Recognizer::expand(int32_t pos, int32_t parent, std::vector<int32_t>& tops,
   // only guards against grammars whose call chains are absurdly long.
   ++work_;
   if (depth > 4096 || tops.size() > kMaxTops) return;
+  const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(pos)) << 32) | static_cast<uint32_t>(parent);
+  if (!expanded_.insert(key).second) return;
   const Grammar::Element& el = grammar_->elements[static_cast<size_t>(pos)];
   switch (el.kind) {
     case Grammar::Element::Kind::kEnd:
@@ -93,6 +96,7 @@ int32_t Recognizer::step(int32_t state, unsigned char byte) {
   const std::vector<int32_t> from = states_[static_cast<size_t>(state)].tops;  // intern() may move states_
   std::vector<int32_t> tops;
   bool accepting = false;
+  expanded_.clear();
   for (const int32_t top : from) {
     const Node n = nodes_[static_cast<size_t>(top)];
     const Grammar::Element& el = grammar_->elements[static_cast<size_t>(n.pos)];

@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "engine/request.h"
@@ -57,13 +58,17 @@ class Recognizer {
   static constexpr int32_t kUnknown = -2;
 
   int32_t node(int32_t pos, int32_t parent);
-  // Adds the tops reached from grammar position `pos` returning to `parent`.
+  // Adds the tops reached from grammar position `pos` returning to `parent`, once per (pos,
+  // parent) in the closure being computed (expanded_): what it adds depends on nothing else, and
+  // empty alternatives reaching the same point would otherwise multiply the paths (a rule of two
+  // empty alternatives repeated 381 times: 2^381 of them).
   void expand(int32_t pos, int32_t parent, std::vector<int32_t>& tops, bool& accepting, int depth);
   int32_t intern(std::vector<int32_t> tops, bool accepting);
 
   std::shared_ptr<const Grammar> grammar_;
   std::vector<Node> nodes_;
   std::unordered_map<uint64_t, int32_t> node_ids_;
+  std::unordered_set<uint64_t> expanded_;  // (pos, parent) of the closure being computed
   std::vector<State> states_;
   std::unordered_map<uint64_t, std::vector<int32_t>> state_ids_;  // hash of tops -> candidate states
   int32_t start_ = kDead;
