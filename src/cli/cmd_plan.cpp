@@ -29,6 +29,7 @@ void run_plan(const PlanOptions& o) {
   inputs.reserve_fraction =
       o.gpu_memory_utilization > 0 ? 1.0 - o.gpu_memory_utilization : o.reserve_percent / 100.0;
   inputs.speculative_steps = o.speculative.empty() ? 0 : o.speculative_steps;
+  inputs.kv_dtype = inputs.kv_dtype == "auto" || inputs.kv_dtype == "bf16" ? "bf16" : "fp8";
   const plan::ModelSpec model = plan::load_model_spec(path);
   const plan::PlanResult result = plan::make_plan(model, inputs, path);
   std::cout << (o.json ? plan::render_json(result) + "\n" : plan::render_text(result)) << std::flush;
@@ -53,7 +54,11 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--weights", o->inputs.weights, "Weight format")
       ->check(CLI::IsMember({"bf16", "fp8", "mxfp6", "mxfp4"}))
       ->capture_default_str();
-  cmd->add_option("--kv-dtype", o->inputs.kv_dtype, "KV cache dtype")->check(CLI::IsMember({"bf16", "fp8"}))
+  // serve's spellings too (vLLM's --kv-cache-dtype): auto is bf16 on CUDA; the FP8 names are one
+  // layout (run_plan reduces them to the planner's bf16 / fp8).
+  cmd->add_option("--kv-dtype,--kv-cache-dtype", o->inputs.kv_dtype,
+                  "KV cache dtype: bf16 (serve's auto on CUDA) or fp8 (fp8_e4m3: E4M3 rows with scales)")
+      ->check(CLI::IsMember({"bf16", "auto", "fp8", "fp8_e4m3", "fp8_ds_mla"}))
       ->capture_default_str();
   cmd->add_option("--context", o->inputs.context, "Tokens per sequence (prompt + output)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 32))

@@ -101,6 +101,7 @@ std::string render_text(const PlanResult& p) {
     how += format(" --max-num-batched-tokens %d --max-num-seqs %d --max-model-len %lld", in.max_num_batched_tokens,
                   in.max_num_seqs > 0 ? in.max_num_seqs : in.concurrency, static_cast<long long>(in.context));
     if (in.speculative_steps > 0) how += format(" --speculative mtp --speculative-steps %d", in.speculative_steps);
+    if (in.kv_dtype == "fp8") how += " --kv-cache-dtype fp8";
     line("serve", how);
     line("", format("per GPU: budget %.2f GiB = weights %.2f + workspaces %.2f + CUDA runtime %.2f + margin %.2f + "
                     "KV cache %.2f GiB",

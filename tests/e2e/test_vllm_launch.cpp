@@ -107,6 +107,23 @@ TEST(VllmLaunch, BadNumbersSayWhatTheFlagExpects) {
   }
 }
 
+// `glmserve plan` takes serve's --kv-cache-dtype spellings and suggests the flag back: the FP8
+// layout's bytes (53,940 a GLM-5.2 token), a clear refusal of what glmserve does not have.
+TEST(VllmLaunch, PlanTakesServesKvCacheDtype) {
+  const std::string plan = "plan --config " GLMS_SOURCE_DIR "/models/configs/glm-5.2.json --gpu h200 --gpus 8";
+  const auto [fp8, fp8_status] = run_glmserve(plan + " --kv-cache-dtype fp8_e4m3");
+  EXPECT_EQ(fp8_status, 0) << fp8;
+  EXPECT_NE(fp8.find("fp8: 53.9 KB per token (53940 B)"), std::string::npos) << fp8;
+  EXPECT_NE(fp8.find("--kv-cache-dtype fp8"), std::string::npos) << fp8;
+  const auto [bf16, bf16_status] = run_glmserve(plan + " --kv-cache-dtype auto");
+  EXPECT_EQ(bf16_status, 0) << bf16;
+  EXPECT_NE(bf16.find("bf16: 95.2 KB per token (95232 B)"), std::string::npos) << bf16;
+  EXPECT_EQ(bf16.find("--kv-cache-dtype"), std::string::npos) << bf16;
+  const auto [bad, bad_status] = run_glmserve(plan + " --kv-cache-dtype fp16");
+  EXPECT_NE(bad_status, 0);
+  EXPECT_NE(bad.find("fp16 not in {bf16,auto,fp8,fp8_e4m3,fp8_ds_mla}"), std::string::npos) << bad;
+}
+
 // Slow or silent clients cannot hold the server: past --max-connections a connection gets a 503
 // and is closed, and a request whose headers stall past --header-timeout is cut off.
 TEST(ConnectionLimits, TooManyConnectionsAndStalledHeadersAreCutOff) {
