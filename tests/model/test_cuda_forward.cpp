@@ -198,12 +198,49 @@ TEST_F(CudaForward, BundledModelGreedyTokensMatchCpu) {
   EXPECT_EQ(gpu_gemv, cpu_again);
 }
 
+namespace {
+
+// 48 steps after a 40-token prompt with a cache of `dtype` on both: the CPU decodes greedily and
+// CUDA (graphs past the prefill) is fed the CPU's tokens; it must pick the same token at every
+// step, or one whose CPU logit is within 0.1 of the CPU's pick (a near-tie that bf16 can flip),
+// at most twice, with a mean logits' relative L2 under 2e-2.
+void follow_the_cpu_greedy_run(const model::Glm5Model& cpu, model::CudaGlm5Model& gpu, kv::CacheDtype dtype,
+                               const std::string& label) {
+  const int vocab = cpu.config().vocab_size;
+  kv::CacheLayout layout = cpu.cache_layout(kBlockSize);
+  layout.dtype = dtype;
+  kv::PagedLatentCache cache(std::move(layout), 32);
+  const auto blocks = table(0, 32);
+  model::ForwardBatch batch;
+  batch.add_sequence(random_tokens(40, vocab, 5), 0, blocks, kBlockSize, false);
+  int position = 40, disagreements = 0;
+  std::vector<double> errors;
+  for (int i = 0; i < 48; ++i) {
+    const auto want = cpu.forward(batch, cache);
+    const auto got = gpu.forward(batch, /*use_graph=*/i > 0);
+    errors.push_back(relative_l2(got, want));
+    const int cpu_pick = argmax(want.data(), vocab), gpu_pick = argmax(got.data(), vocab);
+    if (gpu_pick != cpu_pick) {
+      ++disagreements;
+      EXPECT_LT(want[cpu_pick] - want[gpu_pick], 0.1f) << label << " step " << i << ": not a near-tie";
+    }
+    batch = model::ForwardBatch();
+    batch.add_sequence({cpu_pick}, position++, blocks, kBlockSize, false);
+  }
+  const double mean = std::accumulate(errors.begin(), errors.end(), 0.0) / errors.size();
+  std::printf("%s: mean logits relative L2 %.2e, max %.2e, %d near-tie disagreements in 48 steps\n", label.c_str(),
+              mean, *std::max_element(errors.begin(), errors.end()), disagreements);
+  EXPECT_LT(mean, 2e-2) << label;
+  EXPECT_LE(disagreements, 2) << label;
+}
+
+}  // namespace
+
 // `glmserve quantize` output of the bundled model: the experts stay MXFP4 / block FP8 on the
 // device (attention and shared experts are widened to bf16, so FP8 attention rounds once more
 // than on the CPU). A 40-token prompt sends the prefill's experts through the widened
-// per-expert GEMMs, the decode steps through the in-register dequantising kernels. The CPU
-// decodes greedily; CUDA is fed the CPU's tokens and must pick the same token at every step,
-// or one whose CPU logit is within 0.1 of the CPU's pick (a near-tie that bf16 can flip).
+// per-expert GEMMs, the decode steps through the in-register dequantising kernels
+// (follow_the_cpu_greedy_run).
 TEST_F(CudaForward, QuantisedBundledModelFollowsTheCpuGreedyRun) {
   TempDir dir("cuda_quantised");
   for (const char* format : {"mxfp4", "fp8"}) {
@@ -221,30 +258,7 @@ TEST_F(CudaForward, QuantisedBundledModelFollowsTheCpuGreedyRun) {
     const auto [linears, fp8_linears] = gpu.linear_matrices();
     if (std::string(format) == "fp8") EXPECT_EQ(fp8_linears, linears - 5) << "of " << linears;
     else EXPECT_EQ(fp8_linears, 0);
-    const int vocab = cpu.config().vocab_size;
-    kv::PagedLatentCache cache(cpu.cache_layout(kBlockSize), 32);
-    const auto blocks = table(0, 32);
-    model::ForwardBatch batch;
-    batch.add_sequence(random_tokens(40, vocab, 5), 0, blocks, kBlockSize, false);
-    int position = 40, disagreements = 0;
-    std::vector<double> errors;
-    for (int i = 0; i < 48; ++i) {
-      const auto want = cpu.forward(batch, cache);
-      const auto got = gpu.forward(batch, /*use_graph=*/i > 0);
-      errors.push_back(relative_l2(got, want));
-      const int cpu_pick = argmax(want.data(), vocab), gpu_pick = argmax(got.data(), vocab);
-      if (gpu_pick != cpu_pick) {
-        ++disagreements;
-        EXPECT_LT(want[cpu_pick] - want[gpu_pick], 0.1f) << format << " step " << i << ": not a near-tie";
-      }
-      batch = model::ForwardBatch();
-      batch.add_sequence({cpu_pick}, position++, blocks, kBlockSize, false);
-    }
-    const double mean = std::accumulate(errors.begin(), errors.end(), 0.0) / errors.size();
-    std::printf("%s: mean logits relative L2 %.2e, max %.2e, %d near-tie disagreements in 48 steps\n", format, mean,
-                *std::max_element(errors.begin(), errors.end()), disagreements);
-    EXPECT_LT(mean, 2e-2) << format;
-    EXPECT_LE(disagreements, 2) << format;
+    follow_the_cpu_greedy_run(cpu, gpu, kv::CacheDtype::kAuto, format);
   }
 }
 
@@ -262,32 +276,7 @@ TEST_F(CudaForward, BundledModelWithFp8CacheFollowsTheCpuFp8Cache) {
   EXPECT_NEAR(static_cast<double>(gpu.cache_bytes()),
               slots * model::cuda_cache_bytes_per_token(cpu.config(), kv::CacheDtype::kFp8E4m3), 16.0 * 64);
   EXPECT_LT(static_cast<double>(gpu.cache_bytes()), 0.72 * slots * model::cuda_cache_bytes_per_token(cpu.config()));
-  const int vocab = cpu.config().vocab_size;
-  kv::CacheLayout layout = cpu.cache_layout(kBlockSize);
-  layout.dtype = kv::CacheDtype::kFp8E4m3;
-  kv::PagedLatentCache cache(std::move(layout), 32);
-  const auto blocks = table(0, 32);
-  model::ForwardBatch batch;
-  batch.add_sequence(random_tokens(40, vocab, 5), 0, blocks, kBlockSize, false);
-  int position = 40, disagreements = 0;
-  std::vector<double> errors;
-  for (int i = 0; i < 48; ++i) {
-    const auto want = cpu.forward(batch, cache);
-    const auto got = gpu.forward(batch, /*use_graph=*/i > 0);
-    errors.push_back(relative_l2(got, want));
-    const int cpu_pick = argmax(want.data(), vocab), gpu_pick = argmax(got.data(), vocab);
-    if (gpu_pick != cpu_pick) {
-      ++disagreements;
-      EXPECT_LT(want[cpu_pick] - want[gpu_pick], 0.1f) << "step " << i << ": not a near-tie";
-    }
-    batch = model::ForwardBatch();
-    batch.add_sequence({cpu_pick}, position++, blocks, kBlockSize, false);
-  }
-  const double mean = std::accumulate(errors.begin(), errors.end(), 0.0) / errors.size();
-  std::printf("FP8 cache: mean logits relative L2 %.2e, max %.2e, %d near-tie disagreements in 48 steps\n", mean,
-              *std::max_element(errors.begin(), errors.end()), disagreements);
-  EXPECT_LT(mean, 2e-2);
-  EXPECT_LE(disagreements, 2);
+  follow_the_cpu_greedy_run(cpu, gpu, kv::CacheDtype::kFp8E4m3, "FP8 cache");
 }
 
 // The MTP layer on the device against Glm5Model::mtp_forward: the same entries (target hidden
