@@ -166,7 +166,7 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
     }
     if (shape.num_tokens > run_start) short_run(run_start, shape.num_tokens - run_start);
   }
-  // Whether the fused attention kernel takes this model's shapes.
+  // How the cache's rows are stored (options.cache_dtype).
   cuda::CacheStorage cache_storage() const {
     return options.cache_dtype == kv::CacheDtype::kFp8E4m3 ? cuda::CacheStorage::kFp8 : cuda::CacheStorage::kBf16;
   }
@@ -176,6 +176,7 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
     return reinterpret_cast<float*>(static_cast<char*>(index_keys[l].data()) +
                                     quant::kv_fp8_key_scales_offset(num_slots, config.index_head_dim));
   }
+  // Whether the fused attention kernel takes this model's shapes.
   bool fused_attention() const {
     return cuda::mla_attention_fused_supported(config.num_attention_heads, config.kv_lora_rank,
                                                config.qk_rope_head_dim);
