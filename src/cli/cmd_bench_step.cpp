@@ -59,6 +59,7 @@ struct BenchStepOptions {
   bool wgmma_indexer = model::CudaModelOptions{}.wgmma_indexer;
   int wgmma_experts_min_pairs = model::CudaModelOptions{}.wgmma_experts_min_pairs;
   int wgmma_experts_tile_rows = model::CudaModelOptions{}.wgmma_experts_tile_rows;
+  int wgmma_bf16_experts_max_pairs = model::CudaModelOptions{}.wgmma_bf16_experts_max_pairs;
   int stream_experts_min_pairs = model::CudaModelOptions{}.stream_experts_min_pairs;
   int stream_experts_max_pairs = model::CudaModelOptions{}.stream_experts_max_pairs;
   int stream_experts_shape = model::CudaModelOptions{}.stream_experts_shape;
@@ -352,6 +353,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.wgmma_indexer = o.wgmma_indexer;
   options.wgmma_experts_min_pairs = o.wgmma_experts_min_pairs;
   options.wgmma_experts_tile_rows = o.wgmma_experts_tile_rows;
+  options.wgmma_bf16_experts_max_pairs = o.wgmma_bf16_experts_max_pairs;
   options.stream_experts_min_pairs = o.stream_experts_min_pairs;
   options.stream_experts_max_pairs = o.stream_experts_max_pairs;
   options.stream_experts_shape = o.stream_experts_shape;
@@ -592,6 +594,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"wgmma_indexer", o.wgmma_indexer},
                         {"wgmma_experts_min_pairs", o.wgmma_experts_min_pairs},
                         {"wgmma_experts_tile_rows", o.wgmma_experts_tile_rows},
+                        {"wgmma_bf16_experts_max_pairs", o.wgmma_bf16_experts_max_pairs},
                         {"stream_experts_min_pairs", o.stream_experts_min_pairs},
                         {"stream_experts_max_pairs", o.stream_experts_max_pairs},
                         {"stream_experts_shape", o.stream_experts_shape},
@@ -703,8 +706,13 @@ void add_bench_step_command(CLI::App& app) {
                   "(true/false; false: a TF32 GEMM through per-head products in memory)")
       ->capture_default_str();
   cmd->add_option("--wgmma-experts-min-pairs", o->wgmma_experts_min_pairs,
-                  "MXFP4 routed experts run as W4A16 grouped GEMMs on the warpgroup tensor cores from this many "
-                  "pairs per expert on average (0: never)")
+                  "Routed experts (tiled MXFP4 or bf16) run as grouped GEMMs on the warpgroup tensor cores from this "
+                  "many pairs per expert on average (0: never)")
+      ->check(non_negative_number())
+      ->capture_default_str();
+  cmd->add_option("--wgmma-bf16-experts-max-pairs", o->wgmma_bf16_experts_max_pairs,
+                  "bf16 routed experts take those GEMMs only below this many pairs per expert (0: no bound; above, "
+                  "cuBLAS's grouped GEMM)")
       ->check(non_negative_number())
       ->capture_default_str();
   cmd->add_option("--wgmma-experts-tile-rows", o->wgmma_experts_tile_rows,

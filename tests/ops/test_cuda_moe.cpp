@@ -251,30 +251,38 @@ TEST_F(CudaMoe, Fp8ExpertsMatchReference) {
   check_experts(WeightFormat::Fp8Block, 5, 208, 48, 3, {1, 2, 13}, false);
 }
 
-// The W4A16 grouped GEMMs (moe_experts_wgmma), in both tile shapes, at GLM-5.2's widths, then
-// over experts with two row tiles (the second part-filled), experts with no pairs, more experts
-// than the tile search has threads, and block scales far apart.
-void check_wgmma_experts(int64_t E, int64_t hidden, int64_t inter, int top_k, std::initializer_list<int> token_counts,
-                         int block_spread = 0) {
-  const Experts experts = make_experts(WeightFormat::Mxfp4, true, E, hidden, inter, 41 + E, block_spread);
+// The grouped GEMMs on wgmma (moe_experts_wgmma), MXFP4 (W4A16) and bf16 weights, in both tile
+// shapes, at GLM-5.2's widths, then over experts with two row tiles (the second part-filled),
+// experts with no pairs, more experts than the tile search has threads, and (MXFP4) block scales
+// far apart.
+void check_wgmma_experts(WeightFormat format, int64_t E, int64_t hidden, int64_t inter, int top_k,
+                         std::initializer_list<int> token_counts, int block_spread = 0) {
+  const Experts experts = make_experts(format, true, E, hidden, inter, 41 + E, block_spread);
   ASSERT_TRUE(cuda::moe_experts_wgmma_supported(experts.view(), hidden, inter));
   for (const int n : token_counts)
     for (const int tile_rows : {64, 128}) {
       const auto ids = random_choices(n, static_cast<int>(E), top_k, 300 + n);
       EXPECT_LT(experts_error(experts, random_values(n * hidden, 110 + n, 2.0f), ids, top_k, true, tile_rows), 2e-3)
-          << E << " experts, " << n << " tokens, hidden " << hidden << ", inter " << inter << ", spread "
-          << block_spread << ", tiles of " << tile_rows << " rows";
+          << "format " << static_cast<int>(format) << ", " << E << " experts, " << n << " tokens, hidden " << hidden
+          << ", inter " << inter << ", spread " << block_spread << ", tiles of " << tile_rows << " rows";
     }
 }
 
-TEST_F(CudaMoe, Mxfp4WgmmaExpertsMatchReference) {
-  check_wgmma_experts(4, 6144, 2048, 2, {1, 20});
-  check_wgmma_experts(5, 512, 256, 3, {1, 13, 150});  // 150 tokens: 90 pairs an expert, two 64-row tiles
-  check_wgmma_experts(2, 512, 256, 2, {300});         // 300 pairs an expert: three 128-row tiles
-  check_wgmma_experts(40, 256, 128, 2, {5, 70});      // most experts without pairs
-  check_wgmma_experts(260, 256, 128, 4, {64});        // two experts a thread in the tile search
-  check_wgmma_experts(3, 512, 256, 2, {3, 100}, 15);  // block scales about 2^-20 .. 2^10
+void check_wgmma_experts_shapes(WeightFormat format) {
+  check_wgmma_experts(format, 4, 6144, 2048, 2, {1, 20});
+  check_wgmma_experts(format, 5, 512, 256, 3, {1, 13, 150});  // 150 tokens: 90 pairs an expert, two 64-row tiles
+  check_wgmma_experts(format, 2, 512, 256, 2, {300});         // 300 pairs an expert: three 128-row tiles
+  check_wgmma_experts(format, 40, 256, 128, 2, {5, 70});      // most experts without pairs
+  check_wgmma_experts(format, 260, 256, 128, 4, {64});        // two experts a thread in the tile search
+  check_wgmma_experts(format, 2, 256, 1024, 2, {200});        // down's K over more steps than stages
 }
+
+TEST_F(CudaMoe, Mxfp4WgmmaExpertsMatchReference) {
+  check_wgmma_experts_shapes(WeightFormat::Mxfp4);
+  check_wgmma_experts(WeightFormat::Mxfp4, 3, 512, 256, 2, {3, 100}, 15);  // block scales about 2^-20 .. 2^10
+}
+
+TEST_F(CudaMoe, Bf16WgmmaExpertsMatchReference) { check_wgmma_experts_shapes(WeightFormat::Plain); }
 
 // The streamed decode kernels (moe_experts_stream) in each shape and chunk size (mma.sync and
 // wgmma): GLM-5.2's widths with 1, 2 and about 20 pairs an expert (chunks of 8, 16 and 32 tokens,

@@ -75,10 +75,16 @@ struct CudaModelOptions {
   // per-head products go through global memory. Prefill 8192 on the H200 at GLM-5.2 width:
   // indexer 21.95 -> 12.76 ms, 160.1 -> 150.1 ms in all.
   bool wgmma_indexer = true;
-  // Routed experts in the tile layout of MXFP4 through the W4A16 grouped GEMMs on the warpgroup
-  // tensor cores (ops::cuda::moe_experts_wgmma) where a step has at least this many pairs per
-  // expert on average; 0: never (the mma.sync kernels and, above their range, widening to bf16).
+  // Routed experts (tiled MXFP4, or bf16) through the grouped GEMMs on the warpgroup tensor
+  // cores (ops::cuda::moe_experts_wgmma) where a step has at least this many pairs per expert on
+  // average; 0: never (MXFP4: the mma.sync kernels and, above their range, widening to bf16;
+  // bf16: the small-batch kernels and cuBLAS).
   int wgmma_experts_min_pairs = 16;
+  // bf16 experts take them only below this many pairs per expert (0: no bound): from there
+  // cuBLAS's grouped GEMM is faster. H200, GLM-5.2 width, 5 layers, experts of a prefill
+  // (bench/results/cuda-moe-wgmma-bf16-20261203.json), cuBLAS -> wgmma: 512 tokens (16 pairs an
+  // expert) 31.3 -> 18.6 ms, 2048 (64) 33.0 -> 24.2, 4096 (128) 37.4 -> 33.3, 8192 (256) 52.2 -> 57.4.
+  int wgmma_bf16_experts_max_pairs = 256;
   // Their grouped rows a block, 64 or 128; 0: 128 from 128 pairs per expert on average.
   int wgmma_experts_tile_rows = 0;
   // Tiled MXFP4 routed experts of steps with stream_experts_min_pairs to stream_experts_max_pairs

@@ -75,8 +75,12 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
                         routed_pairs_per_expert >= options.stream_experts_min_pairs &&
                         routed_pairs_per_expert <= options.stream_experts_max_pairs &&
                         cuda::moe_experts_stream_supported(experts, hidden, inter) && P <= pair_capacity;
+  const bool below_bf16_bound = m.experts_format != ops::WeightFormat::Plain ||
+                                options.wgmma_bf16_experts_max_pairs == 0 ||
+                                routed_pairs_per_expert < options.wgmma_bf16_experts_max_pairs;
   const bool wgmma = options.wgmma_experts_min_pairs > 0 && cuda::moe_experts_wgmma_supported(experts, hidden, inter) &&
-                     P >= int64_t{options.wgmma_experts_min_pairs} * config.n_routed_experts && P <= pair_capacity;
+                     P >= int64_t{options.wgmma_experts_min_pairs} * config.n_routed_experts && P <= pair_capacity &&
+                     below_bf16_bound;
   if (streamed) {
     // Staged rows in pair_x ([P, hidden] 2-byte values; inter <= hidden fits too).
     GLMS_CHECK(inter <= hidden, "streamed experts stage their rows in pair_x");

@@ -1,25 +1,27 @@
-// Routed experts of prefill-sized batches with MXFP4 weights on Hopper's warpgroup tensor cores
-// (W4A16): each projection is one grouped GEMM over the plan's grouped pairs, the weights
-// widened to bf16 in shared memory, block scale included (exact: an E2M1 value times a power of
-// two), the tokens bf16, fp32 sums. SwiGLU runs in the gate/up epilogue, so the gate and up sums
-// never leave the SM.
+// Routed experts of prefill-sized batches on Hopper's warpgroup tensor cores: each projection is
+// one grouped GEMM over the plan's grouped pairs, the tokens bf16, fp32 sums, SwiGLU in the
+// gate/up epilogue (the gate and up sums never leave the SM). Two weight sources:
+//   MXFP4 (W4A16): the codes are loaded into registers two steps ahead and widened to bf16 in
+//     shared memory with their block scale (exact: an E2M1 value times a power of two) while
+//     the tensor cores multiply the step before;
+//   bf16: the weight rows are copied by cp.async like the tokens.
 //
 // Why this shape: a block takes a tile of one expert's grouped rows and a slice of its output
-// features, and walks K in steps of 128 values, one 64-byte group of quant/mxfp4_tiles.h's
-// layout a weight row. While the tensor cores multiply step s, the threads widen step s + 1's
-// weights from registers into the other stage and load step s + 2's codes, and cp.async brings
-// step s + 1's token rows: widening (about 2.5 integer and bf16 ops a weight) hides behind the
-// wgmma. Two tile shapes, each warpgroup a 64 x 128 wgmma accumulator (64 registers a thread):
+// features, and walks K in steps of 128 values (one 64-byte group of quant/mxfp4_tiles.h's
+// layout a weight row). Token rows (and bf16 weights) arrive by cp.async kStages - 1 steps
+// ahead, so a copy has that many steps of multiplies to land in. Widening (about 2.5 integer
+// and bf16 ops a weight) hides behind the wgmma. Two tile shapes, each warpgroup a 64 x 128
+// wgmma accumulator (64 registers a thread):
 //   TileShape<64>:  64 rows x 256 features, warpgroup w the features 128 w ..; for gate/up
 //     warpgroup 0 takes 128 gate rows and warpgroup 1 the matching up rows, which hands its
 //     sums to warpgroup 0 through shared memory at the end.
 //   TileShape<128>: 128 rows x 128 features, warpgroup w the rows 64 w ..; for gate/up the
 //     features are 64 gate rows and the matching 64 up rows, so each thread holds both.
-// The wide tile widens each weight once for twice the rows (experts with many pairs: long
-// prefills); the narrow one wastes less on experts with few. The mma.sync kernels
+// The wide tile reads (and widens) each weight once for twice the rows (experts with many
+// pairs: long prefills); the narrow one wastes less on experts with few. The mma.sync kernels
 // (moe_experts_mma.cu) widen in registers for every 8-token tile instead.
 //
-// Shared memory (128-byte swizzle, wgmma.cuh), two stages of
+// Shared memory (128-byte swizzle, wgmma.cuh), kStages stages of
 //   tokens  [2 blocks of 64 k][rows] lines
 //   weights [2 blocks of 64 k][features] lines
 //
@@ -51,6 +53,8 @@ constexpr int kLine = wgmma::kLineBytes;
 // Average pairs per expert from which the wide tile is taken.
 constexpr int kWideTilePairsPerExpert = 128;
 
+enum class WeightSource { kMxfp4, kBf16 };
+
 template <int kRows>
 struct TileShape {
   static_assert(kRows == 64 || kRows == 128, "64 or 128 rows a tile");
@@ -63,8 +67,12 @@ struct TileShape {
   static constexpr int kWeightStageBytes = 2 * kWeightBlockBytes;
   static constexpr int kPasses = kFeatures / 64;       // widening passes: 64 lines, 4 threads a line
   static constexpr int kTokenCopies = kRows * 16 / kThreads;  // 16-byte chunks a thread a step
-  static constexpr int kSharedBytes = 1024 + 2 * (kTokenStageBytes + kWeightStageBytes);  // 1024: alignment
-  static_assert(kSharedBytes <= 232448, "one block an SM");
+  static constexpr int kWeightCopies = kFeatures * 16 / kThreads;  // bf16 weights: chunks a thread a step
+  // As many stages as one block an SM holds (227 KB), at most 4: 3 for 128 rows, 2 for 64.
+  static constexpr int kStageBytes = kTokenStageBytes + kWeightStageBytes;
+  static constexpr int kStages = (232448 - 1024) / kStageBytes < 4 ? (232448 - 1024) / kStageBytes : 4;
+  static constexpr int kSharedBytes = 1024 + kStages * kStageBytes;  // 1024: alignment
+  static_assert(kStages >= 2, "two stages at least");
   static_assert(kRows != 64 || 64 * 128 * 4 <= kWeightStageBytes, "the up sums fit a weight stage");
 };
 
@@ -77,8 +85,9 @@ struct GroupedArgs {
   int top_k = 1;
   const int32_t* offsets = nullptr;  // [num_experts + 1]: expert e's grouped rows
   int num_experts = 0;
-  const uint8_t* codes = nullptr;   // [E, rows_per_expert, k / 2] tiled MXFP4
-  const uint8_t* scales = nullptr;  // [E, rows_per_expert, k / 32] E8M0
+  const uint8_t* codes = nullptr;   // MXFP4: [E, rows_per_expert, k / 2] tiled
+  const uint8_t* scales = nullptr;  // MXFP4: [E, rows_per_expert, k / 32] E8M0
+  const uint16_t* weights = nullptr;  // bf16: [E, rows_per_expert, k]
   int64_t k = 0, rows_per_expert = 0;
   int64_t inter = 0;          // kGateUp: the up rows start here; act is [pairs, inter]
   uint16_t* act = nullptr;    // kGateUp output, bf16
@@ -208,9 +217,10 @@ __device__ __forceinline__ void epilogue(const GroupedArgs& a, const float (&acc
   }
 }
 
-template <Projection P, int kRows>
-__global__ void __launch_bounds__(kThreads, 1) mxfp4_grouped_kernel(GroupedArgs a) {
+template <Projection P, int kRows, WeightSource W>
+__global__ void __launch_bounds__(kThreads, 1) grouped_experts_kernel(GroupedArgs a) {
   using S = TileShape<kRows>;
+  constexpr int kStages = S::kStages;
   extern __shared__ __align__(16) uint8_t shared_raw[];
   __shared__ int tile_expert, tile_first, warp_sums[kThreads / 32];
   find_tile<kRows>(a.offsets, a.num_experts, blockIdx.y, &tile_expert, &tile_first, warp_sums);
@@ -219,8 +229,10 @@ __global__ void __launch_bounds__(kThreads, 1) mxfp4_grouped_kernel(GroupedArgs 
 
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
   const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
-  const uint32_t tokens = raw + pad, weights = tokens + 2 * S::kTokenStageBytes;
-  uint8_t* const weights_generic = shared_raw + pad + 2 * S::kTokenStageBytes;
+  // Stage i: tokens at stage(i), its weights kTokenStageBytes on.
+  const uint32_t stages = raw + pad;
+  auto stage = [&](int i) { return stages + static_cast<uint32_t>(i) * S::kStageBytes; };
+  uint8_t* const stages_generic = shared_raw + pad;
 
   const int wg = threadIdx.x / 128;
   const int64_t k = a.k, steps = k / kStepValues;
@@ -233,17 +245,7 @@ __global__ void __launch_bounds__(kThreads, 1) mxfp4_grouped_kernel(GroupedArgs 
                             : int64_t{blockIdx.x} * S::kFeatures + line;
     return int64_t{e} * a.rows_per_expert + row;
   };
-  // Widening: pass p covers lines 64 p + threadIdx.x / 4, 16 bytes (t = threadIdx.x % 4) each.
-  const int t = threadIdx.x % 4;
-  const uint8_t* codes[S::kPasses];
-  const uint8_t* scales[S::kPasses];
-#pragma unroll
-  for (int p = 0; p < S::kPasses; ++p) {
-    const int64_t row = weight_row(64 * p + threadIdx.x / 4);
-    codes[p] = a.codes + row * (k / 2) + 16 * t;
-    scales[p] = a.scales + row * (k / 32);
-  }
-  // Token rows: this thread copies chunk c of rows threadIdx.x / 16 + 16 i.
+  // Token rows (and bf16 weight lines): this thread copies chunk c of rows threadIdx.x / 16 + 16 i.
   const int c = threadIdx.x % 16;
   int32_t source[S::kTokenCopies];
 #pragma unroll
@@ -251,108 +253,155 @@ __global__ void __launch_bounds__(kThreads, 1) mxfp4_grouped_kernel(GroupedArgs 
     const int r = threadIdx.x / 16 + 16 * i;
     source[i] = r >= rows ? -1 : P == Projection::kGateUp ? a.sorted_pairs[first + r] / a.top_k : first + r;
   }
-  auto load_tokens = [&](int64_t step, uint32_t stage) {
+  const uint16_t* weight_lines[W == WeightSource::kBf16 ? S::kWeightCopies : 1];
+  if constexpr (W == WeightSource::kBf16) {
 #pragma unroll
-    for (int i = 0; i < S::kTokenCopies; ++i) {
-      const int r = threadIdx.x / 16 + 16 * i;
-      const uint16_t* from = source[i] < 0 ? a.x : a.x + source[i] * k + step * kStepValues + 8 * c;
-      wgmma::copy_async_16(stage + (c / 8) * S::kTokenBlockBytes + swizzled(r, c % 8), from, source[i] < 0 ? 0 : 16);
+    for (int i = 0; i < S::kWeightCopies; ++i) weight_lines[i] = a.weights + weight_row(threadIdx.x / 16 + 16 * i) * k + 8 * c;
+  }
+  // The copies of step `step` into stage `to`, one commit group (empty past the last step, so
+  // that the groups stay counted one a step).
+  auto issue_copies = [&](int64_t step, int to) {
+    if (step < steps) {
+      const uint32_t tokens = stage(to);
+#pragma unroll
+      for (int i = 0; i < S::kTokenCopies; ++i) {
+        const int r = threadIdx.x / 16 + 16 * i;
+        const uint16_t* from = source[i] < 0 ? a.x : a.x + source[i] * k + step * kStepValues + 8 * c;
+        wgmma::copy_async_16(tokens + (c / 8) * S::kTokenBlockBytes + swizzled(r, c % 8), from, source[i] < 0 ? 0 : 16);
+      }
+      if constexpr (W == WeightSource::kBf16) {
+        const uint32_t weights = tokens + S::kTokenStageBytes;
+#pragma unroll
+        for (int i = 0; i < S::kWeightCopies; ++i)
+          wgmma::copy_async_16(weights + (c / 8) * S::kWeightBlockBytes + swizzled(threadIdx.x / 16 + 16 * i, c % 8),
+                               weight_lines[i] + step * kStepValues, 16);
+      }
     }
     wgmma::copy_async_commit();
   };
-  uint4 q[S::kPasses];
-  uint32_t sc[S::kPasses];
-  auto load_weights = [&](int64_t step) {
+  // MXFP4 widening: pass p covers lines 64 p + threadIdx.x / 4, 16 bytes (t = threadIdx.x % 4) each.
+  const int t = threadIdx.x % 4;
+  constexpr int kPasses = W == WeightSource::kMxfp4 ? S::kPasses : 1;
+  const uint8_t* codes[kPasses];
+  const uint8_t* scales[kPasses];
+  uint4 q[kPasses];
+  uint32_t sc[kPasses];
+  if constexpr (W == WeightSource::kMxfp4) {
 #pragma unroll
-    for (int p = 0; p < S::kPasses; ++p) {
+    for (int p = 0; p < kPasses; ++p) {
+      const int64_t row = weight_row(64 * p + threadIdx.x / 4);
+      codes[p] = a.codes + row * (k / 2) + 16 * t;
+      scales[p] = a.scales + row * (k / 32);
+    }
+  }
+  auto load_codes_of = [&](int64_t step) {
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
       q[p] = load_codes(codes[p] + step * kStepBytes);
       sc[p] = __ldg(reinterpret_cast<const uint32_t*>(scales[p] + step * 4));
     }
   };
-  auto widen = [&](int stage) {
+  auto widen_into = [&](int to) {
 #pragma unroll
-    for (int p = 0; p < S::kPasses; ++p)
-      widen_chunk(weights_generic + stage * S::kWeightStageBytes, S::kWeightBlockBytes, 64 * p + threadIdx.x / 4, t,
-                  q[p], sc[p]);
+    for (int p = 0; p < kPasses; ++p)
+      widen_chunk(stages_generic + to * S::kStageBytes + S::kTokenStageBytes, S::kWeightBlockBytes,
+                  64 * p + threadIdx.x / 4, t, q[p], sc[p]);
   };
 
   // This warpgroup's accumulator: rows wg * kGroupRow0 .., weight lines wg * kGroupLine0 ...
-  const uint32_t token_lines = wg * S::kGroupRow0 * kLine, weight_lines = wg * S::kGroupLine0 * kLine;
+  const uint32_t token_lines = wg * S::kGroupRow0 * kLine, weight_lines_offset = wg * S::kGroupLine0 * kLine;
   float acc[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-  load_tokens(0, tokens);
-  load_weights(0);
-  widen(0);
-  if (steps > 1) load_weights(1);
+  for (int i = 0; i + 1 < kStages; ++i) issue_copies(i, i);
+  if constexpr (W == WeightSource::kMxfp4) {
+    load_codes_of(0);
+    widen_into(0);
+    if (steps > 1) load_codes_of(1);
+  }
   for (int64_t step = 0; step < steps; ++step) {
-    const int cur = static_cast<int>(step & 1);
-    wgmma::copy_async_wait<0>();
+    const int cur = static_cast<int>(step % kStages);
+    wgmma::copy_async_wait<kStages - 2>();  // this step's group; later steps' may still be in flight
     wgmma::fence_async_proxy();
-    __syncthreads();  // this step's tokens and weights are in; both warpgroups finished the last step
-    if (step + 1 < steps) load_tokens(step + 1, tokens + (cur ^ 1) * S::kTokenStageBytes);
+    __syncthreads();  // this step's operands are in; both warpgroups finished the last step's wgmma
+    // The stage the last step read is free: the copies kStages - 1 steps ahead go there.
+    issue_copies(step + kStages - 1, static_cast<int>((step + kStages - 1) % kStages));
     wgmma::pin(acc);
     wgmma::fence();
+    const uint32_t tokens = stage(cur), weights = tokens + S::kTokenStageBytes;
 #pragma unroll
     for (int kk = 0; kk < kStepValues / 16; ++kk) {
       const uint32_t column = (kk % 4) * 32;  // 16 k a step inside the 64-k block
       wgmma::m64n128k16<0>(
-          acc,
-          descriptor(tokens + cur * S::kTokenStageBytes + (kk / 4) * S::kTokenBlockBytes + token_lines + column, 16,
-                     1024),
-          descriptor(weights + cur * S::kWeightStageBytes + (kk / 4) * S::kWeightBlockBytes + weight_lines + column,
-                     16, 1024));
+          acc, descriptor(tokens + (kk / 4) * S::kTokenBlockBytes + token_lines + column, 16, 1024),
+          descriptor(weights + (kk / 4) * S::kWeightBlockBytes + weight_lines_offset + column, 16, 1024));
     }
     wgmma::commit();
-    if (step + 1 < steps) {
-      widen(cur ^ 1);
-      if (step + 2 < steps) load_weights(step + 2);
+    if constexpr (W == WeightSource::kMxfp4) {
+      // The next step's weights go to its stage, which no wgmma reads now (kStages >= 2).
+      if (step + 1 < steps) {
+        widen_into(static_cast<int>((step + 1) % kStages));
+        if (step + 2 < steps) load_codes_of(step + 2);
+      }
     }
     wgmma::wait_all();
     wgmma::pin(acc);
   }
-  epilogue<P, kRows>(a, acc, first, rows, weights_generic);
+  epilogue<P, kRows>(a, acc, first, rows, stages_generic);
 }
 
 }  // namespace
 
 bool moe_experts_wgmma_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter) {
-  return experts.format == WeightFormat::Mxfp4 && experts.mxfp4_tiled && hidden % 256 == 0 && inter % 128 == 0;
+  const bool weights = experts.format == WeightFormat::Plain ||
+                       (experts.format == WeightFormat::Mxfp4 && experts.mxfp4_tiled);
+  return weights && hidden % 256 == 0 && inter % 128 == 0;
 }
 
 namespace {
 
+// One projection's launch over `tiles` row tiles, its weights and widths set in `a`.
+template <Projection P, int kRows, WeightSource W>
+void launch_projection(const GroupedArgs& a, int64_t features, int64_t tiles, cudaStream_t stream) {
+  using S = TileShape<kRows>;
+  auto* kernel = grouped_experts_kernel<P, kRows, W>;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSharedBytes),
+        "moe_experts_wgmma shared memory");
+  const int64_t per_block = P == Projection::kGateUp ? S::kFeatures / 2 : S::kFeatures;
+  kernel<<<dim3(static_cast<unsigned>(features / per_block), static_cast<unsigned>(tiles)), kThreads, S::kSharedBytes,
+           stream>>>(a);
+  check(cudaGetLastError(), "moe_experts_wgmma launch");
+}
+
 // Both projections with tiles of kRows rows. `a` holds the plan and the outputs.
-template <int kRows>
+template <int kRows, WeightSource W>
 void launch_grouped(GroupedArgs a, const uint16_t* x, const ExpertWeights& experts, int64_t hidden, int64_t inter,
                     int64_t num_pairs, cudaStream_t stream) {
-  using S = TileShape<kRows>;
   // Row tiles: at most one part-filled tile per expert beyond the full ones.
   const int64_t tiles = (num_pairs + kRows - 1) / kRows + std::min<int64_t>(a.num_experts, num_pairs);
   GLMS_CHECK(tiles <= 65535, "moe_experts_wgmma: too many pairs for one launch");
   a.x = x;
   a.codes = static_cast<const uint8_t*>(experts.gate_up);
   a.scales = static_cast<const uint8_t*>(experts.gate_up_scales);
+  a.weights = static_cast<const uint16_t*>(experts.gate_up);
   a.k = hidden;
   a.rows_per_expert = 2 * inter;
-  auto* gate_up = mxfp4_grouped_kernel<Projection::kGateUp, kRows>;
-  check(cudaFuncSetAttribute(gate_up, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSharedBytes),
-        "mxfp4_grouped gate_up shared memory");
-  gate_up<<<dim3(static_cast<unsigned>(inter / (S::kFeatures / 2)), static_cast<unsigned>(tiles)), kThreads,
-            S::kSharedBytes, stream>>>(a);
-  check(cudaGetLastError(), "mxfp4_grouped gate_up launch");
+  launch_projection<Projection::kGateUp, kRows, W>(a, inter, tiles, stream);
 
   a.x = a.act;
   a.codes = static_cast<const uint8_t*>(experts.down);
   a.scales = static_cast<const uint8_t*>(experts.down_scales);
+  a.weights = static_cast<const uint16_t*>(experts.down);
   a.k = inter;
   a.rows_per_expert = hidden;
-  auto* down = mxfp4_grouped_kernel<Projection::kDown, kRows>;
-  check(cudaFuncSetAttribute(down, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSharedBytes),
-        "mxfp4_grouped down shared memory");
-  down<<<dim3(static_cast<unsigned>(hidden / S::kFeatures), static_cast<unsigned>(tiles)), kThreads, S::kSharedBytes,
-         stream>>>(a);
-  check(cudaGetLastError(), "mxfp4_grouped down launch");
+  launch_projection<Projection::kDown, kRows, W>(a, hidden, tiles, stream);
+}
+
+template <WeightSource W>
+void launch_tiles(int tile_rows, const GroupedArgs& a, const uint16_t* x, const ExpertWeights& experts, int64_t hidden,
+                  int64_t inter, int64_t num_pairs, cudaStream_t stream) {
+  if (tile_rows == 128) launch_grouped<128, W>(a, x, experts, hidden, inter, num_pairs, stream);
+  else launch_grouped<64, W>(a, x, experts, hidden, inter, num_pairs, stream);
 }
 
 }  // namespace
@@ -362,7 +411,7 @@ void moe_experts_wgmma(const uint16_t* x, int64_t hidden, int64_t inter, const E
                        float* expert_out, cudaStream_t stream, int tile_rows) {
   if (num_pairs <= 0 || num_experts <= 0) return;
   GLMS_CHECK(moe_experts_wgmma_supported(experts, hidden, inter),
-             "moe_experts_wgmma: tiled MXFP4 experts with hidden a multiple of 256 and inter of 128");
+             "moe_experts_wgmma: bf16 or tiled MXFP4 experts with hidden a multiple of 256 and inter of 128");
   if (tile_rows == 0) tile_rows = num_pairs >= int64_t{kWideTilePairsPerExpert} * num_experts ? 128 : 64;
   GLMS_CHECK(tile_rows == 64 || tile_rows == 128, "moe_experts_wgmma: tiles of 64 or 128 rows");
   GroupedArgs a;
@@ -373,8 +422,10 @@ void moe_experts_wgmma(const uint16_t* x, int64_t hidden, int64_t inter, const E
   a.inter = inter;
   a.act = act;
   a.out = expert_out;
-  if (tile_rows == 128) launch_grouped<128>(a, x, experts, hidden, inter, num_pairs, stream);
-  else launch_grouped<64>(a, x, experts, hidden, inter, num_pairs, stream);
+  if (experts.format == WeightFormat::Plain)
+    launch_tiles<WeightSource::kBf16>(tile_rows, a, x, experts, hidden, inter, num_pairs, stream);
+  else
+    launch_tiles<WeightSource::kMxfp4>(tile_rows, a, x, experts, hidden, inter, num_pairs, stream);
 }
 
 }  // namespace glms::ops::cuda
