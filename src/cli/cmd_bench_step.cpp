@@ -47,6 +47,7 @@ struct BenchStepOptions {
   int steps = 20;
   bool graphs = true;
   bool profile_step = false;
+  bool profile_prefill = false;
   uint64_t seed = 1;
   std::string expert_format = "bf16";  // routed experts: bf16, mxfp4 or fp8
   std::string quantization;            // "fp8": the linear layers in block FP8
@@ -548,6 +549,12 @@ void run_bench_step(const BenchStepOptions& o) {
     b.dp_tokens = sim.dp_tokens(tokens);
     model->forward_on_device(b);
     model->synchronize();
+    if (o.profile_prefill && prefill.empty()) {  // one prefill of the first length, for ncu
+      ops::cuda::profiler_range(true);
+      model->forward_on_device(b);
+      model->synchronize();
+      ops::cuda::profiler_range(false);
+    }
     std::vector<double> times;
     for (int rep = 0; rep < 3; ++rep) {
       const auto t0 = Clock::now();
@@ -667,6 +674,9 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_flag("--profile-step", o->profile_step,
                 "Run one eager decode step of the first point between cudaProfilerStart and cudaProfilerStop "
                 "(for ncu --profile-from-start off)");
+  cmd->add_flag("--profile-prefill", o->profile_prefill,
+                "Run one prefill of the first --prefill length between cudaProfilerStart and cudaProfilerStop "
+                "(for ncu --profile-from-start off)");
   cmd->add_option("--seed", o->seed, "Weight seed")->capture_default_str();
   cmd->add_option("--speculative-steps", o->speculative_steps,
                   "Also time MTP speculation with K drafts (synthetic MTP layer): verify and draft steps, break-even "
@@ -716,7 +726,7 @@ void add_bench_step_command(CLI::App& app) {
       ->check(non_negative_number())
       ->capture_default_str();
   cmd->add_option("--wgmma-experts-tile-rows", o->wgmma_experts_tile_rows,
-                  "Grouped rows a block of those GEMMs: 64, 128, or 0 (128 from 128 pairs per expert)")
+                  "Grouped rows a block of those GEMMs: 64, 128, or 0 (128 from 80 pairs per expert)")
       ->check(CLI::IsMember({0, 64, 128}))
       ->capture_default_str();
   cmd->add_option("--stream-experts-min-pairs", o->stream_experts_min_pairs,

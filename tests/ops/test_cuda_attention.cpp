@@ -306,16 +306,18 @@ TEST_F(CudaAttention, MlaOverFp8Rows) {
   check_mla(3, 200, 6, {45, 9}, tokens, 9, 26, 0.5f, fp8);
 }
 
-TEST_F(CudaAttention, TopKSelectsTheLargestInPositionOrderWithLowerPositionsWinningTies) {
-  const int stride = 6000, top_k = 2048;
-  const std::vector<int32_t> positions = {0, 100, 2047, 2048, 5999, 4000};
+// select_top_k against ops::top_k over rows of `stride` scores at `positions` (rows listed in
+// `tied_rows` get many exact ties and a signed zero), with each blocks_per_token given.
+void check_top_k(const std::vector<int32_t>& positions, int stride, int top_k, const std::vector<int>& tied_rows,
+                 std::initializer_list<int> blocks_per_token_values) {
   const int n = static_cast<int>(positions.size());
-  auto scores = random_values(int64_t{n} * stride, 9);
-  // Row 5 gets many exact ties (and signed zeros): quantised values.
-  for (int j = 0; j < stride; ++j) scores[5 * stride + j] = std::round(scores[5 * stride + j] * 2.0f) / 2.0f;
-  scores[5 * stride + 17] = -0.0f;
+  auto scores = random_values(int64_t{n} * stride, 9 + n);
+  for (const int row : tied_rows) {
+    for (int j = 0; j < stride; ++j) scores[int64_t{row} * stride + j] = std::round(scores[int64_t{row} * stride + j] * 2.0f) / 2.0f;
+    scores[int64_t{row} * stride + 17] = -0.0f;
+  }
   auto dscores = to_device(scores), dpos = to_device(positions);
-  for (const int blocks_per_token : {1, 2, 8}) {  // one block a token, or a cluster sharing it
+  for (const int blocks_per_token : blocks_per_token_values) {
     cuda::DeviceBuffer dsel(int64_t{n} * top_k * sizeof(int32_t)), dnum(n * sizeof(int32_t));
     cuda::select_top_k(dscores.as<float>(), stride, dpos.as<int32_t>(), n, top_k, dsel.as<int32_t>(), top_k,
                        dnum.as<int32_t>(), nullptr, blocks_per_token);
@@ -335,9 +337,24 @@ TEST_F(CudaAttention, TopKSelectsTheLargestInPositionOrderWithLowerPositionsWinn
       }
       ASSERT_EQ(num[t], static_cast<int>(expected.size())) << t << ", " << blocks_per_token << " blocks a token";
       EXPECT_TRUE(std::equal(expected.begin(), expected.end(), selected.begin() + int64_t{t} * top_k))
-          << "row " << t << ", " << blocks_per_token << " blocks a token";
+          << "row " << t << " of " << n << ", " << blocks_per_token << " blocks a token";
     }
   }
+}
+
+TEST_F(CudaAttention, TopKSelectsTheLargestInPositionOrderWithLowerPositionsWinningTies) {
+  // One block a token, or a cluster sharing it; row 5 with ties.
+  check_top_k({0, 100, 2047, 2048, 5999, 4000}, 6000, 2048, {5}, {1, 2, 8});
+}
+
+TEST_F(CudaAttention, TopKOfAPrefillChunkTakesTheManyTokenKernel) {
+  // 600 tokens (a prefill chunk's count: one smaller block a token) at positions up to 6000.
+  std::vector<int32_t> positions;
+  std::mt19937 rng(5);
+  for (int t = 0; t < 600; ++t) positions.push_back(static_cast<int32_t>(rng() % 6000));
+  positions[3] = 2048;
+  positions[4] = 5999;
+  check_top_k(positions, 6000, 2048, {4, 77, 599}, {4});
 }
 
 // Random indexer inputs over paged sequences (keys, queries, head weights; token t of sequence
@@ -500,9 +517,10 @@ TEST_F(CudaAttention, IndexerScoresMatchCpu) {
     for (int t = 0; t < T; ++t) {
       const int context = problem.positions[t] + 1;
       if (context <= top_k) continue;  // not scored: such tokens select every position
-      if (!scores_wgmma.empty())
+      if (!scores_wgmma.empty()) {
         EXPECT_LT(relative_l2(scores_wgmma.data() + int64_t{t} * stride, problem.reference(t).data(), context), 1e-2)
             << "token " << t << ", tensor-core decode kernel" << (fp8 ? ", FP8 keys" : "");
+      }
       const std::vector<float> expected = problem.reference(t);
       EXPECT_LT(relative_l2(scores.data() + int64_t{t} * stride, expected.data(), context), 1e-5)
           << heads << " heads, token " << t;

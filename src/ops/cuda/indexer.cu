@@ -147,15 +147,22 @@ __global__ void __launch_bounds__(kTileKeys * kSplit) indexer_score_kernel(Index
 
 constexpr int kTopKThreads = 1024;
 constexpr int kTopKLoads = 8;
+// Steps of at least this many tokens (prefill chunks; decode batches are fewer) select with a
+// 256-thread block a token:
+// there are blocks enough to fill the GPU, and a 1024-thread block (or a cluster of them) spent
+// most of its time in the barriers and scans of each pass over a few thousand scores.
+constexpr int kManyTopKTokens = 512;
+constexpr int kManyTopKThreads = 256;
 
-// A token per kBlocks blocks (a thread block cluster when kBlocks > 1: block r takes the r-th
-// slice of the positions, the histograms of each pass summed over the blocks through distributed
-// shared memory in rank order, so every block picks the same digits).
-template <int kBlocks>
-__global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores, int64_t score_stride,
-                                                             const int32_t* positions, int top_k, int32_t* selected,
-                                                             int max_selected, int32_t* num_selected) {
-  using BlockScan = cub::BlockScan<int, kTopKThreads>;
+// A token per kBlocks blocks of kThreads (a thread block cluster when kBlocks > 1: block r takes
+// the r-th slice of the positions, the histograms of each pass summed over the blocks through
+// distributed shared memory in rank order, so every block picks the same digits).
+template <int kBlocks, int kThreads = kTopKThreads>
+__global__ void __launch_bounds__(kThreads) top_k_kernel(const float* scores, int64_t score_stride,
+                                                         const int32_t* positions, int top_k, int32_t* selected,
+                                                         int max_selected, int32_t* num_selected) {
+  static_assert(kThreads >= 256, "a thread a digit of the 256");
+  using BlockScan = cub::BlockScan<int, kThreads>;
   __shared__ typename BlockScan::TempStorage scan_storage;
   __shared__ unsigned histogram[256];
   __shared__ unsigned cluster_histogram[kBlocks == 1 ? 1 : 256];
@@ -169,7 +176,7 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores
   int32_t* out = selected + static_cast<int64_t>(t) * max_selected;
   if (context <= top_k) {  // the same in every block of the token
     if (rank == 0) {
-      for (int j = threadIdx.x; j < context; j += kTopKThreads) out[j] = j;
+      for (int j = threadIdx.x; j < context; j += kThreads) out[j] = j;
       if (threadIdx.x == 0) num_selected[t] = context;
     }
     return;
@@ -182,22 +189,22 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores
   uint32_t prefix = 0, mask = 0;
   int remaining = top_k;
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += kTopKThreads) histogram[i] = 0;
+    for (int i = threadIdx.x; i < 256; i += kThreads) histogram[i] = 0;
     __syncthreads();
     // Lanes with the same digit add once: scores bunch into a few digits (in the first pass
     // nearly all share one), where an atomic per key would serialise the pass.
     // kTopKLoads reads in flight a thread: one at a time, each pass waited out a memory latency
     // per 1024 scores.
-    for (int base = slice_lo; base < slice_hi; base += kTopKThreads * kTopKLoads) {
+    for (int base = slice_lo; base < slice_hi; base += kThreads * kTopKLoads) {
       uint32_t keys[kTopKLoads];
 #pragma unroll
       for (int l = 0; l < kTopKLoads; ++l) {
-        const int j = base + l * kTopKThreads + static_cast<int>(threadIdx.x);
+        const int j = base + l * kThreads + static_cast<int>(threadIdx.x);
         keys[l] = j < slice_hi ? order_key(row[j]) : 0u;
       }
 #pragma unroll
       for (int l = 0; l < kTopKLoads; ++l) {
-        const int j = base + l * kTopKThreads + static_cast<int>(threadIdx.x);
+        const int j = base + l * kThreads + static_cast<int>(threadIdx.x);
         const uint32_t digit = j < slice_hi && (keys[l] & mask) == prefix ? (keys[l] >> shift) & 0xffu : 256u;  // 256: none
         const unsigned peers = __match_any_sync(0xffffffffu, digit);
         if (digit < 256 && static_cast<int>(threadIdx.x % 32) == __ffs(peers) - 1) atomicAdd(&histogram[digit], __popc(peers));
@@ -221,7 +228,7 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores
   }
   // Keys above the threshold are all kept; of the keys equal to it, the first `remaining`.
   const uint32_t threshold = prefix;
-  const int per_thread = (slice_hi - slice_lo + kTopKThreads - 1) / kTopKThreads;
+  const int per_thread = (slice_hi - slice_lo + kThreads - 1) / kThreads;
   const int first = min(slice_hi, slice_lo + static_cast<int>(threadIdx.x) * per_thread),
             last = min(slice_hi, first + per_thread);
   int greater = 0, equal = 0;
@@ -353,6 +360,12 @@ void select_top_k(const float* scores, int64_t score_stride, const int32_t* posi
                              num_selected),
           "select_top_k launch (cluster)");
   };
+  if (n >= kManyTopKTokens) {
+    top_k_kernel<1, kManyTopKThreads><<<static_cast<unsigned>(n), kManyTopKThreads, 0, stream>>>(
+        scores, score_stride, positions, top_k, selected, max_selected, num_selected);
+    check(cudaGetLastError(), "select_top_k launch");
+    return;
+  }
   switch (blocks_per_token) {
     case 1:
       top_k_kernel<1><<<static_cast<unsigned>(n), kTopKThreads, 0, stream>>>(scores, score_stride, positions, top_k,

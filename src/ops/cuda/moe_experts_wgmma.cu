@@ -50,8 +50,9 @@ constexpr int kThreads = 256;  // two warpgroups
 constexpr int kStepValues = quant::kMxfp4TileValues;  // 128 k a step
 constexpr int kStepBytes = kStepValues / 2;            // a weight row's codes in a step
 constexpr int kLine = wgmma::kLineBytes;
-// Average pairs per expert from which the wide tile is taken.
-constexpr int kWideTilePairsPerExpert = 128;
+// Average pairs per expert from which the wide tile is taken: an expert's pairs vary about the
+// average, so from somewhat above 64 most experts would spill a part-filled second narrow tile.
+constexpr int kWideTilePairsPerExpert = 80;
 
 enum class WeightSource { kMxfp4, kBf16 };
 
