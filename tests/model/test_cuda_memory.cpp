@@ -3,6 +3,7 @@
 // bytes the plan sums for them, and its cache takes the plan's bytes per token. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include "core/error.h"
 #include "io/model_config.h"
 #include "model/cuda/model.h"
 #include "model/cuda_memory.h"
@@ -105,4 +106,32 @@ TEST_F(CudaMemory, AFittedCacheTakesTheBudgetLessWhatIsInUseAndTheMargin) {
   EXPECT_EQ(gpu->options().num_blocks, model::cuda_cache_blocks_that_fit(left, per_block / options.block_size, 16));
   EXPECT_LE(report.cache, left);
   EXPECT_GT(report.cache, left - 2 * per_block);
+}
+
+// A rank that does not fit says what did not: the layer whose weights were being made, the
+// weights already made, and for the step buffers and the cache the flags that size them. One
+// allocation past the device's memory (a dense MLP of 2^29 columns: 256 GiB), so that tests
+// beside this one keep theirs.
+TEST_F(CudaMemory, RunningOutOfMemoryAtLoadNamesWhatDidNotFit) {
+  glms::testing::TempDir dir("cuda_memory_oom");
+  io::ModelConfig config = divisible_config(dir.path);
+  ASSERT_FALSE(config.layer_is_moe[0]);
+  config.intermediate_size = 1 << 29;
+  model::CudaModelOptions options;
+  options.block_size = 16;
+  options.num_blocks = 64;
+  options.max_tokens = 64;
+  options.max_sequences = 4;
+  options.max_context = 256;
+  try {
+    model::CudaGlm5Model::synthetic(config, 7, options);
+    FAIL() << "256 GiB of one layer's weights fitted";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("out of memory"), std::string::npos) << message;
+    EXPECT_NE(message.find("for the weights of decoder layer 0 of " + std::to_string(config.num_hidden_layers)),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("of weights on the GPU before it"), std::string::npos) << message;
+  }
 }

@@ -8,6 +8,19 @@ namespace glms::model {
 
 static_assert(sizeof(cuda::RowSampling) == kCudaRowSamplingBytes, "model/cuda_memory.h sizes RowSampling");
 
+namespace {
+// A device buffer of `bytes`; a device out of memory is rethrown naming `what` (the part of the
+// rank that did not fit, and the flags that size it).
+DeviceBuffer allocate_naming(int64_t bytes, const std::string& what) {
+  try {
+    return DeviceBuffer(static_cast<size_t>(bytes));
+  } catch (const Error& e) {
+    if (std::string(e.what()).find("out of memory") == std::string::npos) throw;
+    fail(std::string(e.what()) + " for " + what);
+  }
+}
+}  // namespace
+
 void CudaGlm5Model::Impl::allocate() {
   const io::ModelConfig& c = config;
   // Routing covers the model's experts; the plan and the expert buffers only this rank's.
@@ -47,9 +60,12 @@ void CudaGlm5Model::Impl::allocate() {
   limits.block_size = options.block_size;
   limits.mtp = with_mtp;
   workspace_bytes = 0;
-  make_cuda_workspaces(*this, c, widths, limits, [this](int64_t bytes) {
+  const std::string step_buffers = "the step buffers of " + std::to_string(limits.max_tokens) + " tokens and " +
+                                   std::to_string(limits.max_sequences) +
+                                   " sequences (--max-num-batched-tokens, --max-num-seqs)";
+  make_cuda_workspaces(*this, c, widths, limits, [this, &step_buffers](int64_t bytes) {
     workspace_bytes += cuda_allocation_bytes(bytes);
-    return DeviceBuffer(static_cast<size_t>(bytes));
+    return allocate_naming(bytes, step_buffers);
   });
   rank_widths = widths;
   step_limits = limits;
@@ -101,15 +117,17 @@ void CudaGlm5Model::Impl::allocate() {
   const int64_t key_bytes = cache_storage() == cuda::CacheStorage::kFp8
                                 ? quant::kv_fp8_key_scales_offset(num_slots, c.index_head_dim) + 4 * num_slots
                                 : cuda_cache_key_bytes(c, options.cache_dtype) * num_slots;
+  const std::string cache = "a KV cache of " + std::to_string(num_blocks) +
+                            " blocks (--kv-cache-memory, --gpu-memory-utilization)";
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    latent_cache.emplace_back(row_bytes * num_slots);
-    index_keys.emplace_back(c.indexer_full[l] ? key_bytes : 0);
+    latent_cache.push_back(allocate_naming(row_bytes * num_slots, cache));
+    index_keys.push_back(allocate_naming(c.indexer_full[l] ? key_bytes : 0, cache));
   }
   // The MTP layer's own cache sits after the decoder layers' (index num_hidden_layers), with the
   // same slots.
   if (with_mtp) {
-    latent_cache.emplace_back(row_bytes * num_slots);
-    index_keys.emplace_back(widths.mtp_indexer ? key_bytes : 0);
+    latent_cache.push_back(allocate_naming(row_bytes * num_slots, cache));
+    index_keys.push_back(allocate_naming(widths.mtp_indexer ? key_bytes : 0, cache));
   }
 }
 

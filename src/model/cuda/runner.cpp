@@ -59,8 +59,8 @@ class CudaRunner : public StepRunner {
     } catch (const Error& e) {
       if (std::string(e.what()).find("out of memory") == std::string::npos) throw;
       // Name the rank and what to change: the plan knows what each layout needs.
-      fail(std::string(e.what()) + " while rank " + std::to_string(rank) + " (" + shard_.describe() +
-           ") made its weights, step buffers and KV cache. `glmserve plan` shows what each layout needs; use more "
+      fail(std::string(e.what()) + ", on rank " + std::to_string(rank) + " (" + shard_.describe() +
+           "). `glmserve plan` shows what each layout needs; use more "
            "GPUs (-tp N, or -dp N --enable-expert-parallel), FP8 linear layers (--quantization fp8) or MXFP4 "
            "experts, a smaller cache or step (--kv-cache-memory, --gpu-memory-utilization, "
            "--max-num-batched-tokens, --max-num-seqs), or free the GPU of other processes");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -370,6 +371,24 @@ class RandomMaker {
   int64_t& bytes_;
 };
 
+// Runs make(); a device out of memory inside it is rethrown naming `what` and the weight bytes
+// already on the device, so that the user learns which part did not fit.
+template <typename Make>
+auto naming_what_did_not_fit(const std::string& what, int64_t bytes_before, Make&& make) {
+  try {
+    return make();
+  } catch (const Error& e) {
+    if (std::string(e.what()).find("out of memory") == std::string::npos) throw;
+    char before[64];
+    std::snprintf(before, sizeof before, "%.2f GiB", static_cast<double>(bytes_before) / (1 << 30));
+    fail(std::string(e.what()) + " for " + what + " (" + before + " of weights on the GPU before it)");
+  }
+}
+
+std::string decoder_layer_name(int l, int layers) {
+  return "the weights of decoder layer " + std::to_string(l) + " of " + std::to_string(layers);
+}
+
 }  // namespace
 
 CudaWeights upload_weights(const ModelWeights& weights, const UploadProgress& progress, CudaLinearWeights linears) {
@@ -382,7 +401,9 @@ CudaWeights upload_weights(const ModelWeights& weights, const UploadProgress& pr
   out.lm_head = up.bf16(weights.lm_head);
   const int layers = static_cast<int>(weights.layers.size());
   for (int l = 0; l < layers; ++l) {
-    out.layers.push_back(upload_layer(up, weights.layers[l], c, linears));
+    out.layers.push_back(naming_what_did_not_fit(decoder_layer_name(l, layers), out.bytes, [&] {
+      return upload_layer(up, weights.layers[l], c, linears);
+    }));
     if (progress) progress(l + 1, layers, out.bytes);
   }
   for (const MtpWeights& m : weights.mtp) {
@@ -475,8 +496,9 @@ CudaWeights synthetic_weights(const io::ModelConfig& c, uint64_t seed, ops::Weig
   out.final_norm = make.constant(hidden, 1.0f);
   out.lm_head = make.matrix(int64_t{c.vocab_size} * hidden, hidden);
   for (int l = 0; l < c.num_hidden_layers; ++l)
-    out.layers.push_back(
-        synthetic_layer(make, c, shard, c.indexer_full[l], c.layer_is_moe[l], experts_format, fp8_linears));
+    out.layers.push_back(naming_what_did_not_fit(decoder_layer_name(l, c.num_hidden_layers), out.bytes, [&] {
+      return synthetic_layer(make, c, shard, c.indexer_full[l], c.layer_is_moe[l], experts_format, fp8_linears);
+    }));
   if (with_mtp) {
     // GLM-5's MTP layer: a full MoE block with its own indexer, its own shared head.
     MtpDevice m;

@@ -74,7 +74,7 @@ struct TileShape {
   static constexpr int kStages = (232448 - 1024) / kStageBytes < 4 ? (232448 - 1024) / kStageBytes : 4;
   static constexpr int kSharedBytes = 1024 + kStages * kStageBytes;  // 1024: alignment
   static_assert(kStages >= 2, "two stages at least");
-  static_assert(kRows != 64 || 64 * 128 * 4 <= kWeightStageBytes, "the up sums fit a weight stage");
+  static_assert(kRows != 64 || 64 * 128 * 4 <= kStageBytes, "the up sums fit a stage");
 };
 
 enum class Projection { kGateUp, kDown };
