@@ -148,9 +148,9 @@ __global__ void __launch_bounds__(kTileKeys * kSplit) indexer_score_kernel(Index
 constexpr int kTopKThreads = 1024;
 constexpr int kTopKLoads = 8;
 // Steps of at least this many tokens (prefill chunks; decode batches are fewer) select with a
-// 256-thread block a token:
-// there are blocks enough to fill the GPU, and a 1024-thread block (or a cluster of them) spent
-// most of its time in the barriers and scans of each pass over a few thousand scores.
+// 256-thread block a token: there are blocks enough to fill the GPU, and a 1024-thread block (or
+// a cluster of them) spent most of its time in the barriers and scans of each pass over a few
+// thousand scores.
 constexpr int kManyTopKTokens = 512;
 constexpr int kManyTopKThreads = 256;
 
