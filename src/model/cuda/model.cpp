@@ -3,21 +3,17 @@
 #include <numeric>
 
 #include "model/cuda/model_impl.h"
+#include "model/cuda/out_of_memory.h"
 
 namespace glms::model {
 
 static_assert(sizeof(cuda::RowSampling) == kCudaRowSamplingBytes, "model/cuda_memory.h sizes RowSampling");
 
 namespace {
-// A device buffer of `bytes`; a device out of memory is rethrown naming `what` (the part of the
-// rank that did not fit, and the flags that size it).
+// A device buffer of `bytes`; out of memory names `what` (the part of the rank that did not fit,
+// and the flags that size it).
 DeviceBuffer allocate_naming(int64_t bytes, const std::string& what) {
-  try {
-    return DeviceBuffer(static_cast<size_t>(bytes));
-  } catch (const Error& e) {
-    if (std::string(e.what()).find("out of memory") == std::string::npos) throw;
-    fail(std::string(e.what()) + " for " + what);
-  }
+  return naming_what_did_not_fit(what, [bytes] { return DeviceBuffer(static_cast<size_t>(bytes)); });
 }
 }  // namespace
 

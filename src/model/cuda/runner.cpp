@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "model/glm5.h"
 #include "model/cuda/model.h"
+#include "model/cuda/out_of_memory.h"
 #include "model/cuda/weights.h"
 
 namespace glms::model {
@@ -57,7 +58,7 @@ class CudaRunner : public StepRunner {
       if (weights_) model_ = std::make_unique<CudaGlm5Model>(*weights_, options, peers_, progress);
       else model_ = CudaGlm5Model::synthetic(config_, seed_, options, experts_format_, shard_, peers_);
     } catch (const Error& e) {
-      if (std::string(e.what()).find("out of memory") == std::string::npos) throw;
+      if (!is_device_out_of_memory(e)) throw;
       // Name the rank and what to change: the plan knows what each layout needs.
       fail(std::string(e.what()) + ", on rank " + std::to_string(rank) + " (" + shard_.describe() +
            "). `glmserve plan` shows what each layout needs; use more "

@@ -8,6 +8,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "model/cuda/out_of_memory.h"
 #include "ops/cuda/linear_fp8.h"
 #include "quant/formats.h"
 #include "quant/mxfp4_tiles.h"
@@ -371,22 +372,13 @@ class RandomMaker {
   int64_t& bytes_;
 };
 
-// Runs make(); a device out of memory inside it is rethrown naming `what` and the weight bytes
-// already on the device, so that the user learns which part did not fit.
-template <typename Make>
-auto naming_what_did_not_fit(const std::string& what, int64_t bytes_before, Make&& make) {
-  try {
-    return make();
-  } catch (const Error& e) {
-    if (std::string(e.what()).find("out of memory") == std::string::npos) throw;
-    char before[64];
-    std::snprintf(before, sizeof before, "%.2f GiB", static_cast<double>(bytes_before) / (1 << 30));
-    fail(std::string(e.what()) + " for " + what + " (" + before + " of weights on the GPU before it)");
-  }
-}
-
-std::string decoder_layer_name(int l, int layers) {
-  return "the weights of decoder layer " + std::to_string(l) + " of " + std::to_string(layers);
+// What decoder layer l's weights are called when they do not fit, with the weight bytes
+// already on the device.
+std::string decoder_layer_weights(int l, int layers, int64_t bytes_before) {
+  char before[64];
+  std::snprintf(before, sizeof before, "%.2f GiB", static_cast<double>(bytes_before) / (1 << 30));
+  return "the weights of decoder layer " + std::to_string(l) + " of " + std::to_string(layers) + " (" + before +
+         " of weights on the GPU before it)";
 }
 
 }  // namespace
@@ -401,7 +393,7 @@ CudaWeights upload_weights(const ModelWeights& weights, const UploadProgress& pr
   out.lm_head = up.bf16(weights.lm_head);
   const int layers = static_cast<int>(weights.layers.size());
   for (int l = 0; l < layers; ++l) {
-    out.layers.push_back(naming_what_did_not_fit(decoder_layer_name(l, layers), out.bytes, [&] {
+    out.layers.push_back(naming_what_did_not_fit(decoder_layer_weights(l, layers, out.bytes), [&] {
       return upload_layer(up, weights.layers[l], c, linears);
     }));
     if (progress) progress(l + 1, layers, out.bytes);
@@ -496,7 +488,7 @@ CudaWeights synthetic_weights(const io::ModelConfig& c, uint64_t seed, ops::Weig
   out.final_norm = make.constant(hidden, 1.0f);
   out.lm_head = make.matrix(int64_t{c.vocab_size} * hidden, hidden);
   for (int l = 0; l < c.num_hidden_layers; ++l)
-    out.layers.push_back(naming_what_did_not_fit(decoder_layer_name(l, c.num_hidden_layers), out.bytes, [&] {
+    out.layers.push_back(naming_what_did_not_fit(decoder_layer_weights(l, c.num_hidden_layers, out.bytes), [&] {
       return synthetic_layer(make, c, shard, c.indexer_full[l], c.layer_is_moe[l], experts_format, fp8_linears);
     }));
   if (with_mtp) {
