@@ -19,6 +19,10 @@ namespace glms::model {
 // expert run on the tensor-core kernels in one pass over every data-parallel rank's rows; the
 // per-pair buffers hold that many pairs per expert (cuda/model_impl.h says why the value).
 constexpr int kSmallMoePairsPerExpertTensorCores = 64;
+// Steps of at most this many tokens absorb W_uk into the queries through the small-batch bf16
+// GEMV (ops::cuda::kGemvMaxTokens, which cuda/attention.cpp checks against it), into fp32 rows
+// that are staged after; larger steps have cuBLAS write the staged bf16 queries directly.
+constexpr int kAbsorbGemvMaxTokens = 4;
 // Scores buffer of the GEMM attention path (fp32 [heads, chunk, context]), at most 1 GiB.
 constexpr int64_t kPrefillScoreFloats = int64_t{1} << 28;
 // What the cache leaves free of the memory budget: cuBLAS's lazily loaded kernels, captured
@@ -109,7 +113,9 @@ struct CudaWorkspaces {
   Buffer q_resid, q_resid_bf16;                    // [T, q_lora]
   Buffer q, q_bf16;                                // [T, H, qk_head_dim]
   Buffer kv;                                       // [T, kv_lora + rope] fp32
-  Buffer q_latent, o_latent, o_bf16;               // [T, H, kv_lora]
+  Buffer q_latent;                                 // [min(T, kAbsorbGemvMaxTokens), H, kv_lora] fp32
+  Buffer staged_queries;                           // [T, H, padded row] bf16 (ops::cuda::MlaAttentionArgs)
+  Buffer o_bf16;                                   // [T, H, kv_lora] bf16 attention output
   Buffer heads_out, heads_bf16;                    // [T, H, v_head_dim]
   Buffer index_q, index_k, index_w;                // indexer queries [T, ih, id], key [T, id], weights [T, ih]
   Buffer scores;                                   // [T, max_context] fp32 indexer scores
@@ -125,7 +131,7 @@ struct CudaWorkspaces {
   Buffer head_in, logits;                          // [max_logits, hidden] bf16, [max_logits, vocab] fp32
   Buffer logits_argmax, sample_rows_of, sample_params, sampled;  // per logits row
   Buffer token_masks;                              // CudaMaskLayout::total bytes (structured outputs)
-  Buffer prefill_context, prefill_queries;         // [max_context, kv_lora + rope], [T, H, padded row] bf16
+  Buffer prefill_context;                          // [max_context, kv_lora + rope] bf16
   Buffer context_table;                            // [max_blocks] int32 0, 1, ...: prefill_context's block table
   Buffer prefill_scores, prefill_probs;            // [prefill_score_capacity] fp32 / bf16
   Buffer gathered_rows, gathered_keys;             // selected latent rows, [max_context, id] fp32
@@ -176,8 +182,8 @@ void make_cuda_workspaces(CudaWorkspaces<Buffer>& w, const io::ModelConfig& c, c
   w.q = f32(T * H * qd);
   w.q_bf16 = bf16(T * H * qd);
   w.kv = f32(T * (L + rd));
-  w.q_latent = f32(T * H * L);
-  w.o_latent = f32(T * H * L);
+  w.q_latent = f32(std::min<int64_t>(T, kAbsorbGemvMaxTokens) * H * L);
+  w.staged_queries = bf16(T * H * cuda_mla_padded_row(L, rd));
   w.o_bf16 = bf16(T * H * L);
   w.heads_out = f32(T * H * vd);
   w.heads_bf16 = bf16(T * H * vd);
@@ -211,11 +217,9 @@ void make_cuda_workspaces(CudaWorkspaces<Buffer>& w, const io::ModelConfig& c, c
   w.sample_params = make(kCudaRowSamplingBytes * std::max<int64_t>(logits_rows, 1));
   w.sampled = i32(logits_rows);
   w.token_masks = make(CudaMaskLayout(limits.max_logits, c.vocab_size).total);
-  const int64_t padded_row = cuda_mla_padded_row(L, rd);
   w.prefill_score_capacity = std::min(kPrefillScoreFloats, T * H * context);
   w.prefill_context = bf16(context * (L + rd));
   w.context_table = i32(cuda_max_blocks(limits));
-  w.prefill_queries = bf16(T * H * padded_row);
   w.prefill_scores = f32(w.prefill_score_capacity);
   w.prefill_probs = bf16(w.prefill_score_capacity);
   // Selected rows of up to 256 tokens at a time (decode batches; larger ones go in chunks).

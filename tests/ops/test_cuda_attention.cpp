@@ -21,6 +21,8 @@ using namespace glms;
 using glms::testing::random_values;
 using glms::testing::to_device;
 using glms::testing::to_host;
+using glms::testing::bf16_to_host;
+using glms::testing::poisoned_bf16;
 using glms::testing::relative_l2;
 namespace cuda = glms::ops::cuda;
 
@@ -125,10 +127,12 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
        dnum = to_device(num_selected), dtables = to_device(paged.block_tables), dseq = to_device(token_sequence);
   int max_context = 0;
   for (const Token& tok : tokens) max_context = std::max(max_context, tok.position + 1);
+  const int width = cuda::mla_padded_row(L, rd);
+  cuda::DeviceBuffer staged_queries(int64_t{T} * H * width * sizeof(uint16_t));
+  cuda::mla_stage_queries(dql.as<float>(), dq.as<float>() + 7, qd, T, H, L, rd, scale, staged_queries.as<uint16_t>(),
+                          nullptr);
   cuda::MlaAttentionArgs a;
-  a.q_latent = dql.as<float>();
-  a.q_rope = dq.as<float>() + 7;
-  a.q_rope_stride = qd;
+  a.queries = staged_queries.as<uint16_t>();
   a.cache = dcache.data();
   a.storage = storage;
   a.selected = dsel.as<int32_t>();
@@ -142,36 +146,31 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
   a.num_heads = H;
   a.latent_dim = L;
   a.rope_dim = rd;
-  a.scale = scale;
   const int rows = std::min(max_context, top_k);
   cuda::MlaGatherWorkspace w;
   w.gathered_elements = int64_t{chunk_tokens} * rows * row;
   w.score_elements = int64_t{chunk_tokens} * H * rows;
-  cuda::DeviceBuffer gathered(w.gathered_elements * 2), queries(int64_t{T} * H * row * 2),
-      scores(w.score_elements * 4), probs(w.score_elements * 2);
+  cuda::DeviceBuffer gathered(w.gathered_elements * 2), scores(w.score_elements * 4), probs(w.score_elements * 2);
   w.gathered = gathered.as<uint16_t>();
-  w.queries = queries.as<uint16_t>();
   w.scores = scores.as<float>();
   w.probs = probs.as<uint16_t>();
-  auto out = glms::testing::poisoned(expected.size());
-  a.out = out.as<float>();
+  auto out = poisoned_bf16(expected.size());
+  a.out = out.as<uint16_t>();
   cuda::Gemm gemm;
   cuda::mla_attention_gathered(a, rows, w, gemm, nullptr);
-  // bf16 queries and probabilities on tensor cores against a double reference on the rows' values
-  // (FP8 rows: widened to bf16 on the device, one more rounding of the same size).
-  const double gathered_error = relative_l2(to_host<float>(out, expected.size()), expected);
+  // bf16 queries, probabilities and outputs on tensor cores against a double reference on the
+  // rows' values (FP8 rows: widened to bf16 on the device, one more rounding of the same size).
+  const double gathered_error = relative_l2(bf16_to_host(out, expected.size()), expected);
   EXPECT_LT(gathered_error, 1e-2) << "H=" << H << " L=" << L << " tokens=" << T << " chunk=" << chunk_tokens;
 
   ASSERT_TRUE(cuda::mla_attention_fused_supported(H, L, rd));
   const int64_t partial_elements = int64_t{chunk_tokens} * 2 * H * (L + 2);
-  cuda::DeviceBuffer partials(partial_elements * sizeof(float)),
-      staged_queries(int64_t{T} * H * cuda::mla_padded_row(L, rd) * sizeof(uint16_t));
-  auto fused_out = glms::testing::poisoned(expected.size());
-  a.out = fused_out.as<float>();
+  cuda::DeviceBuffer partials(partial_elements * sizeof(float));
+  auto fused_out = poisoned_bf16(expected.size());
+  a.out = fused_out.as<uint16_t>();
   // The mma.sync pass here; the wgmma one (which mla_attention_fused picks where it can) below.
-  cuda::mla_attention_fused(a, rows, staged_queries.as<uint16_t>(), partials.as<float>(), partial_elements, nullptr,
-                            false);
-  const auto fused_host = to_host<float>(fused_out, expected.size());
+  cuda::mla_attention_fused(a, rows, partials.as<float>(), partial_elements, nullptr, false);
+  const auto fused_host = bf16_to_host(fused_out, expected.size());
   const double fused_error = relative_l2(fused_host, expected);
   for (int t = 0; t < T; ++t) {
     const auto token = [&](const std::vector<float>& v) {
@@ -187,10 +186,10 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
   std::printf("H=%d L=%d rope=%d tokens=%d%s: relative L2 gathered %.2e, fused %.2e\n", H, L, rd, T,
               storage == cuda::CacheStorage::kFp8 ? " (FP8 rows)" : "", gathered_error, fused_error);
   if (cuda::mla_attention_wgmma_supported(H, L, rd)) {
-    auto wgmma_out = glms::testing::poisoned(expected.size());
-    a.out = wgmma_out.as<float>();
-    cuda::mla_attention_wgmma(a, staged_queries.as<uint16_t>(), nullptr);
-    const auto wgmma_host = to_host<float>(wgmma_out, expected.size());
+    auto wgmma_out = poisoned_bf16(expected.size());
+    a.out = wgmma_out.as<uint16_t>();
+    cuda::mla_attention_wgmma(a, nullptr);
+    const auto wgmma_host = bf16_to_host(wgmma_out, expected.size());
     const double wgmma_error = relative_l2(wgmma_host, expected);
     for (int t = 0; t < T; ++t) {
       const double e = relative_l2(std::vector<float>(wgmma_host.begin() + int64_t{t} * H * L,
@@ -209,27 +208,25 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
     cuda::DeviceBuffer split_partials(split_elements * sizeof(float));
     for (const int splits : {2, 3, tiles, cuda::mla_wgmma_splits(T, rows, H, split_elements)}) {
       if (splits < 2 || splits > tiles) continue;
-      auto split_out = glms::testing::poisoned(expected.size());
-      a.out = split_out.as<float>();
-      cuda::mla_attention_wgmma(a, staged_queries.as<uint16_t>(), nullptr, rows, splits, split_partials.as<float>(),
-                                split_elements);
-      const double split_error = relative_l2(to_host<float>(split_out, expected.size()), expected);
+      auto split_out = poisoned_bf16(expected.size());
+      a.out = split_out.as<uint16_t>();
+      cuda::mla_attention_wgmma(a, nullptr, rows, splits, split_partials.as<float>(), split_elements);
+      const double split_error = relative_l2(bf16_to_host(split_out, expected.size()), expected);
       EXPECT_LT(split_error, 2 * gathered_error + 1e-4) << "wgmma, " << splits << " splits: H=" << H << " tokens=" << T;
       std::printf("  wgmma, %d splits: relative L2 %.2e\n", splits, split_error);
     }
   }
   // Tokens [1, T) alone (first_token / launch_tokens), the first token's output untouched.
   if (T > 1) {
-    auto part_out = glms::testing::poisoned(expected.size());
-    a.out = part_out.as<float>();
+    auto part_out = poisoned_bf16(expected.size());
+    a.out = part_out.as<uint16_t>();
     a.first_token = 1;
     a.launch_tokens = T - 1;
     for (const bool wgmma : {false, true}) {
       if (wgmma && !cuda::mla_attention_wgmma_supported(H, L, rd)) continue;
-      if (wgmma) cuda::mla_attention_wgmma(a, staged_queries.as<uint16_t>(), nullptr);
-      else cuda::mla_attention_fused(a, rows, staged_queries.as<uint16_t>(), partials.as<float>(), partial_elements,
-                                     nullptr, false);
-      const auto got = to_host<float>(part_out, expected.size());
+      if (wgmma) cuda::mla_attention_wgmma(a, nullptr);
+      else cuda::mla_attention_fused(a, rows, partials.as<float>(), partial_elements, nullptr, false);
+      const auto got = bf16_to_host(part_out, expected.size());
       const std::vector<float> tail(got.begin() + int64_t{H} * L, got.end()),
           expected_tail(expected.begin() + int64_t{H} * L, expected.end());
       EXPECT_LT(relative_l2(tail, expected_tail), 1e-2) << (wgmma ? "wgmma" : "mma.sync");
@@ -240,6 +237,40 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
 }
 
 }  // namespace
+
+// mla_stage_queries: every (token, head) row is bf16(scale * [q_latent, q_rope]) then zeros to the
+// padded width, bit for bit; without q_latent the latent columns keep what a GEMM put there.
+TEST_F(CudaAttention, MlaStagedQueriesAreScaledRoundedAndPadded) {
+  struct Shape {
+    int T, H, L, rd;
+  };
+  for (const Shape shape : {Shape{7, 3, 18, 6}, Shape{5, 64, 512, 64}}) {
+    const int T = shape.T, H = shape.H, L = shape.L, rd = shape.rd, qd = 5 + rd;
+    const int width = cuda::mla_padded_row(L, rd);
+    ASSERT_EQ(width % 16, 0);
+    ASSERT_GE(width, L + rd);
+    const float scale = 0.37f;
+    const auto q_latent = random_values(int64_t{T} * H * L, 21, 2.0f), q = random_values(int64_t{T} * H * qd, 22, 2.0f);
+    std::vector<uint16_t> expected(int64_t{T} * H * width, 0);
+    for (int64_t th = 0; th < int64_t{T} * H; ++th) {
+      for (int k = 0; k < L; ++k) expected[th * width + k] = f32_to_bf16(q_latent[th * L + k] * scale);
+      for (int k = 0; k < rd; ++k) expected[th * width + L + k] = f32_to_bf16(q[th * qd + 5 + k] * scale);
+    }
+    const auto dql = to_device(q_latent), dq = to_device(q);
+    auto staged = to_device(std::vector<uint16_t>(expected.size(), 0xffff));
+    cuda::mla_stage_queries(dql.as<float>(), dq.as<float>() + 5, qd, T, H, L, rd, scale, staged.as<uint16_t>(),
+                            nullptr);
+    EXPECT_EQ(to_host<uint16_t>(staged, expected.size()), expected) << "H=" << H << " L=" << L;
+
+    const uint16_t from_gemm = 0x3f80;  // 1.0: what a GEMM left in the latent columns
+    auto partly = to_device(std::vector<uint16_t>(expected.size(), from_gemm));
+    cuda::mla_stage_queries(nullptr, dq.as<float>() + 5, qd, T, H, L, rd, scale, partly.as<uint16_t>(), nullptr);
+    auto expected_rope_only = expected;
+    for (int64_t th = 0; th < int64_t{T} * H; ++th)
+      std::fill_n(expected_rope_only.begin() + th * width, L, from_gemm);
+    EXPECT_EQ(to_host<uint16_t>(partly, expected.size()), expected_rope_only) << "H=" << H << " L=" << L;
+  }
+}
 
 TEST_F(CudaAttention, MlaDecodeOneTokenShortContext) { check_mla(64, 512, 64, {1}, {{0, 0}}, 2048, 1); }
 

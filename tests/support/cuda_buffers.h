@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "core/dtype.h"
 #include "ops/cuda/cuda_ops.h"
 
 namespace glms::testing {
@@ -28,6 +29,15 @@ std::vector<T> to_host(const ops::cuda::DeviceBuffer& buffer, size_t count = sta
 }
 
 inline ops::cuda::DeviceBuffer poisoned(size_t count) { return to_device(std::vector<float>(count, NAN)); }
+inline ops::cuda::DeviceBuffer poisoned_bf16(size_t count) { return to_device(std::vector<uint16_t>(count, 0xffff)); }
+
+// The first `count` bf16 values of `buffer`, widened to float.
+inline std::vector<float> bf16_to_host(const ops::cuda::DeviceBuffer& buffer, size_t count) {
+  const auto bits = to_host<uint16_t>(buffer, count);
+  std::vector<float> values(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) values[i] = bf16_to_f32(bits[i]);
+  return values;
+}
 
 // Base of every CUDA test fixture: the test skips cleanly where no GPU is visible.
 class CudaTest : public ::testing::Test {

@@ -66,17 +66,29 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
     timer.mark("attention.indexer", s);
   }
 
-  // Absorb W_uk into the queries, per head: q_latent[t, h] = q_nope[t, h] . W_uk[h] ([nope, L]).
+  // Absorb W_uk into the queries, per head, and stage them for the attention passes:
+  // queries[t, h] = scale * [q_nope[t, h] . W_uk[h] ([nope, L]), q_rope[t, h]] in bf16. Beyond the
+  // small-batch GEMV's tokens cuBLAS writes the latent columns in bf16 at once (prefill 8192 at
+  // GLM-5.2 width: 1 GB of fp32 rows a layer and a staging pass over them, otherwise).
+  static_assert(cuda::kGemvMaxTokens == kAbsorbGemvMaxTokens, "q_latent is sized for the GEMV's tokens");
   cuda::to_bf16(as<float>(q), as<uint16_t>(q_bf16), int64_t{T} * H * qd, s);
   const int64_t head_stride = (nope + vd) * L;  // kv_b_proj rows of one head: W_uk then W_uv
-  gemm.batched(as<uint16_t>(q_bf16), T, H * qd, qd, as<uint16_t>(w.kv_b_proj), nope, L, L, head_stride, true,
-               as<float>(q_latent), H * L, L, H, s);
+  const int64_t width = cuda_mla_padded_row(L, rd);  // of a staged query
+  const auto scale = static_cast<float>(c.attention_scale());
+  uint16_t* queries = as<uint16_t>(staged_queries);
+  if (T > kAbsorbGemvMaxTokens) {
+    gemm.batched_to_bf16(as<uint16_t>(q_bf16), T, H * qd, qd, as<uint16_t>(w.kv_b_proj), nope, L, L, head_stride, true,
+                         queries, H * width, width, H, s, scale);
+    cuda::mla_stage_queries(nullptr, as<float>(q) + nope, qd, T, H, L, rd, scale, queries, s);
+  } else {
+    gemm.batched(as<uint16_t>(q_bf16), T, H * qd, qd, as<uint16_t>(w.kv_b_proj), nope, L, L, head_stride, true,
+                 as<float>(q_latent), H * L, L, H, s);
+    cuda::mla_stage_queries(as<float>(q_latent), as<float>(q) + nope, qd, T, H, L, rd, scale, queries, s);
+  }
   timer.mark("attention.absorb", s);
 
   cuda::MlaAttentionArgs args;
-  args.q_latent = as<float>(q_latent);
-  args.q_rope = as<float>(q) + nope;
-  args.q_rope_stride = qd;
+  args.queries = queries;
   args.cache = cache;
   args.storage = storage;
   args.selected = as<int32_t>(selected);
@@ -90,12 +102,10 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   args.num_heads = H;
   args.latent_dim = static_cast<int>(L);
   args.rope_dim = static_cast<int>(rd);
-  args.scale = static_cast<float>(c.attention_scale());
-  args.out = as<float>(o_latent);
+  args.out = as<uint16_t>(o_bf16);
   cuda::MlaGatherWorkspace gather;
   gather.gathered = as<uint16_t>(gathered_rows);
   gather.gathered_elements = gathered_capacity;
-  gather.queries = as<uint16_t>(prefill_queries);
   gather.scores = as<float>(prefill_scores);
   gather.probs = as<uint16_t>(prefill_probs);
   gather.score_elements = prefill_score_capacity;
@@ -109,16 +119,15 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
         args.first_token = first;
         args.launch_tokens = count;
         if (fused_attention() && count >= options.fused_attention_min_tokens)
-          cuda::mla_attention_fused(args, max_selected_in_step, as<uint16_t>(prefill_queries), as<float>(prefill_scores),
-                                    prefill_score_capacity, s, options.wgmma_attention,
-                                    options.wgmma_attention_splits);
+          cuda::mla_attention_fused(args, max_selected_in_step, as<float>(prefill_scores), prefill_score_capacity, s,
+                                    options.wgmma_attention, options.wgmma_attention_splits);
         else
           cuda::mla_attention_gathered(args, max_selected_in_step, gather, gemm, s);
       },
       [&](int index) {
         const SequenceSlice& seq = batch->sequences[index];
         if (!options.fused_prefill_attention || !fused_attention() || !fused_prefill_pays(seq, H)) {
-          prefill_attention(index, l, H, args.scale);
+          prefill_attention(index, l, H);
           return;
         }
         cuda::MlaAttentionArgs chunk = args;
@@ -136,16 +145,14 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
           chunk.block_tables = as<int32_t>(context_table);
           chunk.max_blocks = 0;
         }
-        cuda::mla_attention_fused(chunk, std::min(seq.context_len, c.index_topk), as<uint16_t>(prefill_queries),
-                                  as<float>(prefill_scores), prefill_score_capacity, s, options.wgmma_attention,
-                                  options.wgmma_attention_splits);
+        cuda::mla_attention_fused(chunk, std::min(seq.context_len, c.index_topk), as<float>(prefill_scores),
+                                  prefill_score_capacity, s, options.wgmma_attention, options.wgmma_attention_splits);
       });
   timer.mark("attention.core", s);
 
-  // Un-absorb W_uv per head, then o_proj. Beyond the small-batch GEMV's tokens cuBLAS writes the
-  // heads in bf16 at once (the same rounding; prefill 8192 at GLM-5.2 width moved 0.8 GB a
-  // layer through fp32 rows and their conversion).
-  cuda::to_bf16(as<float>(o_latent), as<uint16_t>(o_bf16), int64_t{T} * H * L, s);
+  // Un-absorb W_uv per head from the bf16 attention output, then o_proj. Beyond the small-batch
+  // GEMV's tokens cuBLAS writes the heads in bf16 at once (the same rounding; prefill 8192 at
+  // GLM-5.2 width moved 0.8 GB a layer through fp32 rows and their conversion).
   if (T > cuda::kGemvMaxTokens) {
     gemm.batched_to_bf16(as<uint16_t>(o_bf16), T, H * L, L, as<uint16_t>(w.kv_b_proj) + nope * L, vd, L, L, head_stride,
                          false, as<uint16_t>(heads_bf16), H * vd, vd, H, s);
@@ -236,11 +243,11 @@ bool CudaGlm5Model::Impl::fused_prefill_pays(const SequenceSlice& seq, int heads
   return n * context > (wgmma ? kFusedPrefillWorkRatioWgmma : kFusedPrefillWorkRatio) * fused_rows;
 }
 
-void CudaGlm5Model::Impl::prefill_attention(int sequence, int l, int H, float scale) {
+void CudaGlm5Model::Impl::prefill_attention(int sequence, int l, int H) {
   const io::ModelConfig& c = config;
   const SequenceSlice& seq = batch->sequences[sequence];
   const int L = c.kv_lora_rank, rd = c.qk_rope_head_dim, row = L + rd;
-  const int64_t qd = c.qk_head_dim(), nope = c.qk_nope_head_dim;
+  const int64_t width = cuda_mla_padded_row(L, rd);  // of a staged query
   cudaStream_t s = stream.get();
   const uint16_t* context_rows = as<uint16_t>(prefill_context);
   cuda::mla_gather_context(latent_cache[l].data(), cache_storage(),
@@ -251,17 +258,15 @@ void CudaGlm5Model::Impl::prefill_attention(int sequence, int l, int H, float sc
     const int n = static_cast<int>(std::clamp<int64_t>(prefill_score_capacity / (int64_t{H} * seq.context_len), 1,
                                                        seq.num_tokens - done));
     const int context = batch->positions[first + n - 1] + 1;  // the chunk's causal extent
-    cuda::mla_prefill_queries(as<float>(q_latent) + int64_t{first} * H * L, as<float>(q) + first * H * qd + nope, qd, n,
-                              H, L, rd, scale, as<uint16_t>(prefill_queries), s);
-    // scores[h] = queries[:, h, :] . context_rows^T   [H, n, context] fp32
-    gemm.batched(as<uint16_t>(prefill_queries), n, int64_t{H} * row, row, context_rows, context, row, row, 0, false,
-                 as<float>(prefill_scores), context, int64_t{n} * context, H, s);
+    // scores[h] = queries[first:, h, :row] . context_rows^T   [H, n, context] fp32
+    gemm.batched(as<uint16_t>(staged_queries) + first * H * width, n, H * width, width, context_rows, context, row, row,
+                 0, false, as<float>(prefill_scores), context, int64_t{n} * context, H, s);
     cuda::memset_async(prefill_probs.data(), 0, sizeof(uint16_t) * H * n * context, s);
     cuda::mla_sparse_softmax(as<float>(prefill_scores), n, H, context, as<int32_t>(selected) + int64_t{first} * c.index_topk,
                              c.index_topk, as<int32_t>(num_selected) + first, as<uint16_t>(prefill_probs), s);
-    // o_latent[first + i, h, :] = probs[h, i, :] . context_rows[:, :latent]
-    gemm.batched(as<uint16_t>(prefill_probs), n, context, int64_t{n} * context, context_rows, context, L, row, 0, true,
-                 as<float>(o_latent) + int64_t{first} * H * L, int64_t{H} * L, L, H, s);
+    // o_bf16[first + i, h, :] = probs[h, i, :] . context_rows[:, :latent]
+    gemm.batched_to_bf16(as<uint16_t>(prefill_probs), n, context, int64_t{n} * context, context_rows, context, L, row, 0,
+                         true, as<uint16_t>(o_bf16) + int64_t{first} * H * L, int64_t{H} * L, L, H, s);
     done += n;
   }
 }

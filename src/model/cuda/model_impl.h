@@ -143,7 +143,7 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
                    const cuda::Event* shared_ready);
   // Sums a block output [T, hidden] over the tensor-parallel peers.
   void sum_over_tp(float* block_output, int T);
-  void prefill_attention(int sequence, int l, int heads, float scale);
+  void prefill_attention(int sequence, int l, int heads);
   // Whether a long prefill chunk attends faster in the fused pass than through dense scores.
   bool fused_prefill_pays(const SequenceSlice& seq, int heads) const;  // heads: this rank's
 

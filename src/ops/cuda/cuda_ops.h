@@ -289,11 +289,11 @@ class Gemm {
   void batched(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w, int64_t rows,
                int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, float* y, int64_t ld_y,
                int64_t stride_y, int batch, cudaStream_t stream);
-  // The same through cuBLAS only, y in bf16: each fp32 sum rounded to nearest once, as
-  // to_bf16 of batched's y would round it, without the fp32 rows in memory.
+  // The same through cuBLAS only, y in bf16: each fp32 sum (times alpha) rounded to nearest
+  // once, as to_bf16 of batched's y would round it, without the fp32 rows in memory.
   void batched_to_bf16(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w, int64_t rows,
                        int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, uint16_t* y, int64_t ld_y,
-                       int64_t stride_y, int batch, cudaStream_t stream);
+                       int64_t stride_y, int batch, cudaStream_t stream, float alpha = 1.0f);
 
  private:
   void* handle_ = nullptr;     // cublasHandle_t

@@ -38,6 +38,11 @@ __device__ __forceinline__ uint16_t float_to_bf16(float v) {
   return static_cast<uint16_t>(word >> 16);
 }
 
+// Two floats as a bf16 pair, `low` in the low half (a 4-byte store of two adjacent outputs).
+__device__ __forceinline__ uint32_t pack_bf16_pair(float low, float high) {
+  return static_cast<uint32_t>(float_to_bf16(low)) | static_cast<uint32_t>(float_to_bf16(high)) << 16;
+}
+
 // Order-preserving map of floats to unsigned keys (larger float, larger key, for non-NaN values);
 // -0 counts as +0, as the comparisons do. The radix selects of top-k and sampling run over these.
 __device__ __forceinline__ uint32_t order_key(float v) {

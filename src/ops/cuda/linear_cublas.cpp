@@ -145,11 +145,11 @@ void Gemm::batched(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x,
 
 void Gemm::batched_to_bf16(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w,
                            int64_t rows, int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, uint16_t* y,
-                           int64_t ld_y, int64_t stride_y, int batch, cudaStream_t stream) {
+                           int64_t ld_y, int64_t stride_y, int batch, cudaStream_t stream, float alpha) {
   if (n == 0 || batch == 0) return;
   auto handle = static_cast<cublasHandle_t>(handle_);
   check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
-  const float alpha = 1.0f, beta = 0.0f;
+  const float beta = 0.0f;
   const int64_t out_dim = transpose_w ? cols : rows, in_dim = transpose_w ? rows : cols;
   check_cublas(cublasGemmStridedBatchedEx(handle, transpose_w ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N,
                                           narrow(out_dim), narrow(n), narrow(in_dim), &alpha, w, CUDA_R_16BF,

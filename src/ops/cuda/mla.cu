@@ -40,14 +40,20 @@ __global__ void gather_context_kernel(const void* cache, CacheStorage storage, c
                 threadIdx.x, blockDim.x);
 }
 
-__global__ void prefill_queries_kernel(const float* q_latent, const float* q_rope, int64_t q_rope_stride, int heads,
-                                       int latent_dim, int rope_dim, float scale, uint16_t* out) {
-  const int64_t th = blockIdx.x;  // token * heads + head
-  const int row = latent_dim + rope_dim;
-  for (int k = threadIdx.x; k < row; k += blockDim.x) {
-    const float v = k < latent_dim ? q_latent[th * latent_dim + k] : q_rope[th * q_rope_stride + (k - latent_dim)];
-    out[th * row + k] = float_to_bf16(v * scale);
-  }
+// queries[t, h, k] for k in [first_column, width) of every (t, h) row (mla_stage_queries): a
+// thread an element, consecutive threads along a row.
+__global__ void stage_queries_kernel(const float* q_latent, const float* q_rope, int64_t q_rope_stride,
+                                     int64_t num_rows, int latent_dim, int rope_dim, int width, int first_column,
+                                     float scale, uint16_t* queries) {
+  const int columns = width - first_column;
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= num_rows * columns) return;
+  const int64_t th = e / columns;  // token * heads + head
+  const int k = first_column + static_cast<int>(e % columns);
+  float v = 0.0f;
+  if (k < latent_dim) v = q_latent[th * latent_dim + k];
+  else if (k < latent_dim + rope_dim) v = q_rope[th * q_rope_stride + (k - latent_dim)];
+  queries[th * width + k] = float_to_bf16(v * scale);
 }
 
 // One warp per (head, token): max and sum over the selected positions, then the probabilities.
@@ -114,6 +120,7 @@ void mla_attention_gathered(const MlaAttentionArgs& a, int max_selected_in_step,
   const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
   if (launch_tokens <= 0) return;
   const int H = a.num_heads, L = a.latent_dim, row = a.latent_dim + a.rope_dim;
+  const int64_t width = mla_padded_row(a.latent_dim, a.rope_dim);  // of a staged query
   const int rows = std::max(1, max_selected_in_step);
   const int64_t per_token_gathered = int64_t{rows} * row, per_token_scores = int64_t{H} * rows;
   const int chunk_cap = static_cast<int>(
@@ -126,18 +133,16 @@ void mla_attention_gathered(const MlaAttentionArgs& a, int max_selected_in_step,
     const int first = chunk.first_token;
     gather_selected_kernel<<<dim3(n, (rows + 7) / 8), 256, 0, stream>>>(chunk, rows, w.gathered);
     check(cudaGetLastError(), "gather_selected launch");
-    mla_prefill_queries(a.q_latent + int64_t{first} * H * L, a.q_rope + int64_t{first} * H * a.q_rope_stride,
-                        a.q_rope_stride, n, H, L, a.rope_dim, a.scale, w.queries, stream);
-    // scores[i, h, :] = queries[i, h, :] . gathered[i]^T   [n, H, rows] fp32
-    gemm.batched(w.queries, H, row, int64_t{H} * row, w.gathered, rows, row, row, per_token_gathered, false, w.scores,
-                 rows, per_token_scores, n, stream);
+    // scores[i, h, :] = queries[first + i, h, :row] . gathered[i]^T   [n, H, rows] fp32
+    gemm.batched(a.queries + first * H * width, H, width, int64_t{H} * width, w.gathered, rows, row, row,
+                 per_token_gathered, false, w.scores, rows, per_token_scores, n, stream);
     const int64_t threads = int64_t{n} * H * 32;
     dense_softmax_kernel<<<blocks_for(threads, 256), 256, 0, stream>>>(w.scores, n, H, rows, a.num_selected + first,
                                                                        w.probs);
     check(cudaGetLastError(), "dense_softmax launch");
     // out[first + i, h, :] = probs[i, h, :] . gathered[i][:, :latent]
-    gemm.batched(w.probs, H, rows, per_token_scores, w.gathered, rows, L, row, per_token_gathered, true,
-                 a.out + int64_t{first} * H * L, L, int64_t{H} * L, n, stream);
+    gemm.batched_to_bf16(w.probs, H, rows, per_token_scores, w.gathered, rows, L, row, per_token_gathered, true,
+                         a.out + int64_t{first} * H * L, L, int64_t{H} * L, n, stream);
     done += n;
   }
 }
@@ -150,12 +155,15 @@ void mla_gather_context(const void* cache, CacheStorage storage, const int32_t* 
   check(cudaGetLastError(), "mla_gather_context launch");
 }
 
-void mla_prefill_queries(const float* q_latent, const float* q_rope, int64_t q_rope_stride, int n, int heads,
-                         int latent_dim, int rope_dim, float scale, uint16_t* out, cudaStream_t stream) {
-  if (n <= 0) return;
-  prefill_queries_kernel<<<static_cast<unsigned>(n) * heads, 128, 0, stream>>>(q_latent, q_rope, q_rope_stride, heads,
-                                                                               latent_dim, rope_dim, scale, out);
-  check(cudaGetLastError(), "mla_prefill_queries launch");
+void mla_stage_queries(const float* q_latent, const float* q_rope, int64_t q_rope_stride, int num_tokens, int heads,
+                       int latent_dim, int rope_dim, float scale, uint16_t* queries, cudaStream_t stream) {
+  if (num_tokens <= 0) return;
+  const int width = mla_padded_row(latent_dim, rope_dim), first_column = q_latent ? 0 : latent_dim;
+  const int64_t num_rows = int64_t{num_tokens} * heads, elements = num_rows * (width - first_column);
+  stage_queries_kernel<<<blocks_for(elements, 256), 256, 0, stream>>>(q_latent, q_rope, q_rope_stride, num_rows,
+                                                                      latent_dim, rope_dim, width, first_column,
+                                                                      scale, queries);
+  check(cudaGetLastError(), "mla_stage_queries launch");
 }
 
 void mla_sparse_softmax(const float* scores, int n, int heads, int context, const int32_t* selected, int max_selected,

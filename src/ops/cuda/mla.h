@@ -14,9 +14,9 @@ using cudaStream_t = CUstream_st*;
 namespace glms::ops::cuda {
 
 struct MlaAttentionArgs {
-  const float* q_latent = nullptr;  // [T, H, latent] fp32: W_uk^T q_nope per head
-  const float* q_rope = nullptr;    // rotated rope query of (t, h) at q_rope + (t * H + h) * q_rope_stride
-  int64_t q_rope_stride = 0;
+  // [T, H, mla_padded_row] bf16: scale * [W_uk^T q_nope, rotated q_rope] per head, zero-padded
+  // (mla_stage_queries; the softmax scale is in them).
+  const uint16_t* queries = nullptr;
   const void* cache = nullptr;  // this layer's rows in `storage` (kv_cache.h)
   CacheStorage storage = CacheStorage::kBf16;
   const int32_t* selected = nullptr;      // [T, max_selected] context positions each token attends
@@ -28,18 +28,16 @@ struct MlaAttentionArgs {
   int block_size = 0;
   int num_tokens = 0, num_heads = 0, latent_dim = 0, rope_dim = 0;
   int first_token = 0, launch_tokens = -1;  // tokens [first, first + launch) (-1: all) are computed
-  float scale = 1.0f;    // softmax scale
-  float* out = nullptr;  // [T, H, latent] fp32: softmax-weighted sum of latents
+  uint16_t* out = nullptr;  // [T, H, latent] bf16: softmax-weighted sum of latents, rounded once
 };
 
 class Gemm;
 
-// Buffers of mla_attention_gathered. gathered: `gathered_elements` bf16; queries: [T, H,
-// latent + rope] bf16; scores / probs: `score_elements` fp32 / bf16.
+// Buffers of mla_attention_gathered. gathered: `gathered_elements` bf16; scores / probs:
+// `score_elements` fp32 / bf16.
 struct MlaGatherWorkspace {
   uint16_t* gathered = nullptr;
   int64_t gathered_elements = 0;
-  uint16_t* queries = nullptr;
   float* scores = nullptr;
   uint16_t* probs = nullptr;
   int64_t score_elements = 0;
@@ -56,8 +54,7 @@ void mla_attention_gathered(const MlaAttentionArgs& args, int max_selected_in_st
 
 // The same attention in one pass on tensor cores (mla_fused.cu): a block per (token, split of its
 // selection) holds all heads' queries, gathers 64 selected rows at a time into shared memory,
-// and keeps an online softmax; a second kernel merges the splits. `queries` receives the launched
-// tokens' scaled bf16 queries, [launch_tokens, H, mla_padded_row] elements. `partials` (may be
+// and keeps an online softmax; a second kernel merges the splits. `partials` (may be
 // null: one split) holds the splits' sums: the number of splits is bounded so that
 // launch_tokens * splits * num_heads * (latent + 2) floats fit `partial_elements`. Launches depend
 // only on the token count and `max_selected_in_step` (graph-capturable).
@@ -69,20 +66,19 @@ void mla_attention_gathered(const MlaAttentionArgs& args, int max_selected_in_st
 // wgmma pass a tile at a time.
 bool mla_attention_fused_supported(int num_heads, int latent_dim, int rope_dim);
 int mla_padded_row(int latent_dim, int rope_dim);  // latent + rope rounded up to 16
-void mla_attention_fused(const MlaAttentionArgs& args, int max_selected_in_step, uint16_t* queries, float* partials,
+void mla_attention_fused(const MlaAttentionArgs& args, int max_selected_in_step, float* partials,
                          int64_t partial_elements, cudaStream_t stream, bool allow_wgmma = true,
                          bool allow_wgmma_splits = true);
 
 // The same attention on Hopper's wgmma (mla_wgmma.cu): a block per (token, split of its
 // selection) streams the selected rows through shared memory in 64-row tiles, two in flight
-// (FP8 rows: one tile's codes in flight while the last is widened to bf16 and multiplied).
-// `queries` receives the launched tokens' scaled bf16 queries, [launch_tokens, H, 576]. With
+// (FP8 rows: one tile's codes in flight while the last is widened to bf16 and multiplied). With
 // `splits` > 1 the selections (at most max_selected_in_step rows) go in that many splits of
 // whole tiles (fewer where that covers them), whose sums `partials` holds as mla_attention_fused's
 // do, merged by mla_merge_splits.
 bool mla_attention_wgmma_supported(int num_heads, int latent_dim, int rope_dim);  // H <= 64, 512 + 64
 int mla_wgmma_min_tokens();  // the device's SM count
-void mla_attention_wgmma(const MlaAttentionArgs& args, uint16_t* queries, cudaStream_t stream,
+void mla_attention_wgmma(const MlaAttentionArgs& args, cudaStream_t stream,
                          int max_selected_in_step = 0, int splits = 1, float* partials = nullptr,
                          int64_t partial_elements = 0);
 // The split count for launch_tokens tokens of up to max_selected_in_step rows whose partials fit
@@ -96,26 +92,24 @@ constexpr int kMlaMaxSplits = 512;
 void mla_merge_splits(const MlaAttentionArgs& args, int launch_tokens, int splits, const float* partials,
                       cudaStream_t stream);
 
-// queries[i, h, :] = bf16(scale * [q_latent, q_rope]) of token first_token + i for the launched
-// tokens, zero-padded to `width` (a multiple of 16, at least latent + rope).
-void mla_stage_queries(const MlaAttentionArgs& args, int launch_tokens, int width, uint16_t* queries,
-                       cudaStream_t stream);
+// queries[t, h, :] = bf16(scale * [q_latent[t, h, :], q_rope of (t, h)]), zeros from latent +
+// rope to mla_padded_row, for t < num_tokens: MlaAttentionArgs::queries. q_latent: [T, H, latent]
+// fp32; q_rope of (t, h) at q_rope + (t * H + h) * q_rope_stride. A null q_latent leaves columns
+// [0, latent) as they are: a GEMM wrote them there already scaled (the model's prefill steps).
+void mla_stage_queries(const float* q_latent, const float* q_rope, int64_t q_rope_stride, int num_tokens, int heads,
+                       int latent_dim, int rope_dim, float scale, uint16_t* queries, cudaStream_t stream);
 
 // Prefill attention for a chunk of one sequence's tokens through tensor-core GEMMs: the model
-// gathers the context's cache rows once (mla_gather_context), packs the chunk's queries
-// (mla_prefill_queries), computes every head's scores against the whole context with one
-// batched GEMM, keeps each token's selected positions (mla_sparse_softmax: the others get
-// probability zero), and multiplies the probabilities by the latents with a second GEMM. Dense
-// scores cost more FLOPs than the sparse ones but run on tensor cores.
+// gathers the context's cache rows once (mla_gather_context), computes every head's scores
+// against the whole context from the staged queries with one batched GEMM, keeps each token's
+// selected positions (mla_sparse_softmax: the others get probability zero), and multiplies the
+// probabilities by the latents with a second GEMM. Dense scores cost more FLOPs than the sparse
+// ones but run on tensor cores.
 
 // out[j, :] = cache row of position j (j < context) of the sequence with `block_table`, as bf16
 // (FP8 rows widened: codes times their scale, rounded to bf16). out: [context, latent + rope].
 void mla_gather_context(const void* cache, CacheStorage storage, const int32_t* block_table, int block_size,
                         int context, int latent_dim, int rope_dim, uint16_t* out, cudaStream_t stream);
-// out[i, h, :] = bf16(scale * [q_latent[i, h, :], q_rope of (i, h)]) for the chunk's n tokens.
-// q_latent: [n, H, latent] fp32 (the chunk's rows), q_rope as in MlaAttentionArgs.
-void mla_prefill_queries(const float* q_latent, const float* q_rope, int64_t q_rope_stride, int n, int heads,
-                         int latent_dim, int rope_dim, float scale, uint16_t* out, cudaStream_t stream);
 // probs[h, i, j] = softmax over token i's selected positions of scores[h, i, :], zero elsewhere
 // (probs must be zeroed first). scores: [H, n, context] fp32; probs: [H, n, context] bf16;
 // selected/num_selected: the chunk's rows of the selection.

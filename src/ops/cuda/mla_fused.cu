@@ -9,7 +9,7 @@
 // selection is split across blocks (about twice as many blocks as SMs) and a second kernel merges
 // the splits' (max, sum, unnormalised output). Eight warps: warp w owns heads 16 (w % 4) .. +15;
 // for the scores it takes rows 32 (w / 4) .. +31 of the tile, for P V latent columns of half w / 4.
-// Queries are staged once per token as padded bf16 rows (a small kernel first), and rows come
+// Queries come staged as padded bf16 rows (MlaAttentionArgs::queries), and rows come
 // into shared memory by cp.async from cache offsets resolved a tile ahead, so that a block waits
 // for memory once per tile rather than once per load.
 #include <cuda_runtime.h>
@@ -61,19 +61,6 @@ __device__ __forceinline__ void copy_async_wait_all() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 
-// queries[i, h, :] = bf16(scale * [q_latent, q_rope]) of token first_token + i, zero-padded to
-// `width` (a multiple of 16). Block per (token, head).
-__global__ void stage_queries_kernel(MlaAttentionArgs a, int width, uint16_t* queries) {
-  const int64_t th = static_cast<int64_t>(a.first_token) * a.num_heads + blockIdx.x;  // global (token, head)
-  const int L = a.latent_dim, row = L + a.rope_dim;
-  uint16_t* dst = queries + static_cast<int64_t>(blockIdx.x) * width;
-  for (int k = threadIdx.x; k < width; k += blockDim.x) {
-    float v = 0.0f;
-    if (k < row) v = k < L ? a.q_latent[th * L + k] : a.q_rope[th * a.q_rope_stride + (k - L)];
-    dst[k] = float_to_bf16(v * a.scale);
-  }
-}
-
 // Four 8x8 bf16 matrices from shared memory, lane l giving the address of row l % 8 of matrix
 // l / 8 (16 contiguous bytes). Plain: lane l receives (row l / 4, columns 2 (l % 4), +1) of each
 // matrix, an mma A or B fragment register; transposed: (rows 2 (l % 4), +1, column l / 4).
@@ -94,11 +81,10 @@ __device__ __forceinline__ uint32_t pack_pair(uint16_t low, uint16_t high) {
 }
 
 // Grid (token, split). Splits cover `rows_per_split` (a multiple of 64) selected rows each.
-// With one split the block writes the normalised output; otherwise `partials` receives
+// With one split the block writes the normalised output (bf16); otherwise `partials` receives
 // [token][split][head][latent] unnormalised sums followed by [token][split][head][2] (max, sum).
 __global__ void __launch_bounds__(kThreads, 1)
-    mla_fused_kernel(MlaAttentionArgs a, const uint16_t* staged_queries, int rows_per_split, int splits,
-                     float* partials) {
+    mla_fused_kernel(MlaAttentionArgs a, int rows_per_split, int splits, float* partials) {
   extern __shared__ uint4 shared_raw[];
   const int row = a.latent_dim + a.rope_dim, stride = padded_stride(row), k_steps = (row + 15) / 16;
   uint16_t* queries = reinterpret_cast<uint16_t*>(shared_raw);  // [64 heads, stride] bf16, pre-scaled
@@ -117,7 +103,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Staged queries [H, width] of this token; heads past H are zeros. Waited for with the first tile.
   const int width = k_steps * 16, chunks = width / 8;
-  const uint16_t* token_queries = staged_queries + static_cast<int64_t>(i) * H * width;
+  const uint16_t* token_queries = a.queries + static_cast<int64_t>(t) * H * width;
   for (int e = threadIdx.x; e < kHeadTile * chunks; e += kThreads) {
     const int h = e / chunks, c = e % chunks;
     copy_async_16(queries + h * stride + c * 8, token_queries + (h < H ? h * width + c * 8 : 0), h < H ? 16 : 0);
@@ -269,8 +255,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Thread's outputs: heads head_tile * 16 + g (+ 8), columns col_base + 8 n + 2 tq (+ 1).
   const int64_t split_elements = static_cast<int64_t>(H) * L;
-  float* dst = splits == 1 ? a.out + static_cast<int64_t>(t) * split_elements
-                           : partials + (static_cast<int64_t>(i) * splits + split) * split_elements;
+  uint16_t* const token_out = a.out + static_cast<int64_t>(t) * split_elements;
+  float* const split_sums = partials + (static_cast<int64_t>(i) * splits + split) * split_elements;
+  auto put = [&](int64_t e, float v) {
+    if (splits == 1) token_out[e] = float_to_bf16(v);
+    else split_sums[e] = v;
+  };
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int head = head_tile * 16 + g + 8 * h;
@@ -280,8 +270,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int n = 0; n < kMaxColTiles; ++n) {
       if (n >= col_tiles) break;
       const int col = col_base + n * 8 + 2 * tq;
-      if (col < L) dst[static_cast<int64_t>(head) * L + col] = out[n][2 * h] * norm;
-      if (col + 1 < L) dst[static_cast<int64_t>(head) * L + col + 1] = out[n][2 * h + 1] * norm;
+      if (col < L) put(static_cast<int64_t>(head) * L + col, out[n][2 * h] * norm);
+      if (col + 1 < L) put(static_cast<int64_t>(head) * L + col + 1, out[n][2 * h + 1] * norm);
     }
     if (splits > 1 && half == 0 && tq == 0) {
       float* stats = partials + static_cast<int64_t>(gridDim.x) * splits * split_elements +
@@ -318,7 +308,7 @@ __global__ void mla_merge_splits_kernel(MlaAttentionArgs a, int launch_tokens, i
   __syncthreads();
   const int64_t split_stride = static_cast<int64_t>(H) * L;
   const float* column0 = partials + (static_cast<int64_t>(i) * splits * H + head) * L;
-  float* dst = a.out + (static_cast<int64_t>(a.first_token + i) * H + head) * L;
+  uint16_t* dst = a.out + (static_cast<int64_t>(a.first_token + i) * H + head) * L;
   if (L % 4 == 0) {
     for (int k = 4 * threadIdx.x; k < L; k += 4 * blockDim.x) {
       float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -328,8 +318,9 @@ __global__ void mla_merge_splits_kernel(MlaAttentionArgs a, int launch_tokens, i
         const float w = weight[s];
         sum.x += w * v.x, sum.y += w * v.y, sum.z += w * v.z, sum.w += w * v.w;
       }
-      *reinterpret_cast<float4*>(dst + k) =
-          make_float4(sum.x * inv_total, sum.y * inv_total, sum.z * inv_total, sum.w * inv_total);
+      *reinterpret_cast<uint2*>(dst + k) =
+          make_uint2(pack_bf16_pair(sum.x * inv_total, sum.y * inv_total),
+                     pack_bf16_pair(sum.z * inv_total, sum.w * inv_total));
     }
     return;
   }
@@ -337,7 +328,7 @@ __global__ void mla_merge_splits_kernel(MlaAttentionArgs a, int launch_tokens, i
     float sum = 0.0f;
 #pragma unroll 8
     for (int s = 0; s < splits; ++s) sum += weight[s] * column0[s * split_stride + k];
-    dst[k] = sum * inv_total;
+    dst[k] = float_to_bf16(sum * inv_total);
   }
 }
 
@@ -358,13 +349,7 @@ void mla_merge_splits(const MlaAttentionArgs& a, int launch_tokens, int splits, 
   check(cudaGetLastError(), "mla_merge_splits launch");
 }
 
-void mla_stage_queries(const MlaAttentionArgs& a, int launch_tokens, int width, uint16_t* queries,
-                       cudaStream_t stream) {
-  stage_queries_kernel<<<static_cast<unsigned>(launch_tokens) * a.num_heads, 64, 0, stream>>>(a, width, queries);
-  check(cudaGetLastError(), "mla stage_queries launch");
-}
-
-void mla_attention_fused(const MlaAttentionArgs& a, int max_selected_in_step, uint16_t* queries, float* partials,
+void mla_attention_fused(const MlaAttentionArgs& a, int max_selected_in_step, float* partials,
                          int64_t partial_elements, cudaStream_t stream, bool allow_wgmma, bool allow_wgmma_splits) {
   const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
   if (launch_tokens <= 0) return;
@@ -383,11 +368,11 @@ void mla_attention_fused(const MlaAttentionArgs& a, int max_selected_in_step, ui
     if (allow_wgmma_splits) {
       const int wgmma_splits =
           partials ? mla_wgmma_splits(launch_tokens, rows, a.num_heads, partial_elements) : 1;
-      mla_attention_wgmma(a, queries, stream, rows, wgmma_splits, partials, partial_elements);
+      mla_attention_wgmma(a, stream, rows, wgmma_splits, partials, partial_elements);
       return;
     }
     if (splits == 1 || launch_tokens >= mla_wgmma_min_tokens()) {
-      mla_attention_wgmma(a, queries, stream);
+      mla_attention_wgmma(a, stream);
       return;
     }
   }
@@ -398,9 +383,7 @@ void mla_attention_fused(const MlaAttentionArgs& a, int max_selected_in_step, ui
   check(cudaFuncSetAttribute(mla_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(shared_bytes(kMaxRow))),
         "cudaFuncSetAttribute(mla_fused_kernel)");
-  mla_stage_queries(a, launch_tokens, mla_padded_row(a.latent_dim, a.rope_dim), queries, stream);
-  mla_fused_kernel<<<dim3(launch_tokens, splits), kThreads, bytes, stream>>>(a, queries, rows_per_split, splits,
-                                                                            partials);
+  mla_fused_kernel<<<dim3(launch_tokens, splits), kThreads, bytes, stream>>>(a, rows_per_split, splits, partials);
   check(cudaGetLastError(), "mla_fused launch");
   if (splits > 1) mla_merge_splits(a, launch_tokens, splits, partials, stream);
 }

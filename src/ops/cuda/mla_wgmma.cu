@@ -138,12 +138,11 @@ __device__ __forceinline__ void widen_tile(uint8_t* stage, const uint8_t* codes)
 }
 
 // Grid (launched token, split); a split covers selected rows [split * rows_per_split, + rows_per_split).
-// staged_queries: [launch_tokens, H, 576] bf16, pre-scaled. With one split the block writes the
-// normalised output; otherwise `partials` as mla_merge_splits reads them.
+// a.queries: [T, H, 576] bf16, pre-scaled. With one split the block writes the normalised output
+// (bf16); otherwise `partials` as mla_merge_splits reads them.
 template <CacheStorage kStorage>
 __global__ void __launch_bounds__(kThreads, 1)
-    mla_wgmma_kernel(MlaAttentionArgs a, const uint16_t* staged_queries, int rows_per_split, int splits,
-                     float* partials) {
+    mla_wgmma_kernel(MlaAttentionArgs a, int rows_per_split, int splits, float* partials) {
   constexpr bool kFp8 = kStorage == CacheStorage::kFp8;
   constexpr int kStageBytes = stages_of(kStorage) * kTileBytes;
   extern __shared__ __align__(16) uint8_t shared_raw[];
@@ -176,7 +175,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 
   // The token's queries (heads past H: zeros) and the first tile, one cp.async group.
-  const uint16_t* token_queries = staged_queries + static_cast<int64_t>(i) * H * kRow;
+  const uint16_t* token_queries = a.queries + static_cast<int64_t>(t) * H * kRow;
   const int query_head = threadIdx.x / 4;
   copy_lines(queries, token_queries + (query_head < H ? query_head * kRow : 0), query_head < H);
   int32_t next_slot = -1, next_position = -1;  // of this thread's row of the next tile / the one after
@@ -325,22 +324,31 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int head = head_row[h];
     if (head >= H) continue;
     const float total = sum_part[head] + sum_part[kHeads + head];
-    const float norm = splits > 1 ? 1.0f : total > 0.0f ? 1.0f / total : 0.0f;
     const int64_t split_row = static_cast<int64_t>(i) * splits + split;
-    float* dst = (splits > 1 ? partials + (split_row * H + head) * kLatent
-                             : a.out + (static_cast<int64_t>(t) * H + head) * kLatent) +
-                 256 * wg + 2 * tq;
-    if (splits > 1 && wg == 0 && tq == 0) {
-      float* stats = partials + static_cast<int64_t>(gridDim.x) * splits * H * kLatent + (split_row * H + head) * 2;
-      stats[0] = run_max[h];
-      stats[1] = total;
+    const int column0 = 256 * wg + 2 * tq;
+    if (splits > 1) {
+      float* dst = partials + (split_row * H + head) * kLatent + column0;
+      if (wg == 0 && tq == 0) {
+        float* stats = partials + static_cast<int64_t>(gridDim.x) * splits * H * kLatent + (split_row * H + head) * 2;
+        stats[0] = run_max[h];
+        stats[1] = total;
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+          *reinterpret_cast<float2*>(dst + 128 * half + 8 * j) =
+              make_float2(out[half][4 * j + 2 * h], out[half][4 * j + 2 * h + 1]);
+      continue;
     }
+    const float norm = total > 0.0f ? 1.0f / total : 0.0f;
+    uint16_t* dst = a.out + (static_cast<int64_t>(t) * H + head) * kLatent + column0;
 #pragma unroll
     for (int half = 0; half < 2; ++half)
 #pragma unroll
       for (int j = 0; j < 16; ++j)
-        *reinterpret_cast<float2*>(dst + 128 * half + 8 * j) =
-            make_float2(out[half][4 * j + 2 * h] * norm, out[half][4 * j + 2 * h + 1] * norm);
+        *reinterpret_cast<uint32_t*>(dst + 128 * half + 8 * j) =
+            pack_bf16_pair(out[half][4 * j + 2 * h] * norm, out[half][4 * j + 2 * h + 1] * norm);
   }
 }
 
@@ -368,7 +376,7 @@ int mla_wgmma_splits(int launch_tokens, int max_selected_in_step, int num_heads,
   return best;
 }
 
-void mla_attention_wgmma(const MlaAttentionArgs& a, uint16_t* queries, cudaStream_t stream, int max_selected_in_step,
+void mla_attention_wgmma(const MlaAttentionArgs& a, cudaStream_t stream, int max_selected_in_step,
                          int splits, float* partials, int64_t partial_elements) {
   const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
   if (launch_tokens <= 0) return;
@@ -382,12 +390,10 @@ void mla_attention_wgmma(const MlaAttentionArgs& a, uint16_t* queries, cudaStrea
   const int64_t partials_needed = int64_t{launch_tokens} * splits * a.num_heads * (kLatent + 2);
   GLMS_CHECK(splits == 1 || (partials && partials_needed <= partial_elements),
              "mla_attention_wgmma: splits need partials of launch_tokens x splits x heads x (latent + 2) floats");
-  mla_stage_queries(a, launch_tokens, kRow, queries, stream);
   auto launch = [&](auto kernel, int shared_bytes) {
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes),
           "cudaFuncSetAttribute(mla_wgmma_kernel)");
-    kernel<<<dim3(launch_tokens, splits), kThreads, shared_bytes, stream>>>(a, queries, rows_per_split, splits,
-                                                                            partials);
+    kernel<<<dim3(launch_tokens, splits), kThreads, shared_bytes, stream>>>(a, rows_per_split, splits, partials);
   };
   if (a.storage == CacheStorage::kFp8)
     launch(mla_wgmma_kernel<CacheStorage::kFp8>, shared_bytes_of(CacheStorage::kFp8));
