@@ -3,6 +3,8 @@
 // order-preserving keys of floats, the rotary pair rotation and a counter-based random value.
 #pragma once
 
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 namespace glms::ops::cuda {
@@ -38,9 +40,11 @@ __device__ __forceinline__ uint16_t float_to_bf16(float v) {
   return static_cast<uint16_t>(word >> 16);
 }
 
-// Two floats as a bf16 pair, `low` in the low half (a 4-byte store of two adjacent outputs).
+// Two floats as a bf16 pair, `low` in the low half (a 4-byte store of two adjacent outputs),
+// rounded to nearest even as float_to_bf16 rounds, in one conversion instruction.
 __device__ __forceinline__ uint32_t pack_bf16_pair(float low, float high) {
-  return static_cast<uint32_t>(float_to_bf16(low)) | static_cast<uint32_t>(float_to_bf16(high)) << 16;
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
+  return *reinterpret_cast<const uint32_t*>(&pair);
 }
 
 // Order-preserving map of floats to unsigned keys (larger float, larger key, for non-NaN values);
