@@ -58,6 +58,8 @@ constexpr int kChunksPerRow = kRow / 8;                                  // 72 1
 constexpr int kBlockBytes = kTileRows * kLineBytes;                      // one column block of a tile
 constexpr int kQueryBytes = kColumnBlocks * kHeads * kLineBytes;         // 73728
 constexpr int kTileBytes = kColumnBlocks * kBlockBytes;                  // 73728
+constexpr int kOutLineBytes = kLatent * 2 + 16;  // a head's bf16 output staged in shared memory
+static_assert(kHeads * kOutLineBytes <= kQueryBytes, "the staged output fits the queries' region");
 constexpr int kProbBytes = kHeads * kLineBytes;                          // 8192
 constexpr int kSmallBytes = sizeof(int32_t) * kTileRows + sizeof(float) * 4 * kHeads;
 constexpr int kFp8RowBytes = quant::kv_fp8_row_bytes(kLatent, kRope);        // 656
@@ -341,15 +343,26 @@ __global__ void __launch_bounds__(kThreads, 1)
               make_float2(out[half][4 * j + 2 * h], out[half][4 * j + 2 * h + 1]);
       continue;
     }
+    // One split: the normalised row into shared memory (the queries' region: every wgmma of the
+    // block finished before the barrier above), lines padded so a warp's 8 heads take distinct banks.
     const float norm = total > 0.0f ? 1.0f / total : 0.0f;
-    uint16_t* dst = a.out + (static_cast<int64_t>(t) * H + head) * kLatent + column0;
+    uint8_t* line = generic + head * kOutLineBytes + 2 * column0;
 #pragma unroll
     for (int half = 0; half < 2; ++half)
 #pragma unroll
       for (int j = 0; j < 16; ++j)
-        *reinterpret_cast<uint32_t*>(dst + 128 * half + 8 * j) =
+        *reinterpret_cast<uint32_t*>(line + 2 * (128 * half + 8 * j)) =
             pack_bf16_pair(out[half][4 * j + 2 * h] * norm, out[half][4 * j + 2 * h + 1] * norm);
   }
+  if (splits > 1) return;
+  // The token's [H, 512] bf16 output is contiguous: whole 16-byte chunks, consecutive threads
+  // consecutive chunks (a thread's pairs alone would write half sectors).
+  __syncthreads();
+  constexpr int kChunksPerHead = kLatent / 8;
+  uint4* token_out = reinterpret_cast<uint4*>(a.out + static_cast<int64_t>(t) * H * kLatent);
+  for (int c = threadIdx.x; c < H * kChunksPerHead; c += kThreads)
+    token_out[c] = *reinterpret_cast<const uint4*>(generic + c / kChunksPerHead * kOutLineBytes +
+                                                   c % kChunksPerHead * 16);
 }
 
 }  // namespace
