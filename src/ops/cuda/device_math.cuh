@@ -47,6 +47,13 @@ __device__ __forceinline__ uint32_t pack_bf16_pair(float low, float high) {
   return *reinterpret_cast<const uint32_t*>(&pair);
 }
 
+// Eight consecutive floats (16-byte aligned) as eight bf16 values in one 16-byte chunk.
+__device__ __forceinline__ uint4 bf16x8_of(const float* v) {
+  const float4 lo = *reinterpret_cast<const float4*>(v), hi = *reinterpret_cast<const float4*>(v + 4);
+  return make_uint4(pack_bf16_pair(lo.x, lo.y), pack_bf16_pair(lo.z, lo.w), pack_bf16_pair(hi.x, hi.y),
+                    pack_bf16_pair(hi.z, hi.w));
+}
+
 // Order-preserving map of floats to unsigned keys (larger float, larger key, for non-NaN values);
 // -0 counts as +0, as the comparisons do. The radix selects of top-k and sampling run over these.
 __device__ __forceinline__ uint32_t order_key(float v) {

@@ -71,13 +71,8 @@ __global__ void __launch_bounds__(kThreads) indexer_decode_wgmma_kernel(IndexerS
   // The token's queries as bf16 lines, and the head weights times both scales.
   for (int e = threadIdx.x; e < kHeads * kDim / 8; e += kThreads) {
     const int head = e / (kDim / 8), chunk = e % (kDim / 8);
-    const float* q = a.queries + (static_cast<int64_t>(t) * kHeads + head) * kDim + 8 * chunk;
-    const float4 lo = *reinterpret_cast<const float4*>(q), hi = *reinterpret_cast<const float4*>(q + 4);
     *reinterpret_cast<uint4*>(base + (chunk / 8) * kQueryBlockBytes + swizzled(head, chunk % 8)) =
-        make_uint4(float_to_bf16(lo.x) | static_cast<uint32_t>(float_to_bf16(lo.y)) << 16,
-                   float_to_bf16(lo.z) | static_cast<uint32_t>(float_to_bf16(lo.w)) << 16,
-                   float_to_bf16(hi.x) | static_cast<uint32_t>(float_to_bf16(hi.y)) << 16,
-                   float_to_bf16(hi.z) | static_cast<uint32_t>(float_to_bf16(hi.w)) << 16);
+        bf16x8_of(a.queries + (static_cast<int64_t>(t) * kHeads + head) * kDim + 8 * chunk);
   }
   if (threadIdx.x < kHeads)
     weights[threadIdx.x] = a.head_weights[static_cast<int64_t>(t) * kHeads + threadIdx.x] * a.head_scale * a.softmax_scale;

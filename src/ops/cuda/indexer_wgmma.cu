@@ -87,14 +87,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int e = threadIdx.x; e < kQueryLines * kDim / 8; e += kThreads) {
     const int line = e / (kDim / 8), chunk = e % (kDim / 8), i = line / kHeads;
     uint4 packed = make_uint4(0, 0, 0, 0);
-    if (i < tokens) {
-      const float* q = a.queries + (static_cast<int64_t>(token0) * kHeads + line) * kDim + 8 * chunk;
-      const float4 lo = *reinterpret_cast<const float4*>(q), hi = *reinterpret_cast<const float4*>(q + 4);
-      packed = make_uint4(float_to_bf16(lo.x) | static_cast<uint32_t>(float_to_bf16(lo.y)) << 16,
-                          float_to_bf16(lo.z) | static_cast<uint32_t>(float_to_bf16(lo.w)) << 16,
-                          float_to_bf16(hi.x) | static_cast<uint32_t>(float_to_bf16(hi.y)) << 16,
-                          float_to_bf16(hi.z) | static_cast<uint32_t>(float_to_bf16(hi.w)) << 16);
-    }
+    if (i < tokens) packed = bf16x8_of(a.queries + (static_cast<int64_t>(token0) * kHeads + line) * kDim + 8 * chunk);
     *reinterpret_cast<uint4*>(queries_generic + (chunk / 8) * kQueryBlockBytes + swizzled(line, chunk % 8)) = packed;
   }
   if (threadIdx.x < kTokens * kHeads) {
