@@ -378,7 +378,7 @@ TEST_F(CudaMoe, RoutingGroupingAndCombineMatchCpu) {
   c.norm_topk_prob = true;
   c.routed_scaling_factor = 2.5f;
   const int n = 37, E = c.n_routed_experts, K = c.num_experts_per_tok;
-  const int64_t hidden = 136;
+  const int64_t hidden = 1160;  // past one combine block of 1024 dims
   const auto logits = random_values(n * E, 1, 2.0f);
   auto bias = random_values(E, 2, 0.5f);
   for (float& b : bias) b += 34.0f;  // as the real correction bias sits near 34
@@ -452,10 +452,11 @@ TEST_F(CudaMoe, RoutingGroupingAndCombineMatchCpu) {
 
 // A rank of an expert-parallel layout plans only its experts' pairs (ids of other ranks' experts
 // and padding rows' -1 get no slot), and its combine sums just those pairs, with no shared
-// expert and without accumulating (the peers' sums complete it).
+// expert and without accumulating (the peers' sums complete it). A width that is not a
+// multiple of 4 (the combine's scalar path; RoutingGroupingAndCombineMatchCpu takes the other).
 TEST_F(CudaMoe, ARankPlansAndCombinesOnlyItsExperts) {
   const int E = 64, K = 8, first = 16, local = 16, n = 300;
-  const int64_t hidden = 72, P = int64_t{n} * K;
+  const int64_t hidden = 70, P = int64_t{n} * K;
   std::mt19937 rng(5);
   std::vector<int32_t> ids(P);
   for (int t = 0; t < n; ++t) {

@@ -200,19 +200,29 @@ __global__ void moe_place_kernel(const int32_t* ids, int64_t num_pairs, int firs
   plan.pair_slot[p] = slot;
 }
 
+// A block per (token, kCombineDims dims). The token's pairs come into shared memory by one
+// parallel load (thread k, pair k) and thread 0 orders them from there: a serial loop over
+// global loads made every block of a batch-64 decode wait about a microsecond a pair.
+constexpr int kCombineThreads = 256, kCombineDims = 4 * kCombineThreads;
 __global__ void moe_combine_kernel(float* out, bool accumulate, const float* shared_out, const float* expert_out,
                                    const int32_t* pair_slot, const int32_t* ids, const float* weights, int top_k,
                                    int64_t hidden) {
-  __shared__ int order[64], token_ids[64];
+  __shared__ int order[64], token_ids[64], slots[64];
+  __shared__ float pair_weights[64];
   __shared__ int count;
   const int64_t t = blockIdx.x;
-  if (threadIdx.x < top_k) token_ids[threadIdx.x] = ids[t * top_k + threadIdx.x];
+  if (threadIdx.x < top_k) {
+    const int64_t pair = t * top_k + threadIdx.x;
+    token_ids[threadIdx.x] = ids[pair];
+    slots[threadIdx.x] = pair_slot[pair];
+    pair_weights[threadIdx.x] = weights[pair];
+  }
   __syncthreads();
   if (threadIdx.x == 0) {
     // The token's pairs on this rank, in increasing expert id (the CPU path adds them so).
     count = 0;
     for (int k = 0; k < top_k; ++k)
-      if (pair_slot[t * top_k + k] >= 0) order[count++] = k;
+      if (slots[k] >= 0) order[count++] = k;
     for (int i = 1; i < count; ++i)
       for (int j = i; j > 0 && token_ids[order[j]] < token_ids[order[j - 1]]; --j) {
         const int tmp = order[j];
@@ -221,15 +231,31 @@ __global__ void moe_combine_kernel(float* out, bool accumulate, const float* sha
       }
   }
   __syncthreads();
-  const int64_t d = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (d < hidden) {
-    float sum = shared_out ? shared_out[t * hidden + d] : 0.0f;
-    for (int i = 0; i < count; ++i) {
-      const int64_t pair = t * top_k + order[i];
-      sum += weights[pair] * expert_out[static_cast<int64_t>(pair_slot[pair]) * hidden + d];
+  const int64_t begin = blockIdx.y * int64_t{kCombineDims}, end = min(hidden, begin + kCombineDims);
+  float* const token_out = out + t * hidden;
+  if (hidden % 4 == 0) {
+    for (int64_t d = begin + 4 * threadIdx.x; d < end; d += 4 * kCombineThreads) {
+      float4 sum = shared_out ? *reinterpret_cast<const float4*>(shared_out + t * hidden + d)
+                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int i = 0; i < count; ++i) {
+        const float w = pair_weights[order[i]];
+        const float4 v = *reinterpret_cast<const float4*>(expert_out + static_cast<int64_t>(slots[order[i]]) * hidden + d);
+        sum.x += w * v.x, sum.y += w * v.y, sum.z += w * v.z, sum.w += w * v.w;
+      }
+      float4* dst = reinterpret_cast<float4*>(token_out + d);
+      if (accumulate) {
+        const float4 old = *dst;
+        sum = make_float4(old.x + sum.x, old.y + sum.y, old.z + sum.z, old.w + sum.w);
+      }
+      *dst = sum;
     }
-    if (accumulate) out[t * hidden + d] += sum;
-    else out[t * hidden + d] = sum;
+    return;
+  }
+  for (int64_t d = begin + threadIdx.x; d < end; d += kCombineThreads) {
+    float sum = shared_out ? shared_out[t * hidden + d] : 0.0f;
+    for (int i = 0; i < count; ++i)
+      sum += pair_weights[order[i]] * expert_out[static_cast<int64_t>(slots[order[i]]) * hidden + d];
+    token_out[d] = accumulate ? token_out[d] + sum : sum;
   }
 }
 
@@ -274,9 +300,9 @@ void moe_combine(float* out, bool accumulate, const float* shared_out, const flo
                  int top_k, int64_t hidden, cudaStream_t stream) {
   if (n == 0) return;
   GLMS_CHECK(top_k <= 64, "moe_combine: at most top-64");
-  // A block per (token, 256 dims): a lone decode token still spreads over the GPU.
-  const dim3 grid(static_cast<unsigned>(n), blocks_for(hidden, 256));
-  moe_combine_kernel<<<grid, 256, 0, stream>>>(out, accumulate, shared_out, expert_out, pair_slot, expert_ids,
+  // A block per (token, 1024 dims): a lone decode token still spreads over a few SMs.
+  const dim3 grid(static_cast<unsigned>(n), blocks_for(hidden, kCombineDims));
+  moe_combine_kernel<<<grid, kCombineThreads, 0, stream>>>(out, accumulate, shared_out, expert_out, pair_slot, expert_ids,
                                                expert_weights, top_k, hidden);
   check(cudaGetLastError(), "moe_combine launch");
 }
