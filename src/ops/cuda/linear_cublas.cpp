@@ -122,6 +122,27 @@ void Gemm::linear_f32(const float* x, int64_t n, const float* w, int64_t rows, i
                "cublasGemmEx (fp32 linear)");
 }
 
+namespace {
+
+// y[b] = alpha * x[b] W[b]^T (W[b] itself with transpose_w) for b < batch, bf16 inputs, fp32 sums,
+// y of `y_type` (fp32, or bf16 rounded once): Gemm::batched's cuBLAS call.
+void strided_batched(cublasHandle_t handle, const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x,
+                     const uint16_t* w, int64_t rows, int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w,
+                     void* y, cudaDataType_t y_type, int64_t ld_y, int64_t stride_y, int batch, cudaStream_t stream,
+                     float alpha) {
+  check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
+  const float beta = 0.0f;
+  const int64_t out_dim = transpose_w ? cols : rows, in_dim = transpose_w ? rows : cols;
+  check_cublas(cublasGemmStridedBatchedEx(handle, transpose_w ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N,
+                                          narrow(out_dim), narrow(n), narrow(in_dim), &alpha, w, CUDA_R_16BF,
+                                          narrow(ld_w), stride_w, x, CUDA_R_16BF, narrow(ld_x), stride_x, &beta, y,
+                                          y_type, narrow(ld_y), stride_y, batch, CUBLAS_COMPUTE_32F,
+                                          CUBLAS_GEMM_DEFAULT),
+               y_type == CUDA_R_16BF ? "cublasGemmStridedBatchedEx (bf16 out)" : "cublasGemmStridedBatchedEx (bf16)");
+}
+
+}  // namespace
+
 void Gemm::batched(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w, int64_t rows,
                    int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, float* y, int64_t ld_y,
                    int64_t stride_y, int batch, cudaStream_t stream) {
@@ -131,32 +152,16 @@ void Gemm::batched(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x,
                       stream);
     return;
   }
-  auto handle = static_cast<cublasHandle_t>(handle_);
-  check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
-  const float alpha = 1.0f, beta = 0.0f;
-  const int64_t out_dim = transpose_w ? cols : rows, in_dim = transpose_w ? rows : cols;
-  check_cublas(cublasGemmStridedBatchedEx(handle, transpose_w ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N,
-                                          narrow(out_dim), narrow(n), narrow(in_dim), &alpha, w, CUDA_R_16BF,
-                                          narrow(ld_w), stride_w, x, CUDA_R_16BF, narrow(ld_x), stride_x, &beta, y,
-                                          CUDA_R_32F, narrow(ld_y), stride_y, batch, CUBLAS_COMPUTE_32F,
-                                          CUBLAS_GEMM_DEFAULT),
-               "cublasGemmStridedBatchedEx (bf16)");
+  strided_batched(static_cast<cublasHandle_t>(handle_), x, n, ld_x, stride_x, w, rows, cols, ld_w, stride_w,
+                  transpose_w, y, CUDA_R_32F, ld_y, stride_y, batch, stream, 1.0f);
 }
 
 void Gemm::batched_to_bf16(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w,
                            int64_t rows, int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, uint16_t* y,
                            int64_t ld_y, int64_t stride_y, int batch, cudaStream_t stream, float alpha) {
   if (n == 0 || batch == 0) return;
-  auto handle = static_cast<cublasHandle_t>(handle_);
-  check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
-  const float beta = 0.0f;
-  const int64_t out_dim = transpose_w ? cols : rows, in_dim = transpose_w ? rows : cols;
-  check_cublas(cublasGemmStridedBatchedEx(handle, transpose_w ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N,
-                                          narrow(out_dim), narrow(n), narrow(in_dim), &alpha, w, CUDA_R_16BF,
-                                          narrow(ld_w), stride_w, x, CUDA_R_16BF, narrow(ld_x), stride_x, &beta, y,
-                                          CUDA_R_16BF, narrow(ld_y), stride_y, batch, CUBLAS_COMPUTE_32F,
-                                          CUBLAS_GEMM_DEFAULT),
-               "cublasGemmStridedBatchedEx (bf16 out)");
+  strided_batched(static_cast<cublasHandle_t>(handle_), x, n, ld_x, stride_x, w, rows, cols, ld_w, stride_w,
+                  transpose_w, y, CUDA_R_16BF, ld_y, stride_y, batch, stream, alpha);
 }
 
 }  // namespace glms::ops::cuda
