@@ -62,6 +62,7 @@ struct BenchStepOptions {
   int wgmma_experts_min_pairs = model::CudaModelOptions{}.wgmma_experts_min_pairs;
   int wgmma_experts_tile_rows = model::CudaModelOptions{}.wgmma_experts_tile_rows;
   int wgmma_bf16_experts_max_pairs = model::CudaModelOptions{}.wgmma_bf16_experts_max_pairs;
+  bool wgmma_fp8_experts = model::CudaModelOptions{}.wgmma_fp8_experts;
   int stream_experts_min_pairs = model::CudaModelOptions{}.stream_experts_min_pairs;
   int stream_experts_max_pairs = model::CudaModelOptions{}.stream_experts_max_pairs;
   int stream_experts_shape = model::CudaModelOptions{}.stream_experts_shape;
@@ -273,6 +274,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.wgmma_experts_min_pairs = o.wgmma_experts_min_pairs;
   options.wgmma_experts_tile_rows = o.wgmma_experts_tile_rows;
   options.wgmma_bf16_experts_max_pairs = o.wgmma_bf16_experts_max_pairs;
+  options.wgmma_fp8_experts = o.wgmma_fp8_experts;
   options.stream_experts_min_pairs = o.stream_experts_min_pairs;
   options.stream_experts_max_pairs = o.stream_experts_max_pairs;
   options.stream_experts_shape = o.stream_experts_shape;
@@ -520,6 +522,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"wgmma_experts_min_pairs", o.wgmma_experts_min_pairs},
                         {"wgmma_experts_tile_rows", o.wgmma_experts_tile_rows},
                         {"wgmma_bf16_experts_max_pairs", o.wgmma_bf16_experts_max_pairs},
+                        {"wgmma_fp8_experts", o.wgmma_fp8_experts},
                         {"stream_experts_min_pairs", o.stream_experts_min_pairs},
                         {"stream_experts_max_pairs", o.stream_experts_max_pairs},
                         {"stream_experts_shape", o.stream_experts_shape},
@@ -642,6 +645,10 @@ void add_bench_step_command(CLI::App& app) {
                   "bf16 routed experts take those GEMMs only below this many pairs per expert (0: no bound; above, "
                   "cuBLAS's grouped GEMM)")
       ->check(non_negative_number())
+      ->capture_default_str();
+  cmd->add_option("--wgmma-fp8-experts", o->wgmma_fp8_experts,
+                  "Block-FP8 routed experts take W8A8 grouped GEMMs on the FP8 tensor cores from those pairs per "
+                  "expert (true/false; false: mma.sync kernels, then each expert widened to bf16 for cuBLAS)")
       ->capture_default_str();
   cmd->add_option("--wgmma-experts-tile-rows", o->wgmma_experts_tile_rows,
                   "Grouped rows a block of those GEMMs: 64, 128, or 0 (128 from 80 pairs per expert)")

@@ -15,6 +15,7 @@
 #include "io/model_config.h"
 #include "model/layers.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/linear_fp8.h"
 #include "ops/cuda/moe.h"
 #include "quant/formats.h"
 #include "quant/mxfp4_tiles.h"
@@ -138,8 +139,26 @@ struct PlanBuffers {
   }
 };
 
-// expert_out row of pair (t, e): down_e . bf16(silu(gate_e . x_t) * (up_e . x_t)), in double.
-std::vector<float> reference_pair(const Experts& x, const std::vector<float>& tokens, int t, int e) {
+// Values as quantize_fp8_rows rounds them (rows of `cols`, a multiple of 128): E4M3 with one
+// scale a row and 128 columns, back in fp32.
+std::vector<float> fp8_rounded_rows(std::vector<float> x) {
+  const int64_t block = cuda::kFp8ScaleBlock;
+  for (size_t b = 0; b < x.size(); b += block) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(x[b + i]));
+    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    for (int64_t i = 0; i < block; ++i)
+      x[b + i] = quant::minifloat_to_f32(quant::MiniFloat::E4M3,
+                                         quant::f32_to_minifloat(quant::MiniFloat::E4M3, x[b + i] / scale)) *
+                 scale;
+  }
+  return x;
+}
+
+// expert_out row of pair (t, e): down_e . bf16(silu(gate_e . x_t) * (up_e . x_t)), in double;
+// with `fp8_act` the bf16 act rounded as fp8_rounded_rows rounds it (the W8A8 kernels).
+std::vector<float> reference_pair(const Experts& x, const std::vector<float>& tokens, int t, int e,
+                                  bool fp8_act = false) {
   const int64_t H = x.hidden, I = x.inter;
   const float* gu = x.gate_up.data() + e * 2 * I * H;
   std::vector<float> act(I);
@@ -151,6 +170,7 @@ std::vector<float> reference_pair(const Experts& x, const std::vector<float>& to
     }
     act[i] = round_bf16(static_cast<float>(g / (1.0 + std::exp(-g)) * u));
   }
+  if (fp8_act) act = fp8_rounded_rows(std::move(act));
   std::vector<float> out(H);
   const float* d = x.down.data() + e * H * I;
   for (int64_t h = 0; h < H; ++h) {
@@ -309,6 +329,72 @@ TEST_F(CudaMoe, Mxfp4StreamedExpertsMatchReference) {
   check_stream_experts(4, 6144, 2048, 2, {1, 4, 40});
   check_stream_experts(6, 384, 384, 3, {1, 50});
   check_stream_experts(30, 256, 128, 2, {3, 9}, 10);
+}
+
+// moe_experts_wgmma_fp8 (W8A8) against reference_pair over the same E4M3 roundings of the
+// tokens and of act. Each token's 128-column blocks differ in magnitude (1e-2 .. 1e2), so that
+// every token scale matters; the weights' 128 x 128 blocks have scales of their own.
+double fp8_wgmma_error(const Experts& experts, int n, const std::vector<int32_t>& ids, int top_k) {
+  const int64_t hidden = experts.hidden, inter = experts.inter, E = experts.E;
+  const int64_t P = static_cast<int64_t>(ids.size());
+  auto tokens = random_values(n * hidden, 130 + n, 2.0f);
+  for (int64_t i = 0; i < n * hidden; ++i)
+    tokens[i] = round_bf16(tokens[i] * std::pow(10.0f, static_cast<float>((i / hidden + i % hidden / 128) % 5) - 2.0f));
+  std::vector<uint16_t> tokens_bf16(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) tokens_bf16[i] = f32_to_bf16(tokens[i]);
+  PlanBuffers buffers(static_cast<int>(E), P);
+  auto d_ids = to_device(ids), d_x = to_device(tokens_bf16);
+  cuda::DeviceBuffer act(sizeof(uint16_t) * P * inter);
+  auto out = poisoned(P * hidden);
+  const int64_t np = cuda::fp8_padded_tokens(n), pp = cuda::fp8_padded_tokens(P);
+  cuda::DeviceBuffer token_codes(np * hidden), token_scales(sizeof(float) * np * hidden / 128),
+      act_codes(pp * inter), act_scales(sizeof(float) * pp * inter / 128);
+  cuda::moe_plan(d_ids.as<int32_t>(), P, static_cast<int>(E), buffers.plan(), nullptr);
+  cuda::moe_experts_wgmma_fp8(d_x.as<uint16_t>(), hidden, inter, experts.view(), buffers.plan(), static_cast<int>(E),
+                              top_k, P,
+                              {token_codes.as<uint8_t>(), token_scales.as<float>(), act_codes.as<uint8_t>(),
+                               act_scales.as<float>()},
+                              act.as<uint16_t>(), out.as<float>(), nullptr);
+  const auto got = to_host<float>(out);
+  const auto slot = to_host<int32_t>(buffers.pair_slot);
+  const auto quantised = fp8_rounded_rows(tokens);
+  std::vector<float> got_rows, want_rows;
+  for (int64_t p = 0; p < P; ++p) {
+    const auto want = reference_pair(experts, quantised, static_cast<int>(p / top_k), ids[p], true);
+    want_rows.insert(want_rows.end(), want.begin(), want.end());
+    got_rows.insert(got_rows.end(), got.begin() + slot[p] * hidden, got.begin() + (slot[p] + 1) * hidden);
+  }
+  return relative_l2(got_rows, want_rows);
+}
+
+// GLM-5.2's widths; experts with several row tiles, the last part-filled (150 tokens over 5
+// experts, top-3: 90 pairs an expert; 300 pairs an expert); most experts without pairs; more
+// experts than the tile search has threads; more steps than stages in down (inter 1024) and an
+// odd number of steps (hidden 384). Hopper's FP8 tensor cores keep about 14 bits in their own
+// sums, so a 128-k step's sum is about 1e-3 off the double one; that moves some of act's bf16
+// and then E4M3 roundings (an E4M3 step is 1/16), which the reference makes from exact sums:
+// 3.4e-3 .. 5.4e-3 on the H200. A wrong scale or tile is off by order one.
+TEST_F(CudaMoe, Fp8WgmmaExpertsMatchW8a8Reference) {
+  struct Case {
+    int64_t E, hidden, inter;
+    int top_k;
+    std::vector<int> token_counts;
+  };
+  for (const Case& c : {Case{4, 6144, 2048, 2, {1, 20}}, Case{5, 512, 256, 3, {1, 13, 150}}, Case{2, 512, 256, 2, {300}},
+                        Case{40, 256, 128, 2, {5, 70}}, Case{260, 256, 128, 4, {64}}, Case{2, 256, 1024, 2, {200}},
+                        Case{3, 384, 128, 2, {40}}}) {
+    const Experts experts = make_experts(WeightFormat::Fp8Block, true, c.E, c.hidden, c.inter, 61 + c.E, 3);
+    ASSERT_TRUE(cuda::moe_experts_wgmma_fp8_supported(experts.view(), c.hidden, c.inter));
+    for (const int n : c.token_counts) {
+      const auto ids = random_choices(n, static_cast<int>(c.E), c.top_k, 500 + n);
+      EXPECT_LT(fp8_wgmma_error(experts, n, ids, c.top_k), 1e-2)
+          << c.E << " experts, " << n << " tokens, hidden " << c.hidden << ", inter " << c.inter;
+    }
+  }
+  const Experts odd = make_experts(WeightFormat::Fp8Block, true, 2, 320, 128, 5);
+  EXPECT_FALSE(cuda::moe_experts_wgmma_fp8_supported(odd.view(), 320, 128));  // hidden not whole 128s
+  const Experts mxfp4 = make_experts(WeightFormat::Mxfp4, true, 2, 256, 128, 5);
+  EXPECT_FALSE(cuda::moe_experts_wgmma_fp8_supported(mxfp4.view(), 256, 128));
 }
 
 TEST_F(CudaMoe, Mxfp4WgmmaExpertsNeedTheirWidths) {

@@ -85,6 +85,11 @@ struct CudaModelOptions {
   // (bench/results/cuda-moe-wgmma-bf16-20261203.json), cuBLAS -> wgmma: 512 tokens (16 pairs an
   // expert) 31.3 -> 18.6 ms, 2048 (64) 33.0 -> 24.2, 4096 (128) 37.4 -> 33.3, 8192 (256) 52.2 -> 57.4.
   int wgmma_bf16_experts_max_pairs = 256;
+  // Block-FP8 routed experts from wgmma_experts_min_pairs pairs per expert through the W8A8
+  // grouped GEMMs on the FP8 tensor cores (ops::cuda::moe_experts_wgmma_fp8: the tokens and act
+  // quantised per 128 columns as the FP8 linear layers' are); false: the mma.sync kernels and,
+  // above their range, each expert widened to bf16 for cuBLAS.
+  bool wgmma_fp8_experts = true;
   // Their grouped rows a block, 64 or 128; 0: 128 from 80 pairs per expert on average (prefill
   // 3072, 96 pairs an expert: experts MXFP4 36.7 -> 30.6 ms, bf16 31.2 -> 28.5; at 64 the two
   // within 2%).

@@ -37,6 +37,23 @@ void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T) {
                   as<float>(expert_weights), s);
 }
 
+// The W8A8 expert GEMMs' E4M3 rows and scales, in buffers that path leaves unused: the tokens'
+// in pair_x ([P, hidden] bf16), act's in pair_gate_up ([P, 2 inter] fp32).
+cuda::MoeFp8Staging CudaGlm5Model::Impl::fp8_expert_staging(int64_t tokens, int64_t pairs, int64_t inter) {
+  const int64_t hidden = config.hidden_size;
+  const int64_t nt = cuda::fp8_padded_tokens(tokens), np = cuda::fp8_padded_tokens(pairs);
+  const int64_t token_codes = (nt * hidden + 15) / 16 * 16, act_codes = (np * inter + 15) / 16 * 16;
+  GLMS_CHECK(static_cast<size_t>(token_codes) + sizeof(float) * nt * hidden / 128 <= pair_x.bytes() &&
+                 static_cast<size_t>(act_codes) + sizeof(float) * np * inter / 128 <= pair_gate_up.bytes(),
+             "FP8 expert staging beyond the pair buffers");
+  cuda::MoeFp8Staging staging;
+  staging.token_codes = as<uint8_t>(pair_x);
+  staging.token_scales = reinterpret_cast<float*>(as<uint8_t>(pair_x) + token_codes);
+  staging.act_codes = as<uint8_t>(pair_gate_up);
+  staging.act_scales = reinterpret_cast<float*>(as<uint8_t>(pair_gate_up) + act_codes);
+  return staging;
+}
+
 bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, const int32_t* ids, const float* weights,
                                       int rows, int routed_rows, const StepShape& shape, float* out, bool accumulate,
                                       const float* shared, const cuda::Event* shared_ready) {
@@ -78,9 +95,12 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
   const bool below_bf16_bound = m.experts_format != ops::WeightFormat::Plain ||
                                 options.wgmma_bf16_experts_max_pairs == 0 ||
                                 routed_pairs_per_expert < options.wgmma_bf16_experts_max_pairs;
-  const bool wgmma = options.wgmma_experts_min_pairs > 0 && cuda::moe_experts_wgmma_supported(experts, hidden, inter) &&
-                     P >= int64_t{options.wgmma_experts_min_pairs} * config.n_routed_experts && P <= pair_capacity &&
-                     below_bf16_bound;
+  const bool grouped_pairs = options.wgmma_experts_min_pairs > 0 &&
+                             P >= int64_t{options.wgmma_experts_min_pairs} * config.n_routed_experts &&
+                             P <= pair_capacity;
+  const bool wgmma = grouped_pairs && cuda::moe_experts_wgmma_supported(experts, hidden, inter) && below_bf16_bound;
+  const bool wgmma_fp8 = grouped_pairs && options.wgmma_fp8_experts &&
+                         cuda::moe_experts_wgmma_fp8_supported(experts, hidden, inter);
   if (streamed) {
     // Staged rows in pair_x ([P, hidden] 2-byte values; inter <= hidden fits too).
     GLMS_CHECK(inter <= hidden, "streamed experts stage their rows in pair_x");
@@ -95,6 +115,9 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
   } else if (wgmma) {
     cuda::moe_experts_wgmma(x, hidden, inter, experts, plan, E, K, P, as<uint16_t>(pair_act), as<float>(expert_out), s,
                             options.wgmma_experts_tile_rows);
+  } else if (wgmma_fp8) {
+    cuda::moe_experts_wgmma_fp8(x, hidden, inter, experts, plan, E, K, P, fp8_expert_staging(rows, P, inter),
+                                as<uint16_t>(pair_act), as<float>(expert_out), s);
   } else if (P <= int64_t{small_pairs} * config.n_routed_experts || !shape.host_sync_ok) {
     GLMS_CHECK(P <= pair_capacity, "MoE pairs beyond the pair buffers");
     cuda::moe_experts_small(x, hidden, inter, experts, plan, E, K, chunk_tokens,

@@ -1,6 +1,6 @@
-// quantize_fp8_rows (fp32 or bf16 rows): a block of 128 threads per (token, 128-column block), a
-// value a thread; the block's largest magnitude sets the scale, then each thread writes its
-// code. Pad tokens read as zeros.
+// quantize_fp8_rows (fp32 or bf16 rows): a warp per (token, 128-column block), four values a
+// lane (one 16- or 8-byte load, one 4-byte store of codes); the block's largest magnitude, by
+// shuffles, sets the scale. Pad tokens read as zeros.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -13,39 +13,45 @@ namespace glms::ops::cuda {
 
 namespace {
 
-constexpr int kQuantizeThreads = static_cast<int>(kFp8ScaleBlock);
+constexpr int kQuantizeThreads = 256;
+constexpr int kWarps = kQuantizeThreads / 32;
+static_assert(kFp8ScaleBlock == 4 * 32, "a warp's four values a lane cover one scale block");
 
-__device__ __forceinline__ float value_of(const float* x, int64_t i) { return x[i]; }
-__device__ __forceinline__ float value_of(const uint16_t* x, int64_t i) {
-  return __uint_as_float(static_cast<uint32_t>(x[i]) << 16);
+__device__ __forceinline__ float4 four_values(const float* x) { return *reinterpret_cast<const float4*>(x); }
+__device__ __forceinline__ float4 four_values(const uint16_t* x) {
+  const uint2 v = *reinterpret_cast<const uint2*>(x);
+  return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                     __uint_as_float(v.y & 0xffff0000u));
 }
 
 template <typename T>
 __global__ void __launch_bounds__(kQuantizeThreads)
     quantize_fp8_rows_kernel(const T* x, int64_t n, int64_t padded, int64_t cols, uint8_t* codes, float* scales) {
-  __shared__ float warp_max[kQuantizeThreads / 32];
-  const int64_t token = blockIdx.x, block = blockIdx.y;
-  const int64_t i = token * cols + block * kFp8ScaleBlock + threadIdx.x;
-  const float v = token < n ? value_of(x, i) : 0.0f;
-  float amax = fabsf(v);
+  const int64_t blocks = cols / kFp8ScaleBlock;
+  const int64_t item = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32;
+  if (item >= padded * blocks) return;
+  const int64_t token = item / blocks, block = item % blocks, lane = threadIdx.x % 32;
+  const int64_t i = token * cols + block * kFp8ScaleBlock + 4 * lane;
+  const float4 v = token < n ? four_values(x + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
   for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
-  __syncthreads();
-  amax = warp_max[0];
-  for (int w = 1; w < kQuantizeThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
   const float scale = amax > 0.0f ? __fdiv_rn(amax, kE4m3Max) : 1.0f;
-  codes[i] = e4m3_of(v, scale);
-  if (threadIdx.x == 0) scales[block * padded + token] = scale;
+  *reinterpret_cast<uint32_t*>(codes + i) = static_cast<uint32_t>(e4m3_of(v.x, scale)) |
+                                           static_cast<uint32_t>(e4m3_of(v.y, scale)) << 8 |
+                                           static_cast<uint32_t>(e4m3_of(v.z, scale)) << 16 |
+                                           static_cast<uint32_t>(e4m3_of(v.w, scale)) << 24;
+  if (lane == 0) scales[block * padded + token] = scale;
 }
 
 template <typename T>
 void launch_quantize(const T* x, int64_t n, int64_t cols, uint8_t* codes, float* scales, cudaStream_t stream) {
   if (n == 0) return;
   GLMS_CHECK(cols % kFp8ScaleBlock == 0, "quantize_fp8_rows: cols a multiple of 128");
-  GLMS_CHECK(n <= 0x7fffffff && cols / kFp8ScaleBlock <= 65535, "quantize_fp8_rows: too many rows or columns");
   const int64_t padded = fp8_padded_tokens(n);
-  const dim3 grid(static_cast<unsigned>(padded), static_cast<unsigned>(cols / kFp8ScaleBlock));
-  quantize_fp8_rows_kernel<T><<<grid, kQuantizeThreads, 0, stream>>>(x, n, padded, cols, codes, scales);
+  const int64_t grid = (padded * (cols / kFp8ScaleBlock) + kWarps - 1) / kWarps;
+  GLMS_CHECK(grid <= 0x7fffffff, "quantize_fp8_rows: too many rows or columns");
+  quantize_fp8_rows_kernel<T><<<static_cast<unsigned>(grid), kQuantizeThreads, 0, stream>>>(x, n, padded, cols, codes,
+                                                                                            scales);
   check(cudaGetLastError(), "quantize_fp8_rows launch");
 }
 

@@ -128,6 +128,25 @@ void moe_experts_wgmma(const uint16_t* x, int64_t hidden, int64_t inter, const E
                        const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* act,
                        float* expert_out, cudaStream_t stream, int tile_rows = 0);
 
+// The same for block-FP8 experts (moe_experts_wgmma_fp8.cu), W8A8 as FP8 checkpoints are
+// served: x and then act quantised to E4M3 with one scale a row and 128 columns
+// (quantize_fp8_rows) into `staging`, the expert weights' codes multiplied as they are on the
+// FP8 tensor cores, each 128 k's sums scaled by the token's and the weight block's scales into
+// fp32. Tiles of 128 rows. Needs hidden and inter multiples of 128 and the weight scales uniform
+// over each 128 x 128 block (ExpertWeights' Fp8Block layout). Staging, for n = num_pairs / top_k
+// tokens and np(x) = fp8_padded_tokens(x): token_codes [np(n), hidden], token_scales
+// [hidden / 128, np(n)], act_codes [np(num_pairs), inter], act_scales [inter / 128, np(num_pairs)].
+struct MoeFp8Staging {
+  uint8_t* token_codes = nullptr;
+  float* token_scales = nullptr;
+  uint8_t* act_codes = nullptr;
+  float* act_scales = nullptr;
+};
+bool moe_experts_wgmma_fp8_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
+void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
+                           const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs,
+                           const MoeFp8Staging& staging, uint16_t* act, float* expert_out, cudaStream_t stream);
+
 // Expert `expert` of quantised `experts` widened to bf16: gate_up_out [2 * inter, hidden] and
 // down_out [hidden, inter] (MXFP4 exactly, in either layout; FP8 rounded once from code x scale).
 void dequantize_expert(const ExpertWeights& experts, int expert, int64_t hidden, int64_t inter, uint16_t* gate_up_out,

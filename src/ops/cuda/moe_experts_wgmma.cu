@@ -10,13 +10,8 @@
 // features, and walks K in steps of 128 values (one 64-byte group of quant/mxfp4_tiles.h's
 // layout a weight row). Token rows (and bf16 weights) arrive by cp.async kStages - 1 steps
 // ahead, so a copy has that many steps of multiplies to land in. Widening (about 2.5 integer
-// and bf16 ops a weight) hides behind the wgmma. Two tile shapes, each warpgroup a 64 x 128
-// wgmma accumulator (64 registers a thread):
-//   TileShape<64>:  64 rows x 256 features, warpgroup w the features 128 w ..; for gate/up
-//     warpgroup 0 takes 128 gate rows and warpgroup 1 the matching up rows, which hands its
-//     sums to warpgroup 0 through shared memory at the end.
-//   TileShape<128>: 128 rows x 128 features, warpgroup w the rows 64 w ..; for gate/up the
-//     features are 64 gate rows and the matching 64 up rows, so each thread holds both.
+// and bf16 ops a weight) hides behind the wgmma. Two tile shapes (moe_grouped.cuh's TileLayout:
+// 64 rows x 256 features or 128 x 128), each warpgroup a 64 x 128 wgmma accumulator.
 // The wide tile reads (and widens) each weight once for twice the rows (experts with many
 // pairs: long prefills); the narrow one wastes less on experts with few. The mma.sync kernels
 // (moe_experts_mma.cu) widen in registers for every 8-token tile instead.
@@ -36,6 +31,7 @@
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/moe.h"
+#include "ops/cuda/moe_grouped.cuh"
 #include "ops/cuda/wgmma.cuh"
 #include "quant/mxfp4_tiles.h"
 
@@ -46,7 +42,11 @@ namespace {
 using wgmma::descriptor;
 using wgmma::swizzled;
 
-constexpr int kThreads = 256;  // two warpgroups
+using moe_grouped::epilogue;
+using moe_grouped::find_tile;
+using moe_grouped::GroupedArgs;
+using moe_grouped::kThreads;
+using moe_grouped::Projection;
 constexpr int kStepValues = quant::kMxfp4TileValues;  // 128 k a step
 constexpr int kStepBytes = kStepValues / 2;            // a weight row's codes in a step
 constexpr int kLine = wgmma::kLineBytes;
@@ -57,12 +57,10 @@ constexpr int kWideTilePairsPerExpert = 80;
 enum class WeightSource { kMxfp4, kBf16 };
 
 template <int kRows>
-struct TileShape {
-  static_assert(kRows == 64 || kRows == 128, "64 or 128 rows a tile");
-  static constexpr int kFeatures = kRows == 64 ? 256 : 128;  // weight rows (lines) a block
-  static constexpr int kGroupRow0 = kRows == 64 ? 0 : 64;     // warpgroup w's first row: w times this
-  static constexpr int kGroupLine0 = kRows == 64 ? 128 : 0;   // warpgroup w's first weight line
-  static constexpr int kTokenBlockBytes = kRows * kLine;      // 64 k of the rows
+struct TileShape : moe_grouped::TileLayout<kRows> {
+  using Layout = moe_grouped::TileLayout<kRows>;
+  using Layout::kFeatures;
+  static constexpr int kTokenBlockBytes = kRows * kLine;       // 64 k of the rows
   static constexpr int kTokenStageBytes = 2 * kTokenBlockBytes;
   static constexpr int kWeightBlockBytes = kFeatures * kLine;  // 64 k of the features
   static constexpr int kWeightStageBytes = 2 * kWeightBlockBytes;
@@ -77,59 +75,8 @@ struct TileShape {
   static_assert(kRows != 64 || 64 * 128 * 4 <= kStageBytes, "the up sums fit a stage");
 };
 
-enum class Projection { kGateUp, kDown };
 
-struct GroupedArgs {
-  // kGateUp: token rows [n, k] read as x[sorted_pairs[p] / top_k]; kDown: act [pairs, k] by p.
-  const uint16_t* x = nullptr;
-  const int32_t* sorted_pairs = nullptr;
-  int top_k = 1;
-  const int32_t* offsets = nullptr;  // [num_experts + 1]: expert e's grouped rows
-  int num_experts = 0;
-  const uint8_t* codes = nullptr;   // MXFP4: [E, rows_per_expert, k / 2] tiled
-  const uint8_t* scales = nullptr;  // MXFP4: [E, rows_per_expert, k / 32] E8M0
-  const uint16_t* weights = nullptr;  // bf16: [E, rows_per_expert, k]
-  int64_t k = 0, rows_per_expert = 0;
-  int64_t inter = 0;          // kGateUp: the up rows start here; act is [pairs, inter]
-  uint16_t* act = nullptr;    // kGateUp output, bf16
-  float* out = nullptr;       // kDown output [pairs, rows_per_expert] fp32
-};
 
-// The expert and first grouped row of row tile `tile` (each expert's rows in tiles of kRows,
-// the experts in order), into *expert (-1 past the last tile) and *first. Every thread calls it.
-template <int kRows>
-__device__ void find_tile(const int32_t* offsets, int num_experts, int tile, int* expert, int* first,
-                          int* warp_sums) {
-  const int per = (num_experts + kThreads - 1) / kThreads;
-  const int e0 = min(num_experts, static_cast<int>(threadIdx.x) * per), e1 = min(num_experts, e0 + per);
-  int mine = 0;
-  for (int e = e0; e < e1; ++e) mine += (offsets[e + 1] - offsets[e] + kRows - 1) / kRows;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int inclusive = mine;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, inclusive, d);
-    if (lane >= d) inclusive += v;
-  }
-  if (lane == 31) warp_sums[warp] = inclusive;
-  if (threadIdx.x == 0) *expert = -1;
-  __syncthreads();
-  int start = inclusive - mine;
-  for (int w = 0; w < warp; ++w) start += warp_sums[w];
-  if (tile >= start && tile < start + mine) {
-    int left = tile - start;
-    for (int e = e0; e < e1; ++e) {
-      const int tiles = (offsets[e + 1] - offsets[e] + kRows - 1) / kRows;
-      if (left < tiles) {
-        *expert = e;
-        *first = offsets[e] + left * kRows;
-        break;
-      }
-      left -= tiles;
-    }
-  }
-  __syncthreads();
-}
 
 // Four words of codes (one per MX block of the step) and their four scale codes, widened into
 // 16-byte chunks 4 w + t (w < 4) of `line` of a weight stage whose 64-k blocks are
@@ -170,61 +117,6 @@ __device__ __forceinline__ uint4 load_codes(const uint8_t* p) {
   return v;
 }
 
-// acc[4 j + e] of thread (warp, g, tq) of warpgroup wg: row wg * kGroupRow0 + 16 warp + g +
-// 8 (e / 2), weight line wg * kGroupLine0 + 8 j + 2 tq + e % 2 of the block's.
-template <Projection P, int kRows>
-__device__ __forceinline__ void epilogue(const GroupedArgs& a, const float (&acc)[64], int first, int rows,
-                                         uint8_t* shared) {
-  using S = TileShape<kRows>;
-  const int wg = threadIdx.x / 128, u = threadIdx.x % 128, warp = u / 32, lane = u % 32, g = lane / 4, tq = lane % 4;
-  const int row0 = wg * S::kGroupRow0 + 16 * warp + g;
-  if constexpr (P == Projection::kDown) {
-    const int64_t feature0 = int64_t{blockIdx.x} * S::kFeatures + wg * S::kGroupLine0 + 2 * tq;
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = row0 + 8 * h;
-        if (r < rows)
-          *reinterpret_cast<float2*>(a.out + (first + r) * a.rows_per_expert + feature0 + 8 * j) =
-              make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-      }
-    return;
-  }
-  // act[row, f0 + i] = bf16(silu(gate_i) * up_i) for the block's kHalf features i.
-  auto write_act = [&](int r, int feature, float gate0, float up0, float gate1, float up1) {
-    const uint32_t packed = static_cast<uint32_t>(float_to_bf16(gate0 / (1.0f + expf(-gate0)) * up0)) |
-                            static_cast<uint32_t>(float_to_bf16(gate1 / (1.0f + expf(-gate1)) * up1)) << 16;
-    *reinterpret_cast<uint32_t*>(a.act + (first + r) * a.inter + int64_t{blockIdx.x} * (S::kFeatures / 2) + feature) =
-        packed;
-  };
-  if constexpr (kRows == 128) {
-    // Lines 0..63 gate, 64..127 up: feature i's up sum is 8 registers-groups on, in this thread.
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = row0 + 8 * h, i = 4 * j + 2 * h;
-        if (r < rows) write_act(r, 8 * j + 2 * tq, acc[i], acc[i + 32], acc[i + 1], acc[i + 33]);
-      }
-  } else {
-    __syncthreads();  // the stages are free
-    float* up = reinterpret_cast<float*>(shared);  // [64 registers][128 threads] of warpgroup 1
-    if (wg == 1) {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) up[i * 128 + u] = acc[i];
-    }
-    __syncthreads();
-    if (wg == 1) return;
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = row0 + 8 * h, i = 4 * j + 2 * h;
-        if (r < rows) write_act(r, 8 * j + 2 * tq, acc[i], up[i * 128 + u], acc[i + 1], up[(i + 1) * 128 + u]);
-      }
-  }
-}
 
 template <Projection P, int kRows, WeightSource W>
 __global__ void __launch_bounds__(kThreads, 1) grouped_experts_kernel(GroupedArgs a) {

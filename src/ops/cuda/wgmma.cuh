@@ -1,6 +1,7 @@
 // Hopper warpgroup tensor-core building blocks shared by the wgmma kernels (mla_wgmma.cu,
-// moe_experts_wgmma.cu, moe_experts_stream.cu): cp.async copies, the 128-byte shared-memory swizzle, matrix
-// descriptors and the bf16 wgmma shapes they use.
+// moe_experts_wgmma.cu, moe_experts_wgmma_fp8.cu, moe_experts_stream.cu): cp.async copies, the
+// 128-byte shared-memory swizzle, matrix descriptors and the wgmma shapes they use (bf16, and one
+// of E4M3 codes).
 //
 // Operands live in shared memory as 128-byte lines (64 bf16) in groups of 8 lines aligned to
 // 1024 bytes, 16-byte chunk c of line r stored at chunk c ^ (r % 8): the layout wgmma's
@@ -23,6 +24,10 @@ __device__ __forceinline__ uint32_t swizzled(int line, int chunk) {
 // 16 bytes from global to shared memory; src_bytes 0 writes zeros.
 __device__ __forceinline__ void copy_async_16(uint32_t shared_address, const void* global, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address), "l"(global), "r"(src_bytes));
+}
+// 4 bytes from global to shared memory (through L1); src_bytes 0 writes zeros.
+__device__ __forceinline__ void copy_async_4(uint32_t shared_address, const void* global, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address), "l"(global), "r"(src_bytes));
 }
 __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
@@ -90,6 +95,20 @@ __device__ __forceinline__ void m64n128k16(float (&d)[64], uint64_t a, uint64_t 
       "%64, %65, p, 1, 1, 0, %66;\n}\n"
       : GLMS_WGMMA_F16(0), GLMS_WGMMA_F16(16), GLMS_WGMMA_F16(32), GLMS_WGMMA_F16(48)
       : "l"(a), "l"(b), "n"(kTransB), "r"(1));
+}
+// d[64 x 128] (+)= A[64 x 32] B[32 x 128] of E4M3 codes, both K-major (as 8-bit operands must
+// be: a 128-byte line holds 128 k); d starts over when `accumulate` is 0.
+__device__ __forceinline__ void m64n128k32_e4m3(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1;\n}\n"
+      : GLMS_WGMMA_F16(0), GLMS_WGMMA_F16(16), GLMS_WGMMA_F16(32), GLMS_WGMMA_F16(48)
+      : "l"(a), "l"(b), "r"(accumulate));
 }
 // d[64 x 256] += A[64 x 16] B[16 x 256], both K-major.
 __device__ __forceinline__ void m64n256k16(float (&d)[128], uint64_t a, uint64_t b) {

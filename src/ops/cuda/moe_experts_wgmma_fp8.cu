@@ -1,0 +1,215 @@
+// Block-FP8 routed experts of prefill-sized batches on Hopper's FP8 warpgroup tensor cores
+// (W8A8, as DeepSeek-V3 and GLM-5-FP8 are served): the tokens are quantised to E4M3 with one
+// scale a row and 128 k (quantize_fp8_rows), the expert weights are the checkpoint's E4M3 codes
+// with their 128 x 128 block scales, and each projection is one grouped GEMM over the plan's
+// pairs; SwiGLU in the gate/up epilogue writes bf16 act, quantised again for down.
+//
+// Why this shape: a block takes 128 grouped rows of one expert and 128 weight lines
+// (moe_grouped.cuh's TileLayout<128>: for gate/up 64 gate rows and the matching 64 up rows).
+// One step is 128 k: a 128-byte line a row, one scale a token row and one a weight line, so
+// each step's wgmma sums (four m64n128k32 a warpgroup) are scaled and added into the fp32
+// accumulator in registers ("promotion": the tensor cores' own FP8 sums keep fewer bits, so
+// they never run past one scale block). Measured on the H200 (GLM-5.2 width, prefill 8192),
+// neither of two ways of hiding the promotion behind the tensor cores paid: a second step
+// accumulator (ptxas then serialised every wgmma) or the two warpgroups half a step apart
+// (43.8 against 44.2 ms of experts).
+// The weight scales are uniform over a 128-line block (a checkpoint's block grid), so a thread
+// needs one weight scale a step for its gate lines and one for its up lines (down: one).
+//
+// Shared memory (128-byte swizzle, wgmma.cuh), kStages stages of
+//   tokens  [128 rows] lines of 128 codes
+//   weights [128 features] lines of 128 codes
+//   token scales [128] fp32
+// filled by cp.async kStages - 1 steps ahead.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/linear_fp8.h"
+#include "ops/cuda/moe.h"
+#include "ops/cuda/moe_grouped.cuh"
+#include "ops/cuda/wgmma.cuh"
+
+namespace glms::ops::cuda {
+
+namespace {
+
+using moe_grouped::GroupedArgs;
+using moe_grouped::kThreads;
+using moe_grouped::Projection;
+using wgmma::descriptor;
+using wgmma::swizzled;
+
+constexpr int kRows = 128;
+using Layout = moe_grouped::TileLayout<kRows>;
+constexpr int kStepValues = static_cast<int>(kFp8ScaleBlock);  // 128 k: one line of codes a row
+constexpr int kLine = wgmma::kLineBytes;
+static_assert(kStepValues == kLine, "a step is one 128-byte line of E4M3 codes");
+constexpr int kTileBytes = kRows * kLine;          // 128 lines; also the 128 weight lines
+constexpr int kScalesOffset = 2 * kTileBytes;      // the stage's token scales
+constexpr int kStageBytes = 2 * kTileBytes + 1024;  // token scales (512 bytes), stages 1024-aligned
+constexpr int kStages = (232448 - 1024) / kStageBytes;  // 6
+constexpr int kSharedBytes = 1024 + kStages * kStageBytes;
+constexpr int kCopies = kRows * (kLine / 16) / kThreads;  // 16-byte chunks a thread a step, of each operand
+
+template <Projection P>
+__global__ void __launch_bounds__(kThreads, 1) fp8_grouped_experts_kernel(GroupedArgs a) {
+  extern __shared__ __align__(16) uint8_t shared_raw[];
+  __shared__ int tile_expert, tile_first, warp_sums[kThreads / 32];
+  moe_grouped::find_tile<kRows>(a.offsets, a.num_experts, blockIdx.y, &tile_expert, &tile_first, warp_sums);
+  if (tile_expert < 0) return;
+  const int e = tile_expert, first = tile_first, rows = min(kRows, a.offsets[e + 1] - first);
+
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
+  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
+  const uint32_t stages = raw + pad;
+  auto stage = [&](int i) { return stages + static_cast<uint32_t>(i) * kStageBytes; };
+  uint8_t* const stages_generic = shared_raw + pad;
+
+  const int wg = threadIdx.x / 128, u = threadIdx.x % 128, warp = u / 32, g = (u % 32) / 4;
+  const int64_t k = a.k, steps = k / kStepValues;
+  // Weight line r of the block: gate/up, lines 0..63 the gate rows f0 + r and 64..127 the up
+  // rows inter + f0 + r - 64, f0 = blockIdx.x * 64; down, rows blockIdx.x * 128 + r.
+  constexpr int kHalf = Layout::kFeatures / 2;
+  auto weight_row = [&](int line) -> int64_t {
+    const int64_t row = P == Projection::kGateUp
+                            ? (line < kHalf ? 0 : a.inter - kHalf) + int64_t{blockIdx.x} * kHalf + line
+                            : int64_t{blockIdx.x} * Layout::kFeatures + line;
+    return int64_t{e} * a.rows_per_expert + row;
+  };
+  // The source row (token, or grouped pair for down) of tile row r, -1 past the tile's rows.
+  auto source_of = [&](int r) -> int32_t {
+    return r >= rows ? -1 : P == Projection::kGateUp ? a.sorted_pairs[first + r] / a.top_k : first + r;
+  };
+  // This thread copies chunk c of token rows and weight lines threadIdx.x / 8 + 32 i, and (the
+  // first 128 threads) row threadIdx.x's scale.
+  const int c = threadIdx.x % 8;
+  int32_t source[kCopies];
+  const uint8_t* weight_lines[kCopies];
+#pragma unroll
+  for (int i = 0; i < kCopies; ++i) {
+    const int r = threadIdx.x / 8 + 32 * i;
+    source[i] = source_of(r);
+    weight_lines[i] = a.codes + weight_row(r) * k + 16 * c;
+  }
+  const int32_t scale_source = threadIdx.x < kRows ? source_of(threadIdx.x) : -1;
+  // The copies of step `step`, one commit group (empty past the last step, so that the groups
+  // stay counted one a step).
+  auto issue_copies = [&](int64_t step, int to) {
+    if (step < steps) {
+      const uint32_t tokens = stage(to), weights = tokens + kTileBytes;
+#pragma unroll
+      for (int i = 0; i < kCopies; ++i) {
+        const int r = threadIdx.x / 8 + 32 * i;
+        const uint8_t* from = source[i] < 0 ? a.x_codes : a.x_codes + source[i] * k + step * kStepValues + 16 * c;
+        wgmma::copy_async_16(tokens + swizzled(r, c), from, source[i] < 0 ? 0 : 16);
+        wgmma::copy_async_16(weights + swizzled(r, c), weight_lines[i] + step * kStepValues, 16);
+      }
+      if (threadIdx.x < kRows) {
+        const float* from = scale_source < 0 ? a.x_scales : a.x_scales + step * a.x_scale_stride + scale_source;
+        wgmma::copy_async_4(tokens + kScalesOffset + 4 * threadIdx.x, from, scale_source < 0 ? 0 : 4);
+      }
+    }
+    wgmma::copy_async_commit();
+  };
+  // The weight scales of a step: this block's gate lines' and up lines' (down: one for all).
+  const float* gate_scales = a.weight_scales + weight_row(0) * steps;
+  const float* up_scales = a.weight_scales + weight_row(P == Projection::kGateUp ? kHalf : 0) * steps;
+
+  // acc += part x token scale x weight scale. part[4 j + q]: row 16 warp + g + 8 (q / 2) of the
+  // warpgroup's, line 8 j + .. (j < 8: the gate lines; down: one weight scale for all).
+  float acc[1][64], part[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[0][i] = 0.0f;
+  const uint32_t token_lines = wg * Layout::kGroupRow0 * kLine;
+  const int row = wg * Layout::kGroupRow0 + 16 * warp + g;
+  for (int i = 0; i + 1 < kStages; ++i) issue_copies(i, i);
+  for (int64_t step = 0; step < steps; ++step) {
+    const int cur = static_cast<int>(step % kStages);
+    wgmma::copy_async_wait<kStages - 2>();  // this step's group; later steps' may be in flight
+    wgmma::fence_async_proxy();
+    __syncthreads();  // this step's operands are in; both warpgroups finished the last step
+    issue_copies(step + kStages - 1, static_cast<int>((step + kStages - 1) % kStages));
+    const float gate_scale = __ldg(gate_scales + step);
+    const float up_scale = P == Projection::kGateUp ? __ldg(up_scales + step) : gate_scale;
+    wgmma::pin(part);
+    wgmma::fence();
+    const uint32_t tokens = stage(cur), weights = tokens + kTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < kStepValues / 32; ++kk)
+      wgmma::m64n128k32_e4m3(part, descriptor(tokens + token_lines + 32 * kk, 16, 1024),
+                             descriptor(weights + 32 * kk, 16, 1024), kk);
+    wgmma::commit();
+    const float* token_scales = reinterpret_cast<const float*>(stages_generic + cur * kStageBytes + kScalesOffset);
+    const float t0 = token_scales[row], t1 = token_scales[row + 8];
+    const float s[2][2] = {{t0 * gate_scale, t1 * gate_scale}, {t0 * up_scale, t1 * up_scale}};
+    wgmma::wait_all();
+    wgmma::pin(part);
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[0][4 * j + q] = fmaf(part[4 * j + q], s[j / 8][q / 2], acc[0][4 * j + q]);
+  }
+  moe_grouped::epilogue<P, kRows>(a, acc[0], first, rows, stages_generic);
+}
+
+template <Projection P>
+void launch_projection(const GroupedArgs& a, int64_t blocks_x, int64_t tiles, cudaStream_t stream) {
+  auto* kernel = fp8_grouped_experts_kernel<P>;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
+        "moe_experts_wgmma (FP8) shared memory");
+  kernel<<<dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(tiles)), kThreads, kSharedBytes, stream>>>(a);
+  check(cudaGetLastError(), "moe_experts_wgmma (FP8) launch");
+}
+
+}  // namespace
+
+bool moe_experts_wgmma_fp8_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter) {
+  return experts.format == WeightFormat::Fp8Block && hidden % kFp8ScaleBlock == 0 && inter % kFp8ScaleBlock == 0;
+}
+
+void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
+                           const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs,
+                           const MoeFp8Staging& staging, uint16_t* act, float* expert_out, cudaStream_t stream) {
+  if (num_pairs <= 0 || num_experts <= 0) return;
+  GLMS_CHECK(moe_experts_wgmma_fp8_supported(experts, hidden, inter),
+             "moe_experts_wgmma: FP8 experts with hidden and inter multiples of 128");
+  GLMS_CHECK(staging.token_codes && staging.token_scales && staging.act_codes && staging.act_scales,
+             "moe_experts_wgmma: FP8 experts need their staging buffers");
+  const int64_t tokens = num_pairs / top_k;
+  // Row tiles: at most one part-filled tile per expert beyond the full ones.
+  const int64_t tiles = (num_pairs + kRows - 1) / kRows + std::min<int64_t>(num_experts, num_pairs);
+  GLMS_CHECK(tiles <= 65535, "moe_experts_wgmma: too many pairs for one launch");
+  GroupedArgs a;
+  a.sorted_pairs = plan.sorted_pairs;
+  a.top_k = top_k;
+  a.offsets = plan.offsets;
+  a.num_experts = num_experts;
+  a.inter = inter;
+  a.act = act;
+  a.out = expert_out;
+
+  quantize_fp8_rows(x, tokens, hidden, staging.token_codes, staging.token_scales, stream);
+  a.x_codes = staging.token_codes;
+  a.x_scales = staging.token_scales;
+  a.x_scale_stride = fp8_padded_tokens(tokens);
+  a.codes = static_cast<const uint8_t*>(experts.gate_up);
+  a.weight_scales = static_cast<const float*>(experts.gate_up_scales);
+  a.k = hidden;
+  a.rows_per_expert = 2 * inter;
+  launch_projection<Projection::kGateUp>(a, inter / (Layout::kFeatures / 2), tiles, stream);
+
+  quantize_fp8_rows(act, num_pairs, inter, staging.act_codes, staging.act_scales, stream);
+  a.x_codes = staging.act_codes;
+  a.x_scales = staging.act_scales;
+  a.x_scale_stride = fp8_padded_tokens(num_pairs);
+  a.codes = static_cast<const uint8_t*>(experts.down);
+  a.weight_scales = static_cast<const float*>(experts.down_scales);
+  a.k = inter;
+  a.rows_per_expert = hidden;
+  launch_projection<Projection::kDown>(a, hidden / Layout::kFeatures, tiles, stream);
+}
+
+}  // namespace glms::ops::cuda
