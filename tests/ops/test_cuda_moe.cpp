@@ -181,6 +181,39 @@ std::vector<float> reference_pair(const Experts& x, const std::vector<float>& to
   return out;
 }
 
+// One run of an expert kernel on the device: the tokens ([n, hidden], values of bf16) and the plan
+// of `ids`, act and (poisoned) out buffers; rows() reads out back in pair order.
+struct ExpertRun {
+  int64_t P, hidden;
+  PlanBuffers buffers;
+  cuda::DeviceBuffer d_ids, d_x, act, out;
+  ExpertRun(const std::vector<float>& tokens, const std::vector<int32_t>& ids, int64_t E, int64_t hidden_size,
+            int64_t inter)
+      : P(static_cast<int64_t>(ids.size())),
+        hidden(hidden_size),
+        buffers(static_cast<int>(E), P),
+        d_ids(to_device(ids)),
+        d_x(to_device(bf16_of(tokens))),
+        act(sizeof(uint16_t) * P * inter),
+        out(poisoned(P * hidden)) {
+    cuda::moe_plan(d_ids.as<int32_t>(), P, static_cast<int>(E), buffers.plan(), nullptr);
+  }
+  static std::vector<uint16_t> bf16_of(const std::vector<float>& values) {
+    std::vector<uint16_t> bf16(values.size());
+    for (size_t i = 0; i < values.size(); ++i) bf16[i] = f32_to_bf16(values[i]);
+    return bf16;
+  }
+  // Pair p's output row is out's row pair_slot[p] (the slots are a permutation of the pairs).
+  std::vector<float> rows() const {
+    const auto got = to_host<float>(out);
+    const auto slot = to_host<int32_t>(buffers.pair_slot);
+    std::vector<float> rows;
+    for (int64_t p = 0; p < P; ++p)
+      rows.insert(rows.end(), got.begin() + slot[p] * hidden, got.begin() + (slot[p] + 1) * hidden);
+    return rows;
+  }
+};
+
 // Relative L2 error of moe_experts_small over `tokens` ([n, hidden], rounded to bf16 here: the
 // kernels read bf16) routed to `ids` ([n, top_k]) against reference_pair, every pair's row.
 // With `wgmma_tile_rows` >= 0, moe_experts_wgmma instead (tiled MXFP4), in tiles of that many rows.
@@ -193,13 +226,9 @@ double experts_error(const Experts& experts, std::vector<float> tokens, const st
   const int n = static_cast<int>(tokens.size() / hidden);
   const int64_t P = static_cast<int64_t>(ids.size());
   for (float& v : tokens) v = round_bf16(v);
-  std::vector<uint16_t> tokens_bf16(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) tokens_bf16[i] = f32_to_bf16(tokens[i]);
-  PlanBuffers buffers(static_cast<int>(E), P);
-  auto d_ids = to_device(ids), d_x = to_device(tokens_bf16);
-  cuda::DeviceBuffer act(sizeof(uint16_t) * P * inter);
-  auto out = poisoned(P * hidden);
-  cuda::moe_plan(d_ids.as<int32_t>(), P, static_cast<int>(E), buffers.plan(), nullptr);
+  ExpertRun run(tokens, ids, E, hidden, inter);
+  const PlanBuffers& buffers = run.buffers;
+  const cuda::DeviceBuffer &d_x = run.d_x, &act = run.act, &out = run.out;
   cuda::DeviceBuffer staged(sizeof(uint16_t) * P * std::max(hidden, inter)), unscale(sizeof(float) * P);
   if (stream_shape >= 0)
     cuda::moe_experts_stream(d_x.as<uint16_t>(), hidden, inter, experts.view(), buffers.plan(), static_cast<int>(E),
@@ -213,19 +242,13 @@ double experts_error(const Experts& experts, std::vector<float> tokens, const st
     cuda::moe_experts_small(d_x.as<uint16_t>(), hidden, inter, experts.view(), buffers.plan(), static_cast<int>(E),
                             top_k, n, static_cast<int>(std::min<int64_t>(E, P)), act.as<uint16_t>(), out.as<float>(),
                             nullptr, tensor_cores);
-  const auto got = to_host<float>(out);
-  const auto slot = to_host<int32_t>(buffers.pair_slot);
-  // The slots are a permutation of the pairs.
-  std::vector<float> got_rows, want_rows;
-  const bool cached = reference && !reference->empty();
+  const std::vector<float> got_rows = run.rows();
+  if (reference && !reference->empty()) return relative_l2(got_rows, *reference);
+  std::vector<float> want_rows;
   for (int64_t p = 0; p < P; ++p) {
-    if (!cached) {
-      const auto want = reference_pair(experts, tokens, static_cast<int>(p / top_k), ids[p]);
-      want_rows.insert(want_rows.end(), want.begin(), want.end());
-    }
-    got_rows.insert(got_rows.end(), got.begin() + slot[p] * hidden, got.begin() + (slot[p] + 1) * hidden);
+    const auto want = reference_pair(experts, tokens, static_cast<int>(p / top_k), ids[p]);
+    want_rows.insert(want_rows.end(), want.begin(), want.end());
   }
-  if (cached) return relative_l2(got_rows, *reference);
   if (reference) *reference = want_rows;
   return relative_l2(got_rows, want_rows);
 }
@@ -340,31 +363,22 @@ double fp8_wgmma_error(const Experts& experts, int n, const std::vector<int32_t>
   auto tokens = random_values(n * hidden, 130 + n, 2.0f);
   for (int64_t i = 0; i < n * hidden; ++i)
     tokens[i] = round_bf16(tokens[i] * std::pow(10.0f, static_cast<float>((i / hidden + i % hidden / 128) % 5) - 2.0f));
-  std::vector<uint16_t> tokens_bf16(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) tokens_bf16[i] = f32_to_bf16(tokens[i]);
-  PlanBuffers buffers(static_cast<int>(E), P);
-  auto d_ids = to_device(ids), d_x = to_device(tokens_bf16);
-  cuda::DeviceBuffer act(sizeof(uint16_t) * P * inter);
-  auto out = poisoned(P * hidden);
+  ExpertRun run(tokens, ids, E, hidden, inter);
   const int64_t np = cuda::fp8_padded_tokens(n), pp = cuda::fp8_padded_tokens(P);
   cuda::DeviceBuffer token_codes(np * hidden), token_scales(sizeof(float) * np * hidden / 128),
       act_codes(pp * inter), act_scales(sizeof(float) * pp * inter / 128);
-  cuda::moe_plan(d_ids.as<int32_t>(), P, static_cast<int>(E), buffers.plan(), nullptr);
-  cuda::moe_experts_wgmma_fp8(d_x.as<uint16_t>(), hidden, inter, experts.view(), buffers.plan(), static_cast<int>(E),
-                              top_k, P,
+  cuda::moe_experts_wgmma_fp8(run.d_x.as<uint16_t>(), hidden, inter, experts.view(), run.buffers.plan(),
+                              static_cast<int>(E), top_k, P,
                               {token_codes.as<uint8_t>(), token_scales.as<float>(), act_codes.as<uint8_t>(),
                                act_scales.as<float>()},
-                              act.as<uint16_t>(), out.as<float>(), nullptr);
-  const auto got = to_host<float>(out);
-  const auto slot = to_host<int32_t>(buffers.pair_slot);
+                              run.act.as<uint16_t>(), run.out.as<float>(), nullptr);
   const auto quantised = fp8_rounded_rows(tokens);
-  std::vector<float> got_rows, want_rows;
+  std::vector<float> want_rows;
   for (int64_t p = 0; p < P; ++p) {
     const auto want = reference_pair(experts, quantised, static_cast<int>(p / top_k), ids[p], true);
     want_rows.insert(want_rows.end(), want.begin(), want.end());
-    got_rows.insert(got_rows.end(), got.begin() + slot[p] * hidden, got.begin() + (slot[p] + 1) * hidden);
   }
-  return relative_l2(got_rows, want_rows);
+  return relative_l2(run.rows(), want_rows);
 }
 
 // GLM-5.2's widths; experts with several row tiles, the last part-filled (150 tokens over 5

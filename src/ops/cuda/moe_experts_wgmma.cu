@@ -137,15 +137,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_experts_kernel(GroupedArg
 
   const int wg = threadIdx.x / 128;
   const int64_t k = a.k, steps = k / kStepValues;
-  // Weight line r of the block: gate/up, the first half gate rows f0 + r and the second the up
-  // rows inter + f0 + r - half, f0 = blockIdx.x * half; down, rows blockIdx.x * kFeatures + r.
-  constexpr int kHalf = S::kFeatures / 2;
-  auto weight_row = [&](int line) -> int64_t {
-    const int64_t row = P == Projection::kGateUp
-                            ? (line < kHalf ? 0 : a.inter - kHalf) + int64_t{blockIdx.x} * kHalf + line
-                            : int64_t{blockIdx.x} * S::kFeatures + line;
-    return int64_t{e} * a.rows_per_expert + row;
-  };
+  auto weight_row = [&](int line) { return moe_grouped::weight_row<P, S::kFeatures>(a, e, line); };
   // Token rows (and bf16 weight lines): this thread copies chunk c of rows threadIdx.x / 16 + 16 i.
   const int c = threadIdx.x % 16;
   int32_t source[S::kTokenCopies];

@@ -70,15 +70,8 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_grouped_experts_kernel(Groupe
 
   const int wg = threadIdx.x / 128, u = threadIdx.x % 128, warp = u / 32, g = (u % 32) / 4;
   const int64_t k = a.k, steps = k / kStepValues;
-  // Weight line r of the block: gate/up, lines 0..63 the gate rows f0 + r and 64..127 the up
-  // rows inter + f0 + r - 64, f0 = blockIdx.x * 64; down, rows blockIdx.x * 128 + r.
-  constexpr int kHalf = Layout::kFeatures / 2;
-  auto weight_row = [&](int line) -> int64_t {
-    const int64_t row = P == Projection::kGateUp
-                            ? (line < kHalf ? 0 : a.inter - kHalf) + int64_t{blockIdx.x} * kHalf + line
-                            : int64_t{blockIdx.x} * Layout::kFeatures + line;
-    return int64_t{e} * a.rows_per_expert + row;
-  };
+  constexpr int kHalf = Layout::kFeatures / 2;  // gate/up: lines 0..63 gate rows, 64..127 up rows
+  auto weight_row = [&](int line) { return moe_grouped::weight_row<P, Layout::kFeatures>(a, e, line); };
   // The source row (token, or grouped pair for down) of tile row r, -1 past the tile's rows.
   auto source_of = [&](int r) -> int32_t {
     return r >= rows ? -1 : P == Projection::kGateUp ? a.sorted_pairs[first + r] / a.top_k : first + r;

@@ -54,6 +54,18 @@ struct GroupedArgs {
   float* out = nullptr;       // kDown output [pairs, rows_per_expert] fp32
 };
 
+// The weight row of expert e that line `line` of a block's kFeatures lines is: gate/up, the first
+// half the gate rows f0 + line and the second the up rows inter + f0 + line - half, f0 =
+// blockIdx.x * half; down, rows blockIdx.x * kFeatures + line. Rows of the stacked [E,
+// rows_per_expert, k] weights.
+template <Projection P, int kFeatures>
+__device__ __forceinline__ int64_t weight_row(const GroupedArgs& a, int e, int line) {
+  constexpr int kHalf = kFeatures / 2;
+  const int64_t row = P == Projection::kGateUp ? (line < kHalf ? 0 : a.inter - kHalf) + int64_t{blockIdx.x} * kHalf + line
+                                               : int64_t{blockIdx.x} * kFeatures + line;
+  return int64_t{e} * a.rows_per_expert + row;
+}
+
 // The expert and first grouped row of row tile `tile` (each expert's rows in tiles of kRows,
 // the experts in order), into *expert (-1 past the last tile) and *first. Every thread calls it.
 template <int kRows>
