@@ -314,14 +314,7 @@ void moe_experts_wgmma(const uint16_t* x, int64_t hidden, int64_t inter, const E
              "moe_experts_wgmma: bf16 or tiled MXFP4 experts with hidden a multiple of 256 and inter of 128");
   if (tile_rows == 0) tile_rows = num_pairs >= int64_t{kWideTilePairsPerExpert} * num_experts ? 128 : 64;
   GLMS_CHECK(tile_rows == 64 || tile_rows == 128, "moe_experts_wgmma: tiles of 64 or 128 rows");
-  GroupedArgs a;
-  a.sorted_pairs = plan.sorted_pairs;
-  a.top_k = top_k;
-  a.offsets = plan.offsets;
-  a.num_experts = num_experts;
-  a.inter = inter;
-  a.act = act;
-  a.out = expert_out;
+  GroupedArgs a = moe_grouped::grouped_args(plan, num_experts, top_k, inter, act, expert_out);
   if (experts.format == WeightFormat::Plain)
     launch_tiles<WeightSource::kBf16>(tile_rows, a, x, experts, hidden, inter, num_pairs, stream);
   else

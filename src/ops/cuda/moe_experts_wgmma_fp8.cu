@@ -175,14 +175,7 @@ void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, con
   // Row tiles: at most one part-filled tile per expert beyond the full ones.
   const int64_t tiles = (num_pairs + kRows - 1) / kRows + std::min<int64_t>(num_experts, num_pairs);
   GLMS_CHECK(tiles <= 65535, "moe_experts_wgmma: too many pairs for one launch");
-  GroupedArgs a;
-  a.sorted_pairs = plan.sorted_pairs;
-  a.top_k = top_k;
-  a.offsets = plan.offsets;
-  a.num_experts = num_experts;
-  a.inter = inter;
-  a.act = act;
-  a.out = expert_out;
+  GroupedArgs a = moe_grouped::grouped_args(plan, num_experts, top_k, inter, act, expert_out);
 
   quantize_fp8_rows(x, tokens, hidden, staging.token_codes, staging.token_scales, stream);
   a.x_codes = staging.token_codes;

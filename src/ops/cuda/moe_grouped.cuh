@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/moe.h"
 
 namespace glms::ops::cuda::moe_grouped {
 
@@ -53,6 +54,20 @@ struct GroupedArgs {
   uint16_t* act = nullptr;    // kGateUp output, bf16
   float* out = nullptr;       // kDown output [pairs, rows_per_expert] fp32
 };
+
+// The arguments both projections share: the plan's grouping and the outputs.
+inline GroupedArgs grouped_args(const MoePlan& plan, int num_experts, int top_k, int64_t inter, uint16_t* act,
+                                float* out) {
+  GroupedArgs a;
+  a.sorted_pairs = plan.sorted_pairs;
+  a.top_k = top_k;
+  a.offsets = plan.offsets;
+  a.num_experts = num_experts;
+  a.inter = inter;
+  a.act = act;
+  a.out = out;
+  return a;
+}
 
 // The weight row of expert e that line `line` of a block's kFeatures lines is: gate/up, the first
 // half the gate rows f0 + line and the second the up rows inter + f0 + line - half, f0 =
