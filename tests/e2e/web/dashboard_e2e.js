@@ -112,10 +112,17 @@ async function main() {
 
     // Stop mid-stream: the server cancels the request (counted as abort).
     const aborted0 = await metric(port, "glmserve:request_success_total", 'finished_reason="abort"');
-    await page.$eval("#max_tokens", (e) => { e.value = "1500"; });
-    // The bundled model may reach EOS before Stop lands on a loaded machine: try again then.
+    // The bundled model may reach EOS before Stop lands on a loaded machine: try again then, in a
+    // fresh conversation (a reload; the key stays in sessionStorage), since the finished reply
+    // would leave too little of the 2048-token context for another 1500.
     let stoppedMeta = "", stoppedText = "";
     for (let attempt = 0; attempt < 3 && !stoppedMeta.includes("stopped"); ++attempt) {
+      if (attempt > 0) {
+        await page.reload({ waitUntil: "load" });
+        await page.waitForFunction(() => !!window.glmsModel, { timeout: 15000 });
+        await page.$eval("#thinking", (e) => { e.checked = false; });
+      }
+      await page.$eval("#max_tokens", (e) => { e.value = "1500"; });
       await page.type("#prompt", "Write a long module:");
       await page.click("#send");
       await page.waitForFunction(() => {
