@@ -38,13 +38,13 @@ struct GroupedArgs {
   int top_k = 1;
   const int32_t* offsets = nullptr;  // [num_experts + 1]: expert e's grouped rows
   int num_experts = 0;
-  const uint8_t* codes = nullptr;   // MXFP4: [E, rows_per_expert, k / 2] tiled
+  const uint8_t* codes = nullptr;   // MXFP4: [E, rows_per_expert, k / 2] tiled; FP8: [E, rows_per_expert, k]
   const uint8_t* scales = nullptr;  // MXFP4: [E, rows_per_expert, k / 32] E8M0
   const uint16_t* weights = nullptr;  // bf16: [E, rows_per_expert, k]
-  // FP8 (W8A8): the token rows as E4M3 codes (indexed as x) with one fp32 scale a row and 128 k,
-  // x_scales[(k / 128) * x_scale_stride + row] (ops::cuda::quantize_fp8_rows); the weights as
-  // E4M3 codes [E, rows_per_expert, k] in `codes`, each row's block scales
-  // weight_scales[(e * rows_per_expert + row) * k / 128 ..].
+  // FP8 (W8A8): the token rows as E4M3 codes (indexed as x) with one fp32 scale a row and 128
+  // columns, block b's at x_scales[b * x_scale_stride + row] (ops::cuda::quantize_fp8_rows); the
+  // weights' E4M3 codes in `codes`, row r of the stacked weights with its block scales at
+  // weight_scales[r * k / 128 ..].
   const uint8_t* x_codes = nullptr;
   const float* x_scales = nullptr;
   int64_t x_scale_stride = 0;
