@@ -65,45 +65,55 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_grouped_experts_kernel(Groupe
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
   const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
   const uint32_t stages = raw + pad;
-  auto stage = [&](int i) { return stages + static_cast<uint32_t>(i) * kStageBytes; };
   uint8_t* const stages_generic = shared_raw + pad;
 
   const int wg = threadIdx.x / 128, u = threadIdx.x % 128, warp = u / 32, g = (u % 32) / 4;
-  const int64_t k = a.k, steps = k / kStepValues;
+  const int64_t k = a.k;
+  const int steps = static_cast<int>(k / kStepValues);
   constexpr int kHalf = Layout::kFeatures / 2;  // gate/up: lines 0..63 gate rows, 64..127 up rows
   auto weight_row = [&](int line) { return moe_grouped::weight_row<P, Layout::kFeatures>(a, e, line); };
   // The source row (token, or grouped pair for down) of tile row r, -1 past the tile's rows.
   auto source_of = [&](int r) -> int32_t {
     return r >= rows ? -1 : P == Projection::kGateUp ? a.sorted_pairs[first + r] / a.top_k : first + r;
   };
-  // This thread copies chunk c of token rows and weight lines threadIdx.x / 8 + 32 i, and (the
-  // first 128 threads) row threadIdx.x's scale.
+  // The loop issues few instructions a step (the kernel is issue-bound): each copy's source is a
+  // pointer that advances a line a step, the stages and matrix descriptors advance by additions.
+  // This thread copies chunk c of token rows and weight lines threadIdx.x / 8 + 32 i (rows past
+  // the tile's: zeros, from a valid address), and (the first 128 threads) row threadIdx.x's scale.
   const int c = threadIdx.x % 8;
-  int32_t source[kCopies];
-  const uint8_t* weight_lines[kCopies];
+  const uint8_t* token_from[kCopies];
+  const uint8_t* weight_from[kCopies];
+  int token_bytes[kCopies];
+  uint32_t line_offset[kCopies];  // in a stage
 #pragma unroll
   for (int i = 0; i < kCopies; ++i) {
     const int r = threadIdx.x / 8 + 32 * i;
-    source[i] = source_of(r);
-    weight_lines[i] = a.codes + weight_row(r) * k + 16 * c;
+    const int32_t source = source_of(r);
+    token_from[i] = a.x_codes + (source < 0 ? 0 : source * k) + 16 * c;
+    token_bytes[i] = source < 0 ? 0 : 16;
+    weight_from[i] = a.codes + weight_row(r) * k + 16 * c;
+    line_offset[i] = swizzled(r, c);
   }
   const int32_t scale_source = threadIdx.x < kRows ? source_of(threadIdx.x) : -1;
-  // The copies of step `step`, one commit group (empty past the last step, so that the groups
-  // stay counted one a step).
-  auto issue_copies = [&](int64_t step, int to) {
-    if (step < steps) {
-      const uint32_t tokens = stage(to), weights = tokens + kTileBytes;
+  const float* scale_from = a.x_scales + (scale_source < 0 ? 0 : scale_source);
+  const int scale_bytes = scale_source < 0 ? 0 : 4;
+  int issued = 0, issue_stage = 0;  // steps whose copies are issued; the stage of the next
+  // The copies of the next step into its stage, one commit group (empty past the last step, so
+  // that the groups stay counted one a step).
+  auto issue_copies = [&]() {
+    if (issued < steps) {
+      const uint32_t tokens = stages + static_cast<uint32_t>(issue_stage) * kStageBytes, weights = tokens + kTileBytes;
 #pragma unroll
       for (int i = 0; i < kCopies; ++i) {
-        const int r = threadIdx.x / 8 + 32 * i;
-        const uint8_t* from = source[i] < 0 ? a.x_codes : a.x_codes + source[i] * k + step * kStepValues + 16 * c;
-        wgmma::copy_async_16(tokens + swizzled(r, c), from, source[i] < 0 ? 0 : 16);
-        wgmma::copy_async_16(weights + swizzled(r, c), weight_lines[i] + step * kStepValues, 16);
+        wgmma::copy_async_16(tokens + line_offset[i], token_from[i], token_bytes[i]);
+        wgmma::copy_async_16(weights + line_offset[i], weight_from[i], 16);
+        token_from[i] += kStepValues;
+        weight_from[i] += kStepValues;
       }
-      if (threadIdx.x < kRows) {
-        const float* from = scale_source < 0 ? a.x_scales : a.x_scales + step * a.x_scale_stride + scale_source;
-        wgmma::copy_async_4(tokens + kScalesOffset + 4 * threadIdx.x, from, scale_source < 0 ? 0 : 4);
-      }
+      if (threadIdx.x < kRows) wgmma::copy_async_4(tokens + kScalesOffset + 4 * threadIdx.x, scale_from, scale_bytes);
+      scale_from += a.x_scale_stride;
+      ++issued;
+      issue_stage = issue_stage + 1 == kStages ? 0 : issue_stage + 1;
     }
     wgmma::copy_async_commit();
   };
@@ -116,28 +126,32 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_grouped_experts_kernel(Groupe
   float acc[1][64], part[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[0][i] = 0.0f;
-  const uint32_t token_lines = wg * Layout::kGroupRow0 * kLine;
   const int row = wg * Layout::kGroupRow0 + 16 * warp + g;
-  for (int i = 0; i + 1 < kStages; ++i) issue_copies(i, i);
-  for (int64_t step = 0; step < steps; ++step) {
-    const int cur = static_cast<int>(step % kStages);
+  // Stage 0's descriptors; a stage and 32 k further on add their byte offsets / 16 (the start
+  // address field, which shared addresses under 256 KB never carry out of).
+  const uint64_t token_descriptor = descriptor(stages + wg * Layout::kGroupRow0 * kLine, 16, 1024);
+  const uint64_t weight_descriptor = descriptor(stages + kTileBytes, 16, 1024);
+  for (int i = 0; i + 1 < kStages; ++i) issue_copies();
+  int cur = 0;
+  for (int step = 0; step < steps; ++step) {
     wgmma::copy_async_wait<kStages - 2>();  // this step's group; later steps' may be in flight
     wgmma::fence_async_proxy();
     __syncthreads();  // this step's operands are in; both warpgroups finished the last step
-    issue_copies(step + kStages - 1, static_cast<int>((step + kStages - 1) % kStages));
+    issue_copies();   // step + kStages - 1, into the stage the last step read
     const float gate_scale = __ldg(gate_scales + step);
     const float up_scale = P == Projection::kGateUp ? __ldg(up_scales + step) : gate_scale;
     wgmma::pin(part);
     wgmma::fence();
-    const uint32_t tokens = stage(cur), weights = tokens + kTileBytes;
+    const uint64_t stage_offset = static_cast<uint64_t>(cur * kStageBytes) >> 4;
 #pragma unroll
     for (int kk = 0; kk < kStepValues / 32; ++kk)
-      wgmma::m64n128k32_e4m3(part, descriptor(tokens + token_lines + 32 * kk, 16, 1024),
-                             descriptor(weights + 32 * kk, 16, 1024), kk);
+      wgmma::m64n128k32_e4m3(part, token_descriptor + stage_offset + 2 * kk, weight_descriptor + stage_offset + 2 * kk,
+                             kk);
     wgmma::commit();
     const float* token_scales = reinterpret_cast<const float*>(stages_generic + cur * kStageBytes + kScalesOffset);
     const float t0 = token_scales[row], t1 = token_scales[row + 8];
     const float s[2][2] = {{t0 * gate_scale, t1 * gate_scale}, {t0 * up_scale, t1 * up_scale}};
+    cur = cur + 1 == kStages ? 0 : cur + 1;
     wgmma::wait_all();
     wgmma::pin(part);
 #pragma unroll
