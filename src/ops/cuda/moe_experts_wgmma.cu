@@ -130,52 +130,64 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_experts_kernel(GroupedArg
 
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
   const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
-  // Stage i: tokens at stage(i), its weights kTokenStageBytes on.
+  // Stage i: tokens at stages + i * kStageBytes, its weights kTokenStageBytes on.
   const uint32_t stages = raw + pad;
-  auto stage = [&](int i) { return stages + static_cast<uint32_t>(i) * S::kStageBytes; };
   uint8_t* const stages_generic = shared_raw + pad;
 
   const int wg = threadIdx.x / 128;
-  const int64_t k = a.k, steps = k / kStepValues;
+  const int64_t k = a.k;
+  const int steps = static_cast<int>(k / kStepValues);
   auto weight_row = [&](int line) { return moe_grouped::weight_row<P, S::kFeatures>(a, e, line); };
-  // Token rows (and bf16 weight lines): this thread copies chunk c of rows threadIdx.x / 16 + 16 i.
+  // The loop issues few instructions a step besides the widening: each copy's source is a pointer
+  // that advances a step at a time, the stages and matrix descriptors advance by additions.
+  // Token rows (and bf16 weight lines): this thread copies chunk c of rows threadIdx.x / 16 + 16 i
+  // (rows past the tile's: zeros, from a valid address).
   const int c = threadIdx.x % 16;
-  int32_t source[S::kTokenCopies];
+  const uint16_t* token_from[S::kTokenCopies];
+  int token_bytes[S::kTokenCopies];
 #pragma unroll
   for (int i = 0; i < S::kTokenCopies; ++i) {
     const int r = threadIdx.x / 16 + 16 * i;
-    source[i] = r >= rows ? -1 : P == Projection::kGateUp ? a.sorted_pairs[first + r] / a.top_k : first + r;
+    const int32_t source =
+        r >= rows ? -1 : P == Projection::kGateUp ? a.sorted_pairs[first + r] / a.top_k : first + r;
+    token_from[i] = a.x + (source < 0 ? 0 : source * k) + 8 * c;
+    token_bytes[i] = source < 0 ? 0 : 16;
   }
-  const uint16_t* weight_lines[W == WeightSource::kBf16 ? S::kWeightCopies : 1];
+  const uint16_t* weight_from[W == WeightSource::kBf16 ? S::kWeightCopies : 1];
   if constexpr (W == WeightSource::kBf16) {
 #pragma unroll
-    for (int i = 0; i < S::kWeightCopies; ++i) weight_lines[i] = a.weights + weight_row(threadIdx.x / 16 + 16 * i) * k + 8 * c;
+    for (int i = 0; i < S::kWeightCopies; ++i) weight_from[i] = a.weights + weight_row(threadIdx.x / 16 + 16 * i) * k + 8 * c;
   }
-  // The copies of step `step` into stage `to`, one commit group (empty past the last step, so
+  int issued = 0, issue_stage = 0;  // steps whose copies are issued; the stage of the next
+  // The copies of the next step into its stage, one commit group (empty past the last step, so
   // that the groups stay counted one a step).
-  auto issue_copies = [&](int64_t step, int to) {
-    if (step < steps) {
-      const uint32_t tokens = stage(to);
+  auto issue_copies = [&]() {
+    if (issued < steps) {
+      const uint32_t tokens = stages + static_cast<uint32_t>(issue_stage) * S::kStageBytes;
 #pragma unroll
       for (int i = 0; i < S::kTokenCopies; ++i) {
         const int r = threadIdx.x / 16 + 16 * i;
-        const uint16_t* from = source[i] < 0 ? a.x : a.x + source[i] * k + step * kStepValues + 8 * c;
-        wgmma::copy_async_16(tokens + (c / 8) * S::kTokenBlockBytes + swizzled(r, c % 8), from, source[i] < 0 ? 0 : 16);
+        wgmma::copy_async_16(tokens + (c / 8) * S::kTokenBlockBytes + swizzled(r, c % 8), token_from[i], token_bytes[i]);
+        token_from[i] += kStepValues;
       }
       if constexpr (W == WeightSource::kBf16) {
         const uint32_t weights = tokens + S::kTokenStageBytes;
 #pragma unroll
-        for (int i = 0; i < S::kWeightCopies; ++i)
+        for (int i = 0; i < S::kWeightCopies; ++i) {
           wgmma::copy_async_16(weights + (c / 8) * S::kWeightBlockBytes + swizzled(threadIdx.x / 16 + 16 * i, c % 8),
-                               weight_lines[i] + step * kStepValues, 16);
+                               weight_from[i], 16);
+          weight_from[i] += kStepValues;
+        }
       }
+      ++issued;
+      issue_stage = issue_stage + 1 == kStages ? 0 : issue_stage + 1;
     }
     wgmma::copy_async_commit();
   };
   // MXFP4 widening: pass p covers lines 64 p + threadIdx.x / 4, 16 bytes (t = threadIdx.x % 4) each.
   const int t = threadIdx.x % 4;
   constexpr int kPasses = W == WeightSource::kMxfp4 ? S::kPasses : 1;
-  const uint8_t* codes[kPasses];
+  const uint8_t* codes[kPasses];   // the next step's to load
   const uint8_t* scales[kPasses];
   uint4 q[kPasses];
   uint32_t sc[kPasses];
@@ -187,11 +199,14 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_experts_kernel(GroupedArg
       scales[p] = a.scales + row * (k / 32);
     }
   }
-  auto load_codes_of = [&](int64_t step) {
+  // The codes of the next step (steps in order) into q and sc.
+  auto load_next_codes = [&]() {
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
-      q[p] = load_codes(codes[p] + step * kStepBytes);
-      sc[p] = __ldg(reinterpret_cast<const uint32_t*>(scales[p] + step * 4));
+      q[p] = load_codes(codes[p]);
+      sc[p] = __ldg(reinterpret_cast<const uint32_t*>(scales[p]));
+      codes[p] += kStepBytes;
+      scales[p] += 4;
     }
   };
   auto widen_into = [&](int to) {
@@ -209,39 +224,42 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_experts_kernel(GroupedArg
   };
 
   // This warpgroup's accumulator: rows wg * kGroupRow0 .., weight lines wg * kGroupLine0 ...
-  const uint32_t token_lines = wg * S::kGroupRow0 * kLine, weight_lines_offset = wg * S::kGroupLine0 * kLine;
+  // Stage 0's descriptors; a stage, a 64-k block and 16 k further on add their byte offsets / 16
+  // (the start address field, which shared addresses under 256 KB never carry out of).
+  const uint64_t token_descriptor = descriptor(stages + wg * S::kGroupRow0 * kLine, 16, 1024);
+  const uint64_t weight_descriptor = descriptor(stages + S::kTokenStageBytes + wg * S::kGroupLine0 * kLine, 16, 1024);
   float acc[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-  for (int i = 0; i + 1 < kStages; ++i) issue_copies(i, i);
+  for (int i = 0; i + 1 < kStages; ++i) issue_copies();
   if constexpr (W == WeightSource::kMxfp4) {
-    load_codes_of(0);
+    load_next_codes();
     widen_into(0);
-    if (steps > 1) load_codes_of(1);
+    if (steps > 1) load_next_codes();
   }
-  for (int64_t step = 0; step < steps; ++step) {
-    const int cur = static_cast<int>(step % kStages);
+  int cur = 0;
+  for (int step = 0; step < steps; ++step) {
     wgmma::copy_async_wait<kStages - 2>();  // this step's group; later steps' may still be in flight
     wgmma::fence_async_proxy();
     __syncthreads();  // this step's operands are in; both warpgroups finished the last step's wgmma
     // The stage the last step read is free: the copies kStages - 1 steps ahead go there.
-    issue_copies(step + kStages - 1, static_cast<int>((step + kStages - 1) % kStages));
+    issue_copies();
     wgmma::pin(acc);
     wgmma::fence();
-    const uint32_t tokens = stage(cur), weights = tokens + S::kTokenStageBytes;
+    const uint64_t stage_offset = static_cast<uint64_t>(cur * S::kStageBytes) >> 4;
 #pragma unroll
     for (int kk = 0; kk < kStepValues / 16; ++kk) {
       const uint32_t column = (kk % 4) * 32;  // 16 k a step inside the 64-k block
-      wgmma::m64n128k16<0>(
-          acc, descriptor(tokens + (kk / 4) * S::kTokenBlockBytes + token_lines + column, 16, 1024),
-          descriptor(weights + (kk / 4) * S::kWeightBlockBytes + weight_lines_offset + column, 16, 1024));
+      wgmma::m64n128k16<0>(acc, token_descriptor + stage_offset + ((kk / 4) * S::kTokenBlockBytes + column) / 16,
+                           weight_descriptor + stage_offset + ((kk / 4) * S::kWeightBlockBytes + column) / 16);
     }
     wgmma::commit();
+    cur = cur + 1 == kStages ? 0 : cur + 1;
     if constexpr (W == WeightSource::kMxfp4) {
       // The next step's weights go to its stage, which no wgmma reads now (kStages >= 2).
       if (step + 1 < steps) {
-        widen_into(static_cast<int>((step + 1) % kStages));
-        if (step + 2 < steps) load_codes_of(step + 2);
+        widen_into(cur);
+        if (step + 2 < steps) load_next_codes();
       }
     }
     wgmma::wait_all();
