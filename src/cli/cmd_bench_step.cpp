@@ -63,6 +63,7 @@ struct BenchStepOptions {
   int wgmma_experts_tile_rows = model::CudaModelOptions{}.wgmma_experts_tile_rows;
   int wgmma_bf16_experts_max_pairs = model::CudaModelOptions{}.wgmma_bf16_experts_max_pairs;
   bool wgmma_fp8_experts = model::CudaModelOptions{}.wgmma_fp8_experts;
+  bool fp8_prefill_indexer = model::CudaModelOptions{}.fp8_prefill_indexer;
   int stream_experts_min_pairs = model::CudaModelOptions{}.stream_experts_min_pairs;
   int stream_experts_max_pairs = model::CudaModelOptions{}.stream_experts_max_pairs;
   int stream_experts_shape = model::CudaModelOptions{}.stream_experts_shape;
@@ -275,6 +276,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.wgmma_experts_tile_rows = o.wgmma_experts_tile_rows;
   options.wgmma_bf16_experts_max_pairs = o.wgmma_bf16_experts_max_pairs;
   options.wgmma_fp8_experts = o.wgmma_fp8_experts;
+  options.fp8_prefill_indexer = o.fp8_prefill_indexer;
   options.stream_experts_min_pairs = o.stream_experts_min_pairs;
   options.stream_experts_max_pairs = o.stream_experts_max_pairs;
   options.stream_experts_shape = o.stream_experts_shape;
@@ -523,6 +525,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"wgmma_experts_tile_rows", o.wgmma_experts_tile_rows},
                         {"wgmma_bf16_experts_max_pairs", o.wgmma_bf16_experts_max_pairs},
                         {"wgmma_fp8_experts", o.wgmma_fp8_experts},
+                        {"fp8_prefill_indexer", o.fp8_prefill_indexer},
                         {"stream_experts_min_pairs", o.stream_experts_min_pairs},
                         {"stream_experts_max_pairs", o.stream_experts_max_pairs},
                         {"stream_experts_shape", o.stream_experts_shape},
@@ -635,6 +638,10 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--wgmma-indexer", o->wgmma_indexer,
                   "Long prefill chunks' indexer scores on the warpgroup tensor cores, fused with the sum over heads "
                   "(true/false; false: a TF32 GEMM through per-head products in memory)")
+      ->capture_default_str();
+  cmd->add_option("--fp8-prefill-indexer", o->fp8_prefill_indexer,
+                  "Those indexer scores with E4M3 queries and keys on the FP8 tensor cores (true/false; DeepSeek-V3.2's "
+                  "FP8 indexer)")
       ->capture_default_str();
   cmd->add_option("--wgmma-experts-min-pairs", o->wgmma_experts_min_pairs,
                   "Routed experts (tiled MXFP4 or bf16) run as grouped GEMMs on the warpgroup tensor cores from this "

@@ -445,16 +445,25 @@ struct IndexerProblem {
     return a;
   }
   // Token t's scores over positions [0, positions[t]] in double: sum_h relu(q_h . k_j * softmax
-  // scale) * w_h * head scale.
-  std::vector<float> reference(int t) const {
+  // scale) * w_h * head scale. With `fp8_operands` over each query row and bf16 key rounded to
+  // E4M3 with a scale of its own (quant::round_index_key_fp8; FP8 keys are so already).
+  std::vector<float> reference(int t, bool fp8_operands = false) const {
     const double softmax_scale = 1.0 / std::sqrt(double(dim)), head_scale = 1.0 / std::sqrt(double(heads));
     std::vector<float> expected(positions[t] + 1);
+    std::vector<float> query(q.begin() + int64_t{t} * heads * dim, q.begin() + int64_t{t + 1} * heads * dim), rounded;
+    if (fp8_operands)
+      for (int h = 0; h < heads; ++h) quant::round_index_key_fp8(query.data() + h * dim, dim);
     for (int j = 0; j <= positions[t]; ++j) {
       const float* key = keys.data() + paged.slot(token_sequence[t], j) * dim;
+      if (fp8_operands && dscales.bytes() == 0) {
+        rounded.assign(key, key + dim);
+        quant::round_index_key_fp8(rounded.data(), dim);
+        key = rounded.data();
+      }
       double score = 0;
       for (int h = 0; h < heads; ++h) {
         double dot = 0;
-        for (int k = 0; k < dim; ++k) dot += double(q[(int64_t{t} * heads + h) * dim + k]) * key[k];
+        for (int k = 0; k < dim; ++k) dot += double(query[h * dim + k]) * key[k];
         score += std::max(dot * softmax_scale, 0.0) * w[int64_t{t} * heads + h] * head_scale;
       }
       expected[j] = static_cast<float>(score);
@@ -467,7 +476,9 @@ struct IndexerProblem {
 // double reference: blocks of 8 tokens with a part-filled last one, tokens whose context fits
 // top_k left unwritten, and nothing written at or past a token's causal extent; with a small
 // top_k the key tiles are split over several blocks of each token group.
-void check_indexer_wgmma(int context, int chunk_first, int top_k, bool fp8 = false) {
+// With `fp8_operands` the FP8 indexer, against the reference over the same E4M3 roundings: its
+// only other error is the FP8 tensor cores' ~14-bit sums over 128 dims.
+void check_indexer_wgmma(int context, int chunk_first, int top_k, bool fp8 = false, bool fp8_operands = false) {
   std::vector<Token> tokens;
   for (int p = chunk_first; p < context; ++p) tokens.push_back({0, p});
   const IndexerProblem problem({context}, 9, tokens, 32, 128, 4, fp8);
@@ -479,7 +490,7 @@ void check_indexer_wgmma(int context, int chunk_first, int top_k, bool fp8 = fal
   ASSERT_TRUE(cuda::indexer_scores_wgmma_supported(a.heads, a.dim));
   cuda::DeviceBuffer gathered_keys(int64_t{context} * a.dim * sizeof(float));
   cuda::indexer_scores_wgmma(a, problem.dtables.as<int32_t>(), context, {gathered_keys.as<float>(), nullptr, 0},
-                             nullptr);
+                             nullptr, fp8_operands);
   const auto scores = to_host<float>(dscores, int64_t{T} * stride);
   int scored = 0;
   for (int t = 0; t < T; ++t) {
@@ -490,8 +501,8 @@ void check_indexer_wgmma(int context, int chunk_first, int top_k, bool fp8 = fal
     EXPECT_EQ(written_past, 0) << "token " << t << (causal <= top_k ? " (selects every position)" : " past its extent");
     if (causal <= top_k) continue;
     ++scored;
-    EXPECT_LT(relative_l2(row, problem.reference(t).data(), causal), 1e-2)
-        << "token " << t << " (position " << problem.positions[t] << ")";
+    EXPECT_LT(relative_l2(row, problem.reference(t, fp8_operands).data(), causal), fp8_operands ? 2e-3 : 1e-2)
+        << "token " << t << " (position " << problem.positions[t] << ")" << (fp8_operands ? ", E4M3 operands" : "");
   }
   EXPECT_GT(scored, 0);
 }
@@ -500,6 +511,14 @@ TEST_F(CudaAttention, IndexerWgmmaScoresAChunkLikeTheCpu) {
   check_indexer_wgmma(2100, 2030, 2048);  // 70 tokens: 18 select everything, the rest score 2049..2100 keys
   check_indexer_wgmma(700, 599, 64);      // 101 tokens, 6 key tiles split over blocks
   check_indexer_wgmma(700, 599, 64, /*fp8=*/true);
+}
+
+// The FP8 indexer (E4M3 queries and keys): over a bf16 cache (its keys rounded when gathered)
+// and an FP8 cache (its codes as they are), the same shapes.
+TEST_F(CudaAttention, IndexerWgmmaWithE4m3OperandsScoresTheRoundedOperands) {
+  check_indexer_wgmma(2100, 2030, 2048, false, true);
+  check_indexer_wgmma(700, 599, 64, false, true);
+  check_indexer_wgmma(700, 599, 64, true, true);
 }
 
 TEST_F(CudaAttention, IndexerScoresMatchCpu) {

@@ -216,7 +216,7 @@ void CudaGlm5Model::Impl::score_indexer_keys(int l, const StepShape& shape) {
         chunk.launch_tokens = seq.num_tokens;
         if (options.wgmma_indexer && cuda::indexer_scores_wgmma_supported(IH, ID))
           cuda::indexer_scores_wgmma(chunk, block_tables + int64_t{index} * max_blocks, seq.context_len,
-                                     workspace, s);
+                                     workspace, s, options.fp8_prefill_indexer);
         else
           cuda::indexer_scores_gemm(chunk, block_tables + int64_t{index} * max_blocks, seq.context_len,
                                     workspace, gemm, s);

@@ -75,6 +75,10 @@ struct CudaModelOptions {
   // per-head products go through global memory. Prefill 8192 on the H200 at GLM-5.2 width:
   // indexer 21.95 -> 12.76 ms, 160.1 -> 150.1 ms in all.
   bool wgmma_indexer = true;
+  // Those scores with E4M3 queries and keys (DeepSeek-V3.2's FP8 indexer: a scale a query row and
+  // a key, the codes on the FP8 tensor cores; ops::cuda::indexer_scores_wgmma's fp8_operands).
+  // The CPU reference keeps fp32 scores, so near-tied positions can enter or leave the top-k.
+  bool fp8_prefill_indexer = false;
   // Routed experts (tiled MXFP4, or bf16) through the grouped GEMMs on the warpgroup tensor
   // cores (ops::cuda::moe_experts_wgmma) where a step has at least this many pairs per expert on
   // average; 0: never (MXFP4: the mma.sync kernels and, above their range, widening to bf16;

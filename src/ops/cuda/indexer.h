@@ -57,9 +57,13 @@ void indexer_scores_gemm(const IndexerScoreArgs& args, const int32_t* block_tabl
 // memory (indexer_wgmma.cu): the sequence's keys gathered once as bf16 into workspace.keys, the
 // queries rounded to bf16, fp32 sums. bf16 inputs move scores by about 4e-3 relative (TF32's
 // 1e-3 above): again only near-tied positions can leave or join the top-k.
+// With `fp8_operands`, DeepSeek-V3.2's FP8 indexer: each query row (token, head) and each key
+// rounded to E4M3 with a scale of its own (amax / 448; an FP8 cache's keys are already so), the
+// codes multiplied on the FP8 tensor cores; the scores are then those of the rounded operands
+// (quant::round_index_key_fp8 on the host), within about 1e-3 relative.
 bool indexer_scores_wgmma_supported(int heads, int dim);
 void indexer_scores_wgmma(const IndexerScoreArgs& args, const int32_t* block_table, int context,
-                          const IndexerGemmWorkspace& workspace, cudaStream_t stream);
+                          const IndexerGemmWorkspace& workspace, cudaStream_t stream, bool fp8_operands = false);
 
 // The decode scores (indexer_scores' job) on Hopper's warpgroup tensor cores for GLM-5's indexer
 // (32 heads of 128), fused with the relu, head weights and sum over heads (indexer_decode_wgmma.cu):

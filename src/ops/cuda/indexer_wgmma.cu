@@ -11,10 +11,17 @@
 // run over heads). Each thread then weights and sums its 8 heads of each token in registers, two
 // shuffles over the quad finish the 32, and only [token, key] scores leave the SM.
 //
-// Shared memory (128-byte swizzle, wgmma.cuh):
-//   queries [2 blocks of 64 dims][256 lines: token * 32 + head]   65536 B
-//   keys    [2 stages][2 blocks of 64 dims][128 keys]              65536 B
+// With E4M3 operands (DeepSeek-V3.2's FP8 indexer) each query row is rounded to E4M3 with a
+// scale of its own (amax / 448) and each key with one (as the FP8 cache stores it: its codes are
+// read as they are; a bf16 cache's keys are rounded when they are gathered), wgmma m64n256k32
+// multiplies the codes, the query scales go into the head weights and each key's scale
+// multiplies its summed score (relu(s x) = s relu(x) for s >= 0).
+//
+// Shared memory (128-byte swizzle, wgmma.cuh), bf16 (E4M3: one block of 128 dims a line):
+//   queries [2 blocks of 64 dims][256 lines: token * 32 + head]   65536 B (32768)
+//   keys    [2 stages][2 blocks of 64 dims][128 keys]              65536 B (32768)
 //   weights [8 tokens][4 lanes][4][2] fp32 (a lane's 8 heads of a token together)  1024 B
+//   query scales [256 lines] fp32 (E4M3 only)                      1024 B
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -37,13 +44,21 @@ constexpr int kThreads = 256;  // two warpgroups
 constexpr int kHeads = 32, kDim = 128, kTokens = 8, kKeys = 128;
 constexpr int kLine = wgmma::kLineBytes;
 constexpr int kQueryLines = kTokens * kHeads;                // 256: wgmma's N
-constexpr int kQueryBlockBytes = kQueryLines * kLine;        // 64 dims of every query row
-constexpr int kQueryBytes = 2 * kQueryBlockBytes;            // 65536
-constexpr int kKeyBlockBytes = kKeys * kLine;                // 64 dims of a tile's keys
-constexpr int kKeyStageBytes = 2 * kKeyBlockBytes;           // 32768
+constexpr int kQueryBlockBytes = kQueryLines * kLine;        // a line of every query row
+constexpr int kKeyBlockBytes = kKeys * kLine;                // a line of a tile's keys
 constexpr int kWeightBytes = kTokens * kHeads * 4;           // 1024
-constexpr int kSharedBytes = 1024 + kQueryBytes + 2 * kKeyStageBytes + kWeightBytes;  // 1024: alignment
-static_assert(kSharedBytes <= 232448, "one block an SM");
+
+// The shared-memory plan by operand type: a 128-byte line holds 64 bf16 or 128 E4M3 dims.
+template <bool kFp8>
+struct Operands {
+  static constexpr int kBlocks = kFp8 ? 1 : 2;  // lines a row
+  static constexpr int kQueryBytes = kBlocks * kQueryBlockBytes;
+  static constexpr int kKeyStageBytes = kBlocks * kKeyBlockBytes;
+  static constexpr int kQueryScaleBytes = kFp8 ? kQueryLines * 4 : 0;
+  static constexpr int kSharedBytes =
+      1024 + kQueryBytes + 2 * kKeyStageBytes + kWeightBytes + kQueryScaleBytes;  // 1024: alignment
+  static_assert(kSharedBytes <= 232448, "one block an SM");
+};
 
 // out[j, :] = the key of position j as bf16: 16 threads a key, 16 bytes out each (FP8 keys:
 // eight codes times the key's scale, rounded to bf16).
@@ -63,15 +78,62 @@ __global__ void gather_keys_bf16_kernel(const void* key_cache, const float* key_
   }
 }
 
-// Block (8 tokens of the chunk, key tiles blockIdx.y, + gridDim.y, ...); keys: [context, 128] bf16.
-__global__ void __launch_bounds__(kThreads, 1)
-    indexer_wgmma_kernel(IndexerScoreArgs a, int first, int count, int context, const uint16_t* keys) {
+// codes[j, :] and scales[j] = the key of position j as E4M3 with one scale: 16 threads a key,
+// eight codes each. FP8 cache keys are copied as they are; bf16 keys are rounded as the FP8
+// cache rounds its keys (amax / 448; a key of zeros gets scale 0 and zero codes).
+__global__ void gather_keys_fp8_kernel(const void* key_cache, const float* key_scales, const int32_t* block_table,
+                                       int block_size, int context, uint8_t* codes, float* scales) {
+  const int j = blockIdx.x * 16 + threadIdx.x / 16, chunk = threadIdx.x % 16;
+  const bool valid = j < context;  // every lane takes part in the shuffles
+  const int64_t slot =
+      valid ? static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size : 0;
+  uint2* dst = reinterpret_cast<uint2*>(codes + static_cast<int64_t>(j) * kDim) + chunk;
+  if (key_scales) {
+    if (!valid) return;
+    *dst = reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(key_cache) + slot * kDim)[chunk];
+    if (chunk == 0) scales[j] = key_scales[slot];
+    return;
+  }
+  float v[8] = {};
+  if (valid) {
+    const uint4 bf16 = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(key_cache) + slot * kDim)[chunk];
+    const uint32_t words[4] = {bf16.x, bf16.y, bf16.z, bf16.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = __uint_as_float(words[i] << 16);
+      v[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    }
+  }
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+#pragma unroll
+  for (int offset = 8; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  if (!valid) return;
+  const float scale = e4m3_scale_of(amax);
+  uint32_t packed[2] = {0, 0};
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    packed[i / 4] |= static_cast<uint32_t>(scale > 0.0f ? e4m3_of(v[i], scale) : 0) << (8 * (i % 4));
+  *dst = make_uint2(packed[0], packed[1]);
+  if (chunk == 0) scales[j] = scale;
+}
+
+// Block (8 tokens of the chunk, key tiles blockIdx.y, + gridDim.y, ...); keys: [context, 128]
+// bf16, or E4M3 codes with key_scales [context] (kFp8).
+template <bool kFp8>
+__global__ void __launch_bounds__(kThreads, 1) indexer_wgmma_kernel(IndexerScoreArgs a, int first, int count,
+                                                                    int context, const void* keys,
+                                                                    const float* key_scales) {
+  using O = Operands<kFp8>;
+  constexpr int kQueryBytes = O::kQueryBytes, kKeyStageBytes = O::kKeyStageBytes;
   extern __shared__ __align__(16) uint8_t shared_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
   const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
   const uint32_t queries = raw + pad, key_stages = queries + kQueryBytes;
   uint8_t* const queries_generic = shared_raw + pad;
   float* const weights = reinterpret_cast<float*>(shared_raw + pad + kQueryBytes + 2 * kKeyStageBytes);
+  float* const query_scales = weights + kTokens * kHeads;  // kFp8
 
   const int token0 = first + blockIdx.x * kTokens, tokens = min(kTokens, first + count - token0);
   // Keys to score: the block's longest causal extent, none where every token selects all.
@@ -82,28 +144,53 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (extent == 0) return;
 
-  // Queries as bf16 (tokens past the chunk: zeros), and the weights times both scales
-  // (relu(x * s) = s * relu(x) for the positive softmax scale).
-  for (int e = threadIdx.x; e < kQueryLines * kDim / 8; e += kThreads) {
-    const int line = e / (kDim / 8), chunk = e % (kDim / 8), i = line / kHeads;
-    uint4 packed = make_uint4(0, 0, 0, 0);
-    if (i < tokens) packed = bf16x8_of(a.queries + (static_cast<int64_t>(token0) * kHeads + line) * kDim + 8 * chunk);
-    *reinterpret_cast<uint4*>(queries_generic + (chunk / 8) * kQueryBlockBytes + swizzled(line, chunk % 8)) = packed;
+  // Queries as bf16, or as E4M3 with a scale a (token, head) line: a warp a line, four values a
+  // lane (tokens past the chunk: zeros); and the weights times the scales (relu(x * s) = s *
+  // relu(x) for the positive softmax scale, and the query scales).
+  if constexpr (kFp8) {
+    for (int line = threadIdx.x / 32; line < kQueryLines; line += kThreads / 32) {
+      const int lane = threadIdx.x % 32, i = line / kHeads;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (i < tokens)
+        v = *reinterpret_cast<const float4*>(a.queries + (static_cast<int64_t>(token0) * kHeads + line) * kDim + 4 * lane);
+      const float scale = e4m3_scale_of(warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)))));
+      const uint32_t packed =
+          scale > 0.0f ? static_cast<uint32_t>(e4m3_of(v.x, scale)) | static_cast<uint32_t>(e4m3_of(v.y, scale)) << 8 |
+                             static_cast<uint32_t>(e4m3_of(v.z, scale)) << 16 |
+                             static_cast<uint32_t>(e4m3_of(v.w, scale)) << 24
+                       : 0u;
+      *reinterpret_cast<uint32_t*>(queries_generic + swizzled(line, lane / 4) + 4 * (lane % 4)) = packed;
+      if (lane == 0) query_scales[line] = scale;
+    }
+    __syncthreads();  // the query scales are in
+  } else {
+    for (int e = threadIdx.x; e < kQueryLines * kDim / 8; e += kThreads) {
+      const int line = e / (kDim / 8), chunk = e % (kDim / 8), i = line / kHeads;
+      uint4 packed = make_uint4(0, 0, 0, 0);
+      if (i < tokens) packed = bf16x8_of(a.queries + (static_cast<int64_t>(token0) * kHeads + line) * kDim + 8 * chunk);
+      *reinterpret_cast<uint4*>(queries_generic + (chunk / 8) * kQueryBlockBytes + swizzled(line, chunk % 8)) = packed;
+    }
   }
   if (threadIdx.x < kTokens * kHeads) {
     const int i = threadIdx.x / kHeads, h = threadIdx.x % kHeads;
     // Head h = 8 q + 2 lane + b sits at weights[i][lane][q][b].
     const int lane = (h % 8) / 2, q = h / 8, b = h % 2;
+    const float query_scale = kFp8 ? query_scales[threadIdx.x] : 1.0f;
     weights[((i * 4 + lane) * 4 + q) * 2 + b] =
-        i < tokens ? a.head_weights[static_cast<int64_t>(token0 + i) * kHeads + h] * a.head_scale * a.softmax_scale
+        i < tokens ? a.head_weights[static_cast<int64_t>(token0 + i) * kHeads + h] * a.head_scale * a.softmax_scale *
+                         query_scale
                    : 0.0f;
   }
 
+  // A key is kRowBytes: 16-byte chunk `chunk` of key r goes to line block chunk / 8.
+  constexpr int kRowBytes = kFp8 ? kDim : 2 * kDim, kChunks = kRowBytes / 16;
+  const uint8_t* const key_bytes = static_cast<const uint8_t*>(keys);
   auto load_keys = [&](int j0, uint32_t stage) {
-    for (int e = threadIdx.x; e < kKeys * kDim / 8; e += kThreads) {
-      const int r = e / (kDim / 8), chunk = e % (kDim / 8), j = j0 + r;
+    for (int e = threadIdx.x; e < kKeys * kChunks; e += kThreads) {
+      const int r = e / kChunks, chunk = e % kChunks, j = j0 + r;
       wgmma::copy_async_16(stage + (chunk / 8) * kKeyBlockBytes + swizzled(r, chunk % 8),
-                           j < extent ? keys + static_cast<int64_t>(j) * kDim + 8 * chunk : keys, j < extent ? 16 : 0);
+                           j < extent ? key_bytes + static_cast<int64_t>(j) * kRowBytes + 16 * chunk : key_bytes,
+                           j < extent ? 16 : 0);
     }
     wgmma::copy_async_commit();
   };
@@ -124,11 +211,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
     wgmma::pin(acc);
     wgmma::fence();
+    if constexpr (kFp8) {
 #pragma unroll
-    for (int kk = 0; kk < kDim / 16; ++kk) {
-      const uint32_t column = (kk % 4) * 32;  // 16 dims a step inside the 64-dim block
-      wgmma::m64n256k16(acc, descriptor(stage + (kk / 4) * kKeyBlockBytes + wg * 64 * kLine + column, 16, 1024),
-                        descriptor(queries + (kk / 4) * kQueryBlockBytes + column, 16, 1024));
+      for (int kk = 0; kk < kDim / 32; ++kk)  // 32 dims (bytes) a step along the one line
+        wgmma::m64n256k32_e4m3(acc, descriptor(stage + wg * 64 * kLine + 32 * kk, 16, 1024),
+                               descriptor(queries + 32 * kk, 16, 1024));
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kDim / 16; ++kk) {
+        const uint32_t column = (kk % 4) * 32;  // 16 dims a step inside the 64-dim block
+        wgmma::m64n256k16(acc, descriptor(stage + (kk / 4) * kKeyBlockBytes + wg * 64 * kLine + column, 16, 1024),
+                          descriptor(queries + (kk / 4) * kQueryBlockBytes + column, 16, 1024));
+      }
     }
     wgmma::commit();
     wgmma::wait_all();
@@ -150,11 +244,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
         sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
       }
-      // Lane tq of the quad writes key g (tq 0) or g + 8 (tq 1) for this token.
+      // Lane tq of the quad writes key g (tq 0) or g + 8 (tq 1) for this token (times the key's
+      // scale with E4M3 keys).
       if (tq < 2 && i < tokens) {
         const int t = token0 + i, causal = a.positions[t] + 1;
         const int j = j0 + 64 * wg + 16 * warp + g + 8 * tq;
-        if (causal > a.top_k && j < causal && j < context) a.scores[static_cast<int64_t>(t) * a.score_stride + j] = tq == 0 ? sum[0] : sum[1];
+        if (causal > a.top_k && j < causal && j < context)
+          a.scores[static_cast<int64_t>(t) * a.score_stride + j] = (tq == 0 ? sum[0] : sum[1]) * (kFp8 ? key_scales[j] : 1.0f);
       }
     }
   }
@@ -165,22 +261,37 @@ __global__ void __launch_bounds__(kThreads, 1)
 bool indexer_scores_wgmma_supported(int heads, int dim) { return heads == kHeads && dim == kDim; }
 
 void indexer_scores_wgmma(const IndexerScoreArgs& a, const int32_t* block_table, int context,
-                          const IndexerGemmWorkspace& w, cudaStream_t stream) {
+                          const IndexerGemmWorkspace& w, cudaStream_t stream, bool fp8_operands) {
   const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
   if (launch_tokens <= 0 || context <= a.top_k) return;
   GLMS_CHECK(indexer_scores_wgmma_supported(a.heads, a.dim), "indexer_scores_wgmma: 32 heads of 128");
-  uint16_t* keys = reinterpret_cast<uint16_t*>(w.keys);  // the fp32 gather buffer holds the bf16 keys
-  gather_keys_bf16_kernel<<<(context + 15) / 16, 256, 0, stream>>>(a.key_cache, a.key_scales, block_table,
-                                                                    a.block_size, context, keys);
-  check(cudaGetLastError(), "gather_keys_bf16 launch");
-  check(cudaFuncSetAttribute(indexer_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
-        "indexer_wgmma shared memory");
+  // The fp32 gather buffer ([context, 128] floats) holds the bf16 keys, or the E4M3 codes and
+  // then (16-byte aligned) their scales.
+  void* keys = w.keys;
+  float* key_scales = nullptr;
+  const int gather_blocks = (context + 15) / 16;
+  if (fp8_operands) {
+    key_scales = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(w.keys) + (int64_t{context} * kDim + 15) / 16 * 16);
+    gather_keys_fp8_kernel<<<gather_blocks, 256, 0, stream>>>(a.key_cache, a.key_scales, block_table, a.block_size,
+                                                              context, static_cast<uint8_t*>(keys), key_scales);
+    check(cudaGetLastError(), "gather_keys_fp8 launch");
+  } else {
+    gather_keys_bf16_kernel<<<gather_blocks, 256, 0, stream>>>(a.key_cache, a.key_scales, block_table, a.block_size,
+                                                               context, static_cast<uint16_t*>(keys));
+    check(cudaGetLastError(), "gather_keys_bf16 launch");
+  }
   // Key tiles split over blockIdx.y until there are about two blocks an SM.
   const int token_blocks = (launch_tokens + kTokens - 1) / kTokens, key_tiles = (context + kKeys - 1) / kKeys;
   const int splits = std::clamp(2 * multiprocessor_count() / token_blocks, 1, key_tiles);
-  indexer_wgmma_kernel<<<dim3(token_blocks, splits), kThreads, kSharedBytes, stream>>>(a, a.first_token, launch_tokens,
-                                                                                       context, keys);
-  check(cudaGetLastError(), "indexer_wgmma launch");
+  auto launch = [&](auto* kernel, int shared_bytes) {
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes),
+          "indexer_wgmma shared memory");
+    kernel<<<dim3(token_blocks, splits), kThreads, shared_bytes, stream>>>(a, a.first_token, launch_tokens, context,
+                                                                           keys, key_scales);
+    check(cudaGetLastError(), "indexer_wgmma launch");
+  };
+  if (fp8_operands) launch(indexer_wgmma_kernel<true>, Operands<true>::kSharedBytes);
+  else launch(indexer_wgmma_kernel<false>, Operands<false>::kSharedBytes);
 }
 
 }  // namespace glms::ops::cuda

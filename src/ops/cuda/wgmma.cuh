@@ -1,6 +1,6 @@
 // Hopper warpgroup tensor-core building blocks shared by the wgmma kernels (mla_wgmma.cu,
 // moe_experts_wgmma.cu, moe_experts_wgmma_fp8.cu, moe_experts_stream.cu): cp.async copies, the
-// 128-byte shared-memory swizzle, matrix descriptors and the wgmma shapes they use (bf16, and one
+// 128-byte shared-memory swizzle, matrix descriptors and the wgmma shapes they use (bf16, and two
 // of E4M3 codes).
 //
 // Operands live in shared memory as 128-byte lines (64 bf16) in groups of 8 lines aligned to
@@ -109,6 +109,24 @@ __device__ __forceinline__ void m64n128k32_e4m3(float (&d)[64], uint64_t a, uint
       "%64, %65, p, 1, 1;\n}\n"
       : GLMS_WGMMA_F16(0), GLMS_WGMMA_F16(16), GLMS_WGMMA_F16(32), GLMS_WGMMA_F16(48)
       : "l"(a), "l"(b), "r"(accumulate));
+}
+// d[64 x 256] += A[64 x 32] B[32 x 256] of E4M3 codes, both K-major.
+__device__ __forceinline__ void m64n256k32_e4m3(float (&d)[128], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%128, %129, p, 1, 1;\n}\n"
+      : GLMS_WGMMA_F16(0), GLMS_WGMMA_F16(16), GLMS_WGMMA_F16(32), GLMS_WGMMA_F16(48), GLMS_WGMMA_F16(64),
+        GLMS_WGMMA_F16(80), GLMS_WGMMA_F16(96), GLMS_WGMMA_F16(112)
+      : "l"(a), "l"(b), "r"(1));
 }
 // d[64 x 256] += A[64 x 16] B[16 x 256], both K-major.
 __device__ __forceinline__ void m64n256k16(float (&d)[128], uint64_t a, uint64_t b) {
