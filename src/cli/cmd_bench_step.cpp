@@ -58,6 +58,7 @@ struct BenchStepOptions {
   bool fused_prefill_attention = model::CudaModelOptions{}.fused_prefill_attention;
   bool wgmma_attention = model::CudaModelOptions{}.wgmma_attention;
   bool wgmma_attention_splits = model::CudaModelOptions{}.wgmma_attention_splits;
+  bool warp_specialized_attention = model::CudaModelOptions{}.warp_specialized_attention;
   bool wgmma_indexer = model::CudaModelOptions{}.wgmma_indexer;
   int wgmma_experts_min_pairs = model::CudaModelOptions{}.wgmma_experts_min_pairs;
   int wgmma_experts_tile_rows = model::CudaModelOptions{}.wgmma_experts_tile_rows;
@@ -271,6 +272,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.fused_prefill_attention = o.fused_prefill_attention;
   options.wgmma_attention = o.wgmma_attention;
   options.wgmma_attention_splits = o.wgmma_attention_splits;
+  options.warp_specialized_attention = o.warp_specialized_attention;
   options.wgmma_indexer = o.wgmma_indexer;
   options.wgmma_experts_min_pairs = o.wgmma_experts_min_pairs;
   options.wgmma_experts_tile_rows = o.wgmma_experts_tile_rows;
@@ -520,6 +522,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"fused_prefill_attention", o.fused_prefill_attention},
                         {"wgmma_attention", o.wgmma_attention},
                         {"wgmma_attention_splits", o.wgmma_attention_splits},
+                        {"warp_specialized_attention", o.warp_specialized_attention},
                         {"wgmma_indexer", o.wgmma_indexer},
                         {"wgmma_experts_min_pairs", o.wgmma_experts_min_pairs},
                         {"wgmma_experts_tile_rows", o.wgmma_experts_tile_rows},
@@ -630,6 +633,10 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--wgmma-attention-splits", o->wgmma_attention_splits,
                   "The wgmma pass also for decode batches of fewer tokens than SMs, each token's rows split over "
                   "blocks (true/false; false: those take the mma.sync kernel)")
+      ->capture_default_str();
+  cmd->add_option("--warp-specialized-attention", o->warp_specialized_attention,
+                  "The wgmma pass over bf16 rows without splits in the warp-specialised kernel: a producer warpgroup "
+                  "gathers rows while two consumers score a tile each (true/false)")
       ->capture_default_str();
   cmd->add_option("--wgmma-decode-indexer", o->wgmma_decode_indexer,
                   "Decode tokens' indexer scores on the warpgroup tensor cores (true/false; false: fp32 FMAs, a "

@@ -186,21 +186,28 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
   std::printf("H=%d L=%d rope=%d tokens=%d%s: relative L2 gathered %.2e, fused %.2e\n", H, L, rd, T,
               storage == cuda::CacheStorage::kFp8 ? " (FP8 rows)" : "", gathered_error, fused_error);
   if (cuda::mla_attention_wgmma_supported(H, L, rd)) {
-    auto wgmma_out = poisoned_bf16(expected.size());
-    a.out = wgmma_out.as<uint16_t>();
-    cuda::mla_attention_wgmma(a, nullptr);
-    const auto wgmma_host = bf16_to_host(wgmma_out, expected.size());
-    const double wgmma_error = relative_l2(wgmma_host, expected);
-    for (int t = 0; t < T; ++t) {
-      const double e = relative_l2(std::vector<float>(wgmma_host.begin() + int64_t{t} * H * L,
-                                                      wgmma_host.begin() + int64_t{t + 1} * H * L),
-                                   std::vector<float>(expected.begin() + int64_t{t} * H * L,
-                                                      expected.begin() + int64_t{t + 1} * H * L));
-      if (e > 5e-3) std::printf("  wgmma token %d (position %d): relative L2 %.2e\n", t, tokens[t].position, e);
+    // One split: bf16 rows take the warp-specialised kernel unless told not to.
+    for (const bool specialized : {true, false}) {
+      if (specialized && storage != cuda::CacheStorage::kBf16) continue;
+      auto wgmma_out = poisoned_bf16(expected.size());
+      a.out = wgmma_out.as<uint16_t>();
+      a.warp_specialized = specialized;
+      cuda::mla_attention_wgmma(a, nullptr);
+      const auto wgmma_host = bf16_to_host(wgmma_out, expected.size());
+      const double wgmma_error = relative_l2(wgmma_host, expected);
+      const char* name = specialized ? "wgmma, warp-specialised" : "wgmma";
+      for (int t = 0; t < T; ++t) {
+        const double e = relative_l2(std::vector<float>(wgmma_host.begin() + int64_t{t} * H * L,
+                                                        wgmma_host.begin() + int64_t{t + 1} * H * L),
+                                     std::vector<float>(expected.begin() + int64_t{t} * H * L,
+                                                        expected.begin() + int64_t{t + 1} * H * L));
+        if (e > 5e-3) std::printf("  %s token %d (position %d): relative L2 %.2e\n", name, t, tokens[t].position, e);
+      }
+      EXPECT_LT(wgmma_error, 1e-2) << name << ": H=" << H << " tokens=" << T;
+      EXPECT_LT(wgmma_error, 2 * gathered_error + 1e-4) << name;
+      std::printf("  %s: relative L2 %.2e\n", name, wgmma_error);
     }
-    EXPECT_LT(wgmma_error, 1e-2) << "wgmma: H=" << H << " tokens=" << T;
-    EXPECT_LT(wgmma_error, 2 * gathered_error + 1e-4);
-    std::printf("  wgmma: relative L2 %.2e\n", wgmma_error);
+    a.warp_specialized = true;
     // Each token's rows split over blocks and merged: any count of whole tiles, including splits
     // past a short token's selection, and the count mla_attention_fused picks.
     const int tiles = (rows + 63) / 64;

@@ -103,6 +103,7 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   args.latent_dim = static_cast<int>(L);
   args.rope_dim = static_cast<int>(rd);
   args.out = as<uint16_t>(o_bf16);
+  args.warp_specialized = options.warp_specialized_attention;
   cuda::MlaGatherWorkspace gather;
   gather.gathered = as<uint16_t>(gathered_rows);
   gather.gathered_elements = gathered_capacity;

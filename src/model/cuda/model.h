@@ -70,6 +70,10 @@ struct CudaModelOptions {
   // The wgmma pass also for tokens fewer than SMs (decode batches), each token's selection split
   // over blocks (ops::cuda::mla_wgmma_splits) and merged; false: such runs take the mma.sync kernel.
   bool wgmma_attention_splits = true;
+  // Those passes with bf16 rows and one split in the warp-specialised kernel (a producer
+  // warpgroup, two consumers on a pair of tiles; ops::cuda::mla_attention_wgmma_specialized);
+  // false: one block's warpgroups splitting every tile.
+  bool warp_specialized_attention = true;
   // Long prefill chunks' indexer scores on the warpgroup tensor cores, fused with the sum over
   // heads (ops::cuda::indexer_scores_wgmma; GLM-5's 32 heads of 128); false: a TF32 GEMM whose
   // per-head products go through global memory. Prefill 8192 on the H200 at GLM-5.2 width:

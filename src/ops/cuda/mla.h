@@ -29,6 +29,9 @@ struct MlaAttentionArgs {
   int num_tokens = 0, num_heads = 0, latent_dim = 0, rope_dim = 0;
   int first_token = 0, launch_tokens = -1;  // tokens [first, first + launch) (-1: all) are computed
   uint16_t* out = nullptr;  // [T, H, latent] bf16: softmax-weighted sum of latents, rounded once
+  // bf16 rows without splits in the wgmma pass: the warp-specialised kernel
+  // (mla_attention_wgmma_specialized); false: mla_wgmma.cu's.
+  bool warp_specialized = true;
 };
 
 class Gemm;
@@ -81,6 +84,10 @@ int mla_wgmma_min_tokens();  // the device's SM count
 void mla_attention_wgmma(const MlaAttentionArgs& args, cudaStream_t stream,
                          int max_selected_in_step = 0, int splits = 1, float* partials = nullptr,
                          int64_t partial_elements = 0);
+// The wgmma pass for bf16 rows and one split (mla_wgmma_specialized.cu): a producer warpgroup
+// gathers each token's rows while two consumer warpgroups score a 64-row tile each and share
+// the P V products, the pairs of tiles pipelined through mbarriers.
+void mla_attention_wgmma_specialized(const MlaAttentionArgs& args, cudaStream_t stream);
 // The split count for launch_tokens tokens of up to max_selected_in_step rows whose partials fit
 // partial_elements floats: the fewest waves of a block per SM times a block's tiles.
 int mla_wgmma_splits(int launch_tokens, int max_selected_in_step, int num_heads, int64_t partial_elements);

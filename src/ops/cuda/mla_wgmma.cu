@@ -399,6 +399,10 @@ void mla_attention_wgmma(const MlaAttentionArgs& a, cudaStream_t stream, int max
   const int tiles = std::max(1, (max_selected_in_step + kTileRows - 1) / kTileRows);
   const int tiles_per_split = splits > 1 ? (tiles + splits - 1) / splits : 0;
   splits = splits > 1 ? (tiles + tiles_per_split - 1) / tiles_per_split : 1;
+  if (splits == 1 && a.storage == CacheStorage::kBf16 && a.warp_specialized) {
+    mla_attention_wgmma_specialized(a, stream);
+    return;
+  }
   const int rows_per_split = splits > 1 ? tiles_per_split * kTileRows : a.max_selected;
   const int64_t partials_needed = int64_t{launch_tokens} * splits * a.num_heads * (kLatent + 2);
   GLMS_CHECK(splits == 1 || (partials && partials_needed <= partial_elements),

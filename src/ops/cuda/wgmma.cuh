@@ -1,7 +1,7 @@
 // Hopper warpgroup tensor-core building blocks shared by the wgmma kernels (mla_wgmma.cu,
-// moe_experts_wgmma.cu, moe_experts_wgmma_fp8.cu, moe_experts_stream.cu): cp.async copies, the
-// 128-byte shared-memory swizzle, matrix descriptors and the wgmma shapes they use (bf16, and two
-// of E4M3 codes).
+// mla_wgmma_specialized.cu, moe_experts_wgmma.cu, moe_experts_wgmma_fp8.cu, moe_experts_stream.cu):
+// cp.async copies, the 128-byte shared-memory swizzle, matrix descriptors and the wgmma shapes
+// they use (bf16, and two of E4M3 codes).
 //
 // Operands live in shared memory as 128-byte lines (64 bf16) in groups of 8 lines aligned to
 // 1024 bytes, 16-byte chunk c of line r stored at chunk c ^ (r % 8): the layout wgmma's
@@ -82,6 +82,17 @@ __device__ __forceinline__ void m64n32k16(float (&d)[16], uint64_t a, uint64_t b
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
+// d[64 x 64] (+)= A[64 x 16] B[16 x 64], both K-major; d starts over when `accumulate` is 0.
+__device__ __forceinline__ void m64n64k16(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : GLMS_WGMMA_F16(0), GLMS_WGMMA_F16(16)
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
 // d[64 x 128] += A[64 x 16] B[16 x 128], A K-major, B K-major (kTransB 0) or MN-major (1).
 template <int kTransB>
 __device__ __forceinline__ void m64n128k16(float (&d)[64], uint64_t a, uint64_t b) {
@@ -128,7 +139,8 @@ __device__ __forceinline__ void m64n256k32_e4m3(float (&d)[128], uint64_t a, uin
         GLMS_WGMMA_F16(80), GLMS_WGMMA_F16(96), GLMS_WGMMA_F16(112)
       : "l"(a), "l"(b), "r"(1));
 }
-// d[64 x 256] += A[64 x 16] B[16 x 256], both K-major.
+// d[64 x 256] += A[64 x 16] B[16 x 256], A K-major, B K-major (kTransB 0) or MN-major (1).
+template <int kTransB = 0>
 __device__ __forceinline__ void m64n256k16(float (&d)[128], uint64_t a, uint64_t b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
@@ -141,10 +153,10 @@ __device__ __forceinline__ void m64n256k16(float (&d)[128], uint64_t a, uint64_t
       "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
       "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-      "%128, %129, p, 1, 1, 0, 0;\n}\n"
+      "%128, %129, p, 1, 1, 0, %131;\n}\n"
       : GLMS_WGMMA_F16(0), GLMS_WGMMA_F16(16), GLMS_WGMMA_F16(32), GLMS_WGMMA_F16(48), GLMS_WGMMA_F16(64),
         GLMS_WGMMA_F16(80), GLMS_WGMMA_F16(96), GLMS_WGMMA_F16(112)
-      : "l"(a), "l"(b), "r"(1));
+      : "l"(a), "l"(b), "r"(1), "n"(kTransB));
 }
 
 // d[64 x N] += A[64 x 16] B[16 x N], A from registers, B K-major in shared memory (N = 8, 16
@@ -173,6 +185,25 @@ __device__ __forceinline__ void rs_m64n32k16(float (&d)[16], const uint32_t (&a)
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
       : GLMS_WGMMA_F16(0)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+// d[64 x 256] += A[64 x 16] B[16 x 256], A from registers (rs_m64n8k16's layout), B MN-major
+// in shared memory (a line holds 64 of the 256 columns of one k).
+__device__ __forceinline__ void rs_m64n256k16_mn(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+      : GLMS_WGMMA_F16(0), GLMS_WGMMA_F16(16), GLMS_WGMMA_F16(32), GLMS_WGMMA_F16(48), GLMS_WGMMA_F16(64),
+        GLMS_WGMMA_F16(80), GLMS_WGMMA_F16(96), GLMS_WGMMA_F16(112)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 // rs_m64nNk16 by the token count N.
