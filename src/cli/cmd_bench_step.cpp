@@ -636,7 +636,7 @@ void add_bench_step_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--warp-specialized-attention", o->warp_specialized_attention,
                   "The wgmma pass over bf16 rows without splits in the warp-specialised kernel: a producer warpgroup "
-                  "gathers rows while two consumers score a tile each (true/false)")
+                  "gathers rows into two stages while two consumers score 32 rows each (true/false)")
       ->capture_default_str();
   cmd->add_option("--wgmma-decode-indexer", o->wgmma_decode_indexer,
                   "Decode tokens' indexer scores on the warpgroup tensor cores (true/false; false: fp32 FMAs, a "

@@ -71,7 +71,7 @@ struct CudaModelOptions {
   // over blocks (ops::cuda::mla_wgmma_splits) and merged; false: such runs take the mma.sync kernel.
   bool wgmma_attention_splits = true;
   // Those passes with bf16 rows and one split in the warp-specialised kernel (a producer
-  // warpgroup, two consumers on a pair of tiles; ops::cuda::mla_attention_wgmma_specialized);
+  // warpgroup, two consumers on each step of 64 rows; ops::cuda::mla_attention_wgmma_specialized);
   // false: one block's warpgroups splitting every tile.
   bool warp_specialized_attention = true;
   // Long prefill chunks' indexer scores on the warpgroup tensor cores, fused with the sum over

@@ -85,8 +85,8 @@ void mla_attention_wgmma(const MlaAttentionArgs& args, cudaStream_t stream,
                          int max_selected_in_step = 0, int splits = 1, float* partials = nullptr,
                          int64_t partial_elements = 0);
 // The wgmma pass for bf16 rows and one split (mla_wgmma_specialized.cu): a producer warpgroup
-// gathers each token's rows while two consumer warpgroups score a 64-row tile each and share
-// the P V products, the pairs of tiles pipelined through mbarriers.
+// gathers each token's rows 64 at a time into two stages while two consumer warpgroups score 32
+// rows each and share the P V products, the stages handed over through mbarriers.
 void mla_attention_wgmma_specialized(const MlaAttentionArgs& args, cudaStream_t stream);
 // The split count for launch_tokens tokens of up to max_selected_in_step rows whose partials fit
 // partial_elements floats: the fewest waves of a block per SM times a block's tiles.

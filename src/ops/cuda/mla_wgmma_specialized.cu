@@ -2,31 +2,27 @@
 // warpgroup gathers each token's selected latent rows into shared memory while two consumer
 // warpgroups multiply, for GLM-5's shapes (64 heads, latent 512, rope 64).
 //
-// Why this shape: mla_wgmma.cu's kernel splits every 64-row tile between its two warpgroups (S
-// as m64n32 over half the rows each, both waiting for every copy, softmax and barrier together),
-// so the tensor cores idle while either the copies or the softmax run, and m64n32 reads shared
-// memory at 1.5x the bytes per product of m64n64. Here the tiles go in pairs: consumer 0 scores
-// tile 2p and consumer 1 tile 2p + 1, each S = Q K^T as m64n64 over all 64 rows of its tile;
-// each keeps the output for half the latent columns (consumer 0 columns 0..255, consumer 1
-// 256..511, 64 x 256 fp32 in registers) and adds P V for both tiles: its own tile's P from
-// registers (the S accumulators become the A operand), the other's from shared memory. The two
-// exchange their running maxima through shared memory once a pair, so both tiles' P share one
-// maximum. While one consumer runs its softmax the other's wgmma run, and the producer refills a
-// half of a tile as soon as the consumers that read it are done (mbarriers per half tile).
+// Why this shape: mla_wgmma.cu's kernel has all its warps wait together for every copy, the
+// softmax and each barrier, so the tensor cores idle through each. Here the rows come in steps
+// of 64 into two stages (the next step's copies land while this one is multiplied); consumer c
+// scores rows 32 c .. 32 c + 31 of a step against all 64 heads (S = Q K^T, m64n32 over the 576
+// columns) and keeps the output for half the latent columns (consumer 0 columns 0..255, consumer
+// 1 256..511: 64 x 256 fp32 in registers), adding P V over all 64 rows of the step: its own rows'
+// P from registers (the S accumulators become wgmma's A operand), the other consumer's from
+// shared memory. The two exchange their running maxima once a step, so both halves of the step's
+// P share one maximum; while one runs its softmax, the other's wgmma run.
 //
 // Shared memory (128-byte swizzled lines as wgmma.cuh describes; a column block is 64 columns,
 // one line per head or row):
-//   queries [9 column blocks][64 heads]                 73728 B
-//   tiles   [2][9 column blocks][64 rows]              147456 B  (tile 0's rope block holds
-//                                                                 consumer 0's P once it has scored)
-//   probs   [64 heads] lines of consumer 1's P           8192 B
+//   queries [9 column blocks][64 heads]                    73728 B
+//   stages  [2][9 column blocks][64 rows]                 147456 B  (a stage's rope block holds
+//                                                                    consumer 0's P once both scored)
+//   probs   [64 heads] lines of consumer 1's P (32 of 64)    8192 B
 //   barriers, the row maxima [64], the row sums [2][64]
-// Half tiles: "left" = column blocks 0..3 (latent 0..255), "right" = blocks 4..8 (latent
-// 256..511 and the rope). Who reads what: consumer b's S reads all of tile b; consumer 0's P V
-// reads both tiles' left halves, consumer 1's both right halves (and consumer 0's P in tile 0's
-// rope block). So tile 0 left is free after consumer 0's own P V, tile 0 right after consumer
-// 1's P V of tile 0, tile 1 right after consumer 1's own P V, tile 1 left after consumer 0's P V
-// of tile 1; the producer refills the halves in the order they free up.
+// A stage's "left" half is column blocks 0..3 (latent 0..255), its "right" half blocks 4..8
+// (latent 256..511 and the rope). Both consumers' S read both halves; then only consumer 0 reads
+// the left half (its P V) and only consumer 1 the right (its P V, and consumer 0's P in the rope
+// block). So each half goes back to the producer when its one reader's P V are done.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -47,31 +43,32 @@ using wgmma::descriptor;
 using wgmma::swizzled;
 
 constexpr int kHeads = 64, kLatent = 512, kRope = 64, kRow = kLatent + kRope;
-constexpr int kTileRows = 64, kColumnBlocks = kRow / 64, kLeftBlocks = 4;
+constexpr int kStepRows = 64, kConsumerRows = 32, kColumnBlocks = kRow / 64, kLeftBlocks = 4;
 constexpr int kThreads = 384;  // consumers: warpgroups 0 and 1; producer: warpgroup 2
 constexpr int kLineBytes = wgmma::kLineBytes;
-constexpr int kBlockBytes = kTileRows * kLineBytes;               // one column block of a tile: 8192
-constexpr int kTileBytes = kColumnBlocks * kBlockBytes;           // 73728
+constexpr int kBlockBytes = kStepRows * kLineBytes;               // one column block of a stage: 8192
+constexpr int kStageBytes = kColumnBlocks * kBlockBytes;          // 73728
 constexpr int kQueryBytes = kColumnBlocks * kHeads * kLineBytes;  // 73728
 constexpr int kProbBytes = kHeads * kLineBytes;                   // 8192
 constexpr int kOutLineBytes = kLatent * 2 + 16;  // a head's bf16 output staged in shared memory
 static_assert(kHeads * kOutLineBytes <= kQueryBytes, "the staged output fits the queries' region");
 
-// Barriers: queries landed; [tile][half] ready (the producer's copies landed) and free (its
-// consumer is done reading).
+// Barriers: queries landed; [stage][half] ready (the producer's copies landed) and free (its
+// reader's P V are done).
 enum Barrier { kQueriesReady, kReady, kFree = kReady + 4, kBarriers = kFree + 4 };
 constexpr int kSmallBytes = 8 * kBarriers + sizeof(float) * 3 * kHeads;
-constexpr int kSharedBytes = 1024 + kQueryBytes + 2 * kTileBytes + kProbBytes + kSmallBytes;  // 1024: alignment
+constexpr int kSharedBytes = 1024 + kQueryBytes + 2 * kStageBytes + kProbBytes + kSmallBytes;  // 1024: alignment
 static_assert(kSharedBytes <= 232448, "one block an SM");
 constexpr int kConsumerRegisters = 232, kProducerRegisters = 40;
 static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= 65536, "the register file");
 
 // Named barriers between the consumers (256 threads): consumer 0's maxima posted, the joint
-// maxima posted (by consumer 1), consumer 0's P stored, consumer 1's P stored, the epilogue.
-enum Named { kMaxima0 = 1, kMaxima, kProbs0, kProbs1, kEpilogue };
+// maxima posted (by consumer 1), consumer 0's P stored, consumer 1's P stored, consumer 1's P
+// read (its buffer free again), the epilogue.
+enum Named { kMaxima0 = 1, kMaxima, kProbs0, kProbs1, kProbs1Read, kEpilogue };
 constexpr int kConsumerThreads = 256;
 
-__device__ __forceinline__ int half_index(int tile, int half) { return 2 * tile + half; }
+__device__ __forceinline__ int half_index(int stage, int half) { return 2 * stage + half; }
 
 // The producer: thread t copies 16-byte chunk t % 8 of each 128-byte line of rows t / 8 + 16 i
 // (i = 0..3), so that eight threads read one line of a row and each row's lines are one source.
@@ -87,16 +84,16 @@ struct Producer {
     const int32_t position = chosen[j];
     return blocks[position / a.block_size] * a.block_size + position % a.block_size;
   }
-  // Column blocks [first, last) of this thread's rows of a tile into `tile_base`.
-  __device__ void copy(uint32_t tile_base, const int32_t (&slots)[4], int first, int last) const {
+  // Column blocks [first, last) of this thread's rows of a step into `stage`.
+  __device__ void copy(uint32_t stage, const int32_t (&slots)[4], int first, int last) const {
     const uint16_t* cache = static_cast<const uint16_t*>(a.cache);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int row = row0 + 16 * i;
       const uint16_t* src = cache + (slots[i] >= 0 ? static_cast<int64_t>(slots[i]) * kRow : 0) + chunk * 8;
-      const uint32_t dst = tile_base + swizzled(row, chunk);
+      const uint32_t dst = stage + swizzled(row, chunk);
       const int bytes = slots[i] >= 0 ? 16 : 0;
-      for (int b = first; b < last; ++b) copy_async_16(dst + b * kBlockBytes, src + b * 64, bytes);
+      for (int b = first; b < last; ++b) wgmma::copy_async_16_l2_256(dst + b * kBlockBytes, src + b * 64, bytes);
     }
   }
 };
@@ -108,43 +105,40 @@ struct ConsumerLane {
   __device__ int head(int h) const { return 16 * warp + g + 8 * h; }
 };
 
-// S[64 heads, 64 rows of a tile] over column blocks [first, last) (36 k16 steps for all).
-__device__ __forceinline__ void score_blocks(float (&s)[32], uint32_t queries, uint32_t tile, int first, int last,
-                                             bool fresh) {
+// S[64 heads, rows 32 c .. + 31 of a stage] over the 36 k16 steps of the row.
+__device__ __forceinline__ void score_rows(float (&s)[16], uint32_t queries, uint32_t stage, int consumer) {
 #pragma unroll
-  for (int b = first; b < last; ++b)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint32_t column = b * kBlockBytes + k * 32;
-      wgmma::m64n64k16(s, descriptor(queries + column, 16, 1024), descriptor(tile + column, 16, 1024),
-                       fresh && b == first && k == 0 ? 0 : 1);
-    }
-}
-
-// Rows of the tile at or past `valid` get -inf; each head's maximum over the tile's rows.
-__device__ __forceinline__ void mask_and_max(float (&s)[32], int valid, const ConsumerLane& lane, float (&tile_max)[2]) {
-  tile_max[0] = tile_max[1] = -INFINITY;
-#pragma unroll
-  for (int n = 0; n < 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (8 * n + 2 * lane.tq + (e & 1) >= valid) s[4 * n + e] = -INFINITY;
-      tile_max[e / 2] = fmaxf(tile_max[e / 2], s[4 * n + e]);
-    }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+  for (int k = 0; k < kRow / 16; ++k) {
+    const uint32_t column = (k / 4) * kBlockBytes + (k % 4) * 32;
+    wgmma::m64n32k16(s, descriptor(queries + column, 16, 1024),
+                     descriptor(stage + column + consumer * kConsumerRows * kLineBytes, 16, 1024), k > 0);
   }
 }
 
-// s becomes exp(s - max) in fp32; p the same rounded to bf16 as the A operand of four k16 steps
+// Rows at or past `valid` get -inf; each head's maximum over this consumer's rows.
+__device__ __forceinline__ void mask_and_max(float (&s)[16], int valid, const ConsumerLane& lane, float (&rows_max)[2]) {
+  rows_max[0] = rows_max[1] = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (8 * n + 2 * lane.tq + (e & 1) >= valid) s[4 * n + e] = -INFINITY;
+      rows_max[e / 2] = fmaxf(rows_max[e / 2], s[4 * n + e]);
+    }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    rows_max[h] = fmaxf(rows_max[h], __shfl_xor_sync(0xffffffffu, rows_max[h], 1));
+    rows_max[h] = fmaxf(rows_max[h], __shfl_xor_sync(0xffffffffu, rows_max[h], 2));
+  }
+}
+
+// s becomes exp(s - max) in fp32; p the same rounded to bf16 as the A operand of two k16 steps
 // (rs_m64n8k16's layout: S columns 8 n + 2 tq are k 2 tq of step n / 2, + 8 for odd n); the
 // rounded values are added to `sum`.
-__device__ __forceinline__ void exponentiate(float (&s)[32], const float (&max)[2], uint32_t (&p)[4][4],
+__device__ __forceinline__ void exponentiate(float (&s)[16], const float (&max)[2], uint32_t (&p)[2][4],
                                              float (&sum)[2]) {
 #pragma unroll
-  for (int n = 0; n < 8; ++n)
+  for (int n = 0; n < 4; ++n)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       s[4 * n + 2 * h] = __expf(s[4 * n + 2 * h] - max[h]);
@@ -155,11 +149,12 @@ __device__ __forceinline__ void exponentiate(float (&s)[32], const float (&max)[
     }
 }
 
-// P (fp32, times factor[h]) as bf16 lines of 64 rows a head, for the other consumer's P V.
-__device__ __forceinline__ void store_probs(uint8_t* probs, const float (&s)[32], const float (&factor)[2],
+// P (fp32, times factor[h]) as bf16 lines of a head's 32 rows (the first half of each 64-value
+// line), for the other consumer's P V.
+__device__ __forceinline__ void store_probs(uint8_t* probs, const float (&s)[16], const float (&factor)[2],
                                             const ConsumerLane& lane) {
 #pragma unroll
-  for (int n = 0; n < 8; ++n)
+  for (int n = 0; n < 4; ++n)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int column = 8 * n + 2 * lane.tq;
@@ -178,10 +173,31 @@ __device__ __forceinline__ void scale_rows(float (&o)[128], const float (&factor
   }
 }
 
-// V of a tile for this consumer's 256 columns, MN-major (a line holds 64 latent columns of one
-// row), 16 rows a k step.
-__device__ __forceinline__ uint64_t value_descriptor(uint32_t tile, int consumer, int k) {
-  return descriptor(tile + consumer * kLeftBlocks * kBlockBytes + k * 16 * kLineBytes, kBlockBytes, 1024);
+// V of a stage for consumer c's 256 columns, MN-major (a line holds 64 latent columns of one
+// row), rows 16 k .. 16 k + 15.
+__device__ __forceinline__ uint64_t value_descriptor(uint32_t stage, int consumer, int k) {
+  return descriptor(stage + consumer * kLeftBlocks * kBlockBytes + k * 16 * kLineBytes, kBlockBytes, 1024);
+}
+
+// O += P V over a stage's 64 rows for consumer c's columns: its own 32 rows' P from registers,
+// the other consumer's from `other_probs` (32 of each line's 64 values). Two commit groups: the
+// own rows', then the other's.
+__device__ __forceinline__ void issue_own_values(float (&o)[128], const uint32_t (&p)[2][4], uint32_t stage,
+                                                 int consumer) {
+  wgmma::pin(o);
+  wgmma::fence();
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+    wgmma::rs_m64n256k16_mn(o, p[k], value_descriptor(stage, consumer, 2 * consumer + k));
+  wgmma::commit();
+}
+__device__ __forceinline__ void issue_other_values(float (&o)[128], uint32_t other_probs, uint32_t stage, int consumer) {
+  wgmma::fence();
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+    wgmma::m64n256k16<1>(o, descriptor(other_probs + k * 32, 16, 1024),
+                         value_descriptor(stage, consumer, 2 * (consumer ^ 1) + k));
+  wgmma::commit();
 }
 
 // Grid: one block a launched token. a.queries: [T, H, 576] bf16, pre-scaled; a.out: [T, H, 512].
@@ -190,17 +206,16 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
   const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
   uint8_t* const generic = shared_raw + pad;
-  const uint32_t queries = raw + pad, tiles = queries + kQueryBytes, probs1 = tiles + 2 * kTileBytes;
+  const uint32_t queries = raw + pad, stages = queries + kQueryBytes, probs1 = stages + 2 * kStageBytes;
   const uint32_t barriers = probs1 + kProbBytes;
   float* const row_max = reinterpret_cast<float*>(generic + (barriers - queries) + 8 * kBarriers);  // [64]
   float* const row_sum = row_max + kHeads;                                                         // [2][64]
   auto barrier = [&](int index) { return barriers + 8 * index; };
-  auto tile_at = [&](int b) { return tiles + b * kTileBytes; };
-  const uint32_t probs0 = tile_at(0) + 8 * kBlockBytes;  // tile 0's rope block
+  auto stage_at = [&](int step) { return stages + (step & 1) * kStageBytes; };
 
   const int t = a.first_token + blockIdx.x, H = a.num_heads;
   const int count = a.num_selected[t];
-  const int pairs = (count + 2 * kTileRows - 1) / (2 * kTileRows);
+  const int steps = (count + kStepRows - 1) / kStepRows;
   if (threadIdx.x == 0) {
     pipeline::barrier_init(barrier(kQueriesReady), 128);
     for (int i = 0; i < 4; ++i) {
@@ -216,7 +231,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
 
   if (warpgroup == 2) {
     pipeline::shrink_registers<kProducerRegisters>();
-    if (pairs == 0) return;
+    if (steps == 0) return;
     Producer producer{a, a.selected + static_cast<int64_t>(t) * a.max_selected,
                       a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks, count, index % 8,
                       index / 8};
@@ -230,26 +245,27 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
       for (int b = 0; b < kColumnBlocks; ++b) copy_async_16(dst + b * kBlockBytes, src + b * 64, head < H ? 16 : 0);
     }
     pipeline::barrier_arrive_on_copies(barrier(kQueriesReady));
-    int32_t slots[2][4];  // this thread's rows of the pair's two tiles
-    auto look_up = [&](int p) {
+    int32_t slots[4];  // this thread's rows of the step
+    auto look_up = [&](int step) {
 #pragma unroll
-      for (int b = 0; b < 2; ++b)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) slots[b][i] = producer.slot_of_row((2 * p + b) * kTileRows + producer.row0 + 16 * i);
+      for (int i = 0; i < 4; ++i) slots[i] = producer.slot_of_row(step * kStepRows + producer.row0 + 16 * i);
     };
     look_up(0);
-    for (int p = 0; p < pairs; ++p) {
-      const uint32_t parity = (p & 1) ^ 1;  // the previous pair's phase
-      // In the order the halves free up: tile 0 left, tile 1 right, tile 0 right, tile 1 left.
-      const int order[4][2] = {{0, 0}, {1, 1}, {0, 1}, {1, 0}};
+    for (int step = 0; step < steps; ++step) {
+      const int stage = step & 1;
+      const uint32_t parity = ((step >> 1) & 1) ^ 1;  // the phase of two steps before
+      // Each half as soon as its reader is done with it, the left (needed first) where both are.
+      for (unsigned pending = 3; pending != 0;) {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int b = order[k][0], half = order[k][1];
-        pipeline::barrier_wait(barrier(kFree + half_index(b, half)), parity);
-        producer.copy(tile_at(b), slots[b], half ? kLeftBlocks : 0, half ? kColumnBlocks : kLeftBlocks);
-        pipeline::barrier_arrive_on_copies(barrier(kReady + half_index(b, half)));
+        for (int half = 0; half < 2; ++half) {
+          if ((pending >> half & 1) == 0 || !pipeline::barrier_test(barrier(kFree + half_index(stage, half)), parity))
+            continue;
+          producer.copy(stage_at(step), slots, half ? kLeftBlocks : 0, half ? kColumnBlocks : kLeftBlocks);
+          pipeline::barrier_arrive_on_copies(barrier(kReady + half_index(stage, half)));
+          pending &= ~(1u << half);
+        }
       }
-      if (p + 1 < pairs) look_up(p + 1);
+      if (step + 1 < steps) look_up(step + 1);
     }
     return;
   }
@@ -257,51 +273,43 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
   pipeline::grow_registers<kConsumerRegisters>();
   const int consumer = warpgroup;
   const ConsumerLane lane{index / 32, index % 32 / 4, index % 4};
-  const uint32_t own_tile = tile_at(consumer), other_tile = tile_at(consumer ^ 1);
   float out[128];  // O[heads, 256 consumer + 8 j + 2 tq (+1)] at out[4 j + ...], relative to run_max
 #pragma unroll
   for (int k = 0; k < 128; ++k) out[k] = 0.0f;
   float run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};
-  float s[32];
-  uint32_t p[4][4];
-  auto wait_ready = [&](int b, int half, int pair) {
-    pipeline::barrier_wait(barrier(kReady + half_index(b, half)), pair & 1);
-    wgmma::fence_async_proxy();  // the copies' writes, for the tensor cores' reads
-  };
-  // S of this consumer's tile of pair `pair`: consumer 0 left half first (the first copied),
-  // consumer 1 right half first.
-  // (Column bounds known at compile time: wgmma in loops of run-time bounds are serialised.)
-  auto issue_scores = [&](int pair) {
+  float s[16];
+  uint32_t p[2][4];
+  // S of a step: both halves of its stage landed (consumer 0 waits for the left first, the first
+  // the producer refills), the copies' writes ordered before the tensor cores' reads.
+  auto issue_scores = [&](int step) {
+    const int first = consumer;  // consumer 1 waits for the right half first
+    pipeline::barrier_wait(barrier(kReady + half_index(step & 1, first)), (step >> 1) & 1);
+    pipeline::barrier_wait(barrier(kReady + half_index(step & 1, first ^ 1)), (step >> 1) & 1);
+    wgmma::fence_async_proxy();
     wgmma::pin(s);
     wgmma::fence();
-    if (consumer == 0) {
-      wait_ready(0, 0, pair);
-      score_blocks(s, queries, own_tile, 0, kLeftBlocks, true);
-      wait_ready(0, 1, pair);
-      score_blocks(s, queries, own_tile, kLeftBlocks, kColumnBlocks, false);
-    } else {
-      wait_ready(1, 1, pair);
-      score_blocks(s, queries, own_tile, kLeftBlocks, kColumnBlocks, true);
-      wait_ready(1, 0, pair);
-      score_blocks(s, queries, own_tile, 0, kLeftBlocks, false);
-    }
+    score_rows(s, queries, stage_at(step), consumer);
     wgmma::commit();
   };
-  if (pairs > 0) pipeline::barrier_wait(barrier(kQueriesReady), 0);
+  if (steps > 0) pipeline::barrier_wait(barrier(kQueriesReady), 0);
+  // Consumer 1's P buffer starts free: one arrival for each of its `steps` waits, the rest after
+  // each step but the last.
+  if (consumer == 0 && steps > 0) pipeline::named_arrive(kProbs1Read, kConsumerThreads);
 
-  for (int pair = 0; pair < pairs; ++pair) {
-    const int tile = 2 * pair + consumer;
+  for (int step = 0; step < steps; ++step) {
+    const uint32_t stage = stage_at(step);
+    const uint32_t probs0 = stage + 8 * kBlockBytes;  // the stage's rope block, free once both scored
+    float rows_max[2], factor[2];
+    // (Issuing the next step's S before the last P V's wait makes ptxas serialise the wgmma.)
+    issue_scores(step);
+    wgmma::wait<0>();
+    wgmma::pin(s);
+    mask_and_max(s, count - step * kStepRows - consumer * kConsumerRows, lane, rows_max);
     if (consumer == 0) {
-      if (pair == 0) {
-        issue_scores(0);
-        wgmma::wait<0>();
-        wgmma::pin(s);
-      }
-      float tile_max[2], own_max[2], factor[2];
-      mask_and_max(s, count - tile * kTileRows, lane, tile_max);
+      float own_max[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        own_max[h] = fmaxf(run_max[h], tile_max[h]);  // finite: the pair's first row is selected
+        own_max[h] = fmaxf(run_max[h], rows_max[h]);  // finite: the step's first row is selected
         factor[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - own_max[h]);
         run_sum[h] *= factor[h];
       }
@@ -311,13 +319,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
       pipeline::named_arrive(kMaxima0, kConsumerThreads);
       scale_rows(out, factor);
       exponentiate(s, own_max, p, run_sum);
-      // O += P V over this tile's left half, P from registers.
-      wgmma::pin(out);
-      wgmma::fence();
-#pragma unroll
-      for (int k = 0; k < 4; ++k) wgmma::rs_m64n256k16_mn(out, p[k], value_descriptor(own_tile, 0, k));
-      wgmma::commit();
-      // The joint maxima (consumer 1 posts them); this tile's P relative to them for consumer 1.
+      issue_own_values(out, p, stage, 0);
+      // The joint maxima (consumer 1 posts them once it has scored); this step's P relative to
+      // them, for consumer 1, in the rope block both have finished reading.
       pipeline::named_sync(kMaxima, kConsumerThreads);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -331,35 +335,20 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
       pipeline::named_arrive(kProbs0, kConsumerThreads);
       wgmma::wait<0>();
       wgmma::pin(out);
-      pipeline::barrier_arrive(barrier(kFree + half_index(0, 0)));
       scale_rows(out, factor);
-      // O += P' V over the other tile's left half, consumer 1's P from shared memory.
       pipeline::named_sync(kProbs1, kConsumerThreads);
-      wgmma::fence();
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        wgmma::m64n256k16<1>(out, descriptor(probs1 + k * 32, 16, 1024), value_descriptor(other_tile, 0, k));
-      wgmma::commit();
-      if (pair + 1 < pairs) {
-        issue_scores(pair + 1);
-        wgmma::wait<1>();
-      } else {
-        wgmma::wait<0>();
-      }
-      pipeline::barrier_arrive(barrier(kFree + half_index(1, 0)));
+      issue_other_values(out, probs1, stage, 0);
       wgmma::wait<0>();
       wgmma::pin(out);
-      wgmma::pin(s);
+      // Consumer 1's P read; this stage's left half read for the last time.
+      if (step + 1 < steps) pipeline::named_arrive(kProbs1Read, kConsumerThreads);
+      pipeline::barrier_arrive(barrier(kFree + half_index(step & 1, 0)));
     } else {
-      issue_scores(pair);
-      wgmma::wait<0>();
-      wgmma::pin(s);
-      float tile_max[2], factor[2], joint[2];
-      mask_and_max(s, count - tile * kTileRows, lane, tile_max);
+      float joint[2];
       pipeline::named_sync(kMaxima0, kConsumerThreads);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        joint[h] = fmaxf(row_max[lane.head(h)], tile_max[h]);
+        joint[h] = fmaxf(row_max[lane.head(h)], rows_max[h]);
         factor[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - joint[h]);
         run_max[h] = joint[h];
         run_sum[h] *= factor[h];
@@ -370,33 +359,24 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
       pipeline::named_arrive(kMaxima, kConsumerThreads);
       scale_rows(out, factor);
       exponentiate(s, joint, p, run_sum);
-      // O += P V over this tile's right half (latent 256..511), P from registers.
-      wgmma::pin(out);
-      wgmma::fence();
-#pragma unroll
-      for (int k = 0; k < 4; ++k) wgmma::rs_m64n256k16_mn(out, p[k], value_descriptor(own_tile, 1, k));
-      wgmma::commit();
+      issue_own_values(out, p, stage, 1);
+      // This step's P for consumer 0, once it has read the last step's.
       const float one[2] = {1.0f, 1.0f};
+      pipeline::named_sync(kProbs1Read, kConsumerThreads);
       store_probs(generic + (probs1 - queries), s, one, lane);
       wgmma::fence_async_proxy();
-      // O += P' V over tile 0's right half, consumer 0's P from tile 0's rope block.
-      pipeline::named_sync(kProbs0, kConsumerThreads);
-      wgmma::fence();
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        wgmma::m64n256k16<1>(out, descriptor(probs0 + k * 32, 16, 1024), value_descriptor(other_tile, 1, k));
-      wgmma::commit();
       pipeline::named_arrive(kProbs1, kConsumerThreads);
-      wgmma::wait<1>();
-      pipeline::barrier_arrive(barrier(kFree + half_index(1, 1)));
+      pipeline::named_sync(kProbs0, kConsumerThreads);
+      issue_other_values(out, probs0, stage, 1);
       wgmma::wait<0>();
       wgmma::pin(out);
-      pipeline::barrier_arrive(barrier(kFree + half_index(0, 1)));
+      // This stage's right half (and consumer 0's P in its rope block) read for the last time.
+      pipeline::barrier_arrive(barrier(kFree + half_index(step & 1, 1)));
     }
   }
 
   // Each head's sum over both consumers' rows, then the normalised output staged in the
-  // queries' region (every wgmma reading it finished before the pairs' last barriers).
+  // queries' region (every wgmma reading it finished before the steps' last barriers).
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     run_sum[h] += __shfl_xor_sync(0xffffffffu, run_sum[h], 1);

@@ -38,6 +38,19 @@ __device__ __forceinline__ void barrier_wait(uint32_t barrier, uint32_t parity) 
       : "memory");
 }
 
+// Whether the phase of that parity has completed, without waiting.
+__device__ __forceinline__ bool barrier_test(uint32_t barrier, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(barrier), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
 // Named barrier `id` (1..15; 0 is __syncthreads') of `threads` threads, whole warps: sync waits
 // for all of them, arrive counts this warp in and goes on.
 __device__ __forceinline__ void named_sync(int id, int threads) {

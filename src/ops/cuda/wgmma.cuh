@@ -25,6 +25,11 @@ __device__ __forceinline__ uint32_t swizzled(int line, int chunk) {
 __device__ __forceinline__ void copy_async_16(uint32_t shared_address, const void* global, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address), "l"(global), "r"(src_bytes));
 }
+// The same, asking L2 to fetch the 256-byte span around the source (gathers of whole rows).
+__device__ __forceinline__ void copy_async_16_l2_256(uint32_t shared_address, const void* global, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(shared_address), "l"(global),
+               "r"(src_bytes));
+}
 // 4 bytes from global to shared memory (through L1); src_bytes 0 writes zeros.
 __device__ __forceinline__ void copy_async_4(uint32_t shared_address, const void* global, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address), "l"(global), "r"(src_bytes));
