@@ -1,14 +1,15 @@
 // Elementwise CUDA kernels. Norms use one block per row with a block-wide reduction (rows are
 // at most a few thousand values: hidden 6144, q_lora 2048); the rest are one thread per value.
-#include <cstdio>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/launch.cuh"
 
 namespace glms::ops::cuda {
 
@@ -18,20 +19,23 @@ constexpr int kNormThreads = 256;
 
 __global__ void rope_kernel(float* x, int64_t rows, int heads, int64_t row_stride, int64_t offset, int half,
                             const int32_t* positions, const float* inv_freq) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= rows * half) return;
-  const int64_t row = i / half;
-  const int pair = static_cast<int>(i % half);
-  rotate_pair(x + row * row_stride + offset + 2 * pair, inv_freq[pair] * static_cast<float>(positions[row / heads]));
+  chained_grid_prologue();
+  GLMS_GRID_STRIDE_LOOP(i, rows * half) {
+    const int64_t row = i / half;
+    const int pair = static_cast<int>(i % half);
+    rotate_pair(x + row * row_stride + offset + 2 * pair, inv_freq[pair] * static_cast<float>(positions[row / heads]));
+  }
 }
 
 __global__ void gather_rows_kernel(const uint16_t* src, int64_t dim, const int32_t* rows, int divisor, uint16_t* out) {
+  chained_grid_prologue();
   const uint16_t* from = src + static_cast<int64_t>(rows[blockIdx.x] / divisor) * dim;
   uint16_t* to = out + blockIdx.x * dim;
   for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) to[k] = from[k];
 }
 
 __global__ void embed_kernel(const uint16_t* table, const int32_t* ids, int64_t dim, float* x) {
+  chained_grid_prologue();
   const uint16_t* src = table + static_cast<int64_t>(ids[blockIdx.x]) * dim;
   float* dst = x + blockIdx.x * dim;
   for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) dst[k] = bf16_to_float(src[k]);
@@ -39,6 +43,7 @@ __global__ void embed_kernel(const uint16_t* table, const int32_t* ids, int64_t 
 
 __global__ void residual_rms_norm_kernel(float* x, const float* delta, int64_t dim, const float* weight, float eps,
                                          float* y_f32, uint16_t* y_bf16) {
+  chained_grid_prologue();
   __shared__ float scratch[32];
   float* row = x + blockIdx.x * dim;
   float sum = 0.0f;
@@ -61,6 +66,7 @@ __global__ void residual_rms_norm_kernel(float* x, const float* delta, int64_t d
 template <int kVecs>
 __global__ void residual_rms_norm_vec_kernel(float* x, const float* delta, int64_t dim, const float* weight, float eps,
                                              float* y_f32, uint16_t* y_bf16) {
+  chained_grid_prologue();
   __shared__ float scratch[32];
   const int64_t vecs = dim / 4, offset = blockIdx.x * vecs;
   float4* row = reinterpret_cast<float4*>(x) + offset;
@@ -112,6 +118,7 @@ __device__ __forceinline__ void keep_better(float& best, int& best_index, float 
 }
 
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float* x, int64_t cols, int32_t* out) {
+  chained_grid_prologue();
   __shared__ float warp_best[32];
   __shared__ int warp_index[32];
   const float* row = x + blockIdx.x * cols;
@@ -142,45 +149,51 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float
 }
 
 __global__ void silu_mul_to_bf16_kernel(const float* gate_up, int64_t n, int64_t inter, uint16_t* out) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= n * inter) return;
-  const int64_t t = i / inter, j = i % inter;
-  const float gate = gate_up[t * 2 * inter + j], up = gate_up[t * 2 * inter + inter + j];
-  out[i] = float_to_bf16(gate / (1.0f + expf(-gate)) * up);
+  chained_grid_prologue();
+  GLMS_GRID_STRIDE_LOOP(i, n * inter) {
+    const int64_t t = i / inter, j = i % inter;
+    const float gate = gate_up[t * 2 * inter + j], up = gate_up[t * 2 * inter + inter + j];
+    out[i] = float_to_bf16(gate / (1.0f + expf(-gate)) * up);
+  }
 }
 
 __global__ void fill_uniform_bf16_kernel(uint16_t* out, int64_t count, uint64_t seed, float scale) {
+  chained_grid_prologue();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[i] = float_to_bf16(scale * uniform_at(seed, i));
 }
 
 __global__ void fill_uniform_f32_kernel(float* out, int64_t count, uint64_t seed, float scale) {
+  chained_grid_prologue();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[i] = scale * uniform_at(seed, i);
 }
 
 __global__ void fill_uniform_e4m3_kernel(uint8_t* out, int64_t count, uint64_t seed) {
+  chained_grid_prologue();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[i] = __nv_cvt_float_to_fp8(448.0f * uniform_at(seed, i), __NV_SATFINITE, __NV_E4M3);
 }
 
 __global__ void fill_random_bytes_kernel(uint8_t* out, int64_t count, uint64_t seed) {
+  chained_grid_prologue();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[i] = static_cast<uint8_t>(static_cast<int>((uniform_at(seed, i) + 1.0f) * 128.0f) & 0xff);
 }
 
 __global__ void fill_f32_kernel(float* out, int64_t count, float value) {
+  chained_grid_prologue();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < count) out[i] = value;
 }
 
 __global__ void add_f32_kernel(const float* a, const float* b, float* out, int64_t count) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < count) out[i] = a[i] + b[i];
+  chained_grid_prologue();
+  GLMS_GRID_STRIDE_LOOP(i, count) out[i] = a[i] + b[i];
 }
 
 struct SimulatedGatherArgs {
@@ -190,6 +203,7 @@ struct SimulatedGatherArgs {
 
 // Grid (blocks over the largest part's 16-byte chunks, slot, part).
 __global__ void simulated_all_gather_kernel(SimulatedGatherArgs a) {
+  chained_grid_prologue();
   const SimulatedGatherPart& part = a.parts[blockIdx.z];
   const int slot = blockIdx.y;
   const int64_t words = part.bytes / 4, i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -212,9 +226,8 @@ __global__ void simulated_all_gather_kernel(SimulatedGatherArgs a) {
 }
 
 __global__ void to_bf16_kernel(const float* x, uint16_t* y, int64_t count) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= count) return;
-  y[i] = float_to_bf16(x[i]);
+  chained_grid_prologue();
+  GLMS_GRID_STRIDE_LOOP(i, count) y[i] = float_to_bf16(x[i]);
 }
 
 }  // namespace
@@ -256,14 +269,13 @@ void simulated_all_gather(const SimulatedGatherPart* parts, int num_parts, int s
   args.num_experts = num_experts;
   const int64_t chunks = std::max<int64_t>(1, largest / 16);
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(chunks, 256), 1024));
-  simulated_all_gather_kernel<<<dim3(blocks, slots, num_parts), 256, 0, stream>>>(args);
-  check(cudaGetLastError(), "simulated_all_gather launch");
+  launch_chained("simulated_all_gather launch", simulated_all_gather_kernel, dim3(blocks, slots, num_parts), 256, 0,
+                 stream, args);
 }
 
 void add_f32(const float* a, const float* b, float* out, int64_t count, cudaStream_t stream) {
   if (count <= 0) return;
-  add_f32_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(a, b, out, count);
-  check(cudaGetLastError(), "add_f32 launch");
+  launch_chained("add_f32 launch", add_f32_kernel, elementwise_blocks(count, 256), 256, 0, stream, a, b, out, count);
 }
 
 int device_count() {
@@ -329,22 +341,20 @@ void rope_rows(float* x, int64_t n, int heads, int64_t row_stride, int64_t offse
   const int half = rope_dim / 2;
   const int64_t rows = n * heads;
   if (rows == 0 || half == 0) return;
-  rope_kernel<<<blocks_for(rows * half, 256), 256, 0, stream>>>(x, rows, heads, row_stride, offset, half, positions,
-                                                                  inv_freq);
-  check(cudaGetLastError(), "rope launch");
+  launch_chained("rope launch", rope_kernel, elementwise_blocks(rows * half, 256), 256, 0, stream, x, rows, heads,
+                 row_stride, offset, half, positions, inv_freq);
 }
 
 void gather_rows(const uint16_t* src, int64_t dim, const int32_t* rows, int64_t n, int divisor, uint16_t* out,
                  cudaStream_t stream) {
   if (n == 0) return;
-  gather_rows_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(src, dim, rows, divisor, out);
-  check(cudaGetLastError(), "gather_rows launch");
+  launch_chained("gather_rows launch", gather_rows_kernel, static_cast<unsigned>(n), 256, 0, stream, src, dim, rows,
+                 divisor, out);
 }
 
 void embed_rows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t dim, float* x, cudaStream_t stream) {
   if (n == 0) return;
-  embed_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(table, ids, dim, x);
-  check(cudaGetLastError(), "embed_rows launch");
+  launch_chained("embed_rows launch", embed_kernel, static_cast<unsigned>(n), 256, 0, stream, table, ids, dim, x);
 }
 
 void residual_rms_norm(float* x, const float* delta, int64_t n, int64_t dim, const float* weight, float eps,
@@ -358,26 +368,24 @@ void residual_rms_norm(float* x, const float* delta, int64_t n, int64_t dim, con
     const int64_t threads_needed = (vecs + per_thread - 1) / per_thread;  // at most 1024
     const int threads = static_cast<int>((threads_needed + 31) / 32 * 32);
     if (per_thread == 2)
-      residual_rms_norm_vec_kernel<2><<<static_cast<unsigned>(n), threads, 0, stream>>>(x, delta, dim, weight, eps,
-                                                                                         y_f32, y_bf16);
+      launch_chained("residual_rms_norm_vec launch", residual_rms_norm_vec_kernel<2>, static_cast<unsigned>(n), threads,
+                     0, stream, x, delta, dim, weight, eps, y_f32, y_bf16);
     else
-      residual_rms_norm_vec_kernel<4><<<static_cast<unsigned>(n), threads, 0, stream>>>(x, delta, dim, weight, eps,
-                                                                                         y_f32, y_bf16);
-    check(cudaGetLastError(), "residual_rms_norm launch");
+      launch_chained("residual_rms_norm launch", residual_rms_norm_vec_kernel<4>, static_cast<unsigned>(n), threads, 0,
+                     stream, x, delta, dim, weight, eps, y_f32, y_bf16);
     return;
   }
   // A row's loads are independent: enough threads that each issues a handful (a lone decode
   // row of 6144 values is otherwise a long chain of dependent-latency loops on one SM).
   const int threads = static_cast<int>(std::clamp<int64_t>((dim / 8 + 31) / 32 * 32, kNormThreads, 1024));
-  residual_rms_norm_kernel<<<static_cast<unsigned>(n), threads, 0, stream>>>(x, delta, dim, weight, eps, y_f32,
-                                                                                   y_bf16);
-  check(cudaGetLastError(), "residual_rms_norm launch");
+  launch_chained("residual_rms_norm launch", residual_rms_norm_kernel, static_cast<unsigned>(n), threads, 0, stream, x,
+                 delta, dim, weight, eps, y_f32, y_bf16);
 }
 
 void silu_mul_to_bf16(const float* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream) {
   if (n * inter == 0) return;
-  silu_mul_to_bf16_kernel<<<blocks_for(n * inter, 256), 256, 0, stream>>>(gate_up, n, inter, out);
-  check(cudaGetLastError(), "silu_mul_to_bf16 launch");
+  launch_chained("silu_mul_to_bf16 launch", silu_mul_to_bf16_kernel, elementwise_blocks(n * inter, 256), 256, 0, stream,
+                 gate_up, n, inter, out);
 }
 
 namespace {
@@ -386,26 +394,26 @@ unsigned fill_blocks(int64_t count) { return static_cast<unsigned>(std::min<int6
 
 void fill_uniform_bf16(uint16_t* out, int64_t count, uint64_t seed, float scale, cudaStream_t stream) {
   if (count == 0) return;
-  fill_uniform_bf16_kernel<<<fill_blocks(count), 256, 0, stream>>>(out, count, seed, scale);
-  check(cudaGetLastError(), "fill_uniform_bf16 launch");
+  launch_chained("fill_uniform_bf16 launch", fill_uniform_bf16_kernel, fill_blocks(count), 256, 0, stream, out, count,
+                 seed, scale);
 }
 
 void fill_uniform_f32(float* out, int64_t count, uint64_t seed, float scale, cudaStream_t stream) {
   if (count == 0) return;
-  fill_uniform_f32_kernel<<<fill_blocks(count), 256, 0, stream>>>(out, count, seed, scale);
-  check(cudaGetLastError(), "fill_uniform_f32 launch");
+  launch_chained("fill_uniform_f32 launch", fill_uniform_f32_kernel, fill_blocks(count), 256, 0, stream, out, count,
+                 seed, scale);
 }
 
 void fill_uniform_e4m3(uint8_t* out, int64_t count, uint64_t seed, cudaStream_t stream) {
   if (count == 0) return;
-  fill_uniform_e4m3_kernel<<<fill_blocks(count), 256, 0, stream>>>(out, count, seed);
-  check(cudaGetLastError(), "fill_uniform_e4m3 launch");
+  launch_chained("fill_uniform_e4m3 launch", fill_uniform_e4m3_kernel, fill_blocks(count), 256, 0, stream, out, count,
+                 seed);
 }
 
 void fill_random_bytes(uint8_t* out, int64_t count, uint64_t seed, cudaStream_t stream) {
   if (count == 0) return;
-  fill_random_bytes_kernel<<<fill_blocks(count), 256, 0, stream>>>(out, count, seed);
-  check(cudaGetLastError(), "fill_random_bytes launch");
+  launch_chained("fill_random_bytes launch", fill_random_bytes_kernel, fill_blocks(count), 256, 0, stream, out, count,
+                 seed);
 }
 
 void fill_bytes(uint8_t* out, int64_t count, uint8_t value, cudaStream_t stream) {
@@ -415,21 +423,19 @@ void fill_bytes(uint8_t* out, int64_t count, uint8_t value, cudaStream_t stream)
 
 void fill_f32(float* out, int64_t count, float value, cudaStream_t stream) {
   if (count == 0) return;
-  fill_f32_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(out, count, value);
-  check(cudaGetLastError(), "fill_f32 launch");
+  launch_chained("fill_f32 launch", fill_f32_kernel, blocks_for(count, 256), 256, 0, stream, out, count, value);
 }
 
 void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream) {
   if (rows == 0) return;
   GLMS_CHECK(cols > 0 && cols <= 0x7fffffff, "argmax_rows: 1 to 2^31 - 1 columns");
-  argmax_rows_kernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream>>>(x, cols, out);
-  check(cudaGetLastError(), "argmax_rows launch");
+  launch_chained("argmax_rows launch", argmax_rows_kernel, static_cast<unsigned>(rows), kArgmaxThreads, 0, stream, x,
+                 cols, out);
 }
 
 void to_bf16(const float* x, uint16_t* y, int64_t count, cudaStream_t stream) {
   if (count == 0) return;
-  to_bf16_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(x, y, count);
-  check(cudaGetLastError(), "to_bf16 launch");
+  launch_chained("to_bf16 launch", to_bf16_kernel, elementwise_blocks(count, 256), 256, 0, stream, x, y, count);
 }
 
 }  // namespace glms::ops::cuda

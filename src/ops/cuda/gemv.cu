@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/launch.cuh"
 
 namespace glms::ops::cuda {
 
@@ -58,6 +59,7 @@ struct Chunk<float> {
 };
 
 // Rows row0 .. row0 + kRows - 1 of one matrix for the block. x and w share the element type.
+// It opens the chained launch itself (launch.cuh): weight lines are prefetched before the wait.
 template <int kTokens, typename T, int kRows = kGemvRows>
 __device__ __forceinline__ void gemv_block(const T* x, int n, int64_t ld_x, const T* w, int64_t rows, int64_t cols,
                                            float* y, int64_t ld_y, int64_t row0) {
@@ -71,6 +73,14 @@ __device__ __forceinline__ void gemv_block(const T* x, int n, int64_t ld_x, cons
   // This warp's share of the row: 16-byte chunks [begin, end), lane-strided.
   const int64_t chunks = cols / kValues;
   const int64_t begin = chunks * warp / kGemvWarps, end = chunks * (warp + 1) / kGemvWarps;
+  // The lane's first chunk of each row into L2 while the previous kernel finishes (launched
+  // chained: a decode step's GEMVs follow short kernels whose tails would otherwise idle HBM).
+  release_dependent_grids();
+  if (begin + lane < end) {
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r) prefetch_l2(reinterpret_cast<const uint4*>(w_rows[r]) + begin + lane);
+  }
+  wait_for_previous_grid();
   float acc[kGemvRows][kTokens];
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r)
@@ -127,6 +137,7 @@ template <int kTokens>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_batched_rows_kernel(const uint16_t* x, int n, int64_t ld_x, int64_t stride_x, const uint16_t* w, int64_t rows,
                              int64_t cols, int64_t ld_w, int64_t stride_w, float* y, int64_t ld_y, int64_t stride_y) {
+  chained_grid_prologue();
   const int64_t b = blockIdx.y;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kBatchedRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -166,6 +177,7 @@ __global__ void __launch_bounds__(kGemvThreads)
     gemv_batched_columns_kernel(const uint16_t* x, int n, int64_t ld_x, int64_t stride_x, const uint16_t* w,
                                 int64_t rows, int64_t cols, int64_t ld_w, int64_t stride_w, float* y, int64_t ld_y,
                                 int64_t stride_y) {
+  chained_grid_prologue();
   __shared__ float partial[kRowGroups][kTokens][kColumnChunksPerBlock * 8];
   const int64_t b = blockIdx.y;
   const int chunk_in_block = threadIdx.x % kColumnChunksPerBlock, group = threadIdx.x / kColumnChunksPerBlock;
@@ -234,11 +246,11 @@ void launch_gemv(const T* x, int64_t n, int64_t ld_x, const T* w, int64_t rows, 
   dispatch_tokens(n, [&](auto tokens) {
     constexpr int kTokens = decltype(tokens)::value;
     if (four)
-      gemv_kernel<kTokens, T, kGemvRows><<<blocks_for(rows, kGemvRows), kGemvThreads, 0, stream>>>(
-          x, static_cast<int>(n), ld_x, w, rows, cols, y, ld_y);
+      launch_chained("gemv launch", gemv_kernel<kTokens, T, kGemvRows>, blocks_for(rows, kGemvRows), kGemvThreads, 0,
+                     stream, x, static_cast<int>(n), ld_x, w, rows, cols, y, ld_y);
     else
-      gemv_kernel<kTokens, T, 1><<<static_cast<unsigned>(rows), kGemvThreads, 0, stream>>>(x, static_cast<int>(n), ld_x,
-                                                                                         w, rows, cols, y, ld_y);
+      launch_chained("gemv launch", gemv_kernel<kTokens, T, 1>, static_cast<unsigned>(rows), kGemvThreads, 0, stream, x,
+                     static_cast<int>(n), ld_x, w, rows, cols, y, ld_y);
   });
 }
 
@@ -280,7 +292,6 @@ void gemv_bf16(const uint16_t* x, int64_t n, int64_t ld_x, const uint16_t* w, in
   if (n == 0 || rows == 0) return;
   GLMS_CHECK(gemv_bf16_fits(x, n, ld_x, w, cols), "gemv_bf16: at most 4 tokens, 16-byte aligned rows");
   launch_gemv(x, n, ld_x, w, rows, cols, y, ld_y, stream);
-  check(cudaGetLastError(), "gemv_bf16 launch");
 }
 
 void gemv_f32(const float* x, int64_t n, int64_t ld_x, const float* w, int64_t rows, int64_t cols, float* y,
@@ -288,7 +299,6 @@ void gemv_f32(const float* x, int64_t n, int64_t ld_x, const float* w, int64_t r
   if (n == 0 || rows == 0) return;
   GLMS_CHECK(gemv_f32_fits(x, n, ld_x, w, cols), "gemv_f32: at most 4 tokens, 16-byte aligned rows");
   launch_gemv(x, n, ld_x, w, rows, cols, y, ld_y, stream);
-  check(cudaGetLastError(), "gemv_f32 launch");
 }
 
 void gemv_bf16_group(const uint16_t* x, int64_t n, int64_t ld_x, int64_t cols, const GemvOutput* outputs, int count,
@@ -307,10 +317,9 @@ void gemv_bf16_group(const uint16_t* x, int64_t n, int64_t ld_x, int64_t cols, c
   }
   if (g.first_block[count] == 0) return;
   dispatch_tokens(n, [&](auto tokens) {
-    gemv_group_kernel<decltype(tokens)::value><<<g.first_block[count], kGemvThreads, 0, stream>>>(x, static_cast<int>(n), ld_x,
-                                                                                       cols, g);
+    launch_chained("gemv_group launch", gemv_group_kernel<decltype(tokens)::value>, g.first_block[count], kGemvThreads,
+                   0, stream, x, static_cast<int>(n), ld_x, cols, g);
   });
-  check(cudaGetLastError(), "gemv_bf16_group launch");
 }
 
 bool gemv_bf16_batched_fits(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w,
@@ -331,15 +340,14 @@ void gemv_bf16_batched(const uint16_t* x, int64_t n, int64_t ld_x, int64_t strid
     constexpr int kTokens = decltype(tokens)::value;
     if (transpose_w) {
       const dim3 grid(blocks_for(cols / 8, kColumnChunksPerBlock), batch);
-      gemv_batched_columns_kernel<kTokens><<<grid, kGemvThreads, 0, stream>>>(
-          x, static_cast<int>(n), ld_x, stride_x, w, rows, cols, ld_w, stride_w, y, ld_y, stride_y);
+      launch_chained("gemv_batched_columns launch", gemv_batched_columns_kernel<kTokens>, grid, kGemvThreads, 0, stream,
+                     x, static_cast<int>(n), ld_x, stride_x, w, rows, cols, ld_w, stride_w, y, ld_y, stride_y);
     } else {
       const dim3 grid(blocks_for(rows, kBatchedRowsPerBlock), batch);
-      gemv_batched_rows_kernel<kTokens><<<grid, kGemvThreads, 0, stream>>>(
-          x, static_cast<int>(n), ld_x, stride_x, w, rows, cols, ld_w, stride_w, y, ld_y, stride_y);
+      launch_chained("gemv_batched_rows launch", gemv_batched_rows_kernel<kTokens>, grid, kGemvThreads, 0, stream, x,
+                     static_cast<int>(n), ld_x, stride_x, w, rows, cols, ld_w, stride_w, y, ld_y, stride_y);
     }
   });
-  check(cudaGetLastError(), "gemv_bf16_batched launch");
 }
 
 }  // namespace glms::ops::cuda

@@ -24,6 +24,7 @@
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/fp8.cuh"
 #include "ops/cuda/indexer.h"
+#include "ops/cuda/launch.cuh"
 
 namespace glms::ops::cuda {
 
@@ -96,6 +97,7 @@ __device__ __forceinline__ void add_chunk_dots(float (&dot)[kHeads], const float
 template <int kHeads, int kSplit, typename kKey>
 __global__ void __launch_bounds__(kTileKeys * kSplit) indexer_score_kernel(IndexerScoreArgs a, int padded_heads,
                                                                            int padded_dim, bool vector) {
+  chained_grid_prologue();
   constexpr int kThreads = kTileKeys * kSplit;
   extern __shared__ float4 shared_vectors[];  // float4: 16-byte aligned for the query reads
   const int D = a.dim, H = a.heads;
@@ -161,6 +163,7 @@ template <int kBlocks, int kThreads = kTopKThreads>
 __global__ void __launch_bounds__(kThreads) top_k_kernel(const float* scores, int64_t score_stride,
                                                          const int32_t* positions, int top_k, int32_t* selected,
                                                          int max_selected, int32_t* num_selected) {
+  chained_grid_prologue();
   static_assert(kThreads >= 256, "a thread a digit of the 256");
   using BlockScan = cub::BlockScan<int, kThreads>;
   __shared__ typename BlockScan::TempStorage scan_storage;
@@ -260,6 +263,7 @@ __global__ void __launch_bounds__(kThreads) top_k_kernel(const float* scores, in
 // out[j, :] = the key of position j as fp32: bf16 widened, or codes times the key's scale.
 __global__ void gather_keys_kernel(const void* key_cache, const float* key_scales, const int32_t* block_table,
                                    int block_size, int dim, float* out) {
+  chained_grid_prologue();
   const int j = blockIdx.x;
   const int64_t slot = static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size;
   float* dst = out + static_cast<int64_t>(j) * dim;
@@ -276,6 +280,7 @@ __global__ void gather_keys_kernel(const void* key_cache, const float* key_scale
 // Block (chunk token i, 256 positions): scores[t, j] = sum_h relu(S[i, h, j] * softmax_scale) *
 // w[t, h] * head_scale over the causal positions of tokens past top-k.
 __global__ void reduce_head_scores_kernel(IndexerScoreArgs a, int first, int context, const float* head_scores) {
+  chained_grid_prologue();
   const int i = blockIdx.x, t = first + i;
   const int j = blockIdx.y * blockDim.x + threadIdx.x;
   const int causal = a.positions[t] + 1;
@@ -293,9 +298,8 @@ void indexer_scores_gemm(const IndexerScoreArgs& a, const int32_t* block_table, 
                          const IndexerGemmWorkspace& w, Gemm& gemm, cudaStream_t stream) {
   const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
   if (launch_tokens <= 0 || context <= a.top_k) return;
-  gather_keys_kernel<<<context, 128, 0, stream>>>(a.key_cache, a.key_scales, block_table, a.block_size, a.dim,
-                                                  w.keys);
-  check(cudaGetLastError(), "gather_keys launch");
+  launch_chained("gather_keys launch", gather_keys_kernel, context, 128, 0, stream, a.key_cache, a.key_scales,
+                 block_table, a.block_size, a.dim, w.keys);
   const int64_t per_token = int64_t{a.heads} * context;
   const int chunk = static_cast<int>(std::min<int64_t>(launch_tokens, w.head_score_elements / per_token));
   GLMS_CHECK(chunk >= 1, "indexer_scores_gemm: the workspace holds no token");
@@ -304,8 +308,8 @@ void indexer_scores_gemm(const IndexerScoreArgs& a, const int32_t* block_table, 
     // head_scores[(i, h), j] = q[first + i, h] . key[j]   [n * heads, context]
     gemm.linear_f32(a.queries + int64_t{first} * a.heads * a.dim, int64_t{n} * a.heads, w.keys, context, a.dim,
                     w.head_scores, stream, /*tf32=*/true);
-    reduce_head_scores_kernel<<<dim3(n, (context + 255) / 256), 256, 0, stream>>>(a, first, context, w.head_scores);
-    check(cudaGetLastError(), "reduce_head_scores launch");
+    launch_chained("reduce_head_scores launch", reduce_head_scores_kernel, dim3(n, (context + 255) / 256), 256, 0,
+                   stream, a, first, context, w.head_scores);
   }
 }
 
@@ -334,8 +338,8 @@ void indexer_scores(const IndexerScoreArgs& a, cudaStream_t stream) {
   const int tiles = (a.max_context + kTileKeys - 1) / kTileKeys;
   const int per_token = std::clamp(512 / launch_tokens, 1, tiles);
   const dim3 grid(launch_tokens, per_token);
-  kernel<<<grid, kTileKeys * (split ? 4 : 1), shared, stream>>>(a, padded_heads, padded_dim, vector);
-  check(cudaGetLastError(), "indexer_scores launch");
+  launch_chained("indexer_scores launch", kernel, grid, kTileKeys * (split ? 4 : 1), shared, stream, a, padded_heads,
+                 padded_dim, vector);
 }
 
 void select_top_k(const float* scores, int64_t score_stride, const int32_t* positions, int64_t n, int top_k,
@@ -345,37 +349,24 @@ void select_top_k(const float* scores, int64_t score_stride, const int32_t* posi
   GLMS_CHECK(blocks_per_token == 1 || blocks_per_token == 2 || blocks_per_token == 4 || blocks_per_token == 8,
              "select_top_k: 1, 2, 4 or 8 blocks a token");
   auto launch = [&](auto kernel) {
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>(n * blocks_per_token));
-    config.blockDim = dim3(kTopKThreads);
-    config.stream = stream;
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = static_cast<unsigned>(blocks_per_token);
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    check(cudaLaunchKernelEx(&config, kernel, scores, score_stride, positions, top_k, selected, max_selected,
-                             num_selected),
-          "select_top_k launch (cluster)");
+    launch_chained_clusters("select_top_k launch (cluster)", kernel, static_cast<unsigned>(blocks_per_token),
+                            dim3(static_cast<unsigned>(n * blocks_per_token)), dim3(kTopKThreads), 0, stream, scores,
+                            score_stride, positions, top_k, selected, max_selected, num_selected);
   };
   if (n >= kManyTopKTokens) {
-    top_k_kernel<1, kManyTopKThreads><<<static_cast<unsigned>(n), kManyTopKThreads, 0, stream>>>(
-        scores, score_stride, positions, top_k, selected, max_selected, num_selected);
-    check(cudaGetLastError(), "select_top_k launch");
+    launch_chained("select_top_k launch", top_k_kernel<1, kManyTopKThreads>, static_cast<unsigned>(n), kManyTopKThreads,
+                   0, stream, scores, score_stride, positions, top_k, selected, max_selected, num_selected);
     return;
   }
   switch (blocks_per_token) {
     case 1:
-      top_k_kernel<1><<<static_cast<unsigned>(n), kTopKThreads, 0, stream>>>(scores, score_stride, positions, top_k,
-                                                                            selected, max_selected, num_selected);
+      launch_chained("top_k launch", top_k_kernel<1>, static_cast<unsigned>(n), kTopKThreads, 0, stream, scores,
+                     score_stride, positions, top_k, selected, max_selected, num_selected);
       break;
     case 2: launch(top_k_kernel<2>); break;
     case 4: launch(top_k_kernel<4>); break;
     default: launch(top_k_kernel<8>); break;
   }
-  check(cudaGetLastError(), "select_top_k launch");
 }
 
 }  // namespace glms::ops::cuda

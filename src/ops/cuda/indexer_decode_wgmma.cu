@@ -25,6 +25,7 @@
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/fp8.cuh"
 #include "ops/cuda/indexer.h"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/wgmma.cuh"
 
 namespace glms::ops::cuda {
@@ -53,6 +54,7 @@ static_assert(shared_bytes<false>() <= 60 * 1024 && shared_bytes<true>() <= 60 *
 // Grid (launched token, share of its key tiles: blockIdx.y, + gridDim.y, ...).
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads) indexer_decode_wgmma_kernel(IndexerScoreArgs a) {
+  chained_grid_prologue();
   extern __shared__ __align__(16) uint8_t shared_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
   const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
@@ -185,11 +187,10 @@ void indexer_scores_decode_wgmma(const IndexerScoreArgs& a, cudaStream_t stream)
   auto launch = [&](auto kernel, int bytes) {
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
           "indexer_decode_wgmma shared memory");
-    kernel<<<dim3(launch_tokens, shares), kThreads, bytes, stream>>>(a);
+    launch_chained("indexer_decode_wgmma launch", kernel, dim3(launch_tokens, shares), kThreads, bytes, stream, a);
   };
   if (a.key_scales) launch(indexer_decode_wgmma_kernel<true>, shared_bytes<true>());
   else launch(indexer_decode_wgmma_kernel<false>, shared_bytes<false>());
-  check(cudaGetLastError(), "indexer_decode_wgmma launch");
 }
 
 }  // namespace glms::ops::cuda

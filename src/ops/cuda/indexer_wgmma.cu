@@ -31,6 +31,7 @@
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/fp8.cuh"
 #include "ops/cuda/indexer.h"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/wgmma.cuh"
 
 namespace glms::ops::cuda {
@@ -64,6 +65,7 @@ struct Operands {
 // eight codes times the key's scale, rounded to bf16).
 __global__ void gather_keys_bf16_kernel(const void* key_cache, const float* key_scales, const int32_t* block_table,
                                         int block_size, int context, uint16_t* out) {
+  chained_grid_prologue();
   const int j = blockIdx.x * 16 + threadIdx.x / 16, chunk = threadIdx.x % 16;
   if (j >= context) return;
   const int64_t slot = static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size;
@@ -83,6 +85,7 @@ __global__ void gather_keys_bf16_kernel(const void* key_cache, const float* key_
 // cache rounds its keys (amax / 448; a key of zeros gets scale 0 and zero codes).
 __global__ void gather_keys_fp8_kernel(const void* key_cache, const float* key_scales, const int32_t* block_table,
                                        int block_size, int context, uint8_t* codes, float* scales) {
+  chained_grid_prologue();
   const int j = blockIdx.x * 16 + threadIdx.x / 16, chunk = threadIdx.x % 16;
   const bool valid = j < context;  // every lane takes part in the shuffles
   const int64_t slot =
@@ -125,6 +128,7 @@ template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) indexer_wgmma_kernel(IndexerScoreArgs a, int first, int count,
                                                                     int context, const void* keys,
                                                                     const float* key_scales) {
+  chained_grid_prologue();
   using O = Operands<kFp8>;
   constexpr int kQueryBytes = O::kQueryBytes, kKeyStageBytes = O::kKeyStageBytes;
   extern __shared__ __align__(16) uint8_t shared_raw[];
@@ -272,13 +276,11 @@ void indexer_scores_wgmma(const IndexerScoreArgs& a, const int32_t* block_table,
   const int gather_blocks = (context + 15) / 16;
   if (fp8_operands) {
     key_scales = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(w.keys) + (int64_t{context} * kDim + 15) / 16 * 16);
-    gather_keys_fp8_kernel<<<gather_blocks, 256, 0, stream>>>(a.key_cache, a.key_scales, block_table, a.block_size,
-                                                              context, static_cast<uint8_t*>(keys), key_scales);
-    check(cudaGetLastError(), "gather_keys_fp8 launch");
+    launch_chained("gather_keys_fp8 launch", gather_keys_fp8_kernel, gather_blocks, 256, 0, stream, a.key_cache,
+                   a.key_scales, block_table, a.block_size, context, static_cast<uint8_t*>(keys), key_scales);
   } else {
-    gather_keys_bf16_kernel<<<gather_blocks, 256, 0, stream>>>(a.key_cache, a.key_scales, block_table, a.block_size,
-                                                               context, static_cast<uint16_t*>(keys));
-    check(cudaGetLastError(), "gather_keys_bf16 launch");
+    launch_chained("gather_keys_bf16 launch", gather_keys_bf16_kernel, gather_blocks, 256, 0, stream, a.key_cache,
+                   a.key_scales, block_table, a.block_size, context, static_cast<uint16_t*>(keys));
   }
   // Key tiles split over blockIdx.y until there are about two blocks an SM.
   const int token_blocks = (launch_tokens + kTokens - 1) / kTokens, key_tiles = (context + kKeys - 1) / kKeys;
@@ -286,9 +288,8 @@ void indexer_scores_wgmma(const IndexerScoreArgs& a, const int32_t* block_table,
   auto launch = [&](auto* kernel, int shared_bytes) {
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes),
           "indexer_wgmma shared memory");
-    kernel<<<dim3(token_blocks, splits), kThreads, shared_bytes, stream>>>(a, a.first_token, launch_tokens, context,
-                                                                           keys, key_scales);
-    check(cudaGetLastError(), "indexer_wgmma launch");
+    launch_chained("indexer_wgmma launch", kernel, dim3(token_blocks, splits), kThreads, shared_bytes, stream, a,
+                   a.first_token, launch_tokens, context, keys, key_scales);
   };
   if (fp8_operands) launch(indexer_wgmma_kernel<true>, Operands<true>::kSharedBytes);
   else launch(indexer_wgmma_kernel<false>, Operands<false>::kSharedBytes);

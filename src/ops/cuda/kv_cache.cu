@@ -10,6 +10,7 @@
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/fp8.cuh"
 #include "ops/cuda/kv_cache.h"
+#include "ops/cuda/launch.cuh"
 #include "quant/kv_fp8.h"
 
 namespace glms::ops::cuda {
@@ -52,6 +53,7 @@ template <CacheStorage kStorage>
 __global__ void write_latent_cache_kernel(const float* kv, int latent_dim, int rope_dim, const float* norm_weight,
                                           float eps, const int32_t* positions, const int64_t* slot_mapping,
                                           const float* inv_freq, uint8_t* cache) {
+  chained_grid_prologue();
   __shared__ float scratch[32];
   extern __shared__ float shared[];  // kFp8: [latent_dim] normalised values, then [groups] scales
   const int row_size = latent_dim + rope_dim;
@@ -88,6 +90,7 @@ __global__ void write_indexer_keys_kernel(const float* keys, int dim, int rope_d
                                           const float* ln_bias, float eps, const int32_t* positions,
                                           const int64_t* slot_mapping, const float* inv_freq, void* key_cache,
                                           float* key_scales) {
+  chained_grid_prologue();
   __shared__ float scratch[32];
   extern __shared__ float normed[];  // [dim]
   const float* src = keys + static_cast<int64_t>(blockIdx.x) * dim;
@@ -120,6 +123,7 @@ __global__ void write_indexer_keys_kernel(const float* keys, int dim, int rope_d
 // A thread per (slot, byte-sized element) of FP8 rows: codes of uniform values in [-448, 448]
 // with scale 1 / 448, the rope key uniform bf16.
 __global__ void fill_fp8_rows_kernel(uint8_t* cache, int64_t num_slots, int latent_dim, int rope_dim, uint64_t seed) {
+  chained_grid_prologue();
   const int row_bytes = quant::kv_fp8_row_bytes(latent_dim, rope_dim), groups = quant::kv_fp8_groups(latent_dim);
   const int per_row = latent_dim + groups + rope_dim;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < num_slots * per_row;
@@ -138,6 +142,7 @@ __global__ void fill_fp8_rows_kernel(uint8_t* cache, int64_t num_slots, int late
 }
 
 __global__ void fill_fp8_keys_kernel(uint8_t* codes, float* scales, int64_t num_slots, int dim, uint64_t seed) {
+  chained_grid_prologue();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < num_slots * dim;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     codes[i] = e4m3_of(kE4m3Max * uniform_at(seed, i), 1.0f);
@@ -157,23 +162,24 @@ void write_latent_cache(const float* kv, int64_t n, int latent_dim, int rope_dim
   const int threads = std::clamp((latent_dim + 31) / 32 * 32, 128, 1024);
   auto* rows = static_cast<uint8_t*>(cache);
   if (storage == CacheStorage::kBf16) {
-    write_latent_cache_kernel<CacheStorage::kBf16><<<static_cast<unsigned>(n), threads, 0, stream>>>(
-        kv, latent_dim, rope_dim, norm_weight, eps, positions, slot_mapping, inv_freq, rows);
+    launch_chained("write_latent_cache launch", write_latent_cache_kernel<CacheStorage::kBf16>,
+                   static_cast<unsigned>(n), threads, 0, stream, kv, latent_dim, rope_dim, norm_weight, eps, positions,
+                   slot_mapping, inv_freq, rows);
   } else {
     const size_t shared = sizeof(float) * (latent_dim + quant::kv_fp8_groups(latent_dim));
-    write_latent_cache_kernel<CacheStorage::kFp8><<<static_cast<unsigned>(n), threads, shared, stream>>>(
-        kv, latent_dim, rope_dim, norm_weight, eps, positions, slot_mapping, inv_freq, rows);
+    launch_chained("write_latent_cache launch", write_latent_cache_kernel<CacheStorage::kFp8>, static_cast<unsigned>(n),
+                   threads, shared, stream, kv, latent_dim, rope_dim, norm_weight, eps, positions, slot_mapping,
+                   inv_freq, rows);
   }
-  check(cudaGetLastError(), "write_latent_cache launch");
 }
 
 void write_indexer_keys(const float* keys, int64_t n, int dim, int rope_dim, const float* ln_weight,
                         const float* ln_bias, float eps, const int32_t* positions, const int64_t* slot_mapping,
                         const float* inv_freq, void* key_cache, float* key_scales, cudaStream_t stream) {
   if (n == 0) return;
-  write_indexer_keys_kernel<<<static_cast<unsigned>(n), 128, dim * sizeof(float), stream>>>(
-      keys, dim, rope_dim, ln_weight, ln_bias, eps, positions, slot_mapping, inv_freq, key_cache, key_scales);
-  check(cudaGetLastError(), "write_indexer_keys launch");
+  launch_chained("write_indexer_keys launch", write_indexer_keys_kernel, static_cast<unsigned>(n), 128,
+                 dim * sizeof(float), stream, keys, dim, rope_dim, ln_weight, ln_bias, eps, positions, slot_mapping,
+                 inv_freq, key_cache, key_scales);
 }
 
 void fill_cache_random(void* cache, void* key_cache, float* key_scales, int64_t num_slots, int latent_dim,
@@ -185,14 +191,11 @@ void fill_cache_random(void* cache, void* key_cache, float* key_scales, int64_t 
     return;
   }
   const int64_t row_elements = num_slots * (latent_dim + quant::kv_fp8_groups(latent_dim) + rope_dim);
-  fill_fp8_rows_kernel<<<fill_grid(row_elements), 256, 0, stream>>>(static_cast<uint8_t*>(cache), num_slots,
-                                                                     latent_dim, rope_dim, seed);
-  check(cudaGetLastError(), "fill_fp8_rows launch");
+  launch_chained("fill_fp8_rows launch", fill_fp8_rows_kernel, fill_grid(row_elements), 256, 0, stream,
+                 static_cast<uint8_t*>(cache), num_slots, latent_dim, rope_dim, seed);
   if (key_cache) {
-    fill_fp8_keys_kernel<<<fill_grid(num_slots * index_dim), 256, 0, stream>>>(static_cast<uint8_t*>(key_cache),
-                                                                              key_scales, num_slots, index_dim,
-                                                                              seed + 1);
-    check(cudaGetLastError(), "fill_fp8_keys launch");
+    launch_chained("fill_fp8_keys launch", fill_fp8_keys_kernel, fill_grid(num_slots * index_dim), 256, 0, stream,
+                   static_cast<uint8_t*>(key_cache), key_scales, num_slots, index_dim, seed + 1);
   }
 }
 

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/fp8.cuh"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/linear_fp8.h"
 
 namespace glms::ops::cuda {
@@ -40,6 +41,15 @@ __global__ void __launch_bounds__(kThreads)
                     int64_t cols, float* y, int64_t ld_y) {
   __shared__ float partial[kWarps][kRows][N];
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  // The thread's first 16 codes of each row into L2 while the previous kernel finishes (weights
+  // are not written by a step's kernels; launch.cuh).
+  release_dependent_grids();
+  if (threadIdx.x < cols / 16) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      prefetch_l2(reinterpret_cast<const uint4*>(w + min(row0 + r, rows - 1) * cols) + threadIdx.x);
+  }
+  wait_for_previous_grid();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float acc[kRows][N];
 #pragma unroll
@@ -107,8 +117,8 @@ void gemv_fp8(const uint16_t* x, int64_t n, const uint8_t* w_codes, const float*
   const int64_t stride = fp8_scale_row_stride(cols);
   const unsigned blocks = static_cast<unsigned>((rows + kRows - 1) / kRows);
   auto launch = [&](auto tokens) {
-    gemv_fp8_kernel<decltype(tokens)::value>
-        <<<blocks, kThreads, 0, stream>>>(x, w_codes, w_scales, stride, rows, cols, y, ld_y);
+    launch_chained("gemv_fp8 launch", gemv_fp8_kernel<decltype(tokens)::value>, blocks, kThreads, 0, stream, x, w_codes,
+                   w_scales, stride, rows, cols, y, ld_y);
   };
   switch (n) {
     case 1: launch(std::integral_constant<int, 1>{}); break;
@@ -116,7 +126,6 @@ void gemv_fp8(const uint16_t* x, int64_t n, const uint8_t* w_codes, const float*
     case 3: launch(std::integral_constant<int, 3>{}); break;
     default: launch(std::integral_constant<int, 4>{}); break;
   }
-  check(cudaGetLastError(), "gemv_fp8 launch");
 }
 
 }  // namespace glms::ops::cuda

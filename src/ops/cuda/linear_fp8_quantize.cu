@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/fp8.cuh"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/linear_fp8.h"
 
 namespace glms::ops::cuda {
@@ -27,6 +28,7 @@ __device__ __forceinline__ float4 four_values(const uint16_t* x) {
 template <typename T>
 __global__ void __launch_bounds__(kQuantizeThreads)
     quantize_fp8_rows_kernel(const T* x, int64_t n, int64_t padded, int64_t cols, uint8_t* codes, float* scales) {
+  chained_grid_prologue();
   const int64_t blocks = cols / kFp8ScaleBlock;
   const int64_t item = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32;
   if (item >= padded * blocks) return;
@@ -50,9 +52,8 @@ void launch_quantize(const T* x, int64_t n, int64_t cols, uint8_t* codes, float*
   const int64_t padded = fp8_padded_tokens(n);
   const int64_t grid = (padded * (cols / kFp8ScaleBlock) + kWarps - 1) / kWarps;
   GLMS_CHECK(grid <= 0x7fffffff, "quantize_fp8_rows: too many rows or columns");
-  quantize_fp8_rows_kernel<T><<<static_cast<unsigned>(grid), kQuantizeThreads, 0, stream>>>(x, n, padded, cols, codes,
-                                                                                            scales);
-  check(cudaGetLastError(), "quantize_fp8_rows launch");
+  launch_chained("quantize_fp8_rows launch", quantize_fp8_rows_kernel<T>, static_cast<unsigned>(grid), kQuantizeThreads,
+                 0, stream, x, n, padded, cols, codes, scales);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/fp8.cuh"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/mla.h"
 
 namespace glms::ops::cuda {
@@ -34,6 +35,7 @@ __device__ __forceinline__ void copy_row_bf16(const void* cache, CacheStorage st
 
 __global__ void gather_context_kernel(const void* cache, CacheStorage storage, const int32_t* block_table,
                                       int block_size, int latent_dim, int rope_dim, uint16_t* out) {
+  chained_grid_prologue();
   const int j = blockIdx.x;
   const int64_t slot = static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size;
   copy_row_bf16(cache, storage, slot, latent_dim, rope_dim, out + static_cast<int64_t>(j) * (latent_dim + rope_dim),
@@ -45,20 +47,24 @@ __global__ void gather_context_kernel(const void* cache, CacheStorage storage, c
 __global__ void stage_queries_kernel(const float* q_latent, const float* q_rope, int64_t q_rope_stride,
                                      int64_t num_rows, int latent_dim, int rope_dim, int width, int first_column,
                                      float scale, uint16_t* queries) {
+  chained_grid_prologue();
   const int columns = width - first_column;
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= num_rows * columns) return;
-  const int64_t th = e / columns;  // token * heads + head
-  const int k = first_column + static_cast<int>(e % columns);
-  float v = 0.0f;
-  if (k < latent_dim) v = q_latent[th * latent_dim + k];
-  else if (k < latent_dim + rope_dim) v = q_rope[th * q_rope_stride + (k - latent_dim)];
-  queries[th * width + k] = float_to_bf16(v * scale);
+  GLMS_GRID_STRIDE_LOOP(e, num_rows * columns) {
+    const int64_t th = e / columns;  // token * heads + head
+    const int k = first_column + static_cast<int>(e % columns);
+    float v = 0.0f;
+    if (k < latent_dim)
+      v = q_latent[th * latent_dim + k];
+    else if (k < latent_dim + rope_dim)
+      v = q_rope[th * q_rope_stride + (k - latent_dim)];
+    queries[th * width + k] = float_to_bf16(v * scale);
+  }
 }
 
 // One warp per (head, token): max and sum over the selected positions, then the probabilities.
 __global__ void sparse_softmax_kernel(const float* scores, int n, int heads, int context, const int32_t* selected,
                                       int max_selected, const int32_t* num_selected, uint16_t* probs) {
+  chained_grid_prologue();
   const int64_t warp_id = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (warp_id >= int64_t{n} * heads) return;
@@ -79,6 +85,7 @@ __global__ void sparse_softmax_kernel(const float* scores, int n, int heads, int
 // Block (token, group of 8 rows), a warp per row: row j of the token's gathered buffer is the
 // cache row of its j-th selected position, or zeros past its count.
 __global__ void gather_selected_kernel(MlaAttentionArgs a, int rows, uint16_t* out) {
+  chained_grid_prologue();
   const int i = blockIdx.x, t = a.first_token + i;
   const int j = blockIdx.y * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (j >= rows) return;
@@ -97,6 +104,7 @@ __global__ void gather_selected_kernel(MlaAttentionArgs a, int rows, uint16_t* o
 // A warp per (token, head): softmax over the token's first count entries of its score row.
 __global__ void dense_softmax_kernel(const float* scores, int n, int heads, int rows, const int32_t* num_selected,
                                      uint16_t* probs) {
+  chained_grid_prologue();
   const int64_t warp_id = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (warp_id >= int64_t{n} * heads) return;
@@ -131,15 +139,14 @@ void mla_attention_gathered(const MlaAttentionArgs& a, int max_selected_in_step,
     MlaAttentionArgs chunk = a;
     chunk.first_token = a.first_token + done;
     const int first = chunk.first_token;
-    gather_selected_kernel<<<dim3(n, (rows + 7) / 8), 256, 0, stream>>>(chunk, rows, w.gathered);
-    check(cudaGetLastError(), "gather_selected launch");
+    launch_chained("gather_selected launch", gather_selected_kernel, dim3(n, (rows + 7) / 8), 256, 0, stream, chunk,
+                   rows, w.gathered);
     // scores[i, h, :] = queries[first + i, h, :row] . gathered[i]^T   [n, H, rows] fp32
     gemm.batched(a.queries + first * H * width, H, width, int64_t{H} * width, w.gathered, rows, row, row,
                  per_token_gathered, false, w.scores, rows, per_token_scores, n, stream);
     const int64_t threads = int64_t{n} * H * 32;
-    dense_softmax_kernel<<<blocks_for(threads, 256), 256, 0, stream>>>(w.scores, n, H, rows, a.num_selected + first,
-                                                                       w.probs);
-    check(cudaGetLastError(), "dense_softmax launch");
+    launch_chained("dense_softmax launch", dense_softmax_kernel, blocks_for(threads, 256), 256, 0, stream, w.scores, n,
+                   H, rows, a.num_selected + first, w.probs);
     // out[first + i, h, :] = probs[i, h, :] . gathered[i][:, :latent]
     gemm.batched_to_bf16(w.probs, H, rows, per_token_scores, w.gathered, rows, L, row, per_token_gathered, true,
                          a.out + int64_t{first} * H * L, L, int64_t{H} * L, n, stream);
@@ -150,9 +157,8 @@ void mla_attention_gathered(const MlaAttentionArgs& a, int max_selected_in_step,
 void mla_gather_context(const void* cache, CacheStorage storage, const int32_t* block_table, int block_size,
                         int context, int latent_dim, int rope_dim, uint16_t* out, cudaStream_t stream) {
   if (context <= 0) return;
-  gather_context_kernel<<<context, 128, 0, stream>>>(cache, storage, block_table, block_size, latent_dim, rope_dim,
-                                                     out);
-  check(cudaGetLastError(), "mla_gather_context launch");
+  launch_chained("mla_gather_context launch", gather_context_kernel, context, 128, 0, stream, cache, storage,
+                 block_table, block_size, latent_dim, rope_dim, out);
 }
 
 void mla_stage_queries(const float* q_latent, const float* q_rope, int64_t q_rope_stride, int num_tokens, int heads,
@@ -160,19 +166,16 @@ void mla_stage_queries(const float* q_latent, const float* q_rope, int64_t q_rop
   if (num_tokens <= 0) return;
   const int width = mla_padded_row(latent_dim, rope_dim), first_column = q_latent ? 0 : latent_dim;
   const int64_t num_rows = int64_t{num_tokens} * heads, elements = num_rows * (width - first_column);
-  stage_queries_kernel<<<blocks_for(elements, 256), 256, 0, stream>>>(q_latent, q_rope, q_rope_stride, num_rows,
-                                                                      latent_dim, rope_dim, width, first_column,
-                                                                      scale, queries);
-  check(cudaGetLastError(), "mla_stage_queries launch");
+  launch_chained("mla_stage_queries launch", stage_queries_kernel, elementwise_blocks(elements, 256), 256, 0, stream,
+                 q_latent, q_rope, q_rope_stride, num_rows, latent_dim, rope_dim, width, first_column, scale, queries);
 }
 
 void mla_sparse_softmax(const float* scores, int n, int heads, int context, const int32_t* selected, int max_selected,
                         const int32_t* num_selected, uint16_t* probs, cudaStream_t stream) {
   if (n <= 0) return;
   const int64_t threads = int64_t{n} * heads * 32;
-  sparse_softmax_kernel<<<blocks_for(threads, 256), 256, 0, stream>>>(scores, n, heads, context, selected, max_selected,
-                                                                     num_selected, probs);
-  check(cudaGetLastError(), "mla_sparse_softmax launch");
+  launch_chained("mla_sparse_softmax launch", sparse_softmax_kernel, blocks_for(threads, 256), 256, 0, stream, scores,
+                 n, heads, context, selected, max_selected, num_selected, probs);
 }
 
 }  // namespace glms::ops::cuda

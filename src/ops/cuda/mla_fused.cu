@@ -21,6 +21,7 @@
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/fp8.cuh"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/mla.h"
 
 namespace glms::ops::cuda {
@@ -85,6 +86,7 @@ __device__ __forceinline__ uint32_t pack_pair(uint16_t low, uint16_t high) {
 // [token][split][head][latent] unnormalised sums followed by [token][split][head][2] (max, sum).
 __global__ void __launch_bounds__(kThreads, 1)
     mla_fused_kernel(MlaAttentionArgs a, int rows_per_split, int splits, float* partials) {
+  chained_grid_prologue();
   extern __shared__ uint4 shared_raw[];
   const int row = a.latent_dim + a.rope_dim, stride = padded_stride(row), k_steps = (row + 15) / 16;
   uint16_t* queries = reinterpret_cast<uint16_t*>(shared_raw);  // [64 heads, stride] bf16, pre-scaled
@@ -289,6 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // loads are in flight.
 constexpr int kMaxSplits = kMlaMaxSplits;
 __global__ void mla_merge_splits_kernel(MlaAttentionArgs a, int launch_tokens, int splits, const float* partials) {
+  chained_grid_prologue();
   __shared__ float weight[kMaxSplits];
   __shared__ float inv_total;
   const int i = blockIdx.x, head = blockIdx.y, H = a.num_heads, L = a.latent_dim;
@@ -345,8 +348,8 @@ int mla_wgmma_min_tokens() { return multiprocessor_count(); }
 
 void mla_merge_splits(const MlaAttentionArgs& a, int launch_tokens, int splits, const float* partials,
                       cudaStream_t stream) {
-  mla_merge_splits_kernel<<<dim3(launch_tokens, a.num_heads), 128, 0, stream>>>(a, launch_tokens, splits, partials);
-  check(cudaGetLastError(), "mla_merge_splits launch");
+  launch_chained("mla_merge_splits launch", mla_merge_splits_kernel, dim3(launch_tokens, a.num_heads), 128, 0, stream,
+                 a, launch_tokens, splits, partials);
 }
 
 void mla_attention_fused(const MlaAttentionArgs& a, int max_selected_in_step, float* partials,
@@ -383,8 +386,8 @@ void mla_attention_fused(const MlaAttentionArgs& a, int max_selected_in_step, fl
   check(cudaFuncSetAttribute(mla_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(shared_bytes(kMaxRow))),
         "cudaFuncSetAttribute(mla_fused_kernel)");
-  mla_fused_kernel<<<dim3(launch_tokens, splits), kThreads, bytes, stream>>>(a, rows_per_split, splits, partials);
-  check(cudaGetLastError(), "mla_fused launch");
+  launch_chained("mla_fused launch", mla_fused_kernel, dim3(launch_tokens, splits), kThreads, bytes, stream, a,
+                 rows_per_split, splits, partials);
   if (splits > 1) mla_merge_splits(a, launch_tokens, splits, partials, stream);
 }
 

@@ -39,6 +39,7 @@
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/fp8.cuh"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/mla.h"
 #include "ops/cuda/wgmma.cuh"
 
@@ -145,14 +146,14 @@ __device__ __forceinline__ void widen_tile(uint8_t* stage, const uint8_t* codes)
 template <CacheStorage kStorage>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_wgmma_kernel(MlaAttentionArgs a, int rows_per_split, int splits, float* partials) {
+  chained_grid_prologue();
   constexpr bool kFp8 = kStorage == CacheStorage::kFp8;
   constexpr int kStageBytes = stages_of(kStorage) * kTileBytes;
   extern __shared__ __align__(16) uint8_t shared_raw[];
-  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
-  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
-  const uint32_t queries = raw + pad, rows = queries + kQueryBytes, codes = rows + kStageBytes;
+  const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
+  const uint32_t queries = aligned.address, rows = queries + kQueryBytes, codes = rows + kStageBytes;
   const uint32_t probs = codes + codes_bytes_of(kStorage);
-  uint8_t* const generic = shared_raw + pad;
+  uint8_t* const generic = aligned.generic;
   uint8_t* const rows_generic = generic + kQueryBytes;
   const uint8_t* const codes_generic = rows_generic + kStageBytes;
   uint8_t* probs_generic = generic + (probs - queries);
@@ -410,13 +411,13 @@ void mla_attention_wgmma(const MlaAttentionArgs& a, cudaStream_t stream, int max
   auto launch = [&](auto kernel, int shared_bytes) {
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes),
           "cudaFuncSetAttribute(mla_wgmma_kernel)");
-    kernel<<<dim3(launch_tokens, splits), kThreads, shared_bytes, stream>>>(a, rows_per_split, splits, partials);
+    launch_chained("mla_wgmma launch", kernel, dim3(launch_tokens, splits), kThreads, shared_bytes, stream, a,
+                   rows_per_split, splits, partials);
   };
   if (a.storage == CacheStorage::kFp8)
     launch(mla_wgmma_kernel<CacheStorage::kFp8>, shared_bytes_of(CacheStorage::kFp8));
   else
     launch(mla_wgmma_kernel<CacheStorage::kBf16>, shared_bytes_of(CacheStorage::kBf16));
-  check(cudaGetLastError(), "mla_wgmma launch");
   if (splits > 1) mla_merge_splits(a, launch_tokens, splits, partials, stream);
 }
 

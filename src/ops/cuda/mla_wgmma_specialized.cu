@@ -30,6 +30,7 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/mla.h"
 #include "ops/cuda/pipeline.cuh"
 #include "ops/cuda/wgmma.cuh"
@@ -202,11 +203,11 @@ __device__ __forceinline__ void issue_other_values(float (&o)[128], uint32_t oth
 
 // Grid: one block a launched token. a.queries: [T, H, 576] bf16, pre-scaled; a.out: [T, H, 512].
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaAttentionArgs a) {
+  chained_grid_prologue();
   extern __shared__ __align__(16) uint8_t shared_raw[];
-  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
-  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
-  uint8_t* const generic = shared_raw + pad;
-  const uint32_t queries = raw + pad, stages = queries + kQueryBytes, probs1 = stages + 2 * kStageBytes;
+  const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
+  uint8_t* const generic = aligned.generic;
+  const uint32_t queries = aligned.address, stages = queries + kQueryBytes, probs1 = stages + 2 * kStageBytes;
   const uint32_t barriers = probs1 + kProbBytes;
   float* const row_max = reinterpret_cast<float*>(generic + (barriers - queries) + 8 * kBarriers);  // [64]
   float* const row_sum = row_max + kHeads;                                                         // [2][64]
@@ -412,8 +413,8 @@ void mla_attention_wgmma_specialized(const MlaAttentionArgs& a, cudaStream_t str
              "mla_attention_wgmma_specialized: bf16 rows, at most 64 heads, latent 512 and rope 64");
   check(cudaFuncSetAttribute(mla_wgmma_specialized_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
         "cudaFuncSetAttribute(mla_wgmma_specialized_kernel)");
-  mla_wgmma_specialized_kernel<<<launch_tokens, kThreads, kSharedBytes, stream>>>(a);
-  check(cudaGetLastError(), "mla_wgmma_specialized launch");
+  launch_chained("mla_wgmma_specialized launch", mla_wgmma_specialized_kernel, launch_tokens, kThreads, kSharedBytes,
+                 stream, a);
 }
 
 }  // namespace glms::ops::cuda

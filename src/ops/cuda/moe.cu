@@ -3,15 +3,16 @@
 // Routing runs one warp per token. Grouping counts pairs per expert, scans the counts in one
 // block, then places each pair (the order inside an expert's group does not change any value:
 // every row is computed on its own); up to 8192 pairs one block does all three.
-#include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cub/block/block_scan.cuh>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/moe.h"
 
 namespace glms::ops::cuda {
@@ -19,6 +20,7 @@ namespace glms::ops::cuda {
 namespace {
 
 __global__ void moe_route_kernel(const float* logits, const float* bias, MoeRouting r, int32_t* ids, float* weights) {
+  chained_grid_prologue();
   extern __shared__ float shared[];
   float* scores = shared;                   // [E]
   float* choice = shared + r.num_experts;   // [E]
@@ -120,6 +122,7 @@ __device__ __forceinline__ int local_expert(const int32_t* ids, int64_t p, int f
 }
 
 __global__ void moe_count_kernel(const int32_t* ids, int64_t num_pairs, int first, int num_experts, int32_t* counts) {
+  chained_grid_prologue();
   const int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (p >= num_pairs) return;
   const int e = local_expert(ids, p, first, num_experts);
@@ -150,6 +153,7 @@ __device__ __forceinline__ int scan_counts(int count, int num_experts, const Moe
 }
 
 __global__ void __launch_bounds__(kScanThreads) moe_scan_kernel(int num_experts, MoePlan plan) {
+  chained_grid_prologue();
   __shared__ CountScan::TempStorage storage;
   const int e = threadIdx.x;
   const int offset = scan_counts(e < num_experts ? plan.counts[e] : 0, num_experts, plan, storage);
@@ -162,6 +166,7 @@ constexpr int64_t kOneBlockPlanPairs = 8192;
 
 __global__ void __launch_bounds__(kScanThreads) moe_plan_one_block_kernel(const int32_t* ids, int64_t num_pairs,
                                                                           int first, int num_experts, MoePlan plan) {
+  chained_grid_prologue();
   __shared__ CountScan::TempStorage storage;
   __shared__ int cursor[kScanThreads];
   const int e = threadIdx.x;
@@ -188,6 +193,7 @@ __global__ void __launch_bounds__(kScanThreads) moe_plan_one_block_kernel(const 
 }
 
 __global__ void moe_place_kernel(const int32_t* ids, int64_t num_pairs, int first, int num_experts, MoePlan plan) {
+  chained_grid_prologue();
   const int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (p >= num_pairs) return;
   const int expert = local_expert(ids, p, first, num_experts);
@@ -207,6 +213,7 @@ constexpr int kCombineThreads = 256, kCombineDims = 4 * kCombineThreads;
 __global__ void moe_combine_kernel(float* out, bool accumulate, const float* shared_out, const float* expert_out,
                                    const int32_t* pair_slot, const int32_t* ids, const float* weights, int top_k,
                                    int64_t hidden) {
+  chained_grid_prologue();
   __shared__ int order[64], token_ids[64], slots[64];
   __shared__ float pair_weights[64];
   __shared__ int count;
@@ -267,31 +274,28 @@ void moe_route(const float* logits, const float* correction_bias, int64_t n, con
   GLMS_CHECK(routing.num_experts <= 1024 && routing.n_group <= 32 && routing.top_k <= 64 &&
                  routing.top_k <= routing.num_experts,
              "moe_route: at most 1024 experts, 32 groups and top-64");
-  moe_route_kernel<<<static_cast<unsigned>(n), 32, 2 * routing.num_experts * sizeof(float), stream>>>(
-      logits, correction_bias, routing, expert_ids, expert_weights);
-  check(cudaGetLastError(), "moe_route launch");
+  launch_chained("moe_route launch", moe_route_kernel, static_cast<unsigned>(n), 32,
+                 2 * routing.num_experts * sizeof(float), stream, logits, correction_bias, routing, expert_ids,
+                 expert_weights);
 }
 
 void moe_plan(const int32_t* expert_ids, int64_t num_pairs, int num_experts, const MoePlan& plan, cudaStream_t stream,
               int first_expert) {
   GLMS_CHECK(num_experts <= kScanThreads, "moe_plan: at most 1024 experts");
   if (num_pairs <= kOneBlockPlanPairs) {
-    moe_plan_one_block_kernel<<<1, kScanThreads, 0, stream>>>(expert_ids, num_pairs, first_expert, num_experts, plan);
-    check(cudaGetLastError(), "moe_plan launch");
+    launch_chained("moe_plan launch", moe_plan_one_block_kernel, 1, kScanThreads, 0, stream, expert_ids, num_pairs,
+                   first_expert, num_experts, plan);
     return;
   }
   check(cudaMemsetAsync(plan.counts, 0, sizeof(int32_t) * (num_experts + 1), stream), "moe_plan memset");
   if (num_pairs > 0) {
-    moe_count_kernel<<<blocks_for(num_pairs, 256), 256, 0, stream>>>(expert_ids, num_pairs, first_expert, num_experts,
-                                                                     plan.counts);
-    check(cudaGetLastError(), "moe_count launch");
+    launch_chained("moe_count launch", moe_count_kernel, blocks_for(num_pairs, 256), 256, 0, stream, expert_ids,
+                   num_pairs, first_expert, num_experts, plan.counts);
   }
-  moe_scan_kernel<<<1, kScanThreads, 0, stream>>>(num_experts, plan);
-  check(cudaGetLastError(), "moe_scan launch");
+  launch_chained("moe_scan launch", moe_scan_kernel, 1, kScanThreads, 0, stream, num_experts, plan);
   if (num_pairs > 0) {
-    moe_place_kernel<<<blocks_for(num_pairs, 256), 256, 0, stream>>>(expert_ids, num_pairs, first_expert, num_experts,
-                                                                     plan);
-    check(cudaGetLastError(), "moe_place launch");
+    launch_chained("moe_place launch", moe_place_kernel, blocks_for(num_pairs, 256), 256, 0, stream, expert_ids,
+                   num_pairs, first_expert, num_experts, plan);
   }
 }
 
@@ -302,9 +306,8 @@ void moe_combine(float* out, bool accumulate, const float* shared_out, const flo
   GLMS_CHECK(top_k <= 64, "moe_combine: at most top-64");
   // A block per (token, 1024 dims): a lone decode token still spreads over a few SMs.
   const dim3 grid(static_cast<unsigned>(n), blocks_for(hidden, kCombineDims));
-  moe_combine_kernel<<<grid, kCombineThreads, 0, stream>>>(out, accumulate, shared_out, expert_out, pair_slot, expert_ids,
-                                               expert_weights, top_k, hidden);
-  check(cudaGetLastError(), "moe_combine launch");
+  launch_chained("moe_combine launch", moe_combine_kernel, grid, kCombineThreads, 0, stream, out, accumulate,
+                 shared_out, expert_out, pair_slot, expert_ids, expert_weights, top_k, hidden);
 }
 
 }  // namespace glms::ops::cuda

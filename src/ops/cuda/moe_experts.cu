@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/moe.h"
 #include "quant/mxfp4_tiles.h"
 
@@ -230,6 +231,7 @@ template <int kTokens, WeightFormat F, bool kVector>
 __global__ void __launch_bounds__(kExpertThreads) moe_gate_up_kernel(const uint16_t* x, int64_t hidden, int64_t inter,
                                                                      ExpertWeights experts, MoePlan plan, int top_k,
                                                                      uint16_t* act) {
+  chained_grid_prologue();
   extern __shared__ __align__(16) uint16_t xs[];  // [kTokens, hidden]
   if (static_cast<int>(blockIdx.x) >= *plan.num_active) return;
   const int e = plan.active_experts[blockIdx.x];
@@ -268,6 +270,7 @@ __global__ void __launch_bounds__(kExpertThreads) moe_gate_up_kernel(const uint1
 template <int kTokens, WeightFormat F, bool kVector>
 __global__ void __launch_bounds__(kExpertThreads) moe_down_kernel(int64_t hidden, int64_t inter, ExpertWeights experts,
                                                                   MoePlan plan, const uint16_t* act, float* expert_out) {
+  chained_grid_prologue();
   extern __shared__ __align__(16) uint16_t xs[];  // [kTokens, inter]
   if (static_cast<int>(blockIdx.x) >= *plan.num_active) return;
   const int e = plan.active_experts[blockIdx.x];
@@ -307,13 +310,11 @@ void launch_experts(const uint16_t* x, int64_t hidden, int64_t inter, const Expe
   const int64_t gate_up_rows_per_block = (kExpertThreads / 32) * kGateUpRowsPerWarp;
   const int64_t down_rows_per_block = (kExpertThreads / 32) * kDownRowsPerWarp<F, kTokens>;
   const dim3 gate_up_grid(max_active, static_cast<unsigned>((inter + gate_up_rows_per_block - 1) / gate_up_rows_per_block));
-  moe_gate_up_kernel<kTokens, F, kVector>
-      <<<gate_up_grid, kExpertThreads, gate_up_shared, stream>>>(x, hidden, inter, experts, plan, top_k, act);
-  check(cudaGetLastError(), "moe_gate_up launch");
+  launch_chained("moe_gate_up launch", moe_gate_up_kernel<kTokens, F, kVector>, gate_up_grid, kExpertThreads,
+                 gate_up_shared, stream, x, hidden, inter, experts, plan, top_k, act);
   const dim3 down_grid(max_active, static_cast<unsigned>((hidden + down_rows_per_block - 1) / down_rows_per_block));
-  moe_down_kernel<kTokens, F, kVector>
-      <<<down_grid, kExpertThreads, down_shared, stream>>>(hidden, inter, experts, plan, act, expert_out);
-  check(cudaGetLastError(), "moe_down launch");
+  launch_chained("moe_down launch", moe_down_kernel<kTokens, F, kVector>, down_grid, kExpertThreads, down_shared,
+                 stream, hidden, inter, experts, plan, act, expert_out);
 }
 
 template <WeightFormat F, bool kVector>
@@ -344,6 +345,7 @@ __device__ __forceinline__ void decode_mxfp4_tile_word(uint32_t q, float (&out)[
 template <WeightFormat F, bool kTiled>
 __global__ void dequantize_kernel(const void* data, const void* scales, int64_t row0, int64_t rows, int64_t cols,
                                   uint16_t* out) {
+  chained_grid_prologue();
   const int64_t groups_per_row = cols / 8;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= rows * groups_per_row) return;
@@ -423,8 +425,8 @@ void dequantize_expert(const ExpertWeights& experts, int expert, int64_t hidden,
   GLMS_CHECK(hidden % 8 == 0 && inter % 8 == 0, "dequantize_expert: widths must be multiples of 8");
   auto launch = [&](auto kernel, const void* data, const void* scales, int64_t row0, int64_t rows, int64_t cols,
                     uint16_t* out) {
-    kernel<<<blocks_for(rows * cols / 8, 256), 256, 0, stream>>>(data, scales, row0, rows, cols, out);
-    check(cudaGetLastError(), "dequantize_expert launch");
+    launch_chained("dequantize_expert launch", kernel, blocks_for(rows * cols / 8, 256), 256, 0, stream, data, scales,
+                   row0, rows, cols, out);
   };
   auto widen = [&](auto kernel) {
     launch(kernel, experts.gate_up, experts.gate_up_scales, int64_t{expert} * 2 * inter, 2 * inter, hidden, gate_up_out);

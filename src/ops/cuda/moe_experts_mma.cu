@@ -32,6 +32,7 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_fragments.cuh"
 #include "quant/mxfp4_tiles.h"
@@ -328,6 +329,7 @@ template <WeightFormat F, int kTokens>
 __global__ void __launch_bounds__(kThreads) gate_up_mma_kernel(const uint16_t* x, int64_t hidden, int64_t inter,
                                                                ExpertWeights experts, MoePlan plan, int top_k,
                                                                uint16_t* act) {
+  chained_grid_prologue();
   using C = Chunks<F, kTokens>;
   extern __shared__ __align__(16) uint32_t xs[];  // staged fp16 pairs (C::shared_bytes)
   __shared__ float unscale[kTokens];
@@ -368,6 +370,7 @@ __global__ void __launch_bounds__(kThreads) gate_up_mma_kernel(const uint16_t* x
 template <WeightFormat F, int kTokens>
 __global__ void __launch_bounds__(kThreads) down_mma_kernel(int64_t hidden, int64_t inter, ExpertWeights experts,
                                                             MoePlan plan, const uint16_t* act, float* expert_out) {
+  chained_grid_prologue();
   using C = Chunks<F, kTokens>;
   extern __shared__ __align__(16) uint32_t xs[];  // staged fp16 pairs (C::shared_bytes)
   __shared__ float unscale[kTokens];
@@ -417,13 +420,11 @@ void launch(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeight
                              static_cast<int>(down_shared)),
         "down_mma shared memory");
   const dim3 gate_up_grid(max_active, static_cast<unsigned>((inter + 8 * kWarps - 1) / (8 * kWarps)));
-  gate_up_mma_kernel<F, kTokens><<<gate_up_grid, kThreads, gate_up_shared, stream>>>(x, hidden, inter, experts, plan,
-                                                                                    top_k, act);
-  check(cudaGetLastError(), "gate_up_mma launch");
+  launch_chained("gate_up_mma launch", gate_up_mma_kernel<F, kTokens>, gate_up_grid, kThreads, gate_up_shared, stream,
+                 x, hidden, inter, experts, plan, top_k, act);
   const dim3 down_grid(max_active, static_cast<unsigned>((hidden + 16 * kWarps - 1) / (16 * kWarps)));
-  down_mma_kernel<F, kTokens><<<down_grid, kThreads, down_shared, stream>>>(hidden, inter, experts, plan, act,
-                                                                            expert_out);
-  check(cudaGetLastError(), "down_mma launch");
+  launch_chained("down_mma launch", down_mma_kernel<F, kTokens>, down_grid, kThreads, down_shared, stream, hidden,
+                 inter, experts, plan, act, expert_out);
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_fragments.cuh"
 #include "ops/cuda/wgmma.cuh"
@@ -48,6 +49,7 @@ constexpr int kStageThreads = 256;
 __global__ void __launch_bounds__(kStageThreads)
     stage_pairs_kernel(const uint16_t* src, int64_t dim, const int32_t* sorted_pairs, int top_k,
                        const int32_t* offsets, int num_experts, uint32_t* staged, float* unscale) {
+  chained_grid_prologue();
   const int p = blockIdx.x;
   if (p >= offsets[num_experts]) return;
   const int64_t row = sorted_pairs ? sorted_pairs[p] / top_k : p;
@@ -150,6 +152,7 @@ constexpr size_t stream_shared_bytes() {
 // which also frees the slot a step refills.
 template <Projection kProj, int kFrags, int kStages, int kTiles, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32) stream_experts_kernel(StreamArgs a) {
+  chained_grid_prologue();
   using S = Slot<kFrags, kTiles, kWarps>;
   extern __shared__ uint4 ring[];  // [kStages][S::kUnits]
   if (static_cast<int>(blockIdx.x) >= *a.plan.num_active) return;
@@ -340,6 +343,7 @@ __global__ void __launch_bounds__(kWarps * 32) stream_experts_kernel(StreamArgs 
 __global__ void __launch_bounds__(kStageThreads)
     stage_pairs_permuted_kernel(const uint16_t* src, int64_t dim, const int32_t* sorted_pairs, int top_k,
                                 const int32_t* offsets, int num_experts, uint32_t* staged) {
+  chained_grid_prologue();
   const int p = blockIdx.x;
   if (p >= offsets[num_experts]) return;
   const int64_t row = sorted_pairs ? sorted_pairs[p] / top_k : p;
@@ -428,6 +432,7 @@ constexpr size_t stream_wgmma_shared_bytes() {
 // must be a multiple of kSub.
 template <Projection kProj, int kStages, int kTokens, int kWarps, int kSub>
 __global__ void __launch_bounds__(kWarps * 32) stream_wgmma_kernel(StreamArgs a) {
+  chained_grid_prologue();
   static_assert(kStages >= 2 && kWarps % 4 == 0 && (kSub == 1 || kSub == 2), "whole warpgroups, 1 or 2 steps a slot");
   using S = WgmmaSlot<kTokens, kWarps, kSub>;
   extern __shared__ __align__(16) uint8_t shared_raw[];
@@ -568,8 +573,7 @@ void launch_over_outputs(void (*kernel)(StreamArgs), const StreamArgs& args, int
   // Per device (each rank's thread has its own), so set on every launch: a host call of a microsecond.
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
         "stream_experts shared memory");
-  kernel<<<grid, threads, shared, stream>>>(args);
-  check(cudaGetLastError(), "stream_experts launch");
+  launch_chained("stream_experts launch", kernel, grid, threads, shared, stream, args);
 }
 
 template <Projection kProj, int kStages, int kTokens, int kWarps, int kSub>
@@ -649,12 +653,11 @@ void moe_experts_stream(const uint16_t* x, int64_t hidden, int64_t inter, const 
   // bf16 in the wgmma A layout's k order.
   auto stage = [&](const uint16_t* src, int64_t dim, const int32_t* sorted_pairs, int pair_top_k) {
     if (wgmma)
-      stage_pairs_permuted_kernel<<<stage_blocks, kStageThreads, 0, stream>>>(src, dim, sorted_pairs, pair_top_k,
-                                                                              plan.offsets, num_experts, buffers.staged);
+      launch_chained("stage_pairs_permuted launch", stage_pairs_permuted_kernel, stage_blocks, kStageThreads, 0, stream,
+                     src, dim, sorted_pairs, pair_top_k, plan.offsets, num_experts, buffers.staged);
     else
-      stage_pairs_kernel<<<stage_blocks, kStageThreads, 0, stream>>>(src, dim, sorted_pairs, pair_top_k, plan.offsets,
-                                                                     num_experts, buffers.staged, buffers.unscale);
-    check(cudaGetLastError(), "stage_pairs launch");
+      launch_chained("stage_pairs launch", stage_pairs_kernel, stage_blocks, kStageThreads, 0, stream, src, dim,
+                     sorted_pairs, pair_top_k, plan.offsets, num_experts, buffers.staged, buffers.unscale);
   };
   StreamArgs args;
   args.plan = plan;

@@ -30,6 +30,7 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_grouped.cuh"
 #include "ops/cuda/wgmma.cuh"
@@ -120,6 +121,7 @@ __device__ __forceinline__ uint4 load_codes(const uint8_t* p) {
 
 template <Projection P, int kRows, WeightSource W>
 __global__ void __launch_bounds__(kThreads, 1) grouped_experts_kernel(GroupedArgs a) {
+  chained_grid_prologue();
   using S = TileShape<kRows>;
   constexpr int kStages = S::kStages;
   extern __shared__ __align__(16) uint8_t shared_raw[];
@@ -128,11 +130,10 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_experts_kernel(GroupedArg
   if (tile_expert < 0) return;
   const int e = tile_expert, first = tile_first, rows = min(kRows, a.offsets[e + 1] - first);
 
-  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
-  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
+  const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
   // Stage i: tokens at stages + i * kStageBytes, its weights kTokenStageBytes on.
-  const uint32_t stages = raw + pad;
-  uint8_t* const stages_generic = shared_raw + pad;
+  const uint32_t stages = aligned.address;
+  uint8_t* const stages_generic = aligned.generic;
 
   const int wg = threadIdx.x / 128;
   const int64_t k = a.k;
@@ -286,9 +287,9 @@ void launch_projection(const GroupedArgs& a, int64_t features, int64_t tiles, cu
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSharedBytes),
         "moe_experts_wgmma shared memory");
   const int64_t per_block = P == Projection::kGateUp ? S::kFeatures / 2 : S::kFeatures;
-  kernel<<<dim3(static_cast<unsigned>(features / per_block), static_cast<unsigned>(tiles)), kThreads, S::kSharedBytes,
-           stream>>>(a);
-  check(cudaGetLastError(), "moe_experts_wgmma launch");
+  launch_chained("moe_experts_wgmma launch", kernel,
+                 dim3(static_cast<unsigned>(features / per_block), static_cast<unsigned>(tiles)), kThreads,
+                 S::kSharedBytes, stream, a);
 }
 
 // Both projections with tiles of kRows rows. `a` holds the plan and the outputs.

@@ -27,6 +27,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/linear_fp8.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_grouped.cuh"
@@ -56,16 +57,16 @@ constexpr int kCopies = kRows * (kLine / 16) / kThreads;  // 16-byte chunks a th
 
 template <Projection P>
 __global__ void __launch_bounds__(kThreads, 1) fp8_grouped_experts_kernel(GroupedArgs a) {
+  chained_grid_prologue();
   extern __shared__ __align__(16) uint8_t shared_raw[];
   __shared__ int tile_expert, tile_first, warp_sums[kThreads / 32];
   moe_grouped::find_tile<kRows>(a.offsets, a.num_experts, blockIdx.y, &tile_expert, &tile_first, warp_sums);
   if (tile_expert < 0) return;
   const int e = tile_expert, first = tile_first, rows = min(kRows, a.offsets[e + 1] - first);
 
-  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
-  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
-  const uint32_t stages = raw + pad;
-  uint8_t* const stages_generic = shared_raw + pad;
+  const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
+  const uint32_t stages = aligned.address;
+  uint8_t* const stages_generic = aligned.generic;
 
   const int wg = threadIdx.x / 128, u = threadIdx.x % 128, warp = u / 32, g = (u % 32) / 4;
   const int64_t k = a.k;
@@ -167,8 +168,9 @@ void launch_projection(const GroupedArgs& a, int64_t blocks_x, int64_t tiles, cu
   auto* kernel = fp8_grouped_experts_kernel<P>;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
         "moe_experts_wgmma (FP8) shared memory");
-  kernel<<<dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(tiles)), kThreads, kSharedBytes, stream>>>(a);
-  check(cudaGetLastError(), "moe_experts_wgmma (FP8) launch");
+  launch_chained("moe_experts_wgmma (FP8) launch", kernel,
+                 dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(tiles)), kThreads, kSharedBytes, stream,
+                 a);
 }
 
 }  // namespace

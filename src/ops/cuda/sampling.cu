@@ -28,6 +28,7 @@
 #include "ops/cuda/cluster.cuh"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/launch.cuh"
 #include "ops/sampling_exp.h"
 
 namespace glms::ops::cuda {
@@ -127,6 +128,7 @@ template <int kCluster>
 __global__ void __launch_bounds__(kSampleThreads)
     sample_rows_kernel(const float* logits, int64_t vocab, const int32_t* row_of, const RowSampling* params,
                        int32_t* out) {
+  chained_grid_prologue();
   using Blocks = ClusterBlocks<kCluster>;
   extern __shared__ double bins[];  // kBinBytes: see kBinBytes
   __shared__ double block_bin_totals[kDigits], cluster_bin_totals[kDigits];
@@ -358,25 +360,13 @@ void launch_sample_rows(const float* logits, int64_t rows, int64_t vocab, const 
                              static_cast<int>(kBinBytes)),
         "sample_rows shared memory");
   if constexpr (kCluster == 1) {
-    sample_rows_kernel<1><<<static_cast<unsigned>(rows), kSampleThreads, kBinBytes, stream>>>(logits, vocab, row_of,
-                                                                                              params, out);
+    launch_chained("sample_rows launch", sample_rows_kernel<1>, static_cast<unsigned>(rows), kSampleThreads, kBinBytes,
+                   stream, logits, vocab, row_of, params, out);
   } else {
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>(rows * kCluster));
-    config.blockDim = dim3(kSampleThreads);
-    config.dynamicSmemBytes = kBinBytes;
-    config.stream = stream;
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = kCluster;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    check(cudaLaunchKernelEx(&config, sample_rows_kernel<kCluster>, logits, vocab, row_of, params, out),
-          "sample_rows launch (cluster)");
+    launch_chained_clusters("sample_rows launch (cluster)", sample_rows_kernel<kCluster>, kCluster,
+                            dim3(static_cast<unsigned>(rows * kCluster)), dim3(kSampleThreads), kBinBytes, stream,
+                            logits, vocab, row_of, params, out);
   }
-  check(cudaGetLastError(), "sample_rows launch");
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/launch.cuh"
 
 namespace glms::ops::cuda {
 
@@ -22,6 +23,7 @@ constexpr int64_t kMaxGridRows = 65535;
 
 __global__ void __launch_bounds__(kMaskThreads)
     apply_token_masks_kernel(float* logits, int64_t vocab, const int32_t* rows, const uint32_t* masks, int64_t count) {
+  chained_grid_prologue();
   const int64_t words = (vocab + 31) / 32;
   const int64_t t = int64_t{blockIdx.x} * kMaskThreads + threadIdx.x;
   if (t >= vocab) return;
@@ -42,8 +44,8 @@ void apply_token_masks(float* logits, int64_t vocab, const int32_t* rows, const 
   GLMS_CHECK(count > 0 && vocab > 0, "apply_token_masks: a positive vocabulary and row count");
   const dim3 grid(static_cast<unsigned>((vocab + kMaskThreads - 1) / kMaskThreads),
                   static_cast<unsigned>(std::min(count, kMaxGridRows)));
-  apply_token_masks_kernel<<<grid, kMaskThreads, 0, stream>>>(logits, vocab, rows, masks, count);
-  check(cudaGetLastError(), "apply_token_masks launch");
+  launch_chained("apply_token_masks launch", apply_token_masks_kernel, grid, kMaskThreads, 0, stream, logits, vocab,
+                 rows, masks, count);
 }
 
 }  // namespace glms::ops::cuda

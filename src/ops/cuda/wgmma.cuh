@@ -22,6 +22,19 @@ __device__ __forceinline__ uint32_t swizzled(int line, int chunk) {
 }
 
 // 16 bytes from global to shared memory; src_bytes 0 writes zeros.
+// Dynamic shared memory from its first 1024-byte boundary, where the 128-byte swizzle pattern
+// starts over (descriptors and swizzled() address it from there): its shared-window address and
+// generic pointer. Kernels ask for 1 KB more than they lay out.
+struct AlignedShared {
+  uint32_t address;
+  uint8_t* generic;
+};
+__device__ __forceinline__ AlignedShared align_to_1024(uint8_t* shared_raw) {
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
+  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
+  return {raw + pad, shared_raw + pad};
+}
+
 __device__ __forceinline__ void copy_async_16(uint32_t shared_address, const void* global, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address), "l"(global), "r"(src_bytes));
 }
