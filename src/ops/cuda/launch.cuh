@@ -53,9 +53,8 @@ constexpr unsigned long long kMaxChainedBlocks = 16384;
 // the grid: at most 16 blocks an SM. Every block pays the chained prologue, and at prefill sizes
 // (10^5 blocks and more of one item a thread) that cost 0.28 ms a layer at 8192 tokens.
 inline unsigned elementwise_blocks(int64_t count, int threads) {
-  const int64_t blocks = (count + threads - 1) / threads;
-  return static_cast<unsigned>(blocks < 16 * int64_t{multiprocessor_count()} ? blocks
-                                                                              : 16 * int64_t{multiprocessor_count()});
+  const int64_t blocks = (count + threads - 1) / threads, most = 16 * int64_t{multiprocessor_count()};
+  return static_cast<unsigned>(blocks < most ? blocks : most);
 }
 
 // for (i = this thread's first item; i < count; i += the grid's threads), for elementwise kernels.
@@ -63,30 +62,9 @@ inline unsigned elementwise_blocks(int64_t count, int threads) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (count); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
-__host__ inline bool chained_grid(dim3 grid) {
-  return static_cast<unsigned long long>(grid.x) * grid.y * grid.z <= kMaxChainedBlocks;
-}
-
 // kernel(args...) over `grid` blocks of `block` threads with `shared_bytes` of dynamic shared
-// memory in `stream`, as a chained launch, checked; `what`
-// names it in the error.
-template <typename... Params, typename... Args>
-void launch_chained(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
-                    cudaStream_t stream, Args&&... args) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = shared_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute chained{};
-  chained.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  chained.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &chained;
-  config.numAttrs = chained_grid(grid) ? 1 : 0;
-  check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), what);
-}
-
-// The same for thread-block clusters of `cluster` blocks along x.
+// memory in `stream`, in thread-block clusters of `cluster` blocks along x (1: none), as a chained
+// launch (plain above kMaxChainedBlocks), checked; `what` names it in the error.
 template <typename... Params, typename... Args>
 void launch_chained_clusters(const char* what, void (*kernel)(Params...), unsigned cluster, dim3 grid, dim3 block,
                              size_t shared_bytes, cudaStream_t stream, Args&&... args) {
@@ -96,15 +74,25 @@ void launch_chained_clusters(const char* what, void (*kernel)(Params...), unsign
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   cudaLaunchAttribute attributes[2]{};
-  attributes[0].id = cudaLaunchAttributeClusterDimension;
-  attributes[0].val.clusterDim.x = cluster;
-  attributes[0].val.clusterDim.y = 1;
-  attributes[0].val.clusterDim.z = 1;
-  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[1].val.programmaticStreamSerializationAllowed = 1;
+  unsigned count = 0;
+  if (static_cast<unsigned long long>(grid.x) * grid.y * grid.z <= kMaxChainedBlocks) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count++].val.clusterDim = {cluster, 1, 1};
+  }
   config.attrs = attributes;
-  config.numAttrs = chained_grid(grid) ? 2 : 1;
+  config.numAttrs = count;
   check(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), what);
+}
+
+// The same without clusters.
+template <typename... Params, typename... Args>
+void launch_chained(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                    cudaStream_t stream, Args&&... args) {
+  launch_chained_clusters(what, kernel, 1, grid, block, shared_bytes, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace glms::ops::cuda
