@@ -1,7 +1,7 @@
 // Expert MLPs on tensor cores for quantised experts, decode to mid-size prefill: mma.sync
 // m16n8k16 with fp16 inputs and fp32 accumulation, the weights as the A operand (16 rows) and 8
-// tokens a tile as B. An expert's tokens go in chunks of 1 or 8 (one tile; the whole rows
-// staged) or of 64 (8 tiles sharing each widened weight step; the rows staged a slab at a time).
+// tokens a tile as B. An expert's tokens go in chunks of 8 (one tile; the whole rows staged) or
+// of 64 (8 tiles sharing each widened weight step; the rows staged a slab at a time).
 //
 // Why this shape: widening 4-bit codes to fp32 for CUDA-core FMAs costs about three integer ops
 // per weight plus the unpacking of the inputs, which keeps a GEMV at a third of the memory bound.
@@ -141,16 +141,13 @@ struct RowPairStream {
     }
   }
 
-  // Adds the scaled fragment part (rows g, g + 8 of one scale block each) to acc; columns 2t + 1
-  // only when a chunk can hold a second token.
+  // Adds the scaled fragment part (rows g, g + 8 of one scale block each) to acc.
   __device__ __forceinline__ static void add_scaled(float (&acc)[4], const float (&part)[4], float scale_a,
                                                     float scale_b) {
     acc[0] = fmaf(part[0], scale_a, acc[0]);
+    acc[1] = fmaf(part[1], scale_a, acc[1]);
     acc[2] = fmaf(part[2], scale_b, acc[2]);
-    if constexpr (kTokens > 1) {
-      acc[1] = fmaf(part[1], scale_a, acc[1]);
-      acc[3] = fmaf(part[3], scale_b, acc[3]);
-    }
+    acc[3] = fmaf(part[3], scale_b, acc[3]);
   }
 
   // x_row: the staged pairs of this lane's token (column g of B; a copy of another token's when
@@ -272,7 +269,7 @@ __device__ __forceinline__ const void* row_scales(const void* scales, int64_t ro
   else return static_cast<const float*>(scales) + row * ((cols + 127) / 128);
 }
 
-// Chunks of 1 or 8 tokens stage their inputs' whole rows and fill one mma tile; chunks of 64
+// Chunks of 8 tokens stage their inputs' whole rows and fill one mma tile; chunks of 64
 // (prefill) share each loaded, widened weight step between 8 tiles, and as their rows are too
 // long for shared memory whole they are staged kSlabSteps steps at a time, each row padded by
 // 64 bytes (the two token rows that one 8-lane phase of a 16-byte load reads then fall in
@@ -322,7 +319,8 @@ __device__ __forceinline__ void chunk_products(typename Chunks<F, kTokens>::Stre
   }
 }
 
-// Warp w of block (slot, y) computes gate rows r0 .. r0 + 7 (mma rows g) with their up rows (mma
+// Block (tile, slot) of the grid (launch: row tiles along x) works for expert slot `slot`.
+// Warp w of block (tile, slot) computes gate rows r0 .. r0 + 7 (mma rows g) with their up rows (mma
 // rows g + 8), so a lane's C holds gate and up of one row for two tokens a tile: SwiGLU in
 // registers.
 template <WeightFormat F, int kTokens>
@@ -334,11 +332,11 @@ __global__ void __launch_bounds__(kThreads) gate_up_mma_kernel(const uint16_t* x
   extern __shared__ __align__(16) uint32_t xs[];  // staged fp16 pairs (C::shared_bytes)
   __shared__ float unscale[kTokens];
   __shared__ uint32_t token_max[kTokens];
-  if (static_cast<int>(blockIdx.x) >= *plan.num_active) return;
-  const int e = plan.active_experts[blockIdx.x];
+  if (static_cast<int>(blockIdx.y) >= *plan.num_active) return;
+  const int e = plan.active_experts[blockIdx.y];
   const int begin = plan.offsets[e], end = plan.offsets[e + 1];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t r0 = (static_cast<int64_t>(blockIdx.y) * kWarps + warp) * 8;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * 8;
   const int64_t r = min(r0 + g, inter - 1);
   const int64_t gate_row = static_cast<int64_t>(e) * 2 * inter + r, up_row = gate_row + inter;
   const auto* data = static_cast<const uint8_t*>(experts.gate_up);
@@ -366,7 +364,7 @@ __global__ void __launch_bounds__(kThreads) gate_up_mma_kernel(const uint16_t* x
   }
 }
 
-// Warp w of block (slot, y) computes down rows r0 .. r0 + 15.
+// Warp w of block (tile, slot) computes down rows r0 .. r0 + 15.
 template <WeightFormat F, int kTokens>
 __global__ void __launch_bounds__(kThreads) down_mma_kernel(int64_t hidden, int64_t inter, ExpertWeights experts,
                                                             MoePlan plan, const uint16_t* act, float* expert_out) {
@@ -375,11 +373,11 @@ __global__ void __launch_bounds__(kThreads) down_mma_kernel(int64_t hidden, int6
   extern __shared__ __align__(16) uint32_t xs[];  // staged fp16 pairs (C::shared_bytes)
   __shared__ float unscale[kTokens];
   __shared__ uint32_t token_max[kTokens];
-  if (static_cast<int>(blockIdx.x) >= *plan.num_active) return;
-  const int e = plan.active_experts[blockIdx.x];
+  if (static_cast<int>(blockIdx.y) >= *plan.num_active) return;
+  const int e = plan.active_experts[blockIdx.y];
   const int begin = plan.offsets[e], end = plan.offsets[e + 1];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t r0 = (static_cast<int64_t>(blockIdx.y) * kWarps + warp) * 16;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * 16;
   const int64_t row_a = static_cast<int64_t>(e) * hidden + min(r0 + g, hidden - 1);
   const int64_t row_b = static_cast<int64_t>(e) * hidden + min(r0 + 8 + g, hidden - 1);
   const auto* data = static_cast<const uint8_t*>(experts.down);
@@ -419,10 +417,14 @@ void launch(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeight
   check(cudaFuncSetAttribute(down_mma_kernel<F, kTokens>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(down_shared)),
         "down_mma shared memory");
-  const dim3 gate_up_grid(max_active, static_cast<unsigned>((inter + 8 * kWarps - 1) / (8 * kWarps)));
+  // Row tiles along x: blocks go out x-fastest, so the active experts' blocks (the first slots)
+  // spread over the SMs before the idle slots' blocks, which return at once. With the slots
+  // along x, an EP8 rank's 8-expert decode put its 256 working blocks among 1024 (micro-bench
+  // at 2 tokens a rank: 169 -> 203 us with the old order).
+  const dim3 gate_up_grid(static_cast<unsigned>((inter + 8 * kWarps - 1) / (8 * kWarps)), max_active);
   launch_chained("gate_up_mma launch", gate_up_mma_kernel<F, kTokens>, gate_up_grid, kThreads, gate_up_shared, stream,
                  x, hidden, inter, experts, plan, top_k, act);
-  const dim3 down_grid(max_active, static_cast<unsigned>((hidden + 16 * kWarps - 1) / (16 * kWarps)));
+  const dim3 down_grid(static_cast<unsigned>((hidden + 16 * kWarps - 1) / (16 * kWarps)), max_active);
   launch_chained("down_mma launch", down_mma_kernel<F, kTokens>, down_grid, kThreads, down_shared, stream, hidden,
                  inter, experts, plan, act, expert_out);
 }
@@ -441,14 +443,15 @@ void moe_experts_mma(const uint16_t* x, int64_t hidden, int64_t inter, const Exp
                      float* expert_out, cudaStream_t stream) {
   if (max_active <= 0) return;
   GLMS_CHECK(moe_experts_mma_supported(experts, hidden, inter), "moe_experts_mma: these experts need the GEMV kernels");
-  // One staged token per chunk below half a pair per expert (one token fills one of the mma's 8
-  // columns and stages fastest), chunks of 64 above kWidePairsPerExpert, else of 8.
+  // Chunks of 64 above kWidePairsPerExpert pairs per expert, else of 8. Even at batch 1 the
+  // 8-wide tile: a chunk of 1 staged faster (about 3% at 8 pairs on 8 experts) but streams an
+  // expert's weights again for its second token, and an EP8 rank's 8 to 24 pairs land on 32
+  // experts (micro-bench, 21 pairs on 17 experts: 203 -> 153 us).
   const int64_t pairs = num_tokens * static_cast<int64_t>(top_k);
-  const bool one = 2 * pairs <= num_experts, wide = pairs > int64_t{kWidePairsPerExpert} * num_experts;
+  const bool wide = pairs > int64_t{kWidePairsPerExpert} * num_experts;
   auto run = [&](auto format_tag) {
     constexpr WeightFormat F = decltype(format_tag)::value;
-    if (one) launch<F, 1>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
-    else if (wide) launch<F, 64>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
+    if (wide) launch<F, 64>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
     else launch<F, 8>(x, hidden, inter, experts, plan, top_k, max_active, act, expert_out, stream);
   };
   if (experts.format == WeightFormat::Mxfp4) run(std::integral_constant<WeightFormat, WeightFormat::Mxfp4>{});
