@@ -272,8 +272,9 @@ void check_experts(WeightFormat format, int64_t E, int64_t hidden, int64_t inter
 }  // namespace
 
 // Token counts 1, 3 and 20 over 4 experts (top-2) stage 1, 4 and 8 tokens per chunk on the
-// CUDA-core kernels; on tensor cores 1, 8 and (20 tokens: 10 pairs an expert) a wide chunk of 64;
-// 120 tokens over 5 experts (top-3) two wide chunks an expert, the second part-filled, over
+// CUDA-core kernels; on tensor cores part-filled chunks of 8 (1 and 3 tokens) and (20 tokens: 10
+// pairs an expert) a wide chunk of 64; 13 tokens over 5 experts (top-3) about 8 pairs an expert,
+// some over two chunks of 8; 120 tokens two wide chunks an expert, the second part-filled, over
 // rows shorter than one staged slab.
 TEST_F(CudaMoe, Bf16ExpertsMatchReference) {
   check_experts(WeightFormat::Plain, 4, 6144, 2048, 2, {1, 3, 20}, false);

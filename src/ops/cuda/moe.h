@@ -82,7 +82,7 @@ void moe_experts_small(const uint16_t* x, int64_t hidden, int64_t inter, const E
 
 // The same on tensor cores for quantised experts (moe_experts_mma.cu): weights dequantised in
 // registers to fp16, inputs staged as fp16 with a power-of-two scale per token, fp32 sums; an
-// expert's tokens in chunks of 1, 8 or 64 by the batch's pairs per expert (any batch size; the
+// expert's tokens in chunks of 8 or 64 by the batch's pairs per expert (any batch size; the
 // model widens experts for cuBLAS above 64 pairs per expert, where that measured faster).
 bool moe_experts_mma_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
 void moe_experts_mma(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
