@@ -112,17 +112,19 @@ double decode_bytes(const plan::ModelSpec& spec, const std::string& expert_forma
 // The same for one simulated rank: its share of the weights and of the experts the whole step's
 // tokens touch (plan/parallel.h), with bf16 everywhere but the routed experts, and its own
 // sequences' cache reads (tensor-parallel peers each read the whole latent rows).
+// The rank's share of the experts (all MoE layers) that the step's batch * dp tokens touch.
+double rank_touched_experts(const plan::ModelSpec& spec, const RankSimulation& sim, int batch) {
+  const plan::RankShape r = sim.rank_shape();
+  return spec.moe_layers *
+         plan::expected_distinct_experts(spec.n_routed_experts, spec.experts_per_token, double(batch) * r.dp) /
+         r.world();
+}
+
 double rank_decode_bytes(const plan::ModelSpec& spec, const RankSimulation& sim, const std::string& expert_format,
                          const std::string& kv_dtype, int batch, int context) {
-  const plan::RankShape r = sim.rank_shape();
-  // The rank's share of the experts the step's batch * dp tokens touch, read in expert_format
-  // instead of bf16.
-  const double touched = spec.moe_layers *
-                         plan::expected_distinct_experts(spec.n_routed_experts, spec.experts_per_token,
-                                                         double(batch) * r.dp) /
-                         r.world();
-  return plan::rank_decode_weight_bytes(spec, "bf16", r, batch) +
-         touched * (spec.expert_bytes(expert_format) - spec.expert_bytes("bf16")) +
+  // The rank's experts read in expert_format instead of bf16.
+  return plan::rank_decode_weight_bytes(spec, "bf16", sim.rank_shape(), batch) +
+         rank_touched_experts(spec, sim, batch) * (spec.expert_bytes(expert_format) - spec.expert_bytes("bf16")) +
          batch * plan::kv_bytes_read_per_step(spec, context, plan::kv_dtype_bytes(kv_dtype));
 }
 
@@ -423,7 +425,10 @@ void run_bench_step(const BenchStepOptions& o) {
                                           : decode_bytes(spec, o.expert_format, kv_dtype, batch, context)) -
                            static_cast<double>(model->fp8_linear_parameters());
       const double bound = bytes / bandwidth;
-      const double experts_bound = expert_bytes(spec, o.expert_format, batch) / bandwidth;
+      // The routed experts' share of that bound: a simulated rank's own experts.
+      const double experts_bound = (sim.enabled() ? rank_touched_experts(spec, sim, batch) * spec.expert_bytes(o.expert_format)
+                                                  : expert_bytes(spec, o.expert_format, batch)) /
+                                   bandwidth;
       decode.push_back({{"batch", batch},
                         {"context", context},
                         {"step_ms", median * 1e3},
