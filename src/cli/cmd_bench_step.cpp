@@ -109,9 +109,6 @@ double decode_bytes(const plan::ModelSpec& spec, const std::string& expert_forma
          batch * plan::kv_bytes_read_per_step(spec, context, plan::kv_dtype_bytes(kv_dtype));
 }
 
-// The same for one simulated rank: its share of the weights and of the experts the whole step's
-// tokens touch (plan/parallel.h), with bf16 everywhere but the routed experts, and its own
-// sequences' cache reads (tensor-parallel peers each read the whole latent rows).
 // The rank's share of the experts (all MoE layers) that the step's batch * dp tokens touch.
 double rank_touched_experts(const plan::ModelSpec& spec, const RankSimulation& sim, int batch) {
   const plan::RankShape r = sim.rank_shape();
@@ -120,6 +117,9 @@ double rank_touched_experts(const plan::ModelSpec& spec, const RankSimulation& s
          r.world();
 }
 
+// decode_bytes for one simulated rank: its share of the weights and of the experts the whole step's
+// tokens touch (plan/parallel.h), with bf16 everywhere but the routed experts, and its own
+// sequences' cache reads (tensor-parallel peers each read the whole latent rows).
 double rank_decode_bytes(const plan::ModelSpec& spec, const RankSimulation& sim, const std::string& expert_format,
                          const std::string& kv_dtype, int batch, int context) {
   // The rank's experts read in expert_format instead of bf16.
