@@ -19,10 +19,6 @@ namespace glms::model {
 // expert run on the tensor-core kernels in one pass over every data-parallel rank's rows; the
 // per-pair buffers hold that many pairs per expert (cuda/model_impl.h says why the value).
 constexpr int kSmallMoePairsPerExpertTensorCores = 64;
-// Steps of at most this many tokens absorb W_uk into the queries through the small-batch bf16
-// GEMV (ops::cuda::kGemvMaxTokens, which cuda/attention.cpp checks against it), into fp32 rows
-// that are staged after; larger steps have cuBLAS write the staged bf16 queries directly.
-constexpr int kAbsorbGemvMaxTokens = 4;
 // Scores buffer of the GEMM attention path (fp32 [heads, chunk, context]), at most 1 GiB.
 constexpr int64_t kPrefillScoreFloats = int64_t{1} << 28;
 // What the cache leaves free of the memory budget: cuBLAS's lazily loaded kernels, captured
@@ -113,10 +109,9 @@ struct CudaWorkspaces {
   Buffer q_resid, q_resid_bf16;                    // [T, q_lora]
   Buffer q, q_bf16;                                // [T, H, qk_head_dim]
   Buffer kv;                                       // [T, kv_lora + rope] fp32
-  Buffer q_latent;                                 // [min(T, kAbsorbGemvMaxTokens), H, kv_lora] fp32
   Buffer staged_queries;                           // [T, H, padded row] bf16 (ops::cuda::MlaAttentionArgs)
   Buffer o_bf16;                                   // [T, H, kv_lora] bf16 attention output
-  Buffer heads_out, heads_bf16;                    // [T, H, v_head_dim]
+  Buffer heads_bf16;                               // [T, H, v_head_dim]
   Buffer index_q, index_k, index_w;                // indexer queries [T, ih, id], key [T, id], weights [T, ih]
   Buffer scores;                                   // [T, max_context] fp32 indexer scores
   Buffer selected, num_selected;                   // [T, topk] i32, [T]
@@ -182,10 +177,8 @@ void make_cuda_workspaces(CudaWorkspaces<Buffer>& w, const io::ModelConfig& c, c
   w.q = f32(T * H * qd);
   w.q_bf16 = bf16(T * H * qd);
   w.kv = f32(T * (L + rd));
-  w.q_latent = f32(std::min<int64_t>(T, kAbsorbGemvMaxTokens) * H * L);
   w.staged_queries = bf16(T * H * cuda_mla_padded_row(L, rd));
   w.o_bf16 = bf16(T * H * L);
-  w.heads_out = f32(T * H * vd);
   w.heads_bf16 = bf16(T * H * vd);
   w.index_q = f32(T * c.index_n_heads * c.index_head_dim);
   w.index_k = f32(T * c.index_head_dim);

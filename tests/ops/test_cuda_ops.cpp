@@ -244,8 +244,28 @@ TEST_F(CudaOps, ResidualRmsNormAddsThenNormalises) {
   }
 }
 
+namespace {
+
+// batched_to_bf16 of the same product: bf16(alpha * y) of batched's fp32 y, bit for bit where
+// both run the small-batch GEMV (the same sums), within bf16 rounding where cuBLAS may pick
+// different kernels for the two outputs.
+void expect_bf16_product(const std::vector<float>& y, const std::vector<uint16_t>& y16, float alpha, bool same_sums,
+                         const std::string& what) {
+  ASSERT_EQ(y.size(), y16.size());
+  std::vector<float> scaled(y.size());
+  for (size_t i = 0; i < y.size(); ++i) scaled[i] = y[i] * alpha;
+  if (same_sums) {
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y16[i], f32_to_bf16(scaled[i])) << what << " at " << i;
+  } else {
+    EXPECT_LT(relative_l2(widen(y16), scaled), 4e-3) << what;
+  }
+}
+
+}  // namespace
+
 // Absorption's shapes: per head, y[T, L] = x[T, nope] . W[nope, L] and back y[T, vd] = o[T, L] . W_uv^T,
-// through cuBLAS and through the small-batch GEMV (1 to 4 tokens), odd sizes and GLM-5.2's.
+// through cuBLAS and through the small-batch GEMV (1 to 4 tokens), odd sizes and GLM-5.2's; and
+// each again with a bf16 output (batched_to_bf16, scaled for the absorption as the model does).
 TEST_F(CudaOps, BatchedGemmMatchesPerHeadLoops) {
   struct Shape {
     int H, nope, vd, L, qd;
@@ -272,6 +292,14 @@ TEST_F(CudaOps, BatchedGemmMatchesPerHeadLoops) {
               expected[(t * H + h) * L + j] = static_cast<float>(sum);
             }
         EXPECT_LT(relative_l2(to_host<float>(dy), expected), 1e-5) << "absorb H=" << H << " T=" << T << " gemv " << gemv_tokens;
+        const bool same_sums = T <= gemv_tokens;
+        const float scale = 0.0625f * 1.3f;
+        cuda::DeviceBuffer dy16(sizeof(uint16_t) * T * H * L);
+        cuda::memset_async(dy16.data(), 0xff, dy16.bytes(), nullptr);
+        gemm.batched_to_bf16(dq.as<uint16_t>(), T, H * qd, qd, dw.as<uint16_t>(), nope, L, L, (nope + vd) * L, true,
+                             dy16.as<uint16_t>(), H * L, L, H, nullptr, scale);
+        expect_bf16_product(to_host<float>(dy), to_host<uint16_t>(dy16), scale, same_sums,
+                            "absorb to bf16 H=" + std::to_string(H) + " T=" + std::to_string(T));
 
         const auto o = to_bf16_host(random_values(T * H * L, 3));
         auto dout = to_device(o), dz = poisoned(T * H * vd);
@@ -288,6 +316,12 @@ TEST_F(CudaOps, BatchedGemmMatchesPerHeadLoops) {
               expected_z[(t * H + h) * vd + j] = static_cast<float>(sum);
             }
         EXPECT_LT(relative_l2(to_host<float>(dz), expected_z), 1e-5) << "un-absorb H=" << H << " T=" << T << " gemv " << gemv_tokens;
+        cuda::DeviceBuffer dz16(sizeof(uint16_t) * T * H * vd);
+        cuda::memset_async(dz16.data(), 0xff, dz16.bytes(), nullptr);
+        gemm.batched_to_bf16(dout.as<uint16_t>(), T, H * L, L, dw.as<uint16_t>() + nope * L, vd, L, L, (nope + vd) * L,
+                             false, dz16.as<uint16_t>(), H * vd, vd, H, nullptr);
+        expect_bf16_product(to_host<float>(dz), to_host<uint16_t>(dz16), 1.0f, same_sums,
+                            "un-absorb to bf16 H=" + std::to_string(H) + " T=" + std::to_string(T));
       }
   }
 }

@@ -67,24 +67,17 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   }
 
   // Absorb W_uk into the queries, per head, and stage them for the attention passes:
-  // queries[t, h] = scale * [q_nope[t, h] . W_uk[h] ([nope, L]), q_rope[t, h]] in bf16. Beyond the
-  // small-batch GEMV's tokens cuBLAS writes the latent columns in bf16 at once (prefill 8192 at
-  // GLM-5.2 width: 1 GB of fp32 rows a layer and a staging pass over them, otherwise).
-  static_assert(cuda::kGemvMaxTokens == kAbsorbGemvMaxTokens, "q_latent is sized for the GEMV's tokens");
+  // queries[t, h] = scale * [q_nope[t, h] . W_uk[h] ([nope, L]), q_rope[t, h]] in bf16. The
+  // product writes the latent columns in bf16 at once (prefill 8192 at GLM-5.2 width: 1 GB of
+  // fp32 rows a layer and a staging pass over them, otherwise), the staging adds the rope ones.
   cuda::to_bf16(as<float>(q), as<uint16_t>(q_bf16), int64_t{T} * H * qd, s);
   const int64_t head_stride = (nope + vd) * L;  // kv_b_proj rows of one head: W_uk then W_uv
   const int64_t width = cuda_mla_padded_row(L, rd);  // of a staged query
   const auto scale = static_cast<float>(c.attention_scale());
   uint16_t* queries = as<uint16_t>(staged_queries);
-  if (T > kAbsorbGemvMaxTokens) {
-    gemm.batched_to_bf16(as<uint16_t>(q_bf16), T, H * qd, qd, as<uint16_t>(w.kv_b_proj), nope, L, L, head_stride, true,
-                         queries, H * width, width, H, s, scale);
-    cuda::mla_stage_queries(nullptr, as<float>(q) + nope, qd, T, H, L, rd, scale, queries, s);
-  } else {
-    gemm.batched(as<uint16_t>(q_bf16), T, H * qd, qd, as<uint16_t>(w.kv_b_proj), nope, L, L, head_stride, true,
-                 as<float>(q_latent), H * L, L, H, s);
-    cuda::mla_stage_queries(as<float>(q_latent), as<float>(q) + nope, qd, T, H, L, rd, scale, queries, s);
-  }
+  gemm.batched_to_bf16(as<uint16_t>(q_bf16), T, H * qd, qd, as<uint16_t>(w.kv_b_proj), nope, L, L, head_stride, true,
+                       queries, H * width, width, H, s, scale);
+  cuda::mla_stage_queries(nullptr, as<float>(q) + nope, qd, T, H, L, rd, scale, queries, s);
   timer.mark("attention.absorb", s);
 
   cuda::MlaAttentionArgs args;
@@ -151,17 +144,11 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
       });
   timer.mark("attention.core", s);
 
-  // Un-absorb W_uv per head from the bf16 attention output, then o_proj. Beyond the small-batch
-  // GEMV's tokens cuBLAS writes the heads in bf16 at once (the same rounding; prefill 8192 at
-  // GLM-5.2 width moved 0.8 GB a layer through fp32 rows and their conversion).
-  if (T > cuda::kGemvMaxTokens) {
-    gemm.batched_to_bf16(as<uint16_t>(o_bf16), T, H * L, L, as<uint16_t>(w.kv_b_proj) + nope * L, vd, L, L, head_stride,
-                         false, as<uint16_t>(heads_bf16), H * vd, vd, H, s);
-  } else {
-    gemm.batched(as<uint16_t>(o_bf16), T, H * L, L, as<uint16_t>(w.kv_b_proj) + nope * L, vd, L, L, head_stride,
-                 false, as<float>(heads_out), H * vd, vd, H, s);
-    cuda::to_bf16(as<float>(heads_out), as<uint16_t>(heads_bf16), int64_t{T} * H * vd, s);
-  }
+  // Un-absorb W_uv per head from the bf16 attention output, the heads written in bf16 at once
+  // (prefill 8192 at GLM-5.2 width moved 0.8 GB a layer through fp32 rows and their conversion
+  // otherwise; a decode step saves the conversion's launch), then o_proj.
+  gemm.batched_to_bf16(as<uint16_t>(o_bf16), T, H * L, L, as<uint16_t>(w.kv_b_proj) + nope * L, vd, L, L, head_stride,
+                       false, as<uint16_t>(heads_bf16), H * vd, vd, H, s);
   linear(w.o_proj, as<uint16_t>(heads_bf16), T, as<float>(block_out), gemm, s);
   sum_over_tp(as<float>(block_out), T);  // the heads of every tensor-parallel peer
   timer.mark("attention.output", s);

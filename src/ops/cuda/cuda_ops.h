@@ -240,11 +240,15 @@ void gemv_bf16_group(const uint16_t* x, int64_t n, int64_t ld_x, int64_t cols, c
 
 // `batch` independent small products at decode sizes (Gemm::batched's contract, n <= 4): per b,
 // transpose_w false: y_b[n, rows] = x_b[n, cols] . w_b^T; true: y_b[n, cols] = x_b[n, rows] . w_b.
+// With a bf16 y, each fp32 sum times alpha is rounded once (Gemm::batched_to_bf16's contract).
 bool gemv_bf16_batched_fits(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w,
                             int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w);
 void gemv_bf16_batched(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w, int64_t rows,
                        int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, float* y, int64_t ld_y,
                        int64_t stride_y, int batch, cudaStream_t stream);
+void gemv_bf16_batched(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w, int64_t rows,
+                       int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, uint16_t* y, int64_t ld_y,
+                       int64_t stride_y, int batch, cudaStream_t stream, float alpha);
 
 // One product of a grouped GEMM: y[n, rows] (fp32) = x[n, cols] (bf16) . w[rows, cols]^T (bf16),
 // rows dense; every product of a group shares rows and cols.
@@ -289,8 +293,8 @@ class Gemm {
   void batched(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w, int64_t rows,
                int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, float* y, int64_t ld_y,
                int64_t stride_y, int batch, cudaStream_t stream);
-  // The same through cuBLAS only, y in bf16: each fp32 sum (times alpha) rounded to nearest
-  // once, as to_bf16 of batched's y would round it, without the fp32 rows in memory.
+  // The same with y in bf16: each fp32 sum (times alpha) rounded to nearest once, as to_bf16 of
+  // batched's y would round it, without the fp32 rows in memory; the same kernels as batched.
   void batched_to_bf16(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w, int64_t rows,
                        int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, uint16_t* y, int64_t ld_y,
                        int64_t stride_y, int batch, cudaStream_t stream, float alpha = 1.0f);

@@ -128,15 +128,21 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const T* x, int n, i
 }
 
 
+// A batched product's output: the fp32 sum times alpha, kept in fp32 or rounded to bf16 once.
+__device__ __forceinline__ void store_sum(float* y, float sum, float alpha) { *y = sum * alpha; }
+__device__ __forceinline__ void store_sum(uint16_t* y, float sum, float alpha) { *y = float_to_bf16(sum * alpha); }
+
 // Per-head products at decode sizes (the MLA absorption): for each b of `batch`,
-// y_b[n, rows] = x_b[n, cols] . w_b^T, w_b [rows, cols] with leading dimension ld_w. A warp per
-// output row (the rows are short: 512 values, two 16-byte chunks a lane), eight rows a block.
+// y_b[n, rows] = alpha * x_b[n, cols] . w_b^T, w_b [rows, cols] with leading dimension ld_w. A
+// warp per output row (the rows are short: 512 values, two 16-byte chunks a lane), eight rows a
+// block. Out: float or bf16 (uint16_t).
 constexpr int kBatchedRowsPerBlock = kGemvThreads / 32;
 
-template <int kTokens>
+template <int kTokens, typename Out>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_batched_rows_kernel(const uint16_t* x, int n, int64_t ld_x, int64_t stride_x, const uint16_t* w, int64_t rows,
-                             int64_t cols, int64_t ld_w, int64_t stride_w, float* y, int64_t ld_y, int64_t stride_y) {
+                             int64_t cols, int64_t ld_w, int64_t stride_w, Out* y, int64_t ld_y, int64_t stride_y,
+                             float alpha) {
   chained_grid_prologue();
   const int64_t b = blockIdx.y;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kBatchedRowsPerBlock + threadIdx.x / 32;
@@ -160,7 +166,7 @@ __global__ void __launch_bounds__(kGemvThreads)
 #pragma unroll
   for (int j = 0; j < kTokens; ++j) {
     const float sum = warp_sum(acc[j]);
-    if (lane == 0 && j < n) y[b * stride_y + j * ld_y + row] = sum;
+    if (lane == 0 && j < n) store_sum(y + b * stride_y + j * ld_y + row, sum, alpha);
   }
 }
 
@@ -172,11 +178,11 @@ __global__ void __launch_bounds__(kGemvThreads)
 constexpr int kColumnChunksPerBlock = 8;
 constexpr int kRowGroups = kGemvThreads / kColumnChunksPerBlock;
 
-template <int kTokens>
+template <int kTokens, typename Out>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_batched_columns_kernel(const uint16_t* x, int n, int64_t ld_x, int64_t stride_x, const uint16_t* w,
-                                int64_t rows, int64_t cols, int64_t ld_w, int64_t stride_w, float* y, int64_t ld_y,
-                                int64_t stride_y) {
+                                int64_t rows, int64_t cols, int64_t ld_w, int64_t stride_w, Out* y, int64_t ld_y,
+                                int64_t stride_y, float alpha) {
   chained_grid_prologue();
   __shared__ float partial[kRowGroups][kTokens][kColumnChunksPerBlock * 8];
   const int64_t b = blockIdx.y;
@@ -226,7 +232,7 @@ __global__ void __launch_bounds__(kGemvThreads)
     float sum = 0.0f;
 #pragma unroll
     for (int g = 0; g < kRowGroups; ++g) sum += partial[g][j][col_in_block];
-    y[b * stride_y + j * ld_y + col] = sum;
+    store_sum(y + b * stride_y + j * ld_y + col, sum, alpha);
   }
 }
 
@@ -330,9 +336,12 @@ bool gemv_bf16_batched_fits(const uint16_t* x, int64_t n, int64_t ld_x, int64_t 
   return n >= 1 && n <= kGemvMaxTokens && w_ok && x_ok;
 }
 
-void gemv_bf16_batched(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w, int64_t rows,
-                       int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, float* y, int64_t ld_y,
-                       int64_t stride_y, int batch, cudaStream_t stream) {
+namespace {
+
+template <typename Out>
+void launch_gemv_batched(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w, int64_t rows,
+                         int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, Out* y, int64_t ld_y,
+                         int64_t stride_y, int batch, float alpha, cudaStream_t stream) {
   if (n == 0 || batch == 0 || rows == 0 || cols == 0) return;
   GLMS_CHECK(gemv_bf16_batched_fits(x, n, ld_x, stride_x, w, cols, ld_w, stride_w, transpose_w),
              "gemv_bf16_batched: at most 4 tokens, 16-byte aligned rows");
@@ -340,14 +349,31 @@ void gemv_bf16_batched(const uint16_t* x, int64_t n, int64_t ld_x, int64_t strid
     constexpr int kTokens = decltype(tokens)::value;
     if (transpose_w) {
       const dim3 grid(blocks_for(cols / 8, kColumnChunksPerBlock), batch);
-      launch_chained("gemv_batched_columns launch", gemv_batched_columns_kernel<kTokens>, grid, kGemvThreads, 0, stream,
-                     x, static_cast<int>(n), ld_x, stride_x, w, rows, cols, ld_w, stride_w, y, ld_y, stride_y);
+      launch_chained("gemv_batched_columns launch", gemv_batched_columns_kernel<kTokens, Out>, grid, kGemvThreads, 0,
+                     stream, x, static_cast<int>(n), ld_x, stride_x, w, rows, cols, ld_w, stride_w, y, ld_y, stride_y,
+                     alpha);
     } else {
       const dim3 grid(blocks_for(rows, kBatchedRowsPerBlock), batch);
-      launch_chained("gemv_batched_rows launch", gemv_batched_rows_kernel<kTokens>, grid, kGemvThreads, 0, stream, x,
-                     static_cast<int>(n), ld_x, stride_x, w, rows, cols, ld_w, stride_w, y, ld_y, stride_y);
+      launch_chained("gemv_batched_rows launch", gemv_batched_rows_kernel<kTokens, Out>, grid, kGemvThreads, 0, stream,
+                     x, static_cast<int>(n), ld_x, stride_x, w, rows, cols, ld_w, stride_w, y, ld_y, stride_y, alpha);
     }
   });
+}
+
+}  // namespace
+
+void gemv_bf16_batched(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w, int64_t rows,
+                       int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, float* y, int64_t ld_y,
+                       int64_t stride_y, int batch, cudaStream_t stream) {
+  launch_gemv_batched(x, n, ld_x, stride_x, w, rows, cols, ld_w, stride_w, transpose_w, y, ld_y, stride_y, batch, 1.0f,
+                      stream);
+}
+
+void gemv_bf16_batched(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w, int64_t rows,
+                       int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, uint16_t* y, int64_t ld_y,
+                       int64_t stride_y, int batch, cudaStream_t stream, float alpha) {
+  launch_gemv_batched(x, n, ld_x, stride_x, w, rows, cols, ld_w, stride_w, transpose_w, y, ld_y, stride_y, batch, alpha,
+                      stream);
 }
 
 }  // namespace glms::ops::cuda

@@ -160,6 +160,11 @@ void Gemm::batched_to_bf16(const uint16_t* x, int64_t n, int64_t ld_x, int64_t s
                            int64_t rows, int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, uint16_t* y,
                            int64_t ld_y, int64_t stride_y, int batch, cudaStream_t stream, float alpha) {
   if (n == 0 || batch == 0) return;
+  if (n <= gemv_max_tokens_ && gemv_bf16_batched_fits(x, n, ld_x, stride_x, w, cols, ld_w, stride_w, transpose_w)) {
+    gemv_bf16_batched(x, n, ld_x, stride_x, w, rows, cols, ld_w, stride_w, transpose_w, y, ld_y, stride_y, batch,
+                      stream, alpha);
+    return;
+  }
   strided_batched(static_cast<cublasHandle_t>(handle_), x, n, ld_x, stride_x, w, rows, cols, ld_w, stride_w,
                   transpose_w, y, CUDA_R_16BF, ld_y, stride_y, batch, stream, alpha);
 }
