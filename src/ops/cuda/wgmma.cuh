@@ -62,6 +62,12 @@ __device__ __forceinline__ uint64_t descriptor(uint32_t address, uint32_t leadin
   return static_cast<uint64_t>((address & 0x3ffffu) >> 4) | static_cast<uint64_t>((leading_bytes >> 4) & 0x3fffu) << 16 |
          static_cast<uint64_t>((stride_bytes >> 4) & 0x3fffu) << 32 | uint64_t{1} << 62;
 }
+// descriptor(address + bytes, ...) from descriptor(address, ...): one add instead of building
+// it again (bytes a multiple of 16; the 14-bit address field cannot carry, as a block's shared
+// memory ends below 256 KB).
+__device__ __forceinline__ uint64_t descriptor_advanced(uint64_t descriptor, uint32_t bytes) {
+  return descriptor + (bytes >> 4);
+}
 
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
