@@ -225,8 +225,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_experts_kernel(GroupedArg
   };
 
   // This warpgroup's accumulator: rows wg * kGroupRow0 .., weight lines wg * kGroupLine0 ...
-  // Stage 0's descriptors; a stage, a 64-k block and 16 k further on add their byte offsets / 16
-  // (the start address field, which shared addresses under 256 KB never carry out of).
+  // Stage 0's descriptors; a stage, a 64-k block and 16 k further on advance them
+  // (wgmma::descriptor_advanced).
   const uint64_t token_descriptor = descriptor(stages + wg * S::kGroupRow0 * kLine, 16, 1024);
   const uint64_t weight_descriptor = descriptor(stages + S::kTokenStageBytes + wg * S::kGroupLine0 * kLine, 16, 1024);
   float acc[64];
@@ -247,12 +247,13 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_experts_kernel(GroupedArg
     issue_copies();
     wgmma::pin(acc);
     wgmma::fence();
-    const uint64_t stage_offset = static_cast<uint64_t>(cur * S::kStageBytes) >> 4;
+    const uint64_t stage_tokens = wgmma::descriptor_advanced(token_descriptor, cur * S::kStageBytes);
+    const uint64_t stage_weights = wgmma::descriptor_advanced(weight_descriptor, cur * S::kStageBytes);
 #pragma unroll
     for (int kk = 0; kk < kStepValues / 16; ++kk) {
       const uint32_t column = (kk % 4) * 32;  // 16 k a step inside the 64-k block
-      wgmma::m64n128k16<0>(acc, token_descriptor + stage_offset + ((kk / 4) * S::kTokenBlockBytes + column) / 16,
-                           weight_descriptor + stage_offset + ((kk / 4) * S::kWeightBlockBytes + column) / 16);
+      wgmma::m64n128k16<0>(acc, wgmma::descriptor_advanced(stage_tokens, (kk / 4) * S::kTokenBlockBytes + column),
+                           wgmma::descriptor_advanced(stage_weights, (kk / 4) * S::kWeightBlockBytes + column));
     }
     wgmma::commit();
     cur = cur + 1 == kStages ? 0 : cur + 1;
