@@ -285,37 +285,55 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // Block (token, head): out = sum_s e^(m_s - M) O_s / sum_s e^(m_s - M) l_s over the splits that
-// saw a selected row (l_s > 0). The splits' weights are worked out once in shared memory, so
-// that the column loop's loads are independent of each other; with 16-byte rows a thread sums
-// four columns per load, as a batch-1 merge reads 32 splits x 128 KB and is bound by how many
-// loads are in flight.
+// saw a selected row (l_s > 0). The splits' weights are worked out by the whole block in shared
+// memory (each thread's splits' statistics loaded at once: a thread walking 32 splits' statistics
+// one after another was most of a batch-1 merge), so that the column loop's loads are
+// independent of each other; with 16-byte rows a thread sums four columns per load, as a
+// batch-1 merge reads 32 splits x 128 KB and is bound by how many loads are in flight.
 constexpr int kMaxSplits = kMlaMaxSplits;
-__global__ void mla_merge_splits_kernel(MlaAttentionArgs a, int launch_tokens, int splits, const float* partials) {
+constexpr int kMergeThreads = 128;
+__global__ void __launch_bounds__(kMergeThreads)
+    mla_merge_splits_kernel(MlaAttentionArgs a, int launch_tokens, int splits, const float* partials) {
   chained_grid_prologue();
   __shared__ float weight[kMaxSplits];
-  __shared__ float inv_total;
+  __shared__ float scratch[32];
   const int i = blockIdx.x, head = blockIdx.y, H = a.num_heads, L = a.latent_dim;
   const float* stats = partials + static_cast<int64_t>(launch_tokens) * splits * H * L;
   auto stat = [&](int s) { return stats + ((static_cast<int64_t>(i) * splits + s) * H + head) * 2; };
-  for (int s = threadIdx.x; s < splits; s += blockDim.x) weight[s] = stat(s)[1] > 0.0f ? stat(s)[0] : -INFINITY;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float top = -INFINITY, total = 0.0f;
-    for (int s = 0; s < splits; ++s) top = fmaxf(top, weight[s]);
-    for (int s = 0; s < splits; ++s) {
-      weight[s] = weight[s] == -INFINITY ? 0.0f : __expf(weight[s] - top);
-      total += weight[s] * stat(s)[1];
-    }
-    inv_total = total > 0.0f ? 1.0f / total : 0.0f;
+  // Thread j holds splits j + kMergeThreads m, m < kMaxSplits / kMergeThreads.
+  constexpr int kPerThread = kMaxSplits / kMergeThreads;
+  static_assert(kMaxSplits % kMergeThreads == 0, "whole rounds of splits a thread");
+  float top_of[kPerThread], sum_of[kPerThread];
+  float top = -INFINITY;
+#pragma unroll
+  for (int m = 0; m < kPerThread; ++m) {
+    const int s = static_cast<int>(threadIdx.x) + kMergeThreads * m;
+    const float2 v = s < splits ? make_float2(stat(s)[0], stat(s)[1]) : make_float2(-INFINITY, 0.0f);
+    top_of[m] = v.y > 0.0f ? v.x : -INFINITY;
+    sum_of[m] = v.y;
+    top = fmaxf(top, top_of[m]);
   }
+  top = warp_max(top);
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = top;
   __syncthreads();
+  top = warp_max(threadIdx.x % 32 < kMergeThreads / 32 ? scratch[threadIdx.x % 32] : -INFINITY);
+  float part = 0.0f;
+#pragma unroll
+  for (int m = 0; m < kPerThread; ++m) {
+    const int s = static_cast<int>(threadIdx.x) + kMergeThreads * m;
+    const float w = top_of[m] == -INFINITY ? 0.0f : __expf(top_of[m] - top);
+    if (s < splits) weight[s] = w;
+    part += w * sum_of[m];
+  }
+  const float total = block_sum(part, scratch);  // synchronises: weight[] is complete
+  const float inv_total = total > 0.0f ? 1.0f / total : 0.0f;
   const int64_t split_stride = static_cast<int64_t>(H) * L;
   const float* column0 = partials + (static_cast<int64_t>(i) * splits * H + head) * L;
   uint16_t* dst = a.out + (static_cast<int64_t>(a.first_token + i) * H + head) * L;
   if (L % 4 == 0) {
     for (int k = 4 * threadIdx.x; k < L; k += 4 * blockDim.x) {
       float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
+#pragma unroll 16
       for (int s = 0; s < splits; ++s) {
         const float4 v = *reinterpret_cast<const float4*>(column0 + s * split_stride + k);
         const float w = weight[s];
@@ -348,8 +366,8 @@ int mla_wgmma_min_tokens() { return multiprocessor_count(); }
 
 void mla_merge_splits(const MlaAttentionArgs& a, int launch_tokens, int splits, const float* partials,
                       cudaStream_t stream) {
-  launch_chained("mla_merge_splits launch", mla_merge_splits_kernel, dim3(launch_tokens, a.num_heads), 128, 0, stream,
-                 a, launch_tokens, splits, partials);
+  launch_chained("mla_merge_splits launch", mla_merge_splits_kernel, dim3(launch_tokens, a.num_heads), kMergeThreads, 0,
+                 stream, a, launch_tokens, splits, partials);
 }
 
 void mla_attention_fused(const MlaAttentionArgs& a, int max_selected_in_step, float* partials,

@@ -19,43 +19,45 @@ namespace glms::ops::cuda {
 
 namespace {
 
-__global__ void moe_route_kernel(const float* logits, const float* bias, MoeRouting r, int32_t* ids, float* weights) {
+// One warp a token; lane j holds experts j + 32 i (i < kPerLane) in registers: their sigmoid
+// scores and choices (score + correction bias). Each of the top_k rounds takes the warp's best
+// choice (ties to the lower expert id) by a local pass and five shuffle steps, with shared memory
+// only in the group stage: a decode token's routing is one warp's chain of dependent steps, so
+// each round is kept to register work.
+template <int kPerLane>
+__global__ void __launch_bounds__(32)
+    moe_route_kernel(const float* logits, const float* bias, MoeRouting r, int32_t* ids, float* weights) {
   chained_grid_prologue();
-  extern __shared__ float shared[];
-  float* scores = shared;                   // [E]
-  float* choice = shared + r.num_experts;   // [E]
+  __shared__ float group_choice[kPerLane * 32];
   __shared__ float group_scores[32];
   __shared__ bool keep_group[32];
-  __shared__ int chosen[64];
   const int t = blockIdx.x, lane = threadIdx.x, E = r.num_experts;
-  // The token's logits and the bias read 8 per lane at a time, all in flight together: one
-  // warp's dependent reads are most of a decode step's routing time.
-  for (int e0 = 0; e0 < E; e0 += 8 * 32) {
-    float logit[8], offset[8];
+  float score[kPerLane], choice[kPerLane];
+  {
+    float logit[kPerLane], offset[kPerLane];  // every load in flight before the first use
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int e = e0 + 32 * i + lane;
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = 32 * i + lane;
       logit[i] = e < E ? logits[static_cast<int64_t>(t) * E + e] : 0.0f;
       offset[i] = e < E ? bias[e] : 0.0f;
     }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int e = e0 + 32 * i + lane;
-      if (e < E) {
-        const float s = 1.0f / (1.0f + expf(-logit[i]));
-        scores[e] = s;
-        choice[e] = s + offset[i];
-      }
+    for (int i = 0; i < kPerLane; ++i) {
+      score[i] = 1.0f / (1.0f + expf(-logit[i]));
+      choice[i] = score[i] + offset[i];
     }
   }
-  __syncwarp();
   if (r.n_group > 1) {
     // A group's score is the sum of its two best choices; only topk_group groups compete.
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (32 * i + lane < E) group_choice[32 * i + lane] = choice[i];
+    __syncwarp();
     const int per_group = E / r.n_group;
     if (lane < r.n_group) {
       float best = -INFINITY, second = -INFINITY;
       for (int i = 0; i < per_group; ++i) {
-        const float v = choice[lane * per_group + i];
+        const float v = group_choice[lane * per_group + i];
         if (v > best) {
           second = best;
           best = v;
@@ -76,19 +78,24 @@ __global__ void moe_route_kernel(const float* logits, const float* bias, MoeRout
       }
     }
     __syncwarp();
-    for (int e = lane; e < E; e += 32)
-      if (!keep_group[e / per_group]) choice[e] = -INFINITY;
-    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (32 * i + lane < E && !keep_group[(32 * i + lane) / per_group]) choice[i] = -INFINITY;
   }
+  // Lane k % 32 keeps round k's expert and score (top_k <= 64: two slots a lane).
+  int my_id[2] = {0, 0};
+  float my_score[2] = {0.0f, 0.0f};
   float total = 0.0f;
   for (int k = 0; k < r.top_k; ++k) {
     float best = -INFINITY;
     int best_index = -1;
-    for (int e = lane; e < E; e += 32)
-      if (best_index < 0 || choice[e] > best) {
-        best = choice[e];
-        best_index = e;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (32 * i + lane < E && (best_index < 0 || choice[i] > best)) {
+        best = choice[i];
+        best_index = 32 * i + lane;
       }
+#pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) {
       const float other = __shfl_xor_sync(0xffffffffu, best, offset);
       const int other_index = __shfl_xor_sync(0xffffffffu, best_index, offset);
@@ -97,20 +104,31 @@ __global__ void moe_route_kernel(const float* logits, const float* bias, MoeRout
         best_index = other_index;
       }
     }
-    if (lane == 0) {
-      chosen[k] = best_index;
-      choice[best_index] = -INFINITY;
-      total += scores[best_index];
+    // Every lane now holds the same best_index; its owner retires it and hands its score over.
+    float owned = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (32 * i + lane == best_index) {
+        owned = score[i];
+        choice[i] = -INFINITY;
+      }
+    const float chosen_score = __shfl_sync(0xffffffffu, owned, best_index % 32);
+    total += chosen_score;
+    if (lane == k % 32) {
+      my_id[k / 32] = best_index;
+      my_score[k / 32] = chosen_score;
     }
-    __syncwarp();
   }
-  total = __shfl_sync(0xffffffffu, total, 0);
-  for (int k = lane; k < r.top_k; k += 32) {
-    const int64_t i = static_cast<int64_t>(t) * r.top_k + k;
-    float w = scores[chosen[k]];
-    if (r.norm_topk_prob) w /= total + 1e-20f;
-    ids[i] = chosen[k];
-    weights[i] = w * r.routed_scaling_factor;
+#pragma unroll
+  for (int slot = 0; slot < 2; ++slot) {
+    const int k = lane + 32 * slot;
+    if (k < r.top_k) {
+      const int64_t i = static_cast<int64_t>(t) * r.top_k + k;
+      float w = my_score[slot];
+      if (r.norm_topk_prob) w /= total + 1e-20f;
+      ids[i] = my_id[slot];
+      weights[i] = w * r.routed_scaling_factor;
+    }
   }
 }
 
@@ -274,9 +292,12 @@ void moe_route(const float* logits, const float* correction_bias, int64_t n, con
   GLMS_CHECK(routing.num_experts <= 1024 && routing.n_group <= 32 && routing.top_k <= 64 &&
                  routing.top_k <= routing.num_experts,
              "moe_route: at most 1024 experts, 32 groups and top-64");
-  launch_chained("moe_route launch", moe_route_kernel, static_cast<unsigned>(n), 32,
-                 2 * routing.num_experts * sizeof(float), stream, logits, correction_bias, routing, expert_ids,
-                 expert_weights);
+  auto launch = [&](auto kernel) {
+    launch_chained("moe_route launch", kernel, static_cast<unsigned>(n), 32, 0, stream, logits, correction_bias,
+                   routing, expert_ids, expert_weights);
+  };
+  if (routing.num_experts <= 256) launch(moe_route_kernel<8>);
+  else launch(moe_route_kernel<32>);
 }
 
 void moe_plan(const int32_t* expert_ids, int64_t num_pairs, int num_experts, const MoePlan& plan, cudaStream_t stream,
