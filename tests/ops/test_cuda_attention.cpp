@@ -279,6 +279,67 @@ TEST_F(CudaAttention, MlaStagedQueriesAreScaledRoundedAndPadded) {
   }
 }
 
+// mla_prepare_queries: the nope columns in bf16 and the staged rope columns, bit for bit what
+// rope_rows, to_bf16 and mla_stage_queries give in three passes, and the rotation within fp32
+// rounding of the CPU's.
+TEST_F(CudaAttention, MlaPreparedQueriesMatchRopeThenStaging) {
+  struct Shape {
+    int T, H, L, nope, rd;
+  };
+  for (const Shape shape : {Shape{7, 3, 18, 5, 6}, Shape{5, 64, 512, 192, 64}}) {
+    const int T = shape.T, H = shape.H, L = shape.L, nope = shape.nope, rd = shape.rd, qd = nope + rd;
+    const int width = cuda::mla_padded_row(L, rd);
+    const float scale = 0.37f;
+    const auto q = random_values(int64_t{T} * H * qd, 31, 2.0f);
+    std::vector<float> inv_freq;
+    for (int i = 0; i < rd / 2; ++i) inv_freq.push_back(1.0f / std::pow(1e4f, 2.0f * i / rd));
+    std::vector<int32_t> positions(T);
+    for (int t = 0; t < T; ++t) positions[t] = 977 * t + 3;
+    const auto dpos = to_device(positions), dfreq = to_device(inv_freq);
+    const uint16_t untouched = 0x3f80;  // what the absorption leaves in the latent columns
+    // Three passes: rotate in place, convert every column, stage the rope columns.
+    auto rotated = to_device(q);
+    cuda::rope_rows(rotated.as<float>(), T, H, qd, nope, rd, dpos.as<int32_t>(), dfreq.as<float>(), nullptr);
+    auto converted = to_device(std::vector<uint16_t>(int64_t{T} * H * qd, 0));
+    cuda::to_bf16(rotated.as<float>(), converted.as<uint16_t>(), int64_t{T} * H * qd, nullptr);
+    auto staged = to_device(std::vector<uint16_t>(int64_t{T} * H * width, untouched));
+    cuda::mla_stage_queries(nullptr, rotated.as<float>() + nope, qd, T, H, L, rd, scale, staged.as<uint16_t>(),
+                            nullptr);
+    // One pass.
+    const auto dq = to_device(q);
+    auto q_nope = to_device(std::vector<uint16_t>(int64_t{T} * H * qd, 0));
+    auto prepared = to_device(std::vector<uint16_t>(int64_t{T} * H * width, untouched));
+    cuda::mla_prepare_queries(dq.as<float>(), T, H, qd, nope, rd, dpos.as<int32_t>(), dfreq.as<float>(), L, scale,
+                              q_nope.as<uint16_t>(), prepared.as<uint16_t>(), nullptr);
+    EXPECT_EQ(to_host<uint16_t>(prepared, int64_t{T} * H * width), to_host<uint16_t>(staged, int64_t{T} * H * width))
+        << "H=" << H << " L=" << L;
+    const auto got_nope = to_host<uint16_t>(q_nope, int64_t{T} * H * qd), want = to_host<uint16_t>(converted, got_nope.size());
+    for (int64_t th = 0; th < int64_t{T} * H; ++th)
+      for (int k = 0; k < qd; ++k)
+        ASSERT_EQ(got_nope[th * qd + k], k < nope ? want[th * qd + k] : 0) << "row " << th << " column " << k;
+    // The rotation against the CPU's (fp32, its own angles).
+    std::vector<float> cpu = q, got_rope;
+    std::vector<float> cos(rd / 2), sin(rd / 2);
+    ops::RopeTable table;
+    table.rope_dim = rd;
+    table.inv_freq = inv_freq;
+    std::vector<float> want_rope;
+    const auto prepared_host = to_host<uint16_t>(prepared, int64_t{T} * H * width);
+    for (int t = 0; t < T; ++t) {
+      table.angles(positions[t], cos.data(), sin.data());
+      for (int h = 0; h < H; ++h) {
+        float* row = cpu.data() + (int64_t{t} * H + h) * qd + nope;
+        ops::rope_interleaved(row, rd, cos.data(), sin.data());
+        for (int k = 0; k < rd; ++k) {
+          want_rope.push_back(row[k] * scale);
+          got_rope.push_back(bf16_to_f32(prepared_host[(int64_t{t} * H + h) * width + L + k]));
+        }
+      }
+    }
+    EXPECT_LT(relative_l2(got_rope, want_rope), 4e-3) << "H=" << H;
+  }
+}
+
 TEST_F(CudaAttention, MlaDecodeOneTokenShortContext) { check_mla(64, 512, 64, {1}, {{0, 0}}, 2048, 1); }
 
 TEST_F(CudaAttention, MlaDecodeBatchMixedContextsAndChunks) {

@@ -48,7 +48,6 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   } else {
     gemm.linear_group(as<uint16_t>(q_resid_bf16), T, q_lora, from_q, score_positions ? 2 : 1, s);
   }
-  cuda::rope_rows(as<float>(q), T, H, qd, nope, static_cast<int>(rd), positions, as<float>(inv_freq), s);
   void* cache = latent_cache[l].data();
   const cuda::CacheStorage storage = cache_storage();
   cuda::write_latent_cache(as<float>(kv), T, static_cast<int>(L), static_cast<int>(rd), as<float>(w.kv_a_norm),
@@ -67,17 +66,18 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   }
 
   // Absorb W_uk into the queries, per head, and stage them for the attention passes:
-  // queries[t, h] = scale * [q_nope[t, h] . W_uk[h] ([nope, L]), q_rope[t, h]] in bf16. The
-  // product writes the latent columns in bf16 at once (prefill 8192 at GLM-5.2 width: 1 GB of
-  // fp32 rows a layer and a staging pass over them, otherwise), the staging adds the rope ones.
-  cuda::to_bf16(as<float>(q), as<uint16_t>(q_bf16), int64_t{T} * H * qd, s);
+  // queries[t, h] = scale * [q_nope[t, h] . W_uk[h] ([nope, L]), rope(q_rope[t, h])] in bf16.
+  // One pass writes the nope columns in bf16 for the product and the rotated rope columns
+  // staged; the product writes the latent columns in bf16 at once (prefill 8192 at GLM-5.2
+  // width: 1 GB of fp32 rows a layer and a staging pass over them, otherwise).
   const int64_t head_stride = (nope + vd) * L;  // kv_b_proj rows of one head: W_uk then W_uv
   const int64_t width = cuda_mla_padded_row(L, rd);  // of a staged query
   const auto scale = static_cast<float>(c.attention_scale());
   uint16_t* queries = as<uint16_t>(staged_queries);
+  cuda::mla_prepare_queries(as<float>(q), T, H, qd, nope, static_cast<int>(rd), positions, as<float>(inv_freq),
+                            static_cast<int>(L), scale, as<uint16_t>(q_bf16), queries, s);
   gemm.batched_to_bf16(as<uint16_t>(q_bf16), T, H * qd, qd, as<uint16_t>(w.kv_b_proj), nope, L, L, head_stride, true,
                        queries, H * width, width, H, s, scale);
-  cuda::mla_stage_queries(nullptr, as<float>(q) + nope, qd, T, H, L, rd, scale, queries, s);
   timer.mark("attention.absorb", s);
 
   cuda::MlaAttentionArgs args;

@@ -61,6 +61,33 @@ __global__ void stage_queries_kernel(const float* q_latent, const float* q_rope,
   }
 }
 
+// mla_prepare_queries: a thread an output element of a (token, head) row, the row's nope
+// columns then its staged columns from latent_dim to width.
+__global__ void prepare_queries_kernel(const float* q, int64_t num_rows, int heads, int64_t qd, int nope, int rope_dim,
+                                       const int32_t* positions, const float* inv_freq, int latent_dim, int width,
+                                       float scale, uint16_t* q_nope, uint16_t* queries) {
+  chained_grid_prologue();
+  const int columns = nope + width - latent_dim;
+  GLMS_GRID_STRIDE_LOOP(e, num_rows * columns) {
+    const int64_t th = e / columns;  // token * heads + head
+    const int k = static_cast<int>(e % columns);
+    const float* row = q + th * qd;
+    if (k < nope) {
+      q_nope[th * qd + k] = float_to_bf16(row[k]);
+      continue;
+    }
+    const int c = k - nope;  // staged column latent_dim + c
+    float v = 0.0f;
+    if (c < rope_dim) {
+      const int pair = c / 2;
+      float rotated[2] = {row[nope + 2 * pair], row[nope + 2 * pair + 1]};
+      rotate_pair(rotated, inv_freq[pair] * static_cast<float>(positions[th / heads]));
+      v = rotated[c % 2];
+    }
+    queries[th * width + latent_dim + c] = float_to_bf16(v * scale);
+  }
+}
+
 // One warp per (head, token): max and sum over the selected positions, then the probabilities.
 __global__ void sparse_softmax_kernel(const float* scores, int n, int heads, int context, const int32_t* selected,
                                       int max_selected, const int32_t* num_selected, uint16_t* probs) {
@@ -168,6 +195,18 @@ void mla_stage_queries(const float* q_latent, const float* q_rope, int64_t q_rop
   const int64_t num_rows = int64_t{num_tokens} * heads, elements = num_rows * (width - first_column);
   launch_chained("mla_stage_queries launch", stage_queries_kernel, elementwise_blocks(elements, 256), 256, 0, stream,
                  q_latent, q_rope, q_rope_stride, num_rows, latent_dim, rope_dim, width, first_column, scale, queries);
+}
+
+void mla_prepare_queries(const float* q, int num_tokens, int heads, int64_t qd, int64_t nope, int rope_dim,
+                         const int32_t* positions, const float* inv_freq, int latent_dim, float scale,
+                         uint16_t* q_nope, uint16_t* queries, cudaStream_t stream) {
+  if (num_tokens <= 0) return;
+  GLMS_CHECK(rope_dim % 2 == 0 && nope + rope_dim <= qd, "mla_prepare_queries: an even rope inside each head's row");
+  const int width = mla_padded_row(latent_dim, rope_dim);
+  const int64_t num_rows = int64_t{num_tokens} * heads, elements = num_rows * (nope + width - latent_dim);
+  launch_chained("mla_prepare_queries launch", prepare_queries_kernel, elementwise_blocks(elements, 256), 256, 0,
+                 stream, q, num_rows, heads, qd, static_cast<int>(nope), rope_dim, positions, inv_freq, latent_dim,
+                 width, scale, q_nope, queries);
 }
 
 void mla_sparse_softmax(const float* scores, int n, int heads, int context, const int32_t* selected, int max_selected,

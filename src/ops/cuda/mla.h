@@ -106,6 +106,17 @@ void mla_merge_splits(const MlaAttentionArgs& args, int launch_tokens, int split
 void mla_stage_queries(const float* q_latent, const float* q_rope, int64_t q_rope_stride, int num_tokens, int heads,
                        int latent_dim, int rope_dim, float scale, uint16_t* queries, cudaStream_t stream);
 
+// A decode or prefill step's query side before the absorption, in one pass over q ([T, H, qd]
+// fp32, each head's nope columns then its rope columns, not yet rotated): q_nope[t, h, :nope] =
+// bf16 of the nope columns (row stride qd: the absorption GEMM's input; its other columns are
+// left as they are), and queries[t, h, latent ..) = bf16(scale * the rope columns rotated at
+// positions[t] (interleaved pairs, as rope_rows)) then zeros to mla_padded_row. Columns
+// [0, latent) of queries are the absorption's.
+void mla_prepare_queries(const float* q, int num_tokens, int heads, int64_t qd, int64_t nope, int rope_dim,
+                         const int32_t* positions, const float* inv_freq, int latent_dim, float scale,
+                         uint16_t* q_nope, uint16_t* queries, cudaStream_t stream);
+
+
 // Prefill attention for a chunk of one sequence's tokens through tensor-core GEMMs: the model
 // gathers the context's cache rows once (mla_gather_context), computes every head's scores
 // against the whole context from the staged queries with one batched GEMM, keeps each token's
