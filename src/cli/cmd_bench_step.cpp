@@ -63,6 +63,7 @@ struct BenchStepOptions {
   int wgmma_experts_min_pairs = model::CudaModelOptions{}.wgmma_experts_min_pairs;
   int wgmma_experts_tile_rows = model::CudaModelOptions{}.wgmma_experts_tile_rows;
   int wgmma_bf16_experts_max_pairs = model::CudaModelOptions{}.wgmma_bf16_experts_max_pairs;
+  int specialized_bf16_experts_min_pairs = model::CudaModelOptions{}.specialized_bf16_experts_min_pairs;
   bool wgmma_fp8_experts = model::CudaModelOptions{}.wgmma_fp8_experts;
   bool fp8_prefill_indexer = model::CudaModelOptions{}.fp8_prefill_indexer;
   int stream_experts_min_pairs = model::CudaModelOptions{}.stream_experts_min_pairs;
@@ -279,6 +280,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.wgmma_experts_min_pairs = o.wgmma_experts_min_pairs;
   options.wgmma_experts_tile_rows = o.wgmma_experts_tile_rows;
   options.wgmma_bf16_experts_max_pairs = o.wgmma_bf16_experts_max_pairs;
+  options.specialized_bf16_experts_min_pairs = o.specialized_bf16_experts_min_pairs;
   options.wgmma_fp8_experts = o.wgmma_fp8_experts;
   options.fp8_prefill_indexer = o.fp8_prefill_indexer;
   options.stream_experts_min_pairs = o.stream_experts_min_pairs;
@@ -532,6 +534,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"wgmma_experts_min_pairs", o.wgmma_experts_min_pairs},
                         {"wgmma_experts_tile_rows", o.wgmma_experts_tile_rows},
                         {"wgmma_bf16_experts_max_pairs", o.wgmma_bf16_experts_max_pairs},
+                        {"specialized_bf16_experts_min_pairs", o.specialized_bf16_experts_min_pairs},
                         {"wgmma_fp8_experts", o.wgmma_fp8_experts},
                         {"fp8_prefill_indexer", o.fp8_prefill_indexer},
                         {"stream_experts_min_pairs", o.stream_experts_min_pairs},
@@ -663,6 +666,11 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--wgmma-bf16-experts-max-pairs", o->wgmma_bf16_experts_max_pairs,
                   "bf16 routed experts take those GEMMs only below this many pairs per expert (0: no bound; above, "
                   "cuBLAS's grouped GEMM)")
+      ->check(non_negative_number())
+      ->capture_default_str();
+  cmd->add_option("--specialized-bf16-experts-min-pairs", o->specialized_bf16_experts_min_pairs,
+                  "bf16 routed experts from this many pairs per expert take the warp-specialised grouped GEMMs (0: "
+                  "never)")
       ->check(non_negative_number())
       ->capture_default_str();
   cmd->add_option("--wgmma-fp8-experts", o->wgmma_fp8_experts,

@@ -214,6 +214,17 @@ struct ExpertRun {
   }
 };
 
+// reference_pair's row for every pair of `ids` ([n, top_k]), in pair order.
+std::vector<float> reference_rows(const Experts& experts, const std::vector<float>& tokens,
+                                  const std::vector<int32_t>& ids, int top_k) {
+  std::vector<float> rows;
+  for (int64_t p = 0; p < static_cast<int64_t>(ids.size()); ++p) {
+    const auto want = reference_pair(experts, tokens, static_cast<int>(p / top_k), ids[p]);
+    rows.insert(rows.end(), want.begin(), want.end());
+  }
+  return rows;
+}
+
 // Relative L2 error of moe_experts_small over `tokens` ([n, hidden], rounded to bf16 here: the
 // kernels read bf16) routed to `ids` ([n, top_k]) against reference_pair, every pair's row.
 // With `wgmma_tile_rows` >= 0, moe_experts_wgmma instead (tiled MXFP4), in tiles of that many rows.
@@ -244,13 +255,21 @@ double experts_error(const Experts& experts, std::vector<float> tokens, const st
                             nullptr, tensor_cores);
   const std::vector<float> got_rows = run.rows();
   if (reference && !reference->empty()) return relative_l2(got_rows, *reference);
-  std::vector<float> want_rows;
-  for (int64_t p = 0; p < P; ++p) {
-    const auto want = reference_pair(experts, tokens, static_cast<int>(p / top_k), ids[p]);
-    want_rows.insert(want_rows.end(), want.begin(), want.end());
-  }
+  const std::vector<float> want_rows = reference_rows(experts, tokens, ids, top_k);
   if (reference) *reference = want_rows;
   return relative_l2(got_rows, want_rows);
+}
+
+// The same for moe_experts_specialized (bf16 weights, the warp-specialised grouped GEMMs).
+double specialized_error(const Experts& experts, std::vector<float> tokens, const std::vector<int32_t>& ids,
+                         int top_k) {
+  const int64_t hidden = experts.hidden, inter = experts.inter, E = experts.E;
+  for (float& v : tokens) v = round_bf16(v);
+  ExpertRun run(tokens, ids, E, hidden, inter);
+  cuda::moe_experts_specialized(run.d_x.as<uint16_t>(), hidden, inter, experts.view(), run.buffers.plan(),
+                                static_cast<int>(E), top_k, static_cast<int64_t>(ids.size()), run.act.as<uint16_t>(),
+                                run.out.as<float>(), nullptr);
+  return relative_l2(run.rows(), reference_rows(experts, tokens, ids, top_k));
 }
 
 // `tensor_cores`: whether the shape takes moe_experts_mma (checked), and whether to let it (MXFP4
@@ -327,6 +346,29 @@ TEST_F(CudaMoe, Mxfp4WgmmaExpertsMatchReference) {
 }
 
 TEST_F(CudaMoe, Bf16WgmmaExpertsMatchReference) { check_wgmma_experts_shapes(WeightFormat::Plain); }
+
+// The warp-specialised bf16 grouped GEMMs (moe_experts_specialized) over the same shapes: 128-row
+// tiles, part-filled ones, experts without pairs, down's K over more steps than stages.
+TEST_F(CudaMoe, Bf16SpecializedExpertsMatchReference) {
+  struct Shape {
+    int64_t E, hidden, inter;
+    int top_k;
+    std::initializer_list<int> tokens;
+  };
+  for (const Shape& c : {Shape{4, 6144, 2048, 2, {1, 20, 300}}, Shape{5, 512, 256, 3, {1, 13, 150}},
+                         Shape{2, 512, 256, 2, {300}}, Shape{40, 256, 128, 2, {5, 70}},
+                         Shape{260, 256, 128, 4, {64}}, Shape{2, 256, 1024, 2, {200}}}) {
+    const Experts experts = make_experts(WeightFormat::Plain, true, c.E, c.hidden, c.inter, 41 + c.E);
+    ASSERT_TRUE(cuda::moe_experts_specialized_supported(experts.view(), c.hidden, c.inter));
+    for (const int n : c.tokens) {
+      const auto ids = random_choices(n, static_cast<int>(c.E), c.top_k, 300 + n);
+      EXPECT_LT(specialized_error(experts, random_values(n * c.hidden, 110 + n, 2.0f), ids, c.top_k), 2e-3)
+          << c.E << " experts, " << n << " tokens, hidden " << c.hidden << ", inter " << c.inter;
+    }
+  }
+  const Experts odd = make_experts(WeightFormat::Plain, true, 2, 384, 128, 5);
+  EXPECT_FALSE(cuda::moe_experts_specialized_supported(odd.view(), 384, 128));  // hidden not whole 256s
+}
 
 // The streamed decode kernels (moe_experts_stream) in each shape and chunk size (mma.sync and
 // wgmma): GLM-5.2's widths with 1, 2 and about 20 pairs an expert (chunks of 8, 16 and 32 tokens,

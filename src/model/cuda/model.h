@@ -93,6 +93,11 @@ struct CudaModelOptions {
   // (bench/results/cuda-moe-wgmma-bf16-20261203.json), cuBLAS -> wgmma: 512 tokens (16 pairs an
   // expert) 31.3 -> 18.6 ms, 2048 (64) 33.0 -> 24.2, 4096 (128) 37.4 -> 33.3, 8192 (256) 52.2 -> 57.4.
   int wgmma_bf16_experts_max_pairs = 256;
+  // bf16 experts from this many pairs per expert (0: never) through the warp-specialised grouped
+  // GEMMs (ops::cuda::moe_experts_specialized), ahead of the two paths above. H200, GLM-5.2 width,
+  // 5 layers, experts of a prefill, the paths above -> these: 2048 tokens (64 pairs an expert)
+  // 23.1 -> 19.8 ms, 4096 32.9 -> 25.8, 8192 51.0 -> 39.3.
+  int specialized_bf16_experts_min_pairs = 64;
   // Block-FP8 routed experts from wgmma_experts_min_pairs pairs per expert through the W8A8
   // grouped GEMMs on the FP8 tensor cores (ops::cuda::moe_experts_wgmma_fp8: the tokens and act
   // quantised per 128 columns as the FP8 linear layers' are); false: the mma.sync kernels and,

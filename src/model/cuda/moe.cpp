@@ -99,6 +99,9 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
                              P >= int64_t{options.wgmma_experts_min_pairs} * config.n_routed_experts &&
                              P <= pair_capacity;
   const bool wgmma = grouped_pairs && cuda::moe_experts_wgmma_supported(experts, hidden, inter) && below_bf16_bound;
+  const bool specialized = grouped_pairs && options.specialized_bf16_experts_min_pairs > 0 &&
+                           routed_pairs_per_expert >= options.specialized_bf16_experts_min_pairs &&
+                           cuda::moe_experts_specialized_supported(experts, hidden, inter);
   const bool wgmma_fp8 = grouped_pairs && options.wgmma_fp8_experts &&
                          cuda::moe_experts_wgmma_fp8_supported(experts, hidden, inter);
   if (streamed) {
@@ -112,6 +115,9 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
     cuda::moe_experts_stream(x, hidden, inter, experts, plan, E, K, P, chunk, static_cast<int>(std::min<int64_t>(E, P)),
                              {as<uint32_t>(pair_x), as<float>(pair_scale)}, as<uint16_t>(pair_act),
                              as<float>(expert_out), s, shape);
+  } else if (specialized) {
+    cuda::moe_experts_specialized(x, hidden, inter, experts, plan, E, K, P, as<uint16_t>(pair_act),
+                                  as<float>(expert_out), s);
   } else if (wgmma) {
     cuda::moe_experts_wgmma(x, hidden, inter, experts, plan, E, K, P, as<uint16_t>(pair_act), as<float>(expert_out), s,
                             options.wgmma_experts_tile_rows);
