@@ -244,6 +244,28 @@ TEST_F(CudaOps, ResidualRmsNormAddsThenNormalises) {
   }
 }
 
+// A block output left in two parts (a data-parallel rank's routed sums and its shared expert's):
+// x += delta + addend, bit for bit as adding their sum (add_f32) then normalising, on the vector
+// (dim % 4 == 0) and scalar paths.
+TEST_F(CudaOps, ResidualRmsNormAddsBothPartsOfAPendingOutput) {
+  for (auto [n, dim] : {std::pair{1, 6144}, {3, 40}, {2, 18}}) {
+    const auto x = random_values(n * dim, 4, 2.0f), delta = random_values(n * dim, 5), addend = random_values(n * dim, 6);
+    const auto w = random_values(dim, 7);
+    auto dd = to_device(delta), da = to_device(addend), dw = to_device(w);
+    // Two steps: the sum, then the norm adding it.
+    auto dx_two = to_device(x), dy_two = poisoned(n * dim), dsum = poisoned(n * dim);
+    cuda::add_f32(dd.as<float>(), da.as<float>(), dsum.as<float>(), int64_t{n} * dim, nullptr);
+    cuda::residual_rms_norm(dx_two.as<float>(), dsum.as<float>(), n, dim, dw.as<float>(), 1e-5f, dy_two.as<float>(),
+                            nullptr, nullptr);
+    // One step.
+    auto dx_one = to_device(x), dy_one = poisoned(n * dim);
+    cuda::residual_rms_norm(dx_one.as<float>(), dd.as<float>(), n, dim, dw.as<float>(), 1e-5f, dy_one.as<float>(),
+                            nullptr, nullptr, da.as<float>());
+    EXPECT_EQ(to_host<float>(dx_one), to_host<float>(dx_two)) << n << " x " << dim;
+    EXPECT_EQ(to_host<float>(dy_one), to_host<float>(dy_two)) << n << " x " << dim;
+  }
+}
+
 namespace {
 
 // batched_to_bf16 of the same product: bf16(alpha * y) of batched's fp32 y, bit for bit where

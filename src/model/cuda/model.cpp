@@ -232,10 +232,10 @@ void CudaGlm5Model::Impl::run_step(const StepShape& shape) {
   timer.mark("start", s);
   cuda::embed_rows(as<uint16_t>(weights.embed_tokens), meta_i32(meta.token_ids), T, hidden, as<float>(x), s);
   timer.mark("embed", s);
-  const float* pending = nullptr;  // a block output not yet added to the residual stream
+  PendingOutput pending;  // a block output not yet added to the residual stream
   for (int l = 0; l < c.num_hidden_layers; ++l) layer_step(weights.layers[l], l, shape, pending);
-  cuda::residual_rms_norm(as<float>(x), pending, T, hidden, as<float>(weights.final_norm), c.rms_norm_eps, nullptr,
-                          as<uint16_t>(normed_bf16), s);
+  cuda::residual_rms_norm(as<float>(x), pending.sum, T, hidden, as<float>(weights.final_norm), c.rms_norm_eps, nullptr,
+                          as<uint16_t>(normed_bf16), s, pending.addend);
   if (shape.num_logits > 0) {
     cuda::gather_rows(as<uint16_t>(normed_bf16), hidden, meta_i32(meta.logits_tokens), shape.num_logits, 1,
                       as<uint16_t>(head_in), s);
@@ -246,25 +246,25 @@ void CudaGlm5Model::Impl::run_step(const StepShape& shape) {
 }
 
 void CudaGlm5Model::Impl::layer_step(const DecoderLayerDevice& layer, int l, const StepShape& shape,
-                                     const float*& pending) {
+                                     PendingOutput& pending) {
   const io::ModelConfig& c = config;
   const int T = shape.num_tokens;
   const int64_t hidden = c.hidden_size;
   cudaStream_t s = stream.get();
-  cuda::residual_rms_norm(as<float>(x), pending, T, hidden, as<float>(layer.input_norm), c.rms_norm_eps, nullptr,
-                          as<uint16_t>(normed_bf16), s);
+  cuda::residual_rms_norm(as<float>(x), pending.sum, T, hidden, as<float>(layer.input_norm), c.rms_norm_eps, nullptr,
+                          as<uint16_t>(normed_bf16), s, pending.addend);
   timer.mark("norms", s);
   attention(layer, l, shape);
   cuda::residual_rms_norm(as<float>(x), as<float>(block_out), T, hidden, as<float>(layer.post_attention_norm),
                           c.rms_norm_eps, as<float>(normed_f32), as<uint16_t>(normed_bf16), s);
   timer.mark("norms", s);
   if (layer.is_moe) {
-    pending = moe(layer, shape);  // whole: added into x already
+    pending = moe(layer, shape);
   } else {
     dense_mlp(layer.mlp, as<uint16_t>(normed_bf16), T, as<float>(block_out), gemm, s);
     sum_over_tp(as<float>(block_out), T);
     timer.mark("dense_mlp", s);
-    pending = as<float>(block_out);
+    pending = {as<float>(block_out), nullptr};
   }
 }
 
@@ -285,10 +285,10 @@ void CudaGlm5Model::Impl::mtp_step(const StepShape& shape) {
   cuda::residual_rms_norm(as<float>(h_prev), nullptr, T, hidden, as<float>(m.hnorm), c.rms_norm_eps, nullptr,
                           as<uint16_t>(normed_bf16), s);
   gemm.linear(as<uint16_t>(normed_bf16), T, as<uint16_t>(m.eh_proj_hidden), hidden, hidden, as<float>(block_out), s);
-  const float* pending = as<float>(block_out);
+  PendingOutput pending{as<float>(block_out), nullptr};
   layer_step(m.block, c.num_hidden_layers, shape, pending);
-  cuda::residual_rms_norm(as<float>(x), pending, T, hidden, as<float>(m.shared_head_norm), c.rms_norm_eps, nullptr,
-                          as<uint16_t>(normed_bf16), s);
+  cuda::residual_rms_norm(as<float>(x), pending.sum, T, hidden, as<float>(m.shared_head_norm), c.rms_norm_eps, nullptr,
+                          as<uint16_t>(normed_bf16), s, pending.addend);
   if (shape.num_logits == 0) return;
   cuda::gather_rows(as<uint16_t>(normed_bf16), hidden, meta_i32(meta.logits_tokens), shape.num_logits, 1,
                     as<uint16_t>(head_in), s);

@@ -117,8 +117,13 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   void allocate();
   void upload_metadata(const ForwardBatch& batch);
   void run_step(const StepShape& shape);
-  // One decoder layer over x (pending: a block output still to be added to x).
-  void layer_step(const DecoderLayerDevice& layer, int l, const StepShape& shape, const float*& pending);
+  // A block output still to be added to x: sum + addend (either null), added by the next norm.
+  struct PendingOutput {
+    const float* sum = nullptr;
+    const float* addend = nullptr;
+  };
+  // One decoder layer over x.
+  void layer_step(const DecoderLayerDevice& layer, int l, const StepShape& shape, PendingOutput& pending);
   // The MTP layer over the uploaded batch: h_prev (device, [T, hidden] fp32) is the target's
   // hidden state of each token's position; leaves the logits and x (the block's output).
   void mtp_step(const StepShape& shape);
@@ -128,9 +133,10 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   // The DSA indexer's scores of layer l's keys for the step's tokens past top-k (its queries and
   // head weights already projected), into `scores`: decode runs and prefill chunks by their kernels.
   void score_indexer_keys(int l, const StepShape& shape);
-  // The MoE block (moe.cpp): whole, it adds into x (returns nullptr); sharded, it leaves the
-  // block's output, summed over every peer, in block_out (returned, to add as pending).
-  const float* moe(const DecoderLayerDevice& layer, const StepShape& shape);
+  // The MoE block (moe.cpp): whole, it adds into x (returns nothing pending); sharded, it leaves
+  // the block's output summed over every peer: in block_out, or (data-parallel without tensor
+  // parallelism) as this rank's routed sums plus its shared expert's, for the next norm to add.
+  PendingOutput moe(const DecoderLayerDevice& layer, const StepShape& shape);
   void moe_shared_expert(const MoeDevice& m, int T, bool on_side_stream);
   void moe_route(const MoeDevice& m, int T);
   // The routed experts of this rank over `rows` tokens x [rows, hidden] bf16 with their routing

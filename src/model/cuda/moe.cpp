@@ -191,7 +191,7 @@ void CudaGlm5Model::Impl::sum_over_tp(float* block_output, int T) {
                              stream.get());
 }
 
-const float* CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const StepShape& shape) {
+CudaGlm5Model::Impl::PendingOutput CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const StepShape& shape) {
   const io::ModelConfig& c = config;
   const MoeDevice& m = layer.moe;
   const int T = shape.num_tokens, K = c.num_experts_per_tok;
@@ -211,13 +211,13 @@ const float* CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const Ste
   if (!peers.tp && !peers.dp) {  // the whole model: combine into the residual stream
     moe_experts(m, as<uint16_t>(normed_bf16), as<int32_t>(expert_ids), as<float>(expert_weights), T, T, shape,
                 as<float>(x), true, as<float>(shared_out), shared_ready);
-    return nullptr;
+    return {};
   }
   if (!peers.dp) {
     moe_experts(m, as<uint16_t>(normed_bf16), as<int32_t>(expert_ids), as<float>(expert_weights), T, T, shape,
                 as<float>(block_out), false, as<float>(shared_out), shared_ready);
     sum_over_tp(as<float>(block_out), T);
-    return as<float>(block_out);
+    return {as<float>(block_out), nullptr};
   }
 
   // Every data-parallel rank's moe_rows rows: its tokens, then padding that routes nowhere.
@@ -251,10 +251,14 @@ const float* CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const Ste
   dp.reduce_scatter_sum(routed_all.data(), routed_local.data(), static_cast<size_t>(rows) * hidden, comm::Element::F32,
                         s);
   if (shared_ready) shared_ready->make_wait(s);
+  if (!peers.tp) {  // the next norm adds both (one launch fewer)
+    timer.mark("moe.scatter", s);
+    return {as<float>(routed_local), as<float>(shared_out)};
+  }
   cuda::add_f32(as<float>(routed_local), as<float>(shared_out), as<float>(block_out), int64_t{T} * hidden, s);
   sum_over_tp(as<float>(block_out), T);
   timer.mark("moe.scatter", s);
-  return as<float>(block_out);
+  return {as<float>(block_out), nullptr};
 }
 
 }  // namespace glms::model

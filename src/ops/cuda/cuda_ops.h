@@ -193,10 +193,11 @@ void gather_rows(const uint16_t* src, int64_t dim, const int32_t* rows, int64_t 
 // x[t, :] = table[ids[t], :] widened to fp32. table: [vocab, dim] bf16, x: [n, dim] fp32.
 void embed_rows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t dim, float* x, cudaStream_t stream);
 
-// The residual step between blocks: x += delta (when delta is not null), then
-// y = rms_norm(x) * weight into y_f32 and/or y_bf16 (either may be null). x, delta, y_*: [n, dim].
+// The residual step between blocks: x += delta (when delta is not null; x += (delta + addend)
+// when addend is not null too: a block output left in two parts), then y = rms_norm(x) * weight
+// into y_f32 and/or y_bf16 (either may be null). x, delta, addend, y_*: [n, dim].
 void residual_rms_norm(float* x, const float* delta, int64_t n, int64_t dim, const float* weight, float eps,
-                       float* y_f32, uint16_t* y_bf16, cudaStream_t stream);
+                       float* y_f32, uint16_t* y_bf16, cudaStream_t stream, const float* addend = nullptr);
 
 // out[t, i] = bf16(silu(gate_up[t, i]) * gate_up[t, inter + i]): gate and up side by side,
 // as the fused gate||up GEMM writes them. gate_up: [n, 2 * inter] fp32, out: [n, inter] bf16.

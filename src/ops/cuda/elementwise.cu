@@ -41,15 +41,18 @@ __global__ void embed_kernel(const uint16_t* table, const int32_t* ids, int64_t 
   for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) dst[k] = bf16_to_float(src[k]);
 }
 
-__global__ void residual_rms_norm_kernel(float* x, const float* delta, int64_t dim, const float* weight, float eps,
-                                         float* y_f32, uint16_t* y_bf16) {
+__global__ void residual_rms_norm_kernel(float* x, const float* delta, const float* addend, int64_t dim,
+                                         const float* weight, float eps, float* y_f32, uint16_t* y_bf16) {
   chained_grid_prologue();
   __shared__ float scratch[32];
   float* row = x + blockIdx.x * dim;
   float sum = 0.0f;
   for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) {
     float v = row[k];
-    if (delta) row[k] = v = v + delta[blockIdx.x * dim + k];
+    if (delta) {
+      const float d = delta[blockIdx.x * dim + k];
+      row[k] = v = v + (addend ? d + addend[blockIdx.x * dim + k] : d);
+    }
     sum += v * v;
   }
   const float inv = rsqrtf(block_sum(sum, scratch) / static_cast<float>(dim) + eps);
@@ -64,13 +67,15 @@ __global__ void residual_rms_norm_kernel(float* x, const float* delta, int64_t d
 // of delta and the weight) before using any, so that a lone decode row costs about one load
 // latency instead of a chain of them, and the scaling pass reads no memory again.
 template <int kVecs>
-__global__ void residual_rms_norm_vec_kernel(float* x, const float* delta, int64_t dim, const float* weight, float eps,
-                                             float* y_f32, uint16_t* y_bf16) {
+__global__ void __launch_bounds__(1024)
+    residual_rms_norm_vec_kernel(float* x, const float* delta, const float* addend, int64_t dim, const float* weight,
+                                 float eps, float* y_f32, uint16_t* y_bf16) {
   chained_grid_prologue();
   __shared__ float scratch[32];
   const int64_t vecs = dim / 4, offset = blockIdx.x * vecs;
   float4* row = reinterpret_cast<float4*>(x) + offset;
   const float4* delta_row = delta ? reinterpret_cast<const float4*>(delta) + offset : nullptr;
+  const float4* addend_row = delta && addend ? reinterpret_cast<const float4*>(addend) + offset : nullptr;
   float4 v[kVecs], dv[kVecs], wv[kVecs];
 #pragma unroll
   for (int i = 0; i < kVecs; ++i) {
@@ -78,6 +83,10 @@ __global__ void residual_rms_norm_vec_kernel(float* x, const float* delta, int64
     if (k >= vecs) break;
     v[i] = row[k];
     if (delta_row) dv[i] = delta_row[k];
+    if (addend_row) {
+      const float4 a = addend_row[k];
+      dv[i] = make_float4(dv[i].x + a.x, dv[i].y + a.y, dv[i].z + a.z, dv[i].w + a.w);
+    }
     wv[i] = __ldg(reinterpret_cast<const float4*>(weight) + k);
   }
   float sum = 0.0f;
@@ -358,28 +367,28 @@ void embed_rows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t di
 }
 
 void residual_rms_norm(float* x, const float* delta, int64_t n, int64_t dim, const float* weight, float eps,
-                       float* y_f32, uint16_t* y_bf16, cudaStream_t stream) {
+                       float* y_f32, uint16_t* y_bf16, cudaStream_t stream, const float* addend) {
   if (n == 0) return;
   auto aligned = [](const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
   const int64_t vecs = dim / 4;
-  if (dim % 4 == 0 && vecs <= 4 * 1024 && aligned(x, 16) && aligned(delta, 16) && aligned(weight, 16) &&
-      aligned(y_f32, 16) && aligned(y_bf16, 8)) {
+  if (dim % 4 == 0 && vecs <= 4 * 1024 && aligned(x, 16) && aligned(delta, 16) && aligned(addend, 16) &&
+      aligned(weight, 16) && aligned(y_f32, 16) && aligned(y_bf16, 8)) {
     const int per_thread = vecs <= 2 * 1024 ? 2 : 4;
     const int64_t threads_needed = (vecs + per_thread - 1) / per_thread;  // at most 1024
     const int threads = static_cast<int>((threads_needed + 31) / 32 * 32);
     if (per_thread == 2)
       launch_chained("residual_rms_norm_vec launch", residual_rms_norm_vec_kernel<2>, static_cast<unsigned>(n), threads,
-                     0, stream, x, delta, dim, weight, eps, y_f32, y_bf16);
+                     0, stream, x, delta, addend, dim, weight, eps, y_f32, y_bf16);
     else
       launch_chained("residual_rms_norm launch", residual_rms_norm_vec_kernel<4>, static_cast<unsigned>(n), threads, 0,
-                     stream, x, delta, dim, weight, eps, y_f32, y_bf16);
+                     stream, x, delta, addend, dim, weight, eps, y_f32, y_bf16);
     return;
   }
   // A row's loads are independent: enough threads that each issues a handful (a lone decode
   // row of 6144 values is otherwise a long chain of dependent-latency loops on one SM).
   const int threads = static_cast<int>(std::clamp<int64_t>((dim / 8 + 31) / 32 * 32, kNormThreads, 1024));
   launch_chained("residual_rms_norm launch", residual_rms_norm_kernel, static_cast<unsigned>(n), threads, 0, stream, x,
-                 delta, dim, weight, eps, y_f32, y_bf16);
+                 delta, addend, dim, weight, eps, y_f32, y_bf16);
 }
 
 void silu_mul_to_bf16(const float* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream) {
