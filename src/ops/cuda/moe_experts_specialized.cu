@@ -91,10 +91,9 @@ template <Projection P>
 __global__ void __launch_bounds__(kThreads, 1) specialized_experts_kernel(GroupedArgs a) {
   chained_grid_prologue();
   extern __shared__ __align__(16) uint8_t shared_raw[];
-  __shared__ int tile_expert, tile_first, warp_sums[kThreads / 32];
-  moe_grouped::find_tile<kRows>(a.offsets, a.num_experts, blockIdx.y, &tile_expert, &tile_first, warp_sums);
-  if (tile_expert < 0) return;
-  const int e = tile_expert, first = tile_first, rows = min(kRows, a.offsets[e + 1] - first);
+  const moe_grouped::RowTile tile = moe_grouped::row_tile_of_block<kRows, kThreads>(a.offsets, a.num_experts);
+  if (tile.expert < 0) return;
+  const int e = tile.expert, first = tile.first, rows = tile.rows;
   const uint32_t stages = wgmma::align_to_1024(shared_raw).address;
   const uint32_t barriers = stages + kStages * kStageBytes;
   auto full = [&](int stage) { return barriers + 8 * stage; };             // the producer's copies landed

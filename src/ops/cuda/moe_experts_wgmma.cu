@@ -44,7 +44,6 @@ using wgmma::descriptor;
 using wgmma::swizzled;
 
 using moe_grouped::epilogue;
-using moe_grouped::find_tile;
 using moe_grouped::GroupedArgs;
 using moe_grouped::kThreads;
 using moe_grouped::Projection;
@@ -125,10 +124,9 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_experts_kernel(GroupedArg
   using S = TileShape<kRows>;
   constexpr int kStages = S::kStages;
   extern __shared__ __align__(16) uint8_t shared_raw[];
-  __shared__ int tile_expert, tile_first, warp_sums[kThreads / 32];
-  find_tile<kRows>(a.offsets, a.num_experts, blockIdx.y, &tile_expert, &tile_first, warp_sums);
-  if (tile_expert < 0) return;
-  const int e = tile_expert, first = tile_first, rows = min(kRows, a.offsets[e + 1] - first);
+  const moe_grouped::RowTile tile = moe_grouped::row_tile_of_block<kRows, kThreads>(a.offsets, a.num_experts);
+  if (tile.expert < 0) return;
+  const int e = tile.expert, first = tile.first, rows = tile.rows;
 
   const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
   // Stage i: tokens at stages + i * kStageBytes, its weights kTokenStageBytes on.

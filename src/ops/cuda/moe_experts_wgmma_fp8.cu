@@ -59,10 +59,9 @@ template <Projection P>
 __global__ void __launch_bounds__(kThreads, 1) fp8_grouped_experts_kernel(GroupedArgs a) {
   chained_grid_prologue();
   extern __shared__ __align__(16) uint8_t shared_raw[];
-  __shared__ int tile_expert, tile_first, warp_sums[kThreads / 32];
-  moe_grouped::find_tile<kRows>(a.offsets, a.num_experts, blockIdx.y, &tile_expert, &tile_first, warp_sums);
-  if (tile_expert < 0) return;
-  const int e = tile_expert, first = tile_first, rows = min(kRows, a.offsets[e + 1] - first);
+  const moe_grouped::RowTile tile = moe_grouped::row_tile_of_block<kRows, kThreads>(a.offsets, a.num_experts);
+  if (tile.expert < 0) return;
+  const int e = tile.expert, first = tile.first, rows = tile.rows;
 
   const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
   const uint32_t stages = aligned.address;

@@ -81,12 +81,17 @@ __device__ __forceinline__ int64_t weight_row(const GroupedArgs& a, int e, int l
   return int64_t{e} * a.rows_per_expert + row;
 }
 
-// The expert and first grouped row of row tile `tile` (each expert's rows in tiles of kRows,
-// the experts in order), into *expert (-1 past the last tile) and *first. Every thread calls it.
-template <int kRows>
-__device__ void find_tile(const int32_t* offsets, int num_experts, int tile, int* expert, int* first,
-                          int* warp_sums) {
-  const int per = (num_experts + kThreads - 1) / kThreads;
+// This block's row tile (blockIdx.y of the experts' row tiles of kRows rows, the experts in
+// order): its expert (-1 past the last tile), first grouped row and rows. Every thread of the
+// block (kBlockThreads of them) calls it; it synchronises the block.
+struct RowTile {
+  int expert, first, rows;
+};
+template <int kRows, int kBlockThreads = kThreads>
+__device__ RowTile row_tile_of_block(const int32_t* offsets, int num_experts) {
+  __shared__ int tile_expert, tile_first, warp_sums[kBlockThreads / 32];
+  const int tile = blockIdx.y;
+  const int per = (num_experts + kBlockThreads - 1) / kBlockThreads;
   const int e0 = min(num_experts, static_cast<int>(threadIdx.x) * per), e1 = min(num_experts, e0 + per);
   int mine = 0;
   for (int e = e0; e < e1; ++e) mine += (offsets[e + 1] - offsets[e] + kRows - 1) / kRows;
@@ -98,7 +103,7 @@ __device__ void find_tile(const int32_t* offsets, int num_experts, int tile, int
     if (lane >= d) inclusive += v;
   }
   if (lane == 31) warp_sums[warp] = inclusive;
-  if (threadIdx.x == 0) *expert = -1;
+  if (threadIdx.x == 0) tile_expert = -1;
   __syncthreads();
   int start = inclusive - mine;
   for (int w = 0; w < warp; ++w) start += warp_sums[w];
@@ -107,14 +112,16 @@ __device__ void find_tile(const int32_t* offsets, int num_experts, int tile, int
     for (int e = e0; e < e1; ++e) {
       const int tiles = (offsets[e + 1] - offsets[e] + kRows - 1) / kRows;
       if (left < tiles) {
-        *expert = e;
-        *first = offsets[e] + left * kRows;
+        tile_expert = e;
+        tile_first = offsets[e] + left * kRows;
         break;
       }
       left -= tiles;
     }
   }
   __syncthreads();
+  if (tile_expert < 0) return {-1, 0, 0};
+  return {tile_expert, tile_first, min(kRows, offsets[tile_expert + 1] - tile_first)};
 }
 
 // acc[4 j + e] of thread (warp, g, tq) of warpgroup wg: row wg * kGroupRow0 + 16 warp + g +
