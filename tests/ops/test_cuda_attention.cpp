@@ -123,14 +123,18 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
       }
     }
 
-  auto dcache = to_device(cache_bytes), dql = to_device(q_latent), dq = to_device(q), dsel = to_device(selected),
+  // The queries as the attention passes take them (the model's absorption and mla_prepare_queries
+  // write them so): bf16(scale * [q_latent, q_rope]), zeros to the padded width.
+  const int width = cuda::mla_padded_row(L, rd);
+  std::vector<uint16_t> staged(int64_t{T} * H * width, 0);
+  for (int64_t th = 0; th < int64_t{T} * H; ++th) {
+    for (int k = 0; k < L; ++k) staged[th * width + k] = f32_to_bf16(q_latent[th * L + k] * scale);
+    for (int k = 0; k < rd; ++k) staged[th * width + L + k] = f32_to_bf16(q[th * qd + 7 + k] * scale);
+  }
+  auto dcache = to_device(cache_bytes), staged_queries = to_device(staged), dsel = to_device(selected),
        dnum = to_device(num_selected), dtables = to_device(paged.block_tables), dseq = to_device(token_sequence);
   int max_context = 0;
   for (const Token& tok : tokens) max_context = std::max(max_context, tok.position + 1);
-  const int width = cuda::mla_padded_row(L, rd);
-  cuda::DeviceBuffer staged_queries(int64_t{T} * H * width * sizeof(uint16_t));
-  cuda::mla_stage_queries(dql.as<float>(), dq.as<float>() + 7, qd, T, H, L, rd, scale, staged_queries.as<uint16_t>(),
-                          nullptr);
   cuda::MlaAttentionArgs a;
   a.queries = staged_queries.as<uint16_t>();
   a.cache = dcache.data();
@@ -245,94 +249,52 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
 
 }  // namespace
 
-// mla_stage_queries: every (token, head) row is bf16(scale * [q_latent, q_rope]) then zeros to the
-// padded width, bit for bit; without q_latent the latent columns keep what a GEMM put there.
-TEST_F(CudaAttention, MlaStagedQueriesAreScaledRoundedAndPadded) {
-  struct Shape {
-    int T, H, L, rd;
-  };
-  for (const Shape shape : {Shape{7, 3, 18, 6}, Shape{5, 64, 512, 64}}) {
-    const int T = shape.T, H = shape.H, L = shape.L, rd = shape.rd, qd = 5 + rd;
-    const int width = cuda::mla_padded_row(L, rd);
-    ASSERT_EQ(width % 16, 0);
-    ASSERT_GE(width, L + rd);
-    const float scale = 0.37f;
-    const auto q_latent = random_values(int64_t{T} * H * L, 21, 2.0f), q = random_values(int64_t{T} * H * qd, 22, 2.0f);
-    std::vector<uint16_t> expected(int64_t{T} * H * width, 0);
-    for (int64_t th = 0; th < int64_t{T} * H; ++th) {
-      for (int k = 0; k < L; ++k) expected[th * width + k] = f32_to_bf16(q_latent[th * L + k] * scale);
-      for (int k = 0; k < rd; ++k) expected[th * width + L + k] = f32_to_bf16(q[th * qd + 5 + k] * scale);
-    }
-    const auto dql = to_device(q_latent), dq = to_device(q);
-    auto staged = to_device(std::vector<uint16_t>(expected.size(), 0xffff));
-    cuda::mla_stage_queries(dql.as<float>(), dq.as<float>() + 5, qd, T, H, L, rd, scale, staged.as<uint16_t>(),
-                            nullptr);
-    EXPECT_EQ(to_host<uint16_t>(staged, expected.size()), expected) << "H=" << H << " L=" << L;
-
-    const uint16_t from_gemm = 0x3f80;  // 1.0: what a GEMM left in the latent columns
-    auto partly = to_device(std::vector<uint16_t>(expected.size(), from_gemm));
-    cuda::mla_stage_queries(nullptr, dq.as<float>() + 5, qd, T, H, L, rd, scale, partly.as<uint16_t>(), nullptr);
-    auto expected_rope_only = expected;
-    for (int64_t th = 0; th < int64_t{T} * H; ++th)
-      std::fill_n(expected_rope_only.begin() + th * width, L, from_gemm);
-    EXPECT_EQ(to_host<uint16_t>(partly, expected.size()), expected_rope_only) << "H=" << H << " L=" << L;
-  }
-}
-
-// mla_prepare_queries: the nope columns in bf16 and the staged rope columns, bit for bit what
-// rope_rows, to_bf16 and mla_stage_queries give in three passes, and the rotation within fp32
-// rounding of the CPU's.
-TEST_F(CudaAttention, MlaPreparedQueriesMatchRopeThenStaging) {
+// mla_prepare_queries: the nope columns in bf16 (rounded as the CPU rounds), the rope columns
+// rotated, scaled and rounded within bf16 of the CPU's rotation, zeros to the padded width, and
+// the latent columns (the absorption's) and the other columns of q_nope left as they were.
+TEST_F(CudaAttention, MlaPreparedQueriesRotateScaleAndPad) {
   struct Shape {
     int T, H, L, nope, rd;
   };
   for (const Shape shape : {Shape{7, 3, 18, 5, 6}, Shape{5, 64, 512, 192, 64}}) {
     const int T = shape.T, H = shape.H, L = shape.L, nope = shape.nope, rd = shape.rd, qd = nope + rd;
     const int width = cuda::mla_padded_row(L, rd);
+    ASSERT_EQ(width % 16, 0);
+    ASSERT_GE(width, L + rd);
     const float scale = 0.37f;
     const auto q = random_values(int64_t{T} * H * qd, 31, 2.0f);
     std::vector<float> inv_freq;
     for (int i = 0; i < rd / 2; ++i) inv_freq.push_back(1.0f / std::pow(1e4f, 2.0f * i / rd));
     std::vector<int32_t> positions(T);
     for (int t = 0; t < T; ++t) positions[t] = 977 * t + 3;
-    const auto dpos = to_device(positions), dfreq = to_device(inv_freq);
-    const uint16_t untouched = 0x3f80;  // what the absorption leaves in the latent columns
-    // Three passes: rotate in place, convert every column, stage the rope columns.
-    auto rotated = to_device(q);
-    cuda::rope_rows(rotated.as<float>(), T, H, qd, nope, rd, dpos.as<int32_t>(), dfreq.as<float>(), nullptr);
-    auto converted = to_device(std::vector<uint16_t>(int64_t{T} * H * qd, 0));
-    cuda::to_bf16(rotated.as<float>(), converted.as<uint16_t>(), int64_t{T} * H * qd, nullptr);
-    auto staged = to_device(std::vector<uint16_t>(int64_t{T} * H * width, untouched));
-    cuda::mla_stage_queries(nullptr, rotated.as<float>() + nope, qd, T, H, L, rd, scale, staged.as<uint16_t>(),
-                            nullptr);
-    // One pass.
-    const auto dq = to_device(q);
-    auto q_nope = to_device(std::vector<uint16_t>(int64_t{T} * H * qd, 0));
+    const auto dq = to_device(q), dpos = to_device(positions), dfreq = to_device(inv_freq);
+    const uint16_t untouched = 0x3f80;  // 1.0: what the absorption leaves in the latent columns
+    auto q_nope = to_device(std::vector<uint16_t>(int64_t{T} * H * qd, untouched));
     auto prepared = to_device(std::vector<uint16_t>(int64_t{T} * H * width, untouched));
     cuda::mla_prepare_queries(dq.as<float>(), T, H, qd, nope, rd, dpos.as<int32_t>(), dfreq.as<float>(), L, scale,
                               q_nope.as<uint16_t>(), prepared.as<uint16_t>(), nullptr);
-    EXPECT_EQ(to_host<uint16_t>(prepared, int64_t{T} * H * width), to_host<uint16_t>(staged, int64_t{T} * H * width))
-        << "H=" << H << " L=" << L;
-    const auto got_nope = to_host<uint16_t>(q_nope, int64_t{T} * H * qd), want = to_host<uint16_t>(converted, got_nope.size());
-    for (int64_t th = 0; th < int64_t{T} * H; ++th)
-      for (int k = 0; k < qd; ++k)
-        ASSERT_EQ(got_nope[th * qd + k], k < nope ? want[th * qd + k] : 0) << "row " << th << " column " << k;
-    // The rotation against the CPU's (fp32, its own angles).
-    std::vector<float> cpu = q, got_rope;
-    std::vector<float> cos(rd / 2), sin(rd / 2);
+    const auto got_nope = to_host<uint16_t>(q_nope, int64_t{T} * H * qd);
+    const auto got = to_host<uint16_t>(prepared, int64_t{T} * H * width);
     ops::RopeTable table;
     table.rope_dim = rd;
     table.inv_freq = inv_freq;
-    std::vector<float> want_rope;
-    const auto prepared_host = to_host<uint16_t>(prepared, int64_t{T} * H * width);
+    std::vector<float> cos(rd / 2), sin(rd / 2), cpu = q, want_rope, got_rope;
     for (int t = 0; t < T; ++t) {
       table.angles(positions[t], cos.data(), sin.data());
       for (int h = 0; h < H; ++h) {
-        float* row = cpu.data() + (int64_t{t} * H + h) * qd + nope;
+        const int64_t th = int64_t{t} * H + h;
+        for (int k = 0; k < qd; ++k)
+          ASSERT_EQ(got_nope[th * qd + k], k < nope ? f32_to_bf16(q[th * qd + k]) : untouched)
+              << "row " << th << " column " << k;
+        for (int k = 0; k < L; ++k)
+          ASSERT_EQ(got[th * width + k], untouched) << "row " << th << " latent column " << k;
+        for (int k = L + rd; k < width; ++k)
+          ASSERT_EQ(got[th * width + k], 0) << "row " << th << " padding column " << k;
+        float* row = cpu.data() + th * qd + nope;
         ops::rope_interleaved(row, rd, cos.data(), sin.data());
         for (int k = 0; k < rd; ++k) {
           want_rope.push_back(row[k] * scale);
-          got_rope.push_back(bf16_to_f32(prepared_host[(int64_t{t} * H + h) * width + L + k]));
+          got_rope.push_back(bf16_to_f32(got[th * width + L + k]));
         }
       }
     }

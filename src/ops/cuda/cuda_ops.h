@@ -152,8 +152,6 @@ void simulated_all_gather(const SimulatedGatherPart* parts, int num_parts, int s
 // out[i] = a[i] + b[i] for `count` fp32 values (out may be a or b).
 void add_f32(const float* a, const float* b, float* out, int64_t count, cudaStream_t stream);
 
-// fp32 -> bf16 (round to nearest even), for activations entering bf16 GEMMs.
-void to_bf16(const float* x, uint16_t* y, int64_t count, cudaStream_t stream);
 // out[r] = the index of the largest of x[r, 0..cols) (lowest index on ties, NaN never chosen;
 // 0 when no value compares), as ops::argmax: greedy decoding's token for each logits row.
 void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
@@ -294,8 +292,9 @@ class Gemm {
   void batched(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w, int64_t rows,
                int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, float* y, int64_t ld_y,
                int64_t stride_y, int batch, cudaStream_t stream);
-  // The same with y in bf16: each fp32 sum (times alpha) rounded to nearest once, as to_bf16 of
-  // batched's y would round it, without the fp32 rows in memory; the same kernels as batched.
+  // The same with y in bf16: each fp32 sum (times alpha) rounded to nearest even once, as the
+  // CPU's f32_to_bf16 of batched's y would round it, without the fp32 rows in memory; the same
+  // kernels as batched.
   void batched_to_bf16(const uint16_t* x, int64_t n, int64_t ld_x, int64_t stride_x, const uint16_t* w, int64_t rows,
                        int64_t cols, int64_t ld_w, int64_t stride_w, bool transpose_w, uint16_t* y, int64_t ld_y,
                        int64_t stride_y, int batch, cudaStream_t stream, float alpha = 1.0f);

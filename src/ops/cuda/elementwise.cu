@@ -234,11 +234,6 @@ __global__ void simulated_all_gather_kernel(SimulatedGatherArgs a) {
   for (int64_t w = i; w < words; w += static_cast<int64_t>(gridDim.x) * blockDim.x) out[w] = in[w];
 }
 
-__global__ void to_bf16_kernel(const float* x, uint16_t* y, int64_t count) {
-  chained_grid_prologue();
-  GLMS_GRID_STRIDE_LOOP(i, count) y[i] = float_to_bf16(x[i]);
-}
-
 }  // namespace
 
 void set_device(int device) { check(cudaSetDevice(device), "cudaSetDevice"); }
@@ -440,11 +435,6 @@ void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaS
   GLMS_CHECK(cols > 0 && cols <= 0x7fffffff, "argmax_rows: 1 to 2^31 - 1 columns");
   launch_chained("argmax_rows launch", argmax_rows_kernel, static_cast<unsigned>(rows), kArgmaxThreads, 0, stream, x,
                  cols, out);
-}
-
-void to_bf16(const float* x, uint16_t* y, int64_t count, cudaStream_t stream) {
-  if (count == 0) return;
-  launch_chained("to_bf16 launch", to_bf16_kernel, elementwise_blocks(count, 256), 256, 0, stream, x, y, count);
 }
 
 }  // namespace glms::ops::cuda

@@ -42,25 +42,6 @@ __global__ void gather_context_kernel(const void* cache, CacheStorage storage, c
                 threadIdx.x, blockDim.x);
 }
 
-// queries[t, h, k] for k in [first_column, width) of every (t, h) row (mla_stage_queries): a
-// thread an element, consecutive threads along a row.
-__global__ void stage_queries_kernel(const float* q_latent, const float* q_rope, int64_t q_rope_stride,
-                                     int64_t num_rows, int latent_dim, int rope_dim, int width, int first_column,
-                                     float scale, uint16_t* queries) {
-  chained_grid_prologue();
-  const int columns = width - first_column;
-  GLMS_GRID_STRIDE_LOOP(e, num_rows * columns) {
-    const int64_t th = e / columns;  // token * heads + head
-    const int k = first_column + static_cast<int>(e % columns);
-    float v = 0.0f;
-    if (k < latent_dim)
-      v = q_latent[th * latent_dim + k];
-    else if (k < latent_dim + rope_dim)
-      v = q_rope[th * q_rope_stride + (k - latent_dim)];
-    queries[th * width + k] = float_to_bf16(v * scale);
-  }
-}
-
 // mla_prepare_queries: a thread an output element of a (token, head) row, the row's nope
 // columns then its staged columns from latent_dim to width.
 __global__ void prepare_queries_kernel(const float* q, int64_t num_rows, int heads, int64_t qd, int nope, int rope_dim,
@@ -186,15 +167,6 @@ void mla_gather_context(const void* cache, CacheStorage storage, const int32_t* 
   if (context <= 0) return;
   launch_chained("mla_gather_context launch", gather_context_kernel, context, 128, 0, stream, cache, storage,
                  block_table, block_size, latent_dim, rope_dim, out);
-}
-
-void mla_stage_queries(const float* q_latent, const float* q_rope, int64_t q_rope_stride, int num_tokens, int heads,
-                       int latent_dim, int rope_dim, float scale, uint16_t* queries, cudaStream_t stream) {
-  if (num_tokens <= 0) return;
-  const int width = mla_padded_row(latent_dim, rope_dim), first_column = q_latent ? 0 : latent_dim;
-  const int64_t num_rows = int64_t{num_tokens} * heads, elements = num_rows * (width - first_column);
-  launch_chained("mla_stage_queries launch", stage_queries_kernel, elementwise_blocks(elements, 256), 256, 0, stream,
-                 q_latent, q_rope, q_rope_stride, num_rows, latent_dim, rope_dim, width, first_column, scale, queries);
 }
 
 void mla_prepare_queries(const float* q, int num_tokens, int heads, int64_t qd, int64_t nope, int rope_dim,

@@ -15,7 +15,7 @@ namespace glms::ops::cuda {
 
 struct MlaAttentionArgs {
   // [T, H, mla_padded_row] bf16: scale * [W_uk^T q_nope, rotated q_rope] per head, zero-padded
-  // (mla_stage_queries; the softmax scale is in them).
+  // (the absorption GEMM and mla_prepare_queries write them; the softmax scale is in them).
   const uint16_t* queries = nullptr;
   const void* cache = nullptr;  // this layer's rows in `storage` (kv_cache.h)
   CacheStorage storage = CacheStorage::kBf16;
@@ -98,13 +98,6 @@ int mla_wgmma_splits(int launch_tokens, int max_selected_in_step, int num_heads,
 constexpr int kMlaMaxSplits = 512;
 void mla_merge_splits(const MlaAttentionArgs& args, int launch_tokens, int splits, const float* partials,
                       cudaStream_t stream);
-
-// queries[t, h, :] = bf16(scale * [q_latent[t, h, :], q_rope of (t, h)]), zeros from latent +
-// rope to mla_padded_row, for t < num_tokens: MlaAttentionArgs::queries. q_latent: [T, H, latent]
-// fp32; q_rope of (t, h) at q_rope + (t * H + h) * q_rope_stride. A null q_latent leaves columns
-// [0, latent) as they are: a GEMM wrote them there already scaled (the model's prefill steps).
-void mla_stage_queries(const float* q_latent, const float* q_rope, int64_t q_rope_stride, int num_tokens, int heads,
-                       int latent_dim, int rope_dim, float scale, uint16_t* queries, cudaStream_t stream);
 
 // A decode or prefill step's query side before the absorption, in one pass over q ([T, H, qd]
 // fp32, each head's nope columns then its rope columns, not yet rotated): q_nope[t, h, :nope] =
