@@ -147,6 +147,8 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   bool moe_experts(const MoeDevice& m, const uint16_t* x, const int32_t* ids, const float* weights, int rows,
                    int routed_rows, const StepShape& shape, float* out, bool accumulate, const float* shared,
                    const cuda::Event* shared_ready);
+  bool moe_experts_per_expert_gemms(const MoeDevice& m, const uint16_t* x, const cuda::MoePlan& plan,
+                                    const cuda::ExpertWeights& experts);
   // Where the W8A8 expert GEMMs quantise `tokens` rows and `pairs` act rows (expert width inter).
   cuda::MoeFp8Staging fp8_expert_staging(int64_t tokens, int64_t pairs, int64_t inter);
   // Sums a block output [T, hidden] over the tensor-parallel peers.

@@ -54,6 +54,64 @@ cuda::MoeFp8Staging CudaGlm5Model::Impl::fp8_expert_staging(int64_t tokens, int6
   return staging;
 }
 
+// Per-expert GEMMs over the grouped rows (the paths above cover none of this step's shape): the
+// group offsets come back to the host first. Returns false where the pairs outnumber the pair
+// buffers.
+bool CudaGlm5Model::Impl::moe_experts_per_expert_gemms(const MoeDevice& m, const uint16_t* x, const cuda::MoePlan& plan,
+                                                       const cuda::ExpertWeights& experts) {
+  const int K = config.num_experts_per_tok, E = m.num_experts;
+  const int64_t hidden = config.hidden_size, inter = m.expert_inter;
+  cudaStream_t s = stream.get();
+  // Quantised experts are widened to bf16 one at a time (same stream: the next widening waits
+  // for this expert's GEMMs).
+  cuda::copy_to_host_async(offsets_host.data(), plan.offsets, sizeof(int32_t) * (E + 1), s);
+  stream.synchronize();
+  const auto* offsets = static_cast<const int32_t*>(offsets_host.data());
+  const int64_t local_pairs = offsets[E];
+  if (local_pairs > pair_capacity) return false;
+  cuda::gather_rows(x, hidden, plan.sorted_pairs, local_pairs, K, as<uint16_t>(pair_x), s);
+  if (options.grouped_expert_gemm && m.experts_format == ops::WeightFormat::Plain) {
+    // All active experts' gate/up in one grouped GEMM, SwiGLU over every grouped row at once
+    // (each expert's rows are contiguous), then all downs.
+    std::vector<cuda::GroupedProduct> gate_up, down;
+    for (int e = 0; e < E; ++e) {
+      const int count = offsets[e + 1] - offsets[e];
+      if (count == 0) continue;
+      gate_up.push_back({as<uint16_t>(pair_x) + int64_t{offsets[e]} * hidden, count,
+                         as<uint16_t>(m.experts_gate_up) + int64_t{e} * 2 * inter * hidden,
+                         as<float>(pair_gate_up) + int64_t{offsets[e]} * 2 * inter});
+      down.push_back({as<uint16_t>(pair_act) + int64_t{offsets[e]} * inter, count,
+                      as<uint16_t>(m.experts_down) + int64_t{e} * hidden * inter,
+                      as<float>(expert_out) + int64_t{offsets[e]} * hidden});
+    }
+    if (!gate_up.empty()) {
+      gemm.linear_grouped(gate_up.data(), static_cast<int>(gate_up.size()), 2 * inter, hidden, s);
+      cuda::silu_mul_to_bf16(as<float>(pair_gate_up), local_pairs, inter, as<uint16_t>(pair_act), s);
+      gemm.linear_grouped(down.data(), static_cast<int>(down.size()), hidden, inter, s);
+    }
+  } else {
+    for (int e = 0; e < E; ++e) {
+      const int count = offsets[e + 1] - offsets[e];
+      if (count == 0) continue;
+      const uint16_t* gate_up = as<uint16_t>(m.experts_gate_up) + int64_t{e} * 2 * inter * hidden;
+      const uint16_t* down = as<uint16_t>(m.experts_down) + int64_t{e} * hidden * inter;
+      if (m.experts_format != ops::WeightFormat::Plain) {
+        cuda::dequantize_expert(experts, e, hidden, inter, as<uint16_t>(expert_gate_up_bf16),
+                                as<uint16_t>(expert_down_bf16), s);
+        gate_up = as<uint16_t>(expert_gate_up_bf16);
+        down = as<uint16_t>(expert_down_bf16);
+      }
+      gemm.linear(as<uint16_t>(pair_x) + int64_t{offsets[e]} * hidden, count, gate_up, 2 * inter, hidden,
+                  as<float>(pair_gate_up) + int64_t{offsets[e]} * 2 * inter, s);
+      cuda::silu_mul_to_bf16(as<float>(pair_gate_up) + int64_t{offsets[e]} * 2 * inter, count, inter,
+                             as<uint16_t>(pair_act) + int64_t{offsets[e]} * inter, s);
+      gemm.linear(as<uint16_t>(pair_act) + int64_t{offsets[e]} * inter, count, down, hidden, inter,
+                  as<float>(expert_out) + int64_t{offsets[e]} * hidden, s);
+    }
+  }
+  return true;
+}
+
 bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, const int32_t* ids, const float* weights,
                                       int rows, int routed_rows, const StepShape& shape, float* out, bool accumulate,
                                       const float* shared, const cuda::Event* shared_ready) {
@@ -128,55 +186,8 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
     GLMS_CHECK(P <= pair_capacity, "MoE pairs beyond the pair buffers");
     cuda::moe_experts_small(x, hidden, inter, experts, plan, E, K, chunk_tokens,
                             static_cast<int>(std::min<int64_t>(E, P)), as<uint16_t>(pair_act), as<float>(expert_out), s);
-  } else {
-    // Per-expert GEMMs over the grouped rows; the group offsets come back to the host first.
-    // Quantised experts are widened to bf16 one at a time (same stream: the next widening waits
-    // for this expert's GEMMs).
-    cuda::copy_to_host_async(offsets_host.data(), plan.offsets, sizeof(int32_t) * (E + 1), s);
-    stream.synchronize();
-    const auto* offsets = static_cast<const int32_t*>(offsets_host.data());
-    const int64_t local_pairs = offsets[E];
-    if (local_pairs > pair_capacity) return false;
-    cuda::gather_rows(x, hidden, plan.sorted_pairs, local_pairs, K, as<uint16_t>(pair_x), s);
-    if (options.grouped_expert_gemm && m.experts_format == ops::WeightFormat::Plain) {
-      // All active experts' gate/up in one grouped GEMM, SwiGLU over every grouped row at once
-      // (each expert's rows are contiguous), then all downs.
-      std::vector<cuda::GroupedProduct> gate_up, down;
-      for (int e = 0; e < E; ++e) {
-        const int count = offsets[e + 1] - offsets[e];
-        if (count == 0) continue;
-        gate_up.push_back({as<uint16_t>(pair_x) + int64_t{offsets[e]} * hidden, count,
-                           as<uint16_t>(m.experts_gate_up) + int64_t{e} * 2 * inter * hidden,
-                           as<float>(pair_gate_up) + int64_t{offsets[e]} * 2 * inter});
-        down.push_back({as<uint16_t>(pair_act) + int64_t{offsets[e]} * inter, count,
-                        as<uint16_t>(m.experts_down) + int64_t{e} * hidden * inter,
-                        as<float>(expert_out) + int64_t{offsets[e]} * hidden});
-      }
-      if (!gate_up.empty()) {
-        gemm.linear_grouped(gate_up.data(), static_cast<int>(gate_up.size()), 2 * inter, hidden, s);
-        cuda::silu_mul_to_bf16(as<float>(pair_gate_up), local_pairs, inter, as<uint16_t>(pair_act), s);
-        gemm.linear_grouped(down.data(), static_cast<int>(down.size()), hidden, inter, s);
-      }
-    } else {
-      for (int e = 0; e < E; ++e) {
-        const int count = offsets[e + 1] - offsets[e];
-        if (count == 0) continue;
-        const uint16_t* gate_up = as<uint16_t>(m.experts_gate_up) + int64_t{e} * 2 * inter * hidden;
-        const uint16_t* down = as<uint16_t>(m.experts_down) + int64_t{e} * hidden * inter;
-        if (m.experts_format != ops::WeightFormat::Plain) {
-          cuda::dequantize_expert(experts, e, hidden, inter, as<uint16_t>(expert_gate_up_bf16),
-                                  as<uint16_t>(expert_down_bf16), s);
-          gate_up = as<uint16_t>(expert_gate_up_bf16);
-          down = as<uint16_t>(expert_down_bf16);
-        }
-        gemm.linear(as<uint16_t>(pair_x) + int64_t{offsets[e]} * hidden, count, gate_up, 2 * inter, hidden,
-                    as<float>(pair_gate_up) + int64_t{offsets[e]} * 2 * inter, s);
-        cuda::silu_mul_to_bf16(as<float>(pair_gate_up) + int64_t{offsets[e]} * 2 * inter, count, inter,
-                               as<uint16_t>(pair_act) + int64_t{offsets[e]} * inter, s);
-        gemm.linear(as<uint16_t>(pair_act) + int64_t{offsets[e]} * inter, count, down, hidden, inter,
-                    as<float>(expert_out) + int64_t{offsets[e]} * hidden, s);
-      }
-    }
+  } else if (!moe_experts_per_expert_gemms(m, x, plan, experts)) {
+    return false;
   }
   timer.mark("moe.experts", s);
   if (shared_ready) shared_ready->make_wait(s);
