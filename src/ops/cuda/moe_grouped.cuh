@@ -1,7 +1,8 @@
 // The pieces the grouped expert GEMMs on wgmma share (moe_experts_wgmma.cu: bf16 and W4A16;
-// moe_experts_wgmma_fp8.cu: W8A8): a block of two warpgroups takes a tile of one expert's
-// grouped rows (found from the plan's offsets on the device) and a slice of its output features;
-// its accumulators end in the SwiGLU (gate/up) or fp32 (down) epilogue below.
+// moe_experts_wgmma_fp8.cu: W8A8; moe_experts_specialized.cu: bf16, warp-specialised): a block
+// takes a tile of one expert's grouped rows (found from the plan's offsets on the device) and a
+// slice of its output features; the two-warpgroup kernels' accumulators end in the SwiGLU
+// (gate/up) or fp32 (down) epilogue below.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,7 +1,7 @@
 // Hopper's pieces for warp-specialised kernels, where producer warps fill shared memory and
-// consumer warpgroups multiply (mla_wgmma_specialized.cu): transaction barriers in shared
-// memory (mbarrier) that cp.async copies complete, named barriers between some warps of a
-// block, and the per-warpgroup register budget (setmaxnreg).
+// consumer warpgroups multiply (mla_wgmma_specialized.cu, moe_experts_specialized.cu):
+// transaction barriers in shared memory (mbarrier) that cp.async copies complete, named barriers
+// between some warps of a block, and the per-warpgroup register budget (setmaxnreg).
 //
 // An mbarrier counts arrivals; when `count` have arrived its phase completes and the next phase
 // begins. wait(parity) returns once the phase of that parity has completed: a fresh barrier is

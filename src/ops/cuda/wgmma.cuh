@@ -1,5 +1,6 @@
 // Hopper warpgroup tensor-core building blocks shared by the wgmma kernels (mla_wgmma.cu,
-// mla_wgmma_specialized.cu, moe_experts_wgmma.cu, moe_experts_wgmma_fp8.cu, moe_experts_stream.cu):
+// mla_wgmma_specialized.cu, moe_experts_wgmma.cu, moe_experts_wgmma_fp8.cu, moe_experts_stream.cu,
+// moe_experts_specialized.cu):
 // cp.async copies, the 128-byte shared-memory swizzle, matrix descriptors and the wgmma shapes
 // they use (bf16, and two of E4M3 codes).
 //
