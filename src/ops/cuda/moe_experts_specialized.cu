@@ -8,12 +8,17 @@
 // pairs an expert: a third of the issue gaps at that barrier, half the SM throughput). Here the
 // consumers only wait on a stage's transaction barrier, keep one step's wgmma in flight while
 // issuing the next, and hand the stage back; the producer refills it as soon as both are done.
-// A block takes 128 grouped rows of one expert (consumer c rows 64 c ..) and 256 weight lines
-// (gate/up: 128 gate rows and their up rows; down: 256 output features), so each consumer
-// holds a 64 x 256 fp32 accumulator (m64n256k16) and a step of 64 k reads 48 KB for 4.2 MFLOP.
+// A block takes up to 128 grouped rows of one expert and 256 weight lines (gate/up: 128 gate
+// rows and their up rows, as 64 gate lines then their 64 up lines, twice; down: 256 output
+// features). A tile of more than 64 rows gives consumer c the rows 64 c .. and all 256 lines
+// (a 64 x 256 fp32 accumulator, m64n256k16: a step of 64 k reads 48 KB for 4.2 MFLOP); a tile
+// of 64 rows or fewer (an expert's last, part-filled tile) gives both consumers rows 0..63 and
+// consumer c the lines 128 c .. (m64n128k16), so it takes half a full tile's time: an expert's
+// pairs seldom fill whole 128-row tiles (256 +- 16 pairs at 8192 tokens, 64 +- 8 at 2048).
 //
 // Shared memory (128-byte swizzle, wgmma.cuh), kStages stages of
-//   tokens  [128 rows] lines of 64 k     16 KB
+//   tokens  [128 rows] lines of 64 k     16 KB (rows past the tile's are not copied: their
+//                                                 products are never stored)
 //   weights [256 lines] of 64 k          32 KB
 // then the stages' full and empty barriers.
 #include <cuda_runtime.h>
@@ -52,17 +57,19 @@ static_assert(kSharedBytes <= 232448, "one block an SM");
 // The producer's 16-byte copies a stage: thread t takes chunk t % 8 of lines t / 8 + 16 i.
 constexpr int kTokenCopies = kRows * 8 / 128, kWeightCopies = kLines * 8 / 128;
 
-// acc[4 j + e] of consumer c's thread (warp, g, tq): grouped row 64 c + 16 warp + g + 8 (e / 2),
-// weight line 8 j + 2 tq + e % 2 of the block's 256.
-template <Projection P>
+// acc[4 j + e] of consumer c's thread (warp, g, tq): grouped row r0 + 16 warp + g + 8 (e / 2),
+// line l0 + 8 j + 2 tq + e % 2 of the block's 256; (r0, l0) = (64 c, 0) in a full tile, (0, 128 c)
+// in a short one (j < 16 there).
+template <Projection P, bool kShort>
 __device__ __forceinline__ void store_tile(const GroupedArgs& a, const float (&acc)[128], int consumer, int first,
                                            int rows) {
   const int u = threadIdx.x % 128, warp = u / 32, g = u % 32 / 4, tq = u % 4;
-  const int row0 = 64 * consumer + 16 * warp + g;
+  const int row0 = (kShort ? 0 : 64 * consumer) + 16 * warp + g;
+  constexpr int kGroups = kShort ? 16 : 32;  // of 8 lines
   if constexpr (P == Projection::kDown) {
-    const int64_t feature0 = int64_t{blockIdx.x} * kLines + 2 * tq;
+    const int64_t feature0 = int64_t{blockIdx.x} * kLines + (kShort ? 128 * consumer : 0) + 2 * tq;
 #pragma unroll
-    for (int j = 0; j < 32; ++j)
+    for (int j = 0; j < kGroups; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = row0 + 8 * h;
@@ -71,20 +78,53 @@ __device__ __forceinline__ void store_tile(const GroupedArgs& a, const float (&a
               make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
       }
   } else {
-    // Lines 0..127 are gate rows, 128..255 the matching up rows: feature i's up sum is 16
-    // register groups on, in this thread. act[row, 128 x + i] = bf16(silu(gate_i) * up_i).
-    uint16_t* const act0 = a.act + int64_t{blockIdx.x} * (kLines / 2) + 2 * tq;
+    // 64 gate lines, then the matching 64 up lines: feature i's up sum is 8 register groups on,
+    // in this thread. act[row, 128 x + i] = bf16(silu(gate_i) * up_i).
+    uint16_t* const act0 = a.act + int64_t{blockIdx.x} * (kLines / 2) + (kShort ? 64 * consumer : 0) + 2 * tq;
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+    for (int f = 0; f < kGroups / 2; ++f)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int r = row0 + 8 * h, i = 4 * j + 2 * h;
+        const int r = row0 + 8 * h, i = 4 * (f % 8 + 16 * (f / 8)) + 2 * h;  // gate groups 0..7, 16..23
         if (r >= rows) continue;
-        const float gate0 = acc[i], gate1 = acc[i + 1], up0 = acc[i + 64], up1 = acc[i + 65];
-        *reinterpret_cast<uint32_t*>(act0 + (first + r) * a.inter + 8 * j) =
+        const float gate0 = acc[i], gate1 = acc[i + 1], up0 = acc[i + 32], up1 = acc[i + 33];
+        *reinterpret_cast<uint32_t*>(act0 + (first + r) * a.inter + 8 * f) =
             pack_bf16_pair(gate0 / (1.0f + expf(-gate0)) * up0, gate1 / (1.0f + expf(-gate1)) * up1);
       }
   }
+}
+
+// A consumer's steps: wait for a stage, multiply it, keep one step's wgmma in flight and hand the
+// step before back to the producer. kShort: rows 0..63 against this consumer's 128 lines.
+template <bool kShort>
+__device__ __forceinline__ void multiply_steps(float (&acc)[128], uint32_t stages, uint32_t full, uint32_t empty,
+                                               int steps, int consumer) {
+  // Stage 0's rows and lines for this consumer; 16 k further on is 32 bytes.
+  const uint64_t token_descriptor = wgmma::descriptor(stages + (kShort ? 0 : consumer * 64 * kLine), 16, 1024);
+  const uint64_t weight_descriptor =
+      wgmma::descriptor(stages + kTokenBytes + (kShort ? consumer * (kLines / 2) * kLine : 0), 16, 1024);
+  for (int step = 0; step < steps; ++step) {
+    const int stage = step % kStages;
+    pipeline::barrier_wait(full + 8 * stage, (step / kStages) & 1);
+    wgmma::fence_async_proxy();  // the copies' writes before the tensor cores' reads
+    wgmma::pin(acc);
+    wgmma::fence();
+    const uint32_t at = stage * kStageBytes;
+#pragma unroll
+    for (int kk = 0; kk < kStepK / 16; ++kk) {
+      const uint64_t tokens = wgmma::descriptor_advanced(token_descriptor, at + kk * 32);
+      const uint64_t weights = wgmma::descriptor_advanced(weight_descriptor, at + kk * 32);
+      if constexpr (kShort) wgmma::m64n128k16<0>(reinterpret_cast<float(&)[64]>(acc), tokens, weights);
+      else wgmma::m64n256k16<0>(acc, tokens, weights);
+    }
+    wgmma::commit();
+    // The previous step's products are done: its stage goes back to the producer.
+    wgmma::wait<1>();
+    wgmma::pin(acc);
+    if (step > 0) pipeline::barrier_arrive(empty + 8 * ((step - 1) % kStages));
+  }
+  wgmma::wait_all();
+  wgmma::pin(acc);
 }
 
 template <Projection P>
@@ -96,12 +136,11 @@ __global__ void __launch_bounds__(kThreads, 1) specialized_experts_kernel(Groupe
   const int e = tile.expert, first = tile.first, rows = tile.rows;
   const uint32_t stages = wgmma::align_to_1024(shared_raw).address;
   const uint32_t barriers = stages + kStages * kStageBytes;
-  auto full = [&](int stage) { return barriers + 8 * stage; };             // the producer's copies landed
-  auto empty = [&](int stage) { return barriers + 8 * (kStages + stage); };  // both consumers are done
+  const uint32_t full = barriers, empty = barriers + 8 * kStages;  // copies landed; both consumers done
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      pipeline::barrier_init(full(s), 128);
-      pipeline::barrier_init(empty(s), kConsumerThreads);
+      pipeline::barrier_init(full + 8 * s, 128);
+      pipeline::barrier_init(empty + 8 * s, kConsumerThreads);
     }
     pipeline::barrier_init_fence();
   }
@@ -115,17 +154,18 @@ __global__ void __launch_bounds__(kThreads, 1) specialized_experts_kernel(Groupe
   if (warpgroup == 2) {
     pipeline::shrink_registers<kProducerRegisters>();
     const int index = threadIdx.x % 128, chunk = index % 8, line0 = index / 8;
-    // Few registers here: the token rows' element offsets (rows past the tile's: zeros, from a
-    // valid address), and two weight bases (gate/up: the gate lines, then the up lines; each
-    // half's lines are consecutive rows) that 16 lines a copy advance.
-    int64_t token_at[kTokenCopies];
+    // Few registers here: the token rows' element offsets (rows past the tile's are skipped),
+    // and two weight bases that whole 16-line groups advance: gate/up, the gate rows and the up
+    // rows of the block's features (stage lines 64 h .. 64 h + 63 are gate rows 64 (h / 2) .. for
+    // even h, the same up rows for odd h); down, lines 0..127 and 128..255.
+    uint32_t token_at[kTokenCopies];  // in 16-byte units: under 2^32 for any launch (checked on the host)
     uint32_t token_valid = 0;
 #pragma unroll
     for (int i = 0; i < kTokenCopies; ++i) {
       const int r = line0 + 16 * i;
       const int32_t source =
           r >= rows ? -1 : P == Projection::kGateUp ? a.sorted_pairs[first + r] / a.top_k : first + r;
-      token_at[i] = (source < 0 ? 0 : source * k) + 8 * chunk;
+      token_at[i] = static_cast<uint32_t>(((source < 0 ? 0 : source * k) + 8 * chunk) / 8);
       token_valid |= source < 0 ? 0u : 1u << i;
     }
     const uint16_t* const lower = a.weights + moe_grouped::weight_row<P, kLines>(a, e, line0) * k + 8 * chunk;
@@ -134,20 +174,25 @@ __global__ void __launch_bounds__(kThreads, 1) specialized_experts_kernel(Groupe
     const int64_t lines16 = 16 * k;  // elements between lines 16 apart
     for (int step = 0; step < steps; ++step) {
       const int stage = step % kStages;
-      pipeline::barrier_wait(empty(stage), ((step / kStages) & 1) ^ 1);  // the first round passes
+      pipeline::barrier_wait(empty + 8 * stage, ((step / kStages) & 1) ^ 1);  // the first round passes
       const uint32_t tokens = stages + stage * kStageBytes, weights = tokens + kTokenBytes;
       const int64_t offset = int64_t{step} * kStepK;
 #pragma unroll
       for (int i = 0; i < kTokenCopies; ++i)
-        wgmma::copy_async_16(tokens + swizzled(line0 + 16 * i, chunk), a.x + token_at[i] + offset,
-                             (token_valid >> i & 1) ? 16 : 0);
+        if (token_valid >> i & 1)
+          wgmma::copy_async_16(tokens + swizzled(line0 + 16 * i, chunk), a.x + 8 * int64_t{token_at[i]} + offset, 16);
 #pragma unroll
       for (int i = 0; i < kWeightCopies; ++i) {
-        const uint16_t* base = i < kWeightCopies / 2 ? lower : upper;
-        wgmma::copy_async_16(weights + swizzled(line0 + 16 * i, chunk),
-                             base + (i % (kWeightCopies / 2)) * lines16 + offset, 16);
+        // Copy i reads 16-line group i % 8 of the lower or upper rows (in that order, so that each
+        // source is the last one plus 16 lines) into its stage line.
+        constexpr int kHalf = kWeightCopies / 2;
+        const int upper_half = i / kHalf, group = i % kHalf;
+        const int line = P == Projection::kGateUp ? 64 * (2 * (group / 4) + upper_half) + 16 * (group % 4)
+                                                  : 128 * upper_half + 16 * group;
+        wgmma::copy_async_16(weights + swizzled(line0 + line, chunk),
+                             (upper_half ? upper : lower) + group * lines16 + offset, 16);
       }
-      pipeline::barrier_arrive_on_copies(full(stage));
+      pipeline::barrier_arrive_on_copies(full + 8 * stage);
     }
     wgmma::copy_async_wait<0>();
     return;
@@ -155,32 +200,19 @@ __global__ void __launch_bounds__(kThreads, 1) specialized_experts_kernel(Groupe
 
   pipeline::grow_registers<kConsumerRegisters>();
   const int consumer = warpgroup;
-  // This consumer's 64 rows of stage 0 and the stage's weight lines; 16 k further on is 32 bytes.
-  const uint64_t token_descriptor = wgmma::descriptor(stages + consumer * 64 * kLine, 16, 1024);
-  const uint64_t weight_descriptor = wgmma::descriptor(stages + kTokenBytes, 16, 1024);
+  // A tile of 64 rows or fewer: both consumers on rows 0..63, each on half the lines (broadcast,
+  // so that the compiler sees the branch taken by whole warps).
+  const bool short_tile = __shfl_sync(0xffffffffu, rows <= 64 ? 1 : 0, 0) != 0;
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
-  for (int step = 0; step < steps; ++step) {
-    const int stage = step % kStages;
-    pipeline::barrier_wait(full(stage), (step / kStages) & 1);
-    wgmma::fence_async_proxy();  // the copies' writes before the tensor cores' reads
-    wgmma::pin(acc);
-    wgmma::fence();
-    const uint32_t at = stage * kStageBytes;
-#pragma unroll
-    for (int kk = 0; kk < kStepK / 16; ++kk)
-      wgmma::m64n256k16<0>(acc, wgmma::descriptor_advanced(token_descriptor, at + kk * 32),
-                           wgmma::descriptor_advanced(weight_descriptor, at + kk * 32));
-    wgmma::commit();
-    // The previous step's products are done: its stage goes back to the producer.
-    wgmma::wait<1>();
-    wgmma::pin(acc);
-    if (step > 0) pipeline::barrier_arrive(empty((step - 1) % kStages));
+  if (short_tile) {
+    multiply_steps<true>(acc, stages, full, empty, steps, consumer);
+    store_tile<P, true>(a, acc, consumer, first, rows);
+  } else {
+    multiply_steps<false>(acc, stages, full, empty, steps, consumer);
+    store_tile<P, false>(a, acc, consumer, first, rows);
   }
-  wgmma::wait_all();
-  wgmma::pin(acc);
-  store_tile<P>(a, acc, consumer, first, rows);
 }
 
 template <Projection P>
@@ -209,7 +241,8 @@ void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, c
              "moe_experts_specialized: bf16 experts with hidden a multiple of 256 and inter of 128");
   // Row tiles: at most one part-filled tile per expert beyond the full ones.
   const int64_t tiles = (num_pairs + kRows - 1) / kRows + std::min<int64_t>(num_experts, num_pairs);
-  GLMS_CHECK(tiles <= 65535, "moe_experts_specialized: too many pairs for one launch");
+  GLMS_CHECK(tiles <= 65535 && num_pairs * std::max(hidden, inter) / 8 < (int64_t{1} << 32),
+             "moe_experts_specialized: too many pairs for one launch");
   GroupedArgs a = moe_grouped::grouped_args(plan, num_experts, top_k, inter, act, expert_out);
   a.x = x;
   a.weights = static_cast<const uint16_t*>(experts.gate_up);
