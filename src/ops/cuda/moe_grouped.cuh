@@ -51,6 +51,7 @@ struct GroupedArgs {
   int64_t x_scale_stride = 0;
   const float* weight_scales = nullptr;
   int64_t k = 0, rows_per_expert = 0;
+  int slices = 1;             // output slices a row tile (moe_experts_specialized's one-dimensional grid)
   int64_t inter = 0;          // kGateUp: the up rows start here; act is [pairs, inter]
   uint16_t* act = nullptr;    // kGateUp output, bf16
   float* out = nullptr;       // kDown output [pairs, rows_per_expert] fp32
@@ -70,32 +71,40 @@ inline GroupedArgs grouped_args(const MoePlan& plan, int num_experts, int top_k,
   return a;
 }
 
-// The weight row of expert e that line `line` of a block's kFeatures lines is: gate/up, the first
-// half the gate rows f0 + line and the second the up rows inter + f0 + line - half, f0 =
-// blockIdx.x * half; down, rows blockIdx.x * kFeatures + line. Rows of the stacked [E,
-// rows_per_expert, k] weights.
+// The weight row of expert e that line `line` of a block's kFeatures lines is, the block's
+// output slice `slice` (blockIdx.x unless given): gate/up, the first half the gate rows f0 + line
+// and the second the up rows inter + f0 + line - half, f0 = slice * half; down, rows slice *
+// kFeatures + line. Rows of the stacked [E, rows_per_expert, k] weights.
 template <Projection P, int kFeatures>
-__device__ __forceinline__ int64_t weight_row(const GroupedArgs& a, int e, int line) {
+__device__ __forceinline__ int64_t weight_row(const GroupedArgs& a, int e, int line, int64_t slice) {
   constexpr int kHalf = kFeatures / 2;
-  const int64_t row = P == Projection::kGateUp ? (line < kHalf ? 0 : a.inter - kHalf) + int64_t{blockIdx.x} * kHalf + line
-                                               : int64_t{blockIdx.x} * kFeatures + line;
+  const int64_t row = P == Projection::kGateUp ? (line < kHalf ? 0 : a.inter - kHalf) + slice * kHalf + line
+                                               : slice * kFeatures + line;
   return int64_t{e} * a.rows_per_expert + row;
 }
+template <Projection P, int kFeatures>
+__device__ __forceinline__ int64_t weight_row(const GroupedArgs& a, int e, int line) {
+  return weight_row<P, kFeatures>(a, e, line, int64_t{blockIdx.x});
+}
 
-// This block's row tile (blockIdx.y of the experts' row tiles of kRows rows, the experts in
-// order): its expert (-1 past the last tile), first grouped row and rows. Every thread of the
-// block (kBlockThreads of them) calls it; it synchronises the block.
+// A block's work: rows [first, first + rows) of the grouped pairs, all of expert `expert` (-1:
+// none, past the last unit), and its output slice.
 struct RowTile {
-  int expert, first, rows;
+  int expert, first, rows, slice;
 };
-template <int kRows, int kBlockThreads = kThreads>
-__device__ RowTile row_tile_of_block(const int32_t* offsets, int num_experts) {
-  __shared__ int tile_expert, tile_first, warp_sums[kBlockThreads / 32];
-  const int tile = blockIdx.y;
+
+// Unit `unit` of the experts' units, expert e having ceil(pairs(e) / kRows) row tiles times
+// `slices` units, the experts in order: unit u of expert e is row tile u % tiles(e) of slice
+// u / tiles(e). Every thread of the block (kBlockThreads of them) calls it; it synchronises the
+// block.
+template <int kRows, int kBlockThreads>
+__device__ RowTile unit_of_block(const int32_t* offsets, int num_experts, int unit, int slices) {
+  __shared__ int tile_expert, tile_first, tile_slice, warp_sums[kBlockThreads / 32];
   const int per = (num_experts + kBlockThreads - 1) / kBlockThreads;
   const int e0 = min(num_experts, static_cast<int>(threadIdx.x) * per), e1 = min(num_experts, e0 + per);
+  auto tiles_of = [&](int e) { return (offsets[e + 1] - offsets[e] + kRows - 1) / kRows; };
   int mine = 0;
-  for (int e = e0; e < e1; ++e) mine += (offsets[e + 1] - offsets[e] + kRows - 1) / kRows;
+  for (int e = e0; e < e1; ++e) mine += tiles_of(e) * slices;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   int inclusive = mine;
 #pragma unroll
@@ -108,21 +117,31 @@ __device__ RowTile row_tile_of_block(const int32_t* offsets, int num_experts) {
   __syncthreads();
   int start = inclusive - mine;
   for (int w = 0; w < warp; ++w) start += warp_sums[w];
-  if (tile >= start && tile < start + mine) {
-    int left = tile - start;
+  if (unit >= start && unit < start + mine) {
+    int left = unit - start;
     for (int e = e0; e < e1; ++e) {
-      const int tiles = (offsets[e + 1] - offsets[e] + kRows - 1) / kRows;
-      if (left < tiles) {
+      const int tiles = tiles_of(e);
+      if (left < tiles * slices) {
         tile_expert = e;
-        tile_first = offsets[e] + left * kRows;
+        tile_first = offsets[e] + left % tiles * kRows;
+        tile_slice = left / tiles;
         break;
       }
-      left -= tiles;
+      left -= tiles * slices;
     }
   }
   __syncthreads();
-  if (tile_expert < 0) return {-1, 0, 0};
-  return {tile_expert, tile_first, min(kRows, offsets[tile_expert + 1] - tile_first)};
+  if (tile_expert < 0) return {-1, 0, 0, 0};
+  return {tile_expert, tile_first, min(kRows, offsets[tile_expert + 1] - tile_first), tile_slice};
+}
+
+// This block's row tile (blockIdx.y of the experts' row tiles of kRows rows, the experts in
+// order) for the slice blockIdx.x.
+template <int kRows, int kBlockThreads = kThreads>
+__device__ RowTile row_tile_of_block(const int32_t* offsets, int num_experts) {
+  RowTile tile = unit_of_block<kRows, kBlockThreads>(offsets, num_experts, static_cast<int>(blockIdx.y), 1);
+  tile.slice = static_cast<int>(blockIdx.x);
+  return tile;
 }
 
 // acc[4 j + e] of thread (warp, g, tq) of warpgroup wg: row wg * kGroupRow0 + 16 warp + g +
