@@ -57,17 +57,19 @@ TEST_F(CudaOps, RmsNormWithoutResidualMatchesCpu) {
 
 TEST_F(CudaOps, SiluMulAndRopeMatchCpu) {
   const int n = 37, heads = 3, head_stride = 80, row = heads * head_stride, rope_dim = 64, offset = 16;
-  // Gate and up side by side per token, as the fused gate||up GEMM writes them.
-  const int inter = 101;
-  const auto gate_up = random_values(n * 2 * inter, 1, 2.0f);
-  std::vector<float> expected(n * inter);
-  for (int t = 0; t < n; ++t)
-    ops::silu_mul(gate_up.data() + t * 2 * inter, gate_up.data() + t * 2 * inter + inter, expected.data() + t * inter,
-                  inter);
-  auto dgu = to_device(gate_up);
-  cuda::DeviceBuffer dout(n * inter * sizeof(uint16_t));
-  cuda::silu_mul_to_bf16(dgu.as<float>(), n, inter, dout.as<uint16_t>(), nullptr);
-  EXPECT_LT(relative_l2(widen(to_host<uint16_t>(dout)), expected), 4e-3);
+  // Gate and up side by side per token, as the fused gate||up GEMM writes them; four columns a
+  // thread where inter is a multiple of 4, one otherwise.
+  for (const int inter : {101, 128}) {
+    const auto gate_up = random_values(n * 2 * inter, 1, 2.0f);
+    std::vector<float> expected(n * inter);
+    for (int t = 0; t < n; ++t)
+      ops::silu_mul(gate_up.data() + t * 2 * inter, gate_up.data() + t * 2 * inter + inter,
+                    expected.data() + t * inter, inter);
+    auto dgu = to_device(gate_up);
+    cuda::DeviceBuffer dout(n * inter * sizeof(uint16_t));
+    cuda::silu_mul_to_bf16(dgu.as<float>(), n, inter, dout.as<uint16_t>(), nullptr);
+    EXPECT_LT(relative_l2(widen(to_host<uint16_t>(dout)), expected), 4e-3) << "inter " << inter;
+  }
 
   ops::RopeTable table;
   table.rope_dim = rope_dim;

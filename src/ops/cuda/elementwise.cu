@@ -157,12 +157,26 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float
   }
 }
 
+// out[t, j] = bf16(silu(gate_up[t, j]) * gate_up[t, inter + j]); four columns a thread where
+// inter allows (one division a column held it to 2.1 TB/s at prefill sizes).
 __global__ void silu_mul_to_bf16_kernel(const float* gate_up, int64_t n, int64_t inter, uint16_t* out) {
   chained_grid_prologue();
+  auto silu_mul = [](float gate, float up) { return gate / (1.0f + expf(-gate)) * up; };
+  if (inter % 4 == 0) {
+    const int64_t quads = inter / 4;
+    GLMS_GRID_STRIDE_LOOP(q, n * quads) {
+      const int64_t t = q / quads, j = 4 * (q - t * quads);
+      const float4 gate = *reinterpret_cast<const float4*>(gate_up + t * 2 * inter + j);
+      const float4 up = *reinterpret_cast<const float4*>(gate_up + t * 2 * inter + inter + j);
+      *reinterpret_cast<uint2*>(out + t * inter + j) =
+          make_uint2(pack_bf16_pair(silu_mul(gate.x, up.x), silu_mul(gate.y, up.y)),
+                     pack_bf16_pair(silu_mul(gate.z, up.z), silu_mul(gate.w, up.w)));
+    }
+    return;
+  }
   GLMS_GRID_STRIDE_LOOP(i, n * inter) {
     const int64_t t = i / inter, j = i % inter;
-    const float gate = gate_up[t * 2 * inter + j], up = gate_up[t * 2 * inter + inter + j];
-    out[i] = float_to_bf16(gate / (1.0f + expf(-gate)) * up);
+    out[i] = float_to_bf16(silu_mul(gate_up[t * 2 * inter + j], gate_up[t * 2 * inter + inter + j]));
   }
 }
 
@@ -388,7 +402,8 @@ void residual_rms_norm(float* x, const float* delta, int64_t n, int64_t dim, con
 
 void silu_mul_to_bf16(const float* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream) {
   if (n * inter == 0) return;
-  launch_chained("silu_mul_to_bf16 launch", silu_mul_to_bf16_kernel, elementwise_blocks(n * inter, 256), 256, 0, stream,
+  const int64_t items = inter % 4 == 0 ? n * inter / 4 : n * inter;
+  launch_chained("silu_mul_to_bf16 launch", silu_mul_to_bf16_kernel, elementwise_blocks(items, 256), 256, 0, stream,
                  gate_up, n, inter, out);
 }
 
