@@ -64,6 +64,7 @@ struct BenchStepOptions {
   int wgmma_experts_tile_rows = model::CudaModelOptions{}.wgmma_experts_tile_rows;
   int wgmma_bf16_experts_max_pairs = model::CudaModelOptions{}.wgmma_bf16_experts_max_pairs;
   int specialized_bf16_experts_min_pairs = model::CudaModelOptions{}.specialized_bf16_experts_min_pairs;
+  bool paired_bf16_experts = model::CudaModelOptions{}.paired_bf16_experts;
   bool wgmma_fp8_experts = model::CudaModelOptions{}.wgmma_fp8_experts;
   bool fp8_prefill_indexer = model::CudaModelOptions{}.fp8_prefill_indexer;
   int stream_experts_min_pairs = model::CudaModelOptions{}.stream_experts_min_pairs;
@@ -281,6 +282,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.wgmma_experts_tile_rows = o.wgmma_experts_tile_rows;
   options.wgmma_bf16_experts_max_pairs = o.wgmma_bf16_experts_max_pairs;
   options.specialized_bf16_experts_min_pairs = o.specialized_bf16_experts_min_pairs;
+  options.paired_bf16_experts = o.paired_bf16_experts;
   options.wgmma_fp8_experts = o.wgmma_fp8_experts;
   options.fp8_prefill_indexer = o.fp8_prefill_indexer;
   options.stream_experts_min_pairs = o.stream_experts_min_pairs;
@@ -535,6 +537,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"wgmma_experts_tile_rows", o.wgmma_experts_tile_rows},
                         {"wgmma_bf16_experts_max_pairs", o.wgmma_bf16_experts_max_pairs},
                         {"specialized_bf16_experts_min_pairs", o.specialized_bf16_experts_min_pairs},
+                        {"paired_bf16_experts", o.paired_bf16_experts},
                         {"wgmma_fp8_experts", o.wgmma_fp8_experts},
                         {"fp8_prefill_indexer", o.fp8_prefill_indexer},
                         {"stream_experts_min_pairs", o.stream_experts_min_pairs},
@@ -672,6 +675,10 @@ void add_bench_step_command(CLI::App& app) {
                   "bf16 routed experts from this many pairs per expert take the warp-specialised grouped GEMMs (0: "
                   "never)")
       ->check(non_negative_number())
+      ->capture_default_str();
+  cmd->add_option("--paired-bf16-experts", o->paired_bf16_experts,
+                  "Those GEMMs take an expert's row tiles two by two in thread block clusters that load each weight "
+                  "line once for both (TMA multicast; true/false)")
       ->capture_default_str();
   cmd->add_option("--wgmma-fp8-experts", o->wgmma_fp8_experts,
                   "Block-FP8 routed experts take W8A8 grouped GEMMs on the FP8 tensor cores from those pairs per "

@@ -262,13 +262,13 @@ double experts_error(const Experts& experts, std::vector<float> tokens, const st
 
 // The same for moe_experts_specialized (bf16 weights, the warp-specialised grouped GEMMs).
 double specialized_error(const Experts& experts, std::vector<float> tokens, const std::vector<int32_t>& ids,
-                         int top_k) {
+                         int top_k, bool paired) {
   const int64_t hidden = experts.hidden, inter = experts.inter, E = experts.E;
   for (float& v : tokens) v = round_bf16(v);
   ExpertRun run(tokens, ids, E, hidden, inter);
   cuda::moe_experts_specialized(run.d_x.as<uint16_t>(), hidden, inter, experts.view(), run.buffers.plan(),
                                 static_cast<int>(E), top_k, static_cast<int64_t>(ids.size()), run.act.as<uint16_t>(),
-                                run.out.as<float>(), nullptr);
+                                run.out.as<float>(), nullptr, paired);
   return relative_l2(run.rows(), reference_rows(experts, tokens, ids, top_k));
 }
 
@@ -348,7 +348,10 @@ TEST_F(CudaMoe, Mxfp4WgmmaExpertsMatchReference) {
 TEST_F(CudaMoe, Bf16WgmmaExpertsMatchReference) { check_wgmma_experts_shapes(WeightFormat::Plain); }
 
 // The warp-specialised bf16 grouped GEMMs (moe_experts_specialized) over the same shapes: 128-row
-// tiles, part-filled ones, experts without pairs, down's K over more steps than stages.
+// tiles, part-filled ones and tiles of 64 rows or fewer, experts without pairs, down's K over more
+// steps than stages; each also with the row tiles in pairs of blocks sharing the weight lines
+// (pairs with a full or a short second tile, an expert's odd last tile alone, two pairs and an odd
+// tile at 600 pairs an expert).
 TEST_F(CudaMoe, Bf16SpecializedExpertsMatchReference) {
   struct Shape {
     int64_t E, hidden, inter;
@@ -357,13 +360,15 @@ TEST_F(CudaMoe, Bf16SpecializedExpertsMatchReference) {
   };
   for (const Shape& c : {Shape{4, 6144, 2048, 2, {1, 20, 300}}, Shape{5, 512, 256, 3, {1, 13, 150}},
                          Shape{2, 512, 256, 2, {300}}, Shape{40, 256, 128, 2, {5, 70}},
-                         Shape{260, 256, 128, 4, {64}}, Shape{2, 256, 1024, 2, {200}}}) {
+                         Shape{260, 256, 128, 4, {64}}, Shape{2, 256, 1024, 2, {200}}, Shape{2, 256, 128, 2, {600}}}) {
     const Experts experts = make_experts(WeightFormat::Plain, true, c.E, c.hidden, c.inter, 41 + c.E);
     ASSERT_TRUE(cuda::moe_experts_specialized_supported(experts.view(), c.hidden, c.inter));
     for (const int n : c.tokens) {
       const auto ids = random_choices(n, static_cast<int>(c.E), c.top_k, 300 + n);
-      EXPECT_LT(specialized_error(experts, random_values(n * c.hidden, 110 + n, 2.0f), ids, c.top_k), 2e-3)
-          << c.E << " experts, " << n << " tokens, hidden " << c.hidden << ", inter " << c.inter;
+      for (const bool paired : {false, true})
+        EXPECT_LT(specialized_error(experts, random_values(n * c.hidden, 110 + n, 2.0f), ids, c.top_k, paired), 2e-3)
+            << c.E << " experts, " << n << " tokens, hidden " << c.hidden << ", inter " << c.inter
+            << (paired ? ", row tiles in pairs" : "");
     }
   }
   const Experts odd = make_experts(WeightFormat::Plain, true, 2, 384, 128, 5);

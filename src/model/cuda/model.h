@@ -98,6 +98,11 @@ struct CudaModelOptions {
   // 5 layers, experts of a prefill, the paths above -> these: 2048 tokens (64 pairs an expert)
   // 23.1 -> 19.8 ms, 4096 32.9 -> 25.8, 8192 51.0 -> 39.3.
   int specialized_bf16_experts_min_pairs = 64;
+  // Those GEMMs with an expert's row tiles two by two in thread block clusters that load each
+  // weight line once for both (TMA multicast): Nsight Compute reads the gate/up GEMM at 8192
+  // tokens as bound by L2 throughput (bench/results/cuda-prefill-power-20261204.json). Off until
+  // it is measured on the H200.
+  bool paired_bf16_experts = false;
   // Block-FP8 routed experts from wgmma_experts_min_pairs pairs per expert through the W8A8
   // grouped GEMMs on the FP8 tensor cores (ops::cuda::moe_experts_wgmma_fp8: the tokens and act
   // quantised per 128 columns as the FP8 linear layers' are); false: the mma.sync kernels and,

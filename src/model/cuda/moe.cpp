@@ -175,7 +175,7 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
                              as<float>(expert_out), s, shape);
   } else if (specialized) {
     cuda::moe_experts_specialized(x, hidden, inter, experts, plan, E, K, P, as<uint16_t>(pair_act),
-                                  as<float>(expert_out), s);
+                                  as<float>(expert_out), s, options.paired_bf16_experts);
   } else if (wgmma) {
     cuda::moe_experts_wgmma(x, hidden, inter, experts, plan, E, K, P, as<uint16_t>(pair_act), as<float>(expert_out), s,
                             options.wgmma_experts_tile_rows);

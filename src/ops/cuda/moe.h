@@ -131,10 +131,12 @@ void moe_experts_wgmma(const uint16_t* x, int64_t hidden, int64_t inter, const E
 // The same for bf16 experts of long prefills (moe_experts_specialized.cu), warp-specialised: a
 // producer warpgroup fills a ring of shared-memory stages while two consumer warpgroups multiply,
 // 128 grouped rows x 256 weight lines a block. Needs hidden a multiple of 256 and inter of 128.
+// `paired`: an expert's row tiles two by two in thread block clusters that load each weight line
+// once for both (TMA multicast), its odd last tile in a second launch.
 bool moe_experts_specialized_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
 void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                              const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* act,
-                             float* expert_out, cudaStream_t stream);
+                             float* expert_out, cudaStream_t stream, bool paired = false);
 
 // The same for block-FP8 experts (moe_experts_wgmma_fp8.cu), W8A8 as FP8 checkpoints are
 // served: x and then act quantised to E4M3 with one scale a row and 128 columns

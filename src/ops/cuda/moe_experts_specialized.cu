@@ -13,17 +13,26 @@
 // features). A tile of more than 64 rows gives consumer c the rows 64 c .. and all 256 lines
 // (a 64 x 256 fp32 accumulator, m64n256k16: a step of 64 k reads 48 KB for 4.2 MFLOP); a tile
 // of 64 rows or fewer (an expert's last, part-filled tile) gives both consumers rows 0..63 and
-// consumer c the lines 128 c .. (m64n128k16), so it takes half a full tile's time: an expert's
+// consumer c the lines 128 c .. (m64n128k16), half a full tile's tensor work: an expert's
 // pairs seldom fill whole 128-row tiles (256 +- 16 pairs at 8192 tokens, 64 +- 8 at 2048).
+//
+// At 8192 tokens the gate/up GEMM is bound by L2 throughput (Nsight Compute: 94%), and an
+// expert's two or three row tiles read the same weight lines. With `paired`, a thread block
+// cluster of two blocks takes two row tiles of one expert and slice: each block loads half of a
+// stage's weight lines by TMA into both blocks' shared memory (multicast), so a block reads 32 KB
+// from L2 a step instead of 48; a stage is refilled once both blocks' consumers are done with it.
+// An expert's odd last tile runs in a second launch, without clusters.
 //
 // Shared memory (128-byte swizzle, wgmma.cuh), kStages stages of
 //   tokens  [128 rows] lines of 64 k     16 KB (rows past the tile's are not copied: their
 //                                                 products are never stored)
 //   weights [256 lines] of 64 k          32 KB
 // then the stages' full and empty barriers.
+#include <cuda.h>  // CUtensorMap and its encoder's types (the encoder is found at run time)
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <string>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
@@ -52,6 +61,7 @@ constexpr int kStageBytes = kTokenBytes + kWeightBytes;
 constexpr int kStages = 4;
 constexpr int kSharedBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;  // 1024: alignment
 constexpr int kConsumerRegisters = 232, kProducerRegisters = 40;
+constexpr int kPairBlocks = 2;  // blocks of a cluster in the paired launch
 static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= 65536, "the register file");
 static_assert(kSharedBytes <= 232448, "one block an SM");
 // The producer's 16-byte copies a stage: thread t takes chunk t % 8 of lines t / 8 + 16 i.
@@ -94,9 +104,22 @@ __device__ __forceinline__ void store_tile(const GroupedArgs& a, const float (&a
   }
 }
 
+// A consumer thread is done reading a stage. kPaired: the stage is refilled in both blocks of
+// the pair by either one's weight copies, so lane 0 of each consumer warp tells both blocks.
+template <bool kPaired>
+__device__ __forceinline__ void release_stage(uint32_t empty_barrier) {
+  if constexpr (kPaired) {
+    if (threadIdx.x % 32 == 0)
+      for (uint32_t rank = 0; rank < kPairBlocks; ++rank)
+        pipeline::barrier_arrive_cluster(pipeline::cluster_address(empty_barrier, rank));
+  } else {
+    pipeline::barrier_arrive(empty_barrier);
+  }
+}
+
 // A consumer's steps: wait for a stage, multiply it, keep one step's wgmma in flight and hand the
 // step before back to the producer. kShort: rows 0..63 against this consumer's 128 lines.
-template <bool kShort>
+template <bool kShort, bool kPaired>
 __device__ __forceinline__ void multiply_steps(float (&acc)[128], uint32_t stages, uint32_t full, uint32_t empty,
                                                int steps, int consumer) {
   // Stage 0's rows and lines for this consumer; 16 k further on is 32 bytes.
@@ -121,68 +144,65 @@ __device__ __forceinline__ void multiply_steps(float (&acc)[128], uint32_t stage
     // The previous step's products are done: its stage goes back to the producer.
     wgmma::wait<1>();
     wgmma::pin(acc);
-    if (step > 0) pipeline::barrier_arrive(empty + 8 * ((step - 1) % kStages));
+    if (step > 0) release_stage<kPaired>(empty + 8 * ((step - 1) % kStages));
   }
   wgmma::wait_all();
   wgmma::pin(acc);
 }
 
-template <Projection P>
-__global__ void __launch_bounds__(kThreads, 1) specialized_experts_kernel(GroupedArgs a) {
-  chained_grid_prologue();
-  extern __shared__ __align__(16) uint8_t shared_raw[];
-  const moe_grouped::RowTile tile =
-      moe_grouped::unit_of_block<kRows, kThreads>(a.offsets, a.num_experts, static_cast<int>(blockIdx.x), a.slices);
-  if (tile.expert < 0) return;
-  const int e = tile.expert, first = tile.first, rows = tile.rows;
-  const int64_t slice = tile.slice;
-  const uint32_t stages = wgmma::align_to_1024(shared_raw).address;
-  const uint32_t barriers = stages + kStages * kStageBytes;
-  const uint32_t full = barriers, empty = barriers + 8 * kStages;  // copies landed; both consumers done
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      pipeline::barrier_init(full + 8 * s, 128);
-      pipeline::barrier_init(empty + 8 * s, kConsumerThreads);
-    }
-    pipeline::barrier_init_fence();
-  }
-  __syncthreads();
+// The producer warpgroup's steps: the tile's token rows by cp.async (rows past the tile's are
+// skipped) and the weight lines, by cp.async or, kPaired, as this block's half of the stage's
+// four 64-line boxes by TMA into both blocks of the pair.
+template <Projection P, bool kPaired>
+__device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap& weight_map, int e, int first,
+                                        int rows, int64_t slice, uint32_t stages, uint32_t full, uint32_t empty,
+                                        int steps) {
+  const int index = threadIdx.x % 128, chunk = index % 8, line0 = index / 8;
   const int64_t k = a.k;
-  const int steps = static_cast<int>(k / kStepK);
-  // Broadcast from lane 0: the compiler then knows each warp takes one side of the branch (wgmma
-  // on a path it thinks divergent are serialised).
-  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
-
-  if (warpgroup == 2) {
-    pipeline::shrink_registers<kProducerRegisters>();
-    const int index = threadIdx.x % 128, chunk = index % 8, line0 = index / 8;
-    // Few registers here: the token rows' element offsets (rows past the tile's are skipped),
-    // and two weight bases that whole 16-line groups advance: gate/up, the gate rows and the up
-    // rows of the block's features (stage lines 64 h .. 64 h + 63 are gate rows 64 (h / 2) .. for
-    // even h, the same up rows for odd h); down, lines 0..127 and 128..255.
-    uint32_t token_at[kTokenCopies];  // in 16-byte units: under 2^32 for any launch (checked on the host)
-    uint32_t token_valid = 0;
+  // Few registers here: the token rows' offsets, and two weight bases that whole 16-line groups
+  // advance: gate/up, the gate rows and the up rows of the block's features (stage lines 64 h ..
+  // 64 h + 63 are gate rows 64 (h / 2) .. for even h, the same up rows for odd h); down, lines
+  // 0..127 and 128..255.
+  uint32_t token_at[kTokenCopies];  // in 16-byte units: under 2^32 for any launch (checked on the host)
+  uint32_t token_valid = 0;
 #pragma unroll
-    for (int i = 0; i < kTokenCopies; ++i) {
-      const int r = line0 + 16 * i;
-      const int32_t source =
-          r >= rows ? -1 : P == Projection::kGateUp ? a.sorted_pairs[first + r] / a.top_k : first + r;
-      token_at[i] = static_cast<uint32_t>(((source < 0 ? 0 : source * k) + 8 * chunk) / 8);
-      token_valid |= source < 0 ? 0u : 1u << i;
-    }
-    const uint16_t* const lower = a.weights + moe_grouped::weight_row<P, kLines>(a, e, line0, slice) * k + 8 * chunk;
-    const uint16_t* const upper =
-        a.weights + moe_grouped::weight_row<P, kLines>(a, e, line0 + kLines / 2, slice) * k + 8 * chunk;
-    const int64_t lines16 = 16 * k;  // elements between lines 16 apart
-    for (int step = 0; step < steps; ++step) {
-      const int stage = step % kStages;
-      pipeline::barrier_wait(empty + 8 * stage, ((step / kStages) & 1) ^ 1);  // the first round passes
-      const uint32_t tokens = stages + stage * kStageBytes, weights = tokens + kTokenBytes;
-      const int64_t offset = int64_t{step} * kStepK;
+  for (int i = 0; i < kTokenCopies; ++i) {
+    const int r = line0 + 16 * i;
+    const int32_t source = r >= rows ? -1 : P == Projection::kGateUp ? a.sorted_pairs[first + r] / a.top_k : first + r;
+    token_at[i] = static_cast<uint32_t>(((source < 0 ? 0 : source * k) + 8 * chunk) / 8);
+    token_valid |= source < 0 ? 0u : 1u << i;
+  }
+  const uint16_t* const lower = a.weights + moe_grouped::weight_row<P, kLines>(a, e, line0, slice) * k + 8 * chunk;
+  const uint16_t* const upper =
+      a.weights + moe_grouped::weight_row<P, kLines>(a, e, line0 + kLines / 2, slice) * k + 8 * chunk;
+  const int64_t lines16 = 16 * k;  // elements between lines 16 apart
+  const int rank = kPaired ? static_cast<int>(pipeline::cluster_rank()) : 0;
+  auto copy_tokens = [&](uint32_t tokens, int64_t offset) {
 #pragma unroll
-      for (int i = 0; i < kTokenCopies; ++i)
-        if (token_valid >> i & 1)
-          wgmma::copy_async_16(tokens + swizzled(line0 + 16 * i, chunk), a.x + 8 * int64_t{token_at[i]} + offset, 16);
+    for (int i = 0; i < kTokenCopies; ++i)
+      if (token_valid >> i & 1)
+        wgmma::copy_async_16(tokens + swizzled(line0 + 16 * i, chunk), a.x + 8 * int64_t{token_at[i]} + offset, 16);
+  };
+  for (int step = 0; step < steps; ++step) {
+    const int stage = step % kStages;
+    const uint32_t parity = ((step / kStages) & 1) ^ 1;  // the first round passes
+    const uint32_t tokens = stages + stage * kStageBytes, weights = tokens + kTokenBytes;
+    const int64_t offset = int64_t{step} * kStepK;
+    if constexpr (kPaired) {
+      pipeline::barrier_wait_cluster(empty + 8 * stage, parity);
+      if (index == 0) {
+        // Both halves of the stage land here: this block's two boxes and the other block's.
+        pipeline::barrier_arrive_expect_bytes(full + 8 * stage, kWeightBytes);
+        for (int box = 2 * rank; box < 2 * rank + 2; ++box) {
+          const int line = P == Projection::kGateUp ? box % 2 * (kLines / 2) + 64 * (box / 2) : 64 * box;
+          pipeline::tensor_copy_2d_multicast(weights + box * 64 * kLine, &weight_map, static_cast<int>(offset),
+                                             static_cast<int>(moe_grouped::weight_row<P, kLines>(a, e, line, slice)),
+                                             full + 8 * stage, (1u << kPairBlocks) - 1);
+        }
+      }
+    } else {
+      pipeline::barrier_wait(empty + 8 * stage, parity);
+      copy_tokens(tokens, offset);
 #pragma unroll
       for (int i = 0; i < kWeightCopies; ++i) {
         // Copy i reads 16-line group i % 8 of the lower or upper rows (in that order, so that each
@@ -194,42 +214,135 @@ __global__ void __launch_bounds__(kThreads, 1) specialized_experts_kernel(Groupe
         wgmma::copy_async_16(weights + swizzled(line0 + line, chunk),
                              (upper_half ? upper : lower) + group * lines16 + offset, 16);
       }
-      pipeline::barrier_arrive_on_copies(full + 8 * stage);
     }
-    wgmma::copy_async_wait<0>();
-    return;
+    if constexpr (kPaired) copy_tokens(tokens, offset);
+    pipeline::barrier_arrive_on_copies(full + 8 * stage);
   }
+  wgmma::copy_async_wait<0>();
+}
 
-  pipeline::grow_registers<kConsumerRegisters>();
-  const int consumer = warpgroup;
-  // A tile of 64 rows or fewer: both consumers on rows 0..63, each on half the lines (broadcast,
-  // so that the compiler sees the branch taken by whole warps).
-  const bool short_tile = __shfl_sync(0xffffffffu, rows <= 64 ? 1 : 0, 0) != 0;
-  float acc[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
-  if (short_tile) {
-    multiply_steps<true>(acc, stages, full, empty, steps, consumer);
-    store_tile<P, true>(a, acc, consumer, first, rows, slice);
-  } else {
-    multiply_steps<false>(acc, stages, full, empty, steps, consumer);
-    store_tile<P, false>(a, acc, consumer, first, rows, slice);
+// kSet kPairs: launched in clusters of kPairBlocks blocks, the pair's two row tiles of one expert
+// and slice, each block loading half the weight lines into both (an L2 read of 32 KB a step
+// instead of 48: the GEMM at 8192 tokens is bound by L2 throughput). weight_map: the stacked
+// weights [experts x rows_per_expert, k] in 64-line boxes (weight_tensor_map; unused otherwise).
+template <Projection P, moe_grouped::TileSet kSet>
+__global__ void __launch_bounds__(kThreads, 1)
+    specialized_experts_kernel(GroupedArgs a, const __grid_constant__ CUtensorMap weight_map) {
+  constexpr bool kPaired = kSet == moe_grouped::TileSet::kPairs;
+  chained_grid_prologue();
+  extern __shared__ __align__(16) uint8_t shared_raw[];
+  const int unit = static_cast<int>(blockIdx.x) / (kPaired ? kPairBlocks : 1);
+  const int rank = kPaired ? static_cast<int>(blockIdx.x) % kPairBlocks : 0;  // the cluster's rank along x
+  const moe_grouped::RowTile tile =
+      moe_grouped::unit_of_block<kRows, kThreads, kSet>(a.offsets, a.num_experts, unit, a.slices, rank);
+  if (tile.expert < 0) return;  // both blocks of a pair alike
+  const int e = tile.expert, first = tile.first, rows = tile.rows;
+  const int64_t slice = tile.slice;
+  const uint32_t stages = wgmma::align_to_1024(shared_raw).address;
+  const uint32_t barriers = stages + kStages * kStageBytes;
+  const uint32_t full = barriers, empty = barriers + 8 * kStages;  // copies landed; consumers done
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      pipeline::barrier_init(full + 8 * s, kPaired ? 128 + 1 : 128);
+      pipeline::barrier_init(empty + 8 * s, kPaired ? kPairBlocks * kConsumerThreads / 32 : kConsumerThreads);
+    }
+    pipeline::barrier_init_fence();
   }
+  if constexpr (kPaired) pipeline::cluster_sync();  // the other block's barriers exist before any copy
+  else __syncthreads();
+  const int steps = static_cast<int>(a.k / kStepK);
+  // Broadcast from lane 0: the compiler then knows each warp takes one side of the branch (wgmma
+  // on a path it thinks divergent are serialised).
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+
+  if (warpgroup == 2) {
+    pipeline::shrink_registers<kProducerRegisters>();
+    produce<P, kPaired>(a, weight_map, e, first, rows, slice, stages, full, empty, steps);
+  } else {
+    pipeline::grow_registers<kConsumerRegisters>();
+    const int consumer = warpgroup;
+    // A tile of 64 rows or fewer: both consumers on rows 0..63, each on half the lines (broadcast,
+    // so that the compiler sees the branch taken by whole warps).
+    const bool short_tile = __shfl_sync(0xffffffffu, rows <= 64 ? 1 : 0, 0) != 0;
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+    if (short_tile) {
+      multiply_steps<true, kPaired>(acc, stages, full, empty, steps, consumer);
+      store_tile<P, true>(a, acc, consumer, first, rows, slice);
+    } else {
+      multiply_steps<false, kPaired>(acc, stages, full, empty, steps, consumer);
+      store_tile<P, false>(a, acc, consumer, first, rows, slice);
+    }
+  }
+  // Neither block of a pair leaves while the other may still copy into its stages or arrive on
+  // its barriers.
+  if constexpr (kPaired) pipeline::cluster_sync();
+}
+
+// The stacked bf16 weights [rows, k] as a 2D tensor map of 64-line x 64-k boxes (128 bytes a
+// line, the 128-byte swizzle: wgmma.cuh's layout). The driver's encoder comes through the
+// runtime's entry point, so that nothing links libcuda.
+CUtensorMap weight_tensor_map(const uint16_t* weights, int64_t rows, int64_t k) {
+  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                              const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static const Encode encode = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found),
+          "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)");
+    GLMS_CHECK(found == cudaDriverEntryPointSuccess && function != nullptr,
+               "the CUDA driver has no cuTensorMapEncodeTiled (12.0 or later needed)");
+    return reinterpret_cast<Encode>(function);
+  }();
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * sizeof(uint16_t)};
+  const cuuint32_t box[2] = {kStepK, 64}, element_strides[2] = {1, 1};
+  const CUresult result = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(weights), dims,
+                                 strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  GLMS_CHECK(result == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed for the expert weights (error " +
+                                         std::to_string(static_cast<int>(result)) + ")");
+  return map;
 }
 
 // A block a unit of moe_grouped::unit_of_block: an expert's row tiles of one output slice come
 // one after another, so that the blocks reading the same weight lines run at about the same time
-// and share them in L2 (by row tile, then slice, each weight line came from DRAM up to 1.4 times).
-template <Projection P>
-void launch_projection(GroupedArgs a, int64_t features, int64_t tiles, cudaStream_t stream) {
-  auto* kernel = specialized_experts_kernel<P>;
+// and share them in L2 (taken by row tile, then slice, the gate/up launch at 8192 tokens read its
+// weights from DRAM 1.4 times). `units`: at least the set's units in one slice.
+template <Projection P, moe_grouped::TileSet kSet>
+void launch_projection(GroupedArgs a, const CUtensorMap& weight_map, int64_t features, int64_t units,
+                       cudaStream_t stream) {
+  constexpr unsigned kCluster = kSet == moe_grouped::TileSet::kPairs ? kPairBlocks : 1;
+  auto* kernel = specialized_experts_kernel<P, kSet>;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
         "moe_experts_specialized shared memory");
   const int64_t per_block = P == Projection::kGateUp ? kLines / 2 : kLines;
   a.slices = static_cast<int>(features / per_block);
-  GLMS_CHECK(tiles * a.slices < (int64_t{1} << 31), "moe_experts_specialized: too many pairs for one launch");
-  launch_chained("moe_experts_specialized launch", kernel, static_cast<unsigned>(tiles * a.slices), kThreads,
-                 kSharedBytes, stream, a);
+  const int64_t blocks = units * a.slices * kCluster;
+  GLMS_CHECK(blocks < (int64_t{1} << 31), "moe_experts_specialized: too many pairs for one launch");
+  launch_chained_clusters("moe_experts_specialized launch", kernel, kCluster, static_cast<unsigned>(blocks), kThreads,
+                          kSharedBytes, stream, a, weight_map);
+}
+
+// One projection over every row tile: as one launch, or (paired) as the pairs of row tiles in
+// clusters and then each expert's odd last tile alone.
+template <Projection P>
+void run_projection(const GroupedArgs& a, int64_t features, int64_t num_pairs, bool paired, cudaStream_t stream) {
+  using moe_grouped::TileSet;
+  // Row tiles: at most one part-filled tile per expert beyond the full ones; a pair holds a full
+  // tile and at least one more row.
+  const int64_t tiles = (num_pairs + kRows - 1) / kRows + std::min<int64_t>(a.num_experts, num_pairs);
+  if (!paired) {
+    launch_projection<P, TileSet::kEvery>(a, CUtensorMap{}, features, tiles, stream);
+    return;
+  }
+  const CUtensorMap map = weight_tensor_map(a.weights, int64_t{a.num_experts} * a.rows_per_expert, a.k);
+  launch_projection<P, TileSet::kPairs>(a, map, features, num_pairs / (kRows + 1) + 1, stream);
+  launch_projection<P, TileSet::kOddLast>(a, map, features, std::min<int64_t>(a.num_experts, num_pairs), stream);
 }
 
 }  // namespace
@@ -241,12 +354,10 @@ bool moe_experts_specialized_supported(const ExpertWeights& experts, int64_t hid
 
 void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                              const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* act,
-                             float* expert_out, cudaStream_t stream) {
+                             float* expert_out, cudaStream_t stream, bool paired) {
   if (num_pairs <= 0 || num_experts <= 0) return;
   GLMS_CHECK(moe_experts_specialized_supported(experts, hidden, inter),
              "moe_experts_specialized: bf16 experts with hidden a multiple of 256 and inter of 128");
-  // Row tiles: at most one part-filled tile per expert beyond the full ones.
-  const int64_t tiles = (num_pairs + kRows - 1) / kRows + std::min<int64_t>(num_experts, num_pairs);
   GLMS_CHECK(num_pairs * std::max(hidden, inter) / 8 < (int64_t{1} << 32),
              "moe_experts_specialized: too many pairs for one launch");
   GroupedArgs a = moe_grouped::grouped_args(plan, num_experts, top_k, inter, act, expert_out);
@@ -254,12 +365,12 @@ void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, c
   a.weights = static_cast<const uint16_t*>(experts.gate_up);
   a.k = hidden;
   a.rows_per_expert = 2 * inter;
-  launch_projection<Projection::kGateUp>(a, inter, tiles, stream);
+  run_projection<Projection::kGateUp>(a, inter, num_pairs, paired, stream);
   a.x = act;
   a.weights = static_cast<const uint16_t*>(experts.down);
   a.k = inter;
   a.rows_per_expert = hidden;
-  launch_projection<Projection::kDown>(a, hidden, tiles, stream);
+  run_projection<Projection::kDown>(a, hidden, num_pairs, paired, stream);
 }
 
 }  // namespace glms::ops::cuda

@@ -51,6 +51,57 @@ __device__ __forceinline__ bool barrier_test(uint32_t barrier, uint32_t parity) 
   return done != 0;
 }
 
+// Thread block clusters (moe_experts_specialized.cu's pairs of blocks): this block's rank in its
+// cluster, and `address` (a shared-memory address of this block) as the shared::cluster address
+// of the same offset in block `rank`.
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+__device__ __forceinline__ uint32_t cluster_address(uint32_t address, uint32_t rank) {
+  uint32_t out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(address), "r"(rank));
+  return out;
+}
+// One arrival on a barrier of any block of the cluster (a cluster_address), released at cluster
+// scope: what this thread did before it is visible to the block that waits.
+__device__ __forceinline__ void barrier_arrive_cluster(uint32_t cluster_barrier) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_barrier) : "memory");
+}
+// barrier_wait for arrivals from other blocks of the cluster (acquired at cluster scope).
+__device__ __forceinline__ void barrier_wait_cluster(uint32_t barrier, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(barrier),
+      "r"(parity)
+      : "memory");
+}
+// This thread's arrival, announcing `bytes` that tensor copies will complete on the barrier in its
+// current phase (they may land before or after the announcement).
+__device__ __forceinline__ void barrier_arrive_expect_bytes(uint32_t barrier, uint32_t bytes) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(barrier),
+               "r"(bytes)
+               : "memory");
+}
+// The box at (c0, c1) (innermost coordinate first) of a 2D tensor map into shared memory at
+// `address` of every block of the cluster in `mask`, the same offset in each, completing its
+// bytes on each one's barrier at `barrier`'s offset. `tensor_map`: a __grid_constant__ parameter.
+__device__ __forceinline__ void tensor_copy_2d_multicast(uint32_t address, const void* tensor_map, int c0, int c1,
+                                                         uint32_t barrier, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(address),
+      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(c0), "r"(c1), "r"(barrier), "h"(mask)
+      : "memory");
+}
+// Every thread of every block of the cluster meets here.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
 // Named barrier `id` (1..15; 0 is __syncthreads') of `threads` threads, whole warps: sync waits
 // for all of them, arrive counts this warp in and goes on.
 __device__ __forceinline__ void named_sync(int id, int threads) {
