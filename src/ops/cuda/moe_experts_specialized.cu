@@ -228,8 +228,8 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
 template <Projection P, moe_grouped::TileSet kSet>
 __global__ void __launch_bounds__(kThreads, 1)
     specialized_experts_kernel(GroupedArgs a, const __grid_constant__ CUtensorMap weight_map) {
-  constexpr bool kPaired = kSet == moe_grouped::TileSet::kPairs;
   chained_grid_prologue();
+  constexpr bool kPaired = kSet == moe_grouped::TileSet::kPairs;
   extern __shared__ __align__(16) uint8_t shared_raw[];
   const int unit = static_cast<int>(blockIdx.x) / (kPaired ? kPairBlocks : 1);
   const int rank = kPaired ? static_cast<int>(blockIdx.x) % kPairBlocks : 0;  // the cluster's rank along x
