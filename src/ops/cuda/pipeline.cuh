@@ -28,14 +28,15 @@ __device__ __forceinline__ void barrier_arrive_on_copies(uint32_t barrier) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(barrier) : "memory");
 }
 
+// The try_wait loop of barrier_wait, its acquire at the scope SCOPE ("": the block's).
+#define GLMS_BARRIER_WAIT_LOOP(SCOPE)                                      \
+  "{\n.reg .pred done;\n"                                                  \
+  "WAIT:\n"                                                                \
+  "mbarrier.try_wait.parity" SCOPE ".shared::cta.b64 done, [%0], %1;\n" \
+  "@!done bra WAIT;\n}\n"
+
 __device__ __forceinline__ void barrier_wait(uint32_t barrier, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(barrier),
-      "r"(parity)
-      : "memory");
+  asm volatile(GLMS_BARRIER_WAIT_LOOP("") ::"r"(barrier), "r"(parity) : "memory");
 }
 
 // Whether the phase of that parity has completed, without waiting.
@@ -71,13 +72,7 @@ __device__ __forceinline__ void barrier_arrive_cluster(uint32_t cluster_barrier)
 }
 // barrier_wait for arrivals from other blocks of the cluster (acquired at cluster scope).
 __device__ __forceinline__ void barrier_wait_cluster(uint32_t barrier, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "WAIT:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(barrier),
-      "r"(parity)
-      : "memory");
+  asm volatile(GLMS_BARRIER_WAIT_LOOP(".acquire.cluster") ::"r"(barrier), "r"(parity) : "memory");
 }
 // This thread's arrival, announcing `bytes` that tensor copies will complete on the barrier in its
 // current phase (they may land before or after the announcement).
