@@ -160,9 +160,9 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
   const int index = threadIdx.x % 128, chunk = index % 8, line0 = index / 8;
   const int64_t k = a.k;
   // Few registers here: the token rows' offsets, and (weights by cp.async, unpaired) two weight
-  // bases that whole 16-line groups advance: gate/up, the gate rows and the up rows of the block's features (stage lines 64 h ..
-  // 64 h + 63 are gate rows 64 (h / 2) .. for even h, the same up rows for odd h); down, lines
-  // 0..127 and 128..255.
+  // bases that whole 16-line groups advance: gate/up, the gate rows and the up rows of the
+  // block's features (stage lines 64 h .. 64 h + 63 are gate rows 64 (h / 2) .. for even h, the
+  // same up rows for odd h); down, lines 0..127 and 128..255.
   uint32_t token_at[kTokenCopies];  // in 16-byte units: under 2^32 for any launch (checked on the host)
   uint32_t token_valid = 0;
 #pragma unroll
