@@ -8,9 +8,11 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "ops/cuda/moe_tiles.h"
 #include "ops/ops.h"
 #include "ops/sampling_exp.h"
 #include "quant/formats.h"
@@ -268,4 +270,51 @@ TEST(Sampling, SamplingExpIsAccurateAndExactAtZero) {
     EXPECT_NEAR(ops::sampling_exp(x), want, 1.5e-45) << x;
   }
   std::printf("sampling_exp: worst relative error %.2e over [-87, 0]\n", worst);
+}
+
+// The row tiles the grouped expert GEMMs' launches take (ops/cuda/moe_tiles.h, shared with the
+// kernels): every tile once, or pairs of tiles and odd last tiles that together are every tile
+// once, a pair's first tile full; and no launch has more units than the grid its host sizes.
+TEST(MoeTiles, PairsAndOddLastTilesAreEveryTileOnce) {
+  namespace tiles = glms::ops::cuda::moe_tiles;
+  using tiles::TileSet;
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int rows = trial % 2 ? 128 : 64, experts = 1 + static_cast<int>(rng() % 300);
+    const int most = trial % 3 == 0 ? 5 * rows : 2 * rows + 1;  // some experts without pairs
+    std::vector<int> pairs(experts);
+    int64_t total = 0;
+    for (int& p : pairs) total += p = static_cast<int>(rng() % (most + 1));
+    int64_t units[3] = {0, 0, 0};
+    for (int e = 0; e < experts; ++e) {
+      const int count = tiles::tiles_of(pairs[e], rows);
+      ASSERT_EQ(count, (pairs[e] + rows - 1) / rows);
+      std::vector<int> every(count, 0), split(count, 0);
+      for (const TileSet set : {TileSet::kEvery, TileSet::kPairs, TileSet::kOddLast}) {
+        const int n = tiles::units_of(set, count);
+        units[static_cast<int>(set)] += n;
+        for (int i = 0; i < n; ++i)
+          for (int rank = 0; rank < (set == TileSet::kPairs ? 2 : 1); ++rank) {
+            const int tile = tiles::tile_of(set, count, i, rank);
+            ASSERT_GE(tile, 0);
+            ASSERT_LT(tile, count) << "expert " << e << " with " << pairs[e] << " pairs";
+            if (set == TileSet::kPairs && rank == 0) {
+              EXPECT_LE((tile + 1) * rows, pairs[e]) << "a pair's first tile is full";
+            }
+            ++(set == TileSet::kEvery ? every : split)[tile];
+          }
+      }
+      for (int t = 0; t < count; ++t) {
+        EXPECT_EQ(every[t], 1) << "tile " << t << " of expert " << e;
+        EXPECT_EQ(split[t], 1) << "tile " << t << " of expert " << e << " in pairs and odd last tiles";
+      }
+    }
+    for (const TileSet set : {TileSet::kEvery, TileSet::kPairs, TileSet::kOddLast})
+      EXPECT_LE(units[static_cast<int>(set)], tiles::units_bound(set, total, experts, rows))
+          << "set " << static_cast<int>(set) << ", " << experts << " experts, " << total << " pairs";
+  }
+  // 300 pairs in 128-row tiles: tiles 0 and 1 as a pair, tile 2 (44 rows) alone.
+  EXPECT_EQ(tiles::units_of(TileSet::kPairs, 3), 1);
+  EXPECT_EQ(tiles::tile_of(TileSet::kPairs, 3, 0, 1), 1);
+  EXPECT_EQ(tiles::tile_of(TileSet::kOddLast, 3, 0, 0), 2);
 }

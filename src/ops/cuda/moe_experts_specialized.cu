@@ -225,11 +225,11 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
 // and slice, each block loading half the weight lines into both (an L2 read of 32 KB a step
 // instead of 48: the GEMM at 8192 tokens is bound by L2 throughput). weight_map: the stacked
 // weights [experts x rows_per_expert, k] in 64-line boxes (weight_tensor_map; unused otherwise).
-template <Projection P, moe_grouped::TileSet kSet>
+template <Projection P, moe_tiles::TileSet kSet>
 __global__ void __launch_bounds__(kThreads, 1)
     specialized_experts_kernel(GroupedArgs a, const __grid_constant__ CUtensorMap weight_map) {
   chained_grid_prologue();
-  constexpr bool kPaired = kSet == moe_grouped::TileSet::kPairs;
+  constexpr bool kPaired = kSet == moe_tiles::TileSet::kPairs;
   extern __shared__ __align__(16) uint8_t shared_raw[];
   const int unit = static_cast<int>(blockIdx.x) / (kPaired ? kPairBlocks : 1);
   const int rank = kPaired ? static_cast<int>(blockIdx.x) % kPairBlocks : 0;  // the cluster's rank along x
@@ -313,10 +313,10 @@ CUtensorMap weight_tensor_map(const uint16_t* weights, int64_t rows, int64_t k) 
 // one after another, so that the blocks reading the same weight lines run at about the same time
 // and share them in L2 (taken by row tile, then slice, the gate/up launch at 8192 tokens read its
 // weights from DRAM 1.4 times). `units`: at least the set's units in one slice.
-template <Projection P, moe_grouped::TileSet kSet>
+template <Projection P, moe_tiles::TileSet kSet>
 void launch_projection(GroupedArgs a, const CUtensorMap& weight_map, int64_t features, int64_t units,
                        cudaStream_t stream) {
-  constexpr unsigned kCluster = kSet == moe_grouped::TileSet::kPairs ? kPairBlocks : 1;
+  constexpr unsigned kCluster = kSet == moe_tiles::TileSet::kPairs ? kPairBlocks : 1;
   auto* kernel = specialized_experts_kernel<P, kSet>;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
         "moe_experts_specialized shared memory");
@@ -332,17 +332,15 @@ void launch_projection(GroupedArgs a, const CUtensorMap& weight_map, int64_t fea
 // clusters and then each expert's odd last tile alone.
 template <Projection P>
 void run_projection(const GroupedArgs& a, int64_t features, int64_t num_pairs, bool paired, cudaStream_t stream) {
-  using moe_grouped::TileSet;
-  // Row tiles: at most one part-filled tile per expert beyond the full ones; a pair holds a full
-  // tile and at least one more row.
-  const int64_t tiles = (num_pairs + kRows - 1) / kRows + std::min<int64_t>(a.num_experts, num_pairs);
+  using moe_tiles::TileSet;
+  auto units = [&](TileSet set) { return moe_tiles::units_bound(set, num_pairs, a.num_experts, kRows); };
   if (!paired) {
-    launch_projection<P, TileSet::kEvery>(a, CUtensorMap{}, features, tiles, stream);
+    launch_projection<P, TileSet::kEvery>(a, CUtensorMap{}, features, units(TileSet::kEvery), stream);
     return;
   }
   const CUtensorMap map = weight_tensor_map(a.weights, int64_t{a.num_experts} * a.rows_per_expert, a.k);
-  launch_projection<P, TileSet::kPairs>(a, map, features, num_pairs / (kRows + 1) + 1, stream);
-  launch_projection<P, TileSet::kOddLast>(a, map, features, std::min<int64_t>(a.num_experts, num_pairs), stream);
+  launch_projection<P, TileSet::kPairs>(a, map, features, units(TileSet::kPairs), stream);
+  launch_projection<P, TileSet::kOddLast>(a, map, features, units(TileSet::kOddLast), stream);
 }
 
 }  // namespace

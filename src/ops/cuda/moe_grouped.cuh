@@ -11,6 +11,7 @@
 
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/moe.h"
+#include "ops/cuda/moe_tiles.h"
 
 namespace glms::ops::cuda::moe_grouped {
 
@@ -93,10 +94,7 @@ struct RowTile {
   int expert, first, rows, slice;
 };
 
-// Which of an expert's ceil(pairs / kRows) row tiles a launch takes: every one; pairs of tiles
-// (2 p, 2 p + 1), a unit for a cluster of two blocks, block rank r of it tile 2 p + r; or the last
-// tile of an odd count (what pairs leave).
-enum class TileSet { kEvery, kPairs, kOddLast };
+using moe_tiles::TileSet;
 
 // Unit `unit` of the experts' units, the experts in order, expert e having u(e) = (its units of
 // `set`) x `slices`: unit i of expert e is that set's unit i % u0(e) of slice i / u0(e). `rank`:
@@ -107,13 +105,9 @@ __device__ RowTile unit_of_block(const int32_t* offsets, int num_experts, int un
   __shared__ int tile_expert, tile_first, tile_slice, warp_sums[kBlockThreads / 32];
   const int per = (num_experts + kBlockThreads - 1) / kBlockThreads;
   const int e0 = min(num_experts, static_cast<int>(threadIdx.x) * per), e1 = min(num_experts, e0 + per);
-  auto tiles_of = [&](int e) { return (offsets[e + 1] - offsets[e] + kRows - 1) / kRows; };
-  auto units_of = [&](int e) {  // the set's units of expert e in one slice
-    const int tiles = tiles_of(e);
-    return kSet == TileSet::kEvery ? tiles : kSet == TileSet::kPairs ? tiles / 2 : tiles % 2;
-  };
+  auto tiles_of = [&](int e) { return moe_tiles::tiles_of(offsets[e + 1] - offsets[e], kRows); };
   int mine = 0;
-  for (int e = e0; e < e1; ++e) mine += units_of(e) * slices;
+  for (int e = e0; e < e1; ++e) mine += moe_tiles::units_of(kSet, tiles_of(e)) * slices;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   int inclusive = mine;
 #pragma unroll
@@ -129,12 +123,10 @@ __device__ RowTile unit_of_block(const int32_t* offsets, int num_experts, int un
   if (unit >= start && unit < start + mine) {
     int left = unit - start;
     for (int e = e0; e < e1; ++e) {
-      const int units = units_of(e);
+      const int tiles = tiles_of(e), units = moe_tiles::units_of(kSet, tiles);
       if (left < units * slices) {
-        const int i = left % units;
-        const int tile = kSet == TileSet::kEvery ? i : kSet == TileSet::kPairs ? 2 * i + rank : tiles_of(e) - 1;
         tile_expert = e;
-        tile_first = offsets[e] + tile * kRows;
+        tile_first = offsets[e] + moe_tiles::tile_of(kSet, tiles, left % units, rank) * kRows;
         tile_slice = left / units;
         break;
       }
