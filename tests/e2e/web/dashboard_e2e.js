@@ -129,7 +129,10 @@ async function main() {
         const m = [...document.querySelectorAll(".msg.assistant")].pop();
         return m && (m.dataset.done || m.querySelector(".content").textContent.length > 20);
       }, { timeout: 30000 });
-      await page.click("#stop");
+      // Through the DOM, and only while Stop is enabled: on a loaded machine the reply may end (and
+      // Stop be disabled) between the wait above and here, and puppeteer's pointer click then fails
+      // outright ("not clickable") instead of leaving the retry to the loop.
+      await page.$eval("#stop", (button) => { if (!button.disabled) button.click(); });
       await page.waitForFunction(() => [...document.querySelectorAll(".msg.assistant")].pop().dataset.done, { timeout: 10000 });
       stoppedMeta = await page.$eval(".msg.assistant:last-child .meta", (e) => e.textContent);
       stoppedText = await page.$eval(".msg.assistant:last-child .content", (e) => e.textContent);
