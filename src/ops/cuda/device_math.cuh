@@ -74,6 +74,9 @@ inline unsigned blocks_for(int64_t count, int threads) {
 }
 
 // Rotates one interleaved pair (v[0], v[1]) by `angle`, as ops::rope_interleaved does.
+// SwiGLU of one feature: silu(gate) * up, as every expert and MLP kernel computes it.
+__device__ __forceinline__ float silu_mul(float gate, float up) { return gate / (1.0f + expf(-gate)) * up; }
+
 __device__ __forceinline__ void rotate_pair(float* v, float angle) {
   float s, c;
   sincosf(angle, &s, &c);

@@ -161,7 +161,6 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float
 // inter allows (one division a column held it to 2.1 TB/s at prefill sizes).
 __global__ void silu_mul_to_bf16_kernel(const float* gate_up, int64_t n, int64_t inter, uint16_t* out) {
   chained_grid_prologue();
-  auto silu_mul = [](float gate, float up) { return gate / (1.0f + expf(-gate)) * up; };
   if (inter % 4 == 0) {
     const int64_t quads = inter / 4;
     GLMS_GRID_STRIDE_LOOP(q, n * quads) {

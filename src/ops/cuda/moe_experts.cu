@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(kExpertThreads) moe_gate_up_kernel(const uint1
         for (int p = 0; p < kPairs && row0 + rr + p < inter; ++p)
           for (int j = 0; j < count; ++j) {
             const float g = acc[p][j], u = acc[kPairs + p][j];
-            act[static_cast<int64_t>(chunk + j) * inter + row0 + rr + p] = float_to_bf16(g / (1.0f + expf(-g)) * u);
+            act[static_cast<int64_t>(chunk + j) * inter + row0 + rr + p] = float_to_bf16(silu_mul(g, u));
           }
     }
   }

@@ -356,7 +356,7 @@ __global__ void __launch_bounds__(kThreads) gate_up_mma_kernel(const uint16_t* x
           const int token = 8 * j + 2 * t + i;
           if (token < count) {
             const float gate = acc[j][i] * unscale[token], up = acc[j][2 + i] * unscale[token];
-            act[static_cast<int64_t>(chunk + token) * inter + r0 + g] = float_to_bf16(gate / (1.0f + expf(-gate)) * up);
+            act[static_cast<int64_t>(chunk + token) * inter + r0 + g] = float_to_bf16(silu_mul(gate, up));
           }
         }
     }

@@ -99,7 +99,7 @@ __device__ __forceinline__ void store_tile(const GroupedArgs& a, const float (&a
         if (r >= rows) continue;
         const float gate0 = acc[i], gate1 = acc[i + 1], up0 = acc[i + 32], up1 = acc[i + 33];
         *reinterpret_cast<uint32_t*>(act0 + (first + r) * a.inter + 8 * f) =
-            pack_bf16_pair(gate0 / (1.0f + expf(-gate0)) * up0, gate1 / (1.0f + expf(-gate1)) * up1);
+            pack_bf16_pair(silu_mul(gate0, up0), silu_mul(gate1, up1));
       }
   }
 }

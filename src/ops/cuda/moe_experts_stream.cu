@@ -98,7 +98,7 @@ template <Projection kProj>
 __device__ __forceinline__ void store_pair_rows(const StreamArgs& a, int64_t pair, int64_t base, int g, float row_a,
                                                 float row_b) {
   if constexpr (kProj == Projection::kGateUp) {
-    if (base + g < a.outputs) a.act[pair * a.outputs + base + g] = float_to_bf16(row_a / (1.0f + expf(-row_a)) * row_b);
+    if (base + g < a.outputs) a.act[pair * a.outputs + base + g] = float_to_bf16(silu_mul(row_a, row_b));
   } else {
     float* row = a.out + pair * a.outputs;
     if (base + g < a.outputs) row[base + g] = row_a;

@@ -170,8 +170,8 @@ __device__ __forceinline__ void epilogue(const GroupedArgs& a, const float (&acc
   }
   // act[row, f0 + i] = bf16(silu(gate_i) * up_i) for the block's kHalf features i.
   auto write_act = [&](int r, int feature, float gate0, float up0, float gate1, float up1) {
-    const uint32_t packed = static_cast<uint32_t>(float_to_bf16(gate0 / (1.0f + expf(-gate0)) * up0)) |
-                            static_cast<uint32_t>(float_to_bf16(gate1 / (1.0f + expf(-gate1)) * up1)) << 16;
+    const uint32_t packed = static_cast<uint32_t>(float_to_bf16(silu_mul(gate0, up0))) |
+                            static_cast<uint32_t>(float_to_bf16(silu_mul(gate1, up1))) << 16;
     *reinterpret_cast<uint32_t*>(a.act + (first + r) * a.inter + int64_t{blockIdx.x} * (S::kFeatures / 2) + feature) =
         packed;
   };
