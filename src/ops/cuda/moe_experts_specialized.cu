@@ -152,11 +152,11 @@ __device__ __forceinline__ void multiply_steps(float (&acc)[128], uint32_t stage
 
 // The producer warpgroup's steps: the tile's token rows by cp.async (rows past the tile's are
 // skipped) and the weight lines, by cp.async or, kPaired, as this block's half of the stage's
-// four 64-line boxes by TMA into both blocks of the pair.
+// four 64-line boxes by TMA into both blocks of the pair (`rank`: this block's in the pair).
 template <Projection P, bool kPaired>
 __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap& weight_map, int e, int first,
                                         int rows, int64_t slice, uint32_t stages, uint32_t full, uint32_t empty,
-                                        int steps) {
+                                        int steps, int rank) {
   const int index = threadIdx.x % 128, chunk = index % 8, line0 = index / 8;
   const int64_t k = a.k;
   // Few registers here: the token rows' offsets, and (weights by cp.async, unpaired) two weight
@@ -176,7 +176,6 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
   const uint16_t* const upper =
       a.weights + moe_grouped::weight_row<P, kLines>(a, e, line0 + kLines / 2, slice) * k + 8 * chunk;
   const int64_t lines16 = 16 * k;  // elements between lines 16 apart
-  const int rank = kPaired ? static_cast<int>(pipeline::cluster_rank()) : 0;
   auto copy_tokens = [&](uint32_t tokens, int64_t offset) {
 #pragma unroll
     for (int i = 0; i < kTokenCopies; ++i)
@@ -257,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warpgroup == 2) {
     pipeline::shrink_registers<kProducerRegisters>();
-    produce<P, kPaired>(a, weight_map, e, first, rows, slice, stages, full, empty, steps);
+    produce<P, kPaired>(a, weight_map, e, first, rows, slice, stages, full, empty, steps, rank);
   } else {
     pipeline::grow_registers<kConsumerRegisters>();
     const int consumer = warpgroup;

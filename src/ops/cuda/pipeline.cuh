@@ -52,14 +52,9 @@ __device__ __forceinline__ bool barrier_test(uint32_t barrier, uint32_t parity) 
   return done != 0;
 }
 
-// Thread block clusters (moe_experts_specialized.cu's pairs of blocks): this block's rank in its
-// cluster, and `address` (a shared-memory address of this block) as the shared::cluster address
-// of the same offset in block `rank`.
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-  return rank;
-}
+// Thread block clusters (moe_experts_specialized.cu's pairs of blocks): `address` (a
+// shared-memory address of this block) as the shared::cluster address of the same offset in
+// block `rank` of the cluster.
 __device__ __forceinline__ uint32_t cluster_address(uint32_t address, uint32_t rank) {
   uint32_t out;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(address), "r"(rank));
