@@ -273,9 +273,10 @@ TEST(Sampling, SamplingExpIsAccurateAndExactAtZero) {
 }
 
 // The row tiles the grouped expert GEMMs' launches take (ops/cuda/moe_tiles.h, shared with the
-// kernels): every tile once, or pairs of tiles and odd last tiles that together are every tile
-// once, a pair's first tile full; and no launch has more units than the grid its host sizes.
-TEST(MoeTiles, PairsAndOddLastTilesAreEveryTileOnce) {
+// kernels): every tile once, or in the clusters' units every tile's weight lines once (a pair's
+// two tiles whole, an odd last tile as two halves), a pair's first tile full; and no launch has
+// more units than the grid its host sizes.
+TEST(MoeTiles, PairsAndSplitLastTilesCoverEveryTileOnce) {
   namespace tiles = glms::ops::cuda::moe_tiles;
   using tiles::TileSet;
   std::mt19937 rng(5);
@@ -285,36 +286,43 @@ TEST(MoeTiles, PairsAndOddLastTilesAreEveryTileOnce) {
     std::vector<int> pairs(experts);
     int64_t total = 0;
     for (int& p : pairs) total += p = static_cast<int>(rng() % (most + 1));
-    int64_t units[3] = {0, 0, 0};
+    int64_t units[2] = {0, 0};
     for (int e = 0; e < experts; ++e) {
       const int count = tiles::tiles_of(pairs[e], rows);
       ASSERT_EQ(count, (pairs[e] + rows - 1) / rows);
-      std::vector<int> every(count, 0), split(count, 0);
-      for (const TileSet set : {TileSet::kEvery, TileSet::kPairs, TileSet::kOddLast}) {
+      std::vector<int> every(count, 0), halves(count, 0);  // halves: of the tile's weight lines
+      for (const TileSet set : {TileSet::kEvery, TileSet::kPairs}) {
         const int n = tiles::units_of(set, count);
         units[static_cast<int>(set)] += n;
-        for (int i = 0; i < n; ++i)
+        for (int i = 0; i < n; ++i) {
+          const bool split = tiles::splits_lines(set, count, i);
+          if (set == TileSet::kEvery) EXPECT_FALSE(split);
           for (int rank = 0; rank < (set == TileSet::kPairs ? 2 : 1); ++rank) {
             const int tile = tiles::tile_of(set, count, i, rank);
             ASSERT_GE(tile, 0);
             ASSERT_LT(tile, count) << "expert " << e << " with " << pairs[e] << " pairs";
-            if (set == TileSet::kPairs && rank == 0) {
+            if (set == TileSet::kPairs && rank == 0 && !split) {
               EXPECT_LE((tile + 1) * rows, pairs[e]) << "a pair's first tile is full";
             }
-            ++(set == TileSet::kEvery ? every : split)[tile];
+            if (set == TileSet::kEvery) ++every[tile];
+            else halves[tile] += split ? 1 : 2;
           }
+        }
       }
       for (int t = 0; t < count; ++t) {
         EXPECT_EQ(every[t], 1) << "tile " << t << " of expert " << e;
-        EXPECT_EQ(split[t], 1) << "tile " << t << " of expert " << e << " in pairs and odd last tiles";
+        EXPECT_EQ(halves[t], 2) << "tile " << t << " of expert " << e << " in the clusters' units";
       }
     }
-    for (const TileSet set : {TileSet::kEvery, TileSet::kPairs, TileSet::kOddLast})
+    for (const TileSet set : {TileSet::kEvery, TileSet::kPairs})
       EXPECT_LE(units[static_cast<int>(set)], tiles::units_bound(set, total, experts, rows))
           << "set " << static_cast<int>(set) << ", " << experts << " experts, " << total << " pairs";
   }
-  // 300 pairs in 128-row tiles: tiles 0 and 1 as a pair, tile 2 (44 rows) alone.
-  EXPECT_EQ(tiles::units_of(TileSet::kPairs, 3), 1);
+  // 300 pairs in 128-row tiles: tiles 0 and 1 as a pair, tile 2 (44 rows) split by lines.
+  EXPECT_EQ(tiles::units_of(TileSet::kPairs, 3), 2);
   EXPECT_EQ(tiles::tile_of(TileSet::kPairs, 3, 0, 1), 1);
-  EXPECT_EQ(tiles::tile_of(TileSet::kOddLast, 3, 0, 0), 2);
+  EXPECT_FALSE(tiles::splits_lines(TileSet::kPairs, 3, 0));
+  EXPECT_TRUE(tiles::splits_lines(TileSet::kPairs, 3, 1));
+  EXPECT_EQ(tiles::tile_of(TileSet::kPairs, 3, 1, 0), 2);
+  EXPECT_EQ(tiles::tile_of(TileSet::kPairs, 3, 1, 1), 2);
 }

@@ -99,9 +99,11 @@ struct CudaModelOptions {
   // 23.1 -> 19.8 ms, 4096 32.9 -> 25.8, 8192 51.0 -> 39.3.
   int specialized_bf16_experts_min_pairs = 64;
   // Those GEMMs with an expert's row tiles two by two in thread block clusters that load each
-  // weight line once for both (TMA multicast): Nsight Compute reads the gate/up GEMM at 8192
-  // tokens as bound by L2 throughput (bench/results/cuda-prefill-power-20261204.json). Off until
-  // it is measured on the H200.
+  // weight line once for both (TMA multicast), an odd last tile split by lines between the two.
+  // Off: on the H200 at GLM-5.2 width, 5 layers (bench/results/cuda-paired-experts-20261204.json)
+  // the experts of a prefill took 20.1 -> 22.1 ms at 2048 tokens, 24.8 -> 26.3 at 4096 and
+  // 39.7 -> 39.8 at 8192: with the L2 reads halved the GEMM is bound by the tensor cores at the
+  // board's power-capped clock.
   bool paired_bf16_experts = false;
   // Block-FP8 routed experts from wgmma_experts_min_pairs pairs per expert through the W8A8
   // grouped GEMMs on the FP8 tensor cores (ops::cuda::moe_experts_wgmma_fp8: the tokens and act

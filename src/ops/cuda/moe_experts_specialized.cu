@@ -21,7 +21,8 @@
 // cluster of two blocks takes two row tiles of one expert and slice: each block loads half of a
 // stage's weight lines by TMA into both blocks' shared memory (multicast), so a block reads 32 KB
 // from L2 a step instead of 48; a stage is refilled once both blocks' consumers are done with it.
-// An expert's odd last tile runs in a second launch, without clusters.
+// An expert's odd last tile is a unit of the same launch, each block taking it against half of
+// the lines (a separate launch of those tiles read their weights from DRAM a second time).
 //
 // Shared memory (128-byte swizzle, wgmma.cuh), kStages stages of
 //   tokens  [128 rows] lines of 64 k     16 KB (rows past the tile's are not copied: their
@@ -67,17 +68,22 @@ static_assert(kSharedBytes <= 232448, "one block an SM");
 // The producer's 16-byte copies a stage: thread t takes chunk t % 8 of lines t / 8 + 16 i.
 constexpr int kTokenCopies = kRows * 8 / 128, kWeightCopies = kLines * 8 / 128;
 
-// acc[4 j + e] of consumer c's thread (warp, g, tq): grouped row r0 + 16 warp + g + 8 (e / 2),
-// line l0 + 8 j + 2 tq + e % 2 of the block's 256; (r0, l0) = (64 c, 0) in a full tile, (0, 128 c)
-// in a short one (j < 16 there).
-template <Projection P, bool kShort>
-__device__ __forceinline__ void store_tile(const GroupedArgs& a, const float (&acc)[128], int consumer, int first,
-                                           int rows, int64_t slice) {
+// What one consumer warpgroup multiplies: its tile's rows row0 .. row0 + 63 against kN (256 or
+// 128) lines of a stage from stage_line0, which are the slice's lines from slice_line0.
+struct ConsumerPart {
+  int row0, stage_line0, slice_line0;
+};
+
+// acc[4 j + e] of the consumer's thread (warp, g, tq): grouped row part.row0 + 16 warp + g +
+// 8 (e / 2), the slice's line part.slice_line0 + 8 j + 2 tq + e % 2 (j < kN / 8).
+template <Projection P, int kN>
+__device__ __forceinline__ void store_tile(const GroupedArgs& a, const float (&acc)[128], ConsumerPart part,
+                                           int first, int rows, int64_t slice) {
   const int u = threadIdx.x % 128, warp = u / 32, g = u % 32 / 4, tq = u % 4;
-  const int row0 = (kShort ? 0 : 64 * consumer) + 16 * warp + g;
-  constexpr int kGroups = kShort ? 16 : 32;  // of 8 lines
+  const int row0 = part.row0 + 16 * warp + g;
+  constexpr int kGroups = kN / 8;  // of 8 lines
   if constexpr (P == Projection::kDown) {
-    const int64_t feature0 = slice * kLines + (kShort ? 128 * consumer : 0) + 2 * tq;
+    const int64_t feature0 = slice * kLines + part.slice_line0 + 2 * tq;
 #pragma unroll
     for (int j = 0; j < kGroups; ++j)
 #pragma unroll
@@ -90,7 +96,7 @@ __device__ __forceinline__ void store_tile(const GroupedArgs& a, const float (&a
   } else {
     // 64 gate lines, then the matching 64 up lines: feature i's up sum is 8 register groups on,
     // in this thread. act[row, 128 x + i] = bf16(silu(gate_i) * up_i).
-    uint16_t* const act0 = a.act + slice * (kLines / 2) + (kShort ? 64 * consumer : 0) + 2 * tq;
+    uint16_t* const act0 = a.act + slice * (kLines / 2) + part.slice_line0 / 2 + 2 * tq;
 #pragma unroll
     for (int f = 0; f < kGroups / 2; ++f)
 #pragma unroll
@@ -105,27 +111,25 @@ __device__ __forceinline__ void store_tile(const GroupedArgs& a, const float (&a
 }
 
 // A consumer thread is done reading a stage. kPaired: the stage is refilled in both blocks of
-// the pair by either one's weight copies, so lane 0 of each consumer warp tells both blocks.
+// the pair by either one's weight copies, so lane r of each consumer warp tells block r.
 template <bool kPaired>
 __device__ __forceinline__ void release_stage(uint32_t empty_barrier) {
   if constexpr (kPaired) {
-    if (threadIdx.x % 32 == 0)
-      for (uint32_t rank = 0; rank < kPairBlocks; ++rank)
-        pipeline::barrier_arrive_cluster(pipeline::cluster_address(empty_barrier, rank));
+    const uint32_t lane = threadIdx.x % 32;
+    if (lane < kPairBlocks) pipeline::barrier_arrive_cluster(pipeline::cluster_address(empty_barrier, lane));
   } else {
     pipeline::barrier_arrive(empty_barrier);
   }
 }
 
-// A consumer's steps: wait for a stage, multiply it, keep one step's wgmma in flight and hand the
-// step before back to the producer. kShort: rows 0..63 against this consumer's 128 lines.
-template <bool kShort, bool kPaired>
+// A consumer's steps: wait for a stage, multiply its part of it, keep one step's wgmma in flight
+// and hand the step before back to the producer.
+template <int kN, bool kPaired>
 __device__ __forceinline__ void multiply_steps(float (&acc)[128], uint32_t stages, uint32_t full, uint32_t empty,
-                                               int steps, int consumer) {
+                                               int steps, ConsumerPart part) {
   // Stage 0's rows and lines for this consumer; 16 k further on is 32 bytes.
-  const uint64_t token_descriptor = wgmma::descriptor(stages + (kShort ? 0 : consumer * 64 * kLine), 16, 1024);
-  const uint64_t weight_descriptor =
-      wgmma::descriptor(stages + kTokenBytes + (kShort ? consumer * (kLines / 2) * kLine : 0), 16, 1024);
+  const uint64_t token_descriptor = wgmma::descriptor(stages + part.row0 * kLine, 16, 1024);
+  const uint64_t weight_descriptor = wgmma::descriptor(stages + kTokenBytes + part.stage_line0 * kLine, 16, 1024);
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kStages;
     pipeline::barrier_wait(full + 8 * stage, (step / kStages) & 1);
@@ -137,7 +141,7 @@ __device__ __forceinline__ void multiply_steps(float (&acc)[128], uint32_t stage
     for (int kk = 0; kk < kStepK / 16; ++kk) {
       const uint64_t tokens = wgmma::descriptor_advanced(token_descriptor, at + kk * 32);
       const uint64_t weights = wgmma::descriptor_advanced(weight_descriptor, at + kk * 32);
-      if constexpr (kShort) wgmma::m64n128k16<0>(reinterpret_cast<float(&)[64]>(acc), tokens, weights);
+      if constexpr (kN == 128) wgmma::m64n128k16<0>(reinterpret_cast<float(&)[64]>(acc), tokens, weights);
       else wgmma::m64n256k16<0>(acc, tokens, weights);
     }
     wgmma::commit();
@@ -150,13 +154,25 @@ __device__ __forceinline__ void multiply_steps(float (&acc)[128], uint32_t stage
   wgmma::pin(acc);
 }
 
+// A consumer with no part in the unit (the second of an odd last tile of 64 rows or fewer, against
+// half the lines) still hands each stage back, as the barriers count it.
+template <bool kPaired>
+__device__ __forceinline__ void pass_steps(uint32_t full, uint32_t empty, int steps) {
+  for (int step = 0; step < steps; ++step) {
+    const int stage = step % kStages;
+    pipeline::barrier_wait(full + 8 * stage, (step / kStages) & 1);
+    release_stage<kPaired>(empty + 8 * stage);
+  }
+}
+
 // The producer warpgroup's steps: the tile's token rows by cp.async (rows past the tile's are
-// skipped) and the weight lines, by cp.async or, kPaired, as this block's half of the stage's
-// four 64-line boxes by TMA into both blocks of the pair (`rank`: this block's in the pair).
+// skipped) and the weight lines, by cp.async or, kPaired, by TMA: this block's half of the
+// stage's four 64-line boxes into both blocks of the pair (`rank`: this block's in the pair), or
+// (`half` >= 0, an odd last tile) the two boxes of that half of the lines into this block alone.
 template <Projection P, bool kPaired>
 __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap& weight_map, int e, int first,
                                         int rows, int64_t slice, uint32_t stages, uint32_t full, uint32_t empty,
-                                        int steps, int rank) {
+                                        int steps, int rank, int half) {
   const int index = threadIdx.x % 128, chunk = index % 8, line0 = index / 8;
   const int64_t k = a.k;
   // Few registers here: the token rows' offsets, and (weights by cp.async, unpaired) two weight
@@ -190,13 +206,18 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
     if constexpr (kPaired) {
       pipeline::barrier_wait_cluster(empty + 8 * stage, parity);
       if (index == 0) {
-        // Both halves of the stage land here: this block's two boxes and the other block's.
-        pipeline::barrier_arrive_expect_bytes(full + 8 * stage, kWeightBytes);
-        for (int box = 2 * rank; box < 2 * rank + 2; ++box) {
+        // A pair's stage: this block's two boxes and the other block's land in both. Box b holds
+        // the slice's lines 64 b .. (gate/up: box 2 q gate rows of features 64 q .., box 2 q + 1
+        // their up rows).
+        const bool whole = half < 0;
+        pipeline::barrier_arrive_expect_bytes(full + 8 * stage, whole ? kWeightBytes : kWeightBytes / 2);
+        const int box0 = 2 * (whole ? rank : half);
+        for (int box = box0; box < box0 + 2; ++box) {
           const int line = P == Projection::kGateUp ? box % 2 * (kLines / 2) + 64 * (box / 2) : 64 * box;
-          pipeline::tensor_copy_2d_multicast(weights + box * 64 * kLine, &weight_map, static_cast<int>(offset),
+          pipeline::tensor_copy_2d_multicast(weights + (whole ? box : box - box0) * 64 * kLine, &weight_map,
+                                             static_cast<int>(offset),
                                              static_cast<int>(moe_grouped::weight_row<P, kLines>(a, e, line, slice)),
-                                             full + 8 * stage, (1u << kPairBlocks) - 1);
+                                             full + 8 * stage, whole ? (1u << kPairBlocks) - 1 : 1u << rank);
         }
       }
     } else {
@@ -222,8 +243,9 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
 
 // kSet kPairs: launched in clusters of kPairBlocks blocks, the pair's two row tiles of one expert
 // and slice, each block loading half the weight lines into both (an L2 read of 32 KB a step
-// instead of 48: the GEMM at 8192 tokens is bound by L2 throughput). weight_map: the stacked
-// weights [experts x rows_per_expert, k] in 64-line boxes (weight_tensor_map; unused otherwise).
+// instead of 48: the GEMM at 8192 tokens is bound by L2 throughput), or an odd last tile, each
+// block against half the lines. weight_map: the stacked weights [experts x rows_per_expert, k]
+// in 64-line boxes (weight_tensor_map; unused otherwise).
 template <Projection P, moe_tiles::TileSet kSet>
 __global__ void __launch_bounds__(kThreads, 1)
     specialized_experts_kernel(GroupedArgs a, const __grid_constant__ CUtensorMap weight_map) {
@@ -256,22 +278,30 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warpgroup == 2) {
     pipeline::shrink_registers<kProducerRegisters>();
-    produce<P, kPaired>(a, weight_map, e, first, rows, slice, stages, full, empty, steps, rank);
+    produce<P, kPaired>(a, weight_map, e, first, rows, slice, stages, full, empty, steps, rank, tile.half);
   } else {
     pipeline::grow_registers<kConsumerRegisters>();
     const int consumer = warpgroup;
-    // A tile of 64 rows or fewer: both consumers on rows 0..63, each on half the lines (broadcast,
-    // so that the compiler sees the branch taken by whole warps).
+    // Broadcast from lane 0, so that the compiler sees each branch taken by whole warps. A tile
+    // of 64 rows or fewer: both consumers on rows 0..63, each on half the lines, or (against half
+    // the slice's lines) consumer 0 alone.
     const bool short_tile = __shfl_sync(0xffffffffu, rows <= 64 ? 1 : 0, 0) != 0;
+    const int half = __shfl_sync(0xffffffffu, tile.half, 0);
+    const int slice_line0 = half < 0 ? 0 : (kLines / 2) * half;
     float acc[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
-    if (short_tile) {
-      multiply_steps<true, kPaired>(acc, stages, full, empty, steps, consumer);
-      store_tile<P, true>(a, acc, consumer, first, rows, slice);
+    if (half < 0 && !short_tile) {
+      const ConsumerPart part{64 * consumer, 0, 0};
+      multiply_steps<kLines, kPaired>(acc, stages, full, empty, steps, part);
+      store_tile<P, kLines>(a, acc, part, first, rows, slice);
+    } else if (half >= 0 && short_tile && consumer == 1) {
+      pass_steps<kPaired>(full, empty, steps);
     } else {
-      multiply_steps<false, kPaired>(acc, stages, full, empty, steps, consumer);
-      store_tile<P, false>(a, acc, consumer, first, rows, slice);
+      const int line0 = half < 0 ? (kLines / 2) * consumer : 0;
+      const ConsumerPart part{short_tile ? 0 : 64 * consumer, line0, slice_line0 + line0};
+      multiply_steps<kLines / 2, kPaired>(acc, stages, full, empty, steps, part);
+      store_tile<P, kLines / 2>(a, acc, part, first, rows, slice);
     }
   }
   // Neither block of a pair leaves while the other may still copy into its stages or arrive on
@@ -327,19 +357,19 @@ void launch_projection(GroupedArgs a, const CUtensorMap& weight_map, int64_t fea
                           kSharedBytes, stream, a, weight_map);
 }
 
-// One projection over every row tile: as one launch, or (paired) as the pairs of row tiles in
-// clusters and then each expert's odd last tile alone.
+// One projection over every row tile: a block a tile, or (paired) clusters of two blocks on the
+// pairs of row tiles and the odd last tiles.
 template <Projection P>
 void run_projection(const GroupedArgs& a, int64_t features, int64_t num_pairs, bool paired, cudaStream_t stream) {
   using moe_tiles::TileSet;
-  auto units = [&](TileSet set) { return moe_tiles::units_bound(set, num_pairs, a.num_experts, kRows); };
-  if (!paired) {
-    launch_projection<P, TileSet::kEvery>(a, CUtensorMap{}, features, units(TileSet::kEvery), stream);
-    return;
+  const TileSet set = paired ? TileSet::kPairs : TileSet::kEvery;
+  const int64_t units = moe_tiles::units_bound(set, num_pairs, a.num_experts, kRows);
+  if (paired) {
+    const CUtensorMap map = weight_tensor_map(a.weights, int64_t{a.num_experts} * a.rows_per_expert, a.k);
+    launch_projection<P, TileSet::kPairs>(a, map, features, units, stream);
+  } else {
+    launch_projection<P, TileSet::kEvery>(a, CUtensorMap{}, features, units, stream);
   }
-  const CUtensorMap map = weight_tensor_map(a.weights, int64_t{a.num_experts} * a.rows_per_expert, a.k);
-  launch_projection<P, TileSet::kPairs>(a, map, features, units(TileSet::kPairs), stream);
-  launch_projection<P, TileSet::kOddLast>(a, map, features, units(TileSet::kOddLast), stream);
 }
 
 }  // namespace

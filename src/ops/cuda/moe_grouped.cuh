@@ -89,9 +89,10 @@ __device__ __forceinline__ int64_t weight_row(const GroupedArgs& a, int e, int l
 }
 
 // A block's work: rows [first, first + rows) of the grouped pairs, all of expert `expert` (-1:
-// none, past the last unit), and its output slice.
+// none, past the last unit), and its output slice; half = -1, or (an odd last tile of kPairs)
+// the half of the slice's weight lines it takes.
 struct RowTile {
-  int expert, first, rows, slice;
+  int expert, first, rows, slice, half = -1;
 };
 
 using moe_tiles::TileSet;
@@ -102,7 +103,7 @@ using moe_tiles::TileSet;
 // calls it; it synchronises the block.
 template <int kRows, int kBlockThreads, TileSet kSet = TileSet::kEvery>
 __device__ RowTile unit_of_block(const int32_t* offsets, int num_experts, int unit, int slices, int rank = 0) {
-  __shared__ int tile_expert, tile_first, tile_slice, warp_sums[kBlockThreads / 32];
+  __shared__ int tile_expert, tile_first, tile_slice, tile_half, warp_sums[kBlockThreads / 32];
   const int per = (num_experts + kBlockThreads - 1) / kBlockThreads;
   const int e0 = min(num_experts, static_cast<int>(threadIdx.x) * per), e1 = min(num_experts, e0 + per);
   auto tiles_of = [&](int e) { return moe_tiles::tiles_of(offsets[e + 1] - offsets[e], kRows); };
@@ -128,6 +129,7 @@ __device__ RowTile unit_of_block(const int32_t* offsets, int num_experts, int un
         tile_expert = e;
         tile_first = offsets[e] + moe_tiles::tile_of(kSet, tiles, left % units, rank) * kRows;
         tile_slice = left / units;
+        tile_half = moe_tiles::splits_lines(kSet, tiles, left % units) ? rank : -1;
         break;
       }
       left -= units * slices;
@@ -135,7 +137,7 @@ __device__ RowTile unit_of_block(const int32_t* offsets, int num_experts, int un
   }
   __syncthreads();
   if (tile_expert < 0) return {-1, 0, 0, 0};
-  return {tile_expert, tile_first, min(kRows, offsets[tile_expert + 1] - tile_first), tile_slice};
+  return {tile_expert, tile_first, min(kRows, offsets[tile_expert + 1] - tile_first), tile_slice, tile_half};
 }
 
 // This block's row tile (blockIdx.y of the experts' row tiles of kRows rows, the experts in

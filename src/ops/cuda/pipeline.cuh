@@ -60,10 +60,11 @@ __device__ __forceinline__ uint32_t cluster_address(uint32_t address, uint32_t r
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(address), "r"(rank));
   return out;
 }
-// One arrival on a barrier of any block of the cluster (a cluster_address), released at cluster
-// scope: what this thread did before it is visible to the block that waits.
+// One arrival on a barrier of any block of the cluster (a cluster_address), released at the
+// block's scope only: enough to hand back a stage whose reads (wgmma's, waited for) are done. A
+// cluster-scope release would also wait for the thread's wgmma still in flight.
 __device__ __forceinline__ void barrier_arrive_cluster(uint32_t cluster_barrier) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_barrier) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_barrier) : "memory");
 }
 // barrier_wait for arrivals from other blocks of the cluster (acquired at cluster scope).
 __device__ __forceinline__ void barrier_wait_cluster(uint32_t barrier, uint32_t parity) {
