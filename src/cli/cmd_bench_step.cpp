@@ -66,6 +66,7 @@ struct BenchStepOptions {
   int specialized_bf16_experts_min_pairs = model::CudaModelOptions{}.specialized_bf16_experts_min_pairs;
   bool paired_bf16_experts = model::CudaModelOptions{}.paired_bf16_experts;
   bool wgmma_fp8_experts = model::CudaModelOptions{}.wgmma_fp8_experts;
+  bool specialized_fp8_experts = model::CudaModelOptions{}.specialized_fp8_experts;
   bool fp8_prefill_indexer = model::CudaModelOptions{}.fp8_prefill_indexer;
   int stream_experts_min_pairs = model::CudaModelOptions{}.stream_experts_min_pairs;
   int stream_experts_max_pairs = model::CudaModelOptions{}.stream_experts_max_pairs;
@@ -284,6 +285,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.specialized_bf16_experts_min_pairs = o.specialized_bf16_experts_min_pairs;
   options.paired_bf16_experts = o.paired_bf16_experts;
   options.wgmma_fp8_experts = o.wgmma_fp8_experts;
+  options.specialized_fp8_experts = o.specialized_fp8_experts;
   options.fp8_prefill_indexer = o.fp8_prefill_indexer;
   options.stream_experts_min_pairs = o.stream_experts_min_pairs;
   options.stream_experts_max_pairs = o.stream_experts_max_pairs;
@@ -539,6 +541,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"specialized_bf16_experts_min_pairs", o.specialized_bf16_experts_min_pairs},
                         {"paired_bf16_experts", o.paired_bf16_experts},
                         {"wgmma_fp8_experts", o.wgmma_fp8_experts},
+                        {"specialized_fp8_experts", o.specialized_fp8_experts},
                         {"fp8_prefill_indexer", o.fp8_prefill_indexer},
                         {"stream_experts_min_pairs", o.stream_experts_min_pairs},
                         {"stream_experts_max_pairs", o.stream_experts_max_pairs},
@@ -683,6 +686,10 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--wgmma-fp8-experts", o->wgmma_fp8_experts,
                   "Block-FP8 routed experts take W8A8 grouped GEMMs on the FP8 tensor cores from those pairs per "
                   "expert (true/false; false: mma.sync kernels, then each expert widened to bf16 for cuBLAS)")
+      ->capture_default_str();
+  cmd->add_option("--specialized-fp8-experts", o->specialized_fp8_experts,
+                  "Those GEMMs warp-specialised: a producer warpgroup copies while two consumer warpgroups multiply "
+                  "(true/false)")
       ->capture_default_str();
   cmd->add_option("--wgmma-experts-tile-rows", o->wgmma_experts_tile_rows,
                   "Grouped rows a block of those GEMMs: 64, 128, or 0 (128 from 80 pairs per expert)")

@@ -405,7 +405,8 @@ TEST_F(CudaMoe, Mxfp4StreamedExpertsMatchReference) {
 // moe_experts_wgmma_fp8 (W8A8) against reference_pair over the same E4M3 roundings of the
 // tokens and of act. Each token's 128-column blocks differ in magnitude (1e-2 .. 1e2), so that
 // every token scale matters; the weights' 128 x 128 blocks have scales of their own.
-double fp8_wgmma_error(const Experts& experts, int n, const std::vector<int32_t>& ids, int top_k) {
+double fp8_wgmma_error(const Experts& experts, int n, const std::vector<int32_t>& ids, int top_k,
+                       bool warp_specialized) {
   const int64_t hidden = experts.hidden, inter = experts.inter, E = experts.E;
   const int64_t P = static_cast<int64_t>(ids.size());
   auto tokens = random_values(n * hidden, 130 + n, 2.0f);
@@ -419,7 +420,7 @@ double fp8_wgmma_error(const Experts& experts, int n, const std::vector<int32_t>
                               static_cast<int>(E), top_k, P,
                               {token_codes.as<uint8_t>(), token_scales.as<float>(), act_codes.as<uint8_t>(),
                                act_scales.as<float>()},
-                              run.act.as<uint16_t>(), run.out.as<float>(), nullptr);
+                              run.act.as<uint16_t>(), run.out.as<float>(), nullptr, warp_specialized);
   const auto quantised = fp8_rounded_rows(tokens);
   std::vector<float> want_rows;
   for (int64_t p = 0; p < P; ++p) {
@@ -449,8 +450,10 @@ TEST_F(CudaMoe, Fp8WgmmaExpertsMatchW8a8Reference) {
     ASSERT_TRUE(cuda::moe_experts_wgmma_fp8_supported(experts.view(), c.hidden, c.inter));
     for (const int n : c.token_counts) {
       const auto ids = random_choices(n, static_cast<int>(c.E), c.top_k, 500 + n);
-      EXPECT_LT(fp8_wgmma_error(experts, n, ids, c.top_k), 1e-2)
-          << c.E << " experts, " << n << " tokens, hidden " << c.hidden << ", inter " << c.inter;
+      for (const bool warp_specialized : {false, true})
+        EXPECT_LT(fp8_wgmma_error(experts, n, ids, c.top_k, warp_specialized), 1e-2)
+            << c.E << " experts, " << n << " tokens, hidden " << c.hidden << ", inter " << c.inter
+            << (warp_specialized ? ", warp-specialised" : "");
     }
   }
   const Experts odd = make_experts(WeightFormat::Fp8Block, true, 2, 320, 128, 5);

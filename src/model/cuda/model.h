@@ -110,6 +110,12 @@ struct CudaModelOptions {
   // quantised per 128 columns as the FP8 linear layers' are); false: the mma.sync kernels and,
   // above their range, each expert widened to bf16 for cuBLAS.
   bool wgmma_fp8_experts = true;
+  // Those GEMMs warp-specialised: a producer warpgroup copies each stage while two consumer
+  // warpgroups multiply and promote, meeting on transaction barriers instead of a block barrier
+  // a step (ops::cuda::moe_experts_wgmma_fp8's warp_specialized; the same sums). H200, GLM-5.2
+  // width, 5 layers, FP8 linears and experts (bench/results/cuda-fp8-specialized-experts-20261204.json),
+  // experts of a prefill: 2048 tokens 16.0 -> 14.4 ms, 4096 23.2 -> 20.7, 8192 40.8 -> 34.6.
+  bool specialized_fp8_experts = true;
   // Their grouped rows a block, 64 or 128; 0: 128 from 80 pairs per expert on average (prefill
   // 3072, 96 pairs an expert: experts MXFP4 36.7 -> 30.6 ms, bf16 31.2 -> 28.5; at 64 the two
   // within 2%).

@@ -181,7 +181,7 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
                             options.wgmma_experts_tile_rows);
   } else if (wgmma_fp8) {
     cuda::moe_experts_wgmma_fp8(x, hidden, inter, experts, plan, E, K, P, fp8_expert_staging(rows, P, inter),
-                                as<uint16_t>(pair_act), as<float>(expert_out), s);
+                                as<uint16_t>(pair_act), as<float>(expert_out), s, options.specialized_fp8_experts);
   } else if (P <= int64_t{small_pairs} * config.n_routed_experts || !shape.host_sync_ok) {
     GLMS_CHECK(P <= pair_capacity, "MoE pairs beyond the pair buffers");
     cuda::moe_experts_small(x, hidden, inter, experts, plan, E, K, chunk_tokens,

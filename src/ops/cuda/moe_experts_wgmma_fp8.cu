@@ -21,6 +21,13 @@
 //   weights [128 features] lines of 128 codes
 //   token scales [128] fp32
 // filled by cp.async kStages - 1 steps ahead.
+//
+// The warp-specialised version (`warp_specialized`, the second kernel below) takes the same tiles
+// and stages, but a third warpgroup copies them, completing a transaction barrier a stage, and
+// each consumer warpgroup waits only for its stage and hands it back once its wgmma have read it:
+// no block-wide barrier a step, the copies issued by warps that do nothing else, and one
+// consumer's promotion running while the other's wgmma do (the first kernel is issue-bound: its
+// every warp copies, waits at the step's barrier, multiplies and promotes in turn).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -31,6 +38,7 @@
 #include "ops/cuda/linear_fp8.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_grouped.cuh"
+#include "ops/cuda/pipeline.cuh"
 #include "ops/cuda/wgmma.cuh"
 
 namespace glms::ops::cuda {
@@ -162,14 +170,165 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_grouped_experts_kernel(Groupe
   moe_grouped::epilogue<P, kRows>(a, acc[0], first, rows, stages_generic);
 }
 
+// The warp-specialised kernel: warpgroups 0 and 1 multiply (rows 64 w .. of the tile, as the
+// kernel above), warpgroup 2 copies.
+namespace specialized {
+
+constexpr int kThreads = 384;
+constexpr int kConsumerThreads = 256;
+constexpr int kStages = 6;
+constexpr int kSharedBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;  // then the full and empty barriers
+static_assert(kSharedBytes <= 232448, "one block an SM");
+constexpr int kConsumerRegisters = 200, kProducerRegisters = 72;  // no spills either side
+static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= 65536, "the register file");
+constexpr int kProducerCopies = kRows * (kLine / 16) / 128;  // 8: a producer thread's chunks a step, of each operand
+
+// The producer warpgroup: thread t copies 16-byte chunk t % 8 of token rows and weight lines
+// t / 8 + 16 i (token rows past the tile's are not copied: their products are never stored) and
+// the scale of token row t, then arrives on the stage's full barrier once its copies land.
 template <Projection P>
-void launch_projection(const GroupedArgs& a, int64_t blocks_x, int64_t tiles, cudaStream_t stream) {
+__device__ __forceinline__ void produce(const GroupedArgs& a, int e, int first, int rows, uint32_t stages,
+                                        uint32_t full, uint32_t empty, int steps) {
+  const int index = threadIdx.x % 128, chunk = index % 8, line0 = index / 8;
+  const int64_t k = a.k;
+  auto source_of = [&](int r) -> int32_t {
+    return r >= rows ? -1 : P == Projection::kGateUp ? a.sorted_pairs[first + r] / a.top_k : first + r;
+  };
+  uint32_t token_at[kProducerCopies];  // in 16-byte units: under 2^32 for any launch (checked on the host)
+  uint32_t token_valid = 0;
+#pragma unroll
+  for (int i = 0; i < kProducerCopies; ++i) {
+    const int32_t source = source_of(line0 + 16 * i);
+    token_at[i] = static_cast<uint32_t>(((source < 0 ? 0 : source * k) + 16 * chunk) / 16);
+    token_valid |= source < 0 ? 0u : 1u << i;
+  }
+  const int32_t scale_source = source_of(index);
+  const float* scale_from = a.x_scales + (scale_source < 0 ? 0 : scale_source);
+  // Lines 0..63 and 64..127 of the block (gate/up: its gate rows and their up rows; down: two
+  // runs of 64 output features), each advanced by whole 16-line groups.
+  const uint8_t* const lower = a.codes + moe_grouped::weight_row<P, Layout::kFeatures>(a, e, line0) * k + 16 * chunk;
+  const uint8_t* const upper =
+      a.codes + moe_grouped::weight_row<P, Layout::kFeatures>(a, e, line0 + Layout::kFeatures / 2) * k + 16 * chunk;
+  const int64_t lines16 = 16 * k;
+  for (int step = 0; step < steps; ++step) {
+    const int stage = step % kStages;
+    pipeline::barrier_wait(empty + 8 * stage, ((step / kStages) & 1) ^ 1);  // the first round passes
+    const uint32_t tokens = stages + stage * kStageBytes, weights = tokens + kTileBytes;
+    const int64_t offset = int64_t{step} * kStepValues;
+#pragma unroll
+    for (int i = 0; i < kProducerCopies; ++i)
+      if (token_valid >> i & 1)
+        wgmma::copy_async_16(tokens + swizzled(line0 + 16 * i, chunk), a.x_codes + 16 * int64_t{token_at[i]} + offset,
+                             16);
+#pragma unroll
+    for (int i = 0; i < kProducerCopies; ++i) {
+      constexpr int kHalf = kProducerCopies / 2;
+      const int upper_half = i / kHalf, group = i % kHalf;
+      wgmma::copy_async_16(weights + swizzled(line0 + 64 * upper_half + 16 * group, chunk),
+                           (upper_half ? upper : lower) + group * lines16 + offset, 16);
+    }
+    if (scale_source >= 0)
+      wgmma::copy_async_4(tokens + kScalesOffset + 4 * index, scale_from + step * a.x_scale_stride, 4);
+    pipeline::barrier_arrive_on_copies(full + 8 * stage);
+  }
+  wgmma::copy_async_wait<0>();
+}
+
+// Consumer warpgroup `consumer`: rows 64 consumer .. of the tile against the block's 128 lines,
+// each step's four m64n128k32 into `part`, then acc += part x token scale x weight scale
+// (part[4 j + q]: row 16 warp + g + 8 (q / 2) of the warpgroup's, line 8 j + ..: j < 8 the gate
+// lines, down one weight scale for all).
+template <Projection P>
+__device__ __forceinline__ void multiply(const GroupedArgs& a, float (&acc)[64], int e, uint32_t stages,
+                                         const uint8_t* stages_generic, uint32_t full, uint32_t empty, int steps,
+                                         int consumer) {
+  const int u = threadIdx.x % 128, warp = u / 32, g = u % 32 / 4;
+  const int row = Layout::kGroupRow0 * consumer + 16 * warp + g;
+  const uint64_t token_descriptor = descriptor(stages + Layout::kGroupRow0 * consumer * kLine, 16, 1024);
+  const uint64_t weight_descriptor = descriptor(stages + kTileBytes, 16, 1024);
+  const float* gate_scales = a.weight_scales + moe_grouped::weight_row<P, Layout::kFeatures>(a, e, 0) * steps;
+  const float* up_scales =
+      a.weight_scales +
+      moe_grouped::weight_row<P, Layout::kFeatures>(a, e, P == Projection::kGateUp ? Layout::kFeatures / 2 : 0) * steps;
+  float part[64];
+  for (int step = 0; step < steps; ++step) {
+    const int stage = step % kStages;
+    const float gate_scale = __ldg(gate_scales + step);
+    const float up_scale = P == Projection::kGateUp ? __ldg(up_scales + step) : gate_scale;
+    pipeline::barrier_wait(full + 8 * stage, (step / kStages) & 1);
+    wgmma::fence_async_proxy();  // the copies' writes before the tensor cores' reads
+    wgmma::pin(part);
+    wgmma::fence();
+    const uint64_t stage_offset = static_cast<uint64_t>(stage * kStageBytes) >> 4;
+#pragma unroll
+    for (int kk = 0; kk < kStepValues / 32; ++kk)
+      wgmma::m64n128k32_e4m3(part, token_descriptor + stage_offset + 2 * kk, weight_descriptor + stage_offset + 2 * kk,
+                             kk);
+    wgmma::commit();
+    const float* token_scales = reinterpret_cast<const float*>(stages_generic + stage * kStageBytes + kScalesOffset);
+    const float t0 = token_scales[row], t1 = token_scales[row + 8];
+    wgmma::wait_all();
+    wgmma::pin(part);
+    pipeline::barrier_arrive(empty + 8 * stage);  // its codes and scales are read
+    const float s[2][2] = {{t0 * gate_scale, t1 * gate_scale}, {t0 * up_scale, t1 * up_scale}};
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[4 * j + q] = fmaf(part[4 * j + q], s[j / 8][q / 2], acc[4 * j + q]);
+  }
+}
+
+template <Projection P>
+__global__ void __launch_bounds__(kThreads, 1) fp8_specialized_experts_kernel(GroupedArgs a) {
+  chained_grid_prologue();
+  extern __shared__ __align__(16) uint8_t shared_raw[];
+  const moe_grouped::RowTile tile = moe_grouped::row_tile_of_block<kRows, kThreads>(a.offsets, a.num_experts);
+  if (tile.expert < 0) return;
+  const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
+  const uint32_t stages = aligned.address;
+  const uint32_t full = stages + kStages * kStageBytes, empty = full + 8 * kStages;  // copies landed; consumers done
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      pipeline::barrier_init(full + 8 * s, 128);
+      pipeline::barrier_init(empty + 8 * s, kConsumerThreads);
+    }
+    pipeline::barrier_init_fence();
+  }
+  __syncthreads();
+  const int steps = static_cast<int>(a.k / kStepValues);
+  // Broadcast from lane 0: the compiler then knows each warp takes one side of the branch.
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+  if (warpgroup == 2) {
+    pipeline::shrink_registers<kProducerRegisters>();
+    produce<P>(a, tile.expert, tile.first, tile.rows, stages, full, empty, steps);
+  } else {
+    pipeline::grow_registers<kConsumerRegisters>();
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    multiply<P>(a, acc, tile.expert, stages, aligned.generic, full, empty, steps, warpgroup);
+    moe_grouped::epilogue<P, kRows>(a, acc, tile.first, tile.rows, aligned.generic);
+  }
+}
+
+}  // namespace specialized
+
+template <Projection P>
+void launch_projection(const GroupedArgs& a, int64_t blocks_x, int64_t tiles, bool warp_specialized,
+                       cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(tiles));
+  if (warp_specialized) {
+    auto* kernel = specialized::fp8_specialized_experts_kernel<P>;
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, specialized::kSharedBytes),
+          "moe_experts_wgmma (FP8, warp-specialised) shared memory");
+    launch_chained("moe_experts_wgmma (FP8, warp-specialised) launch", kernel, grid, specialized::kThreads,
+                   specialized::kSharedBytes, stream, a);
+    return;
+  }
   auto* kernel = fp8_grouped_experts_kernel<P>;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
         "moe_experts_wgmma (FP8) shared memory");
-  launch_chained("moe_experts_wgmma (FP8) launch", kernel,
-                 dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(tiles)), kThreads, kSharedBytes, stream,
-                 a);
+  launch_chained("moe_experts_wgmma (FP8) launch", kernel, grid, kThreads, kSharedBytes, stream, a);
 }
 
 }  // namespace
@@ -180,7 +339,8 @@ bool moe_experts_wgmma_fp8_supported(const ExpertWeights& experts, int64_t hidde
 
 void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                            const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs,
-                           const MoeFp8Staging& staging, uint16_t* act, float* expert_out, cudaStream_t stream) {
+                           const MoeFp8Staging& staging, uint16_t* act, float* expert_out, cudaStream_t stream,
+                           bool warp_specialized) {
   if (num_pairs <= 0 || num_experts <= 0) return;
   GLMS_CHECK(moe_experts_wgmma_fp8_supported(experts, hidden, inter),
              "moe_experts_wgmma: FP8 experts with hidden and inter multiples of 128");
@@ -190,6 +350,8 @@ void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, con
   // Row tiles: at most one part-filled tile per expert beyond the full ones.
   const int64_t tiles = (num_pairs + kRows - 1) / kRows + std::min<int64_t>(num_experts, num_pairs);
   GLMS_CHECK(tiles <= 65535, "moe_experts_wgmma: too many pairs for one launch");
+  GLMS_CHECK(num_pairs * std::max(hidden, inter) / 16 < (int64_t{1} << 32),
+             "moe_experts_wgmma: too many pairs for one launch");
   GroupedArgs a = moe_grouped::grouped_args(plan, num_experts, top_k, inter, act, expert_out);
 
   quantize_fp8_rows(x, tokens, hidden, staging.token_codes, staging.token_scales, stream);
@@ -200,7 +362,7 @@ void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, con
   a.weight_scales = static_cast<const float*>(experts.gate_up_scales);
   a.k = hidden;
   a.rows_per_expert = 2 * inter;
-  launch_projection<Projection::kGateUp>(a, inter / (Layout::kFeatures / 2), tiles, stream);
+  launch_projection<Projection::kGateUp>(a, inter / (Layout::kFeatures / 2), tiles, warp_specialized, stream);
 
   quantize_fp8_rows(act, num_pairs, inter, staging.act_codes, staging.act_scales, stream);
   a.x_codes = staging.act_codes;
@@ -210,7 +372,7 @@ void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, con
   a.weight_scales = static_cast<const float*>(experts.down_scales);
   a.k = inter;
   a.rows_per_expert = hidden;
-  launch_projection<Projection::kDown>(a, hidden / Layout::kFeatures, tiles, stream);
+  launch_projection<Projection::kDown>(a, hidden / Layout::kFeatures, tiles, warp_specialized, stream);
 }
 
 }  // namespace glms::ops::cuda
