@@ -67,6 +67,7 @@ struct BenchStepOptions {
   bool paired_bf16_experts = model::CudaModelOptions{}.paired_bf16_experts;
   bool wgmma_fp8_experts = model::CudaModelOptions{}.wgmma_fp8_experts;
   bool specialized_fp8_experts = model::CudaModelOptions{}.specialized_fp8_experts;
+  bool fp8_experts_slice_pairs = model::CudaModelOptions{}.fp8_experts_slice_pairs;
   bool fp8_prefill_indexer = model::CudaModelOptions{}.fp8_prefill_indexer;
   int stream_experts_min_pairs = model::CudaModelOptions{}.stream_experts_min_pairs;
   int stream_experts_max_pairs = model::CudaModelOptions{}.stream_experts_max_pairs;
@@ -286,6 +287,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.paired_bf16_experts = o.paired_bf16_experts;
   options.wgmma_fp8_experts = o.wgmma_fp8_experts;
   options.specialized_fp8_experts = o.specialized_fp8_experts;
+  options.fp8_experts_slice_pairs = o.fp8_experts_slice_pairs;
   options.fp8_prefill_indexer = o.fp8_prefill_indexer;
   options.stream_experts_min_pairs = o.stream_experts_min_pairs;
   options.stream_experts_max_pairs = o.stream_experts_max_pairs;
@@ -542,6 +544,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"paired_bf16_experts", o.paired_bf16_experts},
                         {"wgmma_fp8_experts", o.wgmma_fp8_experts},
                         {"specialized_fp8_experts", o.specialized_fp8_experts},
+                        {"fp8_experts_slice_pairs", o.fp8_experts_slice_pairs},
                         {"fp8_prefill_indexer", o.fp8_prefill_indexer},
                         {"stream_experts_min_pairs", o.stream_experts_min_pairs},
                         {"stream_experts_max_pairs", o.stream_experts_max_pairs},
@@ -690,6 +693,10 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--specialized-fp8-experts", o->specialized_fp8_experts,
                   "Those GEMMs warp-specialised: a producer warpgroup copies while two consumer warpgroups multiply "
                   "(true/false)")
+      ->capture_default_str();
+  cmd->add_option("--fp8-experts-slice-pairs", o->fp8_experts_slice_pairs,
+                  "Those warp-specialised GEMMs in clusters of two blocks on adjacent output slices that share the "
+                  "token rows (TMA multicast; true/false)")
       ->capture_default_str();
   cmd->add_option("--wgmma-experts-tile-rows", o->wgmma_experts_tile_rows,
                   "Grouped rows a block of those GEMMs: 64, 128, or 0 (128 from 80 pairs per expert)")

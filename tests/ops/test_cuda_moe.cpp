@@ -406,21 +406,21 @@ TEST_F(CudaMoe, Mxfp4StreamedExpertsMatchReference) {
 // tokens and of act. Each token's 128-column blocks differ in magnitude (1e-2 .. 1e2), so that
 // every token scale matters; the weights' 128 x 128 blocks have scales of their own.
 double fp8_wgmma_error(const Experts& experts, int n, const std::vector<int32_t>& ids, int top_k,
-                       bool warp_specialized) {
+                       cuda::Fp8ExpertGemm gemm) {
   const int64_t hidden = experts.hidden, inter = experts.inter, E = experts.E;
   const int64_t P = static_cast<int64_t>(ids.size());
   auto tokens = random_values(n * hidden, 130 + n, 2.0f);
   for (int64_t i = 0; i < n * hidden; ++i)
     tokens[i] = round_bf16(tokens[i] * std::pow(10.0f, static_cast<float>((i / hidden + i % hidden / 128) % 5) - 2.0f));
   ExpertRun run(tokens, ids, E, hidden, inter);
-  const int64_t np = cuda::fp8_padded_tokens(n), pp = cuda::fp8_padded_tokens(P);
-  cuda::DeviceBuffer token_codes(np * hidden), token_scales(sizeof(float) * np * hidden / 128),
+  const int64_t pp = cuda::fp8_padded_tokens(P);  // the tokens' staging holds a row a pair (slice pairs)
+  cuda::DeviceBuffer token_codes(pp * hidden), token_scales(sizeof(float) * pp * hidden / 128),
       act_codes(pp * inter), act_scales(sizeof(float) * pp * inter / 128);
   cuda::moe_experts_wgmma_fp8(run.d_x.as<uint16_t>(), hidden, inter, experts.view(), run.buffers.plan(),
                               static_cast<int>(E), top_k, P,
                               {token_codes.as<uint8_t>(), token_scales.as<float>(), act_codes.as<uint8_t>(),
                                act_scales.as<float>()},
-                              run.act.as<uint16_t>(), run.out.as<float>(), nullptr, warp_specialized);
+                              run.act.as<uint16_t>(), run.out.as<float>(), nullptr, gemm);
   const auto quantised = fp8_rounded_rows(tokens);
   std::vector<float> want_rows;
   for (int64_t p = 0; p < P; ++p) {
@@ -433,7 +433,8 @@ double fp8_wgmma_error(const Experts& experts, int n, const std::vector<int32_t>
 // GLM-5.2's widths; experts with several row tiles, the last part-filled (150 tokens over 5
 // experts, top-3: 90 pairs an expert; 300 pairs an expert); most experts without pairs; more
 // experts than the tile search has threads; more steps than stages in down (inter 1024) and an
-// odd number of steps (hidden 384). Hopper's FP8 tensor cores keep about 14 bits in their own
+// odd number of steps (hidden 384: its 3 down slices also take the slice pairs' fallback). Each
+// case through the three kernels. Hopper's FP8 tensor cores keep about 14 bits in their own
 // sums, so a 128-k step's sum is about 1e-3 off the double one; that moves some of act's bf16
 // and then E4M3 roundings (an E4M3 step is 1/16), which the reference makes from exact sums:
 // 3.4e-3 .. 5.4e-3 on the H200. A wrong scale or tile is off by order one.
@@ -450,10 +451,12 @@ TEST_F(CudaMoe, Fp8WgmmaExpertsMatchW8a8Reference) {
     ASSERT_TRUE(cuda::moe_experts_wgmma_fp8_supported(experts.view(), c.hidden, c.inter));
     for (const int n : c.token_counts) {
       const auto ids = random_choices(n, static_cast<int>(c.E), c.top_k, 500 + n);
-      for (const bool warp_specialized : {false, true})
-        EXPECT_LT(fp8_wgmma_error(experts, n, ids, c.top_k, warp_specialized), 1e-2)
-            << c.E << " experts, " << n << " tokens, hidden " << c.hidden << ", inter " << c.inter
-            << (warp_specialized ? ", warp-specialised" : "");
+      using cuda::Fp8ExpertGemm;
+      for (const Fp8ExpertGemm gemm :
+           {Fp8ExpertGemm::kBlockBarrier, Fp8ExpertGemm::kWarpSpecialized, Fp8ExpertGemm::kSlicePairs})
+        EXPECT_LT(fp8_wgmma_error(experts, n, ids, c.top_k, gemm), 1e-2)
+            << c.E << " experts, " << n << " tokens, hidden " << c.hidden << ", inter " << c.inter << ", kernel "
+            << static_cast<int>(gemm);
     }
   }
   const Experts odd = make_experts(WeightFormat::Fp8Block, true, 2, 320, 128, 5);

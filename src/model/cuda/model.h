@@ -116,6 +116,12 @@ struct CudaModelOptions {
   // width, 5 layers, FP8 linears and experts (bench/results/cuda-fp8-specialized-experts-20261204.json),
   // experts of a prefill: 2048 tokens 16.0 -> 14.4 ms, 4096 23.2 -> 20.7, 8192 40.8 -> 34.6.
   bool specialized_fp8_experts = true;
+  // Those with two blocks a cluster on adjacent output slices of one row tile: the tokens' rows
+  // quantised in grouped order and copied by TMA, each block's half into both (multicast), the
+  // weight lines by TMA (Nsight Compute had the kernel above at 45% of the FP8 tensor rate with
+  // 66% of L2 throughput; the copies a step fall from 17 a producer thread to 3 in all). Off
+  // until it is measured on the H200 (ops::cuda::Fp8ExpertGemm::kSlicePairs).
+  bool fp8_experts_slice_pairs = false;
   // Their grouped rows a block, 64 or 128; 0: 128 from 80 pairs per expert on average (prefill
   // 3072, 96 pairs an expert: experts MXFP4 36.7 -> 30.6 ms, bf16 31.2 -> 28.5; at 64 the two
   // within 2%).

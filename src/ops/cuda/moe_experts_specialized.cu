@@ -29,11 +29,9 @@
 //                                                 products are never stored)
 //   weights [256 lines] of 64 k          32 KB
 // then the stages' full and empty barriers.
-#include <cuda.h>  // CUtensorMap and its encoder's types (the encoder is found at run time)
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <string>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
@@ -42,6 +40,7 @@
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_grouped.cuh"
 #include "ops/cuda/pipeline.cuh"
+#include "ops/cuda/tensor_map.h"
 #include "ops/cuda/wgmma.cuh"
 
 namespace glms::ops::cuda {
@@ -245,7 +244,7 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
 // and slice, each block loading half the weight lines into both (an L2 read of 32 KB a step
 // instead of 48: the GEMM at 8192 tokens is bound by L2 throughput), or an odd last tile, each
 // block against half the lines. weight_map: the stacked weights [experts x rows_per_expert, k]
-// in 64-line boxes (weight_tensor_map; unused otherwise).
+// in 64-line boxes (swizzled_rows_tensor_map; unused otherwise).
 template <Projection P, moe_tiles::TileSet kSet>
 __global__ void __launch_bounds__(kThreads, 1)
     specialized_experts_kernel(GroupedArgs a, const __grid_constant__ CUtensorMap weight_map) {
@@ -309,35 +308,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kPaired) pipeline::cluster_sync();
 }
 
-// The stacked bf16 weights [rows, k] as a 2D tensor map of 64-line x 64-k boxes (128 bytes a
-// line, the 128-byte swizzle: wgmma.cuh's layout). The driver's encoder comes through the
-// runtime's entry point, so that nothing links libcuda.
-CUtensorMap weight_tensor_map(const uint16_t* weights, int64_t rows, int64_t k) {
-  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                              const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-  static const Encode encode = [] {
-    void* function = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found),
-          "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)");
-    GLMS_CHECK(found == cudaDriverEntryPointSuccess && function != nullptr,
-               "the CUDA driver has no cuTensorMapEncodeTiled (12.0 or later needed)");
-    return reinterpret_cast<Encode>(function);
-  }();
-  CUtensorMap map{};
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * sizeof(uint16_t)};
-  const cuuint32_t box[2] = {kStepK, 64}, element_strides[2] = {1, 1};
-  const CUresult result = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(weights), dims,
-                                 strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  GLMS_CHECK(result == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed for the expert weights (error " +
-                                         std::to_string(static_cast<int>(result)) + ")");
-  return map;
-}
-
 // A block a unit of moe_grouped::unit_of_block: an expert's row tiles of one output slice come
 // one after another, so that the blocks reading the same weight lines run at about the same time
 // and share them in L2 (taken by row tile, then slice, the gate/up launch at 8192 tokens read its
@@ -365,7 +335,9 @@ void run_projection(const GroupedArgs& a, int64_t features, int64_t num_pairs, b
   const TileSet set = paired ? TileSet::kPairs : TileSet::kEvery;
   const int64_t units = moe_tiles::units_bound(set, num_pairs, a.num_experts, kRows);
   if (paired) {
-    const CUtensorMap map = weight_tensor_map(a.weights, int64_t{a.num_experts} * a.rows_per_expert, a.k);
+    // The stacked weights [experts x rows_per_expert, k] in 64-line boxes.
+    const CUtensorMap map = swizzled_rows_tensor_map(a.weights, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                                     int64_t{a.num_experts} * a.rows_per_expert, a.k, 64);
     launch_projection<P, TileSet::kPairs>(a, map, features, units, stream);
   } else {
     launch_projection<P, TileSet::kEvery>(a, CUtensorMap{}, features, units, stream);
