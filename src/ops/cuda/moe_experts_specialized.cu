@@ -109,18 +109,6 @@ __device__ __forceinline__ void store_tile(const GroupedArgs& a, const float (&a
   }
 }
 
-// A consumer thread is done reading a stage. kPaired: the stage is refilled in both blocks of
-// the pair by either one's weight copies, so lane r of each consumer warp tells block r.
-template <bool kPaired>
-__device__ __forceinline__ void release_stage(uint32_t empty_barrier) {
-  if constexpr (kPaired) {
-    const uint32_t lane = threadIdx.x % 32;
-    if (lane < kPairBlocks) pipeline::barrier_arrive_cluster(pipeline::cluster_address(empty_barrier, lane));
-  } else {
-    pipeline::barrier_arrive(empty_barrier);
-  }
-}
-
 // A consumer's steps: wait for a stage, multiply its part of it, keep one step's wgmma in flight
 // and hand the step before back to the producer.
 template <int kN, bool kPaired>
@@ -147,7 +135,7 @@ __device__ __forceinline__ void multiply_steps(float (&acc)[128], uint32_t stage
     // The previous step's products are done: its stage goes back to the producer.
     wgmma::wait<1>();
     wgmma::pin(acc);
-    if (step > 0) release_stage<kPaired>(empty + 8 * ((step - 1) % kStages));
+    if (step > 0) pipeline::release_stage<kPaired, kPairBlocks>(empty + 8 * ((step - 1) % kStages));
   }
   wgmma::wait_all();
   wgmma::pin(acc);
@@ -160,7 +148,7 @@ __device__ __forceinline__ void pass_steps(uint32_t full, uint32_t empty, int st
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kStages;
     pipeline::barrier_wait(full + 8 * stage, (step / kStages) & 1);
-    release_stage<kPaired>(empty + 8 * stage);
+    pipeline::release_stage<kPaired, kPairBlocks>(empty + 8 * stage);
   }
 }
 
@@ -261,15 +249,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t stages = wgmma::align_to_1024(shared_raw).address;
   const uint32_t barriers = stages + kStages * kStageBytes;
   const uint32_t full = barriers, empty = barriers + 8 * kStages;  // copies landed; consumers done
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      pipeline::barrier_init(full + 8 * s, kPaired ? 128 + 1 : 128);
-      pipeline::barrier_init(empty + 8 * s, kPaired ? kPairBlocks * kConsumerThreads / 32 : kConsumerThreads);
-    }
-    pipeline::barrier_init_fence();
-  }
-  if constexpr (kPaired) pipeline::cluster_sync();  // the other block's barriers exist before any copy
-  else __syncthreads();
+  // Full: the producer's 128 cp.async arrivals (paired: and thread 0's announcement of the TMA
+  // bytes). Empty: each consumer thread (paired: each consumer warp of both blocks) once.
+  pipeline::init_ring<kStages, kPaired>(full, empty, kPaired ? 128 + 1 : 128,
+                                        kPaired ? kPairBlocks * kConsumerThreads / 32 : kConsumerThreads);
   const int steps = static_cast<int>(a.k / kStepK);
   // Broadcast from lane 0: the compiler then knows each warp takes one side of the branch (wgmma
   // on a path it thinks divergent are serialised).

@@ -273,19 +273,6 @@ __device__ __forceinline__ void produce_pairs(const GroupedArgs& a, const CUtens
   wgmma::copy_async_wait<0>();
 }
 
-// A consumer thread is done reading a stage. kSlicePairs: the other block of the pair copies into
-// it too, so lane r of each consumer warp tells block r (at the block's scope: the wgmma reads
-// are waited for already).
-template <bool kSlicePairs>
-__device__ __forceinline__ void release_stage(uint32_t empty_barrier) {
-  if constexpr (kSlicePairs) {
-    const uint32_t lane = threadIdx.x % 32;
-    if (lane < kPairBlocks) pipeline::barrier_arrive_cluster(pipeline::cluster_address(empty_barrier, lane));
-  } else {
-    pipeline::barrier_arrive(empty_barrier);
-  }
-}
-
 // Consumer warpgroup `consumer`: rows 64 consumer .. of the tile against the block's 128 lines,
 // each step's four m64n128k32 into `part`, then acc += part x token scale x weight scale
 // (part[4 j + q]: row 16 warp + g + 8 (q / 2) of the warpgroup's, line 8 j + ..: j < 8 the gate
@@ -322,7 +309,7 @@ __device__ __forceinline__ void multiply(const GroupedArgs& a, float (&acc)[64],
     const float t0 = token_scales[row], t1 = token_scales[row + 8];
     wgmma::wait_all();
     wgmma::pin(part);
-    release_stage<kSlicePairs>(empty + 8 * stage);  // its codes and scales are read
+    pipeline::release_stage<kSlicePairs, kPairBlocks>(empty + 8 * stage);  // its codes and scales are read
     const float s[2][2] = {{t0 * gate_scale, t1 * gate_scale}, {t0 * up_scale, t1 * up_scale}};
 #pragma unroll
     for (int j = 0; j < 16; ++j)
@@ -346,17 +333,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
   const uint32_t stages = aligned.address;
   const uint32_t full = stages + kStages * kStageBytes, empty = full + 8 * kStages;  // copies landed; consumers done
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      // Pairs: the scales' 128 cp.async arrivals and thread 0's announcement of the TMA bytes;
-      // each consumer warp of both blocks once.
-      pipeline::barrier_init(full + 8 * s, kSlicePairs ? 128 + 1 : 128);
-      pipeline::barrier_init(empty + 8 * s, kSlicePairs ? kPairBlocks * kConsumerThreads / 32 : kConsumerThreads);
-    }
-    pipeline::barrier_init_fence();
-  }
-  if constexpr (kSlicePairs) pipeline::cluster_sync();  // the other block's barriers exist before any copy
-  else __syncthreads();
+  // Full: the producer's 128 cp.async arrivals (pairs: and thread 0's announcement of the TMA
+  // bytes). Empty: each consumer thread (pairs: each consumer warp of both blocks) once.
+  pipeline::init_ring<kStages, kSlicePairs>(full, empty, kSlicePairs ? 128 + 1 : 128,
+                                            kSlicePairs ? kPairBlocks * kConsumerThreads / 32 : kConsumerThreads);
   const int steps = static_cast<int>(a.k / kStepValues);
   // Broadcast from lane 0: the compiler then knows each warp takes one side of the branch.
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);

@@ -102,6 +102,35 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
+// A ring of kStages stages' barriers from `full` and `empty` (8 bytes a stage), set up by thread
+// 0: full ones expecting full_count arrivals, empty ones empty_count; then every thread of the
+// block (kCluster: of every block of the cluster, whose copies and arrivals may then start) meets.
+template <int kStages, bool kCluster>
+__device__ __forceinline__ void init_ring(uint32_t full, uint32_t empty, int full_count, int empty_count) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      barrier_init(full + 8 * s, full_count);
+      barrier_init(empty + 8 * s, empty_count);
+    }
+    barrier_init_fence();
+  }
+  if constexpr (kCluster) cluster_sync();
+  else __syncthreads();
+}
+
+// A consumer thread is done reading a stage whose empty barrier is `empty`. kCluster: the ring is
+// filled in kBlocks blocks of the cluster at once, so lane r of each consumer warp tells block r
+// (at the block's scope: enough where the reads, wgmma's, are waited for).
+template <bool kCluster, int kBlocks = 2>
+__device__ __forceinline__ void release_stage(uint32_t empty) {
+  if constexpr (kCluster) {
+    const uint32_t lane = threadIdx.x % 32;
+    if (lane < kBlocks) barrier_arrive_cluster(cluster_address(empty, lane));
+  } else {
+    barrier_arrive(empty);
+  }
+}
+
 // Named barrier `id` (1..15; 0 is __syncthreads') of `threads` threads, whole warps: sync waits
 // for all of them, arrive counts this warp in and goes on.
 __device__ __forceinline__ void named_sync(int id, int threads) {
