@@ -68,6 +68,31 @@ constexpr int kStages = (232448 - 1024) / kStageBytes;  // 6
 constexpr int kSharedBytes = 1024 + kStages * kStageBytes;
 constexpr int kCopies = kRows * (kLine / 16) / kThreads;  // 16-byte chunks a thread a step, of each operand
 
+// A stage's four m64n128k32 into part (64 token rows against 128 weight lines of 128 k; the
+// descriptors of stage 0's rows and lines, stage_offset the stage's bytes / 16), committed.
+__device__ __forceinline__ void multiply_stage(float (&part)[64], uint64_t token_descriptor, uint64_t weight_descriptor,
+                                               uint64_t stage_offset) {
+  wgmma::pin(part);
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < kStepValues / 32; ++kk)
+    wgmma::m64n128k32_e4m3(part, token_descriptor + stage_offset + 2 * kk, weight_descriptor + stage_offset + 2 * kk,
+                           kk);
+  wgmma::commit();
+}
+
+// acc += part x token scale x weight scale, the promotion of a step's FP8 sums. part[4 j + q]:
+// row 16 warp + g + 8 (q / 2) of the warpgroup's (token scales t0, t1), line 8 j + ..: j < 8 the
+// gate lines (gate_scale), the rest the up lines (up_scale; down: the same scale for all).
+__device__ __forceinline__ void promote(float (&acc)[64], const float (&part)[64], float t0, float t1, float gate_scale,
+                                        float up_scale) {
+  const float s[2][2] = {{t0 * gate_scale, t1 * gate_scale}, {t0 * up_scale, t1 * up_scale}};
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[4 * j + q] = fmaf(part[4 * j + q], s[j / 8][q / 2], acc[4 * j + q]);
+}
+
 template <Projection P>
 __global__ void __launch_bounds__(kThreads, 1) fp8_grouped_experts_kernel(GroupedArgs a) {
   chained_grid_prologue();
@@ -134,8 +159,7 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_grouped_experts_kernel(Groupe
   const float* gate_scales = a.weight_scales + weight_row(0) * steps;
   const float* up_scales = a.weight_scales + weight_row(P == Projection::kGateUp ? kHalf : 0) * steps;
 
-  // acc += part x token scale x weight scale. part[4 j + q]: row 16 warp + g + 8 (q / 2) of the
-  // warpgroup's, line 8 j + .. (j < 8: the gate lines; down: one weight scale for all).
+  // Each step's FP8 sums in part, promoted into acc.
   float acc[1][64], part[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[0][i] = 0.0f;
@@ -153,24 +177,13 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_grouped_experts_kernel(Groupe
     issue_copies();   // step + kStages - 1, into the stage the last step read
     const float gate_scale = __ldg(gate_scales + step);
     const float up_scale = P == Projection::kGateUp ? __ldg(up_scales + step) : gate_scale;
-    wgmma::pin(part);
-    wgmma::fence();
-    const uint64_t stage_offset = static_cast<uint64_t>(cur * kStageBytes) >> 4;
-#pragma unroll
-    for (int kk = 0; kk < kStepValues / 32; ++kk)
-      wgmma::m64n128k32_e4m3(part, token_descriptor + stage_offset + 2 * kk, weight_descriptor + stage_offset + 2 * kk,
-                             kk);
-    wgmma::commit();
+    multiply_stage(part, token_descriptor, weight_descriptor, static_cast<uint64_t>(cur * kStageBytes) >> 4);
     const float* token_scales = reinterpret_cast<const float*>(stages_generic + cur * kStageBytes + kScalesOffset);
     const float t0 = token_scales[row], t1 = token_scales[row + 8];
-    const float s[2][2] = {{t0 * gate_scale, t1 * gate_scale}, {t0 * up_scale, t1 * up_scale}};
     cur = cur + 1 == kStages ? 0 : cur + 1;
     wgmma::wait_all();
     wgmma::pin(part);
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[0][4 * j + q] = fmaf(part[4 * j + q], s[j / 8][q / 2], acc[0][4 * j + q]);
+    promote(acc[0], part, t0, t1, gate_scale, up_scale);
   }
   moe_grouped::epilogue<P, kRows>(a, acc[0], first, rows, stages_generic);
 }
@@ -274,9 +287,7 @@ __device__ __forceinline__ void produce_pairs(const GroupedArgs& a, const CUtens
 }
 
 // Consumer warpgroup `consumer`: rows 64 consumer .. of the tile against the block's 128 lines,
-// each step's four m64n128k32 into `part`, then acc += part x token scale x weight scale
-// (part[4 j + q]: row 16 warp + g + 8 (q / 2) of the warpgroup's, line 8 j + ..: j < 8 the gate
-// lines, down one weight scale for all).
+// each step's four m64n128k32 into `part`, then promoted into acc.
 template <Projection P, bool kSlicePairs>
 __device__ __forceinline__ void multiply(const GroupedArgs& a, float (&acc)[64], int e, int64_t slice, uint32_t stages,
                                          const uint8_t* stages_generic, uint32_t full, uint32_t empty, int steps,
@@ -297,24 +308,13 @@ __device__ __forceinline__ void multiply(const GroupedArgs& a, float (&acc)[64],
     const float up_scale = P == Projection::kGateUp ? __ldg(up_scales + step) : gate_scale;
     pipeline::barrier_wait(full + 8 * stage, (step / kStages) & 1);
     wgmma::fence_async_proxy();  // the copies' writes before the tensor cores' reads
-    wgmma::pin(part);
-    wgmma::fence();
-    const uint64_t stage_offset = static_cast<uint64_t>(stage * kStageBytes) >> 4;
-#pragma unroll
-    for (int kk = 0; kk < kStepValues / 32; ++kk)
-      wgmma::m64n128k32_e4m3(part, token_descriptor + stage_offset + 2 * kk, weight_descriptor + stage_offset + 2 * kk,
-                             kk);
-    wgmma::commit();
+    multiply_stage(part, token_descriptor, weight_descriptor, static_cast<uint64_t>(stage * kStageBytes) >> 4);
     const float* token_scales = reinterpret_cast<const float*>(stages_generic + stage * kStageBytes + kScalesOffset);
     const float t0 = token_scales[row], t1 = token_scales[row + 8];
     wgmma::wait_all();
     wgmma::pin(part);
     pipeline::release_stage<kSlicePairs, kPairBlocks>(empty + 8 * stage);  // its codes and scales are read
-    const float s[2][2] = {{t0 * gate_scale, t1 * gate_scale}, {t0 * up_scale, t1 * up_scale}};
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) acc[4 * j + q] = fmaf(part[4 * j + q], s[j / 8][q / 2], acc[4 * j + q]);
+    promote(acc, part, t0, t1, gate_scale, up_scale);
   }
 }
 
