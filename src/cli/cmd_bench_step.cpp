@@ -59,6 +59,7 @@ struct BenchStepOptions {
   bool wgmma_attention = model::CudaModelOptions{}.wgmma_attention;
   bool wgmma_attention_splits = model::CudaModelOptions{}.wgmma_attention_splits;
   bool warp_specialized_attention = model::CudaModelOptions{}.warp_specialized_attention;
+  bool overlap_attention_scores = model::CudaModelOptions{}.overlap_attention_scores;
   bool wgmma_indexer = model::CudaModelOptions{}.wgmma_indexer;
   int wgmma_experts_min_pairs = model::CudaModelOptions{}.wgmma_experts_min_pairs;
   int wgmma_experts_tile_rows = model::CudaModelOptions{}.wgmma_experts_tile_rows;
@@ -279,6 +280,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.wgmma_attention = o.wgmma_attention;
   options.wgmma_attention_splits = o.wgmma_attention_splits;
   options.warp_specialized_attention = o.warp_specialized_attention;
+  options.overlap_attention_scores = o.overlap_attention_scores;
   options.wgmma_indexer = o.wgmma_indexer;
   options.wgmma_experts_min_pairs = o.wgmma_experts_min_pairs;
   options.wgmma_experts_tile_rows = o.wgmma_experts_tile_rows;
@@ -536,6 +538,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"wgmma_attention", o.wgmma_attention},
                         {"wgmma_attention_splits", o.wgmma_attention_splits},
                         {"warp_specialized_attention", o.warp_specialized_attention},
+                        {"overlap_attention_scores", o.overlap_attention_scores},
                         {"wgmma_indexer", o.wgmma_indexer},
                         {"wgmma_experts_min_pairs", o.wgmma_experts_min_pairs},
                         {"wgmma_experts_tile_rows", o.wgmma_experts_tile_rows},
@@ -654,6 +657,9 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--warp-specialized-attention", o->warp_specialized_attention,
                   "The wgmma pass over bf16 rows without splits in the warp-specialised kernel: a producer warpgroup "
                   "gathers rows into two stages while two consumers score 32 rows each (true/false)")
+      ->capture_default_str();
+  cmd->add_option("--overlap-attention-scores", o->overlap_attention_scores,
+                  "Its consumers issue each step's scores behind the last step's P V (true/false)")
       ->capture_default_str();
   cmd->add_option("--wgmma-decode-indexer", o->wgmma_decode_indexer,
                   "Decode tokens' indexer scores on the warpgroup tensor cores (true/false; false: fp32 FMAs, a "

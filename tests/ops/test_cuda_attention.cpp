@@ -190,16 +190,21 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
   std::printf("H=%d L=%d rope=%d tokens=%d%s: relative L2 gathered %.2e, fused %.2e\n", H, L, rd, T,
               storage == cuda::CacheStorage::kFp8 ? " (FP8 rows)" : "", gathered_error, fused_error);
   if (cuda::mla_attention_wgmma_supported(H, L, rd)) {
-    // One split: bf16 rows take the warp-specialised kernel unless told not to.
-    for (const bool specialized : {true, false}) {
+    // One split: bf16 rows take the warp-specialised kernel unless told not to, its scores
+    // issued after each step's P V or (overlap) behind it.
+    for (const int kernel : {0, 1, 2}) {
+      const bool specialized = kernel > 0, overlap = kernel == 2;
       if (specialized && storage != cuda::CacheStorage::kBf16) continue;
       auto wgmma_out = poisoned_bf16(expected.size());
       a.out = wgmma_out.as<uint16_t>();
       a.warp_specialized = specialized;
+      a.overlap_scores = overlap;
       cuda::mla_attention_wgmma(a, nullptr);
       const auto wgmma_host = bf16_to_host(wgmma_out, expected.size());
       const double wgmma_error = relative_l2(wgmma_host, expected);
-      const char* name = specialized ? "wgmma, warp-specialised" : "wgmma";
+      const char* name = overlap       ? "wgmma, warp-specialised, scores overlapped"
+                         : specialized ? "wgmma, warp-specialised"
+                                       : "wgmma";
       for (int t = 0; t < T; ++t) {
         const double e = relative_l2(std::vector<float>(wgmma_host.begin() + int64_t{t} * H * L,
                                                         wgmma_host.begin() + int64_t{t + 1} * H * L),
@@ -212,6 +217,7 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
       std::printf("  %s: relative L2 %.2e\n", name, wgmma_error);
     }
     a.warp_specialized = true;
+    a.overlap_scores = false;
     // Each token's rows split over blocks and merged: any count of whole tiles, including splits
     // past a short token's selection, and the count mla_attention_fused picks.
     const int tiles = (rows + 63) / 64;

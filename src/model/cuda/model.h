@@ -74,6 +74,11 @@ struct CudaModelOptions {
   // warpgroup, two consumers on each step of 64 rows; ops::cuda::mla_attention_wgmma_specialized);
   // false: one block's warpgroups splitting every tile.
   bool warp_specialized_attention = true;
+  // Those passes' consumers issue each step's S = Q K^T behind the last step's P V, so that the
+  // tensor cores go on to it while the consumer waits (ops::cuda::MlaAttentionArgs::overlap_scores:
+  // the loop's last step peeled off, which lets ptxas keep the wgmma asynchronous). Off until it
+  // is measured on the H200.
+  bool overlap_attention_scores = false;
   // Long prefill chunks' indexer scores on the warpgroup tensor cores, fused with the sum over
   // heads (ops::cuda::indexer_scores_wgmma; GLM-5's 32 heads of 128); false: a TF32 GEMM whose
   // per-head products go through global memory. Prefill 8192 on the H200 at GLM-5.2 width:

@@ -32,6 +32,8 @@ struct MlaAttentionArgs {
   // bf16 rows without splits in the wgmma pass: the warp-specialised kernel
   // (mla_attention_wgmma_specialized); false: mla_wgmma.cu's.
   bool warp_specialized = true;
+  // That kernel's consumers issue each step's S behind the last step's P V (the same sums).
+  bool overlap_scores = false;
 };
 
 class Gemm;

@@ -202,6 +202,8 @@ __device__ __forceinline__ void issue_other_values(float (&o)[128], uint32_t oth
 }
 
 // Grid: one block a launched token. a.queries: [T, H, 576] bf16, pre-scaled; a.out: [T, H, 512].
+// kOverlapScores: each consumer issues the next step's S before waiting for this step's P V.
+template <bool kOverlapScores>
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaAttentionArgs a) {
   chained_grid_prologue();
   extern __shared__ __align__(16) uint8_t shared_raw[];
@@ -297,14 +299,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
   // each step but the last.
   if (consumer == 0 && steps > 0) pipeline::named_arrive(kProbs1Read, kConsumerThreads);
 
-  for (int step = 0; step < steps; ++step) {
+  // A step once its S is in registers: the softmax, both halves of P V issued (the other
+  // consumer's committed last, not waited for).
+  auto softmax_and_values = [&](int step) {
     const uint32_t stage = stage_at(step);
     const uint32_t probs0 = stage + 8 * kBlockBytes;  // the stage's rope block, free once both scored
     float rows_max[2], factor[2];
-    // (Issuing the next step's S before the last P V's wait makes ptxas serialise the wgmma.)
-    issue_scores(step);
-    wgmma::wait<0>();
-    wgmma::pin(s);
     mask_and_max(s, count - step * kStepRows - consumer * kConsumerRows, lane, rows_max);
     if (consumer == 0) {
       float own_max[2];
@@ -339,11 +339,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
       scale_rows(out, factor);
       pipeline::named_sync(kProbs1, kConsumerThreads);
       issue_other_values(out, probs1, stage, 0);
-      wgmma::wait<0>();
-      wgmma::pin(out);
-      // Consumer 1's P read; this stage's left half read for the last time.
-      if (step + 1 < steps) pipeline::named_arrive(kProbs1Read, kConsumerThreads);
-      pipeline::barrier_arrive(barrier(kFree + half_index(step & 1, 0)));
     } else {
       float joint[2];
       pipeline::named_sync(kMaxima0, kConsumerThreads);
@@ -369,11 +364,45 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
       pipeline::named_arrive(kProbs1, kConsumerThreads);
       pipeline::named_sync(kProbs0, kConsumerThreads);
       issue_other_values(out, probs0, stage, 1);
+    }
+  };
+  // A step's P V done: consumer 0 has read consumer 1's P and the stage's left half for the last
+  // time, consumer 1 the right half (and consumer 0's P in its rope block).
+  auto hand_back = [&](int step) {
+    if (consumer == 0 && step + 1 < steps) pipeline::named_arrive(kProbs1Read, kConsumerThreads);
+    pipeline::barrier_arrive(barrier(kFree + half_index(step & 1, consumer)));
+  };
+  if constexpr (!kOverlapScores) {
+    for (int step = 0; step < steps; ++step) {
+      issue_scores(step);
+      wgmma::wait<0>();
+      wgmma::pin(s);
+      softmax_and_values(step);
       wgmma::wait<0>();
       wgmma::pin(out);
-      // This stage's right half (and consumer 0's P in its rope block) read for the last time.
-      pipeline::barrier_arrive(barrier(kFree + half_index(step & 1, 1)));
+      hand_back(step);
     }
+  } else if (steps > 0) {
+    // The next step's S queued behind this step's last P V, so that the tensor cores go on to it
+    // while this consumer waits; the last step after the loop, so that every wgmma issue in the
+    // loop is unconditional (ptxas serialises wgmma it cannot see through).
+    issue_scores(0);
+    int step = 0;
+    for (; step + 1 < steps; ++step) {
+      wgmma::wait<0>();
+      wgmma::pin(s);
+      softmax_and_values(step);
+      issue_scores(step + 1);
+      wgmma::wait<1>();
+      wgmma::pin(out);
+      hand_back(step);
+    }
+    wgmma::wait<0>();
+    wgmma::pin(s);
+    softmax_and_values(step);
+    wgmma::wait<0>();
+    wgmma::pin(out);
+    hand_back(step);
   }
 
   // Each head's sum over both consumers' rows, then the normalised output staged in the
@@ -411,10 +440,10 @@ void mla_attention_wgmma_specialized(const MlaAttentionArgs& a, cudaStream_t str
   if (launch_tokens <= 0) return;
   GLMS_CHECK(mla_attention_wgmma_supported(a.num_heads, a.latent_dim, a.rope_dim) && a.storage == CacheStorage::kBf16,
              "mla_attention_wgmma_specialized: bf16 rows, at most 64 heads, latent 512 and rope 64");
-  check(cudaFuncSetAttribute(mla_wgmma_specialized_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
+  auto* kernel = a.overlap_scores ? mla_wgmma_specialized_kernel<true> : mla_wgmma_specialized_kernel<false>;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
         "cudaFuncSetAttribute(mla_wgmma_specialized_kernel)");
-  launch_chained("mla_wgmma_specialized launch", mla_wgmma_specialized_kernel, launch_tokens, kThreads, kSharedBytes,
-                 stream, a);
+  launch_chained("mla_wgmma_specialized launch", kernel, launch_tokens, kThreads, kSharedBytes, stream, a);
 }
 
 }  // namespace glms::ops::cuda
