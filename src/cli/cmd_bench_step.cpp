@@ -60,6 +60,7 @@ struct BenchStepOptions {
   bool wgmma_attention_splits = model::CudaModelOptions{}.wgmma_attention_splits;
   bool warp_specialized_attention = model::CudaModelOptions{}.warp_specialized_attention;
   bool overlap_attention_scores = model::CudaModelOptions{}.overlap_attention_scores;
+  bool wide_attention_steps = model::CudaModelOptions{}.wide_attention_steps;
   bool wgmma_indexer = model::CudaModelOptions{}.wgmma_indexer;
   int wgmma_experts_min_pairs = model::CudaModelOptions{}.wgmma_experts_min_pairs;
   int wgmma_experts_tile_rows = model::CudaModelOptions{}.wgmma_experts_tile_rows;
@@ -281,6 +282,7 @@ void run_bench_step(const BenchStepOptions& o) {
   options.wgmma_attention_splits = o.wgmma_attention_splits;
   options.warp_specialized_attention = o.warp_specialized_attention;
   options.overlap_attention_scores = o.overlap_attention_scores;
+  options.wide_attention_steps = o.wide_attention_steps;
   options.wgmma_indexer = o.wgmma_indexer;
   options.wgmma_experts_min_pairs = o.wgmma_experts_min_pairs;
   options.wgmma_experts_tile_rows = o.wgmma_experts_tile_rows;
@@ -539,6 +541,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"wgmma_attention_splits", o.wgmma_attention_splits},
                         {"warp_specialized_attention", o.warp_specialized_attention},
                         {"overlap_attention_scores", o.overlap_attention_scores},
+                        {"wide_attention_steps", o.wide_attention_steps},
                         {"wgmma_indexer", o.wgmma_indexer},
                         {"wgmma_experts_min_pairs", o.wgmma_experts_min_pairs},
                         {"wgmma_experts_tile_rows", o.wgmma_experts_tile_rows},
@@ -660,6 +663,9 @@ void add_bench_step_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--overlap-attention-scores", o->overlap_attention_scores,
                   "Its consumers issue each step's scores behind the last step's P V (true/false)")
+      ->capture_default_str();
+  cmd->add_option("--wide-attention-steps", o->wide_attention_steps,
+                  "Instead, steps of 128 rows with each consumer scoring 64 of them (true/false)")
       ->capture_default_str();
   cmd->add_option("--wgmma-decode-indexer", o->wgmma_decode_indexer,
                   "Decode tokens' indexer scores on the warpgroup tensor cores (true/false; false: fp32 FMAs, a "

@@ -191,18 +191,20 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
               storage == cuda::CacheStorage::kFp8 ? " (FP8 rows)" : "", gathered_error, fused_error);
   if (cuda::mla_attention_wgmma_supported(H, L, rd)) {
     // One split: bf16 rows take the warp-specialised kernel unless told not to, its scores
-    // issued after each step's P V or (overlap) behind it.
-    for (const int kernel : {0, 1, 2}) {
-      const bool specialized = kernel > 0, overlap = kernel == 2;
+    // issued after each step's P V or (overlap) behind it, or its wide form (128-row steps).
+    for (const int kernel : {0, 1, 2, 3}) {
+      const bool specialized = kernel > 0, overlap = kernel == 2, wide = kernel == 3;
       if (specialized && storage != cuda::CacheStorage::kBf16) continue;
       auto wgmma_out = poisoned_bf16(expected.size());
       a.out = wgmma_out.as<uint16_t>();
       a.warp_specialized = specialized;
       a.overlap_scores = overlap;
+      a.wide_steps = wide;
       cuda::mla_attention_wgmma(a, nullptr);
       const auto wgmma_host = bf16_to_host(wgmma_out, expected.size());
       const double wgmma_error = relative_l2(wgmma_host, expected);
-      const char* name = overlap       ? "wgmma, warp-specialised, scores overlapped"
+      const char* name = wide          ? "wgmma, warp-specialised, 128-row steps"
+                         : overlap     ? "wgmma, warp-specialised, scores overlapped"
                          : specialized ? "wgmma, warp-specialised"
                                        : "wgmma";
       for (int t = 0; t < T; ++t) {
@@ -218,6 +220,7 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
     }
     a.warp_specialized = true;
     a.overlap_scores = false;
+    a.wide_steps = false;
     // Each token's rows split over blocks and merged: any count of whole tiles, including splits
     // past a short token's selection, and the count mla_attention_fused picks.
     const int tiles = (rows + 63) / 64;

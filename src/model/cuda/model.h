@@ -79,6 +79,11 @@ struct CudaModelOptions {
   // the loop's last step peeled off, which lets ptxas keep the wgmma asynchronous). Off until it
   // is measured on the H200.
   bool overlap_attention_scores = false;
+  // Instead, their wide form: steps of 128 rows, each consumer scoring 64 of them (m64n64 instead
+  // of m64n32: a third fewer shared-memory bytes a product), one buffer a consumer freed by halves,
+  // the next S behind the last P V (MlaAttentionArgs::wide_steps). Off until it is measured on
+  // the H200.
+  bool wide_attention_steps = false;
   // Long prefill chunks' indexer scores on the warpgroup tensor cores, fused with the sum over
   // heads (ops::cuda::indexer_scores_wgmma; GLM-5's 32 heads of 128); false: a TF32 GEMM whose
   // per-head products go through global memory. Prefill 8192 on the H200 at GLM-5.2 width:

@@ -85,6 +85,18 @@ struct Producer {
     const int32_t position = chosen[j];
     return blocks[position / a.block_size] * a.block_size + position % a.block_size;
   }
+  // Token t's queries (heads past H: zeros), this thread's chunk of heads row0 + 16 i.
+  __device__ void copy_queries(uint32_t queries, int t) const {
+    const uint16_t* token_queries = a.queries + static_cast<int64_t>(t) * a.num_heads * kRow;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int head = row0 + 16 * i;
+      const uint16_t* src = token_queries + (head < a.num_heads ? head * kRow : 0) + chunk * 8;
+      const uint32_t dst = queries + swizzled(head, chunk);
+      const int bytes = head < a.num_heads ? 16 : 0;
+      for (int b = 0; b < kColumnBlocks; ++b) copy_async_16(dst + b * kBlockBytes, src + b * 64, bytes);
+    }
+  }
   // Column blocks [first, last) of this thread's rows of a step into `stage`.
   __device__ void copy(uint32_t stage, const int32_t (&slots)[4], int first, int last) const {
     const uint16_t* cache = static_cast<const uint16_t*>(a.cache);
@@ -106,21 +118,28 @@ struct ConsumerLane {
   __device__ int head(int h) const { return 16 * warp + g + 8 * h; }
 };
 
-// S[64 heads, rows 32 c .. + 31 of a stage] over the 36 k16 steps of the row.
-__device__ __forceinline__ void score_rows(float (&s)[16], uint32_t queries, uint32_t stage, int consumer) {
+// The helpers below take kRows, a consumer's rows of a step: 32 (mla_wgmma_specialized_kernel) or
+// 64 (mla_wgmma_wide_kernel). S[64 heads, kRows rows from `rows` (a stage's line of the first of
+// them)] over the 36 k16 steps of the row.
+template <int kRows>
+__device__ __forceinline__ void score_rows(float (&s)[kRows / 2], uint32_t queries, uint32_t rows) {
 #pragma unroll
   for (int k = 0; k < kRow / 16; ++k) {
     const uint32_t column = (k / 4) * kBlockBytes + (k % 4) * 32;
-    wgmma::m64n32k16(s, descriptor(queries + column, 16, 1024),
-                     descriptor(stage + column + consumer * kConsumerRows * kLineBytes, 16, 1024), k > 0);
+    if constexpr (kRows == 32)
+      wgmma::m64n32k16(s, descriptor(queries + column, 16, 1024), descriptor(rows + column, 16, 1024), k > 0);
+    else
+      wgmma::m64n64k16(s, descriptor(queries + column, 16, 1024), descriptor(rows + column, 16, 1024), k > 0);
   }
 }
 
 // Rows at or past `valid` get -inf; each head's maximum over this consumer's rows.
-__device__ __forceinline__ void mask_and_max(float (&s)[16], int valid, const ConsumerLane& lane, float (&rows_max)[2]) {
+template <int kRows>
+__device__ __forceinline__ void mask_and_max(float (&s)[kRows / 2], int valid, const ConsumerLane& lane,
+                                             float (&rows_max)[2]) {
   rows_max[0] = rows_max[1] = -INFINITY;
 #pragma unroll
-  for (int n = 0; n < 4; ++n)
+  for (int n = 0; n < kRows / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       if (8 * n + 2 * lane.tq + (e & 1) >= valid) s[4 * n + e] = -INFINITY;
@@ -133,13 +152,14 @@ __device__ __forceinline__ void mask_and_max(float (&s)[16], int valid, const Co
   }
 }
 
-// s becomes exp(s - max) in fp32; p the same rounded to bf16 as the A operand of two k16 steps
-// (rs_m64n8k16's layout: S columns 8 n + 2 tq are k 2 tq of step n / 2, + 8 for odd n); the
-// rounded values are added to `sum`.
-__device__ __forceinline__ void exponentiate(float (&s)[16], const float (&max)[2], uint32_t (&p)[2][4],
-                                             float (&sum)[2]) {
+// s becomes exp(s - max) in fp32; p the same rounded to bf16 as the A operand of kRows / 16 k16
+// steps (rs_m64n8k16's layout: S columns 8 n + 2 tq are k 2 tq of step n / 2, + 8 for odd n);
+// the rounded values are added to `sum`.
+template <int kRows>
+__device__ __forceinline__ void exponentiate(float (&s)[kRows / 2], const float (&max)[2],
+                                             uint32_t (&p)[kRows / 16][4], float (&sum)[2]) {
 #pragma unroll
-  for (int n = 0; n < 4; ++n)
+  for (int n = 0; n < kRows / 8; ++n)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       s[4 * n + 2 * h] = __expf(s[4 * n + 2 * h] - max[h]);
@@ -150,12 +170,13 @@ __device__ __forceinline__ void exponentiate(float (&s)[16], const float (&max)[
     }
 }
 
-// P (fp32, times factor[h]) as bf16 lines of a head's 32 rows (the first half of each 64-value
-// line), for the other consumer's P V.
-__device__ __forceinline__ void store_probs(uint8_t* probs, const float (&s)[16], const float (&factor)[2],
+// P (fp32, times factor[h]) as bf16 lines of a head's kRows rows (the first kRows of each
+// 64-value line), for the other consumer's P V.
+template <int kRows>
+__device__ __forceinline__ void store_probs(uint8_t* probs, const float (&s)[kRows / 2], const float (&factor)[2],
                                             const ConsumerLane& lane) {
 #pragma unroll
-  for (int n = 0; n < 4; ++n)
+  for (int n = 0; n < kRows / 8; ++n)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int column = 8 * n + 2 * lane.tq;
@@ -180,25 +201,61 @@ __device__ __forceinline__ uint64_t value_descriptor(uint32_t stage, int consume
   return descriptor(stage + consumer * kLeftBlocks * kBlockBytes + k * 16 * kLineBytes, kBlockBytes, 1024);
 }
 
-// O += P V over a stage's 64 rows for consumer c's columns: its own 32 rows' P from registers,
-// the other consumer's from `other_probs` (32 of each line's 64 values). Two commit groups: the
-// own rows', then the other's.
-__device__ __forceinline__ void issue_own_values(float (&o)[128], const uint32_t (&p)[2][4], uint32_t stage,
-                                                 int consumer) {
+// O += P V for consumer c's columns over kRows rows of V: its own rows' P from registers, the
+// other consumer's from `other_probs` (kRows of each line's 64 values); the rows are k16 steps
+// first_k .. of `stage`'s. Two commit groups: the own rows', then the other's.
+template <int kRows>
+__device__ __forceinline__ void issue_own_values(float (&o)[128], const uint32_t (&p)[kRows / 16][4], uint32_t stage,
+                                                 int first_k, int consumer) {
   wgmma::pin(o);
   wgmma::fence();
 #pragma unroll
-  for (int k = 0; k < 2; ++k)
-    wgmma::rs_m64n256k16_mn(o, p[k], value_descriptor(stage, consumer, 2 * consumer + k));
+  for (int k = 0; k < kRows / 16; ++k)
+    wgmma::rs_m64n256k16_mn(o, p[k], value_descriptor(stage, consumer, first_k + k));
   wgmma::commit();
 }
-__device__ __forceinline__ void issue_other_values(float (&o)[128], uint32_t other_probs, uint32_t stage, int consumer) {
+template <int kRows>
+__device__ __forceinline__ void issue_other_values(float (&o)[128], uint32_t other_probs, uint32_t stage, int first_k,
+                                                   int consumer) {
   wgmma::fence();
 #pragma unroll
-  for (int k = 0; k < 2; ++k)
-    wgmma::m64n256k16<1>(o, descriptor(other_probs + k * 32, 16, 1024),
-                         value_descriptor(stage, consumer, 2 * (consumer ^ 1) + k));
+  for (int k = 0; k < kRows / 16; ++k)
+    wgmma::m64n256k16<1>(o, descriptor(other_probs + k * 32, 16, 1024), value_descriptor(stage, consumer, first_k + k));
   wgmma::commit();
+}
+
+// A consumer's end of a token: each head's sum over both consumers' rows, then its half of the
+// normalised output staged in the queries' region (every wgmma reading it finished before the
+// steps' last barriers), and the token's [H, 512] bf16 output written from there (contiguous:
+// whole 16-byte chunks, consecutive threads consecutive chunks). row_sum: [2][64] in shared memory.
+__device__ __forceinline__ void store_output(const MlaAttentionArgs& a, int t, const float (&out)[128],
+                                             float (&run_sum)[2], float* row_sum, uint8_t* generic, int consumer,
+                                             const ConsumerLane& lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    run_sum[h] += __shfl_xor_sync(0xffffffffu, run_sum[h], 1);
+    run_sum[h] += __shfl_xor_sync(0xffffffffu, run_sum[h], 2);
+    if (lane.tq == 0) row_sum[consumer * kHeads + lane.head(h)] = run_sum[h];
+  }
+  pipeline::named_sync(kEpilogue, kConsumerThreads);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int head = lane.head(h);
+    const float total = row_sum[head] + row_sum[kHeads + head];
+    const float norm = total > 0.0f ? 1.0f / total : 0.0f;
+    uint8_t* line = generic + head * kOutLineBytes + 2 * (256 * consumer + 2 * lane.tq);
+#pragma unroll
+    for (int j = 0; j < 32; ++j)
+      *reinterpret_cast<uint32_t*>(line + 16 * j) =
+          pack_bf16_pair(out[4 * j + 2 * h] * norm, out[4 * j + 2 * h + 1] * norm);
+  }
+  pipeline::named_sync(kEpilogue, kConsumerThreads);
+  constexpr int kChunksPerHead = kLatent / 8;
+  const int H = a.num_heads;
+  uint4* token_out = reinterpret_cast<uint4*>(a.out + static_cast<int64_t>(t) * H * kLatent);
+  for (int c = threadIdx.x; c < H * kChunksPerHead; c += kConsumerThreads)
+    token_out[c] =
+        *reinterpret_cast<const uint4*>(generic + c / kChunksPerHead * kOutLineBytes + c % kChunksPerHead * 16);
 }
 
 // Grid: one block a launched token. a.queries: [T, H, 576] bf16, pre-scaled; a.out: [T, H, 512].
@@ -216,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
   auto barrier = [&](int index) { return barriers + 8 * index; };
   auto stage_at = [&](int step) { return stages + (step & 1) * kStageBytes; };
 
-  const int t = a.first_token + blockIdx.x, H = a.num_heads;
+  const int t = a.first_token + blockIdx.x;
   const int count = a.num_selected[t];
   const int steps = (count + kStepRows - 1) / kStepRows;
   if (threadIdx.x == 0) {
@@ -238,15 +295,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
     Producer producer{a, a.selected + static_cast<int64_t>(t) * a.max_selected,
                       a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks, count, index % 8,
                       index / 8};
-    // The token's queries (heads past H: zeros).
-    const uint16_t* token_queries = a.queries + static_cast<int64_t>(t) * H * kRow;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int head = producer.row0 + 16 * i;
-      const uint16_t* src = token_queries + (head < H ? head * kRow : 0) + producer.chunk * 8;
-      const uint32_t dst = queries + swizzled(head, producer.chunk);
-      for (int b = 0; b < kColumnBlocks; ++b) copy_async_16(dst + b * kBlockBytes, src + b * 64, head < H ? 16 : 0);
-    }
+    producer.copy_queries(queries, t);
     pipeline::barrier_arrive_on_copies(barrier(kQueriesReady));
     int32_t slots[4];  // this thread's rows of the step
     auto look_up = [&](int step) {
@@ -291,7 +340,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
     wgmma::fence_async_proxy();
     wgmma::pin(s);
     wgmma::fence();
-    score_rows(s, queries, stage_at(step), consumer);
+    score_rows<kConsumerRows>(s, queries, stage_at(step) + consumer * kConsumerRows * kLineBytes);
     wgmma::commit();
   };
   if (steps > 0) pipeline::barrier_wait(barrier(kQueriesReady), 0);
@@ -305,7 +354,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
     const uint32_t stage = stage_at(step);
     const uint32_t probs0 = stage + 8 * kBlockBytes;  // the stage's rope block, free once both scored
     float rows_max[2], factor[2];
-    mask_and_max(s, count - step * kStepRows - consumer * kConsumerRows, lane, rows_max);
+    mask_and_max<kConsumerRows>(s, count - step * kStepRows - consumer * kConsumerRows, lane, rows_max);
     if (consumer == 0) {
       float own_max[2];
 #pragma unroll
@@ -319,8 +368,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
         for (int h = 0; h < 2; ++h) row_max[lane.head(h)] = own_max[h];
       pipeline::named_arrive(kMaxima0, kConsumerThreads);
       scale_rows(out, factor);
-      exponentiate(s, own_max, p, run_sum);
-      issue_own_values(out, p, stage, 0);
+      exponentiate<kConsumerRows>(s, own_max, p, run_sum);
+      issue_own_values<kConsumerRows>(out, p, stage, 0, 0);
       // The joint maxima (consumer 1 posts them once it has scored); this step's P relative to
       // them, for consumer 1, in the rope block both have finished reading.
       pipeline::named_sync(kMaxima, kConsumerThreads);
@@ -331,14 +380,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
         run_max[h] = joint;
         run_sum[h] *= factor[h];
       }
-      store_probs(generic + (probs0 - queries), s, factor, lane);
+      store_probs<kConsumerRows>(generic + (probs0 - queries), s, factor, lane);
       wgmma::fence_async_proxy();
       pipeline::named_arrive(kProbs0, kConsumerThreads);
       wgmma::wait<0>();
       wgmma::pin(out);
       scale_rows(out, factor);
       pipeline::named_sync(kProbs1, kConsumerThreads);
-      issue_other_values(out, probs1, stage, 0);
+      issue_other_values<kConsumerRows>(out, probs1, stage, 2, 0);
     } else {
       float joint[2];
       pipeline::named_sync(kMaxima0, kConsumerThreads);
@@ -354,16 +403,16 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
         for (int h = 0; h < 2; ++h) row_max[lane.head(h)] = joint[h];
       pipeline::named_arrive(kMaxima, kConsumerThreads);
       scale_rows(out, factor);
-      exponentiate(s, joint, p, run_sum);
-      issue_own_values(out, p, stage, 1);
+      exponentiate<kConsumerRows>(s, joint, p, run_sum);
+      issue_own_values<kConsumerRows>(out, p, stage, 2, 1);
       // This step's P for consumer 0, once it has read the last step's.
       const float one[2] = {1.0f, 1.0f};
       pipeline::named_sync(kProbs1Read, kConsumerThreads);
-      store_probs(generic + (probs1 - queries), s, one, lane);
+      store_probs<kConsumerRows>(generic + (probs1 - queries), s, one, lane);
       wgmma::fence_async_proxy();
       pipeline::named_arrive(kProbs1, kConsumerThreads);
       pipeline::named_sync(kProbs0, kConsumerThreads);
-      issue_other_values(out, probs0, stage, 1);
+      issue_other_values<kConsumerRows>(out, probs0, stage, 0, 1);
     }
   };
   // A step's P V done: consumer 0 has read consumer 1's P and the stage's left half for the last
@@ -405,32 +454,217 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
     hand_back(step);
   }
 
-  // Each head's sum over both consumers' rows, then the normalised output staged in the
-  // queries' region (every wgmma reading it finished before the steps' last barriers).
+  store_output(a, t, out, run_sum, row_sum, generic, consumer, lane);
+}
+
+
+// The wide kernel (MlaAttentionArgs::wide_steps): steps of 128 rows, consumer c scoring the 64 rows
+// 128 i + 64 c .. against all 64 heads (m64n64: a third fewer shared-memory bytes a product than
+// m64n32) from buffer c, the two stages' memory used as one buffer a consumer. P V as above: c
+// keeps the output for latent half c over both buffers' rows, its own P from registers, the
+// other's from shared memory (consumer 0's in buffer 0's rope block, consumer 1's in probs1).
+// Each buffer is ready and freed by halves (latent columns 0..255, then 256..575 with the rope):
+// buffer c's half c is read by c alone (its S and its own P V) and goes back as soon as that P V
+// is done; the other half goes back once the other consumer's P V over it is. The next step's S
+// is issued behind the last P V in two parts, half c's columns first, so that no consumer waits
+// for a half that only the other can free before freeing its own.
+constexpr int kWideStepRows = 2 * kStepRows;  // 128
+
+// S over k16 steps [kFirst, kLast) of the row (left half 0..16, right 16..36): the first part
+// starts the sums (fresh), the second adds to them.
+template <int kFirst, int kLast>
+__device__ __forceinline__ void score_columns(float (&s)[32], uint32_t queries, uint32_t rows, bool fresh) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    run_sum[h] += __shfl_xor_sync(0xffffffffu, run_sum[h], 1);
-    run_sum[h] += __shfl_xor_sync(0xffffffffu, run_sum[h], 2);
-    if (lane.tq == 0) row_sum[consumer * kHeads + lane.head(h)] = run_sum[h];
+  for (int k = kFirst; k < kLast; ++k) {
+    const uint32_t column = (k / 4) * kBlockBytes + (k % 4) * 32;
+    wgmma::m64n64k16(s, descriptor(queries + column, 16, 1024), descriptor(rows + column, 16, 1024),
+                     k > kFirst || !fresh);
   }
-  pipeline::named_sync(kEpilogue, kConsumerThreads);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int head = lane.head(h);
-    const float total = row_sum[head] + row_sum[kHeads + head];
-    const float norm = total > 0.0f ? 1.0f / total : 0.0f;
-    uint8_t* line = generic + head * kOutLineBytes + 2 * (256 * consumer + 2 * lane.tq);
-#pragma unroll
-    for (int j = 0; j < 32; ++j)
-      *reinterpret_cast<uint32_t*>(line + 16 * j) = pack_bf16_pair(out[4 * j + 2 * h] * norm, out[4 * j + 2 * h + 1] * norm);
+}
+
+__global__ void __launch_bounds__(kThreads, 1) mla_wgmma_wide_kernel(MlaAttentionArgs a) {
+  chained_grid_prologue();
+  extern __shared__ __align__(16) uint8_t shared_raw[];
+  const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
+  uint8_t* const generic = aligned.generic;
+  const uint32_t queries = aligned.address, buffers = queries + kQueryBytes, probs1 = buffers + 2 * kStageBytes;
+  const uint32_t barriers = probs1 + kProbBytes;
+  float* const row_max = reinterpret_cast<float*>(generic + (barriers - queries) + 8 * kBarriers);  // [64]
+  float* const row_sum = row_max + kHeads;                                                         // [2][64]
+  auto barrier = [&](int index) { return barriers + 8 * index; };
+  auto buffer = [&](int c) { return buffers + c * kStageBytes; };
+  // [buffer][half]: ready (the producer's copies landed), free (its last reader's P V done).
+  auto ready = [&](int c, int half) { return barrier(kReady + half_index(c, half)); };
+  auto free = [&](int c, int half) { return barrier(kFree + half_index(c, half)); };
+
+  const int t = a.first_token + blockIdx.x;
+  const int count = a.num_selected[t];
+  const int steps = (count + kWideStepRows - 1) / kWideStepRows;
+  if (threadIdx.x == 0) {
+    pipeline::barrier_init(barrier(kQueriesReady), 128);
+    for (int i = 0; i < 4; ++i) {
+      pipeline::barrier_init(barrier(kReady + i), 128);
+      pipeline::barrier_init(barrier(kFree + i), 128);
+    }
+    pipeline::barrier_init_fence();
   }
-  pipeline::named_sync(kEpilogue, kConsumerThreads);
-  // The token's [H, 512] bf16 output is contiguous: whole 16-byte chunks, consecutive threads
-  // consecutive chunks.
-  constexpr int kChunksPerHead = kLatent / 8;
-  uint4* token_out = reinterpret_cast<uint4*>(a.out + static_cast<int64_t>(t) * H * kLatent);
-  for (int c = threadIdx.x; c < H * kChunksPerHead; c += kConsumerThreads)
-    token_out[c] = *reinterpret_cast<const uint4*>(generic + c / kChunksPerHead * kOutLineBytes + c % kChunksPerHead * 16);
+  __syncthreads();
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0), index = threadIdx.x % 128;
+
+  if (warpgroup == 2) {
+    pipeline::shrink_registers<kProducerRegisters>();
+    if (steps == 0) return;
+    Producer producer{a, a.selected + static_cast<int64_t>(t) * a.max_selected,
+                      a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks, count, index % 8,
+                      index / 8};
+    producer.copy_queries(queries, t);
+    pipeline::barrier_arrive_on_copies(barrier(kQueriesReady));
+    int32_t slots[2][4];  // this thread's rows of the step in buffer c
+    auto look_up = [&](int step) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          slots[c][i] = producer.slot_of_row(step * kWideStepRows + c * kStepRows + producer.row0 + 16 * i);
+    };
+    look_up(0);
+    for (int step = 0; step < steps; ++step) {
+      const uint32_t parity = (step & 1) ^ 1;  // the phase of the step before
+      // Each (buffer, half) as soon as its last reader is done with it.
+      for (unsigned pending = 15; pending != 0;) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const unsigned bit = 1u << (2 * c + half);
+            if ((pending & bit) == 0 || !pipeline::barrier_test(free(c, half), parity)) continue;
+            producer.copy(buffer(c), slots[c], half ? kLeftBlocks : 0, half ? kColumnBlocks : kLeftBlocks);
+            pipeline::barrier_arrive_on_copies(ready(c, half));
+            pending &= ~bit;
+          }
+      }
+      if (step + 1 < steps) look_up(step + 1);
+    }
+    return;
+  }
+
+  pipeline::grow_registers<kConsumerRegisters>();
+  const int consumer = warpgroup, other = consumer ^ 1;
+  const ConsumerLane lane{index / 32, index % 32 / 4, index % 4};
+  float out[128];  // O[heads, 256 consumer + 8 j + 2 tq (+1)] at out[4 j + ...], relative to run_max
+#pragma unroll
+  for (int k = 0; k < 128; ++k) out[k] = 0.0f;
+  float run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};
+  float s[32];
+  uint32_t p[4][4];
+  const uint32_t probs0 = buffer(0) + 8 * kBlockBytes;  // buffer 0's rope block, free once consumer 0 scored
+  // The next S's two parts over this consumer's buffer: half `consumer` first.
+  auto issue_scores = [&](int step, int part) {
+    const int half = part == 0 ? consumer : other;
+    pipeline::barrier_wait(ready(consumer, half), step & 1);
+    wgmma::fence_async_proxy();  // the copies' writes before the tensor cores' reads
+    if (part == 0) wgmma::pin(s);
+    wgmma::fence();
+    if (half == 0) score_columns<0, 4 * kLeftBlocks>(s, queries, buffer(consumer), part == 0);
+    else score_columns<4 * kLeftBlocks, kRow / 16>(s, queries, buffer(consumer), part == 0);
+    wgmma::commit();
+  };
+  // A step once its S is in registers: the softmax and both P V issued (the other's committed
+  // last, not waited for); consumer 0 hands its buffer's half 0 back on the way, consumer 1 its
+  // half 1 once its own P V are done.
+  auto softmax_and_values = [&](int step) {
+    float rows_max[2], factor[2];
+    mask_and_max<kStepRows>(s, count - step * kWideStepRows - consumer * kStepRows, lane, rows_max);
+    if (consumer == 0) {
+      float own_max[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        own_max[h] = fmaxf(run_max[h], rows_max[h]);  // finite: the step's first row is selected
+        factor[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - own_max[h]);
+        run_sum[h] *= factor[h];
+      }
+      __syncwarp();
+      if (lane.tq == 0)
+        for (int h = 0; h < 2; ++h) row_max[lane.head(h)] = own_max[h];
+      pipeline::named_arrive(kMaxima0, kConsumerThreads);
+      scale_rows(out, factor);
+      exponentiate<kStepRows>(s, own_max, p, run_sum);
+      issue_own_values<kStepRows>(out, p, buffer(0), 0, 0);
+      pipeline::named_sync(kMaxima, kConsumerThreads);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float joint = row_max[lane.head(h)];
+        factor[h] = __expf(own_max[h] - joint);
+        run_max[h] = joint;
+        run_sum[h] *= factor[h];
+      }
+      store_probs<kStepRows>(generic + (probs0 - queries), s, factor, lane);
+      wgmma::fence_async_proxy();
+      pipeline::named_arrive(kProbs0, kConsumerThreads);
+      wgmma::wait<0>();
+      wgmma::pin(out);
+      pipeline::barrier_arrive(free(0, 0));  // buffer 0's half 0: its S and this P V done
+      scale_rows(out, factor);
+      pipeline::named_sync(kProbs1, kConsumerThreads);
+      issue_other_values<kStepRows>(out, probs1, buffer(1), 0, 0);
+    } else {
+      float joint[2];
+      pipeline::named_sync(kMaxima0, kConsumerThreads);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        joint[h] = fmaxf(row_max[lane.head(h)], rows_max[h]);
+        factor[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - joint[h]);
+        run_max[h] = joint[h];
+        run_sum[h] *= factor[h];
+      }
+      __syncwarp();
+      if (lane.tq == 0)
+        for (int h = 0; h < 2; ++h) row_max[lane.head(h)] = joint[h];
+      pipeline::named_arrive(kMaxima, kConsumerThreads);
+      scale_rows(out, factor);
+      exponentiate<kStepRows>(s, joint, p, run_sum);
+      issue_own_values<kStepRows>(out, p, buffer(1), 0, 1);
+      const float one[2] = {1.0f, 1.0f};
+      pipeline::named_sync(kProbs1Read, kConsumerThreads);
+      store_probs<kStepRows>(generic + (probs1 - queries), s, one, lane);
+      wgmma::fence_async_proxy();
+      pipeline::named_arrive(kProbs1, kConsumerThreads);
+      pipeline::named_sync(kProbs0, kConsumerThreads);
+      issue_other_values<kStepRows>(out, probs0, buffer(0), 0, 1);
+      wgmma::wait<1>();  // its own P V: buffer 1's half 1 read for the last time
+      pipeline::barrier_arrive(free(1, 1));
+    }
+  };
+  // The other's P V done: consumer 0 has read consumer 1's P and buffer 1's half 0, consumer 1
+  // buffer 0's half 1 (and consumer 0's P in its rope block).
+  auto hand_back = [&](int step) {
+    if (consumer == 0 && step + 1 < steps) pipeline::named_arrive(kProbs1Read, kConsumerThreads);
+    pipeline::barrier_arrive(free(other, consumer));
+  };
+  if (steps > 0) {
+    pipeline::barrier_wait(barrier(kQueriesReady), 0);
+    if (consumer == 0) pipeline::named_arrive(kProbs1Read, kConsumerThreads);  // consumer 1's P buffer starts free
+    issue_scores(0, 0);
+    issue_scores(0, 1);
+    int step = 0;
+    for (; step + 1 < steps; ++step) {
+      wgmma::wait<0>();
+      wgmma::pin(s);
+      softmax_and_values(step);
+      issue_scores(step + 1, 0);  // behind the other's P V
+      wgmma::wait<1>();
+      wgmma::pin(out);
+      hand_back(step);
+      issue_scores(step + 1, 1);
+    }
+    wgmma::wait<0>();
+    wgmma::pin(s);
+    softmax_and_values(step);
+    wgmma::wait<0>();
+    wgmma::pin(out);
+    hand_back(step);
+  }
+  store_output(a, t, out, run_sum, row_sum, generic, consumer, lane);
 }
 
 }  // namespace
@@ -440,7 +674,9 @@ void mla_attention_wgmma_specialized(const MlaAttentionArgs& a, cudaStream_t str
   if (launch_tokens <= 0) return;
   GLMS_CHECK(mla_attention_wgmma_supported(a.num_heads, a.latent_dim, a.rope_dim) && a.storage == CacheStorage::kBf16,
              "mla_attention_wgmma_specialized: bf16 rows, at most 64 heads, latent 512 and rope 64");
-  auto* kernel = a.overlap_scores ? mla_wgmma_specialized_kernel<true> : mla_wgmma_specialized_kernel<false>;
+  auto* kernel = a.wide_steps       ? mla_wgmma_wide_kernel
+                 : a.overlap_scores ? mla_wgmma_specialized_kernel<true>
+                                    : mla_wgmma_specialized_kernel<false>;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
         "cudaFuncSetAttribute(mla_wgmma_specialized_kernel)");
   launch_chained("mla_wgmma_specialized launch", kernel, launch_tokens, kThreads, kSharedBytes, stream, a);
