@@ -224,6 +224,129 @@ __device__ __forceinline__ void issue_other_values(float (&o)[128], uint32_t oth
   wgmma::commit();
 }
 
+// A block's token and shared memory as the header lays it out (from the first 1024-byte
+// boundary), its barriers set up; warpgroup broadcast from lane 0, so that the compiler knows
+// each warp takes one side of the branches on it (wgmma on a path it thinks divergent are
+// serialised).
+struct TokenBlock {
+  uint8_t* generic;                          // the queries' first byte
+  uint32_t queries, stages, probs1, barriers;  // shared-window addresses
+  float* row_max;                            // [64]
+  float* row_sum;                            // [2][64]
+  int t, count, warpgroup;                   // the token, its selected rows
+  __device__ uint32_t barrier(int index) const { return barriers + 8 * index; }
+};
+__device__ __forceinline__ TokenBlock token_block(uint8_t* shared_raw, const MlaAttentionArgs& a) {
+  const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
+  TokenBlock b;
+  b.generic = aligned.generic;
+  b.queries = aligned.address;
+  b.stages = b.queries + kQueryBytes;
+  b.probs1 = b.stages + 2 * kStageBytes;
+  b.barriers = b.probs1 + kProbBytes;
+  b.row_max = reinterpret_cast<float*>(b.generic + (b.barriers - b.queries) + 8 * kBarriers);
+  b.row_sum = b.row_max + kHeads;
+  b.t = a.first_token + blockIdx.x;
+  b.count = a.num_selected[b.t];
+  if (threadIdx.x == 0) {
+    pipeline::barrier_init(b.barrier(kQueriesReady), 128);
+    for (int i = 0; i < 4; ++i) {
+      pipeline::barrier_init(b.barrier(kReady + i), 128);
+      pipeline::barrier_init(b.barrier(kFree + i), 128);
+    }
+    pipeline::barrier_init_fence();
+  }
+  __syncthreads();
+  b.warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+  return b;
+}
+
+// What a step's P V read: the V rows of this consumer's own P and of the other's (a stage and its
+// first k16 step in it), and where the consumers' P are exchanged (consumer 0's in a stage's rope
+// block, which both have finished scoring; consumer 1's in its own buffer).
+struct StepValues {
+  uint32_t own_stage;
+  int own_k;
+  uint32_t other_stage;
+  int other_k;
+  uint32_t probs0, probs1;
+};
+
+// A consumer's step once its S (kRows rows, `valid` of them selected) is in s: the heads' maxima
+// joined with the other consumer's (consumer 0 posts its own, consumer 1 the joint ones), this
+// consumer's P V issued from registers, its P stored for the other, and the other's P V issued
+// (committed last, not waited for). Consumer 0 waits for its own P V on the way and then calls
+// own_read(). out: [heads, its 256 columns] relative to run_max; row_max: [64] in shared memory.
+template <int kRows, typename OwnRead>
+__device__ __forceinline__ void softmax_and_values_step(float (&s)[kRows / 2], uint32_t (&p)[kRows / 16][4],
+                                                        float (&out)[128], float (&run_max)[2], float (&run_sum)[2],
+                                                        int valid, int consumer, const ConsumerLane& lane,
+                                                        float* row_max, uint8_t* generic, uint32_t queries,
+                                                        const StepValues& v, OwnRead own_read) {
+  float rows_max[2], factor[2];
+  mask_and_max<kRows>(s, valid, lane, rows_max);
+  if (consumer == 0) {
+    float own_max[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      own_max[h] = fmaxf(run_max[h], rows_max[h]);  // finite: the step's first row is selected
+      factor[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - own_max[h]);
+      run_sum[h] *= factor[h];
+    }
+    __syncwarp();
+    if (lane.tq == 0)
+      for (int h = 0; h < 2; ++h) row_max[lane.head(h)] = own_max[h];
+    pipeline::named_arrive(kMaxima0, kConsumerThreads);
+    scale_rows(out, factor);
+    exponentiate<kRows>(s, own_max, p, run_sum);
+    issue_own_values<kRows>(out, p, v.own_stage, v.own_k, 0);
+    // The joint maxima (consumer 1 posts them once it has scored); this step's P relative to
+    // them, for consumer 1.
+    pipeline::named_sync(kMaxima, kConsumerThreads);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float joint = row_max[lane.head(h)];
+      factor[h] = __expf(own_max[h] - joint);
+      run_max[h] = joint;
+      run_sum[h] *= factor[h];
+    }
+    store_probs<kRows>(generic + (v.probs0 - queries), s, factor, lane);
+    wgmma::fence_async_proxy();
+    pipeline::named_arrive(kProbs0, kConsumerThreads);
+    wgmma::wait<0>();
+    wgmma::pin(out);
+    own_read();
+    scale_rows(out, factor);
+    pipeline::named_sync(kProbs1, kConsumerThreads);
+    issue_other_values<kRows>(out, v.probs1, v.other_stage, v.other_k, 0);
+  } else {
+    float joint[2];
+    pipeline::named_sync(kMaxima0, kConsumerThreads);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      joint[h] = fmaxf(row_max[lane.head(h)], rows_max[h]);
+      factor[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - joint[h]);
+      run_max[h] = joint[h];
+      run_sum[h] *= factor[h];
+    }
+    __syncwarp();
+    if (lane.tq == 0)
+      for (int h = 0; h < 2; ++h) row_max[lane.head(h)] = joint[h];
+    pipeline::named_arrive(kMaxima, kConsumerThreads);
+    scale_rows(out, factor);
+    exponentiate<kRows>(s, joint, p, run_sum);
+    issue_own_values<kRows>(out, p, v.own_stage, v.own_k, 1);
+    // This step's P for consumer 0, once it has read the last step's.
+    const float one[2] = {1.0f, 1.0f};
+    pipeline::named_sync(kProbs1Read, kConsumerThreads);
+    store_probs<kRows>(generic + (v.probs1 - queries), s, one, lane);
+    wgmma::fence_async_proxy();
+    pipeline::named_arrive(kProbs1, kConsumerThreads);
+    pipeline::named_sync(kProbs0, kConsumerThreads);
+    issue_other_values<kRows>(out, v.probs0, v.other_stage, v.other_k, 1);
+  }
+}
+
 // A consumer's end of a token: each head's sum over both consumers' rows, then its half of the
 // normalised output staged in the queries' region (every wgmma reading it finished before the
 // steps' last barriers), and the token's [H, 512] bf16 output written from there (contiguous:
@@ -264,37 +387,22 @@ template <bool kOverlapScores>
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaAttentionArgs a) {
   chained_grid_prologue();
   extern __shared__ __align__(16) uint8_t shared_raw[];
-  const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
-  uint8_t* const generic = aligned.generic;
-  const uint32_t queries = aligned.address, stages = queries + kQueryBytes, probs1 = stages + 2 * kStageBytes;
-  const uint32_t barriers = probs1 + kProbBytes;
-  float* const row_max = reinterpret_cast<float*>(generic + (barriers - queries) + 8 * kBarriers);  // [64]
-  float* const row_sum = row_max + kHeads;                                                         // [2][64]
+  const TokenBlock block = token_block(shared_raw, a);
+  uint8_t* const generic = block.generic;
+  const uint32_t queries = block.queries, stages = block.stages, probs1 = block.probs1, barriers = block.barriers;
+  float* const row_max = block.row_max;
   auto barrier = [&](int index) { return barriers + 8 * index; };
   auto stage_at = [&](int step) { return stages + (step & 1) * kStageBytes; };
-
-  const int t = a.first_token + blockIdx.x;
-  const int count = a.num_selected[t];
+  const int t = block.t, count = block.count;
   const int steps = (count + kStepRows - 1) / kStepRows;
-  if (threadIdx.x == 0) {
-    pipeline::barrier_init(barrier(kQueriesReady), 128);
-    for (int i = 0; i < 4; ++i) {
-      pipeline::barrier_init(barrier(kReady + i), 128);
-      pipeline::barrier_init(barrier(kFree + i), 128);
-    }
-    pipeline::barrier_init_fence();
-  }
-  __syncthreads();
-  // Broadcast from lane 0: the compiler then knows each warp takes one side of the branches on it
-  // (wgmma in a path it thinks divergent are serialised).
-  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0), index = threadIdx.x % 128;
+  const int warpgroup = block.warpgroup, index = threadIdx.x % 128;
 
   if (warpgroup == 2) {
     pipeline::shrink_registers<kProducerRegisters>();
     if (steps == 0) return;
-    Producer producer{a, a.selected + static_cast<int64_t>(t) * a.max_selected,
-                      a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks, count, index % 8,
-                      index / 8};
+    const Producer producer{a, a.selected + static_cast<int64_t>(t) * a.max_selected,
+                            a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks, count,
+                            index % 8, index / 8};
     producer.copy_queries(queries, t);
     pipeline::barrier_arrive_on_copies(barrier(kQueriesReady));
     int32_t slots[4];  // this thread's rows of the step
@@ -350,70 +458,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
 
   // A step once its S is in registers: the softmax, both halves of P V issued (the other
   // consumer's committed last, not waited for).
+  // A step once its S is in registers: the softmax and both P V issued (the other consumer's
+  // committed last, not waited for).
   auto softmax_and_values = [&](int step) {
     const uint32_t stage = stage_at(step);
-    const uint32_t probs0 = stage + 8 * kBlockBytes;  // the stage's rope block, free once both scored
-    float rows_max[2], factor[2];
-    mask_and_max<kConsumerRows>(s, count - step * kStepRows - consumer * kConsumerRows, lane, rows_max);
-    if (consumer == 0) {
-      float own_max[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        own_max[h] = fmaxf(run_max[h], rows_max[h]);  // finite: the step's first row is selected
-        factor[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - own_max[h]);
-        run_sum[h] *= factor[h];
-      }
-      __syncwarp();
-      if (lane.tq == 0)
-        for (int h = 0; h < 2; ++h) row_max[lane.head(h)] = own_max[h];
-      pipeline::named_arrive(kMaxima0, kConsumerThreads);
-      scale_rows(out, factor);
-      exponentiate<kConsumerRows>(s, own_max, p, run_sum);
-      issue_own_values<kConsumerRows>(out, p, stage, 0, 0);
-      // The joint maxima (consumer 1 posts them once it has scored); this step's P relative to
-      // them, for consumer 1, in the rope block both have finished reading.
-      pipeline::named_sync(kMaxima, kConsumerThreads);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float joint = row_max[lane.head(h)];
-        factor[h] = __expf(own_max[h] - joint);
-        run_max[h] = joint;
-        run_sum[h] *= factor[h];
-      }
-      store_probs<kConsumerRows>(generic + (probs0 - queries), s, factor, lane);
-      wgmma::fence_async_proxy();
-      pipeline::named_arrive(kProbs0, kConsumerThreads);
-      wgmma::wait<0>();
-      wgmma::pin(out);
-      scale_rows(out, factor);
-      pipeline::named_sync(kProbs1, kConsumerThreads);
-      issue_other_values<kConsumerRows>(out, probs1, stage, 2, 0);
-    } else {
-      float joint[2];
-      pipeline::named_sync(kMaxima0, kConsumerThreads);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        joint[h] = fmaxf(row_max[lane.head(h)], rows_max[h]);
-        factor[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - joint[h]);
-        run_max[h] = joint[h];
-        run_sum[h] *= factor[h];
-      }
-      __syncwarp();
-      if (lane.tq == 0)
-        for (int h = 0; h < 2; ++h) row_max[lane.head(h)] = joint[h];
-      pipeline::named_arrive(kMaxima, kConsumerThreads);
-      scale_rows(out, factor);
-      exponentiate<kConsumerRows>(s, joint, p, run_sum);
-      issue_own_values<kConsumerRows>(out, p, stage, 2, 1);
-      // This step's P for consumer 0, once it has read the last step's.
-      const float one[2] = {1.0f, 1.0f};
-      pipeline::named_sync(kProbs1Read, kConsumerThreads);
-      store_probs<kConsumerRows>(generic + (probs1 - queries), s, one, lane);
-      wgmma::fence_async_proxy();
-      pipeline::named_arrive(kProbs1, kConsumerThreads);
-      pipeline::named_sync(kProbs0, kConsumerThreads);
-      issue_other_values<kConsumerRows>(out, probs0, stage, 0, 1);
-    }
+    const StepValues values{stage, 2 * consumer, stage, 2 * (consumer ^ 1), stage + 8 * kBlockBytes, probs1};
+    const int valid = count - step * kStepRows - consumer * kConsumerRows;
+    softmax_and_values_step<kConsumerRows>(s, p, out, run_max, run_sum, valid, consumer, lane, row_max, generic,
+                                           queries, values, [] {});
   };
   // A step's P V done: consumer 0 has read consumer 1's P and the stage's left half for the last
   // time, consumer 1 the right half (and consumer 0's P in its rope block).
@@ -454,7 +506,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
     hand_back(step);
   }
 
-  store_output(a, t, out, run_sum, row_sum, generic, consumer, lane);
+  store_output(a, t, out, run_sum, row_max + kHeads, generic, consumer, lane);
 }
 
 
@@ -485,38 +537,26 @@ __device__ __forceinline__ void score_columns(float (&s)[32], uint32_t queries, 
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_wide_kernel(MlaAttentionArgs a) {
   chained_grid_prologue();
   extern __shared__ __align__(16) uint8_t shared_raw[];
-  const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
-  uint8_t* const generic = aligned.generic;
-  const uint32_t queries = aligned.address, buffers = queries + kQueryBytes, probs1 = buffers + 2 * kStageBytes;
-  const uint32_t barriers = probs1 + kProbBytes;
-  float* const row_max = reinterpret_cast<float*>(generic + (barriers - queries) + 8 * kBarriers);  // [64]
-  float* const row_sum = row_max + kHeads;                                                         // [2][64]
+  const TokenBlock block = token_block(shared_raw, a);
+  uint8_t* const generic = block.generic;
+  const uint32_t queries = block.queries, buffers = block.stages, probs1 = block.probs1, barriers = block.barriers;
+  float* const row_max = block.row_max;
   auto barrier = [&](int index) { return barriers + 8 * index; };
   auto buffer = [&](int c) { return buffers + c * kStageBytes; };
   // [buffer][half]: ready (the producer's copies landed), free (its last reader's P V done).
   auto ready = [&](int c, int half) { return barrier(kReady + half_index(c, half)); };
   auto free = [&](int c, int half) { return barrier(kFree + half_index(c, half)); };
 
-  const int t = a.first_token + blockIdx.x;
-  const int count = a.num_selected[t];
+  const int t = block.t, count = block.count;
   const int steps = (count + kWideStepRows - 1) / kWideStepRows;
-  if (threadIdx.x == 0) {
-    pipeline::barrier_init(barrier(kQueriesReady), 128);
-    for (int i = 0; i < 4; ++i) {
-      pipeline::barrier_init(barrier(kReady + i), 128);
-      pipeline::barrier_init(barrier(kFree + i), 128);
-    }
-    pipeline::barrier_init_fence();
-  }
-  __syncthreads();
-  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0), index = threadIdx.x % 128;
+  const int warpgroup = block.warpgroup, index = threadIdx.x % 128;
 
   if (warpgroup == 2) {
     pipeline::shrink_registers<kProducerRegisters>();
     if (steps == 0) return;
-    Producer producer{a, a.selected + static_cast<int64_t>(t) * a.max_selected,
-                      a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks, count, index % 8,
-                      index / 8};
+    const Producer producer{a, a.selected + static_cast<int64_t>(t) * a.max_selected,
+                            a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks, count,
+                            index % 8, index / 8};
     producer.copy_queries(queries, t);
     pipeline::barrier_arrive_on_copies(barrier(kQueriesReady));
     int32_t slots[2][4];  // this thread's rows of the step in buffer c
@@ -573,64 +613,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_wide_kernel(MlaAttentio
   // last, not waited for); consumer 0 hands its buffer's half 0 back on the way, consumer 1 its
   // half 1 once its own P V are done.
   auto softmax_and_values = [&](int step) {
-    float rows_max[2], factor[2];
-    mask_and_max<kStepRows>(s, count - step * kWideStepRows - consumer * kStepRows, lane, rows_max);
-    if (consumer == 0) {
-      float own_max[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        own_max[h] = fmaxf(run_max[h], rows_max[h]);  // finite: the step's first row is selected
-        factor[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - own_max[h]);
-        run_sum[h] *= factor[h];
-      }
-      __syncwarp();
-      if (lane.tq == 0)
-        for (int h = 0; h < 2; ++h) row_max[lane.head(h)] = own_max[h];
-      pipeline::named_arrive(kMaxima0, kConsumerThreads);
-      scale_rows(out, factor);
-      exponentiate<kStepRows>(s, own_max, p, run_sum);
-      issue_own_values<kStepRows>(out, p, buffer(0), 0, 0);
-      pipeline::named_sync(kMaxima, kConsumerThreads);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float joint = row_max[lane.head(h)];
-        factor[h] = __expf(own_max[h] - joint);
-        run_max[h] = joint;
-        run_sum[h] *= factor[h];
-      }
-      store_probs<kStepRows>(generic + (probs0 - queries), s, factor, lane);
-      wgmma::fence_async_proxy();
-      pipeline::named_arrive(kProbs0, kConsumerThreads);
-      wgmma::wait<0>();
-      wgmma::pin(out);
-      pipeline::barrier_arrive(free(0, 0));  // buffer 0's half 0: its S and this P V done
-      scale_rows(out, factor);
-      pipeline::named_sync(kProbs1, kConsumerThreads);
-      issue_other_values<kStepRows>(out, probs1, buffer(1), 0, 0);
-    } else {
-      float joint[2];
-      pipeline::named_sync(kMaxima0, kConsumerThreads);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        joint[h] = fmaxf(row_max[lane.head(h)], rows_max[h]);
-        factor[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - joint[h]);
-        run_max[h] = joint[h];
-        run_sum[h] *= factor[h];
-      }
-      __syncwarp();
-      if (lane.tq == 0)
-        for (int h = 0; h < 2; ++h) row_max[lane.head(h)] = joint[h];
-      pipeline::named_arrive(kMaxima, kConsumerThreads);
-      scale_rows(out, factor);
-      exponentiate<kStepRows>(s, joint, p, run_sum);
-      issue_own_values<kStepRows>(out, p, buffer(1), 0, 1);
-      const float one[2] = {1.0f, 1.0f};
-      pipeline::named_sync(kProbs1Read, kConsumerThreads);
-      store_probs<kStepRows>(generic + (probs1 - queries), s, one, lane);
-      wgmma::fence_async_proxy();
-      pipeline::named_arrive(kProbs1, kConsumerThreads);
-      pipeline::named_sync(kProbs0, kConsumerThreads);
-      issue_other_values<kStepRows>(out, probs0, buffer(0), 0, 1);
+    const StepValues values{buffer(consumer), 0, buffer(other), 0, probs0, probs1};
+    const int valid = count - step * kWideStepRows - consumer * kStepRows;
+    softmax_and_values_step<kStepRows>(s, p, out, run_max, run_sum, valid, consumer, lane, row_max, generic, queries,
+                                       values, [&] { pipeline::barrier_arrive(free(0, 0)); });
+    if (consumer == 1) {
       wgmma::wait<1>();  // its own P V: buffer 1's half 1 read for the last time
       pipeline::barrier_arrive(free(1, 1));
     }
@@ -664,7 +651,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_wide_kernel(MlaAttentio
     wgmma::pin(out);
     hand_back(step);
   }
-  store_output(a, t, out, run_sum, row_sum, generic, consumer, lane);
+  store_output(a, t, out, run_sum, row_max + kHeads, generic, consumer, lane);
 }
 
 }  // namespace
