@@ -53,35 +53,7 @@ struct BenchStepOptions {
   std::string expert_format = "bf16";  // routed experts: bf16, mxfp4 or fp8
   std::string quantization;            // "fp8": the linear layers in block FP8
   std::string kv_cache_dtype = "auto";  // the cache's rows: auto (bf16) or fp8 (serve's flag)
-  int gemv_tokens = model::CudaModelOptions{}.small_batch_gemv_tokens;
-  int fused_attention_min_tokens = model::CudaModelOptions{}.fused_attention_min_tokens;
-  bool fused_prefill_attention = model::CudaModelOptions{}.fused_prefill_attention;
-  bool wgmma_attention = model::CudaModelOptions{}.wgmma_attention;
-  bool wgmma_attention_splits = model::CudaModelOptions{}.wgmma_attention_splits;
-  bool warp_specialized_attention = model::CudaModelOptions{}.warp_specialized_attention;
-  bool overlap_attention_scores = model::CudaModelOptions{}.overlap_attention_scores;
-  bool wide_attention_steps = model::CudaModelOptions{}.wide_attention_steps;
-  bool wgmma_indexer = model::CudaModelOptions{}.wgmma_indexer;
-  int wgmma_experts_min_pairs = model::CudaModelOptions{}.wgmma_experts_min_pairs;
-  int wgmma_experts_tile_rows = model::CudaModelOptions{}.wgmma_experts_tile_rows;
-  int wgmma_bf16_experts_max_pairs = model::CudaModelOptions{}.wgmma_bf16_experts_max_pairs;
-  int specialized_bf16_experts_min_pairs = model::CudaModelOptions{}.specialized_bf16_experts_min_pairs;
-  bool paired_bf16_experts = model::CudaModelOptions{}.paired_bf16_experts;
-  bool wgmma_fp8_experts = model::CudaModelOptions{}.wgmma_fp8_experts;
-  bool specialized_fp8_experts = model::CudaModelOptions{}.specialized_fp8_experts;
-  bool fp8_experts_slice_pairs = model::CudaModelOptions{}.fp8_experts_slice_pairs;
-  bool fp8_prefill_indexer = model::CudaModelOptions{}.fp8_prefill_indexer;
-  int stream_experts_min_pairs = model::CudaModelOptions{}.stream_experts_min_pairs;
-  int stream_experts_max_pairs = model::CudaModelOptions{}.stream_experts_max_pairs;
-  int stream_experts_shape = model::CudaModelOptions{}.stream_experts_shape;
-  int stream_experts_chunk_factor = model::CudaModelOptions{}.stream_experts_chunk_factor;
-  bool grouped_expert_gemm = model::CudaModelOptions{}.grouped_expert_gemm;
-  bool sample_on_device = model::CudaModelOptions{}.sample_on_device;
-  int sample_blocks_per_row = model::CudaModelOptions{}.sample_blocks_per_row;
-  int indexer_threads_per_key = model::CudaModelOptions{}.indexer_threads_per_key;
-  bool wgmma_decode_indexer = model::CudaModelOptions{}.wgmma_decode_indexer;
-  int indexer_topk_blocks = model::CudaModelOptions{}.indexer_topk_blocks;
-  int overlap_shared_expert_tokens = model::CudaModelOptions{}.overlap_shared_expert_tokens;
+  model::CudaModelOptions kernels;      // the kernel flags; run_bench_step sets the sizes
   int speculative_steps = 0;           // > 0: also time K-draft verification and MTP draft steps
   int project_layers = 0;              // depth the speculation break-even is projected to (0: the config's)
   RankSimulation simulation;           // --simulate-rank R --world N --layout L
@@ -266,7 +238,7 @@ void run_bench_step(const BenchStepOptions& o) {
   else
     std::cerr << "; block-scaled FP8 GEMM unavailable: " << fp8_rate.error << "\n";
 
-  model::CudaModelOptions options;
+  model::CudaModelOptions options = o.kernels;
   options.block_size = 64;
   options.max_tokens = std::max(max_prefill, max_batch);
   options.max_sequences = max_batch;
@@ -275,35 +247,6 @@ void run_bench_step(const BenchStepOptions& o) {
   const int blocks_per_sequence = (options.max_context + options.block_size - 1) / options.block_size;
   options.num_blocks = 0;  // as many as fit, up to max_batch sequences of max_context
   options.gpu_memory_utilization = o.gpu_memory_utilization;
-  options.small_batch_gemv_tokens = o.gemv_tokens;
-  options.fused_attention_min_tokens = o.fused_attention_min_tokens;
-  options.fused_prefill_attention = o.fused_prefill_attention;
-  options.wgmma_attention = o.wgmma_attention;
-  options.wgmma_attention_splits = o.wgmma_attention_splits;
-  options.warp_specialized_attention = o.warp_specialized_attention;
-  options.overlap_attention_scores = o.overlap_attention_scores;
-  options.wide_attention_steps = o.wide_attention_steps;
-  options.wgmma_indexer = o.wgmma_indexer;
-  options.wgmma_experts_min_pairs = o.wgmma_experts_min_pairs;
-  options.wgmma_experts_tile_rows = o.wgmma_experts_tile_rows;
-  options.wgmma_bf16_experts_max_pairs = o.wgmma_bf16_experts_max_pairs;
-  options.specialized_bf16_experts_min_pairs = o.specialized_bf16_experts_min_pairs;
-  options.paired_bf16_experts = o.paired_bf16_experts;
-  options.wgmma_fp8_experts = o.wgmma_fp8_experts;
-  options.specialized_fp8_experts = o.specialized_fp8_experts;
-  options.fp8_experts_slice_pairs = o.fp8_experts_slice_pairs;
-  options.fp8_prefill_indexer = o.fp8_prefill_indexer;
-  options.stream_experts_min_pairs = o.stream_experts_min_pairs;
-  options.stream_experts_max_pairs = o.stream_experts_max_pairs;
-  options.stream_experts_shape = o.stream_experts_shape;
-  options.stream_experts_chunk_factor = o.stream_experts_chunk_factor;
-  options.grouped_expert_gemm = o.grouped_expert_gemm;
-  options.sample_on_device = o.sample_on_device;
-  options.sample_blocks_per_row = o.sample_blocks_per_row;
-  options.indexer_threads_per_key = o.indexer_threads_per_key;
-  options.wgmma_decode_indexer = o.wgmma_decode_indexer;
-  options.indexer_topk_blocks = o.indexer_topk_blocks;
-  options.overlap_shared_expert_tokens = o.overlap_shared_expert_tokens;
   if (o.quantization == "fp8") options.linear_weights = model::CudaLinearWeights::kFp8;
   options.cache_dtype = kv::parse_cache_dtype(o.kv_cache_dtype);
   if (o.speculative_steps > 0) {  // a verify step runs 1 + K tokens per sequence, all with logits
@@ -534,35 +477,35 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"num_layers", config.num_hidden_layers},
                         {"weights", "bf16 synthetic"},
                         {"expert_format", o.expert_format},
-                        {"small_batch_gemv_tokens", o.gemv_tokens},
-                        {"fused_attention_min_tokens", o.fused_attention_min_tokens},
-                        {"fused_prefill_attention", o.fused_prefill_attention},
-                        {"wgmma_attention", o.wgmma_attention},
-                        {"wgmma_attention_splits", o.wgmma_attention_splits},
-                        {"warp_specialized_attention", o.warp_specialized_attention},
-                        {"overlap_attention_scores", o.overlap_attention_scores},
-                        {"wide_attention_steps", o.wide_attention_steps},
-                        {"wgmma_indexer", o.wgmma_indexer},
-                        {"wgmma_experts_min_pairs", o.wgmma_experts_min_pairs},
-                        {"wgmma_experts_tile_rows", o.wgmma_experts_tile_rows},
-                        {"wgmma_bf16_experts_max_pairs", o.wgmma_bf16_experts_max_pairs},
-                        {"specialized_bf16_experts_min_pairs", o.specialized_bf16_experts_min_pairs},
-                        {"paired_bf16_experts", o.paired_bf16_experts},
-                        {"wgmma_fp8_experts", o.wgmma_fp8_experts},
-                        {"specialized_fp8_experts", o.specialized_fp8_experts},
-                        {"fp8_experts_slice_pairs", o.fp8_experts_slice_pairs},
-                        {"fp8_prefill_indexer", o.fp8_prefill_indexer},
-                        {"stream_experts_min_pairs", o.stream_experts_min_pairs},
-                        {"stream_experts_max_pairs", o.stream_experts_max_pairs},
-                        {"stream_experts_shape", o.stream_experts_shape},
-                        {"stream_experts_chunk_factor", o.stream_experts_chunk_factor},
-                        {"grouped_expert_gemm", o.grouped_expert_gemm},
-                        {"sample_on_device", o.sample_on_device},
-                        {"sample_blocks_per_row", o.sample_blocks_per_row},
-                        {"indexer_threads_per_key", o.indexer_threads_per_key},
-                        {"wgmma_decode_indexer", o.wgmma_decode_indexer},
-                        {"indexer_topk_blocks", o.indexer_topk_blocks},
-                        {"overlap_shared_expert_tokens", o.overlap_shared_expert_tokens},
+                        {"small_batch_gemv_tokens", o.kernels.small_batch_gemv_tokens},
+                        {"fused_attention_min_tokens", o.kernels.fused_attention_min_tokens},
+                        {"fused_prefill_attention", o.kernels.fused_prefill_attention},
+                        {"wgmma_attention", o.kernels.wgmma_attention},
+                        {"wgmma_attention_splits", o.kernels.wgmma_attention_splits},
+                        {"warp_specialized_attention", o.kernels.warp_specialized_attention},
+                        {"overlap_attention_scores", o.kernels.overlap_attention_scores},
+                        {"wide_attention_steps", o.kernels.wide_attention_steps},
+                        {"wgmma_indexer", o.kernels.wgmma_indexer},
+                        {"wgmma_experts_min_pairs", o.kernels.wgmma_experts_min_pairs},
+                        {"wgmma_experts_tile_rows", o.kernels.wgmma_experts_tile_rows},
+                        {"wgmma_bf16_experts_max_pairs", o.kernels.wgmma_bf16_experts_max_pairs},
+                        {"specialized_bf16_experts_min_pairs", o.kernels.specialized_bf16_experts_min_pairs},
+                        {"paired_bf16_experts", o.kernels.paired_bf16_experts},
+                        {"wgmma_fp8_experts", o.kernels.wgmma_fp8_experts},
+                        {"specialized_fp8_experts", o.kernels.specialized_fp8_experts},
+                        {"fp8_experts_slice_pairs", o.kernels.fp8_experts_slice_pairs},
+                        {"fp8_prefill_indexer", o.kernels.fp8_prefill_indexer},
+                        {"stream_experts_min_pairs", o.kernels.stream_experts_min_pairs},
+                        {"stream_experts_max_pairs", o.kernels.stream_experts_max_pairs},
+                        {"stream_experts_shape", o.kernels.stream_experts_shape},
+                        {"stream_experts_chunk_factor", o.kernels.stream_experts_chunk_factor},
+                        {"grouped_expert_gemm", o.kernels.grouped_expert_gemm},
+                        {"sample_on_device", o.kernels.sample_on_device},
+                        {"sample_blocks_per_row", o.kernels.sample_blocks_per_row},
+                        {"indexer_threads_per_key", o.kernels.indexer_threads_per_key},
+                        {"wgmma_decode_indexer", o.kernels.wgmma_decode_indexer},
+                        {"indexer_topk_blocks", o.kernels.indexer_topk_blocks},
+                        {"overlap_shared_expert_tokens", o.kernels.overlap_shared_expert_tokens},
                         {"speculative_steps", o.speculative_steps},
                         {"graphs", o.graphs},
                         {"weight_bytes", model->weight_bytes()},
@@ -636,122 +579,122 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--project-layers", o->project_layers,
                   "Depth the speculation break-even is projected to (default: the config's num_hidden_layers)")
       ->check(CLI::Range(1, 1000));
-  cmd->add_option("--gemv-tokens", o->gemv_tokens,
+  cmd->add_option("--gemv-tokens", o->kernels.small_batch_gemv_tokens,
                   "Linear layers of at most N tokens through glmserve's GEMV instead of cuBLAS (0: never, at most 4)")
       ->check(CLI::Range(0, 4))
       ->capture_default_str();
-  cmd->add_option("--fused-attention-min-tokens", o->fused_attention_min_tokens,
+  cmd->add_option("--fused-attention-min-tokens", o->kernels.fused_attention_min_tokens,
                   "Decode batches of at least N tokens attend in one fused pass, smaller ones through gathered-row "
                   "GEMMs (0: always fused)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
-  cmd->add_option("--fused-prefill-attention", o->fused_prefill_attention,
+  cmd->add_option("--fused-prefill-attention", o->kernels.fused_prefill_attention,
                   "Long prefill chunks whose context is long against the top-k attend in the fused pass over each "
                   "token's top-k rows (true/false; false: always dense scores over the causal extent)")
       ->capture_default_str();
-  cmd->add_option("--wgmma-attention", o->wgmma_attention,
+  cmd->add_option("--wgmma-attention", o->kernels.wgmma_attention,
                   "Fused attention passes with a block per token on Hopper's warpgroup tensor cores (true/false; "
                   "false: the mma.sync kernel)")
       ->capture_default_str();
-  cmd->add_option("--wgmma-attention-splits", o->wgmma_attention_splits,
+  cmd->add_option("--wgmma-attention-splits", o->kernels.wgmma_attention_splits,
                   "The wgmma pass also for decode batches of fewer tokens than SMs, each token's rows split over "
                   "blocks (true/false; false: those take the mma.sync kernel)")
       ->capture_default_str();
-  cmd->add_option("--warp-specialized-attention", o->warp_specialized_attention,
+  cmd->add_option("--warp-specialized-attention", o->kernels.warp_specialized_attention,
                   "The wgmma pass over bf16 rows without splits in the warp-specialised kernel: a producer warpgroup "
                   "gathers rows into two stages while two consumers score 32 rows each (true/false)")
       ->capture_default_str();
-  cmd->add_option("--overlap-attention-scores", o->overlap_attention_scores,
+  cmd->add_option("--overlap-attention-scores", o->kernels.overlap_attention_scores,
                   "Its consumers issue each step's scores behind the last step's P V (true/false)")
       ->capture_default_str();
-  cmd->add_option("--wide-attention-steps", o->wide_attention_steps,
+  cmd->add_option("--wide-attention-steps", o->kernels.wide_attention_steps,
                   "Instead, steps of 128 rows with each consumer scoring 64 of them (true/false)")
       ->capture_default_str();
-  cmd->add_option("--wgmma-decode-indexer", o->wgmma_decode_indexer,
+  cmd->add_option("--wgmma-decode-indexer", o->kernels.wgmma_decode_indexer,
                   "Decode tokens' indexer scores on the warpgroup tensor cores (true/false; false: fp32 FMAs, a "
                   "key a thread)")
       ->capture_default_str();
-  cmd->add_option("--wgmma-indexer", o->wgmma_indexer,
+  cmd->add_option("--wgmma-indexer", o->kernels.wgmma_indexer,
                   "Long prefill chunks' indexer scores on the warpgroup tensor cores, fused with the sum over heads "
                   "(true/false; false: a TF32 GEMM through per-head products in memory)")
       ->capture_default_str();
-  cmd->add_option("--fp8-prefill-indexer", o->fp8_prefill_indexer,
+  cmd->add_option("--fp8-prefill-indexer", o->kernels.fp8_prefill_indexer,
                   "Those indexer scores with E4M3 queries and keys on the FP8 tensor cores (true/false; DeepSeek-V3.2's "
                   "FP8 indexer)")
       ->capture_default_str();
-  cmd->add_option("--wgmma-experts-min-pairs", o->wgmma_experts_min_pairs,
+  cmd->add_option("--wgmma-experts-min-pairs", o->kernels.wgmma_experts_min_pairs,
                   "Routed experts (tiled MXFP4 or bf16) run as grouped GEMMs on the warpgroup tensor cores from this "
                   "many pairs per expert on average (0: never)")
       ->check(non_negative_number())
       ->capture_default_str();
-  cmd->add_option("--wgmma-bf16-experts-max-pairs", o->wgmma_bf16_experts_max_pairs,
+  cmd->add_option("--wgmma-bf16-experts-max-pairs", o->kernels.wgmma_bf16_experts_max_pairs,
                   "bf16 routed experts take those GEMMs only below this many pairs per expert (0: no bound; above, "
                   "cuBLAS's grouped GEMM)")
       ->check(non_negative_number())
       ->capture_default_str();
-  cmd->add_option("--specialized-bf16-experts-min-pairs", o->specialized_bf16_experts_min_pairs,
+  cmd->add_option("--specialized-bf16-experts-min-pairs", o->kernels.specialized_bf16_experts_min_pairs,
                   "bf16 routed experts from this many pairs per expert take the warp-specialised grouped GEMMs (0: "
                   "never)")
       ->check(non_negative_number())
       ->capture_default_str();
-  cmd->add_option("--paired-bf16-experts", o->paired_bf16_experts,
+  cmd->add_option("--paired-bf16-experts", o->kernels.paired_bf16_experts,
                   "Those GEMMs take an expert's row tiles two by two in thread block clusters that load each weight "
                   "line once for both (TMA multicast; true/false)")
       ->capture_default_str();
-  cmd->add_option("--wgmma-fp8-experts", o->wgmma_fp8_experts,
+  cmd->add_option("--wgmma-fp8-experts", o->kernels.wgmma_fp8_experts,
                   "Block-FP8 routed experts take W8A8 grouped GEMMs on the FP8 tensor cores from those pairs per "
                   "expert (true/false; false: mma.sync kernels, then each expert widened to bf16 for cuBLAS)")
       ->capture_default_str();
-  cmd->add_option("--specialized-fp8-experts", o->specialized_fp8_experts,
+  cmd->add_option("--specialized-fp8-experts", o->kernels.specialized_fp8_experts,
                   "Those GEMMs warp-specialised: a producer warpgroup copies while two consumer warpgroups multiply "
                   "(true/false)")
       ->capture_default_str();
-  cmd->add_option("--fp8-experts-slice-pairs", o->fp8_experts_slice_pairs,
+  cmd->add_option("--fp8-experts-slice-pairs", o->kernels.fp8_experts_slice_pairs,
                   "Those warp-specialised GEMMs in clusters of two blocks on adjacent output slices that share the "
                   "token rows (TMA multicast; true/false)")
       ->capture_default_str();
-  cmd->add_option("--wgmma-experts-tile-rows", o->wgmma_experts_tile_rows,
+  cmd->add_option("--wgmma-experts-tile-rows", o->kernels.wgmma_experts_tile_rows,
                   "Grouped rows a block of those GEMMs: 64, 128, or 0 (128 from 80 pairs per expert)")
       ->check(CLI::IsMember({0, 64, 128}))
       ->capture_default_str();
-  cmd->add_option("--stream-experts-min-pairs", o->stream_experts_min_pairs,
+  cmd->add_option("--stream-experts-min-pairs", o->kernels.stream_experts_min_pairs,
                   "MXFP4 routed experts of steps with from this many pairs per expert on average run on the streamed "
                   "decode kernels")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
-  cmd->add_option("--stream-experts-max-pairs", o->stream_experts_max_pairs,
+  cmd->add_option("--stream-experts-max-pairs", o->kernels.stream_experts_max_pairs,
                   "... up to this many pairs per expert on average (0: never)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
-  cmd->add_option("--stream-experts-shape", o->stream_experts_shape,
+  cmd->add_option("--stream-experts-shape", o->kernels.stream_experts_shape,
                   "Their shape: mma.sync 0 (1 row fragment a warp, 8 steps in flight, 4 warps a block), 1 (2, 6, 4), "
                   "2 (1, 6, 8); wgmma 3 (6 steps, 8 warps), 4 (3 slots of 2 steps, 8 warps); or -1 (1 up to 8 pairs "
                   "per expert, 4 above)")
       ->check(CLI::IsMember({-1, 0, 1, 2, 3, 4}))
       ->capture_default_str();
-  cmd->add_option("--stream-experts-chunk-factor", o->stream_experts_chunk_factor,
+  cmd->add_option("--stream-experts-chunk-factor", o->kernels.stream_experts_chunk_factor,
                   "Their token chunk: this many times the average pairs per expert (8, 16 or 32 tokens)")
       ->check(CLI::Range(1, 8))
       ->capture_default_str();
-  cmd->add_option("--grouped-expert-gemm", o->grouped_expert_gemm,
+  cmd->add_option("--grouped-expert-gemm", o->kernels.grouped_expert_gemm,
                   "bf16 experts of large batches through one cuBLAS grouped GEMM per projection (true/false)")
       ->capture_default_str();
-  cmd->add_option("--sample-on-device", o->sample_on_device,
+  cmd->add_option("--sample-on-device", o->kernels.sample_on_device,
                   "Sampled rows drawn on the GPU (true/false) instead of copied back and drawn on the host")
       ->capture_default_str();
-  cmd->add_option("--sample-blocks-per-row", o->sample_blocks_per_row,
+  cmd->add_option("--sample-blocks-per-row", o->kernels.sample_blocks_per_row,
                   "Blocks (a thread block cluster) that draw each sampled row on the GPU: 1, 2, 4 or 8")
       ->check(CLI::IsMember({1, 2, 4, 8}))
       ->capture_default_str();
-  cmd->add_option("--indexer-threads-per-key", o->indexer_threads_per_key,
+  cmd->add_option("--indexer-threads-per-key", o->kernels.indexer_threads_per_key,
                   "Lanes that score each cached key in the DSA indexer: 1 or 4")
       ->check(CLI::IsMember({1, 4}))
       ->capture_default_str();
-  cmd->add_option("--indexer-topk-blocks", o->indexer_topk_blocks,
+  cmd->add_option("--indexer-topk-blocks", o->kernels.indexer_topk_blocks,
                   "Blocks (a thread block cluster) that select each token's top-k positions: 1, 2, 4 or 8")
       ->check(CLI::IsMember({1, 2, 4, 8}))
       ->capture_default_str();
-  cmd->add_option("--overlap-shared-expert-tokens", o->overlap_shared_expert_tokens,
+  cmd->add_option("--overlap-shared-expert-tokens", o->kernels.overlap_shared_expert_tokens,
                   "Steps of at most this many tokens run the MoE shared expert on a second stream beside the routing "
                   "(0: never; untimed steps only)")
       ->check(CLI::Range(0, 1 << 20))
