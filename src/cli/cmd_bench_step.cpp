@@ -483,8 +483,6 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"wgmma_attention", o.kernels.wgmma_attention},
                         {"wgmma_attention_splits", o.kernels.wgmma_attention_splits},
                         {"warp_specialized_attention", o.kernels.warp_specialized_attention},
-                        {"overlap_attention_scores", o.kernels.overlap_attention_scores},
-                        {"wide_attention_steps", o.kernels.wide_attention_steps},
                         {"wgmma_indexer", o.kernels.wgmma_indexer},
                         {"wgmma_experts_min_pairs", o.kernels.wgmma_experts_min_pairs},
                         {"wgmma_experts_tile_rows", o.kernels.wgmma_experts_tile_rows},
@@ -493,7 +491,6 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"paired_bf16_experts", o.kernels.paired_bf16_experts},
                         {"wgmma_fp8_experts", o.kernels.wgmma_fp8_experts},
                         {"specialized_fp8_experts", o.kernels.specialized_fp8_experts},
-                        {"fp8_experts_slice_pairs", o.kernels.fp8_experts_slice_pairs},
                         {"fp8_prefill_indexer", o.kernels.fp8_prefill_indexer},
                         {"stream_experts_min_pairs", o.kernels.stream_experts_min_pairs},
                         {"stream_experts_max_pairs", o.kernels.stream_experts_max_pairs},
@@ -604,12 +601,6 @@ void add_bench_step_command(CLI::App& app) {
                   "The wgmma pass over bf16 rows without splits in the warp-specialised kernel: a producer warpgroup "
                   "gathers rows into two stages while two consumers score 32 rows each (true/false)")
       ->capture_default_str();
-  cmd->add_option("--overlap-attention-scores", o->kernels.overlap_attention_scores,
-                  "Its consumers issue each step's scores behind the last step's P V (true/false)")
-      ->capture_default_str();
-  cmd->add_option("--wide-attention-steps", o->kernels.wide_attention_steps,
-                  "Instead, steps of 128 rows with each consumer scoring 64 of them (true/false)")
-      ->capture_default_str();
   cmd->add_option("--wgmma-decode-indexer", o->kernels.wgmma_decode_indexer,
                   "Decode tokens' indexer scores on the warpgroup tensor cores (true/false; false: fp32 FMAs, a "
                   "key a thread)")
@@ -648,10 +639,6 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--specialized-fp8-experts", o->kernels.specialized_fp8_experts,
                   "Those GEMMs warp-specialised: a producer warpgroup copies while two consumer warpgroups multiply "
                   "(true/false)")
-      ->capture_default_str();
-  cmd->add_option("--fp8-experts-slice-pairs", o->kernels.fp8_experts_slice_pairs,
-                  "Those warp-specialised GEMMs in clusters of two blocks on adjacent output slices that share the "
-                  "token rows (TMA multicast; true/false)")
       ->capture_default_str();
   cmd->add_option("--wgmma-experts-tile-rows", o->kernels.wgmma_experts_tile_rows,
                   "Grouped rows a block of those GEMMs: 64, 128, or 0 (128 from 80 pairs per expert)")

@@ -190,23 +190,16 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
   std::printf("H=%d L=%d rope=%d tokens=%d%s: relative L2 gathered %.2e, fused %.2e\n", H, L, rd, T,
               storage == cuda::CacheStorage::kFp8 ? " (FP8 rows)" : "", gathered_error, fused_error);
   if (cuda::mla_attention_wgmma_supported(H, L, rd)) {
-    // One split: bf16 rows take the warp-specialised kernel unless told not to, its scores
-    // issued after each step's P V or (overlap) behind it, or its wide form (128-row steps).
-    for (const int kernel : {0, 1, 2, 3}) {
-      const bool specialized = kernel > 0, overlap = kernel == 2, wide = kernel == 3;
+    // One split: bf16 rows take the warp-specialised kernel unless told not to.
+    for (const bool specialized : {false, true}) {
       if (specialized && storage != cuda::CacheStorage::kBf16) continue;
       auto wgmma_out = poisoned_bf16(expected.size());
       a.out = wgmma_out.as<uint16_t>();
       a.warp_specialized = specialized;
-      a.overlap_scores = overlap;
-      a.wide_steps = wide;
       cuda::mla_attention_wgmma(a, nullptr);
       const auto wgmma_host = bf16_to_host(wgmma_out, expected.size());
       const double wgmma_error = relative_l2(wgmma_host, expected);
-      const char* name = wide          ? "wgmma, warp-specialised, 128-row steps"
-                         : overlap     ? "wgmma, warp-specialised, scores overlapped"
-                         : specialized ? "wgmma, warp-specialised"
-                                       : "wgmma";
+      const char* name = specialized ? "wgmma, warp-specialised" : "wgmma";
       for (int t = 0; t < T; ++t) {
         const double e = relative_l2(std::vector<float>(wgmma_host.begin() + int64_t{t} * H * L,
                                                         wgmma_host.begin() + int64_t{t + 1} * H * L),
@@ -219,8 +212,6 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
       std::printf("  %s: relative L2 %.2e\n", name, wgmma_error);
     }
     a.warp_specialized = true;
-    a.overlap_scores = false;
-    a.wide_steps = false;
     // Each token's rows split over blocks and merged: any count of whole tiles, including splits
     // past a short token's selection, and the count mla_attention_fused picks.
     const int tiles = (rows + 63) / 64;

@@ -162,40 +162,6 @@ TEST_F(CudaLinearFp8, QuantizingBf16RowsEqualsQuantizingTheirFp32Values) {
   EXPECT_EQ(to_host<float>(scales), from_f32.scales);
 }
 
-// quantize_fp8_rows_gathered (the W8A8 expert GEMMs' tokens in grouped order): row i the same
-// codes and scale as row source[i] / divisor of the plain quantisation, pad rows zero codes.
-TEST_F(CudaLinearFp8, GatheredRowsQuantiseAsTheirSourceRows) {
-  const int64_t tokens = 9, cols = 384, divisor = 3, n = 20;  // 20 of the 27 (token, slot) pairs
-  std::vector<uint16_t> x(static_cast<size_t>(tokens * cols));
-  const auto values = activations(tokens, cols, 12);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = f32_to_bf16(values[i]);
-  std::vector<int32_t> source(n);
-  for (int64_t i = 0; i < n; ++i) source[i] = static_cast<int32_t>((i * 7 + 5) % (tokens * divisor));
-  auto d_x = to_device(x);
-  auto d_source = to_device(source);
-  const int64_t nt = cuda::fp8_padded_tokens(tokens), np = cuda::fp8_padded_tokens(n);
-  auto plain_codes = poisoned(static_cast<size_t>(nt * cols) / sizeof(float));
-  auto plain_scales = poisoned(static_cast<size_t>(nt * cols / cuda::kFp8ScaleBlock));
-  cuda::quantize_fp8_rows(d_x.as<uint16_t>(), tokens, cols, plain_codes.as<uint8_t>(), plain_scales.as<float>(),
-                          nullptr);
-  auto codes = poisoned(static_cast<size_t>(np * cols) / sizeof(float));
-  auto scales = poisoned(static_cast<size_t>(np * cols / cuda::kFp8ScaleBlock));
-  cuda::quantize_fp8_rows_gathered(d_x.as<uint16_t>(), d_source.as<int32_t>(), divisor, n, cols, codes.as<uint8_t>(),
-                                   scales.as<float>(), nullptr);
-  const auto want_codes = to_host<uint8_t>(plain_codes), got_codes = to_host<uint8_t>(codes);
-  const auto want_scales = to_host<float>(plain_scales), got_scales = to_host<float>(scales);
-  for (int64_t i = 0; i < np; ++i) {
-    const int64_t from = i < n ? source[i] / divisor : -1;
-    for (int64_t c = 0; c < cols; ++c)
-      ASSERT_EQ(got_codes[i * cols + c], from < 0 ? 0 : want_codes[from * cols + c]) << "row " << i << " column " << c;
-    for (int64_t b = 0; b < cols / cuda::kFp8ScaleBlock; ++b) {
-      if (from >= 0) {
-        EXPECT_EQ(got_scales[b * np + i], want_scales[b * nt + from]) << "row " << i << " block " << b;
-      }
-    }
-  }
-}
-
 TEST_F(CudaLinearFp8, Fp8GemvMatchesTheDequantisedProductWithBf16Inputs) {
   // (rows, cols): q_a-like, a row count off the 4-row blocks and the 128-row scale blocks, and a
   // width off the 128-column blocks (its last block partial).

@@ -97,8 +97,6 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   args.rope_dim = static_cast<int>(rd);
   args.out = as<uint16_t>(o_bf16);
   args.warp_specialized = options.warp_specialized_attention;
-  args.overlap_scores = options.overlap_attention_scores;
-  args.wide_steps = options.wide_attention_steps;
   cuda::MlaGatherWorkspace gather;
   gather.gathered = as<uint16_t>(gathered_rows);
   gather.gathered_elements = gathered_capacity;

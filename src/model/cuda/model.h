@@ -74,16 +74,6 @@ struct CudaModelOptions {
   // warpgroup, two consumers on each step of 64 rows; ops::cuda::mla_attention_wgmma_specialized);
   // false: one block's warpgroups splitting every tile.
   bool warp_specialized_attention = true;
-  // Those passes' consumers issue each step's S = Q K^T behind the last step's P V, so that the
-  // tensor cores go on to it while the consumer waits (ops::cuda::MlaAttentionArgs::overlap_scores:
-  // the loop's last step peeled off, which lets ptxas keep the wgmma asynchronous). Off until it
-  // is measured on the H200.
-  bool overlap_attention_scores = false;
-  // Instead, their wide form: steps of 128 rows, each consumer scoring 64 of them (m64n64 instead
-  // of m64n32: a third fewer shared-memory bytes a product), one buffer a consumer freed by halves,
-  // the next S behind the last P V (MlaAttentionArgs::wide_steps). Off until it is measured on
-  // the H200.
-  bool wide_attention_steps = false;
   // Long prefill chunks' indexer scores on the warpgroup tensor cores, fused with the sum over
   // heads (ops::cuda::indexer_scores_wgmma; GLM-5's 32 heads of 128); false: a TF32 GEMM whose
   // per-head products go through global memory. Prefill 8192 on the H200 at GLM-5.2 width:
@@ -126,12 +116,6 @@ struct CudaModelOptions {
   // width, 5 layers, FP8 linears and experts (bench/results/cuda-fp8-specialized-experts-20261204.json),
   // experts of a prefill: 2048 tokens 16.0 -> 14.4 ms, 4096 23.2 -> 20.7, 8192 40.8 -> 34.6.
   bool specialized_fp8_experts = true;
-  // Those with two blocks a cluster on adjacent output slices of one row tile: the tokens' rows
-  // quantised in grouped order and copied by TMA, each block's half into both (multicast), the
-  // weight lines by TMA (Nsight Compute had the kernel above at 45% of the FP8 tensor rate with
-  // 66% of L2 throughput; the copies a step fall from 17 a producer thread to 3 in all). Off
-  // until it is measured on the H200 (ops::cuda::Fp8ExpertGemm::kSlicePairs).
-  bool fp8_experts_slice_pairs = false;
   // Their grouped rows a block, 64 or 128; 0: 128 from 80 pairs per expert on average (prefill
   // 3072, 96 pairs an expert: experts MXFP4 36.7 -> 30.6 ms, bf16 31.2 -> 28.5; at 64 the two
   // within 2%).

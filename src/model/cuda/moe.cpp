@@ -38,10 +38,10 @@ void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T) {
 }
 
 // The W8A8 expert GEMMs' E4M3 rows and scales, in buffers that path leaves unused: the tokens'
-// (up to one row a pair) in pair_x ([P, hidden] bf16), act's in pair_gate_up ([P, 2 inter] fp32).
+// in pair_x ([P, hidden] bf16), act's in pair_gate_up ([P, 2 inter] fp32).
 cuda::MoeFp8Staging CudaGlm5Model::Impl::fp8_expert_staging(int64_t tokens, int64_t pairs, int64_t inter) {
   const int64_t hidden = config.hidden_size;
-  const int64_t nt = cuda::fp8_padded_tokens(std::max(tokens, pairs)), np = cuda::fp8_padded_tokens(pairs);
+  const int64_t nt = cuda::fp8_padded_tokens(tokens), np = cuda::fp8_padded_tokens(pairs);
   const int64_t token_codes = (nt * hidden + 15) / 16 * 16, act_codes = (np * inter + 15) / 16 * 16;
   GLMS_CHECK(static_cast<size_t>(token_codes) + sizeof(float) * nt * hidden / 128 <= pair_x.bytes() &&
                  static_cast<size_t>(act_codes) + sizeof(float) * np * inter / 128 <= pair_gate_up.bytes(),
@@ -182,9 +182,8 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
   } else if (wgmma_fp8) {
     cuda::moe_experts_wgmma_fp8(x, hidden, inter, experts, plan, E, K, P, fp8_expert_staging(rows, P, inter),
                                 as<uint16_t>(pair_act), as<float>(expert_out), s,
-                                !options.specialized_fp8_experts ? cuda::Fp8ExpertGemm::kBlockBarrier
-                                : options.fp8_experts_slice_pairs ? cuda::Fp8ExpertGemm::kSlicePairs
-                                                                  : cuda::Fp8ExpertGemm::kWarpSpecialized);
+                                options.specialized_fp8_experts ? cuda::Fp8ExpertGemm::kWarpSpecialized
+                                                                : cuda::Fp8ExpertGemm::kBlockBarrier);
   } else if (P <= int64_t{small_pairs} * config.n_routed_experts || !shape.host_sync_ok) {
     GLMS_CHECK(P <= pair_capacity, "MoE pairs beyond the pair buffers");
     cuda::moe_experts_small(x, hidden, inter, experts, plan, E, K, chunk_tokens,

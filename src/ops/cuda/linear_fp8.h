@@ -31,10 +31,6 @@ void quantize_fp8_rows(const float* x, int64_t n, int64_t cols, uint8_t* codes, 
 // The same from bf16 rows (the model's GEMM inputs).
 void quantize_fp8_rows(const uint16_t* x, int64_t n, int64_t cols, uint8_t* codes, float* scales,
                        cudaStream_t stream);
-// The same for n rows gathered from x: row i is x's row source[i] / divisor (source on the
-// device; e.g. the grouped expert pairs' tokens, divisor top_k).
-void quantize_fp8_rows_gathered(const uint16_t* x, const int32_t* source, int divisor, int64_t n, int64_t cols,
-                                uint8_t* codes, float* scales, cudaStream_t stream);
 
 // Scales per row of 128 x 128 blocks in fp8_weight_scales_for_cublaslt's layout: the column
 // blocks padded to a multiple of 4.

@@ -1,7 +1,6 @@
 // quantize_fp8_rows (fp32 or bf16 rows): a warp per (token, 128-column block), four values a
 // lane (one 16- or 8-byte load, one 4-byte store of codes); the block's largest magnitude, by
-// shuffles, sets the scale. Pad tokens read as zeros. Gathered: output row i is x's row
-// source[i] / divisor.
+// shuffles, sets the scale. Pad tokens read as zeros.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -28,17 +27,14 @@ __device__ __forceinline__ float4 four_values(const uint16_t* x) {
 
 template <typename T>
 __global__ void __launch_bounds__(kQuantizeThreads)
-    quantize_fp8_rows_kernel(const T* x, const int32_t* source, int divisor, int64_t n, int64_t padded, int64_t cols,
-                             uint8_t* codes, float* scales) {
+    quantize_fp8_rows_kernel(const T* x, int64_t n, int64_t padded, int64_t cols, uint8_t* codes, float* scales) {
   chained_grid_prologue();
   const int64_t blocks = cols / kFp8ScaleBlock;
   const int64_t item = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32;
   if (item >= padded * blocks) return;
   const int64_t token = item / blocks, block = item % blocks, lane = threadIdx.x % 32;
   const int64_t i = token * cols + block * kFp8ScaleBlock + 4 * lane;
-  const int64_t row = token < n && source ? source[token] / divisor : token;  // x's
-  const int64_t from = row * cols + block * kFp8ScaleBlock + 4 * lane;
-  const float4 v = token < n ? four_values(x + from) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const float4 v = token < n ? four_values(x + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
   for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
   const float scale = amax > 0.0f ? __fdiv_rn(amax, kE4m3Max) : 1.0f;
@@ -50,32 +46,25 @@ __global__ void __launch_bounds__(kQuantizeThreads)
 }
 
 template <typename T>
-void launch_quantize(const T* x, const int32_t* source, int divisor, int64_t n, int64_t cols, uint8_t* codes,
-                     float* scales, cudaStream_t stream) {
+void launch_quantize(const T* x, int64_t n, int64_t cols, uint8_t* codes, float* scales, cudaStream_t stream) {
   if (n == 0) return;
   GLMS_CHECK(cols % kFp8ScaleBlock == 0, "quantize_fp8_rows: cols a multiple of 128");
   const int64_t padded = fp8_padded_tokens(n);
   const int64_t grid = (padded * (cols / kFp8ScaleBlock) + kWarps - 1) / kWarps;
   GLMS_CHECK(grid <= 0x7fffffff, "quantize_fp8_rows: too many rows or columns");
   launch_chained("quantize_fp8_rows launch", quantize_fp8_rows_kernel<T>, static_cast<unsigned>(grid), kQuantizeThreads,
-                 0, stream, x, source, divisor, n, padded, cols, codes, scales);
+                 0, stream, x, n, padded, cols, codes, scales);
 }
 
 }  // namespace
 
 void quantize_fp8_rows(const float* x, int64_t n, int64_t cols, uint8_t* codes, float* scales, cudaStream_t stream) {
-  launch_quantize(x, nullptr, 1, n, cols, codes, scales, stream);
+  launch_quantize(x, n, cols, codes, scales, stream);
 }
 
 void quantize_fp8_rows(const uint16_t* x, int64_t n, int64_t cols, uint8_t* codes, float* scales,
                        cudaStream_t stream) {
-  launch_quantize(x, nullptr, 1, n, cols, codes, scales, stream);
-}
-
-void quantize_fp8_rows_gathered(const uint16_t* x, const int32_t* source, int divisor, int64_t n, int64_t cols,
-                                uint8_t* codes, float* scales, cudaStream_t stream) {
-  GLMS_CHECK(source != nullptr && divisor > 0, "quantize_fp8_rows_gathered: a source row a row, a divisor over 0");
-  launch_quantize(x, source, divisor, n, cols, codes, scales, stream);
+  launch_quantize(x, n, cols, codes, scales, stream);
 }
 
 }  // namespace glms::ops::cuda

@@ -32,11 +32,6 @@ struct MlaAttentionArgs {
   // bf16 rows without splits in the wgmma pass: the warp-specialised kernel
   // (mla_attention_wgmma_specialized); false: mla_wgmma.cu's.
   bool warp_specialized = true;
-  // That kernel's consumers issue each step's S behind the last step's P V (the same sums).
-  bool overlap_scores = false;
-  // Instead, its wide form: steps of 128 rows, each consumer scoring 64 of them (m64n64), the
-  // next S behind the last P V (mla_wgmma_specialized.cu).
-  bool wide_steps = false;
 };
 
 class Gemm;

@@ -118,28 +118,27 @@ struct ConsumerLane {
   __device__ int head(int h) const { return 16 * warp + g + 8 * h; }
 };
 
-// The helpers below take kRows, a consumer's rows of a step: 32 (mla_wgmma_specialized_kernel) or
-// 64 (mla_wgmma_wide_kernel). S[64 heads, kRows rows from `rows` (a stage's line of the first of
+// A consumer's S [64 heads, its 32 rows of a step] in wgmma's accumulator layout, and its P as the
+// A operand of two k16 steps.
+using Scores = float[kConsumerRows / 2];
+using Probs = uint32_t[kConsumerRows / 16][4];
+
+// S[64 heads, a consumer's 32 rows of a step from `rows` (a stage's line of the first of
 // them)] over the 36 k16 steps of the row.
-template <int kRows>
-__device__ __forceinline__ void score_rows(float (&s)[kRows / 2], uint32_t queries, uint32_t rows) {
+__device__ __forceinline__ void score_rows(Scores& s, uint32_t queries, uint32_t rows) {
 #pragma unroll
   for (int k = 0; k < kRow / 16; ++k) {
     const uint32_t column = (k / 4) * kBlockBytes + (k % 4) * 32;
-    if constexpr (kRows == 32)
-      wgmma::m64n32k16(s, descriptor(queries + column, 16, 1024), descriptor(rows + column, 16, 1024), k > 0);
-    else
-      wgmma::m64n64k16(s, descriptor(queries + column, 16, 1024), descriptor(rows + column, 16, 1024), k > 0);
+    wgmma::m64n32k16(s, descriptor(queries + column, 16, 1024), descriptor(rows + column, 16, 1024), k > 0);
   }
 }
 
 // Rows at or past `valid` get -inf; each head's maximum over this consumer's rows.
-template <int kRows>
-__device__ __forceinline__ void mask_and_max(float (&s)[kRows / 2], int valid, const ConsumerLane& lane,
+__device__ __forceinline__ void mask_and_max(Scores& s, int valid, const ConsumerLane& lane,
                                              float (&rows_max)[2]) {
   rows_max[0] = rows_max[1] = -INFINITY;
 #pragma unroll
-  for (int n = 0; n < kRows / 8; ++n)
+  for (int n = 0; n < kConsumerRows / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       if (8 * n + 2 * lane.tq + (e & 1) >= valid) s[4 * n + e] = -INFINITY;
@@ -152,14 +151,13 @@ __device__ __forceinline__ void mask_and_max(float (&s)[kRows / 2], int valid, c
   }
 }
 
-// s becomes exp(s - max) in fp32; p the same rounded to bf16 as the A operand of kRows / 16 k16
-// steps (rs_m64n8k16's layout: S columns 8 n + 2 tq are k 2 tq of step n / 2, + 8 for odd n);
+// s becomes exp(s - max) in fp32; p the same rounded to bf16 as the A operand of two k16 steps
+// (rs_m64n8k16's layout: S columns 8 n + 2 tq are k 2 tq of step n / 2, + 8 for odd n);
 // the rounded values are added to `sum`.
-template <int kRows>
-__device__ __forceinline__ void exponentiate(float (&s)[kRows / 2], const float (&max)[2],
-                                             uint32_t (&p)[kRows / 16][4], float (&sum)[2]) {
+__device__ __forceinline__ void exponentiate(Scores& s, const float (&max)[2],
+                                             Probs& p, float (&sum)[2]) {
 #pragma unroll
-  for (int n = 0; n < kRows / 8; ++n)
+  for (int n = 0; n < kConsumerRows / 8; ++n)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       s[4 * n + 2 * h] = __expf(s[4 * n + 2 * h] - max[h]);
@@ -170,13 +168,12 @@ __device__ __forceinline__ void exponentiate(float (&s)[kRows / 2], const float 
     }
 }
 
-// P (fp32, times factor[h]) as bf16 lines of a head's kRows rows (the first kRows of each
-// 64-value line), for the other consumer's P V.
-template <int kRows>
-__device__ __forceinline__ void store_probs(uint8_t* probs, const float (&s)[kRows / 2], const float (&factor)[2],
+// P (fp32, times factor[h]) as bf16 lines of a head's 32 rows (the first 32 of each 64-value
+// line), for the other consumer's P V.
+__device__ __forceinline__ void store_probs(uint8_t* probs, const Scores& s, const float (&factor)[2],
                                             const ConsumerLane& lane) {
 #pragma unroll
-  for (int n = 0; n < kRows / 8; ++n)
+  for (int n = 0; n < kConsumerRows / 8; ++n)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int column = 8 * n + 2 * lane.tq;
@@ -201,25 +198,23 @@ __device__ __forceinline__ uint64_t value_descriptor(uint32_t stage, int consume
   return descriptor(stage + consumer * kLeftBlocks * kBlockBytes + k * 16 * kLineBytes, kBlockBytes, 1024);
 }
 
-// O += P V for consumer c's columns over kRows rows of V: its own rows' P from registers, the
-// other consumer's from `other_probs` (kRows of each line's 64 values); the rows are k16 steps
+// O += P V for consumer c's columns over 32 rows of V: its own rows' P from registers, the
+// other consumer's from `other_probs` (32 of each line's 64 values); the rows are k16 steps
 // first_k .. of `stage`'s. Two commit groups: the own rows', then the other's.
-template <int kRows>
-__device__ __forceinline__ void issue_own_values(float (&o)[128], const uint32_t (&p)[kRows / 16][4], uint32_t stage,
+__device__ __forceinline__ void issue_own_values(float (&o)[128], const Probs& p, uint32_t stage,
                                                  int first_k, int consumer) {
   wgmma::pin(o);
   wgmma::fence();
 #pragma unroll
-  for (int k = 0; k < kRows / 16; ++k)
+  for (int k = 0; k < kConsumerRows / 16; ++k)
     wgmma::rs_m64n256k16_mn(o, p[k], value_descriptor(stage, consumer, first_k + k));
   wgmma::commit();
 }
-template <int kRows>
 __device__ __forceinline__ void issue_other_values(float (&o)[128], uint32_t other_probs, uint32_t stage, int first_k,
                                                    int consumer) {
   wgmma::fence();
 #pragma unroll
-  for (int k = 0; k < kRows / 16; ++k)
+  for (int k = 0; k < kConsumerRows / 16; ++k)
     wgmma::m64n256k16<1>(o, descriptor(other_probs + k * 32, 16, 1024), value_descriptor(stage, consumer, first_k + k));
   wgmma::commit();
 }
@@ -261,30 +256,25 @@ __device__ __forceinline__ TokenBlock token_block(uint8_t* shared_raw, const Mla
   return b;
 }
 
-// What a step's P V read: the V rows of this consumer's own P and of the other's (a stage and its
-// first k16 step in it), and where the consumers' P are exchanged (consumer 0's in a stage's rope
-// block, which both have finished scoring; consumer 1's in its own buffer).
+// What a step's P V read: the step's stage (consumer c's own rows are its k16 steps 2 c, 2 c + 1),
+// and where the consumers' P are exchanged (consumer 0's in the stage's rope block, which both
+// have finished scoring; consumer 1's in its own buffer).
 struct StepValues {
-  uint32_t own_stage;
-  int own_k;
-  uint32_t other_stage;
-  int other_k;
-  uint32_t probs0, probs1;
+  uint32_t stage, probs0, probs1;
 };
 
-// A consumer's step once its S (kRows rows, `valid` of them selected) is in s: the heads' maxima
+// A consumer's step once its S (32 rows, `valid` of them selected) is in s: the heads' maxima
 // joined with the other consumer's (consumer 0 posts its own, consumer 1 the joint ones), this
 // consumer's P V issued from registers, its P stored for the other, and the other's P V issued
-// (committed last, not waited for). Consumer 0 waits for its own P V on the way and then calls
-// own_read(). out: [heads, its 256 columns] relative to run_max; row_max: [64] in shared memory.
-template <int kRows, typename OwnRead>
-__device__ __forceinline__ void softmax_and_values_step(float (&s)[kRows / 2], uint32_t (&p)[kRows / 16][4],
+// (committed last, not waited for). out: [heads, its 256 columns] relative to run_max; row_max:
+// [64] in shared memory.
+__device__ __forceinline__ void softmax_and_values_step(Scores& s, Probs& p,
                                                         float (&out)[128], float (&run_max)[2], float (&run_sum)[2],
                                                         int valid, int consumer, const ConsumerLane& lane,
                                                         float* row_max, uint8_t* generic, uint32_t queries,
-                                                        const StepValues& v, OwnRead own_read) {
+                                                        const StepValues& v) {
   float rows_max[2], factor[2];
-  mask_and_max<kRows>(s, valid, lane, rows_max);
+  mask_and_max(s, valid, lane, rows_max);
   if (consumer == 0) {
     float own_max[2];
 #pragma unroll
@@ -298,8 +288,8 @@ __device__ __forceinline__ void softmax_and_values_step(float (&s)[kRows / 2], u
       for (int h = 0; h < 2; ++h) row_max[lane.head(h)] = own_max[h];
     pipeline::named_arrive(kMaxima0, kConsumerThreads);
     scale_rows(out, factor);
-    exponentiate<kRows>(s, own_max, p, run_sum);
-    issue_own_values<kRows>(out, p, v.own_stage, v.own_k, 0);
+    exponentiate(s, own_max, p, run_sum);
+    issue_own_values(out, p, v.stage, 0, 0);
     // The joint maxima (consumer 1 posts them once it has scored); this step's P relative to
     // them, for consumer 1.
     pipeline::named_sync(kMaxima, kConsumerThreads);
@@ -310,15 +300,14 @@ __device__ __forceinline__ void softmax_and_values_step(float (&s)[kRows / 2], u
       run_max[h] = joint;
       run_sum[h] *= factor[h];
     }
-    store_probs<kRows>(generic + (v.probs0 - queries), s, factor, lane);
+    store_probs(generic + (v.probs0 - queries), s, factor, lane);
     wgmma::fence_async_proxy();
     pipeline::named_arrive(kProbs0, kConsumerThreads);
     wgmma::wait<0>();
     wgmma::pin(out);
-    own_read();
     scale_rows(out, factor);
     pipeline::named_sync(kProbs1, kConsumerThreads);
-    issue_other_values<kRows>(out, v.probs1, v.other_stage, v.other_k, 0);
+    issue_other_values(out, v.probs1, v.stage, 2, 0);
   } else {
     float joint[2];
     pipeline::named_sync(kMaxima0, kConsumerThreads);
@@ -334,16 +323,16 @@ __device__ __forceinline__ void softmax_and_values_step(float (&s)[kRows / 2], u
       for (int h = 0; h < 2; ++h) row_max[lane.head(h)] = joint[h];
     pipeline::named_arrive(kMaxima, kConsumerThreads);
     scale_rows(out, factor);
-    exponentiate<kRows>(s, joint, p, run_sum);
-    issue_own_values<kRows>(out, p, v.own_stage, v.own_k, 1);
+    exponentiate(s, joint, p, run_sum);
+    issue_own_values(out, p, v.stage, 2, 1);
     // This step's P for consumer 0, once it has read the last step's.
     const float one[2] = {1.0f, 1.0f};
     pipeline::named_sync(kProbs1Read, kConsumerThreads);
-    store_probs<kRows>(generic + (v.probs1 - queries), s, one, lane);
+    store_probs(generic + (v.probs1 - queries), s, one, lane);
     wgmma::fence_async_proxy();
     pipeline::named_arrive(kProbs1, kConsumerThreads);
     pipeline::named_sync(kProbs0, kConsumerThreads);
-    issue_other_values<kRows>(out, v.probs0, v.other_stage, v.other_k, 1);
+    issue_other_values(out, v.probs0, v.stage, 0, 1);
   }
 }
 
@@ -382,8 +371,6 @@ __device__ __forceinline__ void store_output(const MlaAttentionArgs& a, int t, c
 }
 
 // Grid: one block a launched token. a.queries: [T, H, 576] bf16, pre-scaled; a.out: [T, H, 512].
-// kOverlapScores: each consumer issues the next step's S before waiting for this step's P V.
-template <bool kOverlapScores>
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaAttentionArgs a) {
   chained_grid_prologue();
   extern __shared__ __align__(16) uint8_t shared_raw[];
@@ -437,8 +424,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
 #pragma unroll
   for (int k = 0; k < 128; ++k) out[k] = 0.0f;
   float run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};
-  float s[16];
-  uint32_t p[2][4];
+  Scores s;
+  Probs p;
   // S of a step: both halves of its stage landed (consumer 0 waits for the left first, the first
   // the producer refills), the copies' writes ordered before the tensor cores' reads.
   auto issue_scores = [&](int step) {
@@ -448,7 +435,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
     wgmma::fence_async_proxy();
     wgmma::pin(s);
     wgmma::fence();
-    score_rows<kConsumerRows>(s, queries, stage_at(step) + consumer * kConsumerRows * kLineBytes);
+    score_rows(s, queries, stage_at(step) + consumer * kConsumerRows * kLineBytes);
     wgmma::commit();
   };
   if (steps > 0) pipeline::barrier_wait(barrier(kQueriesReady), 0);
@@ -456,16 +443,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
   // each step but the last.
   if (consumer == 0 && steps > 0) pipeline::named_arrive(kProbs1Read, kConsumerThreads);
 
-  // A step once its S is in registers: the softmax, both halves of P V issued (the other
-  // consumer's committed last, not waited for).
   // A step once its S is in registers: the softmax and both P V issued (the other consumer's
   // committed last, not waited for).
   auto softmax_and_values = [&](int step) {
     const uint32_t stage = stage_at(step);
-    const StepValues values{stage, 2 * consumer, stage, 2 * (consumer ^ 1), stage + 8 * kBlockBytes, probs1};
+    const StepValues values{stage, stage + 8 * kBlockBytes, probs1};
     const int valid = count - step * kStepRows - consumer * kConsumerRows;
-    softmax_and_values_step<kConsumerRows>(s, p, out, run_max, run_sum, valid, consumer, lane, row_max, generic,
-                                           queries, values, [] {});
+    softmax_and_values_step(s, p, out, run_max, run_sum, valid, consumer, lane, row_max, generic, queries, values);
   };
   // A step's P V done: consumer 0 has read consumer 1's P and the stage's left half for the last
   // time, consumer 1 the right half (and consumer 0's P in its rope block).
@@ -473,31 +457,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
     if (consumer == 0 && step + 1 < steps) pipeline::named_arrive(kProbs1Read, kConsumerThreads);
     pipeline::barrier_arrive(barrier(kFree + half_index(step & 1, consumer)));
   };
-  if constexpr (!kOverlapScores) {
-    for (int step = 0; step < steps; ++step) {
-      issue_scores(step);
-      wgmma::wait<0>();
-      wgmma::pin(s);
-      softmax_and_values(step);
-      wgmma::wait<0>();
-      wgmma::pin(out);
-      hand_back(step);
-    }
-  } else if (steps > 0) {
-    // The next step's S queued behind this step's last P V, so that the tensor cores go on to it
-    // while this consumer waits; the last step after the loop, so that every wgmma issue in the
-    // loop is unconditional (ptxas serialises wgmma it cannot see through).
-    issue_scores(0);
-    int step = 0;
-    for (; step + 1 < steps; ++step) {
-      wgmma::wait<0>();
-      wgmma::pin(s);
-      softmax_and_values(step);
-      issue_scores(step + 1);
-      wgmma::wait<1>();
-      wgmma::pin(out);
-      hand_back(step);
-    }
+  for (int step = 0; step < steps; ++step) {
+    issue_scores(step);
     wgmma::wait<0>();
     wgmma::pin(s);
     softmax_and_values(step);
@@ -509,150 +470,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
   store_output(a, t, out, run_sum, row_max + kHeads, generic, consumer, lane);
 }
 
-
-// The wide kernel (MlaAttentionArgs::wide_steps): steps of 128 rows, consumer c scoring the 64 rows
-// 128 i + 64 c .. against all 64 heads (m64n64: a third fewer shared-memory bytes a product than
-// m64n32) from buffer c, the two stages' memory used as one buffer a consumer. P V as above: c
-// keeps the output for latent half c over both buffers' rows, its own P from registers, the
-// other's from shared memory (consumer 0's in buffer 0's rope block, consumer 1's in probs1).
-// Each buffer is ready and freed by halves (latent columns 0..255, then 256..575 with the rope):
-// buffer c's half c is read by c alone (its S and its own P V) and goes back as soon as that P V
-// is done; the other half goes back once the other consumer's P V over it is. The next step's S
-// is issued behind the last P V in two parts, half c's columns first, so that no consumer waits
-// for a half that only the other can free before freeing its own.
-constexpr int kWideStepRows = 2 * kStepRows;  // 128
-
-// S over k16 steps [kFirst, kLast) of the row (left half 0..16, right 16..36): the first part
-// starts the sums (fresh), the second adds to them.
-template <int kFirst, int kLast>
-__device__ __forceinline__ void score_columns(float (&s)[32], uint32_t queries, uint32_t rows, bool fresh) {
-#pragma unroll
-  for (int k = kFirst; k < kLast; ++k) {
-    const uint32_t column = (k / 4) * kBlockBytes + (k % 4) * 32;
-    wgmma::m64n64k16(s, descriptor(queries + column, 16, 1024), descriptor(rows + column, 16, 1024),
-                     k > kFirst || !fresh);
-  }
-}
-
-__global__ void __launch_bounds__(kThreads, 1) mla_wgmma_wide_kernel(MlaAttentionArgs a) {
-  chained_grid_prologue();
-  extern __shared__ __align__(16) uint8_t shared_raw[];
-  const TokenBlock block = token_block(shared_raw, a);
-  uint8_t* const generic = block.generic;
-  const uint32_t queries = block.queries, buffers = block.stages, probs1 = block.probs1, barriers = block.barriers;
-  float* const row_max = block.row_max;
-  auto barrier = [&](int index) { return barriers + 8 * index; };
-  auto buffer = [&](int c) { return buffers + c * kStageBytes; };
-  // [buffer][half]: ready (the producer's copies landed), free (its last reader's P V done).
-  auto ready = [&](int c, int half) { return barrier(kReady + half_index(c, half)); };
-  auto free = [&](int c, int half) { return barrier(kFree + half_index(c, half)); };
-
-  const int t = block.t, count = block.count;
-  const int steps = (count + kWideStepRows - 1) / kWideStepRows;
-  const int warpgroup = block.warpgroup, index = threadIdx.x % 128;
-
-  if (warpgroup == 2) {
-    pipeline::shrink_registers<kProducerRegisters>();
-    if (steps == 0) return;
-    const Producer producer{a, a.selected + static_cast<int64_t>(t) * a.max_selected,
-                            a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks, count,
-                            index % 8, index / 8};
-    producer.copy_queries(queries, t);
-    pipeline::barrier_arrive_on_copies(barrier(kQueriesReady));
-    int32_t slots[2][4];  // this thread's rows of the step in buffer c
-    auto look_up = [&](int step) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c)
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          slots[c][i] = producer.slot_of_row(step * kWideStepRows + c * kStepRows + producer.row0 + 16 * i);
-    };
-    look_up(0);
-    for (int step = 0; step < steps; ++step) {
-      const uint32_t parity = (step & 1) ^ 1;  // the phase of the step before
-      // Each (buffer, half) as soon as its last reader is done with it.
-      for (unsigned pending = 15; pending != 0;) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c)
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const unsigned bit = 1u << (2 * c + half);
-            if ((pending & bit) == 0 || !pipeline::barrier_test(free(c, half), parity)) continue;
-            producer.copy(buffer(c), slots[c], half ? kLeftBlocks : 0, half ? kColumnBlocks : kLeftBlocks);
-            pipeline::barrier_arrive_on_copies(ready(c, half));
-            pending &= ~bit;
-          }
-      }
-      if (step + 1 < steps) look_up(step + 1);
-    }
-    return;
-  }
-
-  pipeline::grow_registers<kConsumerRegisters>();
-  const int consumer = warpgroup, other = consumer ^ 1;
-  const ConsumerLane lane{index / 32, index % 32 / 4, index % 4};
-  float out[128];  // O[heads, 256 consumer + 8 j + 2 tq (+1)] at out[4 j + ...], relative to run_max
-#pragma unroll
-  for (int k = 0; k < 128; ++k) out[k] = 0.0f;
-  float run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};
-  float s[32];
-  uint32_t p[4][4];
-  const uint32_t probs0 = buffer(0) + 8 * kBlockBytes;  // buffer 0's rope block, free once consumer 0 scored
-  // The next S's two parts over this consumer's buffer: half `consumer` first.
-  auto issue_scores = [&](int step, int part) {
-    const int half = part == 0 ? consumer : other;
-    pipeline::barrier_wait(ready(consumer, half), step & 1);
-    wgmma::fence_async_proxy();  // the copies' writes before the tensor cores' reads
-    if (part == 0) wgmma::pin(s);
-    wgmma::fence();
-    if (half == 0) score_columns<0, 4 * kLeftBlocks>(s, queries, buffer(consumer), part == 0);
-    else score_columns<4 * kLeftBlocks, kRow / 16>(s, queries, buffer(consumer), part == 0);
-    wgmma::commit();
-  };
-  // A step once its S is in registers: the softmax and both P V issued (the other's committed
-  // last, not waited for); consumer 0 hands its buffer's half 0 back on the way, consumer 1 its
-  // half 1 once its own P V are done.
-  auto softmax_and_values = [&](int step) {
-    const StepValues values{buffer(consumer), 0, buffer(other), 0, probs0, probs1};
-    const int valid = count - step * kWideStepRows - consumer * kStepRows;
-    softmax_and_values_step<kStepRows>(s, p, out, run_max, run_sum, valid, consumer, lane, row_max, generic, queries,
-                                       values, [&] { pipeline::barrier_arrive(free(0, 0)); });
-    if (consumer == 1) {
-      wgmma::wait<1>();  // its own P V: buffer 1's half 1 read for the last time
-      pipeline::barrier_arrive(free(1, 1));
-    }
-  };
-  // The other's P V done: consumer 0 has read consumer 1's P and buffer 1's half 0, consumer 1
-  // buffer 0's half 1 (and consumer 0's P in its rope block).
-  auto hand_back = [&](int step) {
-    if (consumer == 0 && step + 1 < steps) pipeline::named_arrive(kProbs1Read, kConsumerThreads);
-    pipeline::barrier_arrive(free(other, consumer));
-  };
-  if (steps > 0) {
-    pipeline::barrier_wait(barrier(kQueriesReady), 0);
-    if (consumer == 0) pipeline::named_arrive(kProbs1Read, kConsumerThreads);  // consumer 1's P buffer starts free
-    issue_scores(0, 0);
-    issue_scores(0, 1);
-    int step = 0;
-    for (; step + 1 < steps; ++step) {
-      wgmma::wait<0>();
-      wgmma::pin(s);
-      softmax_and_values(step);
-      issue_scores(step + 1, 0);  // behind the other's P V
-      wgmma::wait<1>();
-      wgmma::pin(out);
-      hand_back(step);
-      issue_scores(step + 1, 1);
-    }
-    wgmma::wait<0>();
-    wgmma::pin(s);
-    softmax_and_values(step);
-    wgmma::wait<0>();
-    wgmma::pin(out);
-    hand_back(step);
-  }
-  store_output(a, t, out, run_sum, row_max + kHeads, generic, consumer, lane);
-}
 
 }  // namespace
 
@@ -661,9 +478,7 @@ void mla_attention_wgmma_specialized(const MlaAttentionArgs& a, cudaStream_t str
   if (launch_tokens <= 0) return;
   GLMS_CHECK(mla_attention_wgmma_supported(a.num_heads, a.latent_dim, a.rope_dim) && a.storage == CacheStorage::kBf16,
              "mla_attention_wgmma_specialized: bf16 rows, at most 64 heads, latent 512 and rope 64");
-  auto* kernel = a.wide_steps       ? mla_wgmma_wide_kernel
-                 : a.overlap_scores ? mla_wgmma_specialized_kernel<true>
-                                    : mla_wgmma_specialized_kernel<false>;
+  auto* kernel = mla_wgmma_specialized_kernel;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
         "cudaFuncSetAttribute(mla_wgmma_specialized_kernel)");
   launch_chained("mla_wgmma_specialized launch", kernel, launch_tokens, kThreads, kSharedBytes, stream, a);

@@ -142,23 +142,20 @@ void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, c
 // served: x and then act quantised to E4M3 with one scale a row and 128 columns
 // (quantize_fp8_rows) into `staging`, the expert weights' codes multiplied as they are on the
 // FP8 tensor cores, each 128 k's sums scaled by the token's and the weight block's scales into
-// fp32, in tiles of 128 rows (every kernel the same sums). Needs hidden and inter multiples of
+// fp32, in tiles of 128 rows (either kernel the same sums). Needs hidden and inter multiples of
 // 128 and the weight scales uniform over each 128 x 128 block (ExpertWeights' Fp8Block layout).
-// Staging, for np(x) = fp8_padded_tokens(x): token_codes [np(num_pairs), hidden], token_scales
-// [hidden / 128, np(num_pairs)] (the tokens' rows in grouped order with kSlicePairs; else only
-// np(num_pairs / top_k) rows are used), act_codes [np(num_pairs), inter], act_scales [inter /
-// 128, np(num_pairs)].
+// Staging, for n = num_pairs / top_k tokens and np(x) = fp8_padded_tokens(x): token_codes
+// [np(n), hidden], token_scales [hidden / 128, np(n)], act_codes [np(num_pairs), inter],
+// act_scales [inter / 128, np(num_pairs)].
 struct MoeFp8Staging {
   uint8_t* token_codes = nullptr;
   float* token_scales = nullptr;
   uint8_t* act_codes = nullptr;
   float* act_scales = nullptr;
 };
-// The kernel: every warp copying and a block barrier a step; a producer warpgroup copying while
-// two consumer warpgroups multiply; the same with two blocks a cluster on adjacent output slices
-// sharing the token rows by TMA multicast (a projection with an odd slice count falls back to
-// the one before).
-enum class Fp8ExpertGemm { kBlockBarrier, kWarpSpecialized, kSlicePairs };
+// The kernel: every warp copying and a block barrier a step, or a producer warpgroup copying
+// while two consumer warpgroups multiply.
+enum class Fp8ExpertGemm { kBlockBarrier, kWarpSpecialized };
 bool moe_experts_wgmma_fp8_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
 void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                            const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs,

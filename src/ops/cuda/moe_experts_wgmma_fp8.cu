@@ -28,10 +28,7 @@
 // have read it: no block-wide barrier a step, the copies issued by warps that do nothing else,
 // and one consumer's promotion running while the other's wgmma do (the first kernel is
 // issue-bound: its every warp copies, waits at the step's barrier, multiplies and promotes in
-// turn). With kSlicePairs, clusters of two blocks take one row tile against two adjacent output
-// slices: the token rows, quantised in grouped order beforehand, come by TMA, each block copying
-// half of them into both (a block reads 24 KB from L2 a step instead of 32), and the weight
-// lines by TMA too, so that the producer issues a few copies a step instead of 17 a thread.
+// turn).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -43,7 +40,6 @@
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_grouped.cuh"
 #include "ops/cuda/pipeline.cuh"
-#include "ops/cuda/tensor_map.h"
 #include "ops/cuda/wgmma.cuh"
 
 namespace glms::ops::cuda {
@@ -200,7 +196,6 @@ static_assert(kSharedBytes <= 232448, "one block an SM");
 constexpr int kConsumerRegisters = 200, kProducerRegisters = 72;  // no spills either side
 static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= 65536, "the register file");
 constexpr int kProducerCopies = kRows * (kLine / 16) / 128;  // 8: a producer thread's chunks a step, of each operand
-constexpr int kPairBlocks = 2;  // blocks of a cluster with kSlicePairs: adjacent slices of one row tile
 
 // The producer warpgroup: thread t copies 16-byte chunk t % 8 of token rows and weight lines
 // t / 8 + 16 i (token rows past the tile's are not copied: their products are never stored) and
@@ -255,40 +250,9 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, int e, int first, 
   wgmma::copy_async_wait<0>();
 }
 
-// kSlicePairs' producer: the tile's token rows (grouped rows first .., in token_map) as this
-// block's 64 of them into both blocks of the pair (`rank`: this block's), the block's two 64-line
-// weight boxes (weight_map) into this block, all by TMA from thread 0; the token rows' scales by
-// cp.async from every thread. A stage is refilled once both blocks' consumers are done with it.
-template <Projection P>
-__device__ __forceinline__ void produce_pairs(const GroupedArgs& a, const CUtensorMap& token_map,
-                                              const CUtensorMap& weight_map, int e, int first, int rows, int64_t slice,
-                                              uint32_t stages, uint32_t full, uint32_t empty, int steps, int rank) {
-  const int index = threadIdx.x % 128;
-  const float* const scale_from = a.x_scales + first + index;
-  const int lower = static_cast<int>(moe_grouped::weight_row<P, Layout::kFeatures>(a, e, 0, slice));
-  const int upper = static_cast<int>(moe_grouped::weight_row<P, Layout::kFeatures>(a, e, Layout::kFeatures / 2, slice));
-  for (int step = 0; step < steps; ++step) {
-    const int stage = step % kStages;
-    pipeline::barrier_wait_cluster(empty + 8 * stage, ((step / kStages) & 1) ^ 1);  // the first round passes
-    const uint32_t tokens = stages + stage * kStageBytes, weights = tokens + kTileBytes, barrier = full + 8 * stage;
-    if (index == 0) {
-      // Landing here: both blocks' halves of the token rows and this block's weight lines.
-      pipeline::barrier_arrive_expect_bytes(barrier, 2 * kTileBytes);
-      const int k0 = step * kStepValues;
-      pipeline::tensor_copy_2d_multicast(tokens + rank * (kRows / 2) * kLine, &token_map, k0, first + rank * kRows / 2,
-                                         barrier, (1u << kPairBlocks) - 1);
-      pipeline::tensor_copy_2d(weights, &weight_map, k0, lower, barrier);
-      pipeline::tensor_copy_2d(weights + (Layout::kFeatures / 2) * kLine, &weight_map, k0, upper, barrier);
-    }
-    if (index < rows) wgmma::copy_async_4(tokens + kScalesOffset + 4 * index, scale_from + step * a.x_scale_stride, 4);
-    pipeline::barrier_arrive_on_copies(barrier);
-  }
-  wgmma::copy_async_wait<0>();
-}
-
 // Consumer warpgroup `consumer`: rows 64 consumer .. of the tile against the block's 128 lines,
 // each step's four m64n128k32 into `part`, then promoted into acc.
-template <Projection P, bool kSlicePairs>
+template <Projection P>
 __device__ __forceinline__ void multiply(const GroupedArgs& a, float (&acc)[64], int e, int64_t slice, uint32_t stages,
                                          const uint8_t* stages_generic, uint32_t full, uint32_t empty, int steps,
                                          int consumer) {
@@ -313,60 +277,44 @@ __device__ __forceinline__ void multiply(const GroupedArgs& a, float (&acc)[64],
     const float t0 = token_scales[row], t1 = token_scales[row + 8];
     wgmma::wait_all();
     wgmma::pin(part);
-    pipeline::release_stage<kSlicePairs, kPairBlocks>(empty + 8 * stage);  // its codes and scales are read
+    pipeline::release_stage<false>(empty + 8 * stage);  // its codes and scales are read
     promote(acc, part, t0, t1, gate_scale, up_scale);
   }
 }
 
-// kSlicePairs: launched in clusters of two blocks along x (the slices), token_map the grouped
-// token rows' codes [rows, k] in 64-row boxes, weight_map the stacked weights' [experts x
-// rows_per_expert, k] in 64-line boxes (swizzled_rows_tensor_map; unused otherwise).
-template <Projection P, bool kSlicePairs>
-__global__ void __launch_bounds__(kThreads, 1)
-    fp8_specialized_experts_kernel(GroupedArgs a, const __grid_constant__ CUtensorMap token_map,
-                                   const __grid_constant__ CUtensorMap weight_map) {
+template <Projection P>
+__global__ void __launch_bounds__(kThreads, 1) fp8_specialized_experts_kernel(GroupedArgs a) {
   chained_grid_prologue();
   extern __shared__ __align__(16) uint8_t shared_raw[];
   const moe_grouped::RowTile tile = moe_grouped::row_tile_of_block<kRows, kThreads>(a.offsets, a.num_experts);
-  if (tile.expert < 0) return;  // both blocks of a pair alike
+  if (tile.expert < 0) return;
   const int64_t slice = tile.slice;
   const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
   const uint32_t stages = aligned.address;
   const uint32_t full = stages + kStages * kStageBytes, empty = full + 8 * kStages;  // copies landed; consumers done
-  // Full: the producer's 128 cp.async arrivals (pairs: and thread 0's announcement of the TMA
-  // bytes). Empty: each consumer thread (pairs: each consumer warp of both blocks) once.
-  pipeline::init_ring<kStages, kSlicePairs>(full, empty, kSlicePairs ? 128 + 1 : 128,
-                                            kSlicePairs ? kPairBlocks * kConsumerThreads / 32 : kConsumerThreads);
+  // Full: the producer's 128 cp.async arrivals. Empty: each consumer thread once.
+  pipeline::init_ring<kStages, false>(full, empty, 128, kConsumerThreads);
   const int steps = static_cast<int>(a.k / kStepValues);
   // Broadcast from lane 0: the compiler then knows each warp takes one side of the branch.
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   if (warpgroup == 2) {
     pipeline::shrink_registers<kProducerRegisters>();
-    if constexpr (kSlicePairs)
-      produce_pairs<P>(a, token_map, weight_map, tile.expert, tile.first, tile.rows, slice, stages, full, empty, steps,
-                       static_cast<int>(blockIdx.x % kPairBlocks));
-    else
-      produce<P>(a, tile.expert, tile.first, tile.rows, slice, stages, full, empty, steps);
+    produce<P>(a, tile.expert, tile.first, tile.rows, slice, stages, full, empty, steps);
   } else {
     pipeline::grow_registers<kConsumerRegisters>();
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-    multiply<P, kSlicePairs>(a, acc, tile.expert, slice, stages, aligned.generic, full, empty, steps, warpgroup);
+    multiply<P>(a, acc, tile.expert, slice, stages, aligned.generic, full, empty, steps, warpgroup);
     moe_grouped::epilogue<P, kRows>(a, acc, tile.first, tile.rows, aligned.generic);
   }
-  // Neither block of a pair leaves while the other may still copy into its stages or arrive on
-  // its barriers.
-  if constexpr (kSlicePairs) pipeline::cluster_sync();
 }
 
 }  // namespace specialized
 
-// One projection's launch; kSlicePairs: in clusters of two blocks along the slices (an even
-// count), the token rows by TMA from `token_codes` ([token_rows, k], grouped order).
+// One projection's launch.
 template <Projection P>
-void launch_projection(const GroupedArgs& a, int64_t slices, int64_t tiles, Fp8ExpertGemm gemm,
-                       const uint8_t* token_codes, int64_t token_rows, cudaStream_t stream) {
+void launch_projection(const GroupedArgs& a, int64_t slices, int64_t tiles, Fp8ExpertGemm gemm, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(slices), static_cast<unsigned>(tiles));
   if (gemm == Fp8ExpertGemm::kBlockBarrier) {
     auto* kernel = fp8_grouped_experts_kernel<P>;
@@ -376,24 +324,11 @@ void launch_projection(const GroupedArgs& a, int64_t slices, int64_t tiles, Fp8E
     return;
   }
   constexpr int kSpecializedShared = specialized::kSharedBytes;
-  if (gemm == Fp8ExpertGemm::kSlicePairs) {
-    GLMS_CHECK(slices % specialized::kPairBlocks == 0, "moe_experts_wgmma: slice pairs need an even slice count");
-    const CUtensorMap token_map = swizzled_rows_tensor_map(token_codes, CU_TENSOR_MAP_DATA_TYPE_UINT8, token_rows, a.k,
-                                                           kRows / specialized::kPairBlocks);
-    const CUtensorMap weight_map = swizzled_rows_tensor_map(
-        a.codes, CU_TENSOR_MAP_DATA_TYPE_UINT8, int64_t{a.num_experts} * a.rows_per_expert, a.k, Layout::kFeatures / 2);
-    auto* kernel = specialized::fp8_specialized_experts_kernel<P, true>;
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSpecializedShared),
-          "moe_experts_wgmma (FP8, slice pairs) shared memory");
-    launch_chained_clusters("moe_experts_wgmma (FP8, slice pairs) launch", kernel, specialized::kPairBlocks, grid,
-                            specialized::kThreads, kSpecializedShared, stream, a, token_map, weight_map);
-    return;
-  }
-  auto* kernel = specialized::fp8_specialized_experts_kernel<P, false>;
+  auto* kernel = specialized::fp8_specialized_experts_kernel<P>;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSpecializedShared),
         "moe_experts_wgmma (FP8, warp-specialised) shared memory");
   launch_chained("moe_experts_wgmma (FP8, warp-specialised) launch", kernel, grid, specialized::kThreads,
-                 kSpecializedShared, stream, a, CUtensorMap{}, CUtensorMap{});
+                 kSpecializedShared, stream, a);
 }
 
 }  // namespace
@@ -418,31 +353,17 @@ void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, con
   GLMS_CHECK(num_pairs * std::max(hidden, inter) / 16 < (int64_t{1} << 32),
              "moe_experts_wgmma: too many pairs for one launch");
   GroupedArgs a = moe_grouped::grouped_args(plan, num_experts, top_k, inter, act, expert_out);
-
-  // Slice pairs where a projection's slices are an even count (else the warp-specialised
-  // kernel); they read the tokens' rows in grouped order, quantised so.
-  auto gemm_for = [&](int64_t slices) {
-    const bool odd = slices % specialized::kPairBlocks != 0;
-    return gemm == Fp8ExpertGemm::kSlicePairs && odd ? Fp8ExpertGemm::kWarpSpecialized : gemm;
-  };
   const int64_t gate_up_slices = inter / (Layout::kFeatures / 2), down_slices = hidden / Layout::kFeatures;
-  const Fp8ExpertGemm gate_up_gemm = gemm_for(gate_up_slices), down_gemm = gemm_for(down_slices);
-  if (gate_up_gemm == Fp8ExpertGemm::kSlicePairs) {
-    quantize_fp8_rows_gathered(x, plan.sorted_pairs, top_k, num_pairs, hidden, staging.token_codes,
-                               staging.token_scales, stream);
-    a.x_scale_stride = fp8_padded_tokens(num_pairs);
-  } else {
-    quantize_fp8_rows(x, tokens, hidden, staging.token_codes, staging.token_scales, stream);
-    a.x_scale_stride = fp8_padded_tokens(tokens);
-  }
+
+  quantize_fp8_rows(x, tokens, hidden, staging.token_codes, staging.token_scales, stream);
+  a.x_scale_stride = fp8_padded_tokens(tokens);
   a.x_codes = staging.token_codes;
   a.x_scales = staging.token_scales;
   a.codes = static_cast<const uint8_t*>(experts.gate_up);
   a.weight_scales = static_cast<const float*>(experts.gate_up_scales);
   a.k = hidden;
   a.rows_per_expert = 2 * inter;
-  launch_projection<Projection::kGateUp>(a, gate_up_slices, tiles, gate_up_gemm, staging.token_codes,
-                                         a.x_scale_stride, stream);
+  launch_projection<Projection::kGateUp>(a, gate_up_slices, tiles, gemm, stream);
 
   quantize_fp8_rows(act, num_pairs, inter, staging.act_codes, staging.act_scales, stream);
   a.x_codes = staging.act_codes;
@@ -452,7 +373,7 @@ void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, con
   a.weight_scales = static_cast<const float*>(experts.down_scales);
   a.k = inter;
   a.rows_per_expert = hidden;
-  launch_projection<Projection::kDown>(a, down_slices, tiles, down_gemm, staging.act_codes, a.x_scale_stride, stream);
+  launch_projection<Projection::kDown>(a, down_slices, tiles, gemm, stream);
 }
 
 }  // namespace glms::ops::cuda

@@ -88,15 +88,6 @@ __device__ __forceinline__ void tensor_copy_2d_multicast(uint32_t address, const
       "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(c0), "r"(c1), "r"(barrier), "h"(mask)
       : "memory");
 }
-// The same into this block's shared memory alone.
-__device__ __forceinline__ void tensor_copy_2d(uint32_t address, const void* tensor_map, int c0, int c1,
-                                               uint32_t barrier) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(address),
-      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(c0), "r"(c1), "r"(barrier)
-      : "memory");
-}
 // Every thread of every block of the cluster meets here.
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
