@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "list_option.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/mla.h"
 
@@ -25,14 +26,6 @@ namespace cuda = glms::ops::cuda;
 namespace {
 
 constexpr int kHeads = 64, kLatent = 512, kRope = 64, kBlockSize = 64;
-
-std::vector<int> parse_list(const char* text) {
-  std::vector<int> out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) out.push_back(std::stoi(item));
-  return out;
-}
 
 float bf16_to_float(uint16_t bits) {
   const uint32_t word = uint32_t{bits} << 16;
@@ -74,7 +67,7 @@ int main(int argc, char** argv) {
   int top_k = 2048, reps = 10;
   std::string json_path;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--tokens")) token_counts = parse_list(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--tokens")) token_counts = glms::benchmarks::parse_int_list(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--top-k")) top_k = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--json")) json_path = argv[i + 1];

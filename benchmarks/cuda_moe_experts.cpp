@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "list_option.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/moe.h"
 
@@ -29,14 +30,6 @@ namespace {
 
 constexpr int64_t kHidden = 6144, kInter = 2048;
 constexpr int kTopK = 8, kModelExperts = 256;
-
-std::vector<int> parse_list(const char* text) {
-  std::vector<int> out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) out.push_back(std::stoi(item));
-  return out;
-}
 
 double relative_l2(const std::vector<float>& got, const std::vector<float>& want) {
   double diff = 0, norm = 0;
@@ -55,7 +48,7 @@ int main(int argc, char** argv) {
   double bandwidth = 4.29e12;
   std::string json_path;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--tokens")) token_counts = parse_list(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--tokens")) token_counts = glms::benchmarks::parse_int_list(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--local-experts")) local_experts = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--bandwidth")) bandwidth = std::atof(argv[i + 1]);
