@@ -145,8 +145,7 @@ __device__ __forceinline__ void score_rows(Scores& s, uint32_t queries, uint32_t
 }
 
 // Rows at or past `valid` get -inf; each head's maximum over this consumer's rows.
-__device__ __forceinline__ void mask_and_max(Scores& s, int valid, const ConsumerLane& lane,
-                                             float (&rows_max)[2]) {
+__device__ __forceinline__ void mask_and_max(Scores& s, int valid, const ConsumerLane& lane, float (&rows_max)[2]) {
   rows_max[0] = rows_max[1] = -INFINITY;
 #pragma unroll
   for (int n = 0; n < kConsumerRows / 8; ++n)
@@ -165,8 +164,7 @@ __device__ __forceinline__ void mask_and_max(Scores& s, int valid, const Consume
 // s becomes exp(s - max) in fp32; p the same rounded to bf16 as the A operand of two k16 steps
 // (rs_m64n8k16's layout: S columns 8 n + 2 tq are k 2 tq of step n / 2, + 8 for odd n);
 // the rounded values are added to `sum`.
-__device__ __forceinline__ void exponentiate(Scores& s, const float (&max)[2],
-                                             Probs& p, float (&sum)[2]) {
+__device__ __forceinline__ void exponentiate(Scores& s, const float (&max)[2], Probs& p, float (&sum)[2]) {
 #pragma unroll
   for (int n = 0; n < kConsumerRows / 8; ++n)
 #pragma unroll
@@ -212,8 +210,8 @@ __device__ __forceinline__ uint64_t value_descriptor(uint32_t stage, int consume
 // O += P V for consumer c's columns over 32 rows of V: its own rows' P from registers, the
 // other consumer's from `other_probs` (32 of each line's 64 values); the rows are k16 steps
 // first_k .. of `stage`'s. Two commit groups: the own rows', then the other's.
-__device__ __forceinline__ void issue_own_values(float (&o)[128], const Probs& p, uint32_t stage,
-                                                 int first_k, int consumer) {
+__device__ __forceinline__ void issue_own_values(float (&o)[128], const Probs& p, uint32_t stage, int first_k,
+                                                 int consumer) {
   wgmma::pin(o);
   wgmma::fence();
 #pragma unroll
@@ -279,11 +277,10 @@ struct StepValues {
 // consumer's P V issued from registers, its P stored for the other, and the other's P V issued
 // (committed last, not waited for). out: [heads, its 256 columns] relative to run_max; row_max:
 // [64] in shared memory.
-__device__ __forceinline__ void softmax_and_values_step(Scores& s, Probs& p,
-                                                        float (&out)[128], float (&run_max)[2], float (&run_sum)[2],
-                                                        int valid, int consumer, const ConsumerLane& lane,
-                                                        float* row_max, uint8_t* generic, uint32_t queries,
-                                                        const StepValues& v) {
+__device__ __forceinline__ void softmax_and_values_step(Scores& s, Probs& p, float (&out)[128], float (&run_max)[2],
+                                                        float (&run_sum)[2], int valid, int consumer,
+                                                        const ConsumerLane& lane, float* row_max, uint8_t* generic,
+                                                        uint32_t queries, const StepValues& v) {
   float rows_max[2], factor[2];
   mask_and_max(s, valid, lane, rows_max);
   if (consumer == 0) {
