@@ -39,15 +39,16 @@ __device__ __forceinline__ void barrier_wait(uint32_t barrier, uint32_t parity) 
   asm volatile(GLMS_BARRIER_WAIT_LOOP("") ::"r"(barrier), "r"(parity) : "memory");
 }
 
-// Whether the phase of that parity has completed, without waiting.
-__device__ __forceinline__ bool barrier_test(uint32_t barrier, uint32_t parity) {
+// Whether the phase of that parity has completed, the thread suspended until it does or for about
+// `nanoseconds` at most (a hint): a poll that does not take issue slots from the warps it waits for.
+__device__ __forceinline__ bool barrier_try_wait_for(uint32_t barrier, uint32_t parity, uint32_t nanoseconds) {
   uint32_t done;
   asm volatile(
       "{\n.reg .pred p;\n"
-      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
       "selp.u32 %0, 1, 0, p;\n}\n"
       : "=r"(done)
-      : "r"(barrier), "r"(parity)
+      : "r"(barrier), "r"(parity), "r"(nanoseconds)
       : "memory");
   return done != 0;
 }
