@@ -211,21 +211,26 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
       EXPECT_LT(wgmma_error, 2 * gathered_error + 1e-4) << name;
       std::printf("  %s: relative L2 %.2e\n", name, wgmma_error);
     }
-    a.warp_specialized = true;
     // Each token's rows split over blocks and merged: any count of whole tiles, including splits
-    // past a short token's selection, and the count mla_attention_fused picks.
+    // past a short token's selection, and the count mla_attention_fused picks; both kernels.
     const int tiles = (rows + 63) / 64;
     const int64_t split_elements = int64_t{T} * tiles * H * (L + 2);
     cuda::DeviceBuffer split_partials(split_elements * sizeof(float));
-    for (const int splits : {2, 3, tiles, cuda::mla_wgmma_splits(T, rows, H, split_elements)}) {
-      if (splits < 2 || splits > tiles) continue;
-      auto split_out = poisoned_bf16(expected.size());
-      a.out = split_out.as<uint16_t>();
-      cuda::mla_attention_wgmma(a, nullptr, rows, splits, split_partials.as<float>(), split_elements);
-      const double split_error = relative_l2(bf16_to_host(split_out, expected.size()), expected);
-      EXPECT_LT(split_error, 2 * gathered_error + 1e-4) << "wgmma, " << splits << " splits: H=" << H << " tokens=" << T;
-      std::printf("  wgmma, %d splits: relative L2 %.2e\n", splits, split_error);
+    for (const bool specialized : {false, true}) {
+      if (specialized && storage != cuda::CacheStorage::kBf16) continue;
+      a.warp_specialized = specialized;
+      const char* name = specialized ? "wgmma, warp-specialised" : "wgmma";
+      for (const int splits : {2, 3, tiles, cuda::mla_wgmma_splits(T, rows, H, split_elements)}) {
+        if (splits < 2 || splits > tiles) continue;
+        auto split_out = poisoned_bf16(expected.size());
+        a.out = split_out.as<uint16_t>();
+        cuda::mla_attention_wgmma(a, nullptr, rows, splits, split_partials.as<float>(), split_elements);
+        const double split_error = relative_l2(bf16_to_host(split_out, expected.size()), expected);
+        EXPECT_LT(split_error, 2 * gathered_error + 1e-4) << name << ", " << splits << " splits: H=" << H << " tokens=" << T;
+        std::printf("  %s, %d splits: relative L2 %.2e\n", name, splits, split_error);
+      }
     }
+    a.warp_specialized = true;
   }
   // Tokens [1, T) alone (first_token / launch_tokens), the first token's output untouched.
   if (T > 1) {

@@ -29,7 +29,7 @@ struct MlaAttentionArgs {
   int num_tokens = 0, num_heads = 0, latent_dim = 0, rope_dim = 0;
   int first_token = 0, launch_tokens = -1;  // tokens [first, first + launch) (-1: all) are computed
   uint16_t* out = nullptr;  // [T, H, latent] bf16: softmax-weighted sum of latents, rounded once
-  // bf16 rows without splits in the wgmma pass: the warp-specialised kernel
+  // bf16 rows in the wgmma pass, split or not: the warp-specialised kernel
   // (mla_attention_wgmma_specialized); false: mla_wgmma.cu's.
   bool warp_specialized = true;
 };
@@ -84,10 +84,13 @@ int mla_wgmma_min_tokens();  // the device's SM count
 void mla_attention_wgmma(const MlaAttentionArgs& args, cudaStream_t stream,
                          int max_selected_in_step = 0, int splits = 1, float* partials = nullptr,
                          int64_t partial_elements = 0);
-// The wgmma pass for bf16 rows and one split (mla_wgmma_specialized.cu): a producer warpgroup
-// gathers each token's rows 64 at a time into two stages while two consumer warpgroups score 32
-// rows each and share the P V products, the stages handed over through mbarriers.
-void mla_attention_wgmma_specialized(const MlaAttentionArgs& args, cudaStream_t stream);
+// The wgmma pass for bf16 rows (mla_wgmma_specialized.cu): a producer warpgroup gathers each
+// token's rows 64 at a time into two stages while two consumer warpgroups score 32 rows each and
+// share the P V products, the stages handed over through mbarriers. With `splits` > 1 each
+// token's selection goes in splits of rows_per_split rows (a multiple of 64) whose sums
+// `partials` receives as mla_merge_splits reads them (the caller merges).
+void mla_attention_wgmma_specialized(const MlaAttentionArgs& args, cudaStream_t stream, int rows_per_split = 0,
+                                     int splits = 1, float* partials = nullptr);
 // The split count for launch_tokens tokens of up to max_selected_in_step rows whose partials fit
 // partial_elements floats: the fewest waves of a block per SM times a block's tiles.
 int mla_wgmma_splits(int launch_tokens, int max_selected_in_step, int num_heads, int64_t partial_elements);

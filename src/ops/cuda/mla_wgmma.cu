@@ -400,14 +400,17 @@ void mla_attention_wgmma(const MlaAttentionArgs& a, cudaStream_t stream, int max
   const int tiles = std::max(1, (max_selected_in_step + kTileRows - 1) / kTileRows);
   const int tiles_per_split = splits > 1 ? (tiles + splits - 1) / splits : 0;
   splits = splits > 1 ? (tiles + tiles_per_split - 1) / tiles_per_split : 1;
-  if (splits == 1 && a.storage == CacheStorage::kBf16 && a.warp_specialized) {
-    mla_attention_wgmma_specialized(a, stream);
-    return;
-  }
   const int rows_per_split = splits > 1 ? tiles_per_split * kTileRows : a.max_selected;
   const int64_t partials_needed = int64_t{launch_tokens} * splits * a.num_heads * (kLatent + 2);
   GLMS_CHECK(splits == 1 || (partials && partials_needed <= partial_elements),
              "mla_attention_wgmma: splits need partials of launch_tokens x splits x heads x (latent + 2) floats");
+  // bf16 rows go to the warp-specialised kernel, split or not (EP8 rank, 5 layers, decode batch 64
+  // at 2k: attention.core 0.388 -> 0.317 ms in 2 splits; batch 1 and 8 the same either way).
+  if (a.storage == CacheStorage::kBf16 && a.warp_specialized) {
+    mla_attention_wgmma_specialized(a, stream, rows_per_split, splits, partials);
+    if (splits > 1) mla_merge_splits(a, launch_tokens, splits, partials, stream);
+    return;
+  }
   auto launch = [&](auto kernel, int shared_bytes) {
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes),
           "cudaFuncSetAttribute(mla_wgmma_kernel)");

@@ -238,10 +238,11 @@ struct TokenBlock {
   uint32_t queries, stages, probs1, barriers;  // shared-window addresses
   float* row_max;                            // [64]
   float* row_sum;                            // [2][64]
-  int t, count, warpgroup;                   // the token, its selected rows
+  int t, count, warpgroup;                   // the token, its split's selected rows
+  int begin;                                 // the split's first row of the token's selection
   __device__ uint32_t barrier(int index) const { return barriers + 8 * index; }
 };
-__device__ __forceinline__ TokenBlock token_block(uint8_t* shared_raw, const MlaAttentionArgs& a) {
+__device__ __forceinline__ TokenBlock token_block(uint8_t* shared_raw, const MlaAttentionArgs& a, int rows_per_split) {
   const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
   TokenBlock b;
   b.generic = aligned.generic;
@@ -252,7 +253,8 @@ __device__ __forceinline__ TokenBlock token_block(uint8_t* shared_raw, const Mla
   b.row_max = reinterpret_cast<float*>(b.generic + (b.barriers - b.queries) + 8 * kBarriers);
   b.row_sum = b.row_max + kHeads;
   b.t = a.first_token + blockIdx.x;
-  b.count = a.num_selected[b.t];
+  b.begin = blockIdx.y * rows_per_split;
+  b.count = max(0, min(a.num_selected[b.t] - b.begin, rows_per_split));
   if (threadIdx.x == 0) {
     pipeline::barrier_init(b.barrier(kQueriesReady), 128);
     for (int i = 0; i < 4; ++i) {
@@ -345,13 +347,43 @@ __device__ __forceinline__ void softmax_and_values_step(Scores& s, Probs& p, flo
   }
 }
 
-// A consumer's end of a token: each head's sum over both consumers' rows, then its half of the
-// normalised output staged in the queries' region (every wgmma reading it finished before the
-// steps' last barriers), and the token's [H, 512] bf16 output written from there (contiguous:
-// whole 16-byte chunks, consecutive threads consecutive chunks). row_sum: [2][64] in shared memory.
+// Where a split's block leaves its sums for mla_merge_splits: partials[split_row][H][512] fp32
+// relative to the heads' maxima, then stats[split_row][H] (maximum, sum of exponentials).
+struct SplitOutput {
+  float* partials;
+  int64_t split_row;  // launched token x splits + split
+  int64_t rows;       // launched tokens x splits
+};
+
+// A consumer's end of a split: its heads' unnormalised sums (its 256 columns) and, from consumer
+// 0, the heads' statistics. total: each head's sum over both consumers' rows.
+__device__ __forceinline__ void store_partials(const SplitOutput& o, int H, const float (&out)[128],
+                                               const float (&run_max)[2], const float (&total)[2], int consumer,
+                                               const ConsumerLane& lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int head = lane.head(h);
+    if (head >= H) continue;
+    float* dst = o.partials + (o.split_row * H + head) * kLatent + 256 * consumer + 2 * lane.tq;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(out[4 * j + 2 * h], out[4 * j + 2 * h + 1]);
+    if (consumer == 0 && lane.tq == 0) {
+      float* stats = o.partials + o.rows * H * kLatent + (o.split_row * H + head) * 2;
+      stats[0] = run_max[h];
+      stats[1] = total[h];
+    }
+  }
+}
+
+// A consumer's end of a token: each head's sum over both consumers' rows, then with one split its
+// half of the normalised output staged in the queries' region (every wgmma reading it finished
+// before the steps' last barriers), and the token's [H, 512] bf16 output written from there
+// (contiguous: whole 16-byte chunks, consecutive threads consecutive chunks); with several, the
+// split's partials. row_sum: [2][64] in shared memory.
 __device__ __forceinline__ void store_output(const MlaAttentionArgs& a, int t, const float (&out)[128],
-                                             float (&run_sum)[2], float* row_sum, uint8_t* generic, int consumer,
-                                             const ConsumerLane& lane) {
+                                             const float (&run_max)[2], float (&run_sum)[2], float* row_sum,
+                                             uint8_t* generic, int consumer, const ConsumerLane& lane,
+                                             const SplitOutput& split) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     run_sum[h] += __shfl_xor_sync(0xffffffffu, run_sum[h], 1);
@@ -359,6 +391,12 @@ __device__ __forceinline__ void store_output(const MlaAttentionArgs& a, int t, c
     if (lane.tq == 0) row_sum[consumer * kHeads + lane.head(h)] = run_sum[h];
   }
   pipeline::named_sync(kEpilogue, kConsumerThreads);
+  if (split.partials) {
+    const float total[2] = {row_sum[lane.head(0)] + row_sum[kHeads + lane.head(0)],
+                            row_sum[lane.head(1)] + row_sum[kHeads + lane.head(1)]};
+    store_partials(split, a.num_heads, out, run_max, total, consumer, lane);
+    return;
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int head = lane.head(h);
@@ -379,11 +417,14 @@ __device__ __forceinline__ void store_output(const MlaAttentionArgs& a, int t, c
         *reinterpret_cast<const uint4*>(generic + c / kChunksPerHead * kOutLineBytes + c % kChunksPerHead * 16);
 }
 
-// Grid: one block a launched token. a.queries: [T, H, 576] bf16, pre-scaled; a.out: [T, H, 512].
-__global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaAttentionArgs a) {
+// Grid (launched token, split); a split covers selected rows [split * rows_per_split, +
+// rows_per_split). a.queries: [T, H, 576] bf16, pre-scaled. With one split the block writes
+// a.out ([T, H, 512] bf16); otherwise `partials` as mla_merge_splits reads them.
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_wgmma_specialized_kernel(MlaAttentionArgs a, int rows_per_split, float* partials) {
   chained_grid_prologue();
   extern __shared__ __align__(16) uint8_t shared_raw[];
-  const TokenBlock block = token_block(shared_raw, a);
+  const TokenBlock block = token_block(shared_raw, a, rows_per_split);
   uint8_t* const generic = block.generic;
   const uint32_t queries = block.queries, stages = block.stages, probs1 = block.probs1, barriers = block.barriers;
   float* const row_max = block.row_max;
@@ -396,7 +437,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
   if (warpgroup == 2) {
     pipeline::shrink_registers<kProducerRegisters>();
     if (steps == 0) return;
-    const Producer producer{a, a.selected + static_cast<int64_t>(t) * a.max_selected,
+    const Producer producer{a, a.selected + static_cast<int64_t>(t) * a.max_selected + block.begin,
                             a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks, count,
                             index % 8, index / 8};
     producer.copy_queries(queries, t);
@@ -487,13 +528,16 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_specialized_kernel(MlaA
     hand_back(step);
   }
 
-  store_output(a, t, out, run_sum, row_max + kHeads, generic, consumer, lane);
+  const int64_t split_rows = int64_t{gridDim.x} * gridDim.y;
+  const SplitOutput split{partials, int64_t{blockIdx.x} * gridDim.y + blockIdx.y, split_rows};
+  store_output(a, t, out, run_max, run_sum, row_max + kHeads, generic, consumer, lane, split);
 }
 
 
 }  // namespace
 
-void mla_attention_wgmma_specialized(const MlaAttentionArgs& a, cudaStream_t stream) {
+void mla_attention_wgmma_specialized(const MlaAttentionArgs& a, cudaStream_t stream, int rows_per_split, int splits,
+                                     float* partials) {
   const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
   if (launch_tokens <= 0) return;
   GLMS_CHECK(mla_attention_wgmma_supported(a.num_heads, a.latent_dim, a.rope_dim) && a.storage == CacheStorage::kBf16,
@@ -501,7 +545,11 @@ void mla_attention_wgmma_specialized(const MlaAttentionArgs& a, cudaStream_t str
   auto* kernel = mla_wgmma_specialized_kernel;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
         "cudaFuncSetAttribute(mla_wgmma_specialized_kernel)");
-  launch_chained("mla_wgmma_specialized launch", kernel, launch_tokens, kThreads, kSharedBytes, stream, a);
+  GLMS_CHECK(splits == 1 || (partials && rows_per_split > 0 && rows_per_split % kStepRows == 0),
+             "mla_attention_wgmma_specialized: splits need partials and whole steps a split");
+  if (splits == 1) rows_per_split = a.max_selected;
+  launch_chained("mla_wgmma_specialized launch", kernel, dim3(launch_tokens, splits), kThreads, kSharedBytes, stream, a,
+                 rows_per_split, splits > 1 ? partials : nullptr);
 }
 
 }  // namespace glms::ops::cuda
