@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
@@ -375,11 +376,13 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 
 // A step's four MX blocks of two weight rows (code word w: block w) times their scales, as the
 // A registers of its eight wgmmas: frag[first + 2 w + h][2 i + r] for row r (0: g, 1: g + 8).
-// When every scale code of the warp's step is at most 128 (scale <= 2, the usual case) one
-// multiply by 2^(code - 1) (mxfp4_tile_pair_bf16's 2^-126 folded in); otherwise two.
-template <int kFrags>
+// kOneMultiply (every scale code of the warp's slot at most 128: scale <= 2, the usual case): one
+// multiply by 2^(code - 1) (mxfp4_tile_pair_bf16's 2^-126 folded in); otherwise two. A template
+// argument, so that the caller branches once a slot: a branch per pair cut the widening into
+// blocks of a few instructions that ptxas could not interleave.
+template <bool kOneMultiply, int kFrags>
 __device__ __forceinline__ void widen_step(const uint4& codes_a, const uint4& codes_b, uint32_t scales_a,
-                                           uint32_t scales_b, bool one_multiply, uint32_t (&frag)[kFrags][4], int first) {
+                                           uint32_t scales_b, uint32_t (&frag)[kFrags][4], int first) {
   constexpr uint32_t kTwoTo126 = 0x7e807e80u;
   const uint32_t biased_a = scales_a + 0x7e7e7e7eu, biased_b = scales_b + 0x7e7e7e7eu;  // bytes code + 126
 #pragma unroll
@@ -387,7 +390,7 @@ __device__ __forceinline__ void widen_step(const uint4& codes_a, const uint4& co
     const uint32_t qa = word_of(codes_a, w), qb = word_of(codes_b, w);
     // bf16 bits of the factor in both halves: byte w of the biased codes at bits 7 and 23.
     uint32_t fa, fb;
-    if (one_multiply) {
+    if constexpr (kOneMultiply) {
       fa = __byte_perm(biased_a, 0, 0x4040 + 0x0101 * w) << 7;
       fb = __byte_perm(biased_b, 0, 0x4040 + 0x0101 * w) << 7;
     } else {
@@ -399,7 +402,7 @@ __device__ __forceinline__ void widen_step(const uint4& codes_a, const uint4& co
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         uint32_t va = quant::mxfp4_tile_pair_bf16(qa, 2 * h + i), vb = quant::mxfp4_tile_pair_bf16(qb, 2 * h + i);
-        if (!one_multiply) va = bf16x2_mul(va, kTwoTo126), vb = bf16x2_mul(vb, kTwoTo126);
+        if constexpr (!kOneMultiply) va = bf16x2_mul(va, kTwoTo126), vb = bf16x2_mul(vb, kTwoTo126);
         frag[first + 2 * w + h][2 * i] = bf16x2_mul(va, fa);
         frag[first + 2 * w + h][2 * i + 1] = bf16x2_mul(vb, fb);
       }
@@ -431,7 +434,7 @@ constexpr size_t stream_wgmma_shared_bytes() {
 // A slot holds kSub steps, so that a row's codes come in kSub x 64 contiguous bytes; the steps
 // must be a multiple of kSub.
 template <Projection kProj, int kStages, int kTokens, int kWarps, int kSub>
-__global__ void __launch_bounds__(kWarps * 32) stream_wgmma_kernel(StreamArgs a) {
+__global__ void __launch_bounds__(kWarps * 32, 2) stream_wgmma_kernel(StreamArgs a) {
   chained_grid_prologue();
   static_assert(kStages >= 2 && kWarps % 4 == 0 && (kSub == 1 || kSub == 2), "whole warpgroups, 1 or 2 steps a slot");
   using S = WgmmaSlot<kTokens, kWarps, kSub>;
@@ -534,12 +537,17 @@ __global__ void __launch_bounds__(kWarps * 32) stream_wgmma_kernel(StreamArgs a)
 #pragma unroll
       for (int u = 0; u < kSub; ++u) large |= __vcmpgtu4(sa[u], 0x80808080u) | __vcmpgtu4(sb[u], 0x80808080u);
       const bool one_multiply = !__any_sync(0xffffffffu, large != 0);
+      auto widen_slot = [&](auto one_multiply) {
 #pragma unroll
-      for (int u = 0; u < kSub; ++u) {
-        const uint8_t* codes = slot_generic + S::kCodes + u * kWarps * 64 * 16;
-        widen_step(*reinterpret_cast<const uint4*>(codes + unit_a * 16), *reinterpret_cast<const uint4*>(codes + unit_b * 16),
-                   sa[u], sb[u], one_multiply, frag, 8 * u);
-      }
+        for (int u = 0; u < kSub; ++u) {
+          const uint8_t* codes = slot_generic + S::kCodes + u * kWarps * 64 * 16;
+          widen_step<decltype(one_multiply)::value>(*reinterpret_cast<const uint4*>(codes + unit_a * 16),
+                                                    *reinterpret_cast<const uint4*>(codes + unit_b * 16), sa[u], sb[u],
+                                                    frag, 8 * u);
+        }
+      };
+      if (one_multiply) widen_slot(std::true_type{});
+      else widen_slot(std::false_type{});
 #pragma unroll
       for (int ks = 0; ks < 8 * kSub; ++ks) wgmma::pin(frag[ks]);  // written before the fence
       wgmma::fence();
