@@ -226,7 +226,8 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
         a.out = split_out.as<uint16_t>();
         cuda::mla_attention_wgmma(a, nullptr, rows, splits, split_partials.as<float>(), split_elements);
         const double split_error = relative_l2(bf16_to_host(split_out, expected.size()), expected);
-        EXPECT_LT(split_error, 2 * gathered_error + 1e-4) << name << ", " << splits << " splits: H=" << H << " tokens=" << T;
+        EXPECT_LT(split_error, 2 * gathered_error + 1e-4)
+            << name << ", " << splits << " splits: H=" << H << " tokens=" << T;
         std::printf("  %s, %d splits: relative L2 %.2e\n", name, splits, split_error);
       }
     }

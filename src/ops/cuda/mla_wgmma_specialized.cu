@@ -366,7 +366,8 @@ __device__ __forceinline__ void store_partials(const SplitOutput& o, int H, cons
     if (head >= H) continue;
     float* dst = o.partials + (o.split_row * H + head) * kLatent + 256 * consumer + 2 * lane.tq;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(out[4 * j + 2 * h], out[4 * j + 2 * h + 1]);
+    for (int j = 0; j < 32; ++j)
+      *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(out[4 * j + 2 * h], out[4 * j + 2 * h + 1]);
     if (consumer == 0 && lane.tq == 0) {
       float* stats = o.partials + o.rows * H * kLatent + (o.split_row * H + head) * 2;
       stats[0] = run_max[h];
