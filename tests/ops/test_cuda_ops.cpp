@@ -187,6 +187,82 @@ TEST_F(CudaOps, GroupedAndFp32GemvMatchCpu) {
   }
 }
 
+// The tensor-core skinny GEMM (5 to 128 tokens) against the CPU: one matrix and the attention's
+// group of four over the same x, row counts that leave part-filled tiles, strided x and y, both
+// tile shapes, k split over clusters of 2 to 8 blocks and not split at all; its fixed-order sums
+// give the same bits on a second run.
+TEST_F(CudaOps, SkinnyGemmMatchesCpu) {
+  struct Case {
+    int n;
+    std::vector<int> rows;
+    int cols;
+    int extra_ld;  // x and y rows this much longer than their data
+  };
+  const std::vector<Case> cases = {{5, {2048, 576, 128, 32}, 6144, 0},  {17, {1000}, 4096, 8},
+                                   {33, {2048, 576, 128, 32}, 6144, 0}, {64, {6144}, 2048, 0},
+                                   {100, {333}, 1024, 16},              {128, {20000}, 256, 0},
+                                   {64, {16384, 4096}, 2048, 8},        {8, {6144}, 16384, 0}};
+  cuda::Gemm gemm;
+  gemm.set_small_batch_gemv(cuda::kGemvMaxTokens);
+  gemm.set_skinny_gemm(cuda::kSkinnyMaxTokens);
+  for (const Case& c : cases) {
+    const int64_t ld_x = c.cols + c.extra_ld;
+    const auto x = random_values(c.n * ld_x, 60 + c.n, 1.0f);
+    std::vector<uint16_t> x16 = to_bf16_host(x);
+    const std::vector<float> x_rounded = widen(x16);
+    auto dx = to_device(x16);
+    std::vector<std::vector<uint16_t>> w16;
+    std::vector<cuda::DeviceBuffer> dw, dy;
+    std::vector<cuda::GemvOutput> outputs;
+    for (size_t m = 0; m < c.rows.size(); ++m) {
+      w16.push_back(to_bf16_host(random_values(int64_t{c.rows[m]} * c.cols, 70 + m, 0.05f)));
+      dw.push_back(to_device(w16.back()));
+      const int64_t ld_y = c.rows[m] + c.extra_ld / 4;
+      dy.push_back(poisoned(c.n * ld_y));
+      outputs.push_back({dw.back().as<uint16_t>(), c.rows[m], dy.back().as<float>(), ld_y});
+    }
+    ASSERT_TRUE(cuda::linear_skinny_fits(dx.as<uint16_t>(), c.n, ld_x, c.cols, outputs.data(),
+                                         static_cast<int>(outputs.size())));
+    std::vector<std::vector<float>> first;
+    for (int run = 0; run < 2; ++run) {
+      if (outputs.size() == 1)
+        gemm.linear(dx.as<uint16_t>(), c.n, outputs[0].w, c.rows[0], c.cols, outputs[0].y, nullptr, ld_x,
+                    outputs[0].ld_y);
+      else if (c.extra_ld == 0)
+        gemm.linear_group(dx.as<uint16_t>(), c.n, c.cols, outputs.data(), static_cast<int>(outputs.size()), nullptr);
+      else
+        cuda::linear_skinny(dx.as<uint16_t>(), c.n, ld_x, c.cols, outputs.data(), static_cast<int>(outputs.size()),
+                            nullptr);
+      for (size_t m = 0; m < c.rows.size(); ++m) {
+        const auto got_strided = to_host<float>(dy[m]);
+        std::vector<float> got(int64_t{c.n} * c.rows[m]);
+        for (int t = 0; t < c.n; ++t)
+          std::copy_n(got_strided.begin() + t * outputs[m].ld_y, c.rows[m], got.begin() + int64_t{t} * c.rows[m]);
+        if (run == 0) {
+          std::vector<float> expected(got.size());
+          ops::linear(x_rounded.data(), c.n, ops::WeightView{DType::BF16, w16[m].data(), c.rows[m], c.cols, c.cols},
+                      expected.data(), ld_x);
+          EXPECT_LT(relative_l2(got, expected), 1e-5) << c.n << " tokens, matrix " << m << " of " << c.rows[m] << "x"
+                                                       << c.cols;
+          first.push_back(got);
+        } else {
+          EXPECT_EQ(std::memcmp(got.data(), first[m].data(), got.size() * sizeof(float)), 0)
+              << "a second run differs: " << c.n << " tokens, matrix " << m;
+        }
+      }
+    }
+  }
+  // Shapes it declines: k not a multiple of 64, more than 128 tokens, an unaligned x, more row
+  // tiles than it takes (lm_head's).
+  cuda::DeviceBuffer dx(sizeof(uint16_t) * 256 * 200), dw(sizeof(uint16_t) * 64 * 200);
+  const cuda::GemvOutput output{dw.as<uint16_t>(), 64, nullptr, 0}, vocab{dw.as<uint16_t>(), 154880, nullptr, 0};
+  EXPECT_FALSE(cuda::linear_skinny_fits(dx.as<uint16_t>(), 8, 200, 200, &output, 1));
+  EXPECT_FALSE(cuda::linear_skinny_fits(dx.as<uint16_t>(), 129, 192, 192, &output, 1));
+  EXPECT_FALSE(cuda::linear_skinny_fits(dx.as<uint16_t>() + 1, 8, 192, 192, &output, 1));
+  EXPECT_FALSE(cuda::linear_skinny_fits(dx.as<uint16_t>(), 8, 192, 192, &vocab, 1));
+  EXPECT_TRUE(cuda::linear_skinny_fits(dx.as<uint16_t>(), 8, 192, 192, &output, 1));
+}
+
 // A MoE layer's experts over their grouped rows as one cuBLAS grouped GEMM: products of
 // different token counts and weights, against the CPU; a second, larger group regrows the
 // staging buffers.

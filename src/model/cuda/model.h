@@ -53,6 +53,11 @@ struct CudaModelOptions {
   // Linear layers of at most this many tokens go through ops::cuda::gemv_bf16 instead of cuBLAS
   // (0: never). 2 measured fastest on the H200 at GLM-5.2 width (docs/performance.md).
   int small_batch_gemv_tokens = 2;
+  // Linear layers of more tokens than that, up to this many, go through ops::cuda::linear_skinny
+  // (tensor cores, weights streamed once, k split over a cluster) instead of cuBLAS (0: never; at
+  // most ops::cuda::kSkinnyMaxTokens). At 128 tokens it measured no faster than cuBLAS but for
+  // the attention's input projections (docs/performance.md).
+  int skinny_gemm_tokens = 64;
   // Runs of at least this many decode / short-chunk tokens attend through
   // ops::cuda::mla_attention_fused (one pass over the selected rows), shorter ones through the
   // gathered-row GEMMs (0: always fused). On the H200 at GLM-5.2 width the fused pass, with its

@@ -236,6 +236,18 @@ struct GemvOutput {
 };
 void gemv_bf16_group(const uint16_t* x, int64_t n, int64_t ld_x, int64_t cols, const GemvOutput* outputs, int count,
                      cudaStream_t stream);
+// The same for 1 to kSkinnyMaxTokens tokens on the tensor cores (linear_skinny.cu): the weights
+// streamed once, k split over a thread block cluster where the row tiles are few, fp32 sums added
+// in a fixed order. linear_skinny_fits says whether the shapes and alignment allow it (cols a
+// multiple of 64, x and each w 16-byte aligned, ld_x a multiple of 8) and whether it pays: at
+// most kSkinnyMaxWaves blocks an SM of 64-row tiles (beyond, as for lm_head, cuBLAS streams the
+// weights as fast).
+inline constexpr int kSkinnyMaxTokens = 128;
+inline constexpr int kSkinnyMaxWaves = 3;
+bool linear_skinny_fits(const uint16_t* x, int64_t n, int64_t ld_x, int64_t cols, const GemvOutput* outputs,
+                        int count);
+void linear_skinny(const uint16_t* x, int64_t n, int64_t ld_x, int64_t cols, const GemvOutput* outputs, int count,
+                   cudaStream_t stream);
 
 // `batch` independent small products at decode sizes (Gemm::batched's contract, n <= 4): per b,
 // transpose_w false: y_b[n, rows] = x_b[n, cols] . w_b^T; true: y_b[n, cols] = x_b[n, rows] . w_b.
@@ -271,6 +283,9 @@ class Gemm {
               cudaStream_t stream, int64_t ld_x = 0, int64_t ld_y = 0);
   // Linear layers of at most `max_tokens` (<= kGemvMaxTokens) tokens through gemv_bf16; 0: cuBLAS only.
   void set_small_batch_gemv(int max_tokens) { gemv_max_tokens_ = std::clamp(max_tokens, 0, kGemvMaxTokens); }
+  // Linear layers of more tokens than the GEMV takes, up to `max_tokens` (<= kSkinnyMaxTokens),
+  // through linear_skinny where it fits; 0: cuBLAS.
+  void set_skinny_gemm(int max_tokens) { skinny_max_tokens_ = std::clamp(max_tokens, 0, kSkinnyMaxTokens); }
   // Products of different x, w and n but the same rows and cols (a MoE layer's experts over
   // their grouped tokens) in one cuBLAS grouped GEMM call (cublasGemmGroupedBatchedEx), or one
   // GEMM each where cuBLAS declines the call. Synchronises the stream (the problem sizes and the
@@ -306,6 +321,7 @@ class Gemm {
   void* grouped_staging_ = nullptr;   // pinned host copy of the same
   int grouped_capacity_ = 0;
   int gemv_max_tokens_ = 0;
+  int skinny_max_tokens_ = 0;
 };
 
 }  // namespace glms::ops::cuda

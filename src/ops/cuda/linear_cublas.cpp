@@ -85,6 +85,12 @@ void Gemm::linear(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows,
     gemv_bf16(x, n, ld_x ? ld_x : cols, w, rows, cols, y, ld_y ? ld_y : rows, stream);
     return;
   }
+  const GemvOutput output{w, rows, y, ld_y};
+  const int64_t x_stride = ld_x ? ld_x : cols;
+  if (n > gemv_max_tokens_ && n <= skinny_max_tokens_ && linear_skinny_fits(x, n, x_stride, cols, &output, 1)) {
+    linear_skinny(x, n, x_stride, cols, &output, 1, stream);
+    return;
+  }
   auto handle = static_cast<cublasHandle_t>(handle_);
   check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
   const float alpha = 1.0f, beta = 0.0f;
@@ -100,6 +106,10 @@ void Gemm::linear_group(const uint16_t* x, int64_t n, int64_t cols, const GemvOu
   for (int m = 0; m < count && grouped; ++m) grouped = gemv_bf16_fits(x, n, cols, outputs[m].w, cols);
   if (grouped) {
     gemv_bf16_group(x, n, cols, cols, outputs, count, stream);
+    return;
+  }
+  if (n > gemv_max_tokens_ && n <= skinny_max_tokens_ && linear_skinny_fits(x, n, cols, cols, outputs, count)) {
+    linear_skinny(x, n, cols, cols, outputs, count, stream);
     return;
   }
   for (int m = 0; m < count; ++m)

@@ -89,6 +89,25 @@ __device__ __forceinline__ void tensor_copy_2d_multicast(uint32_t address, const
       "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(c0), "r"(c1), "r"(barrier), "h"(mask)
       : "memory");
 }
+// The box at (c0, c1) of a 2D tensor map into this block's shared memory at `address`,
+// completing its bytes on `barrier`. `tensor_map`: a __grid_constant__ parameter.
+__device__ __forceinline__ void tensor_copy_2d(uint32_t address, const void* tensor_map, int c0, int c1,
+                                               uint32_t barrier) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          address),
+      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(c0), "r"(c1), "r"(barrier)
+      : "memory");
+}
+// Four floats of another block's shared memory (a cluster_address).
+__device__ __forceinline__ float4 load_cluster_float4(uint32_t cluster_address) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(cluster_address)
+               : "memory");
+  return v;
+}
 // Every thread of every block of the cluster meets here.
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
