@@ -112,9 +112,20 @@ async function main() {
 
     // Stop mid-stream: the server cancels the request (counted as abort).
     const aborted0 = await metric(port, "glmserve:request_success_total", 'finished_reason="abort"');
-    // The bundled model may reach EOS before Stop lands on a loaded machine: try again then, in a
-    // fresh conversation (a reload; the key stays in sessionStorage), since the finished reply
-    // would leave too little of the 2048-token context for another 1500.
+    // The bundled model reaches EOS after about 500 tokens, a second at full speed, and on a loaded
+    // machine (CI runs the soak test beside this one) Stop could land after it three times in a
+    // row: the page's request asks to ignore EOS (vLLM's sampling parameter, added to the body the
+    // page sends), so the reply runs on towards its 1500 tokens. Should it still end first, try
+    // again in a fresh conversation (a reload; the key stays in sessionStorage), since the finished
+    // reply would leave too little of the 2048-token context for another 1500.
+    const ignoreEos = () => page.evaluate(() => {
+      const send = window.fetch;
+      window.fetch = (url, init) => {
+        if (String(url).includes("chat/completions") && init && init.body)
+          init = { ...init, body: JSON.stringify({ ...JSON.parse(init.body), ignore_eos: true }) };
+        return send(url, init);
+      };
+    });
     let stoppedMeta = "", stoppedText = "";
     for (let attempt = 0; attempt < 3 && !stoppedMeta.includes("stopped"); ++attempt) {
       if (attempt > 0) {
@@ -122,6 +133,7 @@ async function main() {
         await page.waitForFunction(() => !!window.glmsModel, { timeout: 15000 });
         await page.$eval("#thinking", (e) => { e.checked = false; });
       }
+      await ignoreEos();
       await page.$eval("#max_tokens", (e) => { e.value = "1500"; });
       await page.type("#prompt", "Write a long module:");
       await page.click("#send");
