@@ -1,9 +1,10 @@
-// The linear layers of a GLM-5.2 decode step at a data-parallel rank's batch (8 to 128 tokens)
-// through cuBLAS and through the tensor-core skinny GEMM (ops::cuda::linear_skinny), timed with
-// CUDA events over --reps launches back to back (as a graph replays them, each chained to the
-// last): each line gives the weights' bytes over the time, against the copy bandwidth
-// --bandwidth, and the skinny GEMM's output against cuBLAS's (relative L2). Usage:
-//   cuda_linear_skinny [--tokens 8,32,64] [--reps 20] [--bandwidth 4.29e12] [--json FILE]
+// The linear layers of a GLM-5.2 decode step at a data-parallel rank's batch (1 to 128 tokens)
+// through cuBLAS, the small-batch GEMV (up to 4 tokens) and the tensor-core skinny GEMM
+// (ops::cuda::linear_skinny), timed with CUDA events over --reps launches back to back (as a
+// graph replays them, each chained to the last): each line gives the weights' bytes over the
+// time, against the copy bandwidth --bandwidth, and each path's output against cuBLAS's
+// (relative L2). Usage:
+//   cuda_linear_skinny [--tokens 1,2,8,32,64] [--reps 20] [--bandwidth 4.29e12] [--json FILE]
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -38,7 +39,7 @@ double relative_l2(const std::vector<float>& got, const std::vector<float>& want
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<int> token_counts = {8, 32, 64};
+  std::vector<int> token_counts = {1, 2, 8, 32, 64};
   int reps = 20;
   double bandwidth = 4.29e12;
   std::string json_path;
@@ -70,7 +71,8 @@ int main(int argc, char** argv) {
   for (int n : token_counts) max_tokens = std::max(max_tokens, n);
   cuda::Stream stream;
   cuda::Event start, stop;
-  cuda::Gemm cublas, skinny;
+  cuda::Gemm cublas, gemv, skinny;
+  gemv.set_small_batch_gemv(cuda::kGemvMaxTokens);
   skinny.set_skinny_gemm(cuda::kSkinnyMaxTokens);
   std::ostringstream json;
   json << "{\"bandwidth_bytes_per_s\": " << bandwidth << ", \"points\": [";
@@ -92,8 +94,9 @@ int main(int argc, char** argv) {
       for (size_t m = 0; m < shape.rows.size(); ++m)
         group.push_back({weights[m].as<uint16_t>(), shape.rows[m], outputs[m].as<float>(), 0});
       std::vector<float> reference;
-      for (const char* path : {"cublas", "skinny"}) {
-        cuda::Gemm& gemm = std::strcmp(path, "skinny") ? cublas : skinny;
+      for (const char* path : {"cublas", "gemv", "skinny"}) {
+        if (!std::strcmp(path, "gemv") && n > cuda::kGemvMaxTokens) continue;
+        cuda::Gemm& gemm = !std::strcmp(path, "skinny") ? skinny : !std::strcmp(path, "gemv") ? gemv : cublas;
         auto run = [&] {
           gemm.linear_group(x.as<uint16_t>(), n, shape.cols, group.data(), static_cast<int>(group.size()),
                             stream.get());
