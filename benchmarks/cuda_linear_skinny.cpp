@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   cuda::Event start, stop;
   cuda::Gemm cublas, gemv, skinny;
   gemv.set_small_batch_gemv(cuda::kGemvMaxTokens);
-  skinny.set_skinny_gemm(cuda::kSkinnyMaxTokens);
+  skinny.set_skinny_gemm(cuda::kSkinnyMaxTokens, cuda::kSkinnyMaxTokens);
   std::ostringstream json;
   json << "{\"bandwidth_bytes_per_s\": " << bandwidth << ", \"points\": [";
   bool first_point = true;

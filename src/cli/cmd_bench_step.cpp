@@ -479,6 +479,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"expert_format", o.expert_format},
                         {"small_batch_gemv_tokens", o.kernels.small_batch_gemv_tokens},
                         {"skinny_gemm_tokens", o.kernels.skinny_gemm_tokens},
+                        {"skinny_group_tokens", o.kernels.skinny_group_tokens},
                         {"fused_attention_min_tokens", o.kernels.fused_attention_min_tokens},
                         {"fused_prefill_attention", o.kernels.fused_prefill_attention},
                         {"wgmma_attention", o.kernels.wgmma_attention},
@@ -584,6 +585,11 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--skinny-gemm-tokens", o->kernels.skinny_gemm_tokens,
                   "Linear layers of more tokens than the GEMV takes, up to N, through glmserve's tensor-core "
                   "skinny GEMM instead of cuBLAS (0: never, at most 128)")
+      ->check(CLI::Range(0, 128))
+      ->capture_default_str();
+  cmd->add_option("--skinny-group-tokens", o->kernels.skinny_group_tokens,
+                  "The attention's groups of projections over the same input, up to N tokens, through the skinny "
+                  "GEMM (0: never, at most 128)")
       ->check(CLI::Range(0, 128))
       ->capture_default_str();
   cmd->add_option("--fused-attention-min-tokens", o->kernels.fused_attention_min_tokens,

@@ -201,10 +201,11 @@ TEST_F(CudaOps, SkinnyGemmMatchesCpu) {
   const std::vector<Case> cases = {{5, {2048, 576, 128, 32}, 6144, 0},  {17, {1000}, 4096, 8},
                                    {33, {2048, 576, 128, 32}, 6144, 0}, {64, {6144}, 2048, 0},
                                    {100, {333}, 1024, 16},              {128, {20000}, 256, 0},
-                                   {64, {16384, 4096}, 2048, 8},        {8, {6144}, 16384, 0}};
+                                   {64, {16384, 4096}, 2048, 8},        {8, {6144}, 16384, 0},
+                                   {120, {2048, 576, 128, 32}, 6144, 0}};
   cuda::Gemm gemm;
   gemm.set_small_batch_gemv(cuda::kGemvMaxTokens);
-  gemm.set_skinny_gemm(cuda::kSkinnyMaxTokens);
+  gemm.set_skinny_gemm(cuda::kSkinnyMaxTokens, cuda::kSkinnyMaxTokens);
   for (const Case& c : cases) {
     const int64_t ld_x = c.cols + c.extra_ld;
     const auto x = random_values(c.n * ld_x, 60 + c.n, 1.0f);

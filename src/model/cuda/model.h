@@ -55,9 +55,11 @@ struct CudaModelOptions {
   int small_batch_gemv_tokens = 2;
   // Linear layers of more tokens than that, up to this many, go through ops::cuda::linear_skinny
   // (tensor cores, weights streamed once, k split over a cluster) instead of cuBLAS (0: never; at
-  // most ops::cuda::kSkinnyMaxTokens). At 128 tokens it measured no faster than cuBLAS but for
-  // the attention's input projections (docs/performance.md).
+  // most ops::cuda::kSkinnyMaxTokens), and the attention's groups of projections (q_a with kv_a
+  // and the indexer's, q_b with wq_b) up to skinny_group_tokens. At 128 tokens single matrices
+  // measured no faster than cuBLAS, the groups 1.1-3.5x faster (docs/performance.md).
   int skinny_gemm_tokens = 64;
+  int skinny_group_tokens = 128;
   // Runs of at least this many decode / short-chunk tokens attend through
   // ops::cuda::mla_attention_fused (one pass over the selected rows), shorter ones through the
   // gathered-row GEMMs (0: always fused). On the H200 at GLM-5.2 width the fused pass, with its

@@ -112,8 +112,8 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
         meta(o.max_tokens, o.max_logits, o.max_sequences, max_blocks) {
     gemm.set_small_batch_gemv(o.small_batch_gemv_tokens);
     side_gemm.set_small_batch_gemv(o.small_batch_gemv_tokens);
-    gemm.set_skinny_gemm(o.skinny_gemm_tokens);
-    side_gemm.set_skinny_gemm(o.skinny_gemm_tokens);
+    gemm.set_skinny_gemm(o.skinny_gemm_tokens, o.skinny_group_tokens);
+    side_gemm.set_skinny_gemm(o.skinny_gemm_tokens, o.skinny_group_tokens);
   }
 
   void allocate();

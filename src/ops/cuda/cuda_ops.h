@@ -284,8 +284,12 @@ class Gemm {
   // Linear layers of at most `max_tokens` (<= kGemvMaxTokens) tokens through gemv_bf16; 0: cuBLAS only.
   void set_small_batch_gemv(int max_tokens) { gemv_max_tokens_ = std::clamp(max_tokens, 0, kGemvMaxTokens); }
   // Linear layers of more tokens than the GEMV takes, up to `max_tokens` (<= kSkinnyMaxTokens),
-  // through linear_skinny where it fits; 0: cuBLAS.
-  void set_skinny_gemm(int max_tokens) { skinny_max_tokens_ = std::clamp(max_tokens, 0, kSkinnyMaxTokens); }
+  // through linear_skinny where it fits, and linear_group's groups of several matrices up to
+  // `max_group_tokens`; 0: cuBLAS.
+  void set_skinny_gemm(int max_tokens, int max_group_tokens) {
+    skinny_max_tokens_ = std::clamp(max_tokens, 0, kSkinnyMaxTokens);
+    skinny_max_group_tokens_ = std::clamp(max_group_tokens, 0, kSkinnyMaxTokens);
+  }
   // Products of different x, w and n but the same rows and cols (a MoE layer's experts over
   // their grouped tokens) in one cuBLAS grouped GEMM call (cublasGemmGroupedBatchedEx), or one
   // GEMM each where cuBLAS declines the call. Synchronises the stream (the problem sizes and the
@@ -322,6 +326,7 @@ class Gemm {
   int grouped_capacity_ = 0;
   int gemv_max_tokens_ = 0;
   int skinny_max_tokens_ = 0;
+  int skinny_max_group_tokens_ = 0;
 };
 
 }  // namespace glms::ops::cuda

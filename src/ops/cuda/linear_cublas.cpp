@@ -108,7 +108,8 @@ void Gemm::linear_group(const uint16_t* x, int64_t n, int64_t cols, const GemvOu
     gemv_bf16_group(x, n, cols, cols, outputs, count, stream);
     return;
   }
-  if (n > gemv_max_tokens_ && n <= skinny_max_tokens_ && linear_skinny_fits(x, n, cols, cols, outputs, count)) {
+  const int skinny_tokens = count > 1 ? skinny_max_group_tokens_ : skinny_max_tokens_;
+  if (n > gemv_max_tokens_ && n <= skinny_tokens && linear_skinny_fits(x, n, cols, cols, outputs, count)) {
     linear_skinny(x, n, cols, cols, outputs, count, stream);
     return;
   }
