@@ -1,7 +1,7 @@
 // Linear layers of a few to 128 tokens on Hopper's warpgroup tensor cores (a data-parallel rank's
 // decode batch: q_a / kv_a / the indexer's weights, q_b, o_proj, the shared expert, the dense
-// MLP, lm_head): y_m[n, rows_m] (fp32) = x[n, cols] . w_m[rows_m, cols]^T for up to
-// kGemvMaxGroup matrices that read the same x, in one launch.
+// MLP): y_m[n, rows_m] (fp32) = x[n, cols] . w_m[rows_m, cols]^T for up to kGemvMaxGroup
+// matrices that read the same x, in one launch.
 //
 // Why this shape: at 64 tokens a layer's GEMMs stream their weights once and are bound by memory,
 // but cuBLAS takes one launch a matrix and picks split-K tiles with a separate reduction kernel
@@ -54,7 +54,7 @@ struct Tile {
   static constexpr int kBlocksPerSm = kSharedPerSm / (kSharedBytes + 1024);
   static_assert(kStageBytes % 1024 == 0, "stages keep the 1024-byte alignment");
   static_assert(kN * kPartStride * 4 <= kStages * kStageBytes, "the partial sums fit in the stages");
-  static_assert(kSharedBytes <= 232448 && kBlocksPerSm >= 1, "one block an SM at least");
+  static_assert(kSharedBytes <= 232448, "one block an SM at least");
 };
 
 struct SkinnyMaps {
@@ -138,6 +138,21 @@ __device__ __forceinline__ void consume(float (&acc)[kHalves][kN / 2], int steps
   for (int h = 0; h < kHalves; ++h) wgmma::pin(acc[h]);
 }
 
+// store(row, token, sum) for each sum of consumer thread (warp, lane): acc[h][4 j + e] is the
+// tile's weight row 64 h + 16 warp + g + 8 (e / 2) against token 8 j + 2 t + e % 2 (g = lane / 4,
+// t = lane % 4), wgmma's accumulator layout.
+template <int kN, int kHalves, typename Store>
+__device__ __forceinline__ void for_each_sum(const float (&acc)[kHalves][kN / 2], int warp, int lane, Store store) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h)
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        store(64 * h + 16 * warp + g + 8 * (e / 2), 8 * j + 2 * t + e % 2, acc[h][4 * j + e]);
+}
+
 // Block (split, row tile): the tile's rows of matrix m over split's share of k. Launched in
 // clusters of gridDim.x blocks along x (the splits) when there are several.
 template <int kN, int kHalves, int kStages>
@@ -181,20 +196,13 @@ __global__ void __launch_bounds__(kThreads) skinny_linear_kernel(const __grid_co
       for (int i = 0; i < kN / 2; ++i) acc[h][i] = 0.0f;
     consume<T, kN, kHalves, kStages>(acc, steps, stages, full, empty);
   }
-  // acc[h][4 j + e] of consumer thread (warp, g, t): weight row 64 h + 16 warp + g + 8 (e / 2),
-  // token 8 j + 2 t + e % 2.
-  const int lane = static_cast<int>(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
   if (splits == 1) {
     if (warp == kConsumerThreads / 32) return;
-#pragma unroll
-    for (int h = 0; h < kHalves; ++h)
-#pragma unroll
-      for (int j = 0; j < kN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = row0 + 64 * h + 16 * warp + g + 8 * (e / 2), token = 8 * j + 2 * t + e % 2;
-          if (row < rows && token < a.n) y[int64_t{token} * ld_y + row] = acc[h][4 * j + e];
-        }
+    for_each_sum<kN, kHalves>(acc, warp, lane, [&](int row, int token, float sum) {
+      const int r = row0 + row;
+      if (r < rows && token < a.n) y[int64_t{token} * ld_y + r] = sum;
+    });
     return;
   }
 
@@ -204,15 +212,9 @@ __global__ void __launch_bounds__(kThreads) skinny_linear_kernel(const __grid_co
   float* const part = reinterpret_cast<float*>(aligned.generic);
   if (warp < kConsumerThreads / 32) {
     pipeline::named_sync(1, kConsumerThreads);
-#pragma unroll
-    for (int h = 0; h < kHalves; ++h)
-#pragma unroll
-      for (int j = 0; j < kN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = 64 * h + 16 * warp + g + 8 * (e / 2), token = 8 * j + 2 * t + e % 2;
-          if (token < a.n) part[token * T::kPartStride + row] = acc[h][4 * j + e];
-        }
+    for_each_sum<kN, kHalves>(acc, warp, lane, [&](int row, int token, float sum) {
+      if (token < a.n) part[token * T::kPartStride + row] = sum;
+    });
   }
   pipeline::cluster_sync();
   const int block_rows = T::kRows / splits, quads = block_rows / 4, first_row = split * block_rows;
@@ -241,7 +243,8 @@ void launch_skinny(const uint16_t* x, int64_t ld_x, int64_t cols, const GemvOutp
   maps.x = swizzled_rows_tensor_map(x, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, args.n, cols, kN, ld_x);
   int tiles = 0;
   for (int m = 0; m < args.count; ++m) {
-    maps.w[m] = swizzled_rows_tensor_map(outputs[m].w, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, outputs[m].rows, cols, T::kRows);
+    maps.w[m] =
+        swizzled_rows_tensor_map(outputs[m].w, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, outputs[m].rows, cols, T::kRows);
     args.first_tile[m] = tiles;
     tiles += static_cast<int>((outputs[m].rows + T::kRows - 1) / T::kRows);
   }
@@ -251,9 +254,9 @@ void launch_skinny(const uint16_t* x, int64_t ld_x, int64_t cols, const GemvOutp
   check(cudaFuncSetAttribute(skinny_linear_kernel<kN, kHalves, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              T::kSharedBytes),
         "skinny_linear shared memory");
+  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(tiles));
   launch_chained_clusters("skinny_linear launch", skinny_linear_kernel<kN, kHalves, kStages>,
-                          static_cast<unsigned>(splits), dim3(static_cast<unsigned>(splits), static_cast<unsigned>(tiles)),
-                          dim3(kThreads), T::kSharedBytes, stream, maps, args);
+                          static_cast<unsigned>(splits), grid, dim3(kThreads), T::kSharedBytes, stream, maps, args);
 }
 
 // Stages of a tile in about 200 KB (one block an SM), at most 16.
@@ -304,6 +307,9 @@ SkinnyPlan plan_launch(const SkinnyArgs& args) {
 template <int kN>
 void launch_planned(const uint16_t* x, int64_t ld_x, int64_t cols, const GemvOutput* outputs, const SkinnyArgs& args,
                     cudaStream_t stream) {
+  using Deep = Tile<kN, 1, kDeepStages<kN, 1>>;
+  using Wide = Tile<kN, 2, kDeepStages<kN, 2> / 2>;
+  static_assert(Deep::kBlocksPerSm == 1 && Wide::kBlocksPerSm == 2, "the shapes' blocks an SM, as planned");
   const SkinnyPlan plan = plan_launch(args);
   if (plan.shape == SkinnyShape::kDeep)
     launch_skinny<kN, 1, kDeepStages<kN, 1>>(x, ld_x, cols, outputs, args, plan.splits, stream);
