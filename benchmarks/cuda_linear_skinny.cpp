@@ -5,7 +5,6 @@
 // time, against the copy bandwidth --bandwidth, and each path's output against cuBLAS's
 // (relative L2). Usage:
 //   cuda_linear_skinny [--tokens 1,2,8,32,64] [--reps 20] [--bandwidth 4.29e12] [--json FILE]
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -14,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "list_option.h"
+#include "micro_options.h"
 #include "ops/cuda/cuda_ops.h"
 
 namespace cuda = glms::ops::cuda;
@@ -27,15 +26,6 @@ struct Shape {
   std::vector<int64_t> rows;  // matrices over the same x
 };
 
-double relative_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    norm += double(want[i]) * want[i];
-  }
-  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -43,16 +33,13 @@ int main(int argc, char** argv) {
   int reps = 20;
   double bandwidth = 4.29e12;
   std::string json_path;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--tokens")) token_counts = glms::benchmarks::parse_int_list(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--bandwidth")) bandwidth = std::atof(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--json")) json_path = argv[i + 1];
-    else {
-      std::fprintf(stderr, "unknown option %s\n", argv[i]);
-      return 2;
-    }
-  }
+  if (!glms::benchmarks::parse_options(
+          argc, argv,
+          {{"--tokens", [&](const char* v) { token_counts = glms::benchmarks::parse_int_list(v); }},
+           {"--reps", [&](const char* v) { reps = std::atoi(v); }},
+           {"--bandwidth", [&](const char* v) { bandwidth = std::atof(v); }},
+           {"--json", [&](const char* v) { json_path = v; }}}))
+    return 2;
   if (cuda::device_count() == 0) {
     std::fprintf(stderr, "no CUDA device\n");
     return 77;
@@ -106,7 +93,7 @@ int main(int argc, char** argv) {
         std::vector<float> result(static_cast<size_t>(n) * shape.rows[0]);
         outputs[0].download(result.data(), result.size() * sizeof(float));
         if (reference.empty()) reference = result;
-        const double error = relative_l2(result, reference);
+        const double error = glms::benchmarks::relative_l2(result, reference);
         for (int w = 0; w < 3; ++w) run();
         start.record(stream.get());
         for (int r = 0; r < reps; ++r) run();

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "list_option.h"
+#include "micro_options.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/mla.h"
 
@@ -32,16 +32,6 @@ float bf16_to_float(uint16_t bits) {
   float value;
   std::memcpy(&value, &word, sizeof value);
   return value;
-}
-
-double relative_l2(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double g = bf16_to_float(got[i]), w = bf16_to_float(want[i]);
-    diff += (g - w) * (g - w);
-    norm += w * w;
-  }
-  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
 }
 
 double gemm_rate(cudaStream_t stream) {
@@ -66,16 +56,13 @@ int main(int argc, char** argv) {
   std::vector<int> token_counts = {2048, 8192};
   int top_k = 2048, reps = 10;
   std::string json_path;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--tokens")) token_counts = glms::benchmarks::parse_int_list(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--top-k")) top_k = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--json")) json_path = argv[i + 1];
-    else {
-      std::fprintf(stderr, "unknown option %s\n", argv[i]);
-      return 2;
-    }
-  }
+  if (!glms::benchmarks::parse_options(
+          argc, argv,
+          {{"--tokens", [&](const char* v) { token_counts = glms::benchmarks::parse_int_list(v); }},
+           {"--top-k", [&](const char* v) { top_k = std::atoi(v); }},
+           {"--reps", [&](const char* v) { reps = std::atoi(v); }},
+           {"--json", [&](const char* v) { json_path = v; }}}))
+    return 2;
   if (cuda::device_count() == 0) {
     std::fprintf(stderr, "no CUDA device\n");
     return 77;
@@ -151,7 +138,7 @@ int main(int argc, char** argv) {
       std::vector<uint16_t> result(int64_t{n} * kHeads * kLatent);
       out.download(result.data(), result.size() * sizeof(uint16_t));
       if (reference.empty()) reference = result;
-      const double error = relative_l2(result, reference);
+      const double error = glms::benchmarks::relative_l2(result, reference, bf16_to_float);
       cuda::Event start, stop;
       std::vector<float> times;
       for (int r = 0; r < reps; ++r) {

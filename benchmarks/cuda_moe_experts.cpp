@@ -8,9 +8,7 @@
 //   cuda_moe_experts [--tokens 8,64,128,512,1024] [--local-experts 32] [--reps 20] [--json FILE]
 // --tokens are the step's tokens over every data-parallel rank (gathered), as the rank sees them.
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <functional>
 #include <numeric>
@@ -20,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "list_option.h"
+#include "micro_options.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/moe.h"
 
@@ -31,15 +29,6 @@ namespace {
 constexpr int64_t kHidden = 6144, kInter = 2048;
 constexpr int kTopK = 8, kModelExperts = 256;
 
-double relative_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    norm += double(want[i]) * want[i];
-  }
-  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -47,17 +36,14 @@ int main(int argc, char** argv) {
   int local_experts = 32, reps = 20;
   double bandwidth = 4.29e12;
   std::string json_path;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--tokens")) token_counts = glms::benchmarks::parse_int_list(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--local-experts")) local_experts = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--bandwidth")) bandwidth = std::atof(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--json")) json_path = argv[i + 1];
-    else {
-      std::fprintf(stderr, "unknown option %s\n", argv[i]);
-      return 2;
-    }
-  }
+  if (!glms::benchmarks::parse_options(
+          argc, argv,
+          {{"--tokens", [&](const char* v) { token_counts = glms::benchmarks::parse_int_list(v); }},
+           {"--local-experts", [&](const char* v) { local_experts = std::atoi(v); }},
+           {"--reps", [&](const char* v) { reps = std::atoi(v); }},
+           {"--bandwidth", [&](const char* v) { bandwidth = std::atof(v); }},
+           {"--json", [&](const char* v) { json_path = v; }}}))
+    return 2;
   if (cuda::device_count() == 0) {
     std::fprintf(stderr, "no CUDA device\n");
     return 77;
@@ -157,7 +143,7 @@ int main(int argc, char** argv) {
       std::vector<float> result(static_cast<size_t>(local_pairs) * kHidden);
       out.download(result.data(), result.size() * sizeof(float));
       if (reference.empty()) reference = result;
-      const double error = relative_l2(result, reference);
+      const double error = glms::benchmarks::relative_l2(result, reference);
       for (int w = 0; w < 3; ++w) path.run();
       std::vector<float> times;
       for (int r = 0; r < reps; ++r) {
