@@ -278,7 +278,8 @@ class Gemm {
   Gemm& operator=(const Gemm&) = delete;
 
   // y[n, rows] (fp32) = x[n, cols] (bf16) . w[rows, cols]^T (bf16). n up to the small-batch
-  // GEMV's token count goes through gemv_bf16 where it fits, else cuBLAS.
+  // GEMV's token count goes through gemv_bf16 where it fits, n up to the skinny GEMM's through
+  // linear_skinny where it fits, else cuBLAS.
   void linear(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* y,
               cudaStream_t stream, int64_t ld_x = 0, int64_t ld_y = 0);
   // Linear layers of at most `max_tokens` (<= kGemvMaxTokens) tokens through gemv_bf16; 0: cuBLAS only.
@@ -296,7 +297,7 @@ class Gemm {
   // pointer arrays are staged from the host), so not for graph capture.
   void linear_grouped(const GroupedProduct* products, int count, int64_t rows, int64_t cols, cudaStream_t stream);
   // Several products of the same x (bf16, dense rows of `cols`): one grouped GEMV launch where
-  // the small-batch GEMV applies, else one GEMM each.
+  // the small-batch GEMV applies, else one skinny GEMM launch where that does, else one GEMM each.
   void linear_group(const uint16_t* x, int64_t n, int64_t cols, const GemvOutput* outputs, int count,
                     cudaStream_t stream);
   // The same in fp32 throughout (the MoE router, whose scores stay fp32): gemv_f32 up to the
