@@ -14,7 +14,9 @@ Norms, gather, scatter and combine move activations only (bound 0). Eager phases
 phase's launch gaps, so small phases show large ratios; the graphed step is faster in all.
 The bounds' sum is checked against the JSON's own bound (bytes_moved): a step with FP8 linear
 layers is refused, as the phase of each FP8 matrix is not known here.
-Usage: phase_bounds.py BENCH_STEP.json [--config CONFIG.json]"""
+A bench/results record that keeps a bench-step run under a key (with the fields above) is read
+with --key NAME.
+Usage: phase_bounds.py BENCH_STEP.json [--config CONFIG.json] [--key NAME]"""
 import argparse
 import json
 import os
@@ -92,8 +94,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("bench_json")
     ap.add_argument("--config", help="the model config (default: the JSON's, from the repository root)")
+    ap.add_argument("--key", help="the bench-step run under this key of a bench/results record")
     args = ap.parse_args()
     bench = json.load(open(args.bench_json))
+    if args.key:
+        if args.key not in bench:
+            sys.exit(f"phase_bounds: no key {args.key!r} in {args.bench_json} (keys: {', '.join(bench)})")
+        bench = bench[args.key]
+    missing = [k for k in ("num_layers", "copy_bandwidth_bytes_per_s", "expert_format") if k not in bench]
+    if missing:
+        sys.exit(f"phase_bounds: {args.bench_json} is not a bench-step run (no {', '.join(missing)}); "
+                 "a record that keeps one under a key takes --key")
     if bench.get("fp8_linear_matrices", 0):
         sys.exit("phase_bounds: this step has FP8 linear layers; their phases' bytes are not known here")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
