@@ -3,6 +3,7 @@
 #include <array>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 
@@ -59,9 +60,11 @@ uint32_t load_word(const uint8_t* p) {
 }
 void store_word(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
 
-void check_cols(int64_t cols) {
+void check_shape(int64_t rows, int64_t cols) {
   GLMS_CHECK(mxfp4_tiles_fit(cols), "MXFP4 tile layout: row width " + std::to_string(cols) +
                                                " is not a multiple of 128");
+  GLMS_CHECK(rows % kMxfp4TileFragmentRows == 0,
+             "MXFP4 tile layout: " + std::to_string(rows) + " rows are not a multiple of 16");
 }
 
 // Group g of a row: tile word 4t + w (at byte 16t + 4w) holds values 32w + 8t .. + 7 of the group,
@@ -69,40 +72,71 @@ void check_cols(int64_t cols) {
 constexpr int64_t tile_offset(int t, int w) { return 16 * t + 4 * w; }
 constexpr int64_t packed_offset(int t, int w) { return 16 * w + 4 * t; }
 
-}  // namespace
-
-void tile_mxfp4_rows(const uint8_t* packed, int64_t rows, int64_t cols, uint8_t* tiled) {
-  check_cols(cols);
-  const auto& halves = half_table();
-  const int64_t groups = rows * (cols / kMxfp4TileValues);  // 64 bytes each, rows back to back
-#pragma omp parallel for schedule(static) if (groups > 4096)
-  for (int64_t g = 0; g < groups; ++g) {
-    uint32_t words[4][4];  // the whole group read before any of it is written: in place is fine
-    for (int t = 0; t < 4; ++t)
-      for (int w = 0; w < 4; ++w) {
-        const uint32_t codes = load_word(packed + 64 * g + packed_offset(t, w));  // L0 .. L7, L0 lowest
-        words[t][w] = halves[even_nibbles(codes)] | (static_cast<uint32_t>(halves[even_nibbles(codes >> 4)]) << 16);
+// Fragment f's 16 rows (packed: row after row) as tiled groups: packed group s of its row r
+// goes to tiled byte kMxfp4TileStepBytes * s + 64 * r, each word re-encoded by `word`.
+template <typename Word>
+void convert_fragments(const uint8_t* from, int64_t rows, int64_t cols, uint8_t* to, bool to_tiles, Word word) {
+  const int64_t fragment_bytes = kMxfp4TileFragmentRows * cols / 2, groups = cols / kMxfp4TileValues;
+#pragma omp parallel for schedule(static) if (rows * groups > 4096)
+  for (int64_t f = 0; f < rows / kMxfp4TileFragmentRows; ++f) {
+    // The whole fragment read before any of it is written: in place is fine.
+    std::vector<uint8_t> copy(from + f * fragment_bytes, from + (f + 1) * fragment_bytes);
+    for (int64_t r = 0; r < kMxfp4TileFragmentRows; ++r)
+      for (int64_t s = 0; s < groups; ++s) {
+        const int64_t packed_group = r * cols / 2 + 64 * s, tiled_group = kMxfp4TileStepBytes * s + 64 * r;
+        const uint8_t* in = copy.data() + (to_tiles ? packed_group : tiled_group);
+        uint8_t* out = to + f * fragment_bytes + (to_tiles ? tiled_group : packed_group);
+        for (int t = 0; t < 4; ++t)
+          for (int w = 0; w < 4; ++w) {
+            const int64_t in_offset = to_tiles ? packed_offset(t, w) : tile_offset(t, w);
+            const int64_t out_offset = to_tiles ? tile_offset(t, w) : packed_offset(t, w);
+            store_word(out + out_offset, word(load_word(in + in_offset)));
+          }
       }
-    for (int t = 0; t < 4; ++t)
-      for (int w = 0; w < 4; ++w) store_word(tiled + 64 * g + tile_offset(t, w), words[t][w]);
   }
 }
 
-void untile_mxfp4_rows(const uint8_t* tiled, int64_t rows, int64_t cols, uint8_t* packed) {
-  check_cols(cols);
-  const auto& codes_of = codes_table();
-  const int64_t groups = rows * (cols / kMxfp4TileValues);
-#pragma omp parallel for schedule(static) if (groups > 4096)
-  for (int64_t g = 0; g < groups; ++g) {
-    uint32_t words[4][4];
-    for (int t = 0; t < 4; ++t)
-      for (int w = 0; w < 4; ++w) {
-        const uint32_t bits = load_word(tiled + 64 * g + tile_offset(t, w));
-        words[t][w] = spread_nibbles(codes_of[bits & 0xffff]) | (spread_nibbles(codes_of[bits >> 16]) << 4);
+// Fragment f's 16 rows of scale words (row after row, `groups` a row) into step order (word s of
+// row r at 16 s + r) or back.
+void move_scale_words(const uint8_t* from, int64_t rows, int64_t cols, uint8_t* to, bool to_tiles) {
+  const int64_t groups = cols / kMxfp4TileValues, fragment_bytes = 4 * kMxfp4TileFragmentRows * groups;
+  for (int64_t f = 0; f < rows / kMxfp4TileFragmentRows; ++f) {
+    const std::vector<uint8_t> copy(from + f * fragment_bytes, from + (f + 1) * fragment_bytes);
+    for (int64_t r = 0; r < kMxfp4TileFragmentRows; ++r)
+      for (int64_t s = 0; s < groups; ++s) {
+        const int64_t row_order = 4 * (r * groups + s), step_order = 4 * (s * kMxfp4TileFragmentRows + r);
+        std::memcpy(to + f * fragment_bytes + (to_tiles ? step_order : row_order),
+                    copy.data() + (to_tiles ? row_order : step_order), 4);
       }
-    for (int t = 0; t < 4; ++t)
-      for (int w = 0; w < 4; ++w) store_word(packed + 64 * g + packed_offset(t, w), words[t][w]);
   }
+}
+
+}  // namespace
+
+void tile_mxfp4_scales(const uint8_t* scales, int64_t rows, int64_t cols, uint8_t* tiled) {
+  check_shape(rows, cols);
+  move_scale_words(scales, rows, cols, tiled, true);
+}
+
+void untile_mxfp4_scales(const uint8_t* tiled, int64_t rows, int64_t cols, uint8_t* scales) {
+  check_shape(rows, cols);
+  move_scale_words(tiled, rows, cols, scales, false);
+}
+
+void tile_mxfp4_rows(const uint8_t* packed, int64_t rows, int64_t cols, uint8_t* tiled) {
+  check_shape(rows, cols);
+  const auto& halves = half_table();
+  convert_fragments(packed, rows, cols, tiled, true, [&](uint32_t codes) {  // L0 .. L7, L0 lowest
+    return halves[even_nibbles(codes)] | (static_cast<uint32_t>(halves[even_nibbles(codes >> 4)]) << 16);
+  });
+}
+
+void untile_mxfp4_rows(const uint8_t* tiled, int64_t rows, int64_t cols, uint8_t* packed) {
+  check_shape(rows, cols);
+  const auto& codes_of = codes_table();
+  convert_fragments(tiled, rows, cols, packed, false, [&](uint32_t bits) {
+    return spread_nibbles(codes_of[bits & 0xffff]) | (spread_nibbles(codes_of[bits >> 16]) << 4);
+  });
 }
 
 }  // namespace glms::quant

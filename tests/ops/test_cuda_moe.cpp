@@ -71,6 +71,7 @@ std::vector<float> encode(WeightFormat format, bool tiled, const std::vector<flo
       std::vector<uint8_t> tiles(packed.size());
       quant::tile_mxfp4_rows(packed.data(), matrices * rows, cols, tiles.data());
       packed.swap(tiles);
+      quant::tile_mxfp4_scales(codes.data(), matrices * rows, cols, codes.data());
     }
     data = to_device(packed);
     scales = to_device(codes);

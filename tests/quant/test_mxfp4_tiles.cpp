@@ -29,7 +29,7 @@ uint8_t code_at(const std::vector<uint8_t>& packed, int64_t v) { return (packed[
 }  // namespace
 
 TEST(Mxfp4Tiles, TilingRoundTripsAndMovesEveryCode) {
-  const int64_t rows = 3, cols = 384;
+  const int64_t rows = 48, cols = 384;
   const auto packed = random_bytes(rows * cols / 2, 1);
   std::vector<uint8_t> tiled(packed.size()), back(packed.size(), 0x5a);
   tile_mxfp4_rows(packed.data(), rows, cols, tiled.data());
@@ -55,7 +55,7 @@ void check_pairs(int64_t rows, int64_t cols, uint32_t seed) {
     for (int64_t s = 0; s < cols / kMxfp4TileValues; ++s)
       for (int t = 0; t < 4; ++t)
         for (int w = 0; w < 4; ++w) {
-          const uint8_t* bytes = tiled.data() + r * cols / 2 + 64 * s + 16 * t + 4 * w;
+          const uint8_t* bytes = tiled.data() + mxfp4_tile_row_offset(r, cols) + kMxfp4TileStepBytes * s + 16 * t + 4 * w;
           const uint32_t q = bytes[0] | (bytes[1] << 8) | (bytes[2] << 16) | (static_cast<uint32_t>(bytes[3]) << 24);
           for (int k = 0; k < 4; ++k) {
             const uint32_t pair = mxfp4_tile_pair(q, k);
@@ -73,7 +73,7 @@ void check_pairs(int64_t rows, int64_t cols, uint32_t seed) {
 }
 
 TEST(Mxfp4Tiles, PairsAreTheValuesTimesTwoToTheMinus14) {
-  check_pairs(2, 256, 2);
+  check_pairs(16, 256, 2);
   check_pairs(80, 8192, 3);  // 5120 groups: the threaded path
 }
 
@@ -81,10 +81,10 @@ TEST(Mxfp4Tiles, PairsAreTheValuesTimesTwoToTheMinus14) {
 TEST(Mxfp4Tiles, EveryCodeInEveryPlace) {
   for (int code = 0; code < 16; ++code)
     for (int place = 0; place < 8; ++place) {
-      std::vector<uint8_t> packed(64, 0);
+      std::vector<uint8_t> packed(16 * 64, 0);  // a fragment of 16 rows of 128
       packed[place / 2] = static_cast<uint8_t>(code << (4 * (place % 2)));  // value `place` of word 0
-      std::vector<uint8_t> tiled(64);
-      tile_mxfp4_rows(packed.data(), 1, 128, tiled.data());
+      std::vector<uint8_t> tiled(16 * 64);
+      tile_mxfp4_rows(packed.data(), 16, 128, tiled.data());
       const uint32_t q = tiled[0] | (tiled[1] << 8) | (tiled[2] << 16) | (static_cast<uint32_t>(tiled[3]) << 24);
       for (int k = 0; k < 4; ++k)
         for (int h = 0; h < 2; ++h) {
@@ -114,7 +114,56 @@ TEST(Mxfp4Tiles, Bf16PairsAreTheFp16PairsTimesTwoToTheMinus112) {
   EXPECT_EQ(wrong, 0);
 }
 
-TEST(Mxfp4Tiles, RejectsWidthsThatAreNotWhole128s) {
-  std::vector<uint8_t> packed(48), tiled(48);
-  EXPECT_THROW(tile_mxfp4_rows(packed.data(), 1, 96, tiled.data()), Error);
+TEST(Mxfp4Tiles, RejectsWidthsThatAreNotWhole128sAndPartFragments) {
+  std::vector<uint8_t> packed(16 * 64), tiled(16 * 64);
+  EXPECT_THROW(tile_mxfp4_rows(packed.data(), 16, 96, tiled.data()), Error);
+  EXPECT_THROW(tile_mxfp4_rows(packed.data(), 8, 128, tiled.data()), Error);
+  EXPECT_THROW(untile_mxfp4_rows(tiled.data(), 12, 128, packed.data()), Error);
+}
+
+// Where the groups go: group s of row r at mxfp4_tile_row_offset(r) + 1024 s, so that a
+// fragment's 16 rows' group s are one contiguous kilobyte (each group carries a code of its own
+// (row, group) to find it by).
+TEST(Mxfp4Tiles, AFragmentsGroupsLieSideBySide) {
+  const int64_t rows = 32, cols = 512, groups = cols / kMxfp4TileValues;
+  std::vector<uint8_t> packed(rows * cols / 2, 0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t s = 0; s < groups; ++s) packed[r * cols / 2 + 64 * s] = static_cast<uint8_t>(r * groups + s);
+  std::vector<uint8_t> tiled(packed.size());
+  tile_mxfp4_rows(packed.data(), rows, cols, tiled.data());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t s = 0; s < groups; ++s) {
+      const int64_t offset = mxfp4_tile_row_offset(r, cols) + kMxfp4TileStepBytes * s;
+      EXPECT_EQ(offset, r / 16 * 16 * cols / 2 + 1024 * s + 64 * (r % 16));
+      const uint8_t* group = tiled.data() + offset;
+      // The group's first code byte (values 0 and 1) is in tile word 0's pairs 0 of both halves.
+      const uint32_t q = group[0] | (group[1] << 8) | (group[2] << 16) | (static_cast<uint32_t>(group[3]) << 24);
+      const uint8_t code_byte = static_cast<uint8_t>(r * groups + s);
+      for (int h = 0; h < 2; ++h) {
+        const float got = f16_to_f32(static_cast<uint16_t>(mxfp4_tile_pair(q, 0) >> (16 * h))) * 0x1p14f;
+        EXPECT_EQ(got, minifloat_to_f32(MiniFloat::E2M1, static_cast<uint8_t>((code_byte >> (4 * h)) & 0xf)))
+            << "row " << r << " group " << s;
+      }
+    }
+}
+
+// The scales follow the codes: row r's scale word of group s (its blocks 4s .. 4s + 3) at word
+// mxfp4_tile_scale_word(r) + 16 s, a fragment's 16 words of a group side by side; and back.
+TEST(Mxfp4Tiles, ScaleWordsLieAsTheirGroups) {
+  const int64_t rows = 48, cols = 384, groups = cols / kMxfp4TileValues;
+  const auto scales = random_bytes(rows * cols / 32, 9);
+  std::vector<uint8_t> tiled(scales.size()), back(scales.size()), in_place = scales;
+  tile_mxfp4_scales(scales.data(), rows, cols, tiled.data());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t s = 0; s < groups; ++s) {
+      const int64_t word = mxfp4_tile_scale_word(r, cols) + kMxfp4TileScaleStepWords * s;
+      EXPECT_EQ(word, r / 16 * 16 * groups + 16 * s + r % 16);
+      for (int b = 0; b < 4; ++b)
+        EXPECT_EQ(tiled[4 * word + b], scales[r * cols / 32 + 4 * s + b]) << "row " << r << " block " << 4 * s + b;
+    }
+  untile_mxfp4_scales(tiled.data(), rows, cols, back.data());
+  EXPECT_EQ(back, scales);
+  tile_mxfp4_scales(in_place.data(), rows, cols, in_place.data());
+  EXPECT_EQ(in_place, tiled);
+  EXPECT_THROW(tile_mxfp4_scales(in_place.data(), 40, cols, tiled.data()), Error);
 }

@@ -158,9 +158,11 @@ void append_fp8(const WeightView& w, std::vector<uint8_t>& codes, std::vector<fl
   }
 }
 
-// Packed MXFP4 rows `cols` wide, rewritten in the tile layout (in place).
-void tile_in_place(std::vector<uint8_t>& packed, int64_t cols) {
-  quant::tile_mxfp4_rows(packed.data(), static_cast<int64_t>(packed.size()) / (cols / 2), cols, packed.data());
+// Packed MXFP4 rows `cols` wide and their E8M0 scales, rewritten in the tile layout (in place).
+void tile_in_place(std::vector<uint8_t>& packed, std::vector<uint8_t>& scales, int64_t cols) {
+  const int64_t rows = static_cast<int64_t>(packed.size()) / (cols / 2);
+  quant::tile_mxfp4_rows(packed.data(), rows, cols, packed.data());
+  quant::tile_mxfp4_scales(scales.data(), rows, cols, scales.data());
 }
 
 void upload_experts(Uploader& up, const MoeWeights& moe, int64_t hidden, MoeDevice& d) {
@@ -195,8 +197,8 @@ void upload_experts(Uploader& up, const MoeWeights& moe, int64_t hidden, MoeDevi
       d.experts_mxfp4_tiled = quant::mxfp4_tiles_fit(hidden) && quant::mxfp4_tiles_fit(inter) &&
                               scales_fit(gate_up_scales) && scales_fit(down_scales);
       if (d.experts_mxfp4_tiled) {
-        tile_in_place(gate_up, hidden);
-        tile_in_place(down, inter);
+        tile_in_place(gate_up, gate_up_scales, hidden);
+        tile_in_place(down, down_scales, inter);
       }
       d.experts_gate_up = up.u8(gate_up);
       d.experts_gate_up_scales = up.u8(gate_up_scales);

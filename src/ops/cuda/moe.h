@@ -50,8 +50,8 @@ void moe_plan(const int32_t* expert_ids, int64_t num_pairs, int num_experts, con
 //   Mxfp4: gate_up [E, 2 * inter, hidden / 2] u8, gate_up_scales [E, 2 * inter, hidden / 32]
 //     E8M0 codes; down and down_scales likewise over inter. The rows are either as AMD Quark
 //     packs them (two E2M1 per byte, the even index in the low nibble; widths multiples of 32)
-//     or, with mxfp4_tiled, in quant/mxfp4_tiles.h's tile layout (multiples of 128), which only
-//     the tensor-core kernels read.
+//     or, with mxfp4_tiled, codes and scales in quant/mxfp4_tiles.h's tile layout (multiples of
+//     128), which only the tensor-core kernels read.
 //   Fp8Block: gate_up [E, 2 * inter, hidden] E4M3 codes, gate_up_scales [E, 2 * inter,
 //     ceil(hidden / 128)] fp32: each row carries its 128 x 128 block's weight_scale_inv (a row's
 //     scales in one 16-byte-aligned run; 3% more bytes than the block grid). Needs hidden and

@@ -341,7 +341,8 @@ __device__ __forceinline__ void decode_mxfp4_tile_word(uint32_t q, float (&out)[
 // Eight values per thread (one 32-bit word of MXFP4, 8 bytes of FP8), written as 16 bytes:
 // row-major [rows, cols] of one expert's matrix widened to bf16 (the decoded values times
 // 2^126, 2^14 or 2^120 are the codes' values, exactly, then the scale). Tiled MXFP4 word 4t + w
-// of group s holds values 32 (4s + w) + 8t .. + 7.
+// of group s holds values 32 (4s + w) + 8t .. + 7 (quant/mxfp4_tiles.h: the groups of 16 rows
+// interleaved).
 template <WeightFormat F, bool kTiled>
 __global__ void dequantize_kernel(const void* data, const void* scales, int64_t row0, int64_t rows, int64_t cols,
                                   uint16_t* out) {
@@ -353,10 +354,12 @@ __global__ void dequantize_kernel(const void* data, const void* scales, int64_t 
   int64_t first = 8 * group;  // the word's first value in the row
   float v[8], scale, unscale;
   if constexpr (F == WeightFormat::Mxfp4 && kTiled) {
-    decode_mxfp4_tile_word(__ldg(static_cast<const uint32_t*>(data) + row * groups_per_row + group), v);
     const int64_t s = group / 16, t = group / 4 % 4, w = group % 4;
+    const int64_t byte = quant::mxfp4_tile_row_offset(row, cols) + quant::kMxfp4TileStepBytes * s + 4 * (group % 16);
+    decode_mxfp4_tile_word(__ldg(reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(data) + byte)), v);
     first = 128 * s + 32 * w + 8 * t;
-    scale = e8m0_to_float(__ldg(static_cast<const uint8_t*>(scales) + row * (cols / 32) + first / 32));
+    const int64_t scale_word = quant::mxfp4_tile_scale_word(row, cols) + quant::kMxfp4TileScaleStepWords * s;
+    scale = e8m0_to_float(__ldg(static_cast<const uint8_t*>(scales) + 4 * scale_word + w));
     unscale = 0x1p14f;
   } else if constexpr (F == WeightFormat::Mxfp4) {
     decode_mxfp4_word(__ldg(static_cast<const uint32_t*>(data) + row * groups_per_row + group), v);

@@ -11,8 +11,9 @@
 //
 // Fragments (PTX m16n8k16): lane = 4 * g + t holds A rows g and g + 8 at k = {2t, 2t+1, 2t+8,
 // 2t+9}, B column (token) g at the same k, and C rows g, g + 8 at tokens 2t, 2t + 1. The k order
-// inside an mma is free as long as A and B agree, so each lane streams one contiguous 16-byte
-// chunk of its rows a step, and the inputs are staged in row order:
+// inside an mma is free as long as A and B agree, so each lane streams one 16-byte chunk of its
+// rows a step (MXFP4: a warp's rows g and g + 8 are halves of tile fragments, so a step's reads
+// are two contiguous pieces of 512 bytes), and the inputs are staged in row order:
 //   MXFP4 (quant/mxfp4_tiles.h's layout): step s covers values 128s .. 128s + 127 of a row;
 //     word w of lane t's chunk holds values 32 (4s + w) + 8t .. + 7 of MX block 4s + w, whose
 //     pairs are the A registers of two mmas (the lane's inputs: one 16-byte read). So the quad
@@ -105,6 +106,8 @@ __device__ void stage_fp16(const uint16_t* src, int64_t dim, int count, RowOf in
 template <WeightFormat F, int kTokens, int kLoadSteps = kUnroll>
 struct RowPairStream {
   static constexpr int kStepValues = F == WeightFormat::Mxfp4 ? 128 : 64;  // a row's values per quad step
+  // From a row's step s to s + 1 in 16-byte chunks: MXFP4 rows are tiled in 16-row fragments.
+  static constexpr int64_t kStepStride = F == WeightFormat::Mxfp4 ? quant::kMxfp4TileStepBytes / 16 : 4;
   const uint4* chunks_a;
   const uint4* chunks_b;
   const void* scales_a;
@@ -128,11 +131,11 @@ struct RowPairStream {
     for (int u = 0; u < kLoadSteps; ++u) {
       const int64_t s = s0 + u, c = 4 * s + t;
       if (s < steps) {
-        wa[u] = __ldg(chunks_a + c);
-        wb[u] = __ldg(chunks_b + c);
+        wa[u] = __ldg(chunks_a + kStepStride * s + t);
+        wb[u] = __ldg(chunks_b + kStepStride * s + t);
         if constexpr (F == WeightFormat::Mxfp4) {
-          sa[u] = __ldg(static_cast<const uint32_t*>(scales_a) + s);
-          sb[u] = __ldg(static_cast<const uint32_t*>(scales_b) + s);
+          sa[u] = __ldg(static_cast<const uint32_t*>(scales_a) + quant::kMxfp4TileScaleStepWords * s);
+          sb[u] = __ldg(static_cast<const uint32_t*>(scales_b) + quant::kMxfp4TileScaleStepWords * s);
         } else {
           sa[u] = __float_as_uint(__ldg(static_cast<const float*>(scales_a) + (c >> 3)));
           sb[u] = __float_as_uint(__ldg(static_cast<const float*>(scales_b) + (c >> 3)));
@@ -258,14 +261,18 @@ struct RowPairStream {
   }
 };
 
+// Where a row's codes start: MXFP4 in the tile layout, FP8 row after row.
 template <WeightFormat F>
-__device__ __forceinline__ int64_t row_bytes(int64_t cols) {
-  return F == WeightFormat::Mxfp4 ? cols / 2 : cols;
+__device__ __forceinline__ const uint8_t* row_codes(const void* data, int64_t row, int64_t cols) {
+  if constexpr (F == WeightFormat::Mxfp4) return static_cast<const uint8_t*>(data) + quant::mxfp4_tile_row_offset(row, cols);
+  else return static_cast<const uint8_t*>(data) + row * cols;
 }
 
+// Where a row's scales start: MXFP4 scale words in the tile layout, FP8 row after row.
 template <WeightFormat F>
 __device__ __forceinline__ const void* row_scales(const void* scales, int64_t row, int64_t cols) {
-  if constexpr (F == WeightFormat::Mxfp4) return static_cast<const uint8_t*>(scales) + row * (cols / 32);
+  if constexpr (F == WeightFormat::Mxfp4)
+    return static_cast<const uint32_t*>(scales) + quant::mxfp4_tile_scale_word(row, cols);
   else return static_cast<const float*>(scales) + row * ((cols + 127) / 128);
 }
 
@@ -339,8 +346,7 @@ __global__ void __launch_bounds__(kThreads) gate_up_mma_kernel(const uint16_t* x
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * 8;
   const int64_t r = min(r0 + g, inter - 1);
   const int64_t gate_row = static_cast<int64_t>(e) * 2 * inter + r, up_row = gate_row + inter;
-  const auto* data = static_cast<const uint8_t*>(experts.gate_up);
-  typename C::Stream stream(data + gate_row * row_bytes<F>(hidden), data + up_row * row_bytes<F>(hidden),
+  typename C::Stream stream(row_codes<F>(experts.gate_up, gate_row, hidden), row_codes<F>(experts.gate_up, up_row, hidden),
                             row_scales<F>(experts.gate_up_scales, gate_row, hidden),
                             row_scales<F>(experts.gate_up_scales, up_row, hidden), hidden);
   for (int chunk = begin; chunk < end; chunk += kTokens) {
@@ -380,8 +386,7 @@ __global__ void __launch_bounds__(kThreads) down_mma_kernel(int64_t hidden, int6
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * 16;
   const int64_t row_a = static_cast<int64_t>(e) * hidden + min(r0 + g, hidden - 1);
   const int64_t row_b = static_cast<int64_t>(e) * hidden + min(r0 + 8 + g, hidden - 1);
-  const auto* data = static_cast<const uint8_t*>(experts.down);
-  typename C::Stream stream(data + row_a * row_bytes<F>(inter), data + row_b * row_bytes<F>(inter),
+  typename C::Stream stream(row_codes<F>(experts.down, row_a, inter), row_codes<F>(experts.down, row_b, inter),
                             row_scales<F>(experts.down_scales, row_a, inter),
                             row_scales<F>(experts.down_scales, row_b, inter), inter);
   for (int chunk = begin; chunk < end; chunk += kTokens) {

@@ -40,7 +40,12 @@ namespace glms::ops::cuda {
 namespace {
 
 constexpr int kStepValues = quant::kMxfp4TileValues;  // 128 values of a row a step
-constexpr int kStepChunks = kStepValues / 32;         // 16-byte chunks of a row a step (4 lanes)
+// From a row's step s to s + 1, in 16-byte chunks (the tile layout's 16-row fragments).
+constexpr int64_t kTileStepChunks = quant::kMxfp4TileStepBytes / 16;
+// A tiled row's first chunk ([*, k] tiled MXFP4 codes).
+__device__ __forceinline__ int64_t tile_row_chunks(int64_t row, int64_t k) {
+  return quant::mxfp4_tile_row_offset(row, k) / 16;
+}
 constexpr float kMxfp4Unscale = 16384.0f;             // the fp16 pairs are code x 2^-14
 constexpr int kStageThreads = 256;
 
@@ -166,10 +171,11 @@ __global__ void __launch_bounds__(kWarps * 32) stream_experts_kernel(StreamArgs 
   const bool has_rows = first_output < a.outputs;  // a warp without rows still copies B and waits
 
   const int64_t steps = a.k / kStepValues;
-  // A row's step s: 16-byte chunks kStepChunks s .. + 3 of the row, scale word s.
-  constexpr int64_t chunk_stride = kStepChunks, scale_stride = 1;
-  auto row_chunks = [&](int64_t row) { return row * steps * kStepChunks; };
-  auto row_scale_words = [&](int64_t row) { return row * steps; };
+  // A row's step s: its four 16-byte chunks (one a lane of the quad) kTileStepChunks s on from
+  // the row's first, scale word s.
+  constexpr int64_t chunk_stride = kTileStepChunks, scale_stride = quant::kMxfp4TileScaleStepWords;
+  auto row_chunks = [&](int64_t row) { return tile_row_chunks(row, a.k); };
+  auto row_scale_words = [&](int64_t row) { return quant::mxfp4_tile_scale_word(row, a.k); };
   // This lane's two rows of each fragment (rows past the end repeat the last; never written).
   const uint4* codes[kFrags][2];
   const uint32_t* scales[kFrags][2];
@@ -431,8 +437,7 @@ constexpr size_t stream_wgmma_shared_bytes() {
 // Block (active expert slot, output tile) as stream_experts_kernel; kWarps / 4 warpgroups, warp
 // w of the block the outputs (tile * kWarps + w) * kOutputsPerFragment onwards (rows past the
 // end repeat the last and are never written). a.staged holds stage_pairs_permuted_kernel's rows.
-// A slot holds kSub steps, so that a row's codes come in kSub x 64 contiguous bytes; the steps
-// must be a multiple of kSub.
+// A slot holds kSub steps (the steps must be a multiple of kSub).
 template <Projection kProj, int kStages, int kTokens, int kWarps, int kSub>
 __global__ void __launch_bounds__(kWarps * 32, 2) stream_wgmma_kernel(StreamArgs a) {
   chained_grid_prologue();
@@ -458,10 +463,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) stream_wgmma_kernel(StreamArgs
   else rb = min(first_output + 8 + g, a.outputs - 1);
   ra += static_cast<int64_t>(e) * a.rows_per_expert;
   rb += static_cast<int64_t>(e) * a.rows_per_expert;
-  const uint4* codes_a = reinterpret_cast<const uint4*>(a.codes) + ra * steps * kStepChunks + t;
-  const uint4* codes_b = reinterpret_cast<const uint4*>(a.codes) + rb * steps * kStepChunks + t;
-  const uint32_t* scales_a = reinterpret_cast<const uint32_t*>(a.scales) + ra * steps;
-  const uint32_t* scales_b = reinterpret_cast<const uint32_t*>(a.scales) + rb * steps;
+  const uint4* codes_a = reinterpret_cast<const uint4*>(a.codes) + tile_row_chunks(ra, a.k) + t;
+  const uint4* codes_b = reinterpret_cast<const uint4*>(a.codes) + tile_row_chunks(rb, a.k) + t;
+  const uint32_t* scales_a = reinterpret_cast<const uint32_t*>(a.scales) + quant::mxfp4_tile_scale_word(ra, a.k);
+  const uint32_t* scales_b = reinterpret_cast<const uint32_t*>(a.scales) + quant::mxfp4_tile_scale_word(rb, a.k);
   const int unit_a = warp * 64 + lane, unit_b = unit_a + 32;  // this lane's code / scale units
   const int64_t staged_words = a.k / 2;
   // Token copies: unit i = 16 line + chunk of a step, kTokens lines of 16 chunks.
@@ -491,17 +496,21 @@ __global__ void __launch_bounds__(kWarps * 32, 2) stream_wgmma_kernel(StreamArgs
 #pragma unroll
         for (int u = 0; u < kSub; ++u) {
           const uint32_t codes = slot + S::kCodes + u * kWarps * 64 * 16;
-          wgmma::copy_async_16(codes + unit_a * 16, next_a + u * kStepChunks, 16);
-          wgmma::copy_async_16(codes + unit_b * 16, next_b + u * kStepChunks, 16);
+          wgmma::copy_async_16(codes + unit_a * 16, next_a + u * kTileStepChunks, 16);
+          wgmma::copy_async_16(codes + unit_b * 16, next_b + u * kTileStepChunks, 16);
 #pragma unroll
           for (int n = 0; n < kCopies; ++n)
             if (token_offset[n] >= 0)
               wgmma::copy_async_16(slot + 2 * u * S::kTokenBlock + token_offset[n], token_source[n] + u * kStepValues / 2, 16);
         }
         uint8_t* scales = ring_generic + issue_slot * S::kBytes + S::kScales;
-        copy_async_small<4 * kSub>(scales + unit_a * 4 * kSub, next_scale_a);
-        copy_async_small<4 * kSub>(scales + unit_b * 4 * kSub, next_scale_b);
-        next_a += kSub * kStepChunks, next_b += kSub * kStepChunks, next_scale_a += kSub, next_scale_b += kSub;
+#pragma unroll
+        for (int u = 0; u < kSub; ++u) {  // a row's scale words of consecutive steps are 64 bytes apart
+          copy_async_small<4>(scales + (unit_a * kSub + u) * 4, next_scale_a + u * quant::kMxfp4TileScaleStepWords);
+          copy_async_small<4>(scales + (unit_b * kSub + u) * 4, next_scale_b + u * quant::kMxfp4TileScaleStepWords);
+        }
+        next_a += kSub * kTileStepChunks, next_b += kSub * kTileStepChunks;
+        next_scale_a += kSub * quant::kMxfp4TileScaleStepWords, next_scale_b += kSub * quant::kMxfp4TileScaleStepWords;
 #pragma unroll
         for (int n = 0; n < kCopies; ++n) token_source[n] += kSub * kStepValues / 2;
         ++issued;

@@ -48,7 +48,6 @@ using moe_grouped::GroupedArgs;
 using moe_grouped::kThreads;
 using moe_grouped::Projection;
 constexpr int kStepValues = quant::kMxfp4TileValues;  // 128 k a step
-constexpr int kStepBytes = kStepValues / 2;            // a weight row's codes in a step
 constexpr int kLine = wgmma::kLineBytes;
 // Average pairs per expert from which the wide tile is taken: an expert's pairs vary about the
 // average, so from somewhat above 64 most experts would spill a part-filled second narrow tile.
@@ -194,8 +193,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_experts_kernel(GroupedArg
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const int64_t row = weight_row(64 * p + threadIdx.x / 4);
-      codes[p] = a.codes + row * (k / 2) + 16 * t;
-      scales[p] = a.scales + row * (k / 32);
+      codes[p] = a.codes + quant::mxfp4_tile_row_offset(row, k) + 16 * t;
+      scales[p] = a.scales + 4 * quant::mxfp4_tile_scale_word(row, k);
     }
   }
   // The codes of the next step (steps in order) into q and sc.
@@ -204,8 +203,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_experts_kernel(GroupedArg
     for (int p = 0; p < kPasses; ++p) {
       q[p] = load_codes(codes[p]);
       sc[p] = __ldg(reinterpret_cast<const uint32_t*>(scales[p]));
-      codes[p] += kStepBytes;
-      scales[p] += 4;
+      codes[p] += quant::kMxfp4TileStepBytes;
+      scales[p] += 4 * quant::kMxfp4TileScaleStepWords;
     }
   };
   auto widen_into = [&](int to) {
