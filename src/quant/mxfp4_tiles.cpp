@@ -77,22 +77,26 @@ constexpr int64_t packed_offset(int t, int w) { return 16 * w + 4 * t; }
 template <typename Word>
 void convert_fragments(const uint8_t* from, int64_t rows, int64_t cols, uint8_t* to, bool to_tiles, Word word) {
   const int64_t fragment_bytes = kMxfp4TileFragmentRows * cols / 2, groups = cols / kMxfp4TileValues;
-#pragma omp parallel for schedule(static) if (rows * groups > 4096)
-  for (int64_t f = 0; f < rows / kMxfp4TileFragmentRows; ++f) {
-    // The whole fragment read before any of it is written: in place is fine.
-    std::vector<uint8_t> copy(from + f * fragment_bytes, from + (f + 1) * fragment_bytes);
-    for (int64_t r = 0; r < kMxfp4TileFragmentRows; ++r)
-      for (int64_t s = 0; s < groups; ++s) {
-        const int64_t packed_group = r * cols / 2 + 64 * s, tiled_group = kMxfp4TileStepBytes * s + 64 * r;
-        const uint8_t* in = copy.data() + (to_tiles ? packed_group : tiled_group);
-        uint8_t* out = to + f * fragment_bytes + (to_tiles ? tiled_group : packed_group);
-        for (int t = 0; t < 4; ++t)
-          for (int w = 0; w < 4; ++w) {
-            const int64_t in_offset = to_tiles ? packed_offset(t, w) : tile_offset(t, w);
-            const int64_t out_offset = to_tiles ? tile_offset(t, w) : packed_offset(t, w);
-            store_word(out + out_offset, word(load_word(in + in_offset)));
-          }
-      }
+#pragma omp parallel if (rows * groups > 4096)
+  {
+    std::vector<uint8_t> copy(fragment_bytes);  // a thread's, one fragment at a time
+#pragma omp for schedule(static)
+    for (int64_t f = 0; f < rows / kMxfp4TileFragmentRows; ++f) {
+      // The whole fragment read before any of it is written: in place is fine.
+      std::memcpy(copy.data(), from + f * fragment_bytes, fragment_bytes);
+      for (int64_t r = 0; r < kMxfp4TileFragmentRows; ++r)
+        for (int64_t s = 0; s < groups; ++s) {
+          const int64_t packed_group = r * cols / 2 + 64 * s, tiled_group = kMxfp4TileStepBytes * s + 64 * r;
+          const uint8_t* in = copy.data() + (to_tiles ? packed_group : tiled_group);
+          uint8_t* out = to + f * fragment_bytes + (to_tiles ? tiled_group : packed_group);
+          for (int t = 0; t < 4; ++t)
+            for (int w = 0; w < 4; ++w) {
+              const int64_t in_offset = to_tiles ? packed_offset(t, w) : tile_offset(t, w);
+              const int64_t out_offset = to_tiles ? tile_offset(t, w) : packed_offset(t, w);
+              store_word(out + out_offset, word(load_word(in + in_offset)));
+            }
+        }
+    }
   }
 }
 
@@ -100,8 +104,9 @@ void convert_fragments(const uint8_t* from, int64_t rows, int64_t cols, uint8_t*
 // row r at 16 s + r) or back.
 void move_scale_words(const uint8_t* from, int64_t rows, int64_t cols, uint8_t* to, bool to_tiles) {
   const int64_t groups = cols / kMxfp4TileValues, fragment_bytes = 4 * kMxfp4TileFragmentRows * groups;
+  std::vector<uint8_t> copy(fragment_bytes);
   for (int64_t f = 0; f < rows / kMxfp4TileFragmentRows; ++f) {
-    const std::vector<uint8_t> copy(from + f * fragment_bytes, from + (f + 1) * fragment_bytes);
+    std::memcpy(copy.data(), from + f * fragment_bytes, fragment_bytes);
     for (int64_t r = 0; r < kMxfp4TileFragmentRows; ++r)
       for (int64_t s = 0; s < groups; ++s) {
         const int64_t row_order = 4 * (r * groups + s), step_order = 4 * (s * kMxfp4TileFragmentRows + r);
