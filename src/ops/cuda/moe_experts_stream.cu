@@ -339,8 +339,10 @@ __global__ void __launch_bounds__(kWarps * 32) stream_experts_kernel(StreamArgs 
 //
 // Pipeline: a ring of kStages slots each holding kSub steps (128 k each): the chunk's token
 // lines (64-k blocks, 128-byte swizzle), each lane's codes and scale words, copied kStages - 1
-// slots ahead. Two steps a slot make each row's copy 128 contiguous bytes, a whole line, where
-// one step reads 64 (at 16 pairs an expert 370 us against 435 on the H200). A warpgroup waits
+// slots ahead. Two steps a slot: with the rows one after another that made each row's copy 128
+// contiguous bytes, a whole line, where one step read 64 (at 16 pairs an expert 370 us against
+// 435 on the H200); the tile layout's 16-row fragments now make each step's rows 512 contiguous
+// bytes a warp either way, and one step a slot has not been measured since. A warpgroup waits
 // for its slot's wgmmas before widening the next (ptxas serialises wgmmas whose A registers are
 // written while earlier ones run); the other warpgroup and resident blocks fill that wait.
 
@@ -418,7 +420,7 @@ __device__ __forceinline__ void widen_step(const uint4& codes_a, const uint4& co
 // One slot of the wgmma kernels' ring, in bytes: kSub steps (128 k each) of the chunk's token
 // lines [2 kSub blocks of 64 k][kTokens lines], then each lane's codes [sub-step][warp][row a,
 // b][lane] (16 bytes), then its scale words [warp][row a, b][lane] (4 kSub bytes: the sub-steps'
-// words are adjacent in a row). A multiple of 1024, so every slot's token blocks stay aligned
+// words side by side). A multiple of 1024, so every slot's token blocks stay aligned
 // for the swizzle.
 template <int kTokens, int kWarps, int kSub>
 struct WgmmaSlot {
