@@ -72,11 +72,13 @@ void check_shape(int64_t rows, int64_t cols) {
 constexpr int64_t tile_offset(int t, int w) { return 16 * t + 4 * w; }
 constexpr int64_t packed_offset(int t, int w) { return 16 * w + 4 * t; }
 
-// Fragment f's 16 rows (packed: row after row) as tiled groups: packed group s of its row r
-// goes to tiled byte kMxfp4TileStepBytes * s + 64 * r, each word re-encoded by `word`.
-template <typename Word>
-void convert_fragments(const uint8_t* from, int64_t rows, int64_t cols, uint8_t* to, bool to_tiles, Word word) {
-  const int64_t fragment_bytes = kMxfp4TileFragmentRows * cols / 2, groups = cols / kMxfp4TileValues;
+// Fragment by fragment (16 rows of `groups` groups of `group_bytes` each), group s of row r
+// moves between row order (position r * groups + s) and step order (s * 16 + r); move(in, out)
+// writes one group, re-encoding it on the way. `from` and `to` may be one buffer.
+template <typename Move>
+void reorder_fragments(const uint8_t* from, int64_t rows, int64_t groups, int64_t group_bytes, uint8_t* to,
+                       bool to_steps, Move move) {
+  const int64_t fragment_bytes = kMxfp4TileFragmentRows * groups * group_bytes;
 #pragma omp parallel if (rows * groups > 4096)
   {
     std::vector<uint8_t> copy(fragment_bytes);  // a thread's, one fragment at a time
@@ -86,52 +88,48 @@ void convert_fragments(const uint8_t* from, int64_t rows, int64_t cols, uint8_t*
       std::memcpy(copy.data(), from + f * fragment_bytes, fragment_bytes);
       for (int64_t r = 0; r < kMxfp4TileFragmentRows; ++r)
         for (int64_t s = 0; s < groups; ++s) {
-          const int64_t packed_group = r * cols / 2 + 64 * s, tiled_group = kMxfp4TileStepBytes * s + 64 * r;
-          const uint8_t* in = copy.data() + (to_tiles ? packed_group : tiled_group);
-          uint8_t* out = to + f * fragment_bytes + (to_tiles ? tiled_group : packed_group);
-          for (int t = 0; t < 4; ++t)
-            for (int w = 0; w < 4; ++w) {
-              const int64_t in_offset = to_tiles ? packed_offset(t, w) : tile_offset(t, w);
-              const int64_t out_offset = to_tiles ? tile_offset(t, w) : packed_offset(t, w);
-              store_word(out + out_offset, word(load_word(in + in_offset)));
-            }
+          const int64_t row_order = (r * groups + s) * group_bytes;
+          const int64_t step_order = (s * kMxfp4TileFragmentRows + r) * group_bytes;
+          move(copy.data() + (to_steps ? row_order : step_order), to + f * fragment_bytes + (to_steps ? step_order : row_order));
         }
     }
   }
 }
 
-// Fragment f's 16 rows of scale words (row after row, `groups` a row) into step order (word s of
-// row r at 16 s + r) or back.
-void move_scale_words(const uint8_t* from, int64_t rows, int64_t cols, uint8_t* to, bool to_tiles) {
-  const int64_t groups = cols / kMxfp4TileValues, fragment_bytes = 4 * kMxfp4TileFragmentRows * groups;
-  std::vector<uint8_t> copy(fragment_bytes);
-  for (int64_t f = 0; f < rows / kMxfp4TileFragmentRows; ++f) {
-    std::memcpy(copy.data(), from + f * fragment_bytes, fragment_bytes);
-    for (int64_t r = 0; r < kMxfp4TileFragmentRows; ++r)
-      for (int64_t s = 0; s < groups; ++s) {
-        const int64_t row_order = 4 * (r * groups + s), step_order = 4 * (s * kMxfp4TileFragmentRows + r);
-        std::memcpy(to + f * fragment_bytes + (to_tiles ? step_order : row_order),
-                    copy.data() + (to_tiles ? row_order : step_order), 4);
+// A 64-byte group of codes between the two layouts, each 32-bit word re-encoded by `word`.
+template <typename Word>
+void reorder_code_groups(const uint8_t* from, int64_t rows, int64_t cols, uint8_t* to, bool to_tiles, Word word) {
+  reorder_fragments(from, rows, cols / kMxfp4TileValues, 64, to, to_tiles, [&](const uint8_t* in, uint8_t* out) {
+    for (int t = 0; t < 4; ++t)
+      for (int w = 0; w < 4; ++w) {
+        const int64_t in_offset = to_tiles ? packed_offset(t, w) : tile_offset(t, w);
+        const int64_t out_offset = to_tiles ? tile_offset(t, w) : packed_offset(t, w);
+        store_word(out + out_offset, word(load_word(in + in_offset)));
       }
-  }
+  });
+}
+
+void reorder_scale_words(const uint8_t* from, int64_t rows, int64_t cols, uint8_t* to, bool to_tiles) {
+  reorder_fragments(from, rows, cols / kMxfp4TileValues, 4, to, to_tiles,
+                    [](const uint8_t* in, uint8_t* out) { std::memcpy(out, in, 4); });
 }
 
 }  // namespace
 
 void tile_mxfp4_scales(const uint8_t* scales, int64_t rows, int64_t cols, uint8_t* tiled) {
   check_shape(rows, cols);
-  move_scale_words(scales, rows, cols, tiled, true);
+  reorder_scale_words(scales, rows, cols, tiled, true);
 }
 
 void untile_mxfp4_scales(const uint8_t* tiled, int64_t rows, int64_t cols, uint8_t* scales) {
   check_shape(rows, cols);
-  move_scale_words(tiled, rows, cols, scales, false);
+  reorder_scale_words(tiled, rows, cols, scales, false);
 }
 
 void tile_mxfp4_rows(const uint8_t* packed, int64_t rows, int64_t cols, uint8_t* tiled) {
   check_shape(rows, cols);
   const auto& halves = half_table();
-  convert_fragments(packed, rows, cols, tiled, true, [&](uint32_t codes) {  // L0 .. L7, L0 lowest
+  reorder_code_groups(packed, rows, cols, tiled, true, [&](uint32_t codes) {  // L0 .. L7, L0 lowest
     return halves[even_nibbles(codes)] | (static_cast<uint32_t>(halves[even_nibbles(codes >> 4)]) << 16);
   });
 }
@@ -139,7 +137,7 @@ void tile_mxfp4_rows(const uint8_t* packed, int64_t rows, int64_t cols, uint8_t*
 void untile_mxfp4_rows(const uint8_t* tiled, int64_t rows, int64_t cols, uint8_t* packed) {
   check_shape(rows, cols);
   const auto& codes_of = codes_table();
-  convert_fragments(tiled, rows, cols, packed, false, [&](uint32_t bits) {
+  reorder_code_groups(tiled, rows, cols, packed, false, [&](uint32_t bits) {
     return spread_nibbles(codes_of[bits & 0xffff]) | (spread_nibbles(codes_of[bits >> 16]) << 4);
   });
 }
