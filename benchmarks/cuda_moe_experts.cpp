@@ -118,6 +118,14 @@ int main(int argc, char** argv) {
                        cuda::moe_experts_wgmma(x.as<uint16_t>(), kHidden, kInter, experts, plan, E, kTopK, P,
                                                act.as<uint16_t>(), out.as<float>(), stream.get(), 64);
                      }});
+    paths.push_back({"wgmma t128", [&] {
+                       cuda::moe_experts_wgmma(x.as<uint16_t>(), kHidden, kInter, experts, plan, E, kTopK, P,
+                                               act.as<uint16_t>(), out.as<float>(), stream.get(), 128);
+                     }});
+    paths.push_back({"specialized", [&] {
+                       cuda::moe_experts_specialized(x.as<uint16_t>(), kHidden, kInter, experts, plan, E, kTopK, P,
+                                                     act.as<uint16_t>(), out.as<float>(), stream.get());
+                     }});
     const std::pair<const char*, cuda::MoeStreamShape> shapes[] = {
         {"stream f1s8", cuda::MoeStreamShape::kFrags1Stages8},
         {"stream f2s6", cuda::MoeStreamShape::kFrags2Stages6},

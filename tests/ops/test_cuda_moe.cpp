@@ -348,12 +348,13 @@ TEST_F(CudaMoe, Mxfp4WgmmaExpertsMatchReference) {
 
 TEST_F(CudaMoe, Bf16WgmmaExpertsMatchReference) { check_wgmma_experts_shapes(WeightFormat::Plain); }
 
-// The warp-specialised bf16 grouped GEMMs (moe_experts_specialized) over the same shapes: 128-row
+// The warp-specialised grouped GEMMs (moe_experts_specialized) over the same shapes: 128-row
 // tiles, part-filled ones and tiles of 64 rows or fewer, experts without pairs, down's K over more
-// steps than stages; each also with the row tiles in pairs of blocks sharing the weight lines
-// (pairs with a full or a short second tile, an expert's odd last tile alone, two pairs and an odd
-// tile at 600 pairs an expert).
-TEST_F(CudaMoe, Bf16SpecializedExpertsMatchReference) {
+// steps than stages (MXFP4: than the codes' ring holds groups); bf16 each also with the row tiles
+// in pairs of blocks sharing the weight lines (pairs with a full or a short second tile, an
+// expert's odd last tile alone, two pairs and an odd tile at 600 pairs an expert). MXFP4 also
+// with block scales far apart (the widening's two-multiply branch).
+void check_specialized_experts(WeightFormat format, int block_spread = 0) {
   struct Shape {
     int64_t E, hidden, inter;
     int top_k;
@@ -362,18 +363,29 @@ TEST_F(CudaMoe, Bf16SpecializedExpertsMatchReference) {
   for (const Shape& c : {Shape{4, 6144, 2048, 2, {1, 20, 300}}, Shape{5, 512, 256, 3, {1, 13, 150}},
                          Shape{2, 512, 256, 2, {300}}, Shape{40, 256, 128, 2, {5, 70}},
                          Shape{260, 256, 128, 4, {64}}, Shape{2, 256, 1024, 2, {200}}, Shape{2, 256, 128, 2, {600}}}) {
-    const Experts experts = make_experts(WeightFormat::Plain, true, c.E, c.hidden, c.inter, 41 + c.E);
+    const Experts experts = make_experts(format, true, c.E, c.hidden, c.inter, 41 + c.E, block_spread);
     ASSERT_TRUE(cuda::moe_experts_specialized_supported(experts.view(), c.hidden, c.inter));
     for (const int n : c.tokens) {
       const auto ids = random_choices(n, static_cast<int>(c.E), c.top_k, 300 + n);
-      for (const bool paired : {false, true})
+      for (const bool paired : {false, true}) {
+        if (paired && format != WeightFormat::Plain) continue;
         EXPECT_LT(specialized_error(experts, random_values(n * c.hidden, 110 + n, 2.0f), ids, c.top_k, paired), 2e-3)
-            << c.E << " experts, " << n << " tokens, hidden " << c.hidden << ", inter " << c.inter
-            << (paired ? ", row tiles in pairs" : "");
+            << "format " << static_cast<int>(format) << ", " << c.E << " experts, " << n << " tokens, hidden "
+            << c.hidden << ", inter " << c.inter << ", spread " << block_spread << (paired ? ", row tiles in pairs" : "");
+      }
     }
   }
-  const Experts odd = make_experts(WeightFormat::Plain, true, 2, 384, 128, 5);
+  const Experts odd = make_experts(format, true, 2, 384, 128, 5);
   EXPECT_FALSE(cuda::moe_experts_specialized_supported(odd.view(), 384, 128));  // hidden not whole 256s
+}
+
+TEST_F(CudaMoe, Bf16SpecializedExpertsMatchReference) { check_specialized_experts(WeightFormat::Plain); }
+
+TEST_F(CudaMoe, Mxfp4SpecializedExpertsMatchReference) {
+  check_specialized_experts(WeightFormat::Mxfp4);
+  check_specialized_experts(WeightFormat::Mxfp4, 15);  // block scales about 2^-20 .. 2^10
+  const Experts packed = make_experts(WeightFormat::Mxfp4, false, 2, 256, 128, 5);
+  EXPECT_FALSE(cuda::moe_experts_specialized_supported(packed.view(), 256, 128));  // not tiled
 }
 
 // The streamed decode kernels (moe_experts_stream) in each shape and chunk size (mma.sync and

@@ -105,6 +105,13 @@ struct CudaModelOptions {
   // 5 layers, experts of a prefill, the paths above -> these: 2048 tokens (64 pairs an expert)
   // 23.1 -> 19.8 ms, 4096 32.9 -> 25.8, 8192 51.0 -> 39.3.
   int specialized_bf16_experts_min_pairs = 64;
+  // Tiled MXFP4 experts from this many pairs per expert (0: never) through the same GEMMs, the
+  // producer widening the codes into each stage, ahead of the W4A16 GEMMs of the wgmma path (the
+  // streamed kernels keep their range). H200, GLM-5.2 width (bench/results/
+  // cuda-mxfp4-specialized-experts-20261204.json), 256 experts a layer, W4A16 -> these: 2048
+  // tokens (64 pairs an expert) 5.34 -> 5.14 ms, 8192 (256) 13.63 -> 12.94 ms (128-row tiles);
+  // prefill 1536 (48 pairs) in 5 layers 26.6 -> 29.1 ms, so not below 64.
+  int specialized_mxfp4_experts_min_pairs = 64;
   // Those GEMMs with an expert's row tiles two by two in thread block clusters that load each
   // weight line once for both (TMA multicast), an odd last tile split by lines between the two.
   // Off: on the H200 at GLM-5.2 width, 5 layers (bench/results/cuda-paired-experts-20261204.json)

@@ -157,8 +157,11 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
                              P >= int64_t{options.wgmma_experts_min_pairs} * config.n_routed_experts &&
                              P <= pair_capacity;
   const bool wgmma = grouped_pairs && cuda::moe_experts_wgmma_supported(experts, hidden, inter) && below_bf16_bound;
-  const bool specialized = grouped_pairs && options.specialized_bf16_experts_min_pairs > 0 &&
-                           routed_pairs_per_expert >= options.specialized_bf16_experts_min_pairs &&
+  const int specialized_min_pairs = m.experts_format == ops::WeightFormat::Plain
+                                        ? options.specialized_bf16_experts_min_pairs
+                                        : options.specialized_mxfp4_experts_min_pairs;
+  const bool specialized = grouped_pairs && specialized_min_pairs > 0 &&
+                           routed_pairs_per_expert >= specialized_min_pairs &&
                            cuda::moe_experts_specialized_supported(experts, hidden, inter);
   const bool wgmma_fp8 = grouped_pairs && options.wgmma_fp8_experts &&
                          cuda::moe_experts_wgmma_fp8_supported(experts, hidden, inter);
@@ -175,7 +178,8 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
                              as<float>(expert_out), s, shape);
   } else if (specialized) {
     cuda::moe_experts_specialized(x, hidden, inter, experts, plan, E, K, P, as<uint16_t>(pair_act),
-                                  as<float>(expert_out), s, options.paired_bf16_experts);
+                                  as<float>(expert_out), s,
+                                  options.paired_bf16_experts && m.experts_format == ops::WeightFormat::Plain);
   } else if (wgmma) {
     cuda::moe_experts_wgmma(x, hidden, inter, experts, plan, E, K, P, as<uint16_t>(pair_act), as<float>(expert_out), s,
                             options.wgmma_experts_tile_rows);

@@ -128,11 +128,12 @@ void moe_experts_wgmma(const uint16_t* x, int64_t hidden, int64_t inter, const E
                        const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* act,
                        float* expert_out, cudaStream_t stream, int tile_rows = 0);
 
-// The same for bf16 experts of long prefills (moe_experts_specialized.cu), warp-specialised: a
-// producer warpgroup fills a ring of shared-memory stages while two consumer warpgroups multiply,
+// The same for bf16 or tiled MXFP4 experts of long prefills (moe_experts_specialized.cu),
+// warp-specialised: a producer warpgroup fills a ring of shared-memory stages (MXFP4: widening
+// the codes to bf16 with their block scales, exactly) while two consumer warpgroups multiply,
 // 128 grouped rows x 256 weight lines a block. Needs hidden a multiple of 256 and inter of 128.
-// `paired`: an expert's row tiles two by two in thread block clusters that load each weight line
-// once for both (TMA multicast), its odd last tile in a second launch.
+// `paired` (bf16 only): an expert's row tiles two by two in thread block clusters that load each
+// weight line once for both (TMA multicast), its odd last tile split between the two.
 bool moe_experts_specialized_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
 void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                              const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* act,

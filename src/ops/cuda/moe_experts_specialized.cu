@@ -1,7 +1,7 @@
-// Routed experts of long prefills with bf16 weights, warp-specialised: each projection is one
-// grouped GEMM over the plan's grouped pairs, where a producer warpgroup copies token rows and
-// weight lines into a ring of shared-memory stages while two consumer warpgroups multiply, the
-// gate/up epilogue applying SwiGLU in registers.
+// Routed experts of long prefills with bf16 or tiled MXFP4 weights, warp-specialised: each
+// projection is one grouped GEMM over the plan's grouped pairs, where producer warps copy token
+// rows and weight lines (MXFP4: widened to bf16) into a ring of shared-memory stages while two
+// consumer warpgroups multiply, the gate/up epilogue applying SwiGLU in registers.
 //
 // Why this shape: in moe_experts_wgmma.cu's kernel every warp copies, waits for the copies and
 // meets at a barrier each step, so the tensor cores idle through each (Nsight Compute at 256
@@ -24,14 +24,25 @@
 // An expert's odd last tile is a unit of the same launch, each block taking it against half of
 // the lines (a separate launch of those tiles read their weights from DRAM a second time).
 //
+// MXFP4 (W4A16): the producer warpgroup copies the tiled codes and their scale words as they are
+// (quant/mxfp4_tiles.h, a quarter of the bf16 bytes) into a ring of their own, kCodeGroups groups
+// of 128 k ahead, and widens them into the stages' weight lines (exact: an E2M1 value times a
+// power of two); the consumers are the bf16 kernel's. Widening costs about 3 integer and bf16
+// ops a weight, 16 K weights a step for 4 warps, beside the consumers' 2 to 4 MFLOP of tensor
+// work; the producer bounds the GEMM (about 1 us a step at 2048 tokens on the H200, where the
+// consumers' tensor work is 0.3-0.6 us), so a step's widening is laid out for instruction-level
+// parallelism: all its ring reads first, one branch for the step.
+//
 // Shared memory (128-byte swizzle, wgmma.cuh), kStages stages of
 //   tokens  [128 rows] lines of 64 k     16 KB (rows past the tile's are not copied: their
 //                                                 products are never stored)
 //   weights [256 lines] of 64 k          32 KB
-// then the stages' full and empty barriers.
+// then (MXFP4) kCodeGroups groups of [items][producer threads] 16 bytes of codes and
+// [items][producer threads] scale words, then the stages' full and empty barriers.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
@@ -42,6 +53,7 @@
 #include "ops/cuda/pipeline.cuh"
 #include "ops/cuda/tensor_map.h"
 #include "ops/cuda/wgmma.cuh"
+#include "quant/mxfp4_tiles.h"
 
 namespace glms::ops::cuda {
 
@@ -49,23 +61,46 @@ namespace {
 
 using moe_grouped::GroupedArgs;
 using moe_grouped::Projection;
+using moe_grouped::WeightSource;
 using wgmma::swizzled;
 
-constexpr int kThreads = 384;  // consumers: warpgroups 0 and 1; producer: warpgroup 2
-constexpr int kConsumerThreads = 256;
+constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1; the producers follow
 constexpr int kRows = 128, kLines = 256, kStepK = 64;
 constexpr int kLine = wgmma::kLineBytes;
 constexpr int kTokenBytes = kRows * kLine;    // 16 KB
 constexpr int kWeightBytes = kLines * kLine;  // 32 KB
 constexpr int kStageBytes = kTokenBytes + kWeightBytes;
-constexpr int kStages = 4;
-constexpr int kSharedBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;  // 1024: alignment
-constexpr int kConsumerRegisters = 232, kProducerRegisters = 40;
 constexpr int kPairBlocks = 2;  // blocks of a cluster in the paired launch
-static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= 65536, "the register file");
-static_assert(kSharedBytes <= 232448, "one block an SM");
-// The producer's 16-byte copies a stage: thread t takes chunk t % 8 of lines t / 8 + 16 i.
-constexpr int kTokenCopies = kRows * 8 / 128, kWeightCopies = kLines * 8 / 128;
+// The bf16 producer's 16-byte weight copies a stage: thread t takes chunk t % 8 of lines t / 8 + 16 i.
+constexpr int kWeightCopies = kLines * 8 / 128;
+
+// A block's ring and registers for each weight source: bf16, four stages; MXFP4, three stages and
+// the codes' ring. One producer warpgroup: the consumers' m64n256k16 needs more registers (154)
+// than a 512-thread block's entry gives (128), and ptxas allots the whole kernel that count.
+template <WeightSource W>
+struct Ring {
+  static constexpr bool kMxfp4 = W == WeightSource::kMxfp4;
+  static constexpr int kProducerThreads = 128;
+  static constexpr int kThreads = kConsumerThreads + kProducerThreads;
+  static constexpr int kStages = kMxfp4 ? 3 : 4;
+  // MXFP4: each producer thread's 16-byte chunks of a 128-k group (4 a line), groups in the ring.
+  static constexpr int kItems = kLines * 4 / kProducerThreads;
+  static constexpr int kCodeGroups = kMxfp4 ? 3 : 0;
+  static constexpr int kCodeBytes = kItems * kProducerThreads * 16;  // 16 KB a group
+  static constexpr int kCodeGroupBytes = kCodeBytes + kItems * kProducerThreads * 4;  // and the scale words
+  static constexpr int kBarrierOffset = kStages * kStageBytes + kCodeGroups * kCodeGroupBytes;
+  static constexpr int kSharedBytes = 1024 + kBarrierOffset + 2 * kStages * 8;  // 1024: alignment
+  // setmaxnreg moves registers inside the block's launch allotment (kEntryRegisters a thread):
+  // the consumers can grow by no more than the producers give up, or they wait for ever. ptxas
+  // fits the whole kernel in kEntryRegisters and the producers' code in kProducerRegisters.
+  static constexpr int kEntryRegisters = 65536 / kThreads / 8 * 8;  // 168
+  static constexpr int kConsumerRegisters = kMxfp4 ? 200 : 232;
+  static constexpr int kProducerRegisters = kMxfp4 ? 104 : 40;
+  static_assert(kConsumerThreads * (kConsumerRegisters - kEntryRegisters) <=
+                    kProducerThreads * (kEntryRegisters - kProducerRegisters),
+                "the consumers' registers come from the producers'");
+  static_assert(kSharedBytes <= 232448, "one block an SM");
+};
 
 // What one consumer warpgroup multiplies: its tile's rows row0 .. row0 + 63 against kN (256 or
 // 128) lines of a stage from stage_line0, which are the slice's lines from slice_line0.
@@ -111,7 +146,7 @@ __device__ __forceinline__ void store_tile(const GroupedArgs& a, const float (&a
 
 // A consumer's steps: wait for a stage, multiply its part of it, keep one step's wgmma in flight
 // and hand the step before back to the producer.
-template <int kN, bool kPaired>
+template <int kN, bool kPaired, int kStages>
 __device__ __forceinline__ void multiply_steps(float (&acc)[128], uint32_t stages, uint32_t full, uint32_t empty,
                                                int steps, ConsumerPart part) {
   // Stage 0's rows and lines for this consumer; 16 k further on is 32 bytes.
@@ -143,7 +178,7 @@ __device__ __forceinline__ void multiply_steps(float (&acc)[128], uint32_t stage
 
 // A consumer with no part in the unit (the second of an odd last tile of 64 rows or fewer, against
 // half the lines) still hands each stage back, as the barriers count it.
-template <bool kPaired>
+template <bool kPaired, int kStages>
 __device__ __forceinline__ void pass_steps(uint32_t full, uint32_t empty, int steps) {
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kStages;
@@ -152,39 +187,65 @@ __device__ __forceinline__ void pass_steps(uint32_t full, uint32_t empty, int st
   }
 }
 
-// The producer warpgroup's steps: the tile's token rows by cp.async (rows past the tile's are
-// skipped) and the weight lines, by cp.async or, kPaired, by TMA: this block's half of the
-// stage's four 64-line boxes into both blocks of the pair (`rank`: this block's in the pair), or
-// (`half` >= 0, an odd last tile) the two boxes of that half of the lines into this block alone.
+// Which weight line of the slice (moe_grouped::weight_row's `line`) stage line `stage_line` holds:
+// gate/up, box b = stage_line / 64 is the gate rows of the slice's features 64 (b / 2) .. for even
+// b and their up rows for odd b; down, the same line.
+template <Projection P>
+__device__ __forceinline__ int slice_line_of(int stage_line) {
+  if constexpr (P == Projection::kDown) return stage_line;
+  const int box = stage_line / 64;
+  return box % 2 * (kLines / 2) + 64 * (box / 2) + stage_line % 64;
+}
+
+// The producers' token rows: producer thread `index` (of kProducerThreads) copies 16-byte chunk
+// index % 8 of the tile's rows index / 8 + (kProducerThreads / 8) i by cp.async (rows past the
+// tile's are skipped).
+template <Projection P, int kProducerThreads>
+struct TokenCopies {
+  static constexpr int kCopies = kRows * 8 / kProducerThreads, kRowStride = kProducerThreads / 8;
+  uint32_t at[kCopies];  // in 16-byte units: under 2^32 for any launch (checked on the host)
+  uint32_t valid = 0;
+  int line0, chunk;
+
+  __device__ __forceinline__ TokenCopies(const GroupedArgs& a, int index, int first, int rows)
+      : line0(index / 8), chunk(index % 8) {
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const int r = line0 + kRowStride * i;
+      const int32_t source =
+          r >= rows ? -1 : P == Projection::kGateUp ? a.sorted_pairs[first + r] / a.top_k : first + r;
+      at[i] = static_cast<uint32_t>(((source < 0 ? 0 : source * a.k) + 8 * chunk) / 8);
+      valid |= source < 0 ? 0u : 1u << i;
+    }
+  }
+  // The step whose columns start at `offset` into the stage's token lines at `tokens`.
+  __device__ __forceinline__ void copy(const GroupedArgs& a, uint32_t tokens, int64_t offset) const {
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i)
+      if (valid >> i & 1)
+        wgmma::copy_async_16(tokens + swizzled(line0 + kRowStride * i, chunk), a.x + 8 * int64_t{at[i]} + offset, 16);
+  }
+};
+
+// The bf16 producer warpgroup's steps: the tile's token rows and the weight lines, by cp.async or,
+// kPaired, by TMA: this block's half of the stage's four 64-line boxes into both blocks of the pair
+// (`rank`: this block's in the pair), or (`half` >= 0, an odd last tile) the two boxes of that half
+// of the lines into this block alone.
 template <Projection P, bool kPaired>
 __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap& weight_map, int e, int first,
                                         int rows, int64_t slice, uint32_t stages, uint32_t full, uint32_t empty,
                                         int steps, int rank, int half) {
+  constexpr int kStages = Ring<WeightSource::kBf16>::kStages;
   const int index = threadIdx.x % 128, chunk = index % 8, line0 = index / 8;
   const int64_t k = a.k;
-  // Few registers here: the token rows' offsets, and (weights by cp.async, unpaired) two weight
-  // bases that whole 16-line groups advance: gate/up, the gate rows and the up rows of the
-  // block's features (stage lines 64 h .. 64 h + 63 are gate rows 64 (h / 2) .. for even h, the
-  // same up rows for odd h); down, lines 0..127 and 128..255.
-  uint32_t token_at[kTokenCopies];  // in 16-byte units: under 2^32 for any launch (checked on the host)
-  uint32_t token_valid = 0;
-#pragma unroll
-  for (int i = 0; i < kTokenCopies; ++i) {
-    const int r = line0 + 16 * i;
-    const int32_t source = r >= rows ? -1 : P == Projection::kGateUp ? a.sorted_pairs[first + r] / a.top_k : first + r;
-    token_at[i] = static_cast<uint32_t>(((source < 0 ? 0 : source * k) + 8 * chunk) / 8);
-    token_valid |= source < 0 ? 0u : 1u << i;
-  }
+  const TokenCopies<P, 128> token_copies(a, index, first, rows);
+  // Weights by cp.async (unpaired): two bases that whole 16-line groups advance: gate/up, the gate
+  // rows and the up rows of the block's features (stage lines 64 h .. 64 h + 63 are gate rows
+  // 64 (h / 2) .. for even h, the same up rows for odd h); down, lines 0..127 and 128..255.
   const uint16_t* const lower = a.weights + moe_grouped::weight_row<P, kLines>(a, e, line0, slice) * k + 8 * chunk;
   const uint16_t* const upper =
       a.weights + moe_grouped::weight_row<P, kLines>(a, e, line0 + kLines / 2, slice) * k + 8 * chunk;
   const int64_t lines16 = 16 * k;  // elements between lines 16 apart
-  auto copy_tokens = [&](uint32_t tokens, int64_t offset) {
-#pragma unroll
-    for (int i = 0; i < kTokenCopies; ++i)
-      if (token_valid >> i & 1)
-        wgmma::copy_async_16(tokens + swizzled(line0 + 16 * i, chunk), a.x + 8 * int64_t{token_at[i]} + offset, 16);
-  };
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kStages;
     const uint32_t parity = ((step / kStages) & 1) ^ 1;  // the first round passes
@@ -194,13 +255,12 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
       pipeline::barrier_wait_cluster(empty + 8 * stage, parity);
       if (index == 0) {
         // A pair's stage: this block's two boxes and the other block's land in both. Box b holds
-        // the slice's lines 64 b .. (gate/up: box 2 q gate rows of features 64 q .., box 2 q + 1
-        // their up rows).
+        // the stage lines 64 b ...
         const bool whole = half < 0;
         pipeline::barrier_arrive_expect_bytes(full + 8 * stage, whole ? kWeightBytes : kWeightBytes / 2);
         const int box0 = 2 * (whole ? rank : half);
         for (int box = box0; box < box0 + 2; ++box) {
-          const int line = P == Projection::kGateUp ? box % 2 * (kLines / 2) + 64 * (box / 2) : 64 * box;
+          const int line = slice_line_of<P>(64 * box);
           pipeline::tensor_copy_2d_multicast(weights + (whole ? box : box - box0) * 64 * kLine, &weight_map,
                                              static_cast<int>(offset),
                                              static_cast<int>(moe_grouped::weight_row<P, kLines>(a, e, line, slice)),
@@ -209,7 +269,7 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
       }
     } else {
       pipeline::barrier_wait(empty + 8 * stage, parity);
-      copy_tokens(tokens, offset);
+      token_copies.copy(a, tokens, offset);
 #pragma unroll
       for (int i = 0; i < kWeightCopies; ++i) {
         // Copy i reads 16-line group i % 8 of the lower or upper rows (in that order, so that each
@@ -222,47 +282,150 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
                              (upper_half ? upper : lower) + group * lines16 + offset, 16);
       }
     }
-    if constexpr (kPaired) copy_tokens(tokens, offset);
+    if constexpr (kPaired) token_copies.copy(a, tokens, offset);
     pipeline::barrier_arrive_on_copies(full + 8 * stage);
   }
   wgmma::copy_async_wait<0>();
 }
 
-// kSet kPairs: launched in clusters of kPairBlocks blocks, the pair's two row tiles of one expert
-// and slice, each block loading half the weight lines into both (an L2 read of 32 KB a step
-// instead of 48: the GEMM at 8192 tokens is bound by L2 throughput), or an odd last tile, each
-// block against half the lines. weight_map: the stacked weights [experts x rows_per_expert, k]
-// in 64-line boxes (swizzled_rows_tensor_map; unused otherwise).
-template <Projection P, moe_tiles::TileSet kSet>
-__global__ void __launch_bounds__(kThreads, 1)
+// The MXFP4 producer warpgroup's steps: the token rows as produce's, and the weights from the
+// tiled codes. Producer thread p takes chunk t = p % 4 of the 64-byte group of stage lines
+// p / 4 + 32 j (j < kItems): 16 bytes, word w of which is values 32 w + 8 t .. + 7 of the group's
+// 128. It copies them, as two halves of 8 bytes (words 2 h and 2 h + 1: the values of step
+// 2 g + h of group g), and the line's scale word into the codes' ring kCodeGroups groups of 128 k
+// ahead; at step 2 g + h it widens half h into the stage, where its two words are chunks t and
+// 4 + t of the line's 64 values. Few registers (ptxas holds this warpgroup to
+// kProducerRegisters): item j's weight row is a fixed number of rows after item 0's, and the ring
+// is read again at each step rather than kept.
+template <Projection P>
+__device__ __forceinline__ void produce_mxfp4(const GroupedArgs& a, int e, int first, int rows, int64_t slice,
+                                              const wgmma::AlignedShared& shared, uint32_t full, uint32_t empty,
+                                              int steps) {
+  using R = Ring<WeightSource::kMxfp4>;
+  constexpr int kThreadsP = R::kProducerThreads;
+  const int p = static_cast<int>(threadIdx.x) % 128, t = p % 4, line0 = p / 4;
+  const int64_t k = a.k;
+  const TokenCopies<P, kThreadsP> token_copies(a, p, first, rows);
+  const int64_t row0 = moe_grouped::weight_row<P, kLines>(a, e, slice_line_of<P>(line0), slice);
+  const uint8_t* const codes0 = a.codes + quant::mxfp4_tile_row_offset(row0, k) + 16 * t;
+  const uint8_t* const scales0 = a.scales + 4 * quant::mxfp4_tile_scale_word(row0, k);
+  // Rows from item 0's to item j's (slice_line_of): gate/up, box j / 2 holds gate (even) or up
+  // (odd) rows of the features 64 (j / 4) .., and j % 2 the second 32 of them; down, 32 j. Every
+  // one a multiple of 16, so a whole number of fragments in the tiled codes and scales.
+  auto rows_on = [&](int j) -> int64_t {
+    return P == Projection::kGateUp ? (j / 2 % 2) * a.inter + 64 * (j / 4) + 32 * (j % 2) : 32 * j;
+  };
+  const uint32_t ring = shared.address + R::kStages * kStageBytes;
+  const uint8_t* const ring_generic = shared.generic + R::kStages * kStageBytes;
+  // Slot layout: codes [j][h][p] 8 bytes, then scale words [j][p] (lanes read consecutive words).
+  auto code_at = [](int j, int h, int thread) { return ((2 * j + h) * kThreadsP + thread) * 8; };
+  auto scale_at = [](int j, int thread) { return R::kCodeBytes + (j * kThreadsP + thread) * 4; };
+  const int groups = steps / 2;
+  // Group g's copies into its slot, one commit group (empty past the last group, so that the
+  // groups stay counted one a group).
+  auto copy_group = [&](int g) {
+    if (g < groups) {
+      const uint32_t slot = ring + (g % R::kCodeGroups) * R::kCodeGroupBytes;
+#pragma unroll
+      for (int j = 0; j < R::kItems; ++j) {
+        const uint8_t* const codes = codes0 + rows_on(j) * (k / 2) + g * quant::kMxfp4TileStepBytes;
+        wgmma::copy_async_8(slot + code_at(j, 0, p), codes);
+        wgmma::copy_async_8(slot + code_at(j, 1, p), codes + 8);
+        wgmma::copy_async_4(
+            slot + scale_at(j, p),
+            scales0 + 4 * (rows_on(j) * (k / quant::kMxfp4TileValues) + g * quant::kMxfp4TileScaleStepWords), 4);
+      }
+    }
+    wgmma::copy_async_commit();
+  };
+  for (int g = 0; g < R::kCodeGroups; ++g) copy_group(g);
+  for (int g = 0; g < groups; ++g) {
+    // Group g's codes are in (kCodeGroups - 1 later groups may still be in flight).
+    wgmma::copy_async_wait<R::kCodeGroups - 1>();
+    const uint8_t* const slot = ring_generic + (g % R::kCodeGroups) * R::kCodeGroupBytes;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int step = 2 * g + h, stage = step % R::kStages;
+      pipeline::barrier_wait(empty + 8 * stage, ((step / R::kStages) & 1) ^ 1);  // the first round passes
+      token_copies.copy(a, shared.address + stage * kStageBytes, int64_t{step} * kStepK);
+      pipeline::barrier_arrive_on_copies(full + 8 * stage);
+      // The step's words and scale codes first, then one branch for all of them (so that the
+      // items' loads, widening and stores interleave).
+      uint2 words[R::kItems];
+      uint32_t scale_codes[R::kItems], large_scales = 0;
+#pragma unroll
+      for (int j = 0; j < R::kItems; ++j) {
+        words[j] = *reinterpret_cast<const uint2*>(slot + code_at(j, h, p));
+        scale_codes[j] = *reinterpret_cast<const uint32_t*>(slot + scale_at(j, p));
+        large_scales |= moe_grouped::scale_codes_above_128(scale_codes[j]);
+      }
+      uint8_t* const weights = shared.generic + stage * kStageBytes + kTokenBytes;
+      auto widen_step = [&](auto one_multiply) {
+#pragma unroll
+        for (int j = 0; j < R::kItems; ++j) {
+          const int line = line0 + 32 * j;
+          const uint32_t low_code = (scale_codes[j] >> (16 * h)) & 0xffu;
+          const uint32_t high_code = (scale_codes[j] >> (16 * h + 8)) & 0xffu;
+          *reinterpret_cast<uint4*>(weights + swizzled(line, t)) =
+              moe_grouped::widen_mxfp4_word<decltype(one_multiply)::value>(words[j].x, low_code);
+          *reinterpret_cast<uint4*>(weights + swizzled(line, 4 + t)) =
+              moe_grouped::widen_mxfp4_word<decltype(one_multiply)::value>(words[j].y, high_code);
+        }
+      };
+      // Checkpoints' scales are small (codes under 128 for weights under 2): the warp takes the
+      // one-multiply widening unless one of its scale codes is above 128.
+      if (__any_sync(0xffffffffu, large_scales != 0)) widen_step(std::false_type{});
+      else widen_step(std::true_type{});
+      // No proxy fence here: the consumer's, after it acquires the stage, orders these stores before
+      // its wgmma as it does the cp.async writes (a fence here cost 5% at 2048 tokens).
+      pipeline::barrier_arrive(full + 8 * stage);
+    }
+    copy_group(g + R::kCodeGroups);  // into the slot just widened
+  }
+  wgmma::copy_async_wait<0>();
+}
+
+// kSet kPairs (bf16 only): launched in clusters of kPairBlocks blocks, the pair's two row tiles of
+// one expert and slice, each block loading half the weight lines into both (an L2 read of 32 KB a
+// step instead of 48: the GEMM at 8192 tokens is bound by L2 throughput), or an odd last tile,
+// each block against half the lines. weight_map: the stacked weights [experts x rows_per_expert,
+// k] in 64-line boxes (swizzled_rows_tensor_map; unused otherwise).
+template <Projection P, moe_tiles::TileSet kSet, WeightSource W>
+__global__ void __launch_bounds__(Ring<W>::kThreads, 1)
     specialized_experts_kernel(GroupedArgs a, const __grid_constant__ CUtensorMap weight_map) {
   chained_grid_prologue();
+  using R = Ring<W>;
   constexpr bool kPaired = kSet == moe_tiles::TileSet::kPairs;
+  static_assert(!kPaired || !R::kMxfp4, "MXFP4 row tiles are not paired");
   extern __shared__ __align__(16) uint8_t shared_raw[];
   const int unit = static_cast<int>(blockIdx.x) / (kPaired ? kPairBlocks : 1);
   const int rank = kPaired ? static_cast<int>(blockIdx.x) % kPairBlocks : 0;  // the cluster's rank along x
   const moe_grouped::RowTile tile =
-      moe_grouped::unit_of_block<kRows, kThreads, kSet>(a.offsets, a.num_experts, unit, a.slices, rank);
+      moe_grouped::unit_of_block<kRows, R::kThreads, kSet>(a.offsets, a.num_experts, unit, a.slices, rank);
   if (tile.expert < 0) return;  // both blocks of a pair alike
   const int e = tile.expert, first = tile.first, rows = tile.rows;
   const int64_t slice = tile.slice;
-  const uint32_t stages = wgmma::align_to_1024(shared_raw).address;
-  const uint32_t barriers = stages + kStages * kStageBytes;
-  const uint32_t full = barriers, empty = barriers + 8 * kStages;  // copies landed; consumers done
-  // Full: the producer's 128 cp.async arrivals (paired: and thread 0's announcement of the TMA
-  // bytes). Empty: each consumer thread (paired: each consumer warp of both blocks) once.
-  pipeline::init_ring<kStages, kPaired>(full, empty, kPaired ? 128 + 1 : 128,
-                                        kPaired ? kPairBlocks * kConsumerThreads / 32 : kConsumerThreads);
+  const wgmma::AlignedShared shared = wgmma::align_to_1024(shared_raw);
+  const uint32_t stages = shared.address;
+  const uint32_t barriers = stages + R::kBarrierOffset;
+  const uint32_t full = barriers, empty = barriers + 8 * R::kStages;  // copies landed; consumers done
+  // Full: each producer thread's cp.async arrival (MXFP4: and its arrival once it has widened;
+  // paired: and thread 0's announcement of the TMA bytes). Empty: each consumer thread (paired:
+  // each consumer warp of both blocks) once.
+  const int full_count = R::kMxfp4 ? 2 * R::kProducerThreads : kPaired ? 128 + 1 : 128;
+  pipeline::init_ring<R::kStages, kPaired>(full, empty, full_count,
+                                           kPaired ? kPairBlocks * kConsumerThreads / 32 : kConsumerThreads);
   const int steps = static_cast<int>(a.k / kStepK);
   // Broadcast from lane 0: the compiler then knows each warp takes one side of the branch (wgmma
   // on a path it thinks divergent are serialised).
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
 
-  if (warpgroup == 2) {
-    pipeline::shrink_registers<kProducerRegisters>();
-    produce<P, kPaired>(a, weight_map, e, first, rows, slice, stages, full, empty, steps, rank, tile.half);
+  if (warpgroup >= 2) {
+    pipeline::shrink_registers<R::kProducerRegisters>();
+    if constexpr (R::kMxfp4) produce_mxfp4<P>(a, e, first, rows, slice, shared, full, empty, steps);
+    else produce<P, kPaired>(a, weight_map, e, first, rows, slice, stages, full, empty, steps, rank, tile.half);
   } else {
-    pipeline::grow_registers<kConsumerRegisters>();
+    pipeline::grow_registers<R::kConsumerRegisters>();
     const int consumer = warpgroup;
     // Broadcast from lane 0, so that the compiler sees each branch taken by whole warps. A tile
     // of 64 rows or fewer: both consumers on rows 0..63, each on half the lines, or (against half
@@ -275,14 +438,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
     if (half < 0 && !short_tile) {
       const ConsumerPart part{64 * consumer, 0, 0};
-      multiply_steps<kLines, kPaired>(acc, stages, full, empty, steps, part);
+      multiply_steps<kLines, kPaired, R::kStages>(acc, stages, full, empty, steps, part);
       store_tile<P, kLines>(a, acc, part, first, rows, slice);
     } else if (half >= 0 && short_tile && consumer == 1) {
-      pass_steps<kPaired>(full, empty, steps);
+      pass_steps<kPaired, R::kStages>(full, empty, steps);
     } else {
       const int line0 = half < 0 ? (kLines / 2) * consumer : 0;
       const ConsumerPart part{short_tile ? 0 : 64 * consumer, line0, slice_line0 + line0};
-      multiply_steps<kLines / 2, kPaired>(acc, stages, full, empty, steps, part);
+      multiply_steps<kLines / 2, kPaired, R::kStages>(acc, stages, full, empty, steps, part);
       store_tile<P, kLines / 2>(a, acc, part, first, rows, slice);
     }
   }
@@ -295,43 +458,68 @@ __global__ void __launch_bounds__(kThreads, 1)
 // one after another, so that the blocks reading the same weight lines run at about the same time
 // and share them in L2 (taken by row tile, then slice, the gate/up launch at 8192 tokens read its
 // weights from DRAM 1.4 times). `units`: at least the set's units in one slice.
-template <Projection P, moe_tiles::TileSet kSet>
+template <Projection P, moe_tiles::TileSet kSet, WeightSource W>
 void launch_projection(GroupedArgs a, const CUtensorMap& weight_map, int64_t features, int64_t units,
                        cudaStream_t stream) {
+  using R = Ring<W>;
   constexpr unsigned kCluster = kSet == moe_tiles::TileSet::kPairs ? kPairBlocks : 1;
-  auto* kernel = specialized_experts_kernel<P, kSet>;
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
+  auto* kernel = specialized_experts_kernel<P, kSet, W>;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, R::kSharedBytes),
         "moe_experts_specialized shared memory");
   const int64_t per_block = P == Projection::kGateUp ? kLines / 2 : kLines;
   a.slices = static_cast<int>(features / per_block);
   const int64_t blocks = units * a.slices * kCluster;
   GLMS_CHECK(blocks < (int64_t{1} << 31), "moe_experts_specialized: too many pairs for one launch");
-  launch_chained_clusters("moe_experts_specialized launch", kernel, kCluster, static_cast<unsigned>(blocks), kThreads,
-                          kSharedBytes, stream, a, weight_map);
+  launch_chained_clusters("moe_experts_specialized launch", kernel, kCluster, static_cast<unsigned>(blocks),
+                          R::kThreads, R::kSharedBytes, stream, a, weight_map);
 }
 
-// One projection over every row tile: a block a tile, or (paired) clusters of two blocks on the
-// pairs of row tiles and the odd last tiles.
-template <Projection P>
+// One projection over every row tile: a block a tile, or (paired, bf16) clusters of two blocks on
+// the pairs of row tiles and the odd last tiles.
+template <Projection P, WeightSource W>
 void run_projection(const GroupedArgs& a, int64_t features, int64_t num_pairs, bool paired, cudaStream_t stream) {
   using moe_tiles::TileSet;
   const TileSet set = paired ? TileSet::kPairs : TileSet::kEvery;
   const int64_t units = moe_tiles::units_bound(set, num_pairs, a.num_experts, kRows);
-  if (paired) {
-    // The stacked weights [experts x rows_per_expert, k] in 64-line boxes.
-    const CUtensorMap map = swizzled_rows_tensor_map(a.weights, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                                                     int64_t{a.num_experts} * a.rows_per_expert, a.k, 64);
-    launch_projection<P, TileSet::kPairs>(a, map, features, units, stream);
-  } else {
-    launch_projection<P, TileSet::kEvery>(a, CUtensorMap{}, features, units, stream);
+  if constexpr (W == WeightSource::kBf16) {
+    if (paired) {
+      // The stacked weights [experts x rows_per_expert, k] in 64-line boxes.
+      const CUtensorMap map = swizzled_rows_tensor_map(a.weights, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                                       int64_t{a.num_experts} * a.rows_per_expert, a.k, 64);
+      launch_projection<P, TileSet::kPairs, W>(a, map, features, units, stream);
+      return;
+    }
   }
+  launch_projection<P, TileSet::kEvery, W>(a, CUtensorMap{}, features, units, stream);
+}
+
+// Both projections; `a` holds the plan and the outputs.
+template <WeightSource W>
+void run_projections(GroupedArgs a, const uint16_t* x, const ExpertWeights& experts, int64_t hidden, int64_t inter,
+                     int64_t num_pairs, bool paired, cudaStream_t stream) {
+  a.x = x;
+  a.weights = static_cast<const uint16_t*>(experts.gate_up);
+  a.codes = static_cast<const uint8_t*>(experts.gate_up);
+  a.scales = static_cast<const uint8_t*>(experts.gate_up_scales);
+  a.k = hidden;
+  a.rows_per_expert = 2 * inter;
+  run_projection<Projection::kGateUp, W>(a, inter, num_pairs, paired, stream);
+  a.x = a.act;
+  a.weights = static_cast<const uint16_t*>(experts.down);
+  a.codes = static_cast<const uint8_t*>(experts.down);
+  a.scales = static_cast<const uint8_t*>(experts.down_scales);
+  a.k = inter;
+  a.rows_per_expert = hidden;
+  run_projection<Projection::kDown, W>(a, hidden, num_pairs, paired, stream);
 }
 
 }  // namespace
 
 bool moe_experts_specialized_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter) {
-  return experts.format == WeightFormat::Plain && hidden % kLines == 0 && inter % (kLines / 2) == 0 &&
-         hidden % kStepK == 0 && inter % kStepK == 0;
+  const bool weights = experts.format == WeightFormat::Plain ||
+                       (experts.format == WeightFormat::Mxfp4 && experts.mxfp4_tiled);
+  return weights && hidden % kLines == 0 && inter % (kLines / 2) == 0 && hidden % kStepK == 0 &&
+         inter % kStepK == 0;
 }
 
 void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
@@ -339,20 +527,16 @@ void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, c
                              float* expert_out, cudaStream_t stream, bool paired) {
   if (num_pairs <= 0 || num_experts <= 0) return;
   GLMS_CHECK(moe_experts_specialized_supported(experts, hidden, inter),
-             "moe_experts_specialized: bf16 experts with hidden a multiple of 256 and inter of 128");
+             "moe_experts_specialized: bf16 or tiled MXFP4 experts with hidden a multiple of 256 and inter of 128");
   GLMS_CHECK(num_pairs * std::max(hidden, inter) / 8 < (int64_t{1} << 32),
              "moe_experts_specialized: too many pairs for one launch");
-  GroupedArgs a = moe_grouped::grouped_args(plan, num_experts, top_k, inter, act, expert_out);
-  a.x = x;
-  a.weights = static_cast<const uint16_t*>(experts.gate_up);
-  a.k = hidden;
-  a.rows_per_expert = 2 * inter;
-  run_projection<Projection::kGateUp>(a, inter, num_pairs, paired, stream);
-  a.x = act;
-  a.weights = static_cast<const uint16_t*>(experts.down);
-  a.k = inter;
-  a.rows_per_expert = hidden;
-  run_projection<Projection::kDown>(a, hidden, num_pairs, paired, stream);
+  const GroupedArgs a = moe_grouped::grouped_args(plan, num_experts, top_k, inter, act, expert_out);
+  if (experts.format == WeightFormat::Plain) {
+    run_projections<WeightSource::kBf16>(a, x, experts, hidden, inter, num_pairs, paired, stream);
+  } else {
+    GLMS_CHECK(!paired, "moe_experts_specialized: MXFP4 row tiles are not paired");
+    run_projections<WeightSource::kMxfp4>(a, x, experts, hidden, inter, num_pairs, false, stream);
+  }
 }
 
 }  // namespace glms::ops::cuda

@@ -47,13 +47,12 @@ using moe_grouped::epilogue;
 using moe_grouped::GroupedArgs;
 using moe_grouped::kThreads;
 using moe_grouped::Projection;
+using moe_grouped::WeightSource;
 constexpr int kStepValues = quant::kMxfp4TileValues;  // 128 k a step
 constexpr int kLine = wgmma::kLineBytes;
 // Average pairs per expert from which the wide tile is taken: an expert's pairs vary about the
 // average, so from somewhat above 64 most experts would spill a part-filled second narrow tile.
 constexpr int kWideTilePairsPerExpert = 80;
-
-enum class WeightSource { kMxfp4, kBf16 };
 
 template <int kRows>
 struct TileShape : moe_grouped::TileLayout<kRows> {
@@ -79,34 +78,16 @@ struct TileShape : moe_grouped::TileLayout<kRows> {
 
 // Four words of codes (one per MX block of the step) and their four scale codes, widened into
 // 16-byte chunks 4 w + t (w < 4) of `line` of a weight stage whose 64-k blocks are
-// `block_bytes` apart: values 32 w + 8 t .. + 7 times 2^(scale_w - 127), in bf16.
-// mxfp4_tile_pair_bf16 gives the values times 2^-126. kOneMultiply: every scale code is at most
-// 128, so 2^126 x 2^(code - 127) = 2^(code - 1) is a bf16 and one multiply a pair does (exact,
-// as the two); larger codes need the two multiplies (2^(code - 1) would overflow).
+// `block_bytes` apart: values 32 w + 8 t .. + 7 of the step, in bf16.
 template <bool kOneMultiply>
 __device__ __forceinline__ void widen_chunk(uint8_t* stage, int block_bytes, int line, int t, const uint4& q,
                                             uint32_t scale_codes) {
-  const __nv_bfloat162 two_to_126 = __halves2bfloat162(__ushort_as_bfloat16(0x7e80), __ushort_as_bfloat16(0x7e80));
   const uint32_t words[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
-    const uint32_t code = (scale_codes >> (8 * w)) & 0xffu;
-    // kOneMultiply: 2^(code - 1) twice in bf16 (exponent field code + 126); else 2^(code - 127).
-    const uint32_t field = kOneMultiply ? code + 126 : code;
-    const uint32_t scale_bits = field << 7 | field << 23;
-    const __nv_bfloat162 scale = *reinterpret_cast<const __nv_bfloat162*>(&scale_bits);
-    uint32_t pairs[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint32_t bits = quant::mxfp4_tile_pair_bf16(words[w], k);
-      const __nv_bfloat162 codes_times_2_to_minus_126 = *reinterpret_cast<const __nv_bfloat162*>(&bits);
-      const __nv_bfloat162 v = kOneMultiply ? __hmul2(codes_times_2_to_minus_126, scale)
-                                            : __hmul2(__hmul2(codes_times_2_to_minus_126, two_to_126), scale);
-      pairs[k] = *reinterpret_cast<const uint32_t*>(&v);
-    }
     const int chunk = 4 * w + t;  // of the step's 16; column block chunk / 8
     *reinterpret_cast<uint4*>(stage + (chunk / 8) * block_bytes + swizzled(line, chunk % 8)) =
-        make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+        moe_grouped::widen_mxfp4_word<kOneMultiply>(words[w], (scale_codes >> (8 * w)) & 0xffu);
   }
 }
 
@@ -213,11 +194,10 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_experts_kernel(GroupedArg
     for (int p = 0; p < kPasses; ++p) {
       // Checkpoints' scales are small (codes under 128 for weights under 2): the warp takes the
       // one-multiply widening unless one of its scale codes is above 128.
-      const bool large_scale = __vcmpgtu4(sc[p], 0x80808080u) != 0;
-      if (__any_sync(0xffffffffu, large_scale))
-        widen_chunk<false>(weights, S::kWeightBlockBytes, 64 * p + threadIdx.x / 4, t, q[p], sc[p]);
-      else
+      if (moe_grouped::warp_scales_one_multiply(sc[p]))
         widen_chunk<true>(weights, S::kWeightBlockBytes, 64 * p + threadIdx.x / 4, t, q[p], sc[p]);
+      else
+        widen_chunk<false>(weights, S::kWeightBlockBytes, 64 * p + threadIdx.x / 4, t, q[p], sc[p]);
     }
   };
 

@@ -5,6 +5,7 @@
 // (gate/up) or fp32 (down) epilogue below.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -12,12 +13,53 @@
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_tiles.h"
+#include "quant/mxfp4_tiles.h"
 
 namespace glms::ops::cuda::moe_grouped {
 
 constexpr int kThreads = 256;  // two warpgroups
 
 enum class Projection { kGateUp, kDown };
+
+// The expert weights a kernel reads: tiled MXFP4 codes widened to bf16 in shared memory (W4A16),
+// or bf16 rows copied as they are.
+enum class WeightSource { kMxfp4, kBf16 };
+
+// Word `q` of a tiled MXFP4 group (quant/mxfp4_tiles.h: eight values of one MX block) times its
+// block scale 2^(scale_code - 127), as eight bf16 values (16 bytes) in order. Exact: an E2M1
+// value times a power of two. mxfp4_tile_pair_bf16 gives the values times 2^-126; kOneMultiply
+// (every scale code of the warp at most 128) multiplies by 2^(code - 1) in one step, which is a
+// bf16 for those codes; larger codes take 2^126 and the scale in two.
+template <bool kOneMultiply>
+__device__ __forceinline__ uint4 widen_mxfp4_word(uint32_t q, uint32_t scale_code) {
+  const __nv_bfloat162 two_to_126 = __halves2bfloat162(__ushort_as_bfloat16(0x7e80), __ushort_as_bfloat16(0x7e80));
+  const uint32_t field = kOneMultiply ? scale_code + 126 : scale_code;  // bf16 exponent field
+  const uint32_t scale_bits = field << 7 | field << 23;
+  const __nv_bfloat162 scale = *reinterpret_cast<const __nv_bfloat162*>(&scale_bits);
+  uint32_t pairs[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t bits = quant::mxfp4_tile_pair_bf16(q, k);
+    const __nv_bfloat162 codes_times_2_to_minus_126 = *reinterpret_cast<const __nv_bfloat162*>(&bits);
+    const __nv_bfloat162 v = kOneMultiply ? __hmul2(codes_times_2_to_minus_126, scale)
+                                          : __hmul2(__hmul2(codes_times_2_to_minus_126, two_to_126), scale);
+    pairs[k] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  return make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+}
+
+// Bit 7 of each byte of `scale_codes` set where that code is above 128 (widen_mxfp4_word<true>
+// is for codes up to 128): the byte's bit 7 and a low bit (code & 0x7f, plus 0x7f, reaches bit 7
+// without carrying into the next byte).
+__device__ __forceinline__ uint32_t scale_codes_above_128(uint32_t scale_codes) {
+  return scale_codes & ((scale_codes & 0x7f7f7f7fu) + 0x7f7f7f7fu) & 0x80808080u;
+}
+
+// Whether a warp may take widen_mxfp4_word<true> for the four scale codes of `scale_codes`
+// in every lane (all lanes call it).
+__device__ __forceinline__ bool warp_scales_one_multiply(uint32_t scale_codes) {
+  return !__any_sync(0xffffffffu, scale_codes_above_128(scale_codes) != 0);
+}
 
 // Where a tile's accumulators sit, each warpgroup a 64 x 128 wgmma accumulator:
 //   64 rows:  x 256 features, warpgroup w the features 128 w ..; for gate/up warpgroup 0 takes

@@ -48,6 +48,10 @@ __device__ __forceinline__ void copy_async_16_l2_256(uint32_t shared_address, co
 __device__ __forceinline__ void copy_async_4(uint32_t shared_address, const void* global, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address), "l"(global), "r"(src_bytes));
 }
+// 8 bytes from global to shared memory (through L1).
+__device__ __forceinline__ void copy_async_8(uint32_t shared_address, const void* global) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(shared_address), "l"(global));
+}
 __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void copy_async_wait() {
