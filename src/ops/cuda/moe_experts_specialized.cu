@@ -25,7 +25,7 @@
 // the lines (a separate launch of those tiles read their weights from DRAM a second time).
 //
 // MXFP4 (W4A16): the producer warpgroup copies the tiled codes and their scale words as they are
-// (quant/mxfp4_tiles.h, a quarter of the bf16 bytes) into a ring of their own, kCodeGroups groups
+// (quant/mxfp4_tiles.h, a quarter of the bf16 bytes) into a ring of its own, kCodeGroups groups
 // of 128 k ahead, and widens them into the stages' weight lines (exact: an E2M1 value times a
 // power of two); the consumers are the bf16 kernel's. Widening costs about 3 integer and bf16
 // ops a weight, 16 K weights a step for 4 warps, beside the consumers' 2 to 4 MFLOP of tensor
@@ -37,8 +37,8 @@
 //   tokens  [128 rows] lines of 64 k     16 KB (rows past the tile's are not copied: their
 //                                                 products are never stored)
 //   weights [256 lines] of 64 k          32 KB
-// then (MXFP4) kCodeGroups groups of [items][producer threads] 16 bytes of codes and
-// [items][producer threads] scale words, then the stages' full and empty barriers.
+// then (MXFP4) kCodeGroups groups of codes [items][halves][producer threads] 8 bytes and scale
+// words [items][producer threads], then the stages' full and empty barriers.
 #include <cuda_runtime.h>
 
 #include <algorithm>
