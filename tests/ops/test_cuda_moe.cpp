@@ -371,7 +371,8 @@ void check_specialized_experts(WeightFormat format, int block_spread = 0) {
         if (paired && format != WeightFormat::Plain) continue;
         EXPECT_LT(specialized_error(experts, random_values(n * c.hidden, 110 + n, 2.0f), ids, c.top_k, paired), 2e-3)
             << "format " << static_cast<int>(format) << ", " << c.E << " experts, " << n << " tokens, hidden "
-            << c.hidden << ", inter " << c.inter << ", spread " << block_spread << (paired ? ", row tiles in pairs" : "");
+            << c.hidden << ", inter " << c.inter << ", spread " << block_spread
+            << (paired ? ", row tiles in pairs" : "");
       }
     }
   }

@@ -157,10 +157,10 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
                              P >= int64_t{options.wgmma_experts_min_pairs} * config.n_routed_experts &&
                              P <= pair_capacity;
   const bool wgmma = grouped_pairs && cuda::moe_experts_wgmma_supported(experts, hidden, inter) && below_bf16_bound;
-  const int specialized_min_pairs = m.experts_format == ops::WeightFormat::Plain ? options.specialized_bf16_experts_min_pairs
-                                    : m.experts_format == ops::WeightFormat::Mxfp4
-                                        ? options.specialized_mxfp4_experts_min_pairs
-                                        : 0;
+  const ops::WeightFormat format = m.experts_format;
+  const int specialized_min_pairs = format == ops::WeightFormat::Plain   ? options.specialized_bf16_experts_min_pairs
+                                    : format == ops::WeightFormat::Mxfp4 ? options.specialized_mxfp4_experts_min_pairs
+                                                                         : 0;
   const bool specialized = grouped_pairs && specialized_min_pairs > 0 &&
                            routed_pairs_per_expert >= specialized_min_pairs &&
                            cuda::moe_experts_specialized_supported(experts, hidden, inter);

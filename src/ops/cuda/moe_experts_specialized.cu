@@ -495,22 +495,12 @@ void run_projection(const GroupedArgs& a, int64_t features, int64_t num_pairs, b
 
 // Both projections; `a` holds the plan and the outputs.
 template <WeightSource W>
-void run_projections(GroupedArgs a, const uint16_t* x, const ExpertWeights& experts, int64_t hidden, int64_t inter,
-                     int64_t num_pairs, bool paired, cudaStream_t stream) {
-  a.x = x;
-  a.weights = static_cast<const uint16_t*>(experts.gate_up);
-  a.codes = static_cast<const uint8_t*>(experts.gate_up);
-  a.scales = static_cast<const uint8_t*>(experts.gate_up_scales);
-  a.k = hidden;
-  a.rows_per_expert = 2 * inter;
-  run_projection<Projection::kGateUp, W>(a, inter, num_pairs, paired, stream);
-  a.x = a.act;
-  a.weights = static_cast<const uint16_t*>(experts.down);
-  a.codes = static_cast<const uint8_t*>(experts.down);
-  a.scales = static_cast<const uint8_t*>(experts.down_scales);
-  a.k = inter;
-  a.rows_per_expert = hidden;
-  run_projection<Projection::kDown, W>(a, hidden, num_pairs, paired, stream);
+void run_projections(const GroupedArgs& a, const uint16_t* x, const ExpertWeights& experts, int64_t hidden,
+                     int64_t inter, int64_t num_pairs, bool paired, cudaStream_t stream) {
+  run_projection<Projection::kGateUp, W>(moe_grouped::gate_up_projection(a, x, experts, hidden, inter), inter,
+                                         num_pairs, paired, stream);
+  run_projection<Projection::kDown, W>(moe_grouped::down_projection(a, experts, hidden, inter), hidden, num_pairs,
+                                       paired, stream);
 }
 
 }  // namespace

@@ -272,26 +272,15 @@ void launch_projection(const GroupedArgs& a, int64_t features, int64_t tiles, cu
 
 // Both projections with tiles of kRows rows. `a` holds the plan and the outputs.
 template <int kRows, WeightSource W>
-void launch_grouped(GroupedArgs a, const uint16_t* x, const ExpertWeights& experts, int64_t hidden, int64_t inter,
-                    int64_t num_pairs, cudaStream_t stream) {
+void launch_grouped(const GroupedArgs& a, const uint16_t* x, const ExpertWeights& experts, int64_t hidden,
+                    int64_t inter, int64_t num_pairs, cudaStream_t stream) {
   // Row tiles: at most one part-filled tile per expert beyond the full ones.
   const int64_t tiles = (num_pairs + kRows - 1) / kRows + std::min<int64_t>(a.num_experts, num_pairs);
   GLMS_CHECK(tiles <= 65535, "moe_experts_wgmma: too many pairs for one launch");
-  a.x = x;
-  a.codes = static_cast<const uint8_t*>(experts.gate_up);
-  a.scales = static_cast<const uint8_t*>(experts.gate_up_scales);
-  a.weights = static_cast<const uint16_t*>(experts.gate_up);
-  a.k = hidden;
-  a.rows_per_expert = 2 * inter;
-  launch_projection<Projection::kGateUp, kRows, W>(a, inter, tiles, stream);
-
-  a.x = a.act;
-  a.codes = static_cast<const uint8_t*>(experts.down);
-  a.scales = static_cast<const uint8_t*>(experts.down_scales);
-  a.weights = static_cast<const uint16_t*>(experts.down);
-  a.k = inter;
-  a.rows_per_expert = hidden;
-  launch_projection<Projection::kDown, kRows, W>(a, hidden, tiles, stream);
+  launch_projection<Projection::kGateUp, kRows, W>(moe_grouped::gate_up_projection(a, x, experts, hidden, inter), inter,
+                                                   tiles, stream);
+  launch_projection<Projection::kDown, kRows, W>(moe_grouped::down_projection(a, experts, hidden, inter), hidden, tiles,
+                                                 stream);
 }
 
 template <WeightSource W>

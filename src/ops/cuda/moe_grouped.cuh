@@ -114,6 +114,30 @@ inline GroupedArgs grouped_args(const MoePlan& plan, int num_experts, int top_k,
   return a;
 }
 
+// `a` set for the gate/up projection of `experts` over the token rows x ([*, hidden]): its weights
+// (bf16 rows, or MXFP4 codes and scales), K and rows per expert.
+inline GroupedArgs gate_up_projection(GroupedArgs a, const uint16_t* x, const ExpertWeights& experts, int64_t hidden,
+                                      int64_t inter) {
+  a.x = x;
+  a.weights = static_cast<const uint16_t*>(experts.gate_up);
+  a.codes = static_cast<const uint8_t*>(experts.gate_up);
+  a.scales = static_cast<const uint8_t*>(experts.gate_up_scales);
+  a.k = hidden;
+  a.rows_per_expert = 2 * inter;
+  return a;
+}
+
+// The same for the down projection over a.act ([pairs, inter]).
+inline GroupedArgs down_projection(GroupedArgs a, const ExpertWeights& experts, int64_t hidden, int64_t inter) {
+  a.x = a.act;
+  a.weights = static_cast<const uint16_t*>(experts.down);
+  a.codes = static_cast<const uint8_t*>(experts.down);
+  a.scales = static_cast<const uint8_t*>(experts.down_scales);
+  a.k = inter;
+  a.rows_per_expert = hidden;
+  return a;
+}
+
 // The weight row of expert e that line `line` of a block's kFeatures lines is, the block's
 // output slice `slice` (blockIdx.x unless given): gate/up, the first half the gate rows f0 + line
 // and the second the up rows inter + f0 + line - half, f0 = slice * half; down, rows slice *
