@@ -122,6 +122,11 @@ int main(int argc, char** argv) {
                        cuda::moe_experts_wgmma(x.as<uint16_t>(), kHidden, kInter, experts, plan, E, kTopK, P,
                                                act.as<uint16_t>(), out.as<float>(), stream.get(), 128);
                      }});
+    paths.push_back({"wgmma rs", [&] {
+                       cuda::moe_experts_wgmma_rs(x.as<uint16_t>(), kHidden, kInter, experts, plan, E, kTopK, P,
+                                                  staged.as<uint32_t>(), act.as<uint16_t>(), out.as<float>(),
+                                                  stream.get());
+                     }});
     paths.push_back({"specialized", [&] {
                        cuda::moe_experts_specialized(x.as<uint16_t>(), kHidden, kInter, experts, plan, E, kTopK, P,
                                                      act.as<uint16_t>(), out.as<float>(), stream.get());

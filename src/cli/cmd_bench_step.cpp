@@ -491,6 +491,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"wgmma_bf16_experts_max_pairs", o.kernels.wgmma_bf16_experts_max_pairs},
                         {"specialized_bf16_experts_min_pairs", o.kernels.specialized_bf16_experts_min_pairs},
                         {"specialized_mxfp4_experts_min_pairs", o.kernels.specialized_mxfp4_experts_min_pairs},
+                        {"wgmma_rs_mxfp4_experts_min_pairs", o.kernels.wgmma_rs_mxfp4_experts_min_pairs},
                         {"paired_bf16_experts", o.kernels.paired_bf16_experts},
                         {"wgmma_fp8_experts", o.kernels.wgmma_fp8_experts},
                         {"specialized_fp8_experts", o.kernels.specialized_fp8_experts},
@@ -644,6 +645,11 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--specialized-mxfp4-experts-min-pairs", o->kernels.specialized_mxfp4_experts_min_pairs,
                   "Tiled MXFP4 routed experts from this many pairs per expert take the warp-specialised grouped GEMMs, "
                   "widened by their producer (0: never)")
+      ->check(non_negative_number())
+      ->capture_default_str();
+  cmd->add_option("--wgmma-rs-mxfp4-experts-min-pairs", o->kernels.wgmma_rs_mxfp4_experts_min_pairs,
+                  "Tiled MXFP4 routed experts from this many pairs per expert take the grouped GEMMs that widen the "
+                  "codes into wgmma's A registers (0: never)")
       ->check(non_negative_number())
       ->capture_default_str();
   cmd->add_option("--paired-bf16-experts", o->kernels.paired_bf16_experts,

@@ -273,6 +273,19 @@ double specialized_error(const Experts& experts, std::vector<float> tokens, cons
   return relative_l2(run.rows(), reference_rows(experts, tokens, ids, top_k));
 }
 
+// The same for moe_experts_wgmma_rs (tiled MXFP4, the widened weights in wgmma's A registers).
+double wgmma_rs_error(const Experts& experts, std::vector<float> tokens, const std::vector<int32_t>& ids, int top_k) {
+  const int64_t hidden = experts.hidden, inter = experts.inter, E = experts.E;
+  const int64_t P = static_cast<int64_t>(ids.size());
+  for (float& v : tokens) v = round_bf16(v);
+  ExpertRun run(tokens, ids, E, hidden, inter);
+  cuda::DeviceBuffer staged(sizeof(uint16_t) * P * std::max(hidden, inter));
+  cuda::moe_experts_wgmma_rs(run.d_x.as<uint16_t>(), hidden, inter, experts.view(), run.buffers.plan(),
+                             static_cast<int>(E), top_k, P, staged.as<uint32_t>(), run.act.as<uint16_t>(),
+                             run.out.as<float>(), nullptr);
+  return relative_l2(run.rows(), reference_rows(experts, tokens, ids, top_k));
+}
+
 // `tensor_cores`: whether the shape takes moe_experts_mma (checked), and whether to let it (MXFP4
 // experts are tiled for it, packed for the CUDA-core kernels).
 void check_experts(WeightFormat format, int64_t E, int64_t hidden, int64_t inter, int top_k,
@@ -387,6 +400,34 @@ TEST_F(CudaMoe, Mxfp4SpecializedExpertsMatchReference) {
   check_specialized_experts(WeightFormat::Mxfp4, 15);  // block scales about 2^-20 .. 2^10
   const Experts packed = make_experts(WeightFormat::Mxfp4, false, 2, 256, 128, 5);
   EXPECT_FALSE(cuda::moe_experts_specialized_supported(packed.view(), 256, 128));  // not tiled
+}
+
+// The grouped GEMMs with the widened weights in wgmma's A registers (moe_experts_wgmma_rs) over
+// the warp-specialised ones' shapes: tiles of 128 rows (N = 128) and of 64 or fewer (N = 64),
+// part-filled tiles, experts without pairs, more experts than the tile search has threads, down's
+// K over more steps than stages; and block scales far apart.
+TEST_F(CudaMoe, Mxfp4WgmmaRsExpertsMatchReference) {
+  struct Shape {
+    int64_t E, hidden, inter;
+    int top_k;
+    std::initializer_list<int> tokens;
+  };
+  for (const int spread : {0, 15})
+    for (const Shape& c : {Shape{4, 6144, 2048, 2, {1, 20, 300}}, Shape{5, 512, 256, 3, {1, 13, 150}},
+                           Shape{2, 512, 256, 2, {300}}, Shape{40, 256, 128, 2, {5, 70}},
+                           Shape{260, 256, 128, 4, {64}}, Shape{2, 256, 1024, 2, {200}}}) {
+      if (spread > 0 && c.hidden > 512) continue;
+      const Experts experts = make_experts(WeightFormat::Mxfp4, true, c.E, c.hidden, c.inter, 41 + c.E, spread);
+      ASSERT_TRUE(cuda::moe_experts_wgmma_rs_supported(experts.view(), c.hidden, c.inter));
+      for (const int n : c.tokens) {
+        const auto ids = random_choices(n, static_cast<int>(c.E), c.top_k, 300 + n);
+        EXPECT_LT(wgmma_rs_error(experts, random_values(n * c.hidden, 110 + n, 2.0f), ids, c.top_k), 2e-3)
+            << c.E << " experts, " << n << " tokens, hidden " << c.hidden << ", inter " << c.inter << ", spread "
+            << spread;
+      }
+    }
+  const Experts packed = make_experts(WeightFormat::Mxfp4, false, 2, 256, 128, 5);
+  EXPECT_FALSE(cuda::moe_experts_wgmma_rs_supported(packed.view(), 256, 128));  // not tiled
 }
 
 // The streamed decode kernels (moe_experts_stream) in each shape and chunk size (mma.sync and

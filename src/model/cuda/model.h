@@ -112,6 +112,10 @@ struct CudaModelOptions {
   // tokens (64 pairs an expert) 5.34 -> 5.14 ms, 8192 (256) 13.63 -> 12.94 ms (128-row tiles);
   // prefill 1536 (48 pairs) in 5 layers 26.6 -> 29.1 ms, so not below 64.
   int specialized_mxfp4_experts_min_pairs = 64;
+  // Tiled MXFP4 experts from this many pairs per expert (0: never) through the grouped GEMMs that
+  // widen the codes into wgmma's A registers (ops::cuda::moe_experts_wgmma_rs), ahead of the
+  // two paths above (the streamed kernels keep their range). Off: not yet run on a GPU.
+  int wgmma_rs_mxfp4_experts_min_pairs = 0;
   // Those GEMMs with an expert's row tiles two by two in thread block clusters that load each
   // weight line once for both (TMA multicast), an odd last tile split by lines between the two.
   // Off: on the H200 at GLM-5.2 width, 5 layers (bench/results/cuda-paired-experts-20261204.json)

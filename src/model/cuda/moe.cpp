@@ -164,6 +164,10 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
   const bool specialized = grouped_pairs && specialized_min_pairs > 0 &&
                            routed_pairs_per_expert >= specialized_min_pairs &&
                            cuda::moe_experts_specialized_supported(experts, hidden, inter);
+  // Staged rows in pair_x ([P, hidden] 2-byte values; inter <= hidden fits too), as the streamed path's.
+  const bool wgmma_rs = grouped_pairs && options.wgmma_rs_mxfp4_experts_min_pairs > 0 &&
+                        routed_pairs_per_expert >= options.wgmma_rs_mxfp4_experts_min_pairs && inter <= hidden &&
+                        cuda::moe_experts_wgmma_rs_supported(experts, hidden, inter);
   const bool wgmma_fp8 = grouped_pairs && options.wgmma_fp8_experts &&
                          cuda::moe_experts_wgmma_fp8_supported(experts, hidden, inter);
   if (streamed) {
@@ -177,6 +181,9 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
     cuda::moe_experts_stream(x, hidden, inter, experts, plan, E, K, P, chunk, static_cast<int>(std::min<int64_t>(E, P)),
                              {as<uint32_t>(pair_x), as<float>(pair_scale)}, as<uint16_t>(pair_act),
                              as<float>(expert_out), s, shape);
+  } else if (wgmma_rs) {
+    cuda::moe_experts_wgmma_rs(x, hidden, inter, experts, plan, E, K, P, as<uint32_t>(pair_x), as<uint16_t>(pair_act),
+                               as<float>(expert_out), s);
   } else if (specialized) {
     cuda::moe_experts_specialized(x, hidden, inter, experts, plan, E, K, P, as<uint16_t>(pair_act),
                                   as<float>(expert_out), s,

@@ -115,6 +115,26 @@ void moe_experts_stream(const uint16_t* x, int64_t hidden, int64_t inter, const 
                         int max_active, const MoeStreamBuffers& buffers, uint16_t* act, float* expert_out,
                         cudaStream_t stream, MoeStreamShape shape = MoeStreamShape::kFrags2Stages6);
 
+// Rows of src ([*, dim] bf16, dim a multiple of 32) for the plan's grouped pairs p (row
+// sorted_pairs[p] / top_k, or p itself without sorted_pairs) into staged ([num_pairs, dim / 2]
+// bf16 pairs), each 32-value block in the k order of the A fragments widen_mxfp4_fragments makes
+// (moe_fragments.cuh): the B operand of the wgmma kernels that take tiled MXFP4 weights as A.
+void moe_stage_pairs_permuted(const uint16_t* src, int64_t dim, const int32_t* sorted_pairs, int top_k,
+                              const MoePlan& plan, int num_experts, int64_t num_pairs, uint32_t* staged,
+                              cudaStream_t stream);
+
+// Tiled MXFP4 experts of prefills with the widened weights in wgmma's A registers
+// (moe_experts_wgmma_rs.cu): each projection one grouped GEMM, a producer warpgroup copying the
+// token rows (staged by moe_stage_pairs_permuted into `staged`, [num_pairs, max(hidden, inter)]
+// bf16) and the codes into a ring while two consumer warpgroups widen their weight rows' codes
+// into registers and multiply; act and expert_out as moe_experts_wgmma makes them. Needs hidden
+// and inter multiples of 128. Not yet run on a GPU: off unless asked for
+// (CudaModelOptions::wgmma_rs_mxfp4_experts_min_pairs).
+bool moe_experts_wgmma_rs_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
+void moe_experts_wgmma_rs(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
+                          const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint32_t* staged,
+                          uint16_t* act, float* expert_out, cudaStream_t stream);
+
 // The same for prefill-sized batches with tiled MXFP4 experts (moe_experts_wgmma.cu): each
 // projection one grouped GEMM over the plan's pairs on Hopper's warpgroup tensor cores, the
 // weights widened to bf16 in shared memory with their block scales (exactly), the tokens bf16,

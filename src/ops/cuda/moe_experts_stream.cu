@@ -377,46 +377,6 @@ __global__ void __launch_bounds__(kStageThreads)
   }
 }
 
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-  const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
-  return *reinterpret_cast<const uint32_t*>(&r);
-}
-
-// A step's four MX blocks of two weight rows (code word w: block w) times their scales, as the
-// A registers of its eight wgmmas: frag[first + 2 w + h][2 i + r] for row r (0: g, 1: g + 8).
-// kOneMultiply (every scale code of the warp's slot at most 128: scale <= 2, the usual case): one
-// multiply by 2^(code - 1) (mxfp4_tile_pair_bf16's 2^-126 folded in); otherwise two. A template
-// argument, so that the caller branches once a slot: a branch per pair cut the widening into
-// blocks of a few instructions that ptxas could not interleave.
-template <bool kOneMultiply, int kFrags>
-__device__ __forceinline__ void widen_step(const uint4& codes_a, const uint4& codes_b, uint32_t scales_a,
-                                           uint32_t scales_b, uint32_t (&frag)[kFrags][4], int first) {
-  constexpr uint32_t kTwoTo126 = 0x7e807e80u;
-  const uint32_t biased_a = scales_a + 0x7e7e7e7eu, biased_b = scales_b + 0x7e7e7e7eu;  // bytes code + 126
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    const uint32_t qa = word_of(codes_a, w), qb = word_of(codes_b, w);
-    // bf16 bits of the factor in both halves: byte w of the biased codes at bits 7 and 23.
-    uint32_t fa, fb;
-    if constexpr (kOneMultiply) {
-      fa = __byte_perm(biased_a, 0, 0x4040 + 0x0101 * w) << 7;
-      fb = __byte_perm(biased_b, 0, 0x4040 + 0x0101 * w) << 7;
-    } else {
-      fa = __byte_perm(scales_a, 0, 0x4040 + 0x0101 * w) << 7;
-      fb = __byte_perm(scales_b, 0, 0x4040 + 0x0101 * w) << 7;
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        uint32_t va = quant::mxfp4_tile_pair_bf16(qa, 2 * h + i), vb = quant::mxfp4_tile_pair_bf16(qb, 2 * h + i);
-        if constexpr (!kOneMultiply) va = bf16x2_mul(va, kTwoTo126), vb = bf16x2_mul(vb, kTwoTo126);
-        frag[first + 2 * w + h][2 * i] = bf16x2_mul(va, fa);
-        frag[first + 2 * w + h][2 * i + 1] = bf16x2_mul(vb, fb);
-      }
-  }
-}
-
 // One slot of the wgmma kernels' ring, in bytes: kSub steps (128 k each) of the chunk's token
 // lines [2 kSub blocks of 64 k][kTokens lines], then each lane's codes [sub-step][warp][row a,
 // b][lane] (16 bytes), then its scale words [warp][row a, b][lane] (4 kSub bytes: the sub-steps'
@@ -552,7 +512,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) stream_wgmma_kernel(StreamArgs
 #pragma unroll
         for (int u = 0; u < kSub; ++u) {
           const uint8_t* codes = slot_generic + S::kCodes + u * kWarps * 64 * 16;
-          widen_step<decltype(one_multiply)::value>(*reinterpret_cast<const uint4*>(codes + unit_a * 16),
+          widen_mxfp4_fragments<decltype(one_multiply)::value>(*reinterpret_cast<const uint4*>(codes + unit_a * 16),
                                                     *reinterpret_cast<const uint4*>(codes + unit_b * 16), sa[u], sb[u],
                                                     frag, 8 * u);
         }
@@ -654,6 +614,15 @@ void launch_shape(const StreamArgs& args, MoeStreamShape shape, int chunk_tokens
 
 }  // namespace
 
+void moe_stage_pairs_permuted(const uint16_t* src, int64_t dim, const int32_t* sorted_pairs, int top_k,
+                              const MoePlan& plan, int num_experts, int64_t num_pairs, uint32_t* staged,
+                              cudaStream_t stream) {
+  if (num_pairs <= 0) return;
+  GLMS_CHECK(dim % 32 == 0, "moe_stage_pairs_permuted: rows of whole 32-value blocks");
+  launch_chained("stage_pairs_permuted launch", stage_pairs_permuted_kernel, static_cast<unsigned>(num_pairs),
+                 kStageThreads, 0, stream, src, dim, sorted_pairs, top_k, plan.offsets, num_experts, staged);
+}
+
 bool moe_experts_stream_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter) {
   return experts.format == WeightFormat::Mxfp4 && experts.mxfp4_tiled && quant::mxfp4_tiles_fit(hidden) &&
          quant::mxfp4_tiles_fit(inter);
@@ -672,8 +641,7 @@ void moe_experts_stream(const uint16_t* x, int64_t hidden, int64_t inter, const 
   // bf16 in the wgmma A layout's k order.
   auto stage = [&](const uint16_t* src, int64_t dim, const int32_t* sorted_pairs, int pair_top_k) {
     if (wgmma)
-      launch_chained("stage_pairs_permuted launch", stage_pairs_permuted_kernel, stage_blocks, kStageThreads, 0, stream,
-                     src, dim, sorted_pairs, pair_top_k, plan.offsets, num_experts, buffers.staged);
+      moe_stage_pairs_permuted(src, dim, sorted_pairs, pair_top_k, plan, num_experts, num_pairs, buffers.staged, stream);
     else
       launch_chained("stage_pairs launch", stage_pairs_kernel, stage_blocks, kStageThreads, 0, stream, src, dim,
                      sorted_pairs, pair_top_k, plan.offsets, num_experts, buffers.staged, buffers.unscale);

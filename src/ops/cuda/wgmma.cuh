@@ -178,8 +178,8 @@ __device__ __forceinline__ void m64n256k16(float (&d)[128], uint64_t a, uint64_t
       : "l"(a), "l"(b), "r"(1), "n"(kTransB));
 }
 
-// d[64 x N] += A[64 x 16] B[16 x N], A from registers, B K-major in shared memory (N = 8, 16
-// or 32). Warp w of the warpgroup supplies rows 16 w .. 16 w + 15 of A in mma.sync
+// d[64 x N] += A[64 x 16] B[16 x N], A from registers, B K-major in shared memory (N = 8, 16,
+// 32, 64 or 128). Warp w of the warpgroup supplies rows 16 w .. 16 w + 15 of A in mma.sync
 // m16n8k16's A layout: lane (g, t) a[0] = (row g, k 2t, 2t + 1), a[1] = (row g + 8, the same k),
 // a[2] = (row g, k 2t + 8, + 9), a[3] = (row g + 8, k 2t + 8, + 9). The hardware reads the
 // registers asynchronously: they must not change before the group's wait.
@@ -206,6 +206,22 @@ __device__ __forceinline__ void rs_m64n32k16(float (&d)[16], const uint32_t (&a)
       : GLMS_WGMMA_F16(0)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
+__device__ __forceinline__ void rs_m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      GLMS_WGMMA_D32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : GLMS_WGMMA_F16(0), GLMS_WGMMA_F16(16)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+__device__ __forceinline__ void rs_m64n128k16(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      GLMS_WGMMA_D64 ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : GLMS_WGMMA_F16(0), GLMS_WGMMA_F16(16), GLMS_WGMMA_F16(32), GLMS_WGMMA_F16(48)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
 // d[64 x 256] += A[64 x 16] B[16 x 256], A from registers (rs_m64n8k16's layout), B MN-major
 // in shared memory (a line holds 64 of the 256 columns of one k).
 __device__ __forceinline__ void rs_m64n256k16_mn(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
@@ -217,13 +233,15 @@ __device__ __forceinline__ void rs_m64n256k16_mn(float (&d)[128], const uint32_t
         GLMS_WGMMA_F16(80), GLMS_WGMMA_F16(96), GLMS_WGMMA_F16(112)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
-// rs_m64nNk16 by the token count N.
+// rs_m64nNk16 by the token count N (B K-major).
 template <int N>
 __device__ __forceinline__ void rs_m64k16(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
-  static_assert(N == 8 || N == 16 || N == 32, "N of 8, 16 or 32");
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128, "N of 8, 16, 32, 64 or 128");
   if constexpr (N == 8) rs_m64n8k16(d, a, b);
   else if constexpr (N == 16) rs_m64n16k16(d, a, b);
-  else rs_m64n32k16(d, a, b);
+  else if constexpr (N == 32) rs_m64n32k16(d, a, b);
+  else if constexpr (N == 64) rs_m64n64k16(d, a, b);
+  else rs_m64n128k16(d, a, b);
 }
 #undef GLMS_WGMMA_F16
 #undef GLMS_WGMMA_F4
