@@ -446,8 +446,9 @@ void add_serve_command(CLI::App& app) {
                   "Bytes for each data-parallel rank's KV cache, e.g. 2G or 512MiB (default: on a GPU what "
                   "--gpu-memory-utilization leaves, on the CPU max_num_seqs x max_model_len up to 2 GiB)");
   cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype,
-                  "auto (the runner's precision: bf16 on GPUs) or fp8 / fp8_e4m3 (E4M3 latent rows with a scale per 128 "
-                  "values, DeepSeek-V3.2's layout; CPU only for now)")
+                  "auto (the runner's precision: bf16 on GPUs) or fp8 / fp8_e4m3 (E4M3 latent rows and indexer keys "
+                  "with a scale per 128 values, DeepSeek-V3.2's layout: 656 bytes a token and layer instead of 1152 "
+                  "on a GPU; the CPU rounds its fp32 rows the same way)")
       ->capture_default_str();
   cmd->add_option("--gpu-memory-utilization", args->gpu_memory_utilization,
                   "Fraction of each GPU's memory for weights, workspaces and the KV cache (without --kv-cache-memory)")

@@ -32,7 +32,7 @@ struct CacheShape {
   int max_logits = 0;        // logits rows per step; 0: max_sequences
   int max_context = 4096;    // positions per sequence
   bool mtp = false;          // also a paged cache for the MTP draft layer (same block ids)
-  kv::CacheDtype cache_dtype = kv::CacheDtype::kAuto;  // what the cache rows hold (CPU only for now)
+  kv::CacheDtype cache_dtype = kv::CacheDtype::kAuto;  // what the cache rows hold
 };
 
 class StepRunner {
