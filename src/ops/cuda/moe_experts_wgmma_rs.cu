@@ -24,7 +24,7 @@
 //   tokens [2 blocks of 64 k][128 lines]      32 KB (rows past the tile's are not copied: their
 //                                                    products are never stored)
 //   codes  [warp][row a, b][lane] 16 bytes    8 KB  (lane (g, t): chunk t of its row's group)
-//   scales [warp][row a, b][lane] 4 bytes     1 KB
+//   scales [warp][row a, b][lane] 4 bytes     2 KB  (each lane its row's word)
 // then the stages' full and empty barriers.
 #include <cuda_runtime.h>
 
@@ -59,7 +59,7 @@ constexpr int kTokenBlockBytes = kRows * wgmma::kLineBytes;  // 64 k of the tile
 constexpr int kTokenBytes = 2 * kTokenBlockBytes;
 constexpr int kCodeUnits = kWeightRows * 4;            // 16-byte chunks of codes a step (512)
 constexpr int kCodeBytes = kCodeUnits * 16;
-constexpr int kStageBytes = kTokenBytes + kCodeBytes + kCodeUnits * 4;  // 41 KB
+constexpr int kStageBytes = kTokenBytes + kCodeBytes + kCodeUnits * 4;  // 42 KB
 constexpr int kStages = 5;
 constexpr int kSharedBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;  // 1024: alignment
 static_assert(kStageBytes % 1024 == 0, "stages keep the 1024-byte alignment of the swizzle");
