@@ -512,9 +512,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2) stream_wgmma_kernel(StreamArgs
 #pragma unroll
         for (int u = 0; u < kSub; ++u) {
           const uint8_t* codes = slot_generic + S::kCodes + u * kWarps * 64 * 16;
-          widen_mxfp4_fragments<decltype(one_multiply)::value>(*reinterpret_cast<const uint4*>(codes + unit_a * 16),
-                                                    *reinterpret_cast<const uint4*>(codes + unit_b * 16), sa[u], sb[u],
-                                                    frag, 8 * u);
+          const uint4 codes_a = *reinterpret_cast<const uint4*>(codes + unit_a * 16);
+          const uint4 codes_b = *reinterpret_cast<const uint4*>(codes + unit_b * 16);
+          widen_mxfp4_fragments<decltype(one_multiply)::value>(codes_a, codes_b, sa[u], sb[u], frag, 8 * u);
         }
       };
       if (one_multiply) widen_slot(std::true_type{});
@@ -641,7 +641,8 @@ void moe_experts_stream(const uint16_t* x, int64_t hidden, int64_t inter, const 
   // bf16 in the wgmma A layout's k order.
   auto stage = [&](const uint16_t* src, int64_t dim, const int32_t* sorted_pairs, int pair_top_k) {
     if (wgmma)
-      moe_stage_pairs_permuted(src, dim, sorted_pairs, pair_top_k, plan, num_experts, num_pairs, buffers.staged, stream);
+      moe_stage_pairs_permuted(src, dim, sorted_pairs, pair_top_k, plan, num_experts, num_pairs, buffers.staged,
+                               stream);
     else
       launch_chained("stage_pairs launch", stage_pairs_kernel, stage_blocks, kStageThreads, 0, stream, src, dim,
                      sorted_pairs, pair_top_k, plan.offsets, num_experts, buffers.staged, buffers.unscale);

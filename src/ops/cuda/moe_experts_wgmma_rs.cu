@@ -145,7 +145,8 @@ __device__ __forceinline__ void multiply_steps(float (&acc)[kN / 2], const wgmma
     const uint32_t scales_a = *reinterpret_cast<const uint32_t*>(at + kTokenBytes + kCodeBytes + unit_a * 4);
     const uint32_t scales_b = *reinterpret_cast<const uint32_t*>(at + kTokenBytes + kCodeBytes + unit_b * 4);
     uint32_t frag[8][4];  // A registers of the step's eight wgmmas (16 k each)
-    const bool large = (moe_grouped::scale_codes_above_128(scales_a) | moe_grouped::scale_codes_above_128(scales_b)) != 0;
+    const bool large =
+        (moe_grouped::scale_codes_above_128(scales_a) | moe_grouped::scale_codes_above_128(scales_b)) != 0;
     if (__any_sync(0xffffffffu, large)) widen_mxfp4_fragments<false>(codes_a, codes_b, scales_a, scales_b, frag, 0);
     else widen_mxfp4_fragments<true>(codes_a, codes_b, scales_a, scales_b, frag, 0);
 #pragma unroll
