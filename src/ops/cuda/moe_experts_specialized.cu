@@ -64,7 +64,11 @@ using moe_grouped::Projection;
 using moe_grouped::WeightSource;
 using wgmma::swizzled;
 
-constexpr int kConsumerThreads = 256;  // warpgroups 0 and 1; the producers follow
+// Consumers: warpgroups 0 and 1; the producer: warpgroup 2. One producer warpgroup for either
+// weight source: the consumers' m64n256k16 needs more registers (154) than a 512-thread block's
+// entry gives (128), and ptxas allots the whole kernel that count.
+constexpr int kConsumerThreads = 256, kProducerThreads = 128;
+constexpr int kThreads = kConsumerThreads + kProducerThreads;
 constexpr int kRows = 128, kLines = 256, kStepK = 64;
 constexpr int kLine = wgmma::kLineBytes;
 constexpr int kTokenBytes = kRows * kLine;    // 16 KB
@@ -75,13 +79,10 @@ constexpr int kPairBlocks = 2;  // blocks of a cluster in the paired launch
 constexpr int kWeightCopies = kLines * 8 / 128;
 
 // A block's ring and registers for each weight source: bf16, four stages; MXFP4, three stages and
-// the codes' ring. One producer warpgroup: the consumers' m64n256k16 needs more registers (154)
-// than a 512-thread block's entry gives (128), and ptxas allots the whole kernel that count.
+// the codes' ring.
 template <WeightSource W>
 struct Ring {
   static constexpr bool kMxfp4 = W == WeightSource::kMxfp4;
-  static constexpr int kProducerThreads = 128;
-  static constexpr int kThreads = kConsumerThreads + kProducerThreads;
   static constexpr int kStages = kMxfp4 ? 3 : 4;
   // MXFP4: each producer thread's 16-byte chunks of a 128-k group (4 a line), groups in the ring.
   static constexpr int kItems = kLines * 4 / kProducerThreads;
@@ -197,10 +198,10 @@ __device__ __forceinline__ int slice_line_of(int stage_line) {
   return box % 2 * (kLines / 2) + 64 * (box / 2) + stage_line % 64;
 }
 
-// The producers' token rows: producer thread `index` (of kProducerThreads) copies 16-byte chunk
+// The producer's token rows: producer thread `index` (of kProducerThreads) copies 16-byte chunk
 // index % 8 of the tile's rows index / 8 + (kProducerThreads / 8) i by cp.async (rows past the
 // tile's are skipped).
-template <Projection P, int kProducerThreads>
+template <Projection P>
 struct TokenCopies {
   static constexpr int kCopies = kRows * 8 / kProducerThreads, kRowStride = kProducerThreads / 8;
   uint32_t at[kCopies];  // in 16-byte units: under 2^32 for any launch (checked on the host)
@@ -238,7 +239,7 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
   constexpr int kStages = Ring<WeightSource::kBf16>::kStages;
   const int index = threadIdx.x % 128, chunk = index % 8, line0 = index / 8;
   const int64_t k = a.k;
-  const TokenCopies<P, 128> token_copies(a, index, first, rows);
+  const TokenCopies<P> token_copies(a, index, first, rows);
   // Weights by cp.async (unpaired): two bases that whole 16-line groups advance: gate/up, the gate
   // rows and the up rows of the block's features (stage lines 64 h .. 64 h + 63 are gate rows
   // 64 (h / 2) .. for even h, the same up rows for odd h); down, lines 0..127 and 128..255.
@@ -302,10 +303,9 @@ __device__ __forceinline__ void produce_mxfp4(const GroupedArgs& a, int e, int f
                                               const wgmma::AlignedShared& shared, uint32_t full, uint32_t empty,
                                               int steps) {
   using R = Ring<WeightSource::kMxfp4>;
-  constexpr int kThreadsP = R::kProducerThreads;
   const int p = static_cast<int>(threadIdx.x) % 128, t = p % 4, line0 = p / 4;
   const int64_t k = a.k;
-  const TokenCopies<P, kThreadsP> token_copies(a, p, first, rows);
+  const TokenCopies<P> token_copies(a, p, first, rows);
   const int64_t row0 = moe_grouped::weight_row<P, kLines>(a, e, slice_line_of<P>(line0), slice);
   const uint8_t* const codes0 = a.codes + quant::mxfp4_tile_row_offset(row0, k) + 16 * t;
   const uint8_t* const scales0 = a.scales + 4 * quant::mxfp4_tile_scale_word(row0, k);
@@ -318,8 +318,8 @@ __device__ __forceinline__ void produce_mxfp4(const GroupedArgs& a, int e, int f
   const uint32_t ring = shared.address + R::kStages * kStageBytes;
   const uint8_t* const ring_generic = shared.generic + R::kStages * kStageBytes;
   // Slot layout: codes [j][h][p] 8 bytes, then scale words [j][p] (lanes read consecutive words).
-  auto code_at = [](int j, int h, int thread) { return ((2 * j + h) * kThreadsP + thread) * 8; };
-  auto scale_at = [](int j, int thread) { return R::kCodeBytes + (j * kThreadsP + thread) * 4; };
+  auto code_at = [](int j, int h, int thread) { return ((2 * j + h) * kProducerThreads + thread) * 8; };
+  auto scale_at = [](int j, int thread) { return R::kCodeBytes + (j * kProducerThreads + thread) * 4; };
   const int groups = steps / 2;
   // Group g's copies into its slot, one commit group (empty past the last group, so that the
   // groups stay counted one a group).
@@ -391,7 +391,7 @@ __device__ __forceinline__ void produce_mxfp4(const GroupedArgs& a, int e, int f
 // each block against half the lines. weight_map: the stacked weights [experts x rows_per_expert,
 // k] in 64-line boxes (swizzled_rows_tensor_map; unused otherwise).
 template <Projection P, moe_tiles::TileSet kSet, WeightSource W>
-__global__ void __launch_bounds__(Ring<W>::kThreads, 1)
+__global__ void __launch_bounds__(kThreads, 1)
     specialized_experts_kernel(GroupedArgs a, const __grid_constant__ CUtensorMap weight_map) {
   chained_grid_prologue();
   using R = Ring<W>;
@@ -401,7 +401,7 @@ __global__ void __launch_bounds__(Ring<W>::kThreads, 1)
   const int unit = static_cast<int>(blockIdx.x) / (kPaired ? kPairBlocks : 1);
   const int rank = kPaired ? static_cast<int>(blockIdx.x) % kPairBlocks : 0;  // the cluster's rank along x
   const moe_grouped::RowTile tile =
-      moe_grouped::unit_of_block<kRows, R::kThreads, kSet>(a.offsets, a.num_experts, unit, a.slices, rank);
+      moe_grouped::unit_of_block<kRows, kThreads, kSet>(a.offsets, a.num_experts, unit, a.slices, rank);
   if (tile.expert < 0) return;  // both blocks of a pair alike
   const int e = tile.expert, first = tile.first, rows = tile.rows;
   const int64_t slice = tile.slice;
@@ -412,7 +412,7 @@ __global__ void __launch_bounds__(Ring<W>::kThreads, 1)
   // Full: each producer thread's cp.async arrival (MXFP4: and its arrival once it has widened;
   // paired: and thread 0's announcement of the TMA bytes). Empty: each consumer thread (paired:
   // each consumer warp of both blocks) once.
-  const int full_count = R::kMxfp4 ? 2 * R::kProducerThreads : kPaired ? 128 + 1 : 128;
+  const int full_count = R::kMxfp4 ? 2 * kProducerThreads : kPaired ? kProducerThreads + 1 : kProducerThreads;
   pipeline::init_ring<R::kStages, kPaired>(full, empty, full_count,
                                            kPaired ? kPairBlocks * kConsumerThreads / 32 : kConsumerThreads);
   const int steps = static_cast<int>(a.k / kStepK);
@@ -471,7 +471,7 @@ void launch_projection(GroupedArgs a, const CUtensorMap& weight_map, int64_t fea
   const int64_t blocks = units * a.slices * kCluster;
   GLMS_CHECK(blocks < (int64_t{1} << 31), "moe_experts_specialized: too many pairs for one launch");
   launch_chained_clusters("moe_experts_specialized launch", kernel, kCluster, static_cast<unsigned>(blocks),
-                          R::kThreads, R::kSharedBytes, stream, a, weight_map);
+                          kThreads, R::kSharedBytes, stream, a, weight_map);
 }
 
 // One projection over every row tile: a block a tile, or (paired, bf16) clusters of two blocks on
