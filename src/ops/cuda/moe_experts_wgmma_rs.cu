@@ -70,11 +70,13 @@ constexpr int kTokenCopies = kRows * 16 / kProducerThreads, kCodeCopies = kCodeU
 template <Projection P>
 constexpr int kSliceFeatures = P == Projection::kGateUp ? kWeightRows / 2 : kWeightRows;
 
-// The weight row (of the stacked [E x rows_per_expert, k] codes) that consumer warp `warp`'s lane
-// row g takes as row a (b = false) or b: gate/up, the gate row of the slice's feature 8 warp + g
-// or its up row; down, the slice's output 16 warp + g or + 8.
+// The weight row (of the stacked [E x rows_per_expert, k] codes; moe_grouped::weight_row maps a
+// block's stage lines instead) that consumer warp `warp`'s lane row g takes as row a (b = false)
+// or b: gate/up, the gate row of the slice's feature 8 warp + g or its up row; down, the slice's
+// output 16 warp + g or + 8.
 template <Projection P>
-__device__ __forceinline__ int64_t weight_row(const GroupedArgs& a, int e, int64_t slice, int warp, int g, bool b) {
+__device__ __forceinline__ int64_t lane_weight_row(const GroupedArgs& a, int e, int64_t slice, int warp, int g,
+                                                   bool b) {
   const int64_t base = int64_t{e} * a.rows_per_expert;
   if constexpr (P == Projection::kGateUp) return base + (b ? a.inter : 0) + slice * kSliceFeatures<P> + 8 * warp + g;
   return base + slice * kSliceFeatures<P> + 16 * warp + 8 * (b ? 1 : 0) + g;
@@ -102,7 +104,7 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const uint32_t* st
   for (int i = 0; i < kCodeCopies; ++i) {
     const int unit = p + kProducerThreads * i;  // [warp][row a, b][lane]
     const int warp = unit / 64, b = unit / 32 % 2, lane = unit % 32;
-    const int64_t row = weight_row<P>(a, e, slice, warp, lane / 4, b != 0);
+    const int64_t row = lane_weight_row<P>(a, e, slice, warp, lane / 4, b != 0);
     codes_from[i] = a.codes + quant::mxfp4_tile_row_offset(row, k) + 16 * (lane % 4);
     scales_from[i] = a.scales + 4 * quant::mxfp4_tile_scale_word(row, k);
   }
