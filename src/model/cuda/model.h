@@ -114,8 +114,11 @@ struct CudaModelOptions {
   int specialized_mxfp4_experts_min_pairs = 64;
   // Tiled MXFP4 experts from this many pairs per expert (0: never) through the grouped GEMMs that
   // widen the codes into wgmma's A registers (ops::cuda::moe_experts_wgmma_rs), ahead of the
-  // two paths above (the streamed kernels keep their range). Off: not yet run on a GPU.
-  int wgmma_rs_mxfp4_experts_min_pairs = 0;
+  // two paths above (the streamed kernels keep their range, to 32). H200, GLM-5.2 width, 256
+  // experts a layer (bench/results/cuda-mxfp4-wgmma-rs-experts-20261204.json), best of the
+  // paths above -> these: 1088 tokens (34 pairs) 3.76 -> 3.31 ms, 2048 5.12 -> 3.94, 8192
+  // 13.04 -> 11.05; at 32 pairs even with the streamed kernels (3.31 against 3.27).
+  int wgmma_rs_mxfp4_experts_min_pairs = 33;
   // Those GEMMs with an expert's row tiles two by two in thread block clusters that load each
   // weight line once for both (TMA multicast), an odd last tile split by lines between the two.
   // Off: on the H200 at GLM-5.2 width, 5 layers (bench/results/cuda-paired-experts-20261204.json)
