@@ -158,12 +158,15 @@ void make_cuda_workspaces(CudaWorkspaces<Buffer>& w, const io::ModelConfig& c, c
   const int64_t K = c.num_experts_per_tok, E = c.n_routed_experts, E_local = widths.local_experts;
   const int64_t inter = widths.expert_inter, mlp_inter = widths.mlp_inter, ranks = widths.dp_ranks;
   const int64_t logits_rows = limits.max_logits, context = limits.max_context;
-  // Data-parallel peers gather every rank's rows: decode-sized steps run all of them at once
-  // (up to the tensor-core path's pairs per expert), larger ones a rank's rows at a time. The
-  // plan indexes every gathered pair; the per-pair rows (inputs, activations, outputs) are for
-  // this rank's pairs, which a step of all ranks' rows usually keeps within one rank's worth.
+  // Data-parallel peers gather every rank's rows and run them at once, so that each expert's
+  // weights are read once a step. The plan indexes every gathered pair; the per-pair rows
+  // (inputs, activations, outputs) are for this rank's pairs: one rank's worth (T K) and a
+  // quarter more for a step whose routing leans to this rank's experts (a step of more, counted
+  // on the host, runs one source rank's rows at a time), or all of a decode step's gathered
+  // pairs up to the tensor-core path's pairs per expert.
   w.plan_capacity = ranks * T * K;
-  w.pair_capacity = std::max(T * K, std::min(ranks * T * K, int64_t{kSmallMoePairsPerExpertTensorCores} * E));
+  const int64_t rank_pairs = ranks > 1 ? T * K + T * K / 4 : T * K;
+  w.pair_capacity = std::max(rank_pairs, std::min(ranks * T * K, int64_t{kSmallMoePairsPerExpertTensorCores} * E));
   const int64_t P = w.pair_capacity;
   auto f32 = [&](int64_t n) { return make(int64_t{4} * std::max<int64_t>(n, 1)); };
   auto bf16 = [&](int64_t n) { return make(int64_t{2} * std::max<int64_t>(n, 1)); };

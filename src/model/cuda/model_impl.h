@@ -151,6 +151,8 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
                    const cuda::Event* shared_ready);
   bool moe_experts_per_expert_gemms(const MoeDevice& m, const uint16_t* x, const cuda::MoePlan& plan,
                                     const cuda::ExpertWeights& experts);
+  // This rank's grouped pairs of `plan` (its offsets[num_experts]), read back to the host.
+  int64_t local_pair_count(const cuda::MoePlan& plan, int num_experts);
   // Where the W8A8 expert GEMMs quantise `tokens` rows and `pairs` act rows (expert width inter).
   cuda::MoeFp8Staging fp8_expert_staging(int64_t tokens, int64_t pairs, int64_t inter);
   // Sums a block output [T, hidden] over the tensor-parallel peers.

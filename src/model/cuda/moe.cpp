@@ -112,6 +112,12 @@ bool CudaGlm5Model::Impl::moe_experts_per_expert_gemms(const MoeDevice& m, const
   return true;
 }
 
+int64_t CudaGlm5Model::Impl::local_pair_count(const cuda::MoePlan& plan, int num_experts) {
+  cuda::copy_to_host_async(offsets_host.data(), plan.offsets + num_experts, sizeof(int32_t), stream.get());
+  stream.synchronize();
+  return *static_cast<const int32_t*>(offsets_host.data());
+}
+
 bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, const int32_t* ids, const float* weights,
                                       int rows, int routed_rows, const StepShape& shape, float* out, bool accumulate,
                                       const float* shared, const cuda::Event* shared_ready) {
@@ -146,16 +152,19 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
                                                                                : kSmallMoePairsPerExpert;
   const int64_t routed_pairs_per_expert =
       (int64_t{routed_rows} * K + config.n_routed_experts - 1) / config.n_routed_experts;
+  // This rank's grouped pairs at most (the grouped kernels' bound): P where the pair buffers hold
+  // them all; a larger gathered step (a prefill over data-parallel ranks) counts its own on the host.
+  const int64_t local_pairs = P <= pair_capacity || !shape.host_sync_ok ? P : local_pair_count(plan, E);
+  const bool pairs_fit = local_pairs <= pair_capacity;
   const bool streamed = options.stream_experts_max_pairs > 0 &&
                         routed_pairs_per_expert >= options.stream_experts_min_pairs &&
                         routed_pairs_per_expert <= options.stream_experts_max_pairs &&
-                        cuda::moe_experts_stream_supported(experts, hidden, inter) && P <= pair_capacity;
+                        cuda::moe_experts_stream_supported(experts, hidden, inter) && pairs_fit;
   const bool below_bf16_bound = m.experts_format != ops::WeightFormat::Plain ||
                                 options.wgmma_bf16_experts_max_pairs == 0 ||
                                 routed_pairs_per_expert < options.wgmma_bf16_experts_max_pairs;
   const bool grouped_pairs = options.wgmma_experts_min_pairs > 0 &&
-                             P >= int64_t{options.wgmma_experts_min_pairs} * config.n_routed_experts &&
-                             P <= pair_capacity;
+                             P >= int64_t{options.wgmma_experts_min_pairs} * config.n_routed_experts && pairs_fit;
   const bool wgmma = grouped_pairs && cuda::moe_experts_wgmma_supported(experts, hidden, inter) && below_bf16_bound;
   const ops::WeightFormat format = m.experts_format;
   const int specialized_min_pairs = format == ops::WeightFormat::Plain   ? options.specialized_bf16_experts_min_pairs
@@ -164,35 +173,38 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
   const bool specialized = grouped_pairs && specialized_min_pairs > 0 &&
                            routed_pairs_per_expert >= specialized_min_pairs &&
                            cuda::moe_experts_specialized_supported(experts, hidden, inter);
-  // Staged rows in pair_x ([P, hidden] 2-byte values; inter <= hidden fits too), as the streamed path's.
+  // Staged rows in pair_x ([local_pairs, hidden] 2-byte values; inter <= hidden fits too), as the
+  // streamed path's.
   const bool wgmma_rs = grouped_pairs && options.wgmma_rs_mxfp4_experts_min_pairs > 0 &&
                         routed_pairs_per_expert >= options.wgmma_rs_mxfp4_experts_min_pairs && inter <= hidden &&
                         cuda::moe_experts_wgmma_rs_supported(experts, hidden, inter);
   const bool wgmma_fp8 = grouped_pairs && options.wgmma_fp8_experts &&
                          cuda::moe_experts_wgmma_fp8_supported(experts, hidden, inter);
   if (streamed) {
-    // Staged rows in pair_x ([P, hidden] 2-byte values; inter <= hidden fits too).
+    // Staged rows in pair_x ([local_pairs, hidden] 2-byte values; inter <= hidden fits too).
     GLMS_CHECK(inter <= hidden, "streamed experts stage their rows in pair_x");
     const int chunk = static_cast<int>(std::max<int64_t>(1, routed_pairs_per_expert * options.stream_experts_chunk_factor));
     const auto shape = options.stream_experts_shape >= 0
                            ? static_cast<cuda::MoeStreamShape>(options.stream_experts_shape)
                        : routed_pairs_per_expert <= 8 ? cuda::MoeStreamShape::kFrags2Stages6
                                                       : cuda::MoeStreamShape::kWgmmaPairsStages3Warps8;
-    cuda::moe_experts_stream(x, hidden, inter, experts, plan, E, K, P, chunk, static_cast<int>(std::min<int64_t>(E, P)),
+    cuda::moe_experts_stream(x, hidden, inter, experts, plan, E, K, local_pairs, chunk,
+                             static_cast<int>(std::min<int64_t>(E, local_pairs)),
                              {as<uint32_t>(pair_x), as<float>(pair_scale)}, as<uint16_t>(pair_act),
                              as<float>(expert_out), s, shape);
   } else if (wgmma_rs) {
-    cuda::moe_experts_wgmma_rs(x, hidden, inter, experts, plan, E, K, P, as<uint32_t>(pair_x), as<uint16_t>(pair_act),
-                               as<float>(expert_out), s);
+    cuda::moe_experts_wgmma_rs(x, hidden, inter, experts, plan, E, K, local_pairs, as<uint32_t>(pair_x),
+                               as<uint16_t>(pair_act), as<float>(expert_out), s);
   } else if (specialized) {
-    cuda::moe_experts_specialized(x, hidden, inter, experts, plan, E, K, P, as<uint16_t>(pair_act),
+    cuda::moe_experts_specialized(x, hidden, inter, experts, plan, E, K, local_pairs, as<uint16_t>(pair_act),
                                   as<float>(expert_out), s,
                                   options.paired_bf16_experts && m.experts_format == ops::WeightFormat::Plain);
   } else if (wgmma) {
-    cuda::moe_experts_wgmma(x, hidden, inter, experts, plan, E, K, P, as<uint16_t>(pair_act), as<float>(expert_out), s,
-                            options.wgmma_experts_tile_rows);
+    cuda::moe_experts_wgmma(x, hidden, inter, experts, plan, E, K, local_pairs, as<uint16_t>(pair_act),
+                            as<float>(expert_out), s, options.wgmma_experts_tile_rows);
   } else if (wgmma_fp8) {
-    cuda::moe_experts_wgmma_fp8(x, hidden, inter, experts, plan, E, K, P, fp8_expert_staging(rows, P, inter),
+    cuda::moe_experts_wgmma_fp8(x, hidden, inter, experts, plan, E, K, local_pairs,
+                                fp8_expert_staging(rows, local_pairs, inter),
                                 as<uint16_t>(pair_act), as<float>(expert_out), s,
                                 options.specialized_fp8_experts ? cuda::Fp8ExpertGemm::kWarpSpecialized
                                                                 : cuda::Fp8ExpertGemm::kBlockBarrier);
