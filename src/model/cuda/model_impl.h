@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -153,8 +154,9 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
                                     const cuda::ExpertWeights& experts);
   // This rank's grouped pairs of `plan` (its offsets[num_experts]), read back to the host.
   int64_t local_pair_count(const cuda::MoePlan& plan, int num_experts);
-  // Where the W8A8 expert GEMMs quantise `tokens` rows and `pairs` act rows (expert width inter).
-  cuda::MoeFp8Staging fp8_expert_staging(int64_t tokens, int64_t pairs, int64_t inter);
+  // Where the W8A8 expert GEMMs quantise `tokens` rows and `pairs` act rows (expert width inter);
+  // none where the buffers they borrow are too small.
+  std::optional<cuda::MoeFp8Staging> fp8_expert_staging(int64_t tokens, int64_t pairs, int64_t inter);
   // Sums a block output [T, hidden] over the tensor-parallel peers.
   void sum_over_tp(float* block_output, int T);
   void prefill_attention(int sequence, int l, int heads);

@@ -39,13 +39,14 @@ void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T) {
 
 // The W8A8 expert GEMMs' E4M3 rows and scales, in buffers that path leaves unused: the tokens'
 // in pair_x ([P, hidden] bf16), act's in pair_gate_up ([P, 2 inter] fp32).
-cuda::MoeFp8Staging CudaGlm5Model::Impl::fp8_expert_staging(int64_t tokens, int64_t pairs, int64_t inter) {
+std::optional<cuda::MoeFp8Staging> CudaGlm5Model::Impl::fp8_expert_staging(int64_t tokens, int64_t pairs,
+                                                                            int64_t inter) {
   const int64_t hidden = config.hidden_size;
   const int64_t nt = cuda::fp8_padded_tokens(tokens), np = cuda::fp8_padded_tokens(pairs);
   const int64_t token_codes = (nt * hidden + 15) / 16 * 16, act_codes = (np * inter + 15) / 16 * 16;
-  GLMS_CHECK(static_cast<size_t>(token_codes) + sizeof(float) * nt * hidden / 128 <= pair_x.bytes() &&
-                 static_cast<size_t>(act_codes) + sizeof(float) * np * inter / 128 <= pair_gate_up.bytes(),
-             "FP8 expert staging beyond the pair buffers");
+  if (static_cast<size_t>(token_codes) + sizeof(float) * nt * hidden / 128 > pair_x.bytes() ||
+      static_cast<size_t>(act_codes) + sizeof(float) * np * inter / 128 > pair_gate_up.bytes())
+    return std::nullopt;
   cuda::MoeFp8Staging staging;
   staging.token_codes = as<uint8_t>(pair_x);
   staging.token_scales = reinterpret_cast<float*>(as<uint8_t>(pair_x) + token_codes);
@@ -178,8 +179,10 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
   const bool wgmma_rs = grouped_pairs && options.wgmma_rs_mxfp4_experts_min_pairs > 0 &&
                         routed_pairs_per_expert >= options.wgmma_rs_mxfp4_experts_min_pairs && inter <= hidden &&
                         cuda::moe_experts_wgmma_rs_supported(experts, hidden, inter);
-  const bool wgmma_fp8 = grouped_pairs && options.wgmma_fp8_experts &&
-                         cuda::moe_experts_wgmma_fp8_supported(experts, hidden, inter);
+  // (A gathered step of many data-parallel ranks may have more token rows than the staging holds.)
+  std::optional<cuda::MoeFp8Staging> fp8_staging;
+  if (grouped_pairs && options.wgmma_fp8_experts && cuda::moe_experts_wgmma_fp8_supported(experts, hidden, inter))
+    fp8_staging = fp8_expert_staging(rows, local_pairs, inter);
   if (streamed) {
     // Staged rows in pair_x ([local_pairs, hidden] 2-byte values; inter <= hidden fits too).
     GLMS_CHECK(inter <= hidden, "streamed experts stage their rows in pair_x");
@@ -202,9 +205,8 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
   } else if (wgmma) {
     cuda::moe_experts_wgmma(x, hidden, inter, experts, plan, E, K, local_pairs, as<uint16_t>(pair_act),
                             as<float>(expert_out), s, options.wgmma_experts_tile_rows);
-  } else if (wgmma_fp8) {
-    cuda::moe_experts_wgmma_fp8(x, hidden, inter, experts, plan, E, K, local_pairs,
-                                fp8_expert_staging(rows, local_pairs, inter),
+  } else if (fp8_staging) {
+    cuda::moe_experts_wgmma_fp8(x, hidden, inter, experts, plan, E, K, local_pairs, *fp8_staging,
                                 as<uint16_t>(pair_act), as<float>(expert_out), s,
                                 options.specialized_fp8_experts ? cuda::Fp8ExpertGemm::kWarpSpecialized
                                                                 : cuda::Fp8ExpertGemm::kBlockBarrier);
