@@ -150,6 +150,20 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   bool moe_experts(const MoeDevice& m, const uint16_t* x, const int32_t* ids, const float* weights, int rows,
                    int routed_rows, const StepShape& shape, float* out, bool accumulate, const float* shared,
                    const cuda::Event* shared_ready);
+  // The kernels a step's routed experts take, in the order expert_path tries them
+  // (CudaModelOptions' thresholds on the pairs an expert gets): the streamed kernels, the grouped
+  // GEMMs that widen MXFP4 into wgmma's A registers, the warp-specialised grouped GEMMs, the
+  // grouped GEMMs with a block barrier a step, the W8A8 grouped GEMMs, the small-batch kernels,
+  // per-expert cuBLAS GEMMs.
+  enum class ExpertPath { kStreamed, kRegisterWidened, kSpecialized, kGrouped, kW8a8, kSmall, kPerExpertGemms };
+  struct ExpertStep {
+    int64_t pairs = 0;             // rows x top_k, every (gathered) row's
+    int64_t local_pairs = 0;       // this rank's grouped pairs at most
+    int64_t pairs_per_expert = 0;  // the real tokens' pairs over the model's experts
+    bool host_sync_ok = true;      // false while capturing a graph
+    bool fp8_staged = false;       // FP8 experts whose W8A8 staging fits the pair buffers
+  };
+  ExpertPath expert_path(const MoeDevice& m, const cuda::ExpertWeights& experts, const ExpertStep& step) const;
   bool moe_experts_per_expert_gemms(const MoeDevice& m, const uint16_t* x, const cuda::MoePlan& plan,
                                     const cuda::ExpertWeights& experts);
   // This rank's grouped pairs of `plan` (its offsets[num_experts]), read back to the host.

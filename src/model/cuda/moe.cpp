@@ -119,15 +119,47 @@ int64_t CudaGlm5Model::Impl::local_pair_count(const cuda::MoePlan& plan, int num
   return *static_cast<const int32_t*>(offsets_host.data());
 }
 
+CudaGlm5Model::Impl::ExpertPath CudaGlm5Model::Impl::expert_path(const MoeDevice& m,
+                                                                 const cuda::ExpertWeights& experts,
+                                                                 const ExpertStep& step) const {
+  const int64_t hidden = config.hidden_size, inter = m.expert_inter, per_expert = step.pairs_per_expert;
+  const ops::WeightFormat format = m.experts_format;
+  const bool pairs_fit = step.local_pairs <= pair_capacity;
+  if (options.stream_experts_max_pairs > 0 && per_expert >= options.stream_experts_min_pairs &&
+      per_expert <= options.stream_experts_max_pairs && cuda::moe_experts_stream_supported(experts, hidden, inter) &&
+      pairs_fit)
+    return ExpertPath::kStreamed;
+  const bool grouped = options.wgmma_experts_min_pairs > 0 &&
+                       step.pairs >= int64_t{options.wgmma_experts_min_pairs} * config.n_routed_experts && pairs_fit;
+  // The register-widening GEMMs stage their rows in pair_x as the streamed kernels do (inter <= hidden).
+  if (grouped && options.wgmma_rs_mxfp4_experts_min_pairs > 0 &&
+      per_expert >= options.wgmma_rs_mxfp4_experts_min_pairs && inter <= hidden &&
+      cuda::moe_experts_wgmma_rs_supported(experts, hidden, inter))
+    return ExpertPath::kRegisterWidened;
+  const int specialized_min_pairs = format == ops::WeightFormat::Plain   ? options.specialized_bf16_experts_min_pairs
+                                    : format == ops::WeightFormat::Mxfp4 ? options.specialized_mxfp4_experts_min_pairs
+                                                                         : 0;
+  if (grouped && specialized_min_pairs > 0 && per_expert >= specialized_min_pairs &&
+      cuda::moe_experts_specialized_supported(experts, hidden, inter))
+    return ExpertPath::kSpecialized;
+  const bool below_bf16_bound = format != ops::WeightFormat::Plain || options.wgmma_bf16_experts_max_pairs == 0 ||
+                                per_expert < options.wgmma_bf16_experts_max_pairs;
+  if (grouped && below_bf16_bound && cuda::moe_experts_wgmma_supported(experts, hidden, inter))
+    return ExpertPath::kGrouped;
+  if (grouped && options.wgmma_fp8_experts && step.fp8_staged &&
+      cuda::moe_experts_wgmma_fp8_supported(experts, hidden, inter))
+    return ExpertPath::kW8a8;
+  const int small_pairs = cuda::moe_experts_mma_supported(experts, hidden, inter) ? kSmallMoePairsPerExpertTensorCores
+                                                                               : kSmallMoePairsPerExpert;
+  if (step.pairs <= int64_t{small_pairs} * config.n_routed_experts || !step.host_sync_ok) return ExpertPath::kSmall;
+  return ExpertPath::kPerExpertGemms;
+}
+
 bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, const int32_t* ids, const float* weights,
                                       int rows, int routed_rows, const StepShape& shape, float* out, bool accumulate,
                                       const float* shared, const cuda::Event* shared_ready) {
   const int K = config.num_experts_per_tok, E = m.num_experts;
   const int64_t hidden = config.hidden_size, inter = m.expert_inter, P = int64_t{rows} * K;
-  // The expert kernels size their chunks by the pairs an expert gets on average: this rank's
-  // share of the real tokens' pairs, as that many tokens over its experts would give.
-  const int chunk_tokens = static_cast<int>(std::max<int64_t>(
-      1, (int64_t{routed_rows} * E + config.n_routed_experts - 1) / config.n_routed_experts));
   cudaStream_t s = stream.get();
   cuda::MoePlan plan;
   plan.counts = as<int32_t>(plan_counts);
@@ -147,79 +179,68 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
   experts.down = m.experts_down.data();
   experts.down_scales = m.experts_down_scales.data();
   experts.mxfp4_tiled = m.experts_mxfp4_tiled;
-  // Pairs per expert decide the path, counted over the model's experts (each rank's share of
-  // pairs is about its share of experts).
-  const int small_pairs = cuda::moe_experts_mma_supported(experts, hidden, inter) ? kSmallMoePairsPerExpertTensorCores
-                                                                               : kSmallMoePairsPerExpert;
-  const int64_t routed_pairs_per_expert =
-      (int64_t{routed_rows} * K + config.n_routed_experts - 1) / config.n_routed_experts;
+  ExpertStep step;
+  step.pairs = P;
   // This rank's grouped pairs at most (the grouped kernels' bound): P where the pair buffers hold
   // them all; a larger gathered step (a prefill over data-parallel ranks) counts its own on the host.
-  const int64_t local_pairs = P <= pair_capacity || !shape.host_sync_ok ? P : local_pair_count(plan, E);
-  const bool pairs_fit = local_pairs <= pair_capacity;
-  const bool streamed = options.stream_experts_max_pairs > 0 &&
-                        routed_pairs_per_expert >= options.stream_experts_min_pairs &&
-                        routed_pairs_per_expert <= options.stream_experts_max_pairs &&
-                        cuda::moe_experts_stream_supported(experts, hidden, inter) && pairs_fit;
-  const bool below_bf16_bound = m.experts_format != ops::WeightFormat::Plain ||
-                                options.wgmma_bf16_experts_max_pairs == 0 ||
-                                routed_pairs_per_expert < options.wgmma_bf16_experts_max_pairs;
-  const bool grouped_pairs = options.wgmma_experts_min_pairs > 0 &&
-                             P >= int64_t{options.wgmma_experts_min_pairs} * config.n_routed_experts && pairs_fit;
-  const bool wgmma = grouped_pairs && cuda::moe_experts_wgmma_supported(experts, hidden, inter) && below_bf16_bound;
-  const ops::WeightFormat format = m.experts_format;
-  const int specialized_min_pairs = format == ops::WeightFormat::Plain   ? options.specialized_bf16_experts_min_pairs
-                                    : format == ops::WeightFormat::Mxfp4 ? options.specialized_mxfp4_experts_min_pairs
-                                                                         : 0;
-  const bool specialized = grouped_pairs && specialized_min_pairs > 0 &&
-                           routed_pairs_per_expert >= specialized_min_pairs &&
-                           cuda::moe_experts_specialized_supported(experts, hidden, inter);
-  // Staged rows in pair_x ([local_pairs, hidden] 2-byte values; inter <= hidden fits too), as the
-  // streamed path's.
-  const bool wgmma_rs = grouped_pairs && options.wgmma_rs_mxfp4_experts_min_pairs > 0 &&
-                        routed_pairs_per_expert >= options.wgmma_rs_mxfp4_experts_min_pairs && inter <= hidden &&
-                        cuda::moe_experts_wgmma_rs_supported(experts, hidden, inter);
-  // (A gathered step of many data-parallel ranks may have more token rows than the staging holds.)
+  step.local_pairs = P <= pair_capacity || !shape.host_sync_ok ? P : local_pair_count(plan, E);
+  // Counted over the model's experts (each rank's share of pairs is about its share of experts).
+  step.pairs_per_expert = (int64_t{routed_rows} * K + config.n_routed_experts - 1) / config.n_routed_experts;
+  step.host_sync_ok = shape.host_sync_ok;
   std::optional<cuda::MoeFp8Staging> fp8_staging;
-  if (grouped_pairs && options.wgmma_fp8_experts && cuda::moe_experts_wgmma_fp8_supported(experts, hidden, inter))
-    fp8_staging = fp8_expert_staging(rows, local_pairs, inter);
-  if (streamed) {
-    // Staged rows in pair_x ([local_pairs, hidden] 2-byte values; inter <= hidden fits too).
-    GLMS_CHECK(inter <= hidden, "streamed experts stage their rows in pair_x");
-    const int chunk = static_cast<int>(std::max<int64_t>(1, routed_pairs_per_expert * options.stream_experts_chunk_factor));
-    const auto shape = options.stream_experts_shape >= 0
-                           ? static_cast<cuda::MoeStreamShape>(options.stream_experts_shape)
-                       : routed_pairs_per_expert <= 8 ? cuda::MoeStreamShape::kFrags2Stages6
-                                                      : cuda::MoeStreamShape::kWgmmaPairsStages3Warps8;
-    cuda::moe_experts_stream(x, hidden, inter, experts, plan, E, K, local_pairs, chunk,
-                             static_cast<int>(std::min<int64_t>(E, local_pairs)),
-                             {as<uint32_t>(pair_x), as<float>(pair_scale)}, as<uint16_t>(pair_act),
-                             as<float>(expert_out), s, shape);
-  } else if (wgmma_rs) {
-    cuda::moe_experts_wgmma_rs(x, hidden, inter, experts, plan, E, K, local_pairs, as<uint32_t>(pair_x),
-                               as<uint16_t>(pair_act), as<float>(expert_out), s);
-  } else if (specialized) {
-    cuda::moe_experts_specialized(x, hidden, inter, experts, plan, E, K, local_pairs, as<uint16_t>(pair_act),
-                                  as<float>(expert_out), s,
-                                  options.paired_bf16_experts && m.experts_format == ops::WeightFormat::Plain);
-  } else if (wgmma) {
-    cuda::moe_experts_wgmma(x, hidden, inter, experts, plan, E, K, local_pairs, as<uint16_t>(pair_act),
-                            as<float>(expert_out), s, options.wgmma_experts_tile_rows);
-  } else if (fp8_staging) {
-    cuda::moe_experts_wgmma_fp8(x, hidden, inter, experts, plan, E, K, local_pairs, *fp8_staging,
-                                as<uint16_t>(pair_act), as<float>(expert_out), s,
-                                options.specialized_fp8_experts ? cuda::Fp8ExpertGemm::kWarpSpecialized
-                                                                : cuda::Fp8ExpertGemm::kBlockBarrier);
-  } else if (P <= int64_t{small_pairs} * config.n_routed_experts || !shape.host_sync_ok) {
-    GLMS_CHECK(P <= pair_capacity, "MoE pairs beyond the pair buffers");
-    cuda::moe_experts_small(x, hidden, inter, experts, plan, E, K, chunk_tokens,
-                            static_cast<int>(std::min<int64_t>(E, P)), as<uint16_t>(pair_act), as<float>(expert_out), s);
-  } else if (!moe_experts_per_expert_gemms(m, x, plan, experts)) {
-    return false;
+  if (m.experts_format == ops::WeightFormat::Fp8Block) fp8_staging = fp8_expert_staging(rows, step.local_pairs, inter);
+  step.fp8_staged = fp8_staging.has_value();
+  const int64_t bound = step.local_pairs;
+  auto* const act = as<uint16_t>(pair_act);
+  auto* const sums = as<float>(expert_out);
+  switch (expert_path(m, experts, step)) {
+    case ExpertPath::kStreamed: {
+      const int64_t per_expert = step.pairs_per_expert;
+      const int chunk = static_cast<int>(std::max<int64_t>(1, per_expert * options.stream_experts_chunk_factor));
+      const auto stream_shape = options.stream_experts_shape >= 0
+                                    ? static_cast<cuda::MoeStreamShape>(options.stream_experts_shape)
+                                : per_expert <= 8 ? cuda::MoeStreamShape::kFrags2Stages6
+                                                  : cuda::MoeStreamShape::kWgmmaPairsStages3Warps8;
+      // Staged rows in pair_x ([bound, hidden] 2-byte values; inter <= hidden fits too).
+      GLMS_CHECK(inter <= hidden, "streamed experts stage their rows in pair_x");
+      cuda::moe_experts_stream(x, hidden, inter, experts, plan, E, K, bound, chunk,
+                               static_cast<int>(std::min<int64_t>(E, bound)),
+                               {as<uint32_t>(pair_x), as<float>(pair_scale)}, act, sums, s, stream_shape);
+      break;
+    }
+    case ExpertPath::kRegisterWidened:
+      cuda::moe_experts_wgmma_rs(x, hidden, inter, experts, plan, E, K, bound, as<uint32_t>(pair_x), act, sums, s);
+      break;
+    case ExpertPath::kSpecialized:
+      cuda::moe_experts_specialized(x, hidden, inter, experts, plan, E, K, bound, act, sums, s,
+                                    options.paired_bf16_experts && m.experts_format == ops::WeightFormat::Plain);
+      break;
+    case ExpertPath::kGrouped:
+      cuda::moe_experts_wgmma(x, hidden, inter, experts, plan, E, K, bound, act, sums, s,
+                              options.wgmma_experts_tile_rows);
+      break;
+    case ExpertPath::kW8a8:
+      cuda::moe_experts_wgmma_fp8(x, hidden, inter, experts, plan, E, K, bound, *fp8_staging, act, sums, s,
+                                  options.specialized_fp8_experts ? cuda::Fp8ExpertGemm::kWarpSpecialized
+                                                                  : cuda::Fp8ExpertGemm::kBlockBarrier);
+      break;
+    case ExpertPath::kSmall: {
+      // The expert kernels size their chunks by the pairs an expert gets on average: this rank's
+      // share of the real tokens' pairs, as that many tokens over its experts would give.
+      const int chunk_tokens = static_cast<int>(std::max<int64_t>(
+          1, (int64_t{routed_rows} * E + config.n_routed_experts - 1) / config.n_routed_experts));
+      GLMS_CHECK(P <= pair_capacity, "MoE pairs beyond the pair buffers");
+      cuda::moe_experts_small(x, hidden, inter, experts, plan, E, K, chunk_tokens,
+                              static_cast<int>(std::min<int64_t>(E, P)), act, sums, s);
+      break;
+    }
+    case ExpertPath::kPerExpertGemms:
+      if (!moe_experts_per_expert_gemms(m, x, plan, experts)) return false;
+      break;
   }
   timer.mark("moe.experts", s);
   if (shared_ready) shared_ready->make_wait(s);
-  cuda::moe_combine(out, accumulate, shared, as<float>(expert_out), plan.pair_slot, ids, weights, rows, K, hidden, s);
+  cuda::moe_combine(out, accumulate, shared, sums, plan.pair_slot, ids, weights, rows, K, hidden, s);
   timer.mark("moe.combine", s);
   return true;
 }
