@@ -13,6 +13,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "model/cuda/expert_path.h"
 #include "model/cuda/model.h"
 #include "model/cuda_memory.h"
 #include "model/cuda/step.h"
@@ -35,17 +36,6 @@ namespace cuda_impl {
 
 constexpr float kLatentNormEps = 1e-6f;  // q_a_layernorm / kv_a_layernorm (RMSNorm default)
 constexpr float kIndexerNormEps = 1e-6f;
-
-// Batches whose (token, expert) pairs average at most this many per expert run the experts as
-// weight-streaming kernels (no host synchronisation, graph-capturable); larger ones as
-// per-expert cuBLAS GEMMs over the grouped rows. Measured at GLM-5.2 width on the H200
-// (bench-step, docs/performance.md): bf16 GEMVs stream each expert once per 8 tokens, so 8;
-// quantised experts on tensor cores take chunks of 64 tokens from 8 pairs per expert on, while
-// the GEMM path first widens every expert to bf16 (about 45 ms per 4 MoE layers), so 64: MXFP4
-// experts of a 2048-token prefill (64 pairs per expert) took 85.6 ms of 4 layers widened and
-// 69.7 on tensor cores, of an 8192-token one (256 pairs) 101 widened and 282 on tensor cores.
-// (kSmallMoePairsPerExpertTensorCores is in model/cuda_memory.h: it sizes the pair buffers.)
-constexpr int kSmallMoePairsPerExpert = 8;
 
 // Sequences with at least this many tokens in a step (prefill chunks) attend through the
 // prefill path; the other tokens (decodes, short chunks) in runs through mla_attention_fused or
@@ -150,20 +140,6 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   bool moe_experts(const MoeDevice& m, const uint16_t* x, const int32_t* ids, const float* weights, int rows,
                    int routed_rows, const StepShape& shape, float* out, bool accumulate, const float* shared,
                    const cuda::Event* shared_ready);
-  // The kernels a step's routed experts take, in the order expert_path tries them
-  // (CudaModelOptions' thresholds on the pairs an expert gets): the streamed kernels, the grouped
-  // GEMMs that widen MXFP4 into wgmma's A registers, the warp-specialised grouped GEMMs, the
-  // grouped GEMMs with a block barrier a step, the W8A8 grouped GEMMs, the small-batch kernels,
-  // per-expert cuBLAS GEMMs.
-  enum class ExpertPath { kStreamed, kRegisterWidened, kSpecialized, kGrouped, kW8a8, kSmall, kPerExpertGemms };
-  struct ExpertStep {
-    int64_t pairs = 0;             // rows x top_k, every (gathered) row's
-    int64_t local_pairs = 0;       // this rank's grouped pairs at most
-    int64_t pairs_per_expert = 0;  // the real tokens' pairs over the model's experts
-    bool host_sync_ok = true;      // false while capturing a graph
-    bool fp8_staged = false;       // FP8 experts whose W8A8 staging fits the pair buffers
-  };
-  ExpertPath expert_path(const MoeDevice& m, const cuda::ExpertWeights& experts, const ExpertStep& step) const;
   bool moe_experts_per_expert_gemms(const MoeDevice& m, const uint16_t* x, const cuda::MoePlan& plan,
                                     const cuda::ExpertWeights& experts);
   // This rank's grouped pairs of `plan` (its offsets[num_experts]), read back to the host.

@@ -119,42 +119,6 @@ int64_t CudaGlm5Model::Impl::local_pair_count(const cuda::MoePlan& plan, int num
   return *static_cast<const int32_t*>(offsets_host.data());
 }
 
-CudaGlm5Model::Impl::ExpertPath CudaGlm5Model::Impl::expert_path(const MoeDevice& m,
-                                                                 const cuda::ExpertWeights& experts,
-                                                                 const ExpertStep& step) const {
-  const int64_t hidden = config.hidden_size, inter = m.expert_inter, per_expert = step.pairs_per_expert;
-  const ops::WeightFormat format = m.experts_format;
-  const bool pairs_fit = step.local_pairs <= pair_capacity;
-  if (options.stream_experts_max_pairs > 0 && per_expert >= options.stream_experts_min_pairs &&
-      per_expert <= options.stream_experts_max_pairs && cuda::moe_experts_stream_supported(experts, hidden, inter) &&
-      pairs_fit)
-    return ExpertPath::kStreamed;
-  const bool grouped = options.wgmma_experts_min_pairs > 0 &&
-                       step.pairs >= int64_t{options.wgmma_experts_min_pairs} * config.n_routed_experts && pairs_fit;
-  // The register-widening GEMMs stage their rows in pair_x as the streamed kernels do (inter <= hidden).
-  if (grouped && options.wgmma_rs_mxfp4_experts_min_pairs > 0 &&
-      per_expert >= options.wgmma_rs_mxfp4_experts_min_pairs && inter <= hidden &&
-      cuda::moe_experts_wgmma_rs_supported(experts, hidden, inter))
-    return ExpertPath::kRegisterWidened;
-  const int specialized_min_pairs = format == ops::WeightFormat::Plain   ? options.specialized_bf16_experts_min_pairs
-                                    : format == ops::WeightFormat::Mxfp4 ? options.specialized_mxfp4_experts_min_pairs
-                                                                         : 0;
-  if (grouped && specialized_min_pairs > 0 && per_expert >= specialized_min_pairs &&
-      cuda::moe_experts_specialized_supported(experts, hidden, inter))
-    return ExpertPath::kSpecialized;
-  const bool below_bf16_bound = format != ops::WeightFormat::Plain || options.wgmma_bf16_experts_max_pairs == 0 ||
-                                per_expert < options.wgmma_bf16_experts_max_pairs;
-  if (grouped && below_bf16_bound && cuda::moe_experts_wgmma_supported(experts, hidden, inter))
-    return ExpertPath::kGrouped;
-  if (grouped && options.wgmma_fp8_experts && step.fp8_staged &&
-      cuda::moe_experts_wgmma_fp8_supported(experts, hidden, inter))
-    return ExpertPath::kW8a8;
-  const int small_pairs = cuda::moe_experts_mma_supported(experts, hidden, inter) ? kSmallMoePairsPerExpertTensorCores
-                                                                               : kSmallMoePairsPerExpert;
-  if (step.pairs <= int64_t{small_pairs} * config.n_routed_experts || !step.host_sync_ok) return ExpertPath::kSmall;
-  return ExpertPath::kPerExpertGemms;
-}
-
 bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, const int32_t* ids, const float* weights,
                                       int rows, int routed_rows, const StepShape& shape, float* out, bool accumulate,
                                       const float* shared, const cuda::Event* shared_ready) {
@@ -193,7 +157,7 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
   const int64_t bound = step.local_pairs;
   auto* const act = as<uint16_t>(pair_act);
   auto* const sums = as<float>(expert_out);
-  switch (expert_path(m, experts, step)) {
+  switch (choose_expert_path(options, config.n_routed_experts, experts, hidden, inter, pair_capacity, step)) {
     case ExpertPath::kStreamed: {
       const int64_t per_expert = step.pairs_per_expert;
       const int chunk = static_cast<int>(std::max<int64_t>(1, per_expert * options.stream_experts_chunk_factor));

@@ -1,0 +1,45 @@
+// Which kernels take a step's routed experts on CUDA: the choice CudaGlm5Model makes each MoE
+// layer, by CudaModelOptions' thresholds on the pairs an expert gets, apart from the launches so
+// that it can be checked without a GPU.
+#pragma once
+
+#include <cstdint>
+
+#include "model/cuda/model.h"
+#include "ops/cuda/moe.h"
+
+namespace glms::model {
+
+// Batches whose (token, expert) pairs average at most this many per expert run the experts as
+// weight-streaming kernels (no host synchronisation, graph-capturable); larger ones as
+// per-expert cuBLAS GEMMs over the grouped rows. Measured at GLM-5.2 width on the H200
+// (bench-step, docs/performance.md): bf16 GEMVs stream each expert once per 8 tokens, so 8;
+// quantised experts on tensor cores take chunks of 64 tokens from 8 pairs per expert on, while
+// the GEMM path first widens every expert to bf16 (about 45 ms per 4 MoE layers), so 64: MXFP4
+// experts of a 2048-token prefill (64 pairs per expert) took 85.6 ms of 4 layers widened and
+// 69.7 on tensor cores, of an 8192-token one (256 pairs) 101 widened and 282 on tensor cores.
+// (kSmallMoePairsPerExpertTensorCores is in model/cuda_memory.h: it sizes the pair buffers.)
+constexpr int kSmallMoePairsPerExpert = 8;
+
+// In the order choose_expert_path tries them: the streamed kernels (MXFP4, decode-sized steps),
+// the grouped GEMMs that widen MXFP4 into wgmma's A registers, the warp-specialised grouped GEMMs,
+// the grouped GEMMs with a block barrier a step, the W8A8 grouped GEMMs (FP8), the small-batch
+// kernels, per-expert cuBLAS GEMMs (which read the group offsets back to the host).
+enum class ExpertPath { kStreamed, kRegisterWidened, kSpecialized, kGrouped, kW8a8, kSmall, kPerExpertGemms };
+const char* expert_path_name(ExpertPath path);
+
+struct ExpertStep {
+  int64_t pairs = 0;             // rows x top_k, every (gathered) row's
+  int64_t local_pairs = 0;       // this rank's grouped pairs at most
+  int64_t pairs_per_expert = 0;  // the real tokens' pairs over the model's experts
+  bool host_sync_ok = true;      // false while capturing a graph
+  bool fp8_staged = false;       // FP8 experts whose W8A8 staging fits the pair buffers
+};
+
+// `model_experts`: the model's routed experts (config.n_routed_experts); hidden and inter the
+// experts' widths; pair_capacity the rows the per-pair buffers hold.
+ExpertPath choose_expert_path(const CudaModelOptions& options, int64_t model_experts,
+                              const ops::cuda::ExpertWeights& experts, int64_t hidden, int64_t inter,
+                              int64_t pair_capacity, const ExpertStep& step);
+
+}  // namespace glms::model

@@ -1,0 +1,117 @@
+// Which kernels take a step's routed experts (model/cuda/expert_path.h), at GLM-5.2's widths
+// (hidden 6144, expert inter 2048, 256 experts, top-8) with the default options: the paths
+// docs/performance.md measured for each weight format and step size. Runs without a GPU.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "io/model_config.h"
+#include "model/cuda/expert_path.h"
+#include "model/cuda_memory.h"
+
+using namespace glms;
+using model::ExpertPath;
+using model::ExpertStep;
+
+namespace {
+
+constexpr int64_t kHidden = 6144, kInter = 2048, kExperts = 256, kTopK = 8;
+
+ops::cuda::ExpertWeights weights(ops::WeightFormat format) {
+  ops::cuda::ExpertWeights w;
+  w.format = format;
+  w.mxfp4_tiled = format == ops::WeightFormat::Mxfp4;
+  return w;
+}
+
+// A step of `tokens` rows on one GPU (every pair this rank's), pair buffers for `capacity` pairs.
+ExpertStep one_gpu_step(int64_t tokens, bool host_sync_ok = true) {
+  ExpertStep step;
+  step.pairs = tokens * kTopK;
+  step.local_pairs = step.pairs;
+  step.pairs_per_expert = (step.pairs + kExperts - 1) / kExperts;
+  step.host_sync_ok = host_sync_ok;
+  step.fp8_staged = true;
+  return step;
+}
+
+ExpertPath path(const model::CudaModelOptions& options, ops::WeightFormat format, const ExpertStep& step,
+                int64_t capacity, int64_t hidden = kHidden, int64_t inter = kInter) {
+  return model::choose_expert_path(options, kExperts, weights(format), hidden, inter, capacity, step);
+}
+
+}  // namespace
+
+TEST(CudaExpertPath, Mxfp4StreamsDecodeStepsAndWidensPrefillsInRegisters) {
+  const model::CudaModelOptions options;
+  const int64_t capacity = 8192 * kTopK;
+  const auto mxfp4 = ops::WeightFormat::Mxfp4;
+  EXPECT_EQ(path(options, mxfp4, one_gpu_step(8, false), capacity), ExpertPath::kSmall);       // 1 pair an expert
+  EXPECT_EQ(path(options, mxfp4, one_gpu_step(512, false), capacity), ExpertPath::kStreamed);  // 16
+  EXPECT_EQ(path(options, mxfp4, one_gpu_step(1024, false), capacity), ExpertPath::kStreamed);  // 32
+  EXPECT_EQ(path(options, mxfp4, one_gpu_step(1056), capacity), ExpertPath::kRegisterWidened);  // 33
+  EXPECT_EQ(path(options, mxfp4, one_gpu_step(2048), capacity), ExpertPath::kRegisterWidened);
+  EXPECT_EQ(path(options, mxfp4, one_gpu_step(8192), capacity), ExpertPath::kRegisterWidened);
+  EXPECT_STREQ(model::expert_path_name(ExpertPath::kRegisterWidened), "register-widened grouped GEMMs");
+}
+
+TEST(CudaExpertPath, WithoutTheRegisterWidenedGemmsMxfp4TakesTheSharedMemoryOnes) {
+  model::CudaModelOptions options;
+  options.wgmma_rs_mxfp4_experts_min_pairs = 0;
+  const int64_t capacity = 8192 * kTopK;
+  const auto mxfp4 = ops::WeightFormat::Mxfp4;
+  EXPECT_EQ(path(options, mxfp4, one_gpu_step(1536), capacity), ExpertPath::kGrouped);      // 48 pairs an expert
+  EXPECT_EQ(path(options, mxfp4, one_gpu_step(2048), capacity), ExpertPath::kSpecialized);  // 64
+}
+
+TEST(CudaExpertPath, Bf16AndFp8PrefillsTakeTheirGroupedGemms) {
+  const model::CudaModelOptions options;
+  const int64_t capacity = 8192 * kTopK;
+  const auto bf16 = ops::WeightFormat::Plain, fp8 = ops::WeightFormat::Fp8Block;
+  EXPECT_EQ(path(options, bf16, one_gpu_step(512), capacity), ExpertPath::kGrouped);       // 16 pairs an expert
+  EXPECT_EQ(path(options, bf16, one_gpu_step(2048), capacity), ExpertPath::kSpecialized);  // 64
+  EXPECT_EQ(path(options, bf16, one_gpu_step(8, false), capacity), ExpertPath::kSmall);
+  EXPECT_EQ(path(options, fp8, one_gpu_step(2048), capacity), ExpertPath::kW8a8);
+  // Where the W8A8 staging does not fit the pair buffers: the mma.sync kernels up to 64 pairs an
+  // expert, then per-expert GEMMs over widened experts, instead of a failed step.
+  ExpertStep unstaged = one_gpu_step(2048);
+  unstaged.fp8_staged = false;
+  EXPECT_EQ(path(options, fp8, unstaged, capacity), ExpertPath::kSmall);
+  unstaged = one_gpu_step(4096);
+  unstaged.fp8_staged = false;
+  EXPECT_EQ(path(options, fp8, unstaged, capacity), ExpertPath::kPerExpertGemms);
+}
+
+TEST(CudaExpertPath, WidthsTheGroupedGemmsCannotTileFallBack) {
+  const model::CudaModelOptions options;
+  const auto mxfp4 = ops::WeightFormat::Mxfp4;
+  // hidden 80, inter 28 (the random fixture): no tiles, no grouped GEMMs.
+  EXPECT_EQ(path(options, mxfp4, one_gpu_step(2048), 2048 * kTopK, 80, 28), ExpertPath::kPerExpertGemms);
+  EXPECT_EQ(path(options, mxfp4, one_gpu_step(2048, false), 2048 * kTopK, 80, 28), ExpertPath::kSmall);
+}
+
+// A prefill's MoE over eight data-parallel ranks' gathered rows: more pairs than the pair
+// buffers hold, of which this rank's (counted on the host) decide.
+TEST(CudaExpertPath, AGatheredPrefillRunsTheGroupedGemmsOverThisRanksPairs) {
+  const model::CudaModelOptions options;
+  const io::ModelConfig config = io::load_model_config(std::string(GLMS_SOURCE_DIR) + "/models/configs/glm-5.2.json");
+  model::CudaRankWidths widths;
+  widths.dp_ranks = 8;
+  widths.local_experts = kExperts / 8;
+  widths.expert_inter = kInter;
+  model::CudaStepLimits limits;
+  limits.max_tokens = 2048;
+  limits.max_logits = 1;
+  limits.max_context = 4096;
+  limits.block_size = 64;
+  model::CudaWorkspaces<int64_t> sizes;
+  model::make_cuda_workspaces(sizes, config, widths, limits, [](int64_t bytes) { return bytes; });
+  EXPECT_GE(sizes.pair_capacity, 2048 * kTopK * 5 / 4) << "a quarter more than one rank's pairs";
+
+  ExpertStep step = one_gpu_step(8 * 2048);  // every rank's rows, gathered
+  step.local_pairs = 2048 * kTopK + 300;      // this rank's: a little more than an even share
+  const auto mxfp4 = ops::WeightFormat::Mxfp4;
+  EXPECT_EQ(path(options, mxfp4, step, sizes.pair_capacity), ExpertPath::kRegisterWidened);
+  step.local_pairs = sizes.pair_capacity + 1;  // routing that leans too far: per-expert, then a rank at a time
+  EXPECT_EQ(path(options, mxfp4, step, sizes.pair_capacity), ExpertPath::kPerExpertGemms);
+}
