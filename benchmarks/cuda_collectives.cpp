@@ -10,9 +10,9 @@
 //   cuda_collectives [--gpus N] [--sizes-mib 1,8,64,256] [--reps 20] [--warmup 5] [--json FILE]
 // Exits 77 (a skip) without a GPU or without libnccl.so.2 (GLMS_NCCL_LIBRARY names it).
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <cstdio>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -20,10 +20,10 @@
 #include <thread>
 #include <vector>
 
-#include "micro_options.h"
 #include "comm/nccl_communicator.h"
 #include "comm/rank_barrier.h"
 #include "core/error.h"
+#include "micro_options.h"
 #include "ops/cuda/cuda_ops.h"
 
 namespace {

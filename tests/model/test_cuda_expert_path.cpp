@@ -52,7 +52,6 @@ TEST(CudaExpertPath, Mxfp4StreamsDecodeStepsAndWidensPrefillsInRegisters) {
   EXPECT_EQ(path(options, mxfp4, one_gpu_step(1056), capacity), ExpertPath::kRegisterWidened);  // 33
   EXPECT_EQ(path(options, mxfp4, one_gpu_step(2048), capacity), ExpertPath::kRegisterWidened);
   EXPECT_EQ(path(options, mxfp4, one_gpu_step(8192), capacity), ExpertPath::kRegisterWidened);
-  EXPECT_STREQ(model::expert_path_name(ExpertPath::kRegisterWidened), "register-widened grouped GEMMs");
 }
 
 TEST(CudaExpertPath, WithoutTheRegisterWidenedGemmsMxfp4TakesTheSharedMemoryOnes) {

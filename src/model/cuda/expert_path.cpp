@@ -6,19 +6,6 @@ namespace glms::model {
 
 namespace cuda = ops::cuda;
 
-const char* expert_path_name(ExpertPath path) {
-  switch (path) {
-    case ExpertPath::kStreamed: return "streamed";
-    case ExpertPath::kRegisterWidened: return "register-widened grouped GEMMs";
-    case ExpertPath::kSpecialized: return "warp-specialised grouped GEMMs";
-    case ExpertPath::kGrouped: return "grouped GEMMs";
-    case ExpertPath::kW8a8: return "W8A8 grouped GEMMs";
-    case ExpertPath::kSmall: return "small-batch kernels";
-    case ExpertPath::kPerExpertGemms: return "per-expert GEMMs";
-  }
-  return "?";
-}
-
 ExpertPath choose_expert_path(const CudaModelOptions& options, int64_t model_experts,
                               const cuda::ExpertWeights& experts, int64_t hidden, int64_t inter,
                               int64_t pair_capacity, const ExpertStep& step) {

@@ -26,7 +26,6 @@ constexpr int kSmallMoePairsPerExpert = 8;
 // the grouped GEMMs with a block barrier a step, the W8A8 grouped GEMMs (FP8), the small-batch
 // kernels, per-expert cuBLAS GEMMs (which read the group offsets back to the host).
 enum class ExpertPath { kStreamed, kRegisterWidened, kSpecialized, kGrouped, kW8a8, kSmall, kPerExpertGemms };
-const char* expert_path_name(ExpertPath path);
 
 struct ExpertStep {
   int64_t pairs = 0;             // rows x top_k, every (gathered) row's
