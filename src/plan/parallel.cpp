@@ -40,8 +40,9 @@ double rank_weight_bytes(const ModelSpec& m, const std::string& format, const Ra
 }
 
 double rank_device_weight_bytes(const ModelSpec& m, const std::string& experts_format, const RankShape& r) {
-  const double router_fp32 = static_cast<double>(m.group_bytes("router", "bf16"));  // 2 more bytes a value
-  return rank_shared_bytes(m, "bf16", r) + router_fp32 +
+  // The router in fp32 and again in bf16 (for prefill's tensor-core scores): 4 more bytes a value.
+  const double router_copies = 2.0 * static_cast<double>(m.group_bytes("router", "bf16"));
+  return rank_shared_bytes(m, "bf16", r) + router_copies +
          static_cast<double>(m.group_bytes("routed_experts", experts_format)) / r.world();
 }
 

@@ -7,6 +7,7 @@
 #include <random>
 #include <string>
 
+#include "core/bf16_terms.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/ops.h"
 #include "support/cuda_buffers.h"
@@ -184,6 +185,50 @@ TEST_F(CudaOps, GroupedAndFp32GemvMatchCpu) {
         }
       EXPECT_LT(relative_l2(to_host<float>(dy32), expected), 1e-5) << "fp32, " << n << " tokens";
     }
+  }
+}
+
+// The prefill router's scores on the bf16 tensor cores: the split into bf16 terms gives the host
+// split's bits (the vectorised and the scalar pass), and the three GEMMs over them give the fp32
+// product of the widened bf16 weights to a few 1e-6 (the H200: 2.1e-6 against the fp32 GEMM's
+// 3.6e-7, as the tensor cores' fp32 sums truncate; one bf16 term alone would be near 2e-3).
+TEST_F(CudaOps, Fp32ProductFromBf16TermsMatchesTheFp32Gemm) {
+  for (const int64_t count : {int64_t{4096}, int64_t{1001}}) {
+    auto x = random_values(count, 60 + count, 3.0f);
+    for (int64_t i = 0; i < count; i += 7) x[i] *= 1e-6f;  // small values keep three live terms
+    auto dx = to_device(x);
+    cuda::DeviceBuffer terms(sizeof(uint16_t) * 3 * count);
+    cuda::split_bf16_terms(dx.as<float>(), count, terms.as<uint16_t>(), nullptr);
+    const auto got = to_host<uint16_t>(terms);
+    for (int64_t i = 0; i < count; ++i) {
+      uint16_t expected[3];
+      bf16_terms(x[i], expected);
+      for (int k = 0; k < 3; ++k) ASSERT_EQ(got[k * count + i], expected[k]) << "value " << i << ", term " << k;
+    }
+  }
+  const int cols = 6144, rows = 256;
+  const auto w16 = to_bf16_host(random_values(int64_t{rows} * cols, 61, 0.05f));
+  const auto w32 = widen(w16);
+  auto dw16 = to_device(w16), dw32 = to_device(w32);
+  cuda::Gemm gemm;
+  for (const int n : {256, 301}) {
+    const auto x = random_values(int64_t{n} * cols, 62 + n, 2.0f);
+    auto dx = to_device(x), dy_terms = poisoned(int64_t{n} * rows), dy_f32 = poisoned(int64_t{n} * rows);
+    cuda::DeviceBuffer terms(sizeof(uint16_t) * 3 * n * cols);
+    cuda::split_bf16_terms(dx.as<float>(), int64_t{n} * cols, terms.as<uint16_t>(), nullptr);
+    gemm.linear_f32_terms(terms.as<uint16_t>(), n, dw16.as<uint16_t>(), rows, cols, dy_terms.as<float>(), nullptr);
+    gemm.linear_f32(dx.as<float>(), n, dw32.as<float>(), rows, cols, dy_f32.as<float>(), nullptr);
+    std::vector<float> expected(int64_t{n} * rows);
+    for (int t = 0; t < n; ++t)
+      for (int r = 0; r < rows; ++r) {
+        double sum = 0;
+        for (int k = 0; k < cols; ++k) sum += double(x[int64_t{t} * cols + k]) * w32[int64_t{r} * cols + k];
+        expected[int64_t{t} * rows + r] = static_cast<float>(sum);
+      }
+    const double terms_error = relative_l2(to_host<float>(dy_terms), expected);
+    const double f32_error = relative_l2(to_host<float>(dy_f32), expected);
+    EXPECT_LT(terms_error, 5e-6) << n << " tokens, fp32 GEMM's error " << f32_error;
+    EXPECT_LT(f32_error, 1e-6) << n << " tokens";
   }
 }
 

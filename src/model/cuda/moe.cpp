@@ -1,4 +1,4 @@
-// CudaGlm5Model's MoE block: routing (fp32 router, sigmoid + correction bias, group-limited
+// CudaGlm5Model's MoE block: routing (fp32 scores, sigmoid + correction bias, group-limited
 // top-k), the shared expert (on a second stream at small batches), this rank's routed experts
 // and the weighted combine. On one rank the combine adds straight into the residual stream. A
 // shard (model/shard.h) routes its own tokens, gathers every data-parallel rank's routing and
@@ -21,11 +21,24 @@ void CudaGlm5Model::Impl::moe_shared_expert(const MoeDevice& m, int T, bool on_s
   shared_join.record(side_stream.get());
 }
 
+// Steps of at least this many tokens score the router on the bf16 tensor cores (bf16 router
+// weights, the fp32 rows in three bf16 terms) instead of an fp32 GEMM on the CUDA cores. Below,
+// the small-batch GEMV or a small fp32 GEMM costs less than the split and three launches.
+constexpr int kRouterTermsMinTokens = 256;
+
 void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T) {
   const io::ModelConfig& c = config;
   cudaStream_t s = stream.get();
-  gemm.linear_f32(as<float>(normed_f32), T, as<float>(m.router), c.n_routed_experts, c.hidden_size,
-                  as<float>(router_logits), s);
+  const int64_t values = int64_t{T} * c.hidden_size;
+  // The terms borrow pair_x, which the experts fill only after routing.
+  if (m.router_bf16.data() != nullptr && T >= kRouterTermsMinTokens && sizeof(uint16_t) * 3 * values <= pair_x.bytes()) {
+    cuda::split_bf16_terms(as<float>(normed_f32), values, as<uint16_t>(pair_x), s);
+    gemm.linear_f32_terms(as<uint16_t>(pair_x), T, as<uint16_t>(m.router_bf16), c.n_routed_experts, c.hidden_size,
+                          as<float>(router_logits), s);
+  } else {
+    gemm.linear_f32(as<float>(normed_f32), T, as<float>(m.router), c.n_routed_experts, c.hidden_size,
+                    as<float>(router_logits), s);
+  }
   cuda::MoeRouting routing;
   routing.num_experts = c.n_routed_experts;
   routing.top_k = c.num_experts_per_tok;

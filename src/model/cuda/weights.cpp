@@ -29,6 +29,19 @@ void check_cuda_supported(const io::ModelConfig& c) {
 
 namespace {
 
+// Whether every value of `w` is a bf16 value (stored as bf16, or fp32 values that are).
+bool bf16_values(const WeightView& w) {
+  if (w.format != ops::WeightFormat::Plain) return false;
+  if (w.dtype == DType::BF16) return true;
+  std::vector<float> row(static_cast<size_t>(w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    w.row_to_f32(r, row.data());
+    for (const float v : row)
+      if (bf16_to_f32(f32_to_bf16(v)) != v) return false;
+  }
+  return true;
+}
+
 // Appends `w` as bf16 rows to `out` (the stored format is widened or dequantised per row).
 void append_bf16(const WeightView& w, std::vector<uint16_t>& out) {
   const size_t start = out.size();
@@ -258,6 +271,7 @@ DecoderLayerDevice upload_layer(Uploader& up, const DecoderLayerWeights& layer, 
   d.is_moe = layer.is_moe;
   if (layer.is_moe) {
     d.moe.router = up.f32(layer.moe.router);
+    if (bf16_values(layer.moe.router)) d.moe.router_bf16 = up.bf16(layer.moe.router);
     d.moe.correction_bias = up.f32(layer.moe.correction_bias);
     upload_experts(up, layer.moe, c.hidden_size, d.moe);
     d.moe.shared = upload_mlp(up, layer.moe.shared_expert, linears);
@@ -284,6 +298,12 @@ class RandomMaker {
   DeviceBuffer constant(int64_t count, float value) {
     DeviceBuffer buffer(sizeof(float) * count);
     cuda::fill_f32(static_cast<float*>(buffer.data()), count, value, nullptr);
+    bytes_ += static_cast<int64_t>(buffer.bytes());
+    return buffer;
+  }
+  DeviceBuffer widened(const DeviceBuffer& bf16, int64_t count) {
+    DeviceBuffer buffer(sizeof(float) * count);
+    cuda::widen_bf16(static_cast<const uint16_t*>(bf16.data()), count, static_cast<float*>(buffer.data()), nullptr);
     bytes_ += static_cast<int64_t>(buffer.bytes());
     return buffer;
   }
@@ -449,8 +469,9 @@ DecoderLayerDevice synthetic_layer(RandomMaker& make, const io::ModelConfig& c, 
   }
   d.is_moe = is_moe;
   if (d.is_moe) {
-    // The router in fp32; draw it as bf16-free uniform values of the same scale.
-    d.moe.router = make.uniform_f32(int64_t{c.n_routed_experts} * hidden, std::sqrt(3.0f / static_cast<float>(hidden)));
+    // The router in bf16, as checkpoints keep it, and widened to fp32.
+    d.moe.router_bf16 = make.matrix(int64_t{c.n_routed_experts} * hidden, hidden);
+    d.moe.router = make.widened(d.moe.router_bf16, int64_t{c.n_routed_experts} * hidden);
     d.moe.correction_bias = make.uniform_f32(c.n_routed_experts, 0.01f);
     d.moe.first_expert = shard.first_expert(c);
     d.moe.num_experts = static_cast<int>(E);

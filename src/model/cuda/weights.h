@@ -58,6 +58,9 @@ struct MlpDevice {
 // (from first_expert), each expert_inter wide.
 struct MoeDevice {
   ops::cuda::DeviceBuffer router;           // [E, hidden] fp32
+  // The same values in bf16 where every one is a bf16 value (published checkpoints keep the
+  // router in bf16), else empty: prefill scores them on the tensor cores (Gemm::linear_f32_terms).
+  ops::cuda::DeviceBuffer router_bf16;
   ops::cuda::DeviceBuffer correction_bias;  // [E] fp32
   int first_expert = 0, num_experts = 0;
   int64_t expert_inter = 0;

@@ -201,6 +201,13 @@ void residual_rms_norm(float* x, const float* delta, int64_t n, int64_t dim, con
 // as the fused gate||up GEMM writes them. gate_up: [n, 2 * inter] fp32, out: [n, inter] bf16.
 void silu_mul_to_bf16(const float* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream);
 
+// x ([count] fp32) as three bf16 planes, terms [3, count]: plane k holds term k of
+// core/bf16_terms.h's split (their sum is x). For fp32-accurate products with bf16 weights
+// (Gemm::linear_f32_terms).
+void split_bf16_terms(const float* x, int64_t count, uint16_t* terms, cudaStream_t stream);
+// out[i] = x[i] widened to fp32.
+void widen_bf16(const uint16_t* x, int64_t count, float* out, cudaStream_t stream);
+
 // Deterministic pseudo-random fill (a counter hash of `seed` and the index): uniform in
 // [-scale, scale] for bf16 or fp32, or the constant `value`.
 void fill_uniform_bf16(uint16_t* out, int64_t count, uint64_t seed, float scale, cudaStream_t stream);
@@ -305,6 +312,13 @@ class Gemm {
   // cores with inputs rounded to TF32 (10-bit mantissa), fp32 sums.
   void linear_f32(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y,
                   cudaStream_t stream, bool tf32 = false);
+  // The same product for bf16 weights w on the bf16 tensor cores, x given as its bf16 terms
+  // ([3, n, cols], split_bf16_terms): y = sum over k of terms[k] . w^T, three cuBLAS GEMMs adding
+  // into y in fp32. Every product is exact in fp32; the tensor cores' fp32 sums truncate, so y is
+  // within a few 1e-6 (relative L2) of linear_f32 for the widened weights (whose own error is a
+  // few 1e-7), in a fraction of its time (fp32 GEMMs run on the CUDA cores).
+  void linear_f32_terms(const uint16_t* terms, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* y,
+                        cudaStream_t stream);
   // `batch` independent bf16 products, operand b at x + b * stride_x, w + b * stride_w,
   // y + b * stride_y. transpose_w false: y[n, rows] = x[n, cols] . w^T;
   // true: y[n, cols] = x[n, rows] . w. w is [rows, cols] with leading dimension ld_w. Up to the

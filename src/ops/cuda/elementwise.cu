@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "core/bf16_terms.h"
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
@@ -288,6 +289,55 @@ void simulated_all_gather(const SimulatedGatherPart* parts, int num_parts, int s
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(chunks, 256), 1024));
   launch_chained("simulated_all_gather launch", simulated_all_gather_kernel, dim3(blocks, slots, num_parts), 256, 0,
                  stream, args);
+}
+
+namespace {
+
+// Four values a thread where count allows (16-byte reads, 8-byte writes to each plane).
+__global__ void split_bf16_terms_kernel(const float* x, int64_t count, uint16_t* terms) {
+  chained_grid_prologue();
+  uint16_t* const planes[3] = {terms, terms + count, terms + 2 * count};
+  if (count % 4 == 0) {
+    GLMS_GRID_STRIDE_LOOP(q, count / 4) {
+      const float4 v = reinterpret_cast<const float4*>(x)[q];
+      const float values[4] = {v.x, v.y, v.z, v.w};
+      uint16_t split[4][3];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) bf16_terms(values[i], split[i]);
+#pragma unroll
+      for (int k = 0; k < 3; ++k)
+        reinterpret_cast<uint2*>(planes[k])[q] =
+            make_uint2(split[0][k] | static_cast<uint32_t>(split[1][k]) << 16,
+                       split[2][k] | static_cast<uint32_t>(split[3][k]) << 16);
+    }
+    return;
+  }
+  GLMS_GRID_STRIDE_LOOP(i, count) {
+    uint16_t split[3];
+    bf16_terms(x[i], split);
+#pragma unroll
+    for (int k = 0; k < 3; ++k) planes[k][i] = split[k];
+  }
+}
+
+__global__ void widen_bf16_kernel(const uint16_t* x, int64_t count, float* out) {
+  chained_grid_prologue();
+  GLMS_GRID_STRIDE_LOOP(i, count) out[i] = bf16_to_float(x[i]);
+}
+
+}  // namespace
+
+void split_bf16_terms(const float* x, int64_t count, uint16_t* terms, cudaStream_t stream) {
+  if (count <= 0) return;
+  const int64_t items = count % 4 == 0 ? count / 4 : count;
+  launch_chained("split_bf16_terms launch", split_bf16_terms_kernel, elementwise_blocks(items, 256), 256, 0, stream,
+                 x, count, terms);
+}
+
+void widen_bf16(const uint16_t* x, int64_t count, float* out, cudaStream_t stream) {
+  if (count <= 0) return;
+  launch_chained("widen_bf16 launch", widen_bf16_kernel, elementwise_blocks(count, 256), 256, 0, stream, x, count,
+                 out);
 }
 
 void add_f32(const float* a, const float* b, float* out, int64_t count, cudaStream_t stream) {

@@ -133,6 +133,21 @@ void Gemm::linear_f32(const float* x, int64_t n, const float* w, int64_t rows, i
                "cublasGemmEx (fp32 linear)");
 }
 
+void Gemm::linear_f32_terms(const uint16_t* terms, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* y,
+                            cudaStream_t stream) {
+  if (n == 0 || rows == 0) return;
+  auto handle = static_cast<cublasHandle_t>(handle_);
+  check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
+  const float alpha = 1.0f, first = 0.0f, then = 1.0f;
+  for (int k = 0; k < 3; ++k) {
+    check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, narrow(rows), narrow(n), narrow(cols), &alpha, w,
+                              CUDA_R_16BF, narrow(cols), terms + k * n * cols, CUDA_R_16BF, narrow(cols),
+                              k == 0 ? &first : &then, y, CUDA_R_32F, narrow(rows), CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx (bf16 terms of an fp32 linear)");
+  }
+}
+
 namespace {
 
 // y[b] = alpha * x[b] W[b]^T (W[b] itself with transpose_w) for b < batch, bf16 inputs, fp32 sums,
