@@ -487,6 +487,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"warp_specialized_attention", o.kernels.warp_specialized_attention},
                         {"wgmma_indexer", o.kernels.wgmma_indexer},
                         {"wgmma_experts_min_pairs", o.kernels.wgmma_experts_min_pairs},
+                        {"wgmma_bf16_experts_min_pairs", o.kernels.wgmma_bf16_experts_min_pairs},
                         {"wgmma_experts_tile_rows", o.kernels.wgmma_experts_tile_rows},
                         {"wgmma_bf16_experts_max_pairs", o.kernels.wgmma_bf16_experts_max_pairs},
                         {"specialized_bf16_experts_min_pairs", o.kernels.specialized_bf16_experts_min_pairs},
@@ -630,6 +631,11 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--wgmma-experts-min-pairs", o->kernels.wgmma_experts_min_pairs,
                   "Routed experts (tiled MXFP4 or bf16) run as grouped GEMMs on the warpgroup tensor cores from this "
                   "many pairs per expert on average (0: never)")
+      ->check(non_negative_number())
+      ->capture_default_str();
+  cmd->add_option("--wgmma-bf16-experts-min-pairs", o->kernels.wgmma_bf16_experts_min_pairs,
+                  "bf16 routed experts take those GEMMs from this many pairs per expert instead (0: as "
+                  "--wgmma-experts-min-pairs)")
       ->check(non_negative_number())
       ->capture_default_str();
   cmd->add_option("--wgmma-bf16-experts-max-pairs", o->kernels.wgmma_bf16_experts_max_pairs,

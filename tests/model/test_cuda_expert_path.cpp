@@ -70,6 +70,14 @@ TEST(CudaExpertPath, Bf16AndFp8PrefillsTakeTheirGroupedGemms) {
   EXPECT_EQ(path(options, bf16, one_gpu_step(512), capacity), ExpertPath::kGrouped);       // 16 pairs an expert
   EXPECT_EQ(path(options, bf16, one_gpu_step(2048), capacity), ExpertPath::kSpecialized);  // 64
   EXPECT_EQ(path(options, bf16, one_gpu_step(8, false), capacity), ExpertPath::kSmall);
+  // bf16 decode batches: the small-batch kernels to 2 pairs an expert, the grouped GEMMs from 3
+  // (graphed steps: no host sync).
+  EXPECT_EQ(path(options, bf16, one_gpu_step(64, false), capacity), ExpertPath::kSmall);
+  EXPECT_EQ(path(options, bf16, one_gpu_step(96, false), capacity), ExpertPath::kGrouped);
+  EXPECT_EQ(path(options, bf16, one_gpu_step(256, false), capacity), ExpertPath::kGrouped);
+  // MXFP4 and FP8 keep the mma.sync kernels there.
+  EXPECT_EQ(path(options, ops::WeightFormat::Mxfp4, one_gpu_step(96, false), capacity), ExpertPath::kSmall);
+  EXPECT_EQ(path(options, fp8, one_gpu_step(256, false), capacity), ExpertPath::kSmall);
   EXPECT_EQ(path(options, fp8, one_gpu_step(2048), capacity), ExpertPath::kW8a8);
   // Where the W8A8 staging does not fit the pair buffers: the mma.sync kernels up to 64 pairs an
   // expert, then per-expert GEMMs over widened experts, instead of a failed step.
