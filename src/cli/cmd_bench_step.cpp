@@ -488,6 +488,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"wgmma_indexer", o.kernels.wgmma_indexer},
                         {"wgmma_experts_min_pairs", o.kernels.wgmma_experts_min_pairs},
                         {"wgmma_bf16_experts_min_pairs", o.kernels.wgmma_bf16_experts_min_pairs},
+                        {"wgmma_fp8_experts_min_pairs", o.kernels.wgmma_fp8_experts_min_pairs},
                         {"wgmma_experts_tile_rows", o.kernels.wgmma_experts_tile_rows},
                         {"wgmma_bf16_experts_max_pairs", o.kernels.wgmma_bf16_experts_max_pairs},
                         {"specialized_bf16_experts_min_pairs", o.kernels.specialized_bf16_experts_min_pairs},
@@ -635,6 +636,11 @@ void add_bench_step_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--wgmma-bf16-experts-min-pairs", o->kernels.wgmma_bf16_experts_min_pairs,
                   "bf16 routed experts take those GEMMs from this many pairs per expert instead (0: as "
+                  "--wgmma-experts-min-pairs)")
+      ->check(non_negative_number())
+      ->capture_default_str();
+  cmd->add_option("--wgmma-fp8-experts-min-pairs", o->kernels.wgmma_fp8_experts_min_pairs,
+                  "Block-FP8 routed experts take the W8A8 grouped GEMMs from this many pairs per expert (0: as "
                   "--wgmma-experts-min-pairs)")
       ->check(non_negative_number())
       ->capture_default_str();

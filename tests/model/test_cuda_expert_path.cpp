@@ -75,9 +75,11 @@ TEST(CudaExpertPath, Bf16AndFp8PrefillsTakeTheirGroupedGemms) {
   EXPECT_EQ(path(options, bf16, one_gpu_step(64, false), capacity), ExpertPath::kSmall);
   EXPECT_EQ(path(options, bf16, one_gpu_step(96, false), capacity), ExpertPath::kGrouped);
   EXPECT_EQ(path(options, bf16, one_gpu_step(256, false), capacity), ExpertPath::kGrouped);
-  // MXFP4 and FP8 keep the mma.sync kernels there.
+  // FP8 keeps the mma.sync kernels to 6 pairs an expert and takes the W8A8 GEMMs from 7; MXFP4
+  // keeps its own kernels there.
+  EXPECT_EQ(path(options, fp8, one_gpu_step(192, false), capacity), ExpertPath::kSmall);
+  EXPECT_EQ(path(options, fp8, one_gpu_step(224, false), capacity), ExpertPath::kW8a8);
   EXPECT_EQ(path(options, ops::WeightFormat::Mxfp4, one_gpu_step(96, false), capacity), ExpertPath::kSmall);
-  EXPECT_EQ(path(options, fp8, one_gpu_step(256, false), capacity), ExpertPath::kSmall);
   EXPECT_EQ(path(options, fp8, one_gpu_step(2048), capacity), ExpertPath::kW8a8);
   // Where the W8A8 staging does not fit the pair buffers: the mma.sync kernels up to 64 pairs an
   // expert, then per-expert GEMMs over widened experts, instead of a failed step.

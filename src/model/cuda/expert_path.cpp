@@ -16,9 +16,10 @@ ExpertPath choose_expert_path(const CudaModelOptions& options, int64_t model_exp
       per_expert <= options.stream_experts_max_pairs && cuda::moe_experts_stream_supported(experts, hidden, inter) &&
       pairs_fit)
     return ExpertPath::kStreamed;
-  const int grouped_min_pairs = format == ops::WeightFormat::Plain && options.wgmma_bf16_experts_min_pairs > 0
-                                    ? options.wgmma_bf16_experts_min_pairs
-                                    : options.wgmma_experts_min_pairs;
+  const int format_min_pairs = format == ops::WeightFormat::Plain      ? options.wgmma_bf16_experts_min_pairs
+                               : format == ops::WeightFormat::Fp8Block ? options.wgmma_fp8_experts_min_pairs
+                                                                       : 0;
+  const int grouped_min_pairs = format_min_pairs > 0 ? format_min_pairs : options.wgmma_experts_min_pairs;
   const bool grouped = grouped_min_pairs > 0 && step.pairs >= int64_t{grouped_min_pairs} * model_experts && pairs_fit;
   // The register-widening GEMMs stage their rows in pair_x as the streamed kernels do (inter <= hidden).
   if (grouped && options.wgmma_rs_mxfp4_experts_min_pairs > 0 &&

@@ -95,13 +95,20 @@ struct CudaModelOptions {
   // average; 0: never (MXFP4: the mma.sync kernels and, above their range, widening to bf16;
   // bf16: the small-batch kernels and cuBLAS).
   int wgmma_experts_min_pairs = 16;
-  // bf16 experts take them from this many pairs per expert instead (0: as wgmma_experts_min_pairs):
-  // the small-batch kernels stream bf16 weights on the CUDA cores, near the memory bound at 2
-  // pairs an expert but not above it. H200, GLM-5.2 width, 5 layers, one lease (min pairs 16 -> 3,
-  // the record bench/results/cuda-bf16-grouped-experts-20261204.json): decode batch 96 (3 pairs an
-  // expert) 25.0 -> 19.8 ms, 128 30.4 -> 20.4, 256 55.6 -> 22.3; prefill 256 55.2 -> 20.4 ms,
-  // 384 27.4 -> 21.4; batch 64 (2 pairs) 19.5 either way.
+  // bf16 and block-FP8 experts take them (FP8: the W8A8 GEMMs below) from these many pairs per
+  // expert instead (0: as wgmma_experts_min_pairs). H200, GLM-5.2 width, 5 layers, one lease each
+  // (bench/results/cuda-grouped-experts-thresholds-20261204.json), step times with the threshold
+  // at 16 -> lower:
+  //   bf16 (the small-batch kernels stream bf16 weights on the CUDA cores: near the memory bound
+  //   at 2 pairs an expert, far from it above): decode batch 96 (3 pairs an expert) 25.0 -> 19.8
+  //   ms, 128 30.4 -> 20.4, 256 55.6 -> 22.3; prefill 256 55.2 -> 20.4, 384 27.4 -> 21.4; batch
+  //   64 (2 pairs) 19.5 either way.
+  //   FP8 (the mma.sync kernels): decode batch 96 12.5 -> 14.5 ms, 128 13.4 -> 15.3, 160 15.2 ->
+  //   15.6, 192 16.6 -> 17.0, 224 (7 pairs) 18.7 -> 17.5, 256 20.3 -> 17.3; prefill 192 15.9 ->
+  //   14.5, 256 19.0 -> 15.2, 384 22.6 -> 15.4.
+  // MXFP4 keeps wgmma_experts_min_pairs (its mma.sync kernels at 3-4 pairs: 9.3 against 16.2 ms).
   int wgmma_bf16_experts_min_pairs = 3;
+  int wgmma_fp8_experts_min_pairs = 7;
   // bf16 experts take them only below this many pairs per expert (0: no bound): from there
   // cuBLAS's grouped GEMM is faster. H200, GLM-5.2 width, 5 layers, experts of a prefill
   // (bench/results/cuda-moe-wgmma-bf16-20261203.json), cuBLAS -> wgmma: 512 tokens (16 pairs an
