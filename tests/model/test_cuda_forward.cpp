@@ -162,14 +162,16 @@ namespace {
 std::pair<std::vector<int32_t>, std::vector<int32_t>> greedy_on_both(const std::string& model_dir, int prompt_length,
                                                                      int small_batch_gemv_tokens) {
   const model::Glm5Model cpu(model::load_weights(model_dir, {.load_mtp = false, .shard = {}}));
+  const int num_blocks = std::max(32, (prompt_length + 48 + kBlockSize - 1) / kBlockSize);
   model::CudaModelOptions options = small_options();
-  options.num_blocks = 32;
+  options.num_blocks = num_blocks;
+  options.max_tokens = std::max(options.max_tokens, prompt_length);
   options.small_batch_gemv_tokens = small_batch_gemv_tokens;
   model::CudaGlm5Model gpu(cpu.weights(), options);
   const int vocab = cpu.config().vocab_size;
   const std::vector<int32_t> prompt = random_tokens(prompt_length, vocab, 5);
-  kv::PagedLatentCache cache(cpu.cache_layout(kBlockSize), 32);
-  const auto blocks = table(0, 32);
+  kv::PagedLatentCache cache(cpu.cache_layout(kBlockSize), num_blocks);
+  const auto blocks = table(0, num_blocks);
   std::vector<int32_t> cpu_tokens, gpu_tokens;
   for (int run = 0; run < 2; ++run) {
     std::vector<int32_t>& out = run == 0 ? cpu_tokens : gpu_tokens;
@@ -196,6 +198,13 @@ TEST_F(CudaForward, BundledModelGreedyTokensMatchCpu) {
   // cuBLAS for every linear layer above; now the small-batch GEMV for every decode step.
   const auto [cpu_again, gpu_gemv] = greedy_on_both(GLMS_SOURCE_DIR "/models/glm5-tiny-code", 24, ops::cuda::kGemvMaxTokens);
   EXPECT_EQ(gpu_gemv, cpu_again);
+}
+
+// A prefill of 300 tokens scores the router (bf16 in this checkpoint) from bf16 terms of its fp32
+// rows on the tensor cores, and its bf16 experts take the grouped GEMMs: the same greedy tokens.
+TEST_F(CudaForward, BundledModelLongPromptGreedyTokensMatchCpu) {
+  const auto [cpu_tokens, gpu_tokens] = greedy_on_both(GLMS_SOURCE_DIR "/models/glm5-tiny-code", 300, 0);
+  EXPECT_EQ(gpu_tokens, cpu_tokens);
 }
 
 namespace {
