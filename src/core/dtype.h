@@ -7,6 +7,8 @@
 #include <optional>
 #include <string_view>
 
+#include "core/host_device.h"
+
 namespace glms {
 
 enum class DType : uint8_t { BF16, F16, F32, F64, F8_E4M3, F8_E5M2, U8, I8, I16, I32, I64, BOOL };
@@ -18,7 +20,8 @@ std::string_view dtype_name(DType dtype);
 // Parses a safetensors dtype name; nullopt for names we do not know.
 std::optional<DType> parse_dtype(std::string_view name);
 
-inline float bf16_to_f32(uint16_t bits) {
+// bf16 <-> fp32 bits, on the host and in CUDA kernels (core/host_device.h).
+GLMS_HOST_DEVICE inline float bf16_to_f32(uint16_t bits) {
   uint32_t word = static_cast<uint32_t>(bits) << 16;
   float value;
   std::memcpy(&value, &word, sizeof(value));
@@ -26,7 +29,7 @@ inline float bf16_to_f32(uint16_t bits) {
 }
 
 // Round-to-nearest-even, NaN kept quiet.
-inline uint16_t f32_to_bf16(float value) {
+GLMS_HOST_DEVICE inline uint16_t f32_to_bf16(float value) {
   uint32_t word;
   std::memcpy(&word, &value, sizeof(word));
   if ((word & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((word >> 16) | 0x40);
