@@ -4,7 +4,8 @@
 // shard (model/shard.h) routes its own tokens, gathers every data-parallel rank's routing and
 // bf16 rows, runs its experts over all of them, reduce-scatters the sums back, adds its
 // shared-expert slice and all-reduces over its tensor-parallel peers; routing stays per token in
-// fp32, so a sharded step chooses exactly the experts one rank would.
+// fp32, so a sharded step chooses the experts one rank would (up to the order of the scores' fp32
+// sums, which the GEMM's shape and path set).
 #include "model/cuda/model_impl.h"
 
 namespace glms::model {
