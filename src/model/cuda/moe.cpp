@@ -23,8 +23,9 @@ void CudaGlm5Model::Impl::moe_shared_expert(const MoeDevice& m, int T, bool on_s
 }
 
 // Steps of at least this many tokens score the router on the bf16 tensor cores (bf16 router
-// weights, the fp32 rows in three bf16 terms) instead of an fp32 GEMM on the CUDA cores. Below,
-// the small-batch GEMV or a small fp32 GEMM costs less than the split and three launches.
+// weights, the fp32 rows in three bf16 terms) instead of an fp32 GEMM on the CUDA cores: at 2048
+// and 8192 tokens 0.07 and 0.38 ms a MoE layer less (bench/results/cuda-router-bf16-terms-20261204.json).
+// Smaller steps keep the fp32 GEMV or GEMM, where the split's three launches were not measured.
 constexpr int kRouterTermsMinTokens = 256;
 
 void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T) {
