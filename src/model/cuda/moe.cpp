@@ -33,7 +33,8 @@ void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T) {
   cudaStream_t s = stream.get();
   const int64_t values = int64_t{T} * c.hidden_size;
   // The terms borrow pair_x, which the experts fill only after routing.
-  if (m.router_bf16.data() != nullptr && T >= kRouterTermsMinTokens && sizeof(uint16_t) * 3 * values <= pair_x.bytes()) {
+  const bool terms_fit = sizeof(uint16_t) * 3 * values <= pair_x.bytes();
+  if (m.router_bf16.data() != nullptr && T >= kRouterTermsMinTokens && terms_fit) {
     cuda::split_bf16_terms(as<float>(normed_f32), values, as<uint16_t>(pair_x), s);
     gemm.linear_f32_terms(as<uint16_t>(pair_x), T, as<uint16_t>(m.router_bf16), c.n_routed_experts, c.hidden_size,
                           as<float>(router_logits), s);
