@@ -495,6 +495,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"specialized_mxfp4_experts_min_pairs", o.kernels.specialized_mxfp4_experts_min_pairs},
                         {"wgmma_rs_mxfp4_experts_min_pairs", o.kernels.wgmma_rs_mxfp4_experts_min_pairs},
                         {"paired_bf16_experts", o.kernels.paired_bf16_experts},
+                        {"bf16_expert_sums", o.kernels.bf16_expert_sums},
                         {"wgmma_fp8_experts", o.kernels.wgmma_fp8_experts},
                         {"specialized_fp8_experts", o.kernels.specialized_fp8_experts},
                         {"fp8_prefill_indexer", o.kernels.fp8_prefill_indexer},
@@ -667,6 +668,10 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--paired-bf16-experts", o->kernels.paired_bf16_experts,
                   "Those GEMMs take an expert's row tiles two by two in thread block clusters that load each weight "
                   "line once for both (TMA multicast; true/false)")
+      ->capture_default_str();
+  cmd->add_option("--bf16-expert-sums", o->kernels.bf16_expert_sums,
+                  "The grouped expert GEMMs of prefills write their down sums in bf16 for the combine (true/false; "
+                  "false: fp32)")
       ->capture_default_str();
   cmd->add_option("--wgmma-fp8-experts", o->kernels.wgmma_fp8_experts,
                   "Block-FP8 routed experts take W8A8 grouped GEMMs on the FP8 tensor cores from those pairs per "

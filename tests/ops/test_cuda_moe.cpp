@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <utility>
@@ -457,6 +458,60 @@ TEST_F(CudaMoe, Mxfp4StreamedExpertsMatchReference) {
   check_stream_experts(30, 256, 128, 2, {3, 9}, 10);
 }
 
+// The grouped GEMMs' bf16 sums (ExpertSums::bf16) are their fp32 sums rounded to nearest even,
+// bit for bit: the same accumulators, only the store differs. Each kernel over experts with
+// part-filled row tiles (150 tokens over 5 experts, top-3: about 90 pairs an expert).
+void expect_bf16_sums_rounded(const Experts& experts, const char* name,
+                              const std::function<void(ExpertRun&, cuda::ExpertSums)>& launch) {
+  const int n = 150, top_k = 3;
+  auto tokens = random_values(n * experts.hidden, 140, 2.0f);
+  for (float& v : tokens) v = round_bf16(v);
+  const auto ids = random_choices(n, static_cast<int>(experts.E), top_k, 141);
+  ExpertRun run(tokens, ids, experts.E, experts.hidden, experts.inter);
+  launch(run, run.out.as<float>());
+  const auto f32 = to_host<float>(run.out);
+  std::vector<uint16_t> unset(f32.size(), 0xffff);  // a NaN, which no sum rounds to
+  auto d_bf16 = to_device(unset);
+  launch(run, d_bf16.as<uint16_t>());
+  const auto bf16 = to_host<uint16_t>(d_bf16);
+  int64_t differ = 0;
+  for (size_t i = 0; i < f32.size(); ++i) differ += bf16[i] != f32_to_bf16(f32[i]);
+  EXPECT_EQ(differ, 0) << name << ": of " << f32.size() << " sums";
+}
+
+TEST_F(CudaMoe, GroupedGemmsBf16SumsAreTheirFp32SumsRounded) {
+  const int E = 5, top_k = 3;
+  const int64_t hidden = 512, inter = 256;
+  const Experts bf16 = make_experts(WeightFormat::Plain, true, E, hidden, inter, 51);
+  const Experts mxfp4 = make_experts(WeightFormat::Mxfp4, true, E, hidden, inter, 52);
+  const Experts fp8 = make_experts(WeightFormat::Fp8Block, true, E, hidden, inter, 53);
+  auto plan_of = [](ExpertRun& run) { return run.buffers.plan(); };
+  for (const int tile_rows : {64, 128})
+    expect_bf16_sums_rounded(bf16, "moe_experts_wgmma", [&](ExpertRun& run, cuda::ExpertSums sums) {
+      cuda::moe_experts_wgmma(run.d_x.as<uint16_t>(), hidden, inter, bf16.view(), plan_of(run), E, top_k, run.P,
+                              run.act.as<uint16_t>(), sums, nullptr, tile_rows);
+    });
+  for (const Experts* experts : {&bf16, &mxfp4})
+    expect_bf16_sums_rounded(*experts, "moe_experts_specialized", [&](ExpertRun& run, cuda::ExpertSums sums) {
+      cuda::moe_experts_specialized(run.d_x.as<uint16_t>(), hidden, inter, experts->view(), plan_of(run), E, top_k,
+                                    run.P, run.act.as<uint16_t>(), sums, nullptr);
+    });
+  expect_bf16_sums_rounded(mxfp4, "moe_experts_wgmma_rs", [&](ExpertRun& run, cuda::ExpertSums sums) {
+    cuda::DeviceBuffer staged(sizeof(uint16_t) * run.P * hidden);
+    cuda::moe_experts_wgmma_rs(run.d_x.as<uint16_t>(), hidden, inter, mxfp4.view(), plan_of(run), E, top_k, run.P,
+                               staged.as<uint32_t>(), run.act.as<uint16_t>(), sums, nullptr);
+  });
+  expect_bf16_sums_rounded(fp8, "moe_experts_wgmma_fp8", [&](ExpertRun& run, cuda::ExpertSums sums) {
+    const int64_t np = cuda::fp8_padded_tokens(run.P / top_k), pp = cuda::fp8_padded_tokens(run.P);
+    cuda::DeviceBuffer token_codes(np * hidden), token_scales(sizeof(float) * np * hidden / 128),
+        act_codes(pp * inter), act_scales(sizeof(float) * pp * inter / 128);
+    cuda::moe_experts_wgmma_fp8(run.d_x.as<uint16_t>(), hidden, inter, fp8.view(), plan_of(run), E, top_k, run.P,
+                                {token_codes.as<uint8_t>(), token_scales.as<float>(), act_codes.as<uint8_t>(),
+                                 act_scales.as<float>()},
+                                run.act.as<uint16_t>(), sums, nullptr);
+  });
+}
+
 // moe_experts_wgmma_fp8 (W8A8) against reference_pair over the same E4M3 roundings of the
 // tokens and of act. Each token's 128-column blocks differ in magnitude (1e-2 .. 1e2), so that
 // every token scale matters; the weights' 128 x 128 blocks have scales of their own.
@@ -655,6 +710,24 @@ TEST_F(CudaMoe, RoutingGroupingAndCombineMatchCpu) {
   cuda::moe_combine(d_x.as<float>(), true, d_shared.as<float>(), d_rows.as<float>(), buffers.pair_slot.as<int32_t>(),
                     d_ids.as<int32_t>(), d_weights.as<float>(), n, K, hidden, nullptr);
   EXPECT_LT(relative_l2(to_host<float>(d_x), want), 1e-6);
+
+  // The same over bf16 expert rows (the grouped GEMMs' sums), read as the values they hold.
+  std::vector<uint16_t> rows_bf16(expert_rows.size());
+  for (size_t i = 0; i < expert_rows.size(); ++i) rows_bf16[i] = f32_to_bf16(expert_rows[i]);
+  std::vector<float> want_bf16 = x;
+  for (int t = 0; t < n; ++t)
+    for (int64_t d = 0; d < hidden; ++d) {
+      std::vector<int> order(K);
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(), [&](int a, int b) { return ids[t * K + a] < ids[t * K + b]; });
+      float sum = shared[t * hidden + d];
+      for (int k : order) sum += weights[t * K + k] * bf16_to_f32(rows_bf16[slot[t * K + k] * hidden + d]);
+      want_bf16[t * hidden + d] += sum;
+    }
+  auto d_x_again = to_device(x), d_rows_bf16 = to_device(rows_bf16);
+  cuda::moe_combine(d_x_again.as<float>(), true, d_shared.as<float>(), d_rows_bf16.as<uint16_t>(),
+                    buffers.pair_slot.as<int32_t>(), d_ids.as<int32_t>(), d_weights.as<float>(), n, K, hidden, nullptr);
+  EXPECT_LT(relative_l2(to_host<float>(d_x_again), want_bf16), 1e-6);
 }
 
 // A rank of an expert-parallel layout plans only its experts' pairs (ids of other ranks' experts

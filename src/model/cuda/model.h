@@ -140,6 +140,13 @@ struct CudaModelOptions {
   // 39.7 -> 39.8 at 8192: with the L2 reads halved the GEMM is bound by the tensor cores at the
   // board's power-capped clock.
   bool paired_bf16_experts = false;
+  // The grouped GEMMs' down sums (moe_experts_wgmma, _wgmma_rs, _specialized, _wgmma_fp8) in bf16
+  // rows for the combine, as transformers' bf16 experts give theirs; false: fp32. At 8192 tokens
+  // GLM-5.2's sums are 1.6 GB a MoE layer in fp32, written once and read by the combine: bf16
+  // should take about 0.8 GB of writes and 0.8 GB of reads off each MoE layer of a long prefill.
+  // Off until it has run on a GPU (test_cuda_moe's GroupedGemmsBf16SumsAreTheirFp32SumsRounded,
+  // test_cuda_forward) and been timed (tools/gpu/compare-options bf16-expert-sums false true).
+  bool bf16_expert_sums = false;
   // Block-FP8 routed experts from wgmma_experts_min_pairs pairs per expert through the W8A8
   // grouped GEMMs on the FP8 tensor cores (ops::cuda::moe_experts_wgmma_fp8: the tokens and act
   // quantised per 128 columns as the FP8 linear layers' are); false: the mma.sync kernels and,

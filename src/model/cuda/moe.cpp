@@ -172,8 +172,14 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
   step.fp8_staged = fp8_staging.has_value();
   const int64_t bound = step.local_pairs;
   auto* const act = as<uint16_t>(pair_act);
-  auto* const sums = as<float>(expert_out);
-  switch (choose_expert_path(options, config.n_routed_experts, experts, hidden, inter, pair_capacity, step)) {
+  const ExpertPath path = choose_expert_path(options, config.n_routed_experts, experts, hidden, inter, pair_capacity, step);
+  // The grouped GEMMs write their sums in bf16 where the options ask (expert_out holds either);
+  // the other paths in fp32.
+  const bool grouped = path == ExpertPath::kRegisterWidened || path == ExpertPath::kSpecialized ||
+                       path == ExpertPath::kGrouped || path == ExpertPath::kW8a8;
+  const cuda::ExpertSums sums = options.bf16_expert_sums && grouped ? cuda::ExpertSums(as<uint16_t>(expert_out))
+                                                                    : cuda::ExpertSums(as<float>(expert_out));
+  switch (path) {
     case ExpertPath::kStreamed: {
       const int64_t per_expert = step.pairs_per_expert;
       const int chunk = static_cast<int>(std::max<int64_t>(1, per_expert * options.stream_experts_chunk_factor));
@@ -185,7 +191,7 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
       GLMS_CHECK(inter <= hidden, "streamed experts stage their rows in pair_x");
       cuda::moe_experts_stream(x, hidden, inter, experts, plan, E, K, bound, chunk,
                                static_cast<int>(std::min<int64_t>(E, bound)),
-                               {as<uint32_t>(pair_x), as<float>(pair_scale)}, act, sums, s, stream_shape);
+                               {as<uint32_t>(pair_x), as<float>(pair_scale)}, act, sums.f32, s, stream_shape);
       break;
     }
     case ExpertPath::kRegisterWidened:
@@ -211,7 +217,7 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
           1, (int64_t{routed_rows} * E + config.n_routed_experts - 1) / config.n_routed_experts));
       GLMS_CHECK(P <= pair_capacity, "MoE pairs beyond the pair buffers");
       cuda::moe_experts_small(x, hidden, inter, experts, plan, E, K, chunk_tokens,
-                              static_cast<int>(std::min<int64_t>(E, P)), act, sums, s);
+                              static_cast<int>(std::min<int64_t>(E, P)), act, sums.f32, s);
       break;
     }
     case ExpertPath::kPerExpertGemms:

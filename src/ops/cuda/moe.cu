@@ -228,7 +228,18 @@ __global__ void moe_place_kernel(const int32_t* ids, int64_t num_pairs, int firs
 // parallel load (thread k, pair k) and thread 0 orders them from there: a serial loop over
 // global loads made every block of a batch-64 decode wait about a microsecond a pair.
 constexpr int kCombineThreads = 256, kCombineDims = 4 * kCombineThreads;
-__global__ void moe_combine_kernel(float* out, bool accumulate, const float* shared_out, const float* expert_out,
+// Four consecutive values of an expert's sums (fp32 or bf16 rows) as fp32.
+__device__ __forceinline__ float4 load_sums4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 load_sums4(const uint16_t* p) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                     __uint_as_float(v.y & 0xffff0000u));
+}
+__device__ __forceinline__ float load_sum(const float* p) { return *p; }
+__device__ __forceinline__ float load_sum(const uint16_t* p) { return __uint_as_float(uint32_t{*p} << 16); }
+
+template <typename Sum>
+__global__ void moe_combine_kernel(float* out, bool accumulate, const float* shared_out, const Sum* expert_out,
                                    const int32_t* pair_slot, const int32_t* ids, const float* weights, int top_k,
                                    int64_t hidden) {
   chained_grid_prologue();
@@ -264,7 +275,7 @@ __global__ void moe_combine_kernel(float* out, bool accumulate, const float* sha
                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       for (int i = 0; i < count; ++i) {
         const float w = pair_weights[order[i]];
-        const float4 v = *reinterpret_cast<const float4*>(expert_out + static_cast<int64_t>(slots[order[i]]) * hidden + d);
+        const float4 v = load_sums4(expert_out + static_cast<int64_t>(slots[order[i]]) * hidden + d);
         sum.x += w * v.x, sum.y += w * v.y, sum.z += w * v.z, sum.w += w * v.w;
       }
       float4* dst = reinterpret_cast<float4*>(token_out + d);
@@ -279,7 +290,7 @@ __global__ void moe_combine_kernel(float* out, bool accumulate, const float* sha
   for (int64_t d = begin + threadIdx.x; d < end; d += kCombineThreads) {
     float sum = shared_out ? shared_out[t * hidden + d] : 0.0f;
     for (int i = 0; i < count; ++i)
-      sum += pair_weights[order[i]] * expert_out[static_cast<int64_t>(slots[order[i]]) * hidden + d];
+      sum += pair_weights[order[i]] * load_sum(expert_out + static_cast<int64_t>(slots[order[i]]) * hidden + d);
     token_out[d] = accumulate ? token_out[d] + sum : sum;
   }
 }
@@ -320,15 +331,21 @@ void moe_plan(const int32_t* expert_ids, int64_t num_pairs, int num_experts, con
   }
 }
 
-void moe_combine(float* out, bool accumulate, const float* shared_out, const float* expert_out,
+void moe_combine(float* out, bool accumulate, const float* shared_out, ExpertSums expert_out,
                  const int32_t* pair_slot, const int32_t* expert_ids, const float* expert_weights, int64_t n,
                  int top_k, int64_t hidden, cudaStream_t stream) {
   if (n == 0) return;
   GLMS_CHECK(top_k <= 64, "moe_combine: at most top-64");
   // A block per (token, 1024 dims): a lone decode token still spreads over a few SMs.
   const dim3 grid(static_cast<unsigned>(n), blocks_for(hidden, kCombineDims));
-  launch_chained("moe_combine launch", moe_combine_kernel, grid, kCombineThreads, 0, stream, out, accumulate,
-                 shared_out, expert_out, pair_slot, expert_ids, expert_weights, top_k, hidden);
+  if (expert_out.bf16)
+    launch_chained("moe_combine launch", moe_combine_kernel<uint16_t>, grid, kCombineThreads, 0, stream, out,
+                   accumulate, shared_out, static_cast<const uint16_t*>(expert_out.bf16), pair_slot, expert_ids,
+                   expert_weights, top_k, hidden);
+  else
+    launch_chained("moe_combine launch", moe_combine_kernel<float>, grid, kCombineThreads, 0, stream, out, accumulate,
+                   shared_out, static_cast<const float*>(expert_out.f32), pair_slot, expert_ids, expert_weights,
+                   top_k, hidden);
 }
 
 }  // namespace glms::ops::cuda

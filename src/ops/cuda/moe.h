@@ -68,6 +68,16 @@ struct ExpertWeights {
   bool mxfp4_tiled = false;
 };
 
+// Where expert kernels write their down sums, [num_pairs, hidden] in the grouped order: fp32 rows,
+// or bf16 rows (the grouped GEMMs of prefills: moe_experts_wgmma, _wgmma_rs, _specialized and
+// _wgmma_fp8), which halves the bytes they and moe_combine move. One of the two is set.
+struct ExpertSums {
+  float* f32 = nullptr;
+  uint16_t* bf16 = nullptr;
+  ExpertSums(float* rows) : f32(rows) {}     // NOLINT(google-explicit-constructor): the usual case
+  ExpertSums(uint16_t* rows) : bf16(rows) {}  // NOLINT(google-explicit-constructor)
+};
+
 // Small-batch expert MLP over the active experts, weights streamed once per step:
 // act[s, :] = bf16(silu(gate_e . x) * (up_e . x)) for each grouped pair s of expert e, then
 // expert_out[s, :] = down_e . act[s, :]. x: [n, hidden] bf16; act: [num_pairs, inter] bf16;
@@ -133,7 +143,7 @@ void moe_stage_pairs_permuted(const uint16_t* src, int64_t dim, const int32_t* s
 bool moe_experts_wgmma_rs_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
 void moe_experts_wgmma_rs(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                           const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint32_t* staged,
-                          uint16_t* act, float* expert_out, cudaStream_t stream);
+                          uint16_t* act, ExpertSums expert_out, cudaStream_t stream);
 
 // The same for prefill-sized batches with tiled MXFP4 experts (moe_experts_wgmma.cu): each
 // projection one grouped GEMM over the plan's pairs on Hopper's warpgroup tensor cores, the
@@ -146,7 +156,7 @@ void moe_experts_wgmma_rs(const uint16_t* x, int64_t hidden, int64_t inter, cons
 bool moe_experts_wgmma_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
 void moe_experts_wgmma(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                        const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* act,
-                       float* expert_out, cudaStream_t stream, int tile_rows = 0);
+                       ExpertSums expert_out, cudaStream_t stream, int tile_rows = 0);
 
 // The same for bf16 or tiled MXFP4 experts of long prefills (moe_experts_specialized.cu),
 // warp-specialised: a producer warpgroup fills a ring of shared-memory stages (MXFP4: widening
@@ -157,7 +167,7 @@ void moe_experts_wgmma(const uint16_t* x, int64_t hidden, int64_t inter, const E
 bool moe_experts_specialized_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
 void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                              const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* act,
-                             float* expert_out, cudaStream_t stream, bool paired = false);
+                             ExpertSums expert_out, cudaStream_t stream, bool paired = false);
 
 // The same for block-FP8 experts (moe_experts_wgmma_fp8.cu), W8A8 as FP8 checkpoints are
 // served: x and then act quantised to E4M3 with one scale a row and 128 columns
@@ -180,7 +190,7 @@ enum class Fp8ExpertGemm { kBlockBarrier, kWarpSpecialized };
 bool moe_experts_wgmma_fp8_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
 void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                            const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs,
-                           const MoeFp8Staging& staging, uint16_t* act, float* expert_out, cudaStream_t stream,
+                           const MoeFp8Staging& staging, uint16_t* act, ExpertSums expert_out, cudaStream_t stream,
                            Fp8ExpertGemm gemm = Fp8ExpertGemm::kWarpSpecialized);
 
 // Expert `expert` of quantised `experts` widened to bf16: gate_up_out [2 * inter, hidden] and
@@ -189,9 +199,9 @@ void dequantize_expert(const ExpertWeights& experts, int expert, int64_t hidden,
                        uint16_t* down_out, cudaStream_t stream);
 
 // out[t] (+= with `accumulate`, else =) shared_out[t] (when given) + the sum over the token's
-// pairs on this rank (pair_slot >= 0), in increasing expert id, of weight * expert_out[slot].
-// out, shared_out: [n, hidden] fp32.
-void moe_combine(float* out, bool accumulate, const float* shared_out, const float* expert_out,
+// pairs on this rank (pair_slot >= 0), in increasing expert id, of weight * expert_out[slot]
+// (read, fp32 or bf16 rows). out, shared_out: [n, hidden] fp32.
+void moe_combine(float* out, bool accumulate, const float* shared_out, ExpertSums expert_out,
                  const int32_t* pair_slot, const int32_t* expert_ids, const float* expert_weights, int64_t n,
                  int top_k, int64_t hidden, cudaStream_t stream);
 

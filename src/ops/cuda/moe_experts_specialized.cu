@@ -125,8 +125,8 @@ __device__ __forceinline__ void store_tile(const GroupedArgs& a, const float (&a
       for (int h = 0; h < 2; ++h) {
         const int r = row0 + 8 * h;
         if (r < rows)
-          *reinterpret_cast<float2*>(a.out + (first + r) * a.rows_per_expert + feature0 + 8 * j) =
-              make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+          moe_grouped::store_out_pair(a, (first + r) * a.rows_per_expert + feature0 + 8 * j, acc[4 * j + 2 * h],
+                                      acc[4 * j + 2 * h + 1]);
       }
   } else {
     // 64 gate lines, then the matching 64 up lines: feature i's up sum is 8 register groups on,
@@ -514,7 +514,7 @@ bool moe_experts_specialized_supported(const ExpertWeights& experts, int64_t hid
 
 void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                              const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* act,
-                             float* expert_out, cudaStream_t stream, bool paired) {
+                             ExpertSums expert_out, cudaStream_t stream, bool paired) {
   if (num_pairs <= 0 || num_experts <= 0) return;
   GLMS_CHECK(moe_experts_specialized_supported(experts, hidden, inter),
              "moe_experts_specialized: bf16 or tiled MXFP4 experts with hidden a multiple of 256 and inter of 128");

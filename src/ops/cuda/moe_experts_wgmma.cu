@@ -294,7 +294,7 @@ void launch_tiles(int tile_rows, const GroupedArgs& a, const uint16_t* x, const 
 
 void moe_experts_wgmma(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                        const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* act,
-                       float* expert_out, cudaStream_t stream, int tile_rows) {
+                       ExpertSums expert_out, cudaStream_t stream, int tile_rows) {
   if (num_pairs <= 0 || num_experts <= 0) return;
   GLMS_CHECK(moe_experts_wgmma_supported(experts, hidden, inter),
              "moe_experts_wgmma: bf16 or tiled MXFP4 experts with hidden a multiple of 256 and inter of 128");

@@ -339,7 +339,7 @@ bool moe_experts_wgmma_fp8_supported(const ExpertWeights& experts, int64_t hidde
 
 void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                            const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs,
-                           const MoeFp8Staging& staging, uint16_t* act, float* expert_out, cudaStream_t stream,
+                           const MoeFp8Staging& staging, uint16_t* act, ExpertSums expert_out, cudaStream_t stream,
                            Fp8ExpertGemm gemm) {
   if (num_pairs <= 0 || num_experts <= 0) return;
   GLMS_CHECK(moe_experts_wgmma_fp8_supported(experts, hidden, inter),

@@ -185,9 +185,9 @@ __device__ __forceinline__ void store_rows(const GroupedArgs& a, const float (&a
         const int64_t feature = slice * kSliceFeatures<P> + 8 * warp + g;
         a.act[(first + n) * a.inter + feature] = float_to_bf16(silu_mul(row_a, row_b));
       } else {
-        float* const out = a.out + (first + n) * a.rows_per_expert + slice * kSliceFeatures<P> + 16 * warp + g;
-        out[0] = row_a;
-        out[8] = row_b;
+        const int64_t out = (first + n) * a.rows_per_expert + slice * kSliceFeatures<P> + 16 * warp + g;
+        moe_grouped::store_out(a, out, row_a);
+        moe_grouped::store_out(a, out + 8, row_b);
       }
     }
 }
@@ -251,7 +251,7 @@ bool moe_experts_wgmma_rs_supported(const ExpertWeights& experts, int64_t hidden
 
 void moe_experts_wgmma_rs(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                           const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint32_t* staged,
-                          uint16_t* act, float* expert_out, cudaStream_t stream) {
+                          uint16_t* act, ExpertSums expert_out, cudaStream_t stream) {
   if (num_pairs <= 0 || num_experts <= 0) return;
   GLMS_CHECK(moe_experts_wgmma_rs_supported(experts, hidden, inter),
              "moe_experts_wgmma_rs: tiled MXFP4 experts with hidden and inter multiples of 128");

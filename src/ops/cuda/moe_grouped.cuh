@@ -97,12 +97,13 @@ struct GroupedArgs {
   int slices = 1;             // output slices a row tile (moe_experts_specialized's one-dimensional grid)
   int64_t inter = 0;          // kGateUp: the up rows start here; act is [pairs, inter]
   uint16_t* act = nullptr;    // kGateUp output, bf16
-  float* out = nullptr;       // kDown output [pairs, rows_per_expert] fp32
+  float* out = nullptr;       // kDown output [pairs, rows_per_expert] fp32, or
+  uint16_t* out_bf16 = nullptr;  // bf16 (ExpertSums: one of the two is set)
 };
 
 // The arguments both projections share: the plan's grouping and the outputs.
 inline GroupedArgs grouped_args(const MoePlan& plan, int num_experts, int top_k, int64_t inter, uint16_t* act,
-                                float* out) {
+                                ExpertSums out) {
   GroupedArgs a;
   a.sorted_pairs = plan.sorted_pairs;
   a.top_k = top_k;
@@ -110,7 +111,8 @@ inline GroupedArgs grouped_args(const MoePlan& plan, int num_experts, int top_k,
   a.num_experts = num_experts;
   a.inter = inter;
   a.act = act;
-  a.out = out;
+  a.out = out.f32;
+  a.out_bf16 = out.bf16;
   return a;
 }
 
@@ -215,6 +217,16 @@ __device__ RowTile row_tile_of_block(const int32_t* offsets, int num_experts) {
   return tile;
 }
 
+// Down sums v0, v1 at elements index, index + 1 of the output (index even), in its type.
+__device__ __forceinline__ void store_out_pair(const GroupedArgs& a, int64_t index, float v0, float v1) {
+  if (a.out_bf16) *reinterpret_cast<uint32_t*>(a.out_bf16 + index) = pack_bf16_pair(v0, v1);
+  else *reinterpret_cast<float2*>(a.out + index) = make_float2(v0, v1);
+}
+__device__ __forceinline__ void store_out(const GroupedArgs& a, int64_t index, float v) {
+  if (a.out_bf16) a.out_bf16[index] = float_to_bf16(v);
+  else a.out[index] = v;
+}
+
 // acc[4 j + e] of thread (warp, g, tq) of warpgroup wg: row wg * kGroupRow0 + 16 warp + g +
 // 8 (e / 2), weight line wg * kGroupLine0 + 8 j + 2 tq + e % 2 of the block's.
 template <Projection P, int kRows>
@@ -231,8 +243,8 @@ __device__ __forceinline__ void epilogue(const GroupedArgs& a, const float (&acc
       for (int h = 0; h < 2; ++h) {
         const int r = row0 + 8 * h;
         if (r < rows)
-          *reinterpret_cast<float2*>(a.out + (first + r) * a.rows_per_expert + feature0 + 8 * j) =
-              make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+          store_out_pair(a, (first + r) * a.rows_per_expert + feature0 + 8 * j, acc[4 * j + 2 * h],
+                         acc[4 * j + 2 * h + 1]);
       }
     return;
   }
