@@ -496,6 +496,7 @@ void run_bench_step(const BenchStepOptions& o) {
                         {"wgmma_rs_mxfp4_experts_min_pairs", o.kernels.wgmma_rs_mxfp4_experts_min_pairs},
                         {"paired_bf16_experts", o.kernels.paired_bf16_experts},
                         {"bf16_expert_sums", o.kernels.bf16_expert_sums},
+                        {"bf16_queries_min_tokens", o.kernels.bf16_queries_min_tokens},
                         {"wgmma_fp8_experts", o.kernels.wgmma_fp8_experts},
                         {"specialized_fp8_experts", o.kernels.specialized_fp8_experts},
                         {"fp8_prefill_indexer", o.kernels.fp8_prefill_indexer},
@@ -672,6 +673,11 @@ void add_bench_step_command(CLI::App& app) {
   cmd->add_option("--bf16-expert-sums", o->kernels.bf16_expert_sums,
                   "The grouped expert GEMMs of prefills write their down sums in bf16 for the combine (true/false; "
                   "false: fp32)")
+      ->capture_default_str();
+  cmd->add_option("--bf16-queries-min-tokens", o->kernels.bf16_queries_min_tokens,
+                  "Steps of at least this many tokens with bf16 q_b weights write the queries in bf16 straight from "
+                  "the GEMM (0: never)")
+      ->check(non_negative_number())
       ->capture_default_str();
   cmd->add_option("--wgmma-fp8-experts", o->kernels.wgmma_fp8_experts,
                   "Block-FP8 routed experts take W8A8 grouped GEMMs on the FP8 tensor cores from those pairs per "

@@ -257,7 +257,8 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
 
 // mla_prepare_queries: the nope columns in bf16 (rounded as the CPU rounds), the rope columns
 // rotated, scaled and rounded within bf16 of the CPU's rotation, zeros to the padded width, and
-// the latent columns (the absorption's) and the other columns of q_nope left as they were.
+// the latent columns (the absorption's) and the other columns of q_nope left as they were; and
+// the same from bf16 q (whose nope columns are the absorption's input already).
 TEST_F(CudaAttention, MlaPreparedQueriesRotateScaleAndPad) {
   struct Shape {
     int T, H, L, nope, rd;
@@ -305,6 +306,35 @@ TEST_F(CudaAttention, MlaPreparedQueriesRotateScaleAndPad) {
       }
     }
     EXPECT_LT(relative_l2(got_rope, want_rope), 4e-3) << "H=" << H;
+
+    // From q in bf16 (the q_b GEMM's bf16 output): the same staged row, rotated from the rounded
+    // values, the latent columns left as they were.
+    std::vector<uint16_t> q16(q.size());
+    for (size_t i = 0; i < q.size(); ++i) q16[i] = f32_to_bf16(q[i]);
+    const auto dq16 = to_device(q16);
+    auto prepared16 = to_device(std::vector<uint16_t>(int64_t{T} * H * width, untouched));
+    cuda::mla_prepare_queries(dq16.as<uint16_t>(), T, H, qd, nope, rd, dpos.as<int32_t>(), dfreq.as<float>(), L, scale,
+                              prepared16.as<uint16_t>(), nullptr);
+    const auto got16 = to_host<uint16_t>(prepared16, int64_t{T} * H * width);
+    std::vector<float> want_rope16, got_rope16;
+    for (int t = 0; t < T; ++t) {
+      table.angles(positions[t], cos.data(), sin.data());
+      for (int h = 0; h < H; ++h) {
+        const int64_t th = int64_t{t} * H + h;
+        for (int k = 0; k < L; ++k)
+          ASSERT_EQ(got16[th * width + k], untouched) << "bf16 q: row " << th << " latent column " << k;
+        for (int k = L + rd; k < width; ++k)
+          ASSERT_EQ(got16[th * width + k], 0) << "bf16 q: row " << th << " padding column " << k;
+        std::vector<float> row(rd);
+        for (int k = 0; k < rd; ++k) row[k] = bf16_to_f32(q16[th * qd + nope + k]);
+        ops::rope_interleaved(row.data(), rd, cos.data(), sin.data());
+        for (int k = 0; k < rd; ++k) {
+          want_rope16.push_back(row[k] * scale);
+          got_rope16.push_back(bf16_to_f32(got16[th * width + L + k]));
+        }
+      }
+    }
+    EXPECT_LT(relative_l2(got_rope16, want_rope16), 4e-3) << "bf16 q, H=" << H;
   }
 }
 

@@ -106,6 +106,10 @@ TEST_F(CudaOps, Bf16LinearMatchesCpuWithinBf16Rounding) {
     auto dx = to_device(x16), dw = to_device(w16), dy = poisoned(n * rows);
     gemm.linear(dx.as<uint16_t>(), n, dw.as<uint16_t>(), rows, cols, dy.as<float>(), nullptr);
     EXPECT_LT(relative_l2(to_host<float>(dy), expected), 1e-5) << n << "x" << rows << "x" << cols;
+    // The same product with a bf16 output (cuBLAS may sum in another order, so within its rounding).
+    auto dy16 = to_device(std::vector<uint16_t>(n * rows, 0xffff));  // NaN until written
+    gemm.linear_to_bf16(dx.as<uint16_t>(), n, dw.as<uint16_t>(), rows, cols, dy16.as<uint16_t>(), nullptr);
+    EXPECT_LT(relative_l2(widen(to_host<uint16_t>(dy16)), expected), 4e-3) << n << "x" << rows << "x" << cols;
   }
 }
 

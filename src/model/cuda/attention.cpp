@@ -42,8 +42,16 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
                           as<uint16_t>(q_resid_bf16), s);
   cuda::GemvOutput from_q[2] = {{as<uint16_t>(w.q_b_proj.w), H * qd, as<float>(q)},
                                 {as<uint16_t>(ix.wq_b), int64_t{IH} * ID, as<float>(index_q)}};
+  // Long chunks with bf16 q_b weights: q straight in bf16, as the absorption GEMM reads it (the
+  // fp32 rows were only converted; 8192 tokens at GLM-5.2 width: 0.5 GB written and read again).
+  const bool bf16_queries = !w.q_b_proj.fp8() && options.bf16_queries_min_tokens > 0 &&
+                            T >= options.bf16_queries_min_tokens;
   if (w.q_b_proj.fp8()) {
     linear(w.q_b_proj, as<uint16_t>(q_resid_bf16), T, as<float>(q), gemm, s);
+    if (score_positions) gemm.linear_group(as<uint16_t>(q_resid_bf16), T, q_lora, from_q + 1, 1, s);
+  } else if (bf16_queries) {
+    gemm.linear_to_bf16(as<uint16_t>(q_resid_bf16), T, as<uint16_t>(w.q_b_proj.w), H * qd, q_lora,
+                        as<uint16_t>(q_bf16), s);
     if (score_positions) gemm.linear_group(as<uint16_t>(q_resid_bf16), T, q_lora, from_q + 1, 1, s);
   } else {
     gemm.linear_group(as<uint16_t>(q_resid_bf16), T, q_lora, from_q, score_positions ? 2 : 1, s);
@@ -74,8 +82,12 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   const int64_t width = cuda_mla_padded_row(L, rd);  // of a staged query
   const auto scale = static_cast<float>(c.attention_scale());
   uint16_t* queries = as<uint16_t>(staged_queries);
-  cuda::mla_prepare_queries(as<float>(q), T, H, qd, nope, static_cast<int>(rd), positions, as<float>(inv_freq),
-                            static_cast<int>(L), scale, as<uint16_t>(q_bf16), queries, s);
+  if (bf16_queries)
+    cuda::mla_prepare_queries(as<uint16_t>(q_bf16), T, H, qd, nope, static_cast<int>(rd), positions,
+                              as<float>(inv_freq), static_cast<int>(L), scale, queries, s);
+  else
+    cuda::mla_prepare_queries(as<float>(q), T, H, qd, nope, static_cast<int>(rd), positions, as<float>(inv_freq),
+                              static_cast<int>(L), scale, as<uint16_t>(q_bf16), queries, s);
   gemm.batched_to_bf16(as<uint16_t>(q_bf16), T, H * qd, qd, as<uint16_t>(w.kv_b_proj), nope, L, L, head_stride, true,
                        queries, H * width, width, H, s, scale);
   timer.mark("attention.absorb", s);

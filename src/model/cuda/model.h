@@ -147,6 +147,14 @@ struct CudaModelOptions {
   // Off until it has run on a GPU (test_cuda_moe's GroupedGemmsBf16SumsAreTheirFp32SumsRounded,
   // test_cuda_forward) and been timed (tools/gpu/compare-options bf16-expert-sums false true).
   bool bf16_expert_sums = false;
+  // Steps of at least this many tokens (0: none) with bf16 q_b weights write q in bf16 straight
+  // from cuBLAS (Gemm::linear_to_bf16), the absorption GEMM's input as it is, and rotate only its
+  // rope columns from there; otherwise q is fp32 rows that mla_prepare_queries converts. At 8192
+  // tokens and GLM-5.2 width those are 0.5 GB a layer, written and read again. The rope columns
+  // are then rotated from bf16 values (transformers' bf16 model rotates its bf16 q too). 0 until
+  // it has run on a GPU (test_cuda_attention, test_cuda_forward) and been timed (tools/gpu/
+  // compare-options bf16-queries-min-tokens 0 256).
+  int bf16_queries_min_tokens = 0;
   // Block-FP8 routed experts from wgmma_experts_min_pairs pairs per expert through the W8A8
   // grouped GEMMs on the FP8 tensor cores (ops::cuda::moe_experts_wgmma_fp8: the tokens and act
   // quantised per 128 columns as the FP8 linear layers' are); false: the mma.sync kernels and,

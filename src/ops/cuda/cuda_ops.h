@@ -289,6 +289,11 @@ class Gemm {
   // linear_skinny where it fits, else cuBLAS.
   void linear(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* y,
               cudaStream_t stream, int64_t ld_x = 0, int64_t ld_y = 0);
+  // The same product with y in bf16 (each fp32 sum rounded to nearest even once, as f32_to_bf16
+  // of linear's y), through cuBLAS whatever n: for prefill-sized n, whose fp32 rows would only be
+  // converted afterwards.
+  void linear_to_bf16(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, uint16_t* y,
+                      cudaStream_t stream);
   // Linear layers of at most `max_tokens` (<= kGemvMaxTokens) tokens through gemv_bf16; 0: cuBLAS only.
   void set_small_batch_gemv(int max_tokens) { gemv_max_tokens_ = std::clamp(max_tokens, 0, kGemvMaxTokens); }
   // Linear layers of more tokens than the GEMV takes, up to `max_tokens` (<= kSkinnyMaxTokens),

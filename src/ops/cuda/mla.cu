@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
@@ -42,30 +43,37 @@ __global__ void gather_context_kernel(const void* cache, CacheStorage storage, c
                 threadIdx.x, blockDim.x);
 }
 
-// mla_prepare_queries: a warp a (token, head) row: its nope columns to bf16 (four a lane at once
-// where the row's width allows), its rope pairs rotated and scaled into the staged row, the staged
-// row's padding zeroed. (A thread an element needed a 64-bit division each: 1.4 TB/s.)
-__global__ void prepare_queries_kernel(const float* q, int64_t num_rows, int heads, int64_t qd, int nope, int rope_dim,
+__device__ __forceinline__ float query_value(const float* p) { return *p; }
+__device__ __forceinline__ float query_value(const uint16_t* p) { return bf16_to_float(*p); }
+
+// mla_prepare_queries: a warp a (token, head) row: its nope columns to bf16 (fp32 q: four a lane
+// at once where the row's width allows; bf16 q holds them already), its rope pairs rotated and
+// scaled into the staged row, the staged row's padding zeroed. (A thread an element needed a
+// 64-bit division each: 1.4 TB/s.)
+template <typename Query>
+__global__ void prepare_queries_kernel(const Query* q, int64_t num_rows, int heads, int64_t qd, int nope, int rope_dim,
                                        const int32_t* positions, const float* inv_freq, int latent_dim, int width,
                                        float scale, uint16_t* q_nope, uint16_t* queries) {
   chained_grid_prologue();
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t{gridDim.x} * blockDim.x / 32;
   for (int64_t th = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32; th < num_rows; th += warps) {
-    const float* row = q + th * qd;  // th = token * heads + head
-    uint16_t* const nope_out = q_nope + th * qd;
-    if (nope % 4 == 0 && qd % 4 == 0) {
-      for (int k = 4 * lane; k < nope; k += 128) {
-        const float4 v = *reinterpret_cast<const float4*>(row + k);
-        *reinterpret_cast<uint2*>(nope_out + k) = make_uint2(pack_bf16_pair(v.x, v.y), pack_bf16_pair(v.z, v.w));
+    const Query* row = q + th * qd;  // th = token * heads + head
+    if constexpr (std::is_same_v<Query, float>) {
+      uint16_t* const nope_out = q_nope + th * qd;
+      if (nope % 4 == 0 && qd % 4 == 0) {
+        for (int k = 4 * lane; k < nope; k += 128) {
+          const float4 v = *reinterpret_cast<const float4*>(row + k);
+          *reinterpret_cast<uint2*>(nope_out + k) = make_uint2(pack_bf16_pair(v.x, v.y), pack_bf16_pair(v.z, v.w));
+        }
+      } else {
+        for (int k = lane; k < nope; k += 32) nope_out[k] = float_to_bf16(row[k]);
       }
-    } else {
-      for (int k = lane; k < nope; k += 32) nope_out[k] = float_to_bf16(row[k]);
     }
     uint16_t* const staged = queries + th * width + latent_dim;
     const float position = static_cast<float>(positions[th / heads]);
     for (int pair = lane; pair < rope_dim / 2; pair += 32) {
-      float rotated[2] = {row[nope + 2 * pair], row[nope + 2 * pair + 1]};
+      float rotated[2] = {query_value(row + nope + 2 * pair), query_value(row + nope + 2 * pair + 1)};
       rotate_pair(rotated, inv_freq[pair] * position);
       staged[2 * pair] = float_to_bf16(rotated[0] * scale);
       staged[2 * pair + 1] = float_to_bf16(rotated[1] * scale);
@@ -174,16 +182,35 @@ void mla_gather_context(const void* cache, CacheStorage storage, const int32_t* 
                  block_table, block_size, latent_dim, rope_dim, out);
 }
 
-void mla_prepare_queries(const float* q, int num_tokens, int heads, int64_t qd, int64_t nope, int rope_dim,
-                         const int32_t* positions, const float* inv_freq, int latent_dim, float scale,
-                         uint16_t* q_nope, uint16_t* queries, cudaStream_t stream) {
+namespace {
+
+template <typename Query>
+void launch_prepare_queries(const Query* q, int num_tokens, int heads, int64_t qd, int64_t nope, int rope_dim,
+                            const int32_t* positions, const float* inv_freq, int latent_dim, float scale,
+                            uint16_t* q_nope, uint16_t* queries, cudaStream_t stream) {
   if (num_tokens <= 0) return;
   GLMS_CHECK(rope_dim % 2 == 0 && nope + rope_dim <= qd, "mla_prepare_queries: an even rope inside each head's row");
   const int width = mla_padded_row(latent_dim, rope_dim);
   const int64_t num_rows = int64_t{num_tokens} * heads;
-  launch_chained("mla_prepare_queries launch", prepare_queries_kernel, elementwise_blocks(num_rows * 32, 256), 256, 0,
-                 stream, q, num_rows, heads, qd, static_cast<int>(nope), rope_dim, positions, inv_freq, latent_dim,
-                 width, scale, q_nope, queries);
+  launch_chained("mla_prepare_queries launch", prepare_queries_kernel<Query>, elementwise_blocks(num_rows * 32, 256),
+                 256, 0, stream, q, num_rows, heads, qd, static_cast<int>(nope), rope_dim, positions, inv_freq,
+                 latent_dim, width, scale, q_nope, queries);
+}
+
+}  // namespace
+
+void mla_prepare_queries(const float* q, int num_tokens, int heads, int64_t qd, int64_t nope, int rope_dim,
+                         const int32_t* positions, const float* inv_freq, int latent_dim, float scale,
+                         uint16_t* q_nope, uint16_t* queries, cudaStream_t stream) {
+  launch_prepare_queries(q, num_tokens, heads, qd, nope, rope_dim, positions, inv_freq, latent_dim, scale, q_nope,
+                         queries, stream);
+}
+
+void mla_prepare_queries(const uint16_t* q, int num_tokens, int heads, int64_t qd, int64_t nope, int rope_dim,
+                         const int32_t* positions, const float* inv_freq, int latent_dim, float scale,
+                         uint16_t* queries, cudaStream_t stream) {
+  launch_prepare_queries(q, num_tokens, heads, qd, nope, rope_dim, positions, inv_freq, latent_dim, scale, nullptr,
+                         queries, stream);
 }
 
 void mla_sparse_softmax(const float* scores, int n, int heads, int context, const int32_t* selected, int max_selected,

@@ -108,6 +108,11 @@ void mla_merge_splits(const MlaAttentionArgs& args, int launch_tokens, int split
 // left as they are), and queries[t, h, latent ..) = bf16(scale * the rope columns rotated at
 // positions[t] (interleaved pairs, as rope_rows)) then zeros to mla_padded_row. Columns
 // [0, latent) of queries are the absorption's.
+// The same from q in bf16 ([T, H, qd], rounded once from the q_b GEMM's sums), whose nope columns
+// are already the absorption GEMM's input: only the rope columns are rotated into queries.
+void mla_prepare_queries(const uint16_t* q, int num_tokens, int heads, int64_t qd, int64_t nope, int rope_dim,
+                         const int32_t* positions, const float* inv_freq, int latent_dim, float scale,
+                         uint16_t* queries, cudaStream_t stream);
 void mla_prepare_queries(const float* q, int num_tokens, int heads, int64_t qd, int64_t nope, int rope_dim,
                          const int32_t* positions, const float* inv_freq, int latent_dim, float scale,
                          uint16_t* q_nope, uint16_t* queries, cudaStream_t stream);
