@@ -231,12 +231,13 @@ constexpr int kCombineThreads = 256, kCombineDims = 4 * kCombineThreads;
 // Four consecutive values of an expert's sums (fp32 or bf16 rows) as fp32.
 __device__ __forceinline__ float4 load_sums4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ __forceinline__ float4 load_sums4(const uint16_t* p) {
-  const uint2 v = *reinterpret_cast<const uint2*>(p);
-  return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
-                     __uint_as_float(v.y & 0xffff0000u));
+  const uint2 v = *reinterpret_cast<const uint2*>(p);  // 8 bytes: four bf16 values, low halves first
+  auto low = [](uint32_t w) { return bf16_to_float(static_cast<uint16_t>(w)); };
+  auto high = [](uint32_t w) { return bf16_to_float(static_cast<uint16_t>(w >> 16)); };
+  return make_float4(low(v.x), high(v.x), low(v.y), high(v.y));
 }
 __device__ __forceinline__ float load_sum(const float* p) { return *p; }
-__device__ __forceinline__ float load_sum(const uint16_t* p) { return __uint_as_float(uint32_t{*p} << 16); }
+__device__ __forceinline__ float load_sum(const uint16_t* p) { return bf16_to_float(*p); }
 
 template <typename Sum>
 __global__ void moe_combine_kernel(float* out, bool accumulate, const float* shared_out, const Sum* expert_out,
