@@ -696,38 +696,32 @@ TEST_F(CudaMoe, RoutingGroupingAndCombineMatchCpu) {
 
   // Combine: x += shared + sum of weight * expert row, experts in increasing id.
   auto x = random_values(n * hidden, 3), shared = random_values(n * hidden, 4), expert_rows = random_values(P * hidden, 5);
-  std::vector<float> want = x;
-  for (int t = 0; t < n; ++t)
-    for (int64_t d = 0; d < hidden; ++d) {
-      std::vector<int> order(K);
-      std::iota(order.begin(), order.end(), 0);
-      std::sort(order.begin(), order.end(), [&](int a, int b) { return ids[t * K + a] < ids[t * K + b]; });
-      float sum = shared[t * hidden + d];
-      for (int k : order) sum += weights[t * K + k] * expert_rows[slot[t * K + k] * hidden + d];
-      want[t * hidden + d] += sum;
-    }
+  auto combined = [&](const std::vector<float>& rows) {
+    std::vector<float> want = x;
+    for (int t = 0; t < n; ++t)
+      for (int64_t d = 0; d < hidden; ++d) {
+        std::vector<int> order(K);
+        std::iota(order.begin(), order.end(), 0);
+        std::sort(order.begin(), order.end(), [&](int a, int b) { return ids[t * K + a] < ids[t * K + b]; });
+        float sum = shared[t * hidden + d];
+        for (int k : order) sum += weights[t * K + k] * rows[slot[t * K + k] * hidden + d];
+        want[t * hidden + d] += sum;
+      }
+    return want;
+  };
   auto d_x = to_device(x), d_shared = to_device(shared), d_rows = to_device(expert_rows);
   cuda::moe_combine(d_x.as<float>(), true, d_shared.as<float>(), d_rows.as<float>(), buffers.pair_slot.as<int32_t>(),
                     d_ids.as<int32_t>(), d_weights.as<float>(), n, K, hidden, nullptr);
-  EXPECT_LT(relative_l2(to_host<float>(d_x), want), 1e-6);
+  EXPECT_LT(relative_l2(to_host<float>(d_x), combined(expert_rows)), 1e-6);
 
   // The same over bf16 expert rows (the grouped GEMMs' sums), read as the values they hold.
   std::vector<uint16_t> rows_bf16(expert_rows.size());
-  for (size_t i = 0; i < expert_rows.size(); ++i) rows_bf16[i] = f32_to_bf16(expert_rows[i]);
-  std::vector<float> want_bf16 = x;
-  for (int t = 0; t < n; ++t)
-    for (int64_t d = 0; d < hidden; ++d) {
-      std::vector<int> order(K);
-      std::iota(order.begin(), order.end(), 0);
-      std::sort(order.begin(), order.end(), [&](int a, int b) { return ids[t * K + a] < ids[t * K + b]; });
-      float sum = shared[t * hidden + d];
-      for (int k : order) sum += weights[t * K + k] * bf16_to_f32(rows_bf16[slot[t * K + k] * hidden + d]);
-      want_bf16[t * hidden + d] += sum;
-    }
+  std::vector<float> rows_held(expert_rows.size());
+  for (size_t i = 0; i < expert_rows.size(); ++i) rows_held[i] = bf16_to_f32(rows_bf16[i] = f32_to_bf16(expert_rows[i]));
   auto d_x_again = to_device(x), d_rows_bf16 = to_device(rows_bf16);
   cuda::moe_combine(d_x_again.as<float>(), true, d_shared.as<float>(), d_rows_bf16.as<uint16_t>(),
                     buffers.pair_slot.as<int32_t>(), d_ids.as<int32_t>(), d_weights.as<float>(), n, K, hidden, nullptr);
-  EXPECT_LT(relative_l2(to_host<float>(d_x_again), want_bf16), 1e-6);
+  EXPECT_LT(relative_l2(to_host<float>(d_x_again), combined(rows_held)), 1e-6);
 }
 
 // A rank of an expert-parallel layout plans only its experts' pairs (ids of other ranks' experts
