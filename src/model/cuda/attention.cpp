@@ -13,8 +13,6 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   cudaStream_t s = stream.get();
   const int32_t* positions = meta_i32(meta.positions);
   const auto* slots = reinterpret_cast<const int64_t*>(static_cast<const char*>(metadata.data()) + meta.slot_mapping);
-  const int32_t* block_tables = meta_i32(meta.block_tables);
-  const int32_t* token_sequence = meta_i32(meta.token_sequence);
   const uint16_t* x = as<uint16_t>(normed_bf16);
 
   // The projections of x (q_a, kv_a and the indexer's wk and head weights), then those of the
@@ -56,10 +54,9 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   } else {
     gemm.linear_group(as<uint16_t>(q_resid_bf16), T, q_lora, from_q, score_positions ? 2 : 1, s);
   }
-  void* cache = latent_cache[l].data();
-  const cuda::CacheStorage storage = cache_storage();
   cuda::write_latent_cache(as<float>(kv), T, static_cast<int>(L), static_cast<int>(rd), as<float>(w.kv_a_norm),
-                           kLatentNormEps, positions, slots, as<float>(inv_freq), cache, storage, s);
+                           kLatentNormEps, positions, slots, as<float>(inv_freq), latent_cache[l].data(),
+                           cache_storage(), s);
   timer.mark("attention.projections", s);
 
   if (w.has_indexer) {
@@ -92,8 +89,30 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
                        queries, H * width, width, H, s, scale);
   timer.mark("attention.absorb", s);
 
+  attention_core(l, shape, H);
+  timer.mark("attention.core", s);
+
+  // Un-absorb W_uv per head from the bf16 attention output, the heads written in bf16 at once
+  // (prefill 8192 at GLM-5.2 width moved 0.8 GB a layer through fp32 rows and their conversion
+  // otherwise; a decode step saves the conversion's launch), then o_proj.
+  gemm.batched_to_bf16(as<uint16_t>(o_bf16), T, H * L, L, as<uint16_t>(w.kv_b_proj) + nope * L, vd, L, L, head_stride,
+                       false, as<uint16_t>(heads_bf16), H * vd, vd, H, s);
+  linear(w.o_proj, as<uint16_t>(heads_bf16), T, as<float>(block_out), gemm, s);
+  sum_over_tp(as<float>(block_out), T);  // the heads of every tensor-parallel peer
+  timer.mark("attention.output", s);
+}
+
+void CudaGlm5Model::Impl::attention_core(int l, const StepShape& shape, int heads) {
+  const io::ModelConfig& c = config;
+  const int T = shape.num_tokens, H = heads;
+  const int64_t L = c.kv_lora_rank, rd = c.qk_rope_head_dim;
+  cudaStream_t s = stream.get();
+  const int32_t* block_tables = meta_i32(meta.block_tables);
+  const int32_t* token_sequence = meta_i32(meta.token_sequence);
+  void* cache = latent_cache[l].data();
+  const cuda::CacheStorage storage = cache_storage();
   cuda::MlaAttentionArgs args;
-  args.queries = queries;
+  args.queries = as<uint16_t>(staged_queries);
   args.cache = cache;
   args.storage = storage;
   args.selected = as<int32_t>(selected);
@@ -154,16 +173,6 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
         cuda::mla_attention_fused(chunk, std::min(seq.context_len, c.index_topk), as<float>(prefill_scores),
                                   prefill_score_capacity, s, options.wgmma_attention, options.wgmma_attention_splits);
       });
-  timer.mark("attention.core", s);
-
-  // Un-absorb W_uv per head from the bf16 attention output, the heads written in bf16 at once
-  // (prefill 8192 at GLM-5.2 width moved 0.8 GB a layer through fp32 rows and their conversion
-  // otherwise; a decode step saves the conversion's launch), then o_proj.
-  gemm.batched_to_bf16(as<uint16_t>(o_bf16), T, H * L, L, as<uint16_t>(w.kv_b_proj) + nope * L, vd, L, L, head_stride,
-                       false, as<uint16_t>(heads_bf16), H * vd, vd, H, s);
-  linear(w.o_proj, as<uint16_t>(heads_bf16), T, as<float>(block_out), gemm, s);
-  sum_over_tp(as<float>(block_out), T);  // the heads of every tensor-parallel peer
-  timer.mark("attention.output", s);
 }
 
 void CudaGlm5Model::Impl::score_indexer_keys(int l, const StepShape& shape) {

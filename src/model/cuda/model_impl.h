@@ -123,6 +123,10 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   // Checks, uploads the batch and h_prev ([tokens, hidden] host fp32), and runs mtp_step.
   void run_mtp(const ForwardBatch& batch, const float* h_prev);
   void attention(const DecoderLayerDevice& layer, int l, const StepShape& shape);
+  // Layer l's attention over the latent cache for the step's staged queries, into o_bf16: runs of
+  // short chunks and decode tokens through the fused or gathered-row passes, long prefill chunks
+  // through the fused pass or dense scores (`heads`: this rank's).
+  void attention_core(int l, const StepShape& shape, int heads);
   // The DSA indexer's scores of layer l's keys for the step's tokens past top-k (its queries and
   // head weights already projected), into `scores`: decode runs and prefill chunks by their kernels.
   void score_indexer_keys(int l, const StepShape& shape);
