@@ -175,314 +175,339 @@ Value title(const std::string& s) {
   return Value(from_u32(out));
 }
 
+// Filters over strings: conversion, trimming, length, case, replacing.
+void add_text_filters(std::unordered_map<std::string, FilterFn>& f) {
+  f["safe"] = [](const Value& v, const CallArgs&) { return v; };
+  f["string"] = [](const Value& v, const CallArgs&) { return Value(v.str()); };
+  f["tojson"] = tojson;
+  f["trim"] = [](const Value& v, const CallArgs& a) {
+    return Value(py_strip(need_string(v, "trim"), a.get("chars", 0), true, true));
+  };
+  f["length"] = [](const Value& v, const CallArgs&) -> Value {
+    if (v.is_string()) return Value(static_cast<int64_t>(utf8_length(v.as_string())));
+    if (v.is_list()) return Value(static_cast<int64_t>(v.items().size()));
+    if (v.is_dict() && !v.is_namespace()) return Value(static_cast<int64_t>(v.dict_data().items.size()));
+    if (v.is_undefined()) return Value(0);
+    fail("object of type '" + v.type_name() + "' has no len()");
+  };
+  f["count"] = f["length"];
+  f["lower"] = [](const Value& v, const CallArgs&) { return Value(py_lower(need_string(v, "lower"))); };
+  f["upper"] = [](const Value& v, const CallArgs&) { return Value(py_upper(need_string(v, "upper"))); };
+  f["capitalize"] = [](const Value& v, const CallArgs&) {
+    std::u32string u = to_u32(need_string(v, "capitalize"));
+    if (u.empty()) return Value("");
+    return Value(py_upper(from_u32(u.substr(0, 1))) + py_lower(from_u32(u.substr(1))));
+  };
+  f["title"] = [](const Value& v, const CallArgs&) { return title(need_string(v, "title")); };
+  f["replace"] = [](const Value& v, const CallArgs& a) {
+    std::string s = need_string(v, "replace");
+    Value old_v = arg_or(a, "old", 0, Value("")), new_v = arg_or(a, "new", 1, Value(""));
+    Value count = arg_or(a, "count", 2, Value(nullptr));
+    std::string from = old_v.str(), to = new_v.str();
+    int64_t limit = count.is_int() ? count.as_int() : -1;
+    std::string out;
+    size_t pos = 0;
+    int64_t done = 0;
+    if (from.empty()) {  // Python inserts `to` between characters
+      std::u32string u = to_u32(s);
+      for (size_t i = 0; i <= u.size(); ++i) {
+        if (limit < 0 || done < limit) { out += to; ++done; }
+        if (i < u.size()) out += from_u32(u.substr(i, 1));
+      }
+      return Value(std::move(out));
+    }
+    while (limit < 0 || done < limit) {
+      size_t hit = s.find(from, pos);
+      if (hit == std::string::npos) break;
+      out.append(s, pos, hit - pos);
+      out += to;
+      pos = hit + from.size();
+      ++done;
+    }
+    out.append(s, pos);
+    return Value(std::move(out));
+  };
+}
+
+// Filters of HTML and text layout: escaping, indenting, centring, counting words, formatting.
+void add_layout_filters(std::unordered_map<std::string, FilterFn>& f) {
+  f["escape"] = [](const Value& v, const CallArgs&) { return Value(html_escape(v.str())); };
+  f["e"] = f["escape"];
+  f["forceescape"] = f["escape"];
+  f["indent"] = [](const Value& v, const CallArgs& a) {
+    Value width = arg_or(a, "width", 0, Value(4));
+    bool first = arg_or(a, "first", 1, Value(false)).truthy();
+    bool blank = arg_or(a, "blank", 2, Value(false)).truthy();
+    std::string ind = width.is_string() ? width.as_string() : std::string(static_cast<size_t>(std::clamp<int64_t>(width.is_int() ? width.as_int() : 4, 0, 1024)), ' ');
+    std::vector<std::string> lines = split_lines(need_string(v, "indent") + "\n");
+    std::string rv;
+    for (size_t i = 0; i < lines.size(); ++i) {
+      if (i) rv += "\n";
+      if (i && (blank || !lines[i].empty())) rv += ind;
+      rv += lines[i];
+    }
+    if (first) rv = ind + rv;
+    return Value(std::move(rv));
+  };
+  f["center"] = [](const Value& v, const CallArgs& a) {
+    std::string s = need_string(v, "center");
+    int64_t width = arg_or(a, "width", 0, Value(80)).is_int() ? arg_or(a, "width", 0, Value(80)).as_int() : 80;
+    int64_t len = static_cast<int64_t>(utf8_length(s));
+    if (width <= len) return Value(s);
+    width = std::min<int64_t>(width, 1 << 20);
+    int64_t marg = width - len, left = marg / 2 + (marg & width & 1);
+    return Value(std::string(left, ' ') + s + std::string(marg - left, ' '));
+  };
+  f["wordcount"] = [](const Value& v, const CallArgs&) {
+    int64_t n = 0;
+    bool in_word = false;
+    for (char32_t c : to_u32(need_string(v, "wordcount"))) {
+      bool w = c == '_' || (c < 0x80 ? std::isalnum(static_cast<int>(c)) != 0 : is_word_char(c));
+      if (w && !in_word) ++n;
+      in_word = w;
+    }
+    return Value(n);
+  };
+  f["striptags"] = [](const Value& v, const CallArgs&) {
+    std::string s = need_string(v, "striptags"), out;
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (s[i] == '<') {
+        size_t close = s.find('>', i);
+        if (close != std::string::npos) { i = close; continue; }
+      }
+      out += s[i];
+    }
+    std::string collapsed;
+    for (char32_t c : to_u32(out)) {
+      if (py_isspace(c)) {
+        if (!collapsed.empty() && collapsed.back() != ' ') collapsed += ' ';
+      } else {
+        collapsed += from_u32(std::u32string(1, c));
+      }
+    }
+    while (!collapsed.empty() && collapsed.back() == ' ') collapsed.pop_back();
+    return Value(std::move(collapsed));
+  };
+  f["format"] = [](const Value& v, const CallArgs& a) {
+    return Value(percent_format(need_string(v, "format"), Value::tuple(a.positional)));
+  };
+  f["truncate"] = [](const Value& v, const CallArgs& a) {
+    std::string s = need_string(v, "truncate");
+    int64_t length = arg_or(a, "length", 0, Value(255)).as_int();
+    bool killwords = arg_or(a, "killwords", 1, Value(false)).truthy();
+    std::string end = arg_or(a, "end", 2, Value("...")).str();
+    Value leeway_v = arg_or(a, "leeway", 3, Value(5));
+    int64_t leeway = leeway_v.is_int() ? leeway_v.as_int() : 5;
+    std::u32string u = to_u32(s), e = to_u32(end);
+    if (static_cast<int64_t>(u.size()) <= length + leeway) return Value(s);
+    int64_t keep = std::max<int64_t>(0, length - static_cast<int64_t>(e.size()));
+    std::u32string head = u.substr(0, keep);
+    if (!killwords) {
+      size_t sp = head.rfind(U' ');
+      if (sp != std::u32string::npos) head = head.substr(0, sp);
+    }
+    return Value(from_u32(head) + end);
+  };
+}
+
+// Filters that make or round numbers, and default values.
+void add_number_filters(std::unordered_map<std::string, FilterFn>& f) {
+  f["int"] = [](const Value& v, const CallArgs& a) {
+    Value base = arg_or(a, "base", 1, Value(10));
+    return to_int(v, arg_or(a, "default", 0, Value(0)), base.is_int() ? static_cast<int>(base.as_int()) : 10);
+  };
+  f["float"] = [](const Value& v, const CallArgs& a) { return to_float(v, arg_or(a, "default", 0, Value(0.0))); };
+  f["default"] = [](const Value& v, const CallArgs& a) {
+    Value def = arg_or(a, "default_value", 0, Value(""));
+    bool boolean = arg_or(a, "boolean", 1, Value(false)).truthy();
+    if (v.is_undefined() || (boolean && !v.truthy())) return def;
+    return v;
+  };
+  f["d"] = f["default"];
+  f["abs"] = [](const Value& v, const CallArgs&) -> Value {
+    if (v.is_float()) return Value(std::fabs(v.as_float()));
+    if (v.is_int() || v.is_bool()) return unary_op(v.is_int() && v.as_int() < 0 ? "-" : "+", v);
+    fail("bad operand type for abs(): '" + v.type_name() + "'");
+  };
+  f["round"] = [](const Value& v, const CallArgs& a) -> Value {
+    int64_t precision = arg_or(a, "precision", 0, Value(0)).is_int() ? arg_or(a, "precision", 0, Value(0)).as_int() : 0;
+    std::string method = arg_or(a, "method", 1, Value("common")).str();
+    if (!v.is_number()) fail("round filter needs a number");
+    double x = v.to_double(), scale = std::pow(10.0, static_cast<double>(precision));
+    double r = method == "ceil" ? std::ceil(x * scale) / scale
+               : method == "floor" ? std::floor(x * scale) / scale
+                                   : std::nearbyint(x * scale) / scale;
+    if (method == "common" && !v.is_float()) return Value(static_cast<int64_t>(r));
+    return Value(r);
+  };
+}
+
+// Filters over lists and dicts: joining, picking, converting, mapping, selecting.
+void add_sequence_filters(std::unordered_map<std::string, FilterFn>& f) {
+  f["join"] = [](const Value& v, const CallArgs& a) {
+    std::string sep = arg_or(a, "d", 0, Value("")).str();
+    Value attribute = arg_or(a, "attribute", 1, Value());
+    std::string out;
+    bool first = true;
+    for (const Value& item : as_list(v)) {
+      if (!first) out += sep;
+      first = false;
+      out += (attribute.is_undefined() ? item : lookup_path(item, attribute)).str();
+      if (out.size() > kMaxBuiltSize) fail("join result too large");
+    }
+    return Value(std::move(out));
+  };
+  f["first"] = [](const Value& v, const CallArgs&) {
+    auto items = as_list(v);
+    return items.empty() ? Value::undefined("No first item, sequence was empty.") : items.front();
+  };
+  f["last"] = [](const Value& v, const CallArgs&) {
+    auto items = as_list(v);
+    return items.empty() ? Value::undefined("No last item, sequence was empty.") : items.back();
+  };
+  f["list"] = [](const Value& v, const CallArgs&) { return Value::list(as_list(v)); };
+  f["items"] = [](const Value& v, const CallArgs&) {
+    std::vector<Value> out;
+    if (v.is_undefined()) return Value::list();
+    if (!v.is_dict() || v.is_namespace()) fail("Can only get item pairs from a mapping.");
+    for (const auto& [k, x] : v.dict_data().items) out.push_back(Value::tuple({Value(k), x}));
+    return Value::list(std::move(out));
+  };
+  f["dictsort"] = [](const Value& v, const CallArgs& a) {
+    if (!v.is_dict()) fail("dictsort filter needs a mapping");
+    bool cs = arg_or(a, "case_sensitive", 0, Value(false)).truthy();
+    bool by_value = arg_or(a, "by", 1, Value("key")).str() == "value";
+    bool reverse = arg_or(a, "reverse", 2, Value(false)).truthy();
+    std::vector<Value> out;
+    for (const auto& [k, x] : v.dict_data().items) out.push_back(Value::tuple({Value(k), x}));
+    std::stable_sort(out.begin(), out.end(), [&](const Value& p, const Value& q) {
+      int c = order(sort_key(p.items()[by_value], cs), sort_key(q.items()[by_value], cs));
+      return reverse ? c > 0 : c < 0;
+    });
+    return Value::list(std::move(out));
+  };
+  f["map"] = [](const Value& v, const CallArgs& a) {
+    std::vector<Value> out;
+    const Value* attribute = a.get("attribute");
+    for (const Value& item : as_list(v)) {
+      if (attribute) {
+        Value r = lookup_path(item, *attribute);
+        if (r.is_undefined()) {
+          if (const Value* def = a.get("default")) r = *def;
+        }
+        out.push_back(r);
+      } else {
+        if (a.positional.empty()) fail("map requires a filter argument");
+        out.push_back(apply_filter(a.positional[0].str(), item, shift_args(a, 1)));
+      }
+    }
+    return Value::list(std::move(out));
+  };
+  f["select"] = [](const Value& v, const CallArgs& a) { return select_impl(v, a, false, true); };
+  f["reject"] = [](const Value& v, const CallArgs& a) { return select_impl(v, a, false, false); };
+  f["selectattr"] = [](const Value& v, const CallArgs& a) { return select_impl(v, a, true, true); };
+  f["rejectattr"] = [](const Value& v, const CallArgs& a) { return select_impl(v, a, true, false); };
+}
+
+// Filters that order, reduce and regroup lists: unique, sort, reverse, sum, max, min, batch, attr.
+void add_ordering_filters(std::unordered_map<std::string, FilterFn>& f) {
+  f["unique"] = [](const Value& v, const CallArgs& a) {
+    bool cs = arg_or(a, "case_sensitive", 0, Value(false)).truthy();
+    Value attribute = arg_or(a, "attribute", 1, Value());
+    std::vector<Value> out, seen;
+    for (const Value& item : as_list(v)) {
+      Value key = sort_key(attribute.is_undefined() ? item : lookup_path(item, attribute), cs);
+      if (std::none_of(seen.begin(), seen.end(), [&](const Value& s) { return equals(s, key); })) {
+        seen.push_back(key);
+        out.push_back(item);
+      }
+    }
+    return Value::list(std::move(out));
+  };
+  f["sort"] = [](const Value& v, const CallArgs& a) {
+    bool reverse = arg_or(a, "reverse", 0, Value(false)).truthy();
+    bool cs = arg_or(a, "case_sensitive", 1, Value(false)).truthy();
+    Value attribute = arg_or(a, "attribute", 2, Value());
+    std::vector<Value> items = as_list(v);
+    std::stable_sort(items.begin(), items.end(), [&](const Value& p, const Value& q) {
+      Value kp = sort_key(attribute.is_undefined() ? p : lookup_path(p, attribute), cs);
+      Value kq = sort_key(attribute.is_undefined() ? q : lookup_path(q, attribute), cs);
+      return reverse ? order(kq, kp) < 0 : order(kp, kq) < 0;
+    });
+    return Value::list(std::move(items));
+  };
+  f["reverse"] = [](const Value& v, const CallArgs&) {
+    if (v.is_string()) {
+      std::u32string u = to_u32(v.as_string());
+      std::reverse(u.begin(), u.end());
+      return Value(from_u32(u));
+    }
+    std::vector<Value> items = as_list(v);
+    std::reverse(items.begin(), items.end());
+    return Value::list(std::move(items));
+  };
+  f["sum"] = [](const Value& v, const CallArgs& a) {
+    Value attribute = arg_or(a, "attribute", 0, Value());
+    Value total = arg_or(a, "start", 1, Value(0));
+    for (const Value& item : as_list(v))
+      total = binary_op("+", total, attribute.is_undefined() ? item : lookup_path(item, attribute));
+    return total;
+  };
+  auto minmax = [](bool want_max) {
+    return [want_max](const Value& v, const CallArgs& a) {
+      bool cs = arg_or(a, "case_sensitive", 0, Value(false)).truthy();
+      Value attribute = arg_or(a, "attribute", 1, Value());
+      std::vector<Value> items = as_list(v);
+      if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
+      size_t best = 0;
+      auto key = [&](size_t i) { return sort_key(attribute.is_undefined() ? items[i] : lookup_path(items[i], attribute), cs); };
+      for (size_t i = 1; i < items.size(); ++i) {
+        int c = order(key(i), key(best));
+        if (want_max ? c > 0 : c < 0) best = i;
+      }
+      return items[best];
+    };
+  };
+  f["max"] = minmax(true);
+  f["min"] = minmax(false);
+  f["batch"] = [](const Value& v, const CallArgs& a) {
+    Value n = arg_or(a, "linecount", 0, Value(1));
+    const Value* fill = a.get("fill_with", 1);
+    if (!n.is_int() || n.as_int() <= 0) fail("batch size must be a positive integer");
+    std::vector<Value> out, cur;
+    for (const Value& item : as_list(v)) {
+      cur.push_back(item);
+      if (static_cast<int64_t>(cur.size()) == n.as_int()) {
+        out.push_back(Value::list(std::move(cur)));
+        cur.clear();
+      }
+    }
+    if (!cur.empty()) {
+      if (fill && !fill->is_none())
+        while (static_cast<int64_t>(cur.size()) < n.as_int()) cur.push_back(*fill);
+      out.push_back(Value::list(std::move(cur)));
+    }
+    return Value::list(std::move(out));
+  };
+  f["attr"] = [](const Value& v, const CallArgs& a) {
+    std::string name = arg_or(a, "name", 0, Value("")).str();
+    bool found = false;
+    Value m = bound_method(v, name, found);
+    if (found) return m;
+    if (v.is_namespace())
+      if (const Value* x = v.dict_data().find(name)) return *x;
+    return Value::undefined("'" + v.type_name() + " object' has no attribute '" + name + "'");
+  };
+}
+
 const std::unordered_map<std::string, FilterFn>& filters() {
   static const std::unordered_map<std::string, FilterFn> table = [] {
     std::unordered_map<std::string, FilterFn> f;
-    f["safe"] = [](const Value& v, const CallArgs&) { return v; };
-    f["string"] = [](const Value& v, const CallArgs&) { return Value(v.str()); };
-    f["tojson"] = tojson;
-    f["trim"] = [](const Value& v, const CallArgs& a) {
-      return Value(py_strip(need_string(v, "trim"), a.get("chars", 0), true, true));
-    };
-    f["length"] = [](const Value& v, const CallArgs&) -> Value {
-      if (v.is_string()) return Value(static_cast<int64_t>(utf8_length(v.as_string())));
-      if (v.is_list()) return Value(static_cast<int64_t>(v.items().size()));
-      if (v.is_dict() && !v.is_namespace()) return Value(static_cast<int64_t>(v.dict_data().items.size()));
-      if (v.is_undefined()) return Value(0);
-      fail("object of type '" + v.type_name() + "' has no len()");
-    };
-    f["count"] = f["length"];
-    f["lower"] = [](const Value& v, const CallArgs&) { return Value(py_lower(need_string(v, "lower"))); };
-    f["upper"] = [](const Value& v, const CallArgs&) { return Value(py_upper(need_string(v, "upper"))); };
-    f["capitalize"] = [](const Value& v, const CallArgs&) {
-      std::u32string u = to_u32(need_string(v, "capitalize"));
-      if (u.empty()) return Value("");
-      return Value(py_upper(from_u32(u.substr(0, 1))) + py_lower(from_u32(u.substr(1))));
-    };
-    f["title"] = [](const Value& v, const CallArgs&) { return title(need_string(v, "title")); };
-    f["replace"] = [](const Value& v, const CallArgs& a) {
-      std::string s = need_string(v, "replace");
-      Value old_v = arg_or(a, "old", 0, Value("")), new_v = arg_or(a, "new", 1, Value(""));
-      Value count = arg_or(a, "count", 2, Value(nullptr));
-      std::string from = old_v.str(), to = new_v.str();
-      int64_t limit = count.is_int() ? count.as_int() : -1;
-      std::string out;
-      size_t pos = 0;
-      int64_t done = 0;
-      if (from.empty()) {  // Python inserts `to` between characters
-        std::u32string u = to_u32(s);
-        for (size_t i = 0; i <= u.size(); ++i) {
-          if (limit < 0 || done < limit) { out += to; ++done; }
-          if (i < u.size()) out += from_u32(u.substr(i, 1));
-        }
-        return Value(std::move(out));
-      }
-      while (limit < 0 || done < limit) {
-        size_t hit = s.find(from, pos);
-        if (hit == std::string::npos) break;
-        out.append(s, pos, hit - pos);
-        out += to;
-        pos = hit + from.size();
-        ++done;
-      }
-      out.append(s, pos);
-      return Value(std::move(out));
-    };
-    f["join"] = [](const Value& v, const CallArgs& a) {
-      std::string sep = arg_or(a, "d", 0, Value("")).str();
-      Value attribute = arg_or(a, "attribute", 1, Value());
-      std::string out;
-      bool first = true;
-      for (const Value& item : as_list(v)) {
-        if (!first) out += sep;
-        first = false;
-        out += (attribute.is_undefined() ? item : lookup_path(item, attribute)).str();
-        if (out.size() > kMaxBuiltSize) fail("join result too large");
-      }
-      return Value(std::move(out));
-    };
-    f["first"] = [](const Value& v, const CallArgs&) {
-      auto items = as_list(v);
-      return items.empty() ? Value::undefined("No first item, sequence was empty.") : items.front();
-    };
-    f["last"] = [](const Value& v, const CallArgs&) {
-      auto items = as_list(v);
-      return items.empty() ? Value::undefined("No last item, sequence was empty.") : items.back();
-    };
-    f["list"] = [](const Value& v, const CallArgs&) { return Value::list(as_list(v)); };
-    f["int"] = [](const Value& v, const CallArgs& a) {
-      Value base = arg_or(a, "base", 1, Value(10));
-      return to_int(v, arg_or(a, "default", 0, Value(0)), base.is_int() ? static_cast<int>(base.as_int()) : 10);
-    };
-    f["float"] = [](const Value& v, const CallArgs& a) { return to_float(v, arg_or(a, "default", 0, Value(0.0))); };
-    f["default"] = [](const Value& v, const CallArgs& a) {
-      Value def = arg_or(a, "default_value", 0, Value(""));
-      bool boolean = arg_or(a, "boolean", 1, Value(false)).truthy();
-      if (v.is_undefined() || (boolean && !v.truthy())) return def;
-      return v;
-    };
-    f["d"] = f["default"];
-    f["items"] = [](const Value& v, const CallArgs&) {
-      std::vector<Value> out;
-      if (v.is_undefined()) return Value::list();
-      if (!v.is_dict() || v.is_namespace()) fail("Can only get item pairs from a mapping.");
-      for (const auto& [k, x] : v.dict_data().items) out.push_back(Value::tuple({Value(k), x}));
-      return Value::list(std::move(out));
-    };
-    f["dictsort"] = [](const Value& v, const CallArgs& a) {
-      if (!v.is_dict()) fail("dictsort filter needs a mapping");
-      bool cs = arg_or(a, "case_sensitive", 0, Value(false)).truthy();
-      bool by_value = arg_or(a, "by", 1, Value("key")).str() == "value";
-      bool reverse = arg_or(a, "reverse", 2, Value(false)).truthy();
-      std::vector<Value> out;
-      for (const auto& [k, x] : v.dict_data().items) out.push_back(Value::tuple({Value(k), x}));
-      std::stable_sort(out.begin(), out.end(), [&](const Value& p, const Value& q) {
-        int c = order(sort_key(p.items()[by_value], cs), sort_key(q.items()[by_value], cs));
-        return reverse ? c > 0 : c < 0;
-      });
-      return Value::list(std::move(out));
-    };
-    f["map"] = [](const Value& v, const CallArgs& a) {
-      std::vector<Value> out;
-      const Value* attribute = a.get("attribute");
-      for (const Value& item : as_list(v)) {
-        if (attribute) {
-          Value r = lookup_path(item, *attribute);
-          if (r.is_undefined()) {
-            if (const Value* def = a.get("default")) r = *def;
-          }
-          out.push_back(r);
-        } else {
-          if (a.positional.empty()) fail("map requires a filter argument");
-          out.push_back(apply_filter(a.positional[0].str(), item, shift_args(a, 1)));
-        }
-      }
-      return Value::list(std::move(out));
-    };
-    f["select"] = [](const Value& v, const CallArgs& a) { return select_impl(v, a, false, true); };
-    f["reject"] = [](const Value& v, const CallArgs& a) { return select_impl(v, a, false, false); };
-    f["selectattr"] = [](const Value& v, const CallArgs& a) { return select_impl(v, a, true, true); };
-    f["rejectattr"] = [](const Value& v, const CallArgs& a) { return select_impl(v, a, true, false); };
-    f["unique"] = [](const Value& v, const CallArgs& a) {
-      bool cs = arg_or(a, "case_sensitive", 0, Value(false)).truthy();
-      Value attribute = arg_or(a, "attribute", 1, Value());
-      std::vector<Value> out, seen;
-      for (const Value& item : as_list(v)) {
-        Value key = sort_key(attribute.is_undefined() ? item : lookup_path(item, attribute), cs);
-        if (std::none_of(seen.begin(), seen.end(), [&](const Value& s) { return equals(s, key); })) {
-          seen.push_back(key);
-          out.push_back(item);
-        }
-      }
-      return Value::list(std::move(out));
-    };
-    f["sort"] = [](const Value& v, const CallArgs& a) {
-      bool reverse = arg_or(a, "reverse", 0, Value(false)).truthy();
-      bool cs = arg_or(a, "case_sensitive", 1, Value(false)).truthy();
-      Value attribute = arg_or(a, "attribute", 2, Value());
-      std::vector<Value> items = as_list(v);
-      std::stable_sort(items.begin(), items.end(), [&](const Value& p, const Value& q) {
-        Value kp = sort_key(attribute.is_undefined() ? p : lookup_path(p, attribute), cs);
-        Value kq = sort_key(attribute.is_undefined() ? q : lookup_path(q, attribute), cs);
-        return reverse ? order(kq, kp) < 0 : order(kp, kq) < 0;
-      });
-      return Value::list(std::move(items));
-    };
-    f["reverse"] = [](const Value& v, const CallArgs&) {
-      if (v.is_string()) {
-        std::u32string u = to_u32(v.as_string());
-        std::reverse(u.begin(), u.end());
-        return Value(from_u32(u));
-      }
-      std::vector<Value> items = as_list(v);
-      std::reverse(items.begin(), items.end());
-      return Value::list(std::move(items));
-    };
-    f["escape"] = [](const Value& v, const CallArgs&) { return Value(html_escape(v.str())); };
-    f["e"] = f["escape"];
-    f["forceescape"] = f["escape"];
-    f["indent"] = [](const Value& v, const CallArgs& a) {
-      Value width = arg_or(a, "width", 0, Value(4));
-      bool first = arg_or(a, "first", 1, Value(false)).truthy();
-      bool blank = arg_or(a, "blank", 2, Value(false)).truthy();
-      std::string ind = width.is_string() ? width.as_string() : std::string(static_cast<size_t>(std::clamp<int64_t>(width.is_int() ? width.as_int() : 4, 0, 1024)), ' ');
-      std::vector<std::string> lines = split_lines(need_string(v, "indent") + "\n");
-      std::string rv;
-      for (size_t i = 0; i < lines.size(); ++i) {
-        if (i) rv += "\n";
-        if (i && (blank || !lines[i].empty())) rv += ind;
-        rv += lines[i];
-      }
-      if (first) rv = ind + rv;
-      return Value(std::move(rv));
-    };
-    f["center"] = [](const Value& v, const CallArgs& a) {
-      std::string s = need_string(v, "center");
-      int64_t width = arg_or(a, "width", 0, Value(80)).is_int() ? arg_or(a, "width", 0, Value(80)).as_int() : 80;
-      int64_t len = static_cast<int64_t>(utf8_length(s));
-      if (width <= len) return Value(s);
-      width = std::min<int64_t>(width, 1 << 20);
-      int64_t marg = width - len, left = marg / 2 + (marg & width & 1);
-      return Value(std::string(left, ' ') + s + std::string(marg - left, ' '));
-    };
-    f["wordcount"] = [](const Value& v, const CallArgs&) {
-      int64_t n = 0;
-      bool in_word = false;
-      for (char32_t c : to_u32(need_string(v, "wordcount"))) {
-        bool w = c == '_' || (c < 0x80 ? std::isalnum(static_cast<int>(c)) != 0 : is_word_char(c));
-        if (w && !in_word) ++n;
-        in_word = w;
-      }
-      return Value(n);
-    };
-    f["striptags"] = [](const Value& v, const CallArgs&) {
-      std::string s = need_string(v, "striptags"), out;
-      for (size_t i = 0; i < s.size(); ++i) {
-        if (s[i] == '<') {
-          size_t close = s.find('>', i);
-          if (close != std::string::npos) { i = close; continue; }
-        }
-        out += s[i];
-      }
-      std::string collapsed;
-      for (char32_t c : to_u32(out)) {
-        if (py_isspace(c)) {
-          if (!collapsed.empty() && collapsed.back() != ' ') collapsed += ' ';
-        } else {
-          collapsed += from_u32(std::u32string(1, c));
-        }
-      }
-      while (!collapsed.empty() && collapsed.back() == ' ') collapsed.pop_back();
-      return Value(std::move(collapsed));
-    };
-    f["abs"] = [](const Value& v, const CallArgs&) -> Value {
-      if (v.is_float()) return Value(std::fabs(v.as_float()));
-      if (v.is_int() || v.is_bool()) return unary_op(v.is_int() && v.as_int() < 0 ? "-" : "+", v);
-      fail("bad operand type for abs(): '" + v.type_name() + "'");
-    };
-    f["round"] = [](const Value& v, const CallArgs& a) -> Value {
-      int64_t precision = arg_or(a, "precision", 0, Value(0)).is_int() ? arg_or(a, "precision", 0, Value(0)).as_int() : 0;
-      std::string method = arg_or(a, "method", 1, Value("common")).str();
-      if (!v.is_number()) fail("round filter needs a number");
-      double x = v.to_double(), scale = std::pow(10.0, static_cast<double>(precision));
-      double r = method == "ceil" ? std::ceil(x * scale) / scale
-                 : method == "floor" ? std::floor(x * scale) / scale
-                                     : std::nearbyint(x * scale) / scale;
-      if (method == "common" && !v.is_float()) return Value(static_cast<int64_t>(r));
-      return Value(r);
-    };
-    f["sum"] = [](const Value& v, const CallArgs& a) {
-      Value attribute = arg_or(a, "attribute", 0, Value());
-      Value total = arg_or(a, "start", 1, Value(0));
-      for (const Value& item : as_list(v))
-        total = binary_op("+", total, attribute.is_undefined() ? item : lookup_path(item, attribute));
-      return total;
-    };
-    auto minmax = [](bool want_max) {
-      return [want_max](const Value& v, const CallArgs& a) {
-        bool cs = arg_or(a, "case_sensitive", 0, Value(false)).truthy();
-        Value attribute = arg_or(a, "attribute", 1, Value());
-        std::vector<Value> items = as_list(v);
-        if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
-        size_t best = 0;
-        auto key = [&](size_t i) { return sort_key(attribute.is_undefined() ? items[i] : lookup_path(items[i], attribute), cs); };
-        for (size_t i = 1; i < items.size(); ++i) {
-          int c = order(key(i), key(best));
-          if (want_max ? c > 0 : c < 0) best = i;
-        }
-        return items[best];
-      };
-    };
-    f["max"] = minmax(true);
-    f["min"] = minmax(false);
-    f["batch"] = [](const Value& v, const CallArgs& a) {
-      Value n = arg_or(a, "linecount", 0, Value(1));
-      const Value* fill = a.get("fill_with", 1);
-      if (!n.is_int() || n.as_int() <= 0) fail("batch size must be a positive integer");
-      std::vector<Value> out, cur;
-      for (const Value& item : as_list(v)) {
-        cur.push_back(item);
-        if (static_cast<int64_t>(cur.size()) == n.as_int()) {
-          out.push_back(Value::list(std::move(cur)));
-          cur.clear();
-        }
-      }
-      if (!cur.empty()) {
-        if (fill && !fill->is_none())
-          while (static_cast<int64_t>(cur.size()) < n.as_int()) cur.push_back(*fill);
-        out.push_back(Value::list(std::move(cur)));
-      }
-      return Value::list(std::move(out));
-    };
-    f["attr"] = [](const Value& v, const CallArgs& a) {
-      std::string name = arg_or(a, "name", 0, Value("")).str();
-      bool found = false;
-      Value m = bound_method(v, name, found);
-      if (found) return m;
-      if (v.is_namespace())
-        if (const Value* x = v.dict_data().find(name)) return *x;
-      return Value::undefined("'" + v.type_name() + " object' has no attribute '" + name + "'");
-    };
-    f["format"] = [](const Value& v, const CallArgs& a) {
-      return Value(percent_format(need_string(v, "format"), Value::tuple(a.positional)));
-    };
-    f["truncate"] = [](const Value& v, const CallArgs& a) {
-      std::string s = need_string(v, "truncate");
-      int64_t length = arg_or(a, "length", 0, Value(255)).as_int();
-      bool killwords = arg_or(a, "killwords", 1, Value(false)).truthy();
-      std::string end = arg_or(a, "end", 2, Value("...")).str();
-      Value leeway_v = arg_or(a, "leeway", 3, Value(5));
-      int64_t leeway = leeway_v.is_int() ? leeway_v.as_int() : 5;
-      std::u32string u = to_u32(s), e = to_u32(end);
-      if (static_cast<int64_t>(u.size()) <= length + leeway) return Value(s);
-      int64_t keep = std::max<int64_t>(0, length - static_cast<int64_t>(e.size()));
-      std::u32string head = u.substr(0, keep);
-      if (!killwords) {
-        size_t sp = head.rfind(U' ');
-        if (sp != std::u32string::npos) head = head.substr(0, sp);
-      }
-      return Value(from_u32(head) + end);
-    };
+    add_text_filters(f);
+    add_layout_filters(f);
+    add_number_filters(f);
+    add_sequence_filters(f);
+    add_ordering_filters(f);
     return f;
   }();
   return table;
