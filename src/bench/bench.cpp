@@ -126,33 +126,25 @@ std::vector<int> parse_int_list(const std::string& s, const std::string& flag) {
   return out;
 }
 
-BenchOutcome run_bench(const BenchConfig& cfg) {
+namespace {
+
+// The run's options checked against each other: a clear error for each combination that cannot run.
+void check_config(const BenchConfig& cfg, bool chat) {
   if (cfg.model.empty()) fail("bench: --model is required (the model name the server serves)");
   if (cfg.tokenizer.empty()) fail("bench: --tokenizer is required (the served model's tokenizer folder)");
-  const bool chat = cfg.endpoint.find("chat") != std::string::npos;
   if (cfg.token_id_prompts && chat) fail("bench: --token-ids works with /v1/completions only");
   if (cfg.request_rates.empty() && cfg.concurrencies.empty())
     fail("bench: nothing to run: give --request-rate and/or --max-concurrency (or a --preset)");
   if (cfg.duration_s > 0 && cfg.rate_max_concurrency == 0)
     for (double r : cfg.request_rates)
       if (std::isinf(r)) fail("bench: --duration with request rate inf needs a concurrency cap");
-  json extra;
-  if (!cfg.extra_body.empty()) {
-    extra = json::parse(cfg.extra_body, nullptr, false);
-    if (!extra.is_object()) fail("--extra-body: expected a JSON object");
-  }
-  ClientOptions client;
-  client.endpoint = parse_base_url(cfg.base_url);
-  client.path = cfg.endpoint;
-  client.api_key = cfg.api_key;
-  client.timeout_s = cfg.timeout_s;
-  client.retry = cfg.retry;
-  CircuitBreaker breaker = cfg.circuit_breaker.empty() ? CircuitBreaker() : parse_circuit_breaker(cfg.circuit_breaker);
-  raise_fd_limit();
+}
 
-  // Plan the levels and the prompt pool (fresh prompts per level; warm-up prompts separate).
+// The levels (each request rate, then each concurrency) and their places in one prompt pool:
+// fresh prompts per level, its warm-up prompts apart. `pool` gets the pool's size.
+std::vector<LevelPlan> plan_levels(const BenchConfig& cfg, size_t& pool) {
   std::vector<LevelPlan> plans;
-  size_t pool = 0;
+  pool = 0;
   auto add_level = [&](std::string label, double rate, int concurrency) {
     LevelPlan p;
     p.label = std::move(label);
@@ -179,8 +171,12 @@ BenchOutcome run_bench(const BenchConfig& cfg) {
   for (double r : cfg.request_rates)
     add_level(fmt::format("rate {:g}", r), r, cfg.rate_max_concurrency);
   for (int c : cfg.concurrencies) add_level(fmt::format("concurrency {}", c), std::numeric_limits<double>::infinity(), c);
+  return plans;
+}
 
-  const text::Tokenizer tok = text::Tokenizer::load(cfg.tokenizer);
+// The pool's request bodies, made from `pool` prompts of the workload (progress on stderr).
+std::vector<RequestTemplate> make_templates(const BenchConfig& cfg, const text::Tokenizer& tok, bool chat,
+                                            const json& extra, size_t pool) {
   const auto t_prep = std::chrono::steady_clock::now();
   if (cfg.progress)
     std::fprintf(stderr, "bench: making %zu prompts of %d tokens (prefix hit %.0f%%) with %s\n", pool,
@@ -193,78 +189,78 @@ BenchOutcome run_bench(const BenchConfig& cfg) {
   if (cfg.progress)
     std::fprintf(stderr, "bench: prompts ready in %.1f s\n",
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t_prep).count());
+  return templates;
+}
 
+// A level's warm-up requests, their failures reported (they do not count).
+void warm_up(const ClientOptions& client, const LevelPlan& plan, const std::vector<RequestTemplate>& templates,
+             const BenchConfig& cfg, const std::string& head) {
+  std::vector<RequestTemplate> warm(templates.begin() + plan.first_warmup,
+                                    templates.begin() + plan.first_warmup + plan.warmup_count);
+  LoadSpec wl;
+  wl.num_requests = warm.size();
+  wl.max_concurrency = std::isinf(plan.load.request_rate) ? plan.load.max_concurrency : 0;
+  CircuitBreaker off;
+  LevelResult w = run_level(client, wl, warm, off);
+  size_t bad = 0;
+  for (const RequestRecord& r : w.records) bad += !r.success;
+  if (cfg.progress && bad)
+    std::fprintf(stderr, "%s warm-up: %zu of %zu requests failed (first error: %s)\n", head.c_str(), bad,
+                 w.records.size(), [&] {
+                   for (const auto& r : w.records)
+                     if (!r.success) return r.error;
+                   return std::string();
+                 }().c_str());
+}
+
+// Level `index` of `count`: warm-up, then its measured requests (progress on stderr) between two
+// scrapes of the server's counters where those are on; the records' token counts from the
+// tokenizer where the server gave no usage.
+LevelResult run_measured_level(const ClientOptions& client, LevelPlan& plan, size_t index, size_t count,
+                               const std::vector<RequestTemplate>& templates, const BenchConfig& cfg,
+                               const text::Tokenizer& tok, CircuitBreaker& breaker, bool& metrics_on,
+                               std::optional<ServerCounters>& counters) {
+  const std::string head = fmt::format("[{} | level {}/{}]", plan.label, index + 1, count);
   const bool tty = isatty(STDERR_FILENO);
-  bool metrics_on = cfg.scrape_metrics;
-  BenchOutcome outcome;
-  std::vector<LevelResult> results;
-  results.reserve(plans.size());
-  for (size_t li = 0; li < plans.size(); ++li) {
-    LevelPlan& plan = plans[li];
-    const std::string head = fmt::format("[{} | level {}/{}]", plan.label, li + 1, plans.size());
-    double last_print = -1e9;
-    auto progress = [&](const Progress& p) {
-      if (!cfg.progress) return;
-      if (!tty && p.elapsed_s - last_print < 10 && p.in_flight > 0) return;
-      last_print = p.elapsed_s;
-      const std::string total = p.planned ? fmt::format("/{}", p.planned) : fmt::format(" ({:.0f}/{:.0f} s)", p.elapsed_s, p.duration_s);
-      std::string line = fmt::format("{} {}{} done, {} failed, {} in flight, {:.1f} s, ~{:.0f} tok/s out", head,
-                                     p.finished, total, p.failed, p.in_flight, p.elapsed_s,
-                                     p.elapsed_s > 0 ? p.output_tokens / p.elapsed_s : 0.0);
-      if (tty) std::fprintf(stderr, "\r%-110s", line.c_str());
-      else std::fprintf(stderr, "%s\n", line.c_str());
-      std::fflush(stderr);
-    };
-    if (plan.warmup_count > 0) {
-      std::vector<RequestTemplate> warm(templates.begin() + plan.first_warmup,
-                                        templates.begin() + plan.first_warmup + plan.warmup_count);
-      LoadSpec wl;
-      wl.num_requests = warm.size();
-      wl.max_concurrency = std::isinf(plan.load.request_rate) ? plan.load.max_concurrency : 0;
-      CircuitBreaker off;
-      LevelResult w = run_level(client, wl, warm, off);
-      size_t bad = 0;
-      for (const RequestRecord& r : w.records) bad += !r.success;
-      if (cfg.progress && bad)
-        std::fprintf(stderr, "%s warm-up: %zu of %zu requests failed (first error: %s)\n", head.c_str(), bad,
-                     w.records.size(), [&] {
-                       for (const auto& r : w.records)
-                         if (!r.success) return r.error;
-                       return std::string();
-                     }().c_str());
+  double last_print = -1e9;
+  auto progress = [&](const Progress& p) {
+    if (!cfg.progress) return;
+    if (!tty && p.elapsed_s - last_print < 10 && p.in_flight > 0) return;
+    last_print = p.elapsed_s;
+    const std::string total = p.planned ? fmt::format("/{}", p.planned) : fmt::format(" ({:.0f}/{:.0f} s)", p.elapsed_s, p.duration_s);
+    std::string line = fmt::format("{} {}{} done, {} failed, {} in flight, {:.1f} s, ~{:.0f} tok/s out", head,
+                                   p.finished, total, p.failed, p.in_flight, p.elapsed_s,
+                                   p.elapsed_s > 0 ? p.output_tokens / p.elapsed_s : 0.0);
+    if (tty) std::fprintf(stderr, "\r%-110s", line.c_str());
+    else std::fprintf(stderr, "%s\n", line.c_str());
+    std::fflush(stderr);
+  };
+  if (plan.warmup_count > 0) warm_up(client, plan, templates, cfg, head);
+  const std::optional<MetricSums> before = scrape(client, cfg, metrics_on);
+  std::vector<RequestTemplate> measured(templates.begin() + plan.first_prompt,
+                                        templates.begin() + plan.first_prompt + plan.prompt_count);
+  LevelResult result = run_level(client, plan.load, measured, breaker, progress);
+  if (cfg.progress && tty) std::fprintf(stderr, "\n");
+  const std::optional<MetricSums> after = before ? scrape(client, cfg, metrics_on) : std::nullopt;
+  for (RequestRecord& r : result.records) {
+    r.template_index += plan.first_prompt;  // index into the whole prompt pool
+    if (r.success && !r.has_usage) {
+      r.prompt_tokens = r.expected_prompt_tokens;
+      r.completion_tokens = static_cast<int>(tok.encode(r.text, false).size());
     }
-    const std::optional<MetricSums> before = scrape(client, cfg, metrics_on);
-    std::vector<RequestTemplate> measured(templates.begin() + plan.first_prompt,
-                                          templates.begin() + plan.first_prompt + plan.prompt_count);
-    LevelResult result = run_level(client, plan.load, measured, breaker, progress);
-    if (cfg.progress && tty) std::fprintf(stderr, "\n");
-    const std::optional<MetricSums> after = before ? scrape(client, cfg, metrics_on) : std::nullopt;
-    for (RequestRecord& r : result.records) {
-      r.template_index += plan.first_prompt;  // index into the whole prompt pool
-      if (r.success && !r.has_usage) {
-        r.prompt_tokens = r.expected_prompt_tokens;
-        r.completion_tokens = static_cast<int>(tok.encode(r.text, false).size());
-      }
-      r.text.clear();
-      r.text.shrink_to_fit();
-    }
-    std::optional<ServerCounters> counters;
-    if (before && after) counters = difference(*before, *after);
-    LevelMetrics m = compute_metrics(result, counters, cfg.slo, cfg.cost);
-    m.label = plan.label;
-    m.request_rate = plan.load.request_rate;
-    m.max_concurrency = plan.load.max_concurrency;
-    outcome.scheduled += m.scheduled;
-    outcome.completed += m.completed;
-    outcome.failed += m.failed;
-    outcome.levels.push_back(std::move(m));
-    results.push_back(std::move(result));
+    r.text.clear();
+    r.text.shrink_to_fit();
   }
+  counters.reset();
+  if (before && after) counters = difference(*before, *after);
+  return result;
+}
 
-  // Report.
-  std::vector<LevelMetrics> rate_levels, sweep_levels;
-  for (const LevelMetrics& m : outcome.levels) (std::isinf(m.request_rate) ? sweep_levels : rate_levels).push_back(m);
-  std::string& rep = outcome.report;
+// The report: the workload, the rate and concurrency tables, costs, each level's details and the
+// totals.
+std::string render_report(const BenchConfig& cfg, const BenchOutcome& outcome,
+                          const std::vector<LevelMetrics>& rate_levels, const std::vector<LevelMetrics>& sweep_levels) {
+  std::string rep;
   const std::string workload = fmt::format(
       "{} in / {} out{}{}, {} {}", cfg.workload.input_len, cfg.workload.output_len,
       cfg.workload.range_ratio > 0 ? fmt::format(" (range ratio {:g})", cfg.workload.range_ratio) : "",
@@ -277,64 +273,125 @@ BenchOutcome run_bench(const BenchConfig& cfg) {
   for (const LevelMetrics& m : outcome.levels) rep += detail_block(m, cfg.slo) + "\n";
   rep += fmt::format("Requests: {} sent, {} succeeded, {} failed{}\n", outcome.scheduled, outcome.completed,
                      outcome.failed, outcome.failed ? " (errors above and in requests.csv)" : "");
-  std::fputs(rep.c_str(), stdout);
-  std::fflush(stdout);
+  return rep;
+}
 
-  if (!cfg.output_dir.empty()) {
-    namespace fs = std::filesystem;
-    const fs::path dir(cfg.output_dir);
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (ec) fail("bench: cannot create --output-dir " + dir.string() + ": " + ec.message());
-    json j;
-    const std::time_t now = std::time(nullptr);
-    char date[32];
-    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    j["date"] = date;
-    j["command"] = cfg.command_line;
-    j["config"] = {{"base_url", cfg.base_url},
-                   {"model", cfg.model},
-                   {"tokenizer", cfg.tokenizer},
-                   {"endpoint", cfg.endpoint},
-                   {"preset", cfg.preset},
-                   {"input_len", cfg.workload.input_len},
-                   {"output_len", cfg.workload.output_len},
-                   {"range_ratio", cfg.workload.range_ratio},
-                   {"prefix_hit", cfg.workload.prefix_hit},
-                   {"num_prefixes", cfg.workload.num_prefixes},
-                   {"token_id_prompts", cfg.token_id_prompts},
-                   {"burstiness", cfg.burstiness},
-                   {"num_prompts", cfg.num_prompts},
-                   {"duration", cfg.duration_s},
-                   {"warmup", cfg.warmup},
-                   {"seed", cfg.seed},
-                   {"num_gpus", cfg.cost.num_gpus},
-                   {"gpu_hour_price", cfg.cost.gpu_hour_price},
-                   {"power_watts", cfg.cost.power_watts},
-                   {"retries", cfg.retry.retries},
-                   {"circuit_breaker", cfg.circuit_breaker}};
-    j["totals"] = {{"scheduled", outcome.scheduled}, {"completed", outcome.completed}, {"failed", outcome.failed}};
-    j["levels"] = json::array();
-    for (const LevelMetrics& m : outcome.levels) j["levels"].push_back(level_json(m));
-    write_file(dir / "bench.json", j.dump(2, ' ', false, json::error_handler_t::replace) + "\n", outcome.files);
-    write_file(dir / "bench.csv", levels_csv(outcome.levels), outcome.files);
-    std::vector<std::pair<std::string, const LevelResult*>> per_request;
-    for (size_t i = 0; i < results.size(); ++i) per_request.emplace_back(outcome.levels[i].label, &results[i]);
-    write_file(dir / "requests.csv", requests_csv(per_request), outcome.files);
-    write_file(dir / "report.md", rep, outcome.files);
-    std::vector<std::string> charts{throughput_interactivity_svg(outcome.levels)};
-    write_file(dir / "throughput_vs_interactivity.svg", charts.back(), outcome.files);
-    if (!rate_levels.empty()) {
-      charts.push_back(ttft_svg(rate_levels, true));
-      write_file(dir / "ttft_vs_request_rate.svg", charts.back(), outcome.files);
-    }
-    if (!sweep_levels.empty()) {
-      charts.push_back(ttft_svg(sweep_levels, false));
-      write_file(dir / "ttft_vs_concurrency.svg", charts.back(), outcome.files);
-    }
-    write_file(dir / "report.html", html_report("glmserve bench: " + cfg.command_line, rep, charts), outcome.files);
-    if (cfg.progress) std::fprintf(stderr, "bench: wrote %zu files to %s\n", outcome.files.size(), dir.string().c_str());
+// The run's record as bench.json: date, command, configuration, totals and every level.
+json run_json(const BenchConfig& cfg, const BenchOutcome& outcome) {
+  json j;
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  j["date"] = date;
+  j["command"] = cfg.command_line;
+  j["config"] = {{"base_url", cfg.base_url},
+                 {"model", cfg.model},
+                 {"tokenizer", cfg.tokenizer},
+                 {"endpoint", cfg.endpoint},
+                 {"preset", cfg.preset},
+                 {"input_len", cfg.workload.input_len},
+                 {"output_len", cfg.workload.output_len},
+                 {"range_ratio", cfg.workload.range_ratio},
+                 {"prefix_hit", cfg.workload.prefix_hit},
+                 {"num_prefixes", cfg.workload.num_prefixes},
+                 {"token_id_prompts", cfg.token_id_prompts},
+                 {"burstiness", cfg.burstiness},
+                 {"num_prompts", cfg.num_prompts},
+                 {"duration", cfg.duration_s},
+                 {"warmup", cfg.warmup},
+                 {"seed", cfg.seed},
+                 {"num_gpus", cfg.cost.num_gpus},
+                 {"gpu_hour_price", cfg.cost.gpu_hour_price},
+                 {"power_watts", cfg.cost.power_watts},
+                 {"retries", cfg.retry.retries},
+                 {"circuit_breaker", cfg.circuit_breaker}};
+  j["totals"] = {{"scheduled", outcome.scheduled}, {"completed", outcome.completed}, {"failed", outcome.failed}};
+  j["levels"] = json::array();
+  for (const LevelMetrics& m : outcome.levels) j["levels"].push_back(level_json(m));
+  return j;
+}
+
+// The files of --output-dir: bench.json and .csv, requests.csv, the report in Markdown and HTML,
+// and the charts.
+void write_outputs(const BenchConfig& cfg, BenchOutcome& outcome, const std::vector<LevelResult>& results,
+                   const std::vector<LevelMetrics>& rate_levels, const std::vector<LevelMetrics>& sweep_levels) {
+  namespace fs = std::filesystem;
+  const fs::path dir(cfg.output_dir);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) fail("bench: cannot create --output-dir " + dir.string() + ": " + ec.message());
+  const std::string& rep = outcome.report;
+  write_file(dir / "bench.json", run_json(cfg, outcome).dump(2, ' ', false, json::error_handler_t::replace) + "\n",
+             outcome.files);
+  write_file(dir / "bench.csv", levels_csv(outcome.levels), outcome.files);
+  std::vector<std::pair<std::string, const LevelResult*>> per_request;
+  for (size_t i = 0; i < results.size(); ++i) per_request.emplace_back(outcome.levels[i].label, &results[i]);
+  write_file(dir / "requests.csv", requests_csv(per_request), outcome.files);
+  write_file(dir / "report.md", rep, outcome.files);
+  std::vector<std::string> charts{throughput_interactivity_svg(outcome.levels)};
+  write_file(dir / "throughput_vs_interactivity.svg", charts.back(), outcome.files);
+  if (!rate_levels.empty()) {
+    charts.push_back(ttft_svg(rate_levels, true));
+    write_file(dir / "ttft_vs_request_rate.svg", charts.back(), outcome.files);
   }
+  if (!sweep_levels.empty()) {
+    charts.push_back(ttft_svg(sweep_levels, false));
+    write_file(dir / "ttft_vs_concurrency.svg", charts.back(), outcome.files);
+  }
+  write_file(dir / "report.html", html_report("glmserve bench: " + cfg.command_line, rep, charts), outcome.files);
+  if (cfg.progress) std::fprintf(stderr, "bench: wrote %zu files to %s\n", outcome.files.size(), dir.string().c_str());
+}
+
+}  // namespace
+
+BenchOutcome run_bench(const BenchConfig& cfg) {
+  const bool chat = cfg.endpoint.find("chat") != std::string::npos;
+  check_config(cfg, chat);
+  json extra;
+  if (!cfg.extra_body.empty()) {
+    extra = json::parse(cfg.extra_body, nullptr, false);
+    if (!extra.is_object()) fail("--extra-body: expected a JSON object");
+  }
+  ClientOptions client;
+  client.endpoint = parse_base_url(cfg.base_url);
+  client.path = cfg.endpoint;
+  client.api_key = cfg.api_key;
+  client.timeout_s = cfg.timeout_s;
+  client.retry = cfg.retry;
+  CircuitBreaker breaker = cfg.circuit_breaker.empty() ? CircuitBreaker() : parse_circuit_breaker(cfg.circuit_breaker);
+  raise_fd_limit();
+
+  size_t pool = 0;
+  std::vector<LevelPlan> plans = plan_levels(cfg, pool);
+  const text::Tokenizer tok = text::Tokenizer::load(cfg.tokenizer);
+  const std::vector<RequestTemplate> templates = make_templates(cfg, tok, chat, extra, pool);
+
+  bool metrics_on = cfg.scrape_metrics;
+  BenchOutcome outcome;
+  std::vector<LevelResult> results;
+  results.reserve(plans.size());
+  for (size_t li = 0; li < plans.size(); ++li) {
+    LevelPlan& plan = plans[li];
+    std::optional<ServerCounters> counters;
+    LevelResult result =
+        run_measured_level(client, plan, li, plans.size(), templates, cfg, tok, breaker, metrics_on, counters);
+    LevelMetrics m = compute_metrics(result, counters, cfg.slo, cfg.cost);
+    m.label = plan.label;
+    m.request_rate = plan.load.request_rate;
+    m.max_concurrency = plan.load.max_concurrency;
+    outcome.scheduled += m.scheduled;
+    outcome.completed += m.completed;
+    outcome.failed += m.failed;
+    outcome.levels.push_back(std::move(m));
+    results.push_back(std::move(result));
+  }
+
+  std::vector<LevelMetrics> rate_levels, sweep_levels;
+  for (const LevelMetrics& m : outcome.levels) (std::isinf(m.request_rate) ? sweep_levels : rate_levels).push_back(m);
+  outcome.report = render_report(cfg, outcome, rate_levels, sweep_levels);
+  std::fputs(outcome.report.c_str(), stdout);
+  std::fflush(stdout);
+  if (!cfg.output_dir.empty()) write_outputs(cfg, outcome, results, rate_levels, sweep_levels);
   return outcome;
 }
 
