@@ -97,23 +97,27 @@ json parse_body(std::string_view body, int max_depth) {
   return doc;
 }
 
-void parse_sampling(const json& doc, std::string_view body, SamplingFields& s, const ParseLimits& limits, bool chat) {
-  // A JSON schema is read again from the body in key order: the order of its properties is the
-  // order the output writes them in.
-  auto take_schema = [&](const json& schema, const std::vector<std::string>& path, const std::string& name) {
-    if (s.json_schema) bad_request("give one structured output, once", name);
-    s.json_schema_param = name;
-    if (schema.is_string()) {
-      const auto parsed = nlohmann::ordered_json::parse(schema.get<std::string>(), nullptr, false);
-      if (parsed.is_discarded()) bad_request(name + " is a string but not JSON", name);
-      s.json_schema = std::make_shared<const nlohmann::ordered_json>(parsed);
-      return;
-    }
-    if (!schema.is_object() && !schema.is_boolean()) wrong_type(name, "a JSON schema (an object)", schema);
-    nlohmann::ordered_json at = nlohmann::ordered_json::parse(body);
-    for (const std::string& key : path) at = nlohmann::ordered_json(at[key]);
-    s.json_schema = std::make_shared<const nlohmann::ordered_json>(std::move(at));
-  };
+// A JSON schema given as `name` (at `path` in the body), for structured output: read again from the
+// body in key order, as the order of its properties is the order the output writes them in.
+void take_schema(const json& schema, std::string_view body, const std::vector<std::string>& path,
+                 const std::string& name, SamplingFields& s) {
+  if (s.json_schema) bad_request("give one structured output, once", name);
+  s.json_schema_param = name;
+  if (schema.is_string()) {
+    const auto parsed = nlohmann::ordered_json::parse(schema.get<std::string>(), nullptr, false);
+    if (parsed.is_discarded()) bad_request(name + " is a string but not JSON", name);
+    s.json_schema = std::make_shared<const nlohmann::ordered_json>(parsed);
+    return;
+  }
+  if (!schema.is_object() && !schema.is_boolean()) wrong_type(name, "a JSON schema (an object)", schema);
+  nlohmann::ordered_json at = nlohmann::ordered_json::parse(body);
+  for (const std::string& key : path) at = nlohmann::ordered_json(at[key]);
+  s.json_schema = std::make_shared<const nlohmann::ordered_json>(std::move(at));
+}
+
+// The sampling fields of a request: model, lengths, temperature and the other numbers, the
+// stream's options.
+void parse_sampling_numbers(const json& doc, SamplingFields& s, const ParseLimits& limits) {
   if (auto v = get_string(doc, "model")) s.model = *v;
   constexpr int64_t kMaxTokens = 1 << 30;
   if (auto v = get_int(doc, "max_tokens", 1, kMaxTokens)) s.max_tokens = static_cast<int>(*v);
@@ -144,6 +148,10 @@ void parse_sampling(const json& doc, std::string_view body, SamplingFields& s, c
     if (auto u = get_bool(*v, "include_usage")) s.include_usage = *u;
     if (auto u = get_bool(*v, "continuous_usage_stats")) s.continuous_usage_stats = *u;
   }
+}
+
+// stop (strings) and stop_token_ids.
+void parse_stops(const json& doc, SamplingFields& s, const ParseLimits& limits) {
   if (const json* v = field(doc, "stop")) {
     if (v->is_string()) {
       s.stop.push_back(v->get<std::string>());
@@ -168,6 +176,10 @@ void parse_sampling(const json& doc, std::string_view body, SamplingFields& s, c
       s.stop_token_ids.push_back(item.get<int32_t>());
     }
   }
+}
+
+// response_format: text, json_object or json_schema.
+void parse_response_format(const json& doc, std::string_view body, SamplingFields& s) {
   if (const json* v = field(doc, "response_format")) {
     if (!v->is_object()) wrong_type("response_format", "an object", *v);
     const auto type = get_string(*v, "type");
@@ -178,12 +190,16 @@ void parse_sampling(const json& doc, std::string_view body, SamplingFields& s, c
       if (!spec || !spec->is_object()) bad_request("response_format.json_schema must be an object", "response_format.json_schema");
       const json* schema = field(*spec, "schema");
       if (!schema) bad_request("response_format.json_schema.schema is required", "response_format.json_schema.schema");
-      take_schema(*schema, {"response_format", "json_schema", "schema"}, "response_format.json_schema.schema");
+      take_schema(*schema, body, {"response_format", "json_schema", "schema"}, "response_format.json_schema.schema", s);
     } else if (type && *type != "text") {
       bad_request("response_format type '" + *type + "' is not supported (text, json_object and json_schema are)",
                   "response_format");
     }
   }
+}
+
+// logit_bias, min_tokens and best_of.
+void parse_bias_and_lengths(const json& doc, SamplingFields& s, const ParseLimits& limits) {
   if (const json* v = field(doc, "logit_bias")) {
     if (!v->is_object()) wrong_type("logit_bias", "an object of token id -> bias", *v);
     for (const auto& [key, bias] : v->items()) {
@@ -210,6 +226,11 @@ void parse_sampling(const json& doc, std::string_view body, SamplingFields& s, c
                       std::to_string(*v) + " and pick among the choices)",
                   "best_of");
   }
+}
+
+// The structured outputs of vLLM's request forms: guided_choice / _regex / _grammar / _json, or
+// structured_outputs with the same kinds; one form at most, with response_format's.
+void parse_structured_outputs(const json& doc, std::string_view body, SamplingFields& s) {
   // Structured outputs: the choice form (vLLM's structured_outputs.choice, or guided_choice).
   auto parse_choice = [&](const json& v, const std::string& name) {
     if (!v.is_array() || v.empty()) wrong_type(name, "a non-empty array of strings", v);
@@ -230,7 +251,7 @@ void parse_sampling(const json& doc, std::string_view body, SamplingFields& s, c
   if (const json* v = field(doc, "guided_choice")) parse_choice(*v, "guided_choice"), ++guided_fields;
   if (const json* v = field(doc, "guided_regex")) parse_regex(*v, "guided_regex"), ++guided_fields;
   if (const json* v = field(doc, "guided_grammar")) parse_grammar(*v, "guided_grammar"), ++guided_fields;
-  if (const json* v = field(doc, "guided_json")) take_schema(*v, {"guided_json"}, "guided_json"), ++guided_fields;
+  if (const json* v = field(doc, "guided_json")) take_schema(*v, body, {"guided_json"}, "guided_json", s), ++guided_fields;
   if (const json* v = field(doc, "structured_outputs")) {
     if (!v->is_object()) wrong_type("structured_outputs", "an object", *v);
     if (guided_fields) bad_request("give one structured output, once (structured_outputs or guided_*)", "structured_outputs");
@@ -238,7 +259,7 @@ void parse_sampling(const json& doc, std::string_view body, SamplingFields& s, c
       if (key == "choice") parse_choice(value, "structured_outputs.choice");
       else if (key == "regex") parse_regex(value, "structured_outputs.regex");
       else if (key == "grammar") parse_grammar(value, "structured_outputs.grammar");
-      else if (key == "json") take_schema(value, {"structured_outputs", "json"}, "structured_outputs.json");
+      else if (key == "json") take_schema(value, body, {"structured_outputs", "json"}, "structured_outputs.json", s);
       else if (key == "json_object") {
         if (!value.is_boolean()) wrong_type("structured_outputs.json_object", "a boolean", value);
         s.json_object = s.json_object || value.get<bool>();
@@ -251,6 +272,10 @@ void parse_sampling(const json& doc, std::string_view body, SamplingFields& s, c
   }
   if (s.structured_forms() > 1)
     bad_request("give one structured output (choice, regex, json, grammar or json_object), once", "structured_outputs");
+}
+
+// Fields refused by name, prompt_logprobs, user, and logprobs in the completions or the chat form.
+void parse_logprobs(const json& doc, SamplingFields& s, const ParseLimits& limits, bool chat) {
   // Fields glmserve does not implement yet: refused by name rather than ignored.
   for (const char* name : {"guided_decoding_backend",
                            "guided_whitespace_pattern", "suffix", "allowed_token_ids", "bad_words",
@@ -272,6 +297,15 @@ void parse_sampling(const json& doc, std::string_view body, SamplingFields& s, c
     if (top && !want) bad_request("top_logprobs needs logprobs: true", "top_logprobs");
     if (want) s.logprobs = static_cast<int>(top.value_or(0));
   }
+}
+
+void parse_sampling(const json& doc, std::string_view body, SamplingFields& s, const ParseLimits& limits, bool chat) {
+  parse_sampling_numbers(doc, s, limits);
+  parse_stops(doc, s, limits);
+  parse_response_format(doc, body, s);
+  parse_bias_and_lengths(doc, s, limits);
+  parse_structured_outputs(doc, body, s);
+  parse_logprobs(doc, s, limits, chat);
 }
 
 // Validates OpenAI content: a string, null, or a list of text parts, which the chat template
