@@ -247,6 +247,103 @@ void Generation::finish_choice(Choice& c, const std::string& reason) {
   metrics_.count_finished(c.timed_out ? "timeout" : reason == "tool_calls" ? "stop" : reason);
 }
 
+// Token g's logprobs into the choice's whole list and its next delta: the chat form (content
+// entries with bytes and top_logprobs) or the completions form (parallel arrays, the token's
+// offset in the text `text_offset`).
+void Generation::record_logprobs(Choice& c, const engine::GeneratedToken& g, size_t text_offset) {
+  const std::string tok = tokenizer_.decode(std::vector<int32_t>{g.token}, false);
+  if (spec_.chat) {
+    json top = json::array();
+    for (const auto& t : g.top_logprobs) {
+      const std::string s = tokenizer_.decode(std::vector<int32_t>{t.token}, false);
+      top.push_back({{"token", s}, {"logprob", clamp_logprob(t.logprob)}, {"bytes", utf8_bytes(s)}});
+    }
+    json entry = {{"token", tok}, {"logprob", clamp_logprob(g.logprob)}, {"bytes", utf8_bytes(tok)},
+                  {"top_logprobs", std::move(top)}};
+    c.logprobs_all["content"].push_back(entry);
+    if (c.logprobs_delta.is_null()) c.logprobs_delta = {{"content", json::array()}};
+    c.logprobs_delta["content"].push_back(std::move(entry));
+    return;
+  }
+  json top = nullptr;
+  if (spec_.sampling.logprobs > 0) {
+    top = json::object();
+    for (const auto& t : g.top_logprobs)
+      top[tokenizer_.decode(std::vector<int32_t>{t.token}, false)] = clamp_logprob(t.logprob);
+  }
+  if (c.logprobs_delta.is_null())
+    c.logprobs_delta = {{"text_offset", json::array()}, {"token_logprobs", json::array()},
+                        {"tokens", json::array()}, {"top_logprobs", json::array()}};
+  for (json* target : {&c.logprobs_all, &c.logprobs_delta}) {
+    (*target)["text_offset"].push_back(text_offset);
+    (*target)["token_logprobs"].push_back(clamp_logprob(g.logprob));
+    (*target)["tokens"].push_back(tok);
+    (*target)["top_logprobs"].push_back(top);
+  }
+}
+
+// Text the stop matcher released: through the chat parser (reasoning, content, tool calls; a
+// choice with a tool call finishes with "tool_calls", as vLLM's do) or onto the completion's text.
+void Generation::route_released(Choice& c, const std::string& released, std::string& final_reason) {
+  if (!spec_.chat) {
+    c.text += released;
+    c.delta_text += released;
+    return;
+  }
+  auto take = [&](ParsedDelta d) {
+    c.reasoning += d.reasoning;
+    c.content += d.content;
+    c.delta.reasoning += d.reasoning;
+    c.delta.content += d.content;
+    for (ToolCall& call : d.tool_calls) {
+      c.calls.push_back(call);
+      c.delta.tool_calls.push_back(std::move(call));
+    }
+  };
+  if (!released.empty()) take(c.parser->feed(released));
+  if (!final_reason.empty()) take(c.parser->finish());
+  if ((final_reason == "stop" || final_reason == "length") && !c.calls.empty()) final_reason = "tool_calls";
+}
+
+// After choice `index` moved: streaming, its chunk (and, once every choice is done, the usage
+// chunk and [DONE]: `end`); otherwise, once every choice is done, the whole response or the
+// first choice's error (`reply`).
+void Generation::respond_locked(size_t index, bool choice_done, std::vector<std::string>& writes,
+                                std::optional<HttpResponse>& reply, bool& end) {
+  if (state_->completed) return;
+  if (spec_.sampling.stream) {
+    emit_locked(writes, index, choice_done);
+    if (state_->done_count != state_->choices.size()) return;
+    if (spec_.sampling.include_usage) {
+      json chunk = {{"id", spec_.id},
+                    {"object", spec_.chat ? "chat.completion.chunk" : "text_completion"},
+                    {"created", spec_.created},
+                    {"model", spec_.model},
+                    {"choices", json::array()},
+                    {"usage", json::parse(usage_json_locked())}};
+      writes.push_back(sse_event(chunk.dump(-1, ' ', false, json::error_handler_t::replace)));
+    }
+    writes.push_back(sse_done());
+    state_->completed = true;
+    end = true;
+    return;
+  }
+  if (state_->done_count != state_->choices.size()) return;
+  state_->completed = true;
+  HttpResponse r;
+  std::string error;
+  int status = 500;
+  for (const Choice& ch : state_->choices)
+    if (!ch.error.empty()) error = ch.error, status = ch.error_status;
+  if (!error.empty()) {
+    r.status = status;
+    r.body = error_body(ApiError{status, error, "", 0.0});
+  } else {
+    r.body = final_body_locked();
+  }
+  reply = std::move(r);
+}
+
 void Generation::on_output(size_t index, const engine::RequestOutput& out) {
   std::vector<std::string> writes;
   std::optional<HttpResponse> reply;
@@ -296,37 +393,7 @@ void Generation::on_output(size_t index, const engine::RequestOutput& out) {
                                                   : (!special || !spec_.sampling.skip_special_tokens));
       const size_t before = c.text.size() + released.size();
       if (feed) push_text(c.detok->feed(g.token));
-      if (spec_.sampling.logprobs >= 0) {
-        const std::string tok = tokenizer_.decode(std::vector<int32_t>{g.token}, false);
-        if (spec_.chat) {
-          json top = json::array();
-          for (const auto& t : g.top_logprobs) {
-            const std::string s = tokenizer_.decode(std::vector<int32_t>{t.token}, false);
-            top.push_back({{"token", s}, {"logprob", clamp_logprob(t.logprob)}, {"bytes", utf8_bytes(s)}});
-          }
-          json entry = {{"token", tok}, {"logprob", clamp_logprob(g.logprob)}, {"bytes", utf8_bytes(tok)},
-                        {"top_logprobs", std::move(top)}};
-          c.logprobs_all["content"].push_back(entry);
-          if (c.logprobs_delta.is_null()) c.logprobs_delta = {{"content", json::array()}};
-          c.logprobs_delta["content"].push_back(std::move(entry));
-        } else {
-          json top = nullptr;
-          if (spec_.sampling.logprobs > 0) {
-            top = json::object();
-            for (const auto& t : g.top_logprobs)
-              top[tokenizer_.decode(std::vector<int32_t>{t.token}, false)] = clamp_logprob(t.logprob);
-          }
-          if (c.logprobs_delta.is_null())
-            c.logprobs_delta = {{"text_offset", json::array()}, {"token_logprobs", json::array()},
-                                {"tokens", json::array()}, {"top_logprobs", json::array()}};
-          for (json* target : {&c.logprobs_all, &c.logprobs_delta}) {
-            (*target)["text_offset"].push_back(before);
-            (*target)["token_logprobs"].push_back(clamp_logprob(g.logprob));
-            (*target)["tokens"].push_back(tok);
-            (*target)["top_logprobs"].push_back(top);
-          }
-        }
-      }
+      if (spec_.sampling.logprobs >= 0) record_logprobs(c, g, before);
     }
     std::string final_reason;
     if (stopped) {
@@ -347,59 +414,10 @@ void Generation::on_output(size_t index, const engine::RequestOutput& out) {
         c.error_status = out.request_error ? 400 : 500;
       }
     }
-    // Route the released text.
-    if (spec_.chat) {
-      auto take = [&](ParsedDelta d) {
-        c.reasoning += d.reasoning;
-        c.content += d.content;
-        c.delta.reasoning += d.reasoning;
-        c.delta.content += d.content;
-        for (ToolCall& call : d.tool_calls) {
-          c.calls.push_back(call);
-          c.delta.tool_calls.push_back(std::move(call));
-        }
-      };
-      if (!released.empty()) take(c.parser->feed(released));
-      if (!final_reason.empty()) take(c.parser->finish());
-      // As vLLM: once a tool call was parsed, the choice finishes with "tool_calls".
-      if ((final_reason == "stop" || final_reason == "length") && !c.calls.empty()) final_reason = "tool_calls";
-    } else {
-      c.text += released;
-      c.delta_text += released;
-    }
+    route_released(c, released, final_reason);
     if (!final_reason.empty()) finish_choice(c, final_reason);
 
-    if (spec_.sampling.stream && !state_->completed) {
-      emit_locked(writes, index, c.done);
-      if (state_->done_count == state_->choices.size()) {
-        if (spec_.sampling.include_usage) {
-          json chunk = {{"id", spec_.id},
-                        {"object", spec_.chat ? "chat.completion.chunk" : "text_completion"},
-                        {"created", spec_.created},
-                        {"model", spec_.model},
-                        {"choices", json::array()},
-                        {"usage", json::parse(usage_json_locked())}};
-          writes.push_back(sse_event(chunk.dump(-1, ' ', false, json::error_handler_t::replace)));
-        }
-        writes.push_back(sse_done());
-        state_->completed = true;
-        end = true;
-      }
-    } else if (!spec_.sampling.stream && !state_->completed && state_->done_count == state_->choices.size()) {
-      state_->completed = true;
-      HttpResponse r;
-      std::string error;
-      int status = 500;
-      for (const Choice& ch : state_->choices)
-        if (!ch.error.empty()) error = ch.error, status = ch.error_status;
-      if (!error.empty()) {
-        r.status = status;
-        r.body = error_body(ApiError{status, error, "", 0.0});
-      } else {
-        r.body = final_body_locked();
-      }
-      reply = std::move(r);
-    }
+    respond_locked(index, c.done, writes, reply, end);
   }
   if (cancel_now) backend_.cancel(cancel_id);
   for (std::string& w : writes) responder_->write(std::move(w));

@@ -63,6 +63,10 @@ class Generation : public std::enable_shared_from_this<Generation> {
   void on_output(size_t choice, const engine::RequestOutput& out);
   void finish_choice(Choice& c, const std::string& reason);
   void take_prompt_logprobs(Choice& c, const engine::RequestOutput& out);
+  void record_logprobs(Choice& c, const engine::GeneratedToken& g, size_t text_offset);
+  void route_released(Choice& c, const std::string& released, std::string& final_reason);
+  void respond_locked(size_t choice_index, bool choice_done, std::vector<std::string>& writes,
+                      std::optional<HttpResponse>& reply, bool& end);
   void emit_locked(std::vector<std::string>& writes, size_t choice_index, bool final);
   std::string final_body_locked() const;
   std::string usage_json_locked() const;
