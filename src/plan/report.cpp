@@ -47,52 +47,63 @@ std::string layout_name(const Layout& l) {
   return l.expert_parallel ? name + format(" + EP%d", l.tp * l.dp) : name;
 }
 
-}  // namespace
+// One line of the text report: a label column of 12, then the text.
+void line(std::string& out, const std::string& label, const std::string& text) {
+  out += format("%-12s ", label.c_str()) + text + "\n";
+}
 
-std::string render_text(const PlanResult& p) {
+// The model, its parameters and the hardware.
+void render_model(const PlanResult& p, std::string& out) {
   const ModelSpec& m = p.model;
   const PlanInputs& in = p.inputs;
   const GpuSpec& g = p.gpu;
-  std::string out;
-  auto line = [&](const std::string& label, const std::string& text) {
-    out += format("%-12s ", label.c_str()) + text + "\n";
-  };
-  if (!p.source.empty()) line("config", p.source);
+  if (!p.source.empty()) line(out, "config", p.source);
   std::string shape = format("%s, %s, %d layers, hidden %d", m.model_type.c_str(), attention_kind_name(m.attention),
                              m.layers, m.hidden);
   if (m.moe_layers > 0)
     shape += format(", %d MoE layers (top-%d of %d experts)", m.moe_layers, m.experts_per_token, m.n_routed_experts);
-  line("model", shape);
+  line(out, "model", shape);
   std::string params = count(double(p.params)) + " stored";
   if (p.mtp_params > 0)
     params += " (" + count(double(p.params - p.mtp_params)) + " + " + count(double(p.mtp_params)) + " MTP)";
-  line("parameters", params + ", " + count(double(p.active_params)) + " active per token");
+  line(out, "parameters", params + ", " + count(double(p.active_params)) + " active per token");
   std::string hw = format("%d x %s (%s): %s, %s/s (%s)", in.gpus, g.name.c_str(), g.description.c_str(),
                           bytes(g.memory_bytes).c_str(), bytes(p.bandwidth.value).c_str(), p.bandwidth.source.c_str());
-  line("hardware", hw);
-  line("", format("dense peaks (datasheet): bf16 %s, fp8 %s, fp4 %s; %.0f W; $%.2f/GPU-hour",
+  line(out, "hardware", hw);
+  line(out, "", format("dense peaks (datasheet): bf16 %s, fp8 %s, fp4 %s; %.0f W; $%.2f/GPU-hour",
                   rate(g.bf16_flops).c_str(), rate(g.fp8_flops).c_str(),
                   g.fp4_flops > 0 ? rate(g.fp4_flops).c_str() : "none", g.power_watts, p.usd_per_gpu_hour));
   if (g.measured_bandwidth > 0 || g.measured_bf16_flops > 0)
-    line("", format("measured: copy %s/s, bf16 GEMM %s, fp8 GEMM %s", bytes(g.measured_bandwidth).c_str(),
+    line(out, "", format("measured: copy %s/s, bf16 GEMM %s, fp8 GEMM %s", bytes(g.measured_bandwidth).c_str(),
                     rate(g.measured_bf16_flops).c_str(), rate(g.measured_fp8_flops).c_str()));
-  line("weights", format("%s: %s (%s per GPU at TP%d)", in.weights.c_str(), bytes(p.weight_bytes).c_str(),
+}
+
+// Weights, the KV cache, the memory they need and how many sequences fit.
+void render_memory(const PlanResult& p, std::string& out) {
+  const PlanInputs& in = p.inputs;
+  const GpuSpec& g = p.gpu;
+  line(out, "weights", format("%s: %s (%s per GPU at TP%d)", in.weights.c_str(), bytes(p.weight_bytes).c_str(),
                          bytes(p.headline.weight_bytes_per_gpu).c_str(), in.tp));
-  line("KV cache", format("%s: %s per token (%.0f B), %s per sequence of %lld tokens", in.kv_dtype.c_str(),
+  line(out, "KV cache", format("%s: %s per token (%.0f B), %s per sequence of %lld tokens", in.kv_dtype.c_str(),
                           bytes(p.kv_bytes_per_token).c_str(), p.kv_bytes_per_token, bytes(p.kv_bytes_per_sequence).c_str(),
                           static_cast<long long>(in.context)));
   const double total = g.memory_bytes * in.gpus, usable = p.usable_bytes_per_gpu * in.gpus;
-  line("memory", format("%s HBM, %.0f%% reserve -> %s usable; weights %s + KV %s (%d x %lld tokens)",
+  line(out, "memory", format("%s HBM, %.0f%% reserve -> %s usable; weights %s + KV %s (%d x %lld tokens)",
                         bytes(total).c_str(), in.reserve_fraction * 100, bytes(usable).c_str(),
                         bytes(p.weight_bytes).c_str(), bytes(p.kv_bytes_needed).c_str(), in.concurrency,
                         static_cast<long long>(in.context)));
-  line("fits", p.fits ? format("yes (%s left)", bytes(usable - p.weight_bytes - p.kv_bytes_needed).c_str())
+  line(out, "fits", p.fits ? format("yes (%s left)", bytes(usable - p.weight_bytes - p.kv_bytes_needed).c_str())
                       : !p.headline.weights_fit ? std::string("no: the weights alone exceed the usable memory")
                                                 : format("no: at most %lld sequences of %lld tokens",
                                                          static_cast<long long>(p.max_sequences),
                                                          static_cast<long long>(in.context)));
-  line("max seqs", format("%lld concurrent sequences of %lld tokens", static_cast<long long>(p.max_sequences),
+  line(out, "max seqs", format("%lld concurrent sequences of %lld tokens", static_cast<long long>(p.max_sequences),
                           static_cast<long long>(in.context)));
+}
+
+// The serve command for the layout and its per-GPU memory budget, as serve would size it.
+void render_serve(const PlanResult& p, std::string& out) {
+  const PlanInputs& in = p.inputs;
   if (p.serve.known) {
     const ServeMemory& s = p.serve;
     auto gib = [](double b) { return b / double(int64_t{1} << 30); };
@@ -102,42 +113,53 @@ std::string render_text(const PlanResult& p) {
                   in.max_num_seqs > 0 ? in.max_num_seqs : in.concurrency, static_cast<long long>(in.context));
     if (in.speculative_steps > 0) how += format(" --speculative mtp --speculative-steps %d", in.speculative_steps);
     if (in.kv_dtype == "fp8") how += " --kv-cache-dtype fp8";
-    line("serve", how);
-    line("", format("per GPU: budget %.2f GiB = weights %.2f + workspaces %.2f + CUDA runtime %.2f + margin %.2f + "
+    line(out, "serve", how);
+    line(out, "", format("per GPU: budget %.2f GiB = weights %.2f + workspaces %.2f + CUDA runtime %.2f + margin %.2f + "
                     "KV cache %.2f GiB",
                     gib(s.budget), gib(s.weights), gib(s.workspaces), gib(s.runtime), gib(s.margin), gib(s.cache)));
-    line("", s.cache_blocks > 0
+    line(out, "", s.cache_blocks > 0
                  ? format("KV cache %lld blocks of %d = %s tokens per data-parallel rank%s",
                           static_cast<long long>(s.cache_blocks), in.block_size, count(double(s.cache_tokens)).c_str(),
                           s.fits ? "" : ": less than one --max-model-len sequence")
                  : std::string("no room for a KV cache: more GPUs, experts over them, or a smaller format"));
   }
 
+}
+
+// The decode and prefill rooflines of the headline layout.
+void render_bounds(const PlanResult& p, std::string& out) {
+  const ModelSpec& m = p.model;
+  const PlanInputs& in = p.inputs;
   const DecodeBound& d = p.headline.decode;
   out += "\n";
-  line("decode", format("roofline at %d sequences, each at position %lld, TP%d x DP%d", in.concurrency,
+  line(out, "decode", format("roofline at %d sequences, each at position %lld, TP%d x DP%d", in.concurrency,
                         static_cast<long long>(in.context), p.headline.tp, p.headline.dp));
   std::string weights_read = bytes(d.weight_bytes);
   if (m.moe_layers > 0)
     weights_read += format(" (%.1f of %d experts per MoE layer)", d.touched_experts, m.n_routed_experts);
-  line("  per step", format("weights %s, KV %s, %.1f TFLOP (one replica of %.1f sequences)", weights_read.c_str(),
+  line(out, "  per step", format("weights %s, KV %s, %.1f TFLOP (one replica of %.1f sequences)", weights_read.c_str(),
                             bytes(d.kv_bytes).c_str(), d.flops / 1e12, d.batch));
-  line("  memory", format("%.2f ms at %s/s (%d x %s/s, %s)", d.bandwidth_time_s * 1e3,
+  line(out, "  memory", format("%.2f ms at %s/s (%d x %s/s, %s)", d.bandwidth_time_s * 1e3,
                           bytes(p.bandwidth.value * p.headline.tp).c_str(), p.headline.tp,
                           bytes(p.bandwidth.value).c_str(), p.bandwidth.source.c_str()));
-  line("  compute", format("%.2f ms at %s (%d x %s %s, %s)", d.compute_time_s * 1e3,
+  line(out, "  compute", format("%.2f ms at %s (%d x %s %s, %s)", d.compute_time_s * 1e3,
                            rate(p.gemm_rate.value * p.headline.tp).c_str(), p.headline.tp,
                            p.gemm_rate.precision.c_str(), rate(p.gemm_rate.value).c_str(), p.gemm_rate.source.c_str()));
-  line("  bound", format("%s tok/s aggregate, %s tok/s per sequence (%s bound)", per_s(p.decode_tokens_per_s_bound).c_str(),
+  line(out, "  bound", format("%s tok/s aggregate, %s tok/s per sequence (%s bound)", per_s(p.decode_tokens_per_s_bound).c_str(),
                          per_s(p.decode_tokens_per_s_per_sequence_bound).c_str(),
                          d.compute_bound ? "compute" : "memory-bandwidth"));
-  line("prefill", format("%.1f GFLOP per token (mean over a %lld-token prompt) at %s %s", p.prefill_flops_per_token / 1e9,
+  line(out, "prefill", format("%.1f GFLOP per token (mean over a %lld-token prompt) at %s %s", p.prefill_flops_per_token / 1e9,
                          static_cast<long long>(in.context), p.gemm_rate.precision.c_str(),
                          rate(p.gemm_rate.value).c_str()));
-  line("  bound", format("%s tok/s on all %d GPUs; TTFT >= %.2f s for one %lld-token prompt at TP%d",
+  line(out, "  bound", format("%s tok/s on all %d GPUs; TTFT >= %.2f s for one %lld-token prompt at TP%d",
                          per_s(p.prefill_tokens_per_s_bound).c_str(), in.gpus, p.ttft_bound_s,
                          static_cast<long long>(in.context), in.tp));
 
+}
+
+// The layout table.
+void render_layouts(const PlanResult& p, std::string& out) {
+  const PlanInputs& in = p.inputs;
   const bool expert_rows = std::any_of(p.layouts.begin(), p.layouts.end(), [](const Layout& l) { return l.expert_parallel; });
   out += "\nlayouts (weights sharded by TP, a whole copy per DP replica; " +
          std::string(expert_rows ? "+ EP: DP attention groups sharing the experts over all GPUs, weights/GPU as glmserve "
@@ -156,12 +178,30 @@ std::string render_text(const PlanResult& p) {
                   bytes(l.allreduce_bytes_per_token).c_str(), l.allreduce_time_per_step_s * 1e3);
   }
   out += "\n";
-  line("cost", format("$%.2f/hour for %d GPUs at utilisation %.2f: $%.3f per million output tokens (%s, %s tok/s)",
+}
+
+// Cost and power at the bound.
+void render_cost(const PlanResult& p, std::string& out) {
+  const PlanInputs& in = p.inputs;
+  const GpuSpec& g = p.gpu;
+  line(out, "cost", format("$%.2f/hour for %d GPUs at utilisation %.2f: $%.3f per million output tokens (%s, %s tok/s)",
                       p.usd_per_gpu_hour * in.gpus, in.gpus, in.utilization, p.usd_per_million_tokens,
                       p.cost_basis.c_str(), per_s(p.cost_tokens_per_s).c_str()));
-  line("power", format("%.1f kW of GPU board power: %s tok/s per MW, %s tok/s per GPU", g.power_watts * in.gpus / 1e3,
+  line(out, "power", format("%.1f kW of GPU board power: %s tok/s per MW, %s tok/s per GPU", g.power_watts * in.gpus / 1e3,
                        count(p.tokens_per_s_per_megawatt).c_str(),
                        per_s(p.cost_tokens_per_s * in.utilization / in.gpus).c_str()));
+}
+
+}  // namespace
+
+std::string render_text(const PlanResult& p) {
+  std::string out;
+  render_model(p, out);
+  render_memory(p, out);
+  render_serve(p, out);
+  render_bounds(p, out);
+  render_layouts(p, out);
+  render_cost(p, out);
   out += "\nBounds, not predictions: real servers reach a fraction of them (docs/planning.md).\n";
   return out;
 }
