@@ -296,7 +296,9 @@ TEST(MoeTiles, PairsAndSplitLastTilesCoverEveryTileOnce) {
         units[static_cast<int>(set)] += n;
         for (int i = 0; i < n; ++i) {
           const bool split = tiles::splits_lines(set, count, i);
-          if (set == TileSet::kEvery) EXPECT_FALSE(split);
+          if (set == TileSet::kEvery) {
+            EXPECT_FALSE(split);
+          }
           for (int rank = 0; rank < (set == TileSet::kPairs ? 2 : 1); ++rank) {
             const int tile = tiles::tile_of(set, count, i, rank);
             ASSERT_GE(tile, 0);

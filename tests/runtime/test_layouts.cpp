@@ -57,7 +57,9 @@ std::vector<std::vector<float>> prompt_logits(runtime::Executor& executor, const
     std::vector<runtime::RankStep> steps(dp);
     for (int r = 0; r < dp && first + r < prompts.size(); ++r) {
       steps[r].batch.add_sequence(prompts[first + r], 0, table, block_size, true);
-      steps[r].outputs.assign(prompts[first + r].size(), {model::RowOutput::Kind::kLogits});
+      model::RowOutput logits;
+      logits.kind = model::RowOutput::Kind::kLogits;
+      steps[r].outputs.assign(prompts[first + r].size(), logits);
     }
     std::vector<runtime::RankResult> results = executor.forward(steps, false);
     for (int r = 0; r < dp && first + r < prompts.size(); ++r) logits[first + r] = results[r].logits.full;

@@ -82,7 +82,9 @@ void expect_valid_calls(const std::string& text, const std::string& only) {
   EXPECT_EQ(r.finish_reason, "tool_calls");
   const ordered_json tools = ordered_json::parse(kTools);
   for (const text::ToolCall& call : r.calls) {
-    if (!only.empty()) EXPECT_EQ(call.name, only);
+    if (!only.empty()) {
+      EXPECT_EQ(call.name, only);
+    }
     const ordered_json* params = nullptr;
     for (const auto& t : tools)
       if (t["function"]["name"] == call.name) params = &t["function"];
