@@ -429,7 +429,7 @@ struct SchemaCompiler::Impl {
 };
 
 SchemaCompiler::SchemaCompiler(GrammarBuilder& builder, const nlohmann::ordered_json& document, std::string prefix)
-    : impl_(std::make_unique<Impl>(Impl{builder, document, std::move(prefix), 0, {}})) {}
+    : impl_(std::make_unique<Impl>(Impl{builder, document, std::move(prefix), 0, 0, {}})) {}
 SchemaCompiler::~SchemaCompiler() = default;
 Expr SchemaCompiler::value(const nlohmann::ordered_json& schema, const std::string& path) { return impl_->value(schema, path); }
 Expr SchemaCompiler::raw_string(const nlohmann::ordered_json& schema, const std::string& path) {

@@ -391,7 +391,9 @@ TEST_F(E2E, ForcedToolChoiceAlwaysYieldsAParsedCall) {
     EXPECT_EQ(finish, "tool_calls") << i;
     ASSERT_FALSE(calls.empty()) << i;
     for (const json& call : calls) {
-      if (named) EXPECT_EQ(call["name"], "get_weather") << i;
+      if (named) {
+        EXPECT_EQ(call["name"], "get_weather") << i;
+      }
       const auto args = nlohmann::ordered_json::parse(call["arguments"].get<std::string>(), nullptr, false);
       ASSERT_FALSE(args.is_discarded()) << call.dump();
       const auto schema = call["name"] == "get_weather" ? nlohmann::ordered_json::parse(params.dump())

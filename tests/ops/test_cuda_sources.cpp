@@ -98,8 +98,9 @@ TEST(CudaSources, KernelsAreLaunchedOnlyThroughLaunchChained) {
   for (const auto& path : cuda_sources()) {
     const std::string text = read_text(path);
     EXPECT_EQ(text.find("<<<"), std::string::npos) << path.filename() << " launches a kernel with <<<>>>";
-    if (path.filename() != "launch.cuh")
+    if (path.filename() != "launch.cuh") {
       EXPECT_EQ(text.find("cudaLaunchKernelEx"), std::string::npos) << path.filename() << " launches on its own";
+    }
   }
 }
 
