@@ -107,6 +107,110 @@ struct Range {
   size_t tensor;
 };
 
+
+// The data region after the header: where it starts and its size, for the checks' messages the
+// header's length and the file's size.
+struct DataRegion {
+  const std::byte* data;
+  uint64_t size, header_len;
+  size_t file_size;
+};
+
+// The __metadata__ entry (null, or an object of strings) into `metadata`.
+void parse_metadata(const std::string& file, const json& entry, std::map<std::string, std::string>& metadata) {
+  if (entry.is_null()) return;
+  if (!entry.is_object())
+    fail_in(file, "__metadata__ must be an object of strings, got " + json_type_name(entry));
+  for (const auto& [key, value] : entry.items()) {
+    if (!value.is_string())
+      fail_in(file, "__metadata__ value for " + in_quotes(key) + " must be a string, got " + json_type_name(value));
+    metadata[key] = value.get<std::string>();
+  }
+}
+
+// Tensor `name`'s header entry checked (dtype, shape, data_offsets inside the region and of the
+// shape's bytes): its TensorInfo (data, nbytes) and its byte range in the region.
+TensorInfo parse_tensor(const std::string& file, const std::string& name, const json& entry, const DataRegion& region,
+                        uint64_t& begin, uint64_t& end) {
+  const uint64_t data_size = region.size, header_len = region.header_len;
+  const size_t size = region.file_size;
+  const std::string where = "tensor " + in_quotes(name);
+  if (!entry.is_object())
+    fail_in(file, where + ": entry must be an object, got " + json_type_name(entry));
+
+  auto field = [&](const char* key) -> const json& {
+    auto it = entry.find(key);
+    if (it == entry.end()) fail_in(file, where + ": missing field '" + key + "'");
+    return *it;
+  };
+  const json& dtype_json = field("dtype");
+  if (!dtype_json.is_string())
+    fail_in(file, where + ": 'dtype' must be a string, got " + json_type_name(dtype_json));
+  const std::string dtype_str = dtype_json.get<std::string>();
+  const auto dtype = parse_dtype(dtype_str);
+  if (!dtype)
+    fail_in(file, where + ": unknown dtype " + in_quotes(dtype_str) +
+                      " (known: BF16, F16, F32, F64, F8_E4M3, F8_E5M2, U8, I8, I16, I32, I64, BOOL)");
+
+  const json& shape_json = field("shape");
+  if (!shape_json.is_array())
+    fail_in(file, where + ": 'shape' must be a list of integers, got " + json_type_name(shape_json));
+  TensorInfo info;
+  info.name = name;
+  info.dtype = *dtype;
+  uint64_t numel = 1;
+  for (size_t i = 0; i < shape_json.size(); ++i) {
+    const json& dim = shape_json[i];
+    uint64_t d = 0;
+    if (!as_count(dim, &d))
+      fail_in(file, where + ": shape[" + std::to_string(i) + "] = " + snippet(dim) +
+                        " is not a non-negative integer");
+    if (__builtin_mul_overflow(numel, d, &numel) || numel > static_cast<uint64_t>(INT64_MAX))
+      fail_in(file, where + ": shape " + snippet(shape_json) + " overflows the element count");
+    info.shape.push_back(static_cast<int64_t>(d));
+  }
+  uint64_t expected_bytes = 0;
+  if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(*dtype)), &expected_bytes))
+    fail_in(file, where + ": shape " + snippet(shape_json) + " overflows the byte size");
+
+  const json& offsets = field("data_offsets");
+  if (!offsets.is_array() || offsets.size() != 2 || !as_count(offsets[0], &begin) ||
+      !as_count(offsets[1], &end))
+    fail_in(file, where + ": 'data_offsets' must be [begin, end] of non-negative integers, got " +
+                      snippet(offsets));
+  if (begin > end)
+    fail_in(file, where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                      "] have begin > end");
+  if (end > data_size)
+    fail_in(file, where + ": data ends at byte " + std::to_string(end) +
+                      " of the data region but only " + std::to_string(data_size) +
+                      " bytes are present (file truncated? expected at least " +
+                      std::to_string(8 + header_len + end) + " bytes, file has " +
+                      std::to_string(size) + ")");
+  if (end - begin != expected_bytes)
+    fail_in(file, where + ": data_offsets span " + std::to_string(end - begin) + " bytes but " +
+                      std::string(dtype_name(*dtype)) + " " + snippet(shape_json) + " needs " +
+                      std::to_string(expected_bytes));
+  info.data = region.data + begin;
+  info.nbytes = static_cast<size_t>(expected_bytes);
+  return info;
+}
+
+// No two tensors' byte ranges overlap.
+void check_no_overlaps(const std::string& file, std::vector<Range>& ranges, const std::vector<TensorInfo>& tensors) {
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].begin < ranges[i - 1].end) {
+      const auto& a = tensors[ranges[i - 1].tensor];
+      const auto& b = tensors[ranges[i].tensor];
+      fail_in(file, "tensors " + in_quotes(a.name) + " [" + std::to_string(ranges[i - 1].begin) + ", " +
+                        std::to_string(ranges[i - 1].end) + ") and " + in_quotes(b.name) + " [" +
+                        std::to_string(ranges[i].begin) + ", " + std::to_string(ranges[i].end) +
+                        ") overlap in the data region");
+    }
+  }
+}
+
 }  // namespace
 
 int64_t TensorInfo::numel() const {
@@ -192,103 +296,22 @@ void SafetensorsFile::parse(const std::byte* bytes, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(bytes + 8), header_len);
   const json header = parse_header_json(text, file);
 
-  const std::byte* data = bytes + 8 + header_len;
-  const uint64_t data_size = size - 8 - header_len;
+  const DataRegion region{bytes + 8 + header_len, size - 8 - header_len, header_len, size};
   std::vector<Range> ranges;
-
   for (auto item = header.begin(); item != header.end(); ++item) {
     const std::string& name = item.key();
-    const json& entry = item.value();
     if (name == "__metadata__") {
-      if (entry.is_null()) continue;
-      if (!entry.is_object())
-        fail_in(file, "__metadata__ must be an object of strings, got " + json_type_name(entry));
-      for (const auto& [key, value] : entry.items()) {
-        if (!value.is_string())
-          fail_in(file, "__metadata__ value for " + in_quotes(key) + " must be a string, got " +
-                            json_type_name(value));
-        metadata_[key] = value.get<std::string>();
-      }
+      parse_metadata(file, item.value(), metadata_);
       continue;
     }
-    const std::string where = "tensor " + in_quotes(name);
-    if (!entry.is_object())
-      fail_in(file, where + ": entry must be an object, got " + json_type_name(entry));
-
-    auto field = [&](const char* key) -> const json& {
-      auto it = entry.find(key);
-      if (it == entry.end()) fail_in(file, where + ": missing field '" + key + "'");
-      return *it;
-    };
-    const json& dtype_json = field("dtype");
-    if (!dtype_json.is_string())
-      fail_in(file, where + ": 'dtype' must be a string, got " + json_type_name(dtype_json));
-    const std::string dtype_str = dtype_json.get<std::string>();
-    const auto dtype = parse_dtype(dtype_str);
-    if (!dtype)
-      fail_in(file, where + ": unknown dtype " + in_quotes(dtype_str) +
-                        " (known: BF16, F16, F32, F64, F8_E4M3, F8_E5M2, U8, I8, I16, I32, I64, BOOL)");
-
-    const json& shape_json = field("shape");
-    if (!shape_json.is_array())
-      fail_in(file, where + ": 'shape' must be a list of integers, got " + json_type_name(shape_json));
-    TensorInfo info;
-    info.name = name;
-    info.dtype = *dtype;
-    uint64_t numel = 1;
-    for (size_t i = 0; i < shape_json.size(); ++i) {
-      const json& dim = shape_json[i];
-      uint64_t d = 0;
-      if (!as_count(dim, &d))
-        fail_in(file, where + ": shape[" + std::to_string(i) + "] = " + snippet(dim) +
-                          " is not a non-negative integer");
-      if (__builtin_mul_overflow(numel, d, &numel) || numel > static_cast<uint64_t>(INT64_MAX))
-        fail_in(file, where + ": shape " + snippet(shape_json) + " overflows the element count");
-      info.shape.push_back(static_cast<int64_t>(d));
-    }
-    uint64_t expected_bytes = 0;
-    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(*dtype)), &expected_bytes))
-      fail_in(file, where + ": shape " + snippet(shape_json) + " overflows the byte size");
-
-    const json& offsets = field("data_offsets");
     uint64_t begin = 0, end = 0;
-    if (!offsets.is_array() || offsets.size() != 2 || !as_count(offsets[0], &begin) ||
-        !as_count(offsets[1], &end))
-      fail_in(file, where + ": 'data_offsets' must be [begin, end] of non-negative integers, got " +
-                        snippet(offsets));
-    if (begin > end)
-      fail_in(file, where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
-                        "] have begin > end");
-    if (end > data_size)
-      fail_in(file, where + ": data ends at byte " + std::to_string(end) +
-                        " of the data region but only " + std::to_string(data_size) +
-                        " bytes are present (file truncated? expected at least " +
-                        std::to_string(8 + header_len + end) + " bytes, file has " +
-                        std::to_string(size) + ")");
-    if (end - begin != expected_bytes)
-      fail_in(file, where + ": data_offsets span " + std::to_string(end - begin) + " bytes but " +
-                        std::string(dtype_name(*dtype)) + " " + snippet(shape_json) + " needs " +
-                        std::to_string(expected_bytes));
-    info.data = data + begin;
-    info.nbytes = static_cast<size_t>(expected_bytes);
+    TensorInfo info = parse_tensor(file, name, item.value(), region, begin, end);
     info.file = &path_;
     if (begin != end) ranges.push_back({begin, end, tensors_.size()});
     index_[name] = tensors_.size();
     tensors_.push_back(std::move(info));
   }
-
-  std::sort(ranges.begin(), ranges.end(),
-            [](const Range& a, const Range& b) { return a.begin < b.begin; });
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].begin < ranges[i - 1].end) {
-      const auto& a = tensors_[ranges[i - 1].tensor];
-      const auto& b = tensors_[ranges[i].tensor];
-      fail_in(file, "tensors " + in_quotes(a.name) + " [" + std::to_string(ranges[i - 1].begin) + ", " +
-                        std::to_string(ranges[i - 1].end) + ") and " + in_quotes(b.name) + " [" +
-                        std::to_string(ranges[i].begin) + ", " + std::to_string(ranges[i].end) +
-                        ") overlap in the data region");
-    }
-  }
+  check_no_overlaps(file, ranges, tensors_);
 }
 
 // ---- writing ----------------------------------------------------------------------------------
