@@ -404,8 +404,6 @@ nlohmann::json decode_point(StepBench& b, int context, int batch, bool profile) 
   const RankSimulation& sim = o.simulation;
   model::CudaGlm5Model& model = *b.model;
   const DecodeTimes t = time_decode(b, context, batch, profile);
-  const double median = t.median, host_median = t.host_logits, argmax_median = t.argmax,
-               sampled_median = t.sampled, masked_median = t.masked;
   const nlohmann::json phases =
       phase_breakdown(model, [&](int step) { model.forward_on_device(decode_batch(b, batch, context, step)); });
   // FP8 linear layers read one byte a value instead of two.
@@ -421,29 +419,29 @@ nlohmann::json decode_point(StepBench& b, int context, int batch, bool profile) 
       b.bandwidth;
   nlohmann::json point = {{"batch", batch},
                           {"context", context},
-                          {"step_ms", median * 1e3},
+                          {"step_ms", t.median * 1e3},
                           {"min_step_ms", t.fastest * 1e3},
-                          {"tokens_per_s", batch / median},
+                          {"tokens_per_s", batch / t.median},
                           {"bytes_moved", bytes},
                           {"bound_ms", bound * 1e3},
-                          {"ratio_to_bound", median / bound},
+                          {"ratio_to_bound", t.median / bound},
                           {"experts_bound_ms", experts_bound * 1e3},
-                          {"step_with_host_logits_ms", host_median * 1e3},
-                          {"step_with_argmax_ms", argmax_median * 1e3},
-                          {"step_with_sampling_ms", sampled_median * 1e3},
-                          {"step_with_token_masks_ms", masked_median * 1e3},
+                          {"step_with_host_logits_ms", t.host_logits * 1e3},
+                          {"step_with_argmax_ms", t.argmax * 1e3},
+                          {"step_with_sampling_ms", t.sampled * 1e3},
+                          {"step_with_token_masks_ms", t.masked * 1e3},
                           {"token_mask_host_us", o.token_mask_host_us},
                           {"eager_phases_ms", phases}};
   std::cerr << fmt::format("  decode batch {:>3} context {:>5}: {:8.3f} ms/step  {:9.1f} tok/s  bound {:7.3f} ms  x{:.2f}"
                            "  (logits to the host: {:.3f} ms, argmax only: {:.3f} ms, sampled: {:.3f} ms)\n",
-                           batch, context, median * 1e3, batch / median, bound * 1e3, median / bound,
-                           host_median * 1e3, argmax_median * 1e3, sampled_median * 1e3);
+                           batch, context, t.median * 1e3, batch / t.median, bound * 1e3, t.median / bound,
+                           t.host_logits * 1e3, t.argmax * 1e3, t.sampled * 1e3);
   std::cerr << fmt::format("    every row under a token mask (on the device{}): {:.3f} ms, {:+.3f} ms against argmax only\n",
                            o.token_mask_host_us > 0 ? fmt::format(", each made after {} us on the host", o.token_mask_host_us) : "",
-                           masked_median * 1e3, (masked_median - argmax_median) * 1e3);
+                           t.masked * 1e3, (t.masked - t.argmax) * 1e3);
   if (sim.enabled()) {
     point["cache_shared_by_sequences"] = batch > b.cached_sequences;
-    point["projection"] = project_step(b.spec, sim, argmax_median, batch, b.link_bandwidth);
+    point["projection"] = project_step(b.spec, sim, t.argmax, batch, b.link_bandwidth);
     const nlohmann::json& p = point["projection"];
     std::cerr << fmt::format("    with the collectives ({} calls, {:.2f} MB a rank, {:.3f} ms): {:.3f} ms/step, "
                              "{:.0f} output tok/s per GPU, {:.0f} for the node{}\n",
@@ -455,7 +453,7 @@ nlohmann::json decode_point(StepBench& b, int context, int batch, bool profile) 
   }
   if (o.speculative_steps > 0)
     point["speculative"] = speculation_costs(
-        model, b.config, o.speculative_steps, batch, context, o.steps, median,
+        model, b.config, o.speculative_steps, batch, context, o.steps, t.median,
         (phases.value("embed", 0.0) + phases.value("head", 0.0)) / 1e3, b.full_layers,
         [&](int sequence) { return b.table_of(sequence); }, b.options.block_size);
   return point;
