@@ -204,6 +204,145 @@ struct HttpServer::Impl {
     return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   }
 
+  // The next request into `parser`: idle until its first bytes (idle_timeout), then its headers
+  // (header_timeout, answering "Expect: 100-continue" where the body may come) and its body
+  // (body_timeout). The error where it stopped, or none.
+  net::awaitable<beast::error_code> read_request(beast::tcp_stream& stream, beast::flat_buffer& buffer,
+                                                 http::request_parser<http::string_body>& parser) {
+    beast::error_code ec;
+    if (buffer.size() == 0) {
+      stream.expires_after(millis(options.idle_timeout_seconds));
+      const size_t n = co_await stream.async_read_some(buffer.prepare(4096), net::redirect_error(net::use_awaitable, ec));
+      buffer.commit(n);
+      if (ec) co_return ec;
+    }
+    stream.expires_after(millis(options.header_timeout_seconds));
+    co_await http::async_read_header(stream, buffer, parser, net::redirect_error(net::use_awaitable, ec));
+    if (!ec && parser.get()[http::field::expect] == "100-continue" &&
+        (!parser.content_length() || *parser.content_length() <= options.max_body_bytes)) {
+      http::response<http::empty_body> cont{http::status::continue_, parser.get().version()};
+      co_await http::async_write(stream, cont, net::redirect_error(net::use_awaitable, ec));
+    }
+    if (!ec) {
+      stream.expires_after(millis(options.body_timeout_seconds));
+      co_await http::async_read(stream, buffer, parser, net::redirect_error(net::use_awaitable, ec));
+    }
+    co_return ec;
+  }
+
+  // Whether a read error is the client going away or going quiet (no answer is owed).
+  static bool connection_ended(const beast::error_code& ec) {
+    return ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset ||
+           ec == beast::error::timeout || ec == net::error::operation_aborted;
+  }
+
+  // The answer to a request that could not be read: 413 for a body over the limit, 431 for
+  // headers over theirs, 400 otherwise.
+  net::awaitable<void> answer_unreadable(beast::tcp_stream& stream, const beast::error_code& ec) {
+    ApiError error{400, "Malformed HTTP request: " + ec.message(), "", 0.0};
+    if (ec == http::error::body_limit)
+      error = ApiError{413, "Request body is too large (limit " + std::to_string(options.max_body_bytes) + " bytes)", "", 0.0};
+    else if (ec == http::error::header_limit)
+      error = ApiError{431, "Request headers are too large", "", 0.0};
+    HttpResponse r;
+    r.status = error.status;
+    r.body = error_body(error);
+    service.metrics().count_http(error.status, "", "");  // answered before the request was read
+    co_await write_plain(stream, r, false, 11);
+  }
+
+  // The request as the service takes it: method, target, headers (names lower-cased), body and
+  // the client's address.
+  static HttpRequest service_request(http::request<http::string_body>& req, beast::tcp_stream& stream) {
+    HttpRequest request;
+    request.method = std::string(req.method_string());
+    request.target = std::string(req.target());
+    for (const auto& field : req) request.headers[lower(std::string(field.name_string()))] = std::string(field.value());
+    request.body = std::move(req.body());
+    beast::error_code peer_ec;
+    const auto peer = stream.socket().remote_endpoint(peer_ec);
+    request.client = peer_ec ? "unknown" : peer.address().to_string();
+    return request;
+  }
+
+  // Watches for the client going away while the answer is produced (the caller keeps the returned
+  // watch alive and sets *watching false to end it). The peek must never block: it runs on the
+  // connection's strand, and a blocking receive after a spurious readiness would stall the
+  // response writer behind it. A spurious wake re-arms the watch; bytes from the client (a
+  // pipelined request) end it.
+  static std::shared_ptr<std::function<void()>> watch_for_disconnect(tcp::socket& socket,
+                                                                     const std::shared_ptr<ConnResponder>& responder,
+                                                                     const std::shared_ptr<bool>& watching) {
+    auto watch = std::make_shared<std::function<void()>>();
+    *watch = [&sock = socket, responder, watching, again = std::weak_ptr(watch)] {
+      sock.async_wait(tcp::socket::wait_read, [&sock, responder, watching, again](beast::error_code wec) {
+        if (!*watching || wec == net::error::operation_aborted) return;
+        char byte;
+        const ssize_t n = ::recv(sock.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+          if (auto rearm = again.lock()) (*rearm)();
+          return;
+        }
+        if (n <= 0) responder->disconnect();  // orderly close (0) or a socket error
+      });
+    };
+    (*watch)();
+    return watch;
+  }
+
+  // Writes what the service hands the responder, as it comes: a whole response, or a streamed
+  // head, chunks and the last chunk; waits on the responder's signal in between. False where a
+  // write failed or the client went away.
+  net::awaitable<bool> write_responses(beast::tcp_stream& stream, ConnResponder& responder, bool keep_alive,
+                                       int version) {
+    beast::error_code ec;
+    bool done = false, ok = true, streaming = false;
+    std::optional<http::response<http::empty_body>> head;
+    std::optional<http::response_serializer<http::empty_body>> serializer;
+    while (!done && ok) {
+      for (auto& item : responder.take()) {
+        if (!ok || done) break;
+        if (auto* r = std::get_if<HttpResponse>(&item)) {
+          ok = co_await write_plain(stream, *r, keep_alive, version);
+          done = true;
+        } else if (auto* b = std::get_if<ConnResponder::Begin>(&item)) {
+          head.emplace(http::status::ok, version);
+          head->result(static_cast<http::status>(b->head.status));
+          head->set(http::field::server, "glmserve");
+          head->set(http::field::content_type, b->head.content_type);
+          for (const auto& [k, v] : b->head.headers) head->set(k, v);
+          head->keep_alive(keep_alive);
+          head->chunked(true);
+          serializer.emplace(*head);
+          stream.expires_after(std::chrono::seconds(60));
+          co_await http::async_write_header(stream, *serializer, net::redirect_error(net::use_awaitable, ec));
+          ok = !ec;
+          streaming = true;
+        } else if (auto* d = std::get_if<ConnResponder::Data>(&item)) {
+          if (!streaming || d->bytes.empty()) continue;
+          stream.expires_after(std::chrono::seconds(60));
+          co_await net::async_write(stream, http::make_chunk(net::buffer(d->bytes)),
+                                    net::redirect_error(net::use_awaitable, ec));
+          ok = !ec;
+        } else {
+          if (streaming) {
+            stream.expires_after(std::chrono::seconds(60));
+            co_await net::async_write(stream, http::make_chunk_last(), net::redirect_error(net::use_awaitable, ec));
+            ok = !ec;
+          }
+          done = true;
+        }
+      }
+      if (done || !ok) break;
+      if (responder.disconnected()) co_return false;
+      if (responder.has_items()) continue;  // runs on the strand: no wake can slip in before the wait
+      beast::error_code wait_ec;
+      responder.signal().expires_at(net::steady_timer::time_point::max());
+      co_await responder.signal().async_wait(net::redirect_error(net::use_awaitable, wait_ec));
+    }
+    co_return ok;
+  }
+
   net::awaitable<void> session(tcp::socket socket) {
     struct Open {  // the connection count, however the session ends
       std::atomic<int>& count;
@@ -216,124 +355,22 @@ struct HttpServer::Impl {
       http::request_parser<http::string_body> parser;
       parser.body_limit(options.max_body_bytes);
       parser.header_limit(static_cast<uint32_t>(options.max_header_bytes));
-      beast::error_code ec;
-      // Idle until the next request's first bytes; from them the headers have header_timeout.
-      if (buffer.size() == 0) {
-        stream.expires_after(millis(options.idle_timeout_seconds));
-        const size_t n = co_await stream.async_read_some(buffer.prepare(4096), net::redirect_error(net::use_awaitable, ec));
-        buffer.commit(n);
-        if (ec) break;
-      }
-      stream.expires_after(millis(options.header_timeout_seconds));
-      co_await http::async_read_header(stream, buffer, parser, net::redirect_error(net::use_awaitable, ec));
-      if (!ec && parser.get()[http::field::expect] == "100-continue" &&
-          (!parser.content_length() || *parser.content_length() <= options.max_body_bytes)) {
-        http::response<http::empty_body> cont{http::status::continue_, parser.get().version()};
-        co_await http::async_write(stream, cont, net::redirect_error(net::use_awaitable, ec));
-      }
-      if (!ec) {
-        stream.expires_after(millis(options.body_timeout_seconds));
-        co_await http::async_read(stream, buffer, parser, net::redirect_error(net::use_awaitable, ec));
-      }
+      const beast::error_code ec = co_await read_request(stream, buffer, parser);
       if (ec) {
-        if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset ||
-            ec == beast::error::timeout || ec == net::error::operation_aborted)
-          break;
-        ApiError error{400, "Malformed HTTP request: " + ec.message(), "", 0.0};
-        if (ec == http::error::body_limit)
-          error = ApiError{413, "Request body is too large (limit " + std::to_string(options.max_body_bytes) + " bytes)", "", 0.0};
-        else if (ec == http::error::header_limit)
-          error = ApiError{431, "Request headers are too large", "", 0.0};
-        HttpResponse r;
-        r.status = error.status;
-        r.body = error_body(error);
-        service.metrics().count_http(error.status, "", "");  // answered before the request was read
-        co_await write_plain(stream, r, false, 11);
+        if (!connection_ended(ec)) co_await answer_unreadable(stream, ec);
         break;
       }
       http::request<http::string_body> req = parser.release();
-      HttpRequest request;
-      request.method = std::string(req.method_string());
-      request.target = std::string(req.target());
-      for (const auto& field : req) request.headers[lower(std::string(field.name_string()))] = std::string(field.value());
-      request.body = std::move(req.body());
-      beast::error_code peer_ec;
-      const auto peer = stream.socket().remote_endpoint(peer_ec);
-      request.client = peer_ec ? "unknown" : peer.address().to_string();
+      HttpRequest request = service_request(req, stream);
       const bool keep_alive = req.keep_alive();
       const int version = req.version();
 
       auto responder = std::make_shared<ConnResponder>(ex);
       response_started();
       net::post(workers, [this, request = std::move(request), responder] { service.handle(request, responder); });
-
-      // Watch for the client going away while the answer is produced. The peek must never
-      // block: it runs on the connection's strand, and a blocking receive after a spurious
-      // readiness would stall the response writer behind it. A spurious wake re-arms the watch;
-      // bytes from the client (a pipelined request) end it.
       auto watching = std::make_shared<bool>(true);
-      auto watch = std::make_shared<std::function<void()>>();
-      *watch = [&sock = stream.socket(), responder, watching, again = std::weak_ptr(watch)] {
-        sock.async_wait(tcp::socket::wait_read, [&sock, responder, watching, again](beast::error_code wec) {
-          if (!*watching || wec == net::error::operation_aborted) return;
-          char byte;
-          const ssize_t n = ::recv(sock.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-          if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-            if (auto rearm = again.lock()) (*rearm)();
-            return;
-          }
-          if (n <= 0) responder->disconnect();  // orderly close (0) or a socket error
-        });
-      };
-      (*watch)();
-
-      bool done = false, ok = true, streaming = false;
-      std::optional<http::response<http::empty_body>> head;
-      std::optional<http::response_serializer<http::empty_body>> serializer;
-      while (!done && ok) {
-        for (auto& item : responder->take()) {
-          if (!ok || done) break;
-          if (auto* r = std::get_if<HttpResponse>(&item)) {
-            ok = co_await write_plain(stream, *r, keep_alive, version);
-            done = true;
-          } else if (auto* b = std::get_if<ConnResponder::Begin>(&item)) {
-            head.emplace(http::status::ok, version);
-            head->result(static_cast<http::status>(b->head.status));
-            head->set(http::field::server, "glmserve");
-            head->set(http::field::content_type, b->head.content_type);
-            for (const auto& [k, v] : b->head.headers) head->set(k, v);
-            head->keep_alive(keep_alive);
-            head->chunked(true);
-            serializer.emplace(*head);
-            stream.expires_after(std::chrono::seconds(60));
-            co_await http::async_write_header(stream, *serializer, net::redirect_error(net::use_awaitable, ec));
-            ok = !ec;
-            streaming = true;
-          } else if (auto* d = std::get_if<ConnResponder::Data>(&item)) {
-            if (!streaming || d->bytes.empty()) continue;
-            stream.expires_after(std::chrono::seconds(60));
-            co_await net::async_write(stream, http::make_chunk(net::buffer(d->bytes)),
-                                      net::redirect_error(net::use_awaitable, ec));
-            ok = !ec;
-          } else {
-            if (streaming) {
-              stream.expires_after(std::chrono::seconds(60));
-              co_await net::async_write(stream, http::make_chunk_last(), net::redirect_error(net::use_awaitable, ec));
-              ok = !ec;
-            }
-            done = true;
-          }
-        }
-        if (done || !ok) break;
-        if (responder->disconnected()) {
-          ok = false;
-          break;
-        }
-        if (responder->has_items()) continue;  // runs on the strand: no wake can slip in before the wait
-        beast::error_code wait_ec;
-        responder->signal().expires_at(net::steady_timer::time_point::max());
-        co_await responder->signal().async_wait(net::redirect_error(net::use_awaitable, wait_ec));
-      }
+      const auto watch = watch_for_disconnect(stream.socket(), responder, watching);
+      const bool ok = co_await write_responses(stream, *responder, keep_alive, version);
       *watching = false;
       beast::error_code cancel_ec;
       stream.socket().cancel(cancel_ec);
