@@ -102,14 +102,8 @@ struct Level {
 
 enum class Outcome { ok, retryable, fatal };
 
-// One attempt on one connection. Fills the record's stream fields; returns how it ended.
-awaitable<Outcome> attempt(Level& lv, RequestRecord& rec, const RequestTemplate& tpl, double send_s) {
-  beast::error_code ec;
-  std::unique_ptr<beast::tcp_stream> stream;
-  bool reused = false;
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(lv.client.timeout_s));
-
+// The request a template sends: a streamed POST of its body, keep-alive.
+http::request<http::string_body> make_request(const Level& lv, const RequestTemplate& tpl) {
   http::request<http::string_body> req{http::verb::post, lv.target, 11};
   req.set(http::field::host, lv.client.endpoint.host);
   req.set(http::field::user_agent, "glmserve-bench");
@@ -119,7 +113,86 @@ awaitable<Outcome> attempt(Level& lv, RequestRecord& rec, const RequestTemplate&
   req.keep_alive(true);
   req.body() = tpl.body;
   req.prepare_payload();
+  return req;
+}
 
+// What a response's stream has said so far.
+struct StreamState {
+  bool done = false;          // [DONE] seen
+  bool error = false;         // an error event seen (rec.error says which)
+  std::string finish_reason;  // the last one given
+  double last_token_s = -1;   // when the last token event arrived
+};
+
+// The SSE events of one read (arrived at t, the request sent at send_s) into the record: tokens
+// (TTFT, inter-token gaps, text), finish reason, usage, [DONE] and errors.
+void take_events(Level& lv, RequestRecord& rec, const std::vector<std::string>& events, double t, double send_s,
+                 StreamState& st) {
+  for (const std::string& data : events) {
+    StreamEvent ev = interpret_event(data);
+    if (ev.done) {
+      st.done = true;
+      continue;
+    }
+    if (!ev.error.empty()) {
+      rec.error = "stream error: " + ev.error;
+      st.error = true;
+      continue;
+    }
+    if (ev.token) {
+      if (rec.token_events == 0) rec.ttft_s = t - send_s;
+      else rec.itl_s.push_back(t - st.last_token_s);
+      st.last_token_s = t;
+      ++rec.token_events;
+      ++lv.progress.output_tokens;
+      rec.text += ev.text;
+    }
+    if (!ev.finish_reason.empty()) st.finish_reason = ev.finish_reason;
+    if (ev.has_usage) {
+      rec.has_usage = true;
+      rec.prompt_tokens = ev.prompt_tokens;
+      rec.completion_tokens = ev.completion_tokens;
+      rec.cached_tokens = ev.cached_tokens;
+    }
+  }
+}
+
+// How a read response ended (`clean`: read to its end without error; `ec`: the read's last
+// error), rec.error set for anything but ok: an HTTP error (retryable by status), an error event,
+// a broken stream (retryable before its first token, unless timed out), no [DONE] and no
+// finish reason, or no tokens.
+Outcome judge_response(RequestRecord& rec, const std::string& error_body, const StreamState& st, bool clean,
+                       const beast::error_code& ec) {
+  if (rec.http_status != 200) {
+    rec.error = "HTTP " + std::to_string(rec.http_status) + ": " + error_message_from_body(error_body);
+    return retryable_status(rec.http_status) ? Outcome::retryable : Outcome::fatal;
+  }
+  if (st.error) return Outcome::fatal;
+  if (!clean && !st.done) {
+    rec.error = (ec == beast::error::timeout ? "timeout after " : "stream broken after ") +
+                std::to_string(rec.token_events) + " token events: " + (ec ? ec.message() : "incomplete response");
+    return rec.token_events == 0 && ec != beast::error::timeout ? Outcome::retryable : Outcome::fatal;
+  }
+  if (!st.done && st.finish_reason.empty()) {
+    rec.error = "stream ended without [DONE] or a finish_reason";
+    return Outcome::fatal;
+  }
+  if (rec.token_events == 0 && !(rec.has_usage && rec.completion_tokens > 0)) {
+    rec.error = "no tokens generated";
+    return Outcome::fatal;
+  }
+  rec.error.clear();
+  return Outcome::ok;
+}
+
+// One attempt on one connection. Fills the record's stream fields; returns how it ended.
+awaitable<Outcome> attempt(Level& lv, RequestRecord& rec, const RequestTemplate& tpl, double send_s) {
+  beast::error_code ec;
+  std::unique_ptr<beast::tcp_stream> stream;
+  bool reused = false;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(lv.client.timeout_s));
+  http::request<http::string_body> req = make_request(lv, tpl);
   std::optional<http::response_parser<http::buffer_body>> parser_slot;
   beast::flat_buffer buf;
   // A pooled connection may have been closed by the server while idle: then send once more
@@ -160,9 +233,7 @@ awaitable<Outcome> attempt(Level& lv, RequestRecord& rec, const RequestTemplate&
   std::string error_body;
   SseParser sse;
   std::vector<std::string> events;
-  bool done = false, stream_error = false;
-  std::string finish_reason;
-  double last_token_s = -1;
+  StreamState st;
   char chunk[16384];
   while (!parser.is_done()) {
     parser.get().body().data = chunk;
@@ -176,33 +247,7 @@ awaitable<Outcome> attempt(Level& lv, RequestRecord& rec, const RequestTemplate&
     } else if (n > 0) {
       events.clear();
       sse.feed(std::string_view(chunk, n), events);
-      for (const std::string& data : events) {
-        StreamEvent ev = interpret_event(data);
-        if (ev.done) {
-          done = true;
-          continue;
-        }
-        if (!ev.error.empty()) {
-          rec.error = "stream error: " + ev.error;
-          stream_error = true;
-          continue;
-        }
-        if (ev.token) {
-          if (rec.token_events == 0) rec.ttft_s = t - send_s;
-          else rec.itl_s.push_back(t - last_token_s);
-          last_token_s = t;
-          ++rec.token_events;
-          ++lv.progress.output_tokens;
-          rec.text += ev.text;
-        }
-        if (!ev.finish_reason.empty()) finish_reason = ev.finish_reason;
-        if (ev.has_usage) {
-          rec.has_usage = true;
-          rec.prompt_tokens = ev.prompt_tokens;
-          rec.completion_tokens = ev.completion_tokens;
-          rec.cached_tokens = ev.cached_tokens;
-        }
-      }
+      take_events(lv, rec, events, t, send_s, st);
     }
     if (ec) break;
   }
@@ -214,27 +259,7 @@ awaitable<Outcome> attempt(Level& lv, RequestRecord& rec, const RequestTemplate&
     beast::error_code ignored;
     stream->socket().close(ignored);
   }
-
-  if (!ok_status) {
-    rec.error = "HTTP " + std::to_string(rec.http_status) + ": " + error_message_from_body(error_body);
-    co_return retryable_status(rec.http_status) ? Outcome::retryable : Outcome::fatal;
-  }
-  if (stream_error) co_return Outcome::fatal;
-  if (!clean && !done) {
-    rec.error = (ec == beast::error::timeout ? "timeout after " : "stream broken after ") +
-                std::to_string(rec.token_events) + " token events: " + (ec ? ec.message() : "incomplete response");
-    co_return rec.token_events == 0 && ec != beast::error::timeout ? Outcome::retryable : Outcome::fatal;
-  }
-  if (!done && finish_reason.empty()) {
-    rec.error = "stream ended without [DONE] or a finish_reason";
-    co_return Outcome::fatal;
-  }
-  if (rec.token_events == 0 && !(rec.has_usage && rec.completion_tokens > 0)) {
-    rec.error = "no tokens generated";
-    co_return Outcome::fatal;
-  }
-  rec.error.clear();
-  co_return Outcome::ok;
+  co_return judge_response(rec, error_body, st, clean, ec);
 }
 
 awaitable<void> run_request(Level& lv, RequestRecord& rec) {
