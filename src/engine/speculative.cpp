@@ -22,6 +22,37 @@
 
 namespace glms::engine {
 
+namespace {
+
+// Greedy drafts stand while they equal the target's argmax over the verify batch (verify_drafts on
+// one-hot rows); the next token is the target's argmax after the last one standing.
+DraftVerdict verify_greedy(model::StepRunner& target, const model::ForwardBatch& batch,
+                           const std::vector<int32_t>& drafts, model::ForwardTrace* trace) {
+  const int K = static_cast<int>(drafts.size());
+  const model::StepLogits rows = target.forward_selected(batch, std::vector<model::RowOutput>(K + 1), trace);
+  DraftVerdict verdict;
+  while (verdict.accepted < K && drafts[verdict.accepted] == rows.token[verdict.accepted]) ++verdict.accepted;
+  verdict.next = rows.token[verdict.accepted];
+  return verdict;
+}
+
+// Sampled drafts by rejection sampling: the target's distributions over the verify batch
+// (into target_probs, [K + 1, vocab]) against the drafts' (draft_probs, [K, vocab]).
+DraftVerdict verify_sampled(model::StepRunner& target, const model::ForwardBatch& batch,
+                            const std::vector<int32_t>& drafts, const std::vector<float>& draft_probs,
+                            const GenerateOptions& options, Sampler& sampler, std::vector<float>& target_probs,
+                            model::ForwardTrace* trace) {
+  const int K = static_cast<int>(drafts.size());
+  const int vocab = target.config().vocab_size;
+  const auto verify_logits = target.forward(batch, trace);
+  for (int k = 0; k <= K; ++k)
+    Sampler::probabilities(verify_logits.data() + static_cast<int64_t>(k) * vocab, vocab, options.sampling,
+                           target_probs.data() + static_cast<int64_t>(k) * vocab);
+  return sampler.verify_drafts(drafts.data(), K, draft_probs.data(), target_probs.data(), vocab);
+}
+
+}  // namespace
+
 GenerateResult generate_speculative(const model::Glm5Model& model, const std::vector<int32_t>& prompt,
                                     const GenerateOptions& options) {
   const auto runner = model::make_cpu_runner(model);
@@ -111,18 +142,9 @@ GenerateResult generate_speculative(model::StepRunner& target, const std::vector
     batch.add_sequence(verify, context, table, block_size, true);
     model::ForwardTrace trace;
     trace.record_layers = false;  // only the last hidden states feed the MTP entries
-    DraftVerdict verdict;
-    if (greedy) {  // drafts stand while they equal the target's argmax (verify_drafts on one-hot rows)
-      const model::StepLogits rows = target.forward_selected(batch, std::vector<model::RowOutput>(K + 1), &trace);
-      while (verdict.accepted < K && drafts[verdict.accepted] == rows.token[verdict.accepted]) ++verdict.accepted;
-      verdict.next = rows.token[verdict.accepted];
-    } else {
-      const auto verify_logits = target.forward(batch, &trace);
-      for (int k = 0; k <= K; ++k)
-        Sampler::probabilities(verify_logits.data() + static_cast<int64_t>(k) * vocab, vocab, options.sampling,
-                               target_probs.data() + static_cast<int64_t>(k) * vocab);
-      verdict = sampler.verify_drafts(drafts.data(), K, draft_probs.data(), target_probs.data(), vocab);
-    }
+    const DraftVerdict verdict =
+        greedy ? verify_greedy(target, batch, drafts, &trace)
+               : verify_sampled(target, batch, drafts, draft_probs, options, sampler, target_probs, &trace);
     ++result.decode_steps;
     ++result.speculative.steps;
     result.speculative.drafted += K;
