@@ -32,6 +32,9 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 }
 
 __device__ __forceinline__ float bf16_to_float(uint16_t v) { return __uint_as_float(static_cast<uint32_t>(v) << 16); }
+// A value of fp32 or bf16 rows as fp32, for kernels templated on their rows' type.
+__device__ __forceinline__ float load_as_float(const float* p) { return *p; }
+__device__ __forceinline__ float load_as_float(const uint16_t* p) { return bf16_to_float(*p); }
 
 __device__ __forceinline__ uint16_t float_to_bf16(float v) {
   uint32_t word = __float_as_uint(v);

@@ -43,9 +43,6 @@ __global__ void gather_context_kernel(const void* cache, CacheStorage storage, c
                 threadIdx.x, blockDim.x);
 }
 
-__device__ __forceinline__ float query_value(const float* p) { return *p; }
-__device__ __forceinline__ float query_value(const uint16_t* p) { return bf16_to_float(*p); }
-
 // mla_prepare_queries: a warp a (token, head) row: its nope columns to bf16 (fp32 q: four a lane
 // at once where the row's width allows; bf16 q holds them already), its rope pairs rotated and
 // scaled into the staged row, the staged row's padding zeroed. (A thread an element needed a
@@ -73,7 +70,7 @@ __global__ void prepare_queries_kernel(const Query* q, int64_t num_rows, int hea
     uint16_t* const staged = queries + th * width + latent_dim;
     const float position = static_cast<float>(positions[th / heads]);
     for (int pair = lane; pair < rope_dim / 2; pair += 32) {
-      float rotated[2] = {query_value(row + nope + 2 * pair), query_value(row + nope + 2 * pair + 1)};
+      float rotated[2] = {load_as_float(row + nope + 2 * pair), load_as_float(row + nope + 2 * pair + 1)};
       rotate_pair(rotated, inv_freq[pair] * position);
       staged[2 * pair] = float_to_bf16(rotated[0] * scale);
       staged[2 * pair + 1] = float_to_bf16(rotated[1] * scale);

@@ -236,8 +236,6 @@ __device__ __forceinline__ float4 load_sums4(const uint16_t* p) {
   auto high = [](uint32_t w) { return bf16_to_float(static_cast<uint16_t>(w >> 16)); };
   return make_float4(low(v.x), high(v.x), low(v.y), high(v.y));
 }
-__device__ __forceinline__ float load_sum(const float* p) { return *p; }
-__device__ __forceinline__ float load_sum(const uint16_t* p) { return bf16_to_float(*p); }
 
 template <typename Sum>
 __global__ void moe_combine_kernel(float* out, bool accumulate, const float* shared_out, const Sum* expert_out,
@@ -291,7 +289,7 @@ __global__ void moe_combine_kernel(float* out, bool accumulate, const float* sha
   for (int64_t d = begin + threadIdx.x; d < end; d += kCombineThreads) {
     float sum = shared_out ? shared_out[t * hidden + d] : 0.0f;
     for (int i = 0; i < count; ++i)
-      sum += pair_weights[order[i]] * load_sum(expert_out + static_cast<int64_t>(slots[order[i]]) * hidden + d);
+      sum += pair_weights[order[i]] * load_as_float(expert_out + static_cast<int64_t>(slots[order[i]]) * hidden + d);
     token_out[d] = accumulate ? token_out[d] + sum : sum;
   }
 }
