@@ -213,13 +213,18 @@ void warm_up(const ClientOptions& client, const LevelPlan& plan, const std::vect
                  }().c_str());
 }
 
+// A level's requests and what they measured.
+struct MeasuredLevel {
+  LevelResult result;
+  LevelMetrics metrics;
+};
+
 // Level `index` of `count`: warm-up, then its measured requests (progress on stderr) between two
 // scrapes of the server's counters where those are on; the records' token counts from the
 // tokenizer where the server gave no usage.
-LevelResult run_measured_level(const ClientOptions& client, LevelPlan& plan, size_t index, size_t count,
-                               const std::vector<RequestTemplate>& templates, const BenchConfig& cfg,
-                               const text::Tokenizer& tok, CircuitBreaker& breaker, bool& metrics_on,
-                               std::optional<ServerCounters>& counters) {
+MeasuredLevel run_measured_level(const ClientOptions& client, const LevelPlan& plan, size_t index, size_t count,
+                                 const std::vector<RequestTemplate>& templates, const BenchConfig& cfg,
+                                 const text::Tokenizer& tok, CircuitBreaker& breaker, bool& metrics_on) {
   const std::string head = fmt::format("[{} | level {}/{}]", plan.label, index + 1, count);
   const bool tty = isatty(STDERR_FILENO);
   double last_print = -1e9;
@@ -251,9 +256,13 @@ LevelResult run_measured_level(const ClientOptions& client, LevelPlan& plan, siz
     r.text.clear();
     r.text.shrink_to_fit();
   }
-  counters.reset();
+  std::optional<ServerCounters> counters;
   if (before && after) counters = difference(*before, *after);
-  return result;
+  LevelMetrics m = compute_metrics(result, counters, cfg.slo, cfg.cost);
+  m.label = plan.label;
+  m.request_rate = plan.load.request_rate;
+  m.max_concurrency = plan.load.max_concurrency;
+  return {std::move(result), std::move(m)};
 }
 
 // The report: the workload, the rate and concurrency tables, costs, each level's details and the
@@ -362,7 +371,7 @@ BenchOutcome run_bench(const BenchConfig& cfg) {
   raise_fd_limit();
 
   size_t pool = 0;
-  std::vector<LevelPlan> plans = plan_levels(cfg, pool);
+  const std::vector<LevelPlan> plans = plan_levels(cfg, pool);
   const text::Tokenizer tok = text::Tokenizer::load(cfg.tokenizer);
   const std::vector<RequestTemplate> templates = make_templates(cfg, tok, chat, extra, pool);
 
@@ -371,19 +380,13 @@ BenchOutcome run_bench(const BenchConfig& cfg) {
   std::vector<LevelResult> results;
   results.reserve(plans.size());
   for (size_t li = 0; li < plans.size(); ++li) {
-    LevelPlan& plan = plans[li];
-    std::optional<ServerCounters> counters;
-    LevelResult result =
-        run_measured_level(client, plan, li, plans.size(), templates, cfg, tok, breaker, metrics_on, counters);
-    LevelMetrics m = compute_metrics(result, counters, cfg.slo, cfg.cost);
-    m.label = plan.label;
-    m.request_rate = plan.load.request_rate;
-    m.max_concurrency = plan.load.max_concurrency;
-    outcome.scheduled += m.scheduled;
-    outcome.completed += m.completed;
-    outcome.failed += m.failed;
-    outcome.levels.push_back(std::move(m));
-    results.push_back(std::move(result));
+    MeasuredLevel level = run_measured_level(client, plans[li], li, plans.size(), templates, cfg, tok, breaker,
+                                             metrics_on);
+    outcome.scheduled += level.metrics.scheduled;
+    outcome.completed += level.metrics.completed;
+    outcome.failed += level.metrics.failed;
+    outcome.levels.push_back(std::move(level.metrics));
+    results.push_back(std::move(level.result));
   }
 
   std::vector<LevelMetrics> rate_levels, sweep_levels;
