@@ -532,7 +532,7 @@ nlohmann::json kernel_options_json(const model::CudaModelOptions& k) {
           {"wgmma_rs_mxfp4_experts_min_pairs", k.wgmma_rs_mxfp4_experts_min_pairs},
           {"paired_bf16_experts", k.paired_bf16_experts},
           {"bf16_expert_sums", k.bf16_expert_sums},
-          {"bf16_queries_min_tokens", k.bf16_queries_min_tokens},
+          {"bf16_intermediates_min_tokens", k.bf16_intermediates_min_tokens},
           {"wgmma_fp8_experts", k.wgmma_fp8_experts},
           {"specialized_fp8_experts", k.specialized_fp8_experts},
           {"fp8_prefill_indexer", k.fp8_prefill_indexer},

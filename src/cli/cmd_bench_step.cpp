@@ -139,9 +139,9 @@ void add_expert_options(CLI::App* cmd, BenchStepOptions* o) {
                   "The grouped expert GEMMs of prefills write their down sums in bf16 for the combine (true/false; "
                   "false: fp32)")
       ->capture_default_str();
-  cmd->add_option("--bf16-queries-min-tokens", o->kernels.bf16_queries_min_tokens,
-                  "Steps of at least this many tokens with bf16 q_b weights write the queries in bf16 straight from "
-                  "the GEMM (0: never)")
+  cmd->add_option("--bf16-intermediates-min-tokens", o->kernels.bf16_intermediates_min_tokens,
+                  "Steps of at least this many tokens keep q and the MLPs' gate/up values in bf16 straight from the "
+                  "GEMMs where those weights are bf16 (0: never)")
       ->check(non_negative_number())
       ->capture_default_str();
   cmd->add_option("--wgmma-fp8-experts", o->kernels.wgmma_fp8_experts,

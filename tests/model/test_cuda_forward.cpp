@@ -100,7 +100,7 @@ namespace {
 // midpoint on the device (bf16 activations) swaps tied positions, which moves the logits by
 // tens of percent (on the CPU alone, FP8 against fp32 keys: 0.2, test_kv_fp8_model.cpp). The
 // FP8 keys' scores are checked at the op (CudaAttention.IndexerScoresMatchCpu).
-void random_model_steps(bool fused, kv::CacheDtype dtype) {
+void random_model_steps(bool fused, kv::CacheDtype dtype, void (*adjust)(model::CudaModelOptions&) = nullptr) {
   RandomModelSpec spec;  // odd sizes: hidden 40, 3 heads, latent 16, rope 6, top-9 indexer
   spec.init_std = 0.15f;
   if (dtype == kv::CacheDtype::kFp8E4m3) spec.index_topk = 64;
@@ -111,6 +111,7 @@ void random_model_steps(bool fused, kv::CacheDtype dtype) {
   options.fused_prefill_attention = fused;
   options.grouped_expert_gemm = fused;
   options.cache_dtype = dtype;
+  if (adjust) adjust(options);
   model::CudaGlm5Model gpu(cpu.weights(), options);
   Pair pair(cpu, gpu, dtype);
 
@@ -155,18 +156,29 @@ TEST_P(CudaForwardAttention, RandomModelWithFp8CacheMatchesCpuFp8Cache) {
   random_model_steps(GetParam(), kv::CacheDtype::kFp8E4m3);
 }
 
+// q, the MLPs' gate/up values and the grouped experts' sums rounded to bf16 where transformers'
+// bf16 model rounds them, in every step (decode too): as close to the fp32 CPU as the defaults.
+TEST_P(CudaForwardAttention, RandomModelWithBf16IntermediatesMatchesCpu) {
+  random_model_steps(GetParam(), kv::CacheDtype::kAuto, [](model::CudaModelOptions& o) {
+    o.bf16_intermediates_min_tokens = 1;
+    o.bf16_expert_sums = true;
+  });
+}
+
 namespace {
 
 // 48 greedy tokens after a prompt of `prompt_length` random token ids, on the CPU and on CUDA
 // (decode steps through graphs).
-std::pair<std::vector<int32_t>, std::vector<int32_t>> greedy_on_both(const std::string& model_dir, int prompt_length,
-                                                                     int small_batch_gemv_tokens) {
+std::pair<std::vector<int32_t>, std::vector<int32_t>> greedy_on_both(
+    const std::string& model_dir, int prompt_length, int small_batch_gemv_tokens,
+    void (*adjust)(model::CudaModelOptions&) = nullptr) {
   const model::Glm5Model cpu(model::load_weights(model_dir, {.load_mtp = false, .shard = {}}));
   const int num_blocks = std::max(32, (prompt_length + 48 + kBlockSize - 1) / kBlockSize);
   model::CudaModelOptions options = small_options();
   options.num_blocks = num_blocks;
   options.max_tokens = std::max(options.max_tokens, prompt_length);
   options.small_batch_gemv_tokens = small_batch_gemv_tokens;
+  if (adjust) adjust(options);
   model::CudaGlm5Model gpu(cpu.weights(), options);
   const int vocab = cpu.config().vocab_size;
   const std::vector<int32_t> prompt = random_tokens(prompt_length, vocab, 5);
@@ -205,6 +217,13 @@ TEST_F(CudaForward, BundledModelGreedyTokensMatchCpu) {
 TEST_F(CudaForward, BundledModelLongPromptGreedyTokensMatchCpu) {
   const auto [cpu_tokens, gpu_tokens] = greedy_on_both(GLMS_SOURCE_DIR "/models/glm5-tiny-code", 300, 0);
   EXPECT_EQ(gpu_tokens, cpu_tokens);
+  // The prefill's q, gate/up values and expert sums in bf16 (the decode steps are below 256 tokens).
+  const auto [cpu_again, gpu_bf16] =
+      greedy_on_both(GLMS_SOURCE_DIR "/models/glm5-tiny-code", 300, 0, [](model::CudaModelOptions& o) {
+        o.bf16_intermediates_min_tokens = 256;
+        o.bf16_expert_sums = true;
+      });
+  EXPECT_EQ(gpu_bf16, cpu_again);
 }
 
 namespace {

@@ -70,6 +70,13 @@ TEST_F(CudaOps, SiluMulAndRopeMatchCpu) {
     cuda::DeviceBuffer dout(n * inter * sizeof(uint16_t));
     cuda::silu_mul_to_bf16(dgu.as<float>(), n, inter, dout.as<uint16_t>(), nullptr);
     EXPECT_LT(relative_l2(widen(to_host<uint16_t>(dout)), expected), 4e-3) << "inter " << inter;
+    // From bf16 gate and up values: bit for bit the fp32 pass over the same values widened.
+    const auto gate_up16 = to_bf16_host(gate_up);
+    auto dgu16 = to_device(gate_up16), dgu_widened = to_device(widen(gate_up16));
+    cuda::DeviceBuffer dout16(n * inter * sizeof(uint16_t)), dout_widened(n * inter * sizeof(uint16_t));
+    cuda::silu_mul_to_bf16(dgu16.as<uint16_t>(), n, inter, dout16.as<uint16_t>(), nullptr);
+    cuda::silu_mul_to_bf16(dgu_widened.as<float>(), n, inter, dout_widened.as<uint16_t>(), nullptr);
+    EXPECT_EQ(to_host<uint16_t>(dout16), to_host<uint16_t>(dout_widened)) << "inter " << inter;
   }
 
   ops::RopeTable table;
@@ -222,6 +229,11 @@ TEST_F(CudaOps, Fp32ProductFromBf16TermsMatchesTheFp32Gemm) {
     cuda::split_bf16_terms(dx.as<float>(), int64_t{n} * cols, terms.as<uint16_t>(), nullptr);
     gemm.linear_f32_terms(terms.as<uint16_t>(), n, dw16.as<uint16_t>(), rows, cols, dy_terms.as<float>(), nullptr);
     gemm.linear_f32(dx.as<float>(), n, dw32.as<float>(), rows, cols, dy_f32.as<float>(), nullptr);
+    // Term 0 apart from terms 1 and 2 (as the norm leaves them): the same three GEMMs.
+    auto dy_apart = poisoned(int64_t{n} * rows);
+    gemm.linear_f32_terms(terms.as<uint16_t>(), terms.as<uint16_t>() + int64_t{n} * cols, n, dw16.as<uint16_t>(),
+                          rows, cols, dy_apart.as<float>(), nullptr);
+    EXPECT_EQ(to_host<float>(dy_apart), to_host<float>(dy_terms)) << n << " tokens";
     std::vector<float> expected(int64_t{n} * rows);
     for (int t = 0; t < n; ++t)
       for (int r = 0; r < rows; ++r) {
@@ -381,6 +393,35 @@ TEST_F(CudaOps, ResidualRmsNormAddsBothPartsOfAPendingOutput) {
                             nullptr, nullptr, da.as<float>());
     EXPECT_EQ(to_host<float>(dx_one), to_host<float>(dx_two)) << n << " x " << dim;
     EXPECT_EQ(to_host<float>(dy_one), to_host<float>(dy_two)) << n << " x " << dim;
+  }
+}
+
+// The post-attention norm of a long step writes the router's input as bf16 terms: term 0 in
+// y_bf16, terms 1 and 2 in their own planes, each the bits core/bf16_terms.h gives the fp32 output
+// the same norm writes (vector and scalar paths), with x updated as without them.
+TEST_F(CudaOps, ResidualRmsNormWritesTheBf16TermsOfItsOutput) {
+  for (auto [n, dim] : {std::pair{3, 6144}, {2, 40}, {2, 18}}) {
+    auto x = random_values(n * dim, 8, 2.0f);
+    for (int64_t i = 0; i < n * dim; i += 5) x[i] *= 1e-4f;  // small outputs keep three live terms
+    const auto delta = random_values(n * dim, 9), w = random_values(dim, 10);
+    auto dd = to_device(delta), dw = to_device(w);
+    auto dx_f32 = to_device(x), dy = poisoned(n * dim);
+    cuda::residual_rms_norm(dx_f32.as<float>(), dd.as<float>(), n, dim, dw.as<float>(), 1e-5f, dy.as<float>(),
+                            nullptr, nullptr);
+    auto dx_terms = to_device(x);
+    cuda::DeviceBuffer term0(sizeof(uint16_t) * n * dim), low(sizeof(uint16_t) * 2 * n * dim);
+    cuda::residual_rms_norm(dx_terms.as<float>(), dd.as<float>(), n, dim, dw.as<float>(), 1e-5f, nullptr,
+                            term0.as<uint16_t>(), nullptr, nullptr, low.as<uint16_t>());
+    EXPECT_EQ(to_host<float>(dx_terms), to_host<float>(dx_f32)) << n << " x " << dim;
+    const auto y = to_host<float>(dy);
+    const auto got0 = to_host<uint16_t>(term0), got_low = to_host<uint16_t>(low);
+    for (int64_t i = 0; i < n * dim; ++i) {
+      uint16_t expected[3];
+      bf16_terms(y[i], expected);
+      ASSERT_EQ(got0[i], expected[0]) << n << " x " << dim << ", value " << i;
+      ASSERT_EQ(got_low[i], expected[1]) << n << " x " << dim << ", value " << i;
+      ASSERT_EQ(got_low[n * dim + i], expected[2]) << n << " x " << dim << ", value " << i;
+    }
   }
 }
 

@@ -42,8 +42,7 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
                                 {as<uint16_t>(ix.wq_b), int64_t{IH} * ID, as<float>(index_q)}};
   // Long chunks with bf16 q_b weights: q straight in bf16, as the absorption GEMM reads it (the
   // fp32 rows were only converted; 8192 tokens at GLM-5.2 width: 0.5 GB written and read again).
-  const bool bf16_queries = !w.q_b_proj.fp8() && options.bf16_queries_min_tokens > 0 &&
-                            T >= options.bf16_queries_min_tokens;
+  const bool bf16_queries = !w.q_b_proj.fp8() && bf16_intermediates(T);
   if (w.q_b_proj.fp8()) {
     linear(w.q_b_proj, as<uint16_t>(q_resid_bf16), T, as<float>(q), gemm, s);
     if (score_positions) gemm.linear_group(as<uint16_t>(q_resid_bf16), T, q_lora, from_q + 1, 1, s);

@@ -147,14 +147,15 @@ struct CudaModelOptions {
   // Off until it has run on a GPU (test_cuda_moe's GroupedGemmsBf16SumsAreTheirFp32SumsRounded,
   // test_cuda_forward) and been timed (tools/gpu/compare-options bf16-expert-sums false true).
   bool bf16_expert_sums = false;
-  // Steps of at least this many tokens (0: none) with bf16 q_b weights write q in bf16 straight
-  // from cuBLAS (Gemm::linear_to_bf16), the absorption GEMM's input as it is, and rotate only its
-  // rope columns from there; otherwise q is fp32 rows that mla_prepare_queries converts. At 8192
-  // tokens and GLM-5.2 width those are 0.5 GB a layer, written and read again. The rope columns
-  // are then rotated from bf16 values (transformers' bf16 model rotates its bf16 q too). 0 until
-  // it has run on a GPU (test_cuda_attention, test_cuda_forward) and been timed (tools/gpu/
-  // compare-options bf16-queries-min-tokens 0 256).
-  int bf16_queries_min_tokens = 0;
+  // Steps of at least this many tokens (0: none) keep in bf16 the intermediates transformers'
+  // bf16 model keeps in bf16, straight from cuBLAS (Gemm::linear_to_bf16): q, where q_b's weights
+  // are bf16 (the absorption GEMM's input as it is; only its rope columns are rotated from there),
+  // and the gate and up values of the dense MLPs and shared experts with bf16 weights (SwiGLU reads
+  // them so). Otherwise they are fp32 rows, converted once read. At 8192 tokens and GLM-5.2
+  // width, q is 0.5 GB a layer and a dense layer's gate/up 0.8 GB, each written and read again.
+  // 0 until it has run on a GPU (test_cuda_attention, test_cuda_ops, test_cuda_forward) and been
+  // timed (tools/gpu/compare-options bf16-intermediates-min-tokens 0 256).
+  int bf16_intermediates_min_tokens = 0;
   // Block-FP8 routed experts from wgmma_experts_min_pairs pairs per expert through the W8A8
   // grouped GEMMs on the FP8 tensor cores (ops::cuda::moe_experts_wgmma_fp8: the tokens and act
   // quantised per 128 columns as the FP8 linear layers' are); false: the mma.sync kernels and,

@@ -135,7 +135,11 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   // parallelism) as this rank's routed sums plus its shared expert's, for the next norm to add.
   PendingOutput moe(const DecoderLayerDevice& layer, const StepShape& shape);
   void moe_shared_expert(const MoeDevice& m, int T, bool on_side_stream);
+  // Scores the router for T tokens and picks their experts. With router_takes_terms, the
+  // post-attention norm has left its input as bf16 terms (normed_bf16 and pair_x); else as
+  // normed_f32.
   void moe_route(const MoeDevice& m, int T);
+  bool router_takes_terms(const MoeDevice& m, int T) const;
   // The routed experts of this rank over `rows` tokens x [rows, hidden] bf16 with their routing
   // (ids, weights [rows, top_k]; `routed_rows` of them are tokens, the rest padding); out
   // [rows, hidden] (+)= shared (when given; ready once `shared_ready` is, where it is on the side
@@ -191,7 +195,12 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
     return cuda::mla_attention_fused_supported(config.num_attention_heads, config.kv_lora_rank,
                                                config.qk_rope_head_dim);
   }
-  // out = down(silu(gate x) * up x) on `s` through `g` (mlp_gate_up and mlp_act are its scratch).
+  // Whether a step of T tokens keeps its bf16 intermediates in bf16 (bf16_intermediates_min_tokens).
+  bool bf16_intermediates(int T) const {
+    return options.bf16_intermediates_min_tokens > 0 && T >= options.bf16_intermediates_min_tokens;
+  }
+  // out = down(silu(gate x) * up x) on `s` through `g` (mlp_gate_up and mlp_act are its scratch;
+  // gate and up in bf16 where bf16_intermediates and the weights are bf16, else fp32).
   void dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out, cuda::Gemm& g, cudaStream_t s);
   // y[n, w.rows] fp32 = x[n, w.cols] bf16 . w^T: bf16 weights through `g`; FP8 ones through
   // gemv_fp8 up to kFp8GemvMaxTokens tokens, else the activations quantised into fp8_codes and

@@ -28,16 +28,18 @@ void CudaGlm5Model::Impl::moe_shared_expert(const MoeDevice& m, int T, bool on_s
 // Smaller steps keep the fp32 GEMV or GEMM, where the split's three launches were not measured.
 constexpr int kRouterTermsMinTokens = 256;
 
+bool CudaGlm5Model::Impl::router_takes_terms(const MoeDevice& m, int T) const {
+  // Terms 1 and 2 borrow pair_x, which the experts fill only after routing (term 0 is normed_bf16).
+  const bool terms_fit = sizeof(uint16_t) * 2 * T * config.hidden_size <= pair_x.bytes();
+  return m.router_bf16.data() != nullptr && T >= kRouterTermsMinTokens && terms_fit;
+}
+
 void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T) {
   const io::ModelConfig& c = config;
   cudaStream_t s = stream.get();
-  const int64_t values = int64_t{T} * c.hidden_size;
-  // The terms borrow pair_x, which the experts fill only after routing.
-  const bool terms_fit = sizeof(uint16_t) * 3 * values <= pair_x.bytes();
-  if (m.router_bf16.data() != nullptr && T >= kRouterTermsMinTokens && terms_fit) {
-    cuda::split_bf16_terms(as<float>(normed_f32), values, as<uint16_t>(pair_x), s);
-    gemm.linear_f32_terms(as<uint16_t>(pair_x), T, as<uint16_t>(m.router_bf16), c.n_routed_experts, c.hidden_size,
-                          as<float>(router_logits), s);
+  if (router_takes_terms(m, T)) {
+    gemm.linear_f32_terms(as<uint16_t>(normed_bf16), as<uint16_t>(pair_x), T, as<uint16_t>(m.router_bf16),
+                          c.n_routed_experts, c.hidden_size, as<float>(router_logits), s);
   } else {
     gemm.linear_f32(as<float>(normed_f32), T, as<float>(m.router), c.n_routed_experts, c.hidden_size,
                     as<float>(router_logits), s);

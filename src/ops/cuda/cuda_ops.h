@@ -193,13 +193,19 @@ void embed_rows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t di
 
 // The residual step between blocks: x += delta (when delta is not null; x += (delta + addend)
 // when addend is not null too: a block output left in two parts), then y = rms_norm(x) * weight
-// into y_f32 and/or y_bf16 (either may be null). x, delta, addend, y_*: [n, dim].
+// into y_f32 and/or y_bf16 (either may be null). x, delta, addend, y_*: [n, dim]. With
+// y_low_terms ([2, n, dim] bf16; y_bf16 required) y is also split as split_bf16_terms splits it:
+// y_bf16 is its term 0 and y_low_terms its terms 1 and 2, the fp32-accurate router's input
+// without the fp32 rows.
 void residual_rms_norm(float* x, const float* delta, int64_t n, int64_t dim, const float* weight, float eps,
-                       float* y_f32, uint16_t* y_bf16, cudaStream_t stream, const float* addend = nullptr);
+                       float* y_f32, uint16_t* y_bf16, cudaStream_t stream, const float* addend = nullptr,
+                       uint16_t* y_low_terms = nullptr);
 
 // out[t, i] = bf16(silu(gate_up[t, i]) * gate_up[t, inter + i]): gate and up side by side,
 // as the fused gate||up GEMM writes them. gate_up: [n, 2 * inter] fp32, out: [n, inter] bf16.
 void silu_mul_to_bf16(const float* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream);
+// The same from bf16 gate and up values (a bf16 GEMM's output, as transformers' bf16 MLP has them).
+void silu_mul_to_bf16(const uint16_t* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream);
 
 // x ([count] fp32) as three bf16 planes, terms [3, count]: plane k holds term k of
 // core/bf16_terms.h's split (their sum is x). For fp32-accurate products with bf16 weights
@@ -324,6 +330,9 @@ class Gemm {
   // few 1e-7), in a fraction of its time (fp32 GEMMs run on the CUDA cores).
   void linear_f32_terms(const uint16_t* terms, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* y,
                         cudaStream_t stream);
+  // The same with term 0 and terms 1 and 2 ([2, n, cols]) apart, as residual_rms_norm writes them.
+  void linear_f32_terms(const uint16_t* term0, const uint16_t* low_terms, int64_t n, const uint16_t* w, int64_t rows,
+                        int64_t cols, float* y, cudaStream_t stream);
   // `batch` independent bf16 products, operand b at x + b * stride_x, w + b * stride_w,
   // y + b * stride_y. transpose_w false: y[n, rows] = x[n, cols] . w^T;
   // true: y[n, cols] = x[n, rows] . w. w is [rows, cols] with leading dimension ld_w. Up to the

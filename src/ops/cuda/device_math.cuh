@@ -35,6 +35,13 @@ __device__ __forceinline__ float bf16_to_float(uint16_t v) { return __uint_as_fl
 // A value of fp32 or bf16 rows as fp32, for kernels templated on their rows' type.
 __device__ __forceinline__ float load_as_float(const float* p) { return *p; }
 __device__ __forceinline__ float load_as_float(const uint16_t* p) { return bf16_to_float(*p); }
+// Four consecutive values the same way (p aligned to four values: 16 or 8 bytes).
+__device__ __forceinline__ float4 load4_as_float(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 load4_as_float(const uint16_t* p) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                     __uint_as_float(v.y & 0xffff0000u));
+}
 
 __device__ __forceinline__ uint16_t float_to_bf16(float v) {
   uint32_t word = __float_as_uint(v);

@@ -42,8 +42,24 @@ __global__ void embed_kernel(const uint16_t* table, const int32_t* ids, int64_t 
   for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) dst[k] = bf16_to_float(src[k]);
 }
 
+// The bf16 terms of four values (core/bf16_terms.h) at float4 index q of planes holding `quads`
+// float4s each: term 0 into plane0, terms 1 and 2 into low_planes ([2, 4 * quads]).
+__device__ __forceinline__ void store_bf16_terms(float4 v, int64_t q, int64_t quads, uint16_t* plane0,
+                                                 uint16_t* low_planes) {
+  const float values[4] = {v.x, v.y, v.z, v.w};
+  uint16_t split[4][3];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) bf16_terms(values[i], split[i]);
+  uint16_t* const planes[3] = {plane0, low_planes, low_planes + 4 * quads};
+#pragma unroll
+  for (int k = 0; k < 3; ++k)
+    reinterpret_cast<uint2*>(planes[k])[q] = make_uint2(split[0][k] | static_cast<uint32_t>(split[1][k]) << 16,
+                                                        split[2][k] | static_cast<uint32_t>(split[3][k]) << 16);
+}
+
 __global__ void residual_rms_norm_kernel(float* x, const float* delta, const float* addend, int64_t dim,
-                                         const float* weight, float eps, float* y_f32, uint16_t* y_bf16) {
+                                         const float* weight, float eps, float* y_f32, uint16_t* y_bf16,
+                                         uint16_t* y_low_terms) {
   chained_grid_prologue();
   __shared__ float scratch[32];
   float* row = x + blockIdx.x * dim;
@@ -59,8 +75,17 @@ __global__ void residual_rms_norm_kernel(float* x, const float* delta, const flo
   const float inv = rsqrtf(block_sum(sum, scratch) / static_cast<float>(dim) + eps);
   for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) {
     const float y = weight[k] * (row[k] * inv);
-    if (y_f32) y_f32[blockIdx.x * dim + k] = y;
-    if (y_bf16) y_bf16[blockIdx.x * dim + k] = float_to_bf16(y);
+    const int64_t at = blockIdx.x * dim + k;
+    if (y_f32) y_f32[at] = y;
+    if (y_low_terms) {
+      uint16_t split[3];
+      bf16_terms(y, split);
+      y_bf16[at] = split[0];
+      y_low_terms[at] = split[1];
+      y_low_terms[int64_t{gridDim.x} * dim + at] = split[2];
+    } else if (y_bf16) {
+      y_bf16[at] = float_to_bf16(y);
+    }
   }
 }
 
@@ -70,7 +95,7 @@ __global__ void residual_rms_norm_kernel(float* x, const float* delta, const flo
 template <int kVecs>
 __global__ void __launch_bounds__(1024)
     residual_rms_norm_vec_kernel(float* x, const float* delta, const float* addend, int64_t dim, const float* weight,
-                                 float eps, float* y_f32, uint16_t* y_bf16) {
+                                 float eps, float* y_f32, uint16_t* y_bf16, uint16_t* y_low_terms) {
   chained_grid_prologue();
   __shared__ float scratch[32];
   const int64_t vecs = dim / 4, offset = blockIdx.x * vecs;
@@ -109,7 +134,9 @@ __global__ void __launch_bounds__(1024)
     const float4 y = make_float4(wv[i].x * (v[i].x * inv), wv[i].y * (v[i].y * inv), wv[i].z * (v[i].z * inv),
                                  wv[i].w * (v[i].w * inv));
     if (y_f32) reinterpret_cast<float4*>(y_f32)[offset + k] = y;
-    if (y_bf16) {
+    if (y_low_terms) {
+      store_bf16_terms(y, offset + k, int64_t{gridDim.x} * vecs, y_bf16, y_low_terms);
+    } else if (y_bf16) {
       const uint32_t lo = float_to_bf16(y.x) | (static_cast<uint32_t>(float_to_bf16(y.y)) << 16);
       const uint32_t hi = float_to_bf16(y.z) | (static_cast<uint32_t>(float_to_bf16(y.w)) << 16);
       reinterpret_cast<uint2*>(y_bf16)[offset + k] = make_uint2(lo, hi);
@@ -158,16 +185,17 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float
   }
 }
 
-// out[t, j] = bf16(silu(gate_up[t, j]) * gate_up[t, inter + j]); four columns a thread where
-// inter allows (one division a column held it to 2.1 TB/s at prefill sizes).
-__global__ void silu_mul_to_bf16_kernel(const float* gate_up, int64_t n, int64_t inter, uint16_t* out) {
+// out[t, j] = bf16(silu(gate_up[t, j]) * gate_up[t, inter + j]), gate_up fp32 or bf16; four
+// columns a thread where inter allows (one division a column held it to 2.1 TB/s at prefill sizes).
+template <typename In>
+__global__ void silu_mul_to_bf16_kernel(const In* gate_up, int64_t n, int64_t inter, uint16_t* out) {
   chained_grid_prologue();
   if (inter % 4 == 0) {
     const int64_t quads = inter / 4;
     GLMS_GRID_STRIDE_LOOP(q, n * quads) {
       const int64_t t = q / quads, j = 4 * (q - t * quads);
-      const float4 gate = *reinterpret_cast<const float4*>(gate_up + t * 2 * inter + j);
-      const float4 up = *reinterpret_cast<const float4*>(gate_up + t * 2 * inter + inter + j);
+      const float4 gate = load4_as_float(gate_up + t * 2 * inter + j);
+      const float4 up = load4_as_float(gate_up + t * 2 * inter + inter + j);
       *reinterpret_cast<uint2*>(out + t * inter + j) =
           make_uint2(pack_bf16_pair(silu_mul(gate.x, up.x), silu_mul(gate.y, up.y)),
                      pack_bf16_pair(silu_mul(gate.z, up.z), silu_mul(gate.w, up.w)));
@@ -176,7 +204,8 @@ __global__ void silu_mul_to_bf16_kernel(const float* gate_up, int64_t n, int64_t
   }
   GLMS_GRID_STRIDE_LOOP(i, n * inter) {
     const int64_t t = i / inter, j = i % inter;
-    out[i] = float_to_bf16(silu_mul(gate_up[t * 2 * inter + j], gate_up[t * 2 * inter + inter + j]));
+    out[i] = float_to_bf16(
+        silu_mul(load_as_float(gate_up + t * 2 * inter + j), load_as_float(gate_up + t * 2 * inter + inter + j)));
   }
 }
 
@@ -299,16 +328,7 @@ __global__ void split_bf16_terms_kernel(const float* x, int64_t count, uint16_t*
   uint16_t* const planes[3] = {terms, terms + count, terms + 2 * count};
   if (count % 4 == 0) {
     GLMS_GRID_STRIDE_LOOP(q, count / 4) {
-      const float4 v = reinterpret_cast<const float4*>(x)[q];
-      const float values[4] = {v.x, v.y, v.z, v.w};
-      uint16_t split[4][3];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) bf16_terms(values[i], split[i]);
-#pragma unroll
-      for (int k = 0; k < 3; ++k)
-        reinterpret_cast<uint2*>(planes[k])[q] =
-            make_uint2(split[0][k] | static_cast<uint32_t>(split[1][k]) << 16,
-                       split[2][k] | static_cast<uint32_t>(split[3][k]) << 16);
+      store_bf16_terms(reinterpret_cast<const float4*>(x)[q], q, count / 4, planes[0], planes[1]);
     }
     return;
   }
@@ -425,35 +445,48 @@ void embed_rows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t di
 }
 
 void residual_rms_norm(float* x, const float* delta, int64_t n, int64_t dim, const float* weight, float eps,
-                       float* y_f32, uint16_t* y_bf16, cudaStream_t stream, const float* addend) {
+                       float* y_f32, uint16_t* y_bf16, cudaStream_t stream, const float* addend,
+                       uint16_t* y_low_terms) {
+  GLMS_CHECK(y_low_terms == nullptr || y_bf16 != nullptr, "residual_rms_norm: the low terms come with y_bf16");
   if (n == 0) return;
   auto aligned = [](const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
   const int64_t vecs = dim / 4;
   if (dim % 4 == 0 && vecs <= 4 * 1024 && aligned(x, 16) && aligned(delta, 16) && aligned(addend, 16) &&
-      aligned(weight, 16) && aligned(y_f32, 16) && aligned(y_bf16, 8)) {
+      aligned(weight, 16) && aligned(y_f32, 16) && aligned(y_bf16, 8) && aligned(y_low_terms, 8)) {
     const int per_thread = vecs <= 2 * 1024 ? 2 : 4;
     const int64_t threads_needed = (vecs + per_thread - 1) / per_thread;  // at most 1024
     const int threads = static_cast<int>((threads_needed + 31) / 32 * 32);
     if (per_thread == 2)
       launch_chained("residual_rms_norm_vec launch", residual_rms_norm_vec_kernel<2>, static_cast<unsigned>(n), threads,
-                     0, stream, x, delta, addend, dim, weight, eps, y_f32, y_bf16);
+                     0, stream, x, delta, addend, dim, weight, eps, y_f32, y_bf16, y_low_terms);
     else
       launch_chained("residual_rms_norm launch", residual_rms_norm_vec_kernel<4>, static_cast<unsigned>(n), threads, 0,
-                     stream, x, delta, addend, dim, weight, eps, y_f32, y_bf16);
+                     stream, x, delta, addend, dim, weight, eps, y_f32, y_bf16, y_low_terms);
     return;
   }
   // A row's loads are independent: enough threads that each issues a handful (a lone decode
   // row of 6144 values is otherwise a long chain of dependent-latency loops on one SM).
   const int threads = static_cast<int>(std::clamp<int64_t>((dim / 8 + 31) / 32 * 32, kNormThreads, 1024));
   launch_chained("residual_rms_norm launch", residual_rms_norm_kernel, static_cast<unsigned>(n), threads, 0, stream, x,
-                 delta, addend, dim, weight, eps, y_f32, y_bf16);
+                 delta, addend, dim, weight, eps, y_f32, y_bf16, y_low_terms);
 }
 
-void silu_mul_to_bf16(const float* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream) {
+namespace {
+template <typename In>
+void launch_silu_mul(const In* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream) {
   if (n * inter == 0) return;
   const int64_t items = inter % 4 == 0 ? n * inter / 4 : n * inter;
-  launch_chained("silu_mul_to_bf16 launch", silu_mul_to_bf16_kernel, elementwise_blocks(items, 256), 256, 0, stream,
-                 gate_up, n, inter, out);
+  launch_chained("silu_mul_to_bf16 launch", silu_mul_to_bf16_kernel<In>, elementwise_blocks(items, 256), 256, 0,
+                 stream, gate_up, n, inter, out);
+}
+}  // namespace
+
+void silu_mul_to_bf16(const float* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream) {
+  launch_silu_mul(gate_up, n, inter, out, stream);
+}
+
+void silu_mul_to_bf16(const uint16_t* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream) {
+  launch_silu_mul(gate_up, n, inter, out, stream);
 }
 
 namespace {

@@ -147,13 +147,19 @@ void Gemm::linear_f32(const float* x, int64_t n, const float* w, int64_t rows, i
 
 void Gemm::linear_f32_terms(const uint16_t* terms, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* y,
                             cudaStream_t stream) {
+  linear_f32_terms(terms, terms + n * cols, n, w, rows, cols, y, stream);
+}
+
+void Gemm::linear_f32_terms(const uint16_t* term0, const uint16_t* low_terms, int64_t n, const uint16_t* w,
+                            int64_t rows, int64_t cols, float* y, cudaStream_t stream) {
   if (n == 0 || rows == 0) return;
   auto handle = static_cast<cublasHandle_t>(handle_);
   check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
   const float alpha = 1.0f, first = 0.0f, then = 1.0f;
+  const uint16_t* const planes[3] = {term0, low_terms, low_terms + n * cols};
   for (int k = 0; k < 3; ++k) {
     check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, narrow(rows), narrow(n), narrow(cols), &alpha, w,
-                              CUDA_R_16BF, narrow(cols), terms + k * n * cols, CUDA_R_16BF, narrow(cols),
+                              CUDA_R_16BF, narrow(cols), planes[k], CUDA_R_16BF, narrow(cols),
                               k == 0 ? &first : &then, y, CUDA_R_32F, narrow(rows), CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx (bf16 terms of an fp32 linear)");
