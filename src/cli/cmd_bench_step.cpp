@@ -144,6 +144,11 @@ void add_expert_options(CLI::App* cmd, BenchStepOptions* o) {
                   "GEMMs where those weights are bf16 (0: never)")
       ->check(non_negative_number())
       ->capture_default_str();
+  cmd->add_option("--accumulate-residual-min-tokens", o->kernels.accumulate_residual_min_tokens,
+                  "Steps of at least this many tokens add o_proj and the MLPs' down projections (bf16 weights, no "
+                  "tensor parallelism) into the residual stream in the GEMM itself (0: never)")
+      ->check(non_negative_number())
+      ->capture_default_str();
   cmd->add_option("--wgmma-fp8-experts", o->kernels.wgmma_fp8_experts,
                   "Block-FP8 routed experts take W8A8 grouped GEMMs on the FP8 tensor cores from those pairs per "
                   "expert (true/false; false: mma.sync kernels, then each expert widened to bf16 for cuBLAS)")

@@ -165,6 +165,13 @@ TEST_P(CudaForwardAttention, RandomModelWithBf16IntermediatesMatchesCpu) {
   });
 }
 
+// o_proj and the MLPs' down projections added into the residual stream by the GEMMs themselves
+// in every step: the same fp32 sums in another order.
+TEST_P(CudaForwardAttention, RandomModelWithBlockOutputsAddedByTheGemmsMatchesCpu) {
+  random_model_steps(GetParam(), kv::CacheDtype::kAuto,
+                     [](model::CudaModelOptions& o) { o.accumulate_residual_min_tokens = 1; });
+}
+
 namespace {
 
 // 48 greedy tokens after a prompt of `prompt_length` random token ids, on the CPU and on CUDA
@@ -217,11 +224,13 @@ TEST_F(CudaForward, BundledModelGreedyTokensMatchCpu) {
 TEST_F(CudaForward, BundledModelLongPromptGreedyTokensMatchCpu) {
   const auto [cpu_tokens, gpu_tokens] = greedy_on_both(GLMS_SOURCE_DIR "/models/glm5-tiny-code", 300, 0);
   EXPECT_EQ(gpu_tokens, cpu_tokens);
-  // The prefill's q, gate/up values and expert sums in bf16 (the decode steps are below 256 tokens).
+  // The prefill's q, gate/up values and expert sums in bf16, its block outputs added by the GEMMs
+  // (the decode steps are below 256 tokens).
   const auto [cpu_again, gpu_bf16] =
       greedy_on_both(GLMS_SOURCE_DIR "/models/glm5-tiny-code", 300, 0, [](model::CudaModelOptions& o) {
         o.bf16_intermediates_min_tokens = 256;
         o.bf16_expert_sums = true;
+        o.accumulate_residual_min_tokens = 256;
       });
   EXPECT_EQ(gpu_bf16, cpu_again);
 }

@@ -117,6 +117,13 @@ TEST_F(CudaOps, Bf16LinearMatchesCpuWithinBf16Rounding) {
     auto dy16 = to_device(std::vector<uint16_t>(n * rows, 0xffff));  // NaN until written
     gemm.linear_to_bf16(dx.as<uint16_t>(), n, dw.as<uint16_t>(), rows, cols, dy16.as<uint16_t>(), nullptr);
     EXPECT_LT(relative_l2(widen(to_host<uint16_t>(dy16)), expected), 4e-3) << n << "x" << rows << "x" << cols;
+    // Added into rows already there (the residual stream), in fp32.
+    const auto base = random_values(n * rows, 7 + n, 0.5f);
+    auto dsum = to_device(base);
+    gemm.linear_accumulate(dx.as<uint16_t>(), n, dw.as<uint16_t>(), rows, cols, dsum.as<float>(), nullptr);
+    std::vector<float> expected_sum(base);
+    for (size_t i = 0; i < base.size(); ++i) expected_sum[i] += expected[i];
+    EXPECT_LT(relative_l2(to_host<float>(dsum), expected_sum), 1e-5) << n << "x" << rows << "x" << cols;
   }
 }
 

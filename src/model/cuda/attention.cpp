@@ -4,7 +4,7 @@
 
 namespace glms::model {
 
-void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, const StepShape& shape) {
+const float* CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, const StepShape& shape) {
   const io::ModelConfig& c = config;
   const AttentionDevice& w = layer.attention;
   const int T = shape.num_tokens, H = w.heads;  // this rank's heads
@@ -13,12 +13,12 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   cudaStream_t s = stream.get();
   const int32_t* positions = meta_i32(meta.positions);
   const auto* slots = reinterpret_cast<const int64_t*>(static_cast<const char*>(metadata.data()) + meta.slot_mapping);
-  const uint16_t* x = as<uint16_t>(normed_bf16);
+  const uint16_t* normed = as<uint16_t>(normed_bf16);
 
-  // The projections of x (q_a, kv_a and the indexer's wk and head weights), then those of the
-  // normed q residual (q_b, the indexer's wq_b): one grouped launch each at decode sizes. When
-  // every token's context fits index_topk the top-k is every position: the indexer's query
-  // side is skipped, its keys are still cached for later steps.
+  // The projections of the normed rows (q_a, kv_a and the indexer's wk and head weights), then
+  // those of the normed q residual (q_b, the indexer's wq_b): one grouped launch each at decode
+  // sizes. When every token's context fits index_topk the top-k is every position: the indexer's
+  // query side is skipped, its keys are still cached for later steps.
   const IndexerDevice& ix = w.indexer;
   const int IH = c.index_n_heads, ID = c.index_head_dim;
   const bool score_positions = w.has_indexer && !shape.selects_all;
@@ -29,12 +29,12 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
                                 {as<uint16_t>(ix.wk), ID, as<float>(index_k)},
                                 {as<uint16_t>(ix.weights_proj), IH, as<float>(index_w)}};
   if (w.q_a_proj.fp8() || w.kv_a_proj.fp8()) {
-    linear(w.q_a_proj, x, T, as<float>(q_resid), gemm, s);
-    const bool quantised = w.q_a_proj.fp8() && T > cuda::kFp8GemvMaxTokens;  // by q_a's GEMM, the same x
-    linear(w.kv_a_proj, x, T, as<float>(kv), gemm, s, quantised);
-    gemm.linear_group(x, T, hidden, from_x + 2, x_outputs - 2, s);
+    linear(w.q_a_proj, normed, T, as<float>(q_resid), gemm, s);
+    const bool quantised = w.q_a_proj.fp8() && T > cuda::kFp8GemvMaxTokens;  // by q_a's GEMM, the same rows
+    linear(w.kv_a_proj, normed, T, as<float>(kv), gemm, s, quantised);
+    gemm.linear_group(normed, T, hidden, from_x + 2, x_outputs - 2, s);
   } else {
-    gemm.linear_group(x, T, hidden, from_x, x_outputs, s);
+    gemm.linear_group(normed, T, hidden, from_x, x_outputs, s);
   }
   cuda::residual_rms_norm(as<float>(q_resid), nullptr, T, q_lora, as<float>(w.q_a_norm), kLatentNormEps, nullptr,
                           as<uint16_t>(q_resid_bf16), s);
@@ -96,9 +96,16 @@ void CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, cons
   // otherwise; a decode step saves the conversion's launch), then o_proj.
   gemm.batched_to_bf16(as<uint16_t>(o_bf16), T, H * L, L, as<uint16_t>(w.kv_b_proj) + nope * L, vd, L, L, head_stride,
                        false, as<uint16_t>(heads_bf16), H * vd, vd, H, s);
+  if (adds_into_residual(w.o_proj, T)) {
+    gemm.linear_accumulate(as<uint16_t>(heads_bf16), T, as<uint16_t>(w.o_proj.w), w.o_proj.rows, w.o_proj.cols,
+                           as<float>(x), s);
+    timer.mark("attention.output", s);
+    return nullptr;
+  }
   linear(w.o_proj, as<uint16_t>(heads_bf16), T, as<float>(block_out), gemm, s);
   sum_over_tp(as<float>(block_out), T);  // the heads of every tensor-parallel peer
   timer.mark("attention.output", s);
+  return as<float>(block_out);
 }
 
 void CudaGlm5Model::Impl::attention_core(int l, const StepShape& shape, int heads) {

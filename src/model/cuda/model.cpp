@@ -201,7 +201,7 @@ void CudaGlm5Model::Impl::upload_metadata(const ForwardBatch& batch) {
 }
 
 void CudaGlm5Model::Impl::dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out, cuda::Gemm& g,
-                                    cudaStream_t s) {
+                                    cudaStream_t s, bool accumulate) {
   if (!mlp.gate_up.fp8() && bf16_intermediates(n)) {
     g.linear_to_bf16(x_bf16, n, as<uint16_t>(mlp.gate_up.w), mlp.gate_up.rows, mlp.gate_up.cols,
                      as<uint16_t>(mlp_gate_up), s);
@@ -209,6 +209,11 @@ void CudaGlm5Model::Impl::dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16
   } else {
     linear(mlp.gate_up, x_bf16, n, as<float>(mlp_gate_up), g, s);
     cuda::silu_mul_to_bf16(as<float>(mlp_gate_up), n, mlp.inter, as<uint16_t>(mlp_act), s);
+  }
+  if (accumulate) {
+    GLMS_CHECK(!mlp.down.fp8(), "an MLP's FP8 down projection cannot add into its output");
+    g.linear_accumulate(as<uint16_t>(mlp_act), n, as<uint16_t>(mlp.down.w), mlp.down.rows, mlp.down.cols, out, s);
+    return;
   }
   linear(mlp.down, as<uint16_t>(mlp_act), n, out, g, s);
 }
@@ -260,21 +265,23 @@ void CudaGlm5Model::Impl::layer_step(const DecoderLayerDevice& layer, int l, con
   cuda::residual_rms_norm(as<float>(x), pending.sum, T, hidden, as<float>(layer.input_norm), c.rms_norm_eps, nullptr,
                           as<uint16_t>(normed_bf16), s, pending.addend);
   timer.mark("norms", s);
-  attention(layer, l, shape);
+  const float* attention_out = attention(layer, l, shape);
   // The router's input: fp32 rows, or for a long step the bf16 terms of them (normed_bf16 is
   // term 0); a dense MLP needs neither.
   const bool router_terms = layer.is_moe && router_takes_terms(layer.moe, T);
-  cuda::residual_rms_norm(as<float>(x), as<float>(block_out), T, hidden, as<float>(layer.post_attention_norm),
+  cuda::residual_rms_norm(as<float>(x), attention_out, T, hidden, as<float>(layer.post_attention_norm),
                           c.rms_norm_eps, layer.is_moe && !router_terms ? as<float>(normed_f32) : nullptr,
                           as<uint16_t>(normed_bf16), s, nullptr, router_terms ? as<uint16_t>(pair_x) : nullptr);
   timer.mark("norms", s);
   if (layer.is_moe) {
     pending = moe(layer, shape);
   } else {
-    dense_mlp(layer.mlp, as<uint16_t>(normed_bf16), T, as<float>(block_out), gemm, s);
-    sum_over_tp(as<float>(block_out), T);
+    const bool into_residual = adds_into_residual(layer.mlp.down, T);
+    dense_mlp(layer.mlp, as<uint16_t>(normed_bf16), T, as<float>(into_residual ? x : block_out), gemm, s,
+              into_residual);
+    if (!into_residual) sum_over_tp(as<float>(block_out), T);
     timer.mark("dense_mlp", s);
-    pending = {as<float>(block_out), nullptr};
+    pending = into_residual ? PendingOutput{} : PendingOutput{as<float>(block_out), nullptr};
   }
 }
 

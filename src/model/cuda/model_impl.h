@@ -122,7 +122,9 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   void mtp_step(const StepShape& shape);
   // Checks, uploads the batch and h_prev ([tokens, hidden] host fp32), and runs mtp_step.
   void run_mtp(const ForwardBatch& batch, const float* h_prev);
-  void attention(const DecoderLayerDevice& layer, int l, const StepShape& shape);
+  // Returns the block's output for the next norm to add (block_out), or nullptr where o_proj has
+  // added it into x already (adds_into_residual).
+  const float* attention(const DecoderLayerDevice& layer, int l, const StepShape& shape);
   // Layer l's attention over the latent cache for the step's staged queries, into o_bf16: runs of
   // short chunks and decode tokens through the fused or gathered-row passes, long prefill chunks
   // through the fused pass or dense scores (`heads`: this rank's).
@@ -134,7 +136,8 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   // the block's output summed over every peer: in block_out, or (data-parallel without tensor
   // parallelism) as this rank's routed sums plus its shared expert's, for the next norm to add.
   PendingOutput moe(const DecoderLayerDevice& layer, const StepShape& shape);
-  void moe_shared_expert(const MoeDevice& m, int T, bool on_side_stream);
+  // The shared expert into shared_out, or added into x (`into_residual`, main stream only).
+  void moe_shared_expert(const MoeDevice& m, int T, bool on_side_stream, bool into_residual = false);
   // Scores the router for T tokens and picks their experts. With router_takes_terms, the
   // post-attention norm has left its input as bf16 terms (normed_bf16 and pair_x); else as
   // normed_f32.
@@ -195,13 +198,21 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
     return cuda::mla_attention_fused_supported(config.num_attention_heads, config.kv_lora_rank,
                                                config.qk_rope_head_dim);
   }
+  // Whether a step of T tokens adds w's product, a block's last linear layer, straight into the
+  // residual stream x (accumulate_residual_min_tokens): bf16 weights, no tensor-parallel sum.
+  bool adds_into_residual(const LinearDevice& w, int T) const {
+    return !peers.tp && !w.fp8() && options.accumulate_residual_min_tokens > 0 &&
+           T >= options.accumulate_residual_min_tokens;
+  }
   // Whether a step of T tokens keeps its bf16 intermediates in bf16 (bf16_intermediates_min_tokens).
   bool bf16_intermediates(int T) const {
     return options.bf16_intermediates_min_tokens > 0 && T >= options.bf16_intermediates_min_tokens;
   }
   // out = down(silu(gate x) * up x) on `s` through `g` (mlp_gate_up and mlp_act are its scratch;
-  // gate and up in bf16 where bf16_intermediates and the weights are bf16, else fp32).
-  void dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out, cuda::Gemm& g, cudaStream_t s);
+  // gate and up in bf16 where bf16_intermediates and the weights are bf16, else fp32); out +=
+  // with `accumulate` (bf16 down weights only).
+  void dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out, cuda::Gemm& g, cudaStream_t s,
+                 bool accumulate = false);
   // y[n, w.rows] fp32 = x[n, w.cols] bf16 . w^T: bf16 weights through `g`; FP8 ones through
   // gemv_fp8 up to kFp8GemvMaxTokens tokens, else the activations quantised into fp8_codes and
   // fp8_gemm (so on the main stream only). `x_quantised`: fp8_codes already hold x, as the

@@ -10,9 +10,10 @@
 
 namespace glms::model {
 
-void CudaGlm5Model::Impl::moe_shared_expert(const MoeDevice& m, int T, bool on_side_stream) {
+void CudaGlm5Model::Impl::moe_shared_expert(const MoeDevice& m, int T, bool on_side_stream, bool into_residual) {
   if (!on_side_stream) {
-    dense_mlp(m.shared, as<uint16_t>(normed_bf16), T, as<float>(shared_out), gemm, stream.get());
+    dense_mlp(m.shared, as<uint16_t>(normed_bf16), T, as<float>(into_residual ? x : shared_out), gemm, stream.get(),
+              into_residual);
     timer.mark("moe.shared", stream.get());
     return;
   }
@@ -249,16 +250,18 @@ CudaGlm5Model::Impl::PendingOutput CudaGlm5Model::Impl::moe(const DecoderLayerDe
   const bool overlap_shared = T <= options.overlap_shared_expert_tokens && !timer.enabled &&
                               (T <= cuda::kFp8GemvMaxTokens || (!m.shared.gate_up.fp8() && !m.shared.down.fp8()));
   const cuda::Event* shared_ready = overlap_shared ? &shared_join : nullptr;  // the side stream's join
+  // The whole model's shared expert of a long step may add itself into the residual stream.
+  const bool shared_into_residual = !overlap_shared && !peers.dp && adds_into_residual(m.shared.down, T);
   if (overlap_shared) moe_shared_expert(m, T, true);
   moe_route(m, T);
   if (!overlap_shared) {
     timer.mark("moe.routing", s);
-    moe_shared_expert(m, T, false);
+    moe_shared_expert(m, T, false, shared_into_residual);
   }
 
   if (!peers.tp && !peers.dp) {  // the whole model: combine into the residual stream
     moe_experts(m, as<uint16_t>(normed_bf16), as<int32_t>(expert_ids), as<float>(expert_weights), T, T, shape,
-                as<float>(x), true, as<float>(shared_out), shared_ready);
+                as<float>(x), true, shared_into_residual ? nullptr : as<float>(shared_out), shared_ready);
     return {};
   }
   if (!peers.dp) {

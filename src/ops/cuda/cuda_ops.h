@@ -300,6 +300,11 @@ class Gemm {
   // converted afterwards.
   void linear_to_bf16(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, uint16_t* y,
                       cudaStream_t stream);
+  // y ([n, rows] fp32) += x . w^T in the GEMM's epilogue (cuBLAS, beta 1) whatever n: for a
+  // prefill's block output added straight into the residual stream, which would otherwise be
+  // written apart and read again by the next norm.
+  void linear_accumulate(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* y,
+                         cudaStream_t stream);
   // Linear layers of at most `max_tokens` (<= kGemvMaxTokens) tokens through gemv_bf16; 0: cuBLAS only.
   void set_small_batch_gemv(int max_tokens) { gemv_max_tokens_ = std::clamp(max_tokens, 0, kGemvMaxTokens); }
   // Linear layers of more tokens than the GEMV takes, up to `max_tokens` (<= kSkinnyMaxTokens),

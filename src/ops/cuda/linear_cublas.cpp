@@ -112,6 +112,18 @@ void Gemm::linear_to_bf16(const uint16_t* x, int64_t n, const uint16_t* w, int64
                "cublasGemmEx (bf16 linear, bf16 out)");
 }
 
+void Gemm::linear_accumulate(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* y,
+                             cudaStream_t stream) {
+  if (n == 0 || rows == 0) return;
+  auto handle = static_cast<cublasHandle_t>(handle_);
+  check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
+  const float alpha = 1.0f, beta = 1.0f;
+  check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, narrow(rows), narrow(n), narrow(cols), &alpha, w,
+                            CUDA_R_16BF, narrow(cols), x, CUDA_R_16BF, narrow(cols), &beta, y, CUDA_R_32F,
+                            narrow(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx (bf16 linear, accumulated)");
+}
+
 void Gemm::linear_group(const uint16_t* x, int64_t n, int64_t cols, const GemvOutput* outputs, int count,
                         cudaStream_t stream) {
   bool grouped = n <= gemv_max_tokens_ && count <= kGemvMaxGroup;
