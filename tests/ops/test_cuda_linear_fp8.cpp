@@ -140,6 +140,20 @@ TEST_F(CudaLinearFp8, BlockScaledGemmMatchesTheDequantisedProduct) {
     EXPECT_LT(relative_l2(y, exact), 5e-4) << n << " x " << rows << " x " << cols;
     // E4M3 keeps 3 mantissa bits: a value rounds by up to 1/16 of itself, about 3.6% RMS.
     EXPECT_LT(relative_l2(y, unquantised_x), 0.05) << n << " x " << rows << " x " << cols;
+
+    // Added into rows already there (a block output into the residual stream): base + y, with the
+    // pad tokens' rows left as they were.
+    std::vector<float> base(static_cast<size_t>(np * rows));
+    for (float& v : base) v = normal(rng) * 10.0f;
+    auto d_sum = to_device(base);
+    gemm.linear(d_x_codes.as<uint8_t>(), d_x_scales.as<float>(), n, d_w.as<uint8_t>(), d_w_scales.as<float>(), rows,
+                cols, d_sum.as<float>(), nullptr, /*accumulate=*/true);
+    auto sum = to_host<float>(d_sum);
+    for (int64_t i = n * rows; i < np * rows; ++i) ASSERT_EQ(sum[i], base[i]) << "pad token row " << i;
+    std::vector<float> expected_sum(y.size());
+    for (size_t i = 0; i < y.size(); ++i) expected_sum[i] = base[i] + exact[i];
+    sum.resize(y.size());
+    EXPECT_LT(relative_l2(sum, expected_sum), 5e-4) << n << " x " << rows << " x " << cols << ", accumulated";
   }
 }
 

@@ -97,8 +97,7 @@ const float* CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int
   gemm.batched_to_bf16(as<uint16_t>(o_bf16), T, H * L, L, as<uint16_t>(w.kv_b_proj) + nope * L, vd, L, L, head_stride,
                        false, as<uint16_t>(heads_bf16), H * vd, vd, H, s);
   if (adds_into_residual(w.o_proj, T)) {
-    gemm.linear_accumulate(as<uint16_t>(heads_bf16), T, as<uint16_t>(w.o_proj.w), w.o_proj.rows, w.o_proj.cols,
-                           as<float>(x), s);
+    add_linear(w.o_proj, as<uint16_t>(heads_bf16), T, as<float>(x), gemm, s);
     timer.mark("attention.output", s);
     return nullptr;
   }

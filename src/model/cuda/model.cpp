@@ -210,12 +210,10 @@ void CudaGlm5Model::Impl::dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16
     linear(mlp.gate_up, x_bf16, n, as<float>(mlp_gate_up), g, s);
     cuda::silu_mul_to_bf16(as<float>(mlp_gate_up), n, mlp.inter, as<uint16_t>(mlp_act), s);
   }
-  if (accumulate) {
-    GLMS_CHECK(!mlp.down.fp8(), "an MLP's FP8 down projection cannot add into its output");
-    g.linear_accumulate(as<uint16_t>(mlp_act), n, as<uint16_t>(mlp.down.w), mlp.down.rows, mlp.down.cols, out, s);
-    return;
-  }
-  linear(mlp.down, as<uint16_t>(mlp_act), n, out, g, s);
+  if (accumulate)
+    add_linear(mlp.down, as<uint16_t>(mlp_act), n, out, g, s);
+  else
+    linear(mlp.down, as<uint16_t>(mlp_act), n, out, g, s);
 }
 
 void CudaGlm5Model::Impl::linear(const LinearDevice& w, const uint16_t* x, int n, float* y, cuda::Gemm& g,
@@ -233,6 +231,20 @@ void CudaGlm5Model::Impl::linear(const LinearDevice& w, const uint16_t* x, int n
   if (!x_quantised) cuda::quantize_fp8_rows(x, n, w.cols, as<uint8_t>(fp8_codes), as<float>(fp8_scales), s);
   fp8_gemm->linear(as<uint8_t>(fp8_codes), as<float>(fp8_scales), n, as<uint8_t>(w.w), as<float>(w.scales), w.rows,
                    w.cols, y, s);
+}
+
+void CudaGlm5Model::Impl::add_linear(const LinearDevice& w, const uint16_t* x, int n, float* y, cuda::Gemm& g,
+                                     cudaStream_t s) {
+  if (!w.fp8()) {
+    g.linear_accumulate(x, n, as<uint16_t>(w.w), w.rows, w.cols, y, s);
+    return;
+  }
+  GLMS_CHECK(fp8_gemm && s == stream.get() && w.cols <= rank_widths.fp8_linear_cols && n > cuda::kFp8GemvMaxTokens,
+             "an FP8 linear layer adding into its output off the main stream, wider than its activations' buffer, or "
+             "of GEMV size");
+  cuda::quantize_fp8_rows(x, n, w.cols, as<uint8_t>(fp8_codes), as<float>(fp8_scales), s);
+  fp8_gemm->linear(as<uint8_t>(fp8_codes), as<float>(fp8_scales), n, as<uint8_t>(w.w), as<float>(w.scales), w.rows,
+                   w.cols, y, s, /*accumulate=*/true);
 }
 
 void CudaGlm5Model::Impl::run_step(const StepShape& shape) {

@@ -201,7 +201,7 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   // Whether a step of T tokens adds w's product, a block's last linear layer, straight into the
   // residual stream x (accumulate_residual_min_tokens): bf16 weights, no tensor-parallel sum.
   bool adds_into_residual(const LinearDevice& w, int T) const {
-    return !peers.tp && !w.fp8() && options.accumulate_residual_min_tokens > 0 &&
+    return !peers.tp && (!w.fp8() || T > cuda::kFp8GemvMaxTokens) && options.accumulate_residual_min_tokens > 0 &&
            T >= options.accumulate_residual_min_tokens;
   }
   // Whether a step of T tokens keeps its bf16 intermediates in bf16 (bf16_intermediates_min_tokens).
@@ -210,7 +210,7 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   }
   // out = down(silu(gate x) * up x) on `s` through `g` (mlp_gate_up and mlp_act are its scratch;
   // gate and up in bf16 where bf16_intermediates and the weights are bf16, else fp32); out +=
-  // with `accumulate` (bf16 down weights only).
+  // with `accumulate` (add_linear).
   void dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out, cuda::Gemm& g, cudaStream_t s,
                  bool accumulate = false);
   // y[n, w.rows] fp32 = x[n, w.cols] bf16 . w^T: bf16 weights through `g`; FP8 ones through
@@ -219,6 +219,9 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   // previous FP8 GEMM of the same x left them.
   void linear(const LinearDevice& w, const uint16_t* x, int n, float* y, cuda::Gemm& g, cudaStream_t s,
               bool x_quantised = false);
+  // y[n, w.rows] fp32 += x . w^T in the GEMM: bf16 weights through `g` (cuBLAS), FP8 ones of more
+  // than kFp8GemvMaxTokens tokens through fp8_gemm on the main stream.
+  void add_linear(const LinearDevice& w, const uint16_t* x, int n, float* y, cuda::Gemm& g, cudaStream_t s);
   StepShape shape_of(const ForwardBatch& batch) const;
   // The batch a step runs: `step`, or the idle rank's dummy token when it has none.
   const ForwardBatch& runnable(const ForwardBatch& step) const;

@@ -108,7 +108,8 @@ Fp8Gemm::Plan& Fp8Gemm::plan(int64_t n, int64_t rows, int64_t cols) {
 }
 
 void Fp8Gemm::linear(const uint8_t* x_codes, const float* x_scales, int64_t n, const uint8_t* w_codes,
-                     const float* w_scales, int64_t rows, int64_t cols, float* y, cudaStream_t stream) {
+                     const float* w_scales, int64_t rows, int64_t cols, float* y, cudaStream_t stream,
+                     bool accumulate) {
   if (n == 0 || rows == 0) return;
   GLMS_CHECK(cols % kFp8ScaleBlock == 0 && rows % 16 == 0,
              "Fp8Gemm: cols a multiple of 128 and rows a multiple of 16");
@@ -117,7 +118,7 @@ void Fp8Gemm::linear(const uint8_t* x_codes, const float* x_scales, int64_t n, c
            "A_SCALE_POINTER");
   check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales, sizeof(x_scales)),
            "B_SCALE_POINTER");
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   check_lt(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, w_codes, p.a, x_codes, p.b, &beta, y,
                           p.d, y, p.d, &p.algo, workspace_, kWorkspaceBytes, stream),
            "cublasLtMatmul (block-scaled FP8)");

@@ -64,10 +64,12 @@ class Fp8Gemm {
   // quantize_fp8_rows, w_codes [rows, cols] E4M3 row-major, w_scales from
   // fp8_weight_scales_for_cublaslt (all on the device). y holds fp8_padded_tokens(n) rows (the
   // pad tokens' are zeros). cols a multiple of 128, rows of 16.
+  // With `accumulate`, y += the product instead (the pad tokens' rows add zeros).
   // Throws glms::Error where cuBLASLt has no algorithm for it (GPUs before Hopper, or a
   // cuBLASLt without block scaling).
   void linear(const uint8_t* x_codes, const float* x_scales, int64_t n, const uint8_t* w_codes,
-              const float* w_scales, int64_t rows, int64_t cols, float* y, cudaStream_t stream);
+              const float* w_scales, int64_t rows, int64_t cols, float* y, cudaStream_t stream,
+              bool accumulate = false);
 
  private:
   struct Plan;  // descriptors and the chosen algorithm of one (n, rows, cols)
