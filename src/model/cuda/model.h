@@ -159,10 +159,10 @@ struct CudaModelOptions {
   // Steps of at least this many tokens (0: none) add each block's last linear layer (o_proj, a
   // dense MLP's down, a whole model's shared expert's down; bf16 or block FP8) into the fp32
   // residual stream in the GEMM itself (cuBLAS / cuBLASLt with beta 1) where there is no
-  // tensor-parallel sum to wait for, instead of writing it for the next norm (or the MoE combine) to read and add. The
-  // same fp32 sums, added in another order; at 8192 tokens and GLM-5.2 width each such output is
-  // 0.2 GB written and read again. 0 until timed on a GPU (tools/gpu/compare-options
-  // accumulate-residual-min-tokens 0 256; test_cuda_forward runs it).
+  // tensor-parallel sum to wait for, instead of writing it for the next norm (or the MoE
+  // combine) to read and add. The same fp32 sums, added in another order; at 8192 tokens and
+  // GLM-5.2 width each such output is 0.2 GB written and read again. 0 until timed on a GPU
+  // (tools/gpu/compare-options accumulate-residual-min-tokens 0 256; test_cuda_forward runs it).
   int accumulate_residual_min_tokens = 0;
   // Block-FP8 routed experts from wgmma_experts_min_pairs pairs per expert through the W8A8
   // grouped GEMMs on the FP8 tensor cores (ops::cuda::moe_experts_wgmma_fp8: the tokens and act

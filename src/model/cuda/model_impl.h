@@ -199,7 +199,8 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
                                                config.qk_rope_head_dim);
   }
   // Whether a step of T tokens adds w's product, a block's last linear layer, straight into the
-  // residual stream x (accumulate_residual_min_tokens): bf16 weights, no tensor-parallel sum.
+  // residual stream x (accumulate_residual_min_tokens): no tensor-parallel sum, and FP8 weights
+  // only above the FP8 GEMV's tokens (add_linear).
   bool adds_into_residual(const LinearDevice& w, int T) const {
     return !peers.tp && (!w.fp8() || T > cuda::kFp8GemvMaxTokens) && options.accumulate_residual_min_tokens > 0 &&
            T >= options.accumulate_residual_min_tokens;
