@@ -22,6 +22,19 @@ int narrow(int64_t v) {
   GLMS_CHECK(v >= 0 && v <= 0x7fffffff, "GEMM dimension out of cuBLAS's int range");
   return static_cast<int>(v);
 }
+
+// y[n, rows] = x[n, cols] . w^T + beta y through cublasGemmEx: bf16 x (rows ld_x apart) and w,
+// fp32 sums, y of y_type (fp32, or bf16 rounded once) with rows ld_y apart.
+void bf16_gemm(cublasHandle_t handle, const uint16_t* x, int64_t n, int64_t ld_x, const uint16_t* w, int64_t rows,
+               int64_t cols, float beta, void* y, cudaDataType_t y_type, int64_t ld_y, cudaStream_t stream,
+               const char* what) {
+  check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
+  const float alpha = 1.0f;
+  check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, narrow(rows), narrow(n), narrow(cols), &alpha, w,
+                            CUDA_R_16BF, narrow(cols), x, CUDA_R_16BF, narrow(ld_x), &beta, y, y_type, narrow(ld_y),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               what);
+}
 }  // namespace
 
 Gemm::Gemm() {
@@ -91,37 +104,22 @@ void Gemm::linear(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows,
     linear_skinny(x, n, x_stride, cols, &output, 1, stream);
     return;
   }
-  auto handle = static_cast<cublasHandle_t>(handle_);
-  check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
-  const float alpha = 1.0f, beta = 0.0f;
-  check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, narrow(rows), narrow(n), narrow(cols), &alpha, w,
-                            CUDA_R_16BF, narrow(cols), x, CUDA_R_16BF, narrow(ld_x ? ld_x : cols), &beta, y,
-                            CUDA_R_32F, narrow(ld_y ? ld_y : rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-               "cublasGemmEx (bf16 linear)");
+  bf16_gemm(static_cast<cublasHandle_t>(handle_), x, n, x_stride, w, rows, cols, 0.0f, y, CUDA_R_32F,
+            ld_y ? ld_y : rows, stream, "cublasGemmEx (bf16 linear)");
 }
 
 void Gemm::linear_to_bf16(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, uint16_t* y,
                           cudaStream_t stream) {
   if (n == 0 || rows == 0) return;
-  auto handle = static_cast<cublasHandle_t>(handle_);
-  check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
-  const float alpha = 1.0f, beta = 0.0f;
-  check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, narrow(rows), narrow(n), narrow(cols), &alpha, w,
-                            CUDA_R_16BF, narrow(cols), x, CUDA_R_16BF, narrow(cols), &beta, y, CUDA_R_16BF,
-                            narrow(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-               "cublasGemmEx (bf16 linear, bf16 out)");
+  bf16_gemm(static_cast<cublasHandle_t>(handle_), x, n, cols, w, rows, cols, 0.0f, y, CUDA_R_16BF, rows, stream,
+            "cublasGemmEx (bf16 linear, bf16 out)");
 }
 
 void Gemm::linear_accumulate(const uint16_t* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* y,
                              cudaStream_t stream) {
   if (n == 0 || rows == 0) return;
-  auto handle = static_cast<cublasHandle_t>(handle_);
-  check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
-  const float alpha = 1.0f, beta = 1.0f;
-  check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, narrow(rows), narrow(n), narrow(cols), &alpha, w,
-                            CUDA_R_16BF, narrow(cols), x, CUDA_R_16BF, narrow(cols), &beta, y, CUDA_R_32F,
-                            narrow(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-               "cublasGemmEx (bf16 linear, accumulated)");
+  bf16_gemm(static_cast<cublasHandle_t>(handle_), x, n, cols, w, rows, cols, 1.0f, y, CUDA_R_32F, rows, stream,
+            "cublasGemmEx (bf16 linear, accumulated)");
 }
 
 void Gemm::linear_group(const uint16_t* x, int64_t n, int64_t cols, const GemvOutput* outputs, int count,
@@ -165,17 +163,10 @@ void Gemm::linear_f32_terms(const uint16_t* terms, int64_t n, const uint16_t* w,
 void Gemm::linear_f32_terms(const uint16_t* term0, const uint16_t* low_terms, int64_t n, const uint16_t* w,
                             int64_t rows, int64_t cols, float* y, cudaStream_t stream) {
   if (n == 0 || rows == 0) return;
-  auto handle = static_cast<cublasHandle_t>(handle_);
-  check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
-  const float alpha = 1.0f, first = 0.0f, then = 1.0f;
   const uint16_t* const planes[3] = {term0, low_terms, low_terms + n * cols};
-  for (int k = 0; k < 3; ++k) {
-    check_cublas(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, narrow(rows), narrow(n), narrow(cols), &alpha, w,
-                              CUDA_R_16BF, narrow(cols), planes[k], CUDA_R_16BF, narrow(cols),
-                              k == 0 ? &first : &then, y, CUDA_R_32F, narrow(rows), CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT),
-                 "cublasGemmEx (bf16 terms of an fp32 linear)");
-  }
+  for (int k = 0; k < 3; ++k)
+    bf16_gemm(static_cast<cublasHandle_t>(handle_), planes[k], n, cols, w, rows, cols, k == 0 ? 0.0f : 1.0f, y,
+              CUDA_R_32F, rows, stream, "cublasGemmEx (bf16 terms of an fp32 linear)");
 }
 
 namespace {
