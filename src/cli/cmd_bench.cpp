@@ -37,48 +37,65 @@ std::string preset_names() {
   return s;
 }
 
-}  // namespace
+// The options whose presence decides between a preset's value and the flag's.
+struct ExplicitOptions {
+  CLI::Option *preset, *input_len, *output_len, *prefix_hit, *rates, *concurrencies, *num_prompts, *warmup;
+};
 
-void add_bench_command(CLI::App& app) {
-  auto a = std::make_shared<BenchArgs>();
-  bench::BenchConfig& c = a->cfg;
-  CLI::App* cmd = app.add_subcommand("bench", "Benchmark an OpenAI-compatible server (throughput, latency, cost)");
+// Where requests go and as whom.
+void add_server_options(CLI::App* cmd, BenchArgs& a) {
+  bench::BenchConfig& c = a.cfg;
   cmd->add_option("--base-url", c.base_url, "Server address, http://host:port[/prefix]")->capture_default_str();
   cmd->add_option("--model", c.model, "Model name sent in requests (as the server lists it)")->required();
   cmd->add_option("--tokenizer", c.tokenizer, "The served model's tokenizer.json or its folder")->required();
   cmd->add_option("--endpoint", c.endpoint, "/v1/completions or /v1/chat/completions")->capture_default_str();
   cmd->add_option("--api-key", c.api_key, "Sent as Authorization: Bearer KEY");
-  CLI::Option* preset =
-      cmd->add_option("--preset", a->preset, "A write-up's run: " + preset_names() + "; flags override its values");
-  CLI::Option* in = cmd->add_option("--input-len", a->input_len, "Prompt tokens (default 1024)")->check(positive_number());
-  CLI::Option* out = cmd->add_option("--output-len", a->output_len, "Output tokens, sent as max_tokens with ignore_eos (default 128)")
-                         ->check(positive_number());
+}
+
+// The prompts: a preset's or the flags' lengths and shared prefixes.
+void add_workload_options(CLI::App* cmd, BenchArgs& a, ExplicitOptions& o) {
+  bench::BenchConfig& c = a.cfg;
+  o.preset = cmd->add_option("--preset", a.preset, "A write-up's run: " + preset_names() + "; flags override its values");
+  o.input_len = cmd->add_option("--input-len", a.input_len, "Prompt tokens (default 1024)")->check(positive_number());
+  o.output_len =
+      cmd->add_option("--output-len", a.output_len, "Output tokens, sent as max_tokens with ignore_eos (default 128)")
+          ->check(positive_number());
   cmd->add_option("--range-ratio", c.workload.range_ratio, "Lengths uniform in [len*(1-r), len*(1+r)]")
       ->check(CLI::Range(0.0, 0.999));
-  CLI::Option* hit = cmd->add_option("--prefix-hit", a->prefix_hit,
-                                     "Target prefix-cache hit ratio: prompts share one of --num-prefixes prefixes of "
-                                     "hit*input-len tokens")
-                         ->check(CLI::Range(0.0, 0.999));
+  o.prefix_hit = cmd->add_option("--prefix-hit", a.prefix_hit,
+                                 "Target prefix-cache hit ratio: prompts share one of --num-prefixes prefixes of "
+                                 "hit*input-len tokens")
+                     ->check(CLI::Range(0.0, 0.999));
   cmd->add_option("--num-prefixes", c.workload.num_prefixes, "Distinct shared prefixes (default 4)")
       ->check(positive_number());
-  CLI::Option* rates = cmd->add_option("--request-rate", a->request_rates,
-                                       "Open-loop levels, req/s, comma separated (e.g. 0.5,1,1.5,2,2.25,2.4; inf = all at once)");
+}
+
+// The levels: request rates or concurrencies, requests or seconds per level.
+void add_level_options(CLI::App* cmd, BenchArgs& a, ExplicitOptions& o) {
+  bench::BenchConfig& c = a.cfg;
+  o.rates = cmd->add_option("--request-rate", a.request_rates,
+                            "Open-loop levels, req/s, comma separated (e.g. 0.5,1,1.5,2,2.25,2.4; inf = all at once)");
   cmd->add_option("--burstiness", c.burstiness, "Gamma shape of arrival gaps: 1 = Poisson, <1 burstier")
       ->check(positive_number())
       ->capture_default_str();
-  CLI::Option* conc = cmd->add_option("--max-concurrency", a->concurrencies,
-                                      "Closed-loop levels: requests in flight, comma separated (e.g. 1,4,16,64)");
+  o.concurrencies = cmd->add_option("--max-concurrency", a.concurrencies,
+                                    "Closed-loop levels: requests in flight, comma separated (e.g. 1,4,16,64)");
   cmd->add_option("--rate-max-concurrency", c.rate_max_concurrency, "Cap in-flight requests of request-rate levels");
-  CLI::Option* nprompts = cmd->add_option("--num-prompts", a->num_prompts,
-                                          "Measured requests per level (default: rate r: max(16, 60r); concurrency c: max(16, 4c))");
+  o.num_prompts = cmd->add_option("--num-prompts", a.num_prompts,
+                                  "Measured requests per level (default: rate r: max(16, 60r); concurrency c: max(16, 4c))");
   CLI::Option* duration = cmd->add_option("--duration", c.duration_s, "Seconds per level instead of a request count")
                               ->check(positive_number());
-  nprompts->excludes(duration);
-  CLI::Option* warmup = cmd->add_option("--warmup", a->warmup,
-                                        "Unmeasured requests before each level (default: 1 per rate level, c per concurrency level)")
-                            ->check(non_negative_number());
+  o.num_prompts->excludes(duration);
+  o.warmup = cmd->add_option("--warmup", a.warmup,
+                             "Unmeasured requests before each level (default: 1 per rate level, c per concurrency level)")
+                 ->check(non_negative_number());
   cmd->add_option("--seed", c.seed, "Seed of prompts and arrival schedules")->capture_default_str();
-  cmd->add_option("--slo", a->slo, "Goodput bounds in ms, e.g. ttft:2000,tpot:50 (keys ttft, tpot, itl, e2el)");
+  cmd->add_option("--slo", a.slo, "Goodput bounds in ms, e.g. ttft:2000,tpot:50 (keys ttft, tpot, itl, e2el)");
+}
+
+// What each token costs, and how the client retries and gives up.
+void add_cost_and_client_options(CLI::App* cmd, BenchArgs& a) {
+  bench::BenchConfig& c = a.cfg;
   cmd->add_option("--num-gpus", c.cost.num_gpus, "GPUs behind the server (for tok/s/GPU and cost)")
       ->check(positive_number())
       ->capture_default_str();
@@ -87,7 +104,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--power-watts", c.cost.power_watts, "Watts per GPU (adds tok/s per MW)")->check(non_negative_number());
   cmd->add_option("--retries", c.retry.retries, "Client retries per request (exponential backoff; default 0)")
       ->check(non_negative_number());
-  cmd->add_option("--retry-backoff", a->retry_backoff, "First retry delay in seconds, doubled each retry (max 30)")
+  cmd->add_option("--retry-backoff", a.retry_backoff, "First retry delay in seconds, doubled each retry (max 30)")
       ->check(positive_number())
       ->capture_default_str();
   cmd->add_option("--circuit-breaker", c.circuit_breaker,
@@ -95,59 +112,86 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--timeout", c.timeout_s, "Seconds per request attempt")->check(positive_number())->capture_default_str();
   cmd->add_flag("--token-ids", c.token_id_prompts, "Send prompts as token ids (/v1/completions only)");
   cmd->add_option("--extra-body", c.extra_body, "JSON object merged into every request body");
-  cmd->add_flag("--no-metrics", a->no_metrics, "Do not read the server's /metrics around each level");
+}
+
+// What the run reads besides its requests and what it writes.
+void add_output_options(CLI::App* cmd, BenchArgs& a) {
+  bench::BenchConfig& c = a.cfg;
+  cmd->add_flag("--no-metrics", a.no_metrics, "Do not read the server's /metrics around each level");
   cmd->add_option("--metrics-path", c.metrics_path, "Prometheus page of the server")->capture_default_str();
   cmd->add_option("--output-dir", c.output_dir, "Write bench.json, bench.csv, requests.csv, report.md, report.html and SVG charts here");
-  cmd->add_flag("--no-progress", a->no_progress, "No live progress line on stderr");
-  cmd->add_option("--max-failure-rate", a->max_failure_rate,
+  cmd->add_flag("--no-progress", a.no_progress, "No live progress line on stderr");
+  cmd->add_option("--max-failure-rate", a.max_failure_rate,
                   "Share of failed requests (0-1) allowed before bench exits with status 1")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+}
 
-  cmd->callback([a, cmd, preset, in, out, hit, rates, conc, nprompts, warmup] {
-    bench::BenchConfig cfg = a->cfg;
-    // Preset values first, then every explicit flag.
-    if (preset->count()) {
-      const auto p = bench::find_preset(a->preset);
-      if (!p) fail("bench: unknown --preset '" + a->preset + "'; presets: " + preset_names());
-      cfg.preset = p->name;
-      cfg.workload.input_len = p->input_len;
-      cfg.workload.output_len = p->output_len;
-      cfg.workload.prefix_hit = p->prefix_hit;
-      cfg.request_rates = p->request_rates;
-      cfg.concurrencies = p->concurrencies;
-      cfg.num_prompts = p->num_prompts;
-      cfg.warmup = p->warmup;
-    } else {
-      cfg.workload.input_len = a->input_len;
-      cfg.workload.output_len = a->output_len;
-    }
-    if (in->count()) cfg.workload.input_len = a->input_len;
-    if (out->count()) cfg.workload.output_len = a->output_len;
-    if (hit->count()) cfg.workload.prefix_hit = a->prefix_hit;
-    if (rates->count() || conc->count()) {
-      cfg.request_rates = rates->count() ? bench::parse_double_list(a->request_rates, "--request-rate") : std::vector<double>{};
-      cfg.concurrencies = conc->count() ? bench::parse_int_list(a->concurrencies, "--max-concurrency") : std::vector<int>{};
-    }
-    if (nprompts->count()) cfg.num_prompts = a->num_prompts;
-    if (warmup->count()) cfg.warmup = a->warmup;
-    if (cfg.duration_s > 0) cfg.num_prompts = 0;
-    cfg.workload.seed = cfg.seed;
-    if (!a->slo.empty()) cfg.slo = bench::parse_slo(a->slo);
-    cfg.retry.base_s = a->retry_backoff;
-    cfg.scrape_metrics = !a->no_metrics;
-    cfg.progress = !a->no_progress;
+// The run's configuration: the preset's values first, then every explicit flag.
+bench::BenchConfig resolve_config(const BenchArgs& a, const ExplicitOptions& o) {
+  bench::BenchConfig cfg = a.cfg;
+  if (o.preset->count()) {
+    const auto p = bench::find_preset(a.preset);
+    if (!p) fail("bench: unknown --preset '" + a.preset + "'; presets: " + preset_names());
+    cfg.preset = p->name;
+    cfg.workload.input_len = p->input_len;
+    cfg.workload.output_len = p->output_len;
+    cfg.workload.prefix_hit = p->prefix_hit;
+    cfg.request_rates = p->request_rates;
+    cfg.concurrencies = p->concurrencies;
+    cfg.num_prompts = p->num_prompts;
+    cfg.warmup = p->warmup;
+  } else {
+    cfg.workload.input_len = a.input_len;
+    cfg.workload.output_len = a.output_len;
+  }
+  if (o.input_len->count()) cfg.workload.input_len = a.input_len;
+  if (o.output_len->count()) cfg.workload.output_len = a.output_len;
+  if (o.prefix_hit->count()) cfg.workload.prefix_hit = a.prefix_hit;
+  if (o.rates->count() || o.concurrencies->count()) {
+    cfg.request_rates =
+        o.rates->count() ? bench::parse_double_list(a.request_rates, "--request-rate") : std::vector<double>{};
+    cfg.concurrencies =
+        o.concurrencies->count() ? bench::parse_int_list(a.concurrencies, "--max-concurrency") : std::vector<int>{};
+  }
+  if (o.num_prompts->count()) cfg.num_prompts = a.num_prompts;
+  if (o.warmup->count()) cfg.warmup = a.warmup;
+  if (cfg.duration_s > 0) cfg.num_prompts = 0;
+  cfg.workload.seed = cfg.seed;
+  if (!a.slo.empty()) cfg.slo = bench::parse_slo(a.slo);
+  cfg.retry.base_s = a.retry_backoff;
+  cfg.scrape_metrics = !a.no_metrics;
+  cfg.progress = !a.no_progress;
+  return cfg;
+}
+
+// A run whose requests failed is not a measurement: say so in the exit status.
+void check_failures(const bench::BenchOutcome& outcome, double max_failure_rate, const std::string& output_dir) {
+  const double failed = outcome.scheduled > 0 ? double(outcome.failed) / double(outcome.scheduled) : 0.0;
+  if (outcome.scheduled == 0) fail("bench: no request was sent");
+  if (failed > max_failure_rate)
+    fail(fmt::format("bench: {} of {} requests failed ({:.1f}%), more than --max-failure-rate {:g}; the errors are "
+                     "above{}",
+                     outcome.failed, outcome.scheduled, failed * 100, max_failure_rate,
+                     output_dir.empty() ? "" : " and in " + output_dir + "/requests.csv"));
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto a = std::make_shared<BenchArgs>();
+  auto o = std::make_shared<ExplicitOptions>();
+  CLI::App* cmd = app.add_subcommand("bench", "Benchmark an OpenAI-compatible server (throughput, latency, cost)");
+  add_server_options(cmd, *a);
+  add_workload_options(cmd, *a, *o);
+  add_level_options(cmd, *a, *o);
+  add_cost_and_client_options(cmd, *a);
+  add_output_options(cmd, *a);
+  cmd->callback([a, o, cmd] {
+    bench::BenchConfig cfg = resolve_config(*a, *o);
     // The options as given (CLI11's config form), recorded in bench.json.
     cfg.command_line = "glmserve bench\n" + cmd->config_to_str(false, false);
-    const bench::BenchOutcome outcome = bench::run_bench(cfg);
-    // A run whose requests failed is not a measurement: say so in the exit status.
-    const double failed = outcome.scheduled > 0 ? double(outcome.failed) / double(outcome.scheduled) : 0.0;
-    if (outcome.scheduled == 0) fail("bench: no request was sent");
-    if (failed > a->max_failure_rate)
-      fail(fmt::format("bench: {} of {} requests failed ({:.1f}%), more than --max-failure-rate {:g}; the errors are "
-                       "above{}",
-                       outcome.failed, outcome.scheduled, failed * 100, a->max_failure_rate,
-                       cfg.output_dir.empty() ? "" : " and in " + cfg.output_dir + "/requests.csv"));
+    check_failures(bench::run_bench(cfg), a->max_failure_rate, cfg.output_dir);
   });
 }
 
