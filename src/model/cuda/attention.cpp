@@ -5,11 +5,20 @@
 namespace glms::model {
 
 const float* CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, const StepShape& shape) {
+  const bool bf16_queries = project_attention_inputs(layer, l, shape);
+  if (layer.attention.has_indexer) select_positions(layer, l, shape);
+  absorb_queries(layer.attention, shape.num_tokens, bf16_queries);
+  attention_core(l, shape, layer.attention.heads);
+  timer.mark("attention.core", stream.get());
+  return attention_output(layer.attention, shape.num_tokens);
+}
+
+bool CudaGlm5Model::Impl::project_attention_inputs(const DecoderLayerDevice& layer, int l, const StepShape& shape) {
   const io::ModelConfig& c = config;
   const AttentionDevice& w = layer.attention;
   const int T = shape.num_tokens, H = w.heads;  // this rank's heads
-  const int64_t hidden = c.hidden_size, qd = c.qk_head_dim(), nope = c.qk_nope_head_dim, rd = c.qk_rope_head_dim;
-  const int64_t L = c.kv_lora_rank, vd = c.v_head_dim, q_lora = c.q_lora_rank;
+  const int64_t hidden = c.hidden_size, qd = c.qk_head_dim(), rd = c.qk_rope_head_dim;
+  const int64_t L = c.kv_lora_rank, q_lora = c.q_lora_rank;
   cudaStream_t s = stream.get();
   const int32_t* positions = meta_i32(meta.positions);
   const auto* slots = reinterpret_cast<const int64_t*>(static_cast<const char*>(metadata.data()) + meta.slot_mapping);
@@ -57,23 +66,38 @@ const float* CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int
                            kLatentNormEps, positions, slots, as<float>(inv_freq), latent_cache[l].data(),
                            cache_storage(), s);
   timer.mark("attention.projections", s);
+  return bf16_queries;
+}
 
-  if (w.has_indexer) {
-    cuda::write_indexer_keys(as<float>(index_k), T, ID, static_cast<int>(rd), as<float>(ix.k_norm_weight),
-                             as<float>(ix.k_norm_bias), kIndexerNormEps, positions, slots, as<float>(inv_freq),
-                             index_keys[l].data(), key_scales(l), s);
-    if (score_positions) score_indexer_keys(l, shape);
-    // Scores are not read for tokens whose context is at most top_k: every position is selected.
-    cuda::select_top_k(as<float>(scores), options.max_context, positions, T, c.index_topk, as<int32_t>(selected),
-                       c.index_topk, as<int32_t>(num_selected), s, options.indexer_topk_blocks);
-    timer.mark("attention.indexer", s);
-  }
+void CudaGlm5Model::Impl::select_positions(const DecoderLayerDevice& layer, int l, const StepShape& shape) {
+  const io::ModelConfig& c = config;
+  const IndexerDevice& ix = layer.attention.indexer;
+  const int T = shape.num_tokens;
+  cudaStream_t s = stream.get();
+  const int32_t* positions = meta_i32(meta.positions);
+  const auto* slots = reinterpret_cast<const int64_t*>(static_cast<const char*>(metadata.data()) + meta.slot_mapping);
+  cuda::write_indexer_keys(as<float>(index_k), T, c.index_head_dim, c.qk_rope_head_dim, as<float>(ix.k_norm_weight),
+                           as<float>(ix.k_norm_bias), kIndexerNormEps, positions, slots, as<float>(inv_freq),
+                           index_keys[l].data(), key_scales(l), s);
+  if (!shape.selects_all) score_indexer_keys(l, shape);
+  // Scores are not read for tokens whose context is at most top_k: every position is selected.
+  cuda::select_top_k(as<float>(scores), options.max_context, positions, T, c.index_topk, as<int32_t>(selected),
+                     c.index_topk, as<int32_t>(num_selected), s, options.indexer_topk_blocks);
+  timer.mark("attention.indexer", s);
+}
 
-  // Absorb W_uk into the queries, per head, and stage them for the attention passes:
-  // queries[t, h] = scale * [q_nope[t, h] . W_uk[h] ([nope, L]), rope(q_rope[t, h])] in bf16.
-  // One pass writes the nope columns in bf16 for the product and the rotated rope columns
-  // staged; the product writes the latent columns in bf16 at once (prefill 8192 at GLM-5.2
-  // width: 1 GB of fp32 rows a layer and a staging pass over them, otherwise).
+// Absorb W_uk into the queries, per head, and stage them for the attention passes:
+// queries[t, h] = scale * [q_nope[t, h] . W_uk[h] ([nope, L]), rope(q_rope[t, h])] in bf16.
+// One pass writes the nope columns in bf16 for the product and the rotated rope columns
+// staged; the product writes the latent columns in bf16 at once (prefill 8192 at GLM-5.2
+// width: 1 GB of fp32 rows a layer and a staging pass over them, otherwise).
+void CudaGlm5Model::Impl::absorb_queries(const AttentionDevice& w, int T, bool bf16_queries) {
+  const io::ModelConfig& c = config;
+  const int H = w.heads;
+  const int64_t qd = c.qk_head_dim(), nope = c.qk_nope_head_dim, rd = c.qk_rope_head_dim;
+  const int64_t L = c.kv_lora_rank, vd = c.v_head_dim;
+  cudaStream_t s = stream.get();
+  const int32_t* positions = meta_i32(meta.positions);
   const int64_t head_stride = (nope + vd) * L;  // kv_b_proj rows of one head: W_uk then W_uv
   const int64_t width = cuda_mla_padded_row(L, rd);  // of a staged query
   const auto scale = static_cast<float>(c.attention_scale());
@@ -87,13 +111,17 @@ const float* CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int
   gemm.batched_to_bf16(as<uint16_t>(q_bf16), T, H * qd, qd, as<uint16_t>(w.kv_b_proj), nope, L, L, head_stride, true,
                        queries, H * width, width, H, s, scale);
   timer.mark("attention.absorb", s);
+}
 
-  attention_core(l, shape, H);
-  timer.mark("attention.core", s);
-
-  // Un-absorb W_uv per head from the bf16 attention output, the heads written in bf16 at once
-  // (prefill 8192 at GLM-5.2 width moved 0.8 GB a layer through fp32 rows and their conversion
-  // otherwise; a decode step saves the conversion's launch), then o_proj.
+// Un-absorb W_uv per head from the bf16 attention output, the heads written in bf16 at once
+// (prefill 8192 at GLM-5.2 width moved 0.8 GB a layer through fp32 rows and their conversion
+// otherwise; a decode step saves the conversion's launch), then o_proj.
+const float* CudaGlm5Model::Impl::attention_output(const AttentionDevice& w, int T) {
+  const io::ModelConfig& c = config;
+  const int H = w.heads;
+  const int64_t nope = c.qk_nope_head_dim, L = c.kv_lora_rank, vd = c.v_head_dim;
+  const int64_t head_stride = (nope + vd) * L;
+  cudaStream_t s = stream.get();
   gemm.batched_to_bf16(as<uint16_t>(o_bf16), T, H * L, L, as<uint16_t>(w.kv_b_proj) + nope * L, vd, L, L, head_stride,
                        false, as<uint16_t>(heads_bf16), H * vd, vd, H, s);
   if (adds_into_residual(w.o_proj, T)) {

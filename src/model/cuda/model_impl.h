@@ -122,9 +122,18 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   void mtp_step(const StepShape& shape);
   // Checks, uploads the batch and h_prev ([tokens, hidden] host fp32), and runs mtp_step.
   void run_mtp(const ForwardBatch& batch, const float* h_prev);
-  // Returns the block's output for the next norm to add (block_out), or nullptr where o_proj has
-  // added it into x already (adds_into_residual).
+  // Layer l's attention block over normed_bf16 (attention.cpp). Returns the block's output for
+  // the next norm to add (block_out), or nullptr where o_proj has added it into x already
+  // (adds_into_residual).
   const float* attention(const DecoderLayerDevice& layer, int l, const StepShape& shape);
+  // Its parts in order: the projections of the normed rows and of the q residual, with the
+  // latent row cached (returns whether q is left in bf16, q_bf16, or fp32, q); the indexer's keys
+  // cached and its top-k selected; q absorbed and staged for the attention passes; the un-absorbed
+  // heads through o_proj.
+  bool project_attention_inputs(const DecoderLayerDevice& layer, int l, const StepShape& shape);
+  void select_positions(const DecoderLayerDevice& layer, int l, const StepShape& shape);
+  void absorb_queries(const AttentionDevice& w, int T, bool bf16_queries);
+  const float* attention_output(const AttentionDevice& w, int T);
   // Layer l's attention over the latent cache for the step's staged queries, into o_bf16: runs of
   // short chunks and decode tokens through the fused or gathered-row passes, long prefill chunks
   // through the fused pass or dense scores (`heads`: this rank's).
