@@ -17,8 +17,7 @@ DeviceBuffer allocate_naming(int64_t bytes, const std::string& what) {
 }
 }  // namespace
 
-void CudaGlm5Model::Impl::allocate() {
-  const io::ModelConfig& c = config;
+CudaRankWidths CudaGlm5Model::Impl::widths_of_rank(bool with_mtp) const {
   // Routing covers the model's experts; the plan and the expert buffers only this rank's.
   CudaRankWidths widths;
   widths.dp_ranks = peers.dp ? peers.dp->size() : 1;
@@ -42,9 +41,36 @@ void CudaGlm5Model::Impl::allocate() {
     widths.quantised_experts |= layer.moe.experts_format != ops::WeightFormat::Plain;
   };
   for (const DecoderLayerDevice& layer : weights.layers) add_widths(layer);
-  const bool with_mtp = options.mtp && !weights.mtp.empty();
   for (const MtpDevice& m : weights.mtp) add_widths(m.block);
   widths.mtp_indexer = with_mtp && weights.mtp[0].block.attention.has_indexer;
+  return widths;
+}
+
+int CudaGlm5Model::Impl::cache_blocks_that_fit(int64_t bytes_per_slot) {
+  // The budget is a fraction of the whole device, as vLLM's; what is in use now (the context,
+  // weights, workspaces, communicators) comes out of it, and the cache gets what is left less a
+  // margin (model/cuda_memory.h).
+  const auto [free_bytes, total_bytes] = cuda::memory_info();
+  const int64_t budget = static_cast<int64_t>(options.gpu_memory_utilization * static_cast<double>(total_bytes));
+  const int64_t used = static_cast<int64_t>(total_bytes - free_bytes);
+  const int64_t fit =
+      cuda_cache_blocks_that_fit(budget - used - kCudaMemoryMarginBytes, bytes_per_slot, options.block_size);
+  const int num_blocks = static_cast<int>(std::min<int64_t>(fit, int64_t{1} << 30));
+  if (num_blocks <= 0)
+    fail("no device memory left for the KV cache: " + std::to_string(used >> 20) + " MiB in use of a budget of " +
+         std::to_string(budget >> 20) + " MiB (--gpu-memory-utilization " +
+         std::to_string(options.gpu_memory_utilization) + " of " + std::to_string(total_bytes >> 20) +
+         " MiB): raise --gpu-memory-utilization, lower --max-num-batched-tokens or --max-model-len, or use more GPUs");
+  memory.device_total = static_cast<int64_t>(total_bytes);
+  memory.budget = budget;
+  memory.in_use = used;
+  return num_blocks;
+}
+
+void CudaGlm5Model::Impl::allocate() {
+  const io::ModelConfig& c = config;
+  const bool with_mtp = options.mtp && !weights.mtp.empty();
+  const CudaRankWidths widths = widths_of_rank(with_mtp);
   GLMS_CHECK(cuda::mla_padded_row(c.kv_lora_rank, c.qk_rope_head_dim) ==
                  cuda_mla_padded_row(c.kv_lora_rank, c.qk_rope_head_dim),
              "model/cuda_memory.h's padded row differs from the fused attention's");
@@ -81,29 +107,15 @@ void CudaGlm5Model::Impl::allocate() {
     freq[i] = 1.0f / std::pow(static_cast<float>(c.rope_theta), static_cast<float>(2 * i) / static_cast<float>(rd));
   inv_freq.upload(freq.data(), sizeof(float) * freq.size());
 
-  // The cache gets what is left of the budget, less a margin (model/cuda_memory.h).
-  const int64_t row_bytes = cuda_cache_row_bytes(c, options.cache_dtype);
   const int64_t bytes_per_slot = cuda_cache_bytes_per_token(c, options.cache_dtype, with_mtp, widths.mtp_indexer);
-  int num_blocks = options.num_blocks;
-  if (num_blocks <= 0) {
-    // The budget is a fraction of the whole device, as vLLM's; what is in use now (the context,
-    // weights, workspaces, communicators) comes out of it.
-    const auto [free_bytes, total_bytes] = cuda::memory_info();
-    const int64_t budget = static_cast<int64_t>(options.gpu_memory_utilization * static_cast<double>(total_bytes));
-    const int64_t used = static_cast<int64_t>(total_bytes - free_bytes);
-    const int64_t fit = cuda_cache_blocks_that_fit(budget - used - kCudaMemoryMarginBytes, bytes_per_slot,
-                                                   options.block_size);
-    num_blocks = static_cast<int>(std::min<int64_t>(fit, int64_t{1} << 30));
-    if (num_blocks <= 0)
-      fail("no device memory left for the KV cache: " + std::to_string(used >> 20) + " MiB in use of a budget of " +
-           std::to_string(budget >> 20) + " MiB (--gpu-memory-utilization " +
-           std::to_string(options.gpu_memory_utilization) + " of " + std::to_string(total_bytes >> 20) +
-           " MiB): raise --gpu-memory-utilization, lower --max-num-batched-tokens or --max-model-len, or use more GPUs");
-    memory.device_total = static_cast<int64_t>(total_bytes);
-    memory.budget = budget;
-    memory.in_use = used;
-  }
-  options.num_blocks = num_blocks;
+  if (options.num_blocks <= 0) options.num_blocks = cache_blocks_that_fit(bytes_per_slot);
+  allocate_cache(with_mtp, widths.mtp_indexer);
+}
+
+void CudaGlm5Model::Impl::allocate_cache(bool with_mtp, bool mtp_indexer) {
+  const io::ModelConfig& c = config;
+  const int num_blocks = options.num_blocks;
+  const int64_t row_bytes = cuda_cache_row_bytes(c, options.cache_dtype);
   // One block more than the engine's: the slots an idle data-parallel rank's dummy token writes.
   num_slots = int64_t{num_blocks + 1} * options.block_size;
   idle_batch = ForwardBatch();
@@ -123,7 +135,7 @@ void CudaGlm5Model::Impl::allocate() {
   // same slots.
   if (with_mtp) {
     latent_cache.push_back(allocate_naming(row_bytes * num_slots, cache));
-    index_keys.push_back(allocate_naming(widths.mtp_indexer ? key_bytes : 0, cache));
+    index_keys.push_back(allocate_naming(mtp_indexer ? key_bytes : 0, cache));
   }
 }
 

@@ -108,6 +108,13 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   }
 
   void allocate();
+  // The widths the step buffers are sized by: the widest layer of this rank (and the MTP layer's).
+  CudaRankWidths widths_of_rank(bool with_mtp) const;
+  // Cache blocks of bytes_per_slot a slot that --gpu-memory-utilization leaves (memory records
+  // the budget); fails with what to change where none fit.
+  int cache_blocks_that_fit(int64_t bytes_per_slot);
+  // The latent rows and indexer keys of options.num_blocks blocks, every layer's.
+  void allocate_cache(bool with_mtp, bool mtp_indexer);
   void upload_metadata(const ForwardBatch& batch);
   void run_step(const StepShape& shape);
   // A block output still to be added to x: sum + addend (either null), added by the next norm.
