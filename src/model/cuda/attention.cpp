@@ -21,7 +21,7 @@ bool CudaGlm5Model::Impl::project_attention_inputs(const DecoderLayerDevice& lay
   const int64_t L = c.kv_lora_rank, q_lora = c.q_lora_rank;
   cudaStream_t s = stream.get();
   const int32_t* positions = meta_i32(meta.positions);
-  const auto* slots = reinterpret_cast<const int64_t*>(static_cast<const char*>(metadata.data()) + meta.slot_mapping);
+  const int64_t* slots = meta_slots();
   const uint16_t* normed = as<uint16_t>(normed_bf16);
 
   // The projections of the normed rows (q_a, kv_a and the indexer's wk and head weights), then
@@ -75,7 +75,7 @@ void CudaGlm5Model::Impl::select_positions(const DecoderLayerDevice& layer, int 
   const int T = shape.num_tokens;
   cudaStream_t s = stream.get();
   const int32_t* positions = meta_i32(meta.positions);
-  const auto* slots = reinterpret_cast<const int64_t*>(static_cast<const char*>(metadata.data()) + meta.slot_mapping);
+  const int64_t* slots = meta_slots();
   cuda::write_indexer_keys(as<float>(index_k), T, c.index_head_dim, c.qk_rope_head_dim, as<float>(ix.k_norm_weight),
                            as<float>(ix.k_norm_bias), kIndexerNormEps, positions, slots, as<float>(inv_freq),
                            index_keys[l].data(), key_scales(l), s);

@@ -273,6 +273,10 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   const int32_t* meta_i32(size_t offset) const {
     return reinterpret_cast<const int32_t*>(static_cast<const char*>(metadata.data()) + offset);
   }
+  // The step's cache slot of each token ([T] int64, on the device).
+  const int64_t* meta_slots() const {
+    return reinterpret_cast<const int64_t*>(static_cast<const char*>(metadata.data()) + meta.slot_mapping);
+  }
 };
 
 }  // namespace glms::model
