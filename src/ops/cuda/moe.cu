@@ -228,15 +228,7 @@ __global__ void moe_place_kernel(const int32_t* ids, int64_t num_pairs, int firs
 // parallel load (thread k, pair k) and thread 0 orders them from there: a serial loop over
 // global loads made every block of a batch-64 decode wait about a microsecond a pair.
 constexpr int kCombineThreads = 256, kCombineDims = 4 * kCombineThreads;
-// Four consecutive values of an expert's sums (fp32 or bf16 rows) as fp32.
-__device__ __forceinline__ float4 load_sums4(const float* p) { return *reinterpret_cast<const float4*>(p); }
-__device__ __forceinline__ float4 load_sums4(const uint16_t* p) {
-  const uint2 v = *reinterpret_cast<const uint2*>(p);  // 8 bytes: four bf16 values, low halves first
-  auto low = [](uint32_t w) { return bf16_to_float(static_cast<uint16_t>(w)); };
-  auto high = [](uint32_t w) { return bf16_to_float(static_cast<uint16_t>(w >> 16)); };
-  return make_float4(low(v.x), high(v.x), low(v.y), high(v.y));
-}
-
+// Sum: an expert's sums as fp32 or bf16 rows (ExpertSums), read as fp32 (load_as_float).
 template <typename Sum>
 __global__ void moe_combine_kernel(float* out, bool accumulate, const float* shared_out, const Sum* expert_out,
                                    const int32_t* pair_slot, const int32_t* ids, const float* weights, int top_k,
@@ -274,7 +266,7 @@ __global__ void moe_combine_kernel(float* out, bool accumulate, const float* sha
                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       for (int i = 0; i < count; ++i) {
         const float w = pair_weights[order[i]];
-        const float4 v = load_sums4(expert_out + static_cast<int64_t>(slots[order[i]]) * hidden + d);
+        const float4 v = load4_as_float(expert_out + static_cast<int64_t>(slots[order[i]]) * hidden + d);
         sum.x += w * v.x, sum.y += w * v.y, sum.z += w * v.z, sum.w += w * v.w;
       }
       float4* dst = reinterpret_cast<float4*>(token_out + d);
