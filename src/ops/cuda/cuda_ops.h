@@ -194,9 +194,9 @@ void embed_rows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t di
 // The residual step between blocks: x += delta (when delta is not null; x += (delta + addend)
 // when addend is not null too: a block output left in two parts), then y = rms_norm(x) * weight
 // into y_f32 and/or y_bf16 (either may be null). x, delta, addend, y_*: [n, dim]. With
-// y_low_terms ([2, n, dim] bf16; y_bf16 required) y is also split as split_bf16_terms splits it:
-// y_bf16 is its term 0 and y_low_terms its terms 1 and 2, the fp32-accurate router's input
-// without the fp32 rows.
+// y_low_terms ([2, n, dim] bf16; y_bf16 required) y is also split into core/bf16_terms.h's three
+// bf16 terms: y_bf16 is its term 0 and y_low_terms its terms 1 and 2, the fp32-accurate router's
+// input (Gemm::linear_f32_terms) without the fp32 rows.
 void residual_rms_norm(float* x, const float* delta, int64_t n, int64_t dim, const float* weight, float eps,
                        float* y_f32, uint16_t* y_bf16, cudaStream_t stream, const float* addend = nullptr,
                        uint16_t* y_low_terms = nullptr);
@@ -207,10 +207,6 @@ void silu_mul_to_bf16(const float* gate_up, int64_t n, int64_t inter, uint16_t* 
 // The same from bf16 gate and up values (a bf16 GEMM's output, as transformers' bf16 MLP has them).
 void silu_mul_to_bf16(const uint16_t* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream);
 
-// x ([count] fp32) as three bf16 planes, terms [3, count]: plane k holds term k of
-// core/bf16_terms.h's split (their sum is x). For fp32-accurate products with bf16 weights
-// (Gemm::linear_f32_terms).
-void split_bf16_terms(const float* x, int64_t count, uint16_t* terms, cudaStream_t stream);
 // out[i] = x[i] widened to fp32.
 void widen_bf16(const uint16_t* x, int64_t count, float* out, cudaStream_t stream);
 
@@ -329,13 +325,11 @@ class Gemm {
   void linear_f32(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y,
                   cudaStream_t stream, bool tf32 = false);
   // The same product for bf16 weights w on the bf16 tensor cores, x given as its bf16 terms
-  // ([3, n, cols], split_bf16_terms): y = sum over k of terms[k] . w^T, three cuBLAS GEMMs adding
-  // into y in fp32. Every product is exact in fp32; the tensor cores' fp32 sums truncate, so y is
-  // within a few 1e-6 (relative L2) of linear_f32 for the widened weights (whose own error is a
-  // few 1e-7), in a fraction of its time (fp32 GEMMs run on the CUDA cores).
-  void linear_f32_terms(const uint16_t* terms, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* y,
-                        cudaStream_t stream);
-  // The same with term 0 and terms 1 and 2 ([2, n, cols]) apart, as residual_rms_norm writes them.
+  // (core/bf16_terms.h; term 0 [n, cols], terms 1 and 2 [2, n, cols], as residual_rms_norm writes
+  // them): y = sum over k of term k . w^T, three cuBLAS GEMMs adding into y in fp32. Every product
+  // is exact in fp32; the tensor cores' fp32 sums truncate, so y is within a few 1e-6 (relative
+  // L2) of linear_f32 for the widened weights (whose own error is a few 1e-7), in a fraction of
+  // its time (fp32 GEMMs run on the CUDA cores).
   void linear_f32_terms(const uint16_t* term0, const uint16_t* low_terms, int64_t n, const uint16_t* w, int64_t rows,
                         int64_t cols, float* y, cudaStream_t stream);
   // `batch` independent bf16 products, operand b at x + b * stride_x, w + b * stride_w,

@@ -322,37 +322,12 @@ void simulated_all_gather(const SimulatedGatherPart* parts, int num_parts, int s
 
 namespace {
 
-// Four values a thread where count allows (16-byte reads, 8-byte writes to each plane).
-__global__ void split_bf16_terms_kernel(const float* x, int64_t count, uint16_t* terms) {
-  chained_grid_prologue();
-  uint16_t* const planes[3] = {terms, terms + count, terms + 2 * count};
-  if (count % 4 == 0) {
-    GLMS_GRID_STRIDE_LOOP(q, count / 4) {
-      store_bf16_terms(reinterpret_cast<const float4*>(x)[q], q, count / 4, planes[0], planes[1]);
-    }
-    return;
-  }
-  GLMS_GRID_STRIDE_LOOP(i, count) {
-    uint16_t split[3];
-    bf16_terms(x[i], split);
-#pragma unroll
-    for (int k = 0; k < 3; ++k) planes[k][i] = split[k];
-  }
-}
-
 __global__ void widen_bf16_kernel(const uint16_t* x, int64_t count, float* out) {
   chained_grid_prologue();
   GLMS_GRID_STRIDE_LOOP(i, count) out[i] = bf16_to_float(x[i]);
 }
 
 }  // namespace
-
-void split_bf16_terms(const float* x, int64_t count, uint16_t* terms, cudaStream_t stream) {
-  if (count <= 0) return;
-  const int64_t items = count % 4 == 0 ? count / 4 : count;
-  launch_chained("split_bf16_terms launch", split_bf16_terms_kernel, elementwise_blocks(items, 256), 256, 0, stream,
-                 x, count, terms);
-}
 
 void widen_bf16(const uint16_t* x, int64_t count, float* out, cudaStream_t stream) {
   if (count <= 0) return;

@@ -155,11 +155,6 @@ void Gemm::linear_f32(const float* x, int64_t n, const float* w, int64_t rows, i
                "cublasGemmEx (fp32 linear)");
 }
 
-void Gemm::linear_f32_terms(const uint16_t* terms, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* y,
-                            cudaStream_t stream) {
-  linear_f32_terms(terms, terms + n * cols, n, w, rows, cols, y, stream);
-}
-
 void Gemm::linear_f32_terms(const uint16_t* term0, const uint16_t* low_terms, int64_t n, const uint16_t* w,
                             int64_t rows, int64_t cols, float* y, cudaStream_t stream) {
   if (n == 0 || rows == 0) return;
