@@ -238,11 +238,16 @@ void CudaGlm5Model::Impl::linear(const LinearDevice& w, const uint16_t* x, int n
     cuda::gemv_fp8(x, n, as<uint8_t>(w.w), as<float>(w.scales), w.rows, w.cols, y, 0, s);
     return;
   }
-  GLMS_CHECK(fp8_gemm && s == stream.get() && w.cols <= rank_widths.fp8_linear_cols,
-             "an FP8 linear layer off the main stream or wider than its activations' buffer");
+  fp8_gemm_product(w, x, n, y, s, x_quantised, /*accumulate=*/false);
+}
+
+void CudaGlm5Model::Impl::fp8_gemm_product(const LinearDevice& w, const uint16_t* x, int n, float* y, cudaStream_t s,
+                                           bool x_quantised, bool accumulate) {
+  GLMS_CHECK(fp8_gemm && s == stream.get() && w.cols <= rank_widths.fp8_linear_cols && n > cuda::kFp8GemvMaxTokens,
+             "an FP8 linear layer of GEMV size, off the main stream or wider than its activations' buffer");
   if (!x_quantised) cuda::quantize_fp8_rows(x, n, w.cols, as<uint8_t>(fp8_codes), as<float>(fp8_scales), s);
   fp8_gemm->linear(as<uint8_t>(fp8_codes), as<float>(fp8_scales), n, as<uint8_t>(w.w), as<float>(w.scales), w.rows,
-                   w.cols, y, s);
+                   w.cols, y, s, accumulate);
 }
 
 void CudaGlm5Model::Impl::add_linear(const LinearDevice& w, const uint16_t* x, int n, float* y, cuda::Gemm& g,
@@ -251,12 +256,7 @@ void CudaGlm5Model::Impl::add_linear(const LinearDevice& w, const uint16_t* x, i
     g.linear_accumulate(x, n, as<uint16_t>(w.w), w.rows, w.cols, y, s);
     return;
   }
-  GLMS_CHECK(fp8_gemm && s == stream.get() && w.cols <= rank_widths.fp8_linear_cols && n > cuda::kFp8GemvMaxTokens,
-             "an FP8 linear layer adding into its output off the main stream, wider than its activations' buffer, or "
-             "of GEMV size");
-  cuda::quantize_fp8_rows(x, n, w.cols, as<uint8_t>(fp8_codes), as<float>(fp8_scales), s);
-  fp8_gemm->linear(as<uint8_t>(fp8_codes), as<float>(fp8_scales), n, as<uint8_t>(w.w), as<float>(w.scales), w.rows,
-                   w.cols, y, s, /*accumulate=*/true);
+  fp8_gemm_product(w, x, n, y, s, /*x_quantised=*/false, /*accumulate=*/true);
 }
 
 void CudaGlm5Model::Impl::run_step(const StepShape& shape) {

@@ -239,6 +239,10 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   // y[n, w.rows] fp32 += x . w^T in the GEMM: bf16 weights through `g` (cuBLAS), FP8 ones of more
   // than kFp8GemvMaxTokens tokens through fp8_gemm on the main stream.
   void add_linear(const LinearDevice& w, const uint16_t* x, int n, float* y, cuda::Gemm& g, cudaStream_t s);
+  // The FP8 GEMM both take above the FP8 GEMV's tokens: x quantised into fp8_codes (unless
+  // x_quantised), then y = or += (accumulate) the product, on the main stream.
+  void fp8_gemm_product(const LinearDevice& w, const uint16_t* x, int n, float* y, cudaStream_t s, bool x_quantised,
+                        bool accumulate);
   StepShape shape_of(const ForwardBatch& batch) const;
   // The batch a step runs: `step`, or the idle rank's dummy token when it has none.
   const ForwardBatch& runnable(const ForwardBatch& step) const;
