@@ -145,8 +145,8 @@ void add_expert_options(CLI::App* cmd, BenchStepOptions* o) {
       ->check(non_negative_number())
       ->capture_default_str();
   cmd->add_option("--accumulate-residual-min-tokens", o->kernels.accumulate_residual_min_tokens,
-                  "Steps of at least this many tokens add o_proj and the MLPs' down projections (bf16 weights, no "
-                  "tensor parallelism) into the residual stream in the GEMM itself (0: never)")
+                  "Steps of at least this many tokens add o_proj and the MLPs' down projections (bf16 or block-FP8 "
+                  "weights, no tensor parallelism) into the residual stream in the GEMM itself (0: never)")
       ->check(non_negative_number())
       ->capture_default_str();
   cmd->add_option("--wgmma-fp8-experts", o->kernels.wgmma_fp8_experts,

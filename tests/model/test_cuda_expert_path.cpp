@@ -124,3 +124,23 @@ TEST(CudaExpertPath, AGatheredPrefillRunsTheGroupedGemmsOverThisRanksPairs) {
   step.local_pairs = sizes.pair_capacity + 1;  // routing that leans too far: per-expert, then a rank at a time
   EXPECT_EQ(path(options, mxfp4, step, sizes.pair_capacity), ExpertPath::kPerExpertGemms);
 }
+
+// test_cuda_forward's random model at grouped-GEMM widths (hidden 256, expert width 128, 16
+// experts, top-4): its 256-token prefill takes a grouped bf16 GEMM, whose sums bf16_expert_sums
+// rounds, and its 2-sequence decode steps the small-batch kernels.
+TEST(CudaExpertPath, ARandomModelsLongPrefillTakesTheGroupedBf16Gemms) {
+  const model::CudaModelOptions options;
+  const int64_t experts = 16, top_k = 4, capacity = 256 * top_k;
+  ExpertStep prefill;
+  prefill.pairs = prefill.local_pairs = 256 * top_k;
+  prefill.pairs_per_expert = prefill.pairs / experts;
+  const ExpertPath chosen =
+      model::choose_expert_path(options, experts, weights(ops::WeightFormat::Plain), 256, 128, capacity, prefill);
+  EXPECT_TRUE(chosen == ExpertPath::kSpecialized || chosen == ExpertPath::kGrouped) << static_cast<int>(chosen);
+  ExpertStep decode;
+  decode.pairs = decode.local_pairs = 2 * top_k;
+  decode.pairs_per_expert = 1;
+  decode.host_sync_ok = false;
+  EXPECT_EQ(model::choose_expert_path(options, experts, weights(ops::WeightFormat::Plain), 256, 128, capacity, decode),
+            ExpertPath::kSmall);
+}

@@ -362,6 +362,52 @@ TEST_F(CudaForward, Fp8ExpertsOnTheFp8TensorCoresFollowTheCpu) {
   EXPECT_LT(added_median, 0.12);
 }
 
+// A random model at widths the grouped bf16 expert GEMMs take (hidden 256, expert width 128, 16
+// experts, top-4): a 256-token prefill (64 pairs an expert; CudaExpertPath.
+// ARandomModelsLongPrefillTakesTheGroupedBf16Gemms checks that choice) whose MoE layers score
+// their routers from the post-attention norm's bf16 terms (256 tokens and more), against the CPU
+// token by token; then the same with the grouped GEMMs' down sums in bf16 (bf16_expert_sums)
+// against the fp32 sums. The indexer keeps every position; a random router's near-tied experts
+// still flip under bf16 activations, and a flipped token moves the tokens after it, so the bounds
+// are per-token medians: a wrong term plane, sum or combine moves every token by order one.
+TEST_F(CudaForward, GroupedBf16ExpertsAndTheRouterTermsFollowTheCpu) {
+  RandomModelSpec spec;
+  spec.hidden_size = 256;
+  spec.intermediate_size = 256;
+  spec.moe_intermediate_size = 128;
+  spec.n_routed_experts = 16;
+  spec.num_experts_per_tok = 4;
+  spec.index_topk = 256;
+  spec.with_mtp = false;
+  TempDir dir("cuda_grouped_bf16");
+  const model::Glm5Model cpu(model::load_weights(glms::testing::write_random_model(dir.path / "m", spec).string(),
+                                                 {.load_mtp = false, .shard = {}}));
+  const int vocab = spec.vocab_size, n = 256;
+  const auto tokens = random_tokens(n, vocab, 7);
+  model::ForwardBatch prefill;
+  prefill.add_sequence(tokens, 0, table(0, n / kBlockSize), kBlockSize, true);
+  kv::PagedLatentCache cache(cpu.cache_layout(kBlockSize), kNumBlocks);
+  const auto expected = cpu.forward(prefill, cache);
+  std::vector<std::vector<float>> got;
+  for (const bool bf16_sums : {false, true}) {
+    model::CudaModelOptions options = small_options();
+    options.bf16_expert_sums = bf16_sums;
+    model::CudaGlm5Model gpu(cpu.weights(), options);
+    got.push_back(gpu.forward(prefill));
+  }
+  const auto median_token_error = [&](const std::vector<float>& a, const std::vector<float>& b) {
+    std::vector<double> e;
+    for (int t = 0; t < n; ++t) e.push_back(relative_l2(a.data() + int64_t{t} * vocab, b.data() + int64_t{t} * vocab, vocab));
+    std::sort(e.begin(), e.end());
+    return e[e.size() / 2];
+  };
+  const double fp32_sums = median_token_error(got[0], expected), bf16_sums = median_token_error(got[1], got[0]);
+  std::printf("per-token logits relative L2, median: against the CPU %.2e, bf16 sums against fp32 sums %.2e\n",
+              fp32_sums, bf16_sums);
+  EXPECT_LT(fp32_sums, 0.12);
+  EXPECT_LT(bf16_sums, 0.05);
+}
+
 // The bundled model with an FP8 cache on both (GLM-5's latent 512 and rope 64 are not the
 // bundled model's; its widths take the mma.sync kernel's FP8 path): CUDA fed the CPU's greedy
 // tokens picks the same token at every step, or a near-tie.

@@ -727,7 +727,8 @@ TEST_F(CudaMoe, RoutingGroupingAndCombineMatchCpu) {
 // A rank of an expert-parallel layout plans only its experts' pairs (ids of other ranks' experts
 // and padding rows' -1 get no slot), and its combine sums just those pairs, with no shared
 // expert and without accumulating (the peers' sums complete it). A width that is not a
-// multiple of 4 (the combine's scalar path; RoutingGroupingAndCombineMatchCpu takes the other).
+// multiple of 4 (the combine's scalar path, over fp32 and bf16 sums; RoutingGroupingAndCombineMatchCpu
+// takes the other).
 TEST_F(CudaMoe, ARankPlansAndCombinesOnlyItsExperts) {
   const int E = 64, K = 8, first = 16, local = 16, n = 300;
   const int64_t hidden = 70, P = int64_t{n} * K;
@@ -760,20 +761,33 @@ TEST_F(CudaMoe, ARankPlansAndCombinesOnlyItsExperts) {
   }
   EXPECT_EQ(offsets[local], mine);
   const auto expert_rows = random_values(std::max<int64_t>(mine, 1) * hidden, 7, 1.0f);
-  std::vector<float> want(n * hidden, 0.0f);
-  for (int t = 0; t < n; ++t)
-    for (int64_t d = 0; d < hidden; ++d) {
-      std::vector<int> order;
-      for (int k = 0; k < K; ++k)
-        if (slot[t * K + k] >= 0) order.push_back(k);
-      std::sort(order.begin(), order.end(), [&](int a, int b) { return ids[t * K + a] < ids[t * K + b]; });
-      float sum = 0.0f;
-      for (int k : order) sum += weights[t * K + k] * expert_rows[slot[t * K + k] * hidden + d];
-      want[t * hidden + d] = sum;
-    }
+  auto combined = [&](const std::vector<float>& rows) {
+    std::vector<float> want(n * hidden, 0.0f);
+    for (int t = 0; t < n; ++t)
+      for (int64_t d = 0; d < hidden; ++d) {
+        std::vector<int> order;
+        for (int k = 0; k < K; ++k)
+          if (slot[t * K + k] >= 0) order.push_back(k);
+        std::sort(order.begin(), order.end(), [&](int a, int b) { return ids[t * K + a] < ids[t * K + b]; });
+        float sum = 0.0f;
+        for (int k : order) sum += weights[t * K + k] * rows[slot[t * K + k] * hidden + d];
+        want[t * hidden + d] = sum;
+      }
+    return want;
+  };
   auto d_out = poisoned(n * hidden);
   auto d_rows = to_device(expert_rows);
   cuda::moe_combine(d_out.as<float>(), false, nullptr, d_rows.as<float>(), buffers.pair_slot.as<int32_t>(),
                     d_ids.as<int32_t>(), d_weights.as<float>(), n, K, hidden, nullptr);
-  EXPECT_LT(relative_l2(to_host<float>(d_out), want), 1e-6);  // padding tokens' rows are zero, not NaN
+  EXPECT_LT(relative_l2(to_host<float>(d_out), combined(expert_rows)), 1e-6);  // padding tokens' rows are zero, not NaN
+
+  // The scalar path over bf16 rows (the grouped GEMMs' sums with bf16_expert_sums).
+  std::vector<uint16_t> rows_bf16(expert_rows.size());
+  std::vector<float> rows_held(expert_rows.size());
+  for (size_t i = 0; i < expert_rows.size(); ++i) rows_held[i] = bf16_to_f32(rows_bf16[i] = f32_to_bf16(expert_rows[i]));
+  auto d_out_bf16 = poisoned(n * hidden);
+  auto d_rows_bf16 = to_device(rows_bf16);
+  cuda::moe_combine(d_out_bf16.as<float>(), false, nullptr, d_rows_bf16.as<uint16_t>(), buffers.pair_slot.as<int32_t>(),
+                    d_ids.as<int32_t>(), d_weights.as<float>(), n, K, hidden, nullptr);
+  EXPECT_LT(relative_l2(to_host<float>(d_out_bf16), combined(rows_held)), 1e-6);
 }

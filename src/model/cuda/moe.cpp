@@ -24,9 +24,10 @@ void CudaGlm5Model::Impl::moe_shared_expert(const MoeDevice& m, int T, bool on_s
 }
 
 // Steps of at least this many tokens score the router on the bf16 tensor cores (bf16 router
-// weights, the fp32 rows in three bf16 terms) instead of an fp32 GEMM on the CUDA cores: at 2048
-// and 8192 tokens 0.07 and 0.38 ms a MoE layer less (bench/results/cuda-router-bf16-terms-20261204.json).
-// Smaller steps keep the fp32 GEMV or GEMM, where the split's three launches were not measured.
+// weights against the normed fp32 rows as three bf16 terms, which the post-attention norm writes)
+// instead of an fp32 GEMM on the CUDA cores: at 2048 and 8192 tokens 0.07 and 0.38 ms a MoE layer
+// less, measured when a pass of its own split the rows (bench/results/cuda-router-bf16-terms-20261204.json).
+// Smaller steps keep the fp32 GEMV or GEMM, where the terms' GEMM was not measured.
 constexpr int kRouterTermsMinTokens = 256;
 
 bool CudaGlm5Model::Impl::router_takes_terms(const MoeDevice& m, int T) const {
