@@ -20,6 +20,7 @@
 #include "cli/commands.h"
 #include "cli/validators.h"
 #include "cli/model_source.h"
+#include "cli/vllm_flags.h"
 #include "core/error.h"
 #include "core/readable_number.h"
 #include "log/log.h"
@@ -53,15 +54,15 @@ struct ServeArgs {
   std::string max_model_len;    // tokens, readable ("8k", "32K")
   std::string preset;
   std::vector<std::string> served_model_names;
-  // vLLM's flags that change nothing here or only pick what glmserve does anyway (a note each).
-  bool enable_prefix_caching = false, no_prefix_caching = false, auto_tool_choice = false, trust_remote_code = false,
-       disable_log_requests = false, vllm_metric_names = false, disable_log_stats = false, no_web_ui = false;
+  VllmFlags vllm;  // vLLM's flags that map onto glmserve's settings or change nothing here (a note each)
+  bool no_prefix_caching = false, disable_log_requests = false, vllm_metric_names = false, disable_log_stats = false,
+       no_web_ui = false;
   std::string log_level = "info", log_format = "text";
   double log_stats_interval = 10.0;
   double shutdown_timeout = 60.0;
   int max_connections = server::HttpServerOptions{}.max_connections;
   double header_timeout = server::HttpServerOptions{}.header_timeout_seconds;  // seconds the drain may take before running requests end with an error
-  std::string tool_call_parser, reasoning_parser, dtype = "auto", chat_template, generation_config = "auto";
+  std::string chat_template, generation_config = "auto";
   std::optional<uint64_t> seed;
   int max_waiting = 0;
   std::string rate_limit;
@@ -167,11 +168,9 @@ class RequestTemplates {
   std::vector<std::pair<std::string, std::shared_ptr<const ChatTemplate>>> recent_;
 };
 
-// vLLM's flags checked and turned into glmserve's settings: the model folder from the positional
-// form, readable sizes, the parsers GLM's own output format needs, and a line for each flag that
-// changes nothing here. Returns the notes to print.
-std::vector<std::string> resolve_vllm_flags(ServeArgs& args) {
-  std::vector<std::string> notes;
+// The model folder (vLLM's positional form too) and vLLM's flags, checked and applied to the
+// serve settings. Returns the notes to print.
+std::vector<std::string> resolve_model_and_vllm_flags(ServeArgs& args) {
   if (!args.positional_model.empty()) {
     if (!args.source.model_dir.empty() && args.source.model_dir != args.positional_model)
       fail("the model is given twice: '" + args.positional_model + "' and --model '" + args.source.model_dir + "'");
@@ -182,27 +181,23 @@ std::vector<std::string> resolve_vllm_flags(ServeArgs& args) {
          "' is not a local folder: glmserve serves a checkpoint folder (config.json, *.safetensors, tokenizer.json); "
          "fetch a Hugging Face model first, e.g. `huggingface-cli download " + args.source.model_dir +
          " --local-dir DIR`, then `glmserve serve DIR`");
-  // GLM's tool calls and reasoning have one format, which glmserve always parses.
-  auto check_parser = [&](const std::string& flag, const std::string& name) {
-    if (name.empty()) return;
-    static const char* const kGlmParsers[] = {"glm45", "glm47", "glm4_moe", "glm5"};
-    for (const char* known : kGlmParsers)
-      if (name == known) {
-        notes.push_back(flag + " " + name + ": GLM's format, which glmserve always parses");
-        return;
-      }
-    fail(flag + " '" + name + "': glmserve parses GLM's format only (glm45, glm47, glm4_moe or glm5 name it)");
-  };
-  check_parser("--tool-call-parser", args.tool_call_parser);
-  check_parser("--reasoning-parser", args.reasoning_parser);
-  if (args.auto_tool_choice) notes.push_back("--enable-auto-tool-choice: tool_choice \"auto\" is always on");
-  if (args.enable_prefix_caching) notes.push_back("--enable-prefix-caching: the prefix cache is on by default");
-  if (args.trust_remote_code) notes.push_back("--trust-remote-code has no effect: glmserve runs no code from checkpoints");
-
-  if (args.dtype != "auto" && args.dtype != "bfloat16" && args.dtype != "bf16")
-    fail("--dtype " + args.dtype + ": glmserve computes in bf16 with fp32 sums (auto, bfloat16); for smaller weights "
-         "use --quantization fp8 or a quantised checkpoint (glmserve quantize)");
-  return notes;
+  resolve_device(args.source);
+  VllmTarget target;
+  target.device = args.source.device;
+  target.model_dir = args.source.model_dir;
+  target.data_parallel = args.source.layout.data_parallel;
+  target.block_size = engine::EngineConfig{}.block_size;
+  const VllmSettings settings = cli::resolve_vllm_flags(args.vllm, target);
+  if (settings.synthetic) args.source.synthetic = true;
+  args.source.cuda_graphs = settings.cuda_graphs;
+  if (settings.speculative_steps > 0) {
+    if (!args.speculative.empty())
+      fail("speculative decoding is asked twice: give --speculative-config or --speculative mtp, not both");
+    args.speculative = "mtp";
+    args.speculative_steps = settings.speculative_steps;
+    if (settings.speculative_max_batch) args.speculative_max_batch = *settings.speculative_max_batch;
+  }
+  return settings.notes;
 }
 
 // The API keys: --api-key, the lines of --api-key-file, and GLMSERVE_API_KEY or VLLM_API_KEY.
@@ -363,7 +358,7 @@ void run_serve(ServeArgs args) {
 
   // The log: stdout, as vLLM's; the start-up lines and each request's and the engine's lines.
   log::configure(log::parse_level(args.log_level), log::parse_format(args.log_format), &std::cout);
-  const std::vector<std::string> notes = resolve_vllm_flags(args);
+  const std::vector<std::string> notes = resolve_model_and_vllm_flags(args);
   if (args.source.model_dir.empty()) fail("serve needs a model folder: glmserve serve DIR (or --model DIR)");
   const std::filesystem::path dir(args.source.model_dir);
   text::Tokenizer tokenizer = text::Tokenizer::load(dir);
@@ -493,13 +488,8 @@ void add_serve_command(CLI::App& app) {
                   "Sampling defaults: auto (the model's generation_config.json), vllm (none) or a folder")
       ->capture_default_str();
   cmd->add_option("--seed", args->seed, "Seeds the draws of requests that give no seed (reproducible runs)");
-  cmd->add_option("--dtype", args->dtype, "auto or bfloat16 (glmserve computes in bf16)")->capture_default_str();
-  cmd->add_option("--tool-call-parser", args->tool_call_parser, "glm45 / glm47 / glm4_moe / glm5: GLM's format, always on");
-  cmd->add_option("--reasoning-parser", args->reasoning_parser, "glm45 / glm47 / glm4_moe / glm5: GLM's format, always on");
-  cmd->add_flag("--enable-auto-tool-choice", args->auto_tool_choice, "Accepted: tool_choice auto is always on");
-  cmd->add_flag("--enable-prefix-caching", args->enable_prefix_caching, "Accepted: the prefix cache is on by default");
   cmd->add_flag("--no-enable-prefix-caching", args->no_prefix_caching, "Turn the prefix cache off");
-  cmd->add_flag("--trust-remote-code", args->trust_remote_code, "Accepted, no effect (no checkpoint code is run)");
+  add_vllm_flags(cmd, args->vllm);
   cmd->add_option("--log-level", args->log_level, "trace, debug, info, warning, error or off")->capture_default_str();
   cmd->add_option("--log-format", args->log_format, "text, or json (one object a line: time, level, msg)")
       ->capture_default_str();

@@ -4,7 +4,7 @@
 #include <exception>
 
 #include "cli/commands.h"
-#include "cli/model_source.h"
+#include "cli/vllm_flags.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
     glms::cli::add_bench_command(app);
     glms::cli::add_bench_step_command(app);
     glms::cli::add_bench_structured_command(app);
-    std::vector<std::string> args = glms::cli::expand_short_layout_flags(argc, argv);
+    std::vector<std::string> args = glms::cli::normalize_vllm_arguments(std::vector<std::string>(argv, argv + argc));
     app.name(args.front());
     args.erase(args.begin());
     std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last first

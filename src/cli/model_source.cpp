@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #ifdef GLMS_HAVE_CUDA
+#include "ops/cuda/cuda_ops.h"
 #include "runtime/cuda_ranks.h"
 #endif
 
@@ -18,7 +19,10 @@ namespace glms::cli {
 void add_model_source_options(CLI::App* cmd, ModelSourceArgs& args) {
   cmd->add_option("--model", args.model_dir, "Model folder (config.json, *.safetensors, tokenizer.json)")
       ->check(CLI::ExistingDirectory);
-  cmd->add_option("--device", args.device, "Where the model runs")->check(CLI::IsMember({"cpu", "cuda"}))
+  cmd->add_option("--device", args.device,
+                  "Where the model runs: auto (the GPUs where this glmserve has CUDA and one is visible, else the "
+                  "CPU), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   cmd->add_flag("--synthetic", args.synthetic,
                 "Seeded random weights of the model's config, made on the GPU (needs --device cuda; no checkpoint)");
@@ -42,17 +46,6 @@ void add_model_source_options(CLI::App* cmd, ModelSourceArgs& args) {
                 "Spread whole routed experts over the tensor x data parallel ranks (else each expert's width is split)");
 }
 
-std::vector<std::string> expand_short_layout_flags(int argc, char** argv) {
-  std::vector<std::string> out;
-  for (int i = 0; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "-tp" || arg.rfind("-tp=", 0) == 0) out.push_back("--tensor-parallel-size" + arg.substr(3));
-    else if (arg == "-dp" || arg.rfind("-dp=", 0) == 0) out.push_back("--data-parallel-size" + arg.substr(3));
-    else out.push_back(arg);
-  }
-  return out;
-}
-
 namespace {
 
 #ifdef GLMS_HAVE_CUDA
@@ -71,7 +64,8 @@ runtime::CudaRankSource cuda_source(const ModelSourceArgs& args) {
     source.load.num_layers = args.num_layers;
     source.load.load_mtp = args.load_mtp;  // 1 layer's weights more on the device, only to draft with
   }
-  if (args.quantization == "fp8") source.linears = model::CudaLinearWeights::kFp8;
+  if (args.quantization == "fp8") source.runner.linears = model::CudaLinearWeights::kFp8;
+  source.runner.cuda_graphs = args.cuda_graphs;
   return source;
 }
 #endif
@@ -105,7 +99,18 @@ LoadedModel load_across_processes(const ModelSourceArgs& args) {
 
 }  // namespace
 
-LoadedModel load_model(const ModelSourceArgs& args) {
+void resolve_device(ModelSourceArgs& args) {
+  if (args.device != "auto") return;
+#ifdef GLMS_HAVE_CUDA
+  args.device = ops::cuda::device_count() > 0 ? "cuda" : "cpu";
+#else
+  args.device = "cpu";
+#endif
+}
+
+LoadedModel load_model(const ModelSourceArgs& given) {
+  ModelSourceArgs args = given;
+  resolve_device(args);
   if (args.model_dir.empty() && !(args.synthetic && !args.config_file.empty()))
     fail("give --model DIR (or --synthetic --config FILE)");
   if (!args.config_file.empty() && !args.synthetic) fail("--config is for --synthetic weights; a checkpoint brings its own");

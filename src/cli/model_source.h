@@ -19,11 +19,12 @@ namespace glms::cli {
 struct ModelSourceArgs {
   std::string model_dir;    // checkpoint folder (config.json, *.safetensors, tokenizer.json)
   std::string config_file;  // with --synthetic: shapes from this config.json instead of the folder's
-  std::string device = "cpu";
+  std::string device = "auto";  // auto, cpu or cuda (resolve_device turns auto into one of them)
   bool synthetic = false;
   uint64_t weight_seed = 1;
   int num_layers = -1;
   std::string quantization;  // "fp8": every linear layer in block FP8 on the GPU (vLLM's --quantization)
+  bool cuda_graphs = true;  // decode steps replay CUDA graphs (vLLM's --enforce-eager: false)
   bool load_mtp = false;    // also upload the checkpoint's MTP layer to the device (commands that speculate
                             // set it; the CPU path always maps it)
   runtime::ParallelLayout layout;
@@ -38,11 +39,11 @@ struct LoadedModel {
   const io::ModelConfig& config() const { return executor->config(); }
 };
 
-// vLLM's short forms: "-tp N" and "-dp N" (CLI11 takes one-letter short options only) become
-// --tensor-parallel-size N and --data-parallel-size N.
-std::vector<std::string> expand_short_layout_flags(int argc, char** argv);
+// --device auto: cuda where this glmserve was built with CUDA and a GPU is visible, else cpu (as
+// vLLM picks its device). cpu and cuda stay as given.
+void resolve_device(ModelSourceArgs& args);
 
-// Loads or makes the model the arguments name. Throws glms::Error with what to do (no CUDA in
+// Loads or makes the model the arguments name (the device resolved as resolve_device does). Throws glms::Error with what to do (no CUDA in
 // this build, --synthetic without --device cuda, ...). Under mpirun (one process per node) the
 // layout's ranks spread over the processes: process 0 returns, the others serve their ranks until
 // process 0 is done and then end the program (docs/parallelism.md).

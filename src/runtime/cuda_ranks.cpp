@@ -96,10 +96,10 @@ std::unique_ptr<model::StepRunner> make_rank_runner(const CudaRankSource& source
                                                     const model::Peers& peers) {
   if (source.synthetic_config)
     return model::make_synthetic_cuda_runner(*source.synthetic_config, source.seed, source.experts_format, shard, peers,
-                                             source.linears);
+                                             source.runner);
   model::LoadOptions options = source.load;
   options.shard = shard;
-  return model::make_cuda_runner(model::load_weights(source.model_dir, options), peers, source.linears);
+  return model::make_cuda_runner(model::load_weights(source.model_dir, options), peers, source.runner);
 }
 
 }  // namespace

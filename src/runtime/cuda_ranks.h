@@ -11,6 +11,7 @@
 
 #include "comm/mpi_world.h"
 #include "io/model_config.h"
+#include "model/cuda/model.h"
 #include "model/cuda/weights.h"
 #include "model/weights.h"
 #include "runtime/executor.h"
@@ -28,7 +29,7 @@ struct CudaRankSource {
   uint64_t seed = 1;
   ops::WeightFormat experts_format = ops::WeightFormat::Plain;  // synthetic routed experts
   model::LoadOptions load;                         // num_layers, load_mtp (shard set per rank)
-  model::CudaLinearWeights linears = model::CudaLinearWeights::kAsStored;  // FP8 linear layers (--quantization)
+  model::CudaRunnerOptions runner;  // FP8 linear layers (--quantization), CUDA graphs (--enforce-eager)
 };
 
 // With one rank and no collectives asked for (`collectives_at_world_one` false): today's

@@ -70,6 +70,28 @@ TEST(VllmLaunch, AVllmServeLineStartsAndAnswersUnderEveryName) {
   EXPECT_EQ(server.stop(SIGTERM, 60.0), 0);
 }
 
+// vLLM's GLM-5.2 recipe line (FP8 cache, MTP speculation in the dotted --speculative-config form,
+// GLM's parsers) with the bundled model in place of the checkpoint and no --device (auto: the CPU
+// here, where no GPU is visible): the server drafts 5 tokens a step with the MTP layer.
+TEST(VllmLaunch, TheGlm52RecipeLineServesWithMtpDrafts) {
+  ServerProcess server(kBinary, {"serve", kModel, "--port", "0", "--kv-cache-dtype", "fp8_e4m3",
+                                 "--tensor-parallel-size", "1", "--speculative-config.method", "mtp",
+                                 "--speculative-config.num_speculative_tokens", "5", "--tool-call-parser", "glm47",
+                                 "--reasoning-parser", "glm45", "--enable-auto-tool-choice", "--served-model-name",
+                                 "glm-5.2-fp8", "--max-model-len", "1K", "--kv-cache-memory", "64M"});
+  const std::string& out = server.output();
+  EXPECT_NE(out.find("speculative decoding with the MTP layer, 5 draft tokens per step"), std::string::npos) << out;
+  EXPECT_NE(out.find(" on cpu;"), std::string::npos) << out;
+  const Response r = http(server.port(), "POST", "/v1/completions",
+                          json{{"model", "glm-5.2-fp8"}, {"prompt", "def f():"}, {"max_tokens", 12}, {"temperature", 0}}.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::string metrics = http(server.port(), "GET", "/metrics").body;
+  EXPECT_EQ(metrics.find("glmserve:spec_decode_num_draft_tokens_total{model_name=\"glm-5.2-fp8\"} 0\n"), std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("glmserve:spec_decode_num_draft_tokens_total"), std::string::npos) << metrics;
+  EXPECT_EQ(server.stop(SIGTERM, 60.0), 0);
+}
+
 TEST(VllmLaunch, FlagsThatCannotApplyAreRefusedSayingWhy) {
   struct Case {
     std::string args, expect;
@@ -83,6 +105,12 @@ TEST(VllmLaunch, FlagsThatCannotApplyAreRefusedSayingWhy) {
       {"serve " + kModel + " --model /tmp", "the model is given twice"},
       {"serve " + kModel + " --generation-config /tmp", "no generation_config.json there"},
       {"serve " + kModel + " --api-key-file /nonexistent/keys", "cannot read it"},
+      {"serve " + kModel + " -pp 2", "glmserve has no pipeline parallelism"},
+      {"serve " + kModel + " --headless --data-parallel-start-rank 1", "under mpirun, one process a node"},
+      {"serve " + kModel + " --load-format dummy", "add --device cuda"},
+      {"serve " + kModel + " --speculative-config.method eagle3", "drafts with the checkpoint's MTP layer only"},
+      {"serve " + kModel + " --speculative_config '{\"method\": \"mtp\", \"num_speculative_tokens\": 99}'",
+       "num_speculative_tokens must be a whole number from 1 to 16"},
   };
   for (const Case& c : cases) {
     const auto [out, status] = run_glmserve(c.args);

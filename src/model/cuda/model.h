@@ -308,15 +308,20 @@ class CudaGlm5Model {
   std::unique_ptr<Impl> impl_;
 };
 
+// How a CUDA StepRunner runs its model.
+struct CudaRunnerOptions {
+  // CudaModelOptions::linear_weights (synthetic weights: kFp8 makes them FP8).
+  CudaLinearWeights linears = CudaLinearWeights::kAsStored;
+  bool cuda_graphs = true;  // decode-only steps replay captured graphs (false: vLLM's --enforce-eager)
+};
+
 // StepRunners over CudaGlm5Model: for a loaded checkpoint (kept mapped until allocate() uploads
 // it), or for seeded synthetic weights of `config`. allocate() builds the model with the
 // cache shape asked for (a second call with another shape builds it again).
-// `linears`: CudaModelOptions::linear_weights (synthetic weights: kFp8 makes them FP8).
-std::unique_ptr<StepRunner> make_cuda_runner(ModelWeights weights, Peers peers = {},
-                                             CudaLinearWeights linears = CudaLinearWeights::kAsStored);
+std::unique_ptr<StepRunner> make_cuda_runner(ModelWeights weights, Peers peers = {}, CudaRunnerOptions runner = {});
 std::unique_ptr<StepRunner> make_synthetic_cuda_runner(const io::ModelConfig& config, uint64_t seed,
                                                        ops::WeightFormat experts_format = ops::WeightFormat::Plain,
                                                        const ModelShard& shard = {}, Peers peers = {},
-                                                       CudaLinearWeights linears = CudaLinearWeights::kAsStored);
+                                                       CudaRunnerOptions runner = {});
 
 }  // namespace glms::model

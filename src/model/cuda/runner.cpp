@@ -17,14 +17,14 @@ namespace {
 class CudaRunner : public StepRunner {
  public:
   CudaRunner(io::ModelConfig config, std::optional<ModelWeights> weights, uint64_t seed,
-             ops::WeightFormat experts_format, ModelShard shard, Peers peers, CudaLinearWeights linears)
+             ops::WeightFormat experts_format, ModelShard shard, Peers peers, CudaRunnerOptions runner)
       : config_(std::move(config)),
         weights_(std::move(weights)),
         seed_(seed),
         experts_format_(experts_format),
         shard_(shard),
         peers_(peers),
-        linears_(linears) {
+        runner_(runner) {
     check_cuda_supported(config_);
   }
   const io::ModelConfig& config() const override { return config_; }
@@ -43,7 +43,7 @@ class CudaRunner : public StepRunner {
     options.max_context = shape.max_context;
     options.max_logits = shape.max_logits > 0 ? shape.max_logits : shape.max_sequences;
     options.mtp = shape.mtp;
-    options.linear_weights = linears_;
+    options.linear_weights = runner_.linears;
     model_.reset();
     const auto start = std::chrono::steady_clock::now();
     const int rank = shard_.world_rank();
@@ -72,7 +72,7 @@ class CudaRunner : public StepRunner {
                  rank, gib(m.weights), weights_ ? "checkpoint" : "synthetic", gib(m.cache),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     const auto [linears, fp8_linears] = model_->linear_matrices();
-    if (fp8_linears > 0 || linears_ == CudaLinearWeights::kFp8)
+    if (fp8_linears > 0 || runner_.linears == CudaLinearWeights::kFp8)
       std::fprintf(stderr,
                    "glmserve: rank %d: %d of %d linear-layer matrices in block FP8 (the others bf16: rows not a "
                    "multiple of 16 or columns of 128)\n",
@@ -96,14 +96,14 @@ class CudaRunner : public StepRunner {
     GLMS_CHECK(model_ != nullptr, "StepRunner::forward before allocate");
     if (trace && trace->record_layers)
       fail("the CUDA runner records only the last hidden states (ForwardTrace::record_layers = false)");
-    return model_->forward(batch, /*use_graph=*/true, trace ? &trace->last_hidden : nullptr);
+    return model_->forward(batch, runner_.cuda_graphs, trace ? &trace->last_hidden : nullptr);
   }
   StepLogits forward_selected(const ForwardBatch& batch, const std::vector<RowOutput>& outputs,
                               ForwardTrace* trace) override {
     GLMS_CHECK(model_ != nullptr, "StepRunner::forward_selected before allocate");
     if (trace && trace->record_layers)
       fail("the CUDA runner records only the last hidden states (ForwardTrace::record_layers = false)");
-    return model_->forward_selected(batch, outputs, /*use_graph=*/true, trace ? &trace->last_hidden : nullptr);
+    return model_->forward_selected(batch, outputs, runner_.cuda_graphs, trace ? &trace->last_hidden : nullptr);
   }
   bool has_mtp() const override {
     return weights_ && !weights_->mtp.empty() && weights_->mtp[0].block.attention.has_indexer;
@@ -125,23 +125,23 @@ class CudaRunner : public StepRunner {
   ops::WeightFormat experts_format_;
   ModelShard shard_;
   Peers peers_;
-  CudaLinearWeights linears_;
+  CudaRunnerOptions runner_;
   std::unique_ptr<CudaGlm5Model> model_;
 };
 
 }  // namespace
 
-std::unique_ptr<StepRunner> make_cuda_runner(ModelWeights weights, Peers peers, CudaLinearWeights linears) {
+std::unique_ptr<StepRunner> make_cuda_runner(ModelWeights weights, Peers peers, CudaRunnerOptions runner) {
   io::ModelConfig config = weights.config;
   const ModelShard shard = weights.shard;
   return std::make_unique<CudaRunner>(std::move(config), std::move(weights), 0, ops::WeightFormat::Plain, shard, peers,
-                                      linears);
+                                      runner);
 }
 
 std::unique_ptr<StepRunner> make_synthetic_cuda_runner(const io::ModelConfig& config, uint64_t seed,
                                                        ops::WeightFormat experts_format, const ModelShard& shard,
-                                                       Peers peers, CudaLinearWeights linears) {
-  return std::make_unique<CudaRunner>(config, std::nullopt, seed, experts_format, shard, peers, linears);
+                                                       Peers peers, CudaRunnerOptions runner) {
+  return std::make_unique<CudaRunner>(config, std::nullopt, seed, experts_format, shard, peers, runner);
 }
 
 }  // namespace glms::model

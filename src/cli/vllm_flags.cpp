@@ -1,0 +1,280 @@
+#include "cli/vllm_flags.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace glms::cli {
+
+namespace {
+
+constexpr std::string_view kSpeculativeConfig = "--speculative-config";
+
+bool starts_with(const std::string& s, std::string_view prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// "-tp N" / "-tp=N" and the like in their long form; other arguments unchanged.
+std::string long_layout_flag(const std::string& arg) {
+  static const std::pair<std::string_view, std::string_view> kShort[] = {
+      {"-tp", "--tensor-parallel-size"}, {"-dp", "--data-parallel-size"}, {"-pp", "--pipeline-parallel-size"}};
+  for (const auto& [short_form, long_form] : kShort)
+    if (arg == short_form || starts_with(arg, std::string(short_form) + "="))
+      return std::string(long_form) + arg.substr(short_form.size());
+  return arg;
+}
+
+// "--max_model_len=8K" -> "--max-model-len=8K": underscores become dashes in the flag's name (up
+// to '=' or a '.KEY' part), never in a value or a key.
+std::string dashed_name(std::string arg) {
+  const size_t end = std::min({arg.find('='), arg.find('.'), arg.size()});
+  std::replace(arg.begin() + 2, arg.begin() + static_cast<std::ptrdiff_t>(end), '_', '-');
+  return arg;
+}
+
+nlohmann::json json_or_string(const std::string& text) {
+  nlohmann::json value = nlohmann::json::parse(text, nullptr, false);
+  return value.is_discarded() ? nlohmann::json(text) : value;
+}
+
+const char* const kSpeculativeExample =
+    "e.g. --speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 3}' or "
+    "--speculative-config.method mtp --speculative-config.num_speculative_tokens 3";
+
+}  // namespace
+
+std::vector<std::string> normalize_vllm_arguments(const std::vector<std::string>& argv) {
+  std::vector<std::string> out;
+  nlohmann::json speculative;  // null until given
+  nlohmann::json dotted = nlohmann::json::object();
+  // The value of the flag at argv[i]: after its '=' or the next argument.
+  auto value_of = [&](size_t& i, const std::string& arg, const std::string& flag) {
+    const size_t equals = arg.find('=');
+    if (equals != std::string::npos) return arg.substr(equals + 1);
+    if (i + 1 >= argv.size()) fail(flag + " needs a value (" + kSpeculativeExample + ")");
+    return argv[++i];
+  };
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (i == 0 || !starts_with(argv[i], "--") || argv[i] == "--") {
+      if (argv[i] == "--") {  // the end of the options: the rest as given
+        out.insert(out.end(), argv.begin() + static_cast<std::ptrdiff_t>(i), argv.end());
+        break;
+      }
+      out.push_back(i == 0 ? argv[i] : long_layout_flag(argv[i]));
+      continue;
+    }
+    const std::string arg = dashed_name(argv[i]);
+    const std::string name = arg.substr(0, arg.find('='));
+    if (name == kSpeculativeConfig) {
+      const std::string text = value_of(i, arg, name);
+      speculative = nlohmann::json::parse(text, nullptr, false);
+      if (!speculative.is_object())
+        fail("--speculative-config '" + text + "' is not a JSON object (" + kSpeculativeExample + ")");
+    } else if (starts_with(name, std::string(kSpeculativeConfig) + ".")) {
+      std::string key = name.substr(kSpeculativeConfig.size() + 1);
+      std::replace(key.begin(), key.end(), '-', '_');  // the config's keys are spelt with underscores
+      dotted[key] = json_or_string(value_of(i, arg, name));
+    } else {
+      out.push_back(arg);
+    }
+  }
+  if (!speculative.is_null() || !dotted.empty()) {
+    if (speculative.is_null()) speculative = nlohmann::json::object();
+    speculative.update(dotted);  // a dotted key overrides the object's, as in vLLM
+    out.push_back(std::string(kSpeculativeConfig));
+    out.push_back(speculative.dump());
+  }
+  return out;
+}
+
+void add_vllm_flags(CLI::App* cmd, VllmFlags& f) {
+  CLI::Option_group* g = cmd->add_option_group("vLLM's flags", "Taken as vLLM takes them (docs/operations.md)");
+  g->add_option("--dtype", f.dtype, "auto or bfloat16 (glmserve computes in bf16)")->capture_default_str();
+  g->add_option("--tool-call-parser", f.tool_call_parser, "glm45 / glm47 / glm4_moe / glm5: GLM's format, always on");
+  g->add_option("--reasoning-parser", f.reasoning_parser, "glm45 / glm47 / glm4_moe / glm5: GLM's format, always on");
+  g->add_flag("--enable-auto-tool-choice", f.auto_tool_choice, "Accepted: tool_choice auto is always on");
+  g->add_flag("--enable-prefix-caching", f.enable_prefix_caching, "Accepted: the prefix cache is on by default");
+  g->add_flag("--trust-remote-code", f.trust_remote_code, "Accepted, no effect (no checkpoint code is run)");
+  g->add_option("--speculative-config", f.speculative_config,
+                "A JSON object, or --speculative-config.KEY VALUE: method mtp (the checkpoint's MTP layer), "
+                "num_speculative_tokens N (default 1), disable_by_batch_size N");
+  g->add_option("--pipeline-parallel-size", f.pipeline_parallel, "1 (also -pp; split a model with -tp and -dp)")
+      ->check(CLI::Range(1, 1024));
+  g->add_option("--data-parallel-size-local", f.data_parallel_local,
+                "Data-parallel ranks on this node: all of them (several nodes run under mpirun)")
+      ->check(CLI::Range(1, 1024));
+  g->add_option("--data-parallel-address", f.data_parallel_address, "Refused: several nodes run under mpirun");
+  g->add_option("--data-parallel-rpc-port", f.data_parallel_rpc_port, "Refused: several nodes run under mpirun");
+  g->add_option("--data-parallel-start-rank", f.data_parallel_start_rank, "0 (several nodes run under mpirun)");
+  g->add_flag("--headless", f.headless, "Refused: several nodes run under mpirun");
+  g->add_option("--nnodes", f.nnodes, "1 (several nodes run under mpirun)");
+  g->add_option("--node-rank", f.node_rank, "0 (several nodes run under mpirun)");
+  g->add_option("--distributed-executor-backend", f.distributed_executor_backend,
+                "mp or uni: one process, a thread a GPU (ray: several nodes run under mpirun)");
+  g->add_flag("--enable-eplb", f.enable_eplb, "Accepted: experts stay where the layout puts them");
+  g->add_option("--eplb-config", f.eplb_config, "Accepted with --enable-eplb, no effect");
+  g->add_option("--all2all-backend", f.all2all_backend,
+                "Accepted: tokens reach their experts by all-gather and reduce-scatter over NCCL");
+  g->add_flag("--disable-custom-all-reduce", f.disable_custom_all_reduce, "Accepted: collectives are NCCL's");
+  g->add_flag("--enforce-eager", f.enforce_eager, "Run decode steps kernel by kernel, without CUDA graphs");
+  g->add_option("--load-format", f.load_format,
+                "auto or safetensors (the checkpoint), or dummy (seeded random weights on the GPU, as --synthetic)")
+      ->capture_default_str();
+  g->add_option("--swap-space", f.swap_space, "Accepted, no effect: preempted sequences are recomputed");
+  g->add_option("--block-size", f.block_size, "Accepted, no effect: the KV cache's blocks are 16 tokens");
+}
+
+namespace {
+
+void check_parsers(const VllmFlags& f, std::vector<std::string>& notes) {
+  // GLM's tool calls and reasoning have one format, which glmserve always parses.
+  auto check_parser = [&](const std::string& flag, const std::string& name) {
+    if (name.empty()) return;
+    static const char* const kGlmParsers[] = {"glm45", "glm47", "glm4_moe", "glm5"};
+    for (const char* known : kGlmParsers)
+      if (name == known) {
+        notes.push_back(flag + " " + name + ": GLM's format, which glmserve always parses");
+        return;
+      }
+    fail(flag + " '" + name + "': glmserve parses GLM's format only (glm45, glm47, glm4_moe or glm5 name it)");
+  };
+  check_parser("--tool-call-parser", f.tool_call_parser);
+  check_parser("--reasoning-parser", f.reasoning_parser);
+}
+
+// Layouts over several nodes, pipelines and executors: what glmserve does instead, or a refusal
+// that gives the command to type.
+void check_layout_flags(const VllmFlags& f, const VllmTarget& target, std::vector<std::string>& notes) {
+  if (f.pipeline_parallel > 1)
+    fail("--pipeline-parallel-size " + std::to_string(f.pipeline_parallel) +
+         ": glmserve has no pipeline parallelism; split the model over GPUs with -tp N, or -dp N "
+         "--enable-expert-parallel (docs/parallelism.md; `glmserve plan` shows what each layout needs)");
+  const std::string several_nodes =
+      ": glmserve runs a layout over several nodes under mpirun, one process a node, e.g. `mpirun -np 2 -H "
+      "node0,node1 glmserve serve MODEL --device cuda -tp 8 -dp 2 --enable-expert-parallel` (docs/parallelism.md, "
+      "\"Several nodes\"); process 0 serves the API";
+  if (f.headless) fail("--headless" + several_nodes);
+  if (!f.data_parallel_address.empty()) fail("--data-parallel-address" + several_nodes);
+  if (f.data_parallel_rpc_port != 0) fail("--data-parallel-rpc-port" + several_nodes);
+  if (f.data_parallel_start_rank > 0) fail("--data-parallel-start-rank" + several_nodes);
+  if (f.nnodes > 1) fail("--nnodes " + std::to_string(f.nnodes) + several_nodes);
+  if (f.node_rank > 0) fail("--node-rank" + several_nodes);
+  if (f.data_parallel_local > 0 && f.data_parallel_local != target.data_parallel)
+    fail("--data-parallel-size-local " + std::to_string(f.data_parallel_local) + " of --data-parallel-size " +
+         std::to_string(target.data_parallel) + several_nodes);
+  const std::string& backend = f.distributed_executor_backend;
+  if (backend == "mp" || backend == "uni")
+    notes.push_back("--distributed-executor-backend " + backend + ": one process runs every local rank, a thread a GPU");
+  else if (backend == "ray" || backend == "external_launcher")
+    fail("--distributed-executor-backend " + backend + several_nodes);
+  else if (!backend.empty())
+    fail("--distributed-executor-backend '" + backend + "': expects mp or uni (one process, a thread a GPU)");
+  if (f.enable_eplb || !f.eplb_config.empty())
+    notes.push_back("--enable-eplb: experts stay where the layout puts them (rank r of N holds experts r E/N "
+                    "onwards); nothing rebalances them");
+  if (!f.all2all_backend.empty())
+    notes.push_back("--all2all-backend " + f.all2all_backend +
+                    ": tokens reach their experts by all-gather and reduce-scatter over NCCL (docs/parallelism.md "
+                    "says why)");
+  if (f.disable_custom_all_reduce)
+    notes.push_back("--disable-custom-all-reduce: collectives are NCCL's; there is no custom all-reduce");
+}
+
+void check_execution_flags(const VllmFlags& f, const VllmTarget& target, VllmSettings& s) {
+  if (f.dtype != "auto" && f.dtype != "bfloat16" && f.dtype != "bf16")
+    fail("--dtype " + f.dtype + ": glmserve computes in bf16 with fp32 sums (auto, bfloat16); for smaller weights "
+         "use --quantization fp8 or a quantised checkpoint (glmserve quantize)");
+  if (f.enforce_eager) {
+    s.cuda_graphs = false;
+    s.notes.push_back(target.device == "cuda"
+                          ? "--enforce-eager: decode steps run kernel by kernel, without CUDA graphs (slower)"
+                          : "--enforce-eager: the CPU path runs no CUDA graphs anyway");
+  }
+  if (f.load_format == "dummy") {
+    if (target.device != "cuda") fail("--load-format dummy makes seeded random weights on the GPU: add --device cuda");
+    s.synthetic = true;
+  } else if (f.load_format != "auto" && f.load_format != "safetensors") {
+    fail("--load-format " + f.load_format +
+         ": glmserve reads safetensors checkpoints (auto, safetensors) or makes seeded random weights on the GPU "
+         "(dummy)");
+  }
+  if (f.swap_space >= 0)
+    s.notes.push_back("--swap-space: a preempted sequence is recomputed from its tokens (the prefix cache keeps what "
+                      "it can), never swapped to host memory");
+  if (f.block_size > 0 && f.block_size != target.block_size)
+    s.notes.push_back("--block-size " + std::to_string(f.block_size) + ": the KV cache's blocks are " +
+                      std::to_string(target.block_size) + " tokens here");
+}
+
+// An integer field of --speculative-config in [low, high].
+int speculative_int(const nlohmann::json& config, const char* key, int low, int high) {
+  const nlohmann::json& value = config[key];
+  if (!value.is_number_integer() || value.get<int64_t>() < low || value.get<int64_t>() > high)
+    fail(std::string("--speculative-config: ") + key + " must be a whole number from " + std::to_string(low) +
+         " to " + std::to_string(high) + ", got " + value.dump());
+  return value.get<int>();
+}
+
+// vLLM's speculative config as MTP drafting: method mtp (or a model-specific *_mtp name), the
+// served checkpoint's own MTP layer, num_speculative_tokens draft tokens (vLLM's default for MTP:
+// the checkpoint's MTP layers, one for GLM-5).
+void apply_speculative_config(const std::string& text, const VllmTarget& target, VllmSettings& s) {
+  const nlohmann::json config = nlohmann::json::parse(text, nullptr, false);
+  if (!config.is_object()) fail("--speculative-config '" + text + "' is not a JSON object (" + kSpeculativeExample + ")");
+  static const char* const kKeys[] = {"method", "num_speculative_tokens", "model", "disable_by_batch_size",
+                                      "draft_tensor_parallel_size"};
+  for (const auto& item : config.items())
+    if (std::none_of(std::begin(kKeys), std::end(kKeys), [&](const char* k) { return item.key() == k; }))
+      fail("--speculative-config: no key '" + item.key() +
+           "' here (glmserve reads method, num_speculative_tokens, model, disable_by_batch_size, "
+           "draft_tensor_parallel_size)");
+  const nlohmann::json method = config.value("method", nlohmann::json());
+  if (!method.is_string())
+    fail(std::string("--speculative-config needs method mtp (") + kSpeculativeExample + ")");
+  const std::string name = method.get<std::string>();
+  if (name != "mtp" && !ends_with(name, "_mtp"))
+    fail("--speculative-config method '" + name +
+         "': glmserve drafts with the checkpoint's MTP layer only (method mtp); n-gram, EAGLE and draft-model "
+         "speculation are not supported");
+  if (name != "mtp") s.notes.push_back("--speculative-config method " + name + ": the checkpoint's MTP layer (mtp)");
+  if (config.contains("model") && !config["model"].is_null()) {
+    const nlohmann::json& model = config["model"];
+    std::error_code error;
+    if (!model.is_string() || !std::filesystem::equivalent(model.get<std::string>(), target.model_dir, error))
+      fail("--speculative-config model " + model.dump() +
+           ": glmserve drafts with the served checkpoint's own MTP layer; a separate draft model is not "
+           "supported (leave model out)");
+  }
+  s.speculative_steps = config.contains("num_speculative_tokens")
+                            ? speculative_int(config, "num_speculative_tokens", 1, 16)
+                            : 1;
+  if (config.contains("disable_by_batch_size")) {
+    s.speculative_max_batch = speculative_int(config, "disable_by_batch_size", 1, 1 << 20);
+    s.notes.push_back("--speculative-config disable_by_batch_size " + std::to_string(*s.speculative_max_batch) +
+                      ": steps with more decoding sequences than that decode plainly (--speculative-max-batch)");
+  }
+  if (config.contains("draft_tensor_parallel_size")) {
+    speculative_int(config, "draft_tensor_parallel_size", 1, 1024);
+    s.notes.push_back("--speculative-config draft_tensor_parallel_size: the MTP layer runs in the model's own layout");
+  }
+}
+
+}  // namespace
+
+VllmSettings resolve_vllm_flags(const VllmFlags& f, const VllmTarget& target) {
+  VllmSettings s;
+  check_parsers(f, s.notes);
+  if (f.auto_tool_choice) s.notes.push_back("--enable-auto-tool-choice: tool_choice \"auto\" is always on");
+  if (f.enable_prefix_caching) s.notes.push_back("--enable-prefix-caching: the prefix cache is on by default");
+  if (f.trust_remote_code) s.notes.push_back("--trust-remote-code has no effect: glmserve runs no code from checkpoints");
+  check_layout_flags(f, target, s.notes);
+  check_execution_flags(f, target, s);
+  if (!f.speculative_config.empty()) apply_speculative_config(f.speculative_config, target, s);
+  return s;
+}
+
+}  // namespace glms::cli

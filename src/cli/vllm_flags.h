@@ -1,0 +1,62 @@
+// vLLM's serve flags as glmserve takes them (docs/operations.md, "Coming from vLLM"): the argument
+// forms vLLM's parser reads (-tp/-dp/-pp, underscores in names, --speculative-config.KEY VALUE),
+// flags that pick what glmserve always does (a start-up note each), flags that map onto
+// glmserve's own settings, and flags that cannot apply here, refused with what to type instead.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace CLI { class App; }
+
+namespace glms::cli {
+
+// The command line as vLLM's parser reads it, in glmserve's spelling: "-tp N", "-dp N" and "-pp N"
+// become the long flags; "--max_model_len" becomes "--max-model-len" (names only, never values);
+// every "--speculative-config.KEY VALUE" (or KEY=VALUE) is merged with a --speculative-config JSON
+// object, if one is given, into one --speculative-config JSON argument at the end (each value read
+// as JSON where it parses, else as a string), as vLLM merges them. Throws glms::Error for a dotted
+// key without a value or a --speculative-config that is not a JSON object.
+std::vector<std::string> normalize_vllm_arguments(const std::vector<std::string>& argv);
+
+struct VllmFlags {
+  std::string tool_call_parser, reasoning_parser, dtype = "auto";
+  bool auto_tool_choice = false, enable_prefix_caching = false, trust_remote_code = false;
+  std::string speculative_config;  // a JSON object: method, num_speculative_tokens, ...
+  // Layouts and launchers.
+  int pipeline_parallel = 1;
+  int data_parallel_local = 0;  // 0: not given
+  std::string data_parallel_address, distributed_executor_backend, all2all_backend, eplb_config;
+  int data_parallel_rpc_port = 0, data_parallel_start_rank = -1, nnodes = 1, node_rank = 0;
+  bool headless = false, enable_eplb = false, disable_custom_all_reduce = false;
+  // Execution and memory.
+  bool enforce_eager = false;
+  std::string load_format = "auto";
+  double swap_space = -1.0;  // GiB; < 0: not given
+  int block_size = 0;        // 0: not given
+};
+
+void add_vllm_flags(CLI::App* cmd, VllmFlags& flags);
+
+// What the flags go with.
+struct VllmTarget {
+  std::string device;      // cpu or cuda
+  std::string model_dir;   // the served checkpoint folder
+  int data_parallel = 1;   // --data-parallel-size
+  int block_size = 16;     // the engine's cache blocks
+};
+
+// What vLLM's flags set here.
+struct VllmSettings {
+  std::vector<std::string> notes;            // a start-up line for each flag that changes nothing here
+  int speculative_steps = 0;                 // --speculative-config: MTP draft tokens a step (0: not asked)
+  std::optional<int> speculative_max_batch;  // its disable_by_batch_size
+  bool synthetic = false;                    // --load-format dummy: random weights
+  bool cuda_graphs = true;                   // false: --enforce-eager
+};
+
+// Checks vLLM's flags against what they go with; throws glms::Error saying what to type instead.
+VllmSettings resolve_vllm_flags(const VllmFlags& flags, const VllmTarget& target);
+
+}  // namespace glms::cli

@@ -1,0 +1,141 @@
+// vLLM's argument forms and flags (cli/vllm_flags.h): the spellings vLLM's parser reads become
+// glmserve's, --speculative-config in either form becomes MTP drafting, flags that pick what
+// glmserve does anyway leave a note, and flags that cannot apply are refused saying what to type.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/vllm_flags.h"
+#include "core/error.h"
+
+using namespace glms;
+using cli::VllmFlags;
+using cli::VllmTarget;
+
+namespace {
+
+std::vector<std::string> normalized(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {"glmserve"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<std::string> out = cli::normalize_vllm_arguments(argv);
+  out.erase(out.begin());
+  return out;
+}
+
+VllmTarget cuda_target() {
+  VllmTarget t;
+  t.device = "cuda";
+  t.model_dir = GLMS_SOURCE_DIR "/models/glm5-tiny-code";
+  t.data_parallel = 2;
+  return t;
+}
+
+// The message of the glms::Error `resolve` throws for `flags` ("" when it throws none).
+std::string refusal(const VllmFlags& flags, const VllmTarget& target = cuda_target()) {
+  try {
+    cli::resolve_vllm_flags(flags, target);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(VllmArguments, ShortLayoutFlagsAndUnderscoresTakeGlmservesSpelling) {
+  EXPECT_EQ(normalized({"serve", "DIR", "-tp", "8", "-dp=2", "-pp", "1", "--max_model_len=32K", "--max_num_seqs", "4"}),
+            (std::vector<std::string>{"serve", "DIR", "--tensor-parallel-size", "8", "--data-parallel-size=2",
+                                      "--pipeline-parallel-size", "1", "--max-model-len=32K", "--max-num-seqs", "4"}));
+  // Values keep their underscores, and everything after "--" stays as given.
+  EXPECT_EQ(normalized({"--served-model-name", "my_model", "--", "--max_model_len"}),
+            (std::vector<std::string>{"--served-model-name", "my_model", "--", "--max_model_len"}));
+}
+
+TEST(VllmArguments, DottedSpeculativeConfigKeysMergeIntoOneJsonObject) {
+  const auto out = normalized({"serve", "--speculative-config.method", "mtp", "--port", "0",
+                               "--speculative_config.num-speculative-tokens=5"});
+  ASSERT_EQ(out.size(), 5u);
+  EXPECT_EQ(out[3], "--speculative-config");
+  EXPECT_EQ(nlohmann::json::parse(out[4]), (nlohmann::json{{"method", "mtp"}, {"num_speculative_tokens", 5}}));
+  // A dotted key overrides the object's, as vLLM merges them.
+  const auto merged = normalized({"--speculative-config", R"({"method": "mtp", "num_speculative_tokens": 2})",
+                                  "--speculative-config.num_speculative_tokens", "4"});
+  EXPECT_EQ(nlohmann::json::parse(merged.at(1)), (nlohmann::json{{"method", "mtp"}, {"num_speculative_tokens", 4}}));
+  EXPECT_THROW(normalized({"--speculative-config.method"}), Error);
+  EXPECT_THROW(normalized({"--speculative-config", "{method: mtp}"}), Error);
+}
+
+TEST(VllmFlagsResolve, SpeculativeConfigBecomesMtpDrafting) {
+  VllmFlags flags;
+  flags.speculative_config = R"({"method": "mtp", "num_speculative_tokens": 5, "disable_by_batch_size": 16})";
+  const cli::VllmSettings s = cli::resolve_vllm_flags(flags, cuda_target());
+  EXPECT_EQ(s.speculative_steps, 5);
+  EXPECT_EQ(s.speculative_max_batch, 16);
+  flags.speculative_config = R"({"method": "deepseek_mtp", "model": ")" GLMS_SOURCE_DIR "/models/glm5-tiny-code\"}";
+  const cli::VllmSettings named = cli::resolve_vllm_flags(flags, cuda_target());
+  EXPECT_EQ(named.speculative_steps, 1);  // vLLM's default for MTP: the checkpoint's one MTP layer
+  EXPECT_FALSE(named.speculative_max_batch.has_value());
+  const std::pair<std::string, std::string> refused[] = {
+      {R"({"method": "ngram"})", "drafts with the checkpoint's MTP layer only"},
+      {R"({"num_speculative_tokens": 2})", "needs method mtp"},
+      {R"({"method": "mtp", "model": "/models/draft"})", "a separate draft model is not supported"},
+      {R"({"method": "mtp", "num_speculative_tokens": 0})", "num_speculative_tokens must be a whole number from 1"},
+      {R"({"method": "mtp", "num_speculative_tokens": "3"})", "num_speculative_tokens must be a whole number"},
+      {R"({"method": "mtp", "prompt_lookup_max": 3})", "no key 'prompt_lookup_max'"},
+      {"[1]", "is not a JSON object"},
+  };
+  for (const auto& [config, expect] : refused) {
+    flags.speculative_config = config;
+    EXPECT_NE(refusal(flags).find(expect), std::string::npos) << config << ": " << refusal(flags);
+  }
+}
+
+TEST(VllmFlagsResolve, LayoutsOverSeveralNodesPointToMpirun) {
+  auto with = [](void (*set)(VllmFlags&)) {
+    VllmFlags f;
+    set(f);
+    return refusal(f);
+  };
+  for (const std::string& message : {with([](VllmFlags& f) { f.headless = true; }),
+                                     with([](VllmFlags& f) { f.data_parallel_address = "10.0.0.1"; }),
+                                     with([](VllmFlags& f) { f.data_parallel_rpc_port = 13345; }),
+                                     with([](VllmFlags& f) { f.data_parallel_start_rank = 8; }),
+                                     with([](VllmFlags& f) { f.nnodes = 2; }),
+                                     with([](VllmFlags& f) { f.data_parallel_local = 1; }),
+                                     with([](VllmFlags& f) { f.distributed_executor_backend = "ray"; })})
+    EXPECT_NE(message.find("under mpirun, one process a node"), std::string::npos) << message;
+  EXPECT_NE(with([](VllmFlags& f) { f.pipeline_parallel = 2; }).find("no pipeline parallelism"), std::string::npos);
+  EXPECT_NE(with([](VllmFlags& f) { f.distributed_executor_backend = "threads"; }).find("expects mp or uni"),
+            std::string::npos);
+  // What one node runs anyway: accepted, each with its note.
+  VllmFlags accepted;
+  accepted.data_parallel_local = 2;
+  accepted.distributed_executor_backend = "mp";
+  accepted.enable_eplb = true;
+  accepted.all2all_backend = "deepep_low_latency";
+  accepted.disable_custom_all_reduce = true;
+  accepted.nnodes = 1;
+  accepted.data_parallel_start_rank = 0;
+  const cli::VllmSettings s = cli::resolve_vllm_flags(accepted, cuda_target());
+  EXPECT_EQ(s.notes.size(), 4u);
+}
+
+TEST(VllmFlagsResolve, LoadFormatEagerModeAndMemoryFlags) {
+  VllmFlags flags;
+  flags.load_format = "dummy";
+  flags.enforce_eager = true;
+  flags.swap_space = 4;
+  flags.block_size = 64;
+  const cli::VllmSettings s = cli::resolve_vllm_flags(flags, cuda_target());
+  EXPECT_TRUE(s.synthetic);
+  EXPECT_FALSE(s.cuda_graphs);
+  EXPECT_EQ(s.notes.size(), 3u);  // eager, swap space, block size
+  VllmTarget cpu = cuda_target();
+  cpu.device = "cpu";
+  EXPECT_NE(refusal(flags, cpu).find("add --device cuda"), std::string::npos);
+  flags.load_format = "gguf";
+  EXPECT_NE(refusal(flags).find("reads safetensors checkpoints"), std::string::npos);
+  flags = VllmFlags{};
+  flags.block_size = 16;  // the engine's own: nothing to say
+  EXPECT_TRUE(cli::resolve_vllm_flags(flags, cuda_target()).notes.empty());
+}
