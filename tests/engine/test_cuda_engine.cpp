@@ -205,6 +205,21 @@ TEST_F(CudaEngine, GenerateOverTheCudaRunnerMatchesCpu) {
                               engine::generate(*runner, prompt, options).output_ids);
 }
 
+// The runner without CUDA graphs (vLLM's --enforce-eager) launches a decode step's kernels one by
+// one instead of replaying them: the graphed runner's greedy tokens.
+TEST_F(CudaEngine, AnEagerRunnerGivesTheGraphedRunnersTokens) {
+  engine::GenerateOptions options;
+  options.max_tokens = 32;
+  options.sampling.temperature = 0.0f;
+  options.prefill_chunk = 40;
+  const auto prompt = random_tokens(90, bundled().config.vocab_size, 8);
+  const auto graphed = model::make_cuda_runner(bundled());
+  model::CudaRunnerOptions eager_options;
+  eager_options.cuda_graphs = false;
+  const auto eager = model::make_cuda_runner(bundled(), {}, eager_options);
+  EXPECT_EQ(engine::generate(*eager, prompt, options).output_ids, engine::generate(*graphed, prompt, options).output_ids);
+}
+
 // MTP speculation on the CUDA runner: the CUDA engine drafting K = 3 tokens with the MTP layer
 // on the device gives the CPU engine's plain greedy tokens (up to near-ties), and its drafts are
 // accepted about as often as the CPU's (a broken draft layer is accepted almost never).
