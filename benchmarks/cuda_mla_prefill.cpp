@@ -50,6 +50,109 @@ double gemm_rate(cudaStream_t stream) {
   return 2.0 * double(n) * n * n * reps / (stop.elapsed_ms_since(start) * 1e-3);
 }
 
+// A fresh sequence of n tokens whose blocks a pool handed out in shuffled order: token i's
+// selection is min(i + 1, top_k) of positions 0..i (all, or a random top-k in position order).
+struct PrefillSelection {
+  int tokens = 0, blocks = 0;
+  std::vector<int32_t> table, selected, counts;  // [blocks], [tokens, top_k], [tokens]
+  double flops = 0;                              // the scores' and P V products' over every token
+};
+
+PrefillSelection select_positions(int n, int top_k) {
+  PrefillSelection p;
+  p.tokens = n;
+  p.blocks = (n + kBlockSize - 1) / kBlockSize;
+  std::mt19937 rng(7 + n);
+  p.table.resize(p.blocks);
+  std::iota(p.table.begin(), p.table.end(), 0);
+  std::shuffle(p.table.begin(), p.table.end(), rng);
+  p.selected.assign(int64_t{n} * top_k, 0);
+  p.counts.resize(n);
+  std::vector<int32_t> positions;
+  for (int i = 0; i < n; ++i) {
+    positions.resize(i + 1);
+    std::iota(positions.begin(), positions.end(), 0);
+    const int count = std::min(i + 1, top_k);
+    if (count < i + 1) {
+      std::shuffle(positions.begin(), positions.end(), rng);
+      std::sort(positions.begin(), positions.begin() + count);
+    }
+    std::copy(positions.begin(), positions.begin() + count, p.selected.begin() + int64_t{i} * top_k);
+    p.counts[i] = count;
+    p.flops += 2.0 * count * kHeads * (kLatent + kRope + kLatent);
+  }
+  return p;
+}
+
+// The selection's device buffers: a random bf16 cache, queries with scores of order one (the
+// softmax scale in them), and the attention's arguments over them.
+class PrefillAttention {
+ public:
+  PrefillAttention(const PrefillSelection& p, int top_k, cudaStream_t stream)
+      : cache_(sizeof(uint16_t) * int64_t{p.blocks} * kBlockSize * kRow),
+        queries_(sizeof(uint16_t) * int64_t{p.tokens} * kHeads * kRow),
+        selected_(sizeof(int32_t) * p.selected.size()),
+        counts_(sizeof(int32_t) * p.tokens),
+        table_(sizeof(int32_t) * p.blocks),
+        sequence_(sizeof(int32_t) * p.tokens),
+        out_(sizeof(uint16_t) * int64_t{p.tokens} * kHeads * kLatent) {
+    cuda::fill_uniform_bf16(cache_.as<uint16_t>(), int64_t{p.blocks} * kBlockSize * kRow, 11, 1.0f, stream);
+    cuda::fill_uniform_bf16(queries_.as<uint16_t>(), int64_t{p.tokens} * kHeads * kRow, 12,
+                            4.0f / std::sqrt(float(kRow)), stream);
+    selected_.upload(p.selected.data(), p.selected.size() * sizeof(int32_t));
+    counts_.upload(p.counts.data(), p.counts.size() * sizeof(int32_t));
+    table_.upload(p.table.data(), p.table.size() * sizeof(int32_t));
+    const std::vector<int32_t> sequence(p.tokens, 0);
+    sequence_.upload(sequence.data(), sequence.size() * sizeof(int32_t));
+    args.queries = queries_.as<uint16_t>();
+    args.cache = cache_.data();
+    args.storage = cuda::CacheStorage::kBf16;
+    args.selected = selected_.as<int32_t>();
+    args.num_selected = counts_.as<int32_t>();
+    args.max_selected = top_k;
+    args.block_tables = table_.as<int32_t>();
+    args.max_blocks = p.blocks;
+    args.token_sequence = sequence_.as<int32_t>();
+    args.block_size = kBlockSize;
+    args.num_tokens = p.tokens;
+    args.num_heads = kHeads;
+    args.latent_dim = kLatent;
+    args.rope_dim = kRope;
+    args.out = out_.as<uint16_t>();
+  }
+
+  // The attention's output ([tokens, heads, latent] bf16; the buffer poisoned before the run).
+  std::vector<uint16_t> output(cuda::Stream& stream) {
+    cuda::memset_async(out_.data(), 0xff, out_.bytes(), stream.get());
+    cuda::mla_attention_wgmma(args, stream.get());
+    stream.synchronize();
+    std::vector<uint16_t> result(int64_t{args.num_tokens} * kHeads * kLatent);
+    out_.download(result.data(), result.size() * sizeof(uint16_t));
+    return result;
+  }
+
+  // The median of `reps` timed runs, in milliseconds.
+  double median_ms(cuda::Stream& stream, int reps) {
+    cuda::Event start, stop;
+    std::vector<float> times;
+    for (int r = 0; r < reps; ++r) {
+      start.record(stream.get());
+      cuda::mla_attention_wgmma(args, stream.get());
+      stop.record(stream.get());
+      stream.synchronize();
+      times.push_back(stop.elapsed_ms_since(start));
+    }
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+  }
+
+  cuda::MlaAttentionArgs args;
+
+ private:
+  static constexpr int kRow = kLatent + kRope;
+  cuda::DeviceBuffer cache_, queries_, selected_, counts_, table_, sequence_, out_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -75,84 +178,20 @@ int main(int argc, char** argv) {
   json << "{\"heads\": " << kHeads << ", \"latent\": " << kLatent << ", \"rope\": " << kRope << ", \"top_k\": " << top_k
        << ", \"bf16_gemm_flops_per_s\": " << gemm_flops_per_s << ", \"points\": [";
   bool first_point = true;
-  const int row = kLatent + kRope;
   for (const int n : token_counts) {
-    // One sequence whose blocks are laid out in a shuffled order, as a pool hands them out.
-    const int blocks = (n + kBlockSize - 1) / kBlockSize;
-    std::mt19937 rng(7 + n);
-    std::vector<int32_t> table(blocks);
-    std::iota(table.begin(), table.end(), 0);
-    std::shuffle(table.begin(), table.end(), rng);
-    std::vector<int32_t> selected(int64_t{n} * top_k, 0), counts(n), sequence(n, 0);
-    std::vector<int32_t> positions;
-    double flops = 0;
-    for (int i = 0; i < n; ++i) {
-      positions.resize(i + 1);
-      std::iota(positions.begin(), positions.end(), 0);
-      const int count = std::min(i + 1, top_k);
-      if (count < i + 1) {
-        std::shuffle(positions.begin(), positions.end(), rng);
-        std::sort(positions.begin(), positions.begin() + count);
-      }
-      std::copy(positions.begin(), positions.begin() + count, selected.begin() + int64_t{i} * top_k);
-      counts[i] = count;
-      flops += 2.0 * count * kHeads * (row + kLatent);
-    }
-    cuda::DeviceBuffer cache(sizeof(uint16_t) * int64_t{blocks} * kBlockSize * row),
-        queries(sizeof(uint16_t) * int64_t{n} * kHeads * row), d_selected(sizeof(int32_t) * selected.size()),
-        d_counts(sizeof(int32_t) * n), d_table(sizeof(int32_t) * blocks), d_sequence(sizeof(int32_t) * n),
-        out(sizeof(uint16_t) * int64_t{n} * kHeads * kLatent);
-    cuda::fill_uniform_bf16(cache.as<uint16_t>(), int64_t{blocks} * kBlockSize * row, 11, 1.0f, stream.get());
-    // Scores of order one: queries uniform with the softmax scale in them.
-    cuda::fill_uniform_bf16(queries.as<uint16_t>(), int64_t{n} * kHeads * row, 12, 4.0f / std::sqrt(float(row)),
-                            stream.get());
-    d_selected.upload(selected.data(), selected.size() * sizeof(int32_t));
-    d_counts.upload(counts.data(), counts.size() * sizeof(int32_t));
-    d_table.upload(table.data(), table.size() * sizeof(int32_t));
-    d_sequence.upload(sequence.data(), sequence.size() * sizeof(int32_t));
-
-    cuda::MlaAttentionArgs a;
-    a.queries = queries.as<uint16_t>();
-    a.cache = cache.data();
-    a.storage = cuda::CacheStorage::kBf16;
-    a.selected = d_selected.as<int32_t>();
-    a.num_selected = d_counts.as<int32_t>();
-    a.max_selected = top_k;
-    a.block_tables = d_table.as<int32_t>();
-    a.max_blocks = blocks;
-    a.token_sequence = d_sequence.as<int32_t>();
-    a.block_size = kBlockSize;
-    a.num_tokens = n;
-    a.num_heads = kHeads;
-    a.latent_dim = kLatent;
-    a.rope_dim = kRope;
-    a.out = out.as<uint16_t>();
-
+    const PrefillSelection selection = select_positions(n, top_k);
+    PrefillAttention attention(selection, top_k, stream.get());
     std::vector<uint16_t> reference;
     for (const bool specialized : {false, true}) {
-      a.warp_specialized = specialized;
+      attention.args.warp_specialized = specialized;
       const char* name = specialized ? "wgmma, warp-specialised" : "wgmma";
-      cuda::memset_async(out.data(), 0xff, out.bytes(), stream.get());
-      cuda::mla_attention_wgmma(a, stream.get());
-      stream.synchronize();
-      std::vector<uint16_t> result(int64_t{n} * kHeads * kLatent);
-      out.download(result.data(), result.size() * sizeof(uint16_t));
+      const std::vector<uint16_t> result = attention.output(stream);
       if (reference.empty()) reference = result;
       const double error = glms::benchmarks::relative_l2(result, reference, bf16_to_float);
-      cuda::Event start, stop;
-      std::vector<float> times;
-      for (int r = 0; r < reps; ++r) {
-        start.record(stream.get());
-        cuda::mla_attention_wgmma(a, stream.get());
-        stop.record(stream.get());
-        stream.synchronize();
-        times.push_back(stop.elapsed_ms_since(start));
-      }
-      std::sort(times.begin(), times.end());
-      const double ms = times[times.size() / 2], rate = flops / (ms * 1e-3);
+      const double ms = attention.median_ms(stream, reps), rate = selection.flops / (ms * 1e-3);
       std::printf("%7d  %-26s %9.3f %9.1f %8.3f %9.2e\n", n, name, ms, rate / 1e12, rate / gemm_flops_per_s, error);
       json << (first_point ? "" : ",") << "\n  {\"tokens\": " << n << ", \"kernel\": \"" << name << "\", \"ms\": " << ms
-           << ", \"flops\": " << flops << ", \"flops_per_s\": " << rate
+           << ", \"flops\": " << selection.flops << ", \"flops_per_s\": " << rate
            << ", \"fraction_of_gemm_rate\": " << rate / gemm_flops_per_s << ", \"rel_l2_vs_first\": " << error << "}";
       first_point = false;
     }

@@ -29,6 +29,162 @@ namespace {
 constexpr int64_t kHidden = 6144, kInter = 2048;
 constexpr int kTopK = 8, kModelExperts = 256;
 
+struct Path {
+  std::string name;
+  std::function<void()> run;
+};
+
+// One step's routing as this rank sees it: every token's 8 distinct experts of 256, of which
+// this rank holds 0 .. E - 1.
+struct StepRouting {
+  int tokens = 0;
+  int64_t pairs = 0;       // tokens x top-8
+  int local_pairs = 0;     // the pairs of this rank's experts
+  size_t active = 0;       // this rank's experts the step touches
+  int mma_tokens = 0;      // the mma kernels' chunk: this rank's share of the batch
+  int mean_pairs = 0;      // the streamed kernels' chunk: the pairs an expert gets on average
+};
+
+// A rank's MXFP4 experts (random codes, every E2M1 value alike, E8M0 scales 2^-7, tiled layout),
+// the step's buffers for up to max_tokens gathered tokens, and every expert path over them.
+class ExpertBench {
+ public:
+  ExpertBench(int local_experts, int max_tokens)
+      : E_(local_experts),
+        max_pairs_(int64_t{max_tokens} * kTopK),
+        gate_up_(gate_up_code_bytes(local_experts)),
+        gate_up_scales_(gate_up_code_bytes(local_experts) / 16),
+        down_(down_code_bytes(local_experts)),
+        down_scales_(down_code_bytes(local_experts) / 16),
+        x_(sizeof(uint16_t) * max_tokens * kHidden),
+        ids_(sizeof(int32_t) * max_pairs_),
+        counts_(4 * (E_ + 1)), offsets_(4 * (E_ + 1)), active_(4 * E_), num_active_(4),
+        sorted_pairs_(4 * max_pairs_), pair_slot_(4 * max_pairs_),
+        act_(sizeof(uint16_t) * max_pairs_ * kInter), out_(sizeof(float) * max_pairs_ * kHidden),
+        staged_(sizeof(uint16_t) * max_pairs_ * kHidden), unscale_(sizeof(float) * max_pairs_) {
+    cuda::fill_random_bytes(gate_up_.as<uint8_t>(), gate_up_.bytes(), 1, nullptr);
+    cuda::fill_random_bytes(down_.as<uint8_t>(), down_.bytes(), 2, nullptr);
+    cuda::fill_bytes(gate_up_scales_.as<uint8_t>(), gate_up_scales_.bytes(), 120, nullptr);
+    cuda::fill_bytes(down_scales_.as<uint8_t>(), down_scales_.bytes(), 120, nullptr);
+    cuda::fill_uniform_bf16(x_.as<uint16_t>(), int64_t{max_tokens} * kHidden, 3, 2.0f, nullptr);
+    experts_ = {glms::ops::WeightFormat::Mxfp4, gate_up_.data(), gate_up_scales_.data(), down_.data(),
+                down_scales_.data(), true};
+    plan_ = {counts_.as<int32_t>(),     offsets_.as<int32_t>(),      active_.as<int32_t>(),
+             num_active_.as<int32_t>(), sorted_pairs_.as<int32_t>(), pair_slot_.as<int32_t>()};
+  }
+
+  // Bytes of one expert's gate/up and down codes and scales.
+  static double expert_bytes() { return double(2 * kInter * kHidden + kHidden * kInter) * (0.5 + 1.0 / 32); }
+
+  // Routes n tokens (seeded by n) and plans this rank's pairs on the device.
+  StepRouting route(int n) {
+    std::mt19937 rng(1000 + n);
+    std::vector<int32_t> host_ids, all(kModelExperts);
+    std::iota(all.begin(), all.end(), 0);
+    for (int t = 0; t < n; ++t) {
+      std::shuffle(all.begin(), all.end(), rng);
+      host_ids.insert(host_ids.end(), all.begin(), all.begin() + kTopK);
+    }
+    StepRouting r;
+    r.tokens = n;
+    r.pairs = int64_t{n} * kTopK;
+    std::set<int> touched;
+    for (int32_t id : host_ids)
+      if (id < E_) touched.insert(id), ++r.local_pairs;
+    r.active = touched.size();
+    r.mma_tokens = static_cast<int>((int64_t{n} * E_ + kModelExperts - 1) / kModelExperts);
+    r.mean_pairs = std::max(1, (n * kTopK + kModelExperts - 1) / kModelExperts);
+    ids_.upload(host_ids.data(), host_ids.size() * sizeof(int32_t));
+    cuda::moe_plan(ids_.as<int32_t>(), r.pairs, E_, plan_, stream_.get(), 0);
+    return r;
+  }
+
+  // Every path that takes the step: the mma kernels, the grouped wgmma GEMMs (64- and 128-row
+  // tiles, register-widened, warp-specialised) and the streamed kernels in each shape at the
+  // mean pairs an expert and twice that.
+  std::vector<Path> paths(const StepRouting& r) {
+    const int64_t P = r.pairs;
+    const int max_active = static_cast<int>(std::min<int64_t>(E_, P));
+    uint16_t* x = x_.as<uint16_t>();
+    uint16_t* act = act_.as<uint16_t>();
+    float* out = out_.as<float>();
+    cudaStream_t s = stream_.get();
+    std::vector<Path> paths;
+    paths.push_back({"mma", [=, this] {
+                       cuda::moe_experts_mma(x, kHidden, kInter, experts_, plan_, E_, kTopK, r.mma_tokens, max_active,
+                                             act, out, s);
+                     }});
+    for (const int rows : {64, 128})
+      paths.push_back({rows == 64 ? "wgmma" : "wgmma t128", [=, this] {
+                         cuda::moe_experts_wgmma(x, kHidden, kInter, experts_, plan_, E_, kTopK, P, act, out, s, rows);
+                       }});
+    paths.push_back({"wgmma rs", [=, this] {
+                       cuda::moe_experts_wgmma_rs(x, kHidden, kInter, experts_, plan_, E_, kTopK, P,
+                                                  staged_.as<uint32_t>(), act, out, s);
+                     }});
+    paths.push_back({"specialized", [=, this] {
+                       cuda::moe_experts_specialized(x, kHidden, kInter, experts_, plan_, E_, kTopK, P, act, out, s);
+                     }});
+    const std::pair<const char*, cuda::MoeStreamShape> shapes[] = {
+        {"stream f1s8", cuda::MoeStreamShape::kFrags1Stages8},
+        {"stream f2s6", cuda::MoeStreamShape::kFrags2Stages6},
+        {"stream f1s6w8", cuda::MoeStreamShape::kFrags1Stages6Warps8},
+        {"stream wgmma s6w8", cuda::MoeStreamShape::kWgmmaStages6Warps8},
+        {"stream wgmma x2 s3w8", cuda::MoeStreamShape::kWgmmaPairsStages3Warps8}};
+    const cuda::MoeStreamBuffers buffers{staged_.as<uint32_t>(), unscale_.as<float>()};
+    for (const auto& [name, shape] : shapes)
+      for (const int chunk : {r.mean_pairs, 2 * r.mean_pairs}) {
+        if (chunk > 32 && chunk != r.mean_pairs) continue;
+        paths.push_back({std::string(name) + " c" + std::to_string(chunk), [=, this, shape = shape] {
+                           cuda::moe_experts_stream(x, kHidden, kInter, experts_, plan_, E_, kTopK,
+                                                    std::min<int64_t>(P, max_pairs_), chunk, max_active, buffers, act,
+                                                    out, s, shape);
+                         }});
+      }
+    return paths;
+  }
+
+  // The path's output rows of this rank's pairs (the buffer poisoned before the run).
+  std::vector<float> output_of(const Path& path, int local_pairs) {
+    cuda::memset_async(out_.data(), 0xff, out_.bytes(), stream_.get());
+    path.run();
+    stream_.synchronize();
+    std::vector<float> result(static_cast<size_t>(local_pairs) * kHidden);
+    out_.download(result.data(), result.size() * sizeof(float));
+    return result;
+  }
+
+  // The median of `reps` timed runs after three untimed ones, in microseconds.
+  double median_us(const Path& path, int reps) {
+    for (int w = 0; w < 3; ++w) path.run();
+    std::vector<float> times;
+    for (int i = 0; i < reps; ++i) {
+      start_.record(stream_.get());
+      path.run();
+      stop_.record(stream_.get());
+      stream_.synchronize();
+      times.push_back(stop_.elapsed_ms_since(start_) * 1e3f);
+    }
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+  }
+
+ private:
+  // MXFP4 code bytes of `experts` experts' gate/up ([2 inter, hidden]) and down ([hidden, inter]).
+  static int64_t gate_up_code_bytes(int experts) { return int64_t{experts} * 2 * kInter * kHidden / 2; }
+  static int64_t down_code_bytes(int experts) { return int64_t{experts} * kHidden * kInter / 2; }
+
+  int E_;
+  int64_t max_pairs_;
+  cuda::DeviceBuffer gate_up_, gate_up_scales_, down_, down_scales_, x_, ids_;
+  cuda::DeviceBuffer counts_, offsets_, active_, num_active_, sorted_pairs_, pair_slot_;
+  cuda::DeviceBuffer act_, out_, staged_, unscale_;
+  cuda::ExpertWeights experts_;
+  cuda::MoePlan plan_;
+  cuda::Stream stream_;
+  cuda::Event start_, stop_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -49,32 +205,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   const int E = local_experts;
-  const int max_tokens = *std::max_element(token_counts.begin(), token_counts.end());
-  const int64_t max_pairs = int64_t{max_tokens} * kTopK;
-  // Weights: random codes (every E2M1 value alike), E8M0 scales 2^-7, tiled layout.
-  const int64_t gate_up_codes = int64_t{E} * 2 * kInter * kHidden / 2, down_codes = int64_t{E} * kHidden * kInter / 2;
-  cuda::DeviceBuffer gate_up(gate_up_codes), gate_up_scales(gate_up_codes / 16), down(down_codes),
-      down_scales(down_codes / 16);
-  cuda::fill_random_bytes(gate_up.as<uint8_t>(), gate_up_codes, 1, nullptr);
-  cuda::fill_random_bytes(down.as<uint8_t>(), down_codes, 2, nullptr);
-  cuda::fill_bytes(gate_up_scales.as<uint8_t>(), gate_up_codes / 16, 120, nullptr);
-  cuda::fill_bytes(down_scales.as<uint8_t>(), down_codes / 16, 120, nullptr);
-  const cuda::ExpertWeights experts{glms::ops::WeightFormat::Mxfp4, gate_up.data(), gate_up_scales.data(),
-                                    down.data(), down_scales.data(), true};
-  const double expert_bytes = double(2 * kInter * kHidden + kHidden * kInter) * (0.5 + 1.0 / 32);
-
-  cuda::DeviceBuffer x(sizeof(uint16_t) * max_tokens * kHidden), ids(sizeof(int32_t) * max_pairs);
-  cuda::fill_uniform_bf16(x.as<uint16_t>(), int64_t{max_tokens} * kHidden, 3, 2.0f, nullptr);
-  cuda::DeviceBuffer counts(4 * (E + 1)), offsets(4 * (E + 1)), active(4 * E), num_active(4),
-      sorted_pairs(4 * max_pairs), pair_slot(4 * max_pairs);
-  const cuda::MoePlan plan{counts.as<int32_t>(),       offsets.as<int32_t>(),     active.as<int32_t>(),
-                           num_active.as<int32_t>(),   sorted_pairs.as<int32_t>(), pair_slot.as<int32_t>()};
-  cuda::DeviceBuffer act(sizeof(uint16_t) * max_pairs * kInter), out(sizeof(float) * max_pairs * kHidden),
-      staged(sizeof(uint16_t) * max_pairs * kHidden), unscale(sizeof(float) * max_pairs);
-  const cuda::MoeStreamBuffers stream_buffers{staged.as<uint32_t>(), unscale.as<float>()};
-  cuda::Stream stream;
-  cuda::Event start, stop;
-
+  ExpertBench bench(E, *std::max_element(token_counts.begin(), token_counts.end()));
   std::ostringstream json;
   json << "{\"hidden\": " << kHidden << ", \"inter\": " << kInter << ", \"local_experts\": " << E
        << ", \"bandwidth_bytes_per_s\": " << bandwidth << ", \"points\": [";
@@ -82,97 +213,19 @@ int main(int argc, char** argv) {
               "TB/s", "x bound", "rel L2");
   bool first_point = true;
   for (const int n : token_counts) {
-    // Each token picks 8 distinct experts of 256; this rank holds experts 0 .. E - 1.
-    std::mt19937 rng(1000 + n);
-    std::vector<int32_t> host_ids;
-    std::vector<int32_t> all(kModelExperts);
-    std::iota(all.begin(), all.end(), 0);
-    for (int t = 0; t < n; ++t) {
-      std::shuffle(all.begin(), all.end(), rng);
-      host_ids.insert(host_ids.end(), all.begin(), all.begin() + kTopK);
-    }
-    std::set<int> touched;
-    int local_pairs = 0;
-    for (int32_t id : host_ids)
-      if (id < E) touched.insert(id), ++local_pairs;
-    ids.upload(host_ids.data(), host_ids.size() * sizeof(int32_t));
-    const int64_t P = int64_t{n} * kTopK;
-    cuda::moe_plan(ids.as<int32_t>(), P, E, plan, stream.get(), 0);
-    const int max_active = static_cast<int>(std::min<int64_t>(E, P));
-    // As the model sizes them: the mma kernels' chunk by this rank's share of the batch, the
-    // streamed kernels' by the pairs an expert gets on average.
-    const int mma_tokens = static_cast<int>((int64_t{n} * E + kModelExperts - 1) / kModelExperts);
-    const int mean_pairs = std::max(1, (n * kTopK + kModelExperts - 1) / kModelExperts);
-    const double bound_us = touched.size() * expert_bytes / bandwidth * 1e6;
-
-    struct Path {
-      std::string name;
-      std::function<void()> run;
-    };
-    std::vector<Path> paths;
-    paths.push_back({"mma", [&] {
-                       cuda::moe_experts_mma(x.as<uint16_t>(), kHidden, kInter, experts, plan, E, kTopK, mma_tokens,
-                                             max_active, act.as<uint16_t>(), out.as<float>(), stream.get());
-                     }});
-    paths.push_back({"wgmma", [&] {
-                       cuda::moe_experts_wgmma(x.as<uint16_t>(), kHidden, kInter, experts, plan, E, kTopK, P,
-                                               act.as<uint16_t>(), out.as<float>(), stream.get(), 64);
-                     }});
-    paths.push_back({"wgmma t128", [&] {
-                       cuda::moe_experts_wgmma(x.as<uint16_t>(), kHidden, kInter, experts, plan, E, kTopK, P,
-                                               act.as<uint16_t>(), out.as<float>(), stream.get(), 128);
-                     }});
-    paths.push_back({"wgmma rs", [&] {
-                       cuda::moe_experts_wgmma_rs(x.as<uint16_t>(), kHidden, kInter, experts, plan, E, kTopK, P,
-                                                  staged.as<uint32_t>(), act.as<uint16_t>(), out.as<float>(),
-                                                  stream.get());
-                     }});
-    paths.push_back({"specialized", [&] {
-                       cuda::moe_experts_specialized(x.as<uint16_t>(), kHidden, kInter, experts, plan, E, kTopK, P,
-                                                     act.as<uint16_t>(), out.as<float>(), stream.get());
-                     }});
-    const std::pair<const char*, cuda::MoeStreamShape> shapes[] = {
-        {"stream f1s8", cuda::MoeStreamShape::kFrags1Stages8},
-        {"stream f2s6", cuda::MoeStreamShape::kFrags2Stages6},
-        {"stream f1s6w8", cuda::MoeStreamShape::kFrags1Stages6Warps8},
-        {"stream wgmma s6w8", cuda::MoeStreamShape::kWgmmaStages6Warps8},
-        {"stream wgmma x2 s3w8", cuda::MoeStreamShape::kWgmmaPairsStages3Warps8}};
-    for (const auto& [name, shape] : shapes)
-      for (const int chunk : {mean_pairs, 2 * mean_pairs}) {
-        if (chunk > 32 && chunk != mean_pairs) continue;
-        const int chunk_tokens = chunk;
-        paths.push_back({std::string(name) + " c" + std::to_string(chunk), [&, shape, chunk_tokens] {
-                           cuda::moe_experts_stream(x.as<uint16_t>(), kHidden, kInter, experts, plan, E, kTopK,
-                                                    std::min<int64_t>(P, max_pairs), chunk_tokens, max_active,
-                                                    stream_buffers, act.as<uint16_t>(), out.as<float>(), stream.get(),
-                                                    shape);
-                         }});
-      }
+    const StepRouting r = bench.route(n);
+    const double bound_us = r.active * ExpertBench::expert_bytes() / bandwidth * 1e6;
     std::vector<float> reference;
-    for (const Path& path : paths) {
-      cuda::memset_async(out.data(), 0xff, out.bytes(), stream.get());
-      path.run();
-      stream.synchronize();
-      std::vector<float> result(static_cast<size_t>(local_pairs) * kHidden);
-      out.download(result.data(), result.size() * sizeof(float));
+    for (const Path& path : bench.paths(r)) {
+      const std::vector<float> result = bench.output_of(path, r.local_pairs);
       if (reference.empty()) reference = result;
       const double error = glms::benchmarks::relative_l2(result, reference);
-      for (int w = 0; w < 3; ++w) path.run();
-      std::vector<float> times;
-      for (int r = 0; r < reps; ++r) {
-        start.record(stream.get());
-        path.run();
-        stop.record(stream.get());
-        stream.synchronize();
-        times.push_back(stop.elapsed_ms_since(start) * 1e3f);
-      }
-      std::sort(times.begin(), times.end());
-      const double us = times[times.size() / 2];
-      const double rate = touched.size() * expert_bytes / (us * 1e-6) / 1e12;
-      std::printf("%7d %6d %6zu %8.2f  %-22s %9.1f %7.2f %7.2f %9.2e\n", n, local_pairs, touched.size(),
-                  double(local_pairs) / E, path.name.c_str(), us, rate, us / bound_us, error);
-      json << (first_point ? "" : ",") << "\n  {\"tokens\": " << n << ", \"local_pairs\": " << local_pairs
-           << ", \"active_experts\": " << touched.size() << ", \"path\": \"" << path.name << "\", \"us\": " << us
+      const double us = bench.median_us(path, reps);
+      const double rate = r.active * ExpertBench::expert_bytes() / (us * 1e-6) / 1e12;
+      std::printf("%7d %6d %6zu %8.2f  %-22s %9.1f %7.2f %7.2f %9.2e\n", n, r.local_pairs, r.active,
+                  double(r.local_pairs) / E, path.name.c_str(), us, rate, us / bound_us, error);
+      json << (first_point ? "" : ",") << "\n  {\"tokens\": " << n << ", \"local_pairs\": " << r.local_pairs
+           << ", \"active_experts\": " << r.active << ", \"path\": \"" << path.name << "\", \"us\": " << us
            << ", \"bound_us\": " << bound_us << ", \"tb_per_s\": " << rate << ", \"rel_l2_vs_mma\": " << error << "}";
       first_point = false;
     }
