@@ -20,6 +20,7 @@
 #include "cli/commands.h"
 #include "cli/validators.h"
 #include "cli/model_source.h"
+#include "cli/sglang_flags.h"
 #include "cli/vllm_flags.h"
 #include "core/error.h"
 #include "core/readable_number.h"
@@ -54,7 +55,8 @@ struct ServeArgs {
   std::string max_model_len;    // tokens, readable ("8k", "32K")
   std::string preset;
   std::vector<std::string> served_model_names;
-  VllmFlags vllm;  // vLLM's flags that map onto glmserve's settings or change nothing here (a note each)
+  VllmFlags vllm;      // vLLM's and SGLang's flags that map onto glmserve's settings or change
+  SglangFlags sglang;  // nothing here (a note each)
   bool no_prefix_caching = false, disable_log_requests = false, vllm_metric_names = false, disable_log_stats = false,
        no_web_ui = false;
   std::string log_level = "info", log_format = "text";
@@ -182,22 +184,31 @@ std::vector<std::string> resolve_model_and_vllm_flags(ServeArgs& args) {
          "fetch a Hugging Face model first, e.g. `huggingface-cli download " + args.source.model_dir +
          " --local-dir DIR`, then `glmserve serve DIR`");
   resolve_device(args.source);
+  const int block_size = engine::EngineConfig{}.block_size;
+  runtime::ParallelLayout& layout = args.source.layout;
+  SglangLayout sglang_layout{layout.tensor_parallel, layout.data_parallel, layout.expert_parallel};
+  const SglangSettings sglang = resolve_sglang_flags(args.sglang, args.source.model_dir, block_size, sglang_layout);
+  layout.tensor_parallel = sglang_layout.tensor_parallel;
+  layout.expert_parallel = sglang_layout.expert_parallel;
   VllmTarget target;
   target.device = args.source.device;
   target.model_dir = args.source.model_dir;
   target.data_parallel = args.source.layout.data_parallel;
-  target.block_size = engine::EngineConfig{}.block_size;
+  target.block_size = block_size;
   const VllmSettings settings = cli::resolve_vllm_flags(args.vllm, target);
   if (settings.synthetic) args.source.synthetic = true;
   args.source.cuda_graphs = settings.cuda_graphs;
-  if (settings.speculative_steps > 0) {
-    if (!args.speculative.empty())
-      fail("speculative decoding is asked twice: give --speculative-config or --speculative mtp, not both");
+  if ((settings.speculative_steps > 0) + (sglang.speculative_steps > 0) + !args.speculative.empty() > 1)
+    fail("speculative decoding is asked twice: give one of --speculative mtp, --speculative-config or "
+         "--speculative-algorithm");
+  if (settings.speculative_steps > 0 || sglang.speculative_steps > 0) {
     args.speculative = "mtp";
-    args.speculative_steps = settings.speculative_steps;
+    args.speculative_steps = std::max(settings.speculative_steps, sglang.speculative_steps);
     if (settings.speculative_max_batch) args.speculative_max_batch = *settings.speculative_max_batch;
   }
-  return settings.notes;
+  std::vector<std::string> notes = sglang.notes;
+  notes.insert(notes.end(), settings.notes.begin(), settings.notes.end());
+  return notes;
 }
 
 // The API keys: --api-key, the lines of --api-key-file, and GLMSERVE_API_KEY or VLLM_API_KEY.
@@ -490,6 +501,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--seed", args->seed, "Seeds the draws of requests that give no seed (reproducible runs)");
   cmd->add_flag("--no-enable-prefix-caching", args->no_prefix_caching, "Turn the prefix cache off");
   add_vllm_flags(cmd, args->vllm);
+  add_sglang_flags(cmd, args->sglang);
   cmd->add_option("--log-level", args->log_level, "trace, debug, info, warning, error or off")->capture_default_str();
   cmd->add_option("--log-format", args->log_format, "text, or json (one object a line: time, level, msg)")
       ->capture_default_str();

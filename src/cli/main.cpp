@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "cli/commands.h"
+#include "cli/sglang_flags.h"
 #include "cli/vllm_flags.h"
 #include "core/error.h"
 
@@ -23,7 +24,9 @@ int main(int argc, char** argv) {
     glms::cli::add_bench_command(app);
     glms::cli::add_bench_step_command(app);
     glms::cli::add_bench_structured_command(app);
-    std::vector<std::string> args = glms::cli::normalize_vllm_arguments(std::vector<std::string>(argv, argv + argc));
+    // vLLM's and SGLang's spellings of glmserve's flags in glmserve's.
+    std::vector<std::string> args = glms::cli::normalize_sglang_arguments(
+        glms::cli::normalize_vllm_arguments(std::vector<std::string>(argv, argv + argc)));
     app.name(args.front());
     args.erase(args.begin());
     std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last first

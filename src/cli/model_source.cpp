@@ -17,8 +17,7 @@
 namespace glms::cli {
 
 void add_model_source_options(CLI::App* cmd, ModelSourceArgs& args) {
-  cmd->add_option("--model", args.model_dir, "Model folder (config.json, *.safetensors, tokenizer.json)")
-      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--model", args.model_dir, "Model folder (config.json, *.safetensors, tokenizer.json)");
   cmd->add_option("--device", args.device,
                   "Where the model runs: auto (the GPUs where this glmserve has CUDA and one is visible, else the "
                   "CPU), cpu or cuda")
@@ -113,6 +112,10 @@ LoadedModel load_model(const ModelSourceArgs& given) {
   resolve_device(args);
   if (args.model_dir.empty() && !(args.synthetic && !args.config_file.empty()))
     fail("give --model DIR (or --synthetic --config FILE)");
+  if (!args.model_dir.empty() && !std::filesystem::is_directory(args.model_dir))
+    fail("--model " + args.model_dir +
+         " is not a local folder: glmserve reads a checkpoint folder (config.json, *.safetensors, tokenizer.json); "
+         "fetch a Hugging Face model first, e.g. `huggingface-cli download " + args.model_dir + " --local-dir DIR`");
   if (!args.config_file.empty() && !args.synthetic) fail("--config is for --synthetic weights; a checkpoint brings its own");
   if (args.synthetic && args.device != "cuda")
     fail("--synthetic makes its weights on the GPU: add --device cuda");

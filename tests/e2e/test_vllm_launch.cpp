@@ -1,6 +1,7 @@
-// vLLM launch lines against `glmserve serve` on the bundled model: the positional model, vLLM's
-// flag names and readable sizes start a server that answers under every served name, with the
-// API key from the environment; flags that cannot apply are refused saying why.
+// vLLM and SGLang launch lines against `glmserve serve` on the bundled model: the positional
+// model, vLLM's and SGLang's flag names and readable sizes start a server that answers under every
+// served name, with the API key from the environment; flags that cannot apply are refused saying
+// why.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -92,6 +93,36 @@ TEST(VllmLaunch, TheGlm52RecipeLineServesWithMtpDrafts) {
   EXPECT_EQ(server.stop(SIGTERM, 60.0), 0);
 }
 
+// SGLang's launch line for GLM-5 (DP attention with expert parallelism, EAGLE drafting with the
+// MTP layer as steps / topk / draft tokens, its memory and length flags) on two CPU ranks: the
+// layout and the drafting it asks for, and the one-rank server's greedy text.
+TEST(SglangLaunch, AnSglangLaunchLineServesItsLayoutWithMtpDrafts) {
+  const json request = {{"model", "glm-5"}, {"prompt", "def fibonacci(n):"}, {"max_tokens", 16}, {"temperature", 0}};
+  std::string one_rank_text;
+  {
+    ServerProcess one(kBinary, {"serve", kModel, "--port", "0", "--kv-cache-memory", "64M", "--served-model-name",
+                                "glm-5"});
+    const Response r = http(one.port(), "POST", "/v1/completions", request.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    one_rank_text = json::parse(r.body)["choices"][0]["text"];
+    EXPECT_EQ(one.stop(SIGTERM, 60.0), 0);
+  }
+  ServerProcess server(kBinary, {"serve", "--model-path", kModel, "--port", "0", "--tp-size", "2", "--dp-size", "2",
+                                 "--enable-dp-attention", "--ep-size", "2", "--speculative-algorithm", "EAGLE",
+                                 "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                                 "--speculative-num-draft-tokens", "4", "--mem-fraction-static", "0.85",
+                                 "--context-length", "2048", "--tool-call-parser", "glm47", "--reasoning-parser",
+                                 "glm45", "--served-model-name", "glm-5", "--kv-cache-memory", "64M"});
+  const std::string& out = server.output();
+  EXPECT_NE(out.find("layout TP1 x DP2, experts whole over 2 ranks (EP2)"), std::string::npos) << out;
+  EXPECT_NE(out.find("speculative decoding with the MTP layer, 3 draft tokens per step"), std::string::npos) << out;
+  EXPECT_NE(out.find("max_model_len 2048"), std::string::npos) << out;
+  const Response r = http(server.port(), "POST", "/v1/completions", request.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], one_rank_text);
+  EXPECT_EQ(server.stop(SIGTERM, 60.0), 0);
+}
+
 TEST(VllmLaunch, FlagsThatCannotApplyAreRefusedSayingWhy) {
   struct Case {
     std::string args, expect;
@@ -111,6 +142,10 @@ TEST(VllmLaunch, FlagsThatCannotApplyAreRefusedSayingWhy) {
       {"serve " + kModel + " --speculative-config.method eagle3", "drafts with the checkpoint's MTP layer only"},
       {"serve " + kModel + " --speculative_config '{\"method\": \"mtp\", \"num_speculative_tokens\": 99}'",
        "num_speculative_tokens must be a whole number from 1 to 16"},
+      {"serve --model-path zai-org/GLM-5-FP8", "huggingface-cli download zai-org/GLM-5-FP8"},
+      {"serve " + kModel + " --speculative-algorithm EAGLE3", "MTP layer only"},
+      {"serve " + kModel + " --tp 8 --dp 3 --enable-dp-attention", "is not a multiple of --dp-size 3"},
+      {"serve " + kModel + " --dist-init-addr 10.0.0.1:5000 --nnodes 2", "under mpirun"},
   };
   for (const Case& c : cases) {
     const auto [out, status] = run_glmserve(c.args);

@@ -1,0 +1,168 @@
+#include "cli/sglang_flags.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace glms::cli {
+
+std::vector<std::string> normalize_sglang_arguments(const std::vector<std::string>& argv) {
+  if (argv.size() < 2 || argv[1] != "serve") return argv;
+  static const std::pair<std::string_view, std::string_view> kNames[] = {
+      {"--model-path", "--model"},
+      {"--tp-size", "--tensor-parallel-size"},
+      {"--tp", "--tensor-parallel-size"},
+      {"--dp-size", "--data-parallel-size"},
+      {"--dp", "--data-parallel-size"},
+      {"--context-length", "--max-model-len"},
+      {"--chunked-prefill-size", "--max-num-batched-tokens"},
+      {"--max-running-requests", "--max-num-seqs"},
+      {"--mem-fraction-static", "--gpu-memory-utilization"},
+      {"--random-seed", "--seed"},
+      {"--disable-radix-cache", "--no-enable-prefix-caching"},
+      {"--disable-cuda-graph", "--enforce-eager"}};
+  std::vector<std::string> out;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i] == "--") {  // the end of the options: the rest as given
+      out.insert(out.end(), argv.begin() + static_cast<std::ptrdiff_t>(i), argv.end());
+      break;
+    }
+    std::string arg = argv[i];
+    const std::string name = arg.substr(0, arg.find('='));
+    for (const auto& [sglang, glmserve] : kNames)
+      if (name == sglang) {
+        arg = std::string(glmserve) + arg.substr(name.size());
+        break;
+      }
+    out.push_back(arg);
+  }
+  return out;
+}
+
+void add_sglang_flags(CLI::App* cmd, SglangFlags& f) {
+  CLI::Option_group* g = cmd->add_option_group(
+      "SGLang's flags",
+      "Taken as SGLang takes them, beside its names for the flags above (--model-path, --tp-size, --dp-size, "
+      "--context-length, --chunked-prefill-size, --max-running-requests, --mem-fraction-static, --random-seed, "
+      "--disable-radix-cache, --disable-cuda-graph; docs/operations.md)");
+  g->add_flag("--enable-dp-attention", f.enable_dp_attention,
+              "--tp-size counts every rank; attention in --dp-size groups (glmserve's -tp becomes tp / dp)");
+  g->add_option("--ep-size,--ep", f.ep_size, "Every rank of the layout: the experts spread over them")
+      ->check(CLI::Range(1, 1024));
+  g->add_option("--speculative-algorithm", f.speculative_algorithm,
+                "EAGLE or NEXTN: drafts from the checkpoint's MTP layer (as --speculative mtp)");
+  g->add_option("--speculative-num-steps", f.speculative_num_steps, "Draft tokens a step (default 3)")
+      ->check(CLI::Range(1, 16));
+  g->add_option("--speculative-eagle-topk", f.speculative_eagle_topk, "1 (a chain of drafts, no tree)")
+      ->check(CLI::Range(1, 64));
+  g->add_option("--speculative-num-draft-tokens", f.speculative_num_draft_tokens,
+                "--speculative-num-steps + 1 (the tokens a step verifies)")
+      ->check(CLI::Range(1, 64));
+  g->add_option("--speculative-draft-model-path", f.speculative_draft_model_path,
+                "The served folder only (its MTP layer drafts)");
+  g->add_option("--page-size", f.page_size, "Accepted, no effect: the KV cache's blocks are 16 tokens");
+  g->add_option("--attention-backend", f.attention_backend, "Accepted, no effect: glmserve's own kernels");
+  g->add_option("--nsa-prefill-backend", f.nsa_prefill_backend, "Accepted, no effect: glmserve's own kernels");
+  g->add_option("--nsa-decode-backend", f.nsa_decode_backend, "Accepted, no effect: glmserve's own kernels");
+  g->add_option("--moe-a2a-backend", f.moe_a2a_backend,
+                "Accepted: tokens reach their experts by all-gather and reduce-scatter over NCCL");
+  g->add_option("--moe-runner-backend", f.moe_runner_backend, "Accepted, no effect: glmserve's own kernels");
+  g->add_option("--cuda-graph-max-bs", f.cuda_graph_max_bs,
+                "Accepted, no effect: each decode batch shape's graph is captured on its first step");
+  g->add_flag("--enable-metrics", f.enable_metrics, "Accepted: /metrics is always served");
+  g->add_option("--dist-init-addr", f.dist_init_addr, "Refused: several nodes run under mpirun");
+}
+
+namespace {
+
+// --enable-dp-attention and --ep-size: SGLang counts every rank in --tp-size when attention is
+// data-parallel, and spreads experts over --ep-size ranks.
+void resolve_layout(const SglangFlags& f, SglangLayout& layout, std::vector<std::string>& notes) {
+  if (f.enable_dp_attention) {
+    const int ranks = layout.tensor_parallel, groups = layout.data_parallel;
+    if (ranks % groups != 0)
+      fail("--enable-dp-attention: --tp-size " + std::to_string(ranks) + " (every rank, as SGLang counts them) "
+           "is not a multiple of --dp-size " + std::to_string(groups));
+    layout.tensor_parallel = ranks / groups;
+    notes.push_back("--tp-size " + std::to_string(ranks) + " --dp-size " + std::to_string(groups) +
+                    " --enable-dp-attention: " + std::to_string(ranks) + " ranks, attention in " +
+                    std::to_string(groups) + " data-parallel groups of " + std::to_string(layout.tensor_parallel) +
+                    " (glmserve's -tp " + std::to_string(layout.tensor_parallel) + " -dp " + std::to_string(groups) +
+                    ")");
+  } else if (layout.data_parallel > 1 && f.ep_size == 0) {
+    notes.push_back("--dp-size " + std::to_string(layout.data_parallel) +
+                    " without --enable-dp-attention: data-parallel groups of --tp-size ranks each, the routed "
+                    "experts split over every rank instead of copied into each group");
+  }
+  if (f.ep_size > 0) {
+    const int ranks = layout.tensor_parallel * layout.data_parallel;
+    if (f.ep_size == ranks && ranks > 1) layout.expert_parallel = true;
+    else if (f.ep_size != 1)
+      fail("--ep-size " + std::to_string(f.ep_size) + ": glmserve spreads whole experts over every rank of the "
+           "layout, " + std::to_string(ranks) + " here (--ep-size " + std::to_string(ranks) + ")");
+  }
+}
+
+// --speculative-algorithm EAGLE / NEXTN: SGLang's MTP drafting for GLM and DeepSeek, a chain of
+// --speculative-num-steps drafts (topk 1), each step verifying steps + 1 tokens.
+int resolve_speculation(const SglangFlags& f, const std::string& model_dir) {
+  std::string algorithm = f.speculative_algorithm;
+  std::transform(algorithm.begin(), algorithm.end(), algorithm.begin(), [](unsigned char c) { return std::toupper(c); });
+  if (algorithm.empty()) {
+    if (f.speculative_num_steps || f.speculative_eagle_topk || f.speculative_num_draft_tokens)
+      fail("--speculative-num-steps, --speculative-eagle-topk and --speculative-num-draft-tokens go with "
+           "--speculative-algorithm EAGLE (or NEXTN)");
+    return 0;
+  }
+  if (algorithm != "EAGLE" && algorithm != "NEXTN")
+    fail("--speculative-algorithm " + f.speculative_algorithm +
+         ": glmserve drafts with the checkpoint's MTP layer only (EAGLE or NEXTN, as SGLang names it for GLM); "
+         "EAGLE3, standalone draft models and n-grams are not supported");
+  const int steps = f.speculative_num_steps > 0 ? f.speculative_num_steps : 3;
+  if (f.speculative_eagle_topk > 1)
+    fail("--speculative-eagle-topk " + std::to_string(f.speculative_eagle_topk) +
+         ": glmserve drafts a chain of tokens, not a tree (--speculative-eagle-topk 1)");
+  if (f.speculative_num_draft_tokens > 0 && f.speculative_num_draft_tokens != steps + 1)
+    fail("--speculative-num-draft-tokens " + std::to_string(f.speculative_num_draft_tokens) +
+         ": a chain of " + std::to_string(steps) + " drafts verifies " + std::to_string(steps + 1) +
+         " tokens a step (--speculative-num-draft-tokens " + std::to_string(steps + 1) + ")");
+  std::error_code error;
+  if (!f.speculative_draft_model_path.empty() &&
+      !std::filesystem::equivalent(f.speculative_draft_model_path, model_dir, error))
+    fail("--speculative-draft-model-path " + f.speculative_draft_model_path +
+         ": glmserve drafts with the served checkpoint's own MTP layer; a separate draft model is not supported");
+  return steps;
+}
+
+}  // namespace
+
+SglangSettings resolve_sglang_flags(const SglangFlags& f, const std::string& model_dir, int block_size,
+                                    SglangLayout& layout) {
+  SglangSettings s;
+  if (!f.dist_init_addr.empty())
+    fail("--dist-init-addr: glmserve runs a layout over several nodes under mpirun, one process a node, e.g. "
+         "`mpirun -np 2 -H node0,node1 glmserve serve MODEL -tp 8 -dp 2 --enable-expert-parallel` "
+         "(docs/parallelism.md, \"Several nodes\")");
+  resolve_layout(f, layout, s.notes);
+  s.speculative_steps = resolve_speculation(f, model_dir);
+  if (f.page_size > 0 && f.page_size != block_size)
+    s.notes.push_back("--page-size " + std::to_string(f.page_size) + ": the KV cache's blocks are " +
+                      std::to_string(block_size) + " tokens here");
+  for (const auto& [flag, value] : {std::pair{"--attention-backend", &f.attention_backend},
+                                    {"--nsa-prefill-backend", &f.nsa_prefill_backend},
+                                    {"--nsa-decode-backend", &f.nsa_decode_backend},
+                                    {"--moe-runner-backend", &f.moe_runner_backend}})
+    if (!value->empty()) s.notes.push_back(std::string(flag) + " " + *value + ": glmserve runs its own kernels");
+  if (!f.moe_a2a_backend.empty())
+    s.notes.push_back("--moe-a2a-backend " + f.moe_a2a_backend +
+                      ": tokens reach their experts by all-gather and reduce-scatter over NCCL");
+  if (f.cuda_graph_max_bs > 0)
+    s.notes.push_back("--cuda-graph-max-bs: each decode batch shape's graph is captured on its first step");
+  if (f.enable_metrics) s.notes.push_back("--enable-metrics: /metrics is always served");
+  return s;
+}
+
+}  // namespace glms::cli
