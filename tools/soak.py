@@ -157,7 +157,9 @@ def main():
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--record", action="store_true")
     a = p.parse_args()
-    server = subprocess.Popen([a.binary, "serve", a.model, "--port", "0", "--max-model-len", "2048", "--disable-log-requests",
+    # The CPU path's soak (host memory is what it watches), on a GPU machine too.
+    server = subprocess.Popen([a.binary, "serve", a.model, "--device", "cpu", "--port", "0", "--max-model-len", "2048",
+                               "--disable-log-requests",
                                "--log-stats-interval", "30"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     port = None
     for line in server.stdout:

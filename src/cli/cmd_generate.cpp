@@ -61,6 +61,7 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 
 void run_generate(const GenerateArgs& args) {
   const std::string& model_dir = args.source.model_dir;
+  check_model_folder(model_dir);
   std::optional<text::Tokenizer> tokenizer;
   if (!model_dir.empty() && std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json"))
     tokenizer = text::Tokenizer::load(model_dir);

@@ -73,6 +73,7 @@ struct ServeArgs {
   int io_threads = 2;
   std::string speculative;
   int speculative_steps = 3;
+  bool speculative_steps_given = false;
   int speculative_max_batch = engine::EngineConfig{}.speculative_max_batch;
 };
 
@@ -170,19 +171,31 @@ class RequestTemplates {
   std::vector<std::pair<std::string, std::shared_ptr<const ChatTemplate>>> recent_;
 };
 
-// The model folder (vLLM's positional form too) and vLLM's flags, checked and applied to the
-// serve settings. Returns the notes to print.
-std::vector<std::string> resolve_model_and_vllm_flags(ServeArgs& args) {
+// Drafting asked by --speculative mtp, vLLM's --speculative-config or SGLang's
+// --speculative-algorithm: one of them, with the draft count given once.
+void apply_speculation(ServeArgs& args, const VllmSettings& vllm, const SglangSettings& sglang) {
+  const int asked = (vllm.speculative_steps > 0) + (sglang.speculative_steps > 0) + !args.speculative.empty();
+  if (asked > 1)
+    fail("speculative decoding is asked twice: give one of --speculative mtp, --speculative-config or "
+         "--speculative-algorithm");
+  if (vllm.speculative_steps == 0 && sglang.speculative_steps == 0) return;
+  if (args.speculative_steps_given)
+    fail("--speculative-steps goes with --speculative mtp; give the draft count in --speculative-config "
+         "(num_speculative_tokens) or --speculative-num-steps");
+  args.speculative = "mtp";
+  args.speculative_steps = std::max(vllm.speculative_steps, sglang.speculative_steps);
+  if (vllm.speculative_max_batch) args.speculative_max_batch = *vllm.speculative_max_batch;
+}
+
+// The model folder (vLLM's positional form too), the device, and vLLM's and SGLang's flags,
+// checked and applied to the serve settings. Returns the notes to print.
+std::vector<std::string> resolve_peer_flags(ServeArgs& args) {
   if (!args.positional_model.empty()) {
     if (!args.source.model_dir.empty() && args.source.model_dir != args.positional_model)
       fail("the model is given twice: '" + args.positional_model + "' and --model '" + args.source.model_dir + "'");
     args.source.model_dir = args.positional_model;
   }
-  if (!args.source.model_dir.empty() && !std::filesystem::is_directory(args.source.model_dir))
-    fail("'" + args.source.model_dir +
-         "' is not a local folder: glmserve serves a checkpoint folder (config.json, *.safetensors, tokenizer.json); "
-         "fetch a Hugging Face model first, e.g. `huggingface-cli download " + args.source.model_dir +
-         " --local-dir DIR`, then `glmserve serve DIR`");
+  check_model_folder(args.source.model_dir);
   resolve_device(args.source);
   const int block_size = engine::EngineConfig{}.block_size;
   runtime::ParallelLayout& layout = args.source.layout;
@@ -190,24 +203,18 @@ std::vector<std::string> resolve_model_and_vllm_flags(ServeArgs& args) {
   const SglangSettings sglang = resolve_sglang_flags(args.sglang, args.source.model_dir, block_size, sglang_layout);
   layout.tensor_parallel = sglang_layout.tensor_parallel;
   layout.expert_parallel = sglang_layout.expert_parallel;
-  VllmTarget target;
-  target.device = args.source.device;
-  target.model_dir = args.source.model_dir;
-  target.data_parallel = args.source.layout.data_parallel;
-  target.block_size = block_size;
-  const VllmSettings settings = cli::resolve_vllm_flags(args.vllm, target);
-  if (settings.synthetic) args.source.synthetic = true;
-  args.source.cuda_graphs = settings.cuda_graphs;
-  if ((settings.speculative_steps > 0) + (sglang.speculative_steps > 0) + !args.speculative.empty() > 1)
-    fail("speculative decoding is asked twice: give one of --speculative mtp, --speculative-config or "
-         "--speculative-algorithm");
-  if (settings.speculative_steps > 0 || sglang.speculative_steps > 0) {
-    args.speculative = "mtp";
-    args.speculative_steps = std::max(settings.speculative_steps, sglang.speculative_steps);
-    if (settings.speculative_max_batch) args.speculative_max_batch = *settings.speculative_max_batch;
+  if (sglang.max_batch_tokens > 0) {
+    if (args.max_batch_tokens > 0 && args.max_batch_tokens != sglang.max_batch_tokens)
+      fail("--chunked-prefill-size and --max-num-batched-tokens disagree: give one of them");
+    args.max_batch_tokens = sglang.max_batch_tokens;
   }
+  const VllmTarget target{args.source.device, args.source.model_dir, layout.data_parallel, block_size};
+  const VllmSettings vllm = cli::resolve_vllm_flags(args.vllm, target);
+  if (vllm.synthetic) args.source.synthetic = true;
+  args.source.cuda_graphs = vllm.cuda_graphs;
+  apply_speculation(args, vllm, sglang);
   std::vector<std::string> notes = sglang.notes;
-  notes.insert(notes.end(), settings.notes.begin(), settings.notes.end());
+  notes.insert(notes.end(), vllm.notes.begin(), vllm.notes.end());
   return notes;
 }
 
@@ -347,8 +354,8 @@ std::vector<std::string> banner_lines(const ServeArgs& args, const std::vector<s
                                   static_cast<double>(memory[r].weight_bytes) / (1 << 30),
                                   static_cast<double>(memory[r].cache_bytes) / (1 << 30)));
   if (c.speculative_steps > 0)
-    lines.push_back(fmt::format("speculative decoding with the MTP layer, {} draft tokens per step{}",
-                                c.speculative_steps,
+    lines.push_back(fmt::format("speculative decoding with the MTP layer, {} draft token{} per step{}",
+                                c.speculative_steps, c.speculative_steps == 1 ? "" : "s",
                                 c.speculative_max_batch > 0
                                     ? ", up to " + std::to_string(c.speculative_max_batch) + " decoding sequences"
                                     : ""));
@@ -369,7 +376,7 @@ void run_serve(ServeArgs args) {
 
   // The log: stdout, as vLLM's; the start-up lines and each request's and the engine's lines.
   log::configure(log::parse_level(args.log_level), log::parse_format(args.log_format), &std::cout);
-  const std::vector<std::string> notes = resolve_model_and_vllm_flags(args);
+  const std::vector<std::string> notes = resolve_peer_flags(args);
   if (args.source.model_dir.empty()) fail("serve needs a model folder: glmserve serve DIR (or --model DIR)");
   const std::filesystem::path dir(args.source.model_dir);
   text::Tokenizer tokenizer = text::Tokenizer::load(dir);
@@ -428,14 +435,8 @@ void run_serve(ServeArgs args) {
   log::info("glmserve: stopped");
 }
 
-}  // namespace
-
-void add_serve_command(CLI::App& app) {
-  auto args = std::make_shared<ServeArgs>();
-  CLI::App* cmd = app.add_subcommand("serve", "Serve the OpenAI-compatible HTTP API (chat, completions, metrics)");
-  add_model_source_options(cmd, args->source);
-  // (Named apart from --model: CLI11 2.4 refuses a positional that shares a long option's name.)
-  cmd->add_option("MODEL", args->positional_model, "Model folder, as vLLM's `serve MODEL` (or --model)");
+// The HTTP server's options: address, authentication, limits, logging, shutdown and /metrics.
+void add_server_options(CLI::App* cmd, ServeArgs* args) {
   cmd->add_option("--host", args->host, "Address to bind")->capture_default_str();
   cmd->add_option("--port", args->port, "Port (0 = any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
   cmd->add_option("--api-key", args->api_keys,
@@ -443,30 +444,6 @@ void add_serve_command(CLI::App& app) {
       ->take_all();
   cmd->add_option("--api-key-file", args->api_key_file, "A file of accepted keys, one a line");
   cmd->add_option("--jwt-secret", args->jwt_secret, "Accept HS256 JWTs signed with this secret");
-  cmd->add_option("--max-num-seqs", args->max_num_seqs, "Sequences per step at most (default 64; presets change it)")
-      ->check(positive_number());
-  cmd->add_option("--max-num-batched-tokens,--max-batch-tokens", args->max_batch_tokens,
-                  "Tokens per step at most (default 2048 on GPUs, 512 on the CPU; presets change it)")
-      ->check(positive_number());
-  cmd->add_option("--kv-cache-memory,--kv-cache-memory-bytes", args->kv_cache_memory,
-                  "Bytes for each data-parallel rank's KV cache, e.g. 2G or 512MiB (default: on a GPU what "
-                  "--gpu-memory-utilization leaves, on the CPU max_num_seqs x max_model_len up to 2 GiB)");
-  cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype,
-                  "auto (the runner's precision: bf16 on GPUs) or fp8 / fp8_e4m3 (E4M3 latent rows and indexer keys "
-                  "with a scale per 128 values, DeepSeek-V3.2's layout: 656 bytes a token and layer instead of 1152 "
-                  "on a GPU; the CPU rounds its fp32 rows the same way)")
-      ->capture_default_str();
-  cmd->add_option("--gpu-memory-utilization", args->gpu_memory_utilization,
-                  "Fraction of each GPU's memory for weights, workspaces and the KV cache (without --kv-cache-memory)")
-      ->check(CLI::Range(0.05, 1.0))
-      ->capture_default_str();
-  cmd->add_option("--max-model-len", args->max_model_len,
-                  "Prompt + output tokens per request, e.g. 32768, 32K or 32k (= 32000) (default: the model's)");
-  cmd->add_option("--preset", args->preset, "high_throughput | low_latency | memory_constrained")
-      ->check(CLI::IsMember({"high_throughput", "low_latency", "memory_constrained"}));
-  cmd->add_option("--served-model-name", args->served_model_names,
-                  "Model ids in the API, the first in responses (default: the folder's name)")
-      ->take_all();
   cmd->add_option("--max-waiting", args->max_waiting, "Queued requests beyond which 429 is returned")
       ->check(positive_number());
   cmd->add_option("--rate-limit", args->rate_limit, "Per-client token bucket: RPS or RPS:BURST");
@@ -482,26 +459,6 @@ void add_serve_command(CLI::App& app) {
                   "Seconds from a request's first byte to the end of its headers (slow clients are cut off)")
       ->check(CLI::Range(0.1, 3600.0))
       ->capture_default_str();
-  cmd->add_option("--speculative", args->speculative,
-                  "Speculative decoding with the checkpoint's MTP layer (greedy output unchanged, sampled output "
-                  "equally distributed)")
-      ->check(CLI::IsMember({"mtp"}));
-  cmd->add_option("--speculative-steps", args->speculative_steps, "Draft tokens per decode step (with --speculative mtp)")
-      ->check(CLI::Range(1, 16))
-      ->capture_default_str();
-  cmd->add_option("--speculative-max-batch", args->speculative_max_batch,
-                  "Steps with more decoding sequences than this decode plainly (0: no limit)")
-      ->check(CLI::Range(0, 1 << 20))
-      ->capture_default_str();
-  // vLLM's flags (docs/operations.md, "Coming from vLLM").
-  cmd->add_option("--chat-template", args->chat_template, "A Jinja chat template file (or text) instead of the model's");
-  cmd->add_option("--generation-config", args->generation_config,
-                  "Sampling defaults: auto (the model's generation_config.json), vllm (none) or a folder")
-      ->capture_default_str();
-  cmd->add_option("--seed", args->seed, "Seeds the draws of requests that give no seed (reproducible runs)");
-  cmd->add_flag("--no-enable-prefix-caching", args->no_prefix_caching, "Turn the prefix cache off");
-  add_vllm_flags(cmd, args->vllm);
-  add_sglang_flags(cmd, args->sglang);
   cmd->add_option("--log-level", args->log_level, "trace, debug, info, warning, error or off")->capture_default_str();
   cmd->add_option("--log-format", args->log_format, "text, or json (one object a line: time, level, msg)")
       ->capture_default_str();
@@ -519,7 +476,65 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--vllm-metric-names", args->vllm_metric_names,
                 "/metrics also under vLLM's names (vllm:...), for existing dashboards");
-  cmd->callback([args]() { run_serve(*args); });
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto args = std::make_shared<ServeArgs>();
+  CLI::App* cmd = app.add_subcommand("serve", "Serve the OpenAI-compatible HTTP API (chat, completions, metrics)");
+  add_model_source_options(cmd, args->source);
+  // (Named apart from --model: CLI11 2.4 refuses a positional that shares a long option's name.)
+  cmd->add_option("MODEL", args->positional_model, "Model folder, as vLLM's `serve MODEL` (or --model)");
+  cmd->add_option("--max-num-seqs,--max-running-requests", args->max_num_seqs, "Sequences per step at most (default 64; presets change it)")
+      ->check(positive_number());
+  cmd->add_option("--max-num-batched-tokens,--max-batch-tokens", args->max_batch_tokens,
+                  "Tokens per step at most (default 2048 on GPUs, 512 on the CPU; presets change it)")
+      ->check(positive_number());
+  cmd->add_option("--kv-cache-memory,--kv-cache-memory-bytes", args->kv_cache_memory,
+                  "Bytes for each data-parallel rank's KV cache, e.g. 2G or 512MiB (default: on a GPU what "
+                  "--gpu-memory-utilization leaves, on the CPU max_num_seqs x max_model_len up to 2 GiB)");
+  cmd->add_option("--kv-cache-dtype", args->kv_cache_dtype,
+                  "auto (the runner's precision: bf16 on GPUs) or fp8 / fp8_e4m3 (E4M3 latent rows and indexer keys "
+                  "with a scale per 128 values, DeepSeek-V3.2's layout: 656 bytes a token and layer instead of 1152 "
+                  "on a GPU; the CPU rounds its fp32 rows the same way)")
+      ->capture_default_str();
+  cmd->add_option("--gpu-memory-utilization,--mem-fraction-static", args->gpu_memory_utilization,
+                  "Fraction of each GPU's memory for weights, workspaces and the KV cache (without --kv-cache-memory)")
+      ->check(CLI::Range(0.05, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--max-model-len,--context-length", args->max_model_len,
+                  "Prompt + output tokens per request, e.g. 32768, 32K or 32k (= 32000) (default: the model's)");
+  cmd->add_option("--preset", args->preset, "high_throughput | low_latency | memory_constrained")
+      ->check(CLI::IsMember({"high_throughput", "low_latency", "memory_constrained"}));
+  cmd->add_option("--served-model-name", args->served_model_names,
+                  "Model ids in the API, the first in responses (default: the folder's name)")
+      ->take_all();
+  cmd->add_option("--speculative", args->speculative,
+                  "Speculative decoding with the checkpoint's MTP layer (greedy output unchanged, sampled output "
+                  "equally distributed)")
+      ->check(CLI::IsMember({"mtp"}));
+  cmd->add_option("--speculative-steps", args->speculative_steps, "Draft tokens per decode step (with --speculative mtp)")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  cmd->add_option("--speculative-max-batch", args->speculative_max_batch,
+                  "Steps with more decoding sequences than this decode plainly (0: no limit)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  // vLLM's flags (docs/operations.md, "Coming from vLLM").
+  cmd->add_option("--chat-template", args->chat_template, "A Jinja chat template file (or text) instead of the model's");
+  cmd->add_option("--generation-config", args->generation_config,
+                  "Sampling defaults: auto (the model's generation_config.json), vllm (none) or a folder")
+      ->capture_default_str();
+  cmd->add_option("--seed,--random-seed", args->seed, "Seeds the draws of requests that give no seed (reproducible runs)");
+  cmd->add_flag("--no-enable-prefix-caching,--disable-radix-cache", args->no_prefix_caching, "Turn the prefix cache off");
+  add_vllm_flags(cmd, args->vllm);
+  add_sglang_flags(cmd, args->sglang);
+  add_server_options(cmd, args.get());
+  cmd->callback([args, cmd]() {
+    args->speculative_steps_given = cmd->count("--speculative-steps") > 0;
+    run_serve(*args);
+  });
 }
 
 }  // namespace glms::cli

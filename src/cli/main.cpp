@@ -4,7 +4,6 @@
 #include <exception>
 
 #include "cli/commands.h"
-#include "cli/sglang_flags.h"
 #include "cli/vllm_flags.h"
 #include "core/error.h"
 
@@ -24,9 +23,15 @@ int main(int argc, char** argv) {
     glms::cli::add_bench_command(app);
     glms::cli::add_bench_step_command(app);
     glms::cli::add_bench_structured_command(app);
-    // vLLM's and SGLang's spellings of glmserve's flags in glmserve's.
-    std::vector<std::string> args = glms::cli::normalize_sglang_arguments(
-        glms::cli::normalize_vllm_arguments(std::vector<std::string>(argv, argv + argc)));
+    // vLLM's spellings of the subcommand's flags in glmserve's.
+    const CLI::App* command = nullptr;
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+      if (argc > 1 && sub->get_name() == argv[1]) command = sub;
+    const auto takes = [command](const std::string& name) {
+      return command != nullptr && command->get_option_no_throw(name) != nullptr;
+    };
+    std::vector<std::string> args =
+        glms::cli::normalize_vllm_arguments(std::vector<std::string>(argv, argv + argc), takes);
     app.name(args.front());
     args.erase(args.begin());
     std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last first

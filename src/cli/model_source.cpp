@@ -17,7 +17,7 @@
 namespace glms::cli {
 
 void add_model_source_options(CLI::App* cmd, ModelSourceArgs& args) {
-  cmd->add_option("--model", args.model_dir, "Model folder (config.json, *.safetensors, tokenizer.json)");
+  cmd->add_option("--model,--model-path", args.model_dir, "Model folder (config.json, *.safetensors, tokenizer.json)");
   cmd->add_option("--device", args.device,
                   "Where the model runs: auto (the GPUs where this glmserve has CUDA and one is visible, else the "
                   "CPU), cpu or cuda")
@@ -33,11 +33,12 @@ void add_model_source_options(CLI::App* cmd, ModelSourceArgs& args) {
                   "fp8: the linear layers in block FP8 on the GPU, quantised at load where the checkpoint has "
                   "them in bf16 (an FP8 checkpoint's stay FP8 without it)")
       ->check(CLI::IsMember({"fp8"}));
-  cmd->add_option("--tensor-parallel-size", args.layout.tensor_parallel,
-                  "Ranks that split each attention group's heads and MLP widths (also -tp N)")
+  cmd->add_option("--tensor-parallel-size,--tp-size,--tp", args.layout.tensor_parallel,
+                  "Ranks that split each attention group's heads and MLP widths (also -tp N; SGLang's --tp-size "
+                  "with --enable-dp-attention counts every rank)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  cmd->add_option("--data-parallel-size", args.layout.data_parallel,
+  cmd->add_option("--data-parallel-size,--dp-size,--dp", args.layout.data_parallel,
                   "Attention groups with their own sequences, KV cache and prefix cache (also -dp N)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
@@ -98,6 +99,13 @@ LoadedModel load_across_processes(const ModelSourceArgs& args) {
 
 }  // namespace
 
+void check_model_folder(const std::string& model_dir) {
+  if (!model_dir.empty() && !std::filesystem::is_directory(model_dir))
+    fail("'" + model_dir +
+         "' is not a local folder: glmserve reads a checkpoint folder (config.json, *.safetensors, tokenizer.json); "
+         "fetch a Hugging Face model first, e.g. `huggingface-cli download " + model_dir + " --local-dir DIR`");
+}
+
 void resolve_device(ModelSourceArgs& args) {
   if (args.device != "auto") return;
 #ifdef GLMS_HAVE_CUDA
@@ -112,10 +120,7 @@ LoadedModel load_model(const ModelSourceArgs& given) {
   resolve_device(args);
   if (args.model_dir.empty() && !(args.synthetic && !args.config_file.empty()))
     fail("give --model DIR (or --synthetic --config FILE)");
-  if (!args.model_dir.empty() && !std::filesystem::is_directory(args.model_dir))
-    fail("--model " + args.model_dir +
-         " is not a local folder: glmserve reads a checkpoint folder (config.json, *.safetensors, tokenizer.json); "
-         "fetch a Hugging Face model first, e.g. `huggingface-cli download " + args.model_dir + " --local-dir DIR`");
+  check_model_folder(args.model_dir);
   if (!args.config_file.empty() && !args.synthetic) fail("--config is for --synthetic weights; a checkpoint brings its own");
   if (args.synthetic && args.device != "cuda")
     fail("--synthetic makes its weights on the GPU: add --device cuda");
@@ -132,7 +137,12 @@ LoadedModel load_model(const ModelSourceArgs& given) {
     return loaded;
   }
 #ifdef GLMS_HAVE_CUDA
-  loaded.executor = runtime::make_cuda_executor(cuda_source(args), args.layout);
+  try {
+    loaded.executor = runtime::make_cuda_executor(cuda_source(args), args.layout);
+  } catch (const Error& e) {
+    if (given.device != "auto") throw;
+    fail(std::string(e.what()) + " (--device auto chose the GPU; --device cpu runs the model on the CPU)");
+  }
   return loaded;
 #else
   fail("this glmserve was built without CUDA: rebuild where nvcc is installed (-DGLMS_CUDA=ON), or use --device cpu");

@@ -39,6 +39,10 @@ struct LoadedModel {
   const io::ModelConfig& config() const { return executor->config(); }
 };
 
+// Throws glms::Error with the command that fetches a Hugging Face model when `model_dir` is given
+// but is not a folder.
+void check_model_folder(const std::string& model_dir);
+
 // --device auto: cuda where this glmserve was built with CUDA and a GPU is visible, else cpu (as
 // vLLM picks its device). cpu and cuda stay as given.
 void resolve_device(ModelSourceArgs& args);

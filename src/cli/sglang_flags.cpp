@@ -9,52 +9,24 @@
 
 namespace glms::cli {
 
-std::vector<std::string> normalize_sglang_arguments(const std::vector<std::string>& argv) {
-  if (argv.size() < 2 || argv[1] != "serve") return argv;
-  static const std::pair<std::string_view, std::string_view> kNames[] = {
-      {"--model-path", "--model"},
-      {"--tp-size", "--tensor-parallel-size"},
-      {"--tp", "--tensor-parallel-size"},
-      {"--dp-size", "--data-parallel-size"},
-      {"--dp", "--data-parallel-size"},
-      {"--context-length", "--max-model-len"},
-      {"--chunked-prefill-size", "--max-num-batched-tokens"},
-      {"--max-running-requests", "--max-num-seqs"},
-      {"--mem-fraction-static", "--gpu-memory-utilization"},
-      {"--random-seed", "--seed"},
-      {"--disable-radix-cache", "--no-enable-prefix-caching"},
-      {"--disable-cuda-graph", "--enforce-eager"}};
-  std::vector<std::string> out;
-  for (size_t i = 0; i < argv.size(); ++i) {
-    if (argv[i] == "--") {  // the end of the options: the rest as given
-      out.insert(out.end(), argv.begin() + static_cast<std::ptrdiff_t>(i), argv.end());
-      break;
-    }
-    std::string arg = argv[i];
-    const std::string name = arg.substr(0, arg.find('='));
-    for (const auto& [sglang, glmserve] : kNames)
-      if (name == sglang) {
-        arg = std::string(glmserve) + arg.substr(name.size());
-        break;
-      }
-    out.push_back(arg);
-  }
-  return out;
-}
-
 void add_sglang_flags(CLI::App* cmd, SglangFlags& f) {
   CLI::Option_group* g = cmd->add_option_group(
       "SGLang's flags",
-      "Taken as SGLang takes them, beside its names for the flags above (--model-path, --tp-size, --dp-size, "
-      "--context-length, --chunked-prefill-size, --max-running-requests, --mem-fraction-static, --random-seed, "
-      "--disable-radix-cache, --disable-cuda-graph; docs/operations.md)");
+      "Taken as SGLang takes them, beside its names of the flags above (--model-path, --tp-size, --dp-size, "
+      "--context-length, --max-running-requests, --mem-fraction-static, --random-seed, --disable-radix-cache, "
+      "--disable-cuda-graph; docs/operations.md)");
   g->add_flag("--enable-dp-attention", f.enable_dp_attention,
               "--tp-size counts every rank; attention in --dp-size groups (glmserve's -tp becomes tp / dp)");
-  g->add_option("--ep-size,--ep", f.ep_size, "Every rank of the layout: the experts spread over them")
+  g->add_option("--ep-size,--ep", f.ep_size,
+                "SGLang's expert group (every rank with --enable-dp-attention, else --tp-size): whole experts "
+                "spread over every rank")
       ->check(CLI::Range(1, 1024));
+  g->add_option("--chunked-prefill-size", f.chunked_prefill_size,
+                "Tokens a step at most (as --max-num-batched-tokens; -1 keeps glmserve's chunks)");
   g->add_option("--speculative-algorithm", f.speculative_algorithm,
                 "EAGLE or NEXTN: drafts from the checkpoint's MTP layer (as --speculative mtp)");
-  g->add_option("--speculative-num-steps", f.speculative_num_steps, "Draft tokens a step (default 3)")
+  g->add_option("--speculative-num-steps", f.speculative_num_steps,
+                "Draft tokens a step (default: --speculative-num-draft-tokens - 1, else 3)")
       ->check(CLI::Range(1, 16));
   g->add_option("--speculative-eagle-topk", f.speculative_eagle_topk, "1 (a chain of drafts, no tree)")
       ->check(CLI::Range(1, 64));
@@ -79,31 +51,36 @@ void add_sglang_flags(CLI::App* cmd, SglangFlags& f) {
 namespace {
 
 // --enable-dp-attention and --ep-size: SGLang counts every rank in --tp-size when attention is
-// data-parallel, and spreads experts over --ep-size ranks.
+// data-parallel, and spreads experts over --ep-size ranks: all of them with DP attention, a
+// replica's --tp-size without it (glmserve then spreads them over every replica's ranks too).
 void resolve_layout(const SglangFlags& f, SglangLayout& layout, std::vector<std::string>& notes) {
+  const int tp = layout.tensor_parallel, dp = layout.data_parallel;
   if (f.enable_dp_attention) {
-    const int ranks = layout.tensor_parallel, groups = layout.data_parallel;
-    if (ranks % groups != 0)
-      fail("--enable-dp-attention: --tp-size " + std::to_string(ranks) + " (every rank, as SGLang counts them) "
-           "is not a multiple of --dp-size " + std::to_string(groups));
-    layout.tensor_parallel = ranks / groups;
-    notes.push_back("--tp-size " + std::to_string(ranks) + " --dp-size " + std::to_string(groups) +
-                    " --enable-dp-attention: " + std::to_string(ranks) + " ranks, attention in " +
-                    std::to_string(groups) + " data-parallel groups of " + std::to_string(layout.tensor_parallel) +
-                    " (glmserve's -tp " + std::to_string(layout.tensor_parallel) + " -dp " + std::to_string(groups) +
-                    ")");
-  } else if (layout.data_parallel > 1 && f.ep_size == 0) {
-    notes.push_back("--dp-size " + std::to_string(layout.data_parallel) +
-                    " without --enable-dp-attention: data-parallel groups of --tp-size ranks each, the routed "
-                    "experts split over every rank instead of copied into each group");
+    if (tp % dp != 0)
+      fail("--enable-dp-attention: --tp-size " + std::to_string(tp) + " (every rank, as SGLang counts them) "
+           "is not a multiple of --dp-size " + std::to_string(dp));
+    layout.tensor_parallel = tp / dp;
+    notes.push_back("--tp-size " + std::to_string(tp) + " --dp-size " + std::to_string(dp) +
+                    " --enable-dp-attention: " + std::to_string(tp) + " ranks, attention in " + std::to_string(dp) +
+                    " data-parallel groups of " + std::to_string(layout.tensor_parallel) + " (glmserve's -tp " +
+                    std::to_string(layout.tensor_parallel) + " -dp " + std::to_string(dp) + ")");
   }
-  if (f.ep_size > 0) {
-    const int ranks = layout.tensor_parallel * layout.data_parallel;
-    if (f.ep_size == ranks && ranks > 1) layout.expert_parallel = true;
-    else if (f.ep_size != 1)
-      fail("--ep-size " + std::to_string(f.ep_size) + ": glmserve spreads whole experts over every rank of the "
-           "layout, " + std::to_string(ranks) + " here (--ep-size " + std::to_string(ranks) + ")");
+  if (f.ep_size == 0) return;
+  const int ranks = layout.tensor_parallel * layout.data_parallel;
+  const int group = f.enable_dp_attention ? ranks : tp;  // SGLang's expert group
+  if (f.ep_size == 1) {
+    if (layout.expert_parallel) fail("--ep-size 1 and --enable-expert-parallel disagree: give one of them");
+    return;
   }
+  if (f.ep_size != group)
+    fail("--ep-size " + std::to_string(f.ep_size) + ": glmserve spreads whole experts over every rank, so it takes "
+         "--ep-size " + std::to_string(group) + (f.enable_dp_attention ? " (every rank)" : " (--tp-size)") +
+         " or 1 (each expert split by width)");
+  layout.expert_parallel = ranks > 1;
+  if (group != ranks)
+    notes.push_back("--ep-size " + std::to_string(f.ep_size) + " in " + std::to_string(dp) +
+                    " data-parallel groups: whole experts spread over all " + std::to_string(ranks) +
+                    " ranks instead of copied into each group");
 }
 
 // --speculative-algorithm EAGLE / NEXTN: SGLang's MTP drafting for GLM and DeepSeek, a chain of
@@ -121,7 +98,9 @@ int resolve_speculation(const SglangFlags& f, const std::string& model_dir) {
     fail("--speculative-algorithm " + f.speculative_algorithm +
          ": glmserve drafts with the checkpoint's MTP layer only (EAGLE or NEXTN, as SGLang names it for GLM); "
          "EAGLE3, standalone draft models and n-grams are not supported");
-  const int steps = f.speculative_num_steps > 0 ? f.speculative_num_steps : 3;
+  const int steps = f.speculative_num_steps > 0          ? f.speculative_num_steps
+                    : f.speculative_num_draft_tokens > 1 ? f.speculative_num_draft_tokens - 1
+                                                         : 3;
   if (f.speculative_eagle_topk > 1)
     fail("--speculative-eagle-topk " + std::to_string(f.speculative_eagle_topk) +
          ": glmserve drafts a chain of tokens, not a tree (--speculative-eagle-topk 1)");
@@ -148,6 +127,12 @@ SglangSettings resolve_sglang_flags(const SglangFlags& f, const std::string& mod
          "(docs/parallelism.md, \"Several nodes\")");
   resolve_layout(f, layout, s.notes);
   s.speculative_steps = resolve_speculation(f, model_dir);
+  if (f.chunked_prefill_size > 0) s.max_batch_tokens = f.chunked_prefill_size;
+  else if (f.chunked_prefill_size == -1)
+    s.notes.push_back("--chunked-prefill-size -1: a prompt is still prefilled in steps of --max-num-batched-tokens, "
+                      "which bounds the step's workspaces");
+  else if (f.chunked_prefill_size != 0)
+    fail("--chunked-prefill-size " + std::to_string(f.chunked_prefill_size) + ": expects tokens a step, or -1");
   if (f.page_size > 0 && f.page_size != block_size)
     s.notes.push_back("--page-size " + std::to_string(f.page_size) + ": the KV cache's blocks are " +
                       std::to_string(block_size) + " tokens here");

@@ -18,12 +18,13 @@ bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// "-tp N" / "-tp=N" and the like in their long form; other arguments unchanged.
-std::string long_layout_flag(const std::string& arg) {
+// "-tp N" / "-tp=N" and the like in their long form where the subcommand takes it; other
+// arguments unchanged.
+std::string long_layout_flag(const std::string& arg, const TakesOption& takes) {
   static const std::pair<std::string_view, std::string_view> kShort[] = {
       {"-tp", "--tensor-parallel-size"}, {"-dp", "--data-parallel-size"}, {"-pp", "--pipeline-parallel-size"}};
   for (const auto& [short_form, long_form] : kShort)
-    if (arg == short_form || starts_with(arg, std::string(short_form) + "="))
+    if ((arg == short_form || starts_with(arg, std::string(short_form) + "=")) && takes(std::string(long_form)))
       return std::string(long_form) + arg.substr(short_form.size());
   return arg;
 }
@@ -36,6 +37,8 @@ std::string dashed_name(std::string arg) {
   return arg;
 }
 
+std::string name_of(const std::string& arg) { return arg.substr(0, arg.find('=')); }
+
 nlohmann::json json_or_string(const std::string& text) {
   nlohmann::json value = nlohmann::json::parse(text, nullptr, false);
   return value.is_discarded() ? nlohmann::json(text) : value;
@@ -45,49 +48,68 @@ const char* const kSpeculativeExample =
     "e.g. --speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 3}' or "
     "--speculative-config.method mtp --speculative-config.num_speculative_tokens 3";
 
-}  // namespace
+// --speculative-config's JSON object and its dotted keys, merged as vLLM merges them.
+class SpeculativeConfigArgs {
+ public:
+  // Takes argv[i] (and its value, advancing i) when it is one of them.
+  bool take(const std::vector<std::string>& argv, size_t& i) {
+    const std::string arg = dashed_name(argv[i]);
+    const std::string name = name_of(arg);
+    if (name == kSpeculativeConfig) {
+      const std::string text = value_of(argv, i, arg, name);
+      object_ = nlohmann::json::parse(text, nullptr, false);
+      if (!object_.is_object())
+        fail("--speculative-config '" + text + "' is not a JSON object (" + kSpeculativeExample + ")");
+      return true;
+    }
+    if (!starts_with(name, std::string(kSpeculativeConfig) + ".")) return false;
+    std::string key = name.substr(kSpeculativeConfig.size() + 1);
+    std::replace(key.begin(), key.end(), '-', '_');  // the config's keys are spelt with underscores
+    dotted_[key] = json_or_string(value_of(argv, i, arg, name));
+    return true;
+  }
+  // The merged argument pair, if either form was given (a dotted key overrides the object's).
+  std::vector<std::string> merged() const {
+    if (object_.is_null() && dotted_.empty()) return {};
+    nlohmann::json config = object_.is_null() ? nlohmann::json::object() : object_;
+    config.update(dotted_);
+    return {std::string(kSpeculativeConfig), config.dump()};
+  }
 
-std::vector<std::string> normalize_vllm_arguments(const std::vector<std::string>& argv) {
-  std::vector<std::string> out;
-  nlohmann::json speculative;  // null until given
-  nlohmann::json dotted = nlohmann::json::object();
+ private:
   // The value of the flag at argv[i]: after its '=' or the next argument.
-  auto value_of = [&](size_t& i, const std::string& arg, const std::string& flag) {
+  static std::string value_of(const std::vector<std::string>& argv, size_t& i, const std::string& arg,
+                              const std::string& name) {
     const size_t equals = arg.find('=');
     if (equals != std::string::npos) return arg.substr(equals + 1);
-    if (i + 1 >= argv.size()) fail(flag + " needs a value (" + kSpeculativeExample + ")");
+    if (i + 1 >= argv.size()) fail(name + " needs a value (" + kSpeculativeExample + ")");
     return argv[++i];
-  };
-  for (size_t i = 0; i < argv.size(); ++i) {
-    if (i == 0 || !starts_with(argv[i], "--") || argv[i] == "--") {
-      if (argv[i] == "--") {  // the end of the options: the rest as given
-        out.insert(out.end(), argv.begin() + static_cast<std::ptrdiff_t>(i), argv.end());
-        break;
-      }
-      out.push_back(i == 0 ? argv[i] : long_layout_flag(argv[i]));
+  }
+  nlohmann::json object_;  // null until given
+  nlohmann::json dotted_ = nlohmann::json::object();
+};
+
+}  // namespace
+
+std::vector<std::string> normalize_vllm_arguments(const std::vector<std::string>& argv, const TakesOption& takes) {
+  std::vector<std::string> out;
+  SpeculativeConfigArgs speculative;
+  const bool takes_speculative_config = takes(std::string(kSpeculativeConfig));
+  size_t i = 0;
+  for (; i < argv.size() && argv[i] != "--"; ++i) {  // after "--": the rest as given
+    const std::string& arg = argv[i];
+    if (i == 0 || !starts_with(arg, "--")) {
+      out.push_back(i == 0 ? arg : long_layout_flag(arg, takes));
       continue;
     }
-    const std::string arg = dashed_name(argv[i]);
-    const std::string name = arg.substr(0, arg.find('='));
-    if (name == kSpeculativeConfig) {
-      const std::string text = value_of(i, arg, name);
-      speculative = nlohmann::json::parse(text, nullptr, false);
-      if (!speculative.is_object())
-        fail("--speculative-config '" + text + "' is not a JSON object (" + kSpeculativeExample + ")");
-    } else if (starts_with(name, std::string(kSpeculativeConfig) + ".")) {
-      std::string key = name.substr(kSpeculativeConfig.size() + 1);
-      std::replace(key.begin(), key.end(), '-', '_');  // the config's keys are spelt with underscores
-      dotted[key] = json_or_string(value_of(i, arg, name));
-    } else {
-      out.push_back(arg);
-    }
+    if (takes_speculative_config && speculative.take(argv, i)) continue;
+    const std::string dashed = dashed_name(arg);
+    const bool respelt = dashed != arg && !takes(name_of(arg)) && takes(name_of(dashed));
+    out.push_back(respelt ? dashed : arg);
   }
-  if (!speculative.is_null() || !dotted.empty()) {
-    if (speculative.is_null()) speculative = nlohmann::json::object();
-    speculative.update(dotted);  // a dotted key overrides the object's, as in vLLM
-    out.push_back(std::string(kSpeculativeConfig));
-    out.push_back(speculative.dump());
-  }
+  const std::vector<std::string> merged = speculative.merged();
+  out.insert(out.end(), merged.begin(), merged.end());
+  out.insert(out.end(), argv.begin() + static_cast<std::ptrdiff_t>(i), argv.end());
   return out;
 }
 
@@ -120,7 +142,8 @@ void add_vllm_flags(CLI::App* cmd, VllmFlags& f) {
   g->add_option("--all2all-backend", f.all2all_backend,
                 "Accepted: tokens reach their experts by all-gather and reduce-scatter over NCCL");
   g->add_flag("--disable-custom-all-reduce", f.disable_custom_all_reduce, "Accepted: collectives are NCCL's");
-  g->add_flag("--enforce-eager", f.enforce_eager, "Run decode steps kernel by kernel, without CUDA graphs");
+  g->add_flag("--enforce-eager,--disable-cuda-graph", f.enforce_eager,
+              "Run decode steps kernel by kernel, without CUDA graphs");
   g->add_option("--load-format", f.load_format,
                 "auto or safetensors (the checkpoint), or dummy (seeded random weights on the GPU, as --synthetic)")
       ->capture_default_str();
@@ -191,8 +214,8 @@ void check_execution_flags(const VllmFlags& f, const VllmTarget& target, VllmSet
   if (f.enforce_eager) {
     s.cuda_graphs = false;
     s.notes.push_back(target.device == "cuda"
-                          ? "--enforce-eager: decode steps run kernel by kernel, without CUDA graphs (slower)"
-                          : "--enforce-eager: the CPU path runs no CUDA graphs anyway");
+                          ? "CUDA graphs off (--enforce-eager): decode steps run kernel by kernel (slower)"
+                          : "CUDA graphs off (--enforce-eager): the CPU path runs none anyway");
   }
   if (f.load_format == "dummy") {
     if (target.device != "cuda") fail("--load-format dummy makes seeded random weights on the GPU: add --device cuda");

@@ -4,6 +4,7 @@
 // glmserve's own settings, and flags that cannot apply here, refused with what to type instead.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,13 +13,17 @@ namespace CLI { class App; }
 
 namespace glms::cli {
 
-// The command line as vLLM's parser reads it, in glmserve's spelling: "-tp N", "-dp N" and "-pp N"
-// become the long flags; "--max_model_len" becomes "--max-model-len" (names only, never values);
-// every "--speculative-config.KEY VALUE" (or KEY=VALUE) is merged with a --speculative-config JSON
-// object, if one is given, into one --speculative-config JSON argument at the end (each value read
-// as JSON where it parses, else as a string), as vLLM merges them. Throws glms::Error for a dotted
-// key without a value or a --speculative-config that is not a JSON object.
-std::vector<std::string> normalize_vllm_arguments(const std::vector<std::string>& argv);
+// Whether the command line's subcommand takes the flag `name` ("--max-model-len").
+using TakesOption = std::function<bool(const std::string& name)>;
+
+// The command line as vLLM's parser reads it, in glmserve's spelling, for flags the subcommand
+// takes (so that no argument value is touched): "-tp N", "-dp N" and "-pp N" become the long
+// flags; "--max_model_len" becomes "--max-model-len"; every "--speculative-config.KEY VALUE" (or
+// KEY=VALUE) is merged with a --speculative-config JSON object, if one is given, into one
+// --speculative-config JSON argument before any "--" (each value read as JSON where it parses,
+// else as a string), as vLLM merges them. Throws glms::Error for a dotted key without a value or
+// a --speculative-config that is not a JSON object.
+std::vector<std::string> normalize_vllm_arguments(const std::vector<std::string>& argv, const TakesOption& takes);
 
 struct VllmFlags {
   std::string tool_call_parser, reasoning_parser, dtype = "auto";

@@ -26,21 +26,6 @@ std::string refusal(const SglangFlags& flags, SglangLayout layout = {}) {
 
 }  // namespace
 
-TEST(SglangArguments, ServesFlagsTakeGlmservesNames) {
-  const std::vector<std::string> sglang = {"glmserve", "serve", "--model-path", "DIR", "--tp-size", "8", "--dp=2",
-                                           "--context-length", "32768", "--chunked-prefill-size", "8192",
-                                           "--max-running-requests", "64", "--mem-fraction-static", "0.85",
-                                           "--random-seed", "3", "--disable-radix-cache", "--disable-cuda-graph"};
-  EXPECT_EQ(cli::normalize_sglang_arguments(sglang),
-            (std::vector<std::string>{"glmserve", "serve", "--model", "DIR", "--tensor-parallel-size", "8",
-                                      "--data-parallel-size=2", "--max-model-len", "32768", "--max-num-batched-tokens",
-                                      "8192", "--max-num-seqs", "64", "--gpu-memory-utilization", "0.85", "--seed",
-                                      "3", "--no-enable-prefix-caching", "--enforce-eager"}));
-  // Other subcommands keep their own flags (bench has a --seed of its own, generate no --tp).
-  const std::vector<std::string> bench = {"glmserve", "bench", "--random-seed", "3"};
-  EXPECT_EQ(cli::normalize_sglang_arguments(bench), bench);
-}
-
 TEST(SglangFlagsResolve, DataParallelAttentionCountsEveryRankInTpSize) {
   SglangFlags flags;
   flags.enable_dp_attention = true;
@@ -57,9 +42,24 @@ TEST(SglangFlagsResolve, DataParallelAttentionCountsEveryRankInTpSize) {
   EXPECT_EQ(tp4_dp2.tensor_parallel, 4);
   EXPECT_TRUE(tp4_dp2.expert_parallel);
   EXPECT_NE(refusal(flags, {8, 3, false}).find("not a multiple of --dp-size 3"), std::string::npos);
-  SglangFlags ep_only;
-  ep_only.ep_size = 4;
-  EXPECT_NE(refusal(ep_only, {8, 1, false}).find("every rank of the layout, 8 here"), std::string::npos);
+  // Without DP attention SGLang's expert group is a replica's --tp-size: --tp 4 --dp 2 --ep 4 spreads
+  // whole experts (over all eight ranks here, with a note); another size is refused.
+  SglangFlags replicas;
+  replicas.ep_size = 4;
+  SglangLayout tp4_replicas{4, 2, false};
+  const cli::SglangSettings r = cli::resolve_sglang_flags(replicas, kModel, 16, tp4_replicas);
+  EXPECT_EQ(tp4_replicas.tensor_parallel, 4);
+  EXPECT_TRUE(tp4_replicas.expert_parallel);
+  ASSERT_EQ(r.notes.size(), 1u);
+  EXPECT_NE(r.notes[0].find("spread over all 8 ranks"), std::string::npos) << r.notes[0];
+  EXPECT_NE(refusal(replicas, {8, 1, false}).find("takes --ep-size 8 (--tp-size)"), std::string::npos)
+      << refusal(replicas, {8, 1, false});
+  SglangFlags one;
+  one.ep_size = 1;
+  EXPECT_NE(refusal(one, {2, 1, true}).find("disagree"), std::string::npos);
+  // --dp-size alone: glmserve's own data-parallel groups, nothing to say.
+  SglangLayout plain{1, 4, true};
+  EXPECT_TRUE(cli::resolve_sglang_flags(SglangFlags{}, kModel, 16, plain).notes.empty());
 }
 
 TEST(SglangFlagsResolve, EagleAndNextnDraftWithTheMtpLayer) {
@@ -74,6 +74,8 @@ TEST(SglangFlagsResolve, EagleAndNextnDraftWithTheMtpLayer) {
   nextn.speculative_algorithm = "nextn";
   nextn.speculative_draft_model_path = kModel;
   EXPECT_EQ(cli::resolve_sglang_flags(nextn, kModel, 16, layout).speculative_steps, 3);
+  nextn.speculative_num_draft_tokens = 6;  // the steps follow from the draft tokens
+  EXPECT_EQ(cli::resolve_sglang_flags(nextn, kModel, 16, layout).speculative_steps, 5);
   const std::pair<void (*)(SglangFlags&), std::string> refused[] = {
       {[](SglangFlags& f) { f.speculative_algorithm = "EAGLE3"; }, "MTP layer only"},
       {[](SglangFlags& f) { f.speculative_eagle_topk = 4; }, "a chain of tokens, not a tree"},
@@ -87,6 +89,19 @@ TEST(SglangFlagsResolve, EagleAndNextnDraftWithTheMtpLayer) {
     change(f);
     EXPECT_NE(refusal(f).find(expect), std::string::npos) << refusal(f);
   }
+}
+
+TEST(SglangFlagsResolve, ChunkedPrefillSizeBoundsTheStep) {
+  SglangFlags flags;
+  flags.chunked_prefill_size = 8192;
+  SglangLayout layout;
+  EXPECT_EQ(cli::resolve_sglang_flags(flags, kModel, 16, layout).max_batch_tokens, 8192);
+  flags.chunked_prefill_size = -1;  // SGLang's "no chunking": glmserve keeps its step bound, with a note
+  const cli::SglangSettings s = cli::resolve_sglang_flags(flags, kModel, 16, layout);
+  EXPECT_EQ(s.max_batch_tokens, 0);
+  EXPECT_EQ(s.notes.size(), 1u);
+  flags.chunked_prefill_size = -5;
+  EXPECT_NE(refusal(flags).find("expects tokens a step, or -1"), std::string::npos);
 }
 
 TEST(SglangFlagsResolve, KernelBackendsAndPagesLeaveNotes) {

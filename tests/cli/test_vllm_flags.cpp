@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "cli/vllm_flags.h"
 #include "core/error.h"
@@ -14,10 +15,17 @@ using cli::VllmTarget;
 
 namespace {
 
-std::vector<std::string> normalized(const std::vector<std::string>& args) {
+// The flags of a serve-like subcommand (and of one without --speculative-config).
+const std::set<std::string> kServeFlags = {"--tensor-parallel-size", "--data-parallel-size", "--pipeline-parallel-size",
+                                           "--max-model-len", "--max-num-seqs", "--served-model-name",
+                                           "--speculative-config", "--port", "--prompt"};
+
+std::vector<std::string> normalized(const std::vector<std::string>& args,
+                                    const std::set<std::string>& flags = kServeFlags) {
   std::vector<std::string> argv = {"glmserve"};
   argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<std::string> out = cli::normalize_vllm_arguments(argv);
+  std::vector<std::string> out =
+      cli::normalize_vllm_arguments(argv, [&](const std::string& name) { return flags.count(name) > 0; });
   out.erase(out.begin());
   return out;
 }
@@ -46,9 +54,14 @@ TEST(VllmArguments, ShortLayoutFlagsAndUnderscoresTakeGlmservesSpelling) {
   EXPECT_EQ(normalized({"serve", "DIR", "-tp", "8", "-dp=2", "-pp", "1", "--max_model_len=32K", "--max_num_seqs", "4"}),
             (std::vector<std::string>{"serve", "DIR", "--tensor-parallel-size", "8", "--data-parallel-size=2",
                                       "--pipeline-parallel-size", "1", "--max-model-len=32K", "--max-num-seqs", "4"}));
-  // Values keep their underscores, and everything after "--" stays as given.
-  EXPECT_EQ(normalized({"--served-model-name", "my_model", "--", "--max_model_len"}),
-            (std::vector<std::string>{"--served-model-name", "my_model", "--", "--max_model_len"}));
+  // Values keep their underscores, even one that starts with "--" (a SQL comment as a prompt), and
+  // everything after "--" stays as given.
+  EXPECT_EQ(normalized({"--served-model-name", "my_model", "--prompt", "-- fetch user_id", "--", "--max_model_len"}),
+            (std::vector<std::string>{"--served-model-name", "my_model", "--prompt", "-- fetch user_id", "--",
+                                      "--max_model_len"}));
+  // Only flags the subcommand takes are respelt.
+  EXPECT_EQ(normalized({"--max_model_len", "8", "-tp", "2"}, {"--max_model_len"}),
+            (std::vector<std::string>{"--max_model_len", "8", "-tp", "2"}));
 }
 
 TEST(VllmArguments, DottedSpeculativeConfigKeysMergeIntoOneJsonObject) {
@@ -63,6 +76,12 @@ TEST(VllmArguments, DottedSpeculativeConfigKeysMergeIntoOneJsonObject) {
   EXPECT_EQ(nlohmann::json::parse(merged.at(1)), (nlohmann::json{{"method", "mtp"}, {"num_speculative_tokens", 4}}));
   EXPECT_THROW(normalized({"--speculative-config.method"}), Error);
   EXPECT_THROW(normalized({"--speculative-config", "{method: mtp}"}), Error);
+  // The merged object goes before "--", so that what follows it stays positional.
+  EXPECT_EQ(normalized({"serve", "--speculative-config.method", "mtp", "--", "DIR"}),
+            (std::vector<std::string>{"serve", "--speculative-config", R"({"method":"mtp"})", "--", "DIR"}));
+  // A subcommand without --speculative-config keeps the arguments as they are.
+  EXPECT_EQ(normalized({"--speculative-config.method", "mtp"}, {"--port"}),
+            (std::vector<std::string>{"--speculative-config.method", "mtp"}));
 }
 
 TEST(VllmFlagsResolve, SpeculativeConfigBecomesMtpDrafting) {
