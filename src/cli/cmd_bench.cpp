@@ -5,6 +5,8 @@
 // overrides the preset's value (giving --request-rate or --max-concurrency replaces both of the
 // preset's level lists). See docs/benchmarks.md.
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <filesystem>
 #include <fmt/format.h>
 #include <memory>
 #include <string>
@@ -29,6 +31,10 @@ struct BenchArgs {
   double retry_backoff = 0.5;
   double max_failure_rate = 0;  // the share of failed requests beyond which bench exits non-zero
   bool no_metrics = false, no_progress = false;
+  // vLLM's `bench serve` and SGLang's bench_serving flags (docs/benchmarks.md).
+  std::string host, dataset_name = "random", backend;
+  int port = 0;
+  bool save_result = false;
 };
 
 std::string preset_names() {
@@ -47,7 +53,10 @@ void add_server_options(CLI::App* cmd, BenchArgs& a) {
   bench::BenchConfig& c = a.cfg;
   cmd->add_option("--base-url", c.base_url, "Server address, http://host:port[/prefix]")->capture_default_str();
   cmd->add_option("--model", c.model, "Model name sent in requests (as the server lists it)")->required();
-  cmd->add_option("--tokenizer", c.tokenizer, "The served model's tokenizer.json or its folder")->required();
+  cmd->add_option("--tokenizer", c.tokenizer,
+                  "The served model's tokenizer.json or its folder (default: --model where that is a local folder)");
+  cmd->add_option("--host", a.host, "Server host, with --port, instead of --base-url (vLLM's and SGLang's form)");
+  cmd->add_option("--port", a.port, "Server port, with --host")->check(CLI::Range(1, 65535));
   cmd->add_option("--endpoint", c.endpoint, "/v1/completions or /v1/chat/completions")->capture_default_str();
   cmd->add_option("--api-key", c.api_key, "Sent as Authorization: Bearer KEY");
 }
@@ -56,12 +65,17 @@ void add_server_options(CLI::App* cmd, BenchArgs& a) {
 void add_workload_options(CLI::App* cmd, BenchArgs& a, ExplicitOptions& o) {
   bench::BenchConfig& c = a.cfg;
   o.preset = cmd->add_option("--preset", a.preset, "A write-up's run: " + preset_names() + "; flags override its values");
-  o.input_len = cmd->add_option("--input-len", a.input_len, "Prompt tokens (default 1024)")->check(positive_number());
-  o.output_len =
-      cmd->add_option("--output-len", a.output_len, "Output tokens, sent as max_tokens with ignore_eos (default 128)")
-          ->check(positive_number());
-  cmd->add_option("--range-ratio", c.workload.range_ratio, "Lengths uniform in [len*(1-r), len*(1+r)]")
+  o.input_len = cmd->add_option("--input-len,--random-input-len", a.input_len, "Prompt tokens (default 1024)")
+                    ->check(positive_number());
+  o.output_len = cmd->add_option("--output-len,--random-output-len", a.output_len,
+                                 "Output tokens, sent as max_tokens with ignore_eos (default 128)")
+                     ->check(positive_number());
+  cmd->add_option("--range-ratio,--random-range-ratio", c.workload.range_ratio,
+                  "Lengths uniform in [len*(1-r), len*(1+r)]")
       ->check(CLI::Range(0.0, 0.999));
+  cmd->add_option("--dataset-name", a.dataset_name,
+                  "random: prompts of random tokens at exact lengths (the only dataset; vLLM's and SGLang's flag)")
+      ->capture_default_str();
   o.prefix_hit = cmd->add_option("--prefix-hit", a.prefix_hit,
                                  "Target prefix-cache hit ratio: prompts share one of --num-prefixes prefixes of "
                                  "hit*input-len tokens")
@@ -119,12 +133,40 @@ void add_output_options(CLI::App* cmd, BenchArgs& a) {
   bench::BenchConfig& c = a.cfg;
   cmd->add_flag("--no-metrics", a.no_metrics, "Do not read the server's /metrics around each level");
   cmd->add_option("--metrics-path", c.metrics_path, "Prometheus page of the server")->capture_default_str();
-  cmd->add_option("--output-dir", c.output_dir, "Write bench.json, bench.csv, requests.csv, report.md, report.html and SVG charts here");
+  cmd->add_option("--output-dir,--result-dir", c.output_dir,
+                  "Write bench.json, bench.csv, requests.csv, report.md, report.html and SVG charts here");
+  cmd->add_flag("--save-result", a.save_result, "Accepted: the results are written where --output-dir says");
+  cmd->add_option("--backend", a.backend,
+                  "vllm, sglang, openai or glmserve (any OpenAI-compatible server: /v1/completions), or openai-chat "
+                  "(/v1/chat/completions)");
   cmd->add_flag("--no-progress", a.no_progress, "No live progress line on stderr");
   cmd->add_option("--max-failure-rate", a.max_failure_rate,
                   "Share of failed requests (0-1) allowed before bench exits with status 1")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+}
+
+// vLLM's and SGLang's bench flags in the configuration: --host/--port as the base URL, the
+// tokenizer from --model's folder, --backend openai-chat as the chat endpoint, and the one
+// dataset.
+void resolve_peer_bench_flags(const BenchArgs& a, bench::BenchConfig& cfg, const CLI::App& cmd) {
+  if (a.dataset_name != "random")
+    fail("bench: --dataset-name " + a.dataset_name +
+         ": glmserve bench sends prompts of random tokens at exact lengths (random), with shared prefixes for "
+         "prefix-cache hits (--prefix-hit); datasets such as sharegpt are not bundled");
+  if ((!a.host.empty() || a.port > 0) && cmd.count("--base-url") > 0)
+    fail("bench: give the server as --base-url or as --host and --port, not both");
+  if (!a.host.empty() || a.port > 0)
+    cfg.base_url = "http://" + (a.host.empty() ? std::string("127.0.0.1") : a.host) + ":" +
+                   std::to_string(a.port > 0 ? a.port : 8000);
+  if (cfg.tokenizer.empty() && std::filesystem::exists(cfg.model)) cfg.tokenizer = cfg.model;
+  static const char* const kBackends[] = {"vllm", "sglang", "openai", "glmserve", "openai-chat", "vllm-chat"};
+  if (!a.backend.empty() &&
+      std::none_of(std::begin(kBackends), std::end(kBackends), [&](const char* b) { return a.backend == b; }))
+    fail("bench: --backend " + a.backend + ": expects vllm, sglang, openai or glmserve (completions), or openai-chat "
+         "(chat completions); every one is an OpenAI-compatible server");
+  if ((a.backend == "openai-chat" || a.backend == "vllm-chat") && cmd.count("--endpoint") == 0)
+    cfg.endpoint = "/v1/chat/completions";
 }
 
 // The run's configuration: the preset's values first, then every explicit flag.
@@ -189,6 +231,7 @@ void add_bench_command(CLI::App& app) {
   add_output_options(cmd, *a);
   cmd->callback([a, o, cmd] {
     bench::BenchConfig cfg = resolve_config(*a, *o);
+    resolve_peer_bench_flags(*a, cfg, *cmd);
     // The options as given (CLI11's config form), recorded in bench.json.
     cfg.command_line = "glmserve bench\n" + cmd->config_to_str(false, false);
     check_failures(bench::run_bench(cfg), a->max_failure_rate, cfg.output_dir);

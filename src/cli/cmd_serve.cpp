@@ -303,6 +303,8 @@ server::ServiceConfig service_config_of(const ServeArgs& args, const std::filesy
   if (args.served_model_names.empty()) {
     config.served_model_name = dir.filename().string();
     if (config.served_model_name.empty()) config.served_model_name = dir.parent_path().filename().string();
+    // vLLM serves a model under the argument as given: clients written for it send that.
+    if (args.source.model_dir != config.served_model_name) config.model_aliases.push_back(args.source.model_dir);
   } else {
     config.served_model_name = args.served_model_names.front();
     config.model_aliases.assign(args.served_model_names.begin() + 1, args.served_model_names.end());
@@ -508,7 +510,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--preset", args->preset, "high_throughput | low_latency | memory_constrained")
       ->check(CLI::IsMember({"high_throughput", "low_latency", "memory_constrained"}));
   cmd->add_option("--served-model-name", args->served_model_names,
-                  "Model ids in the API, the first in responses (default: the folder's name)")
+                  "Model ids in the API, the first in responses (default: the folder's name, and the model argument "
+                  "as given, as vLLM names it)")
       ->take_all();
   cmd->add_option("--speculative", args->speculative,
                   "Speculative decoding with the checkpoint's MTP layer (greedy output unchanged, sampled output "

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -120,6 +121,31 @@ TEST(SglangLaunch, AnSglangLaunchLineServesItsLayoutWithMtpDrafts) {
   const Response r = http(server.port(), "POST", "/v1/completions", request.dump());
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], one_rank_text);
+  EXPECT_EQ(server.stop(SIGTERM, 60.0), 0);
+}
+
+// A server started with the model's path and no --served-model-name answers to that path (vLLM's
+// served name) besides the folder's name, and vLLM's bench line measures it: --backend vllm,
+// --dataset-name random, --random-input-len, --host and --port, the tokenizer from --model's
+// folder, --save-result into --result-dir.
+TEST(VllmLaunch, TheModelPathIsAServedNameAndVllmsBenchLineMeasuresIt) {
+  ServerProcess server(kBinary, {"serve", kModel, "--port", "0", "--kv-cache-memory", "64M"});
+  for (const std::string& name : {kModel, std::string("glm5-tiny-code")}) {
+    const Response r = http(server.port(), "POST", "/v1/completions",
+                            json{{"model", name}, {"prompt", "def f():"}, {"max_tokens", 2}}.dump());
+    EXPECT_EQ(r.status, 200) << name << ": " << r.body;
+  }
+  const std::string results = GLMS_BINARY_DIR "/tests/e2e/vllm_bench_results";
+  std::filesystem::remove_all(results);
+  const auto [out, status] =
+      run_glmserve("bench --backend vllm --model " + kModel + " --dataset-name random --random-input-len 24 "
+                   "--random-output-len 4 --num-prompts 4 --request-rate inf --host 127.0.0.1 --port " +
+                   std::to_string(server.port()) + " --save-result --result-dir " + results + " --no-progress");
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_TRUE(std::filesystem::exists(results + "/bench.json")) << out;
+  const auto [bad, bad_status] = run_glmserve("bench --model " + kModel + " --dataset-name sharegpt");
+  EXPECT_NE(bad_status, 0);
+  EXPECT_NE(bad.find("datasets such as sharegpt are not bundled"), std::string::npos) << bad;
   EXPECT_EQ(server.stop(SIGTERM, 60.0), 0);
 }
 
