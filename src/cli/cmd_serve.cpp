@@ -74,6 +74,7 @@ struct ServeArgs {
   std::string speculative;
   int speculative_steps = 3;
   bool speculative_steps_given = false;
+  int max_logprobs = 0;  // vLLM's --max-logprobs (0: the server's default)
   int speculative_max_batch = engine::EngineConfig{}.speculative_max_batch;
 };
 
@@ -212,6 +213,8 @@ std::vector<std::string> resolve_peer_flags(ServeArgs& args) {
   const VllmSettings vllm = cli::resolve_vllm_flags(args.vllm, target);
   if (vllm.synthetic) args.source.synthetic = true;
   args.source.cuda_graphs = vllm.cuda_graphs;
+  if (!vllm.access_log) args.disable_log_requests = true;
+  if (vllm.max_logprobs > 0) args.max_logprobs = vllm.max_logprobs;
   apply_speculation(args, vllm, sglang);
   std::vector<std::string> notes = sglang.notes;
   notes.insert(notes.end(), vllm.notes.begin(), vllm.notes.end());
@@ -317,6 +320,7 @@ server::ServiceConfig service_config_of(const ServeArgs& args, const std::filesy
   config.jwt_secret = args.jwt_secret;
   config.request_timeout_seconds = args.request_timeout;
   config.max_body_bytes = args.max_body_bytes;
+  if (args.max_logprobs > 0) config.parse_limits.max_top_logprobs = args.max_logprobs;
   parse_rate_limit(args.rate_limit, config);
   if (args.generation_config == "auto") {
     read_generation_defaults(dir, config);

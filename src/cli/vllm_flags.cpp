@@ -148,6 +148,19 @@ void add_vllm_flags(CLI::App* cmd, VllmFlags& f) {
                 "auto or safetensors (the checkpoint), or dummy (seeded random weights on the GPU, as --synthetic)")
       ->capture_default_str();
   g->add_option("--swap-space", f.swap_space, "Accepted, no effect: preempted sequences are recomputed");
+  g->add_flag("--enable-chunked-prefill", f.enable_chunked_prefill, "Accepted: long prompts are always prefilled in chunks");
+  g->add_flag("--no-enable-chunked-prefill", f.no_chunked_prefill,
+              "Accepted: prompts longer than --max-num-batched-tokens are still prefilled in chunks");
+  g->add_flag("--async-scheduling", f.async_scheduling, "Accepted, no effect");
+  g->add_option("--compilation-config", f.compilation_config,
+                "Accepted, no effect: no torch.compile, the kernels are compiled ahead of time");
+  g->add_option("--tokenizer", f.tokenizer, "The model folder or its tokenizer.json (glmserve reads the model's own)");
+  g->add_option("--uvicorn-log-level", f.uvicorn_log_level, "Accepted: glmserve's HTTP log lines follow --log-level");
+  g->add_flag("--disable-uvicorn-access-log", f.disable_uvicorn_access_log,
+              "No access line per request (as --disable-log-requests)");
+  g->add_flag("--enable-log-requests", f.enable_log_requests, "Accepted: an access line per request is the default");
+  g->add_option("--max-logprobs", f.max_logprobs, "Largest logprobs / top_logprobs a request may ask (default 20)")
+      ->check(CLI::Range(1, 1 << 20));
   g->add_option("--block-size", f.block_size, "Accepted, no effect: the KV cache's blocks are 16 tokens");
 }
 
@@ -228,6 +241,13 @@ void check_execution_flags(const VllmFlags& f, const VllmTarget& target, VllmSet
   if (f.swap_space >= 0)
     s.notes.push_back("--swap-space: a preempted sequence is recomputed from its tokens (the prefix cache keeps what "
                       "it can), never swapped to host memory");
+  if (f.enable_chunked_prefill) s.notes.push_back("--enable-chunked-prefill: long prompts are always prefilled in chunks");
+  if (f.no_chunked_prefill)
+    s.notes.push_back("--no-enable-chunked-prefill: prompts longer than --max-num-batched-tokens are still prefilled "
+                      "in chunks of it");
+  if (f.async_scheduling) s.notes.push_back("--async-scheduling has no effect here");
+  if (!f.compilation_config.empty())
+    s.notes.push_back("--compilation-config has no effect: no torch.compile, the kernels are compiled ahead of time");
   if (f.block_size > 0 && f.block_size != target.block_size)
     s.notes.push_back("--block-size " + std::to_string(f.block_size) + ": the KV cache's blocks are " +
                       std::to_string(target.block_size) + " tokens here");
@@ -286,6 +306,24 @@ void apply_speculative_config(const std::string& text, const VllmTarget& target,
   }
 }
 
+// The HTTP side: the tokenizer (the model's own), uvicorn's log flags, --max-logprobs.
+void check_http_flags(const VllmFlags& f, const VllmTarget& target, VllmSettings& s) {
+  if (!f.tokenizer.empty()) {
+    const std::filesystem::path given(f.tokenizer), model(target.model_dir);
+    std::error_code error;
+    const bool own = std::filesystem::equivalent(given, model, error) ||
+                     std::filesystem::equivalent(given, model / "tokenizer.json", error);
+    if (!own)
+      fail("--tokenizer " + f.tokenizer + ": glmserve reads the model folder's own tokenizer.json (" +
+           target.model_dir + "); put the tokenizer there, or leave --tokenizer out");
+  }
+  if (!f.uvicorn_log_level.empty())
+    s.notes.push_back("--uvicorn-log-level " + f.uvicorn_log_level + ": glmserve's HTTP log lines follow --log-level");
+  if (f.disable_uvicorn_access_log) s.access_log = false;
+  if (f.enable_log_requests) s.notes.push_back("--enable-log-requests: an access line per request is the default");
+  s.max_logprobs = f.max_logprobs;
+}
+
 }  // namespace
 
 VllmSettings resolve_vllm_flags(const VllmFlags& f, const VllmTarget& target) {
@@ -296,6 +334,7 @@ VllmSettings resolve_vllm_flags(const VllmFlags& f, const VllmTarget& target) {
   if (f.trust_remote_code) s.notes.push_back("--trust-remote-code has no effect: glmserve runs no code from checkpoints");
   check_layout_flags(f, target, s.notes);
   check_execution_flags(f, target, s);
+  check_http_flags(f, target, s);
   if (!f.speculative_config.empty()) apply_speculative_config(f.speculative_config, target, s);
   return s;
 }

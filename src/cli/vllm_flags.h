@@ -36,10 +36,15 @@ struct VllmFlags {
   int data_parallel_rpc_port = 0, data_parallel_start_rank = -1, nnodes = 1, node_rank = 0;
   bool headless = false, enable_eplb = false, disable_custom_all_reduce = false;
   // Execution and memory.
-  bool enforce_eager = false;
+  bool enforce_eager = false, enable_chunked_prefill = false, no_chunked_prefill = false, async_scheduling = false;
+  std::string compilation_config;
   std::string load_format = "auto";
   double swap_space = -1.0;  // GiB; < 0: not given
   int block_size = 0;        // 0: not given
+  // The HTTP side.
+  std::string tokenizer, uvicorn_log_level;
+  bool disable_uvicorn_access_log = false, enable_log_requests = false;
+  int max_logprobs = 0;  // 0: not given
 };
 
 void add_vllm_flags(CLI::App* cmd, VllmFlags& flags);
@@ -59,6 +64,8 @@ struct VllmSettings {
   std::optional<int> speculative_max_batch;  // its disable_by_batch_size
   bool synthetic = false;                    // --load-format dummy: random weights
   bool cuda_graphs = true;                   // false: --enforce-eager
+  bool access_log = true;                    // false: --disable-uvicorn-access-log
+  int max_logprobs = 0;                      // --max-logprobs (0: not given)
 };
 
 // Checks vLLM's flags against what they go with; throws glms::Error saying what to type instead.

@@ -139,6 +139,22 @@ TEST(VllmFlagsResolve, LayoutsOverSeveralNodesPointToMpirun) {
   EXPECT_EQ(s.notes.size(), 4u);
 }
 
+TEST(VllmFlagsResolve, HttpSideFlags) {
+  VllmFlags flags;
+  flags.tokenizer = GLMS_SOURCE_DIR "/models/glm5-tiny-code/tokenizer.json";  // the model's own
+  flags.uvicorn_log_level = "warning";
+  flags.disable_uvicorn_access_log = true;
+  flags.max_logprobs = 5;
+  flags.enable_chunked_prefill = true;
+  flags.async_scheduling = true;
+  const cli::VllmSettings s = cli::resolve_vllm_flags(flags, cuda_target());
+  EXPECT_FALSE(s.access_log);
+  EXPECT_EQ(s.max_logprobs, 5);
+  EXPECT_EQ(s.notes.size(), 3u);  // uvicorn's level, chunked prefill, async scheduling
+  flags.tokenizer = "/models/other-tokenizer";
+  EXPECT_NE(refusal(flags).find("reads the model folder's own tokenizer.json"), std::string::npos) << refusal(flags);
+}
+
 TEST(VllmFlagsResolve, LoadFormatEagerModeAndMemoryFlags) {
   VllmFlags flags;
   flags.load_format = "dummy";

@@ -40,7 +40,8 @@ TEST(VllmLaunch, AVllmServeLineStartsAndAnswersUnderEveryName) {
                                  "--enable-auto-tool-choice", "--trust-remote-code", "--dtype", "bfloat16", "--seed",
                                  "3", "--generation-config", "vllm", "--enable-prefix-caching",
                                  "--disable-log-requests", "--gpu-memory-utilization", "0.9", "--vllm-metric-names",
-                                 "--max-body-bytes", "4000"});
+                                 "--max-body-bytes", "4000", "--max-logprobs", "5", "--enable-chunked-prefill",
+                                 "--async-scheduling", "--uvicorn-log-level", "warning"});
   unsetenv("GLMSERVE_API_KEY");
   const std::string& out = server.output();
   EXPECT_NE(out.find("max_model_len 1024"), std::string::npos) << out;
@@ -60,6 +61,11 @@ TEST(VllmLaunch, AVllmServeLineStartsAndAnswersUnderEveryName) {
                             json{{"model", name}, {"prompt", "def f():"}, {"max_tokens", 4}}.dump(), auth);
     EXPECT_EQ(r.status, 200) << r.body;
   }
+  // --max-logprobs 5 bounds what a request may ask.
+  const Response many = http(server.port(), "POST", "/v1/completions",
+                             json{{"model", "glm-5"}, {"prompt", "def f():"}, {"max_tokens", 2}, {"logprobs", 6}}.dump(),
+                             auth);
+  EXPECT_EQ(many.status, 400) << many.body;
   // An oversized body is answered 413 and counted; vLLM's phase metrics and names are there.
   EXPECT_EQ(http(server.port(), "POST", "/v1/completions", std::string(5000, 'x'), auth).status, 413);
   const std::string metrics = http(server.port(), "GET", "/metrics").body;
