@@ -60,10 +60,11 @@ void resolve_layout(const SglangFlags& f, SglangLayout& layout, std::vector<std:
       fail("--enable-dp-attention: --tp-size " + std::to_string(tp) + " (every rank, as SGLang counts them) "
            "is not a multiple of --dp-size " + std::to_string(dp));
     layout.tensor_parallel = tp / dp;
-    notes.push_back("--tp-size " + std::to_string(tp) + " --dp-size " + std::to_string(dp) +
-                    " --enable-dp-attention: " + std::to_string(tp) + " ranks, attention in " + std::to_string(dp) +
-                    " data-parallel groups of " + std::to_string(layout.tensor_parallel) + " (glmserve's -tp " +
-                    std::to_string(layout.tensor_parallel) + " -dp " + std::to_string(dp) + ")");
+    if (dp > 1)
+      notes.push_back("--tp-size " + std::to_string(tp) + " --dp-size " + std::to_string(dp) +
+                      " --enable-dp-attention: " + std::to_string(tp) + " ranks, attention in " +
+                      std::to_string(dp) + " data-parallel groups of " + std::to_string(layout.tensor_parallel) +
+                      " (glmserve's -tp " + std::to_string(layout.tensor_parallel) + " -dp " + std::to_string(dp) + ")");
   }
   if (f.ep_size == 0) return;
   const int ranks = layout.tensor_parallel * layout.data_parallel;
