@@ -150,6 +150,112 @@ constexpr size_t stream_shared_bytes() {
   return sizeof(uint4) * kStages * Slot<kFrags, kTiles, kWarps>::kUnits;
 }
 
+// This lane's rows of its warp's fragment from first_output on: a = g, b = g + 8 (gate/up: the
+// up row of a's index; rows past the end repeat the last, never written), their first code chunk
+// (plus the lane's t) and scale word in expert e.
+template <Projection kProj>
+__device__ __forceinline__ void lane_rows(const StreamArgs& a, int e, int64_t first_output, int g, int t,
+                                          const uint4*& codes_a, const uint4*& codes_b, const uint32_t*& scales_a,
+                                          const uint32_t*& scales_b) {
+  int64_t ra = min(first_output + g, a.outputs - 1), rb;
+  if constexpr (kProj == Projection::kGateUp) rb = ra + a.outputs;
+  else rb = min(first_output + 8 + g, a.outputs - 1);
+  ra += static_cast<int64_t>(e) * a.rows_per_expert;
+  rb += static_cast<int64_t>(e) * a.rows_per_expert;
+  codes_a = reinterpret_cast<const uint4*>(a.codes) + tile_row_chunks(ra, a.k) + t;
+  codes_b = reinterpret_cast<const uint4*>(a.codes) + tile_row_chunks(rb, a.k) + t;
+  scales_a = reinterpret_cast<const uint32_t*>(a.scales) + quant::mxfp4_tile_scale_word(ra, a.k);
+  scales_b = reinterpret_cast<const uint32_t*>(a.scales) + quant::mxfp4_tile_scale_word(rb, a.k);
+}
+
+// The same for each of a warp's kFrags fragments, kOutputsPerFragment outputs apart.
+template <Projection kProj, int kFrags>
+__device__ __forceinline__ void lane_fragment_rows(const StreamArgs& a, int e, int64_t first_output, int g, int t,
+                                                   const uint4* (&codes)[kFrags][2],
+                                                   const uint32_t* (&scales)[kFrags][2]) {
+#pragma unroll
+  for (int f = 0; f < kFrags; ++f)
+    lane_rows<kProj>(a, e, first_output + f * kOutputsPerFragment<kProj>, g, t, codes[f][0], codes[f][1], scales[f][0],
+                     scales[f][1]);
+}
+
+// This thread's B copies of a chunk of `count` tokens (`tiles` tiles of 8), the same units every
+// step: unit i = 16 token + chunk of 8 values (-1 past the chunk's tiles) and step 0's source
+// (tokens past `count` repeat the last, never read back).
+template <int kCopies, int kWarps>
+__device__ __forceinline__ void b_copy_units(const StreamArgs& a, int chunk, int count, int tiles,
+                                             const uint32_t* (&source)[kCopies], int (&unit)[kCopies]) {
+  const int64_t staged_words = a.k / 2;
+#pragma unroll
+  for (int n = 0; n < kCopies; ++n) {
+    const int i = threadIdx.x + n * kWarps * 32, token = i / 16, c = i % 16;
+    unit[n] = i < tiles * 8 * 16 ? b_chunk(token, c) : -1;
+    source[n] = a.staged + (chunk + min(token, count - 1)) * staged_words + 4 * c;
+  }
+}
+
+// One step into `slot`: this lane's codes and scale words (where its warp has rows) and this
+// thread's B units, each source then advanced a step.
+template <int kFrags, int kTiles, int kWarps, int kCopies>
+__device__ __forceinline__ void copy_step(uint4* slot, bool has_rows, int lane_codes, const uint4* (&codes)[kFrags][2],
+                                          const uint32_t* (&scales)[kFrags][2], const uint32_t* (&b_source)[kCopies],
+                                          const int (&b_unit)[kCopies]) {
+  using S = Slot<kFrags, kTiles, kWarps>;
+  if (has_rows) {
+    uint32_t* slot_scales = reinterpret_cast<uint32_t*>(slot + S::kB + S::kCodes);
+#pragma unroll
+    for (int f = 0; f < kFrags; ++f)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        copy_async_16(slot + S::kB + lane_codes + (2 * f + r) * 32, codes[f][r]);
+        copy_async_small<4>(slot_scales + lane_codes + (2 * f + r) * 32, scales[f][r]);
+        codes[f][r] += kTileStepChunks;
+        scales[f][r] += quant::kMxfp4TileScaleStepWords;
+      }
+  }
+#pragma unroll
+  for (int n = 0; n < kCopies; ++n) {
+    if (b_unit[n] >= 0) copy_async_16(slot + b_unit[n], b_source[n]);
+    b_source[n] += kStepValues / 2;
+  }
+}
+
+// This lane's codes and scale words of each fragment's two rows, from a landed slot.
+template <int kFrags, int kTiles, int kWarps>
+__device__ __forceinline__ void read_lane_codes(const uint4* slot, int lane_codes, uint4 (&codes)[kFrags][2],
+                                                uint32_t (&scales)[kFrags][2]) {
+  using S = Slot<kFrags, kTiles, kWarps>;
+  const uint32_t* slot_scales = reinterpret_cast<const uint32_t*>(slot + S::kB + S::kCodes);
+#pragma unroll
+  for (int f = 0; f < kFrags; ++f)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      codes[f][r] = slot[S::kB + lane_codes + (2 * f + r) * 32];
+      scales[f][r] = slot_scales[lane_codes + (2 * f + r) * 32];
+    }
+}
+
+// A chunk's sums out, each token's times its unscale: C of fragment f, tile j holds rows g, g + 8
+// at tokens 8j + 2t, + 1 (tokens past `count` left out).
+template <Projection kProj, int kFrags, int kTiles>
+__device__ __forceinline__ void store_chunk(const StreamArgs& a, int64_t first_output, int chunk, int count, int g,
+                                            int t, const float (&acc)[kFrags][kTiles][4]) {
+#pragma unroll
+  for (int f = 0; f < kFrags; ++f) {
+    const int64_t base = first_output + f * kOutputsPerFragment<kProj>;
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int token = 8 * j + 2 * t + i;
+        if (token >= count) continue;
+        const int64_t pair = chunk + token;
+        const float unscale = __ldg(a.unscale + pair);
+        store_pair_rows<kProj>(a, pair, base, g, acc[f][j][i] * unscale, acc[f][j][2 + i] * unscale);
+      }
+  }
+}
+
 // Block (active expert slot, output tile); warp w takes outputs (tile * kWarps + w) *
 // kFrags * kOutputsPerFragment onwards; the expert's pairs go in chunks of 8 kTiles tokens.
 // Each step is copied into a ring of kStages shared-memory slots kStages - 1 steps ahead
@@ -171,28 +277,9 @@ __global__ void __launch_bounds__(kWarps * 32) stream_experts_kernel(StreamArgs 
   const bool has_rows = first_output < a.outputs;  // a warp without rows still copies B and waits
 
   const int64_t steps = a.k / kStepValues;
-  // A row's step s: its four 16-byte chunks (one a lane of the quad) kTileStepChunks s on from
-  // the row's first, scale word s.
-  constexpr int64_t chunk_stride = kTileStepChunks, scale_stride = quant::kMxfp4TileScaleStepWords;
-  auto row_chunks = [&](int64_t row) { return tile_row_chunks(row, a.k); };
-  auto row_scale_words = [&](int64_t row) { return quant::mxfp4_tile_scale_word(row, a.k); };
-  // This lane's two rows of each fragment (rows past the end repeat the last; never written).
   const uint4* codes[kFrags][2];
   const uint32_t* scales[kFrags][2];
-#pragma unroll
-  for (int f = 0; f < kFrags; ++f) {
-    const int64_t base = first_output + f * kPerFragment;
-    int64_t ra = min(base + g, a.outputs - 1), rb;
-    if constexpr (kProj == Projection::kGateUp) rb = ra + a.outputs;  // the up row of the same intermediate index
-    else rb = min(base + 8 + g, a.outputs - 1);
-    ra += static_cast<int64_t>(e) * a.rows_per_expert;
-    rb += static_cast<int64_t>(e) * a.rows_per_expert;
-    codes[f][0] = reinterpret_cast<const uint4*>(a.codes) + row_chunks(ra) + t;
-    codes[f][1] = reinterpret_cast<const uint4*>(a.codes) + row_chunks(rb) + t;
-    scales[f][0] = reinterpret_cast<const uint32_t*>(a.scales) + row_scale_words(ra);
-    scales[f][1] = reinterpret_cast<const uint32_t*>(a.scales) + row_scale_words(rb);
-  }
-  const int64_t staged_words = a.k / 2;
+  lane_fragment_rows<kProj, kFrags>(a, e, first_output, g, t, codes, scales);
   const int lane_codes = warp * kFrags * 2 * 32 + lane;  // + (2f + r) * 32: this lane's unit of (f, r)
   // B reads: token 8j + g's chunk 4w + t sits at unit 16 (8j + g) + t + (4w ^ flip).
   const int b_flip = (g & 1) << 2;
@@ -217,34 +304,13 @@ __global__ void __launch_bounds__(kWarps * 32) stream_experts_kernel(StreamArgs 
       for (int r = 0; r < 2; ++r) next_codes[f][r] = codes[f][r], next_scales[f][r] = scales[f][r];
     const uint32_t* b_source[kCopies];
     int b_unit[kCopies];
-#pragma unroll
-    for (int n = 0; n < kCopies; ++n) {
-      const int i = threadIdx.x + n * kWarps * 32, token = i / 16, c = i % 16;
-      b_unit[n] = i < tiles * 8 * 16 ? b_chunk(token, c) : -1;
-      b_source[n] = a.staged + (chunk + min(token, count - 1)) * staged_words + 4 * c;
-    }
+    b_copy_units<kCopies, kWarps>(a, chunk, count, tiles, b_source, b_unit);
     int issued = 0, issue_slot = 0;  // steps issued; the slot the next one fills
     // The next step into its slot; one commit group a call (empty past the last step).
     auto issue = [&]() {
       if (issued < steps) {
-        uint4* slot = ring + issue_slot * S::kUnits;
-        if (has_rows) {
-          uint32_t* slot_scales = reinterpret_cast<uint32_t*>(slot + S::kB + S::kCodes);
-#pragma unroll
-          for (int f = 0; f < kFrags; ++f)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              copy_async_16(slot + S::kB + lane_codes + (2 * f + r) * 32, next_codes[f][r]);
-              copy_async_small<4>(slot_scales + lane_codes + (2 * f + r) * 32, next_scales[f][r]);
-              next_codes[f][r] += chunk_stride;
-              next_scales[f][r] += scale_stride;
-            }
-        }
-#pragma unroll
-        for (int n = 0; n < kCopies; ++n) {
-          if (b_unit[n] >= 0) copy_async_16(slot + b_unit[n], b_source[n]);
-          b_source[n] += kStepValues / 2;
-        }
+        copy_step<kFrags, kTiles, kWarps, kCopies>(ring + issue_slot * S::kUnits, has_rows, lane_codes, next_codes,
+                                                    next_scales, b_source, b_unit);
         ++issued;
         issue_slot = issue_slot + 1 == kStages ? 0 : issue_slot + 1;
       }
@@ -260,16 +326,9 @@ __global__ void __launch_bounds__(kWarps * 32) stream_experts_kernel(StreamArgs 
       const uint4* slot = ring + read_slot * S::kUnits;
       read_slot = read_slot + 1 == kStages ? 0 : read_slot + 1;
       if (!has_rows) continue;
-      const uint32_t* slot_scales = reinterpret_cast<const uint32_t*>(slot + S::kB + S::kCodes);
       uint4 w_codes[kFrags][2];
       uint32_t w_scales[kFrags][2];
-#pragma unroll
-      for (int f = 0; f < kFrags; ++f)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          w_codes[f][r] = slot[S::kB + lane_codes + (2 * f + r) * 32];
-          w_scales[f][r] = slot_scales[lane_codes + (2 * f + r) * 32];
-        }
+      read_lane_codes<kFrags, kTiles, kWarps>(slot, lane_codes, w_codes, w_scales);
       const uint4* b_lane = slot + 16 * g + t;
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
@@ -302,22 +361,7 @@ __global__ void __launch_bounds__(kWarps * 32) stream_experts_kernel(StreamArgs 
     copy_async_wait<0>();
     __syncthreads();  // the next chunk refills the slots
 
-    // C of fragment f, tile j: rows g, g + 8 at tokens 8j + 2t, + 1.
-    if (!has_rows) continue;
-#pragma unroll
-    for (int f = 0; f < kFrags; ++f) {
-      const int64_t base = first_output + f * kPerFragment;
-#pragma unroll
-      for (int j = 0; j < kTiles; ++j)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int token = 8 * j + 2 * t + i;
-          if (token >= count) continue;
-          const int64_t pair = chunk + token;
-          const float unscale = __ldg(a.unscale + pair);
-          store_pair_rows<kProj>(a, pair, base, g, acc[f][j][i] * unscale, acc[f][j][2 + i] * unscale);
-        }
-    }
+    if (has_rows) store_chunk<kProj, kFrags, kTiles>(a, first_output, chunk, count, g, t, acc);
   }
 }
 
@@ -396,6 +440,37 @@ constexpr size_t stream_wgmma_shared_bytes() {
   return 1024 + size_t{kStages} * WgmmaSlot<kTokens, kWarps, kSub>::kBytes;  // 1024: alignment
 }
 
+// This thread's token copies of a chunk of `count` tokens, the same units every step: unit i =
+// 16 line + chunk of 8 values, its offset in a step's swizzled token blocks (-1 past kTokens
+// lines) and step 0's source (lines past `count` repeat the last, never read back).
+template <int kTokens, int kWarps, int kSub, int kCopies>
+__device__ __forceinline__ void token_copy_units(const StreamArgs& a, int chunk, int count,
+                                                 const uint32_t* (&source)[kCopies], int (&offset)[kCopies]) {
+  using S = WgmmaSlot<kTokens, kWarps, kSub>;
+  const int64_t staged_words = a.k / 2;
+#pragma unroll
+  for (int n = 0; n < kCopies; ++n) {
+    const int i = threadIdx.x + n * kWarps * 32, line = i / 16, c = i % 16;
+    offset[n] = i < kTokens * 16 ? (c / 8) * S::kTokenBlock + static_cast<int>(wgmma::swizzled(line, c % 8)) : -1;
+    source[n] = a.staged + (chunk + min(line, count - 1)) * staged_words + 4 * c;
+  }
+}
+
+// A chunk's sums out: acc[4 j + i] is row a (i < 2) or b at token 8 j + 2 t + i % 2 (tokens past
+// `count` left out).
+template <Projection kProj, int kTokens>
+__device__ __forceinline__ void store_wgmma_chunk(const StreamArgs& a, int64_t first_output, int chunk, int count, int g,
+                                                  int t, const float (&acc)[kTokens / 2]) {
+#pragma unroll
+  for (int j = 0; j < kTokens / 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int token = 8 * j + 2 * t + i;
+      if (token >= count) continue;
+      store_pair_rows<kProj>(a, chunk + token, first_output, g, acc[4 * j + i], acc[4 * j + 2 + i]);
+    }
+}
+
 // Block (active expert slot, output tile) as stream_experts_kernel; kWarps / 4 warpgroups, warp
 // w of the block the outputs (tile * kWarps + w) * kOutputsPerFragment onwards (rows past the
 // end repeat the last and are never written). a.staged holds stage_pairs_permuted_kernel's rows.
@@ -419,18 +494,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) stream_wgmma_kernel(StreamArgs
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t first_output = (static_cast<int64_t>(blockIdx.y) * kWarps + warp) * kPerFragment;
   const int64_t steps = a.k / kStepValues, slots = steps / kSub;
-  // This lane's rows: a = g, b = g + 8 of its fragment (gate/up: the up row of a's index).
-  int64_t ra = min(first_output + g, a.outputs - 1), rb;
-  if constexpr (kProj == Projection::kGateUp) rb = ra + a.outputs;
-  else rb = min(first_output + 8 + g, a.outputs - 1);
-  ra += static_cast<int64_t>(e) * a.rows_per_expert;
-  rb += static_cast<int64_t>(e) * a.rows_per_expert;
-  const uint4* codes_a = reinterpret_cast<const uint4*>(a.codes) + tile_row_chunks(ra, a.k) + t;
-  const uint4* codes_b = reinterpret_cast<const uint4*>(a.codes) + tile_row_chunks(rb, a.k) + t;
-  const uint32_t* scales_a = reinterpret_cast<const uint32_t*>(a.scales) + quant::mxfp4_tile_scale_word(ra, a.k);
-  const uint32_t* scales_b = reinterpret_cast<const uint32_t*>(a.scales) + quant::mxfp4_tile_scale_word(rb, a.k);
+  const uint4 *codes_a, *codes_b;
+  const uint32_t *scales_a, *scales_b;
+  lane_rows<kProj>(a, e, first_output, g, t, codes_a, codes_b, scales_a, scales_b);
   const int unit_a = warp * 64 + lane, unit_b = unit_a + 32;  // this lane's code / scale units
-  const int64_t staged_words = a.k / 2;
   // Token copies: unit i = 16 line + chunk of a step, kTokens lines of 16 chunks.
   constexpr int kCopies = (kTokens * 16 + kWarps * 32 - 1) / (kWarps * 32);
 
@@ -445,12 +512,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) stream_wgmma_kernel(StreamArgs
     const uint32_t* next_scale_b = scales_b;
     const uint32_t* token_source[kCopies];
     int token_offset[kCopies];
-#pragma unroll
-    for (int n = 0; n < kCopies; ++n) {
-      const int i = threadIdx.x + n * kWarps * 32, line = i / 16, c = i % 16;
-      token_offset[n] = i < kTokens * 16 ? (c / 8) * S::kTokenBlock + static_cast<int>(wgmma::swizzled(line, c % 8)) : -1;
-      token_source[n] = a.staged + (chunk + min(line, count - 1)) * staged_words + 4 * c;
-    }
+    token_copy_units<kTokens, kWarps, kSub, kCopies>(a, chunk, count, token_source, token_offset);
     int issued = 0, issue_slot = 0;
     auto issue = [&]() {  // the next slot's steps into it; one commit group a call
       if (issued < slots) {
@@ -533,15 +595,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) stream_wgmma_kernel(StreamArgs
     wgmma::copy_async_wait<0>();
     __syncthreads();  // the next chunk refills the slots
 
-    // acc[4 j + i] row a (i < 2) or b, token 8 j + 2 t + i % 2.
-#pragma unroll
-    for (int j = 0; j < kTokens / 8; ++j)
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int token = 8 * j + 2 * t + i;
-        if (token >= count) continue;
-        store_pair_rows<kProj>(a, chunk + token, first_output, g, acc[4 * j + i], acc[4 * j + 2 + i]);
-      }
+    store_wgmma_chunk<kProj, kTokens>(a, first_output, chunk, count, g, t, acc);
   }
 }
 
