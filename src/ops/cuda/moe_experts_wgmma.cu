@@ -73,9 +73,6 @@ struct TileShape : moe_grouped::TileLayout<kRows> {
   static_assert(kRows != 64 || 64 * 128 * 4 <= kStageBytes, "the up sums fit a stage");
 };
 
-
-
-
 // Four words of codes (one per MX block of the step) and their four scale codes, widened into
 // 16-byte chunks 4 w + t (w < 4) of `line` of a weight stage whose 64-k blocks are
 // `block_bytes` apart: values 32 w + 8 t .. + 7 of the step, in bf16.
@@ -97,6 +94,90 @@ __device__ __forceinline__ uint4 load_codes(const uint8_t* p) {
   return v;
 }
 
+
+// A step's codes and scale words of this thread's passes into q and sc, the sources then advanced
+// a step.
+template <int kPasses>
+__device__ __forceinline__ void load_step_codes(const uint8_t* (&codes)[kPasses], const uint8_t* (&scales)[kPasses],
+                                                uint4 (&q)[kPasses], uint32_t (&sc)[kPasses]) {
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    q[p] = load_codes(codes[p]);
+    sc[p] = __ldg(reinterpret_cast<const uint32_t*>(scales[p]));
+    codes[p] += quant::kMxfp4TileStepBytes;
+    scales[p] += 4 * quant::kMxfp4TileScaleStepWords;
+  }
+}
+
+// Those codes widened into the weight stage at `weights` (its 64-k blocks `block_bytes` apart),
+// pass p's into line 64 p + threadIdx.x / 4.
+template <int kPasses>
+__device__ __forceinline__ void widen_step(uint8_t* weights, int block_bytes, int t, const uint4 (&q)[kPasses],
+                                           const uint32_t (&sc)[kPasses]) {
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    // Checkpoints' scales are small (codes under 128 for weights under 2): the warp takes the
+    // one-multiply widening unless one of its scale codes is above 128.
+    if (moe_grouped::warp_scales_one_multiply(sc[p]))
+      widen_chunk<true>(weights, block_bytes, 64 * p + threadIdx.x / 4, t, q[p], sc[p]);
+    else
+      widen_chunk<false>(weights, block_bytes, 64 * p + threadIdx.x / 4, t, q[p], sc[p]);
+  }
+}
+
+// The token rows this thread copies, chunk c of tile rows threadIdx.x / 16 + 16 i: step 0's
+// source and its bytes (rows past the tile's: 0 bytes, from a valid address, so zeros).
+template <Projection P, int kCopies>
+__device__ __forceinline__ void token_copy_sources(const GroupedArgs& a, int64_t k, int first, int rows, int c,
+                                                   const uint16_t* (&from)[kCopies], int (&bytes)[kCopies]) {
+#pragma unroll
+  for (int i = 0; i < kCopies; ++i) {
+    const int r = threadIdx.x / 16 + 16 * i;
+    const int32_t source =
+        r >= rows ? -1 : P == Projection::kGateUp ? a.sorted_pairs[first + r] / a.top_k : first + r;
+    from[i] = a.x + (source < 0 ? 0 : source * k) + 8 * c;
+    bytes[i] = source < 0 ? 0 : 16;
+  }
+}
+
+// The MXFP4 codes and scale word of step 0 that this thread widens: pass p's weight line
+// 64 p + threadIdx.x / 4, 16 bytes t = threadIdx.x % 4 of it.
+template <Projection P, int kFeatures, int kPasses>
+__device__ __forceinline__ void mxfp4_pass_sources(const GroupedArgs& a, int64_t k, int e, int t,
+                                                   const uint8_t* (&codes)[kPasses], const uint8_t* (&scales)[kPasses]) {
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const int64_t row = moe_grouped::weight_row<P, kFeatures>(a, e, 64 * p + threadIdx.x / 4);
+    codes[p] = a.codes + quant::mxfp4_tile_row_offset(row, k) + 16 * t;
+    scales[p] = a.scales + 4 * quant::mxfp4_tile_scale_word(row, k);
+  }
+}
+
+// One step's copies into the stage at `tokens` (a shared address): this thread's token chunks and,
+// for bf16 weights, its weight-line chunks, each source then advanced a step.
+template <int kRows, WeightSource W>
+__device__ __forceinline__ void copy_step(uint32_t tokens, int c, const uint16_t* (&token_from)[TileShape<kRows>::kTokenCopies],
+                                          const int (&token_bytes)[TileShape<kRows>::kTokenCopies],
+                                          const uint16_t* (&weight_from)[W == WeightSource::kBf16
+                                                                              ? TileShape<kRows>::kWeightCopies
+                                                                              : 1]) {
+  using S = TileShape<kRows>;
+#pragma unroll
+  for (int i = 0; i < S::kTokenCopies; ++i) {
+    const int r = threadIdx.x / 16 + 16 * i;
+    wgmma::copy_async_16(tokens + (c / 8) * S::kTokenBlockBytes + swizzled(r, c % 8), token_from[i], token_bytes[i]);
+    token_from[i] += kStepValues;
+  }
+  if constexpr (W == WeightSource::kBf16) {
+    const uint32_t weights = tokens + S::kTokenStageBytes;
+#pragma unroll
+    for (int i = 0; i < S::kWeightCopies; ++i) {
+      wgmma::copy_async_16(weights + (c / 8) * S::kWeightBlockBytes + swizzled(threadIdx.x / 16 + 16 * i, c % 8),
+                           weight_from[i], 16);
+      weight_from[i] += kStepValues;
+    }
+  }
+}
 
 template <Projection P, int kRows, WeightSource W>
 __global__ void __launch_bounds__(kThreads, 1) grouped_experts_kernel(GroupedArgs a) {
@@ -124,14 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_experts_kernel(GroupedArg
   const int c = threadIdx.x % 16;
   const uint16_t* token_from[S::kTokenCopies];
   int token_bytes[S::kTokenCopies];
-#pragma unroll
-  for (int i = 0; i < S::kTokenCopies; ++i) {
-    const int r = threadIdx.x / 16 + 16 * i;
-    const int32_t source =
-        r >= rows ? -1 : P == Projection::kGateUp ? a.sorted_pairs[first + r] / a.top_k : first + r;
-    token_from[i] = a.x + (source < 0 ? 0 : source * k) + 8 * c;
-    token_bytes[i] = source < 0 ? 0 : 16;
-  }
+  token_copy_sources<P, S::kTokenCopies>(a, k, first, rows, c, token_from, token_bytes);
   const uint16_t* weight_from[W == WeightSource::kBf16 ? S::kWeightCopies : 1];
   if constexpr (W == WeightSource::kBf16) {
 #pragma unroll
@@ -142,22 +216,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_experts_kernel(GroupedArg
   // that the groups stay counted one a step).
   auto issue_copies = [&]() {
     if (issued < steps) {
-      const uint32_t tokens = stages + static_cast<uint32_t>(issue_stage) * S::kStageBytes;
-#pragma unroll
-      for (int i = 0; i < S::kTokenCopies; ++i) {
-        const int r = threadIdx.x / 16 + 16 * i;
-        wgmma::copy_async_16(tokens + (c / 8) * S::kTokenBlockBytes + swizzled(r, c % 8), token_from[i], token_bytes[i]);
-        token_from[i] += kStepValues;
-      }
-      if constexpr (W == WeightSource::kBf16) {
-        const uint32_t weights = tokens + S::kTokenStageBytes;
-#pragma unroll
-        for (int i = 0; i < S::kWeightCopies; ++i) {
-          wgmma::copy_async_16(weights + (c / 8) * S::kWeightBlockBytes + swizzled(threadIdx.x / 16 + 16 * i, c % 8),
-                               weight_from[i], 16);
-          weight_from[i] += kStepValues;
-        }
-      }
+      copy_step<kRows, W>(stages + static_cast<uint32_t>(issue_stage) * S::kStageBytes, c, token_from, token_bytes,
+                          weight_from);
       ++issued;
       issue_stage = issue_stage + 1 == kStages ? 0 : issue_stage + 1;
     }
@@ -170,35 +230,11 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_experts_kernel(GroupedArg
   const uint8_t* scales[kPasses];
   uint4 q[kPasses];
   uint32_t sc[kPasses];
-  if constexpr (W == WeightSource::kMxfp4) {
-#pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      const int64_t row = weight_row(64 * p + threadIdx.x / 4);
-      codes[p] = a.codes + quant::mxfp4_tile_row_offset(row, k) + 16 * t;
-      scales[p] = a.scales + 4 * quant::mxfp4_tile_scale_word(row, k);
-    }
-  }
+  if constexpr (W == WeightSource::kMxfp4) mxfp4_pass_sources<P, S::kFeatures, kPasses>(a, k, e, t, codes, scales);
   // The codes of the next step (steps in order) into q and sc.
-  auto load_next_codes = [&]() {
-#pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      q[p] = load_codes(codes[p]);
-      sc[p] = __ldg(reinterpret_cast<const uint32_t*>(scales[p]));
-      codes[p] += quant::kMxfp4TileStepBytes;
-      scales[p] += 4 * quant::kMxfp4TileScaleStepWords;
-    }
-  };
+  auto load_next_codes = [&]() { load_step_codes<kPasses>(codes, scales, q, sc); };
   auto widen_into = [&](int to) {
-    uint8_t* const weights = stages_generic + to * S::kStageBytes + S::kTokenStageBytes;
-#pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      // Checkpoints' scales are small (codes under 128 for weights under 2): the warp takes the
-      // one-multiply widening unless one of its scale codes is above 128.
-      if (moe_grouped::warp_scales_one_multiply(sc[p]))
-        widen_chunk<true>(weights, S::kWeightBlockBytes, 64 * p + threadIdx.x / 4, t, q[p], sc[p]);
-      else
-        widen_chunk<false>(weights, S::kWeightBlockBytes, 64 * p + threadIdx.x / 4, t, q[p], sc[p]);
-    }
+    widen_step<kPasses>(stages_generic + to * S::kStageBytes + S::kTokenStageBytes, S::kWeightBlockBytes, t, q, sc);
   };
 
   // This warpgroup's accumulator: rows wg * kGroupRow0 .., weight lines wg * kGroupLine0 ...
