@@ -299,6 +299,32 @@ TEST_F(CudaForward, QuantisedBundledModelFollowsTheCpuGreedyRun) {
   }
 }
 
+namespace {
+
+// A random model at the grouped expert GEMMs' widths: hidden 256, expert width 128, 16 experts,
+// top-4, the indexer keeping `index_topk` positions, no MTP layer.
+RandomModelSpec grouped_widths_spec(int index_topk) {
+  RandomModelSpec spec;
+  spec.hidden_size = 256;
+  spec.intermediate_size = 256;
+  spec.moe_intermediate_size = 128;
+  spec.n_routed_experts = 16;
+  spec.num_experts_per_tok = 4;
+  spec.index_topk = index_topk;
+  spec.with_mtp = false;
+  return spec;
+}
+
+// Median and largest relative L2 of a's logits rows against b's ([n, vocab] each).
+std::pair<double, double> token_errors(const std::vector<float>& a, const std::vector<float>& b, int n, int vocab) {
+  std::vector<double> e;
+  for (int t = 0; t < n; ++t) e.push_back(relative_l2(a.data() + int64_t{t} * vocab, b.data() + int64_t{t} * vocab, vocab));
+  std::sort(e.begin(), e.end());
+  return {e[e.size() / 2], e.back()};
+}
+
+}  // namespace
+
 // A random model with block-FP8 experts at widths the W8A8 expert GEMMs take (hidden 256, expert
 // width 128): a 96-token prefill (96 x 4 pairs over 16 experts) through them, and through the
 // mma.sync kernels (bf16 activations) with them off, against the CPU over the same FP8 weights,
@@ -312,14 +338,7 @@ TEST_F(CudaForward, QuantisedBundledModelFollowsTheCpuGreedyRun) {
 // by their GEMMs (accumulate_residual_min_tokens) differs from it only where an addition order
 // flips a near-tie, so within the two expert paths' distance.
 TEST_F(CudaForward, Fp8ExpertsOnTheFp8TensorCoresFollowTheCpu) {
-  RandomModelSpec spec;
-  spec.hidden_size = 256;
-  spec.intermediate_size = 256;
-  spec.moe_intermediate_size = 128;
-  spec.n_routed_experts = 16;
-  spec.num_experts_per_tok = 4;
-  spec.index_topk = 128;
-  spec.with_mtp = false;
+  const RandomModelSpec spec = grouped_widths_spec(128);
   TempDir dir("cuda_fp8_experts");
   quant::QuantizeOptions quantize;
   quantize.format = "fp8";
@@ -341,17 +360,10 @@ TEST_F(CudaForward, Fp8ExpertsOnTheFp8TensorCoresFollowTheCpu) {
     model::CudaGlm5Model gpu(cpu.weights(), options);
     got.push_back(gpu.forward(prefill));
   }
-  // Median and largest per-token relative L2 of a against b.
-  const auto token_errors = [&](const std::vector<float>& a, const std::vector<float>& b) {
-    std::vector<double> e;
-    for (int t = 0; t < n; ++t) e.push_back(relative_l2(a.data() + int64_t{t} * vocab, b.data() + int64_t{t} * vocab, vocab));
-    std::sort(e.begin(), e.end());
-    return std::pair{e[e.size() / 2], e.back()};
-  };
-  const auto [w8a8_median, w8a8_max] = token_errors(got[0], expected);
-  const auto [w8a16_median, w8a16_max] = token_errors(got[1], expected);
-  const auto [paths_median, paths_max] = token_errors(got[0], got[1]);
-  const auto [added_median, added_max] = token_errors(got[2], got[0]);
+  const auto [w8a8_median, w8a8_max] = token_errors(got[0], expected, n, vocab);
+  const auto [w8a16_median, w8a16_max] = token_errors(got[1], expected, n, vocab);
+  const auto [paths_median, paths_max] = token_errors(got[0], got[1], n, vocab);
+  const auto [added_median, added_max] = token_errors(got[2], got[0], n, vocab);
   std::printf("per-token logits relative L2, median / max: W8A8 experts %.2e / %.2e, mma.sync experts %.2e / %.2e, "
               "between them %.2e / %.2e\n",
               w8a8_median, w8a8_max, w8a16_median, w8a16_max, paths_median, paths_max);
@@ -371,14 +383,7 @@ TEST_F(CudaForward, Fp8ExpertsOnTheFp8TensorCoresFollowTheCpu) {
 // still flip under bf16 activations, and a flipped token moves the tokens after it, so the bounds
 // are per-token medians: a wrong term plane, sum or combine moves every token by order one.
 TEST_F(CudaForward, GroupedBf16ExpertsAndTheRouterTermsFollowTheCpu) {
-  RandomModelSpec spec;
-  spec.hidden_size = 256;
-  spec.intermediate_size = 256;
-  spec.moe_intermediate_size = 128;
-  spec.n_routed_experts = 16;
-  spec.num_experts_per_tok = 4;
-  spec.index_topk = 256;
-  spec.with_mtp = false;
+  const RandomModelSpec spec = grouped_widths_spec(256);
   TempDir dir("cuda_grouped_bf16");
   const model::Glm5Model cpu(model::load_weights(glms::testing::write_random_model(dir.path / "m", spec).string(),
                                                  {.load_mtp = false, .shard = {}}));
@@ -395,13 +400,8 @@ TEST_F(CudaForward, GroupedBf16ExpertsAndTheRouterTermsFollowTheCpu) {
     model::CudaGlm5Model gpu(cpu.weights(), options);
     got.push_back(gpu.forward(prefill));
   }
-  const auto median_token_error = [&](const std::vector<float>& a, const std::vector<float>& b) {
-    std::vector<double> e;
-    for (int t = 0; t < n; ++t) e.push_back(relative_l2(a.data() + int64_t{t} * vocab, b.data() + int64_t{t} * vocab, vocab));
-    std::sort(e.begin(), e.end());
-    return e[e.size() / 2];
-  };
-  const double fp32_sums = median_token_error(got[0], expected), bf16_sums = median_token_error(got[1], got[0]);
+  const double fp32_sums = token_errors(got[0], expected, n, vocab).first;
+  const double bf16_sums = token_errors(got[1], got[0], n, vocab).first;
   std::printf("per-token logits relative L2, median: against the CPU %.2e, bf16 sums against fp32 sums %.2e\n",
               fp32_sums, bf16_sums);
   EXPECT_LT(fp32_sums, 0.12);
