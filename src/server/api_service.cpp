@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "log/log.h"
+#include "server/anthropic_messages.h"
 #include "server/api_error.h"
 #include "server/auth.h"
 #include "server/generation.h"
@@ -50,9 +51,13 @@ HttpResponse error_response(const ApiError& e) {
 }
 
 // The paths served (and /v1/models/{id}): what a 404 lists and what metrics label by name.
-constexpr const char* kServedPaths[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize",
-                                        "/detokenize", "/health", "/ping", "/metrics", "/version", "/", "/dashboard",
+constexpr const char* kServedPaths[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages",
+                                        "/v1/messages/count_tokens", "/v1/models", "/tokenize", "/detokenize",
+                                        "/health", "/ping", "/metrics", "/version", "/", "/dashboard",
                                         "/dashboard/info"};
+
+// Anthropic's Messages API answers in Anthropic's error shape.
+bool is_anthropic_path(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
 
 std::string handler_label(const std::string& path) {
   // Served paths by name; everything else as one label (no unbounded label values).
@@ -149,12 +154,20 @@ void ApiService::handle(const HttpRequest& request, std::shared_ptr<Responder> r
   if (answered) return;
   const std::string path = request.path();
   metrics_->count_http(response.status, handler_label(path), request.method);
+  const bool anthropic_error = is_anthropic_path(path) && response.status >= 400;
+  if (anthropic_error) {
+    const json body = json::parse(response.body, nullptr, false);
+    response.body = anthropic_error_body(response.status, body.is_object() && body.contains("error")
+                                                              ? body["error"].value("message", "")
+                                                              : response.body);
+  }
   // Access lines for what the client asked (not for probes and scrapes).
   if (config_.log_requests && path != "/health" && path != "/ping" && path != "/metrics") {
     std::string line = request.client + " " + request.method + " " + path + " " + std::to_string(response.status);
     if (response.status >= 400) {
       const json body = json::parse(response.body, nullptr, false);
-      if (body.is_object() && body.contains("error")) line += ": " + body["error"].value("message", "");
+      if (body.is_object() && body.contains("error") && body["error"].is_object())
+        line += ": " + body["error"].value("message", "");
     }
     log::info(line);
   }
@@ -205,7 +218,8 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
                          std::to_string(config_.max_body_bytes) + ")");
     return path == "/tokenize" ? tokenize(request) : detokenize(request);
   }
-  const bool generate = path == "/v1/chat/completions" || path == "/v1/completions";
+  const bool generate = path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/messages" ||
+                        path == "/v1/messages/count_tokens";
   const std::string models_prefix = "/v1/models/";
   const bool one_model = path.rfind(models_prefix, 0) == 0 && path.size() > models_prefix.size();
   if (path != "/v1/models" && !one_model && !generate) {
@@ -215,7 +229,10 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
   }
 
   // Everything under /v1 is authenticated (as vLLM does with --api-key).
-  const AuthResult auth = auth_->check(request.header("authorization"), static_cast<int64_t>(std::time(nullptr)));
+  // Anthropic's clients send their key as x-api-key.
+  std::string authorization = request.header("authorization");
+  if (authorization.empty() && !request.header("x-api-key").empty()) authorization = "Bearer " + request.header("x-api-key");
+  const AuthResult auth = auth_->check(authorization, static_cast<int64_t>(std::time(nullptr)));
   if (!auth.ok) throw ApiException{auth.error};
 
   auto model_card = [&](const std::string& id) {
@@ -252,7 +269,9 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
   // Any Content-Type is read as JSON (curl -d sends form encoding), as the body decides.
   if (draining_.load()) throw ApiException{ApiError{503, "The server is shutting down.", "", 1.0}};
 
+  if (path == "/v1/messages/count_tokens") return count_message_tokens(request);
   if (path == "/v1/chat/completions") start_chat(request, responder);
+  else if (path == "/v1/messages") start_message(request, responder);
   else start_completion(request, responder);
   metrics_->count_http(200, path, request.method);
   answered = true;
@@ -393,13 +412,13 @@ std::shared_ptr<structured::GrammarMatcher> ApiService::structured_matcher(const
   return matcher;
 }
 
-void ApiService::start_chat(const HttpRequest& request, std::shared_ptr<Responder> responder) {
+void ApiService::start_chat(const HttpRequest& request, std::shared_ptr<Responder> responder, const char* path) {
   ChatRequest req = parse_chat_request(request.body, config_.parse_limits);
   check_model(req.sampling.model);
   if (!renderer_) throw_api(400, "This model has no chat template; use /v1/completions");
   const std::string prompt = render_prompt(req);
   GenerationSpec spec;
-  if (config_.log_requests) spec.access_log = request.client + " POST /v1/chat/completions";
+  if (config_.log_requests) spec.access_log = request.client + " POST " + path;
   spec.chat = true;
   spec.id = random_id("chatcmpl-");
   spec.model = config_.served_model_name;
@@ -421,6 +440,22 @@ void ApiService::start_chat(const HttpRequest& request, std::shared_ptr<Responde
   responder->on_disconnect([weak] {
     if (auto g = weak.lock()) g->abort();
   });
+}
+
+// Anthropic's Messages API as a chat completion whose answer an Anthropic responder rewrites.
+void ApiService::start_message(const HttpRequest& request, std::shared_ptr<Responder> responder) {
+  HttpRequest chat = request;
+  chat.body = chat_request_of_message(request.body);
+  start_chat(chat, anthropic_responder(std::move(responder)), "/v1/messages");
+}
+
+HttpResponse ApiService::count_message_tokens(const HttpRequest& request) const {
+  const ChatRequest req = parse_chat_request(chat_request_of_message(request.body, true), config_.parse_limits);
+  check_model(req.sampling.model);
+  if (!renderer_) throw_api(400, "This model has no chat template");
+  const std::string prompt = render_prompt(req);
+  check_prompt_bytes(prompt.size(), "messages");
+  return json_response(200, {{"input_tokens", tokenizer_.encode(prompt, false).size()}});
 }
 
 void ApiService::start_completion(const HttpRequest& request, std::shared_ptr<Responder> responder) {

@@ -78,7 +78,10 @@ class ApiService {
 
  private:
   HttpResponse handle_sync(const HttpRequest& request, std::shared_ptr<Responder>& responder, bool& answered);
-  void start_chat(const HttpRequest& request, std::shared_ptr<Responder> responder);
+  void start_chat(const HttpRequest& request, std::shared_ptr<Responder> responder,
+                  const char* path = "/v1/chat/completions");
+  void start_message(const HttpRequest& request, std::shared_ptr<Responder> responder);
+  HttpResponse count_message_tokens(const HttpRequest& request) const;
   void start_completion(const HttpRequest& request, std::shared_ptr<Responder> responder);
   void check_model(const std::string& model) const;
   // The chat template over `request`; its failures are 400s naming messages.

@@ -1,0 +1,446 @@
+#include "server/anthropic_messages.h"
+
+#include <algorithm>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <tuple>
+
+#include "server/api_error.h"
+
+namespace glms::server {
+
+using nlohmann::json;
+
+namespace {
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// ---- The request: a Messages request as a chat completion request ----
+
+const json& required(const json& doc, const char* key, const std::string& at) {
+  if (!doc.contains(key)) bad_request(at + key + ": Field required", at + key);
+  return doc[key];
+}
+
+std::string text_of(const json& block, const std::string& at) {
+  const json& text = required(block, "text", at);
+  if (!text.is_string()) bad_request(at + "text must be a string", at + "text");
+  return text.get<std::string>();
+}
+
+// A tool_result's content (a string, or text blocks) as the tool message's text.
+std::string tool_result_text(const json& block, const std::string& at) {
+  if (!block.contains("content") || block["content"].is_null()) return "";
+  const json& content = block["content"];
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) bad_request(at + "content must be a string or an array of blocks", at + "content");
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const std::string part_at = at + "content." + std::to_string(i) + ".";
+    if (!content[i].is_object() || content[i].value("type", "") != "text")
+      bad_request(part_at + "type: only text blocks are supported in a tool_result", part_at + "type");
+    text += text_of(content[i], part_at);
+  }
+  return text;
+}
+
+[[noreturn]] void unsupported_block(const std::string& type, const std::string& at) {
+  if (type == "image" || type == "document")
+    bad_request(at + "type: " + type + " blocks are not supported (the model reads text)", at + "type");
+  bad_request(at + "type: '" + type + "' is not a block this message can hold", at + "type");
+}
+
+// A user turn: its tool_result blocks as tool messages, then its text as a user message.
+void add_user_turn(const json& content, const std::string& at, json& messages) {
+  if (content.is_string()) {
+    messages.push_back({{"role", "user"}, {"content", content}});
+    return;
+  }
+  std::string text;
+  bool has_text = false;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const json& block = content[i];
+    const std::string block_at = at + std::to_string(i) + ".";
+    if (!block.is_object()) bad_request(block_at + " must be a block object", at + std::to_string(i));
+    const std::string type = block.value("type", "");
+    if (type == "text") {
+      text += text_of(block, block_at);
+      has_text = true;
+    } else if (type == "tool_result") {
+      const json& id = required(block, "tool_use_id", block_at);
+      if (!id.is_string()) bad_request(block_at + "tool_use_id must be a string", block_at + "tool_use_id");
+      std::string result = tool_result_text(block, block_at);
+      if (block.value("is_error", false)) result = "Error: " + result;
+      messages.push_back({{"role", "tool"}, {"tool_call_id", id}, {"content", result}});
+    } else {
+      unsupported_block(type, block_at);
+    }
+  }
+  if (has_text) messages.push_back({{"role", "user"}, {"content", text}});
+}
+
+// An assistant turn: text as content, thinking as reasoning_content, tool_use blocks as tool calls.
+void add_assistant_turn(const json& content, const std::string& at, json& messages) {
+  json message = {{"role", "assistant"}};
+  if (content.is_string()) {
+    message["content"] = content;
+    messages.push_back(std::move(message));
+    return;
+  }
+  std::string text, reasoning;
+  json calls = json::array();
+  for (size_t i = 0; i < content.size(); ++i) {
+    const json& block = content[i];
+    const std::string block_at = at + std::to_string(i) + ".";
+    if (!block.is_object()) bad_request(block_at + " must be a block object", at + std::to_string(i));
+    const std::string type = block.value("type", "");
+    if (type == "text") {
+      text += text_of(block, block_at);
+    } else if (type == "thinking") {
+      const json& thinking = required(block, "thinking", block_at);
+      if (!thinking.is_string()) bad_request(block_at + "thinking must be a string", block_at + "thinking");
+      reasoning += thinking.get<std::string>();
+    } else if (type == "redacted_thinking") {
+      continue;  // opaque to any model but the one that wrote it
+    } else if (type == "tool_use") {
+      const json& id = required(block, "id", block_at);
+      const json& name = required(block, "name", block_at);
+      if (!id.is_string() || !name.is_string())
+        bad_request(block_at + "id and name must be strings", block_at + (id.is_string() ? "name" : "id"));
+      const json input = block.contains("input") ? block["input"] : json::object();
+      calls.push_back({{"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", dump(input)}}}});
+    } else {
+      unsupported_block(type, block_at);
+    }
+  }
+  message["content"] = text;
+  if (!reasoning.empty()) message["reasoning_content"] = reasoning;
+  if (!calls.empty()) message["tool_calls"] = std::move(calls);
+  messages.push_back(std::move(message));
+}
+
+json chat_messages(const json& doc) {
+  json messages = json::array();
+  if (doc.contains("system")) {
+    const json& system = doc["system"];
+    std::string text;
+    if (system.is_string()) {
+      text = system.get<std::string>();
+    } else if (system.is_array()) {
+      for (size_t i = 0; i < system.size(); ++i)
+        text += (i ? "\n" : "") + text_of(system[i], "system." + std::to_string(i) + ".");
+    } else {
+      bad_request("system must be a string or an array of text blocks", "system");
+    }
+    if (!text.empty()) messages.push_back({{"role", "system"}, {"content", text}});
+  }
+  const json& turns = required(doc, "messages", "");
+  if (!turns.is_array() || turns.empty()) bad_request("messages must be a non-empty array", "messages");
+  for (size_t i = 0; i < turns.size(); ++i) {
+    const std::string at = "messages." + std::to_string(i) + ".";
+    const json& turn = turns[i];
+    if (!turn.is_object()) bad_request(at + " must be an object", "messages." + std::to_string(i));
+    const json& role = required(turn, "role", at);
+    const json& content = required(turn, "content", at);
+    if (!content.is_string() && !content.is_array())
+      bad_request(at + "content must be a string or an array of blocks", at + "content");
+    if (role == "user") add_user_turn(content, at + "content.", messages);
+    else if (role == "assistant") add_assistant_turn(content, at + "content.", messages);
+    else bad_request(at + "role must be 'user' or 'assistant'", at + "role");
+  }
+  return messages;
+}
+
+json chat_tools(const json& tools) {
+  if (!tools.is_array()) bad_request("tools must be an array", "tools");
+  json out = json::array();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string at = "tools." + std::to_string(i) + ".";
+    const json& tool = tools[i];
+    if (!tool.is_object()) bad_request(at + " must be an object", "tools." + std::to_string(i));
+    if (tool.contains("type") && tool["type"] != "custom")
+      bad_request(at + "type: server tools such as '" + tool["type"].dump() + "' are not supported", at + "type");
+    const json& name = required(tool, "name", at);
+    json function = {{"name", name}, {"parameters", tool.value("input_schema", json::object())}};
+    if (tool.contains("description")) function["description"] = tool["description"];
+    out.push_back({{"type", "function"}, {"function", std::move(function)}});
+  }
+  return out;
+}
+
+// tool_choice {"type": auto | any | tool | none, "name", "disable_parallel_tool_use"}.
+void set_tool_choice(const json& choice, json& chat) {
+  if (!choice.is_object()) bad_request("tool_choice must be an object", "tool_choice");
+  const std::string type = choice.value("type", "");
+  if (type == "auto" || type == "none") chat["tool_choice"] = type;
+  else if (type == "any") chat["tool_choice"] = "required";
+  else if (type == "tool") chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", choice.value("name", "")}}}};
+  else bad_request("tool_choice.type must be auto, any, tool or none", "tool_choice.type");
+  if (choice.value("disable_parallel_tool_use", false)) chat["parallel_tool_calls"] = false;
+}
+
+// The sampling fields that keep their names, and thinking as the template's enable_thinking.
+void copy_sampling(const json& doc, bool count_only, json& chat) {
+  if (!count_only) {
+    const json& max_tokens = required(doc, "max_tokens", "");
+    if (!max_tokens.is_number_integer()) bad_request("max_tokens must be an integer", "max_tokens");
+    chat["max_tokens"] = max_tokens;
+  }
+  for (const char* key : {"temperature", "top_p", "top_k"})
+    if (doc.contains(key)) chat[key] = doc[key];
+  if (doc.contains("stop_sequences")) chat["stop"] = doc["stop_sequences"];
+  if (doc.contains("thinking")) {
+    const json& thinking = doc["thinking"];
+    const std::string type = thinking.is_object() ? thinking.value("type", "") : "";
+    if (type != "enabled" && type != "disabled")
+      bad_request("thinking.type must be 'enabled' or 'disabled'", "thinking.type");
+    chat["chat_template_kwargs"] = {{"enable_thinking", type == "enabled"}};
+  }
+  if (!count_only && doc.value("stream", false)) {
+    chat["stream"] = true;
+    // Usage on every chunk: message_start carries the prompt's tokens.
+    chat["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
+  }
+}
+
+// ---- The answer: a chat completion as a message ----
+
+std::string message_id(const std::string& chat_id) {
+  const size_t dash = chat_id.find('-');
+  return "msg_" + (dash == std::string::npos ? chat_id : chat_id.substr(dash + 1));
+}
+
+// A finish_reason (and the stop string that ended it, if any) as stop_reason and stop_sequence.
+std::pair<json, json> stop_of(const json& finish_reason, const json& stop_reason) {
+  if (finish_reason == "length") return {"max_tokens", nullptr};
+  if (finish_reason == "tool_calls") return {"tool_use", nullptr};
+  if (stop_reason.is_string()) return {"stop_sequence", stop_reason};
+  return {"end_turn", nullptr};
+}
+
+json usage_of(const json& usage) {
+  json out = {{"input_tokens", usage.value("prompt_tokens", 0)}, {"output_tokens", usage.value("completion_tokens", 0)}};
+  if (usage.contains("prompt_tokens_details") && usage["prompt_tokens_details"].is_object())
+    out["cache_read_input_tokens"] = usage["prompt_tokens_details"].value("cached_tokens", 0);
+  return out;
+}
+
+json tool_input(const std::string& arguments) {
+  json input = json::parse(arguments, nullptr, false);
+  return input.is_object() ? input : json::object();
+}
+
+const char* error_type(int status) {
+  switch (status) {
+    case 400: return "invalid_request_error";
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 413: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 503: return "overloaded_error";
+    default: return "api_error";
+  }
+}
+
+}  // namespace
+
+std::string chat_request_of_message(std::string_view body, bool count_only) {
+  const json doc = json::parse(body, nullptr, false);
+  if (doc.is_discarded()) bad_request("request body is not valid JSON");
+  if (!doc.is_object()) bad_request("request body must be a JSON object");
+  static const char* const kKnown[] = {"model", "max_tokens", "messages", "system", "temperature", "top_p", "top_k",
+                                       "stop_sequences", "stream", "tools", "tool_choice", "thinking", "metadata",
+                                       "service_tier"};
+  for (const auto& item : doc.items())
+    if (std::none_of(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return item.key() == k; }))
+      bad_request(item.key() + ": this field is not supported", item.key());
+  json chat = {{"messages", chat_messages(doc)}};
+  if (doc.contains("model")) chat["model"] = doc["model"];
+  copy_sampling(doc, count_only, chat);
+  if (doc.contains("tools")) {
+    chat["tools"] = chat_tools(doc["tools"]);
+    if (chat["tools"].empty()) chat.erase("tools");
+  }
+  if (doc.contains("tool_choice")) set_tool_choice(doc["tool_choice"], chat);
+  return dump(chat);
+}
+
+std::string message_of_chat_completion(const std::string& chat_completion) {
+  const json chat = json::parse(chat_completion);
+  const json& choice = chat["choices"].at(0);
+  const json& message = choice["message"];
+  json content = json::array();
+  if (message.value("reasoning_content", json()).is_string())
+    content.push_back({{"type", "thinking"}, {"thinking", message["reasoning_content"]}, {"signature", ""}});
+  if (message.value("content", json()).is_string() && !message["content"].get<std::string>().empty())
+    content.push_back({{"type", "text"}, {"text", message["content"]}});
+  if (message.contains("tool_calls") && message["tool_calls"].is_array())
+    for (const json& call : message["tool_calls"])
+      content.push_back({{"type", "tool_use"},
+                         {"id", call["id"]},
+                         {"name", call["function"]["name"]},
+                         {"input", tool_input(call["function"].value("arguments", "{}"))}});
+  const auto [stop_reason, stop_sequence] = stop_of(choice["finish_reason"], choice.value("stop_reason", json()));
+  return dump({{"id", message_id(chat.value("id", ""))},
+               {"type", "message"},
+               {"role", "assistant"},
+               {"model", chat["model"]},
+               {"content", std::move(content)},
+               {"stop_reason", stop_reason},
+               {"stop_sequence", stop_sequence},
+               {"usage", usage_of(chat.value("usage", json::object()))}});
+}
+
+std::string anthropic_error_body(int status, const std::string& message) {
+  return dump({{"type", "error"}, {"error", {{"type", error_type(status)}, {"message", message}}}});
+}
+
+namespace {
+
+// The chat pipeline's stream turned into Anthropic's events: content blocks opened and closed as
+// the deltas change kind (thinking, text, a tool call each), the message's stop and usage last.
+class AnthropicStream {
+ public:
+  // Anthropic's events for one OpenAI SSE event's payload ("[DONE]" ends the message).
+  std::string translate(const std::string& payload) {
+    std::string out;
+    if (payload == "[DONE]") return finish();
+    const json chunk = json::parse(payload, nullptr, false);
+    if (!chunk.is_object()) return out;
+    if (chunk.contains("error")) {
+      const json& error = chunk["error"];
+      return event("error", json::parse(anthropic_error_body(error.value("code", 500), error.value("message", ""))));
+    }
+    if (chunk.contains("usage") && chunk["usage"].is_object()) usage_ = usage_of(chunk["usage"]);
+    id_ = message_id(chunk.value("id", ""));
+    model_ = chunk.value("model", "");
+    // The first chunk (the assistant's role) has no usage yet: the message starts with the next.
+    if (!chunk.contains("usage")) return out;
+    out += start();
+    if (!chunk.contains("choices") || chunk["choices"].empty()) return out;
+    const json& choice = chunk["choices"][0];
+    const json delta = choice.value("delta", json::object());
+    if (delta.value("reasoning_content", json()).is_string())
+      out += block_delta("thinking", {{"type", "thinking_delta"}, {"thinking", delta["reasoning_content"]}});
+    if (delta.value("content", json()).is_string() && !delta["content"].get<std::string>().empty())
+      out += block_delta("text", {{"type", "text_delta"}, {"text", delta["content"]}});
+    if (delta.contains("tool_calls") && delta["tool_calls"].is_array())
+      for (const json& call : delta["tool_calls"]) out += tool_call(call);
+    if (!choice.value("finish_reason", json()).is_null())
+      std::tie(stop_reason_, stop_sequence_) = stop_of(choice["finish_reason"], choice.value("stop_reason", json()));
+    return out;
+  }
+
+ private:
+  std::string start() {
+    if (started_) return "";
+    started_ = true;
+    json usage = usage_;
+    usage["output_tokens"] = 0;
+    return event("message_start", {{"type", "message_start"},
+                                   {"message", {{"id", id_},
+                                                {"type", "message"},
+                                                {"role", "assistant"},
+                                                {"model", model_},
+                                                {"content", json::array()},
+                                                {"stop_reason", nullptr},
+                                                {"stop_sequence", nullptr},
+                                                {"usage", usage}}}});
+  }
+  static std::string event(const std::string& type, const json& data) {
+    return "event: " + type + "\ndata: " + dump(data) + "\n\n";
+  }
+  std::string close_block() {
+    if (open_.empty()) return "";
+    open_.clear();
+    return event("content_block_stop", {{"type", "content_block_stop"}, {"index", index_++}});
+  }
+  std::string open_block(const std::string& kind, const json& block) {
+    std::string out = close_block();
+    open_ = kind;
+    return out + event("content_block_start", {{"type", "content_block_start"}, {"index", index_}, {"content_block", block}});
+  }
+  // A thinking or text delta, into a block of its kind.
+  std::string block_delta(const std::string& kind, const json& delta) {
+    std::string out;
+    if (open_ != kind)
+      out += open_block(kind, kind == "thinking" ? json{{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}
+                                                 : json{{"type", "text"}, {"text", ""}});
+    return out + event("content_block_delta", {{"type", "content_block_delta"}, {"index", index_}, {"delta", delta}});
+  }
+  // A tool call's delta: one with an id starts a tool_use block; its arguments are input JSON.
+  std::string tool_call(const json& call) {
+    std::string out;
+    const json function = call.value("function", json::object());
+    if (call.contains("id") && call["id"].is_string())
+      out += open_block("tool_use", {{"type", "tool_use"}, {"id", call["id"]}, {"name", function.value("name", "")},
+                                     {"input", json::object()}});
+    if (open_ == "tool_use" && function.value("arguments", json()).is_string())
+      out += event("content_block_delta", {{"type", "content_block_delta"},
+                                           {"index", index_},
+                                           {"delta", {{"type", "input_json_delta"}, {"partial_json", function["arguments"]}}}});
+    return out;
+  }
+  std::string finish() {
+    std::string out = start() + close_block();
+    out += event("message_delta", {{"type", "message_delta"},
+                                   {"delta", {{"stop_reason", stop_reason_}, {"stop_sequence", stop_sequence_}}},
+                                   {"usage", {{"output_tokens", usage_.value("output_tokens", 0)}}}});
+    return out + event("message_stop", {{"type", "message_stop"}});
+  }
+
+  bool started_ = false;
+  std::string id_, model_;
+  std::string open_;  // the open block's kind: thinking, text, tool_use, or none
+  int index_ = 0;     // the open (or next) block's index
+  json usage_ = {{"input_tokens", 0}, {"output_tokens", 0}};
+  json stop_reason_ = "end_turn", stop_sequence_ = nullptr;
+};
+
+class AnthropicResponder : public Responder {
+ public:
+  explicit AnthropicResponder(std::shared_ptr<Responder> inner) : inner_(std::move(inner)) {}
+
+  void reply(HttpResponse response) override {
+    if (response.status == 200) {
+      response.body = message_of_chat_completion(response.body);
+    } else {
+      const json body = json::parse(response.body, nullptr, false);
+      const std::string message = body.is_object() && body.contains("error") ? body["error"].value("message", "") : "";
+      response.body = anthropic_error_body(response.status, message);
+    }
+    inner_->reply(std::move(response));
+  }
+  void begin_stream(HttpResponse head) override { inner_->begin_stream(std::move(head)); }
+  // OpenAI's SSE events ("data: PAYLOAD\n\n", one or several a write) as Anthropic's.
+  void write(std::string data) override {
+    std::string out;
+    {
+      std::lock_guard lock(mutex_);
+      size_t at = 0;
+      while (at < data.size()) {
+        const size_t end = data.find("\n\n", at);
+        const std::string event = data.substr(at, end == std::string::npos ? std::string::npos : end - at);
+        at = end == std::string::npos ? data.size() : end + 2;
+        if (event.rfind("data: ", 0) == 0) out += stream_.translate(event.substr(6));
+      }
+    }
+    if (!out.empty()) inner_->write(std::move(out));
+  }
+  void end_stream() override { inner_->end_stream(); }
+  void on_disconnect(std::function<void()> callback) override { inner_->on_disconnect(std::move(callback)); }
+
+ private:
+  std::shared_ptr<Responder> inner_;
+  std::mutex mutex_;
+  AnthropicStream stream_;
+};
+
+}  // namespace
+
+std::shared_ptr<Responder> anthropic_responder(std::shared_ptr<Responder> inner) {
+  return std::make_shared<AnthropicResponder>(std::move(inner));
+}
+
+}  // namespace glms::server
