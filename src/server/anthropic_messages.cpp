@@ -1,8 +1,11 @@
 #include "server/anthropic_messages.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <tuple>
 
 #include "server/api_error.h"
@@ -18,8 +21,21 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 // ---- The request: a Messages request as a chat completion request ----
 
 const json& required(const json& doc, const char* key, const std::string& at) {
-  if (!doc.contains(key)) bad_request(at + key + ": Field required", at + key);
+  if (!doc.is_object() || !doc.contains(key)) bad_request(at + key + ": Field required", at + key);
   return doc[key];
+}
+
+// A string member of an object ("" when absent); another type is a 400 naming it.
+std::string string_field(const json& object, const char* key, const std::string& at) {
+  if (!object.contains(key) || object[key].is_null()) return "";
+  if (!object[key].is_string()) bad_request(at + key + " must be a string", at + key);
+  return object[key].get<std::string>();
+}
+
+bool bool_field(const json& object, const char* key, const std::string& at) {
+  if (!object.contains(key) || object[key].is_null()) return false;
+  if (!object[key].is_boolean()) bad_request(at + key + " must be a boolean", at + key);
+  return object[key].get<bool>();
 }
 
 std::string text_of(const json& block, const std::string& at) {
@@ -28,7 +44,16 @@ std::string text_of(const json& block, const std::string& at) {
   return text.get<std::string>();
 }
 
-// A tool_result's content (a string, or text blocks) as the tool message's text.
+// What a text-only model reads of a block it cannot see (an image, a document, a tool reference).
+std::string placeholder_of(const std::string& type) { return "[" + type + " omitted: the model reads text only]"; }
+
+void append_part(std::string& text, const std::string& part, const char* separator) {
+  if (part.empty()) return;
+  if (!text.empty()) text += separator;
+  text += part;
+}
+
+// A tool_result's content (a string, or blocks) as the tool message's text.
 std::string tool_result_text(const json& block, const std::string& at) {
   if (!block.contains("content") || block["content"].is_null()) return "";
   const json& content = block["content"];
@@ -37,17 +62,11 @@ std::string tool_result_text(const json& block, const std::string& at) {
   std::string text;
   for (size_t i = 0; i < content.size(); ++i) {
     const std::string part_at = at + "content." + std::to_string(i) + ".";
-    if (!content[i].is_object() || content[i].value("type", "") != "text")
-      bad_request(part_at + "type: only text blocks are supported in a tool_result", part_at + "type");
-    text += text_of(content[i], part_at);
+    if (!content[i].is_object()) bad_request(part_at + " must be a block object", at + "content." + std::to_string(i));
+    const std::string type = string_field(content[i], "type", part_at);
+    append_part(text, type == "text" ? text_of(content[i], part_at) : placeholder_of(type), "\n");
   }
   return text;
-}
-
-[[noreturn]] void unsupported_block(const std::string& type, const std::string& at) {
-  if (type == "image" || type == "document")
-    bad_request(at + "type: " + type + " blocks are not supported (the model reads text)", at + "type");
-  bad_request(at + "type: '" + type + "' is not a block this message can hold", at + "type");
 }
 
 // A user turn: its tool_result blocks as tool messages, then its text as a user message.
@@ -57,26 +76,24 @@ void add_user_turn(const json& content, const std::string& at, json& messages) {
     return;
   }
   std::string text;
-  bool has_text = false;
   for (size_t i = 0; i < content.size(); ++i) {
     const json& block = content[i];
     const std::string block_at = at + std::to_string(i) + ".";
     if (!block.is_object()) bad_request(block_at + " must be a block object", at + std::to_string(i));
-    const std::string type = block.value("type", "");
+    const std::string type = string_field(block, "type", block_at);
     if (type == "text") {
-      text += text_of(block, block_at);
-      has_text = true;
+      append_part(text, text_of(block, block_at), "\n\n");
     } else if (type == "tool_result") {
-      const json& id = required(block, "tool_use_id", block_at);
-      if (!id.is_string()) bad_request(block_at + "tool_use_id must be a string", block_at + "tool_use_id");
+      const std::string id = string_field(block, "tool_use_id", block_at);
+      if (id.empty()) bad_request(block_at + "tool_use_id: Field required", block_at + "tool_use_id");
       std::string result = tool_result_text(block, block_at);
-      if (block.value("is_error", false)) result = "Error: " + result;
+      if (bool_field(block, "is_error", block_at)) result = "Error: " + result;
       messages.push_back({{"role", "tool"}, {"tool_call_id", id}, {"content", result}});
     } else {
-      unsupported_block(type, block_at);
+      append_part(text, placeholder_of(type), "\n\n");  // image, document, ...
     }
   }
-  if (has_text) messages.push_back({{"role", "user"}, {"content", text}});
+  if (!text.empty()) messages.push_back({{"role", "user"}, {"content", text}});
 }
 
 // An assistant turn: text as content, thinking as reasoning_content, tool_use blocks as tool calls.
@@ -93,25 +110,17 @@ void add_assistant_turn(const json& content, const std::string& at, json& messag
     const json& block = content[i];
     const std::string block_at = at + std::to_string(i) + ".";
     if (!block.is_object()) bad_request(block_at + " must be a block object", at + std::to_string(i));
-    const std::string type = block.value("type", "");
+    const std::string type = string_field(block, "type", block_at);
     if (type == "text") {
-      text += text_of(block, block_at);
+      append_part(text, text_of(block, block_at), "\n\n");
     } else if (type == "thinking") {
-      const json& thinking = required(block, "thinking", block_at);
-      if (!thinking.is_string()) bad_request(block_at + "thinking must be a string", block_at + "thinking");
-      reasoning += thinking.get<std::string>();
-    } else if (type == "redacted_thinking") {
-      continue;  // opaque to any model but the one that wrote it
+      reasoning += string_field(block, "thinking", block_at);  // its signature is ours, and ignored
     } else if (type == "tool_use") {
-      const json& id = required(block, "id", block_at);
-      const json& name = required(block, "name", block_at);
-      if (!id.is_string() || !name.is_string())
-        bad_request(block_at + "id and name must be strings", block_at + (id.is_string() ? "name" : "id"));
+      const std::string id = string_field(block, "id", block_at), name = string_field(block, "name", block_at);
+      if (id.empty() || name.empty()) bad_request(block_at + "id and name are required", block_at + (id.empty() ? "id" : "name"));
       const json input = block.contains("input") ? block["input"] : json::object();
       calls.push_back({{"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", dump(input)}}}});
-    } else {
-      unsupported_block(type, block_at);
-    }
+    }  // redacted_thinking and server-side blocks: opaque to this model, left out
   }
   message["content"] = text;
   if (!reasoning.empty()) message["reasoning_content"] = reasoning;
@@ -119,35 +128,39 @@ void add_assistant_turn(const json& content, const std::string& at, json& messag
   messages.push_back(std::move(message));
 }
 
-json chat_messages(const json& doc) {
-  json messages = json::array();
-  if (doc.contains("system")) {
-    const json& system = doc["system"];
-    std::string text;
-    if (system.is_string()) {
-      text = system.get<std::string>();
-    } else if (system.is_array()) {
-      for (size_t i = 0; i < system.size(); ++i)
-        text += (i ? "\n" : "") + text_of(system[i], "system." + std::to_string(i) + ".");
-    } else {
-      bad_request("system must be a string or an array of text blocks", "system");
-    }
-    if (!text.empty()) messages.push_back({{"role", "system"}, {"content", text}});
+// The system prompt: `system` (a string or text blocks) and any system turns among the messages.
+// Claude Code's per-request billing header block is left out: it would change every prompt's
+// first tokens, so that the prefix cache never hits.
+std::string system_text(const json& system, const std::string& at) {
+  if (system.is_string()) return system.get<std::string>();
+  if (!system.is_array()) bad_request(at + " must be a string or an array of text blocks", at);
+  std::string text;
+  for (size_t i = 0; i < system.size(); ++i) {
+    const std::string part = text_of(system[i], at + "." + std::to_string(i) + ".");
+    if (part.rfind("x-anthropic-billing-header", 0) != 0) append_part(text, part, "\n\n");
   }
+  return text;
+}
+
+json chat_messages(const json& doc) {
   const json& turns = required(doc, "messages", "");
   if (!turns.is_array() || turns.empty()) bad_request("messages must be a non-empty array", "messages");
+  std::string system = doc.contains("system") ? system_text(doc["system"], "system") : "";
+  json messages = json::array();
   for (size_t i = 0; i < turns.size(); ++i) {
     const std::string at = "messages." + std::to_string(i) + ".";
     const json& turn = turns[i];
     if (!turn.is_object()) bad_request(at + " must be an object", "messages." + std::to_string(i));
-    const json& role = required(turn, "role", at);
+    const std::string role = string_field(turn, "role", at);
     const json& content = required(turn, "content", at);
     if (!content.is_string() && !content.is_array())
       bad_request(at + "content must be a string or an array of blocks", at + "content");
-    if (role == "user") add_user_turn(content, at + "content.", messages);
+    if (role == "system") append_part(system, system_text(content, at + "content"), "\n\n");
+    else if (role == "user" || role == "ctx" || role == "msg") add_user_turn(content, at + "content.", messages);
     else if (role == "assistant") add_assistant_turn(content, at + "content.", messages);
     else bad_request(at + "role must be 'user' or 'assistant'", at + "role");
   }
+  if (!system.empty()) messages.insert(messages.begin(), json{{"role", "system"}, {"content", system}});
   return messages;
 }
 
@@ -158,9 +171,11 @@ json chat_tools(const json& tools) {
     const std::string at = "tools." + std::to_string(i) + ".";
     const json& tool = tools[i];
     if (!tool.is_object()) bad_request(at + " must be an object", "tools." + std::to_string(i));
-    if (tool.contains("type") && tool["type"] != "custom")
-      bad_request(at + "type: server tools such as '" + tool["type"].dump() + "' are not supported", at + "type");
-    const json& name = required(tool, "name", at);
+    const std::string type = string_field(tool, "type", at);
+    if (!type.empty() && type != "custom")
+      bad_request(at + "type: server tools such as '" + type + "' are not supported", at + "type");
+    const std::string name = string_field(tool, "name", at);
+    if (name.empty()) bad_request(at + "name: Field required", at + "name");
     json function = {{"name", name}, {"parameters", tool.value("input_schema", json::object())}};
     if (tool.contains("description")) function["description"] = tool["description"];
     out.push_back({{"type", "function"}, {"function", std::move(function)}});
@@ -171,12 +186,19 @@ json chat_tools(const json& tools) {
 // tool_choice {"type": auto | any | tool | none, "name", "disable_parallel_tool_use"}.
 void set_tool_choice(const json& choice, json& chat) {
   if (!choice.is_object()) bad_request("tool_choice must be an object", "tool_choice");
-  const std::string type = choice.value("type", "");
-  if (type == "auto" || type == "none") chat["tool_choice"] = type;
-  else if (type == "any") chat["tool_choice"] = "required";
-  else if (type == "tool") chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", choice.value("name", "")}}}};
-  else bad_request("tool_choice.type must be auto, any, tool or none", "tool_choice.type");
-  if (choice.value("disable_parallel_tool_use", false)) chat["parallel_tool_calls"] = false;
+  const std::string type = string_field(choice, "type", "tool_choice.");
+  if (type == "auto" || type == "none") {
+    chat["tool_choice"] = type;
+  } else if (type == "any") {
+    chat["tool_choice"] = "required";
+  } else if (type == "tool") {
+    const std::string name = string_field(choice, "name", "tool_choice.");
+    if (name.empty()) bad_request("tool_choice.name: Field required", "tool_choice.name");
+    chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", name}}}};
+  } else {
+    bad_request("tool_choice.type must be auto, any, tool or none", "tool_choice.type");
+  }
+  if (bool_field(choice, "disable_parallel_tool_use", "tool_choice.")) chat["parallel_tool_calls"] = false;
 }
 
 // The sampling fields that keep their names, and thinking as the template's enable_thinking.
@@ -191,12 +213,13 @@ void copy_sampling(const json& doc, bool count_only, json& chat) {
   if (doc.contains("stop_sequences")) chat["stop"] = doc["stop_sequences"];
   if (doc.contains("thinking")) {
     const json& thinking = doc["thinking"];
-    const std::string type = thinking.is_object() ? thinking.value("type", "") : "";
-    if (type != "enabled" && type != "disabled")
-      bad_request("thinking.type must be 'enabled' or 'disabled'", "thinking.type");
-    chat["chat_template_kwargs"] = {{"enable_thinking", type == "enabled"}};
+    if (!thinking.is_object()) bad_request("thinking must be an object", "thinking");
+    const std::string type = string_field(thinking, "type", "thinking.");
+    if (type != "enabled" && type != "adaptive" && type != "disabled")
+      bad_request("thinking.type must be 'enabled', 'adaptive' or 'disabled'", "thinking.type");
+    chat["chat_template_kwargs"] = {{"enable_thinking", type != "disabled"}};
   }
-  if (!count_only && doc.value("stream", false)) {
+  if (!count_only && bool_field(doc, "stream", "")) {
     chat["stream"] = true;
     // Usage on every chunk: message_start carries the prompt's tokens.
     chat["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
@@ -218,11 +241,25 @@ std::pair<json, json> stop_of(const json& finish_reason, const json& stop_reason
   return {"end_turn", nullptr};
 }
 
+// Anthropic's usage: input_tokens the prompt's tokens the prefix cache did not hold, those it
+// held as cache_read_input_tokens (clients add the two).
 json usage_of(const json& usage) {
-  json out = {{"input_tokens", usage.value("prompt_tokens", 0)}, {"output_tokens", usage.value("completion_tokens", 0)}};
-  if (usage.contains("prompt_tokens_details") && usage["prompt_tokens_details"].is_object())
-    out["cache_read_input_tokens"] = usage["prompt_tokens_details"].value("cached_tokens", 0);
-  return out;
+  const int prompt = usage.value("prompt_tokens", 0);
+  const json details = usage.value("prompt_tokens_details", json::object());
+  const int cached = details.is_object() ? details.value("cached_tokens", 0) : 0;
+  return {{"input_tokens", prompt - cached},
+          {"cache_creation_input_tokens", 0},
+          {"cache_read_input_tokens", cached},
+          {"output_tokens", usage.value("completion_tokens", 0)}};
+}
+
+// A thinking block's signature: Anthropic's clients keep only signed thinking. Nothing checks it
+// here (a later turn's thinking is read as text).
+std::string thinking_signature() {
+  static std::mutex mutex;
+  static std::mt19937_64 random{std::random_device{}()};
+  std::lock_guard lock(mutex);
+  return fmt::format("{:016x}{:016x}", random(), random());
 }
 
 json tool_input(const std::string& arguments) {
@@ -236,6 +273,7 @@ const char* error_type(int status) {
     case 401: return "authentication_error";
     case 403: return "permission_error";
     case 404: return "not_found_error";
+    case 405: return "invalid_request_error";
     case 413: return "request_too_large";
     case 429: return "rate_limit_error";
     case 503: return "overloaded_error";
@@ -249,12 +287,10 @@ std::string chat_request_of_message(std::string_view body, bool count_only) {
   const json doc = json::parse(body, nullptr, false);
   if (doc.is_discarded()) bad_request("request body is not valid JSON");
   if (!doc.is_object()) bad_request("request body must be a JSON object");
-  static const char* const kKnown[] = {"model", "max_tokens", "messages", "system", "temperature", "top_p", "top_k",
-                                       "stop_sequences", "stream", "tools", "tool_choice", "thinking", "metadata",
-                                       "service_tier"};
-  for (const auto& item : doc.items())
-    if (std::none_of(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return item.key() == k; }))
-      bad_request(item.key() + ": this field is not supported", item.key());
+  // Fields that ask for what only Anthropic's servers run; others this model has no use for
+  // (metadata, service_tier, output_config, context_management, ...) are ignored, as vLLM does.
+  for (const char* server_side : {"mcp_servers", "container"})
+    if (doc.contains(server_side)) bad_request(std::string(server_side) + ": not supported here", server_side);
   json chat = {{"messages", chat_messages(doc)}};
   if (doc.contains("model")) chat["model"] = doc["model"];
   copy_sampling(doc, count_only, chat);
@@ -272,7 +308,7 @@ std::string message_of_chat_completion(const std::string& chat_completion) {
   const json& message = choice["message"];
   json content = json::array();
   if (message.value("reasoning_content", json()).is_string())
-    content.push_back({{"type", "thinking"}, {"thinking", message["reasoning_content"]}, {"signature", ""}});
+    content.push_back({{"type", "thinking"}, {"thinking", message["reasoning_content"]}, {"signature", thinking_signature()}});
   if (message.value("content", json()).is_string() && !message["content"].get<std::string>().empty())
     content.push_back({{"type", "text"}, {"text", message["content"]}});
   if (message.contains("tool_calls") && message["tool_calls"].is_array())
@@ -305,10 +341,12 @@ class AnthropicStream {
   // Anthropic's events for one OpenAI SSE event's payload ("[DONE]" ends the message).
   std::string translate(const std::string& payload) {
     std::string out;
+    if (failed_) return out;  // an error event ends the stream for its readers
     if (payload == "[DONE]") return finish();
     const json chunk = json::parse(payload, nullptr, false);
     if (!chunk.is_object()) return out;
     if (chunk.contains("error")) {
+      failed_ = true;
       const json& error = chunk["error"];
       return event("error", json::parse(anthropic_error_body(error.value("code", 500), error.value("message", ""))));
     }
@@ -353,8 +391,13 @@ class AnthropicStream {
   }
   std::string close_block() {
     if (open_.empty()) return "";
+    std::string out;
+    if (open_ == "thinking")
+      out = event("content_block_delta", {{"type", "content_block_delta"},
+                                          {"index", index_},
+                                          {"delta", {{"type", "signature_delta"}, {"signature", thinking_signature()}}}});
     open_.clear();
-    return event("content_block_stop", {{"type", "content_block_stop"}, {"index", index_++}});
+    return out + event("content_block_stop", {{"type", "content_block_stop"}, {"index", index_++}});
   }
   std::string open_block(const std::string& kind, const json& block) {
     std::string out = close_block();
@@ -386,15 +429,15 @@ class AnthropicStream {
     std::string out = start() + close_block();
     out += event("message_delta", {{"type", "message_delta"},
                                    {"delta", {{"stop_reason", stop_reason_}, {"stop_sequence", stop_sequence_}}},
-                                   {"usage", {{"output_tokens", usage_.value("output_tokens", 0)}}}});
+                                   {"usage", usage_}});
     return out + event("message_stop", {{"type", "message_stop"}});
   }
 
-  bool started_ = false;
+  bool started_ = false, failed_ = false;
   std::string id_, model_;
   std::string open_;  // the open block's kind: thinking, text, tool_use, or none
   int index_ = 0;     // the open (or next) block's index
-  json usage_ = {{"input_tokens", 0}, {"output_tokens", 0}};
+  json usage_ = usage_of(json::object());
   json stop_reason_ = "end_turn", stop_sequence_ = nullptr;
 };
 

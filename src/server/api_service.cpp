@@ -343,7 +343,7 @@ engine::RequestParams ApiService::base_params(const SamplingFields& s, const std
                                     " input tokens. Please reduce the length of the input " + what + ".",
                                 what, 0.0}};
   if (s.max_tokens) {
-    if (prompt_len + *s.max_tokens > max_len)
+    if (prompt_len + *s.max_tokens > max_len && !s.max_tokens_to_context)
       throw ApiException{ApiError{
           400,
           "This model's maximum context length is " + std::to_string(max_len) + " tokens. However, you requested " +
@@ -351,7 +351,7 @@ engine::RequestParams ApiService::base_params(const SamplingFields& s, const std
               what + ", " + std::to_string(*s.max_tokens) + " in the completion). Please reduce the length of the " +
               what + " or completion.",
           "max_tokens", 0.0}};
-    p.max_tokens = *s.max_tokens;
+    p.max_tokens = std::min(*s.max_tokens, max_len - prompt_len);
   } else {
     p.max_tokens = chat ? max_len - prompt_len : std::min(config_.default_completion_max_tokens, max_len - prompt_len);
   }
@@ -414,6 +414,8 @@ std::shared_ptr<structured::GrammarMatcher> ApiService::structured_matcher(const
 
 void ApiService::start_chat(const HttpRequest& request, std::shared_ptr<Responder> responder, const char* path) {
   ChatRequest req = parse_chat_request(request.body, config_.parse_limits);
+  // Claude Code asks for more output than a smaller context holds and compacts on its own.
+  req.sampling.max_tokens_to_context = std::string_view(path) == "/v1/messages";
   check_model(req.sampling.model);
   if (!renderer_) throw_api(400, "This model has no chat template; use /v1/completions");
   const std::string prompt = render_prompt(req);

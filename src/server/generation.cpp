@@ -208,6 +208,12 @@ void Generation::start() {
                                                     {"delta", {{"role", "assistant"}, {"content", ""}}},
                                                     {"logprobs", nullptr},
                                                     {"finish_reason", nullptr}}})}};
+            // Usage on every chunk: the prompt's tokens are known before its prefill.
+            if (spec_.sampling.continuous_usage_stats && spec_.sampling.include_usage) {
+              const int prompt = static_cast<int>(spec_.params[c.index].prompt_ids.size());
+              chunk["usage"] = {{"prompt_tokens", prompt}, {"total_tokens", prompt}, {"completion_tokens", 0},
+                                {"prompt_tokens_details", {{"cached_tokens", 0}}}};
+            }
             responder_->write(sse_event(chunk.dump(-1, ' ', false, json::error_handler_t::replace)));
           }
         }

@@ -30,6 +30,7 @@ struct ParseLimits {
 struct SamplingFields {
   std::string model;                // empty when omitted
   std::optional<int> max_tokens;    // max_tokens or max_completion_tokens
+  bool max_tokens_to_context = false;  // a max_tokens past the context is cut to it (not parsed: Anthropic's path)
   std::optional<float> temperature; // unset: the server's default (generation_config.json)
   std::optional<float> top_p;
   std::optional<int> top_k;         // -1 or 0 = off

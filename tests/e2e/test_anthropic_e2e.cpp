@@ -85,12 +85,14 @@ TEST_F(AnthropicE2E, AMessageAndItsStreamSayTheSame) {
   EXPECT_EQ(names[names.size() - 2], "message_delta");
   EXPECT_EQ(names.back(), "message_stop");
 
-  // count_tokens counts what the message's usage counted.
+  // count_tokens counts what the message's usage counted (uncached and cached input together).
   request.erase("stream");
   request.erase("max_tokens");
   const Response counted = post("/v1/messages/count_tokens", request);
   ASSERT_EQ(counted.status, 200) << counted.body;
-  EXPECT_EQ(json::parse(counted.body)["input_tokens"], message["usage"]["input_tokens"]);
+  const json& usage = message["usage"];
+  EXPECT_EQ(json::parse(counted.body)["input_tokens"],
+            usage["input_tokens"].get<int>() + usage["cache_read_input_tokens"].get<int>());
 }
 
 TEST_F(AnthropicE2E, AForcedToolCallIsAToolUseBlockAndItsResultTheNextTurn) {

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fakes.h"
+#include "service_fixture.h"
 #include "server/anthropic_messages.h"
 #include "server/api_error.h"
 
@@ -101,6 +102,35 @@ TEST(AnthropicMessages, AConversationBecomesItsChatCompletionRequest) {
   EXPECT_FALSE(chat_of(named, true).contains("max_tokens"));
 }
 
+// What Claude Code sends beyond the basics: in-array system turns and its per-request billing
+// header (left out, so that prompts keep a common prefix), images (a placeholder for a text-only
+// model), adaptive thinking, fields this model has no use for (ignored, as vLLM does).
+TEST(AnthropicMessages, ClaudeCodesExtrasAreTakenOrLeftOut) {
+  const json message = {
+      {"model", "m"},
+      {"max_tokens", 8},
+      {"system", json::array({{{"type", "text"}, {"text", "x-anthropic-billing-header: cc_version=2; cch=1f2e"}},
+                              {{"type", "text"}, {"text", "You are a coding agent."}}})},
+      {"messages", json::array({{{"role", "system"}, {"content", "Mind the tests."}},
+                                {{"role", "user"},
+                                 {"content", json::array({{{"type", "text"}, {"text", "<system-reminder>r</system-reminder>"}},
+                                                          {{"type", "image"}, {"source", json::object()}},
+                                                          {{"type", "text"}, {"text", "Fix it."}}})}}})},
+      {"thinking", {{"type", "adaptive"}}},
+      {"output_config", {{"effort", "high"}}},
+      {"context_management", {{"edits", json::array()}}},
+      {"metadata", {{"user_id", "u"}}}};
+  const json chat = chat_of(message);
+  EXPECT_EQ(chat["messages"],
+            json::array({{{"role", "system"}, {"content", "You are a coding agent.\n\nMind the tests."}},
+                         {{"role", "user"},
+                          {"content", "<system-reminder>r</system-reminder>\n\n[image omitted: the model reads text "
+                                      "only]\n\nFix it."}}}))
+      << chat.dump(2);
+  EXPECT_EQ(chat["chat_template_kwargs"], (json{{"enable_thinking", true}}));
+  EXPECT_FALSE(chat.contains("output_config"));
+}
+
 TEST(AnthropicMessages, WhatCannotBeAnsweredIsRefusedNamingIt) {
   const json base = {{"model", "m"}, {"max_tokens", 8}, {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
   auto with = [&](const char* key, const json& value) {
@@ -111,19 +141,21 @@ TEST(AnthropicMessages, WhatCannotBeAnsweredIsRefusedNamingIt) {
   json no_max = base;
   no_max.erase("max_tokens");
   EXPECT_EQ(refusal(no_max), "max_tokens: Field required");
-  EXPECT_NE(with("messages", json::array({{{"role", "user"},
-                                           {"content", json::array({{{"type", "image"}, {"source", json::object()}}})}}}))
-                .find("image blocks are not supported"),
-            std::string::npos);
-  EXPECT_NE(with("messages", json::array({{{"role", "system"}, {"content", "x"}}})).find("role must be 'user' or"),
+  EXPECT_NE(with("messages", json::array({{{"role", "tool"}, {"content", "x"}}})).find("role must be 'user' or"),
             std::string::npos);
   EXPECT_NE(with("messages", json::array()).find("non-empty array"), std::string::npos);
+  EXPECT_NE(with("messages", json::array({{{"role", "user"}, {"content", json::array({{{"type", 5}}})}}}))
+                .find("type must be a string"),
+            std::string::npos);
   EXPECT_NE(with("tools", json::array({{{"type", "web_search_20250305"}, {"name", "web_search"}}}))
                 .find("server tools"),
             std::string::npos);
   EXPECT_NE(with("tool_choice", {{"type", "sometimes"}}).find("tool_choice.type"), std::string::npos);
+  EXPECT_NE(with("tool_choice", {{"type", "tool"}}).find("tool_choice.name: Field required"), std::string::npos);
   EXPECT_NE(with("thinking", {{"type", "maybe"}}).find("thinking.type"), std::string::npos);
-  EXPECT_NE(with("top_logprobs", 3).find("top_logprobs: this field is not supported"), std::string::npos);
+  EXPECT_NE(with("stream", "yes").find("stream must be a boolean"), std::string::npos);
+  EXPECT_NE(with("mcp_servers", json::array()).find("mcp_servers: not supported"), std::string::npos);
+  EXPECT_EQ(with("top_logprobs", 3), "");  // ignored
   EXPECT_EQ(refusal(base), "");
 }
 
@@ -142,17 +174,18 @@ TEST(AnthropicMessages, AChatCompletionBecomesAMessage) {
                                 {"stop_reason", nullptr}}})},
       {"usage", {{"prompt_tokens", 12}, {"completion_tokens", 5}, {"prompt_tokens_details", {{"cached_tokens", 8}}}}}};
   const json message = json::parse(server::message_of_chat_completion(completion.dump()));
+  ASSERT_EQ(message["content"][0]["signature"].get<std::string>().size(), 32u);  // clients keep signed thinking only
   const json expected = {
       {"id", "msg_abc"},
       {"type", "message"},
       {"role", "assistant"},
       {"model", "glm-5"},
-      {"content", json::array({{{"type", "thinking"}, {"thinking", "Think."}, {"signature", ""}},
+      {"content", json::array({{{"type", "thinking"}, {"thinking", "Think."}, {"signature", message["content"][0]["signature"]}},
                                {{"type", "text"}, {"text", "Here."}},
                                {{"type", "tool_use"}, {"id", "call_1"}, {"name", "ls"}, {"input", {{"path", "/"}}}}})},
       {"stop_reason", "tool_use"},
       {"stop_sequence", nullptr},
-      {"usage", {{"input_tokens", 12}, {"output_tokens", 5}, {"cache_read_input_tokens", 8}}}};
+      {"usage", {{"input_tokens", 4}, {"cache_creation_input_tokens", 0}, {"cache_read_input_tokens", 8}, {"output_tokens", 5}}}};
   EXPECT_EQ(message, expected) << message.dump(2);
   // A stop string ends it as stop_sequence; the token limit as max_tokens.
   json stopped = completion;
@@ -175,9 +208,7 @@ TEST(AnthropicMessages, AStreamBecomesBlocksOfThinkingTextAndToolUse) {
                 {"choices", json::array({{{"index", 0}, {"delta", delta}, {"finish_reason", finish}}})},
                 {"usage", {{"prompt_tokens", 20}, {"completion_tokens", completion_tokens}}}};
   };
-  json role = chunk({{"role", "assistant"}, {"content", ""}}, nullptr, 0);
-  role.erase("usage");  // the role chunk comes before any usage
-  responder->write(server::sse_event(role.dump()));
+  responder->write(server::sse_event(chunk({{"role", "assistant"}, {"content", ""}}, nullptr, 0).dump()));
   responder->write(server::sse_event(chunk({{"reasoning_content", "Hm"}}, nullptr, 1).dump()) +
                    server::sse_event(chunk({{"reasoning_content", "m."}}, nullptr, 2).dump()));
   responder->write(server::sse_event(chunk({{"content", "Sure"}}, nullptr, 3).dump()));
@@ -193,22 +224,23 @@ TEST(AnthropicMessages, AStreamBecomesBlocksOfThinkingTextAndToolUse) {
     EXPECT_EQ(data["type"], name);
   }
   EXPECT_EQ(names, (std::vector<std::string>{"message_start", "content_block_start", "content_block_delta",
-                                             "content_block_delta", "content_block_stop", "content_block_start",
-                                             "content_block_delta", "content_block_stop", "content_block_start",
-                                             "content_block_delta", "content_block_stop", "message_delta",
-                                             "message_stop"}));
+                                             "content_block_delta", "content_block_delta", "content_block_stop",
+                                             "content_block_start", "content_block_delta", "content_block_stop",
+                                             "content_block_start", "content_block_delta", "content_block_stop",
+                                             "message_delta", "message_stop"}));
   EXPECT_EQ(events[0].second["message"]["id"], "msg_xyz");
-  EXPECT_EQ(events[0].second["message"]["usage"]["input_tokens"], 20);
+  EXPECT_EQ(events[0].second["message"]["usage"]["input_tokens"], 20);  // from the role chunk, before any token
   EXPECT_EQ(events[1].second["content_block"]["type"], "thinking");
   EXPECT_EQ(events[3].second["delta"], (json{{"type", "thinking_delta"}, {"thinking", "m."}}));
-  EXPECT_EQ(events[5].second["index"], 1);
-  EXPECT_EQ(events[6].second["delta"], (json{{"type", "text_delta"}, {"text", "Sure"}}));
-  EXPECT_EQ(events[8].second["content_block"],
+  EXPECT_EQ(events[4].second["delta"]["type"], "signature_delta");  // a thinking block ends signed
+  EXPECT_EQ(events[6].second["index"], 1);
+  EXPECT_EQ(events[7].second["delta"], (json{{"type", "text_delta"}, {"text", "Sure"}}));
+  EXPECT_EQ(events[9].second["content_block"],
             (json{{"type", "tool_use"}, {"id", "call_9"}, {"name", "ls"}, {"input", json::object()}}));
-  EXPECT_EQ(events[9].second["delta"], (json{{"type", "input_json_delta"}, {"partial_json", R"({"path":"/"})"}}));
-  EXPECT_EQ(events[10].second["index"], 2);
-  EXPECT_EQ(events[11].second["delta"]["stop_reason"], "tool_use");
-  EXPECT_EQ(events[11].second["usage"]["output_tokens"], 9);
+  EXPECT_EQ(events[10].second["delta"], (json{{"type", "input_json_delta"}, {"partial_json", R"({"path":"/"})"}}));
+  EXPECT_EQ(events[11].second["index"], 2);
+  EXPECT_EQ(events[12].second["delta"]["stop_reason"], "tool_use");
+  EXPECT_EQ(events[12].second["usage"]["output_tokens"], 9);
 }
 
 TEST(AnthropicMessages, ErrorsTakeAnthropicsShape) {
@@ -224,8 +256,26 @@ TEST(AnthropicMessages, ErrorsTakeAnthropicsShape) {
   const auto responder = server::anthropic_responder(streaming);
   responder->begin_stream({});
   responder->write(server::sse_event(server::error_body({503, "the engine stopped", "", 0.0})));
+  responder->write(server::sse_done());  // nothing after the error event
   const auto events = events_of(streaming->stream_body());
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].first, "error");
   EXPECT_EQ(events[0].second["error"]["type"], "overloaded_error");
+}
+
+// Claude Code asks for more output than a smaller context holds: /v1/messages cuts max_tokens to
+// what the context leaves (the chat path keeps refusing it), and the message says max_tokens.
+TEST(AnthropicMessages, MaxTokensPastTheContextIsCutToIt) {
+  glms::test::Fixture f;  // max_model_len 256
+  f.backend.last_is_eos = false;
+  f.backend.script = [](const engine::RequestParams& p) { return std::vector<int32_t>(p.max_tokens, 65); };
+  const json request = {{"model", "tiny"}, {"max_tokens", 32000}, {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
+  const json message = f.post("/v1/messages", request);
+  ASSERT_EQ(f.backend.submitted.size(), 1u);
+  const int prompt = static_cast<int>(f.backend.submitted[0].prompt_ids.size());
+  EXPECT_EQ(f.backend.submitted[0].max_tokens, 256 - prompt);
+  EXPECT_EQ(message["stop_reason"], "max_tokens");
+  EXPECT_EQ(message["usage"]["output_tokens"], 256 - prompt);
+  const json chat = {{"model", "tiny"}, {"max_tokens", 32000}, {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
+  f.post("/v1/chat/completions", chat, 400);
 }
