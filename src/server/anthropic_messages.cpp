@@ -53,6 +53,17 @@ void append_part(std::string& text, const std::string& part, const char* separat
   text += part;
 }
 
+// visit(block, its path for messages, its type) for each block of a content array.
+template <typename Visit>
+void for_each_block(const json& content, const std::string& at, Visit visit) {
+  for (size_t i = 0; i < content.size(); ++i) {
+    const json& block = content[i];
+    const std::string block_at = at + std::to_string(i) + ".";
+    if (!block.is_object()) bad_request(block_at + " must be a block object", at + std::to_string(i));
+    visit(block, block_at, string_field(block, "type", block_at));
+  }
+}
+
 // A tool_result's content (a string, or blocks) as the tool message's text.
 std::string tool_result_text(const json& block, const std::string& at) {
   if (!block.contains("content") || block["content"].is_null()) return "";
@@ -60,12 +71,9 @@ std::string tool_result_text(const json& block, const std::string& at) {
   if (content.is_string()) return content.get<std::string>();
   if (!content.is_array()) bad_request(at + "content must be a string or an array of blocks", at + "content");
   std::string text;
-  for (size_t i = 0; i < content.size(); ++i) {
-    const std::string part_at = at + "content." + std::to_string(i) + ".";
-    if (!content[i].is_object()) bad_request(part_at + " must be a block object", at + "content." + std::to_string(i));
-    const std::string type = string_field(content[i], "type", part_at);
-    append_part(text, type == "text" ? text_of(content[i], part_at) : placeholder_of(type), "\n");
-  }
+  for_each_block(content, at + "content.", [&](const json& part, const std::string& part_at, const std::string& type) {
+    append_part(text, type == "text" ? text_of(part, part_at) : placeholder_of(type), "\n");
+  });
   return text;
 }
 
@@ -76,11 +84,7 @@ void add_user_turn(const json& content, const std::string& at, json& messages) {
     return;
   }
   std::string text;
-  for (size_t i = 0; i < content.size(); ++i) {
-    const json& block = content[i];
-    const std::string block_at = at + std::to_string(i) + ".";
-    if (!block.is_object()) bad_request(block_at + " must be a block object", at + std::to_string(i));
-    const std::string type = string_field(block, "type", block_at);
+  for_each_block(content, at, [&](const json& block, const std::string& block_at, const std::string& type) {
     if (type == "text") {
       append_part(text, text_of(block, block_at), "\n\n");
     } else if (type == "tool_result") {
@@ -92,7 +96,7 @@ void add_user_turn(const json& content, const std::string& at, json& messages) {
     } else {
       append_part(text, placeholder_of(type), "\n\n");  // image, document, ...
     }
-  }
+  });
   if (!text.empty()) messages.push_back({{"role", "user"}, {"content", text}});
 }
 
@@ -106,11 +110,7 @@ void add_assistant_turn(const json& content, const std::string& at, json& messag
   }
   std::string text, reasoning;
   json calls = json::array();
-  for (size_t i = 0; i < content.size(); ++i) {
-    const json& block = content[i];
-    const std::string block_at = at + std::to_string(i) + ".";
-    if (!block.is_object()) bad_request(block_at + " must be a block object", at + std::to_string(i));
-    const std::string type = string_field(block, "type", block_at);
+  for_each_block(content, at, [&](const json& block, const std::string& block_at, const std::string& type) {
     if (type == "text") {
       append_part(text, text_of(block, block_at), "\n\n");
     } else if (type == "thinking") {
@@ -121,7 +121,7 @@ void add_assistant_turn(const json& content, const std::string& at, json& messag
       const json input = block.contains("input") ? block["input"] : json::object();
       calls.push_back({{"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", dump(input)}}}});
     }  // redacted_thinking and server-side blocks: opaque to this model, left out
-  }
+  });
   message["content"] = text;
   if (!reasoning.empty()) message["reasoning_content"] = reasoning;
   if (!calls.empty()) message["tool_calls"] = std::move(calls);
