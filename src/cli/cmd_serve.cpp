@@ -55,8 +55,9 @@ struct ServeArgs {
   std::string max_model_len;    // tokens, readable ("8k", "32K")
   std::string preset;
   std::vector<std::string> served_model_names;
-  VllmFlags vllm;      // vLLM's and SGLang's flags that map onto glmserve's settings or change
-  SglangFlags sglang;  // nothing here (a note each)
+  // vLLM's and SGLang's flags that map onto glmserve's settings or change nothing here (a note each).
+  VllmFlags vllm;
+  SglangFlags sglang;
   bool no_prefix_caching = false, disable_log_requests = false, vllm_metric_names = false, disable_log_stats = false,
        no_web_ui = false;
   std::string log_level = "info", log_format = "text";
