@@ -412,15 +412,18 @@ std::shared_ptr<structured::GrammarMatcher> ApiService::structured_matcher(const
   return matcher;
 }
 
-void ApiService::start_chat(const HttpRequest& request, std::shared_ptr<Responder> responder, const char* path) {
-  ChatRequest req = parse_chat_request(request.body, config_.parse_limits);
-  // Claude Code asks for more output than a smaller context holds and compacts on its own.
-  req.sampling.max_tokens_to_context = std::string_view(path) == "/v1/messages";
+void ApiService::start_chat(const HttpRequest& request, std::shared_ptr<Responder> responder) {
+  run_chat(parse_chat_request(request.body, config_.parse_limits), request.client, std::move(responder),
+           "/v1/chat/completions");
+}
+
+void ApiService::run_chat(ChatRequest req, const std::string& client, std::shared_ptr<Responder> responder,
+                          const char* path) {
   check_model(req.sampling.model);
   if (!renderer_) throw_api(400, "This model has no chat template; use /v1/completions");
   const std::string prompt = render_prompt(req);
   GenerationSpec spec;
-  if (config_.log_requests) spec.access_log = request.client + " POST " + path;
+  if (config_.log_requests) spec.access_log = client + " POST " + path;
   spec.chat = true;
   spec.id = random_id("chatcmpl-");
   spec.model = config_.served_model_name;
@@ -446,9 +449,10 @@ void ApiService::start_chat(const HttpRequest& request, std::shared_ptr<Responde
 
 // Anthropic's Messages API as a chat completion whose answer an Anthropic responder rewrites.
 void ApiService::start_message(const HttpRequest& request, std::shared_ptr<Responder> responder) {
-  HttpRequest chat = request;
-  chat.body = chat_request_of_message(request.body);
-  start_chat(chat, anthropic_responder(std::move(responder)), "/v1/messages");
+  ChatRequest req = parse_chat_request(chat_request_of_message(request.body), config_.parse_limits);
+  // Claude Code asks for more output than a smaller context holds and compacts on its own.
+  req.sampling.max_tokens_to_context = true;
+  run_chat(std::move(req), request.client, anthropic_responder(std::move(responder)), "/v1/messages");
 }
 
 HttpResponse ApiService::count_message_tokens(const HttpRequest& request) const {

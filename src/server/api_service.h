@@ -78,8 +78,9 @@ class ApiService {
 
  private:
   HttpResponse handle_sync(const HttpRequest& request, std::shared_ptr<Responder>& responder, bool& answered);
-  void start_chat(const HttpRequest& request, std::shared_ptr<Responder> responder,
-                  const char* path = "/v1/chat/completions");
+  void start_chat(const HttpRequest& request, std::shared_ptr<Responder> responder);
+  // A parsed chat request's generation, answered through `responder`; `path` names it in the log.
+  void run_chat(ChatRequest req, const std::string& client, std::shared_ptr<Responder> responder, const char* path);
   void start_message(const HttpRequest& request, std::shared_ptr<Responder> responder);
   HttpResponse count_message_tokens(const HttpRequest& request) const;
   void start_completion(const HttpRequest& request, std::shared_ptr<Responder> responder);
