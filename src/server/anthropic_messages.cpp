@@ -53,15 +53,22 @@ void append_part(std::string& text, const std::string& part, const char* separat
   text += part;
 }
 
-// visit(block, its path for messages, its type) for each block of a content array.
+// visit(item, its path for messages) for each item of an array of objects (`at` ends in '.').
+template <typename Visit>
+void for_each_object(const json& items, const std::string& at, Visit visit) {
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string item_at = at + std::to_string(i) + ".";
+    if (!items[i].is_object()) bad_request(item_at + " must be an object", at + std::to_string(i));
+    visit(items[i], item_at);
+  }
+}
+
+// visit(block, its path, its type) for each block of a content array.
 template <typename Visit>
 void for_each_block(const json& content, const std::string& at, Visit visit) {
-  for (size_t i = 0; i < content.size(); ++i) {
-    const json& block = content[i];
-    const std::string block_at = at + std::to_string(i) + ".";
-    if (!block.is_object()) bad_request(block_at + " must be a block object", at + std::to_string(i));
+  for_each_object(content, at, [&](const json& block, const std::string& block_at) {
     visit(block, block_at, string_field(block, "type", block_at));
-  }
+  });
 }
 
 // A tool_result's content (a string, or blocks) as the tool message's text.
@@ -147,10 +154,7 @@ json chat_messages(const json& doc) {
   if (!turns.is_array() || turns.empty()) bad_request("messages must be a non-empty array", "messages");
   std::string system = doc.contains("system") ? system_text(doc["system"], "system") : "";
   json messages = json::array();
-  for (size_t i = 0; i < turns.size(); ++i) {
-    const std::string at = "messages." + std::to_string(i) + ".";
-    const json& turn = turns[i];
-    if (!turn.is_object()) bad_request(at + " must be an object", "messages." + std::to_string(i));
+  for_each_object(turns, "messages.", [&](const json& turn, const std::string& at) {
     const std::string role = string_field(turn, "role", at);
     const json& content = required(turn, "content", at);
     if (!content.is_string() && !content.is_array())
@@ -159,7 +163,7 @@ json chat_messages(const json& doc) {
     else if (role == "user" || role == "ctx" || role == "msg") add_user_turn(content, at + "content.", messages);
     else if (role == "assistant") add_assistant_turn(content, at + "content.", messages);
     else bad_request(at + "role must be 'user' or 'assistant'", at + "role");
-  }
+  });
   if (!system.empty()) messages.insert(messages.begin(), json{{"role", "system"}, {"content", system}});
   return messages;
 }
@@ -167,10 +171,7 @@ json chat_messages(const json& doc) {
 json chat_tools(const json& tools) {
   if (!tools.is_array()) bad_request("tools must be an array", "tools");
   json out = json::array();
-  for (size_t i = 0; i < tools.size(); ++i) {
-    const std::string at = "tools." + std::to_string(i) + ".";
-    const json& tool = tools[i];
-    if (!tool.is_object()) bad_request(at + " must be an object", "tools." + std::to_string(i));
+  for_each_object(tools, "tools.", [&](const json& tool, const std::string& at) {
     const std::string type = string_field(tool, "type", at);
     if (!type.empty() && type != "custom")
       bad_request(at + "type: server tools such as '" + type + "' are not supported", at + "type");
@@ -179,7 +180,7 @@ json chat_tools(const json& tools) {
     json function = {{"name", name}, {"parameters", tool.value("input_schema", json::object())}};
     if (tool.contains("description")) function["description"] = tool["description"];
     out.push_back({{"type", "function"}, {"function", std::move(function)}});
-  }
+  });
   return out;
 }
 
