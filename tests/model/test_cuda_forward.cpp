@@ -381,7 +381,8 @@ TEST_F(CudaForward, Fp8ExpertsOnTheFp8TensorCoresFollowTheCpu) {
 // token by token; then the same with the grouped GEMMs' down sums in bf16 (bf16_expert_sums)
 // against the fp32 sums. The indexer keeps every position; a random router's near-tied experts
 // still flip under bf16 activations, and a flipped token moves the tokens after it, so the bounds
-// are per-token medians: a wrong term plane, sum or combine moves every token by order one.
+// are per-token medians: a wrong term plane, sum or combine moves every token by order one. On
+// the H200 (f8113f8..ce05ac9) the medians were 7.1e-3 against the CPU and 4.2e-3 between the sums.
 TEST_F(CudaForward, GroupedBf16ExpertsAndTheRouterTermsFollowTheCpu) {
   const RandomModelSpec spec = grouped_widths_spec(256);
   TempDir dir("cuda_grouped_bf16");
@@ -404,8 +405,8 @@ TEST_F(CudaForward, GroupedBf16ExpertsAndTheRouterTermsFollowTheCpu) {
   const double bf16_sums = token_errors(got[1], got[0], n, vocab).first;
   std::printf("per-token logits relative L2, median: against the CPU %.2e, bf16 sums against fp32 sums %.2e\n",
               fp32_sums, bf16_sums);
-  EXPECT_LT(fp32_sums, 0.12);
-  EXPECT_LT(bf16_sums, 0.05);
+  EXPECT_LT(fp32_sums, 0.04);
+  EXPECT_LT(bf16_sums, 0.02);
 }
 
 // The bundled model with an FP8 cache on both (GLM-5's latent 512 and rope 64 are not the
