@@ -143,26 +143,29 @@ struct CudaModelOptions {
   // The grouped GEMMs' down sums (moe_experts_wgmma, _wgmma_rs, _specialized, _wgmma_fp8) in bf16
   // rows for the combine, as transformers' bf16 experts give theirs; false: fp32. At 8192 tokens
   // GLM-5.2's sums are 1.6 GB a MoE layer in fp32, written once and read by the combine: bf16
-  // should take about 0.8 GB of writes and 0.8 GB of reads off each MoE layer of a long prefill.
-  // Off until it has run on a GPU (test_cuda_moe's GroupedGemmsBf16SumsAreTheirFp32SumsRounded,
-  // test_cuda_forward) and been timed (tools/gpu/compare-options bf16-expert-sums false true).
-  bool bf16_expert_sums = false;
+  // takes 0.8 GB of writes and 0.8 GB of reads off each MoE layer of a long prefill. Measured at
+  // GLM-5.2 width, 5 layers (bench/results/cuda-pending-options-20261205.json): prefill 8192 106.9
+  // -> 106.8 and 106.3 -> 104.4 ms in two rounds (moe.combine 2.25 -> 1.74 ms); 2048 even.
+  bool bf16_expert_sums = true;
   // Steps of at least this many tokens (0: none) keep in bf16 the intermediates transformers'
   // bf16 model keeps in bf16, straight from cuBLAS (Gemm::linear_to_bf16): q, where q_b's weights
   // are bf16 (the absorption GEMM's input as it is; only its rope columns are rotated from there),
   // and the gate and up values of the dense MLPs and shared experts with bf16 weights (SwiGLU reads
   // them so). Otherwise they are fp32 rows, converted once read. At 8192 tokens and GLM-5.2
   // width, q is 0.5 GB a layer and a dense layer's gate/up 0.8 GB, each written and read again.
-  // 0 until it has run on a GPU (test_cuda_attention, test_cuda_ops, test_cuda_forward) and been
-  // timed (tools/gpu/compare-options bf16-intermediates-min-tokens 0 256).
-  int bf16_intermediates_min_tokens = 0;
+  // Measured (same record): prefill 8192 105.7 -> 104.3 and 105.2 -> 105.0 ms (attention.absorb
+  // 2.45 -> 1.95 ms), 2048 33.2 -> 32.4 and 35.3 -> 34.7; with MXFP4 experts 111.5 -> 109.7 and
+  // 111.0 -> 111.0 at 8192; decode steps are below 256 tokens.
+  int bf16_intermediates_min_tokens = 256;
   // Steps of at least this many tokens (0: none) add each block's last linear layer (o_proj, a
   // dense MLP's down, a whole model's shared expert's down; bf16 or block FP8) into the fp32
   // residual stream in the GEMM itself (cuBLAS / cuBLASLt with beta 1) where there is no
   // tensor-parallel sum to wait for, instead of writing it for the next norm (or the MoE
   // combine) to read and add. The same fp32 sums, added in another order; at 8192 tokens and
-  // GLM-5.2 width each such output is 0.2 GB written and read again. 0 until timed on a GPU
-  // (tools/gpu/compare-options accumulate-residual-min-tokens 0 256; test_cuda_forward runs it).
+  // GLM-5.2 width each such output is 0.2 GB written and read again. Off: measured even (same
+  // record: prefill 8192 105.9 -> 106.0 and 105.9 -> 104.9 ms, 2048 35.0 -> 32.9 and 35.5 ->
+  // 36.4; with FP8 weights and bf16 intermediates 90.0 -> 90.4 and 90.6 -> 90.9): its norms and
+  // combine lose 0.6 ms at 8192, the GEMMs that read the residual back gain about as much.
   int accumulate_residual_min_tokens = 0;
   // Block-FP8 routed experts from wgmma_experts_min_pairs pairs per expert through the W8A8
   // grouped GEMMs on the FP8 tensor cores (ops::cuda::moe_experts_wgmma_fp8: the tokens and act
