@@ -4,7 +4,10 @@
 // top-k in position order), its rows in a paged bf16 cache. Times each wgmma kernel with CUDA
 // events (median of --reps) and states its rate over the products' FLOPs against the bf16 GEMM
 // rate measured in the same run (cuBLAS, 8192^3), and each kernel's output against the first's
-// (relative L2), so that a wrong kernel shows. Usage:
+// (relative L2), so that a wrong kernel shows. Each line also states the rate at which the kernel
+// moved the selected rows and the queries into shared memory, and a last line times the
+// warp-specialised kernel's copies alone (mla_attention_copies_only): the floor its gathers set.
+// Usage:
 //   cuda_mla_prefill [--tokens 2048,8192] [--top-k 2048] [--reps 10] [--json FILE]
 #include <algorithm>
 #include <cmath>
@@ -56,6 +59,7 @@ struct PrefillSelection {
   int tokens = 0, blocks = 0;
   std::vector<int32_t> table, selected, counts;  // [blocks], [tokens, top_k], [tokens]
   double flops = 0;                              // the scores' and P V products' over every token
+  double gathered_bytes = 0;                     // the selected rows' and the queries' bytes
 };
 
 PrefillSelection select_positions(int n, int top_k) {
@@ -80,6 +84,7 @@ PrefillSelection select_positions(int n, int top_k) {
     std::copy(positions.begin(), positions.begin() + count, p.selected.begin() + int64_t{i} * top_k);
     p.counts[i] = count;
     p.flops += 2.0 * count * kHeads * (kLatent + kRope + kLatent);
+    p.gathered_bytes += 2.0 * (kLatent + kRope) * (count + kHeads);
   }
   return p;
 }
@@ -131,13 +136,16 @@ class PrefillAttention {
     return result;
   }
 
-  // The median of `reps` timed runs, in milliseconds.
-  double median_ms(cuda::Stream& stream, int reps) {
+  // The median of `reps` timed runs, in milliseconds (copies_only: mla_attention_copies_only).
+  double median_ms(cuda::Stream& stream, int reps, bool copies_only = false) {
     cuda::Event start, stop;
     std::vector<float> times;
     for (int r = 0; r < reps; ++r) {
       start.record(stream.get());
-      cuda::mla_attention_wgmma(args, stream.get());
+      if (copies_only)
+        cuda::mla_attention_copies_only(args, stream.get());
+      else
+        cuda::mla_attention_wgmma(args, stream.get());
       stop.record(stream.get());
       stream.synchronize();
       times.push_back(stop.elapsed_ms_since(start));
@@ -173,7 +181,7 @@ int main(int argc, char** argv) {
   cuda::Stream stream;
   const double gemm_flops_per_s = gemm_rate(stream.get());
   std::printf("bf16 GEMM rate (cuBLAS 8192^3): %.0f TFLOP/s\n", gemm_flops_per_s / 1e12);
-  std::printf("%7s  %-26s %9s %9s %8s %9s\n", "tokens", "kernel", "ms", "TFLOP/s", "x GEMM", "rel L2");
+  std::printf("%7s  %-26s %9s %9s %8s %9s %9s\n", "tokens", "kernel", "ms", "TFLOP/s", "x GEMM", "gather", "rel L2");
   std::ostringstream json;
   json << "{\"heads\": " << kHeads << ", \"latent\": " << kLatent << ", \"rope\": " << kRope << ", \"top_k\": " << top_k
        << ", \"bf16_gemm_flops_per_s\": " << gemm_flops_per_s << ", \"points\": [";
@@ -189,12 +197,21 @@ int main(int argc, char** argv) {
       if (reference.empty()) reference = result;
       const double error = glms::benchmarks::relative_l2(result, reference, bf16_to_float);
       const double ms = attention.median_ms(stream, reps), rate = selection.flops / (ms * 1e-3);
-      std::printf("%7d  %-26s %9.3f %9.1f %8.3f %9.2e\n", n, name, ms, rate / 1e12, rate / gemm_flops_per_s, error);
+      const double gather = selection.gathered_bytes / (ms * 1e-3);
+      std::printf("%7d  %-26s %9.3f %9.1f %8.3f %6.2f TB/s %9.2e\n", n, name, ms, rate / 1e12, rate / gemm_flops_per_s,
+                  gather / 1e12, error);
       json << (first_point ? "" : ",") << "\n  {\"tokens\": " << n << ", \"kernel\": \"" << name << "\", \"ms\": " << ms
            << ", \"flops\": " << selection.flops << ", \"flops_per_s\": " << rate
-           << ", \"fraction_of_gemm_rate\": " << rate / gemm_flops_per_s << ", \"rel_l2_vs_first\": " << error << "}";
+           << ", \"fraction_of_gemm_rate\": " << rate / gemm_flops_per_s << ", \"gathered_bytes\": "
+           << selection.gathered_bytes << ", \"gathered_bytes_per_s\": " << gather << ", \"rel_l2_vs_first\": " << error
+           << "}";
       first_point = false;
     }
+    const double copies_ms = attention.median_ms(stream, reps, true);
+    const double copies_rate = selection.gathered_bytes / (copies_ms * 1e-3);
+    std::printf("%7d  %-26s %9.3f %9s %8s %6.2f TB/s\n", n, "its copies alone", copies_ms, "", "", copies_rate / 1e12);
+    json << ",\n  {\"tokens\": " << n << ", \"kernel\": \"copies only\", \"ms\": " << copies_ms
+         << ", \"gathered_bytes\": " << selection.gathered_bytes << ", \"gathered_bytes_per_s\": " << copies_rate << "}";
   }
   json << "\n]}\n";
   if (!json_path.empty()) std::ofstream(json_path) << json.str();

@@ -91,6 +91,10 @@ void mla_attention_wgmma(const MlaAttentionArgs& args, cudaStream_t stream,
 // `partials` receives as mla_merge_splits reads them (the caller merges).
 void mla_attention_wgmma_specialized(const MlaAttentionArgs& args, cudaStream_t stream, int rows_per_split = 0,
                                      int splits = 1, float* partials = nullptr);
+// For benchmarks: the same launch without one split, its consumers handing each stage back as
+// soon as it lands, nothing written: the time the producer's gathers (queries and selected rows
+// into shared memory) take on their own, the floor of mla_attention_wgmma_specialized's time.
+void mla_attention_copies_only(const MlaAttentionArgs& args, cudaStream_t stream);
 // The split count for launch_tokens tokens of up to max_selected_in_step rows whose partials fit
 // partial_elements floats: the fewest waves of a block per SM times a block's tiles.
 int mla_wgmma_splits(int launch_tokens, int max_selected_in_step, int num_heads, int64_t partial_elements);

@@ -420,7 +420,10 @@ __device__ __forceinline__ void store_output(const MlaAttentionArgs& a, int t, c
 
 // Grid (launched token, split); a split covers selected rows [split * rows_per_split, +
 // rows_per_split). a.queries: [T, H, 576] bf16, pre-scaled. With one split the block writes
-// a.out ([T, H, 512] bf16); otherwise `partials` as mla_merge_splits reads them.
+// a.out ([T, H, 512] bf16); otherwise `partials` as mla_merge_splits reads them. kCopiesOnly:
+// the consumers hand each stage back as soon as it has landed and write nothing, so that the
+// launch takes what the producer's copies alone take (mla_attention_copies_only).
+template <bool kCopiesOnly>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_wgmma_specialized_kernel(MlaAttentionArgs a, int rows_per_split, float* partials) {
   chained_grid_prologue();
@@ -481,6 +484,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   pipeline::grow_registers<kConsumerRegisters>();
   const int consumer = warpgroup;
+  if constexpr (kCopiesOnly) {
+    if (steps > 0) pipeline::barrier_wait(barrier(kQueriesReady), 0);
+    for (int step = 0; step < steps; ++step) {
+      for (int half = 0; half < 2; ++half)
+        pipeline::barrier_wait(barrier(kReady + half_index(step & 1, half)), (step >> 1) & 1);
+      pipeline::barrier_arrive(barrier(kFree + half_index(step & 1, consumer)));
+    }
+    return;
+  }
   const ConsumerLane lane{index / 32, index % 32 / 4, index % 4};
   float out[128];  // O[heads, 256 consumer + 8 j + 2 tq (+1)] at out[4 j + ...], relative to run_max
 #pragma unroll
@@ -543,7 +555,7 @@ void mla_attention_wgmma_specialized(const MlaAttentionArgs& a, cudaStream_t str
   if (launch_tokens <= 0) return;
   GLMS_CHECK(mla_attention_wgmma_supported(a.num_heads, a.latent_dim, a.rope_dim) && a.storage == CacheStorage::kBf16,
              "mla_attention_wgmma_specialized: bf16 rows, at most 64 heads, latent 512 and rope 64");
-  auto* kernel = mla_wgmma_specialized_kernel;
+  auto* kernel = mla_wgmma_specialized_kernel<false>;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
         "cudaFuncSetAttribute(mla_wgmma_specialized_kernel)");
   GLMS_CHECK(splits == 1 || (partials && rows_per_split > 0 && rows_per_split % kStepRows == 0),
@@ -551,6 +563,18 @@ void mla_attention_wgmma_specialized(const MlaAttentionArgs& a, cudaStream_t str
   if (splits == 1) rows_per_split = a.max_selected;
   launch_chained("mla_wgmma_specialized launch", kernel, dim3(launch_tokens, splits), kThreads, kSharedBytes, stream, a,
                  rows_per_split, splits > 1 ? partials : nullptr);
+}
+
+void mla_attention_copies_only(const MlaAttentionArgs& a, cudaStream_t stream) {
+  const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
+  if (launch_tokens <= 0) return;
+  GLMS_CHECK(mla_attention_wgmma_supported(a.num_heads, a.latent_dim, a.rope_dim) && a.storage == CacheStorage::kBf16,
+             "mla_attention_copies_only: bf16 rows, at most 64 heads, latent 512 and rope 64");
+  auto* kernel = mla_wgmma_specialized_kernel<true>;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
+        "cudaFuncSetAttribute(mla_wgmma_specialized_kernel)");
+  launch_chained("mla_attention_copies_only launch", kernel, dim3(launch_tokens, 1), kThreads, kSharedBytes, stream, a,
+                 a.max_selected, nullptr);
 }
 
 }  // namespace glms::ops::cuda
