@@ -212,19 +212,24 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
       std::printf("  %s: relative L2 %.2e\n", name, wgmma_error);
     }
     // Each token's rows split over blocks and merged: any count of whole tiles, including splits
-    // past a short token's selection, and the count mla_attention_fused picks; both kernels.
+    // past a short token's selection, and the count mla_attention_fused picks; both kernels, and
+    // the warp-specialised one's splits as clusters merged through distributed shared memory
+    // (without partials: at most 8 of them, whatever was asked).
     const int tiles = (rows + 63) / 64;
     const int64_t split_elements = int64_t{T} * tiles * H * (L + 2);
     cuda::DeviceBuffer split_partials(split_elements * sizeof(float));
-    for (const bool specialized : {false, true}) {
+    for (const int variant : {0, 1, 2}) {
+      const bool specialized = variant > 0, clustered = variant == 2;
       if (specialized && storage != cuda::CacheStorage::kBf16) continue;
       a.warp_specialized = specialized;
-      const char* name = specialized ? "wgmma, warp-specialised" : "wgmma";
+      a.clustered_splits = clustered;
+      const char* name = clustered ? "wgmma, warp-specialised, clustered" : specialized ? "wgmma, warp-specialised" : "wgmma";
       for (const int splits : {2, 3, tiles, cuda::mla_wgmma_splits(T, rows, H, split_elements)}) {
         if (splits < 2 || splits > tiles) continue;
         auto split_out = poisoned_bf16(expected.size());
         a.out = split_out.as<uint16_t>();
-        cuda::mla_attention_wgmma(a, nullptr, rows, splits, split_partials.as<float>(), split_elements);
+        cuda::mla_attention_wgmma(a, nullptr, rows, splits, clustered ? nullptr : split_partials.as<float>(),
+                                  clustered ? 0 : split_elements);
         const double split_error = relative_l2(bf16_to_host(split_out, expected.size()), expected);
         EXPECT_LT(split_error, 2 * gathered_error + 1e-4)
             << name << ", " << splits << " splits: H=" << H << " tokens=" << T;
@@ -232,6 +237,7 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
       }
     }
     a.warp_specialized = true;
+    a.clustered_splits = false;
   }
   // Tokens [1, T) alone (first_token / launch_tokens), the first token's output untouched.
   if (T > 1) {

@@ -81,6 +81,11 @@ struct CudaModelOptions {
   // warpgroup, two consumers on each step of 64 rows; ops::cuda::mla_attention_wgmma_specialized);
   // false: one block's warpgroups splitting every tile.
   bool warp_specialized_attention = true;
+  // Decode batches whose tokens' rows go in splits: a token's splits as one thread block cluster
+  // of that kernel (at most 8), combined through distributed shared memory in the same launch
+  // (ops::cuda::MlaAttentionArgs::clustered_splits); false: partials through global memory and
+  // a merge launch.
+  bool clustered_attention_splits = false;
   // Long prefill chunks' indexer scores on the warpgroup tensor cores, fused with the sum over
   // heads (ops::cuda::indexer_scores_wgmma; GLM-5's 32 heads of 128); false: a TF32 GEMM whose
   // per-head products go through global memory. Prefill 8192 on the H200 at GLM-5.2 width:

@@ -396,11 +396,18 @@ void mla_attention_wgmma(const MlaAttentionArgs& a, cudaStream_t stream, int max
   if (launch_tokens <= 0) return;
   GLMS_CHECK(mla_attention_wgmma_supported(a.num_heads, a.latent_dim, a.rope_dim),
              "mla_attention_wgmma: at most 64 heads, latent 512 and rope 64");
-  // Whole tiles a split; the count that covers max_selected_in_step with them.
+  // Whole tiles a split; the count that covers max_selected_in_step with them (clustered: at most
+  // a cluster's worth).
   const int tiles = std::max(1, (max_selected_in_step + kTileRows - 1) / kTileRows);
+  const bool clustered = splits > 1 && a.clustered_splits && a.storage == CacheStorage::kBf16 && a.warp_specialized;
+  if (clustered) splits = std::min(splits, kMlaMaxClusterSplits);
   const int tiles_per_split = splits > 1 ? (tiles + splits - 1) / splits : 0;
   splits = splits > 1 ? (tiles + tiles_per_split - 1) / tiles_per_split : 1;
   const int rows_per_split = splits > 1 ? tiles_per_split * kTileRows : a.max_selected;
+  if (clustered && splits > 1) {
+    mla_attention_wgmma_specialized(a, stream, rows_per_split, splits, nullptr);
+    return;
+  }
   const int64_t partials_needed = int64_t{launch_tokens} * splits * a.num_heads * (kLatent + 2);
   GLMS_CHECK(splits == 1 || (partials && partials_needed <= partial_elements),
              "mla_attention_wgmma: splits need partials of launch_tokens x splits x heads x (latent + 2) floats");

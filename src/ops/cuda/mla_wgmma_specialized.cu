@@ -69,6 +69,7 @@ static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= 65536, 
 // read (its buffer free again), the epilogue.
 enum Named { kMaxima0 = 1, kMaxima, kProbs0, kProbs1, kProbs1Read, kEpilogue };
 constexpr int kConsumerThreads = 256;
+constexpr int kMaxClusterSplits = kMlaMaxClusterSplits;  // a token's blocks in one cluster (the portable most)
 
 __device__ __forceinline__ int half_index(int stage, int half) { return 2 * stage + half; }
 
@@ -242,7 +243,8 @@ struct TokenBlock {
   int begin;                                 // the split's first row of the token's selection
   __device__ uint32_t barrier(int index) const { return barriers + 8 * index; }
 };
-__device__ __forceinline__ TokenBlock token_block(uint8_t* shared_raw, const MlaAttentionArgs& a, int rows_per_split) {
+__device__ __forceinline__ TokenBlock token_block(uint8_t* shared_raw, const MlaAttentionArgs& a, int rows_per_split,
+                                                  int launched_token, int split) {
   const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
   TokenBlock b;
   b.generic = aligned.generic;
@@ -252,8 +254,8 @@ __device__ __forceinline__ TokenBlock token_block(uint8_t* shared_raw, const Mla
   b.barriers = b.probs1 + kProbBytes;
   b.row_max = reinterpret_cast<float*>(b.generic + (b.barriers - b.queries) + 8 * kBarriers);
   b.row_sum = b.row_max + kHeads;
-  b.t = a.first_token + blockIdx.x;
-  b.begin = blockIdx.y * rows_per_split;
+  b.t = a.first_token + launched_token;
+  b.begin = split * rows_per_split;
   b.count = max(0, min(a.num_selected[b.t] - b.begin, rows_per_split));
   if (threadIdx.x == 0) {
     pipeline::barrier_init(b.barrier(kQueriesReady), 128);
@@ -418,17 +420,140 @@ __device__ __forceinline__ void store_output(const MlaAttentionArgs& a, int t, c
         *reinterpret_cast<const uint4*>(generic + c / kChunksPerHead * kOutLineBytes + c % kChunksPerHead * 16);
 }
 
+// The producer warpgroup's work for token t's rows [begin, begin + count) (steps > 0): the
+// queries, then each step's rows into its stage as the consumers hand the halves back (index:
+// the thread's within the warpgroup).
+__device__ __forceinline__ void produce_rows(const MlaAttentionArgs& a, int t, int begin, int count, int steps,
+                                             int index, uint32_t queries, uint32_t stages, uint32_t barriers) {
+  auto barrier = [&](int i) { return barriers + 8 * i; };
+  auto stage_at = [&](int step) { return stages + (step & 1) * kStageBytes; };
+  const Producer producer{a, a.selected + static_cast<int64_t>(t) * a.max_selected + begin,
+                          a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks, count,
+                          index % 8, index / 8};
+  producer.copy_queries(queries, t);
+  pipeline::barrier_arrive_on_copies(barrier(kQueriesReady));
+  // The slots of this thread's rows of a step, and the positions of the next step's. Each
+  // step's copies are issued, then the next step's slots looked up from positions loaded a
+  // step earlier and the positions of the step after loaded: neither load is waited for until
+  // the next step (the producer was stalled on the two in a row for about 80% of its time,
+  // with the consumers waiting for the copies half of theirs: at 8192 tokens 5.19 -> 4.47 ms a
+  // layer on the H200).
+  int32_t slots[4], positions[4];
+  producer.load_positions(0, positions);
+  producer.slots_of(positions, slots);
+  producer.load_positions(1, positions);
+  for (int step = 0; step < steps; ++step) {
+    const int stage = step & 1;
+    const uint32_t parity = ((step >> 1) & 1) ^ 1;  // the phase of two steps before
+    // Each half as soon as its reader is done with it, the left (needed first) where both are.
+    // A poll suspends the thread for a short while rather than spinning: a spinning producer
+    // issued 8% of the kernel's instructions on the consumers' schedulers (8192 tokens, 4.48 ->
+    // 4.42 ms a layer alone, attention.core 28.3 -> 27.9 ms in the 5-layer prefill step).
+    for (unsigned pending = 3; pending != 0;) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        if ((pending >> half & 1) == 0 ||
+            !pipeline::barrier_try_wait_for(barrier(kFree + half_index(stage, half)), parity, kPollNanoseconds))
+          continue;
+        producer.copy(stage_at(step), slots, half ? kLeftBlocks : 0, half ? kColumnBlocks : kLeftBlocks);
+        pipeline::barrier_arrive_on_copies(barrier(kReady + half_index(stage, half)));
+        pending &= ~(1u << half);
+      }
+    }
+    if (step + 1 < steps) {
+      producer.slots_of(positions, slots);
+      producer.load_positions(step + 2, positions);
+    }
+  }
+}
+
+// A consumer's end of a token's split when the token's splits are one cluster (grid (split,
+// launched token)): the block's unnormalised [64 heads, 512] fp32 sums go into its stages (every
+// wgmma of either consumer has read them: the epilogue barrier comes first) and each head's
+// (maximum, sum of exponentials) into the P buffer; then block r of the cluster combines heads
+// [64 r / splits, 64 (r + 1) / splits) over every block's, in split order (as mla_merge_splits
+// does, without the partials' trip through global memory or a second launch), and writes them
+// as bf16. The producer warpgroup meets both cluster barriers too.
+__device__ __forceinline__ void merge_cluster_splits(const MlaAttentionArgs& a, int t, const float (&out)[128],
+                                                     const float (&run_max)[2], float (&run_sum)[2],
+                                                     const TokenBlock& b, int consumer, const ConsumerLane& lane) {
+  float* const row_sum = b.row_max + kHeads;  // [2][64]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    run_sum[h] += __shfl_xor_sync(0xffffffffu, run_sum[h], 1);
+    run_sum[h] += __shfl_xor_sync(0xffffffffu, run_sum[h], 2);
+    if (lane.tq == 0) row_sum[consumer * kHeads + lane.head(h)] = run_sum[h];
+  }
+  pipeline::named_sync(kEpilogue, kConsumerThreads);
+  const uint32_t sums = b.stages;  // [64 heads][512] fp32
+  float* const sums_generic = reinterpret_cast<float*>(b.generic + (sums - b.queries));
+  float2* const stats = reinterpret_cast<float2*>(b.generic + (b.probs1 - b.queries));  // [64]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float* line = sums_generic + lane.head(h) * kLatent + 256 * consumer + 2 * lane.tq;
+#pragma unroll
+    for (int j = 0; j < 32; ++j)
+      *reinterpret_cast<float2*>(line + 8 * j) = make_float2(out[4 * j + 2 * h], out[4 * j + 2 * h + 1]);
+    if (consumer == 0 && lane.tq == 0)
+      stats[lane.head(h)] = make_float2(run_max[h], row_sum[lane.head(h)] + row_sum[kHeads + lane.head(h)]);
+  }
+  pipeline::cluster_sync();
+
+  const int splits = static_cast<int>(gridDim.x), rank = static_cast<int>(blockIdx.x);
+  const int first = rank * kHeads / splits, heads = (rank + 1) * kHeads / splits - first;
+  // Each of this block's heads' split weights (0 for a split without rows) and 1 / their sum.
+  float* const weight = reinterpret_cast<float*>(b.generic);  // [heads][splits], the queries' place
+  float* const inverse_total = weight + kHeads * kMaxClusterSplits;  // [heads]
+  const int thread = static_cast<int>(threadIdx.x);
+  if (thread < heads) {
+    const uint32_t stat = b.probs1 + static_cast<uint32_t>(sizeof(float2)) * (first + thread);
+    float top = -INFINITY;
+    for (int q = 0; q < splits; ++q) {
+      const float2 v = pipeline::load_cluster_float2(pipeline::cluster_address(stat, q));
+      if (v.y > 0.0f) top = fmaxf(top, v.x);
+    }
+    float total = 0.0f;
+    for (int q = 0; q < splits; ++q) {
+      const float2 v = pipeline::load_cluster_float2(pipeline::cluster_address(stat, q));
+      const float w = v.y > 0.0f ? __expf(v.x - top) : 0.0f;
+      weight[thread * kMaxClusterSplits + q] = w;
+      total += w * v.y;
+    }
+    inverse_total[thread] = total > 0.0f ? 1.0f / total : 0.0f;
+  }
+  pipeline::named_sync(kEpilogue, kConsumerThreads);
+  constexpr int kQuads = kLatent / 4;
+  for (int item = thread; item < heads * kQuads; item += kConsumerThreads) {
+    const int local = item / kQuads, head = first + local, column = 4 * (item % kQuads);
+    const uint32_t at = sums + static_cast<uint32_t>(sizeof(float)) * (head * kLatent + column);
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int q = 0; q < splits; ++q) {
+      const float w = weight[local * kMaxClusterSplits + q];
+      const float4 v = pipeline::load_cluster_float4(pipeline::cluster_address(at, q));
+      sum.x += w * v.x, sum.y += w * v.y, sum.z += w * v.z, sum.w += w * v.w;
+    }
+    if (head < a.num_heads) {
+      const float norm = inverse_total[local];
+      *reinterpret_cast<uint2*>(a.out + (static_cast<int64_t>(t) * a.num_heads + head) * kLatent + column) =
+          make_uint2(pack_bf16_pair(sum.x * norm, sum.y * norm), pack_bf16_pair(sum.z * norm, sum.w * norm));
+    }
+  }
+  pipeline::cluster_sync();  // no block leaves while another reads its sums
+}
+
 // Grid (launched token, split); a split covers selected rows [split * rows_per_split, +
 // rows_per_split). a.queries: [T, H, 576] bf16, pre-scaled. With one split the block writes
 // a.out ([T, H, 512] bf16); otherwise `partials` as mla_merge_splits reads them. kCopiesOnly:
 // the consumers hand each stage back as soon as it has landed and write nothing, so that the
-// launch takes what the producer's copies alone take (mla_attention_copies_only).
-template <bool kCopiesOnly>
+// launch takes what the producer's copies alone take (mla_attention_copies_only). kClustered: grid
+// (split, launched token) in clusters of a token's splits, merged by merge_cluster_splits.
+template <bool kCopiesOnly, bool kClustered>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_wgmma_specialized_kernel(MlaAttentionArgs a, int rows_per_split, float* partials) {
   chained_grid_prologue();
   extern __shared__ __align__(16) uint8_t shared_raw[];
-  const TokenBlock block = token_block(shared_raw, a, rows_per_split);
+  const int launched_token = kClustered ? blockIdx.y : blockIdx.x, split = kClustered ? blockIdx.x : blockIdx.y;
+  const TokenBlock block = token_block(shared_raw, a, rows_per_split, launched_token, split);
   uint8_t* const generic = block.generic;
   const uint32_t queries = block.queries, stages = block.stages, probs1 = block.probs1, barriers = block.barriers;
   float* const row_max = block.row_max;
@@ -440,44 +565,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warpgroup == 2) {
     pipeline::shrink_registers<kProducerRegisters>();
-    if (steps == 0) return;
-    const Producer producer{a, a.selected + static_cast<int64_t>(t) * a.max_selected + block.begin,
-                            a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks, count,
-                            index % 8, index / 8};
-    producer.copy_queries(queries, t);
-    pipeline::barrier_arrive_on_copies(barrier(kQueriesReady));
-    // The slots of this thread's rows of a step, and the positions of the next step's. Each
-    // step's copies are issued, then the next step's slots looked up from positions loaded a
-    // step earlier and the positions of the step after loaded: neither load is waited for until
-    // the next step (the producer was stalled on the two in a row for about 80% of its time,
-    // with the consumers waiting for the copies half of theirs: at 8192 tokens 5.19 -> 4.47 ms a
-    // layer on the H200).
-    int32_t slots[4], positions[4];
-    producer.load_positions(0, positions);
-    producer.slots_of(positions, slots);
-    producer.load_positions(1, positions);
-    for (int step = 0; step < steps; ++step) {
-      const int stage = step & 1;
-      const uint32_t parity = ((step >> 1) & 1) ^ 1;  // the phase of two steps before
-      // Each half as soon as its reader is done with it, the left (needed first) where both are.
-      // A poll suspends the thread for a short while rather than spinning: a spinning producer
-      // issued 8% of the kernel's instructions on the consumers' schedulers (8192 tokens, 4.48 ->
-      // 4.42 ms a layer alone, attention.core 28.3 -> 27.9 ms in the 5-layer prefill step).
-      for (unsigned pending = 3; pending != 0;) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          if ((pending >> half & 1) == 0 ||
-              !pipeline::barrier_try_wait_for(barrier(kFree + half_index(stage, half)), parity, kPollNanoseconds))
-            continue;
-          producer.copy(stage_at(step), slots, half ? kLeftBlocks : 0, half ? kColumnBlocks : kLeftBlocks);
-          pipeline::barrier_arrive_on_copies(barrier(kReady + half_index(stage, half)));
-          pending &= ~(1u << half);
-        }
-      }
-      if (step + 1 < steps) {
-        producer.slots_of(positions, slots);
-        producer.load_positions(step + 2, positions);
-      }
+    if constexpr (kClustered) {
+      if (steps > 0) produce_rows(a, t, block.begin, count, steps, index, queries, stages, barriers);
+      pipeline::cluster_sync();  // the consumers' two cluster barriers of merge_cluster_splits
+      pipeline::cluster_sync();
+    } else {
+      if (steps == 0) return;
+      produce_rows(a, t, block.begin, count, steps, index, queries, stages, barriers);
     }
     return;
   }
@@ -541,9 +635,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     hand_back(step);
   }
 
-  const int64_t split_rows = int64_t{gridDim.x} * gridDim.y;
-  const SplitOutput split{partials, int64_t{blockIdx.x} * gridDim.y + blockIdx.y, split_rows};
-  store_output(a, t, out, run_max, run_sum, row_max + kHeads, generic, consumer, lane, split);
+  if constexpr (kClustered) {
+    merge_cluster_splits(a, t, out, run_max, run_sum, block, consumer, lane);
+  } else {
+    const int64_t split_rows = int64_t{gridDim.x} * gridDim.y;
+    const SplitOutput split{partials, int64_t{blockIdx.x} * gridDim.y + blockIdx.y, split_rows};
+    store_output(a, t, out, run_max, run_sum, row_max + kHeads, generic, consumer, lane, split);
+  }
 }
 
 
@@ -555,7 +653,17 @@ void mla_attention_wgmma_specialized(const MlaAttentionArgs& a, cudaStream_t str
   if (launch_tokens <= 0) return;
   GLMS_CHECK(mla_attention_wgmma_supported(a.num_heads, a.latent_dim, a.rope_dim) && a.storage == CacheStorage::kBf16,
              "mla_attention_wgmma_specialized: bf16 rows, at most 64 heads, latent 512 and rope 64");
-  auto* kernel = mla_wgmma_specialized_kernel<false>;
+  if (splits > 1 && a.clustered_splits) {
+    GLMS_CHECK(splits <= kMaxClusterSplits && rows_per_split > 0 && rows_per_split % kStepRows == 0,
+               "mla_attention_wgmma_specialized: at most 8 clustered splits of whole steps");
+    auto* kernel = mla_wgmma_specialized_kernel<false, true>;
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
+          "cudaFuncSetAttribute(mla_wgmma_specialized_kernel)");
+    launch_chained_clusters("mla_wgmma_specialized launch", kernel, static_cast<unsigned>(splits),
+                            dim3(splits, launch_tokens), kThreads, kSharedBytes, stream, a, rows_per_split, nullptr);
+    return;
+  }
+  auto* kernel = mla_wgmma_specialized_kernel<false, false>;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
         "cudaFuncSetAttribute(mla_wgmma_specialized_kernel)");
   GLMS_CHECK(splits == 1 || (partials && rows_per_split > 0 && rows_per_split % kStepRows == 0),
@@ -570,7 +678,7 @@ void mla_attention_copies_only(const MlaAttentionArgs& a, cudaStream_t stream) {
   if (launch_tokens <= 0) return;
   GLMS_CHECK(mla_attention_wgmma_supported(a.num_heads, a.latent_dim, a.rope_dim) && a.storage == CacheStorage::kBf16,
              "mla_attention_copies_only: bf16 rows, at most 64 heads, latent 512 and rope 64");
-  auto* kernel = mla_wgmma_specialized_kernel<true>;
+  auto* kernel = mla_wgmma_specialized_kernel<true, false>;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
         "cudaFuncSetAttribute(mla_wgmma_specialized_kernel)");
   launch_chained("mla_attention_copies_only launch", kernel, dim3(launch_tokens, 1), kThreads, kSharedBytes, stream, a,

@@ -108,6 +108,12 @@ __device__ __forceinline__ float4 load_cluster_float4(uint32_t cluster_address) 
                : "memory");
   return v;
 }
+// Two floats of another block's shared memory (a cluster_address, 8-byte aligned).
+__device__ __forceinline__ float2 load_cluster_float2(uint32_t cluster_address) {
+  float2 v;
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(cluster_address) : "memory");
+  return v;
+}
 // Every thread of every block of the cluster meets here.
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
