@@ -80,9 +80,10 @@ void add_linear_and_attention_options(CLI::App* cmd, BenchStepOptions* o) {
                   "The wgmma pass over bf16 rows without splits in the warp-specialised kernel: a producer warpgroup "
                   "gathers rows into two stages while two consumers score 32 rows each (true/false)")
       ->capture_default_str();
-  cmd->add_option("--clustered-attention-splits", o->kernels.clustered_attention_splits,
-                  "Decode tokens' splits of bf16 rows as one thread block cluster (at most 8), merged through "
-                  "distributed shared memory in the same launch (true/false; false: partials and a merge launch)")
+  cmd->add_option("--attention-cluster-splits", o->kernels.attention_cluster_splits,
+                  "Decode tokens' splits of bf16 rows as one thread block cluster of at most N blocks (2-16), merged "
+                  "through distributed shared memory in the same launch (0: partials and a merge launch)")
+      ->check(CLI::IsMember({0, 2, 4, 8, 16}))
       ->capture_default_str();
   cmd->add_option("--wgmma-decode-indexer", o->kernels.wgmma_decode_indexer,
                   "Decode tokens' indexer scores on the warpgroup tensor cores (true/false; false: fp32 FMAs, a "

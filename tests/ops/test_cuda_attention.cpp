@@ -214,16 +214,19 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
     // Each token's rows split over blocks and merged: any count of whole tiles, including splits
     // past a short token's selection, and the count mla_attention_fused picks; both kernels, and
     // the warp-specialised one's splits as clusters merged through distributed shared memory
-    // (without partials: at most 8 of them, whatever was asked).
+    // (without partials: at most 8, or 16, of them, whatever was asked).
     const int tiles = (rows + 63) / 64;
     const int64_t split_elements = int64_t{T} * tiles * H * (L + 2);
     cuda::DeviceBuffer split_partials(split_elements * sizeof(float));
-    for (const int variant : {0, 1, 2}) {
-      const bool specialized = variant > 0, clustered = variant == 2;
+    for (const int variant : {0, 1, 2, 3}) {
+      const bool specialized = variant > 0, clustered = variant >= 2;
       if (specialized && storage != cuda::CacheStorage::kBf16) continue;
       a.warp_specialized = specialized;
-      a.clustered_splits = clustered;
-      const char* name = clustered ? "wgmma, warp-specialised, clustered" : specialized ? "wgmma, warp-specialised" : "wgmma";
+      a.cluster_splits = variant == 2 ? 8 : variant == 3 ? 16 : 0;
+      const char* name = variant == 3   ? "wgmma, warp-specialised, clusters of 16"
+                         : variant == 2 ? "wgmma, warp-specialised, clusters of 8"
+                         : specialized  ? "wgmma, warp-specialised"
+                                        : "wgmma";
       for (const int splits : {2, 3, tiles, cuda::mla_wgmma_splits(T, rows, H, split_elements)}) {
         if (splits < 2 || splits > tiles) continue;
         auto split_out = poisoned_bf16(expected.size());
@@ -237,7 +240,7 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
       }
     }
     a.warp_specialized = true;
-    a.clustered_splits = false;
+    a.cluster_splits = 0;
   }
   // Tokens [1, T) alone (first_token / launch_tokens), the first token's output untouched.
   if (T > 1) {

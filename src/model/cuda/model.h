@@ -82,10 +82,10 @@ struct CudaModelOptions {
   // false: one block's warpgroups splitting every tile.
   bool warp_specialized_attention = true;
   // Decode batches whose tokens' rows go in splits: a token's splits as one thread block cluster
-  // of that kernel (at most 8), combined through distributed shared memory in the same launch
-  // (ops::cuda::MlaAttentionArgs::clustered_splits); false: partials through global memory and
-  // a merge launch.
-  bool clustered_attention_splits = false;
+  // of that kernel, at most this many (2-16), combined through distributed shared memory in the
+  // same launch (ops::cuda::MlaAttentionArgs::cluster_splits); 0: partials through global memory
+  // and a merge launch.
+  int attention_cluster_splits = 0;
   // Long prefill chunks' indexer scores on the warpgroup tensor cores, fused with the sum over
   // heads (ops::cuda::indexer_scores_wgmma; GLM-5's 32 heads of 128); false: a TF32 GEMM whose
   // per-head products go through global memory. Prefill 8192 on the H200 at GLM-5.2 width:

@@ -33,10 +33,10 @@ struct MlaAttentionArgs {
   // (mla_attention_wgmma_specialized); false: mla_wgmma.cu's.
   bool warp_specialized = true;
   // With splits (decode batches of fewer tokens than SMs), a token's splits of bf16 rows as one
-  // thread block cluster of the warp-specialised kernel, at most kMlaMaxClusterSplits of them,
-  // combined through distributed shared memory in the same launch; false: partials in global
-  // memory and mla_merge_splits.
-  bool clustered_splits = false;
+  // thread block cluster of the warp-specialised kernel, at most this many of them (2 ..
+  // kMlaMaxClusterSplits; above 8 a non-portable cluster size), combined through distributed
+  // shared memory in the same launch; 0: partials in global memory and mla_merge_splits.
+  int cluster_splits = 0;
 };
 
 class Gemm;
@@ -108,7 +108,7 @@ int mla_wgmma_splits(int launch_tokens, int max_selected_in_step, int num_heads,
 // [launch_tokens][splits][H][2] (running max, sum of exponentials). out[token, h, :] = their
 // softmax-weighted combination, over the splits that saw a selected row.
 constexpr int kMlaMaxSplits = 512;
-constexpr int kMlaMaxClusterSplits = 8;  // the portable cluster size
+constexpr int kMlaMaxClusterSplits = 16;  // Hopper's largest (non-portable) cluster size
 void mla_merge_splits(const MlaAttentionArgs& args, int launch_tokens, int splits, const float* partials,
                       cudaStream_t stream);
 

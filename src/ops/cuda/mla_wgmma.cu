@@ -399,8 +399,8 @@ void mla_attention_wgmma(const MlaAttentionArgs& a, cudaStream_t stream, int max
   // Whole tiles a split; the count that covers max_selected_in_step with them (clustered: at most
   // a cluster's worth).
   const int tiles = std::max(1, (max_selected_in_step + kTileRows - 1) / kTileRows);
-  const bool clustered = splits > 1 && a.clustered_splits && a.storage == CacheStorage::kBf16 && a.warp_specialized;
-  if (clustered) splits = std::min(splits, kMlaMaxClusterSplits);
+  const bool clustered = splits > 1 && a.cluster_splits > 1 && a.storage == CacheStorage::kBf16 && a.warp_specialized;
+  if (clustered) splits = std::min(splits, a.cluster_splits);
   const int tiles_per_split = splits > 1 ? (tiles + splits - 1) / splits : 0;
   splits = splits > 1 ? (tiles + tiles_per_split - 1) / tiles_per_split : 1;
   const int rows_per_split = splits > 1 ? tiles_per_split * kTileRows : a.max_selected;

@@ -25,6 +25,7 @@
 // block). So each half goes back to the producer when its one reader's P V are done.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -69,7 +70,7 @@ static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= 65536, 
 // read (its buffer free again), the epilogue.
 enum Named { kMaxima0 = 1, kMaxima, kProbs0, kProbs1, kProbs1Read, kEpilogue };
 constexpr int kConsumerThreads = 256;
-constexpr int kMaxClusterSplits = kMlaMaxClusterSplits;  // a token's blocks in one cluster (the portable most)
+constexpr int kMaxClusterSplits = kMlaMaxClusterSplits;  // a token's blocks in one cluster
 
 __device__ __forceinline__ int half_index(int stage, int half) { return 2 * stage + half; }
 
@@ -653,12 +654,16 @@ void mla_attention_wgmma_specialized(const MlaAttentionArgs& a, cudaStream_t str
   if (launch_tokens <= 0) return;
   GLMS_CHECK(mla_attention_wgmma_supported(a.num_heads, a.latent_dim, a.rope_dim) && a.storage == CacheStorage::kBf16,
              "mla_attention_wgmma_specialized: bf16 rows, at most 64 heads, latent 512 and rope 64");
-  if (splits > 1 && a.clustered_splits) {
-    GLMS_CHECK(splits <= kMaxClusterSplits && rows_per_split > 0 && rows_per_split % kStepRows == 0,
-               "mla_attention_wgmma_specialized: at most 8 clustered splits of whole steps");
+  if (splits > 1 && a.cluster_splits > 1) {
+    GLMS_CHECK(splits <= std::min(a.cluster_splits, kMaxClusterSplits) && rows_per_split > 0 &&
+                   rows_per_split % kStepRows == 0,
+               "mla_attention_wgmma_specialized: at most cluster_splits (16 at most) clustered splits of whole steps");
     auto* kernel = mla_wgmma_specialized_kernel<false, true>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
           "cudaFuncSetAttribute(mla_wgmma_specialized_kernel)");
+    if (splits > 8)
+      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+            "cudaFuncSetAttribute(mla_wgmma_specialized_kernel, non-portable clusters)");
     launch_chained_clusters("mla_wgmma_specialized launch", kernel, static_cast<unsigned>(splits),
                             dim3(splits, launch_tokens), kThreads, kSharedBytes, stream, a, rows_per_split, nullptr);
     return;
