@@ -58,40 +58,6 @@ struct Chunk<float> {
   }
 };
 
-// acc[0][j] += the lane's chunks c = first, first + 32, .. < end of one weight row times token
-// j's, kChunksInFlight chunks a round with every load of the round issued before the first
-// multiply. A block of one row (the MoE router's 256 fp32 rows) has only its 256 threads'
-// loads to keep in flight: one chunk a round, as four-row blocks take, made the router's pass a
-// chain of six memory latencies a lane.
-template <int kTokens, typename T>
-__device__ __forceinline__ void accumulate_chunks_in_flight(const T* x, int n, int64_t ld_x, const T* w_row,
-                                                            int64_t first, int64_t end, float (&acc)[1][kTokens]) {
-  constexpr int kValues = Chunk<T>::kValues, kChunksInFlight = 4;
-  for (int64_t c0 = first; c0 < end; c0 += 32 * kChunksInFlight) {
-    float wv[kChunksInFlight][kValues], xv[kChunksInFlight][kTokens][kValues];
-#pragma unroll
-    for (int u = 0; u < kChunksInFlight; ++u) {
-      const int64_t c = c0 + 32 * u;
-      const bool in_row = c < end;  // chunks past the row's end count as zeros
-#pragma unroll
-      for (int i = 0; i < kValues; ++i) wv[u][i] = 0.0f;
-      if (in_row) Chunk<T>::load(w_row, c, wv[u]);
-#pragma unroll
-      for (int j = 0; j < kTokens; ++j) {
-#pragma unroll
-        for (int i = 0; i < kValues; ++i) xv[u][j][i] = 0.0f;
-        if (in_row && j < n) Chunk<T>::load(x + j * ld_x, c, xv[u][j]);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kChunksInFlight; ++u)
-#pragma unroll
-      for (int j = 0; j < kTokens; ++j)
-#pragma unroll
-        for (int i = 0; i < kValues; ++i) acc[0][j] += wv[u][i] * xv[u][j][i];
-  }
-}
-
 // Rows row0 .. row0 + kRows - 1 of one matrix for the block. x and w share the element type.
 // It opens the chained launch itself (launch.cuh): weight lines are prefetched before the wait.
 template <int kTokens, typename T, int kRows = kGemvRows>
@@ -120,23 +86,19 @@ __device__ __forceinline__ void gemv_block(const T* x, int n, int64_t ld_x, cons
   for (int r = 0; r < kGemvRows; ++r)
 #pragma unroll
     for (int j = 0; j < kTokens; ++j) acc[r][j] = 0.0f;
-  if constexpr (kGemvRows == 1) {
-    accumulate_chunks_in_flight<kTokens, T>(x, n, ld_x, w_rows[0], begin + lane, end, acc);
-  } else {
-    for (int64_t c = begin + lane; c < end; c += 32) {
-      float wv[kGemvRows][kValues];
+  for (int64_t c = begin + lane; c < end; c += 32) {
+    float wv[kGemvRows][kValues];
 #pragma unroll
-      for (int r = 0; r < kGemvRows; ++r) Chunk<T>::load(w_rows[r], c, wv[r]);
+    for (int r = 0; r < kGemvRows; ++r) Chunk<T>::load(w_rows[r], c, wv[r]);
 #pragma unroll
-      for (int j = 0; j < kTokens; ++j) {
-        if (j >= n) break;
-        float xv[kValues];
-        Chunk<T>::load(x + j * ld_x, c, xv);
+    for (int j = 0; j < kTokens; ++j) {
+      if (j >= n) break;
+      float xv[kValues];
+      Chunk<T>::load(x + j * ld_x, c, xv);
 #pragma unroll
-        for (int r = 0; r < kGemvRows; ++r)
+      for (int r = 0; r < kGemvRows; ++r)
 #pragma unroll
-          for (int i = 0; i < kValues; ++i) acc[r][j] += wv[r][i] * xv[i];
-      }
+        for (int i = 0; i < kValues; ++i) acc[r][j] += wv[r][i] * xv[i];
     }
   }
 #pragma unroll
