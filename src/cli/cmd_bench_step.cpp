@@ -81,8 +81,9 @@ void add_linear_and_attention_options(CLI::App* cmd, BenchStepOptions* o) {
                   "gathers rows into two stages while two consumers score 32 rows each (true/false)")
       ->capture_default_str();
   cmd->add_option("--attention-cluster-splits", o->kernels.attention_cluster_splits,
-                  "Decode tokens' splits of bf16 rows as one thread block cluster of at most N blocks (2-16), merged "
-                  "through distributed shared memory in the same launch (0: partials and a merge launch)")
+                  "Decode tokens' splits of bf16 rows as one thread block cluster where they are at most N (2-16), "
+                  "merged through distributed shared memory in the same launch (0: always partials and a merge "
+                  "launch)")
       ->check(CLI::IsMember({0, 2, 4, 8, 16}))
       ->capture_default_str();
   cmd->add_option("--wgmma-decode-indexer", o->kernels.wgmma_decode_indexer,

@@ -214,7 +214,7 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
     // Each token's rows split over blocks and merged: any count of whole tiles, including splits
     // past a short token's selection, and the count mla_attention_fused picks; both kernels, and
     // the warp-specialised one's splits as clusters merged through distributed shared memory
-    // (without partials: at most 8, or 16, of them, whatever was asked).
+    // where they are at most 8 (or 16); more take partials and the merge launch.
     const int tiles = (rows + 63) / 64;
     const int64_t split_elements = int64_t{T} * tiles * H * (L + 2);
     cuda::DeviceBuffer split_partials(split_elements * sizeof(float));
@@ -231,8 +231,10 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
         if (splits < 2 || splits > tiles) continue;
         auto split_out = poisoned_bf16(expected.size());
         a.out = split_out.as<uint16_t>();
-        cuda::mla_attention_wgmma(a, nullptr, rows, splits, clustered ? nullptr : split_partials.as<float>(),
-                                  clustered ? 0 : split_elements);
+        // Clustered splits need no partials (the unclustered path refuses to run without them).
+        const bool one_cluster = clustered && splits <= a.cluster_splits;
+        cuda::mla_attention_wgmma(a, nullptr, rows, splits, one_cluster ? nullptr : split_partials.as<float>(),
+                                  one_cluster ? 0 : split_elements);
         const double split_error = relative_l2(bf16_to_host(split_out, expected.size()), expected);
         EXPECT_LT(split_error, 2 * gathered_error + 1e-4)
             << name << ", " << splits << " splits: H=" << H << " tokens=" << T;

@@ -82,10 +82,13 @@ struct CudaModelOptions {
   // false: one block's warpgroups splitting every tile.
   bool warp_specialized_attention = true;
   // Decode batches whose tokens' rows go in splits: a token's splits as one thread block cluster
-  // of that kernel, at most this many (2-16), combined through distributed shared memory in the
-  // same launch (ops::cuda::MlaAttentionArgs::cluster_splits); 0: partials through global memory
-  // and a merge launch.
-  int attention_cluster_splits = 0;
+  // of that kernel where they are at most this many (0, 2-16), combined through distributed shared
+  // memory in the same launch (ops::cuda::MlaAttentionArgs::cluster_splits); more splits (a batch
+  // of one token takes 32) keep partials in global memory and a merge launch. H200, EP8 rank,
+  // 5 layers, two rounds: batch 64 (2 splits) 3.35 -> 3.31 ms at 2k, 3.78 -> 3.73 at 16k
+  // (attention.core 0.316 -> 0.295); capping a batch of one at 8 or 16 clustered splits was
+  // slower (1.585 -> 1.635 ms).
+  int attention_cluster_splits = 8;
   // Long prefill chunks' indexer scores on the warpgroup tensor cores, fused with the sum over
   // heads (ops::cuda::indexer_scores_wgmma; GLM-5's 32 heads of 128); false: a TF32 GEMM whose
   // per-head products go through global memory. Prefill 8192 on the H200 at GLM-5.2 width:

@@ -33,9 +33,9 @@ struct MlaAttentionArgs {
   // (mla_attention_wgmma_specialized); false: mla_wgmma.cu's.
   bool warp_specialized = true;
   // With splits (decode batches of fewer tokens than SMs), a token's splits of bf16 rows as one
-  // thread block cluster of the warp-specialised kernel, at most this many of them (2 ..
+  // thread block cluster of the warp-specialised kernel where they are at most this many (0 ..
   // kMlaMaxClusterSplits; above 8 a non-portable cluster size), combined through distributed
-  // shared memory in the same launch; 0: partials in global memory and mla_merge_splits.
+  // shared memory in the same launch; otherwise partials in global memory and mla_merge_splits.
   int cluster_splits = 0;
 };
 
