@@ -379,6 +379,19 @@ __device__ __forceinline__ void store_partials(const SplitOutput& o, int H, cons
   }
 }
 
+// Each head's sum of exponentials over this consumer's rows (its four lanes' summed) into
+// row_sum[consumer][64] in shared memory; both consumers meet once every sum is posted.
+__device__ __forceinline__ void post_head_sums(float (&run_sum)[2], float* row_sum, int consumer,
+                                               const ConsumerLane& lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    run_sum[h] += __shfl_xor_sync(0xffffffffu, run_sum[h], 1);
+    run_sum[h] += __shfl_xor_sync(0xffffffffu, run_sum[h], 2);
+    if (lane.tq == 0) row_sum[consumer * kHeads + lane.head(h)] = run_sum[h];
+  }
+  pipeline::named_sync(kEpilogue, kConsumerThreads);
+}
+
 // A consumer's end of a token: each head's sum over both consumers' rows, then with one split its
 // half of the normalised output staged in the queries' region (every wgmma reading it finished
 // before the steps' last barriers), and the token's [H, 512] bf16 output written from there
@@ -388,13 +401,7 @@ __device__ __forceinline__ void store_output(const MlaAttentionArgs& a, int t, c
                                              const float (&run_max)[2], float (&run_sum)[2], float* row_sum,
                                              uint8_t* generic, int consumer, const ConsumerLane& lane,
                                              const SplitOutput& split) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    run_sum[h] += __shfl_xor_sync(0xffffffffu, run_sum[h], 1);
-    run_sum[h] += __shfl_xor_sync(0xffffffffu, run_sum[h], 2);
-    if (lane.tq == 0) row_sum[consumer * kHeads + lane.head(h)] = run_sum[h];
-  }
-  pipeline::named_sync(kEpilogue, kConsumerThreads);
+  post_head_sums(run_sum, row_sum, consumer, lane);
   if (split.partials) {
     const float total[2] = {row_sum[lane.head(0)] + row_sum[kHeads + lane.head(0)],
                             row_sum[lane.head(1)] + row_sum[kHeads + lane.head(1)]};
@@ -479,13 +486,7 @@ __device__ __forceinline__ void merge_cluster_splits(const MlaAttentionArgs& a, 
                                                      const float (&run_max)[2], float (&run_sum)[2],
                                                      const TokenBlock& b, int consumer, const ConsumerLane& lane) {
   float* const row_sum = b.row_max + kHeads;  // [2][64]
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    run_sum[h] += __shfl_xor_sync(0xffffffffu, run_sum[h], 1);
-    run_sum[h] += __shfl_xor_sync(0xffffffffu, run_sum[h], 2);
-    if (lane.tq == 0) row_sum[consumer * kHeads + lane.head(h)] = run_sum[h];
-  }
-  pipeline::named_sync(kEpilogue, kConsumerThreads);
+  post_head_sums(run_sum, row_sum, consumer, lane);
   const uint32_t sums = b.stages;  // [64 heads][512] fp32
   float* const sums_generic = reinterpret_cast<float*>(b.generic + (sums - b.queries));
   float2* const stats = reinterpret_cast<float2*>(b.generic + (b.probs1 - b.queries));  // [64]
