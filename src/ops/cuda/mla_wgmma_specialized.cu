@@ -12,6 +12,10 @@
 // shared memory. The two exchange their running maxima once a step, so both halves of the step's
 // P share one maximum; while one runs its softmax, the other's wgmma run.
 //
+// Decode tokens' selections go in splits over blocks: their sums leave as partials for
+// mla_merge_splits or, a token's splits launched as one thread block cluster, are combined by the
+// cluster's blocks through distributed shared memory (merge_cluster_splits).
+//
 // Shared memory (128-byte swizzled lines as wgmma.cuh describes; a column block is 64 columns,
 // one line per head or row):
 //   queries [9 column blocks][64 heads]                    73728 B
