@@ -349,6 +349,30 @@ TEST_F(CudaAttention, MlaPreparedQueriesRotateScaleAndPad) {
   }
 }
 
+// Which split counts go as one cluster (runs without a GPU): at most cluster_splits (and 16) of
+// them, bf16 rows in the warp-specialised kernel; more, or none asked for, keep partials and the
+// merge launch (a batch of one takes 32 splits, and the default is 8).
+TEST(MlaSplitsClustered, OnlyCountsThatFitTheClusterWithBf16RowsInTheSpecialisedKernel) {
+  cuda::MlaAttentionArgs a;
+  a.cluster_splits = 8;
+  EXPECT_TRUE(cuda::mla_splits_clustered(a, 2));
+  EXPECT_TRUE(cuda::mla_splits_clustered(a, 8));
+  EXPECT_FALSE(cuda::mla_splits_clustered(a, 1));
+  EXPECT_FALSE(cuda::mla_splits_clustered(a, 9));
+  EXPECT_FALSE(cuda::mla_splits_clustered(a, 32));
+  a.cluster_splits = 64;  // past Hopper's largest cluster
+  EXPECT_TRUE(cuda::mla_splits_clustered(a, 16));
+  EXPECT_FALSE(cuda::mla_splits_clustered(a, 17));
+  a.cluster_splits = 0;
+  EXPECT_FALSE(cuda::mla_splits_clustered(a, 2));
+  a.cluster_splits = 8;
+  a.warp_specialized = false;
+  EXPECT_FALSE(cuda::mla_splits_clustered(a, 2));
+  a.warp_specialized = true;
+  a.storage = cuda::CacheStorage::kFp8;
+  EXPECT_FALSE(cuda::mla_splits_clustered(a, 2));
+}
+
 TEST_F(CudaAttention, MlaDecodeOneTokenShortContext) { check_mla(64, 512, 64, {1}, {{0, 0}}, 2048, 1); }
 
 TEST_F(CudaAttention, MlaDecodeBatchMixedContextsAndChunks) {

@@ -110,6 +110,12 @@ int mla_wgmma_splits(int launch_tokens, int max_selected_in_step, int num_heads,
 // softmax-weighted combination, over the splits that saw a selected row.
 constexpr int kMlaMaxSplits = 512;
 constexpr int kMlaMaxClusterSplits = 16;  // Hopper's largest (non-portable) cluster size
+// Whether a token's `splits` go as one cluster that merges them itself (args.cluster_splits):
+// bf16 rows in the warp-specialised kernel, at most cluster_splits (and 16) of them.
+inline bool mla_splits_clustered(const MlaAttentionArgs& args, int splits) {
+  const int most = args.cluster_splits < kMlaMaxClusterSplits ? args.cluster_splits : kMlaMaxClusterSplits;
+  return splits > 1 && splits <= most && args.storage == CacheStorage::kBf16 && args.warp_specialized;
+}
 void mla_merge_splits(const MlaAttentionArgs& args, int launch_tokens, int splits, const float* partials,
                       cudaStream_t stream);
 

@@ -404,7 +404,7 @@ void mla_attention_wgmma(const MlaAttentionArgs& a, cudaStream_t stream, int max
   // A token's splits as one cluster where they are few enough (fewer splits of more tiles each
   // measured slower than more splits and the merge launch: EP8 rank, batch 1, 32 splits against
   // clusters of 8 or 16 splits, attention.core 0.091 against 0.129 / 0.122 ms over 5 layers).
-  if (splits > 1 && splits <= a.cluster_splits && a.storage == CacheStorage::kBf16 && a.warp_specialized) {
+  if (mla_splits_clustered(a, splits)) {
     mla_attention_wgmma_specialized(a, stream, rows_per_split, splits, nullptr);
     return;
   }

@@ -29,7 +29,6 @@
 // block). So each half goes back to the producer when its one reader's P V are done.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -659,10 +658,9 @@ void mla_attention_wgmma_specialized(const MlaAttentionArgs& a, cudaStream_t str
   if (launch_tokens <= 0) return;
   GLMS_CHECK(mla_attention_wgmma_supported(a.num_heads, a.latent_dim, a.rope_dim) && a.storage == CacheStorage::kBf16,
              "mla_attention_wgmma_specialized: bf16 rows, at most 64 heads, latent 512 and rope 64");
-  if (splits > 1 && a.cluster_splits > 1) {
-    GLMS_CHECK(splits <= std::min(a.cluster_splits, kMaxClusterSplits) && rows_per_split > 0 &&
-                   rows_per_split % kStepRows == 0,
-               "mla_attention_wgmma_specialized: at most cluster_splits (16 at most) clustered splits of whole steps");
+  if (mla_splits_clustered(a, splits)) {
+    GLMS_CHECK(rows_per_split > 0 && rows_per_split % kStepRows == 0,
+               "mla_attention_wgmma_specialized: clustered splits of whole steps");
     auto* kernel = mla_wgmma_specialized_kernel<false, true>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
           "cudaFuncSetAttribute(mla_wgmma_specialized_kernel)");
