@@ -4,7 +4,8 @@
 // top-k in position order), its rows in a paged bf16 cache. Times each wgmma kernel with CUDA
 // events (median of --reps) and states its rate over the products' FLOPs against the bf16 GEMM
 // rate measured in the same run (cuBLAS, 8192^3), and each kernel's output against the first's
-// (relative L2), so that a wrong kernel shows. Each line also states the rate at which the kernel
+// (relative L2), so that a wrong kernel shows: mla_wgmma.cu's, the warp-specialised one with two
+// 64-row stages and with its ring of 32-row stages. Each line also states the rate at which the kernel
 // moved the selected rows and the queries into shared memory, and a last line times the
 // warp-specialised kernel's copies alone (mla_attention_copies_only): the floor its gathers set.
 // Usage:
@@ -190,9 +191,10 @@ int main(int argc, char** argv) {
     const PrefillSelection selection = select_positions(n, top_k);
     PrefillAttention attention(selection, top_k, stream.get());
     std::vector<uint16_t> reference;
-    for (const bool specialized : {false, true}) {
-      attention.args.warp_specialized = specialized;
-      const char* name = specialized ? "wgmma, warp-specialised" : "wgmma";
+    for (const int variant : {0, 1, 2}) {
+      attention.args.warp_specialized = variant > 0;
+      attention.args.ring_stages = variant == 2;
+      const char* name = variant == 2 ? "warp-specialised ring" : variant == 1 ? "wgmma, warp-specialised" : "wgmma";
       const std::vector<uint16_t> result = attention.output(stream);
       if (reference.empty()) reference = result;
       const double error = glms::benchmarks::relative_l2(result, reference, bf16_to_float);
@@ -207,6 +209,7 @@ int main(int argc, char** argv) {
            << "}";
       first_point = false;
     }
+    attention.args.ring_stages = false;
     const double copies_ms = attention.median_ms(stream, reps, true);
     const double copies_rate = selection.gathered_bytes / (copies_ms * 1e-3);
     std::printf("%7d  %-26s %9.3f %9s %8s %6.2f TB/s\n", n, "its copies alone", copies_ms, "", "", copies_rate / 1e12);

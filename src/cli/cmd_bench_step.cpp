@@ -80,6 +80,11 @@ void add_linear_and_attention_options(CLI::App* cmd, BenchStepOptions* o) {
                   "The wgmma pass over bf16 rows without splits in the warp-specialised kernel: a producer warpgroup "
                   "gathers rows into two stages while two consumers score 32 rows each (true/false)")
       ->capture_default_str();
+  cmd->add_option("--attention-ring-stages", o->kernels.attention_ring_stages,
+                  "The warp-specialised attention kernel with a ring of four 32-row stages whose steps its two "
+                  "consumers score in turn (true/false; false: two 64-row stages, each consumer scoring half of every "
+                  "step)")
+      ->capture_default_str();
   cmd->add_option("--attention-cluster-splits", o->kernels.attention_cluster_splits,
                   "Decode tokens' splits of bf16 rows as one thread block cluster where they are at most N (2-16), "
                   "merged through distributed shared memory in the same launch (0: always partials and a merge "

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <string>
 
 #include "core/dtype.h"
 #include "ops/cuda/cuda_ops.h"
@@ -190,16 +191,19 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
   std::printf("H=%d L=%d rope=%d tokens=%d%s: relative L2 gathered %.2e, fused %.2e\n", H, L, rd, T,
               storage == cuda::CacheStorage::kFp8 ? " (FP8 rows)" : "", gathered_error, fused_error);
   if (cuda::mla_attention_wgmma_supported(H, L, rd)) {
-    // One split: bf16 rows take the warp-specialised kernel unless told not to.
-    for (const bool specialized : {false, true}) {
+    // One split: bf16 rows take the warp-specialised kernel (two stages or the ring) unless told
+    // not to.
+    for (const int variant : {0, 1, 2}) {
+      const bool specialized = variant > 0;
       if (specialized && storage != cuda::CacheStorage::kBf16) continue;
       auto wgmma_out = poisoned_bf16(expected.size());
       a.out = wgmma_out.as<uint16_t>();
       a.warp_specialized = specialized;
+      a.ring_stages = variant == 2;
       cuda::mla_attention_wgmma(a, nullptr);
       const auto wgmma_host = bf16_to_host(wgmma_out, expected.size());
       const double wgmma_error = relative_l2(wgmma_host, expected);
-      const char* name = specialized ? "wgmma, warp-specialised" : "wgmma";
+      const char* name = variant == 2 ? "wgmma, warp-specialised ring" : specialized ? "wgmma, warp-specialised" : "wgmma";
       for (int t = 0; t < T; ++t) {
         const double e = relative_l2(std::vector<float>(wgmma_host.begin() + int64_t{t} * H * L,
                                                         wgmma_host.begin() + int64_t{t + 1} * H * L),
@@ -214,19 +218,21 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
     // Each token's rows split over blocks and merged: any count of whole tiles, including splits
     // past a short token's selection, and the count mla_attention_fused picks; both kernels, and
     // the warp-specialised one's splits as clusters merged through distributed shared memory
-    // where they are at most 8 (or 16); more take partials and the merge launch.
+    // where they are at most 8 (or 16); more take partials and the merge launch. The same for
+    // the ring of 32-row stages (variants 4 .. 6).
     const int tiles = (rows + 63) / 64;
     const int64_t split_elements = int64_t{T} * tiles * H * (L + 2);
     cuda::DeviceBuffer split_partials(split_elements * sizeof(float));
-    for (const int variant : {0, 1, 2, 3}) {
-      const bool specialized = variant > 0, clustered = variant >= 2;
+    for (const int variant : {0, 1, 2, 3, 4, 5, 6}) {
+      const bool specialized = variant > 0, ring = variant >= 4;
+      const int cluster_splits = (variant - 1) % 3 == 1 ? 8 : (variant - 1) % 3 == 2 ? 16 : 0;
       if (specialized && storage != cuda::CacheStorage::kBf16) continue;
       a.warp_specialized = specialized;
-      a.cluster_splits = variant == 2 ? 8 : variant == 3 ? 16 : 0;
-      const char* name = variant == 3   ? "wgmma, warp-specialised, clusters of 16"
-                         : variant == 2 ? "wgmma, warp-specialised, clusters of 8"
-                         : specialized  ? "wgmma, warp-specialised"
-                                        : "wgmma";
+      a.ring_stages = ring;
+      a.cluster_splits = specialized ? cluster_splits : 0;
+      const bool clustered = a.cluster_splits > 0;
+      std::string name = !specialized ? "wgmma" : ring ? "wgmma, warp-specialised ring" : "wgmma, warp-specialised";
+      if (clustered) name += ", clusters of " + std::to_string(cluster_splits);
       for (const int splits : {2, 3, tiles, cuda::mla_wgmma_splits(T, rows, H, split_elements)}) {
         if (splits < 2 || splits > tiles) continue;
         auto split_out = poisoned_bf16(expected.size());
@@ -238,10 +244,11 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
         const double split_error = relative_l2(bf16_to_host(split_out, expected.size()), expected);
         EXPECT_LT(split_error, 2 * gathered_error + 1e-4)
             << name << ", " << splits << " splits: H=" << H << " tokens=" << T;
-        std::printf("  %s, %d splits: relative L2 %.2e\n", name, splits, split_error);
+        std::printf("  %s, %d splits: relative L2 %.2e\n", name.c_str(), splits, split_error);
       }
     }
     a.warp_specialized = true;
+    a.ring_stages = false;
     a.cluster_splits = 0;
   }
   // Tokens [1, T) alone (first_token / launch_tokens), the first token's output untouched.

@@ -81,6 +81,10 @@ struct CudaModelOptions {
   // warpgroup, two consumers on each step of 64 rows; ops::cuda::mla_attention_wgmma_specialized);
   // false: one block's warpgroups splitting every tile.
   bool warp_specialized_attention = true;
+  // That kernel with a ring of four 32-row stages whose steps its two consumers score in turn
+  // (ops::cuda::MlaAttentionArgs::ring_stages); false: two 64-row stages, each consumer scoring
+  // half of every step.
+  bool attention_ring_stages = false;
   // Decode batches whose tokens' rows go in splits: a token's splits as one thread block cluster
   // of that kernel where they are at most this many (0, 2-16), combined through distributed shared
   // memory in the same launch (ops::cuda::MlaAttentionArgs::cluster_splits); more splits (a batch

@@ -32,6 +32,9 @@ struct MlaAttentionArgs {
   // bf16 rows in the wgmma pass, split or not: the warp-specialised kernel
   // (mla_attention_wgmma_specialized); false: mla_wgmma.cu's.
   bool warp_specialized = true;
+  // That kernel with a ring of four stages of 32 rows whose steps the consumers score in turn
+  // (mla_wgmma_ring.cu); false: two stages of 64 rows, each consumer scoring half of every step.
+  bool ring_stages = false;
   // With splits (decode batches of fewer tokens than SMs), a token's splits of bf16 rows as one
   // thread block cluster of the warp-specialised kernel where they are at most this many (0 ..
   // kMlaMaxClusterSplits; above 8 a non-portable cluster size), combined through distributed
@@ -91,7 +94,9 @@ void mla_attention_wgmma(const MlaAttentionArgs& args, cudaStream_t stream,
                          int64_t partial_elements = 0);
 // The wgmma pass for bf16 rows (mla_wgmma_specialized.cu): a producer warpgroup gathers each
 // token's rows 64 at a time into two stages while two consumer warpgroups score 32 rows each and
-// share the P V products, the stages handed over through mbarriers. With `splits` > 1 each
+// share the P V products, the stages handed over through mbarriers; with args.ring_stages, 32
+// rows at a time into a ring of four stages whose steps the consumers score in turn
+// (mla_wgmma_ring.cu). With `splits` > 1 each
 // token's selection goes in splits of rows_per_split rows (a multiple of 64) whose sums
 // `partials` receives as mla_merge_splits reads them (the caller merges), or, where
 // args.cluster_splits >= splits, one cluster a token that merges them itself (no partials).

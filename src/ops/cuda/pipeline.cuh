@@ -1,5 +1,6 @@
 // Hopper's pieces for warp-specialised kernels, where producer warps fill shared memory and
-// consumer warpgroups multiply (mla_wgmma_specialized.cu, moe_experts_specialized.cu):
+// consumer warpgroups multiply (mla_wgmma_specialized.cu, mla_wgmma_ring.cu,
+// moe_experts_specialized.cu):
 // transaction barriers in shared memory (mbarrier) that cp.async copies complete, named barriers
 // between some warps of a block, and the per-warpgroup register budget (setmaxnreg).
 //

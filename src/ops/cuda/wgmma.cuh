@@ -1,7 +1,7 @@
 // Hopper warpgroup tensor-core building blocks shared by the wgmma kernels (mla_wgmma.cu,
-// mla_wgmma_specialized.cu, moe_experts_wgmma.cu, moe_experts_wgmma_fp8.cu, moe_experts_stream.cu,
-// moe_experts_specialized.cu):
-// cp.async copies, the 128-byte shared-memory swizzle, matrix descriptors and the wgmma shapes
+// mla_wgmma_specialized.cu, mla_wgmma_ring.cu, moe_experts_wgmma.cu, moe_experts_wgmma_fp8.cu,
+// moe_experts_stream.cu, moe_experts_specialized.cu):
+// cp.async copies, the 128- and 64-byte shared-memory swizzles, matrix descriptors and the wgmma shapes
 // they use (bf16, and two of E4M3 codes).
 //
 // Operands live in shared memory as 128-byte lines (64 bf16) in groups of 8 lines aligned to
@@ -66,6 +66,16 @@ __device__ __forceinline__ void fence_async_proxy() { asm volatile("fence.proxy.
 __device__ __forceinline__ uint64_t descriptor(uint32_t address, uint32_t leading_bytes, uint32_t stride_bytes) {
   return static_cast<uint64_t>((address & 0x3ffffu) >> 4) | static_cast<uint64_t>((leading_bytes >> 4) & 0x3fffu) << 16 |
          static_cast<uint64_t>((stride_bytes >> 4) & 0x3fffu) << 32 | uint64_t{1} << 62;
+}
+// The same for 64-byte swizzled lines (32 bf16 each, in groups of 8 lines aligned to 512 bytes,
+// 16-byte chunk c of line r stored at chunk c ^ ((r / 2) % 4): swizzled_64B). K-major: stride =
+// 512 between groups of 8 lines; 16 k further is 32 bytes further in the line.
+__device__ __forceinline__ uint64_t descriptor_64B(uint32_t address, uint32_t leading_bytes, uint32_t stride_bytes) {
+  return static_cast<uint64_t>((address & 0x3ffffu) >> 4) | static_cast<uint64_t>((leading_bytes >> 4) & 0x3fffu) << 16 |
+         static_cast<uint64_t>((stride_bytes >> 4) & 0x3fffu) << 32 | uint64_t{2} << 62;
+}
+__device__ __forceinline__ uint32_t swizzled_64B(int line, int chunk) {
+  return static_cast<uint32_t>(line * 64 + ((chunk ^ ((line >> 1) & 3)) << 4));
 }
 // descriptor(address + bytes, ...) from descriptor(address, ...): one add instead of building
 // it again (bytes a multiple of 16; the 14-bit address field cannot carry, as a block's shared
