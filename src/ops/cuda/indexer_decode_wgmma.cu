@@ -51,6 +51,53 @@ constexpr int shared_bytes() {  // 1024: alignment
 }
 static_assert(shared_bytes<false>() <= 60 * 1024 && shared_bytes<true>() <= 60 * 1024, "three blocks an SM or more");
 
+// Thread (key r, half) widens its 64 codes (`row`) into its column block of a bf16 stage, exactly
+// (no scale).
+__device__ __forceinline__ void widen_codes(const uint8_t* row, uint8_t* block, int r) {
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const uint4 c = *reinterpret_cast<const uint4*>(row + 16 * w);
+    const uint2 v0 = e4m3x4_to_bf16x4(c.x, 1.0f), v1 = e4m3x4_to_bf16x4(c.y, 1.0f);
+    const uint2 v2 = e4m3x4_to_bf16x4(c.z, 1.0f), v3 = e4m3x4_to_bf16x4(c.w, 1.0f);
+    *reinterpret_cast<uint4*>(block + swizzled(r, 2 * w)) = make_uint4(v0.x, v0.y, v1.x, v1.y);
+    *reinterpret_cast<uint4*>(block + swizzled(r, 2 * w + 1)) = make_uint4(v2.x, v2.y, v3.x, v3.y);
+  }
+}
+
+// acc[4 n + e] = the dot product of key row0 + 8 (e / 2) of the stage at `keys` with head
+// 8 n + 2 tq + e % 2's query (wgmma's accumulator layout), waited for.
+__device__ __forceinline__ void score_keys(float (&acc)[16], uint32_t keys, uint32_t queries) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
+  wgmma::pin(acc);
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < kDim / 16; ++kk) {
+    const uint32_t column = (kk / 4) * kKeyBlockBytes + (kk % 4) * 32;
+    wgmma::m64n32k16(acc, descriptor(keys + column, 16, 1024),
+                     descriptor(queries + (kk / 4) * kQueryBlockBytes + (kk % 4) * 32, 16, 1024), 1);
+  }
+  wgmma::commit();
+  wgmma::wait_all();
+  wgmma::pin(acc);
+}
+
+// Each of this thread's two keys' sum over the 32 heads of relu(score) times the head's weight,
+// the quad's four lanes' parts added (every lane of the quad holds both sums).
+__device__ __forceinline__ void weighted_head_sums(const float (&acc)[16], const float* weights, int tq,
+                                                   float (&sum)[2]) {
+  sum[0] = sum[1] = 0.0f;
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sum[e / 2] += fmaxf(acc[4 * n + e], 0.0f) * weights[8 * n + 2 * tq + e % 2];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    sum[k] += __shfl_xor_sync(0xffffffffu, sum[k], 1);
+    sum[k] += __shfl_xor_sync(0xffffffffu, sum[k], 2);
+  }
+}
+
 // Grid (launched token, share of its key tiles: blockIdx.y, + gridDim.y, ...).
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads) indexer_decode_wgmma_kernel(IndexerScoreArgs a) {
@@ -119,16 +166,8 @@ __global__ void __launch_bounds__(kThreads) indexer_decode_wgmma_kernel(IndexerS
     if constexpr (kFp8) {
       // Thread (key r, half) widens its 64 codes into its column block, exactly (no scale).
       const int r = threadIdx.x / 2, half = threadIdx.x % 2;
-      const uint8_t* row = base + kQueryBytes + kKeyStageBytes + stage * kCodesStageBytes + r * kDim + 64 * half;
-      uint8_t* block = base + kQueryBytes + half * kKeyBlockBytes;
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const uint4 c = *reinterpret_cast<const uint4*>(row + 16 * w);
-        const uint2 v0 = e4m3x4_to_bf16x4(c.x, 1.0f), v1 = e4m3x4_to_bf16x4(c.y, 1.0f);
-        const uint2 v2 = e4m3x4_to_bf16x4(c.z, 1.0f), v3 = e4m3x4_to_bf16x4(c.w, 1.0f);
-        *reinterpret_cast<uint4*>(block + swizzled(r, 2 * w)) = make_uint4(v0.x, v0.y, v1.x, v1.y);
-        *reinterpret_cast<uint4*>(block + swizzled(r, 2 * w + 1)) = make_uint4(v2.x, v2.y, v3.x, v3.y);
-      }
+      widen_codes(base + kQueryBytes + kKeyStageBytes + stage * kCodesStageBytes + r * kDim + 64 * half,
+                  base + kQueryBytes + half * kKeyBlockBytes, r);
       keys = stages;
       wgmma::fence_async_proxy();
       __syncthreads();  // the widened stage is whole
@@ -141,31 +180,9 @@ __global__ void __launch_bounds__(kThreads) indexer_decode_wgmma_kernel(IndexerS
       scale1 = slot1 >= 0 ? a.key_scales[slot1] : 0.0f;
     }
 
-    float acc[16];  // acc[4 n + e]: key row0 + 8 (e / 2), head 8 n + 2 tq + e % 2
-#pragma unroll
-    for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
-    wgmma::pin(acc);
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < kDim / 16; ++kk) {
-      const uint32_t column = (kk / 4) * kKeyBlockBytes + (kk % 4) * 32;
-      wgmma::m64n32k16(acc, descriptor(keys + column, 16, 1024),
-                       descriptor(queries + (kk / 4) * kQueryBlockBytes + (kk % 4) * 32, 16, 1024), 1);
-    }
-    wgmma::commit();
-    wgmma::wait_all();
-    wgmma::pin(acc);
-
-    float sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int n = 0; n < 4; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sum[e / 2] += fmaxf(acc[4 * n + e], 0.0f) * weights[8 * n + 2 * tq + e % 2];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      sum[k] += __shfl_xor_sync(0xffffffffu, sum[k], 1);
-      sum[k] += __shfl_xor_sync(0xffffffffu, sum[k], 2);
-    }
+    float acc[16], sum[2];
+    score_keys(acc, keys, queries);
+    weighted_head_sums(acc, weights, tq, sum);
     const int j = blockIdx.y * kKeys + tile * step + row0 + 8 * tq;
     if (tq < 2 && j < causal) a.scores[static_cast<int64_t>(t) * a.score_stride + j] = tq == 0 ? sum[0] * scale0 : sum[1] * scale1;
     __syncthreads();  // every warp is done with this stage before a later tile's copies reuse it
