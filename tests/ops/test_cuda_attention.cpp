@@ -427,6 +427,14 @@ TEST_F(CudaAttention, MlaPrefillFromTheFirstPosition) {
   check_mla(64, 512, 64, {29}, tokens, 2048, 29);
 }
 
+TEST_F(CudaAttention, MlaRowCountsAroundThe32And64RowSteps) {
+  // Selections of 1, 31, 32, 33, 65, 97, 129 and 160 rows: one to five steps of the ring's 32
+  // rows (a partial last one or not), splits of 64 rows with a short or empty last split.
+  std::vector<Token> tokens;
+  for (int p : {0, 30, 31, 32, 64, 96, 128, 159}) tokens.push_back({0, p});
+  check_mla(64, 512, 64, {160}, tokens, 2048, 8);
+}
+
 TEST_F(CudaAttention, MlaOverFp8Rows) {
   const auto fp8 = cuda::CacheStorage::kFp8;
   // One token; a decode batch of mixed contexts (several splits); top-k past the context limit

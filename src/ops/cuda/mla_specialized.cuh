@@ -290,11 +290,11 @@ struct MergeMemory {
 };
 
 // A consumer's end of a token's split when the token's splits are one cluster (grid (split,
-// launched token)): the block's unnormalised [64 heads, 512] fp32 sums and each head's (maximum,
-// sum of exponentials) go into shared memory (m, after the epilogue barrier); then block r of the cluster combines heads
-// [64 r / splits, 64 (r + 1) / splits) over every block's, in split order (as mla_merge_splits
-// does, without the partials' trip through global memory or a second launch), and writes them
-// as bf16. The producer warpgroup meets both cluster barriers too.
+// launched token)): after the epilogue barrier, the block's unnormalised [64 heads, 512] fp32
+// sums and each head's (maximum, sum of exponentials) go into shared memory (m); then block r of
+// the cluster combines heads [64 r / splits, 64 (r + 1) / splits) over every block's, in split
+// order (as mla_merge_splits does, without the partials' trip through global memory or a second
+// launch), and writes them as bf16. The producer warpgroup meets both cluster barriers too.
 __device__ __forceinline__ void merge_cluster_splits(const MlaAttentionArgs& a, int t, const float (&out)[128],
                                                      const float (&run_max)[2], float (&run_sum)[2],
                                                      const MergeMemory& m, int consumer, const ConsumerLane& lane) {

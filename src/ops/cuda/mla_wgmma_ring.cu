@@ -11,8 +11,9 @@
 // block, which its scorer no longer reads once it has scored. The running maxima go down one
 // chain: the scorer of step j joins its rows' maxima with those after step j - 1 (which it has
 // read as the other consumer of step j - 1) and posts them for the other, so both scale their
-// sums by the same factors. A consumer issues its next step's S before it waits for the other's
-// maxima and P of this one, so that its S are in flight while the other runs its softmax.
+// sums by the same factors. A consumer issues its next step's S as soon as it has the other's
+// maxima of this one (before the other's P), so that its S run while the other finishes its
+// softmax.
 //
 // Shared memory (1024-byte aligned):
 //   queries [9 column blocks][64 heads]                        73728 B
@@ -233,6 +234,10 @@ __device__ __forceinline__ void consume_ring(const RingBlock& b, int steps, int 
     scale_rows(out, factor);
     if constexpr (decltype(next_scores)::value) issue_scores(step + 1);
     pipeline::named_sync(kProbsPosted + (consumer ^ 1), kConsumerThreads);
+    // The step's rows as this consumer's own wait sees them (the scorer waited for them; the
+    // phase cannot move on before this consumer hands the stage back), ordered before its wgmma.
+    pipeline::barrier_wait(b.barrier(kReady + step % kStages), (step / kStages) & 1);
+    wgmma::fence_async_proxy();
     wgmma::pin(out);
     issue_other_values<kStepRows, 64>(out, stage + kRopeBlock, stage, 0, consumer);
   };

@@ -120,7 +120,6 @@ struct TokenBlock {
   float* row_sum;                            // [2][64]
   int t, count, warpgroup;                   // the token, its split's selected rows
   int begin;                                 // the split's first row of the token's selection
-  __device__ uint32_t barrier(int index) const { return barriers + 8 * index; }
 };
 __device__ __forceinline__ TokenBlock token_block(uint8_t* shared_raw, const MlaAttentionArgs& a, int rows_per_split,
                                                   int launched_token, int split) {
