@@ -11,9 +11,8 @@
 // block, which its scorer no longer reads once it has scored. The running maxima go down one
 // chain: the scorer of step j joins its rows' maxima with those after step j - 1 (which it has
 // read as the other consumer of step j - 1) and posts them for the other, so both scale their
-// sums by the same factors. A consumer issues its next step's S as soon as it has the other's
-// maxima of this one (before the other's P), so that its S run while the other finishes its
-// softmax.
+// sums by the same factors. A consumer issues its next step's S before it waits for the other's
+// maxima and P of this one, so that its S run while the other scores and runs its softmax.
 //
 // Shared memory (1024-byte aligned):
 //   queries [9 column blocks][64 heads]                        73728 B
@@ -176,7 +175,7 @@ __device__ __forceinline__ void move_maxima(float (&run_max)[2], const float (&j
 //
 // Commit groups in flight, oldest first: entering a step it scores, its S and the P V of the
 // other's step before (wait<1>: the S done, the P V running through the softmax); entering the
-// other's step, its own last P V (waited for before `out` is scaled).
+// other's step, its own last P V (waited for before the next S is issued).
 __device__ __forceinline__ void consume_ring(const RingBlock& b, int steps, int consumer, const ConsumerLane& lane,
                                              float (&out)[128], float (&run_max)[2], float (&run_sum)[2]) {
   Scores s;
@@ -218,21 +217,23 @@ __device__ __forceinline__ void consume_ring(const RingBlock& b, int steps, int 
     scale_rows(out, factor);
     issue_own_values<kStepRows>(out, p, stage, 0, consumer);
   };
-  // The other consumer's step: its maxima, this consumer's sums scaled to them (its own last P V
-  // done), its next S issued where there is one (running through the other's softmax and into
-  // its own), then the other's P V issued once the other's P is stored.
+  // The other consumer's step: this consumer's own last P V waited for (it is short, and ptxas
+  // serialises the kernel's wgmma if `out` is read with it still counted in flight), its next S
+  // issued where there is one (kNextScores: running through the other's softmax, and not
+  // waiting for it), then the other's maxima, this consumer's sums scaled to them, and the
+  // other's P V once its P is stored.
   auto other_step = [&](int step, auto next_scores) {
     const uint32_t stage = b.stage(step);
+    wgmma::wait<0>();
+    wgmma::pin(out);
+    if (step > 0) hand_back(step - 1);
+    if constexpr (decltype(next_scores)::value) issue_scores(step + 1);
     pipeline::named_sync(kMaximaPosted + (consumer ^ 1), kConsumerThreads);
     float joined[2], factor[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) joined[h] = b.maxima[(consumer ^ 1) * kHeads + lane.head(h)];
     move_maxima(run_max, joined, run_sum, factor);
-    wgmma::wait<0>();
-    wgmma::pin(out);
-    if (step > 0) hand_back(step - 1);
     scale_rows(out, factor);
-    if constexpr (decltype(next_scores)::value) issue_scores(step + 1);
     pipeline::named_sync(kProbsPosted + (consumer ^ 1), kConsumerThreads);
     // The step's rows as this consumer's own wait sees them (the scorer waited for them; the
     // phase cannot move on before this consumer hands the stage back), ordered before its wgmma.
