@@ -6,8 +6,8 @@
 // rate measured in the same run (cuBLAS, 8192^3), and each kernel's output against the first's
 // (relative L2), so that a wrong kernel shows: mla_wgmma.cu's, the warp-specialised one with two
 // 64-row stages and with its ring of 32-row stages. Each line also states the rate at which the kernel
-// moved the selected rows and the queries into shared memory, and a last line times the
-// warp-specialised kernel's copies alone (mla_attention_copies_only): the floor its gathers set.
+// moved the selected rows and the queries into shared memory, and the last lines time the
+// warp-specialised kernels' copies alone (mla_attention_copies_only): the floor their gathers set.
 // Usage:
 //   cuda_mla_prefill [--tokens 2048,8192] [--top-k 2048] [--reps 10] [--json FILE]
 #include <algorithm>
@@ -209,12 +209,17 @@ int main(int argc, char** argv) {
            << "}";
       first_point = false;
     }
+    for (const bool ring : {false, true}) {
+      attention.args.ring_stages = ring;
+      const char* name = ring ? "the ring's copies alone" : "two stages' copies alone";
+      const double copies_ms = attention.median_ms(stream, reps, true);
+      const double copies_rate = selection.gathered_bytes / (copies_ms * 1e-3);
+      std::printf("%7d  %-26s %9.3f %9s %8s %6.2f TB/s\n", n, name, copies_ms, "", "", copies_rate / 1e12);
+      json << ",\n  {\"tokens\": " << n << ", \"kernel\": \"" << (ring ? "ring copies only" : "copies only")
+           << "\", \"ms\": " << copies_ms << ", \"gathered_bytes\": " << selection.gathered_bytes
+           << ", \"gathered_bytes_per_s\": " << copies_rate << "}";
+    }
     attention.args.ring_stages = false;
-    const double copies_ms = attention.median_ms(stream, reps, true);
-    const double copies_rate = selection.gathered_bytes / (copies_ms * 1e-3);
-    std::printf("%7d  %-26s %9.3f %9s %8s %6.2f TB/s\n", n, "its copies alone", copies_ms, "", "", copies_rate / 1e12);
-    json << ",\n  {\"tokens\": " << n << ", \"kernel\": \"copies only\", \"ms\": " << copies_ms
-         << ", \"gathered_bytes\": " << selection.gathered_bytes << ", \"gathered_bytes_per_s\": " << copies_rate << "}";
   }
   json << "\n]}\n";
   if (!json_path.empty()) std::ofstream(json_path) << json.str();

@@ -102,9 +102,10 @@ void mla_attention_wgmma(const MlaAttentionArgs& args, cudaStream_t stream,
 // args.cluster_splits >= splits, one cluster a token that merges them itself (no partials).
 void mla_attention_wgmma_specialized(const MlaAttentionArgs& args, cudaStream_t stream, int rows_per_split = 0,
                                      int splits = 1, float* partials = nullptr);
-// For benchmarks: that kernel's launch, one split a token, with consumers that hand each stage
-// back as soon as it lands and write nothing: the time the producer's gathers (queries and
-// selected rows into shared memory) take on their own, the floor of the attention's time.
+// For benchmarks: that kernel's launch (the ring's with args.ring_stages), one split a token,
+// with consumers that hand each stage back as soon as it lands and write nothing: the time the
+// producer's gathers (queries and selected rows into shared memory) take on their own, the floor
+// of the attention's time.
 void mla_attention_copies_only(const MlaAttentionArgs& args, cudaStream_t stream);
 // The split count for launch_tokens tokens of up to max_selected_in_step rows whose partials fit
 // partial_elements floats: the fewest waves of a block per SM times a block's tiles.

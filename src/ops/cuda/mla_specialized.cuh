@@ -357,11 +357,12 @@ __device__ __forceinline__ void merge_cluster_splits(const MlaAttentionArgs& a, 
 }
 
 // A warp-specialised kernel's launches: grid (launched token, split), or (split, launched token)
-// in clusters of a token's splits; the shared memory they ask for, and the rows of a step (a
-// split's rows are a multiple of them). mla_attention_wgmma_specialized launches either kernel.
+// in clusters of a token's splits, and its copies alone (one split); the shared memory they ask
+// for, and the rows of a step (a split's rows are a multiple of them).
+// mla_attention_wgmma_specialized and mla_attention_copies_only launch either kernel.
 using SpecializedKernel = void (*)(MlaAttentionArgs, int, float*);
 struct SpecializedKernels {
-  SpecializedKernel unclustered, clustered;
+  SpecializedKernel unclustered, clustered, copies_only;
   int shared_bytes, step_rows;
 };
 SpecializedKernels ring_kernels();  // mla_wgmma_ring.cu

@@ -265,8 +265,9 @@ __device__ __forceinline__ void consume_ring(const RingBlock& b, int steps, int 
 }
 
 // Grid (launched token, split), or (split, launched token) in clusters of a token's splits
-// (kClustered); as mla_wgmma_specialized_kernel's.
-template <bool kClustered>
+// (kClustered); as mla_wgmma_specialized_kernel's, kCopiesOnly too (the consumers hand each
+// stage back as soon as it lands and write nothing: the producer's copies alone).
+template <bool kCopiesOnly, bool kClustered>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_wgmma_ring_kernel(MlaAttentionArgs a, int rows_per_split, float* partials) {
   chained_grid_prologue();
@@ -288,6 +289,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   pipeline::grow_registers<kConsumerRegisters>();
   const int consumer = block.warpgroup;
+  if constexpr (kCopiesOnly) {
+    if (steps > 0) pipeline::barrier_wait(block.barrier(kQueriesReady), 0);
+    for (int step = 0; step < steps; ++step) {
+      pipeline::barrier_wait(block.barrier(kReady + step % kStages), (step / kStages) & 1);
+      pipeline::barrier_arrive(block.barrier(kFree + step % kStages));
+    }
+    return;
+  }
   const ConsumerLane lane{index / 32, index % 32 / 4, index % 4};
   float out[128];  // O[heads, 256 consumer + 8 j + 2 tq (+1)] at out[4 j + ...], relative to run_max
 #pragma unroll
@@ -309,7 +318,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 namespace sparse_mla {
 SpecializedKernels ring_kernels() {
-  return {mla_wgmma_ring_kernel<false>, mla_wgmma_ring_kernel<true>, kSharedBytes, kStepRows};
+  return {mla_wgmma_ring_kernel<false, false>, mla_wgmma_ring_kernel<false, true>, mla_wgmma_ring_kernel<true, false>,
+          kSharedBytes, kStepRows};
 }
 }  // namespace sparse_mla
 

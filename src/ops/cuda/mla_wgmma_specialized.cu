@@ -370,6 +370,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// The ring's kernels or this file's.
+SpecializedKernels kernels_of(const MlaAttentionArgs& a) {
+  if (a.ring_stages) return ring_kernels();
+  return {mla_wgmma_specialized_kernel<false, false>, mla_wgmma_specialized_kernel<false, true>,
+          mla_wgmma_specialized_kernel<true, false>, kSharedBytes, kStepRows};
+}
 
 }  // namespace
 
@@ -379,10 +385,7 @@ void mla_attention_wgmma_specialized(const MlaAttentionArgs& a, cudaStream_t str
   if (launch_tokens <= 0) return;
   GLMS_CHECK(mla_attention_wgmma_supported(a.num_heads, a.latent_dim, a.rope_dim) && a.storage == CacheStorage::kBf16,
              "mla_attention_wgmma_specialized: bf16 rows, at most 64 heads, latent 512 and rope 64");
-  const SpecializedKernels k =
-      a.ring_stages ? ring_kernels()
-                    : SpecializedKernels{mla_wgmma_specialized_kernel<false, false>,
-                                         mla_wgmma_specialized_kernel<false, true>, kSharedBytes, kStepRows};
+  const SpecializedKernels k = kernels_of(a);
   if (mla_splits_clustered(a, splits)) {
     GLMS_CHECK(rows_per_split > 0 && rows_per_split % k.step_rows == 0,
                "mla_attention_wgmma_specialized: clustered splits of whole steps");
@@ -409,11 +412,11 @@ void mla_attention_copies_only(const MlaAttentionArgs& a, cudaStream_t stream) {
   if (launch_tokens <= 0) return;
   GLMS_CHECK(mla_attention_wgmma_supported(a.num_heads, a.latent_dim, a.rope_dim) && a.storage == CacheStorage::kBf16,
              "mla_attention_copies_only: bf16 rows, at most 64 heads, latent 512 and rope 64");
-  auto* kernel = mla_wgmma_specialized_kernel<true, false>;
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
+  const SpecializedKernels k = kernels_of(a);
+  check(cudaFuncSetAttribute(k.copies_only, cudaFuncAttributeMaxDynamicSharedMemorySize, k.shared_bytes),
         "cudaFuncSetAttribute(mla_wgmma_specialized_kernel)");
-  launch_chained("mla_attention_copies_only launch", kernel, dim3(launch_tokens, 1), kThreads, kSharedBytes, stream, a,
-                 a.max_selected, nullptr);
+  launch_chained("mla_attention_copies_only launch", k.copies_only, dim3(launch_tokens, 1), kThreads, k.shared_bytes,
+                 stream, a, a.max_selected, nullptr);
 }
 
 }  // namespace glms::ops::cuda
