@@ -390,16 +390,16 @@ void mla_attention_wgmma_specialized(const MlaAttentionArgs& a, cudaStream_t str
     GLMS_CHECK(rows_per_split > 0 && rows_per_split % k.step_rows == 0,
                "mla_attention_wgmma_specialized: clustered splits of whole steps");
     check(cudaFuncSetAttribute(k.clustered, cudaFuncAttributeMaxDynamicSharedMemorySize, k.shared_bytes),
-          "cudaFuncSetAttribute(mla_wgmma_specialized_kernel)");
+          "cudaFuncSetAttribute(warp-specialised MLA kernel)");
     if (splits > 8)
       check(cudaFuncSetAttribute(k.clustered, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
-            "cudaFuncSetAttribute(mla_wgmma_specialized_kernel, non-portable clusters)");
+            "cudaFuncSetAttribute(warp-specialised MLA kernel, non-portable clusters)");
     launch_chained_clusters("mla_wgmma_specialized launch", k.clustered, static_cast<unsigned>(splits),
                             dim3(splits, launch_tokens), kThreads, k.shared_bytes, stream, a, rows_per_split, nullptr);
     return;
   }
   check(cudaFuncSetAttribute(k.unclustered, cudaFuncAttributeMaxDynamicSharedMemorySize, k.shared_bytes),
-        "cudaFuncSetAttribute(mla_wgmma_specialized_kernel)");
+        "cudaFuncSetAttribute(warp-specialised MLA kernel)");
   GLMS_CHECK(splits == 1 || (partials && rows_per_split > 0 && rows_per_split % k.step_rows == 0),
              "mla_attention_wgmma_specialized: splits need partials and whole steps a split");
   if (splits == 1) rows_per_split = a.max_selected;
@@ -414,7 +414,7 @@ void mla_attention_copies_only(const MlaAttentionArgs& a, cudaStream_t stream) {
              "mla_attention_copies_only: bf16 rows, at most 64 heads, latent 512 and rope 64");
   const SpecializedKernels k = kernels_of(a);
   check(cudaFuncSetAttribute(k.copies_only, cudaFuncAttributeMaxDynamicSharedMemorySize, k.shared_bytes),
-        "cudaFuncSetAttribute(mla_wgmma_specialized_kernel)");
+        "cudaFuncSetAttribute(warp-specialised MLA kernel)");
   launch_chained("mla_attention_copies_only launch", k.copies_only, dim3(launch_tokens, 1), kThreads, k.shared_bytes,
                  stream, a, a.max_selected, nullptr);
 }
