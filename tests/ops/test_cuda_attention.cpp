@@ -380,6 +380,28 @@ TEST(MlaSplitsClustered, OnlyCountsThatFitTheClusterWithBf16RowsInTheSpecialised
   EXPECT_FALSE(cuda::mla_splits_clustered(a, 2));
 }
 
+// The decode split counts (runs without a GPU), on 132 SMs over 32 tiles (a context past the
+// top-k of 2048): without clusters a batch of one takes 32 splits and the merge, 64 tokens two;
+// where splits up to 16 go as one cluster (no merge) a batch of one takes 16; with clusters of
+// at most 8 a batch of 8 keeps 16 splits (a tie with 8 clustered keeps the unclustered count).
+TEST(MlaSplitsFor, FewestWavesTimesTilesAndTheMergeUnlessClustered) {
+  constexpr int kSms = 132, kTiles = 32, kRoom = 512;
+  EXPECT_EQ(cuda::mla_splits_for(1, kTiles, kSms, kRoom, 0), 32);
+  EXPECT_EQ(cuda::mla_splits_for(8, kTiles, kSms, kRoom, 0), 16);
+  EXPECT_EQ(cuda::mla_splits_for(64, kTiles, kSms, kRoom, 0), 2);
+  EXPECT_EQ(cuda::mla_splits_for(128, kTiles, kSms, kRoom, 0), 1);
+  EXPECT_EQ(cuda::mla_splits_for(1, kTiles, kSms, kRoom, 16), 16);
+  EXPECT_EQ(cuda::mla_splits_for(8, kTiles, kSms, kRoom, 16), 16);
+  EXPECT_EQ(cuda::mla_splits_for(1, kTiles, kSms, kRoom, 8), 32);
+  EXPECT_EQ(cuda::mla_splits_for(8, kTiles, kSms, kRoom, 8), 16);
+  // Partials for at most 4 splits: more only as one cluster.
+  EXPECT_EQ(cuda::mla_splits_for(1, kTiles, kSms, 4, 0), 4);
+  EXPECT_EQ(cuda::mla_splits_for(1, kTiles, kSms, 4, 16), 16);
+  // A short selection: the merge costs more than three tiles in parallel save, a cluster does not.
+  EXPECT_EQ(cuda::mla_splits_for(1, 3, kSms, kRoom, 0), 1);
+  EXPECT_EQ(cuda::mla_splits_for(1, 3, kSms, kRoom, 16), 3);
+}
+
 TEST_F(CudaAttention, MlaDecodeOneTokenShortContext) { check_mla(64, 512, 64, {1}, {{0, 0}}, 2048, 1); }
 
 TEST_F(CudaAttention, MlaDecodeBatchMixedContextsAndChunks) {

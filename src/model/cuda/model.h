@@ -83,7 +83,8 @@ struct CudaModelOptions {
   bool warp_specialized_attention = true;
   // That kernel with a ring of four 32-row stages whose steps its two consumers score in turn
   // (ops::cuda::MlaAttentionArgs::ring_stages); false: two 64-row stages, each consumer scoring
-  // half of every step.
+  // half of every step. With the ring, a decode batch's split count weighs splits that go as one
+  // cluster (at most attention_cluster_splits) as free of the merge (ops::cuda::mla_splits_for).
   bool attention_ring_stages = false;
   // Decode batches whose tokens' rows go in splits: a token's splits as one thread block cluster
   // of that kernel where they are at most this many (0, 2-16), combined through distributed shared

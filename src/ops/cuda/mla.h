@@ -108,19 +108,31 @@ void mla_attention_wgmma_specialized(const MlaAttentionArgs& args, cudaStream_t 
 // of the attention's time.
 void mla_attention_copies_only(const MlaAttentionArgs& args, cudaStream_t stream);
 // The split count for launch_tokens tokens of up to max_selected_in_step rows whose partials fit
-// partial_elements floats: the fewest waves of a block per SM times a block's tiles.
-int mla_wgmma_splits(int launch_tokens, int max_selected_in_step, int num_heads, int64_t partial_elements);
+// partial_elements floats: the fewest waves of a block per SM times a block's tiles
+// (mla_splits_for on this device). cluster_limit: splits up to this many go as one cluster
+// (mla_cluster_limit) and so cost no merge; 0 leaves them costed as partials and a merge.
+int mla_wgmma_splits(int launch_tokens, int max_selected_in_step, int num_heads, int64_t partial_elements,
+                     int cluster_limit = 0);
+// That choice for launch_tokens tokens of `tiles` 64-row tiles on `sms` SMs, at most
+// most_unclustered splits with partials: a block per SM, s splits cost the waves of blocks times
+// a block's tiles (its queries load as one more), plus about two tiles' time for the merge's pass
+// over the partials unless s <= cluster_limit; an equal cost keeps the unclustered count.
+int mla_splits_for(int launch_tokens, int tiles, int sms, int most_unclustered, int cluster_limit);
 
 // Splits' partials: [launch_tokens][splits][H][latent] unnormalised sums, then
 // [launch_tokens][splits][H][2] (running max, sum of exponentials). out[token, h, :] = their
 // softmax-weighted combination, over the splits that saw a selected row.
 constexpr int kMlaMaxSplits = 512;
 constexpr int kMlaMaxClusterSplits = 16;  // Hopper's largest (non-portable) cluster size
-// Whether a token's `splits` go as one cluster that merges them itself (args.cluster_splits):
-// bf16 rows in the warp-specialised kernel, at most cluster_splits (and 16) of them.
+// The most splits of a token that go as one cluster merging them itself: args.cluster_splits
+// (capped at 16) where the rows are bf16 in the warp-specialised kernel, else 0.
+inline int mla_cluster_limit(const MlaAttentionArgs& args) {
+  if (args.storage != CacheStorage::kBf16 || !args.warp_specialized) return 0;
+  return args.cluster_splits < kMlaMaxClusterSplits ? args.cluster_splits : kMlaMaxClusterSplits;
+}
+// Whether a token's `splits` go as one cluster.
 inline bool mla_splits_clustered(const MlaAttentionArgs& args, int splits) {
-  const int most = args.cluster_splits < kMlaMaxClusterSplits ? args.cluster_splits : kMlaMaxClusterSplits;
-  return splits > 1 && splits <= most && args.storage == CacheStorage::kBf16 && args.warp_specialized;
+  return splits > 1 && splits <= mla_cluster_limit(args);
 }
 void mla_merge_splits(const MlaAttentionArgs& args, int launch_tokens, int splits, const float* partials,
                       cudaStream_t stream);

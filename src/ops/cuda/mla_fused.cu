@@ -353,6 +353,12 @@ __global__ void __launch_bounds__(kMergeThreads)
   }
 }
 
+// Split counts that count clustered splits as free of the merge only for the ring: its steps
+// pipeline within a block, so fewer, longer splits may pay there; with the two-stage kernel they
+// measured slower (EP8 rank, batch 1: 32 splits and the merge 1.583 ms, 8 or 16 clustered 1.635
+// / 1.656 ms a 5-layer step).
+int wgmma_cluster_limit(const MlaAttentionArgs& a) { return a.ring_stages ? mla_cluster_limit(a) : 0; }
+
 }  // namespace
 
 bool mla_attention_fused_supported(int num_heads, int latent_dim, int rope_dim) {
@@ -388,7 +394,7 @@ void mla_attention_fused(const MlaAttentionArgs& a, int max_selected_in_step, fl
   if (allow_wgmma && mla_attention_wgmma_supported(a.num_heads, a.latent_dim, a.rope_dim)) {
     if (allow_wgmma_splits) {
       const int wgmma_splits =
-          partials ? mla_wgmma_splits(launch_tokens, rows, a.num_heads, partial_elements) : 1;
+          partials ? mla_wgmma_splits(launch_tokens, rows, a.num_heads, partial_elements, wgmma_cluster_limit(a)) : 1;
       mla_attention_wgmma(a, stream, rows, wgmma_splits, partials, partial_elements);
       return;
     }

@@ -372,22 +372,30 @@ bool mla_attention_wgmma_supported(int num_heads, int latent_dim, int rope_dim) 
   return num_heads >= 1 && num_heads <= kHeads && latent_dim == kLatent && rope_dim == kRope;
 }
 
-int mla_wgmma_splits(int launch_tokens, int max_selected_in_step, int num_heads, int64_t partial_elements) {
-  const int tiles = std::max(1, (max_selected_in_step + kTileRows - 1) / kTileRows);
-  const int64_t per_split = int64_t{launch_tokens} * num_heads * (kLatent + 2);
-  const int most = static_cast<int>(std::min<int64_t>(std::min(tiles, kMlaMaxSplits), partial_elements / per_split));
-  const int sms = multiprocessor_count();
-  // A block per SM: the cost of s splits is the waves of blocks times a block's tiles (its
-  // queries load as one more), plus about two tiles' time for the merge's pass over the partials.
+int mla_splits_for(int launch_tokens, int tiles, int sms, int most_unclustered, int cluster_limit) {
+  const bool any_clustered = cluster_limit > 1;
+  auto clustered = [&](int s) { return s > 1 && s <= cluster_limit; };
+  // (cost, clustered): a tie keeps the unclustered count.
   auto cost = [&](int s) {
     const int tiles_per_split = (tiles + s - 1) / s;
     const int64_t waves = (int64_t{launch_tokens} * s + sms - 1) / sms;
-    return waves * (tiles_per_split + 1) + (s > 1 ? 2 : 0);
+    return std::make_pair(waves * (tiles_per_split + 1) + (s > 1 && !clustered(s) ? 2 : 0), clustered(s) ? 1 : 0);
   };
   int best = 1;
-  for (int s = 2; s <= most; ++s)
+  const int most = std::min(tiles, kMlaMaxSplits);
+  for (int s = 2; s <= most; ++s) {
+    if (s > most_unclustered && !(any_clustered && clustered(s))) continue;
     if (cost(s) < cost(best)) best = s;
+  }
   return best;
+}
+
+int mla_wgmma_splits(int launch_tokens, int max_selected_in_step, int num_heads, int64_t partial_elements,
+                     int cluster_limit) {
+  const int tiles = std::max(1, (max_selected_in_step + kTileRows - 1) / kTileRows);
+  const int64_t per_split = int64_t{launch_tokens} * num_heads * (kLatent + 2);
+  const int most_unclustered = static_cast<int>(std::min<int64_t>(kMlaMaxSplits, partial_elements / per_split));
+  return mla_splits_for(launch_tokens, tiles, multiprocessor_count(), most_unclustered, cluster_limit);
 }
 
 void mla_attention_wgmma(const MlaAttentionArgs& a, cudaStream_t stream, int max_selected_in_step,
