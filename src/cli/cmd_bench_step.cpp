@@ -85,6 +85,10 @@ void add_linear_and_attention_options(CLI::App* cmd, BenchStepOptions* o) {
                   "consumers score in turn (true/false; false: two 64-row stages, each consumer scoring half of every "
                   "step)")
       ->capture_default_str();
+  cmd->add_option("--fused-projection-rows", o->kernels.fused_projection_rows,
+                  "q_a's norm, the latent cache row and the indexer key after the attention's first projections in "
+                  "one launch instead of three (true/false)")
+      ->capture_default_str();
   cmd->add_option("--attention-cluster-splits", o->kernels.attention_cluster_splits,
                   "Decode tokens' splits of bf16 rows as one thread block cluster where they are at most N (2-16), "
                   "merged through distributed shared memory in the same launch (0: always partials and a merge "

@@ -172,6 +172,14 @@ TEST_P(CudaForwardAttention, RandomModelWithBlockOutputsAddedByTheGemmsMatchesCp
                      [](model::CudaModelOptions& o) { o.accumulate_residual_min_tokens = 1; });
 }
 
+// q_a's norm, the latent cache row and the indexer key in one launch, in every step, with bf16
+// and FP8 caches.
+TEST_P(CudaForwardAttention, RandomModelWithFusedProjectionRowsMatchesCpu) {
+  auto fused_rows = [](model::CudaModelOptions& o) { o.fused_projection_rows = true; };
+  random_model_steps(GetParam(), kv::CacheDtype::kAuto, fused_rows);
+  random_model_steps(GetParam(), kv::CacheDtype::kFp8E4m3, fused_rows);
+}
+
 namespace {
 
 // 48 greedy tokens after a prompt of `prompt_length` random token ids, on the CPU and on CUDA

@@ -45,8 +45,11 @@ bool CudaGlm5Model::Impl::project_attention_inputs(const DecoderLayerDevice& lay
   } else {
     gemm.linear_group(normed, T, hidden, from_x, x_outputs, s);
   }
-  cuda::residual_rms_norm(as<float>(q_resid), nullptr, T, q_lora, as<float>(w.q_a_norm), kLatentNormEps, nullptr,
-                          as<uint16_t>(q_resid_bf16), s);
+  if (options.fused_projection_rows)
+    write_projection_rows(layer, l, T);
+  else
+    cuda::residual_rms_norm(as<float>(q_resid), nullptr, T, q_lora, as<float>(w.q_a_norm), kLatentNormEps, nullptr,
+                            as<uint16_t>(q_resid_bf16), s);
   cuda::GemvOutput from_q[2] = {{as<uint16_t>(w.q_b_proj.w), H * qd, as<float>(q)},
                                 {as<uint16_t>(ix.wq_b), int64_t{IH} * ID, as<float>(index_q)}};
   // Long chunks with bf16 q_b weights: q straight in bf16, as the absorption GEMM reads it (the
@@ -62,11 +65,46 @@ bool CudaGlm5Model::Impl::project_attention_inputs(const DecoderLayerDevice& lay
   } else {
     gemm.linear_group(as<uint16_t>(q_resid_bf16), T, q_lora, from_q, score_positions ? 2 : 1, s);
   }
-  cuda::write_latent_cache(as<float>(kv), T, static_cast<int>(L), static_cast<int>(rd), as<float>(w.kv_a_norm),
-                           kLatentNormEps, positions, slots, as<float>(inv_freq), latent_cache[l].data(),
-                           cache_storage(), s);
+  if (!options.fused_projection_rows)
+    cuda::write_latent_cache(as<float>(kv), T, static_cast<int>(L), static_cast<int>(rd), as<float>(w.kv_a_norm),
+                             kLatentNormEps, positions, slots, as<float>(inv_freq), latent_cache[l].data(),
+                             cache_storage(), s);
   timer.mark("attention.projections", s);
   return bf16_queries;
+}
+
+// q_a's norm into bf16, the latent cache row and the indexer key in one launch
+// (CudaModelOptions::fused_projection_rows): what residual_rms_norm, write_latent_cache and
+// write_indexer_keys write apart.
+void CudaGlm5Model::Impl::write_projection_rows(const DecoderLayerDevice& layer, int l, int T) {
+  const io::ModelConfig& c = config;
+  const AttentionDevice& w = layer.attention;
+  cuda::ProjectionRows rows;
+  rows.q = as<float>(q_resid);
+  rows.q_dim = static_cast<int>(c.q_lora_rank);
+  rows.q_norm_weight = as<float>(w.q_a_norm);
+  rows.q_eps = kLatentNormEps;
+  rows.q_bf16 = as<uint16_t>(q_resid_bf16);
+  rows.kv = as<float>(kv);
+  rows.latent_dim = static_cast<int>(c.kv_lora_rank);
+  rows.rope_dim = static_cast<int>(c.qk_rope_head_dim);
+  rows.kv_norm_weight = as<float>(w.kv_a_norm);
+  rows.kv_eps = kLatentNormEps;
+  rows.cache = latent_cache[l].data();
+  rows.storage = cache_storage();
+  if (w.has_indexer) {
+    rows.keys = as<float>(index_k);
+    rows.key_dim = c.index_head_dim;
+    rows.key_ln_weight = as<float>(w.indexer.k_norm_weight);
+    rows.key_ln_bias = as<float>(w.indexer.k_norm_bias);
+    rows.key_eps = kIndexerNormEps;
+    rows.key_cache = index_keys[l].data();
+    rows.key_scales = key_scales(l);
+  }
+  rows.positions = meta_i32(meta.positions);
+  rows.slot_mapping = meta_slots();
+  rows.inv_freq = as<float>(inv_freq);
+  cuda::write_projection_rows(rows, T, stream.get());
 }
 
 void CudaGlm5Model::Impl::select_positions(const DecoderLayerDevice& layer, int l, const StepShape& shape) {
@@ -76,9 +114,10 @@ void CudaGlm5Model::Impl::select_positions(const DecoderLayerDevice& layer, int 
   cudaStream_t s = stream.get();
   const int32_t* positions = meta_i32(meta.positions);
   const int64_t* slots = meta_slots();
-  cuda::write_indexer_keys(as<float>(index_k), T, c.index_head_dim, c.qk_rope_head_dim, as<float>(ix.k_norm_weight),
-                           as<float>(ix.k_norm_bias), kIndexerNormEps, positions, slots, as<float>(inv_freq),
-                           index_keys[l].data(), key_scales(l), s);
+  if (!options.fused_projection_rows)  // else written with the projections' rows
+    cuda::write_indexer_keys(as<float>(index_k), T, c.index_head_dim, c.qk_rope_head_dim, as<float>(ix.k_norm_weight),
+                             as<float>(ix.k_norm_bias), kIndexerNormEps, positions, slots, as<float>(inv_freq),
+                             index_keys[l].data(), key_scales(l), s);
   if (!shape.selects_all) score_indexer_keys(l, shape);
   // Scores are not read for tokens whose context is at most top_k: every position is selected.
   cuda::select_top_k(as<float>(scores), options.max_context, positions, T, c.index_topk, as<int32_t>(selected),

@@ -86,6 +86,10 @@ struct CudaModelOptions {
   // half of every step. With the ring, a decode batch's split count weighs splits that go as one
   // cluster (at most attention_cluster_splits) as free of the merge (ops::cuda::mla_splits_for).
   bool attention_ring_stages = false;
+  // What follows the attention's first projections (q_a's RMSNorm, the latent cache row, the
+  // indexer key) in one launch instead of three (ops::cuda::write_projection_rows): two fewer
+  // kernels in a layer's chain, which at a rank's batch 1 is some 24 short kernels a layer.
+  bool fused_projection_rows = false;
   // Decode batches whose tokens' rows go in splits: a token's splits as one thread block cluster
   // of that kernel where they are at most this many (0, 2-16), combined through distributed shared
   // memory in the same launch (ops::cuda::MlaAttentionArgs::cluster_splits); more splits (a batch

@@ -138,6 +138,7 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   // cached and its top-k selected; q absorbed and staged for the attention passes; the un-absorbed
   // heads through o_proj.
   bool project_attention_inputs(const DecoderLayerDevice& layer, int l, const StepShape& shape);
+  void write_projection_rows(const DecoderLayerDevice& layer, int l, int T);
   void select_positions(const DecoderLayerDevice& layer, int l, const StepShape& shape);
   void absorb_queries(const AttentionDevice& w, int T, bool bf16_queries);
   const float* attention_output(const AttentionDevice& w, int T);

@@ -48,17 +48,16 @@ __device__ __forceinline__ void quantize_groups(const float* values, int count, 
   }
 }
 
-// One block per token: RMSNorm of the latent, RoPE of the rope key, into the row in kStorage.
+// Token t's row, by the whole block: RMSNorm of the latent, RoPE of the rope key, into the row
+// in kStorage. scratch: [32]; shared (kFp8): [latent_dim] normalised values, then [groups] scales.
 template <CacheStorage kStorage>
-__global__ void write_latent_cache_kernel(const float* kv, int latent_dim, int rope_dim, const float* norm_weight,
-                                          float eps, const int32_t* positions, const int64_t* slot_mapping,
-                                          const float* inv_freq, uint8_t* cache) {
-  chained_grid_prologue();
-  __shared__ float scratch[32];
-  extern __shared__ float shared[];  // kFp8: [latent_dim] normalised values, then [groups] scales
+__device__ __forceinline__ void latent_row(const float* kv, int t, int latent_dim, int rope_dim,
+                                           const float* norm_weight, float eps, const int32_t* positions,
+                                           const int64_t* slot_mapping, const float* inv_freq, uint8_t* cache,
+                                           float* scratch, float* shared) {
   const int row_size = latent_dim + rope_dim;
-  const float* src = kv + static_cast<int64_t>(blockIdx.x) * row_size;
-  const int64_t slot = slot_mapping[blockIdx.x];
+  const float* src = kv + static_cast<int64_t>(t) * row_size;
+  const int64_t slot = slot_mapping[t];
   float sum = 0.0f;
   for (int k = threadIdx.x; k < latent_dim; k += blockDim.x) sum += src[k] * src[k];
   const float inv = rsqrtf(block_sum(sum, scratch) / static_cast<float>(latent_dim) + eps);
@@ -75,7 +74,7 @@ __global__ void write_latent_cache_kernel(const float* kv, int latent_dim, int r
                     shared + latent_dim);
     rope_out = reinterpret_cast<uint16_t*>(row + quant::kv_fp8_rope_offset(latent_dim));
   }
-  const float position = static_cast<float>(positions[blockIdx.x]);
+  const float position = static_cast<float>(positions[t]);
   for (int pair = threadIdx.x; pair < rope_dim / 2; pair += blockDim.x) {
     float v[2] = {src[latent_dim + 2 * pair], src[latent_dim + 2 * pair + 1]};
     rotate_pair(v, inv_freq[pair] * position);
@@ -84,16 +83,26 @@ __global__ void write_latent_cache_kernel(const float* kv, int latent_dim, int r
   }
 }
 
-// One block per token: LayerNorm, RoPE on the first rope_dim values, into the key slot (bf16, or
-// E4M3 codes with one scale when key_scales is given).
-__global__ void write_indexer_keys_kernel(const float* keys, int dim, int rope_dim, const float* ln_weight,
-                                          const float* ln_bias, float eps, const int32_t* positions,
-                                          const int64_t* slot_mapping, const float* inv_freq, void* key_cache,
-                                          float* key_scales) {
+// One block per token.
+template <CacheStorage kStorage>
+__global__ void write_latent_cache_kernel(const float* kv, int latent_dim, int rope_dim, const float* norm_weight,
+                                          float eps, const int32_t* positions, const int64_t* slot_mapping,
+                                          const float* inv_freq, uint8_t* cache) {
   chained_grid_prologue();
   __shared__ float scratch[32];
-  extern __shared__ float normed[];  // [dim]
-  const float* src = keys + static_cast<int64_t>(blockIdx.x) * dim;
+  extern __shared__ float shared[];
+  latent_row<kStorage>(kv, static_cast<int>(blockIdx.x), latent_dim, rope_dim, norm_weight, eps, positions,
+                       slot_mapping, inv_freq, cache, scratch, shared);
+}
+
+// Token t's indexer key, by the whole block: LayerNorm, RoPE on the first rope_dim values, into
+// the key slot (bf16, or E4M3 codes with one scale when key_scales is given). scratch: [32];
+// normed: [dim].
+__device__ __forceinline__ void indexer_key_row(const float* keys, int t, int dim, int rope_dim, const float* ln_weight,
+                                                const float* ln_bias, float eps, const int32_t* positions,
+                                                const int64_t* slot_mapping, const float* inv_freq, void* key_cache,
+                                                float* key_scales, float* scratch, float* normed) {
+  const float* src = keys + static_cast<int64_t>(t) * dim;
   float sum = 0.0f;
   for (int k = threadIdx.x; k < dim; k += blockDim.x) sum += src[k];
   const float mean = block_sum(sum, scratch) / static_cast<float>(dim);
@@ -102,11 +111,11 @@ __global__ void write_indexer_keys_kernel(const float* keys, int dim, int rope_d
   const float inv = rsqrtf(block_sum(squares, scratch) / static_cast<float>(dim) + eps);
   for (int k = threadIdx.x; k < dim; k += blockDim.x) normed[k] = (src[k] - mean) * inv * ln_weight[k] + ln_bias[k];
   __syncthreads();
-  const float position = static_cast<float>(positions[blockIdx.x]);
+  const float position = static_cast<float>(positions[t]);
   for (int pair = threadIdx.x; pair < rope_dim / 2; pair += blockDim.x)
     rotate_pair(normed + 2 * pair, inv_freq[pair] * position);
   __syncthreads();
-  const int64_t slot = slot_mapping[blockIdx.x];
+  const int64_t slot = slot_mapping[t];
   if (key_scales == nullptr) {
     uint16_t* dst = static_cast<uint16_t*>(key_cache) + slot * dim;
     for (int k = threadIdx.x; k < dim; k += blockDim.x) dst[k] = float_to_bf16(normed[k]);
@@ -118,6 +127,46 @@ __global__ void write_indexer_keys_kernel(const float* keys, int dim, int rope_d
   uint8_t* dst = static_cast<uint8_t*>(key_cache) + slot * dim;
   for (int k = threadIdx.x; k < dim; k += blockDim.x) dst[k] = scale > 0.0f ? e4m3_of(normed[k], scale) : 0;
   if (threadIdx.x == 0) key_scales[slot] = scale;
+}
+
+// One block per token.
+__global__ void write_indexer_keys_kernel(const float* keys, int dim, int rope_dim, const float* ln_weight,
+                                          const float* ln_bias, float eps, const int32_t* positions,
+                                          const int64_t* slot_mapping, const float* inv_freq, void* key_cache,
+                                          float* key_scales) {
+  chained_grid_prologue();
+  __shared__ float scratch[32];
+  extern __shared__ float normed[];
+  indexer_key_row(keys, static_cast<int>(blockIdx.x), dim, rope_dim, ln_weight, ln_bias, eps, positions, slot_mapping,
+                  inv_freq, key_cache, key_scales, scratch, normed);
+}
+
+// Token t's q_a row, by the whole block: out[t] = bf16(rms_norm(q[t]) * weight).
+__device__ __forceinline__ void normed_row_bf16(const float* q, int t, int dim, const float* weight, float eps,
+                                                uint16_t* out, float* scratch) {
+  const float* src = q + static_cast<int64_t>(t) * dim;
+  float sum = 0.0f;
+  for (int k = threadIdx.x; k < dim; k += blockDim.x) sum += src[k] * src[k];
+  const float inv = rsqrtf(block_sum(sum, scratch) / static_cast<float>(dim) + eps);
+  uint16_t* dst = out + static_cast<int64_t>(t) * dim;
+  for (int k = threadIdx.x; k < dim; k += blockDim.x) dst[k] = float_to_bf16(weight[k] * (src[k] * inv));
+}
+
+// Grid (token, job): job 0 the q_a row, 1 the latent row, 2 the indexer key.
+template <CacheStorage kStorage>
+__global__ void write_projection_rows_kernel(ProjectionRows r) {
+  chained_grid_prologue();
+  __shared__ float scratch[32];
+  extern __shared__ float shared[];
+  const int t = static_cast<int>(blockIdx.x);
+  if (blockIdx.y == 0)
+    normed_row_bf16(r.q, t, r.q_dim, r.q_norm_weight, r.q_eps, r.q_bf16, scratch);
+  else if (blockIdx.y == 1)
+    latent_row<kStorage>(r.kv, t, r.latent_dim, r.rope_dim, r.kv_norm_weight, r.kv_eps, r.positions, r.slot_mapping,
+                         r.inv_freq, static_cast<uint8_t*>(r.cache), scratch, shared);
+  else
+    indexer_key_row(r.keys, t, r.key_dim, r.rope_dim, r.key_ln_weight, r.key_ln_bias, r.key_eps, r.positions,
+                    r.slot_mapping, r.inv_freq, r.key_cache, r.key_scales, scratch, shared);
 }
 
 // A thread per (slot, byte-sized element) of FP8 rows: codes of uniform values in [-448, 448]
@@ -152,14 +201,16 @@ __global__ void fill_fp8_keys_kernel(uint8_t* codes, float* scales, int64_t num_
 
 unsigned fill_grid(int64_t count) { return static_cast<unsigned>(std::clamp<int64_t>(blocks_for(count, 256), 1, 65536)); }
 
+// A thread per latent value: one load latency per pass for a lone decode token.
+int latent_threads(int latent_dim) { return std::clamp((latent_dim + 31) / 32 * 32, 128, 1024); }
+
 }  // namespace
 
 void write_latent_cache(const float* kv, int64_t n, int latent_dim, int rope_dim, const float* norm_weight,
                         float eps, const int32_t* positions, const int64_t* slot_mapping, const float* inv_freq,
                         void* cache, CacheStorage storage, cudaStream_t stream) {
   if (n == 0) return;
-  // A thread per latent value: one load latency per pass for a lone decode token.
-  const int threads = std::clamp((latent_dim + 31) / 32 * 32, 128, 1024);
+  const int threads = latent_threads(latent_dim);
   auto* rows = static_cast<uint8_t*>(cache);
   if (storage == CacheStorage::kBf16) {
     launch_chained("write_latent_cache launch", write_latent_cache_kernel<CacheStorage::kBf16>,
@@ -180,6 +231,19 @@ void write_indexer_keys(const float* keys, int64_t n, int dim, int rope_dim, con
   launch_chained("write_indexer_keys launch", write_indexer_keys_kernel, static_cast<unsigned>(n), 128,
                  dim * sizeof(float), stream, keys, dim, rope_dim, ln_weight, ln_bias, eps, positions, slot_mapping,
                  inv_freq, key_cache, key_scales);
+}
+
+void write_projection_rows(const ProjectionRows& rows, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  const unsigned jobs = rows.keys ? 3 : 2;
+  const int threads = latent_threads(rows.latent_dim);
+  size_t shared = rows.keys ? sizeof(float) * rows.key_dim : 0;
+  if (rows.storage == CacheStorage::kFp8)
+    shared = std::max(shared, sizeof(float) * (rows.latent_dim + quant::kv_fp8_groups(rows.latent_dim)));
+  auto* kernel = rows.storage == CacheStorage::kBf16 ? write_projection_rows_kernel<CacheStorage::kBf16>
+                                                     : write_projection_rows_kernel<CacheStorage::kFp8>;
+  launch_chained("write_projection_rows launch", kernel, dim3(static_cast<unsigned>(n), jobs), threads, shared, stream,
+                 rows);
 }
 
 void fill_cache_random(void* cache, void* key_cache, float* key_scales, int64_t num_slots, int latent_dim,

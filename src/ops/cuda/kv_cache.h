@@ -30,6 +30,36 @@ void write_indexer_keys(const float* keys, int64_t n, int dim, int rope_dim, con
                         const float* ln_bias, float eps, const int32_t* positions, const int64_t* slot_mapping,
                         const float* inv_freq, void* key_cache, float* key_scales, cudaStream_t stream);
 
+// What follows the attention's first projections of a step, in one launch (a block per token and
+// job) instead of three: q_a's RMSNorm into bf16, q_bf16[t] = bf16(rms_norm(q[t]) *
+// q_norm_weight) (residual_rms_norm's y_bf16 for a row without a residual), the latent row as
+// write_latent_cache writes it and, where `keys` is given, the indexer key as write_indexer_keys
+// writes it. A decode step's layer is some 24 short kernels in a chain; two fewer links.
+struct ProjectionRows {
+  const float* q = nullptr;  // [n, q_dim] fp32
+  int q_dim = 0;
+  const float* q_norm_weight = nullptr;
+  float q_eps = 0.0f;
+  uint16_t* q_bf16 = nullptr;  // [n, q_dim]
+  const float* kv = nullptr;   // [n, latent_dim + rope_dim] fp32
+  int latent_dim = 0, rope_dim = 0;
+  const float* kv_norm_weight = nullptr;
+  float kv_eps = 0.0f;
+  void* cache = nullptr;
+  CacheStorage storage = CacheStorage::kBf16;
+  const float* keys = nullptr;  // [n, key_dim] fp32; null: no indexer key
+  int key_dim = 0;
+  const float* key_ln_weight = nullptr;
+  const float* key_ln_bias = nullptr;
+  float key_eps = 0.0f;
+  void* key_cache = nullptr;
+  float* key_scales = nullptr;  // with FP8 keys
+  const int32_t* positions = nullptr;
+  const int64_t* slot_mapping = nullptr;
+  const float* inv_freq = nullptr;
+};
+void write_projection_rows(const ProjectionRows& rows, int64_t n, cudaStream_t stream);
+
 // Seeded random rows for benchmarks over long contexts: values uniform in [-1, 1] (as bf16, or
 // as E4M3 codes with scale 1/448). key_scales: null for bf16 keys.
 void fill_cache_random(void* cache, void* key_cache, float* key_scales, int64_t num_slots, int latent_dim,
