@@ -32,19 +32,19 @@ class CudaKvCache : public glms::testing::CudaTest {};
 
 // n tokens' inputs and their expected rows on the CPU (fp32, before any storage rounding).
 struct CacheWrite {
-  static constexpr int kQDim = 96;  // q_a's rows for write_projection_rows
   int n, L, rd, dim;
+  int q_dim;  // q_a's rows for write_projection_rows: four values a load at GLM-5's widths, else one
   std::vector<float> kv, norm, keys, ln_w, ln_b, q, q_norm, q_normed;
   std::vector<int32_t> positions;
   std::vector<int64_t> slots;
   ops::RopeTable table;
   std::vector<float> rows, index_keys;  // [n, L + rd], [n, dim]
 
-  CacheWrite(int n_, int L_, int rd_, int dim_) : n(n_), L(L_), rd(rd_), dim(dim_) {
+  CacheWrite(int n_, int L_, int rd_, int dim_) : n(n_), L(L_), rd(rd_), dim(dim_), q_dim(dim_ == 128 ? 96 : 30) {
     kv = random_values(n * (L + rd), 4, 2.0f), norm = random_values(L, 5), keys = random_values(n * dim, 6);
     ln_w = random_values(dim, 7), ln_b = random_values(dim, 8);
-    q = random_values(n * kQDim, 9, 3.0f), q_norm = random_values(kQDim, 10), q_normed.resize(n * kQDim);
-    ops::rms_norm(q.data(), n, kQDim, q_norm.data(), 1e-6f, q_normed.data());
+    q = random_values(n * q_dim, 9, 3.0f), q_norm = random_values(q_dim, 10), q_normed.resize(n * q_dim);
+    ops::rms_norm(q.data(), n, q_dim, q_norm.data(), 1e-6f, q_normed.data());
     for (int t = 0; t < n; ++t) positions.push_back(100 * t + 3), slots.push_back(2 * t + 1);
     table.rope_dim = rd;
     for (int i = 0; i < rd / 2; ++i) table.inv_freq.push_back(1.0f / std::pow(8e6f, 2.0f * i / rd));
@@ -81,9 +81,9 @@ struct CacheWrite {
                         : nullptr;
     if (fused) {
       auto dq = to_device(q), dq_norm = to_device(q_norm);
-      auto dq_bf16 = to_device(std::vector<uint16_t>(n * kQDim, 0xffff));
+      auto dq_bf16 = to_device(std::vector<uint16_t>(n * q_dim, 0xffff));
       cuda::ProjectionRows rows;
-      rows.q = dq.as<float>(), rows.q_dim = kQDim, rows.q_norm_weight = dq_norm.as<float>(), rows.q_eps = 1e-6f;
+      rows.q = dq.as<float>(), rows.q_dim = q_dim, rows.q_norm_weight = dq_norm.as<float>(), rows.q_eps = 1e-6f;
       rows.q_bf16 = dq_bf16.as<uint16_t>();
       rows.kv = dkv.as<float>(), rows.latent_dim = L, rows.rope_dim = rd, rows.kv_norm_weight = dnorm.as<float>();
       rows.kv_eps = 1e-6f, rows.cache = cache.data(), rows.storage = storage;
@@ -92,7 +92,7 @@ struct CacheWrite {
       rows.key_scales = scales;
       rows.positions = dpos.as<int32_t>(), rows.slot_mapping = dslots.as<int64_t>(), rows.inv_freq = dfreq.as<float>();
       cuda::write_projection_rows(rows, n, nullptr);
-      *q_bf16 = to_host<uint16_t>(dq_bf16, n * kQDim);
+      *q_bf16 = to_host<uint16_t>(dq_bf16, n * q_dim);
     } else {
       cuda::write_latent_cache(dkv.as<float>(), n, L, rd, dnorm.as<float>(), 1e-6f, dpos.as<int32_t>(),
                                dslots.as<int64_t>(), dfreq.as<float>(), cache.data(), storage, nullptr);
@@ -155,6 +155,11 @@ TEST_F(CudaKvCache, Fp8WritesAreTheReferenceRounding) {
     for (const bool fused : {false, true}) {
       std::vector<uint16_t> q_bf16;
       const auto [cache, keys] = w.write(cuda::CacheStorage::kFp8, fused, &q_bf16);
+      if (fused) {
+        std::vector<float> q(q_bf16.size());
+        for (size_t i = 0; i < q.size(); ++i) q[i] = bf16_to_f32(q_bf16[i]);
+        EXPECT_LT(relative_l2(q.data(), w.q_normed.data(), q.size()), 4e-3) << "q_a's rows, " << w.q_dim << " wide";
+      }
       const int row_bytes = quant::kv_fp8_row_bytes(L, rd);
       const int64_t slots_total = 2 * w.n;
       for (int t = 0; t < w.n; ++t) {
