@@ -523,6 +523,7 @@ nlohmann::json kernel_options_json(const model::CudaModelOptions& k) {
           {"warp_specialized_attention", k.warp_specialized_attention},
           {"attention_ring_stages", k.attention_ring_stages},
           {"fused_projection_rows", k.fused_projection_rows},
+          {"reuse_step_selection", k.reuse_step_selection},
           {"attention_cluster_splits", k.attention_cluster_splits},
           {"wgmma_indexer", k.wgmma_indexer},
           {"wgmma_experts_min_pairs", k.wgmma_experts_min_pairs},

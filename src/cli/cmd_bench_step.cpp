@@ -89,6 +89,10 @@ void add_linear_and_attention_options(CLI::App* cmd, BenchStepOptions* o) {
                   "q_a's norm, the latent cache row and the indexer key after the attention's first projections in "
                   "one launch instead of three (true/false)")
       ->capture_default_str();
+  cmd->add_option("--reuse-step-selection", o->kernels.reuse_step_selection,
+                  "Where every context fits the indexer's top-k, one top-k launch a step instead of one a layer "
+                  "(true/false)")
+      ->capture_default_str();
   cmd->add_option("--attention-cluster-splits", o->kernels.attention_cluster_splits,
                   "Decode tokens' splits of bf16 rows as one thread block cluster where they are at most N (2-16), "
                   "merged through distributed shared memory in the same launch (0: always partials and a merge "

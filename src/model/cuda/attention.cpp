@@ -119,9 +119,13 @@ void CudaGlm5Model::Impl::select_positions(const DecoderLayerDevice& layer, int 
                              as<float>(ix.k_norm_bias), kIndexerNormEps, positions, slots, as<float>(inv_freq),
                              index_keys[l].data(), key_scales(l), s);
   if (!shape.selects_all) score_indexer_keys(l, shape);
-  // Scores are not read for tokens whose context is at most top_k: every position is selected.
-  cuda::select_top_k(as<float>(scores), options.max_context, positions, T, c.index_topk, as<int32_t>(selected),
-                     c.index_topk, as<int32_t>(num_selected), s, options.indexer_topk_blocks);
+  // Scores are not read for tokens whose context is at most top_k: every position is selected,
+  // the same in each layer (written once a step with reuse_step_selection).
+  if (!(shape.selects_all && options.reuse_step_selection && step_selects_all_written)) {
+    cuda::select_top_k(as<float>(scores), options.max_context, positions, T, c.index_topk, as<int32_t>(selected),
+                       c.index_topk, as<int32_t>(num_selected), s, options.indexer_topk_blocks);
+    step_selects_all_written = shape.selects_all;
+  }
   timer.mark("attention.indexer", s);
 }
 

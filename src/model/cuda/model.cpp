@@ -265,6 +265,7 @@ void CudaGlm5Model::Impl::run_step(const StepShape& shape) {
   const int64_t hidden = c.hidden_size;
   cudaStream_t s = stream.get();
   timer.mark("start", s);
+  step_selects_all_written = false;
   cuda::embed_rows(as<uint16_t>(weights.embed_tokens), meta_i32(meta.token_ids), T, hidden, as<float>(x), s);
   timer.mark("embed", s);
   PendingOutput pending;  // a block output not yet added to the residual stream
@@ -318,6 +319,7 @@ void CudaGlm5Model::Impl::mtp_step(const StepShape& shape) {
   const int T = shape.num_tokens;
   const int64_t hidden = c.hidden_size;
   cudaStream_t s = stream.get();
+  step_selects_all_written = false;
   const DeviceBuffer& embed = m.embed_tokens.bytes() > 0 ? m.embed_tokens : weights.embed_tokens;
   cuda::embed_rows(as<uint16_t>(embed), meta_i32(meta.token_ids), T, hidden, as<float>(x), s);
   cuda::residual_rms_norm(as<float>(x), nullptr, T, hidden, as<float>(m.enorm), c.rms_norm_eps, nullptr,

@@ -90,6 +90,11 @@ struct CudaModelOptions {
   // indexer key) in one launch instead of three (ops::cuda::write_projection_rows): two fewer
   // kernels in a layer's chain, which at a rank's batch 1 is some 24 short kernels a layer.
   bool fused_projection_rows = false;
+  // A step whose every context is at most index_topk selects every position, the same in each
+  // layer: with this, the first indexed layer's top-k serves the rest of the step (one top-k launch
+  // a step instead of one a layer, at a 2k context all of a decode step's). Off until the forward
+  // tests have run it on a GPU.
+  bool reuse_step_selection = false;
   // Decode batches whose tokens' rows go in splits: a token's splits as one thread block cluster
   // of that kernel where they are at most this many (0, 2-16), combined through distributed shared
   // memory in the same launch (ops::cuda::MlaAttentionArgs::cluster_splits); more splits (a batch

@@ -85,6 +85,9 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   std::vector<DeviceBuffer> index_keys;
   std::map<StepShape, std::unique_ptr<cuda::Graph>> graphs;
   PhaseTimer timer;
+  // This step's top-k is every position and a layer has written it (run_step and mtp_step start
+  // over; CudaModelOptions::reuse_step_selection).
+  bool step_selects_all_written = false;
 
   int64_t workspace_bytes = 0;    // device memory make_cuda_workspaces took (cuda_allocation_bytes)
   CudaRankWidths rank_widths;     // what sized them (from the weights)
