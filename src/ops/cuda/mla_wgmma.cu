@@ -373,7 +373,6 @@ bool mla_attention_wgmma_supported(int num_heads, int latent_dim, int rope_dim) 
 }
 
 int mla_splits_for(int launch_tokens, int tiles, int sms, int most_unclustered, int cluster_limit) {
-  const bool any_clustered = cluster_limit > 1;
   auto clustered = [&](int s) { return s > 1 && s <= cluster_limit; };
   // (cost, clustered): a tie keeps the unclustered count.
   auto cost = [&](int s) {
@@ -384,7 +383,7 @@ int mla_splits_for(int launch_tokens, int tiles, int sms, int most_unclustered, 
   int best = 1;
   const int most = std::min(tiles, kMlaMaxSplits);
   for (int s = 2; s <= most; ++s) {
-    if (s > most_unclustered && !(any_clustered && clustered(s))) continue;
+    if (s > most_unclustered && !clustered(s)) continue;  // past the partials: only as one cluster
     if (cost(s) < cost(best)) best = s;
   }
   return best;
