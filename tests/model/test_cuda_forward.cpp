@@ -100,10 +100,14 @@ namespace {
 // midpoint on the device (bf16 activations) swaps tied positions, which moves the logits by
 // tens of percent (on the CPU alone, FP8 against fp32 keys: 0.2, test_kv_fp8_model.cpp). The
 // FP8 keys' scores are checked at the op (CudaAttention.IndexerScoresMatchCpu).
-void random_model_steps(bool fused, kv::CacheDtype dtype, void (*adjust)(model::CudaModelOptions&) = nullptr) {
+// index_topk > 0 sets the indexer's top-k (64: every step's contexts fit it, so every position is
+// selected); the FP8 runs take 64 unless told.
+void random_model_steps(bool fused, kv::CacheDtype dtype, void (*adjust)(model::CudaModelOptions&) = nullptr,
+                        int index_topk = 0) {
   RandomModelSpec spec;  // odd sizes: hidden 40, 3 heads, latent 16, rope 6, top-9 indexer
   spec.init_std = 0.15f;
   if (dtype == kv::CacheDtype::kFp8E4m3) spec.index_topk = 64;
+  if (index_topk > 0) spec.index_topk = index_topk;
   TempDir dir("cuda_forward");
   const model::Glm5Model cpu(model::load_weights(glms::testing::write_random_model(dir.path / "m", spec).string()));
   model::CudaModelOptions options = small_options();
@@ -180,7 +184,10 @@ TEST_P(CudaForwardAttention, RandomModelWithFusedProjectionRowsAndOneSelectionAS
     o.fused_projection_rows = true;
     o.reuse_step_selection = true;
   };
+  // bf16 rows with top-9 (the indexer's scores and a top-k every layer) and with top-64 (every
+  // step selects every position: one top-k a step); FP8 rows with top-64.
   random_model_steps(GetParam(), kv::CacheDtype::kAuto, fewer_launches);
+  random_model_steps(GetParam(), kv::CacheDtype::kAuto, fewer_launches, 64);
   random_model_steps(GetParam(), kv::CacheDtype::kFp8E4m3, fewer_launches);
 }
 

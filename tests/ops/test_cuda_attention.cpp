@@ -247,6 +247,28 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
         std::printf("  %s, %d splits: relative L2 %.2e\n", name.c_str(), splits, split_error);
       }
     }
+    // The model's call: mla_attention_fused picks the split count. Its partials here hold one
+    // split a token, so only clustered splits (which need none) can split a token further: with
+    // the ring, mla_splits_for counts splits up to the cluster limit so (a token of 32 tiles
+    // takes 16 in one cluster), the two-stage kernel keeps to what the partials hold.
+    if (storage == cuda::CacheStorage::kBf16) {
+      const int64_t one_split = int64_t{T} * H * (L + 2);
+      for (const bool ring : {false, true})
+        for (const int cluster_splits : {0, 8, 16}) {
+          a.warp_specialized = true;
+          a.ring_stages = ring;
+          a.cluster_splits = cluster_splits;
+          auto picked_out = poisoned_bf16(expected.size());
+          a.out = picked_out.as<uint16_t>();
+          cuda::mla_attention_fused(a, rows, split_partials.as<float>(), one_split, nullptr, true, true);
+          const double picked_error = relative_l2(bf16_to_host(picked_out, expected.size()), expected);
+          EXPECT_LT(picked_error, 2 * gathered_error + 1e-4)
+              << (ring ? "ring" : "two stages") << ", clusters of at most " << cluster_splits << ": H=" << H
+              << " tokens=" << T;
+          std::printf("  mla_attention_fused's own splits, %s, clusters of at most %d: relative L2 %.2e\n",
+                      ring ? "ring" : "two stages", cluster_splits, picked_error);
+        }
+    }
     a.warp_specialized = true;
     a.ring_stages = false;
     a.cluster_splits = 0;

@@ -32,9 +32,11 @@ void write_indexer_keys(const float* keys, int64_t n, int dim, int rope_dim, con
 
 // What follows the attention's first projections of a step, in one launch (a block per token and
 // job) instead of three: q_a's RMSNorm into bf16, q_bf16[t] = bf16(rms_norm(q[t]) *
-// q_norm_weight) (residual_rms_norm's y_bf16 for a row without a residual), the latent row as
+// q_norm_weight) (what residual_rms_norm's y_bf16 is for a row without a residual, its fp32 sum of
+// squares taken in another order, so a value may round the other way), the latent row as
 // write_latent_cache writes it and, where `keys` is given, the indexer key as write_indexer_keys
-// writes it. A decode step's layer is some 24 short kernels in a chain; two fewer links.
+// writes it (the same device code for both). A decode step's layer is some 24 short kernels in a
+// chain; two fewer links.
 struct ProjectionRows {
   const float* q = nullptr;  // [n, q_dim] fp32
   int q_dim = 0;
