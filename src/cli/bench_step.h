@@ -18,6 +18,7 @@ struct BenchStepOptions {
   std::vector<int> batches = {1, 8, 32, 64, 128};
   std::vector<int> contexts = {2048, 16384};
   std::vector<int> prefills = {2048, 8192};
+  int prefill_context = 0;              // cached positions before each prefill (a prefix-cache hit's)
   int steps = 20;
   bool graphs = true;
   bool profile_step = false;
@@ -30,6 +31,7 @@ struct BenchStepOptions {
   int speculative_steps = 0;           // > 0: also time K-draft verification and MTP draft steps
   int project_layers = 0;              // depth the speculation break-even is projected to (0: the config's)
   RankSimulation simulation;           // --simulate-rank R --world N --layout L
+  std::string project_workload = "agentic";  // a bench preset the simulated rank's rates project to
   double gpu_memory_utilization = 0.9; // what the cache may fill (sequences beyond it share blocks)
   int token_mask_host_us = 0;          // > 0: masked rows' masks made on demand after this host work
 };

@@ -43,6 +43,10 @@ struct SimulatedPeers {
 };
 SimulatedPeers make_simulated_peers(const RankSimulation& sim, const io::ModelConfig& config, int max_tokens);
 
+// The write-ups' node (REFERENCE.md: 8 x MI355X, GLM-5.2 MXFP4, SGLang TP4 x DP2 with MTP, the
+// agentic workload at 2.4 req/s): 2626 output tok/s, per GPU.
+inline constexpr double kWriteupOutputTokensPerSPerGpu = 2626.0 / 8;
+
 // A point's projection: the measured step (compute and local copies) plus the collectives' time
 // at the link bandwidth, per rank and for the node of `world` GPUs.
 nlohmann::json project_step(const plan::ModelSpec& spec, const RankSimulation& sim, double measured_s,

@@ -16,6 +16,7 @@
 #include "cli/bench_step_rank.h"
 #include "cli/bench_step_rates.h"
 #include "cli/commands.h"
+#include "bench/workload.h"
 #include "core/error.h"
 #include "io/model_config.h"
 #include "kv/latent_cache.h"
@@ -229,7 +230,7 @@ model::CudaModelOptions model_options(const BenchStepOptions& o, int max_batch, 
   options.block_size = 64;
   options.max_tokens = std::max(max_prefill, max_batch);
   options.max_sequences = max_batch;
-  options.max_context = std::max(max_context, max_prefill + 8);
+  options.max_context = std::max(max_context, o.prefill_context + max_prefill + 8);
   options.max_logits = max_batch;
   options.num_blocks = 0;  // as many as fit, up to max_batch sequences of max_context
   options.gpu_memory_utilization = o.gpu_memory_utilization;
@@ -459,15 +460,15 @@ nlohmann::json decode_point(StepBench& b, int context, int batch, bool profile) 
   return point;
 }
 
-// One prefill of `tokens` (a sequence from position 0): the best of three, then the eager phases
-// and the linear layers' rate. `profile`: one more between the profiler's marks first (ncu).
+// One prefill of `tokens` (a sequence from position --prefill-context, the positions before it as the
+// cache holds them): the best of three, then the eager phases and the linear layers' rate. `profile`: one more between the profiler's marks first (ncu).
 nlohmann::json prefill_point(StepBench& b, int tokens, bool profile) {
   const RankSimulation& sim = b.o.simulation;
   model::CudaGlm5Model& model = *b.model;
   std::vector<int32_t> prompt(tokens);
   for (int i = 0; i < tokens; ++i) prompt[i] = (i * 104729 + 7) % b.config.vocab_size;
   model::ForwardBatch fb;
-  fb.add_sequence(prompt, 0, b.table_of(0), b.options.block_size, false);
+  fb.add_sequence(prompt, b.o.prefill_context, b.table_of(0), b.options.block_size, false);
   fb.dp_tokens = sim.dp_tokens(tokens);
   model.forward_on_device(fb);
   model.synchronize();
@@ -492,6 +493,7 @@ nlohmann::json prefill_point(StepBench& b, int tokens, bool profile) {
   for (const char* name : kLinearPhases) linear_ms += phases.value(name, 0.0);
   const double linear_rate = linear_ms > 0 ? flops / (linear_ms / 1e3) : 0.0;
   nlohmann::json point = {{"tokens", tokens},
+                          {"context_before", b.o.prefill_context},
                           {"seconds", best},
                           {"tokens_per_s", tokens / best},
                           {"linear_flops", flops},
@@ -500,9 +502,10 @@ nlohmann::json prefill_point(StepBench& b, int tokens, bool profile) {
                           {"linear_phases_ms", linear_ms},
                           {"linear_phases_fraction_of_gemm_rate", linear_rate / b.gemm_rate},
                           {"phases_ms", phases}};
-  std::cerr << fmt::format("  prefill {:>5} tokens: {:8.1f} ms  {:9.0f} tok/s  linear FLOPs at {:.1f} TFLOP/s = {:.2f} of "
+  const std::string after = b.o.prefill_context > 0 ? fmt::format(" after {} cached", b.o.prefill_context) : "";
+  std::cerr << fmt::format("  prefill {:>5} tokens{}: {:8.1f} ms  {:9.0f} tok/s  linear FLOPs at {:.1f} TFLOP/s = {:.2f} of "
                            "GEMM rate over the whole step, {:.2f} over the linear phases ({:.1f} ms)\n",
-                           tokens, best * 1e3, tokens / best, flops / best / 1e12, flops / best / b.gemm_rate,
+                           tokens, after, best * 1e3, tokens / best, flops / best / 1e12, flops / best / b.gemm_rate,
                            linear_rate / b.gemm_rate, linear_ms);
   if (sim.enabled()) {
     point["projection"] = project_step(b.spec, sim, best, tokens, b.link_bandwidth);
@@ -554,6 +557,43 @@ nlohmann::json kernel_options_json(const model::CudaModelOptions& k) {
           {"overlap_shared_expert_tokens", k.overlap_shared_expert_tokens}};
 }
 
+// A simulated rank's decode points and its last prefill (each per GPU, with the collectives)
+// projected to --project-workload's requests: plan::mixed_output_tokens_per_s, beside the
+// write-up's node.
+nlohmann::json project_workload(const BenchStepOptions& o, const nlohmann::json& decode, const nlohmann::json& prefill) {
+  const bench::Preset w = *bench::find_preset(o.project_workload);
+  const double prefill_rate = prefill["projection"]["projected_tokens_per_s_per_gpu"].get<double>();
+  const int world = o.simulation.parallel_layout().world_size();
+  nlohmann::json points = nlohmann::json::array();
+  std::cerr << fmt::format("projected to the {} workload ({} in, {:.0f}% cached, {} out), prefilling at {:.0f} tok/s a GPU "
+                           "({} tokens after {} cached), decode and prefill in turn:\n",
+                           w.name, w.input_len, w.prefix_hit * 100, w.output_len, prefill_rate,
+                           prefill["tokens"].get<int>(), prefill["context_before"].get<int>());
+  for (const nlohmann::json& d : decode) {
+    const double decode_rate = d["projection"]["projected_tokens_per_s_per_gpu"].get<double>();
+    const double rate = plan::mixed_output_tokens_per_s(decode_rate, prefill_rate, w.input_len, w.output_len, w.prefix_hit);
+    points.push_back({{"batch", d["batch"]},
+                      {"context", d["context"]},
+                      {"decode_tokens_per_s_per_gpu", decode_rate},
+                      {"output_tokens_per_s_per_gpu", rate},
+                      {"node_requests_per_s", rate * world / w.output_len},
+                      {"ratio_to_writeup_per_gpu", rate / kWriteupOutputTokensPerSPerGpu}});
+    std::cerr << fmt::format("  decode batch {:>3} context {:>5}: {:6.0f} output tok/s per GPU ({:.2f}x the write-up's "
+                             "{:.0f}), {:.2f} requests/s for {} GPUs\n",
+                             d["batch"].get<int>(), d["context"].get<int>(), rate, rate / kWriteupOutputTokensPerSPerGpu,
+                             kWriteupOutputTokensPerSPerGpu, rate * world / w.output_len, world);
+  }
+  return {{"workload", w.name},
+          {"input_len", w.input_len},
+          {"output_len", w.output_len},
+          {"prefix_hit", w.prefix_hit},
+          {"prefill_tokens", prefill["tokens"]},
+          {"prefill_context_before", prefill["context_before"]},
+          {"prefill_tokens_per_s_per_gpu", prefill_rate},
+          {"writeup_output_tokens_per_s_per_gpu", kWriteupOutputTokensPerSPerGpu},
+          {"points", points}};
+}
+
 }  // namespace
 
 void run_bench_step(const BenchStepOptions& o) {
@@ -565,6 +605,7 @@ void run_bench_step(const BenchStepOptions& o) {
   for (int tokens : o.prefills) prefill.push_back(prefill_point(b, tokens, o.profile_prefill && prefill.empty()));
   const RankSimulation& sim = o.simulation;
   nlohmann::json out = kernel_options_json(o.kernels);
+  if (sim.enabled() && !prefill.empty()) out["workload_projection"] = project_workload(o, decode, prefill.back());
   out.update({{"benchmark", "cuda-step"},
               {"config", b.path},
               {"num_layers", b.config.num_hidden_layers},

@@ -24,6 +24,11 @@ void add_step_options(CLI::App* cmd, BenchStepOptions* o) {
   cmd->add_option("--batch", o->batches, "Decode batch sizes")->delimiter(',')->check(CLI::Range(1, 4096))->capture_default_str();
   cmd->add_option("--context", o->contexts, "Decode context lengths")->delimiter(',')->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--prefill", o->prefills, "Prefill prompt lengths")->delimiter(',')->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--prefill-context", o->prefill_context,
+                  "Each prefill runs after this many cached positions (as a prefix-cache hit leaves them): its "
+                  "indexer scores and its attention's selections span them too")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
   cmd->add_option("--steps", o->steps, "Timed decode steps per point")->check(CLI::Range(1, 100000))->capture_default_str();
   cmd->add_option("--graphs", o->graphs, "Replay decode steps as CUDA graphs (true/false)")->capture_default_str();
   cmd->add_flag("--profile-step", o->profile_step,
@@ -256,6 +261,11 @@ void add_weight_and_layout_options(CLI::App* cmd, BenchStepOptions* o) {
   cmd->add_option("--layout", o->simulation.layout,
                   "Simulated layout: dp-ep (DP attention, EP MoE), tp (experts split by width) or tp-ep")
       ->check(CLI::IsMember({"dp-ep", "tp", "tp-ep"}))
+      ->capture_default_str();
+  cmd->add_option("--project-workload", o->project_workload,
+                  "With --simulate-rank: the bench preset (agentic, single-stream, batch-sweep, interactivity) whose "
+                  "prompts and outputs the decode and the last prefill project to, in output tok/s per GPU")
+      ->check(CLI::IsMember({"agentic", "single-stream", "batch-sweep", "interactivity"}))
       ->capture_default_str();
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
                   "Fraction of the GPU the weights, workspaces and cache may fill (more sequences share cache blocks)")

@@ -101,6 +101,15 @@ double tokens_per_s_per_megawatt(double tokens_per_s, double watts) {
   return watts > 0 ? tokens_per_s / (watts / 1e6) : 0;
 }
 
+double mixed_output_tokens_per_s(double decode_tokens_per_s, double prefill_tokens_per_s, int input_len,
+                                 int output_len, double prefix_hit) {
+  if (decode_tokens_per_s <= 0 || output_len <= 0) return 0;
+  const double new_tokens = input_len * (1.0 - prefix_hit);
+  if (new_tokens > 0 && prefill_tokens_per_s <= 0) return 0;
+  const double seconds = output_len / decode_tokens_per_s + (new_tokens > 0 ? new_tokens / prefill_tokens_per_s : 0.0);
+  return output_len / seconds;
+}
+
 DecodeBound decode_bound(const ModelSpec& m, const std::string& format, int kv_bytes, double position,
                          double batch, int gpus, double bandwidth, double gemm_rate) {
   DecodeBound d;

@@ -48,6 +48,13 @@ double decode_step_weight_bytes(const ModelSpec& m, const std::string& format, d
 double allreduce_bytes_per_token(const ModelSpec& m, int tp);
 double usd_per_million_tokens(double usd_per_hour, double tokens_per_s, double utilization);
 double tokens_per_s_per_megawatt(double tokens_per_s, double watts);
+// Output tokens a second a GPU serves when each request brings input_len prompt tokens, of which
+// prefix_hit were cached, and generates output_len, the GPU decoding at decode_tokens_per_s and
+// prefilling at prefill_tokens_per_s (both per GPU, each measured alone): a request costs
+// output_len / decode + input_len (1 - prefix_hit) / prefill seconds of the GPU. Steps that mix
+// prefill chunks into decode batches share the weights' reads, so a server does at least this.
+double mixed_output_tokens_per_s(double decode_tokens_per_s, double prefill_tokens_per_s, int input_len,
+                                 int output_len, double prefix_hit);
 
 struct DecodeBound {
   double batch = 0;               // sequences decoding together in one replica

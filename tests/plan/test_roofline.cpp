@@ -84,6 +84,20 @@ TEST(Formulas, AllReduceAndCost) {
   EXPECT_NEAR(tokens_per_s_per_megawatt(1000, 8 * 1400), 1000 / 0.0112, 1e-6);
 }
 
+TEST(Formulas, MixedWorkloadOutputRate) {
+  // The agentic mix (20k in, 60% cached, 1k out) on a GPU decoding 1000 tok/s and prefilling
+  // 4000: a request is 1000 / 1000 + 8000 / 4000 = 3 s of the GPU, 333.3 output tok/s.
+  EXPECT_NEAR(mixed_output_tokens_per_s(1000, 4000, 20000, 1000, 0.6), 1000.0 / 3.0, 1e-9);
+  // Nothing to prefill: the decode rate; everything cached but the output likewise.
+  EXPECT_DOUBLE_EQ(mixed_output_tokens_per_s(1000, 4000, 20000, 1000, 1.0), 1000.0);
+  EXPECT_DOUBLE_EQ(mixed_output_tokens_per_s(1000, 0, 0, 1000, 0.0), 1000.0);
+  // Halving the prefill rate costs what its share was: 1 + 4 = 5 s a request.
+  EXPECT_NEAR(mixed_output_tokens_per_s(1000, 2000, 20000, 1000, 0.6), 200.0, 1e-9);
+  // No rate to serve with: 0, not a division by zero.
+  EXPECT_DOUBLE_EQ(mixed_output_tokens_per_s(0, 4000, 20000, 1000, 0.6), 0.0);
+  EXPECT_DOUBLE_EQ(mixed_output_tokens_per_s(1000, 0, 20000, 1000, 0.6), 0.0);
+}
+
 TEST(Formulas, DsaCapsAttendedTokens) {
   ModelSpec m;
   m.attention = AttentionKind::kMlaDsa;
