@@ -21,6 +21,7 @@
 #include "io/model_config.h"
 #include "kv/latent_cache.h"
 #include "model/batch.h"
+#include "model/cuda_support.h"
 #include "model/weights.h"
 #include "plan/hardware.h"
 #include "plan/model_spec.h"
@@ -248,6 +249,9 @@ model::CudaModelOptions model_options(const BenchStepOptions& o, int max_batch, 
 void set_up(StepBench& b) {
   const BenchStepOptions& o = b.o;
   if (ops::cuda::device_count() == 0) fail("no CUDA device is visible: bench-step needs a GPU");
+  const ops::cuda::GpuModel gpu = ops::cuda::gpu_model(ops::cuda::current_device());
+  const std::string unsupported = model::cuda_gpu_unsupported(gpu.name, gpu.major, gpu.minor);
+  if (!unsupported.empty()) fail("bench-step: " + unsupported);
   if (!o.synthetic) fail("bench-step runs on --synthetic weights (give --config FILE or --model DIR for the shapes)");
   b.path = !o.config_file.empty() ? o.config_file : o.model_dir + "/config.json";
   if (o.num_layers == 0) fail("--num-layers must be at least 1");

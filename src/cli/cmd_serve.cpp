@@ -198,7 +198,7 @@ std::vector<std::string> resolve_peer_flags(ServeArgs& args) {
     args.source.model_dir = args.positional_model;
   }
   check_model_folder(args.source.model_dir);
-  resolve_device(args.source);
+  const std::string device_note = resolve_device(args.source);
   const int block_size = engine::EngineConfig{}.block_size;
   runtime::ParallelLayout& layout = args.source.layout;
   SglangLayout sglang_layout{layout.tensor_parallel, layout.data_parallel, layout.expert_parallel};
@@ -219,6 +219,7 @@ std::vector<std::string> resolve_peer_flags(ServeArgs& args) {
   apply_speculation(args, vllm, sglang);
   std::vector<std::string> notes = sglang.notes;
   notes.insert(notes.end(), vllm.notes.begin(), vllm.notes.end());
+  if (!device_note.empty()) notes.push_back(device_note);
   return notes;
 }
 

@@ -2,9 +2,11 @@
 
 #include <CLI/CLI.hpp>
 #include <filesystem>
+#include <iostream>
 
 #include "core/error.h"
 #include "io/model_config.h"
+#include "model/cuda_support.h"
 #include "runtime/cpu_ranks.h"
 
 #include <cstdlib>
@@ -106,18 +108,23 @@ void check_model_folder(const std::string& model_dir) {
          "fetch a Hugging Face model first, e.g. `huggingface-cli download " + model_dir + " --local-dir DIR`");
 }
 
-void resolve_device(ModelSourceArgs& args) {
-  if (args.device != "auto") return;
-#ifdef GLMS_HAVE_CUDA
-  args.device = ops::cuda::device_count() > 0 ? "cuda" : "cpu";
-#else
+std::string resolve_device(ModelSourceArgs& args) {
+  if (args.device != "auto") return "";
   args.device = "cpu";
+#ifdef GLMS_HAVE_CUDA
+  if (ops::cuda::device_count() == 0) return "";
+  const ops::cuda::GpuModel gpu = ops::cuda::gpu_model(0);
+  const std::string why = model::cuda_gpu_unsupported(gpu.name, gpu.major, gpu.minor);
+  if (!why.empty()) return "--device auto runs the model on the CPU: " + why;
+  args.device = "cuda";
 #endif
+  return "";
 }
 
 LoadedModel load_model(const ModelSourceArgs& given) {
   ModelSourceArgs args = given;
-  resolve_device(args);
+  const std::string device_note = resolve_device(args);
+  if (!device_note.empty()) std::cerr << "glmserve: " << device_note << "\n";
   if (args.model_dir.empty() && !(args.synthetic && !args.config_file.empty()))
     fail("give --model DIR (or --synthetic --config FILE)");
   check_model_folder(args.model_dir);

@@ -43,9 +43,10 @@ struct LoadedModel {
 // but is not a folder.
 void check_model_folder(const std::string& model_dir);
 
-// --device auto: cuda where this glmserve was built with CUDA and a GPU is visible, else cpu (as
-// vLLM picks its device). cpu and cuda stay as given.
-void resolve_device(ModelSourceArgs& args);
+// --device auto: cuda where this glmserve was built with CUDA and a GPU that runs its kernels is
+// visible (model/cuda_support.h), else cpu (as vLLM picks its device); returns a note to print
+// where a GPU is visible but cannot run them. cpu and cuda stay as given.
+std::string resolve_device(ModelSourceArgs& args);
 
 // Loads or makes the model the arguments name (the device resolved as resolve_device does). Throws glms::Error with what to do (no CUDA in
 // this build, --synthetic without --device cuda, ...). Under mpirun (one process per node) the

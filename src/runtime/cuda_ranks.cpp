@@ -2,11 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "comm/nccl_communicator.h"
 #include "core/error.h"
 #include "model/cuda/model.h"
+#include "model/cuda_support.h"
 #include "ops/cuda/cuda_ops.h"
 #include "runtime/device_collectives.h"
 #include "runtime/distributed_executor.h"
@@ -102,12 +104,22 @@ std::unique_ptr<model::StepRunner> make_rank_runner(const CudaRankSource& source
   return model::make_cuda_runner(model::load_weights(source.model_dir, options), peers, source.runner);
 }
 
+// Fails with what to do unless GPUs 0 .. count - 1 run glmserve's kernels (model/cuda_support.h).
+void require_supported_gpus(int count) {
+  for (int device = 0; device < count; ++device) {
+    const ops::cuda::GpuModel gpu = ops::cuda::gpu_model(device);
+    const std::string why = model::cuda_gpu_unsupported(gpu.name, gpu.major, gpu.minor);
+    if (!why.empty()) fail(fmt::format("--device cuda: GPU {} ({}); --device cpu runs the model on the CPU", device, why));
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<Executor> make_cuda_executor(const CudaRankSource& source, const ParallelLayout& layout,
                                              DeviceCollectives collectives, bool collectives_at_world_one) {
   const int gpus = ops::cuda::device_count();
   if (gpus == 0) fail("--device cuda: no CUDA device is visible on this machine");
+  require_supported_gpus(std::min(gpus, layout.world_size()));
   const io::ModelConfig config =
       source.synthetic_config ? *source.synthetic_config : io::load_model_config(source.model_dir);
   check_layout(config, layout);
@@ -138,6 +150,7 @@ std::unique_ptr<Executor> make_cuda_executor_across(const comm::ProcessGroup& pr
   if (count > gpus)
     fail(fmt::format("each process hosts {} ranks of {}, a GPU each, but {} GPUs are visible here", count,
                      layout.describe(), gpus));
+  require_supported_gpus(count);
   auto groups = std::make_unique<NcclProcessGroups>(processes, layout, first, count);
   auto make_runner = [=, first = first](int rank, const model::Peers& peers) {
     ops::cuda::set_device(rank - first);

@@ -397,8 +397,13 @@ void CudaGlm5Model::Impl::launch(const ForwardBatch& step, bool use_graph) {
 CudaGlm5Model::CudaGlm5Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 namespace {
+// The options as this device takes them: clusters of decode splits no larger than it can hold
+// (a GPU whose GPCs, or a MIG slice, hold fewer blocks of the attention kernel at once).
 CudaModelOptions resolved(CudaModelOptions options) {
   if (options.max_logits <= 0) options.max_logits = options.max_sequences;
+  if (options.attention_cluster_splits > 1)
+    options.attention_cluster_splits =
+        std::min(options.attention_cluster_splits, cuda::mla_largest_cluster_splits(options.attention_ring_stages));
   return options;
 }
 }  // namespace

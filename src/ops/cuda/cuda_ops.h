@@ -22,6 +22,14 @@ int device_count();
 // The calling thread's current device (a rank's worker sets its own before making anything).
 void set_device(int device);
 int current_device();
+// A visible device's model: its name and compute capability (model/cuda_support.h says which
+// run glmserve's kernels).
+struct GpuModel {
+  std::string name;
+  int major = 0, minor = 0;
+};
+GpuModel gpu_model(int device);
+
 // Streaming multiprocessors of the current device (read once per process: every rank's GPU is
 // the same model).
 int multiprocessor_count();

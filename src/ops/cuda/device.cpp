@@ -8,6 +8,12 @@
 
 namespace glms::ops::cuda {
 
+GpuModel gpu_model(int device) {
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  return {prop.name, prop.major, prop.minor};
+}
+
 Stream::Stream() { check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"); }
 Stream::~Stream() {
   if (stream_) cudaStreamDestroy(stream_);

@@ -130,6 +130,10 @@ inline int mla_cluster_limit(const MlaAttentionArgs& args) {
   if (args.storage != CacheStorage::kBf16 || !args.warp_specialized) return 0;
   return args.cluster_splits < kMlaMaxClusterSplits ? args.cluster_splits : kMlaMaxClusterSplits;
 }
+// The largest cluster of a token's splits (16, 8, 4 or 2; else 0) the current device holds at
+// once for the warp-specialised kernel (its two stages, or the ring): the most
+// MlaAttentionArgs::cluster_splits may ask for there (CudaGlm5Model caps its option so).
+int mla_largest_cluster_splits(bool ring_stages);
 // Whether a token's `splits` go as one cluster.
 inline bool mla_splits_clustered(const MlaAttentionArgs& args, int splits) {
   return splits > 1 && splits <= mla_cluster_limit(args);

@@ -377,7 +377,41 @@ SpecializedKernels kernels_of(const MlaAttentionArgs& a) {
           mla_wgmma_specialized_kernel<true, false>, kSharedBytes, kStepRows};
 }
 
+// The most blocks of `kernel` (each k.shared_bytes of shared memory) in one cluster that the
+// current device holds at once: 16, 8, 4 or 2, else 0. A cluster's blocks share a GPC, one an SM
+// here, so a MIG slice or a GPC short of SMs may hold none of 16.
+int largest_cluster(const SpecializedKernels& k) {
+  check(cudaFuncSetAttribute(k.clustered, cudaFuncAttributeMaxDynamicSharedMemorySize, k.shared_bytes),
+        "cudaFuncSetAttribute(warp-specialised MLA kernel)");
+  check(cudaFuncSetAttribute(k.clustered, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+        "cudaFuncSetAttribute(warp-specialised MLA kernel, non-portable clusters)");
+  for (unsigned blocks = kMlaMaxClusterSplits; blocks >= 2; blocks /= 2) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(blocks, 1);
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = k.shared_bytes;
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim = {blocks, 1, 1};
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, k.clustered, &config) != cudaSuccess) {
+      cudaGetLastError();  // a size the device refuses: try the next smaller
+      continue;
+    }
+    if (clusters > 0) return static_cast<int>(blocks);
+  }
+  return 0;
+}
+
 }  // namespace
+
+int mla_largest_cluster_splits(bool ring_stages) {
+  MlaAttentionArgs a;
+  a.ring_stages = ring_stages;
+  return largest_cluster(kernels_of(a));
+}
 
 void mla_attention_wgmma_specialized(const MlaAttentionArgs& a, cudaStream_t stream, int rows_per_split, int splits,
                                      float* partials) {
