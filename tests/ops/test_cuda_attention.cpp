@@ -479,6 +479,17 @@ TEST_F(CudaAttention, MlaRowCountsAroundThe32And64RowSteps) {
   check_mla(64, 512, 64, {160}, tokens, 2048, 8);
 }
 
+TEST_F(CudaAttention, MlaClusterSizesTheDeviceHolds) {
+  // What CudaGlm5Model caps attention_cluster_splits at: a whole Hopper GPU holds clusters of the
+  // warp-specialised kernel (a block an SM) of 8 at least, portable size; the H200 of 16.
+  for (const bool ring : {false, true}) {
+    const int largest = cuda::mla_largest_cluster_splits(ring);
+    std::printf("largest cluster of %s splits: %d\n", ring ? "the ring's" : "two-stage", largest);
+    EXPECT_GE(largest, 8);
+    EXPECT_LE(largest, cuda::kMlaMaxClusterSplits);
+  }
+}
+
 TEST_F(CudaAttention, MlaOverFp8Rows) {
   const auto fp8 = cuda::CacheStorage::kFp8;
   // One token; a decode batch of mixed contexts (several splits); top-k past the context limit
