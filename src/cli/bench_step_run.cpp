@@ -544,6 +544,7 @@ nlohmann::json kernel_options_json(const model::CudaModelOptions& k) {
           {"paired_bf16_experts", k.paired_bf16_experts},
           {"bf16_expert_sums", k.bf16_expert_sums},
           {"bf16_intermediates_min_tokens", k.bf16_intermediates_min_tokens},
+          {"fp8_bf16_intermediates", k.fp8_bf16_intermediates},
           {"accumulate_residual_min_tokens", k.accumulate_residual_min_tokens},
           {"wgmma_fp8_experts", k.wgmma_fp8_experts},
           {"specialized_fp8_experts", k.specialized_fp8_experts},

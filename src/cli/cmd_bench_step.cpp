@@ -168,6 +168,9 @@ void add_expert_options(CLI::App* cmd, BenchStepOptions* o) {
                   "GEMMs where those weights are bf16 (0: never)")
       ->check(non_negative_number())
       ->capture_default_str();
+  cmd->add_option("--fp8-bf16-intermediates", o->kernels.fp8_bf16_intermediates,
+                  "The same where those weights are block FP8: cuBLASLt's FP8 GEMM writes the bf16 rows (true/false)")
+      ->capture_default_str();
   cmd->add_option("--accumulate-residual-min-tokens", o->kernels.accumulate_residual_min_tokens,
                   "Steps of at least this many tokens add o_proj and the MLPs' down projections (bf16 or block-FP8 "
                   "weights, no tensor parallelism) into the residual stream in the GEMM itself (0: never)")

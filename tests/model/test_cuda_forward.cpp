@@ -11,6 +11,7 @@
 #include "model/glm5.h"
 #include "model/cuda/model.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/linear_fp8.h"
 #include "ops/ops.h"
 #include "quant/checkpoint_quantizer.h"
 #include "random_model.h"
@@ -391,6 +392,40 @@ TEST_F(CudaForward, Fp8ExpertsOnTheFp8TensorCoresFollowTheCpu) {
   EXPECT_LT(w8a16_median, 0.2);
   EXPECT_LT(paths_median, 0.12);
   EXPECT_LT(added_median, 0.12);
+}
+
+// The FP8 linear layers of a long prefill writing q and the MLPs' gate/up values in bf16
+// themselves (fp8_bf16_intermediates: cuBLASLt's block-scaled FP8 GEMM with bf16 outputs), against
+// the same step with fp32 rows: the same values rounded once more, so within the distance a
+// rounding moves a random model's routing (the W8A8 test above: about a tenth at most a token),
+// and different where the device has such an algorithm (q_lora 128, so q_b is FP8 too).
+TEST_F(CudaForward, Fp8LinearLayersWithBf16IntermediatesFollowTheirFp32Rows) {
+  RandomModelSpec spec = grouped_widths_spec(128);
+  spec.q_lora_rank = 128;
+  TempDir dir("cuda_fp8_bf16_intermediates");
+  quant::QuantizeOptions quantize;
+  quantize.format = "fp8";
+  quant::quantize_checkpoint(glms::testing::write_random_model(dir.path / "bf16", spec), dir.path / "fp8", quantize);
+  const model::Glm5Model cpu(model::load_weights((dir.path / "fp8").string(), {.load_mtp = false, .shard = {}}));
+  const int vocab = spec.vocab_size, n = 96;
+  model::ForwardBatch prefill;
+  prefill.add_sequence(random_tokens(n, vocab, 7), 0, table(0, 13), kBlockSize, true);
+  std::vector<std::vector<float>> got;
+  for (const bool bf16 : {false, true}) {
+    model::CudaModelOptions options = small_options();
+    options.bf16_intermediates_min_tokens = 1;
+    options.fp8_bf16_intermediates = bf16;
+    model::CudaGlm5Model gpu(cpu.weights(), options);
+    got.push_back(gpu.forward(prefill));
+  }
+  const auto [median, largest] = token_errors(got[1], got[0], n, vocab);
+  std::printf("bf16 intermediates from the FP8 GEMMs against fp32 rows, per-token logits relative L2: median %.2e, "
+              "max %.2e\n", median, largest);
+  EXPECT_LT(median, 0.12);
+  ops::cuda::Fp8Gemm probe;
+  const int64_t gate_up_rows = 2 * spec.intermediate_size, hidden = spec.hidden_size;
+  if (probe.has_bf16_output(n, gate_up_rows, hidden)) EXPECT_GT(largest, 0.0) << "the bf16 rows were not taken";
+  else std::printf("no block-scaled FP8 algorithm with bf16 outputs here: both runs wrote fp32 rows\n");
 }
 
 // A random model at widths the grouped bf16 expert GEMMs take (hidden 256, expert width 128, 16

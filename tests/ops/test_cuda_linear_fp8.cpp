@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 
 #include "core/dtype.h"
@@ -154,6 +155,23 @@ TEST_F(CudaLinearFp8, BlockScaledGemmMatchesTheDequantisedProduct) {
     for (size_t i = 0; i < y.size(); ++i) expected_sum[i] = base[i] + exact[i];
     sum.resize(y.size());
     EXPECT_LT(relative_l2(sum, expected_sum), 5e-4) << n << " x " << rows << " x " << cols << ", accumulated";
+
+    // bf16 outputs (q and the MLPs' gate/up of a long FP8 prefill): the fp32 product rounded once,
+    // so within bf16's half ulp (2^-9 relative) of it value by value, beside the sums' own error.
+    if (gemm.has_bf16_output(n, rows, cols)) {
+      auto d_bf16 = glms::testing::poisoned_bf16(static_cast<size_t>(np * rows));
+      gemm.linear_to_bf16(d_x_codes.as<uint8_t>(), d_x_scales.as<float>(), n, d_w.as<uint8_t>(), d_w_scales.as<float>(),
+                          rows, cols, d_bf16.as<uint16_t>(), nullptr);
+      const auto y_bf16 = glms::testing::bf16_to_host(d_bf16, static_cast<size_t>(n * rows));
+      EXPECT_LT(relative_l2(y_bf16, exact), 5e-4 + 4e-3) << n << " x " << rows << " x " << cols << ", bf16 outputs";
+      int far = 0;
+      for (size_t i = 0; i < y.size(); ++i)
+        if (std::fabs(y_bf16[i] - y[i]) > std::ldexp(std::fabs(y[i]), -8) + 1e-30f) ++far;
+      EXPECT_LE(far, static_cast<int>(y.size() / 100)) << "bf16 outputs more than an ulp from the fp32 ones";
+    } else {
+      std::printf("%ld x %ld x %ld: no block-scaled FP8 algorithm with bf16 outputs\n", static_cast<long>(n),
+                  static_cast<long>(rows), static_cast<long>(cols));
+    }
   }
 }
 

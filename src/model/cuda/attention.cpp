@@ -52,18 +52,15 @@ bool CudaGlm5Model::Impl::project_attention_inputs(const DecoderLayerDevice& lay
                             as<uint16_t>(q_resid_bf16), s);
   cuda::GemvOutput from_q[2] = {{as<uint16_t>(w.q_b_proj.w), H * qd, as<float>(q)},
                                 {as<uint16_t>(ix.wq_b), int64_t{IH} * ID, as<float>(index_q)}};
-  // Long chunks with bf16 q_b weights: q straight in bf16, as the absorption GEMM reads it (the
-  // fp32 rows were only converted; 8192 tokens at GLM-5.2 width: 0.5 GB written and read again).
-  const bool bf16_queries = !w.q_b_proj.fp8() && bf16_intermediates(T);
-  if (w.q_b_proj.fp8()) {
-    linear(w.q_b_proj, as<uint16_t>(q_resid_bf16), T, as<float>(q), gemm, s);
-    if (score_positions) gemm.linear_group(as<uint16_t>(q_resid_bf16), T, q_lora, from_q + 1, 1, s);
-  } else if (bf16_queries) {
-    gemm.linear_to_bf16(as<uint16_t>(q_resid_bf16), T, as<uint16_t>(w.q_b_proj.w), H * qd, q_lora,
-                        as<uint16_t>(q_bf16), s);
-    if (score_positions) gemm.linear_group(as<uint16_t>(q_resid_bf16), T, q_lora, from_q + 1, 1, s);
+  // Long chunks: q straight in bf16, as the absorption GEMM reads it (the fp32 rows were only
+  // converted; 8192 tokens at GLM-5.2 width: 0.5 GB written and read again).
+  const uint16_t* q_in = as<uint16_t>(q_resid_bf16);
+  const bool bf16_queries = bf16_intermediates(T) && linear_to_bf16(w.q_b_proj, q_in, T, as<uint16_t>(q_bf16), gemm, s);
+  if (bf16_queries || w.q_b_proj.fp8()) {
+    if (!bf16_queries) linear(w.q_b_proj, q_in, T, as<float>(q), gemm, s);
+    if (score_positions) gemm.linear_group(q_in, T, q_lora, from_q + 1, 1, s);
   } else {
-    gemm.linear_group(as<uint16_t>(q_resid_bf16), T, q_lora, from_q, score_positions ? 2 : 1, s);
+    gemm.linear_group(q_in, T, q_lora, from_q, score_positions ? 2 : 1, s);
   }
   if (!options.fused_projection_rows)
     cuda::write_latent_cache(as<float>(kv), T, static_cast<int>(L), static_cast<int>(rd), as<float>(w.kv_a_norm),

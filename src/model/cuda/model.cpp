@@ -214,9 +214,7 @@ void CudaGlm5Model::Impl::upload_metadata(const ForwardBatch& batch) {
 
 void CudaGlm5Model::Impl::dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out, cuda::Gemm& g,
                                     cudaStream_t s, bool accumulate) {
-  if (!mlp.gate_up.fp8() && bf16_intermediates(n)) {
-    g.linear_to_bf16(x_bf16, n, as<uint16_t>(mlp.gate_up.w), mlp.gate_up.rows, mlp.gate_up.cols,
-                     as<uint16_t>(mlp_gate_up), s);
+  if (bf16_intermediates(n) && linear_to_bf16(mlp.gate_up, x_bf16, n, as<uint16_t>(mlp_gate_up), g, s)) {
     cuda::silu_mul_to_bf16(as<uint16_t>(mlp_gate_up), n, mlp.inter, as<uint16_t>(mlp_act), s);
   } else {
     linear(mlp.gate_up, x_bf16, n, as<float>(mlp_gate_up), g, s);
@@ -239,6 +237,21 @@ void CudaGlm5Model::Impl::linear(const LinearDevice& w, const uint16_t* x, int n
     return;
   }
   fp8_gemm_product(w, x, n, y, s, x_quantised, /*accumulate=*/false);
+}
+
+bool CudaGlm5Model::Impl::linear_to_bf16(const LinearDevice& w, const uint16_t* x, int n, uint16_t* y, cuda::Gemm& g,
+                                         cudaStream_t s) {
+  if (!w.fp8()) {
+    g.linear_to_bf16(x, n, as<uint16_t>(w.w), w.rows, w.cols, y, s);
+    return true;
+  }
+  if (!options.fp8_bf16_intermediates || !fp8_gemm || s != stream.get() || n <= cuda::kFp8GemvMaxTokens ||
+      w.cols > rank_widths.fp8_linear_cols || !fp8_gemm->has_bf16_output(n, w.rows, w.cols))
+    return false;
+  cuda::quantize_fp8_rows(x, n, w.cols, as<uint8_t>(fp8_codes), as<float>(fp8_scales), s);
+  fp8_gemm->linear_to_bf16(as<uint8_t>(fp8_codes), as<float>(fp8_scales), n, as<uint8_t>(w.w), as<float>(w.scales),
+                           w.rows, w.cols, y, s);
+  return true;
 }
 
 void CudaGlm5Model::Impl::fp8_gemm_product(const LinearDevice& w, const uint16_t* x, int n, float* y, cudaStream_t s,

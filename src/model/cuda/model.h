@@ -179,6 +179,11 @@ struct CudaModelOptions {
   // 2.45 -> 1.95 ms), 2048 33.2 -> 32.4 and 35.3 -> 34.7; with MXFP4 experts 111.5 -> 109.7 and
   // 111.0 -> 111.0 at 8192; decode steps are below 256 tokens.
   int bf16_intermediates_min_tokens = 256;
+  // The same where q_b's or an MLP's gate/up weights are block FP8: cuBLASLt's block-scaled FP8
+  // GEMM writes those bf16 rows itself (Fp8Gemm::linear_to_bf16), where it has such an algorithm.
+  // Off until a GPU run has measured it (the bf16 weights' figures above suggest about 0.7 ms of a
+  // 90 ms FP8 prefill of 8192 tokens).
+  bool fp8_bf16_intermediates = false;
   // Steps of at least this many tokens (0: none) add each block's last linear layer (o_proj, a
   // dense MLP's down, a whole model's shared expert's down; bf16 or block FP8) into the fp32
   // residual stream in the GEMM itself (cuBLAS / cuBLASLt with beta 1) where there is no

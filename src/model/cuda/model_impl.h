@@ -230,8 +230,8 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
     return options.bf16_intermediates_min_tokens > 0 && T >= options.bf16_intermediates_min_tokens;
   }
   // out = down(silu(gate x) * up x) on `s` through `g` (mlp_gate_up and mlp_act are its scratch;
-  // gate and up in bf16 where bf16_intermediates and the weights are bf16, else fp32); out +=
-  // with `accumulate` (add_linear).
+  // gate and up in bf16 where bf16_intermediates and linear_to_bf16 takes the weights, else
+  // fp32); out += with `accumulate` (add_linear).
   void dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out, cuda::Gemm& g, cudaStream_t s,
                  bool accumulate = false);
   // y[n, w.rows] fp32 = x[n, w.cols] bf16 . w^T: bf16 weights through `g`; FP8 ones through
@@ -240,6 +240,11 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   // previous FP8 GEMM of the same x left them.
   void linear(const LinearDevice& w, const uint16_t* x, int n, float* y, cuda::Gemm& g, cudaStream_t s,
               bool x_quantised = false);
+  // y[n, w.rows] bf16 = x . w^T, each fp32 sum rounded once: bf16 weights through `g`, FP8 ones
+  // through fp8_gemm where it takes them with bf16 outputs (fp8_bf16_intermediates, more than
+  // kFp8GemvMaxTokens tokens, the main stream, an algorithm for the shape). Returns false, having
+  // done nothing, where it does not.
+  bool linear_to_bf16(const LinearDevice& w, const uint16_t* x, int n, uint16_t* y, cuda::Gemm& g, cudaStream_t s);
   // y[n, w.rows] fp32 += x . w^T in the GEMM: bf16 weights through `g` (cuBLAS), FP8 ones of more
   // than kFp8GemvMaxTokens tokens through fp8_gemm on the main stream.
   void add_linear(const LinearDevice& w, const uint16_t* x, int n, float* y, cuda::Gemm& g, cudaStream_t s);

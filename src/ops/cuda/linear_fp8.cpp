@@ -61,8 +61,8 @@ Fp8Gemm::~Fp8Gemm() {
   if (workspace_) cudaFree(workspace_);
 }
 
-Fp8Gemm::Plan& Fp8Gemm::plan(int64_t n, int64_t rows, int64_t cols) {
-  const auto key = std::make_tuple(n, rows, cols);
+Fp8Gemm::Plan& Fp8Gemm::plan(int64_t n, int64_t rows, int64_t cols, bool bf16_output) {
+  const auto key = std::make_tuple(n, rows, cols, bf16_output);
   if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
   auto* p = new Plan;
   try {
@@ -78,7 +78,7 @@ Fp8Gemm::Plan& Fp8Gemm::plan(int64_t n, int64_t rows, int64_t cols) {
              "B_SCALE_MODE");
     check_lt(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, cols, rows, cols), "layout A");
     check_lt(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, cols, n, cols), "layout B");
-    check_lt(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, rows, n, rows), "layout D");
+    check_lt(cublasLtMatrixLayoutCreate(&p->d, bf16_output ? CUDA_R_16BF : CUDA_R_32F, rows, n, rows), "layout D");
     cublasLtMatmulPreference_t preference = nullptr;
     check_lt(cublasLtMatmulPreferenceCreate(&preference), "cublasLtMatmulPreferenceCreate");
     const size_t workspace = kWorkspaceBytes;
@@ -96,8 +96,8 @@ Fp8Gemm::Plan& Fp8Gemm::plan(int64_t n, int64_t rows, int64_t cols) {
     cublasLtMatmulPreferenceDestroy(preference);
     if (status != CUBLAS_STATUS_SUCCESS || found == 0)
       fail("Fp8Gemm: cuBLASLt has no block-scaled FP8 algorithm for " + std::to_string(n) + " x " +
-           std::to_string(rows) + " x " + std::to_string(cols) + " (status " + std::to_string(status) +
-           "); it needs a Hopper GPU and cuBLAS 12.9 or later");
+           std::to_string(rows) + " x " + std::to_string(cols) + (bf16_output ? " with bf16 outputs" : "") +
+           " (status " + std::to_string(status) + "); it needs a Hopper GPU and cuBLAS 12.9 or later");
     p->algo = result.algo;
   } catch (...) {
     delete p;
@@ -107,21 +107,46 @@ Fp8Gemm::Plan& Fp8Gemm::plan(int64_t n, int64_t rows, int64_t cols) {
   return *p;
 }
 
+void Fp8Gemm::run(Plan& p, const uint8_t* x_codes, const float* x_scales, const uint8_t* w_codes,
+                  const float* w_scales, void* y, float beta, cudaStream_t stream) {
+  check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof(w_scales)),
+           "A_SCALE_POINTER");
+  check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales, sizeof(x_scales)),
+           "B_SCALE_POINTER");
+  const float alpha = 1.0f;
+  check_lt(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, w_codes, p.a, x_codes, p.b, &beta, y,
+                          p.d, y, p.d, &p.algo, workspace_, kWorkspaceBytes, stream),
+           "cublasLtMatmul (block-scaled FP8)");
+}
+
 void Fp8Gemm::linear(const uint8_t* x_codes, const float* x_scales, int64_t n, const uint8_t* w_codes,
                      const float* w_scales, int64_t rows, int64_t cols, float* y, cudaStream_t stream,
                      bool accumulate) {
   if (n == 0 || rows == 0) return;
   GLMS_CHECK(cols % kFp8ScaleBlock == 0 && rows % 16 == 0,
              "Fp8Gemm: cols a multiple of 128 and rows a multiple of 16");
-  Plan& p = plan(fp8_padded_tokens(n), rows, cols);
-  check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof(w_scales)),
-           "A_SCALE_POINTER");
-  check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales, sizeof(x_scales)),
-           "B_SCALE_POINTER");
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  check_lt(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, w_codes, p.a, x_codes, p.b, &beta, y,
-                          p.d, y, p.d, &p.algo, workspace_, kWorkspaceBytes, stream),
-           "cublasLtMatmul (block-scaled FP8)");
+  run(plan(fp8_padded_tokens(n), rows, cols, false), x_codes, x_scales, w_codes, w_scales, y, accumulate ? 1.0f : 0.0f,
+      stream);
+}
+
+bool Fp8Gemm::has_bf16_output(int64_t n, int64_t rows, int64_t cols) {
+  const auto key = std::make_tuple(fp8_padded_tokens(n), rows, cols);
+  if (auto it = bf16_output_.find(key); it != bf16_output_.end()) return it->second;
+  bool found = true;
+  try {
+    plan(std::get<0>(key), rows, cols, true);
+  } catch (const Error&) {
+    found = false;
+  }
+  return bf16_output_[key] = found;
+}
+
+void Fp8Gemm::linear_to_bf16(const uint8_t* x_codes, const float* x_scales, int64_t n, const uint8_t* w_codes,
+                             const float* w_scales, int64_t rows, int64_t cols, uint16_t* y, cudaStream_t stream) {
+  if (n == 0 || rows == 0) return;
+  GLMS_CHECK(cols % kFp8ScaleBlock == 0 && rows % 16 == 0,
+             "Fp8Gemm: cols a multiple of 128 and rows a multiple of 16");
+  run(plan(fp8_padded_tokens(n), rows, cols, true), x_codes, x_scales, w_codes, w_scales, y, 0.0f, stream);
 }
 
 }  // namespace glms::ops::cuda

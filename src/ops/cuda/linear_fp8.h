@@ -70,14 +70,24 @@ class Fp8Gemm {
   void linear(const uint8_t* x_codes, const float* x_scales, int64_t n, const uint8_t* w_codes,
               const float* w_scales, int64_t rows, int64_t cols, float* y, cudaStream_t stream,
               bool accumulate = false);
+  // The same product with y[n, rows] in bf16, each fp32 sum rounded once (y holds
+  // fp8_padded_tokens(n) rows). Only where has_bf16_output(n, rows, cols).
+  void linear_to_bf16(const uint8_t* x_codes, const float* x_scales, int64_t n, const uint8_t* w_codes,
+                      const float* w_scales, int64_t rows, int64_t cols, uint16_t* y, cudaStream_t stream);
+  // Whether cuBLASLt has a block-scaled FP8 algorithm with bf16 outputs for this shape (asked once
+  // a shape; false rather than an error where it has none).
+  bool has_bf16_output(int64_t n, int64_t rows, int64_t cols);
 
  private:
-  struct Plan;  // descriptors and the chosen algorithm of one (n, rows, cols)
-  Plan& plan(int64_t n, int64_t rows, int64_t cols);
+  struct Plan;  // descriptors and the chosen algorithm of one (n, rows, cols, output type)
+  Plan& plan(int64_t n, int64_t rows, int64_t cols, bool bf16_output);
+  void run(Plan& p, const uint8_t* x_codes, const float* x_scales, const uint8_t* w_codes, const float* w_scales,
+           void* y, float beta, cudaStream_t stream);
 
   void* handle_ = nullptr;     // cublasLtHandle_t
   void* workspace_ = nullptr;  // of our own, so that the GEMMs can be graph-captured
-  std::map<std::tuple<int64_t, int64_t, int64_t>, Plan*> plans_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, Plan*> plans_;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, bool> bf16_output_;  // has_bf16_output's answers
 };
 
 }  // namespace glms::ops::cuda
