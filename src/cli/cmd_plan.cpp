@@ -4,6 +4,7 @@
 #include <iostream>
 #include <memory>
 
+#include "bench/workload.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "plan/roofline.h"
@@ -19,6 +20,7 @@ struct PlanOptions {
   double gpu_memory_utilization = 0;  // > 0: the reserve is what it leaves (serve's flag)
   std::string speculative;
   int speculative_steps = 3;
+  std::string workload;  // a bench preset
   bool json = false;
 };
 
@@ -30,6 +32,10 @@ void run_plan(const PlanOptions& o) {
       o.gpu_memory_utilization > 0 ? 1.0 - o.gpu_memory_utilization : o.reserve_percent / 100.0;
   inputs.speculative_steps = o.speculative.empty() ? 0 : o.speculative_steps;
   inputs.kv_dtype = inputs.kv_dtype == "auto" || inputs.kv_dtype == "bf16" ? "bf16" : "fp8";
+  if (!o.workload.empty()) {
+    const bench::Preset w = *bench::find_preset(o.workload);
+    inputs.workload = {w.name, w.input_len, w.output_len, w.prefix_hit};
+  }
   const plan::ModelSpec model = plan::load_model_spec(path);
   const plan::PlanResult result = plan::make_plan(model, inputs, path);
   std::cout << (o.json ? plan::render_json(result) + "\n" : plan::render_text(result)) << std::flush;
@@ -97,6 +103,10 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--measured-tokens-per-s", o->inputs.measured_tokens_per_s,
                   "Price a measured aggregate output throughput instead of the decode bound")
       ->check(CLI::Range(0.0, 1e12));
+  cmd->add_option("--workload", o->workload,
+                  "Also bound a bench preset's requests (agentic: 20k in, 60% cached, 1k out): output tok/s per GPU "
+                  "with their prefill, requests/s and $ per 1000 requests")
+      ->check(CLI::IsMember({"agentic", "single-stream", "batch-sweep", "interactivity"}));
   cmd->add_flag("--json", o->json, "Print JSON");
   cmd->callback([o]() { run_plan(*o); });
 }

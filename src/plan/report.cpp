@@ -190,6 +190,18 @@ void render_cost(const PlanResult& p, std::string& out) {
   line(out, "power", format("%.1f kW of GPU board power: %s tok/s per MW, %s tok/s per GPU", g.power_watts * in.gpus / 1e3,
                        count(p.tokens_per_s_per_megawatt).c_str(),
                        per_s(p.cost_tokens_per_s * in.utilization / in.gpus).c_str()));
+  const PlanInputs::Workload& w = in.workload;
+  if (w.input_len <= 0) return;
+  const WorkloadBound& b = p.workload;
+  line(out, "workload", format("%s: %d in (%.0f%% cached), %d out, TP%d x DP%d at %d sequences", w.name.c_str(), w.input_len,
+                          w.prefix_hit * 100, w.output_len, p.headline.tp, p.headline.dp, in.concurrency));
+  line(out, "  bounds", format("decode %s tok/s per GPU at %d tokens, prefill %s tok/s per GPU (%.1f GFLOP an uncached "
+                          "token), taken in turn: %s output tok/s per GPU",
+                          per_s(b.decode_tokens_per_s_per_gpu).c_str(), w.input_len + w.output_len,
+                          per_s(b.prefill_tokens_per_s_per_gpu).c_str(), b.prefill_flops_per_token / 1e9,
+                          per_s(b.output_tokens_per_s_per_gpu).c_str()));
+  line(out, "  requests", format("%.2f req/s for %d GPUs, $%.3f per 1000 requests at utilisation %.2f", b.requests_per_s,
+                            in.gpus, b.usd_per_thousand_requests, in.utilization));
 }
 
 }  // namespace
@@ -273,6 +285,20 @@ std::string render_json(const PlanResult& p) {
   out["cost_tokens_per_s"] = p.cost_tokens_per_s;
   out["usd_per_million_tokens"] = p.usd_per_million_tokens;
   out["tokens_per_s_per_megawatt"] = p.tokens_per_s_per_megawatt;
+  if (p.inputs.workload.input_len > 0) {
+    const PlanInputs::Workload& w = p.inputs.workload;
+    const WorkloadBound& b = p.workload;
+    out["workload"] = {{"name", w.name},
+                       {"input_len", w.input_len},
+                       {"output_len", w.output_len},
+                       {"prefix_hit", w.prefix_hit},
+                       {"decode_tokens_per_s_per_gpu", b.decode_tokens_per_s_per_gpu},
+                       {"prefill_flops_per_token", b.prefill_flops_per_token},
+                       {"prefill_tokens_per_s_per_gpu", b.prefill_tokens_per_s_per_gpu},
+                       {"output_tokens_per_s_per_gpu", b.output_tokens_per_s_per_gpu},
+                       {"requests_per_s", b.requests_per_s},
+                       {"usd_per_thousand_requests", b.usd_per_thousand_requests}};
+  }
   return out.dump(2);
 }
 

@@ -57,6 +57,11 @@ double mean_attended_tokens(const ModelSpec& m, double length) {
   return (cap * (cap + 1.0) / 2.0 + (length - cap) * cap) / length;
 }
 
+double mean_attended_tokens_between(const ModelSpec& m, double first, double last) {
+  if (last <= first) return 0;
+  return (last * mean_attended_tokens(m, last) - first * mean_attended_tokens(m, first)) / (last - first);
+}
+
 double kv_bytes_read_per_step(const ModelSpec& m, double position, int b) {
   if (m.attention != AttentionKind::kMlaDsa) return kv_bytes_per_token(m, b) * position;
   return attended_tokens(m, position) * mla_row_bytes(m, b) * m.layers +
@@ -154,6 +159,31 @@ Layout plan_layout(const ModelSpec& m, const PlanInputs& in, const GpuSpec& gpu,
   return l;
 }
 
+namespace {
+
+WorkloadBound workload_bound(const ModelSpec& model, const PlanInputs& in, const PlanResult& p) {
+  const PlanInputs::Workload& w = in.workload;
+  if (w.output_len < 1 || !(w.prefix_hit >= 0 && w.prefix_hit <= 1)) fail("a workload needs output tokens and a hit in [0, 1]");
+  WorkloadBound b;
+  PlanInputs at_length = in;
+  at_length.context = int64_t{w.input_len} + w.output_len;
+  b.decode_tokens_per_s_per_gpu = plan_layout(model, at_length, p.gpu, p.inputs.tp).aggregate_tokens_per_s / in.gpus;
+  const double cached = w.input_len * w.prefix_hit;
+  b.prefill_flops_per_token =
+      2.0 * (double(p.active_params) - lm_head_parameters(model)) +
+      attention_flops(model, mean_attended_tokens_between(model, cached, w.input_len), (cached + w.input_len + 1.0) / 2.0,
+                      true);
+  b.prefill_tokens_per_s_per_gpu = p.gemm_rate.value / b.prefill_flops_per_token;
+  b.output_tokens_per_s_per_gpu = mixed_output_tokens_per_s(b.decode_tokens_per_s_per_gpu, b.prefill_tokens_per_s_per_gpu,
+                                                            w.input_len, w.output_len, w.prefix_hit);
+  b.requests_per_s = b.output_tokens_per_s_per_gpu * in.gpus / w.output_len;
+  const double requests_per_hour = b.requests_per_s * in.utilization * 3600.0;
+  b.usd_per_thousand_requests = requests_per_hour > 0 ? p.usd_per_gpu_hour * in.gpus / requests_per_hour * 1e3 : INFINITY;
+  return b;
+}
+
+}  // namespace
+
 PlanResult make_plan(const ModelSpec& model, const PlanInputs& in, const std::string& source) {
   if (in.gpus < 1 || in.gpus > 4096) fail("--gpus must be between 1 and 4096");
   const int tp = in.tp == 0 ? in.gpus : in.tp;
@@ -206,6 +236,7 @@ PlanResult make_plan(const ModelSpec& model, const PlanInputs& in, const std::st
   p.usd_per_million_tokens = usd_per_million_tokens(p.usd_per_gpu_hour * in.gpus, p.cost_tokens_per_s, in.utilization);
   p.tokens_per_s_per_megawatt =
       tokens_per_s_per_megawatt(p.cost_tokens_per_s * in.utilization, p.gpu.power_watts * in.gpus);
+  if (in.workload.input_len > 0) p.workload = workload_bound(model, in, p);
   return p;
 }
 

@@ -37,6 +37,9 @@ double attention_flops(const ModelSpec& m, double attended, double scored, bool 
 // prompt of `length` tokens: (1/L) * sum_{i=1..L} min(i, cap).
 double attended_tokens(const ModelSpec& m, double position);
 double mean_attended_tokens(const ModelSpec& m, double length);
+// The same mean over prompt positions [first, last) (a prompt's uncached part after `first`
+// cached tokens): (last mean(last) - first mean(first)) / (last - first).
+double mean_attended_tokens_between(const ModelSpec& m, double first, double last);
 // Parameters whose FLOPs every token pays: active parameters (lm_head excluded for prefill,
 // where only the last token of a prompt needs logits).
 double lm_head_parameters(const ModelSpec& m);
@@ -94,6 +97,13 @@ struct PlanInputs {
   int max_num_seqs = 0;
   int block_size = 16;
   int speculative_steps = 0;
+  // A workload to project the headline layout's bounds to (bench's presets; input_len 0: none):
+  // requests of input_len prompt tokens, prefix_hit of them cached, and output_len generated.
+  struct Workload {
+    std::string name;
+    int input_len = 0, output_len = 0;
+    double prefix_hit = 0;
+  } workload;
 };
 
 struct Layout {
@@ -127,6 +137,18 @@ struct ServeMemory {
   bool fits = false;                           // a cache of at least one max-model-len sequence
 };
 
+// The headline layout's bounds for PlanInputs::workload's requests: decode at the layout's
+// concurrency with every sequence at input_len + output_len, prefill of the uncached prompt
+// tokens (after the cached ones) at the GEMM rate, taken in turn (mixed_output_tokens_per_s).
+struct WorkloadBound {
+  double decode_tokens_per_s_per_gpu = 0;
+  double prefill_flops_per_token = 0;      // an uncached prompt token
+  double prefill_tokens_per_s_per_gpu = 0;
+  double output_tokens_per_s_per_gpu = 0;
+  double requests_per_s = 0;               // all GPUs
+  double usd_per_thousand_requests = 0;    // at the plan's price and utilisation
+};
+
 struct PlanResult {
   PlanInputs inputs;
   GpuSpec gpu;
@@ -154,6 +176,7 @@ struct PlanResult {
   std::string cost_basis;               // "decode bound" or "measured"
   double usd_per_million_tokens = 0;
   double tokens_per_s_per_megawatt = 0;
+  WorkloadBound workload;               // where inputs.workload names one
 };
 
 PlanResult make_plan(const ModelSpec& model, const PlanInputs& inputs, const std::string& source = "");

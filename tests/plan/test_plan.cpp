@@ -197,6 +197,38 @@ TEST(Plan, JsonKeysAndText) {
   EXPECT_NEAR(q.usd_per_million_tokens, 12.0 / (500 * 3600.0) * 1e6, 1e-9);
 }
 
+TEST(Plan, WorkloadBoundsCountItsPrefill) {
+  // GLM-5.2 in MXFP4 on 8 H200s, the agentic requests (20k in, 60% cached, 1k out).
+  const ModelSpec m = load_model_spec(glm52());
+  PlanInputs in = inputs("h200", 8, "mxfp4", 8192, 64);
+  in.usd_per_gpu_hour = 3.5;
+  in.workload = {"agentic", 20000, 1000, 0.6};
+  const PlanResult p = make_plan(m, in, "glm-5.2.json");
+  const WorkloadBound& b = p.workload;
+  // Decode at 21000 tokens reads more KV than the plan's 8192: below the headline bound.
+  EXPECT_GT(b.decode_tokens_per_s_per_gpu, 0);
+  EXPECT_LT(b.decode_tokens_per_s_per_gpu, p.decode_tokens_per_s_bound / 8);
+  // The uncached tokens sit at positions 12000..20000: every one attends index_topk rows and its
+  // indexer scores about 16000, so a token costs more than the mean of an 8192-token prompt.
+  EXPECT_NEAR(mean_attended_tokens_between(m, 12000, 20000), m.index_topk, 1e-6);
+  EXPECT_GT(b.prefill_flops_per_token, p.prefill_flops_per_token);
+  EXPECT_NEAR(b.prefill_tokens_per_s_per_gpu, p.gemm_rate.value / b.prefill_flops_per_token, 1e-6);
+  // A request: 1000 tokens of decode and 8000 of prefill, in turn.
+  const double seconds = 1000 / b.decode_tokens_per_s_per_gpu + 8000 / b.prefill_tokens_per_s_per_gpu;
+  EXPECT_NEAR(b.output_tokens_per_s_per_gpu, 1000 / seconds, 1e-6);
+  EXPECT_NEAR(b.requests_per_s, 8 / seconds, 1e-9);
+  EXPECT_NEAR(b.usd_per_thousand_requests, 8 * 3.5 / (b.requests_per_s * 3600) * 1e3, 1e-9);
+  const auto j = nlohmann::json::parse(render_json(p));
+  EXPECT_EQ(j["workload"]["name"], "agentic");
+  EXPECT_NEAR(j["workload"]["output_tokens_per_s_per_gpu"].get<double>(), b.output_tokens_per_s_per_gpu, 1e-9);
+  EXPECT_NE(render_text(p).find("per 1000 requests"), std::string::npos);
+  // Without a workload: none in the plan.
+  in.workload = {};
+  EXPECT_FALSE(nlohmann::json::parse(render_json(make_plan(m, in))).contains("workload"));
+  in.workload = {"x", 100, 0, 0.5};
+  EXPECT_THROW(make_plan(m, in), Error);
+}
+
 TEST(Plan, RejectsBadInput) {
   const ModelSpec m = load_model_spec(glm52());
   PlanInputs in = inputs("h200", 8, "mxfp4", 8192, 1);
