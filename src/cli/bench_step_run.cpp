@@ -610,6 +610,8 @@ void run_bench_step(const BenchStepOptions& o) {
   for (int tokens : o.prefills) prefill.push_back(prefill_point(b, tokens, o.profile_prefill && prefill.empty()));
   const RankSimulation& sim = o.simulation;
   nlohmann::json out = kernel_options_json(o.kernels);
+  // What ran: the device may hold smaller clusters than asked (CudaGlm5Model caps them).
+  out["attention_cluster_splits"] = b.model->options().attention_cluster_splits;
   if (sim.enabled() && !prefill.empty()) out["workload_projection"] = project_workload(o, decode, prefill.back());
   out.update({{"benchmark", "cuda-step"},
               {"config", b.path},

@@ -245,12 +245,18 @@ bool CudaGlm5Model::Impl::linear_to_bf16(const LinearDevice& w, const uint16_t* 
     g.linear_to_bf16(x, n, as<uint16_t>(w.w), w.rows, w.cols, y, s);
     return true;
   }
-  if (!options.fp8_bf16_intermediates || !fp8_gemm || s != stream.get() || n <= cuda::kFp8GemvMaxTokens ||
-      w.cols > rank_widths.fp8_linear_cols || !fp8_gemm->has_bf16_output(n, w.rows, w.cols))
+  if (!options.fp8_bf16_intermediates || fp8_bf16_refused || !fp8_gemm || s != stream.get() ||
+      n <= cuda::kFp8GemvMaxTokens || w.cols > rank_widths.fp8_linear_cols || !fp8_gemm->has_bf16_output(n, w.rows, w.cols))
     return false;
   cuda::quantize_fp8_rows(x, n, w.cols, as<uint8_t>(fp8_codes), as<float>(fp8_scales), s);
-  fp8_gemm->linear_to_bf16(as<uint8_t>(fp8_codes), as<float>(fp8_scales), n, as<uint8_t>(w.w), as<float>(w.scales),
-                           w.rows, w.cols, y, s);
+  try {
+    fp8_gemm->linear_to_bf16(as<uint8_t>(fp8_codes), as<float>(fp8_scales), n, as<uint8_t>(w.w),
+                             as<float>(w.scales), w.rows, w.cols, y, s);
+  } catch (const Error&) {
+    // An algorithm the heuristic offered that cuBLASLt then refused to run: fp32 rows from here on.
+    fp8_bf16_refused = true;
+    return false;
+  }
   return true;
 }
 

@@ -88,6 +88,9 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   // This step's top-k is every position and a layer has written it (run_step and mtp_step start
   // over; CudaModelOptions::reuse_step_selection).
   bool step_selects_all_written = false;
+  // cuBLASLt refused to run an FP8 GEMM with bf16 outputs that its heuristic offered
+  // (linear_to_bf16 then keeps the fp32 rows).
+  bool fp8_bf16_refused = false;
 
   int64_t workspace_bytes = 0;    // device memory make_cuda_workspaces took (cuda_allocation_bytes)
   CudaRankWidths rank_widths;     // what sized them (from the weights)

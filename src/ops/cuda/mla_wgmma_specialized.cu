@@ -383,9 +383,13 @@ SpecializedKernels kernels_of(const MlaAttentionArgs& a) {
 int largest_cluster(const SpecializedKernels& k) {
   check(cudaFuncSetAttribute(k.clustered, cudaFuncAttributeMaxDynamicSharedMemorySize, k.shared_bytes),
         "cudaFuncSetAttribute(warp-specialised MLA kernel)");
-  check(cudaFuncSetAttribute(k.clustered, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
-        "cudaFuncSetAttribute(warp-specialised MLA kernel, non-portable clusters)");
-  for (unsigned blocks = kMlaMaxClusterSplits; blocks >= 2; blocks /= 2) {
+  // Clusters above 8 blocks need the non-portable size; a device that refuses it starts at 8.
+  unsigned largest = kMlaMaxClusterSplits;
+  if (cudaFuncSetAttribute(k.clustered, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    cudaGetLastError();
+    largest = 8;
+  }
+  for (unsigned blocks = largest; blocks >= 2; blocks /= 2) {
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(blocks, 1);
     config.blockDim = dim3(kThreads);
