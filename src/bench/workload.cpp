@@ -131,6 +131,12 @@ std::vector<Preset> presets() {
   return p;
 }
 
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names;
+  for (const Preset& p : presets()) names.push_back(p.name);
+  return names;
+}
+
 std::optional<Preset> find_preset(const std::string& name) {
   for (Preset& p : presets())
     if (p.name == name) return p;

@@ -55,5 +55,6 @@ struct Preset {
 };
 std::optional<Preset> find_preset(const std::string& name);
 std::vector<Preset> presets();
+std::vector<std::string> preset_names();  // presets()' names, in order
 
 }  // namespace glms::bench

@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "bench/workload.h"
 #include "cli/bench_step.h"
 #include "cli/commands.h"
 #include "cli/validators.h"
@@ -266,9 +267,9 @@ void add_weight_and_layout_options(CLI::App* cmd, BenchStepOptions* o) {
       ->check(CLI::IsMember({"dp-ep", "tp", "tp-ep"}))
       ->capture_default_str();
   cmd->add_option("--project-workload", o->project_workload,
-                  "With --simulate-rank: the bench preset (agentic, single-stream, batch-sweep, interactivity) whose "
-                  "prompts and outputs the decode and the last prefill project to, in output tok/s per GPU")
-      ->check(CLI::IsMember({"agentic", "single-stream", "batch-sweep", "interactivity"}))
+                  "With --simulate-rank: the bench preset whose prompts and outputs the decode and the last prefill "
+                  "project to, in output tok/s per GPU")
+      ->check(CLI::IsMember(bench::preset_names()))
       ->capture_default_str();
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
                   "Fraction of the GPU the weights, workspaces and cache may fill (more sequences share cache blocks)")

@@ -106,7 +106,7 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--workload", o->workload,
                   "Also bound a bench preset's requests (agentic: 20k in, 60% cached, 1k out): output tok/s per GPU "
                   "with their prefill, requests/s and $ per 1000 requests")
-      ->check(CLI::IsMember({"agentic", "single-stream", "batch-sweep", "interactivity"}));
+      ->check(CLI::IsMember(bench::preset_names()));
   cmd->add_flag("--json", o->json, "Print JSON");
   cmd->callback([o]() { run_plan(*o); });
 }
