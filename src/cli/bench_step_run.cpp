@@ -12,11 +12,11 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "bench/workload.h"
 #include "cli/bench_step.h"
 #include "cli/bench_step_rank.h"
 #include "cli/bench_step_rates.h"
 #include "cli/commands.h"
-#include "bench/workload.h"
 #include "core/error.h"
 #include "io/model_config.h"
 #include "kv/latent_cache.h"
@@ -464,8 +464,9 @@ nlohmann::json decode_point(StepBench& b, int context, int batch, bool profile) 
   return point;
 }
 
-// One prefill of `tokens` (a sequence from position --prefill-context, the positions before it as the
-// cache holds them): the best of three, then the eager phases and the linear layers' rate. `profile`: one more between the profiler's marks first (ncu).
+// One prefill of `tokens` (a sequence from position --prefill-context, the positions before it as
+// the cache holds them): the best of three, then the eager phases and the linear layers' rate.
+// `profile`: one more between the profiler's marks first (ncu).
 nlohmann::json prefill_point(StepBench& b, int tokens, bool profile) {
   const RankSimulation& sim = b.o.simulation;
   model::CudaGlm5Model& model = *b.model;

@@ -163,7 +163,8 @@ namespace {
 
 WorkloadBound workload_bound(const ModelSpec& model, const PlanInputs& in, const PlanResult& p) {
   const PlanInputs::Workload& w = in.workload;
-  if (w.output_len < 1 || !(w.prefix_hit >= 0 && w.prefix_hit <= 1)) fail("a workload needs output tokens and a hit in [0, 1]");
+  if (w.output_len < 1 || !(w.prefix_hit >= 0 && w.prefix_hit <= 1))
+    fail("a workload needs output tokens and a prefix hit in [0, 1]");
   WorkloadBound b;
   PlanInputs at_length = in;
   at_length.context = int64_t{w.input_len} + w.output_len;

@@ -246,7 +246,8 @@ bool CudaGlm5Model::Impl::linear_to_bf16(const LinearDevice& w, const uint16_t* 
     return true;
   }
   if (!options.fp8_bf16_intermediates || fp8_bf16_refused || !fp8_gemm || s != stream.get() ||
-      n <= cuda::kFp8GemvMaxTokens || w.cols > rank_widths.fp8_linear_cols || !fp8_gemm->has_bf16_output(n, w.rows, w.cols))
+      n <= cuda::kFp8GemvMaxTokens || w.cols > rank_widths.fp8_linear_cols ||
+      !fp8_gemm->has_bf16_output(n, w.rows, w.cols))
     return false;
   cuda::quantize_fp8_rows(x, n, w.cols, as<uint8_t>(fp8_codes), as<float>(fp8_scales), s);
   try {
