@@ -1,5 +1,7 @@
 #include "cli/bench_step_rank.h"
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 
 #ifdef GLMS_HAVE_CUDA
@@ -53,6 +55,25 @@ nlohmann::json project_step(const plan::ModelSpec& spec, const RankSimulation& s
           {"projected_step_ms", step_s * 1e3},
           {"projected_node_tokens_per_s", node_tokens / step_s},
           {"projected_tokens_per_s_per_gpu", node_tokens / step_s / r.world()}};
+}
+
+nlohmann::json project_speculation(const plan::ModelSpec& spec, const RankSimulation& sim, double verify_s,
+                                   double draft_s, int batch, int K, double link_bandwidth) {
+  const plan::RankShape r = sim.rank_shape();
+  const double latency = plan::kCollectiveLatencySeconds;
+  const double verify_with = verify_s + plan::step_collectives(spec, r, double(batch) * (K + 1)).time_s(link_bandwidth, latency);
+  plan::ModelSpec mtp_layer = spec;  // the draft step's one decoder layer, a MoE one
+  mtp_layer.layers = 1;
+  mtp_layer.moe_layers = spec.moe_layers > 0 ? 1 : 0;
+  const double draft_with = draft_s + plan::step_collectives(mtp_layer, r, batch).time_s(link_bandwidth, latency);
+  const double step_s = verify_with + K * draft_with;
+  nlohmann::json rates = nlohmann::json::object();
+  for (const double a : kProjectedAcceptanceLengths)
+    rates[fmt::format("{:.1f}", a)] = a * batch * r.dp / step_s / r.world();  // each DP rank's own sequences
+  return {{"verify_ms", verify_with * 1e3},
+          {"draft_step_ms", draft_with * 1e3},
+          {"speculative_step_ms", step_s * 1e3},
+          {"output_tokens_per_s_per_gpu_at_acceptance_length", rates}};
 }
 
 }  // namespace glms::cli

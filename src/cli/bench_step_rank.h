@@ -52,4 +52,14 @@ inline constexpr double kWriteupOutputTokensPerSPerGpu = 2626.0 / 8;
 nlohmann::json project_step(const plan::ModelSpec& spec, const RankSimulation& sim, double measured_s,
                             int tokens_per_rank, double link_bandwidth);
 
+// Acceptance lengths (tokens a speculative step yields per sequence) the projections are given at.
+inline constexpr double kProjectedAcceptanceLengths[] = {1.5, 2.0, 2.5, 3.0, 3.5};
+
+// A simulated rank's MTP speculative step, K drafts at `batch` sequences a rank: the measured
+// verify (batch (1 + K) tokens) with the whole model's collectives, and K measured draft steps each
+// with one MoE layer's (the MTP layer), and the output tok/s per GPU that gives at each of
+// kProjectedAcceptanceLengths.
+nlohmann::json project_speculation(const plan::ModelSpec& spec, const RankSimulation& sim, double verify_s,
+                                   double draft_s, int batch, int K, double link_bandwidth);
+
 }  // namespace glms::cli

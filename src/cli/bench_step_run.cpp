@@ -116,73 +116,6 @@ nlohmann::json phase_breakdown(model::CudaGlm5Model& model, RunStep run_step) {
   return out;
 }
 
-// What MTP speculation with K drafts costs at this batch and context: a verify step (1 + K tokens
-// per sequence, every row's logits, eager) and one MTP draft step (one token per sequence,
-// greedy: argmax ids back). A
-// speculative step runs K MTP calls (the entries, then K - 1 chain steps; the entries call has
-// 1 + accepted tokens per sequence, counted here as one) and one verify, and yields the
-// acceptance length a in tokens, so it pays when a > (verify + K x draft) / decode. With fewer
-// layers than the checkpoint has, the draft step weighs more than it would at full depth, so the
-// break-even is also projected to `full_layers`: the per-layer part of decode and verify (all
-// but embedding and lm_head, `fixed_s`) scales with depth, the MTP draft step does not.
-template <typename TableOf>
-nlohmann::json speculation_costs(model::CudaGlm5Model& model, const io::ModelConfig& config, int K, int batch,
-                                 int context, int steps, double decode_s, double fixed_s, int full_layers,
-                                 TableOf table_of, int block_size) {
-  auto median_of = [&](auto&& run) {
-    run();
-    std::vector<double> times;
-    for (int i = 0; i < std::max(steps / 2, 3); ++i) {
-      const auto t0 = Clock::now();
-      run();
-      times.push_back(seconds_since(t0));
-    }
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2];
-  };
-  model::ForwardBatch verify;
-  for (int s = 0; s < batch; ++s) {
-    std::vector<int32_t> tokens(K + 1);
-    for (int k = 0; k <= K; ++k) tokens[k] = (s * 7919 + k * 131) % config.vocab_size;
-    verify.add_sequence(tokens, context - 1, table_of(s), block_size, true);
-  }
-  const double verify_s = median_of([&] {
-    model.forward_on_device(verify);
-    model.synchronize();
-  });
-  model::ForwardBatch chain;
-  for (int s = 0; s < batch; ++s)
-    chain.add_sequence({(s * 104729) % config.vocab_size}, context - 1, table_of(s), block_size, false);
-  std::vector<float> h_prev(static_cast<size_t>(batch) * config.hidden_size);
-  for (size_t i = 0; i < h_prev.size(); ++i) h_prev[i] = static_cast<float>((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
-  // As the engine drafts for greedy requests (argmax ids back), and with every row's logits on
-  // the host, as sampled requests need.
-  const std::vector<model::RowOutput> argmax_only(batch);
-  const double draft_s = median_of([&] { model.mtp_forward_selected(chain, h_prev.data(), argmax_only, nullptr); });
-  const double draft_full_s = median_of([&] { model.mtp_forward(chain, h_prev.data(), nullptr); });
-  const double step_s = verify_s + K * draft_s;
-  nlohmann::json speedups = nlohmann::json::object();
-  for (double a : {1.5, 2.0, 2.5, 3.0, 3.5}) speedups[fmt::format("{:.1f}", a)] = a * decode_s / step_s;
-  const double depth = static_cast<double>(full_layers) / config.num_hidden_layers;
-  const double full_decode_s = fixed_s + (decode_s - fixed_s) * depth;
-  const double full_step_s = fixed_s + (verify_s - fixed_s) * depth + K * draft_s;
-  std::cerr << fmt::format("    K={}: verify {:.3f} ms, MTP draft step {:.3f} ms ({:.3f} with its logits on the host); "
-                           "pays above acceptance length {:.2f} (x{:.2f} at 3.5); at {} layers above {:.2f}\n",
-                           K, verify_s * 1e3, draft_s * 1e3, draft_full_s * 1e3, step_s / decode_s,
-                           3.5 * decode_s / step_s, full_layers, full_step_s / full_decode_s);
-  return {{"steps", K},
-          {"verify_ms", verify_s * 1e3},
-          {"draft_step_ms", draft_s * 1e3},
-          {"draft_step_with_host_logits_ms", draft_full_s * 1e3},
-          {"break_even_acceptance_length", step_s / decode_s},
-          {"speedup_at_acceptance_length", speedups},
-          {"full_depth_projection",
-           {{"layers", full_layers},
-            {"decode_ms", full_decode_s * 1e3},
-            {"speculative_step_ms", full_step_s * 1e3},
-            {"break_even_acceptance_length", full_step_s / full_decode_s}}}};
-}
-
 // What every point of a run shares: the options, the model at its shapes, and the inputs of the
 // bounds (the device's measured rates, the planner's view of the model).
 struct StepBench {
@@ -210,6 +143,79 @@ struct StepBench {
     return table;
   }
 };
+
+// What MTP speculation with K drafts costs at this batch and context: a verify step (1 + K tokens
+// per sequence, every row's logits, eager) and one MTP draft step (one token per sequence,
+// greedy: argmax ids back). A speculative step runs K MTP calls (the entries, then K - 1 chain
+// steps; the entries call has 1 + accepted tokens per sequence, counted here as one) and one
+// verify, and yields the acceptance length a in tokens, so it pays when a > (verify + K x draft) /
+// decode. With fewer layers than the checkpoint has, the draft step weighs more than it would at
+// full depth, so the break-even is also projected to `full_layers`: the per-layer part of decode
+// and verify (all but embedding and lm_head, `fixed_s`) scales with depth, the MTP draft step does
+// not. A simulated rank's steps carry every data-parallel rank's tokens, and its projection adds
+// the collectives: the whole model's to a verify step, one MoE layer's to a draft step.
+nlohmann::json speculation_costs(StepBench& b, int batch, int context, double decode_s, double fixed_s) {
+  model::CudaGlm5Model& model = *b.model;
+  const io::ModelConfig& config = b.config;
+  const RankSimulation& sim = b.o.simulation;
+  const int K = b.o.speculative_steps, full_layers = b.full_layers, block_size = b.options.block_size;
+  auto median_of = [&](auto&& run) {
+    run();
+    std::vector<double> times;
+    for (int i = 0; i < std::max(b.o.steps / 2, 3); ++i) {
+      const auto t0 = Clock::now();
+      run();
+      times.push_back(seconds_since(t0));
+    }
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+  };
+  model::ForwardBatch verify;
+  for (int s = 0; s < batch; ++s) {
+    std::vector<int32_t> tokens(K + 1);
+    for (int k = 0; k <= K; ++k) tokens[k] = (s * 7919 + k * 131) % config.vocab_size;
+    verify.add_sequence(tokens, context - 1, b.table_of(s), block_size, true);
+  }
+  verify.dp_tokens = sim.dp_tokens(batch * (K + 1));
+  const double verify_s = median_of([&] {
+    model.forward_on_device(verify);
+    model.synchronize();
+  });
+  model::ForwardBatch chain;
+  for (int s = 0; s < batch; ++s)
+    chain.add_sequence({(s * 104729) % config.vocab_size}, context - 1, b.table_of(s), block_size, false);
+  chain.dp_tokens = sim.dp_tokens(batch);
+  std::vector<float> h_prev(static_cast<size_t>(batch) * config.hidden_size);
+  for (size_t i = 0; i < h_prev.size(); ++i) h_prev[i] = static_cast<float>((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+  // As the engine drafts for greedy requests (argmax ids back), and with every row's logits on
+  // the host, as sampled requests need.
+  const std::vector<model::RowOutput> argmax_only(batch);
+  const double draft_s = median_of([&] { model.mtp_forward_selected(chain, h_prev.data(), argmax_only, nullptr); });
+  const double draft_full_s = median_of([&] { model.mtp_forward(chain, h_prev.data(), nullptr); });
+  const double step_s = verify_s + K * draft_s;
+  nlohmann::json speedups = nlohmann::json::object();
+  for (const double a : kProjectedAcceptanceLengths) speedups[fmt::format("{:.1f}", a)] = a * decode_s / step_s;
+  const double depth = static_cast<double>(full_layers) / config.num_hidden_layers;
+  const double full_decode_s = fixed_s + (decode_s - fixed_s) * depth;
+  const double full_step_s = fixed_s + (verify_s - fixed_s) * depth + K * draft_s;
+  std::cerr << fmt::format("    K={}: verify {:.3f} ms, MTP draft step {:.3f} ms ({:.3f} with its logits on the host); "
+                           "pays above acceptance length {:.2f} (x{:.2f} at 3.5); at {} layers above {:.2f}\n",
+                           K, verify_s * 1e3, draft_s * 1e3, draft_full_s * 1e3, step_s / decode_s,
+                           3.5 * decode_s / step_s, full_layers, full_step_s / full_decode_s);
+  nlohmann::json out = {{"steps", K},
+                        {"verify_ms", verify_s * 1e3},
+                        {"draft_step_ms", draft_s * 1e3},
+                        {"draft_step_with_host_logits_ms", draft_full_s * 1e3},
+                        {"break_even_acceptance_length", step_s / decode_s},
+                        {"speedup_at_acceptance_length", speedups},
+                        {"full_depth_projection",
+                         {{"layers", full_layers},
+                          {"decode_ms", full_decode_s * 1e3},
+                          {"speculative_step_ms", full_step_s * 1e3},
+                          {"break_even_acceptance_length", full_step_s / full_decode_s}}}};
+  if (sim.enabled()) out["projection"] = project_speculation(b.spec, sim, verify_s, draft_s, batch, K, b.link_bandwidth);
+  return out;
+}
 
 // The device's rates, printed.
 void measure_rates(StepBench& b) {
@@ -263,7 +269,6 @@ void set_up(StepBench& b) {
     if (sim.rank < 0 || sim.rank >= sim.parallel_layout().world_size())
       fail("--simulate-rank must be in [0, " + std::to_string(sim.parallel_layout().world_size()) + ")");
     runtime::check_layout(b.config, sim.parallel_layout());
-    if (o.speculative_steps > 0) fail("--speculative-steps is not simulated across ranks yet");
   }
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
   const int max_context = *std::max_element(o.contexts.begin(), o.contexts.end()) + o.steps + o.speculative_steps + 8;
@@ -457,10 +462,8 @@ nlohmann::json decode_point(StepBench& b, int context, int batch, bool profile) 
                              batch > b.cached_sequences ? " (sequences share cache blocks)" : "");
   }
   if (o.speculative_steps > 0)
-    point["speculative"] = speculation_costs(
-        model, b.config, o.speculative_steps, batch, context, o.steps, t.median,
-        (phases.value("embed", 0.0) + phases.value("head", 0.0)) / 1e3, b.full_layers,
-        [&](int sequence) { return b.table_of(sequence); }, b.options.block_size);
+    point["speculative"] =
+        speculation_costs(b, batch, context, t.median, (phases.value("embed", 0.0) + phases.value("head", 0.0)) / 1e3);
   return point;
 }
 
@@ -578,16 +581,31 @@ nlohmann::json project_workload(const BenchStepOptions& o, const nlohmann::json&
   for (const nlohmann::json& d : decode) {
     const double decode_rate = d["projection"]["projected_tokens_per_s_per_gpu"].get<double>();
     const double rate = plan::mixed_output_tokens_per_s(decode_rate, prefill_rate, w.input_len, w.output_len, w.prefix_hit);
-    points.push_back({{"batch", d["batch"]},
-                      {"context", d["context"]},
-                      {"decode_tokens_per_s_per_gpu", decode_rate},
-                      {"output_tokens_per_s_per_gpu", rate},
-                      {"node_requests_per_s", rate * world / w.output_len},
-                      {"ratio_to_writeup_per_gpu", rate / kWriteupOutputTokensPerSPerGpu}});
+    nlohmann::json point = {{"batch", d["batch"]},
+                            {"context", d["context"]},
+                            {"decode_tokens_per_s_per_gpu", decode_rate},
+                            {"output_tokens_per_s_per_gpu", rate},
+                            {"node_requests_per_s", rate * world / w.output_len},
+                            {"ratio_to_writeup_per_gpu", rate / kWriteupOutputTokensPerSPerGpu}};
     std::cerr << fmt::format("  decode batch {:>3} context {:>5}: {:6.0f} output tok/s per GPU ({:.2f}x the write-up's "
                              "{:.0f}), {:.2f} requests/s for {} GPUs\n",
                              d["batch"].get<int>(), d["context"].get<int>(), rate, rate / kWriteupOutputTokensPerSPerGpu,
                              kWriteupOutputTokensPerSPerGpu, rate * world / w.output_len, world);
+    if (d.contains("speculative") && d["speculative"].contains("projection")) {
+      // The write-up's figure is with MTP: the same with speculative steps at each acceptance length.
+      nlohmann::json with_mtp = nlohmann::json::object();
+      std::string line = "    with MTP speculation, output tok/s per GPU at acceptance length";
+      for (const auto& [a, speculative_rate] :
+           d["speculative"]["projection"]["output_tokens_per_s_per_gpu_at_acceptance_length"].items()) {
+        const double mixed = plan::mixed_output_tokens_per_s(speculative_rate.get<double>(), prefill_rate, w.input_len,
+                                                             w.output_len, w.prefix_hit);
+        with_mtp[a] = mixed;
+        line += fmt::format(" {}: {:.0f}", a, mixed);
+      }
+      point["output_tokens_per_s_per_gpu_with_mtp_at_acceptance_length"] = with_mtp;
+      std::cerr << line << "\n";
+    }
+    points.push_back(point);
   }
   return {{"workload", w.name},
           {"input_len", w.input_len},
