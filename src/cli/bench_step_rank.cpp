@@ -62,10 +62,7 @@ nlohmann::json project_speculation(const plan::ModelSpec& spec, const RankSimula
   const plan::RankShape r = sim.rank_shape();
   const double latency = plan::kCollectiveLatencySeconds;
   const double verify_with = verify_s + plan::step_collectives(spec, r, double(batch) * (K + 1)).time_s(link_bandwidth, latency);
-  plan::ModelSpec mtp_layer = spec;  // the draft step's one decoder layer, a MoE one
-  mtp_layer.layers = 1;
-  mtp_layer.moe_layers = spec.moe_layers > 0 ? 1 : 0;
-  const double draft_with = draft_s + plan::step_collectives(mtp_layer, r, batch).time_s(link_bandwidth, latency);
+  const double draft_with = draft_s + plan::moe_layer_collectives(spec, r, batch).time_s(link_bandwidth, latency);
   const double step_s = verify_with + K * draft_with;
   nlohmann::json rates = nlohmann::json::object();
   for (const double a : kProjectedAcceptanceLengths)

@@ -129,6 +129,13 @@ StepCollectives step_collectives(const ModelSpec& m, const RankShape& r, double 
   return c;
 }
 
+StepCollectives moe_layer_collectives(const ModelSpec& m, const RankShape& r, double tokens_per_rank) {
+  ModelSpec layer = m;
+  layer.layers = 1;
+  layer.moe_layers = m.moe_layers > 0 ? 1 : 0;
+  return step_collectives(layer, r, tokens_per_rank);
+}
+
 Layout plan_expert_parallel_layout(const ModelSpec& m, const PlanInputs& in, const GpuSpec& gpu, int tp) {
   Layout l;
   l.tp = tp;

@@ -47,6 +47,9 @@ struct StepCollectives {
   double time_s(double link_bandwidth, double latency_s) const;
 };
 StepCollectives step_collectives(const ModelSpec& m, const RankShape& r, double tokens_per_rank);
+// The same for one MoE decoder layer (an MTP draft step's): two all-reduces over the
+// tensor-parallel peers, an all-gather group and a reduce-scatter over the data-parallel ones.
+StepCollectives moe_layer_collectives(const ModelSpec& m, const RankShape& r, double tokens_per_rank);
 
 // A collective's fixed cost assumed where none is measured: NVLink rings inside a CUDA graph.
 inline constexpr double kCollectiveLatencySeconds = 10e-6;

@@ -52,6 +52,22 @@ TEST(RankShape, CollectivesOfADecodeStep) {
   EXPECT_DOUBLE_EQ(dp.time_s(450e9, 10e-6), 150 * 10e-6 + dp.bytes_sent / 450e9);
 }
 
+TEST(RankShape, OneMoeLayersCollectivesAreAStepsShareOfThem) {
+  // GLM-5.2: 78 layers, 75 of them MoE. With data parallelism alone every collective is a MoE
+  // layer's, so a step's are 75 layers' worth; tensor parallelism adds two all-reduces a layer.
+  const ModelSpec m = glm52();
+  const StepCollectives dp_layer = moe_layer_collectives(m, {1, 8}, 64), dp_step = step_collectives(m, {1, 8}, 64);
+  EXPECT_EQ(dp_layer.count, 2);
+  EXPECT_EQ(dp_step.count, 2 * 75);
+  EXPECT_NEAR(dp_layer.bytes_sent * 75, dp_step.bytes_sent, 1e-9 * dp_step.bytes_sent);
+  // TP4 x DP2: the layer's two all-reduces (2 x 3/4 of 64 fp32 rows each) and one peer's rows in
+  // and sums out.
+  const StepCollectives both = moe_layer_collectives(m, {4, 2}, 64);
+  EXPECT_EQ(both.count, 4);
+  EXPECT_DOUBLE_EQ(both.bytes_sent, 2 * 1.5 * 64 * 6144 * 4.0 + 1 * 64 * (6144 * 2.0 + 8 * 8.0 + 6144 * 4.0));
+  EXPECT_EQ(moe_layer_collectives(m, {1, 1}, 64).count, 0);
+}
+
 TEST(RankShape, ADecodeStepReadsTheExpertsTheWholeStepTouches) {
   const ModelSpec m = glm52();
   // Eight ranks of one token each touch what eight tokens touch, an eighth of it on each rank.
