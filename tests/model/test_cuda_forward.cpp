@@ -605,3 +605,81 @@ TEST_F(CudaForward, ForwardSelectedReturnsArgmaxesDrawsAndTheAskedRows) {
     }
   }
 }
+
+// A random model at GLM-5's attention widths (64 heads, latent 512, rope 64, nope 192, v 256; an
+// indexer of 32 heads of 128) and small elsewhere, so that its steps take the wgmma attention
+// kernels the narrow models above never reach: a 300-token prefill, a 40-token one, decode steps
+// of both (eager, then graphs) whose selections are 5 tiles of 64 rows (splits, as clusters or
+// through the merge), then the short one alone. The indexer keeps every position (a random
+// model's near-tied scores would flip between bf16 and fp32), so every decode step selects all
+// and one top-k a step serves its layers. Each attention variant against the CPU.
+TEST_F(CudaForward, GlmAttentionWidthsFollowTheCpuThroughEveryAttentionKernel) {
+  RandomModelSpec spec;
+  spec.hidden_size = 256;
+  spec.intermediate_size = 256;
+  spec.moe_intermediate_size = 128;
+  spec.num_hidden_layers = 2;
+  spec.index_topk_pattern = "FS";
+  spec.num_attention_heads = 64;
+  spec.q_lora_rank = 128;
+  spec.kv_lora_rank = 512;
+  spec.qk_nope_head_dim = 192;
+  spec.qk_rope_head_dim = 64;
+  spec.v_head_dim = 256;
+  spec.n_routed_experts = 16;
+  spec.num_experts_per_tok = 4;
+  spec.n_group = 1;
+  spec.topk_group = 1;
+  spec.index_n_heads = 32;
+  spec.index_head_dim = 128;
+  spec.index_topk = 512;
+  spec.with_mtp = false;
+  TempDir dir("cuda_glm_attention_widths");
+  const model::Glm5Model cpu(model::load_weights(glms::testing::write_random_model(dir.path / "m", spec).string()));
+  const auto a = random_tokens(310, spec.vocab_size, 11), b = random_tokens(50, spec.vocab_size, 12);
+  struct Variant {
+    const char* name;
+    void (*adjust)(model::CudaModelOptions&);
+  };
+  const Variant variants[] = {
+      {"two stages, clusters of 8", [](model::CudaModelOptions&) {}},
+      {"two stages, splits merged", [](model::CudaModelOptions& o) { o.attention_cluster_splits = 0; }},
+      {"ring, clusters of 8", [](model::CudaModelOptions& o) { o.attention_ring_stages = true; }},
+      {"ring, clusters of 16",
+       [](model::CudaModelOptions& o) {
+         o.attention_ring_stages = true;
+         o.attention_cluster_splits = 16;
+       }},
+      {"fused projection rows, one top-k a step",
+       [](model::CudaModelOptions& o) {
+         o.fused_projection_rows = true;
+         o.reuse_step_selection = true;
+       }},
+  };
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    model::CudaModelOptions options = small_options();
+    options.max_tokens = 512;
+    v.adjust(options);
+    model::CudaGlm5Model gpu(cpu.weights(), options);
+    Pair pair(cpu, gpu);
+    model::ForwardBatch prefill_a, prefill_b;
+    prefill_a.add_sequence({a.begin(), a.begin() + 300}, 0, table(0, 40), kBlockSize, false);
+    pair.step(prefill_a);
+    prefill_b.add_sequence({b.begin(), b.begin() + 40}, 0, table(40, 7), kBlockSize, true);
+    pair.step(prefill_b);
+    for (int i = 0; i < 4; ++i) {
+      model::ForwardBatch decode;
+      decode.add_sequence({a[300 + i]}, 300 + i, table(0, 40), kBlockSize, false);
+      decode.add_sequence({b[40 + i]}, 40 + i, table(40, 7), kBlockSize, false);
+      pair.step(decode, /*use_graph=*/i >= 1);
+    }
+    for (int i = 4; i < 7; ++i) {
+      model::ForwardBatch decode;
+      decode.add_sequence({b[40 + i]}, 40 + i, table(40, 7), kBlockSize, false);
+      pair.step(decode, /*use_graph=*/i >= 5);
+    }
+    std::printf("%s: median relative L2 %.2e\n", v.name, pair.median());
+    EXPECT_LT(pair.median(), 2e-2) << v.name;
+  }
+}
