@@ -82,17 +82,18 @@ void render_model(const PlanResult& p, std::string& out) {
 void render_memory(const PlanResult& p, std::string& out) {
   const PlanInputs& in = p.inputs;
   const GpuSpec& g = p.gpu;
-  line(out, "weights", format("%s: %s (%s per GPU at TP%d)", in.weights.c_str(), bytes(p.weight_bytes).c_str(),
-                         bytes(p.headline.weight_bytes_per_gpu).c_str(), in.tp));
+  line(out, "weights", format("%s: %s (%s per GPU at %s)", in.weights.c_str(), bytes(p.weight_bytes).c_str(),
+                         bytes(p.headline.weight_bytes_per_gpu).c_str(), layout_name(p.headline).c_str()));
   line(out, "KV cache", format("%s: %s per token (%.0f B), %s per sequence of %lld tokens", in.kv_dtype.c_str(),
                           bytes(p.kv_bytes_per_token).c_str(), p.kv_bytes_per_token, bytes(p.kv_bytes_per_sequence).c_str(),
                           static_cast<long long>(in.context)));
   const double total = g.memory_bytes * in.gpus, usable = p.usable_bytes_per_gpu * in.gpus;
+  // What the GPUs hold together: a copy per replica, or the replicated non-expert weights of EP.
+  const double held = p.headline.weight_bytes_per_gpu * in.gpus;
   line(out, "memory", format("%s HBM, %.0f%% reserve -> %s usable; weights %s + KV %s (%d x %lld tokens)",
-                        bytes(total).c_str(), in.reserve_fraction * 100, bytes(usable).c_str(),
-                        bytes(p.weight_bytes).c_str(), bytes(p.kv_bytes_needed).c_str(), in.concurrency,
-                        static_cast<long long>(in.context)));
-  line(out, "fits", p.fits ? format("yes (%s left)", bytes(usable - p.weight_bytes - p.kv_bytes_needed).c_str())
+                        bytes(total).c_str(), in.reserve_fraction * 100, bytes(usable).c_str(), bytes(held).c_str(),
+                        bytes(p.kv_bytes_needed).c_str(), in.concurrency, static_cast<long long>(in.context)));
+  line(out, "fits", p.fits ? format("yes (%s left)", bytes(usable - held - p.kv_bytes_needed).c_str())
                       : !p.headline.weights_fit ? std::string("no: the weights alone exceed the usable memory")
                                                 : format("no: at most %lld sequences of %lld tokens",
                                                          static_cast<long long>(p.max_sequences),
@@ -132,8 +133,9 @@ void render_bounds(const PlanResult& p, std::string& out) {
   const PlanInputs& in = p.inputs;
   const DecodeBound& d = p.headline.decode;
   out += "\n";
-  line(out, "decode", format("roofline at %d sequences, each at position %lld, TP%d x DP%d", in.concurrency,
-                        static_cast<long long>(in.context), p.headline.tp, p.headline.dp));
+  line(out, "decode", format("roofline at %d sequences, each at position %lld, TP%d x DP%d%s", in.concurrency,
+                        static_cast<long long>(in.context), p.headline.tp, p.headline.dp,
+                        p.headline.expert_parallel ? format(" + EP%d", in.gpus).c_str() : ""));
   std::string weights_read = bytes(d.weight_bytes);
   if (m.moe_layers > 0)
     weights_read += format(" (%.1f of %d experts per MoE layer)", d.touched_experts, m.n_routed_experts);
@@ -193,8 +195,8 @@ void render_cost(const PlanResult& p, std::string& out) {
   const PlanInputs::Workload& w = in.workload;
   if (w.input_len <= 0) return;
   const WorkloadBound& b = p.workload;
-  line(out, "workload", format("%s: %d in (%.0f%% cached), %d out, TP%d x DP%d at %d sequences", w.name.c_str(), w.input_len,
-                          w.prefix_hit * 100, w.output_len, p.headline.tp, p.headline.dp, in.concurrency));
+  line(out, "workload", format("%s: %d in (%.0f%% cached), %d out, %s at %d sequences", w.name.c_str(), w.input_len,
+                          w.prefix_hit * 100, w.output_len, layout_name(p.headline).c_str(), in.concurrency));
   line(out, "  bounds", format("decode %s tok/s per GPU at %d tokens, prefill %s tok/s per GPU (%.1f GFLOP an uncached "
                           "token), taken in turn: %s output tok/s per GPU",
                           per_s(b.decode_tokens_per_s_per_gpu).c_str(), w.input_len + w.output_len,

@@ -161,6 +161,14 @@ Layout plan_layout(const ModelSpec& m, const PlanInputs& in, const GpuSpec& gpu,
 
 namespace {
 
+// The layout the plan is about, as `glmserve serve` would run it: with --enable-expert-parallel
+// (a MoE model on several GPUs) data-parallel attention groups sharing whole experts, which is
+// what the serve lines size; else TP x DP replicas.
+Layout headline_layout(const ModelSpec& model, const PlanInputs& in, const GpuSpec& gpu, int tp) {
+  if (in.expert_parallel && model.moe_layers > 0 && in.gpus > 1) return plan_expert_parallel_layout(model, in, gpu, tp);
+  return plan_layout(model, in, gpu, tp);
+}
+
 WorkloadBound workload_bound(const ModelSpec& model, const PlanInputs& in, const PlanResult& p) {
   const PlanInputs::Workload& w = in.workload;
   if (w.output_len < 1 || !(w.prefix_hit >= 0 && w.prefix_hit <= 1))
@@ -168,7 +176,7 @@ WorkloadBound workload_bound(const ModelSpec& model, const PlanInputs& in, const
   WorkloadBound b;
   PlanInputs at_length = in;
   at_length.context = int64_t{w.input_len} + w.output_len;
-  b.decode_tokens_per_s_per_gpu = plan_layout(model, at_length, p.gpu, p.inputs.tp).aggregate_tokens_per_s / in.gpus;
+  b.decode_tokens_per_s_per_gpu = headline_layout(model, at_length, p.gpu, p.inputs.tp).aggregate_tokens_per_s / in.gpus;
   const double cached = w.input_len * w.prefix_hit;
   b.prefill_flops_per_token =
       2.0 * (double(p.active_params) - lm_head_parameters(model)) +
@@ -217,7 +225,7 @@ PlanResult make_plan(const ModelSpec& model, const PlanInputs& in, const std::st
   if (model.moe_layers > 0 && in.gpus > 1)
     for (int t = in.gpus; t >= 1; --t)
       if (in.gpus % t == 0) p.layouts.push_back(plan_expert_parallel_layout(model, in, p.gpu, t));
-  p.headline = plan_layout(model, in, p.gpu, tp);
+  p.headline = headline_layout(model, in, p.gpu, tp);
   p.serve = serve_memory(model, in, p.gpu, {tp, in.gpus / tp}, in.expert_parallel);
   p.kv_bytes_needed = p.headline.kv_bytes_per_sequence * in.concurrency;
   p.max_sequences = p.headline.max_sequences;

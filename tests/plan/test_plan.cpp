@@ -229,6 +229,31 @@ TEST(Plan, WorkloadBoundsCountItsPrefill) {
   EXPECT_THROW(make_plan(m, in), Error);
 }
 
+TEST(Plan, ExpertParallelHeadlineIsTheLayoutServeRuns) {
+  // --tp 1 --enable-expert-parallel on 8 H200s: the headline is DP8 attention + EP8 experts (about
+  // 86 GB a GPU), the layout serve's lines size, not eight whole replicas (439 GB a GPU, no fit).
+  const ModelSpec m = load_model_spec(glm52());
+  PlanInputs in = inputs("h200", 8, "mxfp4", 8192, 64);
+  in.tp = 1;
+  const PlanResult replicas = make_plan(m, in);
+  EXPECT_FALSE(replicas.headline.expert_parallel);
+  EXPECT_FALSE(replicas.fits);
+  in.expert_parallel = true;
+  in.workload = {"agentic", 20000, 1000, 0.6};
+  const PlanResult ep = make_plan(m, in);
+  EXPECT_TRUE(ep.headline.expert_parallel);
+  EXPECT_TRUE(ep.fits);
+  EXPECT_DOUBLE_EQ(ep.headline.weight_bytes_per_gpu, plan_expert_parallel_layout(m, in, ep.gpu, 1).weight_bytes_per_gpu);
+  EXPECT_LT(ep.headline.weight_bytes_per_gpu, 90e9);
+  EXPECT_DOUBLE_EQ(ep.decode_tokens_per_s_bound, ep.headline.aggregate_tokens_per_s);
+  EXPECT_NE(render_text(ep).find("TP1 x DP8 + EP8"), std::string::npos);
+  // The workload's decode is that layout's at its length.
+  PlanInputs at_length = in;
+  at_length.context = 21000;
+  EXPECT_NEAR(ep.workload.decode_tokens_per_s_per_gpu,
+              plan_expert_parallel_layout(m, at_length, ep.gpu, 1).aggregate_tokens_per_s / 8, 1e-9);
+}
+
 TEST(Plan, RejectsBadInput) {
   const ModelSpec m = load_model_spec(glm52());
   PlanInputs in = inputs("h200", 8, "mxfp4", 8192, 1);
