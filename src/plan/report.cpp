@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "plan/parallel.h"
 #include "plan/roofline.h"
 
 namespace glms::plan {
@@ -139,14 +140,23 @@ void render_bounds(const PlanResult& p, std::string& out) {
   std::string weights_read = bytes(d.weight_bytes);
   if (m.moe_layers > 0)
     weights_read += format(" (%.1f of %d experts per MoE layer)", d.touched_experts, m.n_routed_experts);
-  line(out, "  per step", format("weights %s, KV %s, %.1f TFLOP (one replica of %.1f sequences)", weights_read.c_str(),
-                            bytes(d.kv_bytes).c_str(), d.flops / 1e12, d.batch));
+  // A replica's step runs on its TP GPUs together; an expert-parallel layout's figures are one
+  // GPU's share of its group's step, and the step adds the collectives.
+  const bool ep = p.headline.expert_parallel;
+  const int gpus = ep ? 1 : p.headline.tp;
+  line(out, "  per step", format("weights %s, KV %s, %.1f TFLOP (%s %.1f sequences)", weights_read.c_str(),
+                            bytes(d.kv_bytes).c_str(), d.flops / 1e12,
+                            ep ? "one GPU's share of its attention group's" : "one replica of", d.batch));
   line(out, "  memory", format("%.2f ms at %s/s (%d x %s/s, %s)", d.bandwidth_time_s * 1e3,
-                          bytes(p.bandwidth.value * p.headline.tp).c_str(), p.headline.tp,
-                          bytes(p.bandwidth.value).c_str(), p.bandwidth.source.c_str()));
-  line(out, "  compute", format("%.2f ms at %s (%d x %s %s, %s)", d.compute_time_s * 1e3,
-                           rate(p.gemm_rate.value * p.headline.tp).c_str(), p.headline.tp,
-                           p.gemm_rate.precision.c_str(), rate(p.gemm_rate.value).c_str(), p.gemm_rate.source.c_str()));
+                          bytes(p.bandwidth.value * gpus).c_str(), gpus, bytes(p.bandwidth.value).c_str(),
+                          p.bandwidth.source.c_str()));
+  line(out, "  compute", format("%.2f ms at %s (%d x %s %s, %s)", d.compute_time_s * 1e3, rate(p.gemm_rate.value * gpus).c_str(),
+                           gpus, p.gemm_rate.precision.c_str(), rate(p.gemm_rate.value).c_str(),
+                           p.gemm_rate.source.c_str()));
+  if (ep)
+    line(out, "  links", format("%.2f ms a step (all-reduces, the MoE gathers and reduce-scatters at the link "
+                           "bandwidth, %.0f us a call)",
+                           p.headline.allreduce_time_per_step_s * 1e3, kCollectiveLatencySeconds * 1e6));
   line(out, "  bound", format("%s tok/s aggregate, %s tok/s per sequence (%s bound)", per_s(p.decode_tokens_per_s_bound).c_str(),
                          per_s(p.decode_tokens_per_s_per_sequence_bound).c_str(),
                          d.compute_bound ? "compute" : "memory-bandwidth"));
