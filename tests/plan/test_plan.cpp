@@ -246,7 +246,15 @@ TEST(Plan, ExpertParallelHeadlineIsTheLayoutServeRuns) {
   EXPECT_DOUBLE_EQ(ep.headline.weight_bytes_per_gpu, plan_expert_parallel_layout(m, in, ep.gpu, 1).weight_bytes_per_gpu);
   EXPECT_LT(ep.headline.weight_bytes_per_gpu, 90e9);
   EXPECT_DOUBLE_EQ(ep.decode_tokens_per_s_bound, ep.headline.aggregate_tokens_per_s);
-  EXPECT_NE(render_text(ep).find("TP1 x DP8 + EP8"), std::string::npos);
+  const std::string text = render_text(ep);
+  EXPECT_NE(text.find("TP1 x DP8 + EP8"), std::string::npos);
+  // One GPU's share of its group's step, plus the collectives.
+  EXPECT_NE(text.find("at 4.24 TB/s (1 x 4.24 TB/s"), std::string::npos) << text;
+  EXPECT_NE(text.find("  links"), std::string::npos);
+  EXPECT_NEAR(ep.headline.decode.step_time_s,
+              std::max(ep.headline.decode.bandwidth_time_s, ep.headline.decode.compute_time_s) +
+                  ep.headline.allreduce_time_per_step_s,
+              1e-12);
   // The workload's decode is that layout's at its length.
   PlanInputs at_length = in;
   at_length.context = 21000;
