@@ -76,9 +76,7 @@ double rank_touched_experts(const plan::ModelSpec& spec, const RankSimulation& s
 // sequences' cache reads (tensor-parallel peers each read the whole latent rows).
 double rank_decode_bytes(const plan::ModelSpec& spec, const RankSimulation& sim, const std::string& expert_format,
                          const std::string& kv_dtype, int batch, int context) {
-  // The rank's experts read in expert_format instead of bf16.
-  return plan::rank_decode_weight_bytes(spec, "bf16", sim.rank_shape(), batch) +
-         rank_touched_experts(spec, sim, batch) * (spec.expert_bytes(expert_format) - spec.expert_bytes("bf16")) +
+  return plan::rank_decode_device_weight_bytes(spec, expert_format, sim.rank_shape(), batch) +
          batch * plan::kv_bytes_read_per_step(spec, context, plan::kv_dtype_bytes(kv_dtype));
 }
 

@@ -57,6 +57,16 @@ double rank_decode_weight_bytes(const ModelSpec& m, const std::string& format, c
   return bytes;
 }
 
+double rank_decode_device_weight_bytes(const ModelSpec& m, const std::string& experts_format, const RankShape& r,
+                                       double tokens_per_rank) {
+  double bytes = rank_decode_weight_bytes(m, "bf16", r, tokens_per_rank);
+  if (m.moe_layers > 0)  // the touched experts in their own format instead of bf16
+    bytes += m.moe_layers *
+             expected_distinct_experts(m.n_routed_experts, m.experts_per_token, tokens_per_rank * r.dp) *
+             (m.expert_bytes(experts_format) - m.expert_bytes("bf16")) / r.world();
+  return bytes;
+}
+
 namespace {
 
 // The MTP layer as one rank holds it: bf16 but its routed experts, which are in
@@ -161,7 +171,7 @@ Layout plan_expert_parallel_layout(const ModelSpec& m, const PlanInputs& in, con
   d.batch = per_group;
   d.touched_experts =
       m.moe_layers > 0 ? expected_distinct_experts(m.n_routed_experts, m.experts_per_token, double(in.concurrency)) : 0;
-  d.weight_bytes = rank_decode_weight_bytes(m, in.weights, r, per_group);
+  d.weight_bytes = rank_decode_device_weight_bytes(m, in.weights, r, per_group);
   d.kv_bytes = per_group * kv_bytes_read_per_step(m, double(in.context), b);
   d.flops = per_group * (2.0 * m.active_parameters +
                          attention_flops(m, attended_tokens(m, double(in.context)), double(in.context), false)) /

@@ -28,6 +28,10 @@ double rank_device_weight_bytes(const ModelSpec& m, const std::string& experts_f
 // dp * tokens_per_rank tokens touch.
 double rank_decode_weight_bytes(const ModelSpec& m, const std::string& format, const RankShape& r,
                                 double tokens_per_rank);
+// The same as glmserve's CUDA path holds the weights (rank_device_weight_bytes: bf16 but the
+// routed experts, read in `experts_format`): what its decode steps read, and bench-step's bound.
+double rank_decode_device_weight_bytes(const ModelSpec& m, const std::string& experts_format, const RankShape& r,
+                                       double tokens_per_rank);
 
 // What glmserve serve holds on each GPU of the layout tp x dp (the experts over all of them,
 // whole with expert_parallel) and the cache the rest of the budget takes (PlanInputs says how

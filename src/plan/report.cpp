@@ -212,8 +212,10 @@ void render_cost(const PlanResult& p, std::string& out) {
                           per_s(b.decode_tokens_per_s_per_gpu).c_str(), w.input_len + w.output_len,
                           per_s(b.prefill_tokens_per_s_per_gpu).c_str(), b.prefill_flops_per_token / 1e9,
                           per_s(b.output_tokens_per_s_per_gpu).c_str()));
-  line(out, "  requests", format("%.2f req/s for %d GPUs, $%.3f per 1000 requests at utilisation %.2f", b.requests_per_s,
-                            in.gpus, b.usd_per_thousand_requests, in.utilization));
+  line(out, "  requests", format("%.2f req/s for %d GPUs, $%.3f per 1000 requests at utilisation %.2f%s", b.requests_per_s,
+                            in.gpus, b.usd_per_thousand_requests, in.utilization,
+                            p.fits ? "" : format("; %d sequences do not fit (at most %lld)", in.concurrency,
+                                                 static_cast<long long>(p.max_sequences)).c_str()));
 }
 
 }  // namespace

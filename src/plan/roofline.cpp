@@ -227,7 +227,10 @@ PlanResult make_plan(const ModelSpec& model, const PlanInputs& in, const std::st
       if (in.gpus % t == 0) p.layouts.push_back(plan_expert_parallel_layout(model, in, p.gpu, t));
   p.headline = headline_layout(model, in, p.gpu, tp);
   p.serve = serve_memory(model, in, p.gpu, {tp, in.gpus / tp}, in.expert_parallel);
-  p.kv_bytes_needed = p.headline.kv_bytes_per_sequence * in.concurrency;
+  // An expert-parallel group's cache is on each of its tensor-parallel GPUs (kv_bytes_per_sequence
+  // is one GPU's copy there).
+  p.kv_bytes_needed = p.headline.kv_bytes_per_sequence * in.concurrency *
+                      (p.headline.expert_parallel ? p.headline.tp : 1);
   p.max_sequences = p.headline.max_sequences;
   p.fits = p.headline.weights_fit && p.max_sequences >= in.concurrency;
   p.decode_tokens_per_s_bound = p.headline.aggregate_tokens_per_s;
