@@ -567,15 +567,18 @@ nlohmann::json kernel_options_json(const model::CudaModelOptions& k) {
 // A simulated rank's decode points and its last prefill (each per GPU, with the collectives)
 // projected to --project-workload's requests: plan::mixed_output_tokens_per_s, beside the
 // write-up's node.
-nlohmann::json project_workload(const BenchStepOptions& o, const nlohmann::json& decode, const nlohmann::json& prefill) {
+nlohmann::json project_workload(const BenchStepOptions& o, const nlohmann::json& decode, const nlohmann::json& prefill,
+                                int layers, int full_layers) {
   const bench::Preset w = *bench::find_preset(o.project_workload);
   const double prefill_rate = prefill["projection"]["projected_tokens_per_s_per_gpu"].get<double>();
   const int world = o.simulation.parallel_layout().world_size();
   nlohmann::json points = nlohmann::json::array();
   std::cerr << fmt::format("projected to the {} workload ({} in, {:.0f}% cached, {} out), prefilling at {:.0f} tok/s a GPU "
-                           "({} tokens after {} cached), decode and prefill in turn:\n",
+                           "({} tokens after {} cached), decode and prefill in turn, at {} layers{}:\n",
                            w.name, w.input_len, w.prefix_hit * 100, w.output_len, prefill_rate,
-                           prefill["tokens"].get<int>(), prefill["context_before"].get<int>());
+                           prefill["tokens"].get<int>(), prefill["context_before"].get<int>(), layers,
+                           layers < full_layers ? fmt::format(" (the model has {}: not its node's figure)", full_layers)
+                                                : std::string());
   for (const nlohmann::json& d : decode) {
     const double decode_rate = d["projection"]["projected_tokens_per_s_per_gpu"].get<double>();
     const double rate = plan::mixed_output_tokens_per_s(decode_rate, prefill_rate, w.input_len, w.output_len, w.prefix_hit);
@@ -606,6 +609,8 @@ nlohmann::json project_workload(const BenchStepOptions& o, const nlohmann::json&
     points.push_back(point);
   }
   return {{"workload", w.name},
+          {"layers", layers},
+          {"model_layers", full_layers},
           {"input_len", w.input_len},
           {"output_len", w.output_len},
           {"prefix_hit", w.prefix_hit},
@@ -629,7 +634,7 @@ void run_bench_step(const BenchStepOptions& o) {
   nlohmann::json out = kernel_options_json(o.kernels);
   // What ran: the device may hold smaller clusters than asked (CudaGlm5Model caps them).
   out["attention_cluster_splits"] = b.model->options().attention_cluster_splits;
-  if (sim.enabled() && !prefill.empty()) out["workload_projection"] = project_workload(o, decode, prefill.back());
+  if (sim.enabled() && !prefill.empty()) out["workload_projection"] = project_workload(o, decode, prefill.back(), b.config.num_hidden_layers, b.full_layers);
   out.update({{"benchmark", "cuda-step"},
               {"config", b.path},
               {"num_layers", b.config.num_hidden_layers},

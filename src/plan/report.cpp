@@ -260,6 +260,7 @@ std::string render_json(const PlanResult& p) {
   out["mtp_params"] = p.mtp_params;
   out["weight_bytes"] = p.weight_bytes;
   out["weight_bytes_per_gpu"] = p.headline.weight_bytes_per_gpu;
+  out["headline"] = {{"tp", p.headline.tp}, {"dp", p.headline.dp}, {"expert_parallel", p.headline.expert_parallel}};
   out["kv_bytes_per_token"] = p.kv_bytes_per_token;
   out["kv_bytes_per_sequence"] = p.kv_bytes_per_sequence;
   out["kv_bytes_needed"] = p.kv_bytes_needed;
