@@ -568,17 +568,22 @@ nlohmann::json kernel_options_json(const model::CudaModelOptions& k) {
 // projected to --project-workload's requests: plan::mixed_output_tokens_per_s, beside the
 // write-up's node.
 nlohmann::json project_workload(const BenchStepOptions& o, const nlohmann::json& decode, const nlohmann::json& prefill,
-                                int layers, int full_layers) {
+                                int layers, int full_layers, int64_t cache_tokens) {
   const bench::Preset w = *bench::find_preset(o.project_workload);
   const double prefill_rate = prefill["projection"]["projected_tokens_per_s_per_gpu"].get<double>();
   const int world = o.simulation.parallel_layout().world_size();
+  // Sequences of the workload's length this run's cache holds on a rank (serve, whose
+  // workspaces are sized for fewer tokens a step, holds somewhat more: glmserve plan's serve lines).
+  const int64_t holds = cache_tokens / (int64_t{w.input_len} + w.output_len);
   nlohmann::json points = nlohmann::json::array();
   std::cerr << fmt::format("projected to the {} workload ({} in, {:.0f}% cached, {} out), prefilling at {:.0f} tok/s a GPU "
-                           "({} tokens after {} cached), decode and prefill in turn, at {} layers{}:\n",
+                           "({} tokens after {} cached), decode and prefill in turn, at {} layers{}; a rank's cache holds "
+                           "{} such sequences:\n",
                            w.name, w.input_len, w.prefix_hit * 100, w.output_len, prefill_rate,
                            prefill["tokens"].get<int>(), prefill["context_before"].get<int>(), layers,
                            layers < full_layers ? fmt::format(" (the model has {}: not its node's figure)", full_layers)
-                                                : std::string());
+                                                : std::string(),
+                           holds);
   for (const nlohmann::json& d : decode) {
     const double decode_rate = d["projection"]["projected_tokens_per_s_per_gpu"].get<double>();
     const double rate = plan::mixed_output_tokens_per_s(decode_rate, prefill_rate, w.input_len, w.output_len, w.prefix_hit);
@@ -587,11 +592,13 @@ nlohmann::json project_workload(const BenchStepOptions& o, const nlohmann::json&
                             {"decode_tokens_per_s_per_gpu", decode_rate},
                             {"output_tokens_per_s_per_gpu", rate},
                             {"node_requests_per_s", rate * world / w.output_len},
-                            {"ratio_to_writeup_per_gpu", rate / kWriteupOutputTokensPerSPerGpu}};
+                            {"ratio_to_writeup_per_gpu", rate / kWriteupOutputTokensPerSPerGpu},
+                            {"fits_at_workload_length", d["batch"].get<int>() <= holds}};
     std::cerr << fmt::format("  decode batch {:>3} context {:>5}: {:6.0f} output tok/s per GPU ({:.2f}x the write-up's "
-                             "{:.0f}), {:.2f} requests/s for {} GPUs\n",
+                             "{:.0f}), {:.2f} requests/s for {} GPUs{}\n",
                              d["batch"].get<int>(), d["context"].get<int>(), rate, rate / kWriteupOutputTokensPerSPerGpu,
-                             kWriteupOutputTokensPerSPerGpu, rate * world / w.output_len, world);
+                             kWriteupOutputTokensPerSPerGpu, rate * world / w.output_len, world,
+                             d["batch"].get<int>() <= holds ? "" : " (more sequences than a rank holds at this length)");
     if (d.contains("speculative") && d["speculative"].contains("projection")) {
       // The write-up's figure is with MTP: the same with speculative steps at each acceptance length.
       nlohmann::json with_mtp = nlohmann::json::object();
@@ -617,6 +624,7 @@ nlohmann::json project_workload(const BenchStepOptions& o, const nlohmann::json&
           {"prefill_tokens", prefill["tokens"]},
           {"prefill_context_before", prefill["context_before"]},
           {"prefill_tokens_per_s_per_gpu", prefill_rate},
+          {"sequences_a_rank_holds", holds},
           {"writeup_output_tokens_per_s_per_gpu", kWriteupOutputTokensPerSPerGpu},
           {"points", points}};
 }
@@ -634,7 +642,8 @@ void run_bench_step(const BenchStepOptions& o) {
   nlohmann::json out = kernel_options_json(o.kernels);
   // What ran: the device may hold smaller clusters than asked (CudaGlm5Model caps them).
   out["attention_cluster_splits"] = b.model->options().attention_cluster_splits;
-  if (sim.enabled() && !prefill.empty()) out["workload_projection"] = project_workload(o, decode, prefill.back(), b.config.num_hidden_layers, b.full_layers);
+  if (sim.enabled() && !prefill.empty()) out["workload_projection"] = project_workload(o, decode, prefill.back(), b.config.num_hidden_layers, b.full_layers,
+                                       int64_t{b.model->options().num_blocks} * b.options.block_size);
   out.update({{"benchmark", "cuda-step"},
               {"config", b.path},
               {"num_layers", b.config.num_hidden_layers},
