@@ -335,6 +335,15 @@ RandomModelSpec grouped_widths_spec(int index_topk) {
   return spec;
 }
 
+// The random model of `spec` in block FP8 as `glmserve quantize --format fp8` writes it (into
+// dir), loaded without its MTP layer.
+model::ModelWeights fp8_random_weights(const RandomModelSpec& spec, const TempDir& dir) {
+  quant::QuantizeOptions quantize;
+  quantize.format = "fp8";
+  quant::quantize_checkpoint(glms::testing::write_random_model(dir.path / "bf16", spec), dir.path / "fp8", quantize);
+  return model::load_weights((dir.path / "fp8").string(), {.load_mtp = false, .shard = {}});
+}
+
 // Median and largest relative L2 of a's logits rows against b's ([n, vocab] each).
 std::pair<double, double> token_errors(const std::vector<float>& a, const std::vector<float>& b, int n, int vocab) {
   std::vector<double> e;
@@ -360,10 +369,7 @@ std::pair<double, double> token_errors(const std::vector<float>& a, const std::v
 TEST_F(CudaForward, Fp8ExpertsOnTheFp8TensorCoresFollowTheCpu) {
   const RandomModelSpec spec = grouped_widths_spec(128);
   TempDir dir("cuda_fp8_experts");
-  quant::QuantizeOptions quantize;
-  quantize.format = "fp8";
-  quant::quantize_checkpoint(glms::testing::write_random_model(dir.path / "bf16", spec), dir.path / "fp8", quantize);
-  const model::Glm5Model cpu(model::load_weights((dir.path / "fp8").string(), {.load_mtp = false, .shard = {}}));
+  const model::Glm5Model cpu(fp8_random_weights(spec, dir));
   const int vocab = spec.vocab_size, n = 96;
   const auto tokens = random_tokens(n, vocab, 6);
   model::ForwardBatch prefill;
@@ -407,10 +413,7 @@ TEST_F(CudaForward, Fp8LinearLayersWithBf16IntermediatesFollowTheirFp32Rows) {
     RandomModelSpec spec = grouped_widths_spec(index_topk);
     spec.q_lora_rank = 128;
     TempDir dir("cuda_fp8_bf16_intermediates");
-    quant::QuantizeOptions quantize;
-    quantize.format = "fp8";
-    quant::quantize_checkpoint(glms::testing::write_random_model(dir.path / "bf16", spec), dir.path / "fp8", quantize);
-    const model::Glm5Model cpu(model::load_weights((dir.path / "fp8").string(), {.load_mtp = false, .shard = {}}));
+    const model::Glm5Model cpu(fp8_random_weights(spec, dir));
     const int vocab = spec.vocab_size, n = 96;
     model::ForwardBatch prefill;
     prefill.add_sequence(random_tokens(n, vocab, 7), 0, table(0, 13), kBlockSize, true);
