@@ -617,10 +617,7 @@ TEST_F(CudaForward, ForwardSelectedReturnsArgmaxesDrawsAndTheAskedRows) {
 // model's near-tied scores would flip between bf16 and fp32), so every decode step selects all
 // and one top-k a step serves its layers. Each attention variant against the CPU.
 TEST_F(CudaForward, GlmAttentionWidthsFollowTheCpuThroughEveryAttentionKernel) {
-  RandomModelSpec spec;
-  spec.hidden_size = 256;
-  spec.intermediate_size = 256;
-  spec.moe_intermediate_size = 128;
+  RandomModelSpec spec = grouped_widths_spec(512);
   spec.num_hidden_layers = 2;
   spec.index_topk_pattern = "FS";
   spec.num_attention_heads = 64;
@@ -629,14 +626,10 @@ TEST_F(CudaForward, GlmAttentionWidthsFollowTheCpuThroughEveryAttentionKernel) {
   spec.qk_nope_head_dim = 192;
   spec.qk_rope_head_dim = 64;
   spec.v_head_dim = 256;
-  spec.n_routed_experts = 16;
-  spec.num_experts_per_tok = 4;
   spec.n_group = 1;
   spec.topk_group = 1;
   spec.index_n_heads = 32;
   spec.index_head_dim = 128;
-  spec.index_topk = 512;
-  spec.with_mtp = false;
   TempDir dir("cuda_glm_attention_widths");
   const model::Glm5Model cpu(model::load_weights(glms::testing::write_random_model(dir.path / "m", spec).string()));
   const auto a = random_tokens(310, spec.vocab_size, 11), b = random_tokens(50, spec.vocab_size, 12);
