@@ -21,6 +21,18 @@ namespace glms::cli {
 
 namespace {
 
+// vLLM's bench loads --model's tokenizer: here its folder, or its snapshot where --model is a repo id
+// in the Hugging Face hub cache; "" where it is neither (a served name such as "tiny").
+std::string tokenizer_of_model_name(const std::string& model) {
+  if (std::filesystem::exists(model)) return model;
+  if (!io::looks_like_repo_id(model)) return "";
+  try {
+    return io::resolve_model(model, io::HubCacheEnvironment::from_environment()).folder.string();
+  } catch (const Error&) {
+    return "";
+  }
+}
+
 struct BenchArgs {
   bench::BenchConfig cfg;
   std::string preset;
@@ -54,7 +66,9 @@ void add_server_options(CLI::App* cmd, BenchArgs& a) {
   cmd->add_option("--base-url", c.base_url, "Server address, http://host:port[/prefix]")->capture_default_str();
   cmd->add_option("--model", c.model, "Model name sent in requests (as the server lists it)")->required();
   cmd->add_option("--tokenizer", c.tokenizer,
-                  "The served model's tokenizer.json or its folder (default: --model where that is a local folder)");
+                  "The served model's tokenizer.json or its folder, or a Hugging Face repo id in the hub cache "
+                  "(default: --model where that is a local folder or a cached repo id)")
+      ->transform(local_path_or_cached_repo());
   cmd->add_option("--host", a.host, "Server host, with --port, instead of --base-url (vLLM's and SGLang's form)");
   cmd->add_option("--port", a.port, "Server port, with --host")->check(CLI::Range(1, 65535));
   cmd->add_option("--endpoint", c.endpoint, "/v1/completions or /v1/chat/completions")->capture_default_str();
@@ -159,7 +173,7 @@ void resolve_peer_bench_flags(const BenchArgs& a, bench::BenchConfig& cfg, const
   if (!a.host.empty() || a.port > 0)
     cfg.base_url = "http://" + (a.host.empty() ? std::string("127.0.0.1") : a.host) + ":" +
                    std::to_string(a.port > 0 ? a.port : 8000);
-  if (cfg.tokenizer.empty() && std::filesystem::exists(cfg.model)) cfg.tokenizer = cfg.model;
+  if (cfg.tokenizer.empty()) cfg.tokenizer = tokenizer_of_model_name(cfg.model);
   static const char* const kBackends[] = {"vllm", "sglang", "openai", "glmserve", "openai-chat", "vllm-chat"};
   if (!a.backend.empty() &&
       std::none_of(std::begin(kBackends), std::end(kBackends), [&](const char* b) { return a.backend == b; }))

@@ -16,7 +16,10 @@ namespace {
 
 // What to time: the model and its depth, the decode and prefill points, how each is measured.
 void add_step_options(CLI::App* cmd, BenchStepOptions* o) {
-  auto* model = cmd->add_option("--model", o->model_dir, "Model folder (its config.json gives the shapes)")
+  auto* model = cmd->add_option("--model", o->model_dir,
+                                "Model folder (its config.json gives the shapes), or a Hugging Face repo id in the "
+                                "hub cache")
+                    ->transform(local_path_or_cached_repo())
                     ->check(CLI::ExistingDirectory);
   auto* config = cmd->add_option("--config", o->config_file, "A config.json file")->check(CLI::ExistingFile);
   model->excludes(config);

@@ -59,9 +59,9 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return ids;
 }
 
-void run_generate(const GenerateArgs& args) {
+void run_generate(GenerateArgs args) {
+  resolve_model_folder(args.source);
   const std::string& model_dir = args.source.model_dir;
-  check_model_folder(model_dir);
   std::optional<text::Tokenizer> tokenizer;
   if (!model_dir.empty() && std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json"))
     tokenizer = text::Tokenizer::load(model_dir);

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "io/model_config.h"
 #include "io/safetensors.h"
+#include "cli/validators.h"
 #include "model/inventory.h"
 
 namespace glms::cli {
@@ -111,7 +112,9 @@ void add_inspect_command(CLI::App& app) {
   auto path = std::make_shared<std::string>();
   auto json = std::make_shared<bool>(false);
   CLI::App* cmd = app.add_subcommand("inspect", "Show a model's sizes, layer kinds and memory per weight format");
-  cmd->add_option("--model", *path, "Model folder, or a config.json file")->required()->check(CLI::ExistingPath);
+  cmd->add_option("--model", *path, "Model folder, a config.json file, or a Hugging Face repo id in the hub cache")
+      ->required()
+      ->transform(local_path_or_cached_repo());
   cmd->add_flag("--json", *json, "Print JSON");
   cmd->callback([path, json]() { run_inspect(*path, *json); });
 }

@@ -6,6 +6,7 @@
 
 #include "bench/workload.h"
 #include "cli/commands.h"
+#include "cli/validators.h"
 #include "core/error.h"
 #include "plan/roofline.h"
 
@@ -47,7 +48,9 @@ void add_plan_command(CLI::App& app) {
   auto o = std::make_shared<PlanOptions>();
   CLI::App* cmd = app.add_subcommand(
       "plan", "Capacity and cost plan: weights, KV cache, fit, decode/prefill rooflines, TP vs replicas, $/M tokens");
-  auto* model = cmd->add_option("--model", o->model_dir, "Model folder holding config.json")->check(CLI::ExistingDirectory);
+  auto* model = cmd->add_option("--model", o->model_dir, "Model folder holding config.json, or a Hugging Face repo id in the hub cache")
+                    ->transform(local_path_or_cached_repo())
+                    ->check(CLI::ExistingDirectory);
   auto* config = cmd->add_option("--config", o->config_file, "A config.json file")->check(CLI::ExistingFile);
   model->excludes(config);
   config->excludes(model);

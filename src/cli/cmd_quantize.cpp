@@ -143,7 +143,10 @@ void run_quantize(const QuantizeArgs& args) {
 void add_quantize_command(CLI::App& app) {
   auto args = std::make_shared<QuantizeArgs>();
   CLI::App* cmd = app.add_subcommand("quantize", "Write an MXFP4, MXFP6 or block-FP8 copy of a checkpoint; --eval measures the loss");
-  cmd->add_option("--model", args->model_dir, "Input model folder")->required()->check(CLI::ExistingDirectory);
+  cmd->add_option("--model", args->model_dir, "Input model folder, or a Hugging Face repo id in the hub cache")
+      ->required()
+      ->transform(local_path_or_cached_repo())
+      ->check(CLI::ExistingDirectory);
   cmd->add_option("--out", args->out_dir, "Output folder (created; must be empty)")->required();
   cmd->add_option("--format", args->format,
                   "mxfp4 (AMD Quark layout), mxfp6 (E2M3) or mxfp6_e3m2 (four codes per 3 bytes), or fp8 (E4M3, "

@@ -197,7 +197,7 @@ std::vector<std::string> resolve_peer_flags(ServeArgs& args) {
       fail("the model is given twice: '" + args.positional_model + "' and --model '" + args.source.model_dir + "'");
     args.source.model_dir = args.positional_model;
   }
-  check_model_folder(args.source.model_dir);
+  resolve_model_folder(args.source);
   const std::string device_note = resolve_device(args.source);
   const int block_size = engine::EngineConfig{}.block_size;
   runtime::ParallelLayout& layout = args.source.layout;
@@ -210,7 +210,8 @@ std::vector<std::string> resolve_peer_flags(ServeArgs& args) {
       fail("--chunked-prefill-size and --max-num-batched-tokens disagree: give one of them");
     args.max_batch_tokens = sglang.max_batch_tokens;
   }
-  const VllmTarget target{args.source.device, args.source.model_dir, layout.data_parallel, block_size};
+  const VllmTarget target{args.source.device, args.source.model_dir, args.source.repo_id, layout.data_parallel,
+                          block_size};
   const VllmSettings vllm = cli::resolve_vllm_flags(args.vllm, target);
   if (vllm.synthetic) args.source.synthetic = true;
   args.source.cuda_graphs = vllm.cuda_graphs;
@@ -305,7 +306,9 @@ engine::EngineConfig engine_config_of(const ServeArgs& args) {
 
 server::ServiceConfig service_config_of(const ServeArgs& args, const std::filesystem::path& dir) {
   server::ServiceConfig config;
-  if (args.served_model_names.empty()) {
+  if (args.served_model_names.empty() && !args.source.repo_id.empty()) {
+    config.served_model_name = args.source.repo_id;  // as vLLM serves a repo id
+  } else if (args.served_model_names.empty()) {
     config.served_model_name = dir.filename().string();
     if (config.served_model_name.empty()) config.served_model_name = dir.parent_path().filename().string();
     // vLLM serves a model under the argument as given: clients written for it send that.
@@ -346,8 +349,11 @@ std::vector<std::string> banner_lines(const ServeArgs& args, const std::vector<s
   std::string names = "'" + config.served_model_name + "'";
   for (const std::string& alias : config.model_aliases) names += ", '" + alias + "'";
   const engine::EngineConfig& c = engine.config();
+  const std::string checkpoint = args.source.repo_id.empty()
+                                     ? args.source.model_dir
+                                     : args.source.repo_id + " at " + args.source.model_dir;
   lines.push_back(fmt::format("model {} (served as {}), max_model_len {}, max_num_seqs {}, max_batch_tokens {}",
-                              args.source.model_dir, names, c.max_model_len, c.max_num_seqs, c.max_batch_tokens));
+                              checkpoint, names, c.max_model_len, c.max_num_seqs, c.max_batch_tokens));
   const int64_t tokens = int64_t{engine.blocks_per_rank()} * c.block_size;
   lines.push_back(fmt::format(
       "layout {} on {}; KV cache {} blocks of {} tokens per data-parallel rank ({} tokens, {:.2f} GiB){}",

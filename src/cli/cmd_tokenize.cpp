@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "cli/validators.h"
 #include "text/tokenizer.h"
 
 namespace glms::cli {
@@ -49,7 +50,10 @@ void run_tokenize(const TokenizeArgs& args, bool has_text) {
 void add_tokenize_command(CLI::App& app) {
   auto args = std::make_shared<TokenizeArgs>();
   CLI::App* cmd = app.add_subcommand("tokenize", "Encode text into token ids with a tokenizer.json");
-  cmd->add_option("--tokenizer", args->tokenizer, "tokenizer.json file, or a folder holding one")->required();
+  cmd->add_option("--tokenizer", args->tokenizer,
+                  "tokenizer.json file, a folder holding one, or a Hugging Face repo id in the hub cache")
+      ->required()
+      ->transform(local_path_or_cached_repo());
   CLI::Option* text = cmd->add_option("--text", args->text, "Text to encode");
   CLI::Option* file = cmd->add_option("--file", args->file, "File whose contents (UTF-8) to encode");
   text->excludes(file);

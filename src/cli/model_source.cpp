@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "core/error.h"
+#include "io/hf_cache.h"
 #include "io/model_config.h"
 #include "model/cuda_support.h"
 #include "runtime/cpu_ranks.h"
@@ -25,6 +26,11 @@ void add_model_source_options(CLI::App* cmd, ModelSourceArgs& args) {
                   "CPU), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
+  cmd->add_option("--revision", args.revision,
+                  "With a Hugging Face repo id as the model: the cached snapshot's branch, tag or commit (default main)");
+  cmd->add_option("--download-dir", args.download_dir,
+                  "With a Hugging Face repo id as the model: the hub cache it was fetched into (default $HF_HUB_CACHE, "
+                  "else ~/.cache/huggingface/hub); glmserve does not download");
   cmd->add_flag("--synthetic", args.synthetic,
                 "Seeded random weights of the model's config, made on the GPU (needs --device cuda; no checkpoint)");
   cmd->add_option("--config", args.config_file, "With --synthetic: take the shapes from this config.json")
@@ -101,11 +107,17 @@ LoadedModel load_across_processes(const ModelSourceArgs& args) {
 
 }  // namespace
 
-void check_model_folder(const std::string& model_dir) {
-  if (!model_dir.empty() && !std::filesystem::is_directory(model_dir))
-    fail("'" + model_dir +
-         "' is not a local folder: glmserve reads a checkpoint folder (config.json, *.safetensors, tokenizer.json); "
-         "fetch a Hugging Face model first, e.g. `huggingface-cli download " + model_dir + " --local-dir DIR`");
+void resolve_model_folder(ModelSourceArgs& args) {
+  if (args.model_dir.empty()) {
+    if (!args.revision.empty() || !args.download_dir.empty())
+      fail("--revision and --download-dir pick a Hugging Face repo id's snapshot: give the repo id as the model");
+    return;
+  }
+  if (!args.repo_id.empty()) return;  // resolved already
+  const io::ResolvedModel model = io::resolve_model(args.model_dir, io::HubCacheEnvironment::from_environment(),
+                                                    args.revision, args.download_dir);
+  args.model_dir = model.folder.string();
+  args.repo_id = model.repo_id;
 }
 
 std::string resolve_device(ModelSourceArgs& args) {
@@ -127,7 +139,7 @@ LoadedModel load_model(const ModelSourceArgs& given) {
   if (!device_note.empty()) std::cerr << "glmserve: " << device_note << "\n";
   if (args.model_dir.empty() && !(args.synthetic && !args.config_file.empty()))
     fail("give --model DIR (or --synthetic --config FILE)");
-  check_model_folder(args.model_dir);
+  resolve_model_folder(args);
   if (!args.config_file.empty() && !args.synthetic) fail("--config is for --synthetic weights; a checkpoint brings its own");
   if (args.synthetic && args.device != "cuda")
     fail("--synthetic makes its weights on the GPU: add --device cuda");

@@ -17,7 +17,11 @@ namespace CLI { class App; }
 namespace glms::cli {
 
 struct ModelSourceArgs {
-  std::string model_dir;    // checkpoint folder (config.json, *.safetensors, tokenizer.json)
+  std::string model_dir;    // checkpoint folder (config.json, *.safetensors, tokenizer.json); a Hugging Face
+                            // repo id until resolve_model_folder turns it into its cached snapshot
+  std::string repo_id;      // set by resolve_model_folder when model_dir came from a repo id
+  std::string revision;     // with a repo id: a branch, tag or commit of the cached repo (vLLM's --revision)
+  std::string download_dir;  // with a repo id: the hub cache to look in (vLLM's --download-dir)
   std::string config_file;  // with --synthetic: shapes from this config.json instead of the folder's
   std::string device = "auto";  // auto, cpu or cuda (resolve_device turns auto into one of them)
   bool synthetic = false;
@@ -39,9 +43,10 @@ struct LoadedModel {
   const io::ModelConfig& config() const { return executor->config(); }
 };
 
-// Throws glms::Error with the command that fetches a Hugging Face model when `model_dir` is given
-// but is not a folder.
-void check_model_folder(const std::string& model_dir);
+// A given model_dir that is not a local folder is taken as a Hugging Face repo id and replaced by its
+// snapshot in the hub cache (io/hf_cache.h), recording repo_id. Throws glms::Error with where it
+// looked and the command that fetches the model when neither is there.
+void resolve_model_folder(ModelSourceArgs& args);
 
 // --device auto: cuda where this glmserve was built with CUDA and a GPU that runs its kernels is
 // visible (model/cuda_support.h), else cpu (as vLLM picks its device); returns a note to print

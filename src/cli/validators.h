@@ -1,11 +1,16 @@
-// Number checks for the subcommands' options that say in words what they expect: CLI11's
-// PositiveNumber and NonNegativeNumber name a range up to the largest double (309 digits).
+// Checks for the subcommands' options that say in words what they expect: numbers (CLI11's
+// PositiveNumber and NonNegativeNumber name a range up to the largest double, 309 digits), and
+// model paths that may be Hugging Face repo ids.
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
+
+#include "core/error.h"
+#include "io/hf_cache.h"
 
 namespace glms::cli {
 
@@ -24,5 +29,21 @@ inline CLI::Validator number_at_least_zero(bool allow_zero) {
 }
 inline CLI::Validator positive_number() { return number_at_least_zero(false); }
 inline CLI::Validator non_negative_number() { return number_at_least_zero(true); }
+
+// A path as given where it exists; else a Hugging Face repo id, replaced by its snapshot folder in
+// the hub cache (io/hf_cache.h), as vLLM takes `--model zai-org/GLM-5.2`. Use with transform().
+inline CLI::Validator local_path_or_cached_repo() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (std::filesystem::exists(text)) return "";
+        try {
+          text = io::resolve_model(text, io::HubCacheEnvironment::from_environment()).folder.string();
+          return "";
+        } catch (const Error& e) {
+          return e.what();
+        }
+      },
+      "PATH|REPO_ID");
+}
 
 }  // namespace glms::cli

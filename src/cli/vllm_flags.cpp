@@ -311,7 +311,8 @@ void check_http_flags(const VllmFlags& f, const VllmTarget& target, VllmSettings
   if (!f.tokenizer.empty()) {
     const std::filesystem::path given(f.tokenizer), model(target.model_dir);
     std::error_code error;
-    const bool own = std::filesystem::equivalent(given, model, error) ||
+    const bool own = (!target.repo_id.empty() && f.tokenizer == target.repo_id) ||
+                     std::filesystem::equivalent(given, model, error) ||
                      std::filesystem::equivalent(given, model / "tokenizer.json", error);
     if (!own)
       fail("--tokenizer " + f.tokenizer + ": glmserve reads the model folder's own tokenizer.json (" +

@@ -53,6 +53,7 @@ void add_vllm_flags(CLI::App* cmd, VllmFlags& flags);
 struct VllmTarget {
   std::string device;      // cpu or cuda
   std::string model_dir;   // the served checkpoint folder
+  std::string repo_id;     // the Hugging Face repo id it was found by, if any
   int data_parallel = 1;   // --data-parallel-size
   int block_size = 16;     // the engine's cache blocks
 };

@@ -153,6 +153,12 @@ TEST(VllmFlagsResolve, HttpSideFlags) {
   EXPECT_EQ(s.notes.size(), 3u);  // uvicorn's level, chunked prefill, async scheduling
   flags.tokenizer = "/models/other-tokenizer";
   EXPECT_NE(refusal(flags).find("reads the model folder's own tokenizer.json"), std::string::npos) << refusal(flags);
+  // A model found by its Hugging Face repo id: the same id as --tokenizer is its own tokenizer.
+  VllmTarget from_repo = cuda_target();
+  from_repo.repo_id = "zai-org/GLM-5.2";
+  flags.tokenizer = "zai-org/GLM-5.2";
+  EXPECT_EQ(refusal(flags, from_repo), "");
+  EXPECT_NE(refusal(flags).find("reads the model folder's own tokenizer.json"), std::string::npos);
 }
 
 TEST(VllmFlagsResolve, LoadFormatEagerModeAndMemoryFlags) {

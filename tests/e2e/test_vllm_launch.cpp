@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -20,9 +21,10 @@ namespace {
 const std::string kBinary = GLMS_BINARY_DIR "/glmserve";
 const std::string kModel = GLMS_SOURCE_DIR "/models/glm5-tiny-code";
 
-// Runs glmserve with `args`; returns its stderr and stdout and its exit status.
-std::pair<std::string, int> run_glmserve(const std::string& args) {
-  FILE* pipe = popen((kBinary + " " + args + " 2>&1").c_str(), "r");
+// Runs glmserve with `args` (after `environment`, NAME=VALUE words); returns its stderr and stdout
+// and its exit status.
+std::pair<std::string, int> run_glmserve(const std::string& args, const std::string& environment = "") {
+  FILE* pipe = popen((environment + (environment.empty() ? "" : " ") + kBinary + " " + args + " 2>&1").c_str(), "r");
   std::string out;
   char buf[4096];
   while (size_t n = fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
@@ -155,6 +157,48 @@ TEST(VllmLaunch, TheModelPathIsAServedNameAndVllmsBenchLineMeasuresIt) {
   EXPECT_EQ(server.stop(SIGTERM, 60.0), 0);
 }
 
+// A hub cache as `hf download zai-org/glm5-tiny-code` leaves it: refs/main names a snapshot whose
+// files link to the bundled model's (huggingface_hub links them into blobs/).
+std::string make_hub_cache(const std::string& name) {
+  namespace fs = std::filesystem;
+  const fs::path cache = fs::path(GLMS_BINARY_DIR "/tests/e2e") / name;
+  const std::string commit = "0a1b2c3d4e5f60718293a4b5c6d7e8f901234567";
+  const fs::path repo = cache / "models--zai-org--glm5-tiny-code";
+  fs::remove_all(cache);
+  fs::create_directories(repo / "refs");
+  fs::create_directories(repo / "snapshots" / commit);
+  for (const auto& entry : fs::directory_iterator(kModel))
+    fs::create_symlink(entry.path(), repo / "snapshots" / commit / entry.path().filename());
+  std::ofstream(repo / "refs" / "main") << commit;
+  return cache.string();
+}
+
+TEST(VllmLaunch, AHuggingFaceRepoIdIsReadFromTheHubCache) {
+  const std::string cache = make_hub_cache("hub_cache");
+  ServerProcess server(kBinary, {"serve", "zai-org/glm5-tiny-code", "--download-dir", cache, "--port", "0",
+                                 "--kv-cache-memory", "64M", "--tokenizer", "zai-org/glm5-tiny-code"});
+  EXPECT_NE(server.output().find("served as 'zai-org/glm5-tiny-code'"), std::string::npos) << server.output();
+  const Response r = http(server.port(), "POST", "/v1/completions",
+                          json{{"model", "zai-org/glm5-tiny-code"}, {"prompt", "def f():"}, {"max_tokens", 2}}.dump());
+  EXPECT_EQ(r.status, 200) << r.body;
+  // vLLM's bench line loads the tokenizer of --model, a repo id found through HF_HUB_CACHE.
+  const auto [out, status] = run_glmserve("bench --backend vllm --model zai-org/glm5-tiny-code --dataset-name random "
+                                          "--random-input-len 24 --random-output-len 4 --num-prompts 2 --request-rate "
+                                          "inf --no-progress --host 127.0.0.1 --port " + std::to_string(server.port()),
+                                          "HF_HUB_CACHE=" + cache);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_EQ(server.stop(SIGTERM, 60.0), 0);
+  // A repo id not in the cache, or at a revision it lacks, is refused with the line that fetches it.
+  const auto [missing, missing_status] =
+      run_glmserve("serve zai-org/GLM-5.2 --download-dir " + cache + " --port 0");
+  EXPECT_NE(missing_status, 0);
+  EXPECT_NE(missing.find("hf download zai-org/GLM-5.2"), std::string::npos) << missing;
+  const auto [revision, revision_status] =
+      run_glmserve("serve zai-org/glm5-tiny-code --revision v9 --download-dir " + cache + " --port 0");
+  EXPECT_NE(revision_status, 0);
+  EXPECT_NE(revision.find("not at revision 'v9': it has 0a1b2c3d"), std::string::npos) << revision;
+}
+
 TEST(VllmLaunch, FlagsThatCannotApplyAreRefusedSayingWhy) {
   struct Case {
     std::string args, expect;
@@ -163,7 +207,7 @@ TEST(VllmLaunch, FlagsThatCannotApplyAreRefusedSayingWhy) {
       {"serve " + kModel + " --dtype float16", "glmserve computes in bf16"},
       {"serve " + kModel + " --max-model-len 8x", "--max-model-len: '8x' has an unknown suffix"},
       {"serve " + kModel + " --kv-cache-memory 2Q", "--kv-cache-memory: '2Q' has an unknown suffix"},
-      {"serve zai-org/GLM-5", "huggingface-cli download zai-org/GLM-5"},
+      {"serve zai-org/GLM-5", "hf download zai-org/GLM-5"},
       {"serve " + kModel + " --tool-call-parser hermes", "glmserve parses GLM's format only"},
       {"serve " + kModel + " --model /tmp", "the model is given twice"},
       {"serve " + kModel + " --generation-config /tmp", "no generation_config.json there"},
@@ -174,7 +218,7 @@ TEST(VllmLaunch, FlagsThatCannotApplyAreRefusedSayingWhy) {
       {"serve " + kModel + " --speculative-config.method eagle3", "drafts with the checkpoint's MTP layer only"},
       {"serve " + kModel + " --speculative_config '{\"method\": \"mtp\", \"num_speculative_tokens\": 99}'",
        "num_speculative_tokens must be a whole number from 1 to 16"},
-      {"serve --model-path zai-org/GLM-5-FP8", "huggingface-cli download zai-org/GLM-5-FP8"},
+      {"serve --model-path zai-org/GLM-5-FP8", "hf download zai-org/GLM-5-FP8"},
       {"serve " + kModel + " --speculative-algorithm EAGLE3", "MTP layer only"},
       {"serve " + kModel + " --tp 8 --dp 3 --enable-dp-attention", "is not a multiple of --dp-size 3"},
       {"serve " + kModel + " --dist-init-addr 10.0.0.1:5000 --nnodes 2", "under mpirun"},
