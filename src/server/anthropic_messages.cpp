@@ -9,59 +9,14 @@
 #include <tuple>
 
 #include "server/api_error.h"
+#include "server/chat_adapter.h"
 
 namespace glms::server {
 
 using nlohmann::json;
+using namespace adapter;
 
 namespace {
-
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-// ---- The request: a Messages request as a chat completion request ----
-
-const json& required(const json& doc, const char* key, const std::string& at) {
-  if (!doc.is_object() || !doc.contains(key)) bad_request(at + key + ": Field required", at + key);
-  return doc[key];
-}
-
-// A string member of an object ("" when absent); another type is a 400 naming it.
-std::string string_field(const json& object, const char* key, const std::string& at) {
-  if (!object.contains(key) || object[key].is_null()) return "";
-  if (!object[key].is_string()) bad_request(at + key + " must be a string", at + key);
-  return object[key].get<std::string>();
-}
-
-bool bool_field(const json& object, const char* key, const std::string& at) {
-  if (!object.contains(key) || object[key].is_null()) return false;
-  if (!object[key].is_boolean()) bad_request(at + key + " must be a boolean", at + key);
-  return object[key].get<bool>();
-}
-
-std::string text_of(const json& block, const std::string& at) {
-  const json& text = required(block, "text", at);
-  if (!text.is_string()) bad_request(at + "text must be a string", at + "text");
-  return text.get<std::string>();
-}
-
-// What a text-only model reads of a block it cannot see (an image, a document, a tool reference).
-std::string placeholder_of(const std::string& type) { return "[" + type + " omitted: the model reads text only]"; }
-
-void append_part(std::string& text, const std::string& part, const char* separator) {
-  if (part.empty()) return;
-  if (!text.empty()) text += separator;
-  text += part;
-}
-
-// visit(item, its path for messages) for each item of an array of objects (`at` ends in '.').
-template <typename Visit>
-void for_each_object(const json& items, const std::string& at, Visit visit) {
-  for (size_t i = 0; i < items.size(); ++i) {
-    const std::string item_at = at + std::to_string(i) + ".";
-    if (!items[i].is_object()) bad_request(item_at + " must be an object", at + std::to_string(i));
-    visit(items[i], item_at);
-  }
-}
 
 // visit(block, its path, its type) for each block of a content array.
 template <typename Visit>
@@ -285,9 +240,7 @@ const char* error_type(int status) {
 }  // namespace
 
 std::string chat_request_of_message(std::string_view body, bool count_only) {
-  const json doc = json::parse(body, nullptr, false);
-  if (doc.is_discarded()) bad_request("request body is not valid JSON");
-  if (!doc.is_object()) bad_request("request body must be a JSON object");
+  const json doc = parse_body(body);
   // Fields that ask for what only Anthropic's servers run; others this model has no use for
   // (metadata, service_tier, output_config, context_management, ...) are ignored, as vLLM does.
   for (const char* server_side : {"mcp_servers", "container"})
@@ -442,42 +395,18 @@ class AnthropicStream {
   json stop_reason_ = "end_turn", stop_sequence_ = nullptr;
 };
 
-class AnthropicResponder : public Responder {
+class AnthropicResponder : public ChatAdapterResponder {
  public:
-  explicit AnthropicResponder(std::shared_ptr<Responder> inner) : inner_(std::move(inner)) {}
+  using ChatAdapterResponder::ChatAdapterResponder;
 
-  void reply(HttpResponse response) override {
-    if (response.status == 200) {
-      response.body = message_of_chat_completion(response.body);
-    } else {
-      const json body = json::parse(response.body, nullptr, false);
-      const std::string message = body.is_object() && body.contains("error") ? body["error"].value("message", "") : "";
-      response.body = anthropic_error_body(response.status, message);
-    }
-    inner_->reply(std::move(response));
+ protected:
+  void rewrite(HttpResponse& response) override {
+    response.body = response.status == 200 ? message_of_chat_completion(response.body)
+                                           : anthropic_error_body(response.status, error_message_of(response.body));
   }
-  void begin_stream(HttpResponse head) override { inner_->begin_stream(std::move(head)); }
-  // OpenAI's SSE events ("data: PAYLOAD\n\n", one or several a write) as Anthropic's.
-  void write(std::string data) override {
-    std::string out;
-    {
-      std::lock_guard lock(mutex_);
-      size_t at = 0;
-      while (at < data.size()) {
-        const size_t end = data.find("\n\n", at);
-        const std::string event = data.substr(at, end == std::string::npos ? std::string::npos : end - at);
-        at = end == std::string::npos ? data.size() : end + 2;
-        if (event.rfind("data: ", 0) == 0) out += stream_.translate(event.substr(6));
-      }
-    }
-    if (!out.empty()) inner_->write(std::move(out));
-  }
-  void end_stream() override { inner_->end_stream(); }
-  void on_disconnect(std::function<void()> callback) override { inner_->on_disconnect(std::move(callback)); }
+  std::string translate(const std::string& payload) override { return stream_.translate(payload); }
 
  private:
-  std::shared_ptr<Responder> inner_;
-  std::mutex mutex_;
   AnthropicStream stream_;
 };
 

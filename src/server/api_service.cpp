@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "log/log.h"
 #include "server/anthropic_messages.h"
+#include "server/openai_responses.h"
 #include "server/api_error.h"
 #include "server/auth.h"
 #include "server/generation.h"
@@ -51,7 +52,7 @@ HttpResponse error_response(const ApiError& e) {
 }
 
 // The paths served (and /v1/models/{id}): what a 404 lists and what metrics label by name.
-constexpr const char* kServedPaths[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages",
+constexpr const char* kServedPaths[] = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
                                         "/v1/messages/count_tokens", "/v1/models", "/tokenize", "/detokenize",
                                         "/health", "/ping", "/metrics", "/version", "/", "/dashboard",
                                         "/dashboard/info"};
@@ -218,8 +219,11 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
                          std::to_string(config_.max_body_bytes) + ")");
     return path == "/tokenize" ? tokenize(request) : detokenize(request);
   }
-  const bool generate = path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/messages" ||
-                        path == "/v1/messages/count_tokens";
+  const bool generate = path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/responses" ||
+                        path == "/v1/messages" || path == "/v1/messages/count_tokens";
+  if (path.rfind("/v1/responses/", 0) == 0)
+    throw_api(404, "Not Found: glmserve stores no responses (store is off, as in vLLM without its response store), so "
+                   "there is none to get, cancel or delete; send the whole conversation as input");
   const std::string models_prefix = "/v1/models/";
   const bool one_model = path.rfind(models_prefix, 0) == 0 && path.size() > models_prefix.size();
   if (path != "/v1/models" && !one_model && !generate) {
@@ -271,6 +275,7 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
 
   if (path == "/v1/messages/count_tokens") return count_message_tokens(request);
   if (path == "/v1/chat/completions") start_chat(request, responder);
+  else if (path == "/v1/responses") start_response(request, responder);
   else if (path == "/v1/messages") start_message(request, responder);
   else start_completion(request, responder);
   metrics_->count_http(200, path, request.method);
@@ -453,6 +458,13 @@ void ApiService::start_message(const HttpRequest& request, std::shared_ptr<Respo
   // Claude Code asks for more output than a smaller context holds and compacts on its own.
   req.sampling.max_tokens_to_context = true;
   run_chat(std::move(req), request.client, anthropic_responder(std::move(responder)), "/v1/messages");
+}
+
+// OpenAI's Responses API as a chat completion whose answer a Responses responder rewrites.
+void ApiService::start_response(const HttpRequest& request, std::shared_ptr<Responder> responder) {
+  ResponsesRequest translated = chat_request_of_response_request(request.body);
+  run_chat(parse_chat_request(translated.chat_request, config_.parse_limits), request.client,
+           responses_responder(std::move(responder), std::move(translated.echo)), "/v1/responses");
 }
 
 HttpResponse ApiService::count_message_tokens(const HttpRequest& request) const {

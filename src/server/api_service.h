@@ -82,6 +82,7 @@ class ApiService {
   // A parsed chat request's generation, answered through `responder`; `path` names it in the log.
   void run_chat(ChatRequest req, const std::string& client, std::shared_ptr<Responder> responder, const char* path);
   void start_message(const HttpRequest& request, std::shared_ptr<Responder> responder);
+  void start_response(const HttpRequest& request, std::shared_ptr<Responder> responder);
   HttpResponse count_message_tokens(const HttpRequest& request) const;
   void start_completion(const HttpRequest& request, std::shared_ptr<Responder> responder);
   void check_model(const std::string& model) const;

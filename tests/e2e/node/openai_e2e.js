@@ -1,5 +1,5 @@
 // Drives `glmserve serve` with the official `openai` client (chat, streaming, completions,
-// tools, errors, API keys) and parses /metrics with a Prometheus text-format parser.
+// the Responses API, tools, errors, API keys) and parses /metrics with a Prometheus text-format parser.
 // Usage: node openai_e2e.js <glmserve binary> <model dir>
 'use strict';
 const assert = require('node:assert/strict');
@@ -92,6 +92,56 @@ async function main() {
       ],
     });
     assert.ok(roundTrip.usage.prompt_tokens > withTools.usage.prompt_tokens);
+
+    // The Responses API: a Response, and the same text streamed as events the client's own
+    // accumulator (responses.stream) turns back into that Response; a function tool round trip.
+    const response = await client.responses.create({
+      model: 'tiny', instructions: 'You write Python.', input: 'def add(a, b):', max_output_tokens: 10, temperature: 0,
+    });
+    assert.equal(response.object, 'response');
+    assert.ok(['completed', 'incomplete'].includes(response.status));
+    assert.equal(response.output_text, chat.choices[0].message.content);  // the same prompt as the chat above
+    assert.equal(response.usage.total_tokens, response.usage.input_tokens + response.usage.output_tokens);
+    const responseStream = client.responses.stream({
+      model: 'tiny', instructions: 'You write Python.', input: 'def add(a, b):', max_output_tokens: 10, temperature: 0,
+    });
+    let deltas = '';
+    const sequence = [];
+    let last = null;
+    for await (const event of responseStream) {
+      sequence.push(event.sequence_number);
+      if (event.type === 'response.output_text.delta') deltas += event.delta;
+      last = event;
+    }
+    const streamedResponse = await responseStream.finalResponse();
+    assert.equal(deltas, response.output_text);
+    const textOf = (r) => r.output.filter((item) => item.type === 'message')
+                                  .flatMap((item) => item.content.map((part) => part.text)).join('');
+    assert.equal(textOf(streamedResponse), response.output_text);
+    // The last event is the whole Response (response.completed, or response.incomplete at the token limit,
+    // which the client's accumulator leaves out of finalResponse).
+    assert.equal(last.type, 'response.' + response.status);
+    assert.equal(last.response.status, response.status);
+    assert.deepEqual(last.response.output, response.output.map((item) => ({ ...item, id: last.response.output[0].id })));
+    assert.deepEqual(sequence, sequence.map((_, i) => i));
+    const responseTools = [{ type: 'function', name: 'get_weather', description: 'Weather for a city',
+                             parameters: { type: 'object', properties: { city: { type: 'string', enum: ['Paris', 'Rome'] } },
+                                           required: ['city'] } }];
+    const called = await client.responses.create({
+      model: 'tiny', tools: responseTools, tool_choice: 'required', max_output_tokens: 64, input: 'Weather in Paris?',
+    });
+    const call = called.output.find((item) => item.type === 'function_call');
+    assert.ok(call, JSON.stringify(called.output));
+    assert.equal(call.name, 'get_weather');
+    assert.ok(['Paris', 'Rome'].includes(JSON.parse(call.arguments).city), call.arguments);
+    const answered = await client.responses.create({
+      model: 'tiny', tools: responseTools, max_output_tokens: 4,
+      input: [{ role: 'user', content: 'Weather in Paris?' }, call,
+              { type: 'function_call_output', call_id: call.call_id, output: '{"temp_c": 21}' }],
+    });
+    assert.ok(answered.usage.input_tokens > called.usage.input_tokens);
+    await assert.rejects(client.responses.create({ model: 'tiny', input: 'hi', previous_response_id: 'resp_1' }),
+                         (e) => e instanceof OpenAI.BadRequestError && /stores no responses/.test(e.message));
 
     // Errors come back as the client's typed errors.
     await assert.rejects(client.chat.completions.create({ model: 'gpt-4', messages, max_tokens: 2 }),
