@@ -77,6 +77,10 @@ struct ServeArgs {
   bool speculative_steps_given = false;
   int max_logprobs = 0;  // vLLM's --max-logprobs (0: the server's default)
   int speculative_max_batch = engine::EngineConfig{}.speculative_max_batch;
+  // Set from vLLM's flags by resolve_peer_flags.
+  bool force_include_usage = false, exclude_tools_when_none = false;
+  std::string generation_overrides;  // a JSON object
+  server::CorsConfig cors;
 };
 
 // Preset values; explicit flags override them (documented in docs/operations.md).
@@ -117,16 +121,29 @@ void parse_rate_limit(const std::string& spec, server::ServiceConfig& config) {
   if (config.rate_limit_rps <= 0) fail("--rate-limit must be positive");
 }
 
-// Sampling defaults from generation_config.json, as vLLM applies them.
+// Sampling defaults from a generation config object (generation_config.json's fields are read
+// where they have the right type, as vLLM does; --override-generation-config's must all be known).
+void apply_generation_defaults(const nlohmann::json& g, server::ServiceConfig& config, bool strict) {
+  for (const auto& [key, value] : g.items()) {
+    const bool number = value.is_number(), integer = value.is_number_integer();
+    if (key == "temperature" && number) config.default_temperature = value;
+    else if (key == "top_p" && number) config.default_top_p = value;
+    else if (key == "top_k" && integer) config.default_top_k = value;
+    else if (key == "min_p" && number) config.default_min_p = value;
+    else if (strict)
+      fail("--override-generation-config: '" + key + "' " +
+           (key == "temperature" || key == "top_p" || key == "top_k" || key == "min_p" ? "must be a number"
+                                                                                       : "is not a sampling default "
+                                                                                         "here") +
+           " (glmserve takes temperature, top_p, top_k and min_p)");
+  }
+}
+
 void read_generation_defaults(const std::filesystem::path& dir, server::ServiceConfig& config) {
   std::ifstream in(dir / "generation_config.json");
   if (!in) return;
   const nlohmann::json g = nlohmann::json::parse(in, nullptr, false);
-  if (!g.is_object()) return;
-  if (g.contains("temperature") && g["temperature"].is_number()) config.default_temperature = g["temperature"];
-  if (g.contains("top_p") && g["top_p"].is_number()) config.default_top_p = g["top_p"];
-  if (g.contains("top_k") && g["top_k"].is_number_integer()) config.default_top_k = g["top_k"];
-  if (g.contains("min_p") && g["min_p"].is_number()) config.default_min_p = g["min_p"];
+  if (g.is_object()) apply_generation_defaults(g, config, false);
 }
 
 // continue_final_message, as transformers does it: the rendered prompt ends right after the
@@ -217,6 +234,10 @@ std::vector<std::string> resolve_peer_flags(ServeArgs& args) {
   args.source.cuda_graphs = vllm.cuda_graphs;
   if (!vllm.access_log) args.disable_log_requests = true;
   if (vllm.max_logprobs > 0) args.max_logprobs = vllm.max_logprobs;
+  args.force_include_usage = vllm.force_include_usage;
+  args.exclude_tools_when_none = vllm.exclude_tools_when_none;
+  args.generation_overrides = vllm.generation_overrides;
+  args.cors = {vllm.cors_origins, vllm.cors_methods, vllm.cors_headers, vllm.cors_credentials};
   apply_speculation(args, vllm, sglang);
   std::vector<std::string> notes = sglang.notes;
   notes.insert(notes.end(), vllm.notes.begin(), vllm.notes.end());
@@ -335,6 +356,11 @@ server::ServiceConfig service_config_of(const ServeArgs& args, const std::filesy
            ": no generation_config.json there (auto: the model's, vllm: none, or a folder holding one)");
     read_generation_defaults(args.generation_config, config);
   }
+  if (!args.generation_overrides.empty())
+    apply_generation_defaults(nlohmann::json::parse(args.generation_overrides), config, true);
+  config.force_include_usage = args.force_include_usage;
+  config.exclude_tools_when_none = args.exclude_tools_when_none;
+  config.cors = args.cors;
   return config;
 }
 

@@ -36,6 +36,12 @@ int main(int argc, char** argv) {
     args.erase(args.begin());
     std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last first
     app.parse(args);
+  } catch (const CLI::ExtrasError& e) {
+    const int status = app.exit(e);
+    std::fprintf(stderr,
+                 "`glmserve SUBCOMMAND --help` lists a subcommand's flags; vLLM's and SGLang's flags that serve takes "
+                 "are in docs/operations.md (\"Coming from vLLM\")\n");
+    return status;
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const glms::Error& e) {

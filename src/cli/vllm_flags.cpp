@@ -89,6 +89,145 @@ class SpeculativeConfigArgs {
   nlohmann::json dotted_ = nlohmann::json::object();
 };
 
+// vLLM's flags with nothing to set here, one line each: taken with a start-up note saying what
+// glmserve does instead, or refused saying why and what to do.
+struct FlagWithNothingToSet {
+  const char* name;
+  bool takes_value;  // one value or several (else a switch)
+  bool refused;
+  const char* why;
+};
+
+constexpr const char* kGraphs =
+    "decode steps replay CUDA graphs captured for the batch sizes glmserve runs; prefill runs without them";
+constexpr const char* kChunks =
+    "each step's prefill chunks fill what --max-num-batched-tokens leaves after its decodes";
+constexpr const char* kOneProcess = "one process serves HTTP on its I/O threads (--io-threads)";
+constexpr const char* kNoContents = "request contents are never logged";
+constexpr const char* kTls =
+    "glmserve serves plain HTTP: put a TLS-terminating proxy (nginx, Caddy, Envoy) in front of it";
+constexpr const char* kLora = "LoRA adapters are not supported";
+constexpr const char* kPlugins = "no parser plugins: GLM's tool-call and reasoning parsers are built in";
+constexpr const char* kLogits =
+    "no custom logits processors (requests take logit_bias, allowed_token_ids and bad_words)";
+
+constexpr FlagWithNothingToSet kVllmFlagsWithNothingToSet[] = {
+    {"--max-seq-len-to-capture", true, false, kGraphs},
+    {"--cuda-graph-sizes", true, false, kGraphs},
+    {"--max-cudagraph-capture-size", true, false, kGraphs},
+    {"--max-parallel-loading-workers", true, false, "each rank maps its checkpoint shards (mmap); there is no loader pool"},
+    {"--disable-fastapi-docs", false, false, "glmserve serves no /docs pages"},
+    {"--root-path", true, false, "routes stay at /v1/...; a proxy that adds a path prefix must strip it"},
+    {"--api-server-count", true, false, kOneProcess},
+    {"--disable-frontend-multiprocessing", false, false, kOneProcess},
+    {"--model-impl", true, false, "glmserve runs its own GLM-5 implementation"},
+    {"--config-format", true, false, "config.json is read in Hugging Face's format"},
+    {"--tokenizer-mode", true, false, "the model's tokenizer.json is read by glmserve's own tokenizer"},
+    {"--tokenizer-revision", true, false, "the tokenizer is the model folder's own (--revision picks the snapshot)"},
+    {"--code-revision", true, false, "glmserve runs no code from checkpoints"},
+    {"--hf-token", true, false, "glmserve does not download: models come from a folder or the Hugging Face cache"},
+    {"--prefix-caching-hash-algo", true, false, "the prefix cache hashes blocks of token ids with its own hash"},
+    {"--max-num-partial-prefills", true, false, kChunks},
+    {"--max-long-partial-prefills", true, false, kChunks},
+    {"--long-prefill-token-threshold", true, false, kChunks},
+    {"--structured-outputs-config", true, false, "structured outputs are glmserve's own (docs/api.md)"},
+    {"--guided-decoding-backend", true, false, "structured outputs are glmserve's own (docs/api.md)"},
+    {"--chat-template-content-format", true, false,
+     "content parts reach the chat template as a list (openai), which GLM's template joins"},
+    {"--expand-tools-even-if-tool-choice-none", false, false,
+     "tools stay in the prompt with tool_choice none (--exclude-tools-when-tool-choice-none leaves them out)"},
+    {"--enable-prompt-tokens-details", false, false, "usage.prompt_tokens_details.cached_tokens is always reported"},
+    {"--enable-server-load-tracking", false, false,
+     "no /load endpoint: /metrics has glmserve:num_requests_running and glmserve:num_requests_waiting"},
+    {"--log-error-stack", false, false, "errors are logged with their message"},
+    {"--max-log-len", true, false, kNoContents},
+    {"--enable-log-outputs", false, false, kNoContents},
+    {"--response-role", true, false, "responses carry the role assistant"},
+    {"--num-gpu-blocks-override", true, false, "the KV cache is sized by --gpu-memory-utilization or --kv-cache-memory"},
+    {"--disable-sliding-window", false, false, "GLM-5 has no sliding-window attention"},
+    {"--disable-cascade-attn", false, false, "no cascade attention here; shared prefixes come from the prefix cache"},
+    {"--scheduling-policy", true, false, "requests are scheduled first come, first served (fcfs)"},
+    {"--runner", true, false, "glmserve generates text"},
+    {"--task", true, false, "glmserve generates text"},
+    {"--ssl-keyfile", true, true, kTls},
+    {"--ssl-certfile", true, true, kTls},
+    {"--ssl-ca-certs", true, true, kTls},
+    {"--ssl-cert-reqs", true, true, kTls},
+    {"--enable-lora", false, true, kLora},
+    {"--lora-modules", true, true, kLora},
+    {"--max-loras", true, true, kLora},
+    {"--max-lora-rank", true, true, kLora},
+    {"--kv-transfer-config", true, true, "disaggregated prefill and KV transfer are not supported"},
+    {"--kv-events-config", true, true, "KV cache events are not published"},
+    {"--reasoning-parser-plugin", true, true, kPlugins},
+    {"--tool-parser-plugin", true, true, kPlugins},
+    {"--logits-processors", true, true, kLogits},
+    {"--logits-processor-pattern", true, true, kLogits},
+    {"--return-tokens-as-token-ids", false, true, "logprobs name tokens by their text here; /tokenize gives their ids"},
+    {"--hf-overrides", true, true, "config.json is read as stored: edit it in a copy of the model folder"},
+    {"--cpu-offload-gb", true, true, "weights stay on the GPUs: split a model with -tp, or -dp with --enable-expert-parallel"},
+    {"--enable-sleep-mode", false, true, "sleep mode is not supported"},
+    {"--otlp-traces-endpoint", true, true, "no OpenTelemetry traces; /metrics serves Prometheus metrics"},
+};
+
+// The table's flags given: a note each, a refusal for the first refused one; and the values that
+// pick what glmserve cannot do (a priority policy, a pooling runner).
+void check_flags_with_nothing_to_set(const VllmFlags& f, std::vector<std::string>& notes) {
+  for (const FlagWithNothingToSet& flag : kVllmFlagsWithNothingToSet) {
+    const auto given = f.nothing_to_set.find(flag.name);
+    if (given == f.nothing_to_set.end()) continue;
+    std::string shown = flag.name;
+    for (const std::string& value : given->second) shown += " " + value;
+    if (flag.refused) fail(shown + ": " + flag.why);
+    const std::string value = given->second.empty() ? "" : given->second.front();
+    if (shown.rfind("--scheduling-policy", 0) == 0 && value != "fcfs")
+      fail(shown + ": requests are scheduled first come, first served here (fcfs); a request's priority is not read");
+    if ((shown.rfind("--runner", 0) == 0 || shown.rfind("--task", 0) == 0) && value != "generate" && value != "auto")
+      fail(shown + ": glmserve generates text (generate); pooling, embedding and scoring are not served");
+    notes.push_back(shown + ": " + flag.why);
+  }
+}
+
+// A JSON list of strings (--allowed-origins '["*"]'), or a refusal naming the flag.
+std::vector<std::string> string_list(const std::string& flag, const std::string& text) {
+  const nlohmann::json list = nlohmann::json::parse(text, nullptr, false);
+  std::vector<std::string> out;
+  if (list.is_array())
+    for (const nlohmann::json& item : list)
+      if (item.is_string()) out.push_back(item.get<std::string>());
+  if (!list.is_array() || out.size() != list.size())
+    fail(flag + " '" + text + "': expects a JSON list of strings, e.g. '[\"https://example.com\"]' or '[\"*\"]'");
+  return out;
+}
+
+// The HTTP answers' extras: usage on every stream, sampling defaults, CORS.
+void check_response_flags(const VllmFlags& f, VllmSettings& s) {
+  s.force_include_usage = f.force_include_usage;
+  s.exclude_tools_when_none = f.exclude_tools_when_none;
+  if (!f.override_generation_config.empty()) {
+    const nlohmann::json overrides = nlohmann::json::parse(f.override_generation_config, nullptr, false);
+    if (!overrides.is_object())
+      fail("--override-generation-config '" + f.override_generation_config +
+           "': expects a JSON object, e.g. '{\"temperature\": 0.6, \"top_p\": 0.95}'");
+    s.generation_overrides = overrides.dump();
+    s.notes.push_back("--override-generation-config: sampling defaults " + s.generation_overrides +
+                      " over generation_config.json's");
+  }
+  if (!f.allowed_origins.empty()) s.cors_origins = string_list("--allowed-origins", f.allowed_origins);
+  if (!f.allowed_methods.empty()) s.cors_methods = string_list("--allowed-methods", f.allowed_methods);
+  if (!f.allowed_headers.empty()) s.cors_headers = string_list("--allowed-headers", f.allowed_headers);
+  s.cors_credentials = f.allow_credentials;
+  if (!s.cors_origins.empty()) {
+    std::string origins;
+    for (const std::string& origin : s.cors_origins) origins += (origins.empty() ? "" : ", ") + origin;
+    s.notes.push_back("CORS: browsers at " + origins + " may call the API" +
+                      (s.cors_credentials ? ", with credentials" : ""));
+  } else if (!f.allowed_methods.empty() || !f.allowed_headers.empty() || f.allow_credentials) {
+    fail("--allowed-methods, --allowed-headers and --allow-credentials go with --allowed-origins, which names the "
+         "origins that may call the API from a browser (e.g. --allowed-origins '[\"https://example.com\"]')");
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> normalize_vllm_arguments(const std::vector<std::string>& argv, const TakesOption& takes) {
@@ -162,6 +301,27 @@ void add_vllm_flags(CLI::App* cmd, VllmFlags& f) {
   g->add_option("--max-logprobs", f.max_logprobs, "Largest logprobs / top_logprobs a request may ask (default 20)")
       ->check(CLI::Range(1, 1 << 20));
   g->add_option("--block-size", f.block_size, "Accepted, no effect: the KV cache's blocks are 16 tokens");
+  g->add_flag("--enable-force-include-usage", f.force_include_usage,
+              "Streams end with a usage chunk whether or not the request asks (stream_options.include_usage)");
+  g->add_flag("--exclude-tools-when-tool-choice-none", f.exclude_tools_when_none,
+              "With tool_choice none, the tools are left out of the prompt (else the template shows them)");
+  g->add_option("--override-generation-config", f.override_generation_config,
+                "A JSON object of sampling defaults over generation_config.json's: temperature, top_p, top_k, min_p");
+  g->add_option("--allowed-origins", f.allowed_origins, "CORS: a JSON list of origins that may call the API from a browser, [\"*\"] for any (vLLM's default; "
+                "none without it)");
+  g->add_option("--allowed-methods", f.allowed_methods, "CORS: a JSON list of methods (default [\"*\"])");
+  g->add_option("--allowed-headers", f.allowed_headers, "CORS: a JSON list of request headers (default [\"*\"])");
+  g->add_flag("--allow-credentials", f.allow_credentials, "CORS: allow credentials (cookies, authorization)");
+  for (const FlagWithNothingToSet& flag : kVllmFlagsWithNothingToSet) {
+    const std::string name = flag.name;
+    const std::string help = std::string(flag.refused ? "Refused: " : "Accepted, no effect: ") + flag.why;
+    if (flag.takes_value)
+      g->add_option_function<std::vector<std::string>>(
+           name, [&f, name](const std::vector<std::string>& values) { f.nothing_to_set[name] = values; }, help)
+          ->expected(1, 64);
+    else
+      g->add_flag_callback(name, [&f, name] { f.nothing_to_set[name] = {}; }, help);
+  }
 }
 
 namespace {
@@ -336,6 +496,8 @@ VllmSettings resolve_vllm_flags(const VllmFlags& f, const VllmTarget& target) {
   check_layout_flags(f, target, s.notes);
   check_execution_flags(f, target, s);
   check_http_flags(f, target, s);
+  check_response_flags(f, s);
+  check_flags_with_nothing_to_set(f, s.notes);
   if (!f.speculative_config.empty()) apply_speculative_config(f.speculative_config, target, s);
   return s;
 }

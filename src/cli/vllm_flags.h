@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,6 +46,12 @@ struct VllmFlags {
   std::string tokenizer, uvicorn_log_level;
   bool disable_uvicorn_access_log = false, enable_log_requests = false;
   int max_logprobs = 0;  // 0: not given
+  bool force_include_usage = false, exclude_tools_when_none = false;
+  std::string override_generation_config;  // a JSON object of sampling defaults
+  std::string allowed_origins, allowed_methods, allowed_headers;  // JSON lists of strings
+  bool allow_credentials = false;
+  // The flags of kVllmFlagsWithNothingToSet (vllm_flags.cpp) given, with their values.
+  std::map<std::string, std::vector<std::string>> nothing_to_set;
 };
 
 void add_vllm_flags(CLI::App* cmd, VllmFlags& flags);
@@ -67,6 +74,13 @@ struct VllmSettings {
   bool cuda_graphs = true;                   // false: --enforce-eager
   bool access_log = true;                    // false: --disable-uvicorn-access-log
   int max_logprobs = 0;                      // --max-logprobs (0: not given)
+  bool force_include_usage = false;          // --enable-force-include-usage: usage on every stream
+  bool exclude_tools_when_none = false;      // --exclude-tools-when-tool-choice-none
+  std::string generation_overrides;          // --override-generation-config: a JSON object ("" when not given)
+  // CORS (--allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials). No origin
+  // unless given (vLLM allows every one): a page on any site could otherwise use a local server.
+  std::vector<std::string> cors_origins, cors_methods = {"*"}, cors_headers = {"*"};
+  bool cors_credentials = false;
 };
 
 // Checks vLLM's flags against what they go with; throws glms::Error saying what to type instead.

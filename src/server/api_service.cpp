@@ -117,6 +117,7 @@ ApiService::ApiService(Backend& backend, text::Tokenizer tokenizer, ChatRenderer
       metrics_(std::make_unique<ServerMetrics>(config_.served_model_name)),
       auth_(std::make_unique<Authenticator>(config_.api_keys, config_.jwt_secret)),
       limiter_(std::make_unique<RateLimiter>(config_.rate_limit_rps, config_.rate_limit_burst)),
+      cors_(config_.cors),
       started_at_(static_cast<int64_t>(std::time(nullptr))),
       seeds_(config_.seed ? *config_.seed : std::random_device{}()) {
   tokenizer_.min_tokens_for_bytes(0);  // finds the longest token now, not at the first request
@@ -139,6 +140,16 @@ ApiService::ApiService(Backend& backend, text::Tokenizer tokenizer, ChatRenderer
 ApiService::~ApiService() = default;
 
 void ApiService::handle(const HttpRequest& request, std::shared_ptr<Responder> responder) {
+  // CORS before anything else: a browser's preflight carries no credentials.
+  if (cors_.enabled()) {
+    if (CorsPolicy::is_preflight(request)) {
+      HttpResponse preflight = cors_.preflight(request);
+      metrics_->count_http(preflight.status, handler_label(request.path()), request.method);
+      responder->reply(std::move(preflight));
+      return;
+    }
+    responder = cors_.wrap(request.header("origin"), std::move(responder));
+  }
   HttpResponse response;
   bool answered = false;
   try {
@@ -425,6 +436,8 @@ void ApiService::start_chat(const HttpRequest& request, std::shared_ptr<Responde
 void ApiService::run_chat(ChatRequest req, const std::string& client, std::shared_ptr<Responder> responder,
                           const char* path) {
   check_model(req.sampling.model);
+  if (config_.exclude_tools_when_none && req.tool_choice == "none") req.tools.reset();
+  if (config_.force_include_usage) req.sampling.include_usage = true;
   if (!renderer_) throw_api(400, "This model has no chat template; use /v1/completions");
   const std::string prompt = render_prompt(req);
   GenerationSpec spec;
@@ -479,6 +492,7 @@ HttpResponse ApiService::count_message_tokens(const HttpRequest& request) const 
 void ApiService::start_completion(const HttpRequest& request, std::shared_ptr<Responder> responder) {
   CompletionRequest req = parse_completion_request(request.body, config_.parse_limits);
   check_model(req.sampling.model);
+  if (config_.force_include_usage) req.sampling.include_usage = true;
   GenerationSpec spec;
   if (config_.log_requests) spec.access_log = request.client + " POST /v1/completions";
   spec.chat = false;

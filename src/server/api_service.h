@@ -1,6 +1,7 @@
 // The OpenAI-compatible API, independent of the transport: routes a parsed HTTP request to
-// /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /version, applies
-// authentication, rate limits and request limits, and answers through a Responder.
+// /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /v1/models, /health,
+// /metrics, /version, applies CORS, authentication, rate limits and request limits, and answers
+// through a Responder.
 //
 // Contract: handle() never throws and answers every request exactly once (a reply, or a stream
 // that ends); every error body is error_body(ApiError). handle() may be called from several
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "server/backend.h"
+#include "server/cors.h"
 #include "server/http_types.h"
 #include "server/openai_request.h"
 #include "server/text_stream.h"
@@ -55,6 +57,9 @@ struct ServiceConfig {
   int default_top_k = 0;
   float default_min_p = 0.0f;
   int default_completion_max_tokens = 16;  // /v1/completions without max_tokens (vLLM: 16)
+  bool force_include_usage = false;  // streams end with usage whatever stream_options say (vLLM's flag)
+  bool exclude_tools_when_none = false;  // tool_choice "none" leaves the tools out of the prompt (vLLM's flag)
+  CorsConfig cors;                   // browsers' cross-origin requests (off unless origins are given)
   bool web_ui = true;                // the dashboard and playground at / and /dashboard (serve --no-web-ui: off)
   std::vector<std::string> banner;   // serve's start-up lines (layout, devices, KV cache), shown by the web UI
 };
@@ -111,6 +116,7 @@ class ApiService {
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<RateLimiter> limiter_;
+  CorsPolicy cors_;
   std::vector<int32_t> markup_ids_;  // GLM markup special tokens kept in chat text
   // Each token's text and their trie: what structured outputs match tokens against.
   std::shared_ptr<const structured::TokenVocabulary> vocabulary_;

@@ -3,6 +3,7 @@
 // glmserve does anyway leave a note, and flags that cannot apply are refused saying what to type.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -179,4 +180,61 @@ TEST(VllmFlagsResolve, LoadFormatEagerModeAndMemoryFlags) {
   flags = VllmFlags{};
   flags.block_size = 16;  // the engine's own: nothing to say
   EXPECT_TRUE(cli::resolve_vllm_flags(flags, cuda_target()).notes.empty());
+}
+
+TEST(VllmFlagsResolve, FlagsWithNothingToSetAreNotedOrRefusedSayingWhy) {
+  VllmFlags flags;
+  flags.nothing_to_set["--cuda-graph-sizes"] = {"1", "2", "4"};
+  flags.nothing_to_set["--disable-fastapi-docs"] = {};
+  flags.nothing_to_set["--scheduling-policy"] = {"fcfs"};
+  flags.nothing_to_set["--runner"] = {"generate"};
+  const cli::VllmSettings s = cli::resolve_vllm_flags(flags, cuda_target());
+  ASSERT_EQ(s.notes.size(), 4u);
+  EXPECT_NE(std::find_if(s.notes.begin(), s.notes.end(),
+                         [](const std::string& n) { return n.rfind("--cuda-graph-sizes 1 2 4: decode steps", 0) == 0; }),
+            s.notes.end());
+  const std::vector<std::pair<std::pair<std::string, std::vector<std::string>>, std::string>> refused = {
+      {{"--ssl-certfile", {"cert.pem"}}, "TLS-terminating proxy"},
+      {{"--lora-modules", {"sql=/lora"}}, "LoRA adapters are not supported"},
+      {{"--scheduling-policy", {"priority"}}, "first come, first served"},
+      {{"--runner", {"pooling"}}, "pooling, embedding and scoring are not served"},
+      {{"--return-tokens-as-token-ids", {}}, "/tokenize gives their ids"},
+      {{"--hf-overrides", {"{\"num_hidden_layers\": 4}"}}, "edit it in a copy"},
+  };
+  for (const auto& [flag, expect] : refused) {
+    VllmFlags one;
+    one.nothing_to_set[flag.first] = flag.second;
+    const std::string message = refusal(one);
+    EXPECT_NE(message.find(expect), std::string::npos) << flag.first << ": " << message;
+    EXPECT_EQ(message.rfind(flag.first, 0), 0u) << message;  // names the flag as given
+  }
+}
+
+TEST(VllmFlagsResolve, GenerationOverridesUsageAndCors) {
+  VllmFlags flags;
+  EXPECT_TRUE(cli::resolve_vllm_flags(flags, cuda_target()).cors_origins.empty());  // CORS off unless asked
+  flags.override_generation_config = R"({"temperature": 0.6, "top_p": 0.95})";
+  flags.force_include_usage = true;
+  flags.exclude_tools_when_none = true;
+  flags.allowed_origins = R"(["https://a.example", "https://b.example"])";
+  flags.allowed_methods = R"(["GET", "POST"])";
+  flags.allow_credentials = true;
+  const cli::VllmSettings s = cli::resolve_vllm_flags(flags, cuda_target());
+  EXPECT_EQ(nlohmann::json::parse(s.generation_overrides), nlohmann::json::parse(flags.override_generation_config));
+  EXPECT_TRUE(s.force_include_usage);
+  EXPECT_TRUE(s.exclude_tools_when_none);
+  EXPECT_EQ(s.cors_origins, (std::vector<std::string>{"https://a.example", "https://b.example"}));
+  EXPECT_EQ(s.cors_methods, (std::vector<std::string>{"GET", "POST"}));
+  EXPECT_EQ(s.cors_headers, std::vector<std::string>{"*"});
+  EXPECT_TRUE(s.cors_credentials);
+  EXPECT_EQ(s.notes.size(), 2u);  // the overrides and the CORS origins
+  VllmFlags bad;
+  bad.override_generation_config = "temperature=0.6";
+  EXPECT_NE(refusal(bad).find("expects a JSON object"), std::string::npos);
+  bad = {};
+  bad.allowed_origins = "*";
+  EXPECT_NE(refusal(bad).find("expects a JSON list of strings"), std::string::npos) << refusal(bad);
+  bad = {};
+  bad.allow_credentials = true;
+  EXPECT_NE(refusal(bad).find("go with --allowed-origins"), std::string::npos) << refusal(bad);
 }

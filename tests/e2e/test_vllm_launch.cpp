@@ -157,6 +157,41 @@ TEST(VllmLaunch, TheModelPathIsAServedNameAndVllmsBenchLineMeasuresIt) {
   EXPECT_EQ(server.stop(SIGTERM, 60.0), 0);
 }
 
+// Flags of vLLM's with nothing to set here start the server with a note each; generation-config
+// overrides set the sampling defaults, CORS answers browsers, and streams always end with usage.
+TEST(VllmLaunch, ProductionFlagsStartWithNotesAndTakeEffect) {
+  ServerProcess server(kBinary, {"serve", kModel, "--port", "0", "--kv-cache-memory", "64M",
+                                 "--override-generation-config", R"({"temperature": 0})", "--allowed-origins",
+                                 R"(["https://app.example"])", "--enable-force-include-usage", "--cuda-graph-sizes", "1",
+                                 "2", "4", "--disable-fastapi-docs", "--chat-template-content-format", "openai",
+                                 "--max-parallel-loading-workers", "2", "--scheduling-policy", "fcfs"});
+  const std::string& out = server.output();
+  for (const char* note : {"note: --cuda-graph-sizes 1 2 4:", "note: --disable-fastapi-docs:",
+                           "note: --chat-template-content-format openai:", "note: --override-generation-config:",
+                           "note: CORS: browsers at https://app.example may call the API"})
+    EXPECT_NE(out.find(note), std::string::npos) << note << "\n" << out;
+  // Temperature 0 by default now: a request without one is greedy, as one that asks for 0.
+  const json prompt = {{"model", "glm5-tiny-code"}, {"prompt", "def fibonacci(n):"}, {"max_tokens", 12}};
+  json greedy = prompt;
+  greedy["temperature"] = 0;
+  const std::string expected = json::parse(http(server.port(), "POST", "/v1/completions", greedy.dump()).body)["choices"][0]["text"];
+  for (int i = 0; i < 2; ++i)
+    EXPECT_EQ(json::parse(http(server.port(), "POST", "/v1/completions", prompt.dump()).body)["choices"][0]["text"], expected);
+  // CORS: the page's origin may call, another's may not.
+  const Response allowed = http(server.port(), "POST", "/v1/completions", prompt.dump(), {{"origin", "https://app.example"}});
+  EXPECT_EQ(allowed.headers.count("access-control-allow-origin") ? allowed.headers.at("access-control-allow-origin") : "",
+            "https://app.example");
+  const Response preflight = http(server.port(), "OPTIONS", "/v1/completions", "",
+                                  {{"origin", "https://evil.example"}, {"access-control-request-method", "POST"}});
+  EXPECT_EQ(preflight.status, 400);
+  // A stream that does not ask for usage still ends with it.
+  json streamed = prompt;
+  streamed["stream"] = true;
+  const std::string events = http(server.port(), "POST", "/v1/completions", streamed.dump()).body;
+  EXPECT_NE(events.find("\"completion_tokens\":12,\"prompt_tokens_details\""), std::string::npos) << events;
+  EXPECT_EQ(server.stop(SIGTERM, 60.0), 0);
+}
+
 // A hub cache as `hf download zai-org/glm5-tiny-code` leaves it: refs/main names a snapshot whose
 // files link to the bundled model's (huggingface_hub links them into blobs/).
 std::string make_hub_cache(const std::string& name) {

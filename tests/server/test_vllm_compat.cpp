@@ -175,3 +175,56 @@ TEST(VllmCompat, EachRequestGetsAnAccessLine) {
   EXPECT_NE(text.find("127.0.0.1 POST /v1/completions 400: prompt"), std::string::npos) << text;
   EXPECT_EQ(text.find("/health"), std::string::npos) << text;
 }
+
+// --enable-force-include-usage: a stream ends with its usage chunk though the request did not ask.
+TEST(VllmCompat, ForcedUsageEndsEveryStream) {
+  auto last_usage = [](bool forced) {
+    server::ServiceConfig c;
+    c.force_include_usage = forced;
+    Fixture f(c);
+    f.say("Hello there");
+    json body = chat("hi");
+    body["stream"] = true;
+    const std::vector<std::string> events = f.stream("/v1/chat/completions", body);
+    EXPECT_EQ(events.back(), "[DONE]");
+    return json::parse(events[events.size() - 2]).value("usage", json());
+  };
+  EXPECT_TRUE(last_usage(false).is_null());
+  const json usage = last_usage(true);
+  ASSERT_TRUE(usage.is_object());
+  EXPECT_EQ(usage["completion_tokens"], static_cast<int>(glms::test::ids("Hello there").size()) + 1);
+}
+
+// --exclude-tools-when-tool-choice-none: the template gets no tools when the request says none.
+TEST(VllmCompat, ToolsCanBeLeftOutOfThePromptWithToolChoiceNone) {
+  auto rendered_tools = [](bool exclude, const std::string& tool_choice) {
+    server::ServiceConfig c;
+    c.served_model_name = "tiny";
+    c.exclude_tools_when_none = exclude;
+    glms::test::FakeBackend backend;
+    backend.script = [](const engine::RequestParams&) { return std::vector<int32_t>{8170}; };
+    bool saw_tools = false;
+    server::ApiService service(
+        backend, tokenizer(),
+        [&](const server::ChatRequest& r) {
+          saw_tools = r.tools && !r.tools->is_null();
+          return glms::test::render(r);
+        },
+        nullptr, c);
+    json body = chat("hi");
+    body["tools"] = json::array({{{"type", "function"}, {"function", {{"name", "ls"}, {"parameters", json::object()}}}}});
+    body["tool_choice"] = tool_choice;
+    server::HttpRequest request;
+    request.method = "POST";
+    request.target = "/v1/chat/completions";
+    request.body = body.dump();
+    auto responder = std::make_shared<glms::test::RecordingResponder>();
+    service.handle(request, responder);
+    EXPECT_TRUE(responder->wait());
+    EXPECT_EQ(responder->response.status, 200) << responder->response.body;
+    return saw_tools;
+  };
+  EXPECT_TRUE(rendered_tools(false, "none"));  // vLLM's default: the template still shows them
+  EXPECT_FALSE(rendered_tools(true, "none"));
+  EXPECT_TRUE(rendered_tools(true, "auto"));
+}
