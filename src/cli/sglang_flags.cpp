@@ -5,9 +5,58 @@
 #include <cctype>
 #include <filesystem>
 
+#include "cli/peer_flag_table.h"
 #include "core/error.h"
 
 namespace glms::cli {
+
+namespace {
+
+constexpr const char* kOwnScheduler = "glmserve runs its own scheduler and kernels";
+constexpr const char* kSglangGraphs = "each decode batch shape's CUDA graph is captured on its first step";
+
+// SGLang's flags with nothing to set here (cli/peer_flag_table.h).
+constexpr FlagWithNothingToSet kSglangFlagsWithNothingToSet[] = {
+    {"--watchdog-timeout", true, false, "no watchdog: a failing step ends its requests with an error and serving goes on"},
+    {"--schedule-conservativeness", true, false, "new sequences are admitted while the KV cache has free blocks"},
+    {"--schedule-policy", true, false, "requests are scheduled first come, first served; shared prefixes come from the "
+                                       "prefix cache"},
+    {"--max-prefill-tokens", true, false,
+     "each step's prefill chunks fill what --max-num-batched-tokens (--chunked-prefill-size) leaves after its decodes"},
+    {"--max-total-tokens", true, false, "the KV cache is sized by --mem-fraction-static or --kv-cache-memory"},
+    {"--cuda-graph-bs", true, false, kSglangGraphs},
+    {"--enable-torch-compile", false, false, "no torch.compile: the kernels are compiled ahead of time"},
+    {"--disable-overlap-schedule", false, false, kOwnScheduler},
+    {"--enable-two-batch-overlap", false, false, kOwnScheduler},
+    {"--enable-mixed-chunk", false, false, "decodes and prefill chunks always share a step"},
+    {"--num-continuous-decode-steps", true, false, kOwnScheduler},
+    {"--sampling-backend", true, false, kOwnScheduler},
+    {"--grammar-backend", true, false, "structured outputs are glmserve's own (docs/api.md)"},
+    {"--triton-attention-num-kv-splits", true, false, kOwnScheduler},
+    {"--stream-interval", true, false, "a stream sends each step's tokens as they are made"},
+    {"--skip-server-warmup", false, false, "glmserve sends itself no warm-up request"},
+    {"--log-requests", false, false, "an access line per request is the default (request contents are never logged)"},
+    {"--log-requests-level", true, false, "request contents are never logged"},
+    {"--log-level-http", true, false, "HTTP log lines follow --log-level"},
+    {"--decode-log-interval", true, false, "the engine's stats line comes every --log-stats-interval seconds"},
+    {"--enable-cache-report", false, false, "usage.prompt_tokens_details.cached_tokens is always reported"},
+    {"--show-time-cost", false, false, "/metrics has each phase's time (glmserve:request_prefill_time_seconds, ...)"},
+    {"--model-loader-extra-config", true, false, "each rank maps its checkpoint shards (mmap)"},
+    {"--file-storage-path", true, false, "glmserve stores no files"},
+    {"--enable-hierarchical-cache", false, false, "the prefix cache lives in GPU memory; there is no host-memory tier"},
+    {"--nccl-port", true, false, "NCCL's unique id is passed inside the process, or by MPI across nodes"},
+    {"--enable-p2p-check", false, false, "NCCL checks the GPUs' peer access itself"},
+    {"--disable-chunked-prefix-cache", false, false, kOwnScheduler},
+    {"--enable-deterministic-inference", false, true,
+     "glmserve's kernels are not batch-invariant: a request's output can change with the batch it runs in"},
+    {"--json-model-override-args", true, true, "config.json is read as stored: edit it in a copy of the model folder"},
+    {"--tool-server", true, true, "no built-in tool servers: the client runs the tools it declares"},
+    {"--enable-lora", false, true, "LoRA adapters are not supported"},
+    {"--lora-paths", true, true, "LoRA adapters are not supported"},
+    {"--disaggregation-mode", true, true, "prefill/decode disaggregation is not supported"},
+};
+
+}  // namespace
 
 void add_sglang_flags(CLI::App* cmd, SglangFlags& f) {
   CLI::Option_group* g = cmd->add_option_group(
@@ -46,6 +95,7 @@ void add_sglang_flags(CLI::App* cmd, SglangFlags& f) {
                 "Accepted, no effect: each decode batch shape's graph is captured on its first step");
   g->add_flag("--enable-metrics", f.enable_metrics, "Accepted: /metrics is always served");
   g->add_option("--dist-init-addr", f.dist_init_addr, "Refused: several nodes run under mpirun");
+  add_flags_with_nothing_to_set(g, kSglangFlagsWithNothingToSet, f.nothing_to_set);
 }
 
 namespace {
@@ -148,6 +198,7 @@ SglangSettings resolve_sglang_flags(const SglangFlags& f, const std::string& mod
   if (f.cuda_graph_max_bs > 0)
     s.notes.push_back("--cuda-graph-max-bs: each decode batch shape's graph is captured on its first step");
   if (f.enable_metrics) s.notes.push_back("--enable-metrics: /metrics is always served");
+  check_flags_with_nothing_to_set(kSglangFlagsWithNothingToSet, f.nothing_to_set, s.notes);
   return s;
 }
 

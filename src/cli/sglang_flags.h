@@ -6,6 +6,7 @@
 // --disable-radix-cache, --disable-cuda-graph) are aliases where those flags are declared.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,8 @@ struct SglangFlags {
   int chunked_prefill_size = 0;  // 0: not given; -1: SGLang's "no chunking"
   std::string attention_backend, nsa_prefill_backend, nsa_decode_backend, moe_a2a_backend, moe_runner_backend;
   std::string dist_init_addr;
+  // The flags of kSglangFlagsWithNothingToSet (sglang_flags.cpp) given, with their values.
+  std::map<std::string, std::vector<std::string>> nothing_to_set;  // cli::GivenFlags
 };
 
 void add_sglang_flags(CLI::App* cmd, SglangFlags& flags);

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "cli/peer_flag_table.h"
 #include "core/error.h"
 
 namespace glms::cli {
@@ -89,14 +90,7 @@ class SpeculativeConfigArgs {
   nlohmann::json dotted_ = nlohmann::json::object();
 };
 
-// vLLM's flags with nothing to set here, one line each: taken with a start-up note saying what
-// glmserve does instead, or refused saying why and what to do.
-struct FlagWithNothingToSet {
-  const char* name;
-  bool takes_value;  // one value or several (else a switch)
-  bool refused;
-  const char* why;
-};
+// vLLM's flags with nothing to set here (cli/peer_flag_table.h).
 
 constexpr const char* kGraphs =
     "decode steps replay CUDA graphs captured for the batch sizes glmserve runs; prefill runs without them";
@@ -170,22 +164,22 @@ constexpr FlagWithNothingToSet kVllmFlagsWithNothingToSet[] = {
     {"--otlp-traces-endpoint", true, true, "no OpenTelemetry traces; /metrics serves Prometheus metrics"},
 };
 
-// The table's flags given: a note each, a refusal for the first refused one; and the values that
-// pick what glmserve cannot do (a priority policy, a pooling runner).
-void check_flags_with_nothing_to_set(const VllmFlags& f, std::vector<std::string>& notes) {
-  for (const FlagWithNothingToSet& flag : kVllmFlagsWithNothingToSet) {
-    const auto given = f.nothing_to_set.find(flag.name);
-    if (given == f.nothing_to_set.end()) continue;
-    std::string shown = flag.name;
-    for (const std::string& value : given->second) shown += " " + value;
-    if (flag.refused) fail(shown + ": " + flag.why);
-    const std::string value = given->second.empty() ? "" : given->second.front();
-    if (shown.rfind("--scheduling-policy", 0) == 0 && value != "fcfs")
-      fail(shown + ": requests are scheduled first come, first served here (fcfs); a request's priority is not read");
-    if ((shown.rfind("--runner", 0) == 0 || shown.rfind("--task", 0) == 0) && value != "generate" && value != "auto")
-      fail(shown + ": glmserve generates text (generate); pooling, embedding and scoring are not served");
-    notes.push_back(shown + ": " + flag.why);
-  }
+// The table's flags (a note each, a refusal for a refused one), and the values that pick what
+// glmserve cannot do: a priority policy, a pooling runner.
+void check_vllm_flags_with_nothing_to_set(const VllmFlags& f, std::vector<std::string>& notes) {
+  auto value = [&](const char* name) {
+    const auto it = f.nothing_to_set.find(name);
+    return it == f.nothing_to_set.end() || it->second.empty() ? std::string() : it->second.front();
+  };
+  const std::string policy = value("--scheduling-policy");
+  if (!policy.empty() && policy != "fcfs")
+    fail(shown_as_given("--scheduling-policy", f.nothing_to_set) +
+         ": requests are scheduled first come, first served here (fcfs); a request's priority is not read");
+  for (const char* runner : {"--runner", "--task"})
+    if (!value(runner).empty() && value(runner) != "generate" && value(runner) != "auto")
+      fail(shown_as_given(runner, f.nothing_to_set) +
+           ": glmserve generates text (generate); pooling, embedding and scoring are not served");
+  check_flags_with_nothing_to_set(kVllmFlagsWithNothingToSet, f.nothing_to_set, notes);
 }
 
 // A JSON list of strings (--allowed-origins '["*"]'), or a refusal naming the flag.
@@ -293,7 +287,7 @@ void add_vllm_flags(CLI::App* cmd, VllmFlags& f) {
   g->add_flag("--async-scheduling", f.async_scheduling, "Accepted, no effect");
   g->add_option("--compilation-config", f.compilation_config,
                 "Accepted, no effect: no torch.compile, the kernels are compiled ahead of time");
-  g->add_option("--tokenizer", f.tokenizer, "The model folder or its tokenizer.json (glmserve reads the model's own)");
+  g->add_option("--tokenizer,--tokenizer-path", f.tokenizer, "The model folder or its tokenizer.json (glmserve reads the model's own)");
   g->add_option("--uvicorn-log-level", f.uvicorn_log_level, "Accepted: glmserve's HTTP log lines follow --log-level");
   g->add_flag("--disable-uvicorn-access-log", f.disable_uvicorn_access_log,
               "No access line per request (as --disable-log-requests)");
@@ -312,16 +306,7 @@ void add_vllm_flags(CLI::App* cmd, VllmFlags& f) {
   g->add_option("--allowed-methods", f.allowed_methods, "CORS: a JSON list of methods (default [\"*\"])");
   g->add_option("--allowed-headers", f.allowed_headers, "CORS: a JSON list of request headers (default [\"*\"])");
   g->add_flag("--allow-credentials", f.allow_credentials, "CORS: allow credentials (cookies, authorization)");
-  for (const FlagWithNothingToSet& flag : kVllmFlagsWithNothingToSet) {
-    const std::string name = flag.name;
-    const std::string help = std::string(flag.refused ? "Refused: " : "Accepted, no effect: ") + flag.why;
-    if (flag.takes_value)
-      g->add_option_function<std::vector<std::string>>(
-           name, [&f, name](const std::vector<std::string>& values) { f.nothing_to_set[name] = values; }, help)
-          ->expected(1, 64);
-    else
-      g->add_flag_callback(name, [&f, name] { f.nothing_to_set[name] = {}; }, help);
-  }
+  add_flags_with_nothing_to_set(g, kVllmFlagsWithNothingToSet, f.nothing_to_set);
 }
 
 namespace {
@@ -497,7 +482,7 @@ VllmSettings resolve_vllm_flags(const VllmFlags& f, const VllmTarget& target) {
   check_execution_flags(f, target, s);
   check_http_flags(f, target, s);
   check_response_flags(f, s);
-  check_flags_with_nothing_to_set(f, s.notes);
+  check_vllm_flags_with_nothing_to_set(f, s.notes);
   if (!f.speculative_config.empty()) apply_speculative_config(f.speculative_config, target, s);
   return s;
 }

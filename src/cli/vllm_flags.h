@@ -51,7 +51,7 @@ struct VllmFlags {
   std::string allowed_origins, allowed_methods, allowed_headers;  // JSON lists of strings
   bool allow_credentials = false;
   // The flags of kVllmFlagsWithNothingToSet (vllm_flags.cpp) given, with their values.
-  std::map<std::string, std::vector<std::string>> nothing_to_set;
+  std::map<std::string, std::vector<std::string>> nothing_to_set;  // cli::GivenFlags
 };
 
 void add_vllm_flags(CLI::App* cmd, VllmFlags& flags);

@@ -117,3 +117,22 @@ TEST(SglangFlagsResolve, KernelBackendsAndPagesLeaveNotes) {
   flags.page_size = 16;
   EXPECT_TRUE(cli::resolve_sglang_flags(flags, kModel, 16, layout).notes.empty());
 }
+
+TEST(SglangFlagsResolve, FlagsWithNothingToSetAreNotedOrRefusedSayingWhy) {
+  SglangFlags flags;
+  flags.nothing_to_set["--watchdog-timeout"] = {"1000"};
+  flags.nothing_to_set["--enable-torch-compile"] = {};
+  flags.nothing_to_set["--cuda-graph-bs"] = {"1", "2", "4"};
+  SglangLayout layout;
+  const cli::SglangSettings s = cli::resolve_sglang_flags(flags, kModel, 16, layout);
+  ASSERT_EQ(s.notes.size(), 3u);
+  EXPECT_EQ(s.notes[0].rfind("--watchdog-timeout 1000: no watchdog", 0), 0u) << s.notes[0];  // the table's order
+  EXPECT_EQ(s.notes[1].rfind("--cuda-graph-bs 1 2 4: ", 0), 0u) << s.notes[1];
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"--enable-deterministic-inference", {}}, {"--tool-server", {"demo"}}, {"--lora-paths", {"a=/b"}}}) {
+    SglangFlags one;
+    one.nothing_to_set[flag] = value;
+    const std::string message = refusal(one);
+    EXPECT_EQ(message.rfind(flag, 0), 0u) << flag << ": " << message;
+  }
+}
