@@ -40,7 +40,14 @@ void add_model_source_options(CLI::App* cmd, ModelSourceArgs& args) {
   cmd->add_option("-q,--quantization", args.quantization,
                   "fp8: the linear layers in block FP8 on the GPU, quantised at load where the checkpoint has "
                   "them in bf16 (an FP8 checkpoint's stay FP8 without it)")
-      ->check(CLI::IsMember({"fp8"}));
+      ->check(CLI::Validator(
+          [](std::string& value) -> std::string {
+            if (value == "fp8") return "";
+            return value + ": glmserve reads a checkpoint's own quantisation as stored (AMD Quark MXFP4 or MXFP6, "
+                           "block FP8) without this flag; --quantization fp8 quantises bf16 linear layers to block FP8 "
+                           "at load (glmserve quantize writes MXFP4, MXFP6 or FP8 copies)";
+          },
+          "fp8"));
   cmd->add_option("--tensor-parallel-size,--tp-size,--tp", args.layout.tensor_parallel,
                   "Ranks that split each attention group's heads and MLP widths (also -tp N; SGLang's --tp-size "
                   "with --enable-dp-attention counts every rank)")
