@@ -37,13 +37,13 @@ int main(int argc, char** argv) {
     std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last first
     app.parse(args);
   } catch (const CLI::ExtrasError& e) {
-    const int status = app.exit(e);
+    app.exit(e);
     std::fprintf(stderr,
                  "`glmserve SUBCOMMAND --help` lists a subcommand's flags; vLLM's and SGLang's flags that serve takes "
                  "are in docs/operations.md (\"Coming from vLLM\")\n");
-    return status;
+    return 1;
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return app.exit(e) == 0 ? 0 : 1;  // --help and --version: 0; a refused command line: 1, as glmserve's errors
   } catch (const glms::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
