@@ -330,7 +330,7 @@ void write_outputs(const BenchConfig& cfg, BenchOutcome& outcome, const std::vec
   fs::create_directories(dir, ec);
   if (ec) fail("bench: cannot create --output-dir " + dir.string() + ": " + ec.message());
   const std::string& rep = outcome.report;
-  write_file(dir / "bench.json", run_json(cfg, outcome).dump(2, ' ', false, json::error_handler_t::replace) + "\n",
+  write_file(dir / cfg.result_filename, run_json(cfg, outcome).dump(2, ' ', false, json::error_handler_t::replace) + "\n",
              outcome.files);
   write_file(dir / "bench.csv", levels_csv(outcome.levels), outcome.files);
   std::vector<std::pair<std::string, const LevelResult*>> per_request;

@@ -41,6 +41,7 @@ struct BenchConfig {
   bool scrape_metrics = true;
   std::string metrics_path = "/metrics";
   std::string output_dir;   // empty: no files
+  std::string result_filename = "bench.json";  // the run's JSON record in output_dir
   bool progress = true;     // live line on stderr
   std::string command_line; // recorded in the JSON
 };

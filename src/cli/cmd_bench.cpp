@@ -6,14 +6,19 @@
 // preset's level lists). See docs/benchmarks.md.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fmt/format.h>
+#include <limits>
+#include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "bench/bench.h"
 #include "bench/workload.h"
 #include "cli/commands.h"
+#include "cli/peer_flag_table.h"
 #include "cli/validators.h"
 #include "core/error.h"
 
@@ -44,9 +49,30 @@ struct BenchArgs {
   double max_failure_rate = 0;  // the share of failed requests beyond which bench exits non-zero
   bool no_metrics = false, no_progress = false;
   // vLLM's `bench serve` and SGLang's bench_serving flags (docs/benchmarks.md).
-  std::string host, dataset_name = "random", backend;
-  int port = 0;
+  std::string host, dataset_name = "random", backend, served_model_name, result_filename;
+  std::vector<std::string> goodput;  // KEY:VALUE in ms, as --slo's items
+  int port = 0, random_prefix_len = 0;
   bool save_result = false;
+  // Sampling fields every request carries, by name (vLLM's --temperature, --top-p, ...), as given.
+  std::map<std::string, std::string> sampling;
+  GivenFlags nothing_to_set;
+};
+
+// vLLM's bench flags with nothing to set here (cli/peer_flag_table.h).
+constexpr FlagWithNothingToSet kBenchFlagsWithNothingToSet[] = {
+    {"--ignore-eos", false, false, "output lengths are exact: every request carries ignore_eos and max_tokens"},
+    {"--percentile-metrics", true, false, "the tables give p50, p90, p95 and p99 of TTFT, TPOT, ITL and E2EL"},
+    {"--metric-percentiles", true, false, "the tables give p50, p90, p95 and p99 of TTFT, TPOT, ITL and E2EL"},
+    {"--tokenizer-mode", true, false, "the tokenizer.json is read by glmserve's own tokenizer"},
+    {"--trust-remote-code", false, false, "no code is run from the tokenizer's folder"},
+    {"--label", true, false, "bench.json records the command line, git revision, machine and date"},
+    {"--metadata", true, false, "bench.json records the command line, git revision, machine and date"},
+    {"--append-result", false, false, "each run writes its own files in --result-dir"},
+    {"--save-detailed", false, false, "requests.csv holds every request's timings"},
+    {"--ready-check-timeout-sec", true, false, "requests start at once; a server that is not ready fails them"},
+    {"--request-id-prefix", true, false, "requests carry no id of bench's"},
+    {"--profile", false, true, "the server is not profiled through the API: tools/gpu/profile-step runs nsys"},
+    {"--use-beam-search", false, true, "beam search is not served"},
 };
 
 std::string preset_names() {
@@ -73,6 +99,8 @@ void add_server_options(CLI::App* cmd, BenchArgs& a) {
   cmd->add_option("--port", a.port, "Server port, with --host")->check(CLI::Range(1, 65535));
   cmd->add_option("--endpoint", c.endpoint, "/v1/completions or /v1/chat/completions")->capture_default_str();
   cmd->add_option("--api-key", c.api_key, "Sent as Authorization: Bearer KEY");
+  cmd->add_option("--served-model-name", a.served_model_name,
+                  "The model name requests carry, where --model names the tokenizer's folder (vLLM's form)");
 }
 
 // The prompts: a preset's or the flags' lengths and shared prefixes.
@@ -96,6 +124,9 @@ void add_workload_options(CLI::App* cmd, BenchArgs& a, ExplicitOptions& o) {
                      ->check(CLI::Range(0.0, 0.999));
   cmd->add_option("--num-prefixes", c.workload.num_prefixes, "Distinct shared prefixes (default 4)")
       ->check(positive_number());
+  cmd->add_option("--random-prefix-len", a.random_prefix_len,
+                  "Tokens of one prefix every prompt starts with, before its --input-len (vLLM's form of --prefix-hit)")
+      ->check(non_negative_number());
 }
 
 // The levels: request rates or concurrencies, requests or seconds per level.
@@ -114,11 +145,13 @@ void add_level_options(CLI::App* cmd, BenchArgs& a, ExplicitOptions& o) {
   CLI::Option* duration = cmd->add_option("--duration", c.duration_s, "Seconds per level instead of a request count")
                               ->check(positive_number());
   o.num_prompts->excludes(duration);
-  o.warmup = cmd->add_option("--warmup", a.warmup,
+  o.warmup = cmd->add_option("--warmup,--num-warmups", a.warmup,
                              "Unmeasured requests before each level (default: 1 per rate level, c per concurrency level)")
                  ->check(non_negative_number());
   cmd->add_option("--seed", c.seed, "Seed of prompts and arrival schedules")->capture_default_str();
   cmd->add_option("--slo", a.slo, "Goodput bounds in ms, e.g. ttft:2000,tpot:50 (keys ttft, tpot, itl, e2el)");
+  cmd->add_option("--goodput", a.goodput, "vLLM's form of --slo: KEY:VALUE items in ms, e.g. ttft:2000 tpot:50")
+      ->expected(1, 4);
 }
 
 // What each token costs, and how the client retries and gives up.
@@ -140,6 +173,15 @@ void add_cost_and_client_options(CLI::App* cmd, BenchArgs& a) {
   cmd->add_option("--timeout", c.timeout_s, "Seconds per request attempt")->check(positive_number())->capture_default_str();
   cmd->add_flag("--token-ids", c.token_id_prompts, "Send prompts as token ids (/v1/completions only)");
   cmd->add_option("--extra-body", c.extra_body, "JSON object merged into every request body");
+  for (const char* field : {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
+                            "presence_penalty", "logprobs"}) {
+    std::string flag = std::string("--") + field;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    cmd->add_option_function<std::string>(
+           flag, [&a, field](const std::string& value) { a.sampling[field] = value; },
+           std::string("Sent as ") + field + " in every request (vLLM's sampling flags)")
+        ->check(CLI::Number);
+  }
 }
 
 // What the run reads besides its requests and what it writes.
@@ -153,7 +195,10 @@ void add_output_options(CLI::App* cmd, BenchArgs& a) {
   cmd->add_option("--backend", a.backend,
                   "vllm, sglang, openai or glmserve (any OpenAI-compatible server: /v1/completions), or openai-chat "
                   "(/v1/chat/completions)");
-  cmd->add_flag("--no-progress", a.no_progress, "No live progress line on stderr");
+  cmd->add_flag("--no-progress,--disable-tqdm", a.no_progress, "No live progress line on stderr");
+  cmd->add_option("--result-filename", a.result_filename, "The run's JSON record's file name (default bench.json)");
+  add_flags_with_nothing_to_set(cmd->add_option_group("vLLM's bench flags with nothing to set"),
+                                kBenchFlagsWithNothingToSet, a.nothing_to_set);
   cmd->add_option("--max-failure-rate", a.max_failure_rate,
                   "Share of failed requests (0-1) allowed before bench exits with status 1")
       ->check(CLI::Range(0.0, 1.0))
@@ -181,6 +226,45 @@ void resolve_peer_bench_flags(const BenchArgs& a, bench::BenchConfig& cfg, const
          "(chat completions); every one is an OpenAI-compatible server");
   if ((a.backend == "openai-chat" || a.backend == "vllm-chat") && cmd.count("--endpoint") == 0)
     cfg.endpoint = "/v1/chat/completions";
+  if (!a.served_model_name.empty()) cfg.model = a.served_model_name;  // --model named the tokenizer
+}
+
+// vLLM's bench flags that set glmserve bench's own: --goodput as --slo, its sampling flags into
+// every request, --random-prefix-len as one shared prefix, --result-filename, and its default
+// request rate (inf) where no level is given. The notes go to stderr.
+void apply_vllm_bench_flags(const BenchArgs& a, bench::BenchConfig& cfg, const CLI::App& cmd) {
+  std::vector<std::string> notes;
+  check_flags_with_nothing_to_set(kBenchFlagsWithNothingToSet, a.nothing_to_set, notes);
+  if (!a.goodput.empty()) {
+    if (!a.slo.empty()) fail("bench: give --slo or --goodput (the same bounds), not both");
+    std::string joined;
+    for (const std::string& item : a.goodput) joined += (joined.empty() ? "" : ",") + item;
+    cfg.slo = bench::parse_slo(joined);
+  }
+  if (!a.sampling.empty()) {
+    nlohmann::json body = cfg.extra_body.empty() ? nlohmann::json::object()
+                                                  : nlohmann::json::parse(cfg.extra_body, nullptr, false);
+    if (!body.is_object()) fail("bench: --extra-body must be a JSON object, got '" + cfg.extra_body + "'");
+    for (const auto& [field, value] : a.sampling) body[field] = nlohmann::json::parse(value);
+    cfg.extra_body = body.dump();
+  }
+  if (a.random_prefix_len > 0) {
+    if (cmd.count("--prefix-hit") > 0) fail("bench: give --prefix-hit or --random-prefix-len, not both");
+    cfg.workload.input_len += a.random_prefix_len;
+    cfg.workload.prefix_hit = double(a.random_prefix_len) / cfg.workload.input_len;
+    cfg.workload.num_prefixes = 1;
+  }
+  if (!a.result_filename.empty()) {
+    if (a.result_filename.find('/') != std::string::npos)
+      fail("bench: --result-filename " + a.result_filename + ": a file name; --result-dir names the folder");
+    cfg.result_filename = a.result_filename;
+  }
+  if (cfg.request_rates.empty() && cfg.concurrencies.empty()) {
+    cfg.request_rates = {std::numeric_limits<double>::infinity()};
+    notes.push_back("--request-rate inf (vLLM's default): every request at once; --request-rate or "
+                    "--max-concurrency give levels");
+  }
+  for (const std::string& note : notes) std::fprintf(stderr, "bench: note: %s\n", note.c_str());
 }
 
 // The run's configuration: the preset's values first, then every explicit flag.
@@ -246,6 +330,7 @@ void add_bench_command(CLI::App& app) {
   cmd->callback([a, o, cmd] {
     bench::BenchConfig cfg = resolve_config(*a, *o);
     resolve_peer_bench_flags(*a, cfg, *cmd);
+    apply_vllm_bench_flags(*a, cfg, *cmd);
     // The options as given (CLI11's config form), recorded in bench.json.
     cfg.command_line = "glmserve bench\n" + cmd->config_to_str(false, false);
     check_failures(bench::run_bench(cfg), a->max_failure_rate, cfg.output_dir);

@@ -151,6 +151,20 @@ TEST(VllmLaunch, TheModelPathIsAServedNameAndVllmsBenchLineMeasuresIt) {
                    std::to_string(server.port()) + " --save-result --result-dir " + results + " --no-progress");
   EXPECT_EQ(status, 0) << out;
   EXPECT_TRUE(std::filesystem::exists(results + "/bench.json")) << out;
+  // vLLM's forms: --model names the tokenizer's folder and --served-model-name the requests' model;
+  // no --request-rate is vLLM's inf; --goodput, sampling flags, --random-prefix-len, --result-filename.
+  const auto [vllm_out, vllm_status] = run_glmserve(
+      "bench --backend vllm --model " + kModel + " --served-model-name glm5-tiny-code --dataset-name random "
+      "--random-input-len 16 --random-output-len 4 --random-prefix-len 8 --num-prompts 4 --host 127.0.0.1 --port " +
+      std::to_string(server.port()) + " --ignore-eos --temperature 0 --goodput ttft:60000 tpot:60000 --num-warmups 0 "
+      "--save-result --result-dir " + results + " --result-filename vllm.json --disable-tqdm");
+  EXPECT_EQ(vllm_status, 0) << vllm_out;
+  EXPECT_NE(vllm_out.find("note: --request-rate inf (vLLM's default)"), std::string::npos) << vllm_out;
+  EXPECT_NE(vllm_out.find("24 in / 4 out, 33% shared prefix"), std::string::npos) << vllm_out;
+  EXPECT_TRUE(std::filesystem::exists(results + "/vllm.json")) << vllm_out;
+  const json record = json::parse(std::ifstream(results + "/vllm.json"));
+  EXPECT_NE(record.dump().find("temperature"), std::string::npos);  // the extra body it sent
+  EXPECT_NE(vllm_out.find("Request goodput"), std::string::npos) << vllm_out;
   const auto [bad, bad_status] = run_glmserve("bench --model " + kModel + " --dataset-name sharegpt");
   EXPECT_NE(bad_status, 0);
   EXPECT_NE(bad.find("datasets such as sharegpt are not bundled"), std::string::npos) << bad;
