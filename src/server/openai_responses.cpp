@@ -303,6 +303,10 @@ std::string hex_of(const std::string& chat_id) {
   return dash == std::string::npos ? chat_id : chat_id.substr(dash + 1);
 }
 
+// Text of only spaces, tabs and newlines: no message item of its own (a forced tool call's
+// grammar lets the model write some before its calls).
+bool blank(const std::string& text) { return text.find_first_not_of(" \t\r\n") == std::string::npos; }
+
 std::string item_id(const char* prefix, const std::string& hex, size_t index) {
   return std::string(prefix) + hex + "_" + std::to_string(index);
 }
@@ -382,7 +386,7 @@ std::string response_of_chat_completion(const std::string& chat_completion, cons
   if (reasoning.is_string() && !reasoning.get<std::string>().empty())
     output.push_back(reasoning_item(item_id("rs_", hex, output.size()), json::array({reasoning_part(reasoning)}), "completed"));
   const json content = message.value("content", json());
-  if (content.is_string() && !content.get<std::string>().empty())
+  if (content.is_string() && !blank(content.get<std::string>()))
     output.push_back(message_item(item_id("msg_", hex, output.size()), json::array({output_text_part(content)}), "completed"));
   if (message.contains("tool_calls") && message["tool_calls"].is_array())
     for (const json& call : message["tool_calls"])
@@ -423,7 +427,7 @@ class ResponsesStream {
     const json delta = choice.value("delta", json::object());
     const json reasoning = delta.value("reasoning_content", json()), content = delta.value("content", json());
     if (reasoning.is_string() && !reasoning.get<std::string>().empty()) out += text_delta(Kind::kReasoning, reasoning);
-    if (content.is_string() && !content.get<std::string>().empty()) out += text_delta(Kind::kMessage, content);
+    if (content.is_string() && !content.get<std::string>().empty()) out += message_delta(content.get<std::string>());
     if (delta.contains("tool_calls") && delta["tool_calls"].is_array())
       for (const json& call : delta["tool_calls"]) out += function_call_delta(call);
     if (!choice.value("finish_reason", json()).is_null()) incomplete_ = choice["finish_reason"] == "length";
@@ -472,6 +476,17 @@ class ResponsesStream {
                  {"item_id", id_}, {"output_index", item_}, {"content_index", 0}, {"delta", text}};
     if (kind == Kind::kMessage) data["logprobs"] = json::array();
     return out + event(std::move(data));
+  }
+  // The message's text: blank text before it is held back until text that is not blank comes (a
+  // message of blank text alone has no item).
+  std::string message_delta(const std::string& text) {
+    if (open_ != Kind::kMessage && blank(held_blank_ + text)) {
+      held_blank_ += text;
+      return "";
+    }
+    const std::string all = held_blank_ + text;
+    held_blank_.clear();
+    return text_delta(Kind::kMessage, all);
   }
   // A tool call's delta: one with an id starts a function_call item; its arguments stream on.
   std::string function_call_delta(const json& call) {
@@ -546,6 +561,7 @@ class ResponsesStream {
   size_t item_ = 0;   // the open item's output index
   std::string id_;    // and its id
   std::string text_;  // its text (or a function call's arguments) so far
+  std::string held_blank_;  // blank message text not yet sent
 };
 
 class ResponsesResponder : public ChatAdapterResponder {

@@ -323,3 +323,37 @@ TEST(OpenAiResponses, TheServiceAnswersOnV1Responses) {
   EXPECT_EQ(stored->response.status, 404);
   EXPECT_NE(stored->response.body.find("stores no responses"), std::string::npos);
 }
+
+// A forced call's grammar lets the model write blanks before its calls: no message item of them,
+// streamed or whole.
+TEST(OpenAiResponses, BlankTextBeforeFunctionCallsMakesNoMessage) {
+  const std::string echo = server::chat_request_of_response_request(json{{"input", "hi"}}.dump()).echo;
+  auto recording = std::make_shared<glms::test::RecordingResponder>();
+  const auto responder = server::responses_responder(recording, echo);
+  responder->begin_stream({});
+  responder->write(server::sse_event(chunk({{"content", "  \t"}}, nullptr, 1).dump()));
+  responder->write(server::sse_event(chunk({{"content", "\n"}}, nullptr, 2).dump()));
+  const json call = {{"index", 0}, {"id", "call_1"}, {"type", "function"}, {"function", {{"name", "ls"}, {"arguments", "{}"}}}};
+  responder->write(server::sse_event(chunk({{"tool_calls", json::array({call})}}, "tool_calls", 5).dump()) +
+                   server::sse_done());
+  const auto events = events_of(recording->stream_body());
+  const json& output = events.back().second["response"]["output"];
+  ASSERT_EQ(output.size(), 1u) << output.dump(2);
+  EXPECT_EQ(output[0]["type"], "function_call");
+  EXPECT_EQ(output[0]["id"], "fc_xyz_0");
+  const json whole = {{"id", "chatcmpl-xyz"}, {"created", 1700000000}, {"model", "glm-5"},
+                      {"choices", json::array({{{"index", 0},
+                                                {"message", {{"role", "assistant"}, {"content", "  \t\n"},
+                                                             {"tool_calls", json::array({call})}}},
+                                                {"finish_reason", "tool_calls"}}})},
+                      {"usage", {{"prompt_tokens", 20}, {"completion_tokens", 5}}}};
+  json expected = json::parse(server::response_of_chat_completion(whole.dump(), echo));
+  EXPECT_EQ(events.back().second["response"]["output"], expected["output"]);
+  // Text that is not blank keeps the blanks before it.
+  recording = std::make_shared<glms::test::RecordingResponder>();
+  const auto second = server::responses_responder(recording, echo);
+  second->begin_stream({});
+  second->write(server::sse_event(chunk({{"content", "\n"}}, nullptr, 1).dump()) +
+                server::sse_event(chunk({{"content", "ok"}}, "stop", 2).dump()) + server::sse_done());
+  EXPECT_EQ(events_of(recording->stream_body()).back().second["response"]["output"][0]["content"][0]["text"], "\nok");
+}
