@@ -96,6 +96,23 @@ struct Fixture {
   }
 };
 
+// Named SSE events in order, (event name, data), as Anthropic's and the Responses API's streams
+// write them ("event: NAME\ndata: JSON\n\n").
+inline std::vector<std::pair<std::string, json>> named_events_of(const std::string& stream) {
+  std::vector<std::pair<std::string, json>> events;
+  size_t at = 0;
+  while (at < stream.size()) {
+    const size_t end = stream.find("\n\n", at);
+    const std::string event = stream.substr(at, end - at);
+    at = end + 2;
+    const size_t newline = event.find('\n');
+    EXPECT_EQ(event.rfind("event: ", 0), 0u) << event;
+    EXPECT_EQ(event.compare(newline + 1, 6, "data: "), 0) << event;
+    events.emplace_back(event.substr(7, newline - 7), json::parse(event.substr(newline + 7)));
+  }
+  return events;
+}
+
 inline json chat(const std::string& content) { return {{"messages", {{{"role", "user"}, {"content", content}}}}}; }
 
 inline void expect_error_shape(const std::string& body, int status) {

@@ -31,18 +31,8 @@ std::pair<std::string, std::string> refusal(const json& request) {
 
 // The Responses events in order: (event name, data); each data's type is its name.
 std::vector<std::pair<std::string, json>> events_of(const std::string& stream) {
-  std::vector<std::pair<std::string, json>> events;
-  size_t at = 0;
-  while (at < stream.size()) {
-    const size_t end = stream.find("\n\n", at);
-    const std::string event = stream.substr(at, end - at);
-    at = end + 2;
-    const size_t newline = event.find('\n');
-    EXPECT_EQ(event.rfind("event: ", 0), 0u) << event;
-    EXPECT_EQ(event.compare(newline + 1, 6, "data: "), 0) << event;
-    events.emplace_back(event.substr(7, newline - 7), json::parse(event.substr(newline + 7)));
-    EXPECT_EQ(events.back().second["type"], events.back().first);
-  }
+  auto events = glms::test::named_events_of(stream);
+  for (const auto& [name, data] : events) EXPECT_EQ(data["type"], name);
   return events;
 }
 
