@@ -113,6 +113,25 @@ inline std::vector<std::pair<std::string, json>> named_events_of(const std::stri
   return events;
 }
 
+// A chat completion (chatcmpl-abc) with reasoning, text and one tool call, 8 of its 12 prompt
+// tokens cached: what the adapters of other APIs turn into theirs.
+inline json chat_completion_with_a_call() {
+  return {
+      {"id", "chatcmpl-abc"},
+      {"created", 1700000000},
+      {"model", "glm-5"},
+      {"choices", json::array({{{"index", 0},
+                                {"message", {{"role", "assistant"},
+                                             {"content", "Here."},
+                                             {"reasoning_content", "Think."},
+                                             {"tool_calls", json::array({{{"id", "call_1"}, {"type", "function"},
+                                                                          {"function", {{"name", "ls"},
+                                                                                        {"arguments", R"({"path":"/"})"}}}}})}}},
+                                {"finish_reason", "tool_calls"},
+                                {"stop_reason", nullptr}}})},
+      {"usage", {{"prompt_tokens", 12}, {"completion_tokens", 5}, {"prompt_tokens_details", {{"cached_tokens", 8}}}}}};
+}
+
 inline json chat(const std::string& content) { return {{"messages", {{{"role", "user"}, {"content", content}}}}}; }
 
 inline void expect_error_shape(const std::string& body, int status) {

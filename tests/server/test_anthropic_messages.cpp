@@ -149,19 +149,7 @@ TEST(AnthropicMessages, WhatCannotBeAnsweredIsRefusedNamingIt) {
 }
 
 TEST(AnthropicMessages, AChatCompletionBecomesAMessage) {
-  const json completion = {
-      {"id", "chatcmpl-abc"},
-      {"model", "glm-5"},
-      {"choices", json::array({{{"index", 0},
-                                {"message", {{"role", "assistant"},
-                                             {"content", "Here."},
-                                             {"reasoning_content", "Think."},
-                                             {"tool_calls", json::array({{{"id", "call_1"}, {"type", "function"},
-                                                                          {"function", {{"name", "ls"},
-                                                                                        {"arguments", R"({"path":"/"})"}}}}})}}},
-                                {"finish_reason", "tool_calls"},
-                                {"stop_reason", nullptr}}})},
-      {"usage", {{"prompt_tokens", 12}, {"completion_tokens", 5}, {"prompt_tokens_details", {{"cached_tokens", 8}}}}}};
+  const json completion = glms::test::chat_completion_with_a_call();
   const json message = json::parse(server::message_of_chat_completion(completion.dump()));
   ASSERT_EQ(message["content"][0]["signature"].get<std::string>().size(), 32u);  // clients keep signed thinking only
   const json expected = {

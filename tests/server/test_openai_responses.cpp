@@ -167,20 +167,7 @@ TEST(OpenAiResponses, WhatCannotBeAnsweredIsRefusedNamingIt) {
 }
 
 TEST(OpenAiResponses, AChatCompletionBecomesAResponse) {
-  const json completion = {
-      {"id", "chatcmpl-abc"},
-      {"created", 1700000000},
-      {"model", "glm-5"},
-      {"choices", json::array({{{"index", 0},
-                                {"message", {{"role", "assistant"},
-                                             {"content", "Here."},
-                                             {"reasoning_content", "Think."},
-                                             {"tool_calls", json::array({{{"id", "call_1"}, {"type", "function"},
-                                                                          {"function", {{"name", "ls"},
-                                                                                        {"arguments", R"({"path":"/"})"}}}}})}}},
-                                {"finish_reason", "tool_calls"},
-                                {"stop_reason", nullptr}}})},
-      {"usage", {{"prompt_tokens", 12}, {"completion_tokens", 5}, {"prompt_tokens_details", {{"cached_tokens", 8}}}}}};
+  const json completion = glms::test::chat_completion_with_a_call();
   const std::string echo = server::chat_request_of_response_request(json{{"input", "hi"}, {"temperature", 0.2}}.dump()).echo;
   const json response = json::parse(server::response_of_chat_completion(completion.dump(), echo));
   EXPECT_EQ(response["id"], "resp_abc");
