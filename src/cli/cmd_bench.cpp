@@ -60,19 +60,19 @@ struct BenchArgs {
 
 // vLLM's bench flags with nothing to set here (cli/peer_flag_table.h).
 constexpr FlagWithNothingToSet kBenchFlagsWithNothingToSet[] = {
-    {"--ignore-eos", false, false, "output lengths are exact: every request carries ignore_eos and max_tokens"},
-    {"--percentile-metrics", true, false, "the tables give p50, p90, p95 and p99 of TTFT, TPOT, ITL and E2EL"},
-    {"--metric-percentiles", true, false, "the tables give p50, p90, p95 and p99 of TTFT, TPOT, ITL and E2EL"},
-    {"--tokenizer-mode", true, false, "the tokenizer.json is read by glmserve's own tokenizer"},
-    {"--trust-remote-code", false, false, "no code is run from the tokenizer's folder"},
-    {"--label", true, false, "bench.json records the command line, git revision, machine and date"},
-    {"--metadata", true, false, "bench.json records the command line, git revision, machine and date"},
-    {"--append-result", false, false, "each run writes its own files in --result-dir"},
-    {"--save-detailed", false, false, "requests.csv holds every request's timings"},
-    {"--ready-check-timeout-sec", true, false, "requests start at once; a server that is not ready fails them"},
-    {"--request-id-prefix", true, false, "requests carry no id of bench's"},
-    {"--profile", false, true, "the server is not profiled through the API: tools/gpu/profile-step runs nsys"},
-    {"--use-beam-search", false, true, "beam search is not served"},
+    {"--ignore-eos", FlagValues::kNone, false, "output lengths are exact: every request carries ignore_eos and max_tokens"},
+    {"--percentile-metrics", FlagValues::kOne, false, "the tables give p50, p90, p95 and p99 of TTFT, TPOT, ITL and E2EL"},
+    {"--metric-percentiles", FlagValues::kOne, false, "the tables give p50, p90, p95 and p99 of TTFT, TPOT, ITL and E2EL"},
+    {"--tokenizer-mode", FlagValues::kOne, false, "the tokenizer.json is read by glmserve's own tokenizer"},
+    {"--trust-remote-code", FlagValues::kNone, false, "no code is run from the tokenizer's folder"},
+    {"--label", FlagValues::kOne, false, "bench.json records the command line, git revision, machine and date"},
+    {"--metadata", FlagValues::kSeveral, false, "bench.json records the command line, git revision, machine and date"},
+    {"--append-result", FlagValues::kNone, false, "each run writes its own files in --result-dir"},
+    {"--save-detailed", FlagValues::kNone, false, "requests.csv holds every request's timings"},
+    {"--ready-check-timeout-sec", FlagValues::kOne, false, "requests start at once; a server that is not ready fails them"},
+    {"--request-id-prefix", FlagValues::kOne, false, "requests carry no id of bench's"},
+    {"--profile", FlagValues::kNone, true, "the server is not profiled through the API: tools/gpu/profile-step runs nsys"},
+    {"--use-beam-search", FlagValues::kNone, true, "beam search is not served"},
 };
 
 std::string preset_names() {

@@ -11,13 +11,19 @@ void add_flags_with_nothing_to_set(CLI::Option_group* group, std::span<const Fla
   for (const FlagWithNothingToSet& flag : table) {
     const std::string name = flag.name;
     const std::string help = std::string(flag.refused ? "Refused: " : "Accepted, no effect: ") + flag.why;
-    if (flag.takes_value)
+    if (flag.values == FlagValues::kNone) {
+      group->add_flag_callback(name, [&given, name] { given[name] = {}; }, help);
+      continue;
+    }
+    // One value leaves what follows (serve's model folder) to the command line.
+    if (flag.values == FlagValues::kOne)
+      group->add_option_function<std::string>(
+          name, [&given, name](const std::string& value) { given[name] = {value}; }, help);
+    else
       group
           ->add_option_function<std::vector<std::string>>(
               name, [&given, name](const std::vector<std::string>& values) { given[name] = values; }, help)
           ->expected(1, 64);
-    else
-      group->add_flag_callback(name, [&given, name] { given[name] = {}; }, help);
   }
 }
 

@@ -12,9 +12,12 @@ namespace CLI { class Option_group; }
 
 namespace glms::cli {
 
+// What follows a flag on the command line.
+enum class FlagValues { kNone, kOne, kSeveral };  // a switch; one value; one or more (nargs "+")
+
 struct FlagWithNothingToSet {
   const char* name;  // "--cuda-graph-sizes"
-  bool takes_value;  // one value or several (else a switch)
+  FlagValues values;
   bool refused;
   const char* why;   // the note, or the refusal's reason
 };

@@ -174,13 +174,15 @@ TEST(VllmLaunch, TheModelPathIsAServedNameAndVllmsBenchLineMeasuresIt) {
 // Flags of vLLM's with nothing to set here start the server with a note each; generation-config
 // overrides set the sampling defaults, CORS answers browsers, and streams always end with usage.
 TEST(VllmLaunch, ProductionFlagsStartWithNotesAndTakeEffect) {
-  ServerProcess server(kBinary, {"serve", kModel, "--port", "0", "--kv-cache-memory", "64M",
-                                 "--override-generation-config", R"({"temperature": 0})", "--allowed-origins",
+  // A one-value flag before the positional model leaves the model to it.
+  ServerProcess server(kBinary, {"serve", "--max-parallel-loading-workers", "2", kModel, "--port", "0",
+                                 "--kv-cache-memory", "64M", "--override-generation-config", R"({"temperature": 0})", "--allowed-origins",
                                  R"(["https://app.example"])", "--enable-force-include-usage", "--cuda-graph-sizes", "1",
                                  "2", "4", "--disable-fastapi-docs", "--chat-template-content-format", "openai",
-                                 "--max-parallel-loading-workers", "2", "--scheduling-policy", "fcfs"});
+                                 "--scheduling-policy", "fcfs"});
   const std::string& out = server.output();
   for (const char* note : {"note: --cuda-graph-sizes 1 2 4:", "note: --disable-fastapi-docs:",
+                           "note: --max-parallel-loading-workers 2:",
                            "note: --chat-template-content-format openai:", "note: --override-generation-config:",
                            "note: CORS: browsers at https://app.example may call the API"})
     EXPECT_NE(out.find(note), std::string::npos) << note << "\n" << out;
