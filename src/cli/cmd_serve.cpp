@@ -338,6 +338,7 @@ server::ServiceConfig service_config_of(const ServeArgs& args, const std::filesy
     config.served_model_name = args.served_model_names.front();
     config.model_aliases.assign(args.served_model_names.begin() + 1, args.served_model_names.end());
   }
+  config.model_path = args.source.repo_id.empty() ? args.source.model_dir : args.source.repo_id;
   config.api_keys = api_keys_of(args);
   config.seed = args.seed;
   config.vllm_metric_names = args.vllm_metric_names;

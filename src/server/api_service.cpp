@@ -55,7 +55,7 @@ HttpResponse error_response(const ApiError& e) {
 constexpr const char* kServedPaths[] = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
                                         "/v1/messages/count_tokens", "/v1/models", "/tokenize", "/detokenize",
                                         "/health", "/ping", "/metrics", "/version", "/", "/dashboard",
-                                        "/dashboard/info"};
+                                        "/dashboard/info", "/invocations", "/health_generate", "/get_model_info"};
 
 // Anthropic's Messages API answers in Anthropic's error shape.
 bool is_anthropic_path(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
@@ -174,7 +174,8 @@ void ApiService::handle(const HttpRequest& request, std::shared_ptr<Responder> r
                                                               : response.body);
   }
   // Access lines for what the client asked (not for probes and scrapes).
-  if (config_.log_requests && path != "/health" && path != "/ping" && path != "/metrics") {
+  if (config_.log_requests && path != "/health" && path != "/ping" && path != "/metrics" &&
+      path != "/health_generate") {
     std::string line = request.client + " " + request.method + " " + path + " " + std::to_string(response.status);
     if (response.status >= 400) {
       const json body = json::parse(response.body, nullptr, false);
@@ -230,14 +231,23 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
                          std::to_string(config_.max_body_bytes) + ")");
     return path == "/tokenize" ? tokenize(request) : detokenize(request);
   }
+  // SGLang's probe that a generation runs, unauthenticated as /health is.
+  if (path == "/health_generate") {
+    if (!is_get) throw_api(405, "Method Not Allowed");
+    if (draining_.load()) throw ApiException{ApiError{503, "The server is shutting down.", "", 1.0}};
+    start_health_generation(request, responder);
+    metrics_->count_http(200, path, request.method);
+    answered = true;
+    return {};
+  }
   const bool generate = path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/responses" ||
-                        path == "/v1/messages" || path == "/v1/messages/count_tokens";
+                        path == "/v1/messages" || path == "/v1/messages/count_tokens" || path == "/invocations";
   if (path.rfind("/v1/responses/", 0) == 0)
     throw_api(404, "Not Found: glmserve stores no responses (store is off, as in vLLM without its response store), so "
                    "there is none to get, cancel or delete; send the whole conversation as input");
   const std::string models_prefix = "/v1/models/";
   const bool one_model = path.rfind(models_prefix, 0) == 0 && path.size() > models_prefix.size();
-  if (path != "/v1/models" && !one_model && !generate) {
+  if (path != "/v1/models" && path != "/get_model_info" && !one_model && !generate) {
     std::string served;
     for (const char* p : kServedPaths) served += (served.empty() ? "" : ", ") + std::string(p);
     throw_api(404, "Not Found: glmserve does not serve " + path + " (it serves " + served + ")");
@@ -266,6 +276,13 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
     for (const std::string& alias : config_.model_aliases) data.push_back(model_card(alias));
     return json_response(200, {{"object", "list"}, {"data", data}});
   }
+  if (path == "/get_model_info") {  // SGLang's
+    if (!is_get) throw_api(405, "Method Not Allowed");
+    return json_response(200, {{"model_path", config_.model_path},
+                               {"tokenizer_path", config_.model_path},
+                               {"is_generation", true},
+                               {"served_model_name", config_.served_model_name}});
+  }
   if (one_model) {
     if (!is_get) throw_api(405, "Method Not Allowed");
     const std::string id = path.substr(models_prefix.size());
@@ -287,6 +304,7 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
   if (path == "/v1/messages/count_tokens") return count_message_tokens(request);
   if (path == "/v1/chat/completions") start_chat(request, responder);
   else if (path == "/v1/responses") start_response(request, responder);
+  else if (path == "/invocations") start_invocation(request, responder);
   else if (path == "/v1/messages") start_message(request, responder);
   else start_completion(request, responder);
   metrics_->count_http(200, path, request.method);
@@ -473,6 +491,47 @@ void ApiService::start_message(const HttpRequest& request, std::shared_ptr<Respo
   run_chat(std::move(req), request.client, anthropic_responder(std::move(responder)), "/v1/messages");
 }
 
+namespace {
+
+// A health probe's answer: 200 with an empty body once the generation it ran is done; its error
+// otherwise.
+class ProbeResponder : public Responder {
+ public:
+  explicit ProbeResponder(std::shared_ptr<Responder> inner) : inner_(std::move(inner)) {}
+  void reply(HttpResponse response) override {
+    if (response.status == 200) {
+      response.body.clear();
+      response.content_type = "text/plain; charset=utf-8";
+    }
+    inner_->reply(std::move(response));
+  }
+  void begin_stream(HttpResponse head) override { inner_->begin_stream(std::move(head)); }
+  void write(std::string data) override { inner_->write(std::move(data)); }
+  void end_stream() override { inner_->end_stream(); }
+  void on_disconnect(std::function<void()> callback) override { inner_->on_disconnect(std::move(callback)); }
+
+ private:
+  std::shared_ptr<Responder> inner_;
+};
+
+}  // namespace
+
+// vLLM's /invocations (SageMaker's path): a body with messages is a chat completion, one with a
+// prompt a completion.
+void ApiService::start_invocation(const HttpRequest& request, std::shared_ptr<Responder> responder) {
+  const json body = json::parse(request.body, nullptr, false);
+  if (body.is_object() && body.contains("messages")) start_chat(request, std::move(responder));
+  else if (body.is_object() && body.contains("prompt")) start_completion(request, std::move(responder), "/invocations");
+  else bad_request("/invocations takes a chat completion request (messages) or a completion request (prompt)");
+}
+
+// SGLang's /health_generate: one greedy token of a fixed prompt through the engine.
+void ApiService::start_health_generation(const HttpRequest& request, std::shared_ptr<Responder> responder) {
+  HttpRequest probe = request;
+  probe.body = json{{"prompt", "ping"}, {"max_tokens", 1}, {"temperature", 0}}.dump();
+  start_completion(probe, std::make_shared<ProbeResponder>(std::move(responder)), nullptr);
+}
+
 // OpenAI's Responses API as a chat completion whose answer a Responses responder rewrites.
 void ApiService::start_response(const HttpRequest& request, std::shared_ptr<Responder> responder) {
   ResponsesRequest translated = chat_request_of_response_request(request.body);
@@ -489,12 +548,13 @@ HttpResponse ApiService::count_message_tokens(const HttpRequest& request) const 
   return json_response(200, {{"input_tokens", tokenizer_.encode(prompt, false).size()}});
 }
 
-void ApiService::start_completion(const HttpRequest& request, std::shared_ptr<Responder> responder) {
+void ApiService::start_completion(const HttpRequest& request, std::shared_ptr<Responder> responder,
+                                  const char* logged_path) {
   CompletionRequest req = parse_completion_request(request.body, config_.parse_limits);
   check_model(req.sampling.model);
   if (config_.force_include_usage) req.sampling.include_usage = true;
   GenerationSpec spec;
-  if (config_.log_requests) spec.access_log = request.client + " POST /v1/completions";
+  if (config_.log_requests && logged_path) spec.access_log = request.client + " POST " + logged_path;
   spec.chat = false;
   spec.id = random_id("cmpl-");
   spec.model = config_.served_model_name;

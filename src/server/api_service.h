@@ -60,6 +60,7 @@ struct ServiceConfig {
   bool force_include_usage = false;  // streams end with usage whatever stream_options say (vLLM's flag)
   bool exclude_tools_when_none = false;  // tool_choice "none" leaves the tools out of the prompt (vLLM's flag)
   CorsConfig cors;                   // browsers' cross-origin requests (off unless origins are given)
+  std::string model_path;            // the checkpoint's folder or repo id (SGLang's /get_model_info)
   bool web_ui = true;                // the dashboard and playground at / and /dashboard (serve --no-web-ui: off)
   std::vector<std::string> banner;   // serve's start-up lines (layout, devices, KV cache), shown by the web UI
 };
@@ -89,7 +90,11 @@ class ApiService {
   void start_message(const HttpRequest& request, std::shared_ptr<Responder> responder);
   void start_response(const HttpRequest& request, std::shared_ptr<Responder> responder);
   HttpResponse count_message_tokens(const HttpRequest& request) const;
-  void start_completion(const HttpRequest& request, std::shared_ptr<Responder> responder);
+  // `logged_path`: the path its access line names (nullptr: no access line, for probes).
+  void start_completion(const HttpRequest& request, std::shared_ptr<Responder> responder,
+                        const char* logged_path = "/v1/completions");
+  void start_health_generation(const HttpRequest& request, std::shared_ptr<Responder> responder);
+  void start_invocation(const HttpRequest& request, std::shared_ptr<Responder> responder);
   void check_model(const std::string& model) const;
   // The chat template over `request`; its failures are 400s naming messages.
   std::string render_prompt(const ChatRequest& request) const;

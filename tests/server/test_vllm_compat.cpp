@@ -228,3 +228,40 @@ TEST(VllmCompat, ToolsCanBeLeftOutOfThePromptWithToolChoiceNone) {
   EXPECT_FALSE(rendered_tools(true, "none"));
   EXPECT_TRUE(rendered_tools(true, "auto"));
 }
+
+// SGLang's /health_generate runs one greedy token through the engine: 200 with an empty body, or
+// the engine's refusal; it needs no key, as /health does, and writes no access line.
+TEST(VllmCompat, HealthGenerateRunsOneTokenThroughTheEngine) {
+  server::ServiceConfig c;
+  c.api_keys = {"sk-1"};
+  Fixture f(c);
+  f.say("x");
+  const auto ok = f.call("GET", "/health_generate");
+  EXPECT_EQ(ok->response.status, 200);
+  EXPECT_EQ(ok->response.body, "");
+  ASSERT_EQ(f.backend.submitted.size(), 1u);
+  EXPECT_EQ(f.backend.submitted[0].max_tokens, 1);
+  EXPECT_EQ(f.backend.submitted[0].sampling.temperature, 0.0f);
+  f.backend.queue_full = true;
+  const auto full = f.call("GET", "/health_generate");
+  EXPECT_EQ(full->response.status, 429) << full->response.body;  // the queue is full: the probe fails
+  f.service->stop_accepting();
+  EXPECT_EQ(f.call("GET", "/health_generate")->response.status, 503);
+}
+
+// vLLM's /invocations takes either request by its body; SGLang's /get_model_info names the model.
+TEST(VllmCompat, InvocationsAndModelInfo) {
+  server::ServiceConfig c;
+  c.model_path = "zai-org/GLM-5.2";
+  Fixture f(c);
+  f.say("Hello there");
+  const json chat_answer = f.post("/invocations", chat("hi"));
+  EXPECT_EQ(chat_answer["object"], "chat.completion");
+  const json completion = f.post("/invocations", {{"prompt", "hi"}, {"max_tokens", 4}});
+  EXPECT_EQ(completion["object"], "text_completion");
+  const json refused = f.post("/invocations", {{"input", "hi"}}, 400);
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find("messages"), std::string::npos);
+  const json info = json::parse(f.call("GET", "/get_model_info")->response.body);
+  EXPECT_EQ(info["model_path"], "zai-org/GLM-5.2");
+  EXPECT_EQ(info["is_generation"], true);
+}
