@@ -400,6 +400,9 @@ std::vector<std::string> banner_lines(const ServeArgs& args, const std::vector<s
                                 c.speculative_max_batch > 0
                                     ? ", up to " + std::to_string(c.speculative_max_batch) + " decoding sequences"
                                     : ""));
+  lines.push_back("API: POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages (Anthropic's); "
+                  "GET /v1/models, /health, /metrics" +
+                  std::string(config.web_ui ? ", / (web UI)" : "") + " (docs/api.md)");
   lines.push_back(fmt::format("pid {}{}", static_cast<int>(getpid()),
                               model.processes ? ", process 0 of " + std::to_string(model.processes->size()) +
                                                     " (mpirun): SIGTERM here stops them all"
