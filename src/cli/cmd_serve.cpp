@@ -77,10 +77,7 @@ struct ServeArgs {
   bool speculative_steps_given = false;
   int max_logprobs = 0;  // vLLM's --max-logprobs (0: the server's default)
   int speculative_max_batch = engine::EngineConfig{}.speculative_max_batch;
-  // Set from vLLM's flags by resolve_peer_flags.
-  bool force_include_usage = false, exclude_tools_when_none = false;
-  std::string generation_overrides;  // a JSON object
-  server::CorsConfig cors;
+  VllmSettings vllm_settings;  // what vLLM's flags set (resolve_peer_flags)
 };
 
 // Preset values; explicit flags override them (documented in docs/operations.md).
@@ -130,12 +127,12 @@ void apply_generation_defaults(const nlohmann::json& g, server::ServiceConfig& c
     else if (key == "top_p" && number) config.default_top_p = value;
     else if (key == "top_k" && integer) config.default_top_k = value;
     else if (key == "min_p" && number) config.default_min_p = value;
-    else if (strict)
+    else if (strict) {
+      const bool known = key == "temperature" || key == "top_p" || key == "top_k" || key == "min_p";
       fail("--override-generation-config: '" + key + "' " +
-           (key == "temperature" || key == "top_p" || key == "top_k" || key == "min_p" ? "must be a number"
-                                                                                       : "is not a sampling default "
-                                                                                         "here") +
+           (known ? "must be a number (top_k a whole one)" : "is not a sampling default here") +
            " (glmserve takes temperature, top_p, top_k and min_p)");
+    }
   }
 }
 
@@ -234,10 +231,7 @@ std::vector<std::string> resolve_peer_flags(ServeArgs& args) {
   args.source.cuda_graphs = vllm.cuda_graphs;
   if (!vllm.access_log) args.disable_log_requests = true;
   if (vllm.max_logprobs > 0) args.max_logprobs = vllm.max_logprobs;
-  args.force_include_usage = vllm.force_include_usage;
-  args.exclude_tools_when_none = vllm.exclude_tools_when_none;
-  args.generation_overrides = vllm.generation_overrides;
-  args.cors = {vllm.cors_origins, vllm.cors_methods, vllm.cors_headers, vllm.cors_credentials};
+  args.vllm_settings = vllm;
   apply_speculation(args, vllm, sglang);
   std::vector<std::string> notes = sglang.notes;
   notes.insert(notes.end(), vllm.notes.begin(), vllm.notes.end());
@@ -357,11 +351,12 @@ server::ServiceConfig service_config_of(const ServeArgs& args, const std::filesy
            ": no generation_config.json there (auto: the model's, vllm: none, or a folder holding one)");
     read_generation_defaults(args.generation_config, config);
   }
-  if (!args.generation_overrides.empty())
-    apply_generation_defaults(nlohmann::json::parse(args.generation_overrides), config, true);
-  config.force_include_usage = args.force_include_usage;
-  config.exclude_tools_when_none = args.exclude_tools_when_none;
-  config.cors = args.cors;
+  const VllmSettings& vllm = args.vllm_settings;
+  if (!vllm.generation_overrides.empty())
+    apply_generation_defaults(nlohmann::json::parse(vllm.generation_overrides), config, true);
+  config.force_include_usage = vllm.force_include_usage;
+  config.exclude_tools_when_none = vllm.exclude_tools_when_none;
+  config.cors = {vllm.cors_origins, vllm.cors_methods, vllm.cors_headers, vllm.cors_credentials};
   return config;
 }
 
