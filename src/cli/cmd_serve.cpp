@@ -421,6 +421,9 @@ void run_serve(ServeArgs args) {
   text::Tokenizer tokenizer = text::Tokenizer::load(dir);
   const server::ChatRenderer renderer = make_renderer(args);
   const engine::EngineConfig engine_config = engine_config_of(args);
+  // Before the weights load (minutes for a large model): a bad key file, rate limit or sampling
+  // default is refused at once.
+  server::ServiceConfig config = service_config_of(args, dir);
 
   ModelSourceArgs source = args.source;
   source.load_mtp = engine_config.speculative_steps > 0;
@@ -434,7 +437,6 @@ void run_serve(ServeArgs args) {
   engine::Engine engine(std::move(model.executor), engine_config);
   const std::vector<runtime::Executor::RankMemory> memory = executor.memory();
   std::unique_ptr<server::Backend> backend = server::make_engine_backend(engine);
-  server::ServiceConfig config = service_config_of(args, dir);
   config.banner = banner_lines(args, notes, config, engine, device, cache_bytes_per_token, memory, model);
   server::ApiService service(*backend, tokenizer, renderer, server::glm_parser_factory(), config);
 
