@@ -6,6 +6,7 @@
 // preset's level lists). See docs/benchmarks.md.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fmt/format.h>
@@ -51,6 +52,8 @@ struct BenchArgs {
   // vLLM's `bench serve` and SGLang's bench_serving flags (docs/benchmarks.md).
   std::string host, dataset_name = "random", backend, served_model_name, result_filename;
   std::vector<std::string> goodput;  // KEY:VALUE in ms, as --slo's items
+  std::string output_file;           // SGLang's --output-file
+  double range_ratio = 0;            // vLLM's meaning, or SGLang's with --backend sglang
   int port = 0, random_prefix_len = 0;
   bool save_result = false;
   // Sampling fields every request carries, by name (vLLM's --temperature, --top-p, ...), as given.
@@ -73,6 +76,17 @@ constexpr FlagWithNothingToSet kBenchFlagsWithNothingToSet[] = {
     {"--request-id-prefix", FlagValues::kOne, false, "requests carry no id of bench's"},
     {"--profile", FlagValues::kNone, true, "the server is not profiled through the API: tools/gpu/profile-step runs nsys"},
     {"--use-beam-search", FlagValues::kNone, true, "beam search is not served"},
+    // SGLang's bench_serving.
+    {"--disable-stream", FlagValues::kNone, false, "requests stream: their first token's time needs it"},
+    {"--return-logprob", FlagValues::kNone, false,
+     "no logprobs are asked (--extra-body '{\"logprobs\": 1}' asks them)"},
+    {"--apply-chat-template", FlagValues::kNone, false,
+     "prompts are random tokens at exact lengths; --backend openai-chat sends them as chat messages"},
+    {"--flush-cache", FlagValues::kNone, false,
+     "the server's prefix cache is not flushed; prompts share only the prefixes --prefix-hit asks for"},
+    {"--output-details", FlagValues::kNone, false, "requests.csv holds every request's timings"},
+    {"--pd-separated", FlagValues::kNone, true, "prefill/decode disaggregation is not served"},
+    {"--lora-name", FlagValues::kOne, true, "LoRA adapters are not served"},
 };
 
 std::string preset_names() {
@@ -107,14 +121,15 @@ void add_server_options(CLI::App* cmd, BenchArgs& a) {
 void add_workload_options(CLI::App* cmd, BenchArgs& a, ExplicitOptions& o) {
   bench::BenchConfig& c = a.cfg;
   o.preset = cmd->add_option("--preset", a.preset, "A write-up's run: " + preset_names() + "; flags override its values");
-  o.input_len = cmd->add_option("--input-len,--random-input-len", a.input_len, "Prompt tokens (default 1024)")
+  o.input_len = cmd->add_option("--input-len,--random-input-len,--random-input", a.input_len, "Prompt tokens (default 1024)")
                     ->check(positive_number());
-  o.output_len = cmd->add_option("--output-len,--random-output-len", a.output_len,
+  o.output_len = cmd->add_option("--output-len,--random-output-len,--random-output", a.output_len,
                                  "Output tokens, sent as max_tokens with ignore_eos (default 128)")
                      ->check(positive_number());
-  cmd->add_option("--range-ratio,--random-range-ratio", c.workload.range_ratio,
-                  "Lengths uniform in [len*(1-r), len*(1+r)]")
-      ->check(CLI::Range(0.0, 0.999));
+  cmd->add_option("--range-ratio,--random-range-ratio", a.range_ratio,
+                  "Lengths uniform in [len*(1-r), len*(1+r)], r below 1 (with --backend sglang, SGLang's "
+                  "[len*r, len], r up to 1)")
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--dataset-name", a.dataset_name,
                   "random: prompts of random tokens at exact lengths (the only dataset; vLLM's and SGLang's flag)")
       ->capture_default_str();
@@ -145,7 +160,7 @@ void add_level_options(CLI::App* cmd, BenchArgs& a, ExplicitOptions& o) {
   CLI::Option* duration = cmd->add_option("--duration", c.duration_s, "Seconds per level instead of a request count")
                               ->check(positive_number());
   o.num_prompts->excludes(duration);
-  o.warmup = cmd->add_option("--warmup,--num-warmups", a.warmup,
+  o.warmup = cmd->add_option("--warmup,--num-warmups,--warmup-requests", a.warmup,
                              "Unmeasured requests before each level (default: 1 per rate level, c per concurrency level)")
                  ->check(non_negative_number());
   cmd->add_option("--seed", c.seed, "Seed of prompts and arrival schedules")->capture_default_str();
@@ -171,8 +186,8 @@ void add_cost_and_client_options(CLI::App* cmd, BenchArgs& a) {
   cmd->add_option("--circuit-breaker", c.circuit_breaker,
                   "K:T: after K consecutive failures fail fast for T seconds (counted as failures)");
   cmd->add_option("--timeout", c.timeout_s, "Seconds per request attempt")->check(positive_number())->capture_default_str();
-  cmd->add_flag("--token-ids", c.token_id_prompts, "Send prompts as token ids (/v1/completions only)");
-  cmd->add_option("--extra-body", c.extra_body, "JSON object merged into every request body");
+  cmd->add_flag("--token-ids,--tokenize-prompt", c.token_id_prompts, "Send prompts as token ids (/v1/completions only)");
+  cmd->add_option("--extra-body,--extra-request-body", c.extra_body, "JSON object merged into every request body");
   for (const char* field : {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
                             "presence_penalty", "logprobs"}) {
     std::string flag = std::string("--") + field;
@@ -197,6 +212,8 @@ void add_output_options(CLI::App* cmd, BenchArgs& a) {
                   "(/v1/chat/completions)");
   cmd->add_flag("--no-progress,--disable-tqdm", a.no_progress, "No live progress line on stderr");
   cmd->add_option("--result-filename", a.result_filename, "The run's JSON record's file name (default bench.json)");
+  cmd->add_option("--output-file", a.output_file,
+                  "SGLang's: the run's JSON record at this path (the other files go beside it)");
   add_flags_with_nothing_to_set(cmd->add_option_group("vLLM's bench flags with nothing to set"),
                                 kBenchFlagsWithNothingToSet, a.nothing_to_set);
   cmd->add_option("--max-failure-rate", a.max_failure_rate,
@@ -248,11 +265,33 @@ void apply_vllm_bench_flags(const BenchArgs& a, bench::BenchConfig& cfg, const C
     for (const auto& [field, value] : a.sampling) body[field] = nlohmann::json::parse(value);
     cfg.extra_body = body.dump();
   }
+  if (a.backend == "sglang" && cmd.count("--range-ratio") > 0) {
+    // SGLang's lengths are uniform in [len*r, len]: the same interval as a range about its middle.
+    const double r = a.range_ratio;
+    cfg.workload.input_len = static_cast<int>(std::lround(cfg.workload.input_len * (1 + r) / 2));
+    cfg.workload.output_len = std::max(1, static_cast<int>(std::lround(cfg.workload.output_len * (1 + r) / 2)));
+    cfg.workload.range_ratio = (1 - r) / (1 + r);
+    notes.push_back(fmt::format("--random-range-ratio {:g} (SGLang's: lengths in [len*r, len]): {} in and {} out, "
+                                "range ratio {:.3g}",
+                                r, cfg.workload.input_len, cfg.workload.output_len, cfg.workload.range_ratio));
+  } else if (a.range_ratio >= 1) {
+    fail("bench: --random-range-ratio must be below 1: lengths are uniform in [len*(1-r), len*(1+r)] (with "
+         "--backend sglang, SGLang's [len*r, len])");
+  } else {
+    cfg.workload.range_ratio = a.range_ratio;
+  }
   if (a.random_prefix_len > 0) {
     if (cmd.count("--prefix-hit") > 0) fail("bench: give --prefix-hit or --random-prefix-len, not both");
     cfg.workload.input_len += a.random_prefix_len;
     cfg.workload.prefix_hit = double(a.random_prefix_len) / cfg.workload.input_len;
     cfg.workload.num_prefixes = 1;
+  }
+  if (!a.output_file.empty()) {
+    if (!a.result_filename.empty() || cmd.count("--output-dir") > 0)
+      fail("bench: give --output-file, or --result-dir with --result-filename, not both");
+    const std::filesystem::path file(a.output_file);
+    cfg.output_dir = file.has_parent_path() ? file.parent_path().string() : ".";
+    cfg.result_filename = file.filename().string();
   }
   if (!a.result_filename.empty()) {
     if (a.result_filename.find('/') != std::string::npos)

@@ -165,6 +165,17 @@ TEST(VllmLaunch, TheModelPathIsAServedNameAndVllmsBenchLineMeasuresIt) {
   const json record = json::parse(std::ifstream(results + "/vllm.json"));
   EXPECT_NE(record.dump().find("temperature"), std::string::npos);  // the extra body it sent
   EXPECT_NE(vllm_out.find("Request goodput"), std::string::npos) << vllm_out;
+  // SGLang's bench_serving line: --random-input/--random-output, its range ratio (1: exact lengths),
+  // --output-file, --warmup-requests, --extra-request-body, and its flags with nothing to set.
+  const auto [sglang_out, sglang_status] = run_glmserve(
+      "bench --backend sglang --model glm5-tiny-code --tokenizer " + kModel + " --dataset-name random --random-input 16 "
+      "--random-output 4 --random-range-ratio 1 --num-prompts 4 --request-rate inf --host 127.0.0.1 --port " +
+      std::to_string(server.port()) + " --output-file " + results + "/sglang.json --warmup-requests 0 "
+      "--extra-request-body '{\"temperature\": 0}' --disable-stream --flush-cache --disable-tqdm");
+  EXPECT_EQ(sglang_status, 0) << sglang_out;
+  EXPECT_NE(sglang_out.find("16 in / 4 out,"), std::string::npos) << sglang_out;  // exact lengths
+  EXPECT_NE(sglang_out.find("note: --disable-stream:"), std::string::npos) << sglang_out;
+  EXPECT_TRUE(std::filesystem::exists(results + "/sglang.json")) << sglang_out;
   const auto [bad, bad_status] = run_glmserve("bench --model " + kModel + " --dataset-name sharegpt");
   EXPECT_NE(bad_status, 0);
   EXPECT_NE(bad.find("datasets such as sharegpt are not bundled"), std::string::npos) << bad;
