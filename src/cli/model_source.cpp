@@ -147,7 +147,14 @@ LoadedModel load_model(const ModelSourceArgs& given) {
   if (args.model_dir.empty() && !(args.synthetic && !args.config_file.empty()))
     fail("give --model DIR (or --synthetic --config FILE)");
   resolve_model_folder(args);
-  if (!args.config_file.empty() && !args.synthetic) fail("--config is for --synthetic weights; a checkpoint brings its own");
+  if (!args.config_file.empty() && !args.synthetic) {
+    const std::string ext = std::filesystem::path(args.config_file).extension().string();
+    if (ext == ".yaml" || ext == ".yml")
+      fail("--config " + args.config_file + ": vLLM's YAML file of serve flags is not read here; give its settings "
+           "as flags (`glmserve serve --help`; vLLM's names work). glmserve's --config is a config.json for "
+           "--synthetic weights");
+    fail("--config is for --synthetic weights; a checkpoint brings its own");
+  }
   if (args.synthetic && args.device != "cuda")
     fail("--synthetic makes its weights on the GPU: add --device cuda");
   if (!args.quantization.empty() && args.device != "cuda")

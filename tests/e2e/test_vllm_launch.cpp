@@ -265,7 +265,10 @@ TEST(VllmLaunch, FlagsThatCannotApplyAreRefusedSayingWhy) {
   struct Case {
     std::string args, expect;
   };
+  const std::string vllm_yaml = GLMS_BINARY_DIR "/tests/e2e/vllm-serve.yaml";  // vLLM's `serve --config`
+  std::ofstream(vllm_yaml) << "tensor-parallel-size: 1\n";
   const Case cases[] = {
+      {"serve " + kModel + " --config " + vllm_yaml, "vLLM's YAML file of serve flags is not read here"},
       {"serve " + kModel + " --dtype float16", "glmserve computes in bf16"},
       {"serve " + kModel + " --max-model-len 8x", "--max-model-len: '8x' has an unknown suffix"},
       {"serve " + kModel + " --kv-cache-memory 2Q", "--kv-cache-memory: '2Q' has an unknown suffix"},
