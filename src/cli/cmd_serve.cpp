@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fmt/format.h>
 #include <fstream>
@@ -236,6 +237,13 @@ std::vector<std::string> resolve_peer_flags(ServeArgs& args) {
   std::vector<std::string> notes = sglang.notes;
   notes.insert(notes.end(), vllm.notes.begin(), vllm.notes.end());
   if (!device_note.empty()) notes.push_back(device_note);
+  // vLLM binds every address by default; glmserve the loopback only, which a container's published
+  // port cannot reach.
+  const bool in_container = std::filesystem::exists("/.dockerenv") || std::filesystem::exists("/run/.containerenv") ||
+                            std::getenv("KUBERNETES_SERVICE_HOST") != nullptr;
+  if (in_container && (args.host == "127.0.0.1" || args.host == "localhost"))
+    notes.push_back("listening on " + args.host + " only, inside a container: --host 0.0.0.0 makes the port "
+                    "reachable from outside it (vLLM's default; then set --api-key)");
   return notes;
 }
 
