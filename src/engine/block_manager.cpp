@@ -29,14 +29,14 @@ void BlockManager::release(Sequence& seq) {
 
 void BlockManager::take_cached_prefix(Sequence& seq) {
   if (!prefix_caching_ || !seq.block_table.empty()) return;
-  seq.block_table = prefix_cache_.match(seq.tokens);
+  seq.block_table = prefix_cache_.match(seq.tokens, seq.params.cache_salt);
   seq.num_computed = static_cast<int>(seq.block_table.size()) * block_size_;
   seq.mtp_next = seq.num_computed;  // the cached blocks' draft rows are the writer's
   seq.cached_blocks = static_cast<int>(seq.block_table.size());
 }
 
-int BlockManager::cached_tokens(const std::vector<int32_t>& tokens) const {
-  return prefix_caching_ ? prefix_cache_.peek(tokens) * block_size_ : 0;
+int BlockManager::cached_tokens(const std::vector<int32_t>& tokens, const std::string& salt) const {
+  return prefix_caching_ ? prefix_cache_.peek(tokens, salt) * block_size_ : 0;
 }
 
 void BlockManager::cache_full_blocks(Sequence& seq) {
@@ -45,7 +45,7 @@ void BlockManager::cache_full_blocks(Sequence& seq) {
   if (full <= seq.cached_blocks) return;  // no block filled since the last insert
   seq.cached_blocks = full;
   prefix_cache_.insert(std::span<const int32_t>(seq.tokens.data(), static_cast<size_t>(full) * block_size_),
-                       std::span<const int32_t>(seq.block_table.data(), full));
+                       std::span<const int32_t>(seq.block_table.data(), full), seq.params.cache_salt);
 }
 
 void BlockManager::record_lookup(int64_t queried, int64_t hit) {

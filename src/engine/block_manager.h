@@ -26,7 +26,7 @@ class BlockManager {
   // A sequence holding no blocks starts from the cached blocks its tokens begin with.
   void take_cached_prefix(Sequence& seq);
   // Cached prompt tokens `tokens` would find here now (to choose a rank), without holding them.
-  int cached_tokens(const std::vector<int32_t>& tokens) const;
+  int cached_tokens(const std::vector<int32_t>& tokens, const std::string& salt) const;
   // Records the sequence's computed full blocks in the prefix cache.
   void cache_full_blocks(Sequence& seq);
   // Prefix-cache statistics: a request's lookup, once.

@@ -72,6 +72,9 @@ struct RequestParams {
   // likeliest tokens there (vLLM's prompt_logprobs). Such a request skips the prefix cache: a
   // cached prefix has no logits.
   int prompt_logprobs = -1;
+  // Parts the prefix cache: blocks cached under one salt serve only requests with the same salt
+  // (vLLM's cache_salt; empty: the unsalted part).
+  std::string cache_salt;
 };
 
 // Whether anything adjusts a request's logits before its token is drawn (penalties, logit_bias,

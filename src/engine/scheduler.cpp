@@ -285,7 +285,7 @@ std::vector<int> Scheduler::rank_preference(const Sequence& seq, const std::vect
   for (int r = 0; r < static_cast<int>(ranks_.size()); ++r) {
     const Rank& rank = *ranks_[r];
     if (budgets[r] <= 0 || static_cast<int>(rank.running.size()) >= config_.max_num_seqs) continue;
-    const int cached = ranks_.size() > 1 ? rank.blocks.cached_tokens(seq.tokens) : 0;
+    const int cached = ranks_.size() > 1 ? rank.blocks.cached_tokens(seq.tokens, seq.params.cache_salt) : 0;
     candidates.push_back({r, cached, static_cast<int>(rank.running.size()), config_.max_batch_tokens - budgets[r]});
   }
   // Most cached prompt first (a prefix hit saves its prefill), then the least loaded.

@@ -10,8 +10,9 @@ namespace glms::kv {
 
 struct PrefixCache::Node {
   Node* parent = nullptr;
-  uint64_t key = 0;                 // hash of this block's tokens
+  uint64_t key = 0;                 // hash of this block's tokens (and, under the root, the salt)
   std::vector<int32_t> tokens;      // [block_size] the block's token ids (compared exactly)
+  std::string salt;                 // under the root: the requests' salt (compared exactly)
   int32_t block = -1;               // physical block holding the computed rows
   uint64_t last_used = 0;
   std::unordered_multimap<uint64_t, std::unique_ptr<Node>> children;
@@ -28,10 +29,18 @@ PrefixCache::PrefixCache(BlockPool& pool, int block_size)
 
 PrefixCache::~PrefixCache() = default;
 
-PrefixCache::Node* PrefixCache::child(Node* parent, std::span<const int32_t> block_tokens) const {
-  auto [first, last] = parent->children.equal_range(block_key(block_tokens));
+uint64_t PrefixCache::key_of(const Node* parent, std::span<const int32_t> block_tokens, const std::string& salt) const {
+  const uint64_t key = block_key(block_tokens);
+  return parent == root_.get() && !salt.empty() ? key ^ XXH3_64bits(salt.data(), salt.size()) : key;
+}
+
+PrefixCache::Node* PrefixCache::child(Node* parent, std::span<const int32_t> block_tokens,
+                                      const std::string& salt) const {
+  auto [first, last] = parent->children.equal_range(key_of(parent, block_tokens, salt));
   for (auto it = first; it != last; ++it)
-    if (std::equal(block_tokens.begin(), block_tokens.end(), it->second->tokens.begin())) return it->second.get();
+    if (std::equal(block_tokens.begin(), block_tokens.end(), it->second->tokens.begin()) &&
+        (parent != root_.get() || it->second->salt == salt))
+      return it->second.get();
   return nullptr;
 }
 
@@ -45,14 +54,14 @@ void PrefixCache::touch(Node* node) {
   }
 }
 
-std::vector<int32_t> PrefixCache::match(std::span<const int32_t> tokens) {
+std::vector<int32_t> PrefixCache::match(std::span<const int32_t> tokens, const std::string& salt) {
   std::vector<int32_t> blocks;
   if (tokens.empty()) return blocks;
   const size_t usable = (tokens.size() - 1) / block_size_;  // keep the last token to compute
   ++clock_;
   Node* node = root_.get();
   for (size_t b = 0; b < usable; ++b) {
-    node = child(node, tokens.subspan(b * block_size_, block_size_));
+    node = child(node, tokens.subspan(b * block_size_, block_size_), salt);
     if (!node) break;
     touch(node);
     pool_.retain(node->block);
@@ -61,31 +70,32 @@ std::vector<int32_t> PrefixCache::match(std::span<const int32_t> tokens) {
   return blocks;
 }
 
-int PrefixCache::peek(std::span<const int32_t> tokens) const {
+int PrefixCache::peek(std::span<const int32_t> tokens, const std::string& salt) const {
   if (tokens.empty()) return 0;
   const size_t usable = (tokens.size() - 1) / block_size_;
   Node* node = root_.get();
   int found = 0;
   for (size_t b = 0; b < usable; ++b) {
-    node = child(node, tokens.subspan(b * block_size_, block_size_));
+    node = child(node, tokens.subspan(b * block_size_, block_size_), salt);
     if (!node) break;
     ++found;
   }
   return found;
 }
 
-void PrefixCache::insert(std::span<const int32_t> tokens, std::span<const int32_t> blocks) {
+void PrefixCache::insert(std::span<const int32_t> tokens, std::span<const int32_t> blocks, const std::string& salt) {
   const size_t full = std::min(tokens.size() / block_size_, blocks.size());
   ++clock_;
   Node* node = root_.get();
   for (size_t b = 0; b < full; ++b) {
     const auto block_tokens = tokens.subspan(b * block_size_, block_size_);
-    Node* next = child(node, block_tokens);
+    Node* next = child(node, block_tokens, salt);
     if (!next) {
       auto created = std::make_unique<Node>();
       created->parent = node;
-      created->key = block_key(block_tokens);
+      created->key = key_of(node, block_tokens, salt);
       created->tokens.assign(block_tokens.begin(), block_tokens.end());
+      if (node == root_.get()) created->salt = salt;
       created->block = blocks[b];
       created->last_used = clock_;
       pool_.retain(blocks[b]);

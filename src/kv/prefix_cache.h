@@ -3,12 +3,15 @@
 // the same tokens share those blocks instead of recomputing them. The tree holds one reference
 // on each of its blocks (BlockPool counts); blocks that only the tree holds are evicted least
 // recently used first, leaves before their parents. Only computed (verified) tokens enter.
+// A salt (vLLM's request cache_salt) parts the tree: a prefix is shared only by requests with the
+// same salt, so tenants cannot learn from each other's cache hits; no salt is one more such part.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <set>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -26,10 +29,10 @@ class PrefixCache {
   // The longest run of cached full blocks that `tokens` starts with, never covering the last
   // token (its logits must be computed). Each returned block is retained for the caller, who
   // releases it through the pool when done.
-  std::vector<int32_t> match(std::span<const int32_t> tokens);
+  std::vector<int32_t> match(std::span<const int32_t> tokens, const std::string& salt = "");
   // How many blocks match() would return now, without retaining or touching them (to choose
   // where a request runs).
-  int peek(std::span<const int32_t> tokens) const;
+  int peek(std::span<const int32_t> tokens, const std::string& salt = "") const;
   // Statistics, in tokens: a request looked up `queried` prompt tokens and found `hit` cached.
   // Callers record each request once (a request retried while waiting is not a new query).
   void record_lookup(int64_t queried, int64_t hit) {
@@ -40,7 +43,7 @@ class PrefixCache {
   // Records the full blocks of `tokens` (computed rows in `blocks`, one per block of tokens)
   // from the root; blocks already cached under the same tokens are only touched. New nodes
   // retain their block.
-  void insert(std::span<const int32_t> tokens, std::span<const int32_t> blocks);
+  void insert(std::span<const int32_t> tokens, std::span<const int32_t> blocks, const std::string& salt = "");
 
   // Frees up to `count` blocks that only the cache holds, least recently used leaves first.
   // Returns how many were freed.
@@ -54,7 +57,9 @@ class PrefixCache {
 
  private:
   struct Node;
-  Node* child(Node* parent, std::span<const int32_t> block_tokens) const;
+  // The child of `parent` holding `block_tokens`; under the root, also `salt`.
+  Node* child(Node* parent, std::span<const int32_t> block_tokens, const std::string& salt) const;
+  uint64_t key_of(const Node* parent, std::span<const int32_t> block_tokens, const std::string& salt) const;
   void touch(Node* node);  // marks the node used now, keeping `leaves_` ordered
 
   BlockPool& pool_;

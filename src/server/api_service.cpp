@@ -359,6 +359,7 @@ engine::RequestParams ApiService::base_params(const SamplingFields& s, const std
   p.sampling.top_k = std::max(0, s.top_k.value_or(config_.default_top_k));
   p.sampling.min_p = s.min_p.value_or(config_.default_min_p);
   p.sampling.seed = s.seed ? *s.seed + static_cast<uint64_t>(index) : next_seed();
+  p.cache_salt = s.cache_salt;
   p.ignore_eos = s.ignore_eos;
   p.stop_token_ids = s.stop_token_ids;
   p.presence_penalty = s.presence_penalty;

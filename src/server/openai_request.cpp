@@ -119,6 +119,10 @@ void take_schema(const json& schema, std::string_view body, const std::vector<st
 // stream's options.
 void parse_sampling_numbers(const json& doc, SamplingFields& s, const ParseLimits& limits) {
   if (auto v = get_string(doc, "model")) s.model = *v;
+  if (auto v = get_string(doc, "cache_salt")) {
+    if (v->empty()) bad_request("cache_salt must be a non-empty string", "cache_salt");
+    s.cache_salt = *v;
+  }
   constexpr int64_t kMaxTokens = 1 << 30;
   if (auto v = get_int(doc, "max_tokens", 1, kMaxTokens)) s.max_tokens = static_cast<int>(*v);
   if (auto v = get_int(doc, "max_completion_tokens", 1, kMaxTokens)) s.max_tokens = static_cast<int>(*v);
@@ -289,6 +293,10 @@ void parse_logprobs(const json& doc, SamplingFields& s, const ParseLimits& limit
                   "prompt_logprobs");
   }
   if (const json* v = field(doc, "user"); v && !v->is_string()) wrong_type("user", "a string", *v);
+  if (const json* v = field(doc, "priority"); v && !v->is_null() && !(v->is_number_integer() && *v == 0))
+    bad_request("priority: requests are scheduled first come, first served (vLLM's default policy, fcfs, refuses a "
+                "priority too)",
+                "priority");
   if (!chat) {
     if (auto v = get_int(doc, "logprobs", 0, limits.max_top_logprobs)) s.logprobs = static_cast<int>(*v);
   } else {

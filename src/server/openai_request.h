@@ -36,6 +36,7 @@ struct SamplingFields {
   std::optional<int> top_k;         // -1 or 0 = off
   std::optional<float> min_p;
   std::optional<uint64_t> seed;
+  std::string cache_salt;           // vLLM's: the prefix-cache part this request shares (empty: none)
   std::vector<std::string> stop;    // stop strings (matched on the output text)
   std::vector<int32_t> stop_token_ids;
   int n = 1;

@@ -148,6 +148,30 @@ TEST_F(EngineTest, SharedPrefixIsServedFromTheCache) {
   expect_idle(engine);
 }
 
+// A request's cache_salt: its prefix serves only requests with the same salt, and its tokens are
+// the same as without a cache.
+TEST_F(EngineTest, ACacheSaltSharesThePrefixOnlyWithinTheSalt) {
+  engine::EngineConfig config;
+  config.block_size = 8;
+  engine::Engine engine(*model_, config);
+  auto prompt = random_tokens(40, 97, 9);
+  prompt.push_back(11);
+  auto salted = [&](const std::string& salt) {
+    engine::RequestParams params = greedy_request(prompt, 4);
+    params.cache_salt = salt;
+    return Pending(engine, params).get();
+  };
+  EXPECT_EQ(salted("tenant-a").last.cached_prompt_tokens, 0);
+  const Collected other = salted("tenant-b");
+  EXPECT_EQ(other.last.cached_prompt_tokens, 0);  // the same prompt, another tenant's salt
+  EXPECT_EQ(Pending(engine, greedy_request(prompt, 4)).get().last.cached_prompt_tokens, 0);  // and no salt
+  const Collected same = salted("tenant-a");
+  EXPECT_EQ(same.last.cached_prompt_tokens, 40);
+  EXPECT_EQ(same.tokens, other.tokens);
+  EXPECT_EQ(same.tokens, alone(prompt, 4));
+  expect_idle(engine);
+}
+
 TEST_F(EngineTest, PreemptionUnderMemoryPressureKeepsOutputsExact) {
   engine::EngineConfig config;
   config.block_size = 4;

@@ -58,6 +58,38 @@ TEST(PrefixCache, MatchesFullBlocksButNeverTheLastToken) {
   EXPECT_TRUE(cache.match(other).empty());
 }
 
+// vLLM's cache_salt: the same tokens cached under one salt serve only requests with that salt;
+// the unsalted part is one more such part, and salted blocks are evicted as any others.
+TEST(PrefixCache, ASaltPartsTheCache) {
+  kv::BlockPool pool(16);
+  kv::PrefixCache cache(pool, 4);
+  const auto tokens = range_tokens(9);  // two full blocks and one more token
+  std::vector<int32_t> salted = {*pool.allocate(), *pool.allocate()};
+  cache.insert(tokens, salted, "tenant-a");
+  EXPECT_EQ(cache.peek(tokens, "tenant-a"), 2);
+  EXPECT_EQ(cache.peek(tokens, "tenant-b"), 0);
+  EXPECT_EQ(cache.peek(tokens), 0);
+  EXPECT_TRUE(cache.match(tokens, "tenant-b").empty());
+  EXPECT_TRUE(cache.match(tokens).empty());
+  auto hit = cache.match(tokens, "tenant-a");
+  EXPECT_EQ(hit, salted);
+  for (int32_t block : hit) pool.release(block);
+  // The same tokens without a salt are cached apart, and the salted part still answers.
+  std::vector<int32_t> plain = {*pool.allocate(), *pool.allocate()};
+  cache.insert(tokens, plain);
+  EXPECT_EQ(cache.num_cached_blocks(), 4);
+  hit = cache.match(tokens);
+  EXPECT_EQ(hit, plain);
+  for (int32_t block : hit) pool.release(block);
+  EXPECT_EQ(cache.peek(tokens, "tenant-a"), 2);
+  // Once no request holds them, all four are evictable.
+  for (int32_t block : salted) pool.release(block);
+  for (int32_t block : plain) pool.release(block);
+  EXPECT_EQ(cache.num_evictable_blocks(), 4);
+  EXPECT_EQ(cache.evict(4), 4);
+  EXPECT_EQ(cache.peek(tokens, "tenant-a"), 0);
+}
+
 TEST(PrefixCache, EvictsLeastRecentlyUsedLeavesOnlyWhenUnreferenced) {
   kv::BlockPool pool(6);
   kv::PrefixCache cache(pool, 2);

@@ -265,3 +265,26 @@ TEST(VllmCompat, InvocationsAndModelInfo) {
   EXPECT_EQ(info["model_path"], "zai-org/GLM-5.2");
   EXPECT_EQ(info["is_generation"], true);
 }
+
+// vLLM's cache_salt reaches the engine's request (which parts the prefix cache by it); an empty or
+// non-string salt, and a priority under first-come-first-served scheduling, are refused by name.
+TEST(VllmCompat, CacheSaltReachesTheEngineAndPriorityIsRefused) {
+  Fixture f;
+  f.say("ok");
+  json body = chat("hi");
+  body["cache_salt"] = "tenant-a";
+  f.post("/v1/chat/completions", body);
+  f.post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}, {"cache_salt", "tenant-b"}});
+  ASSERT_EQ(f.backend.submitted.size(), 2u);
+  EXPECT_EQ(f.backend.submitted[0].cache_salt, "tenant-a");
+  EXPECT_EQ(f.backend.submitted[1].cache_salt, "tenant-b");
+  for (const json& salt : {json(""), json(7)}) {
+    body["cache_salt"] = salt;
+    EXPECT_EQ(f.post("/v1/chat/completions", body, 400)["error"]["param"], "cache_salt");
+  }
+  body.erase("cache_salt");
+  body["priority"] = 0;
+  f.post("/v1/chat/completions", body);
+  body["priority"] = -5;
+  EXPECT_EQ(f.post("/v1/chat/completions", body, 400)["error"]["param"], "priority");
+}
