@@ -103,7 +103,7 @@ constexpr const char* kTls =
 constexpr const char* kLora = "LoRA adapters are not supported";
 constexpr const char* kPlugins = "no parser plugins: GLM's tool-call and reasoning parsers are built in";
 constexpr const char* kLogits =
-    "no custom logits processors (requests take logit_bias, allowed_token_ids and bad_words)";
+    "no custom logits processors (requests take logit_bias, min_tokens and structured outputs)";
 
 constexpr FlagWithNothingToSet kVllmFlagsWithNothingToSet[] = {
     {"--max-seq-len-to-capture", FlagValues::kOne, false, kGraphs},
