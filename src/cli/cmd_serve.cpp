@@ -79,6 +79,7 @@ struct ServeArgs {
   int max_logprobs = 0;  // vLLM's --max-logprobs (0: the server's default)
   int speculative_max_batch = engine::EngineConfig{}.speculative_max_batch;
   VllmSettings vllm_settings;  // what vLLM's flags set (resolve_peer_flags)
+  int responses_store = 0;     // Responses API answers kept (0: none)
 };
 
 // Preset values; explicit flags override them (documented in docs/operations.md).
@@ -237,6 +238,13 @@ std::vector<std::string> resolve_peer_flags(ServeArgs& args) {
   std::vector<std::string> notes = sglang.notes;
   notes.insert(notes.end(), vllm.notes.begin(), vllm.notes.end());
   if (!device_note.empty()) notes.push_back(device_note);
+  // vLLM keeps Responses API answers where this is set (its store grows without bound; here the newest 1024).
+  const char* vllm_store = std::getenv("VLLM_ENABLE_RESPONSES_API_STORE");
+  if (vllm_store && (std::string(vllm_store) == "1" || std::string(vllm_store) == "true") && args.responses_store == 0) {
+    args.responses_store = 1024;
+    notes.push_back("VLLM_ENABLE_RESPONSES_API_STORE: the newest 1024 Responses API answers are kept "
+                    "(--responses-store N sets the count)");
+  }
   // vLLM binds every address by default; glmserve the loopback only, which a container's published
   // port cannot reach.
   const bool in_container = std::filesystem::exists("/.dockerenv") || std::filesystem::exists("/run/.containerenv") ||
@@ -341,6 +349,7 @@ server::ServiceConfig service_config_of(const ServeArgs& args, const std::filesy
     config.model_aliases.assign(args.served_model_names.begin() + 1, args.served_model_names.end());
   }
   config.model_path = args.source.repo_id.empty() ? args.source.model_dir : args.source.repo_id;
+  config.responses_store_capacity = static_cast<size_t>(args.responses_store);
   config.api_keys = api_keys_of(args);
   config.seed = args.seed;
   config.vllm_metric_names = args.vllm_metric_names;
@@ -556,6 +565,11 @@ void add_serve_command(CLI::App& app) {
                   "Prompt + output tokens per request, e.g. 32768, 32K or 32k (= 32000) (default: the model's)");
   cmd->add_option("--preset", args->preset, "high_throughput | low_latency | memory_constrained")
       ->check(CLI::IsMember({"high_throughput", "low_latency", "memory_constrained"}));
+  cmd->add_option("--responses-store", args->responses_store,
+                  "Keep the newest N Responses API answers for previous_response_id and GET /v1/responses/{id} "
+                  "(0: none, as vLLM's default; VLLM_ENABLE_RESPONSES_API_STORE=1 keeps 1024)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
   cmd->add_option("--served-model-name", args->served_model_names,
                   "Model ids in the API, the first in responses (default: the folder's name, and the model argument "
                   "as given, as vLLM names it)")

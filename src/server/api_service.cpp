@@ -118,6 +118,9 @@ ApiService::ApiService(Backend& backend, text::Tokenizer tokenizer, ChatRenderer
       auth_(std::make_unique<Authenticator>(config_.api_keys, config_.jwt_secret)),
       limiter_(std::make_unique<RateLimiter>(config_.rate_limit_rps, config_.rate_limit_burst)),
       cors_(config_.cors),
+      responses_store_(config_.responses_store_capacity > 0
+                           ? std::make_unique<ResponsesStore>(config_.responses_store_capacity)
+                           : nullptr),
       started_at_(static_cast<int64_t>(std::time(nullptr))),
       seeds_(config_.seed ? *config_.seed : std::random_device{}()) {
   tokenizer_.min_tokens_for_bytes(0);  // finds the longest token now, not at the first request
@@ -242,12 +245,10 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
   }
   const bool generate = path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/responses" ||
                         path == "/v1/messages" || path == "/v1/messages/count_tokens" || path == "/invocations";
-  if (path.rfind("/v1/responses/", 0) == 0)
-    throw_api(404, "Not Found: glmserve stores no responses (store is off, as in vLLM without its response store), so "
-                   "there is none to get, cancel or delete; send the whole conversation as input");
-  const std::string models_prefix = "/v1/models/";
+  const std::string models_prefix = "/v1/models/", responses_prefix = "/v1/responses/";
   const bool one_model = path.rfind(models_prefix, 0) == 0 && path.size() > models_prefix.size();
-  if (path != "/v1/models" && path != "/get_model_info" && !one_model && !generate) {
+  const bool one_response = path.rfind(responses_prefix, 0) == 0 && path.size() > responses_prefix.size();
+  if (path != "/v1/models" && path != "/get_model_info" && !one_model && !one_response && !generate) {
     std::string served;
     for (const char* p : kServedPaths) served += (served.empty() ? "" : ", ") + std::string(p);
     throw_api(404, "Not Found: glmserve does not serve " + path + " (it serves " + served + ")");
@@ -283,6 +284,7 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
                                {"is_generation", true},
                                {"served_model_name", config_.served_model_name}});
   }
+  if (one_response) return stored_response(request, path.substr(responses_prefix.size()));
   if (one_model) {
     if (!is_get) throw_api(405, "Method Not Allowed");
     const std::string id = path.substr(models_prefix.size());
@@ -535,9 +537,31 @@ void ApiService::start_health_generation(const HttpRequest& request, std::shared
 
 // OpenAI's Responses API as a chat completion whose answer a Responses responder rewrites.
 void ApiService::start_response(const HttpRequest& request, std::shared_ptr<Responder> responder) {
-  ResponsesRequest translated = chat_request_of_response_request(request.body);
-  run_chat(parse_chat_request(translated.chat_request, config_.parse_limits), request.client,
-           responses_responder(std::move(responder), std::move(translated.echo)), "/v1/responses");
+  ResponsesRequest translated = chat_request_of_response_request(request.body, responses_store_.get());
+  ChatRequest chat = parse_chat_request(translated.chat_request, config_.parse_limits);
+  run_chat(std::move(chat), request.client,
+           responses_responder(std::move(responder), std::move(translated), responses_store_.get()), "/v1/responses");
+}
+
+HttpResponse ApiService::stored_response(const HttpRequest& request, const std::string& id) {
+  if (!responses_store_)
+    throw_api(404, "Not Found: glmserve stores no responses unless serve has --responses-store N (as vLLM without its "
+                   "response store), so there is none to get or delete; send the whole conversation as input");
+  if (id.find('/') != std::string::npos)
+    throw_api(404, "Not Found: a stored response is read (GET) or deleted (DELETE) at /v1/responses/{id}; "
+                   "cancelling and listing input items are not served");
+  if (request.method == "GET") {
+    const std::optional<ResponsesStore::Entry> entry = responses_store_->get(id);
+    if (!entry) throw_api(404, "Response with id '" + id + "' not found (the store keeps the newest responses)");
+    HttpResponse response;
+    response.body = entry->response;
+    return response;
+  }
+  if (request.method == "DELETE") {
+    if (!responses_store_->erase(id)) throw_api(404, "Response with id '" + id + "' not found");
+    return json_response(200, {{"id", id}, {"object", "response"}, {"deleted", true}});
+  }
+  throw_api(405, "Method Not Allowed: GET or DELETE");
 }
 
 HttpResponse ApiService::count_message_tokens(const HttpRequest& request) const {

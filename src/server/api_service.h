@@ -21,6 +21,7 @@
 
 #include "server/backend.h"
 #include "server/cors.h"
+#include "server/responses_store.h"
 #include "server/http_types.h"
 #include "server/openai_request.h"
 #include "server/text_stream.h"
@@ -61,6 +62,7 @@ struct ServiceConfig {
   bool exclude_tools_when_none = false;  // tool_choice "none" leaves the tools out of the prompt (vLLM's flag)
   CorsConfig cors;                   // browsers' cross-origin requests (off unless origins are given)
   std::string model_path;            // the checkpoint's folder or repo id (SGLang's /get_model_info)
+  size_t responses_store_capacity = 0;  // Responses kept for previous_response_id (0: none, as vLLM's default)
   bool web_ui = true;                // the dashboard and playground at / and /dashboard (serve --no-web-ui: off)
   std::vector<std::string> banner;   // serve's start-up lines (layout, devices, KV cache), shown by the web UI
 };
@@ -89,6 +91,8 @@ class ApiService {
   void run_chat(ChatRequest req, const std::string& client, std::shared_ptr<Responder> responder, const char* path);
   void start_message(const HttpRequest& request, std::shared_ptr<Responder> responder);
   void start_response(const HttpRequest& request, std::shared_ptr<Responder> responder);
+  // GET or DELETE /v1/responses/{id}: a stored response.
+  HttpResponse stored_response(const HttpRequest& request, const std::string& id);
   HttpResponse count_message_tokens(const HttpRequest& request) const;
   // `logged_path`: the path its access line names (nullptr: no access line, for probes).
   void start_completion(const HttpRequest& request, std::shared_ptr<Responder> responder,
@@ -122,6 +126,7 @@ class ApiService {
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<RateLimiter> limiter_;
   CorsPolicy cors_;
+  std::unique_ptr<ResponsesStore> responses_store_;  // null: the Responses API stores nothing
   std::vector<int32_t> markup_ids_;  // GLM markup special tokens kept in chat text
   // Each token's text and their trie: what structured outputs match tokens against.
   std::shared_ptr<const structured::TokenVocabulary> vocabulary_;

@@ -1,10 +1,12 @@
 #include "server/openai_responses.h"
 
 #include <algorithm>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
 #include "server/chat_adapter.h"
+#include "server/responses_store.h"
 
 namespace glms::server {
 
@@ -62,6 +64,7 @@ std::string reasoning_text(const json& item, const std::string& at) {
 // text and function calls that follow one another; a function call's output is a tool message.
 class ChatConversation {
  public:
+  explicit ChatConversation(json messages = json::array()) : messages_(std::move(messages)) {}
   void add_message(const std::string& role, const json& content) { messages_.push_back({{"role", role}, {"content", content}}); }
   void add_tool_output(const std::string& call_id, const std::string& text) {
     messages_.push_back({{"role", "tool"}, {"tool_call_id", call_id}, {"content", text}});
@@ -138,11 +141,10 @@ void add_item(const json& item, const std::string& at, ChatConversation& chat) {
   }
 }
 
-// instructions first, then input (a string is one user message).
-json chat_messages(const json& doc) {
-  ChatConversation chat;
-  const std::string instructions = string_field(doc, "instructions", "");
-  if (!instructions.empty()) chat.add_message("system", instructions);
+// The conversation before the answer: the previous response's, then input (a string is one user
+// message). The instructions are not in it: a later response gives its own.
+json conversation_of(const json& doc, json previous) {
+  ChatConversation chat(std::move(previous));
   const json& input = required(doc, "input", "");
   if (input.is_string()) {
     chat.add_message("user", input);
@@ -151,6 +153,23 @@ json chat_messages(const json& doc) {
   } else {
     bad_request("input must be a string or a non-empty array of items", "input");
   }
+  return chat.take();
+}
+
+// The instructions as a system message first, then the conversation.
+json chat_messages(const json& doc, const json& conversation) {
+  json messages = json::array();
+  const std::string instructions = string_field(doc, "instructions", "");
+  if (!instructions.empty()) messages.push_back({{"role", "system"}, {"content", instructions}});
+  messages.insert(messages.end(), conversation.begin(), conversation.end());
+  return messages;
+}
+
+// The conversation a stored response continues: its input and its answer (the output items read
+// as input items are).
+json conversation_with_answer(const json& conversation, const json& response) {
+  ChatConversation chat(conversation);
+  for_each_object(response["output"], "output.", [&](const json& item, const std::string& at) { add_item(item, at, chat); });
   return chat.take();
 }
 
@@ -228,14 +247,18 @@ void set_reasoning(const json& doc, json& chat) {
   if (!kwargs.is_object() || !kwargs.empty()) chat["chat_template_kwargs"] = std::move(kwargs);
 }
 
-// What only a server that stores responses, runs tools or queues work can do, refused naming it.
-void refuse_unsupported(const json& doc) {
+// What only a server that stores conversations, runs tools or queues work can do, refused naming it;
+// previous_response_id without a store.
+void refuse_unsupported(const json& doc, bool stored) {
   auto given = [&](const char* key) { return doc.contains(key) && !doc[key].is_null(); };
-  const std::string stateless =
-      ": glmserve stores no responses or conversations (as vLLM without its response store); send the whole "
-      "conversation as input";
-  for (const char* key : {"previous_response_id", "conversation"})
-    if (given(key)) bad_request(std::string(key) + stateless, key);
+  if (given("previous_response_id") && !stored)
+    bad_request("previous_response_id: glmserve stores no responses unless serve has --responses-store N (as vLLM "
+                "without its response store); send the whole conversation as input",
+                "previous_response_id");
+  if (given("conversation"))
+    bad_request("conversation: glmserve keeps no conversation objects; send the whole conversation as input, or "
+                "previous_response_id with serve --responses-store N",
+                "conversation");
   if (bool_field(doc, "background", "")) bad_request("background: responses run in the foreground here", "background");
   if (given("prompt")) bad_request("prompt: stored prompt templates are not supported; send instructions and input", "prompt");
   if (given("max_tool_calls")) bad_request("max_tool_calls: not supported; the client decides which calls to run", "max_tool_calls");
@@ -267,7 +290,7 @@ void copy_sampling(const json& doc, json& chat) {
 }
 
 // The request's fields a Response repeats, with the API's defaults where it gave none.
-json echo_of(const json& doc) {
+json echo_of(const json& doc, bool stored, const std::string& previous_id) {
   auto given_or_null = [&](const char* key) { return doc.contains(key) ? doc[key] : json(nullptr); };
   json reasoning = {{"effort", nullptr}, {"summary", nullptr}};
   if (doc.contains("reasoning") && doc["reasoning"].is_object())
@@ -282,9 +305,9 @@ json echo_of(const json& doc) {
           {"max_output_tokens", given_or_null("max_output_tokens")},
           {"metadata", given_or_null("metadata")},
           {"parallel_tool_calls", bool_field(doc, "parallel_tool_calls", "", true)},
-          {"previous_response_id", nullptr},
+          {"previous_response_id", previous_id.empty() ? json(nullptr) : json(previous_id)},
           {"reasoning", std::move(reasoning)},
-          {"store", false},
+          {"store", stored},
           {"temperature", given_or_null("temperature")},
           {"text", std::move(text)},
           {"tool_choice", tool_choice},
@@ -360,10 +383,20 @@ json response_object(const json& echo, const std::string& hex, const json& creat
 
 }  // namespace
 
-ResponsesRequest chat_request_of_response_request(std::string_view body) {
+ResponsesRequest chat_request_of_response_request(std::string_view body, const ResponsesStore* store) {
   const json doc = parse_body(body);
-  refuse_unsupported(doc);
-  json chat = {{"messages", chat_messages(doc)}};
+  refuse_unsupported(doc, store != nullptr);
+  json previous = json::array();
+  const std::string previous_id = string_field(doc, "previous_response_id", "");
+  if (!previous_id.empty()) {
+    const std::optional<ResponsesStore::Entry> entry = store->get(previous_id);
+    if (!entry)
+      throw_api(404, "Previous response with id '" + previous_id + "' not found (the store keeps the newest responses)",
+                "previous_response_id");
+    previous = json::parse(entry->conversation);
+  }
+  const json conversation = conversation_of(doc, std::move(previous));
+  json chat = {{"messages", chat_messages(doc, conversation)}};
   if (doc.contains("model")) chat["model"] = doc["model"];
   copy_sampling(doc, chat);
   set_reasoning(doc, chat);
@@ -373,7 +406,8 @@ ResponsesRequest chat_request_of_response_request(std::string_view body) {
     if (chat["tools"].empty()) chat.erase("tools");
   }
   if (doc.contains("tool_choice") && !doc["tool_choice"].is_null()) chat["tool_choice"] = chat_tool_choice(doc["tool_choice"]);
-  return {dump(chat), dump(echo_of(doc))};
+  const bool stored = store != nullptr && bool_field(doc, "store", "", true);
+  return {dump(chat), dump(echo_of(doc, stored, previous_id)), dump(conversation), stored};
 }
 
 std::string response_of_chat_completion(const std::string& chat_completion, const std::string& echo) {
@@ -407,6 +441,9 @@ namespace {
 class ResponsesStream {
  public:
   explicit ResponsesStream(json echo) : echo_(std::move(echo)) {}
+
+  // The whole Response once the stream has ended with it (null before, and after a failure).
+  const json& final_response() const { return final_response_; }
 
   // The events of one OpenAI SSE payload ("[DONE]" ends the response).
   std::string translate(const std::string& payload) {
@@ -538,7 +575,8 @@ class ResponsesStream {
     out += close_item(incomplete_ ? "incomplete" : "completed");
     finished_ = true;
     const std::string status = incomplete_ ? "incomplete" : "completed";
-    return out + event({{"type", "response." + status}, {"response", snapshot(status)}});
+    final_response_ = snapshot(status);
+    return out + event({{"type", "response." + status}, {"response", final_response_}});
   }
   // An error mid-stream (the engine stopped, a deadline): response.failed ends the stream.
   std::string fail(const json& error) {
@@ -562,29 +600,50 @@ class ResponsesStream {
   std::string id_;    // and its id
   std::string text_;  // its text (or a function call's arguments) so far
   std::string held_blank_;  // blank message text not yet sent
+  json final_response_;     // response.completed's or response.incomplete's Response
 };
 
 class ResponsesResponder : public ChatAdapterResponder {
  public:
-  ResponsesResponder(std::shared_ptr<Responder> inner, std::string echo)
-      : ChatAdapterResponder(std::move(inner)), echo_(std::move(echo)), stream_(json::parse(echo_)) {}
+  ResponsesResponder(std::shared_ptr<Responder> inner, ResponsesRequest request, ResponsesStore* store)
+      : ChatAdapterResponder(std::move(inner)),
+        request_(std::move(request)),
+        store_(request_.store ? store : nullptr),
+        stream_(json::parse(request_.echo)) {}
 
  protected:
   // Errors keep OpenAI's shape, which the Responses API shares.
   void rewrite(HttpResponse& response) override {
-    if (response.status == 200) response.body = response_of_chat_completion(response.body, echo_);
+    if (response.status != 200) return;
+    response.body = response_of_chat_completion(response.body, request_.echo);
+    keep(json::parse(response.body));
   }
-  std::string translate(const std::string& payload) override { return stream_.translate(payload); }
+  std::string translate(const std::string& payload) override {
+    std::string out = stream_.translate(payload);
+    if (!kept_ && !stream_.final_response().is_null()) keep(stream_.final_response());
+    return out;
+  }
 
  private:
-  const std::string echo_;
+  // Into the store with its conversation (output items read as input items are).
+  void keep(const json& response) {
+    kept_ = true;
+    if (!store_) return;
+    store_->put(response["id"].get<std::string>(),
+                {dump(response), dump(conversation_with_answer(json::parse(request_.conversation), response))});
+  }
+
+  const ResponsesRequest request_;
+  ResponsesStore* store_;
   ResponsesStream stream_;
+  bool kept_ = false;
 };
 
 }  // namespace
 
-std::shared_ptr<Responder> responses_responder(std::shared_ptr<Responder> inner, std::string echo) {
-  return std::make_shared<ResponsesResponder>(std::move(inner), std::move(echo));
+std::shared_ptr<Responder> responses_responder(std::shared_ptr<Responder> inner, ResponsesRequest request,
+                                               ResponsesStore* store) {
+  return std::make_shared<ResponsesResponder>(std::move(inner), std::move(request), store);
 }
 
 }  // namespace glms::server

@@ -8,6 +8,7 @@
 #include "fakes.h"
 #include "server/api_error.h"
 #include "server/openai_responses.h"
+#include "server/responses_store.h"
 #include "service_fixture.h"
 
 using namespace glms;
@@ -203,8 +204,9 @@ TEST(OpenAiResponses, AChatCompletionBecomesAResponse) {
 
 TEST(OpenAiResponses, AStreamBecomesItemsOfReasoningTextAndFunctionCalls) {
   auto recording = std::make_shared<glms::test::RecordingResponder>();
-  const std::string echo = server::chat_request_of_response_request(json{{"input", "hi"}}.dump()).echo;
-  const auto responder = server::responses_responder(recording, echo);
+  const server::ResponsesRequest request = server::chat_request_of_response_request(json{{"input", "hi"}}.dump());
+  const std::string& echo = request.echo;
+  const auto responder = server::responses_responder(recording, request);
   responder->begin_stream({});
   responder->write(server::sse_event(chunk({{"role", "assistant"}, {"content", ""}}, nullptr, 0).dump()));
   responder->write(server::sse_event(chunk({{"reasoning_content", "Hm"}}, nullptr, 1).dump()) +
@@ -258,9 +260,9 @@ TEST(OpenAiResponses, AStreamBecomesItemsOfReasoningTextAndFunctionCalls) {
 }
 
 TEST(OpenAiResponses, TheTokenLimitAndErrorsEndTheStream) {
-  const std::string echo = server::chat_request_of_response_request(json{{"input", "hi"}}.dump()).echo;
+  const server::ResponsesRequest request = server::chat_request_of_response_request(json{{"input", "hi"}}.dump());
   auto recording = std::make_shared<glms::test::RecordingResponder>();
-  auto responder = server::responses_responder(recording, echo);
+  auto responder = server::responses_responder(recording, request);
   responder->begin_stream({});
   responder->write(server::sse_event(chunk({{"content", "Su"}}, "length", 1).dump()) + server::sse_done());
   auto events = events_of(recording->stream_body());
@@ -269,7 +271,7 @@ TEST(OpenAiResponses, TheTokenLimitAndErrorsEndTheStream) {
   EXPECT_EQ(events[events.size() - 2].second["item"]["status"], "incomplete");
   // Mid-stream, response.failed, and nothing after it.
   recording = std::make_shared<glms::test::RecordingResponder>();
-  responder = server::responses_responder(recording, echo);
+  responder = server::responses_responder(recording, request);
   responder->begin_stream({});
   responder->write(server::sse_event(chunk({{"content", "Su"}}, nullptr, 1).dump()));
   responder->write(server::sse_event(server::error_body({503, "the engine stopped", "", 0.0})) + server::sse_done());
@@ -282,7 +284,7 @@ TEST(OpenAiResponses, TheTokenLimitAndErrorsEndTheStream) {
   server::HttpResponse error;
   error.status = 400;
   error.body = server::error_body({400, "max_tokens is too large", "max_tokens", 0.0});
-  server::responses_responder(recording, echo)->reply(error);
+  server::responses_responder(recording, request)->reply(error);
   EXPECT_EQ(recording->response.body, error.body);
 }
 
@@ -304,9 +306,10 @@ TEST(OpenAiResponses, TheServiceAnswersOnV1Responses) {
 // A forced call's grammar lets the model write blanks before its calls: no message item of them,
 // streamed or whole.
 TEST(OpenAiResponses, BlankTextBeforeFunctionCallsMakesNoMessage) {
-  const std::string echo = server::chat_request_of_response_request(json{{"input", "hi"}}.dump()).echo;
+  const server::ResponsesRequest request = server::chat_request_of_response_request(json{{"input", "hi"}}.dump());
+  const std::string& echo = request.echo;
   auto recording = std::make_shared<glms::test::RecordingResponder>();
-  const auto responder = server::responses_responder(recording, echo);
+  const auto responder = server::responses_responder(recording, request);
   responder->begin_stream({});
   responder->write(server::sse_event(chunk({{"content", "  \t"}}, nullptr, 1).dump()));
   responder->write(server::sse_event(chunk({{"content", "\n"}}, nullptr, 2).dump()));
@@ -328,9 +331,69 @@ TEST(OpenAiResponses, BlankTextBeforeFunctionCallsMakesNoMessage) {
   EXPECT_EQ(events.back().second["response"]["output"], expected["output"]);
   // Text that is not blank keeps the blanks before it.
   recording = std::make_shared<glms::test::RecordingResponder>();
-  const auto second = server::responses_responder(recording, echo);
+  const auto second = server::responses_responder(recording, request);
   second->begin_stream({});
   second->write(server::sse_event(chunk({{"content", "\n"}}, nullptr, 1).dump()) +
                 server::sse_event(chunk({{"content", "ok"}}, "stop", 2).dump()) + server::sse_done());
   EXPECT_EQ(events_of(recording->stream_body()).back().second["response"]["output"][0]["content"][0]["text"], "\nok");
+}
+
+TEST(OpenAiResponses, TheStoreKeepsTheNewestResponses) {
+  server::ResponsesStore store(2);
+  store.put("a", {"{\"id\": \"a\"}", "[]"});
+  store.put("b", {"{\"id\": \"b\"}", "[]"});
+  store.put("a", {"{\"id\": \"a2\"}", "[]"});  // a again: the newest now
+  store.put("c", {"{\"id\": \"c\"}", "[]"});   // b, the oldest, goes
+  EXPECT_EQ(store.size(), 2u);
+  EXPECT_FALSE(store.get("b"));
+  ASSERT_TRUE(store.get("a"));
+  EXPECT_EQ(store.get("a")->response, "{\"id\": \"a2\"}");
+  EXPECT_TRUE(store.erase("c"));
+  EXPECT_FALSE(store.erase("c"));
+  EXPECT_EQ(store.size(), 1u);
+  server::ResponsesStore none(0);
+  none.put("a", {"{}", "[]"});
+  EXPECT_EQ(none.size(), 0u);
+}
+
+// serve --responses-store N: a response continues another's conversation by previous_response_id,
+// whole or streamed; stored responses are read and deleted at /v1/responses/{id}.
+TEST(OpenAiResponses, PreviousResponseIdContinuesAStoredConversation) {
+  server::ServiceConfig config;
+  config.responses_store_capacity = 8;
+  glms::test::Fixture f(config);
+  f.say("Hello there");
+  const json first = f.post("/v1/responses", {{"model", "tiny"}, {"instructions", "Be brief."}, {"input", "hi"}});
+  EXPECT_EQ(first["store"], true);
+  const std::string id = first["id"];
+  const auto stored = f.call("GET", "/v1/responses/" + id);
+  ASSERT_EQ(stored->response.status, 200);
+  EXPECT_EQ(json::parse(stored->response.body), first);
+  // The follow-up's prompt holds the first turn and its answer, and its own instructions only.
+  const json follow = {{"model", "tiny"}, {"input", "and more?"}, {"previous_response_id", id}, {"stream", true}};
+  const auto streamed = f.call("POST", "/v1/responses", follow.dump());
+  ASSERT_TRUE(streamed->streaming);
+  ASSERT_EQ(f.backend.submitted.size(), 2u);
+  const std::string prompt = glms::test::tokenizer().decode(f.backend.submitted[1].prompt_ids);
+  EXPECT_NE(prompt.find("hi"), std::string::npos) << prompt;
+  EXPECT_NE(prompt.find("Hello there"), std::string::npos) << prompt;
+  EXPECT_NE(prompt.find("and more?"), std::string::npos) << prompt;
+  EXPECT_EQ(prompt.find("Be brief."), std::string::npos) << prompt;
+  const json second = events_of(streamed->stream_body()).back().second["response"];
+  EXPECT_EQ(second["previous_response_id"], id);
+  EXPECT_EQ(json::parse(f.call("GET", "/v1/responses/" + second["id"].get<std::string>())->response.body), second);
+  // A chain: the third prompt holds both earlier turns.
+  f.post("/v1/responses", {{"model", "tiny"}, {"input", "last"}, {"previous_response_id", second["id"]}});
+  const std::string third = glms::test::tokenizer().decode(f.backend.submitted[2].prompt_ids);
+  EXPECT_NE(third.find("hi"), std::string::npos) << third;
+  EXPECT_NE(third.find("and more?"), std::string::npos) << third;
+  // store: false keeps nothing; an unknown id is a 404 naming previous_response_id; DELETE forgets.
+  const json unstored = f.post("/v1/responses", {{"model", "tiny"}, {"input", "x"}, {"store", false}});
+  EXPECT_EQ(unstored["store"], false);
+  EXPECT_EQ(f.call("GET", "/v1/responses/" + unstored["id"].get<std::string>())->response.status, 404);
+  const json missing = f.post("/v1/responses", {{"model", "tiny"}, {"input", "x"}, {"previous_response_id", "resp_0"}}, 404);
+  EXPECT_EQ(missing["error"]["param"], "previous_response_id");
+  const auto deleted = f.call("DELETE", "/v1/responses/" + id);
+  EXPECT_EQ(json::parse(deleted->response.body)["deleted"], true);
+  EXPECT_EQ(f.call("GET", "/v1/responses/" + id)->response.status, 404);
 }
