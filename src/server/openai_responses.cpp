@@ -625,12 +625,17 @@ class ResponsesResponder : public ChatAdapterResponder {
   }
 
  private:
-  // Into the store with its conversation (output items read as input items are).
+  // Into the store with its conversation (output items read as input items are). The answer is
+  // the pipeline's own, so reading it back cannot fail; if it did, the answer would go unstored
+  // rather than end the writing thread.
   void keep(const json& response) {
     kept_ = true;
     if (!store_) return;
-    store_->put(response["id"].get<std::string>(),
-                {dump(response), dump(conversation_with_answer(json::parse(request_.conversation), response))});
+    try {
+      store_->put(response["id"].get<std::string>(),
+                  {dump(response), dump(conversation_with_answer(json::parse(request_.conversation), response))});
+    } catch (const ApiException&) {
+    }
   }
 
   const ResponsesRequest request_;
