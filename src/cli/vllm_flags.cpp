@@ -132,7 +132,7 @@ constexpr FlagWithNothingToSet kVllmFlagsWithNothingToSet[] = {
      "tools stay in the prompt with tool_choice none (--exclude-tools-when-tool-choice-none leaves them out)"},
     {"--enable-prompt-tokens-details", FlagValues::kNone, false, "usage.prompt_tokens_details.cached_tokens is always reported"},
     {"--enable-server-load-tracking", FlagValues::kNone, false,
-     "no /load endpoint: /metrics has glmserve:num_requests_running and glmserve:num_requests_waiting"},
+     "GET /load always answers {\"server_load\": the requests running or waiting}"},
     {"--log-error-stack", FlagValues::kNone, false, "errors are logged with their message"},
     {"--max-log-len", FlagValues::kOne, false, kNoContents},
     {"--enable-log-outputs", FlagValues::kNone, false, kNoContents},

@@ -55,7 +55,8 @@ HttpResponse error_response(const ApiError& e) {
 constexpr const char* kServedPaths[] = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
                                         "/v1/messages/count_tokens", "/v1/models", "/tokenize", "/detokenize",
                                         "/health", "/ping", "/metrics", "/version", "/", "/dashboard",
-                                        "/dashboard/info", "/invocations", "/health_generate", "/get_model_info"};
+                                        "/dashboard/info", "/invocations", "/health_generate", "/get_model_info",
+                                        "/load"};
 
 // Anthropic's Messages API answers in Anthropic's error shape.
 bool is_anthropic_path(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
@@ -178,7 +179,7 @@ void ApiService::handle(const HttpRequest& request, std::shared_ptr<Responder> r
   }
   // Access lines for what the client asked (not for probes and scrapes).
   if (config_.log_requests && path != "/health" && path != "/ping" && path != "/metrics" &&
-      path != "/health_generate") {
+      path != "/health_generate" && path != "/load") {
     std::string line = request.client + " " + request.method + " " + path + " " + std::to_string(response.status);
     if (response.status >= 400) {
       const json body = json::parse(response.body, nullptr, false);
@@ -211,6 +212,12 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
   if (path == "/version") {
     if (!is_get) throw_api(405, "Method Not Allowed");
     return json_response(200, {{"version", config_.version}});
+  }
+  // vLLM's load balancers' figure: the requests the engine holds, running or waiting.
+  if (path == "/load") {
+    if (!is_get) throw_api(405, "Method Not Allowed");
+    const BackendStats stats = backend_.stats();
+    return json_response(200, {{"server_load", stats.num_running + stats.num_waiting}});
   }
   // The web UI: a page from the binary, and what it shows at the top. Unauthenticated, as
   // /metrics is; its requests to /v1 carry the key typed into it.

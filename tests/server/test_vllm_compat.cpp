@@ -288,3 +288,22 @@ TEST(VllmCompat, CacheSaltReachesTheEngineAndPriorityIsRefused) {
   body["priority"] = -5;
   EXPECT_EQ(f.post("/v1/chat/completions", body, 400)["error"]["param"], "priority");
 }
+
+// vLLM's /load: the requests the engine holds, running or waiting, with no key needed.
+TEST(VllmCompat, LoadCountsTheRequestsTheEngineHolds) {
+  server::ServiceConfig c;
+  c.api_keys = {"sk-1"};
+  Fixture f(c);
+  EXPECT_EQ(json::parse(f.call("GET", "/load")->response.body), (json{{"server_load", 0}}));
+  f.backend.delay = std::chrono::milliseconds(200);
+  f.say("a long answer with several tokens");
+  auto slow = std::make_shared<glms::test::RecordingResponder>();
+  server::HttpRequest request;
+  request.method = "POST";
+  request.target = "/v1/completions";
+  request.body = json{{"prompt", "hi"}, {"max_tokens", 8}}.dump();
+  request.headers = {{"authorization", "Bearer sk-1"}};
+  f.service->handle(request, slow);
+  EXPECT_EQ(json::parse(f.call("GET", "/load")->response.body)["server_load"], 1);
+  EXPECT_TRUE(slow->wait());
+}
