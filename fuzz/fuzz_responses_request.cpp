@@ -13,12 +13,27 @@
 #include "server/api_error.h"
 #include "server/openai_request.h"
 #include "server/openai_responses.h"
+#include "server/responses_store.h"
+
+// A store holding one answer (resp_f), so that previous_response_id reaches a stored conversation.
+const glms::server::ResponsesStore& store_with_one_answer() {
+  static glms::server::ResponsesStore* store = [] {
+    auto* s = new glms::server::ResponsesStore(4);
+    s->put("resp_f", {R"({"id":"resp_f"})", R"([{"role":"user","content":"hi"},{"role":"assistant","content":"ok"}])"});
+    return s;
+  }();
+  return *store;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view body(reinterpret_cast<const char*>(data), size);
   try {
-    const glms::server::ResponsesRequest translated = glms::server::chat_request_of_response_request(body);
-    if (!nlohmann::json::accept(translated.chat_request) || !nlohmann::json::accept(translated.echo)) std::abort();
+    const bool stored = size > 0 && data[0] % 2 == 0;  // half the inputs with a store
+    const glms::server::ResponsesRequest translated =
+        glms::server::chat_request_of_response_request(body, stored ? &store_with_one_answer() : nullptr);
+    if (!nlohmann::json::accept(translated.chat_request) || !nlohmann::json::accept(translated.echo) ||
+        !nlohmann::json::accept(translated.conversation))
+      std::abort();
     const glms::server::ChatRequest r = glms::server::parse_chat_request(translated.chat_request);
     if (!r.messages || r.messages->empty()) std::abort();
     // The echo makes a Response around any answer.
