@@ -52,7 +52,8 @@ HttpResponse error_response(const ApiError& e) {
 }
 
 // The paths served (and /v1/models/{id}): what a 404 lists and what metrics label by name.
-constexpr const char* kServedPaths[] = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+constexpr const char* kServedPaths[] = {"/v1/chat/completions", "/v1/completions", "/v1/responses",
+                                        "/v1/responses/input_tokens", "/v1/messages",
                                         "/v1/messages/count_tokens", "/v1/models", "/tokenize", "/detokenize",
                                         "/health", "/ping", "/metrics", "/version", "/", "/dashboard",
                                         "/dashboard/info", "/invocations", "/health_generate", "/get_model_info",
@@ -251,10 +252,11 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
     return {};
   }
   const bool generate = path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/responses" ||
-                        path == "/v1/messages" || path == "/v1/messages/count_tokens" || path == "/invocations";
+                        path == "/v1/responses/input_tokens" || path == "/v1/messages" ||
+                        path == "/v1/messages/count_tokens" || path == "/invocations";
   const std::string models_prefix = "/v1/models/", responses_prefix = "/v1/responses/";
   const bool one_model = path.rfind(models_prefix, 0) == 0 && path.size() > models_prefix.size();
-  const bool one_response = path.rfind(responses_prefix, 0) == 0 && path.size() > responses_prefix.size();
+  const bool one_response = path.rfind(responses_prefix, 0) == 0 && path.size() > responses_prefix.size() && !generate;
   if (path != "/v1/models" && path != "/get_model_info" && !one_model && !one_response && !generate) {
     std::string served;
     for (const char* p : kServedPaths) served += (served.empty() ? "" : ", ") + std::string(p);
@@ -311,6 +313,7 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
   if (draining_.load()) throw ApiException{ApiError{503, "The server is shutting down.", "", 1.0}};
 
   if (path == "/v1/messages/count_tokens") return count_message_tokens(request);
+  if (path == "/v1/responses/input_tokens") return count_response_input_tokens(request);
   if (path == "/v1/chat/completions") start_chat(request, responder);
   else if (path == "/v1/responses") start_response(request, responder);
   else if (path == "/invocations") start_invocation(request, responder);
@@ -571,13 +574,24 @@ HttpResponse ApiService::stored_response(const HttpRequest& request, const std::
   throw_api(405, "Method Not Allowed: GET or DELETE");
 }
 
+// The tokens of a conversation through the chat template (Anthropic's and the Responses API's counts).
+size_t ApiService::prompt_tokens_of(const ChatRequest& request) const {
+  check_model(request.sampling.model);
+  if (!renderer_) throw_api(400, "This model has no chat template");
+  const std::string prompt = render_prompt(request);
+  check_prompt_bytes(prompt.size(), "messages");
+  return tokenizer_.encode(prompt, false).size();
+}
+
 HttpResponse ApiService::count_message_tokens(const HttpRequest& request) const {
   const ChatRequest req = parse_chat_request(chat_request_of_message(request.body, true), config_.parse_limits);
-  check_model(req.sampling.model);
-  if (!renderer_) throw_api(400, "This model has no chat template");
-  const std::string prompt = render_prompt(req);
-  check_prompt_bytes(prompt.size(), "messages");
-  return json_response(200, {{"input_tokens", tokenizer_.encode(prompt, false).size()}});
+  return json_response(200, {{"input_tokens", prompt_tokens_of(req)}});
+}
+
+HttpResponse ApiService::count_response_input_tokens(const HttpRequest& request) const {
+  const ResponsesRequest translated = chat_request_of_response_request(request.body, responses_store_.get());
+  const ChatRequest req = parse_chat_request(translated.chat_request, config_.parse_limits);
+  return json_response(200, {{"object", "response.input_tokens"}, {"input_tokens", prompt_tokens_of(req)}});
 }
 
 void ApiService::start_completion(const HttpRequest& request, std::shared_ptr<Responder> responder,

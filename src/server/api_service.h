@@ -94,6 +94,8 @@ class ApiService {
   // GET or DELETE /v1/responses/{id}: a stored response.
   HttpResponse stored_response(const HttpRequest& request, const std::string& id);
   HttpResponse count_message_tokens(const HttpRequest& request) const;
+  HttpResponse count_response_input_tokens(const HttpRequest& request) const;
+  size_t prompt_tokens_of(const ChatRequest& request) const;
   // `logged_path`: the path its access line names (nullptr: no access line, for probes).
   void start_completion(const HttpRequest& request, std::shared_ptr<Responder> responder,
                         const char* logged_path = "/v1/completions");

@@ -296,6 +296,10 @@ TEST(OpenAiResponses, TheServiceAnswersOnV1Responses) {
   ASSERT_EQ(response["output"].size(), 1u);
   EXPECT_EQ(response["output"][0]["content"][0]["text"], "Hello there");
   EXPECT_EQ(response["usage"]["output_tokens"], static_cast<int>(glms::test::ids("Hello there").size()) + 1);
+  // The input's tokens, counted as the generation sees them.
+  const json count = f.post("/v1/responses/input_tokens", {{"model", "tiny"}, {"input", "hi"}});
+  EXPECT_EQ(count["object"], "response.input_tokens");
+  EXPECT_EQ(count["input_tokens"], response["usage"]["input_tokens"]);
   const json unknown_model = f.post("/v1/responses", {{"model", "gpt-5"}, {"input", "hi"}}, 404);
   glms::test::expect_error_shape(unknown_model.dump(), 404);
   const auto stored = f.call("GET", "/v1/responses/resp_1");

@@ -102,6 +102,10 @@ async function main() {
     assert.ok(['completed', 'incomplete'].includes(response.status));
     assert.equal(response.output_text, chat.choices[0].message.content);  // the same prompt as the chat above
     assert.equal(response.usage.total_tokens, response.usage.input_tokens + response.usage.output_tokens);
+    const counted = await client.responses.inputTokens.count({
+      model: 'tiny', instructions: 'You write Python.', input: 'def add(a, b):',
+    });
+    assert.equal(counted.input_tokens, response.usage.input_tokens);
     const responseStream = client.responses.stream({
       model: 'tiny', instructions: 'You write Python.', input: 'def add(a, b):', max_output_tokens: 10, temperature: 0,
     });
