@@ -508,23 +508,16 @@ namespace {
 
 // A health probe's answer: 200 with an empty body once the generation it ran is done; its error
 // otherwise.
-class ProbeResponder : public Responder {
+class ProbeResponder : public ForwardingResponder {
  public:
-  explicit ProbeResponder(std::shared_ptr<Responder> inner) : inner_(std::move(inner)) {}
+  using ForwardingResponder::ForwardingResponder;
   void reply(HttpResponse response) override {
     if (response.status == 200) {
       response.body.clear();
       response.content_type = "text/plain; charset=utf-8";
     }
-    inner_->reply(std::move(response));
+    ForwardingResponder::reply(std::move(response));
   }
-  void begin_stream(HttpResponse head) override { inner_->begin_stream(std::move(head)); }
-  void write(std::string data) override { inner_->write(std::move(data)); }
-  void end_stream() override { inner_->end_stream(); }
-  void on_disconnect(std::function<void()> callback) override { inner_->on_disconnect(std::move(callback)); }
-
- private:
-  std::shared_ptr<Responder> inner_;
 };
 
 }  // namespace

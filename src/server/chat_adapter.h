@@ -83,15 +83,14 @@ inline std::string error_message_of(const std::string& body) {
 // A Responder in front of `inner` that rewrites the chat pipeline's answers: a whole answer by
 // rewrite(), a stream's OpenAI SSE payloads ("data: PAYLOAD\n\n", one or several a write; "[DONE]"
 // last) by translate(), one at a time and in order, whose output is written as it is.
-class ChatAdapterResponder : public Responder {
+class ChatAdapterResponder : public ForwardingResponder {
  public:
-  explicit ChatAdapterResponder(std::shared_ptr<Responder> inner) : inner_(std::move(inner)) {}
+  using ForwardingResponder::ForwardingResponder;
 
   void reply(HttpResponse response) override {
     rewrite(response);
-    inner_->reply(std::move(response));
+    ForwardingResponder::reply(std::move(response));
   }
-  void begin_stream(HttpResponse head) override { inner_->begin_stream(std::move(head)); }
   void write(std::string data) override {
     std::string out;
     {
@@ -104,17 +103,14 @@ class ChatAdapterResponder : public Responder {
         if (event.rfind("data: ", 0) == 0) out += translate(event.substr(6));
       }
     }
-    if (!out.empty()) inner_->write(std::move(out));
+    if (!out.empty()) ForwardingResponder::write(std::move(out));
   }
-  void end_stream() override { inner_->end_stream(); }
-  void on_disconnect(std::function<void()> callback) override { inner_->on_disconnect(std::move(callback)); }
 
  protected:
   virtual void rewrite(HttpResponse& response) = 0;
   virtual std::string translate(const std::string& payload) = 0;
 
  private:
-  std::shared_ptr<Responder> inner_;
   std::mutex mutex_;
 };
 

@@ -28,22 +28,18 @@ std::string joined(const std::vector<std::string>& items) {
 }
 
 // Adds headers to whatever `inner` answers, whole or streamed.
-class HeaderAddingResponder : public Responder {
+class HeaderAddingResponder : public ForwardingResponder {
  public:
   HeaderAddingResponder(std::shared_ptr<Responder> inner, std::vector<std::pair<std::string, std::string>> headers)
-      : inner_(std::move(inner)), headers_(std::move(headers)) {}
-  void reply(HttpResponse response) override { inner_->reply(with_headers(std::move(response))); }
-  void begin_stream(HttpResponse head) override { inner_->begin_stream(with_headers(std::move(head))); }
-  void write(std::string data) override { inner_->write(std::move(data)); }
-  void end_stream() override { inner_->end_stream(); }
-  void on_disconnect(std::function<void()> callback) override { inner_->on_disconnect(std::move(callback)); }
+      : ForwardingResponder(std::move(inner)), headers_(std::move(headers)) {}
+  void reply(HttpResponse response) override { ForwardingResponder::reply(with_headers(std::move(response))); }
+  void begin_stream(HttpResponse head) override { ForwardingResponder::begin_stream(with_headers(std::move(head))); }
 
  private:
   HttpResponse with_headers(HttpResponse response) const {
     response.headers.insert(response.headers.end(), headers_.begin(), headers_.end());
     return response;
   }
-  std::shared_ptr<Responder> inner_;
   std::vector<std::pair<std::string, std::string>> headers_;
 };
 

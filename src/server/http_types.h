@@ -49,6 +49,21 @@ class Responder {
   virtual void on_disconnect(std::function<void()> callback) = 0;
 };
 
+// A Responder that hands everything to `inner`: wrappers (CORS headers, an adapter's rewriting,
+// a probe's empty answer) override only what they change.
+class ForwardingResponder : public Responder {
+ public:
+  explicit ForwardingResponder(std::shared_ptr<Responder> inner) : inner_(std::move(inner)) {}
+  void reply(HttpResponse response) override { inner_->reply(std::move(response)); }
+  void begin_stream(HttpResponse head) override { inner_->begin_stream(std::move(head)); }
+  void write(std::string data) override { inner_->write(std::move(data)); }
+  void end_stream() override { inner_->end_stream(); }
+  void on_disconnect(std::function<void()> callback) override { inner_->on_disconnect(std::move(callback)); }
+
+ private:
+  std::shared_ptr<Responder> inner_;
+};
+
 // Server-Sent Events framing: one event per JSON payload, "data: <payload>\n\n". Payloads are
 // single-line JSON, so no line splitting is needed; any '\n' in `payload` still starts a new
 // "data:" line, as the SSE grammar requires.
