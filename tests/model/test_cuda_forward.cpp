@@ -192,6 +192,21 @@ TEST_P(CudaForwardAttention, RandomModelWithFusedProjectionRowsAndOneSelectionAS
   random_model_steps(GetParam(), kv::CacheDtype::kFp8E4m3, fewer_launches);
 }
 
+// Each of the two alone, to tell which one a failure of the test above comes from.
+TEST_P(CudaForwardAttention, RandomModelWithFusedProjectionRowsAloneMatchesCpu) {
+  auto rows = [](model::CudaModelOptions& o) { o.fused_projection_rows = true; };
+  random_model_steps(GetParam(), kv::CacheDtype::kAuto, rows);
+  random_model_steps(GetParam(), kv::CacheDtype::kAuto, rows, 64);
+  random_model_steps(GetParam(), kv::CacheDtype::kFp8E4m3, rows);
+}
+
+TEST_P(CudaForwardAttention, RandomModelWithOneSelectionAStepAloneMatchesCpu) {
+  auto one_selection = [](model::CudaModelOptions& o) { o.reuse_step_selection = true; };
+  random_model_steps(GetParam(), kv::CacheDtype::kAuto, one_selection);
+  random_model_steps(GetParam(), kv::CacheDtype::kAuto, one_selection, 64);
+  random_model_steps(GetParam(), kv::CacheDtype::kFp8E4m3, one_selection);
+}
+
 namespace {
 
 // 48 greedy tokens after a prompt of `prompt_length` random token ids, on the CPU and on CUDA
