@@ -30,13 +30,8 @@ namespace {
 // vLLM's bench loads --model's tokenizer: here its folder, or its snapshot where --model is a repo id
 // in the Hugging Face hub cache; "" where it is neither (a served name such as "tiny").
 std::string tokenizer_of_model_name(const std::string& model) {
-  if (std::filesystem::exists(model)) return model;
-  if (!io::looks_like_repo_id(model)) return "";
-  try {
-    return io::resolve_model(model, io::HubCacheEnvironment::from_environment()).folder.string();
-  } catch (const Error&) {
-    return "";
-  }
+  std::string path = model;
+  return local_path_or_cached_repo()(path).empty() ? path : "";  // the validator's message: neither
 }
 
 struct BenchArgs {
