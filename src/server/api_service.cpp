@@ -263,7 +263,7 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
     throw_api(404, "Not Found: glmserve does not serve " + path + " (it serves " + served + ")");
   }
 
-  // Everything under /v1 is authenticated (as vLLM does with --api-key).
+  // Everything under /v1, /invocations and /get_model_info is authenticated (as vLLM does /v1 with --api-key).
   // Anthropic's clients send their key as x-api-key.
   std::string authorization = request.header("authorization");
   if (authorization.empty() && !request.header("x-api-key").empty()) authorization = "Bearer " + request.header("x-api-key");
