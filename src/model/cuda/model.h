@@ -182,9 +182,10 @@ struct CudaModelOptions {
   // The same where q_b's or an MLP's gate/up weights are block FP8: cuBLASLt's block-scaled FP8
   // GEMM writes those bf16 rows itself (Fp8Gemm::linear_to_bf16), where it has such an algorithm.
   // Measured on an H200 (bench/results/cuda-ring-fp8-bf16-20261205.json, FP8 linears and experts,
-  // 5 layers, two rounds): prefill 8192 91.4 -> 89.9 and 92.1 -> 90.6 ms, decode unchanged. Off
-  // until the FP8 forward and engine tests have run with it on.
-  bool fp8_bf16_intermediates = false;
+  // 5 layers, two rounds): prefill 8192 91.4 -> 89.9 and 92.1 -> 90.6 ms, decode unchanged; a
+  // third round (cuda-fp8-default-20261205.json) 92.0 -> 91.9, 2048 24.5 -> 24.3. The FP8 forward,
+  // linear and engine tests pass with it on.
+  bool fp8_bf16_intermediates = true;
   // Steps of at least this many tokens (0: none) add each block's last linear layer (o_proj, a
   // dense MLP's down, a whole model's shared expert's down; bf16 or block FP8) into the fp32
   // residual stream in the GEMM itself (cuBLAS / cuBLASLt with beta 1) where there is no
