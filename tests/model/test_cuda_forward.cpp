@@ -109,6 +109,11 @@ void random_model_steps(bool fused, kv::CacheDtype dtype, void (*adjust)(model::
   spec.init_std = 0.15f;
   if (dtype == kv::CacheDtype::kFp8E4m3) spec.index_topk = 64;
   if (index_topk > 0) spec.index_topk = index_topk;
+  // A top-64 model of seed 1 routes a decode token of step 7 with its two expert groups 3.4e-4
+  // apart (seed 1's top-9 model: no margin under 1.1e-2 in the decode steps); bf16 activations
+  // flip that group on the device and move the step's logits by 0.2-0.7. Seed 14's top-64 model
+  // keeps every decode step's top-k and group margins above 2.2e-2 (measured on the CPU).
+  if (spec.index_topk == 64) spec.seed = 14;
   TempDir dir("cuda_forward");
   const model::Glm5Model cpu(model::load_weights(glms::testing::write_random_model(dir.path / "m", spec).string()));
   model::CudaModelOptions options = small_options();
@@ -144,7 +149,7 @@ void random_model_steps(bool fused, kv::CacheDtype dtype, void (*adjust)(model::
   }
   // An E4M3 step is 1/16 of a value, and a code whose value lands on the other side of a
   // rounding midpoint on the device moves its row by that much: the FP8 cache agrees less closely
-  // (a median of 2.0e-2 on the H200 through the gathered path) than bf16 rows do. A wrong kernel
+  // than bf16 rows do (a median of 2.0e-2 on the H200 through the gathered path with seed 1). A wrong kernel
   // is off by tenths.
   EXPECT_LT(pair.median(), dtype == kv::CacheDtype::kFp8E4m3 ? 3e-2 : 2e-2);
 }
@@ -190,21 +195,6 @@ TEST_P(CudaForwardAttention, RandomModelWithFusedProjectionRowsAndOneSelectionAS
   random_model_steps(GetParam(), kv::CacheDtype::kAuto, fewer_launches);
   random_model_steps(GetParam(), kv::CacheDtype::kAuto, fewer_launches, 64);
   random_model_steps(GetParam(), kv::CacheDtype::kFp8E4m3, fewer_launches);
-}
-
-// Each of the two alone, to tell which one a failure of the test above comes from.
-TEST_P(CudaForwardAttention, RandomModelWithFusedProjectionRowsAloneMatchesCpu) {
-  auto rows = [](model::CudaModelOptions& o) { o.fused_projection_rows = true; };
-  random_model_steps(GetParam(), kv::CacheDtype::kAuto, rows);
-  random_model_steps(GetParam(), kv::CacheDtype::kAuto, rows, 64);
-  random_model_steps(GetParam(), kv::CacheDtype::kFp8E4m3, rows);
-}
-
-TEST_P(CudaForwardAttention, RandomModelWithOneSelectionAStepAloneMatchesCpu) {
-  auto one_selection = [](model::CudaModelOptions& o) { o.reuse_step_selection = true; };
-  random_model_steps(GetParam(), kv::CacheDtype::kAuto, one_selection);
-  random_model_steps(GetParam(), kv::CacheDtype::kAuto, one_selection, 64);
-  random_model_steps(GetParam(), kv::CacheDtype::kFp8E4m3, one_selection);
 }
 
 namespace {
