@@ -1,6 +1,7 @@
 #include "model/glm5.h"
 
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 #include "model/layers.h"
@@ -31,7 +32,7 @@ void sum_over_peers(comm::Communicator* tp, std::vector<float>& block_out) {
 void decoder_layer(const io::ModelConfig& c, const Peers& peers, const DecoderLayerWeights& layer, int cache_layer,
                    const RopeAngles& rope, const ForwardBatch& batch, std::vector<float>& x,
                    kv::PagedLatentCache& cache, TokenSelection& selection, std::vector<float>& normed,
-                   std::vector<float>& block_out) {
+                   std::vector<float>& block_out, float* min_route_margin = nullptr) {
   const int T = batch.num_tokens();
   const int64_t hidden = c.hidden_size;
   ops::rms_norm(x.data(), T, hidden, layer.input_norm.data(), c.rms_norm_eps, normed.data());
@@ -39,7 +40,8 @@ void decoder_layer(const io::ModelConfig& c, const Peers& peers, const DecoderLa
   sum_over_peers(peers.tp, block_out);
   for (size_t i = 0; i < x.size(); ++i) x[i] += block_out[i];
   ops::rms_norm(x.data(), T, hidden, layer.post_attention_norm.data(), c.rms_norm_eps, normed.data());
-  if (layer.is_moe) moe_mlp(c, layer.moe, peers, batch.dp_tokens, normed.data(), T, block_out.data());
+  if (layer.is_moe)
+    moe_mlp(c, layer.moe, peers, batch.dp_tokens, normed.data(), T, block_out.data(), min_route_margin);
   else dense_mlp(layer.mlp, normed.data(), T, block_out.data());
   sum_over_peers(peers.tp, block_out);
   for (size_t i = 0; i < x.size(); ++i) x[i] += block_out[i];
@@ -93,12 +95,14 @@ std::vector<float> Glm5Model::forward(const ForwardBatch& batch, kv::PagedLatent
   std::vector<float> x(static_cast<size_t>(T * hidden));  // [T, hidden] residual stream
   for (int t = 0; t < T; ++t) weights_.embed_tokens.row_to_f32(batch.token_ids[t], x.data() + t * hidden);
   if (trace && trace->record_layers) trace->hidden_states.assign(1, x);
+  if (trace) trace->min_route_margin = std::numeric_limits<float>::infinity();
 
   const RopeAngles rope = rope_angles(rope_, batch);
   std::vector<float> normed(x.size()), block_out(x.size());  // [T, hidden]
   TokenSelection selection;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    decoder_layer(c, peers_, weights_.layers[l], l, rope, batch, x, cache, selection, normed, block_out);
+    decoder_layer(c, peers_, weights_.layers[l], l, rope, batch, x, cache, selection, normed, block_out,
+                  trace ? &trace->min_route_margin : nullptr);
     if (trace && trace->record_layers) trace->hidden_states.push_back(x);
   }
   std::vector<float> logits = head_logits(batch, x, hidden, weights_.final_norm, c.rms_norm_eps, weights_.lm_head);

@@ -18,6 +18,10 @@ struct ForwardTrace {
   std::vector<std::vector<float>> hidden_states;
   // Last hidden state of every token before the final norm (what the MTP head consumes).
   std::vector<float> last_hidden;
+  // The smallest expert-choice margin of the step's routed tokens over its MoE layers
+  // (route_token's; +inf without MoE layers): a step with a margin near the activations' rounding
+  // error may route otherwise on another backend.
+  float min_route_margin = 0.0f;
 };
 
 // One rank's model: the whole model, or the shard its weights were loaded as, joined to its peers

@@ -43,12 +43,18 @@ void dense_mlp(const MlpWeights& weights, const float* x, int64_t n, float* out)
 // peers the routed experts run over every rank's tokens (dp_tokens[r] of rank r, all-gathered)
 // and each rank gets its own tokens' sums back (reduce-scatter); `out` is this rank's
 // tensor-parallel part (its experts' and its shared-expert slice's), which its tensor-parallel
-// peers' parts complete.
+// peers' parts complete. `min_route_margin`, if given, is lowered to the smallest route_token
+// margin of the tokens routed.
 void moe_mlp(const io::ModelConfig& config, const MoeWeights& weights, const Peers& peers,
-             const std::vector<int32_t>& dp_tokens, const float* x, int64_t n, float* out);
+             const std::vector<int32_t>& dp_tokens, const float* x, int64_t n, float* out,
+             float* min_route_margin = nullptr);
 
 // Expert choice for one token from its router logits [n_routed_experts]: indices and weights.
+// `margin`, if given, receives how far the choice is from changing: the smallest gap between the
+// last chosen and the first unchosen choice score (sigmoid + correction bias), over the experts
+// and, with group-limited routing, over the groups' scores (+inf where nothing is left out). A
+// margin near the activations' rounding error lets another backend choose otherwise.
 void route_token(const io::ModelConfig& config, const float* router_logits, const float* correction_bias,
-                 std::vector<int32_t>& experts, std::vector<float>& expert_weights);
+                 std::vector<int32_t>& experts, std::vector<float>& expert_weights, float* margin = nullptr);
 
 }  // namespace glms::model

@@ -17,8 +17,25 @@ void dense_mlp(const MlpWeights& w, const float* x, int64_t n, float* out) {
   ops::linear(gate.data(), n, w.down_proj, out);
 }
 
+namespace {
+
+// The smallest chosen score less the largest unchosen finite one (+inf where every finite score
+// is chosen): how far `scores` are from choosing otherwise.
+float choice_margin(const std::vector<float>& scores, const std::vector<bool>& chosen) {
+  float lowest_chosen = std::numeric_limits<float>::infinity();
+  float highest_left = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < scores.size(); ++i) {
+    if (chosen[i]) lowest_chosen = std::min(lowest_chosen, scores[i]);
+    else if (std::isfinite(scores[i])) highest_left = std::max(highest_left, scores[i]);
+  }
+  return std::isfinite(highest_left) ? lowest_chosen - highest_left : std::numeric_limits<float>::infinity();
+}
+
+}  // namespace
+
 void route_token(const io::ModelConfig& c, const float* router_logits, const float* correction_bias,
-                 std::vector<int32_t>& experts, std::vector<float>& expert_weights) {
+                 std::vector<int32_t>& experts, std::vector<float>& expert_weights, float* margin) {
+  if (margin) *margin = std::numeric_limits<float>::infinity();
   const int E = c.n_routed_experts, groups = c.n_group, per_group = E / groups;
   std::vector<float> scores(E), choice(E);
   for (int e = 0; e < E; ++e) {
@@ -39,10 +56,16 @@ void route_token(const io::ModelConfig& c, const float* router_logits, const flo
     ops::top_k(group_scores.data(), groups, c.topk_group, kept);
     std::vector<bool> keep(groups, false);
     for (int32_t g : kept) keep[g] = true;
+    if (margin) *margin = std::min(*margin, choice_margin(group_scores, keep));
     for (int e = 0; e < E; ++e)
       if (!keep[e / per_group]) choice[e] = -std::numeric_limits<float>::infinity();
   }
   ops::top_k(choice.data(), E, c.num_experts_per_tok, experts);
+  if (margin) {
+    std::vector<bool> chosen(E, false);
+    for (int32_t e : experts) chosen[e] = true;
+    *margin = std::min(*margin, choice_margin(choice, chosen));
+  }
   expert_weights.resize(experts.size());
   float total = 0.0f;
   for (size_t i = 0; i < experts.size(); ++i) total += (expert_weights[i] = scores[experts[i]]);
@@ -87,7 +110,7 @@ void scatter_sums(comm::Communicator& dp, const std::vector<int32_t>& dp_tokens,
 }  // namespace
 
 void moe_mlp(const io::ModelConfig& c, const MoeWeights& w, const Peers& peers, const std::vector<int32_t>& dp_tokens,
-             const float* x, int64_t n, float* out) {
+             const float* x, int64_t n, float* out, float* min_route_margin) {
   const int E = c.n_routed_experts;
   const int64_t hidden = c.hidden_size;
   std::vector<float> gathered;
@@ -110,7 +133,10 @@ void moe_mlp(const io::ModelConfig& c, const MoeWeights& w, const Peers& peers, 
   std::vector<int32_t> experts;
   std::vector<float> weights;
   for (int64_t t = 0; t < count; ++t) {
-    route_token(c, logits.data() + t * E, w.correction_bias.data(), experts, weights);
+    float margin = 0.0f;
+    route_token(c, logits.data() + t * E, w.correction_bias.data(), experts, weights,
+                min_route_margin ? &margin : nullptr);
+    if (min_route_margin) *min_route_margin = std::min(*min_route_margin, margin);
     for (size_t i = 0; i < experts.size(); ++i) {
       const int e = experts[i] - w.first_expert;
       if (e < 0 || e >= local) continue;  // another rank's expert

@@ -55,7 +55,8 @@ int argmax(const float* v, int n) { return static_cast<int>(std::max_element(v, 
 // flip a near-tied expert or top-k choice of one token of a random model, which moves that
 // step's logits by up to ~15% (and, written into the cache, a later step's); so each step must
 // stay under 0.3 (unrelated logits are ~1.4 apart) and the steps' median under 2e-2 (a wrong
-// kernel is off on every step).
+// kernel is off on every step). A step whose CPU routing is nearly tied (Pair::kNearTie) may
+// flip a whole expert group, and is held to 1.0.
 struct Pair {
   const model::Glm5Model& cpu;
   model::CudaGlm5Model& gpu;
@@ -69,13 +70,21 @@ struct Pair {
     return layout;
   }
   void step(const model::ForwardBatch& batch, bool use_graph = false) {
-    const auto expected = cpu.forward(batch, cache);
+    model::ForwardTrace trace;
+    trace.record_layers = false;
+    const auto expected = cpu.forward(batch, cache, &trace);
     const auto got = gpu.forward(batch, use_graph);
     errors.push_back(relative_l2(got, expected));
-    EXPECT_LT(errors.back(), 0.3) << "step " << errors.size() << ", " << batch.num_tokens() << " tokens";
-    std::printf("step %zu (%d tokens%s): relative L2 %.2e\n", errors.size(), batch.num_tokens(),
-                use_graph ? ", graph" : "", errors.back());
+    // A token routed within kNearTie of another choice on the CPU may take the other experts (or
+    // group) under bf16 activations, which moves its logits by up to the unrelated distance: such
+    // a step is held only to that; the median below still holds every step.
+    const bool near_tie = trace.min_route_margin < kNearTie;
+    EXPECT_LT(errors.back(), near_tie ? 1.0 : 0.3)
+        << "step " << errors.size() << ", " << batch.num_tokens() << " tokens, route margin " << trace.min_route_margin;
+    std::printf("step %zu (%d tokens%s): relative L2 %.2e, route margin %.1e%s\n", errors.size(), batch.num_tokens(),
+                use_graph ? ", graph" : "", errors.back(), trace.min_route_margin, near_tie ? " (near tie)" : "");
   }
+  static constexpr float kNearTie = 1e-3f;
   double median() const {
     std::vector<double> sorted = errors;
     std::sort(sorted.begin(), sorted.end());
@@ -112,7 +121,8 @@ void random_model_steps(bool fused, kv::CacheDtype dtype, void (*adjust)(model::
   // A top-64 model of seed 1 routes a decode token of step 7 with its two expert groups 3.4e-4
   // apart (seed 1's top-9 model: no margin under 1.1e-2 in the decode steps); bf16 activations
   // flip that group on the device and move the step's logits by 0.2-0.7. Seed 14's top-64 model
-  // keeps every decode step's top-k and group margins above 2.2e-2 (measured on the CPU).
+  // keeps every decode step's route margin (route_token's, with the fp32 cache) above 2.2e-2 and
+  // every step's above 2e-3, so each is held to the strict bound.
   if (spec.index_topk == 64) spec.seed = 14;
   TempDir dir("cuda_forward");
   const model::Glm5Model cpu(model::load_weights(glms::testing::write_random_model(dir.path / "m", spec).string()));

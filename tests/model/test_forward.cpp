@@ -175,4 +175,38 @@ TEST(Routing, GroupLimitedTopKWithBiasAndScaling) {
   EXPECT_NEAR(weights[0], 0.4f / total * 2.5f, 1e-5);
   EXPECT_NEAR(weights[1], 0.8f / total * 2.5f, 1e-5);
   EXPECT_NEAR(weights[2], 0.7f / total * 2.5f, 1e-5);
+  // The choice is 0.25 from changing: the last chosen expert (5: 0.7) against the best one left in
+  // the kept groups (7: 0.45); the groups are further apart (1.35 against g0's 1.0).
+  float margin = 0.0f;
+  model::route_token(c, logits, bias, experts, weights, &margin);
+  EXPECT_NEAR(margin, 0.25f, 1e-5);
+}
+
+TEST(Routing, TheMarginIsTheNearerOfTheGroupAndExpertChoices) {
+  io::ModelConfig c;
+  c.n_routed_experts = 8;
+  c.n_group = 4;
+  c.topk_group = 2;
+  c.num_experts_per_tok = 3;
+  const float probs[8] = {0.9f, 0.1f, 0.2f, 0.3f, 0.8f, 0.7f, 0.4f, 0.45f};
+  float logits[8];
+  for (int e = 0; e < 8; ++e) logits[e] = std::log(probs[e] / (1 - probs[e]));
+  // g0 = 0.9 + 0.1 + 0.3 bias = 1.3 against the kept g3's 1.35: the groups are 0.05 apart.
+  const float bias[8] = {0, 0.3f, 0, 0, 0, 0, 0.5f, 0};
+  std::vector<int32_t> experts;
+  std::vector<float> weights;
+  float margin = 0.0f;
+  model::route_token(c, logits, bias, experts, weights, &margin);
+  EXPECT_NEAR(margin, 0.05f, 1e-5);
+  // One group, top-2: only the experts' gap (the second best, 0.8, against the third, 0.7).
+  c.n_group = 1;
+  c.topk_group = 1;
+  c.num_experts_per_tok = 2;
+  const float no_bias[8] = {};
+  model::route_token(c, logits, no_bias, experts, weights, &margin);
+  EXPECT_NEAR(margin, 0.1f, 1e-5);
+  // Every expert chosen: nothing is left out.
+  c.num_experts_per_tok = 8;
+  model::route_token(c, logits, no_bias, experts, weights, &margin);
+  EXPECT_TRUE(std::isinf(margin));
 }
