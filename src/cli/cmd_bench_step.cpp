@@ -94,9 +94,10 @@ void add_linear_and_attention_options(CLI::App* cmd, BenchStepOptions* o) {
                   "consumers score in turn (true/false; false: two 64-row stages, each consumer scoring half of every "
                   "step)")
       ->capture_default_str();
-  cmd->add_option("--fused-projection-rows", o->kernels.fused_projection_rows,
-                  "q_a's norm, the latent cache row and the indexer key after the attention's first projections in "
-                  "one launch instead of three (true/false)")
+  cmd->add_option("--fused-projection-rows-max-tokens", o->kernels.fused_projection_rows_max_tokens,
+                  "Steps of at most this many tokens write q_a's norm, the latent cache row and the indexer key after "
+                  "the attention's first projections in one launch instead of three (0: never)")
+      ->check(non_negative_number())
       ->capture_default_str();
   cmd->add_option("--reuse-step-selection", o->kernels.reuse_step_selection,
                   "Where every context fits the indexer's top-k, one top-k launch a step instead of one a layer "

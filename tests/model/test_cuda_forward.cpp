@@ -55,8 +55,8 @@ int argmax(const float* v, int n) { return static_cast<int>(std::max_element(v, 
 // flip a near-tied expert or top-k choice of one token of a random model, which moves that
 // step's logits by up to ~15% (and, written into the cache, a later step's); so each step must
 // stay under 0.3 (unrelated logits are ~1.4 apart) and the steps' median under 2e-2 (a wrong
-// kernel is off on every step). A step whose CPU routing is nearly tied (Pair::kNearTie) may
-// flip a whole expert group, and is held to 1.0.
+// kernel is off on every step). A short step whose CPU routing is nearly tied (Pair::kNearTie)
+// may flip a whole expert group, and is held to 1.0.
 struct Pair {
   const model::Glm5Model& cpu;
   model::CudaGlm5Model& gpu;
@@ -76,9 +76,10 @@ struct Pair {
     const auto got = gpu.forward(batch, use_graph);
     errors.push_back(relative_l2(got, expected));
     // A token routed within kNearTie of another choice on the CPU may take the other experts (or
-    // group) under bf16 activations, which moves its logits by up to the unrelated distance: such
-    // a step is held only to that; the median below still holds every step.
-    const bool near_tie = trace.min_route_margin < kNearTie;
+    // group) under bf16 activations, which moves its logits by up to the unrelated distance: a
+    // step of fewer than 16 tokens with such a token is held only to that (in a longer step one
+    // token's rows are under a quarter of the whole); the median below still holds every step.
+    const bool near_tie = trace.min_route_margin < kNearTie && batch.num_tokens() < 16;
     EXPECT_LT(errors.back(), near_tie ? 1.0 : 0.3)
         << "step " << errors.size() << ", " << batch.num_tokens() << " tokens, route margin " << trace.min_route_margin;
     std::printf("step %zu (%d tokens%s): relative L2 %.2e, route margin %.1e%s\n", errors.size(), batch.num_tokens(),
@@ -197,7 +198,7 @@ TEST_P(CudaForwardAttention, RandomModelWithBlockOutputsAddedByTheGemmsMatchesCp
 // in every step, with bf16 and FP8 caches.
 TEST_P(CudaForwardAttention, RandomModelWithFusedProjectionRowsAndOneSelectionAStepMatchesCpu) {
   auto fewer_launches = [](model::CudaModelOptions& o) {
-    o.fused_projection_rows = true;
+    o.fused_projection_rows_max_tokens = std::numeric_limits<int>::max();
     o.reuse_step_selection = true;
   };
   // bf16 rows with top-9 (the indexer's scores and a top-k every layer) and with top-64 (every
@@ -663,7 +664,7 @@ TEST_F(CudaForward, GlmAttentionWidthsFollowTheCpuThroughEveryAttentionKernel) {
        }},
       {"fused projection rows, one top-k a step",
        [](model::CudaModelOptions& o) {
-         o.fused_projection_rows = true;
+         o.fused_projection_rows_max_tokens = std::numeric_limits<int>::max();
          o.reuse_step_selection = true;
        }},
   };

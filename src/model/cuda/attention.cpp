@@ -45,7 +45,7 @@ bool CudaGlm5Model::Impl::project_attention_inputs(const DecoderLayerDevice& lay
   } else {
     gemm.linear_group(normed, T, hidden, from_x, x_outputs, s);
   }
-  if (options.fused_projection_rows)
+  if (fused_projection_rows(T))
     write_projection_rows(layer, l, T);
   else
     cuda::residual_rms_norm(as<float>(q_resid), nullptr, T, q_lora, as<float>(w.q_a_norm), kLatentNormEps, nullptr,
@@ -62,7 +62,7 @@ bool CudaGlm5Model::Impl::project_attention_inputs(const DecoderLayerDevice& lay
   } else {
     gemm.linear_group(q_in, T, q_lora, from_q, score_positions ? 2 : 1, s);
   }
-  if (!options.fused_projection_rows)
+  if (!fused_projection_rows(T))
     cuda::write_latent_cache(as<float>(kv), T, static_cast<int>(L), static_cast<int>(rd), as<float>(w.kv_a_norm),
                              kLatentNormEps, positions, slots, as<float>(inv_freq), latent_cache[l].data(),
                              cache_storage(), s);
@@ -71,7 +71,7 @@ bool CudaGlm5Model::Impl::project_attention_inputs(const DecoderLayerDevice& lay
 }
 
 // q_a's norm into bf16, the latent cache row and the indexer key in one launch
-// (CudaModelOptions::fused_projection_rows): what residual_rms_norm, write_latent_cache and
+// (CudaModelOptions::fused_projection_rows_max_tokens): what residual_rms_norm, write_latent_cache and
 // write_indexer_keys write apart.
 void CudaGlm5Model::Impl::write_projection_rows(const DecoderLayerDevice& layer, int l, int T) {
   const io::ModelConfig& c = config;
@@ -111,7 +111,7 @@ void CudaGlm5Model::Impl::select_positions(const DecoderLayerDevice& layer, int 
   cudaStream_t s = stream.get();
   const int32_t* positions = meta_i32(meta.positions);
   const int64_t* slots = meta_slots();
-  if (!options.fused_projection_rows)  // else written with the projections' rows
+  if (!fused_projection_rows(T))  // else written with the projections' rows
     cuda::write_indexer_keys(as<float>(index_k), T, c.index_head_dim, c.qk_rope_head_dim, as<float>(ix.k_norm_weight),
                              as<float>(ix.k_norm_bias), kIndexerNormEps, positions, slots, as<float>(inv_freq),
                              index_keys[l].data(), key_scales(l), s);

@@ -86,15 +86,21 @@ struct CudaModelOptions {
   // half of every step. With the ring, a decode batch's split count weighs splits that go as one
   // cluster (at most attention_cluster_splits) as free of the merge (ops::cuda::mla_splits_for).
   bool attention_ring_stages = false;
-  // What follows the attention's first projections (q_a's RMSNorm, the latent cache row, the
-  // indexer key) in one launch instead of three (ops::cuda::write_projection_rows): two fewer
-  // kernels in a layer's chain, which at a rank's batch 1 is some 24 short kernels a layer.
-  bool fused_projection_rows = false;
+  // Steps of at most this many tokens (0: none) write what follows the attention's first
+  // projections (q_a's RMSNorm, the latent cache row, the indexer key) in one launch instead of
+  // three (ops::cuda::write_projection_rows): two fewer kernels in a layer's chain, which at a
+  // rank's batch 1 is some 24 short kernels a layer. Measured on an H200 with reuse_step_selection
+  // (bench/results/cuda-fused-rows-20261205.json, EP8 rank, 2k context): 5 layers, two rounds,
+  // batch 1 1.582 -> 1.560 / 1.569 ms, 8 2.417 -> 2.397 / 2.398, 64 3.334 -> 3.294 / 3.299; 78
+  // layers batch 1 16.85 -> 16.72, 64 44.80 -> 44.60; but prefill 8192 108.3 -> 108.8 and
+  // 109.3 -> 109.7 (attention.projections 6.74 -> 7.00 ms): one block a token and job does not
+  // keep up with the three passes at thousands of rows, hence decode-sized steps only.
+  int fused_projection_rows_max_tokens = 256;
   // A step whose every context is at most index_topk selects every position, the same in each
   // layer: with this, the first indexed layer's top-k serves the rest of the step (one top-k launch
-  // a step instead of one a layer, at a 2k context all of a decode step's). Off until the forward
-  // tests have run it on a GPU.
-  bool reuse_step_selection = false;
+  // a step instead of one a layer, at a 2k context all of a decode step's). Same record: the
+  // indexer phase of the 5-layer rank at batch 1 0.060 -> 0.050 ms.
+  bool reuse_step_selection = true;
   // Decode batches whose tokens' rows go in splits: a token's splits as one thread block cluster
   // of that kernel where they are at most this many (0, 2-16), combined through distributed shared
   // memory in the same launch (ops::cuda::MlaAttentionArgs::cluster_splits); more splits (a batch

@@ -232,6 +232,9 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   bool bf16_intermediates(int T) const {
     return options.bf16_intermediates_min_tokens > 0 && T >= options.bf16_intermediates_min_tokens;
   }
+  // Whether a step of T tokens writes its projections' rows in one launch
+  // (fused_projection_rows_max_tokens).
+  bool fused_projection_rows(int T) const { return T <= options.fused_projection_rows_max_tokens; }
   // out = down(silu(gate x) * up x) on `s` through `g` (mlp_gate_up and mlp_act are its scratch;
   // gate and up in bf16 where bf16_intermediates and linear_to_bf16 takes the weights, else
   // fp32); out += with `accumulate` (add_linear).
