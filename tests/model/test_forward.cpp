@@ -150,18 +150,32 @@ TEST(Forward, SparseSelectionChangesTheResultOnlyPastTopK) {
   EXPECT_GT(later, 1e-3);
 }
 
-TEST(Routing, GroupLimitedTopKWithBiasAndScaling) {
+namespace {
+
+// 8 experts in 4 groups of 2, the best 2 groups compete, top-3; router logits whose sigmoid
+// scores are {0.9, 0.1, 0.2, 0.3, 0.8, 0.7, 0.4, 0.45}.
+struct RoutingCase {
   io::ModelConfig c;
-  c.n_routed_experts = 8;
-  c.n_group = 4;
-  c.topk_group = 2;
-  c.num_experts_per_tok = 3;
+  float logits[8];
+  RoutingCase() {
+    c.n_routed_experts = 8;
+    c.n_group = 4;
+    c.topk_group = 2;
+    c.num_experts_per_tok = 3;
+    const float probs[8] = {0.9f, 0.1f, 0.2f, 0.3f, 0.8f, 0.7f, 0.4f, 0.45f};
+    for (int e = 0; e < 8; ++e) logits[e] = std::log(probs[e] / (1 - probs[e]));
+  }
+};
+
+}  // namespace
+
+TEST(Routing, GroupLimitedTopKWithBiasAndScaling) {
+  RoutingCase r;
+  io::ModelConfig& c = r.c;
+  const float* logits = r.logits;
   c.norm_topk_prob = true;
   c.routed_scaling_factor = 2.5f;
   // Sigmoid scores chosen through their logits; the bias steers choice but not the weights.
-  const float probs[8] = {0.9f, 0.1f, 0.2f, 0.3f, 0.8f, 0.7f, 0.4f, 0.45f};
-  float logits[8];
-  for (int e = 0; e < 8; ++e) logits[e] = std::log(probs[e] / (1 - probs[e]));
   const float bias[8] = {0, 0, 0, 0, 0, 0, 0.5f, 0};
   // Groups (2 experts each): g0 = 0.9+0.1 = 1.0, g1 = 0.5, g2 = 1.5, g3 = 0.9+0.45 = 1.35 -> keep g2, g3.
   std::vector<int32_t> experts;
@@ -183,14 +197,9 @@ TEST(Routing, GroupLimitedTopKWithBiasAndScaling) {
 }
 
 TEST(Routing, TheMarginIsTheNearerOfTheGroupAndExpertChoices) {
-  io::ModelConfig c;
-  c.n_routed_experts = 8;
-  c.n_group = 4;
-  c.topk_group = 2;
-  c.num_experts_per_tok = 3;
-  const float probs[8] = {0.9f, 0.1f, 0.2f, 0.3f, 0.8f, 0.7f, 0.4f, 0.45f};
-  float logits[8];
-  for (int e = 0; e < 8; ++e) logits[e] = std::log(probs[e] / (1 - probs[e]));
+  RoutingCase r;
+  io::ModelConfig& c = r.c;
+  const float* logits = r.logits;
   // g0 = 0.9 + 0.1 + 0.3 bias = 1.3 against the kept g3's 1.35: the groups are 0.05 apart.
   const float bias[8] = {0, 0.3f, 0, 0, 0, 0, 0.5f, 0};
   std::vector<int32_t> experts;
