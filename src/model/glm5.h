@@ -2,6 +2,7 @@
 // embeddings -> decoder layers (MLA + DSA, dense MLP or MoE) -> final norm -> lm_head.
 #pragma once
 
+#include <limits>
 #include <vector>
 
 #include "kv/latent_cache.h"
@@ -21,7 +22,7 @@ struct ForwardTrace {
   // The smallest expert-choice margin of the step's routed tokens over its MoE layers
   // (route_token's; +inf without MoE layers): a step with a margin near the activations' rounding
   // error may route otherwise on another backend.
-  float min_route_margin = 0.0f;
+  float min_route_margin = std::numeric_limits<float>::infinity();
 };
 
 // One rank's model: the whole model, or the shard its weights were loaded as, joined to its peers
