@@ -208,6 +208,13 @@ TEST_P(CudaForwardAttention, RandomModelWithFusedProjectionRowsAndOneSelectionAS
   random_model_steps(GetParam(), kv::CacheDtype::kFp8E4m3, fewer_launches);
 }
 
+// o_proj's weights prefetched into L2 on the side stream in every step (the whole matrix at
+// these sizes), through graphs too: a hint that must change no value and leave every capture
+// joined.
+TEST_P(CudaForwardAttention, RandomModelWithOutputWeightsPrefetchedMatchesCpu) {
+  random_model_steps(GetParam(), kv::CacheDtype::kAuto, [](model::CudaModelOptions& o) { o.prefetch_output_mib = 1; });
+}
+
 namespace {
 
 // 48 greedy tokens after a prompt of `prompt_length` random token ids, on the CPU and on CUDA

@@ -71,6 +71,10 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   cuda::Stream side_stream;
   cuda::Gemm side_gemm;
   cuda::Event shared_fork, shared_join;
+  // The L2 prefetches of o_proj's weights (options.prefetch_output_mib), on side_stream: forked
+  // after a layer's q_b, joined once at the end of a step (a capture must join every fork).
+  cuda::Event prefetch_fork, prefetch_join;
+  bool prefetch_pending = false;
   std::unique_ptr<cuda::Fp8Gemm> fp8_gemm;  // made where a linear layer is FP8 (main stream only)
   int max_blocks = 0;  // block-table width
   int64_t num_slots = 0;
@@ -147,6 +151,10 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   void write_projection_rows(const DecoderLayerDevice& layer, int l, int T);
   void select_positions(const DecoderLayerDevice& layer, int l, const StepShape& shape);
   void absorb_queries(const AttentionDevice& w, int T, bool bf16_queries);
+  // Starts the L2 prefetch of o_proj's first rows for a step of T tokens, and the main stream's
+  // wait for the step's prefetches (options.prefetch_output_mib).
+  void prefetch_output_weights(const LinearDevice& o_proj, int T);
+  void join_prefetches();
   const float* attention_output(const AttentionDevice& w, int T);
   // Layer l's attention over the latent cache for the step's staged queries, into o_bf16: runs of
   // short chunks and decode tokens through the fused or gathered-row passes, long prefill chunks
