@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -75,6 +76,7 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   // after a layer's q_b, joined once at the end of a step (a capture must join every fork).
   cuda::Event prefetch_fork, prefetch_join;
   bool prefetch_pending = false;
+  const DecoderLayerDevice* next_layer = nullptr;  // after the layer being run (null: none)
   std::unique_ptr<cuda::Fp8Gemm> fp8_gemm;  // made where a linear layer is FP8 (main stream only)
   int max_blocks = 0;  // block-table width
   int64_t num_slots = 0;
@@ -151,9 +153,10 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   void write_projection_rows(const DecoderLayerDevice& layer, int l, int T);
   void select_positions(const DecoderLayerDevice& layer, int l, const StepShape& shape);
   void absorb_queries(const AttentionDevice& w, int T, bool bf16_queries);
-  // Starts the L2 prefetch of o_proj's first rows for a step of T tokens, and the main stream's
-  // wait for the step's prefetches (options.prefetch_output_mib).
-  void prefetch_output_weights(const LinearDevice& o_proj, int T);
+  // For a step of T tokens (decode-sized ones only), starts L2 prefetches on side_stream of the
+  // weight ranges given, in order, up to `budget` bytes in all (options.prefetch_output_mib,
+  // prefetch_next_layer_mib); join_prefetches makes the main stream wait for the step's.
+  void prefetch_weights(std::initializer_list<const DeviceBuffer*> ranges, int64_t budget, int T);
   void join_prefetches();
   const float* attention_output(const AttentionDevice& w, int T);
   // Layer l's attention over the latent cache for the step's staged queries, into o_bf16: runs of
