@@ -101,8 +101,8 @@ struct CudaModelOptions {
   // a step instead of one a layer, at a 2k context all of a decode step's). Same record: the
   // indexer phase of the 5-layer rank at batch 1 0.060 -> 0.050 ms.
   bool reuse_step_selection = true;
-  // MiB of o_proj's weights (its first rows) that a step of at most kPrefetchOutputMaxTokens
-  // tokens brings into L2 on the side stream while the attention between q_b and o_proj runs
+  // MiB of o_proj's weights (its first rows) that a step of at most 256 tokens brings
+  // into L2 on the side stream while the attention between q_b and o_proj runs
   // (0: none; ops::cuda::prefetch_l2_async). At a decode step those kernels (query staging, the
   // absorption, the attention and its merge, the un-absorption) read a few MB in some 40 us of
   // launches that leave HBM mostly idle, and o_proj then streams 200 MB at GLM-5.2 width. Keep it

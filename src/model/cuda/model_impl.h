@@ -72,8 +72,8 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   cuda::Stream side_stream;
   cuda::Gemm side_gemm;
   cuda::Event shared_fork, shared_join;
-  // The L2 prefetches of o_proj's weights (options.prefetch_output_mib), on side_stream: forked
-  // after a layer's q_b, joined once at the end of a step (a capture must join every fork).
+  // The L2 prefetches of weights (prefetch_weights), on side_stream: each forked from `stream`,
+  // all joined once at the end of a step (a capture must join every fork).
   cuda::Event prefetch_fork, prefetch_join;
   bool prefetch_pending = false;
   const DecoderLayerDevice* next_layer = nullptr;  // after the layer being run (null: none)
