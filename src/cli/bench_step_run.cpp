@@ -533,8 +533,6 @@ nlohmann::json kernel_options_json(const model::CudaModelOptions& k) {
           {"attention_ring_stages", k.attention_ring_stages},
           {"fused_projection_rows_max_tokens", k.fused_projection_rows_max_tokens},
           {"reuse_step_selection", k.reuse_step_selection},
-          {"prefetch_output_mib", k.prefetch_output_mib},
-          {"prefetch_next_layer_mib", k.prefetch_next_layer_mib},
           {"attention_cluster_splits", k.attention_cluster_splits},
           {"wgmma_indexer", k.wgmma_indexer},
           {"wgmma_experts_min_pairs", k.wgmma_experts_min_pairs},

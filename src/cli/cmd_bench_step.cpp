@@ -103,16 +103,6 @@ void add_linear_and_attention_options(CLI::App* cmd, BenchStepOptions* o) {
                   "Where every context fits the indexer's top-k, one top-k launch a step instead of one a layer "
                   "(true/false)")
       ->capture_default_str();
-  cmd->add_option("--prefetch-output-mib", o->kernels.prefetch_output_mib,
-                  "MiB of o_proj's weights that a decode-sized step brings into L2 on a second stream while the "
-                  "attention's short kernels run (0: none)")
-      ->check(CLI::Range(0, 48))
-      ->capture_default_str();
-  cmd->add_option("--prefetch-next-layer-mib", o->kernels.prefetch_next_layer_mib,
-                  "MiB of the next layer's first projections that a decode-sized step brings into L2 on a second "
-                  "stream once a MoE layer's routed experts have run (0: none)")
-      ->check(CLI::Range(0, 48))
-      ->capture_default_str();
   cmd->add_option("--attention-cluster-splits", o->kernels.attention_cluster_splits,
                   "Decode tokens' splits of bf16 rows as one thread block cluster where they are at most N (2-16), "
                   "merged through distributed shared memory in the same launch (0: always partials and a merge "

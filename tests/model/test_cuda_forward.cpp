@@ -208,16 +208,6 @@ TEST_P(CudaForwardAttention, RandomModelWithFusedProjectionRowsAndOneSelectionAS
   random_model_steps(GetParam(), kv::CacheDtype::kFp8E4m3, fewer_launches);
 }
 
-// o_proj's weights and the next layer's first projections prefetched into L2 on the side stream
-// in every step (whole matrices at these sizes), through graphs too: hints that must change no
-// value and leave every capture joined.
-TEST_P(CudaForwardAttention, RandomModelWithWeightsPrefetchedMatchesCpu) {
-  random_model_steps(GetParam(), kv::CacheDtype::kAuto, [](model::CudaModelOptions& o) {
-    o.prefetch_output_mib = 1;
-    o.prefetch_next_layer_mib = 1;
-  });
-}
-
 namespace {
 
 // 48 greedy tokens after a prompt of `prompt_length` random token ids, on the CPU and on CUDA

@@ -8,7 +8,6 @@
 #include <string>
 
 #include "core/bf16_terms.h"
-#include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/ops.h"
 #include "support/cuda_buffers.h"
@@ -392,23 +391,6 @@ TEST_F(CudaOps, ResidualRmsNormAddsBothPartsOfAPendingOutput) {
     EXPECT_EQ(to_host<float>(dx_one), to_host<float>(dx_two)) << n << " x " << dim;
     EXPECT_EQ(to_host<float>(dy_one), to_host<float>(dy_two)) << n << " x " << dim;
   }
-}
-
-// The L2 prefetch is a hint: over a range that ends inside its last chunk it runs without a
-// fault, leaves the bytes as they were, and a kernel right behind it reads them as written;
-// ranges not 16-byte aligned are refused before any launch.
-TEST_F(CudaOps, L2PrefetchChangesNothingAndRefusesMisalignedRanges) {
-  const int64_t count = (3 << 20) / 4 + 12;  // 3 MiB and 48 bytes of fp32
-  const auto values = random_values(count, 8);
-  auto data = to_device(values), doubled = poisoned(count);
-  cuda::prefetch_l2_async(data.as<float>(), int64_t{4} * count, nullptr);
-  cuda::add_f32(data.as<float>(), data.as<float>(), doubled.as<float>(), count, nullptr);
-  cuda::synchronize_device();
-  EXPECT_EQ(to_host<float>(data), values);
-  const auto sums = to_host<float>(doubled);
-  for (int64_t i = 0; i < count; ++i) ASSERT_EQ(sums[i], 2.0f * values[i]) << i;
-  EXPECT_THROW(cuda::prefetch_l2_async(data.as<float>() + 1, 64, nullptr), glms::Error);
-  EXPECT_THROW(cuda::prefetch_l2_async(data.as<float>(), 40, nullptr), glms::Error);
 }
 
 // The post-attention norm of a long step writes the router's input as bf16 terms: term 0 in

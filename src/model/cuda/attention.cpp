@@ -6,7 +6,6 @@ namespace glms::model {
 
 const float* CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, const StepShape& shape) {
   const bool bf16_queries = project_attention_inputs(layer, l, shape);
-  prefetch_weights({&layer.attention.o_proj.w}, int64_t{options.prefetch_output_mib} << 20, shape.num_tokens);
   if (layer.attention.has_indexer) select_positions(layer, l, shape);
   absorb_queries(layer.attention, shape.num_tokens, bf16_queries);
   attention_core(l, shape, layer.attention.heads);
@@ -152,30 +151,6 @@ void CudaGlm5Model::Impl::absorb_queries(const AttentionDevice& w, int T, bool b
   gemm.batched_to_bf16(as<uint16_t>(q_bf16), T, H * qd, qd, as<uint16_t>(w.kv_b_proj), nope, L, L, head_stride, true,
                        queries, H * width, width, H, s, scale);
   timer.mark("attention.absorb", s);
-}
-
-// Steps of at most this many tokens prefetch weights (prefill chunks run their linear layers at
-// the tensor cores' rate, where the weights' bytes do not set the time).
-constexpr int kPrefetchMaxTokens = 256;
-
-void CudaGlm5Model::Impl::prefetch_weights(std::initializer_list<const DeviceBuffer*> ranges, int64_t budget, int T) {
-  if (budget <= 0 || T > kPrefetchMaxTokens) return;
-  prefetch_fork.record(stream.get());
-  prefetch_fork.make_wait(side_stream.get());
-  for (const DeviceBuffer* range : ranges) {
-    const int64_t bytes = std::min<int64_t>(static_cast<int64_t>(range->bytes()), budget) / 16 * 16;
-    if (bytes <= 0) break;
-    cuda::prefetch_l2_async(range->data(), bytes, side_stream.get());
-    budget -= bytes;
-  }
-  prefetch_join.record(side_stream.get());
-  prefetch_pending = true;
-}
-
-void CudaGlm5Model::Impl::join_prefetches() {
-  if (!prefetch_pending) return;
-  prefetch_join.make_wait(stream.get());
-  prefetch_pending = false;
 }
 
 // Un-absorb W_uv per head from the bf16 attention output, the heads written in bf16 at once

@@ -289,11 +289,7 @@ void CudaGlm5Model::Impl::run_step(const StepShape& shape) {
   cuda::embed_rows(as<uint16_t>(weights.embed_tokens), meta_i32(meta.token_ids), T, hidden, as<float>(x), s);
   timer.mark("embed", s);
   PendingOutput pending;  // a block output not yet added to the residual stream
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    next_layer = l + 1 < c.num_hidden_layers ? &weights.layers[l + 1] : nullptr;
-    layer_step(weights.layers[l], l, shape, pending);
-  }
-  join_prefetches();
+  for (int l = 0; l < c.num_hidden_layers; ++l) layer_step(weights.layers[l], l, shape, pending);
   cuda::residual_rms_norm(as<float>(x), pending.sum, T, hidden, as<float>(weights.final_norm), c.rms_norm_eps, nullptr,
                           as<uint16_t>(normed_bf16), s, pending.addend);
   if (shape.num_logits > 0) {
@@ -353,9 +349,7 @@ void CudaGlm5Model::Impl::mtp_step(const StepShape& shape) {
                           as<uint16_t>(normed_bf16), s);
   gemm.linear(as<uint16_t>(normed_bf16), T, as<uint16_t>(m.eh_proj_hidden), hidden, hidden, as<float>(block_out), s);
   PendingOutput pending{as<float>(block_out), nullptr};
-  next_layer = nullptr;
   layer_step(m.block, c.num_hidden_layers, shape, pending);
-  join_prefetches();
   cuda::residual_rms_norm(as<float>(x), pending.sum, T, hidden, as<float>(m.shared_head_norm), c.rms_norm_eps, nullptr,
                           as<uint16_t>(normed_bf16), s, pending.addend);
   if (shape.num_logits == 0) return;

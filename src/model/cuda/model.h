@@ -101,18 +101,6 @@ struct CudaModelOptions {
   // a step instead of one a layer, at a 2k context all of a decode step's). Same record: the
   // indexer phase of the 5-layer rank at batch 1 0.060 -> 0.050 ms.
   bool reuse_step_selection = true;
-  // MiB of o_proj's weights (its first rows) that a step of at most 256 tokens brings
-  // into L2 on the side stream while the attention between q_b and o_proj runs
-  // (0: none; ops::cuda::prefetch_l2_async). At a decode step those kernels (query staging, the
-  // absorption, the attention and its merge, the un-absorption) read a few MB in some 40 us of
-  // launches that leave HBM mostly idle, and o_proj then streams 200 MB at GLM-5.2 width. Keep it
-  // well under the L2 (50 MB on an H100 or H200), which those kernels use too.
-  int prefetch_output_mib = 0;
-  // MiB of the next layer's first projections (q_a, kv_a, the indexer's wk and head weights, in
-  // that order) that such a step brings into L2 on the side stream once a MoE layer's routed
-  // experts have run, while the combine, the expert-parallel reduce-scatter and the next norm
-  // (short kernels) run (0: none).
-  int prefetch_next_layer_mib = 0;
   // Decode batches whose tokens' rows go in splits: a token's splits as one thread block cluster
   // of that kernel where they are at most this many (0, 2-16), combined through distributed shared
   // memory in the same launch (ops::cuda::MlaAttentionArgs::cluster_splits); more splits (a batch

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -72,11 +71,6 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   cuda::Stream side_stream;
   cuda::Gemm side_gemm;
   cuda::Event shared_fork, shared_join;
-  // The L2 prefetches of weights (prefetch_weights), on side_stream: each forked from `stream`,
-  // all joined once at the end of a step (a capture must join every fork).
-  cuda::Event prefetch_fork, prefetch_join;
-  bool prefetch_pending = false;
-  const DecoderLayerDevice* next_layer = nullptr;  // after the layer being run (null: none)
   std::unique_ptr<cuda::Fp8Gemm> fp8_gemm;  // made where a linear layer is FP8 (main stream only)
   int max_blocks = 0;  // block-table width
   int64_t num_slots = 0;
@@ -153,11 +147,6 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   void write_projection_rows(const DecoderLayerDevice& layer, int l, int T);
   void select_positions(const DecoderLayerDevice& layer, int l, const StepShape& shape);
   void absorb_queries(const AttentionDevice& w, int T, bool bf16_queries);
-  // For a step of T tokens (decode-sized ones only), starts L2 prefetches on side_stream of the
-  // weight ranges given, in order, up to `budget` bytes in all (options.prefetch_output_mib,
-  // prefetch_next_layer_mib); join_prefetches makes the main stream wait for the step's.
-  void prefetch_weights(std::initializer_list<const DeviceBuffer*> ranges, int64_t budget, int T);
-  void join_prefetches();
   const float* attention_output(const AttentionDevice& w, int T);
   // Layer l's attention over the latent cache for the step's staged queries, into o_bf16: runs of
   // short chunks and decode tokens through the fused or gathered-row passes, long prefill chunks

@@ -229,11 +229,6 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
       break;
   }
   timer.mark("moe.experts", s);
-  if (next_layer) {
-    const AttentionDevice& a = next_layer->attention;
-    prefetch_weights({&a.q_a_proj.w, &a.kv_a_proj.w, &a.indexer.wk, &a.indexer.weights_proj},
-                     int64_t{options.prefetch_next_layer_mib} << 20, shape.num_tokens);
-  }
   if (shared_ready) shared_ready->make_wait(s);
   cuda::moe_combine(out, accumulate, shared, sums, plan.pair_slot, ids, weights, rows, K, hidden, s);
   timer.mark("moe.combine", s);

@@ -160,12 +160,6 @@ void simulated_all_gather(const SimulatedGatherPart* parts, int num_parts, int s
 // out[i] = a[i] + b[i] for `count` fp32 values (out may be a or b).
 void add_f32(const float* a, const float* b, float* out, int64_t count, cudaStream_t stream);
 
-// Starts bringing [data, data + bytes) into L2 (16-byte aligned, a multiple of 16 bytes; sm_90's
-// bulk prefetch) and returns as soon as the requests are issued: a hint, which nothing waits for
-// and which changes no value. For weights that a later kernel streams, issued on a second stream
-// while the first runs kernels that leave HBM idle.
-void prefetch_l2_async(const void* data, int64_t bytes, cudaStream_t stream);
-
 // out[r] = the index of the largest of x[r, 0..cols) (lowest index on ties, NaN never chosen;
 // 0 when no value compares), as ops::argmax: greedy decoding's token for each logits row.
 void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);

@@ -248,20 +248,6 @@ __global__ void add_f32_kernel(const float* a, const float* b, float* out, int64
   GLMS_GRID_STRIDE_LOOP(i, count) out[i] = a[i] + b[i];
 }
 
-// A thread's bulk L2 prefetch: one instruction, which the SM's copy engine splits into lines, so
-// that a few thousand threads cover tens of MiB without holding a register of the data.
-constexpr int64_t kPrefetchChunkBytes = 8192;
-
-__global__ void prefetch_l2_kernel(const uint8_t* data, int64_t bytes) {
-  chained_grid_prologue();
-  const int64_t chunks = (bytes + kPrefetchChunkBytes - 1) / kPrefetchChunkBytes;
-  GLMS_GRID_STRIDE_LOOP(c, chunks) {
-    const int64_t offset = c * kPrefetchChunkBytes;
-    const auto size = static_cast<uint32_t>(min(kPrefetchChunkBytes, bytes - offset));
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(data + offset), "r"(size) : "memory");
-  }
-}
-
 struct SimulatedGatherArgs {
   SimulatedGatherPart parts[kMaxSimulatedGatherParts];
   int num_parts, slots, rank, num_experts;
@@ -352,15 +338,6 @@ void widen_bf16(const uint16_t* x, int64_t count, float* out, cudaStream_t strea
 void add_f32(const float* a, const float* b, float* out, int64_t count, cudaStream_t stream) {
   if (count <= 0) return;
   launch_chained("add_f32 launch", add_f32_kernel, elementwise_blocks(count, 256), 256, 0, stream, a, b, out, count);
-}
-
-void prefetch_l2_async(const void* data, int64_t bytes, cudaStream_t stream) {
-  GLMS_CHECK(reinterpret_cast<uintptr_t>(data) % 16 == 0 && bytes % 16 == 0,
-             "prefetch_l2_async: a 16-byte aligned range of a multiple of 16 bytes");
-  if (bytes <= 0) return;
-  const int64_t chunks = (bytes + kPrefetchChunkBytes - 1) / kPrefetchChunkBytes;
-  launch_chained("prefetch_l2 launch", prefetch_l2_kernel, elementwise_blocks(chunks, 128), 128, 0, stream,
-                 static_cast<const uint8_t*>(data), bytes);
 }
 
 int device_count() {
