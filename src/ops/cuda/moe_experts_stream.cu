@@ -471,6 +471,39 @@ __device__ __forceinline__ void store_wgmma_chunk(const StreamArgs& a, int64_t f
     }
 }
 
+// A landed slot's codes and scale words of this lane's units (unit_a, unit_b) widened into the A
+// registers of its 8 * kSub wgmmas: one multiply by each block's scale where every scale code of the
+// warp's slot is at most 128, else two (the choice once a slot, not a branch a pair).
+template <int kTokens, int kWarps, int kSub>
+__device__ __forceinline__ void widen_wgmma_slot(const uint8_t* slot, int unit_a, int unit_b,
+                                                 uint32_t (&frag)[8 * kSub][4]) {
+  using S = WgmmaSlot<kTokens, kWarps, kSub>;
+  uint32_t sa[kSub], sb[kSub];
+  if constexpr (kSub == 1) {
+    sa[0] = *reinterpret_cast<const uint32_t*>(slot + S::kScales + unit_a * 4);
+    sb[0] = *reinterpret_cast<const uint32_t*>(slot + S::kScales + unit_b * 4);
+  } else {
+    const uint2 wa = *reinterpret_cast<const uint2*>(slot + S::kScales + unit_a * 8);
+    const uint2 wb = *reinterpret_cast<const uint2*>(slot + S::kScales + unit_b * 8);
+    sa[0] = wa.x, sa[1] = wa.y, sb[0] = wb.x, sb[1] = wb.y;
+  }
+  uint32_t large = 0;
+#pragma unroll
+  for (int u = 0; u < kSub; ++u) large |= __vcmpgtu4(sa[u], 0x80808080u) | __vcmpgtu4(sb[u], 0x80808080u);
+  const bool one_multiply = !__any_sync(0xffffffffu, large != 0);
+  auto widen = [&](auto one) {
+#pragma unroll
+    for (int u = 0; u < kSub; ++u) {
+      const uint8_t* codes = slot + S::kCodes + u * kWarps * 64 * 16;
+      const uint4 codes_a = *reinterpret_cast<const uint4*>(codes + unit_a * 16);
+      const uint4 codes_b = *reinterpret_cast<const uint4*>(codes + unit_b * 16);
+      widen_mxfp4_fragments<decltype(one)::value>(codes_a, codes_b, sa[u], sb[u], frag, 8 * u);
+    }
+  };
+  if (one_multiply) widen(std::true_type{});
+  else widen(std::false_type{});
+}
+
 // Block (active expert slot, output tile) as stream_experts_kernel; kWarps / 4 warpgroups, warp
 // w of the block the outputs (tile * kWarps + w) * kOutputsPerFragment onwards (rows past the
 // end repeat the last and are never written). a.staged holds stage_pairs_permuted_kernel's rows.
@@ -557,30 +590,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) stream_wgmma_kernel(StreamArgs
       const uint32_t slot = ring + read_slot * S::kBytes;
       const uint8_t* slot_generic = ring_generic + read_slot * S::kBytes;
       read_slot = read_slot + 1 == kStages ? 0 : read_slot + 1;
-      uint32_t sa[kSub], sb[kSub];
-      if constexpr (kSub == 1) {
-        sa[0] = *reinterpret_cast<const uint32_t*>(slot_generic + S::kScales + unit_a * 4);
-        sb[0] = *reinterpret_cast<const uint32_t*>(slot_generic + S::kScales + unit_b * 4);
-      } else {
-        const uint2 wa = *reinterpret_cast<const uint2*>(slot_generic + S::kScales + unit_a * 8);
-        const uint2 wb = *reinterpret_cast<const uint2*>(slot_generic + S::kScales + unit_b * 8);
-        sa[0] = wa.x, sa[1] = wa.y, sb[0] = wb.x, sb[1] = wb.y;
-      }
-      uint32_t large = 0;
-#pragma unroll
-      for (int u = 0; u < kSub; ++u) large |= __vcmpgtu4(sa[u], 0x80808080u) | __vcmpgtu4(sb[u], 0x80808080u);
-      const bool one_multiply = !__any_sync(0xffffffffu, large != 0);
-      auto widen_slot = [&](auto one_multiply) {
-#pragma unroll
-        for (int u = 0; u < kSub; ++u) {
-          const uint8_t* codes = slot_generic + S::kCodes + u * kWarps * 64 * 16;
-          const uint4 codes_a = *reinterpret_cast<const uint4*>(codes + unit_a * 16);
-          const uint4 codes_b = *reinterpret_cast<const uint4*>(codes + unit_b * 16);
-          widen_mxfp4_fragments<decltype(one_multiply)::value>(codes_a, codes_b, sa[u], sb[u], frag, 8 * u);
-        }
-      };
-      if (one_multiply) widen_slot(std::true_type{});
-      else widen_slot(std::false_type{});
+      widen_wgmma_slot<kTokens, kWarps, kSub>(slot_generic, unit_a, unit_b, frag);
 #pragma unroll
       for (int ks = 0; ks < 8 * kSub; ++ks) wgmma::pin(frag[ks]);  // written before the fence
       wgmma::fence();
