@@ -18,9 +18,12 @@
 #include <string>
 #include <vector>
 
+#include "micro_cuda.h"
 #include "micro_options.h"
 
 namespace {
+
+using glms::benchmarks::check;
 
 constexpr int kThreads = 256;
 
@@ -32,13 +35,6 @@ __global__ void __launch_bounds__(kThreads) link_kernel(int* value, int i, bool 
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) value[i + 1] = value[i] + 1;
-}
-
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
-    std::exit(1);
-  }
 }
 
 void launch_link(int* value, int i, bool chained, int blocks, int shared, cudaStream_t stream) {
@@ -102,11 +98,7 @@ int main(int argc, char** argv) {
            {"--shared", [&](const char* v) { shared_sizes = glms::benchmarks::parse_int_list(v); }},
            {"--json", [&](const char* v) { json_path = v; }}}))
     return 2;
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "no CUDA device\n");
-    return 77;
-  }
+  if (!glms::benchmarks::has_cuda_device()) return 77;
   int* value = nullptr;
   check(cudaMalloc(&value, sizeof(int) * (links + 1)), "cudaMalloc");
   check(cudaMemset(value, 0, sizeof(int) * (links + 1)), "cudaMemset");

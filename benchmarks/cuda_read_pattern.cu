@@ -22,9 +22,12 @@
 #include <string>
 #include <vector>
 
+#include "micro_cuda.h"
 #include "micro_options.h"
 
 namespace {
+
+using glms::benchmarks::check;
 
 constexpr int kThreads = 256;
 constexpr int64_t kRowBytes = 3072;   // a GLM-5.2 gate/up row of MXFP4 codes
@@ -61,13 +64,6 @@ __global__ void __launch_bounds__(kThreads) read_kernel(const uint4* data, int p
   if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads; never true for the buffer's bytes
 }
 
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
-    std::exit(1);
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -81,11 +77,7 @@ int main(int argc, char** argv) {
            {"--work", [&](const char* v) { works = glms::benchmarks::parse_int_list(v); }},
            {"--json", [&](const char* v) { json_path = v; }}}))
     return 2;
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "no CUDA device\n");
-    return 77;
-  }
+  if (!glms::benchmarks::has_cuda_device()) return 77;
   const size_t bytes = size_t{4} << 30;
   uint4* data = nullptr;
   uint32_t* sink = nullptr;
