@@ -3,16 +3,15 @@
 end_ns, stream, graph, graph_node, grid, block, name): the step's kernels in start order with
 their device time, the gap before each (negative: it overlapped the kernels before it) and the
 time it adds to the step ("own": past the end of every kernel before it), and that time summed
-by kernel name against the step's span. The step is the replay of median span
-among the replays of the graph with the most kernel records (bench-step replays one graph a
-point; --graph picks another), or, where no kernel was graph-launched, among the eager steps
-(from one --first-kernel launch to the next, of the most common length).
+by kernel name against the step's span. The step is the replay of median span among the
+replays of the graph with the most kernel records (bench-step replays one graph a point;
+--graph picks another), or, where no kernel was graph-launched, among the eager steps (from
+one --first-kernel launch to the next, of the most common length).
 Usage: trace_step.py TRACE.csv [--graph ID] [--first-kernel NAME] [--json OUT] [--rows N]"""
 import argparse
 import csv
 import json
 import re
-import statistics
 from collections import Counter
 
 
@@ -31,7 +30,7 @@ def main():
     ap.add_argument('--rows', type=int, default=500)
     args = ap.parse_args()
     with open(args.csv) as f:
-        rows = [r for r in csv.DictReader(f)]
+        rows = list(csv.DictReader(f))
     kernels = [(int(r['start_ns']), int(r['end_ns']), int(r['stream']), int(r['graph']), int(r['graph_node']),
                 short(r['name'])) for r in rows]
     graphs = Counter(k[3] for k in kernels if k[3] != 0)
@@ -49,19 +48,19 @@ def main():
             raise SystemExit(f'trace_step: no graph-launched kernels and fewer than two {args.first_kernel}s')
         nodes = Counter(len(seg) for seg in segments).most_common(1)[0][0]
         replays = [seg for seg in segments if len(seg) == nodes]
-    spans = [r[-1][1] - r[0][0] for r in replays]
-    order = sorted(range(len(replays)), key=lambda i: spans[i])
-    step = replays[order[len(order) // 2]]
+    spans = [max(k[1] for k in r) - r[0][0] for r in replays]  # ns, first start to last end
+    median = sorted(range(len(replays)), key=lambda i: spans[i])[len(replays) // 2]
+    step = replays[median]
     t0 = step[0][0]
-    span = (max(k[1] for k in step) - t0) / 1e3  # us
+    span = spans[median] / 1e3  # us
     what = f'graph {graph}' if graph else f'eager steps from {args.first_kernel}'
     print(f'{what}: {len(replays)} replays of {nodes} kernels; spans {min(spans)/1e3:.1f} .. '
-          f'{max(spans)/1e3:.1f} us, median {statistics.median(spans)/1e3:.1f} us')
+          f'{max(spans)/1e3:.1f} us; the median one below ({span:.1f} us)')
     # A chained kernel starts (its blocks resident, waiting) before the one ahead of it ends, so
     # its own time is what it adds to the step: from the later of its start and the end of every
     # kernel before it, to its end (0 where it ends inside another's time).
     table, by_name, busy_until = [], {}, t0
-    for start, end, stream, _, node, name in step:
+    for start, end, stream, _, _, name in step:
         own = max(0, end - max(start, busy_until)) / 1e3
         table.append({'name': name, 'stream': stream, 'start_us': (start - t0) / 1e3, 'us': (end - start) / 1e3,
                       'gap_us': (start - busy_until) / 1e3, 'own_us': own})
