@@ -7,7 +7,10 @@ by kernel name against the step's span. The step is the replay of median span am
 replays of the graph with the most kernel records (bench-step replays one graph a point;
 --graph picks another), or, where no kernel was graph-launched, among the eager steps (from
 one --first-kernel launch to the next, of the most common length).
-Usage: trace_step.py TRACE.csv [--graph ID] [--first-kernel NAME] [--json OUT] [--rows N]"""
+With --against BASE.csv, the own time by kernel name of both traces' median steps side by side
+(an A/B of a change, each side traced in the same call).
+Usage: trace_step.py TRACE.csv [--against BASE.csv] [--graph ID] [--first-kernel NAME] [--json OUT]
+                     [--rows N]"""
 import argparse
 import csv
 import json
@@ -21,44 +24,37 @@ def short(name):
     return re.sub(r'.*::', '', name)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument('csv')
-    ap.add_argument('--graph', type=int)
-    ap.add_argument('--first-kernel', default='embed_kernel', help='where an eager step starts')
-    ap.add_argument('--json')
-    ap.add_argument('--rows', type=int, default=500)
-    args = ap.parse_args()
-    with open(args.csv) as f:
+def load_kernels(path):
+    with open(path) as f:
         rows = list(csv.DictReader(f))
-    kernels = [(int(r['start_ns']), int(r['end_ns']), int(r['stream']), int(r['graph']), int(r['graph_node']),
-                short(r['name'])) for r in rows]
+    return [(int(r['start_ns']), int(r['end_ns']), int(r['stream']), int(r['graph']), int(r['graph_node']),
+             short(r['name'])) for r in rows]
+
+
+def replays_of(kernels, graph_id, first_kernel):
+    """(graph, replays): a graph's replays, or the eager steps where none was graph-launched."""
     graphs = Counter(k[3] for k in kernels if k[3] != 0)
     if graphs:
-        graph = args.graph if args.graph is not None else graphs.most_common(1)[0][0]
+        graph = graph_id if graph_id is not None else graphs.most_common(1)[0][0]
         mine = sorted(k for k in kernels if k[3] == graph)
         nodes = len({k[4] for k in mine})
-        replays = [mine[i:i + nodes] for i in range(0, len(mine) - nodes + 1, nodes)]
-    else:  # eager steps (a batch that is not graph-captured): from one first kernel to the next
-        graph = 0
-        mine = sorted(kernels)
-        firsts = [i for i, k in enumerate(mine) if k[5] == args.first_kernel]
-        segments = [mine[a:b] for a, b in zip(firsts, firsts[1:])]
-        if not segments:
-            raise SystemExit(f'trace_step: no graph-launched kernels and fewer than two {args.first_kernel}s')
-        nodes = Counter(len(seg) for seg in segments).most_common(1)[0][0]
-        replays = [seg for seg in segments if len(seg) == nodes]
-    spans = [max(k[1] for k in r) - r[0][0] for r in replays]  # ns, first start to last end
-    median = sorted(range(len(replays)), key=lambda i: spans[i])[len(replays) // 2]
-    step = replays[median]
+        return graph, [mine[i:i + nodes] for i in range(0, len(mine) - nodes + 1, nodes)]
+    mine = sorted(kernels)  # eager steps (a batch that is not graph-captured): one first kernel to the next
+    firsts = [i for i, k in enumerate(mine) if k[5] == first_kernel]
+    segments = [mine[a:b] for a, b in zip(firsts, firsts[1:])]
+    if not segments:
+        raise SystemExit(f'trace_step: no graph-launched kernels and fewer than two {first_kernel}s')
+    nodes = Counter(len(seg) for seg in segments).most_common(1)[0][0]
+    return 0, [seg for seg in segments if len(seg) == nodes]
+
+
+def attribute(step):
+    """The step's kernels with the time each adds, and that time by kernel name.
+
+    A chained kernel starts (its blocks resident, waiting) before the one ahead of it ends, so
+    its own time is what it adds to the step: from the later of its start and the end of every
+    kernel before it, to its end (0 where it ends inside another's time)."""
     t0 = step[0][0]
-    span = spans[median] / 1e3  # us
-    what = f'graph {graph}' if graph else f'eager steps from {args.first_kernel}'
-    print(f'{what}: {len(replays)} replays of {nodes} kernels; spans {min(spans)/1e3:.1f} .. '
-          f'{max(spans)/1e3:.1f} us; the median one below ({span:.1f} us)')
-    # A chained kernel starts (its blocks resident, waiting) before the one ahead of it ends, so
-    # its own time is what it adds to the step: from the later of its start and the end of every
-    # kernel before it, to its end (0 where it ends inside another's time).
     table, by_name, busy_until = [], {}, t0
     for start, end, stream, _, _, name in step:
         own = max(0, end - max(start, busy_until)) / 1e3
@@ -68,6 +64,40 @@ def main():
         entry = by_name.setdefault(name, [0, 0.0])
         entry[0] += 1
         entry[1] += own
+    return table, by_name
+
+
+def median_step(path, graph_id, first_kernel):
+    graph, replays = replays_of(load_kernels(path), graph_id, first_kernel)
+    spans = [max(k[1] for k in r) - r[0][0] for r in replays]  # ns, first start to last end
+    median = sorted(range(len(replays)), key=lambda i: spans[i])[len(replays) // 2]
+    what = f'graph {graph}' if graph else f'eager steps from {first_kernel}'
+    print(f'{path}: {what}: {len(replays)} replays of {len(replays[median])} kernels; spans '
+          f'{min(spans)/1e3:.1f} .. {max(spans)/1e3:.1f} us; the median one ({spans[median]/1e3:.1f} us)')
+    return graph, len(replays), replays[median], spans[median] / 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('csv')
+    ap.add_argument('--graph', type=int)
+    ap.add_argument('--first-kernel', default='embed_kernel', help='where an eager step starts')
+    ap.add_argument('--against', help='a second trace (the base of an A/B): own time by name side by side')
+    ap.add_argument('--json')
+    ap.add_argument('--rows', type=int, default=500)
+    args = ap.parse_args()
+    graph, replays, step, span = median_step(args.csv, args.graph, args.first_kernel)
+    table, by_name = attribute(step)
+    if args.against:
+        _, _, base_step, base_span = median_step(args.against, args.graph, args.first_kernel)
+        _, base_by_name = attribute(base_step)
+        print(f'\nown time by kernel, us: {args.against} | {args.csv} | difference')
+        names = set(by_name) | set(base_by_name)
+        rows = [(base_by_name.get(n, [0, 0.0])[1], by_name.get(n, [0, 0.0])[1], n) for n in names]
+        for base_us, us, name in sorted(rows, key=lambda r: -abs(r[1] - r[0])):
+            print(f'  {base_us:9.1f} {us:9.1f} {us - base_us:+8.1f}  {name}')
+        print(f'  {base_span:9.1f} {span:9.1f} {span - base_span:+8.1f}  the step')
+        return
     print('   start      us     gap     own  stream  kernel')
     for t in table[:args.rows]:
         print(f"{t['start_us']:8.1f} {t['us']:7.2f} {t['gap_us']:+7.2f} {t['own_us']:7.2f} {t['stream']:5d}  {t['name']}")
@@ -76,7 +106,7 @@ def main():
         print(f'  {us:9.1f} {count:5d} {100 * us / span:6.1f}%  {name}')
     if args.json:
         with open(args.json, 'w') as f:
-            json.dump({'graph': graph, 'replays': len(replays), 'span_us': round(span, 2), 'kernels': table,
+            json.dump({'graph': graph, 'replays': replays, 'span_us': round(span, 2), 'kernels': table,
                        'by_name': {n: {'launches': c, 'us': round(u, 2)} for n, (c, u) in by_name.items()}}, f,
                       indent=1)
 
