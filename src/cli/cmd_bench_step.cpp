@@ -231,7 +231,7 @@ void add_sampling_and_overlap_options(CLI::App* cmd, BenchStepOptions* o) {
       ->check(CLI::IsMember({1, 4}))
       ->capture_default_str();
   cmd->add_option("--indexer-topk-blocks", o->kernels.indexer_topk_blocks,
-                  "Blocks (a thread block cluster) that select each token's top-k positions: 1, 2, 4 or 8")
+                  "Blocks (a thread block cluster) that select each token's top-k positions in steps of up to 16 tokens: 1, 2, 4 or 8")
       ->check(CLI::IsMember({1, 2, 4, 8}))
       ->capture_default_str();
   cmd->add_option("--overlap-shared-expert-tokens", o->kernels.overlap_shared_expert_tokens,

@@ -549,6 +549,16 @@ TEST_F(CudaAttention, TopKSelectsTheLargestInPositionOrderWithLowerPositionsWinn
   check_top_k({0, 100, 2047, 2048, 5999, 4000}, 6000, 2048, {5}, {1, 2, 8});
 }
 
+TEST_F(CudaAttention, TopKOfADecodeBatchPastSixteenTokensTakesABlockAToken) {
+  // 40 tokens asking for clusters of 4 (past 16 tokens: one block each), rows 2 and 39 with ties.
+  std::vector<int32_t> positions;
+  std::mt19937 rng(7);
+  for (int t = 0; t < 40; ++t) positions.push_back(static_cast<int32_t>(rng() % 17000));
+  positions[0] = 2048;
+  positions[1] = 16999;
+  check_top_k(positions, 17000, 2048, {2, 39}, {4});
+}
+
 TEST_F(CudaAttention, TopKOfAPrefillChunkTakesTheManyTokenKernel) {
   // 600 tokens (a prefill chunk's count: one smaller block a token) at positions up to 6000.
   std::vector<int32_t> positions;
