@@ -8,7 +8,9 @@ replays of the graph with the most kernel records (bench-step replays one graph 
 --graph picks another), or, where no kernel was graph-launched, among the eager steps (from
 one --first-kernel launch to the next, of the most common length).
 With --against BASE.csv, the own time by kernel name of both traces' median steps side by side
-(an A/B of a change, each side traced in the same call).
+(an A/B of a change, each side traced in the same call). Both list the stretches with no kernel
+running (a plain graph edge, such as a join of two streams or a memcpy node, which the trace does
+not list, waits out a launch there) with the kernels either side.
 Usage: trace_step.py TRACE.csv [--against BASE.csv] [--graph ID] [--first-kernel NAME] [--json OUT]
                      [--rows N]"""
 import argparse
@@ -67,6 +69,19 @@ def attribute(step):
     return table, by_name
 
 
+def idle_stretches(table, least_us=0.3):
+    """The stretches of the step with no kernel running: (us, kernel before, kernel after)."""
+    return [(t['gap_us'], table[i - 1]['name'], t['name']) for i, t in enumerate(table)
+            if i > 0 and t['gap_us'] > least_us]
+
+
+def print_idle(label, table):
+    idle = idle_stretches(table)
+    print(f'\n{label}: no kernel running {sum(u for u, _, _ in idle):.1f} us in {len(idle)} stretches over 0.3 us')
+    for us, before, after in idle:
+        print(f'  {us:7.2f}  {before} -> {after}')
+
+
 def median_step(path, graph_id, first_kernel):
     graph, replays = replays_of(load_kernels(path), graph_id, first_kernel)
     spans = [max(k[1] for k in r) - r[0][0] for r in replays]  # ns, first start to last end
@@ -97,6 +112,8 @@ def main():
         for base_us, us, name in sorted(rows, key=lambda r: -abs(r[1] - r[0])):
             print(f'  {base_us:9.1f} {us:9.1f} {us - base_us:+8.1f}  {name}')
         print(f'  {base_span:9.1f} {span:9.1f} {span - base_span:+8.1f}  the step')
+        print_idle(args.against, attribute(base_step)[0])
+        print_idle(args.csv, table)
         return
     print('   start      us     gap     own  stream  kernel')
     for t in table[:args.rows]:
@@ -104,6 +121,7 @@ def main():
     print(f'\nspan {span:.1f} us; the time each kernel adds to it, by name (launches, us, share):')
     for name, (count, us) in sorted(by_name.items(), key=lambda x: -x[1][1]):
         print(f'  {us:9.1f} {count:5d} {100 * us / span:6.1f}%  {name}')
+    print_idle(args.csv, table)
     if args.json:
         with open(args.json, 'w') as f:
             json.dump({'graph': graph, 'replays': replays, 'span_us': round(span, 2), 'kernels': table,
