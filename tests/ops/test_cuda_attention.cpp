@@ -549,8 +549,9 @@ TEST_F(CudaAttention, TopKSelectsTheLargestInPositionOrderWithLowerPositionsWinn
   check_top_k({0, 100, 2047, 2048, 5999, 4000}, 6000, 2048, {5}, {1, 2, 8});
 }
 
-TEST_F(CudaAttention, TopKOfADecodeBatchPastSixteenTokensTakesABlockAToken) {
-  // 40 tokens asking for clusters of 4 (past 16 tokens: one block each), rows 2 and 39 with ties.
+TEST_F(CudaAttention, TopKOfADecodeBatchPastSixteenTokensMatchesTheCpu) {
+  // 40 tokens asking for clusters of 4, which select_top_k runs as one block a token past 16
+  // tokens; rows 2 and 39 with ties.
   std::vector<int32_t> positions;
   std::mt19937 rng(7);
   for (int t = 0; t < 40; ++t) positions.push_back(static_cast<int32_t>(rng() % 17000));
