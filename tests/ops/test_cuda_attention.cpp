@@ -544,6 +544,14 @@ void check_top_k(const std::vector<int32_t>& positions, int stride, int top_k, c
   }
 }
 
+// `count` seeded positions below `limit`.
+std::vector<int32_t> random_positions(int count, uint32_t seed, int limit) {
+  std::vector<int32_t> positions;
+  std::mt19937 rng(seed);
+  for (int t = 0; t < count; ++t) positions.push_back(static_cast<int32_t>(rng() % limit));
+  return positions;
+}
+
 TEST_F(CudaAttention, TopKSelectsTheLargestInPositionOrderWithLowerPositionsWinningTies) {
   // One block a token, or a cluster sharing it; row 5 with ties.
   check_top_k({0, 100, 2047, 2048, 5999, 4000}, 6000, 2048, {5}, {1, 2, 8});
@@ -552,9 +560,7 @@ TEST_F(CudaAttention, TopKSelectsTheLargestInPositionOrderWithLowerPositionsWinn
 TEST_F(CudaAttention, TopKOfADecodeBatchPastSixteenTokensMatchesTheCpu) {
   // 40 tokens asking for clusters of 4, which select_top_k runs as one block a token past 16
   // tokens; rows 2 and 39 with ties.
-  std::vector<int32_t> positions;
-  std::mt19937 rng(7);
-  for (int t = 0; t < 40; ++t) positions.push_back(static_cast<int32_t>(rng() % 17000));
+  auto positions = random_positions(40, 7, 17000);
   positions[0] = 2048;
   positions[1] = 16999;
   check_top_k(positions, 17000, 2048, {2, 39}, {4});
@@ -562,9 +568,7 @@ TEST_F(CudaAttention, TopKOfADecodeBatchPastSixteenTokensMatchesTheCpu) {
 
 TEST_F(CudaAttention, TopKOfAPrefillChunkTakesTheManyTokenKernel) {
   // 600 tokens (a prefill chunk's count: one smaller block a token) at positions up to 6000.
-  std::vector<int32_t> positions;
-  std::mt19937 rng(5);
-  for (int t = 0; t < 600; ++t) positions.push_back(static_cast<int32_t>(rng() % 6000));
+  auto positions = random_positions(600, 5, 6000);
   positions[3] = 2048;
   positions[4] = 5999;
   check_top_k(positions, 6000, 2048, {4, 77, 599}, {4});
