@@ -105,14 +105,14 @@ def main():
     table, by_name = attribute(step)
     if args.against:
         _, _, base_step, base_span = median_step(args.against, args.graph, args.first_kernel)
-        _, base_by_name = attribute(base_step)
+        base_table, base_by_name = attribute(base_step)
         print(f'\nown time by kernel, us: {args.against} | {args.csv} | difference')
         names = set(by_name) | set(base_by_name)
         rows = [(base_by_name.get(n, [0, 0.0])[1], by_name.get(n, [0, 0.0])[1], n) for n in names]
         for base_us, us, name in sorted(rows, key=lambda r: -abs(r[1] - r[0])):
             print(f'  {base_us:9.1f} {us:9.1f} {us - base_us:+8.1f}  {name}')
         print(f'  {base_span:9.1f} {span:9.1f} {span - base_span:+8.1f}  the step')
-        print_idle(args.against, attribute(base_step)[0])
+        print_idle(args.against, base_table)
         print_idle(args.csv, table)
         return
     print('   start      us     gap     own  stream  kernel')
