@@ -144,3 +144,22 @@ TEST(CudaExpertPath, ARandomModelsLongPrefillTakesTheGroupedBf16Gemms) {
   EXPECT_EQ(model::choose_expert_path(options, experts, weights(ops::WeightFormat::Plain), 256, 128, capacity, decode),
             ExpertPath::kSmall);
 }
+
+// Decode steps are captured as graphs up to the pairs per expert where the experts still need no
+// host synchronisation: 64 for the tensor-core experts (an EP8 rank's batch of 64 a rank gathers
+// 512 tokens, 16 pairs an expert), 8 for bf16 experts and MX rows not in the tile layout.
+TEST(CudaExpertPath, DecodeStepsAreCapturedUpToTheKernelsPairsPerExpert) {
+  EXPECT_EQ(model::small_moe_pairs_per_expert(weights(ops::WeightFormat::Mxfp4), kHidden, kInter), 64);
+  EXPECT_EQ(model::small_moe_pairs_per_expert(weights(ops::WeightFormat::Fp8Block), kHidden, kInter), 64);
+  EXPECT_EQ(model::small_moe_pairs_per_expert(weights(ops::WeightFormat::Plain), kHidden, kInter), 8);
+  auto untiled = weights(ops::WeightFormat::Mxfp4);
+  untiled.mxfp4_tiled = false;
+  EXPECT_EQ(model::small_moe_pairs_per_expert(untiled, kHidden, kInter), 8);
+  // Past 64 pairs an expert an MXFP4 step may take per-expert GEMMs eagerly.
+  const model::CudaModelOptions options;
+  model::CudaModelOptions no_grouped = options;
+  no_grouped.wgmma_experts_min_pairs = no_grouped.wgmma_rs_mxfp4_experts_min_pairs = 0;
+  no_grouped.specialized_mxfp4_experts_min_pairs = no_grouped.stream_experts_max_pairs = 0;
+  EXPECT_EQ(path(no_grouped, ops::WeightFormat::Mxfp4, one_gpu_step(2048), 8192 * kTopK), ExpertPath::kSmall);
+  EXPECT_EQ(path(no_grouped, ops::WeightFormat::Mxfp4, one_gpu_step(2049), 8192 * kTopK), ExpertPath::kPerExpertGemms);
+}

@@ -416,6 +416,42 @@ TEST_F(CudaForward, Fp8ExpertsOnTheFp8TensorCoresFollowTheCpu) {
   EXPECT_LT(added_median, 0.12);
 }
 
+// A decode step of 40 sequences over a random model with block-FP8 experts (16 experts, top-4):
+// 160 pairs, 10 an expert, past the bf16 GEMV experts' 8 but within the tensor-core experts' 64,
+// so that the step needs no host synchronisation and is captured as a graph (an EP8 rank's batch
+// 64 gathers 16 pairs an expert the same way). The replay (no phase times: graphs are not split)
+// against the same step eager: the same kernels, so the logits agree (bitwise on the H100; the
+// bound leaves room for an attention split sized for the longest context allowed).
+TEST_F(CudaForward, DecodeStepsPastEightPairsAnExpertReplayAGraphThatMatchesEager) {
+  const RandomModelSpec spec = grouped_widths_spec(128);
+  TempDir dir("cuda_graph_pairs");
+  const model::Glm5Model cpu(fp8_random_weights(spec, dir));
+  const int vocab = spec.vocab_size, sequences = 40, prompt = 5;
+  model::CudaModelOptions options = small_options();
+  options.max_sequences = sequences;
+  model::CudaGlm5Model gpu(cpu.weights(), options);
+  model::ForwardBatch prefill;
+  for (int s = 0; s < sequences; ++s)
+    prefill.add_sequence(random_tokens(prompt, vocab, 100 + s), 0, table(s, 1), kBlockSize, false);
+  gpu.forward(prefill);
+  for (int position = prompt; position < kBlockSize; ++position) {
+    model::ForwardBatch decode;
+    for (int s = 0; s < sequences; ++s)
+      decode.add_sequence(random_tokens(1, vocab, 1000 * position + s), position, table(s, 1), kBlockSize, false);
+    gpu.set_phase_timing(true);
+    const auto eager = gpu.forward(decode, /*use_graph=*/false);
+    EXPECT_FALSE(gpu.take_phase_times().empty()) << "an eager step records its phases";
+    const auto graphed = gpu.forward(decode, /*use_graph=*/true);
+    EXPECT_TRUE(gpu.take_phase_times().empty()) << "position " << position << ": the step ran eager, not as a graph";
+    gpu.set_phase_timing(false);
+    const auto [median, worst] = token_errors(graphed, eager, sequences, vocab);
+    std::printf("position %d: graph against eager, per-token logits relative L2 median %.2e, max %.2e\n", position,
+                median, worst);
+    EXPECT_LT(median, 1e-3);
+    EXPECT_LT(worst, 0.3);
+  }
+}
+
 // The FP8 linear layers of a long prefill writing q and the MLPs' gate/up values in bf16
 // themselves (fp8_bf16_intermediates: cuBLASLt's block-scaled FP8 GEMM with bf16 outputs), against
 // the same step with fp32 rows: the same values rounded once more, so within the distance a

@@ -6,6 +6,11 @@ namespace glms::model {
 
 namespace cuda = ops::cuda;
 
+int64_t small_moe_pairs_per_expert(const cuda::ExpertWeights& experts, int64_t hidden, int64_t inter) {
+  return cuda::moe_experts_mma_supported(experts, hidden, inter) ? kSmallMoePairsPerExpertTensorCores
+                                                                 : kSmallMoePairsPerExpert;
+}
+
 ExpertPath choose_expert_path(const CudaModelOptions& options, int64_t model_experts,
                               const cuda::ExpertWeights& experts, int64_t hidden, int64_t inter,
                               int64_t pair_capacity, const ExpertStep& step) {
@@ -39,9 +44,8 @@ ExpertPath choose_expert_path(const CudaModelOptions& options, int64_t model_exp
   if (grouped && options.wgmma_fp8_experts && step.fp8_staged &&
       cuda::moe_experts_wgmma_fp8_supported(experts, hidden, inter))
     return ExpertPath::kW8a8;
-  const int small_pairs = cuda::moe_experts_mma_supported(experts, hidden, inter) ? kSmallMoePairsPerExpertTensorCores
-                                                                               : kSmallMoePairsPerExpert;
-  if (step.pairs <= int64_t{small_pairs} * model_experts || !step.host_sync_ok) return ExpertPath::kSmall;
+  if (step.pairs <= small_moe_pairs_per_expert(experts, hidden, inter) * model_experts || !step.host_sync_ok)
+    return ExpertPath::kSmall;
   return ExpertPath::kPerExpertGemms;
 }
 

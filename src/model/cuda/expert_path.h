@@ -21,6 +21,12 @@ namespace glms::model {
 // (kSmallMoePairsPerExpertTensorCores is in model/cuda_memory.h: it sizes the pair buffers.)
 constexpr int kSmallMoePairsPerExpert = 8;
 
+// The pairs per expert up to which a step's experts run without reading anything back to the
+// host (past it choose_expert_path takes per-expert GEMMs where the host may synchronise):
+// kSmallMoePairsPerExpertTensorCores for experts the tensor-core kernels take (MXFP4 in tiles,
+// block FP8), else kSmallMoePairsPerExpert. Decode steps within it are captured as graphs.
+int64_t small_moe_pairs_per_expert(const ops::cuda::ExpertWeights& experts, int64_t hidden, int64_t inter);
+
 // In the order choose_expert_path tries them: the streamed kernels (MXFP4, decode-sized steps),
 // the grouped GEMMs that widen MXFP4 into wgmma's A registers, the warp-specialised grouped GEMMs,
 // the grouped GEMMs with a block barrier a step, the W8A8 grouped GEMMs (FP8), the small-batch

@@ -389,11 +389,9 @@ void CudaGlm5Model::Impl::launch(const ForwardBatch& step, bool use_graph) {
   bool decode_only = true;
   for (const SequenceSlice& seq : batch->sequences) decode_only = decode_only && seq.num_tokens == 1;
   const int64_t moe_tokens = peers.dp ? int64_t{shape.moe_rows} * peers.dp->size() : shape.num_tokens;
-  const bool small_moe =
-      moe_tokens * config.num_experts_per_tok <= int64_t{kSmallMoePairsPerExpert} * config.n_routed_experts;
   // Collectives over host barriers (device copies) cannot be captured.
   const bool capturable = (!peers.tp || peers.tp->graph_capturable()) && (!peers.dp || peers.dp->graph_capturable());
-  if (!use_graph || !decode_only || !small_moe || !capturable) {
+  if (!use_graph || !decode_only || !moe_without_host_sync(moe_tokens) || !capturable) {
     run_step(shape);
     return;
   }

@@ -304,8 +304,8 @@ class CudaGlm5Model {
   // One step over `batch` (block ids index this model's device cache): writes the batch's cache
   // rows and returns logits [batch.logits_tokens.size(), vocab] fp32. Throws glms::Error when
   // the batch exceeds the options' limits. With `use_graph`, decode-only batches (one token per
-  // sequence, small enough for the GEMV experts) replay a CUDA graph captured once per batch
-  // shape; the first step of a shape captures it.
+  // sequence, few enough that the experts need no host synchronisation: small_moe_pairs_per_expert)
+  // replay a CUDA graph captured once per batch shape; the first step of a shape captures it.
   // `last_hidden`, when given, receives every token's hidden state before the final norm
   // [batch.num_tokens(), hidden] (what the MTP layer consumes).
   std::vector<float> forward(const ForwardBatch& batch, bool use_graph = false, std::vector<float>* last_hidden = nullptr);

@@ -178,6 +178,11 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
                                     const cuda::ExpertWeights& experts);
   // This rank's grouped pairs of `plan` (its offsets[num_experts]), read back to the host.
   int64_t local_pair_count(const cuda::MoePlan& plan, int num_experts);
+  // The routed experts of a MoE layer as the expert kernels take them.
+  static cuda::ExpertWeights routed_experts(const MoeDevice& m);
+  // Whether MoE layers over `moe_tokens` rows (every data-parallel rank's) run without reading
+  // anything back to the host, so that a decode step of them may be captured as a graph.
+  bool moe_without_host_sync(int64_t moe_tokens) const;
   // Where the W8A8 expert GEMMs quantise `tokens` rows and `pairs` act rows (expert width inter);
   // none where the buffers they borrow are too small.
   std::optional<cuda::MoeFp8Staging> fp8_expert_staging(int64_t tokens, int64_t pairs, int64_t inter);

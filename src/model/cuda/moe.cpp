@@ -133,6 +133,28 @@ bool CudaGlm5Model::Impl::moe_experts_per_expert_gemms(const MoeDevice& m, const
   return true;
 }
 
+cuda::ExpertWeights CudaGlm5Model::Impl::routed_experts(const MoeDevice& m) {
+  cuda::ExpertWeights experts;
+  experts.format = m.experts_format;
+  experts.gate_up = m.experts_gate_up.data();
+  experts.gate_up_scales = m.experts_gate_up_scales.data();
+  experts.down = m.experts_down.data();
+  experts.down_scales = m.experts_down_scales.data();
+  experts.mxfp4_tiled = m.experts_mxfp4_tiled;
+  return experts;
+}
+
+bool CudaGlm5Model::Impl::moe_without_host_sync(int64_t moe_tokens) const {
+  const int64_t pairs = moe_tokens * config.num_experts_per_tok;
+  for (const DecoderLayerDevice& layer : weights.layers) {
+    if (!layer.is_moe) continue;
+    const int64_t per_expert = small_moe_pairs_per_expert(routed_experts(layer.moe), config.hidden_size,
+                                                          layer.moe.expert_inter);
+    if (pairs > per_expert * config.n_routed_experts || pairs > pair_capacity) return false;
+  }
+  return true;
+}
+
 int64_t CudaGlm5Model::Impl::local_pair_count(const cuda::MoePlan& plan, int num_experts) {
   cuda::copy_to_host_async(offsets_host.data(), plan.offsets + num_experts, sizeof(int32_t), stream.get());
   stream.synchronize();
@@ -156,13 +178,7 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
   cuda::moe_plan(ids, P, E, plan, s, m.first_expert);
   timer.mark("moe.routing", s);
 
-  cuda::ExpertWeights experts;
-  experts.format = m.experts_format;
-  experts.gate_up = m.experts_gate_up.data();
-  experts.gate_up_scales = m.experts_gate_up_scales.data();
-  experts.down = m.experts_down.data();
-  experts.down_scales = m.experts_down_scales.data();
-  experts.mxfp4_tiled = m.experts_mxfp4_tiled;
+  const cuda::ExpertWeights experts = routed_experts(m);
   ExpertStep step;
   step.pairs = P;
   // This rank's grouped pairs at most (the grouped kernels' bound): P where the pair buffers hold
