@@ -10,7 +10,9 @@ one --first-kernel launch to the next, of the most common length).
 With --against BASE.csv, the own time by kernel name of both traces' median steps side by side
 (an A/B of a change, each side traced in the same call). Both list the stretches with no kernel
 running (a plain graph edge, such as a join of two streams or a memcpy node, which the trace does
-not list, waits out a launch there) with the kernels either side.
+not list, waits out a launch there) with the kernels either side, and the waits between two
+kernels of one stream while another stream's kernels ran (where the GPU was not idle, so the
+first list misses them: a memset or memcpy node, or an edge from the other stream, sat there).
 Usage: trace_step.py TRACE.csv [--against BASE.csv] [--graph ID] [--first-kernel NAME] [--json OUT]
                      [--rows N]"""
 import argparse
@@ -75,11 +77,33 @@ def idle_stretches(table, least_us=0.3):
             if i > 0 and t['gap_us'] > least_us]
 
 
+def stream_waits(table, least_us=1.0, most_us=50.0):
+    """Waits of least_us to most_us between consecutive kernels of one stream while another
+    stream's kernels ran: (us, stream, kernel before, kernel after, start of the later one). A
+    replayed graph's branches may share a stream, so a wait may also be a side branch idling
+    between its kernels (the shared expert's stream idles a layer's length, past most_us)."""
+    last_on, waits = {}, []
+    for t in table:
+        before = last_on.get(t['stream'])
+        if before is not None:
+            wait = t['start_us'] - (before['start_us'] + before['us'])
+            if least_us < wait <= most_us and t['gap_us'] <= 0.3:  # a stretch the idle list does not already show
+                waits.append((wait, t['stream'], before['name'], t['name'], t['start_us']))
+        last_on[t['stream']] = t
+    return waits
+
+
 def print_idle(label, table):
     idle = idle_stretches(table)
     print(f'\n{label}: no kernel running {sum(u for u, _, _ in idle):.1f} us in {len(idle)} stretches over 0.3 us')
     for us, before, after in idle:
         print(f'  {us:7.2f}  {before} -> {after}')
+    waits = stream_waits(table)
+    if waits:
+        print(f'{label}: waits within a stream while another ran, {sum(w[0] for w in waits):.1f} us in '
+              f'{len(waits)} of 1 to 50 us')
+        for us, stream, before, after, at in waits:
+            print(f'  {us:7.2f}  stream {stream} at {at:8.1f}: {before} -> {after}')
 
 
 def median_step(path, graph_id, first_kernel):
