@@ -36,6 +36,11 @@ void add_model_source_options(CLI::App* cmd, ModelSourceArgs& args) {
   cmd->add_option("--config", args.config_file, "With --synthetic: take the shapes from this config.json")
       ->check(CLI::ExistingFile);
   cmd->add_option("--weight-seed", args.weight_seed, "With --synthetic: the weights' seed")->capture_default_str();
+  cmd->add_option("--expert-format", args.expert_format,
+                  "With --synthetic: the routed experts' storage, bf16 (default), mxfp4 (as AMD Quark's MXFP4 "
+                  "checkpoints; W4A16 on the GPU) or fp8 (block E4M3, as the FP8 checkpoints): full GLM-5.2 fits "
+                  "eight H200s with mxfp4 or fp8 experts, not with bf16")
+      ->check(CLI::IsMember({"bf16", "mxfp4", "fp8"}));
   cmd->add_option("--num-layers", args.num_layers, "Run only the first N decoder layers")->check(CLI::Range(1, 100000));
   cmd->add_option("-q,--quantization", args.quantization,
                   "fp8: the linear layers in block FP8 on the GPU, quantised at load where the checkpoint has "
@@ -73,7 +78,11 @@ runtime::CudaRankSource cuda_source(const ModelSourceArgs& args) {
     config.keep_first_layers(args.num_layers);
     source.synthetic_config = config;
     source.seed = args.weight_seed;
-    // Synthetic weights have no stored format: bf16 unless --quantization fp8.
+    // Synthetic weights have no stored format: bf16 linears unless --quantization fp8, routed
+    // experts as --expert-format says.
+    source.experts_format = args.expert_format == "mxfp4" ? ops::WeightFormat::Mxfp4
+                            : args.expert_format == "fp8" ? ops::WeightFormat::Fp8Block
+                                                          : ops::WeightFormat::Plain;
   } else {
     source.model_dir = args.model_dir;
     source.load.num_layers = args.num_layers;
@@ -157,6 +166,10 @@ LoadedModel load_model(const ModelSourceArgs& given) {
   }
   if (args.synthetic && args.device != "cuda")
     fail("--synthetic makes its weights on the GPU: add --device cuda");
+  if (!args.expert_format.empty() && !args.synthetic)
+    fail("--expert-format " + args.expert_format +
+         " is for --synthetic weights: a checkpoint's experts keep their stored format (glmserve quantize writes "
+         "MXFP4 or FP8 copies)");
   if (!args.quantization.empty() && args.device != "cuda")
     fail("--quantization " + args.quantization +
          " is for --device cuda: the CPU path runs a checkpoint in its stored format (quantise one with "

@@ -28,6 +28,7 @@ struct ModelSourceArgs {
   uint64_t weight_seed = 1;
   int num_layers = -1;
   std::string quantization;  // "fp8": every linear layer in block FP8 on the GPU (vLLM's --quantization)
+  std::string expert_format;  // with --synthetic: the routed experts' storage, bf16, mxfp4 or fp8 ("": bf16)
   bool cuda_graphs = true;  // decode steps replay CUDA graphs (vLLM's --enforce-eager: false)
   bool load_mtp = false;    // also upload the checkpoint's MTP layer to the device (commands that speculate
                             // set it; the CPU path always maps it)

@@ -283,6 +283,8 @@ TEST(VllmLaunch, FlagsThatCannotApplyAreRefusedSayingWhy) {
       {"serve " + kModel + " -pp 2", "glmserve has no pipeline parallelism"},
       {"serve " + kModel + " --headless --data-parallel-start-rank 1", "under mpirun, one process a node"},
       {"serve " + kModel + " --load-format dummy", "add --device cuda"},
+      {"serve " + kModel + " --expert-format mxfp4", "is for --synthetic weights"},
+      {"serve " + kModel + " --expert-format fp4", "fp4 not in {bf16,mxfp4,fp8}"},
       {"serve " + kModel + " --speculative-config.method eagle3", "drafts with the checkpoint's MTP layer only"},
       {"serve " + kModel + " --speculative_config '{\"method\": \"mtp\", \"num_speculative_tokens\": 99}'",
        "num_speculative_tokens must be a whole number from 1 to 16"},
