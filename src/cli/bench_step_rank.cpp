@@ -18,9 +18,9 @@ runtime::ParallelLayout RankSimulation::parallel_layout() const {
   fail("--layout must be dp-ep, tp or tp-ep, got '" + layout + "'");
 }
 
-std::vector<int32_t> RankSimulation::dp_tokens(int tokens) const {
+void RankSimulation::set_dp_peers(model::ForwardBatch& batch) const {
   const int dp = parallel_layout().data_parallel;
-  return dp > 1 ? std::vector<int32_t>(dp, tokens) : std::vector<int32_t>{};
+  batch.dp_peers.assign(dp > 1 ? dp : 0, model::dp_step_shape(batch));
 }
 
 SimulatedPeers make_simulated_peers(const RankSimulation& sim, const io::ModelConfig& config, int max_tokens) {

@@ -14,6 +14,7 @@
 
 #include "comm/communicator.h"
 #include "io/model_config.h"
+#include "model/batch.h"
 #include "model/shard.h"
 #include "plan/model_spec.h"
 #include "plan/parallel.h"
@@ -32,8 +33,8 @@ struct RankSimulation {
   bool enabled() const { return world > 1 || flags.world_size() > 1; }
   runtime::ParallelLayout parallel_layout() const;
   plan::RankShape rank_shape() const { return {parallel_layout().tensor_parallel, parallel_layout().data_parallel}; }
-  // dp_tokens of a step with `tokens` on this rank (every data-parallel rank alike); empty without DP.
-  std::vector<int32_t> dp_tokens(int tokens) const;
+  // Sets batch.dp_peers: every data-parallel rank runs a step like this rank's; none without DP.
+  void set_dp_peers(model::ForwardBatch& batch) const;
 };
 
 // The stand-in peers of the simulated rank.

@@ -174,7 +174,7 @@ nlohmann::json speculation_costs(StepBench& b, int batch, int context, double de
     for (int k = 0; k <= K; ++k) tokens[k] = (s * 7919 + k * 131) % config.vocab_size;
     verify.add_sequence(tokens, context - 1, b.table_of(s), block_size, true);
   }
-  verify.dp_tokens = sim.dp_tokens(batch * (K + 1));
+  sim.set_dp_peers(verify);
   const double verify_s = median_of([&] {
     model.forward_on_device(verify);
     model.synchronize();
@@ -182,7 +182,7 @@ nlohmann::json speculation_costs(StepBench& b, int batch, int context, double de
   model::ForwardBatch chain;
   for (int s = 0; s < batch; ++s)
     chain.add_sequence({(s * 104729) % config.vocab_size}, context - 1, b.table_of(s), block_size, false);
-  chain.dp_tokens = sim.dp_tokens(batch);
+  sim.set_dp_peers(chain);
   std::vector<float> h_prev(static_cast<size_t>(batch) * config.hidden_size);
   for (size_t i = 0; i < h_prev.size(); ++i) h_prev[i] = static_cast<float>((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
   // As the engine drafts for greedy requests (argmax ids back), and with every row's logits on
@@ -343,7 +343,7 @@ model::ForwardBatch decode_batch(const StepBench& b, int batch, int context, int
   for (int s = 0; s < batch; ++s)
     fb.add_sequence({(s * 7919 + step * 31) % b.config.vocab_size}, context - 1 + step, b.table_of(s),
                     b.options.block_size, false);
-  fb.dp_tokens = b.o.simulation.dp_tokens(batch);
+  b.o.simulation.set_dp_peers(fb);
   return fb;
 }
 
@@ -475,7 +475,7 @@ nlohmann::json prefill_point(StepBench& b, int tokens, bool profile) {
   for (int i = 0; i < tokens; ++i) prompt[i] = (i * 104729 + 7) % b.config.vocab_size;
   model::ForwardBatch fb;
   fb.add_sequence(prompt, b.o.prefill_context, b.table_of(0), b.options.block_size, false);
-  fb.dp_tokens = sim.dp_tokens(tokens);
+  sim.set_dp_peers(fb);
   model.forward_on_device(fb);
   model.synchronize();
   if (profile) {

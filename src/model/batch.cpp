@@ -1,5 +1,7 @@
 #include "model/batch.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace glms::model {
@@ -25,6 +27,40 @@ void ForwardBatch::add_sequence(const std::vector<int32_t>& tokens, int start,
     if (all_logits || i == slice.num_tokens - 1) logits_tokens.push_back(slice.first_token + i);
   }
   sequences.push_back(std::move(slice));
+}
+
+std::vector<int32_t> ForwardBatch::dp_tokens() const {
+  std::vector<int32_t> tokens;
+  tokens.reserve(dp_peers.size());
+  for (const DpStepShape& peer : dp_peers) tokens.push_back(peer.tokens);
+  return tokens;
+}
+
+DpStepShape dp_step_shape(const ForwardBatch& batch) {
+  DpStepShape shape;
+  shape.tokens = batch.num_tokens();
+  shape.sequences = static_cast<int32_t>(batch.sequences.size());
+  shape.logits = static_cast<int32_t>(batch.logits_tokens.size());
+  for (int32_t p : batch.positions) shape.max_context = std::max(shape.max_context, p + 1);
+  return shape;
+}
+
+void set_data_parallel_peers(const std::vector<ForwardBatch*>& batches) {
+  std::vector<DpStepShape> peers;
+  peers.reserve(batches.size());
+  for (const ForwardBatch* batch : batches) peers.push_back(dp_step_shape(*batch));
+  for (ForwardBatch* batch : batches) batch->dp_peers = peers;
+}
+
+bool every_dp_peer_decodes(const std::vector<DpStepShape>& peers) {
+  return std::all_of(peers.begin(), peers.end(), [](const DpStepShape& p) { return p.decodes(); });
+}
+
+std::vector<int32_t> dp_graph_key(const std::vector<DpStepShape>& peers, int index_topk) {
+  std::vector<int32_t> key;
+  key.reserve(4 * peers.size());
+  for (const DpStepShape& p : peers) key.insert(key.end(), {p.tokens, p.sequences, p.logits, p.max_context <= index_topk});
+  return key;
 }
 
 std::shared_ptr<const std::vector<uint32_t>> RowOutput::resolved_mask() const {

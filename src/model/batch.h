@@ -20,6 +20,17 @@ struct SequenceSlice {
   std::vector<int32_t> block_table;  // physical block of each logical block of the context
 };
 
+// One data-parallel rank's step as its peers see it: its sizes, which fix the launches of a
+// decode step on a device.
+struct DpStepShape {
+  int32_t tokens = 0;       // 0: an idle rank (it runs one dummy token, so as to join the MoE gathers)
+  int32_t sequences = 0;
+  int32_t logits = 0;       // logits rows
+  int32_t max_context = 0;  // the largest position of its tokens + 1 (0 when idle)
+  bool decodes() const { return tokens == sequences; }  // one token a sequence (an idle rank too)
+  bool operator==(const DpStepShape&) const = default;
+};
+
 struct ForwardBatch {
   std::vector<int32_t> token_ids;     // [num_tokens]
   std::vector<int32_t> positions;     // [num_tokens] position of each token in its sequence
@@ -27,11 +38,14 @@ struct ForwardBatch {
   std::vector<int32_t> token_sequence;  // [num_tokens] index into `sequences`
   std::vector<SequenceSlice> sequences;
   std::vector<int32_t> logits_tokens;  // token indices whose logits are returned, in order
-  // Data-parallel attention: the tokens every data-parallel rank runs this step ([dp_size], this
-  // rank's among them), which the MoE layers gather; empty without data-parallel peers.
-  std::vector<int32_t> dp_tokens;
+  // Data-parallel attention: every data-parallel rank's step ([dp_size], this rank's among them;
+  // set_data_parallel_peers): the MoE layers gather their tokens, and a device runner takes a
+  // decode step's graph only where every rank does; empty without data-parallel peers.
+  std::vector<DpStepShape> dp_peers;
 
   int num_tokens() const { return static_cast<int>(token_ids.size()); }
+  // The tokens of each data-parallel rank (dp_peers' counts).
+  std::vector<int32_t> dp_tokens() const;
 
   // Appends a sequence whose `tokens` occupy positions [start, start + tokens.size()) and whose
   // context lives in `block_table` (blocks of `block_size`). With `all_logits`, every token's
@@ -39,6 +53,20 @@ struct ForwardBatch {
   void add_sequence(const std::vector<int32_t>& tokens, int start, const std::vector<int32_t>& block_table,
                     int block_size, bool all_logits);
 };
+
+// This batch's sizes as a data-parallel peer sees them.
+DpStepShape dp_step_shape(const ForwardBatch& batch);
+
+// Gives every batch of one step (one a data-parallel rank, in rank order) every rank's shape.
+void set_data_parallel_peers(const std::vector<ForwardBatch*>& batches);
+
+// A data-parallel decode step as a CUDA graph. A captured NCCL collective must be captured on
+// every rank of its group, and a graph replayed only where every rank replays the graph of the
+// same joint capture: so a rank takes a graph only where every rank's step decodes, and keys it
+// by every rank's shape (each rank's sizes, and whether all its tokens' contexts fit the
+// indexer's top-k, which changes its launches): the same step gives every rank the same key.
+bool every_dp_peer_decodes(const std::vector<DpStepShape>& peers);
+std::vector<int32_t> dp_graph_key(const std::vector<DpStepShape>& peers, int index_topk);
 
 // What a step returns for one logits row (StepRunner::forward_selected).
 struct RowOutput {

@@ -41,7 +41,7 @@ void decoder_layer(const io::ModelConfig& c, const Peers& peers, const DecoderLa
   for (size_t i = 0; i < x.size(); ++i) x[i] += block_out[i];
   ops::rms_norm(x.data(), T, hidden, layer.post_attention_norm.data(), c.rms_norm_eps, normed.data());
   if (layer.is_moe)
-    moe_mlp(c, layer.moe, peers, batch.dp_tokens, normed.data(), T, block_out.data(), min_route_margin);
+    moe_mlp(c, layer.moe, peers, batch.dp_tokens(), normed.data(), T, block_out.data(), min_route_margin);
   else dense_mlp(layer.mlp, normed.data(), T, block_out.data());
   sum_over_peers(peers.tp, block_out);
   for (size_t i = 0; i < x.size(); ++i) x[i] += block_out[i];

@@ -118,7 +118,7 @@ void moe_mlp(const io::ModelConfig& c, const MoeWeights& w, const Peers& peers, 
   int64_t count = n;
   if (peers.dp) {
     GLMS_CHECK(dp_tokens.size() == static_cast<size_t>(peers.dp->size()) && dp_tokens[peers.dp->rank()] == n,
-               "a data-parallel MoE step needs every rank's token count (ForwardBatch::dp_tokens)");
+               "a data-parallel MoE step needs every rank's token count (ForwardBatch::dp_peers)");
     gathered = gather_tokens(*peers.dp, dp_tokens, x, n, hidden);
     tokens = gathered.data();
     count = static_cast<int64_t>(gathered.size()) / hidden;

@@ -102,7 +102,7 @@ class DistributedExecutor : public Executor {
 
  private:
   std::vector<RankResult> step(Command command, std::vector<RankStep>& steps, bool want_hidden) {
-    fill_dp_tokens(ranks_.layout(), steps);
+    fill_dp_peers(ranks_.layout(), steps);
     check_steps(config(), steps);
     ByteWriter message;
     message.put(command);

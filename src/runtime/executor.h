@@ -17,7 +17,7 @@
 
 namespace glms::runtime {
 
-// One data-parallel rank's part of a step. The executor fills batch.dp_tokens.
+// One data-parallel rank's part of a step. The executor fills batch.dp_peers.
 struct RankStep {
   model::ForwardBatch batch;              // no tokens: the rank idles through the collectives
   std::vector<model::RowOutput> outputs;  // one per logits row (StepRunner::forward_selected)

@@ -28,14 +28,14 @@ class ParallelExecutor : public Executor {
   bool has_mtp() const override { return ranks_.first_runner().has_mtp(); }
 
   std::vector<RankResult> forward(std::vector<RankStep>& steps, bool want_hidden) override {
-    fill_dp_tokens(ranks_.layout(), steps);
+    fill_dp_peers(ranks_.layout(), steps);
     std::vector<RankResult> results(steps.size());
     std::vector<bool> produced(steps.size(), false);
     ranks_.forward(steps, want_hidden, results, produced);
     return results;
   }
   std::vector<RankResult> mtp_forward(std::vector<RankStep>& steps) override {
-    fill_dp_tokens(ranks_.layout(), steps);
+    fill_dp_peers(ranks_.layout(), steps);
     std::vector<RankResult> results(steps.size());
     std::vector<bool> produced(steps.size(), false);
     ranks_.mtp_forward(steps, results, produced);

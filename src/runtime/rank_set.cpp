@@ -109,14 +109,14 @@ void RankSet::run_all(const Job& job) {
   fail(first_failure.empty() ? "a rank failed" : first_failure);
 }
 
-void fill_dp_tokens(const ParallelLayout& layout, std::vector<RankStep>& steps) {
+void fill_dp_peers(const ParallelLayout& layout, std::vector<RankStep>& steps) {
   if (static_cast<int>(steps.size()) != layout.data_parallel)
     fail(fmt::format("a step of this layout takes {} batches (one per data-parallel rank), got {}", layout.data_parallel,
                      steps.size()));
   if (layout.data_parallel == 1) return;
-  std::vector<int32_t> counts;
-  for (const RankStep& step : steps) counts.push_back(step.batch.num_tokens());
-  for (RankStep& step : steps) step.batch.dp_tokens = counts;
+  std::vector<model::ForwardBatch*> batches;
+  for (RankStep& step : steps) batches.push_back(&step.batch);
+  model::set_data_parallel_peers(batches);
 }
 
 }  // namespace glms::runtime

@@ -32,7 +32,7 @@ class RankSet {
   void limit_blocks(int blocks);
   std::vector<Executor::RankMemory> memory() const;
 
-  // Runs the local ranks' part of a step (steps: one per data-parallel rank, dp_tokens filled).
+  // Runs the local ranks' part of a step (steps: one per data-parallel rank, dp_peers filled).
   // Fills results[d] for each data-parallel rank d whose first tensor-parallel peer is local and
   // marks it in `produced`.
   void forward(const std::vector<RankStep>& steps, bool want_hidden, std::vector<RankResult>& results,
@@ -53,8 +53,9 @@ class RankSet {
   std::vector<FaultInjection> faults_;  // [local rank] test-only (fault_injection.h)
 };
 
-// Every rank's batch learns every rank's token count (the MoE layers gather them); throws
-// glms::Error unless there is one step per data-parallel rank.
-void fill_dp_tokens(const ParallelLayout& layout, std::vector<RankStep>& steps);
+// Every rank's batch learns every rank's step (ForwardBatch::dp_peers: the MoE layers gather the
+// tokens, and the ranks take a decode step's graph together or not at all); throws glms::Error
+// unless there is one step per data-parallel rank.
+void fill_dp_peers(const ParallelLayout& layout, std::vector<RankStep>& steps);
 
 }  // namespace glms::runtime

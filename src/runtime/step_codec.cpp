@@ -55,7 +55,7 @@ void write_steps(ByteWriter& out, const std::vector<RankStep>& steps, int64_t hi
     out.put_vector(b.slot_mapping);
     out.put_vector(b.token_sequence);
     out.put_vector(b.logits_tokens);
-    out.put_vector(b.dp_tokens);
+    out.put_vector(b.dp_peers);
     out.put<uint32_t>(static_cast<uint32_t>(b.sequences.size()));
     for (const model::SequenceSlice& s : b.sequences) {
       out.put(s.first_token);
@@ -80,7 +80,7 @@ std::vector<RankStep> read_steps(ByteReader& in, int64_t hidden, std::vector<std
     b.slot_mapping = in.get_vector<int64_t>();
     b.token_sequence = in.get_vector<int32_t>();
     b.logits_tokens = in.get_vector<int32_t>();
-    b.dp_tokens = in.get_vector<int32_t>();
+    b.dp_peers = in.get_vector<model::DpStepShape>();
     b.sequences.resize(in.get<uint32_t>());
     for (model::SequenceSlice& s : b.sequences) {
       s.first_token = in.get<int>();

@@ -1,6 +1,6 @@
 // The multi-node control messages: a step's row outputs survive the trip with their token masks
-// (RowOutput::mask, structured outputs; a mask made on demand is made before it travels), and
-// rows without one arrive without one.
+// (RowOutput::mask, structured outputs; a mask made on demand is made before it travels), rows
+// without one arrive without one, and every rank's data-parallel peers arrive as sent.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -26,6 +26,7 @@ TEST(StepCodec, RowOutputsKeepTheirTokenMasks) {
   steps[1].batch.add_sequence({9}, 4, {1}, 16, false);
   steps[1].outputs.resize(1);
   steps[1].outputs[0].kind = model::RowOutput::Kind::kLogits;
+  model::set_data_parallel_peers({&steps[0].batch, &steps[1].batch});
 
   runtime::ByteWriter out;
   runtime::write_steps(out, steps, 0);
@@ -50,6 +51,11 @@ TEST(StepCodec, RowOutputsKeepTheirTokenMasks) {
   EXPECT_EQ(back[1].outputs[0].mask, nullptr);
   EXPECT_EQ(back[1].batch.token_ids, steps[1].batch.token_ids);
   EXPECT_EQ(back[0].batch.logits_tokens, steps[0].batch.logits_tokens);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(back[r].batch.dp_peers.size(), 2u);
+    EXPECT_EQ(back[r].batch.dp_peers, steps[r].batch.dp_peers);
+  }
+  EXPECT_EQ(back[0].batch.dp_peers[1], (model::DpStepShape{1, 1, 1, 5}));
 }
 
 TEST(StepCodec, AMaskMadeOnDemandTravelsAsItsWords) {

@@ -371,11 +371,12 @@ StepShape CudaGlm5Model::Impl::prepare(const ForwardBatch& step) {
   batch = &run;
   StepShape shape = shape_of(run);
   if (peers.dp) {
-    if (static_cast<int>(step.dp_tokens.size()) != peers.dp->size())
-      fail("a data-parallel step needs every rank's token count (ForwardBatch::dp_tokens)");
-    shape.moe_rows = moe_gather_rows(step.dp_tokens, options.max_tokens);
+    if (static_cast<int>(step.dp_peers.size()) != peers.dp->size())
+      fail("a data-parallel step needs every rank's step (ForwardBatch::dp_peers)");
+    step_dp_tokens = step.dp_tokens();
+    shape.moe_rows = moe_gather_rows(step_dp_tokens, options.max_tokens);
     shape.valid_tokens = step.num_tokens();
-    step_dp_tokens = step.dp_tokens;
+    shape.dp_graph_key = dp_graph_key(step.dp_peers, config.index_topk);
   }
   return shape;
 }
@@ -386,8 +387,10 @@ void CudaGlm5Model::Impl::launch(const ForwardBatch& step, bool use_graph) {
     const ForwardBatch*& current;
     ~Reset() { current = nullptr; }
   } reset{batch};
+  // Data-parallel ranks take a graph together or not at all (dp_graph_key).
   bool decode_only = true;
   for (const SequenceSlice& seq : batch->sequences) decode_only = decode_only && seq.num_tokens == 1;
+  if (peers.dp) decode_only = every_dp_peer_decodes(step.dp_peers);
   const int64_t moe_tokens = peers.dp ? int64_t{shape.moe_rows} * peers.dp->size() : shape.num_tokens;
   // Collectives over host barriers (device copies) cannot be captured.
   const bool capturable = (!peers.tp || peers.tp->graph_capturable()) && (!peers.dp || peers.dp->graph_capturable());

@@ -29,10 +29,13 @@ struct StepShape {
   // tokens among num_tokens (0 for an idle rank, which runs one dummy token).
   int moe_rows = 0;
   int valid_tokens = 0;
+  // Every data-parallel rank's step (model::dp_graph_key), so that the ranks capture a decode
+  // step's graph, collectives and all, together and replay the graphs of one joint capture.
+  std::vector<int32_t> dp_graph_key;
   bool operator<(const StepShape& o) const {
-    return std::tie(num_tokens, num_sequences, num_logits, max_context, selects_all, moe_rows, valid_tokens) <
-           std::tie(o.num_tokens, o.num_sequences, o.num_logits, o.max_context, o.selects_all, o.moe_rows,
-                    o.valid_tokens);
+    return std::tie(num_tokens, num_sequences, num_logits, max_context, selects_all, moe_rows, valid_tokens,
+                    dp_graph_key) < std::tie(o.num_tokens, o.num_sequences, o.num_logits, o.max_context,
+                                             o.selects_all, o.moe_rows, o.valid_tokens, o.dp_graph_key);
   }
 };
 

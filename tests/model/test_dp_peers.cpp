@@ -1,0 +1,74 @@
+// Data-parallel peers of a step (model/batch.h): every rank's batch learns every rank's sizes, and
+// the decision to run a decode step as a CUDA graph, with its key, comes out the same on every
+// rank (a captured NCCL collective must be captured on every rank of its group, and a graph
+// replayed only together with the graphs of the same joint capture).
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "model/batch.h"
+
+using namespace glms;
+using model::DpStepShape;
+using model::ForwardBatch;
+
+namespace {
+
+constexpr int kBlock = 16;
+constexpr int kIndexTopk = 64;
+
+// A batch of decoding sequences, one token each, at the given context lengths.
+ForwardBatch decoding(const std::vector<int>& contexts) {
+  ForwardBatch b;
+  for (size_t s = 0; s < contexts.size(); ++s) {
+    std::vector<int32_t> table((contexts[s] + kBlock - 1) / kBlock);
+    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(100 * s + i);
+    b.add_sequence({static_cast<int32_t>(7 + s)}, contexts[s] - 1, table, kBlock, false);
+  }
+  return b;
+}
+
+std::vector<DpStepShape> peers_of(std::vector<ForwardBatch>& batches) {
+  std::vector<ForwardBatch*> pointers;
+  for (ForwardBatch& b : batches) pointers.push_back(&b);
+  model::set_data_parallel_peers(pointers);
+  for (const ForwardBatch& b : batches) EXPECT_EQ(b.dp_peers, batches[0].dp_peers);
+  return batches[0].dp_peers;
+}
+
+}  // namespace
+
+TEST(DataParallelPeers, EveryRankLearnsEveryRanksSizesAndTokens) {
+  std::vector<ForwardBatch> batches = {decoding({10, 40}), ForwardBatch(), decoding({5})};
+  batches[1].add_sequence({1, 2, 3, 4}, 0, {9}, kBlock, true);  // a prefill chunk, logits for each token
+  const std::vector<DpStepShape> peers = peers_of(batches);
+  ASSERT_EQ(peers.size(), 3u);
+  EXPECT_EQ(peers[0], (DpStepShape{2, 2, 2, 40}));
+  EXPECT_EQ(peers[1], (DpStepShape{4, 1, 4, 4}));
+  EXPECT_EQ(peers[2], (DpStepShape{1, 1, 1, 5}));
+  EXPECT_EQ(batches[2].dp_tokens(), (std::vector<int32_t>{2, 4, 1}));
+}
+
+TEST(DataParallelPeers, OneRankPrefillingKeepsEveryRankOffTheGraph) {
+  std::vector<ForwardBatch> decode = {decoding({10, 40}), ForwardBatch(), decoding({5})};  // rank 1 idle
+  EXPECT_TRUE(model::every_dp_peer_decodes(peers_of(decode)));
+  std::vector<ForwardBatch> mixed = {decoding({10, 40}), ForwardBatch(), decoding({5})};
+  mixed[1].add_sequence({1, 2, 3}, 0, {9}, kBlock, false);
+  EXPECT_FALSE(model::every_dp_peer_decodes(peers_of(mixed)));
+}
+
+TEST(DataParallelPeers, TheGraphKeyChangesWithAnyRanksLaunchesAndOnlyWithThem) {
+  std::vector<ForwardBatch> first = {decoding({10, 40}), decoding({5})};
+  const std::vector<int32_t> key = model::dp_graph_key(peers_of(first), kIndexTopk);
+  // Contexts that grow on the same side of the indexer's top-k replay the same graphs.
+  std::vector<ForwardBatch> later = {decoding({11, 41}), decoding({30})};
+  EXPECT_EQ(model::dp_graph_key(peers_of(later), kIndexTopk), key);
+  // Another rank's sequence count, or its context passing the top-k (its indexer then scores),
+  // changes every rank's key, this rank's batch unchanged.
+  std::vector<ForwardBatch> more = {decoding({10, 40}), decoding({5, 6})};
+  EXPECT_NE(model::dp_graph_key(peers_of(more), kIndexTopk), key);
+  std::vector<ForwardBatch> longer = {decoding({10, 40}), decoding({kIndexTopk + 1})};
+  EXPECT_NE(model::dp_graph_key(peers_of(longer), kIndexTopk), key);
+  std::vector<ForwardBatch> idle = {decoding({10, 40}), ForwardBatch()};
+  EXPECT_NE(model::dp_graph_key(peers_of(idle), kIndexTopk), key);
+}
