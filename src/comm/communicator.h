@@ -32,7 +32,8 @@ class Communicator {
   virtual std::string backend() const = 0;  // "cpu", "nccl", ...
   // Whether the collectives can be captured into a CUDA graph (they only enqueue on the stream).
   virtual bool graph_capturable() const { return false; }
-  // Ends every collective in flight (a peer failed); the communicator cannot be used afterwards.
+  // Ends every collective in flight (a peer failed), from any thread; the communicator cannot be
+  // used afterwards. Returns without waiting for the collectives to end.
   virtual void abort() {}
   // Collectives between begin_group() and end_group() may go out as one launch (NCCL's group
   // calls): none of them may read another's result.

@@ -1,5 +1,7 @@
 #include "comm/nccl_communicator.h"
 
+#include <atomic>
+#include <thread>
 #include <utility>
 
 #include "core/error.h"
@@ -22,13 +24,19 @@ class NcclCommunicator : public Communicator {
   NcclCommunicator(std::shared_ptr<const nccl::Library> library, nccl::Comm comm, int rank, int size)
       : library_(std::move(library)), comm_(comm), rank_(rank), size_(size) {}
   ~NcclCommunicator() override {
-    if (comm_) library_->comm_destroy(comm_);
+    if (nccl::Comm comm = comm_.load()) library_->comm_destroy(comm);
   }
   void begin_group() override { library_->check(library_->group_start(), "ncclGroupStart"); }
   void end_group() override { library_->check(library_->group_end(), "ncclGroupEnd"); }
-  // ncclCommAbort may come from another thread while this rank waits in a collective.
+  // From another thread, while this rank may wait in a collective. ncclCommAbort sets the flag
+  // that ends the communicator's kernels, then waits until every CUDA graph that captured one of
+  // its collectives has been destroyed (NCCL 2.26 and later): those graphs belong to the ranks'
+  // runners, which stay until the process ends after a failed step. So it runs on a thread of its
+  // own, holding the library and the handle, and this call returns at once.
   void abort() override {
-    if (nccl::Comm comm = std::exchange(comm_, nullptr)) library_->comm_abort(comm);
+    nccl::Comm comm = comm_.exchange(nullptr);
+    if (!comm) return;
+    std::thread([library = library_, comm] { library->comm_abort(comm); }).detach();
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -37,25 +45,28 @@ class NcclCommunicator : public Communicator {
 
   void all_reduce_sum(void* data, size_t count, Element type, Stream stream) override {
     if (count == 0) return;
-    if (!comm_) fail("the NCCL communicator was aborted after a peer failed: restart glmserve");
-    library_->check(library_->all_reduce(data, data, count, nccl_type(type), nccl::kSum, comm_, stream),
+    library_->check(library_->all_reduce(data, data, count, nccl_type(type), nccl::kSum, live(), stream),
                     "ncclAllReduce");
   }
   void all_gather(const void* send, void* recv, size_t count, Element type, Stream stream) override {
     if (count == 0) return;
-    if (!comm_) fail("the NCCL communicator was aborted after a peer failed: restart glmserve");
-    library_->check(library_->all_gather(send, recv, count, nccl_type(type), comm_, stream), "ncclAllGather");
+    library_->check(library_->all_gather(send, recv, count, nccl_type(type), live(), stream), "ncclAllGather");
   }
   void reduce_scatter_sum(const void* send, void* recv, size_t count, Element type, Stream stream) override {
     if (count == 0) return;
-    if (!comm_) fail("the NCCL communicator was aborted after a peer failed: restart glmserve");
-    library_->check(library_->reduce_scatter(send, recv, count, nccl_type(type), nccl::kSum, comm_, stream),
+    library_->check(library_->reduce_scatter(send, recv, count, nccl_type(type), nccl::kSum, live(), stream),
                     "ncclReduceScatter");
   }
 
  private:
+  nccl::Comm live() const {
+    nccl::Comm comm = comm_.load();
+    if (!comm) fail("the NCCL communicator was aborted after a peer failed: restart glmserve");
+    return comm;
+  }
+
   std::shared_ptr<const nccl::Library> library_;
-  nccl::Comm comm_;
+  std::atomic<nccl::Comm> comm_;
   int rank_, size_;
 };
 
