@@ -73,6 +73,9 @@ struct RankRun {
     std::vector<float> host(elements);
     for (size_t i = 0; i < elements; ++i) host[i] = input_value(rank, i);
     (c == Collective::kAllReduce ? recv : send).upload(host.data(), elements * sizeof(float));
+    // A copy from pageable memory may return before its DMA lands, and the collective's stream
+    // does not wait for the default stream's work.
+    cuda::synchronize_stream(nullptr);
   }
 
   bool result_correct(Collective c, size_t count) {

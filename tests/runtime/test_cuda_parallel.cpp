@@ -125,23 +125,25 @@ TEST_F(CudaParallel, LayoutsOnOneGpuWithDeviceCopiesMatchOneRank) {
     auto one = executor(dir, {}, copies);
     const RunResult want = run_prompt(*one, golden_prompt(dir));
     one.reset();
-    for (const runtime::ParallelLayout& layout :
-         {runtime::ParallelLayout{2, 1, false}, runtime::ParallelLayout{1, 2, true}, runtime::ParallelLayout{2, 2, true},
-          runtime::ParallelLayout{1, 4, true}, runtime::ParallelLayout{2, 2, false}})
-      expect_like_one_rank(dir, layout, copies, want);
+    std::vector<runtime::ParallelLayout> layouts = {{2, 1, false}, {1, 2, true}, {2, 2, true}, {1, 4, true}, {2, 2, false}};
+    // The eight-rank layouts of the node run (one head a rank at TP8, experts 8 wide without EP).
+    if (dir == kBundled) layouts.insert(layouts.end(), {{1, 8, true}, {4, 2, true}, {8, 1, false}, {2, 4, false}});
+    for (const runtime::ParallelLayout& layout : layouts) expect_like_one_rank(dir, layout, copies, want);
   }
 }
 
 TEST_F(CudaParallel, LayoutsOverNcclOnSeveralGpusMatchOneRank) {
   const int gpus = ops::cuda::device_count();
   if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs, " << gpus << " visible";
-  if (!nccl_loads()) GTEST_SKIP() << "libnccl.so.2 not found (set GLMS_NCCL_LIBRARY)";
+  // Several GPUs and no NCCL would skip the one test of the layouts over real links unnoticed.
+  ASSERT_TRUE(nccl_loads()) << gpus << " GPUs visible but libnccl.so.2 not found: set GLMS_NCCL_LIBRARY "
+                            << "(tools/gpu/nccl-env finds PyTorch's)";
   auto one = executor(kBundled, {}, runtime::DeviceCollectives::kNccl);
   const RunResult want = run_prompt(*one, golden_prompt(kBundled));
   one.reset();
   std::vector<runtime::ParallelLayout> layouts = {{2, 1, false}, {1, 2, true}};
   if (gpus >= 4) layouts.insert(layouts.end(), {{4, 1, false}, {2, 2, true}, {1, 4, true}});
-  if (gpus >= 8) layouts.insert(layouts.end(), {{8, 1, false}, {4, 2, true}, {2, 4, false}});
+  if (gpus >= 8) layouts.insert(layouts.end(), {{8, 1, false}, {4, 2, true}, {2, 4, false}, {1, 8, true}});
   for (const runtime::ParallelLayout& layout : layouts)
     expect_like_one_rank(kBundled, layout, runtime::DeviceCollectives::kNccl, want);
 }
