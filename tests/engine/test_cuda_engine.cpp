@@ -12,6 +12,7 @@
 
 #include "engine/engine.h"
 #include "engine/generator.h"
+#include "io/model_config.h"
 #include "model/cuda/model.h"
 #include "ops/cuda/cuda_ops.h"
 #include "pending_request.h"
@@ -271,4 +272,25 @@ TEST_F(CudaEngine, GenerateSpeculativeOverTheCudaRunnerMatchesCpu) {
     std::printf("CUDA K=%d: acceptance length %.2f\n", k, result.speculative.acceptance_length());
     EXPECT_GT(result.speculative.acceptance_length(), 1.3) << "the device's drafts are accepted like the CPU's";
   }
+}
+
+// Synthetic weights (serve --synthetic, the node run's model) draft with the MTP layer they make
+// for a config that has one: the engine takes --speculative on them, and the drafts run. Random
+// weights accept few drafts, so only that they run is checked here; greedy exactness of
+// speculation is checked on the bundled model above.
+TEST_F(CudaEngine, SyntheticWeightsDraftWithTheirMtpLayer) {
+  io::ModelConfig config = io::load_model_config(GLMS_SOURCE_DIR "/models/glm5-tiny-code/config.json");
+  ASSERT_GT(config.num_nextn_predict_layers, 0);
+  engine::EngineConfig spec_config;
+  spec_config.max_num_seqs = 4;
+  spec_config.max_batch_tokens = 64;
+  spec_config.max_model_len = 256;
+  spec_config.kv_cache_bytes = int64_t{64} << 20;
+  spec_config.speculative_steps = 3;
+  engine::Engine gpu(model::make_synthetic_cuda_runner(config, 7), spec_config);
+  const auto got = run_greedy(gpu, {random_tokens(40, config.vocab_size, 5), random_tokens(9, config.vocab_size, 6)}, 16);
+  for (const auto& tokens : got) EXPECT_EQ(tokens.size(), 16u);
+  EXPECT_GT(gpu.stats().spec_draft_tokens, 0);
+  config.num_nextn_predict_layers = 0;
+  EXPECT_FALSE(model::make_synthetic_cuda_runner(config, 7)->has_mtp());
 }

@@ -452,6 +452,30 @@ TEST_F(CudaForward, DecodeStepsPastEightPairsAnExpertReplayAGraphThatMatchesEage
   }
 }
 
+// At most max_decode_graphs decode shapes are captured: a shape first seen past the bound runs
+// eager (its phases are timed; a replayed graph records none), a captured one still replays.
+TEST_F(CudaForward, DecodeShapesPastTheGraphBoundRunEager) {
+  const RandomModelSpec spec = grouped_widths_spec(128);
+  TempDir dir("cuda_graph_bound");
+  const model::Glm5Model cpu(fp8_random_weights(spec, dir));
+  model::CudaModelOptions options = small_options();
+  options.max_decode_graphs = 1;
+  model::CudaGlm5Model gpu(cpu.weights(), options);
+  auto decode = [&](int sequences, int seed) {  // each sequence's first token: no cache read before it
+    model::ForwardBatch batch;
+    for (int s = 0; s < sequences; ++s)
+      batch.add_sequence(random_tokens(1, spec.vocab_size, 100 * seed + s), 0, table(s, 1), kBlockSize, false);
+    return batch;
+  };
+  gpu.set_phase_timing(true);
+  const std::pair<int, bool> steps[] = {{2, true}, {3, false}, {2, true}, {3, false}};  // sequences, graphed
+  for (int i = 0; i < 4; ++i) {
+    const auto [sequences, graphed] = steps[i];
+    gpu.forward(decode(sequences, i), /*use_graph=*/true);
+    EXPECT_EQ(gpu.take_phase_times().empty(), graphed) << "step " << i << ", " << sequences << " sequences";
+  }
+}
+
 // The FP8 linear layers of a long prefill writing q and the MLPs' gate/up values in bf16
 // themselves (fp8_bf16_intermediates: cuBLASLt's block-scaled FP8 GEMM with bf16 outputs), against
 // the same step with fp32 rows: the same values rounded once more, so within the distance a

@@ -400,8 +400,14 @@ void CudaGlm5Model::Impl::launch(const ForwardBatch& step, bool use_graph) {
   }
   // Graphs are keyed by the step's sizes (tokens, sequences, logits rows); their grids are
   // sized for the longest context allowed, so that any decode step of those sizes replays.
-  shape.max_context = options.max_context;
-  shape.host_sync_ok = false;
+  StepShape key = shape;
+  key.max_context = options.max_context;
+  key.host_sync_ok = false;
+  if (!graphs.count(key) && static_cast<int>(graphs.size()) >= options.max_decode_graphs) {
+    run_step(shape);
+    return;
+  }
+  shape = key;
   std::unique_ptr<cuda::Graph>& graph = graphs[shape];
   if (!graph) {
     const bool timing = timer.enabled;

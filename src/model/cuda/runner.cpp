@@ -105,8 +105,11 @@ class CudaRunner : public StepRunner {
       fail("the CUDA runner records only the last hidden states (ForwardTrace::record_layers = false)");
     return model_->forward_selected(batch, outputs, runner_.cuda_graphs, trace ? &trace->last_hidden : nullptr);
   }
+  // A checkpoint's MTP layer with its own indexer; synthetic weights make one (indexer and all)
+  // wherever the config has one.
   bool has_mtp() const override {
-    return weights_ && !weights_->mtp.empty() && weights_->mtp[0].block.attention.has_indexer;
+    if (!weights_) return config_.num_nextn_predict_layers > 0;
+    return !weights_->mtp.empty() && weights_->mtp[0].block.attention.has_indexer;
   }
   std::vector<float> mtp_forward(const ForwardBatch& batch, const float* h_prev, std::vector<float>* h_out) override {
     GLMS_CHECK(model_ != nullptr, "StepRunner::mtp_forward before allocate");
