@@ -11,6 +11,7 @@
 #include "comm/nccl_library.h"
 #include "core/error.h"
 #include "engine/generator.h"
+#include "io/model_config.h"
 #include "io/safetensors.h"
 #include "ops/cuda/cuda_ops.h"
 #include "runtime/cuda_ranks.h"
@@ -192,5 +193,43 @@ TEST_F(CudaParallel, SimulatedPeersGatherEverySlotWithShiftedExpertIds) {
       for (size_t i = 0; i < weights.size(); ++i) ASSERT_EQ(got_weights[slot * weights.size() + i], weights[i]);
       for (size_t i = 0; i < rows.size(); ++i) ASSERT_EQ(got_rows[slot * rows.size() + i], rows[i]);
     }
+  }
+}
+
+// A data-parallel rank takes a decode step's graph only together with its peers (NCCL's rule for
+// captured collectives): eager while any peer prefills though its own batch decodes, graphed
+// once every rank decodes, a new capture when a peer's batch changes though its own does not, and
+// each replay equal to the same step run eager. Rank 0 of DP2 + EP2 over a stand-in peer (the
+// rank simulation's, capturable), synthetic weights of the bundled model's config.
+TEST_F(CudaParallel, DataParallelRanksTakeADecodeGraphTogether) {
+  const io::ModelConfig config = io::load_model_config(kBundled);
+  const runtime::ParallelLayout layout{1, 2, true};
+  auto dp = runtime::make_simulated_peer(0, 2, config.n_routed_experts, size_t{1} << 20);
+  model::CudaModelOptions options;
+  options.block_size = 16;
+  options.num_blocks = 16;
+  options.max_tokens = 64;
+  options.max_sequences = 8;
+  options.max_context = 256;
+  auto rank = model::CudaGlm5Model::synthetic(config, 3, options, ops::WeightFormat::Plain, layout.shard(0),
+                                              {nullptr, dp.get()});
+  model::ForwardBatch decode;  // two sequences' first tokens: nothing read from the cache before them
+  decode.add_sequence({5}, 0, {0}, 16, false);
+  decode.add_sequence({9}, 0, {1}, 16, false);
+  const model::DpStepShape deciding{2, 2, 2, 1}, prefilling{6, 1, 1, 6}, wider{3, 3, 3, 1};
+  struct Step {
+    model::DpStepShape peer;
+    bool graphed;
+  };
+  rank->set_phase_timing(true);  // an eager step records its phases, a replayed graph none
+  for (const Step& step : {Step{prefilling, false}, Step{deciding, true}, Step{wider, true}, Step{prefilling, false},
+                           Step{deciding, true}}) {
+    decode.dp_peers = {model::dp_step_shape(decode), step.peer};
+    const std::vector<float> eager = rank->forward(decode, /*use_graph=*/false);
+    rank->take_phase_times();
+    const std::vector<float> got = rank->forward(decode, /*use_graph=*/true);
+    EXPECT_EQ(rank->take_phase_times().empty(), step.graphed)
+        << "peer of " << step.peer.tokens << " tokens, " << step.peer.sequences << " sequences";
+    EXPECT_LT(relative_l2(got, eager), 1e-3);
   }
 }
