@@ -1,7 +1,8 @@
 // CUDA layouts against one GPU rank: world size 1 through NCCL (the collectives run, in captured
 // graphs too), every layout on one GPU with device-copy collectives (ranks share the GPU), and
-// the same layouts over NCCL where the machine has a GPU per rank (skipped otherwise). bf16
-// activations: logits within bf16 tolerance, greedy tokens identical on the bundled model.
+// the same layouts over NCCL where the machine has a GPU per rank (skipped otherwise), and a
+// data-parallel rank's decode graphs taken only with its peers'. bf16 activations: logits within
+// bf16 tolerance, greedy tokens identical on the bundled model.
 #include <gtest/gtest.h>
 
 #include <algorithm>
