@@ -388,9 +388,7 @@ void CudaGlm5Model::Impl::launch(const ForwardBatch& step, bool use_graph) {
     ~Reset() { current = nullptr; }
   } reset{batch};
   // Data-parallel ranks take a graph together or not at all (dp_graph_key).
-  bool decode_only = true;
-  for (const SequenceSlice& seq : batch->sequences) decode_only = decode_only && seq.num_tokens == 1;
-  if (peers.dp) decode_only = every_dp_peer_decodes(step.dp_peers);
+  const bool decode_only = peers.dp ? every_dp_peer_decodes(step.dp_peers) : dp_step_shape(*batch).decodes();
   const int64_t moe_tokens = peers.dp ? int64_t{shape.moe_rows} * peers.dp->size() : shape.num_tokens;
   // Collectives over host barriers (device copies) cannot be captured.
   const bool capturable = (!peers.tp || peers.tp->graph_capturable()) && (!peers.dp || peers.dp->graph_capturable());
