@@ -448,7 +448,8 @@ void run_serve(ServeArgs args) {
   if (engine_config.max_model_len > model.config().max_position_embeddings)
     fail("--max-model-len " + std::to_string(engine_config.max_model_len) + " exceeds the model's " +
          std::to_string(model.config().max_position_embeddings) + " positions");
-  const int64_t cache_bytes_per_token = model.executor->cache_bytes_per_token(engine_config.kv_cache_dtype);
+  const int64_t cache_bytes_per_token =
+      model.executor->cache_bytes_per_token(engine_config.kv_cache_dtype, engine_config.speculative_steps > 0);
   const std::string device = model.executor->device();
   runtime::Executor& executor = *model.executor;
   engine::Engine engine(std::move(model.executor), engine_config);

@@ -24,7 +24,7 @@ namespace {
 // Each rank's cache: the blocks kv_cache_bytes buys; without it, on a GPU what the memory budget
 // leaves (the executor fits it), on the CPU enough for max_num_seqs x max_model_len up to 2 GiB.
 int requested_blocks(const runtime::Executor& executor, const EngineConfig& config) {
-  const int64_t bytes_per_token = executor.cache_bytes_per_token(config.kv_cache_dtype);
+  const int64_t bytes_per_token = executor.cache_bytes_per_token(config.kv_cache_dtype, config.speculative_steps > 0);
   const int64_t bytes_per_block = bytes_per_token * config.block_size;
   int64_t bytes = config.kv_cache_bytes;
   if (bytes <= 0 && executor.device() != "cpu") return 0;

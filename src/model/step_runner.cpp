@@ -18,7 +18,10 @@ class CpuRunner : public StepRunner {
   const io::ModelConfig& config() const override { return model_.config(); }
   std::string device() const override { return "cpu"; }
   // fp32 storage whatever the dtype (an FP8 cache's values are rounded in place).
-  int64_t cache_bytes_per_token(kv::CacheDtype) const override { return model_.cache_layout(1).bytes_per_token(); }
+  int64_t cache_bytes_per_token(kv::CacheDtype, bool mtp) const override {
+    return model_.cache_layout(1).bytes_per_token() +
+           (mtp && has_mtp() ? model_.mtp_cache_layout(1).bytes_per_token() : 0);
+  }
   void allocate(const CacheShape& shape) override {
     if (shape.num_blocks <= 0) fail("the CPU cache needs its size in blocks (--kv-cache-memory)");
     cache_.reset();
@@ -36,7 +39,10 @@ class CpuRunner : public StepRunner {
   int num_blocks() const override { return num_blocks_; }
   void limit_blocks(int blocks) override { num_blocks_ = std::min(num_blocks_, blocks); }
   int64_t cache_bytes() const override {
-    return cache_ ? cache_->layout().bytes_per_token() * cache_->block_size() * cache_->num_blocks() : 0;
+    int64_t bytes = 0;
+    for (const auto* cache : {&cache_, &mtp_cache_})
+      if (*cache) bytes += (*cache)->layout().bytes_per_token() * (*cache)->block_size() * (*cache)->num_blocks();
+    return bytes;
   }
   bool has_mtp() const override { return model_.num_mtp_layers() > 0; }
   std::vector<float> mtp_forward(const ForwardBatch& batch, const float* h_prev, std::vector<float>* h_out) override {

@@ -41,8 +41,8 @@ class StepRunner {
   virtual const io::ModelConfig& config() const = 0;
   virtual std::string device() const = 0;  // "cpu", "cuda"
   // Bytes one token's cache rows take on this device in a cache of `dtype` (for sizing the cache
-  // by a budget).
-  virtual int64_t cache_bytes_per_token(kv::CacheDtype dtype) const = 0;
+  // by a budget), with the MTP layer's rows where `mtp` (CacheShape::mtp: the drafts' cache).
+  virtual int64_t cache_bytes_per_token(kv::CacheDtype dtype, bool mtp) const = 0;
   // Allocates the paged cache and whatever a step needs; forward() needs it first.
   virtual void allocate(const CacheShape& shape) = 0;
   // The cache blocks allocate() made (what a num_blocks of 0 came to).

@@ -40,7 +40,8 @@ class Executor {
   virtual std::string device() const = 0;  // "cpu", "cuda"
   // Cache bytes of one token on one data-parallel rank (each of its tensor-parallel peers keeps a
   // copy on its own device).
-  virtual int64_t cache_bytes_per_token(kv::CacheDtype dtype) const = 0;
+  // With `mtp`, the MTP layer's rows too (the drafts' cache, CacheShape::mtp).
+  virtual int64_t cache_bytes_per_token(kv::CacheDtype dtype, bool mtp) const = 0;
   // Every data-parallel rank gets a paged cache of `shape` (block ids index the rank's own); with
   // shape.num_blocks 0 each device fits what its memory budget allows and every rank then uses
   // the smallest count.

@@ -14,7 +14,9 @@ class LocalExecutor : public Executor {
   const io::ModelConfig& config() const override { return runner_->config(); }
   const ParallelLayout& layout() const override { return layout_; }
   std::string device() const override { return runner_->device(); }
-  int64_t cache_bytes_per_token(kv::CacheDtype dtype) const override { return runner_->cache_bytes_per_token(dtype); }
+  int64_t cache_bytes_per_token(kv::CacheDtype dtype, bool mtp) const override {
+    return runner_->cache_bytes_per_token(dtype, mtp);
+  }
   void allocate(const model::CacheShape& shape) override { runner_->allocate(shape); }
   int num_blocks() const override { return runner_->num_blocks(); }
   std::vector<RankMemory> memory() const override { return {{runner_->weight_bytes(), runner_->cache_bytes()}}; }
@@ -56,7 +58,9 @@ class RankZeroRunner : public model::StepRunner {
   explicit RankZeroRunner(Executor& executor) : executor_(executor) {}
   const io::ModelConfig& config() const override { return executor_.config(); }
   std::string device() const override { return executor_.device(); }
-  int64_t cache_bytes_per_token(kv::CacheDtype dtype) const override { return executor_.cache_bytes_per_token(dtype); }
+  int64_t cache_bytes_per_token(kv::CacheDtype dtype, bool mtp) const override {
+    return executor_.cache_bytes_per_token(dtype, mtp);
+  }
   void allocate(const model::CacheShape& shape) override { executor_.allocate(shape); }
   int num_blocks() const override { return executor_.num_blocks(); }
   void limit_blocks(int) override { fail("limit_blocks: the executor's ranks agree on their cache themselves"); }

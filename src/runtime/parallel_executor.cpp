@@ -16,8 +16,8 @@ class ParallelExecutor : public Executor {
   const io::ModelConfig& config() const override { return ranks_.first_runner().config(); }
   const ParallelLayout& layout() const override { return ranks_.layout(); }
   std::string device() const override { return ranks_.first_runner().device(); }
-  int64_t cache_bytes_per_token(kv::CacheDtype dtype) const override {
-    return ranks_.first_runner().cache_bytes_per_token(dtype);
+  int64_t cache_bytes_per_token(kv::CacheDtype dtype, bool mtp) const override {
+    return ranks_.first_runner().cache_bytes_per_token(dtype, mtp);
   }
   void allocate(const model::CacheShape& shape) override {
     ranks_.allocate(shape);

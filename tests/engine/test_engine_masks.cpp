@@ -34,7 +34,9 @@ class CountingExecutor : public runtime::Executor {
   const io::ModelConfig& config() const override { return inner_->config(); }
   const runtime::ParallelLayout& layout() const override { return inner_->layout(); }
   std::string device() const override { return device_; }
-  int64_t cache_bytes_per_token(kv::CacheDtype dtype) const override { return inner_->cache_bytes_per_token(dtype); }
+  int64_t cache_bytes_per_token(kv::CacheDtype dtype, bool mtp) const override {
+    return inner_->cache_bytes_per_token(dtype, mtp);
+  }
   void allocate(const model::CacheShape& shape) override { inner_->allocate(shape); }
   int num_blocks() const override { return inner_->num_blocks(); }
   std::vector<RankMemory> memory() const override { return inner_->memory(); }

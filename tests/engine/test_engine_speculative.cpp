@@ -170,7 +170,9 @@ TEST(EngineSpeculative, AFailingDraftLayerEndsRequestsNotTheEngine) {
     explicit FailingDrafts(const model::Glm5Model& m) : inner_(model::make_cpu_runner(m)) {}
     const io::ModelConfig& config() const override { return inner_->config(); }
     std::string device() const override { return "cpu"; }
-    int64_t cache_bytes_per_token(kv::CacheDtype dtype) const override { return inner_->cache_bytes_per_token(dtype); }
+    int64_t cache_bytes_per_token(kv::CacheDtype dtype, bool mtp) const override {
+      return inner_->cache_bytes_per_token(dtype, mtp);
+    }
     void allocate(const model::CacheShape& shape) override { inner_->allocate(shape); }
     int num_blocks() const override { return inner_->num_blocks(); }
     void limit_blocks(int blocks) override { inner_->limit_blocks(blocks); }
@@ -217,4 +219,25 @@ TEST(EngineSpeculative, NeedsAnMtpLayer) {
   engine::EngineConfig config;
   config.speculative_steps = 2;
   EXPECT_THROW(engine::Engine(model, config), Error);
+}
+
+// --kv-cache-memory is the whole cache: with speculation it holds the MTP layer's rows too (the
+// CPU runner keeps them in a second cache of as many blocks), so the blocks it buys are fewer.
+TEST(EngineSpeculative, TheCacheBudgetHoldsTheDraftLayersRowsToo) {
+  const model::Glm5Model model(model::load_weights(kModel));
+  const auto probe = model::make_cpu_runner(model);
+  const int64_t plain = probe->cache_bytes_per_token(kv::CacheDtype::kAuto, false);
+  const int64_t with_drafts = probe->cache_bytes_per_token(kv::CacheDtype::kAuto, true);
+  EXPECT_EQ(with_drafts, plain + model.mtp_cache_layout(1).bytes_per_token());
+  engine::EngineConfig config;
+  config.speculative_steps = 2;
+  config.max_model_len = 256;
+  config.kv_cache_bytes = int64_t{8} << 20;
+  auto runner = model::make_cpu_runner(model);
+  const model::StepRunner* cpu = runner.get();
+  engine::Engine engine(std::move(runner), config);
+  EXPECT_LE(cpu->cache_bytes(), config.kv_cache_bytes);
+  EXPECT_GT(cpu->cache_bytes(), config.kv_cache_bytes - with_drafts * config.block_size);
+  const Collected result = Pending(engine, greedy_request(prompt_ids(3, 20), 8)).get();
+  EXPECT_EQ(result.tokens.size(), 8u);
 }

@@ -29,8 +29,9 @@ class CudaRunner : public StepRunner {
   }
   const io::ModelConfig& config() const override { return config_; }
   std::string device() const override { return "cuda"; }
-  int64_t cache_bytes_per_token(kv::CacheDtype dtype) const override {
-    return cuda_cache_bytes_per_token(config_, dtype);
+  int64_t cache_bytes_per_token(kv::CacheDtype dtype, bool mtp) const override {
+    const bool drafts = mtp && has_mtp();  // has_mtp: an MTP layer with its own indexer
+    return cuda_cache_bytes_per_token(config_, dtype, drafts, drafts);
   }
   void allocate(const CacheShape& shape) override {
     CudaModelOptions options;
