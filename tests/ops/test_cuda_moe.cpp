@@ -653,12 +653,16 @@ TEST_F(CudaMoe, RoutingGroupingAndCombineMatchCpu) {
   for (float& b : bias) b += 34.0f;  // as the real correction bias sits near 34
   cuda::MoeRouting routing{E, K, c.n_group, c.topk_group, c.norm_topk_prob, c.routed_scaling_factor};
   auto d_logits = to_device(logits), d_bias = to_device(bias);
-  cuda::DeviceBuffer d_ids(sizeof(int32_t) * n * K), d_weights(sizeof(float) * n * K);
+  // Three padding rows after the routed ones (a data-parallel step's) in the same launch.
+  cuda::DeviceBuffer d_ids(sizeof(int32_t) * (n + 3) * K), d_weights(sizeof(float) * (n + 3) * K);
   cuda::moe_route(d_logits.as<float>(), d_bias.as<float>(), n, routing, d_ids.as<int32_t>(), d_weights.as<float>(),
-                  nullptr);
-  const auto ids = to_host<int32_t>(d_ids);
+                  nullptr, n + 3);
+  auto ids = to_host<int32_t>(d_ids);
   const auto weights = to_host<float>(d_weights);
-  std::vector<float> want_weights, got_weights(weights.begin(), weights.end());
+  EXPECT_EQ(std::vector<int32_t>(ids.begin() + n * K, ids.end()), std::vector<int32_t>(3 * K, -1));
+  EXPECT_EQ(std::vector<float>(weights.begin() + n * K, weights.end()), std::vector<float>(3 * K, 0.0f));
+  ids.resize(n * K);
+  std::vector<float> want_weights, got_weights(weights.begin(), weights.begin() + n * K);
   for (int t = 0; t < n; ++t) {
     std::vector<int32_t> experts;
     std::vector<float> expert_weights;
@@ -694,13 +698,9 @@ TEST_F(CudaMoe, RoutingGroupingAndCombineMatchCpu) {
     }
   };
   check_plan(ids, d_ids, buffers);
-  {
-    const auto many_ids = random_choices(1100, E, K, 77);
-    const auto d_many_ids = to_device(many_ids);
-    check_plan(many_ids, d_many_ids, PlanBuffers(E, static_cast<int64_t>(many_ids.size())));
-  }
+  const auto many_ids = random_choices(1100, E, K, 77);
+  check_plan(many_ids, to_device(many_ids), PlanBuffers(E, static_cast<int64_t>(many_ids.size())));
   const auto slot = to_host<int32_t>(buffers.pair_slot);
-
   // Combine: x += shared + sum of weight * expert row, experts in increasing id.
   auto x = random_values(n * hidden, 3), shared = random_values(n * hidden, 4), expert_rows = random_values(P * hidden, 5);
   auto combined = [&](const std::vector<float>& rows) {

@@ -161,10 +161,10 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   PendingOutput moe(const DecoderLayerDevice& layer, const StepShape& shape);
   // The shared expert into shared_out, or added into x (`into_residual`, main stream only).
   void moe_shared_expert(const MoeDevice& m, int T, bool on_side_stream, bool into_residual = false);
-  // Scores the router for T tokens and picks their experts. With router_takes_terms, the
-  // post-attention norm has left its input as bf16 terms (normed_bf16 and pair_x); else as
-  // normed_f32.
-  void moe_route(const MoeDevice& m, int T);
+  // Scores the router for T tokens and picks the experts of the first `routed`; rows [routed,
+  // rows) of expert_ids become padding (-1). With router_takes_terms, the post-attention norm has
+  // left its input as bf16 terms (normed_bf16 and pair_x); else as normed_f32.
+  void moe_route(const MoeDevice& m, int T, int routed, int rows);
   bool router_takes_terms(const MoeDevice& m, int T) const;
   // The routed experts of this rank over `rows` tokens x [rows, hidden] bf16 with their routing
   // (ids, weights [rows, top_k]; `routed_rows` of them are tokens, the rest padding); out

@@ -36,7 +36,7 @@ bool CudaGlm5Model::Impl::router_takes_terms(const MoeDevice& m, int T) const {
   return m.router_bf16.data() != nullptr && T >= kRouterTermsMinTokens && terms_fit;
 }
 
-void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T) {
+void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T, int routed, int rows) {
   const io::ModelConfig& c = config;
   cudaStream_t s = stream.get();
   if (router_takes_terms(m, T)) {
@@ -53,8 +53,8 @@ void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T) {
   routing.topk_group = c.topk_group;
   routing.norm_topk_prob = c.norm_topk_prob;
   routing.routed_scaling_factor = c.routed_scaling_factor;
-  cuda::moe_route(as<float>(router_logits), as<float>(m.correction_bias), T, routing, as<int32_t>(expert_ids),
-                  as<float>(expert_weights), s);
+  cuda::moe_route(as<float>(router_logits), as<float>(m.correction_bias), routed, routing, as<int32_t>(expert_ids),
+                  as<float>(expert_weights), s, rows);
 }
 
 // The W8A8 expert GEMMs' E4M3 rows and scales, in buffers that path leaves unused: the tokens'
@@ -270,7 +270,11 @@ CudaGlm5Model::Impl::PendingOutput CudaGlm5Model::Impl::moe(const DecoderLayerDe
   // The whole model's shared expert of a long step may add itself into the residual stream.
   const bool shared_into_residual = !overlap_shared && !peers.dp && adds_into_residual(m.shared.down, T);
   if (overlap_shared) moe_shared_expert(m, T, true);
-  moe_route(m, T);
+  // A data-parallel step routes this rank's own tokens and pads its rows to every rank's count
+  // (an idle rank's dummy token routes nowhere).
+  const bool gathered = peers.dp != nullptr;
+  GLMS_CHECK(!gathered || (shape.moe_rows >= T && shape.moe_rows <= options.max_tokens), "MoE gather rows out of range");
+  moe_route(m, T, gathered ? shape.valid_tokens : T, gathered ? shape.moe_rows : T);
   if (!overlap_shared) {
     timer.mark("moe.routing", s);
     moe_shared_expert(m, T, false, shared_into_residual);
@@ -291,10 +295,6 @@ CudaGlm5Model::Impl::PendingOutput CudaGlm5Model::Impl::moe(const DecoderLayerDe
   // Every data-parallel rank's moe_rows rows: its tokens, then padding that routes nowhere.
   comm::Communicator& dp = *peers.dp;
   const int rows = shape.moe_rows, ranks = dp.size();
-  GLMS_CHECK(rows >= T && rows <= options.max_tokens, "MoE gather rows out of range");
-  if (rows > shape.valid_tokens)
-    cuda::memset_async(as<int32_t>(expert_ids) + int64_t{shape.valid_tokens} * K, 0xff,
-                       sizeof(int32_t) * (rows - shape.valid_tokens) * K, s);
   dp.begin_group();  // one launch for the three
   dp.all_gather(expert_ids.data(), gathered_ids.data(), static_cast<size_t>(rows) * K, comm::Element::I32, s);
   dp.all_gather(expert_weights.data(), gathered_weights.data(), static_cast<size_t>(rows) * K, comm::Element::F32, s);
