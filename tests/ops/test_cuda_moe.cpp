@@ -648,9 +648,9 @@ TEST_F(CudaMoe, RoutingGroupingAndCombineMatchCpu) {
   c.routed_scaling_factor = 2.5f;
   const int n = 37, E = c.n_routed_experts, K = c.num_experts_per_tok;
   const int64_t hidden = 1160;  // past one combine block of 1024 dims
-  const auto logits = random_values(n * E, 1, 2.0f);
-  auto bias = random_values(E, 2, 0.5f);
+  auto logits = random_values(n * E, 1, 2.0f), bias = random_values(E, 2, 0.5f);
   for (float& b : bias) b += 34.0f;  // as the real correction bias sits near 34
+  bias[38] = bias[5] = 40.0f, logits[38] = logits[5] = 9.0f;  // token 0's top two tie, in two lanes
   cuda::MoeRouting routing{E, K, c.n_group, c.topk_group, c.norm_topk_prob, c.routed_scaling_factor};
   auto d_logits = to_device(logits), d_bias = to_device(bias);
   // Three padding rows after the routed ones (a data-parallel step's) in the same launch.

@@ -22,9 +22,10 @@ namespace {
 
 // One warp a token; lane j holds experts j + 32 i (i < kPerLane) in registers: their sigmoid
 // scores and choices (score + correction bias). Each of the top_k rounds takes the warp's best
-// choice (ties to the lower expert id) by a local pass and five shuffle steps, with shared memory
-// only in the group stage: a decode token's routing is one warp's chain of dependent steps, so
-// each round is kept to register work.
+// choice (ties to the lower expert id) by a local pass and two warp reductions of order keys
+// (redux.sync, an instruction each, in place of five steps of two dependent shuffles), with
+// shared memory only in the group stage: a decode token's routing is one warp's chain of
+// dependent steps, so each round is kept to register work.
 // Blocks from `routed` on write a padding row (ids -1, weights 0).
 template <int kPerLane>
 __global__ void __launch_bounds__(32) moe_route_kernel(const float* logits, const float* bias, MoeRouting r,
@@ -104,15 +105,12 @@ __global__ void __launch_bounds__(32) moe_route_kernel(const float* logits, cons
         best = choice[i];
         best_index = 32 * i + lane;
       }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) {
-      const float other = __shfl_xor_sync(0xffffffffu, best, offset);
-      const int other_index = __shfl_xor_sync(0xffffffffu, best_index, offset);
-      if (other_index >= 0 && (best_index < 0 || other > best || (other == best && other_index < best_index))) {
-        best = other;
-        best_index = other_index;
-      }
-    }
+    // The warp's best: the largest key in one reduction, then the lowest id among the lanes that
+    // hold it in another (a lane's best is already its lowest id of that value).
+    const uint32_t key = best_index >= 0 ? order_key(best) : 0u;
+    const uint32_t top = __reduce_max_sync(0xffffffffu, key);
+    best_index = static_cast<int>(__reduce_min_sync(
+        0xffffffffu, best_index >= 0 && key == top ? static_cast<uint32_t>(best_index) : 0xffffffffu));
     // Every lane now holds the same best_index; its owner retires it and hands its score over.
     float owned = 0.0f;
 #pragma unroll
