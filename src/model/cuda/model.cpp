@@ -166,7 +166,8 @@ void CudaGlm5Model::Impl::upload_metadata(const ForwardBatch& batch) {
   const int T = batch.num_tokens(), S = static_cast<int>(batch.sequences.size());
   const int R = static_cast<int>(batch.logits_tokens.size());
   GLMS_CHECK(T > 0, "empty batch");
-  const int usable_blocks = &batch == &idle_batch ? options.num_blocks + 1 : options.num_blocks;
+  const bool dummies = &batch == &idle_batch || &batch == &padded_batch;  // in the block after the usable ones
+  const int usable_blocks = dummies ? options.num_blocks + 1 : options.num_blocks;
   if (T > options.max_tokens)
     fail("the step has " + std::to_string(T) + " tokens; this CUDA model was set up for at most " +
          std::to_string(options.max_tokens) + " (max_tokens)");
@@ -377,11 +378,46 @@ StepShape CudaGlm5Model::Impl::prepare(const ForwardBatch& step) {
     shape.moe_rows = moe_gather_rows(step_dp_tokens, options.max_tokens);
     shape.valid_tokens = step.num_tokens();
     shape.dp_graph_key = dp_graph_key(step.dp_peers, config.index_topk);
+    // The top-k skips the indexer only where it is all of every rank's context, so that a
+    // rank's launches follow from the key (a top-k over fewer positions than k is all of them).
+    for (const DpStepShape& peer : step.dp_peers)
+      shape.selects_all = shape.selects_all && peer.max_context <= config.index_topk;
   }
   return shape;
 }
 
-void CudaGlm5Model::Impl::launch(const ForwardBatch& step, bool use_graph) {
+bool CudaGlm5Model::Impl::dp_step_graphable(const ForwardBatch& step, bool use_graph) const {
+  if (!peers.dp || !use_graph || !peers.dp->graph_capturable() || (peers.tp && !peers.tp->graph_capturable()))
+    return false;
+  return std::all_of(step.dp_peers.begin(), step.dp_peers.end(),
+                     [](const DpStepShape& p) { return p.decodes() && p.logits == p.sequences; });
+}
+
+// Every rank pads its decode batch to the largest rank's sequences with dummy ones (one token at
+// position 0 in the block after the usable ones, a logits row each, never read back), so that its
+// step, and so its graph, follows from the largest batch and the joint top-k flag alone: a few
+// graphs serve every step, where keys of every rank's own sizes would take thousands of values
+// (SGLang pads its data-parallel attention's batches the same way). The dummy tokens go through
+// the experts as real ones do; only the real rows' logits and hidden states are read back (they
+// come first).
+const ForwardBatch& CudaGlm5Model::Impl::padded_for_graph(const ForwardBatch& step) {
+  DpStepShape largest;
+  for (const DpStepShape& peer : step.dp_peers) {
+    largest.sequences = std::max(largest.sequences, peer.sequences);
+    largest.max_context = std::max(largest.max_context, peer.max_context);
+  }
+  largest.sequences = std::max(largest.sequences, 1);
+  largest.tokens = largest.logits = largest.sequences;
+  padded_batch = step;
+  const int dummy_block = idle_batch.sequences[0].block_table[0];
+  while (static_cast<int>(padded_batch.sequences.size()) < largest.sequences)
+    padded_batch.add_sequence({0}, 0, {dummy_block}, options.block_size, false);
+  padded_batch.dp_peers.assign(step.dp_peers.size(), largest);
+  return padded_batch;
+}
+
+void CudaGlm5Model::Impl::launch(const ForwardBatch& given, bool use_graph) {
+  const ForwardBatch& step = dp_step_graphable(given, use_graph) ? padded_for_graph(given) : given;
   StepShape shape = prepare(step);
   struct Reset {
     const ForwardBatch*& current;
@@ -452,6 +488,8 @@ std::unique_ptr<CudaGlm5Model> CudaGlm5Model::synthetic(const io::ModelConfig& c
 }
 
 CudaGlm5Model::~CudaGlm5Model() = default;
+
+int CudaGlm5Model::captured_graphs() const { return static_cast<int>(impl_->graphs.size()); }
 
 void CudaGlm5Model::limit_blocks(int blocks) {
   Impl& m = *impl_;

@@ -343,6 +343,8 @@ class CudaGlm5Model {
   // since the last call, in first-seen order.
   void set_phase_timing(bool on);
   std::vector<std::pair<std::string, double>> take_phase_times();
+  // Decode step shapes captured as graphs so far (CudaModelOptions::max_decode_graphs bounds it).
+  int captured_graphs() const;
 
   // Fills every cache row with seeded random values (benchmarks that need long contexts
   // without prefilling them).

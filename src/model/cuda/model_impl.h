@@ -97,6 +97,7 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   CudaStepLimits step_limits;
   CudaMemoryReport memory;        // the budget and what was in use when the cache was sized
   ForwardBatch idle_batch;        // the one dummy token an idle data-parallel rank runs
+  ForwardBatch padded_batch;      // a data-parallel decode step padded for its graph (padded_for_graph)
   std::vector<int32_t> step_dp_tokens;  // every data-parallel rank's tokens in the step being run
   const ForwardBatch* batch = nullptr;  // the step being run (host view; null inside graph capture)
 
@@ -266,6 +267,11 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   StepShape shape_of(const ForwardBatch& batch) const;
   // The batch a step runs: `step`, or the idle rank's dummy token when it has none.
   const ForwardBatch& runnable(const ForwardBatch& step) const;
+  // Whether a data-parallel step runs as a graph, padded: every rank decodes, a logits row a
+  // sequence (what a graph needs on every rank alike).
+  bool dp_step_graphable(const ForwardBatch& step, bool use_graph) const;
+  // `step` padded to the largest rank's sequences with dummy ones (padded_batch).
+  const ForwardBatch& padded_for_graph(const ForwardBatch& step);
   // Uploads the step's metadata and sets `batch`; returns its shape (with the MoE gather's rows).
   StepShape prepare(const ForwardBatch& step);
   void launch(const ForwardBatch& batch, bool use_graph);
