@@ -59,7 +59,9 @@ CudaRankWidths cuda_rank_widths(const io::ModelConfig& config, const ModelShard&
 
 // Byte offsets of the per-step metadata inside one host staging buffer and its device copy.
 struct MetadataLayout {
-  size_t token_ids, positions, token_sequence, logits_tokens, slot_mapping, block_tables, total;
+  // routed_tokens: one int, the step's tokens that route to experts (a data-parallel rank's own;
+  // its padded batch's dummies and an idle rank's dummy token route nowhere).
+  size_t token_ids, positions, token_sequence, logits_tokens, routed_tokens, slot_mapping, block_tables, total;
   MetadataLayout(int max_tokens, int max_logits, int max_sequences, int max_blocks) {
     auto align = [](size_t v) { return (v + 255) / 256 * 256; };
     size_t at = 0;
@@ -73,6 +75,8 @@ struct MetadataLayout {
     at = align(at + sizeof(int32_t) * max_tokens);
     logits_tokens = at;
     at = align(at + sizeof(int32_t) * max_logits);
+    routed_tokens = at;
+    at = align(at + sizeof(int32_t));
     block_tables = at;  // last: a step uploads only the rows it uses
     total = at + sizeof(int32_t) * static_cast<size_t>(max_sequences) * max_blocks;
   }

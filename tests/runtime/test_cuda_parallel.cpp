@@ -236,6 +236,8 @@ TEST_F(CudaParallel, DataParallelRanksTakeADecodeGraphTogether) {
     EXPECT_EQ(rank->take_phase_times().empty(), step.graphed);
     EXPECT_EQ(rank->captured_graphs(), step.graphs);
     ASSERT_EQ(got.size(), eager.size());
+    // A padded step runs more tokens through the same layers: the linear layers may take another
+    // kernel for them (the GEMV up to two tokens, the skinny GEMM from three), another bf16 order.
     EXPECT_LT(relative_l2(got, eager), 1e-2);
   }
 }

@@ -157,17 +157,14 @@ StepShape CudaGlm5Model::Impl::shape_of(const ForwardBatch& batch) const {
   shape.num_logits = static_cast<int>(batch.logits_tokens.size());
   for (int32_t p : batch.positions) shape.max_context = std::max(shape.max_context, p + 1);
   shape.selects_all = shape.max_context <= config.index_topk;
-  shape.valid_tokens = shape.num_tokens;
   return shape;
 }
 
-void CudaGlm5Model::Impl::upload_metadata(const ForwardBatch& batch) {
+void CudaGlm5Model::Impl::upload_metadata(const ForwardBatch& batch, int routed_tokens, int real_sequences) {
   const io::ModelConfig& c = config;
   const int T = batch.num_tokens(), S = static_cast<int>(batch.sequences.size());
   const int R = static_cast<int>(batch.logits_tokens.size());
   GLMS_CHECK(T > 0, "empty batch");
-  const bool dummies = &batch == &idle_batch || &batch == &padded_batch;  // in the block after the usable ones
-  const int usable_blocks = dummies ? options.num_blocks + 1 : options.num_blocks;
   if (T > options.max_tokens)
     fail("the step has " + std::to_string(T) + " tokens; this CUDA model was set up for at most " +
          std::to_string(options.max_tokens) + " (max_tokens)");
@@ -199,9 +196,11 @@ void CudaGlm5Model::Impl::upload_metadata(const ForwardBatch& batch) {
     slot_mapping[t] = batch.slot_mapping[t];
   }
   std::copy(batch.logits_tokens.begin(), batch.logits_tokens.end(), logits_tokens);
+  *reinterpret_cast<int32_t*>(base + meta.routed_tokens) = routed_tokens;
   for (int s = 0; s < S; ++s) {
     const std::vector<int32_t>& table = batch.sequences[s].block_table;
     if (static_cast<int>(table.size()) > max_blocks) fail("a sequence's block table is longer than max_context allows");
+    const int usable_blocks = s < real_sequences ? options.num_blocks : options.num_blocks + 1;  // dummies: the one after
     int32_t* row = block_tables + static_cast<int64_t>(s) * max_blocks;
     for (size_t b = 0; b < table.size(); ++b) {
       if (table[b] < 0 || table[b] >= usable_blocks) fail("block id " + std::to_string(table[b]) + " is outside the device cache");
@@ -366,22 +365,21 @@ const ForwardBatch& CudaGlm5Model::Impl::runnable(const ForwardBatch& step) cons
   return idle_batch;  // an idle data-parallel rank: one dummy token, so that it joins the MoE gathers
 }
 
-StepShape CudaGlm5Model::Impl::prepare(const ForwardBatch& step) {
-  const ForwardBatch& run = runnable(step);
-  upload_metadata(run);
+StepShape CudaGlm5Model::Impl::prepare(const ForwardBatch& step, bool padded) {
+  if (peers.dp && static_cast<int>(step.dp_peers.size()) != peers.dp->size())
+    fail("a data-parallel step needs every rank's step (ForwardBatch::dp_peers)");
+  const ForwardBatch& run = padded ? padded_for_graph(step) : runnable(step);
+  upload_metadata(run, step.num_tokens(), static_cast<int>(step.sequences.size()));
   batch = &run;
   StepShape shape = shape_of(run);
   if (peers.dp) {
-    if (static_cast<int>(step.dp_peers.size()) != peers.dp->size())
-      fail("a data-parallel step needs every rank's step (ForwardBatch::dp_peers)");
-    step_dp_tokens = step.dp_tokens();
+    step_dp_tokens = run.dp_tokens();
     shape.moe_rows = moe_gather_rows(step_dp_tokens, options.max_tokens);
-    shape.valid_tokens = step.num_tokens();
-    shape.dp_graph_key = dp_graph_key(step.dp_peers, config.index_topk);
-    // The top-k skips the indexer only where it is all of every rank's context, so that a
-    // rank's launches follow from the key (a top-k over fewer positions than k is all of them).
-    for (const DpStepShape& peer : step.dp_peers)
-      shape.selects_all = shape.selects_all && peer.max_context <= config.index_topk;
+    shape.dp_graph_key = dp_graph_key(run.dp_peers, config.index_topk);
+    // A padded step's launches follow from the key alone: the top-k skips the indexer only
+    // where it is all of every rank's context (a top-k over fewer positions than k is all of them).
+    if (padded)
+      for (const DpStepShape& peer : run.dp_peers) shape.selects_all = shape.selects_all && peer.max_context <= config.index_topk;
   }
   return shape;
 }
@@ -408,6 +406,11 @@ const ForwardBatch& CudaGlm5Model::Impl::padded_for_graph(const ForwardBatch& st
   }
   largest.sequences = std::max(largest.sequences, 1);
   largest.tokens = largest.logits = largest.sequences;
+  // Every rank's batch already the largest (the rank simulation's steps): nothing to pad, and the
+  // key of every rank's shapes is as uniform (every rank decides this alike).
+  if (std::all_of(step.dp_peers.begin(), step.dp_peers.end(),
+                  [&](const DpStepShape& p) { return p.sequences == largest.sequences; }))
+    return step;
   padded_batch = step;
   const int dummy_block = idle_batch.sequences[0].block_table[0];
   while (static_cast<int>(padded_batch.sequences.size()) < largest.sequences)
@@ -416,9 +419,8 @@ const ForwardBatch& CudaGlm5Model::Impl::padded_for_graph(const ForwardBatch& st
   return padded_batch;
 }
 
-void CudaGlm5Model::Impl::launch(const ForwardBatch& given, bool use_graph) {
-  const ForwardBatch& step = dp_step_graphable(given, use_graph) ? padded_for_graph(given) : given;
-  StepShape shape = prepare(step);
+void CudaGlm5Model::Impl::launch(const ForwardBatch& step, bool use_graph) {
+  StepShape shape = prepare(step, dp_step_graphable(step, use_graph));
   struct Reset {
     const ForwardBatch*& current;
     ~Reset() { current = nullptr; }
@@ -652,7 +654,7 @@ void CudaGlm5Model::Impl::run_mtp(const ForwardBatch& step, const float* h_prev_
   // Without its own indexer the layer would attend over another step's token selection.
   if (!weights.mtp[0].block.attention.has_indexer)
     fail("the MTP layer has no indexer weights: it cannot select its own top-k");
-  const StepShape shape = prepare(step);
+  const StepShape shape = prepare(step, false);
   struct Reset {
     const ForwardBatch*& current;
     ~Reset() { current = nullptr; }

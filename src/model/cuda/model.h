@@ -264,10 +264,9 @@ struct CudaModelOptions {
   int overlap_shared_expert_tokens = 1;
   // Decode step shapes captured as CUDA graphs at most; a shape first seen beyond that runs eager.
   // One GPU sees at most two shapes a batch size (whether its contexts fit the indexer's top-k):
-  // 512 at vLLM's 256 sequences a step. Data-parallel ranks key their graphs by every rank's
-  // batch (dp_graph_key), which can take thousands of values under load, each a capture of the
-  // whole step. The bound is the same on every rank, as are the keys, so the ranks stop capturing
-  // at the same step.
+  // 512 at vLLM's 256 sequences a step; data-parallel ranks pad their batches to the largest
+  // rank's for a graph (padded_for_graph), so theirs are as few. The bound is the same on every
+  // rank, as are the keys, so the ranks stop capturing at the same step.
   int max_decode_graphs = 512;
   // Linear layers in block FP8 on the device (model/cuda/weights.h): an FP8 checkpoint's as it
   // stores them, every one (--quantization fp8), or none. Decode-sized steps multiply FP8 weights

@@ -122,7 +122,9 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   int cache_blocks_that_fit(int64_t bytes_per_slot);
   // The latent rows and indexer keys of options.num_blocks blocks, every layer's.
   void allocate_cache(bool with_mtp, bool mtp_indexer);
-  void upload_metadata(const ForwardBatch& batch);
+  // The step's metadata: `batch` runs, its first `real_sequences` the caller's (the others dummies
+  // in the block after the usable ones), `routed_tokens` of its tokens routed to experts.
+  void upload_metadata(const ForwardBatch& batch, int routed_tokens, int real_sequences);
   void run_step(const StepShape& shape);
   // A block output still to be added to x: sum + addend (either null), added by the next norm.
   struct PendingOutput {
@@ -162,10 +164,11 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   PendingOutput moe(const DecoderLayerDevice& layer, const StepShape& shape);
   // The shared expert into shared_out, or added into x (`into_residual`, main stream only).
   void moe_shared_expert(const MoeDevice& m, int T, bool on_side_stream, bool into_residual = false);
-  // Scores the router for T tokens and picks the experts of the first `routed`; rows [routed,
-  // rows) of expert_ids become padding (-1). With router_takes_terms, the post-attention norm has
-  // left its input as bf16 terms (normed_bf16 and pair_x); else as normed_f32.
-  void moe_route(const MoeDevice& m, int T, int routed, int rows);
+  // Scores the router for T tokens and picks their experts; rows [T, rows) of expert_ids become
+  // padding (-1), and with data-parallel peers so do the tokens past the step's routed count (the
+  // metadata's, read on the device). With router_takes_terms, the post-attention norm has left
+  // its input as bf16 terms (normed_bf16 and pair_x); else as normed_f32.
+  void moe_route(const MoeDevice& m, int T, int rows);
   bool router_takes_terms(const MoeDevice& m, int T) const;
   // The routed experts of this rank over `rows` tokens x [rows, hidden] bf16 with their routing
   // (ids, weights [rows, top_k]; `routed_rows` of them are tokens, the rest padding); out
@@ -272,8 +275,9 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   bool dp_step_graphable(const ForwardBatch& step, bool use_graph) const;
   // `step` padded to the largest rank's sequences with dummy ones (padded_batch).
   const ForwardBatch& padded_for_graph(const ForwardBatch& step);
-  // Uploads the step's metadata and sets `batch`; returns its shape (with the MoE gather's rows).
-  StepShape prepare(const ForwardBatch& step);
+  // Uploads the metadata of the batch `step` runs (padded_for_graph's where `padded`, else
+  // runnable's) and sets `batch`; returns its shape (with the MoE gather's rows).
+  StepShape prepare(const ForwardBatch& step, bool padded);
   void launch(const ForwardBatch& batch, bool use_graph);
   // The step's logits [logits rows, vocab] and, when asked, x [tokens, hidden] (the hidden
   // states before the final norm), copied to the host.

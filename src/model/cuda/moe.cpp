@@ -36,7 +36,7 @@ bool CudaGlm5Model::Impl::router_takes_terms(const MoeDevice& m, int T) const {
   return m.router_bf16.data() != nullptr && T >= kRouterTermsMinTokens && terms_fit;
 }
 
-void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T, int routed, int rows) {
+void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T, int rows) {
   const io::ModelConfig& c = config;
   cudaStream_t s = stream.get();
   if (router_takes_terms(m, T)) {
@@ -53,8 +53,8 @@ void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T, int routed, int r
   routing.topk_group = c.topk_group;
   routing.norm_topk_prob = c.norm_topk_prob;
   routing.routed_scaling_factor = c.routed_scaling_factor;
-  cuda::moe_route(as<float>(router_logits), as<float>(m.correction_bias), routed, routing, as<int32_t>(expert_ids),
-                  as<float>(expert_weights), s, rows);
+  cuda::moe_route(as<float>(router_logits), as<float>(m.correction_bias), T, routing, as<int32_t>(expert_ids),
+                  as<float>(expert_weights), s, rows, peers.dp ? meta_i32(meta.routed_tokens) : nullptr);
 }
 
 // The W8A8 expert GEMMs' E4M3 rows and scales, in buffers that path leaves unused: the tokens'
@@ -274,7 +274,7 @@ CudaGlm5Model::Impl::PendingOutput CudaGlm5Model::Impl::moe(const DecoderLayerDe
   // (an idle rank's dummy token routes nowhere).
   const bool gathered = peers.dp != nullptr;
   GLMS_CHECK(!gathered || (shape.moe_rows >= T && shape.moe_rows <= options.max_tokens), "MoE gather rows out of range");
-  moe_route(m, T, gathered ? shape.valid_tokens : T, gathered ? shape.moe_rows : T);
+  moe_route(m, T, gathered ? shape.moe_rows : T);
   if (!overlap_shared) {
     timer.mark("moe.routing", s);
     moe_shared_expert(m, T, false, shared_into_residual);

@@ -25,17 +25,16 @@ struct StepShape {
   bool selects_all = false;   // every token's context is at most index_topk: the top-k is all of it
   bool host_sync_ok = true;   // false while capturing a graph
   // Data-parallel peers: the rows each rank adds to the MoE layers' gather (the most tokens any
-  // rank runs, rounded up to a few sizes so that decode graphs are reused), and this rank's own
-  // tokens among num_tokens (0 for an idle rank, which runs one dummy token).
+  // rank runs, rounded up to a few sizes so that decode graphs are reused). Which of this rank's
+  // tokens route to experts is the metadata's routed_tokens, read on the device.
   int moe_rows = 0;
-  int valid_tokens = 0;
   // Every data-parallel rank's step (model::dp_graph_key), so that the ranks capture a decode
   // step's graph, collectives and all, together and replay the graphs of one joint capture.
   std::vector<int32_t> dp_graph_key;
   bool operator<(const StepShape& o) const {
-    return std::tie(num_tokens, num_sequences, num_logits, max_context, selects_all, moe_rows, valid_tokens,
-                    dp_graph_key) < std::tie(o.num_tokens, o.num_sequences, o.num_logits, o.max_context,
-                                             o.selects_all, o.moe_rows, o.valid_tokens, o.dp_graph_key);
+    return std::tie(num_tokens, num_sequences, num_logits, max_context, selects_all, moe_rows, dp_graph_key) <
+           std::tie(o.num_tokens, o.num_sequences, o.num_logits, o.max_context, o.selects_all, o.moe_rows,
+                    o.dp_graph_key);
   }
 };
 

@@ -26,12 +26,14 @@ namespace {
 // (redux.sync, an instruction each, in place of five steps of two dependent shuffles), with
 // shared memory only in the group stage: a decode token's routing is one warp's chain of
 // dependent steps, so each round is kept to register work.
-// Blocks from `routed` on write a padding row (ids -1, weights 0).
+// Blocks from `routed` (or *routed_on_device, where given) on write a padding row (ids -1,
+// weights 0).
 template <int kPerLane>
-__global__ void __launch_bounds__(32) moe_route_kernel(const float* logits, const float* bias, MoeRouting r,
-                                                       int routed, int32_t* ids, float* weights) {
+__global__ void __launch_bounds__(32)
+    moe_route_kernel(const float* logits, const float* bias, MoeRouting r, int routed, const int32_t* routed_on_device,
+                     int32_t* ids, float* weights) {
   chained_grid_prologue();
-  if (static_cast<int>(blockIdx.x) >= routed) {
+  if (static_cast<int>(blockIdx.x) >= (routed_on_device ? *routed_on_device : routed)) {
     for (int k = static_cast<int>(threadIdx.x); k < r.top_k; k += 32) {
       ids[static_cast<int64_t>(blockIdx.x) * r.top_k + k] = -1;
       weights[static_cast<int64_t>(blockIdx.x) * r.top_k + k] = 0.0f;
@@ -296,7 +298,8 @@ __global__ void moe_combine_kernel(float* out, bool accumulate, const float* sha
 }  // namespace
 
 void moe_route(const float* logits, const float* correction_bias, int64_t n, const MoeRouting& routing,
-               int32_t* expert_ids, float* expert_weights, cudaStream_t stream, int64_t padded_rows) {
+               int32_t* expert_ids, float* expert_weights, cudaStream_t stream, int64_t padded_rows,
+               const int32_t* routed_on_device) {
   const int64_t rows = std::max(n, padded_rows);
   if (rows == 0) return;
   GLMS_CHECK(routing.num_experts <= 1024 && routing.n_group <= 32 && routing.top_k <= 64 &&
@@ -305,7 +308,7 @@ void moe_route(const float* logits, const float* correction_bias, int64_t n, con
   GLMS_CHECK(rows <= std::numeric_limits<int>::max(), "moe_route: too many rows");
   auto launch = [&](auto kernel) {
     launch_chained("moe_route launch", kernel, static_cast<unsigned>(rows), 32, 0, stream, logits, correction_bias,
-                   routing, static_cast<int>(n), expert_ids, expert_weights);
+                   routing, static_cast<int>(n), routed_on_device, expert_ids, expert_weights);
   };
   if (routing.num_experts <= 256) launch(moe_route_kernel<8>);
   else launch(moe_route_kernel<32>);

@@ -25,8 +25,11 @@ struct MoeRouting {
 // logits [n, num_experts] fp32 and correction_bias [num_experts] fp32. num_experts <= 1024.
 // Rows [n, padded_rows) (a data-parallel step's padding, which routes nowhere) get ids -1 and
 // weights 0 in the same launch: a memset node of its own would stop the chained kernels there.
+// With `routed_on_device`, rows from *routed_on_device on are padding too (read on the device, so
+// that one captured graph serves steps of different counts: a data-parallel rank's padded batch).
 void moe_route(const float* logits, const float* correction_bias, int64_t n, const MoeRouting& routing,
-               int32_t* expert_ids, float* expert_weights, cudaStream_t stream, int64_t padded_rows = 0);
+               int32_t* expert_ids, float* expert_weights, cudaStream_t stream, int64_t padded_rows = 0,
+               const int32_t* routed_on_device = nullptr);
 
 // The pairs p = t * top_k + k grouped by expert: expert e's pairs are sorted_pairs[offsets[e] ..
 // offsets[e + 1]), pair p sits at pair_slot[p]; active_experts[0 .. *num_active) lists the
