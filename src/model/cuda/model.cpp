@@ -395,9 +395,9 @@ bool CudaGlm5Model::Impl::dp_step_graphable(const ForwardBatch& step, bool use_g
 // position 0 in the block after the usable ones, a logits row each, never read back), so that its
 // step, and so its graph, follows from the largest batch and the joint top-k flag alone: a few
 // graphs serve every step, where keys of every rank's own sizes would take thousands of values
-// (SGLang pads its data-parallel attention's batches the same way). The dummy tokens go through
-// the experts as real ones do; only the real rows' logits and hidden states are read back (they
-// come first).
+// (SGLang pads its data-parallel attention's batches the same way). The dummy tokens route to no
+// expert (the metadata's routed_tokens is the rank's own count); only the real rows' logits and
+// hidden states are read back (they come first).
 const ForwardBatch& CudaGlm5Model::Impl::padded_for_graph(const ForwardBatch& step) {
   DpStepShape largest;
   for (const DpStepShape& peer : step.dp_peers) {
