@@ -373,13 +373,16 @@ StepShape CudaGlm5Model::Impl::prepare(const ForwardBatch& step, bool padded) {
   batch = &run;
   StepShape shape = shape_of(run);
   if (peers.dp) {
-    step_dp_tokens = run.dp_tokens();
+    // Every rank's step as the peers see it: the padded one's, or the caller's (an idle rank
+    // runs its dummy token, whose batch carries no peers).
+    const ForwardBatch& peers_of = padded ? run : step;
+    step_dp_tokens = peers_of.dp_tokens();
     shape.moe_rows = moe_gather_rows(step_dp_tokens, options.max_tokens);
-    shape.dp_graph_key = dp_graph_key(run.dp_peers, config.index_topk);
+    shape.dp_graph_key = dp_graph_key(peers_of.dp_peers, config.index_topk);
     // A padded step's launches follow from the key alone: the top-k skips the indexer only
     // where it is all of every rank's context (a top-k over fewer positions than k is all of them).
     if (padded)
-      for (const DpStepShape& peer : run.dp_peers) shape.selects_all = shape.selects_all && peer.max_context <= config.index_topk;
+      for (const DpStepShape& peer : peers_of.dp_peers) shape.selects_all = shape.selects_all && peer.max_context <= config.index_topk;
   }
   return shape;
 }
