@@ -142,12 +142,12 @@ struct StepBench {
   }
 };
 
-// What MTP speculation with K drafts costs at this batch and context: a verify step (1 + K tokens
-// per sequence, every row's logits, eager) and one MTP draft step (one token per sequence,
-// greedy: argmax ids back). A speculative step runs K MTP calls (the entries, then K - 1 chain
-// steps; the entries call has 1 + accepted tokens per sequence, counted here as one) and one
-// verify, and yields the acceptance length a in tokens, so it pays when a > (verify + K x draft) /
-// decode. With fewer layers than the checkpoint has, the draft step weighs more than it would at
+// What MTP speculation with K drafts costs at this batch and context: a verify step (1 + K
+// tokens per sequence, every row's logits, a graph as decode's with --graphs) and one MTP draft
+// step (one token per sequence, greedy: argmax ids back). A speculative step runs K MTP calls
+// (the entries, then K - 1 chain steps; the entries call has 1 + accepted tokens per sequence,
+// counted here as one) and one verify, and yields the acceptance length a in tokens, so it pays
+// when a > (verify + K x draft) / decode. With fewer layers than the checkpoint has, the draft step weighs more than it would at
 // full depth, so the break-even is also projected to `full_layers`: the per-layer part of decode
 // and verify (all but embedding and lm_head, `fixed_s`) scales with depth, the MTP draft step does
 // not. A simulated rank's steps carry every data-parallel rank's tokens, and its projection adds
@@ -176,7 +176,7 @@ nlohmann::json speculation_costs(StepBench& b, int batch, int context, double de
   }
   sim.set_dp_peers(verify);
   const double verify_s = median_of([&] {
-    model.forward_on_device(verify);
+    model.forward_on_device(verify, b.o.graphs);
     model.synchronize();
   });
   model::ForwardBatch chain;

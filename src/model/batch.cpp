@@ -42,6 +42,8 @@ DpStepShape dp_step_shape(const ForwardBatch& batch) {
   shape.sequences = static_cast<int32_t>(batch.sequences.size());
   shape.logits = static_cast<int32_t>(batch.logits_tokens.size());
   for (int32_t p : batch.positions) shape.max_context = std::max(shape.max_context, p + 1);
+  for (const SequenceSlice& seq : batch.sequences)
+    shape.max_sequence_tokens = std::max(shape.max_sequence_tokens, static_cast<int32_t>(seq.num_tokens));
   return shape;
 }
 
@@ -54,6 +56,10 @@ void set_data_parallel_peers(const std::vector<ForwardBatch*>& batches) {
 
 bool every_dp_peer_decodes(const std::vector<DpStepShape>& peers) {
   return std::all_of(peers.begin(), peers.end(), [](const DpStepShape& p) { return p.decodes(); });
+}
+
+bool every_dp_peer_fits_a_graph(const std::vector<DpStepShape>& peers) {
+  return std::all_of(peers.begin(), peers.end(), [](const DpStepShape& p) { return p.fits_a_graph(); });
 }
 
 std::vector<int32_t> dp_graph_key(const std::vector<DpStepShape>& peers, int index_topk) {

@@ -20,14 +20,21 @@ struct SequenceSlice {
   std::vector<int32_t> block_table;  // physical block of each logical block of the context
 };
 
+// The most tokens a sequence may have in a step that runs as a CUDA graph: a decode step (one a
+// sequence) or an MTP verify step (the pending token and up to 7 drafts). Every token of such a
+// step attends and scores its keys on its own, so the step's launches follow from its sizes.
+constexpr int kGraphedSequenceTokens = 8;
+
 // One data-parallel rank's step as its peers see it: its sizes, which fix the launches of a
-// decode step on a device.
+// decode or verify step on a device.
 struct DpStepShape {
   int32_t tokens = 0;       // 0: an idle rank (it runs one dummy token, so as to join the MoE gathers)
   int32_t sequences = 0;
   int32_t logits = 0;       // logits rows
   int32_t max_context = 0;  // the largest position of its tokens + 1 (0 when idle)
+  int32_t max_sequence_tokens = 0;  // the most tokens of one of its sequences (0 when idle)
   bool decodes() const { return tokens == sequences; }  // one token a sequence (an idle rank too)
+  bool fits_a_graph() const { return max_sequence_tokens <= kGraphedSequenceTokens; }
   bool operator==(const DpStepShape&) const = default;
 };
 
@@ -60,12 +67,15 @@ DpStepShape dp_step_shape(const ForwardBatch& batch);
 // Gives every batch of one step (one a data-parallel rank, in rank order) every rank's shape.
 void set_data_parallel_peers(const std::vector<ForwardBatch*>& batches);
 
-// A data-parallel decode step as a CUDA graph. A captured NCCL collective must be captured on
-// every rank of its group, and a graph replayed only where every rank replays the graph of the
-// same joint capture: so a rank takes a graph only where every rank's step decodes, and keys it
-// by every rank's shape (each rank's sizes, and whether all its tokens' contexts fit the
-// indexer's top-k, which changes its launches): the same step gives every rank the same key.
+// A data-parallel decode or verify step as a CUDA graph. A captured NCCL collective must be
+// captured on every rank of its group, and a graph replayed only where every rank replays the
+// graph of the same joint capture: so a rank takes a graph only where every rank's step fits one
+// (every_dp_peer_fits_a_graph), and keys it by every rank's shape (each rank's sizes, and whether
+// all its tokens' contexts fit the indexer's top-k, which changes its launches): the same step
+// gives every rank the same key. Where every rank decodes, a rank pads its batch to the largest
+// (every_dp_peer_decodes), so that one graph serves every mix of smaller batches.
 bool every_dp_peer_decodes(const std::vector<DpStepShape>& peers);
+bool every_dp_peer_fits_a_graph(const std::vector<DpStepShape>& peers);
 std::vector<int32_t> dp_graph_key(const std::vector<DpStepShape>& peers, int index_topk);
 
 // What a step returns for one logits row (StepRunner::forward_selected).

@@ -43,9 +43,9 @@ TEST(DataParallelPeers, EveryRankLearnsEveryRanksSizesAndTokens) {
   batches[1].add_sequence({1, 2, 3, 4}, 0, {9}, kBlock, true);  // a prefill chunk, logits for each token
   const std::vector<DpStepShape> peers = peers_of(batches);
   ASSERT_EQ(peers.size(), 3u);
-  EXPECT_EQ(peers[0], (DpStepShape{2, 2, 2, 40}));
-  EXPECT_EQ(peers[1], (DpStepShape{4, 1, 4, 4}));
-  EXPECT_EQ(peers[2], (DpStepShape{1, 1, 1, 5}));
+  EXPECT_EQ(peers[0], (DpStepShape{2, 2, 2, 40, 1}));
+  EXPECT_EQ(peers[1], (DpStepShape{4, 1, 4, 4, 4}));
+  EXPECT_EQ(peers[2], (DpStepShape{1, 1, 1, 5, 1}));
   EXPECT_EQ(batches[2].dp_tokens(), (std::vector<int32_t>{2, 4, 1}));
 }
 
@@ -55,6 +55,24 @@ TEST(DataParallelPeers, OneRankPrefillingKeepsEveryRankOffTheGraph) {
   std::vector<ForwardBatch> mixed = {decoding({10, 40}), ForwardBatch(), decoding({5})};
   mixed[1].add_sequence({1, 2, 3}, 0, {9}, kBlock, false);
   EXPECT_FALSE(model::every_dp_peer_decodes(peers_of(mixed)));
+}
+
+TEST(DataParallelPeers, VerifyStepsFitAGraphAndPrefillChunksDoNot) {
+  // A peer verifying MTP drafts (the pending token and up to 7 drafts a sequence) beside decoding
+  // and idle ranks: every rank takes the graph, unpadded (not every rank decodes).
+  std::vector<ForwardBatch> verifying = {decoding({10, 40}), ForwardBatch(), decoding({5})};
+  std::vector<int32_t> verify(model::kGraphedSequenceTokens);
+  for (int i = 0; i < model::kGraphedSequenceTokens; ++i) verify[i] = 3 + i;
+  verifying[2].add_sequence(verify, 5, {8}, kBlock, true);
+  const std::vector<DpStepShape> peers = peers_of(verifying);
+  EXPECT_EQ(peers[2].max_sequence_tokens, model::kGraphedSequenceTokens);
+  EXPECT_TRUE(model::every_dp_peer_fits_a_graph(peers));
+  EXPECT_FALSE(model::every_dp_peer_decodes(peers));
+  // One token more in one sequence of one rank is a prefill chunk: no rank takes a graph.
+  std::vector<ForwardBatch> chunk = {decoding({10, 40}), ForwardBatch(), decoding({5})};
+  verify.push_back(99);
+  chunk[2].add_sequence(verify, 5, {8}, kBlock, false);
+  EXPECT_FALSE(model::every_dp_peer_fits_a_graph(peers_of(chunk)));
 }
 
 TEST(DataParallelPeers, TheGraphKeyChangesWithAnyRanksLaunchesAndOnlyWithThem) {

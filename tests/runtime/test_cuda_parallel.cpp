@@ -200,8 +200,9 @@ TEST_F(CudaParallel, SimulatedPeersGatherEverySlotWithShiftedExpertIds) {
 // A data-parallel rank takes a decode step's graph only together with its peers (NCCL's rule for
 // captured collectives): eager while any peer prefills though its own batch decodes, graphed
 // once every rank decodes, its batch padded to the largest rank's, so that a graph is captured
-// for each largest batch (not for each mix of batches), and each step's logits equal the same
-// step run eager, unpadded. Rank 0 of DP2 + EP2 over a stand-in peer (the rank simulation's,
+// for each largest batch (not for each mix of batches); graphed, unpadded, beside a peer that
+// verifies MTP drafts (a few tokens a sequence); and each step's logits equal the same step run
+// eager, unpadded. Rank 0 of DP2 + EP2 over a stand-in peer (the rank simulation's,
 // capturable), synthetic weights of the bundled model's config.
 TEST_F(CudaParallel, DataParallelRanksTakeADecodeGraphTogether) {
   const io::ModelConfig config = io::load_model_config(kBundled);
@@ -218,7 +219,8 @@ TEST_F(CudaParallel, DataParallelRanksTakeADecodeGraphTogether) {
   model::ForwardBatch decode;  // two sequences' first tokens: nothing read from the cache before them
   decode.add_sequence({5}, 0, {0}, 16, false);
   decode.add_sequence({9}, 0, {1}, 16, false);
-  const model::DpStepShape smaller{1, 1, 1, 1}, same{2, 2, 2, 1}, larger{3, 3, 3, 1}, prefilling{6, 1, 1, 6};
+  const model::DpStepShape smaller{1, 1, 1, 1, 1}, same{2, 2, 2, 1, 1}, larger{3, 3, 3, 1, 1};
+  const model::DpStepShape prefilling{40, 1, 1, 40, 40}, verifying{8, 2, 8, 5, 4};
   struct Step {
     model::DpStepShape peer;
     bool graphed;
@@ -226,7 +228,8 @@ TEST_F(CudaParallel, DataParallelRanksTakeADecodeGraphTogether) {
   };
   rank->set_phase_timing(true);  // an eager step records its phases, a replayed graph none
   for (const Step& step : {Step{prefilling, false, 0}, Step{same, true, 1}, Step{smaller, true, 1},
-                           Step{larger, true, 2}, Step{prefilling, false, 2}, Step{same, true, 2}}) {
+                           Step{larger, true, 2}, Step{verifying, true, 3}, Step{prefilling, false, 3},
+                           Step{same, true, 3}}) {
     decode.dp_peers = {model::dp_step_shape(decode), step.peer};
     const std::vector<float> eager = rank->forward(decode, /*use_graph=*/false);
     rank->take_phase_times();

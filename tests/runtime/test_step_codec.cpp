@@ -55,7 +55,7 @@ TEST(StepCodec, RowOutputsKeepTheirTokenMasks) {
     ASSERT_EQ(back[r].batch.dp_peers.size(), 2u);
     EXPECT_EQ(back[r].batch.dp_peers, steps[r].batch.dp_peers);
   }
-  EXPECT_EQ(back[0].batch.dp_peers[1], (model::DpStepShape{1, 1, 1, 5}));
+  EXPECT_EQ(back[0].batch.dp_peers[1], (model::DpStepShape{1, 1, 1, 5, 1}));
 }
 
 TEST(StepCodec, AMaskMadeOnDemandTravelsAsItsWords) {

@@ -409,6 +409,7 @@ const ForwardBatch& CudaGlm5Model::Impl::padded_for_graph(const ForwardBatch& st
   }
   largest.sequences = std::max(largest.sequences, 1);
   largest.tokens = largest.logits = largest.sequences;
+  largest.max_sequence_tokens = 1;
   // Every rank's batch already the largest (the rank simulation's steps): nothing to pad, and the
   // key of every rank's shapes is as uniform (every rank decides this alike).
   if (std::all_of(step.dp_peers.begin(), step.dp_peers.end(),
@@ -428,12 +429,13 @@ void CudaGlm5Model::Impl::launch(const ForwardBatch& step, bool use_graph) {
     const ForwardBatch*& current;
     ~Reset() { current = nullptr; }
   } reset{batch};
-  // Data-parallel ranks take a graph together or not at all (dp_graph_key).
-  const bool decode_only = peers.dp ? every_dp_peer_decodes(step.dp_peers) : dp_step_shape(*batch).decodes();
+  // Decode and verify steps (a few tokens a sequence) replay graphs; data-parallel ranks take a
+  // graph together or not at all (dp_graph_key).
+  const bool graph_sized = peers.dp ? every_dp_peer_fits_a_graph(step.dp_peers) : dp_step_shape(*batch).fits_a_graph();
   const int64_t moe_tokens = peers.dp ? int64_t{shape.moe_rows} * peers.dp->size() : shape.num_tokens;
   // Collectives over host barriers (device copies) cannot be captured.
   const bool capturable = (!peers.tp || peers.tp->graph_capturable()) && (!peers.dp || peers.dp->graph_capturable());
-  if (!use_graph || !decode_only || !moe_without_host_sync(moe_tokens) || !capturable) {
+  if (!use_graph || !graph_sized || !moe_without_host_sync(moe_tokens) || !capturable) {
     run_step(shape);
     return;
   }

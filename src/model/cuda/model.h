@@ -262,9 +262,9 @@ struct CudaModelOptions {
   // experts) and 2.29 -> 2.25 (bf16); at batch 4 the shared expert's GEMM slows the routed
   // experts it then shares the SMs with: 2.74 -> 2.87 ms; batch 2 within 1% either way.
   int overlap_shared_expert_tokens = 1;
-  // Decode step shapes captured as CUDA graphs at most; a shape first seen beyond that runs eager.
-  // One GPU sees at most two shapes a batch size (whether its contexts fit the indexer's top-k):
-  // 512 at vLLM's 256 sequences a step; data-parallel ranks pad their batches to the largest
+  // Decode and verify step shapes captured as CUDA graphs at most; a shape first seen beyond that
+  // runs eager. One GPU decoding sees at most two shapes a batch size (whether its contexts fit
+  // the indexer's top-k): 512 at vLLM's 256 sequences a step (MTP verify steps add theirs); data-parallel ranks pad their batches to the largest
   // rank's for a graph (padded_for_graph), so theirs are as few. The bound is the same on every
   // rank, as are the keys, so the ranks stop capturing at the same step.
   int max_decode_graphs = 512;
@@ -309,9 +309,10 @@ class CudaGlm5Model {
 
   // One step over `batch` (block ids index this model's device cache): writes the batch's cache
   // rows and returns logits [batch.logits_tokens.size(), vocab] fp32. Throws glms::Error when
-  // the batch exceeds the options' limits. With `use_graph`, decode-only batches (one token per
-  // sequence, few enough that the experts need no host synchronisation: small_moe_pairs_per_expert)
-  // replay a CUDA graph captured once per batch shape; the first step of a shape captures it.
+  // the batch exceeds the options' limits. With `use_graph`, decode and verify batches (at most
+  // kGraphedSequenceTokens tokens per sequence, few enough that the experts need no host
+  // synchronisation: small_moe_pairs_per_expert) replay a CUDA graph captured once per batch
+  // shape; the first step of a shape captures it.
   // `last_hidden`, when given, receives every token's hidden state before the final norm
   // [batch.num_tokens(), hidden] (what the MTP layer consumes).
   std::vector<float> forward(const ForwardBatch& batch, bool use_graph = false, std::vector<float>* last_hidden = nullptr);
@@ -359,7 +360,7 @@ class CudaGlm5Model {
 struct CudaRunnerOptions {
   // CudaModelOptions::linear_weights (synthetic weights: kFp8 makes them FP8).
   CudaLinearWeights linears = CudaLinearWeights::kAsStored;
-  bool cuda_graphs = true;  // decode-only steps replay captured graphs (false: vLLM's --enforce-eager)
+  bool cuda_graphs = true;  // decode and verify steps replay captured graphs (false: vLLM's --enforce-eager)
 };
 
 // StepRunners over CudaGlm5Model: for a loaded checkpoint (kept mapped until allocate() uploads

@@ -41,6 +41,8 @@ constexpr float kIndexerNormEps = 1e-6f;
 // prefill path; the other tokens (decodes, short chunks) in runs through mla_attention_fused or
 // the gathered-row GEMMs.
 constexpr int kPrefillGemmTokens = 32;
+// A graphed step (decode, MTP verify) runs every token as one run, as it would eager.
+static_assert(kGraphedSequenceTokens < kPrefillGemmTokens, "graphed sequences take the short-run path");
 // A long prefill chunk attends in the fused pass when the dense path would score more than
 // this many times the rows the fused pass reads. Per (token, row) the fused pass costs about
 // 2.6x the dense GEMMs on the H200 at GLM-5.2 width (prefill 2k from position 0, context = top-k:
