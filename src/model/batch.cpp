@@ -62,6 +62,18 @@ bool every_dp_peer_fits_a_graph(const std::vector<DpStepShape>& peers) {
   return std::all_of(peers.begin(), peers.end(), [](const DpStepShape& p) { return p.fits_a_graph(); });
 }
 
+int uniform_dp_sequence_tokens(const std::vector<DpStepShape>& peers) {
+  int n = 0;
+  for (const DpStepShape& p : peers) {
+    if (p.tokens == 0) continue;  // idle
+    const int tokens = p.max_sequence_tokens;
+    if (tokens > kGraphedSequenceTokens || p.tokens != tokens * p.sequences || p.logits != p.tokens) return 0;
+    if (n != 0 && tokens != n) return 0;
+    n = tokens;
+  }
+  return n == 0 ? 1 : n;
+}
+
 std::vector<int32_t> dp_graph_key(const std::vector<DpStepShape>& peers, int index_topk) {
   std::vector<int32_t> key;
   key.reserve(4 * peers.size());

@@ -72,10 +72,15 @@ void set_data_parallel_peers(const std::vector<ForwardBatch*>& batches);
 // graph of the same joint capture: so a rank takes a graph only where every rank's step fits one
 // (every_dp_peer_fits_a_graph), and keys it by every rank's shape (each rank's sizes, and whether
 // all its tokens' contexts fit the indexer's top-k, which changes its launches): the same step
-// gives every rank the same key. Where every rank decodes, a rank pads its batch to the largest
-// (every_dp_peer_decodes), so that one graph serves every mix of smaller batches.
+// gives every rank the same key. Where every rank decodes, or verifies as many drafts a
+// sequence, a rank pads its batch to the largest (uniform_dp_sequence_tokens), so that one graph
+// serves every mix of smaller batches.
 bool every_dp_peer_decodes(const std::vector<DpStepShape>& peers);
 bool every_dp_peer_fits_a_graph(const std::vector<DpStepShape>& peers);
+// n where every rank that runs anything runs n tokens a sequence, a logits row each, n at most
+// kGraphedSequenceTokens (decode: 1; MTP verify of K drafts: K + 1; every rank idle: 1); else 0.
+// Such steps are padded to the largest rank's sequences for their graphs.
+int uniform_dp_sequence_tokens(const std::vector<DpStepShape>& peers);
 std::vector<int32_t> dp_graph_key(const std::vector<DpStepShape>& peers, int index_topk);
 
 // What a step returns for one logits row (StepRunner::forward_selected).

@@ -68,6 +68,7 @@ TEST(DataParallelPeers, VerifyStepsFitAGraphAndPrefillChunksDoNot) {
   EXPECT_EQ(peers[2].max_sequence_tokens, model::kGraphedSequenceTokens);
   EXPECT_TRUE(model::every_dp_peer_fits_a_graph(peers));
   EXPECT_FALSE(model::every_dp_peer_decodes(peers));
+  EXPECT_EQ(model::uniform_dp_sequence_tokens(peers), 0) << "decodes beside a verify: not padded";
   // One token more in one sequence of one rank is a prefill chunk: no rank takes a graph.
   std::vector<ForwardBatch> chunk = {decoding({10, 40}), ForwardBatch(), decoding({5})};
   verify.push_back(99);
@@ -89,4 +90,25 @@ TEST(DataParallelPeers, TheGraphKeyChangesWithAnyRanksLaunchesAndOnlyWithThem) {
   EXPECT_NE(model::dp_graph_key(peers_of(longer), kIndexTopk), key);
   std::vector<ForwardBatch> idle = {decoding({10, 40}), ForwardBatch()};
   EXPECT_NE(model::dp_graph_key(peers_of(idle), kIndexTopk), key);
+}
+
+TEST(DataParallelPeers, RanksOfAsManyTokensASequenceArePadded) {
+  std::vector<ForwardBatch> decode = {decoding({10, 40}), ForwardBatch(), decoding({5})};
+  EXPECT_EQ(model::uniform_dp_sequence_tokens(peers_of(decode)), 1);
+  std::vector<ForwardBatch> idle = {ForwardBatch(), ForwardBatch()};
+  EXPECT_EQ(model::uniform_dp_sequence_tokens(peers_of(idle)), 1);
+  // Four tokens a sequence with a logits row each (three drafts verified) on every busy rank.
+  std::vector<ForwardBatch> verify(3);
+  verify[0].add_sequence({1, 2, 3, 4}, 9, {0}, kBlock, true);
+  verify[0].add_sequence({5, 6, 7, 8}, 3, {1}, kBlock, true);
+  verify[2].add_sequence({1, 2, 3, 4}, 0, {2}, kBlock, true);
+  EXPECT_EQ(model::uniform_dp_sequence_tokens(peers_of(verify)), 4);
+  // A rank whose sequences differ in tokens, or without a row for each token: not padded.
+  std::vector<ForwardBatch> uneven = verify;
+  uneven[2].add_sequence({1, 2}, 0, {3}, kBlock, true);
+  EXPECT_EQ(model::uniform_dp_sequence_tokens(peers_of(uneven)), 0);
+  std::vector<ForwardBatch> last_rows = verify;
+  last_rows[2] = ForwardBatch();
+  last_rows[2].add_sequence({1, 2, 3, 4}, 0, {2}, kBlock, false);
+  EXPECT_EQ(model::uniform_dp_sequence_tokens(peers_of(last_rows)), 0);
 }

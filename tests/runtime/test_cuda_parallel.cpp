@@ -201,9 +201,9 @@ TEST_F(CudaParallel, SimulatedPeersGatherEverySlotWithShiftedExpertIds) {
 // captured collectives): eager while any peer prefills though its own batch decodes, graphed
 // once every rank decodes, its batch padded to the largest rank's, so that a graph is captured
 // for each largest batch (not for each mix of batches); graphed, unpadded, beside a peer that
-// verifies MTP drafts (a few tokens a sequence); and each step's logits equal the same step run
-// eager, unpadded. Rank 0 of DP2 + EP2 over a stand-in peer (the rank simulation's,
-// capturable), synthetic weights of the bundled model's config.
+// verifies MTP drafts (a few tokens a sequence), padded where both verify as many drafts; and
+// each step's logits equal the same step run eager, unpadded. Rank 0 of DP2 + EP2 over a stand-in
+// peer (the rank simulation's, capturable), synthetic weights of the bundled model's config.
 TEST_F(CudaParallel, DataParallelRanksTakeADecodeGraphTogether) {
   const io::ModelConfig config = io::load_model_config(kBundled);
   const runtime::ParallelLayout layout{1, 2, true};
@@ -216,24 +216,17 @@ TEST_F(CudaParallel, DataParallelRanksTakeADecodeGraphTogether) {
   options.max_context = 256;
   auto rank = model::CudaGlm5Model::synthetic(config, 3, options, ops::WeightFormat::Plain, layout.shard(0),
                                               {nullptr, dp.get()});
-  model::ForwardBatch decode;  // two sequences' first tokens: nothing read from the cache before them
-  decode.add_sequence({5}, 0, {0}, 16, false);
-  decode.add_sequence({9}, 0, {1}, 16, false);
-  const model::DpStepShape smaller{1, 1, 1, 1, 1}, same{2, 2, 2, 1, 1}, larger{3, 3, 3, 1, 1};
-  const model::DpStepShape prefilling{40, 1, 1, 40, 40}, verifying{8, 2, 8, 5, 4};
   struct Step {
     model::DpStepShape peer;
     bool graphed;
     int graphs;  // captured after the step
   };
   rank->set_phase_timing(true);  // an eager step records its phases, a replayed graph none
-  for (const Step& step : {Step{prefilling, false, 0}, Step{same, true, 1}, Step{smaller, true, 1},
-                           Step{larger, true, 2}, Step{verifying, true, 3}, Step{prefilling, false, 3},
-                           Step{same, true, 3}}) {
-    decode.dp_peers = {model::dp_step_shape(decode), step.peer};
-    const std::vector<float> eager = rank->forward(decode, /*use_graph=*/false);
+  auto expect_step = [&](model::ForwardBatch& batch, const Step& step) {
+    batch.dp_peers = {model::dp_step_shape(batch), step.peer};
+    const std::vector<float> eager = rank->forward(batch, /*use_graph=*/false);
     rank->take_phase_times();
-    const std::vector<float> got = rank->forward(decode, /*use_graph=*/true);
+    const std::vector<float> got = rank->forward(batch, /*use_graph=*/true);
     SCOPED_TRACE("peer of " + std::to_string(step.peer.tokens) + " tokens, " + std::to_string(step.peer.sequences) +
                  " sequences");
     EXPECT_EQ(rank->take_phase_times().empty(), step.graphed);
@@ -242,5 +235,21 @@ TEST_F(CudaParallel, DataParallelRanksTakeADecodeGraphTogether) {
     // A padded step runs more tokens through the same layers: the linear layers may take another
     // kernel for them (the GEMV up to two tokens, the skinny GEMM from three), another bf16 order.
     EXPECT_LT(relative_l2(got, eager), 1e-2);
-  }
+  };
+  model::ForwardBatch decode;  // two sequences' first tokens: nothing read from the cache before them
+  decode.add_sequence({5}, 0, {0}, 16, false);
+  decode.add_sequence({9}, 0, {1}, 16, false);
+  const model::DpStepShape smaller{1, 1, 1, 1, 1}, same{2, 2, 2, 1, 1}, larger{3, 3, 3, 1, 1};
+  const model::DpStepShape prefilling{40, 1, 1, 40, 40}, verifying{8, 2, 8, 5, 4};
+  for (const Step& step : {Step{prefilling, false, 0}, Step{same, true, 1}, Step{smaller, true, 1},
+                           Step{larger, true, 2}, Step{verifying, true, 3}, Step{prefilling, false, 3},
+                           Step{same, true, 3}})
+    expect_step(decode, step);
+  // Both ranks verifying three drafts a sequence: padded to the largest rank's sequences too.
+  model::ForwardBatch verify;
+  verify.add_sequence({5, 6, 7, 8}, 0, {0}, 16, true);
+  verify.add_sequence({9, 10, 11, 12}, 0, {1}, 16, true);
+  const model::DpStepShape verify_same{8, 2, 8, 4, 4}, verify_smaller{4, 1, 4, 4, 4}, verify_larger{12, 3, 12, 4, 4};
+  for (const Step& step : {Step{verify_same, true, 4}, Step{verify_smaller, true, 4}, Step{verify_larger, true, 5}})
+    expect_step(verify, step);
 }

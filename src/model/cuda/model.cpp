@@ -390,26 +390,27 @@ StepShape CudaGlm5Model::Impl::prepare(const ForwardBatch& step, bool padded) {
 bool CudaGlm5Model::Impl::dp_step_graphable(const ForwardBatch& step, bool use_graph) const {
   if (!peers.dp || !use_graph || !peers.dp->graph_capturable() || (peers.tp && !peers.tp->graph_capturable()))
     return false;
-  return std::all_of(step.dp_peers.begin(), step.dp_peers.end(),
-                     [](const DpStepShape& p) { return p.decodes() && p.logits == p.sequences; });
+  return uniform_dp_sequence_tokens(step.dp_peers) > 0;
 }
 
-// Every rank pads its decode batch to the largest rank's sequences with dummy ones (one token at
-// position 0 in the block after the usable ones, a logits row each, never read back), so that its
-// step, and so its graph, follows from the largest batch and the joint top-k flag alone: a few
-// graphs serve every step, where keys of every rank's own sizes would take thousands of values
-// (SGLang pads its data-parallel attention's batches the same way). The dummy tokens route to no
-// expert (the metadata's routed_tokens is the rank's own count); only the real rows' logits and
-// hidden states are read back (they come first).
+// Every rank pads its decode (or verify) batch of n tokens a sequence to the largest rank's
+// sequences with dummy ones (n tokens from position 0 in the block after the usable ones, a
+// logits row each, never read back), so that its step, and so its graph, follows from the largest
+// batch and the joint top-k flag alone: a few graphs serve every step, where keys of every rank's
+// own sizes would take thousands of values (SGLang pads its data-parallel attention's batches the
+// same way). The dummy tokens route to no expert (the metadata's routed_tokens is the rank's own
+// count); only the real rows' logits and hidden states are read back (they come first).
 const ForwardBatch& CudaGlm5Model::Impl::padded_for_graph(const ForwardBatch& step) {
+  const int n = uniform_dp_sequence_tokens(step.dp_peers);
+  GLMS_CHECK(n > 0 && n <= options.block_size, "padded_for_graph: the ranks' sequences differ in tokens");
   DpStepShape largest;
   for (const DpStepShape& peer : step.dp_peers) {
     largest.sequences = std::max(largest.sequences, peer.sequences);
     largest.max_context = std::max(largest.max_context, peer.max_context);
   }
   largest.sequences = std::max(largest.sequences, 1);
-  largest.tokens = largest.logits = largest.sequences;
-  largest.max_sequence_tokens = 1;
+  largest.tokens = largest.logits = n * largest.sequences;
+  largest.max_sequence_tokens = n;
   // Every rank's batch already the largest (the rank simulation's steps): nothing to pad, and the
   // key of every rank's shapes is as uniform (every rank decides this alike).
   if (std::all_of(step.dp_peers.begin(), step.dp_peers.end(),
@@ -418,7 +419,7 @@ const ForwardBatch& CudaGlm5Model::Impl::padded_for_graph(const ForwardBatch& st
   padded_batch = step;
   const int dummy_block = idle_batch.sequences[0].block_table[0];
   while (static_cast<int>(padded_batch.sequences.size()) < largest.sequences)
-    padded_batch.add_sequence({0}, 0, {dummy_block}, options.block_size, false);
+    padded_batch.add_sequence(std::vector<int32_t>(n, 0), 0, {dummy_block}, options.block_size, true);
   padded_batch.dp_peers.assign(step.dp_peers.size(), largest);
   return padded_batch;
 }

@@ -99,7 +99,7 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   CudaStepLimits step_limits;
   CudaMemoryReport memory;        // the budget and what was in use when the cache was sized
   ForwardBatch idle_batch;        // the one dummy token an idle data-parallel rank runs
-  ForwardBatch padded_batch;      // a data-parallel decode step padded for its graph (padded_for_graph)
+  ForwardBatch padded_batch;      // a data-parallel decode or verify step padded for its graph (padded_for_graph)
   std::vector<int32_t> step_dp_tokens;  // every data-parallel rank's tokens in the step being run
   const ForwardBatch* batch = nullptr;  // the step being run (host view; null inside graph capture)
 
@@ -272,8 +272,9 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   StepShape shape_of(const ForwardBatch& batch) const;
   // The batch a step runs: `step`, or the idle rank's dummy token when it has none.
   const ForwardBatch& runnable(const ForwardBatch& step) const;
-  // Whether a data-parallel step runs as a graph, padded: every rank decodes, a logits row a
-  // sequence (what a graph needs on every rank alike).
+  // Whether a data-parallel step runs as a graph, padded: every rank runs as many tokens a
+  // sequence (decode, or verify of as many drafts), a logits row a token
+  // (uniform_dp_sequence_tokens: what a padded graph needs on every rank alike).
   bool dp_step_graphable(const ForwardBatch& step, bool use_graph) const;
   // `step` padded to the largest rank's sequences with dummy ones (padded_batch).
   const ForwardBatch& padded_for_graph(const ForwardBatch& step);
