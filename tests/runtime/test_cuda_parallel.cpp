@@ -213,6 +213,7 @@ TEST_F(CudaParallel, DataParallelRanksTakeADecodeGraphTogether) {
   options.num_blocks = 16;
   options.max_tokens = 64;
   options.max_sequences = 8;
+  options.max_logits = 64;  // a verify step's rows, as every rank's options hold the largest rank's
   options.max_context = 256;
   auto rank = model::CudaGlm5Model::synthetic(config, 3, options, ops::WeightFormat::Plain, layout.shard(0),
                                               {nullptr, dp.get()});
