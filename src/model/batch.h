@@ -34,7 +34,11 @@ struct DpStepShape {
   int32_t max_context = 0;  // the largest position of its tokens + 1 (0 when idle)
   int32_t max_sequence_tokens = 0;  // the most tokens of one of its sequences (0 when idle)
   bool decodes() const { return tokens == sequences; }  // one token a sequence (an idle rank too)
-  bool fits_a_graph() const { return max_sequence_tokens <= kGraphedSequenceTokens; }
+  // A decode or verify step: a few tokens a sequence, and one token a sequence or a logits row a
+  // token (a short prefill chunk without a row for each token runs eager, a one-off shape).
+  bool fits_a_graph() const {
+    return max_sequence_tokens <= kGraphedSequenceTokens && (tokens == sequences || logits == tokens);
+  }
   bool operator==(const DpStepShape&) const = default;
 };
 

@@ -55,6 +55,8 @@ TEST(DataParallelPeers, OneRankPrefillingKeepsEveryRankOffTheGraph) {
   std::vector<ForwardBatch> mixed = {decoding({10, 40}), ForwardBatch(), decoding({5})};
   mixed[1].add_sequence({1, 2, 3}, 0, {9}, kBlock, false);
   EXPECT_FALSE(model::every_dp_peer_decodes(peers_of(mixed)));
+  // A short chunk without a logits row for each token is a one-off shape: no graph either.
+  EXPECT_FALSE(model::every_dp_peer_fits_a_graph(peers_of(mixed)));
 }
 
 TEST(DataParallelPeers, VerifyStepsFitAGraphAndPrefillChunksDoNot) {

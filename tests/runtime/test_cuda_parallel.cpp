@@ -201,8 +201,9 @@ TEST_F(CudaParallel, SimulatedPeersGatherEverySlotWithShiftedExpertIds) {
 // captured collectives): eager while any peer prefills though its own batch decodes, graphed
 // once every rank decodes, its batch padded to the largest rank's, so that a graph is captured
 // for each largest batch (not for each mix of batches); graphed, unpadded, beside a peer that
-// verifies MTP drafts (a few tokens a sequence), padded where both verify as many drafts; and
-// each step's logits equal the same step run eager, unpadded. Rank 0 of DP2 + EP2 over a stand-in
+// verifies MTP drafts (a few tokens a sequence), such keys of each rank's own sizes up to an
+// eighth of the graph bound; padded where both verify as many drafts; and each step's logits
+// equal the same step run eager, unpadded. Rank 0 of DP2 + EP2 over a stand-in
 // peer (the rank simulation's, capturable), synthetic weights of the bundled model's config.
 TEST_F(CudaParallel, DataParallelRanksTakeADecodeGraphTogether) {
   const io::ModelConfig config = io::load_model_config(kBundled);
@@ -214,6 +215,7 @@ TEST_F(CudaParallel, DataParallelRanksTakeADecodeGraphTogether) {
   options.max_tokens = 64;
   options.max_sequences = 8;
   options.max_logits = 64;  // a verify step's rows, as every rank's options hold the largest rank's
+  options.max_decode_graphs = 8;  // of which one (an eighth) keyed by each rank's own sizes, unpadded
   options.max_context = 256;
   auto rank = model::CudaGlm5Model::synthetic(config, 3, options, ops::WeightFormat::Plain, layout.shard(0),
                                               {nullptr, dp.get()});
@@ -241,10 +243,10 @@ TEST_F(CudaParallel, DataParallelRanksTakeADecodeGraphTogether) {
   decode.add_sequence({5}, 0, {0}, 16, false);
   decode.add_sequence({9}, 0, {1}, 16, false);
   const model::DpStepShape smaller{1, 1, 1, 1, 1}, same{2, 2, 2, 1, 1}, larger{3, 3, 3, 1, 1};
-  const model::DpStepShape prefilling{40, 1, 1, 40, 40}, verifying{8, 2, 8, 5, 4};
+  const model::DpStepShape prefilling{40, 1, 1, 40, 40}, verifying{8, 2, 8, 5, 4}, verifying_more{12, 3, 12, 5, 4};
   for (const Step& step : {Step{prefilling, false, 0}, Step{same, true, 1}, Step{smaller, true, 1},
-                           Step{larger, true, 2}, Step{verifying, true, 3}, Step{prefilling, false, 3},
-                           Step{same, true, 3}})
+                           Step{larger, true, 2}, Step{verifying, true, 3}, Step{verifying_more, false, 3},
+                           Step{prefilling, false, 3}, Step{verifying, true, 3}, Step{same, true, 3}})
     expect_step(decode, step);
   // Both ranks verifying three drafts a sequence: padded to the largest rank's sequences too.
   model::ForwardBatch verify;

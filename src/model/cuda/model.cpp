@@ -365,11 +365,10 @@ const ForwardBatch& CudaGlm5Model::Impl::runnable(const ForwardBatch& step) cons
   return idle_batch;  // an idle data-parallel rank: one dummy token, so that it joins the MoE gathers
 }
 
-StepShape CudaGlm5Model::Impl::prepare(const ForwardBatch& step, bool padded) {
+StepShape CudaGlm5Model::Impl::plan_step(const ForwardBatch& step, bool padded) {
   if (peers.dp && static_cast<int>(step.dp_peers.size()) != peers.dp->size())
     fail("a data-parallel step needs every rank's step (ForwardBatch::dp_peers)");
   const ForwardBatch& run = padded ? padded_for_graph(step) : runnable(step);
-  upload_metadata(run, step.num_tokens(), static_cast<int>(step.sequences.size()));
   batch = &run;
   StepShape shape = shape_of(run);
   if (peers.dp) {
@@ -379,18 +378,27 @@ StepShape CudaGlm5Model::Impl::prepare(const ForwardBatch& step, bool padded) {
     step_dp_tokens = peers_of.dp_tokens();
     shape.moe_rows = moe_gather_rows(step_dp_tokens, options.max_tokens);
     shape.dp_graph_key = dp_graph_key(peers_of.dp_peers, config.index_topk);
+    shape.dp_padded = padded;
     // A padded step's launches follow from the key alone: the top-k skips the indexer only
     // where it is all of every rank's context (a top-k over fewer positions than k is all of them).
     if (padded)
-      for (const DpStepShape& peer : peers_of.dp_peers) shape.selects_all = shape.selects_all && peer.max_context <= config.index_topk;
+      for (const DpStepShape& peer : peers_of.dp_peers)
+        shape.selects_all = shape.selects_all && peer.max_context <= config.index_topk;
   }
+  return shape;
+}
+
+StepShape CudaGlm5Model::Impl::prepare(const ForwardBatch& step, bool padded) {
+  const StepShape shape = plan_step(step, padded);
+  upload_metadata(*batch, step.num_tokens(), static_cast<int>(step.sequences.size()));
   return shape;
 }
 
 bool CudaGlm5Model::Impl::dp_step_graphable(const ForwardBatch& step, bool use_graph) const {
   if (!peers.dp || !use_graph || !peers.dp->graph_capturable() || (peers.tp && !peers.tp->graph_capturable()))
     return false;
-  return uniform_dp_sequence_tokens(step.dp_peers) > 0;
+  const int n = uniform_dp_sequence_tokens(step.dp_peers);
+  return n > 0 && n <= options.block_size;  // the dummies' n tokens fit their one block
 }
 
 // Every rank pads its decode (or verify) batch of n tokens a sequence to the largest rank's
@@ -424,34 +432,52 @@ const ForwardBatch& CudaGlm5Model::Impl::padded_for_graph(const ForwardBatch& st
   return padded_batch;
 }
 
-void CudaGlm5Model::Impl::launch(const ForwardBatch& step, bool use_graph) {
-  StepShape shape = prepare(step, dp_step_graphable(step, use_graph));
-  struct Reset {
-    const ForwardBatch*& current;
-    ~Reset() { current = nullptr; }
-  } reset{batch};
+std::optional<StepShape> CudaGlm5Model::Impl::graph_key(const ForwardBatch& step, const StepShape& shape,
+                                                        bool use_graph) const {
   // Decode and verify steps (a few tokens a sequence) replay graphs; data-parallel ranks take a
-  // graph together or not at all (dp_graph_key).
+  // graph together or not at all (dp_graph_key), every input to this decision the same on each.
   const bool graph_sized = peers.dp ? every_dp_peer_fits_a_graph(step.dp_peers) : dp_step_shape(*batch).fits_a_graph();
   const int64_t moe_tokens = peers.dp ? int64_t{shape.moe_rows} * peers.dp->size() : shape.num_tokens;
   // Collectives over host barriers (device copies) cannot be captured.
   const bool capturable = (!peers.tp || peers.tp->graph_capturable()) && (!peers.dp || peers.dp->graph_capturable());
-  if (!use_graph || !graph_sized || !moe_without_host_sync(moe_tokens) || !capturable) {
-    run_step(shape);
-    return;
-  }
+  if (!use_graph || !graph_sized || !moe_without_host_sync(moe_tokens) || !capturable) return std::nullopt;
   // Graphs are keyed by the step's sizes (tokens, sequences, logits rows); their grids are
-  // sized for the longest context allowed, so that any decode step of those sizes replays.
+  // sized for the longest context allowed, so that any step of those sizes replays.
   StepShape key = shape;
   key.max_context = options.max_context;
   key.host_sync_ok = false;
-  if (!graphs.count(key) && static_cast<int>(graphs.size()) >= options.max_decode_graphs) {
+  if (graphs.count(key)) return key;
+  // Unpadded data-parallel keys (each rank's own sizes, when the ranks' sequences differ in
+  // tokens) take at most an eighth of the bound, so that one-off mixes leave room for the
+  // padded shapes, which recur.
+  const bool unpadded_dp = peers.dp && !shape.dp_padded;
+  if (static_cast<int>(graphs.size()) >= options.max_decode_graphs ||
+      (unpadded_dp && unpadded_dp_graphs >= options.max_decode_graphs / 8))
+    return std::nullopt;
+  return key;
+}
+
+void CudaGlm5Model::Impl::launch(const ForwardBatch& step, bool use_graph) {
+  bool padded = dp_step_graphable(step, use_graph);
+  StepShape shape = plan_step(step, padded);
+  std::optional<StepShape> key = graph_key(step, shape, use_graph);
+  if (padded && !key) {  // the padding only serves a graph
+    padded = false;
+    shape = plan_step(step, false);
+  }
+  upload_metadata(*batch, step.num_tokens(), static_cast<int>(step.sequences.size()));
+  struct Reset {
+    const ForwardBatch*& current;
+    ~Reset() { current = nullptr; }
+  } reset{batch};
+  if (!key) {
     run_step(shape);
     return;
   }
-  shape = key;
+  shape = *key;
   std::unique_ptr<cuda::Graph>& graph = graphs[shape];
   if (!graph) {
+    if (peers.dp && !shape.dp_padded) ++unpadded_dp_graphs;
     const bool timing = timer.enabled;
     timer.enabled = false;  // no events inside a captured graph
     graph = std::make_unique<cuda::Graph>();

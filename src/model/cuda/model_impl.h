@@ -100,6 +100,7 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   CudaMemoryReport memory;        // the budget and what was in use when the cache was sized
   ForwardBatch idle_batch;        // the one dummy token an idle data-parallel rank runs
   ForwardBatch padded_batch;      // a data-parallel decode or verify step padded for its graph (padded_for_graph)
+  int unpadded_dp_graphs = 0;     // graphs of data-parallel steps keyed by every rank's own sizes
   std::vector<int32_t> step_dp_tokens;  // every data-parallel rank's tokens in the step being run
   const ForwardBatch* batch = nullptr;  // the step being run (host view; null inside graph capture)
 
@@ -278,9 +279,14 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   bool dp_step_graphable(const ForwardBatch& step, bool use_graph) const;
   // `step` padded to the largest rank's sequences with dummy ones (padded_batch).
   const ForwardBatch& padded_for_graph(const ForwardBatch& step);
-  // Uploads the metadata of the batch `step` runs (padded_for_graph's where `padded`, else
-  // runnable's) and sets `batch`; returns its shape (with the MoE gather's rows).
+  // Sets `batch` to the batch `step` runs (padded_for_graph's where `padded`, else runnable's)
+  // and returns its shape (with the MoE gather's rows); prepare() uploads its metadata too.
+  StepShape plan_step(const ForwardBatch& step, bool padded);
   StepShape prepare(const ForwardBatch& step, bool padded);
+  // The key of the graph a step of `shape` replays (captured on its first step), or none where
+  // it runs eager: too many tokens a sequence, experts that need the host, collectives that cannot
+  // be captured, or no room left under max_decode_graphs.
+  std::optional<StepShape> graph_key(const ForwardBatch& step, const StepShape& shape, bool use_graph) const;
   void launch(const ForwardBatch& batch, bool use_graph);
   // The step's logits [logits rows, vocab] and, when asked, x [tokens, hidden] (the hidden
   // states before the final norm), copied to the host.

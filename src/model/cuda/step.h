@@ -31,10 +31,11 @@ struct StepShape {
   // Every data-parallel rank's step (model::dp_graph_key), so that the ranks capture a decode
   // step's graph, collectives and all, together and replay the graphs of one joint capture.
   std::vector<int32_t> dp_graph_key;
+  bool dp_padded = false;  // padded to the largest rank's batch (padded_for_graph)
   bool operator<(const StepShape& o) const {
-    return std::tie(num_tokens, num_sequences, num_logits, max_context, selects_all, moe_rows, dp_graph_key) <
-           std::tie(o.num_tokens, o.num_sequences, o.num_logits, o.max_context, o.selects_all, o.moe_rows,
-                    o.dp_graph_key);
+    return std::tie(num_tokens, num_sequences, num_logits, max_context, selects_all, moe_rows, dp_graph_key,
+                    dp_padded) < std::tie(o.num_tokens, o.num_sequences, o.num_logits, o.max_context, o.selects_all,
+                                          o.moe_rows, o.dp_graph_key, o.dp_padded);
   }
 };
 
