@@ -54,10 +54,6 @@ void set_data_parallel_peers(const std::vector<ForwardBatch*>& batches) {
   for (ForwardBatch* batch : batches) batch->dp_peers = peers;
 }
 
-bool every_dp_peer_decodes(const std::vector<DpStepShape>& peers) {
-  return std::all_of(peers.begin(), peers.end(), [](const DpStepShape& p) { return p.decodes(); });
-}
-
 bool every_dp_peer_fits_a_graph(const std::vector<DpStepShape>& peers) {
   return std::all_of(peers.begin(), peers.end(), [](const DpStepShape& p) { return p.fits_a_graph(); });
 }

@@ -33,7 +33,6 @@ struct DpStepShape {
   int32_t logits = 0;       // logits rows
   int32_t max_context = 0;  // the largest position of its tokens + 1 (0 when idle)
   int32_t max_sequence_tokens = 0;  // the most tokens of one of its sequences (0 when idle)
-  bool decodes() const { return tokens == sequences; }  // one token a sequence (an idle rank too)
   // A decode or verify step: a few tokens a sequence, and one token a sequence or a logits row a
   // token (a short prefill chunk without a row for each token runs eager, a one-off shape).
   bool fits_a_graph() const {
@@ -79,7 +78,6 @@ void set_data_parallel_peers(const std::vector<ForwardBatch*>& batches);
 // gives every rank the same key. Where every rank decodes, or verifies as many drafts a
 // sequence, a rank pads its batch to the largest (uniform_dp_sequence_tokens), so that one graph
 // serves every mix of smaller batches.
-bool every_dp_peer_decodes(const std::vector<DpStepShape>& peers);
 bool every_dp_peer_fits_a_graph(const std::vector<DpStepShape>& peers);
 // n where every rank that runs anything runs n tokens a sequence, a logits row each, n at most
 // kGraphedSequenceTokens (decode: 1; MTP verify of K drafts: K + 1; every rank idle: 1); else 0.

@@ -51,12 +51,13 @@ TEST(DataParallelPeers, EveryRankLearnsEveryRanksSizesAndTokens) {
 
 TEST(DataParallelPeers, OneRankPrefillingKeepsEveryRankOffTheGraph) {
   std::vector<ForwardBatch> decode = {decoding({10, 40}), ForwardBatch(), decoding({5})};  // rank 1 idle
-  EXPECT_TRUE(model::every_dp_peer_decodes(peers_of(decode)));
+  EXPECT_TRUE(model::every_dp_peer_fits_a_graph(peers_of(decode)));
+  EXPECT_EQ(model::uniform_dp_sequence_tokens(peers_of(decode)), 1);
   std::vector<ForwardBatch> mixed = {decoding({10, 40}), ForwardBatch(), decoding({5})};
   mixed[1].add_sequence({1, 2, 3}, 0, {9}, kBlock, false);
-  EXPECT_FALSE(model::every_dp_peer_decodes(peers_of(mixed)));
-  // A short chunk without a logits row for each token is a one-off shape: no graph either.
+  // A short chunk without a logits row for each token is a one-off shape: no graph.
   EXPECT_FALSE(model::every_dp_peer_fits_a_graph(peers_of(mixed)));
+  EXPECT_EQ(model::uniform_dp_sequence_tokens(peers_of(mixed)), 0);
 }
 
 TEST(DataParallelPeers, VerifyStepsFitAGraphAndPrefillChunksDoNot) {
@@ -69,7 +70,6 @@ TEST(DataParallelPeers, VerifyStepsFitAGraphAndPrefillChunksDoNot) {
   const std::vector<DpStepShape> peers = peers_of(verifying);
   EXPECT_EQ(peers[2].max_sequence_tokens, model::kGraphedSequenceTokens);
   EXPECT_TRUE(model::every_dp_peer_fits_a_graph(peers));
-  EXPECT_FALSE(model::every_dp_peer_decodes(peers));
   EXPECT_EQ(model::uniform_dp_sequence_tokens(peers), 0) << "decodes beside a verify: not padded";
   // One token more in one sequence of one rank is a prefill chunk: no rank takes a graph.
   std::vector<ForwardBatch> chunk = {decoding({10, 40}), ForwardBatch(), decoding({5})};
