@@ -264,9 +264,11 @@ struct CudaModelOptions {
   int overlap_shared_expert_tokens = 1;
   // Decode and verify step shapes captured as CUDA graphs at most; a shape first seen beyond that
   // runs eager. One GPU decoding sees at most two shapes a batch size (whether its contexts fit
-  // the indexer's top-k): 512 at vLLM's 256 sequences a step (MTP verify steps add theirs); data-parallel ranks pad their batches to the largest
-  // rank's for a graph (padded_for_graph), so theirs are as few. The bound is the same on every
-  // rank, as are the keys, so the ranks stop capturing at the same step.
+  // the indexer's top-k): 512 at vLLM's 256 sequences a step (MTP verify steps add theirs).
+  // Data-parallel ranks pad their batches to the largest rank's for a graph (padded_for_graph),
+  // so theirs are as few; keys of each rank's own sizes (ranks that differ in tokens a sequence)
+  // take at most an eighth of the bound. The bound is the same on every rank, as are the keys,
+  // so the ranks stop capturing at the same step.
   int max_decode_graphs = 512;
   // Linear layers in block FP8 on the device (model/cuda/weights.h): an FP8 checkpoint's as it
   // stores them, every one (--quantization fp8), or none. Decode-sized steps multiply FP8 weights
@@ -343,7 +345,7 @@ class CudaGlm5Model {
   // since the last call, in first-seen order.
   void set_phase_timing(bool on);
   std::vector<std::pair<std::string, double>> take_phase_times();
-  // Decode step shapes captured as graphs so far (CudaModelOptions::max_decode_graphs bounds it).
+  // Decode and verify step shapes captured as graphs so far (CudaModelOptions::max_decode_graphs).
   int captured_graphs() const;
 
   // Fills every cache row with seeded random values (benchmarks that need long contexts
