@@ -395,8 +395,7 @@ StepShape CudaGlm5Model::Impl::prepare(const ForwardBatch& step, bool padded) {
 }
 
 bool CudaGlm5Model::Impl::dp_step_graphable(const ForwardBatch& step, bool use_graph) const {
-  if (!peers.dp || !use_graph || !peers.dp->graph_capturable() || (peers.tp && !peers.tp->graph_capturable()))
-    return false;
+  if (!peers.dp || !use_graph || !collectives_capturable()) return false;
   const int n = uniform_dp_sequence_tokens(step.dp_peers);
   return n > 0 && n <= options.block_size;  // the dummies' n tokens fit their one block
 }
@@ -438,9 +437,8 @@ std::optional<StepShape> CudaGlm5Model::Impl::graph_key(const ForwardBatch& step
   // graph together or not at all (dp_graph_key), every input to this decision the same on each.
   const bool graph_sized = peers.dp ? every_dp_peer_fits_a_graph(step.dp_peers) : dp_step_shape(*batch).fits_a_graph();
   const int64_t moe_tokens = peers.dp ? int64_t{shape.moe_rows} * peers.dp->size() : shape.num_tokens;
-  // Collectives over host barriers (device copies) cannot be captured.
-  const bool capturable = (!peers.tp || peers.tp->graph_capturable()) && (!peers.dp || peers.dp->graph_capturable());
-  if (!use_graph || !graph_sized || !moe_without_host_sync(moe_tokens) || !capturable) return std::nullopt;
+  if (!use_graph || !graph_sized || !moe_without_host_sync(moe_tokens) || !collectives_capturable())
+    return std::nullopt;
   // Graphs are keyed by the step's sizes (tokens, sequences, logits rows); their grids are
   // sized for the longest context allowed, so that any step of those sizes replays.
   StepShape key = shape;

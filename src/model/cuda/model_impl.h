@@ -273,6 +273,10 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   StepShape shape_of(const ForwardBatch& batch) const;
   // The batch a step runs: `step`, or the idle rank's dummy token when it has none.
   const ForwardBatch& runnable(const ForwardBatch& step) const;
+  // Whether the peers' collectives can go into a graph (not those over host barriers: device copies).
+  bool collectives_capturable() const {
+    return (!peers.tp || peers.tp->graph_capturable()) && (!peers.dp || peers.dp->graph_capturable());
+  }
   // Whether a data-parallel step runs as a graph, padded: every rank runs as many tokens a
   // sequence (decode, or verify of as many drafts), a logits row a token
   // (uniform_dp_sequence_tokens: what a padded graph needs on every rank alike).
