@@ -6,7 +6,11 @@
 // rate against the copy bandwidth --bandwidth; each path's output against the mma path's
 // (relative L2), so a wrong kernel shows. Usage:
 //   cuda_moe_experts [--tokens 8,64,128,512,1024] [--local-experts 32] [--reps 20] [--json FILE]
-// --tokens are the step's tokens over every data-parallel rank (gathered), as the rank sees them.
+//                    [--paths NAME,...]
+// --tokens are the step's tokens over every data-parallel rank (gathered), as the rank sees them;
+// --paths keeps the paths whose names contain one of the given names (the first kept path is
+// the reference). "bf16 specialized" is the warp-specialised bf16 GEMMs over the experts widened
+// beforehand, "widen + bf16 specialized" the same with the widening of every local expert timed.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -100,8 +104,9 @@ class ExpertBench {
   }
 
   // Every path that takes the step: the mma kernels, the grouped wgmma GEMMs (64- and 128-row
-  // tiles, register-widened, warp-specialised) and the streamed kernels in each shape at the
-  // mean pairs an expert and twice that.
+  // tiles, register-widened, warp-specialised; and the bf16 warp-specialised GEMMs over the
+  // experts widened first) and the streamed kernels in each shape at the mean pairs an expert and
+  // twice that.
   std::vector<Path> paths(const StepRouting& r) {
     const int64_t P = r.pairs;
     const int max_active = static_cast<int>(std::min<int64_t>(E_, P));
@@ -125,6 +130,21 @@ class ExpertBench {
     paths.push_back({"specialized", [=, this] {
                        cuda::moe_experts_specialized(x, kHidden, kInter, experts_, plan_, E_, kTopK, P, act, out, s);
                      }});
+    paths.push_back({"bf16 specialized", [=, this] {
+                       cuda::moe_experts_specialized(x, kHidden, kInter, widened(), plan_, E_, kTopK, P, act, out, s);
+                     }});
+    paths.push_back({"widen + bf16 specialized", [=, this] {
+                       const cuda::ExpertWeights bf16 = widened();
+                       widen_experts(bf16);
+                       cuda::moe_experts_specialized(x, kHidden, kInter, bf16, plan_, E_, kTopK, P, act, out, s);
+                     }});
+    // The same through one buffer (moe_experts_widened): gate/up widened and multiplied, then down.
+    paths.push_back({"widen each + bf16 specialized", [=, this] {
+                       if (one_buffer_.bytes() == 0)
+                         one_buffer_ = cuda::DeviceBuffer(sizeof(uint16_t) * E_ * 2 * kInter * kHidden);
+                       cuda::moe_experts_widened(x, kHidden, kInter, experts_, plan_, E_, kTopK, P,
+                                                 one_buffer_.as<uint16_t>(), act, out, s);
+                     }});
     const std::pair<const char*, cuda::MoeStreamShape> shapes[] = {
         {"stream f1s8", cuda::MoeStreamShape::kFrags1Stages8},
         {"stream f2s6", cuda::MoeStreamShape::kFrags2Stages6},
@@ -142,6 +162,22 @@ class ExpertBench {
                          }});
       }
     return paths;
+  }
+
+  // The experts as bf16 ([E, 2 inter, hidden] and [E, hidden, inter]), widened once on first use.
+  cuda::ExpertWeights widened() {
+    if (gate_up_bf16_.bytes() == 0) {
+      gate_up_bf16_ = cuda::DeviceBuffer(sizeof(uint16_t) * E_ * 2 * kInter * kHidden);
+      down_bf16_ = cuda::DeviceBuffer(sizeof(uint16_t) * E_ * kHidden * kInter);
+      widen_experts({glms::ops::WeightFormat::Plain, gate_up_bf16_.data(), nullptr, down_bf16_.data(), nullptr, false});
+    }
+    return {glms::ops::WeightFormat::Plain, gate_up_bf16_.data(), nullptr, down_bf16_.data(), nullptr, false};
+  }
+
+  // Every local expert's MXFP4 weights widened into `bf16`'s buffers.
+  void widen_experts(const cuda::ExpertWeights& bf16) {
+    cuda::dequantize_experts(experts_, 0, E_, kHidden, kInter, static_cast<uint16_t*>(const_cast<void*>(bf16.gate_up)),
+                             static_cast<uint16_t*>(const_cast<void*>(bf16.down)), stream_.get());
   }
 
   // The path's output rows of this rank's pairs (the buffer poisoned before the run).
@@ -179,6 +215,8 @@ class ExpertBench {
   cuda::DeviceBuffer gate_up_, gate_up_scales_, down_, down_scales_, x_, ids_;
   cuda::DeviceBuffer counts_, offsets_, active_, num_active_, sorted_pairs_, pair_slot_;
   cuda::DeviceBuffer act_, out_, staged_, unscale_;
+  cuda::DeviceBuffer gate_up_bf16_, down_bf16_;  // widened() (empty until a bf16 path runs)
+  cuda::DeviceBuffer one_buffer_;                 // moe_experts_widened's (empty until it runs)
   cuda::ExpertWeights experts_;
   cuda::MoePlan plan_;
   cuda::Stream stream_;
@@ -192,13 +230,18 @@ int main(int argc, char** argv) {
   int local_experts = 32, reps = 20;
   double bandwidth = 4.29e12;
   std::string json_path;
+  std::vector<std::string> path_filter;
   if (!glms::benchmarks::parse_options(
           argc, argv,
           {{"--tokens", [&](const char* v) { token_counts = glms::benchmarks::parse_int_list(v); }},
            {"--local-experts", [&](const char* v) { local_experts = std::atoi(v); }},
            {"--reps", [&](const char* v) { reps = std::atoi(v); }},
            {"--bandwidth", [&](const char* v) { bandwidth = std::atof(v); }},
-           {"--json", [&](const char* v) { json_path = v; }}}))
+           {"--json", [&](const char* v) { json_path = v; }},
+           {"--paths", [&](const char* v) {
+              std::stringstream in(v);
+              for (std::string name; std::getline(in, name, ',');) path_filter.push_back(name);
+            }}}))
     return 2;
   if (cuda::device_count() == 0) {
     std::fprintf(stderr, "no CUDA device\n");
@@ -217,6 +260,10 @@ int main(int argc, char** argv) {
     const double bound_us = r.active * ExpertBench::expert_bytes() / bandwidth * 1e6;
     std::vector<float> reference;
     for (const Path& path : bench.paths(r)) {
+      const bool kept = path_filter.empty() || std::any_of(path_filter.begin(), path_filter.end(), [&](const std::string& f) {
+                          return path.name.find(f) != std::string::npos;
+                        });
+      if (!kept) continue;
       const std::vector<float> result = bench.output_of(path, r.local_pairs);
       if (reference.empty()) reference = result;
       const double error = glms::benchmarks::relative_l2(result, reference);

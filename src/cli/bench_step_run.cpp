@@ -543,6 +543,7 @@ nlohmann::json kernel_options_json(const model::CudaModelOptions& k) {
           {"specialized_bf16_experts_min_pairs", k.specialized_bf16_experts_min_pairs},
           {"specialized_mxfp4_experts_min_pairs", k.specialized_mxfp4_experts_min_pairs},
           {"wgmma_rs_mxfp4_experts_min_pairs", k.wgmma_rs_mxfp4_experts_min_pairs},
+          {"widened_experts_min_pairs", k.widened_experts_min_pairs},
           {"paired_bf16_experts", k.paired_bf16_experts},
           {"bf16_expert_sums", k.bf16_expert_sums},
           {"bf16_intermediates_min_tokens", k.bf16_intermediates_min_tokens},

@@ -160,6 +160,11 @@ void add_expert_options(CLI::App* cmd, BenchStepOptions* o) {
                   "codes into wgmma's A registers (0: never)")
       ->check(non_negative_number())
       ->capture_default_str();
+  cmd->add_option("--widened-experts-min-pairs", o->kernels.widened_experts_min_pairs,
+                  "Tiled MXFP4 routed experts from this many pairs per expert are widened to bf16 once a layer and "
+                  "take the bf16 warp-specialised grouped GEMMs, where the rank holds the buffer (0: never)")
+      ->check(non_negative_number())
+      ->capture_default_str();
   cmd->add_option("--paired-bf16-experts", o->kernels.paired_bf16_experts,
                   "Those GEMMs take an expert's row tiles two by two in thread block clusters that load each weight "
                   "line once for both (TMA multicast; true/false)")

@@ -19,6 +19,9 @@ namespace glms::model {
 // expert run on the tensor-core kernels in one pass over every data-parallel rank's rows; the
 // per-pair buffers hold that many pairs per expert (cuda/model_impl.h says why the value).
 constexpr int kSmallMoePairsPerExpertTensorCores = 64;
+// CudaModelOptions::widened_experts_min_pairs by default (0: off), which `glmserve plan` sizes
+// the workspaces by.
+constexpr int kDefaultWidenedExpertsMinPairs = 0;
 // Scores buffer of the GEMM attention path (fp32 [heads, chunk, context]), at most 1 GiB.
 constexpr int64_t kPrefillScoreFloats = int64_t{1} << 28;
 // What the cache leaves free of the memory budget: cuBLAS's lazily loaded kernels, captured
@@ -38,6 +41,10 @@ struct CudaStepLimits {
   int max_context = 4096;   // positions per sequence
   int block_size = 16;      // cache slots per block
   bool mtp = false;         // the MTP draft layer runs (its weights, workspace and cache)
+  // CudaModelOptions::widened_experts_min_pairs: a rank whose steps can bring its quantised
+  // experts that many pairs per expert (its data-parallel ranks' rows, top_k each, over the
+  // model's experts) holds every local expert's gate/up rows in bf16 (0: none).
+  int widened_experts_min_pairs = kDefaultWidenedExpertsMinPairs;
 };
 
 // The widths of one rank's layers that size its buffers (the largest over its layers).
@@ -126,6 +133,8 @@ struct CudaWorkspaces {
   Buffer sorted_pairs, pair_slot;                  // [plan_capacity]
   Buffer shared_out;                               // [T, hidden] fp32
   Buffer pair_x, pair_gate_up, pair_act, expert_out;  // per pair: [P, hidden], [P, 2 inter], [P, inter], [P, hidden]
+  // (pair_gate_up also holds [widened_experts, 2 inter, hidden] bf16: the widened experts' path
+  // leaves it unused otherwise)
   Buffer pair_scale;                               // [P] fp32: the streamed experts' staging unscale
   Buffer head_in, logits;                          // [max_logits, hidden] bf16, [max_logits, vocab] fp32
   Buffer logits_argmax, sample_rows_of, sample_params, sampled;  // per logits row
@@ -144,6 +153,7 @@ struct CudaWorkspaces {
   int64_t pair_capacity = 0;           // this rank's pairs the per-pair buffers hold
   int64_t gathered_capacity = 0;       // bf16 elements of gathered_rows
   int64_t prefill_score_capacity = 0;  // floats of prefill_scores
+  int64_t widened_experts = 0;         // quantised experts pair_gate_up holds widened to bf16 (0: none)
 };
 
 // One row's sampling parameters on the device (cuda::RowSampling: three 4-byte values, a
@@ -206,7 +216,13 @@ void make_cuda_workspaces(CudaWorkspaces<Buffer>& w, const io::ModelConfig& c, c
   w.pair_slot = i32(w.plan_capacity);
   w.shared_out = f32(T * hidden);
   w.pair_x = bf16(P * hidden);
-  w.pair_gate_up = f32(P * 2 * inter);
+  // Where a step can bring limits.widened_experts_min_pairs pairs an expert, every local
+  // quantised expert's gate/up rows widened to bf16 fit pair_gate_up too.
+  const int64_t min_pairs = limits.widened_experts_min_pairs;
+  const bool widens_all = widths.quantised_experts && min_pairs > 0 && ranks * T * K >= min_pairs * E;
+  w.widened_experts = widens_all ? E_local : 0;
+  w.pair_gate_up = make(std::max(int64_t{4} * std::max<int64_t>(P * 2 * inter, 1),
+                                 int64_t{2} * w.widened_experts * 2 * inter * hidden));
   w.pair_act = bf16(P * inter);
   w.expert_out = f32(P * hidden);
   w.pair_scale = f32(P);

@@ -275,15 +275,23 @@ double experts_error(const Experts& experts, std::vector<float> tokens, const st
   return relative_l2(got_rows, want_rows);
 }
 
-// The same for moe_experts_specialized (bf16 weights, the warp-specialised grouped GEMMs).
+// The same for moe_experts_specialized (the warp-specialised grouped GEMMs), or with `widened`
+// (quantised experts) for moe_experts_widened, which widens them to bf16 for those GEMMs first.
 double specialized_error(const Experts& experts, std::vector<float> tokens, const std::vector<int32_t>& ids,
-                         int top_k, bool paired) {
-  const int64_t hidden = experts.hidden, inter = experts.inter, E = experts.E;
+                         int top_k, bool paired, bool widened = false) {
+  const int64_t hidden = experts.hidden, inter = experts.inter, E = experts.E, P = std::ssize(ids);
   for (float& v : tokens) v = round_bf16(v);
   ExpertRun run(tokens, ids, E, hidden, inter);
+  if (widened) {
+    cuda::DeviceBuffer buffer(sizeof(uint16_t) * E * 2 * inter * hidden);
+    cuda::moe_experts_widened(run.d_x.as<uint16_t>(), hidden, inter, experts.view(), run.buffers.plan(),
+                              static_cast<int>(E), top_k, P, buffer.as<uint16_t>(), run.act.as<uint16_t>(),
+                              run.out.as<float>(), nullptr);
+    return relative_l2(run.rows(), reference_rows(experts, tokens, ids, top_k));
+  }
   cuda::moe_experts_specialized(run.d_x.as<uint16_t>(), hidden, inter, experts.view(), run.buffers.plan(),
-                                static_cast<int>(E), top_k, static_cast<int64_t>(ids.size()), run.act.as<uint16_t>(),
-                                run.out.as<float>(), nullptr, paired);
+                                static_cast<int>(E), top_k, P, run.act.as<uint16_t>(), run.out.as<float>(), nullptr,
+                                paired);
   return relative_l2(run.rows(), reference_rows(experts, tokens, ids, top_k));
 }
 
@@ -379,8 +387,9 @@ TEST_F(CudaMoe, Bf16WgmmaExpertsMatchReference) { check_wgmma_experts_shapes(Wei
 // tiles, part-filled ones and tiles of 64 rows or fewer, experts without pairs, down's K over more
 // steps than stages (MXFP4: than the codes' ring holds groups); bf16 each also with the row tiles
 // in pairs of blocks sharing the weight lines (pairs with a full or a short second tile, an
-// expert's odd last tile alone, two pairs and an odd tile at 600 pairs an expert). MXFP4 also
-// with block scales far apart (the widening's two-multiply branch).
+// expert's odd last tile alone, two pairs and an odd tile at 600 pairs an expert); MXFP4 each
+// also widened to bf16 first (moe_experts_widened). MXFP4 also with block scales far apart (the
+// widening's two-multiply branch).
 void check_specialized_experts(WeightFormat format, int block_spread = 0) {
   struct Shape {
     int64_t E, hidden, inter;
@@ -394,12 +403,15 @@ void check_specialized_experts(WeightFormat format, int block_spread = 0) {
     ASSERT_TRUE(cuda::moe_experts_specialized_supported(experts.view(), c.hidden, c.inter));
     for (const int n : c.tokens) {
       const auto ids = random_choices(n, static_cast<int>(c.E), c.top_k, 300 + n);
-      for (const bool paired : {false, true}) {
-        if (paired && format != WeightFormat::Plain) continue;
-        EXPECT_LT(specialized_error(experts, random_values(n * c.hidden, 110 + n, 2.0f), ids, c.top_k, paired), 2e-3)
+      // paired: bf16 row tiles in pairs; for MXFP4, the experts widened first.
+      for (const bool variant : {false, true}) {
+        const bool paired = variant && format == WeightFormat::Plain, widened = variant && !paired;
+        EXPECT_LT(specialized_error(experts, random_values(n * c.hidden, 110 + n, 2.0f), ids, c.top_k, paired,
+                                    widened),
+                  2e-3)
             << "format " << static_cast<int>(format) << ", " << c.E << " experts, " << n << " tokens, hidden "
             << c.hidden << ", inter " << c.inter << ", spread " << block_spread
-            << (paired ? ", row tiles in pairs" : "");
+            << (paired ? ", row tiles in pairs" : widened ? ", widened to bf16" : "");
       }
     }
   }
@@ -614,26 +626,32 @@ TEST_F(CudaMoe, TensorCoreStagingKeepsInputsOfAnyScale) {
   }
 }
 
-// MXFP4 packed (widths multiples of 32) and tiled (of 128), and FP8.
+// MXFP4 packed (widths multiples of 32) and tiled (of 128), and FP8; one expert and a run of
+// them in one launch.
 TEST_F(CudaMoe, DequantizedExpertsMatchHostDequantisation) {
   for (const auto& [format, tiled] : {std::pair{WeightFormat::Mxfp4, false}, std::pair{WeightFormat::Mxfp4, true},
                                       std::pair{WeightFormat::Fp8Block, false}}) {
     const int64_t E = 3, hidden = tiled ? 384 : 320, inter = tiled ? 256 : 160;
     const Experts experts = make_experts(format, tiled, E, hidden, inter, 5);
-    cuda::DeviceBuffer gate_up(sizeof(uint16_t) * 2 * inter * hidden), down(sizeof(uint16_t) * hidden * inter);
-    for (int e = 0; e < E; ++e) {
-      cuda::dequantize_expert(experts.view(), e, hidden, inter, gate_up.as<uint16_t>(), down.as<uint16_t>(), nullptr);
+    for (const auto& [first, count] : {std::pair{0, 1}, std::pair{2, 1}, std::pair{1, 2}, std::pair{0, 3}}) {
+      cuda::DeviceBuffer gate_up(sizeof(uint16_t) * count * 2 * inter * hidden),
+          down(sizeof(uint16_t) * count * hidden * inter);
+      cuda::dequantize_experts(experts.view(), first, count, hidden, inter, gate_up.as<uint16_t>(),
+                               down.as<uint16_t>(), nullptr);
       const auto got_gate_up = to_host<uint16_t>(gate_up), got_down = to_host<uint16_t>(down);
-      std::vector<float> got(got_gate_up.size()), want(experts.gate_up.begin() + e * 2 * inter * hidden,
-                                                        experts.gate_up.begin() + (e + 1) * 2 * inter * hidden);
+      std::vector<float> got(got_gate_up.size()),
+          want(experts.gate_up.begin() + first * 2 * inter * hidden,
+               experts.gate_up.begin() + (first + count) * 2 * inter * hidden);
       for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_f32(got_gate_up[i]);
       // MXFP4 values (two significant bits times a power of two) are exact in bf16.
       const double tolerance = format == WeightFormat::Mxfp4 ? 0.0 : 4e-3;
-      EXPECT_LE(relative_l2(got, want), tolerance) << "gate_up of expert " << e << (tiled ? ", tiled" : "");
+      const std::string which = " of experts " + std::to_string(first) + " + " + std::to_string(count) +
+                                (tiled ? ", tiled" : "");
+      EXPECT_LE(relative_l2(got, want), tolerance) << "gate_up" << which;
       got.resize(got_down.size());
       for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_f32(got_down[i]);
-      want.assign(experts.down.begin() + e * hidden * inter, experts.down.begin() + (e + 1) * hidden * inter);
-      EXPECT_LE(relative_l2(got, want), tolerance) << "down of expert " << e << (tiled ? ", tiled" : "");
+      want.assign(experts.down.begin() + first * hidden * inter, experts.down.begin() + (first + count) * hidden * inter);
+      EXPECT_LE(relative_l2(got, want), tolerance) << "down" << which;
     }
   }
 }

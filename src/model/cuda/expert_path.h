@@ -31,7 +31,7 @@ int64_t small_moe_pairs_per_expert(const ops::cuda::ExpertWeights& experts, int6
 // the grouped GEMMs that widen MXFP4 into wgmma's A registers, the warp-specialised grouped GEMMs,
 // the grouped GEMMs with a block barrier a step, the W8A8 grouped GEMMs (FP8), the small-batch
 // kernels, per-expert cuBLAS GEMMs (which read the group offsets back to the host).
-enum class ExpertPath { kStreamed, kRegisterWidened, kSpecialized, kGrouped, kW8a8, kSmall, kPerExpertGemms };
+enum class ExpertPath { kStreamed, kWidened, kRegisterWidened, kSpecialized, kGrouped, kW8a8, kSmall, kPerExpertGemms };
 
 struct ExpertStep {
   int64_t pairs = 0;             // rows x top_k, every (gathered) row's
@@ -39,6 +39,7 @@ struct ExpertStep {
   int64_t pairs_per_expert = 0;  // the real tokens' pairs over the model's experts
   bool host_sync_ok = true;      // false while capturing a graph
   bool fp8_staged = false;       // FP8 experts whose W8A8 staging fits the pair buffers
+  bool widening_fits = false;    // the bf16 widening buffer holds every local expert's gate/up
 };
 
 // `model_experts`: the model's routed experts (config.n_routed_experts); hidden and inter the

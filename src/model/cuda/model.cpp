@@ -81,6 +81,7 @@ void CudaGlm5Model::Impl::allocate() {
   limits.max_context = options.max_context;
   limits.block_size = options.block_size;
   limits.mtp = with_mtp;
+  limits.widened_experts_min_pairs = options.widened_experts_min_pairs;
   workspace_bytes = 0;
   const std::string step_buffers = "the step buffers of " + std::to_string(limits.max_tokens) + " tokens and " +
                                    std::to_string(limits.max_sequences) +

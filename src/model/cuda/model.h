@@ -161,6 +161,12 @@ struct CudaModelOptions {
   // paths above -> these: 1088 tokens (34 pairs) 3.76 -> 3.31 ms, 2048 5.12 -> 3.94, 8192
   // 13.04 -> 11.05; at 32 pairs even with the streamed kernels (3.31 against 3.27).
   int wgmma_rs_mxfp4_experts_min_pairs = 33;
+  // Tiled MXFP4 experts from this many pairs per expert (0: never) widened to bf16 (every local
+  // expert's gate/up rows into pair_gate_up, then their down rows into the same bytes) and run
+  // through the bf16 warp-specialised GEMMs, ahead of the paths above: the widening is paid once
+  // a layer, not once a row tile. Only a rank whose steps can bring that many pairs an expert
+  // sizes pair_gate_up for it (model/cuda_memory.h): an expert-parallel rank's long prefills.
+  int widened_experts_min_pairs = kDefaultWidenedExpertsMinPairs;
   // Those GEMMs with an expert's row tiles two by two in thread block clusters that load each
   // weight line once for both (TMA multicast), an odd last tile split by lines between the two.
   // Off: on the H200 at GLM-5.2 width, 5 layers (bench/results/cuda-paired-experts-20261204.json)

@@ -117,8 +117,8 @@ bool CudaGlm5Model::Impl::moe_experts_per_expert_gemms(const MoeDevice& m, const
       const uint16_t* gate_up = as<uint16_t>(m.experts_gate_up) + int64_t{e} * 2 * inter * hidden;
       const uint16_t* down = as<uint16_t>(m.experts_down) + int64_t{e} * hidden * inter;
       if (m.experts_format != ops::WeightFormat::Plain) {
-        cuda::dequantize_expert(experts, e, hidden, inter, as<uint16_t>(expert_gate_up_bf16),
-                                as<uint16_t>(expert_down_bf16), s);
+        cuda::dequantize_experts(experts, e, 1, hidden, inter, as<uint16_t>(expert_gate_up_bf16),
+                                 as<uint16_t>(expert_down_bf16), s);
         gate_up = as<uint16_t>(expert_gate_up_bf16);
         down = as<uint16_t>(expert_down_bf16);
       }
@@ -190,13 +190,14 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
   std::optional<cuda::MoeFp8Staging> fp8_staging;
   if (m.experts_format == ops::WeightFormat::Fp8Block) fp8_staging = fp8_expert_staging(rows, step.local_pairs, inter);
   step.fp8_staged = fp8_staging.has_value();
+  step.widening_fits = widened_experts >= E;
   const int64_t bound = step.local_pairs;
   auto* const act = as<uint16_t>(pair_act);
   const ExpertPath path = choose_expert_path(options, config.n_routed_experts, experts, hidden, inter, pair_capacity, step);
   // The grouped GEMMs write their sums in bf16 where the options ask (expert_out holds either);
   // the other paths in fp32.
-  const bool grouped = path == ExpertPath::kRegisterWidened || path == ExpertPath::kSpecialized ||
-                       path == ExpertPath::kGrouped || path == ExpertPath::kW8a8;
+  const bool grouped = path == ExpertPath::kWidened || path == ExpertPath::kRegisterWidened ||
+                       path == ExpertPath::kSpecialized || path == ExpertPath::kGrouped || path == ExpertPath::kW8a8;
   const cuda::ExpertSums sums = options.bf16_expert_sums && grouped ? cuda::ExpertSums(as<uint16_t>(expert_out))
                                                                     : cuda::ExpertSums(as<float>(expert_out));
   switch (path) {
@@ -214,6 +215,10 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
                                {as<uint32_t>(pair_x), as<float>(pair_scale)}, act, sums.f32, s, stream_shape);
       break;
     }
+    case ExpertPath::kWidened:
+      cuda::moe_experts_widened(x, hidden, inter, experts, plan, E, K, bound, as<uint16_t>(pair_gate_up), act, sums,
+                                s);
+      break;
     case ExpertPath::kRegisterWidened:
       cuda::moe_experts_wgmma_rs(x, hidden, inter, experts, plan, E, K, bound, as<uint32_t>(pair_x), act, sums, s);
       break;

@@ -169,10 +169,22 @@ void moe_experts_wgmma(const uint16_t* x, int64_t hidden, int64_t inter, const E
 // 128 grouped rows x 256 weight lines a block. Needs hidden a multiple of 256 and inter of 128.
 // `paired` (bf16 only): an expert's row tiles two by two in thread block clusters that load each
 // weight line once for both (TMA multicast), its odd last tile split between the two.
+// `projections`: both, or one of them (gate/up writes act; down reads it): a caller that widens
+// quantised experts into one bf16 buffer runs them in turn.
+enum class ExpertProjections { kBoth, kGateUp, kDown };
 bool moe_experts_specialized_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
 void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                              const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* act,
-                             ExpertSums expert_out, cudaStream_t stream, bool paired = false);
+                             ExpertSums expert_out, cudaStream_t stream, bool paired = false,
+                             ExpertProjections projections = ExpertProjections::kBoth);
+
+// Quantised experts through the bf16 GEMMs above, widened once a call rather than once a row
+// tile: every expert's gate/up rows into `widened` (dequantize_experts: [num_experts, 2 inter,
+// hidden] bf16), their GEMM, then the down rows into the same bytes ([num_experts, hidden,
+// inter]) and theirs. For long gathered prefills, whose experts get a thousand pairs and more.
+void moe_experts_widened(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
+                         const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* widened,
+                         uint16_t* act, ExpertSums expert_out, cudaStream_t stream);
 
 // The same for block-FP8 experts (moe_experts_wgmma_fp8.cu), W8A8 as FP8 checkpoints are
 // served: x and then act quantised to E4M3 with one scale a row and 128 columns
@@ -198,10 +210,11 @@ void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, con
                            const MoeFp8Staging& staging, uint16_t* act, ExpertSums expert_out, cudaStream_t stream,
                            Fp8ExpertGemm gemm = Fp8ExpertGemm::kWarpSpecialized);
 
-// Expert `expert` of quantised `experts` widened to bf16: gate_up_out [2 * inter, hidden] and
-// down_out [hidden, inter] (MXFP4 exactly, in either layout; FP8 rounded once from code x scale).
-void dequantize_expert(const ExpertWeights& experts, int expert, int64_t hidden, int64_t inter, uint16_t* gate_up_out,
-                       uint16_t* down_out, cudaStream_t stream);
+// Experts first_expert .. first_expert + count - 1 of quantised `experts` widened to bf16, one
+// launch a projection: gate_up_out [count, 2 * inter, hidden] and down_out [count, hidden, inter]
+// (MXFP4 exactly, in either layout; FP8 rounded once from code x scale); a null output is skipped.
+void dequantize_experts(const ExpertWeights& experts, int first_expert, int count, int64_t hidden, int64_t inter,
+                        uint16_t* gate_up_out, uint16_t* down_out, cudaStream_t stream);
 
 // out[t] (+= with `accumulate`, else =) shared_out[t] (when given) + the sum over the token's
 // pairs on this rank (pair_slot >= 0), in increasing expert id, of weight * expert_out[slot]

@@ -422,18 +422,24 @@ void moe_experts_small(const uint16_t* x, int64_t hidden, int64_t inter, const E
   }
 }
 
-void dequantize_expert(const ExpertWeights& experts, int expert, int64_t hidden, int64_t inter, uint16_t* gate_up_out,
-                       uint16_t* down_out, cudaStream_t stream) {
-  GLMS_CHECK(experts.format != WeightFormat::Plain, "dequantize_expert: the experts are already bf16");
-  GLMS_CHECK(hidden % 8 == 0 && inter % 8 == 0, "dequantize_expert: widths must be multiples of 8");
+void dequantize_experts(const ExpertWeights& experts, int first_expert, int count, int64_t hidden, int64_t inter,
+                        uint16_t* gate_up_out, uint16_t* down_out, cudaStream_t stream) {
+  GLMS_CHECK(experts.format != WeightFormat::Plain, "dequantize_experts: the experts are already bf16");
+  GLMS_CHECK(hidden % 8 == 0 && inter % 8 == 0, "dequantize_experts: widths must be multiples of 8");
+  if (count <= 0) return;
   auto launch = [&](auto kernel, const void* data, const void* scales, int64_t row0, int64_t rows, int64_t cols,
                     uint16_t* out) {
-    launch_chained("dequantize_expert launch", kernel, blocks_for(rows * cols / 8, 256), 256, 0, stream, data, scales,
+    launch_chained("dequantize_experts launch", kernel, blocks_for(rows * cols / 8, 256), 256, 0, stream, data, scales,
                    row0, rows, cols, out);
   };
   auto widen = [&](auto kernel) {
-    launch(kernel, experts.gate_up, experts.gate_up_scales, int64_t{expert} * 2 * inter, 2 * inter, hidden, gate_up_out);
-    launch(kernel, experts.down, experts.down_scales, int64_t{expert} * hidden, hidden, inter, down_out);
+    // The experts' rows are consecutive rows of the stacked matrices.
+    if (gate_up_out)
+      launch(kernel, experts.gate_up, experts.gate_up_scales, int64_t{first_expert} * 2 * inter, count * 2 * inter,
+             hidden, gate_up_out);
+    if (down_out)
+      launch(kernel, experts.down, experts.down_scales, int64_t{first_expert} * hidden, count * hidden, inter,
+             down_out);
   };
   if (experts.format == WeightFormat::Mxfp4 && experts.mxfp4_tiled) widen(dequantize_kernel<WeightFormat::Mxfp4, true>);
   else if (experts.format == WeightFormat::Mxfp4) widen(dequantize_kernel<WeightFormat::Mxfp4, false>);

@@ -493,14 +493,17 @@ void run_projection(const GroupedArgs& a, int64_t features, int64_t num_pairs, b
   launch_projection<P, TileSet::kEvery, W>(a, CUtensorMap{}, features, units, stream);
 }
 
-// Both projections; `a` holds the plan and the outputs.
+// Both projections, or one; `a` holds the plan and the outputs.
 template <WeightSource W>
 void run_projections(const GroupedArgs& a, const uint16_t* x, const ExpertWeights& experts, int64_t hidden,
-                     int64_t inter, int64_t num_pairs, bool paired, cudaStream_t stream) {
-  run_projection<Projection::kGateUp, W>(moe_grouped::gate_up_projection(a, x, experts, hidden, inter), inter,
-                                         num_pairs, paired, stream);
-  run_projection<Projection::kDown, W>(moe_grouped::down_projection(a, experts, hidden, inter), hidden, num_pairs,
-                                       paired, stream);
+                     int64_t inter, int64_t num_pairs, bool paired, ExpertProjections projections,
+                     cudaStream_t stream) {
+  if (projections != ExpertProjections::kDown)
+    run_projection<Projection::kGateUp, W>(moe_grouped::gate_up_projection(a, x, experts, hidden, inter), inter,
+                                           num_pairs, paired, stream);
+  if (projections != ExpertProjections::kGateUp)
+    run_projection<Projection::kDown, W>(moe_grouped::down_projection(a, experts, hidden, inter), hidden, num_pairs,
+                                         paired, stream);
 }
 
 }  // namespace
@@ -514,7 +517,8 @@ bool moe_experts_specialized_supported(const ExpertWeights& experts, int64_t hid
 
 void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                              const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* act,
-                             ExpertSums expert_out, cudaStream_t stream, bool paired) {
+                             ExpertSums expert_out, cudaStream_t stream, bool paired,
+                             ExpertProjections projections) {
   if (num_pairs <= 0 || num_experts <= 0) return;
   GLMS_CHECK(moe_experts_specialized_supported(experts, hidden, inter),
              "moe_experts_specialized: bf16 or tiled MXFP4 experts with hidden a multiple of 256 and inter of 128");
@@ -522,11 +526,26 @@ void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, c
              "moe_experts_specialized: too many pairs for one launch");
   const GroupedArgs a = moe_grouped::grouped_args(plan, num_experts, top_k, inter, act, expert_out);
   if (experts.format == WeightFormat::Plain) {
-    run_projections<WeightSource::kBf16>(a, x, experts, hidden, inter, num_pairs, paired, stream);
+    run_projections<WeightSource::kBf16>(a, x, experts, hidden, inter, num_pairs, paired, projections, stream);
   } else {
     GLMS_CHECK(!paired, "moe_experts_specialized: MXFP4 row tiles are not paired");
-    run_projections<WeightSource::kMxfp4>(a, x, experts, hidden, inter, num_pairs, false, stream);
+    run_projections<WeightSource::kMxfp4>(a, x, experts, hidden, inter, num_pairs, false, projections, stream);
   }
+}
+
+void moe_experts_widened(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
+                         const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* widened,
+                         uint16_t* act, ExpertSums expert_out, cudaStream_t stream) {
+  if (num_pairs <= 0 || num_experts <= 0) return;
+  ExpertWeights bf16;  // gate/up, then down, in the same bytes
+  bf16.gate_up = widened;
+  bf16.down = widened;
+  dequantize_experts(experts, 0, num_experts, hidden, inter, widened, nullptr, stream);
+  moe_experts_specialized(x, hidden, inter, bf16, plan, num_experts, top_k, num_pairs, act, expert_out, stream, false,
+                          ExpertProjections::kGateUp);
+  dequantize_experts(experts, 0, num_experts, hidden, inter, nullptr, widened, stream);
+  moe_experts_specialized(x, hidden, inter, bf16, plan, num_experts, top_k, num_pairs, act, expert_out, stream, false,
+                          ExpertProjections::kDown);
 }
 
 }  // namespace glms::ops::cuda
