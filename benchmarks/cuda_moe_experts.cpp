@@ -10,7 +10,9 @@
 // --tokens are the step's tokens over every data-parallel rank (gathered), as the rank sees them;
 // --paths keeps the paths whose names contain one of the given names (the first kept path is
 // the reference). "bf16 specialized" is the warp-specialised bf16 GEMMs over the experts widened
-// beforehand, "widen + bf16 specialized" the same with the widening of every local expert timed.
+// beforehand, "widen + bf16 specialized" the same with the widening of every local expert timed
+// (two buffers), "widen each + bf16 specialized" moe_experts_widened (one buffer, gate/up then
+// down, as the model runs it).
 #include <algorithm>
 #include <cstdio>
 #include <fstream>

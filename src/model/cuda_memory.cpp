@@ -1,11 +1,12 @@
 #include "model/cuda_memory.h"
 
 #include "quant/kv_fp8.h"
+#include "quant/mxfp4_tiles.h"
 
 namespace glms::model {
 
 CudaRankWidths cuda_rank_widths(const io::ModelConfig& c, const ModelShard& shard, bool quantised_experts, bool mtp,
-                                bool fp8_linears) {
+                                bool fp8_linears, bool mxfp4_experts) {
   CudaRankWidths w;
   w.heads = shard.heads(c);
   const auto& moe = c.layer_is_moe;
@@ -19,6 +20,8 @@ CudaRankWidths cuda_rank_widths(const io::ModelConfig& c, const ModelShard& shar
     w.local_experts = shard.experts(c);
     w.expert_inter = shard.expert_width(c);
     w.quantised_experts = quantised_experts;
+    w.tiled_mxfp4_experts =
+        mxfp4_experts && quant::mxfp4_tiles_fit(c.hidden_size) && quant::mxfp4_tiles_fit(w.expert_inter);
   }
   w.dp_ranks = shard.dp_size;
   w.mtp_indexer = mtp && c.num_nextn_predict_layers > 0 && c.index_head_dim > 0;

@@ -55,14 +55,16 @@ struct CudaRankWidths {
   int64_t expert_inter = 1;   // intermediate columns of each of them
   int64_t dp_ranks = 1;       // data-parallel ranks whose MoE rows this rank gathers (1: none)
   bool quantised_experts = false;  // MXFP4/FP8 experts (bf16 widening buffers for large batches)
+  bool tiled_mxfp4_experts = false;  // MXFP4 experts in the tile layout (those the widened path takes)
   bool mtp_indexer = false;   // the MTP layer has its own indexer keys
   int64_t fp8_linear_cols = 0;  // the widest FP8 linear layer's input (0: none; their activations' codes)
 };
 
 // The widths a rank of `shard` has, from the config alone (what its weights will be).
 // With `fp8_linears`, the linear layers that suit block FP8 are in it (CudaLinearWeights).
+// `mxfp4_experts`: the quantised experts are MXFP4 (tiled where their widths allow).
 CudaRankWidths cuda_rank_widths(const io::ModelConfig& config, const ModelShard& shard, bool quantised_experts,
-                                bool mtp, bool fp8_linears = false);
+                                bool mtp, bool fp8_linears = false, bool mxfp4_experts = false);
 
 // Byte offsets of the per-step metadata inside one host staging buffer and its device copy.
 struct MetadataLayout {
@@ -160,6 +162,17 @@ struct CudaWorkspaces {
 // 4-byte one and a double; the model asserts the size).
 constexpr int64_t kCudaRowSamplingBytes = 24;
 
+// Local experts whose gate/up rows pair_gate_up holds widened to bf16 (0: none): every one of a
+// rank of tiled MXFP4 experts whose steps (T tokens on each of its data-parallel ranks, top_k
+// each) can bring limits.widened_experts_min_pairs pairs an expert over the model's experts.
+inline int64_t cuda_widened_experts(const io::ModelConfig& c, const CudaRankWidths& widths,
+                                    const CudaStepLimits& limits, int64_t T) {
+  const int64_t min_pairs = limits.widened_experts_min_pairs;
+  const bool fits = widths.tiled_mxfp4_experts && min_pairs > 0 &&
+                    widths.dp_ranks * T * c.num_experts_per_tok >= min_pairs * c.n_routed_experts;
+  return fits ? widths.local_experts : 0;
+}
+
 // Makes every workspace buffer by calling make(bytes) (at least one byte each), in one place.
 template <typename Buffer, typename Make>
 void make_cuda_workspaces(CudaWorkspaces<Buffer>& w, const io::ModelConfig& c, const CudaRankWidths& widths,
@@ -216,11 +229,7 @@ void make_cuda_workspaces(CudaWorkspaces<Buffer>& w, const io::ModelConfig& c, c
   w.pair_slot = i32(w.plan_capacity);
   w.shared_out = f32(T * hidden);
   w.pair_x = bf16(P * hidden);
-  // Where a step can bring limits.widened_experts_min_pairs pairs an expert, every local
-  // quantised expert's gate/up rows widened to bf16 fit pair_gate_up too.
-  const int64_t min_pairs = limits.widened_experts_min_pairs;
-  const bool widens_all = widths.quantised_experts && min_pairs > 0 && ranks * T * K >= min_pairs * E;
-  w.widened_experts = widens_all ? E_local : 0;
+  w.widened_experts = cuda_widened_experts(c, widths, limits, T);  // their gate/up rows fit pair_gate_up too
   w.pair_gate_up = make(std::max(int64_t{4} * std::max<int64_t>(P * 2 * inter, 1),
                                  int64_t{2} * w.widened_experts * 2 * inter * hidden));
   w.pair_act = bf16(P * inter);

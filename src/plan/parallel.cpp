@@ -96,7 +96,8 @@ ServeMemory serve_memory(const ModelSpec& m, const PlanInputs& in, const GpuSpec
   shard.tp_size = r.tp;
   shard.dp_size = r.dp;
   shard.expert_parallel = expert_parallel;
-  const model::CudaRankWidths widths = model::cuda_rank_widths(c, shard, in.weights != "bf16", mtp);
+  const model::CudaRankWidths widths =
+      model::cuda_rank_widths(c, shard, in.weights != "bf16", mtp, false, in.weights == "mxfp4");
   model::CudaStepLimits limits;
   limits.max_tokens = in.max_num_batched_tokens;
   limits.max_sequences = in.max_num_seqs > 0 ? in.max_num_seqs : in.concurrency;

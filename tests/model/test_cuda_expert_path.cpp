@@ -125,23 +125,23 @@ TEST(CudaExpertPath, AGatheredPrefillRunsTheGroupedGemmsOverThisRanksPairs) {
   EXPECT_EQ(path(options, mxfp4, step, sizes.pair_capacity), ExpertPath::kPerExpertGemms);
 }
 
-// With widened_experts_min_pairs, an EP8 rank's long gathered prefill widens its MXFP4 experts to
-// bf16 once a layer where its workspaces hold them (pair_gate_up, sized for every local expert's
-// gate/up rows only where the rank's steps can bring that many pairs an expert).
+// By default (widened_experts_min_pairs 2048) an EP8 rank's prefill of 8192 tokens on each rank
+// widens its tiled MXFP4 experts to bf16 once a layer where its workspaces hold them
+// (pair_gate_up, sized for every local expert's gate/up rows only where the rank's steps can bring
+// that many pairs an expert, and only for tiled MXFP4 experts).
 TEST(CudaExpertPath, ARanksLongPrefillWidensItsExpertsWhereItsWorkspacesHoldThem) {
-  model::CudaModelOptions options;
-  options.widened_experts_min_pairs = 1024;
+  const model::CudaModelOptions options;
   const io::ModelConfig config = io::load_model_config(std::string(GLMS_SOURCE_DIR) + "/models/configs/glm-5.2.json");
   model::CudaRankWidths widths;
   widths.dp_ranks = 8;
   widths.local_experts = kExperts / 8;
   widths.expert_inter = kInter;
-  widths.quantised_experts = true;
+  widths.quantised_experts = widths.tiled_mxfp4_experts = true;
   model::CudaStepLimits limits;
   limits.max_logits = 1;
   limits.max_context = 20480;
   limits.block_size = 64;
-  limits.widened_experts_min_pairs = options.widened_experts_min_pairs;
+  EXPECT_EQ(limits.widened_experts_min_pairs, options.widened_experts_min_pairs);
   auto workspaces = [&](int max_tokens) {
     limits.max_tokens = max_tokens;
     model::CudaWorkspaces<int64_t> sizes;
@@ -151,18 +151,20 @@ TEST(CudaExpertPath, ARanksLongPrefillWidensItsExpertsWhereItsWorkspacesHoldThem
   const auto rank = workspaces(8192);  // 8 ranks x 8192 tokens x 8: 2048 pairs an expert at most
   EXPECT_EQ(rank.widened_experts, kExperts / 8);
   EXPECT_GE(rank.pair_gate_up, 2 * (kExperts / 8) * 2 * kInter * kHidden) << "bytes of the widened gate/up rows";
-  EXPECT_EQ(workspaces(2048).widened_experts, 0) << "512 pairs an expert at most";
+  EXPECT_EQ(workspaces(4096).widened_experts, 0) << "1024 pairs an expert at most";
+  widths.tiled_mxfp4_experts = false;  // FP8 experts: the W8A8 GEMMs take them
+  EXPECT_EQ(workspaces(8192).widened_experts, 0);
 
   const auto mxfp4 = ops::WeightFormat::Mxfp4;
-  ExpertStep step = one_gpu_step(8 * 8192);  // every rank's rows, gathered
+  ExpertStep step = one_gpu_step(8 * 8192);  // every rank's rows, gathered: 2048 pairs an expert
   step.local_pairs = 8192 * kTopK;
   step.widening_fits = true;
   EXPECT_EQ(path(options, mxfp4, step, rank.pair_capacity), ExpertPath::kWidened);
   EXPECT_EQ(path(options, ops::WeightFormat::Fp8Block, step, rank.pair_capacity), ExpertPath::kW8a8);
   step.widening_fits = false;
   EXPECT_EQ(path(options, mxfp4, step, rank.pair_capacity), ExpertPath::kRegisterWidened);
-  ExpertStep shorter = one_gpu_step(8 * 2048);  // 512 pairs an expert
-  shorter.local_pairs = 2048 * kTopK;
+  ExpertStep shorter = one_gpu_step(8 * 4096);  // 1024 pairs an expert: the widening does not pay
+  shorter.local_pairs = 4096 * kTopK;
   shorter.widening_fits = true;
   EXPECT_EQ(path(options, mxfp4, shorter, rank.pair_capacity), ExpertPath::kRegisterWidened);
 }

@@ -63,7 +63,8 @@ TEST_F(CudaMemory, WorkspacesAndCacheAreWhatThePlanCounts) {
     const auto gpu = model::CudaGlm5Model::synthetic(config, 7, options, c.experts, c.shard);
     const model::CudaMemoryReport report = gpu->memory_report();
     const model::CudaRankWidths planned =
-        model::cuda_rank_widths(config, c.shard, c.experts != ops::WeightFormat::Plain, false, c.fp8_linears);
+        model::cuda_rank_widths(config, c.shard, c.experts != ops::WeightFormat::Plain, false, c.fp8_linears,
+                                c.experts == ops::WeightFormat::Mxfp4);
     EXPECT_EQ(report.widths.fp8_linear_cols, planned.fp8_linear_cols);
     EXPECT_EQ(gpu->linear_matrices().second > 0, c.fp8_linears);
     EXPECT_EQ(report.widths.heads, planned.heads);
@@ -71,6 +72,7 @@ TEST_F(CudaMemory, WorkspacesAndCacheAreWhatThePlanCounts) {
     EXPECT_EQ(report.widths.local_experts, planned.local_experts);
     EXPECT_EQ(report.widths.expert_inter, planned.expert_inter);
     EXPECT_EQ(report.widths.quantised_experts, planned.quantised_experts);
+    EXPECT_EQ(report.widths.tiled_mxfp4_experts, planned.tiled_mxfp4_experts);
     EXPECT_EQ(report.limits.max_tokens, options.max_tokens);
     EXPECT_EQ(report.limits.max_logits, options.max_logits);
     EXPECT_EQ(report.workspaces, model::cuda_workspace_bytes(config, planned, report.limits));

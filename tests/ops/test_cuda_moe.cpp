@@ -627,31 +627,34 @@ TEST_F(CudaMoe, TensorCoreStagingKeepsInputsOfAnyScale) {
 }
 
 // MXFP4 packed (widths multiples of 32) and tiled (of 128), and FP8; one expert and a run of
-// them in one launch.
+// them in one launch; block scales alike and far apart (2^-15 .. 2^15 a block).
 TEST_F(CudaMoe, DequantizedExpertsMatchHostDequantisation) {
   for (const auto& [format, tiled] : {std::pair{WeightFormat::Mxfp4, false}, std::pair{WeightFormat::Mxfp4, true},
                                       std::pair{WeightFormat::Fp8Block, false}}) {
-    const int64_t E = 3, hidden = tiled ? 384 : 320, inter = tiled ? 256 : 160;
-    const Experts experts = make_experts(format, tiled, E, hidden, inter, 5);
-    for (const auto& [first, count] : {std::pair{0, 1}, std::pair{2, 1}, std::pair{1, 2}, std::pair{0, 3}}) {
-      cuda::DeviceBuffer gate_up(sizeof(uint16_t) * count * 2 * inter * hidden),
-          down(sizeof(uint16_t) * count * hidden * inter);
-      cuda::dequantize_experts(experts.view(), first, count, hidden, inter, gate_up.as<uint16_t>(),
-                               down.as<uint16_t>(), nullptr);
-      const auto got_gate_up = to_host<uint16_t>(gate_up), got_down = to_host<uint16_t>(down);
-      std::vector<float> got(got_gate_up.size()),
-          want(experts.gate_up.begin() + first * 2 * inter * hidden,
-               experts.gate_up.begin() + (first + count) * 2 * inter * hidden);
-      for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_f32(got_gate_up[i]);
-      // MXFP4 values (two significant bits times a power of two) are exact in bf16.
-      const double tolerance = format == WeightFormat::Mxfp4 ? 0.0 : 4e-3;
-      const std::string which = " of experts " + std::to_string(first) + " + " + std::to_string(count) +
-                                (tiled ? ", tiled" : "");
-      EXPECT_LE(relative_l2(got, want), tolerance) << "gate_up" << which;
-      got.resize(got_down.size());
-      for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_f32(got_down[i]);
-      want.assign(experts.down.begin() + first * hidden * inter, experts.down.begin() + (first + count) * hidden * inter);
-      EXPECT_LE(relative_l2(got, want), tolerance) << "down" << which;
+    for (const int spread : {0, 15}) {
+      const int64_t E = 3, hidden = tiled ? 384 : 320, inter = tiled ? 256 : 160;
+      const Experts experts = make_experts(format, tiled, E, hidden, inter, 5, spread);
+      for (const auto& [first, count] : {std::pair{0, 1}, std::pair{2, 1}, std::pair{1, 2}, std::pair{0, 3}}) {
+        cuda::DeviceBuffer gate_up(sizeof(uint16_t) * count * 2 * inter * hidden),
+            down(sizeof(uint16_t) * count * hidden * inter);
+        cuda::dequantize_experts(experts.view(), first, count, hidden, inter, gate_up.as<uint16_t>(),
+                                 down.as<uint16_t>(), nullptr);
+        const auto got_gate_up = to_host<uint16_t>(gate_up), got_down = to_host<uint16_t>(down);
+        std::vector<float> got(got_gate_up.size()),
+            want(experts.gate_up.begin() + first * 2 * inter * hidden,
+                 experts.gate_up.begin() + (first + count) * 2 * inter * hidden);
+        for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_f32(got_gate_up[i]);
+        // MXFP4 values (two significant bits times a power of two) are exact in bf16.
+        const double tolerance = format == WeightFormat::Mxfp4 ? 0.0 : 4e-3;
+        const std::string which = " of experts " + std::to_string(first) + " + " + std::to_string(count) +
+                                  (tiled ? ", tiled" : "") + ", spread " + std::to_string(spread);
+        EXPECT_LE(relative_l2(got, want), tolerance) << "gate_up" << which;
+        got.resize(got_down.size());
+        for (size_t i = 0; i < got.size(); ++i) got[i] = bf16_to_f32(got_down[i]);
+        want.assign(experts.down.begin() + first * hidden * inter,
+                    experts.down.begin() + (first + count) * hidden * inter);
+        EXPECT_LE(relative_l2(got, want), tolerance) << "down" << which;
+      }
     }
   }
 }

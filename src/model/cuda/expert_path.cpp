@@ -26,9 +26,9 @@ ExpertPath choose_expert_path(const CudaModelOptions& options, int64_t model_exp
                                                                        : 0;
   const int grouped_min_pairs = format_min_pairs > 0 ? format_min_pairs : options.wgmma_experts_min_pairs;
   const bool grouped = grouped_min_pairs > 0 && step.pairs >= int64_t{grouped_min_pairs} * model_experts && pairs_fit;
-  // Tiled MXFP4 experts of long gathered prefills: widened to bf16 once for every row tile.
+  // Tiled MXFP4 experts of long gathered prefills: widened to bf16 once for all their row tiles.
   if (grouped && options.widened_experts_min_pairs > 0 && per_expert >= options.widened_experts_min_pairs &&
-      step.widening_fits && format == ops::WeightFormat::Mxfp4 &&
+      step.widening_fits && format == ops::WeightFormat::Mxfp4 && experts.mxfp4_tiled &&
       cuda::moe_experts_specialized_supported({ops::WeightFormat::Plain}, hidden, inter))
     return ExpertPath::kWidened;
   // The register-widening GEMMs stage their rows in pair_x as the streamed kernels do (inter <= hidden).

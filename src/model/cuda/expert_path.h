@@ -28,6 +28,7 @@ constexpr int kSmallMoePairsPerExpert = 8;
 int64_t small_moe_pairs_per_expert(const ops::cuda::ExpertWeights& experts, int64_t hidden, int64_t inter);
 
 // In the order choose_expert_path tries them: the streamed kernels (MXFP4, decode-sized steps),
+// tiled MXFP4 widened to bf16 once for the bf16 warp-specialised GEMMs (long gathered prefills),
 // the grouped GEMMs that widen MXFP4 into wgmma's A registers, the warp-specialised grouped GEMMs,
 // the grouped GEMMs with a block barrier a step, the W8A8 grouped GEMMs (FP8), the small-batch
 // kernels, per-expert cuBLAS GEMMs (which read the group offsets back to the host).
@@ -39,7 +40,7 @@ struct ExpertStep {
   int64_t pairs_per_expert = 0;  // the real tokens' pairs over the model's experts
   bool host_sync_ok = true;      // false while capturing a graph
   bool fp8_staged = false;       // FP8 experts whose W8A8 staging fits the pair buffers
-  bool widening_fits = false;    // the bf16 widening buffer holds every local expert's gate/up
+  bool widening_fits = false;    // pair_gate_up holds every local expert's gate/up rows in bf16
 };
 
 // `model_experts`: the model's routed experts (config.n_routed_experts); hidden and inter the

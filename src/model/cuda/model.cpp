@@ -39,6 +39,7 @@ CudaRankWidths CudaGlm5Model::Impl::widths_of_rank(bool with_mtp) const {
     widths.local_experts = std::max<int64_t>(widths.local_experts, layer.moe.num_experts);
     widths.expert_inter = std::max(widths.expert_inter, layer.moe.expert_inter);
     widths.quantised_experts |= layer.moe.experts_format != ops::WeightFormat::Plain;
+    widths.tiled_mxfp4_experts |= layer.moe.experts_mxfp4_tiled;
   };
   for (const DecoderLayerDevice& layer : weights.layers) add_widths(layer);
   for (const MtpDevice& m : weights.mtp) add_widths(m.block);

@@ -190,7 +190,7 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
   std::optional<cuda::MoeFp8Staging> fp8_staging;
   if (m.experts_format == ops::WeightFormat::Fp8Block) fp8_staging = fp8_expert_staging(rows, step.local_pairs, inter);
   step.fp8_staged = fp8_staging.has_value();
-  step.widening_fits = widened_experts >= E;
+  step.widening_fits = sizeof(uint16_t) * E * 2 * inter * hidden <= pair_gate_up.bytes();  // moe_experts_widened's
   const int64_t bound = step.local_pairs;
   auto* const act = as<uint16_t>(pair_act);
   const ExpertPath path = choose_expert_path(options, config.n_routed_experts, experts, hidden, inter, pair_capacity, step);
