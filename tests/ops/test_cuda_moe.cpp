@@ -1,8 +1,8 @@
-// The CUDA MoE ops against host references on random data: routing against the CPU model's
-// route_token, grouping, the small-batch expert kernels in bf16, MXFP4 and block FP8 (against
-// a double-precision SwiGLU over the same dequantised weights) at GLM-5.2 width and odd widths
-// for each token-staging size, the widening of quantised experts, and the combine. Skips
-// without a GPU.
+// The CUDA MoE expert ops against host references on random data: the small-batch expert
+// kernels in bf16, MXFP4 and block FP8 (against a double-precision SwiGLU over the same
+// dequantised weights) at GLM-5.2 width and odd widths for each token-staging size, the grouped
+// GEMMs, and the widening of quantised experts (routing, grouping and the combine:
+// test_cuda_moe_routing.cpp). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,12 +21,15 @@
 #include "ops/cuda/linear_fp8.h"
 #include "ops/cuda/moe.h"
 #include "quant/formats.h"
+#include "ops/moe_test_support.h"
 #include "quant/mxfp4_tiles.h"
 #include "support/cuda_buffers.h"
 #include "support/numerics.h"
 
 using namespace glms;
+using glms::testing::PlanBuffers;
 using glms::testing::poisoned;
+using glms::testing::random_choices;
 using glms::testing::random_values;
 using glms::testing::relative_l2;
 using glms::testing::to_device;
@@ -114,34 +117,6 @@ Experts make_experts(WeightFormat format, bool tiled, int64_t E, int64_t hidden,
   x.down = encode(format, x.tiled, down, E, hidden, inter, x.d_down, x.d_down_scales);
   return x;
 }
-
-// Distinct random experts per token: [n, top_k].
-std::vector<int32_t> random_choices(int n, int E, int top_k, uint64_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> ids;
-  std::vector<int32_t> all(E);
-  std::iota(all.begin(), all.end(), 0);
-  for (int t = 0; t < n; ++t) {
-    std::shuffle(all.begin(), all.end(), rng);
-    ids.insert(ids.end(), all.begin(), all.begin() + top_k);
-  }
-  return ids;
-}
-
-struct PlanBuffers {
-  cuda::DeviceBuffer counts, offsets, active, num_active, sorted_pairs, pair_slot;
-  PlanBuffers(int E, int64_t P)
-      : counts(sizeof(int32_t) * (E + 1)),
-        offsets(sizeof(int32_t) * (E + 1)),
-        active(sizeof(int32_t) * E),
-        num_active(sizeof(int32_t)),
-        sorted_pairs(sizeof(int32_t) * P),
-        pair_slot(sizeof(int32_t) * P) {}
-  cuda::MoePlan plan() const {
-    return {counts.as<int32_t>(), offsets.as<int32_t>(), active.as<int32_t>(), num_active.as<int32_t>(),
-            sorted_pairs.as<int32_t>(), pair_slot.as<int32_t>()};
-  }
-};
 
 // Values as quantize_fp8_rows rounds them (rows of `cols`, a multiple of 128): E4M3 with one
 // scale a row and 128 columns, back in fp32.
@@ -657,165 +632,4 @@ TEST_F(CudaMoe, DequantizedExpertsMatchHostDequantisation) {
       }
     }
   }
-}
-
-TEST_F(CudaMoe, RoutingGroupingAndCombineMatchCpu) {
-  io::ModelConfig c;
-  c.n_routed_experts = 256;
-  c.num_experts_per_tok = 8;
-  c.n_group = 8;
-  c.topk_group = 4;
-  c.norm_topk_prob = true;
-  c.routed_scaling_factor = 2.5f;
-  const int n = 37, E = c.n_routed_experts, K = c.num_experts_per_tok;
-  const int64_t hidden = 1160;  // past one combine block of 1024 dims
-  auto logits = random_values(n * E, 1, 2.0f), bias = random_values(E, 2, 0.5f);
-  for (float& b : bias) b += 34.0f;  // as the real correction bias sits near 34
-  bias[38] = bias[5] = 40.0f, logits[38] = logits[5] = 9.0f;  // token 0's top two tie, in two lanes
-  cuda::MoeRouting routing{E, K, c.n_group, c.topk_group, c.norm_topk_prob, c.routed_scaling_factor};
-  auto d_logits = to_device(logits), d_bias = to_device(bias);
-  // Three padding rows after the routed ones (a data-parallel step's) in the same launch.
-  cuda::DeviceBuffer d_ids(sizeof(int32_t) * (n + 3) * K), d_weights(sizeof(float) * (n + 3) * K);
-  cuda::moe_route(d_logits.as<float>(), d_bias.as<float>(), n, routing, d_ids.as<int32_t>(), d_weights.as<float>(),
-                  nullptr, n + 3);
-  auto ids = to_host<int32_t>(d_ids);
-  const auto weights = to_host<float>(d_weights);
-  EXPECT_EQ(std::vector<int32_t>(ids.begin() + n * K, ids.end()), std::vector<int32_t>(3 * K, -1));
-  EXPECT_EQ(std::vector<float>(weights.begin() + n * K, weights.end()), std::vector<float>(3 * K, 0.0f));
-  ids.resize(n * K);
-  std::vector<float> want_weights, got_weights(weights.begin(), weights.begin() + n * K);
-  for (int t = 0; t < n; ++t) {
-    std::vector<int32_t> experts;
-    std::vector<float> expert_weights;
-    model::route_token(c, logits.data() + t * E, bias.data(), experts, expert_weights);
-    ASSERT_EQ(std::vector<int32_t>(ids.begin() + t * K, ids.begin() + (t + 1) * K), experts) << "token " << t;
-    want_weights.insert(want_weights.end(), expert_weights.begin(), expert_weights.end());
-  }
-  EXPECT_LT(relative_l2(got_weights, want_weights), 1e-6);
-
-  // Grouping: each expert's pairs contiguous, offsets the prefix sums of the counts, the active
-  // experts listed in increasing id; the routed pairs (one block plans them) and 1100 random
-  // tokens' (8800 pairs: the count, scan and place kernels).
-  const int64_t P = int64_t{n} * K;
-  PlanBuffers buffers(E, P);
-  auto check_plan = [&](const std::vector<int32_t>& pair_ids, const cuda::DeviceBuffer& d_pair_ids,
-                        const PlanBuffers& plan_buffers) {
-    const int64_t pairs = static_cast<int64_t>(pair_ids.size());
-    cuda::moe_plan(d_pair_ids.as<int32_t>(), pairs, E, plan_buffers.plan(), nullptr);
-    const auto offsets = to_host<int32_t>(plan_buffers.offsets), sorted = to_host<int32_t>(plan_buffers.sorted_pairs),
-               slot = to_host<int32_t>(plan_buffers.pair_slot), active = to_host<int32_t>(plan_buffers.active),
-               num_active = to_host<int32_t>(plan_buffers.num_active);
-    std::vector<int32_t> counts(E + 1, 0), want_active;
-    for (int32_t id : pair_ids) ++counts[id + 1];
-    for (int e = 0; e < E; ++e)
-      if (counts[e + 1] > 0) want_active.push_back(e);
-    std::partial_sum(counts.begin(), counts.end(), counts.begin());
-    EXPECT_EQ(offsets, counts) << pairs << " pairs";
-    ASSERT_EQ(num_active[0], static_cast<int32_t>(want_active.size())) << pairs << " pairs";
-    EXPECT_EQ(std::vector<int32_t>(active.begin(), active.begin() + num_active[0]), want_active) << pairs << " pairs";
-    for (int64_t p = 0; p < pairs; ++p) {
-      ASSERT_EQ(sorted[slot[p]], p);
-      ASSERT_TRUE(slot[p] >= offsets[pair_ids[p]] && slot[p] < offsets[pair_ids[p] + 1]) << "pair " << p;
-    }
-  };
-  check_plan(ids, d_ids, buffers);
-  const auto many_ids = random_choices(1100, E, K, 77);
-  check_plan(many_ids, to_device(many_ids), PlanBuffers(E, static_cast<int64_t>(many_ids.size())));
-  const auto slot = to_host<int32_t>(buffers.pair_slot);
-  // Combine: x += shared + sum of weight * expert row, experts in increasing id.
-  auto x = random_values(n * hidden, 3), shared = random_values(n * hidden, 4), expert_rows = random_values(P * hidden, 5);
-  auto combined = [&](const std::vector<float>& rows) {
-    std::vector<float> want = x;
-    for (int t = 0; t < n; ++t)
-      for (int64_t d = 0; d < hidden; ++d) {
-        std::vector<int> order(K);
-        std::iota(order.begin(), order.end(), 0);
-        std::sort(order.begin(), order.end(), [&](int a, int b) { return ids[t * K + a] < ids[t * K + b]; });
-        float sum = shared[t * hidden + d];
-        for (int k : order) sum += weights[t * K + k] * rows[slot[t * K + k] * hidden + d];
-        want[t * hidden + d] += sum;
-      }
-    return want;
-  };
-  auto d_x = to_device(x), d_shared = to_device(shared), d_rows = to_device(expert_rows);
-  cuda::moe_combine(d_x.as<float>(), true, d_shared.as<float>(), d_rows.as<float>(), buffers.pair_slot.as<int32_t>(),
-                    d_ids.as<int32_t>(), d_weights.as<float>(), n, K, hidden, nullptr);
-  EXPECT_LT(relative_l2(to_host<float>(d_x), combined(expert_rows)), 1e-6);
-
-  // The same over bf16 expert rows (the grouped GEMMs' sums), read as the values they hold.
-  std::vector<uint16_t> rows_bf16(expert_rows.size());
-  std::vector<float> rows_held(expert_rows.size());
-  for (size_t i = 0; i < expert_rows.size(); ++i) rows_held[i] = bf16_to_f32(rows_bf16[i] = f32_to_bf16(expert_rows[i]));
-  auto d_x_again = to_device(x), d_rows_bf16 = to_device(rows_bf16);
-  cuda::moe_combine(d_x_again.as<float>(), true, d_shared.as<float>(), d_rows_bf16.as<uint16_t>(),
-                    buffers.pair_slot.as<int32_t>(), d_ids.as<int32_t>(), d_weights.as<float>(), n, K, hidden, nullptr);
-  EXPECT_LT(relative_l2(to_host<float>(d_x_again), combined(rows_held)), 1e-6);
-}
-
-// A rank of an expert-parallel layout plans only its experts' pairs (ids of other ranks' experts
-// and padding rows' -1 get no slot), and its combine sums just those pairs, with no shared
-// expert and without accumulating (the peers' sums complete it). A width that is not a
-// multiple of 4 (the combine's scalar path, over fp32 and bf16 sums; RoutingGroupingAndCombineMatchCpu
-// takes the other).
-TEST_F(CudaMoe, ARankPlansAndCombinesOnlyItsExperts) {
-  const int E = 64, K = 8, first = 16, local = 16, n = 300;
-  const int64_t hidden = 70, P = int64_t{n} * K;
-  std::mt19937 rng(5);
-  std::vector<int32_t> ids(P);
-  for (int t = 0; t < n; ++t) {
-    std::vector<int32_t> all(E);
-    std::iota(all.begin(), all.end(), 0);
-    std::shuffle(all.begin(), all.end(), rng);
-    for (int k = 0; k < K; ++k) ids[t * K + k] = t % 7 == 3 ? -1 : all[k];  // every 7th token is padding
-  }
-  const auto weights = random_values(P, 6, 1.0f);
-  auto d_ids = to_device(ids), d_weights = to_device(weights);
-  PlanBuffers buffers(local, P);
-  cuda::moe_plan(d_ids.as<int32_t>(), P, local, buffers.plan(), nullptr, first);
-  const auto offsets = to_host<int32_t>(buffers.offsets), slot = to_host<int32_t>(buffers.pair_slot),
-             sorted = to_host<int32_t>(buffers.sorted_pairs);
-  int64_t mine = 0;
-  for (int64_t p = 0; p < P; ++p) {
-    const bool is_mine = ids[p] >= first && ids[p] < first + local;
-    if (!is_mine) {
-      EXPECT_EQ(slot[p], -1) << "pair " << p;
-      continue;
-    }
-    ++mine;
-    const int e = ids[p] - first;
-    ASSERT_GE(slot[p], offsets[e]);
-    ASSERT_LT(slot[p], offsets[e + 1]);
-    EXPECT_EQ(sorted[slot[p]], p);
-  }
-  EXPECT_EQ(offsets[local], mine);
-  const auto expert_rows = random_values(std::max<int64_t>(mine, 1) * hidden, 7, 1.0f);
-  auto combined = [&](const std::vector<float>& rows) {
-    std::vector<float> want(n * hidden, 0.0f);
-    for (int t = 0; t < n; ++t)
-      for (int64_t d = 0; d < hidden; ++d) {
-        std::vector<int> order;
-        for (int k = 0; k < K; ++k)
-          if (slot[t * K + k] >= 0) order.push_back(k);
-        std::sort(order.begin(), order.end(), [&](int a, int b) { return ids[t * K + a] < ids[t * K + b]; });
-        float sum = 0.0f;
-        for (int k : order) sum += weights[t * K + k] * rows[slot[t * K + k] * hidden + d];
-        want[t * hidden + d] = sum;
-      }
-    return want;
-  };
-  auto d_out = poisoned(n * hidden);
-  auto d_rows = to_device(expert_rows);
-  cuda::moe_combine(d_out.as<float>(), false, nullptr, d_rows.as<float>(), buffers.pair_slot.as<int32_t>(),
-                    d_ids.as<int32_t>(), d_weights.as<float>(), n, K, hidden, nullptr);
-  EXPECT_LT(relative_l2(to_host<float>(d_out), combined(expert_rows)), 1e-6);  // padding tokens' rows are zero, not NaN
-
-  // The scalar path over bf16 rows (the grouped GEMMs' sums with bf16_expert_sums).
-  std::vector<uint16_t> rows_bf16(expert_rows.size());
-  std::vector<float> rows_held(expert_rows.size());
-  for (size_t i = 0; i < expert_rows.size(); ++i) rows_held[i] = bf16_to_f32(rows_bf16[i] = f32_to_bf16(expert_rows[i]));
-  auto d_out_bf16 = poisoned(n * hidden);
-  auto d_rows_bf16 = to_device(rows_bf16);
-  cuda::moe_combine(d_out_bf16.as<float>(), false, nullptr, d_rows_bf16.as<uint16_t>(), buffers.pair_slot.as<int32_t>(),
-                    d_ids.as<int32_t>(), d_weights.as<float>(), n, K, hidden, nullptr);
-  EXPECT_LT(relative_l2(to_host<float>(d_out_bf16), combined(rows_held)), 1e-6);
 }
