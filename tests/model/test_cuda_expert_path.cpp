@@ -40,6 +40,26 @@ ExpertPath path(const model::CudaModelOptions& options, ops::WeightFormat format
   return model::choose_expert_path(options, kExperts, weights(format), hidden, inter, capacity, step);
 }
 
+// The workspaces of rank 0 of GLM-5.2 over DP8 attention + EP8 experts (32 a layer), with
+// `quantised` MXFP4 experts in the tile layout or bf16 ones, sized for steps of `max_tokens`
+// tokens on each rank (limits otherwise the defaults: widened_experts_min_pairs among them).
+model::CudaWorkspaces<int64_t> ep8_rank_workspaces(int max_tokens, bool quantised) {
+  const io::ModelConfig config = io::load_model_config(std::string(GLMS_SOURCE_DIR) + "/models/configs/glm-5.2.json");
+  model::CudaRankWidths widths;
+  widths.dp_ranks = 8;
+  widths.local_experts = kExperts / 8;
+  widths.expert_inter = kInter;
+  widths.quantised_experts = widths.tiled_mxfp4_experts = quantised;
+  model::CudaStepLimits limits;
+  limits.max_tokens = max_tokens;
+  limits.max_logits = 1;
+  limits.max_context = 4096;
+  limits.block_size = 64;
+  model::CudaWorkspaces<int64_t> sizes;
+  model::make_cuda_workspaces(sizes, config, widths, limits, [](int64_t bytes) { return bytes; });
+  return sizes;
+}
+
 }  // namespace
 
 TEST(CudaExpertPath, Mxfp4StreamsDecodeStepsAndWidensPrefillsInRegisters) {
@@ -103,18 +123,7 @@ TEST(CudaExpertPath, WidthsTheGroupedGemmsCannotTileFallBack) {
 // buffers hold, of which this rank's (counted on the host) decide.
 TEST(CudaExpertPath, AGatheredPrefillRunsTheGroupedGemmsOverThisRanksPairs) {
   const model::CudaModelOptions options;
-  const io::ModelConfig config = io::load_model_config(std::string(GLMS_SOURCE_DIR) + "/models/configs/glm-5.2.json");
-  model::CudaRankWidths widths;
-  widths.dp_ranks = 8;
-  widths.local_experts = kExperts / 8;
-  widths.expert_inter = kInter;
-  model::CudaStepLimits limits;
-  limits.max_tokens = 2048;
-  limits.max_logits = 1;
-  limits.max_context = 4096;
-  limits.block_size = 64;
-  model::CudaWorkspaces<int64_t> sizes;
-  model::make_cuda_workspaces(sizes, config, widths, limits, [](int64_t bytes) { return bytes; });
+  const auto sizes = ep8_rank_workspaces(2048, false);
   EXPECT_GE(sizes.pair_capacity, 2048 * kTopK * 5 / 4) << "a quarter more than one rank's pairs";
 
   ExpertStep step = one_gpu_step(8 * 2048);  // every rank's rows, gathered
@@ -131,29 +140,12 @@ TEST(CudaExpertPath, AGatheredPrefillRunsTheGroupedGemmsOverThisRanksPairs) {
 // that many pairs an expert, and only for tiled MXFP4 experts).
 TEST(CudaExpertPath, ARanksLongPrefillWidensItsExpertsWhereItsWorkspacesHoldThem) {
   const model::CudaModelOptions options;
-  const io::ModelConfig config = io::load_model_config(std::string(GLMS_SOURCE_DIR) + "/models/configs/glm-5.2.json");
-  model::CudaRankWidths widths;
-  widths.dp_ranks = 8;
-  widths.local_experts = kExperts / 8;
-  widths.expert_inter = kInter;
-  widths.quantised_experts = widths.tiled_mxfp4_experts = true;
-  model::CudaStepLimits limits;
-  limits.max_logits = 1;
-  limits.max_context = 20480;
-  limits.block_size = 64;
-  EXPECT_EQ(limits.widened_experts_min_pairs, options.widened_experts_min_pairs);
-  auto workspaces = [&](int max_tokens) {
-    limits.max_tokens = max_tokens;
-    model::CudaWorkspaces<int64_t> sizes;
-    model::make_cuda_workspaces(sizes, config, widths, limits, [](int64_t bytes) { return bytes; });
-    return sizes;
-  };
-  const auto rank = workspaces(8192);  // 8 ranks x 8192 tokens x 8: 2048 pairs an expert at most
+  EXPECT_EQ(model::CudaStepLimits().widened_experts_min_pairs, options.widened_experts_min_pairs);
+  const auto rank = ep8_rank_workspaces(8192, true);  // 8 ranks x 8192 tokens x 8: 2048 pairs an expert
   EXPECT_EQ(rank.widened_experts, kExperts / 8);
   EXPECT_GE(rank.pair_gate_up, 2 * (kExperts / 8) * 2 * kInter * kHidden) << "bytes of the widened gate/up rows";
-  EXPECT_EQ(workspaces(4096).widened_experts, 0) << "1024 pairs an expert at most";
-  widths.tiled_mxfp4_experts = false;  // FP8 experts: the W8A8 GEMMs take them
-  EXPECT_EQ(workspaces(8192).widened_experts, 0);
+  EXPECT_EQ(ep8_rank_workspaces(4096, true).widened_experts, 0) << "1024 pairs an expert at most";
+  EXPECT_EQ(ep8_rank_workspaces(8192, false).widened_experts, 0) << "bf16 experts";
 
   const auto mxfp4 = ops::WeightFormat::Mxfp4;
   ExpertStep step = one_gpu_step(8 * 8192);  // every rank's rows, gathered: 2048 pairs an expert
