@@ -41,7 +41,7 @@ struct CudaStepLimits {
   int max_context = 4096;   // positions per sequence
   int block_size = 16;      // cache slots per block
   bool mtp = false;         // the MTP draft layer runs (its weights, workspace and cache)
-  // CudaModelOptions::widened_experts_min_pairs: a rank whose steps can bring its quantised
+  // CudaModelOptions::widened_experts_min_pairs: a rank whose steps can bring its tiled MXFP4
   // experts that many pairs per expert (its data-parallel ranks' rows, top_k each, over the
   // model's experts) holds every local expert's gate/up rows in bf16 (0: none).
   int widened_experts_min_pairs = kDefaultWidenedExpertsMinPairs;
@@ -155,7 +155,7 @@ struct CudaWorkspaces {
   int64_t pair_capacity = 0;           // this rank's pairs the per-pair buffers hold
   int64_t gathered_capacity = 0;       // bf16 elements of gathered_rows
   int64_t prefill_score_capacity = 0;  // floats of prefill_scores
-  int64_t widened_experts = 0;         // quantised experts pair_gate_up holds widened to bf16 (0: none)
+  int64_t widened_experts = 0;         // cuda_widened_experts: experts pair_gate_up holds in bf16 (0: none)
 };
 
 // One row's sampling parameters on the device (cuda::RowSampling: three 4-byte values, a

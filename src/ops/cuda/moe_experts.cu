@@ -374,7 +374,7 @@ __global__ void dequantize_kernel(const void* data, const void* scales, int64_t 
 // 16-byte chunk t of group s: 32 values in four MX blocks, whose four scale codes are one 32-bit
 // word. Threads go in (fragment, group, row, chunk) order, so a warp reads 512 contiguous bytes of
 // codes (a fragment's group is one kilobyte) and writes 256 contiguous bytes of each of its rows.
-__global__ void dequantize_mxfp4_tiles_kernel(const uint8_t* codes, const uint8_t* scales, int64_t row0, int64_t rows,
+__global__ void dequantize_mxfp4_tiles_kernel(const void* data, const void* scales, int64_t row0, int64_t rows,
                                               int64_t cols, uint16_t* out) {
   chained_grid_prologue();
   const int64_t groups = cols / quant::kMxfp4TileValues;
@@ -383,9 +383,10 @@ __global__ void dequantize_mxfp4_tiles_kernel(const uint8_t* codes, const uint8_
   const int t = static_cast<int>(i % 4);
   const int64_t in_fragment = i / 4 % quant::kMxfp4TileFragmentRows, s = i / 64 % groups, fragment = i / 64 / groups;
   const int64_t row = row0 + fragment * quant::kMxfp4TileFragmentRows + in_fragment;
-  const uint4 q = __ldg(reinterpret_cast<const uint4*>(codes + quant::mxfp4_tile_row_offset(row, cols) +
+  const uint4 q = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(data) +
+                                                        quant::mxfp4_tile_row_offset(row, cols) +
                                                         quant::kMxfp4TileStepBytes * s + 16 * t));
-  const uint32_t scale_codes = __ldg(reinterpret_cast<const uint32_t*>(scales) + quant::mxfp4_tile_scale_word(row, cols) +
+  const uint32_t scale_codes = __ldg(static_cast<const uint32_t*>(scales) + quant::mxfp4_tile_scale_word(row, cols) +
                                      quant::kMxfp4TileScaleStepWords * s);
   const uint32_t words[4] = {q.x, q.y, q.z, q.w};
   uint16_t* row_out = out + (row - row0) * cols + quant::kMxfp4TileValues * s + 8 * t;
@@ -452,39 +453,30 @@ void dequantize_experts(const ExpertWeights& experts, int first_expert, int coun
   GLMS_CHECK(experts.format != WeightFormat::Plain, "dequantize_experts: the experts are already bf16");
   GLMS_CHECK(hidden % 8 == 0 && inter % 8 == 0, "dequantize_experts: widths must be multiples of 8");
   if (count <= 0) return;
-  auto launch = [&](auto kernel, const void* data, const void* scales, int64_t row0, int64_t rows, int64_t cols,
-                    uint16_t* out) {
-    launch_chained("dequantize_experts launch", kernel, blocks_for(rows * cols / 8, 256), 256, 0, stream, data, scales,
-                   row0, rows, cols, out);
+  // `values_per_thread`: 8 for dequantize_kernel, 32 for dequantize_mxfp4_tiles_kernel.
+  auto launch = [&](auto kernel, int values_per_thread, const void* data, const void* scales, int64_t row0,
+                    int64_t rows, int64_t cols, uint16_t* out) {
+    launch_chained("dequantize_experts launch", kernel, blocks_for(rows * cols / values_per_thread, 256), 256, 0,
+                   stream, data, scales, row0, rows, cols, out);
   };
-  auto widen = [&](auto kernel) {
+  auto widen = [&](auto kernel, int values_per_thread) {
     // The experts' rows are consecutive rows of the stacked matrices.
     if (gate_up_out)
-      launch(kernel, experts.gate_up, experts.gate_up_scales, int64_t{first_expert} * 2 * inter, count * 2 * inter,
-             hidden, gate_up_out);
+      launch(kernel, values_per_thread, experts.gate_up, experts.gate_up_scales, int64_t{first_expert} * 2 * inter,
+             count * 2 * inter, hidden, gate_up_out);
     if (down_out)
-      launch(kernel, experts.down, experts.down_scales, int64_t{first_expert} * hidden, count * hidden, inter,
-             down_out);
+      launch(kernel, values_per_thread, experts.down, experts.down_scales, int64_t{first_expert} * hidden,
+             count * hidden, inter, down_out);
   };
   if (experts.format == WeightFormat::Mxfp4 && experts.mxfp4_tiled) {
-    // Whole 16-row fragments: the stacked rows of whole experts are (inter and hidden are
-    // multiples of 128 in the tile layout).
-    auto tiles = [&](const void* data, const void* scales, int64_t row0, int64_t rows, int64_t cols, uint16_t* out) {
-      GLMS_CHECK(row0 % quant::kMxfp4TileFragmentRows == 0 && rows % quant::kMxfp4TileFragmentRows == 0,
-                 "dequantize_experts: tiled MXFP4 rows in whole fragments");
-      launch_chained("dequantize_experts launch", dequantize_mxfp4_tiles_kernel, blocks_for(rows * cols / 32, 256), 256,
-                     0, stream, static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(scales), row0, rows,
-                     cols, out);
-    };
-    if (gate_up_out)
-      tiles(experts.gate_up, experts.gate_up_scales, int64_t{first_expert} * 2 * inter, count * 2 * inter, hidden,
-            gate_up_out);
-    if (down_out)
-      tiles(experts.down, experts.down_scales, int64_t{first_expert} * hidden, count * hidden, inter, down_out);
+    // Whole 16-row fragments: whole experts' rows are, hidden and inter being multiples of 128.
+    GLMS_CHECK(hidden % quant::kMxfp4TileFragmentRows == 0 && inter % quant::kMxfp4TileFragmentRows == 0,
+               "dequantize_experts: tiled MXFP4 rows in whole fragments");
+    widen(dequantize_mxfp4_tiles_kernel, 32);
   } else if (experts.format == WeightFormat::Mxfp4) {
-    widen(dequantize_kernel<WeightFormat::Mxfp4>);
+    widen(dequantize_kernel<WeightFormat::Mxfp4>, 8);
   } else {
-    widen(dequantize_kernel<WeightFormat::Fp8Block>);
+    widen(dequantize_kernel<WeightFormat::Fp8Block>, 8);
   }
 }
 
