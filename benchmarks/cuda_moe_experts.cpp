@@ -135,18 +135,23 @@ class ExpertBench {
     paths.push_back({"bf16 specialized", [=, this] {
                        cuda::moe_experts_specialized(x, kHidden, kInter, widened(), plan_, E_, kTopK, P, act, out, s);
                      }});
+    paths.push_back({"bf16 paired", [=, this] {
+                       cuda::moe_experts_specialized(x, kHidden, kInter, widened(), plan_, E_, kTopK, P, act, out, s,
+                                                     true);
+                     }});
     paths.push_back({"widen + bf16 specialized", [=, this] {
                        const cuda::ExpertWeights bf16 = widened();
                        widen_experts(bf16);
                        cuda::moe_experts_specialized(x, kHidden, kInter, bf16, plan_, E_, kTopK, P, act, out, s);
                      }});
     // The same through one buffer (moe_experts_widened): gate/up widened and multiplied, then down.
-    paths.push_back({"widen each + bf16 specialized", [=, this] {
-                       if (one_buffer_.bytes() == 0)
-                         one_buffer_ = cuda::DeviceBuffer(sizeof(uint16_t) * E_ * 2 * kInter * kHidden);
-                       cuda::moe_experts_widened(x, kHidden, kInter, experts_, plan_, E_, kTopK, P,
-                                                 one_buffer_.as<uint16_t>(), act, out, s);
-                     }});
+    for (const bool paired : {false, true})
+      paths.push_back({paired ? "widen each + bf16 paired" : "widen each + bf16 specialized", [=, this] {
+                         if (one_buffer_.bytes() == 0)
+                           one_buffer_ = cuda::DeviceBuffer(sizeof(uint16_t) * E_ * 2 * kInter * kHidden);
+                         cuda::moe_experts_widened(x, kHidden, kInter, experts_, plan_, E_, kTopK, P,
+                                                   one_buffer_.as<uint16_t>(), act, out, s, paired);
+                       }});
     const std::pair<const char*, cuda::MoeStreamShape> shapes[] = {
         {"stream f1s8", cuda::MoeStreamShape::kFrags1Stages8},
         {"stream f2s6", cuda::MoeStreamShape::kFrags2Stages6},

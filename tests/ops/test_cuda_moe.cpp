@@ -261,7 +261,7 @@ double specialized_error(const Experts& experts, std::vector<float> tokens, cons
     cuda::DeviceBuffer buffer(sizeof(uint16_t) * E * 2 * inter * hidden);
     cuda::moe_experts_widened(run.d_x.as<uint16_t>(), hidden, inter, experts.view(), run.buffers.plan(),
                               static_cast<int>(E), top_k, P, buffer.as<uint16_t>(), run.act.as<uint16_t>(),
-                              run.out.as<float>(), nullptr);
+                              run.out.as<float>(), nullptr, paired);
     return relative_l2(run.rows(), reference_rows(experts, tokens, ids, top_k));
   }
   cuda::moe_experts_specialized(run.d_x.as<uint16_t>(), hidden, inter, experts.view(), run.buffers.plan(),
@@ -363,8 +363,8 @@ TEST_F(CudaMoe, Bf16WgmmaExpertsMatchReference) { check_wgmma_experts_shapes(Wei
 // steps than stages (MXFP4: than the codes' ring holds groups); bf16 each also with the row tiles
 // in pairs of blocks sharing the weight lines (pairs with a full or a short second tile, an
 // expert's odd last tile alone, two pairs and an odd tile at 600 pairs an expert); MXFP4 each
-// also widened to bf16 first (moe_experts_widened). MXFP4 also with block scales far apart (the
-// widening's two-multiply branch).
+// also widened to bf16 first (moe_experts_widened), with and without the pairs. MXFP4 also with
+// block scales far apart (the widening's two-multiply branch).
 void check_specialized_experts(WeightFormat format, int block_spread = 0) {
   struct Shape {
     int64_t E, hidden, inter;
@@ -378,15 +378,18 @@ void check_specialized_experts(WeightFormat format, int block_spread = 0) {
     ASSERT_TRUE(cuda::moe_experts_specialized_supported(experts.view(), c.hidden, c.inter));
     for (const int n : c.tokens) {
       const auto ids = random_choices(n, static_cast<int>(c.E), c.top_k, 300 + n);
-      // paired: bf16 row tiles in pairs; for MXFP4, the experts widened first.
-      for (const bool variant : {false, true}) {
-        const bool paired = variant && format == WeightFormat::Plain, widened = variant && !paired;
+      // Variant 1: bf16 row tiles in pairs; MXFP4 experts widened first. Variant 2 (MXFP4): widened,
+      // then the bf16 row tiles in pairs.
+      for (const int variant : {0, 1, 2}) {
+        const bool widened = variant > 0 && format != WeightFormat::Plain;
+        const bool paired = (variant == 1 && !widened) || variant == 2;
+        if (variant == 2 && !widened) continue;
         EXPECT_LT(specialized_error(experts, random_values(n * c.hidden, 110 + n, 2.0f), ids, c.top_k, paired,
                                     widened),
                   2e-3)
             << "format " << static_cast<int>(format) << ", " << c.E << " experts, " << n << " tokens, hidden "
             << c.hidden << ", inter " << c.inter << ", spread " << block_spread
-            << (paired ? ", row tiles in pairs" : widened ? ", widened to bf16" : "");
+            << (widened ? ", widened to bf16" : "") << (paired ? ", row tiles in pairs" : "");
       }
     }
   }

@@ -167,8 +167,9 @@ struct CudaModelOptions {
   // a layer, not once a row tile. Only a rank whose steps can bring that many pairs an expert
   // sizes pair_gate_up for it (model/cuda_memory.h): an expert-parallel rank's long prefills.
   int widened_experts_min_pairs = kDefaultWidenedExpertsMinPairs;
-  // Those GEMMs with an expert's row tiles two by two in thread block clusters that load each
-  // weight line once for both (TMA multicast), an odd last tile split by lines between the two.
+  // Those GEMMs (bf16 experts', and the widened experts' above) with an expert's row tiles two by
+  // two in thread block clusters that load each weight line once for both (TMA multicast), an odd
+  // last tile split by lines between the two.
   // Off: on the H200 at GLM-5.2 width, 5 layers (bench/results/cuda-paired-experts-20261204.json)
   // the experts of a prefill took 20.1 -> 22.1 ms at 2048 tokens, 24.8 -> 26.3 at 4096 and
   // 39.7 -> 39.8 at 8192: with the L2 reads halved the GEMM is bound by the tensor cores at the

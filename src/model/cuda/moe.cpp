@@ -217,7 +217,7 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
     }
     case ExpertPath::kWidened:
       cuda::moe_experts_widened(x, hidden, inter, experts, plan, E, K, bound, as<uint16_t>(pair_gate_up), act, sums,
-                                s);
+                                s, options.paired_bf16_experts);
       break;
     case ExpertPath::kRegisterWidened:
       cuda::moe_experts_wgmma_rs(x, hidden, inter, experts, plan, E, K, bound, as<uint32_t>(pair_x), act, sums, s);

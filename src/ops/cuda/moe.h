@@ -182,9 +182,10 @@ void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, c
 // tile: every expert's gate/up rows into `widened` (dequantize_experts: [num_experts, 2 inter,
 // hidden] bf16), their GEMM, then the down rows into the same bytes ([num_experts, hidden,
 // inter]) and theirs. For long gathered prefills, whose experts get a thousand pairs and more.
+// `paired`: those GEMMs' row tiles two by two in clusters, as moe_experts_specialized's.
 void moe_experts_widened(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                          const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* widened,
-                         uint16_t* act, ExpertSums expert_out, cudaStream_t stream);
+                         uint16_t* act, ExpertSums expert_out, cudaStream_t stream, bool paired = false);
 
 // The same for block-FP8 experts (moe_experts_wgmma_fp8.cu), W8A8 as FP8 checkpoints are
 // served: x and then act quantised to E4M3 with one scale a row and 128 columns

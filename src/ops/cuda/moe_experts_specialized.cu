@@ -535,16 +535,16 @@ void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, c
 
 void moe_experts_widened(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                          const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* widened,
-                         uint16_t* act, ExpertSums expert_out, cudaStream_t stream) {
+                         uint16_t* act, ExpertSums expert_out, cudaStream_t stream, bool paired) {
   if (num_pairs <= 0 || num_experts <= 0) return;
   ExpertWeights bf16;  // gate/up, then down, in the same bytes
   bf16.gate_up = widened;
   bf16.down = widened;
   dequantize_experts(experts, 0, num_experts, hidden, inter, widened, nullptr, stream);
-  moe_experts_specialized(x, hidden, inter, bf16, plan, num_experts, top_k, num_pairs, act, expert_out, stream, false,
+  moe_experts_specialized(x, hidden, inter, bf16, plan, num_experts, top_k, num_pairs, act, expert_out, stream, paired,
                           ExpertProjections::kGateUp);
   dequantize_experts(experts, 0, num_experts, hidden, inter, nullptr, widened, stream);
-  moe_experts_specialized(x, hidden, inter, bf16, plan, num_experts, top_k, num_pairs, act, expert_out, stream, false,
+  moe_experts_specialized(x, hidden, inter, bf16, plan, num_experts, top_k, num_pairs, act, expert_out, stream, paired,
                           ExpertProjections::kDown);
 }
 
