@@ -42,9 +42,9 @@ SimulatedPeers make_simulated_peers(const RankSimulation& sim, const io::ModelCo
 }
 
 nlohmann::json project_step(const plan::ModelSpec& spec, const RankSimulation& sim, double measured_s,
-                            int tokens_per_rank, double link_bandwidth) {
+                            int tokens_per_rank, double link_bandwidth, bool bf16_moe_sums) {
   const plan::RankShape r = sim.rank_shape();
-  const plan::StepCollectives c = plan::step_collectives(spec, r, tokens_per_rank);
+  const plan::StepCollectives c = plan::step_collectives(spec, r, tokens_per_rank, bf16_moe_sums);
   const double collectives_s = c.time_s(link_bandwidth, plan::kCollectiveLatencySeconds);
   const double step_s = measured_s + collectives_s;
   // Tokens the node finishes per step: each data-parallel rank's own, or the one shared batch.
@@ -58,11 +58,14 @@ nlohmann::json project_step(const plan::ModelSpec& spec, const RankSimulation& s
 }
 
 nlohmann::json project_speculation(const plan::ModelSpec& spec, const RankSimulation& sim, double verify_s,
-                                   double draft_s, int batch, int K, double link_bandwidth) {
+                                   double draft_s, int batch, int K, double link_bandwidth, bool bf16_moe_sums) {
   const plan::RankShape r = sim.rank_shape();
   const double latency = plan::kCollectiveLatencySeconds;
-  const double verify_with = verify_s + plan::step_collectives(spec, r, double(batch) * (K + 1)).time_s(link_bandwidth, latency);
-  const double draft_with = draft_s + plan::moe_layer_collectives(spec, r, batch).time_s(link_bandwidth, latency);
+  const double verify_with =
+      verify_s +
+      plan::step_collectives(spec, r, double(batch) * (K + 1), bf16_moe_sums).time_s(link_bandwidth, latency);
+  const double draft_with =
+      draft_s + plan::moe_layer_collectives(spec, r, batch, bf16_moe_sums).time_s(link_bandwidth, latency);
   const double step_s = verify_with + K * draft_with;
   nlohmann::json rates = nlohmann::json::object();
   for (const double a : kProjectedAcceptanceLengths)

@@ -49,9 +49,10 @@ SimulatedPeers make_simulated_peers(const RankSimulation& sim, const io::ModelCo
 inline constexpr double kWriteupOutputTokensPerSPerGpu = 2626.0 / 8;
 
 // A point's projection: the measured step (compute and local copies) plus the collectives' time
-// at the link bandwidth, per rank and for the node of `world` GPUs.
+// at the link bandwidth, per rank and for the node of `world` GPUs; `bf16_moe_sums`: the MoE
+// reduce-scatters in bf16 (CudaModelOptions::bf16_moe_reduce_scatter).
 nlohmann::json project_step(const plan::ModelSpec& spec, const RankSimulation& sim, double measured_s,
-                            int tokens_per_rank, double link_bandwidth);
+                            int tokens_per_rank, double link_bandwidth, bool bf16_moe_sums);
 
 // Acceptance lengths (tokens a speculative step yields per sequence) the projections are given at.
 inline constexpr double kProjectedAcceptanceLengths[] = {1.5, 2.0, 2.5, 3.0, 3.5};
@@ -61,6 +62,6 @@ inline constexpr double kProjectedAcceptanceLengths[] = {1.5, 2.0, 2.5, 3.0, 3.5
 // with one MoE layer's (the MTP layer), and the output tok/s per GPU that gives at each of
 // kProjectedAcceptanceLengths.
 nlohmann::json project_speculation(const plan::ModelSpec& spec, const RankSimulation& sim, double verify_s,
-                                   double draft_s, int batch, int K, double link_bandwidth);
+                                   double draft_s, int batch, int K, double link_bandwidth, bool bf16_moe_sums);
 
 }  // namespace glms::cli

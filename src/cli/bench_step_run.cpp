@@ -211,7 +211,8 @@ nlohmann::json speculation_costs(StepBench& b, int batch, int context, double de
                           {"decode_ms", full_decode_s * 1e3},
                           {"speculative_step_ms", full_step_s * 1e3},
                           {"break_even_acceptance_length", full_step_s / full_decode_s}}}};
-  if (sim.enabled()) out["projection"] = project_speculation(b.spec, sim, verify_s, draft_s, batch, K, b.link_bandwidth);
+  if (sim.enabled()) out["projection"] = project_speculation(b.spec, sim, verify_s, draft_s, batch, K, b.link_bandwidth,
+                                                           b.o.kernels.bf16_moe_reduce_scatter);
   return out;
 }
 
@@ -449,7 +450,8 @@ nlohmann::json decode_point(StepBench& b, int context, int batch, bool profile) 
                            t.masked * 1e3, (t.masked - t.argmax) * 1e3);
   if (sim.enabled()) {
     point["cache_shared_by_sequences"] = batch > b.cached_sequences;
-    point["projection"] = project_step(b.spec, sim, t.argmax, batch, b.link_bandwidth);
+    point["projection"] =
+        project_step(b.spec, sim, t.argmax, batch, b.link_bandwidth, b.o.kernels.bf16_moe_reduce_scatter);
     const nlohmann::json& p = point["projection"];
     std::cerr << fmt::format("    with the collectives ({} calls, {:.2f} MB a rank, {:.3f} ms): {:.3f} ms/step, "
                              "{:.0f} output tok/s per GPU, {:.0f} for the node{}\n",
@@ -514,7 +516,8 @@ nlohmann::json prefill_point(StepBench& b, int tokens, bool profile) {
                            tokens, after, best * 1e3, tokens / best, flops / best / 1e12, flops / best / b.gemm_rate,
                            linear_rate / b.gemm_rate, linear_ms);
   if (sim.enabled()) {
-    point["projection"] = project_step(b.spec, sim, best, tokens, b.link_bandwidth);
+    point["projection"] =
+        project_step(b.spec, sim, best, tokens, b.link_bandwidth, b.o.kernels.bf16_moe_reduce_scatter);
     std::cerr << fmt::format("    with the collectives: {:.1f} ms\n", point["projection"]["projected_step_ms"].get<double>());
   }
   return point;
@@ -545,7 +548,9 @@ nlohmann::json kernel_options_json(const model::CudaModelOptions& k) {
           {"wgmma_rs_mxfp4_experts_min_pairs", k.wgmma_rs_mxfp4_experts_min_pairs},
           {"widened_experts_min_pairs", k.widened_experts_min_pairs},
           {"paired_bf16_experts", k.paired_bf16_experts},
+          {"paired_widened_experts", k.paired_widened_experts},
           {"bf16_expert_sums", k.bf16_expert_sums},
+          {"bf16_moe_reduce_scatter", k.bf16_moe_reduce_scatter},
           {"bf16_intermediates_min_tokens", k.bf16_intermediates_min_tokens},
           {"fp8_bf16_intermediates", k.fp8_bf16_intermediates},
           {"accumulate_residual_min_tokens", k.accumulate_residual_min_tokens},

@@ -169,9 +169,16 @@ void add_expert_options(CLI::App* cmd, BenchStepOptions* o) {
                   "Those GEMMs take an expert's row tiles two by two in thread block clusters that load each weight "
                   "line once for both (TMA multicast; true/false)")
       ->capture_default_str();
+  cmd->add_option("--paired-widened-experts", o->kernels.paired_widened_experts,
+                  "The widened experts' GEMMs take an expert's row tiles two by two the same way (true/false)")
+      ->capture_default_str();
   cmd->add_option("--bf16-expert-sums", o->kernels.bf16_expert_sums,
                   "The grouped expert GEMMs of prefills write their down sums in bf16 for the combine (true/false; "
                   "false: fp32)")
+      ->capture_default_str();
+  cmd->add_option("--bf16-moe-reduce-scatter", o->kernels.bf16_moe_reduce_scatter,
+                  "A data-parallel rank combines its experts' partial rows into bf16 and reduce-scatters them in bf16 "
+                  "(true/false; false: fp32); the projections count the link bytes so")
       ->capture_default_str();
   cmd->add_option("--bf16-intermediates-min-tokens", o->kernels.bf16_intermediates_min_tokens,
                   "Steps of at least this many tokens keep q and the MLPs' gate/up values in bf16 straight from the "

@@ -22,6 +22,9 @@ constexpr int kSmallMoePairsPerExpertTensorCores = 64;
 // CudaModelOptions::widened_experts_min_pairs by default (0: off), which `glmserve plan` sizes
 // the workspaces by.
 constexpr int kDefaultWidenedExpertsMinPairs = 2048;
+// CudaModelOptions::bf16_moe_reduce_scatter by default, which `glmserve plan` counts the
+// data-parallel collectives' bytes by.
+constexpr bool kDefaultBf16MoeReduceScatter = false;
 // Scores buffer of the GEMM attention path (fp32 [heads, chunk, context]), at most 1 GiB.
 constexpr int64_t kPrefillScoreFloats = int64_t{1} << 28;
 // What the cache leaves free of the memory budget: cuBLAS's lazily loaded kernels, captured

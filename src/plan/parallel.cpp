@@ -125,6 +125,10 @@ double StepCollectives::time_s(double link_bandwidth, double latency_s) const {
 }
 
 StepCollectives step_collectives(const ModelSpec& m, const RankShape& r, double tokens_per_rank) {
+  return step_collectives(m, r, tokens_per_rank, model::kDefaultBf16MoeReduceScatter);
+}
+
+StepCollectives step_collectives(const ModelSpec& m, const RankShape& r, double tokens_per_rank, bool bf16_moe_sums) {
   StepCollectives c;
   if (r.tp > 1) {
     const double message = tokens_per_rank * m.hidden * 4.0;  // fp32 block outputs
@@ -133,7 +137,7 @@ StepCollectives step_collectives(const ModelSpec& m, const RankShape& r, double 
   }
   if (r.dp > 1 && m.moe_layers > 0) {
     const double gather = tokens_per_rank * (m.hidden * 2.0 + m.experts_per_token * 8.0);
-    const double scatter = tokens_per_rank * m.hidden * 4.0;
+    const double scatter = tokens_per_rank * m.hidden * (bf16_moe_sums ? 2.0 : 4.0);
     c.bytes_sent += m.moe_layers * (r.dp - 1) * (gather + scatter);
     c.count += 2 * m.moe_layers;  // the three gathers go out as one group call
   }
@@ -141,10 +145,15 @@ StepCollectives step_collectives(const ModelSpec& m, const RankShape& r, double 
 }
 
 StepCollectives moe_layer_collectives(const ModelSpec& m, const RankShape& r, double tokens_per_rank) {
+  return moe_layer_collectives(m, r, tokens_per_rank, model::kDefaultBf16MoeReduceScatter);
+}
+
+StepCollectives moe_layer_collectives(const ModelSpec& m, const RankShape& r, double tokens_per_rank,
+                                      bool bf16_moe_sums) {
   ModelSpec layer = m;
   layer.layers = 1;
   layer.moe_layers = m.moe_layers > 0 ? 1 : 0;
-  return step_collectives(layer, r, tokens_per_rank);
+  return step_collectives(layer, r, tokens_per_rank, bf16_moe_sums);
 }
 
 Layout plan_expert_parallel_layout(const ModelSpec& m, const PlanInputs& in, const GpuSpec& gpu, int tp) {

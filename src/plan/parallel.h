@@ -43,7 +43,9 @@ ServeMemory serve_memory(const ModelSpec& m, const PlanInputs& in, const GpuSpec
 // 2 (n - 1) / n S, an all-gather or reduce-scatter of n chunks of c bytes sends (n - 1) c): per
 // decoder layer two all-reduces of the fp32 block outputs over the tensor-parallel peers, and per
 // MoE layer with data parallelism an all-gather of every rank's routing (ids and weights, 8 bytes
-// an expert) and bf16 rows (one group call), and a reduce-scatter of the fp32 sums.
+// an expert) and bf16 rows (one group call), and a reduce-scatter of the partial sums: bf16 where
+// `bf16_moe_sums` (CudaModelOptions::bf16_moe_reduce_scatter; without the argument, its default),
+// else fp32.
 struct StepCollectives {
   double bytes_sent = 0;  // by one rank
   int count = 0;          // collective calls
@@ -51,9 +53,12 @@ struct StepCollectives {
   double time_s(double link_bandwidth, double latency_s) const;
 };
 StepCollectives step_collectives(const ModelSpec& m, const RankShape& r, double tokens_per_rank);
+StepCollectives step_collectives(const ModelSpec& m, const RankShape& r, double tokens_per_rank, bool bf16_moe_sums);
 // The same for one MoE decoder layer (an MTP draft step's): two all-reduces over the
 // tensor-parallel peers, an all-gather group and a reduce-scatter over the data-parallel ones.
 StepCollectives moe_layer_collectives(const ModelSpec& m, const RankShape& r, double tokens_per_rank);
+StepCollectives moe_layer_collectives(const ModelSpec& m, const RankShape& r, double tokens_per_rank,
+                                      bool bf16_moe_sums);
 
 // A collective's fixed cost assumed where none is measured: NVLink rings inside a CUDA graph.
 inline constexpr double kCollectiveLatencySeconds = 10e-6;

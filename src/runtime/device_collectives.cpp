@@ -24,7 +24,7 @@ class DeviceCopyRank : public comm::Communicator {
 
   void all_reduce_sum(void* data, size_t count, comm::Element type, comm::Stream stream) override {
     GLMS_CHECK(type == comm::Element::F32, "device-copy all-reduce sums fp32");
-    sum_slices(data, 0, count, stream);
+    sum_slices(data, 0, count, type, stream);
     barrier_->arrive_and_wait();  // every peer has read our buffer
     cuda::copy_device_async(data, sum_.data(), count * sizeof(float), as_stream(stream));
     cuda::synchronize_stream(as_stream(stream));
@@ -38,18 +38,25 @@ class DeviceCopyRank : public comm::Communicator {
     cuda::synchronize_stream(as_stream(stream));
     barrier_->arrive_and_wait();
   }
+  // fp32, or bf16 summed in fp32 and rounded once (NCCL rounds after each of its additions).
   void reduce_scatter_sum(const void* send, void* recv, size_t count, comm::Element type,
                           comm::Stream stream) override {
-    GLMS_CHECK(type == comm::Element::F32, "device-copy reduce-scatter sums fp32");
-    sum_slices(send, static_cast<size_t>(rank_) * count, count, stream);
-    cuda::copy_device_async(recv, sum_.data(), count * sizeof(float), as_stream(stream));
+    GLMS_CHECK(type == comm::Element::F32 || type == comm::Element::BF16,
+               "device-copy reduce-scatter sums fp32 or bf16");
+    sum_slices(send, static_cast<size_t>(rank_) * count, count, type, stream);
+    if (type == comm::Element::BF16)
+      cuda::round_to_bf16(sum_.as<float>(), static_cast<int64_t>(count), static_cast<uint16_t*>(recv),
+                          as_stream(stream));
+    else
+      cuda::copy_device_async(recv, sum_.data(), count * sizeof(float), as_stream(stream));
     cuda::synchronize_stream(as_stream(stream));
     barrier_->arrive_and_wait();
   }
 
  private:
-  // sum_ = the ranks' published buffers at [offset, offset + count), added in rank order.
-  void sum_slices(const void* mine, size_t offset, size_t count, comm::Stream stream) {
+  // sum_ = the ranks' published buffers (of `type`, F32 or BF16) at [offset, offset + count),
+  // added in rank order in fp32.
+  void sum_slices(const void* mine, size_t offset, size_t count, comm::Element type, comm::Stream stream) {
     const size_t bytes = count * sizeof(float);
     if (sum_.bytes() < bytes) {
       sum_ = cuda::DeviceBuffer(bytes);
@@ -58,13 +65,17 @@ class DeviceCopyRank : public comm::Communicator {
     cuda::synchronize_stream(as_stream(stream));
     barrier_->publish(rank_, mine);
     for (int r = 0; r < size(); ++r) {
-      const float* slice = static_cast<const float*>(barrier_->published(r)) + offset;
-      if (r == 0) {
-        cuda::copy_device_async(sum_.data(), slice, bytes, as_stream(stream));
-        continue;
+      float* const into = r == 0 ? sum_.as<float>() : peer_.as<float>();
+      if (type == comm::Element::BF16) {
+        cuda::widen_bf16(static_cast<const uint16_t*>(barrier_->published(r)) + offset, static_cast<int64_t>(count),
+                         into, as_stream(stream));
+      } else {
+        cuda::copy_device_async(into, static_cast<const float*>(barrier_->published(r)) + offset, bytes,
+                                as_stream(stream));
       }
-      cuda::copy_device_async(peer_.data(), slice, bytes, as_stream(stream));
-      cuda::add_f32(sum_.as<float>(), peer_.as<float>(), sum_.as<float>(), static_cast<int64_t>(count), as_stream(stream));
+      if (r > 0)
+        cuda::add_f32(sum_.as<float>(), peer_.as<float>(), sum_.as<float>(), static_cast<int64_t>(count),
+                      as_stream(stream));
     }
     cuda::synchronize_stream(as_stream(stream));
   }

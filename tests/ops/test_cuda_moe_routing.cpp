@@ -21,6 +21,7 @@
 using namespace glms;
 using glms::testing::PlanBuffers;
 using glms::testing::poisoned;
+using glms::testing::poisoned_bf16;
 using glms::testing::random_choices;
 using glms::testing::random_values;
 using glms::testing::relative_l2;
@@ -155,6 +156,27 @@ TEST_F(CudaMoeRouting, RoutingGroupingAndCombineMatchCpu) {
   EXPECT_LT(relative_l2(to_host<float>(d_x_again), combined(rows_held)), 1e-6);
 }
 
+namespace {
+
+// moe_combine into bf16 rows against its fp32 rows from the same fp32 expert rows, bit for bit
+// rounded (the same sums in the same order, each rounded to nearest even once).
+void expect_bf16_combine_rounds_fp32_combine(PlanBuffers& buffers, const cuda::DeviceBuffer& d_ids,
+                                             const cuda::DeviceBuffer& d_weights, int n, int K, int64_t hidden,
+                                             const cuda::DeviceBuffer& d_rows) {
+  auto d_f32 = poisoned(n * hidden), d_bf16 = poisoned_bf16(n * hidden);
+  cuda::moe_combine(d_f32.as<float>(), false, nullptr, d_rows.as<float>(), buffers.pair_slot.as<int32_t>(),
+                    d_ids.as<int32_t>(), d_weights.as<float>(), n, K, hidden, nullptr);
+  cuda::moe_combine(d_bf16.as<uint16_t>(), false, nullptr, d_rows.as<float>(), buffers.pair_slot.as<int32_t>(),
+                    d_ids.as<int32_t>(), d_weights.as<float>(), n, K, hidden, nullptr);
+  const auto f32 = to_host<float>(d_f32);
+  const auto bf16 = to_host<uint16_t>(d_bf16);
+  int64_t differ = 0;
+  for (size_t i = 0; i < f32.size(); ++i) differ += bf16[i] != f32_to_bf16(f32[i]);
+  EXPECT_EQ(differ, 0) << "hidden " << hidden;
+}
+
+}  // namespace
+
 // A rank of an expert-parallel layout plans only its experts' pairs (ids of other ranks' experts
 // and padding rows' -1 get no slot), and its combine sums just those pairs, with no shared
 // expert and without accumulating (the peers' sums complete it). A width that is not a
@@ -221,4 +243,11 @@ TEST_F(CudaMoeRouting, ARankPlansAndCombinesOnlyItsExperts) {
   cuda::moe_combine(d_out_bf16.as<float>(), false, nullptr, d_rows_bf16.as<uint16_t>(), buffers.pair_slot.as<int32_t>(),
                     d_ids.as<int32_t>(), d_weights.as<float>(), n, K, hidden, nullptr);
   EXPECT_LT(relative_l2(to_host<float>(d_out_bf16), combined(rows_held)), 1e-6);
+
+  // Into bf16 rows (a data-parallel rank's partial rows for a bf16 reduce-scatter): the fp32
+  // combine's values, each rounded once, at this width and at one the vector path takes.
+  expect_bf16_combine_rounds_fp32_combine(buffers, d_ids, d_weights, n, K, hidden, d_rows);
+  const int64_t wide = 72;
+  const auto d_wide_rows = to_device(random_values(std::max<int64_t>(mine, 1) * wide, 8, 1.0f));
+  expect_bf16_combine_rounds_fp32_combine(buffers, d_ids, d_weights, n, K, wide, d_wide_rows);
 }

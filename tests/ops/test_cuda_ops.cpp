@@ -373,7 +373,8 @@ TEST_F(CudaOps, ResidualRmsNormAddsThenNormalises) {
 
 // A block output left in two parts (a data-parallel rank's routed sums and its shared expert's):
 // x += delta + addend, bit for bit as adding their sum (add_f32) then normalising, on the vector
-// (dim % 4 == 0) and scalar paths.
+// (dim % 4 == 0) and scalar paths; and with the delta as bf16 rows (the routed sums of a bf16
+// reduce-scatter), bit for bit as the same with those values widened.
 TEST_F(CudaOps, ResidualRmsNormAddsBothPartsOfAPendingOutput) {
   for (auto [n, dim] : {std::pair{1, 6144}, {3, 40}, {2, 18}}) {
     const auto x = random_values(n * dim, 4, 2.0f), delta = random_values(n * dim, 5);
@@ -390,6 +391,16 @@ TEST_F(CudaOps, ResidualRmsNormAddsBothPartsOfAPendingOutput) {
                             nullptr, nullptr, da.as<float>());
     EXPECT_EQ(to_host<float>(dx_one), to_host<float>(dx_two)) << n << " x " << dim;
     EXPECT_EQ(to_host<float>(dy_one), to_host<float>(dy_two)) << n << " x " << dim;
+
+    const std::vector<uint16_t> delta16 = to_bf16_host(delta);
+    auto dd16 = to_device(delta16), dd_widened = to_device(widen(delta16));
+    auto dx_widened = to_device(x), dy_widened = poisoned(n * dim), dx16 = to_device(x), dy16 = poisoned(n * dim);
+    cuda::residual_rms_norm(dx_widened.as<float>(), dd_widened.as<float>(), n, dim, dw.as<float>(), 1e-5f,
+                            dy_widened.as<float>(), nullptr, nullptr, da.as<float>());
+    cuda::residual_rms_norm(dx16.as<float>(), nullptr, n, dim, dw.as<float>(), 1e-5f, dy16.as<float>(), nullptr,
+                            nullptr, da.as<float>(), nullptr, dd16.as<uint16_t>());
+    EXPECT_EQ(to_host<float>(dx16), to_host<float>(dx_widened)) << n << " x " << dim << ", bf16 delta";
+    EXPECT_EQ(to_host<float>(dy16), to_host<float>(dy_widened)) << n << " x " << dim << ", bf16 delta";
   }
 }
 

@@ -45,11 +45,15 @@ TEST(RankShape, CollectivesOfADecodeStep) {
   const StepCollectives tp = step_collectives(m, {4, 1}, 64);
   EXPECT_DOUBLE_EQ(tp.bytes_sent, 78 * 2 * 1.5 * 64 * 6144 * 4.0);
   EXPECT_EQ(tp.count, 156);
-  // DP8 + EP8: per MoE layer 7 peers' rows in (bf16 rows + 8 bytes an expert) and fp32 sums out.
+  // DP8 + EP8: per MoE layer 7 peers' rows in (bf16 rows + 8 bytes an expert) and fp32 sums out,
+  // as the CUDA ranks send them by default; bf16 sums where they are asked for.
   const StepCollectives dp = step_collectives(m, {1, 8}, 64);
   EXPECT_DOUBLE_EQ(dp.bytes_sent, 75 * 7 * 64 * (6144 * 2.0 + 8 * 8.0 + 6144 * 4.0));
   EXPECT_EQ(dp.count, 150);
   EXPECT_DOUBLE_EQ(dp.time_s(450e9, 10e-6), 150 * 10e-6 + dp.bytes_sent / 450e9);
+  EXPECT_DOUBLE_EQ(step_collectives(m, {1, 8}, 64, true).bytes_sent,
+                   75 * 7 * 64 * (6144 * 2.0 + 8 * 8.0 + 6144 * 2.0));
+  EXPECT_DOUBLE_EQ(step_collectives(m, {1, 8}, 64, false).bytes_sent, dp.bytes_sent);
 }
 
 TEST(RankShape, OneMoeLayersCollectivesAreAStepsShareOfThem) {
@@ -61,10 +65,12 @@ TEST(RankShape, OneMoeLayersCollectivesAreAStepsShareOfThem) {
   EXPECT_EQ(dp_step.count, 2 * 75);
   EXPECT_NEAR(dp_layer.bytes_sent * 75, dp_step.bytes_sent, 1e-9 * dp_step.bytes_sent);
   // TP4 x DP2: the layer's two all-reduces (2 x 3/4 of 64 fp32 rows each) and one peer's rows in
-  // and sums out.
+  // and fp32 sums out (bf16 where asked).
   const StepCollectives both = moe_layer_collectives(m, {4, 2}, 64);
   EXPECT_EQ(both.count, 4);
   EXPECT_DOUBLE_EQ(both.bytes_sent, 2 * 1.5 * 64 * 6144 * 4.0 + 1 * 64 * (6144 * 2.0 + 8 * 8.0 + 6144 * 4.0));
+  EXPECT_DOUBLE_EQ(moe_layer_collectives(m, {4, 2}, 64, true).bytes_sent,
+                   2 * 1.5 * 64 * 6144 * 4.0 + 1 * 64 * (6144 * 2.0 + 8 * 8.0 + 6144 * 2.0));
   EXPECT_EQ(moe_layer_collectives(m, {1, 1}, 64).count, 0);
 }
 

@@ -293,7 +293,7 @@ void CudaGlm5Model::Impl::run_step(const StepShape& shape) {
   PendingOutput pending;  // a block output not yet added to the residual stream
   for (int l = 0; l < c.num_hidden_layers; ++l) layer_step(weights.layers[l], l, shape, pending);
   cuda::residual_rms_norm(as<float>(x), pending.sum, T, hidden, as<float>(weights.final_norm), c.rms_norm_eps, nullptr,
-                          as<uint16_t>(normed_bf16), s, pending.addend);
+                          as<uint16_t>(normed_bf16), s, pending.addend, nullptr, pending.sum_bf16);
   if (shape.num_logits > 0) {
     cuda::gather_rows(as<uint16_t>(normed_bf16), hidden, meta_i32(meta.logits_tokens), shape.num_logits, 1,
                       as<uint16_t>(head_in), s);
@@ -310,7 +310,7 @@ void CudaGlm5Model::Impl::layer_step(const DecoderLayerDevice& layer, int l, con
   const int64_t hidden = c.hidden_size;
   cudaStream_t s = stream.get();
   cuda::residual_rms_norm(as<float>(x), pending.sum, T, hidden, as<float>(layer.input_norm), c.rms_norm_eps, nullptr,
-                          as<uint16_t>(normed_bf16), s, pending.addend);
+                          as<uint16_t>(normed_bf16), s, pending.addend, nullptr, pending.sum_bf16);
   timer.mark("norms", s);
   const float* attention_out = attention(layer, l, shape);
   // The router's input: fp32 rows, or for a long step the bf16 terms of them (normed_bf16 is
@@ -353,7 +353,7 @@ void CudaGlm5Model::Impl::mtp_step(const StepShape& shape) {
   PendingOutput pending{as<float>(block_out), nullptr};
   layer_step(m.block, c.num_hidden_layers, shape, pending);
   cuda::residual_rms_norm(as<float>(x), pending.sum, T, hidden, as<float>(m.shared_head_norm), c.rms_norm_eps, nullptr,
-                          as<uint16_t>(normed_bf16), s, pending.addend);
+                          as<uint16_t>(normed_bf16), s, pending.addend, nullptr, pending.sum_bf16);
   if (shape.num_logits == 0) return;
   cuda::gather_rows(as<uint16_t>(normed_bf16), hidden, meta_i32(meta.logits_tokens), shape.num_logits, 1,
                     as<uint16_t>(head_in), s);

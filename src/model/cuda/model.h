@@ -167,9 +167,9 @@ struct CudaModelOptions {
   // a layer, not once a row tile. Only a rank whose steps can bring that many pairs an expert
   // sizes pair_gate_up for it (model/cuda_memory.h): an expert-parallel rank's long prefills.
   int widened_experts_min_pairs = kDefaultWidenedExpertsMinPairs;
-  // Those GEMMs (bf16 experts', and the widened experts' above) with an expert's row tiles two by
-  // two in thread block clusters that load each weight line once for both (TMA multicast), an odd
-  // last tile split by lines between the two.
+  // Those GEMMs over bf16 experts with an expert's row tiles two by two in thread block clusters
+  // that load each weight line once for both (TMA multicast), an odd last tile split by lines
+  // between the two.
   // Off: on the H200 at GLM-5.2 width, 5 layers (bench/results/cuda-paired-experts-20261204.json)
   // the experts of a prefill took 20.1 -> 22.1 ms at 2048 tokens, 24.8 -> 26.3 at 4096 and
   // 39.7 -> 39.8 at 8192: with the L2 reads halved the GEMM is bound by the tensor cores at the
@@ -182,6 +182,21 @@ struct CudaModelOptions {
   // GLM-5.2 width, 5 layers (bench/results/cuda-pending-options-20261205.json): prefill 8192 106.9
   // -> 106.8 and 106.3 -> 104.4 ms in two rounds (moe.combine 2.25 -> 1.74 ms); 2048 even.
   bool bf16_expert_sums = true;
+  // A data-parallel rank's partial MoE rows (its experts' share of every rank's tokens) are
+  // combined into bf16 rows and reduce-scattered in bf16, as vLLM and SGLang send theirs; the next
+  // norm widens the summed rows as it reads them. false: fp32 rows. Halves the combine's writes
+  // and the reduce-scatter's link bytes (at 8192 tokens a rank of DP8 + EP8 sends 1.4 GB a MoE
+  // layer in fp32). Off: on an H100 (bench/results/cuda-bf16-reduce-scatter-20261206.json) the
+  // 5-layer EP8 rank's prefill of 8192 after 12288 cached took 1 ms less on the GPU and 5% less
+  // with the plan's link time, but the data-parallel layouts of the random GLM-5.2 fixture moved
+  // from a median logits rel L2 of 3e-3 against one rank to 1.4e-2 (worst position 0.47-0.57,
+  // from 0.03): the partial rows round before they cancel.
+  bool bf16_moe_reduce_scatter = kDefaultBf16MoeReduceScatter;
+  // The widened experts' bf16 GEMMs (widened_experts_min_pairs) with an expert's row tiles two by
+  // two in clusters, as paired_bf16_experts does for bf16 experts. On an H100 the 5-layer EP8
+  // rank's prefill of 8192 after 12288 cached (2048 pairs an expert) took 118.5 / 118.8 -> 116.6 /
+  // 117.7 ms (experts 37.0 / 37.2 -> 36.2 / 36.7 ms; same record as above).
+  bool paired_widened_experts = true;
   // Steps of at least this many tokens (0: none) keep in bf16 the intermediates transformers'
   // bf16 model keeps in bf16, straight from cuBLAS (Gemm::linear_to_bf16): q, where q_b's weights
   // are bf16 (the absorption GEMM's input as it is; only its rope columns are rotated from there),

@@ -133,6 +133,7 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   struct PendingOutput {
     const float* sum = nullptr;
     const float* addend = nullptr;
+    const uint16_t* sum_bf16 = nullptr;  // in place of sum: bf16 rows (a data-parallel rank's MoE sums)
   };
   // One decoder layer over x.
   void layer_step(const DecoderLayerDevice& layer, int l, const StepShape& shape, PendingOutput& pending);
@@ -176,10 +177,11 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   // The routed experts of this rank over `rows` tokens x [rows, hidden] bf16 with their routing
   // (ids, weights [rows, top_k]; `routed_rows` of them are tokens, the rest padding); out
   // [rows, hidden] (+)= shared (when given; ready once `shared_ready` is, where it is on the side
-  // stream) + their sums. Returns false, having written nothing, where a large step's pairs on
-  // this rank outnumber the per-pair buffers (the caller then runs fewer rows at a time).
+  // stream) + their sums, fp32 rows or (neither accumulated nor with shared) bf16 rows. Returns
+  // false, having written nothing, where a large step's pairs on this rank outnumber the per-pair
+  // buffers (the caller then runs fewer rows at a time).
   bool moe_experts(const MoeDevice& m, const uint16_t* x, const int32_t* ids, const float* weights, int rows,
-                   int routed_rows, const StepShape& shape, float* out, bool accumulate, const float* shared,
+                   int routed_rows, const StepShape& shape, cuda::ExpertSums out, bool accumulate, const float* shared,
                    const cuda::Event* shared_ready);
   bool moe_experts_per_expert_gemms(const MoeDevice& m, const uint16_t* x, const cuda::MoePlan& plan,
                                     const cuda::ExpertWeights& experts);

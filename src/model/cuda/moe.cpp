@@ -162,8 +162,8 @@ int64_t CudaGlm5Model::Impl::local_pair_count(const cuda::MoePlan& plan, int num
 }
 
 bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, const int32_t* ids, const float* weights,
-                                      int rows, int routed_rows, const StepShape& shape, float* out, bool accumulate,
-                                      const float* shared, const cuda::Event* shared_ready) {
+                                      int rows, int routed_rows, const StepShape& shape, cuda::ExpertSums out,
+                                      bool accumulate, const float* shared, const cuda::Event* shared_ready) {
   const int K = config.num_experts_per_tok, E = m.num_experts;
   const int64_t hidden = config.hidden_size, inter = m.expert_inter, P = int64_t{rows} * K;
   cudaStream_t s = stream.get();
@@ -217,7 +217,7 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
     }
     case ExpertPath::kWidened:
       cuda::moe_experts_widened(x, hidden, inter, experts, plan, E, K, bound, as<uint16_t>(pair_gate_up), act, sums,
-                                s, options.paired_bf16_experts);
+                                s, options.paired_widened_experts);
       break;
     case ExpertPath::kRegisterWidened:
       cuda::moe_experts_wgmma_rs(x, hidden, inter, experts, plan, E, K, bound, as<uint32_t>(pair_x), act, sums, s);
@@ -308,26 +308,42 @@ CudaGlm5Model::Impl::PendingOutput CudaGlm5Model::Impl::moe(const DecoderLayerDe
   timer.mark("moe.gather", s);
   // All ranks' rows at once, so that each active expert's weights are read once for the whole
   // step; where a large step's pairs on this rank outnumber the pair buffers, a source rank's
-  // rows at a time.
+  // rows at a time. The partial rows, [total, hidden] in routed_all: fp32, or bf16 in its first
+  // half, the reduce-scatter's bf16 rows of this rank coming into the second.
   const int total = rows * ranks;
+  const bool bf16_partials = options.bf16_moe_reduce_scatter;
+  auto partial_rows = [&](int64_t first_row) {
+    return bf16_partials ? cuda::ExpertSums(as<uint16_t>(routed_all) + first_row * hidden)
+                         : cuda::ExpertSums(as<float>(routed_all) + first_row * hidden);
+  };
   int routed_total = 0;
   for (int32_t n : step_dp_tokens) routed_total += n;
   if (!moe_experts(m, as<uint16_t>(gathered_x), as<int32_t>(gathered_ids), as<float>(gathered_weights), total,
-                   routed_total, shape, as<float>(routed_all), false, nullptr, nullptr)) {
+                   routed_total, shape, partial_rows(0), false, nullptr, nullptr)) {
     for (int r = 0; r < ranks; ++r)
       GLMS_CHECK(moe_experts(m, as<uint16_t>(gathered_x) + int64_t{r} * rows * hidden,
                              as<int32_t>(gathered_ids) + int64_t{r} * rows * K,
                              as<float>(gathered_weights) + int64_t{r} * rows * K, rows, step_dp_tokens[r], shape,
-                             as<float>(routed_all) + int64_t{r} * rows * hidden, false, nullptr, nullptr),
+                             partial_rows(int64_t{r} * rows), false, nullptr, nullptr),
                  "a rank's MoE rows beyond the pair buffers");
   }
-  dp.reduce_scatter_sum(routed_all.data(), routed_local.data(), static_cast<size_t>(rows) * hidden, comm::Element::F32,
-                        s);
+  const size_t local_values = static_cast<size_t>(rows) * hidden;
+  uint16_t* summed_bf16 = nullptr;
+  if (bf16_partials) {
+    GLMS_CHECK(sizeof(uint16_t) * (int64_t{total} + rows) * hidden <= routed_all.bytes(),
+               "bf16 MoE partial rows beyond routed_all");
+    summed_bf16 = as<uint16_t>(routed_all) + int64_t{total} * hidden;
+    dp.reduce_scatter_sum(routed_all.data(), summed_bf16, local_values, comm::Element::BF16, s);
+  } else {
+    dp.reduce_scatter_sum(routed_all.data(), routed_local.data(), local_values, comm::Element::F32, s);
+  }
   if (shared_ready) shared_ready->make_wait(s);
-  if (!peers.tp) {  // the next norm adds both (one launch fewer)
+  if (!peers.tp) {  // the next norm adds both (one launch fewer), widening bf16 sums as it reads them
     timer.mark("moe.scatter", s);
+    if (summed_bf16) return {nullptr, as<float>(shared_out), summed_bf16};
     return {as<float>(routed_local), as<float>(shared_out)};
   }
+  if (summed_bf16) cuda::widen_bf16(summed_bf16, static_cast<int64_t>(local_values), as<float>(routed_local), s);
   cuda::add_f32(as<float>(routed_local), as<float>(shared_out), as<float>(block_out), int64_t{T} * hidden, s);
   sum_over_tp(as<float>(block_out), T);
   timer.mark("moe.scatter", s);

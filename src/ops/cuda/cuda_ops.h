@@ -204,10 +204,11 @@ void embed_rows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t di
 // into y_f32 and/or y_bf16 (either may be null). x, delta, addend, y_*: [n, dim]. With
 // y_low_terms ([2, n, dim] bf16; y_bf16 required) y is also split into core/bf16_terms.h's three
 // bf16 terms: y_bf16 is its term 0 and y_low_terms its terms 1 and 2, the fp32-accurate router's
-// input (Gemm::linear_f32_terms) without the fp32 rows.
+// input (Gemm::linear_f32_terms) without the fp32 rows. delta_bf16 (delta null): the delta as
+// bf16 rows (a data-parallel rank's reduce-scattered MoE sums), widened as read.
 void residual_rms_norm(float* x, const float* delta, int64_t n, int64_t dim, const float* weight, float eps,
                        float* y_f32, uint16_t* y_bf16, cudaStream_t stream, const float* addend = nullptr,
-                       uint16_t* y_low_terms = nullptr);
+                       uint16_t* y_low_terms = nullptr, const uint16_t* delta_bf16 = nullptr);
 
 // out[t, i] = bf16(silu(gate_up[t, i]) * gate_up[t, inter + i]): gate and up side by side,
 // as the fused gate||up GEMM writes them. gate_up: [n, 2 * inter] fp32, out: [n, inter] bf16.
@@ -217,6 +218,8 @@ void silu_mul_to_bf16(const uint16_t* gate_up, int64_t n, int64_t inter, uint16_
 
 // out[i] = x[i] widened to fp32.
 void widen_bf16(const uint16_t* x, int64_t count, float* out, cudaStream_t stream);
+// out[i] = x[i] rounded to bf16 (to nearest even).
+void round_to_bf16(const float* x, int64_t count, uint16_t* out, cudaStream_t stream);
 
 // Deterministic pseudo-random fill (a counter hash of `seed` and the index): uniform in
 // [-scale, scale] for bf16 or fp32, or the constant `value`.

@@ -57,7 +57,9 @@ __device__ __forceinline__ void store_bf16_terms(float4 v, int64_t q, int64_t qu
                                                         split[2][k] | static_cast<uint32_t>(split[3][k]) << 16);
 }
 
-__global__ void residual_rms_norm_kernel(float* x, const float* delta, const float* addend, int64_t dim,
+// Delta: the block output's rows, fp32 or bf16 (float or uint16_t), read as fp32.
+template <typename Delta>
+__global__ void residual_rms_norm_kernel(float* x, const Delta* delta, const float* addend, int64_t dim,
                                          const float* weight, float eps, float* y_f32, uint16_t* y_bf16,
                                          uint16_t* y_low_terms) {
   chained_grid_prologue();
@@ -67,7 +69,7 @@ __global__ void residual_rms_norm_kernel(float* x, const float* delta, const flo
   for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) {
     float v = row[k];
     if (delta) {
-      const float d = delta[blockIdx.x * dim + k];
+      const float d = load_as_float(delta + blockIdx.x * dim + k);
       row[k] = v = v + (addend ? d + addend[blockIdx.x * dim + k] : d);
     }
     sum += v * v;
@@ -92,15 +94,15 @@ __global__ void residual_rms_norm_kernel(float* x, const float* delta, const flo
 // The same over float4s held in registers: each thread loads its kVecs float4s of the row (and
 // of delta and the weight) before using any, so that a lone decode row costs about one load
 // latency instead of a chain of them, and the scaling pass reads no memory again.
-template <int kVecs>
+template <int kVecs, typename Delta>
 __global__ void __launch_bounds__(1024)
-    residual_rms_norm_vec_kernel(float* x, const float* delta, const float* addend, int64_t dim, const float* weight,
+    residual_rms_norm_vec_kernel(float* x, const Delta* delta, const float* addend, int64_t dim, const float* weight,
                                  float eps, float* y_f32, uint16_t* y_bf16, uint16_t* y_low_terms) {
   chained_grid_prologue();
   __shared__ float scratch[32];
   const int64_t vecs = dim / 4, offset = blockIdx.x * vecs;
   float4* row = reinterpret_cast<float4*>(x) + offset;
-  const float4* delta_row = delta ? reinterpret_cast<const float4*>(delta) + offset : nullptr;
+  const Delta* delta_row = delta ? delta + 4 * offset : nullptr;  // 4 values a vector
   const float4* addend_row = delta && addend ? reinterpret_cast<const float4*>(addend) + offset : nullptr;
   float4 v[kVecs], dv[kVecs], wv[kVecs];
 #pragma unroll
@@ -108,7 +110,7 @@ __global__ void __launch_bounds__(1024)
     const int64_t k = threadIdx.x + int64_t{i} * blockDim.x;
     if (k >= vecs) break;
     v[i] = row[k];
-    if (delta_row) dv[i] = delta_row[k];
+    if (delta_row) dv[i] = load4_as_float(delta_row + 4 * k);
     if (addend_row) {
       const float4 a = addend_row[k];
       dv[i] = make_float4(dv[i].x + a.x, dv[i].y + a.y, dv[i].z + a.z, dv[i].w + a.w);
@@ -327,12 +329,23 @@ __global__ void widen_bf16_kernel(const uint16_t* x, int64_t count, float* out) 
   GLMS_GRID_STRIDE_LOOP(i, count) out[i] = bf16_to_float(x[i]);
 }
 
+__global__ void round_to_bf16_kernel(const float* x, int64_t count, uint16_t* out) {
+  chained_grid_prologue();
+  GLMS_GRID_STRIDE_LOOP(i, count) out[i] = float_to_bf16(x[i]);
+}
+
 }  // namespace
 
 void widen_bf16(const uint16_t* x, int64_t count, float* out, cudaStream_t stream) {
   if (count <= 0) return;
   launch_chained("widen_bf16 launch", widen_bf16_kernel, elementwise_blocks(count, 256), 256, 0, stream, x, count,
                  out);
+}
+
+void round_to_bf16(const float* x, int64_t count, uint16_t* out, cudaStream_t stream) {
+  if (count <= 0) return;
+  launch_chained("round_to_bf16 launch", round_to_bf16_kernel, elementwise_blocks(count, 256), 256, 0, stream, x,
+                 count, out);
 }
 
 void add_f32(const float* a, const float* b, float* out, int64_t count, cudaStream_t stream) {
@@ -419,31 +432,45 @@ void embed_rows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t di
   launch_chained("embed_rows launch", embed_kernel, static_cast<unsigned>(n), 256, 0, stream, table, ids, dim, x);
 }
 
-void residual_rms_norm(float* x, const float* delta, int64_t n, int64_t dim, const float* weight, float eps,
-                       float* y_f32, uint16_t* y_bf16, cudaStream_t stream, const float* addend,
-                       uint16_t* y_low_terms) {
-  GLMS_CHECK(y_low_terms == nullptr || y_bf16 != nullptr, "residual_rms_norm: the low terms come with y_bf16");
-  if (n == 0) return;
+namespace {
+
+template <typename Delta>
+void residual_rms_norm_of(float* x, const Delta* delta, int64_t n, int64_t dim, const float* weight, float eps,
+                          float* y_f32, uint16_t* y_bf16, cudaStream_t stream, const float* addend,
+                          uint16_t* y_low_terms) {
   auto aligned = [](const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
   const int64_t vecs = dim / 4;
-  if (dim % 4 == 0 && vecs <= 4 * 1024 && aligned(x, 16) && aligned(delta, 16) && aligned(addend, 16) &&
-      aligned(weight, 16) && aligned(y_f32, 16) && aligned(y_bf16, 8) && aligned(y_low_terms, 8)) {
+  if (dim % 4 == 0 && vecs <= 4 * 1024 && aligned(x, 16) && aligned(delta, 4 * sizeof(Delta)) &&
+      aligned(addend, 16) && aligned(weight, 16) && aligned(y_f32, 16) && aligned(y_bf16, 8) &&
+      aligned(y_low_terms, 8)) {
     const int per_thread = vecs <= 2 * 1024 ? 2 : 4;
     const int64_t threads_needed = (vecs + per_thread - 1) / per_thread;  // at most 1024
     const int threads = static_cast<int>((threads_needed + 31) / 32 * 32);
     if (per_thread == 2)
-      launch_chained("residual_rms_norm_vec launch", residual_rms_norm_vec_kernel<2>, static_cast<unsigned>(n), threads,
-                     0, stream, x, delta, addend, dim, weight, eps, y_f32, y_bf16, y_low_terms);
+      launch_chained("residual_rms_norm_vec launch", residual_rms_norm_vec_kernel<2, Delta>, static_cast<unsigned>(n),
+                     threads, 0, stream, x, delta, addend, dim, weight, eps, y_f32, y_bf16, y_low_terms);
     else
-      launch_chained("residual_rms_norm launch", residual_rms_norm_vec_kernel<4>, static_cast<unsigned>(n), threads, 0,
-                     stream, x, delta, addend, dim, weight, eps, y_f32, y_bf16, y_low_terms);
+      launch_chained("residual_rms_norm launch", residual_rms_norm_vec_kernel<4, Delta>, static_cast<unsigned>(n),
+                     threads, 0, stream, x, delta, addend, dim, weight, eps, y_f32, y_bf16, y_low_terms);
     return;
   }
   // A row's loads are independent: enough threads that each issues a handful (a lone decode
   // row of 6144 values is otherwise a long chain of dependent-latency loops on one SM).
   const int threads = static_cast<int>(std::clamp<int64_t>((dim / 8 + 31) / 32 * 32, kNormThreads, 1024));
-  launch_chained("residual_rms_norm launch", residual_rms_norm_kernel, static_cast<unsigned>(n), threads, 0, stream, x,
-                 delta, addend, dim, weight, eps, y_f32, y_bf16, y_low_terms);
+  launch_chained("residual_rms_norm launch", residual_rms_norm_kernel<Delta>, static_cast<unsigned>(n), threads, 0,
+                 stream, x, delta, addend, dim, weight, eps, y_f32, y_bf16, y_low_terms);
+}
+
+}  // namespace
+
+void residual_rms_norm(float* x, const float* delta, int64_t n, int64_t dim, const float* weight, float eps,
+                       float* y_f32, uint16_t* y_bf16, cudaStream_t stream, const float* addend,
+                       uint16_t* y_low_terms, const uint16_t* delta_bf16) {
+  GLMS_CHECK(y_low_terms == nullptr || y_bf16 != nullptr, "residual_rms_norm: the low terms come with y_bf16");
+  GLMS_CHECK(!(delta && delta_bf16), "residual_rms_norm: one delta, fp32 or bf16");
+  if (n == 0) return;
+  if (delta_bf16) residual_rms_norm_of(x, delta_bf16, n, dim, weight, eps, y_f32, y_bf16, stream, addend, y_low_terms);
+  else residual_rms_norm_of(x, delta, n, dim, weight, eps, y_f32, y_bf16, stream, addend, y_low_terms);
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <cub/block/block_scan.cuh>
 
 #include "core/error.h"
@@ -237,12 +238,14 @@ __global__ void moe_place_kernel(const int32_t* ids, int64_t num_pairs, int firs
 // parallel load (thread k, pair k) and thread 0 orders them from there: a serial loop over
 // global loads made every block of a batch-64 decode wait about a microsecond a pair.
 constexpr int kCombineThreads = 256, kCombineDims = 4 * kCombineThreads;
-// Sum: an expert's sums as fp32 or bf16 rows (ExpertSums), read as fp32 (load_as_float).
-template <typename Sum>
-__global__ void moe_combine_kernel(float* out, bool accumulate, const float* shared_out, const Sum* expert_out,
+// Sum: an expert's sums as fp32 or bf16 rows (ExpertSums), read as fp32 (load_as_float). Out:
+// float, or uint16_t for bf16 rows (never accumulated).
+template <typename Sum, typename Out>
+__global__ void moe_combine_kernel(Out* out, bool accumulate, const float* shared_out, const Sum* expert_out,
                                    const int32_t* pair_slot, const int32_t* ids, const float* weights, int top_k,
                                    int64_t hidden) {
   chained_grid_prologue();
+  constexpr bool kBf16Out = std::is_same_v<Out, uint16_t>;
   __shared__ int order[64], token_ids[64], slots[64];
   __shared__ float pair_weights[64];
   __shared__ int count;
@@ -268,7 +271,7 @@ __global__ void moe_combine_kernel(float* out, bool accumulate, const float* sha
   }
   __syncthreads();
   const int64_t begin = blockIdx.y * int64_t{kCombineDims}, end = min(hidden, begin + kCombineDims);
-  float* const token_out = out + t * hidden;
+  Out* const token_out = out + t * hidden;
   if (hidden % 4 == 0) {
     for (int64_t d = begin + 4 * threadIdx.x; d < end; d += 4 * kCombineThreads) {
       float4 sum = shared_out ? *reinterpret_cast<const float4*>(shared_out + t * hidden + d)
@@ -278,12 +281,17 @@ __global__ void moe_combine_kernel(float* out, bool accumulate, const float* sha
         const float4 v = load4_as_float(expert_out + static_cast<int64_t>(slots[order[i]]) * hidden + d);
         sum.x += w * v.x, sum.y += w * v.y, sum.z += w * v.z, sum.w += w * v.w;
       }
-      float4* dst = reinterpret_cast<float4*>(token_out + d);
-      if (accumulate) {
-        const float4 old = *dst;
-        sum = make_float4(old.x + sum.x, old.y + sum.y, old.z + sum.z, old.w + sum.w);
+      if constexpr (kBf16Out) {
+        *reinterpret_cast<uint2*>(token_out + d) =
+            make_uint2(pack_bf16_pair(sum.x, sum.y), pack_bf16_pair(sum.z, sum.w));
+      } else {
+        float4* dst = reinterpret_cast<float4*>(token_out + d);
+        if (accumulate) {
+          const float4 old = *dst;
+          sum = make_float4(old.x + sum.x, old.y + sum.y, old.z + sum.z, old.w + sum.w);
+        }
+        *dst = sum;
       }
-      *dst = sum;
     }
     return;
   }
@@ -291,7 +299,8 @@ __global__ void moe_combine_kernel(float* out, bool accumulate, const float* sha
     float sum = shared_out ? shared_out[t * hidden + d] : 0.0f;
     for (int i = 0; i < count; ++i)
       sum += pair_weights[order[i]] * load_as_float(expert_out + static_cast<int64_t>(slots[order[i]]) * hidden + d);
-    token_out[d] = accumulate ? token_out[d] + sum : sum;
+    if constexpr (kBf16Out) token_out[d] = float_to_bf16(sum);
+    else token_out[d] = accumulate ? token_out[d] + sum : sum;
   }
 }
 
@@ -334,21 +343,27 @@ void moe_plan(const int32_t* expert_ids, int64_t num_pairs, int num_experts, con
   }
 }
 
-void moe_combine(float* out, bool accumulate, const float* shared_out, ExpertSums expert_out,
+void moe_combine(ExpertSums out, bool accumulate, const float* shared_out, ExpertSums expert_out,
                  const int32_t* pair_slot, const int32_t* expert_ids, const float* expert_weights, int64_t n,
                  int top_k, int64_t hidden, cudaStream_t stream) {
   if (n == 0) return;
   GLMS_CHECK(top_k <= 64, "moe_combine: at most top-64");
+  GLMS_CHECK(!out.bf16 || (!accumulate && !shared_out), "moe_combine: bf16 rows are written, neither added to nor "
+                                                        "with the shared expert");
   // A block per (token, 1024 dims): a lone decode token still spreads over a few SMs.
   const dim3 grid(static_cast<unsigned>(n), blocks_for(hidden, kCombineDims));
-  if (expert_out.bf16)
-    launch_chained("moe_combine launch", moe_combine_kernel<uint16_t>, grid, kCombineThreads, 0, stream, out,
-                   accumulate, shared_out, static_cast<const uint16_t*>(expert_out.bf16), pair_slot, expert_ids,
+  auto launch = [&](auto* rows, const auto* sums) {
+    launch_chained("moe_combine launch", moe_combine_kernel<std::remove_cv_t<std::remove_pointer_t<decltype(sums)>>,
+                                                             std::remove_pointer_t<decltype(rows)>>,
+                   grid, kCombineThreads, 0, stream, rows, accumulate, shared_out, sums, pair_slot, expert_ids,
                    expert_weights, top_k, hidden);
-  else
-    launch_chained("moe_combine launch", moe_combine_kernel<float>, grid, kCombineThreads, 0, stream, out, accumulate,
-                   shared_out, static_cast<const float*>(expert_out.f32), pair_slot, expert_ids, expert_weights,
-                   top_k, hidden);
+  };
+  auto with_sums = [&](auto* rows) {
+    if (expert_out.bf16) launch(rows, static_cast<const uint16_t*>(expert_out.bf16));
+    else launch(rows, static_cast<const float*>(expert_out.f32));
+  };
+  if (out.bf16) with_sums(out.bf16);
+  else with_sums(out.f32);
 }
 
 }  // namespace glms::ops::cuda

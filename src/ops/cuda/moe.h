@@ -219,8 +219,10 @@ void dequantize_experts(const ExpertWeights& experts, int first_expert, int coun
 
 // out[t] (+= with `accumulate`, else =) shared_out[t] (when given) + the sum over the token's
 // pairs on this rank (pair_slot >= 0), in increasing expert id, of weight * expert_out[slot]
-// (read, fp32 or bf16 rows). out, shared_out: [n, hidden] fp32.
-void moe_combine(float* out, bool accumulate, const float* shared_out, ExpertSums expert_out,
+// (read, fp32 or bf16 rows). out: [n, hidden] fp32 rows, or bf16 rows (each fp32 sum rounded
+// once; neither accumulated nor with shared_out: a data-parallel rank's partial rows for a bf16
+// reduce-scatter); shared_out: [n, hidden] fp32.
+void moe_combine(ExpertSums out, bool accumulate, const float* shared_out, ExpertSums expert_out,
                  const int32_t* pair_slot, const int32_t* expert_ids, const float* expert_weights, int64_t n,
                  int top_k, int64_t hidden, cudaStream_t stream);
 
