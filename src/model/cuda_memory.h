@@ -21,7 +21,7 @@ namespace glms::model {
 constexpr int kSmallMoePairsPerExpertTensorCores = 64;
 // CudaModelOptions::widened_experts_min_pairs by default (0: off), which `glmserve plan` sizes
 // the workspaces by.
-constexpr int kDefaultWidenedExpertsMinPairs = 2048;
+constexpr int kDefaultWidenedExpertsMinPairs = 1024;
 // CudaModelOptions::bf16_moe_reduce_scatter by default, which `glmserve plan` counts the
 // data-parallel collectives' bytes by.
 constexpr bool kDefaultBf16MoeReduceScatter = false;

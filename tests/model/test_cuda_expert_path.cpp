@@ -134,8 +134,8 @@ TEST(CudaExpertPath, AGatheredPrefillRunsTheGroupedGemmsOverThisRanksPairs) {
   EXPECT_EQ(path(options, mxfp4, step, sizes.pair_capacity), ExpertPath::kPerExpertGemms);
 }
 
-// By default (widened_experts_min_pairs 2048) an EP8 rank's prefill of 8192 tokens on each rank
-// widens its tiled MXFP4 experts to bf16 once a layer where its workspaces hold them
+// By default (widened_experts_min_pairs 1024) an EP8 rank's prefill of 4096 tokens or more on
+// each rank widens its tiled MXFP4 experts to bf16 once a layer where its workspaces hold them
 // (pair_gate_up, sized for every local expert's gate/up rows only where the rank's steps can bring
 // that many pairs an expert, and only for tiled MXFP4 experts).
 TEST(CudaExpertPath, ARanksLongPrefillWidensItsExpertsWhereItsWorkspacesHoldThem) {
@@ -144,7 +144,8 @@ TEST(CudaExpertPath, ARanksLongPrefillWidensItsExpertsWhereItsWorkspacesHoldThem
   const auto rank = ep8_rank_workspaces(8192, true);  // 8 ranks x 8192 tokens x 8: 2048 pairs an expert
   EXPECT_EQ(rank.widened_experts, kExperts / 8);
   EXPECT_GE(rank.pair_gate_up, 2 * (kExperts / 8) * 2 * kInter * kHidden) << "bytes of the widened gate/up rows";
-  EXPECT_EQ(ep8_rank_workspaces(4096, true).widened_experts, 0) << "1024 pairs an expert at most";
+  EXPECT_EQ(ep8_rank_workspaces(4096, true).widened_experts, kExperts / 8) << "1024 pairs an expert";
+  EXPECT_EQ(ep8_rank_workspaces(4095, true).widened_experts, 0) << "just under 1024 pairs an expert";
   EXPECT_EQ(ep8_rank_workspaces(8192, false).widened_experts, 0) << "bf16 experts";
 
   const auto mxfp4 = ops::WeightFormat::Mxfp4;
@@ -155,10 +156,14 @@ TEST(CudaExpertPath, ARanksLongPrefillWidensItsExpertsWhereItsWorkspacesHoldThem
   EXPECT_EQ(path(options, ops::WeightFormat::Fp8Block, step, rank.pair_capacity), ExpertPath::kW8a8);
   step.widening_fits = false;
   EXPECT_EQ(path(options, mxfp4, step, rank.pair_capacity), ExpertPath::kRegisterWidened);
-  ExpertStep shorter = one_gpu_step(8 * 4096);  // 1024 pairs an expert: the widening does not pay
+  ExpertStep shorter = one_gpu_step(8 * 4096);  // 1024 pairs an expert: widened too
   shorter.local_pairs = 4096 * kTopK;
   shorter.widening_fits = true;
-  EXPECT_EQ(path(options, mxfp4, shorter, rank.pair_capacity), ExpertPath::kRegisterWidened);
+  EXPECT_EQ(path(options, mxfp4, shorter, rank.pair_capacity), ExpertPath::kWidened);
+  ExpertStep short_chunk = one_gpu_step(8 * 2048);  // 512 pairs an expert: the widening does not pay
+  short_chunk.local_pairs = 2048 * kTopK;
+  short_chunk.widening_fits = true;
+  EXPECT_EQ(path(options, mxfp4, short_chunk, rank.pair_capacity), ExpertPath::kRegisterWidened);
 }
 
 // test_cuda_forward's random model at grouped-GEMM widths (hidden 256, expert width 128, 16
