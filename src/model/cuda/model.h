@@ -168,8 +168,8 @@ struct CudaModelOptions {
   // sizes pair_gate_up for it (model/cuda_memory.h): an expert-parallel rank's long prefills.
   // H200, the 78-layer EP8 rank (bench/results/cuda-widened-paired-78-layers-20261206.json),
   // prefill after 12288 cached: 8192 tokens (2048 pairs an expert) 1947 -> 1814 ms, 4096 (1024)
-  // 988 -> 962 ms with the tiles paired (paired_widened_experts); 2048 (512) not measured here:
-  // one layer's experts there 3.26 ms widened against 3.28 register-widened.
+  // 988 -> 962 ms with the tiles paired (paired_widened_experts). 2048 tokens (512 pairs) keep
+  // the register-widened GEMMs: one layer's experts there 3.26 ms widened against 3.28.
   int widened_experts_min_pairs = kDefaultWidenedExpertsMinPairs;
   // Those GEMMs over bf16 experts with an expert's row tiles two by two in thread block clusters
   // that load each weight line once for both (TMA multicast), an odd last tile split by lines
