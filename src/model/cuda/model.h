@@ -194,7 +194,8 @@ struct CudaModelOptions {
   // 5-layer EP8 rank's prefill of 8192 after 12288 cached took 1 ms less on the GPU and 5% less
   // with the plan's link time, but the data-parallel layouts of the random GLM-5.2 fixture moved
   // from a median logits rel L2 of 3e-3 against one rank to 1.4e-2 (worst position 0.47-0.57,
-  // from 0.03): the partial rows round before they cancel.
+  // from 0.03); on the CPU the same rounding of the partial rows changes greedy tokens of that
+  // fixture, where rounding each token's summed output once does not (docs/performance.md).
   bool bf16_moe_reduce_scatter = kDefaultBf16MoeReduceScatter;
   // The widened experts' bf16 GEMMs (widened_experts_min_pairs) with an expert's row tiles two by
   // two in clusters, as paired_bf16_experts does for bf16 experts. On an H100 the 5-layer EP8
