@@ -304,6 +304,14 @@ __global__ void moe_combine_kernel(Out* out, bool accumulate, const float* share
   }
 }
 
+template <typename Sum, typename Out>
+void launch_combine(dim3 grid, Out* out, bool accumulate, const float* shared_out, const Sum* expert_out,
+                    const int32_t* pair_slot, const int32_t* ids, const float* weights, int top_k, int64_t hidden,
+                    cudaStream_t stream) {
+  launch_chained("moe_combine launch", moe_combine_kernel<Sum, Out>, grid, kCombineThreads, 0, stream, out, accumulate,
+                 shared_out, expert_out, pair_slot, ids, weights, top_k, hidden);
+}
+
 }  // namespace
 
 void moe_route(const float* logits, const float* correction_bias, int64_t n, const MoeRouting& routing,
@@ -352,15 +360,13 @@ void moe_combine(ExpertSums out, bool accumulate, const float* shared_out, Exper
                                                         "with the shared expert");
   // A block per (token, 1024 dims): a lone decode token still spreads over a few SMs.
   const dim3 grid(static_cast<unsigned>(n), blocks_for(hidden, kCombineDims));
-  auto launch = [&](auto* rows, const auto* sums) {
-    launch_chained("moe_combine launch", moe_combine_kernel<std::remove_cv_t<std::remove_pointer_t<decltype(sums)>>,
-                                                             std::remove_pointer_t<decltype(rows)>>,
-                   grid, kCombineThreads, 0, stream, rows, accumulate, shared_out, sums, pair_slot, expert_ids,
-                   expert_weights, top_k, hidden);
-  };
   auto with_sums = [&](auto* rows) {
-    if (expert_out.bf16) launch(rows, static_cast<const uint16_t*>(expert_out.bf16));
-    else launch(rows, static_cast<const float*>(expert_out.f32));
+    if (expert_out.bf16)
+      launch_combine(grid, rows, accumulate, shared_out, static_cast<const uint16_t*>(expert_out.bf16), pair_slot,
+                     expert_ids, expert_weights, top_k, hidden, stream);
+    else
+      launch_combine(grid, rows, accumulate, shared_out, static_cast<const float*>(expert_out.f32), pair_slot,
+                     expert_ids, expert_weights, top_k, hidden, stream);
   };
   if (out.bf16) with_sums(out.bf16);
   else with_sums(out.f32);
