@@ -556,6 +556,8 @@ nlohmann::json kernel_options_json(const model::CudaModelOptions& k) {
           {"accumulate_residual_min_tokens", k.accumulate_residual_min_tokens},
           {"wgmma_fp8_experts", k.wgmma_fp8_experts},
           {"specialized_fp8_experts", k.specialized_fp8_experts},
+          {"wide_fp8_experts", k.wide_fp8_experts},
+          {"paired_fp8_experts", k.paired_fp8_experts},
           {"fp8_prefill_indexer", k.fp8_prefill_indexer},
           {"stream_experts_min_pairs", k.stream_experts_min_pairs},
           {"stream_experts_max_pairs", k.stream_experts_max_pairs},

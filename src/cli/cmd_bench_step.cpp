@@ -201,6 +201,13 @@ void add_expert_options(CLI::App* cmd, BenchStepOptions* o) {
                   "Those GEMMs warp-specialised: a producer warpgroup copies while two consumer warpgroups multiply "
                   "(true/false)")
       ->capture_default_str();
+  cmd->add_option("--wide-fp8-experts", o->kernels.wide_fp8_experts,
+                  "Those warp-specialised GEMMs over 256 weight lines a block instead of 128 (true/false)")
+      ->capture_default_str();
+  cmd->add_option("--paired-fp8-experts", o->kernels.paired_fp8_experts,
+                  "Those 256-line GEMMs with an expert's row tiles two by two in clusters that load each weight "
+                  "line once for both (true/false)")
+      ->capture_default_str();
   cmd->add_option("--wgmma-experts-tile-rows", o->kernels.wgmma_experts_tile_rows,
                   "Grouped rows a block of those GEMMs: 64, 128, or 0 (128 from 80 pairs per expert)")
       ->check(CLI::IsMember({0, 64, 128}))

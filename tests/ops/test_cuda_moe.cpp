@@ -518,8 +518,12 @@ TEST_F(CudaMoe, GroupedGemmsBf16SumsAreTheirFp32SumsRounded) {
 // moe_experts_wgmma_fp8 (W8A8) against reference_pair over the same E4M3 roundings of the
 // tokens and of act. Each token's 128-column blocks differ in magnitude (1e-2 .. 1e2), so that
 // every token scale matters; the weights' 128 x 128 blocks have scales of their own.
-double fp8_wgmma_error(const Experts& experts, int n, const std::vector<int32_t>& ids, int top_k,
-                       cuda::Fp8ExpertGemm gemm) {
+struct Fp8WgmmaRun {
+  std::vector<float> rows;  // the experts' output rows in pair order
+  double error;             // their relative L2 against the W8A8 reference
+};
+Fp8WgmmaRun fp8_wgmma_run(const Experts& experts, int n, const std::vector<int32_t>& ids, int top_k,
+                          cuda::Fp8ExpertGemm gemm) {
   const int64_t hidden = experts.hidden, inter = experts.inter, E = experts.E;
   const int64_t P = static_cast<int64_t>(ids.size());
   auto tokens = random_values(n * hidden, 130 + n, 2.0f);
@@ -534,13 +538,18 @@ double fp8_wgmma_error(const Experts& experts, int n, const std::vector<int32_t>
                               {token_codes.as<uint8_t>(), token_scales.as<float>(), act_codes.as<uint8_t>(),
                                act_scales.as<float>()},
                               run.act.as<uint16_t>(), run.out.as<float>(), nullptr, gemm);
-  return relative_l2(run.rows(), reference_rows(experts, fp8_rounded_rows(tokens), ids, top_k, true));
+  std::vector<float> rows = run.rows();
+  const double error = relative_l2(rows, reference_rows(experts, fp8_rounded_rows(tokens), ids, top_k, true));
+  return {std::move(rows), error};
 }
 
 // GLM-5.2's widths; experts with several row tiles, the last part-filled (150 tokens over 5
 // experts, top-3: 90 pairs an expert; 300 pairs an expert); most experts without pairs; more
 // experts than the tile search has threads; more steps than stages in down (inter 1024) and an
-// odd number of steps (hidden 384). Each case through both kernels. Hopper's FP8 tensor cores keep about 14 bits in their own
+// odd number of steps (hidden 384). Each case through every kernel; the 256-line tiles' sums,
+// paired or not, equal the 128-line ones' bit for bit (the same products in the same order;
+// hidden 384 takes the 128-line kernel for them). The pairs cover experts with one, two and three
+// row tiles (an odd last tile split by lines) and tiles of 64 rows or fewer. Hopper's FP8 tensor cores keep about 14 bits in their own
 // sums, so a 128-k step's sum is about 1e-3 off the double one; that moves some of act's bf16
 // and then E4M3 roundings (an E4M3 step is 1/16), which the reference makes from exact sums:
 // 3.4e-3 .. 5.4e-3 on the H200. A wrong scale or tile is off by order one.
@@ -558,10 +567,18 @@ TEST_F(CudaMoe, Fp8WgmmaExpertsMatchW8a8Reference) {
     for (const int n : c.token_counts) {
       const auto ids = random_choices(n, static_cast<int>(c.E), c.top_k, 500 + n);
       using cuda::Fp8ExpertGemm;
-      for (const Fp8ExpertGemm gemm : {Fp8ExpertGemm::kBlockBarrier, Fp8ExpertGemm::kWarpSpecialized})
-        EXPECT_LT(fp8_wgmma_error(experts, n, ids, c.top_k, gemm), 1e-2)
-            << c.E << " experts, " << n << " tokens, hidden " << c.hidden << ", inter " << c.inter << ", kernel "
-            << static_cast<int>(gemm);
+      std::vector<std::vector<float>> rows;
+      for (const Fp8ExpertGemm gemm : {Fp8ExpertGemm::kBlockBarrier, Fp8ExpertGemm::kWarpSpecialized,
+                                       Fp8ExpertGemm::kWide, Fp8ExpertGemm::kWidePaired}) {
+        Fp8WgmmaRun run = fp8_wgmma_run(experts, n, ids, c.top_k, gemm);
+        EXPECT_LT(run.error, 1e-2) << c.E << " experts, " << n << " tokens, hidden " << c.hidden << ", inter "
+                                   << c.inter << ", kernel " << static_cast<int>(gemm);
+        rows.push_back(std::move(run.rows));
+      }
+      for (int wide = 2; wide < 4; ++wide)
+        EXPECT_TRUE(rows[wide] == rows[1]) << "256-line tiles (kernel " << wide << ") against 128-line ones: " << c.E
+                                           << " experts, " << n << " tokens, hidden " << c.hidden << ", inter "
+                                           << c.inter;
     }
   }
   const Experts odd = make_experts(WeightFormat::Fp8Block, true, 2, 320, 128, 5);

@@ -240,6 +240,18 @@ struct CudaModelOptions {
   // width, 5 layers, FP8 linears and experts (bench/results/cuda-fp8-specialized-experts-20261204.json),
   // experts of a prefill: 2048 tokens 16.0 -> 14.4 ms, 4096 23.2 -> 20.7, 8192 40.8 -> 34.6.
   bool specialized_fp8_experts = true;
+  // Those warp-specialised GEMMs over 256 weight lines a block instead of 128 (Fp8ExpertGemm::kWide:
+  // 48 KB read from L2 a step for twice the tensor work of the 128-line tile's 32 KB; the same sums
+  // bit for bit). The 128-line GEMMs at 8192 tokens are bound by their copies. H100, GLM-5.2 width,
+  // 5 layers, FP8 linears and experts (bench/results/cuda-fp8-wide-experts-20261206.json), experts
+  // of a prefill, two rounds: 2048 tokens 15.4 -> 14.7 ms, 4096 21.0 -> 17.6, 8192 36.0 -> 29.8
+  // (the step 91.7 -> 86.5 ms).
+  bool wide_fp8_experts = true;
+  // Those 256-line GEMMs with an expert's row tiles two by two in clusters that load each weight
+  // line once for both (TMA multicast: 32 KB from L2 a block-step instead of 48). Off: slower than
+  // the unpaired 256-line tiles in the same run (experts at 8192 tokens 30.7 / 31.3 against 29.8,
+  // 4096 19.7 against 17.6 ms).
+  bool paired_fp8_experts = false;
   // Their grouped rows a block, 64 or 128; 0: 128 from 80 pairs per expert on average (prefill
   // 3072, 96 pairs an expert: experts MXFP4 36.7 -> 30.6 ms, bf16 31.2 -> 28.5; at 64 the two
   // within 2%).

@@ -232,8 +232,10 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
       break;
     case ExpertPath::kW8a8:
       cuda::moe_experts_wgmma_fp8(x, hidden, inter, experts, plan, E, K, bound, *fp8_staging, act, sums, s,
-                                  options.specialized_fp8_experts ? cuda::Fp8ExpertGemm::kWarpSpecialized
-                                                                  : cuda::Fp8ExpertGemm::kBlockBarrier);
+                                  !options.specialized_fp8_experts ? cuda::Fp8ExpertGemm::kBlockBarrier
+                                  : !options.wide_fp8_experts      ? cuda::Fp8ExpertGemm::kWarpSpecialized
+                                  : options.paired_fp8_experts     ? cuda::Fp8ExpertGemm::kWidePaired
+                                                                   : cuda::Fp8ExpertGemm::kWide);
       break;
     case ExpertPath::kSmall: {
       // The expert kernels size their chunks by the pairs an expert gets on average: this rank's

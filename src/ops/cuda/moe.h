@@ -203,8 +203,10 @@ struct MoeFp8Staging {
   float* act_scales = nullptr;
 };
 // The kernel: every warp copying and a block barrier a step, or a producer warpgroup copying
-// while two consumer warpgroups multiply.
-enum class Fp8ExpertGemm { kBlockBarrier, kWarpSpecialized };
+// while two consumer warpgroups multiply, over 128 weight lines a block or (kWide, where hidden
+// is a multiple of 256; otherwise kWarpSpecialized) 256, and those with an expert's row tiles two
+// by two in clusters that load each weight line once for both (kWidePaired).
+enum class Fp8ExpertGemm { kBlockBarrier, kWarpSpecialized, kWide, kWidePaired };
 bool moe_experts_wgmma_fp8_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
 void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                            const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs,

@@ -188,16 +188,6 @@ __device__ __forceinline__ void pass_steps(uint32_t full, uint32_t empty, int st
   }
 }
 
-// Which weight line of the slice (moe_grouped::weight_row's `line`) stage line `stage_line` holds:
-// gate/up, box b = stage_line / 64 is the gate rows of the slice's features 64 (b / 2) .. for even
-// b and their up rows for odd b; down, the same line.
-template <Projection P>
-__device__ __forceinline__ int slice_line_of(int stage_line) {
-  if constexpr (P == Projection::kDown) return stage_line;
-  const int box = stage_line / 64;
-  return box % 2 * (kLines / 2) + 64 * (box / 2) + stage_line % 64;
-}
-
 // The producer's token rows: producer thread `index` (of kProducerThreads) copies 16-byte chunk
 // index % 8 of the tile's rows index / 8 + (kProducerThreads / 8) i by cp.async (rows past the
 // tile's are skipped).
@@ -261,7 +251,7 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
         pipeline::barrier_arrive_expect_bytes(full + 8 * stage, whole ? kWeightBytes : kWeightBytes / 2);
         const int box0 = 2 * (whole ? rank : half);
         for (int box = box0; box < box0 + 2; ++box) {
-          const int line = slice_line_of<P>(64 * box);
+          const int line = moe_grouped::slice_line_of<P>(64 * box);
           pipeline::tensor_copy_2d_multicast(weights + (whole ? box : box - box0) * 64 * kLine, &weight_map,
                                              static_cast<int>(offset),
                                              static_cast<int>(moe_grouped::weight_row<P, kLines>(a, e, line, slice)),
@@ -306,7 +296,7 @@ __device__ __forceinline__ void produce_mxfp4(const GroupedArgs& a, int e, int f
   const int p = static_cast<int>(threadIdx.x) % 128, t = p % 4, line0 = p / 4;
   const int64_t k = a.k;
   const TokenCopies<P> token_copies(a, p, first, rows);
-  const int64_t row0 = moe_grouped::weight_row<P, kLines>(a, e, slice_line_of<P>(line0), slice);
+  const int64_t row0 = moe_grouped::weight_row<P, kLines>(a, e, moe_grouped::slice_line_of<P>(line0), slice);
   const uint8_t* const codes0 = a.codes + quant::mxfp4_tile_row_offset(row0, k) + 16 * t;
   const uint8_t* const scales0 = a.scales + 4 * quant::mxfp4_tile_scale_word(row0, k);
   // Rows from item 0's to item j's (slice_line_of): gate/up, box j / 2 holds gate (even) or up

@@ -32,6 +32,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
@@ -40,6 +41,7 @@
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_grouped.cuh"
 #include "ops/cuda/pipeline.cuh"
+#include "ops/cuda/tensor_map.h"
 #include "ops/cuda/wgmma.cuh"
 
 namespace glms::ops::cuda {
@@ -193,7 +195,7 @@ constexpr int kConsumerThreads = 256;
 constexpr int kStages = 6;
 constexpr int kSharedBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;  // then the full and empty barriers
 static_assert(kSharedBytes <= 232448, "one block an SM");
-constexpr int kConsumerRegisters = 200, kProducerRegisters = 72;  // no spills either side
+constexpr int kConsumerRegisters = 208, kProducerRegisters = 88;  // no spills either side
 static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= 65536, "the register file");
 constexpr int kProducerCopies = kRows * (kLine / 16) / 128;  // 8: a producer thread's chunks a step, of each operand
 
@@ -312,6 +314,294 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_specialized_experts_kernel(Gr
 
 }  // namespace specialized
 
+// The warp-specialised kernel over 256 weight lines a block (Fp8ExpertGemm::kWide): the same
+// producer and consumers, each step's tile 128 rows x 256 lines, so a block reads 48 KB from L2
+// a step for 8.4 MFLOP where the 128-line tile reads 32 KB for 4.2 (the 128-line GEMMs at 8192
+// tokens are bound by their copies: on an H100 they alone took 7.0 of the 8.7 ms). The lines are
+// four 64-line boxes (moe_grouped::slice_line_of: gate/up, the gate rows of 64 features, their up
+// rows, then the next 64 features'; down, 256 output features), so that each 128-line half is
+// the 128-line kernel's tile: a consumer takes its 64 rows against each half in turn, four
+// m64n128k32 into `part` promoted into that half's accumulator with the same scales, and the
+// sums are the 128-line kernel's bit for bit. Two 64 x 128 accumulators and one step's sums fit
+// 192 registers, where one m64n256 step sum and a 64 x 256 accumulator would need 256. A tile of
+// 64 rows or fewer leaves consumer 1 without rows: it only hands each stage back, and consumer 0
+// has the tensor cores to itself.
+//
+// Paired (moe_tiles::TileSet::kPairs, as moe_experts_specialized's bf16 tiles): clusters of two
+// blocks take two row tiles of one expert and slice, each block loading half of a stage's weight
+// lines by TMA into both blocks' shared memory (multicast), so a block reads 32 KB from L2 a step
+// instead of 48; an expert's odd last tile is one unit whose two blocks take half of the lines
+// each. A stage is refilled once both blocks' consumers are done with it.
+namespace wide {
+
+constexpr int kLines = 256;
+constexpr int kThreads = 384;
+constexpr int kConsumerThreads = 256;
+constexpr int kPairBlocks = 2;
+constexpr int kWeightBytes = kLines * kLine;                   // 32 KB
+constexpr int kHalfLines = kLines / 2;                         // a consumer's wgmma width
+constexpr int kScales = kTileBytes + kWeightBytes;             // the stage's token scales
+constexpr int kStageBytes = kTileBytes + kWeightBytes + 1024;  // token scales (512 bytes), stages 1024-aligned
+constexpr int kStages = 4;
+constexpr int kSharedBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;  // then the full and empty barriers
+static_assert(kSharedBytes <= 232448, "one block an SM");
+constexpr int kConsumerRegisters = 208, kProducerRegisters = 88;  // no spills either side
+static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= 65536, "the register file");
+constexpr int kTokenCopies = kRows * (kLine / 16) / 128;    // 8 a producer thread a step
+constexpr int kWeightCopies = kLines * (kLine / 16) / 128;  // 16
+
+// Producer thread t: chunk t % 8 of token rows t / 8 + 16 i and the scale of token row t by
+// cp.async, then its arrival on the stage's full barrier once they land; the weight lines
+// likewise (box b = i / 4, lines 64 b + t / 8 + 16 (i % 4)) or, kPaired, by TMA from thread 0:
+// this block's two boxes into both blocks of the pair (`rank`: this block's in the pair), or
+// (`half` >= 0, an odd last tile) the two boxes of that half of the lines into this block alone.
+template <Projection P, bool kPaired>
+__device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap& weight_map, int e, int first,
+                                        int rows, int64_t slice, uint32_t stages, uint32_t full, uint32_t empty,
+                                        int steps, int rank, int half) {
+  const int index = threadIdx.x % 128, chunk = index % 8, line0 = index / 8;
+  const int64_t k = a.k;
+  auto source_of = [&](int r) -> int32_t {
+    return r >= rows ? -1 : P == Projection::kGateUp ? a.sorted_pairs[first + r] / a.top_k : first + r;
+  };
+  uint32_t token_at[kTokenCopies];  // in 16-byte units: under 2^32 for any launch (checked on the host)
+  uint32_t token_valid = 0;
+#pragma unroll
+  for (int i = 0; i < kTokenCopies; ++i) {
+    const int32_t source = source_of(line0 + 16 * i);
+    token_at[i] = static_cast<uint32_t>(((source < 0 ? 0 : source * k) + 16 * chunk) / 16);
+    token_valid |= source < 0 ? 0u : 1u << i;
+  }
+  const int32_t scale_source = source_of(index);
+  const float* scale_from = a.x_scales + (scale_source < 0 ? 0 : scale_source);
+  auto box_row = [&](int box, int line) {
+    return moe_grouped::weight_row<P, kLines>(a, e, moe_grouped::slice_line_of<P>(64 * box + line), slice);
+  };
+  // Unpaired: box b's line line0 (and lines 16 apart after it).
+  const uint8_t* box_from[4];
+#pragma unroll
+  for (int b = 0; b < 4; ++b) box_from[b] = a.codes + box_row(b, line0) * k + 16 * chunk;
+  const int64_t lines16 = 16 * k;
+  for (int step = 0; step < steps; ++step) {
+    const int stage = step % kStages;
+    const uint32_t parity = ((step / kStages) & 1) ^ 1;  // the first round passes
+    const uint32_t tokens = stages + stage * kStageBytes, weights = tokens + kTileBytes;
+    const int64_t offset = int64_t{step} * kStepValues;
+    if constexpr (kPaired) {
+      pipeline::barrier_wait_cluster(empty + 8 * stage, parity);
+      if (index == 0) {
+        const bool whole = half < 0;
+        pipeline::barrier_arrive_expect_bytes(full + 8 * stage, whole ? kWeightBytes : kWeightBytes / 2);
+        const int box0 = 2 * (whole ? rank : half);
+        for (int box = box0; box < box0 + 2; ++box)
+          pipeline::tensor_copy_2d_multicast(weights + (whole ? box : box - box0) * 64 * kLine, &weight_map,
+                                             static_cast<int>(offset), static_cast<int>(box_row(box, 0)),
+                                             full + 8 * stage, whole ? (1u << kPairBlocks) - 1 : 1u << rank);
+      }
+    } else {
+      pipeline::barrier_wait(empty + 8 * stage, parity);
+#pragma unroll
+      for (int i = 0; i < kWeightCopies; ++i)
+        wgmma::copy_async_16(weights + swizzled(line0 + 16 * i, chunk), box_from[i / 4] + (i % 4) * lines16 + offset,
+                             16);
+    }
+#pragma unroll
+    for (int i = 0; i < kTokenCopies; ++i)
+      if (token_valid >> i & 1)
+        wgmma::copy_async_16(tokens + swizzled(line0 + 16 * i, chunk), a.x_codes + 16 * int64_t{token_at[i]} + offset,
+                             16);
+    if (scale_source >= 0) wgmma::copy_async_4(tokens + kScales + 4 * index, scale_from + step * a.x_scale_stride, 4);
+    pipeline::barrier_arrive_on_copies(full + 8 * stage);
+  }
+  wgmma::copy_async_wait<0>();
+}
+
+// A consumer without rows (consumer 1 of a tile of 64 rows or fewer): hands each stage back.
+template <bool kPaired>
+__device__ __forceinline__ void pass_stages(uint32_t full, uint32_t empty, int steps) {
+  for (int step = 0; step < steps; ++step) {
+    const int stage = step % kStages;
+    pipeline::barrier_wait(full + 8 * stage, (step / kStages) & 1);
+    pipeline::release_stage<kPaired, kPairBlocks>(empty + 8 * stage);
+  }
+}
+
+// What a consumer multiplies: its rows row0 .. row0 + 63 of the tile against kHalves 128-line
+// halves of the stage, the first of which is the slice's half slice_half0.
+struct Part {
+  int row0, slice_half0;
+};
+
+// The weight scale of a half's gate lines and of its up lines (down: the half's one scale, twice)
+// at `step`, for the slice's half h.
+template <Projection P>
+struct HalfScales {
+  const float* gate;
+  const float* up;
+  __device__ __forceinline__ HalfScales(const GroupedArgs& a, int e, int64_t slice, int h, int steps) {
+    // Gate/up: the slice's 128 features are one scale block of gate rows and one of up rows;
+    // down: its halves are one block each.
+    const int line = P == Projection::kGateUp ? 0 : kHalfLines * h;
+    gate = a.weight_scales + moe_grouped::weight_row<P, kLines>(a, e, line, slice) * steps;
+    up = P == Projection::kGateUp
+             ? a.weight_scales + moe_grouped::weight_row<P, kLines>(a, e, kHalfLines, slice) * steps
+             : gate;
+  }
+};
+
+// A consumer's steps: its rows against each of its kHalves halves in turn, each half's four
+// m64n128k32 into `part` promoted into acc[h] with that half's scales.
+template <Projection P, bool kPaired, int kHalves>
+__device__ __forceinline__ void multiply(const GroupedArgs& a, float (&acc)[2][64], int e, int64_t slice,
+                                         uint32_t stages, const uint8_t* stages_generic, uint32_t full, uint32_t empty,
+                                         int steps, Part part) {
+  const int u = threadIdx.x % 128, warp = u / 32, g = u % 32 / 4;
+  const int row = part.row0 + 16 * warp + g;
+  const uint64_t token_descriptor = descriptor(stages + part.row0 * kLine, 16, 1024);
+  const uint64_t weight_descriptor = descriptor(stages + kTileBytes, 16, 1024);
+  constexpr uint64_t kHalfOffset = (kHalfLines * kLine) >> 4;  // a half's lines in descriptor units
+  const HalfScales<P> scales[2] = {HalfScales<P>(a, e, slice, part.slice_half0, steps),
+                                   HalfScales<P>(a, e, slice, part.slice_half0 + kHalves - 1, steps)};
+  float part_sums[64];
+  for (int step = 0; step < steps; ++step) {
+    const int stage = step % kStages;
+    float gate_scale[kHalves], up_scale[kHalves];
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) gate_scale[h] = __ldg(scales[h].gate + step), up_scale[h] = __ldg(scales[h].up + step);
+    pipeline::barrier_wait(full + 8 * stage, (step / kStages) & 1);
+    wgmma::fence_async_proxy();  // the copies' writes before the tensor cores' reads
+    const uint64_t stage_offset = static_cast<uint64_t>(stage * kStageBytes) >> 4;
+    const float* token_scales = reinterpret_cast<const float*>(stages_generic + stage * kStageBytes + kScales);
+    float t0 = 0.0f, t1 = 0.0f;
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+      multiply_stage(part_sums, token_descriptor, weight_descriptor + h * kHalfOffset, stage_offset);
+      if (h == 0) t0 = token_scales[row], t1 = token_scales[row + 8];
+      wgmma::wait_all();
+      wgmma::pin(part_sums);
+      if (h + 1 == kHalves) pipeline::release_stage<kPaired, kPairBlocks>(empty + 8 * stage);  // all of it read
+      promote(acc[h], part_sums, t0, t1, gate_scale[h], up_scale[h]);
+    }
+  }
+}
+
+// acc[h][4 j + q] of the consumer's thread (warp, g, tq): row part.row0 + 16 warp + g + 8 (q / 2),
+// line 8 j + 2 tq + q % 2 of the slice's half part.slice_half0 + h. Gate/up: a half is the 128-line
+// kernel's tile (64 gate lines, then their up lines); down: the sums as they are.
+template <Projection P, int kHalves>
+__device__ __forceinline__ void epilogue(const GroupedArgs& a, const float (&acc)[2][64], int first, int rows,
+                                         int64_t slice, Part part) {
+  const int u = threadIdx.x % 128, warp = u / 32, lane = u % 32, g = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const int r = part.row0 + 16 * warp + g + 8 * q;
+    if (r >= rows) continue;
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+      const int slice_half = part.slice_half0 + h;
+      if constexpr (P == Projection::kDown) {
+        const int64_t out0 = (first + r) * a.rows_per_expert + slice * kLines + kHalfLines * slice_half + 2 * tq;
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+          moe_grouped::store_out_pair(a, out0 + 8 * j, acc[h][4 * j + 2 * q], acc[h][4 * j + 2 * q + 1]);
+      } else {
+        uint16_t* const act_row = a.act + (first + r) * a.inter + slice * kHalfLines + 64 * slice_half + 2 * tq;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int i = 4 * j + 2 * q;
+          *reinterpret_cast<uint32_t*>(act_row + 8 * j) =
+              pack_bf16_pair(silu_mul(acc[h][i], acc[h][i + 32]), silu_mul(acc[h][i + 1], acc[h][i + 33]));
+        }
+      }
+    }
+  }
+}
+
+// kSet kPairs: launched in clusters of kPairBlocks blocks (see above). weight_map: the stacked
+// weights [experts x rows_per_expert, k] in 64-line boxes (unused otherwise).
+template <Projection P, moe_tiles::TileSet kSet>
+__global__ void __launch_bounds__(kThreads, 1)
+    fp8_wide_experts_kernel(GroupedArgs a, const __grid_constant__ CUtensorMap weight_map) {
+  chained_grid_prologue();
+  constexpr bool kPaired = kSet == moe_tiles::TileSet::kPairs;
+  extern __shared__ __align__(16) uint8_t shared_raw[];
+  const int unit = static_cast<int>(blockIdx.x) / (kPaired ? kPairBlocks : 1);
+  const int rank = kPaired ? static_cast<int>(blockIdx.x) % kPairBlocks : 0;  // the cluster's rank along x
+  const moe_grouped::RowTile tile =
+      moe_grouped::unit_of_block<kRows, kThreads, kSet>(a.offsets, a.num_experts, unit, a.slices, rank);
+  if (tile.expert < 0) return;  // both blocks of a pair alike
+  const int64_t slice = tile.slice;
+  const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
+  const uint32_t stages = aligned.address;
+  const uint32_t full = stages + kStages * kStageBytes, empty = full + 8 * kStages;  // copies landed; consumers done
+  // Full: each producer thread's cp.async arrival (paired: and thread 0's announcement of the TMA
+  // bytes). Empty: each consumer thread (paired: each consumer warp of both blocks) once.
+  pipeline::init_ring<kStages, kPaired>(full, empty, kPaired ? 129 : 128,
+                                        kPaired ? kPairBlocks * kConsumerThreads / 32 : kConsumerThreads);
+  const int steps = static_cast<int>(a.k / kStepValues);
+  // Broadcast from lane 0: the compiler then knows each warp takes one side of each branch.
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+  const int half = __shfl_sync(0xffffffffu, tile.half, 0);
+  if (warpgroup == 2) {
+    pipeline::shrink_registers<kProducerRegisters>();
+    produce<P, kPaired>(a, weight_map, tile.expert, tile.first, tile.rows, slice, stages, full, empty, steps, rank,
+                        half);
+  } else {
+    pipeline::grow_registers<kConsumerRegisters>();
+    if (__shfl_sync(0xffffffffu, 64 * warpgroup >= tile.rows ? 1 : 0, 0) != 0) {
+      pass_stages<kPaired>(full, empty, steps);
+    } else {
+      float acc[2][64];
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.0f;
+      if (half < 0) {
+        const Part part{64 * warpgroup, 0};
+        multiply<P, kPaired, 2>(a, acc, tile.expert, slice, stages, aligned.generic, full, empty, steps, part);
+        epilogue<P, 2>(a, acc, tile.first, tile.rows, slice, part);
+      } else {
+        const Part part{64 * warpgroup, half};
+        multiply<P, kPaired, 1>(a, acc, tile.expert, slice, stages, aligned.generic, full, empty, steps, part);
+        epilogue<P, 1>(a, acc, tile.first, tile.rows, slice, part);
+      }
+    }
+  }
+  // Neither block of a pair leaves while the other may still copy into its stages or arrive on
+  // its barriers.
+  if constexpr (kPaired) pipeline::cluster_sync();
+}
+
+// One projection over every row tile: a block a unit of moe_grouped::unit_of_block (an expert's
+// row tiles of one slice one after another, so that blocks reading the same weight lines run at
+// about the same time), or (paired) clusters of two blocks on the pairs of row tiles and the odd
+// last tiles.
+template <Projection P>
+void launch_projection(GroupedArgs a, int64_t features, int64_t num_pairs, bool paired, cudaStream_t stream) {
+  using moe_tiles::TileSet;
+  const TileSet set = paired ? TileSet::kPairs : TileSet::kEvery;
+  const int64_t units = moe_tiles::units_bound(set, num_pairs, a.num_experts, kRows);
+  a.slices = static_cast<int>(features / (P == Projection::kGateUp ? kHalfLines : kLines));
+  const unsigned cluster = paired ? kPairBlocks : 1;
+  const int64_t blocks = units * a.slices * cluster;
+  GLMS_CHECK(blocks < (int64_t{1} << 31), "moe_experts_wgmma (FP8): too many pairs for one launch");
+  if (paired) {
+    auto* kernel = fp8_wide_experts_kernel<P, TileSet::kPairs>;
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
+          "moe_experts_wgmma (FP8, 256 lines, paired) shared memory");
+    const CUtensorMap map = swizzled_rows_tensor_map(a.codes, CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                                                     int64_t{a.num_experts} * a.rows_per_expert, a.k, 64);
+    launch_chained_clusters("moe_experts_wgmma (FP8, 256 lines, paired) launch", kernel, cluster,
+                            static_cast<unsigned>(blocks), kThreads, kSharedBytes, stream, a, map);
+    return;
+  }
+  auto* kernel = fp8_wide_experts_kernel<P, TileSet::kEvery>;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
+        "moe_experts_wgmma (FP8, 256 lines) shared memory");
+  launch_chained("moe_experts_wgmma (FP8, 256 lines) launch", kernel, static_cast<unsigned>(blocks), kThreads,
+                 kSharedBytes, stream, a, CUtensorMap{});
+}
+
+}  // namespace wide
+
 // One projection's launch.
 template <Projection P>
 void launch_projection(const GroupedArgs& a, int64_t slices, int64_t tiles, Fp8ExpertGemm gemm, cudaStream_t stream) {
@@ -353,7 +643,18 @@ void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, con
   GLMS_CHECK(num_pairs * std::max(hidden, inter) / 16 < (int64_t{1} << 32),
              "moe_experts_wgmma: too many pairs for one launch");
   GroupedArgs a = moe_grouped::grouped_args(plan, num_experts, top_k, inter, act, expert_out);
+  // The 256-line tiles' down slices need hidden in whole 256s; otherwise the 128-line kernel.
+  const bool wide_tiles = gemm == Fp8ExpertGemm::kWide || gemm == Fp8ExpertGemm::kWidePaired;
+  if (wide_tiles && hidden % wide::kLines != 0) gemm = Fp8ExpertGemm::kWarpSpecialized;
+  const bool paired = gemm == Fp8ExpertGemm::kWidePaired;
   const int64_t gate_up_slices = inter / (Layout::kFeatures / 2), down_slices = hidden / Layout::kFeatures;
+  auto run = [&](auto projection, int64_t features) {
+    constexpr Projection P = decltype(projection)::value;
+    if (gemm == Fp8ExpertGemm::kWide || gemm == Fp8ExpertGemm::kWidePaired)
+      wide::launch_projection<P>(a, features, num_pairs, paired, stream);
+    else
+      launch_projection<P>(a, P == Projection::kGateUp ? gate_up_slices : down_slices, tiles, gemm, stream);
+  };
 
   quantize_fp8_rows(x, tokens, hidden, staging.token_codes, staging.token_scales, stream);
   a.x_scale_stride = fp8_padded_tokens(tokens);
@@ -363,7 +664,7 @@ void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, con
   a.weight_scales = static_cast<const float*>(experts.gate_up_scales);
   a.k = hidden;
   a.rows_per_expert = 2 * inter;
-  launch_projection<Projection::kGateUp>(a, gate_up_slices, tiles, gemm, stream);
+  run(std::integral_constant<Projection, Projection::kGateUp>{}, inter);
 
   quantize_fp8_rows(act, num_pairs, inter, staging.act_codes, staging.act_scales, stream);
   a.x_codes = staging.act_codes;
@@ -373,7 +674,7 @@ void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, con
   a.weight_scales = static_cast<const float*>(experts.down_scales);
   a.k = inter;
   a.rows_per_expert = hidden;
-  launch_projection<Projection::kDown>(a, down_slices, tiles, gemm, stream);
+  run(std::integral_constant<Projection, Projection::kDown>{}, hidden);
 }
 
 }  // namespace glms::ops::cuda

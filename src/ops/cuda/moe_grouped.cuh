@@ -156,6 +156,17 @@ __device__ __forceinline__ int64_t weight_row(const GroupedArgs& a, int e, int l
   return weight_row<P, kFeatures>(a, e, line, int64_t{blockIdx.x});
 }
 
+// Which weight line of a 256-line slice (weight_row<P, 256>'s `line`) stage line `stage_line`
+// holds where a kernel stages the slice as four 64-line boxes: gate/up, box b = stage_line / 64
+// is the gate rows of the slice's features 64 (b / 2) .. for even b and their up rows for odd b
+// (so that each 128-line half holds whole features); down, the same line.
+template <Projection P>
+__device__ __forceinline__ int slice_line_of(int stage_line) {
+  if constexpr (P == Projection::kDown) return stage_line;
+  const int box = stage_line / 64;
+  return box % 2 * 128 + 64 * (box / 2) + stage_line % 64;
+}
+
 // A block's work: rows [first, first + rows) of the grouped pairs, all of expert `expert` (-1:
 // none, past the last unit), and its output slice; half = -1, or (an odd last tile of kPairs)
 // the half of the slice's weight lines it takes.
