@@ -75,8 +75,6 @@ constexpr int kTokenBytes = kRows * kLine;    // 16 KB
 constexpr int kWeightBytes = kLines * kLine;  // 32 KB
 constexpr int kStageBytes = kTokenBytes + kWeightBytes;
 constexpr int kPairBlocks = 2;  // blocks of a cluster in the paired launch
-// The bf16 producer's 16-byte weight copies a stage: thread t takes chunk t % 8 of lines t / 8 + 16 i.
-constexpr int kWeightCopies = kLines * 8 / 128;
 
 // A block's ring and registers for each weight source: bf16, four stages; MXFP4, three stages and
 // the codes' ring.
@@ -218,25 +216,25 @@ struct TokenCopies {
   }
 };
 
-// The bf16 producer warpgroup's steps: the tile's token rows and the weight lines, by cp.async or,
-// kPaired, by TMA: this block's half of the stage's four 64-line boxes into both blocks of the pair
-// (`rank`: this block's in the pair), or (`half` >= 0, an odd last tile) the two boxes of that half
-// of the lines into this block alone.
+// The bf16 producer warpgroup's steps: the tile's token rows by cp.async, and the weight lines by
+// TMA from thread 0, which announces their bytes on the stage's full barrier: the stage's four
+// 64-line boxes (stage lines 64 b ..: moe_grouped::slice_line_of) into this block; kPaired, this
+// block's half of them into both blocks of the pair (`rank`: this block's in the pair), or
+// (`half` >= 0, an odd last tile) the two boxes of that half of the lines into this block alone.
+// An H100 run, GLM-5.2 width, 3 layers (bench/results/cuda-fp8-wide-experts-20261206.json,
+// `bf16_weights_by_tma`): experts of a prefill 14.18 -> 13.28 ms at 2048 tokens, 15.35 -> 14.94
+// at 4096, 20.73 / 21.39 -> 20.26 / 19.69 at 8192, with each producer thread copying its chunks
+// of the lines by cp.async before.
 template <Projection P, bool kPaired>
 __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap& weight_map, int e, int first,
                                         int rows, int64_t slice, uint32_t stages, uint32_t full, uint32_t empty,
                                         int steps, int rank, int half) {
   constexpr int kStages = Ring<WeightSource::kBf16>::kStages;
-  const int index = threadIdx.x % 128, chunk = index % 8, line0 = index / 8;
-  const int64_t k = a.k;
+  const int index = threadIdx.x % 128;
   const TokenCopies<P> token_copies(a, index, first, rows);
-  // Weights by cp.async (unpaired): two bases that whole 16-line groups advance: gate/up, the gate
-  // rows and the up rows of the block's features (stage lines 64 h .. 64 h + 63 are gate rows
-  // 64 (h / 2) .. for even h, the same up rows for odd h); down, lines 0..127 and 128..255.
-  const uint16_t* const lower = a.weights + moe_grouped::weight_row<P, kLines>(a, e, line0, slice) * k + 8 * chunk;
-  const uint16_t* const upper =
-      a.weights + moe_grouped::weight_row<P, kLines>(a, e, line0 + kLines / 2, slice) * k + 8 * chunk;
-  const int64_t lines16 = 16 * k;  // elements between lines 16 apart
+  auto box_row = [&](int box) {
+    return static_cast<int>(moe_grouped::weight_row<P, kLines>(a, e, moe_grouped::slice_line_of<P>(64 * box), slice));
+  };
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kStages;
     const uint32_t parity = ((step / kStages) & 1) ^ 1;  // the first round passes
@@ -245,35 +243,25 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
     if constexpr (kPaired) {
       pipeline::barrier_wait_cluster(empty + 8 * stage, parity);
       if (index == 0) {
-        // A pair's stage: this block's two boxes and the other block's land in both. Box b holds
-        // the stage lines 64 b ...
+        // A pair's stage: this block's two boxes and the other block's land in both.
         const bool whole = half < 0;
         pipeline::barrier_arrive_expect_bytes(full + 8 * stage, whole ? kWeightBytes : kWeightBytes / 2);
         const int box0 = 2 * (whole ? rank : half);
-        for (int box = box0; box < box0 + 2; ++box) {
-          const int line = moe_grouped::slice_line_of<P>(64 * box);
+        for (int box = box0; box < box0 + 2; ++box)
           pipeline::tensor_copy_2d_multicast(weights + (whole ? box : box - box0) * 64 * kLine, &weight_map,
-                                             static_cast<int>(offset),
-                                             static_cast<int>(moe_grouped::weight_row<P, kLines>(a, e, line, slice)),
-                                             full + 8 * stage, whole ? (1u << kPairBlocks) - 1 : 1u << rank);
-        }
+                                             static_cast<int>(offset), box_row(box), full + 8 * stage,
+                                             whole ? (1u << kPairBlocks) - 1 : 1u << rank);
       }
     } else {
       pipeline::barrier_wait(empty + 8 * stage, parity);
-      token_copies.copy(a, tokens, offset);
-#pragma unroll
-      for (int i = 0; i < kWeightCopies; ++i) {
-        // Copy i reads 16-line group i % 8 of the lower or upper rows (in that order, so that each
-        // source is the last one plus 16 lines) into its stage line.
-        constexpr int kHalf = kWeightCopies / 2;
-        const int upper_half = i / kHalf, group = i % kHalf;
-        const int line = P == Projection::kGateUp ? 64 * (2 * (group / 4) + upper_half) + 16 * (group % 4)
-                                                  : 128 * upper_half + 16 * group;
-        wgmma::copy_async_16(weights + swizzled(line0 + line, chunk),
-                             (upper_half ? upper : lower) + group * lines16 + offset, 16);
+      if (index == 0) {
+        pipeline::barrier_arrive_expect_bytes(full + 8 * stage, kWeightBytes);
+        for (int box = 0; box < 4; ++box)
+          pipeline::tensor_copy_2d(weights + box * 64 * kLine, &weight_map, static_cast<int>(offset), box_row(box),
+                                   full + 8 * stage);
       }
     }
-    if constexpr (kPaired) token_copies.copy(a, tokens, offset);
+    token_copies.copy(a, tokens, offset);
     pipeline::barrier_arrive_on_copies(full + 8 * stage);
   }
   wgmma::copy_async_wait<0>();
@@ -378,8 +366,8 @@ __device__ __forceinline__ void produce_mxfp4(const GroupedArgs& a, int e, int f
 // kSet kPairs (bf16 only): launched in clusters of kPairBlocks blocks, the pair's two row tiles of
 // one expert and slice, each block loading half the weight lines into both (an L2 read of 32 KB a
 // step instead of 48: the GEMM at 8192 tokens is bound by L2 throughput), or an odd last tile,
-// each block against half the lines. weight_map: the stacked weights [experts x rows_per_expert,
-// k] in 64-line boxes (swizzled_rows_tensor_map; unused otherwise).
+// each block against half the lines. weight_map: the stacked bf16 weights [experts x
+// rows_per_expert, k] in 64-line boxes (swizzled_rows_tensor_map; unused for MXFP4).
 template <Projection P, moe_tiles::TileSet kSet, WeightSource W>
 __global__ void __launch_bounds__(kThreads, 1)
     specialized_experts_kernel(GroupedArgs a, const __grid_constant__ CUtensorMap weight_map) {
@@ -400,9 +388,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t barriers = stages + R::kBarrierOffset;
   const uint32_t full = barriers, empty = barriers + 8 * R::kStages;  // copies landed; consumers done
   // Full: each producer thread's cp.async arrival (MXFP4: and its arrival once it has widened;
-  // paired: and thread 0's announcement of the TMA bytes). Empty: each consumer thread (paired:
-  // each consumer warp of both blocks) once.
-  const int full_count = R::kMxfp4 ? 2 * kProducerThreads : kPaired ? kProducerThreads + 1 : kProducerThreads;
+  // bf16: and thread 0's announcement of the TMA bytes). Empty: each consumer thread (paired: each
+  // consumer warp of both blocks) once.
+  const int full_count = R::kMxfp4 ? 2 * kProducerThreads : kProducerThreads + 1;
   pipeline::init_ring<R::kStages, kPaired>(full, empty, full_count,
                                            kPaired ? kPairBlocks * kConsumerThreads / 32 : kConsumerThreads);
   const int steps = static_cast<int>(a.k / kStepK);
@@ -472,13 +460,12 @@ void run_projection(const GroupedArgs& a, int64_t features, int64_t num_pairs, b
   const TileSet set = paired ? TileSet::kPairs : TileSet::kEvery;
   const int64_t units = moe_tiles::units_bound(set, num_pairs, a.num_experts, kRows);
   if constexpr (W == WeightSource::kBf16) {
-    if (paired) {
-      // The stacked weights [experts x rows_per_expert, k] in 64-line boxes.
-      const CUtensorMap map = swizzled_rows_tensor_map(a.weights, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                                                       int64_t{a.num_experts} * a.rows_per_expert, a.k, 64);
-      launch_projection<P, TileSet::kPairs, W>(a, map, features, units, stream);
-      return;
-    }
+    // The stacked weights [experts x rows_per_expert, k] in 64-line boxes.
+    const CUtensorMap map = swizzled_rows_tensor_map(a.weights, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                                     int64_t{a.num_experts} * a.rows_per_expert, a.k, 64);
+    if (paired) launch_projection<P, TileSet::kPairs, W>(a, map, features, units, stream);
+    else launch_projection<P, TileSet::kEvery, W>(a, map, features, units, stream);
+    return;
   }
   launch_projection<P, TileSet::kEvery, W>(a, CUtensorMap{}, features, units, stream);
 }
