@@ -245,7 +245,8 @@ struct CudaModelOptions {
   // bit for bit). The 128-line GEMMs at 8192 tokens are bound by their copies. H100, GLM-5.2 width,
   // 5 layers, FP8 linears and experts (bench/results/cuda-fp8-wide-experts-20261206.json), experts
   // of a prefill, two rounds: 2048 tokens 15.4 -> 14.7 ms, 4096 21.0 -> 17.6, 8192 36.0 -> 29.8
-  // (the step 91.7 -> 86.5 ms).
+  // (the step 91.7 -> 86.5 ms); with the weight lines by TMA since, 16.9 at 4096 and 27.5 at 8192
+  // (the step 83.7 / 84.0 ms).
   bool wide_fp8_experts = true;
   // Those 256-line GEMMs with an expert's row tiles two by two in clusters that load each weight
   // line once for both (TMA multicast: 32 KB from L2 a block-step instead of 48). Off: slower than
