@@ -549,10 +549,11 @@ Fp8WgmmaRun fp8_wgmma_run(const Experts& experts, int n, const std::vector<int32
 // odd number of steps (hidden 384). Each case through every kernel; the 256-line tiles' sums,
 // paired or not, equal the 128-line ones' bit for bit (the same products in the same order;
 // hidden 384 takes the 128-line kernel for them). The pairs cover experts with one, two and three
-// row tiles (an odd last tile split by lines) and tiles of 64 rows or fewer. Hopper's FP8 tensor cores keep about 14 bits in their own
-// sums, so a 128-k step's sum is about 1e-3 off the double one; that moves some of act's bf16
-// and then E4M3 roundings (an E4M3 step is 1/16), which the reference makes from exact sums:
-// 3.4e-3 .. 5.4e-3 on the H200. A wrong scale or tile is off by order one.
+// row tiles (an odd last tile split by lines) and tiles of 64 rows or fewer. Hopper's FP8 tensor
+// cores keep about 14 bits in their own sums, so a 128-k step's sum is about 1e-3 off the double
+// one; that moves some of act's bf16 and then E4M3 roundings (an E4M3 step is 1/16), which the
+// reference makes from exact sums: 3.4e-3 .. 5.4e-3 on the H200. A wrong scale or tile is off by
+// order one.
 TEST_F(CudaMoe, Fp8WgmmaExpertsMatchW8a8Reference) {
   struct Case {
     int64_t E, hidden, inter;

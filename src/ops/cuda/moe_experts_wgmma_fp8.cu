@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_specialized_experts_kernel(Gr
 // four 64-line boxes (moe_grouped::slice_line_of: gate/up, the gate rows of 64 features, their up
 // rows, then the next 64 features'; down, 256 output features), so that each 128-line half is
 // the 128-line kernel's tile: a consumer takes its 64 rows against each half in turn, four
-// m64n128k32 into `part` promoted into that half's accumulator with the same scales, and the
+// m64n128k32 into one step sum promoted into that half's accumulator with the same scales, and the
 // sums are the 128-line kernel's bit for bit. Two 64 x 128 accumulators and one step's sums fit
 // 192 registers, where one m64n256 step sum and a 64 x 256 accumulator would need 256. A tile of
 // 64 rows or fewer leaves consumer 1 without rows: it only hands each stage back, and consumer 0
@@ -448,7 +448,7 @@ struct HalfScales {
 };
 
 // A consumer's steps: its rows against each of its kHalves halves in turn, each half's four
-// m64n128k32 into `part` promoted into acc[h] with that half's scales.
+// m64n128k32 into part_sums promoted into acc[h] with that half's scales.
 template <Projection P, bool kPaired, int kHalves>
 __device__ __forceinline__ void multiply(const GroupedArgs& a, float (&acc)[2][64], int e, int64_t slice,
                                          uint32_t stages, const uint8_t* stages_generic, uint32_t full, uint32_t empty,
@@ -465,7 +465,10 @@ __device__ __forceinline__ void multiply(const GroupedArgs& a, float (&acc)[2][6
     const int stage = step % kStages;
     float gate_scale[kHalves], up_scale[kHalves];
 #pragma unroll
-    for (int h = 0; h < kHalves; ++h) gate_scale[h] = __ldg(scales[h].gate + step), up_scale[h] = __ldg(scales[h].up + step);
+    for (int h = 0; h < kHalves; ++h) {
+      gate_scale[h] = __ldg(scales[h].gate + step);
+      up_scale[h] = __ldg(scales[h].up + step);
+    }
     pipeline::barrier_wait(full + 8 * stage, (step / kStages) & 1);
     wgmma::fence_async_proxy();  // the copies' writes before the tensor cores' reads
     const uint64_t stage_offset = static_cast<uint64_t>(stage * kStageBytes) >> 4;
