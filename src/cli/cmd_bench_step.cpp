@@ -206,7 +206,7 @@ void add_expert_options(CLI::App* cmd, BenchStepOptions* o) {
       ->capture_default_str();
   cmd->add_option("--paired-fp8-experts", o->kernels.paired_fp8_experts,
                   "Those 256-line GEMMs with an expert's row tiles two by two in clusters that load each weight "
-                  "line once for both (true/false)")
+                  "line once for both (true/false; only with --wide-fp8-experts true)")
       ->capture_default_str();
   cmd->add_option("--wgmma-experts-tile-rows", o->kernels.wgmma_experts_tile_rows,
                   "Grouped rows a block of those GEMMs: 64, 128, or 0 (128 from 80 pairs per expert)")

@@ -504,15 +504,16 @@ TEST_F(CudaMoe, GroupedGemmsBf16SumsAreTheirFp32SumsRounded) {
     cuda::moe_experts_wgmma_rs(run.d_x.as<uint16_t>(), hidden, inter, mxfp4.view(), plan_of(run), E, top_k, run.P,
                                staged.as<uint32_t>(), run.act.as<uint16_t>(), sums, nullptr);
   });
-  expect_bf16_sums_rounded(fp8, "moe_experts_wgmma_fp8", [&](ExpertRun& run, cuda::ExpertSums sums) {
-    const int64_t np = cuda::fp8_padded_tokens(run.P / top_k), pp = cuda::fp8_padded_tokens(run.P);
-    cuda::DeviceBuffer token_codes(np * hidden), token_scales(sizeof(float) * np * hidden / 128),
-        act_codes(pp * inter), act_scales(sizeof(float) * pp * inter / 128);
-    cuda::moe_experts_wgmma_fp8(run.d_x.as<uint16_t>(), hidden, inter, fp8.view(), plan_of(run), E, top_k, run.P,
-                                {token_codes.as<uint8_t>(), token_scales.as<float>(), act_codes.as<uint8_t>(),
-                                 act_scales.as<float>()},
-                                run.act.as<uint16_t>(), sums, nullptr);
-  });
+  for (const cuda::Fp8ExpertGemm gemm : {cuda::Fp8ExpertGemm::kWarpSpecialized, cuda::Fp8ExpertGemm::kWide})
+    expect_bf16_sums_rounded(fp8, "moe_experts_wgmma_fp8", [&](ExpertRun& run, cuda::ExpertSums sums) {
+      const int64_t np = cuda::fp8_padded_tokens(run.P / top_k), pp = cuda::fp8_padded_tokens(run.P);
+      cuda::DeviceBuffer token_codes(np * hidden), token_scales(sizeof(float) * np * hidden / 128),
+          act_codes(pp * inter), act_scales(sizeof(float) * pp * inter / 128);
+      cuda::moe_experts_wgmma_fp8(run.d_x.as<uint16_t>(), hidden, inter, fp8.view(), plan_of(run), E, top_k, run.P,
+                                  {token_codes.as<uint8_t>(), token_scales.as<float>(), act_codes.as<uint8_t>(),
+                                   act_scales.as<float>()},
+                                  run.act.as<uint16_t>(), sums, nullptr, gemm);
+    });
 }
 
 // moe_experts_wgmma_fp8 (W8A8) against reference_pair over the same E4M3 roundings of the
@@ -548,8 +549,9 @@ Fp8WgmmaRun fp8_wgmma_run(const Experts& experts, int n, const std::vector<int32
 // experts than the tile search has threads; more steps than stages in down (inter 1024) and an
 // odd number of steps (hidden 384). Each case through every kernel; the 256-line tiles' sums,
 // paired or not, equal the 128-line ones' bit for bit (the same products in the same order;
-// hidden 384 takes the 128-line kernel for them). The pairs cover experts with one, two and three
-// row tiles (an odd last tile split by lines) and tiles of 64 rows or fewer. Hopper's FP8 tensor
+// hidden 384 takes the 128-line kernel for them, so there the check holds trivially). The pairs
+// cover experts with one, two and three row tiles (an odd last tile split by lines), tiles of 64
+// rows or fewer, and a pair of tiles whose second has 32 rows (160 pairs). Hopper's FP8 tensor
 // cores keep about 14 bits in their own sums, so a 128-k step's sum is about 1e-3 off the double
 // one; that moves some of act's bf16 and then E4M3 roundings (an E4M3 step is 1/16), which the
 // reference makes from exact sums: 3.4e-3 .. 5.4e-3 on the H200. A wrong scale or tile is off by
@@ -562,7 +564,7 @@ TEST_F(CudaMoe, Fp8WgmmaExpertsMatchW8a8Reference) {
   };
   for (const Case& c : {Case{4, 6144, 2048, 2, {1, 20}}, Case{5, 512, 256, 3, {1, 13, 150}}, Case{2, 512, 256, 2, {300}},
                         Case{40, 256, 128, 2, {5, 70}}, Case{260, 256, 128, 4, {64}}, Case{2, 256, 1024, 2, {200}},
-                        Case{3, 384, 128, 2, {40}}}) {
+                        Case{2, 256, 128, 2, {160}}, Case{3, 384, 128, 2, {40}}}) {
     const Experts experts = make_experts(WeightFormat::Fp8Block, true, c.E, c.hidden, c.inter, 61 + c.E, 3);
     ASSERT_TRUE(cuda::moe_experts_wgmma_fp8_supported(experts.view(), c.hidden, c.inter));
     for (const int n : c.token_counts) {

@@ -244,12 +244,13 @@ struct CudaModelOptions {
   // 48 KB read from L2 a step for twice the tensor work of the 128-line tile's 32 KB; the same sums
   // bit for bit). The 128-line GEMMs at 8192 tokens are bound by their copies. H100, GLM-5.2 width,
   // 5 layers, FP8 linears and experts (bench/results/cuda-fp8-wide-experts-20261206.json), experts
-  // of a prefill, two rounds: 2048 tokens 15.4 -> 14.7 ms, 4096 21.0 -> 17.6, 8192 36.0 -> 29.8
-  // (the step 91.7 -> 86.5 ms); with the weight lines by TMA since, 16.9 at 4096 and 27.5 at 8192
-  // (the step 83.7 / 84.0 ms).
+  // of a prefill, two rounds: 2048 tokens 15.5 -> 14.7 ms, 4096 21.0 -> 17.6, 8192 36.0 -> 29.8
+  // (the step 91.7 -> 86.5 ms); with the weight lines by TMA since (another call, where the
+  // cp.async tiles read 28.8 / 29.5 at 8192), 16.9 at 4096 and 27.5 at 8192.
   bool wide_fp8_experts = true;
   // Those 256-line GEMMs with an expert's row tiles two by two in clusters that load each weight
-  // line once for both (TMA multicast: 32 KB from L2 a block-step instead of 48). Off: slower than
+  // line once for both (TMA multicast: 32 KB from L2 a block-step instead of 48); only with
+  // wide_fp8_experts. Off: slower than
   // the unpaired 256-line tiles in the same run (experts at 8192 tokens 30.7 / 31.3 against 29.8,
   // 4096 19.7 against 17.6 ms).
   bool paired_fp8_experts = false;

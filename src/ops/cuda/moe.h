@@ -211,7 +211,7 @@ bool moe_experts_wgmma_fp8_supported(const ExpertWeights& experts, int64_t hidde
 void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                            const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs,
                            const MoeFp8Staging& staging, uint16_t* act, ExpertSums expert_out, cudaStream_t stream,
-                           Fp8ExpertGemm gemm = Fp8ExpertGemm::kWarpSpecialized);
+                           Fp8ExpertGemm gemm = Fp8ExpertGemm::kWide);
 
 // Experts first_expert .. first_expert + count - 1 of quantised `experts` widened to bf16, one
 // launch a projection: gate_up_out [count, 2 * inter, hidden] and down_out [count, hidden, inter]

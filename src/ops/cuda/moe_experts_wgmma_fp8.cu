@@ -195,8 +195,13 @@ constexpr int kConsumerThreads = 256;
 constexpr int kStages = 6;
 constexpr int kSharedBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;  // then the full and empty barriers
 static_assert(kSharedBytes <= 232448, "one block an SM");
-constexpr int kConsumerRegisters = 208, kProducerRegisters = 88;  // no spills either side
-static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= 65536, "the register file");
+constexpr int kConsumerRegisters = 200, kProducerRegisters = 72;  // no spills either side
+// setmaxnreg moves registers inside the block's launch allotment (kEntryRegisters a thread): the
+// consumers can grow by no more than the producer gives up, or they wait for ever.
+constexpr int kEntryRegisters = 65536 / kThreads / 8 * 8;  // 168
+static_assert(kConsumerThreads * (kConsumerRegisters - kEntryRegisters) <=
+                  128 * (kEntryRegisters - kProducerRegisters),
+              "the consumers' registers come from the producer's");
 constexpr int kProducerCopies = kRows * (kLine / 16) / 128;  // 8: a producer thread's chunks a step, of each operand
 
 // The producer warpgroup: thread t copies 16-byte chunk t % 8 of token rows and weight lines
@@ -322,8 +327,9 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_specialized_experts_kernel(Gr
 // rows, then the next 64 features'; down, 256 output features), so that each 128-line half is
 // the 128-line kernel's tile: a consumer takes its 64 rows against each half in turn, four
 // m64n128k32 into one step sum promoted into that half's accumulator with the same scales, and the
-// sums are the 128-line kernel's bit for bit. Two 64 x 128 accumulators and one step's sums fit
-// 192 registers, where one m64n256 step sum and a 64 x 256 accumulator would need 256. A tile of
+// sums are the 128-line kernel's bit for bit. Two 64 x 128 accumulators and one step's sums are
+// 192 registers (208 a consumer thread in all), where one m64n256 step sum and a 64 x 256
+// accumulator would need 256 for the sums alone. A tile of
 // 64 rows or fewer leaves consumer 1 without rows: it only hands each stage back, and consumer 0
 // has the tensor cores to itself.
 //
@@ -346,7 +352,10 @@ constexpr int kStages = 4;
 constexpr int kSharedBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;  // then the full and empty barriers
 static_assert(kSharedBytes <= 232448, "one block an SM");
 constexpr int kConsumerRegisters = 208, kProducerRegisters = 88;  // no spills either side
-static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= 65536, "the register file");
+constexpr int kEntryRegisters = 65536 / kThreads / 8 * 8;  // 168: see the kernel above
+static_assert(kConsumerThreads * (kConsumerRegisters - kEntryRegisters) <=
+                  128 * (kEntryRegisters - kProducerRegisters),
+              "the consumers' registers come from the producer's");
 constexpr int kTokenCopies = kRows * (kLine / 16) / 128;    // 8 a producer thread a step
 
 // Producer thread t: chunk t % 8 of token rows t / 8 + 16 i and the scale of token row t by
