@@ -186,38 +186,8 @@ __device__ __forceinline__ void pass_steps(uint32_t full, uint32_t empty, int st
   }
 }
 
-// The producer's token rows: producer thread `index` (of kProducerThreads) copies 16-byte chunk
-// index % 8 of the tile's rows index / 8 + (kProducerThreads / 8) i by cp.async (rows past the
-// tile's are skipped).
-template <Projection P>
-struct TokenCopies {
-  static constexpr int kCopies = kRows * 8 / kProducerThreads, kRowStride = kProducerThreads / 8;
-  uint32_t at[kCopies];  // in 16-byte units: under 2^32 for any launch (checked on the host)
-  uint32_t valid = 0;
-  int line0, chunk;
-
-  __device__ __forceinline__ TokenCopies(const GroupedArgs& a, int index, int first, int rows)
-      : line0(index / 8), chunk(index % 8) {
-#pragma unroll
-    for (int i = 0; i < kCopies; ++i) {
-      const int r = line0 + kRowStride * i;
-      const int32_t source =
-          r >= rows ? -1 : P == Projection::kGateUp ? a.sorted_pairs[first + r] / a.top_k : first + r;
-      at[i] = static_cast<uint32_t>(((source < 0 ? 0 : source * a.k) + 8 * chunk) / 8);
-      valid |= source < 0 ? 0u : 1u << i;
-    }
-  }
-  // The step whose columns start at `offset` into the stage's token lines at `tokens`.
-  __device__ __forceinline__ void copy(const GroupedArgs& a, uint32_t tokens, int64_t offset) const {
-#pragma unroll
-    for (int i = 0; i < kCopies; ++i)
-      if (valid >> i & 1)
-        wgmma::copy_async_16(tokens + swizzled(line0 + kRowStride * i, chunk), a.x + 8 * int64_t{at[i]} + offset, 16);
-  }
-};
-
-// The bf16 producer warpgroup's steps: the tile's token rows by cp.async, and the weight lines by
-// TMA from thread 0, which announces their bytes on the stage's full barrier: the stage's four
+// The bf16 producer warpgroup's steps: the tile's token rows by cp.async (moe_grouped::TokenCopies),
+// and the weight lines by TMA from thread 0 (moe_grouped::copy_weight_boxes): the stage's four
 // 64-line boxes (stage lines 64 b ..: moe_grouped::slice_line_of) into this block; kPaired, this
 // block's half of them into both blocks of the pair (`rank`: this block's in the pair), or
 // (`half` >= 0, an odd last tile) the two boxes of that half of the lines into this block alone.
@@ -231,7 +201,7 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
                                         int steps, int rank, int half) {
   constexpr int kStages = Ring<WeightSource::kBf16>::kStages;
   const int index = threadIdx.x % 128;
-  const TokenCopies<P> token_copies(a, index, first, rows);
+  const moe_grouped::TokenCopies<P, uint16_t> token_copies(a, index, first, rows);
   auto box_row = [&](int box) {
     return static_cast<int>(moe_grouped::weight_row<P, kLines>(a, e, moe_grouped::slice_line_of<P>(64 * box), slice));
   };
@@ -240,27 +210,8 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
     const uint32_t parity = ((step / kStages) & 1) ^ 1;  // the first round passes
     const uint32_t tokens = stages + stage * kStageBytes, weights = tokens + kTokenBytes;
     const int64_t offset = int64_t{step} * kStepK;
-    if constexpr (kPaired) {
-      pipeline::barrier_wait_cluster(empty + 8 * stage, parity);
-      if (index == 0) {
-        // A pair's stage: this block's two boxes and the other block's land in both.
-        const bool whole = half < 0;
-        pipeline::barrier_arrive_expect_bytes(full + 8 * stage, whole ? kWeightBytes : kWeightBytes / 2);
-        const int box0 = 2 * (whole ? rank : half);
-        for (int box = box0; box < box0 + 2; ++box)
-          pipeline::tensor_copy_2d_multicast(weights + (whole ? box : box - box0) * 64 * kLine, &weight_map,
-                                             static_cast<int>(offset), box_row(box), full + 8 * stage,
-                                             whole ? (1u << kPairBlocks) - 1 : 1u << rank);
-      }
-    } else {
-      pipeline::barrier_wait(empty + 8 * stage, parity);
-      if (index == 0) {
-        pipeline::barrier_arrive_expect_bytes(full + 8 * stage, kWeightBytes);
-        for (int box = 0; box < 4; ++box)
-          pipeline::tensor_copy_2d(weights + box * 64 * kLine, &weight_map, static_cast<int>(offset), box_row(box),
-                                   full + 8 * stage);
-      }
-    }
+    moe_grouped::copy_weight_boxes<kPaired, kPairBlocks>(weights, weight_map, offset, box_row, full + 8 * stage,
+                                                         empty + 8 * stage, parity, index, rank, half);
     token_copies.copy(a, tokens, offset);
     pipeline::barrier_arrive_on_copies(full + 8 * stage);
   }
@@ -283,7 +234,7 @@ __device__ __forceinline__ void produce_mxfp4(const GroupedArgs& a, int e, int f
   using R = Ring<WeightSource::kMxfp4>;
   const int p = static_cast<int>(threadIdx.x) % 128, t = p % 4, line0 = p / 4;
   const int64_t k = a.k;
-  const TokenCopies<P> token_copies(a, p, first, rows);
+  const moe_grouped::TokenCopies<P, uint16_t> token_copies(a, p, first, rows);
   const int64_t row0 = moe_grouped::weight_row<P, kLines>(a, e, moe_grouped::slice_line_of<P>(line0), slice);
   const uint8_t* const codes0 = a.codes + quant::mxfp4_tile_row_offset(row0, k) + 16 * t;
   const uint8_t* const scales0 = a.scales + 4 * quant::mxfp4_tile_scale_word(row0, k);

@@ -210,20 +210,11 @@ constexpr int kProducerCopies = kRows * (kLine / 16) / 128;  // 8: a producer th
 template <Projection P>
 __device__ __forceinline__ void produce(const GroupedArgs& a, int e, int first, int rows, int64_t slice,
                                         uint32_t stages, uint32_t full, uint32_t empty, int steps) {
+  using TokenCopies = moe_grouped::TokenCopies<P, uint8_t>;
   const int index = threadIdx.x % 128, chunk = index % 8, line0 = index / 8;
   const int64_t k = a.k;
-  auto source_of = [&](int r) -> int32_t {
-    return r >= rows ? -1 : P == Projection::kGateUp ? a.sorted_pairs[first + r] / a.top_k : first + r;
-  };
-  uint32_t token_at[kProducerCopies];  // in 16-byte units: under 2^32 for any launch (checked on the host)
-  uint32_t token_valid = 0;
-#pragma unroll
-  for (int i = 0; i < kProducerCopies; ++i) {
-    const int32_t source = source_of(line0 + 16 * i);
-    token_at[i] = static_cast<uint32_t>(((source < 0 ? 0 : source * k) + 16 * chunk) / 16);
-    token_valid |= source < 0 ? 0u : 1u << i;
-  }
-  const int32_t scale_source = source_of(index);
+  const TokenCopies token_copies(a, index, first, rows);
+  const int32_t scale_source = TokenCopies::source_row(a, first, rows, index);
   const float* scale_from = a.x_scales + (scale_source < 0 ? 0 : scale_source);
   // Lines 0..63 and 64..127 of the block (gate/up: its gate rows and their up rows; down: two
   // runs of 64 output features), each advanced by whole 16-line groups.
@@ -238,11 +229,7 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, int e, int first, 
     pipeline::barrier_wait(empty + 8 * stage, ((step / kStages) & 1) ^ 1);  // the first round passes
     const uint32_t tokens = stages + stage * kStageBytes, weights = tokens + kTileBytes;
     const int64_t offset = int64_t{step} * kStepValues;
-#pragma unroll
-    for (int i = 0; i < kProducerCopies; ++i)
-      if (token_valid >> i & 1)
-        wgmma::copy_async_16(tokens + swizzled(line0 + 16 * i, chunk), a.x_codes + 16 * int64_t{token_at[i]} + offset,
-                             16);
+    token_copies.copy(a, tokens, offset);
 #pragma unroll
     for (int i = 0; i < kProducerCopies; ++i) {
       constexpr int kHalf = kProducerCopies / 2;
@@ -356,7 +343,6 @@ constexpr int kEntryRegisters = 65536 / kThreads / 8 * 8;  // 168: see the kerne
 static_assert(kConsumerThreads * (kConsumerRegisters - kEntryRegisters) <=
                   128 * (kEntryRegisters - kProducerRegisters),
               "the consumers' registers come from the producer's");
-constexpr int kTokenCopies = kRows * (kLine / 16) / 128;    // 8 a producer thread a step
 
 // Producer thread t: chunk t % 8 of token rows t / 8 + 16 i and the scale of token row t by
 // cp.async, then its arrival on the stage's full barrier once they land. The weight lines by TMA
@@ -369,54 +355,22 @@ template <Projection P, bool kPaired>
 __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap& weight_map, int e, int first,
                                         int rows, int64_t slice, uint32_t stages, uint32_t full, uint32_t empty,
                                         int steps, int rank, int half) {
-  const int index = threadIdx.x % 128, chunk = index % 8, line0 = index / 8;
-  const int64_t k = a.k;
-  auto source_of = [&](int r) -> int32_t {
-    return r >= rows ? -1 : P == Projection::kGateUp ? a.sorted_pairs[first + r] / a.top_k : first + r;
-  };
-  uint32_t token_at[kTokenCopies];  // in 16-byte units: under 2^32 for any launch (checked on the host)
-  uint32_t token_valid = 0;
-#pragma unroll
-  for (int i = 0; i < kTokenCopies; ++i) {
-    const int32_t source = source_of(line0 + 16 * i);
-    token_at[i] = static_cast<uint32_t>(((source < 0 ? 0 : source * k) + 16 * chunk) / 16);
-    token_valid |= source < 0 ? 0u : 1u << i;
-  }
-  const int32_t scale_source = source_of(index);
+  using TokenCopies = moe_grouped::TokenCopies<P, uint8_t>;
+  const int index = threadIdx.x % 128;
+  const TokenCopies token_copies(a, index, first, rows);
+  const int32_t scale_source = TokenCopies::source_row(a, first, rows, index);
   const float* scale_from = a.x_scales + (scale_source < 0 ? 0 : scale_source);
-  auto box_row = [&](int box, int line) {
-    return moe_grouped::weight_row<P, kLines>(a, e, moe_grouped::slice_line_of<P>(64 * box + line), slice);
+  auto box_row = [&](int box) {
+    return static_cast<int>(moe_grouped::weight_row<P, kLines>(a, e, moe_grouped::slice_line_of<P>(64 * box), slice));
   };
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kStages;
     const uint32_t parity = ((step / kStages) & 1) ^ 1;  // the first round passes
     const uint32_t tokens = stages + stage * kStageBytes, weights = tokens + kTileBytes;
     const int64_t offset = int64_t{step} * kStepValues;
-    if constexpr (kPaired) {
-      pipeline::barrier_wait_cluster(empty + 8 * stage, parity);
-      if (index == 0) {
-        const bool whole = half < 0;
-        pipeline::barrier_arrive_expect_bytes(full + 8 * stage, whole ? kWeightBytes : kWeightBytes / 2);
-        const int box0 = 2 * (whole ? rank : half);
-        for (int box = box0; box < box0 + 2; ++box)
-          pipeline::tensor_copy_2d_multicast(weights + (whole ? box : box - box0) * 64 * kLine, &weight_map,
-                                             static_cast<int>(offset), static_cast<int>(box_row(box, 0)),
-                                             full + 8 * stage, whole ? (1u << kPairBlocks) - 1 : 1u << rank);
-      }
-    } else {
-      pipeline::barrier_wait(empty + 8 * stage, parity);
-      if (index == 0) {
-        pipeline::barrier_arrive_expect_bytes(full + 8 * stage, kWeightBytes);
-        for (int box = 0; box < 4; ++box)
-          pipeline::tensor_copy_2d(weights + box * 64 * kLine, &weight_map, static_cast<int>(offset),
-                                   static_cast<int>(box_row(box, 0)), full + 8 * stage);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kTokenCopies; ++i)
-      if (token_valid >> i & 1)
-        wgmma::copy_async_16(tokens + swizzled(line0 + 16 * i, chunk), a.x_codes + 16 * int64_t{token_at[i]} + offset,
-                             16);
+    moe_grouped::copy_weight_boxes<kPaired, kPairBlocks>(weights, weight_map, offset, box_row, full + 8 * stage,
+                                                         empty + 8 * stage, parity, index, rank, half);
+    token_copies.copy(a, tokens, offset);
     if (scale_source >= 0) wgmma::copy_async_4(tokens + kScales + 4 * index, scale_from + step * a.x_scale_stride, 4);
     pipeline::barrier_arrive_on_copies(full + 8 * stage);
   }

@@ -5,14 +5,18 @@
 // (gate/up) or fp32 (down) epilogue below.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_tiles.h"
+#include "ops/cuda/pipeline.cuh"
+#include "ops/cuda/wgmma.cuh"
 #include "quant/mxfp4_tiles.h"
 
 namespace glms::ops::cuda::moe_grouped {
@@ -165,6 +169,78 @@ __device__ __forceinline__ int slice_line_of(int stage_line) {
   if constexpr (P == Projection::kDown) return stage_line;
   const int box = stage_line / 64;
   return box % 2 * 128 + 64 * (box / 2) + stage_line % 64;
+}
+
+// The warp-specialised kernels' token rows of a 128-row tile: producer thread `index` (of 128)
+// copies 16-byte chunk index % 8 of the tile's rows index / 8 + 16 i by cp.async (rows past the
+// tile's are skipped). Element: uint16_t, the bf16 rows of a.x; uint8_t, the E4M3 codes of
+// a.x_codes.
+template <Projection P, typename Element>
+struct TokenCopies {
+  static constexpr int kRows = 128, kThreads = 128;
+  static constexpr int kCopies = kRows * 8 / kThreads, kRowStride = kThreads / 8;
+  static constexpr int kPerChunk = 16 / static_cast<int>(sizeof(Element));  // elements a 16-byte chunk
+  uint32_t at[kCopies];  // in 16-byte units: under 2^32 for any launch (checked on the host)
+  uint32_t valid = 0;
+  int line0, chunk;
+
+  // The source row of the tile's row r (a token's for gate/up, a grouped pair's for down), -1
+  // past the tile's rows.
+  static __device__ __forceinline__ int32_t source_row(const GroupedArgs& a, int first, int rows, int r) {
+    return r >= rows ? -1 : P == Projection::kGateUp ? a.sorted_pairs[first + r] / a.top_k : first + r;
+  }
+  __device__ __forceinline__ TokenCopies(const GroupedArgs& a, int index, int first, int rows)
+      : line0(index / 8), chunk(index % 8) {
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      const int32_t source = source_row(a, first, rows, line0 + kRowStride * i);
+      at[i] = static_cast<uint32_t>(((source < 0 ? 0 : source * a.k) + kPerChunk * chunk) / kPerChunk);
+      valid |= source < 0 ? 0u : 1u << i;
+    }
+  }
+  // The step whose columns start at `offset` into the stage's token lines at `tokens`.
+  __device__ __forceinline__ void copy(const GroupedArgs& a, uint32_t tokens, int64_t offset) const {
+    const Element* rows_from;
+    if constexpr (std::is_same<Element, uint8_t>::value) rows_from = a.x_codes;
+    else rows_from = a.x;
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i)
+      if (valid >> i & 1)
+        wgmma::copy_async_16(tokens + wgmma::swizzled(line0 + kRowStride * i, chunk),
+                             rows_from + kPerChunk * int64_t{at[i]} + offset, 16);
+  }
+};
+
+// A stage's 256 weight lines by TMA, four 64-line boxes of 128-byte lines (stage lines 64 b ..;
+// box_row(b): the stacked weights' row of box b's first line), once the stage's empty barrier
+// has passed `parity` (kPaired: at cluster scope): the producer's thread `index` 0 announces their
+// bytes on the stage's full barrier and issues them. kPaired: this block's two boxes into both
+// blocks of the pair (`rank`: this block's in it), or (`half` >= 0, an odd last tile) the two
+// boxes of that half of the lines into this block alone.
+template <bool kPaired, int kPairBlocks, typename BoxRow>
+__device__ __forceinline__ void copy_weight_boxes(uint32_t weights, const CUtensorMap& map, int64_t offset,
+                                                  BoxRow box_row, uint32_t full, uint32_t empty, uint32_t parity,
+                                                  int index, int rank, int half) {
+  constexpr int kBoxBytes = 64 * wgmma::kLineBytes, kBytes = 4 * kBoxBytes;
+  if constexpr (kPaired) {
+    pipeline::barrier_wait_cluster(empty, parity);
+    if (index == 0) {
+      const bool whole = half < 0;
+      pipeline::barrier_arrive_expect_bytes(full, whole ? kBytes : kBytes / 2);
+      const int box0 = 2 * (whole ? rank : half);
+      for (int box = box0; box < box0 + 2; ++box)
+        pipeline::tensor_copy_2d_multicast(weights + (whole ? box : box - box0) * kBoxBytes, &map,
+                                           static_cast<int>(offset), box_row(box), full,
+                                           whole ? (1u << kPairBlocks) - 1 : 1u << rank);
+    }
+  } else {
+    pipeline::barrier_wait(empty, parity);
+    if (index == 0) {
+      pipeline::barrier_arrive_expect_bytes(full, kBytes);
+      for (int box = 0; box < 4; ++box)
+        pipeline::tensor_copy_2d(weights + box * kBoxBytes, &map, static_cast<int>(offset), box_row(box), full);
+    }
+  }
 }
 
 // A block's work: rows [first, first + rows) of the grouped pairs, all of expert `expert` (-1:
