@@ -32,7 +32,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <type_traits>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
@@ -316,9 +315,8 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_specialized_experts_kernel(Gr
 // m64n128k32 into one step sum promoted into that half's accumulator with the same scales, and the
 // sums are the 128-line kernel's bit for bit. Two 64 x 128 accumulators and one step's sums are
 // 192 registers (208 a consumer thread in all), where one m64n256 step sum and a 64 x 256
-// accumulator would need 256 for the sums alone. A tile of
-// 64 rows or fewer leaves consumer 1 without rows: it only hands each stage back, and consumer 0
-// has the tensor cores to itself.
+// accumulator would need 256 for the sums alone. A tile of 64 rows or fewer leaves consumer 1
+// without rows: it only hands each stage back, and consumer 0 has the tensor cores to itself.
 //
 // Paired (moe_tiles::TileSet::kPairs, as moe_experts_specialized's bf16 tiles): clusters of two
 // blocks take two row tiles of one expert and slice, each block loading half of a stage's weight
@@ -550,19 +548,11 @@ void launch_projection(GroupedArgs a, int64_t features, int64_t num_pairs, bool 
   // The stacked weights [experts x rows_per_expert, k] in 64-line boxes.
   const CUtensorMap map = swizzled_rows_tensor_map(a.codes, CU_TENSOR_MAP_DATA_TYPE_UINT8,
                                                    int64_t{a.num_experts} * a.rows_per_expert, a.k, 64);
-  if (paired) {
-    auto* kernel = fp8_wide_experts_kernel<P, TileSet::kPairs>;
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
-          "moe_experts_wgmma (FP8, 256 lines, paired) shared memory");
-    launch_chained_clusters("moe_experts_wgmma (FP8, 256 lines, paired) launch", kernel, cluster,
-                            static_cast<unsigned>(blocks), kThreads, kSharedBytes, stream, a, map);
-    return;
-  }
-  auto* kernel = fp8_wide_experts_kernel<P, TileSet::kEvery>;
+  auto* kernel = paired ? fp8_wide_experts_kernel<P, TileSet::kPairs> : fp8_wide_experts_kernel<P, TileSet::kEvery>;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
         "moe_experts_wgmma (FP8, 256 lines) shared memory");
-  launch_chained("moe_experts_wgmma (FP8, 256 lines) launch", kernel, static_cast<unsigned>(blocks), kThreads,
-                 kSharedBytes, stream, a, map);
+  launch_chained_clusters("moe_experts_wgmma (FP8, 256 lines) launch", kernel, cluster, static_cast<unsigned>(blocks),
+                          kThreads, kSharedBytes, stream, a, map);
 }
 
 }  // namespace wide
@@ -584,6 +574,20 @@ void launch_projection(const GroupedArgs& a, int64_t slices, int64_t tiles, Fp8E
         "moe_experts_wgmma (FP8, warp-specialised) shared memory");
   launch_chained("moe_experts_wgmma (FP8, warp-specialised) launch", kernel, grid, specialized::kThreads,
                  kSpecializedShared, stream, a);
+}
+
+bool wide_tiles(Fp8ExpertGemm gemm) { return gemm == Fp8ExpertGemm::kWide || gemm == Fp8ExpertGemm::kWidePaired; }
+
+// One projection over `features` output features (gate/up: inter; down: hidden) through `gemm`.
+template <Projection P>
+void run_projection(const GroupedArgs& a, int64_t features, int64_t num_pairs, int64_t tiles, Fp8ExpertGemm gemm,
+                    cudaStream_t stream) {
+  if (wide_tiles(gemm)) {
+    wide::launch_projection<P>(a, features, num_pairs, gemm == Fp8ExpertGemm::kWidePaired, stream);
+    return;
+  }
+  const int64_t per_block = P == Projection::kGateUp ? Layout::kFeatures / 2 : Layout::kFeatures;
+  launch_projection<P>(a, features / per_block, tiles, gemm, stream);
 }
 
 }  // namespace
@@ -609,17 +613,7 @@ void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, con
              "moe_experts_wgmma: too many pairs for one launch");
   GroupedArgs a = moe_grouped::grouped_args(plan, num_experts, top_k, inter, act, expert_out);
   // The 256-line tiles' down slices need hidden in whole 256s; otherwise the 128-line kernel.
-  const bool wide_tiles = gemm == Fp8ExpertGemm::kWide || gemm == Fp8ExpertGemm::kWidePaired;
-  if (wide_tiles && hidden % wide::kLines != 0) gemm = Fp8ExpertGemm::kWarpSpecialized;
-  const bool paired = gemm == Fp8ExpertGemm::kWidePaired;
-  const int64_t gate_up_slices = inter / (Layout::kFeatures / 2), down_slices = hidden / Layout::kFeatures;
-  auto run = [&](auto projection, int64_t features) {
-    constexpr Projection P = decltype(projection)::value;
-    if (gemm == Fp8ExpertGemm::kWide || gemm == Fp8ExpertGemm::kWidePaired)
-      wide::launch_projection<P>(a, features, num_pairs, paired, stream);
-    else
-      launch_projection<P>(a, P == Projection::kGateUp ? gate_up_slices : down_slices, tiles, gemm, stream);
-  };
+  if (wide_tiles(gemm) && hidden % wide::kLines != 0) gemm = Fp8ExpertGemm::kWarpSpecialized;
 
   quantize_fp8_rows(x, tokens, hidden, staging.token_codes, staging.token_scales, stream);
   a.x_scale_stride = fp8_padded_tokens(tokens);
@@ -629,7 +623,7 @@ void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, con
   a.weight_scales = static_cast<const float*>(experts.gate_up_scales);
   a.k = hidden;
   a.rows_per_expert = 2 * inter;
-  run(std::integral_constant<Projection, Projection::kGateUp>{}, inter);
+  run_projection<Projection::kGateUp>(a, inter, num_pairs, tiles, gemm, stream);
 
   quantize_fp8_rows(act, num_pairs, inter, staging.act_codes, staging.act_scales, stream);
   a.x_codes = staging.act_codes;
@@ -639,7 +633,7 @@ void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, con
   a.weight_scales = static_cast<const float*>(experts.down_scales);
   a.k = inter;
   a.rows_per_expert = hidden;
-  run(std::integral_constant<Projection, Projection::kDown>{}, hidden);
+  run_projection<Projection::kDown>(a, hidden, num_pairs, tiles, gemm, stream);
 }
 
 }  // namespace glms::ops::cuda
