@@ -189,7 +189,7 @@ void moe_experts_widened(const uint16_t* x, int64_t hidden, int64_t inter, const
 
 // The same for block-FP8 experts (moe_experts_wgmma_fp8.cu), W8A8 as FP8 checkpoints are
 // served: x and then act quantised to E4M3 with one scale a row and 128 columns
-// (quantize_fp8_rows) into `staging`, the expert weights' codes multiplied as they are on the
+// (quantize_fp8_rows; kWide quantises act in its gate/up epilogue, the same codes) into `staging`, the expert weights' codes multiplied as they are on the
 // FP8 tensor cores, each 128 k's sums scaled by the token's and the weight block's scales into
 // fp32, in tiles of 128 rows (either kernel the same sums). Needs hidden and inter multiples of
 // 128 and the weight scales uniform over each 128 x 128 block (ExpertWeights' Fp8Block layout).

@@ -2,7 +2,8 @@
 // (W8A8, as DeepSeek-V3 and GLM-5-FP8 are served): the tokens are quantised to E4M3 with one
 // scale a row and 128 k (quantize_fp8_rows), the expert weights are the checkpoint's E4M3 codes
 // with their 128 x 128 block scales, and each projection is one grouped GEMM over the plan's
-// pairs; SwiGLU in the gate/up epilogue writes bf16 act, quantised again for down.
+// pairs; SwiGLU in the gate/up epilogue writes bf16 act, quantised again for down (the 256-line
+// tiles quantise act in that epilogue: quantized_act_epilogue).
 //
 // Why this shape: a block takes 128 grouped rows of one expert and 128 weight lines
 // (moe_grouped.cuh's TileLayout<128>: for gate/up 64 gate rows and the matching 64 up rows).
@@ -35,6 +36,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/fp8.cuh"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/linear_fp8.h"
 #include "ops/cuda/moe.h"
@@ -317,6 +319,10 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_specialized_experts_kernel(Gr
 // 192 registers (208 a consumer thread in all), where one m64n256 step sum and a 64 x 256
 // accumulator would need 256 for the sums alone. A tile of 64 rows or fewer leaves consumer 1
 // without rows: it only hands each stage back, and consumer 0 has the tensor cores to itself.
+// Unpaired, gate/up leaves act as E4M3 codes (quantized_act_epilogue) and down takes its token
+// rows by TMA: with both, the experts of a prefill of 8192 (GLM-5.2 width, 5 layers, FP8, an
+// H100) took 26.32 / 26.22 ms against 26.55 / 26.38 without, at 2048 13.82 / 13.81 against
+// 14.04 / 14.05, the same sums bit for bit.
 //
 // Paired (moe_tiles::TileSet::kPairs, as moe_experts_specialized's bf16 tiles): clusters of two
 // blocks take two row tiles of one expert and slice, each block loading half of a stage's weight
@@ -348,11 +354,17 @@ static_assert(kConsumerThreads * (kConsumerRegisters - kEntryRegisters) <=
 // (an H100 run read the experts of a prefill of 8192 in 27.3 / 27.8 ms against 28.8 / 29.5 with
 // every producer thread copying its chunks of them); kPaired, this block's two boxes into both
 // blocks of the pair (`rank`: this block's in the pair), or (`half` >= 0, an odd last tile) the
-// two boxes of that half of the lines into this block alone.
-template <Projection P, bool kPaired>
-__device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap& weight_map, int e, int first,
-                                        int rows, int64_t slice, uint32_t stages, uint32_t full, uint32_t empty,
-                                        int steps, int rank, int half) {
+// two boxes of that half of the lines into this block alone. kTokenBoxes (down, whose token
+// rows are the tile's grouped act rows, contiguous): the token rows as one 128-row box by TMA
+// from thread 0 as well (token_map: act's codes [padded pairs, inter]; rows past the tile's are
+// the next expert's or zeros, their products never stored), so that only the scales go by
+// cp.async.
+template <Projection P, bool kPaired, bool kTokenBoxes>
+__device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap& weight_map,
+                                        const CUtensorMap& token_map, int e, int first, int rows, int64_t slice,
+                                        uint32_t stages, uint32_t full, uint32_t empty, int steps, int rank,
+                                        int half) {
+  static_assert(!kTokenBoxes || P == Projection::kDown, "only down's token rows are contiguous");
   using TokenCopies = moe_grouped::TokenCopies<P, uint8_t>;
   const int index = threadIdx.x % 128;
   const TokenCopies token_copies(a, index, first, rows);
@@ -367,8 +379,13 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
     const uint32_t tokens = stages + stage * kStageBytes, weights = tokens + kTileBytes;
     const int64_t offset = int64_t{step} * kStepValues;
     moe_grouped::copy_weight_boxes<kPaired, kPairBlocks>(weights, weight_map, offset, box_row, full + 8 * stage,
-                                                         empty + 8 * stage, parity, index, rank, half);
-    token_copies.copy(a, tokens, offset);
+                                                         empty + 8 * stage, parity, index, rank, half,
+                                                         kTokenBoxes ? kTileBytes : 0);
+    if constexpr (kTokenBoxes) {
+      if (index == 0) pipeline::tensor_copy_2d(tokens, &token_map, static_cast<int>(offset), first, full + 8 * stage);
+    } else {
+      token_copies.copy(a, tokens, offset);
+    }
     if (scale_source >= 0) wgmma::copy_async_4(tokens + kScales + 4 * index, scale_from + step * a.x_scale_stride, 4);
     pipeline::barrier_arrive_on_copies(full + 8 * stage);
   }
@@ -479,11 +496,53 @@ __device__ __forceinline__ void epilogue(const GroupedArgs& a, const float (&acc
   }
 }
 
+// Gate/up with a.act_codes (unpaired tiles: a slice's 128 act columns, one scale block, are all
+// in one block): act as epilogue<kGateUp, 2> makes it, rounded to bf16, then quantised as
+// quantize_fp8_rows quantises that bf16 act, so that down reads the same codes and scales as
+// through act in bf16 (its sums bit for bit) without act's trip through memory and a launch. A
+// row's 128 values lie in the four lanes tq of its quad (32 each): its scale is their largest
+// magnitude / 448 (1 for zeros), found by two shuffles that every lane joins, the rows past the
+// tile's too; only the tile's rows are stored.
+static_assert(kHalfLines == kFp8ScaleBlock, "a slice's act columns are one scale block");
+__device__ __forceinline__ void quantized_act_epilogue(const GroupedArgs& a, const float (&acc)[2][64], int first,
+                                                       int rows, int64_t slice, Part part) {
+  const int u = threadIdx.x % 128, warp = u / 32, lane = u % 32, g = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    float act[2][8][2];  // [half][j][e]: act column 64 half + 8 j + 2 tq + e of the slice
+    float amax = 0.0f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i = 4 * j + 2 * q + e;
+          act[h][j][e] = bf16_to_float(float_to_bf16(silu_mul(acc[h][i], acc[h][i + 32])));
+          amax = fmaxf(amax, fabsf(act[h][j][e]));
+        }
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const float scale = amax > 0.0f ? __fdiv_rn(amax, kE4m3Max) : 1.0f;
+    const int r = part.row0 + 16 * warp + g + 8 * q;
+    if (r >= rows) continue;
+    uint8_t* const codes = a.act_codes + (first + r) * a.inter + slice * kHalfLines + 2 * tq;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        *reinterpret_cast<uint16_t*>(codes + 64 * h + 8 * j) =
+            static_cast<uint16_t>(e4m3_of(act[h][j][0], scale) | e4m3_of(act[h][j][1], scale) << 8);
+    if (tq == 0) a.act_scales[slice * a.act_scale_stride + first + r] = scale;
+  }
+}
+
 // kSet kPairs: launched in clusters of kPairBlocks blocks (see above). weight_map: the stacked
 // weights [experts x rows_per_expert, k] in 64-line boxes.
-template <Projection P, moe_tiles::TileSet kSet>
+template <Projection P, moe_tiles::TileSet kSet, bool kTokenBoxes>
 __global__ void __launch_bounds__(kThreads, 1)
-    fp8_wide_experts_kernel(GroupedArgs a, const __grid_constant__ CUtensorMap weight_map) {
+    fp8_wide_experts_kernel(GroupedArgs a, const __grid_constant__ CUtensorMap weight_map,
+                            const __grid_constant__ CUtensorMap token_map) {
   chained_grid_prologue();
   constexpr bool kPaired = kSet == moe_tiles::TileSet::kPairs;
   extern __shared__ __align__(16) uint8_t shared_raw[];
@@ -506,8 +565,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int half = __shfl_sync(0xffffffffu, tile.half, 0);
   if (warpgroup == 2) {
     pipeline::shrink_registers<kProducerRegisters>();
-    produce<P, kPaired>(a, weight_map, tile.expert, tile.first, tile.rows, slice, stages, full, empty, steps, rank,
-                        half);
+    produce<P, kPaired, kTokenBoxes>(a, weight_map, token_map, tile.expert, tile.first, tile.rows, slice, stages,
+                                     full, empty, steps, rank, half);
   } else {
     pipeline::grow_registers<kConsumerRegisters>();
     if (__shfl_sync(0xffffffffu, 64 * warpgroup >= tile.rows ? 1 : 0, 0) != 0) {
@@ -519,7 +578,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (half < 0) {
         const Part part{64 * warpgroup, 0};
         multiply<P, kPaired, 2>(a, acc, tile.expert, slice, stages, aligned.generic, full, empty, steps, part);
-        epilogue<P, 2>(a, acc, tile.first, tile.rows, slice, part);
+        if (P == Projection::kGateUp && a.act_codes) quantized_act_epilogue(a, acc, tile.first, tile.rows, slice, part);
+        else epilogue<P, 2>(a, acc, tile.first, tile.rows, slice, part);
       } else {
         const Part part{64 * warpgroup, half};
         multiply<P, kPaired, 1>(a, acc, tile.expert, slice, stages, aligned.generic, full, empty, steps, part);
@@ -548,11 +608,21 @@ void launch_projection(GroupedArgs a, int64_t features, int64_t num_pairs, bool 
   // The stacked weights [experts x rows_per_expert, k] in 64-line boxes.
   const CUtensorMap map = swizzled_rows_tensor_map(a.codes, CU_TENSOR_MAP_DATA_TYPE_UINT8,
                                                    int64_t{a.num_experts} * a.rows_per_expert, a.k, 64);
-  auto* kernel = paired ? fp8_wide_experts_kernel<P, TileSet::kPairs> : fp8_wide_experts_kernel<P, TileSet::kEvery>;
+  // Down's token rows (act's codes, [padded pairs, inter]) as 128-row boxes, unpaired; gate/up
+  // gathers its token rows by cp.async (the map is then not read).
+  auto* kernel = paired ? fp8_wide_experts_kernel<P, TileSet::kPairs, false>
+                        : fp8_wide_experts_kernel<P, TileSet::kEvery, false>;
+  CUtensorMap token_map = map;
+  if constexpr (P == Projection::kDown) {
+    if (!paired) {
+      kernel = fp8_wide_experts_kernel<P, TileSet::kEvery, true>;
+      token_map = swizzled_rows_tensor_map(a.x_codes, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.x_scale_stride, a.k, kRows);
+    }
+  }
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
         "moe_experts_wgmma (FP8, 256 lines) shared memory");
   launch_chained_clusters("moe_experts_wgmma (FP8, 256 lines) launch", kernel, cluster, static_cast<unsigned>(blocks),
-                          kThreads, kSharedBytes, stream, a, map);
+                          kThreads, kSharedBytes, stream, a, map, token_map);
 }
 
 }  // namespace wide
@@ -623,9 +693,17 @@ void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, con
   a.weight_scales = static_cast<const float*>(experts.gate_up_scales);
   a.k = hidden;
   a.rows_per_expert = 2 * inter;
+  // The unpaired 256-line tiles quantise act in their epilogue; the others write it in bf16.
+  const bool act_quantised = gemm == Fp8ExpertGemm::kWide;
+  if (act_quantised) {
+    a.act_codes = staging.act_codes;
+    a.act_scales = staging.act_scales;
+    a.act_scale_stride = fp8_padded_tokens(num_pairs);
+  }
   run_projection<Projection::kGateUp>(a, inter, num_pairs, tiles, gemm, stream);
 
-  quantize_fp8_rows(act, num_pairs, inter, staging.act_codes, staging.act_scales, stream);
+  if (!act_quantised) quantize_fp8_rows(act, num_pairs, inter, staging.act_codes, staging.act_scales, stream);
+  a.act_codes = nullptr;
   a.x_codes = staging.act_codes;
   a.x_scales = staging.act_scales;
   a.x_scale_stride = fp8_padded_tokens(num_pairs);

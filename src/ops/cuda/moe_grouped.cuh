@@ -101,6 +101,12 @@ struct GroupedArgs {
   int slices = 1;             // output slices a row tile (moe_experts_specialized's one-dimensional grid)
   int64_t inter = 0;          // kGateUp: the up rows start here; act is [pairs, inter]
   uint16_t* act = nullptr;    // kGateUp output, bf16
+  // kGateUp of the W8A8 256-line tiles (whose 128 act columns a slice are one scale block): when
+  // set, act leaves as E4M3 codes [pairs, inter] with scales [inter / 128][act_scale_stride], as
+  // quantize_fp8_rows makes them from the bf16 act, instead of as bf16 (act is then unwritten).
+  uint8_t* act_codes = nullptr;
+  float* act_scales = nullptr;
+  int64_t act_scale_stride = 0;
   float* out = nullptr;       // kDown output [pairs, rows_per_expert] fp32, or
   uint16_t* out_bf16 = nullptr;  // bf16 (ExpertSums: one of the two is set)
 };
@@ -216,17 +222,18 @@ struct TokenCopies {
 // has passed `parity` (kPaired: at cluster scope): the producer's thread `index` 0 announces their
 // bytes on the stage's full barrier and issues them. kPaired: this block's two boxes into both
 // blocks of the pair (`rank`: this block's in it), or (`half` >= 0, an odd last tile) the two
-// boxes of that half of the lines into this block alone.
+// boxes of that half of the lines into this block alone. more_bytes: what the caller's own
+// tensor copies into the stage bring, announced with the weights' (its thread 0 issues them).
 template <bool kPaired, int kPairBlocks, typename BoxRow>
 __device__ __forceinline__ void copy_weight_boxes(uint32_t weights, const CUtensorMap& map, int64_t offset,
                                                   BoxRow box_row, uint32_t full, uint32_t empty, uint32_t parity,
-                                                  int index, int rank, int half) {
+                                                  int index, int rank, int half, uint32_t more_bytes = 0) {
   constexpr int kBoxBytes = 64 * wgmma::kLineBytes, kBytes = 4 * kBoxBytes;
   if constexpr (kPaired) {
     pipeline::barrier_wait_cluster(empty, parity);
     if (index == 0) {
       const bool whole = half < 0;
-      pipeline::barrier_arrive_expect_bytes(full, whole ? kBytes : kBytes / 2);
+      pipeline::barrier_arrive_expect_bytes(full, (whole ? kBytes : kBytes / 2) + more_bytes);
       const int box0 = 2 * (whole ? rank : half);
       for (int box = box0; box < box0 + 2; ++box)
         pipeline::tensor_copy_2d_multicast(weights + (whole ? box : box - box0) * kBoxBytes, &map,
@@ -236,7 +243,7 @@ __device__ __forceinline__ void copy_weight_boxes(uint32_t weights, const CUtens
   } else {
     pipeline::barrier_wait(empty, parity);
     if (index == 0) {
-      pipeline::barrier_arrive_expect_bytes(full, kBytes);
+      pipeline::barrier_arrive_expect_bytes(full, kBytes + more_bytes);
       for (int box = 0; box < 4; ++box)
         pipeline::tensor_copy_2d(weights + box * kBoxBytes, &map, static_cast<int>(offset), box_row(box), full);
     }
