@@ -9,12 +9,14 @@
 
 #include "core/bf16_terms.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/linear_fp8.h"
 #include "ops/ops.h"
 #include "support/cuda_buffers.h"
 #include "support/numerics.h"
 
 using namespace glms;
 using glms::testing::poisoned;
+using glms::testing::poisoned_bf16;
 using glms::testing::random_values;
 using glms::testing::to_device;
 using glms::testing::to_host;
@@ -429,6 +431,79 @@ TEST_F(CudaOps, ResidualRmsNormWritesTheBf16TermsOfItsOutput) {
       ASSERT_EQ(got0[i], expected[0]) << n << " x " << dim << ", value " << i;
       ASSERT_EQ(got_low[i], expected[1]) << n << " x " << dim << ", value " << i;
       ASSERT_EQ(got_low[n * dim + i], expected[2]) << n << " x " << dim << ", value " << i;
+    }
+  }
+}
+
+// With y_fp8 the norm writes its bf16 output also as E4M3 rows: the codes and scales
+// quantize_fp8_rows makes from that bf16 output, bit for bit, the pad rows' included; x and the
+// bf16 rows as without them. Row counts that leave 1 to 3 pad rows and none; with and without a
+// delta and the bf16 terms; widths of one 128-column block, of a warp's several and one past
+// the vector kernel's (its fallback quantises after the norm).
+TEST_F(CudaOps, ResidualRmsNormWritesE4m3RowsAsQuantizeFp8RowsDoes) {
+  struct Case {
+    int n, dim;
+    bool delta, terms;
+  };
+  for (const Case c : {Case{5, 6144, true, true}, Case{3, 6144, false, false}, Case{2, 2048, false, false},
+                       Case{7, 384, true, false}, Case{4, 128, true, true}, Case{6, 16512, true, false}}) {
+    const int64_t count = int64_t{c.n} * c.dim, np = cuda::fp8_padded_tokens(c.n);
+    auto x = random_values(count, 30 + c.n, 2.0f);
+    for (int64_t i = 0; i < count; i += 7) x[i] *= 1e-3f;  // blocks of unlike magnitudes
+    const auto delta = random_values(count, 31), w = random_values(c.dim, 32);
+    auto dd = to_device(delta), dw = to_device(w);
+    const float* d = c.delta ? dd.as<float>() : nullptr;
+    auto dx_plain = to_device(x), dx_fp8 = to_device(x);
+    auto dy_plain = poisoned_bf16(count), dy_fp8 = poisoned_bf16(count);
+    cuda::DeviceBuffer low(sizeof(uint16_t) * 2 * count);
+    uint16_t* terms = c.terms ? low.as<uint16_t>() : nullptr;
+    cuda::residual_rms_norm(dx_plain.as<float>(), d, c.n, c.dim, dw.as<float>(), 1e-5f, nullptr, dy_plain.as<uint16_t>(),
+                            nullptr, nullptr, terms);
+    auto codes = to_device(std::vector<uint8_t>(np * c.dim, 0x7f)), scales = poisoned(np * c.dim / 128);
+    cuda::residual_rms_norm(dx_fp8.as<float>(), d, c.n, c.dim, dw.as<float>(), 1e-5f, nullptr, dy_fp8.as<uint16_t>(),
+                            nullptr, nullptr, terms, nullptr, {codes.as<uint8_t>(), scales.as<float>()});
+    const std::string what = std::to_string(c.n) + " x " + std::to_string(c.dim);
+    EXPECT_EQ(to_host<float>(dx_fp8), to_host<float>(dx_plain)) << what;
+    EXPECT_EQ(to_host<uint16_t>(dy_fp8), to_host<uint16_t>(dy_plain)) << what;
+    auto expected_codes = to_device(std::vector<uint8_t>(np * c.dim, 0x7f)), expected_scales = poisoned(np * c.dim / 128);
+    cuda::quantize_fp8_rows(dy_plain.as<uint16_t>(), c.n, c.dim, expected_codes.as<uint8_t>(),
+                            expected_scales.as<float>(), nullptr);
+    EXPECT_EQ(to_host<uint8_t>(codes), to_host<uint8_t>(expected_codes)) << what;
+    const auto got = to_host<float>(scales), expected = to_host<float>(expected_scales);
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(got[i], expected[i]) << what << ", scale " << i << " (block " << i / np << ", row " << i % np << ")";
+  }
+}
+
+// SwiGLU's E4M3 rows (silu_mul_to_bf16 with out_fp8) are quantize_fp8_rows of its bf16 output,
+// bit for bit, the pad rows' included, from fp32 and bf16 gate/up values; the bf16 output as
+// without them.
+TEST_F(CudaOps, SiluMulWritesE4m3RowsAsQuantizeFp8RowsDoes) {
+  for (auto [n, inter] : {std::pair{5, 2048}, std::pair{8, 128}, std::pair{1, 384}, std::pair{300, 256}}) {
+    const int64_t np = cuda::fp8_padded_tokens(n);
+    auto gate_up = random_values(int64_t{n} * 2 * inter, 40 + n, 3.0f);
+    for (int64_t i = 0; i < int64_t{n} * 2 * inter; i += 11) gate_up[i] *= 1e-3f;
+    auto d32 = to_device(gate_up), d16 = to_device(to_bf16_host(gate_up));
+    for (const bool bf16_in : {false, true}) {
+      auto plain = poisoned_bf16(int64_t{n} * inter), with_fp8 = poisoned_bf16(int64_t{n} * inter);
+      auto codes = to_device(std::vector<uint8_t>(np * inter, 0x7f)), scales = poisoned(np * inter / 128);
+      auto expected_codes = to_device(std::vector<uint8_t>(np * inter, 0x7f));
+      auto expected_scales = poisoned(np * inter / 128);
+      const cuda::Fp8Rows fp8{codes.as<uint8_t>(), scales.as<float>()};
+      if (bf16_in) {
+        cuda::silu_mul_to_bf16(d16.as<uint16_t>(), n, inter, plain.as<uint16_t>(), nullptr);
+        cuda::silu_mul_to_bf16(d16.as<uint16_t>(), n, inter, with_fp8.as<uint16_t>(), nullptr, fp8);
+      } else {
+        cuda::silu_mul_to_bf16(d32.as<float>(), n, inter, plain.as<uint16_t>(), nullptr);
+        cuda::silu_mul_to_bf16(d32.as<float>(), n, inter, with_fp8.as<uint16_t>(), nullptr, fp8);
+      }
+      cuda::quantize_fp8_rows(plain.as<uint16_t>(), n, inter, expected_codes.as<uint8_t>(),
+                              expected_scales.as<float>(), nullptr);
+      const std::string what = std::to_string(n) + " x " + std::to_string(inter) + (bf16_in ? ", bf16" : ", fp32");
+      EXPECT_EQ(to_host<uint16_t>(with_fp8), to_host<uint16_t>(plain)) << what;
+      EXPECT_EQ(to_host<uint8_t>(codes), to_host<uint8_t>(expected_codes)) << what;
+      EXPECT_EQ(to_host<float>(scales), to_host<float>(expected_scales)) << what;
     }
   }
 }

@@ -4,8 +4,9 @@
 
 namespace glms::model {
 
-const float* CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, const StepShape& shape) {
-  const bool bf16_queries = project_attention_inputs(layer, l, shape);
+const float* CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, const StepShape& shape,
+                                            bool normed_quantised) {
+  const bool bf16_queries = project_attention_inputs(layer, l, shape, normed_quantised);
   if (layer.attention.has_indexer) select_positions(layer, l, shape);
   absorb_queries(layer.attention, shape.num_tokens, bf16_queries);
   attention_core(l, shape, layer.attention.heads);
@@ -13,7 +14,8 @@ const float* CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int
   return attention_output(layer.attention, shape.num_tokens);
 }
 
-bool CudaGlm5Model::Impl::project_attention_inputs(const DecoderLayerDevice& layer, int l, const StepShape& shape) {
+bool CudaGlm5Model::Impl::project_attention_inputs(const DecoderLayerDevice& layer, int l, const StepShape& shape,
+                                                   bool normed_quantised) {
   const io::ModelConfig& c = config;
   const AttentionDevice& w = layer.attention;
   const int T = shape.num_tokens, H = w.heads;  // this rank's heads
@@ -38,26 +40,30 @@ bool CudaGlm5Model::Impl::project_attention_inputs(const DecoderLayerDevice& lay
                                 {as<uint16_t>(ix.wk), ID, as<float>(index_k)},
                                 {as<uint16_t>(ix.weights_proj), IH, as<float>(index_w)}};
   if (w.q_a_proj.fp8() || w.kv_a_proj.fp8()) {
-    linear(w.q_a_proj, normed, T, as<float>(q_resid), gemm, s);
+    linear(w.q_a_proj, normed, T, as<float>(q_resid), gemm, s, normed_quantised);
     const bool quantised = w.q_a_proj.fp8() && T > cuda::kFp8GemvMaxTokens;  // by q_a's GEMM, the same rows
     linear(w.kv_a_proj, normed, T, as<float>(kv), gemm, s, quantised);
     gemm.linear_group(normed, T, hidden, from_x + 2, x_outputs - 2, s);
   } else {
     gemm.linear_group(normed, T, hidden, from_x, x_outputs, s);
   }
+  // q_b's FP8 GEMM reads the q_a norm's E4M3 rows (written where it takes them).
+  const cuda::Fp8Rows q_b_input = fused_projection_rows(T) ? cuda::Fp8Rows{} : fp8_input_rows(w.q_b_proj, T);
   if (fused_projection_rows(T))
     write_projection_rows(layer, l, T);
   else
     cuda::residual_rms_norm(as<float>(q_resid), nullptr, T, q_lora, as<float>(w.q_a_norm), kLatentNormEps, nullptr,
-                            as<uint16_t>(q_resid_bf16), s);
+                            as<uint16_t>(q_resid_bf16), s, nullptr, nullptr, nullptr, q_b_input);
+  const bool q_in_quantised = q_b_input.codes != nullptr;
   cuda::GemvOutput from_q[2] = {{as<uint16_t>(w.q_b_proj.w), H * qd, as<float>(q)},
                                 {as<uint16_t>(ix.wq_b), int64_t{IH} * ID, as<float>(index_q)}};
   // Long chunks: q straight in bf16, as the absorption GEMM reads it (the fp32 rows were only
   // converted; 8192 tokens at GLM-5.2 width: 0.5 GB written and read again).
   const uint16_t* q_in = as<uint16_t>(q_resid_bf16);
-  const bool bf16_queries = bf16_intermediates(T) && linear_to_bf16(w.q_b_proj, q_in, T, as<uint16_t>(q_bf16), gemm, s);
+  const bool bf16_queries =
+      bf16_intermediates(T) && linear_to_bf16(w.q_b_proj, q_in, T, as<uint16_t>(q_bf16), gemm, s, q_in_quantised);
   if (bf16_queries || w.q_b_proj.fp8()) {
-    if (!bf16_queries) linear(w.q_b_proj, q_in, T, as<float>(q), gemm, s);
+    if (!bf16_queries) linear(w.q_b_proj, q_in, T, as<float>(q), gemm, s, q_in_quantised);
     if (score_positions) gemm.linear_group(q_in, T, q_lora, from_q + 1, 1, s);
   } else {
     gemm.linear_group(q_in, T, q_lora, from_q, score_positions ? 2 : 1, s);

@@ -215,17 +215,20 @@ void CudaGlm5Model::Impl::upload_metadata(const ForwardBatch& batch, int routed_
 }
 
 void CudaGlm5Model::Impl::dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out, cuda::Gemm& g,
-                                    cudaStream_t s, bool accumulate) {
-  if (bf16_intermediates(n) && linear_to_bf16(mlp.gate_up, x_bf16, n, as<uint16_t>(mlp_gate_up), g, s)) {
-    cuda::silu_mul_to_bf16(as<uint16_t>(mlp_gate_up), n, mlp.inter, as<uint16_t>(mlp_act), s);
+                                    cudaStream_t s, bool accumulate, bool x_quantised) {
+  // down's FP8 GEMM reads SwiGLU's E4M3 rows (the FP8 GEMM runs on the main stream only).
+  const cuda::Fp8Rows act_fp8 = s == stream.get() ? fp8_input_rows(mlp.down, n) : cuda::Fp8Rows{};
+  if (bf16_intermediates(n) && linear_to_bf16(mlp.gate_up, x_bf16, n, as<uint16_t>(mlp_gate_up), g, s, x_quantised)) {
+    cuda::silu_mul_to_bf16(as<uint16_t>(mlp_gate_up), n, mlp.inter, as<uint16_t>(mlp_act), s, act_fp8);
   } else {
-    linear(mlp.gate_up, x_bf16, n, as<float>(mlp_gate_up), g, s);
-    cuda::silu_mul_to_bf16(as<float>(mlp_gate_up), n, mlp.inter, as<uint16_t>(mlp_act), s);
+    linear(mlp.gate_up, x_bf16, n, as<float>(mlp_gate_up), g, s, x_quantised);
+    cuda::silu_mul_to_bf16(as<float>(mlp_gate_up), n, mlp.inter, as<uint16_t>(mlp_act), s, act_fp8);
   }
+  const bool act_quantised = act_fp8.codes != nullptr;
   if (accumulate)
-    add_linear(mlp.down, as<uint16_t>(mlp_act), n, out, g, s);
+    add_linear(mlp.down, as<uint16_t>(mlp_act), n, out, g, s, act_quantised);
   else
-    linear(mlp.down, as<uint16_t>(mlp_act), n, out, g, s);
+    linear(mlp.down, as<uint16_t>(mlp_act), n, out, g, s, act_quantised);
 }
 
 void CudaGlm5Model::Impl::linear(const LinearDevice& w, const uint16_t* x, int n, float* y, cuda::Gemm& g,
@@ -242,7 +245,7 @@ void CudaGlm5Model::Impl::linear(const LinearDevice& w, const uint16_t* x, int n
 }
 
 bool CudaGlm5Model::Impl::linear_to_bf16(const LinearDevice& w, const uint16_t* x, int n, uint16_t* y, cuda::Gemm& g,
-                                         cudaStream_t s) {
+                                         cudaStream_t s, bool x_quantised) {
   if (!w.fp8()) {
     g.linear_to_bf16(x, n, as<uint16_t>(w.w), w.rows, w.cols, y, s);
     return true;
@@ -251,7 +254,7 @@ bool CudaGlm5Model::Impl::linear_to_bf16(const LinearDevice& w, const uint16_t* 
       n <= cuda::kFp8GemvMaxTokens || w.cols > rank_widths.fp8_linear_cols ||
       !fp8_gemm->has_bf16_output(n, w.rows, w.cols))
     return false;
-  cuda::quantize_fp8_rows(x, n, w.cols, as<uint8_t>(fp8_codes), as<float>(fp8_scales), s);
+  if (!x_quantised) cuda::quantize_fp8_rows(x, n, w.cols, as<uint8_t>(fp8_codes), as<float>(fp8_scales), s);
   try {
     fp8_gemm->linear_to_bf16(as<uint8_t>(fp8_codes), as<float>(fp8_scales), n, as<uint8_t>(w.w),
                              as<float>(w.scales), w.rows, w.cols, y, s);
@@ -273,12 +276,12 @@ void CudaGlm5Model::Impl::fp8_gemm_product(const LinearDevice& w, const uint16_t
 }
 
 void CudaGlm5Model::Impl::add_linear(const LinearDevice& w, const uint16_t* x, int n, float* y, cuda::Gemm& g,
-                                     cudaStream_t s) {
+                                     cudaStream_t s, bool x_quantised) {
   if (!w.fp8()) {
     g.linear_accumulate(x, n, as<uint16_t>(w.w), w.rows, w.cols, y, s);
     return;
   }
-  fp8_gemm_product(w, x, n, y, s, /*x_quantised=*/false, /*accumulate=*/true);
+  fp8_gemm_product(w, x, n, y, s, x_quantised, /*accumulate=*/true);
 }
 
 void CudaGlm5Model::Impl::run_step(const StepShape& shape) {
@@ -309,23 +312,27 @@ void CudaGlm5Model::Impl::layer_step(const DecoderLayerDevice& layer, int l, con
   const int T = shape.num_tokens;
   const int64_t hidden = c.hidden_size;
   cudaStream_t s = stream.get();
+  // A long step's FP8 projections read the norms' E4M3 rows instead of quantising normed_bf16.
+  const cuda::Fp8Rows attention_input = fp8_input_rows(layer.attention.q_a_proj, T);
   cuda::residual_rms_norm(as<float>(x), pending.sum, T, hidden, as<float>(layer.input_norm), c.rms_norm_eps, nullptr,
-                          as<uint16_t>(normed_bf16), s, pending.addend, nullptr, pending.sum_bf16);
+                          as<uint16_t>(normed_bf16), s, pending.addend, nullptr, pending.sum_bf16, attention_input);
   timer.mark("norms", s);
-  const float* attention_out = attention(layer, l, shape);
+  const float* attention_out = attention(layer, l, shape, attention_input.codes != nullptr);
   // The router's input: fp32 rows, or for a long step the bf16 terms of them (normed_bf16 is
   // term 0); a dense MLP needs neither.
   const bool router_terms = layer.is_moe && router_takes_terms(layer.moe, T);
+  const cuda::Fp8Rows mlp_input = fp8_input_rows(layer.is_moe ? layer.moe.shared.gate_up : layer.mlp.gate_up, T);
   cuda::residual_rms_norm(as<float>(x), attention_out, T, hidden, as<float>(layer.post_attention_norm),
                           c.rms_norm_eps, layer.is_moe && !router_terms ? as<float>(normed_f32) : nullptr,
-                          as<uint16_t>(normed_bf16), s, nullptr, router_terms ? as<uint16_t>(pair_x) : nullptr);
+                          as<uint16_t>(normed_bf16), s, nullptr, router_terms ? as<uint16_t>(pair_x) : nullptr,
+                          nullptr, mlp_input);
   timer.mark("norms", s);
   if (layer.is_moe) {
-    pending = moe(layer, shape);
+    pending = moe(layer, shape, mlp_input.codes != nullptr);
   } else {
     const bool into_residual = adds_into_residual(layer.mlp.down, T);
     dense_mlp(layer.mlp, as<uint16_t>(normed_bf16), T, as<float>(into_residual ? x : block_out), gemm, s,
-              into_residual);
+              into_residual, mlp_input.codes != nullptr);
     if (!into_residual) sum_over_tp(as<float>(block_out), T);
     timer.mark("dense_mlp", s);
     pending = into_residual ? PendingOutput{} : PendingOutput{as<float>(block_out), nullptr};

@@ -142,15 +142,16 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   void mtp_step(const StepShape& shape);
   // Checks, uploads the batch and h_prev ([tokens, hidden] host fp32), and runs mtp_step.
   void run_mtp(const ForwardBatch& batch, const float* h_prev);
-  // Layer l's attention block over normed_bf16 (attention.cpp). Returns the block's output for
-  // the next norm to add (block_out), or nullptr where o_proj has added it into x already
-  // (adds_into_residual).
-  const float* attention(const DecoderLayerDevice& layer, int l, const StepShape& shape);
+  // Layer l's attention block over normed_bf16 (attention.cpp); `normed_quantised`: fp8_codes
+  // hold normed_bf16's E4M3 rows (the input norm wrote them, where fp8_gemm_takes q_a). Returns
+  // the block's output for the next norm to add (block_out), or nullptr where o_proj has added
+  // it into x already (adds_into_residual).
+  const float* attention(const DecoderLayerDevice& layer, int l, const StepShape& shape, bool normed_quantised);
   // Its parts in order: the projections of the normed rows and of the q residual, with the
   // latent row cached (returns whether q is left in bf16, q_bf16, or fp32, q); the indexer's keys
   // cached and its top-k selected; q absorbed and staged for the attention passes; the un-absorbed
   // heads through o_proj.
-  bool project_attention_inputs(const DecoderLayerDevice& layer, int l, const StepShape& shape);
+  bool project_attention_inputs(const DecoderLayerDevice& layer, int l, const StepShape& shape, bool normed_quantised);
   void write_projection_rows(const DecoderLayerDevice& layer, int l, int T);
   void select_positions(const DecoderLayerDevice& layer, int l, const StepShape& shape);
   void absorb_queries(const AttentionDevice& w, int T, bool bf16_queries);
@@ -165,9 +166,13 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   // The MoE block (moe.cpp): whole, it adds into x (returns nothing pending); sharded, it leaves
   // the block's output summed over every peer: in block_out, or (data-parallel without tensor
   // parallelism) as this rank's routed sums plus its shared expert's, for the next norm to add.
-  PendingOutput moe(const DecoderLayerDevice& layer, const StepShape& shape);
-  // The shared expert into shared_out, or added into x (`into_residual`, main stream only).
-  void moe_shared_expert(const MoeDevice& m, int T, bool on_side_stream, bool into_residual = false);
+  // `normed_quantised`: fp8_codes hold normed_bf16's E4M3 rows (where fp8_gemm_takes the shared
+  // expert's gate/up), for the shared expert.
+  PendingOutput moe(const DecoderLayerDevice& layer, const StepShape& shape, bool normed_quantised);
+  // The shared expert into shared_out, or added into x (`into_residual`, main stream only);
+  // x_quantised as dense_mlp's.
+  void moe_shared_expert(const MoeDevice& m, int T, bool on_side_stream, bool into_residual = false,
+                         bool x_quantised = false);
   // Scores the router for T tokens and picks their experts; rows [T, rows) of expert_ids become
   // padding (-1), and with data-parallel peers so do the tokens past the step's routed count (the
   // metadata's, read on the device). With router_takes_terms, the post-attention norm has left
@@ -251,23 +256,35 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   bool fused_projection_rows(int T) const { return T <= options.fused_projection_rows_max_tokens; }
   // out = down(silu(gate x) * up x) on `s` through `g` (mlp_gate_up and mlp_act are its scratch;
   // gate and up in bf16 where bf16_intermediates and linear_to_bf16 takes the weights, else
-  // fp32); out += with `accumulate` (add_linear).
+  // fp32); out += with `accumulate` (add_linear). `x_quantised`: fp8_codes hold x_bf16's E4M3
+  // rows for gate/up.
   void dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out, cuda::Gemm& g, cudaStream_t s,
-                 bool accumulate = false);
+                 bool accumulate = false, bool x_quantised = false);
   // y[n, w.rows] fp32 = x[n, w.cols] bf16 . w^T: bf16 weights through `g`; FP8 ones through
   // gemv_fp8 up to kFp8GemvMaxTokens tokens, else the activations quantised into fp8_codes and
   // fp8_gemm (so on the main stream only). `x_quantised`: fp8_codes already hold x, as the
-  // previous FP8 GEMM of the same x left them.
+  // previous FP8 GEMM of the same x or the norm that wrote x (fp8_gemm_takes) left them.
   void linear(const LinearDevice& w, const uint16_t* x, int n, float* y, cuda::Gemm& g, cudaStream_t s,
               bool x_quantised = false);
   // y[n, w.rows] bf16 = x . w^T, each fp32 sum rounded once: bf16 weights through `g`, FP8 ones
   // through fp8_gemm where it takes them with bf16 outputs (fp8_bf16_intermediates, more than
   // kFp8GemvMaxTokens tokens, the main stream, an algorithm for the shape). Returns false, having
-  // done nothing, where it does not.
-  bool linear_to_bf16(const LinearDevice& w, const uint16_t* x, int n, uint16_t* y, cuda::Gemm& g, cudaStream_t s);
+  // done nothing, where it does not. `x_quantised` as linear's.
+  bool linear_to_bf16(const LinearDevice& w, const uint16_t* x, int n, uint16_t* y, cuda::Gemm& g, cudaStream_t s,
+                      bool x_quantised = false);
+  // Whether linear() and linear_to_bf16() run w over n rows on the block-FP8 GEMM (so read their
+  // input from fp8_codes), and those buffers as the E4M3 rows a norm writes for it where they do
+  // (nothing where not): a long step's norms quantise their output in the same pass.
+  bool fp8_gemm_takes(const LinearDevice& w, int n) const {
+    return w.fp8() && fp8_gemm && n > cuda::kFp8GemvMaxTokens && w.cols <= rank_widths.fp8_linear_cols;
+  }
+  cuda::Fp8Rows fp8_input_rows(const LinearDevice& w, int n) {
+    return fp8_gemm_takes(w, n) ? cuda::Fp8Rows{as<uint8_t>(fp8_codes), as<float>(fp8_scales)} : cuda::Fp8Rows{};
+  }
   // y[n, w.rows] fp32 += x . w^T in the GEMM: bf16 weights through `g` (cuBLAS), FP8 ones of more
-  // than kFp8GemvMaxTokens tokens through fp8_gemm on the main stream.
-  void add_linear(const LinearDevice& w, const uint16_t* x, int n, float* y, cuda::Gemm& g, cudaStream_t s);
+  // than kFp8GemvMaxTokens tokens through fp8_gemm on the main stream; `x_quantised` as linear's.
+  void add_linear(const LinearDevice& w, const uint16_t* x, int n, float* y, cuda::Gemm& g, cudaStream_t s,
+                  bool x_quantised = false);
   // The FP8 GEMM both take above the FP8 GEMV's tokens: x quantised into fp8_codes (unless
   // x_quantised), then y = or += (accumulate) the product, on the main stream.
   void fp8_gemm_product(const LinearDevice& w, const uint16_t* x, int n, float* y, cudaStream_t s, bool x_quantised,

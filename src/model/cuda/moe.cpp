@@ -10,10 +10,12 @@
 
 namespace glms::model {
 
-void CudaGlm5Model::Impl::moe_shared_expert(const MoeDevice& m, int T, bool on_side_stream, bool into_residual) {
+void CudaGlm5Model::Impl::moe_shared_expert(const MoeDevice& m, int T, bool on_side_stream, bool into_residual,
+                                            bool x_quantised) {
+  GLMS_CHECK(!(on_side_stream && x_quantised), "the shared expert reads FP8 rows on the main stream only");
   if (!on_side_stream) {
     dense_mlp(m.shared, as<uint16_t>(normed_bf16), T, as<float>(into_residual ? x : shared_out), gemm, stream.get(),
-              into_residual);
+              into_residual, x_quantised);
     timer.mark("moe.shared", stream.get());
     return;
   }
@@ -264,7 +266,8 @@ void CudaGlm5Model::Impl::sum_over_tp(float* block_output, int T) {
                              stream.get());
 }
 
-CudaGlm5Model::Impl::PendingOutput CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const StepShape& shape) {
+CudaGlm5Model::Impl::PendingOutput CudaGlm5Model::Impl::moe(const DecoderLayerDevice& layer, const StepShape& shape,
+                                                             bool normed_quantised) {
   const io::ModelConfig& c = config;
   const MoeDevice& m = layer.moe;
   const int T = shape.num_tokens, K = c.num_experts_per_tok;
@@ -284,7 +287,7 @@ CudaGlm5Model::Impl::PendingOutput CudaGlm5Model::Impl::moe(const DecoderLayerDe
   moe_route(m, T, gathered ? shape.moe_rows : T);
   if (!overlap_shared) {
     timer.mark("moe.routing", s);
-    moe_shared_expert(m, T, false, shared_into_residual);
+    moe_shared_expert(m, T, false, shared_into_residual, normed_quantised);
   }
 
   if (!peers.tp && !peers.dp) {  // the whole model: combine into the residual stream

@@ -199,22 +199,37 @@ void gather_rows(const uint16_t* src, int64_t dim, const int32_t* rows, int64_t 
 // x[t, :] = table[ids[t], :] widened to fp32. table: [vocab, dim] bf16, x: [n, dim] fp32.
 void embed_rows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t dim, float* x, cudaStream_t stream);
 
+// Rows as E4M3 codes with one fp32 scale a row and 128 columns, as quantize_fp8_rows writes them
+// (linear_fp8.h): for n rows of `cols` and np = fp8_padded_tokens(n), codes [np, cols] and scales
+// [cols / 128][np], the pad rows' codes 0 and scales 1.
+struct Fp8Rows {
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+};
+
 // The residual step between blocks: x += delta (when delta is not null; x += (delta + addend)
 // when addend is not null too: a block output left in two parts), then y = rms_norm(x) * weight
 // into y_f32 and/or y_bf16 (either may be null). x, delta, addend, y_*: [n, dim]. With
 // y_low_terms ([2, n, dim] bf16; y_bf16 required) y is also split into core/bf16_terms.h's three
 // bf16 terms: y_bf16 is its term 0 and y_low_terms its terms 1 and 2, the fp32-accurate router's
 // input (Gemm::linear_f32_terms) without the fp32 rows. delta_bf16 (delta null): the delta as
-// bf16 rows (a data-parallel rank's reduce-scattered MoE sums), widened as read.
+// bf16 rows (a data-parallel rank's reduce-scattered MoE sums), widened as read. y_fp8 (codes
+// set; y_bf16 required, dim a multiple of 128): y_bf16's rows also as E4M3 rows, the codes and
+// scales quantize_fp8_rows(y_bf16) would make, so that an FP8 GEMM reads them without a pass of
+// its own.
 void residual_rms_norm(float* x, const float* delta, int64_t n, int64_t dim, const float* weight, float eps,
                        float* y_f32, uint16_t* y_bf16, cudaStream_t stream, const float* addend = nullptr,
-                       uint16_t* y_low_terms = nullptr, const uint16_t* delta_bf16 = nullptr);
+                       uint16_t* y_low_terms = nullptr, const uint16_t* delta_bf16 = nullptr, Fp8Rows y_fp8 = {});
 
 // out[t, i] = bf16(silu(gate_up[t, i]) * gate_up[t, inter + i]): gate and up side by side,
 // as the fused gate||up GEMM writes them. gate_up: [n, 2 * inter] fp32, out: [n, inter] bf16.
-void silu_mul_to_bf16(const float* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream);
+// out_fp8 (codes set; inter a multiple of 128): out's rows also as E4M3 rows, as
+// quantize_fp8_rows(out) would make them.
+void silu_mul_to_bf16(const float* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream,
+                      Fp8Rows out_fp8 = {});
 // The same from bf16 gate and up values (a bf16 GEMM's output, as transformers' bf16 MLP has them).
-void silu_mul_to_bf16(const uint16_t* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream);
+void silu_mul_to_bf16(const uint16_t* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream,
+                      Fp8Rows out_fp8 = {});
 
 // out[i] = x[i] widened to fp32.
 void widen_bf16(const uint16_t* x, int64_t count, float* out, cudaStream_t stream);

@@ -10,7 +10,9 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/fp8.cuh"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/linear_fp8.h"
 
 namespace glms::ops::cuda {
 
@@ -91,15 +93,42 @@ __global__ void residual_rms_norm_kernel(float* x, const Delta* delta, const flo
   }
 }
 
+// Four bf16 values of a 128-column block whose other 124 are in the warp's other lanes as E4M3
+// codes at `codes` with the block's scale at *scale (lane 0), as quantize_fp8_rows makes them
+// from bf16 rows: scale = max |value| / 448 (1 for zeros), code = E4M3(value / scale).
+__device__ __forceinline__ void store_e4m3_quad(uint32_t lo, uint32_t hi, uint8_t* codes, float* scale) {
+  const float v[4] = {__uint_as_float(lo << 16), __uint_as_float(lo & 0xffff0000u), __uint_as_float(hi << 16),
+                      __uint_as_float(hi & 0xffff0000u)};
+  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+  for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  const float s = amax > 0.0f ? __fdiv_rn(amax, kE4m3Max) : 1.0f;
+  *reinterpret_cast<uint32_t*>(codes) = static_cast<uint32_t>(e4m3_of(v[0], s)) |
+                                        static_cast<uint32_t>(e4m3_of(v[1], s)) << 8 |
+                                        static_cast<uint32_t>(e4m3_of(v[2], s)) << 16 |
+                                        static_cast<uint32_t>(e4m3_of(v[3], s)) << 24;
+  if (threadIdx.x % 32 == 0) *scale = s;
+}
+
 // The same over float4s held in registers: each thread loads its kVecs float4s of the row (and
 // of delta and the weight) before using any, so that a lone decode row costs about one load
-// latency instead of a chain of them, and the scaling pass reads no memory again.
+// latency instead of a chain of them, and the scaling pass reads no memory again. n: the rows.
+// y_fp8.codes: y's bf16 rows also as E4M3 rows (Fp8Rows); a warp's float4s of one pass are one
+// 128-column block (blockDim a multiple of 32, dim of 128), and the grid's blocks past n write
+// the pad rows' zeros.
 template <int kVecs, typename Delta>
 __global__ void __launch_bounds__(1024)
-    residual_rms_norm_vec_kernel(float* x, const Delta* delta, const float* addend, int64_t dim, const float* weight,
-                                 float eps, float* y_f32, uint16_t* y_bf16, uint16_t* y_low_terms) {
+    residual_rms_norm_vec_kernel(float* x, const Delta* delta, const float* addend, int64_t n, int64_t dim,
+                                 const float* weight, float eps, float* y_f32, uint16_t* y_bf16,
+                                 uint16_t* y_low_terms, Fp8Rows y_fp8) {
   chained_grid_prologue();
   __shared__ float scratch[32];
+  const int64_t padded = gridDim.x;  // with y_fp8: fp8_padded_tokens(n) blocks
+  if (blockIdx.x >= n) {  // a pad row of y_fp8
+    for (int64_t k = threadIdx.x; k < dim / 4; k += blockDim.x)
+      reinterpret_cast<uint32_t*>(y_fp8.codes + blockIdx.x * dim)[k] = 0;
+    for (int64_t b = threadIdx.x; b < dim / kFp8ScaleBlock; b += blockDim.x) y_fp8.scales[b * padded + blockIdx.x] = 1.0f;
+    return;
+  }
   const int64_t vecs = dim / 4, offset = blockIdx.x * vecs;
   float4* row = reinterpret_cast<float4*>(x) + offset;
   const Delta* delta_row = delta ? delta + 4 * offset : nullptr;  // 4 values a vector
@@ -136,13 +165,13 @@ __global__ void __launch_bounds__(1024)
     const float4 y = make_float4(wv[i].x * (v[i].x * inv), wv[i].y * (v[i].y * inv), wv[i].z * (v[i].z * inv),
                                  wv[i].w * (v[i].w * inv));
     if (y_f32) reinterpret_cast<float4*>(y_f32)[offset + k] = y;
-    if (y_low_terms) {
-      store_bf16_terms(y, offset + k, int64_t{gridDim.x} * vecs, y_bf16, y_low_terms);
-    } else if (y_bf16) {
-      const uint32_t lo = float_to_bf16(y.x) | (static_cast<uint32_t>(float_to_bf16(y.y)) << 16);
-      const uint32_t hi = float_to_bf16(y.z) | (static_cast<uint32_t>(float_to_bf16(y.w)) << 16);
-      reinterpret_cast<uint2*>(y_bf16)[offset + k] = make_uint2(lo, hi);
-    }
+    // Term 0 of the bf16 terms is y rounded to bf16, as y_bf16 is without them.
+    const uint32_t lo = float_to_bf16(y.x) | (static_cast<uint32_t>(float_to_bf16(y.y)) << 16);
+    const uint32_t hi = float_to_bf16(y.z) | (static_cast<uint32_t>(float_to_bf16(y.w)) << 16);
+    if (y_low_terms) store_bf16_terms(y, offset + k, n * vecs, y_bf16, y_low_terms);
+    else if (y_bf16) reinterpret_cast<uint2*>(y_bf16)[offset + k] = make_uint2(lo, hi);
+    if (y_fp8.codes)
+      store_e4m3_quad(lo, hi, y_fp8.codes + 4 * (offset + k), y_fp8.scales + k / 32 * padded + blockIdx.x);
   }
 }
 
@@ -189,18 +218,27 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float
 
 // out[t, j] = bf16(silu(gate_up[t, j]) * gate_up[t, inter + j]), gate_up fp32 or bf16; four
 // columns a thread where inter allows (one division a column held it to 2.1 TB/s at prefill sizes).
+// out_fp8.codes (inter a multiple of 128): out's rows also as E4M3 rows (Fp8Rows) of `rows`
+// (fp8_padded_tokens(n); else n), the pad rows' zeros included; a warp's 32 quads of a pass are
+// one 128-column block of a row (the grid's threads a multiple of 32).
 template <typename In>
-__global__ void silu_mul_to_bf16_kernel(const In* gate_up, int64_t n, int64_t inter, uint16_t* out) {
+__global__ void silu_mul_to_bf16_kernel(const In* gate_up, int64_t n, int64_t rows, int64_t inter, uint16_t* out,
+                                        Fp8Rows out_fp8) {
   chained_grid_prologue();
   if (inter % 4 == 0) {
     const int64_t quads = inter / 4;
-    GLMS_GRID_STRIDE_LOOP(q, n * quads) {
+    GLMS_GRID_STRIDE_LOOP(q, rows * quads) {
       const int64_t t = q / quads, j = 4 * (q - t * quads);
-      const float4 gate = load4_as_float(gate_up + t * 2 * inter + j);
-      const float4 up = load4_as_float(gate_up + t * 2 * inter + inter + j);
-      *reinterpret_cast<uint2*>(out + t * inter + j) =
-          make_uint2(pack_bf16_pair(silu_mul(gate.x, up.x), silu_mul(gate.y, up.y)),
-                     pack_bf16_pair(silu_mul(gate.z, up.z), silu_mul(gate.w, up.w)));
+      uint32_t lo = 0, hi = 0;  // a pad row's zeros
+      if (t < n) {
+        const float4 gate = load4_as_float(gate_up + t * 2 * inter + j);
+        const float4 up = load4_as_float(gate_up + t * 2 * inter + inter + j);
+        lo = pack_bf16_pair(silu_mul(gate.x, up.x), silu_mul(gate.y, up.y));
+        hi = pack_bf16_pair(silu_mul(gate.z, up.z), silu_mul(gate.w, up.w));
+        *reinterpret_cast<uint2*>(out + t * inter + j) = make_uint2(lo, hi);
+      }
+      if (out_fp8.codes)
+        store_e4m3_quad(lo, hi, out_fp8.codes + t * inter + j, out_fp8.scales + j / kFp8ScaleBlock * rows + t);
     }
     return;
   }
@@ -437,7 +475,7 @@ namespace {
 template <typename Delta>
 void residual_rms_norm_of(float* x, const Delta* delta, int64_t n, int64_t dim, const float* weight, float eps,
                           float* y_f32, uint16_t* y_bf16, cudaStream_t stream, const float* addend,
-                          uint16_t* y_low_terms) {
+                          uint16_t* y_low_terms, Fp8Rows y_fp8) {
   auto aligned = [](const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
   const int64_t vecs = dim / 4;
   if (dim % 4 == 0 && vecs <= 4 * 1024 && aligned(x, 16) && aligned(delta, 4 * sizeof(Delta)) &&
@@ -446,12 +484,13 @@ void residual_rms_norm_of(float* x, const Delta* delta, int64_t n, int64_t dim, 
     const int per_thread = vecs <= 2 * 1024 ? 2 : 4;
     const int64_t threads_needed = (vecs + per_thread - 1) / per_thread;  // at most 1024
     const int threads = static_cast<int>((threads_needed + 31) / 32 * 32);
+    const auto blocks = static_cast<unsigned>(y_fp8.codes ? fp8_padded_tokens(n) : n);
     if (per_thread == 2)
-      launch_chained("residual_rms_norm_vec launch", residual_rms_norm_vec_kernel<2, Delta>, static_cast<unsigned>(n),
-                     threads, 0, stream, x, delta, addend, dim, weight, eps, y_f32, y_bf16, y_low_terms);
+      launch_chained("residual_rms_norm_vec launch", residual_rms_norm_vec_kernel<2, Delta>, blocks, threads, 0, stream,
+                     x, delta, addend, n, dim, weight, eps, y_f32, y_bf16, y_low_terms, y_fp8);
     else
-      launch_chained("residual_rms_norm launch", residual_rms_norm_vec_kernel<4, Delta>, static_cast<unsigned>(n),
-                     threads, 0, stream, x, delta, addend, dim, weight, eps, y_f32, y_bf16, y_low_terms);
+      launch_chained("residual_rms_norm launch", residual_rms_norm_vec_kernel<4, Delta>, blocks, threads, 0, stream, x,
+                     delta, addend, n, dim, weight, eps, y_f32, y_bf16, y_low_terms, y_fp8);
     return;
   }
   // A row's loads are independent: enough threads that each issues a handful (a lone decode
@@ -459,36 +498,47 @@ void residual_rms_norm_of(float* x, const Delta* delta, int64_t n, int64_t dim, 
   const int threads = static_cast<int>(std::clamp<int64_t>((dim / 8 + 31) / 32 * 32, kNormThreads, 1024));
   launch_chained("residual_rms_norm launch", residual_rms_norm_kernel<Delta>, static_cast<unsigned>(n), threads, 0,
                  stream, x, delta, addend, dim, weight, eps, y_f32, y_bf16, y_low_terms);
+  if (y_fp8.codes) quantize_fp8_rows(y_bf16, n, dim, y_fp8.codes, y_fp8.scales, stream);  // rows the vectors do not take
 }
 
 }  // namespace
 
 void residual_rms_norm(float* x, const float* delta, int64_t n, int64_t dim, const float* weight, float eps,
                        float* y_f32, uint16_t* y_bf16, cudaStream_t stream, const float* addend,
-                       uint16_t* y_low_terms, const uint16_t* delta_bf16) {
+                       uint16_t* y_low_terms, const uint16_t* delta_bf16, Fp8Rows y_fp8) {
   GLMS_CHECK(y_low_terms == nullptr || y_bf16 != nullptr, "residual_rms_norm: the low terms come with y_bf16");
   GLMS_CHECK(!(delta && delta_bf16), "residual_rms_norm: one delta, fp32 or bf16");
   if (n == 0) return;
-  if (delta_bf16) residual_rms_norm_of(x, delta_bf16, n, dim, weight, eps, y_f32, y_bf16, stream, addend, y_low_terms);
-  else residual_rms_norm_of(x, delta, n, dim, weight, eps, y_f32, y_bf16, stream, addend, y_low_terms);
+  GLMS_CHECK(y_fp8.codes == nullptr || (y_fp8.scales != nullptr && y_bf16 != nullptr && dim % kFp8ScaleBlock == 0),
+             "residual_rms_norm: E4M3 rows come with y_bf16, scales and whole 128-column blocks");
+  if (delta_bf16)
+    residual_rms_norm_of(x, delta_bf16, n, dim, weight, eps, y_f32, y_bf16, stream, addend, y_low_terms, y_fp8);
+  else
+    residual_rms_norm_of(x, delta, n, dim, weight, eps, y_f32, y_bf16, stream, addend, y_low_terms, y_fp8);
 }
 
 namespace {
 template <typename In>
-void launch_silu_mul(const In* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream) {
+void launch_silu_mul(const In* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream,
+                     Fp8Rows out_fp8) {
   if (n * inter == 0) return;
-  const int64_t items = inter % 4 == 0 ? n * inter / 4 : n * inter;
+  GLMS_CHECK(out_fp8.codes == nullptr || (out_fp8.scales != nullptr && inter % kFp8ScaleBlock == 0),
+             "silu_mul_to_bf16: E4M3 rows come with scales and whole 128-column blocks");
+  const int64_t rows = out_fp8.codes ? fp8_padded_tokens(n) : n;
+  const int64_t items = inter % 4 == 0 ? rows * inter / 4 : n * inter;
   launch_chained("silu_mul_to_bf16 launch", silu_mul_to_bf16_kernel<In>, elementwise_blocks(items, 256), 256, 0,
-                 stream, gate_up, n, inter, out);
+                 stream, gate_up, n, rows, inter, out, out_fp8);
 }
 }  // namespace
 
-void silu_mul_to_bf16(const float* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream) {
-  launch_silu_mul(gate_up, n, inter, out, stream);
+void silu_mul_to_bf16(const float* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream,
+                      Fp8Rows out_fp8) {
+  launch_silu_mul(gate_up, n, inter, out, stream, out_fp8);
 }
 
-void silu_mul_to_bf16(const uint16_t* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream) {
-  launch_silu_mul(gate_up, n, inter, out, stream);
+void silu_mul_to_bf16(const uint16_t* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream,
+                      Fp8Rows out_fp8) {
+  launch_silu_mul(gate_up, n, inter, out, stream, out_fp8);
 }
 
 namespace {
