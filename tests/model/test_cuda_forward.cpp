@@ -692,7 +692,11 @@ TEST_F(CudaForward, ForwardSelectedReturnsArgmaxesDrawsAndTheAskedRows) {
 // through the merge), then the short one alone. The indexer keeps every position (a random
 // model's near-tied scores would flip between bf16 and fp32), so every decode step selects all
 // and one top-k a step serves its layers. Each attention variant against the CPU.
-TEST_F(CudaForward, GlmAttentionWidthsFollowTheCpuThroughEveryAttentionKernel) {
+namespace {
+
+// Two layers at GLM-5's attention widths (64 heads, latent 512, rope 64, v_head 256, its indexer)
+// and the grouped widths' hidden size and experts.
+RandomModelSpec glm_attention_widths_spec() {
   RandomModelSpec spec = grouped_widths_spec(512);
   spec.num_hidden_layers = 2;
   spec.index_topk_pattern = "FS";
@@ -706,6 +710,13 @@ TEST_F(CudaForward, GlmAttentionWidthsFollowTheCpuThroughEveryAttentionKernel) {
   spec.topk_group = 1;
   spec.index_n_heads = 32;
   spec.index_head_dim = 128;
+  return spec;
+}
+
+}  // namespace
+
+TEST_F(CudaForward, GlmAttentionWidthsFollowTheCpuThroughEveryAttentionKernel) {
+  const RandomModelSpec spec = glm_attention_widths_spec();
   TempDir dir("cuda_glm_attention_widths");
   const model::Glm5Model cpu(model::load_weights(glms::testing::write_random_model(dir.path / "m", spec).string()));
   const auto a = random_tokens(310, spec.vocab_size, 11), b = random_tokens(50, spec.vocab_size, 12);
@@ -753,5 +764,33 @@ TEST_F(CudaForward, GlmAttentionWidthsFollowTheCpuThroughEveryAttentionKernel) {
     }
     std::printf("%s: median relative L2 %.2e\n", v.name, pair.median());
     EXPECT_LT(pair.median(), 2e-2) << v.name;
+  }
+}
+
+// FP8 linear layers at GLM-5's attention widths: a 256-token prefill's o_proj reads the heads as
+// the un-absorption writes them, E4M3 rows (ops::cuda::mla_unabsorb_fp8), and its q_a / kv_a, q_b,
+// MLP and shared-expert GEMMs the E4M3 rows their norms and SwiGLU write; against the CPU over the
+// same FP8 weights token by token, with o_proj's product written apart and added into the residual
+// stream by its GEMM. As in Fp8ExpertsOnTheFp8TensorCoresFollowTheCpu the device quantises its
+// activations where the CPU keeps fp32, so the bound is that test's; a wrong head, row or scale
+// block moves every token by order one.
+TEST_F(CudaForward, Fp8LinearLayersAtGlmAttentionWidthsFollowTheCpu) {
+  const RandomModelSpec spec = glm_attention_widths_spec();
+  TempDir dir("cuda_fp8_glm_attention_widths");
+  const model::Glm5Model cpu(fp8_random_weights(spec, dir));
+  const int vocab = spec.vocab_size, n = 256;
+  model::ForwardBatch prefill;
+  prefill.add_sequence(random_tokens(n, vocab, 13), 0, table(0, n / kBlockSize), kBlockSize, true);
+  kv::PagedLatentCache cache(cpu.cache_layout(kBlockSize), kNumBlocks);
+  const auto expected = cpu.forward(prefill, cache);
+  for (const bool accumulate : {false, true}) {
+    model::CudaModelOptions options = small_options();
+    options.max_tokens = 512;
+    options.accumulate_residual_min_tokens = accumulate ? 1 : 0;
+    model::CudaGlm5Model gpu(cpu.weights(), options);
+    const auto [median, largest] = token_errors(gpu.forward(prefill), expected, n, vocab);
+    std::printf("block outputs %s: per-token logits relative L2 against the CPU, median %.2e, max %.2e\n",
+                accumulate ? "added by their GEMMs" : "written apart", median, largest);
+    EXPECT_LT(median, 0.2) << (accumulate ? "added by their GEMMs" : "written apart");
   }
 }

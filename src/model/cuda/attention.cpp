@@ -168,14 +168,20 @@ const float* CudaGlm5Model::Impl::attention_output(const AttentionDevice& w, int
   const int64_t nope = c.qk_nope_head_dim, L = c.kv_lora_rank, vd = c.v_head_dim;
   const int64_t head_stride = (nope + vd) * L;
   cudaStream_t s = stream.get();
-  gemm.batched_to_bf16(as<uint16_t>(o_bf16), T, H * L, L, as<uint16_t>(w.kv_b_proj) + nope * L, vd, L, L, head_stride,
-                       false, as<uint16_t>(heads_bf16), H * vd, vd, H, s);
+  // An FP8 o_proj's GEMM reads the heads as E4M3 rows, which the un-absorption writes itself.
+  const bool heads_quantised = fp8_gemm_takes(w.o_proj, T) && cuda::mla_unabsorb_fp8_supported(L, vd);
+  if (heads_quantised)
+    cuda::mla_unabsorb_fp8(as<uint16_t>(o_bf16), T, H, as<uint16_t>(w.kv_b_proj) + nope * L, nope + vd,
+                           fp8_input_rows(w.o_proj, T), s);
+  else
+    gemm.batched_to_bf16(as<uint16_t>(o_bf16), T, H * L, L, as<uint16_t>(w.kv_b_proj) + nope * L, vd, L, L,
+                         head_stride, false, as<uint16_t>(heads_bf16), H * vd, vd, H, s);
   if (adds_into_residual(w.o_proj, T)) {
-    add_linear(w.o_proj, as<uint16_t>(heads_bf16), T, as<float>(x), gemm, s);
+    add_linear(w.o_proj, as<uint16_t>(heads_bf16), T, as<float>(x), gemm, s, heads_quantised);
     timer.mark("attention.output", s);
     return nullptr;
   }
-  linear(w.o_proj, as<uint16_t>(heads_bf16), T, as<float>(block_out), gemm, s);
+  linear(w.o_proj, as<uint16_t>(heads_bf16), T, as<float>(block_out), gemm, s, heads_quantised);
   sum_over_tp(as<float>(block_out), T);  // the heads of every tensor-parallel peer
   timer.mark("attention.output", s);
   return as<float>(block_out);

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/kv_cache.h"
 
 struct CUstream_st;
@@ -173,5 +174,16 @@ void mla_gather_context(const void* cache, CacheStorage storage, const int32_t* 
 // selected/num_selected: the chunk's rows of the selection.
 void mla_sparse_softmax(const float* scores, int n, int heads, int context, const int32_t* selected, int max_selected,
                         const int32_t* num_selected, uint16_t* probs, cudaStream_t stream);
+
+// The attention output's heads for an FP8 o_proj (mla_unabsorb.cu): heads[t, h, :] = o[t, h, :] .
+// W_uv[h]^T, each sum rounded to bf16 and the rows [T, heads * v_dim] left only as E4M3 rows
+// (`out`: the codes and scales quantize_fp8_rows would make of those bf16 rows, pad rows
+// included), which o_proj's block-FP8 GEMM reads. o: [T, heads, latent] bf16; W_uv[h]: the
+// [v_dim, latent] bf16 rows from w_uv + h * head_rows * latent (kv_b_proj's value rows:
+// w_uv = kv_b_proj + nope * latent, head_rows = nope + v_dim). GLM-5's shapes only (latent 512,
+// v_dim 256); o and w_uv 16-byte aligned.
+bool mla_unabsorb_fp8_supported(int64_t latent, int64_t v_dim);
+void mla_unabsorb_fp8(const uint16_t* o, int64_t T, int heads, const uint16_t* w_uv, int64_t head_rows, Fp8Rows out,
+                      cudaStream_t stream);
 
 }  // namespace glms::ops::cuda
