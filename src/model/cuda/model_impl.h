@@ -185,9 +185,15 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   // stream) + their sums, fp32 rows or (neither accumulated nor with shared) bf16 rows. Returns
   // false, having written nothing, where a large step's pairs on this rank outnumber the per-pair
   // buffers (the caller then runs fewer rows at a time).
+  // `tokens_staged`: the W8A8 staging's token rows hold x's E4M3 rows (stage_fp8_expert_tokens).
   bool moe_experts(const MoeDevice& m, const uint16_t* x, const int32_t* ids, const float* weights, int rows,
                    int routed_rows, const StepShape& shape, cuda::ExpertSums out, bool accumulate, const float* shared,
-                   const cuda::Event* shared_ready);
+                   const cuda::Event* shared_ready, bool tokens_staged = false);
+  // Copies fp8_codes' E4M3 rows of normed_bf16 (T rows, as the post-attention norm wrote them for
+  // the shared expert, whose own FP8 GEMMs then overwrite them) into the W8A8 staging's token
+  // rows, so that block-FP8 routed experts skip their quantisation pass; false, copying nothing,
+  // where the experts are not block FP8 or the staging does not fit.
+  bool stage_fp8_expert_tokens(const MoeDevice& m, int T);
   bool moe_experts_per_expert_gemms(const MoeDevice& m, const uint16_t* x, const cuda::MoePlan& plan,
                                     const cuda::ExpertWeights& experts);
   // This rank's grouped pairs of `plan` (its offsets[num_experts]), read back to the host.

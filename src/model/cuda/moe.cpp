@@ -77,6 +77,17 @@ std::optional<cuda::MoeFp8Staging> CudaGlm5Model::Impl::fp8_expert_staging(int64
   return staging;
 }
 
+bool CudaGlm5Model::Impl::stage_fp8_expert_tokens(const MoeDevice& m, int T) {
+  if (m.experts_format != ops::WeightFormat::Fp8Block) return false;
+  const std::optional<cuda::MoeFp8Staging> staging = fp8_expert_staging(T, 0, m.expert_inter);
+  if (!staging) return false;
+  const int64_t rows = cuda::fp8_padded_tokens(T), hidden = config.hidden_size;
+  cudaStream_t s = stream.get();
+  cuda::copy_device_async(staging->token_codes, fp8_codes.data(), static_cast<size_t>(rows * hidden), s);
+  cuda::copy_device_async(staging->token_scales, fp8_scales.data(), sizeof(float) * rows * hidden / 128, s);
+  return true;
+}
+
 // Per-expert GEMMs over the grouped rows (the paths above cover none of this step's shape): the
 // group offsets come back to the host first. Returns false where the pairs outnumber the pair
 // buffers.
@@ -165,7 +176,8 @@ int64_t CudaGlm5Model::Impl::local_pair_count(const cuda::MoePlan& plan, int num
 
 bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, const int32_t* ids, const float* weights,
                                       int rows, int routed_rows, const StepShape& shape, cuda::ExpertSums out,
-                                      bool accumulate, const float* shared, const cuda::Event* shared_ready) {
+                                      bool accumulate, const float* shared, const cuda::Event* shared_ready,
+                                      bool tokens_staged) {
   const int K = config.num_experts_per_tok, E = m.num_experts;
   const int64_t hidden = config.hidden_size, inter = m.expert_inter, P = int64_t{rows} * K;
   cudaStream_t s = stream.get();
@@ -191,6 +203,7 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
   step.host_sync_ok = shape.host_sync_ok;
   std::optional<cuda::MoeFp8Staging> fp8_staging;
   if (m.experts_format == ops::WeightFormat::Fp8Block) fp8_staging = fp8_expert_staging(rows, step.local_pairs, inter);
+  if (fp8_staging) fp8_staging->tokens_quantised = tokens_staged;
   step.fp8_staged = fp8_staging.has_value();
   step.widening_fits = sizeof(uint16_t) * E * 2 * inter * hidden <= pair_gate_up.bytes();  // moe_experts_widened's
   const int64_t bound = step.local_pairs;
@@ -285,6 +298,9 @@ CudaGlm5Model::Impl::PendingOutput CudaGlm5Model::Impl::moe(const DecoderLayerDe
   const bool gathered = peers.dp != nullptr;
   GLMS_CHECK(!gathered || (shape.moe_rows >= T && shape.moe_rows <= options.max_tokens), "MoE gather rows out of range");
   moe_route(m, T, gathered ? shape.moe_rows : T);
+  // The norm's E4M3 rows serve this rank's own rows' routed experts too (the router has read the
+  // terms that shared their staging); a data-parallel step's experts take every rank's rows.
+  const bool tokens_staged = normed_quantised && !gathered && stage_fp8_expert_tokens(m, T);
   if (!overlap_shared) {
     timer.mark("moe.routing", s);
     moe_shared_expert(m, T, false, shared_into_residual, normed_quantised);
@@ -292,12 +308,13 @@ CudaGlm5Model::Impl::PendingOutput CudaGlm5Model::Impl::moe(const DecoderLayerDe
 
   if (!peers.tp && !peers.dp) {  // the whole model: combine into the residual stream
     moe_experts(m, as<uint16_t>(normed_bf16), as<int32_t>(expert_ids), as<float>(expert_weights), T, T, shape,
-                as<float>(x), true, shared_into_residual ? nullptr : as<float>(shared_out), shared_ready);
+                as<float>(x), true, shared_into_residual ? nullptr : as<float>(shared_out), shared_ready,
+                tokens_staged);
     return {};
   }
   if (!peers.dp) {
     moe_experts(m, as<uint16_t>(normed_bf16), as<int32_t>(expert_ids), as<float>(expert_weights), T, T, shape,
-                as<float>(block_out), false, as<float>(shared_out), shared_ready);
+                as<float>(block_out), false, as<float>(shared_out), shared_ready, tokens_staged);
     sum_over_tp(as<float>(block_out), T);
     return {as<float>(block_out), nullptr};
   }

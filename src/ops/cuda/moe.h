@@ -201,6 +201,7 @@ struct MoeFp8Staging {
   float* token_scales = nullptr;
   uint8_t* act_codes = nullptr;
   float* act_scales = nullptr;
+  bool tokens_quantised = false;  // token_codes / token_scales hold x's E4M3 rows already
 };
 // The kernel: every warp copying and a block barrier a step, or a producer warpgroup copying
 // while two consumer warpgroups multiply, over 128 weight lines a block or (kWide, where hidden

@@ -685,7 +685,7 @@ void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, con
   // The 256-line tiles' down slices need hidden in whole 256s; otherwise the 128-line kernel.
   if (wide_tiles(gemm) && hidden % wide::kLines != 0) gemm = Fp8ExpertGemm::kWarpSpecialized;
 
-  quantize_fp8_rows(x, tokens, hidden, staging.token_codes, staging.token_scales, stream);
+  if (!staging.tokens_quantised) quantize_fp8_rows(x, tokens, hidden, staging.token_codes, staging.token_scales, stream);
   a.x_scale_stride = fp8_padded_tokens(tokens);
   a.x_codes = staging.token_codes;
   a.x_scales = staging.token_scales;
