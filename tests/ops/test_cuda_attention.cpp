@@ -12,10 +12,8 @@
 #include "core/dtype.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/indexer.h"
-#include "ops/cuda/linear_fp8.h"
 #include "ops/cuda/mla.h"
 #include "ops/ops.h"
-#include "quant/formats.h"
 #include "quant/kv_fp8.h"
 #include "support/cuda_buffers.h"
 #include "support/numerics.h"
@@ -25,7 +23,6 @@ using glms::testing::random_values;
 using glms::testing::to_device;
 using glms::testing::to_host;
 using glms::testing::bf16_to_host;
-using glms::testing::poisoned;
 using glms::testing::poisoned_bf16;
 using glms::testing::relative_l2;
 namespace cuda = glms::ops::cuda;
@@ -553,65 +550,6 @@ std::vector<int32_t> random_positions(int count, uint32_t seed, int limit) {
   std::mt19937 rng(seed);
   for (int t = 0; t < count; ++t) positions.push_back(static_cast<int32_t>(rng() % limit));
   return positions;
-}
-
-// mla_unabsorb_fp8 against the heads' bf16 rows of a double product, quantised by
-// quantize_fp8_rows: the scales equal to bf16 rounding and the codes the same but where the fp32
-// sums round to another bf16 than the double ones (a code one E4M3 step off at most); the pad
-// rows zeros with scale 1. Row counts of one, part-filled tiles and several tiles, one head to
-// GLM-5's 64; the value rows as kv_b_proj holds them (nope rows before each head's values).
-TEST_F(CudaAttention, MlaUnabsorbFp8WritesTheHeadsAsE4m3Rows) {
-  constexpr int kLatent = 512, kValue = 256, kNope = 192, kHeadRows = kNope + kValue;
-  ASSERT_TRUE(cuda::mla_unabsorb_fp8_supported(kLatent, kValue));
-  EXPECT_FALSE(cuda::mla_unabsorb_fp8_supported(256, kValue));
-  for (auto [T, H] : {std::pair{1, 64}, std::pair{5, 3}, std::pair{130, 2}, std::pair{259, 1}}) {
-    const int64_t np = cuda::fp8_padded_tokens(T), cols = int64_t{H} * kValue;
-    std::vector<uint16_t> o(int64_t{T} * H * kLatent), kv_b(int64_t{H} * kHeadRows * kLatent);
-    const auto o_values = random_values(static_cast<int64_t>(o.size()), 70 + T, 1.0f);
-    const auto w_values = random_values(static_cast<int64_t>(kv_b.size()), 71 + H, 0.05f);
-    for (size_t i = 0; i < o.size(); ++i) o[i] = f32_to_bf16(o_values[i] * (i % 97 == 0 ? 30.0f : 1.0f));
-    for (size_t i = 0; i < kv_b.size(); ++i) kv_b[i] = f32_to_bf16(w_values[i]);
-    std::vector<uint16_t> heads(int64_t{T} * cols);
-    for (int t = 0; t < T; ++t)
-      for (int h = 0; h < H; ++h)
-        for (int v = 0; v < kValue; ++v) {
-          const uint16_t* x = o.data() + (int64_t{t} * H + h) * kLatent;
-          const uint16_t* w = kv_b.data() + (int64_t{h} * kHeadRows + kNope + v) * kLatent;
-          double sum = 0.0;
-          for (int k = 0; k < kLatent; ++k) sum += double(bf16_to_f32(x[k])) * bf16_to_f32(w[k]);
-          heads[int64_t{t} * cols + int64_t{h} * kValue + v] = f32_to_bf16(static_cast<float>(sum));
-        }
-    auto d_heads = to_device(heads);
-    auto expected_codes = to_device(std::vector<uint8_t>(np * cols, 0x7f)), expected_scales = poisoned(np * cols / 128);
-    cuda::quantize_fp8_rows(d_heads.as<uint16_t>(), T, cols, expected_codes.as<uint8_t>(), expected_scales.as<float>(),
-                            nullptr);
-    auto d_o = to_device(o), d_kv_b = to_device(kv_b);
-    auto codes = to_device(std::vector<uint8_t>(np * cols, 0x7f)), scales = poisoned(np * cols / 128);
-    cuda::mla_unabsorb_fp8(d_o.as<uint16_t>(), T, H, d_kv_b.as<uint16_t>() + kNope * kLatent, kHeadRows,
-                           {codes.as<uint8_t>(), scales.as<float>()}, nullptr);
-    const auto got_codes = to_host<uint8_t>(codes), want_codes = to_host<uint8_t>(expected_codes);
-    const auto got_scales = to_host<float>(scales), want_scales = to_host<float>(expected_scales);
-    const std::string what = std::to_string(T) + " tokens, " + std::to_string(H) + " heads";
-    for (int64_t b = 0; b < cols / 128; ++b)
-      for (int64_t t = 0; t < np; ++t) {
-        const float got = got_scales[b * np + t], want = want_scales[b * np + t];
-        ASSERT_LE(std::fabs(got - want), 8e-3f * want) << what << ", block " << b << ", row " << t;
-      }
-    std::vector<float> got_values(np * cols), want_values(np * cols);
-    int64_t differ = 0;
-    for (int64_t t = 0; t < np; ++t)
-      for (int64_t c = 0; c < cols; ++c) {
-        const int64_t i = t * cols + c, block = (c / 128) * np + t;
-        got_values[i] = quant::minifloat_to_f32(quant::MiniFloat::E4M3, got_codes[i]) * got_scales[block];
-        want_values[i] = quant::minifloat_to_f32(quant::MiniFloat::E4M3, want_codes[i]) * want_scales[block];
-        differ += got_codes[i] != want_codes[i];
-        if (t >= T) {
-          ASSERT_EQ(got_codes[i], 0) << what << ": pad row " << t;
-        }
-      }
-    EXPECT_LE(differ, np * cols / 200) << what;
-    EXPECT_LT(relative_l2(got_values, want_values), 1e-2) << what << ", " << differ << " codes differ";
-  }
 }
 
 TEST_F(CudaAttention, TopKSelectsTheLargestInPositionOrderWithLowerPositionsWinningTies) {
