@@ -767,30 +767,31 @@ TEST_F(CudaForward, GlmAttentionWidthsFollowTheCpuThroughEveryAttentionKernel) {
   }
 }
 
-// FP8 linear layers at GLM-5's attention widths: a 256-token prefill's o_proj reads the heads as
-// the un-absorption writes them, E4M3 rows (ops::cuda::mla_unabsorb_fp8), and its q_a / kv_a, q_b,
-// MLP and shared-expert GEMMs the E4M3 rows their norms and SwiGLU write; against the CPU over the
-// same FP8 weights token by token, with o_proj's product written apart and added into the residual
-// stream by its GEMM. As in Fp8ExpertsOnTheFp8TensorCoresFollowTheCpu the device quantises its
-// activations where the CPU keeps fp32, so the bound is that test's; a wrong head, row or scale
+// FP8 linear layers at GLM-5's attention widths: a 254-token prefill (two pad rows) whose o_proj
+// reads the heads as the un-absorption writes them, E4M3 rows (ops::cuda::mla_unabsorb_fp8), its
+// q_a / kv_a, q_b (the projection rows not fused, so that q_b reads the q_a norm's rows), MLP and
+// shared-expert GEMMs the E4M3 rows their norms and SwiGLU write, and its W8A8 experts the
+// post-attention norm's; against the CPU over the same FP8 weights token by token, with o_proj's
+// product written apart and added into the residual stream by its GEMM. The device quantises its
+// activations where the CPU keeps fp32 (7.97e-2 median on an H100); a wrong head, row or scale
 // block moves every token by order one.
 TEST_F(CudaForward, Fp8LinearLayersAtGlmAttentionWidthsFollowTheCpu) {
   const RandomModelSpec spec = glm_attention_widths_spec();
   TempDir dir("cuda_fp8_glm_attention_widths");
   const model::Glm5Model cpu(fp8_random_weights(spec, dir));
-  const int vocab = spec.vocab_size, n = 256;
+  const int vocab = spec.vocab_size, n = 254;
   model::ForwardBatch prefill;
-  prefill.add_sequence(random_tokens(n, vocab, 13), 0, table(0, n / kBlockSize), kBlockSize, true);
+  prefill.add_sequence(random_tokens(n, vocab, 13), 0, table(0, 32), kBlockSize, true);
   kv::PagedLatentCache cache(cpu.cache_layout(kBlockSize), kNumBlocks);
   const auto expected = cpu.forward(prefill, cache);
   for (const bool accumulate : {false, true}) {
     model::CudaModelOptions options = small_options();
-    options.max_tokens = 512;
+    options.fused_projection_rows_max_tokens = 0;
     options.accumulate_residual_min_tokens = accumulate ? 1 : 0;
     model::CudaGlm5Model gpu(cpu.weights(), options);
     const auto [median, largest] = token_errors(gpu.forward(prefill), expected, n, vocab);
     std::printf("block outputs %s: per-token logits relative L2 against the CPU, median %.2e, max %.2e\n",
                 accumulate ? "added by their GEMMs" : "written apart", median, largest);
-    EXPECT_LT(median, 0.2) << (accumulate ? "added by their GEMMs" : "written apart");
+    EXPECT_LT(median, 0.12) << (accumulate ? "added by their GEMMs" : "written apart");
   }
 }

@@ -238,12 +238,14 @@ TEST_F(CudaLinearFp8, Fp8GemvMatchesTheDequantisedProductWithBf16Inputs) {
 // quantize_fp8_rows: the scales equal to bf16 rounding and the codes the same but where the fp32
 // sums round to another bf16 than the double ones (a code one E4M3 step off at most); the pad
 // rows zeros with scale 1. Row counts of one, part-filled tiles and several tiles, one head to
-// GLM-5's 64; the value rows as kv_b_proj holds them (nope rows before each head's values).
+// GLM-5's 64 (259 tokens of 64 heads: 192 tiles, more than an H100's or H200's SMs, so that
+// blocks take several, the ring running on from one to the next); the value rows as kv_b_proj
+// holds them (nope rows before each head's values).
 TEST_F(CudaLinearFp8, MlaUnabsorbWritesTheHeadsAsE4m3Rows) {
   constexpr int kLatent = 512, kValue = 256, kNope = 192, kHeadRows = kNope + kValue;
   ASSERT_TRUE(cuda::mla_unabsorb_fp8_supported(kLatent, kValue));
   EXPECT_FALSE(cuda::mla_unabsorb_fp8_supported(256, kValue));
-  for (auto [T, H] : {std::pair{1, 64}, std::pair{5, 3}, std::pair{130, 2}, std::pair{259, 1}}) {
+  for (auto [T, H] : {std::pair{1, 64}, std::pair{5, 3}, std::pair{130, 2}, std::pair{259, 64}}) {
     const int64_t np = cuda::fp8_padded_tokens(T), cols = int64_t{H} * kValue;
     std::vector<uint16_t> o(int64_t{T} * H * kLatent), kv_b(int64_t{H} * kHeadRows * kLatent);
     const auto o_values = random_values(static_cast<int64_t>(o.size()), 70 + T, 1.0f);

@@ -437,31 +437,41 @@ TEST_F(CudaOps, ResidualRmsNormWritesTheBf16TermsOfItsOutput) {
 
 // With y_fp8 the norm writes its bf16 output also as E4M3 rows: the codes and scales
 // quantize_fp8_rows makes from that bf16 output, bit for bit, the pad rows' included; x and the
-// bf16 rows as without them. Row counts that leave 1 to 3 pad rows and none; with and without a
-// delta and the bf16 terms; widths of one 128-column block, of a warp's several and one past
-// the vector kernel's (its fallback quantises after the norm).
+// bf16 rows as without them. Row counts that leave 1 to 3 pad rows and none; the delta none,
+// fp32, fp32 with an addend, or bf16; with and without the bf16 terms; widths of one 128-column
+// block, of a warp's several, of four float4s a thread (12288) and one past the vector kernel's
+// (its fallback quantises after the norm).
 TEST_F(CudaOps, ResidualRmsNormWritesE4m3RowsAsQuantizeFp8RowsDoes) {
+  enum class Delta { kNone, kF32, kF32WithAddend, kBf16 };
   struct Case {
     int n, dim;
-    bool delta, terms;
+    Delta delta;
+    bool terms;
   };
-  for (const Case c : {Case{5, 6144, true, true}, Case{3, 6144, false, false}, Case{2, 2048, false, false},
-                       Case{7, 384, true, false}, Case{4, 128, true, true}, Case{6, 16512, true, false}}) {
+  for (const Case c : {Case{5, 6144, Delta::kF32, true}, Case{3, 6144, Delta::kNone, false},
+                       Case{2, 2048, Delta::kF32WithAddend, false}, Case{7, 384, Delta::kBf16, false},
+                       Case{4, 128, Delta::kF32, true}, Case{3, 12288, Delta::kBf16, true},
+                       Case{6, 16512, Delta::kF32WithAddend, false}}) {
     const int64_t count = int64_t{c.n} * c.dim, np = cuda::fp8_padded_tokens(c.n);
     auto x = random_values(count, 30 + c.n, 2.0f);
     for (int64_t i = 0; i < count; i += 7) x[i] *= 1e-3f;  // blocks of unlike magnitudes
-    const auto delta = random_values(count, 31), w = random_values(c.dim, 32);
-    auto dd = to_device(delta), dw = to_device(w);
-    const float* d = c.delta ? dd.as<float>() : nullptr;
+    const auto delta = random_values(count, 31), addend = random_values(count, 33), w = random_values(c.dim, 32);
+    std::vector<uint16_t> delta16(delta.size());
+    for (size_t i = 0; i < delta.size(); ++i) delta16[i] = f32_to_bf16(delta[i]);
+    auto dd = to_device(delta), dd16 = to_device(delta16), da = to_device(addend), dw = to_device(w);
+    const bool f32 = c.delta == Delta::kF32 || c.delta == Delta::kF32WithAddend;
+    const float* d = f32 ? dd.as<float>() : nullptr;
+    const float* a = c.delta == Delta::kF32WithAddend ? da.as<float>() : nullptr;
+    const uint16_t* d16 = c.delta == Delta::kBf16 ? dd16.as<uint16_t>() : nullptr;
     auto dx_plain = to_device(x), dx_fp8 = to_device(x);
     auto dy_plain = poisoned_bf16(count), dy_fp8 = poisoned_bf16(count);
     cuda::DeviceBuffer low(sizeof(uint16_t) * 2 * count);
     uint16_t* terms = c.terms ? low.as<uint16_t>() : nullptr;
     cuda::residual_rms_norm(dx_plain.as<float>(), d, c.n, c.dim, dw.as<float>(), 1e-5f, nullptr, dy_plain.as<uint16_t>(),
-                            nullptr, nullptr, terms);
+                            nullptr, a, terms, d16);
     auto codes = to_device(std::vector<uint8_t>(np * c.dim, 0x7f)), scales = poisoned(np * c.dim / 128);
     cuda::residual_rms_norm(dx_fp8.as<float>(), d, c.n, c.dim, dw.as<float>(), 1e-5f, nullptr, dy_fp8.as<uint16_t>(),
-                            nullptr, nullptr, terms, nullptr, {codes.as<uint8_t>(), scales.as<float>()});
+                            nullptr, a, terms, d16, {codes.as<uint8_t>(), scales.as<float>()});
     const std::string what = std::to_string(c.n) + " x " + std::to_string(c.dim);
     EXPECT_EQ(to_host<float>(dx_fp8), to_host<float>(dx_plain)) << what;
     EXPECT_EQ(to_host<uint16_t>(dy_fp8), to_host<uint16_t>(dy_plain)) << what;
@@ -477,8 +487,8 @@ TEST_F(CudaOps, ResidualRmsNormWritesE4m3RowsAsQuantizeFp8RowsDoes) {
 }
 
 // SwiGLU's E4M3 rows (silu_mul_to_bf16 with out_fp8) are quantize_fp8_rows of its bf16 output,
-// bit for bit, the pad rows' included, from fp32 and bf16 gate/up values; the bf16 output as
-// without them.
+// bit for bit, the pad rows' included, from fp32 and bf16 gate/up values, with the bf16 output
+// as without them or without it.
 TEST_F(CudaOps, SiluMulWritesE4m3RowsAsQuantizeFp8RowsDoes) {
   for (auto [n, inter] : {std::pair{5, 2048}, std::pair{8, 128}, std::pair{1, 384}, std::pair{300, 256}}) {
     const int64_t np = cuda::fp8_padded_tokens(n);
@@ -491,12 +501,16 @@ TEST_F(CudaOps, SiluMulWritesE4m3RowsAsQuantizeFp8RowsDoes) {
       auto expected_codes = to_device(std::vector<uint8_t>(np * inter, 0x7f));
       auto expected_scales = poisoned(np * inter / 128);
       const cuda::Fp8Rows fp8{codes.as<uint8_t>(), scales.as<float>()};
+      auto only_codes = to_device(std::vector<uint8_t>(np * inter, 0x7f)), only_scales = poisoned(np * inter / 128);
+      const cuda::Fp8Rows only_fp8{only_codes.as<uint8_t>(), only_scales.as<float>()};
       if (bf16_in) {
         cuda::silu_mul_to_bf16(d16.as<uint16_t>(), n, inter, plain.as<uint16_t>(), nullptr);
         cuda::silu_mul_to_bf16(d16.as<uint16_t>(), n, inter, with_fp8.as<uint16_t>(), nullptr, fp8);
+        cuda::silu_mul_to_bf16(d16.as<uint16_t>(), n, inter, nullptr, nullptr, only_fp8);
       } else {
         cuda::silu_mul_to_bf16(d32.as<float>(), n, inter, plain.as<uint16_t>(), nullptr);
         cuda::silu_mul_to_bf16(d32.as<float>(), n, inter, with_fp8.as<uint16_t>(), nullptr, fp8);
+        cuda::silu_mul_to_bf16(d32.as<float>(), n, inter, nullptr, nullptr, only_fp8);
       }
       cuda::quantize_fp8_rows(plain.as<uint16_t>(), n, inter, expected_codes.as<uint8_t>(),
                               expected_scales.as<float>(), nullptr);
@@ -504,6 +518,8 @@ TEST_F(CudaOps, SiluMulWritesE4m3RowsAsQuantizeFp8RowsDoes) {
       EXPECT_EQ(to_host<uint16_t>(with_fp8), to_host<uint16_t>(plain)) << what;
       EXPECT_EQ(to_host<uint8_t>(codes), to_host<uint8_t>(expected_codes)) << what;
       EXPECT_EQ(to_host<float>(scales), to_host<float>(expected_scales)) << what;
+      EXPECT_EQ(to_host<uint8_t>(only_codes), to_host<uint8_t>(expected_codes)) << what << ", the E4M3 rows only";
+      EXPECT_EQ(to_host<float>(only_scales), to_host<float>(expected_scales)) << what << ", the E4M3 rows only";
     }
   }
 }

@@ -41,7 +41,8 @@ bool CudaGlm5Model::Impl::project_attention_inputs(const DecoderLayerDevice& lay
                                 {as<uint16_t>(ix.weights_proj), IH, as<float>(index_w)}};
   if (w.q_a_proj.fp8() || w.kv_a_proj.fp8()) {
     linear(w.q_a_proj, normed, T, as<float>(q_resid), gemm, s, normed_quantised);
-    const bool quantised = w.q_a_proj.fp8() && T > cuda::kFp8GemvMaxTokens;  // by q_a's GEMM, the same rows
+    // fp8_codes hold the same rows for kv_a: the norm's or those q_a's GEMM quantised.
+    const bool quantised = w.q_a_proj.fp8() && T > cuda::kFp8GemvMaxTokens;
     linear(w.kv_a_proj, normed, T, as<float>(kv), gemm, s, quantised);
     gemm.linear_group(normed, T, hidden, from_x + 2, x_outputs - 2, s);
   } else {

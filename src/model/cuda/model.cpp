@@ -216,15 +216,17 @@ void CudaGlm5Model::Impl::upload_metadata(const ForwardBatch& batch, int routed_
 
 void CudaGlm5Model::Impl::dense_mlp(const MlpDevice& mlp, const uint16_t* x_bf16, int n, float* out, cuda::Gemm& g,
                                     cudaStream_t s, bool accumulate, bool x_quantised) {
-  // down's FP8 GEMM reads SwiGLU's E4M3 rows (the FP8 GEMM runs on the main stream only).
+  // down's FP8 GEMM reads SwiGLU's E4M3 rows (the FP8 GEMM runs on the main stream only), and
+  // then nothing reads act in bf16.
   const cuda::Fp8Rows act_fp8 = s == stream.get() ? fp8_input_rows(mlp.down, n) : cuda::Fp8Rows{};
+  const bool act_quantised = act_fp8.codes != nullptr;
+  uint16_t* const act_bf16 = act_quantised ? nullptr : as<uint16_t>(mlp_act);
   if (bf16_intermediates(n) && linear_to_bf16(mlp.gate_up, x_bf16, n, as<uint16_t>(mlp_gate_up), g, s, x_quantised)) {
-    cuda::silu_mul_to_bf16(as<uint16_t>(mlp_gate_up), n, mlp.inter, as<uint16_t>(mlp_act), s, act_fp8);
+    cuda::silu_mul_to_bf16(as<uint16_t>(mlp_gate_up), n, mlp.inter, act_bf16, s, act_fp8);
   } else {
     linear(mlp.gate_up, x_bf16, n, as<float>(mlp_gate_up), g, s, x_quantised);
-    cuda::silu_mul_to_bf16(as<float>(mlp_gate_up), n, mlp.inter, as<uint16_t>(mlp_act), s, act_fp8);
+    cuda::silu_mul_to_bf16(as<float>(mlp_gate_up), n, mlp.inter, act_bf16, s, act_fp8);
   }
-  const bool act_quantised = act_fp8.codes != nullptr;
   if (accumulate)
     add_linear(mlp.down, as<uint16_t>(mlp_act), n, out, g, s, act_quantised);
   else

@@ -192,7 +192,9 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   // Copies fp8_codes' E4M3 rows of normed_bf16 (T rows, as the post-attention norm wrote them for
   // the shared expert, whose own FP8 GEMMs then overwrite them) into the W8A8 staging's token
   // rows, so that block-FP8 routed experts skip their quantisation pass; false, copying nothing,
-  // where the experts are not block FP8 or the staging does not fit.
+  // where the experts are not block FP8 on the W8A8 GEMMs or the staging does not fit. The copy
+  // is made before moe_experts picks its path: a path that turns out not to be the W8A8 GEMMs'
+  // (a step too short for them) leaves it unread.
   bool stage_fp8_expert_tokens(const MoeDevice& m, int T);
   bool moe_experts_per_expert_gemms(const MoeDevice& m, const uint16_t* x, const cuda::MoePlan& plan,
                                     const cuda::ExpertWeights& experts);

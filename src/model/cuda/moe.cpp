@@ -78,7 +78,7 @@ std::optional<cuda::MoeFp8Staging> CudaGlm5Model::Impl::fp8_expert_staging(int64
 }
 
 bool CudaGlm5Model::Impl::stage_fp8_expert_tokens(const MoeDevice& m, int T) {
-  if (m.experts_format != ops::WeightFormat::Fp8Block) return false;
+  if (m.experts_format != ops::WeightFormat::Fp8Block || !options.wgmma_fp8_experts) return false;
   const std::optional<cuda::MoeFp8Staging> staging = fp8_expert_staging(T, 0, m.expert_inter);
   if (!staging) return false;
   const int64_t rows = cuda::fp8_padded_tokens(T), hidden = config.hidden_size;
@@ -203,7 +203,8 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
   step.host_sync_ok = shape.host_sync_ok;
   std::optional<cuda::MoeFp8Staging> fp8_staging;
   if (m.experts_format == ops::WeightFormat::Fp8Block) fp8_staging = fp8_expert_staging(rows, step.local_pairs, inter);
-  if (fp8_staging) fp8_staging->tokens_quantised = tokens_staged;
+  // The staged rows are the step's T tokens, which the W8A8 GEMMs count as bound / top_k.
+  if (fp8_staging) fp8_staging->tokens_quantised = tokens_staged && step.local_pairs == P;
   step.fp8_staged = fp8_staging.has_value();
   step.widening_fits = sizeof(uint16_t) * E * 2 * inter * hidden <= pair_gate_up.bytes();  // moe_experts_widened's
   const int64_t bound = step.local_pairs;

@@ -224,7 +224,7 @@ void residual_rms_norm(float* x, const float* delta, int64_t n, int64_t dim, con
 // out[t, i] = bf16(silu(gate_up[t, i]) * gate_up[t, inter + i]): gate and up side by side,
 // as the fused gate||up GEMM writes them. gate_up: [n, 2 * inter] fp32, out: [n, inter] bf16.
 // out_fp8 (codes set; inter a multiple of 128): out's rows also as E4M3 rows, as
-// quantize_fp8_rows(out) would make them.
+// quantize_fp8_rows(out) would make them; out may then be null (the E4M3 rows only).
 void silu_mul_to_bf16(const float* gate_up, int64_t n, int64_t inter, uint16_t* out, cudaStream_t stream,
                       Fp8Rows out_fp8 = {});
 // The same from bf16 gate and up values (a bf16 GEMM's output, as transformers' bf16 MLP has them).

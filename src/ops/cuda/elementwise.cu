@@ -101,7 +101,7 @@ __device__ __forceinline__ void store_e4m3_quad(uint32_t lo, uint32_t hi, uint8_
                       __uint_as_float(hi & 0xffff0000u)};
   float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
   for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-  const float s = amax > 0.0f ? __fdiv_rn(amax, kE4m3Max) : 1.0f;
+  const float s = activation_scale_of(amax);
   *reinterpret_cast<uint32_t*>(codes) = static_cast<uint32_t>(e4m3_of(v[0], s)) |
                                         static_cast<uint32_t>(e4m3_of(v[1], s)) << 8 |
                                         static_cast<uint32_t>(e4m3_of(v[2], s)) << 16 |
@@ -126,7 +126,8 @@ __global__ void __launch_bounds__(1024)
   if (blockIdx.x >= n) {  // a pad row of y_fp8
     for (int64_t k = threadIdx.x; k < dim / 4; k += blockDim.x)
       reinterpret_cast<uint32_t*>(y_fp8.codes + blockIdx.x * dim)[k] = 0;
-    for (int64_t b = threadIdx.x; b < dim / kFp8ScaleBlock; b += blockDim.x) y_fp8.scales[b * padded + blockIdx.x] = 1.0f;
+    for (int64_t b = threadIdx.x; b < dim / kFp8ScaleBlock; b += blockDim.x)
+      y_fp8.scales[b * padded + blockIdx.x] = 1.0f;
     return;
   }
   const int64_t vecs = dim / 4, offset = blockIdx.x * vecs;
@@ -218,9 +219,9 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float
 
 // out[t, j] = bf16(silu(gate_up[t, j]) * gate_up[t, inter + j]), gate_up fp32 or bf16; four
 // columns a thread where inter allows (one division a column held it to 2.1 TB/s at prefill sizes).
-// out_fp8.codes (inter a multiple of 128): out's rows also as E4M3 rows (Fp8Rows) of `rows`
-// (fp8_padded_tokens(n); else n), the pad rows' zeros included; a warp's 32 quads of a pass are
-// one 128-column block of a row (the grid's threads a multiple of 32).
+// out_fp8.codes (inter a multiple of 128): out's rows also (out null: only) as E4M3 rows
+// (Fp8Rows) of `rows` (fp8_padded_tokens(n); else n), the pad rows' zeros included; a warp's 32
+// quads of a pass are one 128-column block of a row (the grid's threads a multiple of 32).
 template <typename In>
 __global__ void silu_mul_to_bf16_kernel(const In* gate_up, int64_t n, int64_t rows, int64_t inter, uint16_t* out,
                                         Fp8Rows out_fp8) {
@@ -235,7 +236,7 @@ __global__ void silu_mul_to_bf16_kernel(const In* gate_up, int64_t n, int64_t ro
         const float4 up = load4_as_float(gate_up + t * 2 * inter + inter + j);
         lo = pack_bf16_pair(silu_mul(gate.x, up.x), silu_mul(gate.y, up.y));
         hi = pack_bf16_pair(silu_mul(gate.z, up.z), silu_mul(gate.w, up.w));
-        *reinterpret_cast<uint2*>(out + t * inter + j) = make_uint2(lo, hi);
+        if (out) *reinterpret_cast<uint2*>(out + t * inter + j) = make_uint2(lo, hi);
       }
       if (out_fp8.codes)
         store_e4m3_quad(lo, hi, out_fp8.codes + t * inter + j, out_fp8.scales + j / kFp8ScaleBlock * rows + t);
@@ -498,7 +499,8 @@ void residual_rms_norm_of(float* x, const Delta* delta, int64_t n, int64_t dim, 
   const int threads = static_cast<int>(std::clamp<int64_t>((dim / 8 + 31) / 32 * 32, kNormThreads, 1024));
   launch_chained("residual_rms_norm launch", residual_rms_norm_kernel<Delta>, static_cast<unsigned>(n), threads, 0,
                  stream, x, delta, addend, dim, weight, eps, y_f32, y_bf16, y_low_terms);
-  if (y_fp8.codes) quantize_fp8_rows(y_bf16, n, dim, y_fp8.codes, y_fp8.scales, stream);  // rows the vectors do not take
+  // Rows the vector kernel does not take: their E4M3 rows from the bf16 ones.
+  if (y_fp8.codes) quantize_fp8_rows(y_bf16, n, dim, y_fp8.codes, y_fp8.scales, stream);
 }
 
 }  // namespace
@@ -524,6 +526,7 @@ void launch_silu_mul(const In* gate_up, int64_t n, int64_t inter, uint16_t* out,
   if (n * inter == 0) return;
   GLMS_CHECK(out_fp8.codes == nullptr || (out_fp8.scales != nullptr && inter % kFp8ScaleBlock == 0),
              "silu_mul_to_bf16: E4M3 rows come with scales and whole 128-column blocks");
+  GLMS_CHECK(out != nullptr || out_fp8.codes != nullptr, "silu_mul_to_bf16: no output");
   const int64_t rows = out_fp8.codes ? fp8_padded_tokens(n) : n;
   const int64_t items = inter % 4 == 0 ? rows * inter / 4 : n * inter;
   launch_chained("silu_mul_to_bf16 launch", silu_mul_to_bf16_kernel<In>, elementwise_blocks(items, 256), 256, 0,

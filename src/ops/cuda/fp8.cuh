@@ -31,6 +31,11 @@ __device__ __forceinline__ uint8_t e4m3_of(float value, float scale) {
 // The scale of a group whose largest magnitude is amax: amax / 448, or 0 for a zero group
 // (whose codes are then written as 0).
 __device__ __forceinline__ float e4m3_scale_of(float amax) { return amax > 0.0f ? __fdiv_rn(amax, kE4m3Max) : 0.0f; }
+// An FP8 GEMM's activation scale (quantize_fp8_rows and the kernels that write the same rows):
+// amax / 448, or 1 for a block of zeros (whose codes are 0 whatever the scale).
+__device__ __forceinline__ float activation_scale_of(float amax) {
+  return amax > 0.0f ? __fdiv_rn(amax, kE4m3Max) : 1.0f;
+}
 
 // Four codes (a 32-bit word, lowest byte first) times `scale` as two words of bf16 pairs.
 __device__ __forceinline__ uint2 e4m3x4_to_bf16x4(uint32_t codes, float scale) {

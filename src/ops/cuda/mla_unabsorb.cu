@@ -129,7 +129,7 @@ __device__ __forceinline__ void store_codes(const float (&acc)[128], Fp8Rows out
         }
       amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
       amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-      const float scale = amax > 0.0f ? __fdiv_rn(amax, kE4m3Max) : 1.0f;
+      const float scale = activation_scale_of(amax);
       if (t >= padded) continue;
       uint8_t* const codes = out.codes + t * heads * kValue + head * kValue + b * kFp8ScaleBlock + 2 * tq;
 #pragma unroll

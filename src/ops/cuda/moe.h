@@ -189,9 +189,10 @@ void moe_experts_widened(const uint16_t* x, int64_t hidden, int64_t inter, const
 
 // The same for block-FP8 experts (moe_experts_wgmma_fp8.cu), W8A8 as FP8 checkpoints are
 // served: x and then act quantised to E4M3 with one scale a row and 128 columns
-// (quantize_fp8_rows; kWide quantises act in its gate/up epilogue, the same codes) into `staging`, the expert weights' codes multiplied as they are on the
-// FP8 tensor cores, each 128 k's sums scaled by the token's and the weight block's scales into
-// fp32, in tiles of 128 rows (either kernel the same sums). Needs hidden and inter multiples of
+// (quantize_fp8_rows; kWide quantises act in its gate/up epilogue, the same codes; x not at all
+// where staging.tokens_quantised) into `staging`, the expert weights' codes multiplied as they
+// are on the FP8 tensor cores, each 128 k's sums scaled by the token's and the weight block's
+// scales into fp32, in tiles of 128 rows (either kernel the same sums). Needs hidden and inter multiples of
 // 128 and the weight scales uniform over each 128 x 128 block (ExpertWeights' Fp8Block layout).
 // Staging, for n = num_pairs / top_k tokens and np(x) = fp8_padded_tokens(x): token_codes
 // [np(n), hidden], token_scales [hidden / 128, np(n)], act_codes [np(num_pairs), inter],
@@ -201,7 +202,7 @@ struct MoeFp8Staging {
   float* token_scales = nullptr;
   uint8_t* act_codes = nullptr;
   float* act_scales = nullptr;
-  bool tokens_quantised = false;  // token_codes / token_scales hold x's E4M3 rows already
+  bool tokens_quantised = false;  // token_codes / token_scales hold x's n E4M3 rows already
 };
 // The kernel: every warp copying and a block barrier a step, or a producer warpgroup copying
 // while two consumer warpgroups multiply, over 128 weight lines a block or (kWide, where hidden

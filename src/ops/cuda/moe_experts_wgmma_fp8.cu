@@ -523,7 +523,7 @@ __device__ __forceinline__ void quantized_act_epilogue(const GroupedArgs& a, con
         }
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    const float scale = amax > 0.0f ? __fdiv_rn(amax, kE4m3Max) : 1.0f;
+    const float scale = activation_scale_of(amax);
     const int r = part.row0 + 16 * warp + g + 8 * q;
     if (r >= rows) continue;
     uint8_t* const codes = a.act_codes + (first + r) * a.inter + slice * kHalfLines + 2 * tq;
