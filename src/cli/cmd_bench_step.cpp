@@ -208,6 +208,10 @@ void add_expert_options(CLI::App* cmd, BenchStepOptions* o) {
                   "Those 256-line GEMMs with an expert's row tiles two by two in clusters that load each weight "
                   "line once for both (true/false; only with --wide-fp8-experts true)")
       ->capture_default_str();
+  cmd->add_option("--persistent-fp8-experts", o->kernels.persistent_fp8_experts,
+                  "Those 256-line GEMMs unpaired in a block an SM that takes tile after tile (true/false; only with "
+                  "--wide-fp8-experts true)")
+      ->capture_default_str();
   cmd->add_option("--wgmma-experts-tile-rows", o->kernels.wgmma_experts_tile_rows,
                   "Grouped rows a block of those GEMMs: 64, 128, or 0 (128 from 80 pairs per expert)")
       ->check(CLI::IsMember({0, 64, 128}))

@@ -504,7 +504,8 @@ TEST_F(CudaMoe, GroupedGemmsBf16SumsAreTheirFp32SumsRounded) {
     cuda::moe_experts_wgmma_rs(run.d_x.as<uint16_t>(), hidden, inter, mxfp4.view(), plan_of(run), E, top_k, run.P,
                                staged.as<uint32_t>(), run.act.as<uint16_t>(), sums, nullptr);
   });
-  for (const cuda::Fp8ExpertGemm gemm : {cuda::Fp8ExpertGemm::kWarpSpecialized, cuda::Fp8ExpertGemm::kWide})
+  for (const cuda::Fp8ExpertGemm gemm :
+       {cuda::Fp8ExpertGemm::kWarpSpecialized, cuda::Fp8ExpertGemm::kWide, cuda::Fp8ExpertGemm::kWidePersistent})
     expect_bf16_sums_rounded(fp8, "moe_experts_wgmma_fp8", [&](ExpertRun& run, cuda::ExpertSums sums) {
       const int64_t np = cuda::fp8_padded_tokens(run.P / top_k), pp = cuda::fp8_padded_tokens(run.P);
       cuda::DeviceBuffer token_codes(np * hidden), token_scales(sizeof(float) * np * hidden / 128),
@@ -548,7 +549,9 @@ Fp8WgmmaRun fp8_wgmma_run(const Experts& experts, int n, const std::vector<int32
 // experts, top-3: 90 pairs an expert; 300 pairs an expert); most experts without pairs; more
 // experts than the tile search has threads; more steps than stages in down (inter 1024) and an
 // odd number of steps (hidden 384). Each case through every kernel; the 256-line tiles' sums,
-// paired or not, equal the 128-line ones' bit for bit (the same products in the same order;
+// paired, unpaired or persistent (blocks taking several tiles where the tiles outnumber the SMs:
+// 260 experts' one-step tiles, and 96 experts' 384 tiles of 8 and 4 steps, more than a ring's
+// stages), equal the 128-line ones' bit for bit (the same products in the same order;
 // hidden 384 takes the 128-line kernel for them, so there the check holds trivially). The pairs
 // cover experts with one, two and three row tiles (an odd last tile split by lines), tiles of 64
 // rows or fewer, and a pair of tiles whose second has 32 rows (160 pairs). Hopper's FP8 tensor
@@ -564,7 +567,7 @@ TEST_F(CudaMoe, Fp8WgmmaExpertsMatchW8a8Reference) {
   };
   for (const Case& c : {Case{4, 6144, 2048, 2, {1, 20}}, Case{5, 512, 256, 3, {1, 13, 150}}, Case{2, 512, 256, 2, {300}},
                         Case{40, 256, 128, 2, {5, 70}}, Case{260, 256, 128, 4, {64}}, Case{2, 256, 1024, 2, {200}},
-                        Case{2, 256, 128, 2, {160}}, Case{3, 384, 128, 2, {40}}}) {
+                        Case{2, 256, 128, 2, {160}}, Case{3, 384, 128, 2, {40}}, Case{96, 1024, 512, 8, {200}}}) {
     const Experts experts = make_experts(WeightFormat::Fp8Block, true, c.E, c.hidden, c.inter, 61 + c.E, 3);
     ASSERT_TRUE(cuda::moe_experts_wgmma_fp8_supported(experts.view(), c.hidden, c.inter));
     for (const int n : c.token_counts) {
@@ -572,13 +575,14 @@ TEST_F(CudaMoe, Fp8WgmmaExpertsMatchW8a8Reference) {
       using cuda::Fp8ExpertGemm;
       std::vector<std::vector<float>> rows;
       for (const Fp8ExpertGemm gemm : {Fp8ExpertGemm::kBlockBarrier, Fp8ExpertGemm::kWarpSpecialized,
-                                       Fp8ExpertGemm::kWide, Fp8ExpertGemm::kWidePaired}) {
+                                       Fp8ExpertGemm::kWide, Fp8ExpertGemm::kWidePaired,
+                                       Fp8ExpertGemm::kWidePersistent}) {
         Fp8WgmmaRun run = fp8_wgmma_run(experts, n, ids, c.top_k, gemm);
         EXPECT_LT(run.error, 1e-2) << c.E << " experts, " << n << " tokens, hidden " << c.hidden << ", inter "
                                    << c.inter << ", kernel " << static_cast<int>(gemm);
         rows.push_back(std::move(run.rows));
       }
-      for (int wide = 2; wide < 4; ++wide)
+      for (int wide = 2; wide < 5; ++wide)
         EXPECT_TRUE(rows[wide] == rows[1]) << "256-line tiles (kernel " << wide << ") against 128-line ones: " << c.E
                                            << " experts, " << n << " tokens, hidden " << c.hidden << ", inter "
                                            << c.inter;

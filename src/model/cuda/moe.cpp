@@ -251,6 +251,7 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
                                   !options.specialized_fp8_experts ? cuda::Fp8ExpertGemm::kBlockBarrier
                                   : !options.wide_fp8_experts      ? cuda::Fp8ExpertGemm::kWarpSpecialized
                                   : options.paired_fp8_experts     ? cuda::Fp8ExpertGemm::kWidePaired
+                                  : options.persistent_fp8_experts ? cuda::Fp8ExpertGemm::kWidePersistent
                                                                    : cuda::Fp8ExpertGemm::kWide);
       break;
     case ExpertPath::kSmall: {

@@ -207,8 +207,9 @@ struct MoeFp8Staging {
 // The kernel: every warp copying and a block barrier a step, or a producer warpgroup copying
 // while two consumer warpgroups multiply, over 128 weight lines a block or (kWide, where hidden
 // is a multiple of 256; otherwise kWarpSpecialized) 256, and those with an expert's row tiles two
-// by two in clusters that load each weight line once for both (kWidePaired).
-enum class Fp8ExpertGemm { kBlockBarrier, kWarpSpecialized, kWide, kWidePaired };
+// by two in clusters that load each weight line once for both (kWidePaired), or unpaired in a
+// block an SM taking tile after tile (kWidePersistent; the same sums).
+enum class Fp8ExpertGemm { kBlockBarrier, kWarpSpecialized, kWide, kWidePaired, kWidePersistent };
 bool moe_experts_wgmma_fp8_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
 void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                            const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs,

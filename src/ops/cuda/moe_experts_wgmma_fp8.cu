@@ -359,11 +359,13 @@ static_assert(kConsumerThreads * (kConsumerRegisters - kEntryRegisters) <=
 // from thread 0 as well (token_map: act's codes [padded pairs, inter]; rows past the tile's are
 // the next expert's or zeros, their products never stored), so that only the scales go by
 // cp.async.
+// `ring`: the steps this block's ring took before this tile's (a persistent block's earlier
+// tiles), so that stage and phase run on; the caller waits for the last copies before it leaves.
 template <Projection P, bool kPaired, bool kTokenBoxes>
 __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap& weight_map,
                                         const CUtensorMap& token_map, int e, int first, int rows, int64_t slice,
                                         uint32_t stages, uint32_t full, uint32_t empty, int steps, int rank,
-                                        int half) {
+                                        int half, int ring) {
   static_assert(!kTokenBoxes || P == Projection::kDown, "only down's token rows are contiguous");
   using TokenCopies = moe_grouped::TokenCopies<P, uint8_t>;
   const int index = threadIdx.x % 128;
@@ -374,8 +376,8 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
     return static_cast<int>(moe_grouped::weight_row<P, kLines>(a, e, moe_grouped::slice_line_of<P>(64 * box), slice));
   };
   for (int step = 0; step < steps; ++step) {
-    const int stage = step % kStages;
-    const uint32_t parity = ((step / kStages) & 1) ^ 1;  // the first round passes
+    const int stage = (ring + step) % kStages;
+    const uint32_t parity = (((ring + step) / kStages) & 1) ^ 1;  // the first round passes
     const uint32_t tokens = stages + stage * kStageBytes, weights = tokens + kTileBytes;
     const int64_t offset = int64_t{step} * kStepValues;
     moe_grouped::copy_weight_boxes<kPaired, kPairBlocks>(weights, weight_map, offset, box_row, full + 8 * stage,
@@ -389,13 +391,13 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
     if (scale_source >= 0) wgmma::copy_async_4(tokens + kScales + 4 * index, scale_from + step * a.x_scale_stride, 4);
     pipeline::barrier_arrive_on_copies(full + 8 * stage);
   }
-  wgmma::copy_async_wait<0>();
 }
 
-// A consumer without rows (consumer 1 of a tile of 64 rows or fewer): hands each stage back.
+// A consumer without rows (consumer 1 of a tile of 64 rows or fewer): hands each stage back
+// (`ring` as produce's).
 template <bool kPaired>
-__device__ __forceinline__ void pass_stages(uint32_t full, uint32_t empty, int steps) {
-  for (int step = 0; step < steps; ++step) {
+__device__ __forceinline__ void pass_stages(uint32_t full, uint32_t empty, int steps, int ring) {
+  for (int step = ring; step < ring + steps; ++step) {
     const int stage = step % kStages;
     pipeline::barrier_wait(full + 8 * stage, (step / kStages) & 1);
     pipeline::release_stage<kPaired, kPairBlocks>(empty + 8 * stage);
@@ -430,7 +432,7 @@ struct HalfScales {
 template <Projection P, bool kPaired, int kHalves>
 __device__ __forceinline__ void multiply(const GroupedArgs& a, float (&acc)[2][64], int e, int64_t slice,
                                          uint32_t stages, const uint8_t* stages_generic, uint32_t full, uint32_t empty,
-                                         int steps, Part part) {
+                                         int steps, Part part, int ring) {
   const int u = threadIdx.x % 128, warp = u / 32, g = u % 32 / 4;
   const int row = part.row0 + 16 * warp + g;
   const uint64_t token_descriptor = descriptor(stages + part.row0 * kLine, 16, 1024);
@@ -440,14 +442,14 @@ __device__ __forceinline__ void multiply(const GroupedArgs& a, float (&acc)[2][6
                                    HalfScales<P>(a, e, slice, part.slice_half0 + kHalves - 1, steps)};
   float part_sums[64];
   for (int step = 0; step < steps; ++step) {
-    const int stage = step % kStages;
+    const int stage = (ring + step) % kStages;
     float gate_scale[kHalves], up_scale[kHalves];
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) {
       gate_scale[h] = __ldg(scales[h].gate + step);
       up_scale[h] = __ldg(scales[h].up + step);
     }
-    pipeline::barrier_wait(full + 8 * stage, (step / kStages) & 1);
+    pipeline::barrier_wait(full + 8 * stage, ((ring + step) / kStages) & 1);
     wgmma::fence_async_proxy();  // the copies' writes before the tensor cores' reads
     const uint64_t stage_offset = static_cast<uint64_t>(stage * kStageBytes) >> 4;
     const float* token_scales = reinterpret_cast<const float*>(stages_generic + stage * kStageBytes + kScales);
@@ -537,6 +539,46 @@ __device__ __forceinline__ void quantized_act_epilogue(const GroupedArgs& a, con
   }
 }
 
+// A consumer warpgroup's part of a tile (`ring` as produce's): its rows' sums and their epilogue,
+// or (a tile of 64 rows or fewer, consumer 1) only the stages handed back.
+template <Projection P, bool kPaired>
+__device__ __forceinline__ void consume_tile(const GroupedArgs& a, const moe_grouped::RowTile& tile,
+                                             const wgmma::AlignedShared& aligned, uint32_t full, uint32_t empty,
+                                             int steps, int warpgroup, int half, int ring) {
+  // Broadcast from lane 0: the compiler then knows each warp takes one side of each branch.
+  if (__shfl_sync(0xffffffffu, 64 * warpgroup >= tile.rows ? 1 : 0, 0) != 0) {
+    pass_stages<kPaired>(full, empty, steps, ring);
+    return;
+  }
+  const int64_t slice = tile.slice;
+  float acc[2][64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.0f;
+  if (half < 0) {
+    const Part part{64 * warpgroup, 0};
+    multiply<P, kPaired, 2>(a, acc, tile.expert, slice, aligned.address, aligned.generic, full, empty, steps, part,
+                            ring);
+    if (P == Projection::kGateUp && a.act_codes) quantized_act_epilogue(a, acc, tile.first, tile.rows, slice, part);
+    else epilogue<P, 2>(a, acc, tile.first, tile.rows, slice, part);
+  } else {
+    const Part part{64 * warpgroup, half};
+    multiply<P, kPaired, 1>(a, acc, tile.expert, slice, aligned.address, aligned.generic, full, empty, steps, part,
+                            ring);
+    epilogue<P, 1>(a, acc, tile.first, tile.rows, slice, part);
+  }
+}
+
+// The ring's barriers after its stages: full (each producer thread's cp.async arrival and thread
+// 0's announcement of the TMA bytes) and empty (each consumer thread, paired: each consumer warp
+// of both blocks, once), set up.
+template <bool kPaired>
+__device__ __forceinline__ void init_stage_barriers(uint32_t stages, uint32_t& full, uint32_t& empty) {
+  full = stages + kStages * kStageBytes;
+  empty = full + 8 * kStages;
+  pipeline::init_ring<kStages, kPaired>(full, empty, 129,
+                                        kPaired ? kPairBlocks * kConsumerThreads / 32 : kConsumerThreads);
+}
+
 // kSet kPairs: launched in clusters of kPairBlocks blocks (see above). weight_map: the stacked
 // weights [experts x rows_per_expert, k] in 64-line boxes.
 template <Projection P, moe_tiles::TileSet kSet, bool kTokenBoxes>
@@ -551,78 +593,100 @@ __global__ void __launch_bounds__(kThreads, 1)
   const moe_grouped::RowTile tile =
       moe_grouped::unit_of_block<kRows, kThreads, kSet>(a.offsets, a.num_experts, unit, a.slices, rank);
   if (tile.expert < 0) return;  // both blocks of a pair alike
-  const int64_t slice = tile.slice;
   const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
-  const uint32_t stages = aligned.address;
-  const uint32_t full = stages + kStages * kStageBytes, empty = full + 8 * kStages;  // copies landed; consumers done
-  // Full: each producer thread's cp.async arrival and thread 0's announcement of the TMA bytes.
-  // Empty: each consumer thread (paired: each consumer warp of both blocks) once.
-  pipeline::init_ring<kStages, kPaired>(full, empty, 129,
-                                        kPaired ? kPairBlocks * kConsumerThreads / 32 : kConsumerThreads);
+  uint32_t full, empty;
+  init_stage_barriers<kPaired>(aligned.address, full, empty);
   const int steps = static_cast<int>(a.k / kStepValues);
   // Broadcast from lane 0: the compiler then knows each warp takes one side of each branch.
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   const int half = __shfl_sync(0xffffffffu, tile.half, 0);
   if (warpgroup == 2) {
     pipeline::shrink_registers<kProducerRegisters>();
-    produce<P, kPaired, kTokenBoxes>(a, weight_map, token_map, tile.expert, tile.first, tile.rows, slice, stages,
-                                     full, empty, steps, rank, half);
+    produce<P, kPaired, kTokenBoxes>(a, weight_map, token_map, tile.expert, tile.first, tile.rows, tile.slice,
+                                     aligned.address, full, empty, steps, rank, half, 0);
+    wgmma::copy_async_wait<0>();
   } else {
     pipeline::grow_registers<kConsumerRegisters>();
-    if (__shfl_sync(0xffffffffu, 64 * warpgroup >= tile.rows ? 1 : 0, 0) != 0) {
-      pass_stages<kPaired>(full, empty, steps);
-    } else {
-      float acc[2][64];
-#pragma unroll
-      for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.0f;
-      if (half < 0) {
-        const Part part{64 * warpgroup, 0};
-        multiply<P, kPaired, 2>(a, acc, tile.expert, slice, stages, aligned.generic, full, empty, steps, part);
-        if (P == Projection::kGateUp && a.act_codes) quantized_act_epilogue(a, acc, tile.first, tile.rows, slice, part);
-        else epilogue<P, 2>(a, acc, tile.first, tile.rows, slice, part);
-      } else {
-        const Part part{64 * warpgroup, half};
-        multiply<P, kPaired, 1>(a, acc, tile.expert, slice, stages, aligned.generic, full, empty, steps, part);
-        epilogue<P, 1>(a, acc, tile.first, tile.rows, slice, part);
-      }
-    }
+    consume_tile<P, kPaired>(a, tile, aligned, full, empty, steps, warpgroup, half, 0);
   }
   // Neither block of a pair leaves while the other may still copy into its stages or arrive on
   // its barriers.
   if constexpr (kPaired) pipeline::cluster_sync();
 }
 
+// The persistent kernel (Fp8ExpertGemm::kWidePersistent): as many blocks as SMs, block b taking
+// the unpaired units b, b + gridDim.x, .. (unit_of_block's numbering, through
+// moe_grouped::expert_first_units' table after the barriers in shared memory), its ring running
+// on from one tile to the next, so that a tile's first stages land while the consumers store the
+// last one's sums: a block-per-tile launch pays its set-up, its ring's first fill and its
+// epilogue in series every tile (a down tile's 16 steps take about 20 us on an H100).
+template <Projection P, bool kTokenBoxes>
+__global__ void __launch_bounds__(kThreads, 1)
+    fp8_persistent_experts_kernel(GroupedArgs a, const __grid_constant__ CUtensorMap weight_map,
+                                  const __grid_constant__ CUtensorMap token_map) {
+  chained_grid_prologue();
+  extern __shared__ __align__(16) uint8_t shared_raw[];
+  const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
+  uint32_t full, empty;
+  init_stage_barriers<false>(aligned.address, full, empty);
+  int* const first_unit = reinterpret_cast<int*>(aligned.generic + kStages * kStageBytes + 2 * kStages * 8);
+  moe_grouped::expert_first_units<kRows, kThreads>(a.offsets, a.num_experts, a.slices, first_unit);
+  const int units = first_unit[a.num_experts], steps = static_cast<int>(a.k / kStepValues);
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+  auto tile_of = [&](int unit) { return moe_grouped::unit_of<kRows>(a.offsets, first_unit, a.num_experts, unit); };
+  if (warpgroup == 2) {
+    pipeline::shrink_registers<kProducerRegisters>();
+    int ring = 0;
+    for (int unit = static_cast<int>(blockIdx.x); unit < units; unit += static_cast<int>(gridDim.x), ring += steps) {
+      const moe_grouped::RowTile tile = tile_of(unit);
+      produce<P, false, kTokenBoxes>(a, weight_map, token_map, tile.expert, tile.first, tile.rows, tile.slice,
+                                     aligned.address, full, empty, steps, 0, -1, ring);
+    }
+    wgmma::copy_async_wait<0>();
+  } else {
+    pipeline::grow_registers<kConsumerRegisters>();
+    int ring = 0;
+    for (int unit = static_cast<int>(blockIdx.x); unit < units; unit += static_cast<int>(gridDim.x), ring += steps)
+      consume_tile<P, false>(a, tile_of(unit), aligned, full, empty, steps, warpgroup, -1, ring);
+  }
+}
+
 // One projection over every row tile: a block a unit of moe_grouped::unit_of_block (an expert's
 // row tiles of one slice one after another, so that blocks reading the same weight lines run at
-// about the same time), or (paired) clusters of two blocks on the pairs of row tiles and the odd
-// last tiles.
+// about the same time), (paired) clusters of two blocks on the pairs of row tiles and the odd
+// last tiles, or (persistent) a block an SM taking every gridDim.x-th unit.
 template <Projection P>
-void launch_projection(GroupedArgs a, int64_t features, int64_t num_pairs, bool paired, cudaStream_t stream) {
+void launch_projection(GroupedArgs a, int64_t features, int64_t num_pairs, Fp8ExpertGemm gemm, cudaStream_t stream) {
   using moe_tiles::TileSet;
+  const bool paired = gemm == Fp8ExpertGemm::kWidePaired, persistent = gemm == Fp8ExpertGemm::kWidePersistent;
   const TileSet set = paired ? TileSet::kPairs : TileSet::kEvery;
   const int64_t units = moe_tiles::units_bound(set, num_pairs, a.num_experts, kRows);
   a.slices = static_cast<int>(features / (P == Projection::kGateUp ? kHalfLines : kLines));
   const unsigned cluster = paired ? kPairBlocks : 1;
-  const int64_t blocks = units * a.slices * cluster;
+  int64_t blocks = units * a.slices * cluster;
   GLMS_CHECK(blocks < (int64_t{1} << 31), "moe_experts_wgmma (FP8): too many pairs for one launch");
   // The stacked weights [experts x rows_per_expert, k] in 64-line boxes.
   const CUtensorMap map = swizzled_rows_tensor_map(a.codes, CU_TENSOR_MAP_DATA_TYPE_UINT8,
                                                    int64_t{a.num_experts} * a.rows_per_expert, a.k, 64);
   // Down's token rows (act's codes, [padded pairs, inter]) as 128-row boxes, unpaired; gate/up
   // gathers its token rows by cp.async (the map is then not read).
+  constexpr bool kDown = P == Projection::kDown;
+  const CUtensorMap token_map =
+      kDown && !paired ? swizzled_rows_tensor_map(a.x_codes, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.x_scale_stride, a.k, kRows)
+                       : map;
   auto* kernel = paired ? fp8_wide_experts_kernel<P, TileSet::kPairs, false>
-                        : fp8_wide_experts_kernel<P, TileSet::kEvery, false>;
-  CUtensorMap token_map = map;
-  if constexpr (P == Projection::kDown) {
-    if (!paired) {
-      kernel = fp8_wide_experts_kernel<P, TileSet::kEvery, true>;
-      token_map = swizzled_rows_tensor_map(a.x_codes, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.x_scale_stride, a.k, kRows);
-    }
+                        : fp8_wide_experts_kernel<P, TileSet::kEvery, kDown>;
+  int shared_bytes = kSharedBytes;
+  if (persistent) {
+    kernel = fp8_persistent_experts_kernel<P, kDown>;
+    shared_bytes += static_cast<int>(sizeof(int)) * (a.num_experts + 1);  // expert_first_units' table
+    GLMS_CHECK(shared_bytes <= 232448, "moe_experts_wgmma (FP8, persistent): too many experts");
+    blocks = std::min<int64_t>(blocks, multiprocessor_count());
   }
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes),
         "moe_experts_wgmma (FP8, 256 lines) shared memory");
   launch_chained_clusters("moe_experts_wgmma (FP8, 256 lines) launch", kernel, cluster, static_cast<unsigned>(blocks),
-                          kThreads, kSharedBytes, stream, a, map, token_map);
+                          kThreads, shared_bytes, stream, a, map, token_map);
 }
 
 }  // namespace wide
@@ -646,14 +710,16 @@ void launch_projection(const GroupedArgs& a, int64_t slices, int64_t tiles, Fp8E
                  kSpecializedShared, stream, a);
 }
 
-bool wide_tiles(Fp8ExpertGemm gemm) { return gemm == Fp8ExpertGemm::kWide || gemm == Fp8ExpertGemm::kWidePaired; }
+bool wide_tiles(Fp8ExpertGemm gemm) {
+  return gemm == Fp8ExpertGemm::kWide || gemm == Fp8ExpertGemm::kWidePaired || gemm == Fp8ExpertGemm::kWidePersistent;
+}
 
 // One projection over `features` output features (gate/up: inter; down: hidden) through `gemm`.
 template <Projection P>
 void run_projection(const GroupedArgs& a, int64_t features, int64_t num_pairs, int64_t tiles, Fp8ExpertGemm gemm,
                     cudaStream_t stream) {
   if (wide_tiles(gemm)) {
-    wide::launch_projection<P>(a, features, num_pairs, gemm == Fp8ExpertGemm::kWidePaired, stream);
+    wide::launch_projection<P>(a, features, num_pairs, gemm, stream);
     return;
   }
   const int64_t per_block = P == Projection::kGateUp ? Layout::kFeatures / 2 : Layout::kFeatures;
@@ -694,7 +760,7 @@ void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, con
   a.k = hidden;
   a.rows_per_expert = 2 * inter;
   // The unpaired 256-line tiles quantise act in their epilogue; the others write it in bf16.
-  const bool act_quantised = gemm == Fp8ExpertGemm::kWide;
+  const bool act_quantised = gemm == Fp8ExpertGemm::kWide || gemm == Fp8ExpertGemm::kWidePersistent;
   if (act_quantised) {
     a.act_codes = staging.act_codes;
     a.act_scales = staging.act_scales;

@@ -302,6 +302,53 @@ __device__ RowTile unit_of_block(const int32_t* offsets, int num_experts, int un
   return {tile_expert, tile_first, min(kRows, offsets[tile_expert + 1] - tile_first), tile_slice, tile_half};
 }
 
+// For kernels whose blocks take many units (persistent): every expert's first unit of the
+// kEvery set in unit_of_block's numbering (expert e has tiles(e) x slices units, the experts in
+// order) into first_unit[0 .. num_experts], first_unit[num_experts] being the units in all (in
+// shared memory). Every thread of the block (kBlockThreads of them) calls it; it synchronises
+// the block.
+template <int kRows, int kBlockThreads>
+__device__ void expert_first_units(const int32_t* offsets, int num_experts, int slices, int* first_unit) {
+  __shared__ int warp_sums[kBlockThreads / 32];
+  const int per = (num_experts + kBlockThreads - 1) / kBlockThreads;
+  const int e0 = min(num_experts, static_cast<int>(threadIdx.x) * per), e1 = min(num_experts, e0 + per);
+  int mine = 0;
+  for (int e = e0; e < e1; ++e) mine += moe_tiles::tiles_of(offsets[e + 1] - offsets[e], kRows) * slices;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int inclusive = mine;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, inclusive, d);
+    if (lane >= d) inclusive += v;
+  }
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  int start = inclusive - mine;
+  for (int w = 0; w < warp; ++w) start += warp_sums[w];
+  for (int e = e0; e < e1; ++e) {
+    first_unit[e] = start;
+    start += moe_tiles::tiles_of(offsets[e + 1] - offsets[e], kRows) * slices;
+  }
+  if (threadIdx.x == kBlockThreads - 1) first_unit[num_experts] = start;  // the last thread's end: the total
+  __syncthreads();
+}
+
+// Unit `unit` (< first_unit[num_experts]) as unit_of_block<kRows, *, kEvery> gives it, found by a
+// binary search of expert_first_units' table (no block synchronisation: a thread alone may ask).
+template <int kRows>
+__device__ __forceinline__ RowTile unit_of(const int32_t* offsets, const int* first_unit, int num_experts, int unit) {
+  int lo = 0, hi = num_experts - 1;  // the last expert whose first unit is at most `unit`
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first_unit[mid] <= unit) lo = mid;
+    else hi = mid - 1;
+  }
+  const int e = lo, left = unit - first_unit[e];
+  const int tiles = moe_tiles::tiles_of(offsets[e + 1] - offsets[e], kRows);
+  const int first = offsets[e] + left % tiles * kRows;
+  return {e, first, min(kRows, offsets[e + 1] - first), left / tiles};
+}
+
 // This block's row tile (blockIdx.y of the experts' row tiles of kRows rows, the experts in
 // order) for the slice blockIdx.x.
 template <int kRows, int kBlockThreads = kThreads>
