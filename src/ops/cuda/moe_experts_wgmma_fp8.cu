@@ -631,7 +631,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   init_stage_barriers<false>(aligned.address, full, empty);
   int* const first_unit = reinterpret_cast<int*>(aligned.generic + kStages * kStageBytes + 2 * kStages * 8);
   moe_grouped::expert_first_units<kRows, kThreads>(a.offsets, a.num_experts, a.slices, first_unit);
-  const int units = first_unit[a.num_experts], steps = static_cast<int>(a.k / kStepValues);
+  // Broadcast from lane 0: the compiler then knows the tile loops around the wgmma are uniform.
+  const int units = __shfl_sync(0xffffffffu, first_unit[a.num_experts], 0);
+  const int steps = static_cast<int>(a.k / kStepValues);
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   auto tile_of = [&](int unit) { return moe_grouped::unit_of<kRows>(a.offsets, first_unit, a.num_experts, unit); };
   if (warpgroup == 2) {
@@ -680,7 +682,8 @@ void launch_projection(GroupedArgs a, int64_t features, int64_t num_pairs, Fp8Ex
   if (persistent) {
     kernel = fp8_persistent_experts_kernel<P, kDown>;
     shared_bytes += static_cast<int>(sizeof(int)) * (a.num_experts + 1);  // expert_first_units' table
-    GLMS_CHECK(shared_bytes <= 232448, "moe_experts_wgmma (FP8, persistent): too many experts");
+    // 64: expert_first_units' static shared memory beside the dynamic.
+    GLMS_CHECK(shared_bytes + 64 <= 232448, "moe_experts_wgmma (FP8, persistent): too many experts");
     blocks = std::min<int64_t>(blocks, multiprocessor_count());
   }
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes),
