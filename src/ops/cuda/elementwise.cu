@@ -100,8 +100,7 @@ __device__ __forceinline__ void store_e4m3_quad(uint32_t lo, uint32_t hi, uint8_
   const float v[4] = {__uint_as_float(lo << 16), __uint_as_float(lo & 0xffff0000u), __uint_as_float(hi << 16),
                       __uint_as_float(hi & 0xffff0000u)};
   float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-  for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-  const float s = activation_scale_of(amax);
+  const float s = activation_scale_over_lanes<32>(amax);
   *reinterpret_cast<uint32_t*>(codes) = static_cast<uint32_t>(e4m3_of(v[0], s)) |
                                         static_cast<uint32_t>(e4m3_of(v[1], s)) << 8 |
                                         static_cast<uint32_t>(e4m3_of(v[2], s)) << 16 |

@@ -36,6 +36,15 @@ __device__ __forceinline__ float e4m3_scale_of(float amax) { return amax > 0.0f 
 __device__ __forceinline__ float activation_scale_of(float amax) {
   return amax > 0.0f ? __fdiv_rn(amax, kE4m3Max) : 1.0f;
 }
+// The same for a block spread over kLanes aligned lanes of the warp, each holding the largest
+// magnitude of its values in amax (every lane of the warp calls it): a quantize_fp8_rows warp's
+// 32, or the quad of lanes that holds a row of a wgmma accumulator.
+template <int kLanes>
+__device__ __forceinline__ float activation_scale_over_lanes(float amax) {
+#pragma unroll
+  for (int offset = kLanes / 2; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  return activation_scale_of(amax);
+}
 
 // Four codes (a 32-bit word, lowest byte first) times `scale` as two words of bf16 pairs.
 __device__ __forceinline__ uint2 e4m3x4_to_bf16x4(uint32_t codes, float scale) {

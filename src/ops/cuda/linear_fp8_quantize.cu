@@ -36,8 +36,7 @@ __global__ void __launch_bounds__(kQuantizeThreads)
   const int64_t i = token * cols + block * kFp8ScaleBlock + 4 * lane;
   const float4 v = token < n ? four_values(x + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-  for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-  const float scale = activation_scale_of(amax);
+  const float scale = activation_scale_over_lanes<32>(amax);
   *reinterpret_cast<uint32_t*>(codes + i) = static_cast<uint32_t>(e4m3_of(v.x, scale)) |
                                            static_cast<uint32_t>(e4m3_of(v.y, scale)) << 8 |
                                            static_cast<uint32_t>(e4m3_of(v.z, scale)) << 16 |

@@ -127,9 +127,7 @@ __device__ __forceinline__ void store_codes(const float (&acc)[128], Fp8Rows out
           v[j][e] = bf16_to_float(float_to_bf16(acc[4 * (16 * b + j) + 2 * q + e]));
           amax = fmaxf(amax, fabsf(v[j][e]));
         }
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-      const float scale = activation_scale_of(amax);
+      const float scale = activation_scale_over_lanes<4>(amax);
       if (t >= padded) continue;
       uint8_t* const codes = out.codes + t * heads * kValue + head * kValue + b * kFp8ScaleBlock + 2 * tq;
 #pragma unroll

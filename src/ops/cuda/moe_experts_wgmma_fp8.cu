@@ -523,9 +523,7 @@ __device__ __forceinline__ void quantized_act_epilogue(const GroupedArgs& a, con
           act[h][j][e] = bf16_to_float(float_to_bf16(silu_mul(acc[h][i], acc[h][i + 32])));
           amax = fmaxf(amax, fabsf(act[h][j][e]));
         }
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    const float scale = activation_scale_of(amax);
+    const float scale = activation_scale_over_lanes<4>(amax);
     const int r = part.row0 + 16 * warp + g + 8 * q;
     if (r >= rows) continue;
     uint8_t* const codes = a.act_codes + (first + r) * a.inter + slice * kHalfLines + 2 * tq;
