@@ -259,31 +259,48 @@ struct RowTile {
 
 using moe_tiles::TileSet;
 
-// Unit `unit` of the experts' units, the experts in order, expert e having u(e) = (its units of
-// `set`) x `slices`: unit i of expert e is that set's unit i % u0(e) of slice i / u0(e). `rank`:
-// the block's rank in its cluster (kPairs). Every thread of the block (kBlockThreads of them)
-// calls it; it synchronises the block.
-template <int kRows, int kBlockThreads, TileSet kSet = TileSet::kEvery>
-__device__ RowTile unit_of_block(const int32_t* offsets, int num_experts, int unit, int slices, int rank = 0) {
-  __shared__ int tile_expert, tile_first, tile_slice, tile_half, warp_sums[kBlockThreads / 32];
+// A thread's share of the experts, split in order over the block's kBlockThreads threads: its
+// experts [e0, e1), their units (units_of(e) each) and the units of every expert before them (a
+// scan over the block). Every thread of the block calls it; it synchronises the block.
+struct ThreadExperts {
+  int e0, e1, units, first_unit;
+};
+template <int kBlockThreads, typename UnitsOf>
+__device__ __forceinline__ ThreadExperts thread_experts(int num_experts, UnitsOf units_of) {
+  __shared__ int warp_sums[kBlockThreads / 32];
   const int per = (num_experts + kBlockThreads - 1) / kBlockThreads;
-  const int e0 = min(num_experts, static_cast<int>(threadIdx.x) * per), e1 = min(num_experts, e0 + per);
-  auto tiles_of = [&](int e) { return moe_tiles::tiles_of(offsets[e + 1] - offsets[e], kRows); };
-  int mine = 0;
-  for (int e = e0; e < e1; ++e) mine += moe_tiles::units_of(kSet, tiles_of(e)) * slices;
+  ThreadExperts t;
+  t.e0 = min(num_experts, static_cast<int>(threadIdx.x) * per);
+  t.e1 = min(num_experts, t.e0 + per);
+  t.units = 0;
+  for (int e = t.e0; e < t.e1; ++e) t.units += units_of(e);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int inclusive = mine;
+  int inclusive = t.units;
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
     const int v = __shfl_up_sync(0xffffffffu, inclusive, d);
     if (lane >= d) inclusive += v;
   }
   if (lane == 31) warp_sums[warp] = inclusive;
-  if (threadIdx.x == 0) tile_expert = -1;
   __syncthreads();
-  int start = inclusive - mine;
-  for (int w = 0; w < warp; ++w) start += warp_sums[w];
-  if (unit >= start && unit < start + mine) {
+  t.first_unit = inclusive - t.units;
+  for (int w = 0; w < warp; ++w) t.first_unit += warp_sums[w];
+  return t;
+}
+
+// Unit `unit` of the experts' units, the experts in order, expert e having u(e) = (its units of
+// `set`) x `slices`: unit i of expert e is that set's unit i % u0(e) of slice i / u0(e). `rank`:
+// the block's rank in its cluster (kPairs). Every thread of the block (kBlockThreads of them)
+// calls it; it synchronises the block.
+template <int kRows, int kBlockThreads, TileSet kSet = TileSet::kEvery>
+__device__ RowTile unit_of_block(const int32_t* offsets, int num_experts, int unit, int slices, int rank = 0) {
+  __shared__ int tile_expert, tile_first, tile_slice, tile_half;
+  auto tiles_of = [&](int e) { return moe_tiles::tiles_of(offsets[e + 1] - offsets[e], kRows); };
+  if (threadIdx.x == 0) tile_expert = -1;
+  const ThreadExperts mine = thread_experts<kBlockThreads>(
+      num_experts, [&](int e) { return moe_tiles::units_of(kSet, tiles_of(e)) * slices; });
+  const int e0 = mine.e0, e1 = mine.e1, start = mine.first_unit;
+  if (unit >= start && unit < start + mine.units) {
     int left = unit - start;
     for (int e = e0; e < e1; ++e) {
       const int tiles = tiles_of(e), units = moe_tiles::units_of(kSet, tiles);
@@ -309,25 +326,12 @@ __device__ RowTile unit_of_block(const int32_t* offsets, int num_experts, int un
 // the block.
 template <int kRows, int kBlockThreads>
 __device__ void expert_first_units(const int32_t* offsets, int num_experts, int slices, int* first_unit) {
-  __shared__ int warp_sums[kBlockThreads / 32];
-  const int per = (num_experts + kBlockThreads - 1) / kBlockThreads;
-  const int e0 = min(num_experts, static_cast<int>(threadIdx.x) * per), e1 = min(num_experts, e0 + per);
-  int mine = 0;
-  for (int e = e0; e < e1; ++e) mine += moe_tiles::tiles_of(offsets[e + 1] - offsets[e], kRows) * slices;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int inclusive = mine;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, inclusive, d);
-    if (lane >= d) inclusive += v;
-  }
-  if (lane == 31) warp_sums[warp] = inclusive;
-  __syncthreads();
-  int start = inclusive - mine;
-  for (int w = 0; w < warp; ++w) start += warp_sums[w];
-  for (int e = e0; e < e1; ++e) {
+  auto units_of = [&](int e) { return moe_tiles::tiles_of(offsets[e + 1] - offsets[e], kRows) * slices; };
+  const ThreadExperts mine = thread_experts<kBlockThreads>(num_experts, units_of);
+  int start = mine.first_unit;
+  for (int e = mine.e0; e < mine.e1; ++e) {
     first_unit[e] = start;
-    start += moe_tiles::tiles_of(offsets[e + 1] - offsets[e], kRows) * slices;
+    start += units_of(e);
   }
   if (threadIdx.x == kBlockThreads - 1) first_unit[num_experts] = start;  // the last thread's end: the total
   __syncthreads();
