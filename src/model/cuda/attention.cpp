@@ -170,10 +170,11 @@ const float* CudaGlm5Model::Impl::attention_output(const AttentionDevice& w, int
   const int64_t head_stride = (nope + vd) * L;
   cudaStream_t s = stream.get();
   // An FP8 o_proj's GEMM reads the heads as E4M3 rows, which the un-absorption writes itself.
-  const bool heads_quantised = fp8_gemm_takes(w.o_proj, T) && cuda::mla_unabsorb_fp8_supported(L, vd);
+  const cuda::Fp8Rows heads_fp8 =
+      cuda::mla_unabsorb_fp8_supported(L, vd) ? fp8_input_rows(w.o_proj, T) : cuda::Fp8Rows{};
+  const bool heads_quantised = heads_fp8.codes != nullptr;
   if (heads_quantised)
-    cuda::mla_unabsorb_fp8(as<uint16_t>(o_bf16), T, H, as<uint16_t>(w.kv_b_proj) + nope * L, nope + vd,
-                           fp8_input_rows(w.o_proj, T), s);
+    cuda::mla_unabsorb_fp8(as<uint16_t>(o_bf16), T, H, as<uint16_t>(w.kv_b_proj) + nope * L, nope + vd, heads_fp8, s);
   else
     gemm.batched_to_bf16(as<uint16_t>(o_bf16), T, H * L, L, as<uint16_t>(w.kv_b_proj) + nope * L, vd, L, L,
                          head_stride, false, as<uint16_t>(heads_bf16), H * vd, vd, H, s);
