@@ -209,7 +209,7 @@ void add_expert_options(CLI::App* cmd, BenchStepOptions* o) {
                   "line once for both (true/false; only with --wide-fp8-experts true)")
       ->capture_default_str();
   cmd->add_option("--persistent-fp8-experts", o->kernels.persistent_fp8_experts,
-                  "Those 256-line GEMMs unpaired in a block an SM that takes tile after tile (true/false; only with "
+                  "Those 256-line GEMMs unpaired in a block an SM that claims tile after tile (true/false; only with "
                   "--wide-fp8-experts true)")
       ->capture_default_str();
   cmd->add_option("--wgmma-experts-tile-rows", o->kernels.wgmma_experts_tile_rows,

@@ -482,6 +482,20 @@ void expect_bf16_sums_rounded(const Experts& experts, const char* name,
   EXPECT_EQ(differ, 0) << name << ": of " << f32.size() << " sums";
 }
 
+// The persistent W8A8 kernel's unit counters (MoeFp8Staging::unit_counters), zero.
+struct UnitCounters {
+  cuda::DeviceBuffer buffer{2 * sizeof(int32_t)};
+  UnitCounters() {
+    const int32_t zeros[2] = {0, 0};
+    buffer.upload(zeros, sizeof zeros);
+  }
+  std::vector<int32_t> values() const {
+    std::vector<int32_t> host(2);
+    buffer.download(host.data(), sizeof(int32_t) * host.size());
+    return host;
+  }
+};
+
 TEST_F(CudaMoe, GroupedGemmsBf16SumsAreTheirFp32SumsRounded) {
   const int E = 5, top_k = 3;
   const int64_t hidden = 512, inter = 256;
@@ -504,6 +518,7 @@ TEST_F(CudaMoe, GroupedGemmsBf16SumsAreTheirFp32SumsRounded) {
     cuda::moe_experts_wgmma_rs(run.d_x.as<uint16_t>(), hidden, inter, mxfp4.view(), plan_of(run), E, top_k, run.P,
                                staged.as<uint32_t>(), run.act.as<uint16_t>(), sums, nullptr);
   });
+  const UnitCounters counters;
   for (const cuda::Fp8ExpertGemm gemm :
        {cuda::Fp8ExpertGemm::kWarpSpecialized, cuda::Fp8ExpertGemm::kWide, cuda::Fp8ExpertGemm::kWidePersistent})
     expect_bf16_sums_rounded(fp8, "moe_experts_wgmma_fp8", [&](ExpertRun& run, cuda::ExpertSums sums) {
@@ -512,7 +527,7 @@ TEST_F(CudaMoe, GroupedGemmsBf16SumsAreTheirFp32SumsRounded) {
           act_codes(pp * inter), act_scales(sizeof(float) * pp * inter / 128);
       cuda::moe_experts_wgmma_fp8(run.d_x.as<uint16_t>(), hidden, inter, fp8.view(), plan_of(run), E, top_k, run.P,
                                   {token_codes.as<uint8_t>(), token_scales.as<float>(), act_codes.as<uint8_t>(),
-                                   act_scales.as<float>()},
+                                   act_scales.as<float>(), counters.buffer.as<int>()},
                                   run.act.as<uint16_t>(), sums, nullptr, gemm);
     });
 }
@@ -526,7 +541,7 @@ struct Fp8WgmmaRun {
 };
 // `reference`: the W8A8 reference rows, made on the first call (empty) and kept for the next.
 Fp8WgmmaRun fp8_wgmma_run(const Experts& experts, int n, const std::vector<int32_t>& ids, int top_k,
-                          cuda::Fp8ExpertGemm gemm, std::vector<float>& reference) {
+                          cuda::Fp8ExpertGemm gemm, std::vector<float>& reference, const UnitCounters& counters) {
   const int64_t hidden = experts.hidden, inter = experts.inter, E = experts.E;
   const int64_t P = static_cast<int64_t>(ids.size());
   auto tokens = random_values(n * hidden, 130 + n, 2.0f);
@@ -539,7 +554,7 @@ Fp8WgmmaRun fp8_wgmma_run(const Experts& experts, int n, const std::vector<int32
   cuda::moe_experts_wgmma_fp8(run.d_x.as<uint16_t>(), hidden, inter, experts.view(), run.buffers.plan(),
                               static_cast<int>(E), top_k, P,
                               {token_codes.as<uint8_t>(), token_scales.as<float>(), act_codes.as<uint8_t>(),
-                               act_scales.as<float>()},
+                               act_scales.as<float>(), counters.buffer.as<int>()},
                               run.act.as<uint16_t>(), run.out.as<float>(), nullptr, gemm);
   std::vector<float> rows = run.rows();
   if (reference.empty()) reference = reference_rows(experts, fp8_rounded_rows(tokens), ids, top_k, true);
@@ -554,7 +569,8 @@ Fp8WgmmaRun fp8_wgmma_run(const Experts& experts, int n, const std::vector<int32
 // paired, unpaired or persistent (blocks taking several tiles where the tiles outnumber the SMs:
 // 260 experts' one-step tiles, and 24 experts' 72 row tiles, 216 gate/up and 216 down units of 6
 // and 3 steps, so that a block's tiles start at stages other than 0 and mix 128-row tiles with
-// last tiles of about 64 rows, some of them only the first consumer's), equal the 128-line ones'
+// last tiles of about 64 rows, some of them only the first consumer's; its unit counters, shared
+// by every launch of the test, left zero by each), equal the 128-line ones'
 // bit for bit (the same products in the same order;
 // hidden 384 takes the 128-line kernel for them, so there the check holds trivially). The pairs
 // cover experts with one, two and three row tiles (an odd last tile split by lines), tiles of 64
@@ -564,6 +580,7 @@ Fp8WgmmaRun fp8_wgmma_run(const Experts& experts, int n, const std::vector<int32
 // reference makes from exact sums: 3.4e-3 .. 5.4e-3 on the H200. A wrong scale or tile is off by
 // order one.
 TEST_F(CudaMoe, Fp8WgmmaExpertsMatchW8a8Reference) {
+  const UnitCounters counters;
   struct Case {
     int64_t E, hidden, inter;
     int top_k;
@@ -582,7 +599,7 @@ TEST_F(CudaMoe, Fp8WgmmaExpertsMatchW8a8Reference) {
       for (const Fp8ExpertGemm gemm : {Fp8ExpertGemm::kBlockBarrier, Fp8ExpertGemm::kWarpSpecialized,
                                        Fp8ExpertGemm::kWide, Fp8ExpertGemm::kWidePaired,
                                        Fp8ExpertGemm::kWidePersistent}) {
-        Fp8WgmmaRun run = fp8_wgmma_run(experts, n, ids, c.top_k, gemm, reference);
+        Fp8WgmmaRun run = fp8_wgmma_run(experts, n, ids, c.top_k, gemm, reference, counters);
         EXPECT_LT(run.error, 1e-2) << c.E << " experts, " << n << " tokens, hidden " << c.hidden << ", inter "
                                    << c.inter << ", kernel " << static_cast<int>(gemm);
         rows.push_back(std::move(run.rows));
@@ -593,6 +610,7 @@ TEST_F(CudaMoe, Fp8WgmmaExpertsMatchW8a8Reference) {
                                            << c.inter;
     }
   }
+  EXPECT_EQ(counters.values(), std::vector<int32_t>({0, 0}));
   const Experts odd = make_experts(WeightFormat::Fp8Block, true, 2, 320, 128, 5);
   EXPECT_FALSE(cuda::moe_experts_wgmma_fp8_supported(odd.view(), 320, 128));  // hidden not whole 128s
   const Experts mxfp4 = make_experts(WeightFormat::Mxfp4, true, 2, 256, 128, 5);

@@ -74,6 +74,7 @@ std::optional<cuda::MoeFp8Staging> CudaGlm5Model::Impl::fp8_expert_staging(int64
   staging.token_scales = reinterpret_cast<float*>(as<uint8_t>(pair_x) + token_codes);
   staging.act_codes = as<uint8_t>(pair_gate_up);
   staging.act_scales = reinterpret_cast<float*>(as<uint8_t>(pair_gate_up) + act_codes);
+  staging.unit_counters = expert_unit_counters.as<int>();
   return staging;
 }
 

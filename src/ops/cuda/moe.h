@@ -202,13 +202,16 @@ struct MoeFp8Staging {
   float* token_scales = nullptr;
   uint8_t* act_codes = nullptr;
   float* act_scales = nullptr;
+  // kWidePersistent's unit counters: 2 ints, zero before its first launch and left zero by each
+  // (one cut short by a fault leaves them as it got them).
+  int* unit_counters = nullptr;
   bool tokens_quantised = false;  // token_codes / token_scales hold x's n E4M3 rows already
 };
 // The kernel: every warp copying and a block barrier a step, or a producer warpgroup copying
 // while two consumer warpgroups multiply, over 128 weight lines a block or (kWide, where hidden
 // is a multiple of 256; otherwise kWarpSpecialized) 256, and those with an expert's row tiles two
 // by two in clusters that load each weight line once for both (kWidePaired), or unpaired in a
-// block an SM taking tile after tile (kWidePersistent; the same sums).
+// block an SM claiming tile after tile (kWidePersistent; the same sums).
 enum class Fp8ExpertGemm { kBlockBarrier, kWarpSpecialized, kWide, kWidePaired, kWidePersistent };
 bool moe_experts_wgmma_fp8_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
 void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
