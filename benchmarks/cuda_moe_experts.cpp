@@ -137,7 +137,11 @@ class ExpertBench {
                      }});
     paths.push_back({"bf16 paired", [=, this] {
                        cuda::moe_experts_specialized(x, kHidden, kInter, widened(), plan_, E_, kTopK, P, act, out, s,
-                                                     true);
+                                                     cuda::SpecializedTiles::kPaired);
+                     }});
+    paths.push_back({"bf16 persistent", [=, this] {
+                       cuda::moe_experts_specialized(x, kHidden, kInter, widened(), plan_, E_, kTopK, P, act, out, s,
+                                                     cuda::SpecializedTiles::kPersistent, unit_counters());
                      }});
     paths.push_back({"widen + bf16 specialized", [=, this] {
                        const cuda::ExpertWeights bf16 = widened();
@@ -150,7 +154,9 @@ class ExpertBench {
                          if (one_buffer_.bytes() == 0)
                            one_buffer_ = cuda::DeviceBuffer(sizeof(uint16_t) * E_ * 2 * kInter * kHidden);
                          cuda::moe_experts_widened(x, kHidden, kInter, experts_, plan_, E_, kTopK, P,
-                                                   one_buffer_.as<uint16_t>(), act, out, s, paired);
+                                                   one_buffer_.as<uint16_t>(), act, out, s,
+                                                   paired ? cuda::SpecializedTiles::kPaired
+                                                          : cuda::SpecializedTiles::kEvery);
                        }});
     const std::pair<const char*, cuda::MoeStreamShape> shapes[] = {
         {"stream f1s8", cuda::MoeStreamShape::kFrags1Stages8},
@@ -213,6 +219,15 @@ class ExpertBench {
   }
 
  private:
+  // The persistent GEMMs' unit counters, zero (made on first use).
+  int* unit_counters() {
+    if (unit_counters_.bytes() == 0) {
+      const int32_t zeros[2] = {0, 0};
+      unit_counters_ = cuda::DeviceBuffer(sizeof zeros);
+      unit_counters_.upload(zeros, sizeof zeros);
+    }
+    return unit_counters_.as<int>();
+  }
   // MXFP4 code bytes of `experts` experts' gate/up ([2 inter, hidden]) and down ([hidden, inter]).
   static int64_t gate_up_code_bytes(int experts) { return int64_t{experts} * 2 * kInter * kHidden / 2; }
   static int64_t down_code_bytes(int experts) { return int64_t{experts} * kHidden * kInter / 2; }
@@ -224,6 +239,7 @@ class ExpertBench {
   cuda::DeviceBuffer act_, out_, staged_, unscale_;
   cuda::DeviceBuffer gate_up_bf16_, down_bf16_;  // widened() (empty until a bf16 path runs)
   cuda::DeviceBuffer one_buffer_;                 // moe_experts_widened's (empty until it runs)
+  cuda::DeviceBuffer unit_counters_;              // unit_counters()' (empty until it runs)
   cuda::ExpertWeights experts_;
   cuda::MoePlan plan_;
   cuda::Stream stream_;

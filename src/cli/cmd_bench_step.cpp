@@ -208,6 +208,10 @@ void add_expert_options(CLI::App* cmd, BenchStepOptions* o) {
                   "Those 256-line GEMMs with an expert's row tiles two by two in clusters that load each weight "
                   "line once for both (true/false; only with --wide-fp8-experts true)")
       ->capture_default_str();
+  cmd->add_option("--persistent-bf16-experts", o->kernels.persistent_bf16_experts,
+                  "The bf16 expert GEMMs (bf16 or widened weights) unpaired in a block an SM that claims tile after "
+                  "tile (true/false)")
+      ->capture_default_str();
   cmd->add_option("--persistent-fp8-experts", o->kernels.persistent_fp8_experts,
                   "Those 256-line GEMMs unpaired in a block an SM that claims tile after tile (true/false; only with "
                   "--wide-fp8-experts true)")

@@ -250,10 +250,26 @@ double experts_error(const Experts& experts, std::vector<float> tokens, const st
   return relative_l2(got_rows, want_rows);
 }
 
+// The persistent grouped GEMMs' unit counters (MoeFp8Staging::unit_counters), zero.
+struct UnitCounters {
+  cuda::DeviceBuffer buffer{2 * sizeof(int32_t)};
+  UnitCounters() {
+    const int32_t zeros[2] = {0, 0};
+    buffer.upload(zeros, sizeof zeros);
+  }
+  std::vector<int32_t> values() const {
+    std::vector<int32_t> host(2);
+    buffer.download(host.data(), sizeof(int32_t) * host.size());
+    return host;
+  }
+};
+
 // The same for moe_experts_specialized (the warp-specialised grouped GEMMs), or with `widened`
-// (quantised experts) for moe_experts_widened, which widens them to bf16 for those GEMMs first.
+// (quantised experts) for moe_experts_widened, which widens them to bf16 for those GEMMs first;
+// the experts' output rows into `rows`.
 double specialized_error(const Experts& experts, std::vector<float> tokens, const std::vector<int32_t>& ids,
-                         int top_k, bool paired, bool widened = false) {
+                         int top_k, cuda::SpecializedTiles tiles, const UnitCounters& counters, bool widened,
+                         std::vector<float>& rows) {
   const int64_t hidden = experts.hidden, inter = experts.inter, E = experts.E, P = std::ssize(ids);
   for (float& v : tokens) v = round_bf16(v);
   ExpertRun run(tokens, ids, E, hidden, inter);
@@ -261,13 +277,14 @@ double specialized_error(const Experts& experts, std::vector<float> tokens, cons
     cuda::DeviceBuffer buffer(sizeof(uint16_t) * E * 2 * inter * hidden);
     cuda::moe_experts_widened(run.d_x.as<uint16_t>(), hidden, inter, experts.view(), run.buffers.plan(),
                               static_cast<int>(E), top_k, P, buffer.as<uint16_t>(), run.act.as<uint16_t>(),
-                              run.out.as<float>(), nullptr, paired);
-    return relative_l2(run.rows(), reference_rows(experts, tokens, ids, top_k));
+                              run.out.as<float>(), nullptr, tiles, counters.buffer.as<int>());
+  } else {
+    cuda::moe_experts_specialized(run.d_x.as<uint16_t>(), hidden, inter, experts.view(), run.buffers.plan(),
+                                  static_cast<int>(E), top_k, P, run.act.as<uint16_t>(), run.out.as<float>(), nullptr,
+                                  tiles, counters.buffer.as<int>());
   }
-  cuda::moe_experts_specialized(run.d_x.as<uint16_t>(), hidden, inter, experts.view(), run.buffers.plan(),
-                                static_cast<int>(E), top_k, P, run.act.as<uint16_t>(), run.out.as<float>(), nullptr,
-                                paired);
-  return relative_l2(run.rows(), reference_rows(experts, tokens, ids, top_k));
+  rows = run.rows();
+  return relative_l2(rows, reference_rows(experts, tokens, ids, top_k));
 }
 
 // The same for moe_experts_wgmma_rs (tiled MXFP4, the widened weights in wgmma's A registers).
@@ -364,8 +381,12 @@ TEST_F(CudaMoe, Bf16WgmmaExpertsMatchReference) { check_wgmma_experts_shapes(Wei
 // in pairs of blocks sharing the weight lines (pairs with a full or a short second tile, an
 // expert's odd last tile alone, two pairs and an odd tile at 600 pairs an expert); MXFP4 each
 // also widened to bf16 first (moe_experts_widened), with and without the pairs. MXFP4 also with
-// block scales far apart (the widening's two-multiply branch).
+// block scales far apart (the widening's two-multiply branch). The bf16 tiles also in persistent
+// blocks (MXFP4: widened first), their sums bit for bit those of a block a tile (the same
+// products in the same order; 260 experts' units outnumber the SMs), with one pair of counters
+// for every launch, zero after them.
 void check_specialized_experts(WeightFormat format, int block_spread = 0) {
+  const UnitCounters counters;
   struct Shape {
     int64_t E, hidden, inter;
     int top_k;
@@ -379,20 +400,32 @@ void check_specialized_experts(WeightFormat format, int block_spread = 0) {
     for (const int n : c.tokens) {
       const auto ids = random_choices(n, static_cast<int>(c.E), c.top_k, 300 + n);
       // Variant 1: bf16 row tiles in pairs; MXFP4 experts widened first. Variant 2 (MXFP4): widened,
-      // then the bf16 row tiles in pairs.
-      for (const int variant : {0, 1, 2}) {
+      // then the bf16 row tiles in pairs. Variant 3: the bf16 tiles persistent (MXFP4 widened first).
+      using cuda::SpecializedTiles;
+      std::vector<float> every_rows;  // a block a tile's: bf16 variant 0's, MXFP4 variant 1's
+      for (const int variant : {0, 1, 2, 3}) {
         const bool widened = variant > 0 && format != WeightFormat::Plain;
-        const bool paired = (variant == 1 && !widened) || variant == 2;
+        const SpecializedTiles tiles = variant == 3                                    ? SpecializedTiles::kPersistent
+                                       : (variant == 1 && !widened) || variant == 2 ? SpecializedTiles::kPaired
+                                                                                     : SpecializedTiles::kEvery;
         if (variant == 2 && !widened) continue;
-        EXPECT_LT(specialized_error(experts, random_values(n * c.hidden, 110 + n, 2.0f), ids, c.top_k, paired,
-                                    widened),
+        std::vector<float> rows;
+        EXPECT_LT(specialized_error(experts, random_values(n * c.hidden, 110 + n, 2.0f), ids, c.top_k, tiles, counters,
+                                    widened, rows),
                   2e-3)
             << "format " << static_cast<int>(format) << ", " << c.E << " experts, " << n << " tokens, hidden "
             << c.hidden << ", inter " << c.inter << ", spread " << block_spread
-            << (widened ? ", widened to bf16" : "") << (paired ? ", row tiles in pairs" : "");
+            << (widened ? ", widened to bf16" : "") << ", tiles " << static_cast<int>(tiles);
+        if (tiles == SpecializedTiles::kEvery) every_rows = rows;
+        if (tiles == SpecializedTiles::kPersistent) {
+          EXPECT_TRUE(rows == every_rows) << "persistent tiles against a block a tile: format "
+                                          << static_cast<int>(format) << ", " << c.E << " experts, " << n
+                                          << " tokens, hidden " << c.hidden << ", inter " << c.inter;
+        }
       }
     }
   }
+  EXPECT_EQ(counters.values(), std::vector<int32_t>({0, 0}));
   const Experts odd = make_experts(format, true, 2, 384, 128, 5);
   EXPECT_FALSE(cuda::moe_experts_specialized_supported(odd.view(), 384, 128));  // hidden not whole 256s
 }
@@ -482,20 +515,6 @@ void expect_bf16_sums_rounded(const Experts& experts, const char* name,
   EXPECT_EQ(differ, 0) << name << ": of " << f32.size() << " sums";
 }
 
-// The persistent W8A8 kernel's unit counters (MoeFp8Staging::unit_counters), zero.
-struct UnitCounters {
-  cuda::DeviceBuffer buffer{2 * sizeof(int32_t)};
-  UnitCounters() {
-    const int32_t zeros[2] = {0, 0};
-    buffer.upload(zeros, sizeof zeros);
-  }
-  std::vector<int32_t> values() const {
-    std::vector<int32_t> host(2);
-    buffer.download(host.data(), sizeof(int32_t) * host.size());
-    return host;
-  }
-};
-
 TEST_F(CudaMoe, GroupedGemmsBf16SumsAreTheirFp32SumsRounded) {
   const int E = 5, top_k = 3;
   const int64_t hidden = 512, inter = 256;
@@ -508,17 +527,22 @@ TEST_F(CudaMoe, GroupedGemmsBf16SumsAreTheirFp32SumsRounded) {
       cuda::moe_experts_wgmma(run.d_x.as<uint16_t>(), hidden, inter, bf16.view(), plan_of(run), E, top_k, run.P,
                               run.act.as<uint16_t>(), sums, nullptr, tile_rows);
     });
+  const UnitCounters counters;
   for (const Experts* experts : {&bf16, &mxfp4})
     expect_bf16_sums_rounded(*experts, "moe_experts_specialized", [&](ExpertRun& run, cuda::ExpertSums sums) {
       cuda::moe_experts_specialized(run.d_x.as<uint16_t>(), hidden, inter, experts->view(), plan_of(run), E, top_k,
                                     run.P, run.act.as<uint16_t>(), sums, nullptr);
     });
+  expect_bf16_sums_rounded(bf16, "moe_experts_specialized (persistent)", [&](ExpertRun& run, cuda::ExpertSums sums) {
+    cuda::moe_experts_specialized(run.d_x.as<uint16_t>(), hidden, inter, bf16.view(), plan_of(run), E, top_k, run.P,
+                                  run.act.as<uint16_t>(), sums, nullptr, cuda::SpecializedTiles::kPersistent,
+                                  counters.buffer.as<int>());
+  });
   expect_bf16_sums_rounded(mxfp4, "moe_experts_wgmma_rs", [&](ExpertRun& run, cuda::ExpertSums sums) {
     cuda::DeviceBuffer staged(sizeof(uint16_t) * run.P * hidden);
     cuda::moe_experts_wgmma_rs(run.d_x.as<uint16_t>(), hidden, inter, mxfp4.view(), plan_of(run), E, top_k, run.P,
                                staged.as<uint32_t>(), run.act.as<uint16_t>(), sums, nullptr);
   });
-  const UnitCounters counters;
   for (const cuda::Fp8ExpertGemm gemm :
        {cuda::Fp8ExpertGemm::kWarpSpecialized, cuda::Fp8ExpertGemm::kWide, cuda::Fp8ExpertGemm::kWidePersistent})
     expect_bf16_sums_rounded(fp8, "moe_experts_wgmma_fp8", [&](ExpertRun& run, cuda::ExpertSums sums) {

@@ -74,7 +74,7 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   cuda::Gemm side_gemm;
   cuda::Event shared_fork, shared_join;
   std::unique_ptr<cuda::Fp8Gemm> fp8_gemm;  // made where a linear layer is FP8 (main stream only)
-  DeviceBuffer expert_unit_counters;         // the persistent W8A8 experts' (MoeFp8Staging::unit_counters)
+  DeviceBuffer expert_unit_counters;  // the persistent expert GEMMs' [2] (MoeFp8Staging::unit_counters)
   int max_blocks = 0;  // block-table width
   int64_t num_slots = 0;
   MetadataLayout meta;
@@ -209,6 +209,13 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   // Where the W8A8 expert GEMMs quantise `tokens` rows and `pairs` act rows (expert width inter);
   // none where the buffers they borrow are too small.
   std::optional<cuda::MoeFp8Staging> fp8_expert_staging(int64_t tokens, int64_t pairs, int64_t inter);
+  // How the bf16 grouped expert GEMMs (moe_experts_specialized) launch their row tiles: in pairs
+  // where `paired`, else a block an SM where options.persistent_bf16_experts, else a block a tile.
+  cuda::SpecializedTiles specialized_tiles(bool paired) const {
+    return paired                             ? cuda::SpecializedTiles::kPaired
+           : options.persistent_bf16_experts ? cuda::SpecializedTiles::kPersistent
+                                             : cuda::SpecializedTiles::kEvery;
+  }
   // Sums a block output [T, hidden] over the tensor-parallel peers.
   void sum_over_tp(float* block_output, int T);
   void prefill_attention(int sequence, int l, int heads);

@@ -234,14 +234,18 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
     }
     case ExpertPath::kWidened:
       cuda::moe_experts_widened(x, hidden, inter, experts, plan, E, K, bound, as<uint16_t>(pair_gate_up), act, sums,
-                                s, options.paired_widened_experts);
+                                s, specialized_tiles(options.paired_widened_experts),
+                                expert_unit_counters.as<int>());
       break;
     case ExpertPath::kRegisterWidened:
       cuda::moe_experts_wgmma_rs(x, hidden, inter, experts, plan, E, K, bound, as<uint32_t>(pair_x), act, sums, s);
       break;
     case ExpertPath::kSpecialized:
-      cuda::moe_experts_specialized(x, hidden, inter, experts, plan, E, K, bound, act, sums, s,
-                                    options.paired_bf16_experts && m.experts_format == ops::WeightFormat::Plain);
+      cuda::moe_experts_specialized(
+          x, hidden, inter, experts, plan, E, K, bound, act, sums, s,
+          m.experts_format == ops::WeightFormat::Plain ? specialized_tiles(options.paired_bf16_experts)
+                                                       : cuda::SpecializedTiles::kEvery,
+          expert_unit_counters.as<int>());
       break;
     case ExpertPath::kGrouped:
       cuda::moe_experts_wgmma(x, hidden, inter, experts, plan, E, K, bound, act, sums, s,

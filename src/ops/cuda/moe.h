@@ -167,25 +167,31 @@ void moe_experts_wgmma(const uint16_t* x, int64_t hidden, int64_t inter, const E
 // warp-specialised: a producer warpgroup fills a ring of shared-memory stages (MXFP4: widening
 // the codes to bf16 with their block scales, exactly) while two consumer warpgroups multiply,
 // 128 grouped rows x 256 weight lines a block. Needs hidden a multiple of 256 and inter of 128.
-// `paired` (bf16 only): an expert's row tiles two by two in thread block clusters that load each
-// weight line once for both (TMA multicast), its odd last tile split between the two.
+// `tiles` (bf16 only other than kEvery; the same sums whichever): a block a row tile; an
+// expert's row tiles two by two in thread block clusters that load each weight line once for
+// both (TMA multicast), its odd last tile split between the two (kPaired); or a block an SM
+// claiming tile after tile in order, its ring of stages running on from one to the next
+// (kPersistent, with `unit_counters` as MoeFp8Staging::unit_counters below).
 // `projections`: both, or one of them (gate/up writes act; down reads it): a caller that widens
 // quantised experts into one bf16 buffer runs them in turn.
+enum class SpecializedTiles { kEvery, kPaired, kPersistent };
 enum class ExpertProjections { kBoth, kGateUp, kDown };
 bool moe_experts_specialized_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
 void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                              const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* act,
-                             ExpertSums expert_out, cudaStream_t stream, bool paired = false,
+                             ExpertSums expert_out, cudaStream_t stream,
+                             SpecializedTiles tiles = SpecializedTiles::kEvery, int* unit_counters = nullptr,
                              ExpertProjections projections = ExpertProjections::kBoth);
 
 // Quantised experts through the bf16 GEMMs above, widened once a call rather than once a row
 // tile: every expert's gate/up rows into `widened` (dequantize_experts: [num_experts, 2 inter,
 // hidden] bf16), their GEMM, then the down rows into the same bytes ([num_experts, hidden,
 // inter]) and theirs. For long gathered prefills, whose experts get a thousand pairs and more.
-// `paired`: those GEMMs' row tiles two by two in clusters, as moe_experts_specialized's.
+// `tiles`, `unit_counters`: those GEMMs' launch, as moe_experts_specialized's.
 void moe_experts_widened(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                          const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* widened,
-                         uint16_t* act, ExpertSums expert_out, cudaStream_t stream, bool paired = false);
+                         uint16_t* act, ExpertSums expert_out, cudaStream_t stream,
+                         SpecializedTiles tiles = SpecializedTiles::kEvery, int* unit_counters = nullptr);
 
 // The same for block-FP8 experts (moe_experts_wgmma_fp8.cu), W8A8 as FP8 checkpoints are
 // served: x and then act quantised to E4M3 with one scale a row and 128 columns

@@ -144,14 +144,16 @@ __device__ __forceinline__ void store_tile(const GroupedArgs& a, const float (&a
 }
 
 // A consumer's steps: wait for a stage, multiply its part of it, keep one step's wgmma in flight
-// and hand the step before back to the producer.
+// and hand the step before back to the producer (the last once its products are done). `ring`:
+// the steps the block's ring took before this tile's (a persistent block's earlier tiles), so that
+// stage and phase run on.
 template <int kN, bool kPaired, int kStages>
 __device__ __forceinline__ void multiply_steps(float (&acc)[128], uint32_t stages, uint32_t full, uint32_t empty,
-                                               int steps, ConsumerPart part) {
+                                               int steps, ConsumerPart part, int ring) {
   // Stage 0's rows and lines for this consumer; 16 k further on is 32 bytes.
   const uint64_t token_descriptor = wgmma::descriptor(stages + part.row0 * kLine, 16, 1024);
   const uint64_t weight_descriptor = wgmma::descriptor(stages + kTokenBytes + part.stage_line0 * kLine, 16, 1024);
-  for (int step = 0; step < steps; ++step) {
+  for (int step = ring; step < ring + steps; ++step) {
     const int stage = step % kStages;
     pipeline::barrier_wait(full + 8 * stage, (step / kStages) & 1);
     wgmma::fence_async_proxy();  // the copies' writes before the tensor cores' reads
@@ -169,17 +171,18 @@ __device__ __forceinline__ void multiply_steps(float (&acc)[128], uint32_t stage
     // The previous step's products are done: its stage goes back to the producer.
     wgmma::wait<1>();
     wgmma::pin(acc);
-    if (step > 0) pipeline::release_stage<kPaired, kPairBlocks>(empty + 8 * ((step - 1) % kStages));
+    if (step > ring) pipeline::release_stage<kPaired, kPairBlocks>(empty + 8 * ((step - 1) % kStages));
   }
   wgmma::wait_all();
   wgmma::pin(acc);
+  pipeline::release_stage<kPaired, kPairBlocks>(empty + 8 * ((ring + steps - 1) % kStages));
 }
 
 // A consumer with no part in the unit (the second of an odd last tile of 64 rows or fewer, against
-// half the lines) still hands each stage back, as the barriers count it.
+// half the lines) still hands each stage back, as the barriers count it (`ring` as multiply_steps').
 template <bool kPaired, int kStages>
-__device__ __forceinline__ void pass_steps(uint32_t full, uint32_t empty, int steps) {
-  for (int step = 0; step < steps; ++step) {
+__device__ __forceinline__ void pass_steps(uint32_t full, uint32_t empty, int steps, int ring) {
+  for (int step = ring; step < ring + steps; ++step) {
     const int stage = step % kStages;
     pipeline::barrier_wait(full + 8 * stage, (step / kStages) & 1);
     pipeline::release_stage<kPaired, kPairBlocks>(empty + 8 * stage);
@@ -194,11 +197,12 @@ __device__ __forceinline__ void pass_steps(uint32_t full, uint32_t empty, int st
 // An H100 run, GLM-5.2 width, 3 layers (bench/results/cuda-fp8-wide-experts-20261206.json,
 // `bf16_weights_by_tma`): experts of a prefill 14.18 -> 13.28 ms at 2048 tokens, 15.35 -> 14.94
 // at 4096, 20.73 / 21.39 -> 20.26 / 19.69 at 8192, with each producer thread copying its chunks
-// of the lines by cp.async before.
+// of the lines by cp.async before. `ring` as multiply_steps'; the caller waits for the last copies
+// before it leaves.
 template <Projection P, bool kPaired>
 __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap& weight_map, int e, int first,
                                         int rows, int64_t slice, uint32_t stages, uint32_t full, uint32_t empty,
-                                        int steps, int rank, int half) {
+                                        int steps, int rank, int half, int ring) {
   constexpr int kStages = Ring<WeightSource::kBf16>::kStages;
   const int index = threadIdx.x % 128;
   const moe_grouped::TokenCopies<P, uint16_t> token_copies(a, index, first, rows);
@@ -206,8 +210,8 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
     return static_cast<int>(moe_grouped::weight_row<P, kLines>(a, e, moe_grouped::slice_line_of<P>(64 * box), slice));
   };
   for (int step = 0; step < steps; ++step) {
-    const int stage = step % kStages;
-    const uint32_t parity = ((step / kStages) & 1) ^ 1;  // the first round passes
+    const int stage = (ring + step) % kStages;
+    const uint32_t parity = (((ring + step) / kStages) & 1) ^ 1;  // the first round passes
     const uint32_t tokens = stages + stage * kStageBytes, weights = tokens + kTokenBytes;
     const int64_t offset = int64_t{step} * kStepK;
     moe_grouped::copy_weight_boxes<kPaired, kPairBlocks>(weights, weight_map, offset, box_row, full + 8 * stage,
@@ -215,7 +219,6 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
     token_copies.copy(a, tokens, offset);
     pipeline::barrier_arrive_on_copies(full + 8 * stage);
   }
-  wgmma::copy_async_wait<0>();
 }
 
 // The MXFP4 producer warpgroup's steps: the token rows as produce's, and the weights from the
@@ -314,6 +317,34 @@ __device__ __forceinline__ void produce_mxfp4(const GroupedArgs& a, int e, int f
   wgmma::copy_async_wait<0>();
 }
 
+// A consumer warpgroup's part of a tile (`ring` as multiply_steps'): its rows against all 256 lines,
+// or (a tile of 64 rows or fewer) rows 0..63 against its half of the lines, or (against half the
+// slice's lines) consumer 0 alone, consumer 1 only handing the stages back; then its sums' store.
+template <Projection P, bool kPaired, int kStages>
+__device__ __forceinline__ void consume_tile(const GroupedArgs& a, const moe_grouped::RowTile& tile, uint32_t stages,
+                                             uint32_t full, uint32_t empty, int steps, int consumer, int ring) {
+  // Broadcast from lane 0, so that the compiler sees each branch taken by whole warps.
+  const bool short_tile = __shfl_sync(0xffffffffu, tile.rows <= 64 ? 1 : 0, 0) != 0;
+  const int half = __shfl_sync(0xffffffffu, tile.half, 0);
+  const int slice_line0 = half < 0 ? 0 : (kLines / 2) * half;
+  const int64_t slice = tile.slice;
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+  if (half < 0 && !short_tile) {
+    const ConsumerPart part{64 * consumer, 0, 0};
+    multiply_steps<kLines, kPaired, kStages>(acc, stages, full, empty, steps, part, ring);
+    store_tile<P, kLines>(a, acc, part, tile.first, tile.rows, slice);
+  } else if (half >= 0 && short_tile && consumer == 1) {
+    pass_steps<kPaired, kStages>(full, empty, steps, ring);
+  } else {
+    const int line0 = half < 0 ? (kLines / 2) * consumer : 0;
+    const ConsumerPart part{short_tile ? 0 : 64 * consumer, line0, slice_line0 + line0};
+    multiply_steps<kLines / 2, kPaired, kStages>(acc, stages, full, empty, steps, part, ring);
+    store_tile<P, kLines / 2>(a, acc, part, tile.first, tile.rows, slice);
+  }
+}
+
 // kSet kPairs (bf16 only): launched in clusters of kPairBlocks blocks, the pair's two row tiles of
 // one expert and slice, each block loading half the weight lines into both (an L2 read of 32 KB a
 // step instead of 48: the GEMM at 8192 tokens is bound by L2 throughput), or an odd last tile,
@@ -351,36 +382,67 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warpgroup >= 2) {
     pipeline::shrink_registers<R::kProducerRegisters>();
-    if constexpr (R::kMxfp4) produce_mxfp4<P>(a, e, first, rows, slice, shared, full, empty, steps);
-    else produce<P, kPaired>(a, weight_map, e, first, rows, slice, stages, full, empty, steps, rank, tile.half);
+    if constexpr (R::kMxfp4) {
+      produce_mxfp4<P>(a, e, first, rows, slice, shared, full, empty, steps);
+    } else {
+      produce<P, kPaired>(a, weight_map, e, first, rows, slice, stages, full, empty, steps, rank, tile.half, 0);
+      wgmma::copy_async_wait<0>();
+    }
   } else {
     pipeline::grow_registers<R::kConsumerRegisters>();
-    const int consumer = warpgroup;
-    // Broadcast from lane 0, so that the compiler sees each branch taken by whole warps. A tile
-    // of 64 rows or fewer: both consumers on rows 0..63, each on half the lines, or (against half
-    // the slice's lines) consumer 0 alone.
-    const bool short_tile = __shfl_sync(0xffffffffu, rows <= 64 ? 1 : 0, 0) != 0;
-    const int half = __shfl_sync(0xffffffffu, tile.half, 0);
-    const int slice_line0 = half < 0 ? 0 : (kLines / 2) * half;
-    float acc[128];
-#pragma unroll
-    for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
-    if (half < 0 && !short_tile) {
-      const ConsumerPart part{64 * consumer, 0, 0};
-      multiply_steps<kLines, kPaired, R::kStages>(acc, stages, full, empty, steps, part);
-      store_tile<P, kLines>(a, acc, part, first, rows, slice);
-    } else if (half >= 0 && short_tile && consumer == 1) {
-      pass_steps<kPaired, R::kStages>(full, empty, steps);
-    } else {
-      const int line0 = half < 0 ? (kLines / 2) * consumer : 0;
-      const ConsumerPart part{short_tile ? 0 : 64 * consumer, line0, slice_line0 + line0};
-      multiply_steps<kLines / 2, kPaired, R::kStages>(acc, stages, full, empty, steps, part);
-      store_tile<P, kLines / 2>(a, acc, part, first, rows, slice);
-    }
+    consume_tile<P, kPaired, R::kStages>(a, tile, stages, full, empty, steps, warpgroup, 0);
   }
   // Neither block of a pair leaves while the other may still copy into its stages or arrive on
   // its barriers.
   if constexpr (kPaired) pipeline::cluster_sync();
+}
+
+// The persistent launch (SpecializedTiles::kPersistent; bf16 weights, unpaired): as many blocks
+// as SMs, each claiming unit after unit (unit_of_block's numbering) from `counters`
+// (moe_grouped::claim_tile: in unit order, so that an expert slice's row tiles run side by side
+// and share its weight lines in L2), its ring running on from one tile to the next, so that a
+// tile's first stages land while the consumers store the last one's sums. Shared memory after
+// the ring's barriers: the claims, then expert_first_units' table.
+template <Projection P>
+__global__ void __launch_bounds__(kThreads, 1)
+    persistent_experts_kernel(GroupedArgs a, const __grid_constant__ CUtensorMap weight_map, int* counters) {
+  chained_grid_prologue();
+  using R = Ring<WeightSource::kBf16>;
+  extern __shared__ __align__(16) uint8_t shared_raw[];
+  const wgmma::AlignedShared shared = wgmma::align_to_1024(shared_raw);
+  const uint32_t stages = shared.address;
+  const uint32_t full = stages + R::kBarrierOffset, empty = full + 8 * R::kStages;
+  constexpr int kClaimsAt = R::kBarrierOffset + 2 * R::kStages * 8;
+  auto* const claims = reinterpret_cast<moe_grouped::TileClaims*>(shared.generic + kClaimsAt);
+  const uint32_t claims_address = shared.address + kClaimsAt;
+  moe_grouped::init_tile_claims(claims_address, kConsumerThreads);
+  pipeline::init_ring<R::kStages, false>(full, empty, kProducerThreads + 1, kConsumerThreads);
+  int* const first_unit = reinterpret_cast<int*>(shared.generic + kClaimsAt + moe_grouped::kTileClaimsBytes);
+  moe_grouped::expert_first_units<kRows, kThreads>(a.offsets, a.num_experts, a.slices, first_unit);
+  const int units = first_unit[a.num_experts];
+  const int steps = static_cast<int>(a.k / kStepK);
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+  if (warpgroup == 2) {
+    pipeline::shrink_registers<R::kProducerRegisters>();
+    const int index = static_cast<int>(threadIdx.x) % 128;
+    for (int n = 0, ring = 0;; ++n, ring += steps) {
+      const moe_grouped::RowTile tile = moe_grouped::claim_tile<kRows>(claims, claims_address, n, counters, units,
+                                                                       a.offsets, first_unit, a.num_experts, index);
+      if (tile.expert < 0) break;
+      produce<P, false>(a, weight_map, tile.expert, tile.first, tile.rows, tile.slice, stages, full, empty, steps, 0,
+                        -1, ring);
+    }
+    moe_grouped::finish_tile_claims(counters, index);
+    wgmma::copy_async_wait<0>();
+  } else {
+    pipeline::grow_registers<R::kConsumerRegisters>();
+    for (int n = 0, ring = 0;; ++n, ring += steps) {
+      const moe_grouped::RowTile tile = moe_grouped::claimed_tile(claims, claims_address, n);
+      // Broadcast from lane 0: the compiler then knows the tile loop around the wgmma is uniform.
+      if (__shfl_sync(0xffffffffu, tile.expert, 0) < 0) break;
+      consume_tile<P, false, R::kStages>(a, tile, stages, full, empty, steps, warpgroup, ring);
+    }
+  }
 }
 
 // A block a unit of moe_grouped::unit_of_block: an expert's row tiles of one output slice come
@@ -403,18 +465,40 @@ void launch_projection(GroupedArgs a, const CUtensorMap& weight_map, int64_t fea
                           kThreads, R::kSharedBytes, stream, a, weight_map);
 }
 
-// One projection over every row tile: a block a tile, or (paired, bf16) clusters of two blocks on
-// the pairs of row tiles and the odd last tiles.
+// The persistent launch: a block an SM at most, claiming the units from `counters`.
+template <Projection P>
+void launch_persistent(GroupedArgs a, const CUtensorMap& weight_map, int64_t features, int64_t units, int* counters,
+                       cudaStream_t stream) {
+  using R = Ring<WeightSource::kBf16>;
+  auto* kernel = persistent_experts_kernel<P>;
+  // The claims and expert_first_units' table after the ring; 64: its static shared memory.
+  const int shared_bytes =
+      R::kSharedBytes + moe_grouped::kTileClaimsBytes + static_cast<int>(sizeof(int)) * (a.num_experts + 1);
+  GLMS_CHECK(shared_bytes + 64 <= 232448, "moe_experts_specialized (persistent): too many experts");
+  GLMS_CHECK(counters != nullptr, "moe_experts_specialized (persistent): needs its unit counters");
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes),
+        "moe_experts_specialized (persistent) shared memory");
+  const int64_t per_block = P == Projection::kGateUp ? kLines / 2 : kLines;
+  a.slices = static_cast<int>(features / per_block);
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(units * a.slices, multiprocessor_count()));
+  launch_chained("moe_experts_specialized (persistent) launch", kernel, blocks, kThreads, shared_bytes, stream, a,
+                 weight_map, counters);
+}
+
+// One projection over every row tile: a block a tile, or (bf16) clusters of two blocks on the
+// pairs of row tiles and the odd last tiles, or a block an SM claiming tile after tile.
 template <Projection P, WeightSource W>
-void run_projection(const GroupedArgs& a, int64_t features, int64_t num_pairs, bool paired, cudaStream_t stream) {
+void run_projection(const GroupedArgs& a, int64_t features, int64_t num_pairs, SpecializedTiles tiles,
+                    int* counters, cudaStream_t stream) {
   using moe_tiles::TileSet;
-  const TileSet set = paired ? TileSet::kPairs : TileSet::kEvery;
+  const TileSet set = tiles == SpecializedTiles::kPaired ? TileSet::kPairs : TileSet::kEvery;
   const int64_t units = moe_tiles::units_bound(set, num_pairs, a.num_experts, kRows);
   if constexpr (W == WeightSource::kBf16) {
     // The stacked weights [experts x rows_per_expert, k] in 64-line boxes.
     const CUtensorMap map = swizzled_rows_tensor_map(a.weights, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                                                      int64_t{a.num_experts} * a.rows_per_expert, a.k, 64);
-    if (paired) launch_projection<P, TileSet::kPairs, W>(a, map, features, units, stream);
+    if (tiles == SpecializedTiles::kPaired) launch_projection<P, TileSet::kPairs, W>(a, map, features, units, stream);
+    else if (tiles == SpecializedTiles::kPersistent) launch_persistent<P>(a, map, features, units, counters, stream);
     else launch_projection<P, TileSet::kEvery, W>(a, map, features, units, stream);
     return;
   }
@@ -422,16 +506,18 @@ void run_projection(const GroupedArgs& a, int64_t features, int64_t num_pairs, b
 }
 
 // Both projections, or one; `a` holds the plan and the outputs.
+// (persistent: down claims from the same counters, which gate/up's last block set back to zero
+// before down's blocks read them)
 template <WeightSource W>
 void run_projections(const GroupedArgs& a, const uint16_t* x, const ExpertWeights& experts, int64_t hidden,
-                     int64_t inter, int64_t num_pairs, bool paired, ExpertProjections projections,
-                     cudaStream_t stream) {
+                     int64_t inter, int64_t num_pairs, SpecializedTiles tiles, int* counters,
+                     ExpertProjections projections, cudaStream_t stream) {
   if (projections != ExpertProjections::kDown)
     run_projection<Projection::kGateUp, W>(moe_grouped::gate_up_projection(a, x, experts, hidden, inter), inter,
-                                           num_pairs, paired, stream);
+                                           num_pairs, tiles, counters, stream);
   if (projections != ExpertProjections::kGateUp)
     run_projection<Projection::kDown, W>(moe_grouped::down_projection(a, experts, hidden, inter), hidden, num_pairs,
-                                         paired, stream);
+                                         tiles, counters, stream);
 }
 
 }  // namespace
@@ -445,8 +531,8 @@ bool moe_experts_specialized_supported(const ExpertWeights& experts, int64_t hid
 
 void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                              const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* act,
-                             ExpertSums expert_out, cudaStream_t stream, bool paired,
-                             ExpertProjections projections) {
+                             ExpertSums expert_out, cudaStream_t stream, SpecializedTiles tiles,
+                             int* unit_counters, ExpertProjections projections) {
   if (num_pairs <= 0 || num_experts <= 0) return;
   GLMS_CHECK(moe_experts_specialized_supported(experts, hidden, inter),
              "moe_experts_specialized: bf16 or tiled MXFP4 experts with hidden a multiple of 256 and inter of 128");
@@ -454,26 +540,29 @@ void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, c
              "moe_experts_specialized: too many pairs for one launch");
   const GroupedArgs a = moe_grouped::grouped_args(plan, num_experts, top_k, inter, act, expert_out);
   if (experts.format == WeightFormat::Plain) {
-    run_projections<WeightSource::kBf16>(a, x, experts, hidden, inter, num_pairs, paired, projections, stream);
+    run_projections<WeightSource::kBf16>(a, x, experts, hidden, inter, num_pairs, tiles, unit_counters, projections,
+                                         stream);
   } else {
-    GLMS_CHECK(!paired, "moe_experts_specialized: MXFP4 row tiles are not paired");
-    run_projections<WeightSource::kMxfp4>(a, x, experts, hidden, inter, num_pairs, false, projections, stream);
+    GLMS_CHECK(tiles == SpecializedTiles::kEvery, "moe_experts_specialized: MXFP4 row tiles are a block a tile");
+    run_projections<WeightSource::kMxfp4>(a, x, experts, hidden, inter, num_pairs, tiles, nullptr, projections,
+                                          stream);
   }
 }
 
 void moe_experts_widened(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                          const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* widened,
-                         uint16_t* act, ExpertSums expert_out, cudaStream_t stream, bool paired) {
+                         uint16_t* act, ExpertSums expert_out, cudaStream_t stream, SpecializedTiles tiles,
+                         int* unit_counters) {
   if (num_pairs <= 0 || num_experts <= 0) return;
   ExpertWeights bf16;  // gate/up, then down, in the same bytes
   bf16.gate_up = widened;
   bf16.down = widened;
   dequantize_experts(experts, 0, num_experts, hidden, inter, widened, nullptr, stream);
-  moe_experts_specialized(x, hidden, inter, bf16, plan, num_experts, top_k, num_pairs, act, expert_out, stream, paired,
-                          ExpertProjections::kGateUp);
+  moe_experts_specialized(x, hidden, inter, bf16, plan, num_experts, top_k, num_pairs, act, expert_out, stream, tiles,
+                          unit_counters, ExpertProjections::kGateUp);
   dequantize_experts(experts, 0, num_experts, hidden, inter, nullptr, widened, stream);
-  moe_experts_specialized(x, hidden, inter, bf16, plan, num_experts, top_k, num_pairs, act, expert_out, stream, paired,
-                          ExpertProjections::kDown);
+  moe_experts_specialized(x, hidden, inter, bf16, plan, num_experts, top_k, num_pairs, act, expert_out, stream, tiles,
+                          unit_counters, ExpertProjections::kDown);
 }
 
 }  // namespace glms::ops::cuda

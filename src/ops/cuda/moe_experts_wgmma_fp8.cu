@@ -613,26 +613,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // The persistent kernel (Fp8ExpertGemm::kWidePersistent): as many blocks as SMs, each claiming
-// unit after unit (unit_of_block's numbering, through moe_grouped::expert_first_units' table in
-// shared memory) from the launch's counter, its ring running on from one tile to the next, so
-// that a tile's first stages land while the consumers store the last one's sums: a block-per-tile
-// launch pays its set-up, its ring's first fill and its epilogue in series every tile (a down
-// tile's 16 steps take about 20 us on an H100). Claims go in unit order, so that the blocks
-// running at any time hold neighbouring units, as a block-per-tile launch's do, and an expert
-// slice's row tiles read each weight line from HBM once between them: blocks that took every
-// gridDim.x-th unit drifted apart and read them up to once a row tile (an H100 run timed the
-// experts of a prefill of 8192 at 38.4 ms against 25.2 block per tile).
-//
-// counters[0]: the next unit to claim, counters[1]: the blocks done claiming; both zero at launch,
-// and the last block done sets them back to zero. Producer thread 0 claims and hands each tile
-// to its warpgroup (named barrier 1) and to the consumers through two slots, each with a full
-// barrier it arrives on and an empty one the 256 consumer threads arrive on once they have read it.
-struct ClaimSlots {
-  uint64_t full[2], empty[2];
-  moe_grouped::RowTile tile[2];
-};
-constexpr int kClaimBytes = (static_cast<int>(sizeof(ClaimSlots)) + 15) / 16 * 16;
-
+// unit after unit (unit_of_block's numbering) from the launch's counters (moe_grouped::claim_tile:
+// in unit order, so that an expert slice's row tiles run side by side), its ring running on from
+// one tile to the next, so that a tile's first stages land while the consumers store the last
+// one's sums: a block-per-tile launch pays its set-up, its ring's first fill and its epilogue in
+// series every tile (a down tile's 16 steps take about 20 us on an H100). Shared memory after the
+// ring's barriers: the claims, then expert_first_units' table.
 template <Projection P, bool kTokenBoxes>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_persistent_experts_kernel(GroupedArgs a, const __grid_constant__ CUtensorMap weight_map,
@@ -640,56 +626,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   chained_grid_prologue();
   extern __shared__ __align__(16) uint8_t shared_raw[];
   const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
-  constexpr int kClaimsAt = kStages * kStageBytes + 2 * kStages * 8;  // after the ring's barriers
-  auto* const claims = reinterpret_cast<ClaimSlots*>(aligned.generic + kClaimsAt);
-  const uint32_t claim_full = aligned.address + kClaimsAt, claim_empty = claim_full + 16;
-  if (threadIdx.x == 0)
-    for (int slot = 0; slot < 2; ++slot) {
-      pipeline::barrier_init(claim_full + 8 * slot, 1);
-      pipeline::barrier_init(claim_empty + 8 * slot, kConsumerThreads);
-    }
+  constexpr int kClaimsAt = kStages * kStageBytes + 2 * kStages * 8;
+  auto* const claims = reinterpret_cast<moe_grouped::TileClaims*>(aligned.generic + kClaimsAt);
+  const uint32_t claims_address = aligned.address + kClaimsAt;
+  moe_grouped::init_tile_claims(claims_address, kConsumerThreads);
   uint32_t full, empty;
-  init_stage_barriers<false>(aligned.address, full, empty);  // its fence and barrier cover the claims' too
-  int* const first_unit = reinterpret_cast<int*>(aligned.generic + kClaimsAt + kClaimBytes);
+  init_stage_barriers<false>(aligned.address, full, empty);
+  int* const first_unit = reinterpret_cast<int*>(aligned.generic + kClaimsAt + moe_grouped::kTileClaimsBytes);
   moe_grouped::expert_first_units<kRows, kThreads>(a.offsets, a.num_experts, a.slices, first_unit);
   const int units = first_unit[a.num_experts];
   const int steps = static_cast<int>(a.k / kStepValues);
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   if (warpgroup == 2) {
     pipeline::shrink_registers<kProducerRegisters>();
-    const bool claimer = threadIdx.x % 128 == 0;
-    int ring = 0;
-    for (int n = 0;; ++n, ring += steps) {
-      const int slot = n % 2;
-      if (claimer) {
-        pipeline::barrier_wait(claim_empty + 8 * slot, ((n / 2) & 1) ^ 1);  // the first round passes
-        const int unit = atomicAdd(counters, 1);
-        claims->tile[slot] = unit < units ? moe_grouped::unit_of<kRows>(a.offsets, first_unit, a.num_experts, unit)
-                                          : moe_grouped::RowTile{-1, 0, 0, 0};
-        pipeline::barrier_arrive(claim_full + 8 * slot);
-      }
-      pipeline::named_sync(1, 128);  // the claim, to the warpgroup (whose reads precede the next sync)
-      const moe_grouped::RowTile tile = claims->tile[slot];
+    const int index = static_cast<int>(threadIdx.x) % 128;
+    for (int n = 0, ring = 0;; ++n, ring += steps) {
+      const moe_grouped::RowTile tile = moe_grouped::claim_tile<kRows>(claims, claims_address, n, counters, units,
+                                                                       a.offsets, first_unit, a.num_experts, index);
       if (tile.expert < 0) break;
       produce<P, false, kTokenBoxes>(a, weight_map, token_map, tile.expert, tile.first, tile.rows, tile.slice,
                                      aligned.address, full, empty, steps, 0, -1, ring);
     }
-    if (claimer) {
-      __threadfence();  // this block's claims before its count as done
-      if (atomicAdd(counters + 1, 1) == static_cast<int>(gridDim.x) - 1) {
-        atomicExch(counters, 0);
-        atomicExch(counters + 1, 0);
-      }
-    }
+    moe_grouped::finish_tile_claims(counters, index);
     wgmma::copy_async_wait<0>();
   } else {
     pipeline::grow_registers<kConsumerRegisters>();
-    int ring = 0;
-    for (int n = 0;; ++n, ring += steps) {
-      const int slot = n % 2;
-      pipeline::barrier_wait(claim_full + 8 * slot, (n / 2) & 1);
-      const moe_grouped::RowTile tile = claims->tile[slot];
-      pipeline::barrier_arrive(claim_empty + 8 * slot);
+    for (int n = 0, ring = 0;; ++n, ring += steps) {
+      const moe_grouped::RowTile tile = moe_grouped::claimed_tile(claims, claims_address, n);
       // Broadcast from lane 0: the compiler then knows the tile loop around the wgmma is uniform.
       if (__shfl_sync(0xffffffffu, tile.expert, 0) < 0) break;
       consume_tile<P, false>(a, tile, aligned, full, empty, steps, warpgroup, -1, ring);
@@ -724,7 +687,8 @@ void launch_projection(GroupedArgs a, int64_t features, int64_t num_pairs, Fp8Ex
   if (persistent) {
     auto* kernel = fp8_persistent_experts_kernel<P, kDown>;
     // The claim slots and expert_first_units' table after the ring; 64: its static shared memory.
-    const int shared_bytes = kSharedBytes + kClaimBytes + static_cast<int>(sizeof(int)) * (a.num_experts + 1);
+    const int shared_bytes =
+        kSharedBytes + moe_grouped::kTileClaimsBytes + static_cast<int>(sizeof(int)) * (a.num_experts + 1);
     GLMS_CHECK(shared_bytes + 64 <= 232448, "moe_experts_wgmma (FP8, persistent): too many experts");
     GLMS_CHECK(counters != nullptr, "moe_experts_wgmma (FP8, persistent): needs the staging's unit counters");
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes),
