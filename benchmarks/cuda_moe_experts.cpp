@@ -141,7 +141,7 @@ class ExpertBench {
                      }});
     paths.push_back({"bf16 persistent", [=, this] {
                        cuda::moe_experts_specialized(x, kHidden, kInter, widened(), plan_, E_, kTopK, P, act, out, s,
-                                                     cuda::SpecializedTiles::kPersistent, unit_counters());
+                                                     cuda::SpecializedTiles::kPersistent, {unit_counters()});
                      }});
     paths.push_back({"widen + bf16 specialized", [=, this] {
                        const cuda::ExpertWeights bf16 = widened();

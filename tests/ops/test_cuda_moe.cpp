@@ -250,7 +250,9 @@ double experts_error(const Experts& experts, std::vector<float> tokens, const st
   return relative_l2(got_rows, want_rows);
 }
 
-// The persistent grouped GEMMs' unit counters (MoeFp8Staging::unit_counters), zero.
+// The persistent grouped GEMMs' unit counters (cuda::PersistentLaunch), zero, and their launch:
+// with `max_blocks` 3, so that each block takes many tiles and wraps its claim slots' barriers
+// (every case but the one-tile ones), or (0) a block an SM.
 struct UnitCounters {
   cuda::DeviceBuffer buffer{2 * sizeof(int32_t)};
   UnitCounters() {
@@ -262,6 +264,7 @@ struct UnitCounters {
     buffer.download(host.data(), sizeof(int32_t) * host.size());
     return host;
   }
+  cuda::PersistentLaunch launch(int max_blocks = 3) const { return {buffer.as<int>(), max_blocks}; }
 };
 
 // The same for moe_experts_specialized (the warp-specialised grouped GEMMs), or with `widened`
@@ -277,12 +280,13 @@ double specialized_error(const Experts& experts, std::vector<float> tokens, cons
     cuda::DeviceBuffer buffer(sizeof(uint16_t) * E * 2 * inter * hidden);
     cuda::moe_experts_widened(run.d_x.as<uint16_t>(), hidden, inter, experts.view(), run.buffers.plan(),
                               static_cast<int>(E), top_k, P, buffer.as<uint16_t>(), run.act.as<uint16_t>(),
-                              run.out.as<float>(), nullptr, tiles, counters.buffer.as<int>());
+                              run.out.as<float>(), nullptr, tiles, counters.launch());
   } else {
     cuda::moe_experts_specialized(run.d_x.as<uint16_t>(), hidden, inter, experts.view(), run.buffers.plan(),
                                   static_cast<int>(E), top_k, P, run.act.as<uint16_t>(), run.out.as<float>(), nullptr,
-                                  tiles, counters.buffer.as<int>());
+                                  tiles, counters.launch());
   }
+  EXPECT_EQ(counters.values(), std::vector<int32_t>({0, 0})) << "after tiles " << static_cast<int>(tiles);
   rows = run.rows();
   return relative_l2(rows, reference_rows(experts, tokens, ids, top_k));
 }
@@ -383,8 +387,8 @@ TEST_F(CudaMoe, Bf16WgmmaExpertsMatchReference) { check_wgmma_experts_shapes(Wei
 // also widened to bf16 first (moe_experts_widened), with and without the pairs. MXFP4 also with
 // block scales far apart (the widening's two-multiply branch). The bf16 tiles also in persistent
 // blocks (MXFP4: widened first), their sums bit for bit those of a block a tile (the same
-// products in the same order; 260 experts' units outnumber the SMs), with one pair of counters
-// for every launch, zero after them.
+// products in the same order), in 3 blocks that take every tile between them, with one pair of
+// counters for every launch, zero after each.
 void check_specialized_experts(WeightFormat format, int block_spread = 0) {
   const UnitCounters counters;
   struct Shape {
@@ -536,7 +540,7 @@ TEST_F(CudaMoe, GroupedGemmsBf16SumsAreTheirFp32SumsRounded) {
   expect_bf16_sums_rounded(bf16, "moe_experts_specialized (persistent)", [&](ExpertRun& run, cuda::ExpertSums sums) {
     cuda::moe_experts_specialized(run.d_x.as<uint16_t>(), hidden, inter, bf16.view(), plan_of(run), E, top_k, run.P,
                                   run.act.as<uint16_t>(), sums, nullptr, cuda::SpecializedTiles::kPersistent,
-                                  counters.buffer.as<int>());
+                                  counters.launch(0));
   });
   expect_bf16_sums_rounded(mxfp4, "moe_experts_wgmma_rs", [&](ExpertRun& run, cuda::ExpertSums sums) {
     cuda::DeviceBuffer staged(sizeof(uint16_t) * run.P * hidden);
@@ -551,9 +555,10 @@ TEST_F(CudaMoe, GroupedGemmsBf16SumsAreTheirFp32SumsRounded) {
           act_codes(pp * inter), act_scales(sizeof(float) * pp * inter / 128);
       cuda::moe_experts_wgmma_fp8(run.d_x.as<uint16_t>(), hidden, inter, fp8.view(), plan_of(run), E, top_k, run.P,
                                   {token_codes.as<uint8_t>(), token_scales.as<float>(), act_codes.as<uint8_t>(),
-                                   act_scales.as<float>(), counters.buffer.as<int>()},
+                                   act_scales.as<float>(), counters.launch(0)},
                                   run.act.as<uint16_t>(), sums, nullptr, gemm);
     });
+  EXPECT_EQ(counters.values(), std::vector<int32_t>({0, 0}));
 }
 
 // moe_experts_wgmma_fp8 (W8A8) against reference_pair over the same E4M3 roundings of the
@@ -578,9 +583,10 @@ Fp8WgmmaRun fp8_wgmma_run(const Experts& experts, int n, const std::vector<int32
   cuda::moe_experts_wgmma_fp8(run.d_x.as<uint16_t>(), hidden, inter, experts.view(), run.buffers.plan(),
                               static_cast<int>(E), top_k, P,
                               {token_codes.as<uint8_t>(), token_scales.as<float>(), act_codes.as<uint8_t>(),
-                               act_scales.as<float>(), counters.buffer.as<int>()},
+                               act_scales.as<float>(), counters.launch()},
                               run.act.as<uint16_t>(), run.out.as<float>(), nullptr, gemm);
   std::vector<float> rows = run.rows();
+  EXPECT_EQ(counters.values(), std::vector<int32_t>({0, 0})) << "after kernel " << static_cast<int>(gemm);
   if (reference.empty()) reference = reference_rows(experts, fp8_rounded_rows(tokens), ids, top_k, true);
   const double error = relative_l2(rows, reference);
   return {std::move(rows), error};
@@ -590,12 +596,11 @@ Fp8WgmmaRun fp8_wgmma_run(const Experts& experts, int n, const std::vector<int32
 // experts, top-3: 90 pairs an expert; 300 pairs an expert); most experts without pairs; more
 // experts than the tile search has threads; more steps than stages in down (inter 1024) and an
 // odd number of steps (hidden 384). Each case through every kernel; the 256-line tiles' sums,
-// paired, unpaired or persistent (blocks taking several tiles where the tiles outnumber the SMs:
-// 260 experts' one-step tiles, and 24 experts' 72 row tiles, 216 gate/up and 216 down units of 6
-// and 3 steps, so that a block's tiles start at stages other than 0 and mix 128-row tiles with
-// last tiles of about 64 rows, some of them only the first consumer's; its unit counters, shared
-// by every launch of the test, left zero by each), equal the 128-line ones'
-// bit for bit (the same products in the same order;
+// paired, unpaired or persistent (3 blocks taking every tile between them: 260 experts' one-step
+// tiles, and 24 experts' 72 row tiles, 216 gate/up and 216 down units of 6 and 3 steps, so that
+// a block's tiles start at stages other than 0 and mix 128-row tiles with last tiles of about 64
+// rows, some of them only the first consumer's; its unit counters, shared by every launch of the
+// test, left zero by each), equal the 128-line ones' bit for bit (the same products in the same order;
 // hidden 384 takes the 128-line kernel for them, so there the check holds trivially). The pairs
 // cover experts with one, two and three row tiles (an odd last tile split by lines), tiles of 64
 // rows or fewer, and a pair of tiles whose second has 32 rows (160 pairs). Hopper's FP8 tensor

@@ -209,6 +209,14 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   // Where the W8A8 expert GEMMs quantise `tokens` rows and `pairs` act rows (expert width inter);
   // none where the buffers they borrow are too small.
   std::optional<cuda::MoeFp8Staging> fp8_expert_staging(int64_t tokens, int64_t pairs, int64_t inter);
+  // The W8A8 expert GEMMs' kernel (moe_experts_wgmma_fp8), as the options choose.
+  cuda::Fp8ExpertGemm fp8_expert_gemm() const {
+    return !options.specialized_fp8_experts ? cuda::Fp8ExpertGemm::kBlockBarrier
+           : !options.wide_fp8_experts      ? cuda::Fp8ExpertGemm::kWarpSpecialized
+           : options.paired_fp8_experts     ? cuda::Fp8ExpertGemm::kWidePaired
+           : options.persistent_fp8_experts ? cuda::Fp8ExpertGemm::kWidePersistent
+                                            : cuda::Fp8ExpertGemm::kWide;
+  }
   // How the bf16 grouped expert GEMMs (moe_experts_specialized) launch their row tiles: in pairs
   // where `paired`, else a block an SM where options.persistent_bf16_experts, else a block a tile.
   cuda::SpecializedTiles specialized_tiles(bool paired) const {

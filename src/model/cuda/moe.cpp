@@ -74,7 +74,7 @@ std::optional<cuda::MoeFp8Staging> CudaGlm5Model::Impl::fp8_expert_staging(int64
   staging.token_scales = reinterpret_cast<float*>(as<uint8_t>(pair_x) + token_codes);
   staging.act_codes = as<uint8_t>(pair_gate_up);
   staging.act_scales = reinterpret_cast<float*>(as<uint8_t>(pair_gate_up) + act_codes);
-  staging.unit_counters = expert_unit_counters.as<int>();
+  staging.persistent.unit_counters = expert_unit_counters.as<int>();
   return staging;
 }
 
@@ -235,7 +235,7 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
     case ExpertPath::kWidened:
       cuda::moe_experts_widened(x, hidden, inter, experts, plan, E, K, bound, as<uint16_t>(pair_gate_up), act, sums,
                                 s, specialized_tiles(options.paired_widened_experts),
-                                expert_unit_counters.as<int>());
+                                {expert_unit_counters.as<int>()});
       break;
     case ExpertPath::kRegisterWidened:
       cuda::moe_experts_wgmma_rs(x, hidden, inter, experts, plan, E, K, bound, as<uint32_t>(pair_x), act, sums, s);
@@ -245,7 +245,7 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
           x, hidden, inter, experts, plan, E, K, bound, act, sums, s,
           m.experts_format == ops::WeightFormat::Plain ? specialized_tiles(options.paired_bf16_experts)
                                                        : cuda::SpecializedTiles::kEvery,
-          expert_unit_counters.as<int>());
+          {expert_unit_counters.as<int>()});
       break;
     case ExpertPath::kGrouped:
       cuda::moe_experts_wgmma(x, hidden, inter, experts, plan, E, K, bound, act, sums, s,
@@ -253,11 +253,7 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
       break;
     case ExpertPath::kW8a8:
       cuda::moe_experts_wgmma_fp8(x, hidden, inter, experts, plan, E, K, bound, *fp8_staging, act, sums, s,
-                                  !options.specialized_fp8_experts ? cuda::Fp8ExpertGemm::kBlockBarrier
-                                  : !options.wide_fp8_experts      ? cuda::Fp8ExpertGemm::kWarpSpecialized
-                                  : options.paired_fp8_experts     ? cuda::Fp8ExpertGemm::kWidePaired
-                                  : options.persistent_fp8_experts ? cuda::Fp8ExpertGemm::kWidePersistent
-                                                                   : cuda::Fp8ExpertGemm::kWide);
+                                  fp8_expert_gemm());
       break;
     case ExpertPath::kSmall: {
       // The expert kernels size their chunks by the pairs an expert gets on average: this rank's

@@ -171,27 +171,35 @@ void moe_experts_wgmma(const uint16_t* x, int64_t hidden, int64_t inter, const E
 // expert's row tiles two by two in thread block clusters that load each weight line once for
 // both (TMA multicast), its odd last tile split between the two (kPaired); or a block an SM
 // claiming tile after tile in order, its ring of stages running on from one to the next
-// (kPersistent, with `unit_counters` as MoeFp8Staging::unit_counters below).
+// (kPersistent, launched as `persistent` says).
 // `projections`: both, or one of them (gate/up writes act; down reads it): a caller that widens
 // quantised experts into one bf16 buffer runs them in turn.
 enum class SpecializedTiles { kEvery, kPaired, kPersistent };
 enum class ExpertProjections { kBoth, kGateUp, kDown };
+// A persistent grouped GEMM's launch. unit_counters: 2 ints from which its blocks claim their
+// tiles, zero before the first launch; each launch leaves them zero, unless it is cut short by a
+// fault (then later launches would skip tiles: the context is lost anyway). max_blocks: 0, a
+// block an SM; more than 0, at most that many (a test's few blocks then take many tiles each).
+struct PersistentLaunch {
+  int* unit_counters = nullptr;
+  int max_blocks = 0;
+};
 bool moe_experts_specialized_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
 void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                              const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* act,
                              ExpertSums expert_out, cudaStream_t stream,
-                             SpecializedTiles tiles = SpecializedTiles::kEvery, int* unit_counters = nullptr,
+                             SpecializedTiles tiles = SpecializedTiles::kEvery, const PersistentLaunch& persistent = {},
                              ExpertProjections projections = ExpertProjections::kBoth);
 
 // Quantised experts through the bf16 GEMMs above, widened once a call rather than once a row
 // tile: every expert's gate/up rows into `widened` (dequantize_experts: [num_experts, 2 inter,
 // hidden] bf16), their GEMM, then the down rows into the same bytes ([num_experts, hidden,
 // inter]) and theirs. For long gathered prefills, whose experts get a thousand pairs and more.
-// `tiles`, `unit_counters`: those GEMMs' launch, as moe_experts_specialized's.
+// `tiles`, `persistent`: those GEMMs' launch, as moe_experts_specialized's.
 void moe_experts_widened(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                          const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* widened,
                          uint16_t* act, ExpertSums expert_out, cudaStream_t stream,
-                         SpecializedTiles tiles = SpecializedTiles::kEvery, int* unit_counters = nullptr);
+                         SpecializedTiles tiles = SpecializedTiles::kEvery, const PersistentLaunch& persistent = {});
 
 // The same for block-FP8 experts (moe_experts_wgmma_fp8.cu), W8A8 as FP8 checkpoints are
 // served: x and then act quantised to E4M3 with one scale a row and 128 columns
@@ -208,9 +216,7 @@ struct MoeFp8Staging {
   float* token_scales = nullptr;
   uint8_t* act_codes = nullptr;
   float* act_scales = nullptr;
-  // kWidePersistent's unit counters: 2 ints, zero before its first launch and left zero by each
-  // (one cut short by a fault leaves them as it got them).
-  int* unit_counters = nullptr;
+  PersistentLaunch persistent;  // kWidePersistent's launch
   bool tokens_quantised = false;  // token_codes / token_scales hold x's n E4M3 rows already
 };
 // The kernel: every warp copying and a block barrier a step, or a producer warpgroup copying

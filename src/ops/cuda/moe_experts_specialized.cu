@@ -17,12 +17,14 @@
 // pairs seldom fill whole 128-row tiles (256 +- 16 pairs at 8192 tokens, 64 +- 8 at 2048).
 //
 // At 8192 tokens the gate/up GEMM is bound by L2 throughput (Nsight Compute: 94%), and an
-// expert's two or three row tiles read the same weight lines. With `paired`, a thread block
+// expert's two or three row tiles read the same weight lines. With SpecializedTiles::kPaired, a thread block
 // cluster of two blocks takes two row tiles of one expert and slice: each block loads half of a
 // stage's weight lines by TMA into both blocks' shared memory (multicast), so a block reads 32 KB
 // from L2 a step instead of 48; a stage is refilled once both blocks' consumers are done with it.
 // An expert's odd last tile is a unit of the same launch, each block taking it against half of
 // the lines (a separate launch of those tiles read their weights from DRAM a second time).
+// SpecializedTiles::kPersistent (bf16): a block an SM claims unit after unit in order
+// (moe_grouped::claim_tile), its ring running on from tile to tile.
 //
 // MXFP4 (W4A16): the producer warpgroup copies the tiled codes and their scale words as they are
 // (quant/mxfp4_tiles.h, a quarter of the bf16 bytes) into a ring of its own, kCodeGroups groups
@@ -38,7 +40,8 @@
 //                                                 products are never stored)
 //   weights [256 lines] of 64 k          32 KB
 // then (MXFP4) kCodeGroups groups of codes [items][halves][producer threads] 8 bytes and scale
-// words [items][producer threads], then the stages' full and empty barriers.
+// words [items][producer threads], then the stages' full and empty barriers, then (persistent)
+// the tile claims (moe_grouped::TileClaims) and the experts' first units [experts + 1] int.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -467,29 +470,25 @@ void launch_projection(GroupedArgs a, const CUtensorMap& weight_map, int64_t fea
 
 // The persistent launch: a block an SM at most, claiming the units from `counters`.
 template <Projection P>
-void launch_persistent(GroupedArgs a, const CUtensorMap& weight_map, int64_t features, int64_t units, int* counters,
-                       cudaStream_t stream) {
+void launch_persistent(GroupedArgs a, const CUtensorMap& weight_map, int64_t features, int64_t units,
+                       const PersistentLaunch& persistent, cudaStream_t stream) {
   using R = Ring<WeightSource::kBf16>;
   auto* kernel = persistent_experts_kernel<P>;
-  // The claims and expert_first_units' table after the ring; 64: its static shared memory.
-  const int shared_bytes =
-      R::kSharedBytes + moe_grouped::kTileClaimsBytes + static_cast<int>(sizeof(int)) * (a.num_experts + 1);
-  GLMS_CHECK(shared_bytes + 64 <= 232448, "moe_experts_specialized (persistent): too many experts");
-  GLMS_CHECK(counters != nullptr, "moe_experts_specialized (persistent): needs its unit counters");
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes),
-        "moe_experts_specialized (persistent) shared memory");
   const int64_t per_block = P == Projection::kGateUp ? kLines / 2 : kLines;
   a.slices = static_cast<int>(features / per_block);
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>(units * a.slices, multiprocessor_count()));
-  launch_chained("moe_experts_specialized (persistent) launch", kernel, blocks, kThreads, shared_bytes, stream, a,
-                 weight_map, counters);
+  const moe_grouped::PersistentGrid grid = moe_grouped::persistent_grid(
+      "moe_experts_specialized (persistent)", R::kSharedBytes, a.num_experts, units * a.slices, persistent);
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, grid.shared_bytes),
+        "moe_experts_specialized (persistent) shared memory");
+  launch_chained("moe_experts_specialized (persistent) launch", kernel, grid.blocks, kThreads, grid.shared_bytes,
+                 stream, a, weight_map, persistent.unit_counters);
 }
 
 // One projection over every row tile: a block a tile, or (bf16) clusters of two blocks on the
 // pairs of row tiles and the odd last tiles, or a block an SM claiming tile after tile.
 template <Projection P, WeightSource W>
 void run_projection(const GroupedArgs& a, int64_t features, int64_t num_pairs, SpecializedTiles tiles,
-                    int* counters, cudaStream_t stream) {
+                    const PersistentLaunch& persistent, cudaStream_t stream) {
   using moe_tiles::TileSet;
   const TileSet set = tiles == SpecializedTiles::kPaired ? TileSet::kPairs : TileSet::kEvery;
   const int64_t units = moe_tiles::units_bound(set, num_pairs, a.num_experts, kRows);
@@ -498,7 +497,7 @@ void run_projection(const GroupedArgs& a, int64_t features, int64_t num_pairs, S
     const CUtensorMap map = swizzled_rows_tensor_map(a.weights, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                                                      int64_t{a.num_experts} * a.rows_per_expert, a.k, 64);
     if (tiles == SpecializedTiles::kPaired) launch_projection<P, TileSet::kPairs, W>(a, map, features, units, stream);
-    else if (tiles == SpecializedTiles::kPersistent) launch_persistent<P>(a, map, features, units, counters, stream);
+    else if (tiles == SpecializedTiles::kPersistent) launch_persistent<P>(a, map, features, units, persistent, stream);
     else launch_projection<P, TileSet::kEvery, W>(a, map, features, units, stream);
     return;
   }
@@ -510,14 +509,14 @@ void run_projection(const GroupedArgs& a, int64_t features, int64_t num_pairs, S
 // before down's blocks read them)
 template <WeightSource W>
 void run_projections(const GroupedArgs& a, const uint16_t* x, const ExpertWeights& experts, int64_t hidden,
-                     int64_t inter, int64_t num_pairs, SpecializedTiles tiles, int* counters,
+                     int64_t inter, int64_t num_pairs, SpecializedTiles tiles, const PersistentLaunch& persistent,
                      ExpertProjections projections, cudaStream_t stream) {
   if (projections != ExpertProjections::kDown)
     run_projection<Projection::kGateUp, W>(moe_grouped::gate_up_projection(a, x, experts, hidden, inter), inter,
-                                           num_pairs, tiles, counters, stream);
+                                           num_pairs, tiles, persistent, stream);
   if (projections != ExpertProjections::kGateUp)
     run_projection<Projection::kDown, W>(moe_grouped::down_projection(a, experts, hidden, inter), hidden, num_pairs,
-                                         tiles, counters, stream);
+                                         tiles, persistent, stream);
 }
 
 }  // namespace
@@ -532,7 +531,7 @@ bool moe_experts_specialized_supported(const ExpertWeights& experts, int64_t hid
 void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                              const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* act,
                              ExpertSums expert_out, cudaStream_t stream, SpecializedTiles tiles,
-                             int* unit_counters, ExpertProjections projections) {
+                             const PersistentLaunch& persistent, ExpertProjections projections) {
   if (num_pairs <= 0 || num_experts <= 0) return;
   GLMS_CHECK(moe_experts_specialized_supported(experts, hidden, inter),
              "moe_experts_specialized: bf16 or tiled MXFP4 experts with hidden a multiple of 256 and inter of 128");
@@ -540,29 +539,28 @@ void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, c
              "moe_experts_specialized: too many pairs for one launch");
   const GroupedArgs a = moe_grouped::grouped_args(plan, num_experts, top_k, inter, act, expert_out);
   if (experts.format == WeightFormat::Plain) {
-    run_projections<WeightSource::kBf16>(a, x, experts, hidden, inter, num_pairs, tiles, unit_counters, projections,
+    run_projections<WeightSource::kBf16>(a, x, experts, hidden, inter, num_pairs, tiles, persistent, projections,
                                          stream);
   } else {
     GLMS_CHECK(tiles == SpecializedTiles::kEvery, "moe_experts_specialized: MXFP4 row tiles are a block a tile");
-    run_projections<WeightSource::kMxfp4>(a, x, experts, hidden, inter, num_pairs, tiles, nullptr, projections,
-                                          stream);
+    run_projections<WeightSource::kMxfp4>(a, x, experts, hidden, inter, num_pairs, tiles, {}, projections, stream);
   }
 }
 
 void moe_experts_widened(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                          const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* widened,
                          uint16_t* act, ExpertSums expert_out, cudaStream_t stream, SpecializedTiles tiles,
-                         int* unit_counters) {
+                         const PersistentLaunch& persistent) {
   if (num_pairs <= 0 || num_experts <= 0) return;
   ExpertWeights bf16;  // gate/up, then down, in the same bytes
   bf16.gate_up = widened;
   bf16.down = widened;
   dequantize_experts(experts, 0, num_experts, hidden, inter, widened, nullptr, stream);
   moe_experts_specialized(x, hidden, inter, bf16, plan, num_experts, top_k, num_pairs, act, expert_out, stream, tiles,
-                          unit_counters, ExpertProjections::kGateUp);
+                          persistent, ExpertProjections::kGateUp);
   dequantize_experts(experts, 0, num_experts, hidden, inter, nullptr, widened, stream);
   moe_experts_specialized(x, hidden, inter, bf16, plan, num_experts, top_k, num_pairs, act, expert_out, stream, tiles,
-                          unit_counters, ExpertProjections::kDown);
+                          persistent, ExpertProjections::kDown);
 }
 
 }  // namespace glms::ops::cuda

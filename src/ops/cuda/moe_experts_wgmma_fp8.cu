@@ -663,12 +663,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 // One projection over every row tile: a block a unit of moe_grouped::unit_of_block (an expert's
 // row tiles of one slice one after another, so that blocks reading the same weight lines run at
 // about the same time), (paired) clusters of two blocks on the pairs of row tiles and the odd
-// last tiles, or (persistent) a block an SM claiming unit after unit from `counters`.
+// last tiles, or (persistent) a block an SM claiming unit after unit.
 template <Projection P>
-void launch_projection(GroupedArgs a, int64_t features, int64_t num_pairs, Fp8ExpertGemm gemm, int* counters,
-                       cudaStream_t stream) {
+void launch_projection(GroupedArgs a, int64_t features, int64_t num_pairs, Fp8ExpertGemm gemm,
+                       const PersistentLaunch& persistent, cudaStream_t stream) {
   using moe_tiles::TileSet;
-  const bool paired = gemm == Fp8ExpertGemm::kWidePaired, persistent = gemm == Fp8ExpertGemm::kWidePersistent;
+  const bool paired = gemm == Fp8ExpertGemm::kWidePaired;
   const TileSet set = paired ? TileSet::kPairs : TileSet::kEvery;
   const int64_t units = moe_tiles::units_bound(set, num_pairs, a.num_experts, kRows);
   a.slices = static_cast<int>(features / (P == Projection::kGateUp ? kHalfLines : kLines));
@@ -684,18 +684,14 @@ void launch_projection(GroupedArgs a, int64_t features, int64_t num_pairs, Fp8Ex
   const CUtensorMap token_map =
       kDown && !paired ? swizzled_rows_tensor_map(a.x_codes, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.x_scale_stride, a.k, kRows)
                        : map;
-  if (persistent) {
+  if (gemm == Fp8ExpertGemm::kWidePersistent) {
     auto* kernel = fp8_persistent_experts_kernel<P, kDown>;
-    // The claim slots and expert_first_units' table after the ring; 64: its static shared memory.
-    const int shared_bytes =
-        kSharedBytes + moe_grouped::kTileClaimsBytes + static_cast<int>(sizeof(int)) * (a.num_experts + 1);
-    GLMS_CHECK(shared_bytes + 64 <= 232448, "moe_experts_wgmma (FP8, persistent): too many experts");
-    GLMS_CHECK(counters != nullptr, "moe_experts_wgmma (FP8, persistent): needs the staging's unit counters");
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes),
+    const moe_grouped::PersistentGrid grid =
+        moe_grouped::persistent_grid("moe_experts_wgmma (FP8, persistent)", kSharedBytes, a.num_experts, blocks, persistent);
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, grid.shared_bytes),
           "moe_experts_wgmma (FP8, persistent) shared memory");
-    const auto grid = static_cast<unsigned>(std::min<int64_t>(blocks, multiprocessor_count()));
-    launch_chained("moe_experts_wgmma (FP8, persistent) launch", kernel, grid, kThreads, shared_bytes, stream, a, map,
-                   token_map, counters);
+    launch_chained("moe_experts_wgmma (FP8, persistent) launch", kernel, grid.blocks, kThreads, grid.shared_bytes,
+                   stream, a, map, token_map, persistent.unit_counters);
     return;
   }
   auto* kernel = paired ? fp8_wide_experts_kernel<P, TileSet::kPairs, false>
@@ -734,9 +730,9 @@ bool wide_tiles(Fp8ExpertGemm gemm) {
 // One projection over `features` output features (gate/up: inter; down: hidden) through `gemm`.
 template <Projection P>
 void run_projection(const GroupedArgs& a, int64_t features, int64_t num_pairs, int64_t tiles, Fp8ExpertGemm gemm,
-                    int* counters, cudaStream_t stream) {
+                    const PersistentLaunch& persistent, cudaStream_t stream) {
   if (wide_tiles(gemm)) {
-    wide::launch_projection<P>(a, features, num_pairs, gemm, counters, stream);
+    wide::launch_projection<P>(a, features, num_pairs, gemm, persistent, stream);
     return;
   }
   const int64_t per_block = P == Projection::kGateUp ? Layout::kFeatures / 2 : Layout::kFeatures;
@@ -783,7 +779,7 @@ void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, con
     a.act_scales = staging.act_scales;
     a.act_scale_stride = fp8_padded_tokens(num_pairs);
   }
-  run_projection<Projection::kGateUp>(a, inter, num_pairs, tiles, gemm, staging.unit_counters, stream);
+  run_projection<Projection::kGateUp>(a, inter, num_pairs, tiles, gemm, staging.persistent, stream);
 
   if (!act_quantised) quantize_fp8_rows(act, num_pairs, inter, staging.act_codes, staging.act_scales, stream);
   a.act_codes = nullptr;
@@ -795,7 +791,7 @@ void moe_experts_wgmma_fp8(const uint16_t* x, int64_t hidden, int64_t inter, con
   a.k = inter;
   a.rows_per_expert = hidden;
   // The same counters: gate/up's last block has set them back to zero before down's read them.
-  run_projection<Projection::kDown>(a, hidden, num_pairs, tiles, gemm, staging.unit_counters, stream);
+  run_projection<Projection::kDown>(a, hidden, num_pairs, tiles, gemm, staging.persistent, stream);
 }
 
 }  // namespace glms::ops::cuda

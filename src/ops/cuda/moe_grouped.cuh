@@ -9,9 +9,15 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstddef>  // offsetof
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
+#include "core/error.h"
+
+#include "ops/cuda/cuda_ops.h"  // multiprocessor_count
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_tiles.h"
@@ -361,21 +367,30 @@ __device__ __forceinline__ RowTile unit_of(const int32_t* offsets, const int* fi
 // experts of a prefill of 8192 at 38.4 ms against 25.2 block per tile.
 // counters[0]: the next unit, counters[1]: the blocks done claiming; zero at launch, and the last
 // block done sets them back to zero. A claim reaches the producer warpgroup through named barrier
-// 1 and the consumers through two slots, each with a full barrier the claimer arrives on and an
-// empty one that every consumer thread arrives on once it has read the slot.
+// kClaimBarrier (a kernel using these keeps it free) and the consumers through two slots, each
+// with a full barrier the claimer arrives on and an empty one that every consumer thread arrives
+// on once it has read the slot.
 struct TileClaims {
   uint64_t full[2], empty[2];
   RowTile tile[2];
 };
 constexpr int kTileClaimsBytes = (static_cast<int>(sizeof(TileClaims)) + 15) / 16 * 16;
+constexpr int kClaimBarrier = 1;
+// Slot `slot`'s full and empty barriers, of the claims at shared address `address`.
+__device__ __forceinline__ uint32_t claim_full(uint32_t address, int slot) {
+  return address + static_cast<uint32_t>(offsetof(TileClaims, full)) + 8 * slot;
+}
+__device__ __forceinline__ uint32_t claim_empty(uint32_t address, int slot) {
+  return address + static_cast<uint32_t>(offsetof(TileClaims, empty)) + 8 * slot;
+}
 
 // The slots' barriers, set up by thread 0 (`address`: the claims' in shared memory); the ring's
 // init_ring, after it, fences them and meets the block.
 __device__ __forceinline__ void init_tile_claims(uint32_t address, int consumer_threads) {
   if (threadIdx.x != 0) return;
   for (int slot = 0; slot < 2; ++slot) {
-    pipeline::barrier_init(address + 8 * slot, 1);
-    pipeline::barrier_init(address + 16 + 8 * slot, consumer_threads);
+    pipeline::barrier_init(claim_full(address, slot), 1);
+    pipeline::barrier_init(claim_empty(address, slot), consumer_threads);
   }
 }
 
@@ -388,21 +403,21 @@ __device__ __forceinline__ RowTile claim_tile(TileClaims* claims, uint32_t addre
                                               int index) {
   const int slot = n % 2;
   if (index == 0) {
-    pipeline::barrier_wait(address + 16 + 8 * slot, ((n / 2) & 1) ^ 1);  // the first round passes
+    pipeline::barrier_wait(claim_empty(address, slot), ((n / 2) & 1) ^ 1);  // the first round passes
     const int unit = atomicAdd(counters, 1);
     claims->tile[slot] = unit < units ? unit_of<kRows>(offsets, first_unit, num_experts, unit) : RowTile{-1, 0, 0, 0};
-    pipeline::barrier_arrive(address + 8 * slot);
+    pipeline::barrier_arrive(claim_full(address, slot));
   }
-  pipeline::named_sync(1, 128);  // the warpgroup reads it before its next claim's barrier
+  pipeline::named_sync(kClaimBarrier, 128);  // the warpgroup reads it before its next claim's barrier
   return claims->tile[slot];
 }
 
 // The consumers' n-th tile (every consumer thread calls it).
 __device__ __forceinline__ RowTile claimed_tile(const TileClaims* claims, uint32_t address, int n) {
   const int slot = n % 2;
-  pipeline::barrier_wait(address + 8 * slot, (n / 2) & 1);
+  pipeline::barrier_wait(claim_full(address, slot), (n / 2) & 1);
   const RowTile tile = claims->tile[slot];
-  pipeline::barrier_arrive(address + 16 + 8 * slot);
+  pipeline::barrier_arrive(claim_empty(address, slot));
   return tile;
 }
 
@@ -412,9 +427,27 @@ __device__ __forceinline__ void finish_tile_claims(int* counters, int index) {
   if (index != 0) return;
   __threadfence();  // this block's claims before its count
   if (atomicAdd(counters + 1, 1) == static_cast<int>(gridDim.x) - 1) {
+    __threadfence();  // every block's count (and so its claims) before the reset
     atomicExch(counters, 0);
     atomicExch(counters + 1, 0);
   }
+}
+
+// A persistent launch's dynamic shared memory (the kernel's ring of ring_bytes, then the claims
+// and expert_first_units' table) and blocks (a block an SM, or launch.max_blocks, and at most
+// `units`), checked (`what`: the kernel, for the errors).
+struct PersistentGrid {
+  int shared_bytes;
+  unsigned blocks;
+};
+inline PersistentGrid persistent_grid(const char* what, int ring_bytes, int num_experts, int64_t units,
+                                      const PersistentLaunch& launch) {
+  const int shared_bytes = ring_bytes + kTileClaimsBytes + static_cast<int>(sizeof(int)) * (num_experts + 1);
+  // 64: expert_first_units' static shared memory beside the dynamic.
+  GLMS_CHECK(shared_bytes + 64 <= 232448, std::string(what) + ": too many experts for one block's table");
+  GLMS_CHECK(launch.unit_counters != nullptr, std::string(what) + ": needs its unit counters");
+  const int grid = launch.max_blocks > 0 ? launch.max_blocks : multiprocessor_count();
+  return {shared_bytes, static_cast<unsigned>(std::min<int64_t>(units, grid))};
 }
 
 // This block's row tile (blockIdx.y of the experts' row tiles of kRows rows, the experts in
