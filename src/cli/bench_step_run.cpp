@@ -559,6 +559,7 @@ nlohmann::json kernel_options_json(const model::CudaModelOptions& k) {
           {"wide_fp8_experts", k.wide_fp8_experts},
           {"paired_fp8_experts", k.paired_fp8_experts},
           {"persistent_bf16_experts", k.persistent_bf16_experts},
+          {"persistent_mxfp4_experts", k.persistent_mxfp4_experts},
           {"persistent_fp8_experts", k.persistent_fp8_experts},
           {"fp8_prefill_indexer", k.fp8_prefill_indexer},
           {"stream_experts_min_pairs", k.stream_experts_min_pairs},

@@ -212,6 +212,9 @@ void add_expert_options(CLI::App* cmd, BenchStepOptions* o) {
                   "The bf16 expert GEMMs (bf16 or widened weights) unpaired in a block an SM that claims tile after "
                   "tile (true/false; not where --paired-bf16-experts or, widened, --paired-widened-experts pairs them)")
       ->capture_default_str();
+  cmd->add_option("--persistent-mxfp4-experts", o->kernels.persistent_mxfp4_experts,
+                  "The MXFP4 expert GEMMs of prefill in a block an SM that claims tile after tile (true/false)")
+      ->capture_default_str();
   cmd->add_option("--persistent-fp8-experts", o->kernels.persistent_fp8_experts,
                   "Those 256-line GEMMs unpaired in a block an SM that claims tile after tile (true/false; only with "
                   "--wide-fp8-experts true)")

@@ -385,8 +385,8 @@ TEST_F(CudaMoe, Bf16WgmmaExpertsMatchReference) { check_wgmma_experts_shapes(Wei
 // in pairs of blocks sharing the weight lines (pairs with a full or a short second tile, an
 // expert's odd last tile alone, two pairs and an odd tile at 600 pairs an expert); MXFP4 each
 // also widened to bf16 first (moe_experts_widened), with and without the pairs. MXFP4 also with
-// block scales far apart (the widening's two-multiply branch). The bf16 tiles also in persistent
-// blocks (MXFP4: widened first), their sums bit for bit those of a block a tile (the same
+// block scales far apart (the widening's two-multiply branch). The tiles also in persistent
+// blocks (MXFP4 as they are and widened first), their sums bit for bit those of a block a tile (the same
 // products in the same order), in 3 blocks that take every tile between them, with one pair of
 // counters for every launch, zero after each.
 void check_specialized_experts(WeightFormat format, int block_spread = 0) {
@@ -404,15 +404,16 @@ void check_specialized_experts(WeightFormat format, int block_spread = 0) {
     for (const int n : c.tokens) {
       const auto ids = random_choices(n, static_cast<int>(c.E), c.top_k, 300 + n);
       // Variant 1: bf16 row tiles in pairs; MXFP4 experts widened first. Variant 2 (MXFP4): widened,
-      // then the bf16 row tiles in pairs. Variant 3: the bf16 tiles persistent (MXFP4 widened first).
+      // then the bf16 row tiles in pairs. Variant 3: the bf16 tiles persistent (MXFP4 widened
+      // first). Variant 4 (MXFP4): persistent, as they are.
       using cuda::SpecializedTiles;
-      std::vector<float> every_rows;  // a block a tile's: bf16 variant 0's, MXFP4 variant 1's
-      for (const int variant : {0, 1, 2, 3}) {
-        const bool widened = variant > 0 && format != WeightFormat::Plain;
-        const SpecializedTiles tiles = variant == 3                                    ? SpecializedTiles::kPersistent
+      std::vector<float> every_rows, unwidened_rows;  // a block a tile's: bf16 or widened; as they are
+      for (const int variant : {0, 1, 2, 3, 4}) {
+        const bool widened = variant > 0 && variant < 4 && format != WeightFormat::Plain;
+        const SpecializedTiles tiles = variant >= 3                                    ? SpecializedTiles::kPersistent
                                        : (variant == 1 && !widened) || variant == 2 ? SpecializedTiles::kPaired
                                                                                      : SpecializedTiles::kEvery;
-        if (variant == 2 && !widened) continue;
+        if ((variant == 2 && !widened) || (variant == 4 && format == WeightFormat::Plain)) continue;
         std::vector<float> rows;
         EXPECT_LT(specialized_error(experts, random_values(n * c.hidden, 110 + n, 2.0f), ids, c.top_k, tiles, counters,
                                     widened, rows),
@@ -420,9 +421,11 @@ void check_specialized_experts(WeightFormat format, int block_spread = 0) {
             << "format " << static_cast<int>(format) << ", " << c.E << " experts, " << n << " tokens, hidden "
             << c.hidden << ", inter " << c.inter << ", spread " << block_spread
             << (widened ? ", widened to bf16" : "") << ", tiles " << static_cast<int>(tiles);
+        if (variant == 0) unwidened_rows = rows;
         if (tiles == SpecializedTiles::kEvery) every_rows = rows;
         if (tiles == SpecializedTiles::kPersistent) {
-          EXPECT_TRUE(rows == every_rows) << "persistent tiles against a block a tile: format "
+          const std::vector<float>& block_a_tile = variant == 4 ? unwidened_rows : every_rows;
+          EXPECT_TRUE(rows == block_a_tile) << "persistent tiles against a block a tile: format "
                                           << static_cast<int>(format) << ", " << c.E << " experts, " << n
                                           << " tokens, hidden " << c.hidden << ", inter " << c.inter;
         }

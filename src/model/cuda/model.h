@@ -186,6 +186,10 @@ struct CudaModelOptions {
   // 63.1 -> 62.1 / 62.7 in two rounds, 2048 even; the micro-benchmark (cuda_moe_experts, one
   // layer again and again) read 8192 1% slower (9.73 -> 9.84 ms).
   bool persistent_bf16_experts = true;
+  // The same for tiled MXFP4 experts (the GEMMs that widen them in the producer warpgroup). Off:
+  // an H100 at GLM-5.2 width, 5 layers, one round, read their experts slower (8192 tokens 52.19
+  // -> 53.04 ms, 2048 17.70 -> 17.89; same record as persistent_bf16_experts).
+  bool persistent_mxfp4_experts = false;
   // The grouped GEMMs' down sums (moe_experts_wgmma, _wgmma_rs, _specialized, _wgmma_fp8) in bf16
   // rows for the combine, as transformers' bf16 experts give theirs; false: fp32. At 8192 tokens
   // GLM-5.2's sums are 1.6 GB a MoE layer in fp32, written once and read by the combine: bf16

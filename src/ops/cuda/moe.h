@@ -167,7 +167,7 @@ void moe_experts_wgmma(const uint16_t* x, int64_t hidden, int64_t inter, const E
 // warp-specialised: a producer warpgroup fills a ring of shared-memory stages (MXFP4: widening
 // the codes to bf16 with their block scales, exactly) while two consumer warpgroups multiply,
 // 128 grouped rows x 256 weight lines a block. Needs hidden a multiple of 256 and inter of 128.
-// `tiles` (bf16 only other than kEvery; the same sums whichever): a block a row tile; an
+// `tiles` (the same sums whichever; MXFP4 not kPaired): a block a row tile; an
 // expert's row tiles two by two in thread block clusters that load each weight line once for
 // both (TMA multicast), its odd last tile split between the two (kPaired); or a block an SM
 // claiming tile after tile in order, its ring of stages running on from one to the next

@@ -232,11 +232,12 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
 // ahead; at step 2 g + h it widens half h into the stage, where its two words are chunks t and
 // 4 + t of the line's 64 values. Few registers (ptxas holds this warpgroup to
 // kProducerRegisters): item j's weight row is a fixed number of rows after item 0's, and the ring
-// is read again at each step rather than kept.
+// is read again at each step rather than kept. `ring` as multiply_steps' (the codes' ring starts
+// over each tile: its copies are all waited for at its end).
 template <Projection P>
 __device__ __forceinline__ void produce_mxfp4(const GroupedArgs& a, int e, int first, int rows, int64_t slice,
                                               const wgmma::AlignedShared& shared, uint32_t full, uint32_t empty,
-                                              int steps) {
+                                              int steps, int ring) {
   using R = Ring<WeightSource::kMxfp4>;
   const int p = static_cast<int>(threadIdx.x) % 128, t = p % 4, line0 = p / 4;
   const int64_t k = a.k;
@@ -250,8 +251,8 @@ __device__ __forceinline__ void produce_mxfp4(const GroupedArgs& a, int e, int f
   auto rows_on = [&](int j) -> int64_t {
     return P == Projection::kGateUp ? (j / 2 % 2) * a.inter + 64 * (j / 4) + 32 * (j % 2) : 32 * j;
   };
-  const uint32_t ring = shared.address + R::kStages * kStageBytes;
-  const uint8_t* const ring_generic = shared.generic + R::kStages * kStageBytes;
+  const uint32_t code_ring = shared.address + R::kStages * kStageBytes;
+  const uint8_t* const code_ring_generic = shared.generic + R::kStages * kStageBytes;
   // Slot layout: codes [j][h][p] 8 bytes, then scale words [j][p] (lanes read consecutive words).
   auto code_at = [](int j, int h, int thread) { return ((2 * j + h) * kProducerThreads + thread) * 8; };
   auto scale_at = [](int j, int thread) { return R::kCodeBytes + (j * kProducerThreads + thread) * 4; };
@@ -260,7 +261,7 @@ __device__ __forceinline__ void produce_mxfp4(const GroupedArgs& a, int e, int f
   // groups stay counted one a group).
   auto copy_group = [&](int g) {
     if (g < groups) {
-      const uint32_t slot = ring + (g % R::kCodeGroups) * R::kCodeGroupBytes;
+      const uint32_t slot = code_ring + (g % R::kCodeGroups) * R::kCodeGroupBytes;
 #pragma unroll
       for (int j = 0; j < R::kItems; ++j) {
         const uint8_t* const codes = codes0 + rows_on(j) * (k / 2) + g * quant::kMxfp4TileStepBytes;
@@ -277,11 +278,11 @@ __device__ __forceinline__ void produce_mxfp4(const GroupedArgs& a, int e, int f
   for (int g = 0; g < groups; ++g) {
     // Group g's codes are in (kCodeGroups - 1 later groups may still be in flight).
     wgmma::copy_async_wait<R::kCodeGroups - 1>();
-    const uint8_t* const slot = ring_generic + (g % R::kCodeGroups) * R::kCodeGroupBytes;
+    const uint8_t* const slot = code_ring_generic + (g % R::kCodeGroups) * R::kCodeGroupBytes;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int step = 2 * g + h, stage = step % R::kStages;
-      pipeline::barrier_wait(empty + 8 * stage, ((step / R::kStages) & 1) ^ 1);  // the first round passes
+      const int step = 2 * g + h, stage = (ring + step) % R::kStages;
+      pipeline::barrier_wait(empty + 8 * stage, (((ring + step) / R::kStages) & 1) ^ 1);  // the first round passes
       token_copies.copy(a, shared.address + stage * kStageBytes, int64_t{step} * kStepK);
       pipeline::barrier_arrive_on_copies(full + 8 * stage);
       // The step's words and scale codes first, then one branch for all of them (so that the
@@ -386,7 +387,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup >= 2) {
     pipeline::shrink_registers<R::kProducerRegisters>();
     if constexpr (R::kMxfp4) {
-      produce_mxfp4<P>(a, e, first, rows, slice, shared, full, empty, steps);
+      produce_mxfp4<P>(a, e, first, rows, slice, shared, full, empty, steps, 0);
     } else {
       produce<P, kPaired>(a, weight_map, e, first, rows, slice, stages, full, empty, steps, rank, tile.half, 0);
       wgmma::copy_async_wait<0>();
@@ -400,17 +401,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kPaired) pipeline::cluster_sync();
 }
 
-// The persistent launch (SpecializedTiles::kPersistent; bf16 weights, unpaired): as many blocks
-// as SMs, each claiming unit after unit (unit_of_block's numbering) from `counters`
+// The persistent launch (SpecializedTiles::kPersistent, unpaired): as many blocks as SMs, each
+// claiming unit after unit (unit_of_block's numbering) from `counters`
 // (moe_grouped::claim_tile: in unit order, so that an expert slice's row tiles run side by side
 // and share its weight lines in L2), its ring running on from one tile to the next, so that a
 // tile's first stages land while the consumers store the last one's sums. Shared memory after
 // the ring's barriers: the claims, then expert_first_units' table.
-template <Projection P>
+template <Projection P, WeightSource W>
 __global__ void __launch_bounds__(kThreads, 1)
     persistent_experts_kernel(GroupedArgs a, const __grid_constant__ CUtensorMap weight_map, int* counters) {
   chained_grid_prologue();
-  using R = Ring<WeightSource::kBf16>;
+  using R = Ring<W>;
   extern __shared__ __align__(16) uint8_t shared_raw[];
   const wgmma::AlignedShared shared = wgmma::align_to_1024(shared_raw);
   const uint32_t stages = shared.address;
@@ -419,7 +420,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto* const claims = reinterpret_cast<moe_grouped::TileClaims*>(shared.generic + kClaimsAt);
   const uint32_t claims_address = shared.address + kClaimsAt;
   moe_grouped::init_tile_claims(claims_address, kConsumerThreads);
-  pipeline::init_ring<R::kStages, false>(full, empty, kProducerThreads + 1, kConsumerThreads);
+  // As specialized_experts_kernel's barriers.
+  pipeline::init_ring<R::kStages, false>(full, empty, R::kMxfp4 ? 2 * kProducerThreads : kProducerThreads + 1,
+                                         kConsumerThreads);
   int* const first_unit = reinterpret_cast<int*>(shared.generic + kClaimsAt + moe_grouped::kTileClaimsBytes);
   moe_grouped::expert_first_units<kRows, kThreads>(a.offsets, a.num_experts, a.slices, first_unit);
   const int units = first_unit[a.num_experts];
@@ -432,8 +435,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       const moe_grouped::RowTile tile = moe_grouped::claim_tile<kRows>(claims, claims_address, n, counters, units,
                                                                        a.offsets, first_unit, a.num_experts, index);
       if (tile.expert < 0) break;
-      produce<P, false>(a, weight_map, tile.expert, tile.first, tile.rows, tile.slice, stages, full, empty, steps, 0,
-                        -1, ring);
+      if constexpr (R::kMxfp4)
+        produce_mxfp4<P>(a, tile.expert, tile.first, tile.rows, tile.slice, shared, full, empty, steps, ring);
+      else
+        produce<P, false>(a, weight_map, tile.expert, tile.first, tile.rows, tile.slice, stages, full, empty, steps,
+                          0, -1, ring);
     }
     moe_grouped::finish_tile_claims(counters, index);
     wgmma::copy_async_wait<0>();
@@ -469,11 +475,11 @@ void launch_projection(GroupedArgs a, const CUtensorMap& weight_map, int64_t fea
 }
 
 // The persistent launch: a block an SM at most, claiming the units from `counters`.
-template <Projection P>
+template <Projection P, WeightSource W>
 void launch_persistent(GroupedArgs a, const CUtensorMap& weight_map, int64_t features, int64_t units,
                        const PersistentLaunch& persistent, cudaStream_t stream) {
-  using R = Ring<WeightSource::kBf16>;
-  auto* kernel = persistent_experts_kernel<P>;
+  using R = Ring<W>;
+  auto* kernel = persistent_experts_kernel<P, W>;
   const int64_t per_block = P == Projection::kGateUp ? kLines / 2 : kLines;
   a.slices = static_cast<int>(features / per_block);
   const moe_grouped::PersistentGrid grid = moe_grouped::persistent_grid(
@@ -497,11 +503,14 @@ void run_projection(const GroupedArgs& a, int64_t features, int64_t num_pairs, S
     const CUtensorMap map = swizzled_rows_tensor_map(a.weights, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                                                      int64_t{a.num_experts} * a.rows_per_expert, a.k, 64);
     if (tiles == SpecializedTiles::kPaired) launch_projection<P, TileSet::kPairs, W>(a, map, features, units, stream);
-    else if (tiles == SpecializedTiles::kPersistent) launch_persistent<P>(a, map, features, units, persistent, stream);
+    else if (tiles == SpecializedTiles::kPersistent)
+      launch_persistent<P, W>(a, map, features, units, persistent, stream);
     else launch_projection<P, TileSet::kEvery, W>(a, map, features, units, stream);
     return;
   }
-  launch_projection<P, TileSet::kEvery, W>(a, CUtensorMap{}, features, units, stream);
+  const CUtensorMap unused{};  // MXFP4's producer copies the codes itself
+  if (tiles == SpecializedTiles::kPersistent) launch_persistent<P, W>(a, unused, features, units, persistent, stream);
+  else launch_projection<P, TileSet::kEvery, W>(a, unused, features, units, stream);
 }
 
 // Both projections, or one; `a` holds the plan and the outputs.
@@ -542,8 +551,9 @@ void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, c
     run_projections<WeightSource::kBf16>(a, x, experts, hidden, inter, num_pairs, tiles, persistent, projections,
                                          stream);
   } else {
-    GLMS_CHECK(tiles == SpecializedTiles::kEvery, "moe_experts_specialized: MXFP4 row tiles are a block a tile");
-    run_projections<WeightSource::kMxfp4>(a, x, experts, hidden, inter, num_pairs, tiles, {}, projections, stream);
+    GLMS_CHECK(tiles != SpecializedTiles::kPaired, "moe_experts_specialized: MXFP4 row tiles are not paired");
+    run_projections<WeightSource::kMxfp4>(a, x, experts, hidden, inter, num_pairs, tiles, persistent, projections,
+                                          stream);
   }
 }
 

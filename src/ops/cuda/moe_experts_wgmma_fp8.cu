@@ -686,8 +686,8 @@ void launch_projection(GroupedArgs a, int64_t features, int64_t num_pairs, Fp8Ex
                        : map;
   if (gemm == Fp8ExpertGemm::kWidePersistent) {
     auto* kernel = fp8_persistent_experts_kernel<P, kDown>;
-    const moe_grouped::PersistentGrid grid =
-        moe_grouped::persistent_grid("moe_experts_wgmma (FP8, persistent)", kSharedBytes, a.num_experts, blocks, persistent);
+    const moe_grouped::PersistentGrid grid = moe_grouped::persistent_grid(
+        "moe_experts_wgmma (FP8, persistent)", kSharedBytes, a.num_experts, blocks, persistent);
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, grid.shared_bytes),
           "moe_experts_wgmma (FP8, persistent) shared memory");
     launch_chained("moe_experts_wgmma (FP8, persistent) launch", kernel, grid.blocks, kThreads, grid.shared_bytes,
