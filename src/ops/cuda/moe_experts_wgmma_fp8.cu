@@ -639,24 +639,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   if (warpgroup == 2) {
     pipeline::shrink_registers<kProducerRegisters>();
-    const int index = static_cast<int>(threadIdx.x) % 128;
-    for (int n = 0, ring = 0;; ++n, ring += steps) {
-      const moe_grouped::RowTile tile = moe_grouped::claim_tile<kRows>(claims, claims_address, n, counters, units,
-                                                                       a.offsets, first_unit, a.num_experts, index);
-      if (tile.expert < 0) break;
-      produce<P, false, kTokenBoxes>(a, weight_map, token_map, tile.expert, tile.first, tile.rows, tile.slice,
-                                     aligned.address, full, empty, steps, 0, -1, ring);
-    }
-    moe_grouped::finish_tile_claims(counters, index);
+    moe_grouped::produce_claimed_tiles<kRows>(
+        a, claims, claims_address, counters, first_unit, units, steps, [&](const moe_grouped::RowTile& tile, int ring) {
+          produce<P, false, kTokenBoxes>(a, weight_map, token_map, tile.expert, tile.first, tile.rows, tile.slice,
+                                         aligned.address, full, empty, steps, 0, -1, ring);
+        });
     wgmma::copy_async_wait<0>();
   } else {
     pipeline::grow_registers<kConsumerRegisters>();
-    for (int n = 0, ring = 0;; ++n, ring += steps) {
-      const moe_grouped::RowTile tile = moe_grouped::claimed_tile(claims, claims_address, n);
-      // Broadcast from lane 0: the compiler then knows the tile loop around the wgmma is uniform.
-      if (__shfl_sync(0xffffffffu, tile.expert, 0) < 0) break;
+    moe_grouped::consume_claimed_tiles(claims, claims_address, steps, [&](const moe_grouped::RowTile& tile, int ring) {
       consume_tile<P, false>(a, tile, aligned, full, empty, steps, warpgroup, -1, ring);
-    }
+    });
   }
 }
 

@@ -433,6 +433,36 @@ __device__ __forceinline__ void finish_tile_claims(int* counters, int index) {
   }
 }
 
+// A persistent block's producer warpgroup (each of its 128 threads calls it): tile after tile
+// claimed (claim_tile), each handed to produce(tile, ring) with the steps its ring took before
+// it, then the block counted done.
+template <int kRows, typename Produce>
+__device__ __forceinline__ void produce_claimed_tiles(const GroupedArgs& a, TileClaims* claims, uint32_t address,
+                                                      int* counters, const int* first_unit, int units, int steps,
+                                                      Produce produce) {
+  const int index = static_cast<int>(threadIdx.x) % 128;
+  for (int n = 0, ring = 0;; ++n, ring += steps) {
+    const RowTile tile = claim_tile<kRows>(claims, address, n, counters, units, a.offsets, first_unit, a.num_experts,
+                                           index);
+    if (tile.expert < 0) break;
+    produce(tile, ring);
+  }
+  finish_tile_claims(counters, index);
+}
+
+// Its consumer warpgroups (every consumer thread calls it): tile after tile as claimed, each
+// handed to consume(tile, ring).
+template <typename Consume>
+__device__ __forceinline__ void consume_claimed_tiles(const TileClaims* claims, uint32_t address, int steps,
+                                                      Consume consume) {
+  for (int n = 0, ring = 0;; ++n, ring += steps) {
+    const RowTile tile = claimed_tile(claims, address, n);
+    // Broadcast from lane 0: the compiler then knows the tile loop around the wgmma is uniform.
+    if (__shfl_sync(0xffffffffu, tile.expert, 0) < 0) break;
+    consume(tile, ring);
+  }
+}
+
 // A persistent launch's dynamic shared memory (the kernel's ring of ring_bytes, then the claims
 // and expert_first_units' table) and blocks (a block an SM, or launch.max_blocks, and at most
 // `units`), checked (`what`: the kernel, for the errors).
