@@ -74,7 +74,7 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   cuda::Gemm side_gemm;
   cuda::Event shared_fork, shared_join;
   std::unique_ptr<cuda::Fp8Gemm> fp8_gemm;  // made where a linear layer is FP8 (main stream only)
-  DeviceBuffer expert_unit_counters;  // the persistent expert GEMMs' [2] (MoeFp8Staging::unit_counters)
+  DeviceBuffer expert_unit_counters;  // the persistent expert GEMMs' [2] (cuda::PersistentLaunch::unit_counters)
   int max_blocks = 0;  // block-table width
   int64_t num_slots = 0;
   MetadataLayout meta;
