@@ -245,7 +245,7 @@ TEST_F(CudaLinearFp8, MlaUnabsorbWritesTheHeadsAsE4m3Rows) {
   constexpr int kLatent = 512, kValue = 256, kNope = 192, kHeadRows = kNope + kValue;
   ASSERT_TRUE(cuda::mla_unabsorb_fp8_supported(kLatent, kValue));
   EXPECT_FALSE(cuda::mla_unabsorb_fp8_supported(256, kValue));
-  for (auto [T, H] : {std::pair{1, 64}, std::pair{5, 3}, std::pair{130, 2}, std::pair{259, 64}}) {
+  for (auto [T, H] : {std::pair{1, 64}, std::pair{5, 3}, std::pair{130, 2}, std::pair{259, 64}, std::pair{1000, 16}}) {
     const int64_t np = cuda::fp8_padded_tokens(T), cols = int64_t{H} * kValue;
     std::vector<uint16_t> o(int64_t{T} * H * kLatent), kv_b(int64_t{H} * kHeadRows * kLatent);
     const auto o_values = random_values(static_cast<int64_t>(o.size()), 70 + T, 1.0f);

@@ -3,18 +3,24 @@
 // block-FP8 GEMM reads (Fp8Rows), for GLM-5's shapes (latent 512, v_head 256).
 //
 // Why this kernel: with cuBLAS the heads left as bf16 [T, H * 256] (268 MB at 8192 tokens) and a
-// pass of their own read them back to quantise them (0.26 ms a layer on an H100 beside the
-// GEMM's 0.30). Here a block takes 128 token rows of one head against its 256 value rows, so
-// each row's two 128-column scale blocks lie in one consumer's accumulator: the epilogue rounds
-// each sum to bf16 (as the bf16 heads were) and quantises it as quantize_fp8_rows does.
+// pass of their own read them back to quantise them. Here each block keeps half of one head's
+// value rows in shared memory (128 rows x all 512 latent columns, copied once) and streams that
+// head's token rows past them: a step of 64 k reads 16 KB of a 128-row tile's token rows, where a
+// tile of the same rows against all 256 value rows read 48 KB, the value rows again every tile.
+// The 128 value rows are one 128-column scale block of every output row, so a 64-row tile's
+// sums are quantised within one consumer's accumulator.
 //
-// Block: warpgroups 0 and 1 multiply rows 64 c .. of a tile (m64n256k16, a 64 x 256 fp32
-// accumulator each), warpgroup 2's thread 0 copies by TMA. A tile's K (latent 512) is only 8
-// steps of 64, so a block takes one tile after another (as many blocks as SMs), its ring running
-// on into the next tile while the consumers store the last one's codes. kStages stages of:
-//   tokens [128 rows] lines of 64 k       16 KB (rows past T: TMA's zeros)
-//   values [256 rows] lines of 64 k       32 KB
-// then the stages' full and empty barriers.
+// Block: warpgroups 0 and 1 multiply rows 64 c .. of each 128-row token tile of the block's share
+// (m64n128k16, a 64 x 128 fp32 accumulator each); warpgroup 2's thread 0 copies the value rows,
+// then the tiles' token rows by TMA into one ring, 64 latent columns a stage, which runs on into
+// the next tile while the consumers round each sum to bf16 (as the bf16 heads were) and quantise
+// each row as quantize_fp8_rows does. The ring is as deep as the value rows leave room for (what
+// bounds the kernel: docs/performance.md, "The un-absorption with a head's value rows held").
+//
+// Shared memory (1024-aligned, wgmma's 128-byte swizzle):
+//   values [8 steps of 64 k][128 rows] lines             128 KB
+//   ring   [kRingStages][128 rows] lines of 64 k         16 KB a stage
+//   barriers: values_full, then the ring's full and empty ones
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -35,138 +41,142 @@ namespace glms::ops::cuda {
 namespace {
 
 constexpr int kLatent = 512, kValue = 256;
-constexpr int kRows = 128, kStepK = 64, kSteps = kLatent / kStepK;
-constexpr int kConsumerThreads = 256, kThreads = kConsumerThreads + 128;
+constexpr int kStepK = 64, kSteps = kLatent / kStepK;
+constexpr int kConsumers = 2, kConsumerThreads = 128 * kConsumers, kThreads = kConsumerThreads + 128;
 constexpr int kLine = wgmma::kLineBytes;
-constexpr int kTokenBytes = kRows * kLine;    // 16 KB
-constexpr int kValueBytes = kValue * kLine;   // 32 KB
-constexpr int kStageBytes = kTokenBytes + kValueBytes;
-constexpr int kStages = 4;
-constexpr int kSharedBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;  // 1024: alignment
+constexpr int kHalf = 128;      // value rows a block keeps
+constexpr int kTileRows = 128;  // a tile's token rows: 64 a consumer
+constexpr int kRingStages = 6;
+constexpr int kValueStepBytes = kHalf * kLine;         // 16 KB
+constexpr int kValueBytes = kSteps * kValueStepBytes;  // 128 KB
+constexpr int kTokenStageBytes = kTileRows * kLine;    // 16 KB
+constexpr int kRingBytes = kRingStages * kTokenStageBytes;
+constexpr int kBarrierBytes = 8 * (1 + 2 * kRingStages);
+constexpr int kSharedBytes = 1024 + kValueBytes + kRingBytes + kBarrierBytes;
 static_assert(kSharedBytes <= 232448, "one block an SM");
-constexpr int kEntryRegisters = 65536 / kThreads / 8 * 8;  // 168
-constexpr int kConsumerRegisters = 232, kProducerRegisters = 40;
-static_assert(kConsumerThreads * (kConsumerRegisters - kEntryRegisters) <= 128 * (kEntryRegisters - kProducerRegisters),
-              "the consumers' registers come from the producer's");
-static_assert(kValue == 2 * kFp8ScaleBlock, "a head's 256 outputs are two scale blocks");
+static_assert(kValue == 2 * kHalf && kHalf == kFp8ScaleBlock && kHalf == kLine,
+              "a block's value rows are one scale block of a row: one 128-byte line of codes");
 
-// A block's items (persistent: item b, b + gridDim.x, ..), head-major so that the blocks running
-// at once share a head's value rows in L2: item i is head i / tiles, row tile i % tiles.
-struct Item {
-  int row0, head;
+// A block's share: value rows half * 128 .. of head `head`, token tiles [first_tile, end_tile).
+struct Share {
+  int head, half, first_tile, end_tile;
 };
-__device__ __forceinline__ Item item_of(int i, int tiles) { return {i % tiles * kRows, i / tiles}; }
-
-// Thread 0 of the producer warpgroup: each item's steps of 64 latent columns of its token rows and
-// of its head's value rows into the ring, a stage once its consumers have handed it back (so the
-// next item's first stages land while the consumers store the last one's codes).
-__device__ __forceinline__ void produce(const CUtensorMap& tokens, const CUtensorMap& values, int items, int tiles,
-                                        int head_rows, uint32_t stages, uint32_t full, uint32_t empty) {
-  int count = 0;  // steps issued, over every item
-  for (int i = static_cast<int>(blockIdx.x); i < items; i += static_cast<int>(gridDim.x)) {
-    const Item item = item_of(i, tiles);
-    for (int step = 0; step < kSteps; ++step, ++count) {
-      const int stage = count % kStages;
-      pipeline::barrier_wait(empty + 8 * stage, ((count / kStages) & 1) ^ 1);  // the first round passes
-      const uint32_t at = stages + stage * kStageBytes;
-      pipeline::barrier_arrive_expect_bytes(full + 8 * stage, kStageBytes);
-      pipeline::tensor_copy_2d(at, &tokens, item.head * kLatent + step * kStepK, item.row0, full + 8 * stage);
-      pipeline::tensor_copy_2d(at + kTokenBytes, &values, step * kStepK, item.head * head_rows, full + 8 * stage);
-    }
-  }
+// Blocks 2 * heads * chunks: block b takes (head, half) pair b % (2 heads) and chunk b / (2 heads)
+// of the tiles, so that both halves of a head read its token rows at about the same time.
+__device__ __forceinline__ Share share_of(int block, int heads, int tiles, int chunks) {
+  const int pairs = 2 * heads, chunk = block / pairs, pair = block % pairs;
+  const int per_chunk = (tiles + chunks - 1) / chunks;
+  return {pair / 2, pair % 2, chunk * per_chunk, min(tiles, (chunk + 1) * per_chunk)};
 }
 
-// Consumer c's steps of one item (`count`: the ring's steps before it): rows 64 c .. of the tile
-// against the 256 value rows, one step's wgmma in flight while the next is issued, each stage
-// handed back once its products are done (the item's last once they all are).
-__device__ __forceinline__ void multiply(float (&acc)[128], uint32_t stages, uint32_t full, uint32_t empty,
-                                         int consumer, int count) {
-  const uint64_t token_descriptor = wgmma::descriptor(stages + 64 * consumer * kLine, 16, 1024);
-  const uint64_t value_descriptor = wgmma::descriptor(stages + kTokenBytes, 16, 1024);
+// Thread 0 of the producer warpgroup: the share's token tiles into the ring, 64 latent columns a
+// stage, each stage once both consumers have handed it back.
+__device__ __forceinline__ void produce_tokens(const CUtensorMap& tokens, const Share& share, uint32_t ring,
+                                               uint32_t full, uint32_t empty) {
+  int count = 0;  // stages issued
+  for (int tile = share.first_tile; tile < share.end_tile; ++tile)
+    for (int step = 0; step < kSteps; ++step, ++count) {
+      const int stage = count % kRingStages;
+      pipeline::barrier_wait(empty + 8 * stage, ((count / kRingStages) & 1) ^ 1);  // the first round passes
+      pipeline::barrier_arrive_expect_bytes(full + 8 * stage, kTokenStageBytes);
+      pipeline::tensor_copy_2d(ring + stage * kTokenStageBytes, &tokens, share.head * kLatent + step * kStepK,
+                               tile * kTileRows, full + 8 * stage);
+    }
+}
+
+// Consumer c's product of rows 64 c .. of a tile whose first stage is the ring's `count`-th into
+// acc, one step's wgmma in flight while the next is issued, each stage handed back once its
+// products are done.
+__device__ __forceinline__ void multiply_tile(float (&acc)[64], uint32_t ring, uint32_t values, uint32_t full,
+                                              uint32_t empty, int consumer, int count) {
+  const uint64_t token_descriptor = wgmma::descriptor(ring + consumer * 64 * kLine, 16, 1024);
+  const uint64_t value_descriptor = wgmma::descriptor(values, 16, 1024);
 #pragma unroll
-  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
   for (int step = 0; step < kSteps; ++step, ++count) {
-    const int stage = count % kStages;
-    pipeline::barrier_wait(full + 8 * stage, (count / kStages) & 1);
+    const int stage = count % kRingStages;
+    pipeline::barrier_wait(full + 8 * stage, (count / kRingStages) & 1);
     wgmma::pin(acc);
     wgmma::fence();
-    const uint32_t at = stage * kStageBytes;
 #pragma unroll
     for (int kk = 0; kk < kStepK / 16; ++kk)
-      wgmma::m64n256k16<0>(acc, wgmma::descriptor_advanced(token_descriptor, at + kk * 32),
-                           wgmma::descriptor_advanced(value_descriptor, at + kk * 32));
+      wgmma::m64n128k16<0>(acc, wgmma::descriptor_advanced(token_descriptor, stage * kTokenStageBytes + kk * 32),
+                           wgmma::descriptor_advanced(value_descriptor, step * kValueStepBytes + kk * 32));
     wgmma::commit();
     wgmma::wait<1>();
     wgmma::pin(acc);
-    if (step > 0) pipeline::release_stage<false>(empty + 8 * ((count - 1) % kStages));
+    if (step > 0) pipeline::release_stage<false>(empty + 8 * ((count - 1) % kRingStages));
   }
   wgmma::wait_all();
   wgmma::pin(acc);
-  pipeline::release_stage<false>(empty + 8 * ((count - 1) % kStages));
+  pipeline::release_stage<false>(empty + 8 * ((count - 1) % kRingStages));
 }
 
-// acc[4 j + e] of thread (warp, g, tq): tile row 64 c + 16 warp + g + 8 (e / 2), value column
-// 8 j + 2 tq + e % 2. Each of the thread's two rows and two scale blocks (j < 16, j >= 16): its
-// 32 sums rounded to bf16, the block's largest magnitude over the row's quad of lanes (two
-// shuffles that every lane joins), then the codes and (lane tq 0) the scale. Rows from
-// fp8_padded_tokens(T) on are not stored; rows T .. of it are the pad rows (zero sums: codes 0,
-// scale 1).
-__device__ __forceinline__ void store_codes(const float (&acc)[128], Fp8Rows out, int64_t padded, int row0,
-                                            int head, int heads, int consumer) {
+// acc[4 j + e] of thread (warp, g, tq): row row0 + 16 warp + g + 8 (e / 2), value column
+// 128 half + 8 j + 2 tq + e % 2. Each of the thread's two rows: its 32 sums rounded to bf16, the
+// row's largest magnitude over its quad of lanes (two shuffles that every lane joins), then the
+// codes and (lane tq 0) the scale. Rows from fp8_padded_tokens(T) on are not stored; rows T .. of
+// it are the pad rows (zero sums: codes 0, scale 1).
+__device__ __forceinline__ void store_codes(const float (&acc)[64], Fp8Rows out, int64_t padded, int row0,
+                                            const Share& share, int heads) {
   const int u = threadIdx.x % 128, warp = u / 32, g = u % 32 / 4, tq = u % 4;
 #pragma unroll
   for (int q = 0; q < 2; ++q) {
-    const int64_t t = row0 + 64 * consumer + 16 * warp + g + 8 * q;
+    const int64_t t = row0 + 16 * warp + g + 8 * q;
+    float v[16][2], amax = 0.0f;
 #pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      float v[16][2], amax = 0.0f;
+    for (int j = 0; j < 16; ++j)
 #pragma unroll
-      for (int j = 0; j < 16; ++j)
+      for (int e = 0; e < 2; ++e) {
+        v[j][e] = bf16_to_float(float_to_bf16(acc[4 * j + 2 * q + e]));
+        amax = fmaxf(amax, fabsf(v[j][e]));
+      }
+    const float scale = activation_scale_over_lanes<4>(amax);
+    if (t >= padded) continue;
+    uint8_t* const codes = out.codes + t * heads * kValue + share.head * kValue + share.half * kHalf + 2 * tq;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          v[j][e] = bf16_to_float(float_to_bf16(acc[4 * (16 * b + j) + 2 * q + e]));
-          amax = fmaxf(amax, fabsf(v[j][e]));
-        }
-      const float scale = activation_scale_over_lanes<4>(amax);
-      if (t >= padded) continue;
-      uint8_t* const codes = out.codes + t * heads * kValue + head * kValue + b * kFp8ScaleBlock + 2 * tq;
-#pragma unroll
-      for (int j = 0; j < 16; ++j)
-        *reinterpret_cast<uint16_t*>(codes + 8 * j) =
-            static_cast<uint16_t>(e4m3_of(v[j][0], scale) | e4m3_of(v[j][1], scale) << 8);
-      if (tq == 0) out.scales[(2 * head + b) * padded + t] = scale;
-    }
+    for (int j = 0; j < 16; ++j)
+      *reinterpret_cast<uint16_t*>(codes + 8 * j) =
+          static_cast<uint16_t>(e4m3_of(v[j][0], scale) | e4m3_of(v[j][1], scale) << 8);
+    if (tq == 0) out.scales[(2 * share.head + share.half) * padded + t] = scale;
   }
 }
 
-// Items: `tiles` row tiles of fp8_padded_tokens(T) = padded rows for each of `heads` heads, a
-// block taking every gridDim.x-th. tokens: o [T, heads * 512] bf16 in boxes of 128 rows; values:
-// the value rows, head h's 256 from row h * head_rows, in boxes of 256.
+// tokens: o [T, heads * 512] bf16 in boxes of 128 rows; values: the value rows, head h's 256 from
+// row h * head_rows, in boxes of 128. `tiles` 128-row tiles of the padded rows, in `chunks`.
 __global__ void __launch_bounds__(kThreads, 1)
     mla_unabsorb_fp8_kernel(const __grid_constant__ CUtensorMap tokens, const __grid_constant__ CUtensorMap values,
-                            int tiles, int heads, int head_rows, Fp8Rows out, int64_t padded) {
+                            int tiles, int chunks, int heads, int head_rows, Fp8Rows out, int64_t padded) {
   chained_grid_prologue();
   extern __shared__ __align__(16) uint8_t shared_raw[];
-  const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
-  const uint32_t stages = aligned.address;
-  const uint32_t full = stages + kStages * kStageBytes, empty = full + 8 * kStages;
-  // Full: thread 0's announcement of the TMA bytes. Empty: each consumer thread once.
-  pipeline::init_ring<kStages, false>(full, empty, 1, kConsumerThreads);
-  const int items = tiles * heads;
+  const uint32_t values_at = wgmma::align_to_1024(shared_raw).address, ring = values_at + kValueBytes;
+  const uint32_t values_full = ring + kRingBytes, full = values_full + 8, empty = full + 8 * kRingStages;
+  if (threadIdx.x == 0) {
+    pipeline::barrier_init(values_full, 1);
+    for (int s = 0; s < kRingStages; ++s) {
+      pipeline::barrier_init(full + 8 * s, 1);
+      pipeline::barrier_init(empty + 8 * s, kConsumerThreads);
+    }
+    pipeline::barrier_init_fence();
+  }
+  __syncthreads();
+  const Share share = share_of(static_cast<int>(blockIdx.x), heads, tiles, chunks);
   // Broadcast from lane 0: the compiler then knows each warp takes one side of the branch.
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
-  if (warpgroup == 2) {
-    pipeline::shrink_registers<kProducerRegisters>();
-    if (threadIdx.x == 256) produce(tokens, values, items, tiles, head_rows, stages, full, empty);
+  if (warpgroup == kConsumers) {
+    if (threadIdx.x != kConsumerThreads) return;
+    pipeline::barrier_arrive_expect_bytes(values_full, kValueBytes);
+    for (int step = 0; step < kSteps; ++step)
+      pipeline::tensor_copy_2d(values_at + step * kValueStepBytes, &values, step * kStepK,
+                               share.head * head_rows + share.half * kHalf, values_full);
+    produce_tokens(tokens, share, ring, full, empty);
     return;
   }
-  pipeline::grow_registers<kConsumerRegisters>();
-  float acc[128];
-  int count = 0;
-  for (int i = static_cast<int>(blockIdx.x); i < items; i += static_cast<int>(gridDim.x), count += kSteps) {
-    const Item item = item_of(i, tiles);
-    multiply(acc, stages, full, empty, warpgroup, count);
-    store_codes(acc, out, padded, item.row0, item.head, heads, warpgroup);
+  pipeline::barrier_wait(values_full, 0);
+  float acc[64];
+  for (int tile = share.first_tile, count = 0; tile < share.end_tile; ++tile, count += kSteps) {
+    multiply_tile(acc, ring, values_at, full, empty, warpgroup, count);
+    store_codes(acc, out, padded, tile * kTileRows + 64 * warpgroup, share, heads);
   }
 }
 
@@ -179,18 +189,20 @@ void mla_unabsorb_fp8(const uint16_t* o, int64_t T, int heads, const uint16_t* w
   if (T <= 0 || heads <= 0) return;
   GLMS_CHECK(out.codes && out.scales && head_rows >= kValue, "mla_unabsorb_fp8: E4M3 rows and whole heads");
   const int64_t padded = fp8_padded_tokens(T);
-  GLMS_CHECK(T < (int64_t{1} << 31), "mla_unabsorb_fp8: too many tokens");
+  GLMS_CHECK(padded + kTileRows < (int64_t{1} << 31), "mla_unabsorb_fp8: too many tokens");
   const CUtensorMap tokens = swizzled_rows_tensor_map(o, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, T, int64_t{heads} * kLatent,
-                                                      kRows);
+                                                      kTileRows);
   const CUtensorMap values = swizzled_rows_tensor_map(w_uv, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                                                      (heads - 1) * head_rows + kValue, kLatent, kValue);
+                                                      (heads - 1) * head_rows + kValue, kLatent, kHalf);
   check(cudaFuncSetAttribute(mla_unabsorb_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
         "mla_unabsorb_fp8 shared memory");
-  const int64_t tiles = (padded + kRows - 1) / kRows, items = tiles * heads;
-  GLMS_CHECK(items < (int64_t{1} << 31), "mla_unabsorb_fp8: too many tokens and heads");
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>(items, multiprocessor_count()));
-  launch_chained("mla_unabsorb_fp8 launch", mla_unabsorb_fp8_kernel, blocks, kThreads, kSharedBytes, stream, tokens,
-                 values, static_cast<int>(tiles), heads, static_cast<int>(head_rows), out, padded);
+  // One wave where the heads leave SMs over: each (head, half) pair's tiles split into chunks.
+  const int64_t tiles = (padded + kTileRows - 1) / kTileRows, pairs = 2 * int64_t{heads};
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(tiles, multiprocessor_count() / pairs));
+  GLMS_CHECK(pairs * chunks < (int64_t{1} << 31), "mla_unabsorb_fp8: too many heads");
+  launch_chained("mla_unabsorb_fp8 launch", mla_unabsorb_fp8_kernel, static_cast<unsigned>(pairs * chunks), kThreads,
+                 kSharedBytes, stream, tokens, values, static_cast<int>(tiles), static_cast<int>(chunks), heads,
+                 static_cast<int>(head_rows), out, padded);
 }
 
 }  // namespace glms::ops::cuda
