@@ -12,10 +12,11 @@
 //
 // Block: warpgroups 0 and 1 multiply rows 64 c .. of each 128-row token tile of the block's share
 // (m64n128k16, a 64 x 128 fp32 accumulator each); warpgroup 2's thread 0 copies the value rows,
-// then the tiles' token rows by TMA into one ring, 64 latent columns a stage, which runs on into
-// the next tile while the consumers round each sum to bf16 (as the bf16 heads were) and quantise
-// each row as quantize_fp8_rows does. The ring is as deep as the value rows leave room for (what
-// bounds the kernel: docs/performance.md, "The un-absorption with a head's value rows held").
+// then the tiles' token rows by TMA into one ring, 64 latent columns a stage, as deep as the
+// value rows leave room for. The epilogue (each sum rounded to bf16, as the bf16 heads were, and
+// each row quantised as quantize_fp8_rows does) of one tile runs a row at a time between the next
+// tile's steps, beside its products (docs/performance.md, "The un-absorption with a head's value
+// rows held", has why).
 //
 // Shared memory (1024-aligned, wgmma's 128-byte swizzle):
 //   values [8 steps of 64 k][128 rows] lines             128 KB
@@ -54,6 +55,10 @@ constexpr int kRingBytes = kRingStages * kTokenStageBytes;
 constexpr int kBarrierBytes = 8 * (1 + 2 * kRingStages);
 constexpr int kSharedBytes = 1024 + kValueBytes + kRingBytes + kBarrierBytes;
 static_assert(kSharedBytes <= 232448, "one block an SM");
+constexpr int kEntryRegisters = 65536 / kThreads / 8 * 8;  // 168
+constexpr int kConsumerRegisters = 232, kProducerRegisters = 40;
+static_assert(kConsumerThreads * (kConsumerRegisters - kEntryRegisters) <= 128 * (kEntryRegisters - kProducerRegisters),
+              "the consumers' registers come from the producer's");
 static_assert(kValue == 2 * kHalf && kHalf == kFp8ScaleBlock && kHalf == kLine,
               "a block's value rows are one scale block of a row: one 128-byte line of codes");
 
@@ -84,18 +89,55 @@ __device__ __forceinline__ void produce_tokens(const CUtensorMap& tokens, const 
     }
 }
 
-// Consumer c's product of rows 64 c .. of a tile whose first stage is the ring's `count`-th into
-// acc, one step's wgmma in flight while the next is issued, each stage handed back once its
-// products are done.
-__device__ __forceinline__ void multiply_tile(float (&acc)[64], uint32_t ring, uint32_t values, uint32_t full,
-                                              uint32_t empty, int consumer, int count) {
-  const uint64_t token_descriptor = wgmma::descriptor(ring + consumer * 64 * kLine, 16, 1024);
-  const uint64_t value_descriptor = wgmma::descriptor(values, 16, 1024);
+// Row q (0: the thread's row 16 warp + g, 1: that + 8) of a consumer's 64 x 128 sums `acc`, rows
+// from row0: acc[4 j + 2 q + e] holds value column 128 half + 8 j + 2 tq + e of that row. Its 32
+// sums rounded to bf16, the row's largest magnitude over its quad of lanes (two shuffles that
+// every lane joins), then the codes and (lane tq 0) the scale. Rows from fp8_padded_tokens(T) on
+// are not stored; rows T .. of it are the pad rows (zero sums: codes 0, scale 1).
+template <int q>
+__device__ __forceinline__ void store_row(const float (&acc)[64], Fp8Rows out, int64_t padded, int row0,
+                                          const Share& share, int heads) {
+  const int u = threadIdx.x % 128, warp = u / 32, g = u % 32 / 4, tq = u % 4;
+  const int64_t t = row0 + 16 * warp + g + 8 * q;
+  float v[16][2], amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      v[j][e] = bf16_to_float(float_to_bf16(acc[4 * j + 2 * q + e]));
+      amax = fmaxf(amax, fabsf(v[j][e]));
+    }
+  const float scale = activation_scale_over_lanes<4>(amax);
+  if (t >= padded) return;
+  uint8_t* const codes = out.codes + t * heads * kValue + share.head * kValue + share.half * kHalf + 2 * tq;
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+    *reinterpret_cast<uint16_t*>(codes + 8 * j) =
+        static_cast<uint16_t>(e4m3_of(v[j][0], scale) | e4m3_of(v[j][1], scale) << 8);
+  if (tq == 0) out.scales[(2 * share.head + share.half) * padded + t] = scale;
+}
+
+// Where a consumer's tile stands in the ring and in the rows, and the tile before it, whose sums
+// wait for their codes (last_row0 < 0: none).
+struct TileRun {
+  uint32_t ring, values, full, empty;
+  int consumer, count, row0, last_row0;
+};
+
+// Consumer c's product of rows 64 c .. of a tile (its first stage the ring's `count`-th) into acc,
+// one step's wgmma in flight while the next is issued, each stage handed back once its products
+// are done; the last tile's codes (`last`, its rows from last_row0) are written a row at a time
+// between the steps, so that the epilogue runs beside the tensor cores rather than after them.
+__device__ __forceinline__ void multiply_tile(float (&acc)[64], const float (&last)[64], const TileRun& run,
+                                              Fp8Rows out, int64_t padded, const Share& share, int heads) {
+  const uint64_t token_descriptor = wgmma::descriptor(run.ring + run.consumer * 64 * kLine, 16, 1024);
+  const uint64_t value_descriptor = wgmma::descriptor(run.values, 16, 1024);
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+  int count = run.count;
   for (int step = 0; step < kSteps; ++step, ++count) {
     const int stage = count % kRingStages;
-    pipeline::barrier_wait(full + 8 * stage, (count / kRingStages) & 1);
+    pipeline::barrier_wait(run.full + 8 * stage, (count / kRingStages) & 1);
     wgmma::pin(acc);
     wgmma::fence();
 #pragma unroll
@@ -103,43 +145,15 @@ __device__ __forceinline__ void multiply_tile(float (&acc)[64], uint32_t ring, u
       wgmma::m64n128k16<0>(acc, wgmma::descriptor_advanced(token_descriptor, stage * kTokenStageBytes + kk * 32),
                            wgmma::descriptor_advanced(value_descriptor, step * kValueStepBytes + kk * 32));
     wgmma::commit();
+    if (run.last_row0 >= 0 && step == 1) store_row<0>(last, out, padded, run.last_row0, share, heads);
+    if (run.last_row0 >= 0 && step == 4) store_row<1>(last, out, padded, run.last_row0, share, heads);
     wgmma::wait<1>();
     wgmma::pin(acc);
-    if (step > 0) pipeline::release_stage<false>(empty + 8 * ((count - 1) % kRingStages));
+    if (step > 0) pipeline::release_stage<false>(run.empty + 8 * ((count - 1) % kRingStages));
   }
   wgmma::wait_all();
   wgmma::pin(acc);
-  pipeline::release_stage<false>(empty + 8 * ((count - 1) % kRingStages));
-}
-
-// acc[4 j + e] of thread (warp, g, tq): row row0 + 16 warp + g + 8 (e / 2), value column
-// 128 half + 8 j + 2 tq + e % 2. Each of the thread's two rows: its 32 sums rounded to bf16, the
-// row's largest magnitude over its quad of lanes (two shuffles that every lane joins), then the
-// codes and (lane tq 0) the scale. Rows from fp8_padded_tokens(T) on are not stored; rows T .. of
-// it are the pad rows (zero sums: codes 0, scale 1).
-__device__ __forceinline__ void store_codes(const float (&acc)[64], Fp8Rows out, int64_t padded, int row0,
-                                            const Share& share, int heads) {
-  const int u = threadIdx.x % 128, warp = u / 32, g = u % 32 / 4, tq = u % 4;
-#pragma unroll
-  for (int q = 0; q < 2; ++q) {
-    const int64_t t = row0 + 16 * warp + g + 8 * q;
-    float v[16][2], amax = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        v[j][e] = bf16_to_float(float_to_bf16(acc[4 * j + 2 * q + e]));
-        amax = fmaxf(amax, fabsf(v[j][e]));
-      }
-    const float scale = activation_scale_over_lanes<4>(amax);
-    if (t >= padded) continue;
-    uint8_t* const codes = out.codes + t * heads * kValue + share.head * kValue + share.half * kHalf + 2 * tq;
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-      *reinterpret_cast<uint16_t*>(codes + 8 * j) =
-          static_cast<uint16_t>(e4m3_of(v[j][0], scale) | e4m3_of(v[j][1], scale) << 8);
-    if (tq == 0) out.scales[(2 * share.head + share.half) * padded + t] = scale;
-  }
+  pipeline::release_stage<false>(run.empty + 8 * ((count - 1) % kRingStages));
 }
 
 // tokens: o [T, heads * 512] bf16 in boxes of 128 rows; values: the value rows, head h's 256 from
@@ -164,6 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Broadcast from lane 0: the compiler then knows each warp takes one side of the branch.
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   if (warpgroup == kConsumers) {
+    pipeline::shrink_registers<kProducerRegisters>();
     if (threadIdx.x != kConsumerThreads) return;
     pipeline::barrier_arrive_expect_bytes(values_full, kValueBytes);
     for (int step = 0; step < kSteps; ++step)
@@ -172,11 +187,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     produce_tokens(tokens, share, ring, full, empty);
     return;
   }
+  pipeline::grow_registers<kConsumerRegisters>();
   pipeline::barrier_wait(values_full, 0);
-  float acc[64];
-  for (int tile = share.first_tile, count = 0; tile < share.end_tile; ++tile, count += kSteps) {
-    multiply_tile(acc, ring, values_at, full, empty, warpgroup, count);
-    store_codes(acc, out, padded, tile * kTileRows + 64 * warpgroup, share, heads);
+  // The sums of the tile in the tensor cores, and the last tile's, whose codes are written while
+  // the next tile's products run (copied out after its products are waited for, so that no
+  // register the epilogue reads is a wgmma's destination).
+  float acc[64], last[64];
+  TileRun run{ring, values_at, full, empty, warpgroup, 0, 0, -1};
+  for (int tile = share.first_tile; tile < share.end_tile; ++tile, run.count += kSteps) {
+    run.row0 = tile * kTileRows + 64 * warpgroup;
+    multiply_tile(acc, last, run, out, padded, share, heads);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) last[i] = acc[i];
+    run.last_row0 = run.row0;
+  }
+  if (run.last_row0 >= 0) {
+    store_row<0>(last, out, padded, run.last_row0, share, heads);
+    store_row<1>(last, out, padded, run.last_row0, share, heads);
   }
 }
 
