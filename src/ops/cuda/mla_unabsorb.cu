@@ -117,11 +117,11 @@ __device__ __forceinline__ void store_row(const float (&acc)[64], Fp8Rows out, i
   if (tq == 0) out.scales[(2 * share.head + share.half) * padded + t] = scale;
 }
 
-// Where a consumer's tile stands in the ring and in the rows, and the tile before it, whose sums
-// wait for their codes (last_row0 < 0: none).
+// A consumer's place: its ring and value rows, the ring's stages before its tile, and the first
+// row of the tile before it, whose sums wait for their codes (last_row0 < 0: none).
 struct TileRun {
   uint32_t ring, values, full, empty;
-  int consumer, count, row0, last_row0;
+  int consumer, count, last_row0;
 };
 
 // Consumer c's product of rows 64 c .. of a tile (its first stage the ring's `count`-th) into acc,
@@ -193,13 +193,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // the next tile's products run (copied out after its products are waited for, so that no
   // register the epilogue reads is a wgmma's destination).
   float acc[64], last[64];
-  TileRun run{ring, values_at, full, empty, warpgroup, 0, 0, -1};
+  TileRun run{ring, values_at, full, empty, warpgroup, 0, -1};
   for (int tile = share.first_tile; tile < share.end_tile; ++tile, run.count += kSteps) {
-    run.row0 = tile * kTileRows + 64 * warpgroup;
     multiply_tile(acc, last, run, out, padded, share, heads);
 #pragma unroll
     for (int i = 0; i < 64; ++i) last[i] = acc[i];
-    run.last_row0 = run.row0;
+    run.last_row0 = tile * kTileRows + 64 * warpgroup;
   }
   if (run.last_row0 >= 0) {
     store_row<0>(last, out, padded, run.last_row0, share, heads);
