@@ -221,11 +221,7 @@ class ExpertBench {
  private:
   // The persistent GEMMs' unit counters, zero (made on first use).
   int* unit_counters() {
-    if (unit_counters_.bytes() == 0) {
-      const int32_t zeros[2] = {0, 0};
-      unit_counters_ = cuda::DeviceBuffer(sizeof zeros);
-      unit_counters_.upload(zeros, sizeof zeros);
-    }
+    if (unit_counters_.bytes() == 0) unit_counters_ = cuda::zeroed_buffer(cuda::kUnitCounterBytes);
     return unit_counters_.as<int>();
   }
   // MXFP4 code bytes of `experts` experts' gate/up ([2 inter, hidden]) and down ([hidden, inter]).

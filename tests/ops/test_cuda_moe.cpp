@@ -254,11 +254,7 @@ double experts_error(const Experts& experts, std::vector<float> tokens, const st
 // with `max_blocks` 3, so that each block takes many tiles and wraps its claim slots' barriers
 // (every case but the one-tile ones), or (0) a block an SM.
 struct UnitCounters {
-  cuda::DeviceBuffer buffer{2 * sizeof(int32_t)};
-  UnitCounters() {
-    const int32_t zeros[2] = {0, 0};
-    buffer.upload(zeros, sizeof zeros);
-  }
+  cuda::DeviceBuffer buffer = cuda::zeroed_buffer(cuda::kUnitCounterBytes);
   std::vector<int32_t> values() const {
     std::vector<int32_t> host(2);
     buffer.download(host.data(), sizeof(int32_t) * host.size());

@@ -99,11 +99,7 @@ void CudaGlm5Model::Impl::allocate() {
     context_table.upload(identity.data(), sizeof(int32_t) * identity.size());
   }
   if (widths.fp8_linear_cols > 0) fp8_gemm = std::make_unique<cuda::Fp8Gemm>();
-  {
-    const int32_t zeros[2] = {0, 0};
-    expert_unit_counters = DeviceBuffer(sizeof zeros);
-    expert_unit_counters.upload(zeros, sizeof zeros);
-  }
+  expert_unit_counters = cuda::zeroed_buffer(cuda::kUnitCounterBytes);
   const int64_t rd = c.qk_rope_head_dim;
   offsets_host = cuda::PinnedBuffer(sizeof(int32_t) * (widths.local_experts + 1));
   staging = cuda::PinnedBuffer(meta.total);

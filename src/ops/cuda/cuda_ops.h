@@ -60,6 +60,9 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// A device allocation of `bytes` bytes, every one 0 before it returns.
+DeviceBuffer zeroed_buffer(size_t bytes);
+
 // An owned CUDA stream.
 class Stream {
  public:

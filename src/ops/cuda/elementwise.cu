@@ -440,6 +440,14 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   }
   return *this;
 }
+DeviceBuffer zeroed_buffer(size_t bytes) {
+  DeviceBuffer buffer(bytes);
+  check(cudaMemset(buffer.data(), 0, bytes), "cudaMemset");
+  // Non-blocking streams are not ordered after the default stream's memset: wait for it here.
+  check(cudaStreamSynchronize(nullptr), "cudaMemset's synchronisation");
+  return buffer;
+}
+
 void DeviceBuffer::upload(const void* host, size_t bytes) {
   GLMS_CHECK(bytes <= bytes_, "upload larger than the buffer");
   check(cudaMemcpy(data_, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to device");

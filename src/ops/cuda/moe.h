@@ -6,6 +6,7 @@
 // expert); quantised experts are widened to bf16 one expert at a time for them.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "ops/ops.h"
@@ -184,6 +185,7 @@ struct PersistentLaunch {
   int* unit_counters = nullptr;
   int max_blocks = 0;
 };
+constexpr size_t kUnitCounterBytes = 2 * sizeof(int32_t);  // zeroed_buffer(kUnitCounterBytes) makes them
 bool moe_experts_specialized_supported(const ExpertWeights& experts, int64_t hidden, int64_t inter);
 void moe_experts_specialized(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts,
                              const MoePlan& plan, int num_experts, int top_k, int64_t num_pairs, uint16_t* act,
