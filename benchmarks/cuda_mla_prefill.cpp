@@ -5,9 +5,11 @@
 // events (median of --reps) and states its rate over the products' FLOPs against the bf16 GEMM
 // rate measured in the same run (cuBLAS, 8192^3), and each kernel's output against the first's
 // (relative L2), so that a wrong kernel shows: mla_wgmma.cu's, the warp-specialised one with two
-// 64-row stages and with its ring of 32-row stages. Each line also states the rate at which the kernel
-// moved the selected rows and the queries into shared memory, and the last lines time the
-// warp-specialised kernels' copies alone (mla_attention_copies_only): the floor their gathers set.
+// 64-row stages (a block a token, and persistent: a block an SM) and with its ring of 32-row
+// stages. Each line also states the rate at which the kernel moved the selected rows and the
+// queries into shared memory, and the last lines time the warp-specialised kernels' copies alone
+// (mla_attention_copies_only): the floor their gathers set. --top-k 64 gives every token past
+// the 64th one step of rows, so that a line's time is mostly what a token costs besides its steps.
 // Usage:
 //   cuda_mla_prefill [--tokens 2048,8192] [--top-k 2048] [--reps 10] [--json FILE]
 #include <algorithm>
@@ -190,14 +192,21 @@ int main(int argc, char** argv) {
   for (const int n : token_counts) {
     const PrefillSelection selection = select_positions(n, top_k);
     PrefillAttention attention(selection, top_k, stream.get());
-    std::vector<uint16_t> reference;
-    for (const int variant : {0, 1, 2}) {
+    std::vector<uint16_t> reference, specialized;
+    for (const int variant : {0, 1, 2, 3}) {
       attention.args.warp_specialized = variant > 0;
       attention.args.ring_stages = variant == 2;
-      const char* name = variant == 2 ? "warp-specialised ring" : variant == 1 ? "wgmma, warp-specialised" : "wgmma";
+      attention.args.persistent = variant == 3;
+      const char* name = variant == 3   ? "warp-specialised persistent"
+                         : variant == 2 ? "warp-specialised ring"
+                         : variant == 1 ? "wgmma, warp-specialised"
+                                        : "wgmma";
       const std::vector<uint16_t> result = attention.output(stream);
       if (reference.empty()) reference = result;
+      if (variant == 1) specialized = result;
       const double error = glms::benchmarks::relative_l2(result, reference, bf16_to_float);
+      // The persistent kernel rounds each value as the block-a-token kernel does: bit for bit.
+      if (variant == 3 && result != specialized) std::printf("  (persistent: not bit for bit the two-stage kernel's)\n");
       const double ms = attention.median_ms(stream, reps), rate = selection.flops / (ms * 1e-3);
       const double gather = selection.gathered_bytes / (ms * 1e-3);
       std::printf("%7d  %-26s %9.3f %9.1f %8.3f %6.2f TB/s %9.2e\n", n, name, ms, rate / 1e12, rate / gemm_flops_per_s,
@@ -220,6 +229,7 @@ int main(int argc, char** argv) {
            << ", \"gathered_bytes_per_s\": " << copies_rate << "}";
     }
     attention.args.ring_stages = false;
+    attention.args.persistent = false;
   }
   json << "\n]}\n";
   if (!json_path.empty()) std::ofstream(json_path) << json.str();

@@ -89,6 +89,11 @@ void add_linear_and_attention_options(CLI::App* cmd, BenchStepOptions* o) {
                   "The wgmma pass over bf16 rows without splits in the warp-specialised kernel: a producer warpgroup "
                   "gathers rows into two stages while two consumers score 32 rows each (true/false)")
       ->capture_default_str();
+  cmd->add_option("--persistent-attention", o->kernels.persistent_attention,
+                  "The two-stage attention kernel's prefill chunks in a block an SM taking token after token, the "
+                  "next token's rows and queries landing while this one's last steps run (true/false; false: a block "
+                  "a token)")
+      ->capture_default_str();
   cmd->add_option("--attention-ring-stages", o->kernels.attention_ring_stages,
                   "The warp-specialised attention kernel with a ring of four 32-row stages whose steps its two "
                   "consumers score in turn (true/false; false: two 64-row stages, each consumer scoring half of every "

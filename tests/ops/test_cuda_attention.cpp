@@ -214,6 +214,22 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
       EXPECT_LT(wgmma_error, 1e-2) << name << ": H=" << H << " tokens=" << T;
       EXPECT_LT(wgmma_error, 2 * gathered_error + 1e-4) << name;
       std::printf("  %s: relative L2 %.2e\n", name, wgmma_error);
+      if (variant != 1) continue;
+      // The same kernel's persistent launch, in as many blocks as SMs and in 1 and 3 (each block
+      // taking several tokens, its stages and barrier phases running on across them): the same
+      // values bit for bit, since each is the same sequence of roundings.
+      const auto block_a_token = to_host<uint16_t>(wgmma_out, expected.size());
+      for (const int blocks : {0, 1, 3}) {
+        auto persistent_out = poisoned_bf16(expected.size());
+        a.out = persistent_out.as<uint16_t>();
+        a.persistent = true;
+        a.persistent_blocks = blocks;
+        cuda::mla_attention_wgmma(a, nullptr);
+        EXPECT_EQ(to_host<uint16_t>(persistent_out, expected.size()), block_a_token)
+            << "persistent in " << blocks << " blocks (0: the SM count): H=" << H << " tokens=" << T;
+      }
+      a.persistent = false;
+      a.persistent_blocks = 0;
     }
     // Each token's rows split over blocks and merged: any count of whole tiles, including splits
     // past a short token's selection, and the count mla_attention_fused picks; both kernels, and
@@ -279,17 +295,23 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
     a.out = part_out.as<uint16_t>();
     a.first_token = 1;
     a.launch_tokens = T - 1;
-    for (const bool wgmma : {false, true}) {
+    for (const int variant : {0, 1, 2}) {  // mma.sync, wgmma, wgmma persistent in 2 blocks
+      const bool wgmma = variant > 0;
       if (wgmma && !cuda::mla_attention_wgmma_supported(H, L, rd)) continue;
+      a.persistent = variant == 2;
+      a.persistent_blocks = 2;
       if (wgmma) cuda::mla_attention_wgmma(a, nullptr);
       else cuda::mla_attention_fused(a, rows, partials.as<float>(), partial_elements, nullptr, false);
       const auto got = bf16_to_host(part_out, expected.size());
       const std::vector<float> tail(got.begin() + int64_t{H} * L, got.end()),
           expected_tail(expected.begin() + int64_t{H} * L, expected.end());
-      EXPECT_LT(relative_l2(tail, expected_tail), 1e-2) << (wgmma ? "wgmma" : "mma.sync");
+      const char* name = variant == 2 ? "wgmma persistent" : wgmma ? "wgmma" : "mma.sync";
+      EXPECT_LT(relative_l2(tail, expected_tail), 1e-2) << name;
       EXPECT_TRUE(std::all_of(got.begin(), got.begin() + int64_t{H} * L, [](float v) { return std::isnan(v); }))
-          << "token 0 was written";
+          << name << ": token 0 was written";
     }
+    a.persistent = false;
+    a.persistent_blocks = 0;
   }
 }
 

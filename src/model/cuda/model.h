@@ -86,6 +86,12 @@ struct CudaModelOptions {
   // half of every step. With the ring, a decode batch's split count weighs splits that go as one
   // cluster (at most attention_cluster_splits) as free of the merge (ops::cuda::mla_splits_for).
   bool attention_ring_stages = false;
+  // The two-stage kernel's prefill chunks (one split a token) in a block an SM taking token after
+  // token (ops::cuda::MlaAttentionArgs::persistent): the next token's look-ups, rows and queries
+  // land while this one's last steps and epilogue run; false: a block a token. On: an H100,
+  // GLM-5.2 width, 5 layers, attention.core of a prefill of 2048 3.82-3.90 -> 3.74-3.77 ms in
+  // three A/Bs, 8192 within the step's spread (bench/results/cuda-persistent-attention-20261206.json).
+  bool persistent_attention = true;
   // Steps of at most this many tokens (0: none) write what follows the attention's first
   // projections (q_a's RMSNorm, the latent cache row, the indexer key) in one launch instead of
   // three (ops::cuda::write_projection_rows): two fewer kernels in a layer's chain, which at a

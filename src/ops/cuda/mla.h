@@ -36,6 +36,12 @@ struct MlaAttentionArgs {
   // That kernel with a ring of four stages of 32 rows whose steps the consumers score in turn
   // (mla_wgmma_ring.cu); false: two stages of 64 rows, each consumer scoring half of every step.
   bool ring_stages = false;
+  // Two-stage kernel, one split a token (prefill chunks): a block an SM taking token after token,
+  // the next token's rows and queries landing while this one's last steps and epilogue run;
+  // false: a block a token. persistent_blocks > 0: that many blocks instead (tests, so that each
+  // block takes several tokens).
+  bool persistent = false;
+  int persistent_blocks = 0;
   // With splits (decode batches of fewer tokens than SMs), a token's splits of bf16 rows as one
   // thread block cluster of the warp-specialised kernel where they are at most this many (0 ..
   // kMlaMaxClusterSplits; above 8 a non-portable cluster size), combined through distributed

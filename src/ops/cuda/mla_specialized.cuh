@@ -39,7 +39,12 @@ constexpr int kOutLineBytes = kLatent * 2 + 16;  // a head's bf16 output staged 
 static_assert(kHeads * kOutLineBytes <= kQueryBytes, "the staged output fits the queries' region");
 constexpr int kConsumerRegisters = 232, kProducerRegisters = 40;
 constexpr uint32_t kPollNanoseconds = 64;  // the producer's longest suspension while it polls a stage
-static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= 65536, "the register file");
+// setmaxnreg moves registers within the block's launch allocation (168 a thread: what ptxas gives
+// 384 threads at one block an SM), so a consumer would wait forever in grow_registers unless the
+// producer released at least what the consumers take.
+constexpr int kLaunchRegisters = 168;
+static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= kThreads * kLaunchRegisters,
+              "the block's registers");
 constexpr int kConsumerThreads = 256;
 constexpr int kMaxClusterSplits = kMlaMaxClusterSplits;  // a token's blocks in one cluster
 // The consumers' named barrier of the epilogue (each kernel numbers its others below it).
@@ -60,17 +65,19 @@ __device__ __forceinline__ SplitRows split_rows(const MlaAttentionArgs& a, int r
 }
 
 // Thread 0 sets up a block's barriers from `barriers` (8 bytes each): the queries landed (128
-// arrivals: the producer's threads), then `count` ready (128) and `count` free (free_count);
-// then every thread meets. Returns the thread's warpgroup, broadcast from lane 0 so that the
-// compiler knows each warp takes one side of the branches on it (wgmma on a path it thinks
-// divergent are serialised).
-__device__ __forceinline__ int set_up_barriers(uint32_t barriers, int count, int free_count) {
+// arrivals: the producer's threads), then `count` ready (128) and `count` free (free_count),
+// then, where queries_free_count > 0, the queries read (that many arrivals); then every thread
+// meets. Returns the thread's warpgroup, broadcast from lane 0 so that the compiler knows each
+// warp takes one side of the branches on it (wgmma on a path it thinks divergent are serialised).
+__device__ __forceinline__ int set_up_barriers(uint32_t barriers, int count, int free_count,
+                                               int queries_free_count = 0) {
   if (threadIdx.x == 0) {
     pipeline::barrier_init(barriers, 128);
     for (int i = 0; i < count; ++i) {
       pipeline::barrier_init(barriers + 8 * (1 + i), 128);
       pipeline::barrier_init(barriers + 8 * (1 + count + i), free_count);
     }
+    if (queries_free_count > 0) pipeline::barrier_init(barriers + 8 * (1 + 2 * count), queries_free_count);
     pipeline::barrier_init_fence();
   }
   __syncthreads();
@@ -278,6 +285,35 @@ __device__ __forceinline__ void store_output(const MlaAttentionArgs& a, int t, c
   for (int c = threadIdx.x; c < H * kChunksPerHead; c += kConsumerThreads)
     token_out[c] =
         *reinterpret_cast<const uint4*>(generic + c / kChunksPerHead * kOutLineBytes + c % kChunksPerHead * 16);
+}
+
+// store_output's end of a token with one split, written from registers (the queries' region may
+// already hold the next token's): each head's sum over both consumers' rows, then this
+// consumer's half of the normalised output, bf16 values rounded as store_output rounds them. The
+// lanes of a quad trade pairs (k = 2p, 2p + 1) so that each writes 8 bytes and a quad 32
+// contiguous bytes of a head's line: lane tq keeps columns 4 (tq / 2) .. + 3 of k = 2p + tq % 2.
+__device__ __forceinline__ void store_output_from_registers(const MlaAttentionArgs& a, int t, const float (&out)[128],
+                                                            float (&run_sum)[2], float* row_sum, int consumer,
+                                                            const ConsumerLane& lane) {
+  post_head_sums(run_sum, row_sum, consumer, lane);
+  const bool odd = lane.tq & 1;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int head = lane.head(h);
+    const float total = row_sum[head] + row_sum[kHeads + head];
+    const float norm = total > 0.0f ? 1.0f / total : 0.0f;
+    uint16_t* line = a.out + (static_cast<int64_t>(t) * a.num_heads + head) * kLatent + 256 * consumer +
+                     4 * (lane.tq >> 1);
+#pragma unroll
+    for (int p = 0; p < 16; ++p) {
+      const uint32_t even_k = pack_bf16_pair(out[8 * p + 2 * h] * norm, out[8 * p + 2 * h + 1] * norm);
+      const uint32_t odd_k = pack_bf16_pair(out[8 * p + 4 + 2 * h] * norm, out[8 * p + 4 + 2 * h + 1] * norm);
+      const uint32_t other = __shfl_xor_sync(0xffffffffu, odd ? even_k : odd_k, 1);
+      if (head < a.num_heads)
+        *reinterpret_cast<uint2*>(line + 8 * (2 * p + (odd ? 1 : 0))) =
+            odd ? make_uint2(other, odd_k) : make_uint2(even_k, other);
+    }
+  }
 }
 
 // Where merge_cluster_splits works, in a block's shared memory: `generic` is the queries' first

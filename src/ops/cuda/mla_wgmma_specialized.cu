@@ -27,6 +27,7 @@
 // block). So each half goes back to the producer when its one reader's P V are done.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -50,8 +51,9 @@ constexpr int kStageBytes = kColumnBlocks * kBlockBytes;  // 73728
 constexpr int kProbBytes = kHeads * kLineBytes;           // 8192
 
 // Barriers: queries landed; [stage][half] ready (the producer's copies landed) and free (its
-// reader's P V are done).
-enum Barrier { kQueriesReady, kReady, kFree = kReady + 4, kBarriers = kFree + 4 };
+// reader's P V are done); the persistent kernel's queries read (every consumer thread's last S
+// of a token done).
+enum Barrier { kQueriesReady, kReady, kFree = kReady + 4, kQueriesFree = kFree + 4, kBarriers };
 constexpr int kSmallBytes = 8 * kBarriers + sizeof(float) * 3 * kHeads;
 constexpr int kSharedBytes = 1024 + kQueryBytes + 2 * kStageBytes + kProbBytes + kSmallBytes;  // 1024: alignment
 static_assert(kSharedBytes <= 232448, "one block an SM");
@@ -122,7 +124,7 @@ struct TokenBlock {
   int begin;                                 // the split's first row of the token's selection
 };
 __device__ __forceinline__ TokenBlock token_block(uint8_t* shared_raw, const MlaAttentionArgs& a, int rows_per_split,
-                                                  int launched_token, int split) {
+                                                  int launched_token, int split, int queries_free_count = 0) {
   const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
   TokenBlock b;
   b.generic = aligned.generic;
@@ -136,8 +138,9 @@ __device__ __forceinline__ TokenBlock token_block(uint8_t* shared_raw, const Mla
   b.t = rows.t;
   b.begin = rows.begin;
   b.count = rows.count;
-  static_assert(kQueriesReady == 0 && kReady == 1 && kFree == kReady + 4, "set_up_barriers' order");
-  b.warpgroup = set_up_barriers(b.barriers, 4, 128);
+  static_assert(kQueriesReady == 0 && kReady == 1 && kFree == kReady + 4 && kQueriesFree == kFree + 4,
+                "set_up_barriers' order");
+  b.warpgroup = set_up_barriers(b.barriers, 4, 128, queries_free_count);
   return b;
 }
 
@@ -220,17 +223,24 @@ __device__ __forceinline__ void softmax_and_values_step(Scores& s, Probs& p, flo
   }
 }
 
-// queries, then each step's rows into its stage as the consumers hand the halves back (index:
-// the thread's within the warpgroup).
+// Token t's queries, then each step's rows into its stage as the consumers hand the halves back
+// (index: the thread's within the warpgroup). first_step: the block's count of steps before this
+// token's (the persistent kernel's stages and barrier phases run on from token to token);
+// queries_read_parity >= 0: the queries' region still holds the last token's until that phase
+// of kQueriesFree, so the first step's rows go first and the queries once it completes.
 __device__ __forceinline__ void produce_rows(const MlaAttentionArgs& a, int t, int begin, int count, int steps,
-                                             int index, uint32_t queries, uint32_t stages, uint32_t barriers) {
+                                             int index, uint32_t queries, uint32_t stages, uint32_t barriers,
+                                             int first_step = 0, int queries_read_parity = -1) {
   auto barrier = [&](int i) { return barriers + 8 * i; };
-  auto stage_at = [&](int step) { return stages + (step & 1) * kStageBytes; };
+  auto stage_at = [&](int step) { return stages + ((first_step + step) & 1) * kStageBytes; };
   const Producer<kStepRows> producer{a, a.selected + static_cast<int64_t>(t) * a.max_selected + begin,
                           a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks, count,
                           index % 8, index / 8};
-  producer.copy_queries(queries, t);
-  pipeline::barrier_arrive_on_copies(barrier(kQueriesReady));
+  auto copy_queries = [&] {
+    producer.copy_queries(queries, t);
+    pipeline::barrier_arrive_on_copies(barrier(kQueriesReady));
+  };
+  if (queries_read_parity < 0) copy_queries();
   // The slots of this thread's rows of a step, and the positions of the next step's. Each
   // step's copies are issued, then the next step's slots looked up from positions loaded a
   // step earlier and the positions of the step after loaded: neither load is waited for until
@@ -242,8 +252,8 @@ __device__ __forceinline__ void produce_rows(const MlaAttentionArgs& a, int t, i
   producer.slots_of(positions, slots);
   producer.load_positions(1, positions);
   for (int step = 0; step < steps; ++step) {
-    const int stage = step & 1;
-    const uint32_t parity = ((step >> 1) & 1) ^ 1;  // the phase of two steps before
+    const int stage = (first_step + step) & 1;
+    const uint32_t parity = (((first_step + step) >> 1) & 1) ^ 1;  // the phase of two steps before
     // Each half as soon as its reader is done with it, the left (needed first) where both are.
     // A poll suspends the thread for a short while rather than spinning: a spinning producer
     // issued 8% of the kernel's instructions on the consumers' schedulers (8192 tokens, 4.48 ->
@@ -258,6 +268,11 @@ __device__ __forceinline__ void produce_rows(const MlaAttentionArgs& a, int t, i
         pipeline::barrier_arrive_on_copies(barrier(kReady + half_index(stage, half)));
         pending &= ~(1u << half);
       }
+    }
+    if (step == 0 && queries_read_parity >= 0) {
+      while (!pipeline::barrier_try_wait_for(barrier(kQueriesFree), queries_read_parity, kPollNanoseconds)) {
+      }
+      copy_queries();
     }
     if (step + 1 < steps) {
       producer.slots_of(positions, slots);
@@ -370,6 +385,93 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// Prefill chunks with one split a token, a block an SM: block b takes launched tokens b, b +
+// gridDim.x, ..., its stages and barrier phases running on from token to token, so that the next
+// token's look-ups and first rows land while this token's last steps run, and its queries while
+// this token's last P V and epilogue do (the epilogue writes from registers). A block a token
+// paid those in series: at 8192 tokens of 64 selected rows (one step) a token took about 11 us of
+// an SM against about 2 us a step more for longer selections (an H100, cuda_mla_prefill).
+// Its producer's token loop needs more registers than produce_rows alone (40 bytes spilled at
+// 40), taken from the consumers (which ptxas fits in 224 without spills).
+constexpr int kPersistentProducerRegisters = 56, kPersistentConsumerRegisters = 224;
+static_assert(2 * 128 * kPersistentConsumerRegisters + 128 * kPersistentProducerRegisters <= kThreads * kLaunchRegisters,
+              "the block's registers");
+__global__ void __launch_bounds__(kThreads, 1) mla_wgmma_persistent_kernel(MlaAttentionArgs a, int launch_tokens) {
+  chained_grid_prologue();
+  extern __shared__ __align__(16) uint8_t shared_raw[];
+  const TokenBlock block = token_block(shared_raw, a, a.max_selected, blockIdx.x, 0, 256);
+  uint8_t* const generic = block.generic;
+  const uint32_t queries = block.queries, stages = block.stages, probs1 = block.probs1, barriers = block.barriers;
+  float* const row_max = block.row_max;
+  auto barrier = [&](int index) { return barriers + 8 * index; };
+  auto stage_at = [&](int global_step) { return stages + (global_step & 1) * kStageBytes; };
+  const int warpgroup = block.warpgroup, index = threadIdx.x % 128;
+
+  if (warpgroup == 2) {
+    pipeline::shrink_registers<kPersistentProducerRegisters>();
+    int first_step = 0, tokens = 0;  // the block's steps and tokens with rows so far
+    for (int launched = blockIdx.x; launched < launch_tokens; launched += gridDim.x) {
+      const SplitRows rows = split_rows(a, a.max_selected, launched, 0);
+      const int steps = (rows.count + kStepRows - 1) / kStepRows;
+      if (steps == 0) continue;
+      produce_rows(a, rows.t, 0, rows.count, steps, index, queries, stages, barriers, first_step,
+                   tokens == 0 ? -1 : (tokens - 1) & 1);
+      first_step += steps;
+      ++tokens;
+    }
+    return;
+  }
+
+  pipeline::grow_registers<kPersistentConsumerRegisters>();
+  const int consumer = warpgroup;
+  const ConsumerLane lane{index / 32, index % 32 / 4, index % 4};
+  int first_step = 0, tokens = 0;
+  for (int launched = blockIdx.x; launched < launch_tokens; launched += gridDim.x) {
+    const SplitRows rows = split_rows(a, a.max_selected, launched, 0);
+    const int t = rows.t, count = rows.count;
+    const int steps = (count + kStepRows - 1) / kStepRows;
+    if (steps == 0) {  // no rows: zeros, as store_output writes them
+      uint4* token_out = reinterpret_cast<uint4*>(a.out + static_cast<int64_t>(t) * a.num_heads * kLatent);
+      for (int c = index; c < a.num_heads * kLatent / 16; c += 128)
+        token_out[2 * c + consumer] = make_uint4(0, 0, 0, 0);
+      continue;
+    }
+    float out[128];  // as mla_wgmma_specialized_kernel's
+#pragma unroll
+    for (int k = 0; k < 128; ++k) out[k] = 0.0f;
+    float run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};
+    Scores s;
+    Probs p;
+    pipeline::barrier_wait(barrier(kQueriesReady), tokens & 1);
+    if (consumer == 0) pipeline::named_arrive(kProbs1Read, kConsumerThreads);
+    for (int step = 0; step < steps; ++step) {
+      const int global_step = first_step + step;
+      const uint32_t parity = (global_step >> 1) & 1;
+      pipeline::barrier_wait(barrier(kReady + half_index(global_step & 1, consumer)), parity);
+      pipeline::barrier_wait(barrier(kReady + half_index(global_step & 1, consumer ^ 1)), parity);
+      wgmma::fence_async_proxy();
+      wgmma::pin(s);
+      wgmma::fence();
+      score_rows<kStepRows>(s, queries, stage_at(global_step) + consumer * kConsumerRows * kLineBytes);
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::pin(s);
+      if (step + 1 == steps) pipeline::barrier_arrive(barrier(kQueriesFree));
+      const uint32_t stage = stage_at(global_step);
+      const StepValues values{stage, stage + 8 * kBlockBytes, probs1};
+      softmax_and_values_step(s, p, out, run_max, run_sum, count - step * kStepRows - consumer * kConsumerRows,
+                              consumer, lane, row_max, generic, queries, values);
+      wgmma::wait<0>();
+      wgmma::pin(out);
+      if (consumer == 0 && step + 1 < steps) pipeline::named_arrive(kProbs1Read, kConsumerThreads);
+      pipeline::barrier_arrive(barrier(kFree + half_index(global_step & 1, consumer)));
+    }
+    store_output_from_registers(a, t, out, run_sum, row_max + kHeads, consumer, lane);
+    first_step += steps;
+    ++tokens;
+  }
+}
+
 // The ring's kernels or this file's.
 SpecializedKernels kernels_of(const MlaAttentionArgs& a) {
   if (a.ring_stages) return ring_kernels();
@@ -434,6 +536,14 @@ void mla_attention_wgmma_specialized(const MlaAttentionArgs& a, cudaStream_t str
             "cudaFuncSetAttribute(warp-specialised MLA kernel, non-portable clusters)");
     launch_chained_clusters("mla_wgmma_specialized launch", k.clustered, static_cast<unsigned>(splits),
                             dim3(splits, launch_tokens), kThreads, k.shared_bytes, stream, a, rows_per_split, nullptr);
+    return;
+  }
+  if (splits == 1 && a.persistent && !a.ring_stages) {
+    check(cudaFuncSetAttribute(mla_wgmma_persistent_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
+          "cudaFuncSetAttribute(persistent MLA kernel)");
+    const int blocks = std::min(launch_tokens, a.persistent_blocks > 0 ? a.persistent_blocks : mla_wgmma_min_tokens());
+    launch_chained("mla_wgmma_persistent launch", mla_wgmma_persistent_kernel, static_cast<unsigned>(blocks), kThreads, kSharedBytes, stream, a,
+                   launch_tokens);
     return;
   }
   check(cudaFuncSetAttribute(k.unclustered, cudaFuncAttributeMaxDynamicSharedMemorySize, k.shared_bytes),
