@@ -206,7 +206,8 @@ int main(int argc, char** argv) {
       if (variant == 1) specialized = result;
       const double error = glms::benchmarks::relative_l2(result, reference, bf16_to_float);
       // The persistent kernel rounds each value as the block-a-token kernel does: bit for bit.
-      if (variant == 3 && result != specialized) std::printf("  (persistent: not bit for bit the two-stage kernel's)\n");
+      if (variant == 3 && result != specialized)
+        std::printf("  (persistent: not bit for bit the two-stage kernel's)\n");
       const double ms = attention.median_ms(stream, reps), rate = selection.flops / (ms * 1e-3);
       const double gather = selection.gathered_bytes / (ms * 1e-3);
       std::printf("%7d  %-26s %9.3f %9.1f %8.3f %6.2f TB/s %9.2e\n", n, name, ms, rate / 1e12, rate / gemm_flops_per_s,

@@ -385,16 +385,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// Prefill chunks with one split a token, a block an SM: block b takes launched tokens b, b +
-// gridDim.x, ..., its stages and barrier phases running on from token to token, so that the next
-// token's look-ups and first rows land while this token's last steps run, and its queries while
-// this token's last P V and epilogue do (the epilogue writes from registers). A block a token
-// paid those in series: at 8192 tokens of 64 selected rows (one step) a token took about 11 us of
-// an SM against about 2 us a step more for longer selections (an H100, cuda_mla_prefill).
+// Tokens of one split (prefill chunks, decode batches of a block an SM or more), a block an SM:
+// block b takes launched tokens b, b + gridDim.x, ..., its stages and barrier phases running on
+// from token to token, so that the next token's look-ups and first rows land while this token's
+// last steps run, and its queries while this token's last P V and epilogue do (the epilogue
+// writes from registers). A block a token paid those in series: at 8192 tokens of 64 selected
+// rows (one step) a token took about 11 us of an SM against about 2 us a step more for longer
+// selections (an H100, cuda_mla_prefill).
 // Its producer's token loop needs more registers than produce_rows alone (40 bytes spilled at
 // 40), taken from the consumers (which ptxas fits in 224 without spills).
 constexpr int kPersistentProducerRegisters = 56, kPersistentConsumerRegisters = 224;
-static_assert(2 * 128 * kPersistentConsumerRegisters + 128 * kPersistentProducerRegisters <= kThreads * kLaunchRegisters,
+static_assert(2 * 128 * kPersistentConsumerRegisters + 128 * kPersistentProducerRegisters <=
+                  kThreads * kLaunchRegisters,
               "the block's registers");
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_persistent_kernel(MlaAttentionArgs a, int launch_tokens) {
   chained_grid_prologue();
@@ -541,9 +543,10 @@ void mla_attention_wgmma_specialized(const MlaAttentionArgs& a, cudaStream_t str
   if (splits == 1 && a.persistent && !a.ring_stages) {
     check(cudaFuncSetAttribute(mla_wgmma_persistent_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
           "cudaFuncSetAttribute(persistent MLA kernel)");
-    const int blocks = std::min(launch_tokens, a.persistent_blocks > 0 ? a.persistent_blocks : mla_wgmma_min_tokens());
-    launch_chained("mla_wgmma_persistent launch", mla_wgmma_persistent_kernel, static_cast<unsigned>(blocks), kThreads, kSharedBytes, stream, a,
-                   launch_tokens);
+    const int sms = mla_wgmma_min_tokens();
+    const int blocks = std::min(launch_tokens, a.persistent_blocks > 0 ? a.persistent_blocks : sms);
+    launch_chained("mla_wgmma_persistent launch", mla_wgmma_persistent_kernel, static_cast<unsigned>(blocks), kThreads,
+                   kSharedBytes, stream, a, launch_tokens);
     return;
   }
   check(cudaFuncSetAttribute(k.unclustered, cudaFuncAttributeMaxDynamicSharedMemorySize, k.shared_bytes),
