@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
   cuda::Stream stream;
   const double gemm_flops_per_s = gemm_rate(stream.get());
   std::printf("bf16 GEMM rate (cuBLAS 8192^3): %.0f TFLOP/s\n", gemm_flops_per_s / 1e12);
-  std::printf("%7s  %-26s %9s %9s %8s %9s %9s\n", "tokens", "kernel", "ms", "TFLOP/s", "x GEMM", "gather", "rel L2");
+  std::printf("%7s  %-28s %9s %9s %8s %9s %9s\n", "tokens", "kernel", "ms", "TFLOP/s", "x GEMM", "gather", "rel L2");
   std::ostringstream json;
   json << "{\"heads\": " << kHeads << ", \"latent\": " << kLatent << ", \"rope\": " << kRope << ", \"top_k\": " << top_k
        << ", \"bf16_gemm_flops_per_s\": " << gemm_flops_per_s << ", \"points\": [";
@@ -210,7 +210,7 @@ int main(int argc, char** argv) {
         std::printf("  (persistent: not bit for bit the two-stage kernel's)\n");
       const double ms = attention.median_ms(stream, reps), rate = selection.flops / (ms * 1e-3);
       const double gather = selection.gathered_bytes / (ms * 1e-3);
-      std::printf("%7d  %-26s %9.3f %9.1f %8.3f %6.2f TB/s %9.2e\n", n, name, ms, rate / 1e12, rate / gemm_flops_per_s,
+      std::printf("%7d  %-28s %9.3f %9.1f %8.3f %6.2f TB/s %9.2e\n", n, name, ms, rate / 1e12, rate / gemm_flops_per_s,
                   gather / 1e12, error);
       json << (first_point ? "" : ",") << "\n  {\"tokens\": " << n << ", \"kernel\": \"" << name << "\", \"ms\": " << ms
            << ", \"flops\": " << selection.flops << ", \"flops_per_s\": " << rate
@@ -224,7 +224,7 @@ int main(int argc, char** argv) {
       const char* name = ring ? "the ring's copies alone" : "two stages' copies alone";
       const double copies_ms = attention.median_ms(stream, reps, true);
       const double copies_rate = selection.gathered_bytes / (copies_ms * 1e-3);
-      std::printf("%7d  %-26s %9.3f %9s %8s %6.2f TB/s\n", n, name, copies_ms, "", "", copies_rate / 1e12);
+      std::printf("%7d  %-28s %9.3f %9s %8s %6.2f TB/s\n", n, name, copies_ms, "", "", copies_rate / 1e12);
       json << ",\n  {\"tokens\": " << n << ", \"kernel\": \"" << (ring ? "ring copies only" : "copies only")
            << "\", \"ms\": " << copies_ms << ", \"gathered_bytes\": " << selection.gathered_bytes
            << ", \"gathered_bytes_per_s\": " << copies_rate << "}";
