@@ -501,6 +501,57 @@ TEST_F(CudaAttention, MlaRowCountsAroundThe32And64RowSteps) {
   check_mla(64, 512, 64, {160}, tokens, 2048, 8);
 }
 
+TEST_F(CudaAttention, MlaTokensWithoutRowsWriteZerosInTheWarpSpecialisedKernels) {
+  // Tokens that select no rows (a padded batch's) among tokens that do, one split a token: the
+  // block-a-token kernel writes their output as zeros, and the persistent launch (in 1, 2 and as
+  // many blocks as SMs, so that blocks meet such tokens between others) writes the same bytes.
+  constexpr int H = 64, L = 512, rd = 64, row = L + rd, top_k = 2048;
+  const std::vector<int> counts = {3, 0, 70, 0, 0, 1, 130, 0};
+  const int T = static_cast<int>(counts.size());
+  const PagedContext paged({200}, 5);
+  std::vector<uint16_t> cache(int64_t{paged.num_blocks} * paged.block_size * row), queries(int64_t{T} * H * row);
+  const auto cache_values = random_values(cache.size(), 6), query_values = random_values(queries.size(), 7, 0.05f);
+  for (size_t i = 0; i < cache.size(); ++i) cache[i] = f32_to_bf16(cache_values[i]);
+  for (size_t i = 0; i < queries.size(); ++i) queries[i] = f32_to_bf16(query_values[i]);
+  std::vector<int32_t> selected(int64_t{T} * top_k, 0);
+  for (int t = 0; t < T; ++t)
+    for (int i = 0; i < counts[t]; ++i) selected[int64_t{t} * top_k + i] = i;
+  const std::vector<int32_t> sequences(T, 0);
+  auto dcache = to_device(cache), dqueries = to_device(queries), dselected = to_device(selected),
+       dcounts = to_device(counts), dtables = to_device(paged.block_tables), dsequences = to_device(sequences);
+  cuda::MlaAttentionArgs a;
+  a.queries = dqueries.as<uint16_t>();
+  a.cache = dcache.data();
+  a.selected = dselected.as<int32_t>();
+  a.num_selected = dcounts.as<int32_t>();
+  a.max_selected = top_k;
+  a.block_tables = dtables.as<int32_t>();
+  a.max_blocks = paged.max_blocks;
+  a.token_sequence = dsequences.as<int32_t>();
+  a.block_size = paged.block_size;
+  a.num_tokens = T;
+  a.num_heads = H;
+  a.latent_dim = L;
+  a.rope_dim = rd;
+  auto block_a_token = poisoned_bf16(int64_t{T} * H * L);
+  a.out = block_a_token.as<uint16_t>();
+  cuda::mla_attention_wgmma(a, nullptr);
+  const auto expected = to_host<uint16_t>(block_a_token);
+  for (int t = 0; t < T; ++t) {
+    const auto first = expected.begin() + int64_t{t} * H * L, last = first + int64_t{H} * L;
+    if (counts[t] == 0) EXPECT_TRUE(std::all_of(first, last, [](uint16_t v) { return v == 0; })) << "token " << t;
+    else EXPECT_TRUE(std::none_of(first, last, [](uint16_t v) { return v == 0xffff; })) << "token " << t;
+  }
+  a.persistent = true;
+  for (const int blocks : {1, 2, 0}) {
+    auto persistent = poisoned_bf16(int64_t{T} * H * L);
+    a.out = persistent.as<uint16_t>();
+    a.persistent_blocks = blocks;
+    cuda::mla_attention_wgmma(a, nullptr);
+    EXPECT_EQ(to_host<uint16_t>(persistent), expected) << "persistent in " << blocks << " blocks (0: the SM count)";
+  }
+}
+
 TEST_F(CudaAttention, MlaClusterSizesTheDeviceHolds) {
   // What CudaGlm5Model caps attention_cluster_splits at: 16, 8, 4 or 2 blocks of the
   // warp-specialised kernel (a block an SM), or 0; a whole H200 holds 16. Then a token's splits as
