@@ -34,6 +34,32 @@ namespace {
 
 class CudaAttention : public glms::testing::CudaTest {};
 
+// The device side of an attention problem: its queries ([T, H, padded row] bf16), cache rows,
+// selections ([T, top_k] positions and [T] counts), the paged block tables and each token's
+// sequence; args() gives the attention's arguments over them (out left unset).
+struct MlaDeviceInputs {
+  cuda::DeviceBuffer queries, cache, selected, counts, tables, sequences;
+  cuda::MlaAttentionArgs args(const PagedContext& paged, int T, int H, int L, int rd, int top_k,
+                              cuda::CacheStorage storage) const {
+    cuda::MlaAttentionArgs a;
+    a.queries = queries.as<uint16_t>();
+    a.cache = cache.data();
+    a.storage = storage;
+    a.selected = selected.as<int32_t>();
+    a.num_selected = counts.as<int32_t>();
+    a.max_selected = top_k;
+    a.block_tables = tables.as<int32_t>();
+    a.max_blocks = paged.max_blocks;
+    a.token_sequence = sequences.as<int32_t>();
+    a.block_size = paged.block_size;
+    a.num_tokens = T;
+    a.num_heads = H;
+    a.latent_dim = L;
+    a.rope_dim = rd;
+    return a;
+  }
+};
+
 // Runs mla_attention_gathered over the tokens in chunks of at most `chunk_tokens` (a small
 // workspace forces several chunks), and mla_attention_fused with room for the partial sums of
 // `chunk_tokens` x 2 splits of every token (fewer splits: several 64-row tiles per block, so the
@@ -113,25 +139,11 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
     for (int k = 0; k < L; ++k) staged[th * width + k] = f32_to_bf16(q_latent[th * L + k] * scale);
     for (int k = 0; k < rd; ++k) staged[th * width + L + k] = f32_to_bf16(q[th * qd + 7 + k] * scale);
   }
-  auto dcache = to_device(cache_bytes), staged_queries = to_device(staged), dsel = to_device(selected),
-       dnum = to_device(num_selected), dtables = to_device(paged.block_tables), dseq = to_device(token_sequence);
+  const MlaDeviceInputs inputs{to_device(staged),       to_device(cache_bytes),         to_device(selected),
+                               to_device(num_selected), to_device(paged.block_tables), to_device(token_sequence)};
   int max_context = 0;
   for (const Token& tok : tokens) max_context = std::max(max_context, tok.position + 1);
-  cuda::MlaAttentionArgs a;
-  a.queries = staged_queries.as<uint16_t>();
-  a.cache = dcache.data();
-  a.storage = storage;
-  a.selected = dsel.as<int32_t>();
-  a.num_selected = dnum.as<int32_t>();
-  a.max_selected = top_k;
-  a.block_tables = dtables.as<int32_t>();
-  a.max_blocks = paged.max_blocks;
-  a.token_sequence = dseq.as<int32_t>();
-  a.block_size = paged.block_size;
-  a.num_tokens = T;
-  a.num_heads = H;
-  a.latent_dim = L;
-  a.rope_dim = rd;
+  cuda::MlaAttentionArgs a = inputs.args(paged, T, H, L, rd, top_k, storage);
   const int rows = std::min(max_context, top_k);
   cuda::MlaGatherWorkspace w;
   w.gathered_elements = int64_t{chunk_tokens} * rows * row;
@@ -498,22 +510,9 @@ TEST_F(CudaAttention, MlaTokensWithoutRowsWriteZerosInTheWarpSpecialisedKernels)
   for (int t = 0; t < T; ++t)
     for (int i = 0; i < counts[t]; ++i) selected[int64_t{t} * top_k + i] = i;
   const std::vector<int32_t> sequences(T, 0);
-  auto dcache = to_device(cache), dqueries = to_device(queries), dselected = to_device(selected),
-       dcounts = to_device(counts), dtables = to_device(paged.block_tables), dsequences = to_device(sequences);
-  cuda::MlaAttentionArgs a;
-  a.queries = dqueries.as<uint16_t>();
-  a.cache = dcache.data();
-  a.selected = dselected.as<int32_t>();
-  a.num_selected = dcounts.as<int32_t>();
-  a.max_selected = top_k;
-  a.block_tables = dtables.as<int32_t>();
-  a.max_blocks = paged.max_blocks;
-  a.token_sequence = dsequences.as<int32_t>();
-  a.block_size = paged.block_size;
-  a.num_tokens = T;
-  a.num_heads = H;
-  a.latent_dim = L;
-  a.rope_dim = rd;
+  const MlaDeviceInputs inputs{to_device(queries), to_device(cache),              to_device(selected),
+                               to_device(counts),  to_device(paged.block_tables), to_device(sequences)};
+  cuda::MlaAttentionArgs a = inputs.args(paged, T, H, L, rd, top_k, cuda::CacheStorage::kBf16);
   auto block_a_token = poisoned_bf16(int64_t{T} * H * L);
   a.out = block_a_token.as<uint16_t>();
   cuda::mla_attention_wgmma(a, nullptr);
