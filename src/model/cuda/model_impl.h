@@ -217,12 +217,15 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
            : options.persistent_fp8_experts ? cuda::Fp8ExpertGemm::kWidePersistent
                                             : cuda::Fp8ExpertGemm::kWide;
   }
-  // How the bf16 grouped expert GEMMs (moe_experts_specialized) launch their row tiles: in pairs
-  // where `paired`, else a block an SM where options.persistent_bf16_experts, else a block a tile.
-  cuda::SpecializedTiles specialized_tiles(bool paired) const {
-    return paired                             ? cuda::SpecializedTiles::kPaired
-           : options.persistent_bf16_experts ? cuda::SpecializedTiles::kPersistent
-                                             : cuda::SpecializedTiles::kEvery;
+  // How the grouped expert GEMMs (moe_experts_specialized) launch their row tiles. bf16 weights
+  // (and quantised ones widened first): in pairs where `paired`, else a block an SM where
+  // options.persistent_bf16_experts, else a block a tile. MXFP4 tiles (widened by the producer,
+  // never paired): a block an SM where options.persistent_mxfp4_experts, else a block a tile.
+  cuda::SpecializedTiles specialized_tiles(bool paired, bool mxfp4_tiles = false) const {
+    const bool persistent = mxfp4_tiles ? options.persistent_mxfp4_experts : options.persistent_bf16_experts;
+    return paired && !mxfp4_tiles ? cuda::SpecializedTiles::kPaired
+           : persistent           ? cuda::SpecializedTiles::kPersistent
+                                  : cuda::SpecializedTiles::kEvery;
   }
   // Sums a block output [T, hidden] over the tensor-parallel peers.
   void sum_over_tp(float* block_output, int T);

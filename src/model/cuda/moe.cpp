@@ -243,9 +243,7 @@ bool CudaGlm5Model::Impl::moe_experts(const MoeDevice& m, const uint16_t* x, con
     case ExpertPath::kSpecialized:
       cuda::moe_experts_specialized(
           x, hidden, inter, experts, plan, E, K, bound, act, sums, s,
-          m.experts_format == ops::WeightFormat::Plain ? specialized_tiles(options.paired_bf16_experts)
-          : options.persistent_mxfp4_experts           ? cuda::SpecializedTiles::kPersistent
-                                                       : cuda::SpecializedTiles::kEvery,
+          specialized_tiles(options.paired_bf16_experts, m.experts_format != ops::WeightFormat::Plain),
           {expert_unit_counters.as<int>()});
       break;
     case ExpertPath::kGrouped:

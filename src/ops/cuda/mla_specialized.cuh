@@ -39,10 +39,10 @@ constexpr int kOutLineBytes = kLatent * 2 + 16;  // a head's bf16 output staged 
 static_assert(kHeads * kOutLineBytes <= kQueryBytes, "the staged output fits the queries' region");
 constexpr int kConsumerRegisters = 232, kProducerRegisters = 40;
 constexpr uint32_t kPollNanoseconds = 64;  // the producer's longest suspension while it polls a stage
-// setmaxnreg moves registers within the block's launch allocation (168 a thread: what ptxas gives
-// 384 threads at one block an SM), so a consumer would wait forever in grow_registers unless the
-// producer released at least what the consumers take.
-constexpr int kLaunchRegisters = 168;
+// setmaxnreg moves registers within the block's launch allocation (what ptxas gives kThreads
+// threads at one block an SM: 168 a thread), so a consumer would wait forever in grow_registers
+// unless the producer released at least what the consumers take.
+constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
 static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= kThreads * kLaunchRegisters,
               "the block's registers");
 constexpr int kConsumerThreads = 256;

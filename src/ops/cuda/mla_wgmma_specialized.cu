@@ -391,7 +391,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // last steps run, and its queries while this token's last P V and epilogue do (the epilogue
 // writes from registers). A block a token paid those in series: at 8192 tokens of 64 selected
 // rows (one step) a token took about 11 us of an SM against about 2 us a step more for longer
-// selections (an H100, cuda_mla_prefill).
+// selections (an H100, cuda_mla_prefill). A fixed stride, where the persistent expert GEMMs
+// claim their tiles in order (moe_grouped::claim_tile): their neighbouring tiles share weight
+// lines in L2, which drifting blocks lost, while tokens share no rows that L2 could keep.
 // Its producer's token loop needs more registers than produce_rows alone (40 bytes spilled at
 // 40), taken from the consumers (which ptxas fits in 224 without spills).
 constexpr int kPersistentProducerRegisters = 56, kPersistentConsumerRegisters = 224;

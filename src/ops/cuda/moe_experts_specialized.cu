@@ -17,14 +17,15 @@
 // pairs seldom fill whole 128-row tiles (256 +- 16 pairs at 8192 tokens, 64 +- 8 at 2048).
 //
 // At 8192 tokens the gate/up GEMM is bound by L2 throughput (Nsight Compute: 94%), and an
-// expert's two or three row tiles read the same weight lines. With SpecializedTiles::kPaired, a thread block
-// cluster of two blocks takes two row tiles of one expert and slice: each block loads half of a
-// stage's weight lines by TMA into both blocks' shared memory (multicast), so a block reads 32 KB
-// from L2 a step instead of 48; a stage is refilled once both blocks' consumers are done with it.
-// An expert's odd last tile is a unit of the same launch, each block taking it against half of
-// the lines (a separate launch of those tiles read their weights from DRAM a second time).
-// SpecializedTiles::kPersistent (bf16): a block an SM claims unit after unit in order
-// (moe_grouped::claim_tile), its ring running on from tile to tile.
+// expert's two or three row tiles read the same weight lines. With SpecializedTiles::kPaired,
+// a thread block cluster of two blocks takes two row tiles of one expert and slice: each block
+// loads half of a stage's weight lines by TMA into both blocks' shared memory (multicast), so a
+// block reads 32 KB from L2 a step instead of 48; a stage is refilled once both blocks'
+// consumers are done with it. An expert's odd last tile is a unit of the same launch, each block
+// taking it against half of the lines (a separate launch of those tiles read their weights from
+// DRAM a second time). SpecializedTiles::kPersistent (bf16; MXFP4 tiles too, as an option): a
+// block an SM claims unit after unit in order (moe_grouped::claim_tile), its ring running on
+// from tile to tile.
 //
 // MXFP4 (W4A16): the producer warpgroup copies the tiled codes and their scale words as they are
 // (quant/mxfp4_tiles.h, a quarter of the bf16 bytes) into a ring of its own, kCodeGroups groups
