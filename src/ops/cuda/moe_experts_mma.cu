@@ -44,8 +44,9 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-// Steps in flight per lane: 6 measured fastest on the H200 at batch 1-64 in both formats (4: 2%
-// slower, 2 slower still, 8 spills); 128-thread blocks and 3 blocks an SM were no faster.
+// Steps in flight per lane (DownShape has the 8-token down kernel's): 6 measured fastest on the
+// H200 at batch 1-64 in both formats (4: 2% slower, 2 slower still, 8 spills); 128-thread blocks
+// and 3 blocks an SM were no faster (for both kernels of a pair at once).
 constexpr int kUnroll = 6;
 // Average pairs per expert above which chunks are wide: at 4 (batch 128) 64-token chunks measured
 // slower than 8-token ones (MXFP4 experts 8.2 -> 10.8 ms of 4 layers), at 16 (prefill 512) the
@@ -283,11 +284,11 @@ __device__ __forceinline__ const void* row_scales(const void* scales, int64_t ro
 // different banks).
 constexpr int kSlabSteps = 4;
 
-template <WeightFormat F, int kTokens>
+template <WeightFormat F, int kTokens, int kLoadSteps = kUnroll>
 struct Chunks {
   static constexpr bool kSlabs = kTokens > 8;
   static constexpr int kTiles = kSlabs ? kTokens / 8 : 1;
-  using Stream = RowPairStream<F, kTokens, kSlabs ? kSlabSteps : kUnroll>;
+  using Stream = RowPairStream<F, kTokens, kSlabs ? kSlabSteps : kLoadSteps>;
   static constexpr int kSlabValues = kSlabSteps * Stream::kStepValues;
   static constexpr int kSlabStride = kSlabValues / 2 + 16;  // 32-bit words a staged row
   static size_t shared_bytes(int64_t dim) {
@@ -298,12 +299,12 @@ struct Chunks {
 // A chunk of `count` tokens (rows input_row(j) of src, [*, dim] bf16) against the stream's row
 // pair: acc[j] gets tile j's C, unscale[j] what undoes token j's staging. Warps without rows
 // (has_rows false) only stage. Synchronises the block.
-template <WeightFormat F, int kTokens, typename RowOf>
-__device__ __forceinline__ void chunk_products(typename Chunks<F, kTokens>::Stream& stream, bool has_rows,
+template <WeightFormat F, int kTokens, int kLoadSteps, typename RowOf>
+__device__ __forceinline__ void chunk_products(typename Chunks<F, kTokens, kLoadSteps>::Stream& stream, bool has_rows,
                                                const uint16_t* src, int64_t dim, int count, RowOf input_row,
                                                uint32_t* xs, float* unscale, uint32_t* token_max,
-                                               float (&acc)[Chunks<F, kTokens>::kTiles][4]) {
-  using C = Chunks<F, kTokens>;
+                                               float (&acc)[Chunks<F, kTokens, kLoadSteps>::kTiles][4]) {
+  using C = Chunks<F, kTokens, kLoadSteps>;
 #pragma unroll
   for (int j = 0; j < C::kTiles; ++j)
 #pragma unroll
@@ -353,7 +354,7 @@ __global__ void __launch_bounds__(kThreads) gate_up_mma_kernel(const uint16_t* x
     const int count = min(kTokens, end - chunk);
     auto row_of = [&](int j) { return static_cast<int64_t>(plan.sorted_pairs[chunk + j] / top_k); };
     float acc[C::kTiles][4];
-    chunk_products<F, kTokens>(stream, r0 < inter, x, hidden, count, row_of, xs, unscale, token_max, acc);
+    chunk_products<F, kTokens, kUnroll>(stream, r0 < inter, x, hidden, count, row_of, xs, unscale, token_max, acc);
     if (r0 + g < inter) {
 #pragma unroll
       for (int j = 0; j < C::kTiles; ++j)
@@ -370,12 +371,27 @@ __global__ void __launch_bounds__(kThreads) gate_up_mma_kernel(const uint16_t* x
   }
 }
 
+// The down kernel's launch bound (kMinBlocks blocks an SM; 0: none, and its 121 registers leave
+// room for two) and steps in flight a lane. At 8-token chunks, three blocks an SM with 3 steps in
+// flight (77 registers, no spills): an EP8 rank's batch-1 step has some 7 or 8 active experts x
+// 48 row tiles, 336-384 blocks, which two blocks an SM (264 on 132 SMs) ran in two waves, the
+// second mostly empty. On an H100, 8 gathered tokens on 32 experts: 75.4 -> 71.6 us for the pair
+// (4 steps with 3 blocks 72.1, 2 with 4 74.6); the 5-layer EP8 rank's batch-1 step 1.996 / 1.990
+// -> 1.976 / 1.977 ms, batch 2 to 64 even. Wide chunks keep two blocks and 6 steps.
+template <int kTokens>
+struct DownShape {
+  static constexpr int kMinBlocks = kTokens == 8 ? 3 : 0;
+  static constexpr int kLoadSteps = kTokens == 8 ? 3 : kUnroll;
+};
+
 // Warp w of block (tile, slot) computes down rows r0 .. r0 + 15.
 template <WeightFormat F, int kTokens>
-__global__ void __launch_bounds__(kThreads) down_mma_kernel(int64_t hidden, int64_t inter, ExpertWeights experts,
-                                                            MoePlan plan, const uint16_t* act, float* expert_out) {
+__global__ void __launch_bounds__(kThreads, DownShape<kTokens>::kMinBlocks)
+    down_mma_kernel(int64_t hidden, int64_t inter, ExpertWeights experts, MoePlan plan, const uint16_t* act,
+                    float* expert_out) {
   chained_grid_prologue();
-  using C = Chunks<F, kTokens>;
+  constexpr int kLoadSteps = DownShape<kTokens>::kLoadSteps;
+  using C = Chunks<F, kTokens, kLoadSteps>;
   extern __shared__ __align__(16) uint32_t xs[];  // staged fp16 pairs (C::shared_bytes)
   __shared__ float unscale[kTokens];
   __shared__ uint32_t token_max[kTokens];
@@ -393,7 +409,7 @@ __global__ void __launch_bounds__(kThreads) down_mma_kernel(int64_t hidden, int6
     const int count = min(kTokens, end - chunk);
     auto row_of = [&](int j) { return static_cast<int64_t>(chunk + j); };
     float acc[C::kTiles][4];
-    chunk_products<F, kTokens>(stream, r0 < hidden, act, inter, count, row_of, xs, unscale, token_max, acc);
+    chunk_products<F, kTokens, kLoadSteps>(stream, r0 < hidden, act, inter, count, row_of, xs, unscale, token_max, acc);
     if (r0 < hidden) {
 #pragma unroll
       for (int j = 0; j < C::kTiles; ++j)
@@ -412,16 +428,26 @@ __global__ void __launch_bounds__(kThreads) down_mma_kernel(int64_t hidden, int6
 }
 
 template <WeightFormat F, int kTokens>
+void launch_down(int64_t hidden, int64_t inter, const ExpertWeights& experts, const MoePlan& plan, int max_active,
+                 const uint16_t* act, float* expert_out, cudaStream_t stream) {
+  using C = Chunks<F, kTokens, DownShape<kTokens>::kLoadSteps>;
+  const size_t down_shared = C::shared_bytes(inter);
+  auto kernel = down_mma_kernel<F, kTokens>;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(down_shared)),
+        "down_mma shared memory");
+  const dim3 down_grid(static_cast<unsigned>((hidden + 16 * kWarps - 1) / (16 * kWarps)), max_active);
+  launch_chained("down_mma launch", kernel, down_grid, kThreads, down_shared, stream, hidden, inter, experts, plan,
+                 act, expert_out);
+}
+
+template <WeightFormat F, int kTokens>
 void launch(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts, const MoePlan& plan,
             int top_k, int max_active, uint16_t* act, float* expert_out, cudaStream_t stream) {
   using C = Chunks<F, kTokens>;
-  const size_t gate_up_shared = C::shared_bytes(hidden), down_shared = C::shared_bytes(inter);
+  const size_t gate_up_shared = C::shared_bytes(hidden);
   check(cudaFuncSetAttribute(gate_up_mma_kernel<F, kTokens>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(gate_up_shared)),
         "gate_up_mma shared memory");
-  check(cudaFuncSetAttribute(down_mma_kernel<F, kTokens>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(down_shared)),
-        "down_mma shared memory");
   // Row tiles along x: blocks go out x-fastest, so the active experts' blocks (the first slots)
   // spread over the SMs before the idle slots' blocks, which return at once. With the slots
   // along x, an EP8 rank's 8-expert decode put its 256 working blocks among 1024 (micro-bench
@@ -429,9 +455,7 @@ void launch(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeight
   const dim3 gate_up_grid(static_cast<unsigned>((inter + 8 * kWarps - 1) / (8 * kWarps)), max_active);
   launch_chained("gate_up_mma launch", gate_up_mma_kernel<F, kTokens>, gate_up_grid, kThreads, gate_up_shared, stream,
                  x, hidden, inter, experts, plan, top_k, act);
-  const dim3 down_grid(static_cast<unsigned>((hidden + 16 * kWarps - 1) / (16 * kWarps)), max_active);
-  launch_chained("down_mma launch", down_mma_kernel<F, kTokens>, down_grid, kThreads, down_shared, stream, hidden,
-                 inter, experts, plan, act, expert_out);
+  launch_down<F, kTokens>(hidden, inter, experts, plan, max_active, act, expert_out, stream);
 }
 
 }  // namespace
