@@ -428,26 +428,17 @@ __global__ void __launch_bounds__(kThreads, DownShape<kTokens>::kMinBlocks)
 }
 
 template <WeightFormat F, int kTokens>
-void launch_down(int64_t hidden, int64_t inter, const ExpertWeights& experts, const MoePlan& plan, int max_active,
-                 const uint16_t* act, float* expert_out, cudaStream_t stream) {
-  using C = Chunks<F, kTokens, DownShape<kTokens>::kLoadSteps>;
-  const size_t down_shared = C::shared_bytes(inter);
-  auto kernel = down_mma_kernel<F, kTokens>;
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(down_shared)),
-        "down_mma shared memory");
-  const dim3 down_grid(static_cast<unsigned>((hidden + 16 * kWarps - 1) / (16 * kWarps)), max_active);
-  launch_chained("down_mma launch", kernel, down_grid, kThreads, down_shared, stream, hidden, inter, experts, plan,
-                 act, expert_out);
-}
-
-template <WeightFormat F, int kTokens>
 void launch(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeights& experts, const MoePlan& plan,
             int top_k, int max_active, uint16_t* act, float* expert_out, cudaStream_t stream) {
   using C = Chunks<F, kTokens>;
-  const size_t gate_up_shared = C::shared_bytes(hidden);
+  using Down = Chunks<F, kTokens, DownShape<kTokens>::kLoadSteps>;
+  const size_t gate_up_shared = C::shared_bytes(hidden), down_shared = Down::shared_bytes(inter);
   check(cudaFuncSetAttribute(gate_up_mma_kernel<F, kTokens>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(gate_up_shared)),
         "gate_up_mma shared memory");
+  check(cudaFuncSetAttribute(down_mma_kernel<F, kTokens>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(down_shared)),
+        "down_mma shared memory");
   // Row tiles along x: blocks go out x-fastest, so the active experts' blocks (the first slots)
   // spread over the SMs before the idle slots' blocks, which return at once. With the slots
   // along x, an EP8 rank's 8-expert decode put its 256 working blocks among 1024 (micro-bench
@@ -455,7 +446,9 @@ void launch(const uint16_t* x, int64_t hidden, int64_t inter, const ExpertWeight
   const dim3 gate_up_grid(static_cast<unsigned>((inter + 8 * kWarps - 1) / (8 * kWarps)), max_active);
   launch_chained("gate_up_mma launch", gate_up_mma_kernel<F, kTokens>, gate_up_grid, kThreads, gate_up_shared, stream,
                  x, hidden, inter, experts, plan, top_k, act);
-  launch_down<F, kTokens>(hidden, inter, experts, plan, max_active, act, expert_out, stream);
+  const dim3 down_grid(static_cast<unsigned>((hidden + 16 * kWarps - 1) / (16 * kWarps)), max_active);
+  launch_chained("down_mma launch", down_mma_kernel<F, kTokens>, down_grid, kThreads, down_shared, stream, hidden,
+                 inter, experts, plan, act, expert_out);
 }
 
 }  // namespace
