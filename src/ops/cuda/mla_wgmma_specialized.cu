@@ -545,8 +545,7 @@ void mla_attention_wgmma_specialized(const MlaAttentionArgs& a, cudaStream_t str
   if (splits == 1 && a.persistent && !a.ring_stages) {
     check(cudaFuncSetAttribute(mla_wgmma_persistent_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
           "cudaFuncSetAttribute(persistent MLA kernel)");
-    const int sms = mla_wgmma_min_tokens();
-    const int blocks = std::min(launch_tokens, a.persistent_blocks > 0 ? a.persistent_blocks : sms);
+    const int blocks = std::min(launch_tokens, a.persistent_blocks > 0 ? a.persistent_blocks : multiprocessor_count());
     launch_chained("mla_wgmma_persistent launch", mla_wgmma_persistent_kernel, static_cast<unsigned>(blocks), kThreads,
                    kSharedBytes, stream, a, launch_tokens);
     return;
