@@ -281,6 +281,59 @@ __device__ __forceinline__ void produce_rows(const MlaAttentionArgs& a, int t, i
   }
 }
 
+// A consumer's sums before a token's first step (and a split's without rows).
+__device__ __forceinline__ void clear_sums(float (&out)[128], float (&run_max)[2], float (&run_sum)[2]) {
+#pragma unroll
+  for (int k = 0; k < 128; ++k) out[k] = 0.0f;
+  run_max[0] = run_max[1] = -INFINITY;
+  run_sum[0] = run_sum[1] = 0.0f;
+}
+
+// A consumer's steps of one token (count selected rows, in steps of kStepRows): its queries
+// awaited (phase queries_parity of kQueriesReady), then each step's S over both halves of its
+// stage (this consumer's own half awaited first, the one the producer refills first for it),
+// the softmax and both P V (softmax_and_values_step), and the halves handed back once their
+// reader is done. Stages and barrier phases are numbered on from first_step (the block's steps
+// before this token's). release_queries: every consumer thread arrives on kQueriesFree after the
+// token's last S, so that the persistent producer may load the next token's queries.
+// out, run_max and run_sum come cleared (clear_sums) and end as store_output reads them.
+__device__ __forceinline__ void consume_token_steps(const TokenBlock& block, int count, int steps, int first_step,
+                                                    uint32_t queries_parity, bool release_queries, int consumer,
+                                                    const ConsumerLane& lane, float (&out)[128], float (&run_max)[2],
+                                                    float (&run_sum)[2]) {
+  auto barrier = [&](int index) { return block.barriers + 8 * index; };
+  Scores s;
+  Probs p;
+  pipeline::barrier_wait(barrier(kQueriesReady), queries_parity);
+  // Consumer 1's P buffer starts free: one arrival for each of its `steps` waits, the rest after
+  // each step but the last.
+  if (consumer == 0) pipeline::named_arrive(kProbs1Read, kConsumerThreads);
+  for (int step = 0; step < steps; ++step) {
+    const int global_step = first_step + step;
+    const int stage_index = global_step & 1;
+    const uint32_t parity = (global_step >> 1) & 1, stage = block.stages + stage_index * kStageBytes;
+    pipeline::barrier_wait(barrier(kReady + half_index(stage_index, consumer)), parity);
+    pipeline::barrier_wait(barrier(kReady + half_index(stage_index, consumer ^ 1)), parity);
+    wgmma::fence_async_proxy();  // the copies' writes before the tensor cores' reads
+    wgmma::pin(s);
+    wgmma::fence();
+    score_rows<kStepRows>(s, block.queries, stage + consumer * kConsumerRows * kLineBytes);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::pin(s);
+    if (release_queries && step + 1 == steps) pipeline::barrier_arrive(barrier(kQueriesFree));
+    const StepValues values{stage, stage + 8 * kBlockBytes, block.probs1};
+    softmax_and_values_step(s, p, out, run_max, run_sum, count - step * kStepRows - consumer * kConsumerRows,
+                            consumer, lane, block.row_max, block.generic, block.queries, values);
+    wgmma::wait<0>();
+    wgmma::pin(out);
+    // This step's P V done: consumer 0 has read consumer 1's P and the stage's left half for the
+    // last time, consumer 1 the right half (and consumer 0's P in its rope block).
+    if (consumer == 0 && step + 1 < steps) pipeline::named_arrive(kProbs1Read, kConsumerThreads);
+    pipeline::barrier_arrive(barrier(kFree + half_index(stage_index, consumer)));
+  }
+}
+
 // Grid (launched token, split); a split covers selected rows [split * rows_per_split, +
 // rows_per_split). a.queries: [T, H, 576] bf16, pre-scaled. With one split the block writes
 // a.out ([T, H, 512] bf16); otherwise `partials` as mla_merge_splits reads them. kCopiesOnly:
@@ -298,7 +351,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t queries = block.queries, stages = block.stages, probs1 = block.probs1, barriers = block.barriers;
   float* const row_max = block.row_max;
   auto barrier = [&](int index) { return barriers + 8 * index; };
-  auto stage_at = [&](int step) { return stages + (step & 1) * kStageBytes; };
   const int t = block.t, count = block.count;
   const int steps = (count + kStepRows - 1) / kStepRows;
   const int warpgroup = block.warpgroup, index = threadIdx.x % 128;
@@ -329,51 +381,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   const ConsumerLane lane{index / 32, index % 32 / 4, index % 4};
   float out[128];  // O[heads, 256 consumer + 8 j + 2 tq (+1)] at out[4 j + ...], relative to run_max
-#pragma unroll
-  for (int k = 0; k < 128; ++k) out[k] = 0.0f;
-  float run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};
-  Scores s;
-  Probs p;
-  // S of a step: both halves of its stage landed (consumer 0 waits for the left first, the first
-  // the producer refills), the copies' writes ordered before the tensor cores' reads.
-  auto issue_scores = [&](int step) {
-    const int first = consumer;  // consumer 1 waits for the right half first
-    pipeline::barrier_wait(barrier(kReady + half_index(step & 1, first)), (step >> 1) & 1);
-    pipeline::barrier_wait(barrier(kReady + half_index(step & 1, first ^ 1)), (step >> 1) & 1);
-    wgmma::fence_async_proxy();
-    wgmma::pin(s);
-    wgmma::fence();
-    score_rows<kStepRows>(s, queries, stage_at(step) + consumer * kConsumerRows * kLineBytes);
-    wgmma::commit();
-  };
-  if (steps > 0) pipeline::barrier_wait(barrier(kQueriesReady), 0);
-  // Consumer 1's P buffer starts free: one arrival for each of its `steps` waits, the rest after
-  // each step but the last.
-  if (consumer == 0 && steps > 0) pipeline::named_arrive(kProbs1Read, kConsumerThreads);
-
-  // A step once its S is in registers: the softmax and both P V issued (the other consumer's
-  // committed last, not waited for).
-  auto softmax_and_values = [&](int step) {
-    const uint32_t stage = stage_at(step);
-    const StepValues values{stage, stage + 8 * kBlockBytes, probs1};
-    const int valid = count - step * kStepRows - consumer * kConsumerRows;
-    softmax_and_values_step(s, p, out, run_max, run_sum, valid, consumer, lane, row_max, generic, queries, values);
-  };
-  // A step's P V done: consumer 0 has read consumer 1's P and the stage's left half for the last
-  // time, consumer 1 the right half (and consumer 0's P in its rope block).
-  auto hand_back = [&](int step) {
-    if (consumer == 0 && step + 1 < steps) pipeline::named_arrive(kProbs1Read, kConsumerThreads);
-    pipeline::barrier_arrive(barrier(kFree + half_index(step & 1, consumer)));
-  };
-  for (int step = 0; step < steps; ++step) {
-    issue_scores(step);
-    wgmma::wait<0>();
-    wgmma::pin(s);
-    softmax_and_values(step);
-    wgmma::wait<0>();
-    wgmma::pin(out);
-    hand_back(step);
-  }
+  float run_max[2], run_sum[2];
+  clear_sums(out, run_max, run_sum);
+  if (steps > 0) consume_token_steps(block, count, steps, 0, 0, false, consumer, lane, out, run_max, run_sum);
 
   if constexpr (kClustered) {
     const MergeMemory memory{generic, queries, stages, probs1, row_max + kHeads};
@@ -404,11 +414,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_persistent_kernel(MlaAt
   chained_grid_prologue();
   extern __shared__ __align__(16) uint8_t shared_raw[];
   const TokenBlock block = token_block(shared_raw, a, a.max_selected, blockIdx.x, 0, 256);
-  uint8_t* const generic = block.generic;
-  const uint32_t queries = block.queries, stages = block.stages, probs1 = block.probs1, barriers = block.barriers;
-  float* const row_max = block.row_max;
-  auto barrier = [&](int index) { return barriers + 8 * index; };
-  auto stage_at = [&](int global_step) { return stages + (global_step & 1) * kStageBytes; };
   const int warpgroup = block.warpgroup, index = threadIdx.x % 128;
 
   if (warpgroup == 2) {
@@ -418,7 +423,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_persistent_kernel(MlaAt
       const SplitRows rows = split_rows(a, a.max_selected, launched, 0);
       const int steps = (rows.count + kStepRows - 1) / kStepRows;
       if (steps == 0) continue;
-      produce_rows(a, rows.t, 0, rows.count, steps, index, queries, stages, barriers, first_step,
+      produce_rows(a, rows.t, 0, rows.count, steps, index, block.queries, block.stages, block.barriers, first_step,
                    tokens == 0 ? -1 : (tokens - 1) & 1);
       first_step += steps;
       ++tokens;
@@ -440,37 +445,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_persistent_kernel(MlaAt
         token_out[2 * c + consumer] = make_uint4(0, 0, 0, 0);
       continue;
     }
-    float out[128];  // as mla_wgmma_specialized_kernel's
-#pragma unroll
-    for (int k = 0; k < 128; ++k) out[k] = 0.0f;
-    float run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};
-    Scores s;
-    Probs p;
-    pipeline::barrier_wait(barrier(kQueriesReady), tokens & 1);
-    if (consumer == 0) pipeline::named_arrive(kProbs1Read, kConsumerThreads);
-    for (int step = 0; step < steps; ++step) {
-      const int global_step = first_step + step;
-      const uint32_t parity = (global_step >> 1) & 1;
-      pipeline::barrier_wait(barrier(kReady + half_index(global_step & 1, consumer)), parity);
-      pipeline::barrier_wait(barrier(kReady + half_index(global_step & 1, consumer ^ 1)), parity);
-      wgmma::fence_async_proxy();
-      wgmma::pin(s);
-      wgmma::fence();
-      score_rows<kStepRows>(s, queries, stage_at(global_step) + consumer * kConsumerRows * kLineBytes);
-      wgmma::commit();
-      wgmma::wait<0>();
-      wgmma::pin(s);
-      if (step + 1 == steps) pipeline::barrier_arrive(barrier(kQueriesFree));
-      const uint32_t stage = stage_at(global_step);
-      const StepValues values{stage, stage + 8 * kBlockBytes, probs1};
-      softmax_and_values_step(s, p, out, run_max, run_sum, count - step * kStepRows - consumer * kConsumerRows,
-                              consumer, lane, row_max, generic, queries, values);
-      wgmma::wait<0>();
-      wgmma::pin(out);
-      if (consumer == 0 && step + 1 < steps) pipeline::named_arrive(kProbs1Read, kConsumerThreads);
-      pipeline::barrier_arrive(barrier(kFree + half_index(global_step & 1, consumer)));
-    }
-    store_output_from_registers(a, t, out, run_sum, row_max + kHeads, consumer, lane);
+    float out[128], run_max[2], run_sum[2];  // as mla_wgmma_specialized_kernel's
+    clear_sums(out, run_max, run_sum);
+    consume_token_steps(block, count, steps, first_step, tokens & 1, true, consumer, lane, out, run_max, run_sum);
+    store_output_from_registers(a, t, out, run_sum, block.row_sum, consumer, lane);
     first_step += steps;
     ++tokens;
   }
