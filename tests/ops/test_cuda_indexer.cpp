@@ -81,8 +81,10 @@ std::vector<int32_t> random_positions(int count, uint32_t seed, int limit) {
 }  // namespace
 
 TEST_F(CudaIndexer, TopKSelectsTheLargestInPositionOrderWithLowerPositionsWinningTies) {
-  // One block a token, or a cluster sharing it; row 5 with ties.
+  // One block a token, or a cluster sharing it: contexts whose scores fit one block's registers
+  // (up to 8192) take the cluster's first block alone, longer ones its slices; rows 5 and 2 with ties.
   check_top_k({0, 100, 2047, 2048, 5999, 4000}, 6000, 2048, {5}, {1, 2, 8});
+  check_top_k({8191, 8192, 16999, 12000, 2048}, 17000, 2048, {2}, {1, 2, 4, 8});
 }
 
 TEST_F(CudaIndexer, TopKOfADecodeBatchPastSixteenTokensMatchesTheCpu) {

@@ -7,8 +7,20 @@ namespace glms::model {
 const float* CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int l, const StepShape& shape,
                                             bool normed_quantised) {
   const bool bf16_queries = project_attention_inputs(layer, l, shape, normed_quantised);
-  if (layer.attention.has_indexer) select_positions(layer, l, shape);
+  // A short step's selection (latency-bound launches, one block a token for its top-k) runs
+  // beside the absorption, which reads none of what it writes.
+  const bool overlap_indexer = layer.attention.has_indexer && !shape.selects_all &&
+                               shape.num_tokens <= options.overlap_indexer_tokens && !timer.enabled;
+  if (overlap_indexer) {
+    indexer_fork.record(stream.get());
+    indexer_fork.make_wait(side_stream.get());
+    select_positions(layer, l, shape, side_stream.get(), side_gemm);
+    indexer_join.record(side_stream.get());
+  } else if (layer.attention.has_indexer) {
+    select_positions(layer, l, shape, stream.get(), gemm);
+  }
   absorb_queries(layer.attention, shape.num_tokens, bf16_queries);
+  if (overlap_indexer) indexer_join.make_wait(stream.get());
   attention_core(l, shape, layer.attention.heads);
   timer.mark("attention.core", stream.get());
   return attention_output(layer.attention, shape.num_tokens);
@@ -111,18 +123,18 @@ void CudaGlm5Model::Impl::write_projection_rows(const DecoderLayerDevice& layer,
   cuda::write_projection_rows(rows, T, stream.get());
 }
 
-void CudaGlm5Model::Impl::select_positions(const DecoderLayerDevice& layer, int l, const StepShape& shape) {
+void CudaGlm5Model::Impl::select_positions(const DecoderLayerDevice& layer, int l, const StepShape& shape,
+                                           cudaStream_t s, cuda::Gemm& g) {
   const io::ModelConfig& c = config;
   const IndexerDevice& ix = layer.attention.indexer;
   const int T = shape.num_tokens;
-  cudaStream_t s = stream.get();
   const int32_t* positions = meta_i32(meta.positions);
   const int64_t* slots = meta_slots();
   if (!fused_projection_rows(T))  // else written with the projections' rows
     cuda::write_indexer_keys(as<float>(index_k), T, c.index_head_dim, c.qk_rope_head_dim, as<float>(ix.k_norm_weight),
                              as<float>(ix.k_norm_bias), kIndexerNormEps, positions, slots, as<float>(inv_freq),
                              index_keys[l].data(), key_scales(l), s);
-  if (!shape.selects_all) score_indexer_keys(l, shape);
+  if (!shape.selects_all) score_indexer_keys(l, shape, s, g);
   // Scores are not read for tokens whose context is at most top_k: every position is selected,
   // the same in each layer (written once a step with reuse_step_selection).
   if (!(shape.selects_all && options.reuse_step_selection && step_selects_all_written)) {
@@ -265,11 +277,10 @@ void CudaGlm5Model::Impl::attention_core(int l, const StepShape& shape, int head
       });
 }
 
-void CudaGlm5Model::Impl::score_indexer_keys(int l, const StepShape& shape) {
+void CudaGlm5Model::Impl::score_indexer_keys(int l, const StepShape& shape, cudaStream_t s, cuda::Gemm& g) {
   const io::ModelConfig& c = config;
   const int T = shape.num_tokens, IH = c.index_n_heads, ID = c.index_head_dim;
   const int rd = c.qk_rope_head_dim;
-  cudaStream_t s = stream.get();
   const int32_t* positions = meta_i32(meta.positions);
   const int32_t* block_tables = meta_i32(meta.block_tables);
   const int32_t* token_sequence = meta_i32(meta.token_sequence);
@@ -318,7 +329,7 @@ void CudaGlm5Model::Impl::score_indexer_keys(int l, const StepShape& shape) {
                                      workspace, s, options.fp8_prefill_indexer);
         else
           cuda::indexer_scores_gemm(chunk, block_tables + int64_t{index} * max_blocks, seq.context_len,
-                                    workspace, gemm, s);
+                                    workspace, g, s);
       });
 }
 

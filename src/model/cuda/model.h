@@ -326,6 +326,11 @@ struct CudaModelOptions {
   // experts) and 2.29 -> 2.25 (bf16); at batch 4 the shared expert's GEMM slows the routed
   // experts it then shares the SMs with: 2.74 -> 2.87 ms; batch 2 within 1% either way.
   int overlap_shared_expert_tokens = 1;
+  // Steps of at most this many tokens select the indexer's positions (rope, scores, top-k) on a
+  // second stream beside the queries' absorption, joined before the attention core (0: never;
+  // off while a step's phases are timed): a decode token's top-k is one block (or cluster) of
+  // dependent passes, the absorption a bandwidth-bound GEMV on the other SMs.
+  int overlap_indexer_tokens = 64;
   // Decode and verify step shapes captured as CUDA graphs at most; a shape first seen beyond that
   // runs eager. One GPU decoding sees at most two shapes a batch size (whether its contexts fit
   // the indexer's top-k): 512 at vLLM's 256 sequences a step (MTP verify steps add theirs).

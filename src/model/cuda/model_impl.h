@@ -68,11 +68,13 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   Peers peers;  // tensor- and data-parallel peers (none: the whole model on this device)
   cuda::Stream stream;
   cuda::Gemm gemm;
-  // The shared expert's branch (options.overlap_shared_expert): its own stream and cuBLAS handle,
-  // forked from `stream` after the layer's norm and joined before the combine.
+  // The side branches of a short step, on their own stream and cuBLAS handle: the indexer's
+  // selection (options.overlap_indexer_tokens), forked after the attention's projections and
+  // joined before the attention core; the shared expert (options.overlap_shared_expert_tokens),
+  // forked after the layer's norm and joined before the combine.
   cuda::Stream side_stream;
   cuda::Gemm side_gemm;
-  cuda::Event shared_fork, shared_join;
+  cuda::Event indexer_fork, indexer_join, shared_fork, shared_join;
   std::unique_ptr<cuda::Fp8Gemm> fp8_gemm;  // made where a linear layer is FP8 (main stream only)
   DeviceBuffer expert_unit_counters;  // the persistent expert GEMMs' [2] (cuda::PersistentLaunch::unit_counters)
   int max_blocks = 0;  // block-table width
@@ -154,7 +156,8 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   // heads through o_proj.
   bool project_attention_inputs(const DecoderLayerDevice& layer, int l, const StepShape& shape, bool normed_quantised);
   void write_projection_rows(const DecoderLayerDevice& layer, int l, int T);
-  void select_positions(const DecoderLayerDevice& layer, int l, const StepShape& shape);
+  // On stream `s` with `g` (the main stream's or the side branch's).
+  void select_positions(const DecoderLayerDevice& layer, int l, const StepShape& shape, cudaStream_t s, cuda::Gemm& g);
   void absorb_queries(const AttentionDevice& w, int T, bool bf16_queries);
   const float* attention_output(const AttentionDevice& w, int T);
   // Layer l's attention over the latent cache for the step's staged queries, into o_bf16: runs of
@@ -163,7 +166,7 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   void attention_core(int l, const StepShape& shape, int heads);
   // The DSA indexer's scores of layer l's keys for the step's tokens past top-k (its queries and
   // head weights already projected), into `scores`: decode runs and prefill chunks by their kernels.
-  void score_indexer_keys(int l, const StepShape& shape);
+  void score_indexer_keys(int l, const StepShape& shape, cudaStream_t s, cuda::Gemm& g);
   // The MoE block (moe.cpp): whole, it adds into x (returns nothing pending); sharded, it leaves
   // the block's output summed over every peer: in block_out, or (data-parallel without tensor
   // parallelism) as this rank's routed sums plus its shared expert's, for the next norm to add.

@@ -162,14 +162,14 @@ constexpr int kManyTopKThreads = 256;
 // 3.80 -> 3.78 / 4.38 -> 4.30 ms at 16k, 3.55 -> 3.49 / 3.92 -> 3.79 ms at 2k).
 constexpr int kClusterTopKMaxTokens = 16;
 
-// A token per kBlocks blocks of kThreads (a thread block cluster when kBlocks > 1: block r takes
-// the r-th slice of the positions, the histograms of each pass summed over the blocks through
-// distributed shared memory in rank order, so every block picks the same digits).
-template <int kBlocks, int kThreads = kTopKThreads>
-__global__ void __launch_bounds__(kThreads) top_k_kernel(const float* scores, int64_t score_stride,
-                                                         const int32_t* positions, int top_k, int32_t* selected,
-                                                         int max_selected, int32_t* num_selected) {
-  chained_grid_prologue();
+// The top_k of one token's scores row[0, context) (context > top_k) over kBlocks blocks of
+// kThreads, this block the rank-th (a thread block cluster when kBlocks > 1: block r takes the
+// r-th slice of the positions, the histograms of each pass summed over the blocks through
+// distributed shared memory in rank order, so every block picks the same digits), into out in
+// position order; rank 0 writes *num_selected.
+template <int kBlocks, int kThreads>
+__device__ __forceinline__ void select_token_top_k(const float* row, int context, int rank, int top_k, int32_t* out,
+                                                   int32_t* num_selected) {
   static_assert(kThreads >= 256, "a thread a digit of the 256");
   using BlockScan = cub::BlockScan<int, kThreads>;
   __shared__ typename BlockScan::TempStorage scan_storage;
@@ -177,23 +177,28 @@ __global__ void __launch_bounds__(kThreads) top_k_kernel(const float* scores, in
   __shared__ unsigned cluster_histogram[kBlocks == 1 ? 1 : 256];
   __shared__ uint32_t threshold_shared;
   __shared__ int remaining_shared, total_slot;
-
   using Blocks = ClusterBlocks<kBlocks>;
-  const int t = static_cast<int>(blockIdx.x) / kBlocks;
-  const int rank = Blocks::rank();
-  const int context = positions[t] + 1;
-  int32_t* out = selected + static_cast<int64_t>(t) * max_selected;
-  if (context <= top_k) {  // the same in every block of the token
-    if (rank == 0) {
-      for (int j = threadIdx.x; j < context; j += kThreads) out[j] = j;
-      if (threadIdx.x == 0) num_selected[t] = context;
-    }
-    return;
-  }
-  const float* row = scores + static_cast<int64_t>(t) * score_stride;
   // This block's positions [slice_lo, slice_hi).
   const int slice = (context + kBlocks - 1) / kBlocks;
   const int slice_lo = min(context, rank * slice), slice_hi = min(context, slice_lo + slice);
+
+  // kTopKLoads reads in flight a thread: one at a time, each pass waited out a memory latency
+  // per kThreads scores. A slice of at most kThreads * kTopKLoads scores (a decode token's up to
+  // 8k positions a block) is read once and kept in registers through the four passes.
+  auto load_keys = [&](int base, uint32_t(&keys)[kTopKLoads]) {
+#pragma unroll
+    for (int l = 0; l < kTopKLoads; ++l) {
+      const int j = base + l * kThreads + static_cast<int>(threadIdx.x);
+      keys[l] = j < slice_hi ? order_key(row[j]) : 0u;
+    }
+  };
+  const bool resident = slice_hi - slice_lo <= kThreads * kTopKLoads;
+  uint32_t resident_keys[kTopKLoads];
+  if (resident) load_keys(slice_lo, resident_keys);
+  // A warp's first lane: a warp whose 32 positions of a load start at or past slice_hi has no
+  // key there and skips that load's match (a decode token of 2049 positions in a cluster of four
+  // has keys in one load of the eight, and only in half the warps).
+  const int warp_first = static_cast<int>(threadIdx.x) / 32 * 32;
 
   uint32_t prefix = 0, mask = 0;
   int remaining = top_k;
@@ -202,17 +207,17 @@ __global__ void __launch_bounds__(kThreads) top_k_kernel(const float* scores, in
     __syncthreads();
     // Lanes with the same digit add once: scores bunch into a few digits (in the first pass
     // nearly all share one), where an atomic per key would serialise the pass.
-    // kTopKLoads reads in flight a thread: one at a time, each pass waited out a memory latency
-    // per 1024 scores.
     for (int base = slice_lo; base < slice_hi; base += kThreads * kTopKLoads) {
       uint32_t keys[kTopKLoads];
+      if (resident) {
 #pragma unroll
-      for (int l = 0; l < kTopKLoads; ++l) {
-        const int j = base + l * kThreads + static_cast<int>(threadIdx.x);
-        keys[l] = j < slice_hi ? order_key(row[j]) : 0u;
+        for (int l = 0; l < kTopKLoads; ++l) keys[l] = resident_keys[l];
+      } else {
+        load_keys(base, keys);
       }
 #pragma unroll
       for (int l = 0; l < kTopKLoads; ++l) {
+        if (base + l * kThreads + warp_first >= slice_hi) break;  // warp-uniform: no key past here
         const int j = base + l * kThreads + static_cast<int>(threadIdx.x);
         const uint32_t digit = j < slice_hi && (keys[l] & mask) == prefix ? (keys[l] >> shift) & 0xffu : 256u;  // 256: none
         const unsigned peers = __match_any_sync(0xffffffffu, digit);
@@ -263,7 +268,37 @@ __global__ void __launch_bounds__(kThreads) top_k_kernel(const float* scores, in
     const uint32_t u = order_key(__ldg(row + j));
     if (u > threshold || (u == threshold && equal_rank++ < remaining)) out[out_index++] = j;
   }
-  if (threadIdx.x == 0 && rank == 0) num_selected[t] = top_k;
+  if (threadIdx.x == 0 && rank == 0) *num_selected = top_k;
+}
+
+// A token per kBlocks blocks of kThreads (select_token_top_k), or per the cluster's first block
+// alone where the token's scores fit its registers (there the cluster's syncs cost more than its
+// slices save: the H100's 5-layer EP8 rank at 2k context, batch 1 to 8, about 1% a step faster
+// in one block; at 16k the cluster of four stays 1-1.5% ahead).
+template <int kBlocks, int kThreads = kTopKThreads>
+__global__ void __launch_bounds__(kThreads) top_k_kernel(const float* scores, int64_t score_stride,
+                                                         const int32_t* positions, int top_k, int32_t* selected,
+                                                         int max_selected, int32_t* num_selected) {
+  chained_grid_prologue();
+  const int t = static_cast<int>(blockIdx.x) / kBlocks;
+  const int rank = ClusterBlocks<kBlocks>::rank();
+  const int context = positions[t] + 1;
+  int32_t* out = selected + static_cast<int64_t>(t) * max_selected;
+  const bool one_block = kBlocks == 1 || context <= kThreads * kTopKLoads;  // the same in every block of the token
+  if (context <= top_k || one_block) {
+    if (rank != 0) return;
+    if (context > top_k) {
+      select_token_top_k<1, kThreads>(scores + static_cast<int64_t>(t) * score_stride, context, 0, top_k, out,
+                                      num_selected + t);
+      return;
+    }
+    for (int j = threadIdx.x; j < context; j += kThreads) out[j] = j;
+    if (threadIdx.x == 0) num_selected[t] = context;
+    return;
+  }
+  if constexpr (kBlocks > 1)
+    select_token_top_k<kBlocks, kThreads>(scores + static_cast<int64_t>(t) * score_stride, context, rank, top_k, out,
+                                          num_selected + t);
 }
 
 // out[j, :] = the key of position j as fp32: bf16 widened, or codes times the key's scale.
