@@ -315,9 +315,10 @@ struct CudaModelOptions {
   // indexer_scores_decode_wgmma; GLM-5's 32 heads of 128) instead of indexer_scores' fp32 FMAs.
   bool wgmma_decode_indexer = true;
   // Blocks that select each token's top-k positions in steps of up to 16 tokens (1, 2, 4 or 8;
-  // more than one: a thread block cluster; larger steps take one block a token, select_top_k):
-  // one 1024-thread block makes the radix passes over a 16k context alone. 4 on the H200 at 16k
-  // context: batch 1 2.37 -> 2.34 ms (indexer 0.18 -> 0.15).
+  // more than one: a thread block cluster; larger steps take one block a token, and a token of
+  // at most 8192 positions the cluster's first block alone, select_top_k): one 1024-thread block
+  // makes the radix passes over a 16k context alone. 4 on the H200 at 16k context: batch 1 2.37
+  // -> 2.34 ms (indexer 0.18 -> 0.15).
   int indexer_topk_blocks = 4;
   // Steps of at most this many tokens run the MoE layers' shared expert on a second stream,
   // beside the router and the grouping (latency-bound launches that leave the memory bandwidth

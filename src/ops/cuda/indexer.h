@@ -78,8 +78,9 @@ void indexer_scores_decode_wgmma(const IndexerScoreArgs& args, cudaStream_t stre
 // whose context is at most top_k get 0..positions[t] (their scores are not read).
 // selected: [n, max_selected] int32. blocks_per_token (1, 2, 4 or 8): the blocks that share a
 // token's selection, a thread block cluster (Hopper) when more than one, in steps of up to 16
-// tokens; larger steps take one block a token, and steps of 512 tokens or more (prefill chunks)
-// a smaller block a token, whatever blocks_per_token says.
+// tokens (a token of at most 8192 positions, which one block holds in registers, the cluster's
+// first block alone); larger steps take one block a token, and steps of 512 tokens or more
+// (prefill chunks) a smaller block a token, whatever blocks_per_token says.
 void select_top_k(const float* scores, int64_t score_stride, const int32_t* positions, int64_t n, int top_k,
                   int32_t* selected, int max_selected, int32_t* num_selected, cudaStream_t stream,
                   int blocks_per_token = 1);
