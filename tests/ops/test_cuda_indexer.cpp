@@ -102,6 +102,11 @@ TEST_F(CudaIndexer, TopKOfAPrefillChunkTakesTheManyTokenKernel) {
   positions[3] = 2048;
   positions[4] = 5999;
   check_top_k(positions, 6000, 2048, {4, 77, 599}, {4});
+  // A top-256 over contexts of up to 2048 (the 256-thread block's keys held in registers).
+  auto short_positions = random_positions(520, 11, 2048);
+  short_positions[0] = 2047;
+  short_positions[1] = 256;
+  check_top_k(short_positions, 2048, 256, {0, 300}, {1});
 }
 
 namespace {
