@@ -208,12 +208,6 @@ TEST_P(CudaForwardAttention, RandomModelWithFusedProjectionRowsAndOneSelectionAS
   random_model_steps(GetParam(), kv::CacheDtype::kFp8E4m3, fewer_launches);
 }
 
-// The indexer's selection in line on the main stream in every step (the default selects on the
-// side stream beside the absorption in steps of up to 64 tokens: every step above).
-TEST_P(CudaForwardAttention, RandomModelWithTheIndexerInLineMatchesCpu) {
-  random_model_steps(GetParam(), kv::CacheDtype::kAuto, [](model::CudaModelOptions& o) { o.overlap_indexer_tokens = 0; });
-}
-
 namespace {
 
 // 48 greedy tokens after a prompt of `prompt_length` random token ids, on the CPU and on CUDA

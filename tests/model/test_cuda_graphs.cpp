@@ -52,6 +52,9 @@ model::ForwardBatch verify_step(const std::vector<int>& tokens, int seed, int vo
 // against the same step eager, as the decode graphs are checked (test_cuda_forward.cpp): the same
 // kernels, so the logits agree, with room for an attention split sized for the longest context
 // allowed. 16 tokens of top-3 routing over 8 experts keep the experts off host synchronisation.
+// The phase-timed eager steps select the indexer's positions in line, the graphs on the side
+// stream beside the absorption (CudaModelOptions::overlap_indexer_tokens): both paths, checked
+// against each other here and the side stream against the CPU in test_cuda_forward.cpp.
 TEST_F(CudaGraphs, VerifyStepsReplayAGraphThatMatchesEager) {
   RandomModelSpec spec;
   spec.with_mtp = false;
