@@ -495,6 +495,9 @@ TEST_F(CudaMoe, Mxfp4StreamedExpertsMatchReference) {
   check_stream_experts(4, 6144, 2048, 2, {1, 4, 40});
   check_stream_experts(6, 384, 384, 3, {1, 50});
   check_stream_experts(30, 256, 128, 2, {3, 9}, 10);
+  // Experts of 8 to 40 pairs: the wgmma kernels' chunks of 32 multiply 8, 16, 24 or 32 token
+  // columns by their pairs (the rest of a chunk's lines neither copied nor read).
+  check_stream_experts(5, 384, 256, 2, {37, 70});
 }
 
 // The grouped GEMMs' bf16 sums (ExpertSums::bf16) are their fp32 sums rounded to nearest even,

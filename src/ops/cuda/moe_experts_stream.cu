@@ -386,9 +386,11 @@ __global__ void __launch_bounds__(kWarps * 32) stream_experts_kernel(StreamArgs 
 // slots ahead. Two steps a slot: with the rows one after another that made each row's copy 128
 // contiguous bytes, a whole line, where one step read 64 (at 16 pairs an expert 370 us against
 // 435 on the H200); the tile layout's 16-row fragments now make each step's rows 512 contiguous
-// bytes a warp either way, and one step a slot has not been measured since. A warpgroup waits
-// for its slot's wgmmas before widening the next (ptxas serialises wgmmas whose A registers are
-// written while earlier ones run); the other warpgroup and resident blocks fill that wait.
+// bytes a warp either way, and one step a slot has not been measured since. A slot's steps are
+// committed as groups of their own, so that the first step's wgmmas run while the second step
+// widens; a warpgroup waits for its slot's last group before widening the next slot (its A
+// registers and ring slot are then free); the other warpgroup and resident blocks fill that
+// wait. A chunk's wgmmas are as wide as its pairs rounded up to 8 (multiply_step).
 
 // The wgmma kernels' token rows: staged[p, :] = bf16 pairs of row(p) of src ([*, dim] bf16) with
 // each 32-value block's pairs in the A layout's order, for the grouped pairs p <
@@ -440,18 +442,23 @@ constexpr size_t stream_wgmma_shared_bytes() {
   return 1024 + size_t{kStages} * WgmmaSlot<kTokens, kWarps, kSub>::kBytes;  // 1024: alignment
 }
 
+// The token lines a chunk of `count` tokens multiplies: count rounded up to wgmma's 8 columns.
+__device__ __forceinline__ int chunk_width(int count) { return (count + 7) / 8 * 8; }
+
 // This thread's token copies of a chunk of `count` tokens, the same units every step: unit i =
-// 16 line + chunk of 8 values, its offset in a step's swizzled token blocks (-1 past kTokens
-// lines) and step 0's source (lines past `count` repeat the last, never read back).
+// 16 line + chunk of 8 values, its offset in a step's swizzled token blocks (-1 past the chunk's
+// chunk_width lines, which no wgmma reads) and step 0's source (lines past `count` repeat the
+// last, their sums never stored).
 template <int kTokens, int kWarps, int kSub, int kCopies>
 __device__ __forceinline__ void token_copy_units(const StreamArgs& a, int chunk, int count,
                                                  const uint32_t* (&source)[kCopies], int (&offset)[kCopies]) {
   using S = WgmmaSlot<kTokens, kWarps, kSub>;
   const int64_t staged_words = a.k / 2;
+  const int lines = chunk_width(count);
 #pragma unroll
   for (int n = 0; n < kCopies; ++n) {
     const int i = threadIdx.x + n * kWarps * 32, line = i / 16, c = i % 16;
-    offset[n] = i < kTokens * 16 ? (c / 8) * S::kTokenBlock + static_cast<int>(wgmma::swizzled(line, c % 8)) : -1;
+    offset[n] = line < lines ? (c / 8) * S::kTokenBlock + static_cast<int>(wgmma::swizzled(line, c % 8)) : -1;
     source[n] = a.staged + (chunk + min(line, count - 1)) * staged_words + 4 * c;
   }
 }
@@ -471,37 +478,86 @@ __device__ __forceinline__ void store_wgmma_chunk(const StreamArgs& a, int64_t f
     }
 }
 
-// A landed slot's codes and scale words of this lane's units (unit_a, unit_b) widened into the A
-// registers of its 8 * kSub wgmmas: one multiply by each block's scale where every scale code of the
-// warp's slot is at most 128, else two (the choice once a slot, not a branch a pair).
+// Sub-step u of a landed slot: this lane's codes of its units (unit_a, unit_b) times their
+// blocks' scales (scale words scale_a, scale_b) widened into the A registers of the sub-step's
+// eight wgmmas, frag[8 u .. 8 u + 7]: one multiply a pair where every scale code of the warp's
+// slot is at most 128 (one_multiply), else two. The choice is made once a slot, not a branch a
+// pair, so that ptxas can interleave the widening.
 template <int kTokens, int kWarps, int kSub>
-__device__ __forceinline__ void widen_wgmma_slot(const uint8_t* slot, int unit_a, int unit_b,
-                                                 uint32_t (&frag)[8 * kSub][4]) {
+__device__ __forceinline__ void widen_wgmma_step(const uint8_t* slot, int unit_a, int unit_b, int u, bool one_multiply,
+                                                 uint32_t scale_a, uint32_t scale_b, uint32_t (&frag)[8 * kSub][4]) {
+  using S = WgmmaSlot<kTokens, kWarps, kSub>;
+  const uint8_t* codes = slot + S::kCodes + u * kWarps * 64 * 16;
+  const uint4 codes_a = *reinterpret_cast<const uint4*>(codes + unit_a * 16);
+  const uint4 codes_b = *reinterpret_cast<const uint4*>(codes + unit_b * 16);
+  if (one_multiply) widen_mxfp4_fragments<true>(codes_a, codes_b, scale_a, scale_b, frag, 8 * u);
+  else widen_mxfp4_fragments<false>(codes_a, codes_b, scale_a, scale_b, frag, 8 * u);
+}
+
+// Sub-step u's eight wgmmas of a landed slot over the chunk's first `width` token lines (8 to
+// kTokens, a multiple of 8; uniform over the block): a chunk of an expert's last few pairs
+// multiplies no more columns than it holds, so that the tensor cores' work and the token copies
+// (token_copy_units) scale with the pairs, not with kTokens.
+template <int kTokens, int kWarps, int kSub>
+__device__ __forceinline__ void multiply_step(int width, uint32_t slot, int u, const uint32_t (&frag)[8 * kSub][4],
+                                              float (&acc)[kTokens / 2]) {
+  using S = WgmmaSlot<kTokens, kWarps, kSub>;
+  // Each wgmma's descriptor is one add to the slot's low word: building each from its address
+  // took six uniform instructions a wgmma, a sixth of a slot's instructions.
+  const uint64_t slot_descriptor = wgmma::descriptor(slot, 16, 1024);
+  const uint32_t low = static_cast<uint32_t>(slot_descriptor);
+  const uint64_t high = slot_descriptor & 0xffffffff00000000ull;
+  auto multiply = [&](auto columns) {
+#pragma unroll
+    for (int ks = 8 * u; ks < 8 * u + 8; ++ks)
+      wgmma::rs_m64k16<decltype(columns)::value>(
+          acc, frag[ks], high | (low + (((ks / 4) * S::kTokenBlock + (ks % 4) * 32) >> 4)));
+  };
+  static_assert(kTokens == 8 || kTokens == 16 || kTokens == 32, "chunks of 8, 16 or 32 tokens");
+  using Eight = std::integral_constant<int, 8>;
+  using Sixteen = std::integral_constant<int, 16>;
+  if constexpr (kTokens == 8) {
+    multiply(Eight{});
+  } else if constexpr (kTokens == 16) {
+    if (width <= 8) multiply(Eight{});
+    else multiply(Sixteen{});
+  } else {
+    if (width <= 8) multiply(Eight{});
+    else if (width <= 16) multiply(Sixteen{});
+    else if (width <= 24) multiply(std::integral_constant<int, 24>{});
+    else multiply(std::integral_constant<int, 32>{});
+  }
+}
+
+// A landed slot through the tensor cores: each sub-step widened, then its wgmmas issued and
+// committed as a group, so that a two-step slot's first wgmmas run while its second step widens
+// (the warp then waits for the last group alone; 1-2% at 16 and 31 pairs an expert on an H100).
+template <int kTokens, int kWarps, int kSub>
+__device__ __forceinline__ void multiply_slot(const uint8_t* slot_generic, uint32_t slot, int unit_a, int unit_b,
+                                              int width, uint32_t (&frag)[8 * kSub][4], float (&acc)[kTokens / 2]) {
   using S = WgmmaSlot<kTokens, kWarps, kSub>;
   uint32_t sa[kSub], sb[kSub];
   if constexpr (kSub == 1) {
-    sa[0] = *reinterpret_cast<const uint32_t*>(slot + S::kScales + unit_a * 4);
-    sb[0] = *reinterpret_cast<const uint32_t*>(slot + S::kScales + unit_b * 4);
+    sa[0] = *reinterpret_cast<const uint32_t*>(slot_generic + S::kScales + unit_a * 4);
+    sb[0] = *reinterpret_cast<const uint32_t*>(slot_generic + S::kScales + unit_b * 4);
   } else {
-    const uint2 wa = *reinterpret_cast<const uint2*>(slot + S::kScales + unit_a * 8);
-    const uint2 wb = *reinterpret_cast<const uint2*>(slot + S::kScales + unit_b * 8);
+    const uint2 wa = *reinterpret_cast<const uint2*>(slot_generic + S::kScales + unit_a * 8);
+    const uint2 wb = *reinterpret_cast<const uint2*>(slot_generic + S::kScales + unit_b * 8);
     sa[0] = wa.x, sa[1] = wa.y, sb[0] = wb.x, sb[1] = wb.y;
   }
   uint32_t large = 0;
 #pragma unroll
   for (int u = 0; u < kSub; ++u) large |= __vcmpgtu4(sa[u], 0x80808080u) | __vcmpgtu4(sb[u], 0x80808080u);
   const bool one_multiply = !__any_sync(0xffffffffu, large != 0);
-  auto widen = [&](auto one) {
 #pragma unroll
-    for (int u = 0; u < kSub; ++u) {
-      const uint8_t* codes = slot + S::kCodes + u * kWarps * 64 * 16;
-      const uint4 codes_a = *reinterpret_cast<const uint4*>(codes + unit_a * 16);
-      const uint4 codes_b = *reinterpret_cast<const uint4*>(codes + unit_b * 16);
-      widen_mxfp4_fragments<decltype(one)::value>(codes_a, codes_b, sa[u], sb[u], frag, 8 * u);
-    }
-  };
-  if (one_multiply) widen(std::true_type{});
-  else widen(std::false_type{});
+  for (int u = 0; u < kSub; ++u) {
+    widen_wgmma_step<kTokens, kWarps, kSub>(slot_generic, unit_a, unit_b, u, one_multiply, sa[u], sb[u], frag);
+#pragma unroll
+    for (int ks = 8 * u; ks < 8 * u + 8; ++ks) wgmma::pin(frag[ks]);  // written before the fence
+    wgmma::fence();
+    multiply_step<kTokens, kWarps, kSub>(width, slot, u, frag, acc);
+    wgmma::commit();
+  }
 }
 
 // Block (active expert slot, output tile) as stream_experts_kernel; kWarps / 4 warpgroups, warp
@@ -535,7 +591,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) stream_wgmma_kernel(StreamArgs
   constexpr int kCopies = (kTokens * 16 + kWarps * 32 - 1) / (kWarps * 32);
 
   for (int chunk = begin; chunk < end; chunk += kTokens) {
-    const int count = min(kTokens, end - chunk);
+    const int count = min(kTokens, end - chunk), width = chunk_width(count);
     float acc[kTokens / 2];
 #pragma unroll
     for (int i = 0; i < kTokens / 2; ++i) acc[i] = 0.0f;
@@ -590,15 +646,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) stream_wgmma_kernel(StreamArgs
       const uint32_t slot = ring + read_slot * S::kBytes;
       const uint8_t* slot_generic = ring_generic + read_slot * S::kBytes;
       read_slot = read_slot + 1 == kStages ? 0 : read_slot + 1;
-      widen_wgmma_slot<kTokens, kWarps, kSub>(slot_generic, unit_a, unit_b, frag);
-#pragma unroll
-      for (int ks = 0; ks < 8 * kSub; ++ks) wgmma::pin(frag[ks]);  // written before the fence
-      wgmma::fence();
-#pragma unroll
-      for (int ks = 0; ks < 8 * kSub; ++ks)
-        wgmma::rs_m64k16<kTokens>(acc, frag[ks],
-                                  wgmma::descriptor(slot + (ks / 4) * S::kTokenBlock + (ks % 4) * 32, 16, 1024));
-      wgmma::commit();
+      multiply_slot<kTokens, kWarps, kSub>(slot_generic, slot, unit_a, unit_b, width, frag, acc);
       wgmma::wait_all();
     }
     wgmma::pin(acc);

@@ -189,18 +189,22 @@ __device__ __forceinline__ void m64n256k16(float (&d)[128], uint64_t a, uint64_t
 }
 
 // d[64 x N] += A[64 x 16] B[16 x N], A from registers, B K-major in shared memory (N = 8, 16,
-// 32, 64 or 128). Warp w of the warpgroup supplies rows 16 w .. 16 w + 15 of A in mma.sync
+// 24, 32, 64 or 128). Warp w of the warpgroup supplies rows 16 w .. 16 w + 15 of A in mma.sync
 // m16n8k16's A layout: lane (g, t) a[0] = (row g, k 2t, 2t + 1), a[1] = (row g + 8, the same k),
 // a[2] = (row g, k 2t + 8, + 9), a[3] = (row g + 8, k 2t + 8, + 9). The hardware reads the
 // registers asynchronously: they must not change before the group's wait.
-__device__ __forceinline__ void rs_m64n8k16(float (&d)[4], const uint32_t (&a)[4], uint64_t b) {
+template <int M>
+__device__ __forceinline__ void rs_m64n8k16(float (&d)[M], const uint32_t (&a)[4], uint64_t b) {
+  static_assert(M >= 4, "the sums of 8 columns");
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
       : GLMS_WGMMA_F4(0)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
-__device__ __forceinline__ void rs_m64n16k16(float (&d)[8], const uint32_t (&a)[4], uint64_t b) {
+template <int M>
+__device__ __forceinline__ void rs_m64n16k16(float (&d)[M], const uint32_t (&a)[4], uint64_t b) {
+  static_assert(M >= 8, "the sums of 16 columns");
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
@@ -208,7 +212,19 @@ __device__ __forceinline__ void rs_m64n16k16(float (&d)[8], const uint32_t (&a)[
       : GLMS_WGMMA_F4(0), GLMS_WGMMA_F4(4)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
-__device__ __forceinline__ void rs_m64n32k16(float (&d)[16], const uint32_t (&a)[4], uint64_t b) {
+template <int M>
+__device__ __forceinline__ void rs_m64n24k16(float (&d)[M], const uint32_t (&a)[4], uint64_t b) {
+  static_assert(M >= 12, "the sums of 24 columns");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %17, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, {%12, %13, %14, %15}, %16, p, 1, 1, 0;\n}\n"
+      : GLMS_WGMMA_F4(0), GLMS_WGMMA_F4(4), GLMS_WGMMA_F4(8)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+template <int M>
+__device__ __forceinline__ void rs_m64n32k16(float (&d)[M], const uint32_t (&a)[4], uint64_t b) {
+  static_assert(M >= 16, "the sums of 32 columns");
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
@@ -243,12 +259,16 @@ __device__ __forceinline__ void rs_m64n256k16_mn(float (&d)[128], const uint32_t
         GLMS_WGMMA_F16(80), GLMS_WGMMA_F16(96), GLMS_WGMMA_F16(112)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
-// rs_m64nNk16 by the token count N (B K-major).
-template <int N>
-__device__ __forceinline__ void rs_m64k16(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
-  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128, "N of 8, 16, 32, 64 or 128");
+// rs_m64nNk16 by the token count N (B K-major). d may hold more columns' sums than N (its first
+// N / 2 are the N columns' sums, as in every m64nNk16 layout; the rest are left as they are), so
+// that one accumulator serves a chunk's narrower multiplies.
+template <int N, int M = N / 2>
+__device__ __forceinline__ void rs_m64k16(float (&d)[M], const uint32_t (&a)[4], uint64_t b) {
+  static_assert(M >= N / 2, "the sums of N columns");
+  static_assert(N == 8 || N == 16 || N == 24 || N == 32 || N == 64 || N == 128, "N of 8, 16, 24, 32, 64 or 128");
   if constexpr (N == 8) rs_m64n8k16(d, a, b);
   else if constexpr (N == 16) rs_m64n16k16(d, a, b);
+  else if constexpr (N == 24) rs_m64n24k16(d, a, b);
   else if constexpr (N == 32) rs_m64n32k16(d, a, b);
   else if constexpr (N == 64) rs_m64n64k16(d, a, b);
   else rs_m64n128k16(d, a, b);
