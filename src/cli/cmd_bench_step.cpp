@@ -274,6 +274,11 @@ void add_sampling_and_overlap_options(CLI::App* cmd, BenchStepOptions* o) {
                   "(0: never; untimed steps only)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
+  cmd->add_option("--router-terms-min-tokens", o->kernels.router_terms_min_tokens,
+                  "Steps of at least this many tokens score the MoE router as three bf16 terms on the tensor cores "
+                  "(shorter ones in fp32 on the CUDA cores)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   cmd->add_option("--overlap-indexer-tokens", o->kernels.overlap_indexer_tokens,
                   "Steps of at most this many tokens select the DSA indexer's positions on a second stream beside the "
                   "queries' absorption (0: never; untimed steps only)")

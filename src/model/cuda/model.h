@@ -332,6 +332,14 @@ struct CudaModelOptions {
   // off while a step's phases are timed): a decode token's top-k is one block (or cluster) of
   // dependent passes, the absorption a bandwidth-bound GEMV on the other SMs.
   int overlap_indexer_tokens = 64;
+  // Steps of at least this many tokens score the MoE router on the bf16 tensor cores: bf16
+  // router weights against the normed fp32 rows as three bf16 terms, which the post-attention
+  // norm writes in place of the fp32 rows (three accumulating GEMMs, exact products in fp32);
+  // shorter steps take the fp32 GEMV (1-2 tokens) or cuBLAS's fp32 GEMM on the CUDA cores. At
+  // 2048 and 8192 tokens the terms took 0.07 and 0.38 ms a MoE layer less
+  // (bench/results/cuda-router-bf16-terms-20261204.json); from 3 tokens they moved no decode
+  // step of the EP8 rank (bench/results/cuda-router-terms-decode-20261206.json).
+  int router_terms_min_tokens = 256;
   // Decode and verify step shapes captured as CUDA graphs at most; a shape first seen beyond that
   // runs eager. One GPU decoding sees at most two shapes a batch size (whether its contexts fit
   // the indexer's top-k): 512 at vLLM's 256 sequences a step (MTP verify steps add theirs).

@@ -25,17 +25,12 @@ void CudaGlm5Model::Impl::moe_shared_expert(const MoeDevice& m, int T, bool on_s
   shared_join.record(side_stream.get());
 }
 
-// Steps of at least this many tokens score the router on the bf16 tensor cores (bf16 router
-// weights against the normed fp32 rows as three bf16 terms, which the post-attention norm writes)
-// instead of an fp32 GEMM on the CUDA cores: at 2048 and 8192 tokens 0.07 and 0.38 ms a MoE layer
-// less, measured when a pass of its own split the rows (bench/results/cuda-router-bf16-terms-20261204.json).
-// Smaller steps keep the fp32 GEMV or GEMM, where the terms' GEMM was not measured.
-constexpr int kRouterTermsMinTokens = 256;
-
+// Steps of options.router_terms_min_tokens or more score the router on the bf16 tensor cores
+// (model.h says why).
 bool CudaGlm5Model::Impl::router_takes_terms(const MoeDevice& m, int T) const {
   // Terms 1 and 2 borrow pair_x, which the experts fill only after routing (term 0 is normed_bf16).
   const bool terms_fit = sizeof(uint16_t) * 2 * T * config.hidden_size <= pair_x.bytes();
-  return m.router_bf16.data() != nullptr && T >= kRouterTermsMinTokens && terms_fit;
+  return m.router_bf16.data() != nullptr && T >= std::max(options.router_terms_min_tokens, 1) && terms_fit;
 }
 
 void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T, int rows) {
