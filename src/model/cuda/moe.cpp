@@ -30,7 +30,7 @@ void CudaGlm5Model::Impl::moe_shared_expert(const MoeDevice& m, int T, bool on_s
 bool CudaGlm5Model::Impl::router_takes_terms(const MoeDevice& m, int T) const {
   // Terms 1 and 2 borrow pair_x, which the experts fill only after routing (term 0 is normed_bf16).
   const bool terms_fit = sizeof(uint16_t) * 2 * T * config.hidden_size <= pair_x.bytes();
-  return m.router_bf16.data() != nullptr && T >= std::max(options.router_terms_min_tokens, 1) && terms_fit;
+  return m.router_bf16.data() != nullptr && T >= options.router_terms_min_tokens && terms_fit;
 }
 
 void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T, int rows) {

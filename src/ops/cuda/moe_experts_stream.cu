@@ -447,18 +447,17 @@ __device__ __forceinline__ int chunk_width(int count) { return (count + 7) / 8 *
 
 // This thread's token copies of a chunk of `count` tokens, the same units every step: unit i =
 // 16 line + chunk of 8 values, its offset in a step's swizzled token blocks (-1 past the chunk's
-// chunk_width lines, which no wgmma reads) and step 0's source (lines past `count` repeat the
-// last, their sums never stored).
+// `width` lines, chunk_width(count), which no wgmma reads) and step 0's source (lines past
+// `count` repeat the last, their sums never stored).
 template <int kTokens, int kWarps, int kSub, int kCopies>
-__device__ __forceinline__ void token_copy_units(const StreamArgs& a, int chunk, int count,
+__device__ __forceinline__ void token_copy_units(const StreamArgs& a, int chunk, int count, int width,
                                                  const uint32_t* (&source)[kCopies], int (&offset)[kCopies]) {
   using S = WgmmaSlot<kTokens, kWarps, kSub>;
   const int64_t staged_words = a.k / 2;
-  const int lines = chunk_width(count);
 #pragma unroll
   for (int n = 0; n < kCopies; ++n) {
     const int i = threadIdx.x + n * kWarps * 32, line = i / 16, c = i % 16;
-    offset[n] = line < lines ? (c / 8) * S::kTokenBlock + static_cast<int>(wgmma::swizzled(line, c % 8)) : -1;
+    offset[n] = line < width ? (c / 8) * S::kTokenBlock + static_cast<int>(wgmma::swizzled(line, c % 8)) : -1;
     source[n] = a.staged + (chunk + min(line, count - 1)) * staged_words + 4 * c;
   }
 }
@@ -601,7 +600,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) stream_wgmma_kernel(StreamArgs
     const uint32_t* next_scale_b = scales_b;
     const uint32_t* token_source[kCopies];
     int token_offset[kCopies];
-    token_copy_units<kTokens, kWarps, kSub, kCopies>(a, chunk, count, token_source, token_offset);
+    token_copy_units<kTokens, kWarps, kSub, kCopies>(a, chunk, count, width, token_source, token_offset);
     int issued = 0, issue_slot = 0;
     auto issue = [&]() {  // the next slot's steps into it; one commit group a call
       if (issued < slots) {
