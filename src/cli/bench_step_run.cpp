@@ -575,7 +575,8 @@ nlohmann::json kernel_options_json(const model::CudaModelOptions& k) {
           {"indexer_topk_blocks", k.indexer_topk_blocks},
           {"overlap_shared_expert_tokens", k.overlap_shared_expert_tokens},
           {"overlap_indexer_tokens", k.overlap_indexer_tokens},
-          {"router_terms_min_tokens", k.router_terms_min_tokens}};
+          {"router_terms_min_tokens", k.router_terms_min_tokens},
+          {"router_product_min_tokens", k.router_product_min_tokens}};
 }
 
 // A simulated rank's decode points and its last prefill (each per GPU, with the collectives)

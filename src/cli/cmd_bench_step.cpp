@@ -279,6 +279,11 @@ void add_sampling_and_overlap_options(CLI::App* cmd, BenchStepOptions* o) {
                   "(shorter ones in fp32 on the CUDA cores)")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
+  cmd->add_option("--router-product-min-tokens", o->kernels.router_product_min_tokens,
+                  "Shorter steps of at least this many tokens score the MoE router on the bf16 tensor cores in one "
+                  "kernel (ops::cuda::router_product), the rest on the CUDA cores in fp32")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   cmd->add_option("--overlap-indexer-tokens", o->kernels.overlap_indexer_tokens,
                   "Steps of at most this many tokens select the DSA indexer's positions on a second stream beside the "
                   "queries' absorption (0: never; untimed steps only)")

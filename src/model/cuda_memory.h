@@ -25,6 +25,9 @@ constexpr int kDefaultWidenedExpertsMinPairs = 1024;
 // CudaModelOptions::bf16_moe_reduce_scatter by default, which `glmserve plan` counts the
 // data-parallel collectives' bytes by.
 constexpr bool kDefaultBf16MoeReduceScatter = false;
+// The router logits' planes of a decode step (ops::cuda::kRouterProductPlanes, which the MoE
+// block checks against this buffer's size).
+constexpr int64_t kCudaRouterPlanes = 8;
 // Scores buffer of the GEMM attention path (fp32 [heads, chunk, context]), at most 1 GiB.
 constexpr int64_t kPrefillScoreFloats = int64_t{1} << 28;
 // What the cache leaves free of the memory budget: cuBLAS's lazily loaded kernels, captured
@@ -132,7 +135,7 @@ struct CudaWorkspaces {
   Buffer scores;                                   // [T, max_context] fp32 indexer scores
   Buffer selected, num_selected;                   // [T, topk] i32, [T]
   Buffer mlp_gate_up, mlp_act;                     // [T, 2 * mlp_inter] fp32, [T, mlp_inter] bf16
-  Buffer router_logits;                            // [T, experts] fp32
+  Buffer router_logits;                            // [T, experts] fp32, or [planes, T, experts]
   Buffer expert_ids, expert_weights;               // [P]
   Buffer plan_counts, plan_offsets, plan_active, plan_num_active;  // per local expert (+1)
   Buffer sorted_pairs, pair_slot;                  // [plan_capacity]
@@ -221,7 +224,7 @@ void make_cuda_workspaces(CudaWorkspaces<Buffer>& w, const io::ModelConfig& c, c
   w.num_selected = i32(T);
   w.mlp_gate_up = f32(T * 2 * mlp_inter);
   w.mlp_act = bf16(T * mlp_inter);
-  w.router_logits = f32(T * E);
+  w.router_logits = f32(std::max(T, kCudaRouterPlanes * std::min<int64_t>(T, 256)) * E);
   w.expert_ids = i32(P);
   w.expert_weights = f32(P);
   w.plan_counts = i32(E_local + 1);

@@ -275,8 +275,10 @@ namespace {
 
 // 48 steps after a 40-token prompt with a cache of `dtype` on both: the CPU decodes greedily and
 // CUDA (graphs past the prefill) is fed the CPU's tokens; it must pick the same token at every
-// step, or one whose CPU logit is within 0.1 of the CPU's pick (a near-tie that bf16 can flip),
-// at most twice, with a mean logits' relative L2 under 2e-2.
+// step, or one whose CPU logit is within 0.1 of the CPU's pick (a near-tie that bf16 can flip) or
+// whose CPU routing was within Pair::kNearTie (the device's activations may route a token
+// otherwise, which moves the tokens after it), at most twice, with a mean logits' relative L2
+// under 2e-2.
 void follow_the_cpu_greedy_run(const model::Glm5Model& cpu, model::CudaGlm5Model& gpu, kv::CacheDtype dtype,
                                const std::string& label) {
   const int vocab = cpu.config().vocab_size;
@@ -289,13 +291,17 @@ void follow_the_cpu_greedy_run(const model::Glm5Model& cpu, model::CudaGlm5Model
   int position = 40, disagreements = 0;
   std::vector<double> errors;
   for (int i = 0; i < 48; ++i) {
-    const auto want = cpu.forward(batch, cache);
+    model::ForwardTrace trace;
+    trace.record_layers = false;
+    const auto want = cpu.forward(batch, cache, &trace);
     const auto got = gpu.forward(batch, /*use_graph=*/i > 0);
     errors.push_back(relative_l2(got, want));
     const int cpu_pick = argmax(want.data(), vocab), gpu_pick = argmax(got.data(), vocab);
     if (gpu_pick != cpu_pick) {
       ++disagreements;
-      EXPECT_LT(want[cpu_pick] - want[gpu_pick], 0.1f) << label << " step " << i << ": not a near-tie";
+      EXPECT_TRUE(want[cpu_pick] - want[gpu_pick] < 0.1f || trace.min_route_margin < Pair::kNearTie)
+          << label << " step " << i << ": not a near-tie (logits " << want[cpu_pick] - want[gpu_pick]
+          << " apart, route margin " << trace.min_route_margin << ")";
     }
     batch = model::ForwardBatch();
     batch.add_sequence({cpu_pick}, position++, blocks, kBlockSize, false);

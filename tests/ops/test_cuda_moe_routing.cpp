@@ -2,10 +2,12 @@
 // CPU model's route_token, the plan's grouping (one block, and a count/scan/place pass past it),
 // an expert-parallel rank's plan and combine of its own experts only, and the routing kernel's
 // padding rows by a count read on the device (a data-parallel rank's padded batch: one captured
-// graph serves steps of different real counts). Skips without a GPU.
+// graph serves steps of different real counts), and the router's product of a decode step on the
+// tensor cores. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "core/dtype.h"
 #include "io/model_config.h"
 #include "model/layers.h"
+#include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/moe.h"
 #include "ops/moe_test_support.h"
 #include "support/cuda_buffers.h"
@@ -250,4 +253,71 @@ TEST_F(CudaMoeRouting, ARankPlansAndCombinesOnlyItsExperts) {
   const int64_t wide = 72;
   const auto d_wide_rows = to_device(random_values(std::max<int64_t>(mine, 1) * wide, 8, 1.0f));
   expect_bf16_combine_rounds_fp32_combine(buffers, d_ids, d_weights, n, K, wide, d_wide_rows);
+}
+
+// The router's product of a decode step on the bf16 tensor cores (router_product) against a
+// double product of the same values: its planes summed in plane order within 1e-6 relative L2
+// (cuBLAS's fp32 GEMM beside it for scale), the same bits on a second run; and moe_route over the
+// planes picks the experts and weights it picks over their sum made on the host in plane order.
+// GLM-5's router (256 x 6144) at 1 to 200 tokens (one token tile and several, one part-filled),
+// and the bundled model's (16 x 256), whose 16 k16 steps leave most blocks without one.
+TEST_F(CudaMoeRouting, RouterProductOnTheTensorCoresMatchesADoubleProduct) {
+  struct Shape {
+    int rows, cols;
+    std::vector<int> tokens;
+  };
+  cuda::Gemm gemm;
+  for (const Shape& shape : {Shape{256, 6144, {1, 3, 64, 65, 200}}, Shape{16, 256, {1, 40}}}) {
+    const int rows = shape.rows, cols = shape.cols;
+    std::vector<uint16_t> w16(static_cast<size_t>(rows) * cols);
+    std::vector<float> w32(w16.size());
+    const auto w_values = random_values(static_cast<int64_t>(w16.size()), 81, 0.05f);
+    for (size_t i = 0; i < w16.size(); ++i) w32[i] = bf16_to_f32(w16[i] = f32_to_bf16(w_values[i]));
+    auto dw16 = to_device(w16), dw32 = to_device(w32);
+    for (const int n : shape.tokens) {
+      SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols) + ", " + std::to_string(n) + " tokens");
+      const auto x = random_values(int64_t{n} * cols, 82 + n, 2.0f);
+      auto dx = to_device(x);
+      const int64_t plane = int64_t{n} * rows;
+      auto product = [&] {
+        auto planes = poisoned(cuda::kRouterProductPlanes * plane);
+        cuda::router_product(dx.as<float>(), n, dw16.as<uint16_t>(), rows, cols, planes.as<float>(), nullptr);
+        return to_host<float>(planes);
+      };
+      const auto planes = product();
+      EXPECT_EQ(product(), planes) << "a second run";
+      std::vector<float> summed(plane), expected(plane);
+      for (int64_t i = 0; i < plane; ++i) {
+        summed[i] = planes[i];
+        for (int p = 1; p < cuda::kRouterProductPlanes; ++p) summed[i] += planes[p * plane + i];
+      }
+      for (int t = 0; t < n; ++t)
+        for (int r = 0; r < rows; ++r) {
+          double sum = 0;
+          for (int k = 0; k < cols; ++k) sum += double(x[int64_t{t} * cols + k]) * w32[int64_t{r} * cols + k];
+          expected[int64_t{t} * rows + r] = static_cast<float>(sum);
+        }
+      auto dy_f32 = poisoned(plane);
+      gemm.linear_f32(dx.as<float>(), n, dw32.as<float>(), rows, cols, dy_f32.as<float>(), nullptr);
+      const double error = relative_l2(summed, expected), f32_error = relative_l2(to_host<float>(dy_f32), expected);
+      std::printf("%d x %d, %d tokens: relative L2 %.2e (the fp32 GEMM's %.2e)\n", rows, cols, n, error, f32_error);
+      EXPECT_LT(error, 1e-6) << "the fp32 GEMM's error " << f32_error;
+
+      const int top_k = rows == 256 ? 8 : 4, groups = rows == 256 ? 8 : 4;
+      cuda::MoeRouting routing{rows, top_k, groups, groups / 2, true, 2.5f};
+      auto bias = to_device(random_values(rows, 83, 0.5f));
+      auto route = [&](const std::vector<float>& logits, int logit_planes) {
+        routing.logit_planes = logit_planes;
+        auto d_logits = to_device(logits);
+        cuda::DeviceBuffer ids(sizeof(int32_t) * n * top_k), weights(sizeof(float) * n * top_k);
+        cuda::moe_route(d_logits.as<float>(), bias.as<float>(), n, routing, ids.as<int32_t>(), weights.as<float>(),
+                        nullptr);
+        return std::make_pair(to_host<int32_t>(ids), to_host<float>(weights));
+      };
+      const auto [ids, weights] = route(planes, cuda::kRouterProductPlanes);
+      const auto [want_ids, want_weights] = route(summed, 1);
+      EXPECT_EQ(ids, want_ids);
+      EXPECT_EQ(weights, want_weights);
+    }
+  }
 }

@@ -335,11 +335,20 @@ struct CudaModelOptions {
   // Steps of at least this many tokens score the MoE router on the bf16 tensor cores: bf16
   // router weights against the normed fp32 rows as three bf16 terms, which the post-attention
   // norm writes in place of the fp32 rows (three accumulating GEMMs, exact products in fp32);
-  // shorter steps take the fp32 GEMV (1-2 tokens) or cuBLAS's fp32 GEMM on the CUDA cores. At
+  // shorter steps take router_product_min_tokens' kernel, or else the fp32 GEMV (1-2 tokens) or
+  // cuBLAS's fp32 GEMM on the CUDA cores. At
   // 2048 and 8192 tokens the terms took 0.07 and 0.38 ms a MoE layer less
   // (bench/results/cuda-router-bf16-terms-20261204.json); from 3 tokens they moved no decode
   // step of the EP8 rank (bench/results/cuda-router-terms-decode-20261206.json).
   int router_terms_min_tokens = 256;
+  // Shorter steps of at least this many tokens score the router on the bf16 tensor cores in one
+  // kernel of our own (ops::cuda::router_product: the terms of the fp32 rows made in shared
+  // memory, a rounded fp32 add every k16 step; twice as close to a double product as cuBLAS's
+  // fp32 GEMM), where the router is bf16 and its shape fits; 1-2 tokens keep the fp32 GEMV. On an
+  // H100, the 5-layer EP8 rank: steps of 4-64 tokens 0.4-2.1% faster than with cuBLAS's fp32 GEMM
+  // (routing at batch 8 0.144 -> 0.089 ms over 4 MoE layers), 128 even, 1-2 tokens 0.7-1.6%
+  // slower than the GEMV (bench/results/cuda-router-product-20261206.json).
+  int router_product_min_tokens = 3;
   // Decode and verify step shapes captured as CUDA graphs at most; a shape first seen beyond that
   // runs eager. One GPU decoding sees at most two shapes a batch size (whether its contexts fit
   // the indexer's top-k): 512 at vLLM's 256 sequences a step (MTP verify steps add theirs).

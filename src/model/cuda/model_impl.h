@@ -183,6 +183,7 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   // its input as bf16 terms (normed_bf16 and pair_x); else as normed_f32.
   void moe_route(const MoeDevice& m, int T, int rows);
   bool router_takes_terms(const MoeDevice& m, int T) const;
+  bool router_takes_product(const MoeDevice& m, int T) const;  // ops::cuda::router_product
   // The routed experts of this rank over `rows` tokens x [rows, hidden] bf16 with their routing
   // (ids, weights [rows, top_k]; `routed_rows` of them are tokens, the rest padding); out
   // [rows, hidden] (+)= shared (when given; ready once `shared_ready` is, where it is on the side

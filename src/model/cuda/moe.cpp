@@ -33,12 +33,27 @@ bool CudaGlm5Model::Impl::router_takes_terms(const MoeDevice& m, int T) const {
   return m.router_bf16.data() != nullptr && T >= options.router_terms_min_tokens && terms_fit;
 }
 
+static_assert(cuda::kRouterProductPlanes == kCudaRouterPlanes, "router_logits holds router_product's planes");
+
+// Shorter steps from options.router_product_min_tokens on score it in router_product's planes.
+bool CudaGlm5Model::Impl::router_takes_product(const MoeDevice& m, int T) const {
+  const int64_t E = config.n_routed_experts;
+  const bool planes_fit = sizeof(float) * cuda::kRouterProductPlanes * T * E <= router_logits.bytes();
+  return m.router_bf16.data() != nullptr && T >= options.router_product_min_tokens && !router_takes_terms(m, T) &&
+         cuda::router_product_fits(E, config.hidden_size) && planes_fit;
+}
+
 void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T, int rows) {
   const io::ModelConfig& c = config;
   cudaStream_t s = stream.get();
+  int logit_planes = 1;
   if (router_takes_terms(m, T)) {
     gemm.linear_f32_terms(as<uint16_t>(normed_bf16), as<uint16_t>(pair_x), T, as<uint16_t>(m.router_bf16),
                           c.n_routed_experts, c.hidden_size, as<float>(router_logits), s);
+  } else if (router_takes_product(m, T)) {
+    cuda::router_product(as<float>(normed_f32), T, as<uint16_t>(m.router_bf16), c.n_routed_experts, c.hidden_size,
+                         as<float>(router_logits), s);
+    logit_planes = cuda::kRouterProductPlanes;
   } else {
     gemm.linear_f32(as<float>(normed_f32), T, as<float>(m.router), c.n_routed_experts, c.hidden_size,
                     as<float>(router_logits), s);
@@ -50,6 +65,7 @@ void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T, int rows) {
   routing.topk_group = c.topk_group;
   routing.norm_topk_prob = c.norm_topk_prob;
   routing.routed_scaling_factor = c.routed_scaling_factor;
+  routing.logit_planes = logit_planes;
   cuda::moe_route(as<float>(router_logits), as<float>(m.correction_bias), T, routing, as<int32_t>(expert_ids),
                   as<float>(expert_weights), s, rows, peers.dp ? meta_i32(meta.routed_tokens) : nullptr);
 }

@@ -8,10 +8,10 @@
 // Contract: every kernel launched by launch_chained() calls chained_grid_prologue() (or
 // wait_for_previous_grid()) before it reads or writes global memory that kernels write (the
 // previous kernel's outputs are not visible before it, and that kernel may still be reading what
-// this one writes); only L2 prefetches may come first. The wait is transitive: the previous kernel
-// itself waited for its own predecessor. Kernels of other libraries (cuBLAS) and copies between
-// chained kernels keep the ordinary stream order. In CUDA graphs the chaining becomes a
-// programmatic edge.
+// this one writes); only L2 prefetches and loads of what no kernel writes (weights) may come
+// first. The wait is transitive: the previous kernel itself waited for its own predecessor.
+// Kernels of other libraries (cuBLAS) and copies between chained kernels keep the ordinary stream
+// order. In CUDA graphs the chaining becomes a programmatic edge.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -29,7 +29,7 @@ namespace {
 // dependent steps, so each round is kept to register work.
 // Blocks from `routed` (or *routed_on_device, where given) on write a padding row (ids -1,
 // weights 0).
-template <int kPerLane>
+template <int kPerLane, int kPlanes>
 __global__ void __launch_bounds__(32)
     moe_route_kernel(const float* logits, const float* bias, MoeRouting r, int routed, const int32_t* routed_on_device,
                      int32_t* ids, float* weights) {
@@ -47,16 +47,21 @@ __global__ void __launch_bounds__(32)
   const int t = blockIdx.x, lane = threadIdx.x, E = r.num_experts;
   float score[kPerLane], choice[kPerLane];
   {
-    float logit[kPerLane], offset[kPerLane];  // every load in flight before the first use
+    float logit[kPlanes][kPerLane], offset[kPerLane];  // every load in flight before the first use
+    const int64_t plane_stride = static_cast<int64_t>(routed) * E;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int e = 32 * i + lane;
-      logit[i] = e < E ? logits[static_cast<int64_t>(t) * E + e] : 0.0f;
+#pragma unroll
+      for (int p = 0; p < kPlanes; ++p)
+        logit[p][i] = e < E ? logits[p * plane_stride + static_cast<int64_t>(t) * E + e] : 0.0f;
       offset[i] = e < E ? bias[e] : 0.0f;
     }
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
-      score[i] = 1.0f / (1.0f + expf(-logit[i]));
+#pragma unroll
+      for (int p = 1; p < kPlanes; ++p) logit[0][i] += logit[p][i];
+      score[i] = 1.0f / (1.0f + expf(-logit[0][i]));
       choice[i] = score[i] + offset[i];
     }
   }
@@ -327,8 +332,12 @@ void moe_route(const float* logits, const float* correction_bias, int64_t n, con
     launch_chained("moe_route launch", kernel, static_cast<unsigned>(rows), 32, 0, stream, logits, correction_bias,
                    routing, static_cast<int>(n), routed_on_device, expert_ids, expert_weights);
   };
-  if (routing.num_experts <= 256) launch(moe_route_kernel<8>);
-  else launch(moe_route_kernel<32>);
+  GLMS_CHECK(routing.logit_planes == 1 || routing.logit_planes == kRouterProductPlanes,
+             "moe_route: logits in 1 or kRouterProductPlanes planes");
+  if (routing.num_experts <= 256 && routing.logit_planes == 1) launch(moe_route_kernel<8, 1>);
+  else if (routing.num_experts <= 256) launch(moe_route_kernel<8, kRouterProductPlanes>);
+  else if (routing.logit_planes == 1) launch(moe_route_kernel<32, 1>);
+  else launch(moe_route_kernel<32, kRouterProductPlanes>);
 }
 
 void moe_plan(const int32_t* expert_ids, int64_t num_pairs, int num_experts, const MoePlan& plan, cudaStream_t stream,

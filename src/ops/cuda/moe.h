@@ -20,10 +20,22 @@ struct MoeRouting {
   int num_experts = 0, top_k = 0, n_group = 1, topk_group = 1;
   bool norm_topk_prob = true;
   float routed_scaling_factor = 1.0f;
+  int logit_planes = 1;  // the logits as planes [logit_planes, n, num_experts] added in plane order
 };
 
+// The MoE router's logits of a decode step, x [n, cols] fp32 times w [rows, cols] bf16 transposed,
+// on the bf16 tensor cores from the three bf16 terms of each x value (moe_router.cu says why and
+// how), as kRouterProductPlanes planes [kRouterProductPlanes, n, rows] fp32 whose sum in plane
+// order is the product (MoeRouting::logit_planes); the same bits on every run. Where
+// router_product_fits(rows, cols): both multiples of 16, cols at most 8192.
+inline constexpr int kRouterProductPlanes = 8;
+bool router_product_fits(int64_t rows, int64_t cols);
+void router_product(const float* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols, float* planes,
+                    cudaStream_t stream);
+
 // Per token: expert_ids[t, :top_k] in descending choice order and their weights, from router
-// logits [n, num_experts] fp32 and correction_bias [num_experts] fp32. num_experts <= 1024.
+// logits [n, num_experts] fp32 (or routing.logit_planes such planes, summed in plane order) and
+// correction_bias [num_experts] fp32. num_experts <= 1024.
 // Rows [n, padded_rows) (a data-parallel step's padding, which routes nowhere) get ids -1 and
 // weights 0 in the same launch: a memset node of its own would stop the chained kernels there.
 // With `routed_on_device`, rows from *routed_on_device on are padding too (read on the device, so
@@ -108,9 +120,10 @@ void moe_experts_mma(const uint16_t* x, int64_t hidden, int64_t inter, const Exp
 // The same for decode-sized batches of tiled MXFP4 experts (moe_experts_stream.cu): the grouped
 // pairs' inputs staged once (a small kernel before each projection), then each warp streams its
 // weight rows' codes once, kStages steps in flight, against all of an expert's pairs in chunks
-// (8, 16 or 32 tokens) by `chunk_tokens`, the batch's pairs per expert. The mma.sync shapes stage the tokens as fp16 rows with a power-of-two scale each and
-// multiply 8-token tiles; the wgmma shapes widen the codes into wgmma's A registers with the block
-// scales (bf16, exact) against the whole chunk's bf16 tokens in shared memory. No host copy
+// (8, 16 or 32 tokens) by `chunk_tokens`, the batch's pairs per expert. The mma.sync shapes
+// stage the tokens as fp16 rows with a power-of-two scale each and multiply 8-token tiles; the
+// wgmma shapes widen the codes into wgmma's A registers with the block scales (bf16, exact)
+// against the whole chunk's bf16 tokens in shared memory. No host copy
 // (graph-capturable). `num_pairs` bounds the plan's pairs on this rank (the staging grid);
 // buffers.staged holds num_pairs x max(hidden, inter) 16-bit values, buffers.unscale num_pairs
 // floats.
