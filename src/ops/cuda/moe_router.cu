@@ -17,6 +17,8 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include <limits>
+
 #include "core/error.h"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/launch.cuh"
