@@ -336,10 +336,9 @@ struct CudaModelOptions {
   // router weights against the normed fp32 rows as three bf16 terms, which the post-attention
   // norm writes in place of the fp32 rows (three accumulating GEMMs, exact products in fp32);
   // shorter steps take router_product_min_tokens' kernel, or else the fp32 GEMV (1-2 tokens) or
-  // cuBLAS's fp32 GEMM on the CUDA cores. At
-  // 2048 and 8192 tokens the terms took 0.07 and 0.38 ms a MoE layer less
-  // (bench/results/cuda-router-bf16-terms-20261204.json); from 3 tokens they moved no decode
-  // step of the EP8 rank (bench/results/cuda-router-terms-decode-20261206.json).
+  // cuBLAS's fp32 GEMM on the CUDA cores. At 2048 and 8192 tokens the terms took 0.07 and 0.38
+  // ms a MoE layer less (bench/results/cuda-router-bf16-terms-20261204.json); from 3 tokens they
+  // moved no decode step of the EP8 rank (bench/results/cuda-router-terms-decode-20261206.json).
   int router_terms_min_tokens = 256;
   // Shorter steps of at least this many tokens score the router on the bf16 tensor cores in one
   // kernel of our own (ops::cuda::router_product: the terms of the fp32 rows made in shared
