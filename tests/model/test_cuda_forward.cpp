@@ -13,16 +13,20 @@
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/linear_fp8.h"
 #include "ops/ops.h"
-#include "quant/checkpoint_quantizer.h"
+#include "model_test_support.h"
 #include "random_model.h"
 #include "support/cuda_buffers.h"
 #include "support/numerics.h"
 
 using namespace glms;
+using glms::testing::fp8_random_weights;
+using glms::testing::grouped_widths_spec;
+using glms::testing::quantised_weights;
 using glms::testing::random_tokens;
 using glms::testing::relative_l2;
 using glms::testing::RandomModelSpec;
 using glms::testing::TempDir;
+using glms::testing::token_errors;
 
 namespace {
 
@@ -323,11 +327,7 @@ void follow_the_cpu_greedy_run(const model::Glm5Model& cpu, model::CudaGlm5Model
 TEST_F(CudaForward, QuantisedBundledModelFollowsTheCpuGreedyRun) {
   TempDir dir("cuda_quantised");
   for (const char* format : {"mxfp4", "fp8"}) {
-    quant::QuantizeOptions quantize;
-    quantize.format = format;
-    const auto path = dir.path / format;
-    quant::quantize_checkpoint(GLMS_SOURCE_DIR "/models/glm5-tiny-code", path, quantize);
-    const model::Glm5Model cpu(model::load_weights(path.string(), {.load_mtp = false, .shard = {}}));
+    const model::Glm5Model cpu(quantised_weights(GLMS_SOURCE_DIR "/models/glm5-tiny-code", dir.path, format));
     model::CudaModelOptions options = small_options();
     options.num_blocks = 32;
     model::CudaGlm5Model gpu(cpu.weights(), options);
@@ -340,41 +340,6 @@ TEST_F(CudaForward, QuantisedBundledModelFollowsTheCpuGreedyRun) {
     follow_the_cpu_greedy_run(cpu, gpu, kv::CacheDtype::kAuto, format);
   }
 }
-
-namespace {
-
-// A random model at the grouped expert GEMMs' widths: hidden 256, expert width 128, 16 experts,
-// top-4, the indexer keeping `index_topk` positions, no MTP layer.
-RandomModelSpec grouped_widths_spec(int index_topk) {
-  RandomModelSpec spec;
-  spec.hidden_size = 256;
-  spec.intermediate_size = 256;
-  spec.moe_intermediate_size = 128;
-  spec.n_routed_experts = 16;
-  spec.num_experts_per_tok = 4;
-  spec.index_topk = index_topk;
-  spec.with_mtp = false;
-  return spec;
-}
-
-// The random model of `spec` in block FP8 as `glmserve quantize --format fp8` writes it (into
-// dir), loaded without its MTP layer.
-model::ModelWeights fp8_random_weights(const RandomModelSpec& spec, const TempDir& dir) {
-  quant::QuantizeOptions quantize;
-  quantize.format = "fp8";
-  quant::quantize_checkpoint(glms::testing::write_random_model(dir.path / "bf16", spec), dir.path / "fp8", quantize);
-  return model::load_weights((dir.path / "fp8").string(), {.load_mtp = false, .shard = {}});
-}
-
-// Median and largest relative L2 of a's logits rows against b's ([n, vocab] each).
-std::pair<double, double> token_errors(const std::vector<float>& a, const std::vector<float>& b, int n, int vocab) {
-  std::vector<double> e;
-  for (int t = 0; t < n; ++t) e.push_back(relative_l2(a.data() + int64_t{t} * vocab, b.data() + int64_t{t} * vocab, vocab));
-  std::sort(e.begin(), e.end());
-  return {e[e.size() / 2], e.back()};
-}
-
-}  // namespace
 
 // A random model with block-FP8 experts at widths the W8A8 expert GEMMs take (hidden 256, expert
 // width 128): a 96-token prefill (96 x 4 pairs over 16 experts) through them, and through the

@@ -8,7 +8,6 @@
 // without a GPU.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <numeric>
@@ -16,15 +15,17 @@
 
 #include "model/cuda/model.h"
 #include "model/glm5.h"
-#include "quant/checkpoint_quantizer.h"
+#include "model_test_support.h"
 #include "random_model.h"
 #include "support/cuda_buffers.h"
 #include "support/numerics.h"
 
 using namespace glms;
+using glms::testing::fp8_random_weights;
+using glms::testing::grouped_widths_spec;
+using glms::testing::quantised_weights;
 using glms::testing::random_tokens;
-using glms::testing::relative_l2;
-using glms::testing::RandomModelSpec;
+using glms::testing::sorted_token_errors;
 using glms::testing::TempDir;
 
 namespace {
@@ -32,15 +33,6 @@ namespace {
 constexpr int kBlockSize = 8;
 
 class CudaRouter : public glms::testing::CudaTest {};
-
-// Per-token relative L2 of a's logits rows against b's ([n, vocab] each), sorted.
-std::vector<double> sorted_token_errors(const std::vector<float>& a, const std::vector<float>& b, int n, int vocab) {
-  std::vector<double> e;
-  for (int t = 0; t < n; ++t)
-    e.push_back(relative_l2(a.data() + int64_t{t} * vocab, b.data() + int64_t{t} * vocab, vocab));
-  std::sort(e.begin(), e.end());
-  return e;
-}
 
 enum class Router { kFp32Gemm, kTerms, kProduct };
 
@@ -81,14 +73,6 @@ void expect_router_routes_as_the_fp32_gemm(const model::ModelWeights& weights, R
   }
 }
 
-model::ModelWeights quantised(const std::filesystem::path& source, const TempDir& dir, const char* format) {
-  quant::QuantizeOptions quantize;
-  quantize.format = format;
-  const auto path = dir.path / format;
-  quant::quantize_checkpoint(source, path, quantize);
-  return model::load_weights(path.string(), {.load_mtp = false, .shard = {}});
-}
-
 }  // namespace
 
 // A random model with block-FP8 experts at the W8A8 expert GEMMs' widths (hidden 256, expert
@@ -98,16 +82,8 @@ model::ModelWeights quantised(const std::filesystem::path& source, const TempDir
 // bit for bit the same as with the fp32 GEMM, the largest 1.6e-5 (terms) and 2.5e-4
 // (router_product) apart.
 TEST_F(CudaRouter, RandomFp8ModelsTensorCoreRoutersRouteAsTheFp32Gemm) {
-  RandomModelSpec spec;
-  spec.hidden_size = 256;
-  spec.intermediate_size = 256;
-  spec.moe_intermediate_size = 128;
-  spec.n_routed_experts = 16;
-  spec.num_experts_per_tok = 4;
-  spec.index_topk = 256;
-  spec.with_mtp = false;
   TempDir dir("cuda_router_fp8_experts");
-  const auto weights = quantised(glms::testing::write_random_model(dir.path / "bf16", spec), dir, "fp8");
+  const auto weights = fp8_random_weights(grouped_widths_spec(256), dir);
   expect_router_routes_as_the_fp32_gemm(weights, Router::kTerms, "random fp8 experts, terms", 1e-5, 1e-4);
   expect_router_routes_as_the_fp32_gemm(weights, Router::kProduct, "random fp8 experts, router_product", 1e-5, 1e-4);
 }
@@ -125,7 +101,7 @@ TEST_F(CudaRouter, BundledModelsTensorCoreRoutersRouteNearlyAsTheFp32Gemm) {
   const std::filesystem::path bundled = GLMS_SOURCE_DIR "/models/glm5-tiny-code";
   TempDir dir("cuda_router_bundled");
   const model::ModelWeights bf16 = model::load_weights(bundled.string(), {.load_mtp = false, .shard = {}});
-  const model::ModelWeights fp8 = quantised(bundled, dir, "fp8");
+  const model::ModelWeights fp8 = quantised_weights(bundled, dir.path, "fp8");
   for (const Router router : {Router::kTerms, Router::kProduct}) {
     const std::string name = router == Router::kTerms ? ", terms" : ", router_product";
     expect_router_routes_as_the_fp32_gemm(bf16, router, "bundled bf16" + name, 1e-2, 2e-2);
