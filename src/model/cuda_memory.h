@@ -26,7 +26,8 @@ constexpr int kDefaultWidenedExpertsMinPairs = 1024;
 // data-parallel collectives' bytes by.
 constexpr bool kDefaultBf16MoeReduceScatter = false;
 // The router logits' planes of a decode step (ops::cuda::kRouterProductPlanes, which the MoE
-// block checks against this buffer's size).
+// block checks against this buffer's size), held for steps below 256 tokens, where the router
+// terms take over by default (a longer step under a raised threshold takes the fp32 GEMM).
 constexpr int64_t kCudaRouterPlanes = 8;
 // Scores buffer of the GEMM attention path (fp32 [heads, chunk, context]), at most 1 GiB.
 constexpr int64_t kPrefillScoreFloats = int64_t{1} << 28;
