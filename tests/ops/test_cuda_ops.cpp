@@ -208,6 +208,48 @@ TEST_F(CudaOps, GroupedAndFp32GemvMatchCpu) {
   }
 }
 
+// fp32 rows against bf16 weights (a decode step's router of 1-2 tokens, GLM-5's router weights
+// being bf16 values): as accurate as the fp32 GEMV over the widened weights, against a double
+// product, for the router's 256 x 6144 (a block a row), a matrix of four-row blocks, rows that
+// leave a part-filled block, and x rows longer than their data.
+TEST_F(CudaOps, Fp32GemvOverBf16WeightsMatchesADoubleProduct) {
+  struct Case {
+    int rows, cols, ld_x;
+  };
+  for (const Case& c : {Case{256, 6144, 6144}, Case{2054, 1024, 1032}, Case{17, 776, 780}}) {
+    const auto w16 = to_bf16_host(random_values(int64_t{c.rows} * c.cols, 70 + c.rows, 0.05f));
+    const auto w32 = widen(w16);
+    auto dw16 = to_device(w16), dw32 = to_device(w32);
+    for (const int n : {1, 2, 3, 4}) {
+      const auto x = random_values(int64_t{n} * c.ld_x, 80 + n, 2.0f);
+      auto dx = to_device(x);
+      ASSERT_TRUE(cuda::gemv_f32_bf16_fits(dx.as<float>(), n, c.ld_x, dw16.as<uint16_t>(), c.cols));
+      auto dy = poisoned(int64_t{n} * c.rows), dy_f32 = poisoned(int64_t{n} * c.rows);
+      cuda::gemv_f32_bf16(dx.as<float>(), n, c.ld_x, dw16.as<uint16_t>(), c.rows, c.cols, dy.as<float>(), c.rows,
+                          nullptr);
+      cuda::gemv_f32(dx.as<float>(), n, c.ld_x, dw32.as<float>(), c.rows, c.cols, dy_f32.as<float>(), c.rows, nullptr);
+      std::vector<float> expected(int64_t{n} * c.rows);
+      for (int t = 0; t < n; ++t)
+        for (int r = 0; r < c.rows; ++r) {
+          double sum = 0;
+          for (int k = 0; k < c.cols; ++k)
+            sum += double(x[int64_t{t} * c.ld_x + k]) * w32[int64_t{r} * c.cols + k];
+          expected[int64_t{t} * c.rows + r] = static_cast<float>(sum);
+        }
+      const double error = relative_l2(to_host<float>(dy), expected);
+      const double f32_error = relative_l2(to_host<float>(dy_f32), expected);
+      EXPECT_LT(error, 1e-6) << c.rows << " x " << c.cols << ", " << n << " tokens, fp32 GEMV's error " << f32_error;
+      EXPECT_LT(error, 3 * f32_error + 1e-7) << c.rows << " x " << c.cols << ", " << n << " tokens";
+    }
+  }
+  // Rows of a whole number of 16-byte chunks only, at 16-byte aligned x.
+  cuda::DeviceBuffer dx(sizeof(float) * 64), dw(sizeof(uint16_t) * 64);
+  EXPECT_FALSE(cuda::gemv_f32_bf16_fits(dx.as<float>(), 1, 12, dw.as<uint16_t>(), 12));
+  EXPECT_FALSE(cuda::gemv_f32_bf16_fits(dx.as<float>() + 1, 1, 16, dw.as<uint16_t>(), 16));
+  EXPECT_FALSE(cuda::gemv_f32_bf16_fits(dx.as<float>(), 5, 16, dw.as<uint16_t>(), 16));
+  EXPECT_TRUE(cuda::gemv_f32_bf16_fits(dx.as<float>(), 4, 16, dw.as<uint16_t>(), 16));
+}
+
 // The prefill router's scores on the bf16 tensor cores: the three GEMMs over the bf16 terms of
 // fp32 rows (core/bf16_terms.h, term 0 apart from terms 1 and 2 as the norm writes them;
 // ResidualRmsNormWritesTheBf16TermsOfItsOutput checks the device's terms) give the fp32 product

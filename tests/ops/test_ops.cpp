@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "ops/cuda/moe_tiles.h"
+#include "ops/cuda/moe_token_order.h"
 #include "ops/ops.h"
 #include "ops/sampling_exp.h"
 #include "quant/formats.h"
@@ -270,6 +271,31 @@ TEST(Sampling, SamplingExpIsAccurateAndExactAtZero) {
     EXPECT_NEAR(ops::sampling_exp(x), want, 1.5e-45) << x;
   }
   std::printf("sampling_exp: worst relative error %.2e over [-87, 0]\n", worst);
+}
+
+// The wgmma expert kernels' staged token order (ops/cuda/moe_token_order.h): the staging
+// kernel's words (staged_source_pair) and the gate/up kernel's value stores (staged_position)
+// put every value of a row in the same place, once, inside its own 32-value block; the order the
+// fragments' comment states (position 16 h + 8 i + 2 t + e holds value 8 t + 4 h + 2 i + e).
+TEST(MoeTokenOrder, StagedWordsAndValuePositionsAgree) {
+  namespace cuda = glms::ops::cuda;
+  for (int64_t block = 0; block < 3; ++block) {
+    std::vector<int> placed(32, 0);
+    for (int w = 0; w < 32; ++w) {
+      const int64_t v = 32 * block + w, position = cuda::staged_position(v);
+      ASSERT_EQ(position / 32, block) << v;
+      const int in_block = static_cast<int>(position % 32);
+      ++placed[in_block];
+      // The staged word holding that position, and the half of its bf16 pair.
+      const int q = in_block / 2, e = in_block % 2;
+      EXPECT_EQ(2 * cuda::staged_source_pair(q) + e, w) << "value " << v;
+    }
+    for (int p = 0; p < 32; ++p) EXPECT_EQ(placed[p], 1) << "position " << p;
+  }
+  for (int t = 0; t < 4; ++t)
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 2; ++i)
+        for (int e = 0; e < 2; ++e) EXPECT_EQ(cuda::staged_position(8 * t + 4 * h + 2 * i + e), 16 * h + 8 * i + 2 * t + e);
 }
 
 // The row tiles the grouped expert GEMMs' launches take (ops/cuda/moe_tiles.h, shared with the

@@ -184,6 +184,7 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   void moe_route(const MoeDevice& m, int T, int rows);
   bool router_takes_terms(const MoeDevice& m, int T) const;
   bool router_takes_product(const MoeDevice& m, int T) const;  // ops::cuda::router_product
+  bool router_takes_gemv(const MoeDevice& m, int T) const;     // ops::cuda::gemv_f32_bf16
   // The routed experts of this rank over `rows` tokens x [rows, hidden] bf16 with their routing
   // (ids, weights [rows, top_k]; `routed_rows` of them are tokens, the rest padding); out
   // [rows, hidden] (+)= shared (when given; ready once `shared_ready` is, where it is on the side

@@ -43,6 +43,15 @@ bool CudaGlm5Model::Impl::router_takes_product(const MoeDevice& m, int T) const 
          cuda::router_product_fits(E, config.hidden_size) && planes_fit;
 }
 
+// Steps below that, within the small-batch GEMV's tokens, read the bf16 weights in fp32 products
+// (ops::cuda::gemv_f32_bf16): half the bytes of the fp32 copy's.
+bool CudaGlm5Model::Impl::router_takes_gemv(const MoeDevice& m, int T) const {
+  return m.router_bf16.data() != nullptr && T <= std::min(options.small_batch_gemv_tokens, cuda::kGemvMaxTokens) &&
+         !router_takes_product(m, T) && !router_takes_terms(m, T) &&
+         cuda::gemv_f32_bf16_fits(as<float>(normed_f32), T, config.hidden_size, as<uint16_t>(m.router_bf16),
+                                  config.hidden_size);
+}
+
 void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T, int rows) {
   const io::ModelConfig& c = config;
   cudaStream_t s = stream.get();
@@ -54,6 +63,9 @@ void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T, int rows) {
     cuda::router_product(as<float>(normed_f32), T, as<uint16_t>(m.router_bf16), c.n_routed_experts, c.hidden_size,
                          as<float>(router_logits), s);
     logit_planes = cuda::kRouterProductPlanes;
+  } else if (router_takes_gemv(m, T)) {
+    cuda::gemv_f32_bf16(as<float>(normed_f32), T, c.hidden_size, as<uint16_t>(m.router_bf16), c.n_routed_experts,
+                        c.hidden_size, as<float>(router_logits), c.n_routed_experts, s);
   } else {
     gemm.linear_f32(as<float>(normed_f32), T, as<float>(m.router), c.n_routed_experts, c.hidden_size,
                     as<float>(router_logits), s);

@@ -263,6 +263,11 @@ void gemv_bf16(const uint16_t* x, int64_t n, int64_t ld_x, const uint16_t* w, in
 bool gemv_f32_fits(const float* x, int64_t n, int64_t ld_x, const float* w, int64_t cols);
 void gemv_f32(const float* x, int64_t n, int64_t ld_x, const float* w, int64_t rows, int64_t cols, float* y,
               int64_t ld_y, cudaStream_t stream);
+// fp32 x against bf16 w (a router whose weights are bf16 values, as GLM-5's are): the same fp32
+// products as gemv_f32 over the widened weights, from half the bytes.
+bool gemv_f32_bf16_fits(const float* x, int64_t n, int64_t ld_x, const uint16_t* w, int64_t cols);
+void gemv_f32_bf16(const float* x, int64_t n, int64_t ld_x, const uint16_t* w, int64_t rows, int64_t cols, float* y,
+                   int64_t ld_y, cudaStream_t stream);
 // Up to kGemvMaxGroup bf16 matrices of `cols` columns that read the same x, in one launch:
 // outputs[m].y[n, rows_m] (row stride ld_y, 0: rows_m) = x . outputs[m].w^T.
 inline constexpr int kGemvMaxGroup = 4;

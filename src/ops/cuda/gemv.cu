@@ -1,5 +1,6 @@
 // GEMV for decode-sized batches: y[n, rows] = x[n, cols] . W[rows, cols]^T, n <= 4, bf16 or
-// fp32 weights, one matrix or a group of matrices that read the same x.
+// fp32 x and weights (fp32 x against bf16 weights for the MoE router), one matrix or a group of
+// matrices that read the same x.
 //
 // Why: at one to four tokens a linear layer is a pass over its weights, and cuBLAS's GEMM
 // kernels leave bandwidth unused on narrow outputs (kv_a 576 rows, indexer wk 128, weights_proj
@@ -58,16 +59,32 @@ struct Chunk<float> {
   }
 };
 
-// Rows row0 .. row0 + kRows - 1 of one matrix for the block. x and w share the element type.
-// It opens the chained launch itself (launch.cuh): weight lines are prefetched before the wait.
-template <int kTokens, typename T, int kRows = kGemvRows>
-__device__ __forceinline__ void gemv_block(const T* x, int n, int64_t ld_x, const T* w, int64_t rows, int64_t cols,
+// The x values that meet chunk c of a row of W: the same type's chunk, or, for fp32 x against
+// bf16 weights (the MoE router), the eight fp32 values of two 16-byte loads.
+template <typename X, typename W>
+struct XChunk {
+  static_assert(std::is_same_v<X, W>, "x as w, or fp32 x against bf16 w");
+  __device__ static void load(const X* row, int64_t c, float* out) { Chunk<X>::load(row, c, out); }
+};
+template <>
+struct XChunk<float, uint16_t> {
+  __device__ static void load(const float* row, int64_t c, float* out) {
+    Chunk<float>::load(row, 2 * c, out);
+    Chunk<float>::load(row, 2 * c + 1, out + 4);
+  }
+};
+
+// Rows row0 .. row0 + kRows - 1 of one matrix for the block: x and w of one element type, or
+// fp32 x against bf16 w. It opens the chained launch itself (launch.cuh): weight lines are
+// prefetched before the wait.
+template <int kTokens, typename X, typename W, int kRows = kGemvRows>
+__device__ __forceinline__ void gemv_block(const X* x, int n, int64_t ld_x, const W* w, int64_t rows, int64_t cols,
                                            float* y, int64_t ld_y, int64_t row0) {
-  constexpr int kValues = Chunk<T>::kValues;
+  constexpr int kValues = Chunk<W>::kValues;
   constexpr int kGemvRows = kRows;
   __shared__ float partial[kGemvWarps][kGemvRows][kTokens];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const T* w_rows[kGemvRows];
+  const W* w_rows[kGemvRows];
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) w_rows[r] = w + min(row0 + r, rows - 1) * cols;
   // This warp's share of the row: 16-byte chunks [begin, end), lane-strided.
@@ -89,12 +106,12 @@ __device__ __forceinline__ void gemv_block(const T* x, int n, int64_t ld_x, cons
   for (int64_t c = begin + lane; c < end; c += 32) {
     float wv[kGemvRows][kValues];
 #pragma unroll
-    for (int r = 0; r < kGemvRows; ++r) Chunk<T>::load(w_rows[r], c, wv[r]);
+    for (int r = 0; r < kGemvRows; ++r) Chunk<W>::load(w_rows[r], c, wv[r]);
 #pragma unroll
     for (int j = 0; j < kTokens; ++j) {
       if (j >= n) break;
       float xv[kValues];
-      Chunk<T>::load(x + j * ld_x, c, xv);
+      XChunk<X, W>::load(x + j * ld_x, c, xv);
 #pragma unroll
       for (int r = 0; r < kGemvRows; ++r)
 #pragma unroll
@@ -121,10 +138,10 @@ __device__ __forceinline__ void gemv_block(const T* x, int n, int64_t ld_x, cons
   }
 }
 
-template <int kTokens, typename T, int kRows>
-__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const T* x, int n, int64_t ld_x, const T* w, int64_t rows,
+template <int kTokens, typename X, typename W, int kRows>
+__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const X* x, int n, int64_t ld_x, const W* w, int64_t rows,
                                                             int64_t cols, float* y, int64_t ld_y) {
-  gemv_block<kTokens, T, kRows>(x, n, ld_x, w, rows, cols, y, ld_y, static_cast<int64_t>(blockIdx.x) * kRows);
+  gemv_block<kTokens, X, W, kRows>(x, n, ld_x, w, rows, cols, y, ld_y, static_cast<int64_t>(blockIdx.x) * kRows);
 }
 
 
@@ -245,17 +262,17 @@ void dispatch_tokens(int64_t n, Launch launch) {
 }
 
 // One matrix: four rows a block, or one where four would leave SMs idle.
-template <typename T>
-void launch_gemv(const T* x, int64_t n, int64_t ld_x, const T* w, int64_t rows, int64_t cols, float* y, int64_t ld_y,
+template <typename X, typename W>
+void launch_gemv(const X* x, int64_t n, int64_t ld_x, const W* w, int64_t rows, int64_t cols, float* y, int64_t ld_y,
                  cudaStream_t stream) {
   const bool four = blocks_for(rows, kGemvRows) >= kMinBlocksForFourRows;
   dispatch_tokens(n, [&](auto tokens) {
     constexpr int kTokens = decltype(tokens)::value;
     if (four)
-      launch_chained("gemv launch", gemv_kernel<kTokens, T, kGemvRows>, blocks_for(rows, kGemvRows), kGemvThreads, 0,
+      launch_chained("gemv launch", gemv_kernel<kTokens, X, W, kGemvRows>, blocks_for(rows, kGemvRows), kGemvThreads, 0,
                      stream, x, static_cast<int>(n), ld_x, w, rows, cols, y, ld_y);
     else
-      launch_chained("gemv launch", gemv_kernel<kTokens, T, 1>, static_cast<unsigned>(rows), kGemvThreads, 0, stream, x,
+      launch_chained("gemv launch", gemv_kernel<kTokens, X, W, 1>, static_cast<unsigned>(rows), kGemvThreads, 0, stream, x,
                      static_cast<int>(n), ld_x, w, rows, cols, y, ld_y);
   });
 }
@@ -276,7 +293,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_group_kernel(const uint16_t
   int m = 0;
   while (m + 1 < g.count && blockIdx.x >= g.first_block[m + 1]) ++m;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x - g.first_block[m]) * kGemvRows;
-  gemv_block<kTokens>(x, n, ld_x, g.w[m], g.rows[m], cols, g.y[m], g.ld_y[m], row0);
+  gemv_block<kTokens, uint16_t, uint16_t>(x, n, ld_x, g.w[m], g.rows[m], cols, g.y[m], g.ld_y[m], row0);
 }
 
 }  // namespace
@@ -304,6 +321,17 @@ void gemv_f32(const float* x, int64_t n, int64_t ld_x, const float* w, int64_t r
               int64_t ld_y, cudaStream_t stream) {
   if (n == 0 || rows == 0) return;
   GLMS_CHECK(gemv_f32_fits(x, n, ld_x, w, cols), "gemv_f32: at most 4 tokens, 16-byte aligned rows");
+  launch_gemv(x, n, ld_x, w, rows, cols, y, ld_y, stream);
+}
+
+bool gemv_f32_bf16_fits(const float* x, int64_t n, int64_t ld_x, const uint16_t* w, int64_t cols) {
+  return n >= 1 && n <= kGemvMaxTokens && cols % 8 == 0 && ld_x % 4 == 0 && aligned16(x) && aligned16(w);
+}
+
+void gemv_f32_bf16(const float* x, int64_t n, int64_t ld_x, const uint16_t* w, int64_t rows, int64_t cols, float* y,
+                   int64_t ld_y, cudaStream_t stream) {
+  if (n == 0 || rows == 0) return;
+  GLMS_CHECK(gemv_f32_bf16_fits(x, n, ld_x, w, cols), "gemv_f32_bf16: at most 4 tokens, 16-byte aligned rows");
   launch_gemv(x, n, ld_x, w, rows, cols, y, ld_y, stream);
 }
 

@@ -118,12 +118,14 @@ void moe_experts_mma(const uint16_t* x, int64_t hidden, int64_t inter, const Exp
                      float* expert_out, cudaStream_t stream);
 
 // The same for decode-sized batches of tiled MXFP4 experts (moe_experts_stream.cu): the grouped
-// pairs' inputs staged once (a small kernel before each projection), then each warp streams its
+// pairs' inputs staged once (a small kernel before a projection), then each warp streams its
 // weight rows' codes once, kStages steps in flight, against all of an expert's pairs in chunks
 // (8, 16 or 32 tokens) by `chunk_tokens`, the batch's pairs per expert. The mma.sync shapes
 // stage the tokens as fp16 rows with a power-of-two scale each and multiply 8-token tiles; the
 // wgmma shapes widen the codes into wgmma's A registers with the block scales (bf16, exact)
-// against the whole chunk's bf16 tokens in shared memory. No host copy
+// against the whole chunk's bf16 tokens in shared memory; their gate/up kernel writes act
+// ([num_pairs, inter] bf16) with each 32-value block in the order the down kernel reads, so the
+// down projection needs no staging kernel (act is then not in column order). No host copy
 // (graph-capturable). `num_pairs` bounds the plan's pairs on this rank (the staging grid);
 // buffers.staged holds num_pairs x max(hidden, inter) 16-bit values, buffers.unscale num_pairs
 // floats.

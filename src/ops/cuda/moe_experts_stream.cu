@@ -32,6 +32,7 @@
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_fragments.cuh"
+#include "ops/cuda/moe_token_order.h"
 #include "ops/cuda/wgmma.cuh"
 #include "quant/mxfp4_tiles.h"
 
@@ -98,13 +99,15 @@ template <Projection kProj>
 constexpr int kOutputsPerFragment = kProj == Projection::kGateUp ? 8 : 16;
 
 // A fragment's two rows for one pair, each row past a.outputs left out: gate/up, act[pair,
-// base + g] = bf16(silu(row_a) * row_b) (row a the gate, b the up row of the same index); down,
-// out[pair, base + g] = row_a, out[pair, base + 8 + g] = row_b.
-template <Projection kProj>
+// base + g] = bf16(silu(row_a) * row_b) (row a the gate, b the up row of the same index), or with
+// kPermutedAct at staged_position(base + g) (moe_token_order.h: the wgmma down kernel then reads
+// act as its staged rows); down, out[pair, base + g] = row_a, out[pair, base + 8 + g] = row_b.
+template <Projection kProj, bool kPermutedAct = false>
 __device__ __forceinline__ void store_pair_rows(const StreamArgs& a, int64_t pair, int64_t base, int g, float row_a,
                                                 float row_b) {
   if constexpr (kProj == Projection::kGateUp) {
-    if (base + g < a.outputs) a.act[pair * a.outputs + base + g] = float_to_bf16(silu_mul(row_a, row_b));
+    const int64_t column = kPermutedAct ? staged_position(base + g) : base + g;
+    if (base + g < a.outputs) a.act[pair * a.outputs + column] = float_to_bf16(silu_mul(row_a, row_b));
   } else {
     float* row = a.out + pair * a.outputs;
     if (base + g < a.outputs) row[base + g] = row_a;
@@ -378,8 +381,8 @@ __global__ void __launch_bounds__(kWarps * 32) stream_experts_kernel(StreamArgs 
 //
 // wgmma reads B in its stored k order, so the tokens are staged with each 32-value MX block
 // permuted to the order in which a lane's widened pairs sit in the A layout
-// (stage_pairs_permuted_kernel): logical position 16 h + 8 i + 2 t + e of a block holds value
-// 8 t + 4 h + 2 i + e, h the wgmma of the block's pair, i the register pair, e the half.
+// (stage_pairs_permuted_kernel for the gate/up projection's rows, the gate/up kernel's own stores
+// for the down projection's; moe_token_order.h).
 //
 // Pipeline: a ring of kStages slots each holding kSub steps (128 k each): the chunk's token
 // lines (64-k blocks, 128-byte swizzle), each lane's codes and scale words, copied kStages - 1
@@ -412,11 +415,7 @@ __global__ void __launch_bounds__(kStageThreads)
       pairs[4 * c] = v.x, pairs[4 * c + 1] = v.y, pairs[4 * c + 2] = v.z, pairs[4 * c + 3] = v.w;
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int t = 0; t < 4; ++t) permuted[8 * h + 4 * i + t] = pairs[4 * t + 2 * h + i];
+    for (int q = 0; q < 16; ++q) permuted[q] = pairs[staged_source_pair(q)];
 #pragma unroll
     for (int c = 0; c < 4; ++c)
       out[4 * block + c] = make_uint4(permuted[4 * c], permuted[4 * c + 1], permuted[4 * c + 2], permuted[4 * c + 3]);
@@ -463,7 +462,7 @@ __device__ __forceinline__ void token_copy_units(const StreamArgs& a, int chunk,
 }
 
 // A chunk's sums out: acc[4 j + i] is row a (i < 2) or b at token 8 j + 2 t + i % 2 (tokens past
-// `count` left out).
+// `count` left out); gate/up's act in the staged rows' order, for the down kernel to read as is.
 template <Projection kProj, int kTokens>
 __device__ __forceinline__ void store_wgmma_chunk(const StreamArgs& a, int64_t first_output, int chunk, int count, int g,
                                                   int t, const float (&acc)[kTokens / 2]) {
@@ -473,7 +472,7 @@ __device__ __forceinline__ void store_wgmma_chunk(const StreamArgs& a, int64_t f
     for (int i = 0; i < 2; ++i) {
       const int token = 8 * j + 2 * t + i;
       if (token >= count) continue;
-      store_pair_rows<kProj>(a, chunk + token, first_output, g, acc[4 * j + i], acc[4 * j + 2 + i]);
+      store_pair_rows<kProj, true>(a, chunk + token, first_output, g, acc[4 * j + i], acc[4 * j + 2 + i]);
     }
 }
 
@@ -561,7 +560,8 @@ __device__ __forceinline__ void multiply_slot(const uint8_t* slot_generic, uint3
 
 // Block (active expert slot, output tile) as stream_experts_kernel; kWarps / 4 warpgroups, warp
 // w of the block the outputs (tile * kWarps + w) * kOutputsPerFragment onwards (rows past the
-// end repeat the last and are never written). a.staged holds stage_pairs_permuted_kernel's rows.
+// end repeat the last and are never written). a.staged holds stage_pairs_permuted_kernel's rows
+// (gate/up) or act as the gate/up kernel wrote it (down).
 // A slot holds kSub steps (the steps must be a multiple of kSub).
 template <Projection kProj, int kStages, int kTokens, int kWarps, int kSub>
 __global__ void __launch_bounds__(kWarps * 32, 2) stream_wgmma_kernel(StreamArgs a) {
@@ -772,7 +772,9 @@ void moe_experts_stream(const uint16_t* x, int64_t hidden, int64_t inter, const 
   args.act = act;
   launch_shape<Projection::kGateUp>(args, shape, chunk_tokens, max_active, stream);
 
-  stage(act, inter, nullptr, 1);
+  // The wgmma gate/up kernels wrote act in the staged rows' order already.
+  if (wgmma) args.staged = reinterpret_cast<const uint32_t*>(act);
+  else stage(act, inter, nullptr, 1);
   args.k = inter;
   args.codes = static_cast<const uint8_t*>(experts.down);
   args.scales = static_cast<const uint8_t*>(experts.down_scales);
