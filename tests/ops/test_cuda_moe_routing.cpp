@@ -23,6 +23,7 @@
 
 using namespace glms;
 using glms::testing::PlanBuffers;
+using glms::testing::double_product;
 using glms::testing::poisoned;
 using glms::testing::poisoned_bf16;
 using glms::testing::random_choices;
@@ -286,17 +287,12 @@ TEST_F(CudaMoeRouting, RouterProductOnTheTensorCoresMatchesADoubleProduct) {
       };
       const auto planes = product();
       EXPECT_EQ(product(), planes) << "a second run";
-      std::vector<float> summed(plane), expected(plane);
+      std::vector<float> summed(plane);
       for (int64_t i = 0; i < plane; ++i) {
         summed[i] = planes[i];
         for (int p = 1; p < cuda::kRouterProductPlanes; ++p) summed[i] += planes[p * plane + i];
       }
-      for (int t = 0; t < n; ++t)
-        for (int r = 0; r < rows; ++r) {
-          double sum = 0;
-          for (int k = 0; k < cols; ++k) sum += double(x[int64_t{t} * cols + k]) * w32[int64_t{r} * cols + k];
-          expected[int64_t{t} * rows + r] = static_cast<float>(sum);
-        }
+      const std::vector<float> expected = double_product(x, w32, n, rows, cols);
       auto dy_f32 = poisoned(plane);
       gemm.linear_f32(dx.as<float>(), n, dw32.as<float>(), rows, cols, dy_f32.as<float>(), nullptr);
       const double error = relative_l2(summed, expected), f32_error = relative_l2(to_host<float>(dy_f32), expected);

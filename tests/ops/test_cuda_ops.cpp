@@ -15,6 +15,7 @@
 #include "support/numerics.h"
 
 using namespace glms;
+using glms::testing::double_product;
 using glms::testing::poisoned;
 using glms::testing::poisoned_bf16;
 using glms::testing::random_values;
@@ -196,14 +197,7 @@ TEST_F(CudaOps, GroupedAndFp32GemvMatchCpu) {
       const auto w32 = random_values(int64_t{256} * cols, 50, 0.05f);
       auto dw32 = to_device(w32), dx32 = to_device(x), dy32 = poisoned(int64_t{n} * 256);
       gemm.linear_f32(dx32.as<float>(), n, dw32.as<float>(), 256, cols, dy32.as<float>(), nullptr);
-      std::vector<float> expected(int64_t{n} * 256);
-      for (int t = 0; t < n; ++t)
-        for (int r = 0; r < 256; ++r) {
-          double sum = 0;
-          for (int k = 0; k < cols; ++k) sum += double(x[int64_t{t} * cols + k]) * w32[int64_t{r} * cols + k];
-          expected[int64_t{t} * 256 + r] = static_cast<float>(sum);
-        }
-      EXPECT_LT(relative_l2(to_host<float>(dy32), expected), 1e-5) << "fp32, " << n << " tokens";
+      EXPECT_LT(relative_l2(to_host<float>(dy32), double_product(x, w32, n, 256, cols)), 1e-5) << "fp32, " << n << " tokens";
     }
   }
 }
@@ -275,13 +269,7 @@ TEST_F(CudaOps, Fp32ProductFromBf16TermsMatchesTheFp32Gemm) {
     gemm.linear_f32_terms(d0.as<uint16_t>(), dlow.as<uint16_t>(), n, dw16.as<uint16_t>(), rows, cols,
                           dy_terms.as<float>(), nullptr);
     gemm.linear_f32(dx.as<float>(), n, dw32.as<float>(), rows, cols, dy_f32.as<float>(), nullptr);
-    std::vector<float> expected(int64_t{n} * rows);
-    for (int t = 0; t < n; ++t)
-      for (int r = 0; r < rows; ++r) {
-        double sum = 0;
-        for (int k = 0; k < cols; ++k) sum += double(x[int64_t{t} * cols + k]) * w32[int64_t{r} * cols + k];
-        expected[int64_t{t} * rows + r] = static_cast<float>(sum);
-      }
+    const std::vector<float> expected = double_product(x, w32, n, rows, cols);
     const double terms_error = relative_l2(to_host<float>(dy_terms), expected);
     const double f32_error = relative_l2(to_host<float>(dy_f32), expected);
     EXPECT_LT(terms_error, 5e-6) << n << " tokens, fp32 GEMM's error " << f32_error;

@@ -25,6 +25,21 @@ inline double relative_l2(const std::vector<float>& a, const std::vector<float>&
   return a.size() != b.size() ? INFINITY : relative_l2(a.data(), b.data(), a.size());
 }
 
+// The reference of an fp32 product: y [n, rows] = x [n, cols] (rows ld_x apart, 0: cols) .
+// w [rows, cols]^T, each sum in double, rounded to float once.
+inline std::vector<float> double_product(const std::vector<float>& x, const std::vector<float>& w, int n, int rows,
+                                         int cols, int64_t ld_x = 0) {
+  if (ld_x == 0) ld_x = cols;
+  std::vector<float> y(static_cast<size_t>(n) * rows);
+  for (int t = 0; t < n; ++t)
+    for (int r = 0; r < rows; ++r) {
+      double sum = 0;
+      for (int k = 0; k < cols; ++k) sum += double(x[t * ld_x + k]) * w[int64_t{r} * cols + k];
+      y[static_cast<size_t>(t) * rows + r] = static_cast<float>(sum);
+    }
+  return y;
+}
+
 // `count` normal values with standard deviation `scale`, from `seed`.
 inline std::vector<float> random_values(size_t count, uint64_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
