@@ -222,14 +222,7 @@ TEST_F(CudaOps, Fp32GemvOverBf16WeightsMatchesADoubleProduct) {
       cuda::gemv_f32_bf16(dx.as<float>(), n, c.ld_x, dw16.as<uint16_t>(), c.rows, c.cols, dy.as<float>(), c.rows,
                           nullptr);
       cuda::gemv_f32(dx.as<float>(), n, c.ld_x, dw32.as<float>(), c.rows, c.cols, dy_f32.as<float>(), c.rows, nullptr);
-      std::vector<float> expected(int64_t{n} * c.rows);
-      for (int t = 0; t < n; ++t)
-        for (int r = 0; r < c.rows; ++r) {
-          double sum = 0;
-          for (int k = 0; k < c.cols; ++k)
-            sum += double(x[int64_t{t} * c.ld_x + k]) * w32[int64_t{r} * c.cols + k];
-          expected[int64_t{t} * c.rows + r] = static_cast<float>(sum);
-        }
+      const std::vector<float> expected = double_product(x, w32, n, c.rows, c.cols, c.ld_x);
       const double error = relative_l2(to_host<float>(dy), expected);
       const double f32_error = relative_l2(to_host<float>(dy_f32), expected);
       EXPECT_LT(error, 1e-6) << c.rows << " x " << c.cols << ", " << n << " tokens, fp32 GEMV's error " << f32_error;
