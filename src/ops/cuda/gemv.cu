@@ -103,19 +103,36 @@ __device__ __forceinline__ void gemv_block(const X* x, int n, int64_t ld_x, cons
   for (int r = 0; r < kGemvRows; ++r)
 #pragma unroll
     for (int j = 0; j < kTokens; ++j) acc[r][j] = 0.0f;
-  for (int64_t c = begin + lane; c < end; c += 32) {
-    float wv[kGemvRows][kValues];
+  // A block a row (the router's 256 rows) gives a lane only a few chunks: kPasses passes' loads
+  // go out together, predicated, so that they are one round trip to memory rather than one each
+  // (four rows a block already have four loads in flight a pass). The sums' order is unchanged.
+  constexpr int kPasses = kGemvRows == 1 ? 4 : 1;
+  for (int64_t c0 = begin + lane; c0 < end; c0 += 32 * kPasses) {
+    float wv[kPasses][kGemvRows][kValues];
 #pragma unroll
-    for (int r = 0; r < kGemvRows; ++r) Chunk<W>::load(w_rows[r], c, wv[r]);
+    for (int u = 0; u < kPasses; ++u)
+#pragma unroll
+      for (int r = 0; r < kGemvRows; ++r) {
+        if (c0 + 32 * u < end) {
+          Chunk<W>::load(w_rows[r], c0 + 32 * u, wv[u][r]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kValues; ++i) wv[u][r][i] = 0.0f;
+        }
+      }
 #pragma unroll
     for (int j = 0; j < kTokens; ++j) {
       if (j >= n) break;
-      float xv[kValues];
-      XChunk<X, W>::load(x + j * ld_x, c, xv);
 #pragma unroll
-      for (int r = 0; r < kGemvRows; ++r)
+      for (int u = 0; u < kPasses; ++u) {
+        if (c0 + 32 * u >= end) break;
+        float xv[kValues];
+        XChunk<X, W>::load(x + j * ld_x, c0 + 32 * u, xv);
 #pragma unroll
-        for (int i = 0; i < kValues; ++i) acc[r][j] += wv[r][i] * xv[i];
+        for (int r = 0; r < kGemvRows; ++r)
+#pragma unroll
+          for (int i = 0; i < kValues; ++i) acc[r][j] += wv[u][r][i] * xv[i];
+      }
     }
   }
 #pragma unroll
