@@ -317,39 +317,49 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_group_kernel(const uint16_t
 
 namespace {
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Rows of x and w in whole 16-byte chunks, 16-byte aligned, 1 to kGemvMaxTokens tokens.
+template <typename X, typename W>
+bool gemv_fits(const X* x, int64_t n, int64_t ld_x, const W* w, int64_t cols) {
+  constexpr int64_t kChunkW = 16 / sizeof(W), kChunkX = 16 / sizeof(X);  // values in 16 bytes
+  return n >= 1 && n <= kGemvMaxTokens && cols % kChunkW == 0 && ld_x % kChunkX == 0 && aligned16(x) && aligned16(w);
+}
+
+// `name`'s launch: nothing for an empty product, an error for one gemv_fits refuses.
+template <typename X, typename W>
+void checked_gemv(const char* name, const X* x, int64_t n, int64_t ld_x, const W* w, int64_t rows, int64_t cols,
+                  float* y, int64_t ld_y, cudaStream_t stream) {
+  if (n == 0 || rows == 0) return;
+  GLMS_CHECK(gemv_fits(x, n, ld_x, w, cols), std::string(name) + ": at most 4 tokens, 16-byte aligned rows");
+  launch_gemv(x, n, ld_x, w, rows, cols, y, ld_y, stream);
+}
 }  // namespace
 
 bool gemv_bf16_fits(const uint16_t* x, int64_t n, int64_t ld_x, const uint16_t* w, int64_t cols) {
-  return n >= 1 && n <= kGemvMaxTokens && cols % 8 == 0 && ld_x % 8 == 0 && aligned16(x) && aligned16(w);
+  return gemv_fits(x, n, ld_x, w, cols);
 }
 
 bool gemv_f32_fits(const float* x, int64_t n, int64_t ld_x, const float* w, int64_t cols) {
-  return n >= 1 && n <= kGemvMaxTokens && cols % 4 == 0 && ld_x % 4 == 0 && aligned16(x) && aligned16(w);
+  return gemv_fits(x, n, ld_x, w, cols);
+}
+
+bool gemv_f32_bf16_fits(const float* x, int64_t n, int64_t ld_x, const uint16_t* w, int64_t cols) {
+  return gemv_fits(x, n, ld_x, w, cols);
 }
 
 void gemv_bf16(const uint16_t* x, int64_t n, int64_t ld_x, const uint16_t* w, int64_t rows, int64_t cols, float* y,
                int64_t ld_y, cudaStream_t stream) {
-  if (n == 0 || rows == 0) return;
-  GLMS_CHECK(gemv_bf16_fits(x, n, ld_x, w, cols), "gemv_bf16: at most 4 tokens, 16-byte aligned rows");
-  launch_gemv(x, n, ld_x, w, rows, cols, y, ld_y, stream);
+  checked_gemv("gemv_bf16", x, n, ld_x, w, rows, cols, y, ld_y, stream);
 }
 
 void gemv_f32(const float* x, int64_t n, int64_t ld_x, const float* w, int64_t rows, int64_t cols, float* y,
               int64_t ld_y, cudaStream_t stream) {
-  if (n == 0 || rows == 0) return;
-  GLMS_CHECK(gemv_f32_fits(x, n, ld_x, w, cols), "gemv_f32: at most 4 tokens, 16-byte aligned rows");
-  launch_gemv(x, n, ld_x, w, rows, cols, y, ld_y, stream);
-}
-
-bool gemv_f32_bf16_fits(const float* x, int64_t n, int64_t ld_x, const uint16_t* w, int64_t cols) {
-  return n >= 1 && n <= kGemvMaxTokens && cols % 8 == 0 && ld_x % 4 == 0 && aligned16(x) && aligned16(w);
+  checked_gemv("gemv_f32", x, n, ld_x, w, rows, cols, y, ld_y, stream);
 }
 
 void gemv_f32_bf16(const float* x, int64_t n, int64_t ld_x, const uint16_t* w, int64_t rows, int64_t cols, float* y,
                    int64_t ld_y, cudaStream_t stream) {
-  if (n == 0 || rows == 0) return;
-  GLMS_CHECK(gemv_f32_bf16_fits(x, n, ld_x, w, cols), "gemv_f32_bf16: at most 4 tokens, 16-byte aligned rows");
-  launch_gemv(x, n, ld_x, w, rows, cols, y, ld_y, stream);
+  checked_gemv("gemv_f32_bf16", x, n, ld_x, w, rows, cols, y, ld_y, stream);
 }
 
 void gemv_bf16_group(const uint16_t* x, int64_t n, int64_t ld_x, int64_t cols, const GemvOutput* outputs, int count,
