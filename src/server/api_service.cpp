@@ -195,8 +195,35 @@ void ApiService::handle(const HttpRequest& request, std::shared_ptr<Responder> r
 HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr<Responder>& responder,
                                      bool& answered) {
   const std::string path = request.path();
+  if (std::optional<HttpResponse> r = open_endpoint(request, path, responder, answered)) return std::move(*r);
+  if (answered) return {};
+  const bool generate = path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/responses" ||
+                        path == "/v1/responses/input_tokens" || path == "/v1/messages" ||
+                        path == "/v1/messages/count_tokens" || path == "/invocations";
+  const std::string models_prefix = "/v1/models/", responses_prefix = "/v1/responses/";
+  const bool one_model = path.rfind(models_prefix, 0) == 0 && path.size() > models_prefix.size();
+  const bool one_response = path.rfind(responses_prefix, 0) == 0 && path.size() > responses_prefix.size() && !generate;
+  if (path != "/v1/models" && path != "/get_model_info" && !one_model && !one_response && !generate) {
+    std::string served;
+    for (const char* p : kServedPaths) served += (served.empty() ? "" : ", ") + std::string(p);
+    throw_api(404, "Not Found: glmserve does not serve " + path + " (it serves " + served + ")");
+  }
+
+  // Everything under /v1, /invocations and /get_model_info is authenticated (as vLLM does /v1 with --api-key).
+  // Anthropic's clients send their key as x-api-key.
+  std::string authorization = request.header("authorization");
+  if (authorization.empty() && !request.header("x-api-key").empty()) authorization = "Bearer " + request.header("x-api-key");
+  const AuthResult auth = auth_->check(authorization, static_cast<int64_t>(std::time(nullptr)));
+  if (!auth.ok) throw ApiException{auth.error};
+
+  if (one_response) return stored_response(request, path.substr(responses_prefix.size()));
+  if (!generate) return model_endpoint(request, path, one_model ? path.substr(models_prefix.size()) : "");
+  return start_generation(request, path, auth, responder, answered);
+}
+
+std::optional<HttpResponse> ApiService::open_endpoint(const HttpRequest& request, const std::string& path,
+                                                      std::shared_ptr<Responder>& responder, bool& answered) {
   const bool is_get = request.method == "GET" || request.method == "HEAD";
-  const bool is_post = request.method == "POST";
   if (path == "/health" || path == "/ping") {
     if (!is_get) throw_api(405, "Method Not Allowed");
     HttpResponse r;
@@ -236,10 +263,8 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
   }
   // vLLM's tokenizer endpoints, outside /v1 (which vLLM's --api-key guards alone) as there.
   if (path == "/tokenize" || path == "/detokenize") {
-    if (!is_post) throw_api(405, "Method Not Allowed: use POST");
-    if (request.body.size() > config_.max_body_bytes)
-      throw_api(413, "Request body is too large (" + std::to_string(request.body.size()) + " bytes; limit " +
-                         std::to_string(config_.max_body_bytes) + ")");
+    if (request.method != "POST") throw_api(405, "Method Not Allowed: use POST");
+    check_body_size(request);
     return path == "/tokenize" ? tokenize(request) : detokenize(request);
   }
   // SGLang's probe that a generation runs, unauthenticated as /health is.
@@ -249,27 +274,13 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
     start_health_generation(request, responder);
     metrics_->count_http(200, path, request.method);
     answered = true;
-    return {};
   }
-  const bool generate = path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/responses" ||
-                        path == "/v1/responses/input_tokens" || path == "/v1/messages" ||
-                        path == "/v1/messages/count_tokens" || path == "/invocations";
-  const std::string models_prefix = "/v1/models/", responses_prefix = "/v1/responses/";
-  const bool one_model = path.rfind(models_prefix, 0) == 0 && path.size() > models_prefix.size();
-  const bool one_response = path.rfind(responses_prefix, 0) == 0 && path.size() > responses_prefix.size() && !generate;
-  if (path != "/v1/models" && path != "/get_model_info" && !one_model && !one_response && !generate) {
-    std::string served;
-    for (const char* p : kServedPaths) served += (served.empty() ? "" : ", ") + std::string(p);
-    throw_api(404, "Not Found: glmserve does not serve " + path + " (it serves " + served + ")");
-  }
+  return std::nullopt;
+}
 
-  // Everything under /v1, /invocations and /get_model_info is authenticated (as vLLM does /v1 with --api-key).
-  // Anthropic's clients send their key as x-api-key.
-  std::string authorization = request.header("authorization");
-  if (authorization.empty() && !request.header("x-api-key").empty()) authorization = "Bearer " + request.header("x-api-key");
-  const AuthResult auth = auth_->check(authorization, static_cast<int64_t>(std::time(nullptr)));
-  if (!auth.ok) throw ApiException{auth.error};
-
+HttpResponse ApiService::model_endpoint(const HttpRequest& request, const std::string& path,
+                                        const std::string& model_id) const {
+  if (request.method != "GET" && request.method != "HEAD") throw_api(405, "Method Not Allowed");
   auto model_card = [&](const std::string& id) {
     return json{{"id", id},
                 {"object", "model"},
@@ -281,34 +292,29 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
                 {"permission", json::array()}};
   };
   if (path == "/v1/models") {
-    if (!is_get) throw_api(405, "Method Not Allowed");
     json data = json::array({model_card(config_.served_model_name)});
     for (const std::string& alias : config_.model_aliases) data.push_back(model_card(alias));
     return json_response(200, {{"object", "list"}, {"data", data}});
   }
   if (path == "/get_model_info") {  // SGLang's
-    if (!is_get) throw_api(405, "Method Not Allowed");
     return json_response(200, {{"model_path", config_.model_path},
                                {"tokenizer_path", config_.model_path},
                                {"is_generation", true},
                                {"served_model_name", config_.served_model_name}});
   }
-  if (one_response) return stored_response(request, path.substr(responses_prefix.size()));
-  if (one_model) {
-    if (!is_get) throw_api(405, "Method Not Allowed");
-    const std::string id = path.substr(models_prefix.size());
-    check_model(id);
-    return json_response(200, model_card(id));
-  }
-  if (!is_post) throw_api(405, "Method Not Allowed: use POST");
+  check_model(model_id);
+  return json_response(200, model_card(model_id));
+}
+
+HttpResponse ApiService::start_generation(const HttpRequest& request, const std::string& path, const AuthResult& auth,
+                                          std::shared_ptr<Responder>& responder, bool& answered) {
+  if (request.method != "POST") throw_api(405, "Method Not Allowed: use POST");
   if (limiter_->enabled()) {
     const std::string key = auth.identity.empty() ? "ip:" + request.client : auth.identity;
     const double wait = limiter_->acquire(key, monotonic_seconds());
     if (wait > 0) throw ApiException{ApiError{429, "Rate limit exceeded for this client; retry later.", "", wait}};
   }
-  if (request.body.size() > config_.max_body_bytes)
-    throw_api(413, "Request body is too large (" + std::to_string(request.body.size()) + " bytes; limit " +
-                       std::to_string(config_.max_body_bytes) + ")");
+  check_body_size(request);
   // Any Content-Type is read as JSON (curl -d sends form encoding), as the body decides.
   if (draining_.load()) throw ApiException{ApiError{503, "The server is shutting down.", "", 1.0}};
 
@@ -322,6 +328,12 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
   metrics_->count_http(200, path, request.method);
   answered = true;
   return {};
+}
+
+void ApiService::check_body_size(const HttpRequest& request) const {
+  if (request.body.size() > config_.max_body_bytes)
+    throw_api(413, "Request body is too large (" + std::to_string(request.body.size()) + " bytes; limit " +
+                       std::to_string(config_.max_body_bytes) + ")");
 }
 
 void ApiService::check_model(const std::string& model) const {

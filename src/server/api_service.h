@@ -37,6 +37,7 @@ namespace glms::server {
 class ServerMetrics;
 class Authenticator;
 class RateLimiter;
+struct AuthResult;
 
 struct ServiceConfig {
   std::string served_model_name = "glm5";   // the id responses carry
@@ -86,6 +87,16 @@ class ApiService {
 
  private:
   HttpResponse handle_sync(const HttpRequest& request, std::shared_ptr<Responder>& responder, bool& answered);
+  // The endpoints open without a key (probes, metrics, the web UI, tokenize): their response, or
+  // nothing when `path` is not one of them or when it was answered through `responder` (`answered`).
+  std::optional<HttpResponse> open_endpoint(const HttpRequest& request, const std::string& path,
+                                            std::shared_ptr<Responder>& responder, bool& answered);
+  // GET /v1/models, /v1/models/{model_id} and SGLang's /get_model_info.
+  HttpResponse model_endpoint(const HttpRequest& request, const std::string& path, const std::string& model_id) const;
+  // POST of a generation or a token count: rate limit, body size, then the request's own handler.
+  HttpResponse start_generation(const HttpRequest& request, const std::string& path, const AuthResult& auth,
+                                std::shared_ptr<Responder>& responder, bool& answered);
+  void check_body_size(const HttpRequest& request) const;  // 413 past serve --max-body-bytes
   void start_chat(const HttpRequest& request, std::shared_ptr<Responder> responder);
   // A parsed chat request's generation, answered through `responder`; `path` names it in the log.
   void run_chat(ChatRequest req, const std::string& client, std::shared_ptr<Responder> responder, const char* path);
