@@ -51,6 +51,45 @@ DraftVerdict verify_sampled(model::StepRunner& target, const model::ForwardBatch
   return sampler.verify_drafts(drafts.data(), K, draft_probs.data(), target_probs.data(), vocab);
 }
 
+// The pending MTP entries of a speculative step and where they stand.
+struct MtpEntries {
+  int start = 0;                // position of the first entry
+  std::vector<int32_t> tokens;  // the token after each entry
+  std::vector<float> hidden;    // [entries, hidden]: the target's h_j of each entry
+};
+
+// Step 1 of a speculative step: K drafts from the MTP layer. The pending entries run first
+// (after the prompt they are as many as its tokens, so in pieces no longer than a prefill chunk,
+// the runner's max_tokens; only the last piece's last row drafts d1), then the chain d2 .. dK,
+// each from the MTP output hidden state before it. `draft_step(batch, h_prev, h_out, k)` runs one
+// MTP forward and returns draft k (k < 0: no draft wanted). `context`: the target positions in
+// the cache.
+template <typename DraftStep>
+std::vector<int32_t> draft_tokens(const DraftStep& draft_step, const MtpEntries& entries, int64_t hidden,
+                                  int context, int K, const std::vector<int32_t>& table, const GenerateOptions& options) {
+  std::vector<int32_t> drafts;
+  std::vector<float> chain_hidden;
+  const size_t piece = static_cast<size_t>(std::max(1, options.prefill_chunk));
+  for (size_t start = 0; start < entries.tokens.size(); start += piece) {
+    const size_t end = std::min(entries.tokens.size(), start + piece);
+    model::ForwardBatch batch;
+    batch.add_sequence(std::vector<int32_t>(entries.tokens.begin() + start, entries.tokens.begin() + end),
+                       entries.start + static_cast<int>(start), table, options.block_size, false);
+    const int32_t draft = draft_step(batch, entries.hidden.data() + static_cast<int64_t>(start) * hidden,
+                                     &chain_hidden, end == entries.tokens.size() ? 0 : -1);
+    if (end == entries.tokens.size()) drafts.push_back(draft);
+  }
+  chain_hidden.erase(chain_hidden.begin(), chain_hidden.end() - hidden);  // the last entry's output
+  for (int k = 1; k < K; ++k) {
+    model::ForwardBatch batch;
+    batch.add_sequence({drafts.back()}, context - 1 + k, table, options.block_size, false);
+    std::vector<float> out_hidden;
+    drafts.push_back(draft_step(batch, chain_hidden.data(), &out_hidden, k));
+    chain_hidden = std::move(out_hidden);
+  }
+  return drafts;
+}
+
 }  // namespace
 
 GenerateResult generate_speculative(const model::Glm5Model& model, const std::vector<int32_t>& prompt,
@@ -67,7 +106,6 @@ GenerateResult generate_speculative(model::StepRunner& target, const std::vector
   if (!target.has_mtp()) fail("speculative decoding with MTP needs a checkpoint with an MTP layer");
   // Verification writes up to K + 1 positions past the last accepted token.
   const int64_t total = detail::checked_total_positions(config, prompt, options, K + 1);
-  const int block_size = options.block_size;
   const std::vector<int32_t> table = detail::allocate_private(target, total, options);
   const int64_t hidden = config.hidden_size;
   const int vocab = config.vocab_size;
@@ -96,50 +134,26 @@ GenerateResult generate_speculative(model::StepRunner& target, const std::vector
 
   // Prefill, keeping every prompt position's pre-norm hidden state for the MTP entries.
   const auto prefill_start = std::chrono::steady_clock::now();
-  std::vector<float> entry_hidden;  // [entries, hidden]: h_j of the MTP entries still to run
-  const std::vector<float> logits = detail::prefill(target, prompt, table, options, &entry_hidden);
+  MtpEntries entries;
+  const std::vector<float> logits = detail::prefill(target, prompt, table, options, &entries.hidden);
   result.prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - prefill_start).count();
 
   const auto decode_start = std::chrono::steady_clock::now();
   int32_t next = sampler.sample(logits.data(), vocab, options.sampling);
   if (emit(next)) return result;
-  int entry_start = 0;                                                   // position of the first pending entry
-  std::vector<int32_t> entry_tokens(prompt.begin() + 1, prompt.end());  // the token after each entry
-  entry_tokens.push_back(next);
+  entries.tokens.assign(prompt.begin() + 1, prompt.end());
+  entries.tokens.push_back(next);
   int context = static_cast<int>(prompt.size());  // target positions in the cache; `next` is at `context`
 
   while (true) {
     // 1. Draft K tokens: the pending entries (true hidden states), then the chain.
-    std::vector<int32_t> drafts;
-    std::vector<float> chain_hidden;
-    {
-      // After the prompt the entries are as many as its tokens: run them in pieces no longer than
-      // a prefill chunk (the runner's max_tokens); only the last piece's last row drafts.
-      const size_t piece = static_cast<size_t>(std::max(1, options.prefill_chunk));
-      for (size_t start = 0; start < entry_tokens.size(); start += piece) {
-        const size_t end = std::min(entry_tokens.size(), start + piece);
-        model::ForwardBatch batch;
-        batch.add_sequence(std::vector<int32_t>(entry_tokens.begin() + start, entry_tokens.begin() + end),
-                           entry_start + static_cast<int>(start), table, block_size, false);
-        const int32_t draft = draft_step(batch, entry_hidden.data() + static_cast<int64_t>(start) * hidden,
-                                         &chain_hidden, end == entry_tokens.size() ? 0 : -1);
-        if (end == entry_tokens.size()) drafts.push_back(draft);
-      }
-      chain_hidden.erase(chain_hidden.begin(), chain_hidden.end() - hidden);  // the last entry's output
-    }
-    for (int k = 1; k < K; ++k) {
-      model::ForwardBatch batch;
-      batch.add_sequence({drafts.back()}, context - 1 + k, table, block_size, false);
-      std::vector<float> out_hidden;
-      drafts.push_back(draft_step(batch, chain_hidden.data(), &out_hidden, k));
-      chain_hidden = std::move(out_hidden);
-    }
+    const std::vector<int32_t> drafts = draft_tokens(draft_step, entries, hidden, context, K, table, options);
 
     // 2. Verify [next, d1 .. dK] in one target forward.
     std::vector<int32_t> verify = {next};
     verify.insert(verify.end(), drafts.begin(), drafts.end());
     model::ForwardBatch batch;
-    batch.add_sequence(verify, context, table, block_size, true);
+    batch.add_sequence(verify, context, table, options.block_size, true);
     model::ForwardTrace trace;
     trace.record_layers = false;  // only the last hidden states feed the MTP entries
     const DraftVerdict verdict =
@@ -159,10 +173,10 @@ GenerateResult generate_speculative(model::StepRunner& target, const std::vector
     if (finished) break;
 
     // 3. The verified positions become the next MTP entries, with the target's hidden states.
-    entry_start = context;
-    entry_tokens.assign(drafts.begin(), drafts.begin() + accepted);
-    entry_tokens.push_back(bonus);
-    entry_hidden.assign(trace.last_hidden.begin(), trace.last_hidden.begin() + (accepted + 1) * hidden);
+    entries.start = context;
+    entries.tokens.assign(drafts.begin(), drafts.begin() + accepted);
+    entries.tokens.push_back(bonus);
+    entries.hidden.assign(trace.last_hidden.begin(), trace.last_hidden.begin() + (accepted + 1) * hidden);
     context += accepted + 1;
     next = bonus;
   }
