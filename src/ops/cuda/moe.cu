@@ -21,6 +21,49 @@ namespace glms::ops::cuda {
 
 namespace {
 
+// Group-limited routing (n_group > 1): a group's score is the sum of its two best choices, and the
+// choices of all but the topk_group best groups become -inf. choice[i]: lane j's choice for
+// expert j + 32 i. Called by the whole warp.
+template <int kPerLane>
+__device__ __forceinline__ void limit_to_best_groups(const MoeRouting& r, float (&choice)[kPerLane]) {
+  __shared__ float group_choice[kPerLane * 32];
+  __shared__ float group_scores[32];
+  __shared__ bool keep_group[32];
+  const int lane = threadIdx.x, E = r.num_experts;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i)
+    if (32 * i + lane < E) group_choice[32 * i + lane] = choice[i];
+  __syncwarp();
+  const int per_group = E / r.n_group;
+  if (lane < r.n_group) {
+    float best = -INFINITY, second = -INFINITY;
+    for (int i = 0; i < per_group; ++i) {
+      const float v = group_choice[lane * per_group + i];
+      if (v > best) {
+        second = best;
+        best = v;
+      } else if (v > second) {
+        second = v;
+      }
+    }
+    group_scores[lane] = per_group > 1 ? best + second : best;
+    keep_group[lane] = false;
+  }
+  __syncwarp();
+  if (lane == 0) {
+    for (int i = 0; i < r.topk_group; ++i) {
+      int chosen = -1;
+      for (int g = 0; g < r.n_group; ++g)
+        if (!keep_group[g] && (chosen < 0 || group_scores[g] > group_scores[chosen])) chosen = g;
+      keep_group[chosen] = true;
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i)
+    if (32 * i + lane < E && !keep_group[(32 * i + lane) / per_group]) choice[i] = -INFINITY;
+}
+
 // One warp a token; lane j holds experts j + 32 i (i < kPerLane) in registers: their sigmoid
 // scores and choices (score + correction bias). Each of the top_k rounds takes the warp's best
 // choice (ties to the lower expert id) by a local pass and two warp reductions of order keys
@@ -41,9 +84,6 @@ __global__ void __launch_bounds__(32)
     }
     return;
   }
-  __shared__ float group_choice[kPerLane * 32];
-  __shared__ float group_scores[32];
-  __shared__ bool keep_group[32];
   const int t = blockIdx.x, lane = threadIdx.x, E = r.num_experts;
   float score[kPerLane], choice[kPerLane];
   {
@@ -65,41 +105,7 @@ __global__ void __launch_bounds__(32)
       choice[i] = score[i] + offset[i];
     }
   }
-  if (r.n_group > 1) {
-    // A group's score is the sum of its two best choices; only topk_group groups compete.
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i)
-      if (32 * i + lane < E) group_choice[32 * i + lane] = choice[i];
-    __syncwarp();
-    const int per_group = E / r.n_group;
-    if (lane < r.n_group) {
-      float best = -INFINITY, second = -INFINITY;
-      for (int i = 0; i < per_group; ++i) {
-        const float v = group_choice[lane * per_group + i];
-        if (v > best) {
-          second = best;
-          best = v;
-        } else if (v > second) {
-          second = v;
-        }
-      }
-      group_scores[lane] = per_group > 1 ? best + second : best;
-      keep_group[lane] = false;
-    }
-    __syncwarp();
-    if (lane == 0) {
-      for (int i = 0; i < r.topk_group; ++i) {
-        int chosen = -1;
-        for (int g = 0; g < r.n_group; ++g)
-          if (!keep_group[g] && (chosen < 0 || group_scores[g] > group_scores[chosen])) chosen = g;
-        keep_group[chosen] = true;
-      }
-    }
-    __syncwarp();
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i)
-      if (32 * i + lane < E && !keep_group[(32 * i + lane) / per_group]) choice[i] = -INFINITY;
-  }
+  if (r.n_group > 1) limit_to_best_groups<kPerLane>(r, choice);
   // Lane k % 32 keeps round k's expert and score (top_k <= 64: two slots a lane).
   int my_id[2] = {0, 0};
   float my_score[2] = {0.0f, 0.0f};
