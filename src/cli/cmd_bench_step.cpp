@@ -128,8 +128,8 @@ void add_linear_and_attention_options(CLI::App* cmd, BenchStepOptions* o) {
       ->capture_default_str();
 }
 
-// The routed experts' kernel paths by format and pairs per expert.
-void add_expert_options(CLI::App* cmd, BenchStepOptions* o) {
+// Which grouped GEMMs the routed experts take, by format and pairs per expert.
+void add_expert_gemm_thresholds(CLI::App* cmd, BenchStepOptions* o) {
   cmd->add_option("--wgmma-experts-min-pairs", o->kernels.wgmma_experts_min_pairs,
                   "Routed experts (tiled MXFP4 or bf16) run as grouped GEMMs on the warpgroup tensor cores from this "
                   "many pairs per expert on average (0: never)")
@@ -170,6 +170,10 @@ void add_expert_options(CLI::App* cmd, BenchStepOptions* o) {
                   "take the bf16 warp-specialised grouped GEMMs, where the rank holds the buffer (0: never)")
       ->check(non_negative_number())
       ->capture_default_str();
+}
+
+// The expert GEMMs' pairing, and where the MoE and the MLPs keep bf16 values.
+void add_expert_pairing_and_precision(CLI::App* cmd, BenchStepOptions* o) {
   cmd->add_option("--paired-bf16-experts", o->kernels.paired_bf16_experts,
                   "Those GEMMs take an expert's row tiles two by two in thread block clusters that load each weight "
                   "line once for both (TMA multicast; true/false)")
@@ -198,6 +202,10 @@ void add_expert_options(CLI::App* cmd, BenchStepOptions* o) {
                   "weights, no tensor parallelism) into the residual stream in the GEMM itself (0: never)")
       ->check(non_negative_number())
       ->capture_default_str();
+}
+
+// The FP8 expert GEMMs' forms, persistent blocks, and the grouped GEMMs' tile rows.
+void add_expert_gemm_shapes(CLI::App* cmd, BenchStepOptions* o) {
   cmd->add_option("--wgmma-fp8-experts", o->kernels.wgmma_fp8_experts,
                   "Block-FP8 routed experts take W8A8 grouped GEMMs on the FP8 tensor cores from those pairs per "
                   "expert (true/false; false: mma.sync kernels, then each expert widened to bf16 for cuBLAS)")
@@ -228,6 +236,10 @@ void add_expert_options(CLI::App* cmd, BenchStepOptions* o) {
                   "Grouped rows a block of those GEMMs: 64, 128, or 0 (128 from 80 pairs per expert)")
       ->check(CLI::IsMember({0, 64, 128}))
       ->capture_default_str();
+}
+
+// The streamed decode kernels of MXFP4 experts, and cuBLAS's grouped GEMM for large bf16 batches.
+void add_streamed_expert_options(CLI::App* cmd, BenchStepOptions* o) {
   cmd->add_option("--stream-experts-min-pairs", o->kernels.stream_experts_min_pairs,
                   "MXFP4 routed experts of steps with from this many pairs per expert on average run on the streamed "
                   "decode kernels")
@@ -250,6 +262,14 @@ void add_expert_options(CLI::App* cmd, BenchStepOptions* o) {
   cmd->add_option("--grouped-expert-gemm", o->kernels.grouped_expert_gemm,
                   "bf16 experts of large batches through one cuBLAS grouped GEMM per projection (true/false)")
       ->capture_default_str();
+}
+
+// The routed experts' kernel paths by format and pairs per expert.
+void add_expert_options(CLI::App* cmd, BenchStepOptions* o) {
+  add_expert_gemm_thresholds(cmd, o);
+  add_expert_pairing_and_precision(cmd, o);
+  add_expert_gemm_shapes(cmd, o);
+  add_streamed_expert_options(cmd, o);
 }
 
 // Sampling on the device, the decode indexer's shape and the shared expert's second stream.
