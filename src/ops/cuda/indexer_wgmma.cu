@@ -122,35 +122,14 @@ __global__ void gather_keys_fp8_kernel(const void* key_cache, const float* key_s
   if (chunk == 0) scales[j] = scale;
 }
 
-// Block (8 tokens of the chunk, key tiles blockIdx.y, + gridDim.y, ...); keys: [context, 128]
-// bf16, or E4M3 codes with key_scales [context] (kFp8).
+// The block's tokens token0 .. token0 + tokens - 1 into shared memory: their queries as bf16, or
+// as E4M3 with a scale a (token, head) line into query_scales ([kQueryLines]; a warp a line, four
+// values a lane), into the swizzled query lines at queries_generic (tokens past the chunk: zeros);
+// and the head weights times the scales (relu(x * s) = s * relu(x) for the positive softmax
+// scale, and the query scales) into weights ([kTokens][4][4][2]).
 template <bool kFp8>
-__global__ void __launch_bounds__(kThreads, 1) indexer_wgmma_kernel(IndexerScoreArgs a, int first, int count,
-                                                                    int context, const void* keys,
-                                                                    const float* key_scales) {
-  chained_grid_prologue();
-  using O = Operands<kFp8>;
-  constexpr int kQueryBytes = O::kQueryBytes, kKeyStageBytes = O::kKeyStageBytes;
-  extern __shared__ __align__(16) uint8_t shared_raw[];
-  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
-  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
-  const uint32_t queries = raw + pad, key_stages = queries + kQueryBytes;
-  uint8_t* const queries_generic = shared_raw + pad;
-  float* const weights = reinterpret_cast<float*>(shared_raw + pad + kQueryBytes + 2 * kKeyStageBytes);
-  float* const query_scales = weights + kTokens * kHeads;  // kFp8
-
-  const int token0 = first + blockIdx.x * kTokens, tokens = min(kTokens, first + count - token0);
-  // Keys to score: the block's longest causal extent, none where every token selects all.
-  int extent = 0;
-  for (int i = 0; i < tokens; ++i) {
-    const int causal = a.positions[token0 + i] + 1;
-    if (causal > a.top_k) extent = max(extent, min(causal, context));
-  }
-  if (extent == 0) return;
-
-  // Queries as bf16, or as E4M3 with a scale a (token, head) line: a warp a line, four values a
-  // lane (tokens past the chunk: zeros); and the weights times the scales (relu(x * s) = s *
-  // relu(x) for the positive softmax scale, and the query scales).
+__device__ __forceinline__ void stage_queries(const IndexerScoreArgs& a, int token0, int tokens, uint8_t* queries_generic,
+                                              float* weights, float* query_scales) {
   if constexpr (kFp8) {
     for (int line = threadIdx.x / 32; line < kQueryLines; line += kThreads / 32) {
       const int lane = threadIdx.x % 32, i = line / kHeads;
@@ -185,6 +164,35 @@ __global__ void __launch_bounds__(kThreads, 1) indexer_wgmma_kernel(IndexerScore
                          query_scale
                    : 0.0f;
   }
+}
+
+// Block (8 tokens of the chunk, key tiles blockIdx.y, + gridDim.y, ...); keys: [context, 128]
+// bf16, or E4M3 codes with key_scales [context] (kFp8).
+template <bool kFp8>
+__global__ void __launch_bounds__(kThreads, 1) indexer_wgmma_kernel(IndexerScoreArgs a, int first, int count,
+                                                                    int context, const void* keys,
+                                                                    const float* key_scales) {
+  chained_grid_prologue();
+  using O = Operands<kFp8>;
+  constexpr int kQueryBytes = O::kQueryBytes, kKeyStageBytes = O::kKeyStageBytes;
+  extern __shared__ __align__(16) uint8_t shared_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
+  const uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
+  const uint32_t queries = raw + pad, key_stages = queries + kQueryBytes;
+  uint8_t* const queries_generic = shared_raw + pad;
+  float* const weights = reinterpret_cast<float*>(shared_raw + pad + kQueryBytes + 2 * kKeyStageBytes);
+  float* const query_scales = weights + kTokens * kHeads;  // kFp8
+
+  const int token0 = first + blockIdx.x * kTokens, tokens = min(kTokens, first + count - token0);
+  // Keys to score: the block's longest causal extent, none where every token selects all.
+  int extent = 0;
+  for (int i = 0; i < tokens; ++i) {
+    const int causal = a.positions[token0 + i] + 1;
+    if (causal > a.top_k) extent = max(extent, min(causal, context));
+  }
+  if (extent == 0) return;
+
+  stage_queries<kFp8>(a, token0, tokens, queries_generic, weights, query_scales);
 
   // A key is kRowBytes: 16-byte chunk `chunk` of key r goes to line block chunk / 8.
   constexpr int kRowBytes = kFp8 ? kDim : 2 * kDim, kChunks = kRowBytes / 16;
