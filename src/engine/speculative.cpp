@@ -66,7 +66,8 @@ struct MtpEntries {
 // the cache.
 template <typename DraftStep>
 std::vector<int32_t> draft_tokens(const DraftStep& draft_step, const MtpEntries& entries, int64_t hidden,
-                                  int context, int K, const std::vector<int32_t>& table, const GenerateOptions& options) {
+                                  int context, int K, const std::vector<int32_t>& table,
+                                  const GenerateOptions& options) {
   std::vector<int32_t> drafts;
   std::vector<float> chain_hidden;
   const size_t piece = static_cast<size_t>(std::max(1, options.prefill_chunk));

@@ -128,8 +128,8 @@ __global__ void gather_keys_fp8_kernel(const void* key_cache, const float* key_s
 // and the head weights times the scales (relu(x * s) = s * relu(x) for the positive softmax
 // scale, and the query scales) into weights ([kTokens][4][4][2]).
 template <bool kFp8>
-__device__ __forceinline__ void stage_queries(const IndexerScoreArgs& a, int token0, int tokens, uint8_t* queries_generic,
-                                              float* weights, float* query_scales) {
+__device__ __forceinline__ void stage_queries(const IndexerScoreArgs& a, int token0, int tokens,
+                                              uint8_t* queries_generic, float* weights, float* query_scales) {
   if constexpr (kFp8) {
     for (int line = threadIdx.x / 32; line < kQueryLines; line += kThreads / 32) {
       const int lane = threadIdx.x % 32, i = line / kHeads;

@@ -140,181 +140,105 @@ __device__ __forceinline__ void widen_tile(uint8_t* stage, const uint8_t* codes)
   }
 }
 
-// Grid (launched token, split); a split covers selected rows [split * rows_per_split, + rows_per_split).
-// a.queries: [T, H, 576] bf16, pre-scaled. With one split the block writes the normalised output
-// (bf16); otherwise `partials` as mla_merge_splits reads them.
+// The block's shared memory, aligned to 1024 bytes: the queries (their region holds the normalised
+// rows at the end), the bf16 stages, the FP8 codes stage, P, and the small arrays; as shared-window
+// addresses for the copies and wgmma descriptors, and generic pointers for the threads' own use.
 template <CacheStorage kStorage>
-__global__ void __launch_bounds__(kThreads, 1)
-    mla_wgmma_kernel(MlaAttentionArgs a, int rows_per_split, int splits, float* partials) {
-  chained_grid_prologue();
-  constexpr bool kFp8 = kStorage == CacheStorage::kFp8;
-  constexpr int kStageBytes = stages_of(kStorage) * kTileBytes;
-  extern __shared__ __align__(16) uint8_t shared_raw[];
-  const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
-  const uint32_t queries = aligned.address, rows = queries + kQueryBytes, codes = rows + kStageBytes;
-  const uint32_t probs = codes + codes_bytes_of(kStorage);
-  uint8_t* const generic = aligned.generic;
-  uint8_t* const rows_generic = generic + kQueryBytes;
-  const uint8_t* const codes_generic = rows_generic + kStageBytes;
-  uint8_t* probs_generic = generic + (probs - queries);
-  int32_t* slot = reinterpret_cast<int32_t*>(probs_generic + kProbBytes);  // [64]
-  float* max_part = reinterpret_cast<float*>(slot + kTileRows);  // [2][64] per warpgroup
-  float* sum_part = max_part + 2 * kHeads;                       // [2][64]
+struct SharedLayout {
+  static constexpr int kStageBytes = stages_of(kStorage) * kTileBytes;
+  uint32_t queries, rows, codes, probs;
+  uint8_t* generic;              // the queries' region
+  uint8_t* rows_generic;         // the bf16 stages
+  const uint8_t* codes_generic;  // the FP8 codes stage
+  uint8_t* probs_generic;        // P, [64 heads, 64 rows] bf16 in swizzled lines
+  int32_t* slot;                 // [64]: the tile's rows' cache slots
+  float* max_part;               // [2][64]: each warpgroup's max a head
+  float* sum_part;               // [2][64]: each warpgroup's sum a head
+  __device__ __forceinline__ explicit SharedLayout(uint8_t* shared_raw) {
+    const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
+    queries = aligned.address, rows = queries + kQueryBytes, codes = rows + kStageBytes;
+    probs = codes + codes_bytes_of(kStorage);
+    generic = aligned.generic;
+    rows_generic = generic + kQueryBytes;
+    codes_generic = rows_generic + kStageBytes;
+    probs_generic = generic + (probs - queries);
+    slot = reinterpret_cast<int32_t*>(probs_generic + kProbBytes);
+    max_part = reinterpret_cast<float*>(slot + kTileRows);
+    sum_part = max_part + 2 * kHeads;
+  }
+};
 
-  const int i = blockIdx.x, t = a.first_token + i, split = blockIdx.y;
-  const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
-  const int head_row[2] = {16 * warp + g, 16 * warp + g + 8};  // this thread's heads in S, P and O
-  const int H = a.num_heads, begin = split * rows_per_split;
-  const int count = max(0, min(a.num_selected[t] - begin, rows_per_split));  // this split's rows
-  const int32_t* chosen = a.selected + static_cast<int64_t>(t) * a.max_selected + begin;
-  const int32_t* blocks = a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks;
-  // A selected row's context position (-1 past the split's rows), and a position's cache slot.
-  // Thread r < 64 looks up row r of a tile in two steps an iteration apart (the position two
-  // tiles ahead, the slot one tile ahead), so that neither dependent load waits in the loop: in
-  // decode both come from memory, about a microsecond each.
-  auto position_of = [&](int j) -> int32_t { return j < count ? chosen[j] : -1; };
-  auto slot_of = [&](int32_t position) -> int32_t {
-    return position < 0 ? -1 : blocks[position / a.block_size] * a.block_size + position % a.block_size;
-  };
+// The split's selected rows: a row's context position (-1 past the split's `count` rows of
+// `chosen`), and a position's cache slot through the sequence's block table.
+struct SplitRows {
+  const int32_t* chosen;
+  const int32_t* blocks;
+  int count, block_size;
+  __device__ __forceinline__ int32_t position_of(int j) const { return j < count ? chosen[j] : -1; }
+  __device__ __forceinline__ int32_t slot_of(int32_t position) const {
+    return position < 0 ? -1 : blocks[position / block_size] * block_size + position % block_size;
+  }
+};
 
-  // The token's queries (heads past H: zeros) and the first tile, one cp.async group.
-  const uint16_t* token_queries = a.queries + static_cast<int64_t>(t) * H * kRow;
+// The token's queries (token_queries, [H, 576]; heads past H: zeros) and the split's first tile
+// (into `first_stage`: the bf16 rows or the FP8 codes), one cp.async group; thread r < 64 then
+// holds row r's slot of the next tile and position of the one after.
+template <CacheStorage kStorage>
+__device__ __forceinline__ void issue_first_tile(const uint16_t* token_queries, int H, uint32_t queries,
+                                                 uint32_t first_stage, int32_t* slot, const SplitRows& lookup,
+                                                 const void* cache, int32_t* next_slot, int32_t* next_position) {
   const int query_head = threadIdx.x / 4;
   copy_lines(queries, token_queries + (query_head < H ? query_head * kRow : 0), query_head < H);
-  int32_t next_slot = -1, next_position = -1;  // of this thread's row of the next tile / the one after
   if (threadIdx.x < kTileRows) {
-    slot[threadIdx.x] = slot_of(position_of(threadIdx.x));
-    next_position = position_of(kTileRows + threadIdx.x);
+    slot[threadIdx.x] = lookup.slot_of(lookup.position_of(threadIdx.x));
+    *next_position = lookup.position_of(kTileRows + threadIdx.x);
   }
   __syncthreads();
-  load_tile<kStorage>(kFp8 ? codes : rows, slot, a.cache);
+  load_tile<kStorage>(first_stage, slot, cache);
   wgmma::copy_async_commit();
   if (threadIdx.x < kTileRows) {
-    next_slot = slot_of(next_position);
-    next_position = position_of(2 * kTileRows + threadIdx.x);
+    *next_slot = lookup.slot_of(*next_position);
+    *next_position = lookup.position_of(2 * kTileRows + threadIdx.x);
   }
   __syncthreads();  // every thread has read slot for tile 0 before the loop overwrites it
+}
 
-  float out[2][64];  // O[heads, 256 wg + 128 half + 8 j + 2 tq (+1)] at out[half][4 j + ...]
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int k = 0; k < 64; ++k) out[h][k] = 0.0f;
-  float run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};  // sums over this thread's columns
-  const int tiles = (count + kTileRows - 1) / kTileRows;
-  for (int tile = 0; tile < tiles; ++tile) {
-    const uint32_t stage = rows + (kFp8 ? 0 : (tile & 1) * kTileBytes);
-    if constexpr (kFp8) {
-      wgmma::copy_async_wait<0>();  // this tile's codes (and the queries) have landed
-      // Every thread has issued this tile's copies (which read slot) before the last barrier.
-      if (threadIdx.x < kTileRows) slot[threadIdx.x] = next_slot;
-      __syncthreads();  // every thread's codes are in; the stage's readers (last tile's P V) are done
-      widen_tile(rows_generic, codes_generic);
-      wgmma::fence_async_proxy();
-      __syncthreads();  // the stage is this tile's; the codes stage is free for the next
-      if (tile + 1 < tiles) load_tile<kStorage>(codes, slot, a.cache);
-      wgmma::copy_async_commit();
-    } else {
-      // Every thread has issued this tile's copies (which read slot) before the last barrier.
-      if (threadIdx.x < kTileRows) slot[threadIdx.x] = next_slot;
-      __syncthreads();  // slot is the next tile's; the other stage's readers (last tile's P V) are done
-      if (tile + 1 < tiles) load_tile<kStorage>(rows + ((tile + 1) & 1) * kTileBytes, slot, a.cache);
-      wgmma::copy_async_commit();
-    }
-    if (threadIdx.x < kTileRows) {  // used by the next iterations
-      next_slot = slot_of(next_position);
-      next_position = position_of((tile + 3) * kTileRows + threadIdx.x);
-    }
-    if constexpr (!kFp8) {
-      wgmma::copy_async_wait<1>();  // all but the next tile's group: this tile (and the queries) have landed
-      wgmma::fence_async_proxy();
-      __syncthreads();
-    }
-
-    // S[64 heads, rows 32 wg .. +31] over the 36 k16 steps of the row.
-    float score[16];
-#pragma unroll
-    for (int k = 0; k < 16; ++k) score[k] = 0.0f;
-    wgmma::pin(score);
-    wgmma::fence();
-#pragma unroll
-    for (int ks = 0; ks < kRow / 16; ++ks) {
-      const uint32_t column = (ks / 4) * kBlockBytes + (ks % 4) * 32;
-      wgmma::m64n32k16(score, descriptor(queries + column, 16, 1024),
-                  descriptor(stage + column + wg * 32 * kLineBytes, 16, 1024), ks > 0);
-    }
-    wgmma::commit();
-    wgmma::wait_all();
-    wgmma::pin(score);
-
-    // Rows past the selection get -inf; each head's max over this warpgroup's rows, then both.
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < 4; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (tile * kTileRows + 32 * wg + 8 * n + 2 * tq + (e & 1) >= count) score[4 * n + e] = -INFINITY;
-        tile_max[e / 2] = fmaxf(tile_max[e / 2], score[4 * n + e]);
-      }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-      if (tq == 0) max_part[wg * kHeads + head_row[h]] = tile_max[h];
-    }
-    __syncthreads();
-    // The tile's first row is selected and lies in warpgroup 0's half: every new max is finite.
-    float new_max[2], rescale[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      new_max[h] = fmaxf(run_max[h], fmaxf(max_part[head_row[h]], max_part[kHeads + head_row[h]]));
-      rescale[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - new_max[h]);
-      run_max[h] = new_max[h];
-      run_sum[h] *= rescale[h];
-    }
-#pragma unroll
-    for (int n = 0; n < 4; ++n)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint16_t p0 = float_to_bf16(__expf(score[4 * n + 2 * h] - new_max[h]));
-        const uint16_t p1 = float_to_bf16(__expf(score[4 * n + 2 * h + 1] - new_max[h]));
-        run_sum[h] += bf16_to_float(p0) + bf16_to_float(p1);
-        const int column = 32 * wg + 8 * n + 2 * tq;
-        *reinterpret_cast<uint32_t*>(probs_generic + swizzled(head_row[h], column / 8) + (column % 8) * 2) =
-            static_cast<uint32_t>(p0) | static_cast<uint32_t>(p1) << 16;
-      }
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        out[half][4 * j] *= rescale[0];
-        out[half][4 * j + 1] *= rescale[0];
-        out[half][4 * j + 2] *= rescale[1];
-        out[half][4 * j + 3] *= rescale[1];
-      }
+// The copies of one step of the tile loop: `slot` becomes the next tile's (thread r < 64 holds its
+// row r's cache slot in `next_slot`), and the next tile's rows (bf16: into the other stage) or
+// codes (FP8: after this tile's codes are widened into the bf16 stage) are issued as one cp.async
+// group. The bf16 path still waits for this tile's group after this.
+template <CacheStorage kStorage>
+__device__ __forceinline__ void copy_tile_rows(int tile, int tiles, uint32_t rows, uint32_t codes,
+                                               uint8_t* rows_generic, const uint8_t* codes_generic, int32_t* slot,
+                                               int32_t next_slot, const void* cache) {
+  if constexpr (kStorage == CacheStorage::kFp8) {
+    wgmma::copy_async_wait<0>();  // this tile's codes (and the queries) have landed
+    // Every thread has issued this tile's copies (which read slot) before the last barrier.
+    if (threadIdx.x < kTileRows) slot[threadIdx.x] = next_slot;
+    __syncthreads();  // every thread's codes are in; the stage's readers (last tile's P V) are done
+    widen_tile(rows_generic, codes_generic);
     wgmma::fence_async_proxy();
-    __syncthreads();  // P complete
-
-    // O[:, 256 wg .. +255] += P[64 heads, 64 rows] V[64 rows, those columns].
-    wgmma::pin(out[0]);
-    wgmma::pin(out[1]);
-    wgmma::fence();
-#pragma unroll
-    for (int ks = 0; ks < kTileRows / 16; ++ks) {
-      const uint64_t p = descriptor(probs + ks * 32, 16, 1024);
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-        wgmma::m64n128k16<1>(out[half], p,
-                          descriptor(stage + (4 * wg + 2 * half) * kBlockBytes + ks * 16 * kLineBytes, kBlockBytes, 1024));
-    }
-    wgmma::commit();
-    wgmma::wait_all();
-    wgmma::pin(out[0]);
-    wgmma::pin(out[1]);
+    __syncthreads();  // the stage is this tile's; the codes stage is free for the next
+    if (tile + 1 < tiles) load_tile<kStorage>(codes, slot, cache);
+    wgmma::copy_async_commit();
+  } else {
+    // Every thread has issued this tile's copies (which read slot) before the last barrier.
+    if (threadIdx.x < kTileRows) slot[threadIdx.x] = next_slot;
+    __syncthreads();  // slot is the next tile's; the other stage's readers (last tile's P V) are done
+    if (tile + 1 < tiles) load_tile<kStorage>(rows + ((tile + 1) & 1) * kTileBytes, slot, cache);
+    wgmma::copy_async_commit();
   }
-  wgmma::copy_async_wait<0>();  // a split without rows still issued its first tile
+}
 
-  // Each head's sum over both warpgroups' columns, then the normalised output.
+// After the split's last tile: each head's sum over both warpgroups' columns (sum_part, [2][64] in
+// shared memory), then with several splits the unnormalised rows of launched token i's split and
+// their (max, sum) into `partials`, with one the normalised bf16 rows into shared memory at
+// `generic` (the queries' region) for the block's store.
+__device__ __forceinline__ void write_split_rows(const float (&out)[2][64], const float (&run_max)[2],
+                                                 float (&run_sum)[2], const int (&head_row)[2], int H, int i,
+                                                 int split, int splits, float* sum_part, float* partials,
+                                                 uint8_t* generic) {
+  const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, tq = lane % 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     run_sum[h] += __shfl_xor_sync(0xffffffffu, run_sum[h], 1);
@@ -355,15 +279,155 @@ __global__ void __launch_bounds__(kThreads, 1)
         *reinterpret_cast<uint32_t*>(line + 2 * (128 * half + 8 * j)) =
             pack_bf16_pair(out[half][4 * j + 2 * h] * norm, out[half][4 * j + 2 * h + 1] * norm);
   }
-  if (splits > 1) return;
-  // The token's [H, 512] bf16 output is contiguous: whole 16-byte chunks, consecutive threads
-  // consecutive chunks (a thread's pairs alone would write half sectors).
-  __syncthreads();
+}
+
+// One split's normalised rows from shared memory (`rows`: write_split_rows's padded lines) to
+// the token's [H, 512] bf16 output, which is contiguous: whole 16-byte chunks, consecutive threads
+// consecutive chunks (a thread's pairs alone would write half sectors).
+__device__ __forceinline__ void store_token_output(const uint8_t* rows, int H, uint16_t* token_out) {
   constexpr int kChunksPerHead = kLatent / 8;
-  uint4* token_out = reinterpret_cast<uint4*>(a.out + static_cast<int64_t>(t) * H * kLatent);
   for (int c = threadIdx.x; c < H * kChunksPerHead; c += kThreads)
-    token_out[c] = *reinterpret_cast<const uint4*>(generic + c / kChunksPerHead * kOutLineBytes +
-                                                   c % kChunksPerHead * 16);
+    reinterpret_cast<uint4*>(token_out)[c] =
+        *reinterpret_cast<const uint4*>(rows + c / kChunksPerHead * kOutLineBytes + c % kChunksPerHead * 16);
+}
+
+// Grid (launched token, split); a split covers selected rows [split * rows_per_split, + rows_per_split).
+// a.queries: [T, H, 576] bf16, pre-scaled. With one split the block writes the normalised output
+// (bf16); otherwise `partials` as mla_merge_splits reads them.
+template <CacheStorage kStorage>
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_wgmma_kernel(MlaAttentionArgs a, int rows_per_split, int splits, float* partials) {
+  chained_grid_prologue();
+  constexpr bool kFp8 = kStorage == CacheStorage::kFp8;
+  extern __shared__ __align__(16) uint8_t shared_raw[];
+  const SharedLayout<kStorage> shared(shared_raw);
+  const uint32_t queries = shared.queries, rows = shared.rows, codes = shared.codes, probs = shared.probs;
+  uint8_t* const generic = shared.generic;
+  int32_t* const slot = shared.slot;
+
+  const int i = blockIdx.x, t = a.first_token + i, split = blockIdx.y;
+  const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  const int head_row[2] = {16 * warp + g, 16 * warp + g + 8};  // this thread's heads in S, P and O
+  const int H = a.num_heads, begin = split * rows_per_split;
+  const int count = max(0, min(a.num_selected[t] - begin, rows_per_split));  // this split's rows
+  const int32_t* chosen = a.selected + static_cast<int64_t>(t) * a.max_selected + begin;
+  const int32_t* blocks = a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks;
+  // Thread r < 64 looks up row r of a tile in two steps an iteration apart (the position two
+  // tiles ahead, the slot one tile ahead), so that neither dependent load waits in the loop: in
+  // decode both come from memory, about a microsecond each.
+  const SplitRows lookup{chosen, blocks, count, a.block_size};
+  int32_t next_slot = -1, next_position = -1;  // of this thread's row of the next tile / the one after
+  issue_first_tile<kStorage>(a.queries + static_cast<int64_t>(t) * H * kRow, H, queries, kFp8 ? codes : rows, slot,
+                             lookup, a.cache, &next_slot, &next_position);
+
+  float out[2][64];  // O[heads, 256 wg + 128 half + 8 j + 2 tq (+1)] at out[half][4 j + ...]
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int k = 0; k < 64; ++k) out[h][k] = 0.0f;
+  float run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};  // sums over this thread's columns
+  const int tiles = (count + kTileRows - 1) / kTileRows;
+  for (int tile = 0; tile < tiles; ++tile) {
+    const uint32_t stage = rows + (kFp8 ? 0 : (tile & 1) * kTileBytes);
+    copy_tile_rows<kStorage>(tile, tiles, rows, codes, shared.rows_generic, shared.codes_generic, slot, next_slot,
+                             a.cache);
+    if (threadIdx.x < kTileRows) {  // used by the next iterations
+      next_slot = lookup.slot_of(next_position);
+      next_position = lookup.position_of((tile + 3) * kTileRows + threadIdx.x);
+    }
+    if constexpr (!kFp8) {
+      wgmma::copy_async_wait<1>();  // all but the next tile's group: this tile (and the queries) have landed
+      wgmma::fence_async_proxy();
+      __syncthreads();
+    }
+
+    // S[64 heads, rows 32 wg .. +31] over the 36 k16 steps of the row.
+    float score[16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) score[k] = 0.0f;
+    wgmma::pin(score);
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < kRow / 16; ++ks) {
+      const uint32_t column = (ks / 4) * kBlockBytes + (ks % 4) * 32;
+      wgmma::m64n32k16(score, descriptor(queries + column, 16, 1024),
+                  descriptor(stage + column + wg * 32 * kLineBytes, 16, 1024), ks > 0);
+    }
+    wgmma::commit();
+    wgmma::wait_all();
+    wgmma::pin(score);
+
+    // Rows past the selection get -inf; each head's max over this warpgroup's rows, then both.
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (tile * kTileRows + 32 * wg + 8 * n + 2 * tq + (e & 1) >= count) score[4 * n + e] = -INFINITY;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], score[4 * n + e]);
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+      if (tq == 0) shared.max_part[wg * kHeads + head_row[h]] = tile_max[h];
+    }
+    __syncthreads();
+    // The tile's first row is selected and lies in warpgroup 0's half: every new max is finite.
+    float new_max[2], rescale[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      new_max[h] = fmaxf(run_max[h], fmaxf(shared.max_part[head_row[h]], shared.max_part[kHeads + head_row[h]]));
+      rescale[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - new_max[h]);
+      run_max[h] = new_max[h];
+      run_sum[h] *= rescale[h];
+    }
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint16_t p0 = float_to_bf16(__expf(score[4 * n + 2 * h] - new_max[h]));
+        const uint16_t p1 = float_to_bf16(__expf(score[4 * n + 2 * h + 1] - new_max[h]));
+        run_sum[h] += bf16_to_float(p0) + bf16_to_float(p1);
+        const int column = 32 * wg + 8 * n + 2 * tq;
+        *reinterpret_cast<uint32_t*>(shared.probs_generic + swizzled(head_row[h], column / 8) + (column % 8) * 2) =
+            static_cast<uint32_t>(p0) | static_cast<uint32_t>(p1) << 16;
+      }
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        out[half][4 * j] *= rescale[0];
+        out[half][4 * j + 1] *= rescale[0];
+        out[half][4 * j + 2] *= rescale[1];
+        out[half][4 * j + 3] *= rescale[1];
+      }
+    wgmma::fence_async_proxy();
+    __syncthreads();  // P complete
+
+    // O[:, 256 wg .. +255] += P[64 heads, 64 rows] V[64 rows, those columns].
+    wgmma::pin(out[0]);
+    wgmma::pin(out[1]);
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < kTileRows / 16; ++ks) {
+      const uint64_t p = descriptor(probs + ks * 32, 16, 1024);
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        wgmma::m64n128k16<1>(out[half], p,
+                          descriptor(stage + (4 * wg + 2 * half) * kBlockBytes + ks * 16 * kLineBytes, kBlockBytes, 1024));
+    }
+    wgmma::commit();
+    wgmma::wait_all();
+    wgmma::pin(out[0]);
+    wgmma::pin(out[1]);
+  }
+  wgmma::copy_async_wait<0>();  // a split without rows still issued its first tile
+
+  write_split_rows(out, run_max, run_sum, head_row, H, i, split, splits, shared.sum_part, partials, generic);
+  if (splits > 1) return;
+  __syncthreads();
+  store_token_output(generic, H, a.out + static_cast<int64_t>(t) * H * kLatent);
 }
 
 }  // namespace
