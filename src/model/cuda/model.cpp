@@ -323,7 +323,7 @@ void CudaGlm5Model::Impl::layer_step(const DecoderLayerDevice& layer, int l, con
   const float* attention_out = attention(layer, l, shape, attention_input.codes != nullptr);
   // The router's input: fp32 rows, or for a long step the bf16 terms of them (normed_bf16 is
   // term 0); a dense MLP needs neither.
-  const bool router_terms = layer.is_moe && router_takes_terms(layer.moe, T);
+  const bool router_terms = layer.is_moe && router_path(layer.moe, T) == RouterPath::kTerms;
   const cuda::Fp8Rows mlp_input = fp8_input_rows(layer.is_moe ? layer.moe.shared.gate_up : layer.mlp.gate_up, T);
   cuda::residual_rms_norm(as<float>(x), attention_out, T, hidden, as<float>(layer.post_attention_norm),
                           c.rms_norm_eps, layer.is_moe && !router_terms ? as<float>(normed_f32) : nullptr,

@@ -179,12 +179,17 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
                          bool x_quantised = false);
   // Scores the router for T tokens and picks their experts; rows [T, rows) of expert_ids become
   // padding (-1), and with data-parallel peers so do the tokens past the step's routed count (the
-  // metadata's, read on the device). With router_takes_terms, the post-attention norm has left
+  // metadata's, read on the device). With RouterPath::kTerms, the post-attention norm has left
   // its input as bf16 terms (normed_bf16 and pair_x); else as normed_f32.
   void moe_route(const MoeDevice& m, int T, int rows);
-  bool router_takes_terms(const MoeDevice& m, int T) const;
-  bool router_takes_product(const MoeDevice& m, int T) const;  // ops::cuda::router_product
-  bool router_takes_gemv(const MoeDevice& m, int T) const;     // ops::cuda::gemv_f32_bf16
+  // How a step of T tokens scores the router: the first of these that applies.
+  enum class RouterPath {
+    kTerms,    // three bf16 GEMMs over the input's terms (gemm.linear_f32_terms)
+    kProduct,  // ops::cuda::router_product's planes
+    kGemv,     // ops::cuda::gemv_f32_bf16
+    kFp32,     // the fp32 copy through gemm.linear_f32
+  };
+  RouterPath router_path(const MoeDevice& m, int T) const;
   // The routed experts of this rank over `rows` tokens x [rows, hidden] bf16 with their routing
   // (ids, weights [rows, top_k]; `routed_rows` of them are tokens, the rest padding); out
   // [rows, hidden] (+)= shared (when given; ready once `shared_ready` is, where it is on the side

@@ -25,50 +25,51 @@ void CudaGlm5Model::Impl::moe_shared_expert(const MoeDevice& m, int T, bool on_s
   shared_join.record(side_stream.get());
 }
 
-// Steps of options.router_terms_min_tokens or more score the router on the bf16 tensor cores
-// (model.h says why).
-bool CudaGlm5Model::Impl::router_takes_terms(const MoeDevice& m, int T) const {
-  // Terms 1 and 2 borrow pair_x, which the experts fill only after routing (term 0 is normed_bf16).
-  const bool terms_fit = sizeof(uint16_t) * 2 * T * config.hidden_size <= pair_x.bytes();
-  return m.router_bf16.data() != nullptr && T >= options.router_terms_min_tokens && terms_fit;
-}
-
 static_assert(cuda::kRouterProductPlanes == kCudaRouterPlanes, "router_logits holds router_product's planes");
 
-// Shorter steps from options.router_product_min_tokens on score it in router_product's planes.
-bool CudaGlm5Model::Impl::router_takes_product(const MoeDevice& m, int T) const {
+CudaGlm5Model::Impl::RouterPath CudaGlm5Model::Impl::router_path(const MoeDevice& m, int T) const {
+  if (m.router_bf16.data() == nullptr) return RouterPath::kFp32;
   const int64_t E = config.n_routed_experts;
+  // Steps of options.router_terms_min_tokens or more score it on the bf16 tensor cores (model.h
+  // says why). Terms 1 and 2 borrow pair_x, which the experts fill only after routing (term 0 is
+  // normed_bf16).
+  const bool terms_fit = sizeof(uint16_t) * 2 * T * config.hidden_size <= pair_x.bytes();
+  if (T >= options.router_terms_min_tokens && terms_fit) return RouterPath::kTerms;
+  // Shorter steps from options.router_product_min_tokens on score it in router_product's planes.
   const bool planes_fit = sizeof(float) * cuda::kRouterProductPlanes * T * E <= router_logits.bytes();
-  return m.router_bf16.data() != nullptr && T >= options.router_product_min_tokens && !router_takes_terms(m, T) &&
-         cuda::router_product_fits(E, config.hidden_size) && planes_fit;
-}
-
-// Steps below that, within the small-batch GEMV's tokens, read the bf16 weights in fp32 products
-// (ops::cuda::gemv_f32_bf16): half the bytes of the fp32 copy's.
-bool CudaGlm5Model::Impl::router_takes_gemv(const MoeDevice& m, int T) const {
-  return m.router_bf16.data() != nullptr && T <= std::min(options.small_batch_gemv_tokens, cuda::kGemvMaxTokens) &&
-         !router_takes_product(m, T) && !router_takes_terms(m, T) &&
-         cuda::gemv_f32_bf16_fits(as<float>(normed_f32), T, config.hidden_size, as<uint16_t>(m.router_bf16),
-                                  config.hidden_size);
+  if (T >= options.router_product_min_tokens && cuda::router_product_fits(E, config.hidden_size) && planes_fit)
+    return RouterPath::kProduct;
+  // Steps below that, within the small-batch GEMV's tokens, read the bf16 weights in fp32
+  // products: half the bytes of the fp32 copy's.
+  if (T <= std::min(options.small_batch_gemv_tokens, cuda::kGemvMaxTokens) &&
+      cuda::gemv_f32_bf16_fits(as<float>(normed_f32), T, config.hidden_size, as<uint16_t>(m.router_bf16),
+                               config.hidden_size))
+    return RouterPath::kGemv;
+  return RouterPath::kFp32;
 }
 
 void CudaGlm5Model::Impl::moe_route(const MoeDevice& m, int T, int rows) {
   const io::ModelConfig& c = config;
   cudaStream_t s = stream.get();
   int logit_planes = 1;
-  if (router_takes_terms(m, T)) {
-    gemm.linear_f32_terms(as<uint16_t>(normed_bf16), as<uint16_t>(pair_x), T, as<uint16_t>(m.router_bf16),
-                          c.n_routed_experts, c.hidden_size, as<float>(router_logits), s);
-  } else if (router_takes_product(m, T)) {
-    cuda::router_product(as<float>(normed_f32), T, as<uint16_t>(m.router_bf16), c.n_routed_experts, c.hidden_size,
-                         as<float>(router_logits), s);
-    logit_planes = cuda::kRouterProductPlanes;
-  } else if (router_takes_gemv(m, T)) {
-    cuda::gemv_f32_bf16(as<float>(normed_f32), T, c.hidden_size, as<uint16_t>(m.router_bf16), c.n_routed_experts,
-                        c.hidden_size, as<float>(router_logits), c.n_routed_experts, s);
-  } else {
-    gemm.linear_f32(as<float>(normed_f32), T, as<float>(m.router), c.n_routed_experts, c.hidden_size,
-                    as<float>(router_logits), s);
+  switch (router_path(m, T)) {
+    case RouterPath::kTerms:
+      gemm.linear_f32_terms(as<uint16_t>(normed_bf16), as<uint16_t>(pair_x), T, as<uint16_t>(m.router_bf16),
+                            c.n_routed_experts, c.hidden_size, as<float>(router_logits), s);
+      break;
+    case RouterPath::kProduct:
+      cuda::router_product(as<float>(normed_f32), T, as<uint16_t>(m.router_bf16), c.n_routed_experts, c.hidden_size,
+                           as<float>(router_logits), s);
+      logit_planes = cuda::kRouterProductPlanes;
+      break;
+    case RouterPath::kGemv:
+      cuda::gemv_f32_bf16(as<float>(normed_f32), T, c.hidden_size, as<uint16_t>(m.router_bf16), c.n_routed_experts,
+                          c.hidden_size, as<float>(router_logits), c.n_routed_experts, s);
+      break;
+    case RouterPath::kFp32:
+      gemm.linear_f32(as<float>(normed_f32), T, as<float>(m.router), c.n_routed_experts, c.hidden_size,
+                      as<float>(router_logits), s);
+      break;
   }
   cuda::MoeRouting routing;
   routing.num_experts = c.n_routed_experts;
