@@ -48,8 +48,7 @@ def compile_command(build: pathlib.Path, source: pathlib.Path) -> list:
     """The build's nvcc command for SOURCE's object, as an argument list."""
     commands = subprocess.run(["ninja", "-C", str(build), "-t", "commands"], check=True, capture_output=True,
                               text=True).stdout.splitlines()
-    wanted = [c for c in commands if " -c " in c and c.rstrip().endswith(str(source.resolve()))
-              or f"-x cu -c {source.resolve()}" in c]
+    wanted = [c for c in commands if f" -c {source.resolve()} " in c + " "]
     if not wanted:
         sys.exit(f"same_sass: no compile command for {source} in {build} (configure it with -DGLMS_CUDA=ON)")
     return shlex.split(wanted[-1])
