@@ -291,6 +291,56 @@ __device__ __forceinline__ void store_token_output(const uint8_t* rows, int H, u
         *reinterpret_cast<const uint4*>(rows + c / kChunksPerHead * kOutLineBytes + c % kChunksPerHead * 16);
 }
 
+// S[64 heads, rows 32 wg .. +31] of the tile in `stage` over the 36 k16 steps of the row.
+__device__ __forceinline__ void tile_scores(float (&score)[16], uint32_t queries, uint32_t stage, int wg) {
+#pragma unroll
+  for (int k = 0; k < 16; ++k) score[k] = 0.0f;
+  wgmma::pin(score);
+  wgmma::fence();
+#pragma unroll
+  for (int ks = 0; ks < kRow / 16; ++ks) {
+    const uint32_t column = (ks / 4) * kBlockBytes + (ks % 4) * 32;
+    wgmma::m64n32k16(score, descriptor(queries + column, 16, 1024),
+                     descriptor(stage + column + wg * 32 * kLineBytes, 16, 1024), ks > 0);
+  }
+  wgmma::commit();
+  wgmma::wait_all();
+  wgmma::pin(score);
+}
+
+// O *= each head's rescale: heads head_row[0] at out[..][4 j], [4 j + 1], head_row[1] at the next two.
+__device__ __forceinline__ void rescale_output(float (&out)[2][64], const float (&rescale)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half)
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      out[half][4 * j] *= rescale[0];
+      out[half][4 * j + 1] *= rescale[0];
+      out[half][4 * j + 2] *= rescale[1];
+      out[half][4 * j + 3] *= rescale[1];
+    }
+}
+
+// O[:, 256 wg .. +255] += P[64 heads, 64 rows] V[64 rows, those columns] (V: the tile's rows in
+// `stage`).
+__device__ __forceinline__ void accumulate_pv(float (&out)[2][64], uint32_t probs, uint32_t stage, int wg) {
+  wgmma::pin(out[0]);
+  wgmma::pin(out[1]);
+  wgmma::fence();
+#pragma unroll
+  for (int ks = 0; ks < kTileRows / 16; ++ks) {
+    const uint64_t p = descriptor(probs + ks * 32, 16, 1024);
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      wgmma::m64n128k16<1>(out[half], p,
+                           descriptor(stage + (4 * wg + 2 * half) * kBlockBytes + ks * 16 * kLineBytes, kBlockBytes, 1024));
+  }
+  wgmma::commit();
+  wgmma::wait_all();
+  wgmma::pin(out[0]);
+  wgmma::pin(out[1]);
+}
+
 // Grid (launched token, split); a split covers selected rows [split * rows_per_split, + rows_per_split).
 // a.queries: [T, H, 576] bf16, pre-scaled. With one split the block writes the normalised output
 // (bf16); otherwise `partials` as mla_merge_splits reads them.
@@ -341,21 +391,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncthreads();
     }
 
-    // S[64 heads, rows 32 wg .. +31] over the 36 k16 steps of the row.
     float score[16];
-#pragma unroll
-    for (int k = 0; k < 16; ++k) score[k] = 0.0f;
-    wgmma::pin(score);
-    wgmma::fence();
-#pragma unroll
-    for (int ks = 0; ks < kRow / 16; ++ks) {
-      const uint32_t column = (ks / 4) * kBlockBytes + (ks % 4) * 32;
-      wgmma::m64n32k16(score, descriptor(queries + column, 16, 1024),
-                  descriptor(stage + column + wg * 32 * kLineBytes, 16, 1024), ks > 0);
-    }
-    wgmma::commit();
-    wgmma::wait_all();
-    wgmma::pin(score);
+    tile_scores(score, queries, stage, wg);
 
     // Rows past the selection get -inf; each head's max over this warpgroup's rows, then both.
     float tile_max[2] = {-INFINITY, -INFINITY};
@@ -393,34 +430,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         *reinterpret_cast<uint32_t*>(shared.probs_generic + swizzled(head_row[h], column / 8) + (column % 8) * 2) =
             static_cast<uint32_t>(p0) | static_cast<uint32_t>(p1) << 16;
       }
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        out[half][4 * j] *= rescale[0];
-        out[half][4 * j + 1] *= rescale[0];
-        out[half][4 * j + 2] *= rescale[1];
-        out[half][4 * j + 3] *= rescale[1];
-      }
+    rescale_output(out, rescale);
     wgmma::fence_async_proxy();
     __syncthreads();  // P complete
 
-    // O[:, 256 wg .. +255] += P[64 heads, 64 rows] V[64 rows, those columns].
-    wgmma::pin(out[0]);
-    wgmma::pin(out[1]);
-    wgmma::fence();
-#pragma unroll
-    for (int ks = 0; ks < kTileRows / 16; ++ks) {
-      const uint64_t p = descriptor(probs + ks * 32, 16, 1024);
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-        wgmma::m64n128k16<1>(out[half], p,
-                          descriptor(stage + (4 * wg + 2 * half) * kBlockBytes + ks * 16 * kLineBytes, kBlockBytes, 1024));
-    }
-    wgmma::commit();
-    wgmma::wait_all();
-    wgmma::pin(out[0]);
-    wgmma::pin(out[1]);
+    accumulate_pv(out, probs, stage, wg);
   }
   wgmma::copy_async_wait<0>();  // a split without rows still issued its first tile
 
