@@ -122,6 +122,195 @@ __device__ void sum_bins(const T* bins, double* totals) {
   __syncthreads();
 }
 
+// What a warp's passes over its row read: the row and this warp's ids [lo, hi), a multiple of 32
+// wide but for the last (the row's warps in order: the blocks by rank, then the warps of each).
+struct WarpSlice {
+  const float* row;
+  int64_t lo, hi;
+};
+
+// Where a radix select's passes count and decide: the threads' bins (kBinBytes of dynamic shared
+// memory), the block's and the cluster's totals a digit, and thread 0's decision for the block.
+struct RadixShared {
+  double* bins;
+  double* block_bin_totals;
+  double* cluster_bin_totals;
+  uint32_t* prefix;
+};
+
+// A row's filters as its passes learn them, and what a lane asks of a value: its weight
+// exp((v - max) / T), and whether top_k, then every filter, keeps it. The keep tests are called by
+// every lane of a warp for each group in id order: their ballots rank equal keys across the warp.
+struct RowFilters {
+  RowSampling p;
+  float max_logit, inv_temperature;
+  unsigned lanes_below;   // this lane's bit mask of the lanes before it
+  bool use_top_k;
+  uint32_t kth_key = 0;   // top_k's k-th largest order key
+  int equal_keep = 0;     // how many of the ids equal to it, the lowest, stay
+  double total = 0.0;     // the weight top_k keeps
+  bool keep_all = true;   // top_p keeps every value top_k keeps
+  uint32_t tau = 0;       // top_p's boundary key
+  double above = 0.0;     // the weight of the keys above tau
+
+  __device__ __forceinline__ float weight(float v) const {
+    return sampling_exp(__fmul_rn(__fsub_rn(v, max_logit), inv_temperature));
+  }
+  // equal_seen: the ids equal to the k-th key before the group, from the warp's equal_base.
+  __device__ __forceinline__ bool top_k_keeps(float v, int& equal_seen) const {
+    const bool valid = v == v;
+    if (!use_top_k) return valid;
+    const uint32_t key = order_key(v);
+    const bool equal = valid && key == kth_key;
+    const unsigned equals = __ballot_sync(kAllLanes, equal);
+    const int rank = equal_seen + __popc(equals & lanes_below);
+    equal_seen += __popc(equals);
+    return valid && (key > kth_key || (equal && rank < equal_keep));
+  }
+  // Every filter, the weight in *w; tie_seen: the weight at tau before the group, from the warp's
+  // tie_base (the ids at tau are kept in id order while the weight before them stays short of
+  // top_p). min_p's floor is min_p x the largest weight (1, the largest logit's, which every
+  // filter keeps).
+  __device__ __forceinline__ bool keeps(float v, int& equal_seen, double& tie_seen, float* w) const {
+    const bool survivor = top_k_keeps(v, equal_seen);
+    *w = survivor ? weight(v) : 0.0f;
+    bool kept = survivor;
+    if (!keep_all) {
+      const uint32_t key = order_key(v);
+      const bool at_tau = survivor && key == tau;
+      if (__ballot_sync(kAllLanes, at_tau) != 0) {  // the mass at tau before each lane, in id order
+        const double tie_mass = at_tau ? *w : 0.0;
+        const double through = warp_inclusive_sum(tie_mass);
+        double before = __shfl_up_sync(kAllLanes, through, 1);
+        if (threadIdx.x % 32 == 0) before = 0.0;
+        if (at_tau) kept = (above + tie_seen + before) / total < p.top_p;
+        tie_seen += __shfl_sync(kAllLanes, through, 31);
+      }
+      if (survivor && !at_tau) kept = key > tau;
+    }
+    return kept && !(p.min_p > 0.0f && *w < p.min_p);
+  }
+};
+
+// top_k's threshold: the k-th largest order key of the row (*kth_key) and how many of the ids
+// equal to it, the lowest, are kept (*equal_keep), digit by digit from the top (counts a pass).
+template <int kCluster>
+__device__ __forceinline__ void select_top_k(const WarpSlice& slice, int top_k, const RadixShared& radix,
+                                             int* remaining_shared, uint32_t* kth_key, int* equal_keep) {
+  using Blocks = ClusterBlocks<kCluster>;
+  uint32_t prefix = 0;
+  int remaining = top_k;
+  int* counts = reinterpret_cast<int*>(radix.bins) + threadIdx.x;  // this thread's bin d: counts[d * kSampleThreads]
+  for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits) {
+    const uint32_t high_mask = shift + kDigitBits == 32 ? 0u : 0xffffffffu << (shift + kDigitBits);
+    for (int d = 0; d < kDigits; ++d) counts[d * kSampleThreads] = 0;
+    for_each_group(slice.row, slice.lo, slice.hi, [&](float v, int64_t) {
+      const uint32_t key = order_key(v);
+      if (v == v && (key & high_mask) == prefix) ++counts[((key >> shift) & (kDigits - 1)) * kSampleThreads];
+    });
+    sum_bins(reinterpret_cast<const int*>(radix.bins), radix.block_bin_totals);
+    const double* bin_totals = Blocks::sum_arrays(radix.block_bin_totals, radix.cluster_bin_totals, kDigits);
+    if (threadIdx.x == 0) {
+      int above = 0, d = kDigits - 1;
+      for (; d > 0 && above + static_cast<int>(bin_totals[d]) < remaining; --d) above += static_cast<int>(bin_totals[d]);
+      *radix.prefix = prefix | static_cast<uint32_t>(d) << shift;
+      *remaining_shared = remaining - above;
+    }
+    __syncthreads();
+    prefix = *radix.prefix;
+    remaining = *remaining_shared;
+  }
+  *kth_key = prefix;
+  *equal_keep = remaining;
+}
+
+// top_p's boundary key *tau: the masses of larger keys (*above) < top_p x total <= *above + the
+// mass at tau, digit by digit from the top over the values top_k keeps (f's top_k filter and
+// total). *keep_all when rounding kept the mass short of top_p.
+template <int kCluster>
+__device__ __forceinline__ void select_top_p(const WarpSlice& slice, const RowFilters& f, int equal_base,
+                                             const RadixShared& radix, double* above_shared, int* keep_all_shared,
+                                             uint32_t* tau, double* above, bool* keep_all) {
+  using Blocks = ClusterBlocks<kCluster>;
+  if (threadIdx.x == 0) *keep_all_shared = 0;
+  uint32_t prefix = 0;
+  double* masses = radix.bins + threadIdx.x;  // this thread's bin d: masses[d * kSampleThreads]
+  for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits) {
+    const uint32_t high_mask = shift + kDigitBits == 32 ? 0u : 0xffffffffu << (shift + kDigitBits);
+    for (int d = 0; d < kDigits; ++d) masses[d * kSampleThreads] = 0.0;
+    int equal_seen = equal_base;
+    for_each_group(slice.row, slice.lo, slice.hi, [&](float v, int64_t) {
+      const uint32_t key = order_key(v);
+      if (f.top_k_keeps(v, equal_seen) && (key & high_mask) == prefix)
+        masses[((key >> shift) & (kDigits - 1)) * kSampleThreads] += f.weight(v);
+    });
+    sum_bins(radix.bins, radix.block_bin_totals);
+    const double* bin_totals = Blocks::sum_arrays(radix.block_bin_totals, radix.cluster_bin_totals, kDigits);
+    if (threadIdx.x == 0) {
+      int d = kDigits - 1;
+      for (; d >= 0 && (*above + bin_totals[d]) / f.total < f.p.top_p; --d) *above += bin_totals[d];
+      if (d < 0) *keep_all_shared = 1;  // rounding kept the mass short of top_p: every token stays
+      *radix.prefix = prefix | static_cast<uint32_t>(max(d, 0)) << shift;
+      *above_shared = *above;
+    }
+    __syncthreads();
+    prefix = *radix.prefix;
+    *above = *above_shared;
+    if (*keep_all_shared) {
+      *keep_all = true;
+      break;
+    }
+  }
+  *tau = prefix;
+}
+
+// The walk of the one warp whose range of cumulative kept weight holds `draw` (the target less
+// the kept mass before the warp): the first kept id whose cumulative weight reaches it, or, when
+// rounding kept the draw short, the warp's last kept id (`last_kept`: this lane's); equal_seen and
+// tie_seen start at the warp's bases.
+__device__ __forceinline__ int draw_in_warp(const WarpSlice& slice, const RowFilters& f, double draw, int equal_seen,
+                                            double tie_seen, int last_kept) {
+  int chosen = -1;
+  for_each_group(slice.row, slice.lo, slice.hi, [&](float v, int64_t g) {
+    if (chosen >= 0) return;  // the same in every lane
+    float w;
+    const bool kept = f.keeps(v, equal_seen, tie_seen, &w);
+    const double through = warp_inclusive_sum(kept ? w : 0.0);
+    const unsigned reached = __ballot_sync(kAllLanes, kept && draw - through <= 0.0);
+    if (reached != 0) chosen = static_cast<int>(g) + __ffs(reached) - 1;
+    draw -= __shfl_sync(kAllLanes, through, 31);
+  });
+  const int warp_last = warp_all_reduce(last_kept, [](int a, int b) { return max(a, b); });
+  return chosen >= 0 ? chosen : warp_last;
+}
+
+// The rank of this warp's first id equal to the k-th key among all of them (lower ids rank first).
+template <int kCluster>
+__device__ __forceinline__ int equal_ids_before(const WarpSlice& slice, uint32_t kth_key, int* scratch_i, int* slot_i) {
+  int equal_here = 0;
+  for_each_group(slice.row, slice.lo, slice.hi,
+                 [&](float v, int64_t) { equal_here += v == v && order_key(v) == kth_key; });
+  int block_all = 0, all = 0;
+  const int base =
+      sum_of_earlier_warps(warp_all_reduce(equal_here, [](int a, int b) { return a + b; }), scratch_i, &block_all);
+  return base + ClusterBlocks<kCluster>::sum_of_earlier_blocks(block_all, slot_i, &all);
+}
+
+// The weight at tau of the warps before this one (what top_p's ties in id order start from).
+template <int kCluster>
+__device__ __forceinline__ double tie_mass_before(const WarpSlice& slice, const RowFilters& f, int equal_base,
+                                                  double* scratch_d, double* slot_d) {
+  double tie_here = 0.0;
+  int equal_seen = equal_base;
+  for_each_group(slice.row, slice.lo, slice.hi, [&](float v, int64_t) {
+    if (f.top_k_keeps(v, equal_seen) && order_key(v) == f.tau) tie_here += f.weight(v);
+  });
+  double block_all = 0.0, all = 0.0;
+  const double base =
+      sum_of_earlier_warps(warp_all_reduce(tie_here, [](double a, double b) { return a + b; }), scratch_d, &block_all);
+  return base + ClusterBlocks<kCluster>::sum_of_earlier_blocks(block_all, slot_d, &all);
+}
+
 // A row per kCluster blocks (a thread block cluster when kCluster > 1): the row's ids split over
 // the cluster's kCluster x kWarps warps, each pass's totals combined across the blocks.
 template <int kCluster>
@@ -141,169 +330,56 @@ __global__ void __launch_bounds__(kSampleThreads)
   __shared__ uint32_t prefix_shared;
   __shared__ int remaining_shared, keep_all_shared, token_shared;
   __shared__ double above_shared;
+  const RadixShared radix{bins, block_bin_totals, cluster_bin_totals, &prefix_shared};
 
   const int row_index = static_cast<int>(blockIdx.x) / kCluster;
-  const RowSampling p = params[row_index];
   const float* row = logits + static_cast<int64_t>(row_of ? row_of[row_index] : row_index) * vocab;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const unsigned lanes_below = (1u << lane) - 1u;
-  // This warp's ids [warp_lo, warp_hi), a multiple of 32 wide but for the last; the row's warps
-  // in order: the blocks by rank, then the warps of each.
   const int64_t span = (vocab + kCluster * kSampleThreads - 1) / (kCluster * kSampleThreads) * 32;
   const int64_t row_warp = static_cast<int64_t>(Blocks::rank()) * kWarps + warp;
-  const int64_t warp_lo = min(vocab, row_warp * span), warp_hi = min(vocab, warp_lo + span);
-  const float inv_temperature = 1.0f / p.temperature;
+  const int64_t warp_lo = min(vocab, row_warp * span);
+  const WarpSlice slice{row, warp_lo, min(vocab, warp_lo + span)};
+  RowFilters f;
+  f.p = params[row_index];
+  f.inv_temperature = 1.0f / f.p.temperature;
+  f.lanes_below = (1u << lane) - 1u;
 
   float local_max = -INFINITY;
-  for_each_group(row, warp_lo, warp_hi, [&](float v, int64_t) { local_max = fmaxf(local_max, v); });  // fmaxf skips NaN
+  for_each_group(row, slice.lo, slice.hi, [&](float v, int64_t) { local_max = fmaxf(local_max, v); });  // fmaxf skips NaN
   const auto float_max = [](float a, float b) { return fmaxf(a, b); };
-  const float max_logit = Blocks::all_reduce(block_all_reduce(local_max, scratch_f, float_max), &slot_f, float_max);
-  auto weight = [&](float v) { return sampling_exp(__fmul_rn(__fsub_rn(v, max_logit), inv_temperature)); };
+  f.max_logit = Blocks::all_reduce(block_all_reduce(local_max, scratch_f, float_max), &slot_f, float_max);
 
-  // top_k: the k-th largest key, and how many of the ids equal to it (the lowest) are kept.
-  const bool use_top_k = p.top_k > 0 && p.top_k < vocab;
-  uint32_t kth_key = 0;
-  int equal_keep = 0;
-  if (use_top_k) {
-    uint32_t prefix = 0;
-    int remaining = p.top_k;
-    int* counts = reinterpret_cast<int*>(bins) + threadIdx.x;  // this thread's bin d: counts[d * kSampleThreads]
-    for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits) {
-      const uint32_t high_mask = shift + kDigitBits == 32 ? 0u : 0xffffffffu << (shift + kDigitBits);
-      for (int d = 0; d < kDigits; ++d) counts[d * kSampleThreads] = 0;
-      for_each_group(row, warp_lo, warp_hi, [&](float v, int64_t) {
-        const uint32_t key = order_key(v);
-        if (v == v && (key & high_mask) == prefix) ++counts[((key >> shift) & (kDigits - 1)) * kSampleThreads];
-      });
-      sum_bins(reinterpret_cast<const int*>(bins), block_bin_totals);
-      const double* bin_totals = Blocks::sum_arrays(block_bin_totals, cluster_bin_totals, kDigits);
-      if (threadIdx.x == 0) {
-        int above = 0, d = kDigits - 1;
-        for (; d > 0 && above + static_cast<int>(bin_totals[d]) < remaining; --d) above += static_cast<int>(bin_totals[d]);
-        prefix_shared = prefix | static_cast<uint32_t>(d) << shift;
-        remaining_shared = remaining - above;
-      }
-      __syncthreads();
-      prefix = prefix_shared;
-      remaining = remaining_shared;
-    }
-    kth_key = prefix;
-    equal_keep = remaining;
+  f.use_top_k = f.p.top_k > 0 && f.p.top_k < vocab;
+  int equal_base = 0;  // the ids equal to the k-th key before this warp's
+  if (f.use_top_k) {
+    select_top_k<kCluster>(slice, f.p.top_k, radix, &remaining_shared, &f.kth_key, &f.equal_keep);
+    equal_base = equal_ids_before<kCluster>(slice, f.kth_key, scratch_i, &slot_i);
   }
-  // The rank of this warp's first id equal to the k-th key among all of them (lower ids rank first).
-  int equal_base = 0;
-  if (use_top_k) {
-    int equal_here = 0;
-    for_each_group(row, warp_lo, warp_hi, [&](float v, int64_t) { equal_here += v == v && order_key(v) == kth_key; });
-    int block_all = 0, all = 0;
-    equal_base = sum_of_earlier_warps(warp_all_reduce(equal_here, [](int a, int b) { return a + b; }), scratch_i, &block_all);
-    equal_base += Blocks::sum_of_earlier_blocks(block_all, &slot_i, &all);
-  }
-  // Whether this lane's value survives top_k; called by every lane of the warp for each group in
-  // id order (equal_seen: the ids equal to the k-th key before the group, from equal_base).
-  auto top_k_keeps = [&](float v, int& equal_seen) {
-    const bool valid = v == v;
-    if (!use_top_k) return valid;
-    const uint32_t key = order_key(v);
-    const bool equal = valid && key == kth_key;
-    const unsigned equals = __ballot_sync(kAllLanes, equal);
-    const int rank = equal_seen + __popc(equals & lanes_below);
-    equal_seen += __popc(equals);
-    return valid && (key > kth_key || (equal && rank < equal_keep));
-  };
-
   double local_total = 0.0;
   {
     int equal_seen = equal_base;
-    for_each_group(row, warp_lo, warp_hi, [&](float v, int64_t) {
-      if (top_k_keeps(v, equal_seen)) local_total += weight(v);
+    for_each_group(row, slice.lo, slice.hi, [&](float v, int64_t) {
+      if (f.top_k_keeps(v, equal_seen)) local_total += f.weight(v);
     });
   }
   const auto double_sum = [](double a, double b) { return a + b; };
-  const double total = Blocks::all_reduce(block_all_reduce(local_total, scratch_d, double_sum), &slot_d, double_sum);
+  f.total = Blocks::all_reduce(block_all_reduce(local_total, scratch_d, double_sum), &slot_d, double_sum);
 
-  // top_p: the boundary key tau (masses of larger keys `above` < top_p x total <= above + the
-  // mass at tau), found digit by digit from the top.
-  const bool use_top_p = p.top_p < 1.0f;
-  uint32_t tau = 0;
-  double above = 0.0;
-  bool keep_all = !use_top_p;
-  if (use_top_p) {
-    if (threadIdx.x == 0) keep_all_shared = 0;
-    uint32_t prefix = 0;
-    double* masses = bins + threadIdx.x;  // this thread's bin d: masses[d * kSampleThreads]
-    for (int shift = 32 - kDigitBits; shift >= 0; shift -= kDigitBits) {
-      const uint32_t high_mask = shift + kDigitBits == 32 ? 0u : 0xffffffffu << (shift + kDigitBits);
-      for (int d = 0; d < kDigits; ++d) masses[d * kSampleThreads] = 0.0;
-      int equal_seen = equal_base;
-      for_each_group(row, warp_lo, warp_hi, [&](float v, int64_t) {
-        const uint32_t key = order_key(v);
-        if (top_k_keeps(v, equal_seen) && (key & high_mask) == prefix)
-          masses[((key >> shift) & (kDigits - 1)) * kSampleThreads] += weight(v);
-      });
-      sum_bins(bins, block_bin_totals);
-      const double* bin_totals = Blocks::sum_arrays(block_bin_totals, cluster_bin_totals, kDigits);
-      if (threadIdx.x == 0) {
-        int d = kDigits - 1;
-        for (; d >= 0 && (above + bin_totals[d]) / total < p.top_p; --d) above += bin_totals[d];
-        if (d < 0) keep_all_shared = 1;  // rounding kept the mass short of top_p: every token stays
-        prefix_shared = prefix | static_cast<uint32_t>(max(d, 0)) << shift;
-        above_shared = above;
-      }
-      __syncthreads();
-      prefix = prefix_shared;
-      above = above_shared;
-      if (keep_all_shared) {
-        keep_all = true;
-        break;
-      }
-    }
-    tau = prefix;
-  }
-  // The mass at tau of the warps before this one: the ids at tau are kept in id order while the
-  // mass before them stays short of top_p.
-  double tie_base = 0.0;
-  if (!keep_all) {
-    double tie_here = 0.0;
-    int equal_seen = equal_base;
-    for_each_group(row, warp_lo, warp_hi, [&](float v, int64_t) {
-      if (top_k_keeps(v, equal_seen) && order_key(v) == tau) tie_here += weight(v);
-    });
-    double block_all = 0.0, all = 0.0;
-    tie_base = sum_of_earlier_warps(warp_all_reduce(tie_here, double_sum), scratch_d, &block_all);
-    tie_base += Blocks::sum_of_earlier_blocks(block_all, &slot_d, &all);
-  }
-  // Whether this lane's value survives every filter, with its weight in *w; called by every lane
-  // for each group in id order. min_p's floor is min_p x the largest weight (1, the largest
-  // logit's, which every filter keeps).
-  auto keeps = [&](float v, int& equal_seen, double& tie_seen, float* w) {
-    const bool survivor = top_k_keeps(v, equal_seen);
-    *w = survivor ? weight(v) : 0.0f;
-    bool kept = survivor;
-    if (!keep_all) {
-      const uint32_t key = order_key(v);
-      const bool at_tau = survivor && key == tau;
-      if (__ballot_sync(kAllLanes, at_tau) != 0) {  // the mass at tau before each lane, in id order
-        const double tie_mass = at_tau ? *w : 0.0;
-        const double through = warp_inclusive_sum(tie_mass);
-        double before = __shfl_up_sync(kAllLanes, through, 1);
-        if (lane == 0) before = 0.0;
-        if (at_tau) kept = (above + tie_seen + before) / total < p.top_p;
-        tie_seen += __shfl_sync(kAllLanes, through, 31);
-      }
-      if (survivor && !at_tau) kept = key > tau;
-    }
-    return kept && !(p.min_p > 0.0f && *w < p.min_p);
-  };
+  const bool use_top_p = f.p.top_p < 1.0f;
+  f.keep_all = !use_top_p;
+  if (use_top_p)
+    select_top_p<kCluster>(slice, f, equal_base, radix, &above_shared, &keep_all_shared, &f.tau, &f.above,
+                           &f.keep_all);
+  const double tie_base = f.keep_all ? 0.0 : tie_mass_before<kCluster>(slice, f, equal_base, scratch_d, &slot_d);
 
   double own = 0.0;
   int first_kept = INT_MAX, last_kept = -1;
   {
     int equal_seen = equal_base;
     double tie_seen = tie_base;
-    for_each_group(row, warp_lo, warp_hi, [&](float v, int64_t g) {
+    for_each_group(row, slice.lo, slice.hi, [&](float v, int64_t g) {
       float w;
-      if (!keeps(v, equal_seen, tie_seen, &w)) return;
+      if (!f.keeps(v, equal_seen, tie_seen, &w)) return;
       own += w;
       first_kept = min(first_kept, static_cast<int>(g + lane));
       last_kept = static_cast<int>(g + lane);
@@ -324,25 +400,11 @@ __global__ void __launch_bounds__(kSampleThreads)
   const int last = Blocks::all_reduce(block_all_reduce(last_kept, scratch_i, int_max), &slot_i, int_max);
   if (threadIdx.x == 0) token_shared = -1;
   __syncthreads();
-  // The first kept id whose cumulative weight reaches canonical x kept_total: a walk of the one
-  // warp whose range of cumulative weight holds that point, a group of 32 ids at a time.
-  const double target = p.canonical * kept_total;
+  // The first kept id whose cumulative weight reaches canonical x kept_total.
+  const double target = f.p.canonical * kept_total;
   if (target > 0.0 && warp_own > 0.0 && base < target && target <= reach) {
-    double draw = target - base;
-    int equal_seen = equal_base;
-    double tie_seen = tie_base;
-    int chosen = -1;
-    for_each_group(row, warp_lo, warp_hi, [&](float v, int64_t g) {
-      if (chosen >= 0) return;  // the same in every lane
-      float w;
-      const bool kept = keeps(v, equal_seen, tie_seen, &w);
-      const double through = warp_inclusive_sum(kept ? w : 0.0);
-      const unsigned reached = __ballot_sync(kAllLanes, kept && draw - through <= 0.0);
-      if (reached != 0) chosen = static_cast<int>(g) + __ffs(reached) - 1;
-      draw -= __shfl_sync(kAllLanes, through, 31);
-    });
-    const int warp_last = warp_all_reduce(last_kept, [](int a, int b) { return max(a, b); });
-    if (lane == 0) token_shared = chosen >= 0 ? chosen : warp_last;  // rounding kept the draw short
+    const int chosen = draw_in_warp(slice, f, target - base, equal_base, tie_base, last_kept);
+    if (lane == 0) token_shared = chosen;
   }
   __syncthreads();
   const int token = Blocks::all_reduce(token_shared, &slot_i, int_max);  // -1 but in the block that drew
