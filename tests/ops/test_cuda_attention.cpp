@@ -60,252 +60,323 @@ struct MlaDeviceInputs {
   }
 };
 
-// Runs mla_attention_gathered over the tokens in chunks of at most `chunk_tokens` (a small
-// workspace forces several chunks), and mla_attention_fused with room for the partial sums of
-// `chunk_tokens` x 2 splits of every token (fewer splits: several 64-row tiles per block, so the
-// online softmax rescales), against a double-precision reference. `query_scale` sharpens the
-// softmax. The cache holds random rows in `storage` (FP8: encoded on the host); the reference
-// attends over what they decode to.
-void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std::vector<Token>& tokens, int top_k,
-               int chunk_tokens, float query_scale = 0.5f, cuda::CacheStorage storage = cuda::CacheStorage::kBf16) {
-  const int T = static_cast<int>(tokens.size()), qd = 7 + rd, row = L + rd;
-  PagedContext paged(contexts, 11);
-  const int64_t slots = int64_t{paged.num_blocks} * paged.block_size;
-  std::vector<float> cache = random_values(slots * row, 3);  // what the rows decode to
-  std::vector<uint8_t> cache_bytes;
-  if (storage == cuda::CacheStorage::kBf16) {
-    for (float& v : cache) {
-      const uint16_t bits = f32_to_bf16(v);
-      v = bf16_to_f32(bits);
-      cache_bytes.push_back(static_cast<uint8_t>(bits & 0xff));
-      cache_bytes.push_back(static_cast<uint8_t>(bits >> 8));
+// A random attention problem on the host: cache rows stored in `storage` (FP8: encoded here;
+// `cache` holds what the rows decode to, which the reference attends over), queries scaled by
+// `query_scale` (larger: a sharper softmax), each token's selections (every causal position, or
+// a sorted random subset of top_k of them) and the double-precision reference.
+struct MlaProblem {
+  int T, H, L, rd, top_k;
+  int rows;  // the most rows any token selects
+  cuda::CacheStorage storage;
+  const std::vector<Token>& tokens;
+  PagedContext paged;
+  std::vector<float> cache;          // [slots, L + rd]
+  std::vector<uint8_t> cache_bytes;  // the same rows as stored
+  std::vector<float> q_latent, q;    // [T, H, L], [T, H, 7 + rd] (7 columns before the rope ones)
+  std::vector<int32_t> selected, num_selected, token_sequence;  // [T, top_k], [T], [T]
+  std::vector<float> expected;                                  // [T, H, L]
+
+  MlaProblem(int H_, int L_, int rd_, const std::vector<int>& contexts, const std::vector<Token>& tokens_,
+             int top_k_, float query_scale, cuda::CacheStorage storage_)
+      : T(static_cast<int>(tokens_.size())), H(H_), L(L_), rd(rd_), top_k(top_k_), storage(storage_),
+        tokens(tokens_), paged(contexts, 11) {
+    fill_cache();
+    q_latent = random_values(int64_t{T} * H * L, 4, query_scale);
+    q = random_values(int64_t{T} * H * query_width(), 5, query_scale);
+    select_rows();
+    int max_context = 0;
+    for (const Token& tok : tokens) max_context = std::max(max_context, tok.position + 1);
+    rows = std::min(max_context, top_k);
+    expected = reference();
+  }
+  int row() const { return L + rd; }
+  int query_width() const { return 7 + rd; }
+  float scale() const { return 1.0f / std::sqrt(static_cast<float>(query_width())); }
+  const float* selected_row(int t, int i) const {
+    return cache.data() + paged.slot(tokens[t].seq, selected[int64_t{t} * top_k + i]) * row();
+  }
+  // Token t's [H, L] block of a [T, H, L] output.
+  std::vector<float> token_block(const std::vector<float>& out, int t) const {
+    return std::vector<float>(out.begin() + int64_t{t} * H * L, out.begin() + int64_t{t + 1} * H * L);
+  }
+
+ private:
+  void fill_cache() {
+    const int64_t slots = int64_t{paged.num_blocks} * paged.block_size;
+    cache = random_values(slots * row(), 3);
+    if (storage == cuda::CacheStorage::kBf16) {
+      for (float& v : cache) {
+        const uint16_t bits = f32_to_bf16(v);
+        v = bf16_to_f32(bits);
+        cache_bytes.push_back(static_cast<uint8_t>(bits & 0xff));
+        cache_bytes.push_back(static_cast<uint8_t>(bits >> 8));
+      }
+      return;
     }
-  } else {
     const int row_bytes = quant::kv_fp8_row_bytes(L, rd);
     cache_bytes.resize(slots * row_bytes);
     for (int64_t s = 0; s < slots; ++s) {
-      quant::encode_latent_row_fp8(cache.data() + s * row, L, rd, cache_bytes.data() + s * row_bytes);
-      quant::decode_latent_row_fp8(cache_bytes.data() + s * row_bytes, L, rd, cache.data() + s * row);
+      quant::encode_latent_row_fp8(cache.data() + s * row(), L, rd, cache_bytes.data() + s * row_bytes);
+      quant::decode_latent_row_fp8(cache_bytes.data() + s * row_bytes, L, rd, cache.data() + s * row());
     }
   }
-  const auto q_latent = random_values(int64_t{T} * H * L, 4, query_scale),
-             q = random_values(int64_t{T} * H * qd, 5, query_scale);
-  // Selections: every causal position, or a sorted random subset of top_k of them.
-  std::vector<int32_t> selected(int64_t{T} * top_k, 0), num_selected(T), token_sequence(T);
-  std::mt19937 rng(7);
-  for (int t = 0; t < T; ++t) {
-    token_sequence[t] = tokens[t].seq;
-    const int context = tokens[t].position + 1;
-    std::vector<int32_t> all(context);
-    std::iota(all.begin(), all.end(), 0);
-    if (context > top_k) {
-      std::shuffle(all.begin(), all.end(), rng);
-      all.resize(top_k);
-      std::sort(all.begin(), all.end());
+  void select_rows() {
+    selected.assign(int64_t{T} * top_k, 0);
+    num_selected.resize(T);
+    token_sequence.resize(T);
+    std::mt19937 rng(7);
+    for (int t = 0; t < T; ++t) {
+      token_sequence[t] = tokens[t].seq;
+      std::vector<int32_t> all(tokens[t].position + 1);
+      std::iota(all.begin(), all.end(), 0);
+      if (static_cast<int>(all.size()) > top_k) {
+        std::shuffle(all.begin(), all.end(), rng);
+        all.resize(top_k);
+        std::sort(all.begin(), all.end());
+      }
+      num_selected[t] = static_cast<int>(all.size());
+      std::copy(all.begin(), all.end(), selected.begin() + int64_t{t} * top_k);
     }
-    num_selected[t] = static_cast<int>(all.size());
-    std::copy(all.begin(), all.end(), selected.begin() + int64_t{t} * top_k);
   }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(qd));
-  std::vector<float> expected(int64_t{T} * H * L);
-  for (int t = 0; t < T; ++t)
-    for (int h = 0; h < H; ++h) {
-      const float* ql = q_latent.data() + (int64_t{t} * H + h) * L;
-      const float* qr = q.data() + (int64_t{t} * H + h) * qd + 7;
-      std::vector<double> p(num_selected[t]);
-      double max_score = -INFINITY, total = 0;
-      for (int i = 0; i < num_selected[t]; ++i) {
-        const float* c = cache.data() + paged.slot(tokens[t].seq, selected[int64_t{t} * top_k + i]) * row;
-        double s = 0;
-        for (int k = 0; k < L; ++k) s += double(ql[k]) * c[k];
-        for (int k = 0; k < rd; ++k) s += double(qr[k]) * c[L + k];
-        p[i] = s * scale;
-        max_score = std::max(max_score, p[i]);
+  std::vector<float> reference() const {
+    std::vector<float> out(int64_t{T} * H * L);
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < H; ++h) {
+        const float* ql = q_latent.data() + (int64_t{t} * H + h) * L;
+        const float* qr = q.data() + (int64_t{t} * H + h) * query_width() + 7;
+        std::vector<double> p(num_selected[t]);
+        double max_score = -INFINITY, total = 0;
+        for (int i = 0; i < num_selected[t]; ++i) {
+          const float* c = selected_row(t, i);
+          double s = 0;
+          for (int k = 0; k < L; ++k) s += double(ql[k]) * c[k];
+          for (int k = 0; k < rd; ++k) s += double(qr[k]) * c[L + k];
+          p[i] = s * scale();
+          max_score = std::max(max_score, p[i]);
+        }
+        for (double& v : p) total += (v = std::exp(v - max_score));
+        for (int k = 0; k < L; ++k) {
+          double sum = 0;
+          for (int i = 0; i < num_selected[t]; ++i) sum += p[i] * selected_row(t, i)[k];
+          out[(int64_t{t} * H + h) * L + k] = static_cast<float>(sum / total);
+        }
       }
-      for (double& v : p) total += (v = std::exp(v - max_score));
-      for (int k = 0; k < L; ++k) {
-        double sum = 0;
-        for (int i = 0; i < num_selected[t]; ++i)
-          sum += p[i] * cache[paged.slot(tokens[t].seq, selected[int64_t{t} * top_k + i]) * row + k];
-        expected[(int64_t{t} * H + h) * L + k] = static_cast<float>(sum / total);
-      }
-    }
+    return out;
+  }
+};
 
-  // The queries as the attention passes take them (the model's absorption and mla_prepare_queries
-  // write them so): bf16(scale * [q_latent, q_rope]), zeros to the padded width.
-  const int width = cuda::mla_padded_row(L, rd);
-  std::vector<uint16_t> staged(int64_t{T} * H * width, 0);
-  for (int64_t th = 0; th < int64_t{T} * H; ++th) {
-    for (int k = 0; k < L; ++k) staged[th * width + k] = f32_to_bf16(q_latent[th * L + k] * scale);
-    for (int k = 0; k < rd; ++k) staged[th * width + L + k] = f32_to_bf16(q[th * qd + 7 + k] * scale);
+// A problem's queries as the attention passes take them (the model's absorption and
+// mla_prepare_queries write them so): [T, H, padded row] bf16(scale * [q_latent, q_rope]), zeros
+// to the padded width.
+std::vector<uint16_t> staged_queries(const MlaProblem& p) {
+  const int width = cuda::mla_padded_row(p.L, p.rd);
+  std::vector<uint16_t> staged(int64_t{p.T} * p.H * width, 0);
+  for (int64_t th = 0; th < int64_t{p.T} * p.H; ++th) {
+    for (int k = 0; k < p.L; ++k) staged[th * width + k] = f32_to_bf16(p.q_latent[th * p.L + k] * p.scale());
+    for (int k = 0; k < p.rd; ++k)
+      staged[th * width + p.L + k] = f32_to_bf16(p.q[th * p.query_width() + 7 + k] * p.scale());
   }
-  const MlaDeviceInputs inputs{to_device(staged),       to_device(cache_bytes),         to_device(selected),
-                               to_device(num_selected), to_device(paged.block_tables), to_device(token_sequence)};
-  int max_context = 0;
-  for (const Token& tok : tokens) max_context = std::max(max_context, tok.position + 1);
-  cuda::MlaAttentionArgs a = inputs.args(paged, T, H, L, rd, top_k, storage);
-  const int rows = std::min(max_context, top_k);
+  return staged;
+}
+
+MlaDeviceInputs device_inputs(const MlaProblem& p) {
+  return {to_device(staged_queries(p)),  to_device(p.cache_bytes),        to_device(p.selected),
+          to_device(p.num_selected),     to_device(p.paged.block_tables), to_device(p.token_sequence)};
+}
+
+// Prints each token whose output is further than 5e-3 from the reference (which token a kernel
+// gets wrong says which of its paths is wrong).
+void report_token_errors(const MlaProblem& p, const std::string& name, const std::vector<float>& got) {
+  for (int t = 0; t < p.T; ++t) {
+    const double e = relative_l2(p.token_block(got, t), p.token_block(p.expected, t));
+    if (e > 5e-3) std::printf("  %s token %d (position %d): relative L2 %.2e\n", name.c_str(), t, p.tokens[t].position, e);
+  }
+}
+
+// mla_attention_gathered over the tokens in chunks of at most `chunk_tokens` (a small workspace
+// forces several chunks); returns its error, which the other kernels are held to. bf16 queries,
+// probabilities and outputs on tensor cores against a double reference on the rows' values (FP8
+// rows: widened to bf16 on the device, one more rounding of the same size).
+double check_gathered(const MlaProblem& p, cuda::MlaAttentionArgs a, int chunk_tokens) {
   cuda::MlaGatherWorkspace w;
-  w.gathered_elements = int64_t{chunk_tokens} * rows * row;
-  w.score_elements = int64_t{chunk_tokens} * H * rows;
+  w.gathered_elements = int64_t{chunk_tokens} * p.rows * p.row();
+  w.score_elements = int64_t{chunk_tokens} * p.H * p.rows;
   cuda::DeviceBuffer gathered(w.gathered_elements * 2), scores(w.score_elements * 4), probs(w.score_elements * 2);
   w.gathered = gathered.as<uint16_t>();
   w.scores = scores.as<float>();
   w.probs = probs.as<uint16_t>();
-  auto out = poisoned_bf16(expected.size());
+  auto out = poisoned_bf16(p.expected.size());
   a.out = out.as<uint16_t>();
   cuda::Gemm gemm;
-  cuda::mla_attention_gathered(a, rows, w, gemm, nullptr);
-  // bf16 queries, probabilities and outputs on tensor cores against a double reference on the
-  // rows' values (FP8 rows: widened to bf16 on the device, one more rounding of the same size).
-  const double gathered_error = relative_l2(bf16_to_host(out, expected.size()), expected);
-  EXPECT_LT(gathered_error, 1e-2) << "H=" << H << " L=" << L << " tokens=" << T << " chunk=" << chunk_tokens;
+  cuda::mla_attention_gathered(a, p.rows, w, gemm, nullptr);
+  const double error = relative_l2(bf16_to_host(out, p.expected.size()), p.expected);
+  EXPECT_LT(error, 1e-2) << "H=" << p.H << " L=" << p.L << " tokens=" << p.T << " chunk=" << chunk_tokens;
+  return error;
+}
 
-  ASSERT_TRUE(cuda::mla_attention_fused_supported(H, L, rd));
-  const int64_t partial_elements = int64_t{chunk_tokens} * 2 * H * (L + 2);
-  cuda::DeviceBuffer partials(partial_elements * sizeof(float));
-  auto fused_out = poisoned_bf16(expected.size());
-  a.out = fused_out.as<uint16_t>();
-  // The mma.sync pass here; the wgmma one (which mla_attention_fused picks where it can) below.
-  cuda::mla_attention_fused(a, rows, partials.as<float>(), partial_elements, nullptr, false);
-  const auto fused_host = bf16_to_host(fused_out, expected.size());
-  const double fused_error = relative_l2(fused_host, expected);
-  for (int t = 0; t < T; ++t) {
-    const auto token = [&](const std::vector<float>& v) {
-      return std::vector<float>(v.begin() + int64_t{t} * H * L, v.begin() + int64_t{t + 1} * H * L);
-    };
-    const double e = relative_l2(token(fused_host), token(expected));
-    if (e > 5e-3) std::printf("  fused token %d (position %d): relative L2 %.2e\n", t, tokens[t].position, e);
-  }
-  EXPECT_LT(fused_error, 1e-2) << "fused: H=" << H << " L=" << L << " tokens=" << T << " partials for "
-                               << chunk_tokens << " x 2";
-  // Both round queries and probabilities to bf16 once: the same error, give or take.
-  EXPECT_LT(fused_error, 2 * gathered_error + 1e-4);
-  std::printf("H=%d L=%d rope=%d tokens=%d%s: relative L2 gathered %.2e, fused %.2e\n", H, L, rd, T,
-              storage == cuda::CacheStorage::kFp8 ? " (FP8 rows)" : "", gathered_error, fused_error);
-  if (cuda::mla_attention_wgmma_supported(H, L, rd)) {
-    // One split: bf16 rows take the warp-specialised kernel (two stages or the ring) unless told
-    // not to.
-    for (const int variant : {0, 1, 2}) {
-      const bool specialized = variant > 0;
-      if (specialized && storage != cuda::CacheStorage::kBf16) continue;
-      auto wgmma_out = poisoned_bf16(expected.size());
-      a.out = wgmma_out.as<uint16_t>();
-      a.warp_specialized = specialized;
-      a.ring_stages = variant == 2;
+// The mma.sync pass of mla_attention_fused with room for `partial_elements` of partial sums
+// (fewer splits than tiles: several 64-row tiles per block, so the online softmax rescales).
+// Both it and the gathered pass round queries and probabilities to bf16 once: the same error,
+// give or take.
+void check_fused(const MlaProblem& p, cuda::MlaAttentionArgs a, const cuda::DeviceBuffer& partials,
+                 int64_t partial_elements, double gathered_error) {
+  auto out = poisoned_bf16(p.expected.size());
+  a.out = out.as<uint16_t>();
+  cuda::mla_attention_fused(a, p.rows, partials.as<float>(), partial_elements, nullptr, false);
+  const auto got = bf16_to_host(out, p.expected.size());
+  report_token_errors(p, "fused", got);
+  const double error = relative_l2(got, p.expected);
+  EXPECT_LT(error, 1e-2) << "fused: H=" << p.H << " L=" << p.L << " tokens=" << p.T << " partial elements "
+                         << partial_elements;
+  EXPECT_LT(error, 2 * gathered_error + 1e-4);
+  std::printf("H=%d L=%d rope=%d tokens=%d%s: relative L2 gathered %.2e, fused %.2e\n", p.H, p.L, p.rd, p.T,
+              p.storage == cuda::CacheStorage::kFp8 ? " (FP8 rows)" : "", gathered_error, error);
+}
+
+// The wgmma kernel in one split a token: plain, warp-specialised in two stages, and the ring
+// (bf16 rows only for the warp-specialised ones). The two-stage kernel's persistent launch, in as
+// many blocks as SMs and in 1 and 3 (each block taking several tokens, its stages and barrier
+// phases running on across them), gives the same values bit for bit, since each is the same
+// sequence of roundings.
+void check_wgmma_one_split(const MlaProblem& p, cuda::MlaAttentionArgs a, double gathered_error) {
+  for (const int variant : {0, 1, 2}) {
+    const bool specialized = variant > 0;
+    if (specialized && p.storage != cuda::CacheStorage::kBf16) continue;
+    auto out = poisoned_bf16(p.expected.size());
+    a.out = out.as<uint16_t>();
+    a.warp_specialized = specialized;
+    a.ring_stages = variant == 2;
+    cuda::mla_attention_wgmma(a, nullptr);
+    const auto got = bf16_to_host(out, p.expected.size());
+    const std::string name = variant == 2 ? "wgmma, warp-specialised ring"
+                             : specialized ? "wgmma, warp-specialised"
+                                           : "wgmma";
+    report_token_errors(p, name, got);
+    const double error = relative_l2(got, p.expected);
+    EXPECT_LT(error, 1e-2) << name << ": H=" << p.H << " tokens=" << p.T;
+    EXPECT_LT(error, 2 * gathered_error + 1e-4) << name;
+    std::printf("  %s: relative L2 %.2e\n", name.c_str(), error);
+    if (variant != 1) continue;
+    const auto block_a_token = to_host<uint16_t>(out, p.expected.size());
+    for (const int blocks : {0, 1, 3}) {
+      auto persistent_out = poisoned_bf16(p.expected.size());
+      a.out = persistent_out.as<uint16_t>();
+      a.persistent = true;
+      a.persistent_blocks = blocks;
       cuda::mla_attention_wgmma(a, nullptr);
-      const auto wgmma_host = bf16_to_host(wgmma_out, expected.size());
-      const double wgmma_error = relative_l2(wgmma_host, expected);
-      const char* name = variant == 2 ? "wgmma, warp-specialised ring" : specialized ? "wgmma, warp-specialised" : "wgmma";
-      for (int t = 0; t < T; ++t) {
-        const double e = relative_l2(std::vector<float>(wgmma_host.begin() + int64_t{t} * H * L,
-                                                        wgmma_host.begin() + int64_t{t + 1} * H * L),
-                                     std::vector<float>(expected.begin() + int64_t{t} * H * L,
-                                                        expected.begin() + int64_t{t + 1} * H * L));
-        if (e > 5e-3) std::printf("  %s token %d (position %d): relative L2 %.2e\n", name, t, tokens[t].position, e);
-      }
-      EXPECT_LT(wgmma_error, 1e-2) << name << ": H=" << H << " tokens=" << T;
-      EXPECT_LT(wgmma_error, 2 * gathered_error + 1e-4) << name;
-      std::printf("  %s: relative L2 %.2e\n", name, wgmma_error);
-      if (variant != 1) continue;
-      // The same kernel's persistent launch, in as many blocks as SMs and in 1 and 3 (each block
-      // taking several tokens, its stages and barrier phases running on across them): the same
-      // values bit for bit, since each is the same sequence of roundings.
-      const auto block_a_token = to_host<uint16_t>(wgmma_out, expected.size());
-      for (const int blocks : {0, 1, 3}) {
-        auto persistent_out = poisoned_bf16(expected.size());
-        a.out = persistent_out.as<uint16_t>();
-        a.persistent = true;
-        a.persistent_blocks = blocks;
-        cuda::mla_attention_wgmma(a, nullptr);
-        EXPECT_EQ(to_host<uint16_t>(persistent_out, expected.size()), block_a_token)
-            << "persistent in " << blocks << " blocks (0: the SM count): H=" << H << " tokens=" << T;
-      }
-      a.persistent = false;
-      a.persistent_blocks = 0;
-    }
-    // Each token's rows split over blocks and merged: any count of whole tiles, including splits
-    // past a short token's selection, and the count mla_attention_fused picks; both kernels, and
-    // the warp-specialised one's splits as clusters merged through distributed shared memory
-    // where they are at most 8 (or 16); more take partials and the merge launch. The same for
-    // the ring of 32-row stages (variants 4 .. 6).
-    const int tiles = (rows + 63) / 64;
-    const int64_t split_elements = int64_t{T} * tiles * H * (L + 2);
-    cuda::DeviceBuffer split_partials(split_elements * sizeof(float));
-    for (const int variant : {0, 1, 2, 3, 4, 5, 6}) {
-      const bool specialized = variant > 0, ring = variant >= 4;
-      const int cluster_splits = (variant - 1) % 3 == 1 ? 8 : (variant - 1) % 3 == 2 ? 16 : 0;
-      if (specialized && storage != cuda::CacheStorage::kBf16) continue;
-      a.warp_specialized = specialized;
-      a.ring_stages = ring;
-      a.cluster_splits = specialized ? cluster_splits : 0;
-      const bool clustered = a.cluster_splits > 0;
-      std::string name = !specialized ? "wgmma" : ring ? "wgmma, warp-specialised ring" : "wgmma, warp-specialised";
-      if (clustered) name += ", clusters of " + std::to_string(cluster_splits);
-      for (const int splits : {2, 3, tiles, cuda::mla_wgmma_splits(T, rows, H, split_elements)}) {
-        if (splits < 2 || splits > tiles) continue;
-        auto split_out = poisoned_bf16(expected.size());
-        a.out = split_out.as<uint16_t>();
-        // Clustered splits need no partials (the unclustered path refuses to run without them).
-        const bool one_cluster = clustered && splits <= a.cluster_splits;
-        cuda::mla_attention_wgmma(a, nullptr, rows, splits, one_cluster ? nullptr : split_partials.as<float>(),
-                                  one_cluster ? 0 : split_elements);
-        const double split_error = relative_l2(bf16_to_host(split_out, expected.size()), expected);
-        EXPECT_LT(split_error, 2 * gathered_error + 1e-4)
-            << name << ", " << splits << " splits: H=" << H << " tokens=" << T;
-        std::printf("  %s, %d splits: relative L2 %.2e\n", name.c_str(), splits, split_error);
-      }
-    }
-    // The model's call: mla_attention_fused picks the split count. Its partials here hold one
-    // split a token, so only clustered splits (which need none) can split a token further: with
-    // the ring, mla_splits_for counts splits up to the cluster limit so (a token of 32 tiles
-    // takes 16 in one cluster), the two-stage kernel keeps to what the partials hold.
-    if (storage == cuda::CacheStorage::kBf16) {
-      const int64_t one_split = int64_t{T} * H * (L + 2);
-      for (const bool ring : {false, true})
-        for (const int cluster_splits : {0, 8, 16}) {
-          a.warp_specialized = true;
-          a.ring_stages = ring;
-          a.cluster_splits = cluster_splits;
-          auto picked_out = poisoned_bf16(expected.size());
-          a.out = picked_out.as<uint16_t>();
-          cuda::mla_attention_fused(a, rows, split_partials.as<float>(), one_split, nullptr, true, true);
-          const double picked_error = relative_l2(bf16_to_host(picked_out, expected.size()), expected);
-          EXPECT_LT(picked_error, 2 * gathered_error + 1e-4)
-              << (ring ? "ring" : "two stages") << ", clusters of at most " << cluster_splits << ": H=" << H
-              << " tokens=" << T;
-          std::printf("  mla_attention_fused's own splits, %s, clusters of at most %d: relative L2 %.2e\n",
-                      ring ? "ring" : "two stages", cluster_splits, picked_error);
-        }
-    }
-    a.warp_specialized = true;
-    a.ring_stages = false;
-    a.cluster_splits = 0;
-  }
-  // Tokens [1, T) alone (first_token / launch_tokens), the first token's output untouched.
-  if (T > 1) {
-    auto part_out = poisoned_bf16(expected.size());
-    a.out = part_out.as<uint16_t>();
-    a.first_token = 1;
-    a.launch_tokens = T - 1;
-    for (const int variant : {0, 1, 2}) {  // mma.sync, wgmma, wgmma persistent in 2 blocks
-      const bool wgmma = variant > 0;
-      if (wgmma && !cuda::mla_attention_wgmma_supported(H, L, rd)) continue;
-      a.persistent = variant == 2;
-      a.persistent_blocks = 2;
-      if (wgmma) cuda::mla_attention_wgmma(a, nullptr);
-      else cuda::mla_attention_fused(a, rows, partials.as<float>(), partial_elements, nullptr, false);
-      const auto got = bf16_to_host(part_out, expected.size());
-      const std::vector<float> tail(got.begin() + int64_t{H} * L, got.end()),
-          expected_tail(expected.begin() + int64_t{H} * L, expected.end());
-      const char* name = variant == 2 ? "wgmma persistent" : wgmma ? "wgmma" : "mma.sync";
-      EXPECT_LT(relative_l2(tail, expected_tail), 1e-2) << name;
-      EXPECT_TRUE(std::all_of(got.begin(), got.begin() + int64_t{H} * L, [](float v) { return std::isnan(v); }))
-          << name << ": token 0 was written";
+      EXPECT_EQ(to_host<uint16_t>(persistent_out, p.expected.size()), block_a_token)
+          << "persistent in " << blocks << " blocks (0: the SM count): H=" << p.H << " tokens=" << p.T;
     }
     a.persistent = false;
     a.persistent_blocks = 0;
   }
+}
+
+// Each token's rows split over blocks and merged: any count of whole tiles, including splits past
+// a short token's selection, and the count mla_wgmma_splits picks; both kernels, and the
+// warp-specialised one's splits as clusters merged through distributed shared memory where they
+// are at most 8 (or 16); more take `partials` (one split a tile of every token) and the merge
+// launch. The same for the ring of 32-row stages (variants 4 .. 6).
+void check_wgmma_splits(const MlaProblem& p, cuda::MlaAttentionArgs a, const cuda::DeviceBuffer& partials,
+                        int64_t partial_elements, double gathered_error) {
+  const int tiles = (p.rows + 63) / 64;
+  for (const int variant : {0, 1, 2, 3, 4, 5, 6}) {
+    const bool specialized = variant > 0, ring = variant >= 4;
+    const int cluster_splits = (variant - 1) % 3 == 1 ? 8 : (variant - 1) % 3 == 2 ? 16 : 0;
+    if (specialized && p.storage != cuda::CacheStorage::kBf16) continue;
+    a.warp_specialized = specialized;
+    a.ring_stages = ring;
+    a.cluster_splits = specialized ? cluster_splits : 0;
+    const bool clustered = a.cluster_splits > 0;
+    std::string name = !specialized ? "wgmma" : ring ? "wgmma, warp-specialised ring" : "wgmma, warp-specialised";
+    if (clustered) name += ", clusters of " + std::to_string(cluster_splits);
+    for (const int splits : {2, 3, tiles, cuda::mla_wgmma_splits(p.T, p.rows, p.H, partial_elements)}) {
+      if (splits < 2 || splits > tiles) continue;
+      auto out = poisoned_bf16(p.expected.size());
+      a.out = out.as<uint16_t>();
+      // Clustered splits need no partials (the unclustered path refuses to run without them).
+      const bool one_cluster = clustered && splits <= a.cluster_splits;
+      cuda::mla_attention_wgmma(a, nullptr, p.rows, splits, one_cluster ? nullptr : partials.as<float>(),
+                                one_cluster ? 0 : partial_elements);
+      const double error = relative_l2(bf16_to_host(out, p.expected.size()), p.expected);
+      EXPECT_LT(error, 2 * gathered_error + 1e-4) << name << ", " << splits << " splits: H=" << p.H << " tokens=" << p.T;
+      std::printf("  %s, %d splits: relative L2 %.2e\n", name.c_str(), splits, error);
+    }
+  }
+}
+
+// The model's call: mla_attention_fused picks the split count. Its partials here hold one split
+// a token, so only clustered splits (which need none) can split a token further: with the ring,
+// mla_splits_for counts splits up to the cluster limit so (a token of 32 tiles takes 16 in one
+// cluster), the two-stage kernel keeps to what the partials hold. bf16 rows only.
+void check_fused_own_splits(const MlaProblem& p, cuda::MlaAttentionArgs a, const cuda::DeviceBuffer& partials,
+                            double gathered_error) {
+  const int64_t one_split = int64_t{p.T} * p.H * (p.L + 2);
+  for (const bool ring : {false, true})
+    for (const int cluster_splits : {0, 8, 16}) {
+      a.warp_specialized = true;
+      a.ring_stages = ring;
+      a.cluster_splits = cluster_splits;
+      auto out = poisoned_bf16(p.expected.size());
+      a.out = out.as<uint16_t>();
+      cuda::mla_attention_fused(a, p.rows, partials.as<float>(), one_split, nullptr, true, true);
+      const double error = relative_l2(bf16_to_host(out, p.expected.size()), p.expected);
+      EXPECT_LT(error, 2 * gathered_error + 1e-4)
+          << (ring ? "ring" : "two stages") << ", clusters of at most " << cluster_splits << ": H=" << p.H
+          << " tokens=" << p.T;
+      std::printf("  mla_attention_fused's own splits, %s, clusters of at most %d: relative L2 %.2e\n",
+                  ring ? "ring" : "two stages", cluster_splits, error);
+    }
+}
+
+// Tokens [1, T) alone (first_token / launch_tokens) on mma.sync, wgmma and wgmma persistent in 2
+// blocks: their outputs right, the first token's untouched.
+void check_later_tokens_alone(const MlaProblem& p, cuda::MlaAttentionArgs a, const cuda::DeviceBuffer& partials,
+                              int64_t partial_elements) {
+  auto out = poisoned_bf16(p.expected.size());
+  a.out = out.as<uint16_t>();
+  a.first_token = 1;
+  a.launch_tokens = p.T - 1;
+  const int64_t first = int64_t{p.H} * p.L;  // token 0's outputs
+  for (const int variant : {0, 1, 2}) {
+    const bool wgmma = variant > 0;
+    if (wgmma && !cuda::mla_attention_wgmma_supported(p.H, p.L, p.rd)) continue;
+    a.persistent = variant == 2;
+    a.persistent_blocks = 2;
+    if (wgmma) cuda::mla_attention_wgmma(a, nullptr);
+    else cuda::mla_attention_fused(a, p.rows, partials.as<float>(), partial_elements, nullptr, false);
+    const auto got = bf16_to_host(out, p.expected.size());
+    const std::vector<float> tail(got.begin() + first, got.end()),
+        expected_tail(p.expected.begin() + first, p.expected.end());
+    const char* name = variant == 2 ? "wgmma persistent" : wgmma ? "wgmma" : "mma.sync";
+    EXPECT_LT(relative_l2(tail, expected_tail), 1e-2) << name;
+    EXPECT_TRUE(std::all_of(got.begin(), got.begin() + first, [](float v) { return std::isnan(v); }))
+        << name << ": token 0 was written";
+  }
+}
+
+// Every attention pass over one random problem against the double-precision reference:
+// gathered (in chunks of at most `chunk_tokens`), fused mma.sync (partials for `chunk_tokens` x
+// 2 splits), wgmma in one split and in several, mla_attention_fused's own split counts, and the
+// later tokens alone. `query_scale` sharpens the softmax.
+void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std::vector<Token>& tokens, int top_k,
+               int chunk_tokens, float query_scale = 0.5f, cuda::CacheStorage storage = cuda::CacheStorage::kBf16) {
+  const MlaProblem p(H, L, rd, contexts, tokens, top_k, query_scale, storage);
+  const MlaDeviceInputs inputs = device_inputs(p);
+  const cuda::MlaAttentionArgs a = inputs.args(p.paged, p.T, H, L, rd, top_k, storage);
+  const double gathered_error = check_gathered(p, a, chunk_tokens);
+  ASSERT_TRUE(cuda::mla_attention_fused_supported(H, L, rd));
+  const int64_t partial_elements = int64_t{chunk_tokens} * 2 * H * (L + 2);
+  cuda::DeviceBuffer partials(partial_elements * sizeof(float));
+  check_fused(p, a, partials, partial_elements, gathered_error);
+  if (cuda::mla_attention_wgmma_supported(H, L, rd)) {
+    check_wgmma_one_split(p, a, gathered_error);
+    const int64_t split_elements = int64_t{p.T} * ((p.rows + 63) / 64) * H * (L + 2);
+    cuda::DeviceBuffer split_partials(split_elements * sizeof(float));
+    check_wgmma_splits(p, a, split_partials, split_elements, gathered_error);
+    if (storage == cuda::CacheStorage::kBf16) check_fused_own_splits(p, a, split_partials, gathered_error);
+  }
+  if (p.T > 1) check_later_tokens_alone(p, a, partials, partial_elements);
 }
 
 }  // namespace
