@@ -81,6 +81,227 @@ __device__ __forceinline__ uint32_t pack_pair(uint16_t low, uint16_t high) {
   return static_cast<uint32_t>(low) | (static_cast<uint32_t>(high) << 16);
 }
 
+// A block's shared memory: the staged queries, the tile's rows, P and the two halves' per-head
+// statistics; and a thread's place: warp w owns heads 16 (w % 4) .. +15 (head_tile) and, for the
+// scores, rows 32 (w / 4) .. +31 of a tile, for P V latent columns of half w / 4.
+struct FusedTile {
+  uint16_t* queries;  // [64 heads, stride] bf16, pre-scaled
+  uint16_t* rows;     // [64 rows, stride] bf16 cache rows
+  uint16_t* probs;    // [64 heads, 72] bf16 exp(s - max)
+  float* max_part;    // [2][64]
+  float* sum_part;    // [2][64]
+  int row, stride, k_steps, chunks;  // row: latent + rope; chunks: 16-byte pieces of a staged row
+  int lane, g, tq, head_tile, half;
+  int col_tiles, col_base;  // n8 tiles in this warp's half of the latent columns, its first column
+
+  __device__ FusedTile(uint4* shared_raw, int latent, int rope) {
+    row = latent + rope;
+    stride = padded_stride(row);
+    k_steps = (row + 15) / 16;
+    chunks = k_steps * 2;
+    queries = reinterpret_cast<uint16_t*>(shared_raw);
+    rows = queries + kHeadTile * stride;
+    probs = rows + kRowTile * stride;
+    max_part = reinterpret_cast<float*>(probs + kHeadTile * kProbStride);
+    sum_part = max_part + 2 * kHeadTile;
+    const int warp = threadIdx.x / 32;
+    lane = threadIdx.x % 32;
+    g = lane / 4;
+    tq = lane % 4;
+    head_tile = warp % 4;
+    half = warp / 4;
+    col_tiles = (latent + 15) / 16;
+    col_base = half * col_tiles * 8;
+  }
+  // Head of the tile this thread's fragment row h (0: g, 1: g + 8) holds.
+  __device__ int head(int h) const { return head_tile * 16 + g + 8 * h; }
+};
+
+// The token's staged queries [H, 16 k_steps] into shared memory by cp.async; heads past H are
+// zeros. Waited for with the first tile's rows.
+__device__ __forceinline__ void stage_token_queries(const FusedTile& s, const uint16_t* token_queries, int H) {
+  const int width = s.k_steps * 16;
+  for (int e = threadIdx.x; e < kHeadTile * s.chunks; e += kThreads) {
+    const int h = e / s.chunks, c = e % s.chunks;
+    copy_async_16(s.queries + h * s.stride + c * 8, token_queries + (h < H ? h * width + c * 8 : 0), h < H ? 16 : 0);
+  }
+}
+
+// Where a tile's rows come from: the cache in its storage, each row's offset in row_units (-1:
+// past the selection, zeros). FP8 rows are widened value by value (this kernel serves shapes
+// other than GLM-5's; the wgmma pass reads FP8 rows at speed); bf16 rows starting on 16-byte
+// boundaries go by cp.async.
+struct TileSource {
+  const void* cache;
+  bool fp8, vector_rows;
+  int latent;
+};
+
+// The tile's 64 rows (offsets in row_start) into shared memory, padded with zeros to whole k16
+// steps; cp.async copies are left in flight.
+__device__ __forceinline__ void gather_tile_rows(const FusedTile& s, const TileSource& src, const int64_t* row_start) {
+  const uint16_t* bf16_cache = static_cast<const uint16_t*>(src.cache);
+  const uint8_t* fp8_cache = static_cast<const uint8_t*>(src.cache);
+  for (int e = threadIdx.x; e < kRowTile * s.chunks; e += kThreads) {
+    const int r = e / s.chunks, c = e % s.chunks;
+    const int64_t start = row_start[r];
+    uint16_t* dst = s.rows + r * s.stride + c * 8;
+    if (src.vector_rows) {
+      const bool live = start >= 0 && c * 8 < s.row;
+      copy_async_16(dst, bf16_cache + (live ? start + c * 8 : 0), live ? 16 : 0);
+    } else {
+      uint16_t parts[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const int column = c * 8 + k;
+        parts[k] = start < 0 || column >= s.row ? 0
+                   : src.fp8                    ? float_to_bf16(fp8_row_value(fp8_cache + start, column, src.latent))
+                                                : bf16_cache[start + column];
+      }
+      *reinterpret_cast<uint4*>(dst) = make_uint4(pack_pair(parts[0], parts[1]), pack_pair(parts[2], parts[3]),
+                                                  pack_pair(parts[4], parts[5]), pack_pair(parts[6], parts[7]));
+    }
+  }
+}
+
+// S[16 heads, 32 rows] of this warp. A fragments: matrices (heads 0-7 | 8-15) x (k 0-7 | 8-15);
+// B fragments of two n8 tiles per load: (rows 0-7 | 8-15 of the pair) x (k 0-7 | 8-15).
+__device__ __forceinline__ void warp_scores(const FusedTile& s, float (&score)[4][4]) {
+  const int lane = s.lane;
+  const uint16_t* q_rows = s.queries + (s.head_tile * 16 + (lane / 8 % 2) * 8 + lane % 8) * s.stride + lane / 16 * 8;
+  const uint16_t* k_rows = s.rows + (s.half * 32 + lane / 16 * 8 + lane % 8) * s.stride + lane / 8 % 2 * 8;
+  for (int ks = 0; ks < s.k_steps; ++ks) {
+    uint32_t q[4];
+    load_matrices(q, q_rows + ks * 16);
+#pragma unroll
+    for (int pair = 0; pair < 2; ++pair) {
+      uint32_t k[4];
+      load_matrices(k, k_rows + pair * 16 * s.stride + ks * 16);
+      mma_bf16(score[2 * pair], q, k[0], k[1]);
+      mma_bf16(score[2 * pair + 1], q, k[2], k[3]);
+    }
+  }
+}
+
+// The online softmax over one tile: rows past the selection (tile + r >= end) get -inf, each
+// head's max over the tile (the two halves' through max_part), P = bf16(exp(s - new max)) into
+// shared memory and its sums (through sum_part) into the running sum. Returns in `rescale` what
+// the output so far is multiplied by. Row `tile` is selected, so every head's new max is finite.
+__device__ __forceinline__ void online_softmax_tile(const FusedTile& s, float (&score)[4][4], int tile, int end,
+                                                    float (&run_max)[2], float (&run_sum)[2], float (&rescale)[2]) {
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = s.half * 32 + n * 8 + 2 * s.tq + (e & 1);
+      if (tile + r >= end) score[n][e] = -INFINITY;
+      tile_max[e / 2] = fmaxf(tile_max[e / 2], score[n][e]);
+    }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+    if (s.tq == 0) s.max_part[s.half * kHeadTile + s.head(h)] = tile_max[h];
+  }
+  __syncthreads();
+  float new_max[2], tile_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    new_max[h] = fmaxf(run_max[h], fmaxf(s.max_part[s.head(h)], s.max_part[kHeadTile + s.head(h)]));
+    rescale[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - new_max[h]);
+  }
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int h = e / 2;
+      const uint16_t p0 = float_to_bf16(__expf(score[n][e] - new_max[h]));
+      const uint16_t p1 = float_to_bf16(__expf(score[n][e + 1] - new_max[h]));
+      tile_sum[h] += bf16_to_float(p0) + bf16_to_float(p1);
+      const int r = s.half * 32 + n * 8 + 2 * s.tq;
+      *reinterpret_cast<uint32_t*>(s.probs + s.head(h) * kProbStride + r) = pack_pair(p0, p1);
+    }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    tile_sum[h] += __shfl_xor_sync(0xffffffffu, tile_sum[h], 1);
+    tile_sum[h] += __shfl_xor_sync(0xffffffffu, tile_sum[h], 2);
+    if (s.tq == 0) s.sum_part[s.half * kHeadTile + s.head(h)] = tile_sum[h];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    run_sum[h] = run_sum[h] * rescale[h] + s.sum_part[s.head(h)] + s.sum_part[kHeadTile + s.head(h)];
+    run_max[h] = new_max[h];
+  }
+}
+
+// O[16 heads, this half's columns] = O * rescale + P V. A: P as the scores' A; B transposed from
+// the rows: (rows k 0-7 | 8-15) x (columns of n8 tile n | n + 1). An odd last tile loads one tile
+// past it, inside the padded row, and leaves it unused.
+__device__ __forceinline__ void accumulate_pv(const FusedTile& s, float (&out)[kMaxColTiles][4],
+                                              const float (&rescale)[2]) {
+#pragma unroll
+  for (int n = 0; n < kMaxColTiles; ++n) {
+    out[n][0] *= rescale[0];
+    out[n][1] *= rescale[0];
+    out[n][2] *= rescale[1];
+    out[n][3] *= rescale[1];
+  }
+  const int lane = s.lane;
+  const uint16_t* p_rows = s.probs + (s.head_tile * 16 + (lane / 8 % 2) * 8 + lane % 8) * kProbStride + lane / 16 * 8;
+  const uint16_t* v_rows = s.rows + (lane / 8 % 2 * 8 + lane % 8) * s.stride + s.col_base + lane / 16 * 8;
+#pragma unroll
+  for (int ks = 0; ks < kRowTile / 16; ++ks) {
+    uint32_t p[4];
+    load_matrices(p, p_rows + ks * 16);
+#pragma unroll
+    for (int n = 0; n < kMaxColTiles; n += 2) {
+      if (n >= s.col_tiles) break;
+      uint32_t v[4];
+      load_matrices_transposed(v, v_rows + ks * 16 * s.stride + n * 8);
+      mma_bf16(out[n], p, v[0], v[1]);
+      if (n + 1 < s.col_tiles) mma_bf16(out[n + 1], p, v[2], v[3]);
+    }
+  }
+}
+
+// The thread's outputs (heads head(h), columns col_base + 8 n + 2 tq (+ 1)): with one split the
+// normalised bf16 output of token t; otherwise the unnormalised sums into partials at (i, split)
+// and each head's (max, sum) after every split's sums.
+__device__ __forceinline__ void store_split_output(const FusedTile& s, const MlaAttentionArgs& a, int t, int i,
+                                                   int split, int splits, float* partials,
+                                                   const float (&out)[kMaxColTiles][4], const float (&run_max)[2],
+                                                   const float (&run_sum)[2]) {
+  const int H = a.num_heads, L = a.latent_dim;
+  const int64_t split_elements = static_cast<int64_t>(H) * L;
+  uint16_t* const token_out = a.out + static_cast<int64_t>(t) * split_elements;
+  float* const split_sums = partials + (static_cast<int64_t>(i) * splits + split) * split_elements;
+  auto put = [&](int64_t e, float v) {
+    if (splits == 1) token_out[e] = float_to_bf16(v);
+    else split_sums[e] = v;
+  };
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int head = s.head(h);
+    if (head >= H) continue;
+    const float norm = splits == 1 ? (run_sum[h] > 0.0f ? 1.0f / run_sum[h] : 0.0f) : 1.0f;
+#pragma unroll
+    for (int n = 0; n < kMaxColTiles; ++n) {
+      if (n >= s.col_tiles) break;
+      const int col = s.col_base + n * 8 + 2 * s.tq;
+      if (col < L) put(static_cast<int64_t>(head) * L + col, out[n][2 * h] * norm);
+      if (col + 1 < L) put(static_cast<int64_t>(head) * L + col + 1, out[n][2 * h + 1] * norm);
+    }
+    if (splits > 1 && s.half == 0 && s.tq == 0) {
+      float* stats = partials + static_cast<int64_t>(gridDim.x) * splits * split_elements +
+                     ((static_cast<int64_t>(i) * splits + split) * H + head) * 2;
+      stats[0] = run_max[h];
+      stats[1] = run_sum[h];
+    }
+  }
+}
+
 // Grid (token, split). Splits cover `rows_per_split` (a multiple of 64) selected rows each.
 // With one split the block writes the normalised output (bf16); otherwise `partials` receives
 // [token][split][head][latent] unnormalised sums followed by [token][split][head][2] (max, sum).
@@ -88,44 +309,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     mla_fused_kernel(MlaAttentionArgs a, int rows_per_split, int splits, float* partials) {
   chained_grid_prologue();
   extern __shared__ uint4 shared_raw[];
-  const int row = a.latent_dim + a.rope_dim, stride = padded_stride(row), k_steps = (row + 15) / 16;
-  uint16_t* queries = reinterpret_cast<uint16_t*>(shared_raw);  // [64 heads, stride] bf16, pre-scaled
-  uint16_t* rows = queries + kHeadTile * stride;                // [64 rows, stride] bf16 cache rows
-  uint16_t* probs = rows + kRowTile * stride;                   // [64 heads, 72] bf16 exp(s - max)
-  float* max_part = reinterpret_cast<float*>(probs + kHeadTile * kProbStride);  // [2][64]
-  float* sum_part = max_part + 2 * kHeadTile;                                   // [2][64]
+  const FusedTile s(shared_raw, a.latent_dim, a.rope_dim);
   __shared__ int64_t row_start[kRowTile];  // cache offset (row_units) of each of the tile's rows, -1 past the selection
 
   const int i = blockIdx.x, t = a.first_token + i, split = blockIdx.y;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
-  const int head_tile = warp % 4, half = warp / 4;
-  const int H = a.num_heads, L = a.latent_dim;
   const int count = a.num_selected[t];
   const int begin = split * rows_per_split, end = min(count, begin + rows_per_split);
+  stage_token_queries(s, a.queries + static_cast<int64_t>(t) * a.num_heads * s.k_steps * 16, a.num_heads);
 
-  // Staged queries [H, width] of this token; heads past H are zeros. Waited for with the first tile.
-  const int width = k_steps * 16, chunks = width / 8;
-  const uint16_t* token_queries = a.queries + static_cast<int64_t>(t) * H * width;
-  for (int e = threadIdx.x; e < kHeadTile * chunks; e += kThreads) {
-    const int h = e / chunks, c = e % chunks;
-    copy_async_16(queries + h * stride + c * 8, token_queries + (h < H ? h * width + c * 8 : 0), h < H ? 16 : 0);
-  }
-
-  const int col_tiles = (L + 15) / 16;  // n8 tiles in this warp's half of the latent columns
-  const int col_base = half * col_tiles * 8;
   float out[kMaxColTiles][4];
 #pragma unroll
   for (int n = 0; n < kMaxColTiles; ++n) out[n][0] = out[n][1] = out[n][2] = out[n][3] = 0.0f;
-  float run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};  // heads g and g + 8 of the tile
+  float run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};  // heads head(0) and head(1)
   const int32_t* chosen = a.selected + static_cast<int64_t>(t) * a.max_selected;
   const int32_t* blocks = a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks;
-  // FP8 rows are widened value by value (this kernel serves shapes other than GLM-5's; the
-  // wgmma pass reads FP8 rows at speed); bf16 rows starting on 16-byte boundaries go by cp.async.
   const bool fp8 = a.storage == CacheStorage::kFp8;
-  const int64_t row_units = fp8 ? quant::kv_fp8_row_bytes(L, a.rope_dim) : row;  // bytes or bf16 values a row
-  const bool vector_rows = !fp8 && row % 8 == 0;
-  const uint16_t* bf16_cache = static_cast<const uint16_t*>(a.cache);
-  const uint8_t* fp8_cache = static_cast<const uint8_t*>(a.cache);
+  const TileSource source{a.cache, fp8, !fp8 && s.row % 8 == 0, a.latent_dim};
+  const int64_t row_units = fp8 ? quant::kv_fp8_row_bytes(a.latent_dim, a.rope_dim) : s.row;  // bytes or bf16 values
 
   // Thread r < 64 resolves row r of the next tile while the block works on this one.
   auto resolve = [&](int j) -> int64_t {
@@ -138,150 +338,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();  // the previous tile's readers are done
     if (threadIdx.x < kRowTile) row_start[threadIdx.x] = next_start;
     __syncthreads();
-    for (int e = threadIdx.x; e < kRowTile * chunks; e += kThreads) {
-      const int r = e / chunks, c = e % chunks;
-      const int64_t start = row_start[r];
-      uint16_t* dst = rows + r * stride + c * 8;
-      if (vector_rows) {
-        const bool live = start >= 0 && c * 8 < row;
-        copy_async_16(dst, bf16_cache + (live ? start + c * 8 : 0), live ? 16 : 0);
-      } else {
-        uint16_t parts[8];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const int column = c * 8 + k;
-          parts[k] = start < 0 || column >= row ? 0
-                     : fp8                      ? float_to_bf16(fp8_row_value(fp8_cache + start, column, L))
-                                                : bf16_cache[start + column];
-        }
-        *reinterpret_cast<uint4*>(dst) = make_uint4(pack_pair(parts[0], parts[1]), pack_pair(parts[2], parts[3]),
-                                                    pack_pair(parts[4], parts[5]), pack_pair(parts[6], parts[7]));
-      }
-    }
+    gather_tile_rows(s, source, row_start);
     if (threadIdx.x < kRowTile) next_start = resolve(tile + kRowTile + threadIdx.x);
     copy_async_wait_all();
     __syncthreads();
-
-    // S[16 heads, 32 rows] of this warp. A fragments: matrices (heads 0-7 | 8-15) x (k 0-7 | 8-15);
-    // B fragments of two n8 tiles per load: (rows 0-7 | 8-15 of the pair) x (k 0-7 | 8-15).
     float score[4][4] = {};
-    const uint16_t* q_rows = queries + (head_tile * 16 + (lane / 8 % 2) * 8 + lane % 8) * stride + lane / 16 * 8;
-    const uint16_t* k_rows = rows + (half * 32 + lane / 16 * 8 + lane % 8) * stride + lane / 8 % 2 * 8;
-    for (int ks = 0; ks < k_steps; ++ks) {
-      uint32_t q[4];
-      load_matrices(q, q_rows + ks * 16);
-#pragma unroll
-      for (int pair = 0; pair < 2; ++pair) {
-        uint32_t k[4];
-        load_matrices(k, k_rows + pair * 16 * stride + ks * 16);
-        mma_bf16(score[2 * pair], q, k[0], k[1]);
-        mma_bf16(score[2 * pair + 1], q, k[2], k[3]);
-      }
-    }
-    // Rows past the selection get -inf; each head's max over the warp's rows, then the tile's.
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < 4; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = half * 32 + n * 8 + 2 * tq + (e & 1);
-        if (tile + r >= end) score[n][e] = -INFINITY;
-        tile_max[e / 2] = fmaxf(tile_max[e / 2], score[n][e]);
-      }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-      if (tq == 0) max_part[half * kHeadTile + head_tile * 16 + g + 8 * h] = tile_max[h];
-    }
-    __syncthreads();
-    // Row `tile` is selected, so every head's new max is finite.
-    float new_max[2], rescale[2], tile_sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int head = head_tile * 16 + g + 8 * h;
-      new_max[h] = fmaxf(run_max[h], fmaxf(max_part[head], max_part[kHeadTile + head]));
-      rescale[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - new_max[h]);
-    }
-#pragma unroll
-    for (int n = 0; n < 4; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const int h = e / 2;
-        const uint16_t p0 = float_to_bf16(__expf(score[n][e] - new_max[h]));
-        const uint16_t p1 = float_to_bf16(__expf(score[n][e + 1] - new_max[h]));
-        tile_sum[h] += bf16_to_float(p0) + bf16_to_float(p1);
-        const int head = head_tile * 16 + g + 8 * h, r = half * 32 + n * 8 + 2 * tq;
-        *reinterpret_cast<uint32_t*>(probs + head * kProbStride + r) = pack_pair(p0, p1);
-      }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      tile_sum[h] += __shfl_xor_sync(0xffffffffu, tile_sum[h], 1);
-      tile_sum[h] += __shfl_xor_sync(0xffffffffu, tile_sum[h], 2);
-      if (tq == 0) sum_part[half * kHeadTile + head_tile * 16 + g + 8 * h] = tile_sum[h];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int head = head_tile * 16 + g + 8 * h;
-      run_sum[h] = run_sum[h] * rescale[h] + sum_part[head] + sum_part[kHeadTile + head];
-      run_max[h] = new_max[h];
-    }
-
-    // O[16 heads, this half's columns] = O * rescale + P V.
-#pragma unroll
-    for (int n = 0; n < kMaxColTiles; ++n) {
-      out[n][0] *= rescale[0];
-      out[n][1] *= rescale[0];
-      out[n][2] *= rescale[1];
-      out[n][3] *= rescale[1];
-    }
-    // A: P as above; B transposed from the rows: (rows k 0-7 | 8-15) x (columns of n8 tile n | n + 1).
-    // An odd last tile loads one tile past it, inside the padded row, and leaves it unused.
-    const uint16_t* p_rows = probs + (head_tile * 16 + (lane / 8 % 2) * 8 + lane % 8) * kProbStride + lane / 16 * 8;
-    const uint16_t* v_rows = rows + (lane / 8 % 2 * 8 + lane % 8) * stride + col_base + lane / 16 * 8;
-#pragma unroll
-    for (int ks = 0; ks < kRowTile / 16; ++ks) {
-      uint32_t p[4];
-      load_matrices(p, p_rows + ks * 16);
-#pragma unroll
-      for (int n = 0; n < kMaxColTiles; n += 2) {
-        if (n >= col_tiles) break;
-        uint32_t v[4];
-        load_matrices_transposed(v, v_rows + ks * 16 * stride + n * 8);
-        mma_bf16(out[n], p, v[0], v[1]);
-        if (n + 1 < col_tiles) mma_bf16(out[n + 1], p, v[2], v[3]);
-      }
-    }
+    warp_scores(s, score);
+    float rescale[2];
+    online_softmax_tile(s, score, tile, end, run_max, run_sum, rescale);
+    accumulate_pv(s, out, rescale);
   }
-
-  // Thread's outputs: heads head_tile * 16 + g (+ 8), columns col_base + 8 n + 2 tq (+ 1).
-  const int64_t split_elements = static_cast<int64_t>(H) * L;
-  uint16_t* const token_out = a.out + static_cast<int64_t>(t) * split_elements;
-  float* const split_sums = partials + (static_cast<int64_t>(i) * splits + split) * split_elements;
-  auto put = [&](int64_t e, float v) {
-    if (splits == 1) token_out[e] = float_to_bf16(v);
-    else split_sums[e] = v;
-  };
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int head = head_tile * 16 + g + 8 * h;
-    if (head >= H) continue;
-    const float norm = splits == 1 ? (run_sum[h] > 0.0f ? 1.0f / run_sum[h] : 0.0f) : 1.0f;
-#pragma unroll
-    for (int n = 0; n < kMaxColTiles; ++n) {
-      if (n >= col_tiles) break;
-      const int col = col_base + n * 8 + 2 * tq;
-      if (col < L) put(static_cast<int64_t>(head) * L + col, out[n][2 * h] * norm);
-      if (col + 1 < L) put(static_cast<int64_t>(head) * L + col + 1, out[n][2 * h + 1] * norm);
-    }
-    if (splits > 1 && half == 0 && tq == 0) {
-      float* stats = partials + static_cast<int64_t>(gridDim.x) * splits * split_elements +
-                     ((static_cast<int64_t>(i) * splits + split) * H + head) * 2;
-      stats[0] = run_max[h];
-      stats[1] = run_sum[h];
-    }
-  }
+  store_split_output(s, a, t, i, split, splits, partials, out, run_max, run_sum);
 }
 
 // Block (token, head): out = sum_s e^(m_s - M) O_s / sum_s e^(m_s - M) l_s over the splits that
