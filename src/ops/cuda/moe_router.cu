@@ -69,6 +69,36 @@ __host__ __device__ constexpr int shared_bytes(int cols) {
   return terms > sums ? terms : sums;
 }
 
+// The three bf16 terms of a block's x columns as mma B fragment words, [3][block steps][kTiles]
+// [32] uint2 (see shared_bytes) for tokens token0 .. + live_tokens - 1 of x [n, cols] fp32:
+// item (token, block step, quad of columns), a float4 of x each.
+__device__ __forceinline__ void write_x_terms(const float* x, int token0, int live_tokens, int cols, int steps,
+                                              int steps_here, int slice_step, uint32_t* terms) {
+  const int items = live_tokens * steps_here * 4;
+  for (int item = static_cast<int>(threadIdx.x); item < items; item += kThreads) {
+    const int quad = item % 4, block_step = item / 4 % steps_here, t = item / 4 / steps_here;
+    const int step = slice_step + block_step % 2 + block_step / 2 * kStepStride;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float* row = x + static_cast<int64_t>(token0 + t) * cols;
+    if (step < steps) v = __ldg(reinterpret_cast<const float4*>(row + step * 16) + quad);
+    // Columns 4 quad .. 4 quad + 3: pairs 2 quad and 2 quad + 1, of lanes (t % 8, pair % 4), word pair / 4.
+    const float values[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int pair = 2 * quad + half;
+      float low = values[2 * half], high = values[2 * half + 1];
+      const int slot = ((block_step * kTiles + t / 8) * 32 + (t % 8) * 4 + pair % 4) * 2 + pair / 4;
+#pragma unroll
+      for (int term = 0; term < 3; ++term) {
+        const uint32_t word = pack_bf16_pair(low, high);
+        terms[term * steps_here * kTiles * 64 + slot] = word;
+        low -= __uint_as_float(word << 16);
+        high -= __uint_as_float(word & 0xffff0000u);
+      }
+    }
+  }
+}
+
 // Block (slice, expert tile, token tile): x [n, cols] fp32, w [rows, cols] bf16; planes
 // [kRouterProductPlanes, n, rows] fp32. The block's steps are 2 * slice + parity + kStepStride * j.
 // The block first writes the three bf16 terms of its x columns into shared memory once (each
@@ -99,31 +129,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   wait_for_previous_grid();
   release_dependent_grids();
-  // The terms: item (token, block step, quad of columns), a float4 of x each.
   uint32_t* terms = reinterpret_cast<uint32_t*>(shared);
-  const int live_tokens = min(kTokens, n - token0), items = live_tokens * steps_here * 4;
-  for (int item = static_cast<int>(threadIdx.x); item < items; item += kThreads) {
-    const int quad = item % 4, block_step = item / 4 % steps_here, t = item / 4 / steps_here;
-    const int step = slice_step + block_step % 2 + block_step / 2 * kStepStride;
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const float* row = x + static_cast<int64_t>(token0 + t) * cols;
-    if (step < steps) v = __ldg(reinterpret_cast<const float4*>(row + step * 16) + quad);
-    // Columns 4 quad .. 4 quad + 3: pairs 2 quad and 2 quad + 1, of lanes (t % 8, pair % 4), word pair / 4.
-    const float values[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int pair = 2 * quad + half;
-      float low = values[2 * half], high = values[2 * half + 1];
-      const int slot = ((block_step * kTiles + t / 8) * 32 + (t % 8) * 4 + pair % 4) * 2 + pair / 4;
-#pragma unroll
-      for (int term = 0; term < 3; ++term) {
-        const uint32_t word = pack_bf16_pair(low, high);
-        terms[term * steps_here * kTiles * 64 + slot] = word;
-        low -= __uint_as_float(word << 16);
-        high -= __uint_as_float(word & 0xffff0000u);
-      }
-    }
-  }
+  const int live_tokens = min(kTokens, n - token0);
+  write_x_terms(x, token0, live_tokens, cols, steps, steps_here, slice_step, terms);
   __syncthreads();
   const int live_tiles = (live_tokens + 7) / 8;
   const uint2* fragments = reinterpret_cast<const uint2*>(terms);
