@@ -237,9 +237,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_experts_kernel(GroupedArg
     widen_step<kPasses>(stages_generic + to * S::kStageBytes + S::kTokenStageBytes, S::kWeightBlockBytes, t, q, sc);
   };
 
-  // This warpgroup's accumulator: rows wg * kGroupRow0 .., weight lines wg * kGroupLine0 ...
-  // Stage 0's descriptors; a stage, a 64-k block and 16 k further on advance them
-  // (wgmma::descriptor_advanced).
+  // This warpgroup's accumulator: rows wg * kGroupRow0 .., weight lines wg * kGroupLine0 ...; stage 0's
+  // descriptors, which a stage, a 64-k block and 16 k further on advance (descriptor_advanced).
   const uint64_t token_descriptor = descriptor(stages + wg * S::kGroupRow0 * kLine, 16, 1024);
   const uint64_t weight_descriptor = descriptor(stages + S::kTokenStageBytes + wg * S::kGroupLine0 * kLine, 16, 1024);
   float acc[64];
