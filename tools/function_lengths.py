@@ -95,9 +95,11 @@ def long_functions(path: pathlib.Path, limit: int):
 
 
 def tracked_sources() -> list:
-    listed = subprocess.run(["git", "ls-files", "src", "tests", "benchmarks"], check=True, capture_output=True,
-                            text=True).stdout.split()
-    return [pathlib.Path(p) for p in listed if p.endswith(SUFFIXES)]
+    """The sources git tracks under src/, tests/ and benchmarks/ (outside a git checkout: every one there)."""
+    listed = subprocess.run(["git", "ls-files", "src", "tests", "benchmarks"], capture_output=True, text=True)
+    if listed.returncode == 0:
+        return [pathlib.Path(p) for p in listed.stdout.split() if p.endswith(SUFFIXES)]
+    return sorted(f for d in ("src", "tests", "benchmarks") for f in pathlib.Path(d).rglob("*") if f.suffix in SUFFIXES)
 
 
 def main() -> int:
