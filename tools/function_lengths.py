@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 SUFFIXES = (".cpp", ".cc", ".h", ".hpp", ".cu", ".cuh")
-NOT_FUNCTIONS = re.compile(r"\b(namespace|struct|class|enum|union|extern\s+\"\")\b")
+NOT_FUNCTIONS = re.compile(r"\b(namespace|struct|class|enum|union)\b")
 
 
 def blank_literals(text: str) -> str:
@@ -62,11 +62,23 @@ def function_name(head: str) -> str:
     return match.group(1) if match else flat[-60:]
 
 
+def without_template_heads(flat: str) -> str:
+    """`flat` without its "template <...>" parts (whose "class T" would read as a class head)."""
+    while (start := flat.find("template")) >= 0 and "<" in flat[start:]:
+        i, depth = flat.index("<", start), 0
+        for j in range(i, len(flat)):
+            depth += {"<": 1, ">": -1}.get(flat[j], 0)
+            if depth == 0:
+                break
+        flat = flat[:start] + flat[j + 1:]
+    return flat
+
+
 def long_functions(path: pathlib.Path, limit: int):
     """(lines, first line, name) of each function in `path` whose body spans more than `limit` lines."""
     code = blank_literals(path.read_text(errors="replace"))
     found = []
-    stack = []  # (is_function_or_inside_one, opening line, name)
+    stack = []  # (a function or inside one, opening line, name, a function's own body)
     since = 0  # where the text before the next '{' starts
     line = 1
     for i, c in enumerate(code):
@@ -77,9 +89,10 @@ def long_functions(path: pathlib.Path, limit: int):
             head = code[since:i]
             is_function = False
             if not inside:
-                flat = " ".join(head.split())
-                is_function = ")" in flat and not NOT_FUNCTIONS.search(flat) and not flat.rstrip().endswith("=")
-                is_function = is_function and not re.search(r"=\s*$|\breturn\b|\(\s*$", flat)
+                flat = without_template_heads(" ".join(head.split()))
+                # Not "= {", "return {" or "f({": brace initialisers.
+                is_function = (")" in flat and not NOT_FUNCTIONS.search(flat) and
+                               not re.search(r"=\s*$|\breturn\b|\(\s*$", flat))
             name = function_name(head) if is_function else ""
             stack.append((inside or is_function, line, name, is_function))
             since = i + 1
