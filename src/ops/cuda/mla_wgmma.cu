@@ -170,7 +170,7 @@ struct SharedLayout {
 
 // The split's selected rows: a row's context position (-1 past the split's `count` rows of
 // `chosen`), and a position's cache slot through the sequence's block table.
-struct SplitRows {
+struct SplitSelection {
   const int32_t* chosen;
   const int32_t* blocks;
   int count, block_size;
@@ -185,7 +185,7 @@ struct SplitRows {
 // holds row r's slot of the next tile and position of the one after.
 template <CacheStorage kStorage>
 __device__ __forceinline__ void issue_first_tile(const uint16_t* token_queries, int H, uint32_t queries,
-                                                 uint32_t first_stage, int32_t* slot, const SplitRows& lookup,
+                                                 uint32_t first_stage, int32_t* slot, const SplitSelection& lookup,
                                                  const void* cache, int32_t* next_slot, int32_t* next_position) {
   const int query_head = threadIdx.x / 4;
   copy_lines(queries, token_queries + (query_head < H ? query_head * kRow : 0), query_head < H);
@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Thread r < 64 looks up row r of a tile in two steps an iteration apart (the position two
   // tiles ahead, the slot one tile ahead), so that neither dependent load waits in the loop: in
   // decode both come from memory, about a microsecond each.
-  const SplitRows lookup{chosen, blocks, count, a.block_size};
+  const SplitSelection lookup{chosen, blocks, count, a.block_size};
   int32_t next_slot = -1, next_position = -1;  // of this thread's row of the next tile / the one after
   issue_first_tile<kStorage>(a.queries + static_cast<int64_t>(t) * H * kRow, H, queries, kFp8 ? codes : rows, slot,
                              lookup, a.cache, &next_slot, &next_position);
