@@ -174,14 +174,32 @@ std::vector<LevelPlan> plan_levels(const BenchConfig& cfg, size_t& pool) {
   return plans;
 }
 
-// The pool's request bodies, made from `pool` prompts of the workload (progress on stderr).
+// `pool` prompts of the random workload or read from the dataset's file (progress on stderr; a
+// dataset with fewer usable prompts than the run sends says so whatever --no-progress says).
+std::vector<Prompt> pool_prompts(const BenchConfig& cfg, const text::Tokenizer& tok, size_t pool) {
+  if (cfg.dataset.name.empty()) {
+    if (cfg.progress)
+      std::fprintf(stderr, "bench: making %zu prompts of %d tokens (prefix hit %.0f%%) with %s\n", pool,
+                   cfg.workload.input_len, cfg.workload.prefix_hit * 100, tok.source().string().c_str());
+    return make_prompts(tok, cfg.workload, pool);
+  }
+  if (cfg.progress)
+    std::fprintf(stderr, "bench: reading %zu prompts from %s (%s) with %s\n", pool, cfg.dataset.path.c_str(),
+                 cfg.dataset.name.c_str(), tok.source().string().c_str());
+  size_t usable = 0;
+  std::vector<Prompt> prompts = read_dataset_prompts(tok, cfg.dataset, pool, &usable);
+  if (usable > 0)
+    std::fprintf(stderr, "bench: note: %s has %zu usable prompts for the run's %zu requests (warm-ups included): "
+                 "they are sent again in the same order, so later ones may hit the prefix cache\n",
+                 cfg.dataset.path.c_str(), usable, pool);
+  return prompts;
+}
+
+// The pool's request bodies, made from `pool` prompts (progress on stderr).
 std::vector<RequestTemplate> make_templates(const BenchConfig& cfg, const text::Tokenizer& tok, bool chat,
                                             const json& extra, size_t pool) {
   const auto t_prep = std::chrono::steady_clock::now();
-  if (cfg.progress)
-    std::fprintf(stderr, "bench: making %zu prompts of %d tokens (prefix hit %.0f%%) with %s\n", pool,
-                 cfg.workload.input_len, cfg.workload.prefix_hit * 100, tok.source().string().c_str());
-  const std::vector<Prompt> prompts = make_prompts(tok, cfg.workload, pool);
+  const std::vector<Prompt> prompts = pool_prompts(cfg, tok, pool);
   std::vector<RequestTemplate> templates;
   templates.reserve(prompts.size());
   for (const Prompt& p : prompts)
@@ -270,11 +288,16 @@ MeasuredLevel run_measured_level(const ClientOptions& client, const LevelPlan& p
 std::string render_report(const BenchConfig& cfg, const BenchOutcome& outcome,
                           const std::vector<LevelMetrics>& rate_levels, const std::vector<LevelMetrics>& sweep_levels) {
   std::string rep;
-  const std::string workload = fmt::format(
-      "{} in / {} out{}{}, {} {}", cfg.workload.input_len, cfg.workload.output_len,
-      cfg.workload.range_ratio > 0 ? fmt::format(" (range ratio {:g})", cfg.workload.range_ratio) : "",
-      cfg.workload.prefix_hit > 0 ? fmt::format(", {:.0f}% shared prefix", cfg.workload.prefix_hit * 100) : "",
-      cfg.model, cfg.endpoint);
+  const std::string lengths =
+      cfg.dataset.name.empty()
+          ? fmt::format("{} in / {} out{}{}", cfg.workload.input_len, cfg.workload.output_len,
+                        cfg.workload.range_ratio > 0 ? fmt::format(" (range ratio {:g})", cfg.workload.range_ratio) : "",
+                        cfg.workload.prefix_hit > 0
+                            ? fmt::format(", {:.0f}% shared prefix", cfg.workload.prefix_hit * 100)
+                            : "")
+          : fmt::format("{} dataset {}: mean {:.0f} in / {:.0f} out", cfg.dataset.name, cfg.dataset.path,
+                        outcome.mean_input_len, outcome.mean_output_len);
+  const std::string workload = fmt::format("{}, {} {}", lengths, cfg.model, cfg.endpoint);
   rep += "\n" + (cfg.preset.empty() ? std::string("bench") : "preset " + cfg.preset) + ": " + workload + "\n\n";
   if (!rate_levels.empty()) rep += rate_table(rate_levels) + "\n";
   if (!sweep_levels.empty()) rep += sweep_table(sweep_levels) + "\n";
@@ -298,6 +321,10 @@ json run_json(const BenchConfig& cfg, const BenchOutcome& outcome) {
                  {"tokenizer", cfg.tokenizer},
                  {"endpoint", cfg.endpoint},
                  {"preset", cfg.preset},
+                 {"dataset_name", cfg.dataset.name.empty() ? "random" : cfg.dataset.name},
+                 {"dataset_path", cfg.dataset.path},
+                 {"mean_input_len", outcome.mean_input_len},
+                 {"mean_output_len", outcome.mean_output_len},
                  {"input_len", cfg.workload.input_len},
                  {"output_len", cfg.workload.output_len},
                  {"range_ratio", cfg.workload.range_ratio},
@@ -377,6 +404,10 @@ BenchOutcome run_bench(const BenchConfig& cfg) {
 
   bool metrics_on = cfg.scrape_metrics;
   BenchOutcome outcome;
+  for (const RequestTemplate& t : templates) {
+    outcome.mean_input_len += t.prompt_tokens / static_cast<double>(templates.size());
+    outcome.mean_output_len += t.output_tokens / static_cast<double>(templates.size());
+  }
   std::vector<LevelResult> results;
   results.reserve(plans.size());
   for (size_t li = 0; li < plans.size(); ++li) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/dataset.h"
 #include "bench/metrics.h"
 #include "bench/resilience.h"
 #include "bench/workload.h"
@@ -22,7 +23,8 @@ struct BenchConfig {
   std::string endpoint = "/v1/completions";  // or /v1/chat/completions
   std::string api_key;
   std::string preset;          // informational (already applied by the caller)
-  WorkloadSpec workload;
+  WorkloadSpec workload;       // the random dataset's prompts
+  DatasetSpec dataset;         // name empty: the random dataset; else prompts read from its file
   bool token_id_prompts = false;  // send prompt ids (completions only) instead of text
   std::string extra_body;      // JSON object merged into every request body
   std::vector<double> request_rates;  // open-loop levels, in order
@@ -49,6 +51,7 @@ struct BenchConfig {
 struct BenchOutcome {
   std::vector<LevelMetrics> levels;
   size_t scheduled = 0, completed = 0, failed = 0;
+  double mean_input_len = 0, mean_output_len = 0;  // over every prompt of the run (warm-ups too)
   std::string report;  // what was printed on stdout
   std::vector<std::string> files;  // written into output_dir
 };

@@ -66,6 +66,25 @@ int draw_len(int mean, double ratio, std::mt19937_64& rng) {
 
 }  // namespace
 
+void for_each_index(size_t count, unsigned threads, const std::function<void(size_t)>& fn) {
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  threads = static_cast<unsigned>(std::min<size_t>(threads, std::max<size_t>(count, 1)));
+  std::vector<std::thread> workers;
+  std::exception_ptr error;
+  std::mutex error_mu;
+  for (unsigned t = 0; t < threads; ++t)
+    workers.emplace_back([&, t] {
+      try {
+        for (size_t i = t; i < count; i += threads) fn(i);
+      } catch (...) {
+        std::lock_guard lock(error_mu);
+        if (!error) error = std::current_exception();
+      }
+    });
+  for (auto& worker : workers) worker.join();
+  if (error) std::rethrow_exception(error);
+}
+
 std::vector<int32_t> exact_ids(const text::Tokenizer& tok, const std::vector<int32_t>& prefix, int len, uint64_t seed) {
   return exact_ids_impl(tok, ordinary_ids(tok), prefix, len, seed);
 }
@@ -100,22 +119,7 @@ std::vector<Prompt> make_prompts(const text::Tokenizer& tok, const WorkloadSpec&
     p.ids = exact_ids_impl(tok, pool, prefix, len, rng());
     p.text = tok.decode(p.ids);
   };
-  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
-  threads = static_cast<unsigned>(std::min<size_t>(threads, std::max<size_t>(count, 1)));
-  std::vector<std::thread> pool_threads;
-  std::exception_ptr error;
-  std::mutex error_mu;
-  for (unsigned t = 0; t < threads; ++t)
-    pool_threads.emplace_back([&, t] {
-      try {
-        for (size_t i = t; i < count; i += threads) make_one(i);
-      } catch (...) {
-        std::lock_guard lock(error_mu);
-        if (!error) error = std::current_exception();
-      }
-    });
-  for (auto& th : pool_threads) th.join();
-  if (error) std::rethrow_exception(error);
+  for_each_index(count, threads, make_one);
   return out;
 }
 

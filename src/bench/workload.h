@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,6 +39,10 @@ struct Prompt {
 // or when no exact prompt can be made (a tokenizer whose round trip never settles).
 std::vector<Prompt> make_prompts(const text::Tokenizer& tok, const WorkloadSpec& spec, size_t count,
                                  unsigned threads = 0);
+
+// fn(i) for every i < count, spread over `threads` threads (0: the machine's); the first exception
+// any call throws is thrown again once all have stopped.
+void for_each_index(size_t count, unsigned threads, const std::function<void(size_t)>& fn);
 
 // Ids whose text re-encodes to exactly themselves, `len` long, starting with `prefix` (which must
 // itself be stable). Exposed for tests.

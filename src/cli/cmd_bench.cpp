@@ -50,6 +50,8 @@ struct BenchArgs {
   std::string output_file;           // SGLang's --output-file
   double range_ratio = 0;            // vLLM's meaning, or SGLang's with --backend sglang
   int port = 0, random_prefix_len = 0;
+  std::string dataset_path;
+  int sharegpt_output_len = 0, sharegpt_context_len = 0, custom_output_len = 0;
   bool save_result = false;
   // Sampling fields every request carries, by name (vLLM's --temperature, --top-p, ...), as given.
   std::map<std::string, std::string> sampling;
@@ -71,12 +73,15 @@ constexpr FlagWithNothingToSet kBenchFlagsWithNothingToSet[] = {
     {"--request-id-prefix", FlagValues::kOne, false, "requests carry no id of bench's"},
     {"--profile", FlagValues::kNone, true, "the server is not profiled through the API: tools/gpu/profile-step runs nsys"},
     {"--use-beam-search", FlagValues::kNone, true, "beam search is not served"},
+    {"--custom-skip-chat-template", FlagValues::kNone, false,
+     "custom prompts are sent as they are; --backend openai-chat sends them as chat messages"},
     // SGLang's bench_serving.
     {"--disable-stream", FlagValues::kNone, false, "requests stream: their first token's time needs it"},
     {"--return-logprob", FlagValues::kNone, false,
      "no logprobs are asked (--extra-body '{\"logprobs\": 1}' asks them)"},
     {"--apply-chat-template", FlagValues::kNone, false,
-     "prompts are random tokens at exact lengths; --backend openai-chat sends them as chat messages"},
+     "prompts are sent as they are (random tokens or a dataset's text); --backend openai-chat sends them as chat "
+     "messages"},
     {"--flush-cache", FlagValues::kNone, false,
      "the server's prefix cache is not flushed; prompts share only the prefixes --prefix-hit asks for"},
     {"--output-details", FlagValues::kNone, false, "requests.csv holds every request's timings"},
@@ -126,8 +131,20 @@ void add_workload_options(CLI::App* cmd, BenchArgs& a, ExplicitOptions& o) {
                   "[len*r, len], r up to 1)")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--dataset-name", a.dataset_name,
-                  "random: prompts of random tokens at exact lengths (the only dataset; vLLM's and SGLang's flag)")
+                  "random: prompts of random tokens at exact lengths; sharegpt: a ShareGPT JSON file's first turns; "
+                  "custom: a JSON-lines file of {\"prompt\": ...} (vLLM's and SGLang's flag)")
       ->capture_default_str();
+  cmd->add_option("--dataset-path", a.dataset_path, "The sharegpt or custom dataset's file")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--sharegpt-output-len", a.sharegpt_output_len,
+                  "Output tokens of every ShareGPT request (default: the token count of its first reply)")
+      ->check(positive_number());
+  cmd->add_option("--sharegpt-context-len", a.sharegpt_context_len,
+                  "Skip ShareGPT conversations whose prompt and reply together pass this many tokens (SGLang's)")
+      ->check(positive_number());
+  cmd->add_option("--custom-output-len", a.custom_output_len,
+                  "Output tokens of every custom-dataset request (default 256, as vLLM's)")
+      ->check(positive_number());
   o.prefix_hit = cmd->add_option("--prefix-hit", a.prefix_hit,
                                  "Target prefix-cache hit ratio: prompts share one of --num-prefixes prefixes of "
                                  "hit*input-len tokens")
@@ -217,14 +234,54 @@ void add_output_options(CLI::App* cmd, BenchArgs& a) {
       ->capture_default_str();
 }
 
-// vLLM's and SGLang's bench flags in the configuration: --host/--port as the base URL, the
-// tokenizer from --model's folder, --backend openai-chat as the chat endpoint, and the one
-// dataset.
+// An option's names as a user may have typed them: "--input-len/--random-input-len/--random-input".
+std::string as_given(const CLI::Option& option) {
+  std::string names = option.get_name(false, true);
+  std::replace(names.begin(), names.end(), ',', '/');
+  return names;
+}
+
+// The dataset's flags checked against each other and against the random workload's: a dataset's
+// file sets the prompts and their lengths, so the random workload's flags are refused beside it.
+void resolve_dataset(const BenchArgs& a, bench::BenchConfig& cfg, const CLI::App& cmd) {
+  const std::string& name = a.dataset_name;
+  const bool sharegpt = name == "sharegpt", custom = name == "custom";
+  if (name != "random" && !sharegpt && !custom)
+    fail("bench: --dataset-name " + name + ": expects one of " + bench::kDatasetNames +
+         " (random tokens at exact lengths, a ShareGPT JSON file, a JSON-lines file of prompts)");
+  if (!sharegpt && (cmd.count("--sharegpt-output-len") > 0 || cmd.count("--sharegpt-context-len") > 0))
+    fail("bench: --sharegpt-output-len and --sharegpt-context-len go with --dataset-name sharegpt");
+  if (!custom && cmd.count("--custom-output-len") > 0)
+    fail("bench: --custom-output-len goes with --dataset-name custom");
+  if (name == "random") {
+    if (!a.dataset_path.empty())
+      fail("bench: --dataset-path " + a.dataset_path + " goes with --dataset-name sharegpt or custom; the random "
+           "dataset makes its prompts");
+    return;
+  }
+  if (a.dataset_path.empty())
+    fail("bench: --dataset-name " + name + " needs --dataset-path FILE" +
+         (sharegpt ? " (e.g. ShareGPT_V3_unfiltered_cleaned_split.json of the Hugging Face dataset "
+                     "anon8231489123/ShareGPT_Vicuna_unfiltered; bench downloads nothing)"
+                   : " (JSON lines, each {\"prompt\": \"...\"})"));
+  for (const char* flag : {"--preset", "--input-len", "--output-len", "--range-ratio", "--prefix-hit",
+                           "--num-prefixes", "--random-prefix-len"})
+    if (cmd.count(flag) > 0)
+      fail("bench: " + as_given(*cmd.get_option(flag)) + " shapes the random dataset's prompts; --dataset-name " +
+           name + " reads them from " + a.dataset_path +
+           (sharegpt ? " (--sharegpt-output-len sets their output lengths)" : " (--custom-output-len sets their "
+                                                                              "output lengths)"));
+  cfg.dataset.name = name;
+  cfg.dataset.path = a.dataset_path;
+  cfg.dataset.output_len = sharegpt ? a.sharegpt_output_len : a.custom_output_len;
+  cfg.dataset.context_len = a.sharegpt_context_len;
+  cfg.dataset.seed = cfg.seed;
+}
+
+// vLLM's and SGLang's bench flags in the configuration: the dataset, --host/--port as the base
+// URL, the tokenizer from --model's folder and --backend openai-chat as the chat endpoint.
 void resolve_peer_bench_flags(const BenchArgs& a, bench::BenchConfig& cfg, const CLI::App& cmd) {
-  if (a.dataset_name != "random")
-    fail("bench: --dataset-name " + a.dataset_name +
-         ": glmserve bench sends prompts of random tokens at exact lengths (random), with shared prefixes for "
-         "prefix-cache hits (--prefix-hit); datasets such as sharegpt are not bundled");
+  resolve_dataset(a, cfg, cmd);
   if ((!a.host.empty() || a.port > 0) && cmd.count("--base-url") > 0)
     fail("bench: give the server as --base-url or as --host and --port, not both");
   if (!a.host.empty() || a.port > 0)

@@ -135,7 +135,7 @@ TEST(SglangLaunch, AnSglangLaunchLineServesItsLayoutWithMtpDrafts) {
 // A server started with the model's path and no --served-model-name answers to that path (vLLM's
 // served name) besides the folder's name, and vLLM's bench line measures it: --backend vllm,
 // --dataset-name random, --random-input-len, --host and --port, the tokenizer from --model's
-// folder, --save-result into --result-dir.
+// folder, --save-result into --result-dir; and its ShareGPT line.
 TEST(VllmLaunch, TheModelPathIsAServedNameAndVllmsBenchLineMeasuresIt) {
   ServerProcess server(kBinary, {"serve", kModel, "--port", "0", "--kv-cache-memory", "64M"});
   for (const std::string& name : {kModel, std::string("glm5-tiny-code")}) {
@@ -176,9 +176,31 @@ TEST(VllmLaunch, TheModelPathIsAServedNameAndVllmsBenchLineMeasuresIt) {
   EXPECT_NE(sglang_out.find("16 in / 4 out,"), std::string::npos) << sglang_out;  // exact lengths
   EXPECT_NE(sglang_out.find("note: --disable-stream:"), std::string::npos) << sglang_out;
   EXPECT_TRUE(std::filesystem::exists(results + "/sglang.json")) << sglang_out;
+  // vLLM's ShareGPT line: the prompts and their lengths from the file's first turns.
+  json conversations = json::array();
+  for (const char* prompt : {"def quicksort(items):", "Explain what a prefix cache does in one sentence.",
+                             "Write a haiku about GPUs.", "class Tokenizer:\n    def __init__(self):"})
+    conversations.push_back({{"conversations", json::array({{{"from", "human"}, {"value", prompt}},
+                                                            {{"from", "gpt"}, {"value", "A reply of some words."}}})}});
+  const std::string sharegpt = results + "/sharegpt.json";
+  std::ofstream(sharegpt) << conversations.dump();
+  const auto [sharegpt_out, sharegpt_status] = run_glmserve(
+      "bench --backend vllm --model " + kModel + " --dataset-name sharegpt --dataset-path " + sharegpt +
+      " --sharegpt-output-len 3 --num-prompts 4 --num-warmups 0 --host 127.0.0.1 --port " +
+      std::to_string(server.port()) + " --save-result --result-dir " + results + " --result-filename sharegpt-run.json "
+      "--disable-tqdm");
+  EXPECT_EQ(sharegpt_status, 0) << sharegpt_out;
+  EXPECT_NE(sharegpt_out.find("sharegpt dataset " + sharegpt + ": mean"), std::string::npos) << sharegpt_out;
+  const json sharegpt_record = json::parse(std::ifstream(results + "/sharegpt-run.json"));
+  EXPECT_EQ(sharegpt_record["config"]["dataset_name"], "sharegpt");
+  EXPECT_EQ(sharegpt_record["totals"]["completed"], 4);
   const auto [bad, bad_status] = run_glmserve("bench --model " + kModel + " --dataset-name sharegpt");
   EXPECT_NE(bad_status, 0);
-  EXPECT_NE(bad.find("datasets such as sharegpt are not bundled"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("--dataset-name sharegpt needs --dataset-path FILE"), std::string::npos) << bad;
+  const auto [mixed, mixed_status] = run_glmserve("bench --model " + kModel + " --dataset-name sharegpt --dataset-path " +
+                                                  sharegpt + " --random-input-len 8 --request-rate 1");
+  EXPECT_NE(mixed_status, 0);
+  EXPECT_NE(mixed.find("--input-len/--random-input-len/--random-input shapes the random dataset's prompts"), std::string::npos) << mixed;
   EXPECT_EQ(server.stop(SIGTERM, 60.0), 0);
 }
 
