@@ -341,6 +341,9 @@ json run_json(const BenchConfig& cfg, const BenchOutcome& outcome) {
                  {"power_watts", cfg.cost.power_watts},
                  {"retries", cfg.retry.retries},
                  {"circuit_breaker", cfg.circuit_breaker}};
+  if (!cfg.dataset.name.empty())  // the random dataset's shape does not apply to the file's prompts
+    for (const char* key : {"input_len", "output_len", "range_ratio", "prefix_hit", "num_prefixes"})
+      j["config"].erase(key);
   j["totals"] = {{"scheduled", outcome.scheduled}, {"completed", outcome.completed}, {"failed", outcome.failed}};
   j["levels"] = json::array();
   for (const LevelMetrics& m : outcome.levels) j["levels"].push_back(level_json(m));

@@ -193,6 +193,8 @@ TEST(VllmLaunch, TheModelPathIsAServedNameAndVllmsBenchLineMeasuresIt) {
   EXPECT_NE(sharegpt_out.find("sharegpt dataset " + sharegpt + ": mean"), std::string::npos) << sharegpt_out;
   const json sharegpt_record = json::parse(std::ifstream(results + "/sharegpt-run.json"));
   EXPECT_EQ(sharegpt_record["config"]["dataset_name"], "sharegpt");
+  EXPECT_FALSE(sharegpt_record["config"].contains("input_len"));  // the random dataset's shape
+  EXPECT_GT(sharegpt_record["config"]["mean_input_len"].get<double>(), 4.0);
   EXPECT_EQ(sharegpt_record["totals"]["completed"], 4);
   const auto [bad, bad_status] = run_glmserve("bench --model " + kModel + " --dataset-name sharegpt");
   EXPECT_NE(bad_status, 0);
