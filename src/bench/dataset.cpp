@@ -1,6 +1,7 @@
 #include "bench/dataset.h"
 
 #include <algorithm>
+#include <utility>
 #include <fmt/format.h>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -75,6 +76,26 @@ std::vector<Entry> read_custom(const DatasetSpec& spec) {
   return entries;
 }
 
+// Whether a ShareGPT conversation of `in` prompt and `out` output tokens passes the filter.
+bool sharegpt_keeps(int in, int out, const DatasetSpec& spec) {
+  if (spec.sglang_filter) return in >= 2 && out >= 2 && (spec.context_len <= 0 || in + out <= spec.context_len);
+  const bool reply_sets_length = spec.output_len <= 0;
+  return in >= kShareGptMinLen && (!reply_sets_length || out >= kShareGptMinLen) && in <= kShareGptMaxPromptLen &&
+         in + out <= kShareGptMaxTotalLen;
+}
+
+// The filter in words, for the error of a file that nothing passes.
+std::string filter_words(const DatasetSpec& spec) {
+  if (spec.name == "custom") return "prompts that encode to at least one token";
+  if (spec.sglang_filter)
+    return "SGLang's filter: prompt and output of 2 tokens or more" +
+           (spec.context_len > 0 ? fmt::format(", together at most {}", spec.context_len) : std::string());
+  return fmt::format("vLLM's filter: prompts of {} to {} tokens{}, prompt and output together at most {}",
+                     kShareGptMinLen, kShareGptMaxPromptLen,
+                     spec.output_len > 0 ? "" : fmt::format(", replies of {} or more", kShareGptMinLen),
+                     kShareGptMaxTotalLen);
+}
+
 // The entry as a request, or nothing where the dataset's filter drops it.
 std::optional<Prompt> judge(const text::Tokenizer& tok, const Entry& entry, const DatasetSpec& spec) {
   Prompt p;
@@ -85,14 +106,19 @@ std::optional<Prompt> judge(const text::Tokenizer& tok, const Entry& entry, cons
     p.output_len = spec.output_len > 0 ? spec.output_len : kCustomOutputLen;
     return in > 0 ? std::optional<Prompt>(std::move(p)) : std::nullopt;
   }
-  const bool reply_sets_length = spec.output_len <= 0;
-  p.output_len = reply_sets_length ? static_cast<int>(tok.encode(entry.reply, false).size()) : spec.output_len;
-  const int out = p.output_len;
-  const bool too_short = in < kShareGptMinLen || (reply_sets_length && out < kShareGptMinLen);
-  const bool too_long = in > kShareGptMaxPromptLen || in + out > kShareGptMaxTotalLen ||
-                        (spec.context_len > 0 && in + out > spec.context_len);
-  if (too_short || too_long) return std::nullopt;
+  p.output_len = spec.output_len > 0 ? spec.output_len : static_cast<int>(tok.encode(entry.reply, false).size());
+  if (!sharegpt_keeps(in, p.output_len, spec)) return std::nullopt;
   return p;
+}
+
+// 0 .. n - 1 shuffled by Fisher-Yates over mt19937_64's draws (whose sequence the standard fixes,
+// unlike std::shuffle's use of them): the same order from every standard library.
+std::vector<size_t> shuffled_order(size_t n, uint64_t seed) {
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::mt19937_64 rng(mix_seed(seed));
+  for (size_t i = n; i > 1; --i) std::swap(order[i - 1], order[rng() % i]);
+  return order;
 }
 
 }  // namespace
@@ -102,10 +128,11 @@ std::vector<Prompt> read_dataset_prompts(const text::Tokenizer& tok, const Datas
   if (spec.name != "sharegpt" && spec.name != "custom")
     fail("bench: --dataset-name " + spec.name + ": expects one of " + kDatasetNames);
   const std::vector<Entry> entries = spec.name == "sharegpt" ? read_sharegpt(spec) : read_custom(spec);
-  std::vector<size_t> order(entries.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::mt19937_64 rng(mix_seed(spec.seed));
-  std::shuffle(order.begin(), order.end(), rng);
+  if (entries.empty())
+    fail("bench: " + spec.path + ": no " +
+         (spec.name == "sharegpt" ? std::string("conversation of two turns or more") : std::string("prompt")) +
+         " in the file");
+  const std::vector<size_t> order = shuffled_order(entries.size(), spec.seed);
 
   // Entries are tokenised in batches a little larger than what is still missing, in parallel,
   // and taken in the shuffled order: the result does not depend on `threads`.
@@ -119,13 +146,8 @@ std::vector<Prompt> read_dataset_prompts(const text::Tokenizer& tok, const Datas
     next += batch;
   }
   if (usable.empty())
-    fail(fmt::format("bench: {}: none of its {} {} is a usable prompt{}", spec.path, entries.size(),
-                     spec.name == "sharegpt" ? "conversations of two turns or more" : "prompts",
-                     spec.name == "sharegpt"
-                         ? fmt::format(" (vLLM's filter: prompts of {} to {} tokens, replies of {} or more, both "
-                                       "together at most {})",
-                                       kShareGptMinLen, kShareGptMaxPromptLen, kShareGptMinLen, kShareGptMaxTotalLen)
-                         : std::string(" (every prompt encodes to no tokens)")));
+    fail(fmt::format("bench: {}: none of its {} {} passes the filter ({})", spec.path, entries.size(),
+                     spec.name == "sharegpt" ? "conversations" : "prompts", filter_words(spec)));
   if (reused) *reused = usable.size() < count ? usable.size() : 0;
   std::vector<Prompt> out;
   out.reserve(count);

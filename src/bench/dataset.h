@@ -18,8 +18,10 @@ struct DatasetSpec {
   // > 0: every request's max_tokens (--sharegpt-output-len, --custom-output-len). 0: sharegpt takes
   // the token count of each conversation's first reply, custom takes kCustomOutputLen.
   int output_len = 0;
-  // > 0: ShareGPT conversations whose prompt and reply together pass this many tokens are skipped
-  // (SGLang's --sharegpt-context-len), besides vLLM's limits below.
+  // ShareGPT's filter: vLLM's (below), or with sglang_filter SGLang's: prompt and output of 2
+  // tokens or more and, where context_len > 0, together at most context_len
+  // (--sharegpt-context-len).
+  bool sglang_filter = false;
   int context_len = 0;
   uint64_t seed = 0;
 };
@@ -36,9 +38,10 @@ inline constexpr int kCustomOutputLen = 256;
 inline constexpr const char* kDatasetNames = "random, sharegpt, custom";
 
 // `count` prompts from the file, in an order shuffled by spec.seed (the same file, seed and
-// tokenizer give the same prompts). ShareGPT: a JSON array of {"conversations": [{"from",
-// "value"}, ...]}; each entry's first turn is the prompt and its second the reply; entries of
-// fewer than two turns are skipped, as are those vLLM's filter (above) drops. Custom: JSON lines,
+// tokenizer give the same prompts on any machine; not the sample vLLM or SGLang draw for that
+// seed). ShareGPT: a JSON array of {"conversations": [{"from", "value"}, ...]}; each entry's first
+// turn is the prompt and its second the reply; entries of fewer than two turns are skipped, as
+// are those the filter (above) drops. Custom: JSON lines,
 // each an object with a "prompt" string. Each prompt's ids are encode(text) without special
 // tokens. Where the file has fewer usable prompts than `count`, they are used again in the same
 // order, and `reused` (when not null) is set to how many usable ones there were (0 otherwise).

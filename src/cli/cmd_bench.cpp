@@ -140,7 +140,8 @@ void add_workload_options(CLI::App* cmd, BenchArgs& a, ExplicitOptions& o) {
                   "Output tokens of every ShareGPT request (default: the token count of its first reply)")
       ->check(positive_number());
   cmd->add_option("--sharegpt-context-len", a.sharegpt_context_len,
-                  "Skip ShareGPT conversations whose prompt and reply together pass this many tokens (SGLang's)")
+                  "SGLang's ShareGPT filter with this context: prompt and output of 2 tokens or more, together at "
+                  "most this many (instead of vLLM's 4 / 1024 / 2048)")
       ->check(positive_number());
   cmd->add_option("--custom-output-len", a.custom_output_len,
                   "Output tokens of every custom-dataset request (default 256, as vLLM's)")
@@ -275,6 +276,8 @@ void resolve_dataset(const BenchArgs& a, bench::BenchConfig& cfg, const CLI::App
   cfg.dataset.path = a.dataset_path;
   cfg.dataset.output_len = sharegpt ? a.sharegpt_output_len : a.custom_output_len;
   cfg.dataset.context_len = a.sharegpt_context_len;
+  // SGLang's bench filters ShareGPT its own way; its --sharegpt-context-len asks for that filter.
+  cfg.dataset.sglang_filter = sharegpt && (a.backend == "sglang" || a.sharegpt_context_len > 0);
   cfg.dataset.seed = cfg.seed;
 }
 

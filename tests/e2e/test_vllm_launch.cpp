@@ -203,6 +203,14 @@ TEST(VllmLaunch, TheModelPathIsAServedNameAndVllmsBenchLineMeasuresIt) {
                                                   sharegpt + " --random-input-len 8 --request-rate 1");
   EXPECT_NE(mixed_status, 0);
   EXPECT_NE(mixed.find("--input-len/--random-input-len/--random-input shapes the random dataset's prompts"), std::string::npos) << mixed;
+  const auto [stray_len, stray_len_status] =
+      run_glmserve("bench --model " + kModel + " --sharegpt-output-len 8 --request-rate 1");
+  EXPECT_NE(stray_len_status, 0);
+  EXPECT_NE(stray_len.find("go with --dataset-name sharegpt"), std::string::npos) << stray_len;
+  const auto [stray_path, stray_path_status] =
+      run_glmserve("bench --model " + kModel + " --dataset-path " + sharegpt + " --request-rate 1");
+  EXPECT_NE(stray_path_status, 0);
+  EXPECT_NE(stray_path.find("goes with --dataset-name sharegpt or custom"), std::string::npos) << stray_path;
   EXPECT_EQ(server.stop(SIGTERM, 60.0), 0);
 }
 
