@@ -33,6 +33,7 @@
 
 #include "micro_cuda.h"
 #include "micro_options.h"
+#include "ops/cuda/fp8.cuh"
 #include "ops/cuda/moe_fragments.cuh"
 #include "quant/mxfp4_tiles.h"
 
@@ -41,6 +42,8 @@ namespace {
 using glms::benchmarks::check;
 using glms::ops::cuda::bf16x8_max_abs;
 using glms::ops::cuda::bf16x8_to_scaled_fp16;
+using glms::ops::cuda::e4m3_of;
+using glms::ops::cuda::e4m3_to_float;
 using glms::ops::cuda::e8m0_byte_scale;
 using glms::ops::cuda::mma_f16;
 using glms::ops::cuda::mma_f16_fresh;
@@ -71,13 +74,6 @@ __device__ __forceinline__ void mma_e5m2_e4m3(float (&d)[4], const uint32_t (&a)
 // The even and odd codes of an FP8-layout word as four E5M2 values each (byte i: value 2i, 2i + 1).
 __device__ __forceinline__ uint32_t even_e5m2(uint32_t q) { return q & 0x8e8e8e8eu; }
 __device__ __forceinline__ uint32_t odd_e5m2(uint32_t q) { return ((q >> 3) & 0x0e0e0e0eu) | ((q << 7) & 0x80808080u); }
-
-// E4M3 byte of v (round to nearest, saturated) and its value.
-__device__ __forceinline__ uint8_t e4m3_of(float v, float& back) {
-  const __nv_fp8_storage_t code = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
-  back = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
-  return code;
-}
 
 // The multiplier that puts a token's largest magnitude in [2^7, 2^8) (E4M3 reaches 448).
 __device__ __forceinline__ float fp8_token_multiplier(uint32_t max_bits) {
@@ -111,9 +107,9 @@ __device__ void stage(const Problem& p, const uint16_t* x, uint8_t* xs, float* u
       for (int term = 0; term < kMode; ++term) {
         uint8_t bytes[8];
         for (int e = 0; e < 8; ++e) {
-          float back;
-          bytes[e % 2 * 4 + e / 2] = e4m3_of(rest[e], back);  // evens, then odds
-          rest[e] -= back;
+          const uint8_t code = e4m3_of(rest[e], 1.0f);  // rounded to nearest, saturated
+          bytes[e % 2 * 4 + e / 2] = code;                // evens, then odds
+          rest[e] -= e4m3_to_float(code);
         }
         uint2 packed;
         packed.x = bytes[0] | bytes[1] << 8 | bytes[2] << 16 | static_cast<uint32_t>(bytes[3]) << 24;
