@@ -33,6 +33,7 @@
 
 #include "micro_cuda.h"
 #include "micro_options.h"
+#include "mxfp4_reference.h"
 #include "ops/cuda/fp8.cuh"
 #include "ops/cuda/moe_fragments.cuh"
 #include "quant/mxfp4_tiles.h"
@@ -217,46 +218,6 @@ uint32_t fp8_layout_word(uint32_t word) {
   return out;
 }
 
-float e2m1_value(uint8_t nibble) {
-  static const float magnitudes[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  return (nibble & 8 ? -1.0f : 1.0f) * magnitudes[nibble & 7];
-}
-
-float bf16_value(uint16_t bits) {
-  const uint32_t word = static_cast<uint32_t>(bits) << 16;
-  float v;
-  std::memcpy(&v, &word, sizeof v);
-  return v;
-}
-
-struct HostProblem {
-  std::vector<uint8_t> packed, scale_bytes;  // checkpoint layout
-  std::vector<uint16_t> x;
-};
-
-// Random codes, scales 2^-9 .. 2^-5 and token values, the relative L2 of `out` against a double
-// product over `check_rows` rows of each expert.
-double relative_error(const HostProblem& h, const std::vector<float>& out, int experts, int64_t rows, int64_t cols,
-                      int tokens, int64_t check_rows) {
-  double err = 0, ref = 0;
-  for (int e = 0; e < experts; ++e)
-    for (int64_t r = 0; r < check_rows; ++r) {
-      const int64_t row = int64_t{e} * rows + r * (rows / check_rows);
-      for (int j = 0; j < tokens; ++j) {
-        double sum = 0;
-        for (int64_t k = 0; k < cols; ++k) {
-          const uint8_t byte = h.packed[row * cols / 2 + k / 2];
-          const double w = e2m1_value(k % 2 ? byte >> 4 : byte & 15) * std::ldexp(1.0, h.scale_bytes[row * cols / 32 + k / 32] - 127);
-          sum += w * bf16_value(h.x[(int64_t{e} * tokens + j) * cols + k]);
-        }
-        const double got = out[(int64_t{e} * tokens + j) * rows + row - int64_t{e} * rows];
-        err += (got - sum) * (got - sum);
-        ref += sum * sum;
-      }
-    }
-  return std::sqrt(err / ref);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -274,12 +235,8 @@ int main(int argc, char** argv) {
     return 2;
   if (!glms::benchmarks::has_cuda_device()) return 77;
   const int64_t all_rows = int64_t{experts} * rows;
-  HostProblem h;
   std::mt19937_64 rng(7);
-  h.packed.resize(all_rows * cols / 2);
-  h.scale_bytes.resize(all_rows * cols / 32);
-  for (auto& b : h.packed) b = static_cast<uint8_t>(rng());
-  for (auto& s : h.scale_bytes) s = static_cast<uint8_t>(118 + rng() % 5);
+  glms::benchmarks::Mxfp4Problem h = glms::benchmarks::random_mxfp4_rows(experts, rows, cols, rng);
   std::vector<uint8_t> tiled(h.packed.size()), tiled_scales(h.scale_bytes.size());
   quant::tile_mxfp4_rows(h.packed.data(), all_rows, cols, tiled.data());
   quant::tile_mxfp4_scales(h.scale_bytes.data(), all_rows, cols, tiled_scales.data());
@@ -307,14 +264,7 @@ int main(int argc, char** argv) {
   bool first = true;
   std::printf("%-7s %6s %9s %7s %10s\n", "mode", "tokens", "us", "TB/s", "rel_l2");
   for (const int tokens : token_counts) {
-    h.x.resize(int64_t{experts} * tokens * cols);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (auto& v : h.x) {
-      const float f = normal(rng);
-      uint32_t word;
-      std::memcpy(&word, &f, 4);
-      v = static_cast<uint16_t>(word >> 16);
-    }
+    glms::benchmarks::random_tokens(h, tokens, rng);
     uint16_t* x = nullptr;
     float* out = nullptr;
     check(cudaMalloc(&x, h.x.size() * 2), "cudaMalloc");
@@ -341,7 +291,7 @@ int main(int argc, char** argv) {
       const double us = times[times.size() / 2] * 1e3;
       std::vector<float> host_out(all_rows * tokens);
       check(cudaMemcpy(host_out.data(), out, host_out.size() * sizeof(float), cudaMemcpyDeviceToHost), "download");
-      const double rel = relative_error(h, host_out, experts, rows, cols, tokens, 16);
+      const double rel = glms::benchmarks::relative_error(h, host_out, tokens, 16);
       const std::string name = mode == kFp16 ? "fp16" : "fp8x" + std::to_string(mode);
       std::printf("%-7s %6d %9.1f %7.2f %10.3e\n", name.c_str(), tokens, us, bytes / (us * 1e-6) / 1e12, rel);
       json << (first ? "" : ",") << "\n  {\"mode\": \"" << name << "\", \"tokens\": " << tokens << ", \"us\": " << us
