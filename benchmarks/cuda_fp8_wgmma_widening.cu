@@ -336,6 +336,29 @@ Kernel kernel_for(int lines) {
   return nullptr;
 }
 
+// The median of 20 event-timed launches after 2 warm-ups, the output zeroed before each (the k
+// splits add into it).
+double median_time_us(Kernel kernel, const Problem& p, dim3 grid, size_t shared, size_t out_bytes) {
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  std::vector<float> times;
+  for (int rep = 0; rep < 22; ++rep) {
+    check(cudaMemset(p.out, 0, out_bytes), "memset");
+    check(cudaEventRecord(start), "record");
+    kernel<<<grid, kThreads, shared>>>(p);
+    check(cudaEventRecord(stop), "record");
+    check(cudaEventSynchronize(stop), "rows_kernel");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    if (rep >= 2) times.push_back(ms);
+  }
+  check(cudaEventDestroy(start), "event");
+  check(cudaEventDestroy(stop), "event");
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2] * 1e3;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -379,9 +402,6 @@ int main(int argc, char** argv) {
   check(cudaMemcpy(codes_fp8, tiled_fp8.data(), tiled.size(), cudaMemcpyHostToDevice), "upload");
   check(cudaMemcpy(scales, tiled_scales.data(), tiled_scales.size(), cudaMemcpyHostToDevice), "upload");
   const double bytes = static_cast<double>(tiled.size() + tiled_scales.size());
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
   std::ostringstream json;
   json << "{\"experts\": " << experts << ", \"rows\": " << rows << ", \"cols\": " << cols << ", \"row_tiles\": " << row_tiles
        << ", \"points\": [";
@@ -415,19 +435,7 @@ int main(int argc, char** argv) {
             "shared memory");
       const dim3 grid(static_cast<unsigned>(rows / (kTileRows * row_tiles)), static_cast<unsigned>(experts),
                       static_cast<unsigned>(cols / (128 * kSplitSteps)));
-      std::vector<float> times;
-      for (int rep = 0; rep < 22; ++rep) {
-        check(cudaMemset(out, 0, sizeof(float) * all_rows * tokens), "memset");
-        check(cudaEventRecord(start), "record");
-        kernel<<<grid, kThreads, shared>>>(p);
-        check(cudaEventRecord(stop), "record");
-        check(cudaEventSynchronize(stop), "rows_kernel");
-        float ms = 0;
-        check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-        if (rep >= 2) times.push_back(ms);
-      }
-      std::sort(times.begin(), times.end());
-      const double us = times[times.size() / 2] * 1e3;
+      const double us = median_time_us(kernel, p, grid, shared, sizeof(float) * all_rows * tokens);
       std::vector<float> host_out(all_rows * tokens);
       check(cudaMemcpy(host_out.data(), out, host_out.size() * sizeof(float), cudaMemcpyDeviceToHost), "download");
       const double rel = glms::benchmarks::relative_error(h, host_out, tokens, 8);
