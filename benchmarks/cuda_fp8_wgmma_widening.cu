@@ -68,6 +68,7 @@
 namespace {
 
 using glms::benchmarks::check;
+using glms::benchmarks::to_device;
 using glms::ops::cuda::widen_mxfp4_fragments;
 using glms::ops::cuda::word_of;
 namespace quant = glms::quant;
@@ -393,14 +394,9 @@ int main(int argc, char** argv) {
   const uint32_t table0 = kTable0 + static_cast<uint32_t>(kBias - 127) * 0x04040400u;
   const uint32_t table1 = kTable1 + static_cast<uint32_t>(kBias - 127) * 0x04040404u;
 
-  uint8_t *codes_bf16 = nullptr, *codes_fp8 = nullptr;
-  uint32_t* scales = nullptr;
-  check(cudaMalloc(&codes_bf16, tiled.size()), "cudaMalloc");
-  check(cudaMalloc(&codes_fp8, tiled.size()), "cudaMalloc");
-  check(cudaMalloc(&scales, tiled_scales.size()), "cudaMalloc");
-  check(cudaMemcpy(codes_bf16, tiled.data(), tiled.size(), cudaMemcpyHostToDevice), "upload");
-  check(cudaMemcpy(codes_fp8, tiled_fp8.data(), tiled.size(), cudaMemcpyHostToDevice), "upload");
-  check(cudaMemcpy(scales, tiled_scales.data(), tiled_scales.size(), cudaMemcpyHostToDevice), "upload");
+  uint8_t* codes_bf16 = to_device(tiled);
+  uint8_t* codes_fp8 = to_device(tiled_fp8);
+  uint8_t* scales = to_device(tiled_scales);
   const double bytes = static_cast<double>(tiled.size() + tiled_scales.size());
   std::ostringstream json;
   json << "{\"experts\": " << experts << ", \"rows\": " << rows << ", \"cols\": " << cols << ", \"row_tiles\": " << row_tiles
@@ -422,13 +418,10 @@ int main(int argc, char** argv) {
       }
       std::vector<float> unscale;
       const std::vector<uint8_t> staged = stage_tokens(h, tokens, mode, lines, kBias, unscale);
-      uint8_t* staged_device = nullptr;
-      float* unscale_device = nullptr;
-      check(cudaMalloc(&staged_device, staged.size()), "cudaMalloc");
-      check(cudaMalloc(&unscale_device, unscale.size() * sizeof(float)), "cudaMalloc");
-      check(cudaMemcpy(staged_device, staged.data(), staged.size(), cudaMemcpyHostToDevice), "upload");
-      check(cudaMemcpy(unscale_device, unscale.data(), unscale.size() * sizeof(float), cudaMemcpyHostToDevice), "upload");
-      const Problem p{reinterpret_cast<const uint4*>(mode == kBf16 ? codes_bf16 : codes_fp8), scales, staged_device,
+      uint8_t* staged_device = to_device(staged);
+      float* unscale_device = to_device(unscale);
+      const Problem p{reinterpret_cast<const uint4*>(mode == kBf16 ? codes_bf16 : codes_fp8),
+                      reinterpret_cast<const uint32_t*>(scales), staged_device,
                       unscale_device, out, rows, cols, tokens, row_tiles, table0, table1};
       const size_t shared = static_cast<size_t>(kSplitSteps) * (mode == kBf16 ? 2 : 1) * lines * 128 + 1024;
       check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),

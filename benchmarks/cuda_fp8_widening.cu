@@ -247,14 +247,9 @@ int main(int argc, char** argv) {
     word = fp8_layout_word(word);
     std::memcpy(&tiled_fp8[i], &word, 4);
   }
-  uint8_t *codes_fp16 = nullptr, *codes_fp8 = nullptr;
-  uint32_t* scales = nullptr;
-  check(cudaMalloc(&codes_fp16, tiled.size()), "cudaMalloc");
-  check(cudaMalloc(&codes_fp8, tiled.size()), "cudaMalloc");
-  check(cudaMalloc(&scales, tiled_scales.size()), "cudaMalloc");
-  check(cudaMemcpy(codes_fp16, tiled.data(), tiled.size(), cudaMemcpyHostToDevice), "upload");
-  check(cudaMemcpy(codes_fp8, tiled_fp8.data(), tiled.size(), cudaMemcpyHostToDevice), "upload");
-  check(cudaMemcpy(scales, tiled_scales.data(), tiled_scales.size(), cudaMemcpyHostToDevice), "upload");
+  uint8_t* codes_fp16 = glms::benchmarks::to_device(tiled);
+  uint8_t* codes_fp8 = glms::benchmarks::to_device(tiled_fp8);
+  const uint32_t* scales = reinterpret_cast<const uint32_t*>(glms::benchmarks::to_device(tiled_scales));
   const double bytes = static_cast<double>(tiled.size() + tiled_scales.size());
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "event");
@@ -265,11 +260,9 @@ int main(int argc, char** argv) {
   std::printf("%-7s %6s %9s %7s %10s\n", "mode", "tokens", "us", "TB/s", "rel_l2");
   for (const int tokens : token_counts) {
     glms::benchmarks::random_tokens(h, tokens, rng);
-    uint16_t* x = nullptr;
+    uint16_t* x = glms::benchmarks::to_device(h.x);
     float* out = nullptr;
-    check(cudaMalloc(&x, h.x.size() * 2), "cudaMalloc");
     check(cudaMalloc(&out, sizeof(float) * all_rows * tokens), "cudaMalloc");
-    check(cudaMemcpy(x, h.x.data(), h.x.size() * 2, cudaMemcpyHostToDevice), "upload");
     for (const int mode : {kFp16, 2, 3}) {
       Problem p{mode == kFp16 ? codes_fp16 : codes_fp8, scales, x, out, rows, cols, tokens};
       const size_t shared = static_cast<size_t>(tokens) * cols * (mode == kFp16 ? 2 : mode);

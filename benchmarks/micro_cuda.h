@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 namespace glms::benchmarks {
 
@@ -23,6 +24,15 @@ inline bool has_cuda_device() {
   if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) return true;
   std::fprintf(stderr, "no CUDA device\n");
   return false;
+}
+
+// A device copy of `host`; the caller frees it with cudaFree.
+template <class T>
+T* to_device(const std::vector<T>& host) {
+  T* device = nullptr;
+  check(cudaMalloc(&device, host.size() * sizeof(T)), "cudaMalloc");
+  check(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+  return device;
 }
 
 }  // namespace glms::benchmarks
