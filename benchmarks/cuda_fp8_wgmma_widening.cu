@@ -1,7 +1,8 @@
 // Whether MXFP4 expert weights widened to E5M2 for Hopper's FP8 warpgroup tensor cores stream
 // faster than widened to bf16 as the streamed decode kernels do (moe_experts_stream.cu's wgmma
 // shapes), at an EP8 rank's batch-64 sizes: 32 experts of --rows x --cols (gate/up 4096 x 6144,
-// down 6144 x 2048), --tokens tokens an expert (16 at batch 64).
+// down 6144 x 2048), --tokens tokens an expert (16 at batch 64); `--experts 7 --tokens 1,2` is a
+// batch-1 rank's, for comparison with cuda_fp8_widening's mma.sync kernels at the same shape.
 //
 // Why not mma.sync: cuda_fp8_widening measured E5M2 codes through mma.m16n8k32 at 1.3-1.7x the
 // fp16 kernel's time on an H100, because sm_90 has no FP8 mma.sync: ptxas turns each into
@@ -99,11 +100,18 @@ struct Problem {
 template <int kMode, int kLines>
 constexpr int kStepBytes = (kMode == kBf16 ? 2 : 1) * kLines * 128;
 
-// d[64 x N] (+)= A[64 x 32] B[32 x N]: A E5M2 from registers, B E4M3 K-major in shared memory.
+// d[64 x N] (+)= A[64 x 32] B[32 x N]: A E5M2 from registers, B E4M3 K-major in shared memory
+// (N = 8, 16, 32 or 64).
 template <int N>
 __device__ __forceinline__ void rs_e5m2_e4m3(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b, int accumulate) {
 #define F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
-  if constexpr (N == 16) {
+  if constexpr (N == 8) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k32.f32.e5m2.e4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n}\n"
+        : F4(0)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+  } else if constexpr (N == 16) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n16k32.f32.e5m2.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, "
@@ -117,7 +125,7 @@ __device__ __forceinline__ void rs_e5m2_e4m3(float (&d)[N / 2], const uint32_t (
         : F4(0), F4(4), F4(8), F4(12)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
   } else {
-    static_assert(N == 64, "N of 16, 32 or 64");
+    static_assert(N == 64, "N of 8, 16, 32 or 64");
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k32.f32.e5m2.e4m3 " GLMS_WGMMA_D32 ", {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
@@ -330,7 +338,7 @@ using Kernel = void (*)(Problem);
 
 template <int kMode>
 Kernel kernel_for(int lines) {
-  if (lines == 8) return kMode == kBf16 ? rows_kernel<kBf16, 8> : nullptr;
+  if (lines == 8) return rows_kernel<kMode, 8>;
   if (lines == 16) return rows_kernel<kMode, 16>;
   if (lines == 32) return rows_kernel<kMode, 32>;
   if (lines == 64) return kMode == kBf16 ? nullptr : rows_kernel<kMode, 64>;
