@@ -204,7 +204,10 @@ __global__ void __launch_bounds__(kThreads, 1) rows_kernel(Problem p) {
 
   constexpr int kFrags = kMode == kBf16 ? 8 : 4;  // wgmmas a step
   uint32_t frag[2][kFrags][4];
+  // part: fp8-promoted's sums of a step, written afresh by the step's first wgmma.
   float acc[kLines / 2], part[2][kLines / 2];
+#pragma unroll
+  for (int i = 0; i < kLines / 2; ++i) part[0][i] = part[1][i] = 0.0f;
   for (int tile = 0; tile < p.row_tiles; ++tile) {
     const uint4* codes = codes_of(tile);
     const uint32_t* scales = scales_of(tile);
