@@ -54,12 +54,14 @@ inline void random_tokens(Mxfp4Problem& h, int tokens, std::mt19937_64& rng) {
 }
 
 // The relative L2 of `out` ([experts, tokens, rows]) against a double product over `check_rows`
-// rows of each expert, spread over its rows.
+// rows of each expert, one in each of `check_rows` equal spans at an offset that differs from span
+// to span (169 r mod the span), so that the rows fall to different lanes, fragments and tiles.
 inline double relative_error(const Mxfp4Problem& h, const std::vector<float>& out, int tokens, int64_t check_rows) {
   double err = 0, ref = 0;
   for (int e = 0; e < h.experts; ++e)
     for (int64_t r = 0; r < check_rows; ++r) {
-      const int64_t local = r * (h.rows / check_rows), row = int64_t{e} * h.rows + local;
+      const int64_t span = h.rows / check_rows, local = r * span + (169 * r) % span;
+      const int64_t row = int64_t{e} * h.rows + local;
       for (int j = 0; j < tokens; ++j) {
         double sum = 0;
         for (int64_t k = 0; k < h.cols; ++k) {
