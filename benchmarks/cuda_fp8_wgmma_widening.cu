@@ -168,6 +168,15 @@ __device__ __forceinline__ void store_tile(const Problem& p, int e, int64_t row,
     }
 }
 
+// The split's token lines (kSplitSteps steps of kStepBytes from `staged`) into shared memory,
+// swizzled, as one cp.async group (the caller waits for it once its first codes are on their way).
+template <int kBytes>
+__device__ __forceinline__ void copy_token_lines(const uint8_t* staged, uint32_t shared_address) {
+  for (int i = threadIdx.x; i < kSplitSteps * kBytes / 16; i += kThreads)
+    wgmma::copy_async_16(shared_address + wgmma::swizzled(i / 8, i % 8), staged + 16 * i, 16);
+  wgmma::copy_async_commit();
+}
+
 template <int kMode, int kLines>
 __global__ void __launch_bounds__(kThreads, 1) rows_kernel(Problem p) {
   constexpr int kBytes = kStepBytes<kMode, kLines>;
@@ -177,12 +186,7 @@ __global__ void __launch_bounds__(kThreads, 1) rows_kernel(Problem p) {
   const int64_t steps = p.cols / 128, first_step = int64_t{blockIdx.z} * kSplitSteps;
   constexpr int kRing = kAhead<kMode, kLines>;
   static_assert(kSplitSteps % kRing == 0 && kLines % 8 == 0, "whole ring turns a split, whole 8-line groups");
-  {  // the split's token lines, swizzled (waited for below, once the first codes are on their way)
-    const uint8_t* staged = p.staged + (int64_t{e} * steps + first_step) * kBytes;
-    for (int i = threadIdx.x; i < kSplitSteps * kBytes / 16; i += kThreads)
-      wgmma::copy_async_16(shared.address + wgmma::swizzled(i / 8, i % 8), staged + 16 * i, 16);
-    wgmma::copy_async_commit();
-  }
+  copy_token_lines<kBytes>(p.staged + (int64_t{e} * steps + first_step) * kBytes, shared.address);
   const uint64_t tokens_descriptor = wgmma::descriptor(shared.address, 16, 1024);
   // Row g of this warp's fragment in tile `tile` of the block; row g + 8 is 8 rows x 64 bytes on.
   auto codes_of = [&](int tile) {
