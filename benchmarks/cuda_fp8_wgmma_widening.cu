@@ -51,9 +51,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -358,77 +356,40 @@ Kernel kernel_for(int lines) {
   return nullptr;
 }
 
-// The median of 20 event-timed launches after 2 warm-ups, the output zeroed before each (the k
-// splits add into it).
-double median_time_us(Kernel kernel, const Problem& p, dim3 grid, size_t shared, size_t out_bytes) {
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
-  std::vector<float> times;
-  for (int rep = 0; rep < 22; ++rep) {
-    check(cudaMemset(p.out, 0, out_bytes), "memset");
-    check(cudaEventRecord(start), "record");
-    kernel<<<grid, kThreads, shared>>>(p);
-    check(cudaGetLastError(), "rows_kernel launch");
-    check(cudaEventRecord(stop), "record");
-    check(cudaEventSynchronize(stop), "rows_kernel");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    if (rep >= 2) times.push_back(ms);
-  }
-  check(cudaEventDestroy(start), "event");
-  check(cudaEventDestroy(stop), "event");
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2] * 1e3;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  int experts = 32, row_tiles = 2;
-  int64_t rows = 4096, cols = 6144;
-  std::vector<int> token_counts = {8, 16, 32};
-  std::string json_path;
-  if (!glms::benchmarks::parse_options(
-          argc, argv,
-          {{"--experts", [&](const char* v) { experts = std::atoi(v); }},
-           {"--rows", [&](const char* v) { rows = std::atoll(v); }},
-           {"--cols", [&](const char* v) { cols = std::atoll(v); }},
-           {"--tokens", [&](const char* v) { token_counts = glms::benchmarks::parse_int_list(v); }},
-           {"--row-tiles", [&](const char* v) { row_tiles = std::atoi(v); }},
-           {"--json", [&](const char* v) { json_path = v; }}}))
-    return 2;
+  namespace bm = glms::benchmarks;
+  bm::Mxfp4Shape shape{32, 4096, 6144, {8, 16, 32}, ""};
+  int row_tiles = 2;
+  bm::OptionHandlers options = bm::mxfp4_shape_options(shape);
+  options["--row-tiles"] = [&](const char* v) { row_tiles = std::atoi(v); };
+  if (!bm::parse_options(argc, argv, options)) return 2;
+  const int experts = shape.experts;
+  const int64_t rows = shape.rows, cols = shape.cols, all_rows = int64_t{experts} * rows;
   if (rows % (kTileRows * row_tiles) != 0 || cols % (128 * kSplitSteps) != 0) {
     std::fprintf(stderr, "rows must be a multiple of %d (--row-tiles x 128), cols of %d\n", kTileRows * row_tiles,
                  128 * kSplitSteps);
     return 2;
   }
-  if (!glms::benchmarks::has_cuda_device()) return 77;
+  if (!bm::has_cuda_device()) return 77;
   std::mt19937_64 rng(7);
-  glms::benchmarks::Mxfp4Problem h = glms::benchmarks::random_mxfp4_rows(experts, rows, cols, rng);
-  const int64_t all_rows = int64_t{experts} * rows;
-  std::vector<uint8_t> tiled(h.packed.size()), tiled_scales(h.scale_bytes.size());
-  quant::tile_mxfp4_rows(h.packed.data(), all_rows, cols, tiled.data());
-  quant::tile_mxfp4_scales(h.scale_bytes.data(), all_rows, cols, tiled_scales.data());
-  const std::vector<uint8_t> tiled_fp8 = fp8_tiles(h);
+  bm::Mxfp4Problem h = bm::random_mxfp4_rows(experts, rows, cols, rng);
+  const std::vector<uint8_t> tiled = bm::tiled_codes(h), tiled_scales = bm::tiled_scales(h);
   // Scale codes 118..122 with bias 10: table exponents 1..5 over 2^-14, every entry normal.
   constexpr int kBias = 10;
   const uint32_t table0 = kTable0 + static_cast<uint32_t>(kBias - 127) * 0x04040400u;
   const uint32_t table1 = kTable1 + static_cast<uint32_t>(kBias - 127) * 0x04040404u;
-
   uint8_t* codes_bf16 = to_device(tiled);
-  uint8_t* codes_fp8 = to_device(tiled_fp8);
-  uint8_t* scales = to_device(tiled_scales);
-  const double bytes = static_cast<double>(tiled.size() + tiled_scales.size());
-  std::ostringstream json;
-  json << "{\"experts\": " << experts << ", \"rows\": " << rows << ", \"cols\": " << cols << ", \"row_tiles\": " << row_tiles
-       << ", \"points\": [";
-  bool first = true;
-  std::printf("%-13s %6s %9s %7s %10s\n", "mode", "tokens", "us", "TB/s", "rel_l2");
-  for (const int tokens : token_counts) {
-    glms::benchmarks::random_tokens(h, tokens, rng);
+  uint8_t* codes_fp8 = to_device(fp8_tiles(h));
+  const uint32_t* scales = reinterpret_cast<const uint32_t*>(to_device(tiled_scales));
+  bm::WideningReport report(shape, static_cast<double>(tiled.size() + tiled_scales.size()), 13,
+                            "\"row_tiles\": " + std::to_string(row_tiles) + ", ");
+  for (const int tokens : shape.token_counts) {
+    bm::random_tokens(h, tokens, rng);
     float* out = nullptr;
-    check(cudaMalloc(&out, sizeof(float) * all_rows * tokens), "cudaMalloc");
+    const size_t out_bytes = sizeof(float) * all_rows * tokens;
+    check(cudaMalloc(&out, out_bytes), "cudaMalloc");
     for (const int mode : {kBf16, kFp8, kFp8Promoted}) {
       const int lines = (mode == kBf16 ? tokens + 7 : 2 * tokens + 7) / 8 * 8;
       const Kernel kernel = mode == kBf16 ? kernel_for<kBf16>(lines)
@@ -439,31 +400,26 @@ int main(int argc, char** argv) {
         continue;
       }
       std::vector<float> unscale;
-      const std::vector<uint8_t> staged = stage_tokens(h, tokens, mode, lines, kBias, unscale);
-      uint8_t* staged_device = to_device(staged);
+      uint8_t* staged = to_device(stage_tokens(h, tokens, mode, lines, kBias, unscale));
       float* unscale_device = to_device(unscale);
-      const Problem p{reinterpret_cast<const uint4*>(mode == kBf16 ? codes_bf16 : codes_fp8),
-                      reinterpret_cast<const uint32_t*>(scales), staged_device,
+      const Problem p{reinterpret_cast<const uint4*>(mode == kBf16 ? codes_bf16 : codes_fp8), scales, staged,
                       unscale_device, out, rows, cols, tokens, row_tiles, table0, table1};
       const size_t shared = static_cast<size_t>(kSplitSteps) * (mode == kBf16 ? 2 : 1) * lines * 128 + 1024;
       check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
             "shared memory");
       const dim3 grid(static_cast<unsigned>(rows / (kTileRows * row_tiles)), static_cast<unsigned>(experts),
                       static_cast<unsigned>(cols / (128 * kSplitSteps)));
-      const double us = median_time_us(kernel, p, grid, shared, sizeof(float) * all_rows * tokens);
+      // The k splits add into the output: zeroed before each launch.
+      const double us = bm::median_time_us([&] { kernel<<<grid, kThreads, shared>>>(p); },
+                                           [&] { check(cudaMemset(out, 0, out_bytes), "memset"); });
       std::vector<float> host_out(all_rows * tokens);
-      check(cudaMemcpy(host_out.data(), out, host_out.size() * sizeof(float), cudaMemcpyDeviceToHost), "download");
-      const double rel = glms::benchmarks::relative_error(h, host_out, tokens, 16);
-      std::printf("%-13s %6d %9.1f %7.2f %10.3e\n", kModeNames[mode], tokens, us, bytes / (us * 1e-6) / 1e12, rel);
-      json << (first ? "" : ",") << "\n  {\"mode\": \"" << kModeNames[mode] << "\", \"tokens\": " << tokens
-           << ", \"us\": " << us << ", \"tb_per_s\": " << bytes / (us * 1e-6) / 1e12 << ", \"relative_l2\": " << rel << "}";
-      first = false;
-      check(cudaFree(staged_device), "cudaFree");
+      check(cudaMemcpy(host_out.data(), out, out_bytes, cudaMemcpyDeviceToHost), "download");
+      report.add(kModeNames[mode], tokens, us, bm::relative_error(h, host_out, tokens, 16));
+      check(cudaFree(staged), "cudaFree");
       check(cudaFree(unscale_device), "cudaFree");
     }
     check(cudaFree(out), "cudaFree");
   }
-  json << "\n]}\n";
-  if (!json_path.empty()) std::ofstream(json_path) << json.str();
+  report.write();
   return 0;
 }

@@ -20,14 +20,11 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -221,25 +218,15 @@ uint32_t fp8_layout_word(uint32_t word) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int experts = 7;
-  int64_t rows = 4096, cols = 6144;
-  std::vector<int> token_counts = {1, 2, 8};
-  std::string json_path;
-  if (!glms::benchmarks::parse_options(
-          argc, argv,
-          {{"--experts", [&](const char* v) { experts = std::atoi(v); }},
-           {"--rows", [&](const char* v) { rows = std::atoll(v); }},
-           {"--cols", [&](const char* v) { cols = std::atoll(v); }},
-           {"--tokens", [&](const char* v) { token_counts = glms::benchmarks::parse_int_list(v); }},
-           {"--json", [&](const char* v) { json_path = v; }}}))
-    return 2;
-  if (!glms::benchmarks::has_cuda_device()) return 77;
-  const int64_t all_rows = int64_t{experts} * rows;
+  namespace bm = glms::benchmarks;
+  bm::Mxfp4Shape shape{7, 4096, 6144, {1, 2, 8}, ""};
+  if (!bm::parse_options(argc, argv, bm::mxfp4_shape_options(shape))) return 2;
+  if (!bm::has_cuda_device()) return 77;
+  const int experts = shape.experts;
+  const int64_t rows = shape.rows, cols = shape.cols, all_rows = int64_t{experts} * rows;
   std::mt19937_64 rng(7);
-  glms::benchmarks::Mxfp4Problem h = glms::benchmarks::random_mxfp4_rows(experts, rows, cols, rng);
-  std::vector<uint8_t> tiled(h.packed.size()), tiled_scales(h.scale_bytes.size());
-  quant::tile_mxfp4_rows(h.packed.data(), all_rows, cols, tiled.data());
-  quant::tile_mxfp4_scales(h.scale_bytes.data(), all_rows, cols, tiled_scales.data());
+  bm::Mxfp4Problem h = bm::random_mxfp4_rows(experts, rows, cols, rng);
+  const std::vector<uint8_t> tiled = bm::tiled_codes(h), tiled_scales = bm::tiled_scales(h);
   std::vector<uint8_t> tiled_fp8(tiled.size());
   for (size_t i = 0; i < tiled.size(); i += 4) {
     uint32_t word;
@@ -247,20 +234,13 @@ int main(int argc, char** argv) {
     word = fp8_layout_word(word);
     std::memcpy(&tiled_fp8[i], &word, 4);
   }
-  uint8_t* codes_fp16 = glms::benchmarks::to_device(tiled);
-  uint8_t* codes_fp8 = glms::benchmarks::to_device(tiled_fp8);
-  const uint32_t* scales = reinterpret_cast<const uint32_t*>(glms::benchmarks::to_device(tiled_scales));
-  const double bytes = static_cast<double>(tiled.size() + tiled_scales.size());
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
-  std::ostringstream json;
-  json << "{\"experts\": " << experts << ", \"rows\": " << rows << ", \"cols\": " << cols << ", \"points\": [";
-  bool first = true;
-  std::printf("%-7s %6s %9s %7s %10s\n", "mode", "tokens", "us", "TB/s", "rel_l2");
-  for (const int tokens : token_counts) {
-    glms::benchmarks::random_tokens(h, tokens, rng);
-    uint16_t* x = glms::benchmarks::to_device(h.x);
+  uint8_t* codes_fp16 = bm::to_device(tiled);
+  uint8_t* codes_fp8 = bm::to_device(tiled_fp8);
+  const uint32_t* scales = reinterpret_cast<const uint32_t*>(bm::to_device(tiled_scales));
+  bm::WideningReport report(shape, static_cast<double>(tiled.size() + tiled_scales.size()), 7);
+  for (const int tokens : shape.token_counts) {
+    bm::random_tokens(h, tokens, rng);
+    uint16_t* x = bm::to_device(h.x);
     float* out = nullptr;
     check(cudaMalloc(&out, sizeof(float) * all_rows * tokens), "cudaMalloc");
     for (const int mode : {kFp16, 2, 3}) {
@@ -270,31 +250,15 @@ int main(int argc, char** argv) {
       check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
             "shared memory");
       const dim3 grid(static_cast<unsigned>(rows / (16 * kWarps)), static_cast<unsigned>(experts));
-      std::vector<float> times;
-      for (int rep = 0; rep < 22; ++rep) {
-        check(cudaEventRecord(start), "record");
-        kernel<<<grid, kThreads, shared>>>(p);
-        check(cudaEventRecord(stop), "record");
-        check(cudaEventSynchronize(stop), "rows_kernel");
-        float ms = 0;
-        check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-        if (rep >= 2) times.push_back(ms);
-      }
-      std::sort(times.begin(), times.end());
-      const double us = times[times.size() / 2] * 1e3;
+      const double us = bm::median_time_us([&] { kernel<<<grid, kThreads, shared>>>(p); }, [] {});
       std::vector<float> host_out(all_rows * tokens);
       check(cudaMemcpy(host_out.data(), out, host_out.size() * sizeof(float), cudaMemcpyDeviceToHost), "download");
-      const double rel = glms::benchmarks::relative_error(h, host_out, tokens, 16);
-      const std::string name = mode == kFp16 ? "fp16" : "fp8x" + std::to_string(mode);
-      std::printf("%-7s %6d %9.1f %7.2f %10.3e\n", name.c_str(), tokens, us, bytes / (us * 1e-6) / 1e12, rel);
-      json << (first ? "" : ",") << "\n  {\"mode\": \"" << name << "\", \"tokens\": " << tokens << ", \"us\": " << us
-           << ", \"tb_per_s\": " << bytes / (us * 1e-6) / 1e12 << ", \"relative_l2\": " << rel << "}";
-      first = false;
+      report.add(mode == kFp16 ? "fp16" : "fp8x" + std::to_string(mode), tokens, us,
+                 bm::relative_error(h, host_out, tokens, 16));
     }
     check(cudaFree(x), "cudaFree");
     check(cudaFree(out), "cudaFree");
   }
-  json << "\n]}\n";
-  if (!json_path.empty()) std::ofstream(json_path) << json.str();
+  report.write();
   return 0;
 }

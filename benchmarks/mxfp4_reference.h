@@ -1,17 +1,42 @@
 // What the MXFP4 widening micro-benchmarks (cuda_fp8_widening.cu, cuda_fp8_wgmma_widening.cu)
-// share on the host: random MXFP4 expert rows in the checkpoint's layout with bf16 tokens, and
-// the relative L2 of a kernel's sums against a double product.
+// share on the host: their shape options, random MXFP4 expert rows in the checkpoint's layout and
+// in the tile layout with bf16 tokens, the relative L2 of a kernel's sums against a double
+// product, and their report (a line a case, and the cases as JSON).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
+#include <sstream>
+#include <string>
 #include <vector>
 
+#include "micro_options.h"
 #include "quant/formats.h"
+#include "quant/mxfp4_tiles.h"
 
 namespace glms::benchmarks {
+
+// The shape a widening benchmark runs: --experts, --rows, --cols, --tokens (a list), --json FILE.
+struct Mxfp4Shape {
+  int experts = 0;
+  int64_t rows = 0, cols = 0;
+  std::vector<int> token_counts;
+  std::string json_path;
+};
+
+// The handlers of Mxfp4Shape's options (a benchmark adds its own to the map).
+inline OptionHandlers mxfp4_shape_options(Mxfp4Shape& shape) {
+  return {{"--experts", [&](const char* v) { shape.experts = std::atoi(v); }},
+          {"--rows", [&](const char* v) { shape.rows = std::atoll(v); }},
+          {"--cols", [&](const char* v) { shape.cols = std::atoll(v); }},
+          {"--tokens", [&](const char* v) { shape.token_counts = parse_int_list(v); }},
+          {"--json", [&](const char* v) { shape.json_path = v; }}};
+}
 
 // [experts * rows, cols] MXFP4 codes in the checkpoint's layout (two codes a byte, the even
 // value in the low nibble; E8M0 scales [experts * rows, cols / 32]) and [experts, tokens, cols]
@@ -39,6 +64,18 @@ inline Mxfp4Problem random_mxfp4_rows(int experts, int64_t rows, int64_t cols, s
   for (auto& b : h.packed) b = static_cast<uint8_t>(rng());
   for (auto& s : h.scale_bytes) s = static_cast<uint8_t>(118 + rng() % 5);
   return h;
+}
+
+// The problem's codes and scales in the tile layout of the expert kernels (quant/mxfp4_tiles.h).
+inline std::vector<uint8_t> tiled_codes(const Mxfp4Problem& h) {
+  std::vector<uint8_t> tiled(h.packed.size());
+  quant::tile_mxfp4_rows(h.packed.data(), int64_t{h.experts} * h.rows, h.cols, tiled.data());
+  return tiled;
+}
+inline std::vector<uint8_t> tiled_scales(const Mxfp4Problem& h) {
+  std::vector<uint8_t> tiled(h.scale_bytes.size());
+  quant::tile_mxfp4_scales(h.scale_bytes.data(), int64_t{h.experts} * h.rows, h.cols, tiled.data());
+  return tiled;
 }
 
 // Standard normal token values as bf16 (truncated), `tokens` a row an expert.
@@ -77,5 +114,35 @@ inline double relative_error(const Mxfp4Problem& h, const std::vector<float>& ou
     }
   return std::sqrt(err / ref);
 }
+
+// A widening benchmark's report: a line a case on stdout (mode, tokens, time, rate over `bytes`,
+// relative L2), and the cases as {"experts", "rows", "cols", <extra fields>, "points": [...]} in
+// shape.json_path when one is given.
+class WideningReport {
+ public:
+  // `extra`: more fields of the JSON object, each `"name": value, ` (may be empty).
+  WideningReport(const Mxfp4Shape& shape, double bytes, int mode_width, const std::string& extra = "")
+      : path_(shape.json_path), bytes_(bytes), width_(mode_width) {
+    json_ << "{\"experts\": " << shape.experts << ", \"rows\": " << shape.rows << ", \"cols\": " << shape.cols << ", "
+          << extra << "\"points\": [";
+    std::printf("%-*s %6s %9s %7s %10s\n", width_, "mode", "tokens", "us", "TB/s", "rel_l2");
+  }
+  void add(const std::string& mode, int tokens, double us, double relative_l2) {
+    const double rate = bytes_ / (us * 1e-6) / 1e12;
+    std::printf("%-*s %6d %9.1f %7.2f %10.3e\n", width_, mode.c_str(), tokens, us, rate, relative_l2);
+    json_ << (points_++ ? "," : "") << "\n  {\"mode\": \"" << mode << "\", \"tokens\": " << tokens << ", \"us\": " << us
+          << ", \"tb_per_s\": " << rate << ", \"relative_l2\": " << relative_l2 << "}";
+  }
+  void write() {
+    json_ << "\n]}\n";
+    if (!path_.empty()) std::ofstream(path_) << json_.str();
+  }
+
+ private:
+  std::string path_;
+  double bytes_;
+  int width_, points_ = 0;
+  std::ostringstream json_;
+};
 
 }  // namespace glms::benchmarks
