@@ -378,9 +378,10 @@ void Generation::on_output(size_t index, const engine::RequestOutput& out) {
     }
     std::string released;
     bool stopped = false;
+    // As vLLM does, the text of the first min_tokens tokens is not searched for stop strings.
     auto push_text = [&](const std::string& piece) {
       if (stopped) return;
-      StopMatcher::Result r = c.stop->push(piece);
+      StopMatcher::Result r = c.stop->push(piece, c.completion_tokens > spec_.sampling.min_tokens);
       released += r.released;
       if (r.matched) {
         stopped = true;

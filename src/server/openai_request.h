@@ -52,7 +52,7 @@ struct SamplingFields {
   int logprobs = -1;                // -1 none; else number of top alternatives (0 = chosen only)
   int prompt_logprobs = -1;         // -1 none; else each prompt token's logprob plus this many top ones (vLLM's)
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to the token's logit before sampling
-  int min_tokens = 0;               // EOS and stop_token_ids are held back until this many tokens
+  int min_tokens = 0;               // EOS, stop_token_ids and stop strings are held back until this many tokens
   std::vector<std::string> choice;  // structured output: exactly one of these (structured_outputs.choice, guided_choice)
   std::string regex;                // structured output: the whole output matches it (structured_outputs.regex, guided_regex)
   bool json_object = false;         // structured output: one JSON object (response_format json_object, structured_outputs.json_object)

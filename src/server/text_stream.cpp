@@ -7,25 +7,27 @@
 
 namespace glms::server {
 
-StopMatcher::StopMatcher(std::vector<std::string> stops, bool include_stop)
-    : stops_(std::move(stops)), include_stop_(include_stop) {
+StopMatcher::StopMatcher(std::vector<std::string> stops, bool include_stop) : include_stop_(include_stop) {
+  for (std::string& s : stops)
+    if (!s.empty()) stops_.push_back(std::move(s));  // an empty string would match everywhere
   for (const std::string& s : stops_) longest_ = std::max(longest_, s.size());
 }
 
-StopMatcher::Result StopMatcher::push(std::string_view piece) {
+StopMatcher::Result StopMatcher::push(std::string_view piece, bool search) {
   Result result;
   if (matched_) return result;
   if (stops_.empty()) {
     result.released.assign(piece);
     return result;
   }
-  // Only the tail that could overlap with new text needs searching again.
-  const size_t search_from = pending_.size() >= longest_ ? pending_.size() - (longest_ - 1) : 0;
+  // Everything before `old_size` was searched or must not match on its own: stop s is looked for
+  // from its last s.size() - 1 bytes on, so that it ends inside the new piece.
+  const size_t old_size = pending_.size();
   pending_.append(piece);
   size_t best = std::string::npos;
   const std::string* best_stop = nullptr;
   for (const std::string& s : stops_) {
-    const size_t at = pending_.find(s, search_from > 0 ? search_from : 0);
+    const size_t at = search ? pending_.find(s, old_size >= s.size() ? old_size - (s.size() - 1) : 0) : std::string::npos;
     if (at != std::string::npos && (at < best || (at == best && s.size() > best_stop->size()))) {
       best = at;
       best_stop = &s;

@@ -15,6 +15,9 @@ namespace glms::server {
 // Finds the first occurrence of any stop string in a text that arrives in pieces. Text that could
 // still be the start of a stop string is held back (at most longest-1 bytes, cut at a UTF-8
 // character boundary), so what push() releases never has to be taken back.
+// A piece pushed with search = false (the text of a request's first min_tokens tokens, as vLLM
+// does) is not searched: a stop string counts only where it ends inside a searched piece, though
+// it may begin in the text before.
 class StopMatcher {
  public:
   StopMatcher(std::vector<std::string> stops, bool include_stop);
@@ -23,7 +26,7 @@ class StopMatcher {
     bool matched = false;  // a stop string was found; `released` ends before (or with) it
     std::string stop;      // which one
   };
-  Result push(std::string_view piece);
+  Result push(std::string_view piece, bool search = true);
   std::string finish();  // releases what is held back (no match possible any more)
 
  private:

@@ -126,6 +126,31 @@ TEST(Service, StopStringsTruncateAndCancel) {
   EXPECT_EQ(f.post("/v1/chat/completions", req)["choices"][0]["message"]["content"], "x = 1\nSTOP");
 }
 
+// vLLM's min_tokens: the text of the first min_tokens tokens is not searched for stop strings;
+// one that ends in a later token's text counts, even where it begins earlier.
+TEST(Service, StopStringsWaitForMinTokens) {
+  Fixture f;
+  const std::string text = "ab STOP cd STOP ef";
+  f.say(text);
+  const std::vector<int32_t> t = ids(text);
+  size_t through_first = 1;  // tokens whose text holds the first "STOP" whole
+  while (tokenizer().decode(std::span(t).first(through_first)).find("STOP") == std::string::npos) ++through_first;
+  ASSERT_LT(through_first, t.size());
+  json req;
+  req["model"] = "tiny";
+  req["prompt"] = "p";
+  req["stop"] = "STOP";
+  req["max_tokens"] = 64;
+  auto content = [&](size_t min_tokens) {
+    req["min_tokens"] = min_tokens;
+    return f.post("/v1/completions", req)["choices"][0]["text"].get<std::string>();
+  };
+  EXPECT_EQ(content(0), "ab ");
+  EXPECT_EQ(content(through_first - 1), "ab ");  // the first STOP ends in a searched token
+  EXPECT_EQ(content(through_first), "ab STOP cd ");
+  EXPECT_EQ(content(t.size()), text);  // never searched: the whole text, then EOS
+}
+
 TEST(Service, LengthAndStopTokenIds) {
   Fixture f;
   f.say("a b c d e f g h");
