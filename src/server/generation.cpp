@@ -28,6 +28,21 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 
 double clamp_logprob(float lp) { return std::isfinite(lp) ? lp : -9999.0; }
 
+// A completions top_logprobs entry: the `n` likeliest tokens, likeliest first, then the chosen
+// token where it is not among them (OpenAI's "up to logprobs + 1 elements", as vLLM does; with
+// logprobs 0 the chosen token alone).
+template <class TextOf>
+json completion_top_logprobs(const engine::GeneratedToken& g, int n, const TextOf& text_of) {
+  json top = json::object();
+  bool chosen_listed = false;
+  for (size_t k = 0; k < g.top_logprobs.size() && k < static_cast<size_t>(n); ++k) {
+    top[text_of(g.top_logprobs[k].token)] = clamp_logprob(g.top_logprobs[k].logprob);
+    chosen_listed = chosen_listed || g.top_logprobs[k].token == g.token;
+  }
+  if (!chosen_listed) top[text_of(g.token)] = clamp_logprob(g.logprob);
+  return top;
+}
+
 json utf8_bytes(const std::string& s) {
   json out = json::array();
   for (unsigned char c : s) out.push_back(static_cast<int>(c));
@@ -155,13 +170,7 @@ void Generation::take_prompt_logprobs(Choice& c, const engine::RequestOutput& ou
     }
     const engine::GeneratedToken& g = out.prompt_logprobs[i - 1];
     head["token_logprobs"].push_back(clamp_logprob(g.logprob));
-    json top = nullptr;
-    if (spec_.sampling.logprobs > 0) {
-      top = json::object();
-      for (size_t k = 0; k < g.top_logprobs.size() && k < static_cast<size_t>(spec_.sampling.logprobs); ++k)
-        top[text_of(g.top_logprobs[k].token)] = clamp_logprob(g.top_logprobs[k].logprob);
-    }
-    head["top_logprobs"].push_back(std::move(top));
+    head["top_logprobs"].push_back(completion_top_logprobs(g, spec_.sampling.logprobs, text_of));
   }
   c.logprobs_all = std::move(head);
 }
@@ -271,12 +280,8 @@ void Generation::record_logprobs(Choice& c, const engine::GeneratedToken& g, siz
     c.logprobs_delta["content"].push_back(std::move(entry));
     return;
   }
-  json top = nullptr;
-  if (spec_.sampling.logprobs > 0) {
-    top = json::object();
-    for (const auto& t : g.top_logprobs)
-      top[tokenizer_.decode(std::vector<int32_t>{t.token}, false)] = clamp_logprob(t.logprob);
-  }
+  const json top = completion_top_logprobs(
+      g, spec_.sampling.logprobs, [&](int32_t id) { return tokenizer_.decode(std::vector<int32_t>{id}, false); });
   if (c.logprobs_delta.is_null())
     c.logprobs_delta = {{"text_offset", json::array()}, {"token_logprobs", json::array()},
                         {"tokens", json::array()}, {"top_logprobs", json::array()}};

@@ -30,6 +30,7 @@ class FakeBackend final : public server::Backend {
   bool last_is_eos = true;
   bool queue_full = false;
   int cached_tokens = 0;
+  bool sampled_below_top = false;  // top_logprobs: tokens likelier than the sampled one, not it
   int max_len = 256;
   std::chrono::milliseconds delay{0};
   std::mutex mu;
@@ -116,7 +117,9 @@ class FakeBackend final : public server::Backend {
           g.token = r.tokens[r.next++];
           g.logprob = -0.5f;
           if (r.params.top_logprobs > 0)
-            for (int k = 0; k < r.params.top_logprobs; ++k) g.top_logprobs.push_back({g.token + k, -0.5f - k});
+            for (int k = 0; k < r.params.top_logprobs; ++k)
+              g.top_logprobs.push_back(sampled_below_top ? engine::TokenLogprob{g.token + 1 + k, -0.1f - k}
+                                                         : engine::TokenLogprob{g.token + k, -0.5f - k});
           out.new_tokens.push_back(g);
           const bool length = static_cast<int>(r.next) >= r.params.max_tokens;
           const bool eos = r.next == r.tokens.size() && last_is_eos;

@@ -18,6 +18,7 @@ using namespace glms;
 using glms::test::chat;
 using glms::test::expect_error_shape;
 using glms::test::Fixture;
+using glms::test::ids;
 using glms::test::tokenizer;
 using nlohmann::json;
 
@@ -136,6 +137,33 @@ TEST(VllmCompat, CompletionTopLogprobsListTheLikeliestFirst) {
       previous = logprob.get<double>();
     }
   }
+}
+
+// OpenAI's and vLLM's completions logprobs: up to logprobs + 1 entries a position, the chosen
+// token last where it is not among the likeliest; logprobs 0 gives the chosen token alone.
+TEST(VllmCompat, CompletionTopLogprobsHoldTheChosenToken) {
+  Fixture f;
+  f.say("def add(a, b):");
+  f.backend.sampled_below_top = true;
+  const std::vector<int32_t> said = ids("def add(a, b):");
+  auto tops_for = [&](int logprobs) {
+    auto r = f.call("POST", "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}, {"logprobs", logprobs}}.dump());
+    EXPECT_EQ(r->response.status, 200) << r->response.body;
+    return nlohmann::ordered_json::parse(r->response.body)["choices"][0]["logprobs"]["top_logprobs"];
+  };
+  const auto two = tops_for(2);
+  ASSERT_EQ(two.size(), 2u);
+  for (size_t i = 0; i < two.size(); ++i) {
+    ASSERT_EQ(two[i].size(), 3u) << two[i].dump();
+    const std::string chosen = tokenizer().decode(std::vector<int32_t>{said[i]});
+    EXPECT_EQ(std::prev(two[i].end()).key(), chosen) << two[i].dump();
+    EXPECT_EQ(two[i][chosen], -0.5);
+    EXPECT_FLOAT_EQ(two[i].begin().value().get<float>(), -0.1f);  // the likeliest first
+  }
+  const auto zero = tops_for(0);
+  ASSERT_EQ(zero.size(), 2u);
+  EXPECT_EQ(zero[0].size(), 1u) << zero[0].dump();
+  EXPECT_EQ(zero[0].begin().key(), tokenizer().decode(std::vector<int32_t>{said[0]}));
 }
 
 TEST(VllmCompat, TheEngineStatsLineReadsLikeVllms) {
