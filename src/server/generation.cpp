@@ -526,7 +526,7 @@ std::string Generation::final_body_locked() const {
     json choice = {{"index", c.index}};
     if (spec_.chat) {
       json message = {{"role", "assistant"}};
-      message["content"] = c.content.empty() && !c.calls.empty() ? json(nullptr) : json(c.content);
+      message["content"] = blank(c.content) && !c.calls.empty() ? json(nullptr) : json(c.content);
       message["reasoning_content"] = c.reasoning.empty() ? json(nullptr) : json(c.reasoning);
       json calls = json::array();
       for (const ToolCall& t : c.calls)

@@ -7,6 +7,7 @@
 #include "server/api_error.h"
 #include "server/chat_adapter.h"
 #include "server/responses_store.h"
+#include "server/text_stream.h"
 
 namespace glms::server {
 
@@ -325,10 +326,6 @@ std::string hex_of(const std::string& chat_id) {
   const size_t dash = chat_id.find('-');
   return dash == std::string::npos ? chat_id : chat_id.substr(dash + 1);
 }
-
-// Text of only spaces, tabs and newlines: no message item of its own (a forced tool call's
-// grammar lets the model write some before its calls).
-bool blank(const std::string& text) { return text.find_first_not_of(" \t\r\n") == std::string::npos; }
 
 std::string item_id(const char* prefix, const std::string& hex, size_t index) {
   return std::string(prefix) + hex + "_" + std::to_string(index);

@@ -385,6 +385,16 @@ TEST(Service, GlmReasoningAndToolCalls) {
   EXPECT_NE(none["choices"][0]["message"]["content"].get<std::string>().find("<tool_call>get_weather"),
             std::string::npos);
   EXPECT_EQ(none["choices"][0]["finish_reason"], "stop");
+
+  // Only whitespace before the calls (a forced call's grammar allows some): no content, as vLLM's
+  // GLM parser gives none; text that is not blank stays.
+  req["tool_choice"] = "required";
+  f.say(" \n\t<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>");
+  const json forced = f.post("/v1/chat/completions", req);
+  EXPECT_TRUE(forced["choices"][0]["message"]["content"].is_null()) << forced.dump();
+  EXPECT_EQ(forced["choices"][0]["message"]["tool_calls"].size(), 1u);
+  f.say(" ok\n<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>");
+  EXPECT_EQ(f.post("/v1/chat/completions", req)["choices"][0]["message"]["content"], " ok\n");
 }
 
 TEST(Service, PromptEndingInThinkStartsInReasoning) {
