@@ -70,8 +70,6 @@ class PlainParser final : public OutputParser {
 
 std::unique_ptr<OutputParser> make_plain_parser() { return std::make_unique<PlainParser>(); }
 
-bool blank(std::string_view text) { return text.find_first_not_of(" \t\r\n") == std::string_view::npos; }
-
 std::string random_id(const std::string& prefix) {
   static std::atomic<uint64_t> counter{0};
   thread_local std::mt19937_64 rng(std::random_device{}() ^

@@ -70,7 +70,7 @@ std::unique_ptr<OutputParser> make_plain_parser();
 // Text of only spaces, tabs and newlines (or none), as a forced tool call's grammar lets the
 // model write before its calls: no content of its own beside tool calls, as vLLM's GLM parser
 // gives none.
-bool blank(std::string_view text);
+inline bool blank(std::string_view text) { return text.find_first_not_of(" \t\r\n") == std::string_view::npos; }
 
 // A fresh response id: `prefix` + 32 hex digits ("chatcmpl-...", "cmpl-...").
 std::string random_id(const std::string& prefix);
