@@ -286,7 +286,7 @@ HttpResponse ApiService::model_endpoint(const HttpRequest& request, const std::s
                 {"object", "model"},
                 {"created", started_at_},
                 {"owned_by", "glmserve"},
-                {"root", config_.served_model_name},
+                {"root", config_.model_path.empty() ? config_.served_model_name : config_.model_path},  // vLLM's: the path
                 {"parent", nullptr},
                 {"max_model_len", backend_.max_model_len()},
                 {"permission", json::array()}};

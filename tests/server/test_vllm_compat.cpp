@@ -166,6 +166,16 @@ TEST(VllmCompat, CompletionTopLogprobsHoldTheChosenToken) {
   EXPECT_EQ(zero[0].begin().key(), tokenizer().decode(std::vector<int32_t>{said[0]}));
 }
 
+// vLLM's model card: `root` is the model as given to serve, `id` the served name.
+TEST(VllmCompat, ModelCardRootIsTheModelPath) {
+  server::ServiceConfig config;
+  config.model_path = "models/glm5-tiny-code";
+  Fixture f(config);
+  const json card = json::parse(f.call("GET", "/v1/models")->response.body)["data"][0];
+  EXPECT_EQ(card["id"], "tiny");
+  EXPECT_EQ(card["root"], "models/glm5-tiny-code");
+}
+
 TEST(VllmCompat, TheEngineStatsLineReadsLikeVllms) {
   server::BackendStats before, now;
   before.prompt_tokens_total = 100;
