@@ -486,6 +486,7 @@ void ApiService::run_chat(ChatRequest req, const std::string& client, std::share
   GenerationSpec spec;
   if (config_.log_requests) spec.access_log = client + " POST " + path;
   spec.chat = true;
+  spec.chat_echo = req.echo_text;
   spec.id = random_id("chatcmpl-");
   spec.model = config_.served_model_name;
   spec.created = static_cast<int64_t>(std::time(nullptr));

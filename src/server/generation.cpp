@@ -120,6 +120,7 @@ Generation::Generation(GenerationSpec spec, text::Tokenizer tokenizer, Backend& 
                                   : json{{"text_offset", json::array()}, {"token_logprobs", json::array()},
                                          {"tokens", json::array()}, {"top_logprobs", json::array()}};
     }
+    c.content = spec_.chat_echo;  // streams send it in the role chunk
     if (!spec_.chat && spec_.echo) {
       c.text = spec_.prompts[c.prompt].text;
       c.delta_text = c.text;
@@ -214,7 +215,7 @@ void Generation::start() {
             json chunk = {{"id", spec_.id}, {"object", "chat.completion.chunk"}, {"created", spec_.created},
                           {"model", spec_.model},
                           {"choices", json::array({{{"index", c.index},
-                                                    {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                                    {"delta", {{"role", "assistant"}, {"content", spec_.chat_echo}}},
                                                     {"logprobs", nullptr},
                                                     {"finish_reason", nullptr}}})}};
             // Usage on every chunk: the prompt's tokens are known before its prefill.

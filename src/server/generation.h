@@ -28,6 +28,7 @@ struct GenerationSpec {
   int64_t created = 0;  // Unix seconds
   SamplingFields sampling;  // validated fields (stop, logprobs, n, stream, ...)
   bool echo = false;    // completions: prepend the prompt text
+  std::string chat_echo;  // chat: what each choice's content starts with (ChatRequest::echo_text)
   struct PromptInput {
     std::vector<int32_t> ids;
     std::string text;   // for echo

@@ -341,6 +341,18 @@ json normalise_content(const json& content, const std::string& where) {
   return parts;
 }
 
+// The text of the final message when it is the assistant's (its text parts joined by newlines,
+// as vLLM's echo joins them), else "".
+std::string final_assistant_text(const json& messages) {
+  if (messages.empty() || messages.back()["role"] != "assistant") return "";
+  const json& content = messages.back()["content"];
+  if (content.is_string()) return content.get<std::string>();
+  std::string text;
+  if (content.is_array())
+    for (const json& part : content) text += (text.empty() ? "" : "\n") + part["text"].get<std::string>();
+  return text;
+}
+
 json normalise_tool_calls(const json& calls, const std::string& where) {
   if (!calls.is_array()) wrong_type(where, "an array", calls);
   json out = json::array();
@@ -533,6 +545,7 @@ ChatRequest parse_chat_request(std::string_view body, const ParseLimits& limits)
     bad_request("continue_final_message and add_generation_prompt cannot both be true", "continue_final_message");
   if (req.continue_final_message) req.add_generation_prompt = false;
   if (field(doc, "prompt")) bad_request("chat completions take messages, not prompt", "prompt");
+  if (get_bool(doc, "echo").value_or(false)) req.echo_text = final_assistant_text(*req.messages);
   return req;
 }
 

@@ -77,6 +77,9 @@ struct ChatRequest {
   std::shared_ptr<const nlohmann::json> template_kwargs;  // object (chat_template_kwargs)
   bool add_generation_prompt = true;
   bool continue_final_message = false;
+  // vLLM's echo for chat: the final message's text when it is the assistant's, which each
+  // choice's content then starts with (empty: no echo).
+  std::string echo_text;
   std::string chat_template;        // a request's own Jinja template (vLLM's field), empty: the model's
 };
 

@@ -176,6 +176,33 @@ TEST(VllmCompat, ModelCardRootIsTheModelPath) {
   EXPECT_EQ(card["root"], "models/glm5-tiny-code");
 }
 
+// vLLM's chat echo: the final assistant message's text starts each choice's content; nothing
+// when the final message is the user's.
+TEST(VllmCompat, ChatEchoPrependsTheFinalAssistantMessage) {
+  Fixture f;
+  f.say("b):");
+  json req = chat("write f");
+  req["messages"].push_back({{"role", "assistant"}, {"content", json::array({"def f(", {{"type", "text"}, {"text", "a,"}}})}});
+  req["continue_final_message"] = true;
+  req["add_generation_prompt"] = false;
+  req["echo"] = true;
+  req["n"] = 2;
+  const json r = f.post("/v1/chat/completions", req);
+  for (const json& choice : r["choices"]) EXPECT_EQ(choice["message"]["content"], "def f(\na,b):");
+  req["stream"] = true;
+  std::string content;
+  for (const std::string& e : f.stream("/v1/chat/completions", req))
+    if (e != "[DONE]") {
+      const json chunk = json::parse(e);
+      const json& choice = chunk["choices"][0];
+      if (choice["index"] == 0 && choice["delta"].contains("content")) content += choice["delta"]["content"].get<std::string>();
+    }
+  EXPECT_EQ(content, "def f(\na,b):");
+  json plain = chat("write f");
+  plain["echo"] = true;
+  EXPECT_EQ(f.post("/v1/chat/completions", plain)["choices"][0]["message"]["content"], "b):");
+}
+
 TEST(VllmCompat, TheEngineStatsLineReadsLikeVllms) {
   server::BackendStats before, now;
   before.prompt_tokens_total = 100;
