@@ -70,6 +70,20 @@ std::string handler_label(const std::string& path) {
   return "other";
 }
 
+// vLLM's truncate_prompt_tokens: the prompt's last `truncate` tokens (-1: the model's length of
+// them; 0: no truncation). More than the model's length is a 400, as vLLM answers. Whether it cut.
+bool truncate_prompt(std::vector<int32_t>& ids, int truncate, int max_len) {
+  if (truncate == 0) return false;
+  if (truncate > max_len)
+    bad_request("truncate_prompt_tokens (" + std::to_string(truncate) + ") is larger than the model's length (" +
+                    std::to_string(max_len) + ")",
+                "truncate_prompt_tokens");
+  const size_t keep = static_cast<size_t>(truncate < 0 ? max_len : truncate);
+  if (ids.size() <= keep) return false;
+  ids.erase(ids.begin(), ids.end() - static_cast<std::ptrdiff_t>(keep));
+  return true;
+}
+
 }  // namespace
 
 std::string ApiError::type() const {
@@ -492,6 +506,7 @@ void ApiService::run_chat(ChatRequest req, const std::string& client, std::share
   spec.created = static_cast<int64_t>(std::time(nullptr));
   check_prompt_bytes(prompt.size(), "messages");
   spec.prompts.push_back({tokenizer_.encode(prompt, false), prompt});
+  truncate_prompt(spec.prompts[0].ids, req.sampling.truncate_prompt_tokens, backend_.max_model_len());
   const auto matcher = structured_matcher(req.sampling, &req, text::prompt_opens_reasoning(prompt));
   for (int i = 0; i < req.sampling.n; ++i)
     spec.params.push_back(base_params(req.sampling, spec.prompts[0].ids, true, i, matcher));
@@ -630,6 +645,8 @@ void ApiService::start_completion(const HttpRequest& request, std::shared_ptr<Re
                       "prompt");
       if (req.echo) input.text = tokenizer_.decode(input.ids, req.sampling.skip_special_tokens);
     }
+    if (truncate_prompt(input.ids, req.sampling.truncate_prompt_tokens, backend_.max_model_len()) && req.echo)
+      input.text = tokenizer_.decode(input.ids, req.sampling.skip_special_tokens);  // echo what the model read
     for (int i = 0; i < req.sampling.n; ++i) {
       spec.params.push_back(base_params(req.sampling, input.ids, false, i, matcher));
       // echo with logprobs: the prompt's tokens get their logprobs as the generated ones do.

@@ -160,10 +160,9 @@ void Generation::take_prompt_logprobs(Choice& c, const engine::RequestOutput& ou
                {"top_logprobs", json::array()}};
   size_t offset = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
-    const std::string tok = text_of(ids[i]);
     head["text_offset"].push_back(offset);
-    offset += tok.size();
-    head["tokens"].push_back(tok);
+    offset += text_of(ids[i]).size();
+    head["tokens"].push_back(token_name(ids[i]));
     if (i == 0 || i - 1 >= out.prompt_logprobs.size()) {
       head["token_logprobs"].push_back(nullptr);
       head["top_logprobs"].push_back(nullptr);
@@ -171,7 +170,8 @@ void Generation::take_prompt_logprobs(Choice& c, const engine::RequestOutput& ou
     }
     const engine::GeneratedToken& g = out.prompt_logprobs[i - 1];
     head["token_logprobs"].push_back(clamp_logprob(g.logprob));
-    head["top_logprobs"].push_back(completion_top_logprobs(g, spec_.sampling.logprobs, text_of));
+    head["top_logprobs"].push_back(
+        completion_top_logprobs(g, spec_.sampling.logprobs, [&](int32_t id) { return token_name(id); }));
   }
   c.logprobs_all = std::move(head);
 }
@@ -263,15 +263,21 @@ void Generation::finish_choice(Choice& c, const std::string& reason) {
   metrics_.count_finished(c.timed_out ? "timeout" : reason == "tool_calls" ? "stop" : reason);
 }
 
+// How logprobs name a token: its text, or "token_id:N" (vLLM's return_tokens_as_token_ids).
+std::string Generation::token_name(int32_t id) const {
+  if (spec_.sampling.tokens_as_ids) return "token_id:" + std::to_string(id);
+  return tokenizer_.decode(std::vector<int32_t>{id}, false);
+}
+
 // Token g's logprobs into the choice's whole list and its next delta: the chat form (content
 // entries with bytes and top_logprobs) or the completions form (parallel arrays, the token's
 // offset in the text `text_offset`).
 void Generation::record_logprobs(Choice& c, const engine::GeneratedToken& g, size_t text_offset) {
-  const std::string tok = tokenizer_.decode(std::vector<int32_t>{g.token}, false);
+  const std::string tok = token_name(g.token);
   if (spec_.chat) {
     json top = json::array();
     for (const auto& t : g.top_logprobs) {
-      const std::string s = tokenizer_.decode(std::vector<int32_t>{t.token}, false);
+      const std::string s = token_name(t.token);
       top.push_back({{"token", s}, {"logprob", clamp_logprob(t.logprob)}, {"bytes", utf8_bytes(s)}});
     }
     json entry = {{"token", tok}, {"logprob", clamp_logprob(g.logprob)}, {"bytes", utf8_bytes(tok)},
@@ -281,8 +287,7 @@ void Generation::record_logprobs(Choice& c, const engine::GeneratedToken& g, siz
     c.logprobs_delta["content"].push_back(std::move(entry));
     return;
   }
-  const json top = completion_top_logprobs(
-      g, spec_.sampling.logprobs, [&](int32_t id) { return tokenizer_.decode(std::vector<int32_t>{id}, false); });
+  const json top = completion_top_logprobs(g, spec_.sampling.logprobs, [&](int32_t id) { return token_name(id); });
   if (c.logprobs_delta.is_null())
     c.logprobs_delta = {{"text_offset", json::array()}, {"token_logprobs", json::array()},
                         {"tokens", json::array()}, {"top_logprobs", json::array()}};

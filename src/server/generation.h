@@ -65,6 +65,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   void finish_choice(Choice& c, const std::string& reason);
   void take_prompt_logprobs(Choice& c, const engine::RequestOutput& out);
   void record_logprobs(Choice& c, const engine::GeneratedToken& g, size_t text_offset);
+  std::string token_name(int32_t id) const;
   void route_released(Choice& c, const std::string& released, std::string& final_reason);
   void respond_locked(size_t choice_index, bool choice_done, std::vector<std::string>& writes,
                       std::optional<HttpResponse>& reply, bool& end);

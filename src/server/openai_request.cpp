@@ -223,6 +223,12 @@ void parse_bias_and_lengths(const json& doc, SamplingFields& s, const ParseLimit
                       std::to_string(*s.max_tokens) + ")",
                   "min_tokens");
   }
+  if (auto v = get_int(doc, "truncate_prompt_tokens", -1, 1 << 30)) {
+    if (*v == 0) bad_request("truncate_prompt_tokens must be -1 (the model's length) or at least 1", "truncate_prompt_tokens");
+    s.truncate_prompt_tokens = static_cast<int>(*v);
+  }
+  if (get_bool(doc, "use_beam_search").value_or(false))
+    bad_request("use_beam_search: glmserve has no beam search (sample n choices instead)", "use_beam_search");
   if (auto v = get_int(doc, "best_of", 1, limits.max_n)) {
     if (*v < s.n) bad_request("best_of must be at least n", "best_of");
     if (*v > s.n)
@@ -293,6 +299,7 @@ void parse_logprobs(const json& doc, SamplingFields& s, const ParseLimits& limit
                   "prompt_logprobs");
   }
   if (const json* v = field(doc, "user"); v && !v->is_string()) wrong_type("user", "a string", *v);
+  s.tokens_as_ids = get_bool(doc, "return_tokens_as_token_ids").value_or(false);
   if (const json* v = field(doc, "priority"); v && !v->is_null() && !(v->is_number_integer() && *v == 0))
     bad_request("priority: requests are scheduled first come, first served (vLLM's default policy, fcfs, refuses a "
                 "priority too)",

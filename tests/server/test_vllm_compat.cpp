@@ -203,6 +203,58 @@ TEST(VllmCompat, ChatEchoPrependsTheFinalAssistantMessage) {
   EXPECT_EQ(f.post("/v1/chat/completions", plain)["choices"][0]["message"]["content"], "b):");
 }
 
+// vLLM's truncate_prompt_tokens keeps the prompt's last k tokens (chat: of the rendered prompt);
+// -1 means the model's length, 0 or more than the model's length is a 400.
+TEST(VllmCompat, TruncatePromptTokensKeepsTheLastOnes) {
+  Fixture f;
+  f.say("ok");
+  const std::string prompt = "def add(a, b):\n    return a + b";
+  const std::vector<int32_t> all = ids(prompt);
+  ASSERT_GT(all.size(), 3u);
+  json req = {{"prompt", prompt}, {"max_tokens", 2}, {"truncate_prompt_tokens", 3}};
+  const json r = f.post("/v1/completions", req);
+  EXPECT_EQ(f.backend.submitted.back().prompt_ids, std::vector<int32_t>(all.end() - 3, all.end()));
+  EXPECT_EQ(r["usage"]["prompt_tokens"], 3);
+  req["truncate_prompt_tokens"] = -1;  // the model's length (256): nothing to cut
+  f.post("/v1/completions", req);
+  EXPECT_EQ(f.backend.submitted.back().prompt_ids, all);
+  json c = chat("a question that renders to more than four tokens");
+  c["truncate_prompt_tokens"] = 4;
+  f.post("/v1/chat/completions", c);
+  EXPECT_EQ(f.backend.submitted.back().prompt_ids.size(), 4u);
+  for (int bad : {0, 257}) {
+    req["truncate_prompt_tokens"] = bad;
+    auto e = f.call("POST", "/v1/completions", req.dump());
+    EXPECT_EQ(e->response.status, 400) << bad;
+    EXPECT_NE(e->response.body.find("truncate_prompt_tokens"), std::string::npos) << e->response.body;
+  }
+}
+
+// return_tokens_as_token_ids names every logprobs token "token_id:N"; use_beam_search is refused.
+TEST(VllmCompat, TokensAsIdsAndNoBeamSearch) {
+  Fixture f;
+  f.say("def add");
+  const std::vector<int32_t> said = ids("def add");
+  json req = {{"prompt", "x"}, {"max_tokens", 1}, {"logprobs", 1}, {"return_tokens_as_token_ids", true}};
+  const json lp = f.post("/v1/completions", req)["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"][0], "token_id:" + std::to_string(said[0]));
+  EXPECT_TRUE(lp["top_logprobs"][0].contains("token_id:" + std::to_string(said[0]))) << lp.dump();
+  json c = chat("x");
+  c["max_tokens"] = 1;
+  c["logprobs"] = true;
+  c["top_logprobs"] = 1;
+  c["return_tokens_as_token_ids"] = true;
+  const json entry = f.post("/v1/chat/completions", c)["choices"][0]["logprobs"]["content"][0];
+  EXPECT_EQ(entry["token"], "token_id:" + std::to_string(said[0]));
+  EXPECT_EQ(entry["top_logprobs"][0]["token"], "token_id:" + std::to_string(said[0]));
+  req["use_beam_search"] = true;
+  auto e = f.call("POST", "/v1/completions", req.dump());
+  EXPECT_EQ(e->response.status, 400);
+  EXPECT_NE(e->response.body.find("use_beam_search"), std::string::npos) << e->response.body;
+  req["use_beam_search"] = false;
+  EXPECT_EQ(f.call("POST", "/v1/completions", req.dump())->response.status, 200);
+}
+
 TEST(VllmCompat, TheEngineStatsLineReadsLikeVllms) {
   server::BackendStats before, now;
   before.prompt_tokens_total = 100;
