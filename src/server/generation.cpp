@@ -77,6 +77,8 @@ struct Generation::Choice {
   json prompt_logprobs = nullptr;  // vLLM's prompt_logprobs: [null, {id: {logprob, rank, decoded_token}}, ...]
   bool prompt_scored = false;      // the prompt's logprobs were taken (from the first output)
   size_t text_offset = 0;
+  std::vector<int32_t> token_ids, token_ids_delta;  // return_token_ids: generated so far, not yet sent
+  bool prompt_ids_sent = false;                     // streamed completions: the first chunk had them
   int prompt_tokens = 0;
   int cached_tokens = 0;
   int completion_tokens = 0;
@@ -218,6 +220,7 @@ void Generation::start() {
                                                     {"delta", {{"role", "assistant"}, {"content", spec_.chat_echo}}},
                                                     {"logprobs", nullptr},
                                                     {"finish_reason", nullptr}}})}};
+            if (spec_.sampling.return_token_ids) chunk["prompt_token_ids"] = spec_.prompts[0].ids;
             // Usage on every chunk: the prompt's tokens are known before its prefill.
             if (spec_.sampling.continuous_usage_stats && spec_.sampling.include_usage) {
               const int prompt = static_cast<int>(spec_.params[c.index].prompt_ids.size());
@@ -308,6 +311,7 @@ void Generation::route_released(Choice& c, const std::string& released, std::str
     return;
   }
   auto take = [&](ParsedDelta d) {
+    if (!spec_.sampling.include_reasoning) d.reasoning.clear();
     c.reasoning += d.reasoning;
     c.content += d.content;
     c.delta.reasoning += d.reasoning;
@@ -402,6 +406,10 @@ void Generation::on_output(size_t index, const engine::RequestOutput& out) {
     for (size_t j = 0; j < k && !stopped; ++j) {
       const engine::GeneratedToken& g = out.new_tokens[j];
       ++c.completion_tokens;
+      if (spec_.sampling.return_token_ids) {
+        c.token_ids.push_back(g.token);
+        c.token_ids_delta.push_back(g.token);
+      }
       const bool last = j + 1 == k;
       const bool ending_id = last && out.finished && out.finish_reason == "stop" &&
                              (state_->stop_ids.count(g.token) || tokenizer_.is_special(g.token));
@@ -476,7 +484,7 @@ void Generation::emit_locked(std::vector<std::string>& writes, size_t index, boo
   json choice = {{"index", c.index}};
   if (spec_.chat) {
     json delta = json::object();
-    if (!c.delta.reasoning.empty()) delta["reasoning_content"] = c.delta.reasoning;
+    if (!c.delta.reasoning.empty()) delta["reasoning"] = delta["reasoning_content"] = c.delta.reasoning;
     if (!c.delta.content.empty()) delta["content"] = c.delta.content;
     if (!c.delta.tool_calls.empty()) {
       json calls = json::array();
@@ -498,6 +506,12 @@ void Generation::emit_locked(std::vector<std::string>& writes, size_t index, boo
   }
   choice["logprobs"] = c.logprobs_delta;
   c.logprobs_delta = nullptr;
+  if (spec_.sampling.return_token_ids) {  // vLLM's: the prompt's ids in a choice's first completions chunk
+    if (!spec_.chat && !c.prompt_ids_sent) choice["prompt_token_ids"] = spec_.prompts[c.prompt].ids;
+    c.prompt_ids_sent = true;
+    choice["token_ids"] = std::move(c.token_ids_delta);
+    c.token_ids_delta.clear();
+  }
   choice["finish_reason"] = final ? json(c.finish_reason) : json(nullptr);
   if (final) {
     choice["stop_reason"] = c.stop_reason;
@@ -533,7 +547,8 @@ std::string Generation::final_body_locked() const {
     if (spec_.chat) {
       json message = {{"role", "assistant"}};
       message["content"] = blank(c.content) && !c.calls.empty() ? json(nullptr) : json(c.content);
-      message["reasoning_content"] = c.reasoning.empty() ? json(nullptr) : json(c.reasoning);
+      // vLLM's `reasoning`, and `reasoning_content`, which it still fills for older clients.
+      message["reasoning"] = message["reasoning_content"] = c.reasoning.empty() ? json(nullptr) : json(c.reasoning);
       json calls = json::array();
       for (const ToolCall& t : c.calls)
         calls.push_back({{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
@@ -546,6 +561,10 @@ std::string Generation::final_body_locked() const {
     if (spec_.sampling.prompt_logprobs >= 0) choice["prompt_logprobs"] = c.prompt_logprobs;
     choice["finish_reason"] = c.finish_reason;
     choice["stop_reason"] = c.stop_reason;
+    if (spec_.sampling.return_token_ids) {
+      if (!spec_.chat) choice["prompt_token_ids"] = spec_.prompts[c.prompt].ids;
+      choice["token_ids"] = c.token_ids;
+    }
     choices.push_back(std::move(choice));
   }
   json body = {{"id", spec_.id},
@@ -554,6 +573,7 @@ std::string Generation::final_body_locked() const {
                {"model", spec_.model},
                {"choices", std::move(choices)},
                {"usage", json::parse(usage_json_locked())}};
+  if (spec_.chat && spec_.sampling.return_token_ids) body["prompt_token_ids"] = spec_.prompts[0].ids;
   return body.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 

@@ -300,6 +300,8 @@ void parse_logprobs(const json& doc, SamplingFields& s, const ParseLimits& limit
   }
   if (const json* v = field(doc, "user"); v && !v->is_string()) wrong_type("user", "a string", *v);
   s.tokens_as_ids = get_bool(doc, "return_tokens_as_token_ids").value_or(false);
+  s.return_token_ids = get_bool(doc, "return_token_ids").value_or(false);
+  if (chat) s.include_reasoning = get_bool(doc, "include_reasoning").value_or(true);
   if (const json* v = field(doc, "priority"); v && !v->is_null() && !(v->is_number_integer() && *v == 0))
     bad_request("priority: requests are scheduled first come, first served (vLLM's default policy, fcfs, refuses a "
                 "priority too)",

@@ -52,6 +52,8 @@ struct SamplingFields {
   int logprobs = -1;                // -1 none; else number of top alternatives (0 = chosen only)
   int prompt_logprobs = -1;         // -1 none; else each prompt token's logprob plus this many top ones (vLLM's)
   bool tokens_as_ids = false;       // logprobs name tokens "token_id:N" (vLLM's return_tokens_as_token_ids)
+  bool return_token_ids = false;    // the answer carries prompt_token_ids and each choice's token_ids (vLLM's)
+  bool include_reasoning = true;    // chat: false drops the reasoning from the answer (vLLM's)
   int truncate_prompt_tokens = 0;   // vLLM's: keep the prompt's last k tokens; -1: max_model_len of them; 0: all
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to the token's logit before sampling
   int min_tokens = 0;               // EOS, stop_token_ids and stop strings are held back until this many tokens

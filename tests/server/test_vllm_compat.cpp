@@ -19,6 +19,7 @@ using glms::test::chat;
 using glms::test::expect_error_shape;
 using glms::test::Fixture;
 using glms::test::ids;
+using glms::server::glm_parser_factory;
 using glms::test::tokenizer;
 using nlohmann::json;
 
@@ -253,6 +254,64 @@ TEST(VllmCompat, TokensAsIdsAndNoBeamSearch) {
   EXPECT_NE(e->response.body.find("use_beam_search"), std::string::npos) << e->response.body;
   req["use_beam_search"] = false;
   EXPECT_EQ(f.call("POST", "/v1/completions", req.dump())->response.status, 200);
+}
+
+// vLLM's return_token_ids: chat answers carry prompt_token_ids and each choice its token_ids
+// (the EOS included); completions choices both; streams the prompt's in the first chunk and
+// each chunk's new ids.
+TEST(VllmCompat, ReturnTokenIds) {
+  Fixture f;
+  f.say("def add");
+  std::vector<int32_t> said = ids("def add");
+  said.push_back(8170);  // the script's EOS
+  json c = chat("x");
+  c["return_token_ids"] = true;
+  const json r = f.post("/v1/chat/completions", c);
+  EXPECT_EQ(r["prompt_token_ids"].get<std::vector<int32_t>>(), f.backend.submitted.back().prompt_ids);
+  EXPECT_EQ(r["choices"][0]["token_ids"].get<std::vector<int32_t>>(), said);
+  EXPECT_FALSE(f.post("/v1/chat/completions", chat("x"))["choices"][0].contains("token_ids"));
+
+  const json cr = f.post("/v1/completions", {{"prompt", "x"}, {"return_token_ids", true}});
+  EXPECT_EQ(cr["choices"][0]["prompt_token_ids"].get<std::vector<int32_t>>(), ids("x"));
+  EXPECT_EQ(cr["choices"][0]["token_ids"].get<std::vector<int32_t>>(), said);
+
+  for (const char* path : {"/v1/chat/completions", "/v1/completions"}) {
+    json req = std::string(path) == "/v1/completions" ? json{{"prompt", "x"}} : chat("x");
+    req["return_token_ids"] = true;
+    req["stream"] = true;
+    std::vector<int32_t> streamed, prompt;
+    for (const std::string& e : f.stream(path, req)) {
+      if (e == "[DONE]") continue;
+      const json chunk = json::parse(e);
+      if (chunk.contains("prompt_token_ids")) prompt = chunk["prompt_token_ids"].get<std::vector<int32_t>>();
+      if (chunk["choices"].empty()) continue;
+      const json& choice = chunk["choices"][0];
+      if (choice.contains("prompt_token_ids")) prompt = choice["prompt_token_ids"].get<std::vector<int32_t>>();
+      if (choice.contains("token_ids"))
+        for (const json& id : choice["token_ids"]) streamed.push_back(id.get<int32_t>());
+    }
+    EXPECT_EQ(streamed, said) << path;
+    EXPECT_EQ(prompt, f.backend.submitted.back().prompt_ids) << path;
+  }
+}
+
+// vLLM's `reasoning` beside `reasoning_content`; include_reasoning: false drops it.
+TEST(VllmCompat, ReasoningFieldsAndIncludeReasoning) {
+  Fixture f({}, glm_parser_factory());
+  f.say("<think>plan</think>done");
+  json req = chat("x");
+  const json m = f.post("/v1/chat/completions", req)["choices"][0]["message"];
+  EXPECT_EQ(m["reasoning"], "plan");
+  EXPECT_EQ(m["reasoning_content"], "plan");
+  EXPECT_EQ(m["content"], "done");
+  req["include_reasoning"] = false;
+  const json without = f.post("/v1/chat/completions", req)["choices"][0]["message"];
+  EXPECT_TRUE(without["reasoning"].is_null());
+  EXPECT_TRUE(without["reasoning_content"].is_null());
+  EXPECT_EQ(without["content"], "done");
+  req["stream"] = true;
+  for (const std::string& e : f.stream("/v1/chat/completions", req))
+    if (e != "[DONE]") EXPECT_EQ(e.find("plan"), std::string::npos) << e;
 }
 
 TEST(VllmCompat, TheEngineStatsLineReadsLikeVllms) {
