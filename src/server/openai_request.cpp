@@ -358,7 +358,7 @@ std::string final_assistant_text(const json& messages) {
   if (content.is_string()) return content.get<std::string>();
   std::string text;
   if (content.is_array())
-    for (const json& part : content) text += (text.empty() ? "" : "\n") + part["text"].get<std::string>();
+    for (size_t i = 0; i < content.size(); ++i) text += (i > 0 ? "\n" : "") + content[i]["text"].get<std::string>();
   return text;
 }
 
