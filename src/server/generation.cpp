@@ -77,8 +77,9 @@ struct Generation::Choice {
   json prompt_logprobs = nullptr;  // vLLM's prompt_logprobs: [null, {id: {logprob, rank, decoded_token}}, ...]
   bool prompt_scored = false;      // the prompt's logprobs were taken (from the first output)
   size_t text_offset = 0;
-  std::vector<int32_t> token_ids, token_ids_delta;  // return_token_ids: generated so far, not yet sent
-  bool prompt_ids_sent = false;                     // streamed completions: the first chunk had them
+  std::vector<int32_t> token_ids;        // return_token_ids, whole answers: the ids generated
+  std::vector<int32_t> token_ids_delta;  // return_token_ids, streams: the ids not yet sent
+  bool prompt_ids_sent = false;          // streamed completions: the first chunk had them
   int prompt_tokens = 0;
   int cached_tokens = 0;
   int completion_tokens = 0;
@@ -406,10 +407,7 @@ void Generation::on_output(size_t index, const engine::RequestOutput& out) {
     for (size_t j = 0; j < k && !stopped; ++j) {
       const engine::GeneratedToken& g = out.new_tokens[j];
       ++c.completion_tokens;
-      if (spec_.sampling.return_token_ids) {
-        c.token_ids.push_back(g.token);
-        c.token_ids_delta.push_back(g.token);
-      }
+      if (spec_.sampling.return_token_ids) (spec_.sampling.stream ? c.token_ids_delta : c.token_ids).push_back(g.token);
       const bool last = j + 1 == k;
       const bool ending_id = last && out.finished && out.finish_reason == "stop" &&
                              (state_->stop_ids.count(g.token) || tokenizer_.is_special(g.token));
