@@ -66,6 +66,10 @@ struct RequestParams {
   int top_logprobs = -1;               // -1: no logprobs; 0: the chosen token's; k: plus top k
   double timeout_seconds = 0.0;        // 0 = none; past it the request ends with "timeout"
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to those tokens' logits before drawing
+  std::vector<int32_t> allowed_token_ids;  // vLLM's: only these may be drawn (empty: any token)
+  // vLLM's bad_words as token sequences: a sequence's last token is never drawn where the tokens
+  // generated so far end with the rest of it (a one-token sequence: never drawn).
+  std::vector<std::vector<int32_t>> bad_word_ids;
   int min_tokens = 0;                  // EOS and stop_token_ids are held back until this many tokens
   std::shared_ptr<TokenConstraint> constraint;  // structured output: what may come next (null: anything)
   // -1: none; k >= 0: each prompt token's logprob given the tokens before it, its rank, and the k
@@ -78,19 +82,21 @@ struct RequestParams {
 };
 
 // Whether anything adjusts a request's logits before its token is drawn (penalties, logit_bias,
-// min_tokens): then the logits come back to the host.
+// allowed tokens, bad words, min_tokens): then the logits come back to the host.
 inline bool adjusts_logits(const RequestParams& p) {
   return p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f || p.repetition_penalty != 1.0f ||
-         !p.logit_bias.empty() || p.min_tokens > 0 || p.constraint != nullptr;
+         !p.logit_bias.empty() || !p.allowed_token_ids.empty() || !p.bad_word_ids.empty() || p.min_tokens > 0 ||
+         p.constraint != nullptr;
 }
 
 // Whether a structured-output constraint is all that adjusts a request's logits and nothing else
-// reads them (no penalties, logit_bias, min_tokens or logprobs): a runner that applies token
-// masks where the logits are (RowOutput::mask; the CUDA one, on the device) can then return only
-// its token.
+// reads them (no penalties, logit_bias, token filters, min_tokens or logprobs): a runner that
+// applies token masks where the logits are (RowOutput::mask; the CUDA one, on the device) can then
+// return only its token.
 inline bool only_masked(const RequestParams& p) {
   return p.constraint != nullptr && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
-         p.repetition_penalty == 1.0f && p.logit_bias.empty() && p.min_tokens <= 0 && p.top_logprobs < 0;
+         p.repetition_penalty == 1.0f && p.logit_bias.empty() && p.allowed_token_ids.empty() &&
+         p.bad_word_ids.empty() && p.min_tokens <= 0 && p.top_logprobs < 0;
 }
 
 // Whether a request's next token is the argmax of its logits and nothing else reads them

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <limits>
 #include <cmath>
+#include <span>
 
 #include "core/error.h"
 #include "ops/ops.h"
@@ -17,6 +18,25 @@
 namespace glms::engine {
 
 namespace {
+
+constexpr float kNever = -std::numeric_limits<float>::infinity();
+
+// vLLM's allowed_token_ids and bad_words: every token outside the allowed ones, and the last token
+// of each bad word whose other tokens end the generated text, gets no chance. logits: [vocab].
+void mask_filtered_tokens(const RequestParams& p, std::span<const int32_t> generated, float* logits, int vocab) {
+  if (!p.allowed_token_ids.empty()) {
+    std::vector<float> kept;
+    kept.reserve(p.allowed_token_ids.size());
+    for (const int32_t id : p.allowed_token_ids) kept.push_back(logits[id]);
+    std::fill(logits, logits + vocab, kNever);
+    for (size_t i = 0; i < kept.size(); ++i) logits[p.allowed_token_ids[i]] = kept[i];
+  }
+  for (const std::vector<int32_t>& word : p.bad_word_ids) {
+    const size_t before = word.size() - 1;
+    if (before <= generated.size() && std::equal(word.begin(), word.end() - 1, generated.end() - before))
+      logits[word.back()] = kNever;
+  }
+}
 
 // The row that gives a sequence its next token: the argmax for greedy requests; for plainly
 // sampled ones a token drawn where the logits are, with the sequence's next uniform value (so
@@ -420,6 +440,8 @@ int32_t Scheduler::draw_token(Sequence& seq, const float* raw_logits) {
       adjusted[token] -= p.presence_penalty + p.frequency_penalty * static_cast<float>(count);
     for (const auto& [token, bias] : p.logit_bias)
       if (token >= 0 && token < model_.vocab_size) adjusted[token] += bias;
+    mask_filtered_tokens(p, std::span<const int32_t>(seq.tokens).subspan(seq.prompt_len), adjusted.data(),
+                         model_.vocab_size);
     if (p.constraint) {
       std::vector<float> eos;
       for (int32_t id : model_.eos_token_ids) eos.push_back(adjusted[id]);
@@ -428,7 +450,6 @@ int32_t Scheduler::draw_token(Sequence& seq, const float* raw_logits) {
         for (size_t i = 0; i < eos.size(); ++i) adjusted[model_.eos_token_ids[i]] = eos[i];
     }
     if (seq.num_generated() < p.min_tokens) {
-      constexpr float kNever = -std::numeric_limits<float>::infinity();
       if (!p.ignore_eos)
         for (int32_t id : model_.eos_token_ids) adjusted[id] = kNever;
       for (int32_t id : p.stop_token_ids)

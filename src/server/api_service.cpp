@@ -381,6 +381,22 @@ std::string ApiService::render_prompt(const ChatRequest& request) const {
   }
 }
 
+// vLLM's reading of bad_words: each word without its leading whitespace as the text's first word,
+// and, where a space before it gives another first token but as many tokens, as a later word.
+std::vector<std::vector<int32_t>> ApiService::bad_word_sequences(const std::vector<std::string>& words) const {
+  std::vector<std::vector<int32_t>> sequences;
+  for (const std::string& word : words) {
+    const std::string stripped = word.substr(word.find_first_not_of(" \t\n\r"));
+    std::vector<int32_t> first = tokenizer_.encode(stripped, false);
+    std::vector<int32_t> later = tokenizer_.encode(" " + stripped, false);
+    if (first.empty()) bad_request("bad_words: '" + word + "' encodes to no tokens", "bad_words");
+    if (!later.empty() && later.front() != first.front() && later.size() == first.size())
+      sequences.push_back(std::move(later));
+    sequences.push_back(std::move(first));
+  }
+  return sequences;
+}
+
 uint64_t ApiService::next_seed() const {
   std::lock_guard lock(seed_mutex_);
   return seeds_();
@@ -439,6 +455,15 @@ engine::RequestParams ApiService::base_params(const SamplingFields& s, const std
                       std::to_string(backend_.vocab_size()) + ")",
                   "logit_bias");
   p.logit_bias = s.logit_bias;
+  if (s.allowed_token_ids) {
+    for (int32_t id : *s.allowed_token_ids)
+      if (id >= backend_.vocab_size())
+        bad_request("allowed_token_ids: " + std::to_string(id) + " is outside the vocabulary (size " +
+                        std::to_string(backend_.vocab_size()) + ")",
+                    "allowed_token_ids");
+    p.allowed_token_ids = *s.allowed_token_ids;
+  }
+  p.bad_word_ids = bad_word_sequences(s.bad_words);
   p.min_tokens = std::min(s.min_tokens, p.max_tokens);
   if (matcher) p.constraint = structured::make_grammar_constraint(matcher);
   return p;

@@ -119,6 +119,8 @@ class ApiService {
   HttpResponse tokenize(const HttpRequest& request) const;
   HttpResponse detokenize(const HttpRequest& request) const;
   uint64_t next_seed() const;  // a request's seed when it gives none
+  // bad_words as the token sequences that are never generated (engine::RequestParams::bad_word_ids)
+  std::vector<std::vector<int32_t>> bad_word_sequences(const std::vector<std::string>& words) const;
   // 400 when a prompt of `bytes` cannot fit the context whatever its tokens (before tokenizing).
   void check_prompt_bytes(size_t bytes, const char* param) const;
   // `matcher` (may be null): the request's structured output; each choice gets its own constraint.

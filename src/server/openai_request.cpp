@@ -202,6 +202,33 @@ void parse_response_format(const json& doc, std::string_view body, SamplingField
   }
 }
 
+// allowed_token_ids and bad_words (vLLM's): which tokens may be drawn.
+void parse_token_filters(const json& doc, SamplingFields& s, const ParseLimits& limits) {
+  if (const json* v = field(doc, "allowed_token_ids")) {
+    if (!v->is_array()) wrong_type("allowed_token_ids", "an array of token ids", *v);
+    if (v->empty()) bad_request("allowed_token_ids must not be empty (leave it out to allow every token)", "allowed_token_ids");
+    std::vector<int32_t> ids;
+    for (const json& item : *v) {
+      if (!item.is_number_integer() || item.get<int64_t>() < 0 || item.get<int64_t>() > INT32_MAX)
+        bad_request("allowed_token_ids: expected non-negative token ids, got " + item.dump(), "allowed_token_ids");
+      ids.push_back(item.get<int32_t>());
+    }
+    s.allowed_token_ids = std::move(ids);
+  }
+  if (const json* v = field(doc, "bad_words")) {
+    if (!v->is_array()) wrong_type("bad_words", "an array of strings", *v);
+    for (const json& item : *v) {
+      if (!item.is_string()) wrong_type("bad_words", "an array of strings", item);
+      s.bad_words.push_back(item.get<std::string>());
+    }
+    if (static_cast<int>(s.bad_words.size()) > limits.max_bad_words)
+      bad_request("bad_words: at most " + std::to_string(limits.max_bad_words) + " words", "bad_words");
+    for (const std::string& word : s.bad_words)
+      if (word.find_first_not_of(" \t\n\r") == std::string::npos)
+        bad_request("bad_words: a word must hold more than whitespace", "bad_words");
+  }
+}
+
 // logit_bias, min_tokens and best_of.
 void parse_bias_and_lengths(const json& doc, SamplingFields& s, const ParseLimits& limits) {
   if (const json* v = field(doc, "logit_bias")) {
@@ -288,8 +315,7 @@ void parse_structured_outputs(const json& doc, std::string_view body, SamplingFi
 void parse_logprobs(const json& doc, SamplingFields& s, const ParseLimits& limits, bool chat) {
   // Fields glmserve does not implement yet: refused by name rather than ignored.
   for (const char* name : {"guided_decoding_backend",
-                           "guided_whitespace_pattern", "suffix", "allowed_token_ids", "bad_words",
-                           "logits_processors"})
+                           "guided_whitespace_pattern", "suffix", "logits_processors"})
     if (field(doc, name))
       bad_request(std::string(name) + " is not supported by glmserve yet (docs/api.md lists the fields it takes)", name);
   if (const json* v = field(doc, "prompt_logprobs"); v && !v->is_null()) {
@@ -321,6 +347,7 @@ void parse_sampling(const json& doc, std::string_view body, SamplingFields& s, c
   parse_stops(doc, s, limits);
   parse_response_format(doc, body, s);
   parse_bias_and_lengths(doc, s, limits);
+  parse_token_filters(doc, s, limits);
   parse_structured_outputs(doc, body, s);
   parse_logprobs(doc, s, limits, chat);
 }

@@ -24,6 +24,7 @@ struct ParseLimits {
   int max_n = 16;              // choices per request
   int max_stop_strings = 16;
   int max_top_logprobs = 20;
+  int max_bad_words = 256;     // vLLM's bad_words, per request
 };
 
 // Fields shared by both endpoints.
@@ -56,6 +57,9 @@ struct SamplingFields {
   bool include_reasoning = true;    // chat: false drops the reasoning from the answer (vLLM's)
   int truncate_prompt_tokens = 0;   // vLLM's: keep the prompt's last k tokens; -1: max_model_len of them; 0: all
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to the token's logit before sampling
+  // vLLM's allowed_token_ids: only these may be drawn (nullopt: any; never an empty list)
+  std::optional<std::vector<int32_t>> allowed_token_ids;
+  std::vector<std::string> bad_words;  // vLLM's: words the output never contains (tokenised by the service)
   int min_tokens = 0;               // EOS, stop_token_ids and stop strings are held back until this many tokens
   std::vector<std::string> choice;  // structured output: exactly one of these (structured_outputs.choice, guided_choice)
   std::string regex;                // structured output: the whole output matches it (structured_outputs.regex, guided_regex)

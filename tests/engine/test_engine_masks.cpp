@@ -7,6 +7,7 @@
 // runs the same over the CUDA runner's kernel.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <limits>
 #include <memory>
@@ -260,4 +261,45 @@ TEST_F(EngineMasks, AConstraintThatGivesUpEndsItsRequestWithAnError) {
     EXPECT_EQ(finished.last.finish_reason, "length");
     EXPECT_EQ(finished.tokens.size(), 12u);
   }
+}
+
+// vLLM's allowed_token_ids and bad_words, applied on the host: every drawn token is one of the
+// allowed ones, and a bad word's last token is never drawn after the rest of it was generated
+// (generated tokens only: a word that begins in the prompt is not matched).
+TEST_F(EngineMasks, AllowedTokensAndBadWordsHoldBackTheirTokens) {
+  engine::Engine engine(*model_, small_config());
+  const int vocab = engine.model_config().vocab_size;
+  const std::vector<int32_t> prompt = glms::testing::prompt_tokens(9, vocab, 81);
+  auto run = [&](auto adjust) {
+    engine::RequestParams params = glms::testing::greedy_request(prompt, 8);
+    adjust(params);
+    return Pending(engine, params).get().tokens;
+  };
+  const std::vector<int32_t> free = run([](engine::RequestParams&) {});
+  ASSERT_EQ(free.size(), 8u);
+
+  std::vector<int32_t> allowed;
+  for (int32_t t = 3; allowed.size() < 3; ++t)
+    if (std::find(free.begin(), free.end(), t) == free.end()) allowed.push_back(t);
+  for (const float temperature : {0.0f, 1.0f}) {
+    const std::vector<int32_t> only = run([&](engine::RequestParams& p) {
+      p.allowed_token_ids = allowed;
+      p.sampling.temperature = temperature;
+      p.sampling.seed = 5;
+    });
+    ASSERT_EQ(only.size(), 8u);
+    for (const int32_t t : only)
+      EXPECT_NE(std::find(allowed.begin(), allowed.end(), t), allowed.end()) << t << " at temperature " << temperature;
+  }
+
+  const std::vector<int32_t> first_banned = run([&](engine::RequestParams& p) { p.bad_word_ids = {{free[0]}}; });
+  EXPECT_NE(first_banned[0], free[0]);
+  for (const int32_t t : first_banned) EXPECT_NE(t, free[0]) << "a one-token bad word is never drawn";
+  const std::vector<int32_t> pair_banned =
+      run([&](engine::RequestParams& p) { p.bad_word_ids = {{free[1], free[2]}, {free[0], free[1]}}; });
+  EXPECT_EQ(pair_banned[0], free[0]);
+  EXPECT_NE(pair_banned[1], free[1]) << "the second token of a bad word after its first";
+  const std::vector<int32_t> from_prompt =
+      run([&](engine::RequestParams& p) { p.bad_word_ids = {{prompt.back(), free[0]}}; });
+  EXPECT_EQ(from_prompt, free) << "a bad word that begins in the prompt is not matched";
 }

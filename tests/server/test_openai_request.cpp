@@ -305,7 +305,7 @@ TEST(ChatRequest, LogitBiasMinTokensBestOfAndARequestTemplate) {
 }
 
 TEST(ChatRequest, FieldsNotImplementedAreRefusedByName) {
-  for (const char* name : {"guided_decoding_backend", "suffix", "allowed_token_ids", "bad_words"}) {
+  for (const char* name : {"guided_decoding_backend", "suffix", "logits_processors"}) {
     json doc = chat_base();
     doc[name] = json::object();
     const ApiError e = chat_error(doc);

@@ -310,8 +310,10 @@ TEST(VllmCompat, ReasoningFieldsAndIncludeReasoning) {
   EXPECT_TRUE(without["reasoning_content"].is_null());
   EXPECT_EQ(without["content"], "done");
   req["stream"] = true;
-  for (const std::string& e : f.stream("/v1/chat/completions", req))
-    if (e != "[DONE]") EXPECT_EQ(e.find("plan"), std::string::npos) << e;
+  for (const std::string& e : f.stream("/v1/chat/completions", req)) {
+    if (e == "[DONE]") continue;
+    EXPECT_EQ(e.find("plan"), std::string::npos) << e;
+  }
 }
 
 TEST(VllmCompat, TheEngineStatsLineReadsLikeVllms) {
@@ -482,4 +484,45 @@ TEST(VllmCompat, LoadCountsTheRequestsTheEngineHolds) {
   f.service->handle(request, slow);
   EXPECT_EQ(json::parse(f.call("GET", "/load")->response.body)["server_load"], 1);
   EXPECT_TRUE(slow->wait());
+}
+
+// vLLM's allowed_token_ids and bad_words reach the engine: the ids as given (within the
+// vocabulary), each bad word as its tokens at the text's start and, where a space makes another
+// first token of the same count, after a space; malformed ones are 400s naming the field.
+TEST(VllmCompat, AllowedTokenIdsAndBadWordsReachTheEngine) {
+  Fixture f;
+  f.say("ok");
+  json body = chat("hi");
+  body["allowed_token_ids"] = {5, 9, 11};
+  body["bad_words"] = {" hello", "world wide"};
+  f.post("/v1/chat/completions", body);
+  f.post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}, {"bad_words", {"return"}}});
+  ASSERT_EQ(f.backend.submitted.size(), 2u);
+  const engine::RequestParams& p = f.backend.submitted[0];
+  EXPECT_EQ(p.allowed_token_ids, (std::vector<int32_t>{5, 9, 11}));
+  std::vector<std::vector<int32_t>> expected;
+  for (const std::string word : {"hello", "world wide"}) {
+    const std::vector<int32_t> first = ids(word), later = ids(" " + word);
+    if (later.front() != first.front() && later.size() == first.size()) expected.push_back(later);
+    expected.push_back(first);
+  }
+  EXPECT_EQ(p.bad_word_ids, expected);
+  EXPECT_GT(p.bad_word_ids.size(), 2u) << "the tiny tokenizer has spaced forms of these words";
+  EXPECT_TRUE(f.backend.submitted[1].allowed_token_ids.empty());
+  EXPECT_FALSE(f.backend.submitted[1].bad_word_ids.empty());
+
+  const int vocab = tokenizer().vocab_size();
+  for (const auto& [name, value] : std::vector<std::pair<std::string, json>>{
+           {"allowed_token_ids", json::array()},
+           {"allowed_token_ids", {1, -2}},
+           {"allowed_token_ids", {vocab + 10}},
+           {"allowed_token_ids", "5"},
+           {"bad_words", "hello"},
+           {"bad_words", {"  "}},
+           {"bad_words", {3}}}) {
+    json bad = chat("hi");
+    bad[name] = value;
+    EXPECT_EQ(f.post("/v1/chat/completions", bad, 400)["error"]["param"], name) << value.dump();
+  }
+  EXPECT_EQ(f.backend.submitted.size(), 2u) << "no refused request reached the engine";
 }
