@@ -157,7 +157,6 @@ constexpr FlagWithNothingToSet kVllmFlagsWithNothingToSet[] = {
     {"--tool-parser-plugin", FlagValues::kOne, true, kPlugins},
     {"--logits-processors", FlagValues::kOne, true, kLogits},
     {"--logits-processor-pattern", FlagValues::kOne, true, kLogits},
-    {"--return-tokens-as-token-ids", FlagValues::kNone, true, "logprobs name tokens by their text here; /tokenize gives their ids"},
     {"--hf-overrides", FlagValues::kOne, true, "config.json is read as stored: edit it in a copy of the model folder"},
     {"--cpu-offload-gb", FlagValues::kOne, true, "weights stay on the GPUs: split a model with -tp, or -dp with --enable-expert-parallel"},
     {"--enable-sleep-mode", FlagValues::kNone, true, "sleep mode is not supported"},
@@ -198,6 +197,8 @@ std::vector<std::string> string_list(const std::string& flag, const std::string&
 void check_response_flags(const VllmFlags& f, VllmSettings& s) {
   s.force_include_usage = f.force_include_usage;
   s.exclude_tools_when_none = f.exclude_tools_when_none;
+  s.tokens_as_ids = f.tokens_as_ids;
+  s.request_id_headers = f.request_id_headers;
   if (!f.override_generation_config.empty()) {
     const nlohmann::json overrides = nlohmann::json::parse(f.override_generation_config, nullptr, false);
     if (!overrides.is_object())
@@ -297,6 +298,10 @@ void add_vllm_flags(CLI::App* cmd, VllmFlags& f) {
   g->add_option("--block-size", f.block_size, "Accepted, no effect: the KV cache's blocks are 16 tokens");
   g->add_flag("--enable-force-include-usage", f.force_include_usage,
               "Streams end with a usage chunk whether or not the request asks (stream_options.include_usage)");
+  g->add_flag("--return-tokens-as-token-ids", f.tokens_as_ids,
+              "Logprobs name tokens token_id:N unless a request's return_tokens_as_token_ids says otherwise");
+  g->add_flag("--enable-request-id-headers", f.request_id_headers,
+              "Every answer carries an X-Request-Id header: the request's own, or a fresh one");
   g->add_flag("--exclude-tools-when-tool-choice-none", f.exclude_tools_when_none,
               "With tool_choice none, the tools are left out of the prompt (else the template shows them)");
   g->add_option("--override-generation-config", f.override_generation_config,

@@ -47,6 +47,7 @@ struct VllmFlags {
   bool disable_uvicorn_access_log = false, enable_log_requests = false;
   int max_logprobs = 0;  // 0: not given
   bool force_include_usage = false, exclude_tools_when_none = false;
+  bool tokens_as_ids = false, request_id_headers = false;
   std::string override_generation_config;  // a JSON object of sampling defaults
   std::string allowed_origins, allowed_methods, allowed_headers;  // JSON lists of strings
   bool allow_credentials = false;
@@ -76,6 +77,8 @@ struct VllmSettings {
   int max_logprobs = 0;                      // --max-logprobs (0: not given)
   bool force_include_usage = false;          // --enable-force-include-usage: usage on every stream
   bool exclude_tools_when_none = false;      // --exclude-tools-when-tool-choice-none
+  bool tokens_as_ids = false;                // --return-tokens-as-token-ids: the requests' default
+  bool request_id_headers = false;           // --enable-request-id-headers: X-Request-Id on every answer
   std::string generation_overrides;          // --override-generation-config: a JSON object ("" when not given)
   // CORS (--allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials). No origin
   // unless given (vLLM allows every one): a page on any site could otherwise use a local server.

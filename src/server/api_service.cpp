@@ -169,6 +169,12 @@ void ApiService::handle(const HttpRequest& request, std::shared_ptr<Responder> r
     }
     responder = cors_.wrap(request.header("origin"), std::move(responder));
   }
+  if (config_.request_id_headers) {  // vLLM's --enable-request-id-headers: the client's id, or a fresh one
+    const std::string given = request.header("x-request-id");
+    responder = std::make_shared<HeaderAddingResponder>(
+        std::move(responder), std::vector<std::pair<std::string, std::string>>{
+                                  {"X-Request-Id", given.empty() ? random_id("") : given}});
+  }
   HttpResponse response;
   bool answered = false;
   try {
@@ -397,6 +403,12 @@ std::vector<std::vector<int32_t>> ApiService::bad_word_sequences(const std::vect
   return sequences;
 }
 
+// vLLM's X-Request-Id: the header, where given, names the answer over the body's request_id.
+void ApiService::take_request_id_header(const HttpRequest& request, SamplingFields& sampling) {
+  const std::string header = request.header("x-request-id");
+  if (!header.empty()) sampling.request_id = checked_request_id(header, "X-Request-Id");
+}
+
 uint64_t ApiService::next_seed() const {
   std::lock_guard lock(seed_mutex_);
   return seeds_();
@@ -511,8 +523,9 @@ std::shared_ptr<structured::GrammarMatcher> ApiService::structured_matcher(const
 }
 
 void ApiService::start_chat(const HttpRequest& request, std::shared_ptr<Responder> responder) {
-  run_chat(parse_chat_request(request.body, config_.parse_limits), request.client, std::move(responder),
-           "/v1/chat/completions");
+  ChatRequest chat = parse_chat_request(request.body, config_.parse_limits);
+  take_request_id_header(request, chat.sampling);
+  run_chat(std::move(chat), request.client, std::move(responder), "/v1/chat/completions");
 }
 
 void ApiService::run_chat(ChatRequest req, const std::string& client, std::shared_ptr<Responder> responder,
@@ -520,13 +533,14 @@ void ApiService::run_chat(ChatRequest req, const std::string& client, std::share
   check_model(req.sampling.model);
   if (config_.exclude_tools_when_none && req.tool_choice == "none") req.tools.reset();
   if (config_.force_include_usage) req.sampling.include_usage = true;
+  if (!req.sampling.tokens_as_ids) req.sampling.tokens_as_ids = config_.tokens_as_ids;
   if (!renderer_) throw_api(400, "This model has no chat template; use /v1/completions");
   const std::string prompt = render_prompt(req);
   GenerationSpec spec;
   if (config_.log_requests) spec.access_log = client + " POST " + path;
   spec.chat = true;
   spec.chat_echo = req.echo_text;
-  spec.id = random_id("chatcmpl-");
+  spec.id = req.sampling.request_id.empty() ? random_id("chatcmpl-") : "chatcmpl-" + req.sampling.request_id;
   spec.model = config_.served_model_name;
   spec.created = static_cast<int64_t>(std::time(nullptr));
   check_prompt_bytes(prompt.size(), "messages");
@@ -595,6 +609,7 @@ void ApiService::start_health_generation(const HttpRequest& request, std::shared
 void ApiService::start_response(const HttpRequest& request, std::shared_ptr<Responder> responder) {
   ResponsesRequest translated = chat_request_of_response_request(request.body, responses_store_.get());
   ChatRequest chat = parse_chat_request(translated.chat_request, config_.parse_limits);
+  chat.sampling.request_id.clear();  // a Response's ids are its own (resp_..., from the chat's random id)
   run_chat(std::move(chat), request.client,
            responses_responder(std::move(responder), std::move(translated), responses_store_.get()), "/v1/responses");
 }
@@ -643,12 +658,14 @@ HttpResponse ApiService::count_response_input_tokens(const HttpRequest& request)
 void ApiService::start_completion(const HttpRequest& request, std::shared_ptr<Responder> responder,
                                   const char* logged_path) {
   CompletionRequest req = parse_completion_request(request.body, config_.parse_limits);
+  take_request_id_header(request, req.sampling);
   check_model(req.sampling.model);
   if (config_.force_include_usage) req.sampling.include_usage = true;
+  if (!req.sampling.tokens_as_ids) req.sampling.tokens_as_ids = config_.tokens_as_ids;
   GenerationSpec spec;
   if (config_.log_requests && logged_path) spec.access_log = request.client + " POST " + logged_path;
   spec.chat = false;
-  spec.id = random_id("cmpl-");
+  spec.id = req.sampling.request_id.empty() ? random_id("cmpl-") : "cmpl-" + req.sampling.request_id;
   spec.model = config_.served_model_name;
   spec.created = static_cast<int64_t>(std::time(nullptr));
   spec.echo = req.echo;

@@ -61,6 +61,8 @@ struct ServiceConfig {
   int default_completion_max_tokens = 16;  // /v1/completions without max_tokens (vLLM: 16)
   bool force_include_usage = false;  // streams end with usage whatever stream_options say (vLLM's flag)
   bool exclude_tools_when_none = false;  // tool_choice "none" leaves the tools out of the prompt (vLLM's flag)
+  bool request_id_headers = false;   // every answer carries X-Request-Id (vLLM's --enable-request-id-headers)
+  bool tokens_as_ids = false;        // logprobs name tokens token_id:N by default (vLLM's --return-tokens-as-token-ids)
   CorsConfig cors;                   // browsers' cross-origin requests (off unless origins are given)
   std::string model_path;            // the checkpoint's folder or repo id (SGLang's /get_model_info)
   size_t responses_store_capacity = 0;  // Responses kept for previous_response_id (0: none, as vLLM's default)
@@ -119,6 +121,7 @@ class ApiService {
   HttpResponse tokenize(const HttpRequest& request) const;
   HttpResponse detokenize(const HttpRequest& request) const;
   uint64_t next_seed() const;  // a request's seed when it gives none
+  static void take_request_id_header(const HttpRequest& request, SamplingFields& sampling);
   // bad_words as the token sequences that are never generated (engine::RequestParams::bad_word_ids)
   std::vector<std::vector<int32_t>> bad_word_sequences(const std::vector<std::string>& words) const;
   // 400 when a prompt of `bytes` cannot fit the context whatever its tokens (before tokenizing).

@@ -27,22 +27,6 @@ std::string joined(const std::vector<std::string>& items) {
   return out;
 }
 
-// Adds headers to whatever `inner` answers, whole or streamed.
-class HeaderAddingResponder : public ForwardingResponder {
- public:
-  HeaderAddingResponder(std::shared_ptr<Responder> inner, std::vector<std::pair<std::string, std::string>> headers)
-      : ForwardingResponder(std::move(inner)), headers_(std::move(headers)) {}
-  void reply(HttpResponse response) override { ForwardingResponder::reply(with_headers(std::move(response))); }
-  void begin_stream(HttpResponse head) override { ForwardingResponder::begin_stream(with_headers(std::move(head))); }
-
- private:
-  HttpResponse with_headers(HttpResponse response) const {
-    response.headers.insert(response.headers.end(), headers_.begin(), headers_.end());
-    return response;
-  }
-  std::vector<std::pair<std::string, std::string>> headers_;
-};
-
 }  // namespace
 
 CorsPolicy::CorsPolicy(CorsConfig config) : config_(std::move(config)) {

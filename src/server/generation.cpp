@@ -269,7 +269,7 @@ void Generation::finish_choice(Choice& c, const std::string& reason) {
 
 // How logprobs name a token: its text, or "token_id:N" (vLLM's return_tokens_as_token_ids).
 std::string Generation::token_name(int32_t id) const {
-  if (spec_.sampling.tokens_as_ids) return "token_id:" + std::to_string(id);
+  if (spec_.sampling.tokens_as_ids.value_or(false)) return "token_id:" + std::to_string(id);
   return tokenizer_.decode(std::vector<int32_t>{id}, false);
 }
 

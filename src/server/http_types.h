@@ -64,6 +64,22 @@ class ForwardingResponder : public Responder {
   std::shared_ptr<Responder> inner_;
 };
 
+// Adds headers to whatever `inner` answers, whole or streamed (CORS, X-Request-Id).
+class HeaderAddingResponder : public ForwardingResponder {
+ public:
+  HeaderAddingResponder(std::shared_ptr<Responder> inner, std::vector<std::pair<std::string, std::string>> headers)
+      : ForwardingResponder(std::move(inner)), headers_(std::move(headers)) {}
+  void reply(HttpResponse response) override { ForwardingResponder::reply(with_headers(std::move(response))); }
+  void begin_stream(HttpResponse head) override { ForwardingResponder::begin_stream(with_headers(std::move(head))); }
+
+ private:
+  HttpResponse with_headers(HttpResponse response) const {
+    response.headers.insert(response.headers.end(), headers_.begin(), headers_.end());
+    return response;
+  }
+  std::vector<std::pair<std::string, std::string>> headers_;
+};
+
 // Server-Sent Events framing: one event per JSON payload, "data: <payload>\n\n". Payloads are
 // single-line JSON, so no line splitting is needed; any '\n' in `payload` still starts a new
 // "data:" line, as the SSE grammar requires.

@@ -123,6 +123,7 @@ void parse_sampling_numbers(const json& doc, SamplingFields& s, const ParseLimit
     if (v->empty()) bad_request("cache_salt must be a non-empty string", "cache_salt");
     s.cache_salt = *v;
   }
+  if (auto v = get_string(doc, "request_id")) s.request_id = checked_request_id(*v, "request_id");
   constexpr int64_t kMaxTokens = 1 << 30;
   if (auto v = get_int(doc, "max_tokens", 1, kMaxTokens)) s.max_tokens = static_cast<int>(*v);
   if (auto v = get_int(doc, "max_completion_tokens", 1, kMaxTokens)) s.max_tokens = static_cast<int>(*v);
@@ -325,7 +326,7 @@ void parse_logprobs(const json& doc, SamplingFields& s, const ParseLimits& limit
                   "prompt_logprobs");
   }
   if (const json* v = field(doc, "user"); v && !v->is_string()) wrong_type("user", "a string", *v);
-  s.tokens_as_ids = get_bool(doc, "return_tokens_as_token_ids").value_or(false);
+  s.tokens_as_ids = get_bool(doc, "return_tokens_as_token_ids");
   s.return_token_ids = get_bool(doc, "return_token_ids").value_or(false);
   if (chat) s.include_reasoning = get_bool(doc, "include_reasoning").value_or(true);
   if (const json* v = field(doc, "priority"); v && !v->is_null() && !(v->is_number_integer() && *v == 0))
@@ -528,6 +529,16 @@ std::string parse_tool_choice(const json& doc, const json& tools, std::string& f
 }
 
 }  // namespace
+
+std::string checked_request_id(const std::string& id, const std::string& param) {
+  constexpr size_t kMaxLength = 256;
+  if (id.empty() || id.size() > kMaxLength)
+    bad_request(param + " must hold 1 to " + std::to_string(kMaxLength) + " characters", param);
+  for (const char c : id)
+    if (c < 0x21 || c > 0x7e)
+      bad_request(param + " may hold only visible ASCII characters (no spaces or control characters)", param);
+  return id;
+}
 
 bool is_valid_utf8(std::string_view s) { return text::utf8::is_valid(s); }
 

@@ -38,6 +38,7 @@ struct SamplingFields {
   std::optional<float> min_p;
   std::optional<uint64_t> seed;
   std::string cache_salt;           // vLLM's: the prefix-cache part this request shares (empty: none)
+  std::string request_id;           // vLLM's: the answer's id is chatcmpl-/cmpl- and this (empty: a random one)
   std::vector<std::string> stop;    // stop strings (matched on the output text)
   std::vector<int32_t> stop_token_ids;
   int n = 1;
@@ -52,7 +53,8 @@ struct SamplingFields {
   bool include_stop_str_in_output = false;
   int logprobs = -1;                // -1 none; else number of top alternatives (0 = chosen only)
   int prompt_logprobs = -1;         // -1 none; else each prompt token's logprob plus this many top ones (vLLM's)
-  bool tokens_as_ids = false;       // logprobs name tokens "token_id:N" (vLLM's return_tokens_as_token_ids)
+  // logprobs name tokens "token_id:N" (vLLM's return_tokens_as_token_ids; unset: the server's default)
+  std::optional<bool> tokens_as_ids;
   bool return_token_ids = false;    // the answer carries prompt_token_ids and each choice's token_ids (vLLM's)
   bool include_reasoning = true;    // chat: false drops the reasoning from the answer (vLLM's)
   int truncate_prompt_tokens = 0;   // vLLM's: keep the prompt's last k tokens; -1: max_model_len of them; 0: all
@@ -73,6 +75,10 @@ struct SamplingFields {
     return !choice.empty() + !regex.empty() + json_object + (json_schema != nullptr) + !grammar.empty();
   }
 };
+
+// A request id given in a body's request_id or an X-Request-Id header (`param`): 1 to 256
+// visible ASCII characters, as it goes into response ids and headers; a 400 naming `param` else.
+std::string checked_request_id(const std::string& id, const std::string& param);
 
 struct ChatRequest {
   SamplingFields sampling;

@@ -198,7 +198,6 @@ TEST(VllmFlagsResolve, FlagsWithNothingToSetAreNotedOrRefusedSayingWhy) {
       {{"--lora-modules", {"sql=/lora"}}, "LoRA adapters are not supported"},
       {{"--scheduling-policy", {"priority"}}, "first come, first served"},
       {{"--runner", {"pooling"}}, "pooling, embedding and scoring are not served"},
-      {{"--return-tokens-as-token-ids", {}}, "/tokenize gives their ids"},
       {{"--hf-overrides", {"{\"num_hidden_layers\": 4}"}}, "edit it in a copy"},
   };
   for (const auto& [flag, expect] : refused) {
@@ -216,6 +215,8 @@ TEST(VllmFlagsResolve, GenerationOverridesUsageAndCors) {
   flags.override_generation_config = R"({"temperature": 0.6, "top_p": 0.95})";
   flags.force_include_usage = true;
   flags.exclude_tools_when_none = true;
+  flags.tokens_as_ids = true;
+  flags.request_id_headers = true;
   flags.allowed_origins = R"(["https://a.example", "https://b.example"])";
   flags.allowed_methods = R"(["GET", "POST"])";
   flags.allow_credentials = true;
@@ -223,6 +224,8 @@ TEST(VllmFlagsResolve, GenerationOverridesUsageAndCors) {
   EXPECT_EQ(nlohmann::json::parse(s.generation_overrides), nlohmann::json::parse(flags.override_generation_config));
   EXPECT_TRUE(s.force_include_usage);
   EXPECT_TRUE(s.exclude_tools_when_none);
+  EXPECT_TRUE(s.tokens_as_ids);
+  EXPECT_TRUE(s.request_id_headers);
   EXPECT_EQ(s.cors_origins, (std::vector<std::string>{"https://a.example", "https://b.example"}));
   EXPECT_EQ(s.cors_methods, (std::vector<std::string>{"GET", "POST"}));
   EXPECT_EQ(s.cors_headers, std::vector<std::string>{"*"});

@@ -526,3 +526,79 @@ TEST(VllmCompat, AllowedTokenIdsAndBadWordsReachTheEngine) {
   }
   EXPECT_EQ(f.backend.submitted.size(), 2u) << "no refused request reached the engine";
 }
+
+// serve --return-tokens-as-token-ids: the default of requests that do not say; one that says
+// false keeps the tokens' text.
+TEST(VllmCompat, TokensAsIdsByDefaultUnlessARequestSaysOtherwise) {
+  server::ServiceConfig c;
+  c.tokens_as_ids = true;
+  Fixture f(c);
+  f.say("def add");
+  const std::string first = "token_id:" + std::to_string(ids("def add")[0]);
+  json req = {{"prompt", "x"}, {"max_tokens", 1}, {"logprobs", 0}};
+  EXPECT_EQ(f.post("/v1/completions", req)["choices"][0]["logprobs"]["tokens"][0], first);
+  req["return_tokens_as_token_ids"] = false;
+  EXPECT_NE(f.post("/v1/completions", req)["choices"][0]["logprobs"]["tokens"][0], first);
+  json c2 = chat("x");
+  c2["max_tokens"] = 1;
+  c2["logprobs"] = true;
+  EXPECT_EQ(f.post("/v1/chat/completions", c2)["choices"][0]["logprobs"]["content"][0]["token"], first);
+}
+
+// vLLM's request_id names the answer (chatcmpl-ID, cmpl-ID, streamed chunks too); an X-Request-Id
+// header takes its place; ids that cannot go into a header are 400s; a Response keeps its own.
+TEST(VllmCompat, RequestIdNamesTheAnswer) {
+  Fixture f;
+  f.say("ok");
+  json body = chat("hi");
+  body["request_id"] = "trace-42";
+  EXPECT_EQ(f.post("/v1/chat/completions", body)["id"], "chatcmpl-trace-42");
+  EXPECT_EQ(f.post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}, {"request_id", "abc"}})["id"], "cmpl-abc");
+  auto headed = f.call("POST", "/v1/chat/completions", body.dump(), {{"x-request-id", "from-header"}});
+  EXPECT_EQ(json::parse(headed->response.body)["id"], "chatcmpl-from-header");
+  body["stream"] = true;
+  for (const std::string& e : f.stream("/v1/chat/completions", body)) {
+    if (e == "[DONE]") continue;
+    EXPECT_EQ(json::parse(e)["id"], "chatcmpl-trace-42");
+  }
+  body["stream"] = false;
+  for (const json& bad : {json(""), json("has space"), json(std::string(300, 'x')), json(5)}) {
+    body["request_id"] = bad;
+    EXPECT_EQ(f.post("/v1/chat/completions", body, 400)["error"]["param"], "request_id") << bad.dump();
+  }
+  body.erase("request_id");
+  auto bad_header = f.call("POST", "/v1/chat/completions", body.dump(), {{"x-request-id", "a\tb"}});
+  EXPECT_EQ(bad_header->response.status, 400);
+  EXPECT_EQ(json::parse(bad_header->response.body)["error"]["param"], "X-Request-Id");
+  const json response = f.post("/v1/responses", {{"model", "tiny"}, {"input", "hi"}, {"request_id", "r1"}});
+  EXPECT_EQ(response["id"].get<std::string>().rfind("resp_", 0), 0u);
+  EXPECT_EQ(response["id"].get<std::string>().find("r1"), std::string::npos) << response["id"];
+}
+
+// serve --enable-request-id-headers: every answer, whole, streamed or an error, carries
+// X-Request-Id: the client's, or a fresh one for each request.
+TEST(VllmCompat, RequestIdHeadersOnEveryAnswer) {
+  auto header = [](const server::HttpResponse& r) {
+    std::string value;
+    for (const auto& [name, v] : r.headers)
+      if (name == "X-Request-Id") value = v;
+    return value;
+  };
+  Fixture plain;
+  plain.say("ok");
+  EXPECT_EQ(header(plain.call("GET", "/v1/models")->response), "") << "off unless asked";
+  server::ServiceConfig c;
+  c.request_id_headers = true;
+  Fixture f(c);
+  f.say("ok");
+  EXPECT_EQ(header(f.call("GET", "/v1/models", "", {{"x-request-id", "mine"}})->response), "mine");
+  const std::string first = header(f.call("GET", "/v1/models")->response);
+  EXPECT_EQ(first.size(), 32u);
+  EXPECT_NE(header(f.call("GET", "/v1/models")->response), first);
+  json body = chat("hi");
+  body["stream"] = true;
+  auto streamed = f.call("POST", "/v1/chat/completions", body.dump(), {{"x-request-id", "s1"}});
+  EXPECT_TRUE(streamed->streaming);
+  EXPECT_EQ(header(streamed->response), "s1");
+  EXPECT_EQ(header(f.call("POST", "/v1/chat/completions", "{", {{"x-request-id", "e1"}})->response), "e1");
+}
