@@ -409,6 +409,14 @@ void ApiService::take_request_id_header(const HttpRequest& request, SamplingFiel
   if (!header.empty()) sampling.request_id = checked_request_id(header, "X-Request-Id");
 }
 
+// As vLLM warns of fields a request holds that it does not read.
+void ApiService::log_ignored_fields(const SamplingFields& sampling, const char* path) {
+  if (sampling.ignored_fields.empty()) return;
+  std::string names;
+  for (const std::string& name : sampling.ignored_fields) names += (names.empty() ? "" : ", ") + name;
+  log::warning(std::string(path) + ": the request's fields " + names + " are not read by glmserve and were ignored");
+}
+
 uint64_t ApiService::next_seed() const {
   std::lock_guard lock(seed_mutex_);
   return seeds_();
@@ -534,6 +542,7 @@ void ApiService::run_chat(ChatRequest req, const std::string& client, std::share
   if (config_.exclude_tools_when_none && req.tool_choice == "none") req.tools.reset();
   if (config_.force_include_usage) req.sampling.include_usage = true;
   if (!req.sampling.tokens_as_ids) req.sampling.tokens_as_ids = config_.tokens_as_ids;
+  log_ignored_fields(req.sampling, path);
   if (!renderer_) throw_api(400, "This model has no chat template; use /v1/completions");
   const std::string prompt = render_prompt(req);
   GenerationSpec spec;
@@ -544,7 +553,7 @@ void ApiService::run_chat(ChatRequest req, const std::string& client, std::share
   spec.model = config_.served_model_name;
   spec.created = static_cast<int64_t>(std::time(nullptr));
   check_prompt_bytes(prompt.size(), "messages");
-  spec.prompts.push_back({tokenizer_.encode(prompt, false), prompt});
+  spec.prompts.push_back({tokenizer_.encode(prompt, req.sampling.add_special_tokens), prompt});
   truncate_prompt(spec.prompts[0].ids, req.sampling.truncate_prompt_tokens, backend_.max_model_len());
   const auto matcher = structured_matcher(req.sampling, &req, text::prompt_opens_reasoning(prompt));
   for (int i = 0; i < req.sampling.n; ++i)
@@ -610,6 +619,7 @@ void ApiService::start_response(const HttpRequest& request, std::shared_ptr<Resp
   ResponsesRequest translated = chat_request_of_response_request(request.body, responses_store_.get());
   ChatRequest chat = parse_chat_request(translated.chat_request, config_.parse_limits);
   chat.sampling.request_id.clear();  // a Response's ids are its own (resp_..., from the chat's random id)
+  chat.sampling.ignored_fields.clear();  // the translation's chat body, not the client's
   run_chat(std::move(chat), request.client,
            responses_responder(std::move(responder), std::move(translated), responses_store_.get()), "/v1/responses");
 }
@@ -662,6 +672,7 @@ void ApiService::start_completion(const HttpRequest& request, std::shared_ptr<Re
   check_model(req.sampling.model);
   if (config_.force_include_usage) req.sampling.include_usage = true;
   if (!req.sampling.tokens_as_ids) req.sampling.tokens_as_ids = config_.tokens_as_ids;
+  if (logged_path) log_ignored_fields(req.sampling, logged_path);
   GenerationSpec spec;
   if (config_.log_requests && logged_path) spec.access_log = request.client + " POST " + logged_path;
   spec.chat = false;
@@ -675,7 +686,7 @@ void ApiService::start_completion(const HttpRequest& request, std::shared_ptr<Re
     GenerationSpec::PromptInput input;
     if (const auto* text = std::get_if<std::string>(&prompt)) {
       check_prompt_bytes(text->size(), "prompt");
-      input.ids = tokenizer_.encode(*text, false);
+      input.ids = tokenizer_.encode(*text, req.sampling.add_special_tokens);
       input.text = *text;
       if (input.ids.empty()) bad_request("prompt encodes to no tokens", "prompt");
     } else {

@@ -122,6 +122,7 @@ class ApiService {
   HttpResponse detokenize(const HttpRequest& request) const;
   uint64_t next_seed() const;  // a request's seed when it gives none
   static void take_request_id_header(const HttpRequest& request, SamplingFields& sampling);
+  static void log_ignored_fields(const SamplingFields& sampling, const char* path);
   // bad_words as the token sequences that are never generated (engine::RequestParams::bad_word_ids)
   std::vector<std::vector<int32_t>> bad_word_sequences(const std::vector<std::string>& words) const;
   // 400 when a prompt of `bytes` cannot fit the context whatever its tokens (before tokenizing).

@@ -2,9 +2,11 @@
 #include "server/openai_request.h"
 #include "text/utf8.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <span>
 #include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
@@ -343,6 +345,35 @@ void parse_logprobs(const json& doc, SamplingFields& s, const ParseLimits& limit
   }
 }
 
+// The top-level fields both parsers read or refuse by name, then each one's own, then vLLM's that
+// are accepted with no effect here (docs/api.md): any other field is reported as ignored.
+constexpr std::string_view kSamplingFields[] = {
+    "model", "cache_salt", "request_id", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+    "min_p", "seed", "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos", "stream",
+    "skip_special_tokens", "include_stop_str_in_output", "stream_options", "stop", "stop_token_ids",
+    "response_format", "logit_bias", "min_tokens", "truncate_prompt_tokens", "use_beam_search", "best_of",
+    "allowed_token_ids", "bad_words", "guided_choice", "guided_regex", "guided_grammar", "guided_json",
+    "structured_outputs", "guided_decoding_backend", "guided_whitespace_pattern", "suffix", "logits_processors",
+    "prompt_logprobs", "user", "return_tokens_as_token_ids", "return_token_ids", "priority", "logprobs",
+    "add_special_tokens", "echo", "functions", "function_call"};
+constexpr std::string_view kChatFields[] = {
+    "messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "add_generation_prompt",
+    "continue_final_message", "chat_template", "include_reasoning", "top_logprobs", "prompt"};
+constexpr std::string_view kCompletionFields[] = {"prompt", "messages"};
+constexpr std::string_view kFieldsWithNoEffect[] = {
+    "length_penalty", "early_stopping", "spaces_between_special_tokens", "documents", "mm_processor_kwargs",
+    "kv_transfer_params", "vllm_xargs"};
+
+std::vector<std::string> ignored_fields(const json& doc, std::span<const std::string_view> own) {
+  auto listed = [](std::span<const std::string_view> names, const std::string& key) {
+    return std::find(names.begin(), names.end(), key) != names.end();
+  };
+  std::vector<std::string> ignored;
+  for (const auto& [key, value] : doc.items())
+    if (!listed(kSamplingFields, key) && !listed(own, key) && !listed(kFieldsWithNoEffect, key)) ignored.push_back(key);
+  return ignored;
+}
+
 void parse_sampling(const json& doc, std::string_view body, SamplingFields& s, const ParseLimits& limits, bool chat) {
   parse_sampling_numbers(doc, s, limits);
   parse_stops(doc, s, limits);
@@ -351,6 +382,13 @@ void parse_sampling(const json& doc, std::string_view body, SamplingFields& s, c
   parse_token_filters(doc, s, limits);
   parse_structured_outputs(doc, body, s);
   parse_logprobs(doc, s, limits, chat);
+  for (const char* name : {"functions", "function_call"})
+    if (field(doc, name))
+      bad_request(std::string(name) + " is OpenAI's deprecated form of function calling: give tools and tool_choice",
+                  name);
+  s.add_special_tokens = get_bool(doc, "add_special_tokens").value_or(!chat);
+  s.ignored_fields = ignored_fields(doc, chat ? std::span<const std::string_view>(kChatFields)
+                                              : std::span<const std::string_view>(kCompletionFields));
 }
 
 // Validates OpenAI content: a string, null, or a list of text parts, which the chat template

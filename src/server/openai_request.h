@@ -39,6 +39,12 @@ struct SamplingFields {
   std::optional<uint64_t> seed;
   std::string cache_salt;           // vLLM's: the prefix-cache part this request shares (empty: none)
   std::string request_id;           // vLLM's: the answer's id is chatcmpl-/cmpl- and this (empty: a random one)
+  // vLLM's add_special_tokens: the tokenizer's post-processor tokens around a text prompt
+  // (default: true for completions, false for chat, whose template writes its own)
+  bool add_special_tokens = false;
+  // Top-level fields of the body that glmserve neither reads nor accepts by name: ignored, and
+  // logged as vLLM logs them
+  std::vector<std::string> ignored_fields;
   std::vector<std::string> stop;    // stop strings (matched on the output text)
   std::vector<int32_t> stop_token_ids;
   int n = 1;

@@ -376,3 +376,53 @@ TEST(ChatRequest, StructuredOutputForms) {
   doc["guided_choice"] = {"a"};
   EXPECT_EQ(chat_error(doc).param, "structured_outputs");  // two structured outputs
 }
+
+// Every field the parsers read is known: a request that sets each of them (valid values) has no
+// ignored fields; one vLLM does not know either is reported, as vLLM logs it; vLLM's fields with
+// no effect here pass quietly; OpenAI's deprecated functions are refused.
+TEST(ChatRequest, FieldsNotReadAreReportedAsIgnored) {
+  json chat = chat_base();
+  const json common = {
+      {"model", "m"}, {"cache_salt", "s"}, {"request_id", "r"}, {"max_tokens", 5}, {"max_completion_tokens", 5},
+      {"temperature", 0.5}, {"top_p", 0.9}, {"top_k", 5}, {"min_p", 0.1}, {"seed", 3}, {"n", 2},
+      {"presence_penalty", 0.1}, {"frequency_penalty", 0.1}, {"repetition_penalty", 1.1}, {"ignore_eos", true},
+      {"stream", true}, {"skip_special_tokens", false}, {"include_stop_str_in_output", true},
+      {"stream_options", {{"include_usage", true}}}, {"stop", "x"}, {"stop_token_ids", {4}},
+      {"response_format", {{"type", "text"}}}, {"logit_bias", {{"5", 1}}}, {"min_tokens", 1},
+      {"truncate_prompt_tokens", 4}, {"use_beam_search", false}, {"best_of", 2}, {"allowed_token_ids", {5, 6}},
+      {"bad_words", {"w"}}, {"guided_regex", "a+"}, {"user", "u"}, {"return_tokens_as_token_ids", true},
+      {"return_token_ids", true}, {"priority", 0}, {"add_special_tokens", true}, {"echo", false},
+      {"length_penalty", 1.0}, {"early_stopping", false}, {"spaces_between_special_tokens", true},
+      {"documents", json::array()}, {"mm_processor_kwargs", json::object()}, {"kv_transfer_params", nullptr},
+      {"vllm_xargs", json::object()}};
+  chat.update(common);
+  chat.update({{"tools", {{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", json::object()}}}}}},
+               {"tool_choice", "auto"}, {"parallel_tool_calls", true},
+               {"chat_template_kwargs", json::object()}, {"add_generation_prompt", true},
+               {"continue_final_message", false}, {"chat_template", "{{ x }}"}, {"include_reasoning", true},
+               {"logprobs", true}, {"top_logprobs", 2}});
+  const ChatRequest r = parse_chat_request(chat.dump());
+  EXPECT_TRUE(r.sampling.ignored_fields.empty()) << json(r.sampling.ignored_fields).dump();
+  EXPECT_TRUE(r.sampling.add_special_tokens);
+  json completion = common;
+  completion.update({{"prompt", "p"}, {"logprobs", 2}});
+  const CompletionRequest c = parse_completion_request(completion.dump());
+  EXPECT_TRUE(c.sampling.ignored_fields.empty()) << json(c.sampling.ignored_fields).dump();
+
+  chat = chat_base();
+  chat["frobnicate"] = 1;
+  chat["store"] = false;
+  const ChatRequest unknown = parse_chat_request(chat.dump());
+  EXPECT_EQ(unknown.sampling.ignored_fields, (std::vector<std::string>{"frobnicate", "store"}));
+  EXPECT_FALSE(unknown.sampling.add_special_tokens) << "chat: the template writes its own";
+  EXPECT_TRUE(parse_completion_request(R"({"prompt": "p"})").sampling.add_special_tokens) << "completions: as vLLM";
+  EXPECT_EQ(parse_completion_request(R"({"prompt": "p", "top_logprobs": 2})").sampling.ignored_fields,
+            std::vector<std::string>{"top_logprobs"}) << "a chat field on completions";
+  for (const char* name : {"functions", "function_call"}) {
+    json doc = chat_base();
+    doc[name] = name == std::string("functions") ? json::array({{{"name", "f"}}}) : json("auto");
+    const ApiError e = chat_error(doc);
+    EXPECT_EQ(e.param, name);
+    EXPECT_NE(e.message.find("tools and tool_choice"), std::string::npos) << e.message;
+  }
+}

@@ -11,6 +11,8 @@
 #include "log/log.h"
 #include "server/stats_log.h"
 
+#include <filesystem>
+#include <fstream>
 #include <regex>
 #include <sstream>
 
@@ -601,4 +603,59 @@ TEST(VllmCompat, RequestIdHeadersOnEveryAnswer) {
   EXPECT_TRUE(streamed->streaming);
   EXPECT_EQ(header(streamed->response), "s1");
   EXPECT_EQ(header(f.call("POST", "/v1/chat/completions", "{", {{"x-request-id", "e1"}})->response), "e1");
+}
+
+// vLLM's add_special_tokens: a completions text prompt gets the tokenizer's post-processor tokens
+// by default (as vLLM and transformers encode it), a chat prompt only when asked (its template
+// writes its own); token-id prompts are read as given. Fields glmserve does not read are logged.
+TEST(VllmCompat, AddSpecialTokensAndIgnoredFieldsAsVllm) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "glms-special-tokens";
+  std::filesystem::create_directories(dir);
+  json tokenizer_json = json::parse(std::ifstream(GLMS_SOURCE_DIR "/models/glm5-tiny-code/tokenizer.json"));
+  const int32_t gmask = tokenizer().token_to_id("[gMASK]"), sop = tokenizer().token_to_id("<sop>");
+  ASSERT_GE(gmask, 0);
+  ASSERT_GE(sop, 0);
+  auto special = [](const char* name) { return json{{"SpecialToken", {{"id", name}, {"type_id", 0}}}}; };
+  tokenizer_json["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single", {special("[gMASK]"), special("<sop>"), {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+      {"pair", json::array()},
+      {"special_tokens", {{"[gMASK]", {{"id", "[gMASK]"}, {"ids", {gmask}}, {"tokens", {"[gMASK]"}}}},
+                          {"<sop>", {{"id", "<sop>"}, {"ids", {sop}}, {"tokens", {"<sop>"}}}}}}};
+  std::ofstream(dir / "tokenizer.json") << tokenizer_json.dump();
+
+  std::ostringstream log_lines;
+  log::configure(log::Level::kInfo, log::Format::kText, &log_lines);
+  test::FakeBackend backend;
+  backend.script = [](const engine::RequestParams&) { return std::vector<int32_t>{8170}; };
+  server::ServiceConfig config;
+  config.served_model_name = "tiny";
+  server::ApiService service(backend, text::Tokenizer::load(dir), test::render, nullptr, config);
+  auto post = [&](const std::string& path, const json& body) {
+    server::HttpRequest request{"POST", path, {}, body.dump(), "127.0.0.1"};
+    auto responder = std::make_shared<test::RecordingResponder>();
+    service.handle(request, responder);
+    EXPECT_TRUE(responder->wait());
+    EXPECT_EQ(responder->response.status, 200) << responder->response.body;
+    return backend.submitted.back().prompt_ids;
+  };
+  const std::vector<int32_t> text = ids("hello");
+  std::vector<int32_t> with = {gmask, sop};
+  with.insert(with.end(), text.begin(), text.end());
+  EXPECT_EQ(post("/v1/completions", {{"prompt", "hello"}, {"max_tokens", 1}}), with);
+  EXPECT_EQ(post("/v1/completions", {{"prompt", "hello"}, {"max_tokens", 1}, {"add_special_tokens", false}}), text);
+  EXPECT_EQ(post("/v1/completions", {{"prompt", text}, {"max_tokens", 1}}), text);
+  json c = chat("hello");
+  c["frobnicate"] = true;
+  const std::vector<int32_t> rendered = post("/v1/chat/completions", c);
+  EXPECT_EQ(rendered, ids(test::render(server::parse_chat_request(chat("hello").dump()))));
+  c["add_special_tokens"] = true;
+  std::vector<int32_t> doubled = {gmask, sop};
+  doubled.insert(doubled.end(), rendered.begin(), rendered.end());
+  EXPECT_EQ(post("/v1/chat/completions", c), doubled);
+  log::configure(log::Level::kInfo, log::Format::kText);
+  EXPECT_NE(log_lines.str().find("/v1/chat/completions: the request's fields frobnicate are not read by glmserve"),
+            std::string::npos)
+      << log_lines.str();
+  std::filesystem::remove_all(dir);
 }
