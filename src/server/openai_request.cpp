@@ -318,7 +318,7 @@ void parse_structured_outputs(const json& doc, std::string_view body, SamplingFi
 void parse_logprobs(const json& doc, SamplingFields& s, const ParseLimits& limits, bool chat) {
   // Fields glmserve does not implement yet: refused by name rather than ignored.
   for (const char* name : {"guided_decoding_backend",
-                           "guided_whitespace_pattern", "suffix", "logits_processors"})
+                           "guided_whitespace_pattern", "suffix", "logits_processors", "prompt_embeds"})
     if (field(doc, name))
       bad_request(std::string(name) + " is not supported by glmserve yet (docs/api.md lists the fields it takes)", name);
   if (const json* v = field(doc, "prompt_logprobs"); v && !v->is_null()) {
@@ -355,7 +355,7 @@ constexpr std::string_view kSamplingFields[] = {
     "allowed_token_ids", "bad_words", "guided_choice", "guided_regex", "guided_grammar", "guided_json",
     "structured_outputs", "guided_decoding_backend", "guided_whitespace_pattern", "suffix", "logits_processors",
     "prompt_logprobs", "user", "return_tokens_as_token_ids", "return_token_ids", "priority", "logprobs",
-    "add_special_tokens", "echo", "functions", "function_call"};
+    "add_special_tokens", "echo", "functions", "function_call", "prompt_embeds"};
 constexpr std::string_view kChatFields[] = {
     "messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "add_generation_prompt",
     "continue_final_message", "chat_template", "include_reasoning", "top_logprobs", "prompt"};

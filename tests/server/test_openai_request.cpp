@@ -305,7 +305,7 @@ TEST(ChatRequest, LogitBiasMinTokensBestOfAndARequestTemplate) {
 }
 
 TEST(ChatRequest, FieldsNotImplementedAreRefusedByName) {
-  for (const char* name : {"guided_decoding_backend", "suffix", "logits_processors"}) {
+  for (const char* name : {"guided_decoding_backend", "suffix", "logits_processors", "prompt_embeds"}) {
     json doc = chat_base();
     doc[name] = json::object();
     const ApiError e = chat_error(doc);
