@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "engine/sequence.h"
@@ -31,6 +32,8 @@ class BlockManager {
   void cache_full_blocks(Sequence& seq);
   // Prefix-cache statistics: a request's lookup, once.
   void record_lookup(int64_t queried, int64_t hit);
+  // Frees every cached block no sequence holds; returns how many.
+  int drop_cached_prefixes() { return prefix_cache_.evict(std::numeric_limits<int>::max()); }
 
   int num_blocks() const { return pool_.num_blocks(); }
   int num_free() const;          // free, or holding only evictable cached prefixes

@@ -250,6 +250,12 @@ EngineStats Engine::stats() const {
   return impl_->scheduler.stats();
 }
 
+std::optional<int> Engine::reset_prefix_cache() {
+  std::lock_guard lock(impl_->mutex);
+  if (!impl_->scheduler.idle()) return std::nullopt;
+  return impl_->scheduler.drop_cached_prefixes();
+}
+
 bool Engine::drain(double timeout_seconds) {
   std::unique_lock lock(impl_->mutex);
   impl_->draining = true;

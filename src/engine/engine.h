@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/engine_config.h"
@@ -47,6 +48,11 @@ class Engine {
   void cancel(uint64_t request_id);
 
   EngineStats stats() const;
+
+  // vLLM's reset_prefix_cache and SGLang's flush_cache: empties every rank's prefix cache and
+  // returns the blocks freed, or nothing while requests are queued or running (their blocks
+  // would stay cached, and a flush is for a cold start).
+  std::optional<int> reset_prefix_cache();
 
   // Stops taking requests and waits for every queued and running request to finish. With a
   // positive timeout, requests still unfinished then end with finish_reason "error", saying the

@@ -607,6 +607,12 @@ void Scheduler::verify(ScheduledSequence& s, const model::StepLogits& logits, co
   ranks_[seq.rank]->blocks.cache_full_blocks(seq);
 }
 
+int Scheduler::drop_cached_prefixes() {
+  int freed = 0;
+  for (const std::unique_ptr<Rank>& rank : ranks_) freed += rank->blocks.drop_cached_prefixes();
+  return freed;
+}
+
 EngineStats Scheduler::stats() const {
   EngineStats s = counters_;
   s.num_waiting = static_cast<int>(waiting_.size());

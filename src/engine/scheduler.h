@@ -74,6 +74,9 @@ class Scheduler {
   void finish_running(const std::string& reason, const std::string& error);
   void finish_all(const std::string& reason);
 
+  // Frees the cached prefixes no sequence holds on every rank; returns the blocks freed.
+  int drop_cached_prefixes();
+
   // Outputs made since the last call, to deliver outside the engine's lock.
   std::vector<std::pair<OutputCallback, RequestOutput>> take_outbox();
   EngineStats stats() const;

@@ -57,7 +57,7 @@ constexpr const char* kServedPaths[] = {"/v1/chat/completions", "/v1/completions
                                         "/v1/messages/count_tokens", "/v1/models", "/tokenize", "/detokenize",
                                         "/health", "/ping", "/metrics", "/version", "/", "/dashboard",
                                         "/dashboard/info", "/invocations", "/health_generate", "/get_model_info",
-                                        "/load"};
+                                        "/load", "/reset_prefix_cache", "/flush_cache"};
 
 // Anthropic's Messages API answers in Anthropic's error shape.
 bool is_anthropic_path(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
@@ -94,6 +94,7 @@ std::string ApiError::type() const {
     case 404: return "NotFoundError";
     case 405: return "MethodNotAllowedError";
     case 408: return "RequestTimeoutError";
+    case 409: return "ConflictError";
     case 413: return "RequestEntityTooLargeError";
     case 415: return "UnsupportedMediaTypeError";
     case 429: return "RateLimitError";
@@ -223,13 +224,15 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
   const std::string models_prefix = "/v1/models/", responses_prefix = "/v1/responses/";
   const bool one_model = path.rfind(models_prefix, 0) == 0 && path.size() > models_prefix.size();
   const bool one_response = path.rfind(responses_prefix, 0) == 0 && path.size() > responses_prefix.size() && !generate;
-  if (path != "/v1/models" && path != "/get_model_info" && !one_model && !one_response && !generate) {
+  const bool cache_reset = path == "/reset_prefix_cache" || path == "/flush_cache";
+  if (path != "/v1/models" && path != "/get_model_info" && !one_model && !one_response && !generate && !cache_reset) {
     std::string served;
     for (const char* p : kServedPaths) served += (served.empty() ? "" : ", ") + std::string(p);
     throw_api(404, "Not Found: glmserve does not serve " + path + " (it serves " + served + ")");
   }
 
-  // Everything under /v1, /invocations and /get_model_info is authenticated (as vLLM does /v1 with --api-key).
+  // Everything under /v1, /invocations, /get_model_info and the cache resets is authenticated (as
+  // vLLM does /v1 with --api-key).
   // Anthropic's clients send their key as x-api-key.
   std::string authorization = request.header("authorization");
   if (authorization.empty() && !request.header("x-api-key").empty()) authorization = "Bearer " + request.header("x-api-key");
@@ -237,6 +240,7 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
   if (!auth.ok) throw ApiException{auth.error};
 
   if (one_response) return stored_response(request, path.substr(responses_prefix.size()));
+  if (cache_reset) return reset_prefix_cache(request);
   if (!generate) return model_endpoint(request, path, one_model ? path.substr(models_prefix.size()) : "");
   return start_generation(request, path, auth, responder, answered);
 }
@@ -324,6 +328,21 @@ HttpResponse ApiService::model_endpoint(const HttpRequest& request, const std::s
   }
   check_model(model_id);
   return json_response(200, model_card(model_id));
+}
+
+// vLLM's POST /reset_prefix_cache and SGLang's /flush_cache (GET too, as SGLang): a cold prefix
+// cache for the next benchmark run, only while no request is in flight.
+HttpResponse ApiService::reset_prefix_cache(const HttpRequest& request) {
+  if (request.method != "POST" && (request.method != "GET" || request.path() != "/flush_cache"))
+    throw_api(405, "Method Not Allowed: use POST");
+  const std::optional<int> freed = backend_.reset_prefix_cache();
+  if (!freed) {
+    const BackendStats stats = backend_.stats();
+    throw_api(409, "the prefix cache is not reset while requests are in flight (" + std::to_string(stats.num_running) +
+                       " running, " + std::to_string(stats.num_waiting) + " waiting): retry when they have finished");
+  }
+  log::info("prefix cache reset: " + std::to_string(*freed) + " cached blocks freed");
+  return json_response(200, {{"freed_blocks", *freed}});
 }
 
 HttpResponse ApiService::start_generation(const HttpRequest& request, const std::string& path, const AuthResult& auth,

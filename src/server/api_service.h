@@ -121,6 +121,7 @@ class ApiService {
   HttpResponse tokenize(const HttpRequest& request) const;
   HttpResponse detokenize(const HttpRequest& request) const;
   uint64_t next_seed() const;  // a request's seed when it gives none
+  HttpResponse reset_prefix_cache(const HttpRequest& request);
   static void take_request_id_header(const HttpRequest& request, SamplingFields& sampling);
   static void log_ignored_fields(const SamplingFields& sampling, const char* path);
   // bad_words as the token sequences that are never generated (engine::RequestParams::bad_word_ids)

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 #include <memory>
+#include <optional>
 
 #include "engine/request.h"
 
@@ -56,6 +57,9 @@ class Backend {
   // Stops taking requests and waits for every in-flight one to finish; those still running after
   // `timeout_seconds` end with an error (0: no deadline).
   virtual void drain(double timeout_seconds) = 0;
+  // Empties the prefix cache: the blocks freed, or nothing while requests are in flight
+  // (engine::Engine::reset_prefix_cache).
+  virtual std::optional<int> reset_prefix_cache() = 0;
 };
 
 // Adapts a running engine (which must outlive the adapter).

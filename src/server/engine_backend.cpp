@@ -45,6 +45,7 @@ class EngineBackend final : public Backend {
   }
   int vocab_size() const override { return static_cast<int>(engine_.model_config().vocab_size); }
   void drain(double timeout_seconds) override { engine_.drain(timeout_seconds); }
+  std::optional<int> reset_prefix_cache() override { return engine_.reset_prefix_cache(); }
 
  private:
   engine::Engine& engine_;

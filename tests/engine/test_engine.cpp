@@ -148,6 +148,43 @@ TEST_F(EngineTest, SharedPrefixIsServedFromTheCache) {
   expect_idle(engine);
 }
 
+// vLLM's reset_prefix_cache: refused while a request is in flight (asked from its first output,
+// on the engine's thread); when idle it frees every cached block, and the same prompt then finds
+// nothing cached and still gives the same tokens.
+TEST_F(EngineTest, ResetPrefixCacheEmptiesItWhenIdle) {
+  engine::EngineConfig config;
+  config.block_size = 8;
+  engine::Engine engine(*model_, config);
+  auto prompt = random_tokens(40, 97, 13);
+  prompt.push_back(11);
+  const Collected first = Pending(engine, greedy_request(prompt, 4)).get();
+  const int cached = engine.stats().num_cached_blocks;
+  ASSERT_GE(cached, 5);
+
+  std::promise<std::optional<int>> during;
+  bool asked = false;
+  std::promise<void> done;
+  engine.submit(greedy_request(random_tokens(20, 97, 14), 6), [&](const engine::RequestOutput& out) {
+    if (!asked) {
+      asked = true;
+      during.set_value(engine.reset_prefix_cache());
+    }
+    if (out.finished) done.set_value();
+  });
+  EXPECT_EQ(during.get_future().get(), std::nullopt) << "a request was running";
+  done.get_future().wait();
+  EXPECT_GE(engine.stats().num_cached_blocks, cached) << "nothing was freed while it ran";
+
+  const std::optional<int> freed = engine.reset_prefix_cache();
+  ASSERT_TRUE(freed.has_value());
+  EXPECT_GE(*freed, cached);
+  EXPECT_EQ(engine.stats().num_cached_blocks, 0);
+  const Collected again = Pending(engine, greedy_request(prompt, 4)).get();
+  EXPECT_EQ(again.last.cached_prompt_tokens, 0);
+  EXPECT_EQ(again.tokens, first.tokens);
+  expect_idle(engine);
+}
+
 // A request's cache_salt: its prefix serves only requests with the same salt, and its tokens are
 // the same as without a cache.
 TEST_F(EngineTest, ACacheSaltSharesThePrefixOnlyWithinTheSalt) {

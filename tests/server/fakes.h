@@ -11,8 +11,10 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "engine/engine.h"
@@ -79,6 +81,13 @@ class FakeBackend final : public server::Backend {
     std::unique_lock lock(mu);
     idle_cv_.wait(lock, [this] { return active_.empty(); });
   }
+  // As the engine: nothing while requests are in flight, else the cached blocks (then none).
+  std::optional<int> reset_prefix_cache() override {
+    std::lock_guard lock(mu);
+    if (!active_.empty()) return std::nullopt;
+    return std::exchange(cached_blocks, 0);
+  }
+  int cached_blocks = 0;
   size_t num_active() {
     std::lock_guard lock(mu);
     return active_.size();

@@ -659,3 +659,30 @@ TEST(VllmCompat, AddSpecialTokensAndIgnoredFieldsAsVllm) {
       << log_lines.str();
   std::filesystem::remove_all(dir);
 }
+
+// vLLM's POST /reset_prefix_cache and SGLang's /flush_cache (GET too): the blocks freed, behind
+// the API key; a 409 while a request is in flight; other methods are 405s.
+TEST(VllmCompat, ResetPrefixCacheWhenIdle) {
+  server::ServiceConfig c;
+  c.api_keys = {"sk-1"};
+  Fixture f(c);
+  const std::map<std::string, std::string> key = {{"authorization", "Bearer sk-1"}};
+  EXPECT_EQ(f.call("POST", "/reset_prefix_cache")->response.status, 401);
+  f.backend.cached_blocks = 12;
+  auto reset = f.call("POST", "/reset_prefix_cache", "", key);
+  EXPECT_EQ(reset->response.status, 200);
+  EXPECT_EQ(json::parse(reset->response.body), (json{{"freed_blocks", 12}}));
+  EXPECT_EQ(json::parse(f.call("GET", "/flush_cache", "", key)->response.body), (json{{"freed_blocks", 0}}));
+  EXPECT_EQ(f.call("GET", "/reset_prefix_cache", "", key)->response.status, 405);
+
+  f.backend.delay = std::chrono::milliseconds(200);
+  f.say("a long answer with several tokens");
+  auto slow = std::make_shared<glms::test::RecordingResponder>();
+  server::HttpRequest request{"POST", "/v1/completions", key, json{{"prompt", "hi"}, {"max_tokens", 8}}.dump(), "c"};
+  f.service->handle(request, slow);
+  auto busy = f.call("POST", "/flush_cache", "", key);
+  EXPECT_EQ(busy->response.status, 409);
+  expect_error_shape(busy->response.body, 409);
+  EXPECT_NE(busy->response.body.find("1 running"), std::string::npos) << busy->response.body;
+  EXPECT_TRUE(slow->wait());
+}
