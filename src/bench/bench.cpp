@@ -237,6 +237,23 @@ struct MeasuredLevel {
   LevelMetrics metrics;
 };
 
+// SGLang's --flush-cache: the server's prefix cache emptied (SGLang's POST /flush_cache, else
+// vLLM's /reset_prefix_cache, which vLLM serves with VLLM_SERVER_DEV_MODE=1); anything but a 200
+// stops the run, since its levels would not start cold.
+void flush_prefix_cache(const ClientOptions& client, const std::string& head, bool progress) {
+  HttpReply reply = http_call(client, true, "/flush_cache");
+  const char* path = "/flush_cache";
+  if (reply.status == 404 || reply.status == 405) {
+    reply = http_call(client, true, "/reset_prefix_cache");
+    path = "/reset_prefix_cache";
+  }
+  if (reply.status != 200)
+    fail(fmt::format("--flush-cache: POST {} answered HTTP {}: {} (the server must serve SGLang's /flush_cache or "
+                     "vLLM's /reset_prefix_cache, which vLLM serves with VLLM_SERVER_DEV_MODE=1)",
+                     path, reply.status, error_message_from_body(reply.body)));
+  if (progress) std::fprintf(stderr, "%s prefix cache flushed (POST %s)\n", head.c_str(), path);
+}
+
 // Level `index` of `count`: warm-up, then its measured requests (progress on stderr) between two
 // scrapes of the server's counters where those are on; the records' token counts from the
 // tokenizer where the server gave no usage.
@@ -258,6 +275,7 @@ MeasuredLevel run_measured_level(const ClientOptions& client, const LevelPlan& p
     else std::fprintf(stderr, "%s\n", line.c_str());
     std::fflush(stderr);
   };
+  if (cfg.flush_cache) flush_prefix_cache(client, head, cfg.progress);
   if (plan.warmup_count > 0) warm_up(client, plan, templates, cfg, head);
   const std::optional<MetricSums> before = scrape(client, cfg, metrics_on);
   std::vector<RequestTemplate> measured(templates.begin() + plan.first_prompt,
@@ -397,6 +415,7 @@ BenchOutcome run_bench(const BenchConfig& cfg) {
   client.api_key = cfg.api_key;
   client.timeout_s = cfg.timeout_s;
   client.retry = cfg.retry;
+  client.request_id_prefix = cfg.request_id_prefix;
   CircuitBreaker breaker = cfg.circuit_breaker.empty() ? CircuitBreaker() : parse_circuit_breaker(cfg.circuit_breaker);
   raise_fd_limit();
 

@@ -57,10 +57,6 @@ Endpoint parse_base_url(const std::string& url) {
   return ep;
 }
 
-namespace {
-
-bool retryable_status(int status) { return status == 408 || status == 429 || status >= 500; }
-
 std::string error_message_from_body(const std::string& body) {
   auto doc = nlohmann::json::parse(body, nullptr, false);
   if (doc.is_object()) {
@@ -73,6 +69,10 @@ std::string error_message_from_body(const std::string& body) {
   }
   return body.substr(0, 300);
 }
+
+namespace {
+
+bool retryable_status(int status) { return status == 408 || status == 429 || status >= 500; }
 
 // Shared by every coroutine of one level; all of them run on one thread, so no locks.
 struct Level {
@@ -103,13 +103,14 @@ struct Level {
 enum class Outcome { ok, retryable, fatal };
 
 // The request a template sends: a streamed POST of its body, keep-alive.
-http::request<http::string_body> make_request(const Level& lv, const RequestTemplate& tpl) {
+http::request<http::string_body> make_request(const Level& lv, const RequestRecord& rec, const RequestTemplate& tpl) {
   http::request<http::string_body> req{http::verb::post, lv.target, 11};
   req.set(http::field::host, lv.client.endpoint.host);
   req.set(http::field::user_agent, "glmserve-bench");
   req.set(http::field::content_type, "application/json");
   req.set(http::field::accept, "text/event-stream");
   if (!lv.client.api_key.empty()) req.set(http::field::authorization, "Bearer " + lv.client.api_key);
+  if (!rec.request_id.empty()) req.set("X-Request-Id", rec.request_id);
   req.keep_alive(true);
   req.body() = tpl.body;
   req.prepare_payload();
@@ -192,7 +193,7 @@ awaitable<Outcome> attempt(Level& lv, RequestRecord& rec, const RequestTemplate&
   bool reused = false;
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(lv.client.timeout_s));
-  http::request<http::string_body> req = make_request(lv, tpl);
+  http::request<http::string_body> req = make_request(lv, rec, tpl);
   std::optional<http::response_parser<http::buffer_body>> parser_slot;
   beast::flat_buffer buf;
   // A pooled connection may have been closed by the server while idle: then send once more
@@ -335,6 +336,8 @@ awaitable<void> launcher(Level& lv) {
     rec.scheduled_s = when;
     rec.expected_prompt_tokens = lv.templates[rec.template_index].prompt_tokens;
     rec.expected_output_tokens = lv.templates[rec.template_index].output_tokens;
+    if (!lv.client.request_id_prefix.empty())
+      rec.request_id = lv.client.request_id_prefix + std::to_string(lv.client.requests_sent->fetch_add(1));
     ++lv.progress.started;
     ++lv.progress.in_flight;
     asio::co_spawn(lv.ioc, run_request(lv, rec), asio::detached);
@@ -381,11 +384,11 @@ LevelResult run_level(const ClientOptions& client, const LoadSpec& load, const s
   return result;
 }
 
-std::string http_get(const ClientOptions& client, const std::string& path, double timeout_s) {
+HttpReply http_call(const ClientOptions& client, bool post, const std::string& path, double timeout_s) {
   asio::io_context ioc;
-  std::string body, error;
-  int status = 0;
-  auto get = [&]() -> awaitable<void> {
+  HttpReply reply;
+  std::string error;
+  auto call = [&]() -> awaitable<void> {
     beast::error_code ec;
     tcp::resolver resolver(ioc);
     auto endpoints = co_await resolver.async_resolve(client.endpoint.host, client.endpoint.port,
@@ -401,11 +404,12 @@ std::string http_get(const ClientOptions& client, const std::string& path, doubl
       error = "connect: " + ec.message();
       co_return;
     }
-    http::request<http::empty_body> req{http::verb::get, client.endpoint.base_path + path, 11};
+    http::request<http::string_body> req{post ? http::verb::post : http::verb::get, client.endpoint.base_path + path, 11};
     req.set(http::field::host, client.endpoint.host);
     req.set(http::field::user_agent, "glmserve-bench");
     if (!client.api_key.empty()) req.set(http::field::authorization, "Bearer " + client.api_key);
     req.keep_alive(false);
+    req.prepare_payload();
     co_await http::async_write(stream, req, redirect_error(use_awaitable, ec));
     beast::flat_buffer buf;
     http::response_parser<http::string_body> parser;
@@ -415,16 +419,24 @@ std::string http_get(const ClientOptions& client, const std::string& path, doubl
       error = ec.message();
       co_return;
     }
-    status = static_cast<int>(parser.get().result_int());
-    body = std::move(parser.get().body());
+    reply.status = static_cast<int>(parser.get().result_int());
+    reply.body = std::move(parser.get().body());
     stream.socket().shutdown(tcp::socket::shutdown_both, ec);
   };
-  asio::co_spawn(ioc, get(), asio::detached);
+  asio::co_spawn(ioc, call(), asio::detached);
   ioc.run();
   const std::string url = "http://" + client.endpoint.host + ":" + client.endpoint.port + client.endpoint.base_path + path;
-  if (!error.empty()) fail("GET " + url + ": " + error);
-  if (status != 200) fail("GET " + url + ": HTTP " + std::to_string(status) + ": " + error_message_from_body(body));
-  return body;
+  if (!error.empty()) fail(std::string(post ? "POST " : "GET ") + url + ": " + error);
+  return reply;
+}
+
+std::string http_get(const ClientOptions& client, const std::string& path, double timeout_s) {
+  HttpReply reply = http_call(client, false, path, timeout_s);
+  if (reply.status != 200) {
+    const std::string url = "http://" + client.endpoint.host + ":" + client.endpoint.port + client.endpoint.base_path + path;
+    fail("GET " + url + ": HTTP " + std::to_string(reply.status) + ": " + error_message_from_body(reply.body));
+  }
+  return std::move(reply.body);
 }
 
 }  // namespace glms::bench

@@ -5,8 +5,10 @@
 // exactly one RequestRecord, successful or failed with its error; none is dropped.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,6 +47,7 @@ struct RequestRecord {
   int prompt_tokens = 0, completion_tokens = 0, cached_tokens = -1;  // from usage
   std::string text;        // generated text (to count tokens when the server sends no usage)
   int expected_prompt_tokens = 0, expected_output_tokens = 0;
+  std::string request_id;  // its X-Request-Id (ClientOptions::request_id_prefix), the same for every attempt
 };
 
 struct ClientOptions {
@@ -53,6 +56,10 @@ struct ClientOptions {
   std::string api_key;                    // sent as "Authorization: Bearer <key>" when not empty
   double timeout_s = 3600;                // per attempt, connect to last byte
   RetryPolicy retry;
+  // vLLM's --request-id-prefix: each request carries X-Request-Id, this prefix and its number in
+  // the run (empty: no header). The count is shared by the copies of these options.
+  std::string request_id_prefix;
+  std::shared_ptr<std::atomic<uint64_t>> requests_sent = std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 // How one level sends its requests. Request i uses templates[i % templates.size()].
@@ -84,6 +91,17 @@ LevelResult run_level(const ClientOptions& client, const LoadSpec& load, const s
                       CircuitBreaker& breaker, const std::function<void(const Progress&)>& on_progress = {},
                       double progress_interval_s = 0.5);
 
+// An error answer's message: OpenAI's error.message, a bare error or message, else the body's start.
+std::string error_message_from_body(const std::string& body);
+
+struct HttpReply {
+  int status = 0;
+  std::string body;
+};
+
+// A GET or POST (empty body) of base_path + path: its status and body. Throws glms::Error when
+// the server cannot be reached or does not answer.
+HttpReply http_call(const ClientOptions& client, bool post, const std::string& path, double timeout_s = 10);
 // GET base_path + path; returns the body of a 200 answer. Throws glms::Error otherwise.
 std::string http_get(const ClientOptions& client, const std::string& path, double timeout_s = 10);
 

@@ -70,7 +70,6 @@ constexpr FlagWithNothingToSet kBenchFlagsWithNothingToSet[] = {
     {"--append-result", FlagValues::kNone, false, "each run writes its own files in --result-dir"},
     {"--save-detailed", FlagValues::kNone, false, "requests.csv holds every request's timings"},
     {"--ready-check-timeout-sec", FlagValues::kOne, false, "requests start at once; a server that is not ready fails them"},
-    {"--request-id-prefix", FlagValues::kOne, false, "requests carry no id of bench's"},
     {"--profile", FlagValues::kNone, true, "the server is not profiled through the API: tools/gpu/profile-step runs nsys"},
     {"--use-beam-search", FlagValues::kNone, true, "beam search is not served"},
     {"--custom-skip-chat-template", FlagValues::kNone, false,
@@ -82,8 +81,6 @@ constexpr FlagWithNothingToSet kBenchFlagsWithNothingToSet[] = {
     {"--apply-chat-template", FlagValues::kNone, false,
      "prompts are sent as they are (random tokens or a dataset's text); --backend openai-chat sends them as chat "
      "messages"},
-    {"--flush-cache", FlagValues::kNone, false,
-     "the server's prefix cache is not flushed; prompts share only the prefixes --prefix-hit asks for"},
     {"--output-details", FlagValues::kNone, false, "requests.csv holds every request's timings"},
     {"--pd-separated", FlagValues::kNone, true, "prefill/decode disaggregation is not served"},
     {"--lora-name", FlagValues::kOne, true, "LoRA adapters are not served"},
@@ -113,6 +110,11 @@ void add_server_options(CLI::App* cmd, BenchArgs& a) {
   cmd->add_option("--port", a.port, "Server port, with --host")->check(CLI::Range(1, 65535));
   cmd->add_option("--endpoint", c.endpoint, "/v1/completions or /v1/chat/completions")->capture_default_str();
   cmd->add_option("--api-key", c.api_key, "Sent as Authorization: Bearer KEY");
+  cmd->add_option("--request-id-prefix", c.request_id_prefix,
+                  "Each request carries an X-Request-Id header: this prefix and its number in the run (vLLM's flag)");
+  cmd->add_flag("--flush-cache", c.flush_cache,
+                "Empty the server's prefix cache before each level (POST /flush_cache, else /reset_prefix_cache; "
+                "SGLang's flag)");
   cmd->add_option("--served-model-name", a.served_model_name,
                   "The model name requests carry, where --model names the tokenizer's folder (vLLM's form)");
 }

@@ -467,8 +467,8 @@ std::string Generation::access_line_locked(int status) const {
   }
   const double seconds =
       state_->choices.empty() ? 0.0 : seconds_between(state_->choices.front().submitted_at, Clock::now());
-  return fmt::format("{} {} {:.3f} s prompt {} cached {} completion {} finish {}", spec_.access_log, status, seconds,
-                     prompt, cached, completion, reasons);
+  return fmt::format("{} {} {:.3f} s prompt {} cached {} completion {} finish {} id {}", spec_.access_log, status,
+                     seconds, prompt, cached, completion, reasons, spec_.id);
 }
 
 void Generation::emit_locked(std::vector<std::string>& writes, size_t index, bool final) {

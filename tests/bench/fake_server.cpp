@@ -113,6 +113,19 @@ void FakeServer::serve(int fd) {
                        "\r\n\r\n" + text);
       continue;
     }
+    if (head.rfind("POST /flush_cache", 0) == 0 || head.rfind("POST /reset_prefix_cache", 0) == 0) {
+      const bool served = opt_.serves_flush_cache && head.rfind("POST /flush_cache", 0) == 0;
+      if (served) ++flushes_;
+      const std::string text = served ? R"({"freed_blocks":3})" : R"({"error":{"message":"Not Found"}})";
+      send_all(fd, std::string(served ? "HTTP/1.1 200 OK" : "HTTP/1.1 404 Not Found") +
+                       "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(text.size()) +
+                       "\r\n\r\n" + text);
+      continue;
+    }
+    if (auto p = head.find("X-Request-Id: "); p != std::string::npos) {
+      std::lock_guard lock(mu_);
+      request_ids_.push_back(head.substr(p + 14, head.find("\r\n", p) - p - 14));
+    }
     const int count = ++posts_;
     if (opt_.fail_every > 0 && count % opt_.fail_every == 0) {
       const std::string err = R"({"error":{"message":"injected failure","type":"server_error"}})";

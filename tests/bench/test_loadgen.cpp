@@ -3,6 +3,7 @@
 // a whole `run_bench` writing its files.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -254,4 +255,60 @@ TEST(RunBench, WritesTablesAndFilesAndAccountsForEveryRequest) {
   size_t rows = 0;
   for (std::string line; std::getline(rc, line);) ++rows;
   EXPECT_EQ(rows, 41u);
+}
+
+// vLLM's --request-id-prefix: every request carries X-Request-Id, the prefix and its number in
+// the run, counted across levels; without it, none.
+TEST(LoadGen, RequestIdsCountAcrossLevels) {
+  FakeServer server;
+  ClientOptions client = client_for(server.port());
+  client.request_id_prefix = "run7-";
+  CircuitBreaker breaker;
+  LoadSpec load;
+  load.max_concurrency = 3;
+  load.num_requests = 5;
+  run_level(client, load, templates(5, 2), breaker);
+  run_level(client, load, templates(5, 2), breaker);
+  std::vector<std::string> ids = server.request_ids();
+  std::sort(ids.begin(), ids.end());
+  std::vector<std::string> expected;
+  for (int i = 0; i < 10; ++i) expected.push_back("run7-" + std::to_string(i));
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(ids, expected);
+  run_level(client_for(server.port()), load, templates(5, 2), breaker);
+  EXPECT_EQ(server.request_ids().size(), 10u) << "no prefix, no header";
+}
+
+// SGLang's --flush-cache: the server's prefix cache is emptied before each level; a server that
+// serves neither /flush_cache nor /reset_prefix_cache stops the run with what to do.
+TEST(RunBench, FlushCacheBeforeEachLevel) {
+  auto config = [](int port) {
+    BenchConfig cfg;
+    cfg.base_url = "http://127.0.0.1:" + std::to_string(port);
+    cfg.model = "tiny";
+    cfg.tokenizer = GLMS_SOURCE_DIR "/models/glm5-tiny-code";
+    cfg.workload.input_len = 16;
+    cfg.workload.output_len = 2;
+    cfg.token_id_prompts = true;
+    cfg.concurrencies = {1, 2};
+    cfg.num_prompts = 2;
+    cfg.warmup = 0;
+    cfg.progress = false;
+    cfg.scrape_metrics = false;
+    cfg.flush_cache = true;
+    return cfg;
+  };
+  FakeServer server;
+  EXPECT_EQ(run_bench(config(server.port())).completed, 4u);
+  EXPECT_EQ(server.flushes(), 2);
+  FakeServerOptions without;
+  without.serves_flush_cache = false;
+  FakeServer vllm_like(without);
+  try {
+    run_bench(config(vllm_like.port()));
+    ADD_FAILURE() << "a server without a cache reset ran";
+  } catch (const glms::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("VLLM_SERVER_DEV_MODE"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(vllm_like.posts(), 0) << "no request was sent";
 }

@@ -350,7 +350,7 @@ TEST(VllmCompat, EachRequestGetsAnAccessLine) {
   }
   log::configure(log::Level::kInfo, log::Format::kText);
   const std::string text = out.str();
-  EXPECT_TRUE(std::regex_search(text, std::regex(R"(127\.0\.0\.1 POST /v1/completions 200 \d+\.\d{3} s prompt 1 cached 0 completion \d+ finish stop)")))
+  EXPECT_TRUE(std::regex_search(text, std::regex(R"(127\.0\.0\.1 POST /v1/completions 200 \d+\.\d{3} s prompt 1 cached 0 completion \d+ finish stop id cmpl-[0-9a-f]{32})")))
       << text;
   EXPECT_NE(text.find("127.0.0.1 POST /v1/completions 400: prompt"), std::string::npos) << text;
   EXPECT_EQ(text.find("/health"), std::string::npos) << text;
