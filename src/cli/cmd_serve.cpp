@@ -374,6 +374,8 @@ server::ServiceConfig service_config_of(const ServeArgs& args, const std::filesy
   config.force_include_usage = vllm.force_include_usage;
   config.exclude_tools_when_none = vllm.exclude_tools_when_none;
   config.tokens_as_ids = vllm.tokens_as_ids;
+  if (!vllm.default_template_kwargs.empty())
+    config.default_template_kwargs = nlohmann::json::parse(vllm.default_template_kwargs).dump();
   config.request_id_headers = vllm.request_id_headers;
   config.cors = {vllm.cors_origins, vllm.cors_methods, vllm.cors_headers, vllm.cors_credentials};
   return config;

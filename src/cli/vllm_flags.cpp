@@ -102,6 +102,12 @@ constexpr const char* kTls =
     "glmserve serves plain HTTP: put a TLS-terminating proxy (nginx, Caddy, Envoy) in front of it";
 constexpr const char* kLora = "LoRA adapters are not supported";
 constexpr const char* kPlugins = "no parser plugins: GLM's tool-call and reasoning parsers are built in";
+constexpr const char* kPlacement =
+    "experts stay where the layout puts them (rank r of N holds experts r E/N onwards); none is copied or moved";
+constexpr const char* kDataParallelRanks =
+    "the data-parallel ranks are one process's threads (and one process a node under mpirun); the engine assigns "
+    "requests to them by load and prefix affinity";
+constexpr const char* kTextOnly = "GLM-5 reads text only: no multimodal inputs";
 constexpr const char* kLogits =
     "no custom logits processors (requests take logit_bias, min_tokens and structured outputs)";
 
@@ -160,6 +166,21 @@ constexpr FlagWithNothingToSet kVllmFlagsWithNothingToSet[] = {
     {"--hf-overrides", FlagValues::kOne, true, "config.json is read as stored: edit it in a copy of the model folder"},
     {"--cpu-offload-gb", FlagValues::kOne, true, "weights stay on the GPUs: split a model with -tp, or -dp with --enable-expert-parallel"},
     {"--enable-sleep-mode", FlagValues::kNone, true, "sleep mode is not supported"},
+    {"--num-redundant-experts", FlagValues::kOne, false, kPlacement},
+    {"--expert-placement-strategy", FlagValues::kOne, false, kPlacement},
+    {"--data-parallel-hybrid-lb", FlagValues::kNone, false, kDataParallelRanks},
+    {"--data-parallel-external-lb", FlagValues::kNone, false, kDataParallelRanks},
+    {"--data-parallel-backend", FlagValues::kOne, false, kDataParallelRanks},
+    {"--enable-dbo", FlagValues::kNone, false, "a step's batch runs as one; it is not split into overlapped micro-batches"},
+    {"--logprobs-mode", FlagValues::kOne, false, "logprobs are the raw model's (raw_logprobs), before penalties and biases"},
+    {"--calculate-kv-scales", FlagValues::kNone, false,
+     "the FP8 cache (--kv-cache-dtype fp8) keeps a scale for each row it writes, so none is calibrated"},
+    {"--tokenizer-pool-size", FlagValues::kOne, false, "requests are tokenized on the HTTP threads (--io-threads)"},
+    {"--safetensors-load-strategy", FlagValues::kOne, false, "each rank maps its checkpoint shards (mmap)"},
+    {"--limit-mm-per-prompt", FlagValues::kOne, false, kTextOnly},
+    {"--mm-processor-kwargs", FlagValues::kOne, false, kTextOnly},
+    {"--mm-encoder-tp-mode", FlagValues::kOne, false, kTextOnly},
+    {"--middleware", FlagValues::kOne, true, "glmserve runs no Python middleware: put a proxy in front of it"},
     {"--otlp-traces-endpoint", FlagValues::kOne, true, "no OpenTelemetry traces; /metrics serves Prometheus metrics"},
 };
 
@@ -174,6 +195,10 @@ void check_vllm_flags_with_nothing_to_set(const VllmFlags& f, std::vector<std::s
   if (!policy.empty() && policy != "fcfs")
     fail(shown_as_given("--scheduling-policy", f.nothing_to_set) +
          ": requests are scheduled first come, first served here (fcfs); a request's priority is not read");
+  const std::string logprobs_mode = value("--logprobs-mode");
+  if (!logprobs_mode.empty() && logprobs_mode != "raw_logprobs")
+    fail(shown_as_given("--logprobs-mode", f.nothing_to_set) +
+         ": logprobs are the raw model's log-probabilities here (raw_logprobs), before penalties and biases");
   for (const char* runner : {"--runner", "--task"})
     if (!value(runner).empty() && value(runner) != "generate" && value(runner) != "auto")
       fail(shown_as_given(runner, f.nothing_to_set) +
@@ -199,6 +224,13 @@ void check_response_flags(const VllmFlags& f, VllmSettings& s) {
   s.exclude_tools_when_none = f.exclude_tools_when_none;
   s.tokens_as_ids = f.tokens_as_ids;
   s.request_id_headers = f.request_id_headers;
+  if (!f.default_chat_template_kwargs.empty()) {
+    const nlohmann::json kwargs = nlohmann::json::parse(f.default_chat_template_kwargs, nullptr, false);
+    if (!kwargs.is_object())
+      fail("--default-chat-template-kwargs '" + f.default_chat_template_kwargs +
+           "': expects a JSON object, e.g. '{\"enable_thinking\": false}'");
+    s.default_template_kwargs = kwargs.dump();
+  }
   if (!f.override_generation_config.empty()) {
     const nlohmann::json overrides = nlohmann::json::parse(f.override_generation_config, nullptr, false);
     if (!overrides.is_object())
@@ -304,6 +336,9 @@ void add_vllm_flags(CLI::App* cmd, VllmFlags& f) {
               "Every answer carries an X-Request-Id header: the request's own, or a fresh one");
   g->add_flag("--exclude-tools-when-tool-choice-none", f.exclude_tools_when_none,
               "With tool_choice none, the tools are left out of the prompt (else the template shows them)");
+  g->add_option("--default-chat-template-kwargs", f.default_chat_template_kwargs,
+                "A JSON object of chat template arguments under every request's chat_template_kwargs, e.g. "
+                "'{\"enable_thinking\": false}'");
   g->add_option("--override-generation-config", f.override_generation_config,
                 "A JSON object of sampling defaults over generation_config.json's: temperature, top_p, top_k, min_p");
   g->add_option("--allowed-origins", f.allowed_origins, "CORS: a JSON list of origins that may call the API from a browser, [\"*\"] for any (vLLM's default; "

@@ -49,6 +49,7 @@ struct VllmFlags {
   bool force_include_usage = false, exclude_tools_when_none = false;
   bool tokens_as_ids = false, request_id_headers = false;
   std::string override_generation_config;  // a JSON object of sampling defaults
+  std::string default_chat_template_kwargs;  // a JSON object
   std::string allowed_origins, allowed_methods, allowed_headers;  // JSON lists of strings
   bool allow_credentials = false;
   // The flags of kVllmFlagsWithNothingToSet (vllm_flags.cpp) given, with their values.
@@ -80,6 +81,7 @@ struct VllmSettings {
   bool tokens_as_ids = false;                // --return-tokens-as-token-ids: the requests' default
   bool request_id_headers = false;           // --enable-request-id-headers: X-Request-Id on every answer
   std::string generation_overrides;          // --override-generation-config: a JSON object ("" when not given)
+  std::string default_template_kwargs;       // --default-chat-template-kwargs: a JSON object ("" when not given)
   // CORS (--allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials). No origin
   // unless given (vLLM allows every one): a page on any site could otherwise use a local server.
   std::vector<std::string> cors_origins, cors_methods = {"*"}, cors_headers = {"*"};

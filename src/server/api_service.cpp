@@ -141,6 +141,11 @@ ApiService::ApiService(Backend& backend, text::Tokenizer tokenizer, ChatRenderer
       started_at_(static_cast<int64_t>(std::time(nullptr))),
       seeds_(config_.seed ? *config_.seed : std::random_device{}()) {
   tokenizer_.min_tokens_for_bytes(0);  // finds the longest token now, not at the first request
+  if (!config_.default_template_kwargs.empty()) {
+    json kwargs = json::parse(config_.default_template_kwargs, nullptr, false);
+    if (!kwargs.is_object()) throw Error("default chat template kwargs: expected a JSON object");
+    default_template_kwargs_ = std::make_shared<const json>(std::move(kwargs));
+  }
   std::vector<std::string> texts(static_cast<size_t>(tokenizer_.vocab_size()));
   for (size_t id = 0; id < texts.size(); ++id) {
     const int32_t one = static_cast<int32_t>(id);
@@ -398,6 +403,13 @@ void ApiService::check_prompt_bytes(size_t bytes, const char* param) const {
 
 std::string ApiService::render_prompt(const ChatRequest& request) const {
   try {
+    if (default_template_kwargs_) {
+      ChatRequest with_defaults = request;
+      json kwargs = *default_template_kwargs_;
+      if (request.template_kwargs) kwargs.update(*request.template_kwargs);
+      with_defaults.template_kwargs = std::make_shared<const json>(std::move(kwargs));
+      return renderer_(with_defaults);
+    }
     return renderer_(request);
   } catch (const ApiException&) {
     throw;

@@ -63,6 +63,9 @@ struct ServiceConfig {
   bool exclude_tools_when_none = false;  // tool_choice "none" leaves the tools out of the prompt (vLLM's flag)
   bool request_id_headers = false;   // every answer carries X-Request-Id (vLLM's --enable-request-id-headers)
   bool tokens_as_ids = false;        // logprobs name tokens token_id:N by default (vLLM's --return-tokens-as-token-ids)
+  // A JSON object under every request's chat_template_kwargs (vLLM's --default-chat-template-kwargs;
+  // empty: none); the request's own keys win
+  std::string default_template_kwargs;
   CorsConfig cors;                   // browsers' cross-origin requests (off unless origins are given)
   std::string model_path;            // the checkpoint's folder or repo id (SGLang's /get_model_info)
   size_t responses_store_capacity = 0;  // Responses kept for previous_response_id (0: none, as vLLM's default)
@@ -146,6 +149,7 @@ class ApiService {
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<RateLimiter> limiter_;
   CorsPolicy cors_;
+  std::shared_ptr<const nlohmann::json> default_template_kwargs_;  // ServiceConfig's, parsed (null: none)
   std::unique_ptr<ResponsesStore> responses_store_;  // null: the Responses API stores nothing
   std::vector<int32_t> markup_ids_;  // GLM markup special tokens kept in chat text
   // Each token's text and their trie: what structured outputs match tokens against.

@@ -188,8 +188,13 @@ TEST(VllmFlagsResolve, FlagsWithNothingToSetAreNotedOrRefusedSayingWhy) {
   flags.nothing_to_set["--disable-fastapi-docs"] = {};
   flags.nothing_to_set["--scheduling-policy"] = {"fcfs"};
   flags.nothing_to_set["--runner"] = {"generate"};
+  flags.nothing_to_set["--logprobs-mode"] = {"raw_logprobs"};
+  flags.nothing_to_set["--num-redundant-experts"] = {"32"};
   const cli::VllmSettings s = cli::resolve_vllm_flags(flags, cuda_target());
-  ASSERT_EQ(s.notes.size(), 4u);
+  ASSERT_EQ(s.notes.size(), 6u);
+  EXPECT_NE(std::find_if(s.notes.begin(), s.notes.end(),
+                         [](const std::string& n) { return n.rfind("--num-redundant-experts 32: experts stay", 0) == 0; }),
+            s.notes.end());
   EXPECT_NE(std::find_if(s.notes.begin(), s.notes.end(),
                          [](const std::string& n) { return n.rfind("--cuda-graph-sizes 1 2 4: decode steps", 0) == 0; }),
             s.notes.end());
@@ -199,6 +204,8 @@ TEST(VllmFlagsResolve, FlagsWithNothingToSetAreNotedOrRefusedSayingWhy) {
       {{"--scheduling-policy", {"priority"}}, "first come, first served"},
       {{"--runner", {"pooling"}}, "pooling, embedding and scoring are not served"},
       {{"--hf-overrides", {"{\"num_hidden_layers\": 4}"}}, "edit it in a copy"},
+      {{"--logprobs-mode", {"processed_logits"}}, "raw_logprobs"},
+      {{"--middleware", {"my.Middleware"}}, "no Python middleware"},
   };
   for (const auto& [flag, expect] : refused) {
     VllmFlags one;
@@ -217,6 +224,7 @@ TEST(VllmFlagsResolve, GenerationOverridesUsageAndCors) {
   flags.exclude_tools_when_none = true;
   flags.tokens_as_ids = true;
   flags.request_id_headers = true;
+  flags.default_chat_template_kwargs = R"({"enable_thinking": false})";
   flags.allowed_origins = R"(["https://a.example", "https://b.example"])";
   flags.allowed_methods = R"(["GET", "POST"])";
   flags.allow_credentials = true;
@@ -226,6 +234,7 @@ TEST(VllmFlagsResolve, GenerationOverridesUsageAndCors) {
   EXPECT_TRUE(s.exclude_tools_when_none);
   EXPECT_TRUE(s.tokens_as_ids);
   EXPECT_TRUE(s.request_id_headers);
+  EXPECT_EQ(nlohmann::json::parse(s.default_template_kwargs), (nlohmann::json{{"enable_thinking", false}}));
   EXPECT_EQ(s.cors_origins, (std::vector<std::string>{"https://a.example", "https://b.example"}));
   EXPECT_EQ(s.cors_methods, (std::vector<std::string>{"GET", "POST"}));
   EXPECT_EQ(s.cors_headers, std::vector<std::string>{"*"});
@@ -234,6 +243,10 @@ TEST(VllmFlagsResolve, GenerationOverridesUsageAndCors) {
   VllmFlags bad;
   bad.override_generation_config = "temperature=0.6";
   EXPECT_NE(refusal(bad).find("expects a JSON object"), std::string::npos);
+  bad = {};
+  bad.default_chat_template_kwargs = "[1]";
+  EXPECT_NE(refusal(bad).find("--default-chat-template-kwargs '[1]': expects a JSON object"), std::string::npos)
+      << refusal(bad);
   bad = {};
   bad.allowed_origins = "*";
   EXPECT_NE(refusal(bad).find("expects a JSON list of strings"), std::string::npos) << refusal(bad);

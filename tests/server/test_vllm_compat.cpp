@@ -686,3 +686,31 @@ TEST(VllmCompat, ResetPrefixCacheWhenIdle) {
   EXPECT_NE(busy->response.body.find("1 running"), std::string::npos) << busy->response.body;
   EXPECT_TRUE(slow->wait());
 }
+
+// serve --default-chat-template-kwargs: the template gets them under each request's own
+// chat_template_kwargs, whose keys win.
+TEST(VllmCompat, DefaultChatTemplateKwargsUnderTheRequests) {
+  server::ServiceConfig c;
+  c.default_template_kwargs = R"({"enable_thinking": false, "style": "terse"})";
+  std::vector<json> seen;
+  test::FakeBackend backend;
+  backend.script = [](const engine::RequestParams&) { return std::vector<int32_t>{8170}; };
+  auto render = [&](const server::ChatRequest& r) {
+    seen.push_back(*r.template_kwargs);
+    return test::render(r);
+  };
+  server::ApiService service(backend, tokenizer(), render, nullptr, c);
+  auto post = [&](const json& body) {
+    auto responder = std::make_shared<test::RecordingResponder>();
+    service.handle(server::HttpRequest{"POST", "/v1/chat/completions", {}, body.dump(), "c"}, responder);
+    EXPECT_TRUE(responder->wait());
+    EXPECT_EQ(responder->response.status, 200) << responder->response.body;
+  };
+  post(chat("hi"));
+  json own = chat("hi");
+  own["chat_template_kwargs"] = {{"enable_thinking", true}};
+  post(own);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0], (json{{"enable_thinking", false}, {"style", "terse"}}));
+  EXPECT_EQ(seen[1], (json{{"enable_thinking", true}, {"style", "terse"}}));
+}
