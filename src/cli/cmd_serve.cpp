@@ -33,6 +33,9 @@
 #include "server/backend.h"
 #include "server/http_server.h"
 #include "server/stats_log.h"
+#ifdef GLMS_HAVE_CUDA
+#include "ops/cuda/cuda_ops.h"
+#endif
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -426,6 +429,29 @@ std::vector<std::string> banner_lines(const ServeArgs& args, const std::vector<s
   return lines;
 }
 
+// /metrics' GPU memory: each visible GPU's, read from the driver at every scrape (none on the CPU).
+std::function<std::vector<server::DeviceMemory>()> gpu_memory_probe(const std::string& device) {
+#ifdef GLMS_HAVE_CUDA
+  if (device != "cuda") return {};
+  return [] {
+    std::vector<server::DeviceMemory> gpus;
+    try {
+      for (int d = 0; d < ops::cuda::device_count(); ++d) {
+        ops::cuda::set_device(d);  // the calling HTTP thread's current device; it runs no other CUDA work
+        const auto [free_bytes, total_bytes] = ops::cuda::memory_info();
+        gpus.push_back({d, static_cast<int64_t>(total_bytes - free_bytes), static_cast<int64_t>(total_bytes)});
+      }
+    } catch (const std::exception&) {
+      return std::vector<server::DeviceMemory>{};  // a driver that does not answer: the page goes without them
+    }
+    return gpus;
+  };
+#else
+  (void)device;
+  return {};
+#endif
+}
+
 void run_serve(ServeArgs args) {
   // Every thread started from here on inherits the blocked signals; this thread waits for them.
   sigset_t signals;
@@ -458,7 +484,10 @@ void run_serve(ServeArgs args) {
   runtime::Executor& executor = *model.executor;
   engine::Engine engine(std::move(model.executor), engine_config);
   const std::vector<runtime::Executor::RankMemory> memory = executor.memory();
-  std::unique_ptr<server::Backend> backend = server::make_engine_backend(engine);
+  std::vector<server::RankMemory> rank_memory;
+  for (const runtime::Executor::RankMemory& m : memory) rank_memory.push_back({m.weight_bytes, m.cache_bytes});
+  std::unique_ptr<server::Backend> backend =
+      server::make_engine_backend(engine, std::move(rank_memory), gpu_memory_probe(device));
   config.banner = banner_lines(args, notes, config, engine, device, cache_bytes_per_token, memory, model);
   server::ApiService service(*backend, tokenizer, renderer, server::glm_parser_factory(), config);
 

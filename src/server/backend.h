@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 #include <memory>
 #include <optional>
@@ -15,6 +17,17 @@ struct EngineStats;
 }
 
 namespace glms::server {
+
+// A GPU's memory as the driver reports it at the scrape: in use by every process, and in all.
+struct DeviceMemory {
+  int device = 0;
+  int64_t used_bytes = 0, total_bytes = 0;
+};
+
+// What a rank allocated at start-up: its share of the weights and its KV cache.
+struct RankMemory {
+  int64_t weight_bytes = 0, cache_bytes = 0;
+};
 
 struct BackendStats {
   int num_running = 0;
@@ -37,9 +50,12 @@ struct BackendStats {
   std::vector<int64_t> iteration_tokens;
   int64_t iteration_tokens_sum = 0;
   // The cache's configuration (vLLM's cache_config_info).
+  std::string cache_dtype = "auto";  // --kv-cache-dtype: auto (the model's bf16) or fp8_e4m3
   int block_size = 0;
   bool prefix_caching = true;
   double gpu_memory_utilization = 0;
+  std::vector<RankMemory> rank_memory;      // [ranks of the layout]
+  std::vector<DeviceMemory> device_memory;  // [visible GPUs] (empty on the CPU)
 };
 
 class Backend {
@@ -62,7 +78,9 @@ class Backend {
   virtual std::optional<int> reset_prefix_cache() = 0;
 };
 
-// Adapts a running engine (which must outlive the adapter).
-std::unique_ptr<Backend> make_engine_backend(engine::Engine& engine);
+// Adapts a running engine (which must outlive the adapter). `rank_memory`: what each rank
+// allocated; `device_memory` (may be empty): reads the GPUs' memory at each stats() call.
+std::unique_ptr<Backend> make_engine_backend(engine::Engine& engine, std::vector<RankMemory> rank_memory = {},
+                                             std::function<std::vector<DeviceMemory>()> device_memory = {});
 
 }  // namespace glms::server

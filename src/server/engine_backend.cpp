@@ -1,5 +1,6 @@
 // Backend over the real engine::Engine.
 #include "engine/engine.h"
+#include "kv/latent_cache.h"
 #include "server/backend.h"
 
 namespace glms::server {
@@ -7,7 +8,9 @@ namespace {
 
 class EngineBackend final : public Backend {
  public:
-  explicit EngineBackend(engine::Engine& engine) : engine_(engine) {}
+  EngineBackend(engine::Engine& engine, std::vector<RankMemory> rank_memory,
+                std::function<std::vector<DeviceMemory>()> device_memory)
+      : engine_(engine), rank_memory_(std::move(rank_memory)), device_memory_(std::move(device_memory)) {}
 
   uint64_t submit(engine::RequestParams params, engine::OutputCallback on_output) override {
     return engine_.submit(std::move(params), std::move(on_output));
@@ -34,9 +37,12 @@ class EngineBackend final : public Backend {
     out.iteration_token_buckets = engine::kIterationTokenBuckets;
     out.iteration_tokens = s.iteration_tokens;
     out.iteration_tokens_sum = s.iteration_tokens_sum;
+    out.cache_dtype = kv::cache_dtype_name(engine_.config().kv_cache_dtype);
     out.block_size = engine_.config().block_size;
     out.prefix_caching = engine_.config().enable_prefix_cache;
     out.gpu_memory_utilization = engine_.config().gpu_memory_utilization;
+    out.rank_memory = rank_memory_;
+    if (device_memory_) out.device_memory = device_memory_();
     return out;
   }
   int max_model_len() const override {
@@ -49,12 +55,15 @@ class EngineBackend final : public Backend {
 
  private:
   engine::Engine& engine_;
+  std::vector<RankMemory> rank_memory_;
+  std::function<std::vector<DeviceMemory>()> device_memory_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_engine_backend(engine::Engine& engine) {
-  return std::make_unique<EngineBackend>(engine);
+std::unique_ptr<Backend> make_engine_backend(engine::Engine& engine, std::vector<RankMemory> rank_memory,
+                                             std::function<std::vector<DeviceMemory>()> device_memory) {
+  return std::make_unique<EngineBackend>(engine, std::move(rank_memory), std::move(device_memory));
 }
 
 }  // namespace glms::server

@@ -1,5 +1,6 @@
 #include "server/metrics.h"
 
+#include <algorithm>
 #include <unistd.h>
 
 #include <cmath>
@@ -94,6 +95,34 @@ ProcessStats read_process_stats() {
        it.increment(ec))
     p.open_fds += 1;
   return p;
+}
+
+// What each rank allocated at start-up (weights, KV cache) and each visible GPU's memory now;
+// `labels`: the model's. Weights are counted where a rank allocates them (the GPU's); the CPU
+// reads them mapped from the checkpoint's files and counts none.
+void render_memory(std::string& out, const std::string& labels, const BackendStats& s) {
+  if (std::any_of(s.rank_memory.begin(), s.rank_memory.end(), [](const RankMemory& m) { return m.weight_bytes > 0; })) {
+    head(out, "glmserve:model_weights_bytes", "gauge", "Bytes of model weights each rank of the layout holds.");
+    for (size_t r = 0; r < s.rank_memory.size(); ++r)
+      sample(out, "glmserve:model_weights_bytes", labels + ",rank=\"" + std::to_string(r) + "\"",
+             static_cast<double>(s.rank_memory[r].weight_bytes));
+  }
+  if (!s.rank_memory.empty()) {
+    head(out, "glmserve:kv_cache_bytes", "gauge", "Bytes of KV cache each rank of the layout holds.");
+    for (size_t r = 0; r < s.rank_memory.size(); ++r)
+      sample(out, "glmserve:kv_cache_bytes", labels + ",rank=\"" + std::to_string(r) + "\"",
+             static_cast<double>(s.rank_memory[r].cache_bytes));
+  }
+  if (!s.device_memory.empty()) {
+    head(out, "glmserve:gpu_memory_used_bytes", "gauge", "GPU memory in use (every process), as the driver reports it.");
+    for (const DeviceMemory& d : s.device_memory)
+      sample(out, "glmserve:gpu_memory_used_bytes", labels + ",gpu=\"" + std::to_string(d.device) + "\"",
+             static_cast<double>(d.used_bytes));
+    head(out, "glmserve:gpu_memory_total_bytes", "gauge", "GPU memory in all, as the driver reports it.");
+    for (const DeviceMemory& d : s.device_memory)
+      sample(out, "glmserve:gpu_memory_total_bytes", labels + ",gpu=\"" + std::to_string(d.device) + "\"",
+             static_cast<double>(d.total_bytes));
+  }
 }
 
 }  // namespace
@@ -293,11 +322,13 @@ std::string ServerMetrics::render_prefixed(const BackendStats& s) const {
   if (s.block_size > 0) {
     head(out, "glmserve:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig");
     sample(out, "glmserve:cache_config_info",
-           "block_size=\"" + std::to_string(s.block_size) + "\",cache_dtype=\"bf16\",enable_prefix_caching=\"" +
+           "block_size=\"" + std::to_string(s.block_size) + "\",cache_dtype=\"" + escape_label(s.cache_dtype) +
+               "\",enable_prefix_caching=\"" +
                (s.prefix_caching ? "True" : "False") + "\",gpu_memory_utilization=\"" + num(s.gpu_memory_utilization) +
                "\",num_gpu_blocks=\"" + std::to_string(s.num_blocks) + "\"",
            1.0);
   }
+  render_memory(out, l, s);
   return out;
 }
 

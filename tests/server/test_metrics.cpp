@@ -158,3 +158,30 @@ TEST(Metrics, VllmRequestPhasesIterationTokensCacheConfigAndNames) {
   EXPECT_EQ(process_lines, 1u);
   EXPECT_EQ(m.render(s).find("vllm:"), std::string::npos);
 }
+
+// Memory: each rank's weights and KV cache, each GPU's memory in use and in all (only where a
+// GPU is read), and the cache's dtype in cache_config_info.
+TEST(Metrics, MemoryOfEachRankAndGpu) {
+  ServerMetrics m("tiny");
+  BackendStats s;
+  s.block_size = 16;
+  s.cache_dtype = "fp8_e4m3";
+  s.rank_memory = {{1000, 400}, {1200, 400}};
+  std::vector<PromSample> samples;
+  std::string text = m.render(s);
+  ASSERT_EQ(validate_prometheus(text, &samples), "") << text;
+  EXPECT_EQ(find(samples, "glmserve:model_weights_bytes", {{"rank", "1"}}), 1200);
+  EXPECT_EQ(find(samples, "glmserve:kv_cache_bytes", {{"rank", "0"}}), 400);
+  EXPECT_EQ(find(samples, "glmserve:cache_config_info", {{"cache_dtype", "fp8_e4m3"}}), 1);
+  EXPECT_EQ(text.find("gpu_memory_used_bytes"), std::string::npos) << "no GPU read, no GPU metric";
+  s.device_memory = {{0, 90, 141}, {1, 10, 141}};
+  samples.clear();
+  text = m.render(s);
+  ASSERT_EQ(validate_prometheus(text, &samples), "") << text;
+  EXPECT_EQ(find(samples, "glmserve:gpu_memory_used_bytes", {{"gpu", "0"}}), 90);
+  EXPECT_EQ(find(samples, "glmserve:gpu_memory_total_bytes", {{"gpu", "1"}}), 141);
+  s.rank_memory = {{0, 400}};  // the CPU: weights mapped from the checkpoint, not counted
+  text = m.render(s);
+  EXPECT_EQ(text.find("model_weights_bytes"), std::string::npos) << text;
+  EXPECT_NE(text.find("glmserve:kv_cache_bytes{model_name=\"tiny\",rank=\"0\"} 400"), std::string::npos) << text;
+}
