@@ -185,7 +185,25 @@ void parse_stops(const json& doc, SamplingFields& s, const ParseLimits& limits) 
   }
 }
 
-// response_format: text, json_object or json_schema.
+// A structural tag (vLLM's): an object, or its JSON text (structured_outputs.structural_tag is a
+// string in vLLM), kept in the request's key order (its schemas' properties keep theirs).
+void take_structural_tag(const json& value, std::string_view body, const std::vector<std::string>& path,
+                         const std::string& name, SamplingFields& s) {
+  if (s.structural_tag) bad_request("give one structured output, once", name);
+  s.structural_tag_param = name;
+  if (value.is_string()) {
+    const auto parsed = nlohmann::ordered_json::parse(value.get<std::string>(), nullptr, false);
+    if (!parsed.is_object()) bad_request(name + " is a string but not a JSON object", name);
+    s.structural_tag = std::make_shared<const nlohmann::ordered_json>(parsed);
+    return;
+  }
+  if (!value.is_object()) wrong_type(name, "an object with structures and triggers", value);
+  nlohmann::ordered_json at = nlohmann::ordered_json::parse(body);
+  for (const std::string& key : path) at = nlohmann::ordered_json(at[key]);
+  s.structural_tag = std::make_shared<const nlohmann::ordered_json>(std::move(at));
+}
+
+// response_format: text, json_object, json_schema or structural_tag.
 void parse_response_format(const json& doc, std::string_view body, SamplingFields& s) {
   if (const json* v = field(doc, "response_format")) {
     if (!v->is_object()) wrong_type("response_format", "an object", *v);
@@ -198,8 +216,11 @@ void parse_response_format(const json& doc, std::string_view body, SamplingField
       const json* schema = field(*spec, "schema");
       if (!schema) bad_request("response_format.json_schema.schema is required", "response_format.json_schema.schema");
       take_schema(*schema, body, {"response_format", "json_schema", "schema"}, "response_format.json_schema.schema", s);
+    } else if (type && *type == "structural_tag") {
+      take_structural_tag(*v, body, {"response_format"}, "response_format", s);
     } else if (type && *type != "text") {
-      bad_request("response_format type '" + *type + "' is not supported (text, json_object and json_schema are)",
+      bad_request("response_format type '" + *type +
+                      "' is not supported (text, json_object, json_schema and structural_tag are)",
                   "response_format");
     }
   }
@@ -298,6 +319,8 @@ void parse_structured_outputs(const json& doc, std::string_view body, SamplingFi
     for (const auto& [key, value] : v->items()) {
       if (key == "choice") parse_choice(value, "structured_outputs.choice");
       else if (key == "regex") parse_regex(value, "structured_outputs.regex");
+      else if (key == "structural_tag")
+        take_structural_tag(value, body, {"structured_outputs", "structural_tag"}, "structured_outputs.structural_tag", s);
       else if (key == "grammar") parse_grammar(value, "structured_outputs.grammar");
       else if (key == "json") take_schema(value, body, {"structured_outputs", "json"}, "structured_outputs.json", s);
       else if (key == "json_object") {
@@ -306,12 +329,13 @@ void parse_structured_outputs(const json& doc, std::string_view body, SamplingFi
       }
       else
         bad_request("structured_outputs." + key +
-                        " is not supported by glmserve (choice, regex, json, grammar and json_object are)",
+                        " is not supported by glmserve (choice, regex, json, grammar, json_object and structural_tag are)",
                     "structured_outputs." + key);
     }
   }
   if (s.structured_forms() > 1)
-    bad_request("give one structured output (choice, regex, json, grammar or json_object), once", "structured_outputs");
+    bad_request("give one structured output (choice, regex, json, grammar, json_object or structural_tag), once",
+                "structured_outputs");
 }
 
 // Fields refused by name, prompt_logprobs, user, and logprobs in the completions or the chat form.

@@ -77,8 +77,13 @@ struct SamplingFields {
   std::shared_ptr<const nlohmann::ordered_json> json_schema;
   std::string json_schema_param;  // the field it came in, for errors about it
   std::string grammar;              // structured output: GBNF text (structured_outputs.grammar, guided_grammar)
+  // structured output: vLLM's structural tag, {structures, triggers} in the request's key order
+  // (response_format type structural_tag, structured_outputs.structural_tag)
+  std::shared_ptr<const nlohmann::ordered_json> structural_tag;
+  std::string structural_tag_param;  // the field it came in, for errors about it
   int structured_forms() const {
-    return !choice.empty() + !regex.empty() + json_object + (json_schema != nullptr) + !grammar.empty();
+    return !choice.empty() + !regex.empty() + json_object + (json_schema != nullptr) + !grammar.empty() +
+           (structural_tag != nullptr);
   }
 };
 

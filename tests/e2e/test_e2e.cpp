@@ -348,6 +348,37 @@ TEST_F(E2E, HundredJsonSchemasEveryAnswerParsesAndValidates) {
   EXPECT_EQ(post("/v1/completions", {{"prompt", "x"}, {"guided_json", schema}}, 400)["error"]["param"], "guided_json");
 }
 
+// vLLM's structural tags on the bundled model (a code model, which writes "(" often): every "("
+// of an answer, greedy or sampled, opens an integer and its ")"; the rest is free text.
+TEST_F(E2E, StructuralTagsHoldEveryTriggeredStructure) {
+  const json tag = {{"structures", {{{"begin", "("}, {"schema", {{"type", "integer"}}}, {"end", ")"}}}},
+                    {"triggers", {"("}}};
+  int structures = 0;
+  for (int i = 0; i < 6; ++i) {
+    json body = {{"prompt", "def area(width, height):\n    return"}, {"max_tokens", 60}, {"seed", i},
+                 {"temperature", i == 0 ? 0.0 : 1.0}};
+    json format = tag;
+    format["type"] = "structural_tag";
+    if (i % 2 == 0) body["response_format"] = format;
+    else body["structured_outputs"] = {{"structural_tag", tag.dump()}};
+    const json choice = post("/v1/completions", body)["choices"][0];
+    const std::string text = choice["text"];
+    static const std::regex structure(R"(\(\s*-?(0|[1-9][0-9]*)\s*\))");
+    std::string rest = text;
+    for (std::smatch m; std::regex_search(rest, m, structure); rest = m.suffix()) {
+      EXPECT_EQ(m.prefix().str().find('('), std::string::npos) << "a ( that opens no integer in '" << text << "'";
+      ++structures;
+    }
+    if (rest.find('(') != std::string::npos)  // only an answer cut inside its last structure
+      EXPECT_EQ(choice["finish_reason"], "length") << "'" << text << "'";
+  }
+  EXPECT_GT(structures, 0) << "no answer wrote a (";
+  const json bad = post("/v1/completions",
+                        {{"prompt", "x"}, {"structured_outputs", {{"structural_tag", {{"structures", json::array()}, {"triggers", {"("}}}}}}},
+                        400);
+  EXPECT_EQ(bad["error"]["param"], "structured_outputs.structural_tag");
+}
+
 // tool_choice "required" and a named function on the bundled model: every answer, streamed or
 // not, is a parsed call of an offered tool whose arguments satisfy its parameters.
 TEST_F(E2E, ForcedToolChoiceAlwaysYieldsAParsedCall) {

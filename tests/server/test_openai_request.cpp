@@ -426,3 +426,27 @@ TEST(ChatRequest, FieldsNotReadAreReportedAsIgnored) {
     EXPECT_NE(e.message.find("tools and tool_choice"), std::string::npos) << e.message;
   }
 }
+
+// vLLM's structural tags: response_format's own object, or structured_outputs.structural_tag as an
+// object or its JSON text, kept in the request's key order; one structured output at a time.
+TEST(ChatRequest, StructuralTagForms) {
+  json doc = chat_base();
+  doc["response_format"] = {{"type", "structural_tag"}, {"triggers", {"<f="}},
+                            {"structures", {{{"begin", "<f=a>"}, {"schema", {{"type", "object"}}}, {"end", "</f>"}}}}};
+  ChatRequest r = parse_chat_request(doc.dump());
+  ASSERT_NE(r.sampling.structural_tag, nullptr);
+  EXPECT_EQ((*r.sampling.structural_tag)["triggers"][0], "<f=");
+  EXPECT_EQ(r.sampling.structural_tag_param, "response_format");
+  doc = chat_base();
+  doc["structured_outputs"] = {{"structural_tag", R"({"structures": [], "triggers": ["x"]})"}};
+  r = parse_chat_request(doc.dump());
+  ASSERT_NE(r.sampling.structural_tag, nullptr);
+  EXPECT_TRUE((*r.sampling.structural_tag)["structures"].is_array());
+  EXPECT_EQ(r.sampling.structural_tag_param, "structured_outputs.structural_tag");
+  doc["structured_outputs"] = {{"structural_tag", "not json"}};
+  EXPECT_EQ(chat_error(doc).param, "structured_outputs.structural_tag");
+  doc["structured_outputs"] = {{"structural_tag", 5}};
+  EXPECT_EQ(chat_error(doc).param, "structured_outputs.structural_tag");
+  doc["structured_outputs"] = {{"structural_tag", json::object()}, {"regex", "a"}};
+  EXPECT_EQ(chat_error(doc).param, "structured_outputs");  // two forms
+}

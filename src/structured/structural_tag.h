@@ -1,0 +1,29 @@
+// Structured outputs, vLLM's structural tags (response_format {"type": "structural_tag"} and
+// structured_outputs.structural_tag), in their structures-and-triggers form:
+//   {"structures": [{"begin": "<function=get_weather>", "schema": {...}, "end": "</function>"}],
+//    "triggers": ["<function="]}
+// The output is free text until a trigger appears; from there it must go on as the rest of one
+// structure's begin, JSON valid against that structure's schema (whitespace around it allowed,
+// up to json_schema.h's bound) and its end, and then it is free text again. Ending inside a
+// structure is not a complete output.
+//
+// Lowered to one grammar (grammar.h): the free text is an automaton over the triggers' bytes (a
+// state for each trigger prefix, Aho-Corasick's goto function), each trigger's last byte leads to
+// its structures. GLM's markup tokens (<tool_call>, <arg_key>, ... in vocabulary.h) written in a
+// trigger, begin or end stand for their reserved bytes. Refused with a message naming what is
+// wrong: a trigger no begin starts with, a begin no trigger starts, a trigger inside another (the
+// free text could not tell which one began), an empty trigger or begin.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+
+#include "structured/grammar.h"
+
+namespace glms::structured {
+
+// `spec`: {"structures": [...], "triggers": [...]} (other keys of a response_format, such as
+// "type", are ignored). Throws glms::Error naming what is wrong.
+std::shared_ptr<const Grammar> structural_tag_grammar(const nlohmann::ordered_json& spec);
+
+}  // namespace glms::structured
