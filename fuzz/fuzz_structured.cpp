@@ -1,5 +1,5 @@
 // libFuzzer target: structured outputs. The input is a GBNF grammar, and also (when it parses as
-// JSON) a JSON schema. Each either compiles or throws glms::Error; a compiled one is walked for a
+// JSON) a JSON schema and a structural tag. Each either compiles or throws glms::Error; a compiled one is walked for a
 // few tokens over a small vocabulary, taking the first allowed token each time, and must never
 // leave a dead end it allowed into (a token allowed must keep the state alive).
 #include <cmath>
@@ -14,6 +14,7 @@
 #include "structured/grammar.h"
 #include "structured/json_schema.h"
 #include "structured/recognizer.h"
+#include "structured/structural_tag.h"
 
 namespace {
 
@@ -51,6 +52,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!schema.is_discarded()) {
     try {
       walk(glms::structured::json_schema_grammar(schema));
+    } catch (const glms::Error&) {
+    }
+    try {
+      walk(glms::structured::structural_tag_grammar(schema));
     } catch (const glms::Error&) {
     }
   }
