@@ -407,7 +407,7 @@ void parse_sampling(const json& doc, std::string_view body, SamplingFields& s, c
   parse_structured_outputs(doc, body, s);
   parse_logprobs(doc, s, limits, chat);
   for (const char* name : {"functions", "function_call"})
-    if (field(doc, name))
+    if (const json* v = field(doc, name); v && !(v->is_array() && v->empty()))
       bad_request(std::string(name) + " is OpenAI's deprecated form of function calling: give tools and tool_choice",
                   name);
   s.add_special_tokens = get_bool(doc, "add_special_tokens").value_or(!chat);
@@ -564,6 +564,8 @@ json parse_tools(const json& doc) {
 
 // tool_choice: "none", "auto", "required", or {"type": "function", "function": {"name"}}, which
 // sets `function` to the name (and returns "function"). A forced call must name an offered tool.
+// As vLLM (and OpenAI), "auto" and "required" over an empty tools array mean "none"; without a
+// tools field they are a 400.
 std::string parse_tool_choice(const json& doc, const json& tools, std::string& function) {
   const bool has_tools = !tools.is_null();
   const json* v = field(doc, "tool_choice");
@@ -573,7 +575,10 @@ std::string parse_tool_choice(const json& doc, const json& tools, std::string& f
     if (choice != "none" && choice != "auto" && choice != "required")
       bad_request("tool_choice must be 'none', 'auto', 'required' or a named function, got '" + choice + "'",
                   "tool_choice");
-    if (choice != "none" && !has_tools) bad_request("tool_choice '" + choice + "' needs tools", "tool_choice");
+    if (choice != "none" && !has_tools) {
+      if (const json* given = field(doc, "tools"); given && given->is_array() && given->empty()) return "none";
+      bad_request("tool_choice '" + choice + "' needs tools", "tool_choice");
+    }
     return choice;
   }
   if (!v->is_object()) wrong_type("tool_choice", "a string or an object", *v);

@@ -165,6 +165,10 @@ TEST(ChatRequest, ToolsAndToolChoice) {
   json doc = chat_base();
   doc["tool_choice"] = "auto";
   EXPECT_EQ(chat_error(doc).param, "tool_choice");  // tool_choice without tools
+  doc["tools"] = json::array();  // an empty list: as vLLM and OpenAI, auto and required mean none
+  EXPECT_EQ(parse_chat_request(doc.dump()).tool_choice, "none");
+  doc["tool_choice"] = "required";
+  EXPECT_EQ(parse_chat_request(doc.dump()).tool_choice, "none");
   doc["tools"] = {{{"type", "function"}, {"function", {{"name", "get_weather"}}}}};
   // A forced call: the tools come along in key order for the tool-call grammar.
   doc["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
@@ -425,6 +429,9 @@ TEST(ChatRequest, FieldsNotReadAreReportedAsIgnored) {
     EXPECT_EQ(e.param, name);
     EXPECT_NE(e.message.find("tools and tool_choice"), std::string::npos) << e.message;
   }
+  json no_functions = chat_base();
+  no_functions["functions"] = json::array();  // asks for nothing: passes
+  EXPECT_TRUE(parse_chat_request(no_functions.dump()).sampling.ignored_fields.empty());
 }
 
 // vLLM's structural tags: response_format's own object, or structured_outputs.structural_tag as an
