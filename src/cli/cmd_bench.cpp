@@ -52,6 +52,9 @@ struct BenchArgs {
   int port = 0, random_prefix_len = 0;
   std::string dataset_path;
   int sharegpt_output_len = 0, sharegpt_context_len = 0, custom_output_len = 0;
+  // vLLM's prefix_repetition dataset: prompts of one of N random prefixes and a random suffix
+  int repetition_prefix_len = 256, repetition_suffix_len = 256, repetition_num_prefixes = 10,
+      repetition_output_len = 128;
   bool save_result = false;
   // Sampling fields every request carries, by name (vLLM's --temperature, --top-p, ...), as given.
   std::map<std::string, std::string> sampling;
@@ -134,8 +137,21 @@ void add_workload_options(CLI::App* cmd, BenchArgs& a, ExplicitOptions& o) {
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--dataset-name", a.dataset_name,
                   "random: prompts of random tokens at exact lengths; sharegpt: a ShareGPT JSON file's first turns; "
-                  "custom: a JSON-lines file of {\"prompt\": ...} (vLLM's and SGLang's flag)")
+                  "custom: a JSON-lines file of {\"prompt\": ...}; prefix_repetition: random prompts that share "
+                  "one of a few prefixes (vLLM's and SGLang's flag)")
       ->capture_default_str();
+  cmd->add_option("--prefix-repetition-prefix-len", a.repetition_prefix_len,
+                  "prefix_repetition: tokens of each shared prefix (default 256)")
+      ->check(positive_number());
+  cmd->add_option("--prefix-repetition-suffix-len", a.repetition_suffix_len,
+                  "prefix_repetition: random tokens after the prefix (default 256)")
+      ->check(positive_number());
+  cmd->add_option("--prefix-repetition-num-prefixes", a.repetition_num_prefixes,
+                  "prefix_repetition: distinct prefixes (default 10)")
+      ->check(positive_number());
+  cmd->add_option("--prefix-repetition-output-len", a.repetition_output_len,
+                  "prefix_repetition: output tokens of every request (default 128)")
+      ->check(positive_number());
   cmd->add_option("--dataset-path", a.dataset_path, "The sharegpt or custom dataset's file")
       ->check(CLI::ExistingFile);
   cmd->add_option("--sharegpt-output-len", a.sharegpt_output_len,
@@ -244,14 +260,36 @@ std::string as_given(const CLI::Option& option) {
   return names;
 }
 
+// vLLM's prefix_repetition dataset as the random workload: prompts of prefix + suffix tokens
+// whose prefix is one of N (a prefix-cache hit of prefix / (prefix + suffix) once each is cached),
+// exact lengths. The random workload's own shaping flags are refused beside it.
+void resolve_prefix_repetition(const BenchArgs& a, bench::BenchConfig& cfg, const CLI::App& cmd) {
+  for (const char* flag : {"--preset", "--input-len", "--output-len", "--range-ratio", "--prefix-hit",
+                           "--num-prefixes", "--random-prefix-len", "--dataset-path"})
+    if (cmd.count(flag) > 0)
+      fail("bench: " + as_given(*cmd.get_option(flag)) +
+           " does not go with --dataset-name prefix_repetition, whose --prefix-repetition-* flags shape its prompts");
+  const int prefix = a.repetition_prefix_len, suffix = a.repetition_suffix_len;
+  cfg.workload.input_len = prefix + suffix;
+  cfg.workload.output_len = a.repetition_output_len;
+  cfg.workload.prefix_hit = double(prefix) / (prefix + suffix);
+  cfg.workload.num_prefixes = a.repetition_num_prefixes;
+  cfg.workload.range_ratio = 0;
+}
+
 // The dataset's flags checked against each other and against the random workload's: a dataset's
 // file sets the prompts and their lengths, so the random workload's flags are refused beside it.
 void resolve_dataset(const BenchArgs& a, bench::BenchConfig& cfg, const CLI::App& cmd) {
   const std::string& name = a.dataset_name;
   const bool sharegpt = name == "sharegpt", custom = name == "custom";
+  if (name == "prefix_repetition") return resolve_prefix_repetition(a, cfg, cmd);
+  for (const char* flag : {"--prefix-repetition-prefix-len", "--prefix-repetition-suffix-len",
+                           "--prefix-repetition-num-prefixes", "--prefix-repetition-output-len"})
+    if (cmd.count(flag) > 0) fail(std::string("bench: ") + flag + " goes with --dataset-name prefix_repetition");
   if (name != "random" && !sharegpt && !custom)
     fail("bench: --dataset-name " + name + ": expects one of " + bench::kDatasetNames +
-         " (random tokens at exact lengths, a ShareGPT JSON file, a JSON-lines file of prompts)");
+         ", prefix_repetition (random tokens at exact lengths, a ShareGPT JSON file, a JSON-lines file of prompts, "
+         "random prompts sharing a few prefixes)");
   if (!sharegpt && (cmd.count("--sharegpt-output-len") > 0 || cmd.count("--sharegpt-context-len") > 0))
     fail("bench: --sharegpt-output-len and --sharegpt-context-len go with --dataset-name sharegpt");
   if (!custom && cmd.count("--custom-output-len") > 0)

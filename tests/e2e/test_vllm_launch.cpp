@@ -176,6 +176,18 @@ TEST(VllmLaunch, TheModelPathIsAServedNameAndVllmsBenchLineMeasuresIt) {
   EXPECT_NE(sglang_out.find("16 in / 4 out,"), std::string::npos) << sglang_out;  // exact lengths
   EXPECT_NE(sglang_out.find("note: --disable-stream:"), std::string::npos) << sglang_out;
   EXPECT_TRUE(std::filesystem::exists(results + "/sglang.json")) << sglang_out;
+  // vLLM's prefix_repetition dataset: prompts of one of 2 prefixes of 32 tokens and 8 more.
+  const auto [rep_out, rep_status] = run_glmserve(
+      "bench --backend vllm --model " + kModel + " --dataset-name prefix_repetition --prefix-repetition-prefix-len 32 "
+      "--prefix-repetition-suffix-len 8 --prefix-repetition-num-prefixes 2 --prefix-repetition-output-len 3 "
+      "--num-prompts 8 --num-warmups 0 --host 127.0.0.1 --port " + std::to_string(server.port()) +
+      " --result-dir " + results + " --result-filename repetition.json --disable-tqdm");
+  EXPECT_EQ(rep_status, 0) << rep_out;
+  const json repetition = json::parse(std::ifstream(results + "/repetition.json"));
+  EXPECT_EQ(repetition["config"]["input_len"], 40);
+  EXPECT_EQ(repetition["config"]["num_prefixes"], 2);
+  EXPECT_NEAR(repetition["config"]["prefix_hit"].get<double>(), 0.8, 1e-9);
+  EXPECT_EQ(repetition["totals"]["completed"], 8);
   // vLLM's ShareGPT line: the prompts and their lengths from the file's first turns.
   json conversations = json::array();
   for (const char* prompt : {"def quicksort(items):", "Explain what a prefix cache does in one sentence.",
