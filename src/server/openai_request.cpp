@@ -99,6 +99,14 @@ json parse_body(std::string_view body, int max_depth) {
   return doc;
 }
 
+// The value at `path` in the body, read again in key order (a schema's properties are written in
+// the order given).
+std::shared_ptr<const nlohmann::ordered_json> in_key_order(std::string_view body, const std::vector<std::string>& path) {
+  nlohmann::ordered_json at = nlohmann::ordered_json::parse(body);
+  for (const std::string& key : path) at = nlohmann::ordered_json(at[key]);
+  return std::make_shared<const nlohmann::ordered_json>(std::move(at));
+}
+
 // A JSON schema given as `name` (at `path` in the body), for structured output: read again from the
 // body in key order, as the order of its properties is the order the output writes them in.
 void take_schema(const json& schema, std::string_view body, const std::vector<std::string>& path,
@@ -112,9 +120,7 @@ void take_schema(const json& schema, std::string_view body, const std::vector<st
     return;
   }
   if (!schema.is_object() && !schema.is_boolean()) wrong_type(name, "a JSON schema (an object)", schema);
-  nlohmann::ordered_json at = nlohmann::ordered_json::parse(body);
-  for (const std::string& key : path) at = nlohmann::ordered_json(at[key]);
-  s.json_schema = std::make_shared<const nlohmann::ordered_json>(std::move(at));
+  s.json_schema = in_key_order(body, path);
 }
 
 // The sampling fields of a request: model, lengths, temperature and the other numbers, the
@@ -198,9 +204,7 @@ void take_structural_tag(const json& value, std::string_view body, const std::ve
     return;
   }
   if (!value.is_object()) wrong_type(name, "an object with structures and triggers", value);
-  nlohmann::ordered_json at = nlohmann::ordered_json::parse(body);
-  for (const std::string& key : path) at = nlohmann::ordered_json(at[key]);
-  s.structural_tag = std::make_shared<const nlohmann::ordered_json>(std::move(at));
+  s.structural_tag = in_key_order(body, path);
 }
 
 // response_format: text, json_object, json_schema or structural_tag.
