@@ -42,6 +42,38 @@ void run_plan(const PlanOptions& o) {
   std::cout << (o.json ? plan::render_json(result) + "\n" : plan::render_text(result)) << std::flush;
 }
 
+// Owning the GPUs instead of renting them (plan/tco.h): --gpu-price turns it on; the rest are
+// assumptions with round defaults, each repeated in the report.
+void add_tco_options(CLI::App* cmd, plan::TcoInputs& t) {
+  const auto money = CLI::Range(0.0, 1e9);
+  cmd->add_option("--gpu-price", t.gpu_price, "USD per GPU bought: price the GPU-hour as owned (TCO) instead of rented")
+      ->check(money);
+  cmd->add_option("--host-price-per-gpu", t.host_price_per_gpu,
+                  "TCO: USD of the server around each GPU (CPUs, memory, NICs, chassis)")
+      ->check(money)
+      ->capture_default_str();
+  cmd->add_option("--amortization-years", t.years, "TCO: years the hardware is written off over")
+      ->check(CLI::Range(0.1, 50.0))
+      ->capture_default_str();
+  cmd->add_option("--usd-per-kwh", t.usd_per_kwh, "TCO: electricity price")->check(money)->capture_default_str();
+  cmd->add_option("--pue", t.pue, "TCO: facility power over IT power (cooling, power distribution)")
+      ->check(CLI::Range(1.0, 5.0))
+      ->capture_default_str();
+  cmd->add_option("--host-watts-per-gpu", t.host_watts_per_gpu, "TCO: the host's draw per GPU beside the board power")
+      ->check(CLI::Range(0.0, 1e5))
+      ->capture_default_str();
+  cmd->add_option("--power-share", t.power_share, "TCO: average draw as a share of board + host power")
+      ->check(CLI::Range(0.01, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--usd-per-kw-month", t.usd_per_kw_month, "TCO: space (colocation) per kW of IT load a month")
+      ->check(money)
+      ->capture_default_str();
+  cmd->add_option("--maintenance-rate", t.maintenance_per_year,
+                  "TCO: support and repairs a year, as a share of the hardware price (0.08 = 8%)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+}
+
 }  // namespace
 
 void add_plan_command(CLI::App& app) {
@@ -77,6 +109,7 @@ void add_plan_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--gpu-hour-price", o->inputs.usd_per_gpu_hour, "USD per GPU-hour (default: the catalogue's)")
       ->check(CLI::Range(0.0, 1e6));
+  add_tco_options(cmd, o->inputs.tco);
   cmd->add_option("--utilization", o->inputs.utilization, "Share of the time the GPUs serve at that rate")
       ->check(CLI::Range(0.001, 1.0))
       ->capture_default_str();

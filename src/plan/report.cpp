@@ -192,13 +192,32 @@ void render_layouts(const PlanResult& p, std::string& out) {
   out += "\n";
 }
 
+// Owning the GPUs: each part per GPU-hour with the assumption behind it, beside the catalogue's
+// rental price.
+void render_tco(const PlanResult& p, std::string& out) {
+  const TcoInputs& t = p.inputs.tco;
+  const TcoBreakdown& b = p.tco;
+  line(out, "tco", format("$%.3f per GPU-hour owned, against $%.2f rented (the catalogue's %s price)", b.total(),
+                     p.gpu.usd_per_gpu_hour, p.gpu.name.c_str()));
+  line(out, "  hardware", format("$%.3f: $%.0f a GPU + $%.0f of host over %g years", b.hardware, t.gpu_price,
+                            t.host_price_per_gpu, t.years));
+  line(out, "  power", format("$%.3f: %.2f kW a GPU (%.0f W board + %.0f W host, at %.0f%%) at $%.3f/kWh", b.power,
+                         b.it_kw, p.gpu.power_watts, t.host_watts_per_gpu, t.power_share * 100, t.usd_per_kwh));
+  line(out, "  cooling", format("$%.3f: PUE %.2f", b.cooling, t.pue));
+  line(out, "  space", format("$%.3f: $%.0f per kW of IT load a month", b.space, t.usd_per_kw_month));
+  line(out, "  upkeep",
+       format("$%.3f: maintenance, %.1f%% of the hardware a year", b.maintenance, t.maintenance_per_year * 100));
+}
+
 // Cost and power at the bound.
 void render_cost(const PlanResult& p, std::string& out) {
   const PlanInputs& in = p.inputs;
   const GpuSpec& g = p.gpu;
-  line(out, "cost", format("$%.2f/hour for %d GPUs at utilisation %.2f: $%.3f per million output tokens (%s, %s tok/s)",
-                      p.usd_per_gpu_hour * in.gpus, in.gpus, in.utilization, p.usd_per_million_tokens,
-                      p.cost_basis.c_str(), per_s(p.cost_tokens_per_s).c_str()));
+  if (p.has_tco) render_tco(p, out);
+  line(out, "cost", format("$%.2f/hour for %d GPUs (%s price) at utilisation %.2f: $%.3f per million output tokens "
+                           "(%s, %s tok/s)",
+                      p.usd_per_gpu_hour * in.gpus, in.gpus, p.price_basis.c_str(), in.utilization,
+                      p.usd_per_million_tokens, p.cost_basis.c_str(), per_s(p.cost_tokens_per_s).c_str()));
   line(out, "power", format("%.1f kW of GPU board power: %s tok/s per MW, %s tok/s per GPU", g.power_watts * in.gpus / 1e3,
                        count(p.tokens_per_s_per_megawatt).c_str(),
                        per_s(p.cost_tokens_per_s * in.utilization / in.gpus).c_str()));
@@ -295,6 +314,19 @@ std::string render_json(const PlanResult& p) {
                            {"kv_cache_blocks", s.cache_blocks},
                            {"kv_cache_tokens", s.cache_tokens},
                            {"fits", s.fits}};
+  }
+  out["price_basis"] = p.price_basis;
+  if (p.has_tco) {
+    const TcoInputs& t = p.inputs.tco;
+    const TcoBreakdown& b = p.tco;
+    out["tco"] = {{"usd_per_gpu_hour", b.total()}, {"hardware", b.hardware}, {"power", b.power},
+                  {"cooling", b.cooling}, {"space", b.space}, {"maintenance", b.maintenance},
+                  {"it_kw_per_gpu", b.it_kw},
+                  {"inputs", {{"gpu_price", t.gpu_price}, {"host_price_per_gpu", t.host_price_per_gpu},
+                              {"years", t.years}, {"usd_per_kwh", t.usd_per_kwh}, {"pue", t.pue},
+                              {"host_watts_per_gpu", t.host_watts_per_gpu}, {"power_share", t.power_share},
+                              {"usd_per_kw_month", t.usd_per_kw_month},
+                              {"maintenance_per_year", t.maintenance_per_year}}}};
   }
   out["cost_basis"] = p.cost_basis;
   out["cost_tokens_per_s"] = p.cost_tokens_per_s;

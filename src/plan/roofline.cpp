@@ -242,7 +242,10 @@ PlanResult make_plan(const ModelSpec& model, const PlanInputs& in, const std::st
   p.prefill_tokens_per_s_bound = in.gpus * p.gemm_rate.value / p.prefill_flops_per_token;
   p.ttft_bound_s = ctx * p.prefill_flops_per_token / (tp * p.gemm_rate.value);
 
-  p.usd_per_gpu_hour = in.usd_per_gpu_hour >= 0 ? in.usd_per_gpu_hour : p.gpu.usd_per_gpu_hour;
+  p.has_tco = in.tco.gpu_price > 0;
+  if (p.has_tco) p.tco = tco_per_gpu_hour(in.tco, p.gpu.power_watts);
+  p.usd_per_gpu_hour = in.usd_per_gpu_hour >= 0 ? in.usd_per_gpu_hour : p.has_tco ? p.tco.total() : p.gpu.usd_per_gpu_hour;
+  p.price_basis = in.usd_per_gpu_hour >= 0 ? "given" : p.has_tco ? "owned (TCO)" : "catalogue rental";
   p.cost_tokens_per_s = in.measured_tokens_per_s > 0 ? in.measured_tokens_per_s : p.decode_tokens_per_s_bound;
   p.cost_basis = in.measured_tokens_per_s > 0 ? "measured" : "decode bound";
   p.usd_per_million_tokens = usd_per_million_tokens(p.usd_per_gpu_hour * in.gpus, p.cost_tokens_per_s, in.utilization);

@@ -9,6 +9,7 @@
 
 #include "plan/hardware.h"
 #include "plan/model_spec.h"
+#include "plan/tco.h"
 
 namespace glms::plan {
 
@@ -84,7 +85,8 @@ struct PlanInputs {
   std::string kv_dtype = "bf16";
   int64_t context = 8192;
   int concurrency = 64;
-  double usd_per_gpu_hour = -1;     // < 0: the catalogue price
+  double usd_per_gpu_hour = -1;     // < 0: the TCO's where a GPU price is given, else the catalogue price
+  TcoInputs tco;                    // owning the GPUs (tco.gpu_price > 0), plan/tco.h
   double utilization = 1.0;
   double reserve_fraction = 0.10;   // of each GPU's memory, for activations, workspaces, runtime
   double measured_tokens_per_s = 0; // > 0: cost from this throughput instead of the bound
@@ -172,6 +174,9 @@ struct PlanResult {
   double decode_tokens_per_s_bound = 0;
   double decode_tokens_per_s_per_sequence_bound = 0;
   double usd_per_gpu_hour = 0;
+  std::string price_basis;              // "owned (TCO)", "given" (--gpu-hour-price) or "catalogue rental"
+  bool has_tco = false;
+  TcoBreakdown tco;                     // per GPU-hour, where a GPU price is given
   double cost_tokens_per_s = 0;         // throughput the cost is computed from
   std::string cost_basis;               // "decode bound" or "measured"
   double usd_per_million_tokens = 0;

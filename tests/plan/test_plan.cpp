@@ -284,3 +284,52 @@ TEST(Plan, RejectsBadInput) {
   EXPECT_THROW(parse_model_spec("[1, 2]", "x"), Error);
   EXPECT_THROW(parse_model_spec("{", "x"), Error);
 }
+
+// Owning the GPUs: each part per GPU-hour from its assumption (hand-computed), the plan's price
+// when no GPU-hour price is given, and inputs outside their sense refused.
+TEST(Plan, OwnedGpusPriceTheGpuHourByParts) {
+  TcoInputs t;
+  t.gpu_price = 30000;
+  t.host_price_per_gpu = 5040;
+  t.years = 4;
+  t.usd_per_kwh = 0.12;
+  t.pue = 1.5;
+  t.host_watts_per_gpu = 300;
+  t.power_share = 0.8;
+  t.usd_per_kw_month = 146;
+  t.maintenance_per_year = 0.1;
+  const TcoBreakdown b = tco_per_gpu_hour(t, 700);
+  EXPECT_NEAR(b.hardware, 35040.0 / (4 * 8760), 1e-12);  // $1.00
+  EXPECT_NEAR(b.it_kw, 0.8, 1e-12);                       // (700 + 300) W at 80%
+  EXPECT_NEAR(b.power, 0.8 * 0.12, 1e-12);
+  EXPECT_NEAR(b.cooling, 0.8 * 0.12 * 0.5, 1e-12);
+  EXPECT_NEAR(b.space, 0.8 * 146 / 730, 1e-12);           // a month is 730 hours
+  EXPECT_NEAR(b.maintenance, 3504.0 / 8760, 1e-12);
+  EXPECT_NEAR(b.total(), 1.0 + 0.096 + 0.048 + 0.16 + 0.4, 1e-9);
+
+  const ModelSpec m = load_model_spec(glm52());
+  PlanInputs in = inputs("h200", 8, "mxfp4", 8192, 64);
+  in.tco = t;
+  const PlanResult owned = make_plan(m, in);
+  EXPECT_TRUE(owned.has_tco);
+  EXPECT_EQ(owned.price_basis, "owned (TCO)");
+  EXPECT_NEAR(owned.tco.power, 0.8 * 0.12, 1e-12);  // from the catalogue's H200 board power of 700 W
+  EXPECT_DOUBLE_EQ(owned.usd_per_gpu_hour, owned.tco.total());
+  EXPECT_NEAR(owned.usd_per_million_tokens, usd_per_million_tokens(8 * owned.tco.total(), owned.decode_tokens_per_s_bound, 1.0),
+              1e-9);
+  const auto j = nlohmann::json::parse(render_json(owned));
+  EXPECT_NEAR(j["tco"]["usd_per_gpu_hour"].get<double>(), b.total(), 1e-9);
+  EXPECT_NE(render_text(owned).find("per GPU-hour owned"), std::string::npos);
+  in.usd_per_gpu_hour = 2.5;  // a given price wins, the TCO stays beside it
+  const PlanResult given = make_plan(m, in);
+  EXPECT_EQ(given.price_basis, "given");
+  EXPECT_DOUBLE_EQ(given.usd_per_gpu_hour, 2.5);
+  EXPECT_TRUE(given.has_tco);
+  EXPECT_EQ(make_plan(m, inputs("h200", 8, "mxfp4", 8192, 64)).price_basis, "catalogue rental");
+
+  t.pue = 0.9;
+  EXPECT_THROW(tco_per_gpu_hour(t, 700), Error);
+  t.pue = 1.2;
+  t.years = 0;
+  EXPECT_THROW(tco_per_gpu_hour(t, 700), Error);
+}
