@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <thread>
 #include <fmt/format.h>
 #include <fstream>
 #include <limits>
@@ -238,14 +239,19 @@ struct MeasuredLevel {
 };
 
 // SGLang's --flush-cache: the server's prefix cache emptied (SGLang's POST /flush_cache, else
-// vLLM's /reset_prefix_cache, which vLLM serves with VLLM_SERVER_DEV_MODE=1); anything but a 200
-// stops the run, since its levels would not start cold.
+// vLLM's /reset_prefix_cache, which vLLM serves with VLLM_SERVER_DEV_MODE=1). A 409 (requests
+// still in flight, such as cut ones the server is ending) is tried again for up to 10 s; anything
+// else but a 200 stops the run, since its levels would not start cold.
 void flush_prefix_cache(const ClientOptions& client, const std::string& head, bool progress) {
-  HttpReply reply = http_call(client, true, "/flush_cache");
   const char* path = "/flush_cache";
+  HttpReply reply = http_call(client, true, path);
   if (reply.status == 404 || reply.status == 405) {
-    reply = http_call(client, true, "/reset_prefix_cache");
     path = "/reset_prefix_cache";
+    reply = http_call(client, true, path);
+  }
+  for (int tries = 0; reply.status == 409 && tries < 20; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    reply = http_call(client, true, path);
   }
   if (reply.status != 200)
     fail(fmt::format("--flush-cache: POST {} answered HTTP {}: {} (the server must serve SGLang's /flush_cache or "
@@ -275,8 +281,8 @@ MeasuredLevel run_measured_level(const ClientOptions& client, const LevelPlan& p
     else std::fprintf(stderr, "%s\n", line.c_str());
     std::fflush(stderr);
   };
-  if (cfg.flush_cache) flush_prefix_cache(client, head, cfg.progress);
   if (plan.warmup_count > 0) warm_up(client, plan, templates, cfg, head);
+  if (cfg.flush_cache) flush_prefix_cache(client, head, cfg.progress);  // after the warm-up, as SGLang's
   const std::optional<MetricSums> before = scrape(client, cfg, metrics_on);
   std::vector<RequestTemplate> measured(templates.begin() + plan.first_prompt,
                                         templates.begin() + plan.first_prompt + plan.prompt_count);

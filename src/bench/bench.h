@@ -23,7 +23,7 @@ struct BenchConfig {
   std::string endpoint = "/v1/completions";  // or /v1/chat/completions
   std::string api_key;
   std::string request_id_prefix;  // X-Request-Id of each request: this and its number (empty: none)
-  bool flush_cache = false;       // empty the server's prefix cache before each level
+  bool flush_cache = false;       // empty the server's prefix cache in each level, after its warm-up
   std::string preset;          // informational (already applied by the caller)
   WorkloadSpec workload;       // the random dataset's prompts
   DatasetSpec dataset;         // name empty: the random dataset; else prompts read from its file

@@ -116,8 +116,8 @@ void add_server_options(CLI::App* cmd, BenchArgs& a) {
   cmd->add_option("--request-id-prefix", c.request_id_prefix,
                   "Each request carries an X-Request-Id header: this prefix and its number in the run (vLLM's flag)");
   cmd->add_flag("--flush-cache", c.flush_cache,
-                "Empty the server's prefix cache before each level (POST /flush_cache, else /reset_prefix_cache; "
-                "SGLang's flag)");
+                "Empty the server's prefix cache in each level after its warm-up (POST /flush_cache, else "
+                "/reset_prefix_cache; SGLang's flag)");
   cmd->add_option("--served-model-name", a.served_model_name,
                   "The model name requests carry, where --model names the tokenizer's folder (vLLM's form)");
 }

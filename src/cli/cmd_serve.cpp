@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -429,14 +430,16 @@ std::vector<std::string> banner_lines(const ServeArgs& args, const std::vector<s
   return lines;
 }
 
-// /metrics' GPU memory: each visible GPU's, read from the driver at every scrape (none on the CPU).
-std::function<std::vector<server::DeviceMemory>()> gpu_memory_probe(const std::string& device) {
+// /metrics' GPU memory: GPUs 0 .. ranks - 1 (the ones this process's ranks run on), read from the
+// driver at each scrape (none on the CPU). Only those: a query makes the device's context, which
+// on a GPU the layout does not use would take memory another job may own.
+std::function<std::vector<server::DeviceMemory>()> gpu_memory_probe(const std::string& device, int ranks) {
 #ifdef GLMS_HAVE_CUDA
   if (device != "cuda") return {};
-  return [] {
+  return [ranks] {
     std::vector<server::DeviceMemory> gpus;
     try {
-      for (int d = 0; d < ops::cuda::device_count(); ++d) {
+      for (int d = 0; d < std::min(ranks, ops::cuda::device_count()); ++d) {
         ops::cuda::set_device(d);  // the calling HTTP thread's current device; it runs no other CUDA work
         const auto [free_bytes, total_bytes] = ops::cuda::memory_info();
         gpus.push_back({d, static_cast<int64_t>(total_bytes - free_bytes), static_cast<int64_t>(total_bytes)});
@@ -448,6 +451,7 @@ std::function<std::vector<server::DeviceMemory>()> gpu_memory_probe(const std::s
   };
 #else
   (void)device;
+  (void)ranks;
   return {};
 #endif
 }
@@ -487,7 +491,7 @@ void run_serve(ServeArgs args) {
   std::vector<server::RankMemory> rank_memory;
   for (const runtime::Executor::RankMemory& m : memory) rank_memory.push_back({m.weight_bytes, m.cache_bytes});
   std::unique_ptr<server::Backend> backend =
-      server::make_engine_backend(engine, std::move(rank_memory), gpu_memory_probe(device));
+      server::make_engine_backend(engine, std::move(rank_memory), gpu_memory_probe(device, engine.layout().world_size()));
   config.banner = banner_lines(args, notes, config, engine, device, cache_bytes_per_token, memory, model);
   server::ApiService service(*backend, tokenizer, renderer, server::glm_parser_factory(), config);
 

@@ -455,6 +455,7 @@ int32_t Scheduler::draw_token(Sequence& seq, const float* raw_logits) {
       for (int32_t id : p.stop_token_ids)
         if (id >= 0 && id < model_.vocab_size) adjusted[id] = kNever;
     }
+    if (std::none_of(adjusted.begin(), adjusted.end(), [](float v) { return v > kNever; })) return kNoTokenLeft;
     logits = adjusted.data();
   }
   return seq.sampler.sample(logits, model_.vocab_size, p.sampling);
@@ -554,7 +555,13 @@ void Scheduler::advance(int r, std::vector<ScheduledSequence>& scheduled, runtim
     if (s.prompt_rows >= 0) score_prompt(seq, logits, s.prompt_rows, s.count);
     seq.num_computed += s.count;
     ranks_[r]->blocks.cache_full_blocks(seq);
-    if (s.first_row >= 0) {
+    if (s.first_row >= 0 && drawn[i] == kNoTokenLeft) {
+      emit_end(seq, "error",
+               "no token may come next: allowed_token_ids, bad_words, min_tokens and the structured output together "
+               "hold back every token",
+               true);
+      done.push_back(&seq);
+    } else if (s.first_row >= 0) {
       const int32_t token = drawn[i] >= 0 ? drawn[i] : logits.token[s.first_row];
       if (report_token(seq, token, logits.row(s.first_row))) done.push_back(&seq);
     }

@@ -96,7 +96,10 @@ class Scheduler {
   // Data-parallel ranks in the order a new sequence should try them.
   std::vector<int> rank_preference(const Sequence& seq, const std::vector<int>& budgets) const;
   int draft_budget(const Sequence& seq) const;
+  // The next token under the request's adjustments, or kNoTokenLeft when they leave every logit
+  // at -inf (allowed_token_ids, bad words, min_tokens and a structured output together).
   int32_t draw_token(Sequence& seq, const float* raw_logits);
+  static constexpr int32_t kNoTokenLeft = -2;
   int prompt_rows_left(const std::vector<ScheduledSequence>& step, size_t index, size_t rows_so_far) const;
   void score_prompt(Sequence& seq, const model::StepLogits& logits, int64_t first_row, int count);
   bool report_token(Sequence& seq, int32_t token, const float* raw_logits);

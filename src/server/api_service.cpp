@@ -25,6 +25,8 @@
 #include "structured/tool_calls.h"
 #include "server/web_ui.h"
 #include "text/glm_parsers.h"
+#include "text/normalizer.h"
+#include "text/utf8.h"
 
 namespace glms::server {
 
@@ -166,7 +168,15 @@ ApiService::ApiService(Backend& backend, text::Tokenizer tokenizer, ChatRenderer
 ApiService::~ApiService() = default;
 
 void ApiService::handle(const HttpRequest& request, std::shared_ptr<Responder> responder) {
-  // CORS before anything else: a browser's preflight carries no credentials.
+  // vLLM's --enable-request-id-headers: the client's id, or a fresh one, on every answer (the
+  // outermost wrapper, as vLLM's middleware: preflights too).
+  if (config_.request_id_headers) {
+    const std::string given = request.header("x-request-id");
+    responder = std::make_shared<HeaderAddingResponder>(
+        std::move(responder), std::vector<std::pair<std::string, std::string>>{
+                                  {"X-Request-Id", given.empty() ? random_id("") : given}});
+  }
+  // CORS before anything else but the id: a browser's preflight carries no credentials.
   if (cors_.enabled()) {
     if (CorsPolicy::is_preflight(request)) {
       HttpResponse preflight = cors_.preflight(request);
@@ -175,12 +185,6 @@ void ApiService::handle(const HttpRequest& request, std::shared_ptr<Responder> r
       return;
     }
     responder = cors_.wrap(request.header("origin"), std::move(responder));
-  }
-  if (config_.request_id_headers) {  // vLLM's --enable-request-id-headers: the client's id, or a fresh one
-    const std::string given = request.header("x-request-id");
-    responder = std::make_shared<HeaderAddingResponder>(
-        std::move(responder), std::vector<std::pair<std::string, std::string>>{
-                                  {"X-Request-Id", given.empty() ? random_id("") : given}});
   }
   HttpResponse response;
   bool answered = false;
@@ -264,7 +268,9 @@ std::optional<HttpResponse> ApiService::open_endpoint(const HttpRequest& request
     if (!is_get) throw_api(405, "Method Not Allowed");
     HttpResponse r;
     r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    r.body = metrics_->render(backend_.stats(), config_.vllm_metric_names);
+    BackendStats stats = backend_.stats();
+    stats.device_memory = backend_.device_memory();
+    r.body = metrics_->render(stats, config_.vllm_metric_names);
     return r;
   }
   if (path == "/version") {
@@ -419,12 +425,29 @@ std::string ApiService::render_prompt(const ChatRequest& request) const {
   }
 }
 
+namespace {
+
+// Python's str.lstrip(), as vLLM strips a bad word: leading characters of the Unicode White_Space
+// property and the separators \x1c-\x1f, which Python counts too. `s` is valid UTF-8 (the body was).
+std::string_view without_leading_space(std::string_view s) {
+  size_t pos = 0;
+  while (pos < s.size()) {
+    size_t next = pos;
+    const char32_t c = text::utf8::decode_at(s, next);
+    if (!text::is_unicode_whitespace(c) && !(c >= 0x1c && c <= 0x1f)) break;
+    pos = next;
+  }
+  return s.substr(pos);
+}
+
+}  // namespace
+
 // vLLM's reading of bad_words: each word without its leading whitespace as the text's first word,
 // and, where a space before it gives another first token but as many tokens, as a later word.
 std::vector<std::vector<int32_t>> ApiService::bad_word_sequences(const std::vector<std::string>& words) const {
   std::vector<std::vector<int32_t>> sequences;
   for (const std::string& word : words) {
-    const std::string stripped = word.substr(word.find_first_not_of(" \t\n\r"));
+    const std::string stripped(without_leading_space(word));
     std::vector<int32_t> first = tokenizer_.encode(stripped, false);
     std::vector<int32_t> later = tokenizer_.encode(" " + stripped, false);
     if (first.empty()) bad_request("bad_words: '" + word + "' encodes to no tokens", "bad_words");
@@ -442,10 +465,20 @@ void ApiService::take_request_id_header(const HttpRequest& request, SamplingFiel
 }
 
 // As vLLM warns of fields a request holds that it does not read.
+// The names are the client's: each is cut to 64 bytes with control characters shown as '?', and
+// at most 16 are listed, so that a request cannot write the log's lines.
 void ApiService::log_ignored_fields(const SamplingFields& sampling, const char* path) {
   if (sampling.ignored_fields.empty()) return;
+  constexpr size_t kMaxNames = 16, kMaxNameBytes = 64;
   std::string names;
-  for (const std::string& name : sampling.ignored_fields) names += (names.empty() ? "" : ", ") + name;
+  for (size_t i = 0; i < std::min(sampling.ignored_fields.size(), kMaxNames); ++i) {
+    std::string name = sampling.ignored_fields[i].substr(0, kMaxNameBytes);
+    for (char& c : name)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+    names += (names.empty() ? "" : ", ") + name;
+  }
+  if (sampling.ignored_fields.size() > kMaxNames)
+    names += " and " + std::to_string(sampling.ignored_fields.size() - kMaxNames) + " more";
   log::warning(std::string(path) + ": the request's fields " + names + " are not read by glmserve and were ignored");
 }
 

@@ -55,7 +55,7 @@ struct BackendStats {
   bool prefix_caching = true;
   double gpu_memory_utilization = 0;
   std::vector<RankMemory> rank_memory;      // [ranks of the layout]
-  std::vector<DeviceMemory> device_memory;  // [visible GPUs] (empty on the CPU)
+  std::vector<DeviceMemory> device_memory;  // [the GPUs the layout uses]: only /metrics reads them (device_memory())
 };
 
 class Backend {
@@ -76,10 +76,12 @@ class Backend {
   // Empties the prefix cache: the blocks freed, or nothing while requests are in flight
   // (engine::Engine::reset_prefix_cache).
   virtual std::optional<int> reset_prefix_cache() = 0;
+  // The GPUs' memory now, from the driver (empty on the CPU): for /metrics' scrapes only.
+  virtual std::vector<DeviceMemory> device_memory() const { return {}; }
 };
 
 // Adapts a running engine (which must outlive the adapter). `rank_memory`: what each rank
-// allocated; `device_memory` (may be empty): reads the GPUs' memory at each stats() call.
+// allocated; `device_memory` (may be empty): reads the GPUs' memory (Backend::device_memory).
 std::unique_ptr<Backend> make_engine_backend(engine::Engine& engine, std::vector<RankMemory> rank_memory = {},
                                              std::function<std::vector<DeviceMemory>()> device_memory = {});
 

@@ -42,7 +42,6 @@ class EngineBackend final : public Backend {
     out.prefix_caching = engine_.config().enable_prefix_cache;
     out.gpu_memory_utilization = engine_.config().gpu_memory_utilization;
     out.rank_memory = rank_memory_;
-    if (device_memory_) out.device_memory = device_memory_();
     return out;
   }
   int max_model_len() const override {
@@ -52,6 +51,9 @@ class EngineBackend final : public Backend {
   int vocab_size() const override { return static_cast<int>(engine_.model_config().vocab_size); }
   void drain(double timeout_seconds) override { engine_.drain(timeout_seconds); }
   std::optional<int> reset_prefix_cache() override { return engine_.reset_prefix_cache(); }
+  std::vector<DeviceMemory> device_memory() const override {
+    return device_memory_ ? device_memory_() : std::vector<DeviceMemory>{};
+  }
 
  private:
   engine::Engine& engine_;

@@ -99,6 +99,17 @@ json parse_body(std::string_view body, int max_depth) {
   return doc;
 }
 
+// JSON written inside a string field (a schema or structural tag as text): the body's check
+// (valid UTF-8, nesting within max_depth) did not look inside strings, and the schema compiler and
+// serializer recurse over the nesting. A 400 naming `name` else.
+void check_json_text(const std::string& text, const std::string& name, int max_depth) {
+  try {
+    check_body_text(text, max_depth);
+  } catch (const ApiException& e) {
+    bad_request(name + ": " + e.error.message, name);
+  }
+}
+
 // The value at `path` in the body, read again in key order (a schema's properties are written in
 // the order given).
 std::shared_ptr<const nlohmann::ordered_json> in_key_order(std::string_view body, const std::vector<std::string>& path) {
@@ -110,10 +121,11 @@ std::shared_ptr<const nlohmann::ordered_json> in_key_order(std::string_view body
 // A JSON schema given as `name` (at `path` in the body), for structured output: read again from the
 // body in key order, as the order of its properties is the order the output writes them in.
 void take_schema(const json& schema, std::string_view body, const std::vector<std::string>& path,
-                 const std::string& name, SamplingFields& s) {
+                 const std::string& name, SamplingFields& s, int max_depth) {
   if (s.json_schema) bad_request("give one structured output, once", name);
   s.json_schema_param = name;
   if (schema.is_string()) {
+    check_json_text(schema.get<std::string>(), name, max_depth);
     const auto parsed = nlohmann::ordered_json::parse(schema.get<std::string>(), nullptr, false);
     if (parsed.is_discarded()) bad_request(name + " is a string but not JSON", name);
     s.json_schema = std::make_shared<const nlohmann::ordered_json>(parsed);
@@ -194,10 +206,11 @@ void parse_stops(const json& doc, SamplingFields& s, const ParseLimits& limits) 
 // A structural tag (vLLM's): an object, or its JSON text (structured_outputs.structural_tag is a
 // string in vLLM), kept in the request's key order (its schemas' properties keep theirs).
 void take_structural_tag(const json& value, std::string_view body, const std::vector<std::string>& path,
-                         const std::string& name, SamplingFields& s) {
+                         const std::string& name, SamplingFields& s, int max_depth) {
   if (s.structural_tag) bad_request("give one structured output, once", name);
   s.structural_tag_param = name;
   if (value.is_string()) {
+    check_json_text(value.get<std::string>(), name, max_depth);
     const auto parsed = nlohmann::ordered_json::parse(value.get<std::string>(), nullptr, false);
     if (!parsed.is_object()) bad_request(name + " is a string but not a JSON object", name);
     s.structural_tag = std::make_shared<const nlohmann::ordered_json>(parsed);
@@ -208,7 +221,7 @@ void take_structural_tag(const json& value, std::string_view body, const std::ve
 }
 
 // response_format: text, json_object, json_schema or structural_tag.
-void parse_response_format(const json& doc, std::string_view body, SamplingFields& s) {
+void parse_response_format(const json& doc, std::string_view body, SamplingFields& s, int max_depth) {
   if (const json* v = field(doc, "response_format")) {
     if (!v->is_object()) wrong_type("response_format", "an object", *v);
     const auto type = get_string(*v, "type");
@@ -219,9 +232,10 @@ void parse_response_format(const json& doc, std::string_view body, SamplingField
       if (!spec || !spec->is_object()) bad_request("response_format.json_schema must be an object", "response_format.json_schema");
       const json* schema = field(*spec, "schema");
       if (!schema) bad_request("response_format.json_schema.schema is required", "response_format.json_schema.schema");
-      take_schema(*schema, body, {"response_format", "json_schema", "schema"}, "response_format.json_schema.schema", s);
+      take_schema(*schema, body, {"response_format", "json_schema", "schema"}, "response_format.json_schema.schema", s,
+                  max_depth);
     } else if (type && *type == "structural_tag") {
-      take_structural_tag(*v, body, {"response_format"}, "response_format", s);
+      take_structural_tag(*v, body, {"response_format"}, "response_format", s, max_depth);
     } else if (type && *type != "text") {
       bad_request("response_format type '" + *type +
                       "' is not supported (text, json_object, json_schema and structural_tag are)",
@@ -295,7 +309,7 @@ void parse_bias_and_lengths(const json& doc, SamplingFields& s, const ParseLimit
 
 // The structured outputs of vLLM's request forms: guided_choice / _regex / _grammar / _json, or
 // structured_outputs with the same kinds; one form at most, with response_format's.
-void parse_structured_outputs(const json& doc, std::string_view body, SamplingFields& s) {
+void parse_structured_outputs(const json& doc, std::string_view body, SamplingFields& s, int max_depth) {
   // Structured outputs: the choice form (vLLM's structured_outputs.choice, or guided_choice).
   auto parse_choice = [&](const json& v, const std::string& name) {
     if (!v.is_array() || v.empty()) wrong_type(name, "a non-empty array of strings", v);
@@ -316,7 +330,8 @@ void parse_structured_outputs(const json& doc, std::string_view body, SamplingFi
   if (const json* v = field(doc, "guided_choice")) parse_choice(*v, "guided_choice"), ++guided_fields;
   if (const json* v = field(doc, "guided_regex")) parse_regex(*v, "guided_regex"), ++guided_fields;
   if (const json* v = field(doc, "guided_grammar")) parse_grammar(*v, "guided_grammar"), ++guided_fields;
-  if (const json* v = field(doc, "guided_json")) take_schema(*v, body, {"guided_json"}, "guided_json", s), ++guided_fields;
+  if (const json* v = field(doc, "guided_json"))
+    take_schema(*v, body, {"guided_json"}, "guided_json", s, max_depth), ++guided_fields;
   if (const json* v = field(doc, "structured_outputs")) {
     if (!v->is_object()) wrong_type("structured_outputs", "an object", *v);
     if (guided_fields) bad_request("give one structured output, once (structured_outputs or guided_*)", "structured_outputs");
@@ -324,9 +339,11 @@ void parse_structured_outputs(const json& doc, std::string_view body, SamplingFi
       if (key == "choice") parse_choice(value, "structured_outputs.choice");
       else if (key == "regex") parse_regex(value, "structured_outputs.regex");
       else if (key == "structural_tag")
-        take_structural_tag(value, body, {"structured_outputs", "structural_tag"}, "structured_outputs.structural_tag", s);
+        take_structural_tag(value, body, {"structured_outputs", "structural_tag"}, "structured_outputs.structural_tag", s,
+                            max_depth);
       else if (key == "grammar") parse_grammar(value, "structured_outputs.grammar");
-      else if (key == "json") take_schema(value, body, {"structured_outputs", "json"}, "structured_outputs.json", s);
+      else if (key == "json")
+        take_schema(value, body, {"structured_outputs", "json"}, "structured_outputs.json", s, max_depth);
       else if (key == "json_object") {
         if (!value.is_boolean()) wrong_type("structured_outputs.json_object", "a boolean", value);
         s.json_object = s.json_object || value.get<bool>();
@@ -405,10 +422,10 @@ std::vector<std::string> ignored_fields(const json& doc, std::span<const std::st
 void parse_sampling(const json& doc, std::string_view body, SamplingFields& s, const ParseLimits& limits, bool chat) {
   parse_sampling_numbers(doc, s, limits);
   parse_stops(doc, s, limits);
-  parse_response_format(doc, body, s);
+  parse_response_format(doc, body, s, limits.max_json_depth);
   parse_bias_and_lengths(doc, s, limits);
   parse_token_filters(doc, s, limits);
-  parse_structured_outputs(doc, body, s);
+  parse_structured_outputs(doc, body, s, limits.max_json_depth);
   parse_logprobs(doc, s, limits, chat);
   for (const char* name : {"functions", "function_call"})
     if (const json* v = field(doc, name); v && !(v->is_array() && v->empty()))
@@ -605,9 +622,8 @@ std::string checked_request_id(const std::string& id, const std::string& param) 
   constexpr size_t kMaxLength = 256;
   if (id.empty() || id.size() > kMaxLength)
     bad_request(param + " must hold 1 to " + std::to_string(kMaxLength) + " characters", param);
-  for (const char c : id)
-    if (c < 0x21 || c > 0x7e)
-      bad_request(param + " may hold only visible ASCII characters (no spaces or control characters)", param);
+  for (const unsigned char c : id)
+    if (c < 0x20 || c == 0x7f) bad_request(param + " may not hold control characters", param);
   return id;
 }
 

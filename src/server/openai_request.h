@@ -87,8 +87,9 @@ struct SamplingFields {
   }
 };
 
-// A request id given in a body's request_id or an X-Request-Id header (`param`): 1 to 256
-// visible ASCII characters, as it goes into response ids and headers; a 400 naming `param` else.
+// A request id given in a body's request_id or an X-Request-Id header (`param`): 1 to 256 bytes
+// and no control characters, as it goes into response ids and the access log's line; a 400
+// naming `param` else.
 std::string checked_request_id(const std::string& id, const std::string& param);
 
 struct ChatRequest {

@@ -16,6 +16,10 @@ namespace {
 
 using ordered_json = nlohmann::ordered_json;
 
+// Bounds on what a request may ask: the automaton has a state per trigger byte (256 next states
+// each), the grammar a rule per state and the structures' schemas.
+constexpr size_t kMaxTriggers = 64, kMaxTriggerBytes = 1024, kMaxStructures = 64;
+
 // `text` with each markup tag (vocabulary.h) replaced by its reserved byte, as the constraint
 // sees the tokens.
 std::string with_markup_bytes(std::string text) {
@@ -50,19 +54,28 @@ Spec read_spec(const ordered_json& spec) {
     fail("structural_tag: triggers must be a non-empty array of strings");
   if (!spec.contains("structures") || !spec["structures"].is_array() || spec["structures"].empty())
     fail("structural_tag: structures must be a non-empty array of {begin, schema, end}");
+  if (spec["triggers"].size() > kMaxTriggers || spec["structures"].size() > kMaxStructures)
+    fail("structural_tag: at most " + std::to_string(kMaxTriggers) + " triggers and " + std::to_string(kMaxStructures) +
+         " structures");
   Spec out;
+  size_t trigger_bytes = 0;
   for (const ordered_json& t : spec["triggers"]) {
     if (!t.is_string() || t.get<std::string>().empty()) fail("structural_tag: each trigger must be a non-empty string");
     out.triggers.push_back(with_markup_bytes(t.get<std::string>()));
+    trigger_bytes += out.triggers.back().size();
   }
+  if (trigger_bytes > kMaxTriggerBytes)
+    fail("structural_tag: the triggers hold " + std::to_string(trigger_bytes) + " bytes together, more than " +
+         std::to_string(kMaxTriggerBytes));
   for (size_t i = 0; i < spec["structures"].size(); ++i) {
     const ordered_json& s = spec["structures"][i];
     const std::string where = "structures[" + std::to_string(i) + "]";
     if (!s.is_object()) fail("structural_tag: " + where + " must be an object with begin, schema and end");
     Structure structure{with_markup_bytes(string_field(s, "begin", where)),
                         with_markup_bytes(string_field(s, "end", where)), nullptr, where};
-    if (!s.contains("schema")) fail("structural_tag: " + where + ".schema is required");
-    structure.schema = &s["schema"];
+    // A structure without a schema (vLLM's default, None) takes any JSON value.
+    static const ordered_json kAnyValue = ordered_json::object();
+    structure.schema = s.contains("schema") && !s["schema"].is_null() ? &s["schema"] : &kAnyValue;
     out.structures.push_back(std::move(structure));
   }
   return out;
@@ -92,41 +105,52 @@ std::vector<size_t> triggers_of_structures(const Spec& spec, const ordered_json&
 }
 
 // The triggers' prefixes as the states of the free text: Aho-Corasick's goto function over
-// bytes. State 0 is the empty prefix; `full[q]` is the trigger state q completes, or -1.
+// bytes, built breadth first from each state's failure state (the longest proper suffix of its
+// prefix that is a prefix too). State 0 is the empty prefix; `full[q]` is the trigger state q
+// completes, or -1.
 struct TriggerAutomaton {
-  std::vector<std::string> prefixes;
   std::vector<int> full;
   std::vector<std::array<int, 256>> next;
+  size_t size() const { return full.size(); }
 };
 
 TriggerAutomaton trigger_automaton(const std::vector<std::string>& triggers) {
   TriggerAutomaton a;
-  std::map<std::string, int> state_of;
-  auto add = [&](const std::string& prefix) {
-    if (state_of.count(prefix)) return;
-    state_of[prefix] = static_cast<int>(a.prefixes.size());
-    a.prefixes.push_back(prefix);
+  std::vector<std::array<int, 256>> child;  // the trie: -1 where no prefix continues
+  auto add_state = [&] {
+    child.emplace_back();
+    child.back().fill(-1);
     a.full.push_back(-1);
+    return static_cast<int>(a.full.size()) - 1;
   };
-  add("");
+  add_state();
   for (size_t t = 0; t < triggers.size(); ++t) {
-    for (size_t n = 1; n <= triggers[t].size(); ++n) add(triggers[t].substr(0, n));
-    a.full[static_cast<size_t>(state_of[triggers[t]])] = static_cast<int>(t);
-  }
-  // The next state is the longest suffix of prefix + byte that is itself a prefix (the triggers
-  // are short: this direct form costs prefixes x 256 x length).
-  a.next.resize(a.prefixes.size());
-  for (size_t q = 0; q < a.prefixes.size(); ++q)
-    for (int b = 0; b < 256; ++b) {
-      const std::string text = a.prefixes[q] + static_cast<char>(b);
-      int target = 0;
-      for (size_t from = 0; from < text.size(); ++from)
-        if (const auto it = state_of.find(text.substr(from)); it != state_of.end()) {
-          target = it->second;
-          break;
-        }
-      a.next[q][static_cast<size_t>(b)] = target;
+    int q = 0;
+    for (const unsigned char c : triggers[t]) {
+      if (child[static_cast<size_t>(q)][c] < 0) {
+        const int fresh = add_state();
+        child[static_cast<size_t>(q)][c] = fresh;
+      }
+      q = child[static_cast<size_t>(q)][c];
     }
+    a.full[static_cast<size_t>(q)] = static_cast<int>(t);
+  }
+  a.next.assign(a.size(), {});
+  std::vector<int> fail(a.size(), 0), order = {0};
+  for (size_t i = 0; i < order.size(); ++i) {
+    const size_t q = static_cast<size_t>(order[i]);
+    for (int b = 0; b < 256; ++b) {
+      const int c = child[q][static_cast<size_t>(b)];
+      const int via_fail = q == 0 ? 0 : a.next[static_cast<size_t>(fail[q])][static_cast<size_t>(b)];
+      if (c < 0) {
+        a.next[q][static_cast<size_t>(b)] = via_fail;
+        continue;
+      }
+      a.next[q][static_cast<size_t>(b)] = c;
+      fail[static_cast<size_t>(c)] = via_fail;
+      order.push_back(c);
+    }
+  }
   return a;
 }
 
@@ -144,7 +168,7 @@ std::shared_ptr<const Grammar> structural_tag_grammar(const ordered_json& raw) {
   ByteSet allowed = text_bytes();
   for (const std::string& t : spec.triggers)
     for (const unsigned char c : t) allowed.set(c);
-  for (size_t q = 0; q < automaton.prefixes.size(); ++q) {
+  for (size_t q = 0; q < automaton.size(); ++q) {
     if (automaton.full[q] >= 0) continue;
     std::map<int, ByteSet> by_target;
     for (int b = 0; b < 256; ++b)

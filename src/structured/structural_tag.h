@@ -7,6 +7,9 @@
 // up to json_schema.h's bound) and its end, and then it is free text again. Ending inside a
 // structure is not a complete output.
 //
+// A structure without a schema takes any JSON value. At most 64 triggers of 1024 bytes together
+// and 64 structures.
+//
 // Lowered to one grammar (grammar.h): the free text is an automaton over the triggers' bytes (a
 // state for each trigger prefix, Aho-Corasick's goto function), each trigger's last byte leads to
 // its structures. GLM's markup tokens (<tool_call>, <arg_key>, ... in vocabulary.h) written in a

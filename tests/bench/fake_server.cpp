@@ -115,16 +115,22 @@ void FakeServer::serve(int fd) {
     }
     if (head.rfind("POST /flush_cache", 0) == 0 || head.rfind("POST /reset_prefix_cache", 0) == 0) {
       const bool served = opt_.serves_flush_cache && head.rfind("POST /flush_cache", 0) == 0;
-      if (served) ++flushes_;
+      if (served) {
+        ++flushes_;
+        std::lock_guard lock(mu_);
+        post_log_.push_back("flush");
+      }
       const std::string text = served ? R"({"freed_blocks":3})" : R"({"error":{"message":"Not Found"}})";
       send_all(fd, std::string(served ? "HTTP/1.1 200 OK" : "HTTP/1.1 404 Not Found") +
                        "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(text.size()) +
                        "\r\n\r\n" + text);
       continue;
     }
-    if (auto p = head.find("X-Request-Id: "); p != std::string::npos) {
+    {
       std::lock_guard lock(mu_);
-      request_ids_.push_back(head.substr(p + 14, head.find("\r\n", p) - p - 14));
+      post_log_.push_back("request");
+      if (auto p = head.find("X-Request-Id: "); p != std::string::npos)
+        request_ids_.push_back(head.substr(p + 14, head.find("\r\n", p) - p - 14));
     }
     const int count = ++posts_;
     if (opt_.fail_every > 0 && count % opt_.fail_every == 0) {

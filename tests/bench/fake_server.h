@@ -32,6 +32,11 @@ class FakeServer {
   int max_active() const { return max_active_.load(); }
   int connections() const { return connections_.load(); }
   int flushes() const { return flushes_.load(); }
+  // The POSTs in arrival order: "flush", or "request" (answered requests).
+  std::vector<std::string> post_log() {
+    std::lock_guard lock(mu_);
+    return post_log_;
+  }
   std::vector<std::string> request_ids() {
     std::lock_guard lock(mu_);
     return request_ids_;
@@ -47,6 +52,7 @@ class FakeServer {
   std::atomic<bool> stop_{false};
   std::atomic<int> posts_{0}, active_{0}, max_active_{0}, connections_{0}, flushes_{0};
   std::vector<std::string> request_ids_;  // guarded by mu_
+  std::vector<std::string> post_log_;     // guarded by mu_
   std::atomic<long long> tokens_{0};
   std::thread acceptor_;
   std::mutex mu_;

@@ -279,8 +279,9 @@ TEST(LoadGen, RequestIdsCountAcrossLevels) {
   EXPECT_EQ(server.request_ids().size(), 10u) << "no prefix, no header";
 }
 
-// SGLang's --flush-cache: the server's prefix cache is emptied before each level; a server that
-// serves neither /flush_cache nor /reset_prefix_cache stops the run with what to do.
+// SGLang's --flush-cache: the server's prefix cache is emptied in each level between its warm-up
+// and its measured requests; a server that serves neither /flush_cache nor /reset_prefix_cache
+// stops the run with what to do.
 TEST(RunBench, FlushCacheBeforeEachLevel) {
   auto config = [](int port) {
     BenchConfig cfg;
@@ -292,7 +293,7 @@ TEST(RunBench, FlushCacheBeforeEachLevel) {
     cfg.token_id_prompts = true;
     cfg.concurrencies = {1, 2};
     cfg.num_prompts = 2;
-    cfg.warmup = 0;
+    cfg.warmup = 1;
     cfg.progress = false;
     cfg.scrape_metrics = false;
     cfg.flush_cache = true;
@@ -301,6 +302,9 @@ TEST(RunBench, FlushCacheBeforeEachLevel) {
   FakeServer server;
   EXPECT_EQ(run_bench(config(server.port())).completed, 4u);
   EXPECT_EQ(server.flushes(), 2);
+  EXPECT_EQ(server.post_log(), (std::vector<std::string>{"request", "flush", "request", "request", "request", "flush",
+                                                          "request", "request"}))
+      << "a level: its warm-up, the flush, its measured requests";
   FakeServerOptions without;
   without.serves_flush_cache = false;
   FakeServer vllm_like(without);
@@ -310,5 +314,5 @@ TEST(RunBench, FlushCacheBeforeEachLevel) {
   } catch (const glms::Error& e) {
     EXPECT_NE(std::string(e.what()).find("VLLM_SERVER_DEV_MODE"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(vllm_like.posts(), 0) << "no request was sent";
+  EXPECT_EQ(vllm_like.posts(), 1) << "the first level's warm-up, then nothing measured";
 }

@@ -302,4 +302,15 @@ TEST_F(EngineMasks, AllowedTokensAndBadWordsHoldBackTheirTokens) {
   const std::vector<int32_t> from_prompt =
       run([&](engine::RequestParams& p) { p.bad_word_ids = {{prompt.back(), free[0]}}; });
   EXPECT_EQ(from_prompt, free) << "a bad word that begins in the prompt is not matched";
+
+  // Only the EOS ids allowed while min_tokens holds them back: nothing may come next, and the
+  // request ends with an error instead of drawing from nothing.
+  engine::RequestParams stuck = glms::testing::greedy_request(prompt, 8);
+  stuck.ignore_eos = false;
+  stuck.allowed_token_ids = engine.model_config().eos_token_ids;
+  stuck.min_tokens = 3;
+  const glms::testing::Collected none = Pending(engine, stuck).get();
+  EXPECT_TRUE(none.tokens.empty());
+  EXPECT_EQ(none.last.finish_reason, "error");
+  EXPECT_NE(none.last.error.find("no token may come next"), std::string::npos) << none.last.error;
 }

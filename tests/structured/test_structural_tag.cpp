@@ -128,6 +128,23 @@ TEST(StructuralTag, MarkupTokensAreTheirReservedBytes) {
   EXPECT_FALSE(accepts(g, "ok " + close)) << "markup outside a structure";
 }
 
+// A structure without a schema takes any JSON value; 64 triggers of 16 bytes build at once.
+TEST(StructuralTag, NoSchemaTakesAnyJsonAndManyTriggersBuild) {
+  const auto g = structured::structural_tag_grammar(
+      ordered_json::parse(R"({"structures": [{"begin": "<v>", "end": "</v>"}], "triggers": ["<v>"]})"));
+  EXPECT_TRUE(accepts(g, R"(x <v>{"a": [1, "b", null]}</v> y <v>3</v>)"));
+  EXPECT_FALSE(accepts(g, R"(x <v>{"a": </v>)"));
+  ordered_json many = {{"structures", ordered_json::array()}, {"triggers", ordered_json::array()}};
+  for (int i = 0; i < 64; ++i) {
+    const std::string trigger = "<call_" + std::to_string(100000 + i) + "_nm=";  // 16 bytes
+    many["triggers"].push_back(trigger);
+    many["structures"].push_back({{"begin", trigger + ">"}, {"schema", {{"type", "integer"}}}, {"end", "</call>"}});
+  }
+  const auto big = structured::structural_tag_grammar(many);
+  EXPECT_TRUE(accepts(big, "a <call_100063_nm=>7</call> b <call_100000_nm=>-2</call>"));
+  EXPECT_FALSE(accepts(big, "a <call_100063_nm=>x</call>"));
+}
+
 TEST(StructuralTag, SpecsThatCannotBeFollowedAreRefused) {
   auto refusal = [](const char* spec) {
     try {
@@ -147,7 +164,19 @@ TEST(StructuralTag, SpecsThatCannotBeFollowedAreRefused) {
   EXPECT_NE(refusal((std::string(R"({"structures": [{"begin": "<a>", )") + schema + R"(, "end": ""}], "triggers": ["<a", "<c"]})").c_str())
                 .find("no structure's begin starts with trigger '<c'"),
             std::string::npos);
-  EXPECT_NE(refusal(R"({"structures": [{"begin": "<a>", "end": ""}], "triggers": ["<a"]})").find("schema is required"),
+  EXPECT_NE(refusal((std::string(R"({"structures": [{"begin": "<a>", )") + schema + R"(, "end": ""}], "triggers": [)" +
+                     [] {
+                       std::string many;
+                       for (int i = 0; i < 65; ++i) many += (i ? ",\"<" : "\"<") + std::to_string(1000 + i) + "\"";
+                       return many;
+                     }() + "]}")
+                        .c_str())
+                .find("at most 64 triggers"),
+            std::string::npos);
+  EXPECT_NE(refusal(("{\"structures\": [{\"begin\": \"<a>\", \"end\": \"\"}], \"triggers\": [\"<a" + std::string(1100, 'x') +
+                     "\"]}")
+                        .c_str())
+                .find("more than 1024"),
             std::string::npos);
   EXPECT_NE(refusal(R"({"format": {"type": "triggered_tags"}})").find("format form is not supported"), std::string::npos);
   EXPECT_NE(refusal(R"({"structures": [], "triggers": ["<a"]})").find("structures must be"), std::string::npos);
