@@ -108,6 +108,10 @@ async function main() {
                                { timeout: 5000 });
     const peak = await page.$eval(".card", (e) => e.dataset.max);
     check(+peak.split(",")[1] > 0, "the throughput chart rose with the reply (peak prompt,generated tok/s: " + peak + ")");
+    // The memory card: the KV cache's GiB from /metrics (the CPU reports no GPU and no weights).
+    const memory = await page.$$eval(".card", (cards) =>
+      cards.find((c) => c.querySelector("h2").textContent === "Memory").dataset.max);
+    check(+memory.split(",")[1] > 0 && +memory.split(",")[0] === 0, "the memory card shows the KV cache: " + memory);
     await page.screenshot({ path: path.join(outDir, "dashboard-1280x800.png") });
 
     // Stop mid-stream: the server cancels the request (counted as abort).
