@@ -563,7 +563,9 @@ std::shared_ptr<structured::GrammarMatcher> ApiService::structured_matcher(const
   else if (s.json_object) key = "json_object";
   else if (s.json_schema) key = "json:" + s.json_schema->dump(), param = s.json_schema_param;
   else if (!s.grammar.empty()) key = "grammar:" + s.grammar, param = "structured_outputs.grammar";
-  else if (s.structural_tag) key = "structural_tag:" + s.structural_tag->dump(), param = s.structural_tag_param;
+  else if (s.structural_tag)
+    key = std::string("structural_tag:") + (opens_reasoning ? "think:" : "") + s.structural_tag->dump(),
+    param = s.structural_tag_param;
   else if (forced_call)
     key = "tools:" + chat->tool_function + (chat->parallel_tool_calls ? ":parallel:" : ":one:") +
           (opens_reasoning ? "think:" : ":") + chat->tools_in_order->dump(),
@@ -585,7 +587,7 @@ std::shared_ptr<structured::GrammarMatcher> ApiService::structured_matcher(const
     else if (s.json_object) grammar = structured::json_schema_grammar(nlohmann::ordered_json{{"type", "object"}});
     else if (s.json_schema) grammar = structured::json_schema_grammar(*s.json_schema);
     else if (!s.grammar.empty()) grammar = structured::parse_gbnf(s.grammar);
-    else if (s.structural_tag) grammar = structured::structural_tag_grammar(*s.structural_tag);
+    else if (s.structural_tag) grammar = structured::structural_tag_grammar(*s.structural_tag, opens_reasoning);
     else grammar = structured::tool_call_grammar(*chat->tools_in_order, {chat->tool_function, chat->parallel_tool_calls, opens_reasoning});
   } catch (const Error& e) {
     bad_request(e.what(), param);

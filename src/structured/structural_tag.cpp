@@ -156,7 +156,7 @@ TriggerAutomaton trigger_automaton(const std::vector<std::string>& triggers) {
 
 }  // namespace
 
-std::shared_ptr<const Grammar> structural_tag_grammar(const ordered_json& raw) {
+std::shared_ptr<const Grammar> structural_tag_grammar(const ordered_json& raw, bool opens_reasoning) {
   const Spec spec = read_spec(raw);
   const std::vector<size_t> trigger_of = triggers_of_structures(spec, raw);
   const TriggerAutomaton automaton = trigger_automaton(spec.triggers);
@@ -194,7 +194,12 @@ std::shared_ptr<const Grammar> structural_tag_grammar(const ordered_json& raw) {
     }
     builder.define(trigger_rule(t), sequence({choice(std::move(structures)), builder.ref(free_rule(0))}));
   }
-  return builder.build(free_rule(0), "structural_tag");
+  if (!opens_reasoning) return builder.build(free_rule(0), "structural_tag");
+  ByteSet reasoning = text_bytes();
+  reasoning.reset(0);
+  builder.define("root", sequence({repeat(bytes(reasoning), 0, -1), literal(std::string(1, markup_byte("</think>"))),
+                                   builder.ref(free_rule(0))}));
+  return builder.build("root", "structural_tag");
 }
 
 }  // namespace glms::structured

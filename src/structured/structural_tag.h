@@ -26,7 +26,9 @@
 namespace glms::structured {
 
 // `spec`: {"structures": [...], "triggers": [...]} (other keys of a response_format, such as
-// "type", are ignored). Throws glms::Error naming what is wrong.
-std::shared_ptr<const Grammar> structural_tag_grammar(const nlohmann::ordered_json& spec);
+// "type", are ignored). `opens_reasoning`: the prompt ends in an open <think>, so reasoning text
+// and </think> come first, unconstrained (as vLLM constrains only what follows the reasoning).
+// Throws glms::Error naming what is wrong.
+std::shared_ptr<const Grammar> structural_tag_grammar(const nlohmann::ordered_json& spec, bool opens_reasoning = false);
 
 }  // namespace glms::structured

@@ -128,6 +128,18 @@ TEST(StructuralTag, MarkupTokensAreTheirReservedBytes) {
   EXPECT_FALSE(accepts(g, "ok " + close)) << "markup outside a structure";
 }
 
+// After a prompt that opens the reasoning, its text and </think> come first, unconstrained; the
+// tag holds from there.
+TEST(StructuralTag, ReasoningComesFirstWhereThePromptOpensIt) {
+  const auto g = structured::structural_tag_grammar(ordered_json::parse(kSpec), true);
+  const std::string close(1, structured::markup_byte("</think>"));
+  EXPECT_TRUE(accepts(g, "let me think: <function=other> is fine here" + close + R"(ok <function=add>[1]</function>)"));
+  EXPECT_FALSE(accepts(g, "thinking" + close + "<function=other>[1]</function>")) << "after the reasoning the tag holds";
+  EXPECT_FALSE(accepts(g, "no reasoning closed")) << "the reasoning must end";
+  EXPECT_FALSE(accepts(structured::structural_tag_grammar(ordered_json::parse(kSpec)), "a" + close))
+      << "without an open reasoning, no </think>";
+}
+
 // A structure without a schema takes any JSON value; 64 triggers of 16 bytes build at once.
 TEST(StructuralTag, NoSchemaTakesAnyJsonAndManyTriggersBuild) {
   const auto g = structured::structural_tag_grammar(
