@@ -325,7 +325,19 @@ HttpResponse ApiService::model_endpoint(const HttpRequest& request, const std::s
                 {"root", config_.model_path.empty() ? config_.served_model_name : config_.model_path},  // vLLM's: the path
                 {"parent", nullptr},
                 {"max_model_len", backend_.max_model_len()},
-                {"permission", json::array()}};
+                // vLLM's one default permission object (old OpenAI clients read it)
+                {"permission", json::array({{{"id", "modelperm-" + id},
+                                             {"object", "model_permission"},
+                                             {"created", started_at_},
+                                             {"allow_create_engine", false},
+                                             {"allow_sampling", true},
+                                             {"allow_logprobs", true},
+                                             {"allow_search_indices", false},
+                                             {"allow_view", true},
+                                             {"allow_fine_tuning", false},
+                                             {"organization", "*"},
+                                             {"group", nullptr},
+                                             {"is_blocking", false}}})}};
   };
   if (path == "/v1/models") {
     json data = json::array({model_card(config_.served_model_name)});

@@ -33,6 +33,8 @@ TEST(Service, Routes) {
   EXPECT_EQ(models["object"], "list");
   EXPECT_EQ(models["data"][0]["id"], "tiny");
   EXPECT_EQ(models["data"][0]["max_model_len"], 256);
+  EXPECT_EQ(models["data"][0]["permission"][0]["object"], "model_permission");
+  EXPECT_EQ(models["data"][0]["permission"][0]["allow_sampling"], true);
   auto metrics = f.call("GET", "/metrics");
   EXPECT_EQ(glms::test::validate_prometheus(metrics->response.body), "");
   EXPECT_NE(metrics->response.content_type.find("text/plain"), std::string::npos);
