@@ -560,7 +560,6 @@ engine::RequestParams ApiService::base_params(const SamplingFields& s, const std
                     "allowed_token_ids");
     p.allowed_token_ids = *s.allowed_token_ids;
   }
-  p.bad_word_ids = bad_word_sequences(s.bad_words);
   p.min_tokens = std::min(s.min_tokens, p.max_tokens);
   if (matcher) p.constraint = structured::make_grammar_constraint(matcher);
   return p;
@@ -637,8 +636,11 @@ void ApiService::run_chat(ChatRequest req, const std::string& client, std::share
   spec.prompts.push_back({tokenizer_.encode(prompt, req.sampling.add_special_tokens), prompt});
   truncate_prompt(spec.prompts[0].ids, req.sampling.truncate_prompt_tokens, backend_.max_model_len());
   const auto matcher = structured_matcher(req.sampling, &req, text::prompt_opens_reasoning(prompt));
-  for (int i = 0; i < req.sampling.n; ++i)
+  const std::vector<std::vector<int32_t>> bad_words = bad_word_sequences(req.sampling.bad_words);
+  for (int i = 0; i < req.sampling.n; ++i) {
     spec.params.push_back(base_params(req.sampling, spec.prompts[0].ids, true, i, matcher));
+    spec.params.back().bad_word_ids = bad_words;
+  }
   spec.sampling = std::move(req.sampling);
   spec.parser_factory = parser_factory_;
   spec.parser_options.prompt_ends_in_think = text::prompt_opens_reasoning(prompt);
@@ -763,6 +765,7 @@ void ApiService::start_completion(const HttpRequest& request, std::shared_ptr<Re
   spec.echo = req.echo;
   const int vocab = backend_.vocab_size();
   const auto matcher = structured_matcher(req.sampling, nullptr, false);
+  const std::vector<std::vector<int32_t>> bad_words = bad_word_sequences(req.sampling.bad_words);
   for (const Prompt& prompt : req.prompts) {
     GenerationSpec::PromptInput input;
     if (const auto* text = std::get_if<std::string>(&prompt)) {
@@ -783,6 +786,7 @@ void ApiService::start_completion(const HttpRequest& request, std::shared_ptr<Re
       input.text = tokenizer_.decode(input.ids, req.sampling.skip_special_tokens);  // echo what the model read
     for (int i = 0; i < req.sampling.n; ++i) {
       spec.params.push_back(base_params(req.sampling, input.ids, false, i, matcher));
+      spec.params.back().bad_word_ids = bad_words;
       // echo with logprobs: the prompt's tokens get their logprobs as the generated ones do.
       if (req.echo && req.sampling.logprobs >= 0)
         spec.params.back().prompt_logprobs = std::max(spec.params.back().prompt_logprobs, req.sampling.logprobs);

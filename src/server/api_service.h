@@ -132,6 +132,7 @@ class ApiService {
   // 400 when a prompt of `bytes` cannot fit the context whatever its tokens (before tokenizing).
   void check_prompt_bytes(size_t bytes, const char* param) const;
   // `matcher` (may be null): the request's structured output; each choice gets its own constraint.
+  // The bad words (bad_word_sequences, once a request) are the caller's to set.
   engine::RequestParams base_params(const SamplingFields& s, const std::vector<int32_t>& ids, bool chat, int index,
                                     const std::shared_ptr<structured::GrammarMatcher>& matcher) const;
   // The matcher of a request's structured output or forced tool call (null: none): its grammar
