@@ -17,6 +17,7 @@
 #include "server/generation.h"
 #include "server/metrics.h"
 #include "server/rate_limit.h"
+#include "server/sglang_generate.h"
 #include "structured/choice.h"
 #include "structured/json_schema.h"
 #include "structured/recognizer.h"
@@ -60,7 +61,7 @@ constexpr const char* kServedPaths[] = {"/v1/chat/completions", "/v1/completions
                                         "/v1/messages/count_tokens", "/v1/models", "/tokenize", "/detokenize",
                                         "/health", "/ping", "/metrics", "/version", "/", "/dashboard",
                                         "/dashboard/info", "/invocations", "/health_generate", "/get_model_info",
-                                        "/load", "/reset_prefix_cache", "/flush_cache"};
+                                        "/load", "/reset_prefix_cache", "/flush_cache", "/generate"};
 
 // Anthropic's Messages API answers in Anthropic's error shape.
 bool is_anthropic_path(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
@@ -229,7 +230,7 @@ HttpResponse ApiService::handle_sync(const HttpRequest& request, std::shared_ptr
   if (std::optional<HttpResponse> r = open_endpoint(request, path, responder, answered)) return std::move(*r);
   if (answered) return {};
   const bool generate = path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/responses" ||
-                        path == "/v1/responses/input_tokens" || path == "/v1/messages" ||
+                        path == "/v1/responses/input_tokens" || path == "/v1/messages" || path == "/generate" ||
                         path == "/v1/messages/count_tokens" || path == "/invocations";
   const std::string models_prefix = "/v1/models/", responses_prefix = "/v1/responses/";
   const bool one_model = path.rfind(models_prefix, 0) == 0 && path.size() > models_prefix.size();
@@ -387,6 +388,7 @@ HttpResponse ApiService::start_generation(const HttpRequest& request, const std:
   else if (path == "/v1/responses") start_response(request, responder);
   else if (path == "/invocations") start_invocation(request, responder);
   else if (path == "/v1/messages") start_message(request, responder);
+  else if (path == "/generate") start_generate(request, responder);
   else start_completion(request, responder);
   metrics_->count_http(200, path, request.method);
   answered = true;
@@ -653,6 +655,14 @@ void ApiService::run_chat(ChatRequest req, const std::string& client, std::share
   responder->on_disconnect([weak] {
     if (auto g = weak.lock()) g->abort();
   });
+}
+
+// SGLang's native /generate as a completion whose answer an SGLang responder rewrites.
+void ApiService::start_generate(const HttpRequest& request, std::shared_ptr<Responder> responder) {
+  GenerateRequest generate = completion_request_of_generate(request.body);
+  HttpRequest completion = request;
+  completion.body = generate.completion_request;
+  start_completion(completion, sglang_generate_responder(std::move(responder), std::move(generate)), "/generate");
 }
 
 // Anthropic's Messages API as a chat completion whose answer an Anthropic responder rewrites.

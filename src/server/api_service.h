@@ -105,6 +105,7 @@ class ApiService {
   void start_chat(const HttpRequest& request, std::shared_ptr<Responder> responder);
   // A parsed chat request's generation, answered through `responder`; `path` names it in the log.
   void run_chat(ChatRequest req, const std::string& client, std::shared_ptr<Responder> responder, const char* path);
+  void start_generate(const HttpRequest& request, std::shared_ptr<Responder> responder);
   void start_message(const HttpRequest& request, std::shared_ptr<Responder> responder);
   void start_response(const HttpRequest& request, std::shared_ptr<Responder> responder);
   // GET or DELETE /v1/responses/{id}: a stored response.
