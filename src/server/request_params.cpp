@@ -13,7 +13,6 @@
 #include "structured/regex.h"
 #include "structured/structural_tag.h"
 #include "structured/tool_calls.h"
-#include "text/normalizer.h"
 #include "text/utf8.h"
 
 namespace glms::server {
@@ -22,14 +21,12 @@ using nlohmann::json;
 
 namespace {
 
-// Python's str.lstrip(), as vLLM strips a bad word: leading characters of the Unicode White_Space
-// property and the separators \x1c-\x1f, which Python counts too. `s` is valid UTF-8 (the body was).
+// Python's str.lstrip(), as vLLM strips a bad word. `s` is valid UTF-8 (the body was).
 std::string_view without_leading_space(std::string_view s) {
   size_t pos = 0;
   while (pos < s.size()) {
     size_t next = pos;
-    const char32_t c = text::utf8::decode_at(s, next);
-    if (!text::is_unicode_whitespace(c) && !(c >= 0x1c && c <= 0x1f)) break;
+    if (!text::utf8::is_python_space(text::utf8::decode_at(s, next))) break;
     pos = next;
   }
   return s.substr(pos);

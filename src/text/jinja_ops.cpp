@@ -50,11 +50,7 @@ size_t utf8_length(const std::string& s) {
   return n;
 }
 
-bool py_isspace(char32_t c) {
-  return (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202f || c == 0x205f || c == 0x3000;
-}
+bool py_isspace(char32_t c) { return text::utf8::is_python_space(c); }
 
 std::string py_strip(const std::string& s, const Value* chars, bool left, bool right) {
   std::u32string u = to_u32(s);

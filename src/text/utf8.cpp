@@ -69,6 +69,11 @@ size_t find_invalid(std::string_view s) {
   return std::string_view::npos;
 }
 
+bool is_python_space(char32_t c) {
+  return (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
 char32_t decode_at(std::string_view s, size_t& pos) {
   const auto b0 = static_cast<uint8_t>(s[pos]);
   if (b0 < 0x80) {

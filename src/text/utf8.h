@@ -27,6 +27,10 @@ char32_t decode_at(std::string_view s, size_t& pos);
 
 void append(std::string& out, char32_t cp);
 
+// Python's str.isspace() for one code point: ASCII whitespace, the separators \x1c-\x1f and the
+// Unicode spaces (U+0085, U+00A0, U+1680, U+2000-200A, U+2028/9, U+202F, U+205F, U+3000).
+bool is_python_space(char32_t c);
+
 // Lossy conversion: every maximal ill-formed subpart becomes one U+FFFD (the Unicode
 // "substitution of maximal subparts" practice, which is also what Rust's from_utf8_lossy does).
 std::string to_valid_lossy(std::string_view bytes);
