@@ -22,16 +22,20 @@ namespace {
 constexpr float kNever = -std::numeric_limits<float>::infinity();
 
 // vLLM's allowed_token_ids and bad_words: every token outside the allowed ones, and the last token
-// of each bad word whose other tokens end the generated text, gets no chance. logits: [vocab].
+// of each bad word whose other tokens end the generated text, gets no chance. logits: [vocab];
+// ids past it (a tokenizer larger than the model's rows) are no token of the model.
 void mask_filtered_tokens(const RequestParams& p, std::span<const int32_t> generated, float* logits, int vocab) {
+  auto in_vocab = [vocab](int32_t id) { return id >= 0 && id < vocab; };
   if (!p.allowed_token_ids.empty()) {
     std::vector<float> kept;
     kept.reserve(p.allowed_token_ids.size());
-    for (const int32_t id : p.allowed_token_ids) kept.push_back(logits[id]);
+    for (const int32_t id : p.allowed_token_ids) kept.push_back(in_vocab(id) ? logits[id] : kNever);
     std::fill(logits, logits + vocab, kNever);
-    for (size_t i = 0; i < kept.size(); ++i) logits[p.allowed_token_ids[i]] = kept[i];
+    for (size_t i = 0; i < kept.size(); ++i)
+      if (in_vocab(p.allowed_token_ids[i])) logits[p.allowed_token_ids[i]] = kept[i];
   }
   for (const std::vector<int32_t>& word : p.bad_word_ids) {
+    if (word.empty() || !in_vocab(word.back())) continue;
     const size_t before = word.size() - 1;
     if (before <= generated.size() && std::equal(word.begin(), word.end() - 1, generated.end() - before))
       logits[word.back()] = kNever;
