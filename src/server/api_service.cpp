@@ -480,8 +480,8 @@ void ApiService::run_chat(ChatRequest req, const std::string& client, std::share
 // SGLang's native /generate as a completion whose answer an SGLang responder rewrites.
 void ApiService::start_generate(const HttpRequest& request, std::shared_ptr<Responder> responder) {
   GenerateRequest generate = completion_request_of_generate(request.body);
-  HttpRequest completion = request;
-  completion.body = generate.completion_request;
+  const HttpRequest completion{request.method, request.target, request.headers,
+                               std::move(generate.completion_request), request.client};
   start_completion(completion, sglang_generate_responder(std::move(responder), std::move(generate)), "/generate");
 }
 

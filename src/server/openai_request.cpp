@@ -99,15 +99,17 @@ json parse_body(std::string_view body, int max_depth) {
   return doc;
 }
 
-// JSON written inside a string field (a schema or structural tag as text): the body's check
-// (valid UTF-8, nesting within max_depth) did not look inside strings, and the schema compiler and
-// serializer recurse over the nesting. A 400 naming `name` else.
-void check_json_text(const std::string& text, const std::string& name, int max_depth) {
+// JSON written inside a string field (a schema or structural tag as text), parsed in key order
+// (discarded when it is not JSON). It is checked first as the body is (valid UTF-8, nesting within
+// max_depth), which did not look inside strings: the schema compiler and serializer recurse over
+// the nesting. A 400 naming `name` else.
+nlohmann::ordered_json json_of_text(const std::string& text, const std::string& name, int max_depth) {
   try {
     check_body_text(text, max_depth);
   } catch (const ApiException& e) {
     bad_request(name + ": " + e.error.message, name);
   }
+  return nlohmann::ordered_json::parse(text, nullptr, false);
 }
 
 // The value at `path` in the body, read again in key order (a schema's properties are written in
@@ -125,10 +127,9 @@ void take_schema(const json& schema, std::string_view body, const std::vector<st
   if (s.json_schema) bad_request("give one structured output, once", name);
   s.json_schema_param = name;
   if (schema.is_string()) {
-    check_json_text(schema.get<std::string>(), name, max_depth);
-    const auto parsed = nlohmann::ordered_json::parse(schema.get<std::string>(), nullptr, false);
+    auto parsed = json_of_text(schema.get<std::string>(), name, max_depth);
     if (parsed.is_discarded()) bad_request(name + " is a string but not JSON", name);
-    s.json_schema = std::make_shared<const nlohmann::ordered_json>(parsed);
+    s.json_schema = std::make_shared<const nlohmann::ordered_json>(std::move(parsed));
     return;
   }
   if (!schema.is_object() && !schema.is_boolean()) wrong_type(name, "a JSON schema (an object)", schema);
@@ -210,10 +211,9 @@ void take_structural_tag(const json& value, std::string_view body, const std::ve
   if (s.structural_tag) bad_request("give one structured output, once", name);
   s.structural_tag_param = name;
   if (value.is_string()) {
-    check_json_text(value.get<std::string>(), name, max_depth);
-    const auto parsed = nlohmann::ordered_json::parse(value.get<std::string>(), nullptr, false);
+    auto parsed = json_of_text(value.get<std::string>(), name, max_depth);
     if (!parsed.is_object()) bad_request(name + " is a string but not a JSON object", name);
-    s.structural_tag = std::make_shared<const nlohmann::ordered_json>(parsed);
+    s.structural_tag = std::make_shared<const nlohmann::ordered_json>(std::move(parsed));
     return;
   }
   if (!value.is_object()) wrong_type(name, "an object with structures and triggers", value);

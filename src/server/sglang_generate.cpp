@@ -163,7 +163,7 @@ std::string generate_of_completion(const std::string& completion, const Generate
 // choice's last chunk waits for the usage event (the prefix cache's count).
 class GenerateStream {
  public:
-  explicit GenerateStream(GenerateRequest request) : request_(std::move(request)) {}
+  explicit GenerateStream(const GenerateRequest& request) : request_(request) {}
 
   std::string translate(const std::string& payload) {
     if (payload == "[DONE]") return flush(nullptr) + "data: [DONE]\n\n";
@@ -223,7 +223,7 @@ class GenerateStream {
     return out;
   }
 
-  GenerateRequest request_;
+  const GenerateRequest& request_;  // the responder's
   std::string id_;
   std::map<int, Choice> choices_;
 };
@@ -231,7 +231,7 @@ class GenerateStream {
 class GenerateResponder : public adapter::ChatAdapterResponder {
  public:
   GenerateResponder(std::shared_ptr<Responder> inner, GenerateRequest request)
-      : ChatAdapterResponder(std::move(inner)), request_(request), stream_(std::move(request)) {}
+      : ChatAdapterResponder(std::move(inner)), request_(std::move(request)), stream_(request_) {}
 
  protected:
   void rewrite(HttpResponse& response) override {

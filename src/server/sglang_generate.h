@@ -15,7 +15,7 @@
 namespace glms::server {
 
 struct GenerateRequest {
-  std::string completion_request;  // the completions body (OpenAI's JSON)
+  std::string completion_request;  // the completions body (OpenAI's JSON); the responder needs none of it
   bool batch = false;              // text or input_ids was a list of prompts: the answer is a list
   int n = 1;                       // choices a prompt (a list too when above 1)
   bool logprobs = false;           // return_logprob
