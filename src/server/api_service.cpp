@@ -161,14 +161,15 @@ ApiService::ApiService(Backend& backend, text::Tokenizer tokenizer, ChatRenderer
 
 ApiService::~ApiService() = default;
 
-void ApiService::handle(const HttpRequest& request, std::shared_ptr<Responder> responder) {
+void ApiService::handle(HttpRequest request, std::shared_ptr<Responder> responder) {
   // vLLM's --enable-request-id-headers: the client's id, or a fresh one, on every answer (the
-  // outermost wrapper, as vLLM's middleware: preflights too).
+  // outermost wrapper, as vLLM's middleware: preflights too). A fresh id also names the answer
+  // (chatcmpl-ID), where vLLM's differ.
   if (config_.request_id_headers) {
-    const std::string given = request.header("x-request-id");
+    std::string& id = request.headers["x-request-id"];
+    if (id.empty()) id = random_id("");
     responder = std::make_shared<HeaderAddingResponder>(
-        std::move(responder), std::vector<std::pair<std::string, std::string>>{
-                                  {"X-Request-Id", given.empty() ? random_id("") : given}});
+        std::move(responder), std::vector<std::pair<std::string, std::string>>{{"X-Request-Id", id}});
   }
   // CORS before anything else but the id: a browser's preflight carries no credentials.
   if (cors_.enabled()) {

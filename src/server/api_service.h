@@ -83,7 +83,9 @@ class ApiService {
              ServiceConfig config);
   ~ApiService();
 
-  void handle(const HttpRequest& request, std::shared_ptr<Responder> responder);
+  // By value: with --enable-request-id-headers a request without X-Request-Id gets a fresh one,
+  // which then names its answer as a client's would.
+  void handle(HttpRequest request, std::shared_ptr<Responder> responder);
 
   // New generation requests get 503 from now on (SIGTERM); the others still work.
   void stop_accepting() { draining_.store(true); }

@@ -367,7 +367,9 @@ struct HttpServer::Impl {
 
       auto responder = std::make_shared<ConnResponder>(ex);
       response_started();
-      net::post(workers, [this, request = std::move(request), responder] { service.handle(request, responder); });
+      net::post(workers, [this, request = std::move(request), responder]() mutable {
+        service.handle(std::move(request), responder);
+      });
       auto watching = std::make_shared<bool>(true);
       const auto watch = watch_for_disconnect(stream.socket(), responder, watching);
       const bool ok = co_await write_responses(stream, *responder, keep_alive, version);

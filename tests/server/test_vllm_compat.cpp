@@ -601,6 +601,11 @@ TEST(VllmCompat, RequestIdHeadersOnEveryAnswer) {
   EXPECT_TRUE(streamed->streaming);
   EXPECT_EQ(header(streamed->response), "s1");
   EXPECT_EQ(header(f.call("POST", "/v1/chat/completions", "{", {{"x-request-id", "e1"}})->response), "e1");
+  // A fresh header id names the answer too.
+  auto fresh = f.call("POST", "/v1/chat/completions", chat("hi").dump());
+  ASSERT_EQ(fresh->response.status, 200) << fresh->response.body;
+  EXPECT_EQ(json::parse(fresh->response.body)["id"], "chatcmpl-" + header(fresh->response));
+  EXPECT_EQ(header(fresh->response).size(), 32u);
 }
 
 // vLLM's add_special_tokens: a completions text prompt gets the tokenizer's post-processor tokens
