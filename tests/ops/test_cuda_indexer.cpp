@@ -288,6 +288,37 @@ TEST_F(CudaIndexer, IndexerScoresMatchCpu) {
         for (int j = context <= top_k ? 0 : context; j < stride; ++j) written_past += !std::isnan(scores_wgmma[int64_t{t} * stride + j]);
         EXPECT_EQ(written_past, 0) << "token " << t << (fp8 ? ", FP8 keys" : "");
       }
+      // The kernel rotating fresh queries itself (64 rope values a head) gives the bits of
+      // rope_rows followed by the kernel: what the model's decode step relies on.
+      std::mt19937 rng(77);
+      std::normal_distribution<float> normal;
+      std::vector<float> fresh(int64_t{T} * heads * dim), inv_freq(32);
+      for (float& v : fresh) v = normal(rng);
+      for (int i = 0; i < 32; ++i) inv_freq[i] = std::pow(10000.0f, -static_cast<float>(i) / 32.0f);
+      auto dplain = to_device(fresh), drotated = to_device(fresh), dinv = to_device(inv_freq);
+      cuda::rope_rows(drotated.as<float>(), T, heads, dim, 0, 64, a.positions, dinv.as<float>(), nullptr);
+      auto rotated_scores = to_device(std::vector<float>(int64_t{T} * stride, NAN));
+      auto fused_scores = to_device(std::vector<float>(int64_t{T} * stride, NAN));
+      cuda::IndexerScoreArgs rotated = a;
+      rotated.queries = drotated.as<float>();
+      rotated.scores = rotated_scores.as<float>();
+      cuda::indexer_scores_decode_wgmma(rotated, nullptr);
+      cuda::IndexerScoreArgs fused = a;
+      fused.queries = dplain.as<float>();
+      fused.scores = fused_scores.as<float>();
+      fused.rope_inv_freq = dinv.as<float>();
+      fused.rope_dim = 64;
+      cuda::indexer_scores_decode_wgmma(fused, nullptr);
+      const auto want = to_host<float>(rotated_scores, int64_t{T} * stride);
+      const auto got = to_host<float>(fused_scores, int64_t{T} * stride);
+      int scored = 0, differing = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        scored += !std::isnan(want[i]);
+        differing += !(want[i] == got[i] || (std::isnan(want[i]) && std::isnan(got[i])));
+      }
+      EXPECT_GT(scored, 0);
+      EXPECT_EQ(differing, 0) << "of " << scored << " scores, the queries rotated in the kernel"
+                              << (fp8 ? ", FP8 keys" : "");
     }
     for (int t = 0; t < T; ++t) {
       const int context = problem.positions[t] + 1;

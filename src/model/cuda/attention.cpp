@@ -284,7 +284,12 @@ void CudaGlm5Model::Impl::score_indexer_keys(int l, const StepShape& shape, cuda
   const int32_t* positions = meta_i32(meta.positions);
   const int32_t* block_tables = meta_i32(meta.block_tables);
   const int32_t* token_sequence = meta_i32(meta.token_sequence);
-  cuda::rope_rows(as<float>(index_q), T, IH, ID, 0, rd, positions, as<float>(inv_freq), s);
+  // The queries' rope: the decode kernel rotates them as it stages them; every other path's rows
+  // are rotated here first, [first, first + count) of them.
+  auto rotate_queries = [&](int first, int count) {
+    cuda::rope_rows(as<float>(index_q) + int64_t{first} * IH * ID, count, IH, ID, 0, rd, positions + first,
+                    as<float>(inv_freq), s);
+  };
   cuda::IndexerScoreArgs args;
   args.queries = as<float>(index_q);
   args.head_weights = as<float>(index_w);
@@ -314,13 +319,19 @@ void CudaGlm5Model::Impl::score_indexer_keys(int l, const StepShape& shape, cuda
       [&](int first, int count) {
         args.first_token = first;
         args.launch_tokens = count;
-        if (options.wgmma_decode_indexer && cuda::indexer_scores_decode_wgmma_supported(IH, ID))
-          cuda::indexer_scores_decode_wgmma(args, s);
-        else
+        if (options.wgmma_decode_indexer && cuda::indexer_scores_decode_wgmma_supported(IH, ID)) {
+          cuda::IndexerScoreArgs unrotated = args;
+          unrotated.rope_inv_freq = as<float>(inv_freq);
+          unrotated.rope_dim = rd;
+          cuda::indexer_scores_decode_wgmma(unrotated, s);
+        } else {
+          rotate_queries(first, count);
           cuda::indexer_scores(args, s);
+        }
       },
       [&](int index) {
         const SequenceSlice& seq = batch->sequences[index];
+        rotate_queries(seq.first_token, seq.num_tokens);
         cuda::IndexerScoreArgs chunk = args;
         chunk.first_token = seq.first_token;
         chunk.launch_tokens = seq.num_tokens;

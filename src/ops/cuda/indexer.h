@@ -10,7 +10,7 @@ using cudaStream_t = CUstream_st*;
 namespace glms::ops::cuda {
 
 struct IndexerScoreArgs {
-  const float* queries = nullptr;       // [T, heads, dim] fp32, rotated
+  const float* queries = nullptr;       // [T, heads, dim] fp32, rotated (unless rope_inv_freq)
   const float* head_weights = nullptr;  // [T, heads] fp32 (weights_proj output, unscaled)
   // This layer's keys: [num_slots, dim] bf16, or with key_scales ([num_slots] fp32) E4M3 codes
   // (the FP8 cache, kv_cache.h), a key's value code x its scale.
@@ -31,6 +31,11 @@ struct IndexerScoreArgs {
   int first_token = 0, launch_tokens = -1;  // tokens [first, first + launch) (-1: all) are scored
   // indexer_scores' lanes a key: 1, or 4 (32 heads or more: 8 heads a lane, more warps for few tokens)
   int threads_per_key = 1;
+  // indexer_scores_decode_wgmma only: with rope_inv_freq ([rope_dim / 2]), the queries are not
+  // rotated yet, and the kernel rotates each head's first rope_dim values as rope_rows(queries,
+  // T, heads, dim, 0, rope_dim, positions, rope_inv_freq) would, to the bit, while it stages them.
+  const float* rope_inv_freq = nullptr;
+  int rope_dim = 0;
 };
 void indexer_scores(const IndexerScoreArgs& args, cudaStream_t stream);
 
@@ -70,6 +75,9 @@ void indexer_scores_wgmma(const IndexerScoreArgs& args, const int32_t* block_tab
 // a block per (token, share of its context) streams the token's keys through shared memory by
 // its block table. bf16 queries, fp32 sums: scores within about 4e-3 relative of the fp32
 // kernel's, as indexer_scores_wgmma's; FP8 keys are multiplied as their exact codes, then scaled.
+// It takes the queries' rope itself (args.rope_inv_freq): a decode step's selection then starts
+// with the scores' launch, which the block scheduler places before the absorption's blocks fill
+// the SMs (a rope launch first left it waiting about 5 us a layer at batch 1).
 bool indexer_scores_decode_wgmma_supported(int heads, int dim);
 void indexer_scores_decode_wgmma(const IndexerScoreArgs& args, cudaStream_t stream);
 

@@ -117,11 +117,19 @@ __global__ void __launch_bounds__(kThreads) indexer_decode_wgmma_kernel(IndexerS
   if (causal <= a.top_k) return;
   const int32_t* blocks = a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks;
 
-  // The token's queries as bf16 lines, and the head weights times both scales.
+  // The token's queries as bf16 lines (rotated first where asked, as rope_rows rotates), and the
+  // head weights times both scales.
+  const float position = static_cast<float>(a.positions[t]);
   for (int e = threadIdx.x; e < kHeads * kDim / 8; e += kThreads) {
     const int head = e / (kDim / 8), chunk = e % (kDim / 8);
-    *reinterpret_cast<uint4*>(base + (chunk / 8) * kQueryBlockBytes + swizzled(head, chunk % 8)) =
-        bf16x8_of(a.queries + (static_cast<int64_t>(t) * kHeads + head) * kDim + 8 * chunk);
+    const float* from = a.queries + (static_cast<int64_t>(t) * kHeads + head) * kDim + 8 * chunk;
+    float values[8];
+    *reinterpret_cast<float4*>(values) = *reinterpret_cast<const float4*>(from);
+    *reinterpret_cast<float4*>(values + 4) = *reinterpret_cast<const float4*>(from + 4);
+    if (a.rope_inv_freq && 8 * chunk < a.rope_dim)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) rotate_pair(values + 2 * i, a.rope_inv_freq[4 * chunk + i] * position);
+    *reinterpret_cast<uint4*>(base + (chunk / 8) * kQueryBlockBytes + swizzled(head, chunk % 8)) = bf16x8_of(values);
   }
   if (threadIdx.x < kHeads)
     weights[threadIdx.x] = a.head_weights[static_cast<int64_t>(t) * kHeads + threadIdx.x] * a.head_scale * a.softmax_scale;
@@ -198,6 +206,8 @@ void indexer_scores_decode_wgmma(const IndexerScoreArgs& a, cudaStream_t stream)
   const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
   if (launch_tokens <= 0 || a.max_context <= a.top_k) return;
   GLMS_CHECK(indexer_scores_decode_wgmma_supported(a.heads, a.dim), "indexer_scores_decode_wgmma: 32 heads of 128");
+  GLMS_CHECK(!a.rope_inv_freq || (a.rope_dim % 8 == 0 && a.rope_dim <= kDim),
+             "indexer_scores_decode_wgmma: a rope over whole chunks of 8 values");
   // About four blocks an SM in all, each at least one tile of the longest context.
   const int tiles = (a.max_context + kKeys - 1) / kKeys;
   const int shares = std::clamp((4 * multiprocessor_count() + launch_tokens - 1) / launch_tokens, 1, tiles);
