@@ -322,11 +322,12 @@ struct CudaModelOptions {
   int indexer_topk_blocks = 4;
   // Steps of at most this many tokens run the MoE layers' shared expert on a second stream,
   // beside the router and the grouping (latency-bound launches that leave the memory bandwidth
-  // idle), joined before the combine (0: never; off while a step's phases are timed). On the
-  // H200 at GLM-5.2 width (5 layers, 2k context) a batch-1 step took 1.85 -> 1.81 ms (MXFP4
-  // experts) and 2.29 -> 2.25 (bf16); at batch 4 the shared expert's GEMM slows the routed
-  // experts it then shares the SMs with: 2.74 -> 2.87 ms; batch 2 within 1% either way.
-  int overlap_shared_expert_tokens = 1;
+  // idle), joined before the combine (0: never; off while a step's phases are timed). At
+  // GLM-5.2 width (5 layers, 2k context, MXFP4 experts, an H100) batches 2 to 128 took 1.6-2.3%
+  // less on an EP8 rank and 1.0-2.6% less on one GPU than with the shared expert on the main
+  // stream (bench/results/cuda-shared-expert-overlap-20261207.json). Beside a router on cuBLAS,
+  // before router_product, it had cost 2% from batch 4.
+  int overlap_shared_expert_tokens = 128;
   // Steps of at most this many tokens select the indexer's positions (rope, scores, top-k) on a
   // second stream beside the queries' absorption, joined before the attention core (0: never;
   // off while a step's phases are timed): a decode token's top-k is one block (or cluster) of
