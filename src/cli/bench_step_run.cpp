@@ -572,6 +572,7 @@ nlohmann::json kernel_options_json(const model::CudaModelOptions& k) {
           {"sample_blocks_per_row", k.sample_blocks_per_row},
           {"indexer_threads_per_key", k.indexer_threads_per_key},
           {"wgmma_decode_indexer", k.wgmma_decode_indexer},
+          {"indexer_decode_one_wave", k.indexer_decode_one_wave},
           {"indexer_topk_blocks", k.indexer_topk_blocks},
           {"overlap_shared_expert_tokens", k.overlap_shared_expert_tokens},
           {"overlap_indexer_tokens", k.overlap_indexer_tokens},

@@ -118,6 +118,9 @@ void add_linear_and_attention_options(CLI::App* cmd, BenchStepOptions* o) {
                   "Decode tokens' indexer scores on the warpgroup tensor cores (true/false; false: fp32 FMAs, a "
                   "key a thread)")
       ->capture_default_str();
+  cmd->add_option("--indexer-decode-one-wave", o->kernels.indexer_decode_one_wave,
+                  "That kernel's blocks no more than the SMs hold at once (true/false)")
+      ->capture_default_str();
   cmd->add_option("--wgmma-indexer", o->kernels.wgmma_indexer,
                   "Long prefill chunks' indexer scores on the warpgroup tensor cores, fused with the sum over heads "
                   "(true/false; false: a TF32 GEMM through per-head products in memory)")

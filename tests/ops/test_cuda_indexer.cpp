@@ -246,6 +246,34 @@ TEST_F(CudaIndexer, IndexerWgmmaWithE4m3OperandsScoresTheRoundedOperands) {
   check_indexer_wgmma(700, 599, 64, true, true);
 }
 
+// The decode kernel's keys split over no more blocks than the SMs hold at once
+// (decode_one_wave): 48 tokens of 2-7k positions make fewer, longer shares than the default's
+// four blocks an SM; every score is the same, bit for bit, bf16 and FP8 keys.
+TEST_F(CudaIndexer, DecodeScoresInOneWaveAreTheSameScores) {
+  for (const bool fp8 : {false, true}) {
+    std::vector<Token> tokens;
+    for (int i = 0; i < 48; ++i) tokens.push_back({i % 3, 2100 + 300 * (i / 3)});  // up to 6600
+    const IndexerProblem problem({9300, 8000, 7000}, 11, tokens, 32, 128, 3, fp8);
+    const int T = problem.T, stride = 9300;
+    auto default_scores = to_device(std::vector<float>(int64_t{T} * stride, NAN));
+    auto one_wave_scores = to_device(std::vector<float>(int64_t{T} * stride, NAN));
+    cuda::IndexerScoreArgs a = problem.args(2048, stride, default_scores.as<float>(), stride);
+    cuda::indexer_scores_decode_wgmma(a, nullptr);
+    a.scores = one_wave_scores.as<float>();
+    a.decode_one_wave = true;
+    cuda::indexer_scores_decode_wgmma(a, nullptr);
+    const auto want = to_host<float>(default_scores, int64_t{T} * stride);
+    const auto got = to_host<float>(one_wave_scores, int64_t{T} * stride);
+    int scored = 0, differing = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      scored += !std::isnan(want[i]);
+      differing += !(want[i] == got[i] || (std::isnan(want[i]) && std::isnan(got[i])));
+    }
+    EXPECT_GT(scored, T * 2048);
+    EXPECT_EQ(differing, 0) << "of " << scored << " scores" << (fp8 ? ", FP8 keys" : "");
+  }
+}
+
 TEST_F(CudaIndexer, IndexerScoresMatchCpu) {
   for (auto [heads, dim, top_k, fp8] : {std::tuple{32, 128, 2048, false}, {4, 14, 9, false}, {32, 128, 2048, true},
                                         {4, 14, 9, true}}) {

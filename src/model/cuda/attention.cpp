@@ -308,6 +308,7 @@ void CudaGlm5Model::Impl::score_indexer_keys(int l, const StepShape& shape, cuda
   args.softmax_scale = 1.0f / std::sqrt(static_cast<float>(ID));
   args.max_context = shape.max_context;
   args.threads_per_key = options.indexer_threads_per_key;
+  args.decode_one_wave = options.indexer_decode_one_wave;
   args.scores = as<float>(scores);
   args.score_stride = options.max_context;
   cuda::IndexerGemmWorkspace workspace;

@@ -314,6 +314,10 @@ struct CudaModelOptions {
   // Decode tokens' indexer scores on the warpgroup tensor cores (ops::cuda::
   // indexer_scores_decode_wgmma; GLM-5's 32 heads of 128) instead of indexer_scores' fp32 FMAs.
   bool wgmma_decode_indexer = true;
+  // That kernel's blocks no more than the SMs hold at once (IndexerScoreArgs::decode_one_wave;
+  // three an SM with bf16 keys, where the default's four an SM make a part-filled second wave
+  // from 16 tokens on). Not yet measured: off.
+  bool indexer_decode_one_wave = false;
   // Blocks that select each token's top-k positions in steps of up to 16 tokens (1, 2, 4 or 8;
   // more than one: a thread block cluster; larger steps take one block a token, and a token of
   // at most 8192 positions the cluster's first block alone, select_top_k): one 1024-thread block

@@ -36,6 +36,9 @@ struct IndexerScoreArgs {
   // T, heads, dim, 0, rope_dim, positions, rope_inv_freq) would, to the bit, while it stages them.
   const float* rope_inv_freq = nullptr;
   int rope_dim = 0;
+  // indexer_scores_decode_wgmma only: split the tokens' keys over no more blocks than the SMs
+  // hold at once (else about four an SM). The scores are the same either way.
+  bool decode_one_wave = false;
 };
 void indexer_scores(const IndexerScoreArgs& args, cudaStream_t stream);
 

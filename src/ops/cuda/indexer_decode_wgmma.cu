@@ -208,12 +208,20 @@ void indexer_scores_decode_wgmma(const IndexerScoreArgs& a, cudaStream_t stream)
   GLMS_CHECK(indexer_scores_decode_wgmma_supported(a.heads, a.dim), "indexer_scores_decode_wgmma: 32 heads of 128");
   GLMS_CHECK(!a.rope_inv_freq || (a.rope_dim % 8 == 0 && a.rope_dim <= kDim),
              "indexer_scores_decode_wgmma: a rope over whole chunks of 8 values");
-  // About four blocks an SM in all, each at least one tile of the longest context.
+  // Each block at least one tile of the longest context, and about four blocks an SM in all; or
+  // with decode_one_wave as many as fit the SMs at once (three an SM with bf16 keys), so that no
+  // second, part-filled wave follows.
   const int tiles = (a.max_context + kKeys - 1) / kKeys;
-  const int shares = std::clamp((4 * multiprocessor_count() + launch_tokens - 1) / launch_tokens, 1, tiles);
   auto launch = [&](auto kernel, int bytes) {
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
           "indexer_decode_wgmma shared memory");
+    int resident = 4;
+    if (a.decode_one_wave)
+      check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, bytes),
+            "indexer_decode_wgmma occupancy");
+    const int slots = std::max(resident, 1) * multiprocessor_count();
+    const int shares =
+        std::clamp(a.decode_one_wave ? slots / launch_tokens : (slots + launch_tokens - 1) / launch_tokens, 1, tiles);
     launch_chained("indexer_decode_wgmma launch", kernel, dim3(launch_tokens, shares), kThreads, bytes, stream, a);
   };
   if (a.key_scales) launch(indexer_decode_wgmma_kernel<true>, shared_bytes<true>());
