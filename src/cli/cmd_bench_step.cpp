@@ -119,7 +119,7 @@ void add_linear_and_attention_options(CLI::App* cmd, BenchStepOptions* o) {
                   "key a thread)")
       ->capture_default_str();
   cmd->add_option("--indexer-decode-one-wave", o->kernels.indexer_decode_one_wave,
-                  "That kernel's blocks no more than the SMs hold at once (true/false)")
+                  "The decode indexer's tensor-core kernel in no more blocks than the SMs hold at once (true/false)")
       ->capture_default_str();
   cmd->add_option("--wgmma-indexer", o->kernels.wgmma_indexer,
                   "Long prefill chunks' indexer scores on the warpgroup tensor cores, fused with the sum over heads "
