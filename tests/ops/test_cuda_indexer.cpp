@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -230,6 +231,16 @@ void check_indexer_wgmma(int context, int chunk_first, int top_k, bool fp8 = fal
   EXPECT_GT(scored, 0);
 }
 
+// Scores written in `want` (not NaN), and entries where `got` holds other bits (NaN for NaN).
+std::pair<int, int> compare_scores(const std::vector<float>& want, const std::vector<float>& got) {
+  int scored = 0, differing = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    scored += !std::isnan(want[i]);
+    differing += !(want[i] == got[i] || (std::isnan(want[i]) && std::isnan(got[i])));
+  }
+  return {scored, differing};
+}
+
 }  // namespace
 
 TEST_F(CudaIndexer, IndexerWgmmaScoresAChunkLikeTheCpu) {
@@ -262,13 +273,8 @@ TEST_F(CudaIndexer, DecodeScoresInOneWaveAreTheSameScores) {
     a.scores = one_wave_scores.as<float>();
     a.decode_one_wave = true;
     cuda::indexer_scores_decode_wgmma(a, nullptr);
-    const auto want = to_host<float>(default_scores, int64_t{T} * stride);
-    const auto got = to_host<float>(one_wave_scores, int64_t{T} * stride);
-    int scored = 0, differing = 0;
-    for (size_t i = 0; i < want.size(); ++i) {
-      scored += !std::isnan(want[i]);
-      differing += !(want[i] == got[i] || (std::isnan(want[i]) && std::isnan(got[i])));
-    }
+    const auto [scored, differing] = compare_scores(to_host<float>(default_scores, int64_t{T} * stride),
+                                                    to_host<float>(one_wave_scores, int64_t{T} * stride));
     EXPECT_GT(scored, T * 2048);
     EXPECT_EQ(differing, 0) << "of " << scored << " scores" << (fp8 ? ", FP8 keys" : "");
   }
@@ -337,13 +343,8 @@ TEST_F(CudaIndexer, IndexerScoresMatchCpu) {
       fused.rope_inv_freq = dinv.as<float>();
       fused.rope_dim = 64;
       cuda::indexer_scores_decode_wgmma(fused, nullptr);
-      const auto want = to_host<float>(rotated_scores, int64_t{T} * stride);
-      const auto got = to_host<float>(fused_scores, int64_t{T} * stride);
-      int scored = 0, differing = 0;
-      for (size_t i = 0; i < want.size(); ++i) {
-        scored += !std::isnan(want[i]);
-        differing += !(want[i] == got[i] || (std::isnan(want[i]) && std::isnan(got[i])));
-      }
+      const auto [scored, differing] = compare_scores(to_host<float>(rotated_scores, int64_t{T} * stride),
+                                                      to_host<float>(fused_scores, int64_t{T} * stride));
       EXPECT_GT(scored, 0);
       EXPECT_EQ(differing, 0) << "of " << scored << " scores, the queries rotated in the kernel"
                               << (fp8 ? ", FP8 keys" : "");
