@@ -115,6 +115,12 @@ struct CudaModelOptions {
   // (attention.core 0.316 -> 0.295); capping a batch of one at 8 or 16 clustered splits was
   // slower (1.585 -> 1.635 ms).
   int attention_cluster_splits = 8;
+  // The attention kernel's first rows looked up and copied before its chained wait, where the
+  // kernel before it (the absorption) writes none of them and no selection of this layer runs
+  // beside it on the side stream (ops::cuda::MlaAttentionArgs::rows_before_wait): a batch-1 token's
+  // 32 splits are one step each, so their dependent loads (selection, block table, rows) would
+  // overlap the absorption. Not yet measured: off.
+  bool attention_rows_before_wait = false;
   // Long prefill chunks' indexer scores on the warpgroup tensor cores, fused with the sum over
   // heads (ops::cuda::indexer_scores_wgmma; GLM-5's 32 heads of 128); false: a TF32 GEMM whose
   // per-head products go through global memory. Prefill 8192 on the H200 at GLM-5.2 width:
