@@ -114,10 +114,6 @@ void add_linear_and_attention_options(CLI::App* cmd, BenchStepOptions* o) {
                   "launch)")
       ->check(CLI::IsMember({0, 2, 4, 8, 16}))
       ->capture_default_str();
-  cmd->add_option("--attention-rows-before-wait", o->kernels.attention_rows_before_wait,
-                  "The decode attention's first rows copied before the wait for the kernel before it, in layers "
-                  "whose selection is settled by then (true/false)")
-      ->capture_default_str();
   cmd->add_option("--wgmma-decode-indexer", o->kernels.wgmma_decode_indexer,
                   "Decode tokens' indexer scores on the warpgroup tensor cores (true/false; false: fp32 FMAs, a "
                   "key a thread)")

@@ -237,8 +237,7 @@ void check_fused(const MlaProblem& p, cuda::MlaAttentionArgs a, const cuda::Devi
 // (bf16 rows only for the warp-specialised ones). The two-stage kernel's persistent launch, in as
 // many blocks as SMs and in 1 and 3 (each block taking several tokens, its stages and barrier
 // phases running on across them), gives the same values bit for bit, since each is the same
-// sequence of roundings; so does the two-stage kernel with its first rows copied before its
-// chained wait (rows_before_wait).
+// sequence of roundings.
 void check_wgmma_one_split(const MlaProblem& p, cuda::MlaAttentionArgs a, double gathered_error) {
   for (const int variant : {0, 1, 2}) {
     const bool specialized = variant > 0;
@@ -259,13 +258,6 @@ void check_wgmma_one_split(const MlaProblem& p, cuda::MlaAttentionArgs a, double
     std::printf("  %s: relative L2 %.2e\n", name.c_str(), error);
     if (variant != 1) continue;
     const auto block_a_token = to_host<uint16_t>(out, p.expected.size());
-    auto rows_first_out = poisoned_bf16(p.expected.size());
-    a.out = rows_first_out.as<uint16_t>();
-    a.rows_before_wait = true;
-    cuda::mla_attention_wgmma(a, nullptr);
-    a.rows_before_wait = false;
-    EXPECT_EQ(to_host<uint16_t>(rows_first_out, p.expected.size()), block_a_token)
-        << "the first rows before the chained wait: H=" << p.H << " tokens=" << p.T;
     for (const int blocks : {0, 1, 3}) {
       auto persistent_out = poisoned_bf16(p.expected.size());
       a.out = persistent_out.as<uint16_t>();
@@ -284,8 +276,7 @@ void check_wgmma_one_split(const MlaProblem& p, cuda::MlaAttentionArgs a, double
 // a short token's selection, and the count mla_wgmma_splits picks; both kernels, and the
 // warp-specialised one's splits as clusters merged through distributed shared memory where they
 // are at most 8 (or 16); more take `partials` (one split a tile of every token) and the merge
-// launch. The same for the ring of 32-row stages (variants 4 .. 6). The two-stage kernel with its
-// first rows copied before its chained wait (rows_before_wait) gives the same bits.
+// launch. The same for the ring of 32-row stages (variants 4 .. 6).
 void check_wgmma_splits(const MlaProblem& p, cuda::MlaAttentionArgs a, const cuda::DeviceBuffer& partials,
                         int64_t partial_elements, double gathered_error) {
   const int tiles = (p.rows + 63) / 64;
@@ -310,15 +301,6 @@ void check_wgmma_splits(const MlaProblem& p, cuda::MlaAttentionArgs a, const cud
       const double error = relative_l2(bf16_to_host(out, p.expected.size()), p.expected);
       EXPECT_LT(error, 2 * gathered_error + 1e-4) << name << ", " << splits << " splits: H=" << p.H << " tokens=" << p.T;
       std::printf("  %s, %d splits: relative L2 %.2e\n", name.c_str(), splits, error);
-      if (!specialized || ring) continue;
-      auto rows_first_out = poisoned_bf16(p.expected.size());
-      a.out = rows_first_out.as<uint16_t>();
-      a.rows_before_wait = true;
-      cuda::mla_attention_wgmma(a, nullptr, p.rows, splits, one_cluster ? nullptr : partials.as<float>(),
-                                one_cluster ? 0 : partial_elements);
-      a.rows_before_wait = false;
-      EXPECT_EQ(to_host<uint16_t>(rows_first_out, p.expected.size()), to_host<uint16_t>(out, p.expected.size()))
-          << name << ", " << splits << " splits, rows before the chained wait: H=" << p.H << " tokens=" << p.T;
     }
   }
 }

@@ -21,7 +21,7 @@ const float* CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int
   }
   absorb_queries(layer.attention, shape.num_tokens, bf16_queries);
   if (overlap_indexer) indexer_join.make_wait(stream.get());
-  attention_core(l, shape, layer.attention.heads, !overlap_indexer);
+  attention_core(l, shape, layer.attention.heads);
   timer.mark("attention.core", stream.get());
   return attention_output(layer.attention, shape.num_tokens);
 }
@@ -201,7 +201,7 @@ const float* CudaGlm5Model::Impl::attention_output(const AttentionDevice& w, int
   return as<float>(block_out);
 }
 
-void CudaGlm5Model::Impl::attention_core(int l, const StepShape& shape, int heads, bool selection_settled) {
+void CudaGlm5Model::Impl::attention_core(int l, const StepShape& shape, int heads) {
   const io::ModelConfig& c = config;
   const int T = shape.num_tokens, H = heads;
   const int64_t L = c.kv_lora_rank, rd = c.qk_rope_head_dim;
@@ -230,9 +230,6 @@ void CudaGlm5Model::Impl::attention_core(int l, const StepShape& shape, int head
   args.ring_stages = options.attention_ring_stages;
   args.persistent = options.persistent_attention;
   args.cluster_splits = options.attention_cluster_splits;
-  // The absorption, right before the attention in the stream, writes only the queries; the
-  // cache rows and a settled selection were complete before it.
-  args.rows_before_wait = options.attention_rows_before_wait && selection_settled;
   cuda::MlaGatherWorkspace gather;
   gather.gathered = as<uint16_t>(gathered_rows);
   gather.gathered_elements = gathered_capacity;
@@ -272,7 +269,6 @@ void CudaGlm5Model::Impl::attention_core(int l, const StepShape& shape, int head
                                    as<uint16_t>(prefill_context), s);
           chunk.cache = prefill_context.data();
           chunk.storage = cuda::CacheStorage::kBf16;
-          chunk.rows_before_wait = false;  // the gather right before writes these rows
           chunk.block_tables = as<int32_t>(context_table);
           chunk.max_blocks = 0;
         }

@@ -162,9 +162,8 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   const float* attention_output(const AttentionDevice& w, int T);
   // Layer l's attention over the latent cache for the step's staged queries, into o_bf16: runs of
   // short chunks and decode tokens through the fused or gathered-row passes, long prefill chunks
-  // through the fused pass or dense scores (`heads`: this rank's). selection_settled: the step's
-  // selection was complete before the absorption began (no indexer of this layer beside it).
-  void attention_core(int l, const StepShape& shape, int heads, bool selection_settled);
+  // through the fused pass or dense scores (`heads`: this rank's).
+  void attention_core(int l, const StepShape& shape, int heads);
   // The DSA indexer's scores of layer l's keys for the step's tokens past top-k (its queries and
   // head weights already projected), into `scores`: decode runs and prefill chunks by their kernels.
   void score_indexer_keys(int l, const StepShape& shape, cudaStream_t s, cuda::Gemm& g);

@@ -47,13 +47,6 @@ struct MlaAttentionArgs {
   // kMlaMaxClusterSplits; above 8 a non-portable cluster size), combined through distributed
   // shared memory in the same launch; otherwise partials in global memory and mla_merge_splits.
   int cluster_splits = 0;
-  // The caller's promise that the kernel before this one in the stream (the one its chained wait
-  // waits for) writes none of the selection, its counts, the block tables or the cache rows: they
-  // were complete when that kernel passed its own wait. The two-stage warp-specialised kernel then
-  // looks up and copies a block's first step of rows before its chained wait, and only its queries
-  // after (a decode split is often one step: the rows' dependent loads overlap the absorption).
-  // Other kernels wait first whatever this says.
-  bool rows_before_wait = false;
 };
 
 class Gemm;

@@ -228,10 +228,6 @@ __device__ __forceinline__ void softmax_and_values_step(Scores& s, Probs& p, flo
 // token's (the persistent kernel's stages and barrier phases run on from token to token);
 // queries_read_parity >= 0: the queries' region still holds the last token's until that phase
 // of kQueriesFree, so the first step's rows go first and the queries once it completes.
-// kWaitBeforeQueries (MlaAttentionArgs::rows_before_wait; a block's first token, first_step 0,
-// and the thread has not yet waited for the previous grid): the first step's rows go into the
-// free first stage, then the chained wait, then the queries, before the loop over the others.
-template <bool kWaitBeforeQueries = false>
 __device__ __forceinline__ void produce_rows(const MlaAttentionArgs& a, int t, int begin, int count, int steps,
                                              int index, uint32_t queries, uint32_t stages, uint32_t barriers,
                                              int first_step = 0, int queries_read_parity = -1) {
@@ -244,7 +240,7 @@ __device__ __forceinline__ void produce_rows(const MlaAttentionArgs& a, int t, i
     producer.copy_queries(queries, t);
     pipeline::barrier_arrive_on_copies(barrier(kQueriesReady));
   };
-  if (!kWaitBeforeQueries && queries_read_parity < 0) copy_queries();
+  if (queries_read_parity < 0) copy_queries();
   // The slots of this thread's rows of a step, and the positions of the next step's. Each
   // step's copies are issued, then the next step's slots looked up from positions loaded a
   // step earlier and the positions of the step after loaded: neither load is waited for until
@@ -254,23 +250,8 @@ __device__ __forceinline__ void produce_rows(const MlaAttentionArgs& a, int t, i
   int32_t slots[Producer<kStepRows>::kRows], positions[Producer<kStepRows>::kRows];
   producer.load_positions(0, positions);
   producer.slots_of(positions, slots);
-  int first = 0;
-  if constexpr (kWaitBeforeQueries) {
-    // (Outside the loop: that loop with the wait and the queries inside needs more than the
-    // producer's registers.)
-    producer.copy(stages, slots, 0, kLeftBlocks);
-    pipeline::barrier_arrive_on_copies(barrier(kReady + half_index(0, 0)));
-    producer.copy(stages, slots, kLeftBlocks, kColumnBlocks);
-    pipeline::barrier_arrive_on_copies(barrier(kReady + half_index(0, 1)));
-    chained_grid_prologue();
-    copy_queries();
-    if (steps == 1) return;
-    producer.load_positions(1, positions);
-    producer.slots_of(positions, slots);
-    first = 1;
-  }
-  producer.load_positions(first + 1, positions);
-  for (int step = first; step < steps; ++step) {
+  producer.load_positions(1, positions);
+  for (int step = 0; step < steps; ++step) {
     const int stage = (first_step + step) & 1;
     const uint32_t parity = (((first_step + step) >> 1) & 1) ^ 1;  // the phase of two steps before
     // Each half as soon as its reader is done with it, the left (needed first) where both are.
@@ -359,14 +340,10 @@ __device__ __forceinline__ void consume_token_steps(const TokenBlock& block, int
 // the consumers hand each stage back as soon as it has landed and write nothing, so that the
 // launch takes what the producer's copies alone take (mla_attention_copies_only). kClustered: grid
 // (split, launched token) in clusters of a token's splits, merged by merge_cluster_splits.
-// With a.rows_before_wait the producer waits for the previous grid only after its first step's
-// rows (produce_rows); the consumers, which read nothing from global memory before the queries
-// land, wait at once, so that no thread writes before the previous grid has finished.
 template <bool kCopiesOnly, bool kClustered>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_wgmma_specialized_kernel(MlaAttentionArgs a, int rows_per_split, float* partials) {
-  const bool rows_first = a.rows_before_wait;
-  if (!rows_first || threadIdx.x < kConsumerThreads) chained_grid_prologue();
+  chained_grid_prologue();
   extern __shared__ __align__(16) uint8_t shared_raw[];
   const int launched_token = kClustered ? blockIdx.y : blockIdx.x, split = kClustered ? blockIdx.x : blockIdx.y;
   const TokenBlock block = token_block(shared_raw, a, rows_per_split, launched_token, split);
@@ -380,19 +357,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warpgroup == 2) {
     pipeline::shrink_registers<kProducerRegisters>();
-    auto produce = [&] {
-      if (rows_first)
-        produce_rows<true>(a, t, block.begin, count, steps, index, queries, stages, barriers);
-      else
-        produce_rows(a, t, block.begin, count, steps, index, queries, stages, barriers);
-    };
     if constexpr (kClustered) {
-      if (steps > 0) produce();
+      if (steps > 0) produce_rows(a, t, block.begin, count, steps, index, queries, stages, barriers);
       pipeline::cluster_sync();  // the consumers' two cluster barriers of merge_cluster_splits
       pipeline::cluster_sync();
     } else {
       if (steps == 0) return;
-      produce();
+      produce_rows(a, t, block.begin, count, steps, index, queries, stages, barriers);
     }
     return;
   }
