@@ -538,7 +538,6 @@ nlohmann::json kernel_options_json(const model::CudaModelOptions& k) {
           {"fused_projection_rows_max_tokens", k.fused_projection_rows_max_tokens},
           {"reuse_step_selection", k.reuse_step_selection},
           {"attention_cluster_splits", k.attention_cluster_splits},
-          {"merge_in_unabsorb", k.merge_in_unabsorb},
           {"wgmma_indexer", k.wgmma_indexer},
           {"wgmma_experts_min_pairs", k.wgmma_experts_min_pairs},
           {"wgmma_bf16_experts_min_pairs", k.wgmma_bf16_experts_min_pairs},

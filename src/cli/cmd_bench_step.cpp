@@ -114,10 +114,6 @@ void add_linear_and_attention_options(CLI::App* cmd, BenchStepOptions* o) {
                   "launch)")
       ->check(CLI::IsMember({0, 2, 4, 8, 16}))
       ->capture_default_str();
-  cmd->add_option("--merge-in-unabsorb", o->kernels.merge_in_unabsorb,
-                  "Decode steps of up to 4 tokens merge their attention splits in the un-absorption's launch "
-                  "(true/false)")
-      ->capture_default_str();
   cmd->add_option("--wgmma-decode-indexer", o->kernels.wgmma_decode_indexer,
                   "Decode tokens' indexer scores on the warpgroup tensor cores (true/false; false: fp32 FMAs, a "
                   "key a thread)")

@@ -698,11 +698,6 @@ TEST_F(CudaForward, GlmAttentionWidthsFollowTheCpuThroughEveryAttentionKernel) {
   const Variant variants[] = {
       {"two stages, clusters of 8", [](model::CudaModelOptions&) {}},
       {"two stages, splits merged", [](model::CudaModelOptions& o) { o.attention_cluster_splits = 0; }},
-      {"two stages, splits merged in the un-absorption",
-       [](model::CudaModelOptions& o) {
-         o.attention_cluster_splits = 0;
-         o.merge_in_unabsorb = true;
-       }},
       {"two stages, a block a token", [](model::CudaModelOptions& o) { o.persistent_attention = false; }},
       {"ring, clusters of 8", [](model::CudaModelOptions& o) { o.attention_ring_stages = true; }},
       {"ring, clusters of 16",

@@ -379,51 +379,6 @@ void check_mla(int H, int L, int rd, const std::vector<int>& contexts, const std
   if (p.T > 1) check_later_tokens_alone(p, a, partials, partial_elements);
 }
 
-// A decode step's splits left unmerged (MlaAttentionArgs::unmerged_splits) and merged in the
-// un-absorption's launch (mla_merge_unabsorb) give the bits of mla_merge_splits then the heads'
-// batched GEMV: GLM-5's shapes (64 heads, latent 512, value rows 256 of a head's 448), the model's
-// clusters of at most 8 splits. Returns the unmerged split count (0: the attention wrote out).
-int check_merge_unabsorb(const std::vector<int>& contexts, const std::vector<Token>& tokens) {
-  const int H = 64, L = 512, rd = 64, top_k = 2048, nope = 192, vd = 256, head_rows = nope + vd;
-  const MlaProblem p(H, L, rd, contexts, tokens, top_k, 0.5f, cuda::CacheStorage::kBf16);
-  const MlaDeviceInputs inputs = device_inputs(p);
-  cuda::MlaAttentionArgs a = inputs.args(p.paged, p.T, H, L, rd, top_k, cuda::CacheStorage::kBf16);
-  a.cluster_splits = 8;
-  const int64_t partial_elements = int64_t{p.T} * ((p.rows + 63) / 64) * H * (L + 2);
-  cuda::DeviceBuffer partials(partial_elements * sizeof(float));
-  std::vector<uint16_t> w_bits;
-  for (const float v : random_values(int64_t{H} * head_rows * L, 41, 0.05f)) w_bits.push_back(f32_to_bf16(v));
-  const auto w_uv = to_device(w_bits);
-  const uint16_t* value_rows = w_uv.as<uint16_t>() + int64_t{nope} * L;
-  const int64_t heads_size = int64_t{p.T} * H * vd;
-
-  auto merged = poisoned_bf16(p.expected.size());
-  a.out = merged.as<uint16_t>();
-  cuda::mla_attention_fused(a, p.rows, partials.as<float>(), partial_elements, nullptr);
-  EXPECT_LT(relative_l2(bf16_to_host(merged, p.expected.size()), p.expected), 1e-2);
-  auto expected = poisoned_bf16(heads_size);
-  cuda::gemv_bf16_batched(merged.as<uint16_t>(), p.T, int64_t{H} * L, L, value_rows, vd, L, L, int64_t{head_rows} * L,
-                          false, expected.as<uint16_t>(), int64_t{H} * vd, vd, H, nullptr, 1.0f);
-
-  auto untouched = poisoned_bf16(p.expected.size());
-  a.out = untouched.as<uint16_t>();
-  int unmerged = -1;
-  a.unmerged_splits = &unmerged;
-  cuda::mla_attention_fused(a, p.rows, partials.as<float>(), partial_elements, nullptr);
-  EXPECT_GE(unmerged, 0);
-  auto heads = poisoned_bf16(heads_size);
-  if (unmerged > 0) {
-    EXPECT_EQ(to_host<uint16_t>(untouched, p.expected.size()), std::vector<uint16_t>(p.expected.size(), 0xffff))
-        << "the attention left its splits unmerged but wrote out";
-    cuda::mla_merge_unabsorb(partials.as<float>(), p.T, unmerged, H, value_rows, head_rows, vd, heads.as<uint16_t>(),
-                             nullptr);
-    EXPECT_EQ(to_host<uint16_t>(heads, heads_size), to_host<uint16_t>(expected, heads_size))
-        << p.T << " tokens, " << unmerged << " splits";
-  }
-  std::printf("  %d tokens: %d splits left unmerged\n", p.T, unmerged);
-  return unmerged;
-}
-
 }  // namespace
 
 // mla_prepare_queries: the nope columns in bf16 (rounded as the CPU rounds), the rope columns
@@ -576,14 +531,6 @@ TEST_F(CudaAttention, MlaPrefillChunkAndOddShapes) {
   tokens.push_back({1, 8});
   check_mla(3, 16, 6, {45, 9}, tokens, 9, 26);
   check_mla(8, 64, 16, {45, 9}, tokens, 96, 5);
-}
-
-TEST_F(CudaAttention, MlaSplitsMergedInTheUnabsorptionAreTheSameHeads) {
-  // One token past top-k (32 splits, more than a cluster): merged in the un-absorption.
-  EXPECT_GT(check_merge_unabsorb({3000}, {{0, 2999}}), 8);
-  // A short context and two tokens: whichever way the splits go, the heads are right.
-  check_merge_unabsorb({700}, {{0, 699}});
-  check_merge_unabsorb({2500, 2100}, {{0, 2499}, {1, 2099}});
 }
 
 TEST_F(CudaAttention, MlaOddLatentWidthOverSeveralSplits) {

@@ -21,9 +21,9 @@ const float* CudaGlm5Model::Impl::attention(const DecoderLayerDevice& layer, int
   }
   absorb_queries(layer.attention, shape.num_tokens, bf16_queries);
   if (overlap_indexer) indexer_join.make_wait(stream.get());
-  const int unmerged_splits = attention_core(l, shape, layer.attention.heads, merges_in_unabsorb(layer.attention, shape));
+  attention_core(l, shape, layer.attention.heads);
   timer.mark("attention.core", stream.get());
-  return attention_output(layer.attention, shape.num_tokens, unmerged_splits);
+  return attention_output(layer.attention, shape.num_tokens);
 }
 
 bool CudaGlm5Model::Impl::project_attention_inputs(const DecoderLayerDevice& layer, int l, const StepShape& shape,
@@ -175,14 +175,7 @@ void CudaGlm5Model::Impl::absorb_queries(const AttentionDevice& w, int T, bool b
 // Un-absorb W_uv per head from the bf16 attention output, the heads written in bf16 at once
 // (prefill 8192 at GLM-5.2 width moved 0.8 GB a layer through fp32 rows and their conversion
 // otherwise; a decode step saves the conversion's launch), then o_proj.
-bool CudaGlm5Model::Impl::merges_in_unabsorb(const AttentionDevice& w, const StepShape& shape) const {
-  const io::ModelConfig& c = config;
-  // Within the small-batch GEMVs' tokens, whose un-absorption sums as mla_merge_unabsorb does.
-  return options.merge_in_unabsorb && !w.o_proj.fp8() && shape.num_tokens <= options.small_batch_gemv_tokens &&
-         cuda::mla_merge_unabsorb_supported(shape.num_tokens, c.kv_lora_rank, c.v_head_dim);
-}
-
-const float* CudaGlm5Model::Impl::attention_output(const AttentionDevice& w, int T, int unmerged_splits) {
+const float* CudaGlm5Model::Impl::attention_output(const AttentionDevice& w, int T) {
   const io::ModelConfig& c = config;
   const int H = w.heads;
   const int64_t nope = c.qk_nope_head_dim, L = c.kv_lora_rank, vd = c.v_head_dim;
@@ -192,11 +185,7 @@ const float* CudaGlm5Model::Impl::attention_output(const AttentionDevice& w, int
   const cuda::Fp8Rows heads_fp8 =
       cuda::mla_unabsorb_fp8_supported(L, vd) ? fp8_input_rows(w.o_proj, T) : cuda::Fp8Rows{};
   const bool heads_quantised = heads_fp8.codes != nullptr;
-  GLMS_CHECK(unmerged_splits == 0 || !heads_quantised, "unmerged attention splits need bf16 heads");
-  if (unmerged_splits > 0)
-    cuda::mla_merge_unabsorb(as<float>(prefill_scores), T, unmerged_splits, H, as<uint16_t>(w.kv_b_proj) + nope * L,
-                             nope + vd, static_cast<int>(vd), as<uint16_t>(heads_bf16), s);
-  else if (heads_quantised)
+  if (heads_quantised)
     cuda::mla_unabsorb_fp8(as<uint16_t>(o_bf16), T, H, as<uint16_t>(w.kv_b_proj) + nope * L, nope + vd, heads_fp8, s);
   else
     gemm.batched_to_bf16(as<uint16_t>(o_bf16), T, H * L, L, as<uint16_t>(w.kv_b_proj) + nope * L, vd, L, L,
@@ -212,7 +201,7 @@ const float* CudaGlm5Model::Impl::attention_output(const AttentionDevice& w, int
   return as<float>(block_out);
 }
 
-int CudaGlm5Model::Impl::attention_core(int l, const StepShape& shape, int heads, bool leave_splits) {
+void CudaGlm5Model::Impl::attention_core(int l, const StepShape& shape, int heads) {
   const io::ModelConfig& c = config;
   const int T = shape.num_tokens, H = heads;
   const int64_t L = c.kv_lora_rank, rd = c.qk_rope_head_dim;
@@ -248,7 +237,6 @@ int CudaGlm5Model::Impl::attention_core(int l, const StepShape& shape, int heads
   gather.probs = as<uint16_t>(prefill_probs);
   gather.score_elements = prefill_score_capacity;
   const int max_selected_in_step = std::min(shape.max_context, c.index_topk);
-  int unmerged_splits = 0;
   // Long prefill chunks attend over their gathered context; other tokens over their own
   // selections: runs of fused_attention_min_tokens or more in one fused pass (where the shapes
   // allow), shorter ones through the gathered-row GEMMs.
@@ -257,8 +245,6 @@ int CudaGlm5Model::Impl::attention_core(int l, const StepShape& shape, int heads
       [&](int first, int count) {
         args.first_token = first;
         args.launch_tokens = count;
-        // Left unmerged only where this run is the whole step (the merge reads it from token 0).
-        args.unmerged_splits = leave_splits && first == 0 && count == T ? &unmerged_splits : nullptr;
         if (fused_attention() && count >= options.fused_attention_min_tokens)
           cuda::mla_attention_fused(args, max_selected_in_step, as<float>(prefill_scores), prefill_score_capacity, s,
                                     options.wgmma_attention, options.wgmma_attention_splits);
@@ -272,7 +258,6 @@ int CudaGlm5Model::Impl::attention_core(int l, const StepShape& shape, int heads
           return;
         }
         cuda::MlaAttentionArgs chunk = args;
-        chunk.unmerged_splits = nullptr;
         chunk.first_token = seq.first_token;
         chunk.launch_tokens = seq.num_tokens;
         if (storage == cuda::CacheStorage::kFp8) {
@@ -290,7 +275,6 @@ int CudaGlm5Model::Impl::attention_core(int l, const StepShape& shape, int heads
         cuda::mla_attention_fused(chunk, std::min(seq.context_len, c.index_topk), as<float>(prefill_scores),
                                   prefill_score_capacity, s, options.wgmma_attention, options.wgmma_attention_splits);
       });
-  return unmerged_splits;
 }
 
 void CudaGlm5Model::Impl::score_indexer_keys(int l, const StepShape& shape, cudaStream_t s, cuda::Gemm& g) {

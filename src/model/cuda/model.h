@@ -115,11 +115,6 @@ struct CudaModelOptions {
   // (attention.core 0.316 -> 0.295); capping a batch of one at 8 or 16 clustered splits was
   // slower (1.585 -> 1.635 ms).
   int attention_cluster_splits = 8;
-  // Decode steps of at most ops::cuda::kMlaMergeUnabsorbMaxTokens tokens whose attention splits
-  // go to partials: their merge in the un-absorption's launch (ops::cuda::mla_merge_unabsorb),
-  // whose blocks hold their value rows before the attention ends, instead of mla_merge_splits'
-  // launch before it (bf16 o_proj inputs only). Not yet measured: off.
-  bool merge_in_unabsorb = false;
   // Long prefill chunks' indexer scores on the warpgroup tensor cores, fused with the sum over
   // heads (ops::cuda::indexer_scores_wgmma; GLM-5's 32 heads of 128); false: a TF32 GEMM whose
   // per-head products go through global memory. Prefill 8192 on the H200 at GLM-5.2 width:

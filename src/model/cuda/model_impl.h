@@ -159,17 +159,11 @@ struct CudaGlm5Model::Impl : CudaWorkspaces<DeviceBuffer> {
   // On stream `s` with `g` (the main stream's or the side branch's).
   void select_positions(const DecoderLayerDevice& layer, int l, const StepShape& shape, cudaStream_t s, cuda::Gemm& g);
   void absorb_queries(const AttentionDevice& w, int T, bool bf16_queries);
-  // Whether this step's attention may leave its splits for the un-absorption to merge
-  // (options.merge_in_unabsorb, bf16 heads for o_proj, a step mla_merge_unabsorb takes).
-  bool merges_in_unabsorb(const AttentionDevice& w, const StepShape& shape) const;
-  // unmerged_splits > 0: attention_core left that many splits' sums unmerged in prefill_scores.
-  const float* attention_output(const AttentionDevice& w, int T, int unmerged_splits);
+  const float* attention_output(const AttentionDevice& w, int T);
   // Layer l's attention over the latent cache for the step's staged queries, into o_bf16: runs of
   // short chunks and decode tokens through the fused or gathered-row passes, long prefill chunks
-  // through the fused pass or dense scores (`heads`: this rank's). leave_splits: a step of one run
-  // of tokens may leave its splits' sums unmerged (MlaAttentionArgs::unmerged_splits). Returns
-  // the count of splits left so (0: o_bf16 written).
-  int attention_core(int l, const StepShape& shape, int heads, bool leave_splits);
+  // through the fused pass or dense scores (`heads`: this rank's).
+  void attention_core(int l, const StepShape& shape, int heads);
   // The DSA indexer's scores of layer l's keys for the step's tokens past top-k (its queries and
   // head weights already projected), into `scores`: decode runs and prefill chunks by their kernels.
   void score_indexer_keys(int l, const StepShape& shape, cudaStream_t s, cuda::Gemm& g);

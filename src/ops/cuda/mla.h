@@ -47,11 +47,6 @@ struct MlaAttentionArgs {
   // kMlaMaxClusterSplits; above 8 a non-portable cluster size), combined through distributed
   // shared memory in the same launch; otherwise partials in global memory and mla_merge_splits.
   int cluster_splits = 0;
-  // Where set, a token's splits that go to partials (not as one cluster) through the
-  // warp-specialised kernel are left unmerged: *unmerged_splits receives their count, and the
-  // caller merges them (mla_merge_unabsorb) instead of mla_merge_splits writing `out`. Every
-  // other case writes `out` and sets it to 0.
-  int* unmerged_splits = nullptr;
 };
 
 class Gemm;
@@ -152,16 +147,6 @@ inline bool mla_splits_clustered(const MlaAttentionArgs& args, int splits) {
 }
 void mla_merge_splits(const MlaAttentionArgs& args, int launch_tokens, int splits, const float* partials,
                       cudaStream_t stream);
-// The same merge of T tokens' splits (T = launch_tokens, from the first token; partials as above)
-// and the heads' un-absorption in one launch (mla_merge_unabsorb.cu): heads[t, h, :] = the merged
-// sums of head h (rounded to bf16, as mla_merge_splits writes them) . W_uv[h]^T, each sum rounded
-// to bf16: the bits of mla_merge_splits then gemv_bf16_batched over the heads. W_uv[h]: the
-// [v_dim, 512] bf16 rows from w_uv + h * head_rows * 512 (kv_b_proj's value rows), 16-byte
-// aligned; heads: [T, heads * v_dim] bf16. Latent 512 and up to kMlaMergeUnabsorbMaxTokens tokens.
-constexpr int kMlaMergeUnabsorbMaxTokens = 4;
-bool mla_merge_unabsorb_supported(int64_t T, int64_t latent, int64_t v_dim);
-void mla_merge_unabsorb(const float* partials, int T, int splits, int heads, const uint16_t* w_uv, int64_t head_rows,
-                        int v_dim, uint16_t* heads_out, cudaStream_t stream);
 
 // A decode or prefill step's query side before the absorption, in one pass over q ([T, H, qd]
 // fp32, each head's nope columns then its rope columns, not yet rotated): q_nope[t, h, :nope] =

@@ -23,7 +23,6 @@
 #include "ops/cuda/fp8.cuh"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/mla.h"
-#include "ops/cuda/mla_merge.cuh"
 
 namespace glms::ops::cuda {
 
@@ -353,25 +352,64 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // Block (token, head): out = sum_s e^(m_s - M) O_s / sum_s e^(m_s - M) l_s over the splits that
-// saw a selected row (l_s > 0), as mla_merge.cuh works it out. The splits' weights are worked out
-// by the whole block in shared memory, so that the column loop's loads are independent of each
-// other; with 16-byte rows a thread sums four columns per load, as a batch-1 merge reads 32
-// splits x 128 KB and is bound by how many loads are in flight.
-constexpr int kMergeThreads = kMergeStatThreads;
+// saw a selected row (l_s > 0). The splits' weights are worked out by the whole block in shared
+// memory (each thread's splits' statistics loaded at once: a thread walking 32 splits' statistics
+// one after another was most of a batch-1 merge), so that the column loop's loads are
+// independent of each other; with 16-byte rows a thread sums four columns per load, as a
+// batch-1 merge reads 32 splits x 128 KB and is bound by how many loads are in flight.
+constexpr int kMaxSplits = kMlaMaxSplits;
+constexpr int kMergeThreads = 128;
 __global__ void __launch_bounds__(kMergeThreads)
     mla_merge_splits_kernel(MlaAttentionArgs a, int launch_tokens, int splits, const float* partials) {
   chained_grid_prologue();
-  __shared__ float weight[kMlaMaxSplits];
+  __shared__ float weight[kMaxSplits];
   __shared__ float scratch[32];
   const int i = blockIdx.x, head = blockIdx.y, H = a.num_heads, L = a.latent_dim;
   const float* stats = partials + static_cast<int64_t>(launch_tokens) * splits * H * L;
-  const float inv_total = merge_split_weights(stats, splits, H, i, head, weight, scratch);
+  auto stat = [&](int s) { return stats + ((static_cast<int64_t>(i) * splits + s) * H + head) * 2; };
+  // Thread j holds splits j + kMergeThreads m, m < kMaxSplits / kMergeThreads.
+  constexpr int kPerThread = kMaxSplits / kMergeThreads;
+  static_assert(kMaxSplits % kMergeThreads == 0, "whole rounds of splits a thread");
+  float top_of[kPerThread], sum_of[kPerThread];
+  float top = -INFINITY;
+#pragma unroll
+  for (int m = 0; m < kPerThread; ++m) {
+    const int s = static_cast<int>(threadIdx.x) + kMergeThreads * m;
+    const float2 v = s < splits ? make_float2(stat(s)[0], stat(s)[1]) : make_float2(-INFINITY, 0.0f);
+    top_of[m] = v.y > 0.0f ? v.x : -INFINITY;
+    sum_of[m] = v.y;
+    top = fmaxf(top, top_of[m]);
+  }
+  top = warp_max(top);
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = top;
+  __syncthreads();
+  top = warp_max(threadIdx.x % 32 < kMergeThreads / 32 ? scratch[threadIdx.x % 32] : -INFINITY);
+  float part = 0.0f;
+#pragma unroll
+  for (int m = 0; m < kPerThread; ++m) {
+    const int s = static_cast<int>(threadIdx.x) + kMergeThreads * m;
+    const float w = top_of[m] == -INFINITY ? 0.0f : __expf(top_of[m] - top);
+    if (s < splits) weight[s] = w;
+    part += w * sum_of[m];
+  }
+  const float total = block_sum(part, scratch);  // synchronises: weight[] is complete
+  const float inv_total = total > 0.0f ? 1.0f / total : 0.0f;
   const int64_t split_stride = static_cast<int64_t>(H) * L;
   const float* column0 = partials + (static_cast<int64_t>(i) * splits * H + head) * L;
   uint16_t* dst = a.out + (static_cast<int64_t>(a.first_token + i) * H + head) * L;
   if (L % 4 == 0) {
-    for (int k = 4 * threadIdx.x; k < L; k += 4 * blockDim.x)
-      *reinterpret_cast<uint2*>(dst + k) = merged_columns(column0, split_stride, splits, weight, inv_total, k);
+    for (int k = 4 * threadIdx.x; k < L; k += 4 * blockDim.x) {
+      float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 16
+      for (int s = 0; s < splits; ++s) {
+        const float4 v = *reinterpret_cast<const float4*>(column0 + s * split_stride + k);
+        const float w = weight[s];
+        sum.x += w * v.x, sum.y += w * v.y, sum.z += w * v.z, sum.w += w * v.w;
+      }
+      *reinterpret_cast<uint2*>(dst + k) =
+          make_uint2(pack_bf16_pair(sum.x * inv_total, sum.y * inv_total),
+                     pack_bf16_pair(sum.z * inv_total, sum.w * inv_total));
+    }
     return;
   }
   for (int k = threadIdx.x; k < L; k += blockDim.x) {
@@ -407,7 +445,6 @@ void mla_merge_splits(const MlaAttentionArgs& a, int launch_tokens, int splits, 
 
 void mla_attention_fused(const MlaAttentionArgs& a, int max_selected_in_step, float* partials,
                          int64_t partial_elements, cudaStream_t stream, bool allow_wgmma, bool allow_wgmma_splits) {
-  if (a.unmerged_splits) *a.unmerged_splits = 0;
   const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
   if (launch_tokens <= 0) return;
   GLMS_CHECK(mla_attention_fused_supported(a.num_heads, a.latent_dim, a.rope_dim),
@@ -416,7 +453,7 @@ void mla_attention_fused(const MlaAttentionArgs& a, int max_selected_in_step, fl
   // About two blocks per SM in all, at least one 64-row tile per split, and partials that fit.
   const int64_t per_split = int64_t{launch_tokens} * a.num_heads * (a.latent_dim + 2);
   int splits = std::clamp((2 * multiprocessor_count() + launch_tokens - 1) / launch_tokens, 1,
-                          std::min(kMlaMaxSplits, (rows + kRowTile - 1) / kRowTile));
+                          std::min(kMaxSplits, (rows + kRowTile - 1) / kRowTile));
   splits = static_cast<int>(std::min<int64_t>(splits, partials ? partial_elements / per_split : 1));
   splits = std::max(splits, 1);
   const int rows_per_split = ((rows + splits - 1) / splits + kRowTile - 1) / kRowTile * kRowTile;

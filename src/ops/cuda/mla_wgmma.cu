@@ -477,7 +477,6 @@ int mla_wgmma_splits(int launch_tokens, int max_selected_in_step, int num_heads,
 
 void mla_attention_wgmma(const MlaAttentionArgs& a, cudaStream_t stream, int max_selected_in_step,
                          int splits, float* partials, int64_t partial_elements) {
-  if (a.unmerged_splits) *a.unmerged_splits = 0;
   const int launch_tokens = a.launch_tokens < 0 ? a.num_tokens - a.first_token : a.launch_tokens;
   if (launch_tokens <= 0) return;
   GLMS_CHECK(mla_attention_wgmma_supported(a.num_heads, a.latent_dim, a.rope_dim),
@@ -501,8 +500,7 @@ void mla_attention_wgmma(const MlaAttentionArgs& a, cudaStream_t stream, int max
   // at 2k: attention.core 0.388 -> 0.317 ms in 2 splits; batch 1 and 8 the same either way).
   if (a.storage == CacheStorage::kBf16 && a.warp_specialized) {
     mla_attention_wgmma_specialized(a, stream, rows_per_split, splits, partials);
-    if (splits > 1 && a.unmerged_splits) *a.unmerged_splits = splits;
-    else if (splits > 1) mla_merge_splits(a, launch_tokens, splits, partials, stream);
+    if (splits > 1) mla_merge_splits(a, launch_tokens, splits, partials, stream);
     return;
   }
   auto launch = [&](auto kernel, int shared_bytes) {
