@@ -135,11 +135,15 @@ class SimulatedPeer : public comm::Communicator {
   std::string backend() const override { return "simulated"; }
   bool graph_capturable() const override { return true; }
 
+  // The collectives' copies are chained kernels (copy_chained), as a real collective is a kernel
+  // in the stream: a copy-engine node of a captured step broke the chain of programmatic
+  // launches and left the GPU idle about 2 us before the next kernel (a batch-1 step of the EP8
+  // rank, once a MoE layer), a wait the plan's per-collective latency already counts.
   void all_reduce_sum(void* data, size_t count, comm::Element type, comm::Stream stream) override {
     const size_t bytes = count * comm::element_size(type);
     GLMS_CHECK(bytes <= scratch_.bytes(), "simulated all-reduce beyond its scratch");
-    cuda::copy_device_async(scratch_.data(), data, bytes, as_stream(stream));  // what arrives, in place
-    cuda::copy_device_async(data, scratch_.data(), bytes, as_stream(stream));
+    copy_chained(scratch_.data(), data, bytes, as_stream(stream));  // what arrives, in place
+    copy_chained(data, scratch_.data(), bytes, as_stream(stream));
   }
   // A group's all-gathers go out as one launch at end_group, as NCCL's group call is one.
   void begin_group() override { grouped_ = true; }
@@ -161,10 +165,21 @@ class SimulatedPeer : public comm::Communicator {
   void reduce_scatter_sum(const void* send, void* recv, size_t count, comm::Element type,
                           comm::Stream stream) override {
     const size_t bytes = count * comm::element_size(type);
-    cuda::copy_device_async(recv, static_cast<const char*>(send) + rank_ * bytes, bytes, as_stream(stream));
+    copy_chained(recv, static_cast<const char*>(send) + rank_ * bytes, bytes, as_stream(stream));
   }
 
  private:
+  // `bytes` (whole 4-byte words: fp32 or bf16 rows of even width) from src to dst as one chained
+  // launch: simulated_all_gather's copy into a single slot.
+  static void copy_chained(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+    GLMS_CHECK(bytes % 4 == 0, "simulated collectives copy whole 4-byte words");
+    cuda::SimulatedGatherPart part;
+    part.send = src;
+    part.recv = dst;
+    part.bytes = static_cast<int64_t>(bytes);
+    cuda::simulated_all_gather(&part, 1, 1, 0, 0, stream);
+  }
+
   void flush() {
     cuda::simulated_all_gather(pending_.data(), static_cast<int>(pending_.size()), size_, rank_, num_experts_,
                                pending_stream_);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "comm/nccl_library.h"
@@ -195,6 +196,36 @@ TEST_F(CudaParallel, SimulatedPeersGatherEverySlotWithShiftedExpertIds) {
       for (size_t i = 0; i < rows.size(); ++i) ASSERT_EQ(got_rows[slot * rows.size() + i], rows[i]);
     }
   }
+}
+
+// The stand-in peers' other collectives, as chained copies of the bytes a real one brings in: a
+// reduce-scatter gives this rank's part of the sent rows (its peers' sums are not simulated), an
+// all-reduce leaves the values in place; fp32 and bf16 rows; a width that is not whole words is
+// refused.
+TEST_F(CudaParallel, SimulatedPeersReduceScatterTheirRankAndAllReduceInPlace) {
+  constexpr int kSize = 8, kRank = 5, kCount = 3 * 6144;
+  auto peer = runtime::make_simulated_peer(kRank, kSize, 256, size_t{kCount} * 4);
+  std::vector<float> rows(size_t{kSize} * kCount);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = 0.5f * static_cast<float>(i % 9973) - 7.0f;
+  const auto rows_d = glms::testing::to_device(rows);
+  ops::cuda::DeviceBuffer mine(size_t{kCount} * 4);
+  peer->reduce_scatter_sum(rows_d.data(), mine.data(), kCount, comm::Element::F32);
+  ops::cuda::DeviceBuffer mine_bf16(size_t{kCount} * 2);
+  peer->reduce_scatter_sum(rows_d.data(), mine_bf16.data(), kCount, comm::Element::BF16);  // the first half-rows
+  const auto in_place = glms::testing::to_device(std::vector<float>(rows.begin(), rows.begin() + kCount));
+  peer->all_reduce_sum(in_place.data(), kCount, comm::Element::F32);
+  ops::cuda::synchronize_stream(nullptr);
+  const auto got = glms::testing::to_host<float>(mine);
+  const auto got_bf16 = glms::testing::to_host<uint16_t>(mine_bf16);
+  const auto got_in_place = glms::testing::to_host<float>(in_place);
+  std::vector<uint16_t> sent_bf16(rows.size() * 2);
+  std::memcpy(sent_bf16.data(), rows.data(), rows.size() * 4);
+  for (int i = 0; i < kCount; ++i) {
+    ASSERT_EQ(got[i], rows[size_t{kRank} * kCount + i]) << i;
+    ASSERT_EQ(got_bf16[i], sent_bf16[size_t{kRank} * kCount + i]) << i;
+    ASSERT_EQ(got_in_place[i], rows[i]) << i;
+  }
+  EXPECT_THROW(peer->reduce_scatter_sum(rows_d.data(), mine_bf16.data(), 3, comm::Element::BF16), Error);
 }
 
 // A data-parallel rank takes a decode step's graph only together with its peers (NCCL's rule for
