@@ -211,7 +211,8 @@ TEST_F(CudaParallel, SimulatedPeersReduceScatterTheirRankAndAllReduceInPlace) {
   ops::cuda::DeviceBuffer mine(size_t{kCount} * 4);
   peer->reduce_scatter_sum(rows_d.data(), mine.data(), kCount, comm::Element::F32);
   ops::cuda::DeviceBuffer mine_bf16(size_t{kCount} * 2);
-  peer->reduce_scatter_sum(rows_d.data(), mine_bf16.data(), kCount, comm::Element::BF16);  // the first half-rows
+  // The same bytes read as bf16 rows: this rank's kCount values of them.
+  peer->reduce_scatter_sum(rows_d.data(), mine_bf16.data(), kCount, comm::Element::BF16);
   const auto in_place = glms::testing::to_device(std::vector<float>(rows.begin(), rows.begin() + kCount));
   peer->all_reduce_sum(in_place.data(), kCount, comm::Element::F32);
   ops::cuda::synchronize_stream(nullptr);
