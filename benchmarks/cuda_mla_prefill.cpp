@@ -5,8 +5,8 @@
 // events (median of --reps) and states its rate over the products' FLOPs against the bf16 GEMM
 // rate measured in the same run (cuBLAS, 8192^3), and each kernel's output against the first's
 // (relative L2), so that a wrong kernel shows: mla_wgmma.cu's, the warp-specialised one with two
-// 64-row stages (a block a token, and persistent: a block an SM) and with its ring of 32-row
-// stages. Each line also states the rate at which the kernel moved the selected rows and the
+// 64-row stages (a block a token, persistent: a block an SM, and persistent over pairs of stages)
+// and with its ring of 32-row stages. Each line also states the rate at which the kernel moved the selected rows and the
 // queries into shared memory, and the last lines time the warp-specialised kernels' copies alone
 // (mla_attention_copies_only): the floor their gathers set. --top-k 64 gives every token past
 // the 64th one step of rows, so that a line's time is mostly what a token costs besides its steps.
@@ -193,11 +193,13 @@ int main(int argc, char** argv) {
     const PrefillSelection selection = select_positions(n, top_k);
     PrefillAttention attention(selection, top_k, stream.get());
     std::vector<uint16_t> reference, specialized;
-    for (const int variant : {0, 1, 2, 3}) {
+    for (const int variant : {0, 1, 2, 3, 4}) {
       attention.args.warp_specialized = variant > 0;
       attention.args.ring_stages = variant == 2;
-      attention.args.persistent = variant == 3;
-      const char* name = variant == 3   ? "warp-specialised persistent"
+      attention.args.persistent = variant >= 3;
+      attention.args.paired_stages = variant == 4;
+      const char* name = variant == 4   ? "warp-specialised paired"
+                         : variant == 3 ? "warp-specialised persistent"
                          : variant == 2 ? "warp-specialised ring"
                          : variant == 1 ? "wgmma, warp-specialised"
                                         : "wgmma";
@@ -231,6 +233,7 @@ int main(int argc, char** argv) {
     }
     attention.args.ring_stages = false;
     attention.args.persistent = false;
+    attention.args.paired_stages = false;
   }
   json << "\n]}\n";
   if (!json_path.empty()) std::ofstream(json_path) << json.str();

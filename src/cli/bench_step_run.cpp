@@ -535,6 +535,7 @@ nlohmann::json kernel_options_json(const model::CudaModelOptions& k) {
           {"warp_specialized_attention", k.warp_specialized_attention},
           {"attention_ring_stages", k.attention_ring_stages},
           {"persistent_attention", k.persistent_attention},
+          {"paired_attention", k.paired_attention},
           {"fused_projection_rows_max_tokens", k.fused_projection_rows_max_tokens},
           {"reuse_step_selection", k.reuse_step_selection},
           {"attention_cluster_splits", k.attention_cluster_splits},

@@ -94,6 +94,10 @@ void add_linear_and_attention_options(CLI::App* cmd, BenchStepOptions* o) {
                   "next token's rows and queries landing while this one's last steps run (true/false; false: a block "
                   "a token)")
       ->capture_default_str();
+  cmd->add_option("--paired-attention", o->kernels.paired_attention,
+                  "The persistent kernel over pairs of stages, each consumer scoring a whole 64-row stage "
+                  "(true/false; false: each consumer scores 32 rows of every stage)")
+      ->capture_default_str();
   cmd->add_option("--attention-ring-stages", o->kernels.attention_ring_stages,
                   "The warp-specialised attention kernel with a ring of four 32-row stages whose steps its two "
                   "consumers score in turn (true/false; false: two 64-row stages, each consumer scoring half of every "

@@ -699,6 +699,7 @@ TEST_F(CudaForward, GlmAttentionWidthsFollowTheCpuThroughEveryAttentionKernel) {
       {"two stages, clusters of 8", [](model::CudaModelOptions&) {}},
       {"two stages, splits merged", [](model::CudaModelOptions& o) { o.attention_cluster_splits = 0; }},
       {"two stages, a block a token", [](model::CudaModelOptions& o) { o.persistent_attention = false; }},
+      {"paired stages", [](model::CudaModelOptions& o) { o.paired_attention = true; }},
       {"ring, clusters of 8", [](model::CudaModelOptions& o) { o.attention_ring_stages = true; }},
       {"ring, clusters of 16",
        [](model::CudaModelOptions& o) {

@@ -237,7 +237,8 @@ void check_fused(const MlaProblem& p, cuda::MlaAttentionArgs a, const cuda::Devi
 // (bf16 rows only for the warp-specialised ones). The two-stage kernel's persistent launch, in as
 // many blocks as SMs and in 1 and 3 (each block taking several tokens, its stages and barrier
 // phases running on across them), gives the same values bit for bit, since each is the same
-// sequence of roundings.
+// sequence of roundings. Its paired stages (each consumer scoring a whole stage: other roundings)
+// come as close to the reference as the others, the same bits in any count of blocks.
 void check_wgmma_one_split(const MlaProblem& p, cuda::MlaAttentionArgs a, double gathered_error) {
   for (const int variant : {0, 1, 2}) {
     const bool specialized = variant > 0;
@@ -267,7 +268,27 @@ void check_wgmma_one_split(const MlaProblem& p, cuda::MlaAttentionArgs a, double
       EXPECT_EQ(to_host<uint16_t>(persistent_out, p.expected.size()), block_a_token)
           << "persistent in " << blocks << " blocks (0: the SM count): H=" << p.H << " tokens=" << p.T;
     }
+    std::vector<uint16_t> paired_first;
+    for (const int blocks : {0, 1, 3}) {
+      auto paired_out = poisoned_bf16(p.expected.size());
+      a.out = paired_out.as<uint16_t>();
+      a.persistent = true;
+      a.paired_stages = true;
+      a.persistent_blocks = blocks;
+      cuda::mla_attention_wgmma(a, nullptr);
+      const std::vector<uint16_t> bits = to_host<uint16_t>(paired_out, p.expected.size());
+      if (paired_first.empty()) {
+        paired_first = bits;
+        const auto paired = bf16_to_host(paired_out, p.expected.size());
+        report_token_errors(p, "paired stages", paired);
+        const double paired_error = relative_l2(paired, p.expected);
+        EXPECT_LT(paired_error, 2 * gathered_error + 1e-4) << "paired stages: H=" << p.H << " tokens=" << p.T;
+        std::printf("  paired stages: relative L2 %.2e\n", paired_error);
+      }
+      EXPECT_EQ(bits, paired_first) << "paired stages in " << blocks << " blocks: H=" << p.H << " tokens=" << p.T;
+    }
     a.persistent = false;
+    a.paired_stages = false;
     a.persistent_blocks = 0;
   }
 }
@@ -600,6 +621,21 @@ TEST_F(CudaAttention, MlaTokensWithoutRowsWriteZerosInTheWarpSpecialisedKernels)
     a.persistent_blocks = blocks;
     cuda::mla_attention_wgmma(a, nullptr);
     EXPECT_EQ(to_host<uint16_t>(persistent), expected) << "persistent in " << blocks << " blocks (0: the SM count)";
+  }
+  a.paired_stages = true;  // its zeros too; other tokens' values within the reference's reach
+  for (const int blocks : {1, 2, 0}) {
+    auto paired = poisoned_bf16(int64_t{T} * H * L);
+    a.out = paired.as<uint16_t>();
+    a.persistent_blocks = blocks;
+    cuda::mla_attention_wgmma(a, nullptr);
+    const auto got = to_host<uint16_t>(paired);
+    for (int t = 0; t < T; ++t) {
+      const auto first = got.begin() + int64_t{t} * H * L, last = first + int64_t{H} * L;
+      if (counts[t] == 0)
+        EXPECT_TRUE(std::all_of(first, last, [](uint16_t v) { return v == 0; })) << "paired, token " << t;
+      else
+        EXPECT_TRUE(std::none_of(first, last, [](uint16_t v) { return v == 0xffff; })) << "paired, token " << t;
+    }
   }
 }
 

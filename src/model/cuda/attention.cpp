@@ -229,6 +229,7 @@ void CudaGlm5Model::Impl::attention_core(int l, const StepShape& shape, int head
   args.warp_specialized = options.warp_specialized_attention;
   args.ring_stages = options.attention_ring_stages;
   args.persistent = options.persistent_attention;
+  args.paired_stages = options.paired_attention;
   args.cluster_splits = options.attention_cluster_splits;
   cuda::MlaGatherWorkspace gather;
   gather.gathered = as<uint16_t>(gathered_rows);

@@ -92,6 +92,12 @@ struct CudaModelOptions {
   // GLM-5.2 width, 5 layers, attention.core of a prefill of 2048 3.82-3.90 -> 3.74-3.77 ms in
   // three A/Bs, 8192 within the step's spread (bench/results/cuda-persistent-attention-20261206.json).
   bool persistent_attention = true;
+  // That launch over pairs of stages, each consumer scoring a whole stage
+  // (ops::cuda::MlaAttentionArgs::paired_stages): its S at shared memory's rate. The kernel alone
+  // on an H100 (benchmarks/cuda_mla_prefill, GLM-5.2's shapes, two rounds): 2048 tokens 0.699 ->
+  // 0.662 ms, 8192 4.32 -> 4.02-4.05 ms, 0.59 -> 0.64 of the bf16 GEMM rate
+  // (bench/results/cuda-paired-attention-20261207.json).
+  bool paired_attention = true;
   // Steps of at most this many tokens (0: none) write what follows the attention's first
   // projections (q_a's RMSNorm, the latent cache row, the indexer key) in one launch instead of
   // three (ops::cuda::write_projection_rows): two fewer kernels in a layer's chain, which at a

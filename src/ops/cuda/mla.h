@@ -42,6 +42,10 @@ struct MlaAttentionArgs {
   // block takes several tokens).
   bool persistent = false;
   int persistent_blocks = 0;
+  // The persistent launch with its two stages as one iteration of 128 rows, consumer c scoring
+  // all 64 of stage c (m64n64: S within shared memory's rate; mla_wgmma_paired.cu); false: each
+  // consumer scores 32 rows of every 64-row step.
+  bool paired_stages = false;
   // With splits (decode batches of fewer tokens than SMs), a token's splits of bf16 rows as one
   // thread block cluster of the warp-specialised kernel where they are at most this many (0 ..
   // kMlaMaxClusterSplits; above 8 a non-portable cluster size), combined through distributed
@@ -109,6 +113,9 @@ void mla_attention_wgmma(const MlaAttentionArgs& args, cudaStream_t stream,
 // args.cluster_splits >= splits, one cluster a token that merges them itself (no partials).
 void mla_attention_wgmma_specialized(const MlaAttentionArgs& args, cudaStream_t stream, int rows_per_split = 0,
                                      int splits = 1, float* partials = nullptr);
+// The persistent kernel's tokens (one split each) with the two stages as one iteration of 128
+// rows, consumer c scoring all of stage c (mla_wgmma_paired.cu).
+void mla_attention_wgmma_paired(const MlaAttentionArgs& args, cudaStream_t stream);
 // For benchmarks: that kernel's launch (the ring's with args.ring_stages), one split a token,
 // with consumers that hand each stage back as soon as it lands and write nothing: the time the
 // producer's gathers (queries and selected rows into shared memory) take on their own, the floor

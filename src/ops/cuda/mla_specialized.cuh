@@ -1,9 +1,10 @@
 // Pieces shared by the warp-specialised sparse MLA kernels for GLM-5's shapes (64 heads, latent
 // 512, rope 64): mla_wgmma_specialized.cu (two stages of 64 rows, each consumer scoring 32 rows of
-// every step) and mla_wgmma_ring.cu (a ring of four stages of 32 rows, the consumers scoring
-// alternate steps). In both a producer warpgroup gathers each token's selected latent rows into
-// shared memory and two consumer warpgroups multiply: a consumer scores 32 rows at a time against
-// all 64 heads (S = Q K^T, m64n32 over the 576 columns) and keeps the output for half the latent
+// every step), mla_wgmma_paired.cu (the same stages as one iteration, each consumer scoring a
+// whole stage) and mla_wgmma_ring.cu (a ring of four stages of 32 rows, the consumers scoring
+// alternate steps). In each a producer warpgroup gathers each token's selected latent rows into
+// shared memory and two consumer warpgroups multiply: a consumer scores 32 (paired: 64) rows at a
+// time against all 64 heads (S = Q K^T over the 576 columns) and keeps the output for half the latent
 // columns (consumer 0 columns 0..255, consumer 1 256..511: 64 x 256 fp32 in registers), adding
 // P V over every row: the rows it scored with P from registers, the others with P from shared
 // memory.
@@ -147,9 +148,62 @@ struct ConsumerLane {
 };
 
 // A consumer's S [64 heads, its 32 rows of a step] in wgmma's accumulator layout, and its P as the
-// A operand of two k16 steps.
+// A operand of two k16 steps. The helpers below take S of any multiple of 16 rows (2 N of them
+// for float[N]: columns 8 n + 2 tq (+1) of heads g, g + 8 at s[4 n + 2 h (+1)]).
 using Scores = float[kConsumerRows / 2];
 using Probs = uint32_t[kConsumerRows / 16][4];
+
+// Rows at or past `valid` (none where valid <= 0) get -inf; each head's maximum over the rows.
+template <int N>
+__device__ __forceinline__ void mask_and_max(float (&s)[N], int valid, const ConsumerLane& lane,
+                                             float (&rows_max)[2]) {
+  rows_max[0] = rows_max[1] = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < N / 4; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (8 * n + 2 * lane.tq + (e & 1) >= valid) s[4 * n + e] = -INFINITY;
+      rows_max[e / 2] = fmaxf(rows_max[e / 2], s[4 * n + e]);
+    }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    rows_max[h] = fmaxf(rows_max[h], __shfl_xor_sync(0xffffffffu, rows_max[h], 1));
+    rows_max[h] = fmaxf(rows_max[h], __shfl_xor_sync(0xffffffffu, rows_max[h], 2));
+  }
+}
+
+// s becomes exp(s - max) in fp32; p the same rounded to bf16 as the A operand of N / 8 k16 steps
+// (rs_m64n8k16's layout: S columns 8 n + 2 tq are k 2 tq of step n / 2, + 8 for odd n);
+// the rounded values are added to `sum`.
+template <int N>
+__device__ __forceinline__ void exponentiate(float (&s)[N], const float (&max)[2], uint32_t (&p)[N / 8][4],
+                                             float (&sum)[2]) {
+#pragma unroll
+  for (int n = 0; n < N / 4; ++n)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      s[4 * n + 2 * h] = __expf(s[4 * n + 2 * h] - max[h]);
+      s[4 * n + 2 * h + 1] = __expf(s[4 * n + 2 * h + 1] - max[h]);
+      const uint32_t pair = pack_bf16_pair(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]);
+      p[n / 2][2 * (n % 2) + h] = pair;
+      sum[h] += __uint_as_float(pair << 16) + __uint_as_float(pair & 0xffff0000u);
+    }
+}
+
+// P (fp32, times factor[h]) as bf16 values at the start of each head's 128-byte swizzled line
+// (32 rows: its first half; 64: all of it), for the other consumer's P V.
+template <int N>
+__device__ __forceinline__ void store_probs(uint8_t* probs, const float (&s)[N], const float (&factor)[2],
+                                            const ConsumerLane& lane) {
+#pragma unroll
+  for (int n = 0; n < N / 4; ++n)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int column = 8 * n + 2 * lane.tq;
+      *reinterpret_cast<uint32_t*>(probs + swizzled(lane.head(h), column / 8) + (column % 8) * 2) =
+          pack_bf16_pair(s[4 * n + 2 * h] * factor[h], s[4 * n + 2 * h + 1] * factor[h]);
+    }
+}
 
 // S[64 heads, a consumer's 32 rows from `rows` (a stage's line of the first of them; a stage of
 // kStepRows rows)] over the 36 k16 steps of the row.

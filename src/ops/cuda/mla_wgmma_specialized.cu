@@ -66,53 +66,6 @@ static_assert(kProbs1Read < kEpilogue, "the epilogue's named barrier is its own"
 
 __device__ __forceinline__ int half_index(int stage, int half) { return 2 * stage + half; }
 
-// Rows at or past `valid` get -inf; each head's maximum over this consumer's rows.
-__device__ __forceinline__ void mask_and_max(Scores& s, int valid, const ConsumerLane& lane, float (&rows_max)[2]) {
-  rows_max[0] = rows_max[1] = -INFINITY;
-#pragma unroll
-  for (int n = 0; n < kConsumerRows / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (8 * n + 2 * lane.tq + (e & 1) >= valid) s[4 * n + e] = -INFINITY;
-      rows_max[e / 2] = fmaxf(rows_max[e / 2], s[4 * n + e]);
-    }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    rows_max[h] = fmaxf(rows_max[h], __shfl_xor_sync(0xffffffffu, rows_max[h], 1));
-    rows_max[h] = fmaxf(rows_max[h], __shfl_xor_sync(0xffffffffu, rows_max[h], 2));
-  }
-}
-
-// s becomes exp(s - max) in fp32; p the same rounded to bf16 as the A operand of two k16 steps
-// (rs_m64n8k16's layout: S columns 8 n + 2 tq are k 2 tq of step n / 2, + 8 for odd n);
-// the rounded values are added to `sum`.
-__device__ __forceinline__ void exponentiate(Scores& s, const float (&max)[2], Probs& p, float (&sum)[2]) {
-#pragma unroll
-  for (int n = 0; n < kConsumerRows / 8; ++n)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      s[4 * n + 2 * h] = __expf(s[4 * n + 2 * h] - max[h]);
-      s[4 * n + 2 * h + 1] = __expf(s[4 * n + 2 * h + 1] - max[h]);
-      const uint32_t pair = pack_bf16_pair(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]);
-      p[n / 2][2 * (n % 2) + h] = pair;
-      sum[h] += __uint_as_float(pair << 16) + __uint_as_float(pair & 0xffff0000u);
-    }
-}
-
-// P (fp32, times factor[h]) as bf16 lines of a head's 32 rows (the first 32 of each 64-value
-// line), for the other consumer's P V.
-__device__ __forceinline__ void store_probs(uint8_t* probs, const Scores& s, const float (&factor)[2],
-                                            const ConsumerLane& lane) {
-#pragma unroll
-  for (int n = 0; n < kConsumerRows / 8; ++n)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int column = 8 * n + 2 * lane.tq;
-      *reinterpret_cast<uint32_t*>(probs + swizzled(lane.head(h), column / 8) + (column % 8) * 2) =
-          pack_bf16_pair(s[4 * n + 2 * h] * factor[h], s[4 * n + 2 * h + 1] * factor[h]);
-    }
-}
-
 // A block's token and shared memory as the header lays it out (from the first 1024-byte
 // boundary), its barriers set up (set_up_barriers).
 struct TokenBlock {
@@ -518,6 +471,10 @@ void mla_attention_wgmma_specialized(const MlaAttentionArgs& a, cudaStream_t str
             "cudaFuncSetAttribute(warp-specialised MLA kernel, non-portable clusters)");
     launch_chained_clusters("mla_wgmma_specialized launch", k.clustered, static_cast<unsigned>(splits),
                             dim3(splits, launch_tokens), kThreads, k.shared_bytes, stream, a, rows_per_split, nullptr);
+    return;
+  }
+  if (splits == 1 && a.persistent && !a.ring_stages && a.paired_stages) {
+    mla_attention_wgmma_paired(a, stream);
     return;
   }
   if (splits == 1 && a.persistent && !a.ring_stages) {
