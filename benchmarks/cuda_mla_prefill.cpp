@@ -6,10 +6,11 @@
 // rate measured in the same run (cuBLAS, 8192^3), and each kernel's output against the first's
 // (relative L2), so that a wrong kernel shows: mla_wgmma.cu's, the warp-specialised one with two
 // 64-row stages (a block a token, persistent: a block an SM, and persistent over pairs of stages)
-// and with its ring of 32-row stages. Each line also states the rate at which the kernel moved the selected rows and the
-// queries into shared memory, and the last lines time the warp-specialised kernels' copies alone
-// (mla_attention_copies_only): the floor their gathers set. --top-k 64 gives every token past
-// the 64th one step of rows, so that a line's time is mostly what a token costs besides its steps.
+// and with its ring of 32-row stages. Each line also states the rate at which the kernel moved the
+// selected rows and the queries into shared memory, and the last lines time the warp-specialised
+// kernels' copies alone (mla_attention_copies_only): the floor their gathers set. --top-k 64 gives
+// every token past the 64th one step of rows, so that a line's time is mostly what a token costs
+// besides its steps.
 // Usage:
 //   cuda_mla_prefill [--tokens 2048,8192] [--top-k 2048] [--reps 10] [--json FILE]
 #include <algorithm>

@@ -147,6 +147,56 @@ struct ConsumerLane {
   __device__ int head(int h) const { return 16 * warp + g + 8 * h; }
 };
 
+// The two-stage kernels' shared memory (mla_wgmma_specialized.cu, mla_wgmma_paired.cu; the ring
+// lays out its own), from its first 1024-byte boundary:
+//   queries [9 column blocks][64 heads]                      73728 B
+//   stages  [2][9 column blocks][64 rows]                   147456 B
+//   probs   [64 heads] lines of consumer 1's P                8192 B
+//   barriers (kBarriers of 8 bytes), the row maxima [64], the row sums [2][64]
+// Barriers: queries landed; [stage][half] ready (the producer's copies landed) and free (the
+// half's last reader is done); the persistent kernels' queries read (every consumer thread's last
+// S of a token done). A stage's left half is column blocks 0..3 (latent 0..255), its right half
+// blocks 4..8 (latent 256..511 and the rope).
+namespace two_stage {
+constexpr int kStepRows = 64;
+constexpr int kBlockBytes = kStepRows * kLineBytes;       // one column block of a stage: 8192
+constexpr int kStageBytes = kColumnBlocks * kBlockBytes;  // 73728
+constexpr int kProbBytes = kHeads * kLineBytes;           // 8192
+enum Barrier { kQueriesReady, kReady, kFree = kReady + 4, kQueriesFree = kFree + 4, kBarriers };
+constexpr int kSharedBytes = 1024 + kQueryBytes + 2 * kStageBytes + kProbBytes + 8 * kBarriers +
+                             static_cast<int>(sizeof(float)) * 3 * kHeads;  // 1024: alignment
+static_assert(kSharedBytes <= 232448, "one block an SM");
+__device__ __forceinline__ int half_index(int stage, int half) { return 2 * stage + half; }
+
+struct Block {
+  uint8_t* generic;                            // the queries' first byte
+  uint32_t queries, stages, probs1, barriers;  // shared-window addresses
+  float* row_max;                              // [64]
+  float* row_sum;                              // [2][64]
+  int warpgroup;
+  __device__ uint32_t barrier(int i) const { return barriers + 8 * i; }
+  __device__ uint32_t stage(int s) const { return stages + s * kStageBytes; }
+  __device__ uint8_t* at(uint32_t address) const { return generic + (address - queries); }
+};
+// The layout of shared_raw, its barriers set up (queries_free_count: kQueriesFree's arrivals, 0
+// where the kernel does not use it).
+__device__ __forceinline__ Block block_at(uint8_t* shared_raw, int queries_free_count) {
+  const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
+  Block b;
+  b.generic = aligned.generic;
+  b.queries = aligned.address;
+  b.stages = b.queries + kQueryBytes;
+  b.probs1 = b.stages + 2 * kStageBytes;
+  b.barriers = b.probs1 + kProbBytes;
+  b.row_max = reinterpret_cast<float*>(b.generic + (b.barriers - b.queries) + 8 * kBarriers);
+  b.row_sum = b.row_max + kHeads;
+  static_assert(kQueriesReady == 0 && kReady == 1 && kFree == kReady + 4 && kQueriesFree == kFree + 4,
+                "set_up_barriers' order");
+  b.warpgroup = set_up_barriers(b.barriers, 4, 128, queries_free_count);
+  return b;
+}
+}  // namespace two_stage
+
 // A consumer's S [64 heads, its 32 rows of a step] in wgmma's accumulator layout, and its P as the
 // A operand of two k16 steps. The helpers below take S of any multiple of 16 rows (2 N of them
 // for float[N]: columns 8 n + 2 tq (+1) of heads g, g + 8 at s[4 n + 2 h (+1)]).

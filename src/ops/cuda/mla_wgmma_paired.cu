@@ -21,11 +21,8 @@
 // The producer refills the halves in that order; consumer 0 scores its stage left half first,
 // consumer 1 right half first, each starting on the half it got back first.
 //
-// Shared memory (as mla_wgmma_specialized.cu's):
-//   queries [9 column blocks][64 heads]                      73728 B
-//   stages  [2][9 column blocks][64 rows]                   147456 B
-//   probs   [64 heads] lines of consumer 1's P (64 values)     8192 B
-//   barriers, the row maxima [64], the row sums [2][64]
+// Shared memory as mla_specialized.cuh's two_stage lays it out; consumer 1's P fills its buffer's
+// whole lines (64 values a head), consumer 0's the rope block of stage 0.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -45,25 +42,15 @@ namespace glms::ops::cuda {
 namespace {
 
 using namespace sparse_mla;
+using namespace sparse_mla::two_stage;
 
-constexpr int kStageRows = 64, kPairRows = 2 * kStageRows;
-constexpr int kBlockBytes = kStageRows * kLineBytes;      // one column block of a stage: 8192
-constexpr int kStageBytes = kColumnBlocks * kBlockBytes;  // 73728
-constexpr int kProbBytes = kHeads * kLineBytes;           // 8192
-
-// Barriers: queries landed; [stage][half] ready and free; the queries read (every consumer
-// thread's last S of a token done).
-enum Barrier { kQueriesReady, kReady, kFree = kReady + 4, kQueriesFree = kFree + 4, kBarriers };
-constexpr int kSmallBytes = 8 * kBarriers + sizeof(float) * 3 * kHeads;
-constexpr int kSharedBytes = 1024 + kQueryBytes + 2 * kStageBytes + kProbBytes + kSmallBytes;
-static_assert(kSharedBytes <= 232448, "one block an SM");
+constexpr int kStageRows = kStepRows, kPairRows = 2 * kStageRows;
 
 // Named barriers between the consumers (256 threads), as mla_wgmma_specialized.cu's.
 enum Named { kMaxima0 = 1, kMaxima, kProbs0, kProbs1, kProbs1Read };
 static_assert(kProbs1Read < kEpilogue, "the epilogue's named barrier is its own");
 
 constexpr int kLeft = 0, kRight = 1;
-__device__ __forceinline__ int half_index(int stage, int half) { return 2 * stage + half; }
 
 // A consumer's S [64 heads, 64 rows] in wgmma's accumulator layout, and its P as the A operand of
 // four k16 steps (mla_specialized.cuh's mask_and_max, exponentiate and store_probs take them).
@@ -79,7 +66,8 @@ __device__ __forceinline__ void score_blocks(PairScores& s, uint32_t queries, ui
 #pragma unroll
     for (int k = 0; k < 4; ++k)
       wgmma::m64n64k16(s, wgmma::descriptor(queries + b * kQueryBlockBytes + k * 32, 16, 1024),
-                       wgmma::descriptor(stage + b * kBlockBytes + k * 32, 16, 1024), start && b == first && k == 0 ? 0 : 1);
+                       wgmma::descriptor(stage + b * kBlockBytes + k * 32, 16, 1024),
+                       start && b == first && k == 0 ? 0 : 1);
 }
 
 // O += P V over a stage's 64 rows for consumer c's columns, one commit group: P from registers
@@ -100,39 +88,12 @@ __device__ __forceinline__ void other_values(float (&o)[128], uint32_t probs, ui
   wgmma::commit();
 }
 
-// The block's shared memory from its first 1024-byte boundary, its barriers set up.
-struct PairedBlock {
-  uint8_t* generic;                            // the queries' first byte
-  uint32_t queries, stages, probs1, barriers;  // shared-window addresses
-  float* row_max;                              // [64]
-  float* row_sum;                              // [2][64]
-  int warpgroup;
-  __device__ uint32_t barrier(int i) const { return barriers + 8 * i; }
-  __device__ uint32_t stage(int s) const { return stages + s * kStageBytes; }
-  __device__ uint8_t* at(uint32_t address) const { return generic + (address - queries); }
-};
-__device__ __forceinline__ PairedBlock paired_block(uint8_t* shared_raw) {
-  const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
-  PairedBlock b;
-  b.generic = aligned.generic;
-  b.queries = aligned.address;
-  b.stages = b.queries + kQueryBytes;
-  b.probs1 = b.stages + 2 * kStageBytes;
-  b.barriers = b.probs1 + kProbBytes;
-  b.row_max = reinterpret_cast<float*>(b.generic + (b.barriers - b.queries) + 8 * kBarriers);
-  b.row_sum = b.row_max + kHeads;
-  static_assert(kQueriesReady == 0 && kReady == 1 && kFree == kReady + 4 && kQueriesFree == kFree + 4,
-                "set_up_barriers' order");
-  b.warpgroup = set_up_barriers(b.barriers, 4, 128, 256);
-  return b;
-}
-
 // Token t's queries once the last token's are read (queries_read_parity >= 0: that phase of
 // kQueriesFree; < 0: the block's first token), then its rows a pair of stages at a time, each
 // half as its reader hands it back (index: the thread's within the warpgroup). first_pair: the
 // block's pairs before this token's, on which the barrier phases run.
 __device__ __forceinline__ void produce_pairs(const MlaAttentionArgs& a, int t, int count, int pairs, int index,
-                                              const PairedBlock& block, int first_pair, int queries_read_parity) {
+                                              const Block& block, int first_pair, int queries_read_parity) {
   const Producer<kStageRows> producer{a, a.selected + static_cast<int64_t>(t) * a.max_selected,
                                       a.block_tables + static_cast<int64_t>(a.token_sequence[t]) * a.max_blocks,
                                       count, index % 8, index / 8};
@@ -181,7 +142,7 @@ __device__ __forceinline__ void produce_pairs(const MlaAttentionArgs& a, int t, 
 }
 
 // Consumer c's S of its stage in pair phase `parity`: the half it gets back first, then the other.
-__device__ __forceinline__ void score_stage(PairScores& s, const PairedBlock& block, int consumer, uint32_t parity) {
+__device__ __forceinline__ void score_stage(PairScores& s, const Block& block, int consumer, uint32_t parity) {
   const uint32_t stage = block.stage(consumer);
   const int first = consumer == 0 ? kLeft : kRight;
   pipeline::barrier_wait(block.barrier(kReady + half_index(consumer, first)), parity);
@@ -203,7 +164,7 @@ __device__ __forceinline__ void score_stage(PairScores& s, const PairedBlock& bl
 // that P V is done, then the P V of consumer 1's P over stage 1 issued (not waited for).
 __device__ __forceinline__ void pair_step_consumer0(PairScores& s, PairProbs& p, float (&out)[128],
                                                     float (&run_max)[2], float (&run_sum)[2], int valid,
-                                                    const ConsumerLane& lane, const PairedBlock& block) {
+                                                    const ConsumerLane& lane, const Block& block) {
   float rows_max[2], own_max[2], factor[2];
   mask_and_max(s, valid, lane, rows_max);
 #pragma unroll
@@ -243,7 +204,7 @@ __device__ __forceinline__ void pair_step_consumer0(PairScores& s, PairProbs& p,
 // stage's right half handed back once its own P V is done (the other is waited for by the caller).
 __device__ __forceinline__ void pair_step_consumer1(PairScores& s, PairProbs& p, float (&out)[128],
                                                     float (&run_max)[2], float (&run_sum)[2], int valid,
-                                                    const ConsumerLane& lane, const PairedBlock& block) {
+                                                    const ConsumerLane& lane, const Block& block) {
   float rows_max[2], joint[2], factor[2];
   mask_and_max(s, valid, lane, rows_max);
   pipeline::named_sync(kMaxima0, kConsumerThreads);
@@ -275,7 +236,7 @@ __device__ __forceinline__ void pair_step_consumer1(PairScores& s, PairProbs& p,
 // A consumer's pairs of one token (count selected rows): its queries awaited (phase
 // queries_parity), then each pair's S, softmax and P V, the late half handed back once the other
 // P V is done; every consumer thread arrives on kQueriesFree after the token's last S.
-__device__ __forceinline__ void consume_token_pairs(const PairedBlock& block, int count, int pairs, int first_pair,
+__device__ __forceinline__ void consume_token_pairs(const Block& block, int count, int pairs, int first_pair,
                                                     uint32_t queries_parity, int consumer, const ConsumerLane& lane,
                                                     float (&out)[128], float (&run_max)[2], float (&run_sum)[2]) {
   PairScores s;
@@ -306,7 +267,7 @@ static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= kThread
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_paired_kernel(MlaAttentionArgs a, int launch_tokens) {
   chained_grid_prologue();
   extern __shared__ __align__(16) uint8_t shared_raw[];
-  const PairedBlock block = paired_block(shared_raw);
+  const Block block = block_at(shared_raw, 256);
   const int index = threadIdx.x % 128;
 
   if (block.warpgroup == 2) {
@@ -333,7 +294,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_paired_kernel(MlaAttent
     const int pairs = (count + kPairRows - 1) / kPairRows;
     if (pairs == 0) {  // no rows: zeros, as store_output writes them
       uint4* token_out = reinterpret_cast<uint4*>(a.out + static_cast<int64_t>(t) * a.num_heads * kLatent);
-      for (int c = index; c < a.num_heads * kLatent / 16; c += 128) token_out[2 * c + consumer] = make_uint4(0, 0, 0, 0);
+      for (int c = index; c < a.num_heads * kLatent / 16; c += 128)
+        token_out[2 * c + consumer] = make_uint4(0, 0, 0, 0);
       continue;
     }
     float out[128], run_max[2], run_sum[2];  // O[heads, 256 consumer + 8 j + 2 tq (+1)] at out[4 j + ...]

@@ -15,14 +15,9 @@
 // mla_merge_splits or, a token's splits launched as one thread block cluster, are combined by the
 // cluster's blocks through distributed shared memory (merge_cluster_splits).
 //
-// Shared memory:
-//   queries [9 column blocks][64 heads]                    73728 B
-//   stages  [2][9 column blocks][64 rows]                 147456 B  (a stage's rope block holds
-//                                                                    consumer 0's P once both scored)
-//   probs   [64 heads] lines of consumer 1's P (32 of 64)    8192 B
-//   barriers, the row maxima [64], the row sums [2][64]
-// A stage's "left" half is column blocks 0..3 (latent 0..255), its "right" half blocks 4..8
-// (latent 256..511 and the rope). Both consumers' S read both halves; then only consumer 0 reads
+// Shared memory as mla_specialized.cuh's two_stage lays it out: a stage's rope block holds
+// consumer 0's P once both scored, consumer 1's P the first 32 values of each line of its buffer.
+// Both consumers' S read both halves of a stage; then only consumer 0 reads
 // the left half (its P V) and only consumer 1 the right (its P V, and consumer 0's P in the rope
 // block). So each half goes back to the producer when its one reader's P V are done.
 #include <cuda_runtime.h>
@@ -44,19 +39,7 @@ namespace glms::ops::cuda {
 namespace {
 
 using namespace sparse_mla;
-
-constexpr int kStepRows = 64;
-constexpr int kBlockBytes = kStepRows * kLineBytes;       // one column block of a stage: 8192
-constexpr int kStageBytes = kColumnBlocks * kBlockBytes;  // 73728
-constexpr int kProbBytes = kHeads * kLineBytes;           // 8192
-
-// Barriers: queries landed; [stage][half] ready (the producer's copies landed) and free (its
-// reader's P V are done); the persistent kernel's queries read (every consumer thread's last S
-// of a token done).
-enum Barrier { kQueriesReady, kReady, kFree = kReady + 4, kQueriesFree = kFree + 4, kBarriers };
-constexpr int kSmallBytes = 8 * kBarriers + sizeof(float) * 3 * kHeads;
-constexpr int kSharedBytes = 1024 + kQueryBytes + 2 * kStageBytes + kProbBytes + kSmallBytes;  // 1024: alignment
-static_assert(kSharedBytes <= 232448, "one block an SM");
+using namespace sparse_mla::two_stage;
 
 // Named barriers between the consumers (256 threads): consumer 0's maxima posted, the joint
 // maxima posted (by consumer 1), consumer 0's P stored, consumer 1's P stored, consumer 1's P
@@ -64,36 +47,19 @@ static_assert(kSharedBytes <= 232448, "one block an SM");
 enum Named { kMaxima0 = 1, kMaxima, kProbs0, kProbs1, kProbs1Read };
 static_assert(kProbs1Read < kEpilogue, "the epilogue's named barrier is its own");
 
-__device__ __forceinline__ int half_index(int stage, int half) { return 2 * stage + half; }
-
-// A block's token and shared memory as the header lays it out (from the first 1024-byte
-// boundary), its barriers set up (set_up_barriers).
-struct TokenBlock {
-  uint8_t* generic;                          // the queries' first byte
-  uint32_t queries, stages, probs1, barriers;  // shared-window addresses
-  float* row_max;                            // [64]
-  float* row_sum;                            // [2][64]
-  int t, count, warpgroup;                   // the token, its split's selected rows
-  int begin;                                 // the split's first row of the token's selection
+// A block's token and shared memory (two_stage::block_at).
+struct TokenBlock : Block {
+  int t, count;  // the token, its split's selected rows
+  int begin;     // the split's first row of the token's selection
 };
 __device__ __forceinline__ TokenBlock token_block(uint8_t* shared_raw, const MlaAttentionArgs& a, int rows_per_split,
                                                   int launched_token, int split, int queries_free_count = 0) {
-  const wgmma::AlignedShared aligned = wgmma::align_to_1024(shared_raw);
   TokenBlock b;
-  b.generic = aligned.generic;
-  b.queries = aligned.address;
-  b.stages = b.queries + kQueryBytes;
-  b.probs1 = b.stages + 2 * kStageBytes;
-  b.barriers = b.probs1 + kProbBytes;
-  b.row_max = reinterpret_cast<float*>(b.generic + (b.barriers - b.queries) + 8 * kBarriers);
-  b.row_sum = b.row_max + kHeads;
-  const SplitRows rows = split_rows(a, rows_per_split, launched_token, split);
+  const SplitRows rows = split_rows(a, rows_per_split, launched_token, split);  // its load before the barriers' set-up
+  static_cast<Block&>(b) = block_at(shared_raw, queries_free_count);
   b.t = rows.t;
   b.begin = rows.begin;
   b.count = rows.count;
-  static_assert(kQueriesReady == 0 && kReady == 1 && kFree == kReady + 4 && kQueriesFree == kFree + 4,
-                "set_up_barriers' order");
-  b.warpgroup = set_up_barriers(b.barriers, 4, 128, queries_free_count);
   return b;
 }
 
