@@ -420,6 +420,21 @@ __device__ __forceinline__ void store_output_from_registers(const MlaAttentionAr
   }
 }
 
+// A consumer's sums before a token's first step (and a split's without rows).
+__device__ __forceinline__ void clear_sums(float (&out)[128], float (&run_max)[2], float (&run_sum)[2]) {
+#pragma unroll
+  for (int k = 0; k < 128; ++k) out[k] = 0.0f;
+  run_max[0] = run_max[1] = -INFINITY;
+  run_sum[0] = run_sum[1] = 0.0f;
+}
+
+// A persistent kernel's token without rows: its [H, 512] output as zeros, as store_output writes
+// them (consumer c's thread `index` the c-th of each pair of 16-byte chunks).
+__device__ __forceinline__ void write_zero_output(const MlaAttentionArgs& a, int t, int consumer, int index) {
+  uint4* token_out = reinterpret_cast<uint4*>(a.out + static_cast<int64_t>(t) * a.num_heads * kLatent);
+  for (int c = index; c < a.num_heads * kLatent / 16; c += 128) token_out[2 * c + consumer] = make_uint4(0, 0, 0, 0);
+}
+
 // Where merge_cluster_splits works, in a block's shared memory: `generic` is the queries' first
 // byte (the queries' address as a pointer); sums: [64 heads][512] fp32 (in the stages, which
 // every wgmma has read once the epilogue begins); stats: [64] float2; row_sum: [2][64].

@@ -292,17 +292,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_paired_kernel(MlaAttent
     const SplitRows rows = split_rows(a, a.max_selected, launched, 0);
     const int t = rows.t, count = rows.count;
     const int pairs = (count + kPairRows - 1) / kPairRows;
-    if (pairs == 0) {  // no rows: zeros, as store_output writes them
-      uint4* token_out = reinterpret_cast<uint4*>(a.out + static_cast<int64_t>(t) * a.num_heads * kLatent);
-      for (int c = index; c < a.num_heads * kLatent / 16; c += 128)
-        token_out[2 * c + consumer] = make_uint4(0, 0, 0, 0);
+    if (pairs == 0) {
+      write_zero_output(a, t, consumer, index);
       continue;
     }
     float out[128], run_max[2], run_sum[2];  // O[heads, 256 consumer + 8 j + 2 tq (+1)] at out[4 j + ...]
-#pragma unroll
-    for (int k = 0; k < 128; ++k) out[k] = 0.0f;
-    run_max[0] = run_max[1] = -INFINITY;
-    run_sum[0] = run_sum[1] = 0.0f;
+    clear_sums(out, run_max, run_sum);
     consume_token_pairs(block, count, pairs, first_pair, tokens & 1, consumer, lane, out, run_max, run_sum);
     store_output_from_registers(a, t, out, run_sum, block.row_sum, consumer, lane);
     first_pair += pairs;

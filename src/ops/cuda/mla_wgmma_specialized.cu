@@ -200,14 +200,6 @@ __device__ __forceinline__ void produce_rows(const MlaAttentionArgs& a, int t, i
   }
 }
 
-// A consumer's sums before a token's first step (and a split's without rows).
-__device__ __forceinline__ void clear_sums(float (&out)[128], float (&run_max)[2], float (&run_sum)[2]) {
-#pragma unroll
-  for (int k = 0; k < 128; ++k) out[k] = 0.0f;
-  run_max[0] = run_max[1] = -INFINITY;
-  run_sum[0] = run_sum[1] = 0.0f;
-}
-
 // A consumer's steps of one token (count selected rows, in steps of kStepRows): its queries
 // awaited (phase queries_parity of kQueriesReady), then each step's S over both halves of its
 // stage (this consumer's own half awaited first, the one the producer refills first for it),
@@ -358,10 +350,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_persistent_kernel(MlaAt
     const SplitRows rows = split_rows(a, a.max_selected, launched, 0);
     const int t = rows.t, count = rows.count;
     const int steps = (count + kStepRows - 1) / kStepRows;
-    if (steps == 0) {  // no rows: zeros, as store_output writes them
-      uint4* token_out = reinterpret_cast<uint4*>(a.out + static_cast<int64_t>(t) * a.num_heads * kLatent);
-      for (int c = index; c < a.num_heads * kLatent / 16; c += 128)
-        token_out[2 * c + consumer] = make_uint4(0, 0, 0, 0);
+    if (steps == 0) {
+      write_zero_output(a, t, consumer, index);
       continue;
     }
     float out[128], run_max[2], run_sum[2];  // as mla_wgmma_specialized_kernel's
