@@ -420,6 +420,50 @@ __device__ __forceinline__ void store_output_from_registers(const MlaAttentionAr
   }
 }
 
+// The consumers' exchange of each head's maximum, once both have scored their rows (rows_max):
+// consumer 0 moves its own maximum to include its rows (finite: its first row is selected) and
+// posts it in row_max [64]; consumer 1, once that is posted, joins it with its rows' and posts the
+// joint maximum, its running maximum from then on; consumer 0 then takes the joint one. Each
+// rescales its running sum to the maximum it moved to and returns that factor for its output.
+__device__ __forceinline__ void post_own_maxima(const float (&rows_max)[2], const float (&run_max)[2],
+                                                float (&own_max)[2], float (&factor)[2], float (&run_sum)[2],
+                                                float* row_max, const ConsumerLane& lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    own_max[h] = fmaxf(run_max[h], rows_max[h]);
+    factor[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - own_max[h]);
+    run_sum[h] *= factor[h];
+  }
+  __syncwarp();
+  if (lane.tq == 0)
+    for (int h = 0; h < 2; ++h) row_max[lane.head(h)] = own_max[h];
+}
+__device__ __forceinline__ void post_joint_maxima(const float (&rows_max)[2], float (&run_max)[2],
+                                                  float (&joint)[2], float (&factor)[2], float (&run_sum)[2],
+                                                  float* row_max, const ConsumerLane& lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    joint[h] = fmaxf(row_max[lane.head(h)], rows_max[h]);
+    factor[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - joint[h]);
+    run_max[h] = joint[h];
+    run_sum[h] *= factor[h];
+  }
+  __syncwarp();
+  if (lane.tq == 0)
+    for (int h = 0; h < 2; ++h) row_max[lane.head(h)] = joint[h];
+}
+__device__ __forceinline__ void take_joint_maxima(const float (&own_max)[2], float (&run_max)[2], float (&factor)[2],
+                                                  float (&run_sum)[2], const float* row_max,
+                                                  const ConsumerLane& lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float joint = row_max[lane.head(h)];
+    factor[h] = __expf(own_max[h] - joint);
+    run_max[h] = joint;
+    run_sum[h] *= factor[h];
+  }
+}
+
 // A consumer's sums before a token's first step (and a split's without rows).
 __device__ __forceinline__ void clear_sums(float (&out)[128], float (&run_max)[2], float (&run_sum)[2]) {
 #pragma unroll

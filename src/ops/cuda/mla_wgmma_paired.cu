@@ -166,28 +166,14 @@ __device__ __forceinline__ void pair_step_consumer0(PairScores& s, PairProbs& p,
                                                     float (&run_max)[2], float (&run_sum)[2], int valid,
                                                     const ConsumerLane& lane, const Block& block) {
   float rows_max[2], own_max[2], factor[2];
-  mask_and_max(s, valid, lane, rows_max);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    own_max[h] = fmaxf(run_max[h], rows_max[h]);  // finite: stage 0's first row is selected
-    factor[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - own_max[h]);
-    run_sum[h] *= factor[h];
-  }
-  __syncwarp();
-  if (lane.tq == 0)
-    for (int h = 0; h < 2; ++h) block.row_max[lane.head(h)] = own_max[h];
+  mask_and_max(s, valid, lane, rows_max);  // stage 0's first row is selected
+  post_own_maxima(rows_max, run_max, own_max, factor, run_sum, block.row_max, lane);
   pipeline::named_arrive(kMaxima0, kConsumerThreads);
   scale_rows(out, factor);
   exponentiate(s, own_max, p, run_sum);
   own_values(out, p, block.stage(0), 0);
   pipeline::named_sync(kMaxima, kConsumerThreads);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float joint = block.row_max[lane.head(h)];
-    factor[h] = __expf(own_max[h] - joint);
-    run_max[h] = joint;
-    run_sum[h] *= factor[h];
-  }
+  take_joint_maxima(own_max, run_max, factor, run_sum, block.row_max, lane);
   store_probs(block.at(block.stage(0) + 8 * kBlockBytes), s, factor, lane);
   wgmma::fence_async_proxy();
   pipeline::named_arrive(kProbs0, kConsumerThreads);
@@ -208,16 +194,7 @@ __device__ __forceinline__ void pair_step_consumer1(PairScores& s, PairProbs& p,
   float rows_max[2], joint[2], factor[2];
   mask_and_max(s, valid, lane, rows_max);
   pipeline::named_sync(kMaxima0, kConsumerThreads);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    joint[h] = fmaxf(block.row_max[lane.head(h)], rows_max[h]);
-    factor[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - joint[h]);
-    run_max[h] = joint[h];
-    run_sum[h] *= factor[h];
-  }
-  __syncwarp();
-  if (lane.tq == 0)
-    for (int h = 0; h < 2; ++h) block.row_max[lane.head(h)] = joint[h];
+  post_joint_maxima(rows_max, run_max, joint, factor, run_sum, block.row_max, lane);
   pipeline::named_arrive(kMaxima, kConsumerThreads);
   scale_rows(out, factor);
   exponentiate(s, joint, p, run_sum);

@@ -83,15 +83,7 @@ __device__ __forceinline__ void softmax_and_values_step(Scores& s, Probs& p, flo
   mask_and_max(s, valid, lane, rows_max);
   if (consumer == 0) {
     float own_max[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      own_max[h] = fmaxf(run_max[h], rows_max[h]);  // finite: the step's first row is selected
-      factor[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - own_max[h]);
-      run_sum[h] *= factor[h];
-    }
-    __syncwarp();
-    if (lane.tq == 0)
-      for (int h = 0; h < 2; ++h) row_max[lane.head(h)] = own_max[h];
+    post_own_maxima(rows_max, run_max, own_max, factor, run_sum, row_max, lane);
     pipeline::named_arrive(kMaxima0, kConsumerThreads);
     scale_rows(out, factor);
     exponentiate(s, own_max, p, run_sum);
@@ -99,13 +91,7 @@ __device__ __forceinline__ void softmax_and_values_step(Scores& s, Probs& p, flo
     // The joint maxima (consumer 1 posts them once it has scored); this step's P relative to
     // them, for consumer 1.
     pipeline::named_sync(kMaxima, kConsumerThreads);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float joint = row_max[lane.head(h)];
-      factor[h] = __expf(own_max[h] - joint);
-      run_max[h] = joint;
-      run_sum[h] *= factor[h];
-    }
+    take_joint_maxima(own_max, run_max, factor, run_sum, row_max, lane);
     store_probs(generic + (v.probs0 - queries), s, factor, lane);
     wgmma::fence_async_proxy();
     pipeline::named_arrive(kProbs0, kConsumerThreads);
@@ -117,16 +103,7 @@ __device__ __forceinline__ void softmax_and_values_step(Scores& s, Probs& p, flo
   } else {
     float joint[2];
     pipeline::named_sync(kMaxima0, kConsumerThreads);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      joint[h] = fmaxf(row_max[lane.head(h)], rows_max[h]);
-      factor[h] = run_max[h] == -INFINITY ? 0.0f : __expf(run_max[h] - joint[h]);
-      run_max[h] = joint[h];
-      run_sum[h] *= factor[h];
-    }
-    __syncwarp();
-    if (lane.tq == 0)
-      for (int h = 0; h < 2; ++h) row_max[lane.head(h)] = joint[h];
+    post_joint_maxima(rows_max, run_max, joint, factor, run_sum, row_max, lane);
     pipeline::named_arrive(kMaxima, kConsumerThreads);
     scale_rows(out, factor);
     exponentiate(s, joint, p, run_sum);
