@@ -19,7 +19,9 @@
 //                  (consumer 0's P, in its rope block)
 //   stage 1 left   consumer 1's S, consumer 0's other P V    consumer 0, late
 // The producer refills the halves in that order; consumer 0 scores its stage left half first,
-// consumer 1 right half first, each starting on the half it got back first.
+// consumer 1 right half first, each starting on the half it got back first. Consumer 0 issues
+// that first half of its next S behind its other P V, before waiting for that P V: the tensor
+// cores take the S while the P V drains, as in FlashMLA's sparse prefill.
 //
 // Shared memory as mla_specialized.cuh's two_stage lays it out; consumer 1's P fills its buffer's
 // whole lines (64 values a head), consumer 0's the rope block of stage 0.
@@ -142,17 +144,28 @@ __device__ __forceinline__ void produce_pairs(const MlaAttentionArgs& a, int t, 
 }
 
 // Consumer c's S of its stage in pair phase `parity`: the half it gets back first, then the other.
-__device__ __forceinline__ void score_stage(PairScores& s, const Block& block, int consumer, uint32_t parity) {
+// behind_values (consumer 0 after its first pair): issued while the last pair's other P V still
+// runs, so the first half is a commit group of its own and `between_halves` waits for that P V
+// (wgmma::wait<1>) and hands back what it read; s is not pinned first (ptxas serialises wgmma
+// where another instruction defines an accumulator of one in flight).
+template <typename BetweenHalves>
+__device__ __forceinline__ void score_stage(PairScores& s, const Block& block, int consumer, uint32_t parity,
+                                            bool behind_values, BetweenHalves between_halves) {
   const uint32_t stage = block.stage(consumer);
   const int first = consumer == 0 ? kLeft : kRight;
   pipeline::barrier_wait(block.barrier(kReady + half_index(consumer, first)), parity);
   wgmma::fence_async_proxy();  // the copies' writes before the tensor cores' reads
-  wgmma::pin(s);
+  if (!behind_values) wgmma::pin(s);
   wgmma::fence();
   if (first == kLeft) score_blocks(s, block.queries, stage, 0, kLeftBlocks, true);
   else score_blocks(s, block.queries, stage, kLeftBlocks, kColumnBlocks, true);
+  if (behind_values) {
+    wgmma::commit();
+    between_halves();
+  }
   pipeline::barrier_wait(block.barrier(kReady + half_index(consumer, first ^ 1)), parity);
   wgmma::fence_async_proxy();
+  wgmma::fence();
   if (first == kLeft) score_blocks(s, block.queries, stage, kLeftBlocks, kColumnBlocks, false);
   else score_blocks(s, block.queries, stage, 0, kLeftBlocks, false);
   wgmma::commit();
@@ -211,8 +224,11 @@ __device__ __forceinline__ void pair_step_consumer1(PairScores& s, PairProbs& p,
 }
 
 // A consumer's pairs of one token (count selected rows): its queries awaited (phase
-// queries_parity), then each pair's S, softmax and P V, the late half handed back once the other
-// P V is done; every consumer thread arrives on kQueriesFree after the token's last S.
+// queries_parity), then each pair's S, softmax and P V; every consumer thread arrives on
+// kQueriesFree after the token's last S. Consumer 1 waits for its other P V at the end of each
+// pair and hands back the late half it read. Consumer 0 issues the next pair's first S half
+// behind its other P V (the tensor cores keep working while that P V drains) and waits for that
+// P V between the halves; its last pair's, after the loop.
 __device__ __forceinline__ void consume_token_pairs(const Block& block, int count, int pairs, int first_pair,
                                                     uint32_t queries_parity, int consumer, const ConsumerLane& lane,
                                                     float (&out)[128], float (&run_max)[2], float (&run_sum)[2]) {
@@ -220,25 +236,44 @@ __device__ __forceinline__ void consume_token_pairs(const Block& block, int coun
   PairProbs p;
   pipeline::barrier_wait(block.barrier(kQueriesReady), queries_parity);
   if (consumer == 0) pipeline::named_arrive(kProbs1Read, kConsumerThreads);  // consumer 1's P buffer starts free
+  // Pair `done`'s other P V finished: consumer 0 has read consumer 1's P and stage 1's left half,
+  // consumer 1 stage 0's right half and consumer 0's P in it.
+  auto hand_back_late = [&](int done) {
+    if (consumer == 0 && done + 1 < pairs) pipeline::named_arrive(kProbs1Read, kConsumerThreads);
+    pipeline::barrier_arrive(block.barrier(kFree + (consumer == 0 ? half_index(1, kLeft) : half_index(0, kRight))));
+  };
   for (int pair = 0; pair < pairs; ++pair) {
-    score_stage(s, block, consumer, (first_pair + pair) & 1);
+    const bool behind_values = consumer == 0 && pair > 0;
+    score_stage(s, block, consumer, (first_pair + pair) & 1, behind_values, [&] {
+      wgmma::wait<1>();
+      hand_back_late(pair - 1);
+    });
     wgmma::wait<0>();
     wgmma::pin(s);
+    wgmma::pin(out);
     if (pair + 1 == pairs) pipeline::barrier_arrive(block.barrier(kQueriesFree));
     const int valid = count - pair * kPairRows - consumer * kStageRows;
-    if (consumer == 0) pair_step_consumer0(s, p, out, run_max, run_sum, valid, lane, block);
-    else pair_step_consumer1(s, p, out, run_max, run_sum, valid, lane, block);
+    if (consumer == 0) {
+      pair_step_consumer0(s, p, out, run_max, run_sum, valid, lane, block);
+    } else {
+      pair_step_consumer1(s, p, out, run_max, run_sum, valid, lane, block);
+      wgmma::wait<0>();
+      wgmma::pin(out);
+      hand_back_late(pair);
+    }
+  }
+  if (consumer == 0) {
     wgmma::wait<0>();
     wgmma::pin(out);
-    // The other P V done: consumer 0 has read consumer 1's P and stage 1's left half, consumer 1
-    // stage 0's right half and consumer 0's P in it.
-    if (consumer == 0 && pair + 1 < pairs) pipeline::named_arrive(kProbs1Read, kConsumerThreads);
-    pipeline::barrier_arrive(block.barrier(kFree + (consumer == 0 ? half_index(1, kLeft) : half_index(0, kRight))));
+    hand_back_late(pairs - 1);
   }
 }
 
-// Tokens of one split, a block an SM, as mla_wgmma_persistent_kernel takes them.
-constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
+// Tokens of one split, a block an SM, as mla_wgmma_persistent_kernel takes them. Registers:
+// 72 for the producer and 216 for each consumer (FlashMLA's split); at 56 / 224 ptxas spilled 52
+// bytes with consumer 0's S behind its P V, and the kernel without that order ran 2.5% slower
+// at 8192 tokens (an H100, cuda_mla_prefill).
+constexpr int kProducerRegisters = 72, kConsumerRegisters = 216;
 static_assert(2 * 128 * kConsumerRegisters + 128 * kProducerRegisters <= kThreads * kLaunchRegisters,
               "the block's registers");
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_paired_kernel(MlaAttentionArgs a, int launch_tokens) {
