@@ -6,15 +6,17 @@ time it adds to the step ("own": past the end of every kernel before it), and th
 by kernel name against the step's span. The step is the replay of median span among the
 replays of the graph with the most kernel records (bench-step replays one graph a point;
 --graph picks another), or, where no kernel was graph-launched, among the eager steps (from
-one --first-kernel launch to the next, of the most common length).
+one --first-kernel launch to the next, of the most common length). With --containing NAME, the
+eager steps that launch a kernel NAME, graphs or not (a prefill step among graphed decode steps:
+--containing mla_wgmma_paired_kernel).
 With --against BASE.csv, the own time by kernel name of both traces' median steps side by side
 (an A/B of a change, each side traced in the same call). Both list the stretches with no kernel
 running (a plain graph edge, such as a join of two streams or a memcpy node, which the trace does
 not list, waits out a launch there) with the kernels either side, and the waits between two
 kernels of one stream while another stream's kernels ran (where the GPU was not idle, so the
 first list misses them: a memset or memcpy node, or an edge from the other stream, sat there).
-Usage: trace_step.py TRACE.csv [--against BASE.csv] [--graph ID] [--first-kernel NAME] [--json OUT]
-                     [--rows N]"""
+Usage: trace_step.py TRACE.csv [--against BASE.csv] [--graph ID] [--first-kernel NAME] [--containing NAME]
+                     [--json OUT] [--rows N]"""
 import argparse
 import csv
 import json
@@ -35,9 +37,18 @@ def load_kernels(path):
              short(r['name'])) for r in rows]
 
 
-def replays_of(kernels, graph_id, first_kernel):
-    """(graph, replays): a graph's replays, or the eager steps where none was graph-launched."""
+def replays_of(kernels, graph_id, first_kernel, containing=None):
+    """(graph, replays): a graph's replays, or the eager steps where none was graph-launched (or
+    those launching a kernel `containing`)."""
     graphs = Counter(k[3] for k in kernels if k[3] != 0)
+    if containing:
+        mine = sorted(k for k in kernels if k[3] == 0)
+        firsts = [i for i, k in enumerate(mine) if k[5] == first_kernel]
+        segments = [mine[a:b] for a, b in zip(firsts, firsts[1:] + [len(mine)])]
+        steps = [seg for seg in segments if any(k[5] == containing for k in seg)]
+        if not steps:
+            raise SystemExit(f'trace_step: no eager step from {first_kernel} launches {containing}')
+        return 0, steps
     if graphs:
         graph = graph_id if graph_id is not None else graphs.most_common(1)[0][0]
         mine = sorted(k for k in kernels if k[3] == graph)
@@ -106,11 +117,11 @@ def print_idle(label, table):
             print(f'  {us:7.2f}  stream {stream} at {at:8.1f}: {before} -> {after}')
 
 
-def median_step(path, graph_id, first_kernel):
-    graph, replays = replays_of(load_kernels(path), graph_id, first_kernel)
+def median_step(path, graph_id, first_kernel, containing=None):
+    graph, replays = replays_of(load_kernels(path), graph_id, first_kernel, containing)
     spans = [max(k[1] for k in r) - r[0][0] for r in replays]  # ns, first start to last end
     median = sorted(range(len(replays)), key=lambda i: spans[i])[len(replays) // 2]
-    what = f'graph {graph}' if graph else f'eager steps from {first_kernel}'
+    what = f'graph {graph}' if graph else f'eager steps from {first_kernel}' + (f' with {containing}' if containing else '')
     print(f'{path}: {what}: {len(replays)} replays of {len(replays[median])} kernels; spans '
           f'{min(spans)/1e3:.1f} .. {max(spans)/1e3:.1f} us; the median one ({spans[median]/1e3:.1f} us)')
     return graph, len(replays), replays[median], spans[median] / 1e3
@@ -121,14 +132,15 @@ def main():
     ap.add_argument('csv')
     ap.add_argument('--graph', type=int)
     ap.add_argument('--first-kernel', default='embed_kernel', help='where an eager step starts')
+    ap.add_argument('--containing', help='the eager steps that launch this kernel (a prefill among graphed decodes)')
     ap.add_argument('--against', help='a second trace (the base of an A/B): own time by name side by side')
     ap.add_argument('--json')
     ap.add_argument('--rows', type=int, default=500)
     args = ap.parse_args()
-    graph, replays, step, span = median_step(args.csv, args.graph, args.first_kernel)
+    graph, replays, step, span = median_step(args.csv, args.graph, args.first_kernel, args.containing)
     table, by_name = attribute(step)
     if args.against:
-        _, _, base_step, base_span = median_step(args.against, args.graph, args.first_kernel)
+        _, _, base_step, base_span = median_step(args.against, args.graph, args.first_kernel, args.containing)
         base_table, base_by_name = attribute(base_step)
         print(f'\nown time by kernel, us: {args.against} | {args.csv} | difference')
         names = set(by_name) | set(base_by_name)
