@@ -7,13 +7,15 @@
 // query rows in shared memory as bf16, and streams the sequence's keys (gathered once as bf16)
 // through shared memory 128 at a time, the next tile by cp.async while the tensor cores score
 // this one: warpgroup w computes S[64 keys, 256 (token, head)] for keys 64 w .. of the tile
-// (wgmma m64n256k16, keys as A so that a thread's accumulator row is one key and its columns
-// run over heads). Each thread then weights and sums its 8 heads of each token in registers, two
-// shuffles over the quad finish the 32, and only [token, key] scores leave the SM.
+// as two halves of 128 (token, head) lines (wgmma m64n128k16, keys as A so that a thread's
+// accumulator row is one key and its columns run over heads), each its own commit group, so that
+// the tensor cores multiply one half while the threads sum the other. Each thread weights and
+// sums its 8 heads of each token in registers, two shuffles over the quad finish the 32, and only
+// [token, key] scores leave the SM.
 //
 // With E4M3 operands (DeepSeek-V3.2's FP8 indexer) each query row is rounded to E4M3 with a
 // scale of its own (amax / 448) and each key with one (as the FP8 cache stores it: its codes are
-// read as they are; a bf16 cache's keys are rounded when they are gathered), wgmma m64n256k32
+// read as they are; a bf16 cache's keys are rounded when they are gathered), wgmma m64n128k32
 // multiplies the codes, the query scales go into the head weights and each key's scale
 // multiplies its summed score (relu(s x) = s relu(x) for s >= 0).
 //
@@ -166,8 +168,71 @@ __device__ __forceinline__ void stage_queries(const IndexerScoreArgs& a, int tok
   }
 }
 
+// The scores of a tile's 64 keys of this warpgroup (key 64 wg + 16 warp + g + 8 (e / 2) of the
+// tile at j0) for half h of the block's tokens (4 h .. 4 h + 3): acc[4 n + e] holds query line
+// 128 h + 8 n + 2 tq + e % 2. Relu, the head weights and the sum over each token's 32 heads (8 a
+// thread, then the quad), written where the token scores that key (times its scale, E4M3 keys).
+template <bool kFp8>
+__device__ __forceinline__ void store_half_scores(const IndexerScoreArgs& a, const float (&acc)[64], int h, int token0,
+                                                  int tokens, int j0, int context, const float* weights,
+                                                  const float* key_scales) {
+  const int u = threadIdx.x % 128, wg = threadIdx.x / 128, warp = u / 32, g = u % 32 / 4, tq = u % 4;
+#pragma unroll
+  for (int li = 0; li < kTokens / 2; ++li) {
+    const int i = kTokens / 2 * h + li;  // token i's heads: this half's registers n = 4 li .. 4 li + 3
+    const float4 w_lo = *reinterpret_cast<const float4*>(weights + (i * 4 + tq) * 8);
+    const float4 w_hi = *reinterpret_cast<const float4*>(weights + (i * 4 + tq) * 8 + 4);
+    const float w[8] = {w_lo.x, w_lo.y, w_lo.z, w_lo.w, w_hi.x, w_hi.y, w_hi.z, w_hi.w};
+    float sum[2] = {0.0f, 0.0f};  // keys g and g + 8 of this warp's rows
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sum[e / 2] += fmaxf(acc[4 * (4 * li + q) + e], 0.0f) * w[2 * q + e % 2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      sum[k] += __shfl_xor_sync(0xffffffffu, sum[k], 1);
+      sum[k] += __shfl_xor_sync(0xffffffffu, sum[k], 2);
+    }
+    // Lane tq of the quad writes key g (tq 0) or g + 8 (tq 1) for this token.
+    if (tq < 2 && i < tokens) {
+      const int t = token0 + i, causal = a.positions[t] + 1;
+      const int j = j0 + 64 * wg + 16 * warp + g + 8 * tq;
+      if (causal > a.top_k && j < causal && j < context)
+        a.scores[static_cast<int64_t>(t) * a.score_stride + j] = (tq == 0 ? sum[0] : sum[1]) * (kFp8 ? key_scales[j] : 1.0f);
+    }
+  }
+}
+
+// S[this warpgroup's 64 keys of the tile in `stage`, the 128 query lines of token half h] into
+// acc, one commit group (wgmma m64n128: keys as A, so that a thread's accumulator row is a key).
+template <bool kFp8>
+__device__ __forceinline__ void score_half(float (&acc)[64], uint32_t stage, uint32_t queries, int h) {
+  const int wg = threadIdx.x / 128;
+  constexpr uint32_t kHalfLines = kQueryLines / 2 * kLine;  // the offset of half 1's query lines
+  wgmma::fence();  // the epilogue read acc
+  if constexpr (kFp8) {
+#pragma unroll
+    for (int kk = 0; kk < kDim / 32; ++kk)  // 32 dims (bytes) a step along the one line
+      wgmma::m64n128k32_e4m3(acc, descriptor(stage + wg * 64 * kLine + 32 * kk, 16, 1024),
+                             descriptor(queries + h * kHalfLines + 32 * kk, 16, 1024), kk > 0);
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < kDim / 16; ++kk) {
+      const uint32_t column = (kk % 4) * 32;  // 16 dims a step inside the 64-dim block
+      wgmma::m64n128k16(acc, descriptor(stage + (kk / 4) * kKeyBlockBytes + wg * 64 * kLine + column, 16, 1024),
+                        descriptor(queries + (kk / 4) * kQueryBlockBytes + h * kHalfLines + column, 16, 1024),
+                        kk > 0);
+    }
+  }
+  wgmma::commit();
+}
+
 // Block (8 tokens of the chunk, key tiles blockIdx.y, + gridDim.y, ...); keys: [context, 128]
-// bf16, or E4M3 codes with key_scales [context] (kFp8).
+// bf16, or E4M3 codes with key_scales [context] (kFp8). The token groups go out last first: the
+// latest tokens score the most keys, and a causal chunk's longest blocks launched last left SMs
+// idle behind them. A tile's scores are two halves of the tokens, each its own accumulators and
+// commit group, so that the tensor cores multiply one half while the threads weight and sum the
+// other: half 0 of tile n + 1 is issued before half 1 of tile n is summed.
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) indexer_wgmma_kernel(IndexerScoreArgs a, int first, int count,
                                                                     int context, const void* keys,
@@ -183,88 +248,59 @@ __global__ void __launch_bounds__(kThreads, 1) indexer_wgmma_kernel(IndexerScore
   float* const weights = reinterpret_cast<float*>(shared_raw + pad + kQueryBytes + 2 * kKeyStageBytes);
   float* const query_scales = weights + kTokens * kHeads;  // kFp8
 
-  const int token0 = first + blockIdx.x * kTokens, tokens = min(kTokens, first + count - token0);
+  const int token0 = first + (gridDim.x - 1 - blockIdx.x) * kTokens, tokens = min(kTokens, first + count - token0);
   // Keys to score: the block's longest causal extent, none where every token selects all.
   int extent = 0;
   for (int i = 0; i < tokens; ++i) {
     const int causal = a.positions[token0 + i] + 1;
     if (causal > a.top_k) extent = max(extent, min(causal, context));
   }
-  if (extent == 0) return;
-
-  stage_queries<kFp8>(a, token0, tokens, queries_generic, weights, query_scales);
+  int j0 = blockIdx.y * kKeys;
+  if (j0 >= extent) return;
 
   // A key is kRowBytes: 16-byte chunk `chunk` of key r goes to line block chunk / 8.
   constexpr int kRowBytes = kFp8 ? kDim : 2 * kDim, kChunks = kRowBytes / 16;
   const uint8_t* const key_bytes = static_cast<const uint8_t*>(keys);
-  auto load_keys = [&](int j0, uint32_t stage) {
+  auto load_keys = [&](int tile_j0, uint32_t stage) {
     for (int e = threadIdx.x; e < kKeys * kChunks; e += kThreads) {
-      const int r = e / kChunks, chunk = e % kChunks, j = j0 + r;
+      const int r = e / kChunks, chunk = e % kChunks, j = tile_j0 + r;
       wgmma::copy_async_16(stage + (chunk / 8) * kKeyBlockBytes + swizzled(r, chunk % 8),
                            j < extent ? key_bytes + static_cast<int64_t>(j) * kRowBytes + 16 * chunk : key_bytes,
                            j < extent ? 16 : 0);
     }
     wgmma::copy_async_commit();
   };
-
-  const int wg = threadIdx.x / 128, u = threadIdx.x % 128, warp = u / 32, lane = u % 32, g = lane / 4, tq = lane % 4;
   const int step = gridDim.y * kKeys;
-  int j0 = blockIdx.y * kKeys;
-  if (j0 < extent) load_keys(j0, key_stages);
-  for (int it = 0; j0 < extent; ++it, j0 += step) {
-    const uint32_t stage = key_stages + (it & 1) * kKeyStageBytes;
+  load_keys(j0, key_stages);  // the first tile's keys land while the queries are staged
+  stage_queries<kFp8>(a, token0, tokens, queries_generic, weights, query_scales);
+  wgmma::copy_async_wait<0>();
+  wgmma::fence_async_proxy();
+  __syncthreads();  // the first tile, the queries and the weights are in
+  if (j0 + step < extent) load_keys(j0 + step, key_stages + kKeyStageBytes);
+
+  float acc[2][64];  // token half h's scores of this warpgroup's keys (store_half_scores)
+  score_half<kFp8>(acc[0], key_stages, queries, 0);
+  score_half<kFp8>(acc[1], key_stages, queries, 1);
+  for (int it = 0;; ++it, j0 += step) {
+    wgmma::wait<1>();
+    wgmma::pin(acc[0]);
+    store_half_scores<kFp8>(a, acc[0], 0, token0, tokens, j0, context, weights, key_scales);
+    wgmma::wait<0>();
+    wgmma::pin(acc[1]);
+    const bool more = j0 + step < extent;  // the same in every thread of the block
+    const uint32_t next = key_stages + ((it + 1) & 1) * kKeyStageBytes;
+    // Half 1's sums in each branch: after a join ptxas waits for the half issued in one of them.
+    if (!more) {
+      store_half_scores<kFp8>(a, acc[1], 1, token0, tokens, j0, context, weights, key_scales);
+      break;
+    }
     wgmma::copy_async_wait<0>();
     wgmma::fence_async_proxy();
-    __syncthreads();  // this tile (and the queries) are in; every thread is done with the other stage
-    if (j0 + step < extent) load_keys(j0 + step, key_stages + ((it + 1) & 1) * kKeyStageBytes);
-
-    float acc[128];  // acc[4 n + e]: key 64 wg + 16 warp + g + 8 (e / 2), query line 8 n + 2 tq + e % 2
-#pragma unroll
-    for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
-    wgmma::pin(acc);
-    wgmma::fence();
-    if constexpr (kFp8) {
-#pragma unroll
-      for (int kk = 0; kk < kDim / 32; ++kk)  // 32 dims (bytes) a step along the one line
-        wgmma::m64n256k32_e4m3(acc, descriptor(stage + wg * 64 * kLine + 32 * kk, 16, 1024),
-                               descriptor(queries + 32 * kk, 16, 1024));
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < kDim / 16; ++kk) {
-        const uint32_t column = (kk % 4) * 32;  // 16 dims a step inside the 64-dim block
-        wgmma::m64n256k16(acc, descriptor(stage + (kk / 4) * kKeyBlockBytes + wg * 64 * kLine + column, 16, 1024),
-                          descriptor(queries + (kk / 4) * kQueryBlockBytes + column, 16, 1024));
-      }
-    }
-    wgmma::commit();
-    wgmma::wait_all();
-    wgmma::pin(acc);
-
-    // Token i's heads are query lines 32 i .. 32 i + 31, registers n = 4 i .. 4 i + 3.
-#pragma unroll
-    for (int i = 0; i < kTokens; ++i) {
-      const float4 w_lo = *reinterpret_cast<const float4*>(weights + (i * 4 + tq) * 8);
-      const float4 w_hi = *reinterpret_cast<const float4*>(weights + (i * 4 + tq) * 8 + 4);
-      const float w[8] = {w_lo.x, w_lo.y, w_lo.z, w_lo.w, w_hi.x, w_hi.y, w_hi.z, w_hi.w};
-      float sum[2] = {0.0f, 0.0f};  // keys g and g + 8 of this warp's rows
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sum[e / 2] += fmaxf(acc[4 * (4 * i + q) + e], 0.0f) * w[2 * q + e % 2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
-        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
-      }
-      // Lane tq of the quad writes key g (tq 0) or g + 8 (tq 1) for this token (times the key's
-      // scale with E4M3 keys).
-      if (tq < 2 && i < tokens) {
-        const int t = token0 + i, causal = a.positions[t] + 1;
-        const int j = j0 + 64 * wg + 16 * warp + g + 8 * tq;
-        if (causal > a.top_k && j < causal && j < context)
-          a.scores[static_cast<int64_t>(t) * a.score_stride + j] = (tq == 0 ? sum[0] : sum[1]) * (kFp8 ? key_scales[j] : 1.0f);
-      }
-    }
+    __syncthreads();  // the next tile is in; every warpgroup is done with this tile's stage
+    if (j0 + 2 * step < extent) load_keys(j0 + 2 * step, key_stages + (it & 1) * kKeyStageBytes);
+    score_half<kFp8>(acc[0], next, queries, 0);
+    store_half_scores<kFp8>(a, acc[1], 1, token0, tokens, j0, context, weights, key_scales);
+    score_half<kFp8>(acc[1], next, queries, 1);
   }
 }
 
