@@ -110,6 +110,16 @@ TEST_F(CudaIndexer, TopKOfAPrefillChunkTakesTheManyTokenKernel) {
   check_top_k(short_positions, 2048, 256, {0, 300}, {1});
 }
 
+TEST_F(CudaIndexer, TopKOfAPrefillChunkOverLongContextsMatchesTheCpu) {
+  // Rows of up to 40000 scores: the ordered write over several staged segments, and tied rows
+  // whose threshold bin holds more keys than the shared buffer (digits counted over the row).
+  auto positions = random_positions(512, 13, 40000);
+  positions[0] = 39999;
+  positions[1] = 4096;
+  positions[2] = 4097;
+  check_top_k(positions, 40000, 2048, {0, 5, 200}, {1});
+}
+
 namespace {
 
 // Random indexer inputs over paged sequences (keys, queries, head weights; token t of sequence

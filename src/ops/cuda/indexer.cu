@@ -6,13 +6,14 @@
 // feeds 4 FMAs and each key value 32 (a shared-memory read for every FMA would make it bound by
 // shared memory). With threads_per_key 4, four lanes share a key, 8 heads each.
 //
-// Top-k: one block per token runs a radix select over the scores mapped to order-preserving
-// unsigned keys (four passes of 8-bit histograms find the k-th largest key and how many of its
-// equals to keep; lanes that share a digit count once, a block scan picks the digit),
-// then writes the chosen positions in increasing order with two block scans, so the result is
-// deterministic and equal ties go to the lower position, as on the CPU. With blocks_per_token > 1
-// a thread block cluster shares a token: each block takes a slice of the positions, and the
-// histograms and the scans' totals are combined through distributed shared memory.
+// Top-k of decode steps (prefill chunks take top_k_prefill.cu's kernel): one block per token runs
+// a radix select over the scores mapped to order-preserving unsigned keys (four passes of 8-bit
+// histograms find the k-th largest key and how many of its equals to keep; lanes that share a
+// digit count once, a block scan picks the digit), then writes the chosen positions in increasing
+// order with two block scans, so the result is deterministic and equal ties go to the lower
+// position, as on the CPU. With blocks_per_token > 1 a thread block cluster shares a token: each
+// block takes a slice of the positions, and the histograms and the scans' totals are combined
+// through distributed shared memory.
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
@@ -150,11 +151,10 @@ __global__ void __launch_bounds__(kTileKeys * kSplit) indexer_score_kernel(Index
 constexpr int kTopKThreads = 1024;
 constexpr int kTopKLoads = 8;
 // Steps of at least this many tokens (prefill chunks; decode batches are fewer) select with a
-// 256-thread block a token: there are blocks enough to fill the GPU, and a 1024-thread block (or
-// a cluster of them) spent most of its time in the barriers and scans of each pass over a few
-// thousand scores.
+// 256-thread block a token (select_top_k_prefill): there are blocks enough to fill the GPU, and a
+// 1024-thread block (or a cluster of them) spent most of its time in the barriers and scans of
+// each pass over a few thousand scores.
 constexpr int kManyTopKTokens = 512;
-constexpr int kManyTopKThreads = 256;
 // Steps of more than this many tokens take one 1024-thread block a token whatever
 // blocks_per_token asks: a cluster a token pays where one token's passes are the step's whole
 // top-k (16k context: a cluster of 4 is 0.5-1.4% faster on the EP8 rank's 5-layer step at
@@ -395,8 +395,7 @@ void select_top_k(const float* scores, int64_t score_stride, const int32_t* posi
                             score_stride, positions, top_k, selected, max_selected, num_selected);
   };
   if (n >= kManyTopKTokens) {
-    launch_chained("select_top_k launch", top_k_kernel<1, kManyTopKThreads>, static_cast<unsigned>(n), kManyTopKThreads,
-                   0, stream, scores, score_stride, positions, top_k, selected, max_selected, num_selected);
+    select_top_k_prefill(scores, score_stride, positions, n, top_k, selected, max_selected, num_selected, stream);
     return;
   }
   switch (n > kClusterTopKMaxTokens ? 1 : blocks_per_token) {

@@ -91,9 +91,13 @@ void indexer_scores_decode_wgmma(const IndexerScoreArgs& args, cudaStream_t stre
 // token's selection, a thread block cluster (Hopper) when more than one, in steps of up to 16
 // tokens (a token of at most 8192 positions, which one block holds in registers, the cluster's
 // first block alone); larger steps take one block a token, and steps of 512 tokens or more
-// (prefill chunks) a smaller block a token, whatever blocks_per_token says.
+// (prefill chunks) select_top_k_prefill's kernel, whatever blocks_per_token says.
 void select_top_k(const float* scores, int64_t score_stride, const int32_t* positions, int64_t n, int top_k,
                   int32_t* selected, int max_selected, int32_t* num_selected, cudaStream_t stream,
                   int blocks_per_token = 1);
+// select_top_k's path for steps of 512 tokens or more (prefill chunks): one 256-thread block a
+// token, the row read three times (top_k_prefill.cu). The same contract and result.
+void select_top_k_prefill(const float* scores, int64_t score_stride, const int32_t* positions, int64_t n, int top_k,
+                          int32_t* selected, int max_selected, int32_t* num_selected, cudaStream_t stream);
 
 }  // namespace glms::ops::cuda
