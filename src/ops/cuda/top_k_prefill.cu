@@ -46,6 +46,16 @@ struct TopKShared {
   int num_candidates;
 };
 
+// This thread's kLoads keys of row[base, base + kLoads * kThreads) (0 past context), all loads
+// issued before any is used.
+__device__ __forceinline__ void load_row_keys(const float* row, int base, int context, uint32_t (&keys)[kLoads]) {
+#pragma unroll
+  for (int l = 0; l < kLoads; ++l) {
+    const int j = base + l * kThreads + static_cast<int>(threadIdx.x);
+    keys[l] = j < context ? order_key(__ldg(row + j)) : 0u;
+  }
+}
+
 // Adds to histogram the digit (key >> shift) & digit_mask of each key of row[0, context) whose
 // bits under mask equal prefix. Lanes with the same digit add once: a row's scores bunch into a
 // few bins, where an atomic per key would serialise the pass.
@@ -54,11 +64,7 @@ __device__ __forceinline__ void count_row_digits(const float* row, int context, 
   const int warp_first = static_cast<int>(threadIdx.x) / 32 * 32;
   for (int base = 0; base < context; base += kThreads * kLoads) {
     uint32_t keys[kLoads];
-#pragma unroll
-    for (int l = 0; l < kLoads; ++l) {
-      const int j = base + l * kThreads + static_cast<int>(threadIdx.x);
-      keys[l] = j < context ? order_key(__ldg(row + j)) : 0u;
-    }
+    load_row_keys(row, base, context, keys);
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
       if (base + l * kThreads + warp_first >= context) break;  // warp-uniform: no key past here
@@ -79,11 +85,7 @@ __device__ __forceinline__ void compact_row(const float* row, int context, uint3
   const int warp_first = static_cast<int>(threadIdx.x) - lane;
   for (int base = 0; base < context; base += kThreads * kLoads) {
     uint32_t keys[kLoads];
-#pragma unroll
-    for (int l = 0; l < kLoads; ++l) {
-      const int j = base + l * kThreads + static_cast<int>(threadIdx.x);
-      keys[l] = j < context ? order_key(__ldg(row + j)) : 0u;
-    }
+    load_row_keys(row, base, context, keys);
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
       if (base + l * kThreads + warp_first >= context) break;  // warp-uniform
