@@ -219,9 +219,9 @@ __device__ __forceinline__ void score_half(float (&acc)[64], uint32_t stage, uin
 #pragma unroll
     for (int kk = 0; kk < kDim / 16; ++kk) {
       const uint32_t column = (kk % 4) * 32;  // 16 dims a step inside the 64-dim block
-      wgmma::m64n128k16(acc, descriptor(stage + (kk / 4) * kKeyBlockBytes + wg * 64 * kLine + column, 16, 1024),
-                        descriptor(queries + (kk / 4) * kQueryBlockBytes + h * kHalfLines + column, 16, 1024),
-                        kk > 0);
+      wgmma::m64n128k16<0>(acc, descriptor(stage + (kk / 4) * kKeyBlockBytes + wg * 64 * kLine + column, 16, 1024),
+                           descriptor(queries + (kk / 4) * kQueryBlockBytes + h * kHalfLines + column, 16, 1024),
+                           kk > 0);
     }
   }
   wgmma::commit();

@@ -146,24 +146,16 @@ __device__ __forceinline__ void m64n64k16(float (&d)[32], uint64_t a, uint64_t b
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
-// d[64 x 128] += A[64 x 16] B[16 x 128], A K-major, B K-major (kTransB 0) or MN-major (1).
+// d[64 x 128] (+)= A[64 x 16] B[16 x 128], A K-major, B K-major (kTransB 0) or MN-major (1); d
+// starts over when `accumulate` is 0.
 template <int kTransB>
-__device__ __forceinline__ void m64n128k16(float (&d)[64], uint64_t a, uint64_t b) {
+__device__ __forceinline__ void m64n128k16(float (&d)[64], uint64_t a, uint64_t b, int accumulate = 1) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %67, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
       GLMS_WGMMA_D64 ", %64, %65, p, 1, 1, 0, %66;\n}\n"
       : GLMS_WGMMA_F16(0), GLMS_WGMMA_F16(16), GLMS_WGMMA_F16(32), GLMS_WGMMA_F16(48)
-      : "l"(a), "l"(b), "n"(kTransB), "r"(1));
-}
-// d[64 x 128] (+)= A[64 x 16] B[16 x 128], both K-major; d starts over when `accumulate` is 0.
-__device__ __forceinline__ void m64n128k16(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      GLMS_WGMMA_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : GLMS_WGMMA_F16(0), GLMS_WGMMA_F16(16), GLMS_WGMMA_F16(32), GLMS_WGMMA_F16(48)
-      : "l"(a), "l"(b), "r"(accumulate));
+      : "l"(a), "l"(b), "n"(kTransB), "r"(accumulate));
 }
 // d[64 x 128] (+)= A[64 x 32] B[32 x 128] of E4M3 codes, both K-major (as 8-bit operands must
 // be: a 128-byte line holds 128 k); d starts over when `accumulate` is 0.
