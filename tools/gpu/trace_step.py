@@ -37,26 +37,29 @@ def load_kernels(path):
              short(r['name'])) for r in rows]
 
 
+def eager_segments(kernels, first_kernel, through_end):
+    """The eager (not graph-launched) kernels cut at each first_kernel launch, from one to the
+    next; with through_end, the last one's segment runs to the end of the trace."""
+    mine = sorted(k for k in kernels if k[3] == 0)
+    firsts = [i for i, k in enumerate(mine) if k[5] == first_kernel]
+    return [mine[a:b] for a, b in zip(firsts, firsts[1:] + ([len(mine)] if through_end else []))]
+
+
 def replays_of(kernels, graph_id, first_kernel, containing=None):
     """(graph, replays): a graph's replays, or the eager steps where none was graph-launched (or
     those launching a kernel `containing`)."""
-    graphs = Counter(k[3] for k in kernels if k[3] != 0)
     if containing:
-        mine = sorted(k for k in kernels if k[3] == 0)
-        firsts = [i for i, k in enumerate(mine) if k[5] == first_kernel]
-        segments = [mine[a:b] for a, b in zip(firsts, firsts[1:] + [len(mine)])]
-        steps = [seg for seg in segments if any(k[5] == containing for k in seg)]
+        steps = [seg for seg in eager_segments(kernels, first_kernel, True) if any(k[5] == containing for k in seg)]
         if not steps:
             raise SystemExit(f'trace_step: no eager step from {first_kernel} launches {containing}')
         return 0, steps
+    graphs = Counter(k[3] for k in kernels if k[3] != 0)
     if graphs:
         graph = graph_id if graph_id is not None else graphs.most_common(1)[0][0]
         mine = sorted(k for k in kernels if k[3] == graph)
         nodes = len({k[4] for k in mine})
         return graph, [mine[i:i + nodes] for i in range(0, len(mine) - nodes + 1, nodes)]
-    mine = sorted(kernels)  # eager steps (a batch that is not graph-captured): one first kernel to the next
-    firsts = [i for i, k in enumerate(mine) if k[5] == first_kernel]
-    segments = [mine[a:b] for a, b in zip(firsts, firsts[1:])]
+    segments = eager_segments(kernels, first_kernel, False)  # a batch that is not graph-captured
     if not segments:
         raise SystemExit(f'trace_step: no graph-launched kernels and fewer than two {first_kernel}s')
     nodes = Counter(len(seg) for seg in segments).most_common(1)[0][0]

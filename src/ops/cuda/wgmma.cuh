@@ -167,16 +167,6 @@ __device__ __forceinline__ void m64n128k32_e4m3(float (&d)[64], uint64_t a, uint
       : GLMS_WGMMA_F16(0), GLMS_WGMMA_F16(16), GLMS_WGMMA_F16(32), GLMS_WGMMA_F16(48)
       : "l"(a), "l"(b), "r"(accumulate));
 }
-// d[64 x 256] += A[64 x 32] B[32 x 256] of E4M3 codes, both K-major.
-__device__ __forceinline__ void m64n256k32_e4m3(float (&d)[128], uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 "
-      GLMS_WGMMA_D128 ", %128, %129, p, 1, 1;\n}\n"
-      : GLMS_WGMMA_F16(0), GLMS_WGMMA_F16(16), GLMS_WGMMA_F16(32), GLMS_WGMMA_F16(48), GLMS_WGMMA_F16(64),
-        GLMS_WGMMA_F16(80), GLMS_WGMMA_F16(96), GLMS_WGMMA_F16(112)
-      : "l"(a), "l"(b), "r"(1));
-}
 // d[64 x 256] += A[64 x 16] B[16 x 256], A K-major, B K-major (kTransB 0) or MN-major (1).
 template <int kTransB = 0>
 __device__ __forceinline__ void m64n256k16(float (&d)[128], uint64_t a, uint64_t b) {
