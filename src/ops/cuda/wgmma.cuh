@@ -126,6 +126,16 @@ __device__ __forceinline__ void pin(uint32_t (&r)[N]) {
 #define GLMS_WGMMA_D64 "{" GLMS_WGMMA_R0_15 ", " GLMS_WGMMA_R16_31 ", " GLMS_WGMMA_R32_63 "}"
 #define GLMS_WGMMA_D128 "{" GLMS_WGMMA_R0_15 ", " GLMS_WGMMA_R16_31 ", " GLMS_WGMMA_R32_63 ", " GLMS_WGMMA_R64_127 "}"
 
+// d[64 x 16] (+)= A[64 x 16] B[16 x 16], both K-major; d starts over when `accumulate` is 0.
+__device__ __forceinline__ void m64n16k16(float (&d)[8], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : GLMS_WGMMA_F4(0), GLMS_WGMMA_F4(4)
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
 // d[64 x 32] (+)= A[64 x 16] B[16 x 32], both K-major; d starts over when `accumulate` is 0.
 __device__ __forceinline__ void m64n32k16(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
