@@ -152,23 +152,40 @@ __device__ __forceinline__ void store_tile(const GroupedArgs& a, const float (&a
   }
 }
 
-// A consumer's steps: wait for a stage, multiply its part of it, keep one step's wgmma in flight
-// and hand the step before back to the producer (the last once its products are done). `ring`:
-// the steps the block's ring took before this tile's (a persistent block's earlier tiles), so that
-// stage and phase run on.
+// A consumer's ring of steps: for each, wait for its stage, issue `multiply(at)` (the stage's
+// byte offset in the ring) as one commit group, keep that step's wgmma in flight and hand the
+// step before back to the producer (the last once its products are done); `pin()` orders the
+// accumulators' uses around the asynchronous wgmma. `ring`: the steps the block's ring took
+// before this tile's (a persistent block's earlier tiles), so that stage and phase run on.
+template <bool kPaired, int kStages, typename Multiply, typename Pin>
+__device__ __forceinline__ void consume_steps(uint32_t full, uint32_t empty, int steps, int ring, Multiply multiply,
+                                              Pin pin) {
+  for (int step = ring; step < ring + steps; ++step) {
+    const int stage = step % kStages;
+    pipeline::barrier_wait(full + 8 * stage, (step / kStages) & 1);
+    wgmma::fence_async_proxy();  // the copies' writes before the tensor cores' reads
+    pin();
+    wgmma::fence();
+    multiply(static_cast<uint32_t>(stage * kStageBytes));
+    wgmma::commit();
+    // The previous step's products are done: its stage goes back to the producer.
+    wgmma::wait<1>();
+    pin();
+    if (step > ring) pipeline::release_stage<kPaired, kPairBlocks>(empty + 8 * ((step - 1) % kStages));
+  }
+  wgmma::wait_all();
+  pin();
+  pipeline::release_stage<kPaired, kPairBlocks>(empty + 8 * ((ring + steps - 1) % kStages));
+}
+
+// A consumer's part of each step: its rows against kN (256 or 128) of the stage's lines.
 template <int kN, bool kPaired, int kStages>
 __device__ __forceinline__ void multiply_steps(float (&acc)[128], uint32_t stages, uint32_t full, uint32_t empty,
                                                int steps, ConsumerPart part, int ring) {
   // Stage 0's rows and lines for this consumer; 16 k further on is 32 bytes.
   const uint64_t token_descriptor = wgmma::descriptor(stages + part.row0 * kLine, 16, 1024);
   const uint64_t weight_descriptor = wgmma::descriptor(stages + kTokenBytes + part.stage_line0 * kLine, 16, 1024);
-  for (int step = ring; step < ring + steps; ++step) {
-    const int stage = step % kStages;
-    pipeline::barrier_wait(full + 8 * stage, (step / kStages) & 1);
-    wgmma::fence_async_proxy();  // the copies' writes before the tensor cores' reads
-    wgmma::pin(acc);
-    wgmma::fence();
-    const uint32_t at = stage * kStageBytes;
+  auto multiply = [&](uint32_t at) {
 #pragma unroll
     for (int kk = 0; kk < kStepK / 16; ++kk) {
       const uint64_t tokens = wgmma::descriptor_advanced(token_descriptor, at + kk * 32);
@@ -176,15 +193,8 @@ __device__ __forceinline__ void multiply_steps(float (&acc)[128], uint32_t stage
       if constexpr (kN == 128) wgmma::m64n128k16<0>(reinterpret_cast<float(&)[64]>(acc), tokens, weights);
       else wgmma::m64n256k16<0>(acc, tokens, weights);
     }
-    wgmma::commit();
-    // The previous step's products are done: its stage goes back to the producer.
-    wgmma::wait<1>();
-    wgmma::pin(acc);
-    if (step > ring) pipeline::release_stage<kPaired, kPairBlocks>(empty + 8 * ((step - 1) % kStages));
-  }
-  wgmma::wait_all();
-  wgmma::pin(acc);
-  pipeline::release_stage<kPaired, kPairBlocks>(empty + 8 * ((ring + steps - 1) % kStages));
+  };
+  consume_steps<kPaired, kStages>(full, empty, steps, ring, multiply, [&] { wgmma::pin(acc); });
 }
 
 // A short tile's consumer the other way round: its 128 lines (line0 ..) as the multiplies' 64
@@ -199,35 +209,23 @@ __device__ __forceinline__ void multiply_steps_by_lines(float (&low)[kTokens / 2
   static_assert(kTokens == 16 || kTokens == 32, "m64n16k16 or m64n32k16");
   const uint64_t token_descriptor = wgmma::descriptor(stages, 16, 1024);
   const uint64_t weight_descriptor = wgmma::descriptor(stages + kTokenBytes + line0 * kLine, 16, 1024);
-  auto multiply = [](float(&d)[kTokens / 2], uint64_t weights, uint64_t tokens) {
+  auto multiply_into = [](float(&d)[kTokens / 2], uint64_t weights, uint64_t tokens) {
     if constexpr (kTokens == 16) wgmma::m64n16k16(d, weights, tokens, 1);
     else wgmma::m64n32k16(d, weights, tokens, 1);
   };
-  for (int step = ring; step < ring + steps; ++step) {
-    const int stage = step % kStages;
-    pipeline::barrier_wait(full + 8 * stage, (step / kStages) & 1);
-    wgmma::fence_async_proxy();  // the copies' writes before the tensor cores' reads
-    wgmma::pin(low);
-    wgmma::pin(high);
-    wgmma::fence();
-    const uint32_t at = stage * kStageBytes;
+  auto multiply = [&](uint32_t at) {
 #pragma unroll
     for (int kk = 0; kk < kStepK / 16; ++kk) {
       const uint64_t tokens = wgmma::descriptor_advanced(token_descriptor, at + kk * 32);
       const uint64_t weights = wgmma::descriptor_advanced(weight_descriptor, at + kk * 32);
-      multiply(low, weights, tokens);
-      multiply(high, wgmma::descriptor_advanced(weights, 64 * kLine), tokens);
+      multiply_into(low, weights, tokens);
+      multiply_into(high, wgmma::descriptor_advanced(weights, 64 * kLine), tokens);
     }
-    wgmma::commit();
-    wgmma::wait<1>();  // as multiply_steps'
+  };
+  consume_steps<kPaired, kStages>(full, empty, steps, ring, multiply, [&] {
     wgmma::pin(low);
     wgmma::pin(high);
-    if (step > ring) pipeline::release_stage<kPaired, kPairBlocks>(empty + 8 * ((step - 1) % kStages));
-  }
-  wgmma::wait_all();
-  wgmma::pin(low);
-  wgmma::pin(high);
-  pipeline::release_stage<kPaired, kPairBlocks>(empty + 8 * ((ring + steps - 1) % kStages));
+  });
 }
 
 // multiply_steps_by_lines' sums stored: low[4 j + e] / high[4 j + e] of thread (warp, g, tq) is
@@ -269,7 +267,7 @@ __device__ __forceinline__ void store_tile_by_lines(const GroupedArgs& a, const 
 }
 
 // A consumer with no part in the unit (the second of an odd last tile of 64 rows or fewer, against
-// half the lines) still hands each stage back, as the barriers count it (`ring` as multiply_steps').
+// half the lines) still hands each stage back, as the barriers count it (`ring` as consume_steps').
 template <bool kPaired, int kStages>
 __device__ __forceinline__ void pass_steps(uint32_t full, uint32_t empty, int steps, int ring) {
   for (int step = ring; step < ring + steps; ++step) {
@@ -287,7 +285,7 @@ __device__ __forceinline__ void pass_steps(uint32_t full, uint32_t empty, int st
 // An H100 run, GLM-5.2 width, 3 layers (bench/results/cuda-fp8-wide-experts-20261206.json,
 // `bf16_weights_by_tma`): experts of a prefill 14.18 -> 13.28 ms at 2048 tokens, 15.35 -> 14.94
 // at 4096, 20.73 / 21.39 -> 20.26 / 19.69 at 8192, with each producer thread copying its chunks
-// of the lines by cp.async before. `ring` as multiply_steps'; the caller waits for the last copies
+// of the lines by cp.async before. `ring` as consume_steps'; the caller waits for the last copies
 // before it leaves.
 template <Projection P, bool kPaired>
 __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap& weight_map, int e, int first,
@@ -319,7 +317,7 @@ __device__ __forceinline__ void produce(const GroupedArgs& a, const CUtensorMap&
 // ahead; at step 2 g + h it widens half h into the stage, where its two words are chunks t and
 // 4 + t of the line's 64 values. Few registers (ptxas holds this warpgroup to
 // kProducerRegisters): item j's weight row is a fixed number of rows after item 0's, and the ring
-// is read again at each step rather than kept. `ring` as multiply_steps' (the codes' ring starts
+// is read again at each step rather than kept. `ring` as consume_steps' (the codes' ring starts
 // over each tile: its copies are all waited for at its end).
 template <Projection P>
 __device__ __forceinline__ void produce_mxfp4(const GroupedArgs& a, int e, int first, int rows, int64_t slice,
@@ -408,7 +406,7 @@ __device__ __forceinline__ void produce_mxfp4(const GroupedArgs& a, int e, int f
   wgmma::copy_async_wait<0>();
 }
 
-// A consumer warpgroup's part of a tile (`ring` as multiply_steps'): its rows against all 256 lines,
+// A consumer warpgroup's part of a tile (`ring` as consume_steps'): its rows against all 256 lines,
 // or (a tile of 64 rows or fewer) rows 0..63 against its half of the lines (32 rows or fewer: its
 // half of the lines against the rows, multiply_steps_by_lines), or (against half the slice's
 // lines) consumer 0 alone, consumer 1 only handing the stages back; then its sums' store.
