@@ -200,8 +200,8 @@ __device__ __forceinline__ void multiply_steps(float (&acc)[128], uint32_t stage
 // A short tile's consumer the other way round: its 128 lines (line0 ..) as the multiplies' 64
 // rows twice (lines line0 .. + 63 into `low`, the next 64 into `high`) against the tile's first
 // kTokens token rows as their columns. A tile of 16 rows then costs m64n16k16 twice a k16
-// instead of one m64n128k16: an eighth of the tensor work, and a quarter at 32 rows (an expert's
-// last tile holds 1..64 rows; at 8192 tokens most that have one hold fewer than 32).
+// instead of one m64n128k16: an eighth of the tensor work, and a quarter at 32 rows (a short
+// last tile holds 1..64 rows; at 8192 tokens, uniform routing, nearly all hold 32 or fewer).
 template <int kTokens, bool kPaired, int kStages>
 __device__ __forceinline__ void multiply_steps_by_lines(float (&low)[kTokens / 2], float (&high)[kTokens / 2],
                                                         uint32_t stages, uint32_t full, uint32_t empty, int steps,
