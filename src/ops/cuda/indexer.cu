@@ -163,13 +163,14 @@ constexpr int kManyTopKTokens = 512;
 constexpr int kClusterTopKMaxTokens = 16;
 
 // The top_k of one token's scores row[0, context) (context > top_k) over kBlocks blocks of
-// kThreads, this block the rank-th (a thread block cluster when kBlocks > 1: block r takes the
+// kTopKThreads, this block the rank-th (a thread block cluster when kBlocks > 1: block r takes the
 // r-th slice of the positions, the histograms of each pass summed over the blocks through
 // distributed shared memory in rank order, so every block picks the same digits), into out in
 // position order; rank 0 writes *num_selected.
-template <int kBlocks, int kThreads>
+template <int kBlocks>
 __device__ __forceinline__ void select_token_top_k(const float* row, int context, int rank, int top_k, int32_t* out,
                                                    int32_t* num_selected) {
+  constexpr int kThreads = kTopKThreads;
   static_assert(kThreads >= 256, "a thread a digit of the 256");
   using BlockScan = cub::BlockScan<int, kThreads>;
   __shared__ typename BlockScan::TempStorage scan_storage;
@@ -271,15 +272,16 @@ __device__ __forceinline__ void select_token_top_k(const float* row, int context
   if (threadIdx.x == 0 && rank == 0) *num_selected = top_k;
 }
 
-// A token per kBlocks blocks of kThreads (select_token_top_k), or per the cluster's first block
+// A token per kBlocks blocks of kTopKThreads (select_token_top_k), or per the cluster's first block
 // alone where the token's scores fit its registers (there the cluster's syncs cost more than its
 // slices save: the H100's 5-layer EP8 rank at 2k context, batch 1 to 8, about 1% a step faster
 // in one block; at 16k the cluster of four stays 1-1.5% ahead).
-template <int kBlocks, int kThreads = kTopKThreads>
-__global__ void __launch_bounds__(kThreads) top_k_kernel(const float* scores, int64_t score_stride,
+template <int kBlocks>
+__global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores, int64_t score_stride,
                                                          const int32_t* positions, int top_k, int32_t* selected,
                                                          int max_selected, int32_t* num_selected) {
   chained_grid_prologue();
+  constexpr int kThreads = kTopKThreads;
   const int t = static_cast<int>(blockIdx.x) / kBlocks;
   const int rank = ClusterBlocks<kBlocks>::rank();
   const int context = positions[t] + 1;
@@ -288,7 +290,7 @@ __global__ void __launch_bounds__(kThreads) top_k_kernel(const float* scores, in
   if (context <= top_k || one_block) {
     if (rank != 0) return;
     if (context > top_k) {
-      select_token_top_k<1, kThreads>(scores + static_cast<int64_t>(t) * score_stride, context, 0, top_k, out,
+      select_token_top_k<1>(scores + static_cast<int64_t>(t) * score_stride, context, 0, top_k, out,
                                       num_selected + t);
       return;
     }
@@ -297,7 +299,7 @@ __global__ void __launch_bounds__(kThreads) top_k_kernel(const float* scores, in
     return;
   }
   if constexpr (kBlocks > 1)
-    select_token_top_k<kBlocks, kThreads>(scores + static_cast<int64_t>(t) * score_stride, context, rank, top_k, out,
+    select_token_top_k<kBlocks>(scores + static_cast<int64_t>(t) * score_stride, context, rank, top_k, out,
                                           num_selected + t);
 }
 
