@@ -162,6 +162,45 @@ constexpr int kManyTopKTokens = 512;
 // 3.80 -> 3.78 / 4.38 -> 4.30 ms at 16k, 3.55 -> 3.49 / 3.92 -> 3.79 ms at 2k).
 constexpr int kClusterTopKMaxTokens = 16;
 
+// The last step of select_token_top_k: every key of this block's slice [slice_lo, slice_hi) above
+// `threshold` is kept, and of the keys equal to it the first `remaining` over the whole token (in
+// block order, then position order); each kept position goes to out in position order.
+template <int kBlocks>
+__device__ __forceinline__ void write_kept_positions(const float* row, int slice_lo, int slice_hi, uint32_t threshold,
+                                                     int remaining,
+                                                     typename cub::BlockScan<int, kTopKThreads>::TempStorage& scan_storage,
+                                                     int& total_slot, int32_t* out) {
+  constexpr int kThreads = kTopKThreads;
+  using BlockScan = cub::BlockScan<int, kThreads>;
+  using Blocks = ClusterBlocks<kBlocks>;
+  const int per_thread = (slice_hi - slice_lo + kThreads - 1) / kThreads;
+  const int first = min(slice_hi, slice_lo + static_cast<int>(threadIdx.x) * per_thread),
+            last = min(slice_hi, first + per_thread);
+  int greater = 0, equal = 0;
+#pragma unroll 8
+  for (int j = first; j < last; ++j) {
+    const uint32_t u = order_key(__ldg(row + j));
+    greater += u > threshold;
+    equal += u == threshold;
+  }
+  int equal_before = 0, block_equal = 0;
+  BlockScan(scan_storage).ExclusiveSum(equal, equal_before, block_equal);
+  __syncthreads();
+  int all = 0;
+  equal_before += Blocks::sum_of_earlier_blocks(block_equal, &total_slot, &all);
+  const int kept = greater + max(0, min(equal, remaining - equal_before));
+  int out_index = 0, block_kept = 0;
+  BlockScan(scan_storage).ExclusiveSum(kept, out_index, block_kept);
+  __syncthreads();
+  out_index += Blocks::sum_of_earlier_blocks(block_kept, &total_slot, &all);
+  int equal_rank = equal_before;
+#pragma unroll 8
+  for (int j = first; j < last; ++j) {
+    const uint32_t u = order_key(__ldg(row + j));
+    if (u > threshold || (u == threshold && equal_rank++ < remaining)) out[out_index++] = j;
+  }
+}
+
 // The top_k of one token's scores row[0, context) (context > top_k) over kBlocks blocks of
 // kTopKThreads, this block the rank-th (a thread block cluster when kBlocks > 1: block r takes the
 // r-th slice of the positions, the histograms of each pass summed over the blocks through
@@ -241,34 +280,7 @@ __device__ __forceinline__ void select_token_top_k(const float* row, int context
     remaining = remaining_shared;
     mask |= 0xffu << shift;
   }
-  // Keys above the threshold are all kept; of the keys equal to it, the first `remaining`.
-  const uint32_t threshold = prefix;
-  const int per_thread = (slice_hi - slice_lo + kThreads - 1) / kThreads;
-  const int first = min(slice_hi, slice_lo + static_cast<int>(threadIdx.x) * per_thread),
-            last = min(slice_hi, first + per_thread);
-  int greater = 0, equal = 0;
-#pragma unroll 8
-  for (int j = first; j < last; ++j) {
-    const uint32_t u = order_key(__ldg(row + j));
-    greater += u > threshold;
-    equal += u == threshold;
-  }
-  int equal_before = 0, block_equal = 0;
-  BlockScan(scan_storage).ExclusiveSum(equal, equal_before, block_equal);
-  __syncthreads();
-  int all = 0;
-  equal_before += Blocks::sum_of_earlier_blocks(block_equal, &total_slot, &all);
-  const int kept = greater + max(0, min(equal, remaining - equal_before));
-  int out_index = 0, block_kept = 0;
-  BlockScan(scan_storage).ExclusiveSum(kept, out_index, block_kept);
-  __syncthreads();
-  out_index += Blocks::sum_of_earlier_blocks(block_kept, &total_slot, &all);
-  int equal_rank = equal_before;
-#pragma unroll 8
-  for (int j = first; j < last; ++j) {
-    const uint32_t u = order_key(__ldg(row + j));
-    if (u > threshold || (u == threshold && equal_rank++ < remaining)) out[out_index++] = j;
-  }
+  write_kept_positions<kBlocks>(row, slice_lo, slice_hi, prefix, remaining, scan_storage, total_slot, out);
   if (threadIdx.x == 0 && rank == 0) *num_selected = top_k;
 }
 
