@@ -150,6 +150,7 @@ __global__ void __launch_bounds__(kTileKeys * kSplit) indexer_score_kernel(Index
 
 constexpr int kTopKThreads = 1024;
 constexpr int kTopKLoads = 8;
+using TopKScan = cub::BlockScan<int, kTopKThreads>;
 // Steps of at least this many tokens (prefill chunks; decode batches are fewer) select with a
 // 256-thread block a token (select_top_k_prefill): there are blocks enough to fill the GPU, and a
 // 1024-thread block (or a cluster of them) spent most of its time in the barriers and scans of
@@ -167,13 +168,10 @@ constexpr int kClusterTopKMaxTokens = 16;
 // block order, then position order); each kept position goes to out in position order.
 template <int kBlocks>
 __device__ __forceinline__ void write_kept_positions(const float* row, int slice_lo, int slice_hi, uint32_t threshold,
-                                                     int remaining,
-                                                     typename cub::BlockScan<int, kTopKThreads>::TempStorage& scan_storage,
+                                                     int remaining, TopKScan::TempStorage& scan_storage,
                                                      int& total_slot, int32_t* out) {
-  constexpr int kThreads = kTopKThreads;
-  using BlockScan = cub::BlockScan<int, kThreads>;
   using Blocks = ClusterBlocks<kBlocks>;
-  const int per_thread = (slice_hi - slice_lo + kThreads - 1) / kThreads;
+  const int per_thread = (slice_hi - slice_lo + kTopKThreads - 1) / kTopKThreads;
   const int first = min(slice_hi, slice_lo + static_cast<int>(threadIdx.x) * per_thread),
             last = min(slice_hi, first + per_thread);
   int greater = 0, equal = 0;
@@ -184,13 +182,13 @@ __device__ __forceinline__ void write_kept_positions(const float* row, int slice
     equal += u == threshold;
   }
   int equal_before = 0, block_equal = 0;
-  BlockScan(scan_storage).ExclusiveSum(equal, equal_before, block_equal);
+  TopKScan(scan_storage).ExclusiveSum(equal, equal_before, block_equal);
   __syncthreads();
   int all = 0;
   equal_before += Blocks::sum_of_earlier_blocks(block_equal, &total_slot, &all);
   const int kept = greater + max(0, min(equal, remaining - equal_before));
   int out_index = 0, block_kept = 0;
-  BlockScan(scan_storage).ExclusiveSum(kept, out_index, block_kept);
+  TopKScan(scan_storage).ExclusiveSum(kept, out_index, block_kept);
   __syncthreads();
   out_index += Blocks::sum_of_earlier_blocks(block_kept, &total_slot, &all);
   int equal_rank = equal_before;
@@ -211,8 +209,7 @@ __device__ __forceinline__ void select_token_top_k(const float* row, int context
                                                    int32_t* num_selected) {
   constexpr int kThreads = kTopKThreads;
   static_assert(kThreads >= 256, "a thread a digit of the 256");
-  using BlockScan = cub::BlockScan<int, kThreads>;
-  __shared__ typename BlockScan::TempStorage scan_storage;
+  __shared__ TopKScan::TempStorage scan_storage;
   __shared__ unsigned histogram[256];
   __shared__ unsigned cluster_histogram[kBlocks == 1 ? 1 : 256];
   __shared__ uint32_t threshold_shared;
@@ -270,7 +267,7 @@ __device__ __forceinline__ void select_token_top_k(const float* row, int context
     // scan counts the keys at or above each digit.
     const int count = threadIdx.x < 256 ? static_cast<int>(counts[255 - threadIdx.x]) : 0;
     int at_or_above = 0;
-    BlockScan(scan_storage).InclusiveSum(count, at_or_above);
+    TopKScan(scan_storage).InclusiveSum(count, at_or_above);
     if (count > 0 && at_or_above >= remaining && at_or_above - count < remaining) {
       threshold_shared = prefix | (static_cast<uint32_t>(255 - threadIdx.x) << shift);
       remaining_shared = remaining - (at_or_above - count);
@@ -290,8 +287,8 @@ __device__ __forceinline__ void select_token_top_k(const float* row, int context
 // in one block; at 16k the cluster of four stays 1-1.5% ahead).
 template <int kBlocks>
 __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores, int64_t score_stride,
-                                                         const int32_t* positions, int top_k, int32_t* selected,
-                                                         int max_selected, int32_t* num_selected) {
+                                                             const int32_t* positions, int top_k, int32_t* selected,
+                                                             int max_selected, int32_t* num_selected) {
   chained_grid_prologue();
   constexpr int kThreads = kTopKThreads;
   const int t = static_cast<int>(blockIdx.x) / kBlocks;
@@ -303,7 +300,7 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores
     if (rank != 0) return;
     if (context > top_k) {
       select_token_top_k<1>(scores + static_cast<int64_t>(t) * score_stride, context, 0, top_k, out,
-                                      num_selected + t);
+                            num_selected + t);
       return;
     }
     for (int j = threadIdx.x; j < context; j += kThreads) out[j] = j;
@@ -312,7 +309,7 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores
   }
   if constexpr (kBlocks > 1)
     select_token_top_k<kBlocks>(scores + static_cast<int64_t>(t) * score_stride, context, rank, top_k, out,
-                                          num_selected + t);
+                                num_selected + t);
 }
 
 // out[j, :] = the key of position j as fp32: bf16 widened, or codes times the key's scale.
